@@ -1,0 +1,206 @@
+"""Per-user adapter files: safetensors tensors plus a small JSON metadata header.
+
+The header records the method, its config, the adapted layer (or parameter) names and a
+fingerprint of the frozen base those tensors were trained on. Loading checks all of them and
+refuses, with a message naming the mismatch, an adapter made for another base, method or layer
+set. Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from .base import adapter_parameters, adapter_state, attach, config_from_dict, detach
+
+__all__ = ["save_adapter", "load_adapter", "read_adapter_metadata", "base_fingerprint", "AdapterFileError"]
+
+FORMAT = "alfa-adapter"
+VERSION = 1
+_FINGERPRINT_RTOL = 1e-3
+
+
+class AdapterFileError(ValueError):
+    """An adapter file that cannot be used: corrupt, not an adapter, or made for another model."""
+
+
+def _probe(numel: int, device: torch.device) -> Tensor:
+    g = torch.Generator().manual_seed(numel)
+    return torch.randn(numel, generator=g, dtype=torch.float64).to(device)
+
+
+@torch.no_grad()
+def _tensor_signature(t: Tensor) -> list[float]:
+    flat = t.detach().reshape(-1).to(torch.float64)
+    return [float(flat.norm()), float(flat @ _probe(flat.numel(), flat.device))]
+
+
+def base_fingerprint(model: nn.Module) -> dict[str, Any]:
+    """A signature of the frozen base under the attached adapter: per base tensor, its shape, norm
+    and projection on a fixed random vector. Robust to float round-off, sensitive to any real
+    change (a re-training, another truncation rank, flipped singular vectors)."""
+    state = adapter_state(model)
+    if state is None:
+        raise RuntimeError("the model has no adapter attached")
+    out: dict[str, Any] = {}
+    if state.config.scope == "model":
+        trained = set(state.targets)
+        tensors = {n: p for n, p in model.named_parameters() if n not in trained}
+    else:
+        tensors = {}
+        for name in state.targets:
+            for pname, p in model.get_submodule(name).base.named_parameters():
+                tensors[f"{name}.{pname}"] = p
+    for n, t in tensors.items():
+        out[n] = {"shape": list(t.shape), "sig": _tensor_signature(t)}
+    return out
+
+
+def _compare_fingerprints(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    problems = []
+    for n in sorted(set(saved) | set(current)):
+        if n not in current:
+            problems.append(f"{n}: in the adapter's base but not in this model")
+        elif n not in saved:
+            problems.append(f"{n}: in this model but not in the adapter's base")
+        elif saved[n]["shape"] != current[n]["shape"]:
+            problems.append(f"{n}: shape {current[n]['shape']} here, {saved[n]['shape']} in the adapter's base")
+        else:
+            (norm_a, proj_a), (norm_b, proj_b) = saved[n]["sig"], current[n]["sig"]
+            scale = max(norm_a, norm_b, 1e-12)
+            if abs(norm_a - norm_b) > _FINGERPRINT_RTOL * scale or abs(proj_a - proj_b) > _FINGERPRINT_RTOL * scale:
+                problems.append(f"{n}: different values (the adapter was trained on another base)")
+    return problems
+
+
+def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
+    """Write the attached adapter of ``model`` to ``path`` (safetensors), atomically."""
+    state = adapter_state(model)
+    if state is None:
+        raise RuntimeError("cannot save: the model has no adapter attached (use alfa.attach first)")
+    tensors = {n: p.detach().cpu().contiguous() for n, p in adapter_parameters(model).items()}
+    metadata = {
+        "format": FORMAT,
+        "version": str(VERSION),
+        "method": state.config.method,
+        "config": json.dumps(state.config.to_dict(), sort_keys=True),
+        "targets": json.dumps(state.targets),
+        "fingerprint": json.dumps(base_fingerprint(model)),
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+    return path
+
+
+def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The decoded header of an adapter file (method, config, targets, fingerprint)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"adapter file not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise AdapterFileError(f"{path}: not a readable safetensors file ({e})") from e
+    if raw.get("format") != FORMAT:
+        raise AdapterFileError(f"{path}: not an alfa adapter file (no '{FORMAT}' header)")
+    if raw.get("version") != str(VERSION):
+        raise AdapterFileError(f"{path}: adapter format version {raw.get('version')}, this alfa reads {VERSION}")
+    try:
+        return {
+            "method": raw["method"],
+            "config": json.loads(raw["config"]),
+            "targets": json.loads(raw["targets"]),
+            "fingerprint": json.loads(raw["fingerprint"]),
+        }
+    except (KeyError, json.JSONDecodeError) as e:
+        raise AdapterFileError(f"{path}: damaged adapter header ({e})") from e
+
+
+def load_adapter(model: nn.Module, path: str | os.PathLike, replace: bool = False) -> list[str]:
+    """Attach the adapter stored at ``path`` to ``model`` (the shared base) and load its tensors.
+
+    The model must be the base the adapter was trained on: same adapted layers, same frozen
+    weights (checked by fingerprint). With ``replace=True`` an adapter already on the model is
+    detached first. On any error the model is left as it was.
+    """
+    path = Path(path)
+    meta = read_adapter_metadata(path)
+    try:
+        config = config_from_dict(meta["method"], meta["config"])
+    except (ValueError, TypeError) as e:
+        raise AdapterFileError(f"{path}: {e}") from e
+    current = adapter_state(model)
+    if current is not None and not replace:
+        raise RuntimeError(
+            f"the model already has a {current.config.method!r} adapter; pass replace=True or call alfa.detach"
+        )
+    if current is not None:
+        # Check the file fully before touching the model's current adapter.
+        probe = _copy_for_check(model)
+        load_adapter(probe, path)
+        detach(model)
+    try:
+        targets = attach(model, config)
+    except (ValueError, TypeError) as e:
+        raise AdapterFileError(f"{path}: the adapter does not fit this model: {e}") from e
+    try:
+        _check_and_load(model, path, meta, targets)
+    except BaseException:
+        detach(model)
+        raise
+    return targets
+
+
+def _copy_for_check(model: nn.Module) -> nn.Module:
+    import copy
+
+    probe = copy.deepcopy(model)
+    detach(probe)
+    return probe
+
+
+def _check_and_load(model: nn.Module, path: Path, meta: dict[str, Any], targets: list[str]) -> None:
+    missing = [t for t in meta["targets"] if t not in targets]
+    extra = [t for t in targets if t not in meta["targets"]]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"layers in the adapter but not adaptable in this model: {missing}")
+        if extra:
+            parts.append(f"layers this model adapts that the adapter lacks: {extra}")
+        raise AdapterFileError(f"{path}: layer mismatch ({'; '.join(parts)})")
+    problems = _compare_fingerprints(meta["fingerprint"], base_fingerprint(model))
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise AdapterFileError(f"{path}: the adapter was made for a different base model ({shown})")
+    params = adapter_parameters(model)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+            if keys != set(params):
+                raise AdapterFileError(
+                    f"{path}: tensor names differ from this method's parameters "
+                    f"(missing {sorted(set(params) - keys)[:5]}, unexpected {sorted(keys - set(params))[:5]})"
+                )
+            loaded = {k: f.get_tensor(k) for k in keys}
+    except SafetensorError as e:
+        raise AdapterFileError(f"{path}: corrupt tensor data ({e})") from e
+    for k, t in loaded.items():
+        if t.shape != params[k].shape:
+            raise AdapterFileError(f"{path}: {k} has shape {list(t.shape)}, expected {list(params[k].shape)}")
+        if not torch.isfinite(t).all():
+            raise AdapterFileError(f"{path}: {k} contains NaN or infinite values")
+    with torch.no_grad():
+        for k, t in loaded.items():
+            params[k].copy_(t)

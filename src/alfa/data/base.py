@@ -1,0 +1,101 @@
+"""The one dataset interface every gaze source implements (synthetic worlds and real loaders).
+
+An item is a dict::
+
+    image  : float32 tensor (3, H, W), RGB in [0, 1]
+    gaze   : float32 tensor (2,), (yaw, pitch) in radians, normalized camera frame
+    head   : float32 tensor (2,), (yaw, pitch) of the head, NaN where unknown
+    person : str, the person's id
+    index  : int, position in the dataset
+
+Persons are listed in dataset order and each person's images keep the dataset's order, so
+"the first 5 images of a person" (the personalization protocol) is well defined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+__all__ = ["GazeDataset", "InMemoryGazeDataset"]
+
+
+class GazeDataset(Dataset):
+    """Base class: subclasses set ``name`` and implement ``__len__``, ``__getitem__``,
+    ``persons`` and ``person_indices``."""
+
+    name: str = "gaze"
+
+    def persons(self) -> list[str]:
+        raise NotImplementedError
+
+    def person_indices(self, person: str) -> list[int]:
+        """Indices of ``person``'s images, in dataset order."""
+        raise NotImplementedError
+
+
+class InMemoryGazeDataset(GazeDataset):
+    """A dataset held in memory as tensors (images as uint8 to keep it small)."""
+
+    def __init__(
+        self,
+        images: Tensor,
+        gaze: Tensor,
+        person_ids: Tensor,
+        person_names: Sequence[str],
+        head: Tensor | None = None,
+        name: str = "gaze",
+    ) -> None:
+        n = images.shape[0]
+        if images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError(f"images must be (N, 3, H, W), got {tuple(images.shape)}")
+        if gaze.shape != (n, 2):
+            raise ValueError(f"gaze must be (N, 2) = ({n}, 2), got {tuple(gaze.shape)}")
+        if person_ids.shape != (n,):
+            raise ValueError(f"person_ids must be (N,) = ({n},), got {tuple(person_ids.shape)}")
+        if head is not None and head.shape != (n, 2):
+            raise ValueError(f"head must be (N, 2) = ({n}, 2), got {tuple(head.shape)}")
+        if not torch.isfinite(gaze).all():
+            raise ValueError("gaze labels contain NaN or infinite values")
+        self.images = images
+        self.gaze = gaze.float()
+        self.head = head.float() if head is not None else torch.full((n, 2), float("nan"))
+        self.person_ids = person_ids.long()
+        self.person_names = list(person_names)
+        self.name = name
+        self._index: dict[str, list[int]] = {p: [] for p in self.person_names}
+        for i, pid in enumerate(self.person_ids.tolist()):
+            self._index[self.person_names[pid]].append(i)
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def image(self, i: int) -> Tensor:
+        img = self.images[i]
+        return img.float() / 255.0 if img.dtype == torch.uint8 else img.float()
+
+    def __getitem__(self, i: int) -> dict:
+        return {
+            "image": self.image(i),
+            "gaze": self.gaze[i],
+            "head": self.head[i],
+            "person": self.person_names[int(self.person_ids[i])],
+            "index": i,
+        }
+
+    def persons(self) -> list[str]:
+        return [p for p in self.person_names if self._index[p]]
+
+    def person_indices(self, person: str) -> list[int]:
+        if person not in self._index:
+            raise KeyError(f"{self.name}: no person {person!r}")
+        return list(self._index[person])
+
+    def subset(self, indices: Sequence[int]) -> InMemoryGazeDataset:
+        idx = torch.as_tensor(list(indices), dtype=torch.long)
+        return InMemoryGazeDataset(
+            self.images[idx], self.gaze[idx], self.person_ids[idx], self.person_names, self.head[idx], self.name
+        )

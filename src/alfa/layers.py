@@ -1,0 +1,323 @@
+"""Factorized layers (``W = U @ V``) and the geometry every adapter needs from a layer.
+
+A weight is always seen as a matrix ``W`` of shape ``(m, n)`` (spec §1):
+
+* ``nn.Linear(in, out)``: ``m = out``, ``n = in``;
+* ``nn.Conv2d(in, out, k)`` with ``groups == 1``: ``m = out``, ``n = in * kh * kw``
+  (``weight.reshape(m, -1)``).
+
+A factorized layer stores ``U`` (m×d) and ``V`` (d×n) and never builds ``W``: a factorized conv runs
+as a conv ``in -> d`` with ``V`` as its kernel, then a 1×1 conv ``d -> m`` with ``U``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "FactorizedLinear",
+    "FactorizedConv2d",
+    "LayerSpec",
+    "layer_spec",
+    "is_factorized",
+    "is_dense_eligible",
+    "dense_matrix",
+    "svd_factors",
+    "canonicalize_factors",
+]
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """How a Linear or Conv2d maps inputs to outputs, independent of how its weight is stored.
+
+    Adapters use it to run the layer's operation with a weight of their own making:
+    ``input_op(x, V)`` applies a ``(k, n)`` matrix with the layer's kernel, stride, padding and
+    dilation (giving ``k`` channels), ``output_op(h, U, bias)`` mixes ``k`` channels into ``m`` with a
+    ``(m, k)`` matrix (a 1×1 conv for convs), and ``dense_op(x, W, bias)`` runs the full layer.
+    """
+
+    kind: str  # "linear" or "conv2d"
+    in_features: int
+    out_features: int
+    kernel_size: tuple[int, int] = (1, 1)
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] | str = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+
+    @property
+    def m(self) -> int:
+        return self.out_features
+
+    @property
+    def n(self) -> int:
+        kh, kw = self.kernel_size
+        return self.in_features * kh * kw
+
+    def kernel(self, matrix: Tensor) -> Tensor:
+        """A ``(k, n)`` matrix as a conv kernel ``(k, in, kh, kw)`` (a no-op for linear layers)."""
+        if self.kind == "linear":
+            return matrix
+        return matrix.reshape(matrix.shape[0], self.in_features, *self.kernel_size)
+
+    def input_op(self, x: Tensor, V: Tensor) -> Tensor:
+        if self.kind == "linear":
+            return F.linear(x, V)
+        return F.conv2d(x, self.kernel(V), None, self.stride, self.padding, self.dilation)
+
+    def output_op(self, h: Tensor, U: Tensor, bias: Tensor | None = None) -> Tensor:
+        if self.kind == "linear":
+            return F.linear(h, U, bias)
+        return F.conv2d(h, U[:, :, None, None], bias)
+
+    def dense_op(self, x: Tensor, W: Tensor, bias: Tensor | None = None) -> Tensor:
+        if self.kind == "linear":
+            return F.linear(x, W, bias)
+        return F.conv2d(x, self.kernel(W), bias, self.stride, self.padding, self.dilation)
+
+    def make_dense(self, W: Tensor, bias: Tensor | None) -> nn.Module:
+        """A plain ``nn.Linear``/``nn.Conv2d`` holding the matrix ``W`` (used by merges that densify)."""
+        if self.kind == "linear":
+            layer: nn.Module = nn.Linear(self.in_features, self.out_features, bias=bias is not None)
+        else:
+            layer = nn.Conv2d(
+                self.in_features,
+                self.out_features,
+                self.kernel_size,
+                self.stride,
+                self.padding,
+                self.dilation,
+                bias=bias is not None,
+            )
+        layer = layer.to(device=W.device, dtype=W.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(self.kernel(W).reshape(layer.weight.shape))
+            if bias is not None:
+                layer.bias.copy_(bias)
+        return layer
+
+    def make_factorized(self, U: Tensor, V: Tensor, bias: Tensor | None) -> nn.Module:
+        """A factorized layer holding ``U`` and ``V`` (used by merges that keep the factorized form)."""
+        d = U.shape[1]
+        if self.kind == "linear":
+            layer: nn.Module = FactorizedLinear(self.in_features, self.out_features, d, bias=bias is not None)
+        else:
+            layer = FactorizedConv2d(
+                self.in_features,
+                self.out_features,
+                self.kernel_size,
+                d,
+                self.stride,
+                self.padding,
+                self.dilation,
+                bias=bias is not None,
+            )
+        layer = layer.to(device=U.device, dtype=U.dtype)
+        with torch.no_grad():
+            layer.U.copy_(U)
+            layer.V.copy_(V)
+            if bias is not None:
+                layer.bias.copy_(bias)
+        return layer
+
+
+def _pair(v: int | tuple[int, ...]) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    return (int(v[0]), int(v[1]))
+
+
+class _Factorized(nn.Module):
+    """Shared storage of the two factors; subclasses say how they run."""
+
+    spec: LayerSpec
+
+    def _init_factors(self, m: int, n: int, rank: int, bias: bool) -> None:
+        if rank <= 0:
+            raise ValueError(f"rank must be a positive integer, got {rank}")
+        self.rank = rank
+        self.U = nn.Parameter(torch.empty(m, rank))
+        self.V = nn.Parameter(torch.empty(rank, n))
+        self.bias = nn.Parameter(torch.zeros(m)) if bias else None
+        # A random init so a freshly built layer is usable; truncation overwrites both factors.
+        nn.init.kaiming_uniform_(self.U, a=5**0.5)
+        nn.init.kaiming_uniform_(self.V, a=5**0.5)
+
+    def forward_with(self, x: Tensor, V: Tensor) -> Tensor:
+        """Run the layer with another right factor ``V`` (what Alfa and its variants adapt)."""
+        return self.spec.output_op(self.spec.input_op(x, V), self.U, self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_with(x, self.V)
+
+    def weight_matrix(self) -> Tensor:
+        """The dense ``(m, n)`` weight ``U @ V`` (for analysis and tests; forward never builds it)."""
+        return self.U @ self.V
+
+    @torch.no_grad()
+    def canonicalize_(self) -> None:
+        """Re-express ``U @ V`` as ``U_d (S_d V_dᵀ)`` with orthonormal ``U_d`` and orthogonal rows of V.
+
+        Fine-tuning the factors (recovery after truncation) breaks the SVD form that Alfa's reading
+        of ``V`` as ``S_d V_dᵀ`` assumes; this restores it without changing the product.
+        """
+        U, V = canonicalize_factors(self.U, self.V)
+        self.U.copy_(U)
+        self.V.copy_(V)
+
+
+class FactorizedLinear(_Factorized):
+    """A Linear layer stored as ``W = U @ V`` with ``U`` (out×d) and ``V`` (d×in)."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.spec = LayerSpec("linear", in_features, out_features)
+        self._init_factors(out_features, in_features, rank, bias)
+
+    @classmethod
+    def from_dense(cls, layer: nn.Linear, rank: int) -> FactorizedLinear:
+        """Truncated SVD of ``layer.weight`` keeping the ``rank`` largest singular values."""
+        W = layer.weight.detach()
+        d = min(rank, *W.shape)
+        new = cls(layer.in_features, layer.out_features, d, bias=layer.bias is not None)
+        new = new.to(device=W.device, dtype=W.dtype)
+        U, V = svd_factors(W, d)
+        with torch.no_grad():
+            new.U.copy_(U)
+            new.V.copy_(V)
+            if layer.bias is not None:
+                new.bias.copy_(layer.bias)
+        return new
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, rank={self.rank}, bias={self.bias is not None}"
+
+
+class FactorizedConv2d(_Factorized):
+    """A Conv2d stored as ``W = U @ V``: a conv ``in -> d`` with kernel ``V``, then a 1×1 conv ``U``."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        rank: int,
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] | str = 0,
+        dilation: int | tuple[int, int] = 1,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride)
+        self.padding = padding if isinstance(padding, str) else _pair(padding)
+        self.dilation = _pair(dilation)
+        self.spec = LayerSpec(
+            "conv2d", in_channels, out_channels, self.kernel_size, self.stride, self.padding, self.dilation
+        )
+        self._init_factors(out_channels, self.spec.n, rank, bias)
+
+    @classmethod
+    def from_dense(cls, layer: nn.Conv2d, rank: int) -> FactorizedConv2d:
+        """Truncated SVD of ``layer.weight.reshape(out, -1)`` keeping the ``rank`` largest values."""
+        if layer.groups != 1:
+            raise ValueError("grouped convolutions cannot be factorized as one matrix")
+        if layer.padding_mode != "zeros":
+            raise ValueError(f"padding_mode={layer.padding_mode!r} is not supported (only 'zeros')")
+        W = layer.weight.detach().reshape(layer.out_channels, -1)
+        d = min(rank, *W.shape)
+        new = cls(
+            layer.in_channels,
+            layer.out_channels,
+            layer.kernel_size,
+            d,
+            layer.stride,
+            layer.padding,
+            layer.dilation,
+            bias=layer.bias is not None,
+        ).to(device=W.device, dtype=W.dtype)
+        U, V = svd_factors(W, d)
+        with torch.no_grad():
+            new.U.copy_(U)
+            new.V.copy_(V)
+            if layer.bias is not None:
+                new.bias.copy_(layer.bias)
+        return new
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, rank={self.rank}, "
+            f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+def is_factorized(module: nn.Module) -> bool:
+    return isinstance(module, _Factorized)
+
+
+def is_dense_eligible(module: nn.Module) -> bool:
+    """A plain Linear, or a Conv2d that is one matrix (no groups, zero padding)."""
+    if isinstance(module, nn.Linear):
+        return True
+    if isinstance(module, nn.Conv2d):
+        return module.groups == 1 and module.padding_mode == "zeros"
+    return False
+
+
+def layer_spec(module: nn.Module) -> LayerSpec:
+    """The :class:`LayerSpec` of a Linear, Conv2d or factorized layer."""
+    if is_factorized(module):
+        return module.spec  # type: ignore[return-value]
+    if isinstance(module, nn.Linear):
+        return LayerSpec("linear", module.in_features, module.out_features)
+    if isinstance(module, nn.Conv2d) and is_dense_eligible(module):
+        return LayerSpec(
+            "conv2d",
+            module.in_channels,
+            module.out_channels,
+            _pair(module.kernel_size),
+            _pair(module.stride),
+            module.padding if isinstance(module.padding, str) else _pair(module.padding),
+            _pair(module.dilation),
+        )
+    raise TypeError(f"{type(module).__name__} is not a Linear, an ungrouped Conv2d or a factorized layer")
+
+
+def dense_matrix(module: nn.Module) -> Tensor:
+    """The layer's weight as an ``(m, n)`` matrix (built from the factors for factorized layers)."""
+    if is_factorized(module):
+        return module.weight_matrix()  # type: ignore[operator]
+    return module.weight.reshape(module.weight.shape[0], -1)  # type: ignore[union-attr]
+
+
+def _signed_factors(U: Tensor, S: Tensor, Vh: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``(U, S Vh)`` with the sign of each component fixed so its largest ``|U|`` entry is positive."""
+    pivot = U.abs().argmax(dim=0)
+    sign = torch.sign(U[pivot, torch.arange(U.shape[1])])
+    sign[sign == 0] = 1
+    return (U * sign).to(dtype), ((S * sign)[:, None] * Vh).to(dtype)
+
+
+def svd_factors(W: Tensor, d: int) -> tuple[Tensor, Tensor]:
+    """``U_d`` (m×d) and ``V_base = S_d V_dᵀ`` (d×n) of the top-``d`` SVD of ``W``.
+
+    Computed in float64 and with a fixed sign per component, so the factors do not depend on
+    LAPACK's arbitrary sign choices.
+    """
+    U, S, Vh = torch.linalg.svd(W.detach().to(torch.float64), full_matrices=False)
+    return _signed_factors(U[:, :d], S[:d], Vh[:d], W.dtype)
+
+
+def canonicalize_factors(U: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
+    """Factors of the same product ``U @ V`` in SVD form (orthonormal ``U``, ``V = S Vᵀ``)."""
+    Qu, Ru = torch.linalg.qr(U.detach().to(torch.float64))
+    Qv, Rv = torch.linalg.qr(V.detach().to(torch.float64).T)
+    P, S, Qh = torch.linalg.svd(Ru @ Rv.T)
+    return _signed_factors(Qu @ P, S, Qh @ Qv.T, U.dtype)

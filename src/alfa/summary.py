@@ -1,0 +1,94 @@
+"""A one-call summary of a model's parameters: total, trainable, and per layer kind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+__all__ = ["ParameterSummary", "parameter_summary"]
+
+
+@dataclass
+class KindCount:
+    layers: int = 0
+    params: int = 0
+    trainable: int = 0
+
+
+@dataclass
+class ParameterSummary:
+    """Parameter counts of a model. ``by_kind`` maps a layer kind (``FactorizedConv2d``,
+    ``Conv2d (dense)``, ``BatchNorm2d``, ``adapter: alfa``...) to its layer and parameter counts."""
+
+    total: int
+    trainable: int
+    by_kind: dict[str, KindCount] = field(default_factory=dict)
+
+    @property
+    def frozen(self) -> int:
+        return self.total - self.trainable
+
+    def __str__(self) -> str:
+        rows = [("kind", "layers", "params", "trainable")]
+        for kind, c in sorted(self.by_kind.items(), key=lambda kv: -kv[1].params):
+            rows.append((kind, str(c.layers), _fmt(c.params), _fmt(c.trainable)))
+        rows.append(("total", "", _fmt(self.total), _fmt(self.trainable)))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        out = []
+        for i, r in enumerate(rows):
+            out.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))))
+            if i == 0 or i == len(rows) - 2:
+                out.append("  ".join("-" * w for w in widths))
+        return "\n".join(out)
+
+    def to_dict(self) -> dict:
+        return {
+            "total": self.total,
+            "trainable": self.trainable,
+            "by_kind": {k: vars(v).copy() for k, v in self.by_kind.items()},
+        }
+
+
+def _fmt(n: int) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1e6:.3f} M"
+    if n >= 1_000:
+        return f"{n / 1e3:.1f} k"
+    return str(n)
+
+
+def _kind(module: nn.Module) -> str:
+    from .adapters.base import AdaptedLayer  # late import: adapters depend on this module's users
+
+    if isinstance(module, AdaptedLayer):
+        return f"adapter: {module.config.method}"
+    name = type(module).__name__
+    if isinstance(module, (nn.Linear, nn.Conv2d)) and not name.startswith("Factorized"):
+        return f"{name} (dense)"
+    return name
+
+
+def parameter_summary(model: nn.Module) -> ParameterSummary:
+    """Count every parameter once, attributed to the module that directly owns it.
+
+    An adapted layer's own tensors count as ``adapter: <method>``; the frozen base layer it wraps
+    keeps its own kind, so the summary shows what the base costs and what the adapter adds.
+    """
+    by_kind: dict[str, KindCount] = {}
+    total = trainable = 0
+    seen: set[int] = set()
+    for module in model.modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+        if not own:
+            continue
+        seen.update(id(p) for p in own)
+        c = by_kind.setdefault(_kind(module), KindCount())
+        c.layers += 1
+        for p in own:
+            c.params += p.numel()
+            total += p.numel()
+            if p.requires_grad:
+                c.trainable += p.numel()
+                trainable += p.numel()
+    return ParameterSummary(total=total, trainable=trainable, by_kind=by_kind)

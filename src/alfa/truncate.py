@@ -1,0 +1,131 @@
+"""SVD truncation of a model's Linear/Conv2d layers into factorized layers (spec §2)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .layers import FactorizedConv2d, FactorizedLinear, is_factorized, layer_spec
+
+__all__ = ["truncate", "canonicalize", "TruncationReport", "replace_module", "factorized_ranks", "restore_structure"]
+
+
+@dataclass
+class TruncationReport:
+    """What :func:`truncate` did: which layers it factorized and which it left dense, and why."""
+
+    rank: int
+    factorized: dict[str, int] = field(default_factory=dict)  # name -> rank kept
+    left_dense: dict[str, str] = field(default_factory=dict)  # name -> reason
+
+    def __str__(self) -> str:
+        lines = [f"truncated {len(self.factorized)} layers at rank {self.rank}"]
+        for name, reason in self.left_dense.items():
+            lines.append(f"  left dense: {name} ({reason})")
+        return "\n".join(lines)
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put ``new`` at the dotted path ``name`` inside ``model``."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def _skip_reason(module: nn.Module, rank: int) -> str | None:
+    if isinstance(module, nn.Conv2d):
+        if module.groups != 1:
+            return f"grouped conv (groups={module.groups})"
+        if module.padding_mode != "zeros":
+            return f"padding_mode={module.padding_mode!r}"
+    spec = layer_spec(module)
+    m, n = spec.m, spec.n
+    d = min(rank, m, n)
+    if d * (m + n) >= m * n:
+        return f"no saving: d·(m+n) = {d * (m + n)} ≥ m·n = {m * n}"
+    return None
+
+
+@torch.no_grad()
+def truncate(model: nn.Module, rank: int, target: str | None = None) -> TruncationReport:
+    """Replace, in place, every Linear/Conv2d whose rank-``rank`` factorization is smaller by a
+    :class:`FactorizedLinear`/:class:`FactorizedConv2d` holding its truncated SVD.
+
+    ``target`` is an optional regular expression; only modules whose dotted name it matches
+    (``re.search``) are considered. Layers where factorizing saves nothing, grouped convs and convs with
+    non-zero padding modes are left dense and listed in the returned report.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise ValueError(f"rank must be a positive integer, got {rank!r}")
+    if getattr(model, "_alfa_adapter", None) is not None:
+        raise RuntimeError("truncate the base model before attaching an adapter (call alfa.detach first)")
+    pattern = re.compile(target) if target is not None else None
+    report = TruncationReport(rank=rank)
+    candidates = [
+        (name, mod)
+        for name, mod in model.named_modules()
+        if isinstance(mod, (nn.Linear, nn.Conv2d))
+        and not is_factorized(mod)
+        and (pattern is None or pattern.search(name))
+    ]
+    for name, mod in candidates:
+        reason = _skip_reason(mod, rank)
+        if reason is not None:
+            report.left_dense[name] = reason
+            continue
+        cls = FactorizedLinear if isinstance(mod, nn.Linear) else FactorizedConv2d
+        new = cls.from_dense(mod, rank)  # type: ignore[arg-type]
+        new.train(mod.training)
+        replace_module(model, name, new)
+        report.factorized[name] = new.rank
+    if not report.factorized:
+        detail = "; ".join(f"{n}: {r}" for n, r in report.left_dense.items()) or "no Linear/Conv2d layers"
+        where = f" matching {target!r}" if target is not None else ""
+        raise ValueError(f"no layer{where} can be truncated at rank {rank} with a saving ({detail})")
+    return report
+
+
+@torch.no_grad()
+def canonicalize(model: nn.Module) -> int:
+    """Bring every factorized layer back to SVD form (``U`` orthonormal, ``V = S Vᵀ``) without
+    changing its weight; call after fine-tuning the factors. Returns the number of layers touched."""
+    count = 0
+    for mod in model.modules():
+        if is_factorized(mod):
+            mod.canonicalize_()  # type: ignore[operator]
+            count += 1
+    return count
+
+
+def factorized_ranks(model: nn.Module) -> dict[str, int]:
+    """Name -> rank of every factorized layer (the structure a checkpoint must record)."""
+    return {name: mod.rank for name, mod in model.named_modules() if is_factorized(mod)}
+
+
+def restore_structure(model: nn.Module, ranks: dict[str, int]) -> None:
+    """Swap the named dense layers for empty factorized layers of the given ranks, so that a
+    checkpoint of a truncated model can be loaded into a freshly built dense one."""
+    for name, rank in ranks.items():
+        try:
+            mod = model.get_submodule(name)
+        except AttributeError as e:
+            raise ValueError(f"the model has no layer {name!r} to factorize") from e
+        if isinstance(mod, nn.Linear):
+            new: nn.Module = FactorizedLinear(mod.in_features, mod.out_features, rank, bias=mod.bias is not None)
+        elif isinstance(mod, nn.Conv2d) and mod.groups == 1:
+            new = FactorizedConv2d(
+                mod.in_channels,
+                mod.out_channels,
+                mod.kernel_size,
+                rank,
+                mod.stride,
+                mod.padding,
+                mod.dilation,
+                bias=mod.bias is not None,
+            )
+        else:
+            raise ValueError(f"layer {name!r} ({type(mod).__name__}) cannot hold a factorized weight")
+        replace_module(model, name, new.to(next(mod.parameters()).device))
