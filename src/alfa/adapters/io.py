@@ -127,15 +127,20 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
         raise AdapterFileError(f"{path}: damaged adapter header ({e})") from e
 
 
-def load_adapter(model: nn.Module, path: str | os.PathLike, replace: bool = False) -> list[str]:
+def load_adapter(
+    model: nn.Module, path: str | os.PathLike, replace: bool = False, method: str | None = None
+) -> list[str]:
     """Attach the adapter stored at ``path`` to ``model`` (the shared base) and load its tensors.
 
     The model must be the base the adapter was trained on: same adapted layers, same frozen
     weights (checked by fingerprint). With ``replace=True`` an adapter already on the model is
-    detached first. On any error the model is left as it was.
+    detached first. ``method``, if given, is the method the caller expects the file to hold.
+    On any error the model is left as it was.
     """
     path = Path(path)
     meta = read_adapter_metadata(path)
+    if method is not None and meta["method"] != method:
+        raise AdapterFileError(f"{path}: holds a {meta['method']!r} adapter, expected {method!r}")
     try:
         config = config_from_dict(meta["method"], meta["config"])
     except (ValueError, TypeError) as e:

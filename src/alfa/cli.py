@@ -1,0 +1,70 @@
+"""The ``alfa`` command: a thin layer over the library (each subcommand calls one library function)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _summary(args: argparse.Namespace) -> None:
+    import alfa
+
+    model = alfa.models.create_model(args.model)
+    print(f"{args.model} (dense):\n{alfa.parameter_summary(model)}\n")
+    if args.rank:
+        print(alfa.truncate(model, rank=args.rank), "\n")
+        print(f"{args.model} truncated at rank {args.rank}:\n{alfa.parameter_summary(model)}")
+
+
+def _example(args: argparse.Namespace) -> None:
+    from .example import run_example
+
+    run_example(rank=args.rank, steps=args.steps, image_size=args.image_size, seed=args.seed)
+
+
+def _speed(args: argparse.Namespace) -> None:
+    from .bench.speed import main as speed_main
+
+    speed_main(out=args.out, repeats=args.repeats, image_size=args.image_size)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="alfa", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+
+    p = sub.add_parser("summary", help="parameter summary of a registered model, dense and truncated")
+    p.add_argument("--model", default="resnet18_gaze")
+    p.add_argument("--rank", type=int, default=64, help="SVD rank (0: dense only)")
+    p.set_defaults(func=_summary)
+
+    p = sub.add_parser("example", help="library tour: truncate, attach Alfa, train a few steps, save, merge")
+    p.add_argument("--rank", type=int, default=64)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_example)
+
+    p = sub.add_parser("speed", help="time a personalization step and inference (dense, truncated, merged)")
+    p.add_argument("--out", default=None, help="write the markdown report here (e.g. docs/speed.md)")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--image-size", type=int, default=224)
+    p.set_defaults(func=_speed)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        # Bad input (files, shapes, options): one clear line, no traceback.
+        print(f"alfa {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""The library tour in one run: truncate ResNet-18, attach Alfa, train a few steps, save, merge.
+
+It uses random images and the flip-symmetry loss, so it shows the mechanics and costs, not
+accuracy (the gaze demo, ``alfa demo``, does that on the synthetic gaze worlds).
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from . import attach, load_adapter, merge, param_groups, parameter_summary, save_adapter, truncate
+from .adapters import AlfaConfig
+from .models import resnet18_gaze
+
+
+def _flip_loss(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    both = model(torch.cat([images, images.flip(-1)]))  # one forward: the attention runs once
+    out, out_flipped = both.chunk(2)
+    mirrored = torch.stack([-out_flipped[:, 0], out_flipped[:, 1]], 1).detach()
+    return (out - mirrored).abs().sum(1).mean()
+
+
+@torch.no_grad()
+def _latency(model: torch.nn.Module, x: torch.Tensor, repeats: int = 5) -> float:
+    model(x)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        model(x)
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def run_example(rank: int = 64, steps: int = 5, image_size: int = 224, batch: int = 10, seed: int = 0) -> dict:
+    """Run the tour and print what happens; returns the numbers it printed."""
+    torch.manual_seed(seed)
+    model = resnet18_gaze().eval()
+    dense_params = parameter_summary(model).total
+    print(f"ResNet-18 gaze regressor: {dense_params / 1e6:.2f} M parameters (dense)")
+
+    t = time.perf_counter()
+    report = truncate(model, rank=rank)
+    print(f"\n{report}\n(took {time.perf_counter() - t:.2f} s)\n")
+    print(parameter_summary(model), "\n")
+    base = copy.deepcopy(model)
+
+    names = attach(model, AlfaConfig(heads=8, rank=8))
+    print(f"Alfa attached to {len(names)} factorized layers; everything else is frozen:\n")
+    print(parameter_summary(model), "\n")
+
+    images = torch.rand(batch, 3, image_size, image_size)
+    opt = torch.optim.AdamW(param_groups(model, lr=1e-4, lr_scale={r"^layer[34]\.": 10.0}))
+    step_times, losses = [], []
+    for _ in range(steps):
+        t = time.perf_counter()
+        opt.zero_grad()
+        loss = _flip_loss(model, images)
+        loss.backward()
+        opt.step()
+        step_times.append(time.perf_counter() - t)
+        losses.append(loss.item())
+    print(f"{steps} personalization steps (batch {batch} + flips, {image_size}×{image_size}):")
+    print("  flip loss: " + " → ".join(f"{v:.4f}" for v in losses))
+    print(f"  median step time: {sorted(step_times)[steps // 2]:.3f} s\n")
+
+    x = images[:1]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = save_adapter(model, Path(tmp) / "user.safetensors")
+        size = path.stat().st_size
+        reloaded = copy.deepcopy(base)
+        load_adapter(reloaded, path)
+        with torch.no_grad():
+            same = torch.equal(reloaded(x), model(x))
+    verdict = "identical" if same else "DIFFERENT"
+    print(f"per-user adapter file: {size / 1e6:.2f} MB (reloads onto the shared base: {verdict})")
+
+    with torch.no_grad():
+        unmerged_out = model(x)
+    merge(model)
+    with torch.no_grad():
+        merged_out = model(x)
+    rel = float((merged_out - unmerged_out).norm() / unmerged_out.norm().clamp_min(1e-12))
+    merged_params = parameter_summary(model).total
+    print(
+        f"merged: {merged_params / 1e6:.3f} M parameters (truncated base: {parameter_summary(base).total / 1e6:.3f} M)"
+    )
+    print(f"  merged vs unmerged output, relative difference: {rel:.1e}\n")
+
+    dense = resnet18_gaze().eval()
+    lat = {name: _latency(m, x) for name, m in [("dense", dense), ("truncated", base), ("merged", model)]}
+    print("inference latency, batch 1 (median of 5): " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in lat.items()))
+    return {
+        "dense_params": dense_params,
+        "truncated_params": parameter_summary(base).total,
+        "merged_params": merged_params,
+        "losses": losses,
+        "step_seconds": step_times,
+        "adapter_bytes": size,
+        "merge_rel_diff": rel,
+        "latency_s": lat,
+    }

@@ -1,0 +1,39 @@
+import pytest
+import torch
+from torch import nn
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+class SmallNet(nn.Module):
+    """Convs with every geometry option plus a Linear head: a quick stand-in for a real model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 24, 3, stride=2, padding=1, bias=True)
+        self.bn1 = nn.BatchNorm2d(24)
+        self.conv2 = nn.Conv2d(24, 40, (3, 2), stride=(1, 2), padding=(2, 1), dilation=(2, 1), bias=False)
+        self.conv3 = nn.Conv2d(40, 48, 3, padding=1, bias=True)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Linear(48, 36)
+        self.fc2 = nn.Linear(36, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.relu(self.conv2(x))
+        x = torch.relu(self.conv3(x))
+        x = self.pool(x).flatten(1)
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.fixture
+def small_net() -> SmallNet:
+    net = SmallNet()
+    # Non-trivial BN statistics, so eval-mode outputs depend on them.
+    with torch.no_grad():
+        net.bn1.running_mean.normal_(0, 0.1)
+        net.bn1.running_var.uniform_(0.5, 1.5)
+    return net.eval()

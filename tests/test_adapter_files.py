@@ -1,0 +1,149 @@
+import copy
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import alfa
+from alfa.adapters import AdapterFileError, adapter_parameters
+from alfa.checkpoint import CheckpointError, load_model, save_model
+
+
+@pytest.fixture
+def base(small_net):
+    alfa.truncate(small_net, rank=6)
+    return small_net
+
+
+def _personalized(base, seed=1, **cfg):
+    model = copy.deepcopy(base)
+    torch.manual_seed(seed)
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2, **cfg))
+    with torch.no_grad():
+        for p in adapter_parameters(model).values():
+            p.normal_(0, 0.2)
+    return model
+
+
+def test_round_trip_onto_a_fresh_copy_of_the_base(base, tmp_path):
+    shared = copy.deepcopy(base)
+    user = _personalized(base)
+    path = alfa.save_adapter(user, tmp_path / "user-17.safetensors")
+    x = torch.randn(3, 3, 16, 16)
+    names = alfa.load_adapter(shared, path)
+    assert names == ["conv1", "conv2", "conv3", "fc1"]
+    assert torch.equal(shared(x), user(x))
+    # The file holds only the adapter tensors, and says what it is.
+    with safe_open(str(path), framework="pt") as f:
+        assert set(f.keys()) == set(adapter_parameters(user))
+        meta = f.metadata()
+    assert meta["method"] == "alfa" and json.loads(meta["config"])["heads"] == 2
+    assert json.loads(meta["targets"]) == names
+    # Swapping users on the shared base.
+    other = _personalized(base, seed=2)
+    alfa.load_adapter(shared, alfa.save_adapter(other, tmp_path / "user-18.safetensors"), replace=True)
+    assert torch.equal(shared(x), other(x))
+
+
+def test_loading_onto_a_different_base_names_the_mismatch(base, small_net, tmp_path):
+    path = alfa.save_adapter(_personalized(base), tmp_path / "a.safetensors")
+    other_base = copy.deepcopy(base)
+    with torch.no_grad():
+        other_base.conv3.V.mul_(1.5)  # e.g. another recovery run
+    with pytest.raises(AdapterFileError, match=r"different base model \(conv3\.V: different values"):
+        alfa.load_adapter(other_base, path)
+    assert alfa.adapter_state(other_base) is None  # left as it was
+
+
+def test_loading_onto_a_model_missing_a_layer(base, tmp_path):
+    path = alfa.save_adapter(_personalized(base), tmp_path / "a.safetensors")
+    partial = type(base)().eval()
+    alfa.truncate(partial, rank=6, target="conv")  # fc1 stays dense
+    with pytest.raises(AdapterFileError, match=r"layers in the adapter but not adaptable in this model: \['fc1'\]"):
+        alfa.load_adapter(partial, path)
+    assert alfa.adapter_state(partial) is None
+
+
+def test_loading_a_different_method_or_onto_an_adapted_model(base, tmp_path):
+    path = alfa.save_adapter(_personalized(base), tmp_path / "a.safetensors")
+    with pytest.raises(AdapterFileError, match="holds a 'alfa' adapter, expected 'lora'"):
+        alfa.load_adapter(copy.deepcopy(base), path, method="lora")
+    busy = _personalized(base)
+    with pytest.raises(RuntimeError, match="already has a 'alfa' adapter"):
+        alfa.load_adapter(busy, path)
+    # An unknown method in the header.
+    tensors = {k: v.detach() for k, v in adapter_parameters(busy).items()}
+    meta = {"format": "alfa-adapter", "version": "1", "method": "telepathy", "config": "{}", "targets": "[]",
+            "fingerprint": "{}"}  # fmt: skip
+    save_file(tensors, str(tmp_path / "odd.safetensors"), metadata=meta)
+    with pytest.raises(AdapterFileError, match="unknown adapter method 'telepathy'"):
+        alfa.load_adapter(copy.deepcopy(base), tmp_path / "odd.safetensors")
+
+
+def test_replace_keeps_the_current_adapter_when_the_new_file_is_bad(base, tmp_path):
+    user = _personalized(base)
+    x = torch.randn(2, 3, 16, 16)
+    out = user(x).detach()
+    bad_base = copy.deepcopy(base)
+    with torch.no_grad():
+        bad_base.conv1.U.neg_()
+    bad = alfa.save_adapter(_personalized(bad_base), tmp_path / "bad.safetensors")
+    with pytest.raises(AdapterFileError, match="different base"):
+        alfa.load_adapter(user, bad, replace=True)
+    assert torch.equal(user(x), out)
+
+
+def test_corrupt_and_foreign_files(base, tmp_path):
+    path = alfa.save_adapter(_personalized(base), tmp_path / "a.safetensors")
+    data = path.read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00garbage" * 10)
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
+    for name, match in [
+        ("cut", "corrupt|not a readable"),
+        ("junk", "not a readable"),
+        ("plain", "not an alfa adapter"),
+    ]:
+        with pytest.raises(AdapterFileError, match=match):
+            alfa.load_adapter(copy.deepcopy(base), tmp_path / f"{name}.safetensors")
+    with pytest.raises(FileNotFoundError):
+        alfa.load_adapter(copy.deepcopy(base), tmp_path / "missing.safetensors")
+
+
+def test_nan_tensors_are_refused(base, tmp_path):
+    user = _personalized(base)
+    with torch.no_grad():
+        user.conv2.B_p[0, 0] = float("nan")
+    path = alfa.save_adapter(user, tmp_path / "nan.safetensors")
+    with pytest.raises(AdapterFileError, match="conv2.B_p contains NaN"):
+        alfa.load_adapter(copy.deepcopy(base), path)
+
+
+def test_save_without_adapter_is_an_error(base, tmp_path):
+    with pytest.raises(RuntimeError, match="no adapter attached"):
+        alfa.save_adapter(base, tmp_path / "x.safetensors")
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_checkpoint_round_trip_and_wrong_model(tmp_path):
+    model = alfa.models.resnet18_gaze().eval()
+    alfa.truncate(model, rank=32)
+    path = save_model(tmp_path / "m.safetensors", model, "resnet18_gaze", extra={"note": "test"})
+    loaded, config = load_model(path, expect_model="resnet18_gaze")
+    x = torch.randn(1, 3, 32, 32)
+    assert torch.equal(loaded.eval()(x), model(x))
+    assert config["extra"] == {"note": "test"} and config["factorized"]["layer4.1.conv2"] == 32
+    with pytest.raises(CheckpointError, match="a checkpoint of 'resnet18_gaze', expected 'crate_tiny'"):
+        load_model(path, expect_model="crate_tiny")
+    # Weights of another architecture under our header: every mismatch named.
+    tensors = {k: v for k, v in model.state_dict().items() if not k.startswith("fc.")}
+    tensors["fc.weight"] = torch.zeros(3, 512)
+    tensors["fc.bias"] = torch.zeros(3)
+    from safetensors.torch import save_file as sf
+
+    meta = {"format": "alfa-checkpoint", "config": json.dumps(config)}
+    sf({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "w.safetensors"), metadata=meta)
+    with pytest.raises(CheckpointError, match=r"shape mismatches \['fc.weight: \[3, 512\] vs \[2, 512\]'"):
+        load_model(tmp_path / "w.safetensors")
