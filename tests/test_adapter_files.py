@@ -147,3 +147,39 @@ def test_checkpoint_round_trip_and_wrong_model(tmp_path):
     sf({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "w.safetensors"), metadata=meta)
     with pytest.raises(CheckpointError, match=r"shape mismatches \['fc.weight: \[3, 512\] vs \[2, 512\]'"):
         load_model(tmp_path / "w.safetensors")
+
+
+def test_compact_file_is_smaller_and_reproduces_the_outputs(base, tmp_path):
+    user = _personalized(base)
+    full = alfa.save_adapter(user, tmp_path / "full.safetensors")
+    small = alfa.save_adapter(user, tmp_path / "small.safetensors", compact=True)
+    assert small.stat().st_size < full.stat().st_size
+    shared = copy.deepcopy(base)
+    names = alfa.load_adapter(shared, small)
+    assert names == ["conv1", "conv2", "conv3", "fc1"]
+    assert alfa.adapter_state(shared).config.method == "dictionary_mix"
+    assert alfa.read_adapter_metadata(small)["method"] == "dictionary_mix"
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.allclose(shared(x), user(x), rtol=1e-5, atol=1e-6)
+    alfa.merge(shared)
+    assert torch.allclose(shared(x), user(x), rtol=1e-5, atol=1e-6)
+
+
+def test_compact_needs_a_dictionary_method(base, tmp_path):
+    from alfa.adapters.base import AdapterConfig
+
+    model = copy.deepcopy(base)
+    alfa.attach(model, alfa.adapters.alfa.DictionaryMixConfig())
+    alfa.save_adapter(model, tmp_path / "ok.safetensors", compact=True)  # already compact: fine
+    alfa.detach(model)
+
+    class HeadOnly(AdapterConfig):
+        method = "head_only_test"
+        scope = "model"
+
+        def select_parameters(self, m):
+            return ["fc2.weight"]
+
+    alfa.attach(model, HeadOnly())
+    with pytest.raises(ValueError, match="no compact form"):
+        alfa.save_adapter(model, tmp_path / "x.safetensors", compact=True)

@@ -4,7 +4,7 @@ Each method lives in its own module: a config dataclass registered by name plus,
 wrap layers, an :class:`~alfa.adapters.base.AdaptedLayer` subclass.
 """
 
-from .alfa import AlfaConfig, AlfaLayer
+from .alfa import AlfaConfig, AlfaLayer, DictionaryMixConfig
 from .base import (
     METHODS,
     AdaptedLayer,
@@ -29,6 +29,7 @@ __all__ = [
     "AdapterFileError",
     "AlfaConfig",
     "AlfaLayer",
+    "DictionaryMixConfig",
     "MergeError",
     "adapted_layers",
     "adapter_parameters",

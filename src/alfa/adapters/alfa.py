@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..layers import dense_matrix, svd_factors
 from .base import AdaptedLayer, AdapterConfig, register_method
 
-__all__ = ["AlfaConfig", "AlfaLayer", "alfa_mixing"]
+__all__ = ["AlfaConfig", "AlfaLayer", "DictionaryAdapter", "DictionaryMixConfig", "DictionaryMixLayer", "alfa_mixing"]
 
 
 @register_method
@@ -70,30 +70,30 @@ def alfa_mixing(A_q: Tensor, B_q: Tensor, A_p: Tensor, B_p: Tensor, V_base: Tens
     return B_p @ mix
 
 
-class AlfaLayer(AdaptedLayer):
-    """A factorized (or dense) layer whose right factor is re-weighted by Alfa's attention."""
+class DictionaryAdapter(AdaptedLayer):
+    """Shared machinery of the methods that adapt only the dictionary: ``V_adapt = V_base + ΔV``.
+
+    On a factorized layer the dictionary is its right factor ``V`` and ``U_d`` its left factor; on a
+    dense layer both come from the layer's SVD (rank ``config.dense_rank``, full if ``None``) and
+    the update is added to the exact dense weight, so a zero ``ΔV`` reproduces the base bit for bit.
+    Subclasses implement :meth:`delta_V`.
+    """
 
     factorized_merge: ClassVar[bool] = True
 
-    def __init__(self, base: nn.Module, config: AlfaConfig) -> None:
+    def __init__(self, base: nn.Module, config: AdapterConfig) -> None:
         super().__init__(base, config)
-        if self.base_is_factorized:
-            d = base.V.shape[0]
-            ref = base.V
-        else:
+        if not self.base_is_factorized:
             W = dense_matrix(base).detach()
-            d = min(config.dense_rank or min(W.shape), *W.shape)
+            d = min(getattr(config, "dense_rank", None) or min(W.shape), *W.shape)
             U, V = svd_factors(W, d)
             # Derived from the frozen weight on attach, so not saved with the model.
             self.register_buffer("U_svd", U, persistent=False)
             self.register_buffer("V_svd", V, persistent=False)
-            ref = W
-        H, r = config.heads, config.rank
-        kw = {"device": ref.device, "dtype": ref.dtype}
-        self.A_q = nn.Parameter(torch.randn(H, r, d, **kw) * config.init_std)
-        self.B_q = nn.Parameter(torch.zeros(H, d, r, **kw))
-        self.A_p = nn.Parameter(torch.randn(r * H, H * d, **kw) * config.init_std)
-        self.B_p = nn.Parameter(torch.zeros(d, r * H, **kw))
+
+    @property
+    def dictionary_size(self) -> int:
+        return self.V_base.shape[0]
 
     @property
     def U_d(self) -> Tensor:
@@ -104,20 +104,16 @@ class AlfaLayer(AdaptedLayer):
         return self.base.V if self.base_is_factorized else self.V_svd
 
     def delta_V(self) -> Tensor:
-        """``V_adapt − V_base = B_p A_p Z`` (d×n)."""
-        V = self.V_base
-        return alfa_mixing(self.A_q, self.B_q, self.A_p, self.B_p, V) @ V
+        raise NotImplementedError
 
     def adapted_V(self) -> Tensor:
-        """The adapted dictionary ``V_adapt = V_base + B_p A_p Z`` (d×n)."""
+        """The adapted dictionary ``V_adapt = V_base + ΔV`` (d×n)."""
         return self.V_base + self.delta_V()
 
     def forward(self, x: Tensor) -> Tensor:
         if self.base_is_factorized:
             return self.base.forward_with(x, self.adapted_V())
-        # Dense base: W + U ΔV keeps the base exactly at init (no SVD round-off in the output).
-        W = dense_matrix(self.base) + self.U_d @ self.delta_V()
-        return self.spec.dense_op(x, W, self.base.bias)
+        return self.spec.dense_op(x, self.effective_weight()[0], self.base.bias)
 
     def effective_factors(self) -> tuple[Tensor, Tensor, Tensor | None]:
         return self.base.U, self.adapted_V(), self.base.bias
@@ -127,6 +123,60 @@ class AlfaLayer(AdaptedLayer):
             return self.base.U @ self.adapted_V(), self.base.bias
         return dense_matrix(self.base) + self.U_d @ self.delta_V(), self.base.bias
 
+
+class AlfaLayer(DictionaryAdapter):
+    """A factorized (or dense) layer whose dictionary is re-weighted by Alfa's attention."""
+
+    def __init__(self, base: nn.Module, config: AlfaConfig) -> None:
+        super().__init__(base, config)
+        d, H, r = self.dictionary_size, config.heads, config.rank
+        kw = {"device": self.V_base.device, "dtype": self.V_base.dtype}
+        self.A_q = nn.Parameter(torch.randn(H, r, d, **kw) * config.init_std)
+        self.B_q = nn.Parameter(torch.zeros(H, d, r, **kw))
+        self.A_p = nn.Parameter(torch.randn(r * H, H * d, **kw) * config.init_std)
+        self.B_p = nn.Parameter(torch.zeros(d, r * H, **kw))
+
+    def mixing(self) -> Tensor:
+        """The ``(d, d)`` matrix ``T`` with ``V_adapt = V_base + T V_base``: all a user's
+        personalization of this layer amounts to (what a compact adapter file stores)."""
+        return alfa_mixing(self.A_q, self.B_q, self.A_p, self.B_p, self.V_base)
+
+    def delta_V(self) -> Tensor:
+        """``V_adapt − V_base = B_p A_p Z`` (d×n)."""
+        return self.mixing() @ self.V_base
+
     def extra_repr(self) -> str:
         c = self.config
-        return f"heads={c.heads}, rank={c.rank}, d={self.A_q.shape[-1]}"
+        return f"heads={c.heads}, rank={c.rank}, d={self.dictionary_size}"
+
+
+@register_method
+@dataclass
+class DictionaryMixConfig(AdapterConfig):
+    """A free ``d×d`` mix of the dictionary's rows: ``V_adapt = V_base + T V_base``, ``T`` zero-init.
+
+    Every Alfa update has this form (see :func:`alfa_mixing`), so a trained Alfa adapter can be
+    stored as its ``T`` per layer (``save_adapter(..., compact=True)``) and is loaded back as this
+    method; trained directly, it is Alfa without attention and without the low-rank constraint."""
+
+    method: ClassVar[str] = "dictionary_mix"
+
+    dense_rank: int | None = None
+
+    def build(self, base: nn.Module) -> DictionaryMixLayer:
+        return DictionaryMixLayer(base, self)
+
+
+class DictionaryMixLayer(DictionaryAdapter):
+    """``V_adapt = V_base + T V_base`` with a trainable ``T`` (d×d)."""
+
+    def __init__(self, base: nn.Module, config: DictionaryMixConfig) -> None:
+        super().__init__(base, config)
+        d = self.dictionary_size
+        self.T = nn.Parameter(torch.zeros(d, d, device=self.V_base.device, dtype=self.V_base.dtype))
+
+    def mixing(self) -> Tensor:
+        return self.T
+
+    def delta_V(self) -> Tensor:
+        return self.T @ self.V_base

@@ -80,20 +80,41 @@ def _compare_fingerprints(saved: dict[str, Any], current: dict[str, Any]) -> lis
     return problems
 
 
-def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
-    """Write the attached adapter of ``model`` to ``path`` (safetensors), atomically."""
+def save_adapter(model: nn.Module, path: str | os.PathLike, compact: bool = False) -> Path:
+    """Write the attached adapter of ``model`` to ``path`` (safetensors), atomically.
+
+    ``compact=True`` stores, instead of the trainable tensors, what the personalization amounts to:
+    one ``d×d`` mixing matrix per layer (``V_adapt = V_base + T V_base``; for Alfa with the defaults
+    at ``d = 64`` that is about 11× smaller). Such a file loads back as the ``dictionary_mix``
+    method, with the same outputs; it serves inference and merging, not further training of the
+    original parameters. Only dictionary methods (Alfa and its variants) can be stored this way.
+    """
     state = adapter_state(model)
     if state is None:
         raise RuntimeError("cannot save: the model has no adapter attached (use alfa.attach first)")
-    tensors = {n: p.detach().cpu().contiguous() for n, p in adapter_parameters(model).items()}
+    config = state.config
+    if compact:
+        from .alfa import DictionaryMixConfig
+
+        layers = {name: model.get_submodule(name) for name in state.targets} if config.scope == "layer" else {}
+        if not layers or not all(hasattr(layer, "mixing") for layer in layers.values()):
+            raise ValueError(f"{config.method} adapters have no compact form (only dictionary methods such as alfa)")
+        tensors = {f"{name}.T": layer.mixing().detach().cpu().contiguous() for name, layer in layers.items()}
+        config = DictionaryMixConfig(
+            target=config.target, layers=config.layers, dense_rank=getattr(config, "dense_rank", None)
+        )
+    else:
+        tensors = {n: p.detach().cpu().contiguous() for n, p in adapter_parameters(model).items()}
     metadata = {
         "format": FORMAT,
         "version": str(VERSION),
-        "method": state.config.method,
-        "config": json.dumps(state.config.to_dict(), sort_keys=True),
+        "method": config.method,
+        "config": json.dumps(config.to_dict(), sort_keys=True),
         "targets": json.dumps(state.targets),
         "fingerprint": json.dumps(base_fingerprint(model)),
     }
+    if compact:
+        metadata["compact_of"] = state.config.method
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
