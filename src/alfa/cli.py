@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--image-size", type=int, default=224)
     p.set_defaults(func=_speed)
+
+    from .crate.commands import register as register_crate
+
+    register_crate(sub)
     return parser
 
 

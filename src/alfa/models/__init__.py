@@ -28,6 +28,8 @@ def create_model(name: str, **kwargs) -> nn.Module:
     return _REGISTRY[name](**kwargs)
 
 
-from .resnet import ResNet, resnet18_gaze  # noqa: E402  (registers itself)
+# Each family registers its named constructors on import.
+from . import crate, vit  # noqa: E402
+from .resnet import ResNet, resnet18_gaze  # noqa: E402
 
-__all__ = ["ResNet", "create_model", "list_models", "register_model", "resnet18_gaze"]
+__all__ = ["ResNet", "crate", "create_model", "list_models", "register_model", "resnet18_gaze", "vit"]

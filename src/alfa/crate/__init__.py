@@ -1,0 +1,19 @@
+"""CRATE tools: coding rates, layer probes, and the plane toy (spec crate.md).
+
+The models themselves live in :mod:`alfa.models.crate` (and the plain ViT in :mod:`alfa.models.vit`).
+"""
+
+from .coding_rate import clustered_coding_rate, coding_rate, coding_rate_step, head_coding_rates, rate_reduction
+from .probes import LayerProbe, ProbeResult, plot_probes, probe_model
+
+__all__ = [
+    "LayerProbe",
+    "ProbeResult",
+    "clustered_coding_rate",
+    "coding_rate",
+    "coding_rate_step",
+    "head_coding_rates",
+    "plot_probes",
+    "probe_model",
+    "rate_reduction",
+]

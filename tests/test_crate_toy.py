@@ -1,0 +1,137 @@
+import argparse
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from alfa.crate import coding_rate_step
+from alfa.crate.commands import register
+from alfa.crate.toy import (
+    DEFAULT_PANELS,
+    U1,
+    U2,
+    ToyConfig,
+    aggregate,
+    draw_tokens,
+    format_aggregate,
+    format_run,
+    run_panel,
+    run_toy,
+    write_json,
+)
+
+SEEDS = list(range(10))
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return run_toy(DEFAULT_PANELS, SEEDS)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="alfa")
+    register(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_tokens_are_drawn_exactly_as_the_spec_says():
+    Z, labels = draw_tokens(0)
+    rng = np.random.default_rng(0)
+    Z1 = U1[:, None] + 0.35 * rng.standard_normal((2, 20))
+    Z2 = U2[:, None] + 0.35 * rng.standard_normal((2, 20))
+    np.testing.assert_array_equal(Z, np.concatenate([Z1, Z2], axis=1))
+    np.testing.assert_array_equal(labels, [0] * 20 + [1] * 20)
+    assert np.degrees(np.arctan2(U1[1], U1[0])) == pytest.approx(30)
+    assert np.degrees(np.arctan2(U2[1], U2[0])) == pytest.approx(120)
+
+
+def test_same_seed_same_numbers_other_seed_other_numbers():
+    for key in DEFAULT_PANELS:
+        a, b = run_panel(key, 3), run_panel(key, 3)
+        assert json.dumps(a.to_dict()) == json.dumps(b.to_dict())
+        assert all(np.array_equal(x, y) for x, y in zip(a.tokens, b.tokens))
+        assert a.to_dict()["layers"] != run_panel(key, 4).to_dict()["layers"]
+
+
+def test_layer_one_of_panel_a_is_one_gradient_step_on_unit_tokens():
+    run = run_panel("a", 0)
+    Z, labels = draw_tokens(0)
+    Z = torch.from_numpy(Z[:, labels == 0])
+    Z = Z / Z.norm(dim=0)
+    stepped = coding_rate_step(Z, 0.5, 1.0)
+    np.testing.assert_allclose(run.tokens[1], (stepped / stepped.norm(dim=0)).numpy(), rtol=1e-12)
+    first = run.layers[0]
+    s = np.linalg.svd(run.tokens[0], compute_uv=False)
+    assert first["thickness"] == [pytest.approx(s[1] / s[0]), None]
+    assert first["Rc"] == pytest.approx(first["R"]) and first["dR"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_json_has_the_promised_structure(runs, tmp_path):
+    path = tmp_path / "toy.json"
+    write_json(runs, path)
+    data = json.loads(path.read_text())
+    assert len(data) == len(DEFAULT_PANELS) * len(SEEDS)
+    assert {(r["panel"], r["length"], r["kappa"]) for r in data} == {
+        ("a", 1, 1.0),
+        ("b", 1, 1.0),
+        ("c", 3, 5.0),
+        ("c", 1, 5.0),
+        ("d", 3, 5.0),
+    }
+    for run in data:
+        assert len(run["layers"]) == 7
+        for layer in run["layers"]:
+            assert set(layer) == {"thickness", "R", "Rc", "dR", "misassigned", "one_axis_share"}
+            assert len(layer["thickness"]) == 2
+            assert layer["dR"] == pytest.approx(layer["R"] - layer["Rc"])
+        assert (run["layers"][0]["thickness"][1] is None) == (run["panel"] == "a")
+        assert ("eta" in run) == (run["panel"] == "d")
+
+
+def test_the_story_each_panel_tells(runs):
+    agg = aggregate(runs)
+    # (a) the gradient step thins the lone cluster, layer after layer
+    thick = agg["a"]["thickness1"][0]
+    assert np.all(np.diff(thick) < 0) and thick[-1] < 0.5 * thick[0]
+    # (b) on the union of two orthogonal clusters it does almost nothing
+    assert np.all(np.abs(agg["b"]["thickness1"][0] - agg["b"]["thickness1"][0][0]) < 0.02)
+    # (c) at length 3 the softmax step thins clusters and keeps them apart ...
+    assert agg["c"]["dR"][0][-1] > 2 * agg["c"]["dR"][0][0]
+    assert agg["c"]["misassigned"][0][-1] <= agg["c"]["misassigned"][0][0]
+    # ... at length 1 it merges everything onto one line: half the tokens end on the wrong side
+    assert agg["c-len1"]["thickness1"][0][-1] < 1e-3 and agg["c-len1"]["misassigned"][0][-1] >= 15
+    # (d) ISTA puts tokens onto the axes (with CRATE's η = λ = 0.1 only right after the first layer)
+    assert agg["d"]["one_axis_share"][0][1] >= 0.4
+    assert all(agg[k]["one_axis_share"][0].max() == 0 for k in ("a", "b", "c", "c-len1"))
+    strong = aggregate(run_toy(["d"], SEEDS, ToyConfig(eta=1.0, lam=1.0)))["d"]
+    assert strong["one_axis_share"][0][-1] >= 0.9
+
+
+def test_tables_print_every_layer(runs):
+    table = format_run(runs[0])
+    assert table.splitlines()[0].startswith("(a)") and len(table.splitlines()) == 2 + 7
+    agg = format_aggregate(runs)
+    assert agg.count("mean ± std over 10 seeds") == len(DEFAULT_PANELS)
+
+
+def test_cli_writes_json_and_figure(tmp_path, capsys):
+    json_path, fig_path = tmp_path / "toy.json", tmp_path / "toy.png"
+    args = _parser().parse_args(
+        ["crate", "toy", "--seeds", "2", "--first-seed", "5", "--json", str(json_path), "--figure", str(fig_path)]
+    )
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "mean ± std over 2 seeds" in out and "wrote 10 runs" in out
+    assert [r["seed"] for r in json.loads(json_path.read_text())][:2] == [5, 6]
+    assert fig_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_rejects_bad_input():
+    parser = _parser()
+    args = parser.parse_args(["crate", "toy", "--panels", "a,e"])
+    with pytest.raises(ValueError, match="unknown panel"):
+        args.func(args)
+    args = parser.parse_args(["crate", "toy", "--eps", "0"])
+    with pytest.raises(ValueError, match="eps must be positive"):
+        args.func(args)
