@@ -1,3 +1,8 @@
+import os
+
+# On a loaded machine OpenMP's busy-waiting makes small ops ~100× slower; tests never need it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 import torch
 from torch import nn

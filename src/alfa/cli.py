@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=224)
     p.set_defaults(func=_speed)
 
+    p = sub.add_parser("costs", add_help=False, help="cost table of every adapter method (see `alfa costs --help`)")
+
     from .crate.commands import register as register_crate
 
     register_crate(sub)
@@ -57,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["costs"]:  # its own parser (python -m alfa.adapters.costs); argparse can't forward --help
+        from .adapters.costs import main as costs_main
+
+        return costs_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

@@ -20,9 +20,27 @@ from .base import (
     param_groups,
     register_method,
 )
+from .bitfit import BitfitConfig, FullFinetuneConfig
+from .dora import DoraConfig
+from .flora import FloraConfig
+from .gate import DiagGateConfig, LinearMixConfig
 from .io import AdapterFileError, base_fingerprint, load_adapter, read_adapter_metadata, save_adapter
+from .lora import LoraConfig, MiloraConfig, PissaConfig
+from .moslora import MosloraConfig
+from .spectral import SpectralConfig
 
 __all__ = [
+    "BitfitConfig",
+    "FullFinetuneConfig",
+    "DoraConfig",
+    "FloraConfig",
+    "DiagGateConfig",
+    "LinearMixConfig",
+    "LoraConfig",
+    "MiloraConfig",
+    "PissaConfig",
+    "MosloraConfig",
+    "SpectralConfig",
     "METHODS",
     "AdaptedLayer",
     "AdapterConfig",

@@ -1,0 +1,65 @@
+"""Model-scope baselines: BitFit (biases and normalization affines) and full fine-tuning (spec §5).
+
+These train parameters the model already has, so there is nothing to wrap and nothing to merge:
+the per-user artifact is the trained tensors themselves (``alfa.save_adapter`` stores them), and
+``alfa.detach`` restores their values from before training. ``target`` (a regular expression over
+parameter names, ``re.search``) narrows the selection.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import nn
+
+from .base import AdapterConfig, register_method
+
+__all__ = ["BitfitConfig", "FullFinetuneConfig", "NORM_LAYERS"]
+
+# Layers whose weight is an affine (scale) of a normalization, trained by BitFit along with biases.
+NORM_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._NormBase,  # BatchNorm*, InstanceNorm*, SyncBatchNorm
+    nn.LayerNorm,
+    nn.GroupNorm,
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
+)
+
+
+def _filter(names: list[str], target: str | None) -> list[str]:
+    if target is None:
+        return names
+    pattern = re.compile(target)
+    return [n for n in names if pattern.search(n)]
+
+
+@register_method
+@dataclass
+class BitfitConfig(AdapterConfig):
+    """BitFit: train every bias and every normalization layer's affine weight, nothing else."""
+
+    method: ClassVar[str] = "bitfit"
+    scope: ClassVar[str] = "model"
+
+    def select_parameters(self, model: nn.Module) -> list[str]:
+        names = []
+        for mod_name, mod in model.named_modules():
+            is_norm = isinstance(mod, NORM_LAYERS)
+            for p_name, _ in mod.named_parameters(recurse=False):
+                if p_name == "bias" or is_norm:
+                    names.append(f"{mod_name}.{p_name}" if mod_name else p_name)
+        order = {n: i for i, (n, _) in enumerate(model.named_parameters())}
+        return _filter(sorted(names, key=order.__getitem__), self.target)
+
+
+@register_method
+@dataclass
+class FullFinetuneConfig(AdapterConfig):
+    """Full fine-tuning: train every parameter of the model."""
+
+    method: ClassVar[str] = "full"
+    scope: ClassVar[str] = "model"
+
+    def select_parameters(self, model: nn.Module) -> list[str]:
+        return _filter([n for n, _ in model.named_parameters()], self.target)

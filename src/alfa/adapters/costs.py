@@ -1,0 +1,311 @@
+"""What each adaptation method costs on the ResNet-18 gaze model truncated at rank 64.
+
+For every method at its default settings: trainable parameters, parameters at inference after
+merging (densifying where the method needs it), the parameters of the exact compact merge
+(``merged_extended``, for the methods whose update is a dense low-rank term), the bytes of the saved
+per-user adapter file, the time of one personalization step and of one inference forward.
+
+One personalization step (spec §4): a batch of ``batch`` images and their horizontal flips in one
+forward of ``2·batch`` images, the flip-symmetry L1 loss (flipped branch detached), backward, one
+AdamW step (lr 1e-4, ×10 on ``layer3``/``layer4``); BatchNorm in eval mode. Timings are the median
+of ``repeats`` steps after ``warmup`` steps, with ``torch.set_num_threads(threads)``. Weights are
+random (the costs do not depend on them), so no checkpoint is needed.
+
+Run ``python -m alfa.adapters.costs`` (``--help`` for options); it prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+from tqdm import tqdm
+
+from ..gaze.geometry import flip_yaw
+from ..models import create_model
+from ..summary import parameter_summary
+from ..truncate import truncate
+from .alfa import AlfaConfig
+from .base import AdapterConfig, adapted_layers, adapter_state, attach, merge, param_groups
+from .bitfit import BitfitConfig, FullFinetuneConfig
+from .dora import DoraConfig
+from .flora import FloraConfig
+from .gate import DiagGateConfig, LinearMixConfig
+from .io import save_adapter
+from .lora import LoraConfig, MiloraConfig, PissaConfig
+from .moslora import MosloraConfig
+from .spectral import SpectralConfig
+
+__all__ = ["CostRow", "default_methods", "personalization_step", "cost_table", "format_table", "main"]
+
+LR = 1e-4
+LR_SCALE = {r"^layer[34]\.": 10.0}
+
+
+@dataclass
+class CostRow:
+    """The costs of one method (``None`` where a quantity does not apply)."""
+
+    method: str
+    base: str  # "truncated" or "dense"
+    config: str
+    trainable: int
+    merged_params: int
+    merge: str  # how the merged model stores the adapted layers
+    compact_params: int  # exact merge keeping factors (merged_extended); = merged_params where no choice
+    adapter_bytes: int | None
+    compact_bytes: int | None  # save_adapter(compact=True): one d×d mix per layer (dictionary methods only)
+    step_ms: float | None  # wall clock, median
+    step_cpu_ms: float | None  # process CPU time (all threads), median
+    inference_ms: float | None  # wall clock of one forward of the merged model, median
+    step_gflop: float | None = None  # matmul/conv work of one step (torch.utils.flop_counter)
+    inference_gflop: float | None = None
+
+
+def default_methods() -> dict[str, AdapterConfig | None]:
+    """Every method at its default settings, by row label (``None``: no adaptation)."""
+    return {
+        "source-only": None,
+        "alfa": AlfaConfig(),
+        "diag_gate": DiagGateConfig(),
+        "linear_mix": LinearMixConfig(),
+        "spectral": SpectralConfig(),
+        "lora": LoraConfig(),
+        "pissa": PissaConfig(),
+        "milora": MiloraConfig(),
+        "moslora": MosloraConfig(),
+        "dora": DoraConfig(),
+        "flora": FloraConfig(),
+        "bitfit": BitfitConfig(),
+        "full": FullFinetuneConfig(),
+    }
+
+
+def personalization_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: Tensor) -> float:
+    """One flip-symmetry step: ``L = mean |f(I) − FlipYaw(f(flip(I)))|`` with the flipped branch detached."""
+    optimizer.zero_grad(set_to_none=True)
+    out = model(torch.cat([images, images.flip(-1)]))
+    pred, pred_flipped = out.split(len(images))
+    loss = (pred - flip_yaw(pred_flipped).detach()).abs().mean()
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+def _timed(fn) -> tuple[float, float]:
+    """Wall-clock and process CPU seconds of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _gflop(fn) -> float:
+    """Matmul/conv GFLOP of one call, counted by torch's FlopCounterMode (independent of machine load)."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops() / 1e9
+
+
+def _interleaved_ms(calls: list, warmup: int, repeats: int, progress: bool, desc: str) -> list[tuple[float, float]]:
+    """Median wall and CPU milliseconds of each call, timed in rounds (one call of each per round),
+    so that a load change on a shared machine hits every method alike."""
+    for fn in tqdm(calls, desc=f"{desc} (warm-up)", disable=not progress):
+        for _ in range(warmup):
+            fn()
+    samples: list[list[tuple[float, float]]] = [[] for _ in calls]
+    for _ in tqdm(range(repeats), desc=desc, disable=not progress):
+        for i, fn in enumerate(calls):
+            samples[i].append(_timed(fn))
+    return [
+        (1000.0 * statistics.median(w for w, _ in ts), 1000.0 * statistics.median(c for _, c in ts)) for ts in samples
+    ]
+
+
+def _config_str(config: AdapterConfig | None) -> str:
+    if config is None:
+        return ""
+    d = {k: v for k, v in config.to_dict().items() if k not in ("target", "layers") and v is not None}
+    return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+def _compact_params(model: nn.Module) -> int:
+    """Parameter count if every adapted layer is merged into its most compact exact form."""
+    total = parameter_summary(model).total
+    for layer in adapted_layers(model).values():
+        own = sum(p.numel() for p in layer.parameters())
+        new = layer.merged_extended() if hasattr(layer, "merged_extended") else layer.merged(densify=True)
+        total += sum(p.numel() for p in new.parameters()) - own
+    return total
+
+
+@dataclass
+class _Job:
+    row: CostRow
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None = None
+    densify: bool = False
+
+
+def _prepare(
+    label: str, base_model: nn.Module, base_kind: str, config: AdapterConfig | None, seed: int, workdir: Path
+) -> _Job:
+    """Attach the method and fill in everything but the timings."""
+    torch.manual_seed(seed)
+    model = copy.deepcopy(base_model).eval()
+    params = parameter_summary(model).total
+    row = CostRow(label, base_kind, _config_str(config), 0, params, "none", params, None, None, None, None, None)
+    if config is None:
+        return _Job(row, model)
+    attach(model, config)
+    row.trainable = parameter_summary(model).trainable
+    row.adapter_bytes = save_adapter(model, workdir / f"{base_kind}-{label}.safetensors").stat().st_size
+    layers = adapted_layers(model).values()
+    if layers and all(hasattr(layer, "mixing") for layer in layers):
+        compact = save_adapter(model, workdir / f"{base_kind}-{label}-compact.safetensors", compact=True)
+        row.compact_bytes = compact.stat().st_size
+    row.compact_params = _compact_params(model) if config.scope == "layer" else params
+    densify = any(layer.base_is_factorized and not layer.factorized_merge for layer in layers)
+    if config.scope == "model":
+        row.merge = "in place"
+    elif base_kind == "dense":
+        row.merge = "dense"
+    else:
+        row.merge = "densified" if densify else "factorized (rank d)"
+    optimizer = torch.optim.AdamW(param_groups(model, lr=LR, lr_scale=LR_SCALE))
+    return _Job(row, model, optimizer, densify)
+
+
+def cost_table(
+    model_name: str = "resnet18_gaze",
+    rank: int = 64,
+    batch: int = 10,
+    image_size: int = 224,
+    warmup: int = 1,
+    repeats: int = 5,
+    threads: int = 2,
+    seed: int = 0,
+    methods: dict[str, AdapterConfig | None] | None = None,
+    dense_alfa: bool = True,
+    progress: bool = True,
+) -> list[CostRow]:
+    """Measure every method (default: :func:`default_methods`) on ``model_name`` truncated at ``rank``.
+
+    With ``dense_alfa`` two more rows run on the untruncated model: source-only and Alfa on the dense
+    layers (ablation (c): the dictionary is each layer's full SVD). All methods are prepared first and
+    then timed in interleaved rounds.
+    """
+    torch.set_num_threads(threads)
+    methods = default_methods() if methods is None else methods
+    torch.manual_seed(seed)
+    dense = create_model(model_name).eval()
+    truncated = copy.deepcopy(dense)
+    truncate(truncated, rank)
+    images = torch.randn(batch, 3, image_size, image_size, generator=torch.Generator().manual_seed(seed))
+    specs = [(label, truncated, "truncated", cfg) for label, cfg in methods.items()]
+    if dense_alfa:
+        specs += [("source-only", dense, "dense", None), ("alfa", dense, "dense", AlfaConfig())]
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = [
+            _prepare(label, base, kind, cfg, seed, Path(tmp))
+            for label, base, kind, cfg in tqdm(specs, desc="attach", disable=not progress)
+        ]
+    trainers = [j for j in jobs if j.optimizer is not None]
+    steps = [lambda j=j: personalization_step(j.model, j.optimizer, images) for j in trainers]
+    for j, step in zip(trainers, steps):  # counting also warms up
+        j.row.step_gflop = _gflop(step)
+    for j, (wall, cpu) in zip(trainers, _interleaved_ms(steps, warmup, repeats, progress, "step rounds")):
+        j.row.step_ms, j.row.step_cpu_ms = wall, cpu
+    for j in jobs:
+        j.optimizer = None
+        if adapter_state(j.model) is not None:
+            merge(j.model, densify=j.densify)
+        j.row.merged_params = parameter_summary(j.model).total
+    with torch.no_grad():
+        forwards = [lambda j=j: j.model(images) for j in jobs]
+        for j, forward in zip(jobs, forwards):
+            j.row.inference_gflop = _gflop(forward)
+        for j, (wall, _) in zip(jobs, _interleaved_ms(forwards, warmup, repeats, progress, "inference rounds")):
+            j.row.inference_ms = wall
+    return [j.row for j in jobs]
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.3f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e3 else str(n)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "—"
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def format_table(rows: list[CostRow]) -> str:
+    """A Markdown table of :func:`cost_table`'s rows."""
+    head = (
+        "| base | method | trainable | params after merge | merge | exact compact merge | adapter file | compact file "
+        "| step GFLOP | step (ms) | step CPU (ms) | inference GFLOP | inference (ms) |"
+    )
+    lines = [head, "|" + "---|" * 13]
+    for r in rows:
+        step = "— | — | —" if r.step_ms is None else f"{r.step_gflop:.1f} | {r.step_ms:.0f} | {r.step_cpu_ms:.0f}"
+        inference = "— | —" if r.inference_ms is None else f"{r.inference_gflop:.1f} | {r.inference_ms:.0f}"
+        lines.append(
+            f"| {r.base} | {r.method} | {_count(r.trainable)} | {_count(r.merged_params)} | {r.merge} "
+            f"| {_count(r.compact_params)} | {_bytes(r.adapter_bytes)} | {_bytes(r.compact_bytes)} "
+            f"| {step} | {inference} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m alfa.adapters.costs``: print the cost table (and optionally save it as JSON)."""
+    parser = argparse.ArgumentParser(prog="alfa costs", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="resnet18_gaze")
+    parser.add_argument("--rank", type=int, default=64, help="SVD truncation rank d")
+    parser.add_argument("--batch", type=int, default=10, help="images per step (each also flipped)")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-dense", action="store_true", help="skip the untruncated rows")
+    parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    rows = cost_table(
+        model_name=args.model,
+        rank=args.rank,
+        batch=args.batch,
+        image_size=args.image_size,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        threads=args.threads,
+        seed=args.seed,
+        dense_alfa=not args.no_dense,
+    )
+    print(format_table(rows))
+    print()
+    print("defaults: " + "; ".join(f"{r.method}: {r.config}" for r in rows if r.config and r.base == "truncated"))
+    print(
+        f"step = forward of {args.batch} images + their flips ({2 * args.batch}×3×{args.image_size}²), "
+        f"flip-symmetry L1, backward, AdamW; inference = forward of {args.batch} images after merge; "
+        f"median of {args.repeats} interleaved rounds after {args.warmup} warm-up, {args.threads} threads; "
+        f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,239 @@
+"""LoRA, PiSSA and MiLoRA on the same weights as Alfa (spec §5), plus the shared low-rank machinery.
+
+All three add a low-rank term to the layer's weight ``W_d`` (the whole truncated weight ``U_d V_base``
+on a factorized layer, the plain weight on a dense one)::
+
+    LoRA     W' = W_d + s · B A            A (r×n) Kaiming-uniform, B (m×r) zeros, s = alpha / r
+    PiSSA    W' = (W_d − s·B₀A₀) + s · B A  B₀ = U_r √(S_r/s), A₀ = √(S_r/s) V_rᵀ: top-r SVD triplets
+    MiLoRA   the same with the r smallest triplets of W_d
+
+(PiSSA divides ``S_r`` by ``s`` as PEFT does, so that ``s·B₀A₀ = U_r S_r V_rᵀ`` for any ``alpha``; with
+the default ``alpha = rank`` this is the paper's ``B = U_r √S_r``.) On a conv, ``A`` runs as a conv with
+the layer's kernel, stride, padding and dilation (``in -> r``) and ``B`` as a 1×1 conv (``r -> m``),
+so the low-rank branch never builds the dense ``m×n`` weight.
+
+Merging: the update is a dense ``m×n`` term, so on a factorized layer :func:`alfa.merge` stores the
+layer densely, and only when asked (``densify=True``). The same weight can also be stored exactly as
+a factorization of rank ``d + r`` (``[U_d, s·B] [V_base; A]``), or of rank ``d`` for PiSSA/MiLoRA
+(whose frozen residual has rank ``d − r``): see :meth:`LowRankUpdateLayer.merged_extended`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from ..layers import canonicalize_factors, dense_matrix, is_factorized, svd_factors
+from .base import AdaptedLayer, AdapterConfig, register_method
+
+__all__ = [
+    "LowRankUpdateLayer",
+    "LoraConfig",
+    "LoraLayer",
+    "PissaConfig",
+    "MiloraConfig",
+    "PissaLayer",
+    "svd_of_layer",
+    "kaiming_uniform",
+]
+
+
+def kaiming_uniform(rows: int, cols: int, like: Tensor) -> Tensor:
+    """A ``(rows, cols)`` matrix with ``nn.Linear``'s default init (what PEFT gives LoRA's ``A``)."""
+    t = torch.empty(rows, cols, device=like.device, dtype=like.dtype)
+    nn.init.kaiming_uniform_(t, a=math.sqrt(5))
+    return t
+
+
+def svd_of_layer(base: nn.Module) -> tuple[Tensor, Tensor]:
+    """``(U, S Vᵀ)``: the thin SVD of the layer's ``(m, n)`` weight, largest singular value first.
+
+    For a factorized layer this is computed from the factors (QR of each, SVD of the small core), so it
+    is right even when ``U`` is not orthonormal (after recovery fine-tuning) and never builds ``W``.
+    Singular values are the row norms of the second factor.
+    """
+    if is_factorized(base):
+        return canonicalize_factors(base.U, base.V)
+    W = dense_matrix(base).detach()
+    return svd_factors(W, min(W.shape))
+
+
+class LowRankUpdateLayer(AdaptedLayer):
+    """A frozen weight plus a trainable low-rank term: ``W' = W_0 + P Q`` with ``P`` (m×k), ``Q`` (k×n).
+
+    Subclasses say how ``P`` and ``Q`` are made from their parameters (``update_factors``) and, if the
+    frozen part is not the base layer itself (PiSSA's residual), override ``frozen_forward`` and
+    ``frozen_factors``/``frozen_dense``. The branch runs as ``input_op(x, Q)`` then ``output_op(·, P)``,
+    so on convs it is a conv with the layer's geometry followed by a 1×1 conv.
+    """
+
+    def update_factors(self) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def frozen_forward(self, x: Tensor) -> Tensor:
+        return self.base(x)
+
+    def frozen_factors(self) -> tuple[Tensor, Tensor]:
+        """``(U_0, V_0)`` of the frozen part (factorized bases)."""
+        return self.base.U, self.base.V
+
+    def frozen_dense(self) -> Tensor:
+        """The frozen part as an ``(m, n)`` matrix."""
+        if self.base_is_factorized:
+            U0, V0 = self.frozen_factors()
+            return U0 @ V0
+        return dense_matrix(self.base)
+
+    def branch(self, x: Tensor) -> Tensor:
+        P, Q = self.update_factors()
+        return self.spec.output_op(self.spec.input_op(x, Q), P)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Two separate paths: with P = 0 the branch adds exact zeros, so the adapted model starts as the base.
+        return self.frozen_forward(x) + self.branch(x)
+
+    def effective_weight(self) -> tuple[Tensor, Tensor | None]:
+        P, Q = self.update_factors()
+        return self.frozen_dense() + P @ Q, self.bias
+
+    def extended_factors(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(U', V', bias)`` with ``U' V' = W'`` exactly: ``[U_0, P]`` and ``[V_0; Q]`` (factorized bases)."""
+        U0, V0 = self.frozen_factors()
+        P, Q = self.update_factors()
+        return torch.cat([U0, P], dim=1), torch.cat([V0, Q], dim=0), self.bias
+
+    @torch.no_grad()
+    def merged_extended(self) -> nn.Module:
+        """The adapted layer as one factorized layer of rank ``rank(W_0) + k`` (exact, no densifying).
+
+        This stores a low-rank update of a factorized layer exactly without densifying it (LoRA: rank
+        ``d + r``; PiSSA/MiLoRA: rank ``d``). A dense base gives the dense merged layer.
+        """
+        if not self.base_is_factorized:
+            return self.merged()
+        U, V, bias = self.extended_factors()
+        new = self.spec.make_factorized(U.detach(), V.detach(), None if bias is None else bias.detach())
+        return new.train(self.training)
+
+
+@register_method
+@dataclass
+class LoraConfig(AdapterConfig):
+    """LoRA: ``W' = W + (alpha/rank) B A`` with ``A`` Kaiming-uniform and ``B = 0`` (PEFT's default init)."""
+
+    method: ClassVar[str] = "lora"
+
+    rank: int = 8
+    alpha: float = 16.0
+
+    def validate(self) -> None:
+        super().validate()
+        if self.rank <= 0:
+            raise ValueError(f"rank must be positive, got {self.rank}")
+        if not self.alpha > 0:
+            raise ValueError(f"alpha must be positive, got {self.alpha}")
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+    def build(self, base: nn.Module) -> AdaptedLayer:
+        return LoraLayer(base, self)
+
+
+class LoraLayer(LowRankUpdateLayer):
+    """LoRA's ``A`` (r×n, the layer's kernel for convs) and ``B`` (m×r, a 1×1 conv for convs)."""
+
+    def __init__(self, base: nn.Module, config: LoraConfig) -> None:
+        super().__init__(base, config)
+        ref = next(base.parameters())
+        r, m, n = config.rank, self.spec.m, self.spec.n
+        self.A = nn.Parameter(kaiming_uniform(r, n, ref))
+        self.B = nn.Parameter(torch.zeros(m, r, device=ref.device, dtype=ref.dtype))
+
+    def update_factors(self) -> tuple[Tensor, Tensor]:
+        return self.config.scaling * self.B, self.A
+
+    def extra_repr(self) -> str:
+        return f"rank={self.config.rank}, alpha={self.config.alpha}"
+
+
+@register_method
+@dataclass
+class PissaConfig(LoraConfig):
+    """PiSSA: LoRA whose ``B A`` starts as the top-``rank`` SVD part of the weight; the residual is frozen.
+
+    Default ``alpha = rank`` (scale 1), as in the PiSSA paper, so ``B = U_r √S_r``, ``A = √S_r V_rᵀ``.
+    """
+
+    method: ClassVar[str] = "pissa"
+    components: ClassVar[str] = "largest"
+
+    alpha: float = 8.0
+
+    def build(self, base: nn.Module) -> AdaptedLayer:
+        return PissaLayer(base, self)
+
+
+@register_method
+@dataclass
+class MiloraConfig(PissaConfig):
+    """MiLoRA: PiSSA's construction with the ``rank`` *smallest* singular triplets of the weight."""
+
+    method: ClassVar[str] = "milora"
+    components: ClassVar[str] = "smallest"
+
+
+class PissaLayer(LowRankUpdateLayer):
+    """A LoRA branch initialized from ``rank`` SVD triplets of the weight, over the frozen residual.
+
+    On a factorized layer of rank ``d`` the residual is itself factorized (the other ``d − rank``
+    components), so nothing dense is built; on a dense layer it is the dense ``W − s B₀ A₀``. The
+    residual is derived from the frozen base on attach (not saved: loading recomputes it).
+    """
+
+    def __init__(self, base: nn.Module, config: PissaConfig) -> None:
+        super().__init__(base, config)
+        U, V = svd_of_layer(base)  # U (m×k) orthonormal, V = S Vᵀ (k×n)
+        k, r, s = U.shape[1], config.rank, config.scaling
+        # A factorized residual needs at least one component; a dense one may be (numerically) zero.
+        limit = k - 1 if self.base_is_factorized else k
+        if r > limit:
+            kind = "factorized layer's rank" if self.base_is_factorized else "layer's rank"
+            raise ValueError(f"{config.method} rank {r} is too large for this {kind} {k} (at most {limit})")
+        keep = slice(0, r) if config.components == "largest" else slice(k - r, k)
+        rest = torch.ones(k, dtype=torch.bool)
+        rest[keep] = False
+        S = V[keep].double().norm(dim=1)
+        Vh = V[keep].double() / S.clamp_min(torch.finfo(torch.float64).tiny)[:, None]
+        root = (S / s).sqrt()
+        self.A = nn.Parameter((root[:, None] * Vh).to(V.dtype))
+        self.B = nn.Parameter((U[:, keep].double() * root).to(U.dtype))
+        if self.base_is_factorized:
+            self.register_buffer("U_res", U[:, rest].contiguous(), persistent=False)
+            self.register_buffer("V_res", V[rest].contiguous(), persistent=False)
+        else:
+            W = dense_matrix(base).detach()
+            residual = W.double() - s * self.B.detach().double() @ self.A.detach().double()
+            self.register_buffer("W_res", residual.to(W.dtype), persistent=False)
+
+    def update_factors(self) -> tuple[Tensor, Tensor]:
+        return self.config.scaling * self.B, self.A
+
+    def frozen_factors(self) -> tuple[Tensor, Tensor]:
+        return self.U_res, self.V_res
+
+    def frozen_dense(self) -> Tensor:
+        return self.U_res @ self.V_res if self.base_is_factorized else self.W_res
+
+    def frozen_forward(self, x: Tensor) -> Tensor:
+        if self.base_is_factorized:
+            return self.spec.output_op(self.spec.input_op(x, self.V_res), self.U_res, self.bias)
+        return self.spec.dense_op(x, self.W_res, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"rank={self.config.rank}, alpha={self.config.alpha}, components={self.config.components}"
