@@ -53,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("costs", add_help=False, help="cost table of every adapter method (see `alfa costs --help`)")
 
     from .crate.commands import register as register_crate
+    from .gaze.commands import register as register_gaze
+    from .gaze.tpgaze_commands import register as register_tpgaze
 
+    register_gaze(sub)
+    register_tpgaze(sub)
     register_crate(sub)
     return parser
 
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, FileNotFoundError, RuntimeError, FloatingPointError) as e:
         # Bad input (files, shapes, options): one clear line, no traceback.
         print(f"alfa {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,309 @@
+"""The gaze subcommands of ``alfa``: pretrain, truncate, personalize, evaluate, demo.
+
+:func:`register` adds them to the CLI's subparsers; each handler only turns options into configs and
+calls one library function (:mod:`alfa.gaze.train`, :mod:`~alfa.gaze.personalize`,
+:mod:`~alfa.gaze.evaluate`, :mod:`~alfa.gaze.pipeline`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+PRESETS = ("real", "demo")
+
+
+def _seed(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
+    g = p.add_argument_group("training (defaults: the preset's)")
+    g.add_argument("--preset", choices=PRESETS, default="real", help="real: the paper's settings; demo: the small one")
+    g.add_argument("--epochs", type=int, help=epochs_help)
+    g.add_argument("--batch-size", type=int)
+    g.add_argument("--lr", type=float)
+    g.add_argument("--symmetry-weight", type=float, help="weight of the left-right symmetry term (0: off)")
+    g.add_argument("--val-fraction", type=float, help="share of source persons held out (without --val-data)")
+    g.add_argument("--workers", type=int, help="data-loading worker processes")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _train_config(args: argparse.Namespace, stage: str):
+    from .pipeline import DemoConfig
+    from .train import TrainConfig, TruncateConfig
+
+    if args.preset == "demo":
+        demo = DemoConfig()
+        base = demo.pretrain if stage == "pretrain" else demo.truncation.recovery
+    else:
+        base = TrainConfig() if stage == "pretrain" else TruncateConfig().recovery
+    changes = {
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "symmetry_weight": args.symmetry_weight,
+        "val_fraction": args.val_fraction,
+        "num_workers": args.workers,
+        "seed": args.seed,
+    }
+    return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _open(spec: str):
+    from .pipeline import open_data
+
+    return open_data(spec)
+
+
+# ----------------------------------------------------------------------------- pretrain
+
+
+def _pretrain(args: argparse.Namespace) -> None:
+    from ..models import create_model
+    from .train import train_source
+
+    config = _train_config(args, "pretrain")
+    data = _open(args.data)
+    val = _open(args.val_data) if args.val_data else None
+    _seed(config.seed)
+    model = create_model(args.model)
+    result = train_source(
+        model, data, config, args.out, model_name=args.model, val_dataset=val, progress=not args.quiet
+    )
+    last = result.history[-1] if result.history else {}
+    print(
+        f"pretrained {args.model} on {data.name}: {len(result.history)} epochs, "
+        f"validation error {last.get('val_error', float('nan')):.2f} deg on {len(result.val_persons)} held-out persons"
+    )
+    print(f"checkpoint: {result.checkpoint}")
+
+
+# ----------------------------------------------------------------------------- truncate
+
+
+def _truncate(args: argparse.Namespace) -> None:
+    from ..checkpoint import load_model
+    from .train import TruncateConfig, truncate_and_recover
+
+    config = TruncateConfig(rank=args.rank, recovery=_train_config(args, "recover"))
+    model, saved = load_model(args.checkpoint)
+    if saved.get("factorized"):
+        raise ValueError(f"{args.checkpoint} is already truncated; pass the dense pre-trained checkpoint")
+    data = _open(args.data)
+    extra = saved.get("extra", {})
+    if args.val_data:
+        val, val_persons = _open(args.val_data), None
+    elif extra.get("val_data") == data.name and extra.get("val_persons"):
+        val, val_persons = data, extra["val_persons"]  # pre-training's held-out persons stay unseen
+    else:
+        val, val_persons = None, None
+    _seed(config.recovery.seed)
+    result = truncate_and_recover(
+        model,
+        data,
+        config,
+        args.out,
+        val_dataset=val,
+        val_persons=val_persons,
+        model_name=saved["model"],
+        model_kwargs=saved.get("model_kwargs"),
+        progress=not args.quiet,
+    )
+    print(result.format())
+    print(f"checkpoint: {result.checkpoint}")
+
+
+# ----------------------------------------------------------------------------- personalize
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _method_config(args: argparse.Namespace):
+    from ..adapters import METHODS, config_from_dict
+
+    if args.method not in METHODS:
+        raise ValueError(f"unknown adapter method {args.method!r}; known: {sorted(METHODS)}")
+    options: dict[str, Any] = {}
+    if args.method == "alfa":
+        options.update(heads=args.heads, rank=args.adapter_rank)
+    for item in args.option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--option {item!r}: expected KEY=VALUE")
+        options[key.replace("-", "_")] = _parse_value(value)
+    return config_from_dict(args.method, options)
+
+
+def _personalize_config(args: argparse.Namespace, method: Any = None):
+    from .personalize import PersonalizeConfig
+    from .pipeline import DemoConfig
+
+    base = DemoConfig().personalize if args.preset == "demo" else PersonalizeConfig()
+    # A method may come with its own recipe (TPGaze: Adam, lr 0.01, no layer scaling); flags still win.
+    own = copy.deepcopy(getattr(type(method), "personalize_defaults", {}))
+    base = dataclasses.replace(base, **own)
+    changes = {
+        "steps": args.steps,
+        "lr": args.lr,
+        "n_adapt": args.n_adapt,
+        "loss": args.loss,
+        "seed": args.seed,
+        "detach_flipped": False if args.train_both_branches else None,
+    }
+    return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _personalize(args: argparse.Namespace) -> None:
+    from ..checkpoint import load_model
+    from .personalize import personalize_dataset
+
+    method = _method_config(args)
+    config = _personalize_config(args, method)
+    model, _ = load_model(args.checkpoint)
+    model.eval()
+    if args.init:
+        if method.method != "tpgaze":
+            raise ValueError("--init (meta-trained prompts) only applies to --method tpgaze")
+        from .tpgaze import start_from
+
+        method = start_from(model, args.init)
+    data = _open(args.data)
+    persons = [p for p in args.persons.split(",") if p] if args.persons else None
+    _seed(config.seed)
+    run = personalize_dataset(model, data, method, config, args.out, persons=persons, progress=not args.quiet)
+    counts = {s: sum(o.status == s for o in run.persons.values()) for s in ("ok", "skipped", "failed")}
+    print(
+        f"{method.method} personalization of {data.name}: {counts['ok']} done, {counts['skipped']} already "
+        f"there, {counts['failed']} failed; adapters in {args.out}"
+    )
+    for person, error in run.failed.items():
+        print(f"  FAILED {person}: {error}", file=sys.stderr)
+    if run.persons and counts["failed"] == len(run.persons):
+        raise RuntimeError("personalization failed for every person")
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    from ..checkpoint import load_model
+    from .evaluate import evaluate
+
+    model, _ = load_model(args.checkpoint)
+    model.eval()
+    data = _open(args.data)
+    report = evaluate(
+        model,
+        data,
+        adapters=args.adapters,
+        n_adapt=args.n_adapt,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+        after=args.label,
+    )
+    report.meta.update({"checkpoint": str(args.checkpoint), "adapters": args.adapters, "data": args.data})
+    print(report.format_table())
+    if args.json:
+        print(f"written {report.save_json(args.json)}")
+
+
+# ----------------------------------------------------------------------------- demo
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from .pipeline import demo_config, run_demo
+
+    overrides: dict[str, Any] = {"out_dir": args.out, "cache_dir": args.cache_dir, "seed": args.seed}
+    if args.targets:
+        overrides["targets"] = tuple(args.targets)
+    config = demo_config(**overrides)
+    _seed(config.seed)
+    result = run_demo(config, rebuild=args.rebuild, progress=not args.quiet)
+    print()
+    print(result.format(per_person=args.quiet))  # with progress, run_demo already printed each target's table
+    t = result.seconds
+    source = "cached source model" if result.from_cache else "source model built"
+    print(f"\n{source} ({Path(config.cache_dir)}); wall time {t['total']:.0f} s")
+    print(f"results: {result.json_path}")
+    if result.figure_path:
+        print(f"figure:  {result.figure_path}")
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``pretrain``, ``truncate``, ``personalize``, ``evaluate`` and ``demo`` to ``subparsers``."""
+    p = subparsers.add_parser("pretrain", help="train the gaze regressor on a source domain (resumable)")
+    p.add_argument("--data", required=True, help="source dataset spec, e.g. synthetic:eth or gazehub:eth-xgaze:/data")
+    p.add_argument("--val-data", help="held-out source persons as a dataset spec (default: a share of --data)")
+    p.add_argument("--model", default="resnet18_gaze")
+    p.add_argument("--out", default="runs/pretrain", help="checkpoint folder (an unfinished run there resumes)")
+    _train_options(p, "training epochs (real: 50)")
+    p.set_defaults(func=_pretrain)
+
+    p = subparsers.add_parser("truncate", help="SVD-truncate a pre-trained model and recover it on the source")
+    p.add_argument("--checkpoint", required=True, help="the dense pre-trained checkpoint (model.safetensors)")
+    p.add_argument("--data", required=True, help="the source dataset spec the model was trained on")
+    p.add_argument("--val-data", help="held-out source persons (default: pre-training's)")
+    p.add_argument("--rank", type=int, default=64, help="SVD rank d (default 64)")
+    p.add_argument("--out", default="runs/recovered")
+    _train_options(p, "recovery epochs (real: 25)")
+    p.set_defaults(func=_truncate)
+
+    p = subparsers.add_parser("personalize", help="one adapter per target person from its first 5 unlabeled images")
+    p.add_argument("--checkpoint", required=True, help="the truncated + recovered base (model.safetensors)")
+    p.add_argument("--data", required=True, help="target dataset spec, e.g. synthetic:mpii")
+    p.add_argument("--out", default="runs/adapters", help="adapter folder (persons already done are skipped)")
+    p.add_argument("--method", default="alfa", help="any registered adapter method (default alfa)")
+    p.add_argument("--heads", type=int, default=8, help="Alfa heads H")
+    p.add_argument("--adapter-rank", type=int, default=8, help="Alfa low rank r")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="another method option (repeatable)")
+    p.add_argument("--init", help="tpgaze: start every person from these meta-trained prompts (alfa tpgaze meta-train)")
+    p.add_argument("--preset", choices=PRESETS, default="real", help="demo: blur kernel sized for 64×64 images")
+    p.add_argument("--steps", type=int, help="optimizer steps per person (default 10)")
+    p.add_argument("--lr", type=float, help="AdamW base learning rate (default 1e-4; ×10 on layer3/4)")
+    p.add_argument("--n-adapt", type=int, help="adaptation images per person (default 5)")
+    p.add_argument("--loss", choices=("flip", "augment"), help="flip symmetry (default) or augmentation consistency")
+    p.add_argument("--train-both-branches", action="store_true", help="do not detach the flipped branch")
+    p.add_argument("--persons", help="comma-separated person ids (default: all)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_personalize)
+
+    p = subparsers.add_parser("evaluate", help="per-person angular error, before and after personalization")
+    p.add_argument("--checkpoint", required=True, help="the base model the adapters were trained on")
+    p.add_argument("--data", required=True, help="target dataset spec")
+    p.add_argument("--adapters", help="folder of per-person adapters (omit for source-only)")
+    p.add_argument("--label", default="personalized", help="column name for the adapted results")
+    p.add_argument("--n-adapt", type=int, default=5, help="first images per person excluded (used for adaptation)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--json", help="also write the report here (JSON)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_evaluate)
+
+    p = subparsers.add_parser("demo", help="the whole chain on the synthetic benchmark: table, JSON, figure")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--cache-dir", default="runs/cache", help="where the source model is cached")
+    p.add_argument("--rebuild", action="store_true", help="rebuild the cached source model")
+    p.add_argument("--targets", nargs="+", help="target dataset specs (default: synthetic mpii and eyediap)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_demo)

@@ -1,0 +1,339 @@
+"""Fair evaluation (spec §7): per-person angular error on the images not used for adaptation.
+
+For every person of a target dataset, the first ``n_adapt`` images (dataset order) are the ones
+personalization may see; the error is measured on the rest, per person, and summarized as the
+unweighted mean (and standard deviation) over persons. Nothing here selects a step, an epoch or a
+setting: the numbers are those of the model as given.
+
+Also home to the small data helpers every stage shares (loading images and labels by index, running
+a model over a dataset), so training, personalization and evaluation read data the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..adapters import adapter_state, detach, load_adapter
+from ..data.base import GazeDataset, InMemoryGazeDataset
+from .geometry import angular_error
+
+__all__ = [
+    "EvaluationReport",
+    "load_images",
+    "load_examples",
+    "predict",
+    "predict_images",
+    "person_errors",
+    "evaluate",
+    "adapter_filename",
+    "write_json",
+]
+
+
+# ----------------------------------------------------------------------------- data helpers
+
+
+def load_images(dataset: GazeDataset, indices: Sequence[int], what: str | None = None) -> Tensor:
+    """Images ``(N, 3, H, W)`` float32 in ``[0, 1]`` of the given items; labels are not touched.
+
+    Raises a ``ValueError`` naming the dataset and item if an image holds NaN or infinite values.
+    """
+    indices = [int(i) for i in indices]
+    if not indices:
+        raise ValueError(f"{dataset.name}: no images requested{f' ({what})' if what else ''}")
+    if isinstance(dataset, InMemoryGazeDataset):
+        raw = dataset.images[torch.as_tensor(indices, dtype=torch.long)]
+        images = raw.float() / 255.0 if raw.dtype == torch.uint8 else raw.float()
+    else:
+        images = torch.stack([dataset[i]["image"].float() for i in indices])
+    bad = ~torch.isfinite(images.flatten(1)).all(1)
+    if bad.any():
+        first = indices[int(bad.nonzero()[0])]
+        where = f" ({what})" if what else ""
+        raise ValueError(f"{dataset.name}: image {first}{where} contains NaN or infinite values")
+    return images
+
+
+def load_examples(dataset: GazeDataset, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """Images (as :func:`load_images`) and ``(yaw, pitch)`` labels ``(N, 2)`` of the given items."""
+    images = load_images(dataset, indices)
+    if isinstance(dataset, InMemoryGazeDataset):
+        gaze = dataset.gaze[torch.as_tensor([int(i) for i in indices], dtype=torch.long)].float()
+    else:
+        gaze = torch.stack([torch.as_tensor(dataset[int(i)]["gaze"]).float() for i in indices])
+    return images, gaze
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+@torch.no_grad()
+def predict_images(model: nn.Module, images: Tensor, batch_size: int = 256) -> Tensor:
+    """``(yaw, pitch)`` predictions ``(N, 2)`` for a tensor of images, model in eval mode (restored after)."""
+    was_training = model.training
+    model.eval()
+    device = _device_of(model)
+    out = []
+    try:
+        for start in range(0, images.shape[0], batch_size):
+            out.append(model(images[start : start + batch_size].to(device)).float().cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(out) if out else torch.zeros(0, 2)
+
+
+def predict(model: nn.Module, dataset: GazeDataset, indices: Sequence[int], batch_size: int = 256) -> Tensor:
+    """``(yaw, pitch)`` predictions ``(N, 2)`` for the given items, model in eval mode (restored after)."""
+    indices = list(indices)
+    out = [
+        predict_images(model, load_images(dataset, indices[s : s + batch_size]), batch_size)
+        for s in range(0, len(indices), batch_size)
+    ]
+    return torch.cat(out) if out else torch.zeros(0, 2)
+
+
+def eval_indices(dataset: GazeDataset, person: str, n_adapt: int) -> list[int]:
+    """The person's images not used for adaptation (all but the first ``n_adapt`` in dataset order)."""
+    return dataset.person_indices(person)[n_adapt:]
+
+
+def person_errors(
+    model: nn.Module,
+    dataset: GazeDataset,
+    persons: Sequence[str] | None = None,
+    n_adapt: int = 5,
+    batch_size: int = 256,
+    progress: bool = False,
+    desc: str = "evaluate",
+) -> dict[str, float]:
+    """Mean angular error (degrees) per person over the images after the first ``n_adapt``."""
+    persons = list(dataset.persons() if persons is None else persons)
+    errors: dict[str, float] = {}
+    for person in tqdm(persons, desc=desc, disable=not progress, leave=False):
+        idx = eval_indices(dataset, person, n_adapt)
+        if not idx:
+            raise ValueError(f"{dataset.name}: person {person!r} has no image left for evaluation after {n_adapt}")
+        images, gaze = load_examples(dataset, idx)
+        pred = predict_images(model, images, batch_size)
+        errors[person] = float(angular_error(pred.double(), gaze.double()).mean())
+    return errors
+
+
+def adapter_filename(person: str) -> str:
+    """File name of a person's adapter: the id with anything but ``[A-Za-z0-9._-]`` replaced by ``_``."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in person)
+    return f"{safe or '_'}.safetensors"
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    t = torch.tensor(list(values), dtype=torch.float64)
+    std = float(t.std(unbiased=False)) if len(values) > 1 else 0.0
+    return float(t.mean()), std
+
+
+@dataclass
+class EvaluationReport:
+    """Per-person errors of one or more models ("columns") on one dataset.
+
+    ``columns`` maps a column name (e.g. ``"source-only"``, ``"alfa"``) to ``person -> error`` in
+    degrees; a person missing from a column (its personalization failed) is listed in ``failed``
+    with the reason. Means and standard deviations are over the persons present in every column,
+    so the columns are always compared on the same persons.
+    """
+
+    dataset: str
+    n_adapt: int
+    persons: list[str]
+    n_eval: dict[str, int]
+    columns: dict[str, dict[str, float]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def common_persons(self) -> list[str]:
+        return [p for p in self.persons if all(p in col for col in self.columns.values())]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per column: mean and std over the common persons, and their number."""
+        common = self.common_persons()
+        out = {}
+        for name, col in self.columns.items():
+            mean, std = _mean_std([col[p] for p in common])
+            out[name] = {"mean": mean, "std": std, "persons": len(common)}
+        return out
+
+    def improved(self, before: str, after: str) -> tuple[int, int]:
+        """(number of persons whose error dropped from ``before`` to ``after``, number compared)."""
+        common = self.common_persons()
+        return sum(self.columns[after][p] < self.columns[before][p] for p in common), len(common)
+
+    def to_dict(self) -> dict[str, Any]:
+        names = list(self.columns)
+        pairs = {}
+        for a, b in zip(names, names[1:]):
+            k, n = self.improved(a, b)
+            pairs[f"{b} vs {a}"] = {"improved": k, "compared": n}
+        return {
+            "dataset": self.dataset,
+            "n_adapt": self.n_adapt,
+            "protocol": (
+                "angular error in degrees per person over that person's images except the first n_adapt "
+                "(used for adaptation), unweighted mean over persons; last step reported, nothing selected"
+            ),
+            "persons": {
+                p: {"n_eval": self.n_eval[p], **{c: col.get(p) for c, col in self.columns.items()}}
+                for p in self.persons
+            },
+            "summary": self.summary(),
+            "improved": pairs,
+            "failed": self.failed,
+            "meta": self.meta,
+        }
+
+    def format_table(self, per_person: bool = True) -> str:
+        names = list(self.columns)
+        header = ["person", "n_eval", *names]
+        if len(names) >= 2:
+            header.append(f"Δ {names[-1]}")
+        rows: list[list[str]] = []
+        if per_person:
+            for p in self.persons:
+                vals = [self.columns[c].get(p) for c in names]
+                row = [p, str(self.n_eval.get(p, "")), *("failed" if v is None else f"{v:.2f}" for v in vals)]
+                if len(names) >= 2:
+                    a, b = vals[-2], vals[-1]
+                    row.append("" if a is None or b is None else f"{b - a:+.2f}")
+                rows.append(row)
+        summary = self.summary()
+        mean_row = ["mean ± std", ""] + [f"{summary[c]['mean']:.2f} ± {summary[c]['std']:.2f}" for c in names]
+        if len(names) >= 2:
+            mean_row.append(f"{summary[names[-1]]['mean'] - summary[names[-2]]['mean']:+.2f}")
+        widths = [max(len(r[i]) for r in [header, *rows, mean_row]) for i in range(len(header))]
+
+        def fmt(r: list[str]) -> str:
+            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+        rule = "  ".join("-" * w for w in widths)
+        n_common = len(self.common_persons())
+        lines = [
+            f"{self.dataset}: angular error (deg) per person, {self.n_adapt} adaptation images excluded, "
+            f"mean over {n_common} persons",
+            fmt(header),
+            rule,
+            *(fmt(r) for r in rows),
+        ]
+        if rows:
+            lines.append(rule)
+        lines.append(fmt(mean_row))
+        for a, b in zip(names, names[1:]):
+            k, n = self.improved(a, b)
+            lines.append(f"{b} vs {a}: error lower for {k} of {n} persons")
+        for p, why in self.failed.items():
+            lines.append(f"FAILED {p}: {why}")
+        return "\n".join(lines)
+
+    def save_json(self, path: str | os.PathLike) -> Path:
+        return write_json(path, self.to_dict())
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Write JSON atomically (temporary file, then rename); NaN is written as ``null``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_nan_to_none(data), indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _nan_to_none(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_nan_to_none(v) for v in x]
+    return x
+
+
+# ----------------------------------------------------------------------------- before / after
+
+
+def evaluate(
+    model: nn.Module,
+    dataset: GazeDataset,
+    *,
+    adapters: str | os.PathLike | None = None,
+    n_adapt: int = 5,
+    persons: Sequence[str] | None = None,
+    before: str = "source-only",
+    after: str = "personalized",
+    batch_size: int = 256,
+    progress: bool = True,
+) -> EvaluationReport:
+    """Per-person error of ``model`` (the shared base, no adapter attached) and, if ``adapters`` is a
+    folder of per-person adapter files (as :func:`alfa.gaze.personalize.personalize_dataset` writes),
+    of the base with each person's own adapter loaded.
+
+    A person whose adapter file is missing or does not load is left out of the ``after`` column and
+    listed in ``report.failed``; the run goes on.
+    """
+    if adapter_state(model) is not None:
+        raise RuntimeError("evaluate expects the base model without an adapter attached (call alfa.detach)")
+    persons = list(dataset.persons() if persons is None else persons)
+    n_eval = {p: len(eval_indices(dataset, p, n_adapt)) for p in persons}
+    empty = [p for p, n in n_eval.items() if n == 0]
+    report = EvaluationReport(dataset=dataset.name, n_adapt=n_adapt, persons=persons, n_eval=n_eval)
+    for p in empty:
+        report.failed[p] = f"fewer than {n_adapt + 1} images: nothing left to evaluate"
+    scored = [p for p in persons if n_eval[p] > 0]
+    report.columns[before] = person_errors(model, dataset, scored, n_adapt, batch_size, progress, desc=before)
+    if adapters is None:
+        return report
+    folder = Path(adapters)
+    col: dict[str, float] = {}
+    for person in tqdm(scored, desc=after, disable=not progress, leave=False):
+        path = folder / adapter_filename(person)
+        if not path.is_file():
+            report.failed[person] = _failure_reason(folder, person) or f"no adapter file {path}"
+            continue
+        try:
+            load_adapter(model, path)
+        except (ValueError, RuntimeError, OSError) as e:
+            report.failed[person] = f"adapter {path} does not load: {e}"
+            continue
+        try:
+            col.update(person_errors(model, dataset, [person], n_adapt, batch_size))
+        finally:
+            detach(model)
+    report.columns[after] = col
+    return report
+
+
+def _failure_reason(folder: Path, person: str) -> str | None:
+    """The error recorded by personalization for a person without an adapter, if any."""
+    summary = folder / "personalization.json"
+    if not summary.is_file():
+        return None
+    try:
+        data = json.loads(summary.read_text())
+        entry = data.get("persons", {}).get(person, {})
+        return f"personalization failed: {entry['error']}" if entry.get("error") else None
+    except (json.JSONDecodeError, AttributeError, KeyError):
+        return None

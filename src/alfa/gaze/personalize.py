@@ -1,0 +1,347 @@
+"""Test-time personalization (spec §4): one adapter per person, from 5 unlabeled images.
+
+The recipe, per person:
+
+1. the person's first ``n_adapt`` (5) images in dataset order; labels are never read;
+2. one augmented copy of each (ColorJitter, GaussianBlur, RandomAffine), drawn **once** per person
+   with a seed derived from ``(seed, person)`` and kept fixed over the steps ("each image appears once
+   more as an augmented copy"), giving 10 images; each of the 10 also gets its horizontal flip;
+3. the 10 images and their 10 flips go through the model as **one** batch of 20 per step, so a
+   weight-only adapter such as Alfa computes its adapted weights once per step;
+4. loss: flip symmetry ``mean_k ||f(I_k) − FlipYaw(f(flip I_k))||_1`` over the 10 (flipped branch
+   detached by default), or the augmentation-consistency alternative;
+5. AdamW on the adapter parameters only, base lr 1e-4, ×10 for ResNet-18's ``layer3``/``layer4``;
+   the model stays in eval mode (BatchNorm statistics frozen); a fixed number of steps; the last step
+   is the result.
+
+Any registered adapter method works: :func:`personalize` takes its config (``alfa.AlfaConfig()``,
+a LoRA config, ...). The base model is shared: the adapter is attached for the person, trained,
+saved, and detached, which restores the base bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..adapters import (
+    AdapterConfig,
+    adapter_state,
+    attach,
+    detach,
+    load_adapter,
+    param_groups,
+    read_adapter_metadata,
+    save_adapter,
+)
+from ..data.base import GazeDataset
+from .augment import AugmentConfig, augment_images, build_augmentation
+from .evaluate import adapter_filename, load_images, write_json
+from .losses import augmentation_consistency_loss, finite_or_raise, flip_symmetry_loss
+
+__all__ = [
+    "LAYER34_PATTERN",
+    "PersonalizeConfig",
+    "PersonalizeResult",
+    "PersonOutcome",
+    "PersonalizationRun",
+    "person_seed",
+    "build_batch",
+    "personalize",
+    "personalize_dataset",
+]
+
+# Parameter names inside ResNet-18's third and fourth stage (the paper's ×10 learning rate).
+LAYER34_PATTERN = r"(^|\.)layer[34]\."
+LOSSES = ("flip", "augment")
+
+
+def _default_lr_scale() -> dict[str, float]:
+    return {LAYER34_PATTERN: 10.0}
+
+
+@dataclass
+class PersonalizeConfig:
+    """The personalization recipe; every value is fixed in advance (never chosen on target labels).
+
+    ``steps``: optimizer steps per person (the number is a per-method setting; 10 is the default
+    for every method, as in TPGaze's personalization). ``lr`` is AdamW's base learning rate,
+    ``lr_scale`` maps parameter-name patterns to factors (first match wins), ``weight_decay`` is
+    AdamW's (PyTorch's default 0.01). ``loss``: ``"flip"`` (flip symmetry) or ``"augment"``
+    (augmentation consistency). ``n_adapt``: images per person used for adaptation.
+    """
+
+    steps: int = 10
+    lr: float = 1e-4
+    lr_scale: dict[str, float] = field(default_factory=_default_lr_scale)
+    weight_decay: float = 0.01
+    n_adapt: int = 5
+    loss: str = "flip"
+    detach_flipped: bool = True
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.steps < 1 or self.n_adapt < 1:
+            raise ValueError(f"steps and n_adapt must be at least 1, got steps={self.steps}, n_adapt={self.n_adapt}")
+        if not self.lr > 0 or self.weight_decay < 0:
+            raise ValueError(f"need lr > 0 and weight_decay >= 0, got lr={self.lr}, weight_decay={self.weight_decay}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        self.augment.validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PersonalizeConfig:
+        data = dict(data)
+        aug = data.pop("augment", {})
+        aug = {k: tuple(v) if isinstance(v, list) else v for k, v in aug.items()}
+        return cls(**data, augment=AugmentConfig(**aug))
+
+
+@dataclass
+class PersonalizeResult:
+    """One person's personalization: the loss before each step and after the last one."""
+
+    losses: list[float]
+    final_loss: float
+    trained_parameters: int
+    seconds: float
+
+    @property
+    def initial_loss(self) -> float:
+        return self.losses[0]
+
+
+def person_seed(seed: int, person: str, purpose: str) -> int:
+    """A seed for one person and one purpose (``"init"``, ``"augment"``), independent of the order
+    in which persons are processed and of Python's hash randomization."""
+    digest = hashlib.sha256(f"{seed}\0{person}\0{purpose}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def build_batch(images: Tensor, config: PersonalizeConfig, seed: int) -> Tensor:
+    """The personalization batch ``(4·N, 3, H, W)``: the ``N`` images, one augmented copy of each
+    (drawn with ``seed``), then the horizontal flips of those ``2·N`` in the same order."""
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"images must be (N, 3, H, W), got {tuple(images.shape)}")
+    if not torch.isfinite(images).all():
+        raise ValueError("personalization images contain NaN or infinite values")
+    pipeline = build_augmentation(config.augment, min(images.shape[-2:]))
+    augmented = augment_images(images, config.augment, seed, pipeline)
+    batch = torch.cat([images, augmented])
+    return torch.cat([batch, torch.flip(batch, dims=[-1])])
+
+
+def _loss(pred: Tensor, config: PersonalizeConfig) -> Tensor:
+    half = pred.shape[0] // 2  # originals+augmented, then their flips
+    if config.loss == "flip":
+        return flip_symmetry_loss(pred[:half], pred[half:], detach_flipped=config.detach_flipped)
+    n = half // 2  # originals, then augmented copies
+    return augmentation_consistency_loss(pred[:n], pred[n:half])
+
+
+def personalize(
+    model: nn.Module,
+    images: Tensor,
+    method: AdapterConfig,
+    config: PersonalizeConfig | None = None,
+    *,
+    seed: int | None = None,
+) -> PersonalizeResult:
+    """Personalize ``model`` to one person from ``images`` ``(N, 3, H, W)`` (unlabeled, in ``[0, 1]``).
+
+    Attaches the adapter described by ``method`` to ``model`` (in place), trains it with the recipe of
+    ``config`` and **leaves it attached**: save it with :func:`alfa.save_adapter`, fold it in with
+    :func:`alfa.merge`, or drop it with :func:`alfa.detach`. ``seed`` fixes the adapter's random init
+    and the augmentation (default: ``config.seed``). On any error the adapter is detached again and
+    the base is left exactly as it was.
+    """
+    config = config or PersonalizeConfig()
+    config.validate()
+    seed = config.seed if seed is None else seed
+    if images.shape[0] < 1:
+        raise ValueError("no images to personalize on")
+    t0 = time.time()
+    device = next(model.parameters()).device
+    batch = build_batch(images.float(), config, seed=seed + 1).to(device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        attach(model, method)
+    try:
+        was_training = model.training
+        model.eval()  # BatchNorm keeps the source statistics; there is no dropout
+        groups = param_groups(model, config.lr, lr_scale=config.lr_scale, weight_decay=config.weight_decay)
+        trained = sum(p.numel() for g in groups for p in g["params"])
+        optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+        losses = []
+        for _ in range(config.steps):
+            loss = finite_or_raise(_loss(model(batch), config), "personalization")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        with torch.no_grad():
+            final = float(finite_or_raise(_loss(model(batch), config), "personalization"))
+        model.train(was_training)
+    except BaseException:
+        detach(model)
+        raise
+    return PersonalizeResult(losses=losses, final_loss=final, trained_parameters=trained, seconds=time.time() - t0)
+
+
+# ----------------------------------------------------------------------------- a whole dataset
+
+
+@dataclass
+class PersonOutcome:
+    """What happened to one person: ``status`` is ``"ok"``, ``"skipped"`` (an adapter of the same
+    configuration was already there) or ``"failed"`` (``error`` says why)."""
+
+    person: str
+    status: str
+    adapter: str | None = None
+    losses: list[float] = field(default_factory=list)
+    final_loss: float | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class PersonalizationRun:
+    """All persons of one dataset; written to ``out_dir/personalization.json``."""
+
+    dataset: str
+    method: str
+    method_config: dict[str, Any]
+    config: dict[str, Any]
+    persons: dict[str, PersonOutcome]
+
+    @property
+    def failed(self) -> dict[str, str]:
+        return {p: o.error or "" for p, o in self.persons.items() if o.status == "failed"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "method": self.method,
+            "method_config": self.method_config,
+            "config": self.config,
+            "persons": {p: dataclasses.asdict(o) for p, o in self.persons.items()},
+        }
+
+
+def _run_key(method: AdapterConfig, config: PersonalizeConfig) -> dict[str, Any]:
+    return {"method": method.method, "method_config": method.to_dict(), "config": config.to_dict()}
+
+
+def _already_done(model: nn.Module, adapter: Path, sidecar: Path, key: dict[str, Any]) -> PersonOutcome | None:
+    """The recorded outcome if ``adapter`` was made with the same method and recipe and fits the base."""
+    if not (adapter.is_file() and sidecar.is_file()):
+        return None
+    try:
+        record = json.loads(sidecar.read_text())
+        if record.get("key") != json.loads(json.dumps(key)):
+            return None
+        read_adapter_metadata(adapter)
+        load_adapter(model, adapter)  # checks the layers and the base fingerprint
+    except (ValueError, RuntimeError, OSError, json.JSONDecodeError):
+        return None
+    detach(model)
+    out = record["outcome"]
+    out["status"] = "skipped"
+    return PersonOutcome(**out)
+
+
+def personalize_dataset(
+    model: nn.Module,
+    dataset: GazeDataset,
+    method: AdapterConfig,
+    config: PersonalizeConfig | None,
+    out_dir: str | Path,
+    *,
+    persons: Sequence[str] | None = None,
+    resume: bool = True,
+    progress: bool = True,
+) -> PersonalizationRun:
+    """Personalize ``model`` to every person of ``dataset`` and save one adapter per person as
+    ``out_dir/<person>.safetensors`` (plus ``<person>.json``: recipe and losses).
+
+    Persons are independent: each one's adapter is initialized and its augmentation drawn from
+    ``(config.seed, person)``, and a failure (too few images, NaN input, a diverging loss) is recorded
+    and reported while the run goes on. With ``resume``, a person whose adapter already exists with
+    the same method, recipe and base is skipped. The base ``model`` is unchanged on return.
+    """
+    config = config or PersonalizeConfig()
+    config.validate()
+    if adapter_state(model) is not None:
+        raise RuntimeError("personalize_dataset expects the base model without an adapter (call alfa.detach)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    persons = list(dataset.persons() if persons is None else persons)
+    names = [adapter_filename(p) for p in persons]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{dataset.name}: person ids collide once made file-safe: {names}")
+    key = _run_key(method, config)
+    run = PersonalizationRun(dataset.name, method.method, method.to_dict(), config.to_dict(), {})
+    bar = tqdm(persons, desc=f"personalize {dataset.name}", disable=not progress)
+    for person in bar:
+        adapter = out / adapter_filename(person)
+        sidecar = adapter.with_suffix(".json")
+        done = _already_done(model, adapter, sidecar, key) if resume else None
+        if done is not None:
+            run.persons[person] = done
+            continue
+        outcome = _personalize_person(model, dataset, person, method, config, adapter)
+        run.persons[person] = outcome
+        if outcome.status == "ok":
+            write_json(sidecar, {"key": key, "outcome": dataclasses.asdict(outcome)})
+        else:
+            tqdm.write(f"personalization of {person!r} failed: {outcome.error}")
+        write_json(out / "personalization.json", run.to_dict())
+    write_json(out / "personalization.json", run.to_dict())
+    return run
+
+
+def _personalize_person(
+    model: nn.Module, dataset: GazeDataset, person: str, method: AdapterConfig, config: PersonalizeConfig, path: Path
+) -> PersonOutcome:
+    try:
+        indices = dataset.person_indices(person)
+        if len(indices) < config.n_adapt + 1:
+            raise ValueError(
+                f"{len(indices)} images; personalization needs {config.n_adapt} plus at least one to evaluate"
+            )
+        images = load_images(dataset, indices[: config.n_adapt], what=f"person {person!r}")
+        result = personalize(model, images, method, config, seed=person_seed(config.seed, person, "personalize"))
+        try:
+            save_adapter(model, path)
+        finally:
+            detach(model)
+    except (ValueError, RuntimeError, FloatingPointError, KeyError, OSError) as e:
+        if adapter_state(model) is not None:
+            detach(model)
+        # An adapter left by an earlier run must not stand in for this failed person.
+        path.unlink(missing_ok=True)
+        path.with_suffix(".json").unlink(missing_ok=True)
+        return PersonOutcome(person=person, status="failed", error=f"{type(e).__name__}: {e}")
+    return PersonOutcome(
+        person=person,
+        status="ok",
+        adapter=str(path),
+        losses=result.losses,
+        final_loss=result.final_loss,
+        seconds=result.seconds,
+    )

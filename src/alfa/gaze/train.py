@@ -1,0 +1,503 @@
+"""Source training: pre-training the gaze regressor, and truncation followed by recovery (spec §2).
+
+Both stages run the same loop (:func:`train_source`): Adam on every parameter, the supervised L1
+loss on ``(yaw, pitch)`` plus, optionally, TPGaze's left-right symmetry term (the prediction on the
+horizontally flipped image, computed without gradient and in eval mode, mirrored by ``FlipYaw``),
+with a constant learning rate. Validation is on held-out source persons, every epoch, for the record
+only: the model kept is always the last epoch's.
+
+Long runs are resumable. After every epoch the model is written with
+:func:`alfa.checkpoint.save_model` (safetensors + JSON config, atomic) and the optimizer state with
+``torch.save`` (atomic, read back with ``weights_only=True``). The batch order of epoch ``e`` is
+drawn from ``seed`` and ``e`` alone, so an interrupted and resumed run gives the same numbers as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..checkpoint import CheckpointError, load_state, read_checkpoint, save_model
+from ..data.base import GazeDataset
+from ..data.registry import split_persons
+from ..summary import parameter_summary
+from ..truncate import canonicalize, restore_structure, truncate
+from .evaluate import load_examples, load_images, person_errors
+from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
+
+__all__ = [
+    "TrainConfig",
+    "TruncateConfig",
+    "TrainResult",
+    "TruncationResult",
+    "resolve_validation",
+    "train_source",
+    "truncate_and_recover",
+    "mean_error",
+]
+
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "state.pt"
+
+
+@dataclass
+class TrainConfig:
+    """One source-training stage. The defaults are the paper's settings for real data
+    (50 epochs of pre-training, Adam, lr 1e-4, batch 120); recovery uses the same with 25 epochs.
+
+    ``symmetry_weight`` weighs TPGaze's left-right symmetry term (0 turns it off); its target, the
+    mirrored prediction on the flipped image, is computed without gradient with BatchNorm in
+    ``symmetry_bn`` mode: ``"train"`` (batch statistics, the default) or ``"eval"`` (running statistics,
+    as TPGaze's code does; that assumes statistics that are already meaningful, e.g. an ImageNet
+    backbone, and makes training from scratch diverge). Without a separate
+    validation set, ``val_fraction`` of the source persons are held out, drawn with ``seed``
+    (:func:`alfa.data.registry.split_persons`, which keeps a subject's identities together).
+    """
+
+    epochs: int = 50
+    batch_size: int = 120
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    symmetry_weight: float = 1.0
+    symmetry_bn: str = "train"
+    val_fraction: float = 0.1
+    seed: int = 0
+    eval_batch_size: int = 256
+    num_workers: int = 0
+
+    def validate(self) -> None:
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.symmetry_bn not in ("train", "eval"):
+            raise ValueError(f"TrainConfig.symmetry_bn must be 'train' or 'eval', got {self.symmetry_bn!r}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"TrainConfig.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.num_workers < 0:
+            raise ValueError(f"TrainConfig.num_workers must be non-negative, got {self.num_workers}")
+        if not self.lr > 0 or self.weight_decay < 0 or self.symmetry_weight < 0:
+            raise ValueError(
+                f"need lr > 0, weight_decay >= 0, symmetry_weight >= 0; got lr={self.lr}, "
+                f"weight_decay={self.weight_decay}, symmetry_weight={self.symmetry_weight}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _recovery_default() -> TrainConfig:
+    return TrainConfig(epochs=25)
+
+
+@dataclass
+class TruncateConfig:
+    """Truncation at SVD rank ``rank`` (spec §2), then ``recovery`` fine-tuning on the source."""
+
+    rank: int = 64
+    recovery: TrainConfig = field(default_factory=_recovery_default)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "recovery": self.recovery.to_dict()}
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train_source` did: per-epoch history and the person split it used."""
+
+    checkpoint: Path
+    history: list[dict[str, float]]
+    train_persons: list[str]
+    val_persons: list[str]
+    resumed_from_epoch: int = 0
+
+    @property
+    def final_val_error(self) -> float:
+        return self.history[-1]["val_error"] if self.history else float("nan")
+
+
+@dataclass
+class TruncationResult:
+    """Validation error on held-out source persons before truncation, right after it, and after
+    recovery, with the parameter counts."""
+
+    checkpoint: Path
+    rank: int
+    errors: dict[str, float]
+    params: dict[str, int]
+    factorized_layers: int
+    recovery_history: list[dict[str, float]]
+    val_persons: list[str]
+    canonicalize_max_change: float
+
+    def format(self) -> str:
+        e, p = self.errors, self.params
+        lines = [
+            f"truncation at rank {self.rank}: {self.factorized_layers} layers factorized, "
+            f"{p['dense'] / 1e6:.2f} M -> {p['truncated'] / 1e6:.2f} M parameters",
+            f"source validation error ({len(self.val_persons)} held-out persons, mean over persons):",
+            f"  before truncation   {e['before_truncation']:.2f} deg",
+            f"  after truncation    {e['after_truncation']:.2f} deg",
+            f"  after recovery      {e['after_recovery']:.2f} deg",
+        ]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["checkpoint"] = str(self.checkpoint)
+        return d
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def resolve_validation(
+    dataset: GazeDataset,
+    config: TrainConfig,
+    val_dataset: GazeDataset | None = None,
+    val_persons: Sequence[str] | None = None,
+) -> tuple[list[str], GazeDataset, list[str]]:
+    """``(training persons, validation dataset, validation persons)``.
+
+    With ``val_dataset`` (e.g. the synthetic source's ``val`` split) all of ``dataset`` trains and
+    ``val_persons`` (default: all) of ``val_dataset`` validate. Without it, ``val_persons`` of
+    ``dataset`` are held out, or ``config.val_fraction`` of them drawn with ``config.seed``.
+    """
+    if val_dataset is not None and val_dataset is not dataset:
+        val_p = list(val_dataset.persons()) if val_persons is None else list(val_persons)
+        missing = sorted(set(val_p) - set(val_dataset.persons()))
+        if missing:
+            raise ValueError(f"{val_dataset.name}: no validation person(s) {missing[:5]}")
+        return list(dataset.persons()), val_dataset, val_p
+    if val_persons is None:
+        train_p, val_p = split_persons(dataset, config.val_fraction, config.seed)
+    else:
+        held = set(val_persons)
+        missing = sorted(held - set(dataset.persons()))
+        if missing:
+            raise ValueError(f"{dataset.name}: no validation person(s) {missing[:5]}")
+        train_p = [p for p in dataset.persons() if p not in held]
+        val_p = [p for p in dataset.persons() if p in held]
+    if not train_p:
+        raise ValueError(f"{dataset.name}: no training person left after holding out {len(val_p)} for validation")
+    return train_p, dataset, val_p
+
+
+def mean_error(errors: dict[str, float]) -> float:
+    """Unweighted mean over persons."""
+    return sum(errors.values()) / len(errors) if errors else float("nan")
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _epoch_batches(indices: Sequence[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """The shuffled batches of one epoch, a function of ``(seed, epoch)`` only. A last batch of one
+    image is dropped (BatchNorm cannot train on it)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(len(indices), generator=g).tolist()
+    shuffled = [indices[i] for i in perm]
+    batches = [shuffled[s : s + batch_size] for s in range(0, len(shuffled), batch_size)]
+    return [b for b in batches if len(b) > 1]
+
+
+class _Batches(torch.utils.data.Dataset):
+    """Index batches as a dataset, so a DataLoader with workers can load them in parallel."""
+
+    def __init__(self, dataset: GazeDataset, batches: list[list[int]]) -> None:
+        self.dataset, self.batches = dataset, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int):
+        return load_examples(self.dataset, self.batches[i])
+
+
+def _iterate(dataset: GazeDataset, batches: list[list[int]], num_workers: int):
+    if num_workers == 0:
+        return (load_examples(dataset, b) for b in batches)
+    return torch.utils.data.DataLoader(_Batches(dataset, batches), batch_size=None, num_workers=num_workers)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    # Everything but the epoch count must match to resume (more epochs extend a run).
+    return {k: v for k, v in config.items() if k not in ("epochs", "num_workers", "eval_batch_size")}
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def train_source(
+    model: nn.Module,
+    dataset: GazeDataset,
+    config: TrainConfig,
+    out_dir: str | os.PathLike,
+    *,
+    model_name: str = "resnet18_gaze",
+    model_kwargs: dict[str, Any] | None = None,
+    stage: str = "pretrain",
+    val_dataset: GazeDataset | None = None,
+    val_persons: Sequence[str] | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> TrainResult:
+    """Train ``model`` (in place) on ``dataset`` with ``config``; checkpoints go to ``out_dir``.
+
+    Validation persons come from :func:`resolve_validation` (recovery passes pre-training's, so they
+    stay unseen). With ``resume`` (the default) a checkpoint in ``out_dir`` of the same stage, model,
+    data and config is continued, and a finished one returned as is; a mismatching one is refused with
+    a :class:`~alfa.checkpoint.CheckpointError` naming the difference.
+    """
+    config.validate()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train_p, val_ds, val_p = resolve_validation(dataset, config, val_dataset, val_persons)
+    train_idx = [i for p in train_p for i in dataset.person_indices(p)]
+    if len(train_idx) < 2:
+        raise ValueError(f"{dataset.name}: {len(train_idx)} training images; need at least 2")
+
+    device = _device_of(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    header = {
+        "stage": stage,
+        "train_config": config.to_dict(),
+        "data": {"name": dataset.name, "images": len(dataset), "persons": len(dataset.persons())},
+        "train_persons": train_p,
+        "val_data": val_ds.name,
+        "val_persons": val_p,
+        **(extra or {}),
+    }
+    history: list[dict[str, float]] = []
+    start_epoch = 0
+    if resume and (out / MODEL_FILE).is_file():
+        start_epoch, history = _resume(model, optimizer, out, header, model_name)
+    _seed_everything(config.seed)
+
+    for epoch in range(start_epoch, config.epochs):
+        t0 = time.time()
+        model.train()
+        batches = _epoch_batches(train_idx, config.batch_size, config.seed, epoch)
+        bar = tqdm(
+            _iterate(dataset, batches, config.num_workers),
+            total=len(batches),
+            desc=f"{stage} {epoch + 1}/{config.epochs}",
+            disable=not progress,
+            leave=False,
+        )
+        sums = {"loss": 0.0, "l1": 0.0, "symmetry": 0.0}
+        for images, gaze in bar:
+            images, gaze = images.to(device), gaze.to(device)
+            terms = _train_step(model, optimizer, images, gaze, config.symmetry_weight, config.symmetry_bn)
+            for k in sums:
+                sums[k] += terms[k]
+            bar.set_postfix(loss=f"{terms['loss']:.4f}")
+        val_errors = person_errors(model, val_ds, val_p, 0, config.eval_batch_size) if val_p else {}
+        record = {
+            "epoch": epoch + 1,
+            **{f"train_{k}": v / len(batches) for k, v in sums.items()},
+            "val_error": mean_error(val_errors),
+            "seconds": time.time() - t0,
+        }
+        history.append(record)
+        if progress:
+            tqdm.write(
+                f"{stage} epoch {epoch + 1}/{config.epochs}: loss {record['train_loss']:.4f}, "
+                f"val error {record['val_error']:.2f} deg ({record['seconds']:.0f} s)"
+            )
+        # The optimizer state first: a crash between the two writes leaves a model one epoch behind
+        # the state, which _resume detects.
+        _atomic_torch_save({"epoch": epoch + 1, "optimizer": optimizer.state_dict()}, out / STATE_FILE)
+        save_model(
+            out / MODEL_FILE,
+            model,
+            model_name,
+            model_kwargs,
+            extra={**header, "epoch": epoch + 1, "history": history, "complete": epoch + 1 == config.epochs},
+        )
+    model.eval()
+    return TrainResult(out / MODEL_FILE, history, train_p, val_p, resumed_from_epoch=start_epoch)
+
+
+def _train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    images: torch.Tensor,
+    gaze: torch.Tensor,
+    sym_w: float,
+    sym_bn: str = "train",
+) -> dict[str, float]:
+    mirrored = None
+    if sym_w > 0:
+        # TPGaze's symmetry target: the flipped image's prediction, without gradient.
+        model.train(sym_bn == "train")
+        with torch.no_grad():
+            mirrored = model(torch.flip(images, dims=[-1]))
+    model.train()
+    pred = model(images)
+    l1 = supervised_l1_loss(pred, gaze)
+    sym = flip_symmetry_loss(pred, mirrored) if mirrored is not None else torch.zeros((), device=pred.device)
+    loss = finite_or_raise(l1 + sym_w * sym, "source training")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return {"loss": loss.item(), "l1": l1.item(), "symmetry": sym.item()}
+
+
+def _resume(
+    model: nn.Module, optimizer: torch.optim.Optimizer, out: Path, header: dict[str, Any], model_name: str
+) -> tuple[int, list[dict[str, float]]]:
+    path = out / MODEL_FILE
+    tensors, saved = read_checkpoint(path)
+    extra = saved.get("extra", {})
+    problems = []
+    if saved.get("model") != model_name:
+        problems.append(f"model {saved.get('model')!r} vs {model_name!r}")
+    for key in ("stage", "data", "train_persons", "val_data", "val_persons"):
+        if extra.get(key) != header[key]:
+            problems.append(f"{key} differs")
+    if _comparable(extra.get("train_config", {})) != _comparable(header["train_config"]):
+        problems.append(f"training config {extra.get('train_config')} vs {header['train_config']}")
+    if problems:
+        raise CheckpointError(
+            f"{path} is a checkpoint of another run ({'; '.join(problems)}); "
+            f"use another output folder, or delete it to start over"
+        )
+    epoch = int(extra.get("epoch", 0))
+    state_path = out / STATE_FILE
+    if not state_path.is_file():
+        raise CheckpointError(f"{state_path} is missing, so {path} cannot be resumed; delete {out} to start over")
+    state = torch.load(state_path, map_location="cpu", weights_only=True)
+    if int(state.get("epoch", -1)) != epoch:
+        raise CheckpointError(
+            f"{out}: the optimizer state is from epoch {state.get('epoch')} but the model from epoch {epoch} "
+            f"(interrupted while saving); delete {out} to start over"
+        )
+    load_state(model, tensors, source=str(path))
+    optimizer.load_state_dict(state["optimizer"])
+    return epoch, list(extra.get("history", []))
+
+
+# ----------------------------------------------------------------------------- truncation + recovery
+
+
+def truncate_and_recover(
+    model: nn.Module,
+    dataset: GazeDataset,
+    config: TruncateConfig,
+    out_dir: str | os.PathLike,
+    *,
+    val_dataset: GazeDataset | None = None,
+    val_persons: Sequence[str] | None = None,
+    model_name: str = "resnet18_gaze",
+    model_kwargs: dict[str, Any] | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> TruncationResult:
+    """Truncate the trained dense ``model`` (in place) at ``config.rank``, fine-tune the factorized
+    model on the source to recover, canonicalize it (``V = S_d V_dᵀ`` again) and save it as
+    ``out_dir/model.safetensors``. The error on the held-out source persons (pass pre-training's
+    ``val_dataset``/``val_persons`` so they stay unseen) is measured before truncation, right after
+    it, and after recovery.
+
+    If ``out_dir`` already holds a finished result of the same configuration, it is loaded instead
+    of recomputed (the dense ``model`` is then replaced in place by the recovered weights).
+    """
+    out = Path(out_dir)
+    final = out / MODEL_FILE
+    _, val_ds, val_p = resolve_validation(dataset, config.recovery, val_dataset, val_persons)
+    header = {
+        "stage": "recovered",
+        "truncate_config": config.to_dict(),
+        "data": {"name": dataset.name, "images": len(dataset), "persons": len(dataset.persons())},
+        "val_data": val_ds.name,
+        "val_persons": val_p,
+        **(extra or {}),
+    }
+    if resume and final.is_file():
+        return _load_finished(model, final, header, model_name)
+
+    batch = config.recovery.eval_batch_size
+    dense_params = parameter_summary(model).total
+    before = mean_error(person_errors(model, val_ds, val_p, 0, batch))
+    report = truncate(model, config.rank)
+    after_trunc = mean_error(person_errors(model, val_ds, val_p, 0, batch))
+    if progress:
+        tqdm.write(f"{report}\nvalidation error: {before:.2f} deg dense, {after_trunc:.2f} deg truncated")
+    result = train_source(
+        model,
+        dataset,
+        config.recovery,
+        out / "recovery",
+        model_name=model_name,
+        model_kwargs=model_kwargs,
+        stage="recover",
+        val_dataset=val_ds,
+        val_persons=val_p,
+        resume=resume,
+        progress=progress,
+        extra={"rank": config.rank},
+    )
+    model.eval()
+    probe = load_images(val_ds, [i for p in val_p for i in val_ds.person_indices(p)][:8])
+    probe = probe.to(_device_of(model))
+    with torch.no_grad():
+        reference = model(probe)
+        canonicalize(model)
+        change = float((model(probe) - reference).abs().max())
+    recovered = mean_error(person_errors(model, val_ds, val_p, 0, batch))
+    outcome = TruncationResult(
+        checkpoint=final,
+        rank=config.rank,
+        errors={"before_truncation": before, "after_truncation": after_trunc, "after_recovery": recovered},
+        params={"dense": dense_params, "truncated": parameter_summary(model).total},
+        factorized_layers=len(report.factorized),
+        recovery_history=result.history,
+        val_persons=val_p,
+        canonicalize_max_change=change,
+    )
+    save_model(final, model, model_name, model_kwargs, extra={**header, "result": outcome.to_dict()})
+    return outcome
+
+
+def _load_finished(model: nn.Module, path: Path, header: dict[str, Any], model_name: str) -> TruncationResult:
+    tensors, saved = read_checkpoint(path)
+    extra = saved.get("extra", {})
+    json_header = json.loads(json.dumps(header))  # tuples become lists, as in the saved header
+    same = saved.get("model") == model_name and all(extra.get(k) == v for k, v in json_header.items())
+    if not same or "result" not in extra:
+        raise CheckpointError(
+            f"{path} holds a recovered model of another configuration or data; use another output folder, "
+            f"or delete it to start over"
+        )
+    restore_structure(model, {k: int(v) for k, v in saved.get("factorized", {}).items()})
+    load_state(model, tensors, source=str(path))
+    model.eval()
+    fields = dict(extra["result"])
+    fields["checkpoint"] = path
+    return TruncationResult(**fields)

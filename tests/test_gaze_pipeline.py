@@ -1,0 +1,418 @@
+"""The gaze chain end to end on tiny data: pre-training, truncation + recovery, personalization,
+evaluation, merge; resumption, determinism, failure handling, the CLI and the demo."""
+
+import argparse
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import alfa
+from alfa.checkpoint import CheckpointError, load_model, read_checkpoint
+from alfa.data.base import InMemoryGazeDataset
+from alfa.gaze.evaluate import adapter_filename, evaluate, person_errors
+from alfa.gaze.personalize import PersonalizeConfig, personalize, personalize_dataset
+from alfa.gaze.train import TrainConfig, TruncateConfig, train_source, truncate_and_recover
+from alfa.layers import is_factorized
+from alfa.models import list_models, register_model
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+class TinyGazeNet(nn.Module):
+    """A small conv net with ResNet-18's stage names (so the layer3/layer4 learning-rate rule applies)."""
+
+    def __init__(self, num_outputs: int = 2) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        widths = (16, 24, 32, 32)
+        cin = 16
+        for i, w in enumerate(widths):
+            stage = nn.Sequential(nn.Conv2d(cin, w, 3, stride=2 if i else 1, padding=1, bias=False), nn.BatchNorm2d(w))
+            setattr(self, f"layer{i + 1}", stage)
+            cin = w
+        self.fc = nn.Linear(cin, num_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn1(self.conv1(x)))
+        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
+            x = torch.relu(stage(x))
+        return self.fc(x.mean((2, 3)))
+
+
+if "tiny_gaze_net" not in list_models():
+
+    @register_model
+    def tiny_gaze_net(num_outputs: int = 2) -> TinyGazeNet:
+        return TinyGazeNet(num_outputs)
+
+
+def toy_dataset(persons: int, images: int, size: int = 16, seed: int = 0, name: str = "toy", shift: float = 0.0):
+    """Blob images whose blob position encodes (yaw, pitch) (a horizontal flip negates yaw), with a
+    per-person colour tint and a global brightness ``shift`` as the domain gap."""
+    g = torch.Generator().manual_seed(seed)
+    n = persons * images
+    gaze = (torch.rand(n, 2, generator=g) - 0.5) * 0.8
+    ids = torch.arange(persons).repeat_interleave(images)
+    tint = torch.rand(persons, 3, generator=g)[ids] * 0.3 + shift
+    coords = (torch.arange(size) - (size - 1) / 2) / (size / 2)
+    cx, cy = gaze[:, 0] * 1.2, -gaze[:, 1] * 1.2
+    blob = torch.exp(
+        -((coords[None, None] - cx[:, None, None]) ** 2 + (coords[None, :, None] - cy[:, None, None]) ** 2) / 0.05
+    )
+    img = 0.2 + tint[:, :, None, None] + 0.6 * blob[:, None] + 0.02 * torch.randn(n, 3, size, size, generator=g)
+    pixels = (img.clamp(0, 1) * 255).round().to(torch.uint8)
+    return InMemoryGazeDataset(pixels, gaze, ids, [f"p{i:02d}" for i in range(persons)], name=name)
+
+
+FAST = TrainConfig(epochs=1, batch_size=16, lr=1e-3, val_fraction=0.25)
+RANK = 6
+
+
+def _chain(tmp, source, target, method=None, steps=3):
+    """Every stage once; returns what the tests look at."""
+    torch.manual_seed(0)
+    model = alfa.models.create_model("tiny_gaze_net")
+    pre = train_source(model, source, FAST, tmp / "pre", model_name="tiny_gaze_net", progress=False)
+    dense, _ = load_model(tmp / "pre" / "model.safetensors")
+    base = copy.deepcopy(dense)
+    trunc = truncate_and_recover(
+        base,
+        source,
+        TruncateConfig(rank=RANK, recovery=FAST),
+        tmp / "rec",
+        val_persons=pre.val_persons,
+        model_name="tiny_gaze_net",
+        progress=False,
+    )
+    run = personalize_dataset(
+        base,
+        target,
+        method or alfa.AlfaConfig(heads=2, rank=2),
+        PersonalizeConfig(steps=steps),
+        tmp / "ad",
+        progress=False,
+    )
+    report = evaluate(base, target, adapters=tmp / "ad", progress=False)
+    return pre, dense, base, trunc, run, report
+
+
+@pytest.fixture(scope="module")
+def data():
+    source = toy_dataset(8, 12, seed=1, name="src")
+    target = toy_dataset(3, 9, seed=2, name="tgt", shift=0.15)
+    return source, target
+
+
+# ----------------------------------------------------------------------------- the chain
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, data):
+    tmp = tmp_path_factory.mktemp("chain")
+    return tmp, _chain(tmp, *data)
+
+
+def test_tiny_end_to_end_goes_through_every_stage(chain, data):
+    source, target = data
+    tmp_path, (pre, dense, base, trunc, run, report) = chain
+
+    # pre-training: a checkpoint with its config, one epoch, finite validation on held-out persons
+    _, saved = read_checkpoint(tmp_path / "pre" / "model.safetensors")
+    assert saved["extra"]["complete"] and saved["extra"]["epoch"] == 1
+    assert set(pre.val_persons).isdisjoint(pre.train_persons) and len(pre.val_persons) == 2
+    assert torch.isfinite(torch.tensor(pre.final_val_error))
+
+    # truncation + recovery: factorized, smaller, canonical again (exactly, up to round-off)
+    assert any(is_factorized(m) for m in base.modules())
+    assert trunc.params["truncated"] < trunc.params["dense"]
+    assert all(torch.isfinite(torch.tensor(v)) for v in trunc.errors.values())
+    assert trunc.canonicalize_max_change < 1e-4
+    for m in base.modules():
+        if is_factorized(m):
+            eye = torch.eye(m.U.shape[1])
+            assert torch.allclose(m.U.T @ m.U, eye, atol=1e-5)
+            gram = (m.V @ m.V.T).detach()
+            assert torch.allclose(gram, torch.diag(torch.diagonal(gram)), atol=1e-4 * float(gram.abs().max()))
+    reloaded, _ = load_model(tmp_path / "rec" / "model.safetensors")
+    x = source.images[:4].float() / 255
+    assert torch.equal(reloaded.eval()(x), base.eval()(x))
+
+    # personalization: an adapter per person, loss recorded
+    assert [o.status for o in run.persons.values()] == ["ok", "ok", "ok"]
+    for person in target.persons():
+        assert (tmp_path / "ad" / adapter_filename(person)).is_file()
+
+    # evaluation: finite, per person, excluding the 5 adaptation images
+    assert list(report.columns) == ["source-only", "personalized"]
+    assert report.n_eval == {p: 4 for p in target.persons()}
+    for col in report.columns.values():
+        assert set(col) == set(target.persons())
+        assert all(torch.isfinite(torch.tensor(v)) for v in col.values())
+    manual = person_errors(base, target, ["p01"], n_adapt=5)["p01"]
+    assert report.columns["source-only"]["p01"] == pytest.approx(manual)
+    assert "mean ± std" in report.format_table()
+
+    # the personalized adapter merges: same outputs, the base's structure and size
+    alfa.load_adapter(base, tmp_path / "ad" / adapter_filename("p02"))
+    images = target.images[target.person_indices("p02")].float() / 255
+    adapted = base(images)
+    merged = copy.deepcopy(base)
+    alfa.merge(merged)
+    assert torch.allclose(merged(images), adapted, atol=1e-5)
+    assert alfa.parameter_summary(merged).total == alfa.parameter_summary(reloaded).total
+    alfa.detach(base)
+    assert torch.equal(base(images), reloaded(images))  # the shared base is untouched
+
+
+def test_same_seed_same_numbers(tmp_path, data, chain):
+    source, target = data
+    first = chain[1]
+    second = _chain(tmp_path, source, target)
+    assert first[4].persons["p00"].losses == second[4].persons["p00"].losses
+    assert first[5].columns == second[5].columns
+    assert first[3].errors == second[3].errors
+
+
+def test_resumed_training_equals_uninterrupted(tmp_path, data):
+    source, _ = data
+    config = dataclasses_replace(FAST, epochs=2)
+    torch.manual_seed(0)
+    straight = alfa.models.create_model("tiny_gaze_net")
+    train_source(straight, source, config, tmp_path / "straight", model_name="tiny_gaze_net", progress=False)
+    torch.manual_seed(0)
+    part = alfa.models.create_model("tiny_gaze_net")
+    train_source(part, source, FAST, tmp_path / "split", model_name="tiny_gaze_net", progress=False)
+    resumed = alfa.models.create_model("tiny_gaze_net")  # other init: everything must come from the files
+    result = train_source(resumed, source, config, tmp_path / "split", model_name="tiny_gaze_net", progress=False)
+    assert result.resumed_from_epoch == 1 and len(result.history) == 2
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_resume_refuses_another_run(tmp_path, data):
+    source, _ = data
+    torch.manual_seed(0)
+    model = alfa.models.create_model("tiny_gaze_net")
+    train_source(model, source, FAST, tmp_path / "run", model_name="tiny_gaze_net", progress=False)
+    with pytest.raises(CheckpointError, match="another run.*lr"):
+        train_source(model, source, dataclasses_replace(FAST, lr=0.5), tmp_path / "run", model_name="tiny_gaze_net")
+
+
+def test_personalization_loss_decreases_on_a_fixed_batch(data):
+    _, target = data
+    torch.manual_seed(0)
+    truncated = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(truncated, RANK)
+    bn_before = {k: v.clone() for k, v in truncated.state_dict().items() if "running" in k}
+    images = target.images[:5].float() / 255
+    result = personalize(truncated, images, alfa.AlfaConfig(heads=2, rank=2), PersonalizeConfig(steps=8))
+    assert len(result.losses) == 8
+    assert result.final_loss < result.losses[0]
+    assert result.trained_parameters == sum(p.numel() for p in alfa.adapter_parameters(truncated).values())
+    for k, v in truncated.state_dict().items():  # BatchNorm stayed in eval mode
+        if k in bn_before:
+            assert torch.equal(v, bn_before[k]), k
+    alfa.detach(truncated)
+
+
+def test_layer34_learning_rate_rule(data):
+    _, target = data
+    model = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(model, RANK)
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    groups = alfa.param_groups(model, 1e-4, lr_scale=PersonalizeConfig().lr_scale)
+    names = {id(p): n for n, p in model.named_parameters()}
+    stages = {g["lr"]: {names[id(p)].split(".")[0] for p in g["params"]} for g in groups}
+    assert sorted(stages) == pytest.approx([1e-4, 1e-3])
+    assert stages[min(stages)] == {"conv1", "layer1", "layer2"}
+    assert stages[max(stages)] == {"layer3", "layer4"}
+
+
+def test_bad_persons_are_reported_and_the_run_goes_on(tmp_path, data):
+    _, target = data
+    images = target.images.clone()
+    images_f = images.float() / 255
+    images_f[target.person_indices("p01")[2], 0, 3, 3] = float("nan")
+    bad = InMemoryGazeDataset(images_f, target.gaze, target.person_ids, target.person_names, name="bad")
+    short = toy_dataset(1, 5, seed=4, name="short")
+    mixed = InMemoryGazeDataset(
+        torch.cat([bad.images, short.images.float() / 255]),
+        torch.cat([bad.gaze, short.gaze]),
+        torch.cat([bad.person_ids, short.person_ids + 3]),
+        [*bad.person_names, "few"],
+        name="mixed",
+    )
+    model = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(model, RANK)
+    reference = copy.deepcopy(model.state_dict())
+    # a stale adapter of the failing person from an earlier run must be removed
+    (tmp_path / "p01.safetensors").write_bytes(b"stale")
+    run = personalize_dataset(model, mixed, alfa.AlfaConfig(heads=2, rank=2), PersonalizeConfig(steps=2), tmp_path)
+    status = {p: o.status for p, o in run.persons.items()}
+    assert status == {"p00": "ok", "p01": "failed", "p02": "ok", "few": "failed"}
+    assert "image 11 (person 'p01') contains NaN" in run.failed["p01"]
+    assert "5 images; personalization needs 5 plus at least one" in run.failed["few"]
+    assert not (tmp_path / "p01.safetensors").exists()
+    assert alfa.adapter_state(model) is None
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, reference[k]), k
+    summary = json.loads((tmp_path / "personalization.json").read_text())
+    assert summary["persons"]["p01"]["status"] == "failed"
+
+    clean = InMemoryGazeDataset(
+        mixed.images.nan_to_num(0.0), mixed.gaze, mixed.person_ids, mixed.person_names, name="mixed"
+    )
+    report = evaluate(model, clean, adapters=tmp_path, progress=False)
+    assert set(report.columns["personalized"]) == {"p00", "p02"}
+    assert "NaN" in report.failed["p01"] and "few" in report.failed
+    assert report.summary()["personalized"]["persons"] == 2
+    assert "FAILED p01" in report.format_table()
+
+
+def test_personalization_resumes_by_skipping_finished_persons(tmp_path, data):
+    _, target = data
+    model = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(model, RANK)
+    method, config = alfa.AlfaConfig(heads=2, rank=2), PersonalizeConfig(steps=2)
+    first = personalize_dataset(model, target, method, config, tmp_path, progress=False)
+    again = personalize_dataset(model, target, method, config, tmp_path, progress=False)
+    assert {o.status for o in again.persons.values()} == {"skipped"}
+    assert again.persons["p00"].losses == first.persons["p00"].losses
+    other = personalize_dataset(model, target, method, dataclasses_replace(config, steps=3), tmp_path, progress=False)
+    assert {o.status for o in other.persons.values()} == {"ok"}
+
+
+@pytest.mark.parametrize("method", ["lora", "dora", "diag_gate", "bitfit"])
+def test_any_adapter_method_works(tmp_path, data, method):
+    _, target = data
+    model = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(model, RANK)
+    config = alfa.adapters.config_from_dict(method, {})
+    run = personalize_dataset(model, target, config, PersonalizeConfig(steps=2), tmp_path, progress=False)
+    assert {o.status for o in run.persons.values()} == {"ok"}, run.failed
+
+
+# ----------------------------------------------------------------------------- CLI and demo
+
+
+def _parser():
+    from alfa.gaze.commands import register
+
+    parser = argparse.ArgumentParser(prog="alfa")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def test_cli_personalize_and_evaluate(tmp_path, data, capsys, monkeypatch):
+    import alfa.gaze.pipeline as pipeline
+
+    _, target = data
+    monkeypatch.setattr(pipeline, "open_data", lambda spec: {"toy:target": target}[spec])
+    model = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(model, RANK)
+    alfa.checkpoint.save_model(tmp_path / "base.safetensors", model, "tiny_gaze_net")
+    args = _parser().parse_args(
+        ["personalize", "--checkpoint", str(tmp_path / "base.safetensors"), "--data", "toy:target"]
+        + ["--out", str(tmp_path / "ad"), "--heads", "2", "--adapter-rank", "2", "--steps", "2", "--quiet"]
+    )
+    args.func(args)
+    assert "3 done, 0 already there, 0 failed" in capsys.readouterr().out
+    args = _parser().parse_args(
+        ["evaluate", "--checkpoint", str(tmp_path / "base.safetensors"), "--data", "toy:target"]
+        + ["--adapters", str(tmp_path / "ad"), "--json", str(tmp_path / "eval.json"), "--quiet"]
+    )
+    args.func(args)
+    out = capsys.readouterr().out
+    assert "personalized vs source-only: error lower for" in out
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    assert set(saved["persons"]) == {"p00", "p01", "p02"} and saved["n_adapt"] == 5
+
+
+def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
+    import alfa.gaze.pipeline as pipeline
+
+    source, _ = data
+    monkeypatch.setattr(pipeline, "open_data", lambda spec: {"toy:source": source}[spec])
+    common = ["--data", "toy:source", "--epochs", "1", "--batch-size", "16", "--val-fraction", "0.25", "--quiet"]
+    args = _parser().parse_args(["pretrain", "--model", "tiny_gaze_net", "--out", str(tmp_path / "pre"), *common])
+    args.func(args)
+    assert "pretrained tiny_gaze_net on src: 1 epochs" in capsys.readouterr().out
+    pre = str(tmp_path / "pre" / "model.safetensors")
+    args = _parser().parse_args(
+        ["truncate", "--checkpoint", pre, "--rank", str(RANK), "--out", str(tmp_path / "rec"), *common]
+    )
+    args.func(args)
+    out = capsys.readouterr().out
+    assert "before truncation" in out and "after recovery" in out
+    _, saved = read_checkpoint(tmp_path / "rec" / "model.safetensors")
+    _, pre_saved = read_checkpoint(pre)
+    assert saved["extra"]["val_persons"] == pre_saved["extra"]["val_persons"]  # the same held-out persons
+    args = _parser().parse_args(["truncate", "--checkpoint", str(tmp_path / "rec" / "model.safetensors"), *common])
+    with pytest.raises(ValueError, match="already truncated"):
+        args.func(args)
+
+
+def test_demo_tiny_on_synthetic_data_and_its_cache(tmp_path):
+    pytest.importorskip("alfa.data.synthetic")
+    from alfa.gaze.pipeline import demo_config, run_demo
+
+    config = demo_config(
+        source="synthetic:eth?size=32&persons=4&images_per_person=8",
+        val_source="synthetic:eth?split=val&size=32&persons=2&images_per_person=4",
+        targets=("synthetic:mpii?size=32&persons=2&images_per_person=7",),
+        model="tiny_gaze_net",
+        pretrain=TrainConfig(epochs=1, batch_size=16),
+        truncation=TruncateConfig(rank=RANK, recovery=TrainConfig(epochs=1, batch_size=16)),
+        alfa=alfa.AlfaConfig(heads=2, rank=2),
+        personalize=PersonalizeConfig(steps=2),
+        out_dir=str(tmp_path / "demo"),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    first = run_demo(config, progress=False)
+    assert not first.from_cache
+    (report,) = first.reports.values()
+    assert list(report.columns) == ["source dense", "truncated+recovered", "alfa"]
+    assert all(len(c) == 2 for c in report.columns.values())
+    assert first.figure_path.is_file() and first.json_path.is_file()
+    assert "Alfa personalization" in first.verdict[0]
+    saved = json.loads(first.json_path.read_text())
+    assert saved["verdict"] == first.verdict and "total" in saved["seconds"]
+
+    second = run_demo(config, progress=False)  # the source model now comes from the cache
+    assert second.from_cache
+    (report2,) = second.reports.values()
+    assert report2.columns == report.columns
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+def test_symmetry_target_batchnorm_mode(data):
+    from alfa.gaze.train import _train_step
+
+    source, _ = data
+    images, gaze = source.images[:16].float() / 255, source.gaze[:16]
+
+    def running_mean_after(weight, mode):
+        torch.manual_seed(0)
+        model = alfa.models.create_model("tiny_gaze_net")
+        optimizer = torch.optim.Adam(model.parameters(), 1e-3)
+        terms = _train_step(model, optimizer, images, gaze, weight, mode)
+        return model.bn1.running_mean.clone(), terms
+
+    plain, terms = running_mean_after(0.0, "train")
+    assert terms["symmetry"] == 0.0
+    eval_mode, terms = running_mean_after(1.0, "eval")  # TPGaze: running statistics, not updated by the target
+    assert torch.equal(eval_mode, plain) and terms["symmetry"] > 0
+    batch_mode, _ = running_mean_after(1.0, "train")  # batch statistics: the flipped batch updates them too
+    assert not torch.equal(batch_mode, plain)
+    with pytest.raises(ValueError, match="symmetry_bn"):
+        TrainConfig(symmetry_bn="running").validate()
