@@ -182,17 +182,7 @@ class FactorizedLinear(_Factorized):
     @classmethod
     def from_dense(cls, layer: nn.Linear, rank: int) -> FactorizedLinear:
         """Truncated SVD of ``layer.weight`` keeping the ``rank`` largest singular values."""
-        W = layer.weight.detach()
-        d = min(rank, *W.shape)
-        new = cls(layer.in_features, layer.out_features, d, bias=layer.bias is not None)
-        new = new.to(device=W.device, dtype=W.dtype)
-        U, V = svd_factors(W, d)
-        with torch.no_grad():
-            new.U.copy_(U)
-            new.V.copy_(V)
-            if layer.bias is not None:
-                new.bias.copy_(layer.bias)
-        return new
+        return _truncated(layer, rank)  # type: ignore[return-value]
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, rank={self.rank}, bias={self.bias is not None}"
@@ -230,25 +220,7 @@ class FactorizedConv2d(_Factorized):
             raise ValueError("grouped convolutions cannot be factorized as one matrix")
         if layer.padding_mode != "zeros":
             raise ValueError(f"padding_mode={layer.padding_mode!r} is not supported (only 'zeros')")
-        W = layer.weight.detach().reshape(layer.out_channels, -1)
-        d = min(rank, *W.shape)
-        new = cls(
-            layer.in_channels,
-            layer.out_channels,
-            layer.kernel_size,
-            d,
-            layer.stride,
-            layer.padding,
-            layer.dilation,
-            bias=layer.bias is not None,
-        ).to(device=W.device, dtype=W.dtype)
-        U, V = svd_factors(W, d)
-        with torch.no_grad():
-            new.U.copy_(U)
-            new.V.copy_(V)
-            if layer.bias is not None:
-                new.bias.copy_(layer.bias)
-        return new
+        return _truncated(layer, rank)  # type: ignore[return-value]
 
     def extra_repr(self) -> str:
         return (
@@ -256,6 +228,14 @@ class FactorizedConv2d(_Factorized):
             f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
             f"bias={self.bias is not None}"
         )
+
+
+def _truncated(layer: nn.Module, rank: int) -> nn.Module:
+    """The factorized twin of a dense layer, holding its top-``rank`` SVD."""
+    W = dense_matrix(layer).detach()
+    U, V = svd_factors(W, min(rank, *W.shape))
+    bias = None if layer.bias is None else layer.bias.detach()
+    return layer_spec(layer).make_factorized(U, V, bias)
 
 
 def is_factorized(module: nn.Module) -> bool:
