@@ -40,6 +40,7 @@ from .adapters import (
     MosloraConfig,
     PissaConfig,
     SpectralConfig,
+    TPGazeConfig,
     adapter_parameters,
     adapter_state,
     attach,
@@ -58,6 +59,7 @@ from .truncate import TruncationReport, canonicalize, truncate
 __version__ = "0.1.0"
 
 __all__ = [
+    "TPGazeConfig",
     "BitfitConfig",
     "FullFinetuneConfig",
     "DoraConfig",

@@ -52,12 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("costs", add_help=False, help="cost table of every adapter method (see `alfa costs --help`)")
 
+    from .bench.commands import register as register_bench
     from .crate.commands import register as register_crate
     from .gaze.commands import register as register_gaze
     from .gaze.tpgaze_commands import register as register_tpgaze
 
     register_gaze(sub)
     register_tpgaze(sub)
+    register_bench(sub)
     register_crate(sub)
     return parser
 

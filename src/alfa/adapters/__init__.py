@@ -27,9 +27,13 @@ from .gate import DiagGateConfig, LinearMixConfig
 from .io import AdapterFileError, base_fingerprint, load_adapter, read_adapter_metadata, save_adapter
 from .lora import LoraConfig, MiloraConfig, PissaConfig
 from .moslora import MosloraConfig
+from .prompt import TPGAZE_TARGET, PromptedConv, TPGazeConfig
 from .spectral import SpectralConfig
 
 __all__ = [
+    "TPGAZE_TARGET",
+    "PromptedConv",
+    "TPGazeConfig",
     "BitfitConfig",
     "FullFinetuneConfig",
     "DoraConfig",

@@ -1,0 +1,266 @@
+"""TPGaze's prompts: learnable values in place of the zero padding of chosen convolutions.
+
+TPGaze ("Test-Time Personalization with Meta Prompt for Gaze Estimation", AAAI 2024) freezes the
+whole network and learns only what the first 9 convolutions of ResNet-18 see outside the image: the
+stem ``conv1``, the four 3×3 convs of ``layer1`` and the four of ``layer2`` (``layer2.0.downsample``
+is a 1×1 conv without padding). As in the reference code, a layer's prompt holds one value per input
+channel and per padded border position, so its size depends on the layer's input resolution:
+``C · ((H + 2p)(W + 2p) − H·W)`` values, stored as ``prompt_tb`` (the top and bottom strips,
+``C × 2p × (W + 2p)``) and ``prompt_lr`` (the left and right strips between them, ``C × H × 2p``).
+
+A convolution is linear in its input, so convolving the prompt-padded input equals convolving the
+zero-padded input (the base layer, untouched) plus convolving a frame that holds the prompts and zeros
+inside. That second term does not depend on the image: it is one ``(1, m, H_out, W_out)`` map, computed
+once per forward and broadcast over the batch. With all prompts at zero it is exactly zero, so the
+prompted model equals the base model bit for bit; the base may be a dense ``Conv2d`` or a truncated
+``FactorizedConv2d`` (the frame then goes through its two factors, without bias).
+
+The map is non-zero only near the border and varies with position there, so it cannot be folded into
+the convolution's weights or bias: :func:`alfa.merge` refuses, and the model keeps its prompts at
+inference (base parameters + prompts).
+
+Layer input sizes come from the image size. :class:`TPGazeConfig` finds them by tracing ResNet-18
+(:func:`resnet18_input_sizes`); for another network use :meth:`TPGazeConfig.for_model`. Because a
+config builds each layer from the layer alone, sizes are keyed by the layer's geometry (channels,
+kernel, stride, padding, dilation), which in a ResNet identifies the resolution a conv runs at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..layers import LayerSpec, is_dense_eligible, is_factorized, layer_spec
+from .base import AdaptedLayer, AdapterConfig, MergeError, register_method
+
+__all__ = [
+    "TPGAZE_TARGET",
+    "TPGazeConfig",
+    "PromptedConv",
+    "geometry_key",
+    "probe_input_sizes",
+    "resnet18_input_sizes",
+    "prompt_count",
+]
+
+# ResNet-18's first 9 convolutions (module names as in torchvision and alfa.models.resnet).
+TPGAZE_TARGET = r"^(conv1|layer1\.\d+\.conv[12]|layer2\.\d+\.conv[12])$"
+
+
+def geometry_key(spec: LayerSpec) -> str:
+    """The key under which a conv's input size is stored, e.g. ``"64->128 k3x3 s2x2 p1x1 d1x1"``."""
+    (kh, kw), (sh, sw), (dh, dw) = spec.kernel_size, spec.stride, spec.dilation
+    ph, pw = spec.padding  # type: ignore[misc]
+    return f"{spec.in_features}->{spec.out_features} k{kh}x{kw} s{sh}x{sw} p{ph}x{pw} d{dh}x{dw}"
+
+
+def prompt_count(channels: int, size: Sequence[int], padding: Sequence[int]) -> int:
+    """Values in one layer's prompt: the border cells of its padded input, per channel."""
+    (h, w), (ph, pw) = size, padding
+    return channels * ((h + 2 * ph) * (w + 2 * pw) - h * w)
+
+
+def _is_conv(module: nn.Module) -> bool:
+    return (is_factorized(module) or is_dense_eligible(module)) and layer_spec(module).kind == "conv2d"
+
+
+@torch.no_grad()
+def probe_input_sizes(model: nn.Module, image_size: int, target: str | None = TPGAZE_TARGET) -> dict[str, list[int]]:
+    """Run one ``image_size``×``image_size`` image through ``model`` and record the input size of every
+    conv whose name matches ``target``, keyed by :func:`geometry_key`.
+
+    Raises if two matched convs share a geometry but see different resolutions (their prompts could
+    not be told apart by geometry).
+    """
+    pattern = re.compile(target) if target is not None else None
+    found: dict[str, tuple[str, list[int]]] = {}
+    problems: list[str] = []
+
+    def record(name: str, module: nn.Module):
+        def hook(_module: nn.Module, args: tuple) -> None:
+            key, size = geometry_key(layer_spec(module)), [int(s) for s in args[0].shape[-2:]]
+            if key in found and found[key][1] != size:
+                problems.append(f"{found[key][0]} sees {found[key][1]}, {name} sees {size} (both {key})")
+            found.setdefault(key, (name, size))
+
+        return hook
+
+    hooks = [
+        module.register_forward_pre_hook(record(name, module))
+        for name, module in model.named_modules()
+        if _is_conv(module) and (pattern is None or pattern.search(name))
+    ]
+    was_training = model.training
+    try:
+        model.eval()
+        reference = next(model.parameters(), None)
+        kw = {} if reference is None else {"device": reference.device, "dtype": reference.dtype}
+        model(torch.zeros(1, 3, image_size, image_size, **kw))
+    finally:
+        model.train(was_training)
+        for h in hooks:
+            h.remove()
+    if problems:
+        raise ValueError(f"convs with the same geometry see different input sizes: {'; '.join(problems)}")
+    return {key: size for key, (_, size) in found.items()}
+
+
+@functools.lru_cache(maxsize=16)
+def _resnet18_sizes(image_size: int) -> tuple[tuple[str, tuple[int, int]], ...]:
+    from ..models.resnet import resnet18_gaze
+
+    with torch.device("meta"):  # shapes only: no memory, no arithmetic
+        skeleton = resnet18_gaze()
+    sizes = probe_input_sizes(skeleton, image_size, target=None)
+    return tuple((k, (v[0], v[1])) for k, v in sizes.items())
+
+
+def resnet18_input_sizes(image_size: int) -> dict[str, list[int]]:
+    """Input size of every conv of ResNet-18 for square images of side ``image_size``, by geometry."""
+    return {k: list(v) for k, v in _resnet18_sizes(int(image_size))}
+
+
+@register_method
+@dataclass
+class TPGazeConfig(AdapterConfig):
+    """TPGaze's prompts on the convs matched by ``target`` (default: ResNet-18's first 9).
+
+    ``image_size``: side of the square input images; it fixes each prompt's size. ``input_sizes``:
+    the input size of each prompted conv by :func:`geometry_key`; ``None`` derives them from
+    ResNet-18's layout (:func:`resnet18_input_sizes`); :meth:`for_model` measures them on any model.
+    ``init_std``: σ of the Gaussian initialization (1.0, as the reference code's ``normal_``).
+    ``layers="all"`` because after truncation at rank 64 the stem and ``layer1`` stay dense while
+    ``layer2``'s 3×3 convs are factorized; the prompts work on both.
+
+    ``init_from`` records where a trained adapter's prompts started (e.g. the digest of the
+    meta-trained prompts, set by :func:`alfa.gaze.tpgaze.start_from`); it is provenance only and loads
+    nothing by itself.
+    """
+
+    method: ClassVar[str] = "tpgaze"
+    # The personalization recipe of TPGaze (spec §5): Adam, lr 0.01, prompts only. AdamW without weight
+    # decay is Adam; the prompted layers are outside ResNet-18's layer3/4, so no lr scaling either.
+    personalize_defaults: ClassVar[dict[str, Any]] = {"lr": 0.01, "weight_decay": 0.0, "lr_scale": {}}
+
+    target: str | None = TPGAZE_TARGET
+    layers: str = "all"
+    image_size: int = 224
+    init_std: float = 1.0
+    input_sizes: dict[str, list[int]] | None = None
+    init_from: str | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        if self.image_size < 1:
+            raise ValueError(f"TPGazeConfig.image_size must be positive, got {self.image_size}")
+        if not self.init_std >= 0:
+            raise ValueError(f"TPGazeConfig.init_std must be non-negative, got {self.init_std}")
+        for key, size in (self.input_sizes or {}).items():
+            if not (
+                isinstance(size, (list, tuple)) and len(size) == 2 and all(isinstance(s, int) and s > 0 for s in size)
+            ):
+                raise ValueError(f"TPGazeConfig.input_sizes[{key!r}] must be [height, width], got {size!r}")
+
+    @classmethod
+    def for_model(cls, model: nn.Module, image_size: int, **options: Any) -> TPGazeConfig:
+        """A config whose prompt sizes are measured on ``model`` (one probe forward) rather than taken
+        from ResNet-18's layout."""
+        config = cls(image_size=image_size, **options)
+        config.input_sizes = probe_input_sizes(model, image_size, config.target)
+        return config
+
+    def layer_input_size(self, spec: LayerSpec) -> list[int]:
+        sizes = self.input_sizes if self.input_sizes is not None else resnet18_input_sizes(self.image_size)
+        key = geometry_key(spec)
+        if key not in sizes:
+            where = "input_sizes" if self.input_sizes is not None else f"ResNet-18 at image size {self.image_size}"
+            raise ValueError(
+                f"no input size for a conv of geometry {key} in {where}; "
+                f"use TPGazeConfig.for_model(model, image_size) for other networks"
+            )
+        return list(sizes[key])
+
+    def build(self, base: nn.Module) -> PromptedConv:
+        return PromptedConv(base, self)
+
+
+class PromptedConv(AdaptedLayer):
+    """A conv (dense or factorized) whose zero padding is replaced by learnable values.
+
+    ``forward(x) = base(x) + border(prompts)``, where ``border`` convolves the prompt frame (zeros
+    inside) with the layer's weights and no bias; see the module docstring.
+    """
+
+    def __init__(self, base: nn.Module, config: TPGazeConfig) -> None:
+        super().__init__(base, config)
+        spec = self.spec
+        if spec.kind != "conv2d":
+            raise TypeError(f"TPGaze prompts pad convolutions; got a {type(base).__name__}")
+        if isinstance(spec.padding, str):
+            raise ValueError(f"padding={spec.padding!r} is not supported; TPGaze needs explicit padding")
+        ph, pw = spec.padding
+        if ph == 0 and pw == 0:
+            raise ValueError("the conv has no padding, so there is nothing to prompt")
+        self.input_size = config.layer_input_size(spec)
+        h, w = self.input_size
+        c = spec.in_features
+        weight = base.V if is_factorized(base) else base.weight
+        kw = {"device": weight.device, "dtype": weight.dtype}
+        self.prompt_tb = nn.Parameter(torch.randn(c, 2 * ph, w + 2 * pw, **kw) * config.init_std)
+        self.prompt_lr = nn.Parameter(torch.randn(c, h, 2 * pw, **kw) * config.init_std)
+        # The frame is convolved without padding: the prompts are the padding.
+        self.frame_spec = dataclasses.replace(spec, padding=(0, 0))
+
+    @property
+    def num_prompts(self) -> int:
+        return self.prompt_tb.numel() + self.prompt_lr.numel()
+
+    def frame(self) -> Tensor:
+        """The padded input of an all-zero image: ``(1, C, H + 2p_h, W + 2p_w)``, prompts on the border."""
+        ph, pw = self.spec.padding  # type: ignore[misc]
+        c, (h, w) = self.spec.in_features, self.input_size
+        inside = self.prompt_lr.new_zeros(c, h, w)
+        middle = torch.cat([self.prompt_lr[:, :, :pw], inside, self.prompt_lr[:, :, pw:]], dim=2)
+        return torch.cat([self.prompt_tb[:, :ph], middle, self.prompt_tb[:, ph:]], dim=1)[None]
+
+    def border(self) -> Tensor:
+        """What the prompts add to the layer's output: ``(1, m, H_out, W_out)``, the same for every image."""
+        frame, fs = self.frame(), self.frame_spec
+        if self.base_is_factorized:
+            return fs.output_op(fs.input_op(frame, self.base.V), self.base.U)
+        return F.conv2d(frame, self.base.weight, None, fs.stride, 0, fs.dilation)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if list(x.shape[-2:]) != self.input_size:
+            raise ValueError(
+                f"the prompts were sized for a {self.input_size[0]}×{self.input_size[1]} input, got "
+                f"{x.shape[-2]}×{x.shape[-1]} (set TPGazeConfig.image_size to the images' size)"
+            )
+        return self.base(x) + self.border()
+
+    def effective_weight(self) -> tuple[Tensor, Tensor | None]:
+        raise MergeError(self._merge_message())
+
+    @torch.no_grad()
+    def merged(self, densify: bool = False) -> nn.Module:
+        raise MergeError(self._merge_message())
+
+    def _merge_message(self) -> str:
+        return (
+            "tpgaze prompts cannot be merged into the conv: they add an input-independent map that is "
+            "non-zero only near the border and varies with position, which no conv weight or "
+            "per-channel bias can express. Keep the adapter attached at inference (base parameters + "
+            f"{self.num_prompts} prompt values for this layer), or detach it."
+        )
+
+    def extra_repr(self) -> str:
+        h, w = self.input_size
+        return f"method=tpgaze, input={h}x{w}, prompts={self.num_prompts}"

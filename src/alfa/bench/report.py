@@ -1,0 +1,1209 @@
+"""``results.json`` → ``docs/results.md`` and its figures (``alfa report``). Never edit the output by hand.
+
+Every number and every sentence of the report is computed here from the records of a benchmark run
+(:mod:`alfa.bench.runner`): the tables (mean ± standard deviation over seeds of each record's mean
+over persons), the verdicts (who wins where, and whether a difference is larger than its spread), the
+protocol (from the configuration stored in ``results.json``), and the figures (from the records and
+from the figure data the run stored next to them). Re-running the command regenerates the same file.
+
+How differences are judged (stated in the report too): for two rows ``a`` and ``b``, per seed, the mean
+over pairs of ``error(a) − error(b)`` on the same base; its mean over seeds ``Δ`` and the sample standard
+deviation of those per-seed differences. A difference is *clear* when ``|Δ|`` exceeds that standard
+deviation and every seed has the same sign; otherwise it is *within the spread*. With one seed there is
+no spread, and nothing is called clear.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Stat",
+    "Diff",
+    "index_records",
+    "cell",
+    "pooled",
+    "diff",
+    "sanity_summary",
+    "main_verdicts",
+    "render_report",
+    "build_report",
+]
+
+MAIN_ORDER = (
+    "source-only",
+    "tpgaze",
+    "full",
+    "bitfit",
+    "lora",
+    "pissa",
+    "milora",
+    "moslora",
+    "spectral",
+    "dora",
+    "flora",
+    "alfa",
+)
+LORA_FAMILY = ("lora", "pissa", "milora", "moslora", "dora", "flora", "spectral")
+PAIR_ORDER = ("E→M", "E→D", "G→M", "G→D")
+NAMES = {
+    "source-only": "source-only (truncated base)",
+    "tpgaze": "TPGaze",
+    "full": "full fine-tune",
+    "bitfit": "BitFit",
+    "lora": "LoRA",
+    "pissa": "PiSSA",
+    "milora": "MiLoRA",
+    "moslora": "MoSLoRA",
+    "spectral": "Spectral",
+    "dora": "DoRA",
+    "flora": "FLoRA",
+    "alfa": "Alfa",
+    "in-domain": "in-domain (held-out source persons)",
+    "oracle": "oracle (supervised, per person)",
+}
+
+
+def _name(label: str) -> str:
+    return NAMES.get(label, label)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+@dataclass
+class Stat:
+    """A row's error on one pair (or pooled over pairs): per-seed values, their mean and sample std."""
+
+    values: dict[int, float]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values.values())
+
+    @property
+    def std(self) -> float | None:
+        return statistics.stdev(self.values.values()) if self.n > 1 else None
+
+    def format(self, digits: int = 2) -> str:
+        if self.std is None:
+            return f"{self.mean:.{digits}f}"
+        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
+
+
+@dataclass
+class Diff:
+    """``a − b``: per seed, the mean over pairs of the difference of the records' errors (same base)."""
+
+    a: str
+    b: str
+    per_seed: dict[int, float]
+    persons_better: int  # (pair, seed, person) triples where a's error is below b's
+    persons: int
+
+    @property
+    def n(self) -> int:
+        return len(self.per_seed)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.per_seed.values())
+
+    @property
+    def std(self) -> float | None:
+        return statistics.stdev(self.per_seed.values()) if self.n > 1 else None
+
+    @property
+    def same_sign(self) -> bool:
+        signs = {math.copysign(1.0, v) for v in self.per_seed.values() if v != 0}
+        return len(signs) <= 1 and all(v != 0 for v in self.per_seed.values())
+
+    @property
+    def clear(self) -> bool:
+        return self.std is not None and abs(self.mean) > self.std and self.same_sign
+
+    def describe(self) -> str:
+        """E.g. ``"−0.31 ± 0.12° over 3 seeds (paired): clear; lower for 30 of 45 persons"``."""
+        persons = f"; lower for {self.persons_better} of {self.persons} persons" if self.persons else ""
+        if self.std is None:
+            return f"{_signed(self.mean)}° (one seed: no spread measured){persons}"
+        verdict = "a clear difference" if self.clear else "within the spread"
+        return f"{_signed(self.mean)} ± {self.std:.2f}° over {self.n} seeds (paired): {verdict}{persons}"
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.2f}".replace("-", "−")
+
+
+Index = dict[tuple[str, str, int], dict[str, Any]]
+
+
+def index_records(records: Iterable[dict[str, Any]]) -> Index:
+    """``(method, pair, seed) -> record``."""
+    return {(r["method"], r["pair"], int(r["seed"])): r for r in records if r.get("error_deg") is not None}
+
+
+def _pairs_of(idx: Index) -> list[str]:
+    present = {p for (_, p, _) in idx}
+    return [p for p in PAIR_ORDER if p in present] + sorted(present - set(PAIR_ORDER))
+
+
+def _seeds_of(idx: Index) -> list[int]:
+    return sorted({s for (_, _, s) in idx})
+
+
+def cell(idx: Index, method: str, pair: str) -> Stat | None:
+    values = {s: float(r["error_deg"]) for (m, p, s), r in idx.items() if m == method and p == pair}
+    return Stat(values) if values else None
+
+
+def pooled(idx: Index, method: str, pairs: Sequence[str]) -> Stat | None:
+    """Per seed the mean over ``pairs`` (only seeds where the method has all of them)."""
+    values = {}
+    for s in _seeds_of(idx):
+        errs = [idx[(method, p, s)]["error_deg"] for p in pairs if (method, p, s) in idx]
+        if pairs and len(errs) == len(pairs):
+            values[s] = statistics.fmean(errs)
+    return Stat(values) if values else None
+
+
+def diff(idx: Index, a: str, b: str, pairs: Sequence[str]) -> Diff | None:
+    """``a − b`` over the seeds where both have every pair of ``pairs``."""
+    per_seed: dict[int, float] = {}
+    better = total = 0
+    for s in _seeds_of(idx):
+        if not all((a, p, s) in idx and (b, p, s) in idx for p in pairs):
+            continue
+        per_seed[s] = statistics.fmean(idx[(a, p, s)]["error_deg"] - idx[(b, p, s)]["error_deg"] for p in pairs)
+        for p in pairs:
+            pa, pb = idx[(a, p, s)].get("per_person", {}), idx[(b, p, s)].get("per_person", {})
+            for person in pa.keys() & pb.keys():
+                total += 1
+                better += pa[person] < pb[person]
+    if not per_seed:
+        return None
+    return Diff(a, b, per_seed, better, total)
+
+
+def _stat_dict(stat: Stat | None) -> dict[str, Any] | None:
+    if stat is None:
+        return None
+    return {"mean": stat.mean, "std": stat.std, "seeds": sorted(stat.values)}
+
+
+def _constant(idx: Index, method: str, pair: str) -> float | None:
+    """The constant-prediction error stored with a sanity record (the same data for every seed)."""
+    values = [r.get("constant_prediction_deg") for (m, p, _), r in idx.items() if m == method and p == pair]
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def sanity_summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Per pair: in-domain, source-only and oracle errors, the domain gap (source-only − in-domain) and
+    the headroom (source-only − oracle). Stored in ``results.json`` as its ``sanity`` record."""
+    idx = index_records(records)
+    out: dict[str, Any] = {}
+    for pair in _pairs_of(idx):
+        ind, src, orc = (cell(idx, m, pair) for m in ("in-domain", "source-only", "oracle"))
+        if ind is None and src is None and orc is None:
+            continue
+        out[pair] = {
+            "in_domain": _stat_dict(ind),
+            "source_only": _stat_dict(src),
+            "oracle": _stat_dict(orc),
+            "domain_gap_deg": src.mean - ind.mean if src and ind else None,
+            "headroom_deg": src.mean - orc.mean if src and orc else None,
+            "in_domain_constant_deg": _constant(idx, "in-domain", pair),
+            "target_constant_deg": _constant(idx, "source-only", pair),
+        }
+    return out
+
+
+# ----------------------------------------------------------------------------- markdown helpers
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
+    align = align or "l" + "r" * (len(header) - 1)
+    rule = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _count(n: int | None) -> str:
+    if n is None:
+        return "—"
+    return f"{n / 1e6:.3f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e3 else str(n)
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "—"
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _num(x: float | None, digits: int = 2, unit: str = "") -> str:
+    return "—" if x is None else f"{x:.{digits}f}{unit}".replace("-", "−")
+
+
+def _merge_note(merge: str | None) -> str:
+    """What the parameter count after merging needs a word about (densified, or prompts left attached)."""
+    if merge == "densified":
+        return " (densified)"
+    if merge and merge.startswith("not mergeable"):
+        return " (unmerged)"
+    return ""
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _records_of(idx: Index, method: str) -> list[dict[str, Any]]:
+    return [r for (m, _, _), r in sorted(idx.items()) if m == method]
+
+
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+def _competitors(idx: Index) -> list[str]:
+    present = {m for (m, _, _) in idx}
+    return [m for m in MAIN_ORDER if m in present]
+
+
+def main_verdicts(idx: Index) -> list[str]:
+    """The plain sentences about Table 1: where Alfa wins, where it does not, and what is within the spread."""
+    pairs = _pairs_of(idx)
+    methods = _competitors(idx)
+    lines: list[str] = []
+    if "alfa" not in methods or not pairs:
+        return ["Alfa was not run; no verdict."]
+    best_pairs = []
+    per_pair: list[str] = []
+    for pair in pairs:
+        ranked = sorted(((cell(idx, m, pair), m) for m in methods if cell(idx, m, pair)), key=lambda t: t[0].mean)
+        if not any(m == "alfa" for _, m in ranked):
+            continue
+        alfa = next(s for s, m in ranked if m == "alfa")
+        if len(ranked) == 1:
+            continue
+        best_stat, best = ranked[0]
+        if best == "alfa":
+            best_pairs.append(pair)
+            runner_stat, runner = ranked[1]
+            d = diff(idx, "alfa", runner, [pair])
+            per_pair.append(
+                f"On {pair} Alfa ({alfa.format()}°) leads the runner-up {_name(runner)} ({runner_stat.format()}°) "
+                f"by {runner_stat.mean - alfa.mean:.2f}°; Alfa − {_name(runner)} = {d.describe() if d else 'n/a'}."
+            )
+        else:
+            rank = 1 + [m for _, m in ranked].index("alfa")
+            d = diff(idx, "alfa", best, [pair])
+            per_pair.append(
+                f"On {pair} Alfa does not win: {_name(best)} is best ({best_stat.format()}°), Alfa is "
+                f"{_ordinal(rank)} of {len(ranked)} ({alfa.format()}°); Alfa − {_name(best)} = "
+                f"{d.describe() if d else 'n/a'}."
+            )
+    where = f" ({', '.join(best_pairs)})" if best_pairs else ""
+    lines.append(f"Alfa has the lowest mean error on {len(best_pairs)} of {len(pairs)} pairs{where}.")
+    lines += per_pair
+    if "source-only" in methods:
+        helped = [p for p in pairs if cell(idx, "alfa", p) and cell(idx, "source-only", p)]
+        lower = [p for p in helped if cell(idx, "alfa", p).mean < cell(idx, "source-only", p).mean]
+        d = diff(idx, "alfa", "source-only", pairs)
+        text = (
+            "Against its own starting point (source-only), Alfa lowers the mean error on "
+            f"{len(lower)} of {len(helped)} pairs"
+        )
+        if len(lower) < len(helped):
+            text += f"; it does not on {', '.join(p for p in helped if p not in lower)}"
+        if d is not None:
+            text += f". Pooled over pairs: Alfa − source-only = {d.describe()}"
+        lines.append(text + ".")
+    if "lora" in methods:
+        d = diff(idx, "alfa", "lora", pairs)
+        if d is not None:
+            lines.append(f"Against LoRA (same recipe, same steps), pooled over pairs: Alfa − LoRA = {d.describe()}.")
+    beating = []
+    for m in methods:
+        if m == "source-only":
+            continue
+        d = diff(idx, m, "source-only", pairs) if "source-only" in methods else None
+        if d is not None and d.mean < 0:
+            beating.append((m, d))
+    if "source-only" in methods:
+        names = ", ".join(f"{_name(m)} ({_signed(d.mean)}°{', clear' if d.clear else ''})" for m, d in beating)
+        others = [m for m in methods if m != "source-only" and m not in {b for b, _ in beating}]
+        text = f"Methods whose pooled error is below source-only: {names or 'none'}."
+        if others:
+            text += f" Not below source-only: {', '.join(_name(m) for m in others)}."
+        lines.append(text)
+    return lines
+
+
+def _range(values: Sequence[float], digits: int, unit: str) -> str:
+    lo, hi = min(values), max(values)
+    return (
+        f"{lo:.{digits}f}{unit}"
+        if f"{lo:.{digits}f}" == f"{hi:.{digits}f}"
+        else f"{lo:.{digits}f}–{hi:.{digits}f}{unit}"
+    )
+
+
+def _deg_range(items: Sequence[tuple[str, float, float]]) -> str:
+    """``"0.8–2.1°"``: the range of the differences over ``(pair, difference, reference)`` items."""
+    return _range([d for _, d, _ in items], 2, "°")
+
+
+def _share_range(items: Sequence[tuple[str, float, float]]) -> str:
+    """``"12–30 %"``: the range of ``difference / reference`` over ``(pair, difference, reference)`` items."""
+    return _range([100 * d / ref for _, d, ref in items], 0, " %")
+
+
+def sanity_verdicts(idx: Index) -> list[str]:
+    lines = []
+    pairs = _pairs_of(idx)
+    gaps = [
+        (p, cell(idx, "source-only", p).mean - cell(idx, "in-domain", p).mean, cell(idx, "source-only", p).mean)
+        for p in pairs
+        if cell(idx, "source-only", p) and cell(idx, "in-domain", p)
+    ]
+    if gaps:
+        below = [g for g in gaps if g[1] > 0]
+        text = (
+            f"In-domain error (the base on held-out source persons) is below the cross-domain source-only error "
+            f"on {len(below)} of {len(gaps)} pairs"
+        )
+        if below:
+            text += f", by {_deg_range(below)} ({_share_range(below)} of the cross-domain error)"
+        if len(below) < len(gaps):
+            text += f"; NO domain gap on {', '.join(g[0] for g in gaps if g[1] <= 0)}"
+        lines.append(text + ".")
+    ratios = []
+    for pair, s in sanity_summary(idx.values()).items():
+        ind, src = s["in_domain"], s["source_only"]
+        if ind and src and s.get("in_domain_constant_deg") and s.get("target_constant_deg"):
+            ratios.append((pair, ind["mean"] / s["in_domain_constant_deg"], src["mean"] / s["target_constant_deg"]))
+    if ratios:
+        worse = [p for p, a, b in ratios if b > a]
+        lines.append(
+            "Relative to the spread of the labels (the error of always predicting the set's mean gaze), the "
+            "in-domain error is "
+            + ", ".join(f"{100 * a:.0f} %" for _, a, _ in ratios)
+            + " of a constant prediction's and the cross-domain error "
+            + ", ".join(f"{100 * b:.0f} %" for _, _, b in ratios)
+            + f" ({', '.join(p for p, _, _ in ratios)}): relatively worse across domains on {len(worse)} of "
+            f"{len(ratios)} pairs."
+        )
+    rooms = [
+        (p, cell(idx, "source-only", p).mean - cell(idx, "oracle", p).mean, cell(idx, "source-only", p).mean)
+        for p in pairs
+        if cell(idx, "source-only", p) and cell(idx, "oracle", p)
+    ]
+    if rooms:
+        below = [g for g in rooms if g[1] > 0]
+        text = (
+            f"The oracle (per-person supervised fine-tuning) is below source-only on {len(below)} of {len(rooms)} pairs"
+        )
+        if below:
+            text += f": headroom {_deg_range(below)} ({_share_range(below)} of the source-only error)"
+        if len(below) < len(rooms):
+            text += f"; NO headroom on {', '.join(g[0] for g in rooms if g[1] <= 0)}"
+        lines.append(text + ".")
+        if "alfa" in {m for (m, _, _) in idx}:
+            shares = []
+            for p, room, _ in rooms:
+                a, s = cell(idx, "alfa", p), cell(idx, "source-only", p)
+                if a and s and room > 0:
+                    shares.append((p, (s.mean - a.mean) / room))
+            if shares:
+                lines.append(
+                    "Share of the headroom Alfa recovers (source-only − Alfa, over source-only − oracle): "
+                    + ", ".join(f"{p} {_num(100 * v, 0)} %" for p, v in shares)
+                    + "."
+                )
+    return lines
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def table1(idx: Index) -> str:
+    pairs = _pairs_of(idx)
+    header = ["method", *pairs, "mean over pairs", "params at inference", "Δ vs source-only (pooled)"]
+    best = {}
+    for p in pairs:
+        stats = [(cell(idx, m, p), m) for m in _competitors(idx) if cell(idx, m, p)]
+        if stats:
+            best[p] = min(stats, key=lambda t: t[0].mean)[1]
+    rows = []
+    for m in _competitors(idx):
+        cells = []
+        for p in pairs:
+            s = cell(idx, m, p)
+            text = s.format() if s else "—"
+            cells.append(f"**{text}**" if best.get(p) == m else text)
+        pool = pooled(idx, m, pairs)
+        recs = _records_of(idx, m)
+        params = _median(r.get("inference_params") for r in recs)
+        merge = recs[0].get("merge") if recs else None
+        d = (
+            diff(idx, m, "source-only", pairs)
+            if m != "source-only" and ("source-only", pairs[0], _seeds_of(idx)[0]) in idx
+            else None
+        )
+        dtext = (
+            "—"
+            if d is None
+            else f"{_signed(d.mean)}" + ("" if d.std is None else f" ± {d.std:.2f}") + (" (clear)" if d.clear else "")
+        )
+        size = _count(int(params)) if params is not None else "—"
+        size += _merge_note(merge)
+        rows.append([_name(m), *cells, pool.format() if pool else "—", size, dtext])
+    return _table(header, rows)
+
+
+def person_table(idx: Index) -> str:
+    """Per method: the spread over persons and how many persons each method helps."""
+    pairs = _pairs_of(idx)
+    rows = []
+    for m in _competitors(idx):
+        recs = _records_of(idx, m)
+        if not recs:
+            continue
+        spread = statistics.fmean(r.get("std_over_persons", 0.0) for r in recs)
+        worst = max(max(r["per_person"].values()) for r in recs if r.get("per_person"))
+        d = diff(idx, m, "source-only", pairs) if m != "source-only" else None
+        helped = "—" if d is None or not d.persons else f"{d.persons_better} / {d.persons}"
+        changes = []
+        if m != "source-only":
+            for (mm, p, s), r in idx.items():
+                base = idx.get(("source-only", p, s))
+                if mm == m and base:
+                    changes += [
+                        r["per_person"][q] - base["per_person"][q]
+                        for q in r["per_person"].keys() & base["per_person"].keys()
+                    ]
+        worst_change = _signed(max(changes)) if changes else "—"
+        best_change = _signed(min(changes)) if changes else "—"
+        rows.append([_name(m), f"{spread:.2f}", f"{worst:.2f}", helped, best_change, worst_change])
+    header = [
+        "method",
+        "std over persons (mean over records)",
+        "worst person",
+        "persons better than source-only",
+        "best person change",
+        "worst person change",
+    ]
+    return _table(header, rows)
+
+
+def table2(idx: Index) -> str:
+    pairs = _pairs_of(idx)
+    rows = []
+    for m in [*LORA_FAMILY, "alfa"]:
+        recs = _records_of(idx, m)
+        if not recs:
+            continue
+        pool = pooled(idx, m, pairs)
+        r = recs[0]
+        rows.append(
+            [
+                _name(m),
+                pool.format() if pool else "—",
+                _count(r.get("trainable_params")),
+                _count(r.get("inference_params")) + _merge_note(r.get("merge")),
+                _count(r.get("compact_merge_params")),
+                _bytes(r.get("adapter_bytes")),
+                _bytes(r.get("compact_bytes")),
+            ]
+        )
+    header = [
+        "method",
+        "error, mean over pairs (deg)",
+        "trainable",
+        "params after merge",
+        "exact compact merge",
+        "per-user file",
+        "compact file (d×d mix per layer)",
+    ]
+    return _table(header, rows)
+
+
+def sanity_table(idx: Index) -> str:
+    rows = []
+    for pair, s in sanity_summary(idx.values()).items():
+
+        def fmt(d: dict[str, Any] | None) -> str:
+            if d is None:
+                return "—"
+            return f"{d['mean']:.2f}" + ("" if d["std"] is None else f" ± {d['std']:.2f}")
+
+        rows.append(
+            [
+                pair,
+                fmt(s["in_domain"]),
+                fmt(s["source_only"]),
+                fmt(s["oracle"]),
+                _num(s["domain_gap_deg"]),
+                _num(s["headroom_deg"]),
+                _num(s.get("in_domain_constant_deg")),
+                _num(s.get("target_constant_deg")),
+            ]
+        )
+    header = [
+        "pair",
+        "in-domain (held-out source persons)",
+        "source-only (target)",
+        "oracle (target)",
+        "domain gap",
+        "headroom",
+        "constant prediction, held-out source",
+        "constant prediction, target",
+    ]
+    return _table(header, rows)
+
+
+def cost_table(idx: Index, labels: Sequence[str]) -> str:
+    rows = []
+    for m in labels:
+        recs = _records_of(idx, m)
+        if not recs:
+            continue
+        r = recs[0]
+        lat, base_lat = _median(x.get("latency_ms") for x in recs), _median(x.get("base_latency_ms") for x in recs)
+        peak = [x.get("peak_rss_mib") for x in recs if x.get("peak_rss_mib") is not None]
+        inc = [x.get("peak_rss_increase_mib") for x in recs if x.get("peak_rss_increase_mib") is not None]
+        rows.append(
+            [
+                _name(m),
+                _count(r.get("trainable_params")),
+                f"{_count(r.get('inference_params'))}",
+                str(r.get("merge")),
+                _bytes(r.get("adapter_bytes")),
+                _num(_median(x.get("seconds_per_user") for x in recs)),
+                _num(_median(x.get("cpu_seconds_per_user") for x in recs)),
+                _num(max(peak), 0) if peak else "—",
+                _num(max(inc), 0) if inc else "—",
+                _num(lat, 1),
+                _num(base_lat, 1),
+                "—" if not lat or not base_lat else f"{lat / base_lat:.2f}",
+            ]
+        )
+    header = [
+        "method",
+        "trainable",
+        "params at inference",
+        "merge",
+        "per-user file",
+        "s / user (wall)",
+        "CPU s / user",
+        "peak RSS (MiB)",
+        "peak increase (MiB)",
+        "latency merged (ms)",
+        "latency base (ms)",
+        "ratio",
+    ]
+    return _table(header, rows)
+
+
+def ablation_table(
+    idx: Index, rows_layout: Sequence[dict[str, Any]], extra_params: bool = False
+) -> tuple[str, list[str]]:
+    """Rows of one ablation (label, value) × the pairs it ran on; returns the table and its pairs."""
+    labels = [r["label"] for r in rows_layout]
+    present = {(m, p) for (m, p, _) in idx if m in labels}
+    # The ablation's pairs: where its own variants ran (the reference rows are main methods, run everywhere).
+    own = [lab for lab in labels if lab not in MAIN_ORDER]
+    pairs = [p for p in _pairs_of(idx) if any((lab, p) in present for lab in own)]
+    rows = []
+    for row in rows_layout:
+        lab = row["label"]
+        if not any((lab, p) in present for p in pairs):
+            continue
+        cells = [(cell(idx, lab, p).format() if cell(idx, lab, p) else "—") for p in pairs]
+        pool = pooled(idx, lab, pairs)
+        line = [_name(lab), str(row["value"]), *cells, pool.format() if pool else "—"]
+        if extra_params:
+            recs = _records_of(idx, lab)
+            line.append(_count(recs[0].get("trainable_params")) if recs else "—")
+        rows.append(line)
+    header = ["row", "setting", *pairs, "mean over pairs"] + (["trainable"] if extra_params else [])
+    return _table(header, rows, "ll" + "r" * (len(header) - 2)), pairs
+
+
+def _family(label: str) -> str:
+    return label.split("[")[0]
+
+
+def _curve(idx: Index, rows_layout: Sequence[dict[str, Any]], family: str, pairs: Sequence[str]):
+    points = []
+    for row in rows_layout:
+        if _family(row["label"]) != family:
+            continue
+        s = pooled(idx, row["label"], pairs)
+        if s is not None and isinstance(row["value"], (int, float)):
+            points.append((float(row["value"]), s.mean, s.std))
+    return points
+
+
+def ablation_verdicts(idx: Index, name: str, layout: Sequence[dict[str, Any]], pairs: Sequence[str]) -> list[str]:
+    """Plain sentences for one ablation, pooled over its pairs."""
+    by_value = {(_family(r["label"]), r["value"]): r["label"] for r in layout}
+    present = {m for (m, _, _) in idx}
+    lines: list[str] = []
+
+    def compare(a: str, b: str, what: str) -> None:
+        if a in present and b in present:
+            d = diff(idx, a, b, pairs)
+            if d is not None:
+                lines.append(f"{what}: {_name(a)} − {_name(b)} = {d.describe()}.")
+
+    def sweep(family: str, setting: str) -> None:
+        values = sorted(v for (f, v) in by_value if f == family and isinstance(v, (int, float)))
+        stats = [(v, pooled(idx, by_value[(family, v)], pairs)) for v in values]
+        stats = [(v, s) for v, s in stats if s is not None]
+        if len(stats) < 2:
+            return
+        series = ", ".join(f"{setting}={v:g}: {s.mean:.2f}" for v, s in stats)
+        best = min(stats, key=lambda t: t[1].mean)
+        steps = [b[1].mean - a[1].mean for a, b in zip(stats, stats[1:])]
+        trend = (
+            "decreasing" if all(x < 0 for x in steps) else "increasing" if all(x > 0 for x in steps) else "not monotone"
+        )
+        lines.append(
+            f"{_name(family)} error (mean over {', '.join(pairs)}) by {setting}: {series} deg; lowest at "
+            f"{setting}={best[0]:g}; {trend} in {setting}."
+        )
+        first, last = by_value[(family, stats[0][0])], by_value[(family, stats[-1][0])]
+        compare(last, first, f"{setting}={stats[-1][0]:g} against {setting}={stats[0][0]:g}")
+
+    if name == "heads":
+        sweep("alfa", "H")
+        lines.append(
+            "The paper reports 6.20° → 5.72° from H=1 to H=16 on real data (SVD rank 64); "
+            "compare the sign and size above."
+        )
+    elif name == "rank":
+        sweep("alfa", "r")
+        sweep("lora", "r")
+    elif name == "svd_rank":
+        sweep("source-only", "d")
+        sweep("alfa", "d")
+        for (f, v), lab in sorted(by_value.items(), key=lambda t: str(t[0])):
+            if f == "alfa":
+                base = by_value.get(("source-only", v))
+                if base:
+                    compare(lab, base, f"Alfa's gain over its own base at d={v}")
+    elif name == "gate":
+        compare("alfa", "diag_gate", "Attention against a diagonal gate diag(1+γ)")
+    elif name == "mix":
+        compare("alfa", "linear_mix", "Attention against a linear low-rank mix without softmax")
+    elif name == "truncation":
+        compare(
+            "source-only", "source-only[dense]", "Truncation + recovery against the dense source model, no adaptation"
+        )
+        compare("alfa", "alfa[dense]", "Alfa on the truncated base against Alfa on the dense layers (full SVD)")
+        compare("alfa[dense]", "source-only[dense]", "Alfa on the dense model against its own dense base")
+    elif name == "loss":
+        compare("alfa", "alfa[loss=augment]", "Flip-symmetry loss against augmentation consistency")
+        compare("alfa", "source-only", "Flip-symmetry loss against no adaptation")
+        compare("alfa[loss=augment]", "source-only", "Augmentation consistency against no adaptation")
+        if "alfa" in present and "source-only" in present:
+            worse = [
+                p
+                for p in pairs
+                if cell(idx, "alfa", p)
+                and cell(idx, "source-only", p)
+                and cell(idx, "alfa", p).mean >= cell(idx, "source-only", p).mean
+            ]
+            if worse:
+                lines.append(f"The flip loss does not help (Alfa not below source-only) on: {', '.join(worse)}.")
+            else:
+                lines.append(
+                    f"With the flip loss Alfa is below source-only on every ablation pair ({', '.join(pairs)})."
+                )
+        if "alfa" in present and "alfa[loss=augment]" in present:
+            worse = [
+                p
+                for p in pairs
+                if cell(idx, "alfa", p)
+                and cell(idx, "alfa[loss=augment]", p)
+                and cell(idx, "alfa", p).mean >= cell(idx, "alfa[loss=augment]", p).mean
+            ]
+            if worse:
+                lines.append(f"The flip loss is not better than augmentation consistency on: {', '.join(worse)}.")
+    elif name == "detach":
+        compare("alfa", "alfa[flip not detached]", "Flipped branch detached (default) against not detached")
+    elif name == "steps":
+        sweep("alfa", "steps")
+        sweep("lora", "steps")
+    return lines
+
+
+ABLATION_TITLES = {
+    "heads": ("Heads H", "Alfa with H heads (rank r and SVD rank d at their defaults)."),
+    "rank": ("Low rank r", "Alfa's low rank r, and LoRA's rank r with α = 2r (scale α/r = 2 as in the default)."),
+    "svd_rank": (
+        "SVD rank d",
+        "The dense source model truncated at rank d and recovered the same way; no adaptation and Alfa on each.",
+    ),
+    "gate": ("Diagonal gate instead of attention", "V_adapt = diag(1+γ) V_base, γ = 0 at the start."),
+    "mix": ("Linear mix without softmax", "V_adapt = V_base + B A V_base (Alfa's projection without attention)."),
+    "truncation": (
+        "Without truncation",
+        "Alfa on the dense pre-trained model (before truncation), on the same layers, each with the dictionary "
+        "of its full SVD (d = min(m, n), up to 512).",
+    ),
+    "loss": (
+        "Flip loss against augmentation consistency",
+        "The same batch; the loss asks the augmented copy to match the original (detached).",
+    ),
+    "detach": (
+        "Flipped branch detached or not",
+        "With `detach_flipped=False` both branches of the flip loss get gradients.",
+    ),
+    "steps": (
+        "Number of steps",
+        "Each step count is its own personalization run (never a per-step evaluation used to pick).",
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- protocol
+
+
+def _config_lines(results: dict[str, Any], idx: Index) -> list[str]:
+    c = results.get("config", {})
+    rec = c.get("personalize", {})
+    pre, recov = c.get("pretrain", {}), c.get("recovery", {})
+    meta, oracle = c.get("meta", {}), c.get("oracle", {})
+    seeds = ", ".join(map(str, _seeds_of(idx))) or "—"
+    n_adapt = rec.get("n_adapt") or 0
+    size = c.get("image_size")
+    tp = c.get("target_persons")
+    targets = "every person (15 and 14)" if tp is None else f"{tp} persons"
+    scored = (c.get("target_images") or 0) - n_adapt
+    detached = "detached" if rec.get("detach_flipped") else "not detached"
+    bullets = [
+        [
+            f"**Preset** `{results.get('preset')}`; **seeds** {seeds}.",
+            "A seed sets the source model (initial weights, batch order, recovery) and the personalization",
+            "(adapter init, augmentation draws); the data are the same for every seed.",
+        ],
+        [
+            f"**Data**: the synthetic worlds (`docs/synthetic.md`), {size}×{size} faces.",
+            f"Sources E = `eth`, G = `gaze360`: {c.get('source_persons')} persons × {c.get('source_images')} images",
+            f"for training, {c.get('val_persons')} held-out persons × {c.get('val_images')} images (the domains'",
+            f"`val` split) for the in-domain row. Targets M = `mpii`, D = `eyediap`: {targets} ×",
+            f"{c.get('target_images')} images; the first {n_adapt} of each person are the adaptation images,",
+            f"the other {scored} are scored.",
+        ],
+        [
+            f"**Source model** per (source, seed): `{c.get('model')}` pre-trained {pre.get('epochs')} epochs",
+            f"(Adam, lr {pre.get('lr')}, batch {pre.get('batch_size')}, L1 + symmetry term of weight",
+            f"{pre.get('symmetry_weight')}), truncated at SVD rank d = {c.get('rank')}, recovered",
+            f"{recov.get('epochs')} epochs (lr {recov.get('lr')}), canonicalized. Every method of a (pair, seed)",
+            "starts from this same truncated + recovered base.",
+        ],
+        [
+            f"**Personalization recipe** (every adapter method, spec §4): the {n_adapt} adaptation images, one",
+            f"augmented copy of each, and the horizontal flips of all, in one batch; loss `{rec.get('loss')}`",
+            f"(flipped branch {detached}); AdamW lr {rec.get('lr')} (×10 on layer3/layer4), weight decay",
+            f"{rec.get('weight_decay')}; BatchNorm in eval mode; **{rec.get('steps')} steps** for every method;",
+            "the last step is the result. Nothing is chosen on target labels.",
+        ],
+        [
+            f"**Alfa**: H = {c.get('alfa_heads')} heads, r = {c.get('alfa_rank')}, on every factorized layer.",
+            "Baselines at their defaults (`docs/adapters.md`): rank 8, α = 16 for LoRA/MoSLoRA/DoRA, α = 8 for",
+            "PiSSA/MiLoRA, FLoRA with full kernel modes; BitFit trains biases and BatchNorm affines; full",
+            "fine-tuning trains everything.",
+        ],
+        [
+            f"**TPGaze**: prompts (Gaussian init, σ = {c.get('tpgaze_init_std')}) meta-trained once per",
+            f"(source, seed) base ({meta.get('epochs')} epochs × {meta.get('steps_per_epoch')} meta-steps,",
+            f"batches of {meta.get('batch_size')}, inner/outer Adam lr {meta.get('inner_lr')}/{meta.get('outer_lr')}),",
+            "then personalized with its own optimizer (Adam, lr 0.01, prompts only) on the same images, loss and",
+            "step count (`docs/tpgaze.md`).",
+        ],
+        [
+            "**Oracle** (the headroom, not a competitor): per target person, every parameter fine-tuned with",
+            f"labels on the {n_adapt} adaptation images plus {oracle.get('extra_images')} more labelled images of",
+            "the same person that are never scored (rendered after the scored ones); the recipe's optimizer",
+            f"(AdamW lr {oracle.get('lr')}, ×10 on layer3/layer4, weight decay {oracle.get('weight_decay')}) with the",
+            f"supervised L1 loss, {oracle.get('steps')} steps on batches of {oracle.get('batch_size')}, BatchNorm in",
+            "eval mode. Scored on the same images as every method.",
+        ],
+        [
+            "**Error**: angular error in degrees per person over that person's scored images, then the unweighted",
+            "mean over persons: one number per record (method, pair, seed). Tables show the mean ± sample standard",
+            "deviation over seeds of those numbers; one seed gives no ±.",
+        ],
+        [
+            "**Differences**: a − b per seed on the same base (mean over the pairs concerned), averaged over seeds,",
+            "± the sample standard deviation of the per-seed differences. *Clear*: |Δ| above that standard",
+            "deviation with the same sign in every seed; otherwise *within the spread*. One seed: no spread, never",
+            "clear. Persons: how many (pair, seed, person) cases have the lower error.",
+        ],
+        [
+            "**Costs**: trainable = tensors the optimizer updates; params at inference = after `alfa.merge`",
+            "(LoRA-style updates of a factorized layer are densified; TPGaze's prompts cannot be merged and stay",
+            "attached); exact compact merge = `merged_extended()` (rank d + r); per-user file =",
+            "`alfa.save_adapter`; s / user = wall time of one person's personalization (not its evaluation);",
+            "CPU s / user = process CPU time per person; peak RSS = the process's peak resident memory during the",
+            "record's personalizations (Linux VmHWM, reset before) and its increase over the memory just before",
+            "(memory freed by earlier work stays resident, so the increase is a lower bound);",
+            f"latency = median of one forward of {c.get('latency_batch')} target images through the merged model",
+            "and through the base, interleaved.",
+        ],
+    ]
+    return ["- " + " ".join(parts) for parts in bullets]
+
+
+def _runs_lines(results: dict[str, Any]) -> list[str]:
+    runs = results.get("runs", [])
+    if not runs:
+        return ["No run metadata."]
+    wall = sum(r.get("wall_s", 0.0) for r in runs)
+    cpu = sum(r.get("cpu_s", 0.0) for r in runs)
+    rows = []
+    for r in runs:
+        sel = r.get("selection", {})
+        rows.append(
+            [
+                f"`{r.get('command') or '(library call)'}`",
+                str(r.get("started", "")),
+                f"{r.get('wall_s', 0.0) / 60:.1f}",
+                f"{r.get('cpu_s', 0.0) / 60:.1f}",
+                str(r.get("records_run", 0)),
+                str(sel.get("threads", "")),
+                f"{r.get('load_average_start', float('nan')):.1f} / {r.get('load_average_end', float('nan')):.1f}",
+                "yes" if r.get("finished") else "no (interrupted)",
+            ]
+        )
+    lines = [
+        f"The records come from {len(runs)} run(s) of the benchmark, **{wall / 60:.1f} min wall time, "
+        f"{cpu / 60:.1f} min "
+        f"CPU time** in total (on {runs[0].get('cpus')} CPUs; torch {runs[0].get('torch')}).",
+        "",
+        _table(
+            ["command", "started", "wall (min)", "CPU (min)", "records", "threads", "load avg start / end", "finished"],
+            rows,
+            "llrrrrrl",
+        ),
+    ]
+    return lines
+
+
+def _source_lines(results: dict[str, Any]) -> list[str]:
+    sources = results.get("sources", {})
+    if not sources:
+        return []
+    rows = []
+    for key in sorted(sources):
+        s = sources[key]
+        e = (s.get("truncation") or {}).get("errors") or {}
+        secs = s.get("seconds") or {}
+        tp = s.get("tpgaze_meta") or {}
+        source, _, seed = key.partition("|")
+        rows.append(
+            [
+                f"{source}, {seed.replace('seed', 'seed ')}",
+                _num(e.get("before_truncation")),
+                _num(e.get("after_truncation")),
+                _num(e.get("after_recovery")),
+                _num(tp.get("final_val_error")),
+                "cache"
+                if s.get("from_cache")
+                else f"{(secs.get('pretrain', 0) + secs.get('truncate_recover', 0)) / 60:.1f}",
+            ]
+        )
+    return [
+        _table(
+            [
+                "source, seed",
+                "held-out error, dense",
+                "truncated",
+                "recovered",
+                "with TPGaze's meta-trained prompts",
+                "build (min)",
+            ],
+            rows,
+        )
+    ]
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def render_figures(results: dict[str, Any], results_dir: Path | None, figure_dir: Path) -> dict[str, Path]:
+    """Every figure of the report, written to ``figure_dir``; returns name -> path."""
+    from . import figures as F
+
+    idx = index_records(results.get("records", []))
+    layout = results.get("layout", {}).get("ablations", {})
+    out: dict[str, Path] = {}
+    for name, setting, families, title in (
+        ("heads", "heads H", ("alfa",), "error vs heads (Alfa)"),
+        ("rank", "rank r", ("alfa", "lora"), "error vs low rank r (Alfa; LoRA dashed)"),
+        ("svd_rank", "SVD rank d", ("alfa", "source-only"), "error vs SVD rank d"),
+        ("steps", "steps", ("alfa", "lora"), "error vs personalization steps (Alfa; LoRA dashed)"),
+    ):
+        rows = layout.get(name, [])
+        if not rows:
+            continue
+        labels = {r["label"] for r in rows}
+        pairs = [p for p in _pairs_of(idx) if any((lab, p, s) in idx for lab in labels for s in _seeds_of(idx))]
+        curves = {}
+        for fam in families:
+            for p in pairs:
+                pts = _curve(idx, rows, fam, [p])
+                if len(pts) >= 2:
+                    curves[f"{fam} {p}"] = pts
+        if curves:
+            out[name] = F.plot_curves(curves, figure_dir / f"error_vs_{name}.png", xlabel=setting, title=title)
+    if results_dir is not None:
+        data_dir = results_dir / "figure_data"
+        path = data_dir / "rank_slices.safetensors"
+        if path.is_file():
+            tensors, meta = F.load_figure_data(path)
+            out["rank_slices"] = F.plot_rank_slices(tensors, meta, figure_dir / "rank_slices.png")
+        path = data_dir / "updates.safetensors"
+        if path.is_file():
+            tensors, meta = F.load_figure_data(path)
+            out["updates"] = F.plot_update_maps(tensors, meta, figure_dir / "update_maps.png")
+    return out
+
+
+def update_rank_lines(figure_data: dict[str, Any] | None) -> list[str]:
+    """A sentence on the numerical rank of each shown ΔW (from the update-map data)."""
+    from .figures import numerical_rank
+
+    if not figure_data:
+        return []
+    tensors, meta = figure_data
+    parts = []
+    for method, info in sorted(meta.get("methods", {}).items()):
+        ranks = [numerical_rank(tensors[f"{method}/{p}"]) for p in info["persons"] if f"{method}/{p}" in tensors]
+        norms = [float(tensors[f"{method}/{p}"].norm()) for p in info["persons"] if f"{method}/{p}" in tensors]
+        if ranks:
+            parts.append(
+                f"{_name(method)}: numerical rank {', '.join(map(str, ranks))} "
+                f"(‖ΔW‖_F {', '.join(f'{n:.3g}' for n in norms)})"
+            )
+    if not parts:
+        return []
+    return [
+        f"Update maps of `{meta.get('layer')}` ({meta.get('m')}×{meta.get('n')}), persons "
+        f"{', '.join(next(iter(meta['methods'].values()))['persons'])}: " + "; ".join(parts) + ". Numerical rank: "
+        "the number of singular values of ΔW above 10⁻³ times the largest.",
+        "",
+    ]
+
+
+def render_report(
+    results: dict[str, Any],
+    *,
+    figures: dict[str, Path] | None = None,
+    figure_data: Any = None,
+    md_dir: Path | None = None,
+    command: str | None = None,
+    source: str | None = None,
+) -> str:
+    """The markdown text of the report (figures, if given, are linked relative to ``md_dir``)."""
+    idx = index_records(results.get("records", []))
+    figures = figures or {}
+    layout = results.get("layout", {}).get("ablations", {})
+
+    def fig(name: str, caption: str) -> list[str]:
+        if name not in figures:
+            return []
+        rel = os.path.relpath(figures[name], md_dir) if md_dir is not None else str(figures[name])
+        return [f"![{caption}]({rel})", "", f"*{caption}*", ""]
+
+    seeds = _seeds_of(idx)
+    main = main_verdicts(idx)
+    sanity = sanity_verdicts(idx)
+    lines = [
+        "# Benchmark results",
+        "",
+        f"<!-- Generated by `{command or 'alfa report'}` from `{source or 'results.json'}`. Do not edit by hand: "
+        "re-run the command. -->",
+        "",
+        f"Generated by `{command or 'alfa report'}` from `{source or 'results.json'}` (preset "
+        f"`{results.get('preset')}`, {len(idx)} records, seeds {', '.join(map(str, seeds)) or '—'}). Every number and "
+        "every sentence below is computed from that file. The data are the synthetic worlds, not the paper's "
+        "datasets: these tables reproduce the *form* of the paper's evidence, not its numbers.",
+        "",
+    ]
+    if len(seeds) < 3:
+        lines += [
+            f"**Only {len(seeds)} seed(s)**: this is not the full benchmark (≥ 3 seeds); differences below cannot be "
+            "told from noise.",
+            "",
+        ]
+    lines += ["## Summary", "", *(f"- {s}" for s in main[:1] + sanity[:2] + main[1:]), ""]
+    for name, rows in layout.items():
+        if name in ("heads", "loss", "truncation", "gate", "mix"):
+            _, pairs = ablation_table(idx, rows)
+            if pairs:
+                lines += [f"- ({ABLATION_TITLES[name][0]}) {s}" for s in ablation_verdicts(idx, name, rows, pairs)[:2]]
+    lines += ["", "## Protocol", "", *_config_lines(results, idx), "", "### Runs", "", *_runs_lines(results), ""]
+    src_lines = _source_lines(results)
+    if src_lines:
+        lines += [
+            "### Source models",
+            "",
+            "Error (deg) of each source model on its held-out source persons (all their images), as built.",
+            "",
+            *src_lines,
+            "",
+        ]
+    lines += [
+        "## Sanity: domain gap and headroom",
+        "",
+        "In-domain: the truncated + recovered base on held-out persons of its own source (their images after the first "
+        "few, like the targets). Source-only: the same base on the target. Oracle: per-person supervised fine-tuning "
+        "(see Protocol). Domain gap = source-only − in-domain; headroom = source-only − oracle (means over seeds). "
+        "Constant prediction: the error of always predicting the set's mean gaze, a measure of how spread its labels "
+        "are (a narrow-range target is easier for any model).",
+        "",
+        sanity_table(idx),
+        "",
+        *(f"- {s}" for s in sanity),
+        "",
+        "## Table 1: cross-domain personalization error (deg)",
+        "",
+        "Mean over persons per record, then mean ± std over seeds; **bold**: lowest on the pair. Params at inference: "
+        "after merging the adapter (see Costs).",
+        "",
+        table1(idx),
+        "",
+        *(f"- {s}" for s in main),
+        "",
+        "Per person (all pairs and seeds pooled):",
+        "",
+        person_table(idx),
+        "",
+    ]
+    if "tpgaze" in {m for (m, _, _) in idx}:
+        rows = []
+        for pair in _pairs_of(idx):
+            meta_only = {
+                s: r["meta_only"]["error_deg"]
+                for (m, p, s), r in idx.items()
+                if m == "tpgaze" and p == pair and r.get("meta_only")
+            }
+            full = cell(idx, "tpgaze", pair)
+            if meta_only and full:
+                rows.append([pair, Stat(meta_only).format(), full.format()])
+        if rows:
+            lines += [
+                "TPGaze with its meta-trained prompts before any personalization step, and after its steps:",
+                "",
+                _table(["pair", "meta-trained prompts only", "TPGaze (after personalization)"], rows),
+                "",
+            ]
+    lines += [
+        "## Table 2: the LoRA family against Alfa, with merged sizes",
+        "",
+        "Same recipe and steps. Params after merge: `alfa.merge` (LoRA-style updates of the factorized layers are "
+        "densified, which brings back the dense layer); exact compact merge: the same function stored as a "
+        "factorization of rank d + r (`merged_extended`).",
+        "",
+        table2(idx),
+        "",
+        "## Ablations",
+        "",
+    ]
+    for name, rows in layout.items():
+        table, pairs = ablation_table(idx, rows, extra_params=name in ("heads", "rank", "gate", "mix", "truncation"))
+        if not pairs:
+            continue
+        title, what = ABLATION_TITLES.get(name, (name, ""))
+        lines += [f"### {title}", "", what, "", table, ""]
+        lines += [f"- {s}" for s in ablation_verdicts(idx, name, rows, pairs)]
+        lines += [""]
+        lines += fig(name, f"Error against the setting ({title}): mean ± std over seeds, one line per pair.")
+    cost_labels = [m for m in (*MAIN_ORDER, "oracle", "diag_gate", "linear_mix", "alfa[dense]") if _records_of(idx, m)]
+    lines += [
+        "## Costs",
+        "",
+        "Medians over the records of each method (peak memory: the maximum). Measured in the benchmark run itself, on "
+        "a shared machine: wall times depend on the load (see Runs), CPU times less so.",
+        "",
+        cost_table(idx, cost_labels),
+        "",
+        "## Figures",
+        "",
+    ]
+    lines += fig(
+        "rank_slices",
+        "SVD rank-slice maps (the paper's Figure 4): the response of single dictionary filters "
+        "V_base[s] = S_d[s] V_d[s] "
+        "of one truncated layer on two target persons, side by side.",
+    )
+    lines += fig(
+        "updates",
+        "Update maps (the paper's Figure 5): the personalized ΔW of one layer for three target persons, Alfa and LoRA.",
+    )
+    lines += update_rank_lines(figure_data)
+    failed = [(r["id"], r["failed"]) for r in results.get("records", []) if r.get("failed")]
+    lines += ["## Records", "", f"{len(results.get('records', []))} records in `{source or 'results.json'}`."]
+    if failed:
+        lines += ["", "Persons whose personalization failed (left out of that record's mean):", ""]
+        lines += [f"- `{rid}`: {fails}" for rid, fails in failed]
+    else:
+        lines += ["No personalization failed."]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def build_report(
+    results_path: str | os.PathLike,
+    out_md: str | os.PathLike = "docs/results.md",
+    figure_dir: str | os.PathLike | None = None,
+    command: str | None = None,
+) -> Path:
+    """Read ``results.json`` (or its folder), render the figures and write the markdown report."""
+    from .runner import load_results
+
+    results_path = Path(results_path)
+    results = load_results(results_path)
+    results_dir = results_path if results_path.is_dir() else results_path.parent
+    out_md = Path(out_md)
+    figure_dir = Path(figure_dir) if figure_dir is not None else out_md.parent / "figures" / "results"
+    figures = render_figures(results, results_dir, figure_dir)
+    updates = results_dir / "figure_data" / "updates.safetensors"
+    figure_data = None
+    if updates.is_file():
+        from .figures import load_figure_data
+
+        figure_data = load_figure_data(updates)
+    text = render_report(
+        results,
+        figures=figures,
+        figure_data=figure_data,
+        md_dir=out_md.parent,
+        command=command,
+        source=str(results_path),
+    )
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_md.with_name(out_md.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, out_md)
+    return out_md

@@ -1,0 +1,41 @@
+"""The synthetic multi-domain gaze benchmark (spec gaze-data §3): a procedural face renderer and four
+named domains (sources ``eth`` and ``gaze360``, targets ``mpii`` and ``eyediap``).
+
+    >>> from alfa.data.synthetic import make_domain
+    >>> train = make_domain("eth")                  # source persons p00..p59
+    >>> held_out = make_domain("eth", split="val")  # different persons v00..v09
+    >>> target = make_domain("mpii")                # 15 target persons p00..p14
+
+See ``docs/synthetic.md``; ``python -m alfa.data.synthetic --help`` regenerates its figure and tables.
+"""
+
+from .domains import (
+    ANATOMY,
+    DOMAINS,
+    SPLITS,
+    DomainConfig,
+    get_domain,
+    list_domains,
+    make_domain,
+    render_person,
+    sample_persons,
+    sample_scenes,
+)
+from .render import FaceParams, gaze_labels, head_rotation, render_faces
+
+__all__ = [
+    "ANATOMY",
+    "DOMAINS",
+    "SPLITS",
+    "DomainConfig",
+    "FaceParams",
+    "gaze_labels",
+    "get_domain",
+    "head_rotation",
+    "list_domains",
+    "make_domain",
+    "render_faces",
+    "render_person",
+    "sample_persons",
+    "sample_scenes",
+]

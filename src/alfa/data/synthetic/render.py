@@ -1,0 +1,514 @@
+"""The face renderer of the synthetic gaze world: parameters in, batches of RGB face crops out.
+
+Everything is float math on pixel grids, batched over images; there is no per-pixel Python loop.
+
+Frames. Directions use the field's ``(yaw, pitch)`` map ``d = (cos p · sin y, sin p, cos p · cos y)``
+(spec gaze-data §1). The renderer works in that "d-frame": ``x`` points to the image's left, ``y`` up,
+``z`` from the face towards the camera, so a face looking straight into the camera has ``d = (0, 0, 1)``
+and a positive gaze yaw moves the iris towards the image's left. The camera is orthographic (a
+normalized face crop): pixel ``(row i, column j)`` sees the d-frame point ``x = -u_j``, ``y = -v_i``,
+where ``u, v`` run over pixel centres in ``[-1, 1]``. Pixel centres are symmetric about the middle,
+so the horizontal flip of the grid is exactly ``x -> -x``.
+
+The head is an ellipsoid rotated by ``R = Ry(yaw) · Rx(pitch) · Rz(roll)``; every pixel is traced to
+the front surface and the face is a texture in head coordinates (hair, brows, eye openings, mouth,
+glasses), so the whole layout follows the head pose, including foreshortening and the far eye
+vanishing behind the head. The eyeballs rotate inside the head: the iris is a disc on the eyeball
+along the *optical* axis, while the gaze label is the *visual* axis, which differs by the person's
+kappa angle (invisible in the image, so even a perfect image model has a per-person floor).
+
+Flip law. Mirroring the scene (``FaceParams.mirrored``: negate every left/right-odd parameter, such as
+yaws, roll, kappa yaw, asymmetries, light azimuth, and flip the noise field) conjugates every
+rotation by ``diag(-1, 1, 1)`` and so renders the horizontally flipped image, up to float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...gaze.geometry import pitchyaw_to_vector, vector_to_pitchyaw
+
+__all__ = ["FaceParams", "render_faces", "gaze_labels", "head_rotation", "NOISE_CHANNELS"]
+
+NOISE_CHANNELS = 4
+"""The noise field has one luminance channel and three chroma channels (standard normal)."""
+
+# Parameters that change sign under the left/right mirror; all others are unchanged.
+_MIRROR_ODD = frozenset(
+    {
+        "head_yaw",
+        "head_roll",
+        "eye_yaw",
+        "kappa_yaw",
+        "eye_sep_asym",
+        "eye_y_asym",
+        "eye_w_asym",
+        "eye_open_asym",
+        "brow_asym",
+        "nose_dx",
+        "mouth_dx",
+        "hair_part",
+        "shift_x",
+        "light_az",
+        "light_grad",
+        "bg_grad_x",
+        "label_noise_yaw",
+    }
+)
+
+
+@dataclass
+class FaceParams:
+    """Everything that determines one rendered face crop and its label, as a batch.
+
+    Every field is a float tensor of shape ``(B,)`` or ``(B, 3)`` (colours, RGB in [0, 1]). Lengths are
+    in head units (the head's half-width is about 0.7; the crop spans [-1, 1]); angles in radians.
+    Identity fields are constant over a person's images; scene fields vary per image.
+    """
+
+    # --- identity: head shape and colours
+    face_w: Tensor  # ellipsoid half-width
+    face_h: Tensor  # ellipsoid half-height
+    face_d: Tensor  # ellipsoid half-depth
+    skin: Tensor  # (B, 3) skin albedo
+    hair: Tensor  # (B, 3) hair and brow colour
+    iris: Tensor  # (B, 3) iris colour
+    sclera: Tensor  # (B, 3) white of the eye
+    # --- identity: eyes (each eye's value is base · (1 ± asym) or base ± asym; "outward" is away from the nose)
+    eye_sep: Tensor  # half distance between eye centres
+    eye_y: Tensor  # eye height on the face
+    eye_w: Tensor  # half-width of the eye opening
+    eye_open: Tensor  # upper lid height relative to eye_w
+    eye_low: Tensor  # lower lid depth relative to eye_w
+    eye_tilt: Tensor  # canthal tilt: outer corner up if positive
+    lid_skew: Tensor  # upper lid peak shifted inward if positive
+    lid_follow: Tensor  # how much the upper lid follows the eye's pitch
+    ball_r: Tensor  # eyeball radius
+    iris_r: Tensor  # iris radius
+    eye_sep_asym: Tensor
+    eye_y_asym: Tensor
+    eye_w_asym: Tensor
+    eye_open_asym: Tensor
+    kappa_yaw: Tensor  # visual axis minus optical axis, in the head frame
+    kappa_pitch: Tensor
+    # --- identity: brows, nose, mouth, hair, glasses
+    brow_gap: Tensor
+    brow_arch: Tensor
+    brow_t: Tensor
+    brow_asym: Tensor
+    nose_dx: Tensor
+    nose_len: Tensor
+    nose_h: Tensor  # nose bump height (shading only)
+    mouth_y: Tensor
+    mouth_w: Tensor
+    mouth_curve: Tensor  # smile if negative (the mouth corners go up)
+    mouth_dx: Tensor
+    hair_y: Tensor  # hairline height at the parting
+    hair_part: Tensor
+    glasses: Tensor  # 0 or 1
+    glasses_rim: Tensor  # rim thickness
+    glasses_tint: Tensor
+    # --- scene: pose and gaze
+    head_yaw: Tensor
+    head_pitch: Tensor
+    head_roll: Tensor
+    eye_yaw: Tensor  # visual axis in the head frame
+    eye_pitch: Tensor
+    shift_x: Tensor  # crop misalignment (d-frame units) of the face centre
+    shift_y: Tensor
+    scale: Tensor  # crop scale
+    label_noise_yaw: Tensor  # annotation error added to the label only
+    label_noise_pitch: Tensor
+    # --- scene: light
+    light_az: Tensor  # light direction azimuth (positive: from the image's left)
+    light_el: Tensor  # elevation (positive: from above)
+    ambient: Tensor
+    diffuse: Tensor
+    light_rgb: Tensor  # (B, 3) light colour
+    light_grad: Tensor  # left-right illumination falloff over the crop
+    specular: Tensor  # strength of glints on cornea and lenses
+    bg: Tensor  # (B, 3) background colour
+    bg_grad_x: Tensor
+    bg_grad_y: Tensor
+    # --- scene: camera
+    exposure: Tensor
+    white_balance: Tensor  # (B, 3) channel gains (colour cast)
+    vignette: Tensor
+    blur: Tensor  # Gaussian sigma in camera pixels at the reference size (at most 1)
+    noise_read: Tensor  # signal-independent noise std
+    noise_shot: Tensor  # signal-dependent noise: std = noise_shot · sqrt(signal)
+    noise_chroma: Tensor  # fraction of the noise that is per-channel (colour speckle)
+    gamma: Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.face_w.shape[0]
+
+    def mirrored(self) -> FaceParams:
+        """The left/right mirror image of every scene in the batch (see the module docstring)."""
+        return replace(self, **{name: -getattr(self, name) for name in _MIRROR_ODD})
+
+    def select(self, index: Tensor | slice) -> FaceParams:
+        return FaceParams(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    @staticmethod
+    def cat(parts: list[FaceParams]) -> FaceParams:
+        return FaceParams(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(FaceParams)})
+
+
+def head_rotation(yaw: Tensor, pitch: Tensor, roll: Tensor) -> Tensor:
+    """``(B, 3, 3)`` rotation ``Ry(yaw) Rx(pitch) Rz(roll)``: maps the head's forward axis ``(0, 0, 1)``
+    to the d-frame direction of ``(yaw, pitch)``; under the mirror it becomes ``R(-yaw, pitch, -roll)``."""
+    cy, sy = torch.cos(yaw), torch.sin(yaw)
+    cp, sp = torch.cos(pitch), torch.sin(pitch)
+    cr, sr = torch.cos(roll), torch.sin(roll)
+    one, zero = torch.ones_like(yaw), torch.zeros_like(yaw)
+    ry = torch.stack([cy, zero, sy, zero, one, zero, -sy, zero, cy], -1).view(-1, 3, 3)
+    rx = torch.stack([one, zero, zero, zero, cp, sp, zero, -sp, cp], -1).view(-1, 3, 3)
+    rz = torch.stack([cr, -sr, zero, sr, cr, zero, zero, zero, one], -1).view(-1, 3, 3)
+    return ry @ rx @ rz
+
+
+def _direction(yaw: Tensor, pitch: Tensor) -> Tensor:
+    return pitchyaw_to_vector(torch.stack([yaw, pitch], -1))
+
+
+def gaze_labels(p: FaceParams) -> Tensor:
+    """``(B, 2)`` gaze labels ``(yaw, pitch)``: the visual axis in the camera frame, plus annotation noise."""
+    rot = head_rotation(p.head_yaw, p.head_pitch, p.head_roll)
+    visual = (rot @ _direction(p.eye_yaw, p.eye_pitch).unsqueeze(-1)).squeeze(-1)
+    label = vector_to_pitchyaw(visual)
+    return label + torch.stack([p.label_noise_yaw, p.label_noise_pitch], -1)
+
+
+def _soft(signed_distance: Tensor, pixel: float | Tensor) -> Tensor:
+    """Coverage of a shape from its signed distance (positive inside): a one-pixel linear ramp, which
+    anti-aliases edges and keeps sub-pixel motion (the iris moves by fractions of a pixel) visible."""
+    return (0.5 + signed_distance / pixel).clamp(0.0, 1.0)
+
+
+class _Painter:
+    """Paints flat-coloured layers from the top down, in one channel: each layer's weight is its
+    coverage times what the layers above let through, and the colour is one batched matrix product
+    at the end. This keeps the per-pixel work single-channel, which is most of the renderer's speed."""
+
+    def __init__(self, like: Tensor, layers: int, through: Tensor | None = None) -> None:
+        b, h, w = like.shape
+        self.through = torch.ones_like(like) if through is None else through
+        self.weights = torch.empty(b, layers, h, w, dtype=like.dtype)
+        self.colours = torch.empty(b, 3, layers, dtype=like.dtype)
+        self.count = 0
+
+    def paint(self, coverage: Tensor, colour: Tensor, shade: Tensor | None = None) -> None:
+        """A layer of ``colour`` (B, 3) over ``coverage`` (B, H, W) in [0, 1], its colour scaled by ``shade``."""
+        weight = self.weights[:, self.count]
+        torch.mul(coverage, self.through, out=weight)
+        self.through = self.through - weight
+        if shade is not None:
+            weight.mul_(shade)
+        self.colours[:, :, self.count] = colour
+        self.count += 1
+
+    def darken(self, amount: Tensor) -> None:
+        """A black layer of partial coverage: everything below is dimmed by ``1 - amount``."""
+        self.through = self.through * (1.0 - amount)
+
+    def image(self) -> Tensor:
+        b, k, h, w = self.weights.shape
+        if self.count != k:
+            raise RuntimeError(f"painted {self.count} layers, expected {k}")
+        return torch.bmm(self.colours, self.weights.view(b, k, h * w)).view(b, 3, h, w)
+
+
+def _col(t: Tensor) -> Tensor:
+    """(B,) -> (B, 1, 1), to broadcast a per-image scalar over the pixel grid."""
+    return t[:, None, None]
+
+
+REFERENCE_SIZE = 64
+"""Blur is given in camera pixels of a crop rendered at this size; other sizes scale it, so a domain
+looks the same at every size, only more finely sampled."""
+
+
+def _blur(img: Tensor, sigma: Tensor, radius: int) -> Tensor:
+    """Separable Gaussian blur with a per-image sigma (a depthwise convolution, one kernel per image).
+    The kernel is symmetric and the padding replicates edges, so the blur commutes with the flip. The
+    radius is fixed by the image size alone, so an image's arithmetic never depends on its batch."""
+    b, ch, h, w = img.shape
+    taps = torch.arange(-radius, radius + 1, dtype=img.dtype)
+    kernel = torch.exp(-0.5 * (taps / sigma.clamp_min(1e-3)[:, None]) ** 2)
+    kernel = (kernel / kernel.sum(1, keepdim=True)).repeat_interleave(ch, 0)  # (B·C, K)
+    x = F.pad(img.reshape(1, b * ch, h, w), (radius,) * 4, mode="replicate")
+    x = F.conv2d(x, kernel[:, None, None, :], groups=b * ch)
+    x = F.conv2d(x, kernel[:, None, :, None], groups=b * ch)
+    return x.reshape(b, ch, h, w)
+
+
+class _EyeWindow:
+    """The pixels around one eye: a fixed-size box per batch, placed per image, that provably holds
+    every painted feature of that eye (opening, lids, brow, glasses), so the eye's many per-pixel
+    operations run on about a sixth of the crop. Outside it each feature's coverage is exactly zero."""
+
+    def __init__(self, rows: Tensor, cols: Tensor, r: int) -> None:
+        self.shape = (rows.shape[0], rows.shape[1], cols.shape[1])
+        self.index = (rows[:, :, None] * r + cols[:, None, :]).view(rows.shape[0], -1)  # (B, h·w)
+
+    def gather(self, full: Tensor) -> Tensor:
+        """(B, r, r) -> (B, h, w)."""
+        b = full.shape[0]
+        return full.reshape(b, -1).gather(1, self.index).view(self.shape)
+
+
+def _eye_window(
+    centre: Tensor, half_extent: Tensor, centres: Tensor, pixel: float, full: bool
+) -> tuple[_EyeWindow, Tensor, Tensor]:
+    """The window around image point ``centre`` (B, 2) = (u, v) covering ``half_extent`` (B, 2), and the
+    pixel-centre coordinates ``u`` (B, 1, w) and ``v`` (B, h, 1) inside it."""
+    r = centres.shape[0]
+    b = centre.shape[0]
+    if full:
+        span = torch.arange(r).expand(b, r)
+        return _EyeWindow(span, span, r), centres[span][:, None, :], centres[span][:, :, None]
+    size = (2 * half_extent.amax(0) / pixel).ceil().long() + 3  # (w, h) in pixels, with margin
+    w, h = (min(int(n), r) for n in size)
+    index_centre = (centre + 1.0) / pixel - 0.5  # continuous pixel index of the centre
+    col0 = (index_centre[:, 0] - (w - 1) / 2).round().long().clamp(0, r - w)
+    row0 = (index_centre[:, 1] - (h - 1) / 2).round().long().clamp(0, r - h)
+    cols = col0[:, None] + torch.arange(w)
+    rows = row0[:, None] + torch.arange(h)
+    return _EyeWindow(rows, cols, r), centres[cols][:, None, :], centres[rows][:, :, None]
+
+
+def render_faces(p: FaceParams, noise: Tensor, size: int, *, eye_windows: bool = True) -> Tensor:
+    """Render a batch of face crops.
+
+    ``noise`` is the sensor noise field, standard normal, shape ``(B, 4, r, r)``: ``r`` is the camera's
+    resolution (the scene is rendered at ``r``, then resampled to ``size``, as a normalization warp
+    does with a low-resolution camera). Returns float RGB ``(B, 3, size, size)`` in [0, 1].
+    ``eye_windows=False`` computes the eyes over the whole crop instead of their windows (same image;
+    it exists to test that the windows hold everything).
+    """
+    b, r = p.batch_size, noise.shape[-1]
+    if noise.shape != (b, NOISE_CHANNELS, r, r):
+        raise ValueError(f"noise must be (B, {NOISE_CHANNELS}, r, r) with B={b}, got {tuple(noise.shape)}")
+    centres = (torch.arange(r, dtype=torch.float32) + 0.5) * (2.0 / r) - 1.0
+    u, v = centres.view(1, 1, r), centres.view(1, r, 1)  # image right, image down
+    pixel = 2.0 / r
+
+    rot = head_rotation(p.head_yaw, p.head_pitch, p.head_roll)  # (B, 3, 3)
+    sc = _col(p.scale)
+    a, bb, c = p.face_w * p.scale, p.face_h * p.scale, p.face_d * p.scale
+
+    # --- trace every pixel to the front of the head ellipsoid x^T Q x = 1, Q = R diag(1/a², 1/b², 1/c²) R^T
+    q = rot @ torch.diag_embed(torch.stack([a, bb, c], -1).reciprocal().square()) @ rot.transpose(1, 2)
+    # Like a gaze normalization, the crop is centred on the face centre (midway between eyes and mouth,
+    # on the surface), not on the head's centre, so the face stays in the crop at large head yaw.
+    centre_y = 0.5 * (p.eye_y + p.mouth_y)
+    face_centre = torch.stack([torch.zeros_like(centre_y), centre_y, _surface_z(p, 0.0, centre_y)], -1)
+    origin = torch.stack([p.shift_x, p.shift_y], -1) - (rot @ face_centre.unsqueeze(-1))[:, :2, 0] * p.scale[:, None]
+    px = -u - _col(origin[:, 0])  # (B, 1, r) d-frame x relative to the head centre
+    py = -v - _col(origin[:, 1])  # (B, r, 1)
+    qa = _col(q[:, 2, 2])
+    qb = _col(q[:, 0, 2]) * px + _col(q[:, 1, 2]) * py
+    qc = (_col(q[:, 0, 0]) * px * px - 1.0) + 2 * _col(q[:, 0, 1]) * px * py + _col(q[:, 1, 1]) * py * py
+    disc = qb * qb - qa * qc
+    z = (torch.sqrt(disc.clamp_min(0.0)) - qb) / qa
+    # The projected outline is e = 1 - disc/qa = 1; (1 - sqrt(e)) · radius approximates the distance to it.
+    outline = 1.0 - disc / qa
+    face = _soft((1.0 - torch.sqrt(outline.clamp_min(0.0))) * _col(0.5 * (a + bb)), pixel)
+
+    # Head-frame coordinates of the surface point, in unscaled head units: h = R^T (px, py, z) / scale.
+    def head_coord(k: int) -> Tensor:
+        along_x, along_y, along_z = (_col(rot[:, j, k] / p.scale) for j in range(3))
+        return (along_x * px + along_y * py) + along_z * z
+
+    hx, hy, hz = head_coord(0), head_coord(1), head_coord(2)
+    hpix = pixel / p.scale  # a pixel in head units (ignoring foreshortening), (B,)
+
+    light = _direction(p.light_az, p.light_el)  # (B, 3), d-frame, pointing towards the light
+    light_head = (rot.transpose(1, 2) @ light.unsqueeze(-1)).squeeze(-1)
+    half = light + torch.tensor([0.0, 0.0, 1.0])
+    half = half / half.norm(dim=-1, keepdim=True)
+    optical_head = _direction(p.eye_yaw - p.kappa_yaw, p.eye_pitch - p.kappa_pitch)
+    optical = (rot @ optical_head.unsqueeze(-1)).squeeze(-1)  # (B, 3) d-frame
+    o_xy = optical[:, :2].norm(dim=-1).clamp_min(1e-6)
+    o_dir_x, o_dir_y = _col(optical[:, 0] / o_xy), _col(optical[:, 1] / o_xy)
+    o_squash = _col(optical[:, 2].clamp_min(0.08))
+    # Pupils contract in bright light; upper lids follow the eye's pitch (they drop when looking down).
+    brightness = p.exposure * (p.ambient + 0.6 * p.diffuse)
+    pupil_frac = _col((0.55 - 0.25 * brightness).clamp(0.25, 0.55))
+    lid_shift = p.lid_follow * optical_head[:, 1]
+    rim_colour = torch.tensor([0.1, 0.09, 0.09]).expand(b, 3)
+    lash_colour = torch.tensor([0.08, 0.06, 0.05]).expand(b, 3)
+    pupil_colour = torch.tensor([0.03, 0.03, 0.03]).expand(b, 3)
+    has_glasses = _col(p.glasses)
+    iris_r = _col(p.iris_r)
+
+    # --- the eyes, each in its window, painted top-down (see _Painter) and scattered into the crop
+    eye_colour = torch.zeros(b, 3, r * r)
+    eye_through = torch.ones(b, r * r)
+    glint = torch.zeros(b, r * r)  # specular spots: corneal reflections and lens glare
+    sockets = torch.zeros_like(hx)  # eye-socket depressions: their coverage and height gradient
+    socket_gx, socket_gy = torch.zeros_like(hx), torch.zeros_like(hx)
+    for side in (1.0, -1.0):  # +1: the eye on the head's +x side (image left when frontal)
+        ex0 = p.eye_sep * (1 + side * p.eye_sep_asym)
+        ey0 = p.eye_y + side * p.eye_y_asym
+        ew0 = p.eye_w * (1 + side * p.eye_w_asym)
+        ex, ey, ew = _col(ex0), _col(ey0), _col(ew0)
+
+        # Sockets shade softly over a wide area, so they are computed over the whole crop.
+        ds = (side * hx - ex) / (1.6 * ew)
+        dt = (hy - ey) / (1.4 * ew)
+        dip = torch.exp((-(ds * ds + dt * dt)).clamp_min(-30.0)) * (hz > 0)
+        sockets = sockets + dip
+        socket_gx = socket_gx + dip * ds * side / ew
+        socket_gy = socket_gy + dip * dt / ew
+
+        # The window: a head-frame box holding every feature below, projected into the image.
+        rim, tilt = p.glasses_rim, p.eye_tilt.abs() * 1.1 * ew0
+        margin = 0.01 + 2 * hpix
+        box_x = torch.maximum(0.8 * ex0 + rim, 1.6 * ew0) + margin
+        brow_top = p.brow_gap + side * p.brow_asym + p.brow_arch.clamp_min(0.0) + 1.4 * p.brow_t
+        lid_top = (0.9 * (1 + p.lid_skew.abs()) + 0.05) * ew0 + 0.02  # the upper lid and its lash line
+        box_up = torch.stack([brow_top, 1.25 * ew0 + 0.02 + rim, lid_top], -1).amax(-1) + tilt + margin
+        box_down = torch.maximum(0.6 * ew0, 1.25 * ew0 - 0.02 + rim) + tilt + margin
+        box_y = ey0 + 0.5 * (box_up - box_down)
+        near_x = (ex0 - box_x).clamp_min(0.0)
+        near_y = torch.minimum((ey0 - box_down).abs(), (ey0 + box_up).abs()) * ((ey0 - box_down) * (ey0 + box_up) > 0)
+        z_top = _surface_z(p, near_x, near_y)
+        z_low = _surface_z(p, ex0 + box_x, torch.maximum((ey0 - box_down).abs(), (ey0 + box_up).abs()), floor=0.0)
+        box_centre = torch.stack([side * ex0, box_y, 0.5 * (z_top + z_low)], -1)
+        box_half = torch.stack([box_x, 0.5 * (box_up + box_down), 0.5 * (z_top - z_low)], -1)
+        centre_img = (rot @ box_centre.unsqueeze(-1))[:, :2, 0] * p.scale[:, None] + origin
+        half_img = (rot[:, :2].abs() @ box_half.unsqueeze(-1))[:, :, 0] * p.scale[:, None]
+        window, wu, wv = _eye_window(-centre_img, half_img, centres, pixel, full=not eye_windows)
+        whx, why, whz = window.gather(hx), window.gather(hy), window.gather(hz)
+
+        up = _col((p.eye_open * (1 + side * p.eye_open_asym) + lid_shift).clamp(0.05, 0.9))
+        low = _col((p.eye_low - 0.3 * lid_shift).clamp(0.1, 0.6))
+        outward = side * whx - ex
+        s = outward / ew  # along the eye, outward positive, both eyes alike
+        t = (why - ey) / ew - _col(p.eye_tilt) * s
+        bell = 1.0 - s * s
+        upper = up * bell * (1.0 - _col(p.lid_skew) * s)
+        whpix = _col(hpix)
+        # Only the face side of the head carries eyes (at extreme yaw the back of the head shows).
+        front = (whz > 0).float()
+        inside = _soft(torch.minimum(upper - t, t + low * bell) * ew, whpix) * front
+        painter = _Painter(whx, layers=6)
+
+        # Glasses: a rim around the eye, a tinted lens with a glare that moves with the light. A lens
+        # spans 80% of the way to the midline, so the two never overlap (their painting order is moot).
+        lens_w = 0.8 * ex
+        gdx = outward / lens_w
+        gdy = (why - ey - 0.02) / (1.25 * ew)
+        rho = torch.sqrt(gdx * gdx + gdy * gdy)
+        to_rim = (rho - 1.0) * torch.minimum(lens_w, 1.25 * ew)  # about the distance to the rim line
+        painter.paint(_soft(0.5 * _col(rim) - to_rim.abs(), whpix) * has_glasses * front, rim_colour)
+        lens = _soft(-to_rim, whpix) * has_glasses * front
+        painter.darken(_col(p.glasses_tint) * lens)
+        rx = gdx - side * 0.55 * _col(light_head[:, 0])
+        ry = gdy - 0.55 * _col(light_head[:, 1])
+        eye_glint = 0.5 * lens * torch.exp((-24.0 * rx * rx - 8.0 * ry * ry).clamp_min(-30.0))
+
+        # The eyeball sits behind the surface; the iris is a disc on it along the optical axis.
+        ball_head = torch.stack([side * ex0, ey0, _surface_z(p, ex0, ey0) - 0.85 * p.ball_r], -1)
+        ball = (rot @ ball_head.unsqueeze(-1))[:, :, 0] * p.scale[:, None]
+        ball[:, :2] += origin
+        wx = -wu - _col(ball[:, 0] + p.scale * p.ball_r * optical[:, 0])
+        wy = -wv - _col(ball[:, 1] + p.scale * p.ball_r * optical[:, 1])
+        along = (wx * o_dir_x + wy * o_dir_y) / o_squash
+        across = wx * o_dir_y - wy * o_dir_x
+        ell = torch.sqrt(along * along + across * across) / sc  # head units
+        lid_shadow = 1.0 - 0.45 * torch.exp(((t - upper) / 0.25).clamp(-30.0, 0.0))
+        painter.paint(inside * _soft(iris_r * pupil_frac - ell, whpix), pupil_colour)
+        ring = 1.0 - 0.5 * ((ell / iris_r - 0.6) / 0.4).clamp(0.0, 1.0)
+        painter.paint(inside * _soft(iris_r - ell, whpix), p.iris, lid_shadow * ring)
+        painter.paint(inside, p.sclera, lid_shadow * (1.0 - 0.3 * (s * s).clamp(max=1.0)))
+
+        # Corneal glint: the light's reflection on the eyeball, fixed by light and eye position, not by gaze.
+        gx = -wu - _col(ball[:, 0] + p.scale * 0.9 * p.ball_r * half[:, 0])
+        gy = -wv - _col(ball[:, 1] + p.scale * 0.9 * p.ball_r * half[:, 1])
+        spot = (0.2 * iris_r * sc).clamp_min(0.45 * pixel)
+        eye_glint = eye_glint + inside * torch.exp((-(gx * gx + gy * gy) / (2 * spot * spot)).clamp_min(-30.0))
+
+        # Lash line above the upper lid, then the brow above that.
+        above = (t - upper) * ew
+        lash = torch.minimum(torch.minimum(above, 0.018 - above), (1.08 - s.abs()) * ew)
+        painter.paint(_soft(lash, whpix) * front, lash_colour)
+        sb = (outward - 0.2 * ew) / (1.35 * ew)
+        brow_c = ey + _col(p.brow_gap + side * p.brow_asym) + _col(p.brow_arch) * (1 - sb * sb)
+        brow = torch.minimum(_col(p.brow_t) * (1.0 - 0.4 * sb) - (why - brow_c).abs(), (1 - sb.abs()) * ew)
+        painter.paint(_soft(brow, whpix) * front, p.hair * 0.9)
+
+        # Into the crop: this eye lies under the eyes painted before it (the same order as one painter).
+        through_above = eye_through.gather(1, window.index)
+        eye_colour.scatter_add_(
+            2, window.index[:, None].expand(b, 3, -1), painter.image().view(b, 3, -1) * through_above[:, None]
+        )
+        eye_through.scatter_(1, window.index, through_above * painter.through.view(b, -1))
+        glint.scatter_add_(1, window.index, eye_glint.view(b, -1))
+
+    # --- the rest of the face, under the eyes
+    painter = _Painter(hx, layers=4, through=eye_through.view(b, r, r))
+    bridge_y = _col(p.eye_y) + 0.05
+    bridge = torch.minimum(0.5 * _col(p.glasses_rim) - (hy - bridge_y).abs(), _col(p.eye_sep) * 0.3 - hx.abs())
+    painter.paint(_soft(bridge, _col(hpix)) * has_glasses, rim_colour)
+    nose_w, nose_top, nose_len = 0.07, _col(p.eye_y) - 0.05, _col(p.nose_len)
+    nostril = torch.zeros_like(hx)
+    for side in (1.0, -1.0):
+        ndx = (hx - _col(p.nose_dx) - side * 0.035) / 0.022
+        ndy = (hy - (nose_top - nose_len)) / 0.014
+        nostril = nostril + torch.exp((-(ndx * ndx + ndy * ndy)).clamp_min(-30.0))
+    painter.darken(0.6 * nostril.clamp(max=1.0))
+    mouth_s = (hx - _col(p.mouth_dx)) / _col(p.mouth_w)
+    mouth_t = hy - (_col(p.mouth_y) + _col(p.mouth_curve) * mouth_s * mouth_s)
+    lips = torch.minimum(0.022 * (1 - mouth_s * mouth_s) - mouth_t.abs(), (1 - mouth_s.abs()) * _col(p.mouth_w))
+    painter.paint(_soft(lips, _col(hpix)), p.skin * torch.tensor([0.72, 0.42, 0.42]))
+    hairline = _col(p.hair_y) - 0.35 * ((hx - _col(p.hair_part)) / _col(p.face_w)) ** 2
+    painter.paint(_soft(hy - hairline, _col(hpix)), p.hair)
+    painter.paint(torch.ones_like(hx), p.skin)
+    albedo = painter.image() + eye_colour.view(b, 3, r, r)
+
+    # --- shading: Lambert on the ellipsoid normal, bent by the nose bump and the eye sockets
+    nx, ny, nz = hx / _col(p.face_w**2), hy / _col(p.face_h**2), hz / _col(p.face_d**2)
+    norm = torch.rsqrt(nx * nx + ny * ny + nz * nz + 1e-12)
+    dx, dy = (hx - _col(p.nose_dx)) / nose_w, (hy - (nose_top - 0.5 * nose_len)) / (0.5 * nose_len)
+    dy2 = dy * dy
+    bump = _col(p.nose_h) * torch.exp((-(dx * dx) - dy2 * dy2).clamp_min(-30.0))
+    socket_depth = 0.05  # the normal tilts by -grad(height), height = -depth · dip
+    nx = nx * norm + bump * 2 * dx / nose_w - socket_depth * socket_gx
+    ny = ny * norm + bump * 4 * dy * dy2 / (0.5 * nose_len) - socket_depth * socket_gy
+    nz = nz * norm
+    lambert = (nx * _col(light_head[:, 0]) + ny * _col(light_head[:, 1]) + nz * _col(light_head[:, 2])) * torch.rsqrt(
+        nx * nx + ny * ny + nz * nz + 1e-12
+    )
+    shade = _col(p.ambient) + _col(p.diffuse) * lambert.clamp_min(0.0) * (1.0 - 0.35 * sockets.clamp(max=1.0))
+    specular = _col(p.specular * p.diffuse) * glint.view(b, r, r)
+    lit = (albedo * shade.unsqueeze(1) + specular.unsqueeze(1)) * face.unsqueeze(1)
+
+    background = p.bg[:, :, None, None] + (_col(p.bg_grad_x) * u + _col(p.bg_grad_y) * v).unsqueeze(1)
+    img = lit + background * (1.0 - face).unsqueeze(1) * _col(p.ambient + 0.5 * p.diffuse).unsqueeze(1)
+
+    # --- camera: uneven illumination, exposure and colour cast, vignetting, optics blur, sensor noise
+    gain = _col(p.exposure) * (1.0 + _col(p.light_grad) * u) * (1.0 - _col(p.vignette) * 0.5 * (u * u + v * v))
+    img = img * gain.unsqueeze(1) * (p.white_balance * p.light_rgb)[:, :, None, None]
+    zoom = size / REFERENCE_SIZE
+    img = _blur(img, p.blur * zoom, radius=math.ceil(3 * zoom))  # sigma up to 1 reference pixel
+    std = torch.sqrt(_col(p.noise_read).unsqueeze(1) ** 2 + _col(p.noise_shot).unsqueeze(1) ** 2 * img.clamp_min(0))
+    chroma = _col(p.noise_chroma).unsqueeze(1)
+    img = img + std * ((1 - chroma) * noise[:, :1] + chroma * noise[:, 1:])
+    img = img.clamp(1e-6, 1.0) ** _col(p.gamma).unsqueeze(1)
+    if r != size:
+        img = F.interpolate(img, size=(size, size), mode="bilinear", align_corners=False, antialias=r > size)
+    return img.clamp(0.0, 1.0)
+
+
+def _surface_z(p: FaceParams, x: Tensor | float, y: Tensor | float, floor: float = 0.05) -> Tensor:
+    """Depth of the head ellipsoid's front surface at head-frame ``(x, y)`` (unscaled), per image."""
+    return p.face_d * torch.sqrt((1 - (x / p.face_w) ** 2 - (y / p.face_h) ** 2).clamp_min(floor))

@@ -1,0 +1,275 @@
+"""The benchmark runner on a tiny configuration: a valid results.json, resumption, atomic writes."""
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import alfa
+import alfa.bench.runner as runner
+from alfa.bench.commands import _pairs, register
+from alfa.bench.runner import (
+    RESULTS_FILE,
+    BenchConfig,
+    OracleConfig,
+    ResultsStore,
+    ablation_variants,
+    load_results,
+    plan_records,
+    run_bench,
+)
+from alfa.checkpoint import load_model
+from alfa.gaze.evaluate import person_errors
+from alfa.gaze.pipeline import open_data
+from alfa.gaze.tpgaze import MetaTrainConfig
+from alfa.gaze.train import TrainConfig
+from alfa.models import list_models, register_model
+
+
+class BenchTinyNet(nn.Module):
+    """A small conv net with ResNet-18's stage names (the layer3/layer4 learning-rate rule applies)."""
+
+    def __init__(self, num_outputs: int = 2) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        cin = 16
+        for i, w in enumerate((16, 24, 32, 32)):
+            stage = nn.Sequential(nn.Conv2d(cin, w, 3, stride=2 if i else 1, padding=1, bias=False), nn.BatchNorm2d(w))
+            setattr(self, f"layer{i + 1}", stage)
+            cin = w
+        self.fc = nn.Linear(cin, num_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn1(self.conv1(x)))
+        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
+            x = torch.relu(stage(x))
+        return self.fc(x.mean((2, 3)))
+
+
+if "bench_tiny_net" not in list_models():
+
+    @register_model
+    def bench_tiny_net(num_outputs: int = 2) -> BenchTinyNet:
+        return BenchTinyNet(num_outputs)
+
+
+REQUIRED = ("method", "pair", "seed", "error_deg", "per_person", "trainable_params", "inference_params")
+REQUIRED += ("adapter_bytes", "seconds_per_user", "id", "config_hash")
+
+
+def tiny(**overrides) -> BenchConfig:
+    """Two target persons of 8 images at 16×16, a 4-person source, 2 personalization steps."""
+    base = BenchConfig.quick()
+    config = dataclasses.replace(
+        base,
+        preset="test",
+        model="bench_tiny_net",
+        image_size=16,
+        source_persons=4,
+        source_images=12,
+        val_persons=2,
+        val_images=8,
+        target_persons=2,
+        target_images=8,
+        rank=6,
+        pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3),
+        recovery=TrainConfig(epochs=1, batch_size=16, lr=1e-4),
+        personalize=dataclasses.replace(base.personalize, steps=2),
+        oracle=OracleConfig(extra_images=4, steps=2, batch_size=4),
+        meta=MetaTrainConfig(epochs=1, steps_per_epoch=2, batch_size=4),
+        heads_values=(1, 8),
+        rank_values=(2, 8),
+        svd_ranks=(4, 6),
+        step_values=(1, 2),
+        slice_layer="layer3.0",
+        update_layer="layer4.0",
+        figure_slices=(0, 1, 3),
+        latency_repeats=1,
+        latency_batch=4,
+        pairs=("E→M",),
+        methods=("source-only", "alfa"),
+        ablations=(),
+    )
+    return dataclasses.replace(config, **overrides)
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    config = tiny(methods=("source-only", "alfa", "in-domain", "oracle"))
+    summary = run_bench(config, out, progress=False)
+    return out, config, summary
+
+
+def test_results_json_has_the_required_records(bench):
+    out, config, summary = bench
+    data = load_results(out)
+    ids = {r["id"] for r in data["records"]}
+    assert ids == {"source-only|E→M|seed0", "alfa|E→M|seed0", "in-domain|E→M|seed0", "oracle|E→M|seed0"}
+    assert sorted(summary.ran) == sorted(ids) and summary.skipped == []
+    for r in data["records"]:
+        assert all(k in r for k in REQUIRED), r["id"]
+        assert r["error_deg"] == pytest.approx(sum(r["per_person"].values()) / len(r["per_person"]))
+    by = {r["method"]: r for r in data["records"]}
+    assert set(by["alfa"]["per_person"]) == {"p00", "p01"}
+    assert set(by["in-domain"]["per_person"]) == {"v00", "v01"}
+    # Alfa merges back into the truncated model: same parameter count as source-only, a per-user file.
+    assert by["alfa"]["inference_params"] == by["source-only"]["inference_params"]
+    assert by["alfa"]["merge"] == "factorized (rank d)"
+    assert by["alfa"]["trainable_params"] > 0 and by["alfa"]["adapter_bytes"] > 0
+    assert 0 < by["alfa"]["compact_bytes"] < by["alfa"]["adapter_bytes"]
+    assert by["alfa"]["steps"] == 2 and by["alfa"]["seconds_per_user"] > 0
+    assert by["oracle"]["labelled_images_per_person"] == 5 + 4
+    assert data["sanity"]["E→M"]["source_only"]["mean"] == pytest.approx(by["source-only"]["error_deg"])
+    assert data["runs"][0]["finished"] and data["runs"][0]["records_run"] == 4
+    assert (out / "figure_data" / "rank_slices.safetensors").is_file()
+    assert (out / "figure_data" / "updates.safetensors").is_file()
+
+
+def test_record_errors_match_the_saved_adapter(bench):
+    """The record's per-person error is the error of the base with that person's adapter file."""
+    out, config, _ = bench
+    data = load_results(out)
+    base, _ = load_model(data["sources"]["E|seed0"]["cache"] + "/recovered/model.safetensors")
+    full = open_data(config.target_spec("M"))
+    target = full.subset([i for p in full.persons() for i in full.person_indices(p)[: config.target_images]])
+    alfa.load_adapter(base, out / "adapters" / "E-M" / "seed0" / "alfa" / "p01.safetensors")
+    error = person_errors(base.eval(), target, ["p01"], config.personalize.n_adapt)["p01"]
+    record = next(r for r in data["records"] if r["method"] == "alfa")
+    assert record["per_person"]["p01"] == pytest.approx(error, abs=1e-5)  # float32, other thread count
+
+
+def test_resume_skips_finished_records(bench, monkeypatch):
+    out, config, _ = bench
+    before = (out / RESULTS_FILE).read_text()
+    calls = []
+    real = runner.personalize_dataset
+    monkeypatch.setattr(runner, "personalize_dataset", lambda *a, **k: calls.append(1) or real(*a, **k))
+    summary = run_bench(config, out, progress=False)
+    assert summary.ran == [] and len(summary.skipped) == 4 and calls == []
+    assert (out / RESULTS_FILE).read_text() == before  # nothing rewritten
+
+    # A record whose configuration changed (here: its stored hash) is run again, and only that one.
+    data = json.loads(before)
+    next(r for r in data["records"] if r["method"] == "alfa")["config_hash"] = "stale"
+    (out / RESULTS_FILE).write_text(json.dumps(data))
+    summary = run_bench(config, out, progress=False)
+    assert summary.ran == ["alfa|E→M|seed0"] and calls == [1]
+    records = load_results(out)["records"]
+    assert len(records) == 4 and next(r for r in records if r["method"] == "alfa")["config_hash"] != "stale"
+
+
+def test_another_protocol_is_refused(bench):
+    out, config, _ = bench
+    with pytest.raises(ValueError, match=r"another benchmark configuration .*differs in: personalize"):
+        run_bench(dataclasses.replace(config, personalize=dataclasses.replace(config.personalize, steps=3)), out)
+    # Selection options may differ between pieces of one benchmark.
+    summary = run_bench(dataclasses.replace(config, methods=("alfa",)), out, progress=False, dry_run=True)
+    assert summary.pending == [] and summary.skipped == ["alfa|E→M|seed0"]
+
+
+def test_interrupted_write_leaves_the_old_file_intact(bench, monkeypatch, tmp_path):
+    out, config, _ = bench
+    before = (out / RESULTS_FILE).read_text()
+    store = ResultsStore(out, config)
+
+    def crash(src, dst):
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr("alfa.gaze.evaluate.os.replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        store.add_record({"id": "x|E→M|seed0", "config_hash": "h", "method": "x", "pair": "E→M", "seed": 0})
+    assert (out / RESULTS_FILE).read_text() == before
+    assert load_results(out)["records"]
+
+
+def test_interrupted_run_keeps_finished_records_and_resumes(tmp_path, monkeypatch):
+    config = tiny(methods=("source-only", "alfa"), ablations=("heads",))
+    real = runner.personalize_dataset
+    calls = []
+
+    def interrupt_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "personalize_dataset", interrupt_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(config, tmp_path, progress=False)
+    data = load_results(tmp_path)
+    assert [r["id"] for r in data["records"]] == ["source-only|E→M|seed0", "alfa|E→M|seed0"]
+    assert data["runs"][0]["finished"] is False and data["runs"][0]["records_run"] == 2
+    summary = run_bench(config, tmp_path, progress=False)
+    assert summary.ran == ["alfa[H=1]|E→M|seed0"]
+    assert sorted(summary.skipped) == ["alfa|E→M|seed0", "source-only|E→M|seed0"]
+
+
+def test_plan_deduplicates_ablation_defaults():
+    config = tiny(pairs=("E→M", "G→D"), methods=("alfa",), ablations=("heads", "loss"), ablation_pairs=("E→M",))
+    ids = [p.id for p in plan_records(config)]
+    assert ids == [
+        "alfa|E→M|seed0",
+        "alfa[H=1]|E→M|seed0",
+        "source-only|E→M|seed0",
+        "alfa[loss=augment]|E→M|seed0",
+        "alfa|G→D|seed0",
+    ]
+    heads = ablation_variants("heads", config)
+    assert [v.label for v in heads] == ["alfa[H=1]", "alfa"] and [v.value for v in heads] == [1, 8]
+    with pytest.raises(ValueError, match="unknown ablation"):
+        ablation_variants("nope", config)
+    with pytest.raises(ValueError, match="unknown pair"):
+        tiny(pairs=("E→X",)).validate()
+
+
+def test_command_line_options():
+    assert _pairs("E-M,g->d,EM") == ["E→M", "G→D", "E→M"]
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--full", "--seeds", "1,2", "--ablations", "none", "--dry-run"])
+    assert args.full and args.seeds == "1,2" and args.dry_run
+    args = parser.parse_args(["report", "--results", "runs/bench"])
+    assert args.out == "docs/results.md"
+    full, quick = BenchConfig.full(), BenchConfig.quick()
+    assert len(full.seeds) >= 3 and set(full.pairs) == set(runner.PAIRS) and full.ablations == runner.ABLATIONS
+    assert quick.pairs == full.pairs and quick.methods == full.methods
+
+
+def test_report_from_a_real_run(bench, tmp_path):
+    """The report command turns the tiny run into markdown with its figures (models not needed)."""
+    from alfa.bench.report import build_report
+
+    out, _, _ = bench
+    md = build_report(out, tmp_path / "results.md")
+    text = md.read_text()
+    assert "| source-only (truncated base) |" in text and "| Alfa |" in text
+    assert "numerical rank" in text
+    for name in ("rank_slices.png", "update_maps.png"):
+        assert (tmp_path / "figures" / "results" / name).is_file()
+        assert f"figures/results/{name}" in text
+
+
+def test_a_failing_record_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("cost measurement broke")
+
+    monkeypatch.setattr(runner, "adapter_costs", broken)
+    summary = run_bench(tiny(methods=("alfa", "source-only")), tmp_path, progress=False)
+    assert summary.errors == {"alfa|E→M|seed0": "RuntimeError: cost measurement broke"}
+    assert summary.ran == ["source-only|E→M|seed0"]
+    assert [r["id"] for r in load_results(tmp_path)["records"]] == ["source-only|E→M|seed0"]
+
+
+def test_same_seed_same_numbers(tmp_path):
+    config = tiny(methods=("alfa", "oracle"))
+    a = run_bench(config, tmp_path / "a", cache_dir=tmp_path / "cache", progress=False)
+    b = run_bench(config, tmp_path / "b", cache_dir=tmp_path / "cache", progress=False)
+    assert a.ran == b.ran == ["alfa|E→M|seed0", "oracle|E→M|seed0"]
+    ra, rb = load_results(tmp_path / "a")["records"], load_results(tmp_path / "b")["records"]
+    assert [r["per_person"] for r in ra] == [r["per_person"] for r in rb]
+    assert [r["config_hash"] for r in ra] == [r["config_hash"] for r in rb]

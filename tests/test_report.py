@@ -1,0 +1,217 @@
+"""The benchmark report: numbers and verdict sentences from a hand-written results.json."""
+
+import json
+import statistics
+
+import pytest
+
+from alfa.bench.report import (
+    build_report,
+    cell,
+    diff,
+    index_records,
+    main_verdicts,
+    render_report,
+    sanity_summary,
+    sanity_verdicts,
+    table1,
+)
+from alfa.bench.runner import FORMAT, VERSION, BenchConfig, layout, load_results
+
+
+def record(method, pair, seed, errors, **extra):
+    """A record as the runner writes it; ``errors`` are per-person degrees."""
+    per_person = {f"p{i:02d}": float(e) for i, e in enumerate(errors)}
+    return {
+        "id": f"{method}|{pair}|seed{seed}",
+        "config_hash": "fixture",
+        "method": method,
+        "group": extra.pop("group", "main"),
+        "pair": pair,
+        "seed": seed,
+        "error_deg": statistics.fmean(per_person.values()),
+        "per_person": per_person,
+        "persons": len(per_person),
+        "std_over_persons": statistics.pstdev(per_person.values()),
+        "trainable_params": extra.pop("trainable_params", 0),
+        "inference_params": extra.pop("inference_params", 2_285_122),
+        "merge": extra.pop("merge", "none"),
+        "adapter_bytes": None,
+        "seconds_per_user": 1.0,
+        "failed": {},
+        **extra,
+    }
+
+
+def shifted(method, pair, seed, mean, spread=(-1.0, 0.0, 1.0), **extra):
+    """A record whose persons' errors are ``mean + spread`` (so the record's mean is ``mean``)."""
+    return record(method, pair, seed, [mean + s for s in spread], **extra)
+
+
+# Per seed 0, 1, 2. On E→M Alfa wins but within the spread; on E→D LoRA wins clearly.
+MEANS = {
+    ("source-only", "E→M"): (9.0, 10.0, 11.0),
+    ("lora", "E→M"): (5.5, 5.9, 7.2),
+    ("alfa", "E→M"): (5.0, 6.0, 7.0),
+    ("source-only", "E→D"): (8.0, 8.5, 9.0),
+    ("lora", "E→D"): (4.0, 4.1, 4.2),
+    ("alfa", "E→D"): (5.0, 5.1, 5.2),
+    ("in-domain", "E→M"): (3.0, 3.0, 3.0),
+    ("in-domain", "E→D"): (3.0, 3.0, 3.0),
+    ("oracle", "E→M"): (2.0, 2.5, 3.0),
+    ("oracle", "E→D"): (2.0, 2.0, 2.0),
+    # ablations on E→M only
+    ("alfa[H=1]", "E→M"): (6.0, 7.0, 8.0),
+    ("alfa[loss=augment]", "E→M"): (4.0, 5.0, 6.0),
+}
+
+
+def fixture_results(means=MEANS):
+    records = []
+    for (method, pair), values in means.items():
+        for seed, m in enumerate(values):
+            extra = {}
+            if method == "alfa":
+                extra = {"trainable_params": 630_784, "merge": "factorized (rank d)", "adapter_bytes": 2_500_000}
+            if method == "lora":
+                extra = {"trainable_params": 263_680, "inference_params": 11_177_538, "merge": "densified"}
+            if method in ("in-domain", "source-only"):
+                extra = {"constant_prediction_deg": 12.0 if method == "in-domain" else 10.0}
+            records.append(shifted(method, pair, seed, m, **extra))
+    config = BenchConfig.quick(seeds=(0, 1, 2))
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "preset": "fixture",
+        "config": config.protocol_dict(),
+        "records": records,
+        "sources": {},
+        "runs": [
+            {
+                "id": "r1",
+                "command": "alfa bench --full --out fixture",
+                "started": "2026-01-01T00:00:00",
+                "wall_s": 3600.0,
+                "cpu_s": 3000.0,
+                "records_run": len(records),
+                "selection": {"threads": 1},
+                "load_average_start": 1.0,
+                "load_average_end": 2.0,
+                "cpus": 2,
+                "torch": "x",
+                "finished": True,
+            }
+        ],
+        "sanity": {},
+        "figures": {},
+        "layout": layout(config),
+    }
+
+
+@pytest.fixture
+def idx():
+    return index_records(fixture_results()["records"])
+
+
+def test_mean_and_sample_std_over_seeds(idx):
+    s = cell(idx, "alfa", "E→M")
+    assert s.values == {0: 5.0, 1: 6.0, 2: 7.0}
+    assert s.mean == pytest.approx(6.0)
+    assert s.std == pytest.approx(1.0)  # sample std (n − 1)
+    assert s.format() == "6.00 ± 1.00"
+    assert cell(idx, "lora", "E→D").format() == "4.10 ± 0.10"
+
+
+def test_paired_difference_and_clearness(idx):
+    d = diff(idx, "alfa", "lora", ["E→M"])  # −0.5, +0.1, −0.2
+    assert d.per_seed == pytest.approx({0: -0.5, 1: 0.1, 2: -0.2})
+    assert d.mean == pytest.approx(-0.2)
+    assert d.std == pytest.approx(statistics.stdev([-0.5, 0.1, -0.2]))
+    assert not d.clear
+    assert "within the spread" in d.describe()
+    d = diff(idx, "alfa", "lora", ["E→D"])  # +1.0 every seed
+    assert d.mean == pytest.approx(1.0) and d.clear
+    assert d.persons_better == 0 and d.persons == 9
+    assert "a clear difference" in d.describe()
+
+
+def test_table1_numbers_and_bold_best(idx):
+    text = table1(idx)
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
+    assert "**6.00 ± 1.00**" in rows["Alfa"]  # best on E→M
+    assert "5.10 ± 0.10" in rows["Alfa"] and "**5.10" not in rows["Alfa"]
+    assert "**4.10 ± 0.10**" in rows["LoRA"]  # best on E→D
+    # mean over pairs per seed: alfa (5+5)/2, (6+5.1)/2, (7+5.2)/2 -> 5.0, 5.55, 6.1
+    pooled = [5.0, 5.55, 6.1]
+    assert f"{statistics.fmean(pooled):.2f} ± {statistics.stdev(pooled):.2f}" in rows["Alfa"]
+    assert "11.178 M (densified)" in rows["LoRA"]
+    assert "2.285 M" in rows["Alfa"]
+
+
+def test_verdicts_say_where_alfa_wins_and_loses(idx):
+    lines = main_verdicts(idx)
+    assert lines[0] == "Alfa has the lowest mean error on 1 of 2 pairs (E→M)."
+    em = next(line for line in lines if line.startswith("On E→M"))
+    assert "leads the runner-up LoRA" in em and "within the spread" in em
+    ed = next(line for line in lines if line.startswith("On E→D"))
+    assert ed.startswith("On E→D Alfa does not win: LoRA is best (4.10 ± 0.10°), Alfa is 2nd of 3")
+    assert "+1.00 ± 0.00° over 3 seeds (paired): a clear difference" in ed
+
+
+def test_verdict_when_alfa_loses_everywhere():
+    means = dict(MEANS)
+    means[("alfa", "E→M")] = (12.0, 12.5, 13.0)  # now worse than source-only on E→M
+    idx = index_records(fixture_results(means)["records"])
+    lines = main_verdicts(idx)
+    assert lines[0] == "Alfa has the lowest mean error on 0 of 2 pairs."
+    assert any(line.startswith("On E→M Alfa does not win: LoRA is best") and "3rd of 3" in line for line in lines)
+    text = next(line for line in lines if line.startswith("Against its own starting point"))
+    assert "lowers the mean error on 1 of 2 pairs; it does not on E→M" in text
+    report = render_report(fixture_results(means))
+    assert "The flip loss does not help (Alfa not below source-only) on: E→M." in report
+
+
+def test_sanity_summary_and_sentences(idx):
+    s = sanity_summary(idx.values())
+    assert s["E→M"]["in_domain"]["mean"] == pytest.approx(3.0)
+    assert s["E→M"]["source_only"]["mean"] == pytest.approx(10.0)
+    assert s["E→M"]["domain_gap_deg"] == pytest.approx(7.0)
+    assert s["E→M"]["headroom_deg"] == pytest.approx(7.5)
+    assert s["E→D"]["headroom_deg"] == pytest.approx(6.5)
+    lines = sanity_verdicts(idx)
+    assert lines[0].startswith("In-domain error (the base on held-out source persons) is below the cross-domain")
+    assert "on 2 of 2 pairs, by 5.50–7.00°" in lines[0]
+    assert "headroom 6.50–7.50°" in lines[2]
+    # relative to the labels' spread: in-domain 3/12 = 25 %, cross-domain 10/10 and 8.5/10 = 100 %, 85 %
+    assert "in-domain error is 25 %, 25 % of a constant prediction's and the cross-domain error 100 %, 85 %" in lines[1]
+    assert "relatively worse across domains on 2 of 2 pairs" in lines[1]
+
+
+def test_report_file_regenerates_identically(tmp_path):
+    (tmp_path / "bench").mkdir()
+    path = tmp_path / "bench" / "results.json"
+    path.write_text(json.dumps(fixture_results()))
+    assert load_results(path)["preset"] == "fixture"
+    md = build_report(path, tmp_path / "docs" / "results.md")
+    text = md.read_text()
+    assert "| Alfa | **6.00 ± 1.00** | 5.10 ± 0.10 |" in text
+    assert "60.0 min wall time, 50.0 min CPU time" in text
+    assert "`alfa bench --full --out fixture`" in text
+    assert "| alfa[H=1] | 1 | 7.00 ± 1.00 |" in text
+    assert "Flip-symmetry loss against augmentation consistency: Alfa − alfa[loss=augment] = +1.00 ± 0.00°" in text
+    assert (tmp_path / "docs" / "figures" / "results" / "error_vs_heads.png").is_file()
+    assert "figures/results/error_vs_heads.png" in text
+    build_report(path, tmp_path / "docs" / "results.md")
+    assert md.read_text() == text
+
+
+def test_bad_results_file_is_refused(tmp_path):
+    bad = tmp_path / "results.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="results.json: not valid JSON"):
+        load_results(bad)
+    bad.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(ValueError, match="not an alfa benchmark results file"):
+        load_results(bad)
+    with pytest.raises(FileNotFoundError):
+        load_results(tmp_path / "missing")

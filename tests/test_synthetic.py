@@ -1,0 +1,189 @@
+"""The synthetic gaze benchmark: determinism, the flip law, shapes and ranges, domain differences, errors."""
+
+import math
+
+import pytest
+import torch
+
+from alfa.data.synthetic import (
+    DOMAINS,
+    FaceParams,
+    gaze_labels,
+    get_domain,
+    list_domains,
+    make_domain,
+    render_faces,
+    sample_persons,
+    sample_scenes,
+)
+from alfa.data.synthetic.domains import camera_resolution
+from alfa.gaze.geometry import flip_yaw
+
+DEG = math.pi / 180
+
+
+def _random_scenes(name: str, n: int, seed: int, size: int) -> tuple[FaceParams, torch.Tensor]:
+    cfg = get_domain(name)
+    g = torch.Generator().manual_seed(seed)
+    params = FaceParams(**sample_persons(cfg, n, g), **sample_scenes(cfg, n, g))
+    res = camera_resolution(cfg, size)
+    return params, torch.randn(n, 4, res, res, generator=g)
+
+
+def test_registry_has_the_four_domains():
+    assert list_domains() == ["eth", "gaze360", "mpii", "eyediap"]
+    assert [DOMAINS[n].role for n in list_domains()] == ["source", "source", "target", "target"]
+    assert DOMAINS["mpii"].persons["test"] == 15 and DOMAINS["eyediap"].persons["test"] == 14
+
+
+def test_same_seed_is_bit_identical_and_other_seed_differs():
+    a = make_domain("mpii", persons=2, images_per_person=6)
+    b = make_domain("mpii", persons=2, images_per_person=6, workers=1)
+    c = make_domain("mpii", persons=2, images_per_person=6, seed=1)
+    assert torch.equal(a.images, b.images) and torch.equal(a.gaze, b.gaze) and torch.equal(a.head, b.head)
+    assert not torch.equal(a.images, c.images) and not torch.equal(a.gaze, c.gaze)
+
+
+def test_person_subsets_and_image_prefixes_are_stable():
+    three = make_domain("eth", persons=3, images_per_person=5)
+    one = make_domain("eth", persons=1, images_per_person=5)
+    assert torch.equal(one.images, three.images[:5]) and torch.equal(one.gaze, three.gaze[:5])
+    # Fewer images per person give a prefix: the first images (the personalization ones) do not move.
+    longer = make_domain("eth", persons=1, images_per_person=20)
+    assert torch.equal(longer.gaze[:5], one.gaze)
+    assert (longer.images[:5].int() - one.images.int()).abs().max() <= 1
+
+
+def test_shapes_dtypes_names_and_order():
+    ds = make_domain("eyediap", persons=3, images_per_person=4, size=48)
+    assert ds.images.shape == (12, 3, 48, 48) and ds.images.dtype == torch.uint8
+    assert ds.gaze.shape == (12, 2) and ds.gaze.dtype == torch.float32 and torch.isfinite(ds.head).all()
+    assert ds.persons() == ["p00", "p01", "p02"]
+    assert ds.person_indices("p01") == [4, 5, 6, 7]
+    item = ds[5]
+    assert item["person"] == "p01" and item["image"].dtype == torch.float32
+    assert 0.0 <= item["image"].min() and item["image"].max() <= 1.0
+    # A person's images vary in gaze and head pose, and all images are distinct.
+    idx = ds.person_indices("p00")
+    assert ds.gaze[idx].std(0).min() > 0.5 * DEG and ds.head[idx].std(0).min() > 0.5 * DEG
+    assert len({bytes(img.numpy()) for img in ds.images}) == 12
+    assert ds.name == "eyediap/test"
+
+
+def test_splits_hold_different_persons():
+    train = make_domain("eth", persons=1, images_per_person=3)
+    val = make_domain("eth", split="val", persons=1, images_per_person=3)
+    assert val.persons() == ["v00"] and train.persons() == ["p00"]
+    assert not torch.equal(train.images, val.images)
+    assert make_domain("mpii", split="val", persons=1, images_per_person=2).persons() == ["v00"]
+
+
+def test_renders_at_224():
+    ds = make_domain("gaze360", persons=1, images_per_person=2, size=224)
+    assert ds.images.shape == (2, 3, 224, 224) and ds.images.float().std() > 10
+
+
+@pytest.mark.parametrize("name", ["eth", "gaze360", "mpii", "eyediap"])
+def test_flip_law(name):
+    """Rendering the mirrored scene gives the horizontally flipped image, with the FlipYaw label."""
+    params, noise = _random_scenes(name, 6, seed=11, size=64)
+    image = render_faces(params, noise, 64)
+    mirrored = render_faces(params.mirrored(), noise.flip(-1), 64)
+    assert (image - mirrored.flip(-1)).abs().max() < 1e-4
+    pixels = lambda x: x.mul(255).round()  # noqa: E731
+    assert (pixels(image) - pixels(mirrored).flip(-1)).abs().max() <= 1
+    torch.testing.assert_close(gaze_labels(params.mirrored()), flip_yaw(gaze_labels(params)), rtol=0, atol=1e-6)
+    # The law is not vacuous: the images are far from left/right symmetric themselves.
+    assert (image - image.flip(-1)).abs().mean() > 0.02
+
+
+def test_flip_law_breaks_without_the_mirrored_person():
+    """Only mirroring the pose (not the person's asymmetries, light and noise) does not give the flip."""
+    params, noise = _random_scenes("eth", 4, seed=3, size=64)
+    pose_only = FaceParams(**{**vars(params), **{k: -getattr(params, k) for k in ("head_yaw", "eye_yaw", "head_roll")}})
+    image = render_faces(params, noise, 64)
+    assert (image - render_faces(pose_only, noise, 64).flip(-1)).abs().max() > 0.05
+
+
+def test_eye_windows_change_nothing():
+    """The eyes are computed in windows for speed; at extreme poses, glasses and asymmetries the
+    windows still hold every eye feature: the image equals the whole-crop computation bit for bit."""
+    params, noise = _random_scenes("gaze360", 24, seed=7, size=64)
+    g = torch.Generator().manual_seed(8)
+    extreme = {
+        "head_yaw": 80 * DEG,
+        "head_pitch": 40 * DEG,
+        "head_roll": 25 * DEG,
+        "eye_yaw": 45 * DEG,
+        "eye_pitch": 35 * DEG,
+    }
+    changes = {k: (2 * torch.rand(24, generator=g) - 1) * v for k, v in extreme.items()}
+    changes["glasses"] = torch.ones(24)
+    for k in ("eye_sep_asym", "eye_w_asym", "eye_open_asym", "brow_asym", "lid_skew", "eye_tilt"):
+        changes[k] = 3 * getattr(params, k)
+    params = FaceParams(**{**vars(params), **changes})
+    windowed = render_faces(params, noise, 64)
+    assert torch.equal(windowed, render_faces(params, noise, 64, eye_windows=False))
+
+
+def test_label_ranges_follow_the_domains():
+    stds, pitch_means = {}, {}
+    for name in list_domains():
+        cfg = get_domain(name)
+        scenes = sample_scenes(cfg, 4000, torch.Generator().manual_seed(0))
+        persons = {k: v.expand(4000, *v.shape[1:]) for k, v in sample_persons(cfg, 1, torch.Generator()).items()}
+        labels = gaze_labels(FaceParams(**persons, **scenes)) / DEG
+        bound_yaw = cfg.gaze_yaw[2] + 5 * cfg.label_noise_deg
+        bound_pitch = abs(cfg.gaze_pitch[0]) + cfg.gaze_pitch[2] + 5 * cfg.label_noise_deg
+        assert labels[:, 0].abs().max() <= bound_yaw and labels[:, 1].abs().max() <= bound_pitch
+        stds[name] = labels.std(0)
+        pitch_means[name] = labels[:, 1].mean()
+    # Sources are wide (gaze360 widest in yaw), targets narrow; MPII users look down at a laptop screen.
+    assert stds["gaze360"][0] > stds["eth"][0] > 2 * max(stds["mpii"][0], stds["eyediap"][0])
+    assert pitch_means["mpii"] < -5 and abs(pitch_means["eth"]) < 2
+
+
+def _image_stats(name: str) -> dict[str, float]:
+    x = make_domain(name, persons=3, images_per_person=16).images.float() / 255
+    mean = x.mean((0, 2, 3))
+    lap = 4 * x[..., 1:-1, 1:-1] - x[..., :-2, 1:-1] - x[..., 2:, 1:-1] - x[..., 1:-1, :-2] - x[..., 1:-1, 2:]
+    return {"brightness": x.mean().item(), "blue_green": (mean[2] / mean[1]).item(), "detail": lap.abs().mean().item()}
+
+
+def _sensor_noise(name: str) -> float:
+    params, noise = _random_scenes(name, 8, seed=5, size=64)
+    return (render_faces(params, noise, 64) - render_faces(params, torch.zeros_like(noise), 64)).std().item()
+
+
+def test_domains_differ_in_the_documented_directions():
+    stats = {name: _image_stats(name) for name in list_domains()}
+    # ETH-like studio light is the brightest; the EyeDiap-like camera has a yellow-green cast.
+    assert all(stats["eth"]["brightness"] > stats[n]["brightness"] + 0.05 for n in ("gaze360", "mpii", "eyediap"))
+    assert stats["eyediap"]["blue_green"] < min(stats[n]["blue_green"] for n in ("eth", "gaze360", "mpii")) - 0.05
+    # Low-resolution cameras (gaze360, eyediap) give softer images than the sharp studio camera.
+    assert stats["eth"]["detail"] > 1.5 * max(stats["gaze360"]["detail"], stats["eyediap"]["detail"])
+    # The MPII-like webcam is the noisiest sensor.
+    noise = {name: _sensor_noise(name) for name in list_domains()}
+    assert noise["mpii"] > max(2 * noise["eth"], 1.2 * noise["eyediap"])
+
+
+def test_bad_requests_fail_clearly():
+    with pytest.raises(ValueError, match="unknown synthetic domain 'xgaze'.*eth"):
+        make_domain("xgaze")
+    with pytest.raises(ValueError, match="no split 'train'"):
+        make_domain("mpii", split="train")
+    for bad in ({"persons": 0}, {"images_per_person": -3}, {"size": 8}, {"size": 64.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            make_domain("eth", **bad)
+    params, noise = _random_scenes("eth", 2, seed=0, size=32)
+    with pytest.raises(ValueError, match="noise must be"):
+        render_faces(params, noise[:, :3], 32)
+
+
+def test_domain_configs_are_checked():
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="blur must be"):
+        replace(DOMAINS["eth"], blur=(0.5, 2.0))
+    with pytest.raises(ValueError, match="role must be"):
+        replace(DOMAINS["eth"], role="both")
