@@ -65,8 +65,8 @@ class DemoConfig:
     ``val_source`` holds the held-out source persons (``None``: hold out a fraction of ``source``).
     """
 
-    source: str = "synthetic:eth?size=64&persons=40&images_per_person=100"
-    val_source: str | None = "synthetic:eth?split=val&size=64&persons=4&images_per_person=40"
+    source: str = "synthetic:eth?size=64&persons=100&images_per_person=100"
+    val_source: str | None = "synthetic:eth?split=val&size=64&persons=10&images_per_person=40"
     targets: tuple[str, ...] = (
         "synthetic:mpii?size=64&images_per_person=60",
         "synthetic:eyediap?size=64&images_per_person=60",
@@ -74,11 +74,11 @@ class DemoConfig:
     model: str = "resnet18_gaze"
     seed: int = 0
     pretrain: TrainConfig = field(
-        default_factory=lambda: TrainConfig(epochs=10, batch_size=32, lr=1e-3, symmetry_weight=1.0)
+        default_factory=lambda: TrainConfig(epochs=4, batch_size=64, lr=1e-3, symmetry_weight=1.0)
     )
     truncation: TruncateConfig = field(
         default_factory=lambda: TruncateConfig(
-            rank=64, recovery=TrainConfig(epochs=3, batch_size=32, lr=1e-4, symmetry_weight=1.0)
+            rank=64, recovery=TrainConfig(epochs=1, batch_size=64, lr=1e-4, symmetry_weight=1.0)
         )
     )
     alfa: AlfaConfig = field(default_factory=AlfaConfig)
