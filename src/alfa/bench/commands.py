@@ -4,7 +4,7 @@
 :class:`~alfa.bench.runner.BenchConfig` (or paths) and calls one library function. Also runnable as
 ``python -m alfa.bench.commands bench --quick``.
 
-    alfa bench --quick --out runs/bench-quick            # ~15 min on 2 cores, then:
+    alfa bench --quick --out runs/bench-quick            # ~40 min on 2 cores, then:
     alfa report --results runs/bench-quick --out docs/results.md
     alfa bench --full --out runs/bench --seeds 0 &       # the full benchmark in pieces, one per core
     alfa bench --full --out runs/bench --seeds 1 2
@@ -106,7 +106,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run (or resume) the benchmark; records go to OUT/results.json (see alfa.bench.runner).",
     )
     preset = p.add_mutually_exclusive_group()
-    preset.add_argument("--quick", action="store_true", help="the ~15-minute preset (default)")
+    preset.add_argument("--quick", action="store_true", help="the ~40-minute preset behind docs/results.md (default)")
     preset.add_argument("--full", action="store_true", help="the full benchmark (hours; run it in pieces)")
     p.add_argument("--out", help="results folder (default runs/bench-quick or runs/bench)")
     p.add_argument("--cache-dir", help="where source models are cached (default OUT/cache)")

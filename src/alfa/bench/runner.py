@@ -189,7 +189,7 @@ class BenchConfig:
 
     preset: str = "custom"
     image_size: int = 64
-    source_persons: int = 60
+    source_persons: int = 80
     source_images: int = 100
     val_persons: int = 10
     val_images: int = 40
@@ -197,10 +197,10 @@ class BenchConfig:
     target_images: int = 60
     model: str = "resnet18_gaze"
     pretrain: TrainConfig = field(
-        default_factory=lambda: TrainConfig(epochs=10, batch_size=32, lr=1e-3, symmetry_weight=1.0)
+        default_factory=lambda: TrainConfig(epochs=8, batch_size=64, lr=1e-3, symmetry_weight=1.0)
     )
     recovery: TrainConfig = field(
-        default_factory=lambda: TrainConfig(epochs=3, batch_size=32, lr=1e-4, symmetry_weight=1.0)
+        default_factory=lambda: TrainConfig(epochs=2, batch_size=64, lr=1e-4, symmetry_weight=1.0)
     )
     rank: int = 64
     personalize: PersonalizeConfig = field(default_factory=_personalize_default)
@@ -232,7 +232,7 @@ class BenchConfig:
     @classmethod
     def full(cls, **overrides: Any) -> BenchConfig:
         """The full benchmark: all four pairs, 3 seeds, every method and ablation, 64×64 faces, sources of
-        60 persons × 100 images (10 pre-training + 3 recovery epochs), every target person (15 and 14) with
+        80 persons × 100 images (8 pre-training + 2 recovery epochs), every target person (15 and 14) with
         60 images (5 adapt + 55 scored), 10 personalization steps; TPGaze meta-training with its reference
         settings (10 epochs × 100 meta-steps). Many hours on 2 CPU cores: run it in pieces (``--seeds``,
         ``--pairs``, ``--methods``, ``--ablations``) into one folder, two at a time."""
@@ -240,28 +240,24 @@ class BenchConfig:
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchConfig:
-        """The quick check (about 15 minutes on 2 cores): the same code path, all four pairs and every
-        method, one seed, 48×48 faces, small sources (24 persons × 60 images, 5 + 2 epochs), 4 persons per
-        target with 25 images, 5 personalization steps, short TPGaze meta-training and oracle; the
+        """The quick benchmark (about 40 minutes on 2 cores), the one ``docs/results.md`` is made from: the
+        same code path, all four pairs and every method, one seed, 64×64 faces, sources of 80 persons ×
+        100 images (4 pre-training + 1 recovery epochs), 5 persons per target with 40 images (5 adapt + 35
+        scored), the full personalization recipe (10 steps), short TPGaze meta-training and oracle; the
         ablations on E→M only, each with one value besides the default."""
         base = cls(
             preset="quick",
-            image_size=48,
-            source_persons=24,
-            source_images=60,
-            val_persons=4,
-            val_images=20,
-            target_persons=4,
-            target_images=25,
-            pretrain=TrainConfig(epochs=5, batch_size=32, lr=1e-3, symmetry_weight=1.0),
-            recovery=TrainConfig(epochs=2, batch_size=32, lr=1e-4, symmetry_weight=1.0),
-            personalize=dataclasses.replace(_personalize_default(), steps=5),
-            meta=MetaTrainConfig(epochs=1, steps_per_epoch=30),
-            oracle=OracleConfig(extra_images=15, steps=30),
+            val_images=30,
+            target_persons=5,
+            target_images=40,
+            pretrain=TrainConfig(epochs=4, batch_size=64, lr=1e-3, symmetry_weight=1.0),
+            recovery=TrainConfig(epochs=1, batch_size=64, lr=1e-4, symmetry_weight=1.0),
+            meta=MetaTrainConfig(epochs=1, steps_per_epoch=50),
+            oracle=OracleConfig(extra_images=20, steps=40),
             heads_values=(1, 8),
             rank_values=(2, 8),
             svd_ranks=(32, 64),
-            step_values=(1, 5),
+            step_values=(1, 10),
             figure_slices=(0, 1, 3, 15, 63),
             latency_repeats=3,
             seeds=(0,),

@@ -2,7 +2,7 @@
 named domains (sources ``eth`` and ``gaze360``, targets ``mpii`` and ``eyediap``).
 
     >>> from alfa.data.synthetic import make_domain
-    >>> train = make_domain("eth")                  # source persons p00..p59
+    >>> train = make_domain("eth")                  # 200 source persons p00..p199
     >>> held_out = make_domain("eth", split="val")  # different persons v00..v09
     >>> target = make_domain("mpii")                # 15 target persons p00..p14
 
