@@ -26,13 +26,14 @@ neither truncated nor adapted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import register_model
-from .vit import TokenFrontEnd, init_linear_layers, resolve_num_outputs
+from .vit import TokenTransformer, build_token_model
 
 __all__ = [
     "CrateConfig",
@@ -124,54 +125,18 @@ class CrateBlock(nn.Module):
         return self.ista(self.norm2(z))
 
 
-class CRATE(nn.Module):
+class CRATE(TokenTransformer):
     """CRATE: ViT front end, ``depth`` :class:`CrateBlock` layers, class-token pooling, LN + Linear head.
 
     ``num_classes`` is the head's output size; 2 makes it a ``(yaw, pitch)`` gaze regressor.
     """
 
     def __init__(self, config: CrateConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.front = TokenFrontEnd(config.image_size, config.patch_size, config.channels, config.dim)
-        self.blocks = nn.ModuleList(
-            CrateBlock(config.dim, config.heads, config.ista_step, config.ista_lambda) for _ in range(config.depth)
-        )
-        self.head_norm = nn.LayerNorm(config.dim)
-        self.head = nn.Linear(config.dim, config.num_classes)
-        init_linear_layers(self)
-
-    def tokens(self, images: Tensor) -> Tensor:
-        """All output tokens ``(b, 1 + patches, dim)``, class token first."""
-        z = self.front(images)
-        for block in self.blocks:
-            z = block(z)
-        return z
-
-    def features(self, images: Tensor) -> Tensor:
-        """The pooled feature vector (normalized class token) the head reads."""
-        return self.head_norm(self.tokens(images)[:, 0])
-
-    def forward(self, images: Tensor) -> Tensor:
-        return self.head(self.features(images))
+        super().__init__(config, lambda: CrateBlock(config.dim, config.heads, config.ista_step, config.ista_lambda))
 
 
-def _crate(
-    sizes: dict,
-    image_size: int | tuple[int, int],
-    patch_size: int | tuple[int, int],
-    num_classes: int,
-    num_outputs: int | None,
-    overrides: dict,
-) -> CRATE:
-    fields = {**sizes, **overrides}  # overrides win, e.g. depth=2 for a small test model
-    config = CrateConfig(
-        image_size=image_size,
-        patch_size=patch_size,
-        num_classes=resolve_num_outputs(num_classes, num_outputs),
-        **fields,
-    )
-    return CRATE(config)
+def _crate(sizes: dict, *args: Any) -> CRATE:
+    return build_token_model(CRATE, CrateConfig, sizes, *args)
 
 
 @register_model

@@ -14,7 +14,9 @@ override (e.g. ``depth=2``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,8 @@ __all__ = [
     "ViTAttention",
     "ViTBlock",
     "VisionTransformer",
+    "TokenTransformer",
+    "build_token_model",
     "resolve_num_outputs",
     "vit_tiny",
     "vit_small",
@@ -115,6 +119,17 @@ class TokenFrontEnd(nn.Module):
         return torch.cat([cls, patches], dim=1) + self.pos_embed
 
 
+class CrateLikeConfig(Protocol):
+    """The fields :class:`TokenTransformer` reads from a model config."""
+
+    image_size: int | tuple[int, int]
+    patch_size: int | tuple[int, int]
+    num_classes: int
+    dim: int
+    depth: int
+    channels: int
+
+
 def init_linear_layers(module: nn.Module) -> None:
     """Truncated-normal (σ = 0.02) weights and zero biases for every Linear, the usual ViT init."""
     for m in module.modules():
@@ -178,14 +193,15 @@ class ViTBlock(nn.Module):
         return z + self.mlp(self.norm2(z))
 
 
-class VisionTransformer(nn.Module):
-    """Plain ViT: CRATE's front end, pre-LN transformer blocks, class-token pooling, LN + Linear head."""
+class TokenTransformer(nn.Module):
+    """What CRATE and the plain ViT share: the token front end, ``depth`` blocks made by ``make_block``,
+    class-token pooling, and a LayerNorm + Linear head with ``config.num_classes`` outputs."""
 
-    def __init__(self, config: ViTConfig) -> None:
+    def __init__(self, config: ViTConfig | CrateLikeConfig, make_block: Callable[[], nn.Module]) -> None:
         super().__init__()
         self.config = config
         self.front = TokenFrontEnd(config.image_size, config.patch_size, config.channels, config.dim)
-        self.blocks = nn.ModuleList(ViTBlock(config.dim, config.heads, config.mlp_ratio) for _ in range(config.depth))
+        self.blocks = nn.ModuleList(make_block() for _ in range(config.depth))
         self.head_norm = nn.LayerNorm(config.dim)
         self.head = nn.Linear(config.dim, config.num_classes)
         init_linear_layers(self)
@@ -205,22 +221,33 @@ class VisionTransformer(nn.Module):
         return self.head(self.features(images))
 
 
-def _vit(
+class VisionTransformer(TokenTransformer):
+    """Plain ViT: CRATE's front end, pre-LN transformer blocks, class-token pooling, LN + Linear head."""
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__(config, lambda: ViTBlock(config.dim, config.heads, config.mlp_ratio))
+
+
+def build_token_model(
+    model_cls: Callable[[Any], nn.Module],
+    config_cls: type,
     sizes: dict,
     image_size: int | tuple[int, int],
     patch_size: int | tuple[int, int],
     num_classes: int,
     num_outputs: int | None,
     overrides: dict,
-) -> VisionTransformer:
-    fields = {**sizes, **overrides}  # overrides win, e.g. depth=2 for a small test model
-    config = ViTConfig(
-        image_size=image_size,
-        patch_size=patch_size,
-        num_classes=resolve_num_outputs(num_classes, num_outputs),
-        **fields,
-    )
-    return VisionTransformer(config)
+) -> Any:
+    """The body of every registered constructor: ``sizes`` of the named model, then ``overrides``
+    (which win, e.g. ``depth=2`` for a small test model)."""
+    num_classes = resolve_num_outputs(num_classes, num_outputs)
+    fields = {**sizes, **overrides}
+    config = config_cls(image_size=image_size, patch_size=patch_size, num_classes=num_classes, **fields)
+    return model_cls(config)
+
+
+def _vit(sizes: dict, *args: Any) -> VisionTransformer:
+    return build_token_model(VisionTransformer, ViTConfig, sizes, *args)
 
 
 @register_model
