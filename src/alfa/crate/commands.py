@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import shutil
 import sys
 from pathlib import Path
 
 from .toy import DEFAULT_PANELS, PANELS, ToyConfig, format_aggregate, format_run, plot_toy, run_toy, write_json
 
-__all__ = ["register", "toy_command", "main"]
+__all__ = ["register", "toy_command", "gaze_command", "main"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``crate`` (with the subcommand ``toy``) to ``subparsers``; each leaf sets ``func(args) -> int``."""
+    """Add ``crate`` (with the subcommands ``toy`` and ``gaze``) to ``subparsers``; each leaf sets
+    ``func(args) -> int``."""
     crate = subparsers.add_parser("crate", help="CRATE, the white-box transformer: worked examples")
-    crate_sub = crate.add_subparsers(dest="crate_command", metavar="{toy}")
+    crate_sub = crate.add_subparsers(dest="crate_command", metavar="{toy,gaze}")
     crate_sub.required = True
 
     toy = crate_sub.add_parser(
@@ -39,6 +43,28 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     toy.add_argument("--json", type=Path, metavar="PATH", help="write every run (per-layer statistics) as JSON")
     toy.add_argument("--figure", type=Path, metavar="PATH", help="write the four-panel figure (PNG)")
     toy.set_defaults(func=toy_command)
+
+    gaze = crate_sub.add_parser(
+        "gaze",
+        help="a tiny CRATE and a tiny ViT trained for gaze on the synthetic source: errors, probes, Alfa",
+        description="Trains a tiny CRATE and a tiny ViT (same width, depth, heads) on the synthetic source for a "
+        "few epochs on CPU, measures their in-domain and cross-domain errors and per-layer probe curves, "
+        "truncates the CRATE and personalizes it with Alfa per target person. Writes DIR/results.json and "
+        "DIR/probes.png and prints a table. The default takes about 6 minutes on one thread.",
+    )
+    gaze.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (results, checkpoints)")
+    gaze.add_argument("--quick", action="store_true", help="a tiny preset that runs in seconds (a smoke test)")
+    gaze.add_argument("--seed", type=int, default=0, help="initial weights, batch order, personalization (default 0)")
+    gaze.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    gaze.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="PATH",
+        help="also write a generated markdown page (e.g. docs/crate-gaze.md); the probe figure is copied to "
+        "PATH's folder under figures/",
+    )
+    gaze.add_argument("--quiet", action="store_true", help="no progress output, only the final table")
+    gaze.set_defaults(func=gaze_command)
     return crate
 
 
@@ -69,8 +95,46 @@ def toy_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gaze_command_line(args: argparse.Namespace) -> str:
+    """The command as a person would type it (quoted in the results and the markdown page)."""
+    parts = ["alfa", "crate", "gaze", "--out", shlex.quote(str(args.out))]
+    if args.quick:
+        parts.append("--quick")
+    parts += ["--seed", str(args.seed)]
+    if args.threads != 1:
+        parts += ["--threads", str(args.threads)]
+    if args.markdown is not None:
+        parts += ["--markdown", shlex.quote(str(args.markdown))]
+    return " ".join(parts)
+
+
+def gaze_command(args: argparse.Namespace) -> int:
+    """Handler of ``alfa crate gaze``; bad options raise ``ValueError`` before anything runs."""
+    from .gaze import CrateGazeConfig, format_markdown, format_summary, quick_config, run_crate_gaze
+
+    overrides = {"seed": args.seed, "threads": args.threads}
+    config = quick_config(**overrides) if args.quick else CrateGazeConfig(**overrides)
+    config.validate()
+    if args.markdown is not None and args.markdown.suffix.lower() != ".md":
+        raise ValueError(f"--markdown must name a .md file, got {args.markdown}")
+    results = run_crate_gaze(config, args.out, progress=not args.quiet, command=_gaze_command_line(args))
+    print()
+    print(format_summary(results))
+    print(f"\nwrote {args.out / 'results.json'} and {results['figure']}")
+    if args.markdown is not None:
+        figure = args.markdown.parent / "figures" / f"{args.markdown.stem.replace('-', '_')}_probes.png"
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(results["figure"], figure)
+        text = format_markdown(results, figure=figure.relative_to(args.markdown.parent).as_posix())
+        tmp = args.markdown.with_name(args.markdown.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, args.markdown)
+        print(f"wrote {args.markdown} (figure {figure})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m alfa.crate.commands toy …``: the same as ``alfa crate toy …``."""
+    """``python -m alfa.crate.commands toy|gaze …``: the same as ``alfa crate toy|gaze …``."""
     parser = argparse.ArgumentParser(prog="alfa")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["crate", *(sys.argv[1:] if argv is None else argv)])

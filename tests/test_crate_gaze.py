@@ -1,0 +1,177 @@
+"""``alfa crate gaze``: a tiny CRATE and ViT on the synthetic gaze worlds, end to end (the --quick preset)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+
+import pytest
+import torch
+
+import alfa
+from alfa.adapters import attach, param_groups
+from alfa.crate.commands import main
+from alfa.crate.gaze import CrateGazeConfig, late_blocks_pattern, quick_config, run_crate_gaze
+from alfa.models import create_model
+
+TARGETS = ("mpii/test", "eyediap/test")
+VOLATILE = {"seconds", "figure", "command"}  # wall times and paths differ between two identical runs
+
+
+def _strip(x):
+    if isinstance(x, dict):
+        return {k: _strip(v) for k, v in x.items() if k not in VOLATILE}
+    if isinstance(x, list):
+        return [_strip(v) for v in x]
+    return x
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One run of the command line with --quick (and --markdown), as a user would start it."""
+    root = tmp_path_factory.mktemp("crate_gaze")
+    out, page = root / "run", root / "docs" / "crate-gaze.md"
+    rc = main(["gaze", "--out", str(out), "--quick", "--quiet", "--markdown", str(page)])
+    assert rc == 0
+    return out, page, json.loads((out / "results.json").read_text())
+
+
+def test_errors_are_finite_per_person_for_both_models_and_targets(quick_run):
+    _, _, results = quick_run
+    config = quick_config()
+    ((val_name, in_domain),) = results["errors"]["in_domain"].items()
+    assert val_name == "eth/val"
+    for model in ("crate", "vit", "constant"):
+        per_person = in_domain[model]["per_person"]
+        assert len(per_person) == config.val_persons
+        assert all(math.isfinite(e) and e > 0 for e in per_person.values())
+    assert tuple(results["errors"]["cross_domain"]) == TARGETS
+    for target in TARGETS:
+        cols = results["errors"]["cross_domain"][target]
+        for model in ("crate", "vit", "constant", "crate_truncated", "crate_alfa"):
+            per_person = cols[model]["per_person"]
+            assert sorted(per_person) == ["p00", "p01"], (target, model)
+            assert all(math.isfinite(e) and e > 0 for e in per_person.values()), (target, model)
+            mean = sum(per_person.values()) / len(per_person)
+            assert cols[model]["mean"] == pytest.approx(mean)
+        scored = results["data"]["targets"][target]["scored_per_person"]
+        assert scored == config.target_images_per_person - config.personalize.n_adapt
+        personalized = results["alfa"]["personalization"][target]
+        assert personalized["compared"] == config.target_persons and not personalized["failed"]
+
+
+def test_probe_curves_have_one_entry_per_layer(quick_run):
+    _, _, results = quick_run
+    depth = quick_config().depth
+    probes = results["probes"]["results"]
+    for kind in ("crate", "vit"):
+        assert set(probes[kind]) == {"eth/val", *TARGETS}
+        for entry in probes[kind].values():
+            assert len(entry["coding_rate"]) == len(entry["coding_rate_std"]) == depth
+            assert len(entry["coding_rate_per_head"]) == depth
+            assert all(math.isfinite(r) and r > 0 for r in entry["coding_rate"])
+            if kind == "crate":  # ISTA sparsity exists for CRATE only
+                assert len(entry["nonzero_fraction"]) == depth
+                assert all(0.0 <= f <= 1.0 for f in entry["nonzero_fraction"])
+            else:
+                assert "nonzero_fraction" not in entry
+
+
+def test_personalized_adapter_merges_to_the_same_outputs(quick_run):
+    _, _, results = quick_run
+    check = results["alfa"]["merge_check"]
+    assert check["target"] == "mpii/test" and check["person"] == "p00"
+    assert check["max_abs_change_vs_base"] > 0  # the adapter did move the outputs
+    assert check["max_rel_diff"] <= 1e-5
+    # Alfa folds back into factors of the same rank: the merged model is as small as the truncated base.
+    assert check["parameters_merged"] == check["parameters_base"] == results["truncation"]["parameters_truncated"]
+    assert results["truncation"]["parameters_truncated"] < results["truncation"]["parameters_dense"]
+    assert results["truncation"]["left_dense"] == ["head"]
+    layers = results["alfa"]["adapted_layers"]
+    assert layers == [
+        "front.patch_embed.proj",
+        *(f"blocks.{i}.attn.{n}" for i in range(2) for n in ("subspaces", "proj")),
+    ]
+    assert results["alfa"]["adapter_compact_numbers"] == len(layers) * quick_config().rank ** 2
+
+
+def test_outputs_figure_and_markdown(quick_run):
+    out, page, results = quick_run
+    assert (out / "probes.png").stat().st_size > 0 and not list(out.glob("*.tmp*"))
+    text = page.read_text()
+    assert results["command"].startswith("alfa crate gaze --out ") and "--quick --seed 0" in results["command"]
+    assert results["command"] in text
+    assert "![probe curves](figures/crate_gaze_probes.png)" in text
+    assert (page.parent / "figures" / "crate_gaze_probes.png").is_file()
+    assert "Preset `quick`" in text
+
+
+def test_same_seed_gives_identical_numbers(quick_run, tmp_path):
+    _, _, first = quick_run
+    threads = torch.get_num_threads()
+    again = run_crate_gaze(quick_config(), tmp_path / "again", progress=False)
+    assert torch.get_num_threads() == threads  # restored
+    second = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert _strip(second) == _strip(first)
+    assert again["errors"]["cross_domain"]["mpii/test"]["crate"]["mean"] == pytest.approx(
+        first["errors"]["cross_domain"]["mpii/test"]["crate"]["mean"], abs=0
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"dim": 30, "heads": 4}, "dim 30 is not divisible by heads 4"),
+        ({"image_size": 36, "patch_size": 8}, "image_size 36 is not divisible by patch_size 8"),
+        ({"rank": 16}, r"rank 16 saves nothing .* rank < dim/2 = 16"),
+        ({"targets": ("gaze360",)}, "'gaze360' is not a synthetic target domain"),
+        ({"targets": "mpii"}, "non-empty tuple of domain names"),
+        ({"source": "mpii"}, "'mpii' is not a synthetic source domain"),
+        ({"target_images_per_person": 5}, r"target_images_per_person \(5\) must exceed the 5 adaptation images"),
+        ({"epochs": 0}, "epochs must be at least 1"),
+        ({"lr": float("nan")}, "lr must be a positive number"),
+        ({"probe_images_per_person": 7}, r"probe_images_per_person \(7\) exceeds the 6 images"),
+        ({"threads": 1.5}, "threads must be an integer"),
+    ],
+)
+def test_bad_config_is_refused_before_anything_runs(tmp_path, change, message):
+    config = dataclasses.replace(quick_config(), **change)
+    with pytest.raises(ValueError, match=message):
+        run_crate_gaze(config, tmp_path / "never", progress=False)
+    assert not (tmp_path / "never").exists()
+
+
+def test_command_line_reports_bad_options(tmp_path, capsys):
+    assert main(["gaze", "--out", str(tmp_path / "x"), "--quick", "--threads", "0"]) == 2
+    assert "alfa crate gaze: error: CrateGazeConfig.threads must be at least 1" in capsys.readouterr().err
+    assert main(["gaze", "--out", str(tmp_path / "x"), "--quick", "--markdown", str(tmp_path / "page.txt")]) == 2
+    assert "--markdown must name a .md file" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_later_half_of_the_blocks_gets_the_larger_learning_rate():
+    config = CrateGazeConfig(depth=4, dim=32, heads=2, rank=8, image_size=32)
+    recipe = config.personalize_recipe()
+    assert recipe.lr_scale == {late_blocks_pattern(4): 10.0} and recipe.seed == config.seed
+    model = create_model("crate_tiny", **config.model_kwargs())
+    alfa.truncate(model, config.rank)
+    attach(model, config.alfa)
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = {g["name"]: {names[id(p)] for p in g["params"]} for g in param_groups(model, 1e-4, recipe.lr_scale)}
+    fast = groups[late_blocks_pattern(4)]
+    assert fast and all(re.match(r"blocks\.[23]\.", n) for n in fast)
+    assert all(not re.match(r"blocks\.[23]\.", n) for n in groups["default"])
+    assert any(n.startswith("front.") for n in groups["default"])
+    with pytest.raises(ValueError, match="depth must be at least 1"):
+        late_blocks_pattern(0)
+
+
+def test_without_recovery_the_truncated_model_is_used_as_is(tmp_path):
+    results = run_crate_gaze(quick_config(recovery_epochs=0, targets=("mpii",)), tmp_path, progress=False)
+    errors = results["truncation"]["in_domain_error"]
+    assert errors["after_recovery"] == errors["after_truncation"]
+    assert results["truncation"]["in_domain_after_recovery"]["mean"] == pytest.approx(errors["after_truncation"])
+    assert results["truncation"]["recovery_history"] == [] and not (tmp_path / "crate-truncated").exists()
+    assert list(results["errors"]["cross_domain"]) == ["mpii/test"]
