@@ -170,6 +170,11 @@ def test_another_protocol_is_refused(bench):
     # Selection options may differ between pieces of one benchmark.
     summary = run_bench(dataclasses.replace(config, methods=("alfa",)), out, progress=False, dry_run=True)
     assert summary.pending == [] and summary.skipped == ["alfa|E→M|seed0"]
+    # So may ablation values: a new learning rate adds its records and keeps the finished ones.
+    more = dataclasses.replace(config, methods=("alfa",), ablations=("lr",), lr_values=(1e-5, 1e-4))
+    summary = run_bench(more, out, progress=False, dry_run=True)
+    assert summary.skipped == ["alfa|E→M|seed0"]
+    assert summary.pending == ["alfa[lr=1e-05]|E→M|seed0", "lora[lr=1e-05]|E→M|seed0", "lora|E→M|seed0"]
 
 
 def test_interrupted_write_leaves_the_old_file_intact(bench, monkeypatch, tmp_path):
@@ -219,6 +224,9 @@ def test_plan_deduplicates_ablation_defaults():
         "alfa[loss=augment]|E→M|seed0",
         "alfa|G→D|seed0",
     ]
+    lrs = ablation_variants("lr", tiny(lr_values=(1e-5, 1e-4)))
+    assert [v.label for v in lrs] == ["alfa[lr=1e-05]", "alfa", "lora[lr=1e-05]", "lora"]
+    assert lrs[0].recipe == {"lr": 1e-5} and lrs[1].recipe == {}
     heads = ablation_variants("heads", config)
     assert [v.label for v in heads] == ["alfa[H=1]", "alfa"] and [v.value for v in heads] == [1, 8]
     with pytest.raises(ValueError, match="unknown ablation"):

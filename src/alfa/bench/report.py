@@ -753,6 +753,9 @@ def ablation_verdicts(idx: Index, name: str, layout: Sequence[dict[str, Any]], p
     elif name == "steps":
         sweep("alfa", "steps")
         sweep("lora", "steps")
+    elif name == "lr":
+        sweep("alfa", "lr")
+        sweep("lora", "lr")
     return lines
 
 
@@ -781,6 +784,11 @@ ABLATION_TITLES = {
     "steps": (
         "Number of steps",
         "Each step count is its own personalization run (never a per-step evaluation used to pick).",
+    ),
+    "lr": (
+        "Learning rate",
+        "The recipe's base learning rate (the ×10 on layer3/layer4 kept); every main row uses the paper's 1e-4. "
+        "A sensitivity check, not a choice: a rate picked here would be picked on target labels.",
     ),
 }
 
@@ -963,6 +971,7 @@ def render_figures(results: dict[str, Any], results_dir: Path | None, figure_dir
         ("rank", "rank r", ("alfa", "lora"), "error vs low rank r (Alfa; LoRA dashed)"),
         ("svd_rank", "SVD rank d", ("alfa", "source-only"), "error vs SVD rank d"),
         ("steps", "steps", ("alfa", "lora"), "error vs personalization steps (Alfa; LoRA dashed)"),
+        ("lr", "base learning rate", ("alfa", "lora"), "error vs learning rate (Alfa; LoRA dashed)"),
     ):
         rows = layout.get(name, [])
         if not rows:

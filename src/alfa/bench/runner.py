@@ -122,7 +122,7 @@ MAIN_METHODS = (
     "alfa",
 )
 SANITY_METHODS = ("in-domain", "oracle")
-ABLATIONS = ("heads", "rank", "svd_rank", "gate", "mix", "truncation", "loss", "detach", "steps")
+ABLATIONS = ("heads", "rank", "svd_rank", "gate", "mix", "truncation", "loss", "detach", "steps", "lr")
 KINDS = ("source-only", "in-domain", "oracle", "adapter", "tpgaze")
 
 RESULTS_FILE = "results.json"
@@ -132,7 +132,22 @@ FIGURE_DIR = "figure_data"
 RANK_SLICES_FILE = "rank_slices.safetensors"
 UPDATES_FILE = "updates.safetensors"
 # Selection options: they say which records to run, not how; pieces of one benchmark may differ in them.
-SELECTION_FIELDS = ("pairs", "seeds", "methods", "ablations", "ablation_pairs", "threads", "keep_adapters")
+# The ablation value lists only choose which records exist (each record's hash covers what it depends
+# on), so adding a value to a finished benchmark runs the new records and keeps the others.
+SELECTION_FIELDS = (
+    "pairs",
+    "seeds",
+    "methods",
+    "ablations",
+    "ablation_pairs",
+    "threads",
+    "keep_adapters",
+    "heads_values",
+    "rank_values",
+    "svd_ranks",
+    "step_values",
+    "lr_values",
+)
 
 
 def _personalize_default() -> PersonalizeConfig:
@@ -176,7 +191,8 @@ class BenchConfig:
     are the adaptation images and the rest are scored.
 
     Ablation values: ``heads_values`` (H), ``rank_values`` (r, Alfa and LoRA), ``svd_ranks`` (d; each other
-    than ``rank`` is its own truncation + recovery of the same pre-trained model), ``step_values``. Figures:
+    than ``rank`` is its own truncation + recovery of the same pre-trained model), ``step_values``,
+    ``lr_values`` (the recipe's base learning rate, Alfa and LoRA). Figures:
     rank-slice maps of ``slice_layer`` (slices ``figure_slices``) and update maps of ``update_layer``, on
     ``figure_pair`` with ``figure_seed``. Latency: median of ``latency_repeats`` forwards of
     ``latency_batch`` target images.
@@ -213,6 +229,7 @@ class BenchConfig:
     rank_values: tuple[int, ...] = (1, 2, 4, 8, 16)
     svd_ranks: tuple[int, ...] = (16, 32, 64, 128)
     step_values: tuple[int, ...] = (1, 3, 10, 30)
+    lr_values: tuple[float, ...] = (1e-6, 1e-5, 3e-5, 1e-4, 3e-4)
     slice_layer: str = "layer2.0.conv1"
     update_layer: str = "layer3.0.conv1"
     figure_pair: str = "E→M"
@@ -258,6 +275,7 @@ class BenchConfig:
             rank_values=(2, 8),
             svd_ranks=(32, 64),
             step_values=(1, 10),
+            lr_values=(1e-6, 1e-5, 3e-5, 1e-4),
             latency_repeats=3,
             seeds=(0,),
             ablation_pairs=("E→M",),
@@ -289,6 +307,7 @@ class BenchConfig:
             rank_values=(2, 8),
             svd_ranks=(32, 64),
             step_values=(1, 5),
+            lr_values=(1e-5, 1e-4),
             figure_slices=(0, 1, 3, 15, 63),
             latency_repeats=3,
             seeds=(0,),
@@ -521,6 +540,14 @@ def ablation_variants(name: str, config: BenchConfig) -> list[Variant]:
                     if k == steps
                     else Variant(f"{method}[steps={k}]", "adapter", name, k, main[method].adapter, {"steps": k})
                 )
+    elif name == "lr":
+        for method in ("alfa", "lora"):
+            for lr in config.lr_values:
+                rows.append(
+                    tagged(main[method], lr)
+                    if lr == config.personalize.lr
+                    else Variant(f"{method}[lr={lr:g}]", "adapter", name, lr, main[method].adapter, {"lr": lr})
+                )
     else:
         raise ValueError(f"unknown ablation {name!r}; ablations are {', '.join(ABLATIONS)}")
     return rows
@@ -654,7 +681,9 @@ class ResultsStore:
                 write_json(self.path, _empty_results(config))
 
     def _check_protocol(self, data: dict[str, Any]) -> None:
-        stored, here = data.get("config", {}), self.config.protocol_dict()
+        here = self.config.protocol_dict()
+        # Files written before a field became a selection field still hold it: ignore it there too.
+        stored = {k: v for k, v in data.get("config", {}).items() if k not in SELECTION_FIELDS}
         if stored != here:
             keys = sorted(k for k in set(stored) | set(here) if stored.get(k) != here.get(k))
             raise ValueError(
