@@ -796,6 +796,12 @@ ABLATION_TITLES = {
 # ----------------------------------------------------------------------------- protocol
 
 
+def _scale_words(scale: dict[str, float] | None) -> str:
+    if not scale:
+        return "the same rate for every parameter"
+    return "scaled " + ", ".join(f"×{v:g} on `{k}`" for k, v in scale.items())
+
+
 def _config_lines(results: dict[str, Any], idx: Index) -> list[str]:
     c = results.get("config", {})
     rec = c.get("personalize", {})
@@ -852,8 +858,9 @@ def _config_lines(results: dict[str, Any], idx: Index) -> list[str]:
         [
             "**Oracle** (the headroom, not a competitor): per target person, every parameter fine-tuned with",
             f"labels on the {n_adapt} adaptation images plus {oracle.get('extra_images')} more labelled images of",
-            "the same person that are never scored (rendered after the scored ones); the recipe's optimizer",
-            f"(AdamW lr {oracle.get('lr')}, ×10 on layer3/layer4, weight decay {oracle.get('weight_decay')}) with the",
+            "the same person that are never scored (rendered after the scored ones); AdamW",
+            f"(lr {oracle.get('lr')}, {_scale_words(oracle.get('lr_scale'))}, "
+            f"weight decay {oracle.get('weight_decay')}) with the",
             f"supervised L1 loss, {oracle.get('steps')} steps on batches of {oracle.get('batch_size')}, BatchNorm in",
             "eval mode. Scored on the same images as every method.",
         ],
