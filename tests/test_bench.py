@@ -281,3 +281,20 @@ def test_same_seed_same_numbers(tmp_path):
     ra, rb = load_results(tmp_path / "a")["records"], load_results(tmp_path / "b")["records"]
     assert [r["per_person"] for r in ra] == [r["per_person"] for r in rb]
     assert [r["config_hash"] for r in ra] == [r["config_hash"] for r in rb]
+
+
+def test_target_trained_yardstick_uses_the_target_worlds_own_persons(tmp_path):
+    config = tiny(methods=("source-only", "target-trained"))
+    assert "split=train" in config.source_spec("M") and "mpii" in config.source_spec("M")
+    assert "split=val" in config.val_spec("M")
+    summary = run_bench(config, tmp_path, progress=False)
+    assert sorted(summary.ran) == ["source-only|E→M|seed0", "target-trained|E→M|seed0"]
+    data = load_results(tmp_path)
+    by = {r["method"]: r for r in data["records"]}
+    # Scored on the same target persons as every method, with a model of its own (built from the target world).
+    assert set(by["target-trained"]["per_person"]) == set(by["source-only"]["per_person"]) == {"p00", "p01"}
+    assert {"E|seed0", "M|seed0"} <= set(data["sources"])
+    assert data["sources"]["E|seed0"]["cache"] != data["sources"]["M|seed0"]["cache"]
+    assert by["target-trained"]["per_person"] != by["source-only"]["per_person"]
+    s = data["sanity"]["E→M"]
+    assert s["target_gap_deg"] == pytest.approx(by["source-only"]["error_deg"] - by["target-trained"]["error_deg"])

@@ -74,6 +74,7 @@ from ..adapters import (
 )
 from ..adapters.prompt import TPGazeConfig
 from ..data.base import GazeDataset, InMemoryGazeDataset
+from ..data.synthetic import get_domain
 from ..gaze.augment import AugmentConfig
 from ..gaze.evaluate import adapter_filename, load_examples, load_images, person_errors, write_json
 from ..gaze.geometry import angular_error
@@ -121,9 +122,9 @@ MAIN_METHODS = (
     "flora",
     "alfa",
 )
-SANITY_METHODS = ("in-domain", "oracle")
+SANITY_METHODS = ("in-domain", "target-trained", "oracle")
 ABLATIONS = ("heads", "rank", "svd_rank", "gate", "mix", "truncation", "loss", "detach", "steps", "lr")
-KINDS = ("source-only", "in-domain", "oracle", "adapter", "tpgaze")
+KINDS = ("source-only", "in-domain", "target-trained", "oracle", "adapter", "tpgaze")
 
 RESULTS_FILE = "results.json"
 FORMAT = "alfa-bench-results"
@@ -353,12 +354,25 @@ class BenchConfig:
     # ------------------------------------------------------------------ data specs
 
     def source_spec(self, source: str) -> str:
+        """Training data of a source model. A target key (``M``/``D``) names the within-target model's:
+        the target world's ``train`` persons, never the scored ones, as many as a source has."""
+        if source in TARGETS:
+            return (
+                f"synthetic:{TARGETS[source]}?split=train&size={self.image_size}"
+                f"&persons={self.source_persons}&images_per_person={self.source_images}"
+            )
         return (
             f"synthetic:{SOURCES[source]}?size={self.image_size}"
             f"&persons={self.source_persons}&images_per_person={self.source_images}"
         )
 
     def val_spec(self, source: str) -> str:
+        if source in TARGETS:
+            persons = min(self.val_persons, get_domain(TARGETS[source]).persons["val"])
+            return (
+                f"synthetic:{TARGETS[source]}?split=val&size={self.image_size}"
+                f"&persons={persons}&images_per_person={self.val_images}"
+            )
         return (
             f"synthetic:{SOURCES[source]}?split=val&size={self.image_size}"
             f"&persons={self.val_persons}&images_per_person={self.val_images}"
@@ -448,6 +462,7 @@ def main_variants(config: BenchConfig) -> dict[str, Variant]:
         "tpgaze": Variant("tpgaze", "tpgaze"),
         **{name: Variant(name, "adapter", adapter=cfg) for name, cfg in adapters.items()},
         "in-domain": Variant("in-domain", "in-domain", group="sanity"),
+        "target-trained": Variant("target-trained", "target-trained", group="sanity"),
         "oracle": Variant("oracle", "oracle", group="sanity"),
     }
     return {name: out[name] for name in (*MAIN_METHODS, *SANITY_METHODS)}
@@ -898,7 +913,7 @@ class _Session:
 
     def record_hash(self, plan: RecordPlan) -> str:
         c, v = self.config, plan.variant
-        src, tgt = self.source(plan.source, plan.seed), self.target(plan.target)
+        src, tgt = self.source(self.model_key(plan), plan.seed), self.target(plan.target)
         spec: dict[str, Any] = {
             "id": plan.id,
             "variant": v.describe(),
@@ -1000,9 +1015,14 @@ class _Session:
         figure = plan.pair == c.figure_pair and plan.seed == c.figure_seed and plan.variant.label in ("alfa", "lora")
         return c.keep_adapters or figure
 
+    @staticmethod
+    def model_key(plan: RecordPlan) -> str:
+        """Whose model a record uses: the pair's source, or for the within-target yardstick the target's."""
+        return plan.target if plan.variant.kind == "target-trained" else plan.source
+
     def run(self, plan: RecordPlan) -> dict[str, Any]:
         c, v = self.config, plan.variant
-        src = self.build(plan.source, plan.seed)
+        src = self.build(self.model_key(plan), plan.seed)
         tgt = self.target(plan.target)
         base = self.base(src, v.base)
         n_adapt = c.personalize.n_adapt
@@ -1037,6 +1057,9 @@ class _Session:
         if v.kind == "in-domain":
             errors = person_errors(base, src.val, src.val.persons(), n_adapt)
             record["constant_prediction_deg"] = constant_prediction_error(src.val, src.val.persons(), n_adapt)
+        elif v.kind == "target-trained":
+            errors = person_errors(base, tgt.data, tgt.data.persons(), n_adapt)
+            record["constant_prediction_deg"] = constant_prediction_error(tgt.data, tgt.data.persons(), n_adapt)
         elif v.kind == "source-only":
             errors = person_errors(base, tgt.data, tgt.data.persons(), n_adapt)
             record["constant_prediction_deg"] = constant_prediction_error(tgt.data, tgt.data.persons(), n_adapt)

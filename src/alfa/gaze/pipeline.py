@@ -59,7 +59,7 @@ COLUMNS = ("source dense", "truncated+recovered", "alfa")
 @dataclass
 class DemoConfig:
     """Everything the demo depends on. Defaults are the small synthetic preset (64×64 faces, sized
-    for about 15 minutes on 2 CPU cores); :func:`real_config` gives the paper's settings.
+    to stay well within 15 minutes on 2 CPU cores); :func:`real_config` gives the paper's settings.
 
     Data are dataset specs (:func:`alfa.data.registry.open_dataset`), options after ``?``.
     ``val_source`` holds the held-out source persons (``None``: hold out a fraction of ``source``).

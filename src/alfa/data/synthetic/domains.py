@@ -251,7 +251,7 @@ _register(
         name="mpii",
         description="MPIIGaze-like target: 15 laptop users, webcam noise, narrow ranges, uneven indoor light",
         role="target",
-        persons={"test": 15, "val": 5},
+        persons={"test": 15, "val": 5, "train": 80},
         images_per_person=150,
         render_scale=0.8,
         gaze_yaw=(0.0, 9.0, 25.0),
@@ -291,7 +291,7 @@ _register(
         name="eyediap",
         description="EyeDiap-like target: 14 persons, low-resolution VGA camera, colour cast, blur",
         role="target",
-        persons={"test": 14, "val": 5},
+        persons={"test": 14, "val": 5, "train": 80},
         images_per_person=150,
         render_scale=0.5,
         gaze_yaw=(0.0, 11.0, 30.0),
@@ -510,8 +510,9 @@ def make_domain(
 ) -> InMemoryGazeDataset:
     """Render a split of a synthetic domain as an in-memory dataset.
 
-    ``split`` is ``"train"`` or ``"val"`` for sources and ``"test"`` or ``"val"`` for targets (the
-    default is the first); different splits hold different persons. Persons are named ``p00, p01, ...``
+    ``split`` is ``"train"`` or ``"val"`` for sources and ``"test"``, ``"val"`` or ``"train"`` for targets
+    (the default is the first; a target's ``train`` persons serve the benchmark's within-target yardstick,
+    never personalization); different splits hold different persons. Persons are named ``p00, p01, ...``
     (``v00, ...`` in the val split) and come in order, each with ``images_per_person`` images in a
     fixed order. ``persons`` and ``images_per_person`` default to the domain's sizes. Persons are
     rendered by ``workers`` threads (default: ``torch.get_num_threads()``); the result does not depend
