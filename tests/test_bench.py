@@ -227,6 +227,9 @@ def test_plan_deduplicates_ablation_defaults():
     lrs = ablation_variants("lr", tiny(lr_values=(1e-5, 1e-4)))
     assert [v.label for v in lrs] == ["alfa[lr=1e-05]", "alfa", "lora[lr=1e-05]", "lora"]
     assert lrs[0].recipe == {"lr": 1e-5} and lrs[1].recipe == {}
+    inits = ablation_variants("init", tiny(init_std_values=(0.007, 0.02)))
+    assert [v.label for v in inits] == ["alfa[σ=0.007]", "alfa"]
+    assert inits[0].adapter.init_std == 0.007 and inits[0].adapter.heads == inits[1].adapter.heads
     heads = ablation_variants("heads", config)
     assert [v.label for v in heads] == ["alfa[H=1]", "alfa"] and [v.value for v in heads] == [1, 8]
     with pytest.raises(ValueError, match="unknown ablation"):

@@ -123,7 +123,7 @@ MAIN_METHODS = (
     "alfa",
 )
 SANITY_METHODS = ("in-domain", "target-trained", "oracle")
-ABLATIONS = ("heads", "rank", "svd_rank", "gate", "mix", "truncation", "loss", "detach", "steps", "lr")
+ABLATIONS = ("heads", "init", "rank", "svd_rank", "gate", "mix", "truncation", "loss", "detach", "steps", "lr")
 KINDS = ("source-only", "in-domain", "target-trained", "oracle", "adapter", "tpgaze")
 
 RESULTS_FILE = "results.json"
@@ -148,6 +148,7 @@ SELECTION_FIELDS = (
     "svd_ranks",
     "step_values",
     "lr_values",
+    "init_std_values",
 )
 
 
@@ -194,7 +195,8 @@ class BenchConfig:
 
     Ablation values: ``heads_values`` (H), ``rank_values`` (r, Alfa and LoRA), ``svd_ranks`` (d; each other
     than ``rank`` is its own truncation + recovery of the same pre-trained model), ``step_values``,
-    ``lr_values`` (the recipe's base learning rate, Alfa and LoRA). Figures:
+    ``lr_values`` (the recipe's base learning rate, Alfa and LoRA), ``init_std_values`` (σ of Alfa's
+    Gaussian init of ``A_q`` and ``A_p``). Figures:
     rank-slice maps of ``slice_layer`` (slices ``figure_slices``) and update maps of ``update_layer``, on
     ``figure_pair`` with ``figure_seed``. Latency: median of ``latency_repeats`` forwards of
     ``latency_batch`` target images.
@@ -232,6 +234,7 @@ class BenchConfig:
     svd_ranks: tuple[int, ...] = (16, 32, 64, 128)
     step_values: tuple[int, ...] = (1, 3, 10, 30)
     lr_values: tuple[float, ...] = (1e-6, 1e-5, 3e-5, 1e-4, 3e-4)
+    init_std_values: tuple[float, ...] = (0.002, 0.007, 0.02)
     slice_layer: str = "layer2.0.conv1"
     update_layer: str = "layer3.0.conv1"
     figure_pair: str = "E→M"
@@ -278,6 +281,7 @@ class BenchConfig:
             svd_ranks=(32, 64),
             step_values=(1, 10),
             lr_values=(1e-6, 1e-5, 3e-5, 1e-4),
+            init_std_values=(0.007, 0.02),
             latency_repeats=3,
             seeds=(0,),
             ablation_pairs=("E→M",),
@@ -310,6 +314,7 @@ class BenchConfig:
             svd_ranks=(32, 64),
             step_values=(1, 5),
             lr_values=(1e-5, 1e-4),
+            init_std_values=(0.007, 0.02),
             figure_slices=(0, 1, 3, 15, 63),
             latency_repeats=3,
             seeds=(0,),
@@ -486,6 +491,14 @@ def ablation_variants(name: str, config: BenchConfig) -> list[Variant]:
                 tagged(main["alfa"], h)
                 if h == config.alfa_heads
                 else Variant(f"alfa[H={h}]", "adapter", name, h, _alfa(config, heads=h))
+            )
+    elif name == "init":
+        default = AlfaConfig().init_std
+        for std in config.init_std_values:
+            rows.append(
+                tagged(main["alfa"], std)
+                if std == default
+                else Variant(f"alfa[σ={std:g}]", "adapter", name, std, _alfa(config, init_std=std))
             )
     elif name == "rank":
         for r in config.rank_values:
