@@ -379,41 +379,51 @@ def _share_range(items: Sequence[tuple[str, float, float]]) -> str:
     return _range([100 * d / ref for _, d, ref in items], 0, " %")
 
 
+def _below_source_only(idx: Index, pairs: Sequence[str], method: str) -> list[tuple[str, float, float]]:
+    """``(pair, source-only − method, source-only)`` for every pair where both rows exist."""
+    out = []
+    for p in pairs:
+        ref, other = cell(idx, "source-only", p), cell(idx, method, p)
+        if ref and other:
+            out.append((p, ref.mean - other.mean, ref.mean))
+    return out
+
+
+def _gap_sentence(items: list[tuple[str, float, float]], subject: str, by: str, missing: str) -> str:
+    """ "<subject> on k of n pairs, <by> <range> (<share>); <missing> on <pairs>." for gaps that should be > 0."""
+    below = [g for g in items if g[1] > 0]
+    text = f"{subject} on {len(below)} of {len(items)} pairs"
+    if below:
+        text += f"{by}{_deg_range(below)} ({_share_range(below)} of the source-only error)"
+    if len(below) < len(items):
+        text += f"; {missing} on {', '.join(g[0] for g in items if g[1] <= 0)}"
+    return text + "."
+
+
 def sanity_verdicts(idx: Index) -> list[str]:
     lines = []
     pairs = _pairs_of(idx)
-    gaps = [
-        (p, cell(idx, "source-only", p).mean - cell(idx, "in-domain", p).mean, cell(idx, "source-only", p).mean)
-        for p in pairs
-        if cell(idx, "source-only", p) and cell(idx, "in-domain", p)
-    ]
+    gaps = _below_source_only(idx, pairs, "in-domain")
     if gaps:
-        below = [g for g in gaps if g[1] > 0]
-        text = (
-            f"In-domain error (the base on held-out source persons) is below the cross-domain source-only error "
-            f"on {len(below)} of {len(gaps)} pairs"
+        lines.append(
+            _gap_sentence(
+                gaps,
+                "In-domain error (the base on held-out source persons) is below the cross-domain source-only error",
+                ", by ",
+                "NO domain gap",
+            )
         )
-        if below:
-            text += f", by {_deg_range(below)} ({_share_range(below)} of the cross-domain error)"
-        if len(below) < len(gaps):
-            text += f"; NO domain gap on {', '.join(g[0] for g in gaps if g[1] <= 0)}"
-        lines.append(text + ".")
-    own = [
-        (p, cell(idx, "source-only", p).mean - cell(idx, "target-trained", p).mean, cell(idx, "source-only", p).mean)
-        for p in pairs
-        if cell(idx, "source-only", p) and cell(idx, "target-trained", p)
-    ]
+    own = _below_source_only(idx, pairs, "target-trained")
     if own:
-        below = [g for g in own if g[1] > 0]
-        text = (
-            "The same model trained on other persons of the target world (the within-dataset yardstick of the gaze "
-            f"literature) is below the source model on the target's scored persons on {len(below)} of {len(own)} pairs"
+        lines.append(
+            _gap_sentence(
+                own,
+                "The same model trained on other persons of the target world (the within-dataset yardstick of the "
+                "gaze literature) is below the source model on the target's scored persons",
+                ", by ",
+                "NOT",
+            )
         )
-        if below:
-            text += f", by {_deg_range(below)} ({_share_range(below)} of the cross-domain error)"
-        if len(below) < len(own):
-            text += f"; NOT on {', '.join(g[0] for g in own if g[1] <= 0)}"
-        lines.append(text + ".")
     ratios = []
     for pair, s in sanity_summary(idx.values()).items():
         ind, src = s["in_domain"], s["source_only"]
@@ -430,21 +440,16 @@ def sanity_verdicts(idx: Index) -> list[str]:
             + f" ({', '.join(p for p, _, _ in ratios)}): relatively worse across domains on {len(worse)} of "
             f"{len(ratios)} pairs."
         )
-    rooms = [
-        (p, cell(idx, "source-only", p).mean - cell(idx, "oracle", p).mean, cell(idx, "source-only", p).mean)
-        for p in pairs
-        if cell(idx, "source-only", p) and cell(idx, "oracle", p)
-    ]
+    rooms = _below_source_only(idx, pairs, "oracle")
     if rooms:
-        below = [g for g in rooms if g[1] > 0]
-        text = (
-            f"The oracle (per-person supervised fine-tuning) is below source-only on {len(below)} of {len(rooms)} pairs"
+        lines.append(
+            _gap_sentence(
+                rooms,
+                "The oracle (per-person supervised fine-tuning) is below source-only",
+                ": headroom ",
+                "NO headroom",
+            )
         )
-        if below:
-            text += f": headroom {_deg_range(below)} ({_share_range(below)} of the source-only error)"
-        if len(below) < len(rooms):
-            text += f"; NO headroom on {', '.join(g[0] for g in rooms if g[1] <= 0)}"
-        lines.append(text + ".")
         if "alfa" in {m for (m, _, _) in idx}:
             shares = []
             for p, room, _ in rooms:
