@@ -5,8 +5,7 @@ import dataclasses
 import json
 
 import pytest
-import torch
-from torch import nn
+from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 import alfa
 import alfa.bench.runner as runner
@@ -26,36 +25,6 @@ from alfa.gaze.evaluate import person_errors
 from alfa.gaze.pipeline import open_data
 from alfa.gaze.tpgaze import MetaTrainConfig
 from alfa.gaze.train import TrainConfig
-from alfa.models import list_models, register_model
-
-
-class BenchTinyNet(nn.Module):
-    """A small conv net with ResNet-18's stage names (the layer3/layer4 learning-rate rule applies)."""
-
-    def __init__(self, num_outputs: int = 2) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(16)
-        cin = 16
-        for i, w in enumerate((16, 24, 32, 32)):
-            stage = nn.Sequential(nn.Conv2d(cin, w, 3, stride=2 if i else 1, padding=1, bias=False), nn.BatchNorm2d(w))
-            setattr(self, f"layer{i + 1}", stage)
-            cin = w
-        self.fc = nn.Linear(cin, num_outputs)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.bn1(self.conv1(x)))
-        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
-            x = torch.relu(stage(x))
-        return self.fc(x.mean((2, 3)))
-
-
-if "bench_tiny_net" not in list_models():
-
-    @register_model
-    def bench_tiny_net(num_outputs: int = 2) -> BenchTinyNet:
-        return BenchTinyNet(num_outputs)
-
 
 REQUIRED = ("method", "pair", "seed", "error_deg", "per_person", "trainable_params", "inference_params")
 REQUIRED += ("adapter_bytes", "seconds_per_user", "id", "config_hash")
@@ -67,7 +36,7 @@ def tiny(**overrides) -> BenchConfig:
     config = dataclasses.replace(
         base,
         preset="test",
-        model="bench_tiny_net",
+        model="tiny_gaze_net",
         image_size=16,
         source_persons=4,
         source_images=12,

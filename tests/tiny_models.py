@@ -1,0 +1,35 @@
+"""Small models the tests share (imported by test modules; pytest puts tests/ on the path)."""
+
+import torch
+from torch import nn
+
+from alfa.models import list_models, register_model
+
+
+class TinyGazeNet(nn.Module):
+    """A small conv net with ResNet-18's stage names (so the layer3/layer4 learning-rate rule applies)."""
+
+    def __init__(self, num_outputs: int = 2) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        widths = (16, 24, 32, 32)
+        cin = 16
+        for i, w in enumerate(widths):
+            stage = nn.Sequential(nn.Conv2d(cin, w, 3, stride=2 if i else 1, padding=1, bias=False), nn.BatchNorm2d(w))
+            setattr(self, f"layer{i + 1}", stage)
+            cin = w
+        self.fc = nn.Linear(cin, num_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn1(self.conv1(x)))
+        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
+            x = torch.relu(stage(x))
+        return self.fc(x.mean((2, 3)))
+
+
+if "tiny_gaze_net" not in list_models():
+
+    @register_model
+    def tiny_gaze_net(num_outputs: int = 2) -> TinyGazeNet:
+        return TinyGazeNet(num_outputs)
