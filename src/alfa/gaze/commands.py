@@ -11,7 +11,6 @@ import argparse
 import copy
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -188,15 +187,12 @@ def _personalize(args: argparse.Namespace) -> None:
     persons = [p for p in args.persons.split(",") if p] if args.persons else None
     _seed(config.seed)
     run = personalize_dataset(model, data, method, config, args.out, persons=persons, progress=not args.quiet)
-    counts = {s: sum(o.status == s for o in run.persons.values()) for s in ("ok", "skipped", "failed")}
+    counts = run.counts()
     print(
         f"{method.method} personalization of {data.name}: {counts['ok']} done, {counts['skipped']} already "
         f"there, {counts['failed']} failed; adapters in {args.out}"
     )
-    for person, error in run.failed.items():
-        print(f"  FAILED {person}: {error}", file=sys.stderr)
-    if run.persons and counts["failed"] == len(run.persons):
-        raise RuntimeError("personalization failed for every person")
+    run.raise_if_all_failed()
 
 
 # ----------------------------------------------------------------------------- evaluate

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -232,6 +233,17 @@ class PersonalizationRun:
     @property
     def failed(self) -> dict[str, str]:
         return {p: o.error or "" for p, o in self.persons.items() if o.status == "failed"}
+
+    def counts(self) -> dict[str, int]:
+        """How many persons are ``ok``, ``skipped`` (already done) and ``failed``."""
+        return {s: sum(o.status == s for o in self.persons.values()) for s in ("ok", "skipped", "failed")}
+
+    def raise_if_all_failed(self) -> None:
+        """Print each failed person to stderr; a run in which every person failed is an error."""
+        for person, error in self.failed.items():
+            print(f"  FAILED {person}: {error}", file=sys.stderr)
+        if self.persons and len(self.failed) == len(self.persons):
+            raise RuntimeError("personalization failed for every person")
 
     def to_dict(self) -> dict[str, Any]:
         return {

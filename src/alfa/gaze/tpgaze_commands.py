@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 
 __all__ = ["register"]
 
@@ -113,7 +112,7 @@ def _personalize(args: argparse.Namespace) -> None:
     persons = [p for p in args.persons.split(",") if p] if args.persons else None
     _seed(config.seed)
     run = personalize_tpgaze_dataset(model, data, args.meta, args.out, config, persons=persons, progress=not args.quiet)
-    counts = {s: sum(o.status == s for o in run.persons.values()) for s in ("ok", "skipped", "failed")}
+    counts = run.counts()
     files = [o.adapter for o in run.persons.values() if o.adapter]
     size = f", {_kib(os.path.getsize(files[0]))} per person" if files else ""
     print(
@@ -121,10 +120,7 @@ def _personalize(args: argparse.Namespace) -> None:
         f"{counts['ok']} done, {counts['skipped']} already there, {counts['failed']} failed; "
         f"prompt files in {args.out}{size}"
     )
-    for person, error in run.failed.items():
-        print(f"  FAILED {person}: {error}", file=sys.stderr)
-    if run.persons and counts["failed"] == len(run.persons):
-        raise RuntimeError("personalization failed for every person")
+    run.raise_if_all_failed()
 
 
 # ----------------------------------------------------------------------------- registration
