@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .methods import MAIN_METHODS, PAIRS
+
 __all__ = [
     "Stat",
     "Diff",
@@ -36,22 +38,7 @@ __all__ = [
     "build_report",
 ]
 
-MAIN_ORDER = (
-    "source-only",
-    "tpgaze",
-    "full",
-    "bitfit",
-    "lora",
-    "pissa",
-    "milora",
-    "moslora",
-    "spectral",
-    "dora",
-    "flora",
-    "alfa",
-)
 LORA_FAMILY = ("lora", "pissa", "milora", "moslora", "dora", "flora", "spectral")
-PAIR_ORDER = ("E→M", "E→D", "G→M", "G→D")
 NAMES = {
     "source-only": "source-only (truncated base)",
     "tpgaze": "TPGaze",
@@ -156,7 +143,7 @@ def index_records(records: Iterable[dict[str, Any]]) -> Index:
 
 def _pairs_of(idx: Index) -> list[str]:
     present = {p for (_, p, _) in idx}
-    return [p for p in PAIR_ORDER if p in present] + sorted(present - set(PAIR_ORDER))
+    return [p for p in PAIRS if p in present] + sorted(present - set(PAIRS))
 
 
 def _seeds_of(idx: Index) -> list[int]:
@@ -287,7 +274,7 @@ def _ordinal(k: int) -> str:
 
 def _competitors(idx: Index) -> list[str]:
     present = {m for (m, _, _) in idx}
-    return [m for m in MAIN_ORDER if m in present]
+    return [m for m in MAIN_METHODS if m in present]
 
 
 def main_verdicts(idx: Index) -> list[str]:
@@ -658,7 +645,7 @@ def ablation_table(
     labels = [r["label"] for r in rows_layout]
     present = {(m, p) for (m, p, _) in idx if m in labels}
     # The ablation's pairs: where its own variants ran (the reference rows are main methods, run everywhere).
-    own = [lab for lab in labels if lab not in MAIN_ORDER]
+    own = [lab for lab in labels if lab not in MAIN_METHODS]
     pairs = [p for p in _pairs_of(idx) if any((lab, p) in present for lab in own)]
     rows = []
     for row in rows_layout:
@@ -1196,7 +1183,9 @@ def render_report(
         lines += [f"- {s}" for s in ablation_verdicts(idx, name, rows, pairs)]
         lines += [""]
         lines += fig(name, f"Error against the setting ({title}): mean ± std over seeds, one line per pair.")
-    cost_labels = [m for m in (*MAIN_ORDER, "oracle", "diag_gate", "linear_mix", "alfa[dense]") if _records_of(idx, m)]
+    cost_labels = [
+        m for m in (*MAIN_METHODS, "oracle", "diag_gate", "linear_mix", "alfa[dense]") if _records_of(idx, m)
+    ]
     lines += [
         "## Costs",
         "",

@@ -84,6 +84,7 @@ from ..gaze.pipeline import DemoConfig, build_source_model, data_fingerprint, op
 from ..gaze.tpgaze import MetaTrainConfig, meta_train_prompts, personalize_tpgaze_dataset, tpgaze_recipe
 from ..gaze.train import TrainConfig, TruncateConfig, truncate_and_recover
 from ..layers import is_factorized
+from .methods import MAIN_METHODS, PAIRS, SANITY_METHODS, SOURCES, TARGETS
 
 __all__ = [
     "PAIRS",
@@ -105,24 +106,6 @@ __all__ = [
     "run_bench",
 ]
 
-SOURCES = {"E": "eth", "G": "gaze360"}
-TARGETS = {"M": "mpii", "D": "eyediap"}
-PAIRS = ("E→M", "E→D", "G→M", "G→D")
-MAIN_METHODS = (
-    "source-only",
-    "tpgaze",
-    "full",
-    "bitfit",
-    "lora",
-    "pissa",
-    "milora",
-    "moslora",
-    "spectral",
-    "dora",
-    "flora",
-    "alfa",
-)
-SANITY_METHODS = ("in-domain", "target-trained", "oracle")
 ABLATIONS = ("heads", "init", "rank", "svd_rank", "gate", "mix", "truncation", "loss", "detach", "steps", "lr")
 KINDS = ("source-only", "in-domain", "target-trained", "oracle", "adapter", "tpgaze")
 
