@@ -20,13 +20,51 @@ from torch import Tensor, nn
 from .models import create_model
 from .truncate import factorized_ranks, restore_structure
 
-__all__ = ["CheckpointError", "save_model", "load_model", "read_checkpoint", "load_state", "load_backbone"]
+__all__ = [
+    "CheckpointError",
+    "save_model",
+    "load_model",
+    "read_checkpoint",
+    "load_state",
+    "load_backbone",
+    "write_tagged",
+    "read_tagged",
+]
 
 FORMAT = "alfa-checkpoint"
 
 
 class CheckpointError(ValueError):
     """A checkpoint that is corrupt, of another format, or for another model."""
+
+
+def write_tagged(path: str | os.PathLike, tensors: dict[str, Tensor], fmt: str, meta: dict[str, Any]) -> Path:
+    """Write ``tensors`` atomically as safetensors with a ``format`` tag and a JSON ``meta`` header: the
+    file kind other modules use for their own state (figure data, TPGaze meta-training)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": fmt, "meta": json.dumps(meta)})
+    os.replace(tmp, path)
+    return path
+
+
+def read_tagged(path: str | os.PathLike, fmt: str, what: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Read what :func:`write_tagged` wrote; a :class:`CheckpointError` (a ``ValueError``) naming the file
+    if it is unreadable, of another kind (``what`` says which was expected) or has a damaged header."""
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
+    if raw.get("format") != fmt:
+        raise CheckpointError(f"{path}: not {what} (no '{fmt}' header)")
+    try:
+        return tensors, json.loads(raw["meta"])
+    except (KeyError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: damaged header ({e})") from e
 
 
 def save_model(

@@ -15,7 +15,6 @@ command renders every figure from those files and from ``results.json``, so it n
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,11 +22,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ..adapters import adapted_layers, detach, load_adapter
+from ..checkpoint import read_tagged, write_tagged
 from ..layers import is_factorized
 
 __all__ = [
@@ -46,30 +44,13 @@ FIGURE_FORMAT = "alfa-bench-figure"
 
 def save_figure_data(path: str | os.PathLike, tensors: Mapping[str, Tensor], meta: dict[str, Any]) -> Path:
     """Write figure tensors and a JSON header to ``path`` (safetensors), atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     data = {k: t.detach().cpu().float().contiguous() for k, t in tensors.items()}
-    save_file(data, str(tmp), metadata={"format": FIGURE_FORMAT, "meta": json.dumps(meta)})
-    os.replace(tmp, path)
-    return path
+    return write_tagged(path, data, FIGURE_FORMAT, meta)
 
 
 def load_figure_data(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """Read what :func:`save_figure_data` wrote; a ``ValueError`` naming the file if it is not that."""
-    path = Path(path)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            raw = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError) as e:
-        raise ValueError(f"{path}: not a readable figure data file ({e})") from e
-    if raw.get("format") != FIGURE_FORMAT:
-        raise ValueError(f"{path}: not a benchmark figure data file")
-    try:
-        return tensors, json.loads(raw["meta"])
-    except (KeyError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: damaged header ({e})") from e
+    return read_tagged(path, FIGURE_FORMAT, "a benchmark figure data file")
 
 
 # ----------------------------------------------------------------------------- data (needs the model)

@@ -34,8 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -43,7 +41,7 @@ from ..adapters import adapter_parameters, adapter_state, attach, detach, load_a
 from ..adapters.base import adapted_layers
 from ..adapters.io import _compare_fingerprints, base_fingerprint
 from ..adapters.prompt import PromptedConv, TPGazeConfig
-from ..checkpoint import CheckpointError
+from ..checkpoint import CheckpointError, read_tagged, write_tagged
 from ..data.base import GazeDataset
 from .evaluate import load_examples, load_images, person_errors, write_json
 from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
@@ -239,24 +237,11 @@ def _save_state(path: Path, prompts: dict[str, nn.Parameter], optimizers: dict[s
     tensors = {f"prompt/{n}": p.detach().cpu().contiguous() for n, p in prompts.items()}
     for prefix, opt in optimizers.items():
         tensors.update(_optimizer_tensors(opt, prefix))
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": STATE_FORMAT, "meta": json.dumps(meta)})
-    os.replace(tmp, path)
+    write_tagged(path, tensors, STATE_FORMAT, meta)
 
 
 def _read_state(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            raw = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
-    if raw.get("format") != STATE_FORMAT:
-        raise CheckpointError(f"{path}: not a TPGaze meta-training state (no '{STATE_FORMAT}' header)")
-    try:
-        return tensors, json.loads(raw["meta"])
-    except (KeyError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: damaged header ({e})") from e
+    return read_tagged(path, STATE_FORMAT, "a TPGaze meta-training state")
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
