@@ -11,7 +11,9 @@ AdamW step (lr 1e-4, ×10 on ``layer3``/``layer4``); BatchNorm in eval mode. Tim
 of ``repeats`` steps after ``warmup`` steps, with ``torch.set_num_threads(threads)``. Weights are
 random (the costs do not depend on them), so no checkpoint is needed.
 
-Run ``python -m alfa.adapters.costs`` (``--help`` for options); it prints a Markdown table.
+Run ``python -m alfa.adapters.costs`` (``--help`` for options); it prints a Markdown table, and with
+``--update-doc docs/adapters.md`` also writes it, with the conditions it was measured under, between the
+page's ``<!-- costs:begin -->`` and ``<!-- costs:end -->`` markers (nothing else on the page changes).
 """
 
 from __future__ import annotations
@@ -267,6 +269,27 @@ def format_table(rows: list[CostRow]) -> str:
     return "\n".join(lines)
 
 
+BEGIN_MARK = "<!-- costs:begin -->"
+END_MARK = "<!-- costs:end -->"
+
+
+def _split_at_markers(path: Path) -> tuple[str, str]:
+    text = path.read_text(encoding="utf-8")
+    if text.count(BEGIN_MARK) != 1 or text.count(END_MARK) != 1 or text.index(BEGIN_MARK) > text.index(END_MARK):
+        raise ValueError(f"{path} needs exactly one {BEGIN_MARK} followed by one {END_MARK}")
+    head, rest = text.split(BEGIN_MARK)
+    return head, rest.split(END_MARK)[1]
+
+
+def update_doc(path: Path, block: str) -> None:
+    """Replace what lies between :data:`BEGIN_MARK` and :data:`END_MARK` in ``path`` by ``block``
+    (atomically; the rest of the page is kept byte for byte)."""
+    head, tail = _split_at_markers(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{head}{BEGIN_MARK}\n{block.strip()}\n{END_MARK}{tail}", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m alfa.adapters.costs``: print the cost table (and optionally save it as JSON)."""
     parser = argparse.ArgumentParser(prog="alfa costs", description=__doc__.split("\n\n")[0])
@@ -280,7 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-dense", action="store_true", help="skip the untruncated rows")
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    parser.add_argument(
+        "--update-doc", type=Path, metavar="MD", help="also write the table between the costs markers of this page"
+    )
     args = parser.parse_args(argv)
+    if args.update_doc is not None:  # fail before ten minutes of timing, not after
+        _split_at_markers(args.update_doc)
+    load_start = os.getloadavg()[0]
     rows = cost_table(
         model_name=args.model,
         rank=args.rank,
@@ -292,15 +321,20 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         dense_alfa=not args.no_dense,
     )
-    print(format_table(rows))
+    table = format_table(rows)
+    conditions = (
+        f"Measured {time.strftime('%Y-%m-%d')}: step = forward of {args.batch} images + their flips "
+        f"({2 * args.batch}×3×{args.image_size}²), flip-symmetry L1, backward, AdamW; inference = forward of "
+        f"{args.batch} images after merge; median of {args.repeats} interleaved rounds after {args.warmup} warm-up, "
+        f"{args.threads} threads, torch {torch.__version__}; load average {load_start:.1f} at the start and "
+        f"{os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} CPUs."
+    )
+    print(table)
     print()
     print("defaults: " + "; ".join(f"{r.method}: {r.config}" for r in rows if r.config and r.base == "truncated"))
-    print(
-        f"step = forward of {args.batch} images + their flips ({2 * args.batch}×3×{args.image_size}²), "
-        f"flip-symmetry L1, backward, AdamW; inference = forward of {args.batch} images after merge; "
-        f"median of {args.repeats} interleaved rounds after {args.warmup} warm-up, {args.threads} threads; "
-        f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
-    )
+    print(conditions)
+    if args.update_doc is not None:
+        update_doc(args.update_doc, f"{table}\n\n{conditions}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
