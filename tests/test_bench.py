@@ -112,6 +112,17 @@ def test_record_errors_match_the_saved_adapter(bench):
     assert record["per_person"]["p01"] == pytest.approx(error, abs=1e-5)  # float32, other thread count
 
 
+def test_source_entry_keeps_the_time_of_the_run_that_built_it(bench):
+    out, _, _ = bench
+    built = load_results(out)["sources"]["E|seed0"]
+    assert built["from_cache"] is False and built["recorded_train_seconds"] > 0
+    later = {**built, "from_cache": True, "seconds": {"pretrain": 0.01, "truncate_recover": 0.01}, "cache": "new"}
+    merged = runner._merge_source_info(built, later)
+    assert merged["from_cache"] is False and merged["seconds"] == built["seconds"] and merged["cache"] == "new"
+    # a source first seen from the cache stays marked as such
+    assert runner._merge_source_info({}, later)["from_cache"] is True
+
+
 def test_resume_skips_finished_records(bench, monkeypatch):
     out, config, _ = bench
     before = (out / RESULTS_FILE).read_text()

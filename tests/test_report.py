@@ -215,3 +215,24 @@ def test_bad_results_file_is_refused(tmp_path):
         load_results(bad)
     with pytest.raises(FileNotFoundError):
         load_results(tmp_path / "missing")
+
+
+def test_cached_source_builds_are_counted_in_the_total_time(tmp_path):
+    results = fixture_results()
+    results["sources"] = {
+        "E|seed0": {"from_cache": True, "recorded_train_seconds": 600.0, "seconds": {"pretrain": 0.1}},
+        "E|seed1": {
+            "from_cache": False,
+            "recorded_train_seconds": 540.0,
+            "seconds": {"pretrain": 500.0, "truncate_recover": 100.0},
+        },
+    }
+    (tmp_path / "bench").mkdir()
+    path = tmp_path / "bench" / "results.json"
+    path.write_text(json.dumps(results))
+    text = build_report(path, tmp_path / "results.md").read_text()
+    assert "1 source model(s) came from a cache built before these runs" in text
+    assert "their training epochs took 10.0 min when built" in text
+    assert "about **70 process-minutes**" in text  # 60 min of runs + 10 min of the cached build
+    assert "| E, seed 0 |" in text and "| cache (10.0 as built) |" in text
+    assert "| 10.0 |" in text  # E, seed 1: the build time of the run that built it

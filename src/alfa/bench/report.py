@@ -935,10 +935,22 @@ def _runs_lines(results: dict[str, Any]) -> list[str]:
                 "yes" if r.get("finished") else "no (interrupted)",
             ]
         )
+    cached = [s for s in results.get("sources", {}).values() if s.get("from_cache")]
+    cached_min = sum(s.get("recorded_train_seconds") or 0.0 for s in cached) / 60
+    unknown = sum(1 for s in cached if not s.get("recorded_train_seconds"))
+    reuse = (
+        f" {len(cached)} source model(s) came from a cache built before these runs (marked `cache` under Source "
+        f"models); their training epochs took {cached_min:.1f} min when built"
+        + (f" ({unknown} without a recorded time)" if unknown else "")
+        + f", so the whole benchmark from scratch is about **{(wall / 60 + cached_min):.0f} process-minutes**."
+        if cached
+        else ""
+    )
     lines = [
         f"The records come from {len(runs)} run(s) of the benchmark, **{wall / 60:.1f} min wall time, "
         f"{cpu / 60:.1f} min "
-        f"CPU time** in total (on {runs[0].get('cpus')} CPUs; torch {runs[0].get('torch')}).",
+        f"CPU time** in total, summed over the processes (on {runs[0].get('cpus')} CPUs, usually two processes "
+        f"at a time; torch {runs[0].get('torch')}).{reuse}",
         "",
         _table(
             ["command", "started", "wall (min)", "CPU (min)", "records", "threads", "load avg start / end", "finished"],
@@ -967,7 +979,10 @@ def _source_lines(results: dict[str, Any]) -> list[str]:
                 _num(e.get("after_truncation")),
                 _num(e.get("after_recovery")),
                 _num(tp.get("final_val_error")),
-                "cache"
+                (
+                    "cache"
+                    + (f" ({s['recorded_train_seconds'] / 60:.1f} as built)" if s.get("recorded_train_seconds") else "")
+                )
                 if s.get("from_cache")
                 else f"{(secs.get('pretrain', 0) + secs.get('truncate_recover', 0)) / 60:.1f}",
             ]
