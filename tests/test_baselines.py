@@ -18,7 +18,7 @@ from alfa.adapters.lora import LoraConfig, MiloraConfig, PissaConfig
 from alfa.adapters.moslora import MosloraConfig
 from alfa.adapters.spectral import SpectralConfig
 from alfa.layers import FactorizedConv2d, FactorizedLinear, dense_matrix, is_factorized
-from alfa.truncate import factorized_ranks, replace_module, restore_structure
+from alfa.truncate import factorized_ranks, restore_structure
 
 # Small settings for the small test net (truncated at rank 6; fc2 (2×36) stays dense).
 CONFIGS = {
@@ -73,13 +73,6 @@ def _randomize(model, std=0.3):
 def _rel(a, b):
     a, b = a.detach(), b.detach()
     return float((a - b).norm() / b.norm()) if b.norm() > 0 else float((a - b).norm())
-
-
-def _merge_extended(model):
-    """Replace each adapted layer by its most compact exact form (the merge mode offered to the lead)."""
-    for name, layer in adapted_layers(model).items():
-        new = layer.merged_extended() if hasattr(layer, "merged_extended") else layer.merged()
-        replace_module(model, name, new)
 
 
 @pytest.fixture
@@ -152,7 +145,11 @@ def test_merged_extended_is_exact_and_keeps_factors(method, truncated, x):
     _randomize(model)
     out = model(x).detach()
     extra = {"pissa": 0, "milora": 0}.get(method, 2)
-    _merge_extended(model)
+    with pytest.raises(MergeError, match=r"extend=True"):
+        alfa.merge(model)
+    alfa.merge(model, extend=True)
+    assert not adapted_layers(model) and alfa.adapter_state(model) is None
+    assert all(p.requires_grad for p in model.parameters())
     assert _rel(model(x), out) < 1e-5
     for name in ["conv1", "conv2", "conv3", "fc1"]:
         assert model.get_submodule(name).rank == truncated.get_submodule(name).rank + extra

@@ -159,8 +159,9 @@ class AdaptedLayer(nn.Module):
             raise MergeError(
                 f"{self.config.method} adds a dense {self.spec.m}×{self.spec.n} update to a factorized "
                 f"layer; merging it would store the dense weight ({self.spec.m * self.spec.n} parameters "
-                f"instead of {sum(p.numel() for p in self.base.parameters())}). Pass densify=True to "
-                f"merge anyway, or keep the adapter unmerged."
+                f"instead of {sum(p.numel() for p in self.base.parameters())}). Pass extend=True to store it "
+                f"exactly as a wider factorization, densify=True to merge it densely, or keep the adapter "
+                f"unmerged."
             )
         else:
             W, bias = self.effective_weight()
@@ -291,18 +292,27 @@ def _clear(model: nn.Module) -> None:
     del model._alfa_adapter
 
 
-def merge(model: nn.Module, densify: bool = False) -> list[str]:
+def _merged_layer(layer: AdaptedLayer, densify: bool, extend: bool) -> nn.Module:
+    extended = getattr(layer, "merged_extended", None)
+    if extend and extended is not None and layer.base_is_factorized and not layer.factorized_merge:
+        return extended()
+    return layer.merged(densify=densify)
+
+
+def merge(model: nn.Module, densify: bool = False, extend: bool = False) -> list[str]:
     """Fold the attached adapter into the model, in place, and remove it.
 
-    Methods whose update lives in the factorized form (Alfa and its gate/mix variants) merge back
-    into factors of the same rank: the result has exactly the truncated model's structure and
-    parameter count. Methods that add a dense ``m×n`` term can merge into a factorized layer only by
-    densifying it; that happens only with ``densify=True``, otherwise a :class:`MergeError` explains
-    why. Nothing is changed if an error is raised. Returns the merged layer (or parameter) names.
+    Methods whose update lives in the factorized form (Alfa and its gate/mix variants, Spectral)
+    merge back into factors of the same rank: the result has exactly the truncated model's structure
+    and parameter count. Methods that add a low-rank ``m×n`` term (the LoRA family) cannot keep a
+    factorized layer at its rank: with ``extend=True`` each such layer becomes one exact factorization
+    of rank ``d + r`` (PiSSA/MiLoRA: ``d``), with ``densify=True`` a dense layer; without either a
+    :class:`MergeError` explains why. Nothing is changed if an error is raised. Returns the merged
+    layer (or parameter) names.
     """
     state = _require_state(model, "merge")
     if state.config.scope == "layer":
-        merged = {name: model.get_submodule(name).merged(densify=densify) for name in state.targets}
+        merged = {name: _merged_layer(model.get_submodule(name), densify, extend) for name in state.targets}
         for name, new in merged.items():
             replace_module(model, name, new)
     _restore_requires_grad(model, state)

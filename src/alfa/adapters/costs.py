@@ -2,7 +2,7 @@
 
 For every method at its default settings: trainable parameters, parameters at inference after
 merging (densifying where the method needs it), the parameters of the exact compact merge
-(``merged_extended``, for the methods whose update is a dense low-rank term), the bytes of the saved
+(``alfa.merge(model, extend=True)``, for the methods whose update is a dense low-rank term), the bytes of the saved
 per-user adapter file, the time of one personalization step and of one inference forward.
 
 One personalization step (spec §4): a batch of ``batch`` images and their horizontal flips in one
@@ -64,7 +64,7 @@ class CostRow:
     trainable: int
     merged_params: int
     merge: str  # how the merged model stores the adapted layers
-    compact_params: int  # exact merge keeping factors (merged_extended); = merged_params where no choice
+    compact_params: int  # merge(extend=True): exact, keeping factors; = merged_params where no choice
     adapter_bytes: int | None
     compact_bytes: int | None  # save_adapter(compact=True): one d×d mix per layer (dictionary methods only)
     step_ms: float | None  # wall clock, median
@@ -142,12 +142,9 @@ def _config_str(config: AdapterConfig | None) -> str:
 
 def _compact_params(model: nn.Module) -> int:
     """Parameter count if every adapted layer is merged into its most compact exact form."""
-    total = parameter_summary(model).total
-    for layer in adapted_layers(model).values():
-        own = sum(p.numel() for p in layer.parameters())
-        new = layer.merged_extended() if hasattr(layer, "merged_extended") else layer.merged(densify=True)
-        total += sum(p.numel() for p in new.parameters()) - own
-    return total
+    merged = copy.deepcopy(model)
+    merge(merged, extend=True)
+    return parameter_summary(merged).total
 
 
 @dataclass

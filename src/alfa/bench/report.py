@@ -902,7 +902,7 @@ def _config_lines(results: dict[str, Any], idx: Index) -> list[str]:
         [
             "**Costs**: trainable = tensors the optimizer updates; params at inference = after `alfa.merge`",
             "(LoRA-style updates of a factorized layer are densified; TPGaze's prompts cannot be merged and stay",
-            "attached); exact compact merge = `merged_extended()` (rank d + r); per-user file =",
+            "attached); exact compact merge = `alfa.merge(model, extend=True)` (rank d + r); per-user file =",
             "`alfa.save_adapter`; s / user = wall time of one person's personalization (not its evaluation);",
             "CPU s / user = process CPU time per person; peak RSS = the process's peak resident memory during the",
             "record's personalizations (Linux VmHWM, reset before) and its increase over the memory just before",
@@ -1182,7 +1182,7 @@ def render_report(
         "",
         "Same recipe and steps. Params after merge: `alfa.merge` (LoRA-style updates of the factorized layers are "
         "densified, which brings back the dense layer); exact compact merge: the same function stored as a "
-        "factorization of rank d + r (`merged_extended`).",
+        "factorization of rank d + r (`alfa.merge(model, extend=True)`).",
         "",
         table2(idx),
         "",

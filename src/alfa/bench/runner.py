@@ -795,7 +795,7 @@ def _latency_ms(models: Sequence[nn.Module], images: torch.Tensor, repeats: int)
 def adapter_costs(base: nn.Module, adapter_file: Path, images: torch.Tensor, repeats: int) -> dict[str, Any]:
     """Costs of one saved per-user adapter on ``base``: trainable tensors, parameters after merging (the
     dense update of a LoRA-style method on a factorized layer is densified; prompts cannot be merged and
-    stay attached), parameters of the exact compact merge (``merged_extended``: rank ``d + r`` instead of
+    stay attached), parameters of the exact compact merge (``merge(..., extend=True)``: rank ``d + r`` instead of
     dense), file bytes (and the compact ``d×d``-mix form of dictionary methods), and the latency of the
     merged model against ``base``."""
     model = copy.deepcopy(base)
@@ -813,14 +813,12 @@ def adapter_costs(base: nn.Module, adapter_file: Path, images: torch.Tensor, rep
         out["compact_bytes"] = save_adapter(model, compact, compact=True).stat().st_size
         compact.unlink()
     total = _param_count(model)
-    compact_params = total
-    for layer in layers.values():
-        own = sum(p.numel() for p in layer.parameters())
-        try:
-            new = layer.merged_extended() if hasattr(layer, "merged_extended") else layer.merged(densify=True)
-        except MergeError:
-            continue
-        compact_params += _param_count(new) - own
+    try:
+        extended = copy.deepcopy(model)
+        merge(extended, extend=True)
+        compact_params = _param_count(extended)
+    except MergeError:  # TPGaze's prompts: nothing to merge them into
+        compact_params = total
     needs_densify = any(layer.base_is_factorized and not layer.factorized_merge for layer in layers.values())
     try:
         merge(model, densify=needs_densify)
