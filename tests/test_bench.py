@@ -83,6 +83,10 @@ def test_results_json_has_the_required_records(bench):
     for r in data["records"]:
         assert all(k in r for k in REQUIRED), r["id"]
         assert r["error_deg"] == pytest.approx(sum(r["per_person"].values()) / len(r["per_person"]))
+        parts = r["per_person_parts"]
+        assert parts.keys() == r["per_person"].keys()
+        for q in parts.values():  # a mean |error| is never below the |mean error|
+            assert q["yaw"] >= abs(q["yaw_bias"]) - 1e-9 and q["pitch"] >= abs(q["pitch_bias"]) - 1e-9
     by = {r["method"]: r for r in data["records"]}
     assert set(by["alfa"]["per_person"]) == {"p00", "p01"}
     assert set(by["in-domain"]["per_person"]) == {"v00", "v01"}

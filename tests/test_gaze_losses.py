@@ -1,11 +1,14 @@
 """Losses, augmentation and the personalization batch of the gaze stack."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from alfa.gaze.augment import AugmentConfig, augment_images, seed_from_generator
-from alfa.gaze.geometry import flip_yaw
+from alfa.gaze.evaluate import GazeError
+from alfa.gaze.geometry import angular_error, flip_yaw
 from alfa.gaze.losses import (
     augmentation_consistency_loss,
     finite_or_raise,
@@ -25,6 +28,31 @@ def test_flip_loss_value_by_hand():
     flipped = torch.tensor([[-0.1, 0.2], [0.2, 0.5]])
     # FlipYaw(flipped) = [[0.1, 0.2], [-0.2, 0.5]]; L1 per image: 0.2 + 0.1 = 0.3 and 0 + 0.5 = 0.5.
     assert flip_symmetry_loss(pred, flipped).item() == pytest.approx(0.4)
+
+
+def test_flip_loss_cannot_see_a_common_pitch_offset_but_sees_a_yaw_offset():
+    """Why the report splits the error into yaw and pitch: shifting every pitch prediction (of an image
+    and of its mirror) by the same amount leaves the loss unchanged; a yaw shift does not."""
+    pred, flipped = torch.randn(8, 2), torch.randn(8, 2)
+    loss = flip_symmetry_loss(pred, flipped)
+    pitch_shift = torch.tensor([0.0, 0.7])
+    assert torch.allclose(flip_symmetry_loss(pred + pitch_shift, flipped + pitch_shift), loss)
+    mirror = flip_yaw(pred)
+    yaw_shift = torch.tensor([0.7, 0.0])
+    assert flip_symmetry_loss(pred + yaw_shift, mirror + yaw_shift).item() == pytest.approx(
+        2 * 0.7
+    )  # the yaw residual doubles
+
+
+def test_gaze_error_parts_in_degrees():
+    label = torch.tensor([[0.1, -0.2], [0.0, 0.1], [-0.1, 0.0], [0.2, 0.3]])
+    pred = label + torch.tensor([[0.02, 0.05], [-0.02, 0.05], [0.02, 0.05], [-0.02, 0.05]])
+    e = GazeError.of(pred, label)
+    deg = 180 / math.pi
+    assert e.yaw == pytest.approx(0.02 * deg, rel=1e-5) and e.yaw_bias == pytest.approx(0.0, abs=1e-5)
+    assert e.pitch == pytest.approx(0.05 * deg, rel=1e-5) and e.pitch_bias == pytest.approx(0.05 * deg, rel=1e-5)
+    assert e.angular == pytest.approx(float(angular_error(pred.double(), label.double()).mean()))
+    assert set(e.parts()) == {"yaw", "pitch", "yaw_bias", "pitch_bias"}
 
 
 def test_flip_loss_detaches_the_flipped_branch_by_default():

@@ -236,3 +236,43 @@ def test_cached_source_builds_are_counted_in_the_total_time(tmp_path):
     assert "about **70 process-minutes**" in text  # 60 min of runs + 10 min of the cached build
     assert "| E, seed 0 |" in text and "| cache (10.0 as built) |" in text
     assert "| 10.0 |" in text  # E, seed 1: the build time of the run that built it
+
+
+def _parts(yaw, pitch, yaw_bias, pitch_bias, persons=("p00", "p01")):
+    return {p: {"yaw": yaw, "pitch": pitch, "yaw_bias": yaw_bias, "pitch_bias": pitch_bias} for p in persons}
+
+
+def test_yaw_and_pitch_parts_table_and_verdicts():
+    from alfa.bench.report import parts_table, parts_verdicts
+
+    records = []
+    for pair in ("E→M", "E→D"):
+        for seed in (0, 1, 2):
+            records.append(record("source-only", pair, seed, [4, 4], per_person_parts=_parts(3, 2, 1, -0.5)))
+            # Alfa: pitch error +4 and |pitch bias| +4.5 in every seed; yaw error +0, +0.1, +0.2
+            records.append(record("alfa", pair, seed, [7, 7], per_person_parts=_parts(3 + 0.1 * seed, 6, 1, 5)))
+    idx = index_records(records)
+    table = parts_table(idx, ["source-only", "alfa"])
+    assert (
+        "| source-only (truncated base) | 4.00 ± 0.00 | 3.00 ± 0.00 | 2.00 ± 0.00 | 1.00 ± 0.00 | 0.50 ± 0.00 |"
+        in table
+    )
+    assert "| Alfa | 7.00 ± 0.00 | 3.10 ± 0.10 | 6.00 ± 0.00 | 1.00 ± 0.00 | 5.00 ± 0.00 |" in table
+    lines = parts_verdicts(idx, ["source-only", "alfa"])
+    assert lines[0].startswith(
+        "Alfa − source-only, pooled over pairs: yaw error +0.10 ± 0.10° over 3 seeds (paired): within"
+    )
+    assert "pitch error +4.00 ± 0.00° over 3 seeds (paired): a clear difference; lower for 0 of 12 persons" in lines[1]
+    assert "absolute pitch bias +4.50 ± 0.00°" in lines[2]
+    assert lines[3] == (
+        "Of the 1 method(s) whose error ends above source-only, the pitch error grew more than the yaw error "
+        "for 1 (Alfa)."
+    )
+
+
+def test_records_without_parts_leave_the_parts_section_out():
+    idx = index_records(fixture_results()["records"])
+    from alfa.bench.report import parts_table
+
+    assert parts_table(idx, ["source-only", "alfa"]) == ""
+    assert "## Where the error goes" not in render_report(fixture_results())

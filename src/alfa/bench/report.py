@@ -557,6 +557,97 @@ def table2(idx: Index) -> str:
     return _table(header, rows)
 
 
+# ----------------------------------------------------------------------------- yaw and pitch
+
+# What a record's ``per_person_parts`` hold (degrees): mean |error| and signed bias per component.
+PARTS = {
+    "yaw": ("yaw error", lambda q: q["yaw"]),
+    "pitch": ("pitch error", lambda q: q["pitch"]),
+    "yaw_bias": ("yaw bias (abs)", lambda q: abs(q["yaw_bias"])),
+    "pitch_bias": ("pitch bias (abs)", lambda q: abs(q["pitch_bias"])),
+}
+
+
+def _part(record: dict[str, Any], key: str) -> dict[str, float]:
+    """person -> one part of the error (``PARTS[key]``), empty for records made before parts existed."""
+    get = PARTS[key][1]
+    return {person: get(q) for person, q in (record.get("per_person_parts") or {}).items()}
+
+
+def part_diff(idx: Index, a: str, b: str, pairs: Sequence[str], key: str) -> Diff | None:
+    """Like :func:`diff`, for one part of the error: per seed the mean over pairs of the difference of the
+    records' means over persons."""
+    per_seed: dict[int, float] = {}
+    better = total = 0
+    for s in _seeds_of(idx):
+        parts = [
+            (_part(idx[(a, p, s)], key), _part(idx[(b, p, s)], key))
+            for p in pairs
+            if (a, p, s) in idx and (b, p, s) in idx
+        ]
+        if len(parts) != len(pairs) or not all(pa and pb for pa, pb in parts):
+            continue
+        per_seed[s] = statistics.fmean(
+            statistics.fmean(pa.values()) - statistics.fmean(pb.values()) for pa, pb in parts
+        )
+        for pa, pb in parts:
+            for person in pa.keys() & pb.keys():
+                total += 1
+                better += pa[person] < pb[person]
+    return Diff(a, b, per_seed, better, total) if per_seed else None
+
+
+def part_stat(idx: Index, method: str, pairs: Sequence[str], key: str) -> Stat | None:
+    """Per seed the mean over ``pairs`` of the record's mean over persons of one part of the error."""
+    values = {}
+    for s in _seeds_of(idx):
+        parts = [_part(idx[(method, p, s)], key) for p in pairs if (method, p, s) in idx]
+        if len(parts) == len(pairs) and all(parts):
+            values[s] = statistics.fmean(statistics.fmean(q.values()) for q in parts)
+    return Stat(values) if values else None
+
+
+def parts_table(idx: Index, methods: Sequence[str]) -> str:
+    pairs = _pairs_of(idx)
+    rows = []
+    for m in methods:
+        stats = [pooled(idx, m, pairs), *(part_stat(idx, m, pairs, k) for k in PARTS)]
+        if all(st is not None for st in stats):
+            rows.append([_name(m), *(st.format() for st in stats)])
+    header = ["method", "angular error", *(title for title, _ in PARTS.values())]
+    return _table(header, rows) if rows else ""
+
+
+def parts_verdicts(idx: Index, methods: Sequence[str]) -> list[str]:
+    """Where each method's change of error against source-only lies: yaw or pitch, scatter or bias."""
+    pairs = _pairs_of(idx)
+    out = []
+    worse, pitch_led = [], []
+    for m in methods:
+        if m == "source-only":
+            continue
+        total = diff(idx, m, "source-only", pairs)
+        dy, dp = (part_diff(idx, m, "source-only", pairs, k) for k in ("yaw", "pitch"))
+        if total is None or dy is None or dp is None:
+            continue
+        if total.mean > 0:
+            worse.append(_name(m))
+            if dp.mean > dy.mean:
+                pitch_led.append(_name(m))
+        if m == "alfa":
+            db = part_diff(idx, m, "source-only", pairs, "pitch_bias")
+            out.append(f"Alfa − source-only, pooled over pairs: yaw error {dy.describe()}.")
+            out.append(f"Alfa − source-only, pooled over pairs: pitch error {dp.describe()}.")
+            if db is not None:
+                out.append(f"Alfa − source-only, pooled over pairs: absolute pitch bias {db.describe()}.")
+    if worse:
+        out.append(
+            f"Of the {len(worse)} method(s) whose error ends above source-only, the pitch error grew more than the yaw "
+            f"error for {len(pitch_led)}" + (f" ({', '.join(pitch_led)})" if pitch_led else "") + "."
+        )
+    return out
+
+
 def sanity_table(idx: Index) -> str:
     rows = []
     for pair, s in sanity_summary(idx.values()).items():
@@ -1094,6 +1185,8 @@ def render_report(
     seeds = _seeds_of(idx)
     main = main_verdicts(idx)
     sanity = sanity_verdicts(idx)
+    parts_methods = [m for m in ("source-only", *MAIN_METHODS[1:], "oracle") if _records_of(idx, m)]
+    parts = parts_verdicts(idx, parts_methods)
     lines = [
         "# Benchmark results",
         "",
@@ -1112,7 +1205,7 @@ def render_report(
             "told from noise.",
             "",
         ]
-    lines += ["## Summary", "", *(f"- {s}" for s in main[:1] + sanity[:2] + main[1:]), ""]
+    lines += ["## Summary", "", *(f"- {s}" for s in main[:1] + sanity[:2] + main[1:] + parts), ""]
     for name, rows in layout.items():
         if name in ("heads", "loss", "truncation", "gate", "mix"):
             _, pairs = ablation_table(idx, rows)
@@ -1186,6 +1279,25 @@ def render_report(
         "",
         table2(idx),
         "",
+    ]
+    ptable = parts_table(idx, parts_methods)
+    if ptable:
+        lines += [
+            "## Where the error goes: yaw and pitch",
+            "",
+            "The same records split by gaze component (degrees, pooled over pairs; mean ± std over seeds): mean "
+            "absolute yaw and pitch error over the scored images, and the absolute *bias* of each, |mean prediction "
+            "− mean label| per person, the part of the error that shifts every image of a person alike. Why look: "
+            "the flip-symmetry loss compares f(I) with FlipYaw(f(flip(I))). A yaw error is seen only through its "
+            "antisymmetric part, and pitch only as p(I) − p(flip(I)): adding the same offset to every pitch "
+            "prediction leaves the loss unchanged, so nothing in the loss holds the pitch where it was.",
+            "",
+            ptable,
+            "",
+            *(f"- {s}" for s in parts),
+            "",
+        ]
+    lines += [
         "## Ablations",
         "",
     ]

@@ -76,7 +76,15 @@ from ..adapters.prompt import TPGazeConfig
 from ..data.base import GazeDataset, InMemoryGazeDataset
 from ..data.synthetic import get_domain
 from ..gaze.augment import AugmentConfig
-from ..gaze.evaluate import adapter_filename, load_examples, load_images, person_errors, write_json
+from ..gaze.evaluate import (
+    GazeError,
+    adapter_filename,
+    load_examples,
+    load_images,
+    person_errors,
+    person_gaze_errors,
+    write_json,
+)
 from ..gaze.geometry import angular_error
 from ..gaze.losses import finite_or_raise, supervised_l1_loss
 from ..gaze.personalize import PersonalizeConfig, person_seed, personalize_dataset
@@ -112,6 +120,9 @@ KINDS = ("source-only", "in-domain", "target-trained", "oracle", "adapter", "tpg
 RESULTS_FILE = "results.json"
 FORMAT = "alfa-bench-results"
 VERSION = 1
+# What a record measures; part of every record's hash, so a change re-runs the records (v2: the yaw/pitch
+# parts of the error, ``per_person_parts``).
+SCORING = 2
 FIGURE_DIR = "figure_data"
 RANK_SLICES_FILE = "rank_slices.safetensors"
 UPDATES_FILE = "updates.safetensors"
@@ -917,6 +928,7 @@ class _Session:
             "source_model": src.cache_key,
             "seed": plan.seed,
             "n_adapt": c.personalize.n_adapt,
+            "scoring": SCORING,
         }
         if v.kind == "in-domain":
             spec["val"] = c.val_spec(plan.source)
@@ -1057,13 +1069,13 @@ class _Session:
             "base_latency_ms": None,
         }
         if v.kind == "in-domain":
-            errors = person_errors(base, src.val, src.val.persons(), n_adapt)
+            errors = person_gaze_errors(base, src.val, src.val.persons(), n_adapt)
             record["constant_prediction_deg"] = constant_prediction_error(src.val, src.val.persons(), n_adapt)
         elif v.kind == "target-trained":
-            errors = person_errors(base, tgt.data, tgt.data.persons(), n_adapt)
+            errors = person_gaze_errors(base, tgt.data, tgt.data.persons(), n_adapt)
             record["constant_prediction_deg"] = constant_prediction_error(tgt.data, tgt.data.persons(), n_adapt)
         elif v.kind == "source-only":
-            errors = person_errors(base, tgt.data, tgt.data.persons(), n_adapt)
+            errors = person_gaze_errors(base, tgt.data, tgt.data.persons(), n_adapt)
             record["constant_prediction_deg"] = constant_prediction_error(tgt.data, tgt.data.persons(), n_adapt)
             images = self.latency_images(tgt)
             record["latency_ms"] = record["base_latency_ms"] = _latency_ms([base], images, c.latency_repeats)[0]
@@ -1071,10 +1083,12 @@ class _Session:
             errors = self.run_oracle(base, tgt, plan, record)
         else:
             errors = self.run_personalization(base, src, tgt, plan, record)
-        record["per_person"] = errors
-        record["persons"] = len(errors)
-        record["error_deg"] = sum(errors.values()) / len(errors) if errors else float("nan")
-        record["std_over_persons"] = statistics.pstdev(errors.values()) if len(errors) > 1 else 0.0
+        angular = {p: e.angular for p, e in errors.items()}
+        record["per_person"] = angular
+        record["per_person_parts"] = {p: e.parts() for p, e in errors.items()}
+        record["persons"] = len(angular)
+        record["error_deg"] = sum(angular.values()) / len(angular) if angular else float("nan")
+        record["std_over_persons"] = statistics.pstdev(angular.values()) if len(angular) > 1 else 0.0
         record["wall_s"] = time.time() - t0
         record["cpu_s"] = time.process_time() - cpu0
         record["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
@@ -1087,7 +1101,7 @@ class _Session:
 
     def run_personalization(
         self, base: nn.Module, src: _Source, tgt: _Target, plan: RecordPlan, record: dict[str, Any]
-    ) -> dict[str, float]:
+    ) -> dict[str, GazeError]:
         c, v = self.config, plan.variant
         recipe = c.recipe(plan.seed, **v.recipe)
         folder = self.adapter_dir(plan)
@@ -1128,12 +1142,12 @@ class _Session:
                 "first": statistics.mean(o.losses[0] for o in losses),
                 "final": statistics.mean(o.final_loss for o in losses),
             }
-        errors: dict[str, float] = {}
+        errors: dict[str, GazeError] = {}
         for person in ok:
             path = folder / adapter_filename(person)
             load_adapter(base, path)
             try:
-                errors.update(person_errors(base, tgt.data, [person], c.personalize.n_adapt))
+                errors.update(person_gaze_errors(base, tgt.data, [person], c.personalize.n_adapt))
             finally:
                 detach(base)
         if ok:
@@ -1155,11 +1169,13 @@ class _Session:
             shutil.rmtree(folder, ignore_errors=True)
         return errors
 
-    def run_oracle(self, base: nn.Module, tgt: _Target, plan: RecordPlan, record: dict[str, Any]) -> dict[str, float]:
+    def run_oracle(
+        self, base: nn.Module, tgt: _Target, plan: RecordPlan, record: dict[str, Any]
+    ) -> dict[str, GazeError]:
         """Per person: supervised fine-tuning of every parameter on labelled images that are never scored."""
         c, oc = self.config, self.config.oracle
         n_adapt = c.personalize.n_adapt
-        errors: dict[str, float] = {}
+        errors: dict[str, GazeError] = {}
         seconds = []
         before_mib = _reset_peak_memory()
         cpu0 = time.process_time()
@@ -1183,7 +1199,7 @@ class _Session:
                     loss.backward()
                     optimizer.step()
                 seconds.append(time.time() - t0)
-                errors.update(person_errors(base, tgt.data, [person], n_adapt))
+                errors.update(person_gaze_errors(base, tgt.data, [person], n_adapt))
             finally:
                 detach(base)
         peak = _proc_status_mib("VmHWM")

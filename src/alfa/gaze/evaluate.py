@@ -33,6 +33,8 @@ __all__ = [
     "load_examples",
     "predict",
     "predict_images",
+    "GazeError",
+    "person_gaze_errors",
     "person_errors",
     "evaluate",
     "adapter_filename",
@@ -109,6 +111,56 @@ def eval_indices(dataset: GazeDataset, person: str, n_adapt: int) -> list[int]:
     return dataset.person_indices(person)[n_adapt:]
 
 
+@dataclass(frozen=True)
+class GazeError:
+    """One person's error over the scored images, in degrees: the angular error, and the mean absolute
+    error and mean signed bias (prediction − label) of each component. The bias separates a shift of
+    every prediction (e.g. a pitch offset, which the flip-symmetry loss cannot see) from scatter."""
+
+    angular: float
+    yaw: float
+    pitch: float
+    yaw_bias: float
+    pitch_bias: float
+
+    @classmethod
+    def of(cls, pred: Tensor, gaze: Tensor) -> GazeError:
+        pred, gaze = pred.double(), gaze.double()
+        diff = torch.rad2deg(pred - gaze)  # (yaw, pitch) in radians
+        return cls(
+            angular=float(angular_error(pred, gaze).mean()),
+            yaw=float(diff[:, 0].abs().mean()),
+            pitch=float(diff[:, 1].abs().mean()),
+            yaw_bias=float(diff[:, 0].mean()),
+            pitch_bias=float(diff[:, 1].mean()),
+        )
+
+    def parts(self) -> dict[str, float]:
+        """The component errors, for a results file (the angular error is stored on its own)."""
+        return {"yaw": self.yaw, "pitch": self.pitch, "yaw_bias": self.yaw_bias, "pitch_bias": self.pitch_bias}
+
+
+def person_gaze_errors(
+    model: nn.Module,
+    dataset: GazeDataset,
+    persons: Sequence[str] | None = None,
+    n_adapt: int = 5,
+    batch_size: int = 256,
+    progress: bool = False,
+    desc: str = "evaluate",
+) -> dict[str, GazeError]:
+    """:class:`GazeError` per person over the images after the first ``n_adapt``."""
+    persons = list(dataset.persons() if persons is None else persons)
+    errors: dict[str, GazeError] = {}
+    for person in tqdm(persons, desc=desc, disable=not progress, leave=False):
+        idx = eval_indices(dataset, person, n_adapt)
+        if not idx:
+            raise ValueError(f"{dataset.name}: person {person!r} has no image left for evaluation after {n_adapt}")
+        images, gaze = load_examples(dataset, idx)
+        errors[person] = GazeError.of(predict_images(model, images, batch_size), gaze)
+    return errors
+
+
 def person_errors(
     model: nn.Module,
     dataset: GazeDataset,
@@ -119,16 +171,8 @@ def person_errors(
     desc: str = "evaluate",
 ) -> dict[str, float]:
     """Mean angular error (degrees) per person over the images after the first ``n_adapt``."""
-    persons = list(dataset.persons() if persons is None else persons)
-    errors: dict[str, float] = {}
-    for person in tqdm(persons, desc=desc, disable=not progress, leave=False):
-        idx = eval_indices(dataset, person, n_adapt)
-        if not idx:
-            raise ValueError(f"{dataset.name}: person {person!r} has no image left for evaluation after {n_adapt}")
-        images, gaze = load_examples(dataset, idx)
-        pred = predict_images(model, images, batch_size)
-        errors[person] = float(angular_error(pred.double(), gaze.double()).mean())
-    return errors
+    parts = person_gaze_errors(model, dataset, persons, n_adapt, batch_size, progress, desc)
+    return {person: e.angular for person, e in parts.items()}
 
 
 def adapter_filename(person: str) -> str:
