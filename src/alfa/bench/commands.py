@@ -5,11 +5,11 @@
 ``python -m alfa.bench.commands bench --quick``.
 
     alfa bench --quick                                   # ~15 min: does everything run?
-    alfa bench --standard --pairs E→M,E→D &              # what docs/results.md is made from,
-    alfa bench --standard --pairs G→M,G→D                # one process per core, then:
+    alfa bench --standard --seeds 0 &                    # what docs/results.md is made from,
+    alfa bench --standard --seeds 1                      # one process per core (then --seeds 2), then:
     alfa report --results runs/bench-standard --out docs/results.md
-    alfa bench --full --out runs/bench --seeds 0 &       # the full benchmark in pieces, one per core
-    alfa bench --full --out runs/bench --seeds 1 2
+    alfa bench --full --out runs/bench --seeds 0 &       # longer training, every target person; not run by us
+    alfa bench --full --out runs/bench --seeds 1
 """
 
 from __future__ import annotations
@@ -111,9 +111,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     preset = p.add_mutually_exclusive_group()
     preset.add_argument("--quick", action="store_true", help="the ~15-minute check that everything runs (default)")
     preset.add_argument(
-        "--standard", action="store_true", help="the preset behind docs/results.md (about an hour, two processes)"
+        "--standard",
+        action="store_true",
+        help="the preset behind docs/results.md (its wall time is in that page; run it in pieces)",
     )
-    preset.add_argument("--full", action="store_true", help="the full benchmark (hours; run it in pieces)")
+    preset.add_argument(
+        "--full", action="store_true", help="longer training, every target person (many hours; run it in pieces)"
+    )
     p.add_argument("--out", help="results folder (default runs/bench-<preset>)")
     p.add_argument("--cache-dir", help="where source models are cached (default OUT/cache)")
     p.add_argument("--methods", help="comma-separated subset of the methods (incl. in-domain, oracle)")

@@ -250,7 +250,8 @@ class BenchConfig:
         """The full benchmark: all four pairs, 3 seeds, every method and ablation, 64×64 faces, sources of
         80 persons × 100 images (8 pre-training + 2 recovery epochs), every target person (15 and 14) with
         60 images (5 adapt + 55 scored), 10 personalization steps; TPGaze meta-training with its reference
-        settings (10 epochs × 100 meta-steps). Many hours on 2 CPU cores: run it in pieces (``--seeds``,
+        settings (10 epochs × 100 meta-steps), every ablation on all four pairs. Many hours on 2 CPU cores
+        (not run by us; ``docs/results.md`` comes from :meth:`standard`): run it in pieces (``--seeds``,
         ``--pairs``, ``--methods``, ``--ablations``) into one folder, two at a time."""
         return dataclasses.replace(cls(preset="full"), **overrides)
 
