@@ -214,6 +214,9 @@ def test_plan_deduplicates_ablation_defaults():
     inits = ablation_variants("init", tiny(init_std_values=(0.007, 0.02)))
     assert [v.label for v in inits] == ["alfa[σ=0.007]", "alfa"]
     assert inits[0].adapter.init_std == 0.007 and inits[0].adapter.heads == inits[1].adapter.heads
+    anchors = ablation_variants("anchor", tiny(anchor_values=(0.0, 1.0)))
+    assert [v.label for v in anchors] == ["source-only", "alfa", "alfa[anchor=1]", "lora", "lora[anchor=1]"]
+    assert anchors[2].recipe == {"pitch_anchor": 1.0} and anchors[1].recipe == {}
     heads = ablation_variants("heads", config)
     assert [v.label for v in heads] == ["alfa[H=1]", "alfa"] and [v.value for v in heads] == [1, 8]
     with pytest.raises(ValueError, match="unknown ablation"):

@@ -13,7 +13,8 @@ import alfa
 from alfa.checkpoint import CheckpointError, load_model, read_checkpoint
 from alfa.data.base import InMemoryGazeDataset
 from alfa.gaze.evaluate import adapter_filename, evaluate, person_errors
-from alfa.gaze.personalize import PersonalizeConfig, personalize, personalize_dataset
+from alfa.gaze.losses import flip_symmetry_loss
+from alfa.gaze.personalize import PersonalizeConfig, build_batch, personalize, personalize_dataset
 from alfa.gaze.train import TrainConfig, TruncateConfig, train_source, truncate_and_recover
 from alfa.layers import is_factorized
 
@@ -187,6 +188,33 @@ def test_personalization_loss_decreases_on_a_fixed_batch(data):
         if k in bn_before:
             assert torch.equal(v, bn_before[k]), k
     alfa.detach(truncated)
+
+
+def test_pitch_anchor_holds_the_mean_pitch_and_is_off_by_default(data):
+    _, target = data
+    images = target.images[:5].float() / 255
+    assert "pitch_anchor" not in PersonalizeConfig().to_dict()  # off: recipe hashes as before the option
+    anchored = PersonalizeConfig(steps=6, lr=1e-2, pitch_anchor=1.0)
+    assert PersonalizeConfig.from_dict(anchored.to_dict()) == anchored
+    with pytest.raises(ValueError, match="pitch_anchor"):
+        PersonalizeConfig(pitch_anchor=-1.0).validate()
+    first = {}
+    for weight in (0.0, 1.0):
+        torch.manual_seed(0)
+        model = alfa.models.create_model("tiny_gaze_net").eval()
+        alfa.truncate(model, RANK)
+        batch = build_batch(images, anchored, seed=1)  # personalize's batch (seed = config.seed + 1)
+        with torch.no_grad():
+            start = model(batch)[:, 1].mean()
+        result = personalize(model, images, alfa.LoraConfig(rank=2), dataclasses_replace(anchored, pitch_anchor=weight))
+        first[weight] = result.losses[0]
+        with torch.no_grad():
+            pred = model(batch)
+        flip = flip_symmetry_loss(pred[:10], pred[10:])
+        drift = (pred[:, 1].mean() - start).abs()
+        assert result.final_loss == pytest.approx(float(flip + weight * drift), rel=1e-5)
+        assert drift > 0  # the model did move its mean pitch (so the term was exercised)
+    assert first[1.0] == first[0.0]  # the anchor term is zero before the first step
 
 
 def test_layer34_learning_rate_rule(data):

@@ -865,6 +865,14 @@ def ablation_verdicts(idx: Index, name: str, layout: Sequence[dict[str, Any]], p
     elif name == "lr":
         sweep("alfa", "lr")
         sweep("lora", "lr")
+    elif name == "anchor":
+        for (f, v), lab in sorted(by_value.items(), key=lambda t: str(t[0])):
+            if f in ("alfa", "lora") and v:
+                compare(lab, f, f"{_name(f)} with the pitch anchor (weight {v:g}) against without")
+                compare(lab, "source-only", f"{_name(f)} with the pitch anchor (weight {v:g}) against no adaptation")
+                d = part_diff(idx, lab, f, pairs, "pitch") if f in present and lab in present else None
+                if d is not None:
+                    lines.append(f"Pitch error, {_name(lab)} − {_name(f)} = {d.describe()}.")
     return lines
 
 
@@ -899,6 +907,12 @@ ABLATION_TITLES = {
     "steps": (
         "Number of steps",
         "Each step count is its own personalization run (never a per-step evaluation used to pick).",
+    ),
+    "anchor": (
+        "Pitch anchor",
+        "Not in the paper: a test of the yaw/pitch finding (see Where the error goes). The recipe's loss plus "
+        "w·|mean predicted pitch − its value before the first step| over the batch: it holds the one direction "
+        "the flip loss cannot see, with the model's own start as reference (no label).",
     ),
     "lr": (
         "Learning rate",
@@ -1207,7 +1221,7 @@ def render_report(
         ]
     lines += ["## Summary", "", *(f"- {s}" for s in main[:1] + sanity[:2] + main[1:] + parts), ""]
     for name, rows in layout.items():
-        if name in ("heads", "loss", "truncation", "gate", "mix"):
+        if name in ("heads", "loss", "truncation", "gate", "mix", "anchor"):
             _, pairs = ablation_table(idx, rows)
             if pairs:
                 lines += [f"- ({ABLATION_TITLES[name][0]}) {s}" for s in ablation_verdicts(idx, name, rows, pairs)[:2]]

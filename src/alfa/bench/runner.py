@@ -114,7 +114,20 @@ __all__ = [
     "run_bench",
 ]
 
-ABLATIONS = ("heads", "init", "rank", "svd_rank", "gate", "mix", "truncation", "loss", "detach", "steps", "lr")
+ABLATIONS = (
+    "heads",
+    "init",
+    "rank",
+    "svd_rank",
+    "gate",
+    "mix",
+    "truncation",
+    "loss",
+    "detach",
+    "steps",
+    "lr",
+    "anchor",
+)
 KINDS = ("source-only", "in-domain", "target-trained", "oracle", "adapter", "tpgaze")
 
 RESULTS_FILE = "results.json"
@@ -143,6 +156,7 @@ SELECTION_FIELDS = (
     "step_values",
     "lr_values",
     "init_std_values",
+    "anchor_values",
 )
 
 
@@ -190,7 +204,8 @@ class BenchConfig:
     Ablation values: ``heads_values`` (H), ``rank_values`` (r, Alfa and LoRA), ``svd_ranks`` (d; each other
     than ``rank`` is its own truncation + recovery of the same pre-trained model), ``step_values``,
     ``lr_values`` (the recipe's base learning rate, Alfa and LoRA), ``init_std_values`` (σ of Alfa's
-    Gaussian init of ``A_q`` and ``A_p``). Figures:
+    Gaussian init of ``A_q`` and ``A_p``), ``anchor_values`` (the recipe's ``pitch_anchor`` weight, Alfa and
+    LoRA: holds the mean predicted pitch, which the flip loss cannot see). Figures:
     rank-slice maps of ``slice_layer`` (slices ``figure_slices``) and update maps of ``update_layer``, on
     ``figure_pair`` with ``figure_seed``. Latency: median of ``latency_repeats`` forwards of
     ``latency_batch`` target images.
@@ -229,6 +244,7 @@ class BenchConfig:
     step_values: tuple[int, ...] = (1, 3, 10, 30)
     lr_values: tuple[float, ...] = (1e-6, 1e-5, 3e-5, 1e-4, 3e-4)
     init_std_values: tuple[float, ...] = (0.002, 0.007, 0.02)
+    anchor_values: tuple[float, ...] = (0.0, 1.0)
     slice_layer: str = "layer2.0.conv1"
     update_layer: str = "layer3.0.conv1"
     figure_pair: str = "E→M"
@@ -557,6 +573,17 @@ def ablation_variants(name: str, config: BenchConfig) -> list[Variant]:
                     tagged(main[method], k)
                     if k == steps
                     else Variant(f"{method}[steps={k}]", "adapter", name, k, main[method].adapter, {"steps": k})
+                )
+    elif name == "anchor":
+        rows.append(tagged(main["source-only"], "none"))
+        for method in ("alfa", "lora"):
+            for w in config.anchor_values:
+                rows.append(
+                    tagged(main[method], w)
+                    if w == config.personalize.pitch_anchor
+                    else Variant(
+                        f"{method}[anchor={w:g}]", "adapter", name, w, main[method].adapter, {"pitch_anchor": w}
+                    )
                 )
     elif name == "lr":
         for method in ("alfa", "lora"):

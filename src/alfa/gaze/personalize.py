@@ -80,6 +80,11 @@ class PersonalizeConfig:
     ``lr_scale`` maps parameter-name patterns to factors (first match wins), ``weight_decay`` is
     AdamW's (PyTorch's default 0.01). ``loss``: ``"flip"`` (flip symmetry) or ``"augment"``
     (augmentation consistency). ``n_adapt``: images per person used for adaptation.
+
+    ``pitch_anchor`` (not in the paper; 0 = off): the weight of a term ``|mean pitch − mean pitch at
+    the start|`` over the batch. Neither loss can see a pitch offset shared by all images (pitch is
+    mirror-invariant, and both branches shift alike), so nothing else holds it; the anchor holds only
+    that one direction, with the model's own start as the reference (no label).
     """
 
     steps: int = 10
@@ -91,6 +96,7 @@ class PersonalizeConfig:
     detach_flipped: bool = True
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     seed: int = 0
+    pitch_anchor: float = 0.0
 
     def validate(self) -> None:
         if self.steps < 1 or self.n_adapt < 1:
@@ -99,10 +105,15 @@ class PersonalizeConfig:
             raise ValueError(f"need lr > 0 and weight_decay >= 0, got lr={self.lr}, weight_decay={self.weight_decay}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if not self.pitch_anchor >= 0:
+            raise ValueError(f"pitch_anchor must be non-negative, got {self.pitch_anchor}")
         self.augment.validate()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not self.pitch_anchor:  # off: the recipe (and every hash of it) as before the option existed
+            del data["pitch_anchor"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PersonalizeConfig:
@@ -146,12 +157,16 @@ def build_batch(images: Tensor, config: PersonalizeConfig, seed: int) -> Tensor:
     return torch.cat([batch, torch.flip(batch, dims=[-1])])
 
 
-def _loss(pred: Tensor, config: PersonalizeConfig) -> Tensor:
+def _loss(pred: Tensor, config: PersonalizeConfig, start_pitch: Tensor | None = None) -> Tensor:
     half = pred.shape[0] // 2  # originals+augmented, then their flips
     if config.loss == "flip":
-        return flip_symmetry_loss(pred[:half], pred[half:], detach_flipped=config.detach_flipped)
-    n = half // 2  # originals, then augmented copies
-    return augmentation_consistency_loss(pred[:n], pred[n:half])
+        loss = flip_symmetry_loss(pred[:half], pred[half:], detach_flipped=config.detach_flipped)
+    else:
+        n = half // 2  # originals, then augmented copies
+        loss = augmentation_consistency_loss(pred[:n], pred[n:half])
+    if config.pitch_anchor and start_pitch is not None:
+        loss = loss + config.pitch_anchor * (pred[:, 1].mean() - start_pitch).abs()
+    return loss
 
 
 def personalize(
@@ -187,15 +202,19 @@ def personalize(
         groups = param_groups(model, config.lr, lr_scale=config.lr_scale, weight_decay=config.weight_decay)
         trained = sum(p.numel() for g in groups for p in g["params"])
         optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+        start_pitch = None
+        if config.pitch_anchor:
+            with torch.no_grad():
+                start_pitch = model(batch)[:, 1].mean()
         losses = []
         for _ in range(config.steps):
-            loss = finite_or_raise(_loss(model(batch), config), "personalization")
+            loss = finite_or_raise(_loss(model(batch), config, start_pitch), "personalization")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
         with torch.no_grad():
-            final = float(finite_or_raise(_loss(model(batch), config), "personalization"))
+            final = float(finite_or_raise(_loss(model(batch), config, start_pitch), "personalization"))
         model.train(was_training)
     except BaseException:
         detach(model)
