@@ -165,6 +165,7 @@ def _personalize_config(args: argparse.Namespace, method: Any = None):
         "loss": args.loss,
         "seed": args.seed,
         "detach_flipped": False if args.train_both_branches else None,
+        "pitch_anchor": args.pitch_anchor,
     }
     return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
 
@@ -279,6 +280,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--n-adapt", type=int, help="adaptation images per person (default 5)")
     p.add_argument("--loss", choices=("flip", "augment"), help="flip symmetry (default) or augmentation consistency")
     p.add_argument("--train-both-branches", action="store_true", help="do not detach the flipped branch")
+    p.add_argument(
+        "--pitch-anchor",
+        type=float,
+        metavar="W",
+        help="not in the paper: hold the batch's mean predicted pitch at its start with weight W (default 0: off)",
+    )
     p.add_argument("--persons", help="comma-separated person ids (default: all)")
     p.add_argument("--seed", type=int)
     p.add_argument("--quiet", action="store_true")
