@@ -217,25 +217,25 @@ def test_bad_results_file_is_refused(tmp_path):
         load_results(tmp_path / "missing")
 
 
-def test_cached_source_builds_are_counted_in_the_total_time(tmp_path):
+def test_the_cost_of_the_file_counts_records_and_recorded_training(tmp_path):
     results = fixture_results()
     results["sources"] = {
-        "E|seed0": {"from_cache": True, "recorded_train_seconds": 600.0, "seconds": {"pretrain": 0.1}},
-        "E|seed1": {
-            "from_cache": False,
-            "recorded_train_seconds": 540.0,
-            "seconds": {"pretrain": 500.0, "truncate_recover": 100.0},
-        },
+        "E|seed0": {"from_cache": True, "recorded_train_seconds": 600.0},
+        "E|seed1": {"from_cache": False, "recorded_train_seconds": 540.0},
+        "G|seed0": {"from_cache": True},
     }
+    for r in results["records"]:
+        r["wall_s"] = 60.0
     (tmp_path / "bench").mkdir()
     path = tmp_path / "bench" / "results.json"
     path.write_text(json.dumps(results))
     text = build_report(path, tmp_path / "results.md").read_text()
-    assert "1 source model(s) came from a cache built before these runs" in text
-    assert "their training epochs took 10.0 min when built" in text
-    assert "about **70 process-minutes**" in text  # 60 min of runs + 10 min of the cached build
-    assert "| E, seed 0 |" in text and "| cache (10.0 as built) |" in text
-    assert "| 10.0 |" in text  # E, seed 1: the build time of the run that built it
+    n = len(results["records"])
+    total = n + 19  # one minute per record, 10 + 9 minutes of recorded training
+    assert f"**What this file cost: {total} process-minutes**" in text
+    assert f"{n:.1f} min for its {n} records" in text and "19.0 min of model training" in text
+    assert "no recorded time for G|seed0" in text
+    assert "| E, seed 0 |" in text and "| 10.0 |" in text and "| 9.0 |" in text
 
 
 def _parts(yaw, pitch, yaw_bias, pitch_bias, persons=("p00", "p01")):

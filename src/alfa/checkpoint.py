@@ -91,8 +91,9 @@ def save_model(
     return path
 
 
-def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """The tensors and config of a checkpoint written by :func:`save_model`."""
+def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The tensors and config of a checkpoint written by :func:`save_model` (``header_only``: the config
+    and no tensor, without reading the weights)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -101,7 +102,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[st
             meta = f.metadata() or {}
             if meta.get("format") != FORMAT:
                 raise CheckpointError(f"{path}: not an alfa checkpoint (no '{FORMAT}' header)")
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {} if header_only else {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
     try:

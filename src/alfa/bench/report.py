@@ -1040,22 +1040,24 @@ def _runs_lines(results: dict[str, Any]) -> list[str]:
                 "yes" if r.get("finished") else "no (interrupted)",
             ]
         )
-    cached = [s for s in results.get("sources", {}).values() if s.get("from_cache")]
-    cached_min = sum(s.get("recorded_train_seconds") or 0.0 for s in cached) / 60
-    unknown = sum(1 for s in cached if not s.get("recorded_train_seconds"))
-    reuse = (
-        f" {len(cached)} source model(s) came from a cache built before these runs (marked `cache` under Source "
-        f"models); their training epochs took {cached_min:.1f} min when built"
-        + (f" ({unknown} without a recorded time)" if unknown else "")
-        + f", so the whole benchmark from scratch is about **{(wall / 60 + cached_min):.0f} process-minutes**."
-        if cached
-        else ""
-    )
+    records = results.get("records", [])
+    record_min = sum(r.get("wall_s") or 0.0 for r in records) / 60
+    sources = results.get("sources", {})
+    model_min = sum(s.get("recorded_train_seconds") or 0.0 for s in sources.values()) / 60
+    unknown = sorted(k for k, s in sources.items() if not s.get("recorded_train_seconds"))
+    total = record_min + model_min
     lines = [
-        f"The records come from {len(runs)} run(s) of the benchmark, **{wall / 60:.1f} min wall time, "
-        f"{cpu / 60:.1f} min "
-        f"CPU time** in total, summed over the processes (on {runs[0].get('cpus')} CPUs, usually two processes "
-        f"at a time; torch {runs[0].get('torch')}).{reuse}",
+        f"**What this file cost: {total:.0f} process-minutes**, about **{total / 2:.0f} min of wall time** with two "
+        f"processes at a time on this {runs[0].get('cpus')}-CPU machine: {record_min:.1f} min for its "
+        f"{len(records)} records (each record's own wall time) and {model_min:.1f} min of model training (source "
+        "and target-trained models, their recoveries at other SVD ranks, TPGaze's meta-training: the per-epoch "
+        "times kept in their checkpoints, so models loaded from the cache count what they once cost)"
+        + (f"; no recorded time for {', '.join(unknown)}" if unknown else "")
+        + ".",
+        "",
+        f"The runs that wrote the file: {len(runs)}, **{wall / 60:.1f} min wall time, {cpu / 60:.1f} min CPU time** "
+        "summed over the processes, including interrupted runs and runs whose records were redone later "
+        f"(torch {runs[0].get('torch')}).",
         "",
         _table(
             ["command", "started", "wall (min)", "CPU (min)", "records", "threads", "load avg start / end", "finished"],
@@ -1074,7 +1076,6 @@ def _source_lines(results: dict[str, Any]) -> list[str]:
     for key in sorted(sources):
         s = sources[key]
         e = (s.get("truncation") or {}).get("errors") or {}
-        secs = s.get("seconds") or {}
         tp = s.get("tpgaze_meta") or {}
         source, _, seed = key.partition("|")
         rows.append(
@@ -1084,12 +1085,7 @@ def _source_lines(results: dict[str, Any]) -> list[str]:
                 _num(e.get("after_truncation")),
                 _num(e.get("after_recovery")),
                 _num(tp.get("final_val_error")),
-                (
-                    "cache"
-                    + (f" ({s['recorded_train_seconds'] / 60:.1f} as built)" if s.get("recorded_train_seconds") else "")
-                )
-                if s.get("from_cache")
-                else f"{(secs.get('pretrain', 0) + secs.get('truncate_recover', 0)) / 60:.1f}",
+                f"{s['recorded_train_seconds'] / 60:.1f}" if s.get("recorded_train_seconds") else "—",
             ]
         )
     return [
@@ -1100,7 +1096,7 @@ def _source_lines(results: dict[str, Any]) -> list[str]:
                 "truncated",
                 "recovered",
                 "with TPGaze's meta-trained prompts",
-                "build (min)",
+                "training (min, as recorded)",
             ],
             rows,
         )

@@ -73,6 +73,7 @@ from ..adapters import (
     save_adapter,
 )
 from ..adapters.prompt import TPGazeConfig
+from ..checkpoint import read_checkpoint
 from ..data.base import GazeDataset, InMemoryGazeDataset
 from ..data.synthetic import get_domain
 from ..gaze.augment import AugmentConfig
@@ -623,15 +624,6 @@ def record_id(label: str, pair: str, seed: int) -> str:
     return f"{label}|{pair}|seed{seed}"
 
 
-def _merge_source_info(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """A source's entry after another run used it: the newest details, but the build time of the run
-    that built it (a later run that only loaded it from the cache must not erase that)."""
-    merged = {**old, **new}
-    if new.get("from_cache") and old.get("from_cache") is False:
-        merged["from_cache"], merged["seconds"] = False, old.get("seconds", {})
-    return merged
-
-
 def plan_records(config: BenchConfig) -> list[RecordPlan]:
     """Every record the selection asks for, in run order (seed, then source, then pair), deduplicated."""
     main = main_variants(config)
@@ -989,12 +981,8 @@ class _Session:
                     k: src.models.truncation.get(k) for k in ("rank", "errors", "params", "factorized_layers")
                 },
                 "pretrain_final_val_error": (src.models.pretrain_history or [{}])[-1].get("val_error"),
-                # the epochs' own timings, kept in the checkpoints: what a cached build once cost
-                "recorded_train_seconds": sum(
-                    e.get("seconds", 0.0)
-                    for e in (src.models.pretrain_history or []) + src.models.truncation.get("recovery_history", [])
-                ),
             }
+            src.info.update(self.recorded_training(src))
         return src
 
     def base(self, src: _Source, which: str) -> nn.Module:
@@ -1018,8 +1006,42 @@ class _Session:
                 progress=self.progress,
             )
             src.info.setdefault("other_ranks", {})[str(d)] = {"errors": result.errors, "params": result.params}
+            src.info.update(self.recorded_training(src))  # now with this rank's recovery
             src.other_ranks[d] = model.eval()
         return src.other_ranks[d]
+
+    def recorded_training(self, src: _Source) -> dict[str, Any]:
+        """What training the models of ``src`` took when they were built, read from their checkpoints'
+        per-epoch timings (so a model loaded from the cache still counts what it once cost): pre-training,
+        recovery, the recoveries at other SVD ranks and TPGaze's meta-training, as far as they exist."""
+        parts: dict[str, float] = {}
+
+        def epochs(history: list[dict[str, Any]] | None) -> float:
+            return sum(float(e.get("seconds", 0.0)) for e in history or [])
+
+        def header(path: Path) -> dict[str, Any]:
+            return read_checkpoint(path, header_only=True)[1].get("extra", {}) if path.is_file() else {}
+
+        cache = src.models.cache
+        parts["pretrain"] = epochs(header(cache / "pretrain" / "model.safetensors").get("history"))
+        parts["recovery"] = epochs(
+            header(cache / "recovered" / "model.safetensors").get("result", {}).get("recovery_history")
+        )
+        for folder in sorted(cache.glob("rank-*")):
+            history = header(folder / "model.safetensors").get("result", {}).get("recovery_history")
+            if history:
+                parts[f"recovery at {folder.name}"] = epochs(history)
+        meta_log = self.tpgaze_folder(src) / "meta_train.json"
+        if meta_log.is_file():
+            parts["tpgaze meta-training"] = epochs(json.loads(meta_log.read_text()).get("history"))
+        return {"recorded_train_seconds": sum(parts.values()), "recorded_train_parts": parts}
+
+    def tpgaze_folder(self, src: _Source) -> Path:
+        c = self.config
+        meta = dataclasses.replace(c.meta, seed=src.seed)
+        prompt = TPGazeConfig(image_size=c.image_size, init_std=c.tpgaze_init_std)
+        key = _hash({"source": src.cache_key, "meta": meta.to_dict(), "prompt": prompt.to_dict()})
+        return self.cache / f"tpgaze-{key}"
 
     def tpgaze_prompts(self, src: _Source) -> Path:
         """Meta-train TPGaze's prompts once per (source, seed) base (resumable, cached by a hash)."""
@@ -1027,8 +1049,7 @@ class _Session:
             c = self.config
             meta = dataclasses.replace(c.meta, seed=src.seed)
             prompt = TPGazeConfig(image_size=c.image_size, init_std=c.tpgaze_init_std)
-            key = _hash({"source": src.cache_key, "meta": meta.to_dict(), "prompt": prompt.to_dict()})
-            folder = self.cache / f"tpgaze-{key}"
+            folder = self.tpgaze_folder(src)
             base = src.models.recovered
             t0 = time.time()
             result = meta_train_prompts(
@@ -1036,6 +1057,7 @@ class _Session:
             )
             detach(base)
             src.prompts = result.prompts
+            src.info.update(self.recorded_training(src))
             src.info["tpgaze_meta"] = {
                 "folder": str(folder),
                 "initial_val_error": result.initial_val_error,
@@ -1386,9 +1408,7 @@ def run_bench(
             data["runs"].append(dict(run_entry))
         for (key, seed), src in session.sources.items():
             if src.info:
-                data["sources"][f"{key}|seed{seed}"] = _merge_source_info(
-                    data["sources"].get(f"{key}|seed{seed}", {}), src.info
-                )
+                data["sources"][f"{key}|seed{seed}"] = {**data["sources"].get(f"{key}|seed{seed}", {}), **src.info}
 
     try:
         done = store.done()
