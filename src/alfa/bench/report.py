@@ -1300,7 +1300,9 @@ def render_report(
             "− mean label| per person, the part of the error that shifts every image of a person alike. Why look: "
             "the flip-symmetry loss compares f(I) with FlipYaw(f(flip(I))). A yaw error is seen only through its "
             "antisymmetric part, and pitch only as p(I) − p(flip(I)): adding the same offset to every pitch "
-            "prediction leaves the loss unchanged, so nothing in the loss holds the pitch where it was.",
+            "prediction leaves the loss unchanged, so nothing in the loss holds the pitch where it was. (The parts "
+            "are plain differences of the predicted angles: a model that drifts far can predict angles beyond ±90°, so "
+            "they can exceed the angular error, which stops at 180°.)",
             "",
             ptable,
             "",
