@@ -356,7 +356,9 @@ class BenchConfig:
         self.oracle.validate()
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        data = dataclasses.asdict(self)
+        data["personalize"] = self.personalize.to_dict()  # its own form (options at their off value left out)
+        return json.loads(json.dumps(data))
 
     def protocol_dict(self) -> dict[str, Any]:
         """Everything but the selection: two runs writing to one ``results.json`` must agree on it."""
