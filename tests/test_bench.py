@@ -211,6 +211,8 @@ def test_plan_deduplicates_ablation_defaults():
     inits = ablation_variants("init", tiny(init_std_values=(0.007, 0.02)))
     assert [v.label for v in inits] == ["alfa[σ=0.007]", "alfa"]
     assert inits[0].adapter.init_std == 0.007 and inits[0].adapter.heads == inits[1].adapter.heads
+    # a recipe option left off does not enter the stored configuration (results made before it stay valid)
+    assert "pitch_anchor" not in tiny().protocol_dict()["personalize"]
     anchors = ablation_variants("anchor", tiny(anchor_values=(0.0, 1.0)))
     assert [v.label for v in anchors] == ["source-only", "alfa", "alfa[anchor=1]", "lora", "lora[anchor=1]"]
     assert anchors[2].recipe == {"pitch_anchor": 1.0} and anchors[1].recipe == {}
