@@ -873,6 +873,9 @@ def ablation_verdicts(idx: Index, name: str, layout: Sequence[dict[str, Any]], p
                 d = part_diff(idx, lab, f, pairs, "pitch") if f in present and lab in present else None
                 if d is not None:
                     lines.append(f"Pitch error, {_name(lab)} − {_name(f)} = {d.describe()}.")
+        for (f, v), lab in sorted(by_value.items(), key=lambda t: str(t[0])):
+            if f == "alfa" and v and ("lora", v) in by_value:
+                compare(lab, by_value[("lora", v)], f"With the pitch anchor (weight {v:g}), Alfa against LoRA")
     return lines
 
 
