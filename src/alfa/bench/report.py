@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,26 +155,38 @@ def cell(idx: Index, method: str, pair: str) -> Stat | None:
     return Stat(values) if values else None
 
 
-def pooled(idx: Index, method: str, pairs: Sequence[str]) -> Stat | None:
+# A measure of a record: its value (``None``: not available) and the per-person values behind it.
+Measure = Callable[[dict[str, Any]], tuple[float | None, dict[str, float]]]
+
+
+def angular(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+    """The record's error (mean over persons of the angular error) and its persons' errors."""
+    return record["error_deg"], record.get("per_person", {})
+
+
+def pooled(idx: Index, method: str, pairs: Sequence[str], measure: Measure = angular) -> Stat | None:
     """Per seed the mean over ``pairs`` (only seeds where the method has all of them)."""
     values = {}
     for s in _seeds_of(idx):
-        errs = [idx[(method, p, s)]["error_deg"] for p in pairs if (method, p, s) in idx]
-        if pairs and len(errs) == len(pairs):
-            values[s] = statistics.fmean(errs)
+        vals = [measure(idx[(method, p, s)])[0] for p in pairs if (method, p, s) in idx]
+        if pairs and len(vals) == len(pairs) and all(v is not None for v in vals):
+            values[s] = statistics.fmean(vals)
     return Stat(values) if values else None
 
 
-def diff(idx: Index, a: str, b: str, pairs: Sequence[str]) -> Diff | None:
+def diff(idx: Index, a: str, b: str, pairs: Sequence[str], measure: Measure = angular) -> Diff | None:
     """``a − b`` over the seeds where both have every pair of ``pairs``."""
     per_seed: dict[int, float] = {}
     better = total = 0
     for s in _seeds_of(idx):
         if not all((a, p, s) in idx and (b, p, s) in idx for p in pairs):
             continue
-        per_seed[s] = statistics.fmean(idx[(a, p, s)]["error_deg"] - idx[(b, p, s)]["error_deg"] for p in pairs)
-        for p in pairs:
-            pa, pb = idx[(a, p, s)].get("per_person", {}), idx[(b, p, s)].get("per_person", {})
+        ma = [measure(idx[(a, p, s)]) for p in pairs]
+        mb = [measure(idx[(b, p, s)]) for p in pairs]
+        if any(v is None for v, _ in ma + mb):
+            continue
+        per_seed[s] = statistics.fmean(va - vb for (va, _), (vb, _) in zip(ma, mb))
+        for (_, pa), (_, pb) in zip(ma, mb):
             for person in pa.keys() & pb.keys():
                 total += 1
                 better += pa[person] < pb[person]
@@ -568,50 +580,23 @@ PARTS = {
 }
 
 
-def _part(record: dict[str, Any], key: str) -> dict[str, float]:
-    """person -> one part of the error (``PARTS[key]``), empty for records made before parts existed."""
+def part(key: str) -> Measure:
+    """The measure of one part of the error (``PARTS[key]``): the mean over persons and the persons' values;
+    not available for records made before parts existed."""
     get = PARTS[key][1]
-    return {person: get(q) for person, q in (record.get("per_person_parts") or {}).items()}
 
+    def measure(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+        values = {person: get(q) for person, q in (record.get("per_person_parts") or {}).items()}
+        return (statistics.fmean(values.values()) if values else None), values
 
-def part_diff(idx: Index, a: str, b: str, pairs: Sequence[str], key: str) -> Diff | None:
-    """Like :func:`diff`, for one part of the error: per seed the mean over pairs of the difference of the
-    records' means over persons."""
-    per_seed: dict[int, float] = {}
-    better = total = 0
-    for s in _seeds_of(idx):
-        parts = [
-            (_part(idx[(a, p, s)], key), _part(idx[(b, p, s)], key))
-            for p in pairs
-            if (a, p, s) in idx and (b, p, s) in idx
-        ]
-        if len(parts) != len(pairs) or not all(pa and pb for pa, pb in parts):
-            continue
-        per_seed[s] = statistics.fmean(
-            statistics.fmean(pa.values()) - statistics.fmean(pb.values()) for pa, pb in parts
-        )
-        for pa, pb in parts:
-            for person in pa.keys() & pb.keys():
-                total += 1
-                better += pa[person] < pb[person]
-    return Diff(a, b, per_seed, better, total) if per_seed else None
-
-
-def part_stat(idx: Index, method: str, pairs: Sequence[str], key: str) -> Stat | None:
-    """Per seed the mean over ``pairs`` of the record's mean over persons of one part of the error."""
-    values = {}
-    for s in _seeds_of(idx):
-        parts = [_part(idx[(method, p, s)], key) for p in pairs if (method, p, s) in idx]
-        if len(parts) == len(pairs) and all(parts):
-            values[s] = statistics.fmean(statistics.fmean(q.values()) for q in parts)
-    return Stat(values) if values else None
+    return measure
 
 
 def parts_table(idx: Index, methods: Sequence[str]) -> str:
     pairs = _pairs_of(idx)
     rows = []
     for m in methods:
-        stats = [pooled(idx, m, pairs), *(part_stat(idx, m, pairs, k) for k in PARTS)]
+        stats = [pooled(idx, m, pairs), *(pooled(idx, m, pairs, part(k)) for k in PARTS)]
         if all(st is not None for st in stats):
             rows.append([_name(m), *(st.format() for st in stats)])
     header = ["method", "angular error", *(title for title, _ in PARTS.values())]
@@ -627,7 +612,7 @@ def parts_verdicts(idx: Index, methods: Sequence[str]) -> list[str]:
         if m == "source-only":
             continue
         total = diff(idx, m, "source-only", pairs)
-        dy, dp = (part_diff(idx, m, "source-only", pairs, k) for k in ("yaw", "pitch"))
+        dy, dp = (diff(idx, m, "source-only", pairs, part(k)) for k in ("yaw", "pitch"))
         if total is None or dy is None or dp is None:
             continue
         if total.mean > 0:
@@ -635,7 +620,7 @@ def parts_verdicts(idx: Index, methods: Sequence[str]) -> list[str]:
             if dp.mean > dy.mean:
                 pitch_led.append(_name(m))
         if m == "alfa":
-            db = part_diff(idx, m, "source-only", pairs, "pitch_bias")
+            db = diff(idx, m, "source-only", pairs, part("pitch_bias"))
             out.append(f"Alfa − source-only, pooled over pairs: yaw error {dy.describe()}.")
             out.append(f"Alfa − source-only, pooled over pairs: pitch error {dp.describe()}.")
             if db is not None:
@@ -870,7 +855,7 @@ def ablation_verdicts(idx: Index, name: str, layout: Sequence[dict[str, Any]], p
             if f in ("alfa", "lora") and v:
                 compare(lab, f, f"{_name(f)} with the pitch anchor (weight {v:g}) against without")
                 compare(lab, "source-only", f"{_name(f)} with the pitch anchor (weight {v:g}) against no adaptation")
-                d = part_diff(idx, lab, f, pairs, "pitch") if f in present and lab in present else None
+                d = diff(idx, lab, f, pairs, part("pitch")) if f in present and lab in present else None
                 if d is not None:
                     lines.append(f"Pitch error, {_name(lab)} − {_name(f)} = {d.describe()}.")
         for (f, v), lab in sorted(by_value.items(), key=lambda t: str(t[0])):
