@@ -1031,25 +1031,23 @@ class _Session:
             history = header(folder / "model.safetensors").get("result", {}).get("recovery_history")
             if history:
                 parts[f"recovery at {folder.name}"] = epochs(history)
-        meta_log = self.tpgaze_folder(src) / "meta_train.json"
+        meta_log = self.tpgaze_setup(src)[2] / "meta_train.json"
         if meta_log.is_file():
             parts["tpgaze meta-training"] = epochs(json.loads(meta_log.read_text()).get("history"))
         return {"recorded_train_seconds": sum(parts.values()), "recorded_train_parts": parts}
 
-    def tpgaze_folder(self, src: _Source) -> Path:
+    def tpgaze_setup(self, src: _Source) -> tuple[MetaTrainConfig, TPGazeConfig, Path]:
+        """TPGaze's meta-training settings for ``src`` and the cache folder they hash to."""
         c = self.config
         meta = dataclasses.replace(c.meta, seed=src.seed)
         prompt = TPGazeConfig(image_size=c.image_size, init_std=c.tpgaze_init_std)
         key = _hash({"source": src.cache_key, "meta": meta.to_dict(), "prompt": prompt.to_dict()})
-        return self.cache / f"tpgaze-{key}"
+        return meta, prompt, self.cache / f"tpgaze-{key}"
 
     def tpgaze_prompts(self, src: _Source) -> Path:
         """Meta-train TPGaze's prompts once per (source, seed) base (resumable, cached by a hash)."""
         if src.prompts is None:
-            c = self.config
-            meta = dataclasses.replace(c.meta, seed=src.seed)
-            prompt = TPGazeConfig(image_size=c.image_size, init_std=c.tpgaze_init_std)
-            folder = self.tpgaze_folder(src)
+            meta, prompt, folder = self.tpgaze_setup(src)
             base = src.models.recovered
             t0 = time.time()
             result = meta_train_prompts(
