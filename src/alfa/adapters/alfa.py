@@ -40,6 +40,8 @@ class AlfaConfig(AdapterConfig):
     (``None``: full rank, i.e. no truncation), and merging writes the dense weight back."""
 
     method: ClassVar[str] = "alfa"
+    display_name: ClassVar[str] = "Alfa"
+    family: ClassVar[str] = "dictionary"
 
     heads: int = 8
     rank: int = 8
@@ -160,6 +162,8 @@ class DictionaryMixConfig(AdapterConfig):
     method; trained directly, it is Alfa without attention and without the low-rank constraint."""
 
     method: ClassVar[str] = "dictionary_mix"
+    display_name: ClassVar[str] = "dictionary_mix"
+    family: ClassVar[str] = "dictionary"
 
     dense_rank: int | None = None
 

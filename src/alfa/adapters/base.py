@@ -51,6 +51,8 @@ def register_method(cls: type[AdapterConfig]) -> type[AdapterConfig]:
     """Class decorator: make a config known by its ``method`` name (for saving and loading)."""
     if not cls.method:
         raise ValueError(f"{cls.__name__} needs a non-empty `method` name")
+    if not cls.display_name or not cls.family:
+        raise ValueError(f"{cls.__name__} needs a `display_name` and a `family`")
     if cls.method in METHODS and METHODS[cls.method] is not cls:
         raise ValueError(f"method name {cls.method!r} is already registered by {METHODS[cls.method].__name__}")
     METHODS[cls.method] = cls
@@ -68,6 +70,8 @@ class AdapterConfig:
     """
 
     method: ClassVar[str] = ""
+    display_name: ClassVar[str] = ""  # how tables and reports name the method
+    family: ClassVar[str] = ""  # "dictionary", "lora", "spectral", "parameters" or "prompt": which tables group it
     scope: ClassVar[str] = "layer"  # "layer": wraps layers; "model": trains existing parameters
 
     target: str | None = None

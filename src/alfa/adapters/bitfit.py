@@ -40,6 +40,8 @@ class BitfitConfig(AdapterConfig):
     """BitFit: train every bias and every normalization layer's affine weight, nothing else."""
 
     method: ClassVar[str] = "bitfit"
+    display_name: ClassVar[str] = "BitFit"
+    family: ClassVar[str] = "parameters"
     scope: ClassVar[str] = "model"
 
     def select_parameters(self, model: nn.Module) -> list[str]:
@@ -59,6 +61,8 @@ class FullFinetuneConfig(AdapterConfig):
     """Full fine-tuning: train every parameter of the model."""
 
     method: ClassVar[str] = "full"
+    display_name: ClassVar[str] = "full fine-tune"
+    family: ClassVar[str] = "parameters"
     scope: ClassVar[str] = "model"
 
     def select_parameters(self, model: nn.Module) -> list[str]:

@@ -34,6 +34,8 @@ class DoraConfig(LoraConfig):
     """DoRA: a LoRA update of the weight's direction plus a trainable per-output-channel magnitude."""
 
     method: ClassVar[str] = "dora"
+    display_name: ClassVar[str] = "DoRA"
+    family: ClassVar[str] = "lora"
 
     def build(self, base: nn.Module) -> AdaptedLayer:
         return DoraLayer(base, self)

@@ -37,6 +37,8 @@ class FloraConfig(AdapterConfig):
     kernel modes, ``None`` = full kernel size) and scale ``scale``; the core starts at zero."""
 
     method: ClassVar[str] = "flora"
+    display_name: ClassVar[str] = "FLoRA"
+    family: ClassVar[str] = "lora"
 
     rank: int = 8
     kernel_rank: int | None = None

@@ -39,6 +39,8 @@ class DiagGateConfig(AdapterConfig):
     """Ablation (a): a per-row gain on the dictionary, ``V_adapt = diag(1 + γ) V_base``, ``γ = 0`` at init."""
 
     method: ClassVar[str] = "diag_gate"
+    display_name: ClassVar[str] = "diag_gate"
+    family: ClassVar[str] = "dictionary"
 
     dense_rank: int | None = None
 
@@ -76,6 +78,8 @@ class LinearMixConfig(AdapterConfig):
     (Alfa without attention or softmax); ``A`` is ``N(0, init_std²)``, ``B = 0``."""
 
     method: ClassVar[str] = "linear_mix"
+    display_name: ClassVar[str] = "linear_mix"
+    family: ClassVar[str] = "dictionary"
 
     rank: int = 8
     init_std: float = 0.02

@@ -126,6 +126,8 @@ class LoraConfig(AdapterConfig):
     """LoRA: ``W' = W + (alpha/rank) B A`` with ``A`` Kaiming-uniform and ``B = 0`` (PEFT's default init)."""
 
     method: ClassVar[str] = "lora"
+    display_name: ClassVar[str] = "LoRA"
+    family: ClassVar[str] = "lora"
 
     rank: int = 8
     alpha: float = 16.0
@@ -171,6 +173,8 @@ class PissaConfig(LoraConfig):
     """
 
     method: ClassVar[str] = "pissa"
+    display_name: ClassVar[str] = "PiSSA"
+    family: ClassVar[str] = "lora"
     components: ClassVar[str] = "largest"
 
     alpha: float = 8.0
@@ -185,6 +189,8 @@ class MiloraConfig(PissaConfig):
     """MiLoRA: PiSSA's construction with the ``rank`` *smallest* singular triplets of the weight."""
 
     method: ClassVar[str] = "milora"
+    display_name: ClassVar[str] = "MiLoRA"
+    family: ClassVar[str] = "lora"
     components: ClassVar[str] = "smallest"
 
 

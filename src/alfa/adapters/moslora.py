@@ -26,6 +26,8 @@ class MosloraConfig(LoraConfig):
     """MoSLoRA: ``W' = W + (alpha/rank) B M A``; ``A`` and the mixer ``M`` Kaiming-uniform, ``B = 0``."""
 
     method: ClassVar[str] = "moslora"
+    display_name: ClassVar[str] = "MoSLoRA"
+    family: ClassVar[str] = "lora"
 
     def build(self, base: nn.Module) -> AdaptedLayer:
         return MosloraLayer(base, self)

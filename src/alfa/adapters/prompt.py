@@ -146,6 +146,8 @@ class TPGazeConfig(AdapterConfig):
     """
 
     method: ClassVar[str] = "tpgaze"
+    display_name: ClassVar[str] = "TPGaze"
+    family: ClassVar[str] = "prompt"
     # The personalization recipe of TPGaze (spec §5): Adam, lr 0.01, prompts only. AdamW without weight
     # decay is Adam; the prompted layers are outside ResNet-18's layer3/4, so no lr scaling either.
     personalize_defaults: ClassVar[dict[str, Any]] = {"lr": 0.01, "weight_decay": 0.0, "lr_scale": {}}

@@ -32,6 +32,8 @@ class SpectralConfig(AdapterConfig):
     left and right singular vectors of the weight."""
 
     method: ClassVar[str] = "spectral"
+    display_name: ClassVar[str] = "Spectral"
+    family: ClassVar[str] = "spectral"
 
     rank: int = 8
 
