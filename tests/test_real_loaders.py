@@ -18,7 +18,7 @@ from alfa.data.fixtures import write_gazehub_fixture, write_xgaze_h5_dir, write_
 from alfa.data.gazehub import DatasetFormatError, GazeHubDataset
 from alfa.data.registry import PersonSubset, open_dataset, split_persons
 from alfa.data.xgaze import XGazeH5Dataset
-from alfa.gaze.geometry import angular_error, gazehub_vector_to_pitchyaw, pitchyaw_to_vector
+from alfa.geometry import angular_error, gazehub_vector_to_pitchyaw, pitchyaw_to_vector
 
 COLOR_TOLERANCE = 4 / 255  # flat-colour JPEGs come back within a few levels
 

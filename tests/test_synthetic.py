@@ -17,7 +17,7 @@ from alfa.data.synthetic import (
     sample_scenes,
 )
 from alfa.data.synthetic.domains import camera_resolution
-from alfa.gaze.geometry import flip_yaw
+from alfa.geometry import flip_yaw
 
 DEG = math.pi / 180
 

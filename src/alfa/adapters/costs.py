@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
-from ..gaze.geometry import flip_yaw
+from ..geometry import flip_yaw
 from ..models import create_model
 from ..summary import parameter_summary
 from ..truncate import truncate

@@ -86,12 +86,12 @@ from ..gaze.evaluate import (
     person_gaze_errors,
     write_json,
 )
-from ..gaze.geometry import angular_error
 from ..gaze.losses import finite_or_raise, supervised_l1_loss
 from ..gaze.personalize import PersonalizeConfig, person_seed, personalize_dataset
 from ..gaze.pipeline import DemoConfig, build_source_model, data_fingerprint, open_data, source_cache_key
 from ..gaze.tpgaze import MetaTrainConfig, meta_train_prompts, personalize_tpgaze_dataset, tpgaze_recipe
 from ..gaze.train import TrainConfig, TruncateConfig, truncate_and_recover
+from ..geometry import angular_error
 from ..layers import is_factorized
 from .methods import MAIN_METHODS, PAIRS, SANITY_METHODS, SOURCES, TARGETS
 

@@ -59,9 +59,9 @@ from ..gaze.evaluate import (
     predict_images,
     write_json,
 )
-from ..gaze.geometry import angular_error
 from ..gaze.personalize import PersonalizeConfig, personalize_dataset
 from ..gaze.train import TrainConfig, TruncateConfig, train_source, truncate_and_recover
+from ..geometry import angular_error
 from ..models import create_model
 from ..summary import parameter_summary
 from ..truncate import truncate

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..gaze.geometry import pitchyaw_to_vector
+from ..geometry import pitchyaw_to_vector
 from .gazehub import GAZEHUB_FORMATS, canonical_gazehub_name
 
 __all__ = ["FixtureTruth", "write_gazehub_fixture", "write_xgaze_h5_fixture", "write_xgaze_h5_dir", "DEFAULT_PERSONS"]

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from ..gaze.geometry import angular_error, gazehub_vector_to_pitchyaw, pitchyaw_to_vector, vector_to_pitchyaw
+from ..geometry import angular_error, gazehub_vector_to_pitchyaw, pitchyaw_to_vector, vector_to_pitchyaw
 from .base import GazeDataset
 
 __all__ = [

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ..adapters import adapter_state, detach, load_adapter
 from ..data.base import GazeDataset, InMemoryGazeDataset
-from .geometry import angular_error
+from ..geometry import angular_error
 
 __all__ = [
     "EvaluationReport",

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from ...gaze.geometry import pitchyaw_to_vector, vector_to_pitchyaw
+from ...geometry import pitchyaw_to_vector, vector_to_pitchyaw
 from ..base import InMemoryGazeDataset
 from .render import NOISE_CHANNELS, FaceParams, gaze_labels, head_rotation, render_faces
 

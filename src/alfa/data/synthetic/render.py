@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...gaze.geometry import pitchyaw_to_vector, vector_to_pitchyaw
+from ...geometry import pitchyaw_to_vector, vector_to_pitchyaw
 
 __all__ = ["FaceParams", "render_faces", "gaze_labels", "head_rotation", "NOISE_CHANNELS"]
 
