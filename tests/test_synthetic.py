@@ -16,7 +16,7 @@ from alfa.data.synthetic import (
     sample_persons,
     sample_scenes,
 )
-from alfa.data.synthetic.domains import camera_resolution
+from alfa.data.synthetic.domains import camera_resolution, place_capture, sample_capture
 from alfa.geometry import flip_yaw
 
 DEG = math.pi / 180
@@ -25,14 +25,21 @@ DEG = math.pi / 180
 def _random_scenes(name: str, n: int, seed: int, size: int) -> tuple[FaceParams, torch.Tensor]:
     cfg = get_domain(name)
     g = torch.Generator().manual_seed(seed)
-    params = FaceParams(**sample_persons(cfg, n, g), **sample_scenes(cfg, n, g))
+    persons, capture = sample_persons(cfg, n, g), sample_capture(cfg, n, g)
+    params = FaceParams(**persons, **place_capture(sample_scenes(cfg, n, g), capture))
     res = camera_resolution(cfg, size)
     return params, torch.randn(n, 4, res, res, generator=g)
 
 
-def test_registry_has_the_four_domains():
-    assert list_domains() == ["eth", "gaze360", "mpii", "eyediap"]
-    assert [DOMAINS[n].role for n in list_domains()] == ["source", "source", "target", "target"]
+SYMMETRIC = ["eth", "gaze360", "mpii", "eyediap"]
+ASYMMETRIC = ["eth-studio", "mpii-window", "eyediap-offcam"]
+
+
+def test_registry_has_the_four_domains_and_the_asymmetric_controls():
+    assert list_domains() == SYMMETRIC + ASYMMETRIC
+    assert [DOMAINS[n].role for n in SYMMETRIC] == ["source", "source", "target", "target"]
+    assert [DOMAINS[n].role for n in ASYMMETRIC] == ["source", "target", "target"]
+    assert [DOMAINS[n].mirror_symmetric for n in list_domains()] == [True] * 4 + [False] * 3
     assert DOMAINS["mpii"].persons["test"] == 15 and DOMAINS["eyediap"].persons["test"] == 14
 
 
@@ -86,7 +93,7 @@ def test_renders_at_224():
     assert ds.images.shape == (2, 3, 224, 224) and ds.images.float().std() > 10
 
 
-@pytest.mark.parametrize("name", ["eth", "gaze360", "mpii", "eyediap"])
+@pytest.mark.parametrize("name", list_domains())
 def test_flip_law(name):
     """Rendering the mirrored scene gives the horizontally flipped image, with the FlipYaw label."""
     params, noise = _random_scenes(name, 6, seed=11, size=64)
@@ -106,6 +113,48 @@ def test_flip_law_breaks_without_the_mirrored_person():
     pose_only = FaceParams(**{**vars(params), **{k: -getattr(params, k) for k in ("head_yaw", "eye_yaw", "head_roll")}})
     image = render_faces(params, noise, 64)
     assert (image - render_faces(pose_only, noise, 64).flip(-1)).abs().max() > 0.05
+
+
+def test_asymmetric_worlds_are_not_their_own_mirror_image():
+    """The capture asymmetries are in the distributions: eth-studio's key light is always on the image's
+    left, each mpii-window person has one light side, each eyediap-offcam person one camera side."""
+    g = torch.Generator().manual_seed(0)
+    assert (sample_scenes(get_domain("eth-studio"), 200, g)["light_az"] > 0).all()
+    assert (sample_scenes(get_domain("eth"), 200, g)["light_az"] > 0).float().mean().sub(0.5).abs() < 0.1
+    for name, key in (("mpii-window", "light_az"), ("eyediap-offcam", "head_yaw")):
+        person = make_domain(name, persons=4, images_per_person=2)  # renders, so the capture is applied
+        assert len(person.persons()) == 4
+        cfg = get_domain(name)
+        g = torch.Generator().manual_seed(1)
+        capture = sample_capture(cfg, 1, g)
+        scenes = place_capture(sample_scenes(cfg, 64, g), {k: v.expand(64) for k, v in capture.items()})
+        if key == "light_az":  # one side for all of the person's images
+            assert (scenes[key].sign() == capture["light_side"]).all()
+        else:  # the person's head yaw is shifted by the camera's offset, about 12 degrees
+            assert 4 * DEG < capture["camera_yaw"].abs().item() < 24 * DEG
+            plain = sample_scenes(cfg, 64, torch.Generator().manual_seed(1))
+            assert abs(scenes[key].mean() - plain[key].mean()) > 2 * DEG
+
+
+@pytest.mark.parametrize(
+    "name,unmirrored", [("eth-studio", "light"), ("mpii-window", "light"), ("eyediap-offcam", "camera")]
+)
+def test_flip_law_needs_the_mirrored_light_and_camera(name, unmirrored):
+    """Mirroring the person and pose but leaving the light (or the camera) where it was does not give the
+    flipped image: the flip law of the asymmetric worlds rests on mirroring the capture too."""
+    params, noise = _random_scenes(name, 6, seed=4, size=64)
+    mirrored = params.mirrored()
+    if unmirrored == "light":
+        broken = FaceParams(**{**vars(mirrored), "light_az": params.light_az})
+    else:  # the camera offset stays on its side: head yaw -(h - δ) + δ instead of -h
+        g = torch.Generator().manual_seed(4)
+        sample_persons(get_domain(name), 6, g)
+        offset = sample_capture(get_domain(name), 6, g)["camera_yaw"]
+        assert offset.abs().min() > 0
+        broken = FaceParams(**{**vars(mirrored), "head_yaw": mirrored.head_yaw + 2 * offset})
+    image = render_faces(params, noise, 64)
+    assert (image - render_faces(mirrored, noise.flip(-1), 64).flip(-1)).abs().max() < 1e-4
+    assert (image - render_faces(broken, noise.flip(-1), 64).flip(-1)).abs().max() > 0.05
 
 
 def test_eye_windows_change_nothing():

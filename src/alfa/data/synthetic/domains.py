@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -35,12 +35,15 @@ __all__ = [
     "list_domains",
     "make_domain",
     "render_person",
+    "sample_capture",
     "sample_persons",
     "sample_scenes",
+    "place_capture",
 ]
 
 DEG = math.pi / 180.0
 SPLITS = ("train", "val", "test")
+LIGHT_SIDES = ("image", "person", "fixed")
 PARAM_CHUNK = 16  # per-image parameters are drawn this many at a time (prefix stability)
 CROP_ZOOM = 1.9  # the normalized crop is tight: eyes in the upper half, cheeks and chin at the borders
 RENDER_PIXELS = 1 << 17  # pixels per render call: small enough to stay in cache, large enough to amortize
@@ -141,6 +144,11 @@ class DomainConfig:
     glasses_prob: float
     iris_weights: tuple[float, ...]  # over IRIS_PALETTE
     hair_weights: tuple[float, ...] = field(default=(0.35, 0.3, 0.15, 0.1, 0.1))  # over HAIR_PALETTE
+    # Left/right asymmetries of the capture (docs/synthetic.md § Asymmetric worlds). The defaults make a
+    # world mirror-symmetric in distribution: the key light's side is drawn per image, the camera is
+    # straight in front of the person.
+    light_side: str = "image"  # "image": side drawn per image; "person": one side per person; "fixed": image left
+    camera_yaw: tuple[float, float] = (0.0, 0.0)  # (mean |offset|, std) in degrees of the camera, one side per person
 
     def __post_init__(self) -> None:
         problems = []
@@ -152,11 +160,21 @@ class DomainConfig:
             problems.append(f"blur must be 0 <= low <= high <= 1, got {self.blur}")
         if len(self.iris_weights) != len(IRIS_PALETTE) or len(self.hair_weights) != len(HAIR_PALETTE):
             problems.append("iris_weights and hair_weights need one weight per palette colour")
+        if self.light_side not in LIGHT_SIDES:
+            problems.append(f"light_side must be one of {LIGHT_SIDES}, not {self.light_side!r}")
+        if self.camera_yaw[0] < 0 or self.camera_yaw[1] < 0:
+            problems.append(f"camera_yaw must be a non-negative (mean |offset|, std), got {self.camera_yaw}")
         if problems:
             raise ValueError(f"domain {self.name!r}: " + "; ".join(problems))
 
     def default_split(self) -> str:
         return "train" if self.role == "source" else "test"
+
+    @property
+    def mirror_symmetric(self) -> bool:
+        """Whether the world's distribution of scenes is its own mirror image (every person equally
+        likely lit from either side and seen from straight ahead)."""
+        return self.light_side == "image" and self.camera_yaw == (0.0, 0.0)
 
 
 DOMAINS: dict[str, DomainConfig] = {}
@@ -328,6 +346,41 @@ _register(
 )
 
 
+# --- asymmetric worlds: the positive controls of the flip-symmetry premise (docs/synthetic.md § Asymmetric
+# worlds; values fixed, with their reasons, before any method was run on them). Each is a copy of a world
+# above with one capture asymmetry added; the flip law holds in all of them (tests/test_synthetic.py).
+_register(
+    replace(
+        DOMAINS["eth"],
+        name="eth-studio",
+        description="ETH-XGaze-like studio whose key light sits on a fixed side (the image's left) of the rig",
+        light_side="fixed",
+        light_az=(40.0, 10.0),
+        ambient=(0.25, 0.45),
+        diffuse=(0.6, 0.9),
+    )
+)
+_register(
+    replace(
+        DOMAINS["mpii"],
+        name="mpii-window",
+        description="MPIIGaze-like laptop users, each lit by a window on one side (the side drawn per person)",
+        light_side="person",
+        light_az=(55.0, 15.0),
+        ambient=(0.15, 0.3),
+        diffuse=(0.7, 1.0),
+    )
+)
+_register(
+    replace(
+        DOMAINS["eyediap"],
+        name="eyediap-offcam",
+        description="EyeDiap-like persons whose camera sits off to one side of the screen (the side drawn per person)",
+        camera_yaw=(12.0, 4.0),
+    )
+)
+
+
 def list_domains() -> list[str]:
     return list(DOMAINS)
 
@@ -426,6 +479,8 @@ def sample_scenes(cfg: DomainConfig, n: int, g: torch.Generator) -> dict[str, Te
     gaze = pitchyaw_to_vector(torch.stack([gaze_yaw, gaze_pitch], -1) * DEG)
     in_head = vector_to_pitchyaw((rot.transpose(1, 2) @ gaze.unsqueeze(-1)).squeeze(-1))
     side = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+    if cfg.light_side == "fixed":  # a studio rig: the key light always on the image's left (positive azimuth)
+        side = torch.ones(n)
     warmth = _uniform(g, n, cfg.light_warmth)
     light_rgb = torch.stack([1 + 0.15 * warmth, torch.ones(n), 1 - 0.25 * warmth], -1)
     bg_level = _uniform(g, n, cfg.background)
@@ -463,6 +518,37 @@ def sample_scenes(cfg: DomainConfig, n: int, g: torch.Generator) -> dict[str, Te
     }
 
 
+def sample_capture(cfg: DomainConfig, n: int, g: torch.Generator) -> dict[str, Tensor]:
+    """Draw ``n`` persons' capture setup: the side their key light comes from (``light_side == "person"``:
+    +1 image left, -1 right) and their camera's yaw offset (radians, signed). Draws nothing from ``g`` in a
+    mirror-symmetric world, so the symmetric worlds' images do not depend on this function."""
+    light = torch.zeros(n)
+    if cfg.light_side == "person":
+        light = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+    camera = torch.zeros(n)
+    if cfg.camera_yaw != (0.0, 0.0):
+        camera_side = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+        camera = camera_side * _normal(g, n, *cfg.camera_yaw).abs() * DEG
+    return {"light_side": light, "camera_yaw": camera}
+
+
+def place_capture(scenes: dict[str, Tensor], capture: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Apply each image's capture setup (values broadcast per image) to its scene parameters.
+
+    A per-person light side replaces the sign of the light's azimuth. A camera that sits off to one side of
+    the screen the person faces sees head and eyes turned by its offset ``δ``: in the camera's frame the
+    head rotation ``Ry(yaw) Rx Rz`` becomes ``Ry(yaw + δ) Rx Rz``, so the head yaw shifts by ``δ``; the
+    eyes do not move in the head, so the gaze label (computed from head and eyes) turns with it. Both are left/right
+    odd parameters, so the flip law still holds: the mirrored scene has the mirrored light and camera."""
+    out = dict(scenes)
+    side = capture["light_side"]
+    if bool((side != 0).any()):
+        out["light_az"] = torch.where(side != 0, side * scenes["light_az"].abs(), scenes["light_az"])
+    if bool((capture["camera_yaw"] != 0).any()):
+        out["head_yaw"] = scenes["head_yaw"] + capture["camera_yaw"]
+    return out
+
+
 def _person_generator(cfg: DomainConfig, seed: int, split: str, index: int) -> torch.Generator:
     entropy = [int(seed), zlib.crc32(cfg.name.encode()), zlib.crc32(split.encode()), int(index)]
     state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
@@ -479,12 +565,14 @@ def render_person(
     """Render one person's images: ``(uint8 images (n,3,size,size), gaze (n,2), head (n,2), params)``."""
     g = _person_generator(cfg, seed, split, index)
     person = sample_persons(cfg, 1, g)
+    capture = sample_capture(cfg, 1, g)
     res = camera_resolution(cfg, size)
     scenes, noises = [], []
     for _ in range(math.ceil(images / PARAM_CHUNK)):
         scenes.append(sample_scenes(cfg, PARAM_CHUNK, g))
         noises.append(torch.randn(PARAM_CHUNK, NOISE_CHANNELS, res, res, generator=g))
     scene = {k: torch.cat([s[k] for s in scenes])[:images] for k in scenes[0]}
+    scene = place_capture(scene, {k: v.expand(images) for k, v in capture.items()})
     noise = torch.cat(noises)[:images]
     params = FaceParams(**{k: v.expand(images, *v.shape[1:]) for k, v in person.items()}, **scene)
     per_call = max(1, RENDER_PIXELS // (res * res))

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import torch
 
-from .domains import DOMAINS, get_domain, list_domains, make_domain, sample_persons, sample_scenes
+from .domains import (
+    DOMAINS,
+    get_domain,
+    list_domains,
+    make_domain,
+    place_capture,
+    sample_capture,
+    sample_persons,
+    sample_scenes,
+)
 from .render import FaceParams, gaze_labels
 
 __all__ = ["domain_table_markdown", "label_table_markdown", "measure_throughput", "render_preview_grid"]
@@ -89,7 +98,8 @@ def label_table_markdown(samples: int = 20000, seed: int = 0) -> str:
         cfg = get_domain(name)
         g = torch.Generator().manual_seed(seed)
         persons = sample_persons(cfg, samples, g)
-        params = FaceParams(**persons, **sample_scenes(cfg, samples, g))
+        capture = sample_capture(cfg, samples, g)
+        params = FaceParams(**persons, **place_capture(sample_scenes(cfg, samples, g), capture))
         gaze = gaze_labels(params) / DEG
         head = torch.stack([params.head_yaw, params.head_pitch], -1) / DEG
         q = torch.quantile(gaze, torch.tensor([0.05, 0.95]), dim=0)
