@@ -1,0 +1,90 @@
+"""What the flip loss can see: flip test-time augmentation, the visible/invisible split of the error, and the
+mechanism by which the paper's detached flipped branch lets a shared pitch offset drift."""
+
+import math
+
+import pytest
+import torch
+from tiny_models import TinyGazeNet
+
+from alfa.gaze.flip import flip_parts, flip_tta, flip_tta_from, predict_with_flip
+from alfa.gaze.losses import flip_symmetry_loss
+from alfa.geometry import angular_error, flip_yaw
+
+DEG = math.pi / 180
+
+
+def _model_and_images(seed: int = 0) -> tuple[TinyGazeNet, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = TinyGazeNet().eval()
+    return model, torch.rand(6, 3, 32, 32, generator=torch.Generator().manual_seed(seed + 1))
+
+
+def test_flip_tta_is_the_average_computed_by_hand():
+    model, images = _model_and_images()
+    with torch.no_grad():
+        by_hand = 0.5 * (model(images) + flip_yaw(model(torch.flip(images, dims=[-1]))))
+    torch.testing.assert_close(flip_tta(model, images), by_hand, rtol=0, atol=1e-7)
+    # yaw of the flipped prediction is negated, pitch is kept
+    pred, flipped = predict_with_flip(model, images)
+    tta = flip_tta_from(pred, flipped)
+    torch.testing.assert_close(tta[:, 0], 0.5 * (pred[:, 0] - flipped[:, 0]))
+    torch.testing.assert_close(tta[:, 1], 0.5 * (pred[:, 1] + flipped[:, 1]))
+
+
+def test_visible_and_invisible_parts_add_up_to_the_error():
+    g = torch.Generator().manual_seed(3)
+    pred, flipped, labels = (0.3 * torch.randn(50, 2, generator=g) for _ in range(3))
+    parts = flip_parts(pred, flipped, labels)
+    assert parts.visible_share + parts.invisible_share + parts.cross_share == pytest.approx(1.0, abs=1e-9)
+    tta = flip_tta_from(pred, flipped)
+    visible, invisible = (pred - tta) / DEG, (tta - labels) / DEG
+    torch.testing.assert_close(visible + invisible, (pred - labels) / DEG)  # the split is exact
+    assert parts.mse == pytest.approx(float(((pred - labels) / DEG).pow(2).sum(-1).mean()), rel=1e-6)
+    assert parts.visible_share == pytest.approx(float(visible.pow(2).sum(-1).mean()) / parts.mse, rel=1e-6)
+    assert parts.error == pytest.approx(float(angular_error(pred, labels).mean()), rel=1e-6)
+    assert parts.tta_error == pytest.approx(float(angular_error(tta, labels).mean()), rel=1e-6)
+    # the flip loss is twice the visible part, in L1: what personalization minimizes
+    assert parts.flip_loss == pytest.approx(float(flip_symmetry_loss(pred, flipped)) / DEG, rel=1e-6)
+
+
+def test_a_flip_equivariant_model_has_no_visible_error_and_tta_changes_nothing():
+    g = torch.Generator().manual_seed(4)
+    pred, labels = 0.3 * torch.randn(20, 2, generator=g), 0.3 * torch.randn(20, 2, generator=g)
+    parts = flip_parts(pred, flip_yaw(pred), labels)
+    assert parts.visible_share == 0 and parts.flip_loss == 0 and parts.invisible_share == pytest.approx(1.0)
+    assert parts.tta_error == pytest.approx(parts.error)
+    # and a model whose error is all visible: flip-TTA is exact, the invisible share is zero
+    shift = 0.1 * torch.randn(20, 2, generator=g)
+    parts = flip_parts(labels + shift, flip_yaw(labels - shift), labels)
+    assert parts.invisible_share == pytest.approx(0.0, abs=1e-12) and parts.tta_error < 1e-3
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match=r"\(N, 2\)"):
+        flip_parts(torch.zeros(0, 2), torch.zeros(0, 2), torch.zeros(0, 2))
+    with pytest.raises(ValueError, match="labels"):
+        flip_parts(torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="differ"):
+        flip_tta_from(torch.zeros(3, 2), torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize("detach", [True, False])
+def test_a_shared_pitch_offset_gets_the_sign_balance_gradient_only_when_the_flip_is_detached(detach):
+    """The mechanism of the drift: a pitch offset ``c`` added to the predictions on an image and on its flip
+    cancels in the loss's value (pitch is mirror-invariant), so the loss cannot see it. With the flipped
+    branch detached its gradient is still the mean sign of ``p(I) − p(flip I)`` over the pairs, so AdamW
+    moves it steadily with nothing to pull it back; with both branches trained it is exactly zero."""
+    g = torch.Generator().manual_seed(5)
+    base, base_of_flipped = torch.randn(40, 2, generator=g), torch.randn(40, 2, generator=g)
+    offset = torch.zeros((), requires_grad=True)
+    shift = torch.stack([torch.zeros(()), offset])
+    loss = flip_symmetry_loss(base + shift, base_of_flipped + shift, detach_flipped=detach)
+    loss.backward()
+    balance = torch.sign(base[:, 1] - base_of_flipped[:, 1]).mean()
+    assert balance.abs() > 0  # a non-trivial case
+    expected = balance if detach else torch.zeros(())
+    torch.testing.assert_close(offset.grad, expected, rtol=0, atol=1e-7)
+    # the offset does not change the loss's value in either case
+    moved = flip_symmetry_loss(base + 3 * torch.tensor([0.0, 1.0]), base_of_flipped + 3 * torch.tensor([0.0, 1.0]))
+    torch.testing.assert_close(moved, flip_symmetry_loss(base, base_of_flipped), rtol=0, atol=1e-6)
