@@ -88,3 +88,49 @@ def test_a_shared_pitch_offset_gets_the_sign_balance_gradient_only_when_the_flip
     # the offset does not change the loss's value in either case
     moved = flip_symmetry_loss(base + 3 * torch.tensor([0.0, 1.0]), base_of_flipped + 3 * torch.tensor([0.0, 1.0]))
     torch.testing.assert_close(moved, flip_symmetry_loss(base, base_of_flipped), rtol=0, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- recipes (docs/flip-premise.md §4)
+
+
+def test_the_declared_grid_and_its_runs():
+    from alfa.gaze.personalize import PersonalizeConfig
+    from alfa.gaze.recipes import PAPER_RECIPE, RECIPE_GRID, training_runs
+
+    assert len(RECIPE_GRID) == 48 and len(set(RECIPE_GRID)) == 48 and PAPER_RECIPE in RECIPE_GRID
+    runs = training_runs()
+    assert len(runs) == 24 and all(r.steps == 10 and evals == [3, 10] for r, evals in runs.items())
+    # the paper's recipe applied to the default config is the default config
+    assert PAPER_RECIPE.apply(PersonalizeConfig()) == PersonalizeConfig()
+    cautious = RECIPE_GRID[-1].apply(PersonalizeConfig())
+    assert cautious.lr_scale == {} and not cautious.detach_flipped and cautious.pitch_anchor == 1.0
+
+
+def test_selection_takes_the_lowest_and_breaks_ties_towards_caution():
+    from alfa.gaze.recipes import RECIPE_GRID, Recipe, select_recipe
+
+    errors = {r: 10.0 for r in RECIPE_GRID}
+    bold = Recipe(detach_flipped=True, lr=1e-4, layer34_x10=True, steps=10)
+    errors[bold] = 8.0
+    assert select_recipe(errors) == bold
+    # within the tie margin the more conservative recipe wins: fewer steps first
+    timid = Recipe(detach_flipped=True, lr=1e-4, layer34_x10=True, steps=3)
+    errors[timid] = 8.04
+    assert select_recipe(errors) == timid
+    errors[timid] = 8.06  # outside the margin: the lowest wins again
+    assert select_recipe(errors) == bold
+    # all tied: the most conservative of the whole grid
+    assert select_recipe({r: 5.0 for r in RECIPE_GRID}) == Recipe(True, 1e-5, False, 3, 1.0)
+    with pytest.raises(ValueError, match="finite"):
+        select_recipe({bold: float("nan")})
+
+
+def test_the_reference_protocol_is_the_per_person_minimum_over_steps():
+    from alfa.gaze.recipes import reference_protocol_error
+
+    per_step = {"p00": [9.0, 7.0, 8.0, 12.0], "p01": [5.0, 6.0, 4.0, 4.5], "p02": [3.0, 3.5, 4.0, 5.0]}
+    assert reference_protocol_error(per_step) == pytest.approx((7.0 + 4.0 + 3.0) / 3)
+    # ...which is never above the honest last-step number
+    assert reference_protocol_error(per_step) <= sum(v[-1] for v in per_step.values()) / 3
+    with pytest.raises(ValueError):
+        reference_protocol_error({"p00": []})
