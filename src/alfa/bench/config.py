@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters import AlfaConfig
+from ..adapters.prompt import TPGazeConfig
 from ..data.synthetic import get_domain
 from ..gaze.augment import AugmentConfig
 from ..gaze.personalize import PersonalizeConfig
@@ -110,7 +111,7 @@ class BenchConfig:
     alfa_heads: int = AlfaConfig().heads
     alfa_rank: int = AlfaConfig().rank
     meta: MetaTrainConfig = field(default_factory=MetaTrainConfig)
-    tpgaze_init_std: float = 1.0
+    tpgaze_init_std: float = TPGazeConfig().init_std
     oracle: OracleConfig = field(default_factory=OracleConfig)
     # The ablations' values (their defaults live with the ablations; the field order is the stored order).
     heads_values: tuple[int, ...] = _values("heads")
