@@ -5,6 +5,7 @@ import statistics
 
 import pytest
 
+from alfa.bench.config import BenchConfig
 from alfa.bench.report import (
     build_report,
     cell,
@@ -16,7 +17,7 @@ from alfa.bench.report import (
     sanity_verdicts,
     table1,
 )
-from alfa.bench.runner import FORMAT, VERSION, BenchConfig, layout, load_results
+from alfa.bench.results import FORMAT, VERSION, layout, load_results
 
 
 def record(method, pair, seed, errors, **extra):

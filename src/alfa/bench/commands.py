@@ -1,7 +1,7 @@
 """The ``alfa bench`` and ``alfa report`` subcommands.
 
 :func:`register` adds them to the CLI's subparsers; each handler turns options into a
-:class:`~alfa.bench.runner.BenchConfig` (or paths) and calls one library function. Also runnable as
+:class:`~alfa.bench.config.BenchConfig` (or paths) and calls one library function. Also runnable as
 ``python -m alfa.bench.commands bench --quick``.
 
     alfa bench --quick                                   # ~15 min: does everything run?
@@ -45,7 +45,9 @@ def _command_line() -> str:
 def _bench(args: argparse.Namespace) -> None:
     import torch
 
-    from .runner import ABLATIONS, BenchConfig, run_bench
+    from .ablations import REGISTRY
+    from .config import BenchConfig
+    from .runner import run_bench
 
     preset = "full" if args.full else "standard" if args.standard else "quick"
     config = getattr(BenchConfig, preset)()
@@ -58,7 +60,7 @@ def _bench(args: argparse.Namespace) -> None:
         changes["seeds"] = tuple(int(s) for s in _list(args.seeds))
     if args.ablations is not None:
         names = _list(args.ablations)
-        changes["ablations"] = () if names == ["none"] else ABLATIONS if names == ["all"] else tuple(names)
+        changes["ablations"] = () if names == ["none"] else tuple(REGISTRY) if names == ["all"] else tuple(names)
     if args.threads is not None:
         changes["threads"] = args.threads
     if args.keep_adapters:

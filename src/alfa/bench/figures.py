@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from ..adapters import adapted_layers, detach, load_adapter
 from ..checkpoint import read_tagged, write_tagged
+from ..fileio import atomic_path
 from ..layers import is_factorized
 
 __all__ = [
@@ -139,11 +140,9 @@ def _plt():
 
 def _save(fig, path: str | os.PathLike, dpi: int = 130) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=dpi)
+    with atomic_path(path) as tmp:  # the temporary name keeps the suffix: matplotlib picks the format by it
+        fig.savefig(tmp, dpi=dpi)
     _plt().close(fig)
-    os.replace(tmp, path)
     return path
 
 

@@ -15,7 +15,6 @@ no spread, and nothing is called clear.
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 from collections.abc import Callable, Iterable, Sequence
@@ -23,7 +22,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .methods import MAIN_METHODS, PAIRS
+from ..adapters import METHODS
+from ..fileio import write_text
+from . import figures as F
+from .ablations import REGISTRY, family_of
+from .methods import MAIN_METHODS
+from .names import NAMES, display_name
+from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE, load_results
+from .stats import (
+    PARTS,
+    Diff,
+    Index,
+    Stat,
+    cell,
+    diff,
+    index_records,
+    pairs_of,
+    part,
+    pooled,
+    sanity_summary,
+    seeds_of,
+    signed,
+)
 
 __all__ = [
     "Stat",
@@ -33,203 +53,18 @@ __all__ = [
     "pooled",
     "diff",
     "sanity_summary",
+    "NAMES",
+    "LORA_FAMILY",
     "main_verdicts",
     "render_report",
     "build_report",
 ]
 
-LORA_FAMILY = ("lora", "pissa", "milora", "moslora", "dora", "flora", "spectral")
-NAMES = {
-    "source-only": "source-only (truncated base)",
-    "tpgaze": "TPGaze",
-    "full": "full fine-tune",
-    "bitfit": "BitFit",
-    "lora": "LoRA",
-    "pissa": "PiSSA",
-    "milora": "MiLoRA",
-    "moslora": "MoSLoRA",
-    "spectral": "Spectral",
-    "dora": "DoRA",
-    "flora": "FLoRA",
-    "alfa": "Alfa",
-    "in-domain": "in-domain (held-out source persons)",
-    "target-trained": "target-trained (the same model trained on other persons of the target world)",
-    "oracle": "oracle (supervised, per person)",
-}
-
-
-def _name(label: str) -> str:
-    return NAMES.get(label, label)
-
-
-# ----------------------------------------------------------------------------- statistics
-
-
-@dataclass
-class Stat:
-    """A row's error on one pair (or pooled over pairs): per-seed values, their mean and sample std."""
-
-    values: dict[int, float]
-
-    @property
-    def n(self) -> int:
-        return len(self.values)
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.values.values())
-
-    @property
-    def std(self) -> float | None:
-        return statistics.stdev(self.values.values()) if self.n > 1 else None
-
-    def format(self, digits: int = 2) -> str:
-        if self.std is None:
-            return f"{self.mean:.{digits}f}"
-        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
-
-
-@dataclass
-class Diff:
-    """``a − b``: per seed, the mean over pairs of the difference of the records' errors (same base)."""
-
-    a: str
-    b: str
-    per_seed: dict[int, float]
-    persons_better: int  # (pair, seed, person) triples where a's error is below b's
-    persons: int
-
-    @property
-    def n(self) -> int:
-        return len(self.per_seed)
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.per_seed.values())
-
-    @property
-    def std(self) -> float | None:
-        return statistics.stdev(self.per_seed.values()) if self.n > 1 else None
-
-    @property
-    def same_sign(self) -> bool:
-        signs = {math.copysign(1.0, v) for v in self.per_seed.values() if v != 0}
-        return len(signs) <= 1 and all(v != 0 for v in self.per_seed.values())
-
-    @property
-    def clear(self) -> bool:
-        return self.std is not None and abs(self.mean) > self.std and self.same_sign
-
-    def describe(self) -> str:
-        """E.g. ``"−0.31 ± 0.12° over 3 seeds (paired): clear; lower for 30 of 45 persons"``."""
-        persons = f"; lower for {self.persons_better} of {self.persons} persons" if self.persons else ""
-        if self.std is None:
-            return f"{_signed(self.mean)}° (one seed: no spread measured){persons}"
-        verdict = "a clear difference" if self.clear else "within the spread"
-        return f"{_signed(self.mean)} ± {self.std:.2f}° over {self.n} seeds (paired): {verdict}{persons}"
-
-
-def _signed(x: float) -> str:
-    return f"{x:+.2f}".replace("-", "−")
-
-
-Index = dict[tuple[str, str, int], dict[str, Any]]
-
-
-def index_records(records: Iterable[dict[str, Any]]) -> Index:
-    """``(method, pair, seed) -> record``."""
-    return {(r["method"], r["pair"], int(r["seed"])): r for r in records if r.get("error_deg") is not None}
-
-
-def _pairs_of(idx: Index) -> list[str]:
-    present = {p for (_, p, _) in idx}
-    return [p for p in PAIRS if p in present] + sorted(present - set(PAIRS))
-
-
-def _seeds_of(idx: Index) -> list[int]:
-    return sorted({s for (_, _, s) in idx})
-
-
-def cell(idx: Index, method: str, pair: str) -> Stat | None:
-    values = {s: float(r["error_deg"]) for (m, p, s), r in idx.items() if m == method and p == pair}
-    return Stat(values) if values else None
-
-
-# A measure of a record: its value (``None``: not available) and the per-person values behind it.
-Measure = Callable[[dict[str, Any]], tuple[float | None, dict[str, float]]]
-
-
-def angular(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
-    """The record's error (mean over persons of the angular error) and its persons' errors."""
-    return record["error_deg"], record.get("per_person", {})
-
-
-def pooled(idx: Index, method: str, pairs: Sequence[str], measure: Measure = angular) -> Stat | None:
-    """Per seed the mean over ``pairs`` (only seeds where the method has all of them)."""
-    values = {}
-    for s in _seeds_of(idx):
-        vals = [measure(idx[(method, p, s)])[0] for p in pairs if (method, p, s) in idx]
-        if pairs and len(vals) == len(pairs) and all(v is not None for v in vals):
-            values[s] = statistics.fmean(vals)
-    return Stat(values) if values else None
-
-
-def diff(idx: Index, a: str, b: str, pairs: Sequence[str], measure: Measure = angular) -> Diff | None:
-    """``a − b`` over the seeds where both have every pair of ``pairs``."""
-    per_seed: dict[int, float] = {}
-    better = total = 0
-    for s in _seeds_of(idx):
-        if not all((a, p, s) in idx and (b, p, s) in idx for p in pairs):
-            continue
-        ma = [measure(idx[(a, p, s)]) for p in pairs]
-        mb = [measure(idx[(b, p, s)]) for p in pairs]
-        if any(v is None for v, _ in ma + mb):
-            continue
-        per_seed[s] = statistics.fmean(va - vb for (va, _), (vb, _) in zip(ma, mb))
-        for (_, pa), (_, pb) in zip(ma, mb):
-            for person in pa.keys() & pb.keys():
-                total += 1
-                better += pa[person] < pb[person]
-    if not per_seed:
-        return None
-    return Diff(a, b, per_seed, better, total)
-
-
-def _stat_dict(stat: Stat | None) -> dict[str, Any] | None:
-    if stat is None:
-        return None
-    return {"mean": stat.mean, "std": stat.std, "seeds": sorted(stat.values)}
-
-
-def _constant(idx: Index, method: str, pair: str) -> float | None:
-    """The constant-prediction error stored with a sanity record (the same data for every seed)."""
-    values = [r.get("constant_prediction_deg") for (m, p, _), r in idx.items() if m == method and p == pair]
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
-
-
-def sanity_summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Per pair: in-domain, target-trained, source-only and oracle errors, the domain gap (source-only −
-    in-domain), the gap to a model trained on the target world (source-only − target-trained) and the
-    headroom (source-only − oracle). Stored in ``results.json`` as its ``sanity`` record."""
-    idx = index_records(records)
-    out: dict[str, Any] = {}
-    for pair in _pairs_of(idx):
-        ind, src, orc, own = (cell(idx, m, pair) for m in ("in-domain", "source-only", "oracle", "target-trained"))
-        if ind is None and src is None and orc is None and own is None:
-            continue
-        out[pair] = {
-            "in_domain": _stat_dict(ind),
-            "target_trained": _stat_dict(own),
-            "source_only": _stat_dict(src),
-            "oracle": _stat_dict(orc),
-            "domain_gap_deg": src.mean - ind.mean if src and ind else None,
-            "target_gap_deg": src.mean - own.mean if src and own else None,
-            "headroom_deg": src.mean - orc.mean if src and orc else None,
-            "in_domain_constant_deg": _constant(idx, "in-domain", pair),
-            "target_constant_deg": _constant(idx, "source-only", pair),
-        }
-    return out
+# Table 2's rows: the low-rank methods (the "lora" family, then "spectral") in Table 1's order, then Alfa.
+LORA_FAMILY = tuple(
+    m for family in ("lora", "spectral") for m in MAIN_METHODS if m in METHODS and METHODS[m].family == family
+)
+_name = display_name
 
 
 # ----------------------------------------------------------------------------- markdown helpers
@@ -291,7 +126,7 @@ def _competitors(idx: Index) -> list[str]:
 
 def main_verdicts(idx: Index) -> list[str]:
     """The plain sentences about Table 1: where Alfa wins, where it does not, and what is within the spread."""
-    pairs = _pairs_of(idx)
+    pairs = pairs_of(idx)
     methods = _competitors(idx)
     lines: list[str] = []
     if "alfa" not in methods or not pairs:
@@ -350,7 +185,7 @@ def main_verdicts(idx: Index) -> list[str]:
         if d is not None and d.mean < 0:
             beating.append((m, d))
     if "source-only" in methods:
-        names = ", ".join(f"{_name(m)} ({_signed(d.mean)}°{', clear' if d.clear else ''})" for m, d in beating)
+        names = ", ".join(f"{_name(m)} ({signed(d.mean)}°{', clear' if d.clear else ''})" for m, d in beating)
         others = [m for m in methods if m != "source-only" and m not in {b for b, _ in beating}]
         text = f"Methods whose pooled error is below source-only: {names or 'none'}."
         if others:
@@ -401,7 +236,7 @@ def _gap_sentence(items: list[tuple[str, float, float]], subject: str, by: str, 
 
 def sanity_verdicts(idx: Index) -> list[str]:
     lines = []
-    pairs = _pairs_of(idx)
+    pairs = pairs_of(idx)
     gaps = _below_source_only(idx, pairs, "in-domain")
     if gaps:
         lines.append(
@@ -468,7 +303,7 @@ def sanity_verdicts(idx: Index) -> list[str]:
 
 
 def table1(idx: Index) -> str:
-    pairs = _pairs_of(idx)
+    pairs = pairs_of(idx)
     header = ["method", *pairs, "mean over pairs", "params at inference", "Δ vs source-only (pooled)"]
     best = {}
     for p in pairs:
@@ -488,13 +323,13 @@ def table1(idx: Index) -> str:
         merge = recs[0].get("merge") if recs else None
         d = (
             diff(idx, m, "source-only", pairs)
-            if m != "source-only" and ("source-only", pairs[0], _seeds_of(idx)[0]) in idx
+            if m != "source-only" and ("source-only", pairs[0], seeds_of(idx)[0]) in idx
             else None
         )
         dtext = (
             "—"
             if d is None
-            else f"{_signed(d.mean)}" + ("" if d.std is None else f" ± {d.std:.2f}") + (" (clear)" if d.clear else "")
+            else f"{signed(d.mean)}" + ("" if d.std is None else f" ± {d.std:.2f}") + (" (clear)" if d.clear else "")
         )
         size = _count(int(params)) if params is not None else "—"
         size += _merge_note(merge)
@@ -504,7 +339,7 @@ def table1(idx: Index) -> str:
 
 def person_table(idx: Index) -> str:
     """Per method: the spread over persons and how many persons each method helps."""
-    pairs = _pairs_of(idx)
+    pairs = pairs_of(idx)
     rows = []
     for m in _competitors(idx):
         recs = _records_of(idx, m)
@@ -523,8 +358,8 @@ def person_table(idx: Index) -> str:
                         r["per_person"][q] - base["per_person"][q]
                         for q in r["per_person"].keys() & base["per_person"].keys()
                     ]
-        worst_change = _signed(max(changes)) if changes else "—"
-        best_change = _signed(min(changes)) if changes else "—"
+        worst_change = signed(max(changes)) if changes else "—"
+        best_change = signed(min(changes)) if changes else "—"
         rows.append([_name(m), f"{spread:.2f}", f"{worst:.2f}", helped, best_change, worst_change])
     header = [
         "method",
@@ -538,7 +373,7 @@ def person_table(idx: Index) -> str:
 
 
 def table2(idx: Index) -> str:
-    pairs = _pairs_of(idx)
+    pairs = pairs_of(idx)
     rows = []
     for m in [*LORA_FAMILY, "alfa"]:
         recs = _records_of(idx, m)
@@ -571,29 +406,9 @@ def table2(idx: Index) -> str:
 
 # ----------------------------------------------------------------------------- yaw and pitch
 
-# What a record's ``per_person_parts`` hold (degrees): mean |error| and signed bias per component.
-PARTS = {
-    "yaw": ("yaw error", lambda q: q["yaw"]),
-    "pitch": ("pitch error", lambda q: q["pitch"]),
-    "yaw_bias": ("yaw bias (abs)", lambda q: abs(q["yaw_bias"])),
-    "pitch_bias": ("pitch bias (abs)", lambda q: abs(q["pitch_bias"])),
-}
-
-
-def part(key: str) -> Measure:
-    """The measure of one part of the error (``PARTS[key]``): the mean over persons and the persons' values;
-    not available for records made before parts existed."""
-    get = PARTS[key][1]
-
-    def measure(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
-        values = {person: get(q) for person, q in (record.get("per_person_parts") or {}).items()}
-        return (statistics.fmean(values.values()) if values else None), values
-
-    return measure
-
 
 def parts_table(idx: Index, methods: Sequence[str]) -> str:
-    pairs = _pairs_of(idx)
+    pairs = pairs_of(idx)
     rows = []
     for m in methods:
         stats = [pooled(idx, m, pairs), *(pooled(idx, m, pairs, part(k)) for k in PARTS)]
@@ -605,7 +420,7 @@ def parts_table(idx: Index, methods: Sequence[str]) -> str:
 
 def parts_verdicts(idx: Index, methods: Sequence[str]) -> list[str]:
     """Where each method's change of error against source-only lies: yaw or pitch, scatter or bias."""
-    pairs = _pairs_of(idx)
+    pairs = pairs_of(idx)
     out = []
     worse, pitch_led = [], []
     for m in methods:
@@ -722,7 +537,7 @@ def ablation_table(
     present = {(m, p) for (m, p, _) in idx if m in labels}
     # The ablation's pairs: where its own variants ran (the reference rows are main methods, run everywhere).
     own = [lab for lab in labels if lab not in MAIN_METHODS]
-    pairs = [p for p in _pairs_of(idx) if any((lab, p) in present for lab in own)]
+    pairs = [p for p in pairs_of(idx) if any((lab, p) in present for lab in own)]
     rows = []
     for row in rows_layout:
         lab = row["label"]
@@ -739,14 +554,10 @@ def ablation_table(
     return _table(header, rows, "ll" + "r" * (len(header) - 2)), pairs
 
 
-def _family(label: str) -> str:
-    return label.split("[")[0]
-
-
 def _curve(idx: Index, rows_layout: Sequence[dict[str, Any]], family: str, pairs: Sequence[str]):
     points = []
     for row in rows_layout:
-        if _family(row["label"]) != family:
+        if family_of(row["label"]) != family:
             continue
         s = pooled(idx, row["label"], pairs)
         if s is not None and isinstance(row["value"], (int, float)):
@@ -755,159 +566,15 @@ def _curve(idx: Index, rows_layout: Sequence[dict[str, Any]], family: str, pairs
 
 
 def ablation_verdicts(idx: Index, name: str, layout: Sequence[dict[str, Any]], pairs: Sequence[str]) -> list[str]:
-    """Plain sentences for one ablation, pooled over its pairs."""
-    by_value = {(_family(r["label"]), r["value"]): r["label"] for r in layout}
-    present = {m for (m, _, _) in idx}
-    lines: list[str] = []
-
-    def compare(a: str, b: str, what: str) -> None:
-        if a in present and b in present:
-            d = diff(idx, a, b, pairs)
-            if d is not None:
-                lines.append(f"{what}: {_name(a)} − {_name(b)} = {d.describe()}.")
-
-    def sweep(family: str, setting: str) -> None:
-        values = sorted(v for (f, v) in by_value if f == family and isinstance(v, (int, float)))
-        stats = [(v, pooled(idx, by_value[(family, v)], pairs)) for v in values]
-        stats = [(v, s) for v, s in stats if s is not None]
-        if len(stats) < 2:
-            return
-        series = ", ".join(f"{setting}={v:g}: {s.mean:.2f}" for v, s in stats)
-        best = min(stats, key=lambda t: t[1].mean)
-        steps = [b[1].mean - a[1].mean for a, b in zip(stats, stats[1:])]
-        trend = (
-            "decreasing" if all(x < 0 for x in steps) else "increasing" if all(x > 0 for x in steps) else "not monotone"
-        )
-        lines.append(
-            f"{_name(family)} error (mean over {', '.join(pairs)}) by {setting}: {series} deg; lowest at "
-            f"{setting}={best[0]:g}; {trend} in {setting}."
-        )
-        first, last = by_value[(family, stats[0][0])], by_value[(family, stats[-1][0])]
-        compare(last, first, f"{setting}={stats[-1][0]:g} against {setting}={stats[0][0]:g}")
-
-    if name == "heads":
-        sweep("alfa", "H")
-        lines.append(
-            "The paper reports 6.20° → 5.72° from H=1 to H=16 on real data (SVD rank 64); "
-            "compare the sign and size above."
-        )
-    elif name == "init":
-        sweep("alfa", "σ")
-    elif name == "rank":
-        sweep("alfa", "r")
-        sweep("lora", "r")
-    elif name == "svd_rank":
-        sweep("source-only", "d")
-        sweep("alfa", "d")
-        for (f, v), lab in sorted(by_value.items(), key=lambda t: str(t[0])):
-            if f == "alfa":
-                base = by_value.get(("source-only", v))
-                if base:
-                    compare(lab, base, f"Alfa's gain over its own base at d={v}")
-    elif name == "gate":
-        compare("alfa", "diag_gate", "Attention against a diagonal gate diag(1+γ)")
-    elif name == "mix":
-        compare("alfa", "linear_mix", "Attention against a linear low-rank mix without softmax")
-    elif name == "truncation":
-        compare(
-            "source-only", "source-only[dense]", "Truncation + recovery against the dense source model, no adaptation"
-        )
-        compare("alfa", "alfa[dense]", "Alfa on the truncated base against Alfa on the dense layers (full SVD)")
-        compare("alfa[dense]", "source-only[dense]", "Alfa on the dense model against its own dense base")
-    elif name == "loss":
-        compare("alfa", "alfa[loss=augment]", "Flip-symmetry loss against augmentation consistency")
-        compare("alfa", "source-only", "Flip-symmetry loss against no adaptation")
-        compare("alfa[loss=augment]", "source-only", "Augmentation consistency against no adaptation")
-        if "alfa" in present and "source-only" in present:
-            worse = [
-                p
-                for p in pairs
-                if cell(idx, "alfa", p)
-                and cell(idx, "source-only", p)
-                and cell(idx, "alfa", p).mean >= cell(idx, "source-only", p).mean
-            ]
-            if worse:
-                lines.append(f"The flip loss does not help (Alfa not below source-only) on: {', '.join(worse)}.")
-            else:
-                lines.append(
-                    f"With the flip loss Alfa is below source-only on every ablation pair ({', '.join(pairs)})."
-                )
-        if "alfa" in present and "alfa[loss=augment]" in present:
-            worse = [
-                p
-                for p in pairs
-                if cell(idx, "alfa", p)
-                and cell(idx, "alfa[loss=augment]", p)
-                and cell(idx, "alfa", p).mean >= cell(idx, "alfa[loss=augment]", p).mean
-            ]
-            if worse:
-                lines.append(f"The flip loss is not better than augmentation consistency on: {', '.join(worse)}.")
-    elif name == "detach":
-        compare("alfa", "alfa[flip not detached]", "Flipped branch detached (default) against not detached")
-    elif name == "steps":
-        sweep("alfa", "steps")
-        sweep("lora", "steps")
-    elif name == "lr":
-        sweep("alfa", "lr")
-        sweep("lora", "lr")
-    elif name == "anchor":
-        for (f, v), lab in sorted(by_value.items(), key=lambda t: str(t[0])):
-            if f in ("alfa", "lora") and v:
-                compare(lab, f, f"{_name(f)} with the pitch anchor (weight {v:g}) against without")
-                compare(lab, "source-only", f"{_name(f)} with the pitch anchor (weight {v:g}) against no adaptation")
-                d = diff(idx, lab, f, pairs, part("pitch")) if f in present and lab in present else None
-                if d is not None:
-                    lines.append(f"Pitch error, {_name(lab)} − {_name(f)} = {d.describe()}.")
-        for (f, v), lab in sorted(by_value.items(), key=lambda t: str(t[0])):
-            if f == "alfa" and v and ("lora", v) in by_value:
-                compare(lab, by_value[("lora", v)], f"With the pitch anchor (weight {v:g}), Alfa against LoRA")
-    return lines
+    """Plain sentences for one ablation, pooled over its pairs (none for an ablation this alfa does not know)."""
+    ablation = REGISTRY.get(name)
+    return ablation.sentences(idx, layout, pairs) if ablation is not None else []
 
 
-ABLATION_TITLES = {
-    "heads": ("Heads H", "Alfa with H heads (rank r and SVD rank d at their defaults)."),
-    "init": (
-        "Init scale σ",
-        "σ of the Gaussian init of A_q and A_p (B_q = B_p = 0, so every σ starts at the base model). At the "
-        "start the attention is uniform and every head gives the same mean dictionary row, so the update "
-        "B_p A_p Z is rank-1 with a size ∝ σ·√(H·d): σ = 0.007 at H = 8 matches σ = 0.02 at H = 1.",
-    ),
-    "rank": ("Low rank r", "Alfa's low rank r, and LoRA's rank r with α = 2r (scale α/r = 2 as in the default)."),
-    "svd_rank": (
-        "SVD rank d",
-        "The dense source model truncated at rank d and recovered the same way; no adaptation and Alfa on each.",
-    ),
-    "gate": ("Diagonal gate instead of attention", "V_adapt = diag(1+γ) V_base, γ = 0 at the start."),
-    "mix": ("Linear mix without softmax", "V_adapt = V_base + B A V_base (Alfa's projection without attention)."),
-    "truncation": (
-        "Without truncation",
-        "Alfa on the dense pre-trained model (before truncation), on the same layers, each with the dictionary "
-        "of its full SVD (d = min(m, n), up to 512).",
-    ),
-    "loss": (
-        "Flip loss against augmentation consistency",
-        "The same batch; the loss asks the augmented copy to match the original (detached).",
-    ),
-    "detach": (
-        "Flipped branch detached or not",
-        "With `detach_flipped=False` both branches of the flip loss get gradients.",
-    ),
-    "steps": (
-        "Number of steps",
-        "Each step count is its own personalization run (never a per-step evaluation used to pick).",
-    ),
-    "anchor": (
-        "Pitch anchor",
-        "Not in the paper: a test of the yaw/pitch finding (see Where the error goes). The recipe's loss plus "
-        "w·|mean predicted pitch − its value before the first step| over the batch: it holds the one direction "
-        "the flip loss cannot see, with the model's own start as reference (no label).",
-    ),
-    "lr": (
-        "Learning rate",
-        "The recipe's base learning rate (the ×10 on layer3/layer4 kept); every main row uses the paper's 1e-4. "
-        "A sensitivity check, not a choice: a rate picked here would be picked on target labels.",
-    ),
-}
+def _title(name: str) -> tuple[str, str]:
+    """An ablation's section title and what it changes (a name this alfa does not know: the name)."""
+    ablation = REGISTRY.get(name)
+    return (ablation.title, ablation.what) if ablation is not None else (name, "")
 
 
 # ----------------------------------------------------------------------------- protocol
@@ -924,7 +591,7 @@ def _config_lines(results: dict[str, Any], idx: Index) -> list[str]:
     rec = c.get("personalize", {})
     pre, recov = c.get("pretrain", {}), c.get("recovery", {})
     meta, oracle = c.get("meta", {}), c.get("oracle", {})
-    seeds = ", ".join(map(str, _seeds_of(idx))) or "—"
+    seeds = ", ".join(map(str, seeds_of(idx))) or "—"
     n_adapt = rec.get("n_adapt") or 0
     size = c.get("image_size")
     tp = c.get("target_persons")
@@ -1096,23 +763,18 @@ def _source_lines(results: dict[str, Any]) -> list[str]:
 
 def render_figures(results: dict[str, Any], results_dir: Path | None, figure_dir: Path) -> dict[str, Path]:
     """Every figure of the report, written to ``figure_dir``; returns name -> path."""
-    from . import figures as F
-
     idx = index_records(results.get("records", []))
     layout = results.get("layout", {}).get("ablations", {})
     out: dict[str, Path] = {}
-    for name, setting, families, title in (
-        ("heads", "heads H", ("alfa",), "error vs heads (Alfa)"),
-        ("rank", "rank r", ("alfa", "lora"), "error vs low rank r (Alfa; LoRA dashed)"),
-        ("svd_rank", "SVD rank d", ("alfa", "source-only"), "error vs SVD rank d"),
-        ("steps", "steps", ("alfa", "lora"), "error vs personalization steps (Alfa; LoRA dashed)"),
-        ("lr", "base learning rate", ("alfa", "lora"), "error vs learning rate (Alfa; LoRA dashed)"),
-    ):
+    for name, ablation in REGISTRY.items():
+        if ablation.figure is None:
+            continue
+        setting, families, title = ablation.figure.xlabel, ablation.figure.families, ablation.figure.title
         rows = layout.get(name, [])
         if not rows:
             continue
         labels = {r["label"] for r in rows}
-        pairs = [p for p in _pairs_of(idx) if any((lab, p, s) in idx for lab in labels for s in _seeds_of(idx))]
+        pairs = [p for p in pairs_of(idx) if any((lab, p, s) in idx for lab in labels for s in seeds_of(idx))]
         curves = {}
         for fam in families:
             for p in pairs:
@@ -1122,12 +784,12 @@ def render_figures(results: dict[str, Any], results_dir: Path | None, figure_dir
         if curves:
             out[name] = F.plot_curves(curves, figure_dir / f"error_vs_{name}.png", xlabel=setting, title=title)
     if results_dir is not None:
-        data_dir = results_dir / "figure_data"
-        path = data_dir / "rank_slices.safetensors"
+        data_dir = results_dir / FIGURE_DIR
+        path = data_dir / RANK_SLICES_FILE
         if path.is_file():
             tensors, meta = F.load_figure_data(path)
             out["rank_slices"] = F.plot_rank_slices(tensors, meta, figure_dir / "rank_slices.png")
-        path = data_dir / "updates.safetensors"
+        path = data_dir / UPDATES_FILE
         if path.is_file():
             tensors, meta = F.load_figure_data(path)
             out["updates"] = F.plot_update_maps(tensors, meta, figure_dir / "update_maps.png")
@@ -1136,14 +798,12 @@ def render_figures(results: dict[str, Any], results_dir: Path | None, figure_dir
 
 def update_rank_lines(figure_data: dict[str, Any] | None) -> list[str]:
     """A sentence on the numerical rank of each shown ΔW (from the update-map data)."""
-    from .figures import numerical_rank
-
     if not figure_data:
         return []
     tensors, meta = figure_data
     parts = []
     for method, info in sorted(meta.get("methods", {}).items()):
-        ranks = [numerical_rank(tensors[f"{method}/{p}"]) for p in info["persons"] if f"{method}/{p}" in tensors]
+        ranks = [F.numerical_rank(tensors[f"{method}/{p}"]) for p in info["persons"] if f"{method}/{p}" in tensors]
         norms = [float(tensors[f"{method}/{p}"].norm()) for p in info["persons"] if f"{method}/{p}" in tensors]
         if ranks:
             parts.append(
@@ -1160,57 +820,75 @@ def update_rank_lines(figure_data: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def render_report(
-    results: dict[str, Any],
-    *,
-    figures: dict[str, Path] | None = None,
-    figure_data: Any = None,
-    md_dir: Path | None = None,
-    command: str | None = None,
-    source: str | None = None,
-) -> str:
-    """The markdown text of the report (figures, if given, are linked relative to ``md_dir``)."""
-    idx = index_records(results.get("records", []))
-    figures = figures or {}
-    layout = results.get("layout", {}).get("ablations", {})
+@dataclass
+class _Report:
+    """What every section of the report is written from: the records (indexed), the stored layout, the
+    figures, and the verdicts that more than one section quotes."""
 
-    def fig(name: str, caption: str) -> list[str]:
-        if name not in figures:
+    results: dict[str, Any]
+    figures: dict[str, Path]
+    figure_data: Any
+    md_dir: Path | None
+    command: str
+    source: str
+
+    def __post_init__(self) -> None:
+        self.idx = index_records(self.results.get("records", []))
+        self.layout: dict[str, list[dict[str, Any]]] = self.results.get("layout", {}).get("ablations", {})
+        self.seeds = seeds_of(self.idx)
+        self.main = main_verdicts(self.idx)
+        self.sanity = sanity_verdicts(self.idx)
+        self.parts_methods = [m for m in ("source-only", *MAIN_METHODS[1:], "oracle") if _records_of(self.idx, m)]
+        self.parts = parts_verdicts(self.idx, self.parts_methods)
+
+    def figure(self, name: str, caption: str) -> list[str]:
+        """The lines that show figure ``name`` (none if it was not drawn)."""
+        if name not in self.figures:
             return []
-        rel = os.path.relpath(figures[name], md_dir) if md_dir is not None else str(figures[name])
+        path = self.figures[name]
+        rel = os.path.relpath(path, self.md_dir) if self.md_dir is not None else str(path)
         return [f"![{caption}]({rel})", "", f"*{caption}*", ""]
 
-    seeds = _seeds_of(idx)
-    main = main_verdicts(idx)
-    sanity = sanity_verdicts(idx)
-    parts_methods = [m for m in ("source-only", *MAIN_METHODS[1:], "oracle") if _records_of(idx, m)]
-    parts = parts_verdicts(idx, parts_methods)
+
+def _bullets(sentences: Iterable[str]) -> list[str]:
+    return [f"- {s}" for s in sentences]
+
+
+def _header_section(r: _Report) -> list[str]:
     lines = [
         "# Benchmark results",
         "",
-        f"<!-- Generated by `{command or 'alfa report'}` from `{source or 'results.json'}`. Do not edit by hand: "
-        "re-run the command. -->",
+        f"<!-- Generated by `{r.command}` from `{r.source}`. Do not edit by hand: re-run the command. -->",
         "",
-        f"Generated by `{command or 'alfa report'}` from `{source or 'results.json'}` (preset "
-        f"`{results.get('preset')}`, {len(idx)} records, seeds {', '.join(map(str, seeds)) or '—'}). Every number and "
-        "every sentence below is computed from that file. The data are the synthetic worlds, not the paper's "
-        "datasets: these tables reproduce the *form* of the paper's evidence, not its numbers.",
+        f"Generated by `{r.command}` from `{r.source}` (preset `{r.results.get('preset')}`, {len(r.idx)} records, "
+        f"seeds {', '.join(map(str, r.seeds)) or '—'}). Every number and every sentence below is computed from that "
+        "file. The data are the synthetic worlds, not the paper's datasets: these tables reproduce the *form* of the "
+        "paper's evidence, not its numbers.",
         "",
     ]
-    if len(seeds) < 3:
+    if len(r.seeds) < 3:
         lines += [
-            f"**Only {len(seeds)} seed(s)**: this is not the full benchmark (≥ 3 seeds); differences below cannot be "
+            f"**Only {len(r.seeds)} seed(s)**: this is not the full benchmark (≥ 3 seeds); differences below cannot be "
             "told from noise.",
             "",
         ]
-    lines += ["## Summary", "", *(f"- {s}" for s in main[:1] + sanity[:2] + main[1:] + parts), ""]
-    for name, rows in layout.items():
-        if name in ("heads", "loss", "truncation", "gate", "mix", "anchor"):
-            _, pairs = ablation_table(idx, rows)
+    return lines
+
+
+def _summary_section(r: _Report) -> list[str]:
+    """The first sentences of every verdict, then the first two of each ablation shown in the summary."""
+    lines = ["## Summary", "", *_bullets(r.main[:1] + r.sanity[:2] + r.main[1:] + r.parts), ""]
+    for name, rows in r.layout.items():
+        if name in REGISTRY and REGISTRY[name].in_summary:
+            _, pairs = ablation_table(r.idx, rows)
             if pairs:
-                lines += [f"- ({ABLATION_TITLES[name][0]}) {s}" for s in ablation_verdicts(idx, name, rows, pairs)[:2]]
-    lines += ["", "## Protocol", "", *_config_lines(results, idx), "", "### Runs", "", *_runs_lines(results), ""]
-    src_lines = _source_lines(results)
+                lines += [f"- ({_title(name)[0]}) {s}" for s in ablation_verdicts(r.idx, name, rows, pairs)[:2]]
+    return lines + [""]
+
+
+def _protocol_section(r: _Report) -> list[str]:
+    lines = ["## Protocol", "", *_config_lines(r.results, r.idx), "", "### Runs", "", *_runs_lines(r.results), ""]
+    src_lines = _source_lines(r.results)
     if src_lines:
         lines += [
             "### Source models",
@@ -1220,7 +898,11 @@ def render_report(
             *src_lines,
             "",
         ]
-    lines += [
+    return lines
+
+
+def _sanity_section(r: _Report) -> list[str]:
+    return [
         "## Sanity: domain gap and headroom",
         "",
         "In-domain: the truncated + recovered base on held-out persons of its own source (their images after the first "
@@ -1232,116 +914,176 @@ def render_report(
         "Constant prediction: the error of always predicting the set's mean gaze, a measure of how spread its labels "
         "are (a narrow-range target is easier for any model).",
         "",
-        sanity_table(idx),
+        sanity_table(r.idx),
         "",
-        *(f"- {s}" for s in sanity),
+        *_bullets(r.sanity),
         "",
+    ]
+
+
+def _table1_section(r: _Report) -> list[str]:
+    lines = [
         "## Table 1: cross-domain personalization error (deg)",
         "",
         "Mean over persons per record, then mean ± std over seeds; **bold**: lowest on the pair. Params at inference: "
         "after merging the adapter (see Costs).",
         "",
-        table1(idx),
+        table1(r.idx),
         "",
-        *(f"- {s}" for s in main),
+        *_bullets(r.main),
         "",
         "Per person (all pairs and seeds pooled):",
         "",
-        person_table(idx),
+        person_table(r.idx),
         "",
     ]
-    if "tpgaze" in {m for (m, _, _) in idx}:
-        rows = []
-        for pair in _pairs_of(idx):
-            meta_only = {
-                s: r["meta_only"]["error_deg"]
-                for (m, p, s), r in idx.items()
-                if m == "tpgaze" and p == pair and r.get("meta_only")
-            }
-            full = cell(idx, "tpgaze", pair)
-            if meta_only and full:
-                rows.append([pair, Stat(meta_only).format(), full.format()])
-        if rows:
-            lines += [
-                "TPGaze with its meta-trained prompts before any personalization step, and after its steps:",
-                "",
-                _table(["pair", "meta-trained prompts only", "TPGaze (after personalization)"], rows),
-                "",
-            ]
-    lines += [
+    return lines + _tpgaze_lines(r.idx)
+
+
+def _tpgaze_lines(idx: Index) -> list[str]:
+    """TPGaze's meta-trained prompts alone against TPGaze after its personalization steps."""
+    if "tpgaze" not in {m for (m, _, _) in idx}:
+        return []
+    rows = []
+    for pair in pairs_of(idx):
+        meta_only = {
+            s: rec["meta_only"]["error_deg"]
+            for (m, p, s), rec in idx.items()
+            if m == "tpgaze" and p == pair and rec.get("meta_only")
+        }
+        full = cell(idx, "tpgaze", pair)
+        if meta_only and full:
+            rows.append([pair, Stat(meta_only).format(), full.format()])
+    if not rows:
+        return []
+    return [
+        "TPGaze with its meta-trained prompts before any personalization step, and after its steps:",
+        "",
+        _table(["pair", "meta-trained prompts only", "TPGaze (after personalization)"], rows),
+        "",
+    ]
+
+
+def _table2_section(r: _Report) -> list[str]:
+    return [
         "## Table 2: the LoRA family against Alfa, with merged sizes",
         "",
         "Same recipe and steps. Params after merge: `alfa.merge` (LoRA-style updates of the factorized layers are "
         "densified, which brings back the dense layer); exact compact merge: the same function stored as a "
         "factorization of rank d + r (`alfa.merge(model, extend=True)`).",
         "",
-        table2(idx),
+        table2(r.idx),
         "",
     ]
-    ptable = parts_table(idx, parts_methods)
-    if ptable:
-        lines += [
-            "## Where the error goes: yaw and pitch",
-            "",
-            "The same records split by gaze component (degrees, pooled over pairs; mean ± std over seeds): mean "
-            "absolute yaw and pitch error over the scored images, and the absolute *bias* of each, |mean prediction "
-            "− mean label| per person, the part of the error that shifts every image of a person alike. Why look: "
-            "the flip-symmetry loss compares f(I) with FlipYaw(f(flip(I))). A yaw error is seen only through its "
-            "antisymmetric part, and pitch only as p(I) − p(flip(I)): adding the same offset to every pitch "
-            "prediction leaves the loss unchanged, so nothing in the loss holds the pitch where it was. (The parts "
-            "are plain differences of the predicted angles: a model that drifts far can predict angles beyond ±90°, so "
-            "they can exceed the angular error, which stops at 180°.)",
-            "",
-            ptable,
-            "",
-            *(f"- {s}" for s in parts),
-            "",
-        ]
-    lines += [
-        "## Ablations",
+
+
+def _parts_section(r: _Report) -> list[str]:
+    ptable = parts_table(r.idx, r.parts_methods)
+    if not ptable:  # records made before the parts existed
+        return []
+    return [
+        "## Where the error goes: yaw and pitch",
+        "",
+        "The same records split by gaze component (degrees, pooled over pairs; mean ± std over seeds): mean "
+        "absolute yaw and pitch error over the scored images, and the absolute *bias* of each, |mean prediction "
+        "− mean label| per person, the part of the error that shifts every image of a person alike. Why look: "
+        "the flip-symmetry loss compares f(I) with FlipYaw(f(flip(I))). A yaw error is seen only through its "
+        "antisymmetric part, and pitch only as p(I) − p(flip(I)): adding the same offset to every pitch "
+        "prediction leaves the loss unchanged, so nothing in the loss holds the pitch where it was. (The parts "
+        "are plain differences of the predicted angles: a model that drifts far can predict angles beyond ±90°, so "
+        "they can exceed the angular error, which stops at 180°.)",
+        "",
+        ptable,
+        "",
+        *_bullets(r.parts),
         "",
     ]
-    for name, rows in layout.items():
-        table, pairs = ablation_table(idx, rows, extra_params=name in ("heads", "rank", "gate", "mix", "truncation"))
+
+
+def _ablations_section(r: _Report) -> list[str]:
+    """One subsection per ablation of the stored layout that ran on some pair, in the layout's order."""
+    lines = ["## Ablations", ""]
+    for name, rows in r.layout.items():
+        extra = name in REGISTRY and REGISTRY[name].extra_params
+        table, pairs = ablation_table(r.idx, rows, extra_params=extra)
         if not pairs:
             continue
-        title, what = ABLATION_TITLES.get(name, (name, ""))
+        title, what = _title(name)
         lines += [f"### {title}", "", what, "", table, ""]
-        lines += [f"- {s}" for s in ablation_verdicts(idx, name, rows, pairs)]
+        lines += _bullets(ablation_verdicts(r.idx, name, rows, pairs))
         lines += [""]
-        lines += fig(name, f"Error against the setting ({title}): mean ± std over seeds, one line per pair.")
-    cost_labels = [
-        m for m in (*MAIN_METHODS, "oracle", "diag_gate", "linear_mix", "alfa[dense]") if _records_of(idx, m)
-    ]
-    lines += [
+        lines += r.figure(name, f"Error against the setting ({title}): mean ± std over seeds, one line per pair.")
+    return lines
+
+
+# The cost table's rows: Table 1's methods, the oracle, and the ablations' other kinds of adapter.
+_COST_ROWS = (*MAIN_METHODS, "oracle", "diag_gate", "linear_mix", "alfa[dense]")
+
+
+def _costs_section(r: _Report) -> list[str]:
+    return [
         "## Costs",
         "",
         "Medians over the records of each method (peak memory: the maximum). Measured in the benchmark run itself, on "
         "a shared machine: wall times depend on the load (see Runs), CPU times less so.",
         "",
-        cost_table(idx, cost_labels),
-        "",
-        "## Figures",
+        cost_table(r.idx, [m for m in _COST_ROWS if _records_of(r.idx, m)]),
         "",
     ]
-    lines += fig(
+
+
+def _figures_section(r: _Report) -> list[str]:
+    lines = ["## Figures", ""]
+    lines += r.figure(
         "rank_slices",
         "SVD rank-slice maps (the paper's Figure 4): the response of single dictionary filters "
         "V_base[s] = S_d[s] V_d[s] "
         "of one truncated layer on two target persons, side by side.",
     )
-    lines += fig(
+    lines += r.figure(
         "updates",
         "Update maps (the paper's Figure 5): the personalized ΔW of one layer for three target persons, Alfa and LoRA.",
     )
-    lines += update_rank_lines(figure_data)
-    failed = [(r["id"], r["failed"]) for r in results.get("records", []) if r.get("failed")]
-    lines += ["## Records", "", f"{len(results.get('records', []))} records in `{source or 'results.json'}`."]
-    if failed:
-        lines += ["", "Persons whose personalization failed (left out of that record's mean):", ""]
-        lines += [f"- `{rid}`: {fails}" for rid, fails in failed]
-    else:
-        lines += ["No personalization failed."]
+    return lines + update_rank_lines(r.figure_data)
+
+
+def _records_section(r: _Report) -> list[str]:
+    records = r.results.get("records", [])
+    failed = [(rec["id"], rec["failed"]) for rec in records if rec.get("failed")]
+    lines = ["## Records", "", f"{len(records)} records in `{r.source}`."]
+    if not failed:
+        return lines + ["No personalization failed."]
+    lines += ["", "Persons whose personalization failed (left out of that record's mean):", ""]
+    return lines + [f"- `{rid}`: {fails}" for rid, fails in failed]
+
+
+_SECTIONS: tuple[Callable[[_Report], list[str]], ...] = (
+    _header_section,
+    _summary_section,
+    _protocol_section,
+    _sanity_section,
+    _table1_section,
+    _table2_section,
+    _parts_section,
+    _ablations_section,
+    _costs_section,
+    _figures_section,
+    _records_section,
+)
+
+
+def render_report(
+    results: dict[str, Any],
+    *,
+    figures: dict[str, Path] | None = None,
+    figure_data: Any = None,
+    md_dir: Path | None = None,
+    command: str | None = None,
+    source: str | None = None,
+) -> str:
+    """The markdown text of the report (figures, if given, are linked relative to ``md_dir``)."""
+    report = _Report(results, figures or {}, figure_data, md_dir, command or "alfa report", source or "results.json")
+    lines = [line for section in _SECTIONS for line in section(report)]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -1352,20 +1094,14 @@ def build_report(
     command: str | None = None,
 ) -> Path:
     """Read ``results.json`` (or its folder), render the figures and write the markdown report."""
-    from .runner import load_results
-
     results_path = Path(results_path)
     results = load_results(results_path)
     results_dir = results_path if results_path.is_dir() else results_path.parent
     out_md = Path(out_md)
     figure_dir = Path(figure_dir) if figure_dir is not None else out_md.parent / "figures" / "results"
     figures = render_figures(results, results_dir, figure_dir)
-    updates = results_dir / "figure_data" / "updates.safetensors"
-    figure_data = None
-    if updates.is_file():
-        from .figures import load_figure_data
-
-        figure_data = load_figure_data(updates)
+    updates = results_dir / FIGURE_DIR / UPDATES_FILE
+    figure_data = F.load_figure_data(updates) if updates.is_file() else None
     text = render_report(
         results,
         figures=figures,
@@ -1374,8 +1110,5 @@ def build_report(
         command=command,
         source=str(results_path),
     )
-    out_md.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_md.with_name(out_md.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, out_md)
+    write_text(out_md, text)
     return out_md

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -28,9 +27,14 @@ from tqdm import tqdm
 
 from .. import attach, merge, param_groups, parameter_summary, truncate
 from ..adapters import AlfaConfig, adapted_layers
+from ..fileio import write_text
+from ..gaze.train import TruncateConfig
 from ..models import resnet18_gaze
 
 STEP_SETUPS = ("head only", "alfa", "full fine-tune")
+# The measured setting: the defaults (truncation rank d, Alfa's heads and rank), named in the page too.
+RANK = TruncateConfig().rank
+ALFA = AlfaConfig()
 
 
 def _flip_loss(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -41,7 +45,7 @@ def _flip_loss(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
 def _step_model(setup: str, base: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
     model = copy.deepcopy(base).eval()
     if setup == "alfa":
-        attach(model, AlfaConfig(heads=8, rank=8))
+        attach(model, AlfaConfig())
     elif setup == "head only":
         for name, p in model.named_parameters():
             p.requires_grad_(name.startswith("fc."))
@@ -92,7 +96,7 @@ def _child_steps(setup: str, image_size: int) -> str:
     torch.manual_seed(0)
     base = resnet18_gaze().eval()
     if setup != "dense inference":
-        truncate(base, rank=64)
+        truncate(base, rank=RANK)
     images = torch.rand(10, 3, image_size, image_size)
     model, opt = _step_model(setup, base) if setup in STEP_SETUPS else (base, None)
     ready = _rss_kib("VmRSS")
@@ -112,7 +116,7 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
     torch.manual_seed(seed)
     dense = resnet18_gaze().eval()
     truncated = copy.deepcopy(dense)
-    truncate(truncated, rank=64)
+    truncate(truncated, rank=RANK)
     images = torch.rand(10, 3, image_size, image_size)
 
     steps = {s: _step_model(s, truncated) for s in STEP_SETUPS}
@@ -186,8 +190,8 @@ def to_markdown(r: dict, command: str) -> str:
         "",
         f"Produced by `{command}` on {r['machine']['cpu']}, torch {r['machine']['torch']}, "
         f"{r['machine']['threads']} threads; {r['image_size']}×{r['image_size']} images, median of "
-        f"{r['repeats']} repeats after a warm-up. ResNet-18 gaze regressor truncated at rank 64; Alfa with "
-        "8 heads, rank 8 on all 14 factorized layers. Do not edit by hand: re-run the command.",
+        f"{r['repeats']} repeats after a warm-up. ResNet-18 gaze regressor truncated at rank {RANK}; Alfa with "
+        f"{ALFA.heads} heads, rank {ALFA.rank} on all 14 factorized layers. Do not edit by hand: re-run the command.",
         "",
         "## One personalization step",
         "",
@@ -248,11 +252,8 @@ def main(out: str | None = None, repeats: int = 20, image_size: int = 224) -> di
     print(text)
     if out:
         path = Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for target, content in ((path, text), (path.with_suffix(".json"), json.dumps(result, indent=2))):
-            tmp = target.with_name(target.name + ".tmp")
-            tmp.write_text(content)
-            os.replace(tmp, target)
+        write_text(path, text)
+        write_text(path.with_suffix(".json"), json.dumps(result, indent=2))
     return result
 
 

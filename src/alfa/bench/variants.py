@@ -1,0 +1,68 @@
+"""The rows of the benchmark's tables: a :class:`Variant` says what a row runs; :func:`main_variants`
+gives Table 1's methods and the sanity rows (the ablations' rows are in :mod:`alfa.bench.ablations`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..adapters import METHODS, AdapterConfig, AlfaConfig
+from .methods import MAIN_METHODS, SANITY_METHODS
+
+if TYPE_CHECKING:  # the configuration imports the ablations, which build variants
+    from .config import BenchConfig
+
+__all__ = ["Variant", "alfa_config", "main_variants"]
+
+
+@dataclass
+class Variant:
+    """One row of a table: a method, or an ablated variant of one, and how to run it.
+
+    ``kind``: ``"source-only"`` (no adaptation), ``"in-domain"`` (the base on held-out source persons),
+    ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe) or ``"tpgaze"``. ``base``:
+    ``"truncated"`` (the rank-``d`` base), ``"dense"`` (the pre-trained model before truncation) or
+    ``"rank=<d>"`` (truncated at another rank and recovered the same way). ``recipe`` holds changes to the
+    personalization recipe; ``group``/``value`` place the row in an ablation table.
+    """
+
+    label: str
+    kind: str
+    group: str = "main"
+    value: Any = None
+    adapter: AdapterConfig | None = None
+    recipe: dict[str, Any] = field(default_factory=dict)
+    base: str = "truncated"
+    same_layers_as_truncated: bool = False  # target the layers the truncated model factorizes
+
+    def describe(self) -> dict[str, Any]:
+        """What determines this variant's numbers (part of a record's hash)."""
+        adapter = None
+        if self.adapter is not None:
+            adapter = {"method": self.adapter.method, **self.adapter.to_dict()}
+            if self.same_layers_as_truncated:
+                adapter["target"] = "the layers the truncated model factorizes"
+        return {"kind": self.kind, "adapter": adapter, "recipe": self.recipe, "base": self.base}
+
+
+def alfa_config(config: BenchConfig, **changes: Any) -> AlfaConfig:
+    """Alfa with the benchmark's heads and rank, and ``changes``."""
+    return AlfaConfig(**{"heads": config.alfa_heads, "rank": config.alfa_rank, **changes})
+
+
+def _main_row(label: str, config: BenchConfig) -> Variant:
+    if label in SANITY_METHODS:
+        return Variant(label, label, group="sanity")
+    if label == "source-only":
+        return Variant(label, label)
+    method = METHODS[label]
+    if method.family == "prompt":  # TPGaze: meta-trained prompts and its own optimizer, not the shared recipe
+        return Variant(label, "tpgaze")
+    adapter = alfa_config(config) if label == "alfa" else method()
+    return Variant(label, "adapter", adapter=adapter)
+
+
+def main_variants(config: BenchConfig) -> dict[str, Variant]:
+    """The methods of Table 1 and the sanity rows, by label (every adapter method at its defaults, Alfa with
+    the benchmark's heads and rank)."""
+    return {label: _main_row(label, config) for label in (*MAIN_METHODS, *SANITY_METHODS)}

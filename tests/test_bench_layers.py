@@ -1,0 +1,126 @@
+"""The bench layer's structure: an ablation is one registered object, and runner and report stand apart."""
+
+import ast
+import statistics
+from pathlib import Path
+
+import pytest
+
+import alfa.bench
+from alfa.bench.ablations import REGISTRY, Ablation, register, unregister
+from alfa.bench.config import SELECTION_FIELDS, BenchConfig
+from alfa.bench.report import render_report
+from alfa.bench.results import FORMAT, VERSION, layout
+from alfa.bench.runner import plan_records
+from alfa.bench.variants import alfa_config
+
+
+def _dummy_rows(r):
+    rows = []
+    for k in r.values:
+        rows.append(r.swept("alfa", k, r.config.personalize.steps, f"alfa[dummy={k}]", adapter=alfa_config(r.config)))
+    return rows
+
+
+DUMMY = Ablation(
+    "dummy",
+    "A dummy ablation",
+    "Registered by a test.",
+    _dummy_rows,
+    lambda e: e.compare("alfa[dummy=3]", "alfa", "Three against the default"),
+    default_values=(3, 10),
+    in_summary=True,
+    extra_params=True,
+)
+
+
+@pytest.fixture
+def dummy():
+    register(DUMMY)
+    try:
+        yield DUMMY
+    finally:
+        unregister("dummy")
+
+
+def _record(method, seed, mean):
+    per_person = {"p00": mean - 1.0, "p01": mean + 1.0}
+    return {
+        "id": f"{method}|E→M|seed{seed}",
+        "config_hash": "fixture",
+        "method": method,
+        "pair": "E→M",
+        "seed": seed,
+        "error_deg": statistics.fmean(per_person.values()),
+        "per_person": per_person,
+        "std_over_persons": 1.0,
+        "trainable_params": 1234,
+        "failed": {},
+    }
+
+
+def test_a_registered_ablation_reaches_the_plan_the_layout_and_the_report(dummy):
+    config = BenchConfig.standard(methods=(), ablations=("dummy",), pairs=("E→M",), seeds=(0,))  # 10 steps
+    config.validate()
+    assert [p.id for p in plan_records(config)] == ["alfa[dummy=3]|E→M|seed0", "alfa|E→M|seed0"]
+    assert layout(config)["ablations"]["dummy"] == [
+        {"label": "alfa[dummy=3]", "value": 3},
+        {"label": "alfa", "value": 10},
+    ]
+    # The stored configuration is the same with or without it (its values are no BenchConfig field).
+    assert "dummy" not in str(SELECTION_FIELDS)
+    results = {
+        "format": FORMAT,
+        "version": VERSION,
+        "preset": "test",
+        "config": config.protocol_dict(),
+        "records": [_record(m, s, mean + s) for s in (0, 1, 2) for m, mean in (("alfa", 5.0), ("alfa[dummy=3]", 7.0))],
+        "layout": layout(config),
+    }
+    text = render_report(results)
+    assert "### A dummy ablation\n\nRegistered by a test.\n" in text
+    assert "| alfa[dummy=3] | 3 | 8.00 ± 1.00 | 8.00 ± 1.00 | 1.2 k |" in text  # with the trainable column
+    sentence = (
+        "Three against the default: alfa[dummy=3] − Alfa = +2.00 ± 0.00° over 3 seeds (paired): a clear difference"
+    )
+    assert f"- {sentence}" in text
+    assert f"- (A dummy ablation) {sentence}" in text  # in the summary too
+
+
+def test_the_registry_is_back_to_the_built_in_ablations_after_a_test(dummy):
+    assert "dummy" in REGISTRY
+    assert BenchConfig.quick().ablations == tuple(a for a in REGISTRY if a != "dummy")
+
+
+def _runtime_nodes(node: ast.AST):
+    """Every node below ``node`` except what sits under ``if TYPE_CHECKING:`` (imports for type hints only)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+            continue
+        yield child
+        yield from _runtime_nodes(child)
+
+
+def _bench_imports() -> dict[str, set[str]]:
+    """``module -> bench modules it imports when run`` (relative imports, also inside functions), from the source."""
+    folder = Path(alfa.bench.__file__).parent
+    graph = {}
+    for path in folder.glob("*.py"):
+        names = set()
+        for node in _runtime_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names |= {node.module} if node.module else {a.name for a in node.names}
+        graph[path.stem] = names & {p.stem for p in folder.glob("*.py")}
+    return graph
+
+
+def test_runner_and_report_do_not_import_each_other():
+    graph = _bench_imports()
+    assert "report" not in graph["runner"] and "runner" not in graph["report"]
+    assert not any("commands" in deps for deps in graph.values())  # the top of the bench layer
+
+    def reaches(a, b, seen=()):
+        return any(d == b or (d not in seen and reaches(d, b, (*seen, d))) for d in graph[a])
+
+    cyclic = [m for m in graph if reaches(m, m)]
+    assert cyclic == [], f"bench modules in an import cycle: {cyclic}"
