@@ -23,7 +23,7 @@ from ..gaze.pipeline import DemoConfig
 from ..gaze.tpgaze import MetaTrainConfig
 from ..gaze.train import TrainConfig, TruncateConfig
 from .ablations import REGISTRY
-from .methods import MAIN_METHODS, PAIRS, SANITY_METHODS, SOURCES, TARGETS
+from .methods import MAIN_METHODS, PAIRS, SANITY_METHODS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS
 
 __all__ = ["ABLATIONS", "SELECTION_FIELDS", "OracleConfig", "BenchConfig", "split_pair"]
 
@@ -259,6 +259,17 @@ class BenchConfig:
             f"&persons={self.val_persons}&images_per_person={self.val_images}"
         )
 
+    def stand_in_spec(self, source: str) -> str:
+        """The labelled stand-in target of a source's recipe selection (docs/flip-premise.md §4): the held-out
+        (``val``) persons of another symmetric source world, as many persons and images as a target has."""
+        world = SOURCES[STAND_INS[source]]
+        available = get_domain(world).persons["val"]
+        persons = available if self.target_persons is None else min(self.target_persons, available)
+        return (
+            f"synthetic:{world}?split=val&size={self.image_size}&persons={persons}"
+            f"&images_per_person={self.target_images}"
+        )
+
     def target_spec(self, target: str) -> str:
         """The rendered target: ``target_images`` per person for every method, then the oracle's extra ones."""
         persons = "" if self.target_persons is None else f"&persons={self.target_persons}"
@@ -266,15 +277,20 @@ class BenchConfig:
         return f"synthetic:{TARGETS[target]}?size={self.image_size}{persons}&images_per_person={total}"
 
     def demo_config(self, source: str, seed: int, cache_dir: Path) -> DemoConfig:
-        """The source-model part, in the form :func:`build_source_model` takes (and hashes)."""
+        """The source-model part, in the form :func:`build_source_model` takes (and hashes). A source's own
+        training changes (:data:`~alfa.bench.methods.SOURCE_TRAINING`: the studio control without the
+        symmetry term) apply to its pre-training and its recovery."""
+        changes = SOURCE_TRAINING.get(source, {})
         return DemoConfig(
             source=self.source_spec(source),
             val_source=self.val_spec(source),
             targets=(),
             model=self.model,
             seed=seed,
-            pretrain=dataclasses.replace(self.pretrain, seed=seed),
-            truncation=TruncateConfig(rank=self.rank, recovery=dataclasses.replace(self.recovery, seed=seed)),
+            pretrain=dataclasses.replace(self.pretrain, seed=seed, **changes),
+            truncation=TruncateConfig(
+                rank=self.rank, recovery=dataclasses.replace(self.recovery, seed=seed, **changes)
+            ),
             cache_dir=str(cache_dir),
         )
 

@@ -1,11 +1,23 @@
 """The benchmark's vocabulary: its domains, pairs and the rows of Table 1 and the sanity table, shared by every
 bench module (it imports nothing)."""
 
-SOURCES = {"E": "eth", "G": "gaze360"}
-TARGETS = {"M": "mpii", "D": "eyediap"}
-PAIRS = ("E→M", "E→D", "G→M", "G→D")
+SOURCES = {"E": "eth", "G": "gaze360", "S": "eth-studio"}
+TARGETS = {"M": "mpii", "D": "eyediap", "W": "mpii-window", "C": "eyediap-offcam"}
+NEGATIVE_CONTROLS = ("E→M", "E→D", "G→M", "G→D")
+"""Pairs of mirror-symmetric worlds: a flip can see little of a source model's error there."""
+POSITIVE_CONTROLS = ("S→W", "S→C")
+"""Pairs built on the asymmetric worlds (docs/flip-premise.md §2), where the flip premise can hold."""
+PAIRS = NEGATIVE_CONTROLS + POSITIVE_CONTROLS
+SOURCE_TRAINING = {"S": {"symmetry_weight": 0.0}}
+"""Changes to the source-training recipe per source: the studio control is trained without the left-right
+symmetry term (docs/flip-premise.md §2: a studio model trained to be flip-symmetric would have no studio
+asymmetry left to show)."""
+STAND_INS = {"E": "G", "G": "E", "S": "G"}
+"""Per source, the labelled world whose held-out (``val``) persons stand in for a target when a recipe is
+selected (docs/flip-premise.md §4): another symmetric source world, never a target and never the source."""
 MAIN_METHODS = (
     "source-only",
+    "flip-tta",
     "tpgaze",
     "full",
     "bitfit",

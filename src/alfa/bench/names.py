@@ -11,6 +11,7 @@ __all__ = ["NAMES", "display_name"]
 # Only rows that are no adapter method; a method's name lives with its config class (``display_name``).
 NAMES = {
     "source-only": "source-only (truncated base)",
+    "flip-tta": "flip-TTA (no training)",
     "in-domain": "in-domain (held-out source persons)",
     "target-trained": "target-trained (the same model trained on other persons of the target world)",
     "oracle": "oracle (supervised, per person)",

@@ -51,6 +51,7 @@ from ..checkpoint import read_checkpoint
 from ..data.base import GazeDataset, InMemoryGazeDataset
 from ..fileio import safe_filename
 from ..gaze.evaluate import GazeError, adapter_filename, load_examples, load_images, person_errors, person_gaze_errors
+from ..gaze.flip import FlipParts, FlipTTA, person_flip_parts
 from ..gaze.losses import finite_or_raise, supervised_l1_loss
 from ..gaze.personalize import person_seed, personalize_dataset
 from ..gaze.pipeline import DemoConfig, build_source_model, data_fingerprint, open_data, source_cache_key
@@ -91,11 +92,12 @@ __all__ = [
     "run_bench",
 ]
 
-KINDS = ("source-only", "in-domain", "target-trained", "oracle", "adapter", "tpgaze")
+KINDS = ("source-only", "flip-tta", "in-domain", "target-trained", "oracle", "adapter", "tpgaze")
+UNADAPTED = ("source-only", "flip-tta", "in-domain", "target-trained")
 
 # What a record measures; part of every record's hash, so a change re-runs the records (v2: the yaw/pitch
-# parts of the error, ``per_person_parts``).
-SCORING = 2
+# parts of the error, ``per_person_parts``; v3: what a flip sees of it, ``per_person_flip``).
+SCORING = 3
 
 
 @dataclass
@@ -375,13 +377,14 @@ class _Session:
         base = self.base(src, v.base)
         t0, cpu0 = time.time(), time.process_time()
         record = _new_record(plan, self.record_hash(plan), base)
-        if v.kind in ("in-domain", "target-trained", "source-only"):
-            errors = _score_unadapted(self, base, src, tgt, record)
+        flips: dict[str, FlipParts] = {}
+        if v.kind in UNADAPTED:
+            errors = _score_unadapted(self, base, src, tgt, record, flips)
         elif v.kind == "oracle":
-            errors = _run_oracle(self, base, tgt, plan, record)
+            errors = _run_oracle(self, base, tgt, plan, record, flips)
         else:
-            errors = _run_personalization(self, base, src, tgt, plan, record)
-        _add_errors(record, errors)
+            errors = _run_personalization(self, base, src, tgt, plan, record, flips)
+        _add_errors(record, errors, flips)
         record["wall_s"] = time.time() - t0
         record["cpu_s"] = time.process_time() - cpu0
         record["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
@@ -423,8 +426,20 @@ def _new_record(plan: RecordPlan, config_hash: str, base: nn.Module) -> dict[str
     }
 
 
-def _add_errors(record: dict[str, Any], errors: dict[str, GazeError]) -> None:
-    """The scored part of a record: per-person errors (and their yaw/pitch parts) and their mean."""
+def _score(model: nn.Module, data: GazeDataset, persons: list[str], n_adapt: int, flips: dict[str, FlipParts]):
+    """Per-person errors of ``model`` on the scored images, and (into ``flips``) what a flip sees of them."""
+    flips.update(person_flip_parts(model, data, persons, n_adapt))
+    return person_gaze_errors(model, data, persons, n_adapt)
+
+
+def _add_errors(record: dict[str, Any], errors: dict[str, GazeError], flips: dict[str, FlipParts]) -> None:
+    """The scored part of a record: per-person errors (their yaw/pitch parts, what a flip sees of them:
+    :mod:`alfa.gaze.flip`) and their means; ``flip_tta_error_deg`` is flip-TTA on top of the record's model."""
+    record["per_person_flip"] = {p: flips[p].to_dict() for p in errors if p in flips}
+    if record["per_person_flip"]:
+        parts = list(record["per_person_flip"].values())
+        record["flip"] = {k: statistics.fmean(x[k] for x in parts) for k in parts[0]}
+        record["flip_tta_error_deg"] = record["flip"]["tta_error"]
     angular = {p: e.angular for p, e in errors.items()}
     record["per_person"] = angular
     record["per_person_parts"] = {p: e.parts() for p, e in errors.items()}
@@ -434,23 +449,37 @@ def _add_errors(record: dict[str, Any], errors: dict[str, GazeError]) -> None:
 
 
 def _score_unadapted(
-    session: _Session, base: nn.Module, src: _Source, tgt: _Target, record: dict[str, Any]
+    session: _Session,
+    base: nn.Module,
+    src: _Source,
+    tgt: _Target,
+    record: dict[str, Any],
+    flips: dict[str, FlipParts],
 ) -> dict[str, GazeError]:
-    """The rows without adaptation: in-domain (on held-out source persons), target-trained and source-only
-    (on the target), each with the error of a constant prediction on its set; source-only's latency."""
+    """The rows without adaptation: in-domain (on held-out source persons), target-trained, source-only and
+    flip-TTA (the base's predictions averaged with its mirrored predictions on the flipped images; on the
+    target), each with the error of a constant prediction on its set; source-only's and flip-TTA's latency."""
     n_adapt = session.config.personalize.n_adapt
     data = src.val if record["kind"] == "in-domain" else tgt.data
-    errors = person_gaze_errors(base, data, data.persons(), n_adapt)
+    model = FlipTTA(base) if record["kind"] == "flip-tta" else base
+    errors = _score(model, data, data.persons(), n_adapt, flips)
     record["constant_prediction_deg"] = constant_prediction_error(data, data.persons(), n_adapt)
-    if record["kind"] == "source-only":
+    if record["kind"] in ("source-only", "flip-tta"):
         images = session.latency_images(tgt)
-        latency = _latency_ms([base], images, session.config.latency_repeats)[0]
-        record["latency_ms"] = record["base_latency_ms"] = latency
+        record["latency_ms"], record["base_latency_ms"] = _latency_ms(
+            [model, base], images, session.config.latency_repeats
+        )
     return errors
 
 
 def _run_personalization(
-    session: _Session, base: nn.Module, src: _Source, tgt: _Target, plan: RecordPlan, record: dict[str, Any]
+    session: _Session,
+    base: nn.Module,
+    src: _Source,
+    tgt: _Target,
+    plan: RecordPlan,
+    record: dict[str, Any],
+    flips: dict[str, FlipParts],
 ) -> dict[str, GazeError]:
     """An adapter method (or TPGaze) with the shared recipe on every target person: personalize, score each
     person's saved adapter, measure the costs of one of them."""
@@ -464,7 +493,7 @@ def _run_personalization(
     for person in ok:
         load_adapter(base, folder / adapter_filename(person))
         try:
-            errors.update(person_gaze_errors(base, tgt.data, [person], c.personalize.n_adapt))
+            errors.update(_score(base, tgt.data, [person], c.personalize.n_adapt, flips))
         finally:
             detach(base)
     if ok:
@@ -548,7 +577,12 @@ def _meta_only_errors(session: _Session, base: nn.Module, src: _Source, tgt: _Ta
 
 
 def _run_oracle(
-    session: _Session, base: nn.Module, tgt: _Target, plan: RecordPlan, record: dict[str, Any]
+    session: _Session,
+    base: nn.Module,
+    tgt: _Target,
+    plan: RecordPlan,
+    record: dict[str, Any],
+    flips: dict[str, FlipParts],
 ) -> dict[str, GazeError]:
     """Per person: supervised fine-tuning of every parameter on labelled images that are never scored."""
     c, oc = session.config, session.config.oracle
@@ -565,7 +599,7 @@ def _run_oracle(
         try:
             _fine_tune(base, images, gaze, oc, torch.Generator().manual_seed(person_seed(plan.seed, person, "oracle")))
             seconds.append(time.time() - t0)
-            errors.update(person_gaze_errors(base, tgt.data, [person], n_adapt))
+            errors.update(_score(base, tgt.data, [person], n_adapt, flips))
         finally:
             detach(base)
     peak = _proc_status_mib("VmHWM")

@@ -19,7 +19,8 @@ __all__ = ["Variant", "alfa_config", "main_variants"]
 class Variant:
     """One row of a table: a method, or an ablated variant of one, and how to run it.
 
-    ``kind``: ``"source-only"`` (no adaptation), ``"in-domain"`` (the base on held-out source persons),
+    ``kind``: ``"source-only"`` (no adaptation), ``"flip-tta"`` (no training: the base's prediction
+    averaged with its mirrored prediction on the flipped image), ``"in-domain"`` (the base on held-out source persons),
     ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe) or ``"tpgaze"``. ``base``:
     ``"truncated"`` (the rank-``d`` base), ``"dense"`` (the pre-trained model before truncation) or
     ``"rank=<d>"`` (truncated at another rank and recovered the same way). ``recipe`` holds changes to the
@@ -53,7 +54,7 @@ def alfa_config(config: BenchConfig, **changes: Any) -> AlfaConfig:
 def _main_row(label: str, config: BenchConfig) -> Variant:
     if label in SANITY_METHODS:
         return Variant(label, label, group="sanity")
-    if label == "source-only":
+    if label in ("source-only", "flip-tta"):
         return Variant(label, label)
     method = METHODS[label]
     if method.family == "prompt":  # TPGaze: meta-trained prompts and its own optimizer, not the shared recipe

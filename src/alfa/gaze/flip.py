@@ -20,15 +20,25 @@ in radians; the summaries are in degrees.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor, nn
 
+from ..data.base import GazeDataset
 from ..geometry import angular_error, flip_yaw
-from .evaluate import predict_images
+from .evaluate import eval_indices, load_examples, predict_images
 
-__all__ = ["FlipParts", "flip_tta", "flip_tta_from", "flip_parts", "predict_with_flip"]
+__all__ = [
+    "FlipParts",
+    "FlipTTA",
+    "flip_tta",
+    "flip_tta_from",
+    "flip_parts",
+    "person_flip_parts",
+    "predict_with_flip",
+]
 
 _DEG = 180.0 / math.pi
 
@@ -52,6 +62,20 @@ def predict_with_flip(model: nn.Module, images: Tensor, batch_size: int = 256) -
 def flip_tta(model: nn.Module, images: Tensor, batch_size: int = 256) -> Tensor:
     """Flip test-time augmentation: ``½ [f(I) + FlipYaw(f(flip I))]`` for each image, no training."""
     return flip_tta_from(*predict_with_flip(model, images, batch_size=batch_size))
+
+
+class FlipTTA(nn.Module):
+    """A model that predicts with flip test-time augmentation: ``forward(x) = ½ [f(x) + FlipYaw(f(flip x))]``.
+
+    It wraps ``model`` without copying it, so every evaluation path (per-person errors, ``alfa evaluate``,
+    the benchmark) scores flip-TTA unchanged; it trains nothing and costs two forward passes."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        return flip_tta_from(self.model(x), self.model(torch.flip(x, dims=[-1])))
 
 
 @dataclass(frozen=True)
@@ -106,3 +130,15 @@ def flip_parts(pred: Tensor, pred_of_flipped: Tensor, labels: Tensor) -> FlipPar
         visible_pitch=float(visible[:, 1].mean()),
         invisible_pitch=float(invisible[:, 1].mean()),
     )
+
+
+def person_flip_parts(
+    model: nn.Module, dataset: GazeDataset, persons: Sequence[str], n_adapt: int, batch_size: int = 256
+) -> dict[str, FlipParts]:
+    """:class:`FlipParts` of ``model`` per person, over the person's scored images (those after the first
+    ``n_adapt``, the images every error of the benchmark is measured on)."""
+    out: dict[str, FlipParts] = {}
+    for person in persons:
+        images, labels = load_examples(dataset, eval_indices(dataset, person, n_adapt))
+        out[person] = flip_parts(*predict_with_flip(model, images, batch_size=batch_size), labels)
+    return out
