@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers import LayerSpec, is_dense_eligible, is_factorized, layer_spec
-from .base import AdaptedLayer, AdapterConfig, MergeError, register_method
+from .base import AdaptedLayer, AdapterConfig, MergeError, MergeKind, register_method
 
 __all__ = [
     "TPGAZE_TARGET",
@@ -198,8 +198,11 @@ class PromptedConv(AdaptedLayer):
     """A conv (dense or factorized) whose zero padding is replaced by learnable values.
 
     ``forward(x) = base(x) + border(prompts)``, where ``border`` convolves the prompt frame (zeros
-    inside) with the layer's weights and no bias; see the module docstring.
+    inside) with the layer's weights and no bias; see the module docstring. Merge kind ``"none"``:
+    the prompts stay attached at inference.
     """
+
+    merge_kind: ClassVar[MergeKind] = "none"
 
     def __init__(self, base: nn.Module, config: TPGazeConfig) -> None:
         super().__init__(base, config)
@@ -249,13 +252,9 @@ class PromptedConv(AdaptedLayer):
         return self.base(x) + self.border()
 
     def effective_weight(self) -> tuple[Tensor, Tensor | None]:
-        raise MergeError(self._merge_message())
+        raise MergeError(self.merge_refusal())
 
-    @torch.no_grad()
-    def merged(self, densify: bool = False) -> nn.Module:
-        raise MergeError(self._merge_message())
-
-    def _merge_message(self) -> str:
+    def merge_refusal(self) -> str:
         return (
             "tpgaze prompts cannot be merged into the conv: they add an input-independent map that is "
             "non-zero only near the border and varies with position, which no conv weight or "
