@@ -98,6 +98,11 @@ class AdapterConfig:
     target: str | None = None
     layers: str = "auto"
 
+    def __post_init__(self) -> None:
+        # A bad option fails where the config is written, not at attach (dataclasses.replace and
+        # from_dict go through __init__ too). attach validates again: fields may be set afterwards.
+        self.validate()
+
     def validate(self) -> None:
         """Raise ``ValueError`` on an invalid option."""
         if self.layers not in _LAYER_CHOICES:
