@@ -20,10 +20,11 @@ the convolution's weights or bias: :func:`alfa.merge` refuses, and the model kee
 inference (base parameters + prompts).
 
 Layer input sizes come from the image size. :class:`TPGazeConfig` takes them from the network
-registered with :func:`set_default_network` (ResNet-18, whose module reports its convs' input sizes:
-:func:`alfa.models.resnet.resnet18_conv_inputs`); for another network use :meth:`TPGazeConfig.for_model`. Because a
-config builds each layer from the layer alone, sizes are keyed by the layer's geometry (channels,
-kernel, stride, padding, dilation), which in a ResNet identifies the resolution a conv runs at.
+registered with :func:`set_default_network` (ResNet-18, whose module reports its convs' input
+sizes: :func:`alfa.models.resnet.resnet18_conv_inputs`); for another network use
+:meth:`TPGazeConfig.for_model`. Because a config builds each layer from the layer alone, sizes are
+keyed by the layer's geometry (channels, kernel, stride, padding, dilation), which in a ResNet
+identifies the resolution a conv runs at.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "geometry_key",
     "probe_input_sizes",
     "default_input_sizes",
+    "default_network_name",
     "set_default_network",
     "prompt_count",
 ]
@@ -190,6 +192,8 @@ class TPGazeConfig(AdapterConfig):
     family: ClassVar[str] = "prompt"
     # The personalization recipe of TPGaze (spec §5): Adam, lr 0.01, prompts only. AdamW without weight
     # decay is Adam; the prompted layers are outside ResNet-18's layer3/4, so no lr scaling either.
+    # A training recipe, not part of the adapter: it belongs in alfa.gaze.tpgaze, and stays here only
+    # until its two readers (gaze/tpgaze.py::tpgaze_recipe, gaze/commands.py::_personalize_config) move.
     personalize_defaults: ClassVar[dict[str, Any]] = {"lr": 0.01, "weight_decay": 0.0, "lr_scale": {}}
 
     target: str | None = TPGAZE_TARGET
