@@ -228,3 +228,17 @@ def test_compact_files_exactly_for_the_dictionary_adapters(method, small_net, x,
     alfa.merge(model)
     for (name, a), b in zip(fresh.named_parameters(), model.parameters()):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), name
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Registries
+
+
+def test_every_registered_config_is_exported_by_its_class_name():
+    import alfa.adapters
+
+    for cls in METHODS.values():
+        for package in (alfa, alfa.adapters):
+            assert getattr(package, cls.__name__) is cls
+            assert cls.__name__ in package.__all__
+        assert {"method", "display_name", "family", "scope"}.isdisjoint(f.name for f in dataclasses.fields(cls))
