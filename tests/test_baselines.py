@@ -137,7 +137,7 @@ def test_merged_equals_unmerged_from_a_random_init(method, truncated, x):
 
 
 @pytest.mark.parametrize("method", sorted(DENSE_UPDATE))
-def test_merged_extended_is_exact_and_keeps_factors(method, truncated, x):
+def test_extended_merge_is_exact_and_keeps_factors(method, truncated, x):
     """A rank-r dense update on a rank-d factorized layer is exactly a rank-(d+r) factorization
     (PiSSA/MiLoRA: rank d), so the model-size argument against these baselines is weaker than
     "they must densify"."""

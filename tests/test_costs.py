@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import tiny_models  # noqa: F401  (registers tiny_gaze_net)
 
-from alfa.adapters import costs
+from alfa.bench import costs
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +25,16 @@ def test_every_method_has_a_row_with_timings(rows):
             assert r.trainable == 0 and r.step_ms is None and r.adapter_bytes is None and r.merge == "none"
         else:
             assert r.trainable > 0 and r.step_ms > 0 and r.step_gflop > 0 and r.adapter_bytes > 0
+
+
+def test_rows_come_family_by_family_in_registry_order():
+    assert list(costs.default_methods()) == [
+        "source-only",
+        *("alfa", "diag_gate", "linear_mix"),
+        "spectral",
+        *("lora", "pissa", "milora", "moslora", "dora", "flora"),
+        *("bitfit", "full"),
+    ]
 
 
 def test_merged_sizes_follow_the_merge_kind(rows):

@@ -10,7 +10,8 @@ import alfa
 import alfa.gaze.evaluate
 import alfa.gaze.train
 import alfa.layers
-from alfa.adapters.prompt import TPGAZE_TARGET, TPGazeConfig, prompt_count, resnet18_input_sizes
+from alfa.adapters.prompt import TPGAZE_TARGET, TPGazeConfig, prompt_count
+from alfa.adapters.prompt import default_input_sizes as resnet18_input_sizes
 from alfa.checkpoint import CheckpointError
 from alfa.data.synthetic import make_domain
 from alfa.gaze.evaluate import adapter_filename, evaluate

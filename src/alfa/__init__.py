@@ -22,61 +22,45 @@ Quick start::
 
 from . import models
 from .adapters import (
+    CONFIG_CLASSES,
     METHODS,
     AdaptedLayer,
     AdapterConfig,
     AdapterFileError,
-    AlfaConfig,
-    BitfitConfig,
-    DiagGateConfig,
-    DictionaryMixConfig,
-    DoraConfig,
-    FloraConfig,
-    FullFinetuneConfig,
-    LinearMixConfig,
-    LoraConfig,
     MergeError,
-    MiloraConfig,
-    MosloraConfig,
-    PissaConfig,
-    SpectralConfig,
-    TPGazeConfig,
     adapter_parameters,
     adapter_state,
     attach,
     detach,
     load_adapter,
     merge,
+    merge_form,
     param_groups,
     read_adapter_metadata,
     register_method,
     save_adapter,
 )
+from .adapters.prompt import set_default_network
 from .layers import FactorizedConv2d, FactorizedLinear
+from .models.resnet import resnet18_conv_inputs
 from .summary import ParameterSummary, parameter_summary
 from .truncate import TruncationReport, canonicalize, truncate
 
 __version__ = "0.1.0"
 
+# TPGaze is defined on ResNet-18: its prompts are sized from ResNet-18's convs unless a config says
+# otherwise. Wired here, above both, so that adapters need not import a model (nor models adapters).
+set_default_network("ResNet-18", resnet18_conv_inputs)
+
+# Every registered adapter config (alfa.AlfaConfig, alfa.LoraConfig, ...), as in alfa.adapters.
+globals().update(CONFIG_CLASSES)
+
 __all__ = [
-    "TPGazeConfig",
-    "BitfitConfig",
-    "FullFinetuneConfig",
-    "DoraConfig",
-    "FloraConfig",
-    "DiagGateConfig",
-    "LinearMixConfig",
-    "LoraConfig",
-    "MiloraConfig",
-    "PissaConfig",
-    "MosloraConfig",
-    "SpectralConfig",
+    *CONFIG_CLASSES,
     "METHODS",
     "AdaptedLayer",
     "AdapterConfig",
     "AdapterFileError",
-    "AlfaConfig",
-    "DictionaryMixConfig",
     "FactorizedConv2d",
     "FactorizedLinear",
     "MergeError",
@@ -89,6 +73,7 @@ __all__ = [
     "detach",
     "load_adapter",
     "merge",
+    "merge_form",
     "models",
     "param_groups",
     "parameter_summary",

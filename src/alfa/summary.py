@@ -1,10 +1,16 @@
-"""A one-call summary of a model's parameters: total, trainable, and per layer kind."""
+"""A one-call summary of a model's parameters: total, trainable, and per layer kind.
+
+It sits above :mod:`alfa.adapters` (it names an adapted layer by its method), next to the training and
+benchmark code that reports sizes; nothing in ``adapters`` or below imports it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from torch import nn
+
+from .adapters.base import AdaptedLayer
 
 __all__ = ["ParameterSummary", "parameter_summary"]
 
@@ -59,8 +65,6 @@ def _fmt(n: int) -> str:
 
 
 def _kind(module: nn.Module) -> str:
-    from .adapters.base import AdaptedLayer  # late import: adapters depend on this module's users
-
     if isinstance(module, AdaptedLayer):
         return f"adapter: {module.config.method}"
     name = type(module).__name__

@@ -1,15 +1,26 @@
 """Adapter methods and their shared life cycle (attach / merge / detach / save / load).
 
 Each method lives in its own module: a config dataclass registered by name plus, for methods that
-wrap layers, an :class:`~alfa.adapters.base.AdaptedLayer` subclass.
+wrap layers, an :class:`~alfa.adapters.base.AdaptedLayer` subclass that declares its merge kind.
+Every registered config class is exported under its class name.
 """
 
-from .alfa import AlfaConfig, AlfaLayer, DictionaryMixConfig
+# isort: off
+# The modules are imported in this order on purpose: methods register in it, and tables that list
+# every method (alfa.bench.costs) keep the registry's order within each family. LoRA's module comes
+# before MoSLoRA, DoRA and FLoRA (which extend it) and Spectral (which reuses its SVD).
+from . import alfa, gate, lora, moslora, dora, flora, spectral, bitfit, prompt  # noqa: F401
+
+# isort: on
+from .alfa import AlfaLayer, DictionaryAdapter
 from .base import (
+    MERGE_FORMS,
+    MERGE_KINDS,
     METHODS,
     AdaptedLayer,
     AdapterConfig,
     MergeError,
+    MergeKind,
     adapted_layers,
     adapter_parameters,
     adapter_state,
@@ -17,42 +28,40 @@ from .base import (
     config_from_dict,
     detach,
     merge,
+    merge_form,
     param_groups,
     register_method,
 )
-from .bitfit import BitfitConfig, FullFinetuneConfig
-from .dora import DoraConfig
-from .flora import FloraConfig
-from .gate import DiagGateConfig, LinearMixConfig
-from .io import AdapterFileError, base_fingerprint, load_adapter, read_adapter_metadata, save_adapter
-from .lora import LoraConfig, MiloraConfig, PissaConfig
-from .moslora import MosloraConfig
-from .prompt import TPGAZE_TARGET, PromptedConv, TPGazeConfig
-from .spectral import SpectralConfig
+from .io import (
+    AdapterFileError,
+    base_fingerprint,
+    has_compact_form,
+    load_adapter,
+    read_adapter_metadata,
+    save_adapter,
+)
+from .prompt import TPGAZE_TARGET, PromptedConv
+
+# Every registered config class (AlfaConfig, LoraConfig, ...) by its class name: a new method is
+# exported as soon as its module is imported above, with no list to keep in step.
+CONFIG_CLASSES: dict[str, type[AdapterConfig]] = {cls.__name__: cls for cls in METHODS.values()}
+globals().update(CONFIG_CLASSES)
 
 __all__ = [
-    "TPGAZE_TARGET",
-    "PromptedConv",
-    "TPGazeConfig",
-    "BitfitConfig",
-    "FullFinetuneConfig",
-    "DoraConfig",
-    "FloraConfig",
-    "DiagGateConfig",
-    "LinearMixConfig",
-    "LoraConfig",
-    "MiloraConfig",
-    "PissaConfig",
-    "MosloraConfig",
-    "SpectralConfig",
+    *CONFIG_CLASSES,
+    "CONFIG_CLASSES",
+    "MERGE_FORMS",
+    "MERGE_KINDS",
     "METHODS",
+    "TPGAZE_TARGET",
     "AdaptedLayer",
     "AdapterConfig",
     "AdapterFileError",
-    "AlfaConfig",
     "AlfaLayer",
-    "DictionaryMixConfig",
+    "DictionaryAdapter",
     "MergeError",
+    "MergeKind",
+    "PromptedConv",
     "adapted_layers",
     "adapter_parameters",
     "adapter_state",
@@ -60,8 +69,10 @@ __all__ = [
     "base_fingerprint",
     "config_from_dict",
     "detach",
+    "has_compact_form",
     "load_adapter",
     "merge",
+    "merge_form",
     "param_groups",
     "read_adapter_metadata",
     "register_method",

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import dense_matrix, svd_factors
-from .base import AdaptedLayer, AdapterConfig, register_method
+from .base import AdaptedLayer, AdapterConfig, MergeKind, register_method
 
 __all__ = ["AlfaConfig", "AlfaLayer", "DictionaryAdapter", "DictionaryMixConfig", "DictionaryMixLayer", "alfa_mixing"]
 
@@ -73,15 +73,20 @@ def alfa_mixing(A_q: Tensor, B_q: Tensor, A_p: Tensor, B_p: Tensor, V_base: Tens
 
 
 class DictionaryAdapter(AdaptedLayer):
-    """Shared machinery of the methods that adapt only the dictionary: ``V_adapt = V_base + ΔV``.
+    """Shared machinery of the methods that adapt only the dictionary: ``V_adapt = V_base + T V_base``.
 
     On a factorized layer the dictionary is its right factor ``V`` and ``U_d`` its left factor; on a
     dense layer both come from the layer's SVD (rank ``config.dense_rank``, full if ``None``) and
-    the update is added to the exact dense weight, so a zero ``ΔV`` reproduces the base bit for bit.
-    Subclasses implement :meth:`delta_V`.
+    the update is added to the exact dense weight, so a zero update reproduces the base bit for bit.
+
+    The contract: a subclass implements :meth:`mixing`, the ``d×d`` matrix ``T`` — all a user's
+    personalization of the layer amounts to, and what ``save_adapter(..., compact=True)`` stores
+    (only layers of this class can be stored that way). It may override :meth:`delta_V` with a
+    cheaper product than ``T V_base``. The merge kind is ``"factors"``: the adapted layer is still
+    ``U_d V_adapt``, of rank ``d``.
     """
 
-    factorized_merge: ClassVar[bool] = True
+    merge_kind: ClassVar[MergeKind] = "factors"
 
     def __init__(self, base: nn.Module, config: AdapterConfig) -> None:
         super().__init__(base, config)
@@ -105,8 +110,13 @@ class DictionaryAdapter(AdaptedLayer):
     def V_base(self) -> Tensor:
         return self.base.V if self.base_is_factorized else self.V_svd
 
+    def mixing(self) -> Tensor:
+        """The ``(d, d)`` matrix ``T`` with ``V_adapt = V_base + T V_base``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement mixing()")
+
     def delta_V(self) -> Tensor:
-        raise NotImplementedError
+        """``V_adapt − V_base = T V_base`` (d×n)."""
+        return self.mixing() @ self.V_base
 
     def adapted_V(self) -> Tensor:
         """The adapted dictionary ``V_adapt = V_base + ΔV`` (d×n)."""
@@ -139,13 +149,8 @@ class AlfaLayer(DictionaryAdapter):
         self.B_p = nn.Parameter(torch.zeros(d, r * H, **kw))
 
     def mixing(self) -> Tensor:
-        """The ``(d, d)`` matrix ``T`` with ``V_adapt = V_base + T V_base``: all a user's
-        personalization of this layer amounts to (what a compact adapter file stores)."""
+        """``T = B_p Σ_h A_p[:, h] Attn_h``, so that ``T V_base = B_p A_p Z`` (see :func:`alfa_mixing`)."""
         return alfa_mixing(self.A_q, self.B_q, self.A_p, self.B_p, self.V_base)
-
-    def delta_V(self) -> Tensor:
-        """``V_adapt − V_base = B_p A_p Z`` (d×n)."""
-        return self.mixing() @ self.V_base
 
     def extra_repr(self) -> str:
         c = self.config
@@ -181,6 +186,3 @@ class DictionaryMixLayer(DictionaryAdapter):
 
     def mixing(self) -> Tensor:
         return self.T
-
-    def delta_V(self) -> Tensor:
-        return self.T @ self.V_base

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -27,11 +27,16 @@ __all__ = [
     "AdaptedLayer",
     "AdapterState",
     "MergeError",
+    "MergeKind",
+    "MERGE_KINDS",
     "METHODS",
     "register_method",
     "config_from_dict",
     "attach",
     "merge",
+    "merge_form",
+    "MERGE_FORMS",
+    "merged_layer",
     "detach",
     "param_groups",
     "adapter_state",
@@ -41,6 +46,22 @@ __all__ = [
 
 METHODS: dict[str, type[AdapterConfig]] = {}
 _LAYER_CHOICES = ("auto", "factorized", "dense", "all")
+
+MergeKind = Literal["factors", "low-rank", "none"]
+"""How an adapted layer folds into a plain layer (declared by each :class:`AdaptedLayer` subclass):
+
+- ``"factors"``: the update stays in the layer's rank-``d`` factorization; the layer implements
+  :meth:`~AdaptedLayer.effective_factors` (the new factors) and :meth:`~AdaptedLayer.effective_weight`.
+- ``"low-rank"``: the update is a low-rank ``m×n`` term; the layer implements
+  :meth:`~AdaptedLayer.extended_factors` (the exact factorization of rank ``d + r``, for
+  ``merge(extend=True)``) and :meth:`~AdaptedLayer.effective_weight` (for ``merge(densify=True)``).
+- ``"none"``: the layer cannot be folded into one (TPGaze's prompts); it implements
+  :meth:`~AdaptedLayer.merge_refusal`, the reason :func:`merge` gives.
+
+Model-scope methods (BitFit, full fine-tuning) wrap no layer: their trained parameters already are
+the merged model ("in place", see :func:`merge_form`).
+"""
+MERGE_KINDS: tuple[MergeKind, ...] = get_args(MergeKind)
 
 
 class MergeError(RuntimeError):
@@ -77,7 +98,13 @@ class AdapterConfig:
     target: str | None = None
     layers: str = "auto"
 
+    def __post_init__(self) -> None:
+        # A bad option fails where the config is written, not at attach (dataclasses.replace and
+        # from_dict go through __init__ too). attach validates again: fields may be set afterwards.
+        self.validate()
+
     def validate(self) -> None:
+        """Raise ``ValueError`` on an invalid option."""
         if self.layers not in _LAYER_CHOICES:
             raise ValueError(f"layers must be one of {_LAYER_CHOICES}, got {self.layers!r}")
         if self.target is not None:
@@ -120,15 +147,25 @@ def config_from_dict(method: str, data: dict[str, Any]) -> AdapterConfig:
 class AdaptedLayer(nn.Module):
     """A base layer plus a method's trainable tensors, at the base layer's module path.
 
-    Subclasses implement ``forward`` and ``effective_weight`` (the adapted ``(m, n)`` matrix and
-    bias). Methods whose update stays in the factorized form also implement ``effective_factors``
-    and set ``factorized_merge = True``; they merge a factorized base back into factors of the same
-    rank. The others can merge a factorized base only by densifying it.
+    Every subclass implements ``forward`` and declares its :data:`MergeKind` as ``merge_kind``;
+    :func:`merged_layer` (and so :func:`merge`) dispatches on that declaration alone and calls only
+    the methods the kind needs: ``effective_weight`` (the adapted ``(m, n)`` matrix and bias: a dense
+    base, or a densified merge) plus ``effective_factors`` (kind ``"factors"``) or
+    ``extended_factors`` (kind ``"low-rank"``); kind ``"none"`` implements ``merge_refusal``.
     """
 
-    factorized_merge: ClassVar[bool] = False
+    merge_kind: ClassVar[MergeKind]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("merge_kind")
+        if declared is not None and declared not in MERGE_KINDS:
+            raise TypeError(f"{cls.__name__}.merge_kind must be one of {MERGE_KINDS}, got {declared!r}")
 
     def __init__(self, base: nn.Module, config: AdapterConfig) -> None:
+        if getattr(type(self), "merge_kind", None) not in MERGE_KINDS:
+            # Checked here rather than in __init_subclass__: abstract intermediate classes need not declare.
+            raise TypeError(f"{type(self).__name__} must declare merge_kind (one of {MERGE_KINDS})")
         super().__init__()
         self.base = base
         self.config = config
@@ -139,41 +176,71 @@ class AdaptedLayer(nn.Module):
         return is_factorized(self.base)
 
     @property
+    def factorized_merge(self) -> bool:
+        """Deprecated: ``merge_kind == "factors"``. Only ``bench/runner.py::adapter_costs`` still reads
+        it; remove once that calls :func:`merge_form`."""
+        return self.merge_kind == "factors"
+
+    @property
     def bias(self) -> Tensor | None:
         return self.base.bias
 
     def effective_weight(self) -> tuple[Tensor, Tensor | None]:
-        raise NotImplementedError
+        """The adapted layer's ``(m, n)`` weight and its bias."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement effective_weight")
 
     def effective_factors(self) -> tuple[Tensor, Tensor, Tensor | None]:
-        raise NotImplementedError
+        """Kind ``"factors"``: ``(U, V, bias)`` of the same rank as the factorized base, ``U V = W'``."""
+        raise NotImplementedError(f"{type(self).__name__} (merge kind {self.merge_kind!r}) has no same-rank factors")
+
+    def extended_factors(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Kind ``"low-rank"``: ``(U', V', bias)`` with ``U' V' = W'`` exactly, of rank ``d + r`` (or less)."""
+        raise NotImplementedError(f"{type(self).__name__} (merge kind {self.merge_kind!r}) has no extended factors")
+
+    def merge_refusal(self) -> str:
+        """Kind ``"none"``: why the layer cannot be merged (the :class:`MergeError` message)."""
+        raise NotImplementedError(f"{type(self).__name__} (merge kind {self.merge_kind!r}) can be merged")
 
     def delta_weight(self) -> Tensor:
         """The personalized update ``ΔW`` as an ``(m, n)`` matrix (for analysis and figures)."""
         W, _ = self.effective_weight()
         return W - dense_matrix(self.base)
 
-    @torch.no_grad()
-    def merged(self, densify: bool = False) -> nn.Module:
-        """A plain layer computing what this adapted layer computes."""
-        if self.base_is_factorized and self.factorized_merge:
-            U, V, bias = self.effective_factors()
-            new = self.spec.make_factorized(U.detach(), V.detach(), None if bias is None else bias.detach())
-        elif self.base_is_factorized and not densify:
-            raise MergeError(
-                f"{self.config.method} adds a dense {self.spec.m}×{self.spec.n} update to a factorized "
-                f"layer; merging it would store the dense weight ({self.spec.m * self.spec.n} parameters "
-                f"instead of {sum(p.numel() for p in self.base.parameters())}). Pass extend=True to store it "
-                f"exactly as a wider factorization, densify=True to merge it densely, or keep the adapter "
-                f"unmerged."
-            )
-        else:
-            W, bias = self.effective_weight()
-            new = self.spec.make_dense(W.detach(), None if bias is None else bias.detach())
-        return new.train(self.training)
+    def merged(self, densify: bool = False, extend: bool = False) -> nn.Module:
+        """A plain layer computing what this adapted layer computes (see :func:`merged_layer`)."""
+        return merged_layer(self, densify=densify, extend=extend)
 
     def extra_repr(self) -> str:
         return f"method={self.config.method}"
+
+
+@torch.no_grad()
+def merged_layer(layer: AdaptedLayer, densify: bool = False, extend: bool = False) -> nn.Module:
+    """The plain layer that ``layer`` folds into, chosen by its declared ``merge_kind``.
+
+    A dense base always gives a dense layer. A factorized base gives, for kind ``"factors"``, a
+    factorization of the same rank; for kind ``"low-rank"``, with ``extend`` the exact wider
+    factorization, with ``densify`` a dense layer, and otherwise a :class:`MergeError`. Kind
+    ``"none"`` always raises :class:`MergeError`.
+    """
+    kind, spec = layer.merge_kind, layer.spec
+    if kind == "none":
+        raise MergeError(layer.merge_refusal())
+    if layer.base_is_factorized and (kind == "factors" or extend):
+        U, V, bias = layer.effective_factors() if kind == "factors" else layer.extended_factors()
+        new = spec.make_factorized(U.detach(), V.detach(), None if bias is None else bias.detach())
+    elif layer.base_is_factorized and not densify:
+        raise MergeError(
+            f"{layer.config.method} adds a dense {spec.m}×{spec.n} update to a factorized "
+            f"layer; merging it would store the dense weight ({spec.m * spec.n} parameters "
+            f"instead of {sum(p.numel() for p in layer.base.parameters())}). Pass extend=True to store it "
+            f"exactly as a wider factorization, densify=True to merge it densely, or keep the adapter "
+            f"unmerged."
+        )
+    else:
+        W, bias = layer.effective_weight()
+        new = spec.make_dense(W.detach(), None if bias is None else bias.detach())
+    return new.train(layer.training)
 
 
 @dataclass
@@ -296,13 +363,6 @@ def _clear(model: nn.Module) -> None:
     del model._alfa_adapter
 
 
-def _merged_layer(layer: AdaptedLayer, densify: bool, extend: bool) -> nn.Module:
-    extended = getattr(layer, "merged_extended", None)
-    if extend and extended is not None and layer.base_is_factorized and not layer.factorized_merge:
-        return extended()
-    return layer.merged(densify=densify)
-
-
 def merge(model: nn.Module, densify: bool = False, extend: bool = False) -> list[str]:
     """Fold the attached adapter into the model, in place, and remove it.
 
@@ -316,12 +376,35 @@ def merge(model: nn.Module, densify: bool = False, extend: bool = False) -> list
     """
     state = _require_state(model, "merge")
     if state.config.scope == "layer":
-        merged = {name: _merged_layer(model.get_submodule(name), densify, extend) for name in state.targets}
+        merged = {name: merged_layer(model.get_submodule(name), densify, extend) for name in state.targets}
         for name, new in merged.items():
             replace_module(model, name, new)
     _restore_requires_grad(model, state)
     _clear(model)
     return list(state.targets)
+
+
+MERGE_FORMS = ("in place", "not mergeable (kept attached)", "densified", "factorized (rank d)", "dense")
+
+
+def merge_form(model: nn.Module) -> str:
+    """How the adapter attached to ``model`` ends up after ``merge(model, densify=True)``, one of
+    :data:`MERGE_FORMS`: ``"in place"`` (model-scope methods: the trained parameters are the model),
+    ``"not mergeable (kept attached)"`` (some layer's kind is ``"none"``: merging raises),
+    ``"densified"`` (a low-rank update of a factorized layer is stored densely; ``merge`` needs
+    ``densify=True``), ``"factorized (rank d)"`` (every factorized layer keeps its rank) or ``"dense"``
+    (no adapted layer is factorized). Read from the layers' declared merge kinds; nothing is merged.
+    """
+    state = _require_state(model, "describe how the adapter merges")
+    if state.config.scope == "model":
+        return "in place"
+    layers = [model.get_submodule(name) for name in state.targets]
+    if any(layer.merge_kind == "none" for layer in layers):
+        return "not mergeable (kept attached)"
+    factorized = [layer for layer in layers if layer.base_is_factorized]
+    if any(layer.merge_kind == "low-rank" for layer in factorized):
+        return "densified"
+    return "factorized (rank d)" if factorized else "dense"
 
 
 @torch.no_grad()

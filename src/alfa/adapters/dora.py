@@ -10,7 +10,7 @@ The output is ``g ⊙ (W x + s B A x) + bias`` with ``g = mag / ‖W + s B A‖`
 its bias) and the LoRA branch run as usual and never build ``W``. The row norms of a factorized weight
 ``[U, sB] [V; A]`` come from the small Gram matrix of ``[V; A]`` (``diag(L G Lᵀ)``), so DoRA on a
 factorized layer builds no ``m×n`` matrix either. Merging scales the rows, so a factorized layer
-merges only by densifying (or exactly as a rank-``d + r`` factorization, ``merged_extended``).
+merges only by densifying (or exactly as a rank-``d + r`` factorization, ``merge(extend=True)``).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ set. Nothing is unpickled.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -18,9 +19,18 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from .base import adapter_parameters, adapter_state, attach, config_from_dict, detach
+from ..fileio import atomic_path
+from .alfa import DictionaryAdapter, DictionaryMixConfig
+from .base import AdaptedLayer, adapter_parameters, adapter_state, attach, config_from_dict, detach
 
-__all__ = ["save_adapter", "load_adapter", "read_adapter_metadata", "base_fingerprint", "AdapterFileError"]
+__all__ = [
+    "save_adapter",
+    "load_adapter",
+    "read_adapter_metadata",
+    "base_fingerprint",
+    "has_compact_form",
+    "AdapterFileError",
+]
 
 FORMAT = "alfa-adapter"
 VERSION = 1
@@ -94,12 +104,12 @@ def save_adapter(model: nn.Module, path: str | os.PathLike, compact: bool = Fals
         raise RuntimeError("cannot save: the model has no adapter attached (use alfa.attach first)")
     config = state.config
     if compact:
-        from .alfa import DictionaryMixConfig
-
-        layers = {name: model.get_submodule(name) for name in state.targets} if config.scope == "layer" else {}
-        if not layers or not all(hasattr(layer, "mixing") for layer in layers.values()):
+        layers = _compact_layers(model)
+        if layers is None:
             raise ValueError(f"{config.method} adapters have no compact form (only dictionary methods such as alfa)")
         tensors = {f"{name}.T": layer.mixing().detach().cpu().contiguous() for name, layer in layers.items()}
+        # Every dictionary config has dense_rank (how a dense layer's dictionary is cut), and the mix
+        # must use the same one to rebuild the same dictionary.
         config = DictionaryMixConfig(
             target=config.target, layers=config.layers, dense_rank=getattr(config, "dense_rank", None)
         )
@@ -115,12 +125,27 @@ def save_adapter(model: nn.Module, path: str | os.PathLike, compact: bool = Fals
     }
     if compact:
         metadata["compact_of"] = state.config.method
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
-    return path
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+    return Path(path)
+
+
+def _compact_layers(model: nn.Module) -> dict[str, DictionaryAdapter] | None:
+    """The adapted layers by name if every one is a dictionary adapter (the contract that has a
+    ``d×d`` mix), else ``None``. Model-scope methods have no layers, hence no compact form."""
+    state = adapter_state(model)
+    if state is None or state.config.scope != "layer":
+        return None
+    layers: dict[str, AdaptedLayer] = {name: model.get_submodule(name) for name in state.targets}
+    if not layers or not all(isinstance(layer, DictionaryAdapter) for layer in layers.values()):
+        return None
+    return layers  # type: ignore[return-value]
+
+
+def has_compact_form(model: nn.Module) -> bool:
+    """Whether the attached adapter can be saved with ``save_adapter(..., compact=True)``: every
+    adapted layer is a :class:`~alfa.adapters.alfa.DictionaryAdapter` (Alfa and its variants)."""
+    return _compact_layers(model) is not None
 
 
 def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
@@ -189,8 +214,6 @@ def load_adapter(
 
 
 def _copy_for_check(model: nn.Module) -> nn.Module:
-    import copy
-
     probe = copy.deepcopy(model)
     detach(probe)
     return probe

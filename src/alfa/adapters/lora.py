@@ -15,7 +15,8 @@ so the low-rank branch never builds the dense ``m×n`` weight.
 Merging: the update is a dense ``m×n`` term, so on a factorized layer :func:`alfa.merge` stores the
 layer densely, and only when asked (``densify=True``). The same weight can also be stored exactly as
 a factorization of rank ``d + r`` (``[U_d, s·B] [V_base; A]``), or of rank ``d`` for PiSSA/MiLoRA
-(whose frozen residual has rank ``d − r``): see :meth:`LowRankUpdateLayer.merged_extended`.
+(whose frozen residual has rank ``d − r``): ``alfa.merge(model, extend=True)``, from
+:meth:`LowRankUpdateLayer.extended_factors`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import canonicalize_factors, dense_matrix, is_factorized, svd_factors
-from .base import AdaptedLayer, AdapterConfig, register_method
+from .base import AdaptedLayer, AdapterConfig, MergeKind, register_method
 
 __all__ = [
     "LowRankUpdateLayer",
@@ -69,7 +70,12 @@ class LowRankUpdateLayer(AdaptedLayer):
     frozen part is not the base layer itself (PiSSA's residual), override ``frozen_forward`` and
     ``frozen_factors``/``frozen_dense``. The branch runs as ``input_op(x, Q)`` then ``output_op(·, P)``,
     so on convs it is a conv with the layer's geometry followed by a 1×1 conv.
+
+    Merge kind ``"low-rank"``: :meth:`effective_weight` (densified) and :meth:`extended_factors` (the
+    exact factorization of rank ``rank(W_0) + k``) both follow from ``update_factors``.
     """
+
+    merge_kind: ClassVar[MergeKind] = "low-rank"
 
     def update_factors(self) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -101,23 +107,14 @@ class LowRankUpdateLayer(AdaptedLayer):
         return self.frozen_dense() + P @ Q, self.bias
 
     def extended_factors(self) -> tuple[Tensor, Tensor, Tensor | None]:
-        """``(U', V', bias)`` with ``U' V' = W'`` exactly: ``[U_0, P]`` and ``[V_0; Q]`` (factorized bases)."""
+        """``(U', V', bias)`` with ``U' V' = W'`` exactly: ``[U_0, P]`` and ``[V_0; Q]`` (factorized bases).
+
+        This stores a low-rank update of a factorized layer without densifying it (LoRA: rank ``d + r``;
+        PiSSA/MiLoRA: rank ``d``, their frozen residual having rank ``d − r``).
+        """
         U0, V0 = self.frozen_factors()
         P, Q = self.update_factors()
         return torch.cat([U0, P], dim=1), torch.cat([V0, Q], dim=0), self.bias
-
-    @torch.no_grad()
-    def merged_extended(self) -> nn.Module:
-        """The adapted layer as one factorized layer of rank ``rank(W_0) + k`` (exact, no densifying).
-
-        This stores a low-rank update of a factorized layer exactly without densifying it (LoRA: rank
-        ``d + r``; PiSSA/MiLoRA: rank ``d``). A dense base gives the dense merged layer.
-        """
-        if not self.base_is_factorized:
-            return self.merged()
-        U, V, bias = self.extended_factors()
-        new = self.spec.make_factorized(U.detach(), V.detach(), None if bias is None else bias.detach())
-        return new.train(self.training)
 
 
 @register_method

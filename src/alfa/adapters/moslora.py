@@ -3,7 +3,7 @@
 ``W' = W_d + s · B M A`` with ``A`` (r×n) and ``M`` (r×r) Kaiming-uniform, ``B`` (m×r) zeros and
 ``s = alpha / rank``. Like LoRA, the branch runs as a conv with the layer's kernel (``A``) followed by
 a 1×1 conv (``B M``), and merging into a factorized layer needs ``densify=True`` (or the exact
-rank-``d + r`` form of :meth:`~alfa.adapters.lora.LowRankUpdateLayer.merged_extended`).
+rank-``d + r`` form of :meth:`~alfa.adapters.lora.LowRankUpdateLayer.extended_factors`, ``extend=True``).
 """
 
 from __future__ import annotations

@@ -19,10 +19,12 @@ The map is non-zero only near the border and varies with position there, so it c
 the convolution's weights or bias: :func:`alfa.merge` refuses, and the model keeps its prompts at
 inference (base parameters + prompts).
 
-Layer input sizes come from the image size. :class:`TPGazeConfig` finds them by tracing ResNet-18
-(:func:`resnet18_input_sizes`); for another network use :meth:`TPGazeConfig.for_model`. Because a
-config builds each layer from the layer alone, sizes are keyed by the layer's geometry (channels,
-kernel, stride, padding, dilation), which in a ResNet identifies the resolution a conv runs at.
+Layer input sizes come from the image size. :class:`TPGazeConfig` takes them from the network
+registered with :func:`set_default_network` (ResNet-18, whose module reports its convs' input
+sizes: :func:`alfa.models.resnet.resnet18_conv_inputs`); for another network use
+:meth:`TPGazeConfig.for_model`. Because a config builds each layer from the layer alone, sizes are
+keyed by the layer's geometry (channels, kernel, stride, padding, dilation), which in a ResNet
+identifies the resolution a conv runs at.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers import LayerSpec, is_dense_eligible, is_factorized, layer_spec
-from .base import AdaptedLayer, AdapterConfig, MergeError, register_method
+from .base import AdaptedLayer, AdapterConfig, MergeError, MergeKind, register_method
 
 __all__ = [
     "TPGAZE_TARGET",
@@ -47,7 +49,9 @@ __all__ = [
     "PromptedConv",
     "geometry_key",
     "probe_input_sizes",
-    "resnet18_input_sizes",
+    "default_input_sizes",
+    "default_network_name",
+    "set_default_network",
     "prompt_count",
 ]
 
@@ -72,6 +76,24 @@ def _is_conv(module: nn.Module) -> bool:
     return (is_factorized(module) or is_dense_eligible(module)) and layer_spec(module).kind == "conv2d"
 
 
+def _by_geometry(convs: Iterable[tuple[str, nn.Module, Sequence[int]]]) -> dict[str, list[int]]:
+    """``{geometry_key: input size}`` of ``(name, conv, size)`` triples (the first of a geometry wins).
+
+    Raises if two convs share a geometry but see different resolutions (their prompts could not be
+    told apart by geometry).
+    """
+    found: dict[str, tuple[str, list[int]]] = {}
+    problems: list[str] = []
+    for name, module, size in convs:
+        key, size = geometry_key(layer_spec(module)), [int(s) for s in size]
+        if key in found and found[key][1] != size:
+            problems.append(f"{found[key][0]} sees {found[key][1]}, {name} sees {size} (both {key})")
+        found.setdefault(key, (name, size))
+    if problems:
+        raise ValueError(f"convs with the same geometry see different input sizes: {'; '.join(problems)}")
+    return {key: size for key, (_, size) in found.items()}
+
+
 @torch.no_grad()
 def probe_input_sizes(model: nn.Module, image_size: int, target: str | None = TPGAZE_TARGET) -> dict[str, list[int]]:
     """Run one ``image_size``×``image_size`` image through ``model`` and record the input size of every
@@ -81,15 +103,11 @@ def probe_input_sizes(model: nn.Module, image_size: int, target: str | None = TP
     not be told apart by geometry).
     """
     pattern = re.compile(target) if target is not None else None
-    found: dict[str, tuple[str, list[int]]] = {}
-    problems: list[str] = []
+    seen: list[tuple[str, nn.Module, list[int]]] = []
 
     def record(name: str, module: nn.Module):
         def hook(_module: nn.Module, args: tuple) -> None:
-            key, size = geometry_key(layer_spec(module)), [int(s) for s in args[0].shape[-2:]]
-            if key in found and found[key][1] != size:
-                problems.append(f"{found[key][0]} sees {found[key][1]}, {name} sees {size} (both {key})")
-            found.setdefault(key, (name, size))
+            seen.append((name, module, [int(s) for s in args[0].shape[-2:]]))
 
         return hook
 
@@ -108,24 +126,48 @@ def probe_input_sizes(model: nn.Module, image_size: int, target: str | None = TP
         model.train(was_training)
         for h in hooks:
             h.remove()
-    if problems:
-        raise ValueError(f"convs with the same geometry see different input sizes: {'; '.join(problems)}")
-    return {key: size for key, (_, size) in found.items()}
+    return _by_geometry(seen)
+
+
+ConvInputs = Callable[[int], Iterable[tuple[str, nn.Module, Sequence[int]]]]
+"""For an image side, a network's convs as ``(module name, conv, input (height, width))`` triples."""
+
+_default_network: tuple[str, ConvInputs] | None = None
+
+
+def set_default_network(name: str, conv_inputs: ConvInputs) -> None:
+    """Say which network a :class:`TPGazeConfig` without ``input_sizes`` is sized for.
+
+    The prompts' sizes are a fact of the network, so this module asks for them rather than importing
+    a model: the package root (``alfa/__init__.py``) registers ResNet-18's
+    (:func:`alfa.models.resnet.resnet18_conv_inputs`), the network TPGaze is defined on. ``name``
+    appears in error messages.
+    """
+    global _default_network
+    _default_network = (name, conv_inputs)
+    _default_sizes.cache_clear()
 
 
 @functools.lru_cache(maxsize=16)
-def _resnet18_sizes(image_size: int) -> tuple[tuple[str, tuple[int, int]], ...]:
-    from ..models.resnet import resnet18_gaze
+def _default_sizes(image_size: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    if _default_network is None:
+        raise ValueError(
+            "no network registered for TPGaze's default prompt sizes; "
+            "use TPGazeConfig.for_model(model, image_size) or pass input_sizes"
+        )
+    sizes = _by_geometry(_default_network[1](image_size))
+    return tuple((k, tuple(v)) for k, v in sizes.items())
 
-    with torch.device("meta"):  # shapes only: no memory, no arithmetic
-        skeleton = resnet18_gaze()
-    sizes = probe_input_sizes(skeleton, image_size, target=None)
-    return tuple((k, (v[0], v[1])) for k, v in sizes.items())
+
+def default_network_name() -> str | None:
+    """The name given to :func:`set_default_network` (``"ResNet-18"``), or ``None``."""
+    return None if _default_network is None else _default_network[0]
 
 
-def resnet18_input_sizes(image_size: int) -> dict[str, list[int]]:
-    """Input size of every conv of ResNet-18 for square images of side ``image_size``, by geometry."""
-    return {k: list(v) for k, v in _resnet18_sizes(int(image_size))}
+def default_input_sizes(image_size: int) -> dict[str, list[int]]:
+    """Input size of every conv of the default network (ResNet-18) for square images of side
+    ``image_size``, by :func:`geometry_key`."""
+    return {k: list(v) for k, v in _default_sizes(int(image_size))}
 
 
 @register_method
@@ -135,7 +177,7 @@ class TPGazeConfig(AdapterConfig):
 
     ``image_size``: side of the square input images; it fixes each prompt's size. ``input_sizes``:
     the input size of each prompted conv by :func:`geometry_key`; ``None`` derives them from
-    ResNet-18's layout (:func:`resnet18_input_sizes`); :meth:`for_model` measures them on any model.
+    ResNet-18's layout (:func:`default_input_sizes`); :meth:`for_model` measures them on any model.
     ``init_std``: σ of the Gaussian initialization (1.0, as the reference code's ``normal_``).
     ``layers="all"`` because after truncation at rank 64 the stem and ``layer1`` stay dense while
     ``layer2``'s 3×3 convs are factorized; the prompts work on both.
@@ -150,6 +192,8 @@ class TPGazeConfig(AdapterConfig):
     family: ClassVar[str] = "prompt"
     # The personalization recipe of TPGaze (spec §5): Adam, lr 0.01, prompts only. AdamW without weight
     # decay is Adam; the prompted layers are outside ResNet-18's layer3/4, so no lr scaling either.
+    # A training recipe, not part of the adapter: it belongs in alfa.gaze.tpgaze, and stays here only
+    # until its two readers (gaze/tpgaze.py::tpgaze_recipe, gaze/commands.py::_personalize_config) move.
     personalize_defaults: ClassVar[dict[str, Any]] = {"lr": 0.01, "weight_decay": 0.0, "lr_scale": {}}
 
     target: str | None = TPGAZE_TARGET
@@ -180,10 +224,14 @@ class TPGazeConfig(AdapterConfig):
         return config
 
     def layer_input_size(self, spec: LayerSpec) -> list[int]:
-        sizes = self.input_sizes if self.input_sizes is not None else resnet18_input_sizes(self.image_size)
+        sizes = self.input_sizes if self.input_sizes is not None else default_input_sizes(self.image_size)
         key = geometry_key(spec)
         if key not in sizes:
-            where = "input_sizes" if self.input_sizes is not None else f"ResNet-18 at image size {self.image_size}"
+            where = (
+                "input_sizes"
+                if self.input_sizes is not None
+                else f"{default_network_name()} at image size {self.image_size}"
+            )
             raise ValueError(
                 f"no input size for a conv of geometry {key} in {where}; "
                 f"use TPGazeConfig.for_model(model, image_size) for other networks"
@@ -198,8 +246,11 @@ class PromptedConv(AdaptedLayer):
     """A conv (dense or factorized) whose zero padding is replaced by learnable values.
 
     ``forward(x) = base(x) + border(prompts)``, where ``border`` convolves the prompt frame (zeros
-    inside) with the layer's weights and no bias; see the module docstring.
+    inside) with the layer's weights and no bias; see the module docstring. Merge kind ``"none"``:
+    the prompts stay attached at inference.
     """
+
+    merge_kind: ClassVar[MergeKind] = "none"
 
     def __init__(self, base: nn.Module, config: TPGazeConfig) -> None:
         super().__init__(base, config)
@@ -249,13 +300,9 @@ class PromptedConv(AdaptedLayer):
         return self.base(x) + self.border()
 
     def effective_weight(self) -> tuple[Tensor, Tensor | None]:
-        raise MergeError(self._merge_message())
+        raise MergeError(self.merge_refusal())
 
-    @torch.no_grad()
-    def merged(self, densify: bool = False) -> nn.Module:
-        raise MergeError(self._merge_message())
-
-    def _merge_message(self) -> str:
+    def merge_refusal(self) -> str:
         return (
             "tpgaze prompts cannot be merged into the conv: they add an input-independent map that is "
             "non-zero only near the border and varies with position, which no conv weight or "

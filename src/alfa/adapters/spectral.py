@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from .base import AdaptedLayer, AdapterConfig, register_method
+from .base import AdaptedLayer, AdapterConfig, MergeKind, register_method
 from .lora import LowRankUpdateLayer, svd_of_layer
 
 __all__ = ["SpectralConfig", "SpectralLayer"]
@@ -48,9 +48,13 @@ class SpectralConfig(AdapterConfig):
 
 class SpectralLayer(LowRankUpdateLayer):
     """Holds ``dU`` (m×r) and ``dV`` (n×r); ``U_r``, ``S_r V_rᵀ`` and ``S_r`` are frozen buffers
-    derived from the base on attach (not saved: loading recomputes them)."""
+    derived from the base on attach (not saved: loading recomputes them).
 
-    factorized_merge: ClassVar[bool] = True
+    It runs as a low-rank branch but merges as kind ``"factors"``: the corrected top singular vectors
+    replace the base's, so a factorized layer stays a rank-``d`` factorization.
+    """
+
+    merge_kind: ClassVar[MergeKind] = "factors"
 
     def __init__(self, base: nn.Module, config: SpectralConfig) -> None:
         super().__init__(base, config)
@@ -76,9 +80,6 @@ class SpectralLayer(LowRankUpdateLayer):
         U_new = torch.cat([U[:, :r] + self.dU, U[:, r:]], dim=1)
         V_new = torch.cat([SV[:r] + self.S_r[:, None] * self.dV.T, SV[r:]], dim=0)
         return U_new, V_new, self.bias
-
-    def extended_factors(self) -> tuple[Tensor, Tensor, Tensor | None]:
-        return self.effective_factors()
 
     def extra_repr(self) -> str:
         return f"rank={self.config.rank}"

@@ -6,11 +6,14 @@ Because the names match, an ImageNet checkpoint saved by torchvision loads into
 
 from __future__ import annotations
 
+import functools
+
+import torch
 from torch import Tensor, nn
 
 from . import register_model
 
-__all__ = ["BasicBlock", "ResNet", "resnet18_gaze"]
+__all__ = ["BasicBlock", "ResNet", "resnet18_conv_inputs", "resnet18_gaze"]
 
 
 def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
@@ -80,3 +83,35 @@ class ResNet(nn.Module):
 def resnet18_gaze(num_outputs: int = 2) -> ResNet:
     """ResNet-18 regressing ``(yaw, pitch)`` (11.18 M parameters; about 2.1 M truncated at rank 64)."""
     return ResNet((2, 2, 2, 2), num_outputs)
+
+
+@functools.lru_cache(maxsize=16)
+def _resnet18_conv_inputs(image_size: int) -> tuple[tuple[str, nn.Conv2d, tuple[int, int]], ...]:
+    with torch.device("meta"):  # shapes only: no memory, no arithmetic
+        skeleton = resnet18_gaze()
+    seen: dict[str, tuple[int, int]] = {}  # in the order the forward reaches the convs
+    convs = {name: m for name, m in skeleton.named_modules() if isinstance(m, nn.Conv2d)}
+
+    def record(name: str):
+        def hook(_module: nn.Module, args: tuple) -> None:
+            seen.setdefault(name, (int(args[0].shape[-2]), int(args[0].shape[-1])))
+
+        return hook
+
+    hooks = [m.register_forward_pre_hook(record(name)) for name, m in convs.items()]
+    try:
+        skeleton.eval()(torch.zeros(1, 3, image_size, image_size, device="meta"))
+    finally:
+        for h in hooks:
+            h.remove()
+    return tuple((name, convs[name], size) for name, size in seen.items())
+
+
+def resnet18_conv_inputs(image_size: int) -> list[tuple[str, nn.Conv2d, tuple[int, int]]]:
+    """Every conv of ResNet-18 with its module name and the ``(height, width)`` of its input, for
+    square images of side ``image_size``, in the order a forward runs them.
+
+    The convs belong to a shape-only skeleton on the ``meta`` device (their geometry is what
+    matters, e.g. to size TPGaze's prompts); traced once per image size.
+    """
+    return list(_resnet18_conv_inputs(int(image_size)))

@@ -11,7 +11,10 @@ AdamW step (lr 1e-4, ×10 on ``layer3``/``layer4``); BatchNorm in eval mode. Tim
 of ``repeats`` steps after ``warmup`` steps, with ``torch.set_num_threads(threads)``. Weights are
 random (the costs do not depend on them), so no checkpoint is needed.
 
-Run ``python -m alfa.adapters.costs`` (``--help`` for options); it prints a Markdown table, and with
+The rows are every registered method of the costed families (:data:`FAMILY_ORDER`), read from
+:data:`alfa.adapters.METHODS`; the merge column is :func:`alfa.adapters.merge_form`.
+
+Run ``python -m alfa.bench.costs`` or ``alfa costs`` (``--help`` for options); it prints a Markdown table, and with
 ``--update-doc docs/adapters.md`` also writes it, with the conditions it was measured under, between the
 page's ``<!-- costs:begin -->`` and ``<!-- costs:end -->`` markers (nothing else on the page changes).
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import statistics
@@ -33,25 +37,38 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
+from ..adapters import (
+    METHODS,
+    AdapterConfig,
+    adapter_state,
+    attach,
+    has_compact_form,
+    merge,
+    merge_form,
+    param_groups,
+    save_adapter,
+)
+from ..adapters.alfa import AlfaConfig, DictionaryMixConfig
+from ..fileio import write_text
+from ..gaze.personalize import PersonalizeConfig
+from ..gaze.train import TruncateConfig
 from ..geometry import flip_yaw
 from ..models import create_model
 from ..summary import parameter_summary
 from ..truncate import truncate
-from .alfa import AlfaConfig
-from .base import AdapterConfig, adapted_layers, adapter_state, attach, merge, param_groups
-from .bitfit import BitfitConfig, FullFinetuneConfig
-from .dora import DoraConfig
-from .flora import FloraConfig
-from .gate import DiagGateConfig, LinearMixConfig
-from .io import save_adapter
-from .lora import LoraConfig, MiloraConfig, PissaConfig
-from .moslora import MosloraConfig
-from .spectral import SpectralConfig
 
-__all__ = ["CostRow", "default_methods", "personalization_step", "cost_table", "format_table", "main"]
+__all__ = ["CostRow", "FAMILY_ORDER", "default_methods", "personalization_step", "cost_table", "format_table", "main"]
 
-LR = 1e-4
-LR_SCALE = {r"^layer[34]\.": 10.0}
+# One step's learning rates are the personalization recipe's (lr 1e-4, ×10 on layer3/layer4); weight
+# decay does not change what a step costs, so the groups keep param_groups' default.
+_RECIPE = PersonalizeConfig()
+LR = _RECIPE.lr
+LR_SCALE = dict(_RECIPE.lr_scale)
+
+FAMILY_ORDER = ("dictionary", "spectral", "lora", "parameters")
+"""The table's sections, top to bottom; within one, methods keep the registry's order. The prompt
+family (TPGaze) is not costed here: its prompts are sized for one image resolution and one layout,
+and cannot be merged (the benchmark reports its costs)."""
 
 
 @dataclass
@@ -75,22 +92,18 @@ class CostRow:
 
 
 def default_methods() -> dict[str, AdapterConfig | None]:
-    """Every method at its default settings, by row label (``None``: no adaptation)."""
-    return {
-        "source-only": None,
-        "alfa": AlfaConfig(),
-        "diag_gate": DiagGateConfig(),
-        "linear_mix": LinearMixConfig(),
-        "spectral": SpectralConfig(),
-        "lora": LoraConfig(),
-        "pissa": PissaConfig(),
-        "milora": MiloraConfig(),
-        "moslora": MosloraConfig(),
-        "dora": DoraConfig(),
-        "flora": FloraConfig(),
-        "bitfit": BitfitConfig(),
-        "full": FullFinetuneConfig(),
-    }
+    """Every registered method of :data:`FAMILY_ORDER` at its default settings, by method name, after
+    ``"source-only"`` (``None``: no adaptation).
+
+    ``dictionary_mix`` is left out: it is the form a compact file of a dictionary method loads as,
+    and its cost is those rows' compact-file column.
+    """
+    methods: dict[str, AdapterConfig | None] = {"source-only": None}
+    for family in FAMILY_ORDER:
+        for name, cls in METHODS.items():
+            if cls.family == family and cls is not DictionaryMixConfig:
+                methods[name] = cls()
+    return methods
 
 
 def personalization_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: Tensor) -> float:
@@ -133,10 +146,13 @@ def _interleaved_ms(calls: list, warmup: int, repeats: int, progress: bool, desc
     ]
 
 
+_SHARED_OPTIONS = {f.name for f in dataclasses.fields(AdapterConfig)}  # target, layers: the same for every row
+
+
 def _config_str(config: AdapterConfig | None) -> str:
     if config is None:
         return ""
-    d = {k: v for k, v in config.to_dict().items() if k not in ("target", "layers") and v is not None}
+    d = {k: v for k, v in config.to_dict().items() if k not in _SHARED_OPTIONS and v is not None}
     return ", ".join(f"{k}={v}" for k, v in d.items())
 
 
@@ -168,25 +184,18 @@ def _prepare(
     attach(model, config)
     row.trainable = parameter_summary(model).trainable
     row.adapter_bytes = save_adapter(model, workdir / f"{base_kind}-{label}.safetensors").stat().st_size
-    layers = adapted_layers(model).values()
-    if layers and all(hasattr(layer, "mixing") for layer in layers):
+    if has_compact_form(model):
         compact = save_adapter(model, workdir / f"{base_kind}-{label}-compact.safetensors", compact=True)
         row.compact_bytes = compact.stat().st_size
     row.compact_params = _compact_params(model) if config.scope == "layer" else params
-    densify = any(layer.base_is_factorized and not layer.factorized_merge for layer in layers)
-    if config.scope == "model":
-        row.merge = "in place"
-    elif base_kind == "dense":
-        row.merge = "dense"
-    else:
-        row.merge = "densified" if densify else "factorized (rank d)"
+    row.merge = merge_form(model)
     optimizer = torch.optim.AdamW(param_groups(model, lr=LR, lr_scale=LR_SCALE))
-    return _Job(row, model, optimizer, densify)
+    return _Job(row, model, optimizer, densify=row.merge == "densified")
 
 
 def cost_table(
     model_name: str = "resnet18_gaze",
-    rank: int = 64,
+    rank: int = TruncateConfig.rank,
     batch: int = 10,
     image_size: int = 224,
     warmup: int = 1,
@@ -282,16 +291,14 @@ def update_doc(path: Path, block: str) -> None:
     """Replace what lies between :data:`BEGIN_MARK` and :data:`END_MARK` in ``path`` by ``block``
     (atomically; the rest of the page is kept byte for byte)."""
     head, tail = _split_at_markers(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{head}{BEGIN_MARK}\n{block.strip()}\n{END_MARK}{tail}", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, f"{head}{BEGIN_MARK}\n{block.strip()}\n{END_MARK}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m alfa.adapters.costs``: print the cost table (and optionally save it as JSON)."""
+    """``alfa costs`` (``python -m alfa.bench.costs``): print the cost table (and optionally save it as JSON)."""
     parser = argparse.ArgumentParser(prog="alfa costs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet18_gaze")
-    parser.add_argument("--rank", type=int, default=64, help="SVD truncation rank d")
+    parser.add_argument("--rank", type=int, default=TruncateConfig.rank, help="SVD truncation rank d")
     parser.add_argument("--batch", type=int, default=10, help="images per step (each also flipped)")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--warmup", type=int, default=1)
@@ -333,8 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.update_doc is not None:
         update_doc(args.update_doc, f"{table}\n\n{conditions}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        write_text(args.json, json.dumps([asdict(r) for r in rows], indent=1))
     return 0
 
 

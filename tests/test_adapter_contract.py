@@ -1,0 +1,244 @@
+"""The adapter contract, over every registered method: the merge kind each adapted layer declares,
+``merge_form`` against what ``merge`` really builds, validation when a config is written, and the
+compact (``d×d`` mix) storage that only dictionary adapters have."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+import alfa
+from alfa.adapters import (
+    MERGE_FORMS,
+    MERGE_KINDS,
+    METHODS,
+    AdaptedLayer,
+    AdapterConfig,
+    DictionaryAdapter,
+    MergeError,
+    TPGazeConfig,
+    adapted_layers,
+    config_from_dict,
+    has_compact_form,
+    merge_form,
+)
+from alfa.layers import is_factorized
+
+# Small settings for the small test net; a method missing here runs with its defaults.
+SMALL: dict[str, dict] = {
+    "alfa": {"heads": 2, "rank": 2},
+    "linear_mix": {"rank": 2},
+    "spectral": {"rank": 2},
+    "lora": {"rank": 2, "alpha": 4.0},
+    "pissa": {"rank": 2},
+    "milora": {"rank": 2},
+    "moslora": {"rank": 2, "alpha": 4.0},
+    "dora": {"rank": 2, "alpha": 4.0},
+    "flora": {"rank": 2},
+}
+IMAGE = 16
+
+
+def _config(method: str, model: nn.Module) -> AdapterConfig:
+    cls = METHODS[method]
+    if cls is TPGazeConfig:  # prompts are sized on the model they pad
+        return TPGazeConfig.for_model(model, IMAGE, target=r"^conv[13]$")
+    if cls.scope == "model":
+        return cls()
+    return cls(layers="all", **SMALL.get(method, {}))
+
+
+def _randomized(model: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for p in alfa.adapter_parameters(model).values():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+@pytest.fixture
+def x() -> torch.Tensor:
+    return torch.randn(2, 3, IMAGE, IMAGE)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Merge kinds and merge_form
+
+
+@pytest.mark.parametrize("kind", ["truncated", "dense"])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_merge_form_says_what_merge_builds(method, kind, small_net, x):
+    if kind == "truncated":
+        alfa.truncate(small_net, rank=6)
+    model = copy.deepcopy(small_net)
+    alfa.attach(model, _config(method, model))
+    _randomized(model)
+    layers = adapted_layers(model)
+    if METHODS[method].scope == "layer":
+        kinds = {type(layer).merge_kind for layer in layers.values()}
+        assert len(kinds) == 1 and kinds <= set(MERGE_KINDS)  # declared on the class, one per method
+    else:
+        assert not layers
+    form = merge_form(model)
+    assert form in MERGE_FORMS
+    out = model(x).detach()
+    bases = {name: type(layer.base) for name, layer in layers.items()}
+
+    if form == "not mergeable (kept attached)":
+        for options in ({}, {"densify": True}, {"extend": True}):
+            with pytest.raises(MergeError):
+                alfa.merge(model, **options)
+        assert alfa.adapter_state(model) is not None
+        return
+    if form == "densified":
+        with pytest.raises(MergeError, match="densify=True"):
+            alfa.merge(model)
+    alfa.merge(model, densify=form == "densified")
+    assert alfa.adapter_state(model) is None
+    assert torch.allclose(model(x), out, rtol=1e-4, atol=1e-5)
+    merged = {name: model.get_submodule(name) for name in bases}
+    if form == "in place":
+        assert not bases
+    elif form == "densified":
+        assert any(is_factorized(small_net.get_submodule(n)) for n in merged)
+        assert not any(is_factorized(m) for m in merged.values())
+    elif form == "factorized (rank d)":
+        for name, m in merged.items():  # every layer keeps its structure and rank
+            base = small_net.get_submodule(name)
+            assert type(m) is bases[name]
+            if is_factorized(base):
+                assert m.rank == base.rank
+    else:
+        assert form == "dense" and not any(is_factorized(m) for m in merged.values())
+
+
+def test_merge_form_needs_an_adapter(small_net):
+    with pytest.raises(RuntimeError, match="no adapter attached"):
+        merge_form(small_net)
+
+
+def test_a_layer_class_must_declare_a_known_merge_kind(small_net):
+    with pytest.raises(TypeError, match="merge_kind must be one of"):
+
+        class Wrong(AdaptedLayer):
+            merge_kind = "sometimes"  # type: ignore[assignment]
+
+    class Undeclared(AdaptedLayer):
+        pass
+
+    with pytest.raises(TypeError, match="must declare merge_kind"):
+        Undeclared(small_net.fc1, alfa.AlfaConfig())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Validation when a config is written
+
+INVALID = [
+    ("alfa", {"heads": 0}, "heads and rank must be positive"),
+    ("alfa", {"rank": -1}, "heads and rank must be positive"),
+    ("alfa", {"init_std": -0.1}, "init_std must be non-negative"),
+    ("alfa", {"dense_rank": 0}, "dense_rank must be positive"),
+    ("alfa", {"heads": 2.5}, "must be an integer"),
+    ("diag_gate", {"dense_rank": 0}, "dense_rank must be a positive integer"),
+    ("linear_mix", {"rank": 0}, "rank must be positive"),
+    ("linear_mix", {"init_std": -1.0}, "init_std must be non-negative"),
+    ("linear_mix", {"dense_rank": -3}, "dense_rank must be a positive integer"),
+    ("spectral", {"rank": 0}, "rank must be positive"),
+    ("lora", {"rank": 0}, "rank must be positive"),
+    ("lora", {"alpha": 0.0}, "alpha must be positive"),
+    ("pissa", {"rank": 0}, "rank must be positive"),
+    ("milora", {"alpha": -1.0}, "alpha must be positive"),
+    ("moslora", {"rank": 0}, "rank must be positive"),
+    ("dora", {"alpha": 0.0}, "alpha must be positive"),
+    ("flora", {"rank": 0}, "rank must be positive"),
+    ("flora", {"kernel_rank": 0}, "kernel_rank must be a positive integer"),
+    ("flora", {"scale": 0.0}, "scale must be positive"),
+    ("tpgaze", {"image_size": 0}, "image_size must be positive"),
+    ("tpgaze", {"init_std": -1.0}, "init_std must be non-negative"),
+    ("tpgaze", {"input_sizes": {"3->4 k3x3 s1x1 p1x1 d1x1": [10]}}, r"must be \[height, width\]"),
+]
+
+
+@pytest.mark.parametrize(("method", "options", "message"), INVALID)
+def test_an_invalid_option_fails_at_construction(method, options, message):
+    cls = METHODS[method]
+    with pytest.raises(ValueError, match=message):
+        cls(**options)
+    with pytest.raises(ValueError, match=message):  # replace and from_dict go through __init__
+        dataclasses.replace(cls(), **options)
+    with pytest.raises(ValueError, match=message):
+        config_from_dict(method, {**cls().to_dict(), **options})
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"layers": "sideways"}, "layers must be one of"), ({"target": "["}, "not a valid regular expression")],
+)
+def test_every_method_checks_the_shared_options_at_construction(method, options, message):
+    with pytest.raises(ValueError, match=message):
+        METHODS[method](**options)
+
+
+def test_attach_still_validates_a_config_changed_after_construction(small_net):
+    config = alfa.AlfaConfig()
+    config.heads = 0
+    with pytest.raises(ValueError, match="heads and rank must be positive"):
+        alfa.attach(small_net, config)
+    assert alfa.adapter_state(small_net) is None
+
+
+def test_every_default_config_is_valid():
+    for cls in METHODS.values():
+        cls().validate()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Compact storage: the dictionary adapters' d×d mix
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_compact_files_exactly_for_the_dictionary_adapters(method, small_net, x, tmp_path):
+    alfa.truncate(small_net, rank=6)
+    model = copy.deepcopy(small_net)
+    alfa.attach(model, _config(method, model))
+    _randomized(model)
+    dictionary = METHODS[method].family == "dictionary"
+    layers = adapted_layers(model).values()
+    assert (
+        has_compact_form(model)
+        == dictionary
+        == (bool(layers) and all(isinstance(m, DictionaryAdapter) for m in layers))
+    )
+    path = tmp_path / "compact.safetensors"
+    if not dictionary:
+        with pytest.raises(ValueError, match="have no compact form"):
+            alfa.save_adapter(model, path, compact=True)
+        assert not path.exists()
+        return
+    alfa.save_adapter(model, path, compact=True)
+    assert alfa.read_adapter_metadata(path)["method"] == "dictionary_mix"
+    fresh = copy.deepcopy(small_net)
+    alfa.load_adapter(fresh, path)
+    assert torch.allclose(fresh(x), model(x), rtol=1e-5, atol=1e-6)
+    alfa.merge(fresh)
+    alfa.merge(model)
+    for (name, a), b in zip(fresh.named_parameters(), model.parameters()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), name
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Registries
+
+
+def test_every_registered_config_is_exported_by_its_class_name():
+    import alfa.adapters
+
+    for cls in METHODS.values():
+        for package in (alfa, alfa.adapters):
+            assert getattr(package, cls.__name__) is cls
+            assert cls.__name__ in package.__all__
+        assert {"method", "display_name", "family", "scope"}.isdisjoint(f.name for f in dataclasses.fields(cls))
