@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["costs"]:  # its own parser (python -m alfa.adapters.costs); argparse can't forward --help
-        from .adapters.costs import main as costs_main
+    if argv[:1] == ["costs"]:  # its own parser (python -m alfa.bench.costs); argparse can't forward --help
+        from .bench.costs import main as costs_main
 
         return costs_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -176,12 +176,6 @@ class AdaptedLayer(nn.Module):
         return is_factorized(self.base)
 
     @property
-    def factorized_merge(self) -> bool:
-        """Deprecated: ``merge_kind == "factors"``. Only ``bench/runner.py::adapter_costs`` still reads
-        it; remove once that calls :func:`merge_form`."""
-        return self.merge_kind == "factors"
-
-    @property
     def bias(self) -> Tensor | None:
         return self.base.bias
 

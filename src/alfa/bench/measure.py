@@ -13,7 +13,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapters import MergeError, adapted_layers, adapter_parameters, adapter_state, load_adapter, merge, save_adapter
+from ..adapters import (
+    MergeError,
+    adapter_parameters,
+    adapter_state,
+    has_compact_form,
+    load_adapter,
+    merge,
+    merge_form,
+    save_adapter,
+)
 from ..data.base import GazeDataset
 from ..gaze.evaluate import load_examples
 from ..geometry import angular_error
@@ -83,8 +92,7 @@ def adapter_costs(base: nn.Module, adapter_file: Path, images: torch.Tensor, rep
         "adapter_bytes": adapter_file.stat().st_size,
         "compact_bytes": None,
     }
-    layers = adapted_layers(model)
-    if layers and all(hasattr(layer, "mixing") for layer in layers.values()):
+    if has_compact_form(model):
         compact = adapter_file.with_name(adapter_file.stem + ".compact.tmp")
         out["compact_bytes"] = save_adapter(model, compact, compact=True).stat().st_size
         compact.unlink()
@@ -95,19 +103,9 @@ def adapter_costs(base: nn.Module, adapter_file: Path, images: torch.Tensor, rep
         compact_params = _param_count(extended)
     except MergeError:  # TPGaze's prompts: nothing to merge them into
         compact_params = total
-    needs_densify = any(layer.base_is_factorized and not layer.factorized_merge for layer in layers.values())
-    try:
-        merge(model, densify=needs_densify)
-        if state.config.scope == "model":
-            kind = "in place"
-        elif needs_densify:
-            kind = "densified"
-        elif any(layer.base_is_factorized for layer in layers.values()):
-            kind = "factorized (rank d)"
-        else:
-            kind = "dense"
-    except MergeError:
-        kind = "not mergeable (kept attached)"
+    kind = merge_form(model)  # the adapter contract says how it merges; nothing is re-derived here
+    if kind != "not mergeable (kept attached)":
+        merge(model, densify=kind == "densified")
     out["merge"] = kind
     out["inference_params"] = _param_count(model)
     out["compact_merge_params"] = min(compact_params, out["inference_params"])
