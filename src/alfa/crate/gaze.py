@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from ..adapters import AlfaConfig, adapter_parameters, attach, detach, load_adapter, merge
 from ..data.base import GazeDataset, InMemoryGazeDataset
 from ..data.registry import open_dataset
+from ..fileio import atomic_path, safe_filename, write_json
 from ..gaze.augment import AugmentConfig
 from ..gaze.evaluate import (
     adapter_filename,
@@ -57,7 +58,6 @@ from ..gaze.evaluate import (
     load_images,
     person_errors,
     predict_images,
-    write_json,
 )
 from ..gaze.personalize import PersonalizeConfig, personalize_dataset
 from ..gaze.train import TrainConfig, TruncateConfig, train_source, truncate_and_recover
@@ -372,10 +372,6 @@ def _probe_entry(result: ProbeResult) -> dict[str, Any]:
     return entry
 
 
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-
-
 def _relative_difference(a: Tensor, b: Tensor) -> tuple[float, float]:
     diff = float((a - b).abs().max())
     return diff, diff / max(float(a.abs().max()), 1e-12)
@@ -548,7 +544,7 @@ def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None
     merge_check: dict[str, Any] | None = None
     for name, data in targets.items():
         t0 = time.time()
-        folder = out / "adapters" / _safe(name)
+        folder = out / "adapters" / safe_filename(name)
         if folder.exists():
             shutil.rmtree(folder)  # adapters of an earlier run must not be reused
         run = personalize_dataset(base, data, config.alfa, recipe, folder, resume=False, progress=progress)
@@ -714,11 +710,9 @@ def plot_gaze_probes(
             ax.legend(fontsize=7)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 
