@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from .fileio import atomic_path
 from .models import create_model
 from .truncate import factorized_ranks, restore_structure
 
@@ -42,10 +43,8 @@ def write_tagged(path: str | os.PathLike, tensors: dict[str, Tensor], fmt: str, 
     """Write ``tensors`` atomically as safetensors with a ``format`` tag and a JSON ``meta`` header: the
     file kind other modules use for their own state (figure data, TPGaze meta-training)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": fmt, "meta": json.dumps(meta)})
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": fmt, "meta": json.dumps(meta)})
     return path
 
 
@@ -84,10 +83,8 @@ def save_model(
     }
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": FORMAT, "config": json.dumps(config, sort_keys=True)})
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": FORMAT, "config": json.dumps(config, sort_keys=True)})
     return path
 
 

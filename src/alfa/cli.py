@@ -29,16 +29,18 @@ def _speed(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .truncate import DEFAULT_RANK
+
     parser = argparse.ArgumentParser(prog="alfa", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
 
     p = sub.add_parser("summary", help="parameter summary of a registered model, dense and truncated")
     p.add_argument("--model", default="resnet18_gaze")
-    p.add_argument("--rank", type=int, default=64, help="SVD rank (0: dense only)")
+    p.add_argument("--rank", type=int, default=DEFAULT_RANK, help="SVD rank (0: dense only)")
     p.set_defaults(func=_summary)
 
     p = sub.add_parser("example", help="library tour: truncate, attach Alfa, train a few steps, save, merge")
-    p.add_argument("--rank", type=int, default=64)
+    p.add_argument("--rank", type=int, default=DEFAULT_RANK)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--seed", type=int, default=0)

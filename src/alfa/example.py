@@ -16,6 +16,7 @@ import torch
 from . import attach, load_adapter, merge, param_groups, parameter_summary, save_adapter, truncate
 from .adapters import AlfaConfig
 from .models import resnet18_gaze
+from .truncate import DEFAULT_RANK
 
 
 def _flip_loss(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -36,7 +37,9 @@ def _latency(model: torch.nn.Module, x: torch.Tensor, repeats: int = 5) -> float
     return sorted(times)[len(times) // 2]
 
 
-def run_example(rank: int = 64, steps: int = 5, image_size: int = 224, batch: int = 10, seed: int = 0) -> dict:
+def run_example(
+    rank: int = DEFAULT_RANK, steps: int = 5, image_size: int = 224, batch: int = 10, seed: int = 0
+) -> dict:
     """Run the tour and print what happens; returns the numbers it printed."""
     torch.manual_seed(seed)
     model = resnet18_gaze().eval()
@@ -49,7 +52,7 @@ def run_example(rank: int = 64, steps: int = 5, image_size: int = 224, batch: in
     print(parameter_summary(model), "\n")
     base = copy.deepcopy(model)
 
-    names = attach(model, AlfaConfig(heads=8, rank=8))
+    names = attach(model, AlfaConfig())
     print(f"Alfa attached to {len(names)} factorized layers; everything else is frozen:\n")
     print(parameter_summary(model), "\n")
 

@@ -10,7 +10,18 @@ from torch import nn
 
 from .layers import FactorizedConv2d, FactorizedLinear, is_factorized, layer_spec
 
-__all__ = ["truncate", "canonicalize", "TruncationReport", "replace_module", "factorized_ranks", "restore_structure"]
+__all__ = [
+    "DEFAULT_RANK",
+    "truncate",
+    "canonicalize",
+    "TruncationReport",
+    "replace_module",
+    "factorized_ranks",
+    "restore_structure",
+]
+
+# The paper's SVD rank d for ResNet-18 (spec §2): the one default every command and config reads.
+DEFAULT_RANK = 64
 
 
 @dataclass

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import shutil
 import sys
 from pathlib import Path
 
+from ..fileio import write_text
 from .toy import DEFAULT_PANELS, PANELS, ToyConfig, format_aggregate, format_run, plot_toy, run_toy, write_json
 
 __all__ = ["register", "toy_command", "gaze_command", "main"]
@@ -126,9 +126,7 @@ def gaze_command(args: argparse.Namespace) -> int:
         figure.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(results["figure"], figure)
         text = format_markdown(results, figure=figure.relative_to(args.markdown.parent).as_posix())
-        tmp = args.markdown.with_name(args.markdown.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, args.markdown)
+        write_text(args.markdown, text)
         print(f"wrote {args.markdown} (figure {figure})")
     return 0
 

@@ -34,21 +34,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..adapters import AlfaConfig, adapter_parameters, attach, detach, load_adapter, merge
+from ..adapters import adapter_parameters, attach, detach, load_adapter, merge
 from ..data.base import GazeDataset, InMemoryGazeDataset
 from ..data.registry import open_dataset
-from ..gaze.augment import AugmentConfig
+from ..fileio import safe_filename, write_json
 from ..gaze.evaluate import (
     adapter_filename,
     eval_indices,
@@ -57,16 +55,19 @@ from ..gaze.evaluate import (
     load_images,
     person_errors,
     predict_images,
-    write_json,
 )
-from ..gaze.personalize import PersonalizeConfig, personalize_dataset
-from ..gaze.train import TrainConfig, TruncateConfig, train_source, truncate_and_recover
+from ..gaze.personalize import personalize_dataset
+from ..gaze.train import TruncateConfig, train_source, truncate_and_recover
 from ..geometry import angular_error
 from ..models import create_model
 from ..summary import parameter_summary
 from ..truncate import truncate
-from .probes import DEFAULT_PROBE_EPS, ProbeResult, probe_model
+from .gaze_config import LABELS, MODEL_NAMES, MODELS, CrateGazeConfig, late_blocks_pattern, quick_config
+from .gaze_report import format_markdown, format_summary, plot_gaze_probes
+from .probes import ProbeResult, probe_model
 
+# The settings live in gaze_config and the tables, page and figure in gaze_report; they are
+# re-exported here so alfa.crate.gaze stays the one module a caller imports.
 __all__ = [
     "CrateGazeConfig",
     "quick_config",
@@ -77,246 +78,8 @@ __all__ = [
     "plot_gaze_probes",
 ]
 
-MODELS = ("crate", "vit")
-MODEL_NAMES = {"crate": "crate_tiny", "vit": "vit_tiny"}  # registered constructors; sizes are overridden
-LABELS = {"crate": "CRATE", "vit": "ViT"}
 RESULTS_FILE = "results.json"
 FIGURE_FILE = "probes.png"
-
-
-def _demo_augment() -> AugmentConfig:
-    # The gaze demo's augmentation for 64-pixel faces: a smaller blur than the 224-pixel default.
-    return AugmentConfig(blur_kernel=3, blur_sigma=(0.1, 1.0))
-
-
-def _default_recipe() -> PersonalizeConfig:
-    # lr_scale is left empty here: the ×10 rule for the later blocks is added by personalize_recipe().
-    return PersonalizeConfig(lr_scale={}, augment=_demo_augment())
-
-
-def late_blocks_pattern(depth: int) -> str:
-    """Parameter-name pattern of the later half of the blocks (``blocks.{depth//2}`` … ``blocks.{depth-1}``),
-    the transformer counterpart of ResNet-18's ``layer3``/``layer4`` in the personalization recipe."""
-    if depth < 1:
-        raise ValueError(f"depth must be at least 1, got {depth}")
-    return rf"(^|\.)blocks\.({'|'.join(str(i) for i in range(depth // 2, depth))})\."
-
-
-@dataclass
-class CrateGazeConfig:
-    """Everything the run depends on. The defaults take about 6 minutes on one CPU thread.
-
-    Models: CRATE and ViT with the same ``dim``/``depth``/``heads`` (the ViT's MLP has ratio 4, so it
-    has about 3.6× the parameters), ``image_size``/``patch_size`` patches, a 2-output (yaw, pitch) head.
-    Data: the synthetic worlds (``docs/synthetic.md``): ``source`` (train split) for training,
-    ``val_persons`` of its ``val`` split for the in-domain error, ``targets`` (test split) for the
-    cross-domain error and personalization. Training: ``epochs`` of Adam at ``lr``, batch ``batch_size``,
-    L1 plus ``symmetry_weight`` × the flip-symmetry term (the gaze stack's pre-training). CRATE is then
-    truncated at SVD rank ``rank`` and fine-tuned ``recovery_epochs`` on the source at ``recovery_lr``
-    (0: no recovery), then personalized with ``alfa`` and the recipe ``personalize`` (its ``lr_scale``
-    entries come first; ``late_blocks_lr_scale`` is added for the later half of the blocks).
-    """
-
-    image_size: int = 64
-    patch_size: int = 8
-    dim: int = 96
-    depth: int = 6
-    heads: int = 4
-    source: str = "eth"
-    source_persons: int = 50
-    source_images_per_person: int = 100
-    val_persons: int = 10
-    val_images_per_person: int = 40
-    targets: tuple[str, ...] = ("mpii", "eyediap")
-    target_persons: int = 6
-    target_images_per_person: int = 40
-    data_seed: int = 0
-    epochs: int = 6
-    batch_size: int = 32
-    lr: float = 5e-4
-    symmetry_weight: float = 1.0
-    rank: int = 32
-    recovery_epochs: int = 1
-    recovery_lr: float = 1e-4
-    alfa: AlfaConfig = field(default_factory=AlfaConfig)
-    personalize: PersonalizeConfig = field(default_factory=_default_recipe)
-    late_blocks_lr_scale: float = 10.0
-    probe_images_per_person: int = 4
-    probe_eps: float = DEFAULT_PROBE_EPS
-    seed: int = 0
-    threads: int = 1
-    preset: str = "default"  # a label only ("quick" marks the smoke-test preset in the outputs)
-
-    def validate(self) -> None:
-        """Raise a ``ValueError`` naming the first field that is out of range."""
-        from ..data.synthetic import get_domain
-
-        positive = (
-            "image_size",
-            "patch_size",
-            "dim",
-            "depth",
-            "heads",
-            "source_persons",
-            "source_images_per_person",
-            "val_persons",
-            "val_images_per_person",
-            "target_persons",
-            "target_images_per_person",
-            "epochs",
-            "batch_size",
-            "rank",
-            "probe_images_per_person",
-            "threads",
-        )
-        for name in (*positive, "recovery_epochs", "data_seed", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"CrateGazeConfig.{name} must be an integer, got {value!r}")
-            if name in positive and value < 1:
-                raise ValueError(f"CrateGazeConfig.{name} must be at least 1, got {value}")
-        if self.recovery_epochs < 0:
-            raise ValueError(f"CrateGazeConfig.recovery_epochs must be non-negative, got {self.recovery_epochs}")
-        if self.image_size < 16:
-            raise ValueError(
-                f"CrateGazeConfig.image_size must be at least 16 (the renderer's minimum), got {self.image_size}"
-            )
-        if self.image_size % self.patch_size:
-            raise ValueError(
-                f"CrateGazeConfig.image_size {self.image_size} is not divisible by patch_size {self.patch_size}"
-            )
-        if self.dim % self.heads:
-            raise ValueError(f"CrateGazeConfig.dim {self.dim} is not divisible by heads {self.heads}")
-        if 2 * self.rank >= self.dim:
-            raise ValueError(
-                f"CrateGazeConfig.rank {self.rank} saves nothing on the blocks' {self.dim}×{self.dim} layers "
-                f"(needs rank < dim/2 = {self.dim / 2:g})"
-            )
-        if self.batch_size < 2:
-            raise ValueError(f"CrateGazeConfig.batch_size must be at least 2, got {self.batch_size}")
-        for name in ("lr", "recovery_lr", "late_blocks_lr_scale", "probe_eps"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"CrateGazeConfig.{name} must be a positive number, got {value!r}")
-        if not (math.isfinite(self.symmetry_weight) and self.symmetry_weight >= 0):
-            raise ValueError(f"CrateGazeConfig.symmetry_weight must be non-negative, got {self.symmetry_weight!r}")
-        if self.source not in _domains("source", get_domain):
-            raise ValueError(
-                f"CrateGazeConfig.source {self.source!r} is not a synthetic source domain; "
-                f"choose from {_domains('source', get_domain)}"
-            )
-        if isinstance(self.targets, str) or not self.targets:
-            raise ValueError(f"CrateGazeConfig.targets must be a non-empty tuple of domain names, got {self.targets!r}")
-        known_targets = _domains("target", get_domain)
-        for target in self.targets:
-            if target not in known_targets:
-                raise ValueError(
-                    f"CrateGazeConfig.targets: {target!r} is not a synthetic target domain; choose from {known_targets}"
-                )
-        if len(set(self.targets)) != len(self.targets):
-            raise ValueError(f"CrateGazeConfig.targets lists a domain twice: {self.targets}")
-        if not isinstance(self.personalize, PersonalizeConfig):
-            raise ValueError(f"CrateGazeConfig.personalize must be a PersonalizeConfig, got {type(self.personalize)}")
-        if not isinstance(self.alfa, AlfaConfig):
-            raise ValueError(f"CrateGazeConfig.alfa must be an AlfaConfig, got {type(self.alfa).__name__}")
-        self.personalize.validate()
-        self.alfa.validate()
-        n_adapt = self.personalize.n_adapt
-        if self.target_images_per_person <= n_adapt:
-            raise ValueError(
-                f"CrateGazeConfig.target_images_per_person ({self.target_images_per_person}) must exceed the "
-                f"{n_adapt} adaptation images per person, or nothing is left to score"
-            )
-        smallest = min(self.val_images_per_person, self.target_images_per_person)
-        if self.probe_images_per_person > smallest:
-            raise ValueError(
-                f"CrateGazeConfig.probe_images_per_person ({self.probe_images_per_person}) exceeds the "
-                f"{smallest} images per person of the smallest probed dataset"
-            )
-
-    def model_kwargs(self) -> dict[str, Any]:
-        """Constructor arguments of both models (``create_model("crate_tiny" / "vit_tiny", **kwargs)``)."""
-        return {
-            "image_size": self.image_size,
-            "patch_size": self.patch_size,
-            "num_outputs": 2,
-            "dim": self.dim,
-            "depth": self.depth,
-            "heads": self.heads,
-        }
-
-    def source_spec(self) -> str:
-        return (
-            f"synthetic:{self.source}?size={self.image_size}&persons={self.source_persons}"
-            f"&images_per_person={self.source_images_per_person}&seed={self.data_seed}"
-        )
-
-    def val_spec(self) -> str:
-        return (
-            f"synthetic:{self.source}?split=val&size={self.image_size}&persons={self.val_persons}"
-            f"&images_per_person={self.val_images_per_person}&seed={self.data_seed}"
-        )
-
-    def target_specs(self) -> list[str]:
-        return [
-            f"synthetic:{t}?size={self.image_size}&persons={self.target_persons}"
-            f"&images_per_person={self.target_images_per_person}&seed={self.data_seed}"
-            for t in self.targets
-        ]
-
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            symmetry_weight=self.symmetry_weight,
-            seed=self.seed,
-        )
-
-    def personalize_recipe(self) -> PersonalizeConfig:
-        """The recipe actually used: ``personalize`` with the later-blocks ×``late_blocks_lr_scale`` rule
-        appended to its ``lr_scale`` and its seed set to ``seed``."""
-        scales = {**self.personalize.lr_scale}
-        scales.setdefault(late_blocks_pattern(self.depth), self.late_blocks_lr_scale)
-        return dataclasses.replace(self.personalize, lr_scale=scales, seed=self.seed)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["targets"] = list(self.targets)
-        d["alfa"] = self.alfa.to_dict()
-        return d
-
-
-def _domains(role: str, get_domain) -> list[str]:
-    from ..data.synthetic import list_domains
-
-    return [name for name in list_domains() if get_domain(name).role == role]
-
-
-def quick_config(**overrides: Any) -> CrateGazeConfig:
-    """The ``--quick`` preset (a few seconds): 32-pixel faces, a 2-layer model, a handful of images.
-    Its numbers only show that the chain runs; they say nothing about the models."""
-    base = CrateGazeConfig(
-        image_size=32,
-        patch_size=8,
-        dim=32,
-        depth=2,
-        heads=2,
-        source_persons=6,
-        source_images_per_person=10,
-        val_persons=2,
-        val_images_per_person=6,
-        target_persons=2,
-        target_images_per_person=8,
-        epochs=1,
-        batch_size=16,
-        rank=8,
-        alfa=AlfaConfig(heads=2, rank=2),
-        personalize=dataclasses.replace(_default_recipe(), steps=2),
-        probe_images_per_person=2,
-        preset="quick",
-    )
-    return dataclasses.replace(base, **overrides)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -370,10 +133,6 @@ def _probe_entry(result: ProbeResult) -> dict[str, Any]:
         s = result.sparsity
         entry["nonzero_fraction_std"] = (s.std(0) if result.num_images > 1 else torch.zeros(s.shape[1])).tolist()
     return entry
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
 def _relative_difference(a: Tensor, b: Tensor) -> tuple[float, float]:
@@ -548,7 +307,7 @@ def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None
     merge_check: dict[str, Any] | None = None
     for name, data in targets.items():
         t0 = time.time()
-        folder = out / "adapters" / _safe(name)
+        folder = out / "adapters" / safe_filename(name)
         if folder.exists():
             shutil.rmtree(folder)  # adapters of an earlier run must not be reused
         run = personalize_dataset(base, data, config.alfa, recipe, folder, resume=False, progress=progress)
@@ -663,332 +422,3 @@ def _merge_check(model: nn.Module, data: GazeDataset, person: str, adapter: Path
         "parameters_merged": merged_params,
         "parameters_base": parameter_summary(model).total,
     }
-
-
-# ----------------------------------------------------------------------------- the figure
-
-
-def plot_gaze_probes(
-    results: dict[str, dict[str, ProbeResult]], path: str | os.PathLike, source_name: str | None = None
-) -> Path:
-    """Two panels against depth: the tokens' coding rate ``R_c`` (sum over heads, mean ± std over the probe
-    images) for both models, and CRATE's non-zero fraction after ISTA; colour = data set (source or
-    target), solid = CRATE, dashed = ViT. Written atomically as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    sets = list(dict.fromkeys(name for per in results.values() for name in per))
-    colours = {name: plt.get_cmap("tab10")(i) for i, name in enumerate(sets)}
-    styles = {"crate": "-", "vit": "--"}
-    fig, (ax_rate, ax_sparse) = plt.subplots(1, 2, figsize=(10.5, 4.0))
-    eps = set()
-    for kind, per in results.items():
-        for name, res in per.items():
-            eps.add(res.eps)
-            layers = list(range(1, res.num_layers + 1))
-            rc = res.layer_rate()
-            mean = rc.mean(0).numpy()
-            std = (rc.std(0) if res.num_images > 1 else torch.zeros_like(rc[0])).numpy()
-            role = "source" if name == source_name else "target"
-            label = f"{LABELS.get(kind, kind)} · {name} ({role})"
-            style = styles.get(kind, ":")
-            ax_rate.plot(layers, mean, style, marker="o", ms=3, color=colours[name], label=label)
-            ax_rate.fill_between(layers, mean - std, mean + std, color=colours[name], alpha=0.12)
-            if res.sparsity is not None:
-                s_mean = res.sparsity.mean(0).numpy()
-                s_std = (res.sparsity.std(0) if res.num_images > 1 else torch.zeros_like(res.sparsity[0])).numpy()
-                ax_sparse.plot(layers, s_mean, style, marker="o", ms=3, color=colours[name], label=label)
-                ax_sparse.fill_between(layers, s_mean - s_std, s_mean + s_std, color=colours[name], alpha=0.12)
-    eps_text = ", ".join(f"{e:g}" for e in sorted(eps))
-    ax_rate.set(
-        xlabel="layer", ylabel="R_c (bits, sum over heads)", title=f"coding rate of the tokens (ε = {eps_text})"
-    )
-    ax_sparse.set(xlabel="layer", ylabel="non-zero fraction", title="CRATE: after ISTA", ylim=(0, 1.02))
-    for ax in (ax_rate, ax_sparse):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
-
-
-# ----------------------------------------------------------------------------- text
-
-
-def _pm(entry: dict[str, Any] | None) -> str:
-    if not entry or entry.get("mean") is None or not math.isfinite(entry["mean"]):
-        return "-"
-    return f"{entry['mean']:.2f} ± {entry['std']:.2f}"
-
-
-def _rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The summary table: one row per model, in-domain and each target's cross-domain error."""
-    errors = results["errors"]
-    ((val_name, in_domain),) = errors["in_domain"].items()
-    targets = list(errors["cross_domain"])
-    trunc = results["truncation"]
-    params = {
-        "constant": "0",
-        "vit": f"{results['models']['vit']['parameters']:,}",
-        "crate": f"{results['models']['crate']['parameters']:,}",
-        "crate_truncated": f"{trunc['parameters_truncated']:,}",
-        "crate_alfa": f"{trunc['parameters_truncated']:,} + {results['alfa']['adapter_parameters']:,}/person",
-    }
-    compact = results["alfa"].get("adapter_compact_numbers")
-    if compact is not None:
-        params["crate_alfa"] += f" (compact file: {compact:,})"
-    names = {
-        "constant": "constant (source mean gaze)",
-        "vit": "ViT",
-        "crate": "CRATE",
-        "crate_truncated": f"CRATE truncated (rank {trunc['rank']}) + recovery",
-        "crate_alfa": "CRATE truncated + Alfa (per person)",
-    }
-    in_domain_rows = {
-        **in_domain,
-        "crate_truncated": trunc["in_domain_after_recovery"],
-    }
-    header = ["model", "parameters", f"{val_name} (in-domain)", *(f"{t} (cross-domain)" for t in targets)]
-    rows = []
-    for key, label in names.items():
-        rows.append(
-            [
-                label,
-                params[key],
-                _pm(in_domain_rows.get(key)),
-                *(_pm(errors["cross_domain"][t].get(key)) for t in targets),
-            ]
-        )
-    return header, rows
-
-
-def format_summary(results: dict[str, Any]) -> str:
-    """The plain-text table the command prints, with the truncation, personalization and merge lines."""
-    header, rows = _rows(results)
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def fmt(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-
-    lines = [
-        "angular error (deg), mean ± std over persons; cross-domain: images after the first "
-        f"{results['config']['personalize']['n_adapt']} of each person",
-        fmt(header),
-        "  ".join("-" * w for w in widths),
-        *(fmt(r) for r in rows),
-        "",
-        *_findings(results),
-    ]
-    return "\n".join(lines)
-
-
-def _trend(values: list[float]) -> str:
-    """First → last value, where the curve peaks and bottoms out, and how many layer-to-layer steps go down."""
-    downs = sum(b < a for a, b in zip(values, values[1:]))
-    top = max(range(len(values)), key=values.__getitem__)
-    low = min(range(len(values)), key=values.__getitem__)
-    return (
-        f"{values[0]:.3g} → {values[-1]:.3g} (highest {values[top]:.3g} at layer {top + 1}, lowest {values[low]:.3g} "
-        f"at layer {low + 1}; {downs} of {len(values) - 1} layer steps down)"
-    )
-
-
-def _findings(results: dict[str, Any]) -> list[str]:
-    """Plain sentences computed from the numbers (no judgement is hand-written)."""
-    errors = results["errors"]
-    ((val_name, in_domain),) = errors["in_domain"].items()
-    lines = []
-    c, v, k = in_domain["crate"]["mean"], in_domain["vit"]["mean"], in_domain["constant"]["mean"]
-    better = "CRATE" if c < v else "ViT"
-    lines.append(f"In-domain ({val_name}): CRATE {c:.2f}, ViT {v:.2f}, constant {k:.2f} deg; {better} is lower.")
-    for target, cols in errors["cross_domain"].items():
-        c, v, k = cols["crate"]["mean"], cols["vit"]["mean"], cols["constant"]["mean"]
-        beat = [LABELS[m] for m in MODELS if cols[m]["mean"] < k]
-        lines.append(
-            f"Cross-domain ({target}): CRATE {c:.2f}, ViT {v:.2f}, constant {k:.2f} deg; "
-            + (f"below the constant: {', '.join(beat)}." if beat else "neither model is below the constant prediction.")
-        )
-    t = results["truncation"]
-    e = t["in_domain_error"]
-    lines.append(
-        f"Truncation at rank {t['rank']} ({t['factorized_layers']} layers): {t['parameters_dense']:,} -> "
-        f"{t['parameters_truncated']:,} parameters; in-domain {e['before_truncation']:.2f} -> "
-        f"{e['after_truncation']:.2f} deg, {e['after_recovery']:.2f} after {t['recovery_epochs']} recovery epoch(s)."
-    )
-    for target, p in results["alfa"]["personalization"].items():
-        b, a = p["truncated"]["mean"], p["alfa"]["mean"]
-        verb = "lowered" if a < b else "did NOT lower"
-        lines.append(
-            f"Alfa on {target} {verb} the error: {b:.2f} -> {a:.2f} deg ({a - b:+.2f}), lower for "
-            f"{p['improved']} of {p['compared']} persons" + (f"; {len(p['failed'])} failed." if p["failed"] else ".")
-        )
-    m = results["alfa"]["merge_check"]
-    if m is not None:
-        lines.append(
-            f"Merge check ({m['target']}, person {m['person']}): merged vs unmerged outputs differ by at most "
-            f"{m['max_abs_diff']:.2e} (relative {m['max_rel_diff']:.2e}; the adapter itself moved them by up to "
-            f"{m['max_abs_change_vs_base']:.2e} rad); parameters after merge "
-            f"{m['parameters_merged']:,} (base {m['parameters_base']:,})."
-        )
-    probes = results["probes"]["results"]
-    for kind in MODELS:
-        for name, entry in probes[kind].items():
-            text = f"Probe {LABELS[kind]} on {name}: R_c {_trend(entry['coding_rate'])}"
-            if "nonzero_fraction" in entry:
-                text += f"; non-zero after ISTA {_trend(entry['nonzero_fraction'])}"
-            lines.append(text + ".")
-    return lines
-
-
-def format_markdown(results: dict[str, Any], figure: str | None = None) -> str:
-    """A generated markdown page: how it was made, the error table, truncation, personalization per
-    person, the merge check, the probe figure (``figure``: its path relative to the page) and per-layer
-    probe tables, and the limits of what it shows."""
-    cfg = results["config"]
-    command = results.get("command") or "(run through the Python API: alfa.crate.gaze.run_crate_gaze)"
-    data = results["data"]
-    n_adapt = cfg["personalize"]["n_adapt"]
-    header, rows = _rows(results)
-    recipe = results["alfa"]["recipe"]
-    lines = [
-        "# A small real use of CRATE: gaze on the synthetic worlds",
-        "",
-        f"<!-- Generated by `{command}`. Do not edit by hand: re-run the command. -->",
-        "",
-        f"Generated by `{command}` (seed {cfg['seed']}, data seed {cfg['data_seed']}, "
-        f"{results['torch_threads']} torch thread(s), {results['seconds']['total'] / 60:.1f} min wall time, "
-        f"torch {results['torch_version']}). Every number below comes from that run's `results.json`.",
-        "",
-        "A tiny CRATE and a tiny ViT of the same width, depth and heads are trained from scratch for a few epochs "
-        "on CPU. This is a small use, not a benchmark: one seed, few images, short training, synthetic faces.",
-        "",
-        *(
-            ["**Preset `quick`**: a smoke test of the chain; its numbers say nothing about the models.", ""]
-            if cfg.get("preset") == "quick"
-            else []
-        ),
-        "## Setup",
-        "",
-        f"- **Data** (`docs/synthetic.md`): source `{data['source']['spec']}` ({data['source']['persons']} persons, "
-        f"{data['source']['images']} images); in-domain error on `{data['val']['spec']}` (held-out source persons, "
-        f"every image scored); targets "
-        + ", ".join(
-            f"`{t['spec']}` ({t['persons']} persons, {t['scored_per_person']} scored images each)"
-            for t in data["targets"].values()
-        )
-        + f". The first {n_adapt} images of each target person are the unlabeled adaptation images, never scored.",
-        f"- **Models**: `{results['models']['crate']['constructor']}` and `{results['models']['vit']['constructor']}` "
-        f"with {cfg['image_size']}×{cfg['image_size']} images, patch {cfg['patch_size']}, dim {cfg['dim']}, "
-        f"depth {cfg['depth']}, {cfg['heads']} heads, a 2-output (yaw, pitch) head; "
-        f"{results['models']['crate']['parameters']:,} and {results['models']['vit']['parameters']:,} parameters "
-        "(the ViT's MLP has ratio 4).",
-        f"- **Training** (`alfa.gaze.train.train_source`, both models): {cfg['epochs']} epoch(s), "
-        f"Adam lr {cfg['lr']:g}, "
-        f"batch {cfg['batch_size']}, L1 loss + {cfg['symmetry_weight']:g} × flip-symmetry term, constant learning "
-        "rate, the last epoch kept.",
-        f"- **Truncation** (CRATE only): SVD rank {cfg['rank']} on every Linear layer where it saves parameters, then "
-        f"{cfg['recovery_epochs']} recovery epoch(s) on the source at lr {cfg['recovery_lr']:g} "
-        "(`truncate_and_recover`). Left dense: "
-        + ", ".join(f"`{n}`" for n in results["truncation"]["left_dense"])
-        + "; the ISTA dictionaries are not Linear layers and are neither truncated nor adapted.",
-        f"- **Personalization** (`personalize_dataset`, per target person): Alfa with {cfg['alfa']['heads']} heads of "
-        f"rank {cfg['alfa']['rank']} on all {len(results['alfa']['adapted_layers'])} factorized layers "
-        f"({results['alfa']['adapter_parameters']:,} trained adapter parameters per person; a compact adapter file, "
-        f"one d×d mix per layer, holds {results['alfa'].get('adapter_compact_numbers', 0):,} numbers); the "
-        f"{n_adapt} images, one augmented copy each and the flips of all in one batch; flip-symmetry loss; "
-        f"{recipe['steps']} AdamW steps "
-        f"at lr {recipe['lr']:g}, ×{cfg['late_blocks_lr_scale']:g} on the later half of the blocks "
-        f"(`{late_blocks_pattern(cfg['depth'])}`; ResNet-18's layer3/layer4 rule carried over); the last step is "
-        "the result. Nothing is chosen on target labels.",
-        "- **Errors**: angular error in degrees per person, then mean ± standard deviation over persons "
-        "(population std). The constant row always predicts the mean gaze of the source training labels.",
-        "",
-        "## Errors",
-        "",
-        "| " + " | ".join(header) + " |",
-        "| " + " | ".join(["---"] + ["---:"] * (len(header) - 1)) + " |",
-        *("| " + " | ".join(r) + " |" for r in rows),
-        "",
-        *(f"- {line}" for line in _findings(results) if not line.startswith("Probe ")),
-        "",
-        "### Per person (cross-domain)",
-        "",
-    ]
-    for target, p in results["alfa"]["personalization"].items():
-        cols = results["errors"]["cross_domain"][target]
-        lines += [
-            f"**{target}** (min–max over persons: CRATE {cols['crate']['min']:.2f}–{cols['crate']['max']:.2f}, "
-            f"ViT {cols['vit']['min']:.2f}–{cols['vit']['max']:.2f}, "
-            f"Alfa {p['alfa']['min']:.2f}–{p['alfa']['max']:.2f})",
-            "",
-            "| person | constant | ViT | CRATE | CRATE truncated | + Alfa | Δ Alfa | flip loss first → last |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for person, row in p["persons"].items():
-            vals = [cols[k]["per_person"].get(person) for k in ("constant", "vit", "crate")]
-            b, a = row["truncated"], row["alfa"]
-            cells = [f"{x:.2f}" if x is not None else "-" for x in (*vals, b, a)]
-            delta = f"{a - b:+.2f}" if a is not None and b is not None else "-"
-            loss = (
-                f"{row['first_loss']:.4f} → {row['final_loss']:.4f}"
-                if row["first_loss"] is not None and row["final_loss"] is not None
-                else "failed"
-            )
-            lines.append(f"| {person} | " + " | ".join(cells) + f" | {delta} | {loss} |")
-        lines.append("")
-    probes = results["probes"]
-    lines += [
-        "## Per-layer probes",
-        "",
-        f"On a fixed batch (the first {probes['images_per_person']} images of every person of each data set; labels "
-        f"unused), `alfa.crate.probes.probe_model` records per layer the coding rate `R_c` of the tokens (per head on "
-        f"`U_kᵀ z` for CRATE and on the value projection for the ViT, tokens normalized, ε = {probes['eps']:g}, "
-        "summed over heads) and, for CRATE, the fraction of non-zero coordinates after ISTA (spec crate.md §3).",
-        "",
-    ]
-    if figure:
-        lines += [f"![probe curves]({figure})", ""]
-    sets = list(probes["results"]["crate"])
-    head = ["layer"] + [f"{LABELS[k]} R_c {s}" for k in MODELS for s in sets] + [f"CRATE non-zero {s}" for s in sets]
-    lines += ["| " + " | ".join(head) + " |", "| " + " | ".join(["---:"] * len(head)) + " |"]
-    depth = len(probes["results"]["crate"][sets[0]]["coding_rate"])
-    for layer in range(depth):
-        cells = [str(layer + 1)]
-        for kind in MODELS:
-            for s in sets:
-                e = probes["results"][kind][s]
-                cells.append(f"{e['coding_rate'][layer]:.2f} ± {e['coding_rate_std'][layer]:.2f}")
-        for s in sets:
-            e = probes["results"]["crate"][s]
-            cells.append(f"{e['nonzero_fraction'][layer]:.3f} ± {e['nonzero_fraction_std'][layer]:.3f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", *(f"- {line}" for line in _findings(results) if line.startswith("Probe ")), ""]
-    lines += [
-        "## What this does and does not show",
-        "",
-        f"- Both models are trained from scratch for {cfg['epochs']} epoch(s) on {data['source']['images']:,} "
-        f"{cfg['image_size']}-pixel faces with a constant learning rate: a short budget. Differences between CRATE "
-        "and ViT here are differences after that budget, not of the architectures at convergence.",
-        "- One seed: no spread over seeds is measured; the ± is the spread over persons only.",
-        "- The data are procedural faces (`docs/synthetic.md`), not the paper's datasets.",
-        "",
-        "## Re-running",
-        "",
-        "```",
-        command,
-        "```",
-        "",
-        "Seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in results["seconds"].items()) + ".",
-        "",
-    ]
-    return "\n".join(lines)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import fileio
 from .coding_rate import clustered_coding_rate, coding_rate, coding_rate_step
 
 __all__ = [
@@ -330,12 +331,8 @@ def format_aggregate(runs: list[ToyRun]) -> str:
 def write_json(runs: list[ToyRun], path: str | os.PathLike) -> None:
     """A list of runs: ``panel``, ``length``, ``kappa``, ``seed``, ``eps`` (and ``eta``, ``lam`` for (d)),
     ``layers`` (layer 0 is the input) of ``{thickness: [t1, t2], R, Rc, dR, misassigned, one_axis_share}``."""
-    path = os.fspath(path)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump([run.to_dict() for run in runs], f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    # Its own layout (indent 1, NaN kept as JSON's NaN), so not alfa.fileio.write_json; the same atomic writer.
+    fileio.write_text(path, json.dumps([run.to_dict() for run in runs], indent=1) + "\n")
 
 
 def plot_toy(runs: list[ToyRun], path: str | os.PathLike) -> None:

@@ -34,6 +34,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,6 +43,7 @@ from tqdm import tqdm
 
 from ..geometry import angular_error, gazehub_vector_to_pitchyaw, pitchyaw_to_vector, vector_to_pitchyaw
 from .base import GazeDataset
+from .registry import register_dataset
 
 __all__ = [
     "DatasetFormatError",
@@ -51,6 +53,7 @@ __all__ = [
     "canonical_gazehub_name",
     "load_image",
     "natural_key",
+    "open_gazehub",
 ]
 
 
@@ -586,3 +589,12 @@ def _exactly(values: list, count: int) -> list:
     if len(values) != count:
         raise ValueError(f"expected {count} values, got {len(values)}")
     return values
+
+
+@register_dataset("gazehub", form="gazehub:<dataset>:<root>")
+def open_gazehub(rest: str, options: dict[str, Any], spec: str) -> GazeHubDataset:
+    """``gazehub:<dataset>:<root>``: a GazeHub-normalized folder (:class:`GazeHubDataset`)."""
+    name, sep, root = rest.partition(":")
+    if not sep or not root:
+        raise ValueError(f"dataset spec {spec!r}: expected gazehub:<dataset>:<root>")
+    return GazeHubDataset(root, name, **options)

@@ -6,21 +6,93 @@
     xgaze-h5:<path>                     raw ETH-XGaze subject h5 file(s): a file, a folder, or the root
 
 Options can ride along after ``?``, e.g. ``gazehub:gaze360:/data/Gaze360?split=val&size=224``;
-keyword arguments to :func:`open_dataset` override them. Also here: person-wise train/validation
+keyword arguments to :func:`open_dataset` override them.
+
+Each kind is registered by its loader module with :func:`register_dataset` (``@register_dataset("gazehub",
+form="gazehub:<dataset>:<root>")`` on a small opener function); :mod:`alfa.data` imports the built-in
+loaders, so a new dataset is one loader module plus one import line there. Also here: person-wise train/validation
 splits for the source datasets (:func:`split_persons`, :class:`PersonSubset`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .base import GazeDataset
 
-__all__ = ["open_dataset", "split_persons", "PersonSubset", "SPEC_FORMS"]
+__all__ = [
+    "open_dataset",
+    "register_dataset",
+    "list_datasets",
+    "spec_forms",
+    "DatasetKind",
+    "split_persons",
+    "PersonSubset",
+]
 
-SPEC_FORMS = ("synthetic:<domain>", "gazehub:<dataset>:<root>", "xgaze-h5:<path>")
+# How a kind turns the rest of its spec into a dataset: ``opener(rest, options, spec)``, where ``rest``
+# is what follows ``<kind>:`` (without the ``?`` options), ``options`` the parsed options merged with
+# the caller's keyword arguments, and ``spec`` the whole string (for error messages).
+DatasetOpener = Callable[[str, dict[str, Any], str], GazeDataset]
+
+
+@dataclass(frozen=True)
+class DatasetKind:
+    """One registered dataset kind: its name, the spec form shown in error messages, other names it
+    answers to, and the function that opens it."""
+
+    name: str
+    form: str
+    opener: DatasetOpener
+    aliases: tuple[str, ...] = ()
+
+
+# Kinds in registration order (alfa.data imports the loaders in a fixed order, so the messages that
+# list the forms are stable); _BY_NAME also holds the aliases.
+_KINDS: list[DatasetKind] = []
+_BY_NAME: dict[str, DatasetKind] = {}
+
+
+def register_dataset(name: str, *, form: str, aliases: Sequence[str] = ()) -> Callable[[DatasetOpener], DatasetOpener]:
+    """Decorator: make ``opener`` the one that opens specs ``<name>:…`` (and ``<alias>:…``).
+
+    ``form`` is the spec's shape for error messages, e.g. ``"gazehub:<dataset>:<root>"``. A loader
+    module registers its opener at import; :mod:`alfa.data` imports every built-in loader module.
+    """
+
+    def decorate(opener: DatasetOpener) -> DatasetOpener:
+        kind = DatasetKind(name.lower(), form, opener, tuple(a.lower() for a in aliases))
+        for key in (kind.name, *kind.aliases):
+            if key in _BY_NAME:
+                raise ValueError(f"dataset kind {key!r} is already registered")
+        _KINDS.append(kind)
+        for key in (kind.name, *kind.aliases):
+            _BY_NAME[key] = kind
+        return opener
+
+    return decorate
+
+
+def list_datasets() -> list[str]:
+    """The registered kinds (without aliases), in registration order."""
+    return [kind.name for kind in _KINDS]
+
+
+def spec_forms() -> tuple[str, ...]:
+    """The spec form of every registered kind, e.g. ``("synthetic:<domain>", …)``."""
+    return tuple(kind.form for kind in _KINDS)
+
+
+def __getattr__(name: str) -> Any:
+    # SPEC_FORMS used to be a constant; it is computed now, since loaders register after this module loads.
+    if name == "SPEC_FORMS":
+        return spec_forms()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _OPTION_TYPES: dict[str, Callable[[str], object]] = {
     "split": str,
@@ -56,33 +128,18 @@ def _parse_options(spec: str, query: str) -> dict:
     return options
 
 
-def open_dataset(spec: str, **kw) -> GazeDataset:
+def open_dataset(spec: str, **kw: Any) -> GazeDataset:
     """Open the dataset a spec string names (see the module docstring for the forms)."""
     body, _, query = spec.partition("?")
     kind, sep, rest = body.partition(":")
     kind = kind.strip().lower()
+    forms = ", ".join(spec_forms())
     if not sep or not rest:
-        raise ValueError(f"dataset spec {spec!r}: expected one of {', '.join(SPEC_FORMS)}")
+        raise ValueError(f"dataset spec {spec!r}: expected one of {forms}")
     options = {**_parse_options(spec, query), **kw}
-    if kind == "synthetic":
-        from .synthetic import make_domain  # imported here: the synthetic world is optional for this module
-
-        persons = options.get("persons")
-        if isinstance(persons, list) and len(persons) == 1 and persons[0].isdigit():
-            options["persons"] = int(persons[0])  # "?persons=15" means a count for a generated world
-        return make_domain(rest, **options)
-    if kind == "gazehub":
-        name, sep, root = rest.partition(":")
-        if not sep or not root:
-            raise ValueError(f"dataset spec {spec!r}: expected gazehub:<dataset>:<root>")
-        from .gazehub import GazeHubDataset
-
-        return GazeHubDataset(root, name, **options)
-    if kind in ("xgaze-h5", "xgaze_h5", "eth-xgaze-h5"):
-        from .xgaze import XGazeH5Dataset
-
-        return XGazeH5Dataset(rest, **options)
-    raise ValueError(f"dataset spec {spec!r}: unknown kind {kind!r}; expected one of {', '.join(SPEC_FORMS)}")
+    if kind not in _BY_NAME:
+        raise ValueError(f"dataset spec {spec!r}: unknown kind {kind!r}; expected one of {forms}")
+    return _BY_NAME[kind].opener(rest, options, spec)
 
 
 def split_persons(dataset: GazeDataset, val_fraction: float = 0.1, seed: int = 0) -> tuple[list[str], list[str]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,8 +29,9 @@ from torch import Tensor
 
 from .base import GazeDataset
 from .gazehub import DatasetFormatError, ImageSize, _image_to_tensor, natural_key
+from .registry import register_dataset
 
-__all__ = ["XGazeH5Dataset", "find_h5_files"]
+__all__ = ["XGazeH5Dataset", "find_h5_files", "open_xgaze_h5"]
 
 # Handles a forked process inherited; kept referenced so they are never closed in the child.
 _INHERITED_HANDLES: list = []
@@ -184,3 +186,10 @@ class XGazeH5Dataset(GazeDataset):
         state = self.__dict__.copy()
         state["_handles"], state["_pid"] = {}, None
         return state
+
+
+@register_dataset("xgaze-h5", form="xgaze-h5:<path>", aliases=("xgaze_h5", "eth-xgaze-h5"))
+def open_xgaze_h5(rest: str, options: dict[str, Any], spec: str) -> XGazeH5Dataset:
+    """``xgaze-h5:<path>``: raw ETH-XGaze subject files (:class:`XGazeH5Dataset`); h5py is imported
+    only when a file is read."""
+    return XGazeH5Dataset(rest, **options)

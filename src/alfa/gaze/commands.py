@@ -248,6 +248,12 @@ def _demo(args: argparse.Namespace) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``pretrain``, ``truncate``, ``personalize``, ``evaluate`` and ``demo`` to ``subparsers``."""
+    # Option defaults are read from the configs, so a default is written in one place only.
+    from ..adapters import AlfaConfig
+    from .personalize import PersonalizeConfig
+    from .train import TruncateConfig
+
+    alfa, recipe, rank = AlfaConfig(), PersonalizeConfig(), TruncateConfig().rank
     p = subparsers.add_parser("pretrain", help="train the gaze regressor on a source domain (resumable)")
     p.add_argument("--data", required=True, help="source dataset spec, e.g. synthetic:eth or gazehub:eth-xgaze:/data")
     p.add_argument("--val-data", help="held-out source persons as a dataset spec (default: a share of --data)")
@@ -260,7 +266,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True, help="the dense pre-trained checkpoint (model.safetensors)")
     p.add_argument("--data", required=True, help="the source dataset spec the model was trained on")
     p.add_argument("--val-data", help="held-out source persons (default: pre-training's)")
-    p.add_argument("--rank", type=int, default=64, help="SVD rank d (default 64)")
+    p.add_argument("--rank", type=int, default=rank, help=f"SVD rank d (default {rank})")
     p.add_argument("--out", default="runs/recovered")
     _train_options(p, "recovery epochs (real: 25)")
     p.set_defaults(func=_truncate)
@@ -270,14 +276,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="target dataset spec, e.g. synthetic:mpii")
     p.add_argument("--out", default="runs/adapters", help="adapter folder (persons already done are skipped)")
     p.add_argument("--method", default="alfa", help="any registered adapter method (default alfa)")
-    p.add_argument("--heads", type=int, default=8, help="Alfa heads H")
-    p.add_argument("--adapter-rank", type=int, default=8, help="Alfa low rank r")
+    p.add_argument("--heads", type=int, default=alfa.heads, help="Alfa heads H")
+    p.add_argument("--adapter-rank", type=int, default=alfa.rank, help="Alfa low rank r")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="another method option (repeatable)")
     p.add_argument("--init", help="tpgaze: start every person from these meta-trained prompts (alfa tpgaze meta-train)")
     p.add_argument("--preset", choices=PRESETS, default="real", help="demo: blur kernel sized for 64×64 images")
-    p.add_argument("--steps", type=int, help="optimizer steps per person (default 10)")
+    p.add_argument("--steps", type=int, help=f"optimizer steps per person (default {recipe.steps})")
     p.add_argument("--lr", type=float, help="AdamW base learning rate (default 1e-4; ×10 on layer3/4)")
-    p.add_argument("--n-adapt", type=int, help="adaptation images per person (default 5)")
+    p.add_argument("--n-adapt", type=int, help=f"adaptation images per person (default {recipe.n_adapt})")
     p.add_argument("--loss", choices=("flip", "augment"), help="flip symmetry (default) or augmentation consistency")
     p.add_argument("--train-both-branches", action="store_true", help="do not detach the flipped branch")
     p.add_argument(
@@ -296,7 +302,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="target dataset spec")
     p.add_argument("--adapters", help="folder of per-person adapters (omit for source-only)")
     p.add_argument("--label", default="personalized", help="column name for the adapted results")
-    p.add_argument("--n-adapt", type=int, default=5, help="first images per person excluded (used for adaptation)")
+    p.add_argument(
+        "--n-adapt", type=int, default=recipe.n_adapt, help="first images per person excluded (used for adaptation)"
+    )
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--json", help="also write the report here (JSON)")
     p.add_argument("--quiet", action="store_true")

@@ -12,7 +12,6 @@ a model over a dataset), so training, personalization and evaluation read data t
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from tqdm.auto import tqdm
 
 from ..adapters import adapter_state, detach, load_adapter
 from ..data.base import GazeDataset, InMemoryGazeDataset
+from ..fileio import write_json
 from ..geometry import angular_error
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
     "person_errors",
     "evaluate",
     "adapter_filename",
-    "write_json",
+    "write_json",  # re-exported from alfa.fileio for alfa.bench.runner, which still imports it from here
 ]
 
 
@@ -294,26 +294,6 @@ class EvaluationReport:
 
     def save_json(self, path: str | os.PathLike) -> Path:
         return write_json(path, self.to_dict())
-
-
-def write_json(path: str | os.PathLike, data: Any) -> Path:
-    """Write JSON atomically (temporary file, then rename); NaN is written as ``null``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_nan_to_none(data), indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def _nan_to_none(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _nan_to_none(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_nan_to_none(v) for v in x]
-    return x
 
 
 # ----------------------------------------------------------------------------- before / after

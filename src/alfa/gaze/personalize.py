@@ -46,8 +46,9 @@ from ..adapters import (
     save_adapter,
 )
 from ..data.base import GazeDataset
+from ..fileio import write_json
 from .augment import AugmentConfig, augment_images, build_augmentation
-from .evaluate import adapter_filename, load_images, write_json
+from .evaluate import adapter_filename, load_images
 from .losses import augmentation_consistency_loss, finite_or_raise, flip_symmetry_loss
 
 __all__ = [

@@ -31,9 +31,10 @@ from torch import nn
 from ..adapters import AlfaConfig
 from ..checkpoint import load_model
 from ..data.base import GazeDataset, InMemoryGazeDataset
+from ..fileio import atomic_path, safe_filename, write_json
 from ..models import create_model
 from .augment import AugmentConfig
-from .evaluate import EvaluationReport, evaluate, person_errors, write_json
+from .evaluate import EvaluationReport, evaluate, person_errors
 from .personalize import PersonalizeConfig, personalize_dataset
 from .train import TrainConfig, TruncateConfig, train_source, truncate_and_recover
 
@@ -77,8 +78,9 @@ class DemoConfig:
         default_factory=lambda: TrainConfig(epochs=4, batch_size=64, lr=1e-3, symmetry_weight=1.0)
     )
     truncation: TruncateConfig = field(
+        # The default rank d; only the recovery is shortened for the demo.
         default_factory=lambda: TruncateConfig(
-            rank=64, recovery=TrainConfig(epochs=1, batch_size=64, lr=1e-4, symmetry_weight=1.0)
+            recovery=TrainConfig(epochs=1, batch_size=64, lr=1e-4, symmetry_weight=1.0)
         )
     )
     alfa: AlfaConfig = field(default_factory=AlfaConfig)
@@ -329,13 +331,13 @@ def run_demo(config: DemoConfig | None = None, *, rebuild: bool = False, progres
             data,
             config.alfa,
             config.personalize,
-            out / "adapters" / _safe(name),
+            out / "adapters" / safe_filename(name),
             progress=progress,
         )
         report = evaluate(
             models.recovered,
             data,
-            adapters=out / "adapters" / _safe(name),
+            adapters=out / "adapters" / safe_filename(name),
             n_adapt=n_adapt,
             before=COLUMNS[1],
             after=COLUMNS[2],
@@ -370,10 +372,6 @@ def run_demo(config: DemoConfig | None = None, *, rebuild: bool = False, progres
     }
     json_path = write_json(out / "results.json", payload)
     return DemoResult(reports, models.truncation, seconds, lines, json_path, figure, models.from_cache)
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
 def plot_per_person(reports: dict[str, EvaluationReport], path: str | Path) -> Path | None:
@@ -419,9 +417,7 @@ def plot_per_person(reports: dict[str, EvaluationReport], path: str | Path) -> P
         ax.grid(alpha=0.3)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=130)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=130)
     plt.close(fig)
-    tmp.replace(path)
     return path

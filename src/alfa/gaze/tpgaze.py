@@ -43,7 +43,8 @@ from ..adapters.io import _compare_fingerprints, base_fingerprint
 from ..adapters.prompt import PromptedConv, TPGazeConfig
 from ..checkpoint import CheckpointError, read_tagged, write_tagged
 from ..data.base import GazeDataset
-from .evaluate import load_examples, load_images, person_errors, write_json
+from ..fileio import write_json
+from .evaluate import load_examples, load_images, person_errors
 from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
 from .personalize import PersonalizationRun, PersonalizeConfig, personalize_dataset
 from .train import TrainConfig, mean_error, resolve_validation

@@ -32,8 +32,9 @@ from tqdm.auto import tqdm
 from ..checkpoint import CheckpointError, load_state, read_checkpoint, save_model
 from ..data.base import GazeDataset
 from ..data.registry import split_persons
+from ..fileio import atomic_path
 from ..summary import parameter_summary
-from ..truncate import canonicalize, restore_structure, truncate
+from ..truncate import DEFAULT_RANK, canonicalize, restore_structure, truncate
 from .evaluate import load_examples, load_images, person_errors
 from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
 
@@ -105,7 +106,7 @@ def _recovery_default() -> TrainConfig:
 class TruncateConfig:
     """Truncation at SVD rank ``rank`` (spec §2), then ``recovery`` fine-tuning on the source."""
 
-    rank: int = 64
+    rank: int = DEFAULT_RANK
     recovery: TrainConfig = field(default_factory=_recovery_default)
 
     def to_dict(self) -> dict[str, Any]:
@@ -197,12 +198,6 @@ def resolve_validation(
 def mean_error(errors: dict[str, float]) -> float:
     """Unweighted mean over persons."""
     return sum(errors.values()) / len(errors) if errors else float("nan")
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def _epoch_batches(indices: Sequence[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
@@ -331,7 +326,8 @@ def train_source(
             )
         # The optimizer state first: a crash between the two writes leaves a model one epoch behind
         # the state, which _resume detects.
-        _atomic_torch_save({"epoch": epoch + 1, "optimizer": optimizer.state_dict()}, out / STATE_FILE)
+        with atomic_path(out / STATE_FILE) as tmp:
+            torch.save({"epoch": epoch + 1, "optimizer": optimizer.state_dict()}, tmp)
         save_model(
             out / MODEL_FILE,
             model,

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import register_model
+from .registry import register_model
 from .vit import TokenTransformer, build_token_model
 
 __all__ = [

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import register_model
+from .registry import register_model
 
 __all__ = [
     "PatchEmbedding",

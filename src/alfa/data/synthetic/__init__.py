@@ -9,6 +9,10 @@ named domains (sources ``eth`` and ``gaze360``, targets ``mpii`` and ``eyediap``
 See ``docs/synthetic.md``; ``python -m alfa.data.synthetic --help`` regenerates its figure and tables.
 """
 
+from typing import Any
+
+from ..base import InMemoryGazeDataset
+from ..registry import register_dataset
 from .domains import (
     ANATOMY,
     DOMAINS,
@@ -34,8 +38,19 @@ __all__ = [
     "head_rotation",
     "list_domains",
     "make_domain",
+    "open_synthetic",
     "render_faces",
     "render_person",
     "sample_persons",
     "sample_scenes",
 ]
+
+
+@register_dataset("synthetic", form="synthetic:<domain>")
+def open_synthetic(rest: str, options: dict[str, Any], spec: str) -> InMemoryGazeDataset:
+    """``synthetic:<domain>``: a generated world (:func:`make_domain`)."""
+    persons = options.get("persons")
+    if isinstance(persons, list) and len(persons) == 1 and persons[0].isdigit():
+        options["persons"] = int(persons[0])  # "?persons=15" means a count for a generated world
+    # make_domain is looked up here at call time, so a test may replace it on this package.
+    return make_domain(rest, **options)
