@@ -29,13 +29,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("fileio", "geometry"),  # atomic writes, file names; gaze angles and vectors
     ("data",),  # the synthetic worlds and the dataset loaders
     ("layers",),  # factorized Conv2d / Linear and the SVD helpers
-    ("truncate", "summary"),  # SVD truncation of a model; parameter counts
+    ("truncate",),  # SVD truncation of a model
     ("models", "adapters"),  # model families; adapter methods (model-agnostic: they never import models)
-    ("checkpoint",),  # model files: safetensors plus the config to rebuild the model
+    ("checkpoint", "summary"),  # model files: safetensors plus the config to rebuild the model; parameter counts
     ("alfa",),  # the package __init__: the library's public API
     ("gaze",),  # source training, personalization, evaluation, the demo
     ("crate", "bench"),  # the CRATE worked examples; the benchmark and its report
-    ("example",),  # the library tour
+    ("example", "pages"),  # the library tour; the generated pages of docs/ and their data
     ("cli", "__main__"),  # the `alfa` command
 ]
 
@@ -81,6 +81,12 @@ def _resolve(module: str, is_package: bool, level: int, target: str | None) -> s
     return ".".join(base + ([target] if target else []))
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
 def imports_of(module: str, tree: ast.AST, is_package: bool, known: set[str], package: str = "alfa") -> set[str]:
     """The modules of ``known`` that ``module`` imports anywhere in ``tree``.
 
@@ -89,6 +95,15 @@ def imports_of(module: str, tree: ast.AST, is_package: bool, known: set[str], pa
     run time, and it would silently drop out of the graph.
     """
     edges: set[str] = set()
+    # Imports under ``if TYPE_CHECKING:`` never run: they name types for annotations (a table row's config,
+    # say) and are not a dependency of the running code, so they are no edges.
+    type_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and _is_type_checking(node.test)
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
 
     def add(name: str, where: ast.AST) -> None:
         if name != package and not name.startswith(package + "."):
@@ -98,6 +113,8 @@ def imports_of(module: str, tree: ast.AST, is_package: bool, known: set[str], pa
         edges.add(name)
 
     for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name, node)
@@ -243,6 +260,7 @@ def test_checker_reports_an_upward_import_a_sideways_one_and_a_cycle(tmp_path):
         "pkg/high/a.py": "from . import b\nx = 1\n",
         "pkg/high/b.py": "import pkg.high.a\nfrom ..low import f\n",
         "pkg/side.py": "from pkg import high\n",
+        "pkg/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .high import a\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -251,7 +269,8 @@ def test_checker_reports_an_upward_import_a_sideways_one_and_a_cycle(tmp_path):
     assert g["pkg.low"] == {"pkg.high"}
     assert g["pkg.high.a"] == {"pkg.high.b"} and g["pkg.high.b"] == {"pkg.high.a", "pkg.low"}
     assert g["pkg.side"] == {"pkg.high"}
-    layers = [("low",), ("high", "side")]
+    assert g["pkg.typed"] == set()  # a TYPE_CHECKING import is for annotations only: no edge
+    layers = [("low",), ("high", "side", "typed")]
     assert layer_violations(g, layers) == [
         "pkg.low imports pkg.high: layer 0 (low) may not import layer 1 (high)",
         "pkg.side imports pkg.high: side and high share layer 1 and must not import each other",
@@ -260,7 +279,7 @@ def test_checker_reports_an_upward_import_a_sideways_one_and_a_cycle(tmp_path):
     assert sorted(map(tuple, cycles)) == [
         ("pkg.high", "pkg.high.a", "pkg.high.b", "pkg.low", "pkg.high"),
     ]
-    assert unplaced(g, [("low",)]) == ["high", "pkg", "side"]  # "pkg": the package's own __init__
+    assert unplaced(g, [("low",)]) == ["high", "pkg", "side", "typed"]  # "pkg": the package's own __init__
     assert find_cycles({"a": {"b"}, "b": set()}) == [] and find_cycles({"a": {"a"}}) == [["a", "a"]]
 
 

@@ -61,6 +61,7 @@ def tiny(**overrides) -> BenchConfig:
         latency_batch=4,
         pairs=("E→M",),
         methods=("source-only", "alfa"),
+        selected_methods=(),
         ablations=(),
     )
     return dataclasses.replace(config, **overrides)
@@ -166,7 +167,7 @@ def test_interrupted_write_leaves_the_old_file_intact(bench, monkeypatch, tmp_pa
     def crash(src, dst):
         raise KeyboardInterrupt("killed while writing")
 
-    monkeypatch.setattr("alfa.gaze.evaluate.os.replace", crash)
+    monkeypatch.setattr("alfa.fileio.os.replace", crash)
     with pytest.raises(KeyboardInterrupt):
         store.add_record({"id": "x|E→M|seed0", "config_hash": "h", "method": "x", "pair": "E→M", "seed": 0})
     assert (out / RESULTS_FILE).read_text() == before

@@ -134,3 +134,55 @@ def test_the_reference_protocol_is_the_per_person_minimum_over_steps():
     assert reference_protocol_error(per_step) <= sum(v[-1] for v in per_step.values()) / 3
     with pytest.raises(ValueError):
         reference_protocol_error({"p00": []})
+
+
+# ----------------------------------------------------------------------------- per-step measurements (§3)
+
+
+def test_tracking_measures_every_step_and_changes_nothing(tmp_path):
+    """``track`` sees the model before the first step and after each one, and the adapter it leaves is bit
+    for bit the one an untracked run leaves (it draws nothing and computes no gradient)."""
+    import alfa
+    from alfa.data.base import InMemoryGazeDataset
+    from alfa.gaze.personalize import PersonalizeConfig, personalize, personalize_dataset
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(5, 3, 16, 16, generator=g)
+    probe = torch.rand(4, 3, 16, 16, generator=g)
+    results, states = [], []
+    for tracked in (False, True):
+        torch.manual_seed(0)
+        model = TinyGazeNet().eval()
+        alfa.truncate(model, 6)
+        track = (lambda m: float(m(probe)[:, 1].mean())) if tracked else None
+        results.append(personalize(model, images, alfa.LoraConfig(rank=2), PersonalizeConfig(steps=4), track=track))
+        states.append({k: v.clone() for k, v in alfa.adapter_parameters(model).items()})
+        if tracked:
+            with torch.no_grad():
+                assert results[-1].tracked[-1] == pytest.approx(float(model(probe)[:, 1].mean()))
+            alfa.detach(model)
+            with torch.no_grad():
+                assert results[-1].tracked[0] == pytest.approx(float(model(probe)[:, 1].mean()))
+    assert results[0].tracked == [] and len(results[1].tracked) == 5
+    assert results[0].losses == results[1].losses
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+    # through personalize_dataset: one list per person; a resumed person without them is redone
+    ds = InMemoryGazeDataset(
+        (torch.rand(12, 3, 16, 16, generator=g) * 255).to(torch.uint8),
+        torch.zeros(12, 2),
+        torch.arange(2).repeat_interleave(6),
+        ["a", "b"],
+    )
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    alfa.truncate(model, 6)
+    config = PersonalizeConfig(steps=3)
+    personalize_dataset(model, ds, alfa.LoraConfig(rank=2), config, tmp_path, progress=False)
+    run = personalize_dataset(
+        model, ds, alfa.LoraConfig(rank=2), config, tmp_path, progress=False, track=lambda p: lambda m: 1.0
+    )
+    assert {p: (o.status, o.tracked) for p, o in run.persons.items()} == {
+        "a": ("ok", [1.0] * 4),
+        "b": ("ok", [1.0] * 4),
+    }

@@ -28,6 +28,24 @@ def _speed(args: argparse.Namespace) -> None:
     speed_main(out=args.out, repeats=args.repeats, image_size=args.image_size)
 
 
+def _pages(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .pages import check_pages, repo_root, write_pages
+
+    root = Path(args.root) if args.root else repo_root()
+    if args.write:
+        for rel in write_pages(root):
+            print(f"wrote {rel}")
+        return
+    problems = check_pages(root)
+    for p in problems:
+        print(p)
+    if problems:
+        raise RuntimeError(f"{len(problems)} generated file(s) differ from their committed data; see above")
+    print("every generated page regenerates byte for byte from its committed data")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .truncate import DEFAULT_RANK
 
@@ -51,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--image-size", type=int, default=224)
     p.set_defaults(func=_speed)
+
+    p = sub.add_parser(
+        "pages",
+        help="check (default) or rewrite the generated pages of docs/ from their committed data",
+        description="Every generated page of docs/ is made from data committed under docs/data/; this renders "
+        "each page and its figures from that data and compares them byte for byte with the committed files "
+        "(--check, the default; exit 2 on a difference) or rewrites them (--write).",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="compare, write nothing (the default)")
+    mode.add_argument("--write", action="store_true", help="rewrite the pages and figures from the data")
+    p.add_argument("--root", help="repository root (default: the checkout this alfa is installed from)")
+    p.set_defaults(func=_pages)
 
     p = sub.add_parser("costs", add_help=False, help="cost table of every adapter method (see `alfa costs --help`)")
 

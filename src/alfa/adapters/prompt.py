@@ -190,11 +190,6 @@ class TPGazeConfig(AdapterConfig):
     method: ClassVar[str] = "tpgaze"
     display_name: ClassVar[str] = "TPGaze"
     family: ClassVar[str] = "prompt"
-    # The personalization recipe of TPGaze (spec §5): Adam, lr 0.01, prompts only. AdamW without weight
-    # decay is Adam; the prompted layers are outside ResNet-18's layer3/4, so no lr scaling either.
-    # A training recipe, not part of the adapter: it belongs in alfa.gaze.tpgaze, and stays here only
-    # until its two readers (gaze/tpgaze.py::tpgaze_recipe, gaze/commands.py::_personalize_config) move.
-    personalize_defaults: ClassVar[dict[str, Any]] = {"lr": 0.01, "weight_decay": 0.0, "lr_scale": {}}
 
     target: str | None = TPGAZE_TARGET
     layers: str = "all"

@@ -98,8 +98,14 @@ def _bench(args: argparse.Namespace) -> None:
 
 def _report(args: argparse.Namespace) -> None:
     from .report import build_report
+    from .results import export_results
 
-    path = build_report(args.results, args.out, args.figures, command=_command_line())
+    results, command = args.results, _command_line()
+    if args.data_to:  # keep the data with the page, then make the page from the kept copy
+        results = export_results(args.results, args.data_to)
+        command = f"alfa report --results {args.data_to} --out {args.out}"
+        print(f"data: {results}")
+    path = build_report(results, args.out, args.figures, command=command)
     print(f"report: {path}")
 
 
@@ -141,6 +147,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--results", required=True, help="results.json or the benchmark folder holding it")
     p.add_argument("--out", default="docs/results.md", help="markdown file to write (default docs/results.md)")
     p.add_argument("--figures", help="figure folder (default: figures/results next to --out)")
+    p.add_argument(
+        "--data-to",
+        metavar="DIR",
+        help="first copy results.json and the figure data (never adapters or models) to DIR, e.g. "
+        "docs/data/bench-standard, the data committed with the page, and make the page from that copy",
+    )
     p.set_defaults(func=_report)
 
 

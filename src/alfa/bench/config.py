@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..adapters import AlfaConfig
+from ..adapters import METHODS, AlfaConfig
 from ..adapters.prompt import TPGazeConfig
 from ..data.synthetic import get_domain
 from ..gaze.augment import AugmentConfig
@@ -29,6 +29,13 @@ __all__ = ["ABLATIONS", "SELECTION_FIELDS", "OracleConfig", "BenchConfig", "spli
 
 ABLATIONS = tuple(REGISTRY)
 """The ablations a benchmark runs by default: every registered one, in the registry's order."""
+SELECTABLE = tuple(m for m in MAIN_METHODS if m in METHODS and METHODS[m].family != "prompt") + (
+    "diag_gate",
+    "linear_mix",
+)
+"""The methods that get a second row with their recipe selected on the stand-in (docs/flip-premise.md §4):
+every adapter method of the shared recipe (TPGaze has its own optimizer, outside the grid) and Alfa's two
+simpler mixes."""
 
 
 def _values(name: str) -> tuple[Any, ...]:
@@ -86,7 +93,8 @@ class BenchConfig:
     ``latency_batch`` target images.
 
     Selection (which records run; see :data:`SELECTION_FIELDS`): ``pairs``, ``seeds``, ``methods`` (of
-    :data:`MAIN_METHODS` and :data:`SANITY_METHODS`), ``ablations`` (of :data:`ABLATIONS`) on
+    :data:`MAIN_METHODS` and :data:`SANITY_METHODS`), ``selected_methods`` (of :data:`SELECTABLE`: a second
+    row each, with the recipe selected on the stand-in), ``ablations`` (of :data:`ABLATIONS`) on
     ``ablation_pairs``. ``threads``: torch threads (1 by default: on a shared machine OpenMP's spinning
     threads slow everything down; run pieces in parallel instead).
     """
@@ -132,6 +140,7 @@ class BenchConfig:
     pairs: tuple[str, ...] = PAIRS
     seeds: tuple[int, ...] = (0, 1, 2)
     methods: tuple[str, ...] = MAIN_METHODS + SANITY_METHODS
+    selected_methods: tuple[str, ...] = SELECTABLE
     ablations: tuple[str, ...] = ABLATIONS
     ablation_pairs: tuple[str, ...] = PAIRS
     threads: int = 1
@@ -192,6 +201,7 @@ class BenchConfig:
             figure_slices=(0, 1, 3, 15, 63),
             latency_repeats=3,
             seeds=(0,),
+            selected_methods=("alfa",),
             ablation_pairs=("E→M",),
         )
         return dataclasses.replace(base, **overrides)
@@ -204,6 +214,9 @@ class BenchConfig:
         bad = [m for m in self.methods if m not in known]
         if bad:
             raise ValueError(f"unknown method(s) {bad}; methods are {', '.join(MAIN_METHODS + SANITY_METHODS)}")
+        bad = [m for m in self.selected_methods if m not in SELECTABLE]
+        if bad:
+            raise ValueError(f"no recipe selection for {bad}; it runs for {', '.join(SELECTABLE)}")
         bad = [a for a in self.ablations if a not in REGISTRY]
         if bad:
             raise ValueError(f"unknown ablation(s) {bad}; ablations are {', '.join(REGISTRY)}")
@@ -311,6 +324,7 @@ SELECTION_FIELDS = (
     "pairs",
     "seeds",
     "methods",
+    "selected_methods",
     "ablations",
     "ablation_pairs",
     "threads",

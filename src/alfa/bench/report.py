@@ -1092,8 +1092,10 @@ def build_report(
     out_md: str | os.PathLike = "docs/results.md",
     figure_dir: str | os.PathLike | None = None,
     command: str | None = None,
+    source: str | None = None,
 ) -> Path:
-    """Read ``results.json`` (or its folder), render the figures and write the markdown report."""
+    """Read ``results.json`` (or its folder), render the figures and write the markdown report. ``source`` is
+    how the page names the results it was made from (default: ``results_path`` as given)."""
     results_path = Path(results_path)
     results = load_results(results_path)
     results_dir = results_path if results_path.is_dir() else results_path.parent
@@ -1108,7 +1110,7 @@ def build_report(
         figure_data=figure_data,
         md_dir=out_md.parent,
         command=command,
-        source=str(results_path),
+        source=str(results_path) if source is None else source,
     )
     write_text(out_md, text)
     return out_md

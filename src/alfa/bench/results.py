@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..fileio import write_json
+from ..fileio import write_bytes, write_json
 from .ablations import REGISTRY
 from .config import SELECTION_FIELDS, BenchConfig
 from .methods import MAIN_METHODS, PAIRS, SANITY_METHODS
@@ -34,6 +34,7 @@ __all__ = [
     "FIGURE_DIR",
     "RANK_SLICES_FILE",
     "UPDATES_FILE",
+    "export_results",
     "layout",
     "load_results",
     "ResultsStore",
@@ -96,6 +97,25 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
         if not isinstance(r, dict) or "id" not in r or "config_hash" not in r:
             raise ValueError(f"{path}: record {i} has no 'id'/'config_hash'")
     return data
+
+
+def export_results(results: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """Copy a benchmark's ``results.json`` and its figure data (the small tensors the report's figures are
+    drawn from; never adapters, models or caches) into ``dest``, the copy committed with the page. The file is
+    checked first and read under the folder's lock, so a running benchmark is never copied half-written.
+    Returns the copied folder."""
+    src = Path(results)
+    folder = src if src.is_dir() else src.parent
+    dest = Path(dest)
+    if dest.resolve() == folder.resolve():
+        return dest
+    with _locked(folder / RESULTS_FILE):
+        load_results(folder)  # a clear error if it is not a results file
+        write_bytes(dest / RESULTS_FILE, (folder / RESULTS_FILE).read_bytes())
+        for name in (RANK_SLICES_FILE, UPDATES_FILE):
+            if (folder / FIGURE_DIR / name).is_file():
+                write_bytes(dest / FIGURE_DIR / name, (folder / FIGURE_DIR / name).read_bytes())
+    return dest
 
 
 @contextlib.contextmanager

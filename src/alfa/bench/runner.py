@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import datetime
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -50,13 +51,32 @@ from ..adapters.prompt import TPGazeConfig
 from ..checkpoint import read_checkpoint
 from ..data.base import GazeDataset, InMemoryGazeDataset
 from ..fileio import safe_filename
-from ..gaze.evaluate import GazeError, adapter_filename, load_examples, load_images, person_errors, person_gaze_errors
+from ..gaze.evaluate import (
+    GazeError,
+    adapter_filename,
+    eval_indices,
+    load_examples,
+    load_images,
+    person_errors,
+    person_gaze_errors,
+    predict_images,
+)
 from ..gaze.flip import FlipParts, FlipTTA, person_flip_parts
 from ..gaze.losses import finite_or_raise, supervised_l1_loss
-from ..gaze.personalize import person_seed, personalize_dataset
+from ..gaze.personalize import PersonalizeConfig, person_seed, personalize_dataset
 from ..gaze.pipeline import DemoConfig, build_source_model, data_fingerprint, open_data, source_cache_key
+from ..gaze.recipes import (
+    PAPER_RECIPE,
+    RECIPE_GRID,
+    TIE_DEGREES,
+    Recipe,
+    reference_protocol_error,
+    select_recipe,
+    training_runs,
+)
 from ..gaze.tpgaze import MetaTrainConfig, meta_train_prompts, personalize_tpgaze_dataset, tpgaze_recipe
 from ..gaze.train import TruncateConfig, truncate_and_recover
+from ..geometry import angular_error
 from ..layers import is_factorized
 from .ablations import ablation_variants
 from .config import ABLATIONS, SELECTION_FIELDS, BenchConfig, OracleConfig, split_pair
@@ -70,7 +90,7 @@ from .measure import (
 )
 from .methods import MAIN_METHODS, PAIRS, SANITY_METHODS, SOURCES, TARGETS
 from .results import FIGURE_DIR, RANK_SLICES_FILE, RESULTS_FILE, UPDATES_FILE, ResultsStore, load_results
-from .variants import Variant, main_variants
+from .variants import SELECTED, Variant, main_variants, selection_variants
 
 __all__ = [
     "PAIRS",
@@ -125,14 +145,26 @@ def record_id(label: str, pair: str, seed: int) -> str:
     return f"{label}|{pair}|seed{seed}"
 
 
+STAND_IN = "stand-in"
+"""The target name of a recipe-selection record's pair (``"E→stand-in"``): it is scored on the source's
+stand-in (:data:`~alfa.bench.methods.STAND_INS`), never on a target."""
+
+
 def plan_records(config: BenchConfig) -> list[RecordPlan]:
-    """Every record the selection asks for, in run order (seed, then source, then pair), deduplicated."""
+    """Every record the selection asks for, in run order (seed, then source, then pair), deduplicated. A
+    method's recipe-selection record on the stand-in comes before its selected rows (which read it)."""
     main = main_variants(config)
+    selection = {m: selection_variants(config, m) for m in config.selected_methods}
     plans: dict[str, RecordPlan] = {}
     for seed in config.seeds:
         for source in SOURCES:
-            for pair in (p for p in PAIRS if p in config.pairs and split_pair(p)[0] == source):
-                variants = [main[m] for m in config.methods]
+            pairs = [p for p in PAIRS if p in config.pairs and split_pair(p)[0] == source]
+            if pairs:
+                for grid, _ in selection.values():
+                    plan = RecordPlan(grid, f"{source}→{STAND_IN}", seed)
+                    plans[plan.id] = plan
+            for pair in pairs:
+                variants = [main[m] for m in config.methods] + [row for _, row in selection.values()]
                 if pair in config.ablation_pairs:
                     for name in config.ablations:
                         variants += ablation_variants(name, config)
@@ -218,9 +250,39 @@ class _Session:
 
     # ---------------------------------------------------------------- hashes
 
+    def stand_in(self, source: str) -> _Target:
+        """The labelled stand-in of ``source``'s recipe selection (another world's held-out persons)."""
+        key = f"{source}→{STAND_IN}"
+        if key not in self.targets:
+            spec = self.config.stand_in_spec(source)
+            data = open_data(spec)
+            self.targets[key] = _Target(key, spec, data, None, data_fingerprint(data))
+        return self.targets[key]
+
+    def grid_plan(self, plan: RecordPlan) -> RecordPlan:
+        """The recipe-selection record a selected row reads."""
+        method = plan.variant.label.removesuffix(SELECTED)
+        return RecordPlan(selection_variants(self.config, method)[0], f"{plan.source}→{STAND_IN}", plan.seed)
+
     def record_hash(self, plan: RecordPlan) -> str:
         c, v = self.config, plan.variant
-        src, tgt = self.source(self.model_key(plan), plan.seed), self.target(plan.target)
+        src = self.source(self.model_key(plan), plan.seed)
+        if v.kind == "selection":  # scored on the stand-in: no target is opened, let alone its labels
+            standin = self.stand_in(plan.source)
+            return _hash(
+                {
+                    "id": plan.id,
+                    "variant": v.describe(),
+                    "source_model": src.cache_key,
+                    "seed": plan.seed,
+                    "stand_in": {"spec": standin.spec, "fingerprint": standin.fingerprint},
+                    "recipe": c.recipe(plan.seed).to_dict(),
+                    "grid": [dataclasses.asdict(r) for r in RECIPE_GRID],
+                    "rule": {"tie": TIE_DEGREES, "order": "steps, lr, anchor on, no x10, detached"},
+                    "scoring": SCORING,
+                }
+            )
+        tgt = self.target(plan.target)
         spec: dict[str, Any] = {
             "id": plan.id,
             "variant": v.describe(),
@@ -241,6 +303,8 @@ class _Session:
             spec["oracle"] = dataclasses.asdict(c.oracle)
         if v.base.startswith("rank="):
             spec["recovery"] = c.recovery.to_dict()
+        if v.selected:  # the recipe is whatever the selection record selects: its hash stands for it
+            spec["selection"] = self.record_hash(self.grid_plan(plan))
         return _hash(spec)
 
     # ---------------------------------------------------------------- models
@@ -364,6 +428,14 @@ class _Session:
         """Whose model a record uses: the pair's source, or for the within-target yardstick the target's."""
         return plan.target if plan.variant.kind == "target-trained" else plan.source
 
+    def selected_recipe(self, plan: RecordPlan) -> Recipe:
+        """The recipe the selection record of ``plan``'s method, source and seed chose (it must have run)."""
+        grid = self.grid_plan(plan)
+        stored = next((r for r in load_results(self.out)["records"] if r["id"] == grid.id), None)
+        if stored is None or stored.get("config_hash") != self.record_hash(grid):
+            raise RuntimeError(f"{plan.id} needs the recipe-selection record {grid.id}, which has not run")
+        return Recipe(**stored["selected"])
+
     def latency_images(self, tgt: _Target) -> torch.Tensor:
         persons = tgt.data.persons()
         idx = [i for p in persons for i in tgt.data.person_indices(p)[self.config.personalize.n_adapt :]]
@@ -373,10 +445,19 @@ class _Session:
         """Produce the record of ``plan``: build (or reuse) its base, adapt and score it, measure the costs."""
         v = plan.variant
         src = self.build(self.model_key(plan), plan.seed)
-        tgt = self.target(plan.target)
         base = self.base(src, v.base)
         t0, cpu0 = time.time(), time.process_time()
         record = _new_record(plan, self.record_hash(plan), base)
+        if v.kind == "selection":
+            _run_selection(self, base, plan, record)
+            record["wall_s"], record["cpu_s"] = time.time() - t0, time.process_time() - cpu0
+            record["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+            return record
+        if v.selected:  # the recipe chosen on the stand-in, read from its selection record
+            chosen = self.selected_recipe(plan)
+            record["selected_recipe"] = {"label": chosen.label, **dataclasses.asdict(chosen)}
+            plan = dataclasses.replace(plan, variant=dataclasses.replace(v, recipe=_recipe_changes(chosen)))
+        tgt = self.target(plan.target)
         flips: dict[str, FlipParts] = {}
         if v.kind in UNADAPTED:
             errors = _score_unadapted(self, base, src, tgt, record, flips)
@@ -508,6 +589,25 @@ def _run_personalization(
     return errors
 
 
+def _step_errors(data: GazeDataset, indices: dict[str, list[int]], at: set[int] | None = None):
+    """``track`` for :func:`personalize_dataset`: per person, a function giving the model's mean angular error
+    on that person's images ``indices[person]`` (with their labels), measured at the calls numbered in ``at``
+    (0: before the first step; every call when ``at`` is None) and NaN at the others."""
+
+    def for_person(person: str):
+        images, labels = load_examples(data, indices[person])
+        calls = itertools.count()
+
+        def measure(model: nn.Module) -> float:
+            if at is not None and next(calls) not in at:
+                return float("nan")
+            return float(angular_error(predict_images(model, images), labels).mean())
+
+        return measure
+
+    return for_person
+
+
 def _personalize_persons(
     session: _Session,
     base: nn.Module,
@@ -522,6 +622,9 @@ def _personalize_persons(
     v = plan.variant
     recipe = session.config.recipe(plan.seed, **v.recipe)
     persons = tgt.data.persons()
+    # The reference protocol, replayed: every step scored with labels on all of a person's images (the
+    # adaptation images too), as the reference code does; reported as test-label selection, never a result.
+    replay = _step_errors(tgt.data, {p: tgt.data.person_indices(p) for p in persons})
     before_mib = _reset_peak_memory()
     cpu0 = time.process_time()
     if v.kind == "tpgaze":
@@ -530,7 +633,7 @@ def _personalize_persons(
         cpu0 = time.process_time()
         recipe = tpgaze_recipe(recipe)
         run = personalize_tpgaze_dataset(
-            base, tgt.data, prompts, folder, recipe, persons=persons, progress=session.progress
+            base, tgt.data, prompts, folder, recipe, persons=persons, progress=session.progress, track=replay
         )
     else:
         adapter = v.adapter
@@ -538,7 +641,9 @@ def _personalize_persons(
         if v.same_layers_as_truncated:
             names = [n for n, m in src.models.recovered.named_modules() if is_factorized(m)]
             adapter = dataclasses.replace(adapter, target="^(" + "|".join(re.escape(n) for n in names) + ")$")
-        run = personalize_dataset(base, tgt.data, adapter, recipe, folder, persons=persons, progress=session.progress)
+        run = personalize_dataset(
+            base, tgt.data, adapter, recipe, folder, persons=persons, progress=session.progress, track=replay
+        )
     cpu = time.process_time() - cpu0
     peak = _proc_status_mib("VmHWM")
     if before_mib is not None and peak is not None:
@@ -557,12 +662,81 @@ def _add_run_summary(
     record["recipe"] = {k: v for k, v in run.config.items() if k != "augment"}
     record["seconds_per_user"] = statistics.mean(run.persons[p].seconds for p in ok) if ok else None
     record["cpu_seconds_per_user"] = cpu / len(fresh) if fresh else None
+    steps = {p: run.persons[p].tracked for p in ok if run.persons[p].tracked}
+    if steps:
+        record["per_person_steps"] = steps
+        record["reference_protocol_deg"] = reference_protocol_error(steps)
     losses = [run.persons[p] for p in ok if run.persons[p].losses]
     if losses:
         record["loss"] = {
             "first": statistics.mean(o.losses[0] for o in losses),
             "final": statistics.mean(o.final_loss for o in losses),
         }
+
+
+def _recipe_changes(recipe: Recipe) -> dict[str, Any]:
+    """A grid recipe as changes to the benchmark's :class:`PersonalizeConfig` (what a :class:`Variant` holds)."""
+    applied = recipe.apply(PersonalizeConfig())
+    return {k: getattr(applied, k) for k in ("detach_flipped", "lr", "lr_scale", "steps", "pitch_anchor")}
+
+
+def _run_selection(session: _Session, base: nn.Module, plan: RecordPlan, record: dict[str, Any]) -> None:
+    """The declared recipe grid (docs/flip-premise.md §4) for one method on its source's stand-in: every run
+    of :func:`~alfa.gaze.recipes.training_runs`, each person scored after the step counts the grid asks
+    for; the rule picks the recipe. Reads the stand-in's labels and nothing of any target."""
+    c, v = session.config, plan.variant
+    assert v.adapter is not None
+    standin = session.stand_in(plan.source)
+    n_adapt = c.personalize.n_adapt
+    persons = standin.data.persons()
+    scored = {p: eval_indices(standin.data, p, n_adapt) for p in persons}
+    folder = session.adapter_dir(plan)
+    errors: dict[Recipe, dict[str, float]] = {}
+    failed: dict[str, str] = {}
+    source_only: dict[str, float] = {}
+    for run_recipe, evals in training_runs(RECIPE_GRID).items():
+        recipe = run_recipe.apply(c.recipe(plan.seed))
+        track = _step_errors(standin.data, scored, at={0, *evals})
+        run = personalize_dataset(
+            base,
+            standin.data,
+            v.adapter,
+            recipe,
+            folder / safe_filename(run_recipe.label),
+            persons=persons,
+            resume=False,
+            progress=False,
+            track=track,
+        )
+        ok = {p: o for p, o in run.persons.items() if o.status == "ok"}
+        failed.update({f"{run_recipe.label} {p}": o.error or "" for p, o in run.persons.items() if p not in ok})
+        for k in evals:
+            # a recipe that fails on a person is out of the running (its mean is not finite)
+            per_person = {p: o.tracked[k] for p, o in ok.items()}
+            if len(ok) < len(persons):
+                per_person = {p: per_person.get(p, float("inf")) for p in persons}
+            errors[dataclasses.replace(run_recipe, steps=k)] = per_person
+        source_only = source_only or {p: o.tracked[0] for p, o in ok.items()}
+    shutil.rmtree(folder, ignore_errors=True)
+    means = {r: statistics.fmean(e.values()) for r, e in errors.items()}
+    chosen = select_recipe(means)
+    record.update(
+        {
+            "stand_in": standin.spec,
+            "persons": len(persons),
+            "per_person": errors[chosen],
+            "error_deg": means[chosen],
+            "source_only_deg": statistics.fmean(source_only.values()) if source_only else None,
+            "selected": dataclasses.asdict(chosen),
+            "selected_label": chosen.label,
+            "paper_recipe_deg": means.get(PAPER_RECIPE),
+            "grid": [
+                {"recipe": dataclasses.asdict(r), "label": r.label, "error_deg": means[r], "per_person": e}
+                for r, e in errors.items()
+            ],
+            "failed": failed,
+        }
+    )
 
 
 def _meta_only_errors(session: _Session, base: nn.Module, src: _Source, tgt: _Target) -> dict[str, Any]:

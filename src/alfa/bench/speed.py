@@ -243,12 +243,17 @@ def to_markdown(r: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(out: str | None = None, repeats: int = 20, image_size: int = 224) -> dict:
-    result = measure(repeats=repeats, image_size=image_size)
+def speed_command(out: str | None, repeats: int, image_size: int) -> str:
+    """The command line that measures ``result`` with these options (quoted in the page it writes)."""
     command = "alfa speed" + (f" --out {out}" if out else "") + (f" --repeats {repeats}" if repeats != 20 else "")
     if image_size != 224:
         command += f" --image-size {image_size}"
-    text = to_markdown(result, command)
+    return command
+
+
+def main(out: str | None = None, repeats: int = 20, image_size: int = 224) -> dict:
+    result = measure(repeats=repeats, image_size=image_size)
+    text = to_markdown(result, speed_command(out, repeats, image_size))
     print(text)
     if out:
         path = Path(out)

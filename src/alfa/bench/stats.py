@@ -112,8 +112,13 @@ Index = dict[tuple[str, str, int], dict[str, Any]]
 
 
 def index_records(records: Iterable[dict[str, Any]]) -> Index:
-    """``(method, pair, seed) -> record``."""
-    return {(r["method"], r["pair"], int(r["seed"])): r for r in records if r.get("error_deg") is not None}
+    """``(method, pair, seed) -> record`` (the recipe-selection records, scored on a stand-in and not on a
+    pair, are no table rows and are left out)."""
+    return {
+        (r["method"], r["pair"], int(r["seed"])): r
+        for r in records
+        if r.get("error_deg") is not None and r.get("kind") != "selection"
+    }
 
 
 def pairs_of(idx: Index) -> list[str]:

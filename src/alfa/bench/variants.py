@@ -12,7 +12,12 @@ from .methods import MAIN_METHODS, SANITY_METHODS
 if TYPE_CHECKING:  # the configuration imports the ablations, which build variants
     from .config import BenchConfig
 
-__all__ = ["Variant", "alfa_config", "main_variants"]
+__all__ = ["Variant", "alfa_config", "main_variants", "selection_variants", "SELECTED", "GRID"]
+
+SELECTED = "[selected]"
+"""Suffix of a method's row with its recipe selected on the stand-in, e.g. ``alfa[selected]``."""
+GRID = "[grid]"
+"""Suffix of a method's recipe-selection record (scored on the stand-in, never a table row)."""
 
 
 @dataclass
@@ -35,6 +40,7 @@ class Variant:
     recipe: dict[str, Any] = field(default_factory=dict)
     base: str = "truncated"
     same_layers_as_truncated: bool = False  # target the layers the truncated model factorizes
+    selected: bool = False  # the recipe is the one selected on the stand-in (docs/flip-premise.md §4)
 
     def describe(self) -> dict[str, Any]:
         """What determines this variant's numbers (part of a record's hash)."""
@@ -43,7 +49,10 @@ class Variant:
             adapter = {"method": self.adapter.method, **self.adapter.to_dict()}
             if self.same_layers_as_truncated:
                 adapter["target"] = "the layers the truncated model factorizes"
-        return {"kind": self.kind, "adapter": adapter, "recipe": self.recipe, "base": self.base}
+        out = {"kind": self.kind, "adapter": adapter, "recipe": self.recipe, "base": self.base}
+        if self.selected:  # only then: every other row's description (and hash) stays as it was
+            out["selected"] = True
+        return out
 
 
 def alfa_config(config: BenchConfig, **changes: Any) -> AlfaConfig:
@@ -61,6 +70,17 @@ def _main_row(label: str, config: BenchConfig) -> Variant:
         return Variant(label, "tpgaze")
     adapter = alfa_config(config) if label == "alfa" else method()
     return Variant(label, "adapter", adapter=adapter)
+
+
+def selection_variants(config: BenchConfig, method: str) -> tuple[Variant, Variant]:
+    """A method's recipe-selection record (the declared grid on the stand-in) and its row with the selected
+    recipe. ``method`` is a Table-1 adapter method or an ablation's (``diag_gate``, ``linear_mix``)."""
+    if method not in METHODS or METHODS[method].family == "prompt":
+        raise ValueError(f"no recipe selection for {method!r}: it needs an adapter method of the shared recipe")
+    adapter = alfa_config(config) if method == "alfa" else METHODS[method]()
+    grid = Variant(f"{method}{GRID}", "selection", group="selection", adapter=adapter)
+    row = Variant(f"{method}{SELECTED}", "adapter", group="selected", adapter=adapter, selected=True)
+    return grid, row
 
 
 def main_variants(config: BenchConfig) -> dict[str, Variant]:

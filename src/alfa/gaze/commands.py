@@ -8,7 +8,6 @@ calls one library function (:mod:`alfa.gaze.train`, :mod:`~alfa.gaze.personalize
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -151,13 +150,15 @@ def _method_config(args: argparse.Namespace):
 
 
 def _personalize_config(args: argparse.Namespace, method: Any = None):
+    from ..adapters import TPGazeConfig
     from .personalize import PersonalizeConfig
     from .pipeline import DemoConfig
+    from .tpgaze import tpgaze_recipe
 
     base = DemoConfig().personalize if args.preset == "demo" else PersonalizeConfig()
     # A method may come with its own recipe (TPGaze: Adam, lr 0.01, no layer scaling); flags still win.
-    own = copy.deepcopy(getattr(type(method), "personalize_defaults", {}))
-    base = dataclasses.replace(base, **own)
+    if isinstance(method, TPGazeConfig):
+        base = tpgaze_recipe(base)
     changes = {
         "steps": args.steps,
         "lr": args.lr,

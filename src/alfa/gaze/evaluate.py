@@ -38,7 +38,6 @@ __all__ = [
     "person_errors",
     "evaluate",
     "adapter_filename",
-    "write_json",  # re-exported from alfa.fileio for alfa.bench.runner, which still imports it from here
 ]
 
 

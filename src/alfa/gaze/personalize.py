@@ -26,7 +26,7 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +132,7 @@ class PersonalizeResult:
     final_loss: float
     trained_parameters: int
     seconds: float
+    tracked: list[float] = field(default_factory=list)  # ``track(model)`` before the first step and after each
 
     @property
     def initial_loss(self) -> float:
@@ -177,6 +178,7 @@ def personalize(
     config: PersonalizeConfig | None = None,
     *,
     seed: int | None = None,
+    track: Callable[[nn.Module], float] | None = None,
 ) -> PersonalizeResult:
     """Personalize ``model`` to one person from ``images`` ``(N, 3, H, W)`` (unlabeled, in ``[0, 1]``).
 
@@ -185,6 +187,11 @@ def personalize(
     :func:`alfa.merge`, or drop it with :func:`alfa.detach`. ``seed`` fixes the adapter's random init
     and the augmentation (default: ``config.seed``). On any error the adapter is detached again and
     the base is left exactly as it was.
+
+    ``track``, if given, is called with the model (in eval mode, under ``no_grad``) before the first step
+    and after every step; its values come back as ``tracked`` (``steps + 1`` of them). It measures, it does
+    not change what is trained: no random draw, no gradient (the benchmark's replay of the reference
+    protocol uses it to score every step with labels, which the recipe itself never sees).
     """
     config = config or PersonalizeConfig()
     config.validate()
@@ -207,20 +214,30 @@ def personalize(
         if config.pitch_anchor:
             with torch.no_grad():
                 start_pitch = model(batch)[:, 1].mean()
-        losses = []
+        losses, tracked = [], []
+
+        def measure() -> None:
+            if track is not None:
+                with torch.no_grad():
+                    tracked.append(float(track(model)))
+
+        measure()
         for _ in range(config.steps):
             loss = finite_or_raise(_loss(model(batch), config, start_pitch), "personalization")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
+            measure()
         with torch.no_grad():
             final = float(finite_or_raise(_loss(model(batch), config, start_pitch), "personalization"))
         model.train(was_training)
     except BaseException:
         detach(model)
         raise
-    return PersonalizeResult(losses=losses, final_loss=final, trained_parameters=trained, seconds=time.time() - t0)
+    return PersonalizeResult(
+        losses=losses, final_loss=final, trained_parameters=trained, seconds=time.time() - t0, tracked=tracked
+    )
 
 
 # ----------------------------------------------------------------------------- a whole dataset
@@ -238,6 +255,7 @@ class PersonOutcome:
     final_loss: float | None = None
     seconds: float = 0.0
     error: str | None = None
+    tracked: list[float] = field(default_factory=list)  # see personalize_dataset's ``track``
 
 
 @dataclass
@@ -307,6 +325,7 @@ def personalize_dataset(
     persons: Sequence[str] | None = None,
     resume: bool = True,
     progress: bool = True,
+    track: Callable[[str], Callable[[nn.Module], float]] | None = None,
 ) -> PersonalizationRun:
     """Personalize ``model`` to every person of ``dataset`` and save one adapter per person as
     ``out_dir/<person>.safetensors`` (plus ``<person>.json``: recipe and losses).
@@ -315,6 +334,10 @@ def personalize_dataset(
     ``(config.seed, person)``, and a failure (too few images, NaN input, a diverging loss) is recorded
     and reported while the run goes on. With ``resume``, a person whose adapter already exists with
     the same method, recipe and base is skipped. The base ``model`` is unchanged on return.
+
+    ``track(person)``, if given, returns the measuring function :func:`personalize` calls before the first
+    step and after each one for that person; the values land in each outcome's ``tracked`` (a person
+    resumed from an earlier run without them is personalized again).
     """
     config = config or PersonalizeConfig()
     config.validate()
@@ -333,10 +356,14 @@ def personalize_dataset(
         adapter = out / adapter_filename(person)
         sidecar = adapter.with_suffix(".json")
         done = _already_done(model, adapter, sidecar, key) if resume else None
+        if done is not None and track is not None and len(done.tracked) != config.steps + 1:
+            done = None  # made without the per-step measurements this run asks for
         if done is not None:
             run.persons[person] = done
             continue
-        outcome = _personalize_person(model, dataset, person, method, config, adapter)
+        outcome = _personalize_person(
+            model, dataset, person, method, config, adapter, None if track is None else track(person)
+        )
         run.persons[person] = outcome
         if outcome.status == "ok":
             write_json(sidecar, {"key": key, "outcome": dataclasses.asdict(outcome)})
@@ -348,7 +375,13 @@ def personalize_dataset(
 
 
 def _personalize_person(
-    model: nn.Module, dataset: GazeDataset, person: str, method: AdapterConfig, config: PersonalizeConfig, path: Path
+    model: nn.Module,
+    dataset: GazeDataset,
+    person: str,
+    method: AdapterConfig,
+    config: PersonalizeConfig,
+    path: Path,
+    track: Callable[[nn.Module], float] | None = None,
 ) -> PersonOutcome:
     try:
         indices = dataset.person_indices(person)
@@ -357,7 +390,9 @@ def _personalize_person(
                 f"{len(indices)} images; personalization needs {config.n_adapt} plus at least one to evaluate"
             )
         images = load_images(dataset, indices[: config.n_adapt], what=f"person {person!r}")
-        result = personalize(model, images, method, config, seed=person_seed(config.seed, person, "personalize"))
+        result = personalize(
+            model, images, method, config, seed=person_seed(config.seed, person, "personalize"), track=track
+        )
         try:
             save_adapter(model, path)
         finally:
@@ -376,4 +411,5 @@ def _personalize_person(
         losses=result.losses,
         final_loss=result.final_loss,
         seconds=result.seconds,
+        tracked=result.tracked,
     )

@@ -23,12 +23,13 @@ file (``prompts.safetensors``), checked against the base by fingerprint when loa
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -458,12 +459,18 @@ def _meta_train(
 # ----------------------------------------------------------------------------- personalization
 
 
+TPGAZE_OPTIMIZER: dict[str, Any] = {"lr": 0.01, "weight_decay": 0.0, "lr_scale": {}}
+"""TPGaze's personalization optimizer (spec §5): Adam, lr 0.01, prompts only. AdamW without weight decay is
+Adam; the prompted layers are outside ResNet-18's layer3/4, so no per-stage scaling either. A training
+recipe, so it lives here with the gaze stack, not with the adapter."""
+
+
 def tpgaze_recipe(base: PersonalizeConfig | None = None, **changes: Any) -> PersonalizeConfig:
     """The gaze stack's personalization recipe (``base``, default :class:`PersonalizeConfig`) with
     TPGaze's optimizer: Adam (AdamW without weight decay), lr 0.01, no per-stage lr scaling; the
     other settings (5 images + augmented copies, flip symmetry, 10 steps, BN in eval mode) are shared
     with every method. ``changes`` override fields last."""
-    defaults = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TPGazeConfig.personalize_defaults.items()}
+    defaults = copy.deepcopy(TPGAZE_OPTIMIZER)
     return dataclasses.replace(base or PersonalizeConfig(), **{**defaults, **changes})
 
 
@@ -531,6 +538,7 @@ def personalize_tpgaze_dataset(
     persons: Sequence[str] | None = None,
     resume: bool = True,
     progress: bool = True,
+    track: Callable[[str], Callable[[nn.Module], float]] | None = None,
 ) -> PersonalizationRun:
     """TPGaze personalization of every person of ``dataset``: one prompt file per person in ``out_dir``
     (:func:`alfa.gaze.personalize.personalize_dataset` with :func:`start_from`). ``config`` is the
@@ -542,5 +550,13 @@ def personalize_tpgaze_dataset(
         first = dataset.person_indices(dataset.persons()[0])[0]
         method = TPGazeConfig(image_size=_image_size(dataset, first))
     return personalize_dataset(
-        model, dataset, method, config or tpgaze_recipe(), out_dir, persons=persons, resume=resume, progress=progress
+        model,
+        dataset,
+        method,
+        config or tpgaze_recipe(),
+        out_dir,
+        persons=persons,
+        resume=resume,
+        progress=progress,
+        track=track,
     )

@@ -11,7 +11,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from . import register_model
+from .registry import register_model
 
 __all__ = ["BasicBlock", "ResNet", "resnet18_conv_inputs", "resnet18_gaze"]
 

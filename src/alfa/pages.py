@@ -1,0 +1,127 @@
+"""The generated pages of ``docs/`` and the committed data each one is made from (``alfa pages``).
+
+Every number in a generated page comes from a command; the command's results are committed under
+``docs/data/`` (the records and whatever small data the figures need, never models or adapters), so anyone
+can regenerate a page, or check it, without re-running hours of benchmark: ``alfa pages --check``
+renders every page from its data into a temporary folder and compares it, and its figures, byte for byte
+with the committed files (``tests/test_pages.py`` does the same); ``alfa pages --write`` rewrites them.
+
+A page is listed once, in :data:`PAGES`, with the command that produced its data and the renderer that turns
+the data into the page.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .fileio import write_bytes
+
+__all__ = ["Page", "PAGES", "render_page", "check_pages", "write_pages", "repo_root"]
+
+
+@dataclass(frozen=True)
+class Page:
+    """One generated page: ``path`` (relative to the repository root) is made by ``render`` from ``data``
+    (committed, relative to the root); ``figures`` is the folder of figures it owns (every file there must
+    be one it draws), if any; ``produce`` is the command that makes the data (and the page) from scratch."""
+
+    path: str
+    data: str
+    produce: str
+    render: Callable[[Path, Path], None]  # (root to read the data from, root to write the page under)
+    figures: str | None = None
+    owned_figures: tuple[str, ...] = ()  # single figure files it draws outside ``figures``
+
+
+def _render_results(root: Path, out: Path) -> None:
+    from .bench.report import build_report
+
+    build_report(
+        root / "docs/data/bench-standard",
+        out / "docs/results.md",
+        command="alfa report --results docs/data/bench-standard --out docs/results.md",
+        source="docs/data/bench-standard",
+    )
+
+
+def _render_speed(root: Path, out: Path) -> None:
+    from .bench.speed import speed_command, to_markdown
+
+    result = json.loads((root / "docs/speed.json").read_text(encoding="utf-8"))
+    text = to_markdown(result, speed_command("docs/speed.md", result["repeats"], result["image_size"]))
+    write_bytes(out / "docs/speed.md", text.encode("utf-8"))
+
+
+PAGES: tuple[Page, ...] = (
+    Page(
+        path="docs/results.md",
+        data="docs/data/bench-standard",
+        produce="alfa bench --standard (in pieces), then alfa report --results runs/bench-standard "
+        "--data-to docs/data/bench-standard --out docs/results.md",
+        render=_render_results,
+        figures="docs/figures/results",
+    ),
+    Page(
+        path="docs/speed.md",
+        data="docs/speed.json",
+        produce="alfa speed --out docs/speed.md",
+        render=_render_speed,
+    ),
+)
+
+
+def repo_root() -> Path:
+    """The repository this package is installed from (where ``docs/`` is)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def render_page(page: Page, root: Path, out: Path) -> list[Path]:
+    """Render ``page`` from the data under ``root`` into ``out``; the files it wrote, relative to ``out``."""
+    page.render(root, out)
+    return sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+
+
+def _owned(page: Page, root: Path) -> set[Path]:
+    files = {Path(page.path), *(Path(f) for f in page.owned_figures)}
+    if page.figures is not None and (root / page.figures).is_dir():
+        files |= {p.relative_to(root) for p in (root / page.figures).iterdir() if p.is_file()}
+    return files
+
+
+def check_pages(root: Path | None = None, pages: tuple[Page, ...] = PAGES) -> list[str]:
+    """Every difference between the committed pages (and their figures) and what their data render to; an
+    empty list when all pages regenerate byte for byte."""
+    root = repo_root() if root is None else root
+    problems: list[str] = []
+    for page in pages:
+        if not (root / page.data).exists():
+            problems.append(f"{page.path}: its data {page.data} is missing (made by: {page.produce})")
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            made = set(render_page(page, root, out))
+            for rel in sorted(made | _owned(page, root)):
+                if rel not in made:
+                    problems.append(f"{rel}: committed, but {page.path}'s data no longer draws it")
+                elif not (root / rel).is_file():
+                    problems.append(f"{rel}: drawn from {page.data} but not committed")
+                elif (root / rel).read_bytes() != (out / rel).read_bytes():
+                    problems.append(f"{rel}: differs from what {page.data} renders to (run: alfa pages --write)")
+    return problems
+
+
+def write_pages(root: Path | None = None, pages: tuple[Page, ...] = PAGES) -> list[Path]:
+    """Regenerate every page and its figures from the committed data, in place; the files written."""
+    root = repo_root() if root is None else root
+    written = []
+    for page in pages:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            for rel in render_page(page, root, out):
+                write_bytes(root / rel, (out / rel).read_bytes())
+                written.append(rel)
+    return written

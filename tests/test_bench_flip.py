@@ -1,0 +1,96 @@
+"""The benchmark's flip-premise rows (docs/flip-premise.md): flip-TTA, what a flip sees of each record, the
+replayed reference protocol, and the recipe selected on the stand-in without any target label."""
+
+import dataclasses
+
+import pytest
+import torch
+from test_bench import tiny
+from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
+
+from alfa.bench.runner import STAND_IN, RecordPlan, _Session, plan_records, run_bench
+from alfa.bench.variants import selection_variants
+from alfa.gaze.recipes import RECIPE_GRID, Recipe, reference_protocol_error
+
+
+@pytest.fixture(scope="module")
+def flip_bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("flipbench")
+    config = tiny(methods=("source-only", "flip-tta", "alfa"), selected_methods=("alfa",))
+    summary = run_bench(config, out, progress=False)
+    assert not summary.errors, summary.errors
+    from alfa.bench.results import load_results
+
+    return out, config, {r["id"]: r for r in load_results(out)["records"]}
+
+
+def test_the_selection_record_comes_first_and_the_selected_row_reads_it(flip_bench):
+    _, config, records = flip_bench
+    ids = [p.id for p in plan_records(config)]
+    assert ids.index(f"alfa[grid]|E→{STAND_IN}|seed0") < ids.index("alfa[selected]|E→M|seed0")
+    grid = records[f"alfa[grid]|E→{STAND_IN}|seed0"]
+    assert grid["kind"] == "selection" and len(grid["grid"]) == len(RECIPE_GRID)
+    assert grid["stand_in"].startswith("synthetic:gaze360?split=val")  # E's stand-in: the other source world
+    chosen = Recipe(**grid["selected"])
+    best = min(g["error_deg"] for g in grid["grid"])
+    assert chosen in RECIPE_GRID and grid["error_deg"] <= best + 0.05
+    selected = records["alfa[selected]|E→M|seed0"]
+    assert Recipe(**{k: v for k, v in selected["selected_recipe"].items() if k != "label"}) == chosen
+    assert selected["steps"] == chosen.steps and selected["recipe"]["lr"] == chosen.lr
+
+
+def test_flip_tta_and_what_a_flip_sees(flip_bench):
+    _, _, records = flip_bench
+    base, tta = records["source-only|E→M|seed0"], records["flip-tta|E→M|seed0"]
+    # flip-TTA scored as a method equals the flip-TTA error measured on the base's own record
+    assert tta["error_deg"] == pytest.approx(base["flip"]["tta_error"], rel=1e-5)
+    for person, parts in base["per_person_flip"].items():
+        assert parts["error"] == pytest.approx(base["per_person"][person], rel=1e-5)
+        assert parts["visible_share"] + parts["invisible_share"] + parts["cross_share"] == pytest.approx(1.0)
+    # a flip-TTA model agrees with its own mirror image: nothing left for a flip to see
+    assert tta["flip"]["visible_share"] == pytest.approx(0.0, abs=1e-9)
+    assert "flip_tta_error_deg" in records["alfa|E→M|seed0"]
+
+
+def test_the_reference_protocol_is_replayed_per_step(flip_bench):
+    _, config, records = flip_bench
+    alfa = records["alfa|E→M|seed0"]
+    steps = alfa["per_person_steps"]
+    assert all(len(v) == config.personalize.steps + 1 for v in steps.values())
+    assert alfa["reference_protocol_deg"] == pytest.approx(reference_protocol_error(steps))
+    assert alfa["reference_protocol_deg"] <= min(
+        sum(v[k] for v in steps.values()) / len(steps) for k in range(config.personalize.steps + 1)
+    )
+
+
+def test_the_selection_never_reads_a_target(flip_bench, tmp_path, monkeypatch):
+    """The selection record is made with every target out of reach: opening one raises."""
+    out, config, records = flip_bench
+    session = _Session(config, out, out / "cache", progress=False)
+    grid, _ = selection_variants(config, "alfa")
+    plan = RecordPlan(grid, f"E→{STAND_IN}", 0)
+
+    def no_target(key):
+        raise AssertionError(f"the recipe selection opened the target {key!r}")
+
+    monkeypatch.setattr(session, "target", no_target)
+    record = session.run(plan)
+    assert record["selected"] == records[plan.id]["selected"]  # and it is deterministic
+    assert record["config_hash"] == records[plan.id]["config_hash"]
+
+
+def test_a_selected_row_without_its_selection_is_refused(tmp_path):
+    config = tiny(methods=(), selected_methods=("alfa",))
+    session = _Session(config, tmp_path, tmp_path / "cache", progress=False)
+    (tmp_path / "results.json").parent.mkdir(exist_ok=True)
+    from alfa.bench.results import ResultsStore
+
+    ResultsStore(tmp_path, config)
+    row = next(p for p in plan_records(config) if p.variant.selected)
+    session.build("E", 0)
+    with pytest.raises(RuntimeError, match=r"needs the recipe-selection record alfa\[grid\]"):
+        session.selected_recipe(row)
+    torch.manual_seed(0)
+    assert dataclasses.replace(row.variant, selected=False).describe() == {
+        k: v for k, v in row.variant.describe().items() if k != "selected"
+    }
