@@ -18,8 +18,14 @@ NAMES = {
 }
 
 
+SELECTED = "[selected]"
+"""Suffix of a method's row with its recipe selected on the stand-in, e.g. ``alfa[selected]``."""
+
+
 def display_name(label: str) -> str:
-    """The name of the row ``label`` in tables and sentences."""
+    """The name of the row ``label`` in tables and sentences (``alfa[selected]``: "Alfa (selected recipe)")."""
+    if label.endswith(SELECTED):
+        return f"{display_name(label.removesuffix(SELECTED))} (selected recipe)"
     if label in NAMES:
         return NAMES[label]
     if label in METHODS:

@@ -26,6 +26,7 @@ from ..adapters import METHODS
 from ..fileio import write_text
 from . import figures as F
 from .ablations import REGISTRY, family_of
+from .flip_report import flip_sections, flip_summary, table_rows
 from .methods import MAIN_METHODS
 from .names import NAMES, display_name
 from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE, load_results
@@ -120,8 +121,8 @@ def _ordinal(k: int) -> str:
 
 
 def _competitors(idx: Index) -> list[str]:
-    present = {m for (m, _, _) in idx}
-    return [m for m in MAIN_METHODS if m in present]
+    """Table 1's rows that have records: each method, then its selected-recipe row where there is one."""
+    return table_rows(idx, MAIN_METHODS)
 
 
 def main_verdicts(idx: Index) -> list[str]:
@@ -877,7 +878,8 @@ def _header_section(r: _Report) -> list[str]:
 
 def _summary_section(r: _Report) -> list[str]:
     """The first sentences of every verdict, then the first two of each ablation shown in the summary."""
-    lines = ["## Summary", "", *_bullets(r.main[:1] + r.sanity[:2] + r.main[1:] + r.parts), ""]
+    flip = flip_summary(r.results, r.idx, MAIN_METHODS)
+    lines = ["## Summary", "", *_bullets(flip + r.main[:1] + r.sanity[:2] + r.main[1:] + r.parts), ""]
     for name, rows in r.layout.items():
         if name in REGISTRY and REGISTRY[name].in_summary:
             _, pairs = ablation_table(r.idx, rows)
@@ -1057,12 +1059,19 @@ def _records_section(r: _Report) -> list[str]:
     return lines + [f"- `{rid}`: {fails}" for rid, fails in failed]
 
 
+def _flip_section(r: _Report) -> list[str]:
+    """What a flip can see, the recipes selected on the stand-in, the replayed reference protocol (none of it
+    for results made before those records existed)."""
+    return flip_sections(r.results, r.idx, MAIN_METHODS)
+
+
 _SECTIONS: tuple[Callable[[_Report], list[str]], ...] = (
     _header_section,
     _summary_section,
     _protocol_section,
     _sanity_section,
     _table1_section,
+    _flip_section,
     _table2_section,
     _parts_section,
     _ablations_section,

@@ -8,14 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..adapters import METHODS, AdapterConfig, AlfaConfig
 from .methods import MAIN_METHODS, SANITY_METHODS
+from .names import SELECTED  # a method's row with its recipe selected on the stand-in, e.g. alfa[selected]
 
 if TYPE_CHECKING:  # the configuration imports the ablations, which build variants
     from .config import BenchConfig
 
 __all__ = ["Variant", "alfa_config", "main_variants", "selection_variants", "SELECTED", "GRID"]
 
-SELECTED = "[selected]"
-"""Suffix of a method's row with its recipe selected on the stand-in, e.g. ``alfa[selected]``."""
 GRID = "[grid]"
 """Suffix of a method's recipe-selection record (scored on the stand-in, never a table row)."""
 

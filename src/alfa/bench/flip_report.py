@@ -1,0 +1,380 @@
+"""The report's flip-premise sections (docs/flip-premise.md): what a flip can see of the error on each pair,
+how much of that ceiling each method gets, the reference protocol replayed, and the recipes selected on the
+stand-in. Every section is empty for results made before these records existed, so older results render
+as they always did.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from .methods import POSITIVE_CONTROLS
+from .names import display_name
+from .stats import Index, Measure, cell, diff, pairs_of, pooled, signed
+from .variants import GRID, SELECTED
+
+__all__ = ["flip_sections", "flip_summary", "ceilings", "table_rows"]
+
+CRITERION = 1 / 3
+"""A positive control's flip-TTA ceiling must reach this share of the oracle headroom (declared)."""
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    rule = ["---"] + ["---:"] * (len(header) - 1)
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _field(key: str, sub: str | None = None) -> Measure:
+    """A measure reading one number a record stores (``record[key]`` or ``record[key][sub]``)."""
+
+    def measure(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+        value = record.get(key)
+        if sub is not None:
+            value = value.get(sub) if isinstance(value, dict) else None
+        return value, {}
+
+    return measure
+
+
+def _last_step_all_images(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+    steps = record.get("per_person_steps")
+    if not steps:
+        return None, {}
+    per_person = {p: v[-1] for p, v in steps.items()}
+    return statistics.fmean(per_person.values()), per_person
+
+
+def _mean_of(idx: Index, method: str, pair: str, measure: Measure) -> float | None:
+    values = [measure(r)[0] for (m, p, _), r in idx.items() if m == method and p == pair]
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def table_rows(idx: Index, main: Sequence[str]) -> list[str]:
+    """Table 1's rows in order: each method of ``main`` that has records, followed by its selected-recipe row
+    where there is one."""
+    present = {m for (m, _, _) in idx}
+    out = []
+    for m in main:
+        out += [label for label in (m, f"{m}{SELECTED}") if label in present]
+    return out
+
+
+def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
+    """Per pair with a flip-TTA row: source-only, flip-TTA, the ceiling (source-only − flip-TTA), the oracle
+    headroom, their ratio, the visible share of the source model's mean-square error and its flip loss."""
+    out: dict[str, dict[str, float | None]] = {}
+    for pair in pairs_of(idx):
+        so, tta, oracle = (cell(idx, m, pair) for m in ("source-only", "flip-tta", "oracle"))
+        if so is None or tta is None:
+            continue
+        ceiling = so.mean - tta.mean
+        headroom = so.mean - oracle.mean if oracle is not None else None
+        out[pair] = {
+            "source_only": so.mean,
+            "flip_tta": tta.mean,
+            "ceiling": ceiling,
+            "headroom": headroom,
+            "ratio": ceiling / headroom if headroom and headroom > 0 else None,
+            "visible_share": _mean_of(idx, "source-only", pair, _field("flip", "visible_share")),
+            "flip_loss": _mean_of(idx, "source-only", pair, _field("flip", "flip_loss")),
+        }
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.0f} %"
+
+
+def _num(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}".replace("-", "−")
+
+
+def _control(pair: str) -> str:
+    return "positive" if pair in POSITIVE_CONTROLS else "negative"
+
+
+def _verdict(c: dict[str, float | None], pair: str) -> str:
+    if c["ratio"] is None:
+        return "—"
+    holds = c["ratio"] >= CRITERION
+    if pair in POSITIVE_CONTROLS:
+        return "holds" if holds else "**fails**"
+    return "(would hold)" if holds else "not met"
+
+
+def _ceiling_sentences(idx: Index, ceil: dict[str, dict[str, float | None]]) -> list[str]:
+    lines = []
+    for pair, c in ceil.items():
+        text = (
+            f"On {pair} ({_control(pair)} control) a flip sees {_pct(c['visible_share'])} of the source model's "
+            f"mean-square error; flip-TTA changes the error by {signed(-(c['ceiling'] or 0.0))}° "
+            f"({_num(c['source_only'])} → {_num(c['flip_tta'])}°)"
+        )
+        if c["headroom"] is not None:
+            text += f", against an oracle headroom of {_num(c['headroom'])}° (ratio {_pct(c['ratio'])})"
+        if pair in POSITIVE_CONTROLS and c["ratio"] is not None:
+            text += f": the positive-control criterion (≥ {CRITERION:.0%} of the headroom) " + (
+                "holds" if c["ratio"] >= CRITERION else "FAILS"
+            )
+        lines.append(text + ".")
+    return lines
+
+
+def _methods(idx: Index, main: Sequence[str]) -> list[str]:
+    return [m for m in table_rows(idx, main) if m not in ("source-only", "flip-tta")]
+
+
+def _share_table(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, float | None]]) -> str:
+    pairs = list(ceil)
+    rows = []
+    for m in _methods(idx, main):
+        cells = []
+        for pair in pairs:
+            d = diff(idx, m, "source-only", [pair])
+            c = ceil[pair]["ceiling"]
+            if d is None:
+                cells.append("—")
+                continue
+            gain = -d.mean
+            share = f" ({_pct(gain / c)})" if c is not None and c > 0.05 else ""
+            cells.append(f"{signed(gain)}{share}{' clear' if d.clear else ''}")
+        rows.append([display_name(m), *cells])
+    return _table(["method (gain over source-only, deg; share of the flip-TTA ceiling)", *pairs], rows)
+
+
+def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) -> list[str]:
+    """Per positive control: the method with the largest gain among those not clearly worse than source-only."""
+    lines = []
+    for pair in pairs:
+        candidates = []
+        for m in _methods(idx, main):
+            d = diff(idx, m, "source-only", [pair])
+            if d is not None and not (d.mean > 0 and d.clear):
+                candidates.append((-d.mean, m, d))
+        if not candidates:
+            continue
+        gain, m, d = max(candidates)
+        c = ceil[pair]["ceiling"]
+        share = f", {_pct(gain / c)} of the flip-TTA ceiling" if c and c > 0.05 else ""
+        if gain > 0:
+            lines.append(
+                f"On {pair} the largest gain without clear harm is {display_name(m)}'s: {d.describe()}{share}."
+            )
+        else:
+            lines.append(f"On {pair} no method lowers the error below source-only; the least harm: {display_name(m)}.")
+    return lines
+
+
+def _attention_lines(idx: Index, pairs: Sequence[str]) -> list[str]:
+    lines = []
+    for suffix in ("", SELECTED):
+        alfa = f"alfa{suffix}"
+        for other in ("lora", "diag_gate", "linear_mix"):
+            d = diff(idx, alfa, f"{other}{suffix}", pairs)
+            if d is not None:
+                lines.append(
+                    f"Positive controls ({', '.join(pairs)}), {'selected recipes' if suffix else 'paper recipe'}: "
+                    f"{display_name(alfa)} − {display_name(other + suffix)} = {d.describe()}."
+                )
+    return lines
+
+
+def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
+    rows, inflation = [], []
+    pairs = pairs_of(idx)
+    for m in table_rows(idx, main):
+        ref = pooled(idx, m, pairs, _field("reference_protocol_deg"))
+        if ref is None:
+            continue
+        honest = pooled(idx, m, pairs)
+        last_all = pooled(idx, m, pairs, _last_step_all_images)
+        infl = last_all.mean - ref.mean if last_all is not None else None
+        if infl is not None:
+            inflation.append((infl, m))
+        rows.append(
+            [
+                display_name(m),
+                honest.format() if honest else "—",
+                last_all.format() if last_all else "—",
+                ref.format(),
+                _num(infl),
+            ]
+        )
+    if not rows:
+        return None, []
+    header = [
+        "method (pooled over pairs)",
+        "last step, scored images (the result)",
+        "last step, all images",
+        "best step per person, all images (reference protocol: test-label selection)",
+        "what the selection adds",
+    ]
+    lines = []
+    if inflation:
+        lo, hi = min(inflation), max(inflation)
+        alfa = next((x for x, m in inflation if m == "alfa"), None)
+        text = (
+            f"Replaying the reference protocol (per person the best of steps 0…{_steps(idx)} chosen with its labels) "
+            f"reports {_num(lo[0])}–{_num(hi[0])}° less error than the last step on the same images "
+            f"({display_name(lo[1])} to {display_name(hi[1])})"
+        )
+        if alfa is not None:
+            text += f"; for Alfa {_num(alfa)}°"
+        lines.append(text + ". That gain is made by test-label selection, not by any method.")
+    return _table(header, rows), lines
+
+
+def _steps(idx: Index) -> str:
+    counts = {len(next(iter(r["per_person_steps"].values()))) - 1 for r in idx.values() if r.get("per_person_steps")}
+    return "/".join(map(str, sorted(counts))) or "?"
+
+
+def _selection(results: dict[str, Any], idx: Index, main: Sequence[str]) -> tuple[list[str], list[str]]:
+    records = [r for r in results.get("records", []) if r.get("kind") == "selection"]
+    if not records:
+        return [], []
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault((r["method"].removesuffix(GRID), r["source"]), []).append(r)
+    rows = []
+    order = {m: i for i, m in enumerate(main)}
+    for (method, source), recs in sorted(by.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0][1])):
+        chosen = Counter(r["selected_label"] for r in recs)
+
+        def mean(key: str, recs: list[dict[str, Any]] = recs) -> str:
+            vals = [r[key] for r in recs if r.get(key) is not None]
+            return _num(statistics.fmean(vals)) if vals else "—"
+
+        rows.append(
+            [
+                display_name(method),
+                source,
+                "; ".join(f"{label} ({n}×)" for label, n in chosen.most_common()),
+                mean("source_only_deg"),
+                mean("paper_recipe_deg"),
+                mean("error_deg"),
+            ]
+        )
+    header = ["method", "source", "selected recipe (seeds)", "stand-in: source-only", "stand-in: paper recipe"]
+    table = _table([*header, "stand-in: selected"], rows)
+    sentences = []
+    harmed = []
+    for pair in pairs_of(idx):
+        for m in (x for x in table_rows(idx, main) if x.endswith(SELECTED)):
+            d = diff(idx, m, "source-only", [pair])
+            if d is not None and d.mean > 0 and d.clear:
+                harmed.append(f"{display_name(m)} on {pair} ({signed(d.mean)}°)")
+    selected_rows = [m for m in table_rows(idx, main) if m.endswith(SELECTED)]
+    if selected_rows:
+        sentences.append(
+            "With its recipe selected on the stand-in, a method is worse than source-only beyond the spread on: "
+            + ("; ".join(harmed) if harmed else "no pair (the goal holds)")
+            + "."
+        )
+    return [table], sentences
+
+
+def flip_summary(results: dict[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
+    """The flip-premise sentences the report's summary leads with (none for results without these rows)."""
+    ceil = ceilings(idx)
+    positive = [p for p in pairs_of(idx) if p in POSITIVE_CONTROLS]
+    lines = _ceiling_sentences(idx, ceil)
+    lines += _harmless_best(idx, main, [p for p in positive if p in ceil], ceil)
+    lines += _selection(results, idx, main)[1]
+    lines += _replay(idx, main)[1]
+    return lines
+
+
+def flip_sections(results: dict[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
+    """The report's flip-premise sections, as markdown lines."""
+    ceil = ceilings(idx)
+    lines: list[str] = []
+    if ceil:
+        rows = [
+            [
+                pair,
+                _control(pair),
+                _num(c["source_only"]),
+                _num(c["flip_tta"]),
+                _num(c["ceiling"]),
+                _num(c["headroom"]),
+                _pct(c["ratio"]),
+                _verdict(c, pair),
+                _pct(c["visible_share"]),
+                _num(c["flip_loss"]),
+            ]
+            for pair, c in ceil.items()
+        ]
+        positive = [p for p in ceil if p in POSITIVE_CONTROLS]
+        lines += [
+            "## What a flip can see",
+            "",
+            "Flip-TTA averages the model's prediction with its mirrored prediction on the flipped image; the part "
+            "of the error it removes is the part a flip-symmetry loss can see at all, so `source-only − flip-TTA` "
+            "is the ceiling of a purely flip-based correction (docs/flip-premise.md §1). Means over seeds (deg). "
+            f"Criterion of a positive control (declared): ceiling ≥ {CRITERION:.0%} of the oracle headroom. "
+            "Visible share: of the source model's mean-square error, the part `f − ĝ`; flip loss: "
+            "`mean ||f(I) − FlipYaw(f(flip I))||₁` of the source model on the scored images.",
+            "",
+            _table(
+                [
+                    "pair",
+                    "control",
+                    "source-only",
+                    "flip-TTA",
+                    "ceiling",
+                    "oracle headroom",
+                    "ceiling / headroom",
+                    "criterion",
+                    "visible share",
+                    "flip loss",
+                ],
+                rows,
+            ),
+            "",
+            *(f"- {s}" for s in _ceiling_sentences(idx, ceil)),
+            "",
+            "Every method's gain over source-only per pair, and as a share of that pair's ceiling (mean over seeds; "
+            "*clear*: beyond the spread, same sign in every seed):",
+            "",
+            _share_table(idx, main, ceil),
+            "",
+            *(f"- {s}" for s in _harmless_best(idx, main, positive, ceil)),
+            *(f"- {s}" for s in _attention_lines(idx, positive)),
+            "",
+        ]
+    selection_table, selection_lines = _selection(results, idx, main)
+    if selection_table:
+        lines += [
+            "## Recipes selected without target labels",
+            "",
+            "Per method, source and seed, the declared grid (docs/flip-premise.md §4) run on the stand-in (another "
+            "world's held-out persons, never a target) and the recipe the declared rule picks; stand-in errors in "
+            "degrees, means over seeds. The selected rows of Table 1 use these recipes on the targets.",
+            "",
+            *selection_table,
+            "",
+            *(f"- {s}" for s in selection_lines),
+            "",
+        ]
+    replay_table, replay_lines = _replay(idx, main)
+    if replay_table:
+        lines += [
+            "## The reference protocol, replayed (test-label selection, not a result)",
+            "",
+            "The reference code of TPGaze, which the paper follows, scores every step on the person's images and "
+            "keeps each person's best step — chosen with the labels. Replayed on the same runs: per person the "
+            "error after every step on all of that person's images (the five adaptation images included), then "
+            "the per-person minimum, then the mean. The last column is what that selection alone makes up.",
+            "",
+            replay_table,
+            "",
+            *(f"- {s}" for s in replay_lines),
+            "",
+        ]
+    return lines
