@@ -186,3 +186,29 @@ def test_tracking_measures_every_step_and_changes_nothing(tmp_path):
         "a": ("ok", [1.0] * 4),
         "b": ("ok", [1.0] * 4),
     }
+
+
+def test_alfa_evaluate_scores_flip_tta_of_the_base_and_of_each_adapter(tmp_path, capsys):
+    import json
+
+    import alfa
+    from alfa.checkpoint import save_model
+    from alfa.cli import main
+    from alfa.data.synthetic import make_domain
+    from alfa.gaze.evaluate import evaluate
+    from alfa.gaze.flip import FlipTTA
+
+    torch.manual_seed(0)
+    model = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(model, 6)
+    save_model(tmp_path / "base.safetensors", model, "tiny_gaze_net")
+    spec = "synthetic:mpii?size=16&persons=2&images_per_person=8"
+    common = ["--checkpoint", str(tmp_path / "base.safetensors"), "--data", spec]
+    assert main(["personalize", *common, "--out", str(tmp_path / "ad"), "--heads", "2", "--steps", "1", "--quiet"]) == 0
+    assert main(["evaluate", *common, "--adapters", str(tmp_path / "ad"), "--flip-tta", "--quiet"]) == 0
+    assert main(["evaluate", *common, "--flip-tta", "--json", str(tmp_path / "e.json"), "--quiet"]) == 0
+    saved = json.loads((tmp_path / "e.json").read_text())
+    assert "flip-TTA" in capsys.readouterr().out
+    by_hand = evaluate(FlipTTA(model), make_domain("mpii", size=16, persons=2, images_per_person=8), progress=False)
+    for person, err in by_hand.columns["source-only"].items():
+        assert saved["persons"][person]["flip-TTA"] == pytest.approx(err, rel=1e-6)

@@ -207,15 +207,21 @@ def _evaluate(args: argparse.Namespace) -> None:
     model, _ = load_model(args.checkpoint)
     model.eval()
     data = _open(args.data)
-    report = evaluate(
-        model,
-        data,
-        adapters=args.adapters,
-        n_adapt=args.n_adapt,
-        batch_size=args.batch_size,
-        progress=not args.quiet,
-        after=args.label,
-    )
+    options = {"adapters": args.adapters, "n_adapt": args.n_adapt, "batch_size": args.batch_size}
+    report = evaluate(model, data, **options, progress=not args.quiet, after=args.label)
+    if args.flip_tta:  # the same persons and images through flip test-time augmentation
+        from .flip import FlipTTA
+
+        tta = evaluate(
+            model,
+            data,
+            **options,
+            progress=False,
+            before="flip-TTA",
+            after=f"{args.label} + flip-TTA",
+            predictor=FlipTTA,
+        )
+        report.columns.update({k: v for k, v in tta.columns.items()})
     report.meta.update({"checkpoint": str(args.checkpoint), "adapters": args.adapters, "data": args.data})
     print(report.format_table())
     if args.json:
@@ -303,6 +309,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="target dataset spec")
     p.add_argument("--adapters", help="folder of per-person adapters (omit for source-only)")
     p.add_argument("--label", default="personalized", help="column name for the adapted results")
+    p.add_argument(
+        "--flip-tta",
+        action="store_true",
+        help="also score flip test-time augmentation (mean of the prediction and the mirrored prediction on the "
+        "flipped image; no training, twice the inference cost) of the base and of every adapter",
+    )
     p.add_argument(
         "--n-adapt", type=int, default=recipe.n_adapt, help="first images per person excluded (used for adaptation)"
     )

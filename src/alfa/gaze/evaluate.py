@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,10 +309,14 @@ def evaluate(
     after: str = "personalized",
     batch_size: int = 256,
     progress: bool = True,
+    predictor: Callable[[nn.Module], nn.Module] | None = None,
 ) -> EvaluationReport:
     """Per-person error of ``model`` (the shared base, no adapter attached) and, if ``adapters`` is a
     folder of per-person adapter files (as :func:`alfa.gaze.personalize.personalize_dataset` writes),
     of the base with each person's own adapter loaded.
+
+    ``predictor`` wraps the model that predicts (adapters still load into ``model`` itself), e.g.
+    :class:`alfa.gaze.flip.FlipTTA` to score flip test-time augmentation of the base and of every adapter.
 
     A person whose adapter file is missing or does not load is left out of the ``after`` column and
     listed in ``report.failed``; the run goes on.
@@ -326,7 +330,8 @@ def evaluate(
     for p in empty:
         report.failed[p] = f"fewer than {n_adapt + 1} images: nothing left to evaluate"
     scored = [p for p in persons if n_eval[p] > 0]
-    report.columns[before] = person_errors(model, dataset, scored, n_adapt, batch_size, progress, desc=before)
+    predicting = model if predictor is None else predictor(model)
+    report.columns[before] = person_errors(predicting, dataset, scored, n_adapt, batch_size, progress, desc=before)
     if adapters is None:
         return report
     folder = Path(adapters)
@@ -342,7 +347,7 @@ def evaluate(
             report.failed[person] = f"adapter {path} does not load: {e}"
             continue
         try:
-            col.update(person_errors(model, dataset, [person], n_adapt, batch_size))
+            col.update(person_errors(predicting, dataset, [person], n_adapt, batch_size))
         finally:
             detach(model)
     report.columns[after] = col
