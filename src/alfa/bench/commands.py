@@ -46,7 +46,7 @@ def _bench(args: argparse.Namespace) -> None:
     import torch
 
     from .ablations import REGISTRY
-    from .config import BenchConfig
+    from .config import SELECTABLE, BenchConfig
     from .runner import run_bench
 
     preset = "full" if args.full else "standard" if args.standard else "quick"
@@ -54,6 +54,11 @@ def _bench(args: argparse.Namespace) -> None:
     changes: dict = {}
     if args.methods is not None:
         changes["methods"] = tuple(_list(args.methods))
+        # a subset of methods also narrows their selected-recipe rows, unless those are named on their own
+        changes["selected_methods"] = tuple(m for m in changes["methods"] if m in SELECTABLE)
+    if args.selected_methods is not None:
+        names = _list(args.selected_methods)
+        changes["selected_methods"] = () if names == ["none"] else tuple(names)
     if args.pairs is not None:
         changes["pairs"] = tuple(_pairs(args.pairs))
     if args.seeds is not None:
@@ -129,7 +134,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="results folder (default runs/bench-<preset>)")
     p.add_argument("--cache-dir", help="where source models are cached (default OUT/cache)")
     p.add_argument("--methods", help="comma-separated subset of the methods (incl. in-domain, oracle)")
-    p.add_argument("--pairs", help="comma-separated subset of E→M,E→D,G→M,G→D (E-M also works)")
+    p.add_argument(
+        "--pairs",
+        help="comma-separated subset of E→M,E→D,G→M,G→D (negative controls) and S→W,S→C (positive controls); "
+        "E-M also works",
+    )
+    p.add_argument(
+        "--selected-methods",
+        help="comma-separated methods that also get a row with their recipe selected on the stand-in, or 'none' "
+        "(default: the preset's; with --methods, those of them that have one)",
+    )
     p.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
     p.add_argument("--ablations", help="comma-separated subset of the ablations, 'all' or 'none'")
     p.add_argument("--threads", type=int, help="torch threads (default 1)")
