@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .fileio import write_bytes
+from .fileio import write_bytes, write_text
 
 __all__ = ["Page", "PAGES", "render_page", "check_pages", "write_pages", "repo_root"]
 
@@ -53,7 +53,7 @@ def _render_speed(root: Path, out: Path) -> None:
 
     result = json.loads((root / "docs/speed.json").read_text(encoding="utf-8"))
     text = to_markdown(result, speed_command("docs/speed.md", result["repeats"], result["image_size"]))
-    write_bytes(out / "docs/speed.md", text.encode("utf-8"))
+    write_text(out / "docs/speed.md", text)
 
 
 PAGES: tuple[Page, ...] = (

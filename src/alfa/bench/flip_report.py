@@ -11,6 +11,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from .markdown import number as _num
+from .markdown import table as _table
 from .methods import POSITIVE_CONTROLS
 from .names import display_name
 from .stats import Index, Measure, cell, diff, pairs_of, pooled, signed
@@ -20,12 +22,6 @@ __all__ = ["flip_sections", "flip_summary", "ceilings", "table_rows"]
 
 CRITERION = 1 / 3
 """A positive control's flip-TTA ceiling must reach this share of the oracle headroom (declared)."""
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    rule = ["---"] + ["---:"] * (len(header) - 1)
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def _field(key: str, sub: str | None = None) -> Measure:
@@ -88,10 +84,6 @@ def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
 
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.0f} %"
-
-
-def _num(x: float | None) -> str:
-    return "—" if x is None else f"{x:.2f}".replace("-", "−")
 
 
 def _control(pair: str) -> str:

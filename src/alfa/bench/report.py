@@ -27,6 +27,8 @@ from ..fileio import write_text
 from . import figures as F
 from .ablations import REGISTRY, family_of
 from .flip_report import flip_sections, flip_summary, table_rows
+from .markdown import number as _num
+from .markdown import table as _table
 from .methods import MAIN_METHODS
 from .names import NAMES, display_name
 from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE, load_results
@@ -71,14 +73,6 @@ _name = display_name
 # ----------------------------------------------------------------------------- markdown helpers
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
-    align = align or "l" + "r" * (len(header) - 1)
-    rule = ["---:" if a == "r" else "---" for a in align]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _count(n: int | None) -> str:
     if n is None:
         return "—"
@@ -89,10 +83,6 @@ def _bytes(n: float | None) -> str:
     if n is None:
         return "—"
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
-
-
-def _num(x: float | None, digits: int = 2, unit: str = "") -> str:
-    return "—" if x is None else f"{x:.{digits}f}{unit}".replace("-", "−")
 
 
 def _merge_note(merge: str | None) -> str:

@@ -1,0 +1,22 @@
+"""Markdown pieces the report's sections share: tables and signed numbers (the report and its
+flip-premise sections both write them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["table", "number"]
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
+    """A markdown table; ``align`` has one letter per column (``l`` or ``r``), default: first left, rest right."""
+    align = align or "l" + "r" * (len(header) - 1)
+    rule = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def number(x: float | None, digits: int = 2, unit: str = "") -> str:
+    """``x`` with ``digits`` decimals and a typographic minus; ``—`` when there is none."""
+    return "—" if x is None else f"{x:.{digits}f}{unit}".replace("-", "−")
