@@ -94,3 +94,21 @@ def test_a_selected_row_without_its_selection_is_refused(tmp_path):
     assert dataclasses.replace(row.variant, selected=False).describe() == {
         k: v for k, v in row.variant.describe().items() if k != "selected"
     }
+
+
+def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it_gives(flip_bench, tmp_path):
+    """A run of the symmetric pairs only (or a first piece of a run): the flip sections render and say nothing
+    of the positive controls; the default-recipe module reads the run's own selection record."""
+    from alfa.bench.flip_report import default_recipe_module
+    from alfa.bench.report import build_report
+    from alfa.bench.results import load_results
+
+    out, _, records = flip_bench
+    text = build_report(out, tmp_path / "r.md", tmp_path / "fig").read_text(encoding="utf-8")
+    assert "## What a flip can see" in text and "## Recipes selected without target labels" in text
+    assert "Positive controls (" not in text and "1 recipe-selection records" in text
+    namespace: dict = {}
+    exec(default_recipe_module(load_results(out), "x"), namespace)  # the module is data only: no imports
+    assert Recipe(**namespace["DEFAULT_RECIPE_FIELDS"]) == Recipe(
+        **records[f"alfa[grid]|E→{STAND_IN}|seed0"]["selected"]
+    )

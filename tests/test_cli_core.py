@@ -33,3 +33,82 @@ def test_cli_reports_bad_input_without_traceback(capsys):
     assert "unknown model 'nope'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["no-such-command"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["costs", "--rank", "0"], "--rank must be at least 1, got 0"),
+        (["costs", "--rank", "-3"], "--rank must be at least 1, got -3"),
+        (["costs", "--model", "nosuch"], "unknown model 'nosuch'"),
+        (["costs", "--repeats", "0"], "--repeats must be at least 1"),
+        (["example", "--steps", "0"], "steps must be at least 1, got 0"),
+        (["example", "--image-size", "0"], "image size must be at least 32, got 0"),
+    ],
+)
+def test_bad_options_get_one_line_and_exit_2(argv, message, capsys):
+    """Every command goes through the CLI's handler (``alfa costs`` included): one line naming the culprit, no
+    traceback, before any work."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_costs_runs_as_a_module_with_the_same_errors(capsys):
+    from alfa.bench import costs
+
+    assert costs.main(["--rank", "0"]) == 2
+    assert "alfa costs: error: --rank must be at least 1" in capsys.readouterr().err
+
+
+def test_version_and_help(capsys):
+    import alfa
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"alfa {alfa.__version__}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and "costs" in out  # plain words, every command listed
+    with pytest.raises(SystemExit):
+        main(["costs", "--help"])
+    assert "(default 64)" in capsys.readouterr().out
+
+
+def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """A path under a file, a folder where a file goes, a read-only folder: refused with one line before the
+    command starts (it would otherwise fail after the work, or with a traceback)."""
+    import os
+
+    import alfa.bench.costs as costs
+    from alfa.fileio import check_writable
+
+    monkeypatch.setattr(costs, "cost_table", lambda **_: pytest.fail("measured before checking the outputs"))
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    cases = {
+        (
+            "costs",
+            "--json",
+            str(a_file / "rows.json"),
+        ): f"--json {a_file / 'rows.json'} cannot be written: {a_file} is a file",
+        ("costs", "--json", str(tmp_path)): "is a folder, not a file",
+        ("personalize", "--checkpoint", "x", "--data", "y", "--out", str(a_file)): "is a file, not a folder",
+        ("evaluate", "--checkpoint", "x", "--data", "y", "--json", str(tmp_path)): "is a folder, not a file",
+    }
+    for argv, message in cases.items():
+        assert main(list(argv)) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        try:
+            with pytest.raises(ValueError, match="no permission to write"):
+                check_writable(locked / "deeper" / "out.json")
+        finally:
+            locked.chmod(0o700)
+    assert check_writable(tmp_path / "new" / "deeper", folder=True) == tmp_path / "new" / "deeper"
+    assert not (tmp_path / "new").exists()  # checking creates nothing

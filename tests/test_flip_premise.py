@@ -1,6 +1,7 @@
 """What the flip loss can see: flip test-time augmentation, the visible/invisible split of the error, and the
 mechanism by which the paper's detached flipped branch lets a shared pitch offset drift."""
 
+import dataclasses
 import math
 
 import pytest
@@ -123,6 +124,69 @@ def test_selection_takes_the_lowest_and_breaks_ties_towards_caution():
     assert select_recipe({r: 5.0 for r in RECIPE_GRID}) == Recipe(True, 1e-5, False, 3, 1.0)
     with pytest.raises(ValueError, match="finite"):
         select_recipe({bold: float("nan")})
+
+
+def test_pooled_selection_averages_over_seeds_and_drops_a_recipe_that_failed_on_one():
+    from alfa.gaze.recipes import RECIPE_GRID, Recipe, select_pooled
+
+    bold = Recipe(detach_flipped=True, lr=1e-4, layer34_x10=True, steps=10)
+    other = Recipe(detach_flipped=False, lr=3e-5, layer34_x10=False, steps=10)
+    seed0 = {r: 10.0 for r in RECIPE_GRID} | {bold: 7.0, other: 8.0}
+    seed1 = {r: 10.0 for r in RECIPE_GRID} | {bold: 9.5, other: 8.0}
+    # bold wins seed 0 alone, but pooled (8.25 against 8.0) the other one does
+    assert select_pooled([seed0])[0] == bold
+    assert select_pooled([seed0, seed1]) == (other, pytest.approx(8.0))
+    seed1[other] = float("inf")  # it failed on a stand-in person of seed 1: out of the running
+    assert select_pooled([seed0, seed1])[0] == bold
+    with pytest.raises(ValueError, match="no seed"):
+        select_pooled([])
+
+
+def _selection_record(seed: int, errors: dict, source: str = "E", method: str = "alfa[grid]") -> dict:
+    return {
+        "id": f"{method}|{source}→stand-in|seed{seed}",
+        "kind": "selection",
+        "method": method,
+        "source": source,
+        "seed": seed,
+        "source_only_deg": 10.0,
+        "grid": [{"recipe": dataclasses.asdict(r), "error_deg": e} for r, e in errors.items()],
+    }
+
+
+def test_the_default_recipe_module_is_the_pooled_selection_of_the_e_source(tmp_path):
+    import importlib.util
+
+    from alfa.bench.flip_report import default_recipe_module
+    from alfa.gaze.recipes import PAPER_RECIPE, RECIPE_GRID, Recipe, select_pooled
+
+    rng = torch.Generator().manual_seed(0)
+    per_seed = [{r: 5.0 + float(torch.rand((), generator=rng)) for r in RECIPE_GRID} for _ in range(3)]
+    decoy = {r: 1.0 if r == RECIPE_GRID[5] else 9.0 for r in RECIPE_GRID}  # other sources and methods: ignored
+    records = [_selection_record(s, e) for s, e in enumerate(per_seed)]
+    records += [_selection_record(0, decoy, source="G"), _selection_record(0, decoy, method="lora[grid]")]
+    text = default_recipe_module({"records": records}, "docs/data/x")
+    path = tmp_path / "default_recipe.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("generated_default_recipe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    chosen, error = select_pooled(per_seed)
+    assert Recipe(**module.DEFAULT_RECIPE_FIELDS) == chosen
+    assert module.SELECTED_ON["seeds"] == [0, 1, 2] and module.SELECTED_ON["stand_in_error_deg"] == round(error, 4)
+    paper = sum(e[PAPER_RECIPE] for e in per_seed) / 3
+    assert module.SELECTED_ON["paper_recipe_stand_in_error_deg"] == pytest.approx(paper, abs=1e-4)
+    with pytest.raises(ValueError, match="no alfa"):
+        default_recipe_module({"records": records[3:]}, "docs/data/x")
+
+
+def test_named_recipes():
+    from alfa.gaze.recipes import DEFAULT_RECIPE, PAPER_RECIPE, RECIPE_GRID, named_recipe
+
+    assert named_recipe("paper") == PAPER_RECIPE and named_recipe("default") == DEFAULT_RECIPE
+    assert DEFAULT_RECIPE in RECIPE_GRID  # the default is always a point of the declared grid
+    with pytest.raises(ValueError, match="unknown recipe 'best'"):
+        named_recipe("best")
 
 
 def test_the_reference_protocol_is_the_per_person_minimum_over_steps():

@@ -173,6 +173,30 @@ def test_resume_refuses_another_run(tmp_path, data):
         train_source(model, source, dataclasses_replace(FAST, lr=0.5), tmp_path / "run", model_name="tiny_gaze_net")
 
 
+def test_resume_names_a_foreign_or_cut_short_state_file(tmp_path, data):
+    """torch's own errors for these (an UnpicklingError that suggests weights_only=False, a stream-reader
+    failure) never reach the user: the message names the file and what to do."""
+    import pickle
+
+    from alfa.gaze.train import STATE_FILE
+
+    source, _ = data
+    config = dataclasses_replace(FAST, epochs=2)
+    torch.manual_seed(0)
+    model = alfa.models.create_model("tiny_gaze_net")
+    train_source(model, source, FAST, tmp_path / "run", model_name="tiny_gaze_net", progress=False)
+    state = tmp_path / "run" / STATE_FILE
+    good = state.read_bytes()
+    for bad in (good[: len(good) // 2], pickle.dumps(argparse.Namespace(x=1))):
+        state.write_bytes(bad)
+        with pytest.raises(CheckpointError, match=f"{STATE_FILE} is not a training state this project wrote") as e:
+            train_source(model, source, config, tmp_path / "run", model_name="tiny_gaze_net", progress=False)
+        assert "weights_only" not in str(e.value) and str(tmp_path / "run") in str(e.value)
+    torch.save({"epoch": 1}, state)  # loads, but holds no optimizer state
+    with pytest.raises(CheckpointError, match="holds no optimizer state"):
+        train_source(model, source, config, tmp_path / "run", model_name="tiny_gaze_net", progress=False)
+
+
 def test_personalization_loss_decreases_on_a_fixed_batch(data):
     _, target = data
     torch.manual_seed(0)
@@ -330,6 +354,113 @@ def test_cli_personalize_and_evaluate(tmp_path, data, capsys, monkeypatch):
     assert set(saved["persons"]) == {"p00", "p01", "p02"} and saved["n_adapt"] == 5
 
 
+def test_cli_failures_exit_non_zero_and_allow_partial_accepts_them(tmp_path, data, capsys, monkeypatch):
+    """A run in which some person failed is an error a script can see (exit 2), the others' work is kept;
+    ``--allow-partial`` accepts it; an evaluation that scored nobody, or a missing adapter folder, always fails."""
+    import alfa.gaze.pipeline as pipeline
+    from alfa.cli import main
+
+    _, target = data
+    short = toy_dataset(2, 9, seed=3, name="tgt")  # ...then person p01 loses all but 3 of its images
+    keep = [i for i in range(len(short)) if short.person_ids[i] == 0 or i % 9 < 3]
+    short = InMemoryGazeDataset(
+        short.images[keep], short.gaze[keep], short.person_ids[keep], short.person_names, name="short"
+    )
+    monkeypatch.setattr(pipeline, "open_data", lambda spec: {"toy:target": target, "toy:short": short}[spec])
+    model = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(model, RANK)
+    alfa.checkpoint.save_model(tmp_path / "base.safetensors", model, "tiny_gaze_net")
+    base = ["--checkpoint", str(tmp_path / "base.safetensors")]
+    common = [*base, "--heads", "2", "--adapter-rank", "2", "--steps", "1", "--quiet"]
+
+    assert main(["personalize", *common, "--data", "toy:short", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "FAILED p01" in err and "failed for 1 of 2 persons" in err and "--allow-partial" in err
+    assert (tmp_path / "a" / "p00.safetensors").is_file()  # the other person's work is kept
+    assert main(["personalize", *common, "--data", "toy:short", "--out", str(tmp_path / "a"), "--allow-partial"]) == 0
+    capsys.readouterr()
+
+    evaluate = ["evaluate", *base, "--quiet"]
+    assert main([*evaluate, "--data", "toy:short", "--adapters", str(tmp_path / "a")]) == 2
+    assert "1 of 2 persons could not be scored" in capsys.readouterr().err
+    assert main([*evaluate, "--data", "toy:short", "--adapters", str(tmp_path / "a"), "--allow-partial"]) == 0
+    capsys.readouterr()
+    (tmp_path / "empty").mkdir()  # every adapter missing: nobody scored, whatever the flag
+    assert main([*evaluate, "--data", "toy:target", "--adapters", str(tmp_path / "empty"), "--allow-partial"]) == 2
+    assert "no person could be scored (3 of 3 failed" in capsys.readouterr().err
+    assert main([*evaluate, "--data", "toy:target", "--adapters", str(tmp_path / "nowhere")]) == 2
+    out = capsys.readouterr()
+    assert "--adapters" in out.err and "no such folder" in out.err and out.out == ""  # refused before any work
+
+
+def test_cli_personalize_refuses_to_replace_other_adapters_unless_asked(tmp_path, data, capsys, monkeypatch):
+    import alfa.gaze.pipeline as pipeline
+    from alfa.cli import main
+
+    _, target = data
+    other = toy_dataset(3, 9, seed=4, name="other")
+    monkeypatch.setattr(pipeline, "open_data", lambda spec: {"toy:target": target, "toy:other": other}[spec])
+    model = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(model, RANK)
+    alfa.checkpoint.save_model(tmp_path / "base.safetensors", model, "tiny_gaze_net")
+    retrained = alfa.models.create_model("tiny_gaze_net").eval()  # another base of the same shapes
+    alfa.truncate(retrained, RANK)
+    alfa.checkpoint.save_model(tmp_path / "base2.safetensors", retrained, "tiny_gaze_net")
+    out = ["--out", str(tmp_path / "ad"), "--steps", "1", "--quiet"]
+    alfa_run = [
+        "personalize",
+        "--checkpoint",
+        str(tmp_path / "base.safetensors"),
+        "--heads",
+        "2",
+        "--adapter-rank",
+        "2",
+    ]
+    assert main([*alfa_run, "--data", "toy:target", *out]) == 0
+    first = (tmp_path / "ad" / "p00.safetensors").read_bytes()
+    capsys.readouterr()
+    refusals = {
+        "its adapters are alfa": [*alfa_run[:3], "--method", "lora", "--data", "toy:target"],
+        "made on the dataset 'tgt', not 'other'": [*alfa_run, "--data", "toy:other"],
+        "another recipe (differs in lr)": [*alfa_run, "--data", "toy:target", "--lr", "0.5"],
+        "trained on another base": [
+            *alfa_run[:2],
+            str(tmp_path / "base2.safetensors"),
+            *alfa_run[3:],
+            "--data",
+            "toy:target",
+        ],
+    }
+    for message, argv in refusals.items():
+        assert main([*argv, *out]) == 2, message
+        err = capsys.readouterr().err
+        assert message in err and "--replace" in err
+        assert (tmp_path / "ad" / "p00.safetensors").read_bytes() == first  # nothing lost
+    assert main([*refusals["its adapters are alfa"], *out, "--replace"]) == 0
+    assert "3 done, 0 already there" in capsys.readouterr().out
+    assert alfa.read_adapter_metadata(tmp_path / "ad" / "p00.safetensors")["method"] == "lora"
+
+
+def test_cli_personalize_recipes():
+    """``alfa personalize`` uses Alfa's default recipe unless told otherwise; the other adapter methods use the
+    paper's; flags override either."""
+    from alfa.gaze.commands import _method_config, _personalize_config
+    from alfa.gaze.recipes import DEFAULT_RECIPE, PAPER_RECIPE
+
+    def config(*flags):
+        args = _parser().parse_args(["personalize", "--checkpoint", "x", "--data", "y", *flags])
+        return _personalize_config(args, _method_config(args))
+
+    assert config() == DEFAULT_RECIPE.apply(PersonalizeConfig())
+    assert config("--recipe", "paper") == PAPER_RECIPE.apply(PersonalizeConfig()) == PersonalizeConfig()
+    assert config("--method", "lora") == PersonalizeConfig()
+    flagged = config("--recipe", "paper", "--steps", "3", "--train-both-branches", "--pitch-anchor", "1")
+    assert (flagged.steps, flagged.detach_flipped, flagged.pitch_anchor, flagged.lr) == (3, False, 1.0, 1e-4)
+    assert not config("--train-both-branches").detach_flipped and config("--detach-flipped").detach_flipped
+    with pytest.raises(SystemExit):
+        config("--recipe", "best")
+
+
 def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
     import alfa.gaze.pipeline as pipeline
 
@@ -357,6 +488,7 @@ def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
 def test_demo_tiny_on_synthetic_data_and_its_cache(tmp_path):
     pytest.importorskip("alfa.data.synthetic")
     from alfa.gaze.pipeline import demo_config, run_demo
+    from alfa.gaze.recipes import DEFAULT_RECIPE
 
     config = demo_config(
         source="synthetic:eth?size=32&persons=4&images_per_person=8",
@@ -373,10 +505,14 @@ def test_demo_tiny_on_synthetic_data_and_its_cache(tmp_path):
     first = run_demo(config, progress=False)
     assert not first.from_cache
     (report,) = first.reports.values()
-    assert list(report.columns) == ["source dense", "truncated+recovered", "alfa"]
+    assert list(report.columns) == ["source-only", "flip-TTA", "alfa (default recipe)", "alfa (paper recipe)"]
     assert all(len(c) == 2 for c in report.columns.values())
     assert first.figure_path.is_file() and first.json_path.is_file()
-    assert "Alfa personalization" in first.verdict[0]
+    assert first.verdict[0].startswith(f"{report.dataset}: source-only ")
+    assert "alfa (paper recipe)" in first.verdict[0] and "flip-TTA" in first.verdict[0]
+    # each Alfa column ran its own recipe (the recipe sets the steps, whatever the base config says)
+    assert report.meta["recipes"]["alfa (paper recipe)"]["steps"] == 10
+    assert report.meta["recipes"]["alfa (default recipe)"]["label"] == DEFAULT_RECIPE.label
     saved = json.loads(first.json_path.read_text())
     assert saved["verdict"] == first.verdict and "total" in saved["seconds"]
 
@@ -414,3 +550,56 @@ def test_symmetry_target_batchnorm_mode(data):
     assert not torch.equal(batch_mode, plain)
     with pytest.raises(ValueError, match="symmetry_bn"):
         TrainConfig(symmetry_bn="running").validate()
+
+
+def test_the_demo_has_a_symmetric_and_an_asymmetric_part_as_the_benchmark_builds_them():
+    from alfa.bench.methods import SOURCE_TRAINING
+    from alfa.gaze.pipeline import demo_config, demo_configs
+
+    symmetric, asymmetric = demo_configs(seed=3)
+    assert symmetric == demo_config(seed=3)
+    assert symmetric.targets == ("synthetic:mpii?size=64&images_per_person=60",)
+    assert asymmetric.source.startswith("synthetic:eth-studio?") and asymmetric.seed == 3
+    assert asymmetric.targets[0].startswith("synthetic:mpii-window?")
+    # the studio source is trained as the benchmark trains it: without the symmetry term, in both stages
+    weight = SOURCE_TRAINING["S"]["symmetry_weight"]
+    assert asymmetric.pretrain.symmetry_weight == asymmetric.truncation.recovery.symmetry_weight == weight
+    assert dataclasses_replace(asymmetric.pretrain, symmetry_weight=1.0) == symmetric.pretrain
+
+
+def test_cli_demo_runs_each_part_and_sums_them_up(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("alfa.data.synthetic")
+    import alfa.gaze.pipeline as pipeline
+
+    tiny = {
+        "model": "tiny_gaze_net",
+        "pretrain": TrainConfig(epochs=1, batch_size=16),
+        "truncation": TruncateConfig(rank=RANK, recovery=TrainConfig(epochs=1, batch_size=16)),
+        "alfa": alfa.AlfaConfig(heads=2, rank=2),
+    }
+    parts = [
+        ("eth", "mpii"),
+        ("eth-studio", "mpii-window"),
+    ]
+    configs = [
+        pipeline.demo_config(
+            source=f"synthetic:{s}?size=32&persons=4&images_per_person=8",
+            val_source=f"synthetic:{s}?split=val&size=32&persons=2&images_per_person=4",
+            targets=(f"synthetic:{t}?size=32&persons=2&images_per_person=7",),
+            **tiny,
+        )
+        for s, t in parts
+    ]
+    monkeypatch.setattr(
+        pipeline, "demo_configs", lambda **overrides: [dataclasses_replace(c, **overrides) for c in configs]
+    )
+    args = _parser().parse_args(
+        ["demo", "--out", str(tmp_path / "demo"), "--cache-dir", str(tmp_path / "c"), "--quiet"]
+    )
+    args.func(args)
+    out = capsys.readouterr().out
+    summary = out[out.index("mean angular error (deg) over persons ± std") :]
+    assert "mpii/test" in summary and "mpii-window/test" in summary and "total wall time" in summary
+    for name in ("eth", "eth-studio"):  # one folder per part
+        saved = json.loads((tmp_path / "demo" / name / "results.json").read_text())
+        assert list(saved["targets"].values())[0]["summary"].keys() == set(pipeline.COLUMNS)

@@ -378,6 +378,8 @@ def test_open_dataset_routes_synthetic(monkeypatch):
     calls = []
     monkeypatch.setattr(synthetic, "make_domain", lambda name, **kw: calls.append((name, kw)) or "made", raising=False)
     assert open_dataset("synthetic:mpii-like?seed=3&persons=4", size=32) == "made"
+    with pytest.raises(ValueError, match="stored_order do not apply to a synthetic world; its options: split, seed"):
+        open_dataset("synthetic:mpii?stored_order=yaw-pitch")  # a gazehub option: once a TypeError
     assert calls == [("mpii-like", {"seed": 3, "persons": 4, "size": 32})]
 
 

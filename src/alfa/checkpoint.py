@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +159,13 @@ def load_backbone(model: nn.Module, path: str | os.PathLike, skip: tuple[str, ..
         with safe_open(str(path), framework="pt") as f:
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     else:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        try:  # weights_only: tensors and plain containers, never code (torch's hint to disable it is not shown)
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+            raise CheckpointError(
+                f"{path} does not load as a plain state dict ({type(e).__name__}): only tensors are read, never "
+                "pickled code; save it as .safetensors"
+            ) from None
         tensors = obj.get("state_dict", obj) if isinstance(obj, dict) else None
         if not isinstance(tensors, dict):
             raise CheckpointError(f"{path}: expected a state dict")

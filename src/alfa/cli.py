@@ -47,28 +47,34 @@ def _pages(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     from .truncate import DEFAULT_RANK
 
-    parser = argparse.ArgumentParser(prog="alfa", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="alfa",
+        description="Alfa (Attentive Low-Rank Filter Adaptation): truncate, personalize and evaluate gaze models, "
+        "and the benchmark around them. Each command says more with --help.",
+    )
+    parser.add_argument("--version", action="version", version=f"alfa {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
 
     p = sub.add_parser("summary", help="parameter summary of a registered model, dense and truncated")
-    p.add_argument("--model", default="resnet18_gaze")
-    p.add_argument("--rank", type=int, default=DEFAULT_RANK, help="SVD rank (0: dense only)")
+    p.add_argument("--model", default="resnet18_gaze", help="a registered model (default %(default)s)")
+    p.add_argument("--rank", type=int, default=DEFAULT_RANK, help="SVD rank (0: dense only; default %(default)s)")
     p.set_defaults(func=_summary)
 
     p = sub.add_parser("example", help="library tour: truncate, attach Alfa, train a few steps, save, merge")
-    p.add_argument("--rank", type=int, default=DEFAULT_RANK)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rank", type=int, default=DEFAULT_RANK, help="SVD rank d (default %(default)s)")
+    p.add_argument("--steps", type=int, default=5, help="flip-loss steps on random images (default %(default)s)")
+    p.add_argument("--image-size", type=int, default=224, help="image side, at least 32 (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and images (default %(default)s)")
     p.set_defaults(func=_example)
 
     p = sub.add_parser("speed", help="time a personalization step and inference (dense, truncated, merged)")
     p.add_argument("--out", default=None, help="write the markdown report here (e.g. docs/speed.md)")
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--image-size", type=int, default=224)
-    p.set_defaults(func=_speed)
+    p.add_argument("--repeats", type=int, default=20, help="timed repeats, interleaved (default %(default)s)")
+    p.add_argument("--image-size", type=int, default=224, help="image side in pixels (default %(default)s)")
+    p.set_defaults(func=_speed, outputs={"out": False})
 
     p = sub.add_parser(
         "pages",
@@ -83,7 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", help="repository root (default: the checkout this alfa is installed from)")
     p.set_defaults(func=_pages)
 
-    p = sub.add_parser("costs", add_help=False, help="cost table of every adapter method (see `alfa costs --help`)")
+    from .bench import costs
+
+    p = sub.add_parser(
+        "costs",
+        help="cost table of every adapter method: parameters, file sizes, step time, latency",
+        description=costs.__doc__.split("\n\n")[0],
+    )
+    costs.add_arguments(p)
+    p.set_defaults(func=costs.run, outputs={"json": False, "update_doc": False})
 
     from .bench.commands import register as register_bench
     from .crate.commands import register as register_crate
@@ -97,14 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every output a command was given must be writable before it starts (not after an hour of work): each
+    parser lists its outputs as ``outputs={option: is_folder}``."""
+    from .fileio import check_writable
+
+    for name, folder in getattr(args, "outputs", {}).items():
+        value = getattr(args, name, None)
+        if value is not None:
+            check_writable(value, folder=folder, what=f"--{name.replace('_', '-')}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["costs"]:  # its own parser (python -m alfa.bench.costs); argparse can't forward --help
-        from .bench.costs import main as costs_main
-
-        return costs_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
+        _check_outputs(args)
         args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -41,6 +41,14 @@ def run_example(
     rank: int = DEFAULT_RANK, steps: int = 5, image_size: int = 224, batch: int = 10, seed: int = 0
 ) -> dict:
     """Run the tour and print what happens; returns the numbers it printed."""
+    for name, value, least in (
+        ("rank", rank, 1),
+        ("steps", steps, 1),
+        ("batch", batch, 1),
+        ("image size", image_size, 32),
+    ):
+        if value < least:  # ResNet-18 halves the image five times: below 32 pixels there is nothing left
+            raise ValueError(f"{name} must be at least {least}, got {value}")
     torch.manual_seed(seed)
     model = resnet18_gaze().eval()
     dense_params = parameter_summary(model).total

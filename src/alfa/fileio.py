@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "write_text", "write_bytes", "write_json", "safe_filename"]
+__all__ = ["atomic_path", "write_text", "write_bytes", "write_json", "safe_filename", "check_writable"]
 
 
 @contextlib.contextmanager
@@ -77,3 +77,26 @@ def safe_filename(name: str) -> str:
     if out in ("", ".", ".."):
         raise ValueError(f"{name!r} does not make a usable file name")
     return out
+
+
+def check_writable(path: str | os.PathLike, *, folder: bool = False, what: str = "output") -> Path:
+    """Fail now, before any work, if ``path`` could not be written later: a file whose place is a folder (or
+    under a file), a folder that is a file, or a place this process may not write. Creates nothing. Raises
+    ``ValueError``."""
+    path = Path(path)
+    if folder and path.exists() and not path.is_dir():
+        raise ValueError(f"{what} {path} is a file, not a folder")
+    if not folder and path.is_dir():
+        raise ValueError(f"{what} {path} is a folder, not a file")
+    # the nearest existing ancestor decides: it must be a folder this process may write into
+    probe = path if folder else path.parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{what} {path} cannot be written: {probe} is a file")
+    target = path if (folder and path.is_dir()) else probe
+    if path.exists() and not folder and not os.access(path, os.W_OK):
+        raise ValueError(f"{what} {path} cannot be written (permission denied)")
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {path} cannot be written: no permission to write in {target}")
+    return path

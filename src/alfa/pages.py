@@ -48,6 +48,30 @@ def _render_results(root: Path, out: Path) -> None:
     )
 
 
+FLIP_DATA = "docs/data/bench-flip"
+"""The flip-premise benchmark's committed results (docs/flip-premise.md): its page and Alfa's default recipe."""
+
+
+def _render_flip_results(root: Path, out: Path) -> None:
+    from .bench.report import build_report
+
+    build_report(
+        root / FLIP_DATA,
+        out / "docs/results-flip.md",
+        figure_dir=out / "docs/figures/results-flip",
+        command=f"alfa report --results {FLIP_DATA} --out docs/results-flip.md --figures docs/figures/results-flip",
+        source=FLIP_DATA,
+    )
+
+
+def _render_default_recipe(root: Path, out: Path) -> None:
+    from .bench.flip_report import default_recipe_module
+    from .bench.results import load_results
+
+    text = default_recipe_module(load_results(root / FLIP_DATA), FLIP_DATA)
+    write_text(out / "src/alfa/gaze/default_recipe.py", text)
+
+
 def _render_speed(root: Path, out: Path) -> None:
     from .bench.speed import speed_command, to_markdown
 
@@ -64,6 +88,20 @@ PAGES: tuple[Page, ...] = (
         "--data-to docs/data/bench-standard --out docs/results.md",
         render=_render_results,
         figures="docs/figures/results",
+    ),
+    Page(
+        path="docs/results-flip.md",
+        data=FLIP_DATA,
+        produce="alfa bench --standard (in pieces, docs/results-flip.md § Runs), then alfa report --results "
+        f"runs/bench-flip --data-to {FLIP_DATA} --out docs/results-flip.md",
+        render=_render_flip_results,
+        figures="docs/figures/results-flip",
+    ),
+    Page(
+        path="src/alfa/gaze/default_recipe.py",
+        data=FLIP_DATA,
+        produce=f"alfa pages --write (from {FLIP_DATA}: Alfa's recipe selected for the E source, seeds pooled)",
+        render=_render_default_recipe,
     ),
     Page(
         path="docs/speed.md",

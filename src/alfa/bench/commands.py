@@ -151,7 +151,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="list the records that would run, run nothing")
     p.add_argument("--report", metavar="MD", help="also write the report to this markdown file afterwards")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_bench)
+    p.set_defaults(func=_bench, outputs={"out": True, "report": False})
 
     p = subparsers.add_parser(
         "report",
@@ -167,7 +167,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="first copy results.json and the figure data (never adapters or models) to DIR, e.g. "
         "docs/data/bench-standard, the data committed with the page, and make the page from that copy",
     )
-    p.set_defaults(func=_report)
+    p.set_defaults(func=_report, outputs={"out": False, "figures": True, "data_to": True})
 
 
 def main(argv: list[str] | None = None) -> int:

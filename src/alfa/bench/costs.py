@@ -27,6 +27,7 @@ import dataclasses
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -294,23 +295,42 @@ def update_doc(path: Path, block: str) -> None:
     write_text(path, f"{head}{BEGIN_MARK}\n{block.strip()}\n{END_MARK}{tail}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``alfa costs`` (``python -m alfa.bench.costs``): print the cost table (and optionally save it as JSON)."""
-    parser = argparse.ArgumentParser(prog="alfa costs", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="resnet18_gaze")
-    parser.add_argument("--rank", type=int, default=TruncateConfig.rank, help="SVD truncation rank d")
-    parser.add_argument("--batch", type=int, default=10, help="images per step (each also flipped)")
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``alfa costs``."""
+    parser.add_argument("--model", default="resnet18_gaze", help="registered model (default resnet18_gaze)")
+    parser.add_argument(
+        "--rank", type=int, default=TruncateConfig.rank, help="SVD truncation rank d (default %(default)s)"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=10, help="images per step, each also flipped (default %(default)s)"
+    )
+    parser.add_argument("--image-size", type=int, default=224, help="image side in pixels (default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds, interleaved (default %(default)s)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and images (default %(default)s)")
     parser.add_argument("--no-dense", action="store_true", help="skip the untruncated rows")
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     parser.add_argument(
         "--update-doc", type=Path, metavar="MD", help="also write the table between the costs markers of this page"
     )
-    args = parser.parse_args(argv)
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("rank", "batch", "image_size", "repeats", "threads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be at least 0, got {args.warmup}")
+    from ..models import list_models
+
+    if args.model not in list_models():
+        raise ValueError(f"unknown model {args.model!r}; known: {', '.join(list_models())}")
+
+
+def run(args: argparse.Namespace) -> None:
+    """``alfa costs``: print the cost table (and optionally save it as JSON or into a page)."""
+    _check(args)
     if args.update_doc is not None:  # fail before ten minutes of timing, not after
         _split_at_markers(args.update_doc)
     load_start = os.getloadavg()[0]
@@ -341,6 +361,18 @@ def main(argv: list[str] | None = None) -> int:
         update_doc(args.update_doc, f"{table}\n\n{conditions}")
     if args.json:
         write_text(args.json, json.dumps([asdict(r) for r in rows], indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m alfa.bench.costs``: the same command as ``alfa costs``, with the same one-line errors."""
+    parser = argparse.ArgumentParser(prog="alfa costs", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"alfa costs: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -6,6 +6,8 @@ as they always did.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -19,6 +21,10 @@ from .stats import Index, Measure, cell, diff, pairs_of, pooled, signed
 from .variants import GRID, SELECTED
 
 __all__ = ["flip_sections", "flip_summary", "ceilings", "table_rows"]
+
+SHARE_FLOOR = 0.5
+"""A gain is shown as a share of the flip-TTA ceiling only where the ceiling is at least this many degrees
+(a share of a near-zero ceiling is noise in a percentage)."""
 
 CRITERION = 1 / 3
 """A positive control's flip-TTA ceiling must reach this share of the oracle headroom (declared)."""
@@ -83,7 +89,7 @@ def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
 
 
 def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.0f} %"
+    return "—" if x is None else f"{100 * x:.0f} %".replace("-", "−")
 
 
 def _control(pair: str) -> str:
@@ -117,8 +123,24 @@ def _ceiling_sentences(idx: Index, ceil: dict[str, dict[str, float | None]]) -> 
     return lines
 
 
+MIXES = ("diag_gate", "linear_mix")
+"""Alfa's two simpler mixes (ablation rows, not Table 1's): they also get selected recipes, so the flip-premise
+sections compare them with the rest."""
+
+
+MIX_NAMES = {"diag_gate": "diagonal gate", "linear_mix": "linear mix"}
+
+
+def _name(label: str) -> str:
+    """:func:`display_name`, with words for Alfa's two mixes (which are ablation rows, named by label elsewhere)."""
+    base = label.removesuffix(SELECTED)
+    if base in MIX_NAMES:
+        return MIX_NAMES[base] + (" (selected recipe)" if label.endswith(SELECTED) else "")
+    return display_name(label)
+
+
 def _methods(idx: Index, main: Sequence[str]) -> list[str]:
-    return [m for m in table_rows(idx, main) if m not in ("source-only", "flip-tta")]
+    return [m for m in table_rows(idx, (*main, *MIXES)) if m not in ("source-only", "flip-tta")]
 
 
 def _share_table(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, float | None]]) -> str:
@@ -133,9 +155,9 @@ def _share_table(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, floa
                 cells.append("—")
                 continue
             gain = -d.mean
-            share = f" ({_pct(gain / c)})" if c is not None and c > 0.05 else ""
+            share = f" ({_pct(gain / c)})" if c is not None and c >= SHARE_FLOOR else ""
             cells.append(f"{signed(gain)}{share}{' clear' if d.clear else ''}")
-        rows.append([display_name(m), *cells])
+        rows.append([_name(m), *cells])
     return _table(["method (gain over source-only, deg; share of the flip-TTA ceiling)", *pairs], rows)
 
 
@@ -152,13 +174,11 @@ def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) 
             continue
         gain, m, d = max(candidates)
         c = ceil[pair]["ceiling"]
-        share = f", {_pct(gain / c)} of the flip-TTA ceiling" if c and c > 0.05 else ""
+        share = f", {_pct(gain / c)} of the flip-TTA ceiling" if c and c >= SHARE_FLOOR else ""
         if gain > 0:
-            lines.append(
-                f"On {pair} the largest gain without clear harm is {display_name(m)}'s: {d.describe()}{share}."
-            )
+            lines.append(f"On {pair} the largest gain without clear harm is {_name(m)}'s: {d.describe()}{share}.")
         else:
-            lines.append(f"On {pair} no method lowers the error below source-only; the least harm: {display_name(m)}.")
+            lines.append(f"On {pair} no method lowers the error below source-only; the least harm: {_name(m)}.")
     return lines
 
 
@@ -171,7 +191,7 @@ def _attention_lines(idx: Index, pairs: Sequence[str]) -> list[str]:
             if d is not None:
                 lines.append(
                     f"Positive controls ({', '.join(pairs)}), {'selected recipes' if suffix else 'paper recipe'}: "
-                    f"{display_name(alfa)} − {display_name(other + suffix)} = {d.describe()}."
+                    f"{_name(alfa)} − {_name(other + suffix)} = {d.describe()}."
                 )
     return lines
 
@@ -179,7 +199,7 @@ def _attention_lines(idx: Index, pairs: Sequence[str]) -> list[str]:
 def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
     rows, inflation = [], []
     pairs = pairs_of(idx)
-    for m in table_rows(idx, main):
+    for m in table_rows(idx, (*main, *MIXES)):
         ref = pooled(idx, m, pairs, _field("reference_protocol_deg"))
         if ref is None:
             continue
@@ -190,7 +210,7 @@ def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
             inflation.append((infl, m))
         rows.append(
             [
-                display_name(m),
+                _name(m),
                 honest.format() if honest else "—",
                 last_all.format() if last_all else "—",
                 ref.format(),
@@ -213,7 +233,7 @@ def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
         text = (
             f"Replaying the reference protocol (per person the best of steps 0…{_steps(idx)} chosen with its labels) "
             f"reports {_num(lo[0])}–{_num(hi[0])}° less error than the last step on the same images "
-            f"({display_name(lo[1])} to {display_name(hi[1])})"
+            f"({_name(lo[1])} to {_name(hi[1])})"
         )
         if alfa is not None:
             text += f"; for Alfa {_num(alfa)}°"
@@ -244,7 +264,7 @@ def _selection(results: dict[str, Any], idx: Index, main: Sequence[str]) -> tupl
 
         rows.append(
             [
-                display_name(method),
+                _name(method),
                 source,
                 "; ".join(f"{label} ({n}×)" for label, n in chosen.most_common()),
                 mean("source_only_deg"),
@@ -257,11 +277,11 @@ def _selection(results: dict[str, Any], idx: Index, main: Sequence[str]) -> tupl
     sentences = []
     harmed = []
     for pair in pairs_of(idx):
-        for m in (x for x in table_rows(idx, main) if x.endswith(SELECTED)):
+        for m in (x for x in table_rows(idx, (*main, *MIXES)) if x.endswith(SELECTED)):
             d = diff(idx, m, "source-only", [pair])
             if d is not None and d.mean > 0 and d.clear:
-                harmed.append(f"{display_name(m)} on {pair} ({signed(d.mean)}°)")
-    selected_rows = [m for m in table_rows(idx, main) if m.endswith(SELECTED)]
+                harmed.append(f"{_name(m)} on {pair} ({signed(d.mean)}°)")
+    selected_rows = [m for m in table_rows(idx, (*main, *MIXES)) if m.endswith(SELECTED)]
     if selected_rows:
         sentences.append(
             "With its recipe selected on the stand-in, a method is worse than source-only beyond the spread on: "
@@ -331,8 +351,9 @@ def flip_sections(results: dict[str, Any], idx: Index, main: Sequence[str]) -> l
             "",
             *(f"- {s}" for s in _ceiling_sentences(idx, ceil)),
             "",
-            "Every method's gain over source-only per pair, and as a share of that pair's ceiling (mean over seeds; "
-            "*clear*: beyond the spread, same sign in every seed):",
+            "Every method's gain over source-only per pair (positive: lower error), and as a share of that pair's "
+            f"ceiling where the ceiling is at least {SHARE_FLOOR:g}° (mean over seeds; *clear*: beyond the spread, "
+            "same sign in every seed):",
             "",
             _share_table(idx, main, ceil),
             "",
@@ -370,3 +391,59 @@ def flip_sections(results: dict[str, Any], idx: Index, main: Sequence[str]) -> l
             "",
         ]
     return lines
+
+
+DEFAULT_RECIPE_SOURCE = "E"
+"""The source whose selection sets ``alfa personalize``'s default: the ETH-XGaze-like one, the paper's main."""
+
+
+def default_recipe_module(results: dict[str, Any], data: str) -> str:
+    """The text of :mod:`alfa.gaze.default_recipe`: Alfa's recipe chosen by the declared rule on the stand-in
+    errors of the E source's selection records, averaged over the seeds (docs/flip-premise.md §4). ``data`` is
+    the folder the results were read from, named in the module."""
+    from ..gaze.recipes import PAPER_RECIPE, Recipe, select_pooled
+
+    records = sorted(
+        (
+            r
+            for r in results["records"]
+            if r.get("kind") == "selection" and r["method"] == f"alfa{GRID}" and r["source"] == DEFAULT_RECIPE_SOURCE
+        ),
+        key=lambda r: r["seed"],
+    )
+    if not records:
+        raise ValueError(f"no alfa{GRID} selection record of source {DEFAULT_RECIPE_SOURCE} in {data}")
+    per_seed = [{Recipe(**g["recipe"]): g["error_deg"] for g in r["grid"]} for r in records]
+    chosen, error = select_pooled(per_seed)
+    paper = statistics.fmean(errors[PAPER_RECIPE] for errors in per_seed)
+    source_only = statistics.fmean(r["source_only_deg"] for r in records)
+    seeds = [r["seed"] for r in records]
+    facts = {
+        "results": data,
+        "source": DEFAULT_RECIPE_SOURCE,
+        "seeds": seeds,
+        "stand_in_error_deg": round(error, 4),
+        "paper_recipe_stand_in_error_deg": round(paper, 4),
+        "source_only_stand_in_error_deg": round(source_only, 4),
+    }
+    provenance = "\n".join(f"    {json.dumps(k)}: {json.dumps(v)}," for k, v in facts.items())
+    fields = "\n".join(f"    {json.dumps(k)}: {v!r}," for k, v in dataclasses.asdict(chosen).items())
+    return f'''"""Alfa's default personalization recipe (what ``alfa personalize`` uses unless told otherwise), as data:
+:data:`alfa.gaze.recipes.DEFAULT_RECIPE` is built from it.
+
+Generated by ``alfa pages --write`` from {data}; do not edit. It is the recipe the declared rule
+(docs/flip-premise.md §4) selects for the {DEFAULT_RECIPE_SOURCE} source from the grid, on the stand-in errors
+(labelled persons that are neither a target nor the source's training persons) averaged over seeds
+{", ".join(map(str, seeds))}. No target label was read to choose it.
+"""
+
+DEFAULT_RECIPE_FIELDS = {{
+{fields}
+}}
+"""{chosen.label}"""
+
+SELECTED_ON = {{
+{provenance}
+}}
+"""Where the default came from, and the stand-in errors (mean over persons and seeds) it was chosen on."""
+'''

@@ -29,7 +29,7 @@ from .ablations import REGISTRY, family_of
 from .flip_report import flip_sections, flip_summary, table_rows
 from .markdown import number as _num
 from .markdown import table as _table
-from .methods import MAIN_METHODS
+from .methods import MAIN_METHODS, POSITIVE_CONTROLS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS
 from .names import NAMES, display_name
 from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE, load_results
 from .stats import (
@@ -577,6 +577,31 @@ def _scale_words(scale: dict[str, float] | None) -> str:
     return "scaled " + ", ".join(f"×{v:g} on `{k}`" for k, v in scale.items())
 
 
+def _positive_control_words(results: dict[str, Any], idx: Index) -> list[str]:
+    """The asymmetric worlds' part of the Data bullet (nothing for results without positive controls)."""
+    if not any(p in POSITIVE_CONTROLS for p in pairs_of(idx)):
+        return []
+    changes = SOURCE_TRAINING.get("S", {})
+    return [
+        f"Positive controls (`docs/flip-premise.md` §2): source S = `{SOURCES['S']}` of the same size, trained",
+        f"with {', '.join(f'{k} = {v:g}' for k, v in changes.items())} in pre-training and recovery; targets",
+        f"W = `{TARGETS['W']}`, C = `{TARGETS['C']}` of the same size as M and D.",
+    ]
+
+
+def _selection_words(results: dict[str, Any]) -> list[str]:
+    """The selected rows' part of the recipe bullet (nothing for results without selection records)."""
+    if not any(r.get("kind") == "selection" for r in results.get("records", [])):
+        return []
+    stand_ins = ", ".join(f"{SOURCES[t]} for {s}" for s, t in STAND_INS.items())
+    return [
+        "Rows marked *selected recipe* replace the recipe's detach, learning rate, ×10, steps and pitch anchor by",
+        "those the declared rule (`docs/flip-premise.md` §4) chose on the stand-in for that method, source and",
+        f"seed: the `val` persons of another symmetric source world ({stand_ins}), as many and as large as",
+        "a target's, never a target (§ Recipes selected without target labels).",
+    ]
+
+
 def _config_lines(results: dict[str, Any], idx: Index) -> list[str]:
     c = results.get("config", {})
     rec = c.get("personalize", {})
@@ -602,6 +627,7 @@ def _config_lines(results: dict[str, Any], idx: Index) -> list[str]:
             f"`val` split) for the in-domain row. Targets M = `mpii`, D = `eyediap`: {targets} ×",
             f"{c.get('target_images')} images; the first {n_adapt} of each person are the adaptation images,",
             f"the other {scored} are scored.",
+            *_positive_control_words(results, idx),
         ],
         [
             f"**Source model** per (source, seed): `{c.get('model')}` pre-trained {pre.get('epochs')} epochs",
@@ -616,6 +642,7 @@ def _config_lines(results: dict[str, Any], idx: Index) -> list[str]:
             f"(flipped branch {detached}); AdamW lr {rec.get('lr')} (×10 on layer3/layer4), weight decay",
             f"{rec.get('weight_decay')}; BatchNorm in eval mode; **{rec.get('steps')} steps** for every method;",
             "the last step is the result. Nothing is chosen on target labels.",
+            *_selection_words(results),
         ],
         [
             f"**Alfa**: H = {c.get('alfa_heads')} heads, r = {c.get('alfa_rank')}, on every factorized layer.",
@@ -857,6 +884,16 @@ def _header_section(r: _Report) -> list[str]:
         "paper's evidence, not its numbers.",
         "",
     ]
+    selection = [rec for rec in r.results.get("records", []) if rec.get("kind") == "selection"]
+    if selection:
+        present = {m for (m, _, _) in r.idx}
+        missing = [display_name(m) for m in MAIN_METHODS if m not in present]
+        lines += [
+            f"Besides those, {len(selection)} recipe-selection records (one per method, source and seed, on the "
+            "stand-in; § Recipes selected without target labels)."
+            + (f" Not in these results (not run yet): {', '.join(missing)}." if missing else ""),
+            "",
+        ]
     if len(r.seeds) < 3:
         lines += [
             f"**Only {len(r.seeds)} seed(s)**: this is not the full benchmark (≥ 3 seeds); differences below cannot be "

@@ -155,7 +155,9 @@ def pooled(idx: Index, method: str, pairs: Sequence[str], measure: Measure = ang
 
 
 def diff(idx: Index, a: str, b: str, pairs: Sequence[str], measure: Measure = angular) -> Diff | None:
-    """``a − b`` over the seeds where both have every pair of ``pairs``."""
+    """``a − b`` over the seeds where both have every pair of ``pairs`` (``None`` without pairs)."""
+    if not pairs:
+        return None
     per_seed: dict[int, float] = {}
     better = total = 0
     for s in seeds_of(idx):

@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     toy.add_argument("--show-runs", action="store_true", help="also print the table of every single run")
     toy.add_argument("--json", type=Path, metavar="PATH", help="write every run (per-layer statistics) as JSON")
     toy.add_argument("--figure", type=Path, metavar="PATH", help="write the four-panel figure (PNG)")
-    toy.set_defaults(func=toy_command)
+    toy.set_defaults(func=toy_command, outputs={"json": False, "figure": False})
 
     gaze = crate_sub.add_parser(
         "gaze",
@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "PATH's folder under figures/",
     )
     gaze.add_argument("--quiet", action="store_true", help="no progress output, only the final table")
-    gaze.set_defaults(func=gaze_command)
+    gaze.set_defaults(func=gaze_command, outputs={"out": True})
     return crate
 
 

@@ -153,27 +153,50 @@ def _personalize_config(args: argparse.Namespace, method: Any = None):
     from ..adapters import TPGazeConfig
     from .personalize import PersonalizeConfig
     from .pipeline import DemoConfig
+    from .recipes import named_recipe
     from .tpgaze import tpgaze_recipe
 
     base = DemoConfig().personalize if args.preset == "demo" else PersonalizeConfig()
-    # A method may come with its own recipe (TPGaze: Adam, lr 0.01, no layer scaling); flags still win.
+    # Alfa's default recipe was selected without target labels (alfa.gaze.default_recipe); the other adapter
+    # methods keep the paper's, and TPGaze its own (Adam, lr 0.01, no layer scaling). Flags still win.
     if isinstance(method, TPGazeConfig):
         base = tpgaze_recipe(base)
+    else:
+        base = named_recipe(args.recipe if method.method == "alfa" else "paper").apply(base)
     changes = {
         "steps": args.steps,
         "lr": args.lr,
         "n_adapt": args.n_adapt,
         "loss": args.loss,
         "seed": args.seed,
-        "detach_flipped": False if args.train_both_branches else None,
+        "detach_flipped": False if args.train_both_branches else True if args.detach_flipped else None,
         "pitch_anchor": args.pitch_anchor,
     }
     return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
 
 
+def _remove_adapters(folder: Path) -> None:
+    """``--replace``: remove the adapters (and their sidecars) the folder's last run lists, nothing else."""
+    from .evaluate import adapter_filename
+
+    summary = folder / "personalization.json"
+    for person in json.loads(summary.read_text()).get("persons", {}):
+        adapter = folder / adapter_filename(person)
+        adapter.unlink(missing_ok=True)
+        adapter.with_suffix(".json").unlink(missing_ok=True)
+    summary.unlink()
+
+
+def _recipe_words(config: Any) -> str:
+    scale = ", ".join(f"×{v:g} on {k}" for k, v in config.lr_scale.items()) or "no layer scaling"
+    branches = "flipped branch detached" if config.detach_flipped else "both branches trained"
+    anchor = f", pitch anchor {config.pitch_anchor:g}" if config.pitch_anchor else ""
+    return f"{config.steps} steps, lr {config.lr:g} ({scale}), {branches}{anchor}"
+
+
 def _personalize(args: argparse.Namespace) -> None:
     from ..checkpoint import load_model
-    from .personalize import personalize_dataset
+    from .personalize import foreign_adapters, personalize_dataset
 
     method = _method_config(args)
     config = _personalize_config(args, method)
@@ -187,14 +210,21 @@ def _personalize(args: argparse.Namespace) -> None:
         method = start_from(model, args.init)
     data = _open(args.data)
     persons = [p for p in args.persons.split(",") if p] if args.persons else None
+    why = foreign_adapters(model, data, method, config, args.out)
+    if why is not None:
+        if not args.replace:
+            raise ValueError(f"--out {args.out}: {why}; use another --out, or --replace to redo them there")
+        _remove_adapters(Path(args.out))
     _seed(config.seed)
+    if not args.quiet:
+        print(f"recipe: {_recipe_words(config)}")
     run = personalize_dataset(model, data, method, config, args.out, persons=persons, progress=not args.quiet)
     counts = run.counts()
     print(
         f"{method.method} personalization of {data.name}: {counts['ok']} done, {counts['skipped']} already "
         f"there, {counts['failed']} failed; adapters in {args.out}"
     )
-    run.raise_if_all_failed()
+    run.raise_if_failed(args.allow_partial)
 
 
 # ----------------------------------------------------------------------------- evaluate
@@ -204,6 +234,8 @@ def _evaluate(args: argparse.Namespace) -> None:
     from ..checkpoint import load_model
     from .evaluate import evaluate
 
+    if args.adapters is not None and not Path(args.adapters).is_dir():
+        raise FileNotFoundError(f"--adapters {args.adapters}: no such folder (alfa personalize --out writes one)")
     model, _ = load_model(args.checkpoint)
     model.eval()
     data = _open(args.data)
@@ -226,28 +258,55 @@ def _evaluate(args: argparse.Namespace) -> None:
     print(report.format_table())
     if args.json:
         print(f"written {report.save_json(args.json)}")
+    _raise_if_incomplete(report, args.allow_partial)
+
+
+def _raise_if_incomplete(report: Any, allow_partial: bool) -> None:
+    """An evaluation that could not score every person is an error a script can see (exit 2), unless the user
+    accepts it; one that scored nobody always is."""
+    if not report.failed:
+        return
+    n, total = len(report.failed), len(report.persons)
+    if not report.common_persons():
+        raise RuntimeError(f"no person could be scored ({n} of {total} failed, listed above)")
+    if not allow_partial:
+        raise RuntimeError(
+            f"{n} of {total} persons could not be scored (listed above; the means leave them out); "
+            "--allow-partial accepts that"
+        )
 
 
 # ----------------------------------------------------------------------------- demo
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from .pipeline import demo_config, run_demo
+    from ..fileio import safe_filename
+    from .pipeline import demo_configs, run_demo, summary_table
 
-    overrides: dict[str, Any] = {"out_dir": args.out, "cache_dir": args.cache_dir, "seed": args.seed}
-    if args.targets:
-        overrides["targets"] = tuple(args.targets)
-    config = demo_config(**overrides)
-    _seed(config.seed)
-    result = run_demo(config, rebuild=args.rebuild, progress=not args.quiet)
+    overrides: dict[str, Any] = {"cache_dir": args.cache_dir, "seed": args.seed}
+    configs = demo_configs(**overrides)
+    if args.targets:  # only the first part (the E source), on these targets
+        configs = [dataclasses.replace(configs[0], targets=tuple(args.targets))]
+    _seed(args.seed)
+    results, total = [], 0.0
+    for config in configs:
+        name = Path(config.source.partition("?")[0].partition(":")[2]).name
+        config = dataclasses.replace(config, out_dir=str(Path(args.out) / safe_filename(name)))
+        if not args.quiet:
+            print(f"\n== source {config.source}", flush=True)
+        result = run_demo(config, rebuild=args.rebuild, progress=not args.quiet)
+        if args.quiet:
+            print(result.format(per_person=True))
+        print(f"\n{result.source_line()}")
+        origin = "cached source model" if result.from_cache else "source model built"
+        print(f"{origin} ({Path(config.cache_dir)}); wall time {result.seconds['total']:.0f} s")
+        print(f"results: {result.json_path}" + (f"; figure: {result.figure_path}" if result.figure_path else ""))
+        results.append(result)
+        total += result.seconds["total"]
     print()
-    print(result.format(per_person=args.quiet))  # with progress, run_demo already printed each target's table
-    t = result.seconds
-    source = "cached source model" if result.from_cache else "source model built"
-    print(f"\n{source} ({Path(config.cache_dir)}); wall time {t['total']:.0f} s")
-    print(f"results: {result.json_path}")
-    if result.figure_path:
-        print(f"figure:  {result.figure_path}")
+    print(summary_table({k: v for r in results for k, v in r.reports.items()}))
+    print("\n".join(line for r in results for line in r.verdict))
+    print(f"\ntotal wall time {total:.0f} s")
 
 
 # ----------------------------------------------------------------------------- registration
@@ -258,6 +317,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # Option defaults are read from the configs, so a default is written in one place only.
     from ..adapters import AlfaConfig
     from .personalize import PersonalizeConfig
+    from .recipes import DEFAULT_RECIPE, PAPER_RECIPE, RECIPE_NAMES
     from .train import TruncateConfig
 
     alfa, recipe, rank = AlfaConfig(), PersonalizeConfig(), TruncateConfig().rank
@@ -267,7 +327,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="resnet18_gaze")
     p.add_argument("--out", default="runs/pretrain", help="checkpoint folder (an unfinished run there resumes)")
     _train_options(p, "training epochs (real: 50)")
-    p.set_defaults(func=_pretrain)
+    p.set_defaults(func=_pretrain, outputs={"out": True})
 
     p = subparsers.add_parser("truncate", help="SVD-truncate a pre-trained model and recover it on the source")
     p.add_argument("--checkpoint", required=True, help="the dense pre-trained checkpoint (model.safetensors)")
@@ -276,33 +336,59 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rank", type=int, default=rank, help=f"SVD rank d (default {rank})")
     p.add_argument("--out", default="runs/recovered")
     _train_options(p, "recovery epochs (real: 25)")
-    p.set_defaults(func=_truncate)
+    p.set_defaults(func=_truncate, outputs={"out": True})
 
     p = subparsers.add_parser("personalize", help="one adapter per target person from its first 5 unlabeled images")
     p.add_argument("--checkpoint", required=True, help="the truncated + recovered base (model.safetensors)")
     p.add_argument("--data", required=True, help="target dataset spec, e.g. synthetic:mpii")
     p.add_argument("--out", default="runs/adapters", help="adapter folder (persons already done are skipped)")
-    p.add_argument("--method", default="alfa", help="any registered adapter method (default alfa)")
+    from ..adapters import METHODS
+
+    p.add_argument(
+        "--method", default="alfa", help=f"an adapter method: {', '.join(sorted(METHODS))} (default %(default)s)"
+    )
     p.add_argument("--heads", type=int, default=alfa.heads, help="Alfa heads H")
     p.add_argument("--adapter-rank", type=int, default=alfa.rank, help="Alfa low rank r")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="another method option (repeatable)")
     p.add_argument("--init", help="tpgaze: start every person from these meta-trained prompts (alfa tpgaze meta-train)")
     p.add_argument("--preset", choices=PRESETS, default="real", help="demo: blur kernel sized for 64×64 images")
-    p.add_argument("--steps", type=int, help=f"optimizer steps per person (default {recipe.steps})")
-    p.add_argument("--lr", type=float, help="AdamW base learning rate (default 1e-4; ×10 on layer3/4)")
+    p.add_argument(
+        "--recipe",
+        choices=RECIPE_NAMES,
+        default="default",
+        help="alfa: 'default' is the recipe selected without target labels on the benchmark's stand-in "
+        f"({DEFAULT_RECIPE.label}; docs/flip-premise.md), 'paper' the paper's ({PAPER_RECIPE.label}); other "
+        "methods use the paper's; --steps, --lr and the flags below override either",
+    )
+    p.add_argument("--steps", type=int, help="optimizer steps per person (default: the recipe's)")
+    p.add_argument("--lr", type=float, help="AdamW base learning rate (default: the recipe's)")
     p.add_argument("--n-adapt", type=int, help=f"adaptation images per person (default {recipe.n_adapt})")
     p.add_argument("--loss", choices=("flip", "augment"), help="flip symmetry (default) or augmentation consistency")
-    p.add_argument("--train-both-branches", action="store_true", help="do not detach the flipped branch")
+    branches = p.add_mutually_exclusive_group()
+    branches.add_argument("--train-both-branches", action="store_true", help="do not detach the flipped branch")
+    branches.add_argument("--detach-flipped", action="store_true", help="detach the flipped branch (the paper's)")
     p.add_argument(
         "--pitch-anchor",
         type=float,
         metavar="W",
-        help="not in the paper: hold the batch's mean predicted pitch at its start with weight W (default 0: off)",
+        help="not in the paper: hold the batch's mean predicted pitch at its start with weight W (0: off; "
+        "default: the recipe's)",
     )
     p.add_argument("--persons", help="comma-separated person ids (default: all)")
     p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="if --out holds adapters of another dataset, method, recipe or base, remove them and redo (by default "
+        "that is refused)",
+    )
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="exit 0 even if some persons failed (by default any failure exits 2, after the others are done)",
+    )
     p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=_personalize)
+    p.set_defaults(func=_personalize, outputs={"out": True})
 
     p = subparsers.add_parser("evaluate", help="per-person angular error, before and after personalization")
     p.add_argument("--checkpoint", required=True, help="the base model the adapters were trained on")
@@ -320,14 +406,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--json", help="also write the report here (JSON)")
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="exit 0 even if some persons failed (by default any failure exits 2, after the others are done)",
+    )
     p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=_evaluate)
+    p.set_defaults(func=_evaluate, outputs={"json": False})
 
     p = subparsers.add_parser("demo", help="the whole chain on the synthetic benchmark: table, JSON, figure")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--cache-dir", default="runs/cache", help="where the source model is cached")
     p.add_argument("--rebuild", action="store_true", help="rebuild the cached source model")
-    p.add_argument("--targets", nargs="+", help="target dataset specs (default: synthetic mpii and eyediap)")
+    p.add_argument(
+        "--targets",
+        nargs="+",
+        help="run only the E source, on these target dataset specs (default: E on synthetic mpii, then the "
+        "studio source on synthetic mpii-window)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=_demo)
+    p.set_defaults(func=_demo, outputs={"out": True, "cache_dir": True})

@@ -61,6 +61,7 @@ __all__ = [
     "build_batch",
     "personalize",
     "personalize_dataset",
+    "foreign_adapters",
 ]
 
 # Parameter names inside ResNet-18's third and fourth stage (the paper's ×10 learning rate).
@@ -276,12 +277,20 @@ class PersonalizationRun:
         """How many persons are ``ok``, ``skipped`` (already done) and ``failed``."""
         return {s: sum(o.status == s for o in self.persons.values()) for s in ("ok", "skipped", "failed")}
 
-    def raise_if_all_failed(self) -> None:
-        """Print each failed person to stderr; a run in which every person failed is an error."""
+    def raise_if_failed(self, allow_partial: bool = False) -> None:
+        """Print each failed person to stderr; a run in which a person failed is an error (a script must be
+        able to see it), unless ``allow_partial`` and at least one person succeeded."""
         for person, error in self.failed.items():
             print(f"  FAILED {person}: {error}", file=sys.stderr)
-        if self.persons and len(self.failed) == len(self.persons):
+        if not self.failed:
+            return
+        if len(self.failed) == len(self.persons):
             raise RuntimeError("personalization failed for every person")
+        if not allow_partial:
+            raise RuntimeError(
+                f"personalization failed for {len(self.failed)} of {len(self.persons)} persons (listed above); the "
+                "others' adapters are kept, a rerun redoes only the failed ones, --allow-partial accepts the run"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -313,6 +322,44 @@ def _already_done(model: nn.Module, adapter: Path, sidecar: Path, key: dict[str,
     out = record["outcome"]
     out["status"] = "skipped"
     return PersonOutcome(**out)
+
+
+def foreign_adapters(
+    model: nn.Module, dataset: GazeDataset, method: AdapterConfig, config: PersonalizeConfig, out_dir: str | Path
+) -> str | None:
+    """Why ``out_dir`` holds adapters that a run of ``method`` with ``config`` on ``dataset`` and ``model`` would
+    replace (another dataset, method, recipe or base), or ``None`` if it holds none of those. What the command
+    line checks before it writes (``personalize_dataset`` itself redoes any person whose adapter differs)."""
+    out = Path(out_dir)
+    summary = out / "personalization.json"
+    if not summary.is_file():
+        return None
+    try:
+        before = json.loads(summary.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        return f"{summary} does not read ({e})"
+    key = json.loads(json.dumps(_run_key(method, config)))
+    if before.get("dataset") != dataset.name:
+        return f"its adapters were made on the dataset {before.get('dataset')!r}, not {dataset.name!r}"
+    if before.get("method") != key["method"] or before.get("method_config") != key["method_config"]:
+        return f"its adapters are {before.get('method')} ({before.get('method_config')}), not {key['method']}"
+    if before.get("config") != key["config"]:
+        changed = sorted(
+            k
+            for k in set(key["config"]) | set(before.get("config", {}))
+            if key["config"].get(k) != before.get("config", {}).get(k)
+        )
+        return f"its adapters were made with another recipe (differs in {', '.join(changed)})"
+    for person, outcome in before.get("persons", {}).items():
+        adapter = out / adapter_filename(person)
+        if outcome.get("status") in ("ok", "skipped") and adapter.is_file():
+            try:
+                load_adapter(model, adapter)
+            except (ValueError, RuntimeError) as e:
+                return f"its adapters were trained on another base ({e})"
+            detach(model)
+            break
+    return None
 
 
 def personalize_dataset(

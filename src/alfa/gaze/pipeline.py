@@ -1,7 +1,10 @@
 """The demo: the whole chain on the synthetic benchmark, in one call (``alfa demo``).
 
-    source data -> pre-training -> truncation + recovery -> per-person Alfa personalization of every
-    target person -> evaluation before / after -> table, JSON, figure
+    source data -> pre-training -> truncation + recovery -> per target person: source-only, flip-TTA,
+    Alfa with the default recipe, Alfa with the paper's recipe -> evaluation -> table, JSON, figure
+
+``alfa demo`` runs it twice (:func:`demo_configs`): a symmetric pair, where a flip sees little of the error,
+and an asymmetric one, where it can see more (docs/flip-premise.md).
 
 The source model (pre-trained and recovered) is cached under ``cache_dir/source-<key>``, where the key
 is a hash of everything it depends on: the model, the source and validation data (their specs *and*
@@ -34,7 +37,7 @@ from ..data.base import GazeDataset, InMemoryGazeDataset
 from ..fileio import atomic_path, safe_filename, write_json
 from ..models import create_model
 from .augment import AugmentConfig
-from .evaluate import EvaluationReport, evaluate, person_errors
+from .evaluate import EvaluationReport, evaluate
 from .personalize import PersonalizeConfig, personalize_dataset
 from .train import TrainConfig, TruncateConfig, train_source, truncate_and_recover
 
@@ -48,13 +51,14 @@ __all__ = [
     "source_cache_key",
     "build_source_model",
     "run_demo",
+    "demo_configs",
+    "COLUMNS",
     "verdict",
     "plot_per_person",
     "summary_table",
 ]
 
 CACHE_FORMAT = 1
-COLUMNS = ("source dense", "truncated+recovered", "alfa")
 
 
 @dataclass
@@ -68,10 +72,7 @@ class DemoConfig:
 
     source: str = "synthetic:eth?size=64&persons=100&images_per_person=100"
     val_source: str | None = "synthetic:eth?split=val&size=64&persons=10&images_per_person=40"
-    targets: tuple[str, ...] = (
-        "synthetic:mpii?size=64&images_per_person=60",
-        "synthetic:eyediap?size=64&images_per_person=60",
-    )
+    targets: tuple[str, ...] = ("synthetic:mpii?size=64&images_per_person=60",)
     model: str = "resnet18_gaze"
     seed: int = 0
     pretrain: TrainConfig = field(
@@ -231,11 +232,17 @@ def build_source_model(
 
 # ----------------------------------------------------------------------------- the demo
 
+COLUMNS = ("source-only", "flip-TTA", "alfa (default recipe)", "alfa (paper recipe)")
+"""The demo's columns: the truncated + recovered source model, its flip test-time augmentation (the ceiling of
+any flip-based correction, docs/flip-premise.md §1), Alfa with ``alfa personalize``'s default recipe (selected
+without target labels, :mod:`alfa.gaze.default_recipe`) and Alfa with the paper's recipe."""
+
+RECIPE_COLUMNS = {COLUMNS[2]: "default", COLUMNS[3]: "paper"}
+
 
 @dataclass
 class DemoResult:
-    """Per-target reports (columns: source dense, truncated+recovered, alfa), source-side numbers,
-    wall times, and the plain-language verdict."""
+    """Per-target reports (:data:`COLUMNS`), source-side numbers, wall times, and the plain-language verdict."""
 
     reports: dict[str, EvaluationReport]
     truncation: dict[str, Any]
@@ -247,60 +254,82 @@ class DemoResult:
 
     def format(self, per_person: bool = True) -> str:
         parts = [r.format_table() for r in self.reports.values()] if per_person else []
+        return "\n\n".join([*parts, self.source_line(), summary_table(self.reports), "\n".join(self.verdict)])
+
+    def source_line(self) -> str:
         e = self.truncation.get("errors", {})
-        source = (
+        return (
             f"source validation error (held-out source persons): {e.get('before_truncation', float('nan')):.2f} deg "
             f"dense, {e.get('after_truncation', float('nan')):.2f} truncated at rank {self.truncation.get('rank')}, "
             f"{e.get('after_recovery', float('nan')):.2f} after recovery"
         )
-        return "\n\n".join([*parts, source, summary_table(self.reports), "\n".join(self.verdict)])
 
 
 def summary_table(reports: dict[str, EvaluationReport]) -> str:
-    """One row per target: mean ± std over persons of each column, and how many persons improved."""
-    header = ["target", "persons", *COLUMNS, "improved"]
+    """One row per target: mean ± std over persons of each column (the columns each report has)."""
+    names = list(dict.fromkeys(c for rep in reports.values() for c in rep.columns))
+    header = ["target", "persons", *names]
     rows = []
     for name, rep in reports.items():
         s = rep.summary()
-        k, n = rep.improved(COLUMNS[1], COLUMNS[2])
-        cells = [f"{s[c]['mean']:.2f} ± {s[c]['std']:.2f}" if c in s else "-" for c in COLUMNS]
-        rows.append([name, str(n), *cells, f"{k}/{n}"])
+        cells = [f"{s[c]['mean']:.2f} ± {s[c]['std']:.2f}" if c in s else "-" for c in names]
+        rows.append([name, str(len(rep.common_persons())), *cells])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def fmt(r: list[str]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
 
-    title = "mean angular error (deg) over persons, adaptation images excluded; improved: alfa < truncated+recovered"
+    title = "mean angular error (deg) over persons ± std over persons, adaptation images excluded"
     return "\n".join([title, fmt(header), "  ".join("-" * w for w in widths), *(fmt(r) for r in rows)])
 
 
-def verdict(reports: dict[str, EvaluationReport], before: str = COLUMNS[1], after: str = COLUMNS[2]) -> list[str]:
-    """One plain sentence per target: did personalization lower the mean error, and for how many."""
+def verdict(reports: dict[str, EvaluationReport], before: str = COLUMNS[0]) -> list[str]:
+    """Plain sentences per target: did each column lower the mean error of ``before``, and for how many persons."""
     lines = []
     for name, rep in reports.items():
         s = rep.summary()
-        k, n = rep.improved(before, after)
-        if n == 0:
+        others = [c for c in rep.columns if c != before]
+        if not rep.common_persons():
             lines.append(f"{name}: no person could be compared ({len(rep.failed)} failed).")
             continue
-        b, a = s[before]["mean"], s[after]["mean"]
-        if a < b:
-            lines.append(
-                f"{name}: Alfa personalization lowered the mean error from {b:.2f} to {a:.2f} deg "
-                f"({a - b:+.2f}); lower for {k} of {n} persons."
-            )
-        else:
-            lines.append(
-                f"{name}: Alfa personalization did NOT help: mean error {b:.2f} -> {a:.2f} deg ({a - b:+.2f}); "
-                f"lower for only {k} of {n} persons."
-            )
+        b = s[before]["mean"]
+        parts = []
+        for c in others:
+            k, n = rep.improved(before, c)
+            a = s[c]["mean"]
+            word = "lowered" if a < b else "did NOT lower"
+            parts.append(f"{c} {word} it ({a:.2f} deg, {a - b:+.2f}; lower for {k} of {n} persons)")
+        lines.append(f"{name}: {before} {b:.2f} deg; " + "; ".join(parts) + ".")
         if rep.failed:
             lines.append(f"{name}: {len(rep.failed)} person(s) failed and are left out: {sorted(rep.failed)}")
     return lines
 
 
+def demo_configs(**overrides: Any) -> list[DemoConfig]:
+    """The demo's two parts: the E source on the symmetric MPII-like target (a negative control, where a flip
+    sees little of the error) and the studio source S (trained without the symmetry term) on the window-lit
+    target W (a positive control), as in the benchmark (docs/flip-premise.md §2); ``overrides`` apply to both."""
+    studio_training = {"symmetry_weight": 0.0}
+    base = DemoConfig()
+    studio = dataclasses.replace(
+        base,
+        source="synthetic:eth-studio?size=64&persons=100&images_per_person=100",
+        val_source="synthetic:eth-studio?split=val&size=64&persons=10&images_per_person=40",
+        targets=("synthetic:mpii-window?size=64&images_per_person=60",),
+        pretrain=dataclasses.replace(base.pretrain, **studio_training),
+        truncation=dataclasses.replace(
+            base.truncation, recovery=dataclasses.replace(base.truncation.recovery, **studio_training)
+        ),
+    )
+    return [dataclasses.replace(c, **overrides) for c in (base, studio)]
+
+
 def run_demo(config: DemoConfig | None = None, *, rebuild: bool = False, progress: bool = True) -> DemoResult:
-    """Run the whole chain and write ``results.json`` and ``per_person.png`` under ``config.out_dir``."""
+    """Run the whole chain for one source and its targets and write ``results.json`` and ``per_person.png``
+    under ``config.out_dir``: per target, :data:`COLUMNS`."""
+    from .flip import FlipTTA
+    from .recipes import named_recipe
+
     config = config or DemoConfig()
     t_start = time.time()
     out = Path(config.out_dir)
@@ -320,36 +349,38 @@ def run_demo(config: DemoConfig | None = None, *, rebuild: bool = False, progres
 
     models = build_source_model(config, source, val, rebuild=rebuild, progress=progress)
     seconds.update(models.seconds)
+    recipes = {column: named_recipe(name) for column, name in RECIPE_COLUMNS.items()}
 
     reports: dict[str, EvaluationReport] = {}
     n_adapt = config.personalize.n_adapt
     for spec, data in targets.items():
         t0 = time.time()
         name = data.name
-        run = personalize_dataset(
-            models.recovered,
-            data,
-            config.alfa,
-            config.personalize,
-            out / "adapters" / safe_filename(name),
-            progress=progress,
-        )
-        report = evaluate(
-            models.recovered,
-            data,
-            adapters=out / "adapters" / safe_filename(name),
-            n_adapt=n_adapt,
-            before=COLUMNS[1],
-            after=COLUMNS[2],
-            progress=False,
-        )
-        dense_errors = person_errors(models.dense, data, list(report.columns[COLUMNS[1]]), n_adapt)
-        report.columns = {COLUMNS[0]: dense_errors, **report.columns}
+        options = {"n_adapt": n_adapt, "progress": False}
+        report = evaluate(models.recovered, data, before=COLUMNS[0], **options)
+        tta = evaluate(models.recovered, data, before=COLUMNS[1], predictor=FlipTTA, **options)
+        report.columns.update(tta.columns)
+        losses = {}
+        for column, recipe in recipes.items():
+            folder = out / "adapters" / safe_filename(name) / RECIPE_COLUMNS[column]
+            run = personalize_dataset(
+                models.recovered,
+                data,
+                config.alfa,
+                recipe.apply(config.personalize),
+                folder,
+                progress=progress,
+            )
+            adapted = evaluate(models.recovered, data, adapters=folder, after=column, **options)
+            report.columns[column] = adapted.columns[column]
+            report.failed.update({p: f"{column}: {why}" for p, why in adapted.failed.items()})
+            losses[column] = {
+                p: {"first": o.losses[0], "final": o.final_loss} for p, o in run.persons.items() if o.losses
+            }
         report.meta = {
             "spec": spec,
-            "personalization_loss": {
-                p: {"first": o.losses[0], "final": o.final_loss} for p, o in run.persons.items() if o.losses
-            },
+            "recipes": {column: {"label": r.label, **dataclasses.asdict(r)} for column, r in recipes.items()},
+            "personalization_loss": losses,
         }
         reports[name] = report
         seconds[f"target {name}"] = time.time() - t0
@@ -375,8 +406,8 @@ def run_demo(config: DemoConfig | None = None, *, rebuild: bool = False, progres
 
 
 def plot_per_person(reports: dict[str, EvaluationReport], path: str | Path) -> Path | None:
-    """Per-person error before (truncated + recovered) vs after Alfa personalization, one panel per
-    target; points below the diagonal are persons personalization helped."""
+    """Per-person error of the source-only model (x) against flip-TTA and Alfa with each recipe (y), one panel
+    per target; points below the diagonal are persons the method helped."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -384,35 +415,32 @@ def plot_per_person(reports: dict[str, EvaluationReport], path: str | Path) -> P
 
     if not reports:
         return None
-    fig, axes = plt.subplots(1, len(reports), figsize=(4.6 * len(reports), 4.4), squeeze=False)
+    styles = {COLUMNS[1]: ("tab:gray", "s"), COLUMNS[2]: ("tab:green", "o"), COLUMNS[3]: ("tab:red", "^")}
+    fig, axes = plt.subplots(1, len(reports), figsize=(4.8 * len(reports), 4.6), squeeze=False)
     for ax, (name, rep) in zip(axes[0], reports.items()):
         persons = rep.common_persons()
-        before = [rep.columns[COLUMNS[1]][p] for p in persons]
-        after = [rep.columns[COLUMNS[2]][p] for p in persons]
-        if persons:
-            lo, hi = min(before + after), max(before + after)
-            pad = 0.05 * (hi - lo + 1e-9)
-            ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.6", lw=1, ls="--", label="no change")
-            better = [a < b for a, b in zip(after, before)]
+        if not persons or COLUMNS[0] not in rep.columns:
+            continue
+        before = [rep.columns[COLUMNS[0]][p] for p in persons]
+        values = [before]
+        s = rep.summary()
+        for column, (color, marker) in styles.items():
+            if column not in rep.columns:
+                continue
+            after = [rep.columns[column][p] for p in persons]
+            values.append(after)
             ax.scatter(
-                before,
-                after,
-                c=["tab:green" if g else "tab:red" for g in better],
-                s=28,
-                zorder=3,
+                before, after, c=color, marker=marker, s=26, zorder=3, label=f"{column}: {s[column]['mean']:.2f}"
             )
-            for p, b, a in zip(persons, before, after):
-                ax.annotate(p, (b, a), fontsize=6, xytext=(3, 2), textcoords="offset points", color="0.3")
-            s = rep.summary()
-            k, n = rep.improved(COLUMNS[1], COLUMNS[2])
-            ax.set_title(
-                f"{name}: {s[COLUMNS[1]]['mean']:.2f} -> {s[COLUMNS[2]]['mean']:.2f} deg\n"
-                f"better for {k} of {n} persons (green)",
-                fontsize=9,
-            )
-            ax.legend(loc="upper left", fontsize=7)
-        ax.set_xlabel("error before personalization (deg)\n(truncated + recovered base)")
-        ax.set_ylabel("error after Alfa personalization (deg)")
+        lo, hi = min(map(min, values)), max(map(max, values))
+        pad = 0.05 * (hi - lo + 1e-9)
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.6", lw=1, ls="--", label="no change")
+        ax.set_title(
+            f"{name}: source-only {s[COLUMNS[0]]['mean']:.2f} deg (mean over {len(persons)} persons)", fontsize=9
+        )
+        ax.legend(loc="upper left", fontsize=7)
+        ax.set_xlabel("error of the source-only model (deg)")
+        ax.set_ylabel("error after (deg)")
         ax.set_aspect("equal", adjustable="datalim")
         ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -15,15 +15,20 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .default_recipe import DEFAULT_RECIPE_FIELDS
 from .personalize import LAYER34_PATTERN, PersonalizeConfig
 
 __all__ = [
     "Recipe",
     "PAPER_RECIPE",
+    "DEFAULT_RECIPE",
     "RECIPE_GRID",
     "TIE_DEGREES",
     "training_runs",
     "select_recipe",
+    "select_pooled",
+    "RECIPE_NAMES",
+    "named_recipe",
     "reference_protocol_error",
 ]
 
@@ -85,6 +90,25 @@ RECIPE_GRID: tuple[Recipe, ...] = tuple(
 """The declared grid (48 recipes); it contains :data:`PAPER_RECIPE`."""
 
 
+DEFAULT_RECIPE = Recipe(**DEFAULT_RECIPE_FIELDS)
+"""Alfa's default recipe (``alfa personalize``): the grid's recipe the declared rule selects for the E source,
+seeds pooled; generated from the benchmark's committed results into :mod:`alfa.gaze.default_recipe`, whose
+``SELECTED_ON`` says from which and on what stand-in errors."""
+
+RECIPE_NAMES = ("default", "paper")
+"""The recipes a user can ask for by name: ``default`` (:data:`DEFAULT_RECIPE`) and ``paper``
+(:data:`PAPER_RECIPE`)."""
+
+
+def named_recipe(name: str) -> Recipe:
+    """The recipe called ``name`` (:data:`RECIPE_NAMES`)."""
+    if name == "paper":
+        return PAPER_RECIPE
+    if name == "default":
+        return DEFAULT_RECIPE
+    raise ValueError(f"unknown recipe {name!r}; known: {', '.join(RECIPE_NAMES)}")
+
+
 def training_runs(grid: Iterable[Recipe] = RECIPE_GRID) -> dict[Recipe, list[int]]:
     """The runs that cover ``grid``: recipes that differ only in their step count share one run of the
     largest count, evaluated after each of the counts (there is no schedule, so step ``k`` of a longer run
@@ -105,6 +129,18 @@ def select_recipe(errors: Mapping[Recipe, float], tie: float = TIE_DEGREES) -> R
         raise ValueError("no recipe has a finite stand-in error to select on")
     best = min(finite.values())
     return min((r for r, e in finite.items() if e <= best + tie), key=Recipe.caution)
+
+
+def select_pooled(per_seed: Sequence[Mapping[Recipe, float]], tie: float = TIE_DEGREES) -> tuple[Recipe, float]:
+    """The same rule on stand-in errors averaged over seeds (how ``alfa personalize``'s default is chosen:
+    docs/flip-premise.md §4). Only recipes scored on every seed compete; a recipe that is not finite on some
+    seed is out. Returns the recipe and its pooled error."""
+    if not per_seed:
+        raise ValueError("no seed's stand-in errors to pool")
+    common = set(per_seed[0]).intersection(*per_seed[1:])
+    pooled = {r: statistics.fmean(errors[r] for errors in per_seed) for r in common}
+    chosen = select_recipe(pooled, tie)
+    return chosen, pooled[chosen]
 
 
 def reference_protocol_error(per_step: Mapping[str, Sequence[float]]) -> float:

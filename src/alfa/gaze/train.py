@@ -18,8 +18,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import random
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -387,7 +389,19 @@ def _resume(
     state_path = out / STATE_FILE
     if not state_path.is_file():
         raise CheckpointError(f"{state_path} is missing, so {path} cannot be resumed; delete {out} to start over")
-    state = torch.load(state_path, map_location="cpu", weights_only=True)
+    try:
+        # weights_only: tensors and plain containers only, never code; torch's own error for anything else
+        # would suggest turning that off, so it is not shown
+        with warnings.catch_warnings():  # torch warns about a foreign file's pickle protocol before refusing it
+            warnings.simplefilter("ignore")
+            state = torch.load(state_path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(
+            f"{state_path} is not a training state this project wrote, or it was cut short "
+            f"({type(e).__name__}); delete {out} to start over"
+        ) from None
+    if not isinstance(state, dict) or "optimizer" not in state:
+        raise CheckpointError(f"{state_path} holds no optimizer state; delete {out} to start over")
     if int(state.get("epoch", -1)) != epoch:
         raise CheckpointError(
             f"{out}: the optimizer state is from epoch {state.get('epoch')} but the model from epoch {epoch} "

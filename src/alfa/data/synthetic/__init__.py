@@ -9,10 +9,12 @@ named domains (sources ``eth`` and ``gaze360``, targets ``mpii`` and ``eyediap``
 See ``docs/synthetic.md``; ``python -m alfa.data.synthetic --help`` regenerates its figure and tables.
 """
 
+import inspect
 from typing import Any
 
 from ..base import InMemoryGazeDataset
 from ..registry import register_dataset
+from . import domains
 from .domains import (
     ANATOMY,
     DOMAINS,
@@ -52,5 +54,12 @@ def open_synthetic(rest: str, options: dict[str, Any], spec: str) -> InMemoryGaz
     persons = options.get("persons")
     if isinstance(persons, list) and len(persons) == 1 and persons[0].isdigit():
         options["persons"] = int(persons[0])  # "?persons=15" means a count for a generated world
+    known = [p for p in inspect.signature(domains.make_domain).parameters if p != "name"]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(
+            f"dataset spec {spec!r}: option(s) {', '.join(unknown)} do not apply to a synthetic world; "
+            f"its options: {', '.join(known)}"
+        )
     # make_domain is looked up here at call time, so a test may replace it on this package.
     return make_domain(rest, **options)
