@@ -115,6 +115,15 @@ def test_merge_form_says_what_merge_builds(method, kind, small_net, x):
         assert form == "dense" and not any(is_factorized(m) for m in merged.values())
 
 
+def test_merge_refuses_densify_and_extend_together_and_changes_nothing(small_net):
+    alfa.attach(small_net, alfa.LoraConfig(rank=2))
+    before = {k: v.clone() for k, v in small_net.state_dict().items()}
+    with pytest.raises(ValueError, match="not both"):
+        alfa.merge(small_net, densify=True, extend=True)
+    assert alfa.adapter_state(small_net) is not None
+    assert all(torch.equal(before[k], v) for k, v in small_net.state_dict().items())
+
+
 def test_merge_form_needs_an_adapter(small_net):
     with pytest.raises(RuntimeError, match="no adapter attached"):
         merge_form(small_net)

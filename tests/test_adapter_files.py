@@ -112,6 +112,26 @@ def test_corrupt_and_foreign_files(base, tmp_path):
         alfa.load_adapter(copy.deepcopy(base), tmp_path / "missing.safetensors")
 
 
+def test_flipped_bits_in_the_tensor_data_are_refused(base, tmp_path):
+    """A bit flipped inside the tensor bytes still parses (and once moved a person from 14° to 78°): the
+    checksum the file carries refuses it, naming the file; the model is left as it was."""
+    import struct
+
+    user = _personalized(base)
+    path = alfa.save_adapter(user, tmp_path / "a.safetensors", about={"person": "p07"})
+    data = bytearray(path.read_bytes())
+    header = struct.unpack("<Q", data[:8])[0]
+    data[8 + header + 5] ^= 0x10  # inside the first tensor's bytes
+    (tmp_path / "flipped.safetensors").write_bytes(bytes(data))
+    target = copy.deepcopy(base)
+    with pytest.raises(AdapterFileError, match="flipped.safetensors: damaged tensor data"):
+        alfa.load_adapter(target, tmp_path / "flipped.safetensors")
+    assert alfa.adapter_state(target) is None
+    meta = alfa.read_adapter_metadata(path)
+    assert meta["about"] == {"person": "p07"} and len(meta["checksum"]) == 64
+    assert meta["checksum"] == alfa.adapters.tensor_checksum(dict(adapter_parameters(user)))
+
+
 def test_nan_tensors_are_refused(base, tmp_path):
     user = _personalized(base)
     with torch.no_grad():
@@ -125,6 +145,20 @@ def test_save_without_adapter_is_an_error(base, tmp_path):
     with pytest.raises(RuntimeError, match="no adapter attached"):
         alfa.save_adapter(base, tmp_path / "x.safetensors")
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_a_checkpoint_with_flipped_bits_is_refused(tmp_path):
+    import struct
+
+    model = alfa.models.resnet18_gaze().eval()
+    path = save_model(tmp_path / "m.safetensors", model, "resnet18_gaze")
+    data = bytearray(path.read_bytes())
+    header = struct.unpack("<Q", data[:8])[0]
+    data[8 + header + 1000] ^= 0x01
+    (tmp_path / "flipped.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="flipped.safetensors: damaged tensor data"):
+        load_model(tmp_path / "flipped.safetensors")
+    load_model(path)  # the intact file loads
 
 
 def test_checkpoint_round_trip_and_wrong_model(tmp_path):
@@ -143,8 +177,16 @@ def test_checkpoint_round_trip_and_wrong_model(tmp_path):
     tensors["fc.bias"] = torch.zeros(3)
     from safetensors.torch import save_file as sf
 
-    meta = {"format": "alfa-checkpoint", "config": json.dumps(config)}
-    sf({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "w.safetensors"), metadata=meta)
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    sf(tensors, str(tmp_path / "w.safetensors"), metadata={"format": "alfa-checkpoint", "config": json.dumps(config)})
+    with pytest.raises(CheckpointError, match="damaged tensor data"):  # the header's checksum is of other tensors
+        load_model(tmp_path / "w.safetensors")
+    unchecked = {k: v for k, v in config.items() if k != "checksum"}  # as a file from before checksums
+    sf(
+        tensors,
+        str(tmp_path / "w.safetensors"),
+        metadata={"format": "alfa-checkpoint", "config": json.dumps(unchecked)},
+    )
     with pytest.raises(CheckpointError, match=r"shape mismatches \['fc.weight: \[3, 512\] vs \[2, 512\]'"):
         load_model(tmp_path / "w.safetensors")
 
@@ -183,3 +225,20 @@ def test_compact_needs_a_dictionary_method(base, tmp_path):
     alfa.attach(model, HeadOnly())
     with pytest.raises(ValueError, match="no compact form"):
         alfa.save_adapter(model, tmp_path / "x.safetensors", compact=True)
+
+
+def test_messages_say_what_is_wrong_in_the_users_terms(tmp_path):
+    model = alfa.models.resnet18_gaze().eval()
+    alfa.truncate(model, 64)
+    with pytest.raises(ValueError, match=r"matches only layers left dense \(conv1\): pass layers='dense'"):
+        alfa.attach(copy.deepcopy(model), alfa.AlfaConfig(target=r"^conv1$"))
+    with pytest.raises(ValueError, match="already truncated \\(14 factorized layers at rank 64\\)"):
+        alfa.truncate(model, 64)
+    other = alfa.models.resnet18_gaze().eval()
+    alfa.truncate(other, 32)
+    alfa.attach(other, alfa.AlfaConfig(heads=2, rank=2))
+    path = alfa.save_adapter(other, tmp_path / "a.safetensors")
+    with pytest.raises(AdapterFileError, match="made on a base truncated at rank 32, this model at rank 64"):
+        alfa.load_adapter(copy.deepcopy(model), path)
+    with pytest.raises(AdapterFileError, match="is a folder: an adapter is one file"):
+        alfa.load_adapter(copy.deepcopy(model), tmp_path)

@@ -16,7 +16,11 @@ def test_example_runs_and_merges_exactly(capsys):
     assert result["merged_params"] == result["truncated_params"] < result["dense_params"]
     assert result["merge_rel_diff"] < 1e-5
     assert result["losses"][-1] < result["losses"][0]
-    assert "reloads onto the shared base: identical" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "reloads onto the shared base: identical" in out
+    # timings a user sees come with their spread: interleaved rounds, the ratio's quartiles
+    r = result["merged_over_truncated"]
+    assert r["rounds"] == 15 and r["q1"] <= r["median"] <= r["q3"] and "middle half" in out
 
 
 def test_speed_measurement_is_consistent():
@@ -112,3 +116,19 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys, monkey
             locked.chmod(0o700)
     assert check_writable(tmp_path / "new" / "deeper", folder=True) == tmp_path / "new" / "deeper"
     assert not (tmp_path / "new").exists()  # checking creates nothing
+
+
+def test_every_option_of_every_command_has_help():
+    import argparse
+
+    from alfa.cli import build_parser
+
+    def undocumented(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from undocumented(sub, [*path, name])
+            elif action.option_strings and not action.help and action.dest != "help":
+                yield f"alfa {' '.join(path)} {action.option_strings[0]}"
+
+    assert list(undocumented(build_parser(), [])) == []

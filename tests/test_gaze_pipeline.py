@@ -439,6 +439,19 @@ def test_cli_personalize_refuses_to_replace_other_adapters_unless_asked(tmp_path
     assert main([*refusals["its adapters are alfa"], *out, "--replace"]) == 0
     assert "3 done, 0 already there" in capsys.readouterr().out
     assert alfa.read_adapter_metadata(tmp_path / "ad" / "p00.safetensors")["method"] == "lora"
+    # an adapter records its dataset and person: another dataset's person of the same name is not scored with it
+    evaluate = [
+        "evaluate",
+        "--checkpoint",
+        alfa_run[2],
+        "--adapters",
+        str(tmp_path / "ad"),
+        "--quiet",
+        "--allow-partial",
+    ]
+    assert main([*evaluate, "--data", "toy:other"]) == 2
+    assert "made for person 'p00' of 'tgt', not 'p00' of 'other'" in capsys.readouterr().out
+    assert main([*evaluate, "--data", "toy:target"]) == 0
 
 
 def test_cli_personalize_recipes():
@@ -483,6 +496,18 @@ def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
     args = _parser().parse_args(["truncate", "--checkpoint", str(tmp_path / "rec" / "model.safetensors"), *common])
     with pytest.raises(ValueError, match="already truncated"):
         args.func(args)
+    # the checkpoints record the image size they were trained on; data of another size is refused
+    assert saved["input_size"] == pre_saved["input_size"] == [16, 16]
+    from alfa.cli import main
+
+    big = toy_dataset(2, 9, size=32, seed=5, name="big")
+    monkeypatch.setattr(pipeline, "open_data", lambda spec: {"toy:big": big}[spec])
+    rec = str(tmp_path / "rec" / "model.safetensors")
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", rec, "--data", "toy:big", "--quiet"]) == 2
+    assert "was trained on 16×16 images, big has 32×32" in capsys.readouterr().err
+    assert main(["personalize", "--checkpoint", rec, "--data", "toy:big", "--out", str(tmp_path / "a")]) == 2
+    assert "was trained on 16×16 images" in capsys.readouterr().err
 
 
 def test_demo_tiny_on_synthetic_data_and_its_cache(tmp_path):

@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from .adapters.io import tensor_checksum
 from .fileio import atomic_path
 from .models import create_model
 from .truncate import factorized_ranks, restore_structure
@@ -73,16 +74,22 @@ def save_model(
     model_name: str,
     model_kwargs: dict | None = None,
     extra: dict[str, Any] | None = None,
+    input_size: tuple[int, int] | None = None,
 ) -> Path:
     """Save ``model`` (buffers included) with what is needed to rebuild it; ``extra`` is any
-    JSON-serializable information to keep alongside (training config, metrics)."""
+    JSON-serializable information to keep alongside (training config, metrics); ``input_size`` the
+    (height, width) of the images it was trained on, which the gaze commands check data against. The file
+    records a checksum of its tensors, verified on load."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     config = {
         "model": model_name,
         "model_kwargs": model_kwargs or {},
         "factorized": factorized_ranks(model),
         "extra": extra or {},
+        "checksum": tensor_checksum(tensors),
     }
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if input_size is not None:
+        config["input_size"] = [int(input_size[0]), int(input_size[1])]
     path = Path(path)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"format": FORMAT, "config": json.dumps(config, sort_keys=True)})
@@ -107,6 +114,9 @@ def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tu
         config = json.loads(meta["config"])
     except (KeyError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: damaged checkpoint header ({e})") from e
+    # files written before checksums have none
+    if not header_only and config.get("checksum") is not None and tensor_checksum(tensors) != config["checksum"]:
+        raise CheckpointError(f"{path}: damaged tensor data (its checksum does not match the one it was saved with)")
     return tensors, config
 
 

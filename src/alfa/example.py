@@ -7,6 +7,7 @@ accuracy (the gaze demo, ``alfa demo``, does that on the synthetic gaze worlds).
 from __future__ import annotations
 
 import copy
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -27,14 +28,24 @@ def _flip_loss(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _latency(model: torch.nn.Module, x: torch.Tensor, repeats: int = 5) -> float:
-    model(x)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        model(x)
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
+def _latencies(models: dict[str, torch.nn.Module], x: torch.Tensor, rounds: int = 15) -> dict[str, list[float]]:
+    """Per model, the time of one forward in each of ``rounds`` interleaved rounds (the order rotates every
+    round), so a busy machine slows every model alike instead of whichever happened to run last."""
+    names = list(models)
+    for m in models.values():
+        m(x)  # warm-up
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for k in range(rounds):
+        for n in names[k % len(names) :] + names[: k % len(names)]:
+            t = time.perf_counter()
+            models[n](x)
+            times[n].append(time.perf_counter() - t)
+    return times
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], statistics.median(values), q[2]
 
 
 def run_example(
@@ -105,8 +116,16 @@ def run_example(
     print(f"  merged vs unmerged output, relative difference: {rel:.1e}\n")
 
     dense = resnet18_gaze().eval()
-    lat = {name: _latency(m, x) for name, m in [("dense", dense), ("truncated", base), ("merged", model)]}
-    print("inference latency, batch 1 (median of 5): " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in lat.items()))
+    times = _latencies({"dense": dense, "truncated": base, "merged": model}, x)
+    lat = {name: statistics.median(t) for name, t in times.items()}
+    ratios = [m / t for m, t in zip(times["merged"], times["truncated"])]
+    lo, mid, hi = _quartiles(ratios)
+    rounds = len(ratios)
+    print(
+        f"inference latency, batch 1 (median of {rounds} interleaved rounds): "
+        + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in lat.items())
+    )
+    print(f"  merged / truncated, per round: median {mid:.2f} (middle half {lo:.2f}–{hi:.2f}; 1 = no overhead)")
     return {
         "dense_params": dense_params,
         "truncated_params": parameter_summary(base).total,
@@ -117,4 +136,5 @@ def run_example(
         "compact_adapter_bytes": compact,
         "merge_rel_diff": rel,
         "latency_s": lat,
+        "merged_over_truncated": {"median": mid, "q1": lo, "q3": hi, "rounds": rounds},
     }

@@ -93,6 +93,14 @@ def truncate(model: nn.Module, rank: int, target: str | None = None) -> Truncati
         replace_module(model, name, new)
         report.factorized[name] = new.rank
     if not report.factorized:
+        already = factorized_ranks(model)
+        if already and (pattern is None or any(pattern.search(n) for n in already)):
+            ranks = sorted(set(already.values()))
+            raise ValueError(
+                f"the model is already truncated ({len(already)} factorized layers at rank "
+                f"{'/'.join(map(str, ranks))}); the layers left dense gain nothing at rank {rank}. Truncate the "
+                "dense model again to change the rank"
+            )
         detail = "; ".join(f"{n}: {r}" for n, r in report.left_dense.items()) or "no Linear/Conv2d layers"
         where = f" matching {target!r}" if target is not None else ""
         raise ValueError(f"no layer{where} can be truncated at rank {rank} with a saving ({detail})")

@@ -39,6 +39,7 @@ from .io import (
     load_adapter,
     read_adapter_metadata,
     save_adapter,
+    tensor_checksum,
 )
 from .prompt import TPGAZE_TARGET, PromptedConv
 
@@ -75,6 +76,7 @@ __all__ = [
     "merge_form",
     "param_groups",
     "read_adapter_metadata",
+    "tensor_checksum",
     "register_method",
     "save_adapter",
 ]

@@ -296,7 +296,17 @@ def _candidate_layers(model: nn.Module, config: AdapterConfig) -> list[str]:
         pattern = re.compile(config.target)
         names = [n for n in names if pattern.search(n)]
     if not names:
-        hint = " (the model has no factorized layers: call alfa.truncate first)" if mode == "factorized" else ""
+        hint = ""
+        if mode == "factorized" and not factorized:
+            hint = " (the model has no factorized layers: call alfa.truncate first)"
+        elif mode == "factorized" and config.target is not None:
+            pattern = re.compile(config.target)
+            only_dense = [n for n in dense if pattern.search(n)]
+            if only_dense:
+                hint = (
+                    f" among the factorized layers; it matches only layers left dense ({', '.join(only_dense[:4])}): "
+                    "pass layers='dense' or layers='all' to adapt those"
+                )
         raise ValueError(f"no layer to adapt: layers={config.layers!r}, target={config.target!r} matched nothing{hint}")
     return names
 
@@ -368,6 +378,8 @@ def merge(model: nn.Module, densify: bool = False, extend: bool = False) -> list
     :class:`MergeError` explains why. Nothing is changed if an error is raised. Returns the merged
     layer (or parameter) names.
     """
+    if densify and extend:
+        raise ValueError("merge: pass densify=True (dense layers) or extend=True (wider factorizations), not both")
     state = _require_state(model, "merge")
     if state.config.scope == "layer":
         merged = {name: merged_layer(model.get_submodule(name), densify, extend) for name in state.targets}

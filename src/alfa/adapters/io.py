@@ -9,6 +9,7 @@ set. Nothing is unpickled.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -28,6 +29,7 @@ __all__ = [
     "load_adapter",
     "read_adapter_metadata",
     "base_fingerprint",
+    "tensor_checksum",
     "has_compact_form",
     "AdapterFileError",
 ]
@@ -90,7 +92,20 @@ def _compare_fingerprints(saved: dict[str, Any], current: dict[str, Any]) -> lis
     return problems
 
 
-def save_adapter(model: nn.Module, path: str | os.PathLike, compact: bool = False) -> Path:
+def tensor_checksum(tensors: dict[str, Tensor]) -> str:
+    """SHA-256 over the tensors' names, dtypes, shapes and bytes (in name order): what an adapter or checkpoint
+    file records so that damaged tensor data is refused on load instead of silently changing a prediction."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{list(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_adapter(
+    model: nn.Module, path: str | os.PathLike, compact: bool = False, about: dict[str, str] | None = None
+) -> Path:
     """Write the attached adapter of ``model`` to ``path`` (safetensors), atomically.
 
     ``compact=True`` stores, instead of the trainable tensors, what the personalization amounts to:
@@ -98,6 +113,10 @@ def save_adapter(model: nn.Module, path: str | os.PathLike, compact: bool = Fals
     at ``d = 64`` that is about 11× smaller). Such a file loads back as the ``dictionary_mix``
     method, with the same outputs; it serves inference and merging, not further training of the
     original parameters. Only dictionary methods (Alfa and its variants) can be stored this way.
+
+    ``about`` is stored with it and read back by :func:`read_adapter_metadata` (the gaze stack records the
+    dataset and the person, so an adapter is never applied to another dataset's person of the same name). The
+    file also records a checksum of its tensors, verified by :func:`load_adapter`.
     """
     state = adapter_state(model)
     if state is None:
@@ -122,7 +141,10 @@ def save_adapter(model: nn.Module, path: str | os.PathLike, compact: bool = Fals
         "config": json.dumps(config.to_dict(), sort_keys=True),
         "targets": json.dumps(state.targets),
         "fingerprint": json.dumps(base_fingerprint(model)),
+        "checksum": tensor_checksum(tensors),
     }
+    if about:
+        metadata["about"] = json.dumps(about, sort_keys=True)
     if compact:
         metadata["compact_of"] = state.config.method
     with atomic_path(path) as tmp:
@@ -168,6 +190,8 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
             "config": json.loads(raw["config"]),
             "targets": json.loads(raw["targets"]),
             "fingerprint": json.loads(raw["fingerprint"]),
+            "checksum": raw.get("checksum"),  # files written before checksums have none
+            "about": json.loads(raw.get("about", "{}")),
         }
     except (KeyError, json.JSONDecodeError) as e:
         raise AdapterFileError(f"{path}: damaged adapter header ({e})") from e
@@ -184,6 +208,10 @@ def load_adapter(
     On any error the model is left as it was.
     """
     path = Path(path)
+    if path.is_dir():
+        raise AdapterFileError(
+            f"{path} is a folder: an adapter is one file (alfa personalize writes <person>.safetensors)"
+        )
     meta = read_adapter_metadata(path)
     if method is not None and meta["method"] != method:
         raise AdapterFileError(f"{path}: holds a {meta['method']!r} adapter, expected {method!r}")
@@ -219,10 +247,26 @@ def _copy_for_check(model: nn.Module) -> nn.Module:
     return probe
 
 
+def _rank_mismatch(fingerprint: dict[str, Any], model: nn.Module) -> str | None:
+    """ "32, this model at rank 64" if the adapter's base and ``model`` factorize a common layer at other ranks."""
+    from ..truncate import factorized_ranks
+
+    here = {n.removesuffix(".base"): r for n, r in factorized_ranks(model).items()}  # under an attached adapter
+    there = {n.removesuffix(".U"): s["shape"][-1] for n, s in fingerprint.items() if n.endswith(".U")}
+    common = [n for n in here if n in there and here[n] != there[n]]
+    if not common:
+        return None
+    saved, current = ("/".join(sorted({str(ranks[n]) for n in common})) for ranks in (there, here))
+    return f"{saved}, this model at rank {current}"
+
+
 def _check_and_load(model: nn.Module, path: Path, meta: dict[str, Any], targets: list[str]) -> None:
     missing = [t for t in meta["targets"] if t not in targets]
     extra = [t for t in targets if t not in meta["targets"]]
     if missing or extra:
+        ranks = _rank_mismatch(meta["fingerprint"], model)
+        if ranks:
+            raise AdapterFileError(f"{path}: the adapter was made on a base truncated at rank {ranks}")
         parts = []
         if missing:
             parts.append(f"layers in the adapter but not adaptable in this model: {missing}")
@@ -245,6 +289,8 @@ def _check_and_load(model: nn.Module, path: Path, meta: dict[str, Any], targets:
             loaded = {k: f.get_tensor(k) for k in keys}
     except SafetensorError as e:
         raise AdapterFileError(f"{path}: corrupt tensor data ({e})") from e
+    if meta.get("checksum") is not None and tensor_checksum(loaded) != meta["checksum"]:
+        raise AdapterFileError(f"{path}: damaged tensor data (its checksum does not match the one it was saved with)")
     for k, t in loaded.items():
         if t.shape != params[k].shape:
             raise AdapterFileError(f"{path}: {k} has shape {list(t.shape)}, expected {list(params[k].shape)}")

@@ -544,7 +544,8 @@ class GazeHubDataset(GazeDataset):
             raise DatasetFormatError(
                 f"{self.source_line(int(rows[worst]))}: 2DGaze {gaze2d[worst].tolist()} (as yaw, pitch) and 3DGaze "
                 f"{gaze3d[worst].tolist()} disagree by {float(error[worst]):.2f} degrees; the columns are not "
-                f"the GazeHub {self.name} layout (pass verify_3d=False to skip this check)"
+                f"the GazeHub {self.name} layout (skip this check with verify_3d=False in Python, or "
+                f"'?verify_3d=false' after a dataset spec)"
             )
 
     def _select_persons(self, rows: _Rows, person_of: np.ndarray, persons: Iterable[str] | None) -> np.ndarray | None:

@@ -29,12 +29,14 @@ def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
     g = p.add_argument_group("training (defaults: the preset's)")
     g.add_argument("--preset", choices=PRESETS, default="real", help="real: the paper's settings; demo: the small one")
     g.add_argument("--epochs", type=int, help=epochs_help)
-    g.add_argument("--batch-size", type=int)
-    g.add_argument("--lr", type=float)
+    g.add_argument("--batch-size", type=int, help="images per optimizer step")
+    g.add_argument("--lr", type=float, help="Adam learning rate")
     g.add_argument("--symmetry-weight", type=float, help="weight of the left-right symmetry term (0: off)")
     g.add_argument("--val-fraction", type=float, help="share of source persons held out (without --val-data)")
     g.add_argument("--workers", type=int, help="data-loading worker processes")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--seed", type=int, default=0, help="initial weights, batch order, person split (default %(default)s)"
+    )
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -197,10 +199,11 @@ def _recipe_words(config: Any) -> str:
 def _personalize(args: argparse.Namespace) -> None:
     from ..checkpoint import load_model
     from .personalize import foreign_adapters, personalize_dataset
+    from .train import check_input_size
 
     method = _method_config(args)
     config = _personalize_config(args, method)
-    model, _ = load_model(args.checkpoint)
+    model, saved = load_model(args.checkpoint)
     model.eval()
     if args.init:
         if method.method != "tpgaze":
@@ -209,6 +212,7 @@ def _personalize(args: argparse.Namespace) -> None:
 
         method = start_from(model, args.init)
     data = _open(args.data)
+    check_input_size(saved, data, args.checkpoint)
     persons = [p for p in args.persons.split(",") if p] if args.persons else None
     why = foreign_adapters(model, data, method, config, args.out)
     if why is not None:
@@ -233,12 +237,14 @@ def _personalize(args: argparse.Namespace) -> None:
 def _evaluate(args: argparse.Namespace) -> None:
     from ..checkpoint import load_model
     from .evaluate import evaluate
+    from .train import check_input_size
 
     if args.adapters is not None and not Path(args.adapters).is_dir():
         raise FileNotFoundError(f"--adapters {args.adapters}: no such folder (alfa personalize --out writes one)")
-    model, _ = load_model(args.checkpoint)
+    model, saved = load_model(args.checkpoint)
     model.eval()
     data = _open(args.data)
+    check_input_size(saved, data, args.checkpoint)
     options = {"adapters": args.adapters, "n_adapt": args.n_adapt, "batch_size": args.batch_size}
     report = evaluate(model, data, **options, progress=not args.quiet, after=args.label)
     if args.flip_tta:  # the same persons and images through flip test-time augmentation
@@ -324,7 +330,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("pretrain", help="train the gaze regressor on a source domain (resumable)")
     p.add_argument("--data", required=True, help="source dataset spec, e.g. synthetic:eth or gazehub:eth-xgaze:/data")
     p.add_argument("--val-data", help="held-out source persons as a dataset spec (default: a share of --data)")
-    p.add_argument("--model", default="resnet18_gaze")
+    p.add_argument("--model", default="resnet18_gaze", help="a registered model (default %(default)s)")
     p.add_argument("--out", default="runs/pretrain", help="checkpoint folder (an unfinished run there resumes)")
     _train_options(p, "training epochs (real: 50)")
     p.set_defaults(func=_pretrain, outputs={"out": True})
@@ -334,7 +340,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="the source dataset spec the model was trained on")
     p.add_argument("--val-data", help="held-out source persons (default: pre-training's)")
     p.add_argument("--rank", type=int, default=rank, help=f"SVD rank d (default {rank})")
-    p.add_argument("--out", default="runs/recovered")
+    p.add_argument("--out", default="runs/recovered", help="checkpoint folder (default %(default)s)")
     _train_options(p, "recovery epochs (real: 25)")
     p.set_defaults(func=_truncate, outputs={"out": True})
 
@@ -375,7 +381,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "default: the recipe's)",
     )
     p.add_argument("--persons", help="comma-separated person ids (default: all)")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="adapter init and augmentation draws per person (default 0)")
     p.add_argument(
         "--replace",
         action="store_true",
@@ -387,7 +393,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="exit 0 even if some persons failed (by default any failure exits 2, after the others are done)",
     )
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_personalize, outputs={"out": True})
 
     p = subparsers.add_parser("evaluate", help="per-person angular error, before and after personalization")
@@ -404,18 +410,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--n-adapt", type=int, default=recipe.n_adapt, help="first images per person excluded (used for adaptation)"
     )
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=256, help="images per forward (default %(default)s)")
     p.add_argument("--json", help="also write the report here (JSON)")
     p.add_argument(
         "--allow-partial",
         action="store_true",
         help="exit 0 even if some persons failed (by default any failure exits 2, after the others are done)",
     )
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_evaluate, outputs={"json": False})
 
     p = subparsers.add_parser("demo", help="the whole chain on the synthetic benchmark: table, JSON, figure")
-    p.add_argument("--out", default="runs/demo")
+    p.add_argument(
+        "--out", default="runs/demo", help="results, figures and adapters, one folder per source (default %(default)s)"
+    )
     p.add_argument("--cache-dir", default="runs/cache", help="where the source model is cached")
     p.add_argument("--rebuild", action="store_true", help="rebuild the cached source model")
     p.add_argument(
@@ -424,6 +432,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run only the E source, on these target dataset specs (default: E on synthetic mpii, then the "
         "studio source on synthetic mpii-window)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="source training and personalization (default %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_demo, outputs={"out": True, "cache_dir": True})

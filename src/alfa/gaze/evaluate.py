@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..adapters import adapter_state, detach, load_adapter
+from ..adapters import adapter_state, detach, load_adapter, read_adapter_metadata
 from ..data.base import GazeDataset, InMemoryGazeDataset
 from ..fileio import write_json
 from ..geometry import angular_error
@@ -342,6 +342,12 @@ def evaluate(
             report.failed[person] = _failure_reason(folder, person) or f"no adapter file {path}"
             continue
         try:
+            about = read_adapter_metadata(path)["about"]
+            made_for = (about.get("dataset", dataset.name), about.get("person", person))
+            if made_for != (dataset.name, person):  # files from before this record pass
+                raise ValueError(
+                    f"it was made for person {made_for[1]!r} of {made_for[0]!r}, not {person!r} of {dataset.name!r}"
+                )
             load_adapter(model, path)
         except (ValueError, RuntimeError, OSError) as e:
             report.failed[person] = f"adapter {path} does not load: {e}"

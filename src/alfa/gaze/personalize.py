@@ -441,7 +441,7 @@ def _personalize_person(
             model, images, method, config, seed=person_seed(config.seed, person, "personalize"), track=track
         )
         try:
-            save_adapter(model, path)
+            save_adapter(model, path, about={"dataset": dataset.name, "person": person})
         finally:
             detach(model)
     except (ValueError, RuntimeError, FloatingPointError, KeyError, OSError) as e:

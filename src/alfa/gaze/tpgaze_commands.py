@@ -147,7 +147,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--query", choices=("next", "same"), help="query batch: the next batch (default) or the support")
     g.add_argument("--init-std", type=float, default=1.0, help="σ of the Gaussian prompt init (default 1.0)")
     g.add_argument("--val-fraction", type=float, help="share of source persons held out (without a split)")
-    g.add_argument("--seed", type=int)
+    g.add_argument("--seed", type=int, help="prompt init and task sampling (default: the meta config's, 0)")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_meta_train, outputs={"out": True})
 
@@ -164,11 +164,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, help="Adam learning rate (default 0.01)")
     p.add_argument("--n-adapt", type=int, help="adaptation images per person (default 5)")
     p.add_argument("--persons", help="comma-separated person ids (default: all)")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="prompt init and augmentation draws per person (default 0)")
     p.add_argument(
         "--allow-partial",
         action="store_true",
         help="exit 0 even if some persons failed (by default any failure exits 2, after the others are done)",
     )
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_personalize, outputs={"out": True})

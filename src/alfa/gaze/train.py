@@ -293,6 +293,9 @@ def train_source(
     start_epoch = 0
     if resume and (out / MODEL_FILE).is_file():
         start_epoch, history = _resume(model, optimizer, out, header, model_name)
+        if progress and 0 < start_epoch:
+            done = "already complete" if start_epoch >= config.epochs else f"resuming at epoch {start_epoch + 1}"
+            tqdm.write(f"{out}: {start_epoch} of {config.epochs} epochs found, {done}")
     _seed_everything(config.seed)
 
     for epoch in range(start_epoch, config.epochs):
@@ -336,9 +339,30 @@ def train_source(
             model_name,
             model_kwargs,
             extra={**header, "epoch": epoch + 1, "history": history, "complete": epoch + 1 == config.epochs},
+            input_size=input_size(dataset),
         )
     model.eval()
     return TrainResult(out / MODEL_FILE, history, train_p, val_p, resumed_from_epoch=start_epoch)
+
+
+def input_size(dataset: GazeDataset) -> tuple[int, int]:
+    """(height, width) of the dataset's images (its first; every loader yields one size per dataset)."""
+    shape = load_images(dataset, [0]).shape
+    return int(shape[-2]), int(shape[-1])
+
+
+def check_input_size(checkpoint_config: dict[str, Any], dataset: GazeDataset, checkpoint: str | os.PathLike) -> None:
+    """Refuse data of another image size than the checkpoint was trained on (a ResNet runs on any size and
+    silently gives much worse predictions). Checkpoints written before the size was recorded pass."""
+    trained = checkpoint_config.get("input_size")
+    if trained is None:
+        return
+    here = list(input_size(dataset))
+    if here != list(trained):
+        raise ValueError(
+            f"{checkpoint} was trained on {trained[0]}×{trained[1]} images, {dataset.name} has {here[0]}×{here[1]}; "
+            "use data of the training size (a synthetic world takes ?size=N)"
+        )
 
 
 def _train_step(
@@ -491,7 +515,14 @@ def truncate_and_recover(
         val_persons=val_p,
         canonicalize_max_change=change,
     )
-    save_model(final, model, model_name, model_kwargs, extra={**header, "result": outcome.to_dict()})
+    save_model(
+        final,
+        model,
+        model_name,
+        model_kwargs,
+        extra={**header, "result": outcome.to_dict()},
+        input_size=input_size(dataset),
+    )
     return outcome
 
 
