@@ -135,3 +135,13 @@ def test_cli_rejects_bad_input():
     args = parser.parse_args(["crate", "toy", "--eps", "0"])
     with pytest.raises(ValueError, match="eps must be positive"):
         args.func(args)
+
+
+def test_each_panel_table_ends_with_a_reading_of_it():
+    from alfa.crate.toy import format_aggregate, run_toy
+
+    blocks = format_aggregate(run_toy(["a", "b", "c-len1"], [0, 1])).split("\n\n")
+    readings = [b.splitlines()[-1] for b in blocks]
+    assert readings[0].startswith("Reading: over the layers the cluster is compressed")
+    assert "barely change in thickness" in readings[1]  # (b): the gradient step on both clusters does ~nothing
+    assert "merged (ΔR" in readings[2] and "tokens on the wrong line grow" in readings[2]

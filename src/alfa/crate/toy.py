@@ -324,8 +324,46 @@ def format_aggregate(runs: list[ToyRun]) -> str:
                 f"{layer:5d} {cell('thickness1')} {cell('thickness2')} {cell('R')} {cell('Rc')} {cell('dR')} "
                 f"{cell('misassigned', '.1f', 15)} {cell('one_axis_share', '.2f')}"
             )
+        lines.append(_reading(m, n))
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
+
+
+def _reading(m: dict[str, np.ndarray], n: int) -> str:
+    """One sentence that reads a panel's table: what the layers did, from the input to the last layer (means)."""
+    first, last = 0, m["R"].shape[1] - 1
+
+    def move(name: str, fmt: str = ".3f") -> str:
+        return f"{_num(m[name][0, first], fmt)} → {_num(m[name][0, last], fmt)}"
+
+    t1, t2 = m["thickness1"][0], m["thickness2"][0]
+    thick = [t1] if np.isnan(t2[first]) else [t1, t2]
+    shrunk = all(t[last] < 0.5 * t[first] for t in thick)
+    kept = all(abs(t[last] - t[first]) <= 0.05 * max(t[first], 1e-12) for t in thick)
+    one = len(thick) == 1
+    words = [f"Reading: over the layers the {'cluster' if one else 'clusters'}"]
+    verbs = (
+        ("is compressed", "barely changes in thickness", "thins somewhat")
+        if one
+        else ("are compressed", "barely change in thickness", "thin somewhat")
+    )
+    words.append(verbs[0] if shrunk else verbs[1] if kept else verbs[2])
+    words.append(f"(thickness {move('thickness1')}" + ("" if len(thick) == 1 else f" and {move('thickness2')}") + ")")
+    if len(thick) == 2:
+        d0, d1 = m["dR"][0, first], m["dR"][0, last]
+        if d1 > 1.2 * d0:
+            words.append(f"and pulled apart relative to their size (ΔR {move('dR')})")
+        elif d1 < 0.8 * d0:
+            words.append(f"and merged (ΔR {move('dR')}: nothing tells them apart any more)")
+        else:
+            words.append(f"while ΔR stays {_num(m['dR'][0, last], '.3f')}")
+    wrong = m["misassigned"][0]
+    if wrong[last] > wrong[first] + 1:
+        words.append(f"; tokens on the wrong line grow from {wrong[first]:.1f} to {wrong[last]:.1f} of {n}")
+    share = m["one_axis_share"][0, last]
+    if share > 0.05:
+        words.append(f"; {share:.0%} of the tokens end with a single non-zero coordinate (sparse)")
+    return " ".join(words).replace(" ;", ";") + "."
 
 
 def write_json(runs: list[ToyRun], path: str | os.PathLike) -> None:
