@@ -4,7 +4,7 @@
 :class:`~alfa.bench.config.BenchConfig` (or paths) and calls one library function. Also runnable as
 ``python -m alfa.bench.commands bench --quick``.
 
-    alfa bench --quick                                   # ~15 min: does everything run?
+    alfa bench --quick                                   # does everything run? (no claims)
     alfa bench --standard --seeds 0 &                    # what docs/results.md is made from,
     alfa bench --standard --seeds 1                      # one process per core (then --seeds 2), then:
     alfa report --results runs/bench-standard --out docs/results.md
@@ -122,7 +122,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run (or resume) the benchmark; records go to OUT/results.json (see alfa.bench.runner).",
     )
     preset = p.add_mutually_exclusive_group()
-    preset.add_argument("--quick", action="store_true", help="the ~15-minute check that everything runs (default)")
+    preset.add_argument("--quick", action="store_true", help="the check that everything runs, no claims (default)")
     preset.add_argument(
         "--standard",
         action="store_true",

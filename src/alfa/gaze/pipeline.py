@@ -63,8 +63,9 @@ CACHE_FORMAT = 1
 
 @dataclass
 class DemoConfig:
-    """Everything the demo depends on. Defaults are the small synthetic preset (64×64 faces, sized
-    to stay well within 15 minutes on 2 CPU cores); :func:`real_config` gives the paper's settings.
+    """Everything one part of the demo depends on (one source and its targets). Defaults are the small
+    synthetic preset's symmetric part (64×64 faces; :func:`demo_configs` gives both parts);
+    :func:`real_config` gives the paper's settings.
 
     Data are dataset specs (:func:`alfa.data.registry.open_dataset`), options after ``?``.
     ``val_source`` holds the held-out source persons (``None``: hold out a fraction of ``source``).
