@@ -498,6 +498,12 @@ def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
         args.func(args)
     # the checkpoints record the image size they were trained on; data of another size is refused
     assert saved["input_size"] == pre_saved["input_size"] == [16, 16]
+    from alfa.gaze.evaluate import INPUT_SCALING
+    from alfa.gaze.train import check_input_size
+
+    assert saved["input_scaling"] == INPUT_SCALING
+    with pytest.raises(ValueError, match="trained on pixels scaled as 'imagenet mean/std'"):
+        check_input_size({**saved, "input_scaling": "imagenet mean/std"}, source, "ck")
     from alfa.cli import main
 
     big = toy_dataset(2, 9, size=32, seed=5, name="big")

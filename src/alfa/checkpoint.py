@@ -75,10 +75,12 @@ def save_model(
     model_kwargs: dict | None = None,
     extra: dict[str, Any] | None = None,
     input_size: tuple[int, int] | None = None,
+    input_scaling: str | None = None,
 ) -> Path:
     """Save ``model`` (buffers included) with what is needed to rebuild it; ``extra`` is any
     JSON-serializable information to keep alongside (training config, metrics); ``input_size`` the
-    (height, width) of the images it was trained on, which the gaze commands check data against. The file
+    (height, width) of the images it was trained on and ``input_scaling`` how their pixels were scaled, which
+    the gaze commands check data against. The file
     records a checksum of its tensors, verified on load."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     config = {
@@ -90,6 +92,8 @@ def save_model(
     }
     if input_size is not None:
         config["input_size"] = [int(input_size[0]), int(input_size[1])]
+    if input_scaling is not None:
+        config["input_scaling"] = input_scaling
     path = Path(path)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"format": FORMAT, "config": json.dumps(config, sort_keys=True)})

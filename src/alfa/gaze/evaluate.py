@@ -44,6 +44,10 @@ __all__ = [
 # ----------------------------------------------------------------------------- data helpers
 
 
+INPUT_SCALING = "rgb float in [0, 1] (uint8 / 255), no mean/std normalization"
+"""How :func:`load_images` scales pixels, the one convention of every gaze model here; checkpoints record it."""
+
+
 def load_images(dataset: GazeDataset, indices: Sequence[int], what: str | None = None) -> Tensor:
     """Images ``(N, 3, H, W)`` float32 in ``[0, 1]`` of the given items; labels are not touched.
 

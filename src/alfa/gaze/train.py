@@ -37,7 +37,7 @@ from ..data.registry import split_persons
 from ..fileio import atomic_path
 from ..summary import parameter_summary
 from ..truncate import DEFAULT_RANK, canonicalize, restore_structure, truncate
-from .evaluate import load_examples, load_images, person_errors
+from .evaluate import INPUT_SCALING, load_examples, load_images, person_errors
 from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
 
 __all__ = [
@@ -340,6 +340,7 @@ def train_source(
             model_kwargs,
             extra={**header, "epoch": epoch + 1, "history": history, "complete": epoch + 1 == config.epochs},
             input_size=input_size(dataset),
+            input_scaling=INPUT_SCALING,
         )
     model.eval()
     return TrainResult(out / MODEL_FILE, history, train_p, val_p, resumed_from_epoch=start_epoch)
@@ -354,6 +355,9 @@ def input_size(dataset: GazeDataset) -> tuple[int, int]:
 def check_input_size(checkpoint_config: dict[str, Any], dataset: GazeDataset, checkpoint: str | os.PathLike) -> None:
     """Refuse data of another image size than the checkpoint was trained on (a ResNet runs on any size and
     silently gives much worse predictions). Checkpoints written before the size was recorded pass."""
+    scaling = checkpoint_config.get("input_scaling")
+    if scaling is not None and scaling != INPUT_SCALING:
+        raise ValueError(f"{checkpoint} was trained on pixels scaled as {scaling!r}; this alfa feeds {INPUT_SCALING!r}")
     trained = checkpoint_config.get("input_size")
     if trained is None:
         return
@@ -522,6 +526,7 @@ def truncate_and_recover(
         model_kwargs,
         extra={**header, "result": outcome.to_dict()},
         input_size=input_size(dataset),
+        input_scaling=INPUT_SCALING,
     )
     return outcome
 
