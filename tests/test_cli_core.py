@@ -78,6 +78,10 @@ def test_version_and_help(capsys):
     with pytest.raises(SystemExit):
         main(["costs", "--help"])
     assert "(default 64)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["personalize", "--help"])
+    out = capsys.readouterr().out
+    assert all(m in out for m in ("alfa,", "lora,", "dora,"))  # the methods, listed
 
 
 def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys, monkeypatch):

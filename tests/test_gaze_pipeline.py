@@ -634,3 +634,16 @@ def test_cli_demo_runs_each_part_and_sums_them_up(tmp_path, capsys, monkeypatch)
     for name in ("eth", "eth-studio"):  # one folder per part
         saved = json.loads((tmp_path / "demo" / name / "results.json").read_text())
         assert list(saved["targets"].values())[0]["summary"].keys() == set(pipeline.COLUMNS)
+
+
+def test_a_resumed_training_says_where_it_resumes(tmp_path, data, capsys):
+    source, _ = data
+    torch.manual_seed(0)
+    model = alfa.models.create_model("tiny_gaze_net")
+    train_source(model, source, FAST, tmp_path / "run", model_name="tiny_gaze_net", progress=False)
+    capsys.readouterr()
+    config = dataclasses_replace(FAST, epochs=2)
+    train_source(model, source, config, tmp_path / "run", model_name="tiny_gaze_net", progress=True)
+    assert "1 of 2 epochs found, resuming at epoch 2" in capsys.readouterr().out
+    train_source(model, source, config, tmp_path / "run", model_name="tiny_gaze_net", progress=True)
+    assert "2 of 2 epochs found, already complete" in capsys.readouterr().out

@@ -283,8 +283,9 @@ def test_swapped_columns_caught_by_the_3d_check(mpii):
         return " ".join(tokens)
 
     _edit_line(mpii / "Label" / "p01.label", 3, swap)
-    with pytest.raises(DatasetFormatError, match=r"p01\.label:3: 2DGaze .* and 3DGaze .* disagree by"):
+    with pytest.raises(DatasetFormatError, match=r"p01\.label:3: 2DGaze .* and 3DGaze .* disagree by") as e:
         GazeHubDataset(mpii, "mpii")
+    assert "'?verify_3d=false' after a dataset spec" in str(e.value)  # how a CLI user turns it off, too
     assert len(GazeHubDataset(mpii, "mpii", verify_3d=False)) == 9
 
 

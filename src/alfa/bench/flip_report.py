@@ -297,6 +297,7 @@ def flip_summary(results: dict[str, Any], idx: Index, main: Sequence[str]) -> li
     positive = [p for p in pairs_of(idx) if p in POSITIVE_CONTROLS]
     lines = _ceiling_sentences(idx, ceil)
     lines += _harmless_best(idx, main, [p for p in positive if p in ceil], ceil)
+    lines += _attention_lines(idx, positive)
     lines += _selection(results, idx, main)[1]
     lines += _replay(idx, main)[1]
     return lines
