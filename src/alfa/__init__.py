@@ -43,6 +43,7 @@ from .adapters import (
 from .adapters.prompt import set_default_network
 from .layers import FactorizedConv2d, FactorizedLinear
 from .models.resnet import resnet18_conv_inputs
+from .serve import MultiUserModel
 from .summary import ParameterSummary, parameter_summary
 from .truncate import TruncationReport, canonicalize, truncate
 
@@ -77,6 +78,7 @@ __all__ = [
     "models",
     "param_groups",
     "parameter_summary",
+    "MultiUserModel",
     "read_adapter_metadata",
     "register_method",
     "save_adapter",

@@ -1,0 +1,193 @@
+"""Many users in one batch on one shared base: :class:`MultiUserModel`.
+
+A factorized layer computes ``y = U (V x) + b``. Alfa (and every dictionary method) personalizes it as
+``V_adapt = (I + T_u) V``, one ``d×d`` matrix per user and layer, so for a batch that mixes users the layer can
+run the **shared** ``V`` for the whole batch, mix each sample's ``d`` channels with its own ``I + T_u``, and apply
+the shared ``U``: nothing of the base is copied per user, and a user costs its ``T`` matrices. LoRA-family users
+(``W' = W + P_u Q_u``) are served the same way with a per-sample low-rank branch (the S-LoRA idea: the shared
+layer once, each sample's own ``P_u Q_u`` on the side). Every output equals that user's own adapted (or
+merged) model up to float round-off; a sample of no known user is refused, and ``None`` runs the base.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from .adapters import adapter_state, detach, load_adapter, save_adapter
+from .adapters.alfa import DictionaryAdapter
+from .adapters.base import replace_module
+from .adapters.lora import LowRankUpdateLayer
+from .layers import is_factorized
+
+__all__ = ["MultiUserModel", "UserTerms"]
+
+UserTerms = dict[str, tuple[Tensor, ...]]
+"""Per layer name, a user's terms: ``(T,)`` for a dictionary method, ``(P, Q)`` for a low-rank one."""
+
+
+class _SharedLayer(nn.Module):
+    """A factorized layer of the shared base plus every user's terms for it, applied per sample."""
+
+    def __init__(self, base: nn.Module) -> None:
+        super().__init__()
+        self.base = base
+        self.terms: dict[str, tuple[Tensor, ...]] = {}
+        self.batch_users: list[str | None] | None = None  # set by MultiUserModel.forward for one call
+
+    def forward(self, x: Tensor) -> Tensor:
+        users = self.batch_users
+        if users is None or len(users) != x.shape[0]:
+            raise RuntimeError("call MultiUserModel(images, users), not the layer directly")
+        spec, U, V, bias = self.base.spec, self.base.U, self.base.V, self.base.bias
+        z = spec.input_op(x, V)  # the shared dictionary, once for the whole batch
+        mixes = [self.terms.get(u) if u is not None else None for u in users]
+        if any(t is not None and len(t) == 1 for t in mixes):
+            eye = torch.zeros(U.shape[1], U.shape[1], dtype=z.dtype, device=z.device)
+            T = torch.stack([t[0] if t is not None and len(t) == 1 else eye for t in mixes])
+            z = z + torch.einsum("bij,bj...->bi...", T, z)  # each sample's own (I + T_u)
+        y = spec.output_op(z, U, bias)
+        low_rank = [t if t is not None and len(t) == 2 else None for t in mixes]
+        if any(t is not None for t in low_rank):
+            y = y + _low_rank_branch(spec, x, low_rank)
+        return y
+
+
+def _low_rank_branch(spec, x: Tensor, terms: list[tuple[Tensor, ...] | None]) -> Tensor:
+    """``P_u (Q_u x)`` per sample in one batched call; samples without a term get zeros (ranks padded)."""
+    r = max(t[1].shape[0] for t in terms if t is not None)
+    m, n = spec.m, spec.n
+    P = torch.zeros(len(terms), m, r, dtype=x.dtype, device=x.device)
+    Q = torch.zeros(len(terms), r, n, dtype=x.dtype, device=x.device)
+    for i, t in enumerate(terms):
+        if t is not None:
+            P[i, :, : t[0].shape[1]] = t[0]
+            Q[i, : t[1].shape[0]] = t[1]
+    if spec.kind == "linear":
+        h = torch.einsum("b...n,brn->b...r", x, Q)
+        return torch.einsum("b...r,bmr->b...m", h, P)
+    b, c = x.shape[:2]
+    kernel = Q.reshape(b * r, spec.in_features, *spec.kernel_size)  # one group per sample
+    h = torch.nn.functional.conv2d(
+        x.reshape(1, b * c, *x.shape[2:]), kernel, None, spec.stride, spec.padding, spec.dilation, groups=b
+    )
+    h = h.reshape(b, r, *h.shape[2:])
+    return torch.einsum("brhw,bmr->bmhw", h, P)
+
+
+class MultiUserModel(nn.Module):
+    """A truncated base model that serves many users in one batch: ``model(images, users)``.
+
+    Users are added from their adapter files (:func:`alfa.save_adapter`, compact ones included) or from a
+    model with the adapter attached, and removed, without touching anyone else. Served methods: every
+    dictionary method (Alfa, its gate and mix variants, compact ``dictionary_mix`` files) and the low-rank
+    methods whose frozen part is the base itself (LoRA, MoSLoRA, FLoRA); the others (PiSSA/MiLoRA change the
+    frozen part, DoRA rescales it, full fine-tuning, BitFit and TPGaze touch more than factorized layers)
+    are refused with a message — merge those per user instead.
+    """
+
+    def __init__(self, base: nn.Module) -> None:
+        super().__init__()
+        if adapter_state(base) is not None:
+            raise RuntimeError("MultiUserModel takes the base without an adapter (call alfa.detach)")
+        self._scratch = copy.deepcopy(base).eval()  # where each user's file is loaded and checked
+        self.model = copy.deepcopy(base).eval()
+        names = [n for n, m in self.model.named_modules() if is_factorized(m)]
+        if not names:
+            raise ValueError("the base has no factorized layers: call alfa.truncate first")
+        for name in names:
+            replace_module(self.model, name, _SharedLayer(self.model.get_submodule(name)))
+        self._layers: dict[str, _SharedLayer] = {n: self.model.get_submodule(n) for n in names}
+        self._users: dict[str, list[str]] = {}
+
+    @property
+    def users(self) -> list[str]:
+        return list(self._users)
+
+    def add_user(self, user: str, adapter: str | os.PathLike | nn.Module, replace: bool = False) -> None:
+        """Add ``user`` from an adapter file (checked against the base like :func:`alfa.load_adapter`) or from a
+        model with its adapter attached (it must be this base)."""
+        if user in self._users and not replace:
+            raise ValueError(f"user {user!r} is already served (pass replace=True to swap their adapter)")
+        if isinstance(adapter, nn.Module):
+            user_terms(adapter)  # refuse an unservable method before writing anything
+            with tempfile.TemporaryDirectory() as tmp:  # through a file: the same checks against this base
+                terms = self._terms_from_file(save_adapter(adapter, Path(tmp) / "user.safetensors"))
+        else:
+            terms = self._terms_from_file(Path(adapter))
+        unknown = sorted(set(terms) - set(self._layers))
+        if unknown:
+            raise ValueError(f"user {user!r}: the adapter adapts layers this base does not factorize: {unknown[:4]}")
+        self.remove_user(user, missing_ok=True)
+        for name, t in terms.items():
+            self._layers[name].terms[user] = tuple(x.detach().clone() for x in t)
+        self._users[user] = sorted(terms)
+
+    def _terms_from_file(self, path: Path) -> UserTerms:
+        load_adapter(self._scratch, path)  # checks the layers and the base fingerprint, the checksum
+        try:
+            return user_terms(self._scratch)
+        finally:
+            detach(self._scratch)
+
+    def remove_user(self, user: str, missing_ok: bool = False) -> None:
+        if user not in self._users:
+            if missing_ok:
+                return
+            raise KeyError(f"unknown user {user!r}")
+        for name in self._users.pop(user):
+            self._layers[name].terms.pop(user, None)
+
+    def user_bytes(self, user: str) -> int:
+        """The memory a user adds: the bytes of their terms."""
+        return sum(t.numel() * t.element_size() for n in self._users[user] for t in self._layers[n].terms[user])
+
+    @torch.no_grad()
+    def forward(self, images: Tensor, users: Sequence[str | None]) -> Tensor:
+        """Predictions for a batch in which sample ``i`` belongs to ``users[i]`` (``None``: the base)."""
+        users = list(users)
+        if len(users) != images.shape[0]:
+            raise ValueError(f"{images.shape[0]} images but {len(users)} user ids")
+        unknown = sorted({u for u in users if u is not None and u not in self._users})
+        if unknown:
+            raise KeyError(f"unknown user(s): {unknown[:5]}")
+        for layer in self._layers.values():
+            layer.batch_users = users
+        try:
+            return self.model(images)
+        finally:
+            for layer in self._layers.values():
+                layer.batch_users = None
+
+
+def user_terms(model: nn.Module) -> UserTerms:
+    """The per-sample terms of the adapter attached to ``model``, per factorized layer; a ``ValueError`` for a
+    method that cannot be served from a shared base."""
+    state = adapter_state(model)
+    if state is None:
+        raise ValueError("the model has no adapter attached")
+    if state.config.scope != "layer":
+        raise ValueError(f"{state.config.method} adapts the whole model and cannot share a base: merge it per user")
+    out: UserTerms = {}
+    for name in state.targets:
+        layer = model.get_submodule(name)
+        if not layer.base_is_factorized:
+            raise ValueError(f"{name}: adapted on a dense layer; only factorized layers are served per sample")
+        if isinstance(layer, DictionaryAdapter):
+            out[name] = (layer.mixing(),)
+        elif isinstance(layer, LowRankUpdateLayer) and all(
+            getattr(type(layer), f) is getattr(LowRankUpdateLayer, f) for f in ("forward", "frozen_forward")
+        ):  # the frozen part is the base itself and the update is purely additive
+            out[name] = tuple(layer.update_factors())
+        else:
+            raise ValueError(
+                f"{state.config.method} ({type(layer).__name__}) changes the shared weight itself and cannot be served "
+                "per sample: merge it per user"
+            )
+    return out

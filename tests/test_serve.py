@@ -1,0 +1,95 @@
+"""Many users in one batch on one shared base (alfa.serve): each sample's output equals its user's own model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import alfa
+from alfa.adapters import adapter_parameters
+
+
+@pytest.fixture
+def base(small_net):
+    alfa.truncate(small_net, rank=6)
+    return small_net.eval()
+
+
+def _user(base, config, seed):
+    model = copy.deepcopy(base)
+    torch.manual_seed(seed)
+    alfa.attach(model, config)
+    with torch.no_grad():
+        for p in adapter_parameters(model).values():
+            p.normal_(0, 0.2)  # a non-trivial adapter: every term matters
+    return model
+
+
+def _close(a, b):
+    return float((a - b).norm() / b.norm().clamp_min(1e-12)) < 1e-5
+
+
+def test_a_mixed_batch_equals_each_users_own_model(base, tmp_path):
+    users = {
+        "ann": _user(base, alfa.AlfaConfig(heads=2, rank=2), 1),
+        "bob": _user(base, alfa.AlfaConfig(heads=2, rank=2), 2),
+        "cat": _user(base, alfa.LoraConfig(rank=2), 3),
+        "dan": _user(base, alfa.MosloraConfig(rank=3), 4),
+        "eve": _user(base, alfa.DiagGateConfig(), 5),
+    }
+    served = alfa.MultiUserModel(base)
+    for name, model in users.items():
+        if name == "bob":  # from a compact file (one d×d mix per layer)
+            served.add_user(name, alfa.save_adapter(model, tmp_path / "bob.safetensors", compact=True))
+        elif name == "cat":  # from a plain adapter file
+            served.add_user(name, alfa.save_adapter(model, tmp_path / "cat.safetensors"))
+        else:
+            served.add_user(name, model)
+    order = ["ann", "cat", "bob", "ann", None, "dan", "eve", "cat"]  # mixed, repeated, one base request
+    x = torch.randn(len(order), 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    out = served(x, order)
+    with torch.no_grad():
+        for i, name in enumerate(order):
+            own = (users[name] if name else base)(x[i : i + 1])
+            assert _close(out[i : i + 1], own), name
+            if name:  # ... which is also the merged model's output
+                merged = copy.deepcopy(users[name])
+                alfa.merge(merged, extend=True)
+                assert _close(out[i : i + 1], merged(x[i : i + 1])), name
+    # a user's terms are d×d per layer for a dictionary method: nothing of the base is copied
+    d2 = sum(m.rank**2 for m in base.modules() if alfa.layers.is_factorized(m))
+    assert served.user_bytes("ann") == 4 * d2
+
+    # removing a user changes nobody else's outputs; an unknown user is refused
+    served.remove_user("bob")
+    keep = [i for i, u in enumerate(order) if u != "bob"]
+    again = served(x[keep], [order[i] for i in keep])
+    assert torch.allclose(again, out[keep], rtol=1e-6, atol=1e-7)
+    with pytest.raises(KeyError, match="unknown user"):
+        served(x[:1], ["bob"])
+    with pytest.raises(ValueError, match="2 images but 1 user ids"):
+        served(x[:2], ["ann"])
+    with pytest.raises(ValueError, match="already served"):
+        served.add_user("ann", users["ann"])
+
+
+def test_methods_that_change_the_shared_weight_are_refused(base, tmp_path):
+    served = alfa.MultiUserModel(base)
+    for config, match in [
+        (alfa.PissaConfig(rank=2), "changes the shared weight"),
+        (alfa.DoraConfig(rank=2), "changes the shared weight"),
+        (alfa.FullFinetuneConfig(), "adapts the whole model"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            served.add_user("x", _user(base, config, 0))
+    assert served.users == []
+    other = copy.deepcopy(base)
+    with torch.no_grad():
+        other.conv2.V.add_(0.1)  # another base: the file check refuses it
+    path = alfa.save_adapter(_user(other, alfa.AlfaConfig(heads=2, rank=2), 0), tmp_path / "o.safetensors")
+    with pytest.raises(alfa.adapters.AdapterFileError, match="different base"):
+        served.add_user("x", path)
+    with pytest.raises(alfa.adapters.AdapterFileError, match="different base"):  # a model is checked the same way
+        served.add_user("x", _user(other, alfa.AlfaConfig(heads=2, rank=2), 0))
