@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("layers",),  # factorized Conv2d / Linear and the SVD helpers
     ("truncate",),  # SVD truncation of a model
     ("models", "adapters"),  # model families; adapter methods (model-agnostic: they never import models)
-    ("checkpoint", "summary", "serve"),  # model files; parameter counts; many users on one shared base
+    ("checkpoint", "summary", "serve", "export"),  # model files; parameter counts; many users; ONNX export
     ("alfa",),  # the package __init__: the library's public API
     ("gaze",),  # source training, personalization, evaluation, the demo
     ("crate", "bench"),  # the CRATE worked examples; the benchmark and its report

@@ -28,6 +28,30 @@ def _speed(args: argparse.Namespace) -> None:
     speed_main(out=args.out, repeats=args.repeats, image_size=args.image_size)
 
 
+def _export(args: argparse.Namespace) -> None:
+    import torch
+
+    from .adapters import load_adapter
+    from .checkpoint import load_model
+    from .export import export_onnx, export_program
+
+    model, saved = load_model(args.checkpoint)
+    model.eval()
+    if args.adapter:
+        load_adapter(model, args.adapter)
+    size = tuple(args.image_size) if args.image_size else tuple(saved.get("input_size") or ())
+    if len(size) != 2:
+        raise ValueError(f"{args.checkpoint} does not record its input size: pass --image-size H W")
+    check = export_onnx(model, args.out, size, form=args.merge, tolerance=args.tolerance)
+    print(check.describe())
+    if args.program:
+        from .fileio import atomic_path
+
+        with atomic_path(args.program) as tmp:
+            torch.export.save(export_program(model, size, form=args.merge), str(tmp))
+        print(f"wrote {args.program} (torch.export; dynamic batch)")
+
+
 def _pages(args: argparse.Namespace) -> None:
     from pathlib import Path
 
@@ -75,6 +99,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=20, help="timed repeats, interleaved (default %(default)s)")
     p.add_argument("--image-size", type=int, default=224, help="image side in pixels (default %(default)s)")
     p.set_defaults(func=_speed, outputs={"out": False})
+
+    p = sub.add_parser(
+        "export",
+        help="write a (personalized, merged) model as ONNX, checked against onnxruntime; optionally torch.export",
+    )
+    p.add_argument("--checkpoint", required=True, help="the truncated base (model.safetensors)")
+    p.add_argument("--adapter", help="a user's adapter file, merged in before export (default: the base)")
+    p.add_argument(
+        "--merge",
+        choices=("extend", "densify"),
+        help="for LoRA-family adapters: keep an exact factorization of rank d + r (extend) or dense layers",
+    )
+    p.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"), help="default: the checkpoint's")
+    p.add_argument("--out", required=True, help="the ONNX file to write")
+    p.add_argument("--program", help="also write the torch.export program here (.pt2)")
+    p.add_argument(
+        "--tolerance", type=float, default=1e-5, help="largest relative difference accepted (default %(default)g)"
+    )
+    p.set_defaults(func=_export, outputs={"out": False, "program": False})
 
     p = sub.add_parser(
         "pages",

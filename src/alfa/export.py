@@ -1,0 +1,135 @@
+"""Export a (merged, personalized) model for inference outside PyTorch: ONNX, checked against onnxruntime, and
+``torch.export``.
+
+A merged Alfa model has exactly the truncated base's structure (two plain convolutions per factorized layer), so
+it exports like any CNN; an unmerged adapter is merged first (LoRA-family adapters need a choice of form:
+``extend`` keeps an exact factorization of rank ``d + r``, ``densify`` a dense layer). The ONNX file is written
+atomically and, when onnxruntime is installed, compared with the PyTorch model on random images of the batch
+sizes given; a difference above ``tolerance`` (relative, in norm) is an error and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .adapters import adapter_state, merge, merge_form
+from .fileio import atomic_path
+
+__all__ = ["ExportCheck", "export_onnx", "export_program", "merged_copy"]
+
+
+@dataclass
+class ExportCheck:
+    """What an export wrote and how far onnxruntime's outputs are from PyTorch's (``None``: not checked)."""
+
+    path: Path
+    relative_difference: float | None
+    batch_sizes: tuple[int, ...]
+
+    def describe(self) -> str:
+        if self.relative_difference is None:
+            return f"wrote {self.path} (not checked: onnxruntime is not installed)"
+        sizes = ", ".join(map(str, self.batch_sizes))
+        return (
+            f"wrote {self.path}; onnxruntime vs PyTorch on batches of {sizes}: relative difference "
+            f"{self.relative_difference:.1e}"
+        )
+
+
+def merged_copy(model: nn.Module, form: str | None = None) -> nn.Module:
+    """A copy of ``model`` with its adapter merged (``form``: ``"extend"`` or ``"densify"`` for methods that
+    cannot keep the factorized rank), in eval mode; the model itself is not changed."""
+    out = copy.deepcopy(model).eval()
+    if adapter_state(out) is None:
+        return out
+    if form not in (None, "extend", "densify"):
+        raise ValueError(f"merge form {form!r}: expected 'extend' or 'densify'")
+    how = merge_form(out)
+    if how == "not mergeable (kept attached)":
+        raise ValueError(f"{adapter_state(out).config.method} adapters cannot be merged, so not exported this way")
+    if form is None and how == "densified":
+        raise ValueError(
+            "this adapter cannot keep the factorized rank when merged: choose a form, 'extend' (exact, rank d + r) "
+            "or 'densify' (dense layers)"
+        )
+    merge(out, extend=form == "extend", densify=form == "densify")
+    return out
+
+
+def _needs(module: str, what: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise RuntimeError(f"{what} needs the {module!r} package: pip install onnx onnxscript onnxruntime")
+
+
+def export_onnx(
+    model: nn.Module,
+    path: str | os.PathLike,
+    image_size: tuple[int, int],
+    *,
+    batch_sizes: Sequence[int] = (1, 7),
+    tolerance: float = 1e-5,
+    seed: int = 0,
+    form: str | None = None,
+) -> ExportCheck:
+    """Write ``model`` (merged first if it carries an adapter that keeps its rank) as ONNX with a dynamic batch
+    axis (input ``images``: N×3×H×W in [0, 1], output ``gaze``: N×2 yaw, pitch in radians) and check it."""
+    _needs("onnxscript", "ONNX export")
+    model = merged_copy(model, form)
+    h, w = image_size
+    if h < 1 or w < 1:
+        raise ValueError(f"image size must be positive, got {h}×{w}")
+    sample = torch.rand(2, 3, h, w, generator=torch.Generator().manual_seed(seed))
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        program = torch.onnx.export(
+            model,
+            (sample,),
+            dynamo=True,
+            input_names=["images"],
+            output_names=["gaze"],
+            dynamic_shapes=({0: batch},),
+            verbose=False,
+        )
+        program.save(str(tmp))
+        difference = _check(model, tmp, (h, w), batch_sizes, seed)
+        if difference is not None and not difference <= tolerance:
+            raise RuntimeError(
+                f"the exported model differs from PyTorch's by {difference:.1e} (relative) > {tolerance:g}; "
+                f"{path} was not written"
+            )
+    return ExportCheck(path, difference, tuple(batch_sizes))
+
+
+@torch.no_grad()
+def _check(model: nn.Module, path: Path, image_size: tuple[int, int], batch_sizes: Sequence[int], seed: int):
+    if importlib.util.find_spec("onnxruntime") is None:
+        return None
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    g = torch.Generator().manual_seed(seed + 1)
+    for n in batch_sizes:
+        x = torch.rand(n, 3, *image_size, generator=g)
+        ours = model(x)
+        theirs = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
+        worst = max(worst, float((theirs - ours).norm() / ours.norm().clamp_min(1e-12)))
+    return worst
+
+
+def export_program(
+    model: nn.Module, image_size: tuple[int, int], form: str | None = None
+) -> torch.export.ExportedProgram:
+    """``torch.export`` of the merged model with a dynamic batch axis (for ExecuTorch, AOTInductor, ...)."""
+    model = merged_copy(model, form)
+    sample = torch.rand(2, 3, *image_size)
+    return torch.export.export(model, (sample,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},))

@@ -1,0 +1,70 @@
+"""Export of a personalized model: ONNX checked against onnxruntime (≤ 1e-5 relative), torch.export, the CLI."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import alfa
+from alfa.adapters import adapter_parameters
+
+pytest.importorskip("onnxscript")
+onnxruntime = pytest.importorskip("onnxruntime")
+
+
+def _personalized(config, seed=1):
+    torch.manual_seed(0)
+    model = alfa.models.resnet18_gaze().eval()
+    alfa.truncate(model, 16)
+    base = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    alfa.attach(model, config)
+    with torch.no_grad():
+        for p in adapter_parameters(model).values():
+            p.normal_(0, 0.02)
+    return base, model
+
+
+def test_onnx_of_a_personalized_model_matches_pytorch_and_onnxruntime(tmp_path):
+    from alfa.export import export_onnx, export_program
+
+    _, model = _personalized(alfa.AlfaConfig(heads=2, rank=2))
+    check = export_onnx(model, tmp_path / "user.onnx", (32, 32), batch_sizes=(1, 3))
+    assert check.relative_difference is not None and check.relative_difference <= 1e-5
+    session = onnxruntime.InferenceSession(str(tmp_path / "user.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.rand(5, 3, 32, 32)  # another batch size than exported with: the batch axis is dynamic
+    with torch.no_grad():
+        ours = model(x)  # the unmerged model: the export merged a copy
+    theirs = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
+    assert float((theirs - ours).norm() / ours.norm()) < 1e-5
+    assert alfa.adapter_state(model) is not None  # the user's model itself was not merged
+    program = export_program(model, (32, 32))
+    assert torch.allclose(program.module()(x), ours, rtol=1e-5, atol=1e-6)
+
+
+def test_lora_needs_a_merge_form_and_a_bad_export_leaves_nothing(tmp_path):
+    from alfa.export import export_onnx
+
+    _, model = _personalized(alfa.LoraConfig(rank=2))
+    with pytest.raises(ValueError, match="choose a form, 'extend'"):
+        export_onnx(model, tmp_path / "a.onnx", (32, 32))
+    assert export_onnx(model, tmp_path / "a.onnx", (32, 32), form="extend").relative_difference <= 1e-5
+    with pytest.raises(RuntimeError, match="differs from PyTorch's .* > -1; .*b.onnx was not written"):
+        export_onnx(model, tmp_path / "b.onnx", (32, 32), form="extend", tolerance=-1)
+    assert not (tmp_path / "b.onnx").exists() and not list(tmp_path.glob(".*tmp*"))
+
+
+def test_alfa_export_command(tmp_path, capsys):
+    from alfa.checkpoint import save_model
+    from alfa.cli import main
+
+    base, model = _personalized(alfa.AlfaConfig(heads=2, rank=2))
+    save_model(tmp_path / "base.safetensors", base, "resnet18_gaze")
+    alfa.save_adapter(model, tmp_path / "u.safetensors")
+    argv = ["export", "--checkpoint", str(tmp_path / "base.safetensors"), "--adapter", str(tmp_path / "u.safetensors")]
+    assert main([*argv, "--out", str(tmp_path / "u.onnx")]) == 2  # no recorded input size: asks for it
+    assert "pass --image-size H W" in capsys.readouterr().err
+    assert main([*argv, "--out", str(tmp_path / "u.onnx"), "--image-size", "32", "32"]) == 0
+    assert "onnxruntime vs PyTorch on batches of 1, 7: relative difference" in capsys.readouterr().out
