@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("checkpoint", "summary", "serve", "export"),  # model files; parameter counts; many users; ONNX export
     ("alfa",),  # the package __init__: the library's public API
     ("gaze",),  # source training, personalization, evaluation, the demo
-    ("crate", "bench"),  # the CRATE worked examples; the benchmark and its report
+    ("crate", "bench", "service"),  # the CRATE worked examples; the benchmark and its report; the HTTP service
     ("example", "pages"),  # the library tour; the generated pages of docs/ and their data
     ("cli", "__main__"),  # the `alfa` command
 ]

@@ -52,6 +52,18 @@ def _export(args: argparse.Namespace) -> None:
         print(f"wrote {args.program} (torch.export; dynamic batch)")
 
 
+def _serve(args: argparse.Namespace) -> None:
+    from .service import GazeService, make_server
+
+    server = make_server(GazeService(args.checkpoint, args.adapters), args.host, args.port)
+    host, port = server.server_address[:2]
+    print(f"serving on http://{host}:{port}: POST /predict?user=ID with a face crop, GET /health (Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
 def _pages(args: argparse.Namespace) -> None:
     from pathlib import Path
 
@@ -118,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--tolerance", type=float, default=1e-5, help="largest relative difference accepted (default %(default)g)"
     )
     p.set_defaults(func=_export, outputs={"out": False, "program": False})
+
+    p = sub.add_parser("serve", help="an HTTP gaze service: one shared base, each user's adapter loaded on first use")
+    p.add_argument("--checkpoint", required=True, help="the truncated base (model.safetensors)")
+    p.add_argument("--adapters", required=True, help="folder of <user>.safetensors adapter files")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="port (default %(default)s; 0: any free one)")
+    p.set_defaults(func=_serve)
 
     p = sub.add_parser(
         "pages",
