@@ -52,6 +52,12 @@ def _export(args: argparse.Namespace) -> None:
         print(f"wrote {args.program} (torch.export; dynamic batch)")
 
 
+def _serving(args: argparse.Namespace) -> None:
+    from .bench.serving import main as serving_main
+
+    serving_main(out=args.out, rounds=args.rounds, image_size=args.image_size)
+
+
 def _serve(args: argparse.Namespace) -> None:
     from .service import GazeService, make_server
 
@@ -130,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--tolerance", type=float, default=1e-5, help="largest relative difference accepted (default %(default)g)"
     )
     p.set_defaults(func=_export, outputs={"out": False, "program": False})
+
+    p = sub.add_parser("serving", help="measure many users per batch on one shared base against merged models")
+    p.add_argument("--out", default=None, help="write the page here (e.g. docs/serving.md) and its data beside it")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default %(default)s)")
+    p.add_argument("--image-size", type=int, default=64, help="image side in pixels (default %(default)s)")
+    p.set_defaults(func=_serving, outputs={"out": False})
 
     p = sub.add_parser("serve", help="an HTTP gaze service: one shared base, each user's adapter loaded on first use")
     p.add_argument("--checkpoint", required=True, help="the truncated base (model.safetensors)")
