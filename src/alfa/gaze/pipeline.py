@@ -433,16 +433,21 @@ def plot_per_person(reports: dict[str, EvaluationReport], path: str | Path) -> P
             ax.scatter(
                 before, after, c=color, marker=marker, s=26, zorder=3, label=f"{column}: {s[column]['mean']:.2f}"
             )
-        lo, hi = min(map(min, values)), max(map(max, values))
-        pad = 0.05 * (hi - lo + 1e-9)
-        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.6", lw=1, ls="--", label="no change")
+        # x spans the source-only errors only, y every column, so a far-off method does not squash the cloud
+        x_lo, x_hi = min(before), max(before)
+        x_pad = 0.05 * (x_hi - x_lo + 1e-9)
+        y_lo, y_hi = min(x_lo, *map(min, values)), max(x_hi, *map(max, values))
+        y_pad = 0.05 * (y_hi - y_lo + 1e-9)
+        line = [x_lo - x_pad, x_hi + x_pad]
+        ax.plot(line, line, color="0.6", lw=1, ls="--", label="no change")
         ax.set_title(
             f"{name}: source-only {s[COLUMNS[0]]['mean']:.2f} deg (mean over {len(persons)} persons)", fontsize=9
         )
-        ax.legend(loc="upper left", fontsize=7)
+        ax.legend(loc="best", fontsize=7, framealpha=0.85)
         ax.set_xlabel("error of the source-only model (deg)")
         ax.set_ylabel("error after (deg)")
-        ax.set_aspect("equal", adjustable="datalim")
+        ax.set_xlim(*line)
+        ax.set_ylim(y_lo - y_pad, y_hi + y_pad)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     path = Path(path)
