@@ -68,3 +68,34 @@ def test_alfa_export_command(tmp_path, capsys):
     assert "pass --image-size H W" in capsys.readouterr().err
     assert main([*argv, "--out", str(tmp_path / "u.onnx"), "--image-size", "32", "32"]) == 0
     assert "onnxruntime vs PyTorch on batches of 1, 7: relative difference" in capsys.readouterr().out
+
+
+def test_the_multi_user_model_exports_with_each_layers_mix_as_an_input(tmp_path):
+    """Dictionary users only: the per-sample mixes are inputs, so one ONNX graph serves any mix of users."""
+    from alfa.export import export_onnx_with_inputs
+    from alfa.serve import MixedBatchModel
+
+    base, _ = _personalized(alfa.AlfaConfig(heads=2, rank=2))
+    served = alfa.MultiUserModel(base)
+    for i in range(3):
+        served.add_user(f"u{i}", _personalized(alfa.AlfaConfig(heads=2, rank=2), seed=10 + i)[1])
+    mixed = MixedBatchModel(base)
+    users = ["u0", "u2", None, "u1"]
+    x = torch.rand(4, 3, 32, 32)
+    inputs = (x, *mixed.mixes(served, users))
+    with torch.no_grad():
+        assert torch.allclose(mixed(*inputs), served(x, users), rtol=1e-6, atol=1e-7)
+    names = ["images", *[f"mix_{i}" for i in range(len(inputs) - 1)]]
+    export_onnx_with_inputs(mixed, tmp_path / "all.onnx", inputs, names)
+    session = onnxruntime.InferenceSession(str(tmp_path / "all.onnx"), providers=["CPUExecutionProvider"])
+    later = ["u1", "u1", "u0", None, "u2", "u0", "u2"]  # another batch, other users: the same graph
+    x2 = torch.rand(len(later), 3, 32, 32)
+    feed = dict(zip(names, [t.numpy() for t in (x2, *mixed.mixes(served, later))]))
+    theirs = torch.from_numpy(session.run(None, feed)[0])
+    with torch.no_grad():
+        ours = served(x2, later)
+    assert float((theirs - ours).norm() / ours.norm()) < 1e-5
+    low_rank = _personalized(alfa.LoraConfig(rank=2), seed=20)[1]
+    served.add_user("lr", low_rank)
+    with pytest.raises(ValueError, match="low-rank user"):
+        mixed.mixes(served, ["lr"])

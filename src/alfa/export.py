@@ -23,7 +23,7 @@ from torch import nn
 from .adapters import adapter_state, merge, merge_form
 from .fileio import atomic_path
 
-__all__ = ["ExportCheck", "export_onnx", "export_program", "merged_copy"]
+__all__ = ["ExportCheck", "export_onnx", "export_onnx_with_inputs", "export_program", "merged_copy"]
 
 
 @dataclass
@@ -107,6 +107,30 @@ def export_onnx(
                 f"{path} was not written"
             )
     return ExportCheck(path, difference, tuple(batch_sizes))
+
+
+def export_onnx_with_inputs(
+    module: nn.Module, path: str | os.PathLike, inputs: tuple[torch.Tensor, ...], names: Sequence[str]
+) -> Path:
+    """Write any module of tensor inputs (each with a leading batch axis, exported as dynamic) as ONNX, e.g.
+    :class:`alfa.serve.MixedBatchModel` with every layer's per-sample mix as an input. Not checked here: compare
+    with onnxruntime on your own inputs (the tests do)."""
+    _needs("onnxscript", "ONNX export")
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    shapes = ({0: batch}, tuple({0: batch} for _ in inputs[1:])) if len(inputs) > 1 else ({0: batch},)
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        program = torch.onnx.export(
+            module.eval(),
+            inputs,
+            dynamo=True,
+            input_names=list(names),
+            output_names=["gaze"],
+            dynamic_shapes=shapes,
+            verbose=False,
+        )
+        program.save(str(tmp))
+    return path
 
 
 @torch.no_grad()

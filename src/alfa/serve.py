@@ -26,7 +26,7 @@ from .adapters.base import replace_module
 from .adapters.lora import LowRankUpdateLayer
 from .layers import is_factorized
 
-__all__ = ["MultiUserModel", "UserTerms"]
+__all__ = ["MultiUserModel", "MixedBatchModel", "UserTerms"]
 
 UserTerms = dict[str, tuple[Tensor, ...]]
 """Per layer name, a user's terms: ``(T,)`` for a dictionary method, ``(P, Q)`` for a low-rank one."""
@@ -191,3 +191,54 @@ def user_terms(model: nn.Module) -> UserTerms:
                 "per sample: merge it per user"
             )
     return out
+
+
+class _MixInputLayer(nn.Module):
+    """A factorized layer whose per-sample mix ``T`` (B×d×d) is handed in by :class:`MixedBatchModel`."""
+
+    def __init__(self, base: nn.Module) -> None:
+        super().__init__()
+        self.base = base
+        self.mix: Tensor | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        spec, U, V, bias = self.base.spec, self.base.U, self.base.V, self.base.bias
+        z = spec.input_op(x, V)
+        z = z + torch.einsum("bij,bj...->bi...", self.mix, z)
+        return spec.output_op(z, U, bias)
+
+
+class MixedBatchModel(nn.Module):
+    """The shared base with every factorized layer's per-sample mix as an explicit input:
+    ``forward(images, T_1, …, T_L)``, ``T_l`` of shape B×d_l×d_l (zeros: the base). What exports (ONNX,
+    ``torch.export``) for dictionary users: a server then gathers each request's ``T`` matrices itself.
+    :meth:`mixes` builds those inputs from a :class:`MultiUserModel` for a list of users."""
+
+    def __init__(self, base: nn.Module) -> None:
+        super().__init__()
+        self.model = copy.deepcopy(base).eval()
+        self.layer_names = [n for n, m in self.model.named_modules() if is_factorized(m)]
+        for name in self.layer_names:
+            replace_module(self.model, name, _MixInputLayer(self.model.get_submodule(name)))
+
+    def forward(self, images: Tensor, *mixes: Tensor) -> Tensor:
+        if len(mixes) != len(self.layer_names):
+            raise ValueError(f"expected {len(self.layer_names)} mixes (one per factorized layer), got {len(mixes)}")
+        for name, mix in zip(self.layer_names, mixes):
+            self.model.get_submodule(name).mix = mix
+        return self.model(images)
+
+    def mixes(self, served: MultiUserModel, users: Sequence[str | None]) -> list[Tensor]:
+        """Per layer, the B×d×d stack of each user's ``T`` (zeros for ``None`` and for layers a user leaves)."""
+        out = []
+        for name in self.layer_names:
+            layer = served._layers[name]
+            d = layer.base.U.shape[1]
+            rows = []
+            for u in users:
+                t = layer.terms.get(u) if u is not None else None
+                if t is not None and len(t) != 1:
+                    raise ValueError(f"user {u!r} is a low-rank user: only dictionary users have a mix to hand in")
+                rows.append(t[0] if t is not None else torch.zeros(d, d))
+            out.append(torch.stack(rows))
+        return out
