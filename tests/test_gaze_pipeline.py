@@ -647,3 +647,28 @@ def test_a_resumed_training_says_where_it_resumes(tmp_path, data, capsys):
     assert "1 of 2 epochs found, resuming at epoch 2" in capsys.readouterr().out
     train_source(model, source, config, tmp_path / "run", model_name="tiny_gaze_net", progress=True)
     assert "2 of 2 epochs found, already complete" in capsys.readouterr().out
+
+
+def test_device_option(tmp_path, data, capsys, monkeypatch):
+    """--device cpu runs as the default does; a CUDA device where there is none, or an unknown one, is a
+    one-line error before any work."""
+    import alfa.gaze.pipeline as pipeline
+    from alfa.cli import main
+    from alfa.gaze.commands import _device
+
+    _, target = data
+    monkeypatch.setattr(pipeline, "open_data", lambda spec: {"toy:target": target}[spec])
+    model = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(model, RANK)
+    alfa.checkpoint.save_model(tmp_path / "base.safetensors", model, "tiny_gaze_net")
+    base = ["--checkpoint", str(tmp_path / "base.safetensors"), "--data", "toy:target", "--quiet"]
+    assert main(["evaluate", *base, "--device", "cpu", "--json", str(tmp_path / "cpu.json")]) == 0
+    assert main(["evaluate", *base, "--json", str(tmp_path / "auto.json")]) == 0
+    same = [json.loads((tmp_path / f).read_text())["persons"] for f in ("cpu.json", "auto.json")]
+    if not torch.cuda.is_available():
+        assert same[0] == same[1]  # auto is the CPU here
+        assert main(["evaluate", *base, "--device", "cuda"]) == 2
+        assert "no CUDA device is visible" in capsys.readouterr().err
+    assert main(["personalize", *base, "--device", "tpu", "--out", str(tmp_path / "a")]) == 2
+    assert "expected auto, cpu, cuda or cuda:N" in capsys.readouterr().err
+    assert _device("cpu") == torch.device("cpu")

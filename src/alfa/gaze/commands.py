@@ -61,6 +61,35 @@ def _train_config(args: argparse.Namespace, stage: str):
     return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
 
 
+def _device(name: str):
+    """``--device``: ``auto`` (CUDA when present, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: no CUDA device is visible to this process (use --device cpu)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
+def _device_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N (default %(default)s); checkpoints load "
+        "onto any device and are always saved from CPU copies",
+    )
+
+
 def _open(spec: str):
     from .pipeline import open_data
 
@@ -75,10 +104,11 @@ def _pretrain(args: argparse.Namespace) -> None:
     from .train import train_source
 
     config = _train_config(args, "pretrain")
+    device = _device(args.device)
     data = _open(args.data)
     val = _open(args.val_data) if args.val_data else None
     _seed(config.seed)
-    model = create_model(args.model)
+    model = create_model(args.model).to(device)
     result = train_source(
         model, data, config, args.out, model_name=args.model, val_dataset=val, progress=not args.quiet
     )
@@ -98,7 +128,9 @@ def _truncate(args: argparse.Namespace) -> None:
     from .train import TruncateConfig, truncate_and_recover
 
     config = TruncateConfig(rank=args.rank, recovery=_train_config(args, "recover"))
+    device = _device(args.device)
     model, saved = load_model(args.checkpoint)
+    model.to(device)
     if saved.get("factorized"):
         raise ValueError(f"{args.checkpoint} is already truncated; pass the dense pre-trained checkpoint")
     data = _open(args.data)
@@ -203,8 +235,9 @@ def _personalize(args: argparse.Namespace) -> None:
 
     method = _method_config(args)
     config = _personalize_config(args, method)
+    device = _device(args.device)
     model, saved = load_model(args.checkpoint)
-    model.eval()
+    model.to(device).eval()
     if args.init:
         if method.method != "tpgaze":
             raise ValueError("--init (meta-trained prompts) only applies to --method tpgaze")
@@ -241,8 +274,9 @@ def _evaluate(args: argparse.Namespace) -> None:
 
     if args.adapters is not None and not Path(args.adapters).is_dir():
         raise FileNotFoundError(f"--adapters {args.adapters}: no such folder (alfa personalize --out writes one)")
+    device = _device(args.device)
     model, saved = load_model(args.checkpoint)
-    model.eval()
+    model.to(device).eval()
     data = _open(args.data)
     check_input_size(saved, data, args.checkpoint)
     options = {"adapters": args.adapters, "n_adapt": args.n_adapt, "batch_size": args.batch_size}
@@ -333,6 +367,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="resnet18_gaze", help="a registered model (default %(default)s)")
     p.add_argument("--out", default="runs/pretrain", help="checkpoint folder (an unfinished run there resumes)")
     _train_options(p, "training epochs (real: 50)")
+    _device_option(p)
     p.set_defaults(func=_pretrain, outputs={"out": True})
 
     p = subparsers.add_parser("truncate", help="SVD-truncate a pre-trained model and recover it on the source")
@@ -342,6 +377,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rank", type=int, default=rank, help=f"SVD rank d (default {rank})")
     p.add_argument("--out", default="runs/recovered", help="checkpoint folder (default %(default)s)")
     _train_options(p, "recovery epochs (real: 25)")
+    _device_option(p)
     p.set_defaults(func=_truncate, outputs={"out": True})
 
     p = subparsers.add_parser("personalize", help="one adapter per target person from its first 5 unlabeled images")
@@ -394,6 +430,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="exit 0 even if some persons failed (by default any failure exits 2, after the others are done)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _device_option(p)
     p.set_defaults(func=_personalize, outputs={"out": True})
 
     p = subparsers.add_parser("evaluate", help="per-person angular error, before and after personalization")
@@ -418,6 +455,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="exit 0 even if some persons failed (by default any failure exits 2, after the others are done)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _device_option(p)
     p.set_defaults(func=_evaluate, outputs={"json": False})
 
     p = subparsers.add_parser("demo", help="the whole chain on the synthetic benchmark: table, JSON, figure")
