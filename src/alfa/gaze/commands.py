@@ -324,6 +324,7 @@ def _demo(args: argparse.Namespace) -> None:
     from .pipeline import demo_configs, run_demo, summary_table
 
     overrides: dict[str, Any] = {"cache_dir": args.cache_dir, "seed": args.seed}
+    device = _device(args.device)
     configs = demo_configs(**overrides)
     if args.targets:  # only the first part (the E source), on these targets
         configs = [dataclasses.replace(configs[0], targets=tuple(args.targets))]
@@ -334,7 +335,7 @@ def _demo(args: argparse.Namespace) -> None:
         config = dataclasses.replace(config, out_dir=str(Path(args.out) / safe_filename(name)))
         if not args.quiet:
             print(f"\n== source {config.source}", flush=True)
-        result = run_demo(config, rebuild=args.rebuild, progress=not args.quiet)
+        result = run_demo(config, rebuild=args.rebuild, progress=not args.quiet, device=device)
         if args.quiet:
             print(result.format(per_person=True))
         print(f"\n{result.source_line()}")
@@ -472,4 +473,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="source training and personalization (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _device_option(p)
     p.set_defaults(func=_demo, outputs={"out": True, "cache_dir": True})

@@ -180,8 +180,10 @@ def build_source_model(
     *,
     rebuild: bool = False,
     progress: bool = True,
+    device: torch.device | str = "cpu",
 ) -> SourceModels:
-    """Pre-train, truncate and recover on the source, or load the result from the cache."""
+    """Pre-train, truncate and recover on the source, or load the result from the cache; the models live on
+    ``device``."""
     fingerprints = {"source": data_fingerprint(source), "val": data_fingerprint(val) if val is not None else None}
     cache = Path(config.cache_dir) / f"source-{source_cache_key(config, fingerprints)}"
     if rebuild and cache.exists():
@@ -191,7 +193,7 @@ def build_source_model(
 
     t0 = time.time()
     torch.manual_seed(config.seed)  # the initial weights
-    model = create_model(config.model)
+    model = create_model(config.model).to(device)
     result = train_source(
         model,
         source,
@@ -206,6 +208,7 @@ def build_source_model(
 
     t0 = time.time()
     dense, _ = load_model(cache / "pretrain" / "model.safetensors", expect_model=config.model)
+    dense.to(device)
     dense.eval()
     recovered = copy.deepcopy(dense)
     trunc = truncate_and_recover(
@@ -325,7 +328,13 @@ def demo_configs(**overrides: Any) -> list[DemoConfig]:
     return [dataclasses.replace(c, **overrides) for c in (base, studio)]
 
 
-def run_demo(config: DemoConfig | None = None, *, rebuild: bool = False, progress: bool = True) -> DemoResult:
+def run_demo(
+    config: DemoConfig | None = None,
+    *,
+    rebuild: bool = False,
+    progress: bool = True,
+    device: torch.device | str = "cpu",
+) -> DemoResult:
     """Run the whole chain for one source and its targets and write ``results.json`` and ``per_person.png``
     under ``config.out_dir``: per target, :data:`COLUMNS`."""
     from .flip import FlipTTA
@@ -348,7 +357,7 @@ def run_demo(config: DemoConfig | None = None, *, rebuild: bool = False, progres
         )
         print(f"data ({seconds['data']:.0f} s): {sizes}", flush=True)
 
-    models = build_source_model(config, source, val, rebuild=rebuild, progress=progress)
+    models = build_source_model(config, source, val, rebuild=rebuild, progress=progress, device=device)
     seconds.update(models.seconds)
     recipes = {column: named_recipe(name) for column, name in RECIPE_COLUMNS.items()}
 
