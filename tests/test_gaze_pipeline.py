@@ -4,6 +4,7 @@ evaluation, merge; resumption, determinism, failure handling, the CLI and the de
 import argparse
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -672,3 +673,21 @@ def test_device_option(tmp_path, data, capsys, monkeypatch):
     assert main(["personalize", *base, "--device", "tpu", "--out", str(tmp_path / "a")]) == 2
     assert "expected auto, cpu, cuda or cuda:N" in capsys.readouterr().err
     assert _device("cpu") == torch.device("cpu")
+
+
+def test_bf16_autocast_runs_a_training_step_on_the_cpu_and_fp32_hashes_as_before(data):
+    from alfa.gaze.train import _train_step
+
+    source, _ = data
+    images, gaze = source.images[:16].float() / 255, source.gaze[:16]
+    torch.manual_seed(0)
+    model = alfa.models.create_model("tiny_gaze_net")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    terms = _train_step(model, torch.optim.Adam(model.parameters(), 1e-3), images, gaze, 1.0, "train", "bf16")
+    assert all(math.isfinite(v) for v in terms.values())
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # it trained
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # weights stay fp32
+    assert "precision" not in TrainConfig().to_dict()  # fp32, the default: every config hashes as before
+    assert TrainConfig(precision="bf16").to_dict()["precision"] == "bf16"
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16"):
+        TrainConfig(precision="fp8").validate()

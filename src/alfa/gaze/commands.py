@@ -35,6 +35,9 @@ def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
     g.add_argument("--val-fraction", type=float, help="share of source persons held out (without --val-data)")
     g.add_argument("--workers", type=int, help="data-loading worker processes")
     g.add_argument(
+        "--precision", choices=("fp32", "bf16"), help="bf16: the training forwards under autocast (default fp32)"
+    )
+    g.add_argument(
         "--seed", type=int, default=0, help="initial weights, batch order, person split (default %(default)s)"
     )
     g.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -57,6 +60,7 @@ def _train_config(args: argparse.Namespace, stage: str):
         "val_fraction": args.val_fraction,
         "num_workers": args.workers,
         "seed": args.seed,
+        "precision": args.precision,
     }
     return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
 

@@ -55,6 +55,10 @@ MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
 
 
+PRECISIONS = ("fp32", "bf16")
+"""Training precisions: fp32, or bf16 autocast of the forwards (on CUDA and on CPU)."""
+
+
 @dataclass
 class TrainConfig:
     """One source-training stage. The defaults are the paper's settings for real data
@@ -79,6 +83,7 @@ class TrainConfig:
     seed: int = 0
     eval_batch_size: int = 256
     num_workers: int = 0
+    precision: str = "fp32"  # "bf16": the training forwards under autocast (the optimizer and the SVD stay fp32)
 
     def validate(self) -> None:
         for name in ("epochs", "batch_size", "eval_batch_size"):
@@ -90,6 +95,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.num_workers < 0:
             raise ValueError(f"TrainConfig.num_workers must be non-negative, got {self.num_workers}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"TrainConfig.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if not self.lr > 0 or self.weight_decay < 0 or self.symmetry_weight < 0:
             raise ValueError(
                 f"need lr > 0, weight_decay >= 0, symmetry_weight >= 0; got lr={self.lr}, "
@@ -97,7 +104,10 @@ class TrainConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["precision"] == "fp32":  # the default: configs (and the cache keys hashed from them) read as before
+            del d["precision"]
+        return d
 
 
 def _recovery_default() -> TrainConfig:
@@ -312,7 +322,9 @@ def train_source(
         sums = {"loss": 0.0, "l1": 0.0, "symmetry": 0.0}
         for images, gaze in bar:
             images, gaze = images.to(device), gaze.to(device)
-            terms = _train_step(model, optimizer, images, gaze, config.symmetry_weight, config.symmetry_bn)
+            terms = _train_step(
+                model, optimizer, images, gaze, config.symmetry_weight, config.symmetry_bn, config.precision
+            )
             for k in sums:
                 sums[k] += terms[k]
             bar.set_postfix(loss=f"{terms['loss']:.4f}")
@@ -376,15 +388,18 @@ def _train_step(
     gaze: torch.Tensor,
     sym_w: float,
     sym_bn: str = "train",
+    precision: str = "fp32",
 ) -> dict[str, float]:
+    autocast = torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
     mirrored = None
     if sym_w > 0:
         # TPGaze's symmetry target: the flipped image's prediction, without gradient.
         model.train(sym_bn == "train")
-        with torch.no_grad():
-            mirrored = model(torch.flip(images, dims=[-1]))
+        with torch.no_grad(), autocast:
+            mirrored = model(torch.flip(images, dims=[-1])).float()
     model.train()
-    pred = model(images)
+    with autocast:
+        pred = model(images).float()  # the losses in fp32
     l1 = supervised_l1_loss(pred, gaze)
     sym = flip_symmetry_loss(pred, mirrored) if mirrored is not None else torch.zeros((), device=pred.device)
     loss = finite_or_raise(l1 + sym_w * sym, "source training")
