@@ -261,9 +261,11 @@ def _personalize(args: argparse.Namespace) -> None:
         print(f"recipe: {_recipe_words(config)}")
     run = personalize_dataset(model, data, method, config, args.out, persons=persons, progress=not args.quiet)
     counts = run.counts()
+    done = [o.seconds for o in run.persons.values() if o.status == "ok"]
+    pace = f", {sum(done) / len(done):.2f} s per person on {device}" if done else ""
     print(
         f"{method.method} personalization of {data.name}: {counts['ok']} done, {counts['skipped']} already "
-        f"there, {counts['failed']} failed; adapters in {args.out}"
+        f"there, {counts['failed']} failed{pace}; adapters in {args.out}"
     )
     run.raise_if_failed(args.allow_partial)
 
