@@ -389,3 +389,17 @@ def test_fixture_angles_are_consistent_with_the_geometry():
     yaw_pitch = torch.tensor([[0.3, -0.2], [-1.0, 0.5]], dtype=torch.float64)
     back = gazehub_vector_to_pitchyaw(-pitchyaw_to_vector(yaw_pitch))
     assert angular_error(back, yaw_pitch).max() < 1e-6
+
+
+def test_the_loaders_return_the_same_batches_with_2_workers_as_with_0(tmp_path):
+    from alfa.gaze.train import _iterate
+
+    write_gazehub_fixture(tmp_path / "gh", "mpiifacegaze", images_per_person=4)
+    write_xgaze_h5_dir(tmp_path / "xg", subjects=(1, 2), images=4)
+    for ds in (GazeHubDataset(tmp_path / "gh", "mpii"), XGazeH5Dataset(tmp_path / "xg")):
+        batches = [list(range(i, min(i + 3, len(ds)))) for i in range(0, len(ds), 3)][::-1]  # out of order
+        plain = list(_iterate(ds, batches, 0))
+        parallel = list(_iterate(ds, batches, 2))
+        assert len(plain) == len(parallel) == len(batches)
+        for (a_img, a_gaze), (b_img, b_gaze) in zip(plain, parallel):
+            assert torch.equal(a_img, b_img) and torch.equal(a_gaze, b_gaze)
