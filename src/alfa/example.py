@@ -7,6 +7,7 @@ accuracy (the gaze demo, ``alfa demo``, does that on the synthetic gaze worlds).
 from __future__ import annotations
 
 import copy
+import functools
 import statistics
 import tempfile
 import time
@@ -16,6 +17,7 @@ import torch
 
 from . import attach, load_adapter, merge, param_groups, parameter_summary, save_adapter, truncate
 from .adapters import AlfaConfig
+from .bench.measure import interleaved_seconds
 from .models import resnet18_gaze
 from .truncate import DEFAULT_RANK
 
@@ -25,22 +27,6 @@ def _flip_loss(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
     out, out_flipped = both.chunk(2)
     mirrored = torch.stack([-out_flipped[:, 0], out_flipped[:, 1]], 1).detach()
     return (out - mirrored).abs().sum(1).mean()
-
-
-@torch.no_grad()
-def _latencies(models: dict[str, torch.nn.Module], x: torch.Tensor, rounds: int = 15) -> dict[str, list[float]]:
-    """Per model, the time of one forward in each of ``rounds`` interleaved rounds (the order rotates every
-    round), so a busy machine slows every model alike instead of whichever happened to run last."""
-    names = list(models)
-    for m in models.values():
-        m(x)  # warm-up
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for k in range(rounds):
-        for n in names[k % len(names) :] + names[: k % len(names)]:
-            t = time.perf_counter()
-            models[n](x)
-            times[n].append(time.perf_counter() - t)
-    return times
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -116,7 +102,9 @@ def run_example(
     print(f"  merged vs unmerged output, relative difference: {rel:.1e}\n")
 
     dense = resnet18_gaze().eval()
-    times = _latencies({"dense": dense, "truncated": base, "merged": model}, x)
+    forwards = {n: functools.partial(m, x) for n, m in (("dense", dense), ("truncated", base), ("merged", model))}
+    with torch.no_grad():
+        times = interleaved_seconds(forwards, rounds=15)
     lat = {name: statistics.median(t) for name, t in times.items()}
     ratios = [m / t for m, t in zip(times["merged"], times["truncated"])]
     lo, mid, hi = _quartiles(ratios)

@@ -94,9 +94,8 @@ def check_writable(path: str | os.PathLike, *, folder: bool = False, what: str =
         probe = probe.parent
     if not probe.is_dir():
         raise ValueError(f"{what} {path} cannot be written: {probe} is a file")
-    target = path if (folder and path.is_dir()) else probe
     if path.exists() and not folder and not os.access(path, os.W_OK):
         raise ValueError(f"{what} {path} cannot be written (permission denied)")
-    if not os.access(target, os.W_OK | os.X_OK):
-        raise ValueError(f"{what} {path} cannot be written: no permission to write in {target}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {path} cannot be written: no permission to write in {probe}")
     return path

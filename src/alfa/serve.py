@@ -32,6 +32,20 @@ UserTerms = dict[str, tuple[Tensor, ...]]
 """Per layer name, a user's terms: ``(T,)`` for a dictionary method, ``(P, Q)`` for a low-rank one."""
 
 
+def _wrap_factorized(base: nn.Module, wrapper: type[nn.Module]) -> tuple[nn.Module, dict[str, nn.Module]]:
+    """A copy of ``base`` in eval mode with every factorized layer inside ``wrapper(layer)``; the wrappers by name."""
+    model = copy.deepcopy(base).eval()
+    names = [n for n, m in model.named_modules() if is_factorized(m)]
+    for name in names:
+        replace_module(model, name, wrapper(model.get_submodule(name)))
+    return model, {n: model.get_submodule(n) for n in names}
+
+
+def _mixed(z: Tensor, T: Tensor) -> Tensor:
+    """Each sample's ``d`` dictionary channels mixed by its own ``I + T`` (``T``: B×d×d)."""
+    return z + torch.einsum("bij,bj...->bi...", T, z)
+
+
 class _SharedLayer(nn.Module):
     """A factorized layer of the shared base plus every user's terms for it, applied per sample."""
 
@@ -51,7 +65,7 @@ class _SharedLayer(nn.Module):
         if any(t is not None and len(t) == 1 for t in mixes):
             eye = torch.zeros(U.shape[1], U.shape[1], dtype=z.dtype, device=z.device)
             T = torch.stack([t[0] if t is not None and len(t) == 1 else eye for t in mixes])
-            z = z + torch.einsum("bij,bj...->bi...", T, z)  # each sample's own (I + T_u)
+            z = _mixed(z, T)
         y = spec.output_op(z, U, bias)
         low_rank = [t if t is not None and len(t) == 2 else None for t in mixes]
         if any(t is not None for t in low_rank):
@@ -97,13 +111,9 @@ class MultiUserModel(nn.Module):
         if adapter_state(base) is not None:
             raise RuntimeError("MultiUserModel takes the base without an adapter (call alfa.detach)")
         self._scratch = copy.deepcopy(base).eval()  # where each user's file is loaded and checked
-        self.model = copy.deepcopy(base).eval()
-        names = [n for n, m in self.model.named_modules() if is_factorized(m)]
-        if not names:
+        self.model, self._layers = _wrap_factorized(base, _SharedLayer)
+        if not self._layers:
             raise ValueError("the base has no factorized layers: call alfa.truncate first")
-        for name in names:
-            replace_module(self.model, name, _SharedLayer(self.model.get_submodule(name)))
-        self._layers: dict[str, _SharedLayer] = {n: self.model.get_submodule(n) for n in names}
         self._users: dict[str, list[str]] = {}
 
     @property
@@ -203,9 +213,7 @@ class _MixInputLayer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         spec, U, V, bias = self.base.spec, self.base.U, self.base.V, self.base.bias
-        z = spec.input_op(x, V)
-        z = z + torch.einsum("bij,bj...->bi...", self.mix, z)
-        return spec.output_op(z, U, bias)
+        return spec.output_op(_mixed(spec.input_op(x, V), self.mix), U, bias)
 
 
 class MixedBatchModel(nn.Module):
@@ -216,16 +224,14 @@ class MixedBatchModel(nn.Module):
 
     def __init__(self, base: nn.Module) -> None:
         super().__init__()
-        self.model = copy.deepcopy(base).eval()
-        self.layer_names = [n for n, m in self.model.named_modules() if is_factorized(m)]
-        for name in self.layer_names:
-            replace_module(self.model, name, _MixInputLayer(self.model.get_submodule(name)))
+        self.model, self._layers = _wrap_factorized(base, _MixInputLayer)
+        self.layer_names = list(self._layers)
 
     def forward(self, images: Tensor, *mixes: Tensor) -> Tensor:
         if len(mixes) != len(self.layer_names):
             raise ValueError(f"expected {len(self.layer_names)} mixes (one per factorized layer), got {len(mixes)}")
-        for name, mix in zip(self.layer_names, mixes):
-            self.model.get_submodule(name).mix = mix
+        for layer, mix in zip(self._layers.values(), mixes):
+            layer.mix = mix
         return self.model(images)
 
     def mixes(self, served: MultiUserModel, users: Sequence[str | None]) -> list[Tensor]:

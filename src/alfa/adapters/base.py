@@ -300,7 +300,6 @@ def _candidate_layers(model: nn.Module, config: AdapterConfig) -> list[str]:
         if mode == "factorized" and not factorized:
             hint = " (the model has no factorized layers: call alfa.truncate first)"
         elif mode == "factorized" and config.target is not None:
-            pattern = re.compile(config.target)
             only_dense = [n for n in dense if pattern.search(n)]
             if only_dense:
                 hint = (

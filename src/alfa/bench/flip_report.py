@@ -139,8 +139,13 @@ def _name(label: str) -> str:
     return display_name(label)
 
 
+def _rows(idx: Index, main: Sequence[str]) -> list[str]:
+    """:func:`table_rows` of ``main`` and the two mixes."""
+    return table_rows(idx, (*main, *MIXES))
+
+
 def _methods(idx: Index, main: Sequence[str]) -> list[str]:
-    return [m for m in table_rows(idx, (*main, *MIXES)) if m not in ("source-only", "flip-tta")]
+    return [m for m in _rows(idx, main) if m not in ("source-only", "flip-tta")]
 
 
 def _share_table(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, float | None]]) -> str:
@@ -199,7 +204,7 @@ def _attention_lines(idx: Index, pairs: Sequence[str]) -> list[str]:
 def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
     rows, inflation = [], []
     pairs = pairs_of(idx)
-    for m in table_rows(idx, (*main, *MIXES)):
+    for m in _rows(idx, main):
         ref = pooled(idx, m, pairs, _field("reference_protocol_deg"))
         if ref is None:
             continue
@@ -277,11 +282,11 @@ def _selection(results: dict[str, Any], idx: Index, main: Sequence[str]) -> tupl
     sentences = []
     harmed = []
     for pair in pairs_of(idx):
-        for m in (x for x in table_rows(idx, (*main, *MIXES)) if x.endswith(SELECTED)):
+        for m in (x for x in _rows(idx, main) if x.endswith(SELECTED)):
             d = diff(idx, m, "source-only", [pair])
             if d is not None and d.mean > 0 and d.clear:
                 harmed.append(f"{_name(m)} on {pair} ({signed(d.mean)}°)")
-    selected_rows = [m for m in table_rows(idx, (*main, *MIXES)) if m.endswith(SELECTED)]
+    selected_rows = [m for m in _rows(idx, main) if m.endswith(SELECTED)]
     if selected_rows:
         sentences.append(
             "With its recipe selected on the stand-in, a method is worse than source-only beyond the spread on: "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from ..data.base import GazeDataset
 from ..gaze.evaluate import load_examples
 from ..geometry import angular_error
 
-__all__ = ["adapter_costs", "constant_prediction_error"]
+__all__ = ["adapter_costs", "constant_prediction_error", "interleaved_seconds"]
 
 
 def _proc_status_mib(key: str) -> float | None:
@@ -60,6 +60,21 @@ def constant_prediction_error(data: GazeDataset, persons: Sequence[str], n_adapt
 
 def _param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def interleaved_seconds(calls: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Per call, its wall time in each of ``rounds`` interleaved rounds after one warm-up call each; the order
+    rotates every round, so a slow drift of a shared machine hits every call alike, not whichever ran last."""
+    names = list(calls)
+    for fn in calls.values():
+        fn()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            t = time.perf_counter()
+            calls[n]()
+            times[n].append(time.perf_counter() - t)
+    return times
 
 
 @torch.no_grad()

@@ -21,13 +21,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import attach, merge, parameter_summary, truncate
+from .. import attach, parameter_summary, truncate
 from ..adapters import AlfaConfig, LoraConfig, adapter_parameters
+from ..export import merged_copy
 from ..fileio import write_text
 from ..gaze.train import TruncateConfig
 from ..models import resnet18_gaze
 from ..serve import MultiUserModel
 from .markdown import table
+from .measure import interleaved_seconds
 
 __all__ = ["measure_serving", "serving_markdown", "serving_command", "main"]
 
@@ -49,12 +51,6 @@ def _users(base: nn.Module, method: str, n: int) -> list[nn.Module]:
     return out
 
 
-def _merged(model: nn.Module) -> nn.Module:
-    m = copy.deepcopy(model)
-    merge(m, extend=True)
-    return m.eval()
-
-
 @torch.no_grad()
 def measure_serving(rounds: int = 7, image_size: int = 64, threads: int = 2, seed: int = 0) -> dict[str, Any]:
     """The measurements of the page (see the module docstring); seconds per batch of :data:`BATCH`."""
@@ -70,7 +66,7 @@ def measure_serving(rounds: int = 7, image_size: int = 64, threads: int = 2, see
         served = MultiUserModel(base)
         for i, u in enumerate(users):
             served.add_user(f"u{i}", u)
-        merged = [_merged(u) for u in users]
+        merged = [merged_copy(u, "extend") for u in users]
         per_user[method] = {
             "multi_user_bytes": served.user_bytes("u0"),
             "merged_model_bytes": parameter_summary(merged[0]).total * 4,
@@ -83,15 +79,7 @@ def measure_serving(rounds: int = 7, image_size: int = 64, threads: int = 2, see
             runs[f"{method}: switching merged models, {k} users"] = lambda shares=shares, ms=merged: [
                 ms[j](x[idx]) for j, idx in enumerate(shares)
             ]
-    for fn in runs.values():  # warm-up
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    names = list(runs)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            t = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - t)
+    times = interleaved_seconds(runs, rounds)
     load = os.getloadavg()
     return {
         "batch": BATCH,

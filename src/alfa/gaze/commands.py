@@ -94,6 +94,15 @@ def _device_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def allow_partial_option(p: argparse.ArgumentParser) -> None:
+    """``--allow-partial``, for the commands that work person by person (see ``PersonalizationRun.raise_if_failed``)."""
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="exit 0 even if some persons failed (by default any failure exits 2, after the others are done)",
+    )
+
+
 def _open(spec: str):
     from .pipeline import open_data
 
@@ -431,11 +440,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="if --out holds adapters of another dataset, method, recipe or base, remove them and redo (by default "
         "that is refused)",
     )
-    p.add_argument(
-        "--allow-partial",
-        action="store_true",
-        help="exit 0 even if some persons failed (by default any failure exits 2, after the others are done)",
-    )
+    allow_partial_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _device_option(p)
     p.set_defaults(func=_personalize, outputs={"out": True})
@@ -456,11 +461,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch-size", type=int, default=256, help="images per forward (default %(default)s)")
     p.add_argument("--json", help="also write the report here (JSON)")
-    p.add_argument(
-        "--allow-partial",
-        action="store_true",
-        help="exit 0 even if some persons failed (by default any failure exits 2, after the others are done)",
-    )
+    allow_partial_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _device_option(p)
     p.set_defaults(func=_evaluate, outputs={"json": False})

@@ -128,6 +128,8 @@ def _personalize(args: argparse.Namespace) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tpgaze meta-train`` and ``tpgaze personalize`` to ``subparsers``."""
+    from .commands import allow_partial_option
+
     top = subparsers.add_parser("tpgaze", help="the TPGaze baseline: meta-trained padding prompts")
     sub = top.add_subparsers(dest="tpgaze_command", required=True)
 
@@ -165,10 +167,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--n-adapt", type=int, help="adaptation images per person (default 5)")
     p.add_argument("--persons", help="comma-separated person ids (default: all)")
     p.add_argument("--seed", type=int, help="prompt init and augmentation draws per person (default 0)")
-    p.add_argument(
-        "--allow-partial",
-        action="store_true",
-        help="exit 0 even if some persons failed (by default any failure exits 2, after the others are done)",
-    )
+    allow_partial_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_personalize, outputs={"out": True})

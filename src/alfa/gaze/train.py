@@ -311,6 +311,7 @@ def train_source(
             done = "already complete" if start_epoch >= config.epochs else f"resuming at epoch {start_epoch + 1}"
             tqdm.write(f"{out}: {start_epoch} of {config.epochs} epochs found, {done}")
     _seed_everything(config.seed)
+    size = input_size(dataset)  # recorded in every checkpoint of the run
 
     for epoch in range(start_epoch, config.epochs):
         t0 = time.time()
@@ -355,7 +356,7 @@ def train_source(
             model_name,
             model_kwargs,
             extra={**header, "epoch": epoch + 1, "history": history, "complete": epoch + 1 == config.epochs},
-            input_size=input_size(dataset),
+            input_size=size,
             input_scaling=INPUT_SCALING,
         )
     model.eval()
