@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serving", help="measure many users per batch on one shared base against merged models")
     p.add_argument("--out", default=None, help="write the page here (e.g. docs/serving.md) and its data beside it")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=28, help="interleaved timed rounds (default %(default)s)")
     p.add_argument("--image-size", type=int, default=64, help="image side in pixels (default %(default)s)")
     p.set_defaults(func=_serving, outputs={"out": False})
 

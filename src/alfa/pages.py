@@ -80,6 +80,14 @@ def _render_speed(root: Path, out: Path) -> None:
     write_text(out / "docs/speed.md", text)
 
 
+def _render_serving(root: Path, out: Path) -> None:
+    from .bench.serving import serving_command, serving_markdown
+
+    result = json.loads((root / "docs/serving.json").read_text(encoding="utf-8"))
+    text = serving_markdown(result, serving_command("docs/serving.md", result["rounds"], result["image_size"]))
+    write_text(out / "docs/serving.md", text)
+
+
 PAGES: tuple[Page, ...] = (
     Page(
         path="docs/results.md",
@@ -108,6 +116,12 @@ PAGES: tuple[Page, ...] = (
         data="docs/speed.json",
         produce="alfa speed --out docs/speed.md",
         render=_render_speed,
+    ),
+    Page(
+        path="docs/serving.md",
+        data="docs/serving.json",
+        produce="alfa serving --out docs/serving.md",
+        render=_render_serving,
     ),
 )
 
