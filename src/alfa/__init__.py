@@ -41,11 +41,12 @@ from .adapters import (
     save_adapter,
 )
 from .adapters.prompt import set_default_network
+from .checkpoint import load_pretrained, save_pretrained
 from .layers import FactorizedConv2d, FactorizedLinear
 from .models.resnet import resnet18_conv_inputs
 from .serve import MultiUserModel
 from .summary import ParameterSummary, parameter_summary
-from .truncate import TruncationReport, canonicalize, truncate
+from .truncate import TruncationReport, UnsupportedSaveError, canonicalize, truncate
 
 __version__ = "0.1.0"
 
@@ -67,12 +68,14 @@ __all__ = [
     "MergeError",
     "ParameterSummary",
     "TruncationReport",
+    "UnsupportedSaveError",
     "adapter_parameters",
     "adapter_state",
     "attach",
     "canonicalize",
     "detach",
     "load_adapter",
+    "load_pretrained",
     "merge",
     "merge_form",
     "models",
@@ -82,5 +85,6 @@ __all__ = [
     "read_adapter_metadata",
     "register_method",
     "save_adapter",
+    "save_pretrained",
     "truncate",
 ]

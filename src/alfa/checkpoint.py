@@ -3,6 +3,14 @@
 The config records how to rebuild the model (registered name, constructor arguments, ranks of the
 factorized layers), so :func:`load_model` can rebuild and fill it, and a checkpoint of another
 model is refused with a message naming what differs. Nothing is unpickled.
+
+Tied parameters (one tensor under two names, e.g. GPT-2's ``lm_head.weight`` and
+``transformer.wte.weight``) are stored once, under their first name; the header lists the other names
+and reading fills them back in.
+
+:func:`save_pretrained` / :func:`load_pretrained` do the same for Hugging Face transformers models
+(which no registered name rebuilds): the model's own ``config.json`` next to an alfa checkpoint, so a
+truncated model comes back with its factorized layers, which ``from_pretrained`` cannot rebuild.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from .adapters.base import adapted_layers
 from .adapters.io import tensor_checksum
 from .fileio import atomic_path
 from .models import create_model
@@ -32,9 +42,13 @@ __all__ = [
     "load_backbone",
     "write_tagged",
     "read_tagged",
+    "save_pretrained",
+    "load_pretrained",
+    "PRETRAINED_FILE",
 ]
 
 FORMAT = "alfa-checkpoint"
+PRETRAINED_FILE = "alfa-model.safetensors"  # what save_pretrained writes next to config.json
 
 
 class CheckpointError(ValueError):
@@ -83,6 +97,10 @@ def save_model(
     the gaze commands check data against. The file
     records a checksum of its tensors, verified on load."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    # safetensors refuses tensors that share memory: keep one name per tied tensor, list the others.
+    tied = {alias: first for alias, first in _aliases(model).items() if alias in tensors and first in tensors}
+    for alias in tied:
+        del tensors[alias]
     config = {
         "model": model_name,
         "model_kwargs": model_kwargs or {},
@@ -90,6 +108,8 @@ def save_model(
         "extra": extra or {},
         "checksum": tensor_checksum(tensors),
     }
+    if tied:
+        config["tied"] = tied
     if input_size is not None:
         config["input_size"] = [int(input_size[0]), int(input_size[1])]
     if input_scaling is not None:
@@ -98,6 +118,19 @@ def save_model(
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"format": FORMAT, "config": json.dumps(config, sort_keys=True)})
     return path
+
+
+def _aliases(model: nn.Module) -> dict[str, str]:
+    """Every later name of a parameter or buffer the model holds under several names -> its first name."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, t in named:
+        if id(t) in first:
+            out[name] = first[id(t)]
+        else:
+            first[id(t)] = name
+    return out
 
 
 def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -121,6 +154,11 @@ def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tu
     # files written before checksums have none
     if not header_only and config.get("checksum") is not None and tensor_checksum(tensors) != config["checksum"]:
         raise CheckpointError(f"{path}: damaged tensor data (its checksum does not match the one it was saved with)")
+    if not header_only:
+        for alias, first in config.get("tied", {}).items():
+            if first not in tensors:
+                raise CheckpointError(f"{path}: {alias} is tied to {first}, which the file does not hold")
+            tensors[alias] = tensors[first]
     return tensors, config
 
 
@@ -186,3 +224,68 @@ def load_backbone(model: nn.Module, path: str | os.PathLike, skip: tuple[str, ..
     tensors = {k.removeprefix("module."): v for k, v in tensors.items() if not k.startswith(skip)}
     load_state(model, tensors, source=str(path), skip=skip)
     return sorted(tensors)
+
+
+def save_pretrained(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
+    """Save a Hugging Face transformers model, truncated or not, so that :func:`load_pretrained` rebuilds it
+    exactly: its config (``config.json``, written by the model's own config) and an alfa checkpoint
+    (``alfa-model.safetensors``: every tensor, the ranks of the factorized layers, a checksum).
+
+    This is what to use instead of ``model.save_pretrained`` once :func:`alfa.truncate` changed the model:
+    ``from_pretrained`` cannot rebuild factorized layers (it would initialize them at random). An attached
+    adapter is refused: save it with :func:`alfa.save_adapter`, and save the base after
+    :func:`alfa.detach` (or the merged model after :func:`alfa.merge`). Returns the directory.
+    """
+    layers = adapted_layers(model)
+    if layers:
+        raise CheckpointError(
+            f"alfa.save_pretrained saves a model, not an adapter ({len(layers)} adapted layers are attached): save "
+            "the adapter with alfa.save_adapter(model, 'adapter.safetensors'), then alfa.detach(model) (or "
+            "alfa.merge(model)) and save the model"
+        )
+    hf_config = getattr(model, "config", None)
+    if not callable(getattr(hf_config, "save_pretrained", None)):
+        raise TypeError(
+            f"{type(model).__name__} is not a transformers model (no config.save_pretrained); save it with "
+            "alfa.checkpoint.save_model"
+        )
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    hf_config.save_pretrained(directory)
+    save_model(directory / PRETRAINED_FILE, model, model_name=f"transformers:{type(model).__name__}", extra=extra)
+    return directory
+
+
+def load_pretrained(model_class: Any, directory: str | os.PathLike) -> nn.Module:
+    """Rebuild a model written by :func:`save_pretrained`: ``model_class`` (a transformers model class such as
+    ``GPT2LMHeadModel``, or an ``AutoModel…`` class) is built from the saved config, its truncated layers
+    are factorized again at their saved ranks (:func:`alfa.truncate.restore_structure`), and every tensor is
+    loaded strictly (an error names any mismatch). The model is returned in eval mode, as from_pretrained does.
+    """
+    directory = Path(directory)
+    path = directory / PRETRAINED_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: load_pretrained reads what alfa.save_pretrained wrote "
+            "(a folder saved by model.save_pretrained loads with from_pretrained)"
+        )
+    tensors, config = read_checkpoint(path)
+    own_config = getattr(model_class, "config_class", None)
+    if own_config is not None:  # a model class: built from its config, random weights (overwritten below)
+        model = model_class(own_config.from_pretrained(directory))
+    else:  # an AutoModel… class; transformers is loaded, since the caller holds one of its classes
+        model = model_class.from_config(sys.modules["transformers"].AutoConfig.from_pretrained(directory))
+    saved = str(config.get("model", "")).removeprefix("transformers:")
+    if saved != type(model).__name__:
+        raise CheckpointError(
+            f"{path}: a checkpoint of {saved!r}, but {model_class.__name__} builds a {type(model).__name__}"
+        )
+    try:
+        restore_structure(model, {k: int(v) for k, v in config.get("factorized", {}).items()})
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{path}: cannot rebuild the model: {e}") from e
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    if len(dtypes) == 1:
+        model.to(dtypes.pop())  # keep the saved precision (the config builds float32)
+    load_state(model, tensors, source=str(path))
+    return model.eval()

@@ -4,7 +4,10 @@ A weight is always seen as a matrix ``W`` of shape ``(m, n)`` (spec §1):
 
 * ``nn.Linear(in, out)``: ``m = out``, ``n = in``;
 * ``nn.Conv2d(in, out, k)`` with ``groups == 1``: ``m = out``, ``n = in * kh * kw``
-  (``weight.reshape(m, -1)``).
+  (``weight.reshape(m, -1)``);
+* ``transformers.pytorch_utils.Conv1D(nf=out, nx=in)`` (GPT-2's attention and MLP): a linear layer
+  whose weight is stored transposed, ``(in, out)``, so ``W = weight.T``. It is recognized by its class
+  name and module, without importing ``transformers`` (alfa does not depend on it).
 
 A factorized layer stores ``U`` (m×d) and ``V`` (d×n) and never builds ``W``: a factorized conv runs
 as a conv ``in -> d`` with ``V`` as its kernel, then a 1×1 conv ``d -> m`` with ``U``.
@@ -12,6 +15,7 @@ as a conv ``in -> d`` with ``V`` as its kernel, then a 1×1 conv ``d -> m`` with
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +29,8 @@ __all__ = [
     "layer_spec",
     "is_factorized",
     "is_dense_eligible",
+    "is_dense_layer",
+    "is_conv1d",
     "dense_matrix",
     "svd_factors",
     "canonicalize_factors",
@@ -39,6 +45,9 @@ class LayerSpec:
     ``input_op(x, V)`` applies a ``(k, n)`` matrix with the layer's kernel, stride, padding and
     dilation (giving ``k`` channels), ``output_op(h, U, bias)`` mixes ``k`` channels into ``m`` with a
     ``(m, k)`` matrix (a 1×1 conv for convs), and ``dense_op(x, W, bias)`` runs the full layer.
+    ``transposed`` marks a linear layer whose dense form is a ``transformers`` ``Conv1D`` (weight stored
+    ``(in, out)``): merges that densify rebuild that class, so the model keeps the layout its own
+    weight files and code expect.
     """
 
     kind: str  # "linear" or "conv2d"
@@ -48,6 +57,7 @@ class LayerSpec:
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, int] | str = (0, 0)
     dilation: tuple[int, int] = (1, 1)
+    transposed: bool = False
 
     @property
     def m(self) -> int:
@@ -79,8 +89,17 @@ class LayerSpec:
             return F.linear(x, W, bias)
         return F.conv2d(x, self.kernel(W), bias, self.stride, self.padding, self.dilation)
 
+    def dense_layout(self, W: Tensor) -> Tensor:
+        """The ``(m, n)`` matrix ``W`` in the layout of the dense layer's ``weight``: ``(out, in)`` for a
+        Linear, ``(out, in, kh, kw)`` for a conv, ``(in, out)`` for a ``Conv1D``."""
+        if self.kind == "linear":
+            return W.T if self.transposed else W
+        return self.kernel(W)
+
     def make_dense(self, W: Tensor, bias: Tensor | None) -> nn.Module:
-        """A plain ``nn.Linear``/``nn.Conv2d`` holding the matrix ``W`` (used by merges that densify)."""
+        """A plain ``nn.Linear``/``nn.Conv2d`` (or ``Conv1D``) holding ``W`` (used by merges that densify)."""
+        if self.transposed:
+            return _make_conv1d(W, bias)
         if self.kind == "linear":
             layer: nn.Module = nn.Linear(self.in_features, self.out_features, bias=bias is not None)
         else:
@@ -104,7 +123,9 @@ class LayerSpec:
         """A factorized layer holding ``U`` and ``V`` (used by merges that keep the factorized form)."""
         d = U.shape[1]
         if self.kind == "linear":
-            layer: nn.Module = FactorizedLinear(self.in_features, self.out_features, d, bias=bias is not None)
+            layer: nn.Module = FactorizedLinear(
+                self.in_features, self.out_features, d, bias=bias is not None, transposed=self.transposed
+            )
         else:
             layer = FactorizedConv2d(
                 self.in_features,
@@ -123,6 +144,26 @@ class LayerSpec:
             if bias is not None:
                 layer.bias.copy_(bias)
         return layer
+
+
+def _conv1d_class() -> type[nn.Module]:
+    """``transformers.pytorch_utils.Conv1D``, looked up among the loaded modules: a transposed layer only
+    exists if a model built with transformers was given to alfa, so transformers is loaded then; alfa
+    itself never imports it."""
+    module = sys.modules.get("transformers.pytorch_utils")
+    if module is None or not hasattr(module, "Conv1D"):
+        raise RuntimeError("rebuilding a Conv1D layer needs transformers, which is not loaded (import transformers)")
+    return module.Conv1D
+
+
+def _make_conv1d(W: Tensor, bias: Tensor | None) -> nn.Module:
+    m, n = W.shape
+    layer = _conv1d_class()(m, n).to(device=W.device, dtype=W.dtype)  # Conv1D(nf=out, nx=in)
+    with torch.no_grad():
+        layer.weight.copy_(W.T)
+        # Conv1D always has a bias; a bias-free factorized twin (never made from a Conv1D) merges with zeros.
+        layer.bias.copy_(bias if bias is not None else torch.zeros_like(layer.bias))
+    return layer
 
 
 def _pair(v: int | tuple[int, ...]) -> tuple[int, int]:
@@ -158,6 +199,16 @@ class _Factorized(nn.Module):
         """The dense ``(m, n)`` weight ``U @ V`` (for analysis and tests; forward never builds it)."""
         return self.U @ self.V
 
+    @property
+    def weight(self) -> Tensor:
+        """Read-only: the dense weight ``U @ V`` in the layout of the layer this one replaced (``(out, in)``,
+        ``(out, in, kh, kw)``, or ``(in, out)`` for a ``Conv1D``), built on each access.
+
+        For model code that reads ``layer.weight`` (its dtype, device or shape; transformers' ViT reads
+        the patch embedding's dtype every forward); the layer's own forward never builds it.
+        """
+        return self.spec.dense_layout(self.U @ self.V)
+
     @torch.no_grad()
     def canonicalize_(self) -> None:
         """Re-express ``U @ V`` as ``U_d (S_d V_dᵀ)`` with orthonormal ``U_d`` and orthogonal rows of V.
@@ -171,21 +222,41 @@ class _Factorized(nn.Module):
 
 
 class FactorizedLinear(_Factorized):
-    """A Linear layer stored as ``W = U @ V`` with ``U`` (out×d) and ``V`` (d×in)."""
+    """A Linear layer stored as ``W = U @ V`` with ``U`` (out×d) and ``V`` (d×in).
 
-    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True) -> None:
+    ``transposed=True``: the layer replaces a ``transformers`` ``Conv1D``; it computes the same, its
+    ``weight`` property has the ``(in, out)`` layout, and a densifying merge rebuilds a ``Conv1D``.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, rank: int, bias: bool = True, transposed: bool = False
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.spec = LayerSpec("linear", in_features, out_features)
+        self.spec = LayerSpec("linear", in_features, out_features, transposed=transposed)
         self._init_factors(out_features, in_features, rank, bias)
 
     @classmethod
-    def from_dense(cls, layer: nn.Linear, rank: int) -> FactorizedLinear:
-        """Truncated SVD of ``layer.weight`` keeping the ``rank`` largest singular values."""
+    def from_dense(cls, layer: nn.Module, rank: int) -> FactorizedLinear:
+        """Truncated SVD of the layer's ``(out, in)`` weight (an ``nn.Linear`` or a ``Conv1D``) keeping the
+        ``rank`` largest singular values."""
         return _truncated(layer, rank)  # type: ignore[return-value]
 
+    @property
+    def nx(self) -> int:  # transformers Conv1D's names (nx inputs, nf outputs), for the layer that replaced one
+        if not self.spec.transposed:
+            raise AttributeError("a FactorizedLinear that does not replace a Conv1D has no 'nx'")
+        return self.in_features
+
+    @property
+    def nf(self) -> int:
+        if not self.spec.transposed:
+            raise AttributeError("a FactorizedLinear that does not replace a Conv1D has no 'nf'")
+        return self.out_features
+
     def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}, rank={self.rank}, bias={self.bias is not None}"
+        conv1d = ", transposed=True" if self.spec.transposed else ""
+        return f"{self.in_features}, {self.out_features}, rank={self.rank}, bias={self.bias is not None}{conv1d}"
 
 
 class FactorizedConv2d(_Factorized):
@@ -208,6 +279,7 @@ class FactorizedConv2d(_Factorized):
         self.stride = _pair(stride)
         self.padding = padding if isinstance(padding, str) else _pair(padding)
         self.dilation = _pair(dilation)
+        self.groups, self.padding_mode = 1, "zeros"  # what model code may read off an nn.Conv2d
         self.spec = LayerSpec(
             "conv2d", in_channels, out_channels, self.kernel_size, self.stride, self.padding, self.dilation
         )
@@ -242,9 +314,24 @@ def is_factorized(module: nn.Module) -> bool:
     return isinstance(module, _Factorized)
 
 
+def is_conv1d(module: nn.Module) -> bool:
+    """A ``transformers.pytorch_utils.Conv1D`` (or a subclass), recognized without importing transformers."""
+    return (
+        any(c.__name__ == "Conv1D" and c.__module__ == "transformers.pytorch_utils" for c in type(module).__mro__)
+        and getattr(module, "weight", None) is not None
+        and module.weight.dim() == 2
+    )
+
+
+def is_dense_layer(module: nn.Module) -> bool:
+    """A dense layer alfa knows: Linear, Conv2d (any groups) or Conv1D; :func:`is_dense_eligible` says if
+    it is one matrix."""
+    return isinstance(module, (nn.Linear, nn.Conv2d)) or is_conv1d(module)
+
+
 def is_dense_eligible(module: nn.Module) -> bool:
-    """A plain Linear, or a Conv2d that is one matrix (no groups, zero padding)."""
-    if isinstance(module, nn.Linear):
+    """A plain Linear or Conv1D, or a Conv2d that is one matrix (no groups, zero padding)."""
+    if isinstance(module, nn.Linear) or is_conv1d(module):
         return True
     if isinstance(module, nn.Conv2d):
         return module.groups == 1 and module.padding_mode == "zeros"
@@ -257,6 +344,9 @@ def layer_spec(module: nn.Module) -> LayerSpec:
         return module.spec  # type: ignore[return-value]
     if isinstance(module, nn.Linear):
         return LayerSpec("linear", module.in_features, module.out_features)
+    if is_conv1d(module):
+        n_in, n_out = module.weight.shape
+        return LayerSpec("linear", n_in, n_out, transposed=True)
     if isinstance(module, nn.Conv2d) and is_dense_eligible(module):
         return LayerSpec(
             "conv2d",
@@ -267,13 +357,16 @@ def layer_spec(module: nn.Module) -> LayerSpec:
             module.padding if isinstance(module.padding, str) else _pair(module.padding),
             _pair(module.dilation),
         )
-    raise TypeError(f"{type(module).__name__} is not a Linear, an ungrouped Conv2d or a factorized layer")
+    raise TypeError(f"{type(module).__name__} is not a Linear, a Conv1D, an ungrouped Conv2d or a factorized layer")
 
 
 def dense_matrix(module: nn.Module) -> Tensor:
-    """The layer's weight as an ``(m, n)`` matrix (built from the factors for factorized layers)."""
+    """The layer's weight as an ``(m, n)`` matrix (built from the factors for factorized layers; the
+    transpose of a ``Conv1D``'s stored ``(in, out)`` weight)."""
     if is_factorized(module):
         return module.weight_matrix()  # type: ignore[operator]
+    if is_conv1d(module):
+        return module.weight.T  # type: ignore[union-attr]
     return module.weight.reshape(module.weight.shape[0], -1)  # type: ignore[union-attr]
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from .adapters.base import AdaptedLayer
+from .layers import is_conv1d
 
 __all__ = ["ParameterSummary", "parameter_summary"]
 
@@ -68,7 +69,7 @@ def _kind(module: nn.Module) -> str:
     if isinstance(module, AdaptedLayer):
         return f"adapter: {module.config.method}"
     name = type(module).__name__
-    if isinstance(module, (nn.Linear, nn.Conv2d)) and not name.startswith("Factorized"):
+    if (isinstance(module, (nn.Linear, nn.Conv2d)) or is_conv1d(module)) and not name.startswith("Factorized"):
         return f"{name} (dense)"
     return name
 

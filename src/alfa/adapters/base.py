@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
 
@@ -20,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import LayerSpec, dense_matrix, is_dense_eligible, is_factorized, layer_spec
-from ..truncate import replace_module
+from ..truncate import guard_save_pretrained, replace_module, shared_parameters, tie_refusal
 
 __all__ = [
     "AdapterConfig",
@@ -152,9 +153,17 @@ class AdaptedLayer(nn.Module):
     the methods the kind needs: ``effective_weight`` (the adapted ``(m, n)`` matrix and bias: a dense
     base, or a densified merge) plus ``effective_factors`` (kind ``"factors"``) or
     ``extended_factors`` (kind ``"low-rank"``); kind ``"none"`` implements ``merge_refusal``.
+
+    It also answers what model code reads off the layer it replaced: ``weight`` (read-only, the
+    *effective* dense weight, see :attr:`weight`), ``bias`` (the base's), ``in_features``/``out_features``
+    for linear layers (plus ``nx``/``nf`` for a ``Conv1D``), and ``in_channels``/``out_channels``/
+    ``kernel_size``/``stride``/``padding``/``dilation``/``groups`` for convs.
     """
 
     merge_kind: ClassVar[MergeKind]
+    # How the save_pretrained guard (alfa.truncate.ADAPTED_LAYER_MARK) recognizes an adapted layer: the
+    # truncate module sits below this one and cannot import the class.
+    is_alfa_adapted_layer: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -178,6 +187,74 @@ class AdaptedLayer(nn.Module):
     @property
     def bias(self) -> Tensor | None:
         return self.base.bias
+
+    @property
+    def weight(self) -> Tensor:
+        """Read-only: the dense weight this layer computes with now (base plus the adapter's update: what
+        ``merge(densify=True)`` would store), in the base layer's layout (``(out, in)``, ``(out, in, kh, kw)``,
+        or ``(in, out)`` for a ``Conv1D``); built on each access. The frozen base weight is ``base.weight``.
+
+        The effective weight rather than the base's (PEFT's choice), so that model code computing with
+        ``layer.weight`` keeps the adapter instead of silently dropping it; dtype, device and shape are the
+        same either way. A prompt adapter (merge kind ``"none"``) leaves the weight as it is.
+        """
+        W = dense_matrix(self.base) if self.merge_kind == "none" else self.effective_weight()[0]
+        return self.spec.dense_layout(W)
+
+    def _geometry(self, kind: str, field_name: str, public: str) -> Any:
+        if self.spec.kind != kind:
+            # nn.Module.__getattr__ then reports the attribute as missing, so hasattr() answers False.
+            raise AttributeError(f"a {self.spec.kind} layer has no {public!r}")
+        return getattr(self.spec, field_name)
+
+    @property
+    def in_features(self) -> int:
+        return self._geometry("linear", "in_features", "in_features")
+
+    @property
+    def out_features(self) -> int:
+        return self._geometry("linear", "out_features", "out_features")
+
+    @property
+    def nx(self) -> int:  # transformers Conv1D's names: nx inputs, nf outputs
+        if not self.spec.transposed:
+            raise AttributeError(f"{type(self).__name__} does not adapt a Conv1D, which has no 'nx'")
+        return self.spec.in_features
+
+    @property
+    def nf(self) -> int:
+        if not self.spec.transposed:
+            raise AttributeError(f"{type(self).__name__} does not adapt a Conv1D, which has no 'nf'")
+        return self.spec.out_features
+
+    @property
+    def in_channels(self) -> int:
+        return self._geometry("conv2d", "in_features", "in_channels")
+
+    @property
+    def out_channels(self) -> int:
+        return self._geometry("conv2d", "out_features", "out_channels")
+
+    @property
+    def kernel_size(self) -> tuple[int, int]:
+        return self._geometry("conv2d", "kernel_size", "kernel_size")
+
+    @property
+    def stride(self) -> tuple[int, int]:
+        return self._geometry("conv2d", "stride", "stride")
+
+    @property
+    def padding(self) -> tuple[int, int] | str:
+        return self._geometry("conv2d", "padding", "padding")
+
+    @property
+    def dilation(self) -> tuple[int, int]:
+        return self._geometry("conv2d", "dilation", "dilation")
+
+    @property
+    def groups(self) -> int:
+        self._geometry("conv2d", "kernel_size", "groups")
+        return 1  # only ungrouped convs are adapted
 
     def effective_weight(self) -> tuple[Tensor, Tensor | None]:
         """The adapted layer's ``(m, n)`` weight and its bias."""
@@ -295,6 +372,19 @@ def _candidate_layers(model: nn.Module, config: AdapterConfig) -> list[str]:
     if config.target is not None:
         pattern = re.compile(config.target)
         names = [n for n in names if pattern.search(n)]
+    ties = shared_parameters(model)
+    tied = [n for n in names if n in ties]
+    if tied and config.target is not None:  # asked for by name: refuse now rather than untie on merge
+        raise ValueError(f"{config.method}: " + tie_refusal(tied[0], ties[tied[0]], "adapt (and later merge)"))
+    if tied:
+        listed = "; ".join(f"{n} (tied to {', '.join(ties[n])})" for n in tied)
+        warnings.warn(
+            f"alfa.attach ({config.method}) leaves out {len(tied)} layer(s) whose parameters are tied to another "
+            f"module: {listed}. Merging an adapter into them would untie the weights",
+            UserWarning,
+            stacklevel=3,
+        )
+        names = [n for n in names if n not in ties]
     if not names:
         hint = ""
         if mode == "factorized" and not factorized:
@@ -306,6 +396,8 @@ def _candidate_layers(model: nn.Module, config: AdapterConfig) -> list[str]:
                     f" among the factorized layers; it matches only layers left dense ({', '.join(only_dense[:4])}): "
                     "pass layers='dense' or layers='all' to adapt those"
                 )
+        if tied and not hint:
+            hint = f" but layers with tied parameters ({', '.join(tied[:4])}), which are not adapted"
         raise ValueError(f"no layer to adapt: layers={config.layers!r}, target={config.target!r} matched nothing{hint}")
     return names
 
@@ -314,6 +406,8 @@ def attach(model: nn.Module, config: AdapterConfig) -> list[str]:
     """Attach the method described by ``config`` to ``model``, in place, and freeze everything else.
 
     Returns the names of the adapted layers (or, for model-scope methods, of the trained parameters).
+    Layers whose parameters are tied to another module are left out with a ``UserWarning`` (merging into
+    them would untie the weights); a ``target`` that matches one is refused with a ``ValueError``.
     Nothing is changed if an error is raised.
     """
     if not isinstance(config, AdapterConfig):
@@ -353,6 +447,7 @@ def attach(model: nn.Module, config: AdapterConfig) -> list[str]:
             for pname, p in layer.named_parameters():
                 p.requires_grad_(not pname.startswith("base."))
         state.targets = names
+        guard_save_pretrained(model)  # transformers' save_pretrained would drop the adapted layers
     model._alfa_adapter = state  # type: ignore[assignment]
     return list(state.targets)
 
@@ -381,6 +476,11 @@ def merge(model: nn.Module, densify: bool = False, extend: bool = False) -> list
         raise ValueError("merge: pass densify=True (dense layers) or extend=True (wider factorizations), not both")
     state = _require_state(model, "merge")
     if state.config.scope == "layer":
+        # attach leaves tied layers out, but a tie made afterwards (transformers' tie_weights) would break here.
+        ties = shared_parameters(model)
+        for name in state.targets:
+            if f"{name}.base" in ties:
+                raise MergeError(tie_refusal(name, ties[f"{name}.base"], "merge an adapter into"))
         merged = {name: merged_layer(model.get_submodule(name), densify, extend) for name in state.targets}
         for name, new in merged.items():
             replace_module(model, name, new)
