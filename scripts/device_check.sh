@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A few minutes on a GPU machine: one epoch of pre-training on synthetic faces (224×224 by default, bf16),
 # truncation and one epoch of recovery, Alfa personalization of one target world; prints the device, images/s
-# of each training stage and seconds per personalized person. Everything lands in $OUT (default
-# runs/device-check); nothing is downloaded. On a machine without CUDA it runs on the CPU (set SIZE, PERSONS
-# small there). Usage: scripts/device_check.sh   or   SIZE=64 PERSONS=8 DEVICE=cpu scripts/device_check.sh
+# of each training stage, seconds per personalized person, and images/s of the loader, the step and both.
+# Everything lands in $OUT (default runs/device-check); nothing is downloaded. On a machine without CUDA it
+# runs on the CPU (set SIZE, PERSONS small there). Usage: scripts/device_check.sh   or   SIZE=64 PERSONS=8 DEVICE=cpu scripts/device_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ALFA=${ALFA:-alfa}
@@ -40,3 +40,6 @@ for stage in ("pretrain", "recovered"):
         print(f"{stage}: epoch of {n} images in {epoch['seconds']:.1f} s = {n / epoch['seconds']:,.0f} images/s "
               "(source images incl. held-out ones; validation included)")
 PY
+# Is the training step loader-bound on this machine? (fixture data in both real layouts, 224×224)
+"$ALFA" throughput --fixture mpiifacegaze,eth-xgaze-h5 --image-size "$SIZE" --batch-size 120 --batches 10 \
+    --workers "${WORKERS:-0,4,8}" --device "$DEVICE" --precision "$PRECISION"

@@ -36,7 +36,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("gaze",),  # source training, personalization, evaluation, the demo
     ("crate", "bench", "service"),  # the CRATE worked examples; the benchmark and its report; the HTTP service
     ("example", "pages"),  # the library tour; the generated pages of docs/ and their data
-    ("cli", "__main__"),  # the `alfa` command
+    ("cli",),  # the `alfa` command
+    ("__main__",),  # `python -m alfa` (what torchrun starts): runs the command
 ]
 
 

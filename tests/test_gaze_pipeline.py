@@ -655,7 +655,7 @@ def test_device_option(tmp_path, data, capsys, monkeypatch):
     one-line error before any work."""
     import alfa.gaze.pipeline as pipeline
     from alfa.cli import main
-    from alfa.gaze.commands import _device
+    from alfa.gaze.commands import resolve_device
 
     _, target = data
     monkeypatch.setattr(pipeline, "open_data", lambda spec: {"toy:target": target}[spec])
@@ -672,7 +672,7 @@ def test_device_option(tmp_path, data, capsys, monkeypatch):
         assert "no CUDA device is visible" in capsys.readouterr().err
     assert main(["personalize", *base, "--device", "tpu", "--out", str(tmp_path / "a")]) == 2
     assert "expected auto, cpu, cuda or cuda:N" in capsys.readouterr().err
-    assert _device("cpu") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
 
 
 def test_bf16_autocast_runs_a_training_step_on_the_cpu_and_fp32_hashes_as_before(data):
@@ -689,5 +689,43 @@ def test_bf16_autocast_runs_a_training_step_on_the_cpu_and_fp32_hashes_as_before
     assert all(p.dtype == torch.float32 for p in model.parameters())  # weights stay fp32
     assert "precision" not in TrainConfig().to_dict()  # fp32, the default: every config hashes as before
     assert TrainConfig(precision="bf16").to_dict()["precision"] == "bf16"
-    with pytest.raises(ValueError, match="precision must be one of fp32, bf16"):
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, fp16"):
         TrainConfig(precision="fp8").validate()
+
+
+def test_fp16_autocast_trains_with_a_gradient_scaler_and_resumes_it(tmp_path, data):
+    from alfa.gaze.train import STATE_FILE
+
+    source, _ = data
+    config = dataclasses_replace(FAST, precision="fp16")
+    torch.manual_seed(0)
+    model = alfa.models.create_model("tiny_gaze_net")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = train_source(model, source, config, tmp_path / "run", model_name="tiny_gaze_net", progress=False)
+    assert math.isfinite(result.history[-1]["train_loss"])
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # it trained
+    state = torch.load(tmp_path / "run" / STATE_FILE, weights_only=True)
+    assert state["grad_scaler"]["scale"] > 0  # saved, so a resumed run continues with the same scale
+    more = train_source(
+        model, source, dataclasses_replace(config, epochs=2), tmp_path / "run", model_name="tiny_gaze_net",
+        progress=False,
+    )  # fmt: skip
+    assert more.resumed_from_epoch == 1 and len(more.history) == 2
+
+
+def test_every_command_that_runs_a_model_takes_a_device():
+    from alfa.cli import build_parser
+
+    parser = build_parser()
+    for command in (
+        ["pretrain", "--data", "x"],
+        ["truncate", "--checkpoint", "c", "--data", "x"],
+        ["personalize", "--checkpoint", "c", "--data", "x"],
+        ["evaluate", "--checkpoint", "c", "--data", "x"],
+        ["demo"],
+        ["bench"],
+        ["tpgaze", "meta-train", "--checkpoint", "c", "--data", "x"],
+        ["tpgaze", "personalize", "--checkpoint", "c", "--data", "x"],
+    ):
+        assert parser.parse_args(command).device == "auto", command
+        assert parser.parse_args([*command, "--device", "cuda:1"]).device == "cuda:1", command

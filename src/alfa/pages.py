@@ -88,6 +88,13 @@ def _render_serving(root: Path, out: Path) -> None:
     write_text(out / "docs/serving.md", text)
 
 
+def _render_loading(root: Path, out: Path) -> None:
+    from .gaze.throughput import loading_page
+
+    page = json.loads((root / "docs/loading.json").read_text(encoding="utf-8"))
+    write_text(out / "docs/loading.md", loading_page(page))
+
+
 PAGES: tuple[Page, ...] = (
     Page(
         path="docs/results.md",
@@ -122,6 +129,12 @@ PAGES: tuple[Page, ...] = (
         data="docs/serving.json",
         produce="alfa serving --out docs/serving.md",
         render=_render_serving,
+    ),
+    Page(
+        path="docs/loading.md",
+        data="docs/loading.json",
+        produce="alfa throughput (the command is in the page)",
+        render=_render_loading,
     ),
 )
 

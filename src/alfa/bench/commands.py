@@ -45,6 +45,7 @@ def _command_line() -> str:
 def _bench(args: argparse.Namespace) -> None:
     import torch
 
+    from ..gaze.commands import resolve_device
     from .ablations import REGISTRY
     from .config import SELECTABLE, BenchConfig
     from .runner import run_bench
@@ -80,6 +81,7 @@ def _bench(args: argparse.Namespace) -> None:
         progress=not args.quiet,
         command=_command_line(),
         dry_run=args.dry_run,
+        device=resolve_device(args.device),
     )
     if args.dry_run:
         print(f"{len(summary.pending)} records to run, {len(summary.skipped)} already done in {summary.results}:")
@@ -116,6 +118,8 @@ def _report(args: argparse.Namespace) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` and ``report`` to the ``alfa`` command's subparsers."""
+    from ..gaze.commands import device_option
+
     p = subparsers.add_parser(
         "bench",
         help="the cross-domain benchmark: every method, four synthetic pairs, seeds, ablations, costs",
@@ -151,6 +155,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="list the records that would run, run nothing")
     p.add_argument("--report", metavar="MD", help="also write the report to this markdown file afterwards")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    device_option(p)
     p.set_defaults(func=_bench, outputs={"out": True, "report": False})
 
     p = subparsers.add_parser(

@@ -78,7 +78,7 @@ def rank_slice_data(
     model.eval()
     handle = module.register_forward_hook(hook)
     try:
-        model(images)
+        model(images.to(module.U.device))
     finally:
         handle.remove()
         model.train(was_training)
@@ -92,7 +92,8 @@ def rank_slice_data(
     maps = responses[:, kept] * u_norm[kept][None, :, None, None]
     singular = V.norm(dim=1) * u_norm
     meta = {"layer": layer, "slices": kept, "d": d, "map_size": list(maps.shape[-2:])}
-    return {"images": images.detach(), "maps": maps, "singular_values": singular}, meta
+    tensors = {"images": images.detach(), "maps": maps, "singular_values": singular}
+    return {k: v.cpu() for k, v in tensors.items()}, meta
 
 
 @torch.no_grad()
@@ -110,7 +111,7 @@ def update_data(
             if layer not in layers:
                 raise ValueError(f"{path}: the adapter does not adapt {layer} (it adapts {sorted(layers)[:4]} ...)")
             adapted = layers[layer]
-            tensors[person] = adapted.delta_weight().detach().clone()
+            tensors[person] = adapted.delta_weight().detach().cpu().clone()
             spec = adapted.spec
             meta.update(
                 {

@@ -80,14 +80,18 @@ def interleaved_seconds(calls: Mapping[str, Callable[[], Any]], rounds: int) -> 
 @torch.no_grad()
 def _latency_ms(models: Sequence[nn.Module], images: torch.Tensor, repeats: int) -> list[float]:
     """Median wall-clock ms of one forward of ``images`` through each model, timed in interleaved rounds."""
+    images = images.to(next(models[0].parameters()).device)
+    sync = torch.cuda.synchronize if images.is_cuda else (lambda: None)  # a GPU returns before it is done
     for m in models:
         m.eval()
         m(images)  # warm-up
     times: list[list[float]] = [[] for _ in models]
     for _ in range(repeats):
         for i, m in enumerate(models):
+            sync()
             t = time.perf_counter()
             m(images)
+            sync()
             times[i].append(1000.0 * (time.perf_counter() - t))
     return [statistics.median(ts) for ts in times]
 

@@ -209,8 +209,11 @@ class _Session:
     """Data, source models and paths of one :func:`run_bench` call; :meth:`run` makes one record (with the
     record functions below: unadapted rows, personalization, oracle)."""
 
-    def __init__(self, config: BenchConfig, out: Path, cache: Path, progress: bool) -> None:
+    def __init__(
+        self, config: BenchConfig, out: Path, cache: Path, progress: bool, device: torch.device | None = None
+    ) -> None:
         self.config, self.out, self.cache, self.progress = config, out, cache, progress
+        self.device = torch.device("cpu") if device is None else device
         self.figures = _FigureData(config, out)
         self.targets: dict[str, _Target] = {}
         self.sources: dict[tuple[str, int], _Source] = {}
@@ -313,7 +316,7 @@ class _Session:
         src = self.source(key, seed)
         if src.models is None:
             torch.manual_seed(seed)
-            src.models = build_source_model(src.demo, src.data, src.val, progress=self.progress)
+            src.models = build_source_model(src.demo, src.data, src.val, progress=self.progress, device=self.device)
             if src.models.cache.name != f"source-{src.cache_key}":
                 raise RuntimeError(f"source cache {src.models.cache} does not match the expected key {src.cache_key}")
             src.info = {
@@ -802,6 +805,8 @@ def _fine_tune(
 ) -> None:
     """The oracle's supervised fine-tuning of ``model`` (its full fine-tune adapter attached)."""
     model.eval()
+    device = next(model.parameters()).device
+    images, gaze = images.to(device), gaze.to(device)
     groups = param_groups(model, oc.lr, lr_scale=oc.lr_scale, weight_decay=oc.weight_decay)
     optimizer = torch.optim.AdamW(groups, lr=oc.lr, weight_decay=oc.weight_decay)
     for _ in range(oc.steps):
@@ -912,6 +917,7 @@ def run_bench(
     progress: bool = True,
     command: str | None = None,
     dry_run: bool = False,
+    device: torch.device | str = "cpu",
 ) -> BenchSummary:
     """Run (or resume) the benchmark described by ``config`` into ``out_dir``.
 
@@ -919,6 +925,8 @@ def run_bench(
     run, each written as soon as it is finished. Source models are cached under ``cache_dir`` (default
     ``out_dir/cache``), TPGaze's meta-trained prompts and the other-rank bases next to them. With
     ``dry_run`` nothing is trained: the pending records are listed (the data are rendered to hash them).
+    ``device`` holds the models (training and inference); the numbers are compared bit for bit only on the
+    CPU, so the run log records the device.
     """
     config.validate()
     out = Path(out_dir)
@@ -931,6 +939,7 @@ def run_bench(
     t_start, cpu_start = time.time(), time.process_time()
     # Unique even for two runs of one process within a second (the id only names the run's log entry).
     run_id = f"{datetime.datetime.now().isoformat(timespec='seconds')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    session = _Session(config, out, cache, progress, torch.device(device))
     run_entry = {
         "id": run_id,
         "command": command,
@@ -944,9 +953,9 @@ def run_bench(
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "device": str(session.device),
         "finished": False,
     }
-    session = _Session(config, out, cache, progress)
     plans = plan_records(config)
     ran: list[str] = []
     skipped: list[str] = []

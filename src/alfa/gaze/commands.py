@@ -29,13 +29,18 @@ def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
     g = p.add_argument_group("training (defaults: the preset's)")
     g.add_argument("--preset", choices=PRESETS, default="real", help="real: the paper's settings; demo: the small one")
     g.add_argument("--epochs", type=int, help=epochs_help)
-    g.add_argument("--batch-size", type=int, help="images per optimizer step")
+    g.add_argument(
+        "--batch-size", type=int, help="images per optimizer step (under torchrun: of all processes together)"
+    )
     g.add_argument("--lr", type=float, help="Adam learning rate")
     g.add_argument("--symmetry-weight", type=float, help="weight of the left-right symmetry term (0: off)")
     g.add_argument("--val-fraction", type=float, help="share of source persons held out (without --val-data)")
     g.add_argument("--workers", type=int, help="data-loading worker processes")
     g.add_argument(
-        "--precision", choices=("fp32", "bf16"), help="bf16: the training forwards under autocast (default fp32)"
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        help="bf16/fp16: the training forwards under autocast, fp16 with a gradient scaler (default: bf16 on CUDA, "
+        "fp32 on the CPU; the SVD and the optimizer always run in fp32)",
     )
     g.add_argument(
         "--seed", type=int, default=0, help="initial weights, batch order, person split (default %(default)s)"
@@ -43,7 +48,7 @@ def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _train_config(args: argparse.Namespace, stage: str):
+def _train_config(args: argparse.Namespace, stage: str, device=None):
     from .pipeline import DemoConfig
     from .train import TrainConfig, TruncateConfig
 
@@ -60,12 +65,12 @@ def _train_config(args: argparse.Namespace, stage: str):
         "val_fraction": args.val_fraction,
         "num_workers": args.workers,
         "seed": args.seed,
-        "precision": args.precision,
+        "precision": args.precision or ("bf16" if device is not None and device.type == "cuda" else None),
     }
     return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
 
 
-def _device(name: str):
+def resolve_device(name: str):
     """``--device``: ``auto`` (CUDA when present, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
     import torch
 
@@ -85,7 +90,15 @@ def _device(name: str):
     return device
 
 
-def _device_option(p: argparse.ArgumentParser) -> None:
+def _join(name: str):
+    """``--device`` for the commands that train a source: under ``torchrun``, this process's device in the
+    process group it joins (:func:`alfa.gaze.distributed.setup`)."""
+    from . import distributed
+
+    return distributed.setup(name, resolve_device)
+
+
+def device_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device",
         default="auto",
@@ -114,10 +127,11 @@ def _open(spec: str):
 
 def _pretrain(args: argparse.Namespace) -> None:
     from ..models import create_model
+    from . import distributed
     from .train import train_source
 
-    config = _train_config(args, "pretrain")
-    device = _device(args.device)
+    device = _join(args.device)
+    config = _train_config(args, "pretrain", device)
     data = _open(args.data)
     val = _open(args.val_data) if args.val_data else None
     _seed(config.seed)
@@ -125,6 +139,10 @@ def _pretrain(args: argparse.Namespace) -> None:
     result = train_source(
         model, data, config, args.out, model_name=args.model, val_dataset=val, progress=not args.quiet
     )
+    main = distributed.is_main()
+    distributed.teardown()
+    if not main:  # rank 0 reports for all
+        return
     last = result.history[-1] if result.history else {}
     print(
         f"pretrained {args.model} on {data.name}: {len(result.history)} epochs, "
@@ -138,10 +156,11 @@ def _pretrain(args: argparse.Namespace) -> None:
 
 def _truncate(args: argparse.Namespace) -> None:
     from ..checkpoint import load_model
+    from . import distributed
     from .train import TruncateConfig, truncate_and_recover
 
-    config = TruncateConfig(rank=args.rank, recovery=_train_config(args, "recover"))
-    device = _device(args.device)
+    device = _join(args.device)
+    config = TruncateConfig(rank=args.rank, recovery=_train_config(args, "recover", device))
     model, saved = load_model(args.checkpoint)
     model.to(device)
     if saved.get("factorized"):
@@ -166,6 +185,10 @@ def _truncate(args: argparse.Namespace) -> None:
         model_kwargs=saved.get("model_kwargs"),
         progress=not args.quiet,
     )
+    main = distributed.is_main()
+    distributed.teardown()
+    if not main:  # rank 0 reports for all
+        return
     print(result.format())
     print(f"checkpoint: {result.checkpoint}")
 
@@ -248,7 +271,7 @@ def _personalize(args: argparse.Namespace) -> None:
 
     method = _method_config(args)
     config = _personalize_config(args, method)
-    device = _device(args.device)
+    device = resolve_device(args.device)
     model, saved = load_model(args.checkpoint)
     model.to(device).eval()
     if args.init:
@@ -289,7 +312,7 @@ def _evaluate(args: argparse.Namespace) -> None:
 
     if args.adapters is not None and not Path(args.adapters).is_dir():
         raise FileNotFoundError(f"--adapters {args.adapters}: no such folder (alfa personalize --out writes one)")
-    device = _device(args.device)
+    device = resolve_device(args.device)
     model, saved = load_model(args.checkpoint)
     model.to(device).eval()
     data = _open(args.data)
@@ -339,7 +362,7 @@ def _demo(args: argparse.Namespace) -> None:
     from .pipeline import demo_configs, run_demo, summary_table
 
     overrides: dict[str, Any] = {"cache_dir": args.cache_dir, "seed": args.seed}
-    device = _device(args.device)
+    device = resolve_device(args.device)
     configs = demo_configs(**overrides)
     if args.targets:  # only the first part (the E source), on these targets
         configs = [dataclasses.replace(configs[0], targets=tuple(args.targets))]
@@ -368,6 +391,72 @@ def _demo(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- registration
 
 
+def _throughput(args: argparse.Namespace) -> None:
+    import tempfile
+
+    import torch
+
+    from ..models import create_model
+    from .throughput import FIXTURE_FORMATS, fixture_dataset, loading_page, measure_throughput
+    from .train import TrainConfig
+
+    if (args.data is None) == (args.fixture is None):
+        raise ValueError("pass --data SPEC (your data) or --fixture KIND (data in a real layout, written here)")
+    device = resolve_device(args.device)
+    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    if args.batches < 1 or args.batch_size < 2:
+        raise ValueError(f"need --batches >= 1 and --batch-size >= 2, got {args.batches} and {args.batch_size}")
+    workers_list = _int_list(args.workers, "--workers")
+    sources = [(f, None) for f in args.fixture.split(",") if f] if args.fixture else [(None, args.data)]
+    unknown = [f for f, _ in sources if f is not None and f not in FIXTURE_FORMATS]
+    if unknown or not sources:
+        raise ValueError(f"--fixture {args.fixture!r}: expected one or more of {', '.join(FIXTURE_FORMATS)}")
+    results = []
+    for fixture, spec in sources:
+        with tempfile.TemporaryDirectory(prefix="alfa-throughput-") as tmp:
+            data = fixture_dataset(fixture, tmp, size=args.image_size) if fixture else _open(spec)
+            for workers in workers_list:
+                config = TrainConfig(batch_size=args.batch_size, num_workers=workers, precision=precision)
+                config.validate()
+                torch.manual_seed(0)
+                model = create_model(args.model).to(device)
+                result = measure_throughput(model, data, config, batches=args.batches, step=not args.loader_only)
+                print(result.format())
+                results.append({**result.to_dict(), "fixture": fixture, "model": args.model})
+    if args.out:
+        import os
+        import time
+
+        from ..fileio import write_text
+
+        what = f"--fixture {args.fixture} --image-size {args.image_size}" if args.fixture else f"--data {args.data}"
+        command = (
+            f"alfa throughput {what} --model {args.model} --batch-size {args.batch_size} --workers {args.workers} "
+            f"--batches {args.batches}{' --loader-only' if args.loader_only else ''} --device {args.device} "
+            f"--out {args.out}"
+        )
+        page = {
+            "command": command,
+            "runs": results,
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d"),
+            "load_average_end": os.getloadavg()[0],
+        }
+        write_text(Path(args.out).with_suffix(".json"), json.dumps(page, indent=2))
+        write_text(Path(args.out), loading_page(page))
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: expected comma-separated whole numbers") from None
+    if not values or min(values) < 0:
+        raise ValueError(f"{option} {text!r}: expected comma-separated whole numbers >= 0")
+    return values
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``pretrain``, ``truncate``, ``personalize``, ``evaluate`` and ``demo`` to ``subparsers``."""
     # Option defaults are read from the configs, so a default is written in one place only.
@@ -383,7 +472,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="resnet18_gaze", help="a registered model (default %(default)s)")
     p.add_argument("--out", default="runs/pretrain", help="checkpoint folder (an unfinished run there resumes)")
     _train_options(p, "training epochs (real: 50)")
-    _device_option(p)
+    device_option(p)
     p.set_defaults(func=_pretrain, outputs={"out": True})
 
     p = subparsers.add_parser("truncate", help="SVD-truncate a pre-trained model and recover it on the source")
@@ -393,7 +482,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rank", type=int, default=rank, help=f"SVD rank d (default {rank})")
     p.add_argument("--out", default="runs/recovered", help="checkpoint folder (default %(default)s)")
     _train_options(p, "recovery epochs (real: 25)")
-    _device_option(p)
+    device_option(p)
     p.set_defaults(func=_truncate, outputs={"out": True})
 
     p = subparsers.add_parser("personalize", help="one adapter per target person from its first 5 unlabeled images")
@@ -442,8 +531,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     allow_partial_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    _device_option(p)
+    device_option(p)
     p.set_defaults(func=_personalize, outputs={"out": True})
+
+    p = subparsers.add_parser(
+        "throughput", help="images/s of the data loader, of the training step and of both: is training loader-bound?"
+    )
+    p.add_argument("--data", help="a dataset spec (your data)")
+    p.add_argument(
+        "--fixture",
+        help="or data in a real layout written to a temporary folder: mpiifacegaze (JPEG files), eth-xgaze-h5 (raw "
+        "h5), or both, comma-separated",
+    )
+    p.add_argument("--image-size", type=int, default=224, help="--fixture: image side (default %(default)s)")
+    p.add_argument("--model", default="resnet18_gaze", help="a registered model (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=120, help="images per step (default %(default)s, the paper's)")
+    p.add_argument("--workers", default="0", help="loader worker processes; a comma-separated list measures each")
+    p.add_argument("--batches", type=int, default=10, help="timed batches after one warm-up (default %(default)s)")
+    p.add_argument(
+        "--precision", choices=("fp32", "bf16", "fp16"), help="of the step (default: bf16 on CUDA, fp32 on the CPU)"
+    )
+    p.add_argument("--loader-only", action="store_true", help="time the loader alone (no model step)")
+    p.add_argument("--out", help="write the page here (e.g. docs/loading.md) and its data beside it")
+    device_option(p)
+    p.set_defaults(func=_throughput, outputs={"out": False})
 
     p = subparsers.add_parser("evaluate", help="per-person angular error, before and after personalization")
     p.add_argument("--checkpoint", required=True, help="the base model the adapters were trained on")
@@ -463,7 +574,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="also write the report here (JSON)")
     allow_partial_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    _device_option(p)
+    device_option(p)
     p.set_defaults(func=_evaluate, outputs={"json": False})
 
     p = subparsers.add_parser("demo", help="the whole chain on the synthetic benchmark: table, JSON, figure")
@@ -480,5 +591,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="source training and personalization (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    _device_option(p)
+    device_option(p)
     p.set_defaults(func=_demo, outputs={"out": True, "cache_dir": True})

@@ -27,11 +27,13 @@ def _open(spec: str):
     return open_data(spec)
 
 
-def _load_base(path: str):
+def _load_base(path: str, device_name: str):
     from ..checkpoint import load_model
+    from .commands import resolve_device
 
+    device = resolve_device(device_name)
     model, saved = load_model(path)
-    return model.eval(), saved
+    return model.to(device).eval(), saved
 
 
 def _kib(n: int) -> str:
@@ -58,7 +60,7 @@ def _meta_train(args: argparse.Namespace) -> None:
         "seed": args.seed,
     }
     config = dataclasses.replace(MetaTrainConfig(), **{k: v for k, v in changes.items() if v is not None})
-    model, saved = _load_base(args.checkpoint)
+    model, saved = _load_base(args.checkpoint, args.device)
     data = _open(args.data)
     extra = saved.get("extra", {})
     if args.val_data:
@@ -107,7 +109,7 @@ def _personalize(args: argparse.Namespace) -> None:
     base = DemoConfig().personalize if args.preset == "demo" else PersonalizeConfig()
     changes = {"steps": args.steps, "lr": args.lr, "n_adapt": args.n_adapt, "seed": args.seed}
     config = tpgaze_recipe(base, **{k: v for k, v in changes.items() if v is not None})
-    model, _ = _load_base(args.checkpoint)
+    model, _ = _load_base(args.checkpoint, args.device)
     data = _open(args.data)
     persons = [p for p in args.persons.split(",") if p] if args.persons else None
     _seed(config.seed)
@@ -128,7 +130,7 @@ def _personalize(args: argparse.Namespace) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tpgaze meta-train`` and ``tpgaze personalize`` to ``subparsers``."""
-    from .commands import allow_partial_option
+    from .commands import allow_partial_option, device_option
 
     top = subparsers.add_parser("tpgaze", help="the TPGaze baseline: meta-trained padding prompts")
     sub = top.add_subparsers(dest="tpgaze_command", required=True)
@@ -151,6 +153,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--val-fraction", type=float, help="share of source persons held out (without a split)")
     g.add_argument("--seed", type=int, help="prompt init and task sampling (default: the meta config's, 0)")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
+    device_option(p)
     p.set_defaults(func=_meta_train, outputs={"out": True})
 
     p = sub.add_parser("personalize", help="one prompt file per target person (Adam lr 0.01, 10 steps)")
@@ -169,4 +172,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="prompt init and augmentation draws per person (default 0)")
     allow_partial_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    device_option(p)
     p.set_defaults(func=_personalize, outputs={"out": True})

@@ -6,6 +6,10 @@ horizontally flipped image, computed without gradient and in eval mode, mirrored
 with a constant learning rate. Validation is on held-out source persons, every epoch, for the record
 only: the model kept is always the last epoch's.
 
+Under ``torchrun`` (:mod:`alfa.gaze.distributed`) the same loop trains through DistributedDataParallel:
+``batch_size`` stays the global batch, each process takes its shard of it, the loss is scaled so that the
+averaged gradient is the global batch's, only rank 0 writes, and the validation persons are shared out.
+
 Long runs are resumable. After every epoch the model is written with
 :func:`alfa.checkpoint.save_model` (safetensors + JSON config, atomic) and the optimizer state with
 ``torch.save`` (atomic, read back with ``weights_only=True``). The batch order of epoch ``e`` is
@@ -37,6 +41,7 @@ from ..data.registry import split_persons
 from ..fileio import atomic_path
 from ..summary import parameter_summary
 from ..truncate import DEFAULT_RANK, canonicalize, restore_structure, truncate
+from . import distributed
 from .evaluate import INPUT_SCALING, load_examples, load_images, person_errors
 from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
 
@@ -55,8 +60,10 @@ MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
 
 
-PRECISIONS = ("fp32", "bf16")
-"""Training precisions: fp32, or bf16 autocast of the forwards (on CUDA and on CPU)."""
+PRECISIONS = ("fp32", "bf16", "fp16")
+"""Training precisions: fp32, or bf16 / fp16 autocast of the forwards (on CUDA and on CPU); fp16 also scales
+the loss (``torch.amp.GradScaler``), since its gradients underflow otherwise."""
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -83,7 +90,7 @@ class TrainConfig:
     seed: int = 0
     eval_batch_size: int = 256
     num_workers: int = 0
-    precision: str = "fp32"  # "bf16": the training forwards under autocast (the optimizer and the SVD stay fp32)
+    precision: str = "fp32"  # bf16/fp16: the training forwards under autocast (the optimizer and the SVD stay fp32)
 
     def validate(self) -> None:
         for name in ("epochs", "batch_size", "eval_batch_size"):
@@ -293,7 +300,15 @@ def train_source(
         raise ValueError(f"{dataset.name}: {len(train_idx)} training images; need at least 2")
 
     device = _device_of(model)
+    rank, world = distributed.rank_and_world()
+    progress = progress and rank == 0
+    if world > 1 and config.batch_size < 2 * world:
+        raise ValueError(f"--batch-size {config.batch_size} is the global batch: at least 2 per process ({world})")
+    if device.type == "cuda":
+        # channels-last lets cuDNN pick its fastest convolutions; on the CPU the layout (and the numbers) stay
+        model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
     header = {
         "stage": stage,
         "train_config": config.to_dict(),
@@ -306,61 +321,98 @@ def train_source(
     history: list[dict[str, float]] = []
     start_epoch = 0
     if resume and (out / MODEL_FILE).is_file():
-        start_epoch, history = _resume(model, optimizer, out, header, model_name)
+        start_epoch, history = _resume(model, optimizer, scaler, out, header, model_name)
         if progress and 0 < start_epoch:
             done = "already complete" if start_epoch >= config.epochs else f"resuming at epoch {start_epoch + 1}"
             tqdm.write(f"{out}: {start_epoch} of {config.epochs} epochs found, {done}")
     _seed_everything(config.seed)
     size = input_size(dataset)  # recorded in every checkpoint of the run
 
-    for epoch in range(start_epoch, config.epochs):
-        t0 = time.time()
-        model.train()
-        batches = _epoch_batches(train_idx, config.batch_size, config.seed, epoch)
-        bar = tqdm(
-            _iterate(dataset, batches, config.num_workers, pin_memory=device.type == "cuda"),
-            total=len(batches),
-            desc=f"{stage} {epoch + 1}/{config.epochs}",
-            disable=not progress,
-            leave=False,
-        )
-        sums = {"loss": 0.0, "l1": 0.0, "symmetry": 0.0}
-        for images, gaze in bar:
-            images, gaze = images.to(device, non_blocking=True), gaze.to(device, non_blocking=True)
-            terms = _train_step(
-                model, optimizer, images, gaze, config.symmetry_weight, config.symmetry_bn, config.precision
+    with distributed.data_parallel(model, device) as net:
+        for epoch in range(start_epoch, config.epochs):
+            t0 = time.time()
+            net.train()
+            batches = _epoch_batches(train_idx, config.batch_size, config.seed, epoch)
+            if world > 1:
+                # every process takes its shard of each global batch; a last batch too short to give each
+                # process two images (BatchNorm's minimum) is dropped
+                batches = [b for b in batches if len(b) >= 2 * world]
+            bar = tqdm(
+                _iterate(
+                    dataset,
+                    [distributed.shard(b, rank, world) for b in batches],
+                    config.num_workers,
+                    pin_memory=device.type == "cuda",
+                ),
+                total=len(batches),
+                desc=f"{stage} {epoch + 1}/{config.epochs}",
+                disable=not progress,
+                leave=False,
             )
-            for k in sums:
-                sums[k] += terms[k]
-            bar.set_postfix(loss=f"{terms['loss']:.4f}")
-        val_errors = person_errors(model, val_ds, val_p, 0, config.eval_batch_size) if val_p else {}
-        record = {
-            "epoch": epoch + 1,
-            **{f"train_{k}": v / len(batches) for k, v in sums.items()},
-            "val_error": mean_error(val_errors),
-            "seconds": time.time() - t0,
-        }
-        history.append(record)
-        if progress:
-            tqdm.write(
-                f"{stage} epoch {epoch + 1}/{config.epochs}: loss {record['train_loss']:.4f}, "
-                f"val error {record['val_error']:.2f} deg ({record['seconds']:.0f} s)"
-            )
-        # The optimizer state first: a crash between the two writes leaves a model one epoch behind
-        # the state, which _resume detects.
-        with atomic_path(out / STATE_FILE) as tmp:
-            torch.save({"epoch": epoch + 1, "optimizer": optimizer.state_dict()}, tmp)
-        save_model(
-            out / MODEL_FILE,
-            model,
-            model_name,
-            model_kwargs,
-            extra={**header, "epoch": epoch + 1, "history": history, "complete": epoch + 1 == config.epochs},
-            input_size=size,
-            input_scaling=INPUT_SCALING,
-        )
+            sums = torch.zeros(3, dtype=torch.float64)  # loss, l1, symmetry: each batch's mean, summed
+            layout = torch.channels_last if device.type == "cuda" else torch.preserve_format
+            for (images, gaze), whole in zip(bar, batches):
+                images = images.to(device, non_blocking=True, memory_format=layout)
+                gaze = gaze.to(device, non_blocking=True)
+                share = len(images) / len(whole)  # of the global batch (1 in one process)
+                terms = _train_step(
+                    model,
+                    optimizer,
+                    images,
+                    gaze,
+                    config.symmetry_weight,
+                    config.symmetry_bn,
+                    config.precision,
+                    net=net,
+                    scaler=scaler,
+                    loss_scale=share * world,  # DDP averages over processes: this makes it the global mean
+                )
+                sums += share * torch.tensor([terms["loss"], terms["l1"], terms["symmetry"]], dtype=torch.float64)
+                bar.set_postfix(loss=f"{terms['loss']:.4f}")
+            if world > 1:
+                torch.distributed.all_reduce(sums)
+            val_errors = _val_errors(model, val_ds, val_p, config.eval_batch_size) if val_p else {}
+            record = {
+                "epoch": epoch + 1,
+                **{f"train_{k}": float(v) / len(batches) for k, v in zip(("loss", "l1", "symmetry"), sums)},
+                "val_error": mean_error(val_errors),
+                "seconds": time.time() - t0,
+            }
+            history.append(record)
+            if progress:
+                tqdm.write(
+                    f"{stage} epoch {epoch + 1}/{config.epochs}: loss {record['train_loss']:.4f}, "
+                    f"val error {record['val_error']:.2f} deg ({record['seconds']:.0f} s)"
+                )
+            if rank == 0:
+                # The optimizer state first: a crash between the two writes leaves a model one epoch behind
+                # the state, which _resume detects.
+                state = {"epoch": epoch + 1, "optimizer": optimizer.state_dict()}
+                if scaler.is_enabled():
+                    state["grad_scaler"] = scaler.state_dict()
+                with atomic_path(out / STATE_FILE) as tmp:
+                    torch.save(state, tmp)
+                save_model(
+                    out / MODEL_FILE,
+                    model,
+                    model_name,
+                    model_kwargs,
+                    extra={**header, "epoch": epoch + 1, "history": history, "complete": epoch + 1 == config.epochs},
+                    input_size=size,
+                    input_scaling=INPUT_SCALING,
+                )
+            distributed.barrier()  # nobody reads a checkpoint rank 0 is still writing
     model.eval()
     return TrainResult(out / MODEL_FILE, history, train_p, val_p, resumed_from_epoch=start_epoch)
+
+
+def _val_errors(model: nn.Module, dataset: GazeDataset, persons: Sequence[str], batch: int) -> dict[str, float]:
+    """Per-person validation errors; in a process group each process scores its share of the persons and
+    every process gets all of them (in ``persons``' order)."""
+    rank, world = distributed.rank_and_world()
+    part = person_errors(model, dataset, distributed.shard(persons, rank, world), 0, batch)
+    merged = distributed.gather_dicts(part)
+    return {p: merged[p] for p in persons}
 
 
 def input_size(dataset: GazeDataset) -> tuple[int, int]:
@@ -394,28 +446,45 @@ def _train_step(
     sym_w: float,
     sym_bn: str = "train",
     precision: str = "fp32",
+    *,
+    net: nn.Module | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    loss_scale: float = 1.0,
 ) -> dict[str, float]:
-    autocast = torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    """One optimizer step of ``model`` through ``net`` (its DDP wrapper; default: the model itself); the loss
+    terms of this batch, unscaled. ``loss_scale`` multiplies the loss before the backward pass only; ``scaler``
+    is fp16's gradient scaler (default: one for ``precision``, which a single step may as well make)."""
+    net = model if net is None else net
+    scaler = torch.amp.GradScaler(images.device.type, enabled=precision == "fp16") if scaler is None else scaler
+    dtype = _AUTOCAST.get(precision)
+    autocast = torch.autocast(images.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
     mirrored = None
     if sym_w > 0:
-        # TPGaze's symmetry target: the flipped image's prediction, without gradient.
+        # TPGaze's symmetry target: the flipped image's prediction, without gradient (through the model
+        # itself: no gradient to synchronise).
         model.train(sym_bn == "train")
         with torch.no_grad(), autocast:
             mirrored = model(torch.flip(images, dims=[-1])).float()
-    model.train()
+    net.train()
     with autocast:
-        pred = model(images).float()  # the losses in fp32
+        pred = net(images).float()  # the losses in fp32
     l1 = supervised_l1_loss(pred, gaze)
     sym = flip_symmetry_loss(pred, mirrored) if mirrored is not None else torch.zeros((), device=pred.device)
     loss = finite_or_raise(l1 + sym_w * sym, "source training")
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
+    scaler.scale(loss * loss_scale if loss_scale != 1.0 else loss).backward()
+    scaler.step(optimizer)  # with fp16, skips a step whose gradients overflowed (and lowers the scale)
+    scaler.update()
     return {"loss": loss.item(), "l1": l1.item(), "symmetry": sym.item()}
 
 
 def _resume(
-    model: nn.Module, optimizer: torch.optim.Optimizer, out: Path, header: dict[str, Any], model_name: str
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    out: Path,
+    header: dict[str, Any],
+    model_name: str,
 ) -> tuple[int, list[dict[str, float]]]:
     path = out / MODEL_FILE
     tensors, saved = read_checkpoint(path)
@@ -457,6 +526,8 @@ def _resume(
         )
     load_state(model, tensors, source=str(path))
     optimizer.load_state_dict(state["optimizer"])
+    if scaler.is_enabled() and "grad_scaler" in state:
+        scaler.load_state_dict(state["grad_scaler"])
     return epoch, list(extra.get("history", []))
 
 
@@ -502,10 +573,10 @@ def truncate_and_recover(
 
     batch = config.recovery.eval_batch_size
     dense_params = parameter_summary(model).total
-    before = mean_error(person_errors(model, val_ds, val_p, 0, batch))
+    before = mean_error(_val_errors(model, val_ds, val_p, batch))
     report = truncate(model, config.rank)
-    after_trunc = mean_error(person_errors(model, val_ds, val_p, 0, batch))
-    if progress:
+    after_trunc = mean_error(_val_errors(model, val_ds, val_p, batch))
+    if progress and distributed.is_main():
         tqdm.write(f"{report}\nvalidation error: {before:.2f} deg dense, {after_trunc:.2f} deg truncated")
     result = train_source(
         model,
@@ -528,7 +599,7 @@ def truncate_and_recover(
         reference = model(probe)
         canonicalize(model)
         change = float((model(probe) - reference).abs().max())
-    recovered = mean_error(person_errors(model, val_ds, val_p, 0, batch))
+    recovered = mean_error(_val_errors(model, val_ds, val_p, batch))
     outcome = TruncationResult(
         checkpoint=final,
         rank=config.rank,
@@ -539,15 +610,17 @@ def truncate_and_recover(
         val_persons=val_p,
         canonicalize_max_change=change,
     )
-    save_model(
-        final,
-        model,
-        model_name,
-        model_kwargs,
-        extra={**header, "result": outcome.to_dict()},
-        input_size=input_size(dataset),
-        input_scaling=INPUT_SCALING,
-    )
+    if distributed.is_main():
+        save_model(
+            final,
+            model,
+            model_name,
+            model_kwargs,
+            extra={**header, "result": outcome.to_dict()},
+            input_size=input_size(dataset),
+            input_scaling=INPUT_SCALING,
+        )
+    distributed.barrier()
     return outcome
 
 
