@@ -21,7 +21,7 @@ def test_every_generated_page_regenerates_from_its_committed_data(page):
 
 
 def _copy(page, dest: Path) -> None:
-    for rel in (page.path, page.data, page.figures):
+    for rel in (page.path, page.data, page.figures, *page.more_data):
         if rel is None:
             continue
         src = ROOT / rel
@@ -43,8 +43,10 @@ def test_the_check_sees_an_edited_page_missing_data_and_a_stale_figure(tmp_path)
     ]
     assert write_pages(tmp_path, (speed,)) == [Path("docs/speed.md")]
     assert check_pages(tmp_path, (speed,)) == []
+    (tmp_path / speed.more_data[0]).unlink()
+    assert "its data is missing: docs/speed-transformers.json (" in check_pages(tmp_path, (speed,))[0]
     (tmp_path / speed.data).unlink()
-    assert "its data docs/speed.json is missing" in check_pages(tmp_path, (speed,))[0]
+    assert "its data is missing: docs/speed.json, docs/speed-transformers.json (" in check_pages(tmp_path, (speed,))[0]
 
     results = next(p for p in PAGES if p.path == "docs/results.md")
     _copy(results, tmp_path)

@@ -23,15 +23,21 @@ Quick start::
 from . import models
 from .adapters import (
     CONFIG_CLASSES,
+    DEFAULT_ADAPTER,
     METHODS,
     AdaptedLayer,
     AdapterConfig,
     AdapterFileError,
+    ConfigError,
     MergeError,
+    active_adapter,
+    adapter_names,
     adapter_parameters,
     adapter_state,
     attach,
+    delete_adapter,
     detach,
+    disable_adapters,
     load_adapter,
     merge,
     merge_form,
@@ -39,13 +45,14 @@ from .adapters import (
     read_adapter_metadata,
     register_method,
     save_adapter,
+    set_adapter,
 )
 from .adapters.prompt import set_default_network
 from .checkpoint import load_pretrained, save_pretrained
 from .layers import FactorizedConv2d, FactorizedLinear
 from .models.resnet import resnet18_conv_inputs
 from .serve import MultiUserModel
-from .summary import ParameterSummary, parameter_summary
+from .summary import ParameterSummary, parameter_summary, print_trainable_parameters, trainable_parameters_line
 from .truncate import TruncationReport, UnsupportedSaveError, canonicalize, truncate
 
 __version__ = "0.1.0"
@@ -59,21 +66,27 @@ globals().update(CONFIG_CLASSES)
 
 __all__ = [
     *CONFIG_CLASSES,
+    "DEFAULT_ADAPTER",
     "METHODS",
     "AdaptedLayer",
     "AdapterConfig",
     "AdapterFileError",
+    "ConfigError",
     "FactorizedConv2d",
     "FactorizedLinear",
     "MergeError",
     "ParameterSummary",
     "TruncationReport",
     "UnsupportedSaveError",
+    "active_adapter",
+    "adapter_names",
     "adapter_parameters",
     "adapter_state",
     "attach",
     "canonicalize",
+    "delete_adapter",
     "detach",
+    "disable_adapters",
     "load_adapter",
     "load_pretrained",
     "merge",
@@ -81,10 +94,13 @@ __all__ = [
     "models",
     "param_groups",
     "parameter_summary",
+    "print_trainable_parameters",
+    "trainable_parameters_line",
     "MultiUserModel",
     "read_adapter_metadata",
     "register_method",
     "save_adapter",
     "save_pretrained",
+    "set_adapter",
     "truncate",
 ]

@@ -25,7 +25,7 @@ def _example(args: argparse.Namespace) -> None:
 def _speed(args: argparse.Namespace) -> None:
     from .bench.speed import main as speed_main
 
-    speed_main(out=args.out, repeats=args.repeats, image_size=args.image_size)
+    speed_main(out=args.out, repeats=args.repeats, image_size=args.image_size, transformers=args.transformers)
 
 
 def _export(args: argparse.Namespace) -> None:
@@ -116,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="write the markdown report here (e.g. docs/speed.md)")
     p.add_argument("--repeats", type=int, default=20, help="timed repeats, interleaved (default %(default)s)")
     p.add_argument("--image-size", type=int, default=224, help="image side in pixels (default %(default)s)")
+    p.add_argument(
+        "--transformers",
+        action="store_true",
+        help="measure only the section on transformer layers (Alfa vs LoRA/DoRA on d×d layers and a small Llama; "
+        "needs transformers) and add it to the page",
+    )
     p.set_defaults(func=_speed, outputs={"out": False})
 
     p = sub.add_parser(

@@ -35,6 +35,7 @@ class Page:
     render: Callable[[Path, Path], None]  # (root to read the data from, root to write the page under)
     figures: str | None = None
     owned_figures: tuple[str, ...] = ()  # single figure files it draws outside ``figures``
+    more_data: tuple[str, ...] = ()  # further committed data it reads (sections measured on their own)
 
 
 def _render_results(root: Path, out: Path) -> None:
@@ -73,11 +74,13 @@ def _render_default_recipe(root: Path, out: Path) -> None:
 
 
 def _render_speed(root: Path, out: Path) -> None:
-    from .bench.speed import speed_command, to_markdown
+    from .bench.speed import page_text, speed_command, transformers_path
 
     result = json.loads((root / "docs/speed.json").read_text(encoding="utf-8"))
-    text = to_markdown(result, speed_command("docs/speed.md", result["repeats"], result["image_size"]))
-    write_text(out / "docs/speed.md", text)
+    # the transformer section, measured on its own (alfa speed --transformers)
+    section = json.loads(transformers_path(root / "docs/speed.md").read_text(encoding="utf-8"))
+    command = speed_command("docs/speed.md", result["repeats"], result["image_size"])
+    write_text(out / "docs/speed.md", page_text(result, command, section, "docs/speed.md"))
 
 
 def _render_serving(root: Path, out: Path) -> None:
@@ -121,8 +124,9 @@ PAGES: tuple[Page, ...] = (
     Page(
         path="docs/speed.md",
         data="docs/speed.json",
-        produce="alfa speed --out docs/speed.md",
+        produce="alfa speed --out docs/speed.md, then alfa speed --transformers --out docs/speed.md",
         render=_render_speed,
+        more_data=("docs/speed-transformers.json",),
     ),
     Page(
         path="docs/serving.md",
@@ -163,8 +167,9 @@ def check_pages(root: Path | None = None, pages: tuple[Page, ...] = PAGES) -> li
     root = repo_root() if root is None else root
     problems: list[str] = []
     for page in pages:
-        if not (root / page.data).exists():
-            problems.append(f"{page.path}: its data {page.data} is missing (made by: {page.produce})")
+        missing = [d for d in (page.data, *page.more_data) if not (root / d).exists()]
+        if missing:
+            problems.append(f"{page.path}: its data is missing: {', '.join(missing)} (made by: {page.produce})")
             continue
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)

@@ -184,6 +184,11 @@ def user_terms(model: nn.Module) -> UserTerms:
         raise ValueError("the model has no adapter attached")
     if state.config.scope != "layer":
         raise ValueError(f"{state.config.method} adapts the whole model and cannot share a base: merge it per user")
+    if state.saved:  # a trained copy of whole modules (a new head) is no per-sample term of a shared layer
+        raise ValueError(
+            f"the adapter trains whole modules ({', '.join(state.saved)}; modules_to_save), which a shared base "
+            "cannot serve per sample: merge it per user"
+        )
     out: UserTerms = {}
     for name in state.targets:
         layer = model.get_submodule(name)

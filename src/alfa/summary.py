@@ -13,7 +13,7 @@ from torch import nn
 from .adapters.base import AdaptedLayer
 from .layers import is_conv1d
 
-__all__ = ["ParameterSummary", "parameter_summary"]
+__all__ = ["ParameterSummary", "parameter_summary", "print_trainable_parameters", "trainable_parameters_line"]
 
 
 @dataclass
@@ -97,3 +97,19 @@ def parameter_summary(model: nn.Module) -> ParameterSummary:
                 c.trainable += p.numel()
                 trainable += p.numel()
     return ParameterSummary(total=total, trainable=trainable, by_kind=by_kind)
+
+
+def trainable_parameters_line(model: nn.Module) -> str:
+    """One line, ``trainable params: 12,345 || all params: 11,200,000 || trainable%: 0.1102``: the parameters of
+    ``model`` as it is now (each counted once; with several adapters attached, the base and the active one: the
+    others are out of the model) and those an optimizer would update (``requires_grad``)."""
+    s = parameter_summary(model)
+    share = 100.0 * s.trainable / s.total if s.total else 0.0
+    return f"trainable params: {s.trainable:,} || all params: {s.total:,} || trainable%: {share:.4f}"
+
+
+def print_trainable_parameters(model: nn.Module) -> str:
+    """Print :func:`trainable_parameters_line` and return it."""
+    line = trainable_parameters_line(model)
+    print(line)
+    return line

@@ -243,7 +243,7 @@ def save_pretrained_problem(model: nn.Module) -> str | None:
             else "model.save_pretrained(directory)"
         )
         return (
-            f"{cls}.save_pretrained would lose the alfa {'/'.join(methods)} adapter on {len(adapted)} layers "
+            f"{cls}.save_pretrained would lose the {'/'.join(methods)} adapter (alfa) on {len(adapted)} layers "
             f"({_shown(adapted)}): from_pretrained would re-initialize those layers at random, without an error. "
             "Save the adapter with alfa.save_adapter(model, 'adapter.safetensors') (restore it with "
             f"alfa.load_adapter); to save the model itself, alfa.detach(model) or alfa.merge(model) first, then "

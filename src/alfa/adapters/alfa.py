@@ -63,13 +63,18 @@ class AlfaConfig(AdapterConfig):
 
 def alfa_mixing(A_q: Tensor, B_q: Tensor, A_p: Tensor, B_p: Tensor, V_base: Tensor) -> Tensor:
     """The ``(d, d)`` matrix ``T`` with ``V_adapt = V_base + T V_base``."""
+    return B_p @ _head_mix(A_q, B_q, A_p, V_base)
+
+
+def _head_mix(A_q: Tensor, B_q: Tensor, A_p: Tensor, V_base: Tensor) -> Tensor:
+    """``Σ_h A_p[:, h] Attn_h`` (``r·H × d``): ``T = B_p`` times this."""
     H, d = A_q.shape[0], V_base.shape[0]
     n = V_base.shape[1]
     gram = V_base @ V_base.T  # K Qᵀ's shared part: Q_h Kᵀ = B_q A_q (V_base V_baseᵀ)
-    logits = (B_q @ A_q) @ gram / math.sqrt(n)  # (H, d, d)
+    # B_q (A_q G), not (B_q A_q) G: H·r·d² multiply-adds instead of H·d³ (d/r times fewer)
+    logits = B_q @ (A_q @ gram) / math.sqrt(n)  # (H, d, d)
     attn = torch.softmax(logits, dim=-1)
-    mix = torch.einsum("khd,hde->ke", A_p.view(A_p.shape[0], H, d), attn)  # Σ_h A_p[:, h] Attn_h
-    return B_p @ mix
+    return torch.einsum("khd,hde->ke", A_p.view(A_p.shape[0], H, d), attn)  # Σ_h A_p[:, h] Attn_h
 
 
 class DictionaryAdapter(AdaptedLayer):
@@ -125,7 +130,28 @@ class DictionaryAdapter(AdaptedLayer):
     def forward(self, x: Tensor) -> Tensor:
         if self.base_is_factorized:
             return self.base.forward_with(x, self.adapted_V())
+        if self._low_rank_is_cheaper(x):
+            # W x + U_d (ΔV x): the m×n update is never built (a transformer's Linear with a top-k dictionary)
+            return self.base(x) + self.spec.output_op(self.spec.input_op(x, self.delta_V()), self.U_d)
+        # (W + U_d ΔV) x: building the update once beats running it per position (a conv over an image)
         return self.spec.dense_op(x, self.effective_weight()[0], self.base.bias)
+
+    def _low_rank_is_cheaper(self, x: Tensor) -> bool:
+        """Whether ``U_d (ΔV x)`` per position costs fewer multiply-adds than building ``W + U_d ΔV`` once."""
+        spec, d = self.spec, self.dictionary_size
+        if spec.kind == "linear":
+            positions = x.numel() // spec.in_features
+        else:  # output positions of the conv, over the batch
+            h, w = x.shape[-2:]
+            (kh, kw), (sh, sw), (dh, dw) = spec.kernel_size, spec.stride, spec.dilation
+            if isinstance(spec.padding, tuple):
+                ph, pw = spec.padding
+            else:  # "valid" pads nothing; "same" keeps the size at stride 1, as this padding does
+                ph, pw = (0, 0) if spec.padding == "valid" else (kh // 2 * dh, kw // 2 * dw)
+            out_h = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+            out_w = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+            positions = (x.numel() // (spec.in_features * h * w)) * max(out_h, 0) * max(out_w, 0)
+        return positions * (d * spec.n + spec.m * d) < spec.m * d * spec.n
 
     def effective_factors(self) -> tuple[Tensor, Tensor, Tensor | None]:
         return self.base.U, self.adapted_V(), self.base.bias
@@ -151,6 +177,14 @@ class AlfaLayer(DictionaryAdapter):
     def mixing(self) -> Tensor:
         """``T = B_p Σ_h A_p[:, h] Attn_h``, so that ``T V_base = B_p A_p Z`` (see :func:`alfa_mixing`)."""
         return alfa_mixing(self.A_q, self.B_q, self.A_p, self.B_p, self.V_base)
+
+    def delta_V(self) -> Tensor:
+        mix = _head_mix(self.A_q, self.B_q, self.A_p, self.V_base)
+        if 2 * mix.shape[0] < self.dictionary_size:
+            # B_p (mix V_base): 2·r·H·d·n multiply-adds instead of T V_base's d²·n, for a large dictionary (the
+            # full SVD of a 4096-wide layer: 32× fewer); the gaze default (d = 64, r·H = 64) keeps T V_base
+            return self.B_p @ (mix @ self.V_base)
+        return (self.B_p @ mix) @ self.V_base
 
     def extra_repr(self) -> str:
         c = self.config

@@ -3,18 +3,18 @@
 These train parameters the model already has, so there is nothing to wrap and nothing to merge:
 the per-user artifact is the trained tensors themselves (``alfa.save_adapter`` stores them), and
 ``alfa.detach`` restores their values from before training. ``target`` (a regular expression over
-parameter names, ``re.search``) narrows the selection.
+parameter names, ``re.search``, or a list of parameter-name suffixes) narrows the selection.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import nn
 
-from .base import AdapterConfig, register_method
+from .base import AdapterConfig, register_method, target_matches
 
 __all__ = ["BitfitConfig", "FullFinetuneConfig", "NORM_LAYERS"]
 
@@ -27,11 +27,8 @@ NORM_LAYERS: tuple[type[nn.Module], ...] = (
 )
 
 
-def _filter(names: list[str], target: str | None) -> list[str]:
-    if target is None:
-        return names
-    pattern = re.compile(target)
-    return [n for n in names if pattern.search(n)]
+def _filter(names: list[str], target: str | Sequence[str] | None) -> list[str]:
+    return [n for n in names if target_matches(target, n)]
 
 
 @register_method

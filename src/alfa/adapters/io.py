@@ -22,7 +22,20 @@ from torch import Tensor, nn
 
 from ..fileio import atomic_path
 from .alfa import DictionaryAdapter, DictionaryMixConfig
-from .base import AdaptedLayer, adapter_parameters, adapter_state, attach, config_from_dict, detach
+from .base import (
+    DEFAULT_ADAPTER,
+    AdaptedLayer,
+    _registry,
+    _require_state,
+    adapter_names,
+    adapter_state,
+    adapter_tensors,
+    attach,
+    config_from_dict,
+    delete_adapter,
+    detach,
+    set_adapter,
+)
 
 __all__ = [
     "save_adapter",
@@ -104,9 +117,17 @@ def tensor_checksum(tensors: dict[str, Tensor]) -> str:
 
 
 def save_adapter(
-    model: nn.Module, path: str | os.PathLike, compact: bool = False, about: dict[str, str] | None = None
+    model: nn.Module,
+    path: str | os.PathLike,
+    compact: bool = False,
+    about: dict[str, str] | None = None,
+    name: str | None = None,
 ) -> Path:
-    """Write the attached adapter of ``model`` to ``path`` (safetensors), atomically.
+    """Write the active adapter of ``model`` (or the adapter ``name``) to ``path`` (safetensors), atomically.
+
+    The file holds that one adapter: its trained tensors, including its ``modules_to_save`` copies (parameters
+    and buffers), and a header with its name, config and targets. Saving another adapter than the active one
+    switches to it for the save and back afterwards.
 
     ``compact=True`` stores, instead of the trainable tensors, what the personalization amounts to:
     one ``d×d`` mixing matrix per layer (``V_adapt = V_base + T V_base``; for Alfa with the defaults
@@ -118,22 +139,32 @@ def save_adapter(
     dataset and the person, so an adapter is never applied to another dataset's person of the same name). The
     file also records a checksum of its tensors, verified by :func:`load_adapter`.
     """
-    state = adapter_state(model)
-    if state is None:
-        raise RuntimeError("cannot save: the model has no adapter attached (use alfa.attach first)")
+    current = _require_state(model, "save")
+    if name is not None and name != current.name:
+        set_adapter(model, name)
+        try:
+            return save_adapter(model, path, compact=compact, about=about)
+        finally:
+            set_adapter(model, current.name)
+    state = current
     config = state.config
+    saved = {n: t.detach().cpu().contiguous() for n, t in adapter_tensors(model).items() if _in_saved(n, state.saved)}
     if compact:
         layers = _compact_layers(model)
         if layers is None:
             raise ValueError(f"{config.method} adapters have no compact form (only dictionary methods such as alfa)")
-        tensors = {f"{name}.T": layer.mixing().detach().cpu().contiguous() for name, layer in layers.items()}
+        tensors = {f"{n}.T": layer.mixing().detach().cpu().contiguous() for n, layer in layers.items()}
+        tensors.update(saved)  # the trained copies are part of what the personalization amounts to
         # Every dictionary config has dense_rank (how a dense layer's dictionary is cut), and the mix
         # must use the same one to rebuild the same dictionary.
         config = DictionaryMixConfig(
-            target=config.target, layers=config.layers, dense_rank=getattr(config, "dense_rank", None)
+            target=config.target,
+            layers=config.layers,
+            dense_rank=getattr(config, "dense_rank", None),
+            modules_to_save=config.modules_to_save,
         )
     else:
-        tensors = {n: p.detach().cpu().contiguous() for n, p in adapter_parameters(model).items()}
+        tensors = {n: t.detach().cpu().contiguous() for n, t in adapter_tensors(model).items()}
     metadata = {
         "format": FORMAT,
         "version": str(VERSION),
@@ -142,7 +173,10 @@ def save_adapter(
         "targets": json.dumps(state.targets),
         "fingerprint": json.dumps(base_fingerprint(model)),
         "checksum": tensor_checksum(tensors),
+        "name": state.name,
     }
+    if state.saved:
+        metadata["modules_to_save"] = json.dumps(list(state.saved))
     if about:
         metadata["about"] = json.dumps(about, sort_keys=True)
     if compact:
@@ -150,6 +184,10 @@ def save_adapter(
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
     return Path(path)
+
+
+def _in_saved(tensor_name: str, saved: dict[str, nn.Module]) -> bool:
+    return any(tensor_name.startswith(s + ".") for s in saved)
 
 
 def _compact_layers(model: nn.Module) -> dict[str, DictionaryAdapter] | None:
@@ -192,20 +230,28 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
             "fingerprint": json.loads(raw["fingerprint"]),
             "checksum": raw.get("checksum"),  # files written before checksums have none
             "about": json.loads(raw.get("about", "{}")),
+            "name": raw.get("name", DEFAULT_ADAPTER),  # files written before named adapters: the default
+            "modules_to_save": json.loads(raw.get("modules_to_save", "[]")),
         }
     except (KeyError, json.JSONDecodeError) as e:
         raise AdapterFileError(f"{path}: damaged adapter header ({e})") from e
 
 
 def load_adapter(
-    model: nn.Module, path: str | os.PathLike, replace: bool = False, method: str | None = None
+    model: nn.Module,
+    path: str | os.PathLike,
+    replace: bool = False,
+    method: str | None = None,
+    name: str = DEFAULT_ADAPTER,
 ) -> list[str]:
-    """Attach the adapter stored at ``path`` to ``model`` (the shared base) and load its tensors.
+    """Attach the adapter stored at ``path`` to ``model`` (the shared base) as the adapter ``name``, make it
+    active, and load its tensors (its ``modules_to_save`` copies included).
 
     The model must be the base the adapter was trained on: same adapted layers, same frozen
-    weights (checked by fingerprint). With ``replace=True`` an adapter already on the model is
-    detached first. ``method``, if given, is the method the caller expects the file to hold.
-    On any error the model is left as it was.
+    weights (checked by fingerprint). ``name`` is the name on this model (by default ``"default"``, whatever
+    name the file was saved under); other adapters already attached stay. With ``replace=True`` an adapter
+    already attached under ``name`` is removed first (after the file has been checked on a copy). ``method``,
+    if given, is the method the caller expects the file to hold. On any error the model is left as it was.
     """
     path = Path(path)
     if path.is_dir():
@@ -219,24 +265,28 @@ def load_adapter(
         config = config_from_dict(meta["method"], meta["config"])
     except (ValueError, TypeError) as e:
         raise AdapterFileError(f"{path}: {e}") from e
-    current = adapter_state(model)
+    current = _registry(model).get(name)
     if current is not None and not replace:
         raise RuntimeError(
-            f"the model already has a {current.config.method!r} adapter; pass replace=True or call alfa.detach"
+            f"the model already has a {current.config.method!r} adapter named {name!r}; pass replace=True, "
+            f"another name=, or call alfa.detach"
         )
+    active = adapter_state(model)
     if current is not None:
         # Check the file fully before touching the model's current adapter.
         probe = _copy_for_check(model)
         load_adapter(probe, path)
-        detach(model)
+        delete_adapter(model, name)
     try:
-        targets = attach(model, config)
+        targets = attach(model, config, name=name)
     except (ValueError, TypeError) as e:
         raise AdapterFileError(f"{path}: the adapter does not fit this model: {e}") from e
     try:
         _check_and_load(model, path, meta, targets)
     except BaseException:
-        detach(model)
+        delete_adapter(model, name)
+        if active is not None and active.name in adapter_names(model):
+            set_adapter(model, active.name)
         raise
     return targets
 
@@ -277,13 +327,18 @@ def _check_and_load(model: nn.Module, path: Path, meta: dict[str, Any], targets:
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise AdapterFileError(f"{path}: the adapter was made for a different base model ({shown})")
-    params = adapter_parameters(model)
+    saved_here = list(adapter_state(model).saved)  # type: ignore[union-attr]
+    if meta["modules_to_save"] != saved_here:
+        raise AdapterFileError(
+            f"{path}: modules_to_save differ (the adapter has {meta['modules_to_save']}, this model {saved_here})"
+        )
+    params = adapter_tensors(model)
     try:
         with safe_open(str(path), framework="pt") as f:
             keys = set(f.keys())
             if keys != set(params):
                 raise AdapterFileError(
-                    f"{path}: tensor names differ from this method's parameters "
+                    f"{path}: tensor names differ from this method's tensors "
                     f"(missing {sorted(set(params) - keys)[:5]}, unexpected {sorted(keys - set(params))[:5]})"
                 )
             loaded = {k: f.get_tensor(k) for k in keys}

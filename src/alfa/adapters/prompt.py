@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -41,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers import LayerSpec, is_dense_eligible, is_factorized, layer_spec
-from .base import AdaptedLayer, AdapterConfig, MergeError, MergeKind, register_method
+from .base import AdaptedLayer, AdapterConfig, MergeError, MergeKind, register_method, target_matches
 
 __all__ = [
     "TPGAZE_TARGET",
@@ -95,14 +94,15 @@ def _by_geometry(convs: Iterable[tuple[str, nn.Module, Sequence[int]]]) -> dict[
 
 
 @torch.no_grad()
-def probe_input_sizes(model: nn.Module, image_size: int, target: str | None = TPGAZE_TARGET) -> dict[str, list[int]]:
+def probe_input_sizes(
+    model: nn.Module, image_size: int, target: str | Sequence[str] | None = TPGAZE_TARGET
+) -> dict[str, list[int]]:
     """Run one ``image_size``×``image_size`` image through ``model`` and record the input size of every
     conv whose name matches ``target``, keyed by :func:`geometry_key`.
 
     Raises if two matched convs share a geometry but see different resolutions (their prompts could
     not be told apart by geometry).
     """
-    pattern = re.compile(target) if target is not None else None
     seen: list[tuple[str, nn.Module, list[int]]] = []
 
     def record(name: str, module: nn.Module):
@@ -114,7 +114,7 @@ def probe_input_sizes(model: nn.Module, image_size: int, target: str | None = TP
     hooks = [
         module.register_forward_pre_hook(record(name, module))
         for name, module in model.named_modules()
-        if _is_conv(module) and (pattern is None or pattern.search(name))
+        if _is_conv(module) and target_matches(target, name)
     ]
     was_training = model.training
     try:
@@ -191,7 +191,7 @@ class TPGazeConfig(AdapterConfig):
     display_name: ClassVar[str] = "TPGaze"
     family: ClassVar[str] = "prompt"
 
-    target: str | None = TPGAZE_TARGET
+    target: str | Sequence[str] | None = TPGAZE_TARGET
     layers: str = "all"
     image_size: int = 224
     init_std: float = 1.0

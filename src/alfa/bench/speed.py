@@ -251,12 +251,49 @@ def speed_command(out: str | None, repeats: int, image_size: int) -> str:
     return command
 
 
-def main(out: str | None = None, repeats: int = 20, image_size: int = 224) -> dict:
+def transformers_path(page: str | Path) -> Path:
+    """Where the transformer section's measurement is kept, beside the page's own data."""
+    path = Path(page)
+    return path.with_name(path.stem + "-transformers.json")
+
+
+def transformers_command(out: str | None) -> str:
+    return "alfa speed --transformers" + (f" --out {out}" if out else "")
+
+
+def page_text(result: dict, command: str, transformers: dict | None, out: str | None) -> str:
+    """The whole page: the gaze sections and, when measured, the transformer section."""
+    from .transformer_cost import transformer_markdown
+
+    text = to_markdown(result, command)
+    if transformers is not None:
+        text += "\n" + transformer_markdown(transformers, transformers_command(out))
+    return text
+
+
+def main(out: str | None = None, repeats: int = 20, image_size: int = 224, transformers: bool = False) -> dict:
+    """Measure the gaze sections (or, with ``transformers``, only the transformer section) and write the page;
+    the other part is read back from its data beside the page, so each is re-measured on its own."""
+    path = Path(out) if out else None
+    if transformers:
+        from .transformer_cost import measure_transformer_cost, transformer_markdown
+
+        section = measure_transformer_cost()
+        print(transformer_markdown(section, transformers_command(out)))
+        if path is None:
+            return section
+        if not path.with_suffix(".json").is_file():
+            raise FileNotFoundError(f"{path.with_suffix('.json')}: run `alfa speed --out {out}` first")
+        write_text(transformers_path(path), json.dumps(section, indent=2))
+        result = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+        write_text(path, page_text(result, speed_command(out, result["repeats"], result["image_size"]), section, out))
+        return section
     result = measure(repeats=repeats, image_size=image_size)
-    text = to_markdown(result, speed_command(out, repeats, image_size))
+    extra = transformers_path(path) if path is not None else None
+    section = json.loads(extra.read_text(encoding="utf-8")) if extra is not None and extra.is_file() else None
+    text = page_text(result, speed_command(out, repeats, image_size), section, out)
     print(text)
-    if out:
-        path = Path(out)
+    if path is not None:
         write_text(path, text)
         write_text(path.with_suffix(".json"), json.dumps(result, indent=2))
     return result
