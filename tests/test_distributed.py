@@ -35,12 +35,20 @@ class GroupNormNet(nn.Module):
         return self.fc(torch.relu(self.conv2(x)).mean((2, 3)))
 
 
-def _model() -> nn.Module:
+class BatchNormNet(GroupNormNet):
+    """The same with BatchNorm, whose running statistics each process updates from its own shard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm2d(8)
+
+
+def _model(kind: str = "group") -> nn.Module:
     torch.manual_seed(0)
-    return GroupNormNet()
+    return GroupNormNet() if kind == "group" else BatchNormNet()
 
 
-def _worker(rank: int, world: int, port: int, out: str, epochs: int, log: str) -> None:
+def _worker(rank: int, world: int, port: int, out: str, epochs: int, log: str, kind: str = "group") -> None:
     import os
 
     os.environ.update(
@@ -55,10 +63,20 @@ def _worker(rank: int, world: int, port: int, out: str, epochs: int, log: str) -
     seen = []  # the training images this process loaded
     real_load = train.load_examples
     train.load_examples = lambda data, idx: (seen.extend(idx), real_load(data, idx))[1]
-    model = _model().to(device)
+    model = _model(kind).to(device)
     result = train_source(model, open_data(DATA), _config(epochs), out, model_name="group_norm_net", progress=False)
     with open(f"{log}.{rank}.json", "w") as f:
-        json.dump({"writes": writes, "seen": seen, "history": result.history, "resumed": result.resumed_from_epoch}, f)
+        buffers = {n: b.double().sum().item() for n, b in model.named_buffers()}
+        json.dump(
+            {
+                "writes": writes,
+                "seen": seen,
+                "history": result.history,
+                "resumed": result.resumed_from_epoch,
+                "buffers": buffers,
+            },
+            f,
+        )
     distributed.teardown()
 
 
@@ -74,8 +92,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_two(out, epochs: int, log) -> list[dict]:
-    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(out), epochs, str(log)), nprocs=2, join=True)
+def _run_two(out, epochs: int, log, kind: str = "group") -> list[dict]:
+    args = (2, _free_port(), str(out), epochs, str(log), kind)
+    torch.multiprocessing.spawn(_worker, args=args, nprocs=2, join=True)
     return [json.loads((log.parent / f"{log.name}.{r}.json").read_text()) for r in range(2)]
 
 
@@ -150,3 +169,12 @@ def test_torchrun_runs_the_pretrain_command_and_rank_0_alone_reports(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("pretrained resnet18_gaze") == 1 and (tmp_path / "run" / "model.safetensors").is_file()
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="this torch has no torch.distributed")
+def test_with_batchnorm_every_process_ends_with_rank_0s_statistics(tmp_path):
+    """Each process updates BatchNorm's running statistics from its own shard; after every epoch they are
+    rank 0's everywhere, so every process scores (and rank 0 saves) the same model."""
+    ranks = _run_two(tmp_path / "bn", 1, tmp_path / "bn-log", kind="batch")
+    assert ranks[0]["buffers"] == ranks[1]["buffers"] and "norm.running_mean" in ranks[0]["buffers"]
+    assert ranks[0]["history"] == [{**h, "seconds": ranks[0]["history"][0]["seconds"]} for h in ranks[1]["history"]]

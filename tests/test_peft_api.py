@@ -486,3 +486,13 @@ def test_the_multi_user_model_refuses_an_adapter_with_modules_to_save():
     alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2, modules_to_save=["fc"]))
     with pytest.raises(ValueError, match=r"trains whole modules \(fc; modules_to_save\)"):
         served.add_user("ann", model)
+
+
+def test_a_parked_adapter_follows_the_models_dtype_when_it_comes_back():
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    alfa.attach(model, alfa.LoraConfig(rank=2), name="ann")
+    alfa.attach(model, alfa.LoraConfig(rank=2), name="bob")  # ann is parked
+    model.to(torch.float64)
+    alfa.set_adapter(model, "ann")
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    assert model(torch.randn(2, 6, dtype=torch.float64)).dtype == torch.float64

@@ -586,8 +586,15 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
     if old is new:
         return
     ref = next(itertools.chain(old.parameters(), old.buffers()), None)
-    if ref is not None and any(t.device != ref.device for t in itertools.chain(new.parameters(), new.buffers())):
+    tensors = list(itertools.chain(new.parameters(), new.buffers()))
+    if ref is not None and any(t.device != ref.device for t in tensors):
         new.to(ref.device)
+    if (
+        ref is not None
+        and ref.is_floating_point()
+        and any(t.is_floating_point() and t.dtype != ref.dtype for t in tensors)
+    ):
+        new.to(ref.dtype)  # Module.to(dtype) casts floating-point tensors only
     new.train(old.training)
     replace_module(model, name, new)
 

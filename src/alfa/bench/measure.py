@@ -81,7 +81,8 @@ def interleaved_seconds(calls: Mapping[str, Callable[[], Any]], rounds: int) -> 
 def _latency_ms(models: Sequence[nn.Module], images: torch.Tensor, repeats: int) -> list[float]:
     """Median wall-clock ms of one forward of ``images`` through each model, timed in interleaved rounds."""
     images = images.to(next(models[0].parameters()).device)
-    sync = torch.cuda.synchronize if images.is_cuda else (lambda: None)  # a GPU returns before it is done
+    # a GPU returns before it is done
+    sync = (lambda: torch.cuda.synchronize(images.device)) if images.is_cuda else (lambda: None)
     for m in models:
         m.eval()
         m(images)  # warm-up

@@ -267,6 +267,10 @@ class _Session:
         method = plan.variant.label.removesuffix(SELECTED)
         return RecordPlan(selection_variants(self.config, method)[0], f"{plan.source}→{STAND_IN}", plan.seed)
 
+    def _device_key(self) -> dict[str, str]:
+        # a record made on a GPU is another record (float results differ); CPU records hash as they always did
+        return {} if self.device.type == "cpu" else {"device": self.device.type}
+
     def record_hash(self, plan: RecordPlan) -> str:
         c, v = self.config, plan.variant
         src = self.source(self.model_key(plan), plan.seed)
@@ -283,6 +287,7 @@ class _Session:
                     "grid": [dataclasses.asdict(r) for r in RECIPE_GRID],
                     "rule": {"tie": TIE_DEGREES, "order": "steps, lr, anchor on, no x10, detached"},
                     "scoring": SCORING,
+                    **self._device_key(),
                 }
             )
         tgt = self.target(plan.target)
@@ -293,6 +298,7 @@ class _Session:
             "seed": plan.seed,
             "n_adapt": c.personalize.n_adapt,
             "scoring": SCORING,
+            **self._device_key(),
         }
         if v.kind == "in-domain":
             spec["val"] = c.val_spec(plan.source)

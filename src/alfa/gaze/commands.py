@@ -136,11 +136,13 @@ def _pretrain(args: argparse.Namespace) -> None:
     val = _open(args.val_data) if args.val_data else None
     _seed(config.seed)
     model = create_model(args.model).to(device)
-    result = train_source(
-        model, data, config, args.out, model_name=args.model, val_dataset=val, progress=not args.quiet
-    )
-    main = distributed.is_main()
-    distributed.teardown()
+    try:
+        result = train_source(
+            model, data, config, args.out, model_name=args.model, val_dataset=val, progress=not args.quiet
+        )
+        main = distributed.is_main()
+    finally:
+        distributed.teardown()
     if not main:  # rank 0 reports for all
         return
     last = result.history[-1] if result.history else {}
@@ -174,19 +176,21 @@ def _truncate(args: argparse.Namespace) -> None:
     else:
         val, val_persons = None, None
     _seed(config.recovery.seed)
-    result = truncate_and_recover(
-        model,
-        data,
-        config,
-        args.out,
-        val_dataset=val,
-        val_persons=val_persons,
-        model_name=saved["model"],
-        model_kwargs=saved.get("model_kwargs"),
-        progress=not args.quiet,
-    )
-    main = distributed.is_main()
-    distributed.teardown()
+    try:
+        result = truncate_and_recover(
+            model,
+            data,
+            config,
+            args.out,
+            val_dataset=val,
+            val_persons=val_persons,
+            model_name=saved["model"],
+            model_kwargs=saved.get("model_kwargs"),
+            progress=not args.quiet,
+        )
+        main = distributed.is_main()
+    finally:
+        distributed.teardown()
     if not main:  # rank 0 reports for all
         return
     print(result.format())

@@ -111,10 +111,16 @@ def measure_throughput(
             raise ValueError(f"{dataset.name}: {len(dataset)} images give no batch of {config.batch_size}")
     plan = plan[: batches + 1]
     pin = device.type == "cuda"
+    layout = torch.channels_last if pin else torch.preserve_format  # as train_source lays out model and batches
+    model.to(memory_format=layout)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")  # one, as in training
 
     def train_step(images: torch.Tensor, gaze: torch.Tensor) -> None:
-        _train_step(model, optimizer, images, gaze, config.symmetry_weight, config.symmetry_bn, config.precision)
+        images = images.to(memory_format=layout)
+        _train_step(
+            model, optimizer, images, gaze, config.symmetry_weight, config.symmetry_bn, config.precision, scaler=scaler
+        )
 
     def timed(run_batch) -> float:
         t, n = None, 0

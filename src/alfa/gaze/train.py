@@ -337,6 +337,10 @@ def train_source(
                 # every process takes its shard of each global batch; a last batch too short to give each
                 # process two images (BatchNorm's minimum) is dropped
                 batches = [b for b in batches if len(b) >= 2 * world]
+                if not batches:
+                    raise ValueError(
+                        f"{dataset.name}: {len(train_idx)} training images give no batch of 2 per process ({world})"
+                    )
             bar = tqdm(
                 _iterate(
                     dataset,
@@ -370,7 +374,13 @@ def train_source(
                 sums += share * torch.tensor([terms["loss"], terms["l1"], terms["symmetry"]], dtype=torch.float64)
                 bar.set_postfix(loss=f"{terms['loss']:.4f}")
             if world > 1:
-                torch.distributed.all_reduce(sums)
+                # one model on every process: DDP broadcasts rank 0's buffers before each forward, so after the
+                # last step each process still holds its own shard's BatchNorm statistics
+                for buffer in model.buffers():
+                    torch.distributed.broadcast(buffer, 0)
+                reduced = sums.to(device)  # NCCL reduces CUDA tensors only
+                torch.distributed.all_reduce(reduced)
+                sums = reduced.cpu()
             val_errors = _val_errors(model, val_ds, val_p, config.eval_batch_size) if val_p else {}
             record = {
                 "epoch": epoch + 1,
