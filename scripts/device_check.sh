@@ -6,7 +6,12 @@
 # runs on the CPU (set SIZE, PERSONS small there). Usage: scripts/device_check.sh   or   SIZE=64 PERSONS=8 DEVICE=cpu scripts/device_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ -x .venv/bin/alfa ]; then  # the project's own environment (scripts/setup.sh), else whatever is on PATH
+    ALFA=${ALFA:-.venv/bin/alfa}
+    PYTHON=${PYTHON:-.venv/bin/python}
+fi
 ALFA=${ALFA:-alfa}
+PYTHON=${PYTHON:-python}
 DEVICE=${DEVICE:-auto}
 SIZE=${SIZE:-224}
 PERSONS=${PERSONS:-60}
@@ -14,7 +19,7 @@ IMAGES=${IMAGES:-100}
 PRECISION=${PRECISION:-bf16}
 OUT=${OUT:-runs/device-check}
 mkdir -p "$OUT"
-python - <<PY
+"$PYTHON" - <<PY
 import torch
 name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device (CPU)"
 print(f"device: {name}; torch {torch.__version__}; requested --device $DEVICE")
@@ -27,7 +32,7 @@ common=(--device "$DEVICE" --precision "$PRECISION" --batch-size 120 --epochs 1 
     --out "$OUT/recovered" "${common[@]}"
 "$ALFA" personalize --checkpoint "$OUT/recovered/model.safetensors" --device "$DEVICE" --recipe paper \
     --data "synthetic:mpii?size=$SIZE&persons=8&images_per_person=20" --out "$OUT/adapters" --replace --quiet
-python - "$OUT" <<'PY'
+"$PYTHON" - "$OUT" <<'PY'
 import json, sys
 from alfa.checkpoint import read_checkpoint
 out = sys.argv[1]
