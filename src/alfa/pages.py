@@ -98,6 +98,20 @@ def _render_loading(root: Path, out: Path) -> None:
     write_text(out / "docs/loading.md", loading_page(page))
 
 
+CRATE_GAZE_DATA = "docs/data/crate-gaze/results.json"
+CRATE_GAZE_FIGURE = "docs/figures/crate_gaze_probes.png"
+
+
+def _render_crate_gaze(root: Path, out: Path) -> None:
+    from .crate.gaze_report import format_markdown, plot_gaze_probes
+
+    results = json.loads((root / CRATE_GAZE_DATA).read_text(encoding="utf-8"))
+    (out / CRATE_GAZE_FIGURE).parent.mkdir(parents=True, exist_ok=True)
+    plot_gaze_probes(results["probes"]["results"], out / CRATE_GAZE_FIGURE, source_name=results["probes"]["source"])
+    text = format_markdown(results, figure=Path(CRATE_GAZE_FIGURE).relative_to("docs").as_posix())
+    write_text(out / "docs/crate-gaze.md", text)
+
+
 PAGES: tuple[Page, ...] = (
     Page(
         path="docs/results.md",
@@ -139,6 +153,14 @@ PAGES: tuple[Page, ...] = (
         data="docs/loading.json",
         produce="alfa throughput (the command is in the page)",
         render=_render_loading,
+    ),
+    Page(
+        path="docs/crate-gaze.md",
+        data=CRATE_GAZE_DATA,
+        produce="alfa crate gaze --out runs/crate-gaze --seed 0 --markdown docs/crate-gaze.md, then copy "
+        f"runs/crate-gaze/results.json to {CRATE_GAZE_DATA}",
+        render=_render_crate_gaze,
+        owned_figures=(CRATE_GAZE_FIGURE,),
     ),
 )
 

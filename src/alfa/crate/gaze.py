@@ -244,7 +244,7 @@ def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None
         for kind in MODELS
     }
     probes = {kind: {name: _probe_entry(r) for name, r in per.items()} for kind, per in probe_results.items()}
-    figure = plot_gaze_probes(probe_results, out / FIGURE_FILE, source_name=val.name)
+    figure = plot_gaze_probes(probes, out / FIGURE_FILE, source_name=val.name)
     seconds["probes"] = time.time() - t0
 
     # --- truncate CRATE, recover briefly on the source

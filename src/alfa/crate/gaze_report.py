@@ -1,6 +1,6 @@
 """What ``alfa crate gaze`` shows of its results: the probe figure, the printed table with its
 findings, and the generated markdown page (``docs/crate-gaze.md``). Everything here reads the results
-dictionary of :func:`alfa.crate.gaze.run_crate_gaze` (or the figure's probe results); nothing trains.
+dictionary of :func:`alfa.crate.gaze.run_crate_gaze`; nothing trains.
 """
 
 from __future__ import annotations
@@ -10,11 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..fileio import atomic_path
 from .gaze_config import LABELS, MODELS, late_blocks_pattern
-from .probes import ProbeResult
 
 __all__ = ["plot_gaze_probes", "format_summary", "format_markdown"]
 
@@ -23,37 +20,36 @@ __all__ = ["plot_gaze_probes", "format_summary", "format_markdown"]
 
 
 def plot_gaze_probes(
-    results: dict[str, dict[str, ProbeResult]], path: str | os.PathLike, source_name: str | None = None
+    probes: dict[str, dict[str, dict[str, Any]]], path: str | os.PathLike, source_name: str | None = None
 ) -> Path:
     """Two panels against depth: the tokens' coding rate ``R_c`` (sum over heads, mean ± std over the probe
     images) for both models, and CRATE's non-zero fraction after ISTA; colour = data set (source or
-    target), solid = CRATE, dashed = ViT. Written atomically as a PNG."""
+    target), solid = CRATE, dashed = ViT. ``probes`` is ``results["probes"]["results"]`` (model kind -> data
+    set -> the probe's entry), so the page can redraw it from the committed results. Written atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
     from matplotlib.ticker import MaxNLocator
 
-    sets = list(dict.fromkeys(name for per in results.values() for name in per))
+    sets = list(dict.fromkeys(name for per in probes.values() for name in per))
     colours = {name: plt.get_cmap("tab10")(i) for i, name in enumerate(sets)}
     styles = {"crate": "-", "vit": "--"}
     fig, (ax_rate, ax_sparse) = plt.subplots(1, 2, figsize=(10.5, 4.0))
     eps = set()
-    for kind, per in results.items():
-        for name, res in per.items():
-            eps.add(res.eps)
-            layers = list(range(1, res.num_layers + 1))
-            rc = res.layer_rate()
-            mean = rc.mean(0).numpy()
-            std = (rc.std(0) if res.num_images > 1 else torch.zeros_like(rc[0])).numpy()
+    for kind, per in probes.items():
+        for name, entry in per.items():
+            eps.add(entry["eps"])
+            mean, std = np.asarray(entry["coding_rate"]), np.asarray(entry["coding_rate_std"])
+            layers = list(range(1, len(mean) + 1))
             role = "source" if name == source_name else "target"
             label = f"{LABELS.get(kind, kind)} · {name} ({role})"
             style = styles.get(kind, ":")
             ax_rate.plot(layers, mean, style, marker="o", ms=3, color=colours[name], label=label)
             ax_rate.fill_between(layers, mean - std, mean + std, color=colours[name], alpha=0.12)
-            if res.sparsity is not None:
-                s_mean = res.sparsity.mean(0).numpy()
-                s_std = (res.sparsity.std(0) if res.num_images > 1 else torch.zeros_like(res.sparsity[0])).numpy()
+            if "nonzero_fraction" in entry:
+                s_mean, s_std = np.asarray(entry["nonzero_fraction"]), np.asarray(entry["nonzero_fraction_std"])
                 ax_sparse.plot(layers, s_mean, style, marker="o", ms=3, color=colours[name], label=label)
                 ax_sparse.fill_between(layers, s_mean - s_std, s_mean + s_std, color=colours[name], alpha=0.12)
     eps_text = ", ".join(f"{e:g}" for e in sorted(eps))
