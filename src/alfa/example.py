@@ -17,7 +17,7 @@ import torch
 
 from . import attach, load_adapter, merge, param_groups, parameter_summary, save_adapter, truncate
 from .adapters import AlfaConfig
-from .bench.measure import interleaved_seconds
+from .bench.measure import interleaved_seconds, middle_half
 from .models import resnet18_gaze
 from .truncate import DEFAULT_RANK
 
@@ -27,11 +27,6 @@ def _flip_loss(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
     out, out_flipped = both.chunk(2)
     mirrored = torch.stack([-out_flipped[:, 0], out_flipped[:, 1]], 1).detach()
     return (out - mirrored).abs().sum(1).mean()
-
-
-def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return q[0], statistics.median(values), q[2]
 
 
 def run_example(
@@ -107,7 +102,7 @@ def run_example(
         times = interleaved_seconds(forwards, rounds=15)
     lat = {name: statistics.median(t) for name, t in times.items()}
     ratios = [m / t for m, t in zip(times["merged"], times["truncated"])]
-    lo, mid, hi = _quartiles(ratios)
+    (lo, hi), mid = middle_half(ratios), statistics.median(ratios)
     rounds = len(ratios)
     print(
         f"inference latency, batch 1 (median of {rounds} interleaved rounds): "

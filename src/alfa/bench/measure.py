@@ -27,7 +27,7 @@ from ..data.base import GazeDataset
 from ..gaze.evaluate import load_examples
 from ..geometry import angular_error
 
-__all__ = ["adapter_costs", "constant_prediction_error", "interleaved_seconds"]
+__all__ = ["adapter_costs", "constant_prediction_error", "interleaved_seconds", "middle_half"]
 
 
 def _proc_status_mib(key: str) -> float | None:
@@ -60,6 +60,12 @@ def constant_prediction_error(data: GazeDataset, persons: Sequence[str], n_adapt
 
 def _param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def middle_half(values: Sequence[float]) -> list[float]:
+    """``[first quartile, third quartile]`` of ``values``: the spread the timing pages print beside a median."""
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return [q[0], q[2]]
 
 
 def interleaved_seconds(calls: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:

@@ -29,7 +29,7 @@ from ..gaze.train import TruncateConfig
 from ..models import resnet18_gaze
 from ..serve import MultiUserModel
 from .markdown import table
-from .measure import interleaved_seconds
+from .measure import interleaved_seconds, middle_half
 
 __all__ = ["measure_serving", "serving_markdown", "serving_command", "main"]
 
@@ -89,18 +89,13 @@ def measure_serving(rounds: int = 28, image_size: int = 64, threads: int = 2, se
         "threads": threads,
         "seconds": {n: statistics.median(t) for n, t in times.items()},
         # the middle half of each configuration's rounds, for the spread the page prints
-        "seconds_quartiles": {n: _quartiles(t) for n, t in times.items()},
+        "seconds_quartiles": {n: middle_half(t) for n, t in times.items()},
         "per_user": per_user,
         "load_average_end": load[0],
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
     }
-
-
-def _quartiles(values: list[float]) -> list[float]:
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return [q[0], q[2]]
 
 
 def serving_command(out: str | None, rounds: int, image_size: int) -> str:

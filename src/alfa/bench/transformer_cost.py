@@ -27,7 +27,7 @@ from torch import nn
 
 from .. import attach
 from ..adapters import AlfaConfig, DoraConfig, LoraConfig, adapter_parameters
-from .measure import interleaved_seconds
+from .measure import interleaved_seconds, middle_half
 
 __all__ = ["METHODS", "TOKENS", "measure_transformer_cost", "transformer_markdown", "GOAL"]
 
@@ -152,7 +152,7 @@ def measure_transformer_cost(rounds: int = 9, seed: int = 0, llama: bool = True)
         times = interleaved_seconds(runs, rounds)
         for name, t in times.items():
             counts[name]["step_seconds"] = statistics.median(t)
-            counts[name]["step_quartiles"] = _quartiles(t)
+            counts[name]["step_quartiles"] = middle_half(t)
         result["llama"] = {"tokens": int(ids.numel()), "layers": 2, "width": 1024, "methods": counts}
     result["date"] = time.strftime("%Y-%m-%d")
     result["torch"] = torch.__version__
@@ -166,11 +166,6 @@ class _LogitsOnly(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(ids).logits
-
-
-def _quartiles(values: list[float]) -> list[float]:
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return [q[0], q[2]]
 
 
 def _g(flops: int) -> str:
