@@ -172,6 +172,29 @@ def test_verdict_when_alfa_loses_everywhere():
     assert "The flip loss does not help (Alfa not below source-only) on: E→M." in report
 
 
+def test_verdicts_speak_of_alfas_selected_row_beside_the_papers():
+    means = dict(MEANS)
+    means[("alfa[selected]", "E→M")] = (4.0, 4.5, 5.0)  # best on E→M, clearly below Alfa (paper recipe)
+    means[("alfa[selected]", "E→D")] = (7.0, 7.5, 8.0)  # below source-only, above both LoRA and Alfa
+    means[("lora[selected]", "E→M")] = (6.0, 6.0, 6.0)
+    means[("lora[selected]", "E→D")] = (6.0, 6.0, 6.0)
+    lines = main_verdicts(index_records(fixture_results(means)["records"]))
+    assert lines[0] == "Alfa has the lowest mean error on 0 of 2 pairs."
+    assert any(line.startswith("On E→M Alfa does not win: Alfa (selected recipe) is best") for line in lines)
+    k = lines.index("Alfa (selected recipe) has the lowest mean error on 1 of 2 pairs (E→M).")
+    assert k > 0 and lines[k + 1].startswith("On E→M Alfa (selected recipe) (4.50 ± 0.50°) leads the runner-up")
+    assert lines[k + 2].startswith("On E→D Alfa (selected recipe) does not win: LoRA is best")
+    own = lines[k + 3]
+    assert own.startswith("Against its own starting point (source-only), Alfa (selected recipe) lowers the mean")
+    assert "on 2 of 2 pairs. Pooled over pairs: Alfa (selected recipe) − source-only = " in own
+    # per seed: (4 + 7)/2 − 6, (4.5 + 7.5)/2 − 6, (5 + 8)/2 − 6 = -0.5, 0, 0.5
+    assert lines[k + 4] == (
+        "Against LoRA (selected recipe) (its recipe selected by the same rule), pooled over pairs: "
+        "Alfa (selected recipe) − LoRA (selected recipe) = +0.00 ± 0.50° over 3 seeds (paired): within the spread; "
+        "lower for 9 of 18 persons."
+    )
+
+
 def test_sanity_summary_and_sentences(idx):
     s = sanity_summary(idx.values())
     assert s["E→M"]["in_domain"]["mean"] == pytest.approx(3.0)

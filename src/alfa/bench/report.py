@@ -30,7 +30,7 @@ from .flip_report import flip_sections, flip_summary, table_rows
 from .markdown import number as _num
 from .markdown import table as _table
 from .methods import MAIN_METHODS, POSITIVE_CONTROLS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS
-from .names import NAMES, display_name
+from .names import NAMES, SELECTED, display_name
 from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE, load_results
 from .stats import (
     PARTS,
@@ -116,58 +116,19 @@ def _competitors(idx: Index) -> list[str]:
 
 
 def main_verdicts(idx: Index) -> list[str]:
-    """The plain sentences about Table 1: where Alfa wins, where it does not, and what is within the spread."""
+    """The plain sentences about Table 1: where Alfa wins, where it does not, and what is within the spread.
+
+    With a selected-recipe row of Alfa (``alfa[selected]``), its standing gets the same sentences after the
+    paper recipe's, compared with LoRA's selected row: a reader should not find "Alfa does not win" next to
+    "Alfa (selected recipe) is best" without a sentence about the latter."""
     pairs = pairs_of(idx)
     methods = _competitors(idx)
-    lines: list[str] = []
     if "alfa" not in methods or not pairs:
         return ["Alfa was not run; no verdict."]
-    best_pairs = []
-    per_pair: list[str] = []
-    for pair in pairs:
-        ranked = sorted(((cell(idx, m, pair), m) for m in methods if cell(idx, m, pair)), key=lambda t: t[0].mean)
-        if not any(m == "alfa" for _, m in ranked):
-            continue
-        alfa = next(s for s, m in ranked if m == "alfa")
-        if len(ranked) == 1:
-            continue
-        best_stat, best = ranked[0]
-        if best == "alfa":
-            best_pairs.append(pair)
-            runner_stat, runner = ranked[1]
-            d = diff(idx, "alfa", runner, [pair])
-            per_pair.append(
-                f"On {pair} Alfa ({alfa.format()}°) leads the runner-up {_name(runner)} ({runner_stat.format()}°) "
-                f"by {runner_stat.mean - alfa.mean:.2f}°; Alfa − {_name(runner)} = {d.describe() if d else 'n/a'}."
-            )
-        else:
-            rank = 1 + [m for _, m in ranked].index("alfa")
-            d = diff(idx, "alfa", best, [pair])
-            per_pair.append(
-                f"On {pair} Alfa does not win: {_name(best)} is best ({best_stat.format()}°), Alfa is "
-                f"{_ordinal(rank)} of {len(ranked)} ({alfa.format()}°); Alfa − {_name(best)} = "
-                f"{d.describe() if d else 'n/a'}."
-            )
-    where = f" ({', '.join(best_pairs)})" if best_pairs else ""
-    lines.append(f"Alfa has the lowest mean error on {len(best_pairs)} of {len(pairs)} pairs{where}.")
-    lines += per_pair
-    if "source-only" in methods:
-        helped = [p for p in pairs if cell(idx, "alfa", p) and cell(idx, "source-only", p)]
-        lower = [p for p in helped if cell(idx, "alfa", p).mean < cell(idx, "source-only", p).mean]
-        d = diff(idx, "alfa", "source-only", pairs)
-        text = (
-            "Against its own starting point (source-only), Alfa lowers the mean error on "
-            f"{len(lower)} of {len(helped)} pairs"
-        )
-        if len(lower) < len(helped):
-            text += f"; it does not on {', '.join(p for p in helped if p not in lower)}"
-        if d is not None:
-            text += f". Pooled over pairs: Alfa − source-only = {d.describe()}"
-        lines.append(text + ".")
-    if "lora" in methods:
-        d = diff(idx, "alfa", "lora", pairs)
-        if d is not None:
-            lines.append(f"Against LoRA (same recipe, same steps), pooled over pairs: Alfa − LoRA = {d.describe()}.")
+    lines = _row_verdicts(idx, pairs, methods, "alfa", "lora")
+    selected = f"alfa{SELECTED}"
+    if selected in methods:
+        lines += _row_verdicts(idx, pairs, methods, selected, f"lora{SELECTED}")
     beating = []
     for m in methods:
         if m == "source-only":
@@ -182,6 +143,58 @@ def main_verdicts(idx: Index) -> list[str]:
         if others:
             text += f" Not below source-only: {', '.join(_name(m) for m in others)}."
         lines.append(text)
+    return lines
+
+
+def _row_verdicts(idx: Index, pairs: Sequence[str], methods: Sequence[str], row: str, lora: str) -> list[str]:
+    """Where the Alfa row ``row`` is best, where not, against source-only and against the LoRA row ``lora``."""
+    me = _name(row)
+    best_pairs = []
+    per_pair: list[str] = []
+    for pair in pairs:
+        ranked = sorted(((cell(idx, m, pair), m) for m in methods if cell(idx, m, pair)), key=lambda t: t[0].mean)
+        if not any(m == row for _, m in ranked):
+            continue
+        mine = next(s for s, m in ranked if m == row)
+        if len(ranked) == 1:
+            continue
+        best_stat, best = ranked[0]
+        if best == row:
+            best_pairs.append(pair)
+            runner_stat, runner = ranked[1]
+            d = diff(idx, row, runner, [pair])
+            per_pair.append(
+                f"On {pair} {me} ({mine.format()}°) leads the runner-up {_name(runner)} ({runner_stat.format()}°) "
+                f"by {runner_stat.mean - mine.mean:.2f}°; {me} − {_name(runner)} = {d.describe() if d else 'n/a'}."
+            )
+        else:
+            rank = 1 + [m for _, m in ranked].index(row)
+            d = diff(idx, row, best, [pair])
+            per_pair.append(
+                f"On {pair} {me} does not win: {_name(best)} is best ({best_stat.format()}°), {me} is "
+                f"{_ordinal(rank)} of {len(ranked)} ({mine.format()}°); {me} − {_name(best)} = "
+                f"{d.describe() if d else 'n/a'}."
+            )
+    where = f" ({', '.join(best_pairs)})" if best_pairs else ""
+    lines = [f"{me} has the lowest mean error on {len(best_pairs)} of {len(pairs)} pairs{where}.", *per_pair]
+    if "source-only" in methods:
+        helped = [p for p in pairs if cell(idx, row, p) and cell(idx, "source-only", p)]
+        lower = [p for p in helped if cell(idx, row, p).mean < cell(idx, "source-only", p).mean]
+        d = diff(idx, row, "source-only", pairs)
+        text = (
+            f"Against its own starting point (source-only), {me} lowers the mean error on "
+            f"{len(lower)} of {len(helped)} pairs"
+        )
+        if len(lower) < len(helped):
+            text += f"; it does not on {', '.join(p for p in helped if p not in lower)}"
+        if d is not None:
+            text += f". Pooled over pairs: {me} − source-only = {d.describe()}"
+        lines.append(text + ".")
+    if lora in methods:
+        d = diff(idx, row, lora, pairs)
+        how = "same recipe, same steps" if lora == "lora" else "its recipe selected by the same rule"
+        if d is not None:
+            lines.append(f"Against {_name(lora)} ({how}), pooled over pairs: {me} − {_name(lora)} = {d.describe()}.")
     return lines
 
 
