@@ -165,6 +165,7 @@ def test_the_default_recipe_module_is_the_pooled_selection_of_the_e_source(tmp_p
     decoy = {r: 1.0 if r == RECIPE_GRID[5] else 9.0 for r in RECIPE_GRID}  # other sources and methods: ignored
     records = [_selection_record(s, e) for s, e in enumerate(per_seed)]
     records += [_selection_record(0, decoy, source="G"), _selection_record(0, decoy, method="lora[grid]")]
+    records += [_selection_record(0, decoy, method="alfa[H=1][grid]")]  # not an adapter method: left out
     text = default_recipe_module({"records": records}, "docs/data/x")
     path = tmp_path / "default_recipe.py"
     path.write_text(text)
@@ -176,12 +177,22 @@ def test_the_default_recipe_module_is_the_pooled_selection_of_the_e_source(tmp_p
     assert module.SELECTED_ON["seeds"] == [0, 1, 2] and module.SELECTED_ON["stand_in_error_deg"] == round(error, 4)
     paper = sum(e[PAPER_RECIPE] for e in per_seed) / 3
     assert module.SELECTED_ON["paper_recipe_stand_in_error_deg"] == pytest.approx(paper, abs=1e-4)
+    # every adapter method with a selection of the E source gets its own recipe, by the same rule
+    assert module.METHOD_RECIPE_FIELDS["alfa"] == module.DEFAULT_RECIPE_FIELDS
+    assert Recipe(**module.METHOD_RECIPE_FIELDS["lora"]) == RECIPE_GRID[5]
+    assert sorted(module.METHOD_RECIPE_FIELDS) == ["alfa", "lora"] == sorted(module.METHOD_SELECTED_ON)
+    lora = module.METHOD_SELECTED_ON["lora"]
+    assert lora["seeds"] == [0] and lora["stand_in_error_deg"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="no alfa"):
         default_recipe_module({"records": records[3:]}, "docs/data/x")
 
 
 def test_named_recipes():
-    from alfa.gaze.recipes import DEFAULT_RECIPE, PAPER_RECIPE, RECIPE_GRID, named_recipe
+    from alfa.gaze.recipes import DEFAULT_RECIPE, METHOD_RECIPES, PAPER_RECIPE, RECIPE_GRID, named_recipe
+
+    assert named_recipe("default", "lora") == METHOD_RECIPES["lora"] and named_recipe("paper", "lora") == PAPER_RECIPE
+    assert named_recipe("default", "no-such-method") == PAPER_RECIPE  # no selection: the paper's
+    assert all(r in RECIPE_GRID for r in METHOD_RECIPES.values())
 
     assert named_recipe("paper") == PAPER_RECIPE and named_recipe("default") == DEFAULT_RECIPE
     assert DEFAULT_RECIPE in RECIPE_GRID  # the default is always a point of the declared grid

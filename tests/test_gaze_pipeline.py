@@ -456,10 +456,10 @@ def test_cli_personalize_refuses_to_replace_other_adapters_unless_asked(tmp_path
 
 
 def test_cli_personalize_recipes():
-    """``alfa personalize`` uses Alfa's default recipe unless told otherwise; the other adapter methods use the
-    paper's; flags override either."""
+    """``alfa personalize`` uses each method's selected recipe unless told otherwise (Alfa's is the default
+    recipe); ``--recipe paper`` the paper's; flags override either."""
     from alfa.gaze.commands import _method_config, _personalize_config
-    from alfa.gaze.recipes import DEFAULT_RECIPE, PAPER_RECIPE
+    from alfa.gaze.recipes import DEFAULT_RECIPE, METHOD_RECIPES, PAPER_RECIPE
 
     def config(*flags):
         args = _parser().parse_args(["personalize", "--checkpoint", "x", "--data", "y", *flags])
@@ -467,7 +467,9 @@ def test_cli_personalize_recipes():
 
     assert config() == DEFAULT_RECIPE.apply(PersonalizeConfig())
     assert config("--recipe", "paper") == PAPER_RECIPE.apply(PersonalizeConfig()) == PersonalizeConfig()
-    assert config("--method", "lora") == PersonalizeConfig()
+    assert METHOD_RECIPES["lora"] != PAPER_RECIPE  # (else the next line could not tell them apart)
+    assert config("--method", "lora") == METHOD_RECIPES["lora"].apply(PersonalizeConfig())
+    assert config("--method", "lora", "--recipe", "paper") == PersonalizeConfig()
     flagged = config("--recipe", "paper", "--steps", "3", "--train-both-branches", "--pitch-anchor", "1")
     assert (flagged.steps, flagged.detach_flipped, flagged.pitch_anchor, flagged.lr) == (3, False, 1.0, 1e-4)
     assert not config("--train-both-branches").detach_flipped and config("--detach-flipped").detach_flipped

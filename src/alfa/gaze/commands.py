@@ -231,12 +231,12 @@ def _personalize_config(args: argparse.Namespace, method: Any = None):
     from .tpgaze import tpgaze_recipe
 
     base = DemoConfig().personalize if args.preset == "demo" else PersonalizeConfig()
-    # Alfa's default recipe was selected without target labels (alfa.gaze.default_recipe); the other adapter
-    # methods keep the paper's, and TPGaze its own (Adam, lr 0.01, no layer scaling). Flags still win.
+    # Each adapter method's default recipe was selected without target labels (alfa.gaze.default_recipe);
+    # TPGaze keeps its own (Adam, lr 0.01, no layer scaling). Flags still win.
     if isinstance(method, TPGazeConfig):
         base = tpgaze_recipe(base)
     else:
-        base = named_recipe(args.recipe if method.method == "alfa" else "paper").apply(base)
+        base = named_recipe(args.recipe, method.method).apply(base)
     changes = {
         "steps": args.steps,
         "lr": args.lr,
@@ -507,9 +507,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--recipe",
         choices=RECIPE_NAMES,
         default="default",
-        help="alfa: 'default' is the recipe selected without target labels on the benchmark's stand-in "
-        f"({DEFAULT_RECIPE.label}; docs/flip-premise.md), 'paper' the paper's ({PAPER_RECIPE.label}); other "
-        "methods use the paper's; --steps, --lr and the flags below override either",
+        help="'default' is the method's recipe selected without target labels on the benchmark's stand-in (for "
+        f"alfa: {DEFAULT_RECIPE.label}; docs/flip-premise.md), 'paper' the paper's ({PAPER_RECIPE.label}); "
+        "tpgaze keeps its own; --steps, --lr and the flags below override either",
     )
     p.add_argument("--steps", type=int, help="optimizer steps per person (default: the recipe's)")
     p.add_argument("--lr", type=float, help="AdamW base learning rate (default: the recipe's)")

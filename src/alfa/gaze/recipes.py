@@ -15,13 +15,14 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .default_recipe import DEFAULT_RECIPE_FIELDS
+from .default_recipe import DEFAULT_RECIPE_FIELDS, METHOD_RECIPE_FIELDS
 from .personalize import LAYER34_PATTERN, PersonalizeConfig
 
 __all__ = [
     "Recipe",
     "PAPER_RECIPE",
     "DEFAULT_RECIPE",
+    "METHOD_RECIPES",
     "RECIPE_GRID",
     "TIE_DEGREES",
     "training_runs",
@@ -95,17 +96,23 @@ DEFAULT_RECIPE = Recipe(**DEFAULT_RECIPE_FIELDS)
 seeds pooled; generated from the benchmark's committed results into :mod:`alfa.gaze.default_recipe`, whose
 ``SELECTED_ON`` says from which and on what stand-in errors."""
 
+METHOD_RECIPES: dict[str, Recipe] = {m: Recipe(**f) for m, f in METHOD_RECIPE_FIELDS.items()}
+"""Per adapter method, its recipe selected by the same rule on the same stand-in errors (Alfa's is
+:data:`DEFAULT_RECIPE`); generated into :mod:`alfa.gaze.default_recipe` with it. A method without a selection
+there (TPGaze has its own optimizer and recipe) falls back to :data:`PAPER_RECIPE`."""
+
 RECIPE_NAMES = ("default", "paper")
-"""The recipes a user can ask for by name: ``default`` (:data:`DEFAULT_RECIPE`) and ``paper``
-(:data:`PAPER_RECIPE`)."""
+"""The recipes a user can ask for by name: ``default`` (the method's selected recipe, :data:`METHOD_RECIPES`)
+and ``paper`` (:data:`PAPER_RECIPE`)."""
 
 
-def named_recipe(name: str) -> Recipe:
-    """The recipe called ``name`` (:data:`RECIPE_NAMES`)."""
+def named_recipe(name: str, method: str = "alfa") -> Recipe:
+    """The recipe called ``name`` (:data:`RECIPE_NAMES`) for the adapter method ``method``: ``default`` is its
+    selected recipe where it has one, the paper's otherwise."""
     if name == "paper":
         return PAPER_RECIPE
     if name == "default":
-        return DEFAULT_RECIPE
+        return DEFAULT_RECIPE if method == "alfa" else METHOD_RECIPES.get(method, PAPER_RECIPE)
     raise ValueError(f"unknown recipe {name!r}; known: {', '.join(RECIPE_NAMES)}")
 
 
