@@ -73,8 +73,23 @@ def test_the_selection_never_reads_a_target(flip_bench, tmp_path, monkeypatch):
     def no_target(key):
         raise AssertionError(f"the recipe selection opened the target {key!r}")
 
+    import alfa.bench.runner as runner
+    from alfa.bench.methods import TARGETS
+
+    opened = []
+
+    def open_no_target_world(spec):  # nor may it open a target world's data by any other way
+        world = spec.removeprefix("synthetic:").split("?")[0]
+        if world in TARGETS.values():
+            raise AssertionError(f"the recipe selection opened data of the target world {world!r}: {spec}")
+        opened.append(world)
+        return real_open(spec)
+
+    real_open = runner.open_data
     monkeypatch.setattr(session, "target", no_target)
+    monkeypatch.setattr(runner, "open_data", open_no_target_world)
     record = session.run(plan)
+    assert "gaze360" in opened  # the stand-in world was opened through the patched function
     assert record["selected"] == records[plan.id]["selected"]  # and it is deterministic
     assert record["config_hash"] == records[plan.id]["config_hash"]
 
@@ -107,6 +122,13 @@ def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it
     text = build_report(out, tmp_path / "r.md", tmp_path / "fig").read_text(encoding="utf-8")
     assert "## What a flip can see" in text and "## Recipes selected without target labels" in text
     assert "Positive controls (" not in text and "1 recipe-selection records" in text
+    # flip-TTA on top of each personalized model, and the flip loss after personalization, per pair
+    after = text.split("### After personalization: flip-TTA on top, and what a flip still sees")[1].split("\n## ")[0]
+    alfa_row = next(line for line in after.splitlines() if line.startswith("| Alfa |"))
+    alfa = records["alfa|E→M|seed0"]
+    assert f"{alfa['flip_tta_error_deg']:.2f} (" in alfa_row and f"; {alfa['flip']['flip_loss']:.2f} · " in alfa_row
+    base_row = next(line for line in after.splitlines() if line.startswith("| source-only"))
+    assert f"| {records['flip-tta|E→M|seed0']['error_deg']:.2f}; " in base_row  # the state before: flip-TTA alone
     namespace: dict = {}
     exec(default_recipe_module(load_results(out), "x"), namespace)  # the module is data only: no imports
     assert Recipe(**namespace["DEFAULT_RECIPE_FIELDS"]) == Recipe(
