@@ -300,3 +300,19 @@ def test_records_without_parts_leave_the_parts_section_out():
 
     assert parts_table(idx, ["source-only", "alfa"]) == ""
     assert "## Where the error goes" not in render_report(fixture_results())
+
+
+def test_the_pooled_sentence_sorts_every_row_against_source_only():
+    from alfa.bench.flip_report import flip_summary
+    from alfa.bench.methods import MAIN_METHODS
+
+    means = dict(MEANS)
+    means[("diag_gate", "E→M")] = (9.0, 10.5, 10.0)  # −0, +0.5, −1 against source-only: within the spread
+    means[("diag_gate", "E→D")] = (8.0, 8.5, 9.0)
+    results = fixture_results(means)
+    lines = flip_summary(results, index_records(results["records"]), MAIN_METHODS)
+    # per seed, mean over the pairs: LoRA −3.75, −4.25, −4.30; Alfa −3.50, −3.70, −3.90; the gate 0, +0.25, −0.5
+    assert (
+        "Pooled over the 2 pairs, against source-only — clearly below it: LoRA (−4.10°), Alfa (−3.70°); "
+        "within the spread of it: diagonal gate (−0.08°)."
+    ) in lines

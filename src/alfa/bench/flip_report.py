@@ -280,6 +280,26 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
     return lines
 
 
+def _pooled_lines(idx: Index, main: Sequence[str]) -> list[str]:
+    """Every row (Alfa's two simpler mixes included) sorted into clearly below, within the spread of, and
+    clearly above source-only, pooled over every pair."""
+    pairs = pairs_of(idx)
+    groups: dict[str, list[str]] = {"below": [], "within": [], "above": []}
+    for m in _rows(idx, main):
+        if m == "source-only":
+            continue
+        d = diff(idx, m, "source-only", pairs)
+        if d is None:
+            continue
+        group = "within" if not d.clear else "below" if d.mean < 0 else "above"
+        groups[group].append(f"{_name(m)} ({signed(d.mean)}°)")
+    if not any(groups.values()):
+        return []
+    words = {"below": "clearly below", "within": "within the spread of", "above": "clearly above"}
+    parts = [f"{words[g]} it: {', '.join(v)}" for g, v in groups.items() if v]
+    return [f"Pooled over the {len(pairs)} pairs, against source-only — " + "; ".join(parts) + "."]
+
+
 def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
     rows, inflation = [], []
     pairs = pairs_of(idx)
@@ -383,6 +403,7 @@ def flip_summary(results: dict[str, Any], idx: Index, main: Sequence[str]) -> li
     lines += _harmless_best(idx, main, [p for p in positive if p in ceil], ceil)
     lines += _attention_lines(idx, positive)
     lines += _after_lines(idx, main, [p for p in positive if p in ceil])
+    lines += _pooled_lines(idx, main)
     lines += _selection(results, idx, main)[1]
     lines += _replay(idx, main)[1]
     return lines
