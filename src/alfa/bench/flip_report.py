@@ -167,7 +167,8 @@ def _share_table(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, floa
 
 
 def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) -> list[str]:
-    """Per positive control: the method with the largest gain among those not clearly worse than source-only."""
+    """Per positive control: the method with the largest gain among those not clearly worse than source-only
+    (among the rows with the most seeds)."""
     lines = []
     for pair in pairs:
         candidates = []
@@ -177,7 +178,10 @@ def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) 
                 candidates.append((-d.mean, m, d))
         if not candidates:
             continue
-        gain, m, d = max(candidates)
+        # only rows with every seed compete: a row of fewer seeds cannot be clearly worse, so it would win
+        # by having less evidence against it
+        most = max(d.n for _, _, d in candidates)
+        gain, m, d = max(c for c in candidates if c[2].n == most)
         c = ceil[pair]["ceiling"]
         share = f", {_pct(gain / c)} of the flip-TTA ceiling" if c and c >= SHARE_FLOOR else ""
         if gain > 0:
@@ -249,15 +253,16 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
     lines = []
     methods = _methods(idx, main)
     for pair in pairs:
-        ranked = sorted((v, m) for m in methods if (v := _mean_of(idx, m, pair, _with_tta)) is not None)
         alone = _mean_of(idx, "source-only", pair, _with_tta)
-        if not ranked or alone is None:
+        diffs = [(d.mean, m, d) for m in methods if (d := diff(idx, m, "source-only", [pair], _with_tta))]
+        if not diffs or alone is None:
             continue
-        value, m = ranked[0]
-        d = diff(idx, m, "source-only", [pair], _with_tta)
+        most = max(d.n for _, _, d in diffs)  # rows with every seed only, as for the largest gain
+        _, m, d = min(c for c in diffs if c[2].n == most)
         lines.append(
-            f"On {pair}, flip-TTA on top of a personalized model is lowest for {_name(m)} ({_num(value)}°, "
-            f"flip-TTA alone {_num(alone)}°): {_name(m)} + flip-TTA − flip-TTA = {d.describe() if d else 'n/a'}."
+            f"On {pair}, flip-TTA on top of a personalized model is lowest for {_name(m)} "
+            f"({_num(_mean_of(idx, m, pair, _with_tta))}°, flip-TTA alone {_num(alone)}°): "
+            f"{_name(m)} + flip-TTA − flip-TTA = {d.describe()}."
         )
     everywhere = pairs_of(idx)
     lower_loss, worse = [], []
