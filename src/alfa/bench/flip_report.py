@@ -50,6 +50,16 @@ def _last_step_all_images(record: dict[str, Any]) -> tuple[float | None, dict[st
     return statistics.fmean(per_person.values()), per_person
 
 
+def _first_step_all_images(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+    """Step 0 on all of each person's images: the base before personalization (for an adapter that starts as
+    the identity, as every method but TPGaze, whose step 0 carries its meta-trained prompts)."""
+    steps = record.get("per_person_steps")
+    if not steps:
+        return None, {}
+    per_person = {p: v[0] for p, v in steps.items()}
+    return statistics.fmean(per_person.values()), per_person
+
+
 def _mean_of(idx: Index, method: str, pair: str, measure: Measure) -> float | None:
     values = [measure(r)[0] for (m, p, _), r in idx.items() if m == method and p == pair]
     values = [v for v in values if v is not None]
@@ -347,6 +357,19 @@ def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
         if alfa is not None:
             text += f"; for Alfa {_num(alfa)}°"
         lines.append(text + ". That gain is made by test-label selection, not by any method.")
+    base = pooled(idx, "alfa", pairs, _first_step_all_images)
+    if base is not None and rows:
+        scored = [
+            (m, pooled(idx, m, pairs, _field("reference_protocol_deg")), pooled(idx, m, pairs, _last_step_all_images))
+            for m in _rows(idx, main)
+        ]
+        scored = [(m, ref, last) for m, ref, last in scored if ref is not None and last is not None]
+        by_ref = sum(ref.mean < base.mean for _, ref, _ in scored)
+        by_last = sum(last.mean < base.mean for _, _, last in scored)
+        lines.append(
+            f"On the same images the base before personalization (step 0) scores {_num(base.mean)}° pooled; the "
+            f"reference protocol puts {by_ref} of {len(scored)} rows below it, the honest last step {by_last}."
+        )
     return _table(header, rows), lines
 
 
