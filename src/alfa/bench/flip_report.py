@@ -42,22 +42,26 @@ def _field(key: str, sub: str | None = None) -> Measure:
     return measure
 
 
-def _last_step_all_images(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
-    steps = record.get("per_person_steps")
-    if not steps:
-        return None, {}
-    per_person = {p: v[-1] for p, v in steps.items()}
-    return statistics.fmean(per_person.values()), per_person
+def _step_all_images(step: int) -> Measure:
+    """The error after personalization step ``step`` (``-1``: the last) on all of each person's images. Step 0
+    is the base before personalization for an adapter that starts as the identity (every method but TPGaze,
+    whose step 0 carries its meta-trained prompts)."""
+
+    def measure(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+        steps = record.get("per_person_steps")
+        if not steps:
+            return None, {}
+        per_person = {p: v[step] for p, v in steps.items()}
+        return statistics.fmean(per_person.values()), per_person
+
+    return measure
 
 
-def _first_step_all_images(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
-    """Step 0 on all of each person's images: the base before personalization (for an adapter that starts as
-    the identity, as every method but TPGaze, whose step 0 carries its meta-trained prompts)."""
-    steps = record.get("per_person_steps")
-    if not steps:
-        return None, {}
-    per_person = {p: v[0] for p, v in steps.items()}
-    return statistics.fmean(per_person.values()), per_person
+def _most_seeds(candidates: list[tuple[float, str, Any]]) -> list[tuple[float, str, Any]]:
+    """The ``(value, row, Diff)`` candidates with the most seeds: a row of fewer seeds cannot be clearly worse,
+    so in a choice of the best it would win by having less evidence against it."""
+    most = max(d.n for _, _, d in candidates)
+    return [c for c in candidates if c[2].n == most]
 
 
 def _mean_of(idx: Index, method: str, pair: str, measure: Measure) -> float | None:
@@ -188,10 +192,7 @@ def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) 
                 candidates.append((-d.mean, m, d))
         if not candidates:
             continue
-        # only rows with every seed compete: a row of fewer seeds cannot be clearly worse, so it would win
-        # by having less evidence against it
-        most = max(d.n for _, _, d in candidates)
-        gain, m, d = max(c for c in candidates if c[2].n == most)
+        gain, m, d = max(_most_seeds(candidates))
         c = ceil[pair]["ceiling"]
         share = f", {_pct(gain / c)} of the flip-TTA ceiling" if c and c >= SHARE_FLOOR else ""
         if gain > 0:
@@ -267,8 +268,7 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
         diffs = [(d.mean, m, d) for m in methods if (d := diff(idx, m, "source-only", [pair], _with_tta))]
         if not diffs or alone is None:
             continue
-        most = max(d.n for _, _, d in diffs)  # rows with every seed only, as for the largest gain
-        _, m, d = min(c for c in diffs if c[2].n == most)
+        _, m, d = min(_most_seeds(diffs))
         lines.append(
             f"On {pair}, flip-TTA on top of a personalized model is lowest for {_name(m)} "
             f"({_num(_mean_of(idx, m, pair, _with_tta))}°, flip-TTA alone {_num(alone)}°): "
@@ -316,17 +316,18 @@ def _pooled_lines(idx: Index, main: Sequence[str]) -> list[str]:
 
 
 def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
-    rows, inflation = [], []
+    rows, inflation, scored = [], [], []
     pairs = pairs_of(idx)
     for m in _rows(idx, main):
         ref = pooled(idx, m, pairs, _field("reference_protocol_deg"))
         if ref is None:
             continue
         honest = pooled(idx, m, pairs)
-        last_all = pooled(idx, m, pairs, _last_step_all_images)
+        last_all = pooled(idx, m, pairs, _step_all_images(-1))
         infl = last_all.mean - ref.mean if last_all is not None else None
         if infl is not None:
             inflation.append((infl, m))
+            scored.append((ref, last_all))
         rows.append(
             [
                 _name(m),
@@ -357,15 +358,10 @@ def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
         if alfa is not None:
             text += f"; for Alfa {_num(alfa)}°"
         lines.append(text + ". That gain is made by test-label selection, not by any method.")
-    base = pooled(idx, "alfa", pairs, _first_step_all_images)
-    if base is not None and rows:
-        scored = [
-            (m, pooled(idx, m, pairs, _field("reference_protocol_deg")), pooled(idx, m, pairs, _last_step_all_images))
-            for m in _rows(idx, main)
-        ]
-        scored = [(m, ref, last) for m, ref, last in scored if ref is not None and last is not None]
-        by_ref = sum(ref.mean < base.mean for _, ref, _ in scored)
-        by_last = sum(last.mean < base.mean for _, _, last in scored)
+    base = pooled(idx, "alfa", pairs, _step_all_images(0))
+    if base is not None and scored:
+        by_ref = sum(ref.mean < base.mean for ref, _ in scored)
+        by_last = sum(last.mean < base.mean for _, last in scored)
         lines.append(
             f"On the same images the base before personalization (step 0) scores {_num(base.mean)}° pooled; the "
             f"reference protocol puts {by_ref} of {len(scored)} rows below it, the honest last step {by_last}."

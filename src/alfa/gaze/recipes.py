@@ -112,7 +112,7 @@ def named_recipe(name: str, method: str = "alfa") -> Recipe:
     if name == "paper":
         return PAPER_RECIPE
     if name == "default":
-        return DEFAULT_RECIPE if method == "alfa" else METHOD_RECIPES.get(method, PAPER_RECIPE)
+        return METHOD_RECIPES.get(method, PAPER_RECIPE)
     raise ValueError(f"unknown recipe {name!r}; known: {', '.join(RECIPE_NAMES)}")
 
 
