@@ -17,28 +17,42 @@ The rules (``docs/architecture.md`` states the same table):
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
-# Bottom to top. A component is a top-level module or subpackage of alfa; "alfa" is the package's own
-# __init__ (the public library API, re-exporting the layers below it).
-LAYERS: list[tuple[str, ...]] = [
-    ("fileio", "geometry"),  # atomic writes, file names; gaze angles and vectors
-    ("data",),  # the synthetic worlds and the dataset loaders
+# Bottom to top. A component is a module or subpackage of alfa named by its path below ``alfa``
+# (``gaze.data`` is alfa.gaze.data and everything in it); a module belongs to the longest component that
+# prefixes it, so ``gaze`` is alfa.gaze less the components inside it. "alfa" is the package's own __init__
+# (the public library API, re-exporting the layers below it).
+LIBRARY_LAYERS: list[tuple[str, ...]] = [
+    ("fileio",),  # atomic writes, file names
     ("layers",),  # factorized Conv2d / Linear and the SVD helpers
     ("truncate",),  # SVD truncation of a model
     ("models", "adapters"),  # model families; adapter methods (model-agnostic: they never import models)
     ("checkpoint", "summary", "serve", "export"),  # model files; parameter counts; many users; ONNX export
     ("alfa",),  # the package __init__: the library's public API
+]
+APPLICATION_LAYERS: list[tuple[str, ...]] = [
+    ("gaze.geometry",),  # gaze angles and vectors, the datasets' conventions
+    ("gaze.data",),  # the synthetic worlds and the dataset loaders
     ("gaze",),  # source training, personalization, evaluation, the demo
-    ("crate", "bench", "service"),  # the CRATE worked examples; the benchmark and its report; the HTTP service
-    ("example", "pages"),  # the library tour; the generated pages of docs/ and their data
+    ("gaze.service",),  # the HTTP gaze service
+]
+STUDY_LAYERS: list[tuple[str, ...]] = [
+    ("study.crate", "study.bench"),  # the CRATE worked examples; the benchmark and its report
+    ("study.example", "study.pages"),  # the library tour (alfa example); the generated pages of docs/
+    ("study",),  # the study package's __init__
+]
+COMMAND_LAYERS: list[tuple[str, ...]] = [
     ("cli",),  # the `alfa` command
     ("__main__",),  # `python -m alfa` (what torchrun starts): runs the command
 ]
+LAYERS: list[tuple[str, ...]] = LIBRARY_LAYERS + APPLICATION_LAYERS + STUDY_LAYERS + COMMAND_LAYERS
+LIBRARY = {c for row in LIBRARY_LAYERS for c in row}
 
 
 def layer_of(layers: list[tuple[str, ...]]) -> dict[str, int]:
@@ -52,10 +66,18 @@ def layer_of(layers: list[tuple[str, ...]]) -> dict[str, int]:
     return index
 
 
-def component(module: str) -> str:
-    """``alfa.gaze.train`` -> ``gaze``; ``alfa.fileio`` -> ``fileio``; ``alfa`` -> ``alfa``."""
+def component(module: str, components: set[str] | None = None) -> str:
+    """The component a module belongs to: the longest of ``components`` that prefixes it, else the first
+    part below the package (``alfa.gaze.train`` -> ``gaze``; ``alfa.gaze.data.base`` -> ``gaze.data``
+    when ``gaze.data`` is a component; ``alfa`` -> ``alfa``)."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 else parts[0]
+    if len(parts) == 1:
+        return parts[0]
+    below = parts[1:]
+    for n in range(len(below), 0, -1):
+        if components and ".".join(below[:n]) in components:
+            return ".".join(below[:n])
+    return below[0]
 
 
 # ----------------------------------------------------------------------------- the import graph
@@ -82,12 +104,6 @@ def _resolve(module: str, is_package: bool, level: int, target: str | None) -> s
     return ".".join(base + ([target] if target else []))
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def imports_of(module: str, tree: ast.AST, is_package: bool, known: set[str], package: str = "alfa") -> set[str]:
     """The modules of ``known`` that ``module`` imports anywhere in ``tree``.
 
@@ -96,16 +112,9 @@ def imports_of(module: str, tree: ast.AST, is_package: bool, known: set[str], pa
     run time, and it would silently drop out of the graph.
     """
     edges: set[str] = set()
-    # Imports under ``if TYPE_CHECKING:`` never run: they name types for annotations (a table row's config,
-    # say) and are not a dependency of the running code, so they are no edges.
-    type_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and _is_type_checking(node.test)
-        for stmt in node.body
-        for inner in ast.walk(stmt)
-    }
 
+    # Imports under ``if TYPE_CHECKING:`` count like any other: they never run, but a module that needs
+    # another's types to be read depends on it, and a circle through annotations is still a circle.
     def add(name: str, where: ast.AST) -> None:
         if name != package and not name.startswith(package + "."):
             return  # torch, numpy, the standard library
@@ -114,8 +123,6 @@ def imports_of(module: str, tree: ast.AST, is_package: bool, known: set[str], pa
         edges.add(name)
 
     for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name, node)
@@ -198,7 +205,7 @@ def layer_violations(graph: dict[str, set[str]], layers: list[tuple[str, ...]]) 
     out = []
     for module in sorted(graph):
         for target in sorted(graph[module]):
-            a, b = component(module), component(target)
+            a, b = component(module, set(rank)), component(target, set(rank))
             if a == b or a not in rank or b not in rank:
                 continue  # inside one component; unplaced components are reported by unplaced()
             if rank[b] > rank[a]:
@@ -212,7 +219,7 @@ def layer_violations(graph: dict[str, set[str]], layers: list[tuple[str, ...]]) 
 def unplaced(graph: dict[str, set[str]], layers: list[tuple[str, ...]]) -> list[str]:
     """Components of the package that the table does not place."""
     rank = layer_of(layers)
-    return sorted({component(m) for m in graph} - set(rank))
+    return sorted({component(m, set(rank)) for m in graph} - set(rank))
 
 
 # ----------------------------------------------------------------------------- the package
@@ -224,7 +231,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_the_package_is_found(graph):
-    assert {"alfa", "alfa.gaze.train", "alfa.models.resnet", "alfa.data.synthetic"} <= set(graph)
+    assert {"alfa", "alfa.gaze.train", "alfa.models.resnet", "alfa.gaze.data.synthetic"} <= set(graph)
     assert "alfa.checkpoint" in graph["alfa.gaze.train"]  # the walk sees imports
 
 
@@ -270,12 +277,18 @@ def test_checker_reports_an_upward_import_a_sideways_one_and_a_cycle(tmp_path):
     assert g["pkg.low"] == {"pkg.high"}
     assert g["pkg.high.a"] == {"pkg.high.b"} and g["pkg.high.b"] == {"pkg.high.a", "pkg.low"}
     assert g["pkg.side"] == {"pkg.high"}
-    assert g["pkg.typed"] == set()  # a TYPE_CHECKING import is for annotations only: no edge
+    assert g["pkg.typed"] == {"pkg.high.a"}  # a TYPE_CHECKING import is an edge like any other
     layers = [("low",), ("high", "side", "typed")]
     assert layer_violations(g, layers) == [
         "pkg.low imports pkg.high: layer 0 (low) may not import layer 1 (high)",
         "pkg.side imports pkg.high: side and high share layer 1 and must not import each other",
+        "pkg.typed imports pkg.high.a: typed and high share layer 1 and must not import each other",
     ]
+    # A nested component is apart from its parent: pkg.high.b is "high.b" once the table names it.
+    nested = [("low",), ("high.b",), ("high", "side", "typed")]
+    assert "pkg.high.b imports pkg.high.a: layer 1 (high.b) may not import layer 2 (high)" in layer_violations(
+        g, nested
+    )
     cycles = find_cycles(g)
     assert sorted(map(tuple, cycles)) == [
         ("pkg.high", "pkg.high.a", "pkg.high.b", "pkg.low", "pkg.high"),
@@ -290,3 +303,62 @@ def test_checker_refuses_an_import_of_a_missing_module(tmp_path):
     (tmp_path / "pkg" / "a.py").write_text("from .gone import x\n")
     with pytest.raises(ImportError, match=r"pkg.a \(line 1\) imports pkg.gone"):
         import_graph(tmp_path, "pkg")
+
+
+# ----------------------------------------------------------------------------- sizes and the library's dependencies
+
+MAX_FILE_LINES = 800
+MAX_FUNCTION_LINES = 100
+
+
+def oversized(src: Path = SRC, package: str = "alfa") -> list[str]:
+    """Source files over MAX_FILE_LINES lines and functions over MAX_FUNCTION_LINES (``def`` line to last
+    line, docstring included, decorators not)."""
+    out = []
+    for path in sorted((src / package).rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        name = path.relative_to(src).as_posix()
+        if (n := len(text.splitlines())) > MAX_FILE_LINES:
+            out.append(f"{name}: {n} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
+                    out.append(f"{name}:{node.lineno} {node.name}: {n} lines")
+    return out
+
+
+def test_no_file_over_800_lines_and_no_function_over_100():
+    problems = oversized()
+    assert not problems, "split these:\n" + "\n".join(problems)
+
+
+def test_the_size_check_sees_a_long_file_and_a_long_function(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * 801)
+    (tmp_path / "pkg" / "f.py").write_text("def f():\n" + "    y = 1\n" * 100 + "\n\ndef g():\n    pass\n")
+    assert oversized(tmp_path, "pkg") == ["pkg/f.py:1 f: 101 lines", "pkg/long.py: 801 lines"]
+
+
+# What the library (LIBRARY_LAYERS) may import beyond the standard library. onnxruntime is export's
+# optional check (the [export] extra), imported only after find_spec says it is there.
+LIBRARY_THIRD_PARTY = {"torch", "numpy", "safetensors", "onnxruntime"}
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """Top-level names of the non-standard-library modules a file imports (relative imports excluded)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n != "alfa"}
+
+
+def test_the_library_imports_only_torch_numpy_and_safetensors(graph):
+    library = [m for m in graph if component(m, LIBRARY) in LIBRARY]
+    assert "alfa.adapters.lora" in library and not any(m.startswith(("alfa.gaze", "alfa.study")) for m in library)
+    found = {m: third_party_imports(Path(discover(SRC)[m])) - LIBRARY_THIRD_PARTY for m in library}
+    assert not {m: s for m, s in found.items() if s}, "the library must not need these packages"
+    for m in library:  # and nothing of the application, the study or the command
+        assert all(component(t, LIBRARY) in LIBRARY for t in graph[m]), f"{m} imports above the library: {graph[m]}"

@@ -8,9 +8,14 @@ import pytest
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 import alfa
-import alfa.bench.runner as runner
-from alfa.bench.commands import _pairs, register
-from alfa.bench.runner import (
+import alfa.study.bench.runner as runner
+from alfa.checkpoint import load_model
+from alfa.gaze.evaluate import person_errors
+from alfa.gaze.pipeline import open_data
+from alfa.gaze.tpgaze import MetaTrainConfig
+from alfa.gaze.train import TrainConfig
+from alfa.study.bench.commands import _pairs, register
+from alfa.study.bench.runner import (
     RESULTS_FILE,
     BenchConfig,
     OracleConfig,
@@ -20,11 +25,6 @@ from alfa.bench.runner import (
     plan_records,
     run_bench,
 )
-from alfa.checkpoint import load_model
-from alfa.gaze.evaluate import person_errors
-from alfa.gaze.pipeline import open_data
-from alfa.gaze.tpgaze import MetaTrainConfig
-from alfa.gaze.train import TrainConfig
 
 REQUIRED = ("method", "pair", "seed", "error_deg", "per_person", "trainable_params", "inference_params")
 REQUIRED += ("adapter_bytes", "seconds_per_user", "id", "config_hash")
@@ -240,7 +240,7 @@ def test_command_line_options():
 
 def test_report_from_a_real_run(bench, tmp_path):
     """The report command turns the tiny run into markdown with its figures (models not needed)."""
-    from alfa.bench.report import build_report
+    from alfa.study.bench.report import build_report
 
     out, _, _ = bench
     md = build_report(out, tmp_path / "results.md")

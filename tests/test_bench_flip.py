@@ -8,9 +8,9 @@ import torch
 from test_bench import tiny
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
-from alfa.bench.runner import STAND_IN, RecordPlan, _Session, plan_records, run_bench
-from alfa.bench.variants import selection_variants
 from alfa.gaze.recipes import RECIPE_GRID, Recipe, reference_protocol_error
+from alfa.study.bench.runner import STAND_IN, RecordPlan, _Session, plan_records, run_bench
+from alfa.study.bench.variants import selection_variants
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def flip_bench(tmp_path_factory):
     config = tiny(methods=("source-only", "flip-tta", "alfa"), selected_methods=("alfa",))
     summary = run_bench(config, out, progress=False)
     assert not summary.errors, summary.errors
-    from alfa.bench.results import load_results
+    from alfa.study.bench.results import load_results
 
     return out, config, {r["id"]: r for r in load_results(out)["records"]}
 
@@ -73,8 +73,8 @@ def test_the_selection_never_reads_a_target(flip_bench, tmp_path, monkeypatch):
     def no_target(key):
         raise AssertionError(f"the recipe selection opened the target {key!r}")
 
-    import alfa.bench.runner as runner
-    from alfa.bench.methods import TARGETS
+    import alfa.study.bench.runner as runner
+    from alfa.study.bench.methods import TARGETS
 
     opened = []
 
@@ -98,7 +98,7 @@ def test_a_selected_row_without_its_selection_is_refused(tmp_path):
     config = tiny(methods=(), selected_methods=("alfa",))
     session = _Session(config, tmp_path, tmp_path / "cache", progress=False)
     (tmp_path / "results.json").parent.mkdir(exist_ok=True)
-    from alfa.bench.results import ResultsStore
+    from alfa.study.bench.results import ResultsStore
 
     ResultsStore(tmp_path, config)
     row = next(p for p in plan_records(config) if p.variant.selected)
@@ -114,9 +114,9 @@ def test_a_selected_row_without_its_selection_is_refused(tmp_path):
 def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it_gives(flip_bench, tmp_path):
     """A run of the symmetric pairs only (or a first piece of a run): the flip sections render and say nothing
     of the positive controls; the default-recipe module reads the run's own selection record."""
-    from alfa.bench.flip_report import default_recipe_module
-    from alfa.bench.report import build_report
-    from alfa.bench.results import load_results
+    from alfa.study.bench.flip_report import default_recipe_module
+    from alfa.study.bench.report import build_report
+    from alfa.study.bench.results import load_results
 
     out, _, records = flip_bench
     text = build_report(out, tmp_path / "r.md", tmp_path / "fig").read_text(encoding="utf-8")

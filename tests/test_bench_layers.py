@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-import alfa.bench
-from alfa.bench.ablations import REGISTRY, Ablation, register, unregister
-from alfa.bench.config import SELECTION_FIELDS, BenchConfig
-from alfa.bench.report import render_report
-from alfa.bench.results import FORMAT, VERSION, layout
-from alfa.bench.runner import plan_records
-from alfa.bench.variants import alfa_config
+import alfa.study.bench
+from alfa.study.bench.ablations import REGISTRY, Ablation, register, unregister
+from alfa.study.bench.config import SELECTION_FIELDS, BenchConfig
+from alfa.study.bench.report import render_report
+from alfa.study.bench.results import FORMAT, VERSION, layout
+from alfa.study.bench.runner import plan_records
+from alfa.study.bench.variants import alfa_config
 
 
 def _dummy_rows(r):
@@ -105,7 +105,7 @@ def _runtime_nodes(node: ast.AST):
 
 def _bench_imports() -> dict[str, set[str]]:
     """``module -> bench modules it imports when run`` (relative imports, also inside functions), from the source."""
-    folder = Path(alfa.bench.__file__).parent
+    folder = Path(alfa.study.bench.__file__).parent
     graph = {}
     for path in folder.glob("*.py"):
         names = set()

@@ -1,8 +1,8 @@
 import pytest
 
-from alfa.bench.speed import measure, to_markdown
 from alfa.cli import main
-from alfa.example import run_example
+from alfa.study.bench.speed import measure, to_markdown
+from alfa.study.example import run_example
 
 
 def test_summary_command(capsys):
@@ -59,7 +59,7 @@ def test_bad_options_get_one_line_and_exit_2(argv, message, capsys):
 
 
 def test_costs_runs_as_a_module_with_the_same_errors(capsys):
-    from alfa.bench import costs
+    from alfa.study.bench import costs
 
     assert costs.main(["--rank", "0"]) == 2
     assert "alfa costs: error: --rank must be at least 1" in capsys.readouterr().err
@@ -89,7 +89,7 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys, monkey
     command starts (it would otherwise fail after the work, or with a traceback)."""
     import os
 
-    import alfa.bench.costs as costs
+    import alfa.study.bench.costs as costs
     from alfa.fileio import check_writable
 
     monkeypatch.setattr(costs, "cost_table", lambda **_: pytest.fail("measured before checking the outputs"))

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import tiny_models  # noqa: F401  (registers tiny_gaze_net)
 
-from alfa.bench import costs
+from alfa.study.bench import costs
 
 
 @pytest.fixture(scope="module")

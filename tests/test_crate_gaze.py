@@ -12,9 +12,9 @@ import torch
 
 import alfa
 from alfa.adapters import attach, param_groups
-from alfa.crate.commands import main
-from alfa.crate.gaze import CrateGazeConfig, late_blocks_pattern, quick_config, run_crate_gaze
 from alfa.models import create_model
+from alfa.study.crate.commands import main
+from alfa.study.crate.gaze import CrateGazeConfig, late_blocks_pattern, quick_config, run_crate_gaze
 
 TARGETS = ("mpii/test", "eyediap/test")
 VOLATILE = {"seconds", "figure", "command"}  # wall times and paths differ between two identical runs

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import alfa
-from alfa.crate import (
+from alfa.study.crate import (
     LayerProbe,
     clustered_coding_rate,
     coding_rate,

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from alfa.crate import coding_rate_step
-from alfa.crate.commands import register
-from alfa.crate.toy import (
+from alfa.study.crate import coding_rate_step
+from alfa.study.crate.commands import register
+from alfa.study.crate.toy import (
     DEFAULT_PANELS,
     U1,
     U2,
@@ -138,7 +138,7 @@ def test_cli_rejects_bad_input():
 
 
 def test_each_panel_table_ends_with_a_reading_of_it():
-    from alfa.crate.toy import format_aggregate, run_toy
+    from alfa.study.crate.toy import format_aggregate, run_toy
 
     blocks = format_aggregate(run_toy(["a", "b", "c-len1"], [0, 1])).split("\n\n")
     readings = [b.splitlines()[-1] for b in blocks]

@@ -9,8 +9,8 @@ import torch
 from tiny_models import TinyGazeNet
 
 from alfa.gaze.flip import flip_parts, flip_tta, flip_tta_from, predict_with_flip
+from alfa.gaze.geometry import angular_error, flip_yaw
 from alfa.gaze.losses import flip_symmetry_loss
-from alfa.geometry import angular_error, flip_yaw
 
 DEG = math.pi / 180
 
@@ -157,8 +157,8 @@ def _selection_record(seed: int, errors: dict, source: str = "E", method: str = 
 def test_the_default_recipe_module_is_the_pooled_selection_of_the_e_source(tmp_path):
     import importlib.util
 
-    from alfa.bench.flip_report import default_recipe_module
     from alfa.gaze.recipes import PAPER_RECIPE, RECIPE_GRID, Recipe, select_pooled
+    from alfa.study.bench.flip_report import default_recipe_module
 
     rng = torch.Generator().manual_seed(0)
     per_seed = [{r: 5.0 + float(torch.rand((), generator=rng)) for r in RECIPE_GRID} for _ in range(3)]
@@ -218,7 +218,7 @@ def test_tracking_measures_every_step_and_changes_nothing(tmp_path):
     """``track`` sees the model before the first step and after each one, and the adapter it leaves is bit
     for bit the one an untracked run leaves (it draws nothing and computes no gradient)."""
     import alfa
-    from alfa.data.base import InMemoryGazeDataset
+    from alfa.gaze.data.base import InMemoryGazeDataset
     from alfa.gaze.personalize import PersonalizeConfig, personalize, personalize_dataset
 
     g = torch.Generator().manual_seed(0)
@@ -269,7 +269,7 @@ def test_alfa_evaluate_scores_flip_tta_of_the_base_and_of_each_adapter(tmp_path,
     import alfa
     from alfa.checkpoint import save_model
     from alfa.cli import main
-    from alfa.data.synthetic import make_domain
+    from alfa.gaze.data.synthetic import make_domain
     from alfa.gaze.evaluate import evaluate
     from alfa.gaze.flip import FlipTTA
 

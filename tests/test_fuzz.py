@@ -14,9 +14,9 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from alfa.data.fixtures import write_gazehub_fixture  # noqa: E402
-from alfa.data.gazehub import GazeHubDataset  # noqa: E402
-from alfa.data.registry import open_dataset  # noqa: E402
+from alfa.gaze.data.fixtures import write_gazehub_fixture  # noqa: E402
+from alfa.gaze.data.gazehub import GazeHubDataset  # noqa: E402
+from alfa.gaze.data.registry import open_dataset  # noqa: E402
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from alfa.gaze.augment import AugmentConfig, augment_images, seed_from_generator
 from alfa.gaze.evaluate import GazeError
+from alfa.gaze.geometry import angular_error, flip_yaw
 from alfa.gaze.losses import (
     augmentation_consistency_loss,
     finite_or_raise,
@@ -15,7 +16,6 @@ from alfa.gaze.losses import (
     supervised_l1_loss,
 )
 from alfa.gaze.personalize import PersonalizeConfig, build_batch, person_seed
-from alfa.geometry import angular_error, flip_yaw
 
 
 def test_flip_loss_is_zero_for_a_mirror_consistent_prediction():

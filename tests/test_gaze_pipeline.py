@@ -12,7 +12,7 @@ from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 import alfa
 from alfa.checkpoint import CheckpointError, load_model, read_checkpoint
-from alfa.data.base import InMemoryGazeDataset
+from alfa.gaze.data.base import InMemoryGazeDataset
 from alfa.gaze.evaluate import adapter_filename, evaluate, person_errors
 from alfa.gaze.losses import flip_symmetry_loss
 from alfa.gaze.personalize import PersonalizeConfig, build_batch, personalize, personalize_dataset
@@ -520,7 +520,7 @@ def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
 
 
 def test_demo_tiny_on_synthetic_data_and_its_cache(tmp_path):
-    pytest.importorskip("alfa.data.synthetic")
+    pytest.importorskip("alfa.gaze.data.synthetic")
     from alfa.gaze.pipeline import demo_config, run_demo
     from alfa.gaze.recipes import DEFAULT_RECIPE
 
@@ -587,8 +587,8 @@ def test_symmetry_target_batchnorm_mode(data):
 
 
 def test_the_demo_has_a_symmetric_and_an_asymmetric_part_as_the_benchmark_builds_them():
-    from alfa.bench.methods import SOURCE_TRAINING
     from alfa.gaze.pipeline import demo_config, demo_configs
+    from alfa.study.bench.methods import SOURCE_TRAINING
 
     symmetric, asymmetric = demo_configs(seed=3)
     assert symmetric == demo_config(seed=3)
@@ -602,7 +602,7 @@ def test_the_demo_has_a_symmetric_and_an_asymmetric_part_as_the_benchmark_builds
 
 
 def test_cli_demo_runs_each_part_and_sums_them_up(tmp_path, capsys, monkeypatch):
-    pytest.importorskip("alfa.data.synthetic")
+    pytest.importorskip("alfa.gaze.data.synthetic")
     import alfa.gaze.pipeline as pipeline
 
     tiny = {

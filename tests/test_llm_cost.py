@@ -60,7 +60,7 @@ def test_a_dense_conv_builds_its_update_once_and_the_low_rank_path_agrees():
 
 
 def test_counting_under_fake_tensors_gives_the_real_tensors_count():
-    from alfa.bench.transformer_cost import _counted_step, _one_layer_counts
+    from alfa.study.bench.transformer_cost import _counted_step, _one_layer_counts
 
     config = AlfaConfig(heads=2, rank=2, dense_rank=8)
     fake = _one_layer_counts(32, config)
@@ -73,7 +73,7 @@ def test_counting_under_fake_tensors_gives_the_real_tensors_count():
 
 
 def test_the_section_says_whether_alfa_is_within_the_goal_of_loras_step_time():
-    from alfa.bench.transformer_cost import ALFA, METHODS, transformer_markdown
+    from alfa.study.bench.transformer_cost import ALFA, METHODS, transformer_markdown
 
     def result(alfa_seconds: float) -> dict:
         layer = {"flops": 2 * 10**9, "saved_bytes": 2**20, "trainable": 1000}

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from alfa.pages import PAGES, check_pages, repo_root, write_pages
+from alfa.study.pages import PAGES, check_pages, repo_root, write_pages
 
 ROOT = repo_root()
 

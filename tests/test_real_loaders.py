@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import pickle
 from pathlib import Path
@@ -13,12 +12,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from alfa.data.base import GazeDataset
-from alfa.data.fixtures import write_gazehub_fixture, write_xgaze_h5_dir, write_xgaze_h5_fixture
-from alfa.data.gazehub import DatasetFormatError, GazeHubDataset
-from alfa.data.registry import PersonSubset, open_dataset, split_persons
-from alfa.data.xgaze import XGazeH5Dataset
-from alfa.geometry import angular_error, gazehub_vector_to_pitchyaw, pitchyaw_to_vector
+from alfa.gaze.data.base import GazeDataset
+from alfa.gaze.data.fixtures import write_gazehub_fixture, write_xgaze_h5_dir, write_xgaze_h5_fixture
+from alfa.gaze.data.gazehub import DatasetFormatError, GazeHubDataset
+from alfa.gaze.data.registry import PersonSubset, open_dataset, split_persons
+from alfa.gaze.data.xgaze import XGazeH5Dataset
+from alfa.gaze.geometry import angular_error, gazehub_vector_to_pitchyaw, pitchyaw_to_vector
 
 COLOR_TOLERANCE = 4 / 255  # flat-colour JPEGs come back within a few levels
 
@@ -372,9 +371,8 @@ def test_open_dataset_specs_and_options(tmp_path):
     assert issubclass(DatasetFormatError, ValueError)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("alfa.data.synthetic") is None, reason="alfa.data.synthetic not yet there")
 def test_open_dataset_routes_synthetic(monkeypatch):
-    import alfa.data.synthetic as synthetic
+    import alfa.gaze.data.synthetic as synthetic
 
     calls = []
     monkeypatch.setattr(synthetic, "make_domain", lambda name, **kw: calls.append((name, kw)) or "made", raising=False)

@@ -5,8 +5,8 @@ import statistics
 
 import pytest
 
-from alfa.bench.config import BenchConfig
-from alfa.bench.report import (
+from alfa.study.bench.config import BenchConfig
+from alfa.study.bench.report import (
     build_report,
     cell,
     diff,
@@ -17,7 +17,7 @@ from alfa.bench.report import (
     sanity_verdicts,
     table1,
 )
-from alfa.bench.results import FORMAT, VERSION, layout, load_results
+from alfa.study.bench.results import FORMAT, VERSION, layout, load_results
 
 
 def record(method, pair, seed, errors, **extra):
@@ -267,7 +267,7 @@ def _parts(yaw, pitch, yaw_bias, pitch_bias, persons=("p00", "p01")):
 
 
 def test_yaw_and_pitch_parts_table_and_verdicts():
-    from alfa.bench.report import parts_table, parts_verdicts
+    from alfa.study.bench.report import parts_table, parts_verdicts
 
     records = []
     for pair in ("E→M", "E→D"):
@@ -296,15 +296,15 @@ def test_yaw_and_pitch_parts_table_and_verdicts():
 
 def test_records_without_parts_leave_the_parts_section_out():
     idx = index_records(fixture_results()["records"])
-    from alfa.bench.report import parts_table
+    from alfa.study.bench.report import parts_table
 
     assert parts_table(idx, ["source-only", "alfa"]) == ""
     assert "## Where the error goes" not in render_report(fixture_results())
 
 
 def test_the_pooled_sentence_sorts_every_row_against_source_only():
-    from alfa.bench.flip_report import flip_summary
-    from alfa.bench.methods import MAIN_METHODS
+    from alfa.study.bench.flip_report import flip_summary
+    from alfa.study.bench.methods import MAIN_METHODS
 
     means = dict(MEANS)
     means[("diag_gate", "E→M")] = (9.0, 10.5, 10.0)  # −0, +0.5, −1 against source-only: within the spread

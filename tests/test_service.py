@@ -24,7 +24,7 @@ SIZE = 32
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    from alfa.service import GazeService, make_server
+    from alfa.gaze.service import GazeService, make_server
 
     tmp = tmp_path_factory.mktemp("service")
     torch.manual_seed(0)

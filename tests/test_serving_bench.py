@@ -1,6 +1,6 @@
 """The serving page's text from a measurement (the measurement itself takes minutes: `alfa serving`)."""
 
-from alfa.bench.serving import DISTINCT, METHODS, serving_markdown
+from alfa.study.bench.serving import DISTINCT, METHODS, serving_markdown
 
 
 def _result(multi_64: float) -> dict:

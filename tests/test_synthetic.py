@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from alfa.data.synthetic import (
+from alfa.gaze.data.synthetic import (
     DOMAINS,
     FaceParams,
     gaze_labels,
@@ -16,8 +16,8 @@ from alfa.data.synthetic import (
     sample_persons,
     sample_scenes,
 )
-from alfa.data.synthetic.domains import camera_resolution, place_capture, sample_capture
-from alfa.geometry import flip_yaw
+from alfa.gaze.data.synthetic.domains import camera_resolution, place_capture, sample_capture
+from alfa.gaze.geometry import flip_yaw
 
 DEG = math.pi / 180
 

@@ -13,7 +13,7 @@ import alfa.layers
 from alfa.adapters.prompt import TPGAZE_TARGET, TPGazeConfig, prompt_count
 from alfa.adapters.prompt import default_input_sizes as resnet18_input_sizes
 from alfa.checkpoint import CheckpointError
-from alfa.data.synthetic import make_domain
+from alfa.gaze.data.synthetic import make_domain
 from alfa.gaze.evaluate import adapter_filename, evaluate
 from alfa.gaze.losses import supervised_l1_loss
 from alfa.gaze.personalize import PersonalizeConfig

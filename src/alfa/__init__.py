@@ -2,12 +2,12 @@
 
 The data flow, one module per stage::
 
-    alfa.data      synthetic gaze worlds and loaders for the real datasets
+    alfa.gaze.data      synthetic gaze worlds and loaders for the real datasets
     alfa.models    ResNet-18 gaze regressor, CRATE, ViT (named constructors)
     alfa.truncate  SVD truncation into FactorizedConv2d / FactorizedLinear
     alfa.adapters  Alfa and the baselines: attach / merge / detach / save / load
     alfa.gaze      geometry, losses, source training, personalization, evaluation
-    alfa.bench     the benchmark runner and the generated report
+    alfa.study.bench     the benchmark runner and the generated report
 
 Quick start::
 

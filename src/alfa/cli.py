@@ -17,13 +17,13 @@ def _summary(args: argparse.Namespace) -> None:
 
 
 def _example(args: argparse.Namespace) -> None:
-    from .example import run_example
+    from alfa.study.example import run_example
 
     run_example(rank=args.rank, steps=args.steps, image_size=args.image_size, seed=args.seed)
 
 
 def _speed(args: argparse.Namespace) -> None:
-    from .bench.speed import main as speed_main
+    from alfa.study.bench.speed import main as speed_main
 
     speed_main(out=args.out, repeats=args.repeats, image_size=args.image_size, transformers=args.transformers)
 
@@ -31,9 +31,9 @@ def _speed(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> None:
     import torch
 
-    from .adapters import load_adapter
-    from .checkpoint import load_model
-    from .export import export_onnx, export_program
+    from alfa.adapters import load_adapter
+    from alfa.checkpoint import load_model
+    from alfa.export import export_onnx, export_program
 
     model, saved = load_model(args.checkpoint)
     model.eval()
@@ -45,7 +45,7 @@ def _export(args: argparse.Namespace) -> None:
     check = export_onnx(model, args.out, size, form=args.merge, tolerance=args.tolerance)
     print(check.describe())
     if args.program:
-        from .fileio import atomic_path
+        from alfa.fileio import atomic_path
 
         with atomic_path(args.program) as tmp:
             torch.export.save(export_program(model, size, form=args.merge), str(tmp))
@@ -53,13 +53,13 @@ def _export(args: argparse.Namespace) -> None:
 
 
 def _serving(args: argparse.Namespace) -> None:
-    from .bench.serving import main as serving_main
+    from alfa.study.bench.serving import main as serving_main
 
     serving_main(out=args.out, rounds=args.rounds, image_size=args.image_size)
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from .service import GazeService, make_server
+    from alfa.gaze.service import GazeService, make_server
 
     server = make_server(GazeService(args.checkpoint, args.adapters), args.host, args.port)
     host, port = server.server_address[:2]
@@ -73,7 +73,7 @@ def _serve(args: argparse.Namespace) -> None:
 def _pages(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from .pages import check_pages, repo_root, write_pages
+    from alfa.study.pages import check_pages, repo_root, write_pages
 
     root = Path(args.root) if args.root else repo_root()
     if args.write:
@@ -89,8 +89,8 @@ def _pages(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    from .truncate import DEFAULT_RANK
+    from alfa import __version__
+    from alfa.truncate import DEFAULT_RANK
 
     parser = argparse.ArgumentParser(
         prog="alfa",
@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", help="repository root (default: the checkout this alfa is installed from)")
     p.set_defaults(func=_pages)
 
-    from .bench import costs
+    from alfa.study.bench import costs
 
     p = sub.add_parser(
         "costs",
@@ -179,10 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_arguments(p)
     p.set_defaults(func=costs.run, outputs={"json": False, "update_doc": False})
 
-    from .bench.commands import register as register_bench
-    from .crate.commands import register as register_crate
-    from .gaze.commands import register as register_gaze
-    from .gaze.tpgaze_commands import register as register_tpgaze
+    from alfa.gaze.commands import register as register_gaze
+    from alfa.gaze.tpgaze_commands import register as register_tpgaze
+    from alfa.study.bench.commands import register as register_bench
+    from alfa.study.crate.commands import register as register_crate
 
     register_gaze(sub)
     register_tpgaze(sub)
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_outputs(args: argparse.Namespace) -> None:
     """Every output a command was given must be writable before it starts (not after an hour of work): each
     parser lists its outputs as ``outputs={option: is_folder}``."""
-    from .fileio import check_writable
+    from alfa.fileio import check_writable
 
     for name, folder in getattr(args, "outputs", {}).items():
         value = getattr(args, name, None)

@@ -7,7 +7,7 @@ Every registered config class is exported under its class name.
 
 # isort: off
 # The modules are imported in this order on purpose: methods register in it, and tables that list
-# every method (alfa.bench.costs) keep the registry's order within each family. LoRA's module comes
+# every method (alfa.study.bench.costs) keep the registry's order within each family. LoRA's module comes
 # before MoSLoRA, DoRA and FLoRA (which extend it) and Spectral (which reuses its SVD).
 from . import alfa, gate, lora, moslora, dora, flora, spectral, bitfit, prompt  # noqa: F401
 

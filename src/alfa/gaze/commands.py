@@ -126,7 +126,8 @@ def _open(spec: str):
 
 
 def _pretrain(args: argparse.Namespace) -> None:
-    from ..models import create_model
+    from alfa.models import create_model
+
     from . import distributed
     from .train import train_source
 
@@ -157,7 +158,8 @@ def _pretrain(args: argparse.Namespace) -> None:
 
 
 def _truncate(args: argparse.Namespace) -> None:
-    from ..checkpoint import load_model
+    from alfa.checkpoint import load_model
+
     from . import distributed
     from .train import TruncateConfig, truncate_and_recover
 
@@ -208,7 +210,7 @@ def _parse_value(text: str) -> Any:
 
 
 def _method_config(args: argparse.Namespace):
-    from ..adapters import METHODS, config_from_dict
+    from alfa.adapters import METHODS, config_from_dict
 
     if args.method not in METHODS:
         raise ValueError(f"unknown adapter method {args.method!r}; known: {sorted(METHODS)}")
@@ -224,7 +226,8 @@ def _method_config(args: argparse.Namespace):
 
 
 def _personalize_config(args: argparse.Namespace, method: Any = None):
-    from ..adapters import TPGazeConfig
+    from alfa.adapters import TPGazeConfig
+
     from .personalize import PersonalizeConfig
     from .pipeline import DemoConfig
     from .recipes import named_recipe
@@ -269,7 +272,8 @@ def _recipe_words(config: Any) -> str:
 
 
 def _personalize(args: argparse.Namespace) -> None:
-    from ..checkpoint import load_model
+    from alfa.checkpoint import load_model
+
     from .personalize import foreign_adapters, personalize_dataset
     from .train import check_input_size
 
@@ -310,7 +314,8 @@ def _personalize(args: argparse.Namespace) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from ..checkpoint import load_model
+    from alfa.checkpoint import load_model
+
     from .evaluate import evaluate
     from .train import check_input_size
 
@@ -362,7 +367,8 @@ def _raise_if_incomplete(report: Any, allow_partial: bool) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from ..fileio import safe_filename
+    from alfa.fileio import safe_filename
+
     from .pipeline import demo_configs, run_demo, summary_table
 
     overrides: dict[str, Any] = {"cache_dir": args.cache_dir, "seed": args.seed}
@@ -400,7 +406,8 @@ def _throughput(args: argparse.Namespace) -> None:
 
     import torch
 
-    from ..models import create_model
+    from alfa.models import create_model
+
     from .throughput import FIXTURE_FORMATS, fixture_dataset, loading_page, measure_throughput
     from .train import TrainConfig
 
@@ -431,7 +438,7 @@ def _throughput(args: argparse.Namespace) -> None:
         import os
         import time
 
-        from ..fileio import write_text
+        from alfa.fileio import write_text
 
         what = f"--fixture {args.fixture} --image-size {args.image_size}" if args.fixture else f"--data {args.data}"
         command = (
@@ -464,7 +471,8 @@ def _int_list(text: str, option: str) -> list[int]:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``pretrain``, ``truncate``, ``personalize``, ``evaluate`` and ``demo`` to ``subparsers``."""
     # Option defaults are read from the configs, so a default is written in one place only.
-    from ..adapters import AlfaConfig
+    from alfa.adapters import AlfaConfig
+
     from .personalize import PersonalizeConfig
     from .recipes import DEFAULT_RECIPE, PAPER_RECIPE, RECIPE_NAMES
     from .train import TruncateConfig
@@ -493,7 +501,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True, help="the truncated + recovered base (model.safetensors)")
     p.add_argument("--data", required=True, help="target dataset spec, e.g. synthetic:mpii")
     p.add_argument("--out", default="runs/adapters", help="adapter folder (persons already done are skipped)")
-    from ..adapters import METHODS
+    from alfa.adapters import METHODS
 
     p.add_argument(
         "--method", default="alfa", help=f"an adapter method: {', '.join(sorted(METHODS))} (default %(default)s)"

@@ -22,10 +22,11 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..adapters import adapter_state, detach, load_adapter, read_adapter_metadata
-from ..data.base import GazeDataset, InMemoryGazeDataset
-from ..fileio import write_json
-from ..geometry import angular_error
+from alfa.adapters import adapter_state, detach, load_adapter, read_adapter_metadata
+from alfa.fileio import write_json
+
+from .data.base import GazeDataset, InMemoryGazeDataset
+from .geometry import angular_error
 
 __all__ = [
     "EvaluationReport",

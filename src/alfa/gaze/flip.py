@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
-from ..data.base import GazeDataset
-from ..geometry import angular_error, flip_yaw
+from .data.base import GazeDataset
 from .evaluate import eval_indices, load_examples, predict_images
+from .geometry import angular_error, flip_yaw
 
 __all__ = [
     "FlipParts",

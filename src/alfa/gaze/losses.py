@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..geometry import flip_yaw
+from .geometry import flip_yaw
 
 __all__ = [
     "l1_per_image",

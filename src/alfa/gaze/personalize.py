@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..adapters import (
+from alfa.adapters import (
     AdapterConfig,
     adapter_state,
     attach,
@@ -45,9 +45,10 @@ from ..adapters import (
     read_adapter_metadata,
     save_adapter,
 )
-from ..data.base import GazeDataset
-from ..fileio import write_json
+from alfa.fileio import write_json
+
 from .augment import AugmentConfig, augment_images, build_augmentation
+from .data.base import GazeDataset
 from .evaluate import adapter_filename, load_images
 from .losses import augmentation_consistency_loss, finite_or_raise, flip_symmetry_loss
 

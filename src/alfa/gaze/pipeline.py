@@ -31,12 +31,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapters import AlfaConfig
-from ..checkpoint import load_model
-from ..data.base import GazeDataset, InMemoryGazeDataset
-from ..fileio import atomic_path, safe_filename, write_json
-from ..models import create_model
+from alfa.adapters import AlfaConfig
+from alfa.checkpoint import load_model
+from alfa.fileio import atomic_path, safe_filename, write_json
+from alfa.models import create_model
+
 from .augment import AugmentConfig
+from .data.base import GazeDataset, InMemoryGazeDataset
 from .evaluate import EvaluationReport, evaluate
 from .personalize import PersonalizeConfig, personalize_dataset
 from .train import TrainConfig, TruncateConfig, train_source, truncate_and_recover
@@ -67,7 +68,7 @@ class DemoConfig:
     synthetic preset's symmetric part (64×64 faces; :func:`demo_configs` gives both parts);
     :func:`real_config` gives the paper's settings.
 
-    Data are dataset specs (:func:`alfa.data.registry.open_dataset`), options after ``?``.
+    Data are dataset specs (:func:`alfa.gaze.data.registry.open_dataset`), options after ``?``.
     ``val_source`` holds the held-out source persons (``None``: hold out a fraction of ``source``).
     """
 
@@ -124,8 +125,8 @@ def real_config(source: str, targets: tuple[str, ...], val_source: str | None = 
 
 
 def open_data(spec: str) -> GazeDataset:
-    """Open a dataset spec through :func:`alfa.data.registry.open_dataset` (imported here, lazily)."""
-    from ..data.registry import open_dataset
+    """Open a dataset spec through :func:`alfa.gaze.data.registry.open_dataset` (imported here, lazily)."""
+    from .data.registry import open_dataset
 
     return open_dataset(spec)
 
@@ -144,7 +145,7 @@ def data_fingerprint(dataset: GazeDataset) -> str:
 
 def source_cache_key(config: DemoConfig, fingerprints: dict[str, str]) -> str:
     """The cache key of the source model: a hash of everything that determines it."""
-    from .. import __version__
+    from alfa import __version__
 
     parts = {
         "format": CACHE_FORMAT,

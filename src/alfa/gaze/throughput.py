@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data.base import GazeDataset
+from .data.base import GazeDataset
 from .train import TrainConfig, _epoch_batches, _iterate, _train_step
 
 __all__ = ["ThroughputResult", "measure_throughput", "fixture_dataset", "loading_page", "FIXTURE_FORMATS"]
@@ -165,7 +165,7 @@ def fixture_dataset(kind: str, folder: str | Path | None = None, size: int = 224
     """A dataset in a real layout (``kind`` of :data:`FIXTURE_FORMATS`), written to ``folder`` (default: a new
     temporary folder) and opened with the real loader: ``images`` face crops of ``size``×``size`` over three
     persons. The fixture's faces are flat colours, which decode faster than photographs: a bound from above."""
-    from ..data.fixtures import write_gazehub_fixture, write_xgaze_h5_dir
+    from .data.fixtures import write_gazehub_fixture, write_xgaze_h5_dir
     from .pipeline import open_data
 
     if kind not in FIXTURE_FORMATS:

@@ -38,13 +38,14 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..adapters import adapter_parameters, adapter_state, attach, detach, load_adapter, save_adapter
-from ..adapters.base import adapted_layers
-from ..adapters.io import _compare_fingerprints, base_fingerprint
-from ..adapters.prompt import PromptedConv, TPGazeConfig
-from ..checkpoint import CheckpointError, read_tagged, write_tagged
-from ..data.base import GazeDataset
-from ..fileio import write_json
+from alfa.adapters import adapter_parameters, adapter_state, attach, detach, load_adapter, save_adapter
+from alfa.adapters.base import adapted_layers
+from alfa.adapters.io import _compare_fingerprints, base_fingerprint
+from alfa.adapters.prompt import PromptedConv, TPGazeConfig
+from alfa.checkpoint import CheckpointError, read_tagged, write_tagged
+from alfa.fileio import write_json
+
+from .data.base import GazeDataset
 from .evaluate import load_examples, load_images, person_errors
 from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
 from .personalize import PersonalizationRun, PersonalizeConfig, personalize_dataset

@@ -28,7 +28,8 @@ def _open(spec: str):
 
 
 def _load_base(path: str, device_name: str):
-    from ..checkpoint import load_model
+    from alfa.checkpoint import load_model
+
     from .commands import resolve_device
 
     device = resolve_device(device_name)
@@ -44,7 +45,8 @@ def _kib(n: int) -> str:
 
 
 def _meta_train(args: argparse.Namespace) -> None:
-    from ..adapters.prompt import TPGazeConfig
+    from alfa.adapters.prompt import TPGazeConfig
+
     from .tpgaze import MetaTrainConfig, meta_train_prompts
 
     changes = {

@@ -35,13 +35,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..checkpoint import CheckpointError, load_state, read_checkpoint, save_model
-from ..data.base import GazeDataset
-from ..data.registry import split_persons
-from ..fileio import atomic_path
-from ..summary import parameter_summary
-from ..truncate import DEFAULT_RANK, canonicalize, restore_structure, truncate
+from alfa.checkpoint import CheckpointError, load_state, read_checkpoint, save_model
+from alfa.fileio import atomic_path
+from alfa.summary import parameter_summary
+from alfa.truncate import DEFAULT_RANK, canonicalize, restore_structure, truncate
+
 from . import distributed
+from .data.base import GazeDataset
+from .data.registry import split_persons
 from .evaluate import INPUT_SCALING, load_examples, load_images, person_errors
 from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
 
@@ -77,7 +78,7 @@ class TrainConfig:
     as TPGaze's code does; that assumes statistics that are already meaningful, e.g. an ImageNet
     backbone, and makes training from scratch diverge). Without a separate
     validation set, ``val_fraction`` of the source persons are held out, drawn with ``seed``
-    (:func:`alfa.data.registry.split_persons`, which keeps a subject's identities together).
+    (:func:`alfa.gaze.data.registry.split_persons`, which keeps a subject's identities together).
     """
 
     epochs: int = 50

@@ -1,0 +1,200 @@
+"""One way to name a dataset everywhere (CLI, configs, tests): a spec string.
+
+    synthetic:<domain>                  the procedural benchmark (alfa.gaze.data.synthetic.make_domain)
+    gazehub:<dataset>:<root>            a GazeHub-normalized folder; dataset is mpiifacegaze,
+                                        eyediap, gaze360 or eth-xgaze (aliases mpii, diap, eth, xgaze)
+    xgaze-h5:<path>                     raw ETH-XGaze subject h5 file(s): a file, a folder, or the root
+
+Options can ride along after ``?``, e.g. ``gazehub:gaze360:/data/Gaze360?split=val&size=224``;
+keyword arguments to :func:`open_dataset` override them.
+
+Each kind is registered by its loader module with :func:`register_dataset` (``@register_dataset("gazehub",
+form="gazehub:<dataset>:<root>")`` on a small opener function); :mod:`alfa.gaze.data` imports the built-in
+loaders, so a new dataset is one loader module plus one import line there. Also here: person-wise train/validation
+splits for the source datasets (:func:`split_persons`, :class:`PersonSubset`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .base import GazeDataset
+
+__all__ = [
+    "open_dataset",
+    "register_dataset",
+    "list_datasets",
+    "spec_forms",
+    "DatasetKind",
+    "split_persons",
+    "PersonSubset",
+]
+
+# How a kind turns the rest of its spec into a dataset: ``opener(rest, options, spec)``, where ``rest``
+# is what follows ``<kind>:`` (without the ``?`` options), ``options`` the parsed options merged with
+# the caller's keyword arguments, and ``spec`` the whole string (for error messages).
+DatasetOpener = Callable[[str, dict[str, Any], str], GazeDataset]
+
+
+@dataclass(frozen=True)
+class DatasetKind:
+    """One registered dataset kind: its name, the spec form shown in error messages, other names it
+    answers to, and the function that opens it."""
+
+    name: str
+    form: str
+    opener: DatasetOpener
+    aliases: tuple[str, ...] = ()
+
+
+# Kinds in registration order (alfa.gaze.data imports the loaders in a fixed order, so the messages that
+# list the forms are stable); _BY_NAME also holds the aliases.
+_KINDS: list[DatasetKind] = []
+_BY_NAME: dict[str, DatasetKind] = {}
+
+
+def register_dataset(name: str, *, form: str, aliases: Sequence[str] = ()) -> Callable[[DatasetOpener], DatasetOpener]:
+    """Decorator: make ``opener`` the one that opens specs ``<name>:…`` (and ``<alias>:…``).
+
+    ``form`` is the spec's shape for error messages, e.g. ``"gazehub:<dataset>:<root>"``. A loader
+    module registers its opener at import; :mod:`alfa.gaze.data` imports every built-in loader module.
+    """
+
+    def decorate(opener: DatasetOpener) -> DatasetOpener:
+        kind = DatasetKind(name.lower(), form, opener, tuple(a.lower() for a in aliases))
+        for key in (kind.name, *kind.aliases):
+            if key in _BY_NAME:
+                raise ValueError(f"dataset kind {key!r} is already registered")
+        _KINDS.append(kind)
+        for key in (kind.name, *kind.aliases):
+            _BY_NAME[key] = kind
+        return opener
+
+    return decorate
+
+
+def list_datasets() -> list[str]:
+    """The registered kinds (without aliases), in registration order."""
+    return [kind.name for kind in _KINDS]
+
+
+def spec_forms() -> tuple[str, ...]:
+    """The spec form of every registered kind, e.g. ``("synthetic:<domain>", …)``."""
+    return tuple(kind.form for kind in _KINDS)
+
+
+def __getattr__(name: str) -> Any:
+    # SPEC_FORMS used to be a constant; it is computed now, since loaders register after this module loads.
+    if name == "SPEC_FORMS":
+        return spec_forms()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_OPTION_TYPES: dict[str, Callable[[str], object]] = {
+    "split": str,
+    "size": int,
+    "seed": int,
+    "images_per_person": int,
+    "check_files": lambda v: _parse_bool("check_files", v),
+    "verify_3d": lambda v: _parse_bool("verify_3d", v),
+    "stored_order": str,
+    "persons": lambda v: [p for p in v.split(",") if p],
+}
+
+
+def _parse_bool(key: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"option {key}={value!r}: expected true or false")
+
+
+def _parse_options(spec: str, query: str) -> dict:
+    options: dict = {}
+    for item in filter(None, query.split("&")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in _OPTION_TYPES:
+            raise ValueError(f"dataset spec {spec!r}: bad option {item!r}; options are {', '.join(_OPTION_TYPES)}")
+        try:
+            options[key] = _OPTION_TYPES[key](value)
+        except ValueError as err:
+            raise ValueError(f"dataset spec {spec!r}: option {item!r}: {err}") from err
+    return options
+
+
+def open_dataset(spec: str, **kw: Any) -> GazeDataset:
+    """Open the dataset a spec string names (see the module docstring for the forms)."""
+    body, _, query = spec.partition("?")
+    kind, sep, rest = body.partition(":")
+    kind = kind.strip().lower()
+    forms = ", ".join(spec_forms())
+    if not sep or not rest:
+        raise ValueError(f"dataset spec {spec!r}: expected one of {forms}")
+    options = {**_parse_options(spec, query), **kw}
+    if kind not in _BY_NAME:
+        raise ValueError(f"dataset spec {spec!r}: unknown kind {kind!r}; expected one of {forms}")
+    return _BY_NAME[kind].opener(rest, options, spec)
+
+
+def split_persons(dataset: GazeDataset, val_fraction: float = 0.1, seed: int = 0) -> tuple[list[str], list[str]]:
+    """Hold out about ``val_fraction`` of a (source) dataset's persons for validation.
+
+    Persons are drawn by the dataset's ``person_group`` where it has one (Gaze360: whole
+    recordings, since a subject can appear under several identities in one recording), so the two
+    lists never share a physical subject. Deterministic in ``seed``; both lists keep dataset order.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    persons = dataset.persons()
+    group_of = getattr(dataset, "person_group", lambda p: p)
+    groups = list(dict.fromkeys(group_of(p) for p in persons))
+    n_val = round(val_fraction * len(groups))
+    if val_fraction > 0 and len(groups) >= 2:
+        n_val = min(max(n_val, 1), len(groups) - 1)
+    generator = torch.Generator().manual_seed(seed)
+    chosen = {groups[i] for i in torch.randperm(len(groups), generator=generator)[:n_val].tolist()}
+    val = [p for p in persons if group_of(p) in chosen]
+    train = [p for p in persons if group_of(p) not in chosen]
+    return train, val
+
+
+class PersonSubset(GazeDataset):
+    """A view of ``dataset`` restricted to some persons, keeping dataset order (no copying)."""
+
+    def __init__(self, dataset: GazeDataset, persons: Sequence[str]) -> None:
+        known = set(dataset.persons())
+        unknown = [p for p in persons if p not in known]
+        if unknown:
+            raise KeyError(f"{dataset.name}: no person(s) {unknown}")
+        self.dataset = dataset
+        self.name = dataset.name
+        wanted = set(persons)
+        self._persons = [p for p in dataset.persons() if p in wanted]
+        self._indices = sorted(i for p in self._persons for i in dataset.person_indices(p))
+        position = {parent: i for i, parent in enumerate(self._indices)}
+        self._index = {p: [position[i] for i in dataset.person_indices(p)] for p in self._persons}
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, i: int) -> dict:
+        item = dict(self.dataset[self._indices[i]])
+        item["index"] = i if i >= 0 else len(self) + i
+        return item
+
+    def persons(self) -> list[str]:
+        return list(self._persons)
+
+    def person_indices(self, person: str) -> list[int]:
+        if person not in self._index:
+            raise KeyError(f"{self.name}: no person {person!r}")
+        return list(self._index[person])
+
+    def person_group(self, person: str) -> str:
+        return getattr(self.dataset, "person_group", lambda p: p)(person)

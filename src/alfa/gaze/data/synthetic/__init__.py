@@ -1,0 +1,65 @@
+"""The synthetic multi-domain gaze benchmark (spec gaze-data §3): a procedural face renderer and four
+named domains (sources ``eth`` and ``gaze360``, targets ``mpii`` and ``eyediap``).
+
+    >>> from alfa.gaze.data.synthetic import make_domain
+    >>> train = make_domain("eth")                  # 200 source persons p00..p199
+    >>> held_out = make_domain("eth", split="val")  # different persons v00..v09
+    >>> target = make_domain("mpii")                # 15 target persons p00..p14
+
+See ``docs/synthetic.md``; ``python -m alfa.gaze.data.synthetic --help`` regenerates its figure and tables.
+"""
+
+import inspect
+from typing import Any
+
+from ..base import InMemoryGazeDataset
+from ..registry import register_dataset
+from . import domains
+from .domains import (
+    ANATOMY,
+    DOMAINS,
+    SPLITS,
+    DomainConfig,
+    get_domain,
+    list_domains,
+    make_domain,
+    render_person,
+    sample_persons,
+    sample_scenes,
+)
+from .render import FaceParams, gaze_labels, head_rotation, render_faces
+
+__all__ = [
+    "ANATOMY",
+    "DOMAINS",
+    "SPLITS",
+    "DomainConfig",
+    "FaceParams",
+    "gaze_labels",
+    "get_domain",
+    "head_rotation",
+    "list_domains",
+    "make_domain",
+    "open_synthetic",
+    "render_faces",
+    "render_person",
+    "sample_persons",
+    "sample_scenes",
+]
+
+
+@register_dataset("synthetic", form="synthetic:<domain>")
+def open_synthetic(rest: str, options: dict[str, Any], spec: str) -> InMemoryGazeDataset:
+    """``synthetic:<domain>``: a generated world (:func:`make_domain`)."""
+    persons = options.get("persons")
+    if isinstance(persons, list) and len(persons) == 1 and persons[0].isdigit():
+        options["persons"] = int(persons[0])  # "?persons=15" means a count for a generated world
+    known = [p for p in inspect.signature(domains.make_domain).parameters if p != "name"]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(
+            f"dataset spec {spec!r}: option(s) {', '.join(unknown)} do not apply to a synthetic world; "
+            f"its options: {', '.join(known)}"
+        )
+    # make_domain is looked up here at call time, so a test may replace it on this package.
+    return make_domain(rest, **options)

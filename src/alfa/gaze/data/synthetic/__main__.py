@@ -1,0 +1,39 @@
+"""``python -m alfa.gaze.data.synthetic``: regenerate the figure and tables of docs/synthetic.md."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .preview import domain_table_markdown, label_table_markdown, measure_throughput, render_preview_grid
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m alfa.gaze.data.synthetic", description=__doc__)
+    parser.add_argument("--preview", metavar="PNG", help="write the sample grid (one row per domain) to PNG")
+    parser.add_argument("--tables", action="store_true", help="print the domain settings and label tables")
+    parser.add_argument("--throughput", action="store_true", help="measure rendering speed (images per second)")
+    parser.add_argument("--size", type=int, default=64, help="image size (default 64)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if not (args.preview or args.tables or args.throughput):
+        parser.error("nothing to do: give --preview PNG, --tables and/or --throughput")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.preview:
+        print(f"wrote {render_preview_grid(args.preview, seed=args.seed, size=args.size)}")
+    if args.tables:
+        print(domain_table_markdown(), end="\n\n")
+        print(label_table_markdown(seed=args.seed), end="\n\n")
+    if args.throughput:
+        rates = measure_throughput(size=args.size)
+        threads = torch.get_num_threads()
+        print(f"| domain | images/s at {args.size}×{args.size} ({threads} threads) |\n|---|---|")
+        for name, rate in rates.items():
+            print(f"| {name} | {rate:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,539 @@
+"""The benchmark's ablations, one object each, in one registry.
+
+An :class:`Ablation` holds everything about one ablation: its name and title, the values it sweeps, how it
+turns the benchmark's configuration into table rows (:class:`~alfa.study.bench.variants.Variant`), the
+sentences the report writes about it, and how the report shows it (in the summary or not, a column of
+trainable parameters, a figure). The runner, the presets, the selection options, the results file's
+layout and the report all iterate over :data:`REGISTRY`; adding an ablation is one more :func:`register`
+call below.
+
+Values: an ablation whose values a preset changes names a :class:`~alfa.study.bench.config.BenchConfig` field
+(``values_field``, e.g. ``heads_values``): the field's default is ``default_values``, the quick preset
+uses ``quick_values``, and the field is a selection option stored with each run. An ablation without such
+a field sweeps its ``default_values`` (or a fixed set of rows).
+
+Every ablation's rows include its reference row (the main ``alfa``, ``lora`` or ``source-only``): a value
+equal to the main setting gives the main method's label, so it is run (and counted) once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from alfa.adapters import AdapterConfig, AlfaConfig, DiagGateConfig, LinearMixConfig, LoraConfig
+
+from .names import display_name
+from .stats import Index, cell, diff, part, pooled
+from .variants import Variant, alfa_config, main_variants
+
+if TYPE_CHECKING:  # the configuration imports this module (its value fields' defaults are here)
+    from .config import BenchConfig
+
+__all__ = [
+    "Ablation",
+    "Figure",
+    "Rows",
+    "Evidence",
+    "REGISTRY",
+    "register",
+    "unregister",
+    "ablation_variants",
+    "family_of",
+]
+
+
+def family_of(label: str) -> str:
+    """The method a row belongs to: ``alfa[H=1]`` -> ``alfa``."""
+    return label.split("[")[0]
+
+
+# ----------------------------------------------------------------------------- what an ablation is
+
+
+@dataclass
+class Rows:
+    """What an ablation's row builder gets: the configuration, the values to sweep and the main rows."""
+
+    name: str
+    config: BenchConfig
+    values: tuple[Any, ...]
+    main: dict[str, Variant]
+
+    def reference(self, label: str, value: Any) -> Variant:
+        """The main row ``label``, placed in this ablation's table at ``value``."""
+        return dataclasses.replace(self.main[label], group=self.name, value=value)
+
+    def variant(
+        self,
+        label: str,
+        kind: str,
+        value: Any,
+        adapter: AdapterConfig | None = None,
+        recipe: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Variant:
+        """An ablated row of this ablation."""
+        return Variant(label, kind, self.name, value, adapter, recipe or {}, **options)
+
+    def swept(self, method: str, value: Any, default: Any, label: str, **options: Any) -> Variant:
+        """The main ``method`` row where ``value`` is its setting ``default``, else the adapter row ``label``."""
+        if value == default:
+            return self.reference(method, value)
+        return self.variant(label, "adapter", value, **options)
+
+
+class Evidence:
+    """What an ablation's verdicts are written from (its rows' records, pooled over ``pairs``), and the
+    two kinds of sentence they use: a paired comparison of two rows and a sweep over a setting."""
+
+    def __init__(self, idx: Index, layout: Sequence[dict[str, Any]], pairs: Sequence[str]) -> None:
+        self.idx, self.pairs = idx, list(pairs)
+        self.by_value = {(family_of(r["label"]), r["value"]): r["label"] for r in layout}
+        self.present = {m for (m, _, _) in idx}
+        self.lines: list[str] = []
+
+    def compare(self, a: str, b: str, what: str) -> None:
+        """``"<what>: A − B = Δ ± s° ..."`` when both rows ran."""
+        if a in self.present and b in self.present:
+            d = diff(self.idx, a, b, self.pairs)
+            if d is not None:
+                self.lines.append(f"{what}: {display_name(a)} − {display_name(b)} = {d.describe()}.")
+
+    def sweep(self, family: str, setting: str) -> None:
+        """The error of ``family``'s rows by numeric value of ``setting``, its lowest point and trend, and
+        the last value against the first."""
+        values = sorted(v for (f, v) in self.by_value if f == family and isinstance(v, (int, float)))
+        stats = [(v, pooled(self.idx, self.by_value[(family, v)], self.pairs)) for v in values]
+        stats = [(v, s) for v, s in stats if s is not None]
+        if len(stats) < 2:
+            return
+        series = ", ".join(f"{setting}={v:g}: {s.mean:.2f}" for v, s in stats)
+        best = min(stats, key=lambda t: t[1].mean)
+        steps = [b[1].mean - a[1].mean for a, b in zip(stats, stats[1:])]
+        trend = (
+            "decreasing" if all(x < 0 for x in steps) else "increasing" if all(x > 0 for x in steps) else "not monotone"
+        )
+        self.lines.append(
+            f"{display_name(family)} error (mean over {', '.join(self.pairs)}) by {setting}: {series} deg; lowest at "
+            f"{setting}={best[0]:g}; {trend} in {setting}."
+        )
+        first, last = self.by_value[(family, stats[0][0])], self.by_value[(family, stats[-1][0])]
+        self.compare(last, first, f"{setting}={stats[-1][0]:g} against {setting}={stats[0][0]:g}")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """An error-against-setting plot of an ablation: one line per (family, pair)."""
+
+    xlabel: str
+    families: tuple[str, ...]
+    title: str
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """One ablation of the benchmark (see the module's docstring).
+
+    ``rows`` builds the table's rows from :class:`Rows`; ``verdicts`` adds the report's sentences to an
+    :class:`Evidence`. ``in_summary``: its first two sentences go to the report's summary;
+    ``extra_params``: its table has a column of trainable parameters; ``figure``: its plot, if any.
+    """
+
+    name: str
+    title: str
+    what: str
+    rows: Callable[[Rows], list[Variant]]
+    verdicts: Callable[[Evidence], None] | None = None
+    values_field: str | None = None
+    default_values: tuple[Any, ...] = ()
+    quick_values: tuple[Any, ...] | None = None
+    in_summary: bool = False
+    extra_params: bool = False
+    figure: Figure | None = None
+
+    def values(self, config: BenchConfig) -> tuple[Any, ...]:
+        """The values this ablation sweeps under ``config``."""
+        return tuple(getattr(config, self.values_field)) if self.values_field else self.default_values
+
+    def variants(self, config: BenchConfig) -> list[Variant]:
+        """The rows of this ablation, its reference rows included."""
+        return self.rows(Rows(self.name, config, self.values(config), main_variants(config)))
+
+    def sentences(self, idx: Index, layout: Sequence[dict[str, Any]], pairs: Sequence[str]) -> list[str]:
+        """The report's sentences about this ablation, pooled over ``pairs``."""
+        evidence = Evidence(idx, layout, pairs)
+        if self.verdicts is not None:
+            self.verdicts(evidence)
+        return evidence.lines
+
+
+REGISTRY: dict[str, Ablation] = {}
+"""Every ablation by name, in the order the results file's layout (and so the report) lists them."""
+
+
+def register(ablation: Ablation) -> Ablation:
+    """Add ``ablation`` to :data:`REGISTRY` (a name may be registered once)."""
+    if ablation.name in REGISTRY:
+        raise ValueError(f"ablation {ablation.name!r} is already registered")
+    REGISTRY[ablation.name] = ablation
+    return ablation
+
+
+def unregister(name: str) -> None:
+    """Remove an ablation from :data:`REGISTRY` (tests register their own)."""
+    del REGISTRY[name]
+
+
+def ablation_variants(name: str, config: BenchConfig) -> list[Variant]:
+    """The rows of one ablation, its reference row (the main ``alfa``, ``lora`` or ``source-only``) included.
+
+    A value equal to the main setting gives the main method's label, so it is run (and counted) once.
+    """
+    if name not in REGISTRY:
+        raise ValueError(f"unknown ablation {name!r}; ablations are {', '.join(REGISTRY)}")
+    return REGISTRY[name].variants(config)
+
+
+# ----------------------------------------------------------------------------- the ablations
+
+
+def _heads_rows(r: Rows) -> list[Variant]:
+    c = r.config
+    return [r.swept("alfa", h, c.alfa_heads, f"alfa[H={h}]", adapter=alfa_config(c, heads=h)) for h in r.values]
+
+
+def _heads_verdicts(e: Evidence) -> None:
+    e.sweep("alfa", "H")
+    e.lines.append(
+        "The paper reports 6.20° → 5.72° from H=1 to H=16 on real data (SVD rank 64); compare the sign and size above."
+    )
+
+
+register(
+    Ablation(
+        "heads",
+        "Heads H",
+        "Alfa with H heads (rank r and SVD rank d at their defaults).",
+        _heads_rows,
+        _heads_verdicts,
+        values_field="heads_values",
+        default_values=(1, 2, 4, 8, 16),
+        quick_values=(1, 8),
+        in_summary=True,
+        extra_params=True,
+        figure=Figure("heads H", ("alfa",), "error vs heads (Alfa)"),
+    )
+)
+
+
+def _init_rows(r: Rows) -> list[Variant]:
+    default = AlfaConfig().init_std
+    return [
+        r.swept("alfa", std, default, f"alfa[σ={std:g}]", adapter=alfa_config(r.config, init_std=std))
+        for std in r.values
+    ]
+
+
+register(
+    Ablation(
+        "init",
+        "Init scale σ",
+        "σ of the Gaussian init of A_q and A_p (B_q = B_p = 0, so every σ starts at the base model). At the "
+        "start the attention is uniform and every head gives the same mean dictionary row, so the update "
+        "B_p A_p Z is rank-1 with a size ∝ σ·√(H·d): σ = 0.007 at H = 8 matches σ = 0.02 at H = 1.",
+        _init_rows,
+        lambda e: e.sweep("alfa", "σ"),
+        values_field="init_std_values",
+        default_values=(0.002, 0.007, 0.02),
+        quick_values=(0.007, 0.02),
+    )
+)
+
+
+def _rank_rows(r: Rows) -> list[Variant]:
+    c = r.config
+    rows = [r.swept("alfa", k, c.alfa_rank, f"alfa[r={k}]", adapter=alfa_config(c, rank=k)) for k in r.values]
+    # alpha = 2r keeps LoRA's scale alpha/r at its default 2 while the rank changes.
+    lora_rank = LoraConfig().rank
+    rows += [r.swept("lora", k, lora_rank, f"lora[r={k}]", adapter=LoraConfig(rank=k, alpha=2.0 * k)) for k in r.values]
+    return rows
+
+
+def _rank_verdicts(e: Evidence) -> None:
+    e.sweep("alfa", "r")
+    e.sweep("lora", "r")
+
+
+register(
+    Ablation(
+        "rank",
+        "Low rank r",
+        "Alfa's low rank r, and LoRA's rank r with α = 2r (scale α/r = 2 as in the default).",
+        _rank_rows,
+        _rank_verdicts,
+        values_field="rank_values",
+        default_values=(1, 2, 4, 8, 16),
+        quick_values=(2, 8),
+        extra_params=True,
+        figure=Figure("rank r", ("alfa", "lora"), "error vs low rank r (Alfa; LoRA dashed)"),
+    )
+)
+
+
+def _svd_rank_rows(r: Rows) -> list[Variant]:
+    rows: list[Variant] = []
+    for d in r.values:
+        if d == r.config.rank:
+            rows += [r.reference("source-only", d), r.reference("alfa", d)]
+        else:
+            rows += [
+                r.variant(f"source-only[d={d}]", "source-only", d, base=f"rank={d}"),
+                r.variant(f"alfa[d={d}]", "adapter", d, alfa_config(r.config), base=f"rank={d}"),
+            ]
+    return rows
+
+
+def _svd_rank_verdicts(e: Evidence) -> None:
+    e.sweep("source-only", "d")
+    e.sweep("alfa", "d")
+    for (f, v), lab in sorted(e.by_value.items(), key=lambda t: str(t[0])):
+        if f == "alfa":
+            base = e.by_value.get(("source-only", v))
+            if base:
+                e.compare(lab, base, f"Alfa's gain over its own base at d={v}")
+
+
+register(
+    Ablation(
+        "svd_rank",
+        "SVD rank d",
+        "The dense source model truncated at rank d and recovered the same way; no adaptation and Alfa on each.",
+        _svd_rank_rows,
+        _svd_rank_verdicts,
+        values_field="svd_ranks",
+        default_values=(16, 32, 64, 128),
+        quick_values=(32, 64),
+        figure=Figure("SVD rank d", ("alfa", "source-only"), "error vs SVD rank d"),
+    )
+)
+
+register(
+    Ablation(
+        "gate",
+        "Diagonal gate instead of attention",
+        "V_adapt = diag(1+γ) V_base, γ = 0 at the start.",
+        lambda r: [
+            r.reference("alfa", "attention"),
+            r.variant("diag_gate", "adapter", "diagonal gate", DiagGateConfig()),
+        ],
+        lambda e: e.compare("alfa", "diag_gate", "Attention against a diagonal gate diag(1+γ)"),
+        in_summary=True,
+        extra_params=True,
+    )
+)
+
+register(
+    Ablation(
+        "mix",
+        "Linear mix without softmax",
+        "V_adapt = V_base + B A V_base (Alfa's projection without attention).",
+        lambda r: [
+            r.reference("alfa", "attention"),
+            r.variant("linear_mix", "adapter", "linear mix", LinearMixConfig(rank=r.config.alfa_rank)),
+        ],
+        lambda e: e.compare("alfa", "linear_mix", "Attention against a linear low-rank mix without softmax"),
+        in_summary=True,
+        extra_params=True,
+    )
+)
+
+
+def _truncation_rows(r: Rows) -> list[Variant]:
+    return [
+        r.reference("source-only", "truncated"),
+        r.reference("alfa", "truncated"),
+        r.variant("source-only[dense]", "source-only", "dense", base="dense"),
+        r.variant(
+            "alfa[dense]",
+            "adapter",
+            "dense",
+            alfa_config(r.config, layers="dense"),
+            base="dense",
+            same_layers_as_truncated=True,
+        ),
+    ]
+
+
+def _truncation_verdicts(e: Evidence) -> None:
+    e.compare(
+        "source-only", "source-only[dense]", "Truncation + recovery against the dense source model, no adaptation"
+    )
+    e.compare("alfa", "alfa[dense]", "Alfa on the truncated base against Alfa on the dense layers (full SVD)")
+    e.compare("alfa[dense]", "source-only[dense]", "Alfa on the dense model against its own dense base")
+
+
+register(
+    Ablation(
+        "truncation",
+        "Without truncation",
+        "Alfa on the dense pre-trained model (before truncation), on the same layers, each with the dictionary "
+        "of its full SVD (d = min(m, n), up to 512).",
+        _truncation_rows,
+        _truncation_verdicts,
+        in_summary=True,
+        extra_params=True,
+    )
+)
+
+
+def _not_below(e: Evidence, a: str, b: str) -> list[str]:
+    """The pairs where row ``a``'s mean error is not below row ``b``'s."""
+    return [
+        p
+        for p in e.pairs
+        if cell(e.idx, a, p) and cell(e.idx, b, p) and cell(e.idx, a, p).mean >= cell(e.idx, b, p).mean
+    ]
+
+
+def _loss_verdicts(e: Evidence) -> None:
+    e.compare("alfa", "alfa[loss=augment]", "Flip-symmetry loss against augmentation consistency")
+    e.compare("alfa", "source-only", "Flip-symmetry loss against no adaptation")
+    e.compare("alfa[loss=augment]", "source-only", "Augmentation consistency against no adaptation")
+    if "alfa" in e.present and "source-only" in e.present:
+        worse = _not_below(e, "alfa", "source-only")
+        if worse:
+            e.lines.append(f"The flip loss does not help (Alfa not below source-only) on: {', '.join(worse)}.")
+        else:
+            e.lines.append(
+                f"With the flip loss Alfa is below source-only on every ablation pair ({', '.join(e.pairs)})."
+            )
+    if "alfa" in e.present and "alfa[loss=augment]" in e.present:
+        worse = _not_below(e, "alfa", "alfa[loss=augment]")
+        if worse:
+            e.lines.append(f"The flip loss is not better than augmentation consistency on: {', '.join(worse)}.")
+
+
+register(
+    Ablation(
+        "loss",
+        "Flip loss against augmentation consistency",
+        "The same batch; the loss asks the augmented copy to match the original (detached).",
+        lambda r: [
+            r.reference("source-only", "none"),
+            r.reference("alfa", "flip"),
+            r.variant("alfa[loss=augment]", "adapter", "augment", alfa_config(r.config), {"loss": "augment"}),
+        ],
+        _loss_verdicts,
+        in_summary=True,
+    )
+)
+
+register(
+    Ablation(
+        "detach",
+        "Flipped branch detached or not",
+        "With `detach_flipped=False` both branches of the flip loss get gradients.",
+        lambda r: [
+            r.reference("alfa", "detached"),
+            r.variant(
+                "alfa[flip not detached]", "adapter", "not detached", alfa_config(r.config), {"detach_flipped": False}
+            ),
+        ],
+        lambda e: e.compare(
+            "alfa", "alfa[flip not detached]", "Flipped branch detached (default) against not detached"
+        ),
+    )
+)
+
+
+def _recipe_sweep(option: str, default: Callable[[BenchConfig], Any], label: Callable[[str, Any], str]):
+    """Rows of a sweep of one recipe option for Alfa, then LoRA (the main row where it is the default)."""
+
+    def rows(r: Rows) -> list[Variant]:
+        out = []
+        for method in ("alfa", "lora"):
+            adapter = r.main[method].adapter
+            out += [
+                r.swept(method, v, default(r.config), label(method, v), adapter=adapter, recipe={option: v})
+                for v in r.values
+            ]
+        return out
+
+    return rows
+
+
+def _alfa_and_lora_sweep(setting: str) -> Callable[[Evidence], None]:
+    def verdicts(e: Evidence) -> None:
+        e.sweep("alfa", setting)
+        e.sweep("lora", setting)
+
+    return verdicts
+
+
+register(
+    Ablation(
+        "steps",
+        "Number of steps",
+        "Each step count is its own personalization run (never a per-step evaluation used to pick).",
+        _recipe_sweep("steps", lambda c: c.personalize.steps, lambda m, k: f"{m}[steps={k}]"),
+        _alfa_and_lora_sweep("steps"),
+        values_field="step_values",
+        default_values=(1, 3, 10, 30),
+        quick_values=(1, 5),
+        figure=Figure("steps", ("alfa", "lora"), "error vs personalization steps (Alfa; LoRA dashed)"),
+    )
+)
+
+register(
+    Ablation(
+        "lr",
+        "Learning rate",
+        "The recipe's base learning rate (the ×10 on layer3/layer4 kept); every main row uses the paper's 1e-4. "
+        "A sensitivity check, not a choice: a rate picked here would be picked on target labels.",
+        _recipe_sweep("lr", lambda c: c.personalize.lr, lambda m, lr: f"{m}[lr={lr:g}]"),
+        _alfa_and_lora_sweep("lr"),
+        values_field="lr_values",
+        default_values=(1e-6, 1e-5, 3e-5, 1e-4, 3e-4),
+        quick_values=(1e-5, 1e-4),
+        figure=Figure("base learning rate", ("alfa", "lora"), "error vs learning rate (Alfa; LoRA dashed)"),
+    )
+)
+
+
+def _anchor_rows(r: Rows) -> list[Variant]:
+    sweep = _recipe_sweep("pitch_anchor", lambda c: c.personalize.pitch_anchor, lambda m, w: f"{m}[anchor={w:g}]")
+    return [r.reference("source-only", "none"), *sweep(r)]
+
+
+def _anchor_verdicts(e: Evidence) -> None:
+    for (f, v), lab in sorted(e.by_value.items(), key=lambda t: str(t[0])):
+        if f in ("alfa", "lora") and v:
+            e.compare(lab, f, f"{display_name(f)} with the pitch anchor (weight {v:g}) against without")
+            e.compare(
+                lab, "source-only", f"{display_name(f)} with the pitch anchor (weight {v:g}) against no adaptation"
+            )
+            d = diff(e.idx, lab, f, e.pairs, part("pitch")) if f in e.present and lab in e.present else None
+            if d is not None:
+                e.lines.append(f"Pitch error, {display_name(lab)} − {display_name(f)} = {d.describe()}.")
+    for (f, v), lab in sorted(e.by_value.items(), key=lambda t: str(t[0])):
+        if f == "alfa" and v and ("lora", v) in e.by_value:
+            e.compare(lab, e.by_value[("lora", v)], f"With the pitch anchor (weight {v:g}), Alfa against LoRA")
+
+
+register(
+    Ablation(
+        "anchor",
+        "Pitch anchor",
+        "Not in the paper: a test of the yaw/pitch finding (see Where the error goes). The recipe's loss plus "
+        "w·|mean predicted pitch − its value before the first step| over the batch: it holds the one direction "
+        "the flip loss cannot see, with the model's own start as reference (no label).",
+        _anchor_rows,
+        _anchor_verdicts,
+        values_field="anchor_values",
+        default_values=(0.0, 1.0),
+        in_summary=True,
+    )
+)

@@ -1,0 +1,197 @@
+"""The ``alfa bench`` and ``alfa report`` subcommands.
+
+:func:`register` adds them to the CLI's subparsers; each handler turns options into a
+:class:`~alfa.study.bench.config.BenchConfig` (or paths) and calls one library function. Also runnable as
+``python -m alfa.study.bench.commands bench --quick``.
+
+    alfa bench --quick                                   # does everything run? (no claims)
+    alfa bench --standard --seeds 0 &                    # what docs/results.md is made from,
+    alfa bench --standard --seeds 1                      # one process per core (then --seeds 2), then:
+    alfa report --results runs/bench-standard --out docs/results.md
+    alfa bench --full --out runs/bench --seeds 0 &       # longer training, every target person; not run by us
+    alfa bench --full --out runs/bench --seeds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+
+__all__ = ["register", "main"]
+
+
+def _list(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _pairs(value: str) -> list[str]:
+    # "E-M" and "EM" are accepted for "E→M" (the arrow is awkward to type).
+    out = []
+    for v in _list(value):
+        v = v.replace("->", "→").replace("-", "→")
+        if "→" not in v and len(v) == 2:
+            v = f"{v[0]}→{v[1]}"
+        out.append(v.upper())
+    return out
+
+
+def _command_line() -> str:
+    return "alfa " + shlex.join(sys.argv[1:])
+
+
+def _bench(args: argparse.Namespace) -> None:
+    import torch
+
+    from alfa.gaze.commands import resolve_device
+
+    from .ablations import REGISTRY
+    from .config import SELECTABLE, BenchConfig
+    from .runner import run_bench
+
+    preset = "full" if args.full else "standard" if args.standard else "quick"
+    config = getattr(BenchConfig, preset)()
+    changes: dict = {}
+    if args.methods is not None:
+        changes["methods"] = tuple(_list(args.methods))
+        # a subset of methods also narrows their selected-recipe rows, unless those are named on their own
+        changes["selected_methods"] = tuple(m for m in changes["methods"] if m in SELECTABLE)
+    if args.selected_methods is not None:
+        names = _list(args.selected_methods)
+        changes["selected_methods"] = () if names == ["none"] else tuple(names)
+    if args.pairs is not None:
+        changes["pairs"] = tuple(_pairs(args.pairs))
+    if args.seeds is not None:
+        changes["seeds"] = tuple(int(s) for s in _list(args.seeds))
+    if args.ablations is not None:
+        names = _list(args.ablations)
+        changes["ablations"] = () if names == ["none"] else tuple(REGISTRY) if names == ["all"] else tuple(names)
+    if args.threads is not None:
+        changes["threads"] = args.threads
+    if args.keep_adapters:
+        changes["keep_adapters"] = True
+    config = dataclasses.replace(config, **changes)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    out = Path(args.out or f"runs/bench-{preset}")
+    summary = run_bench(
+        config,
+        out,
+        cache_dir=args.cache_dir,
+        progress=not args.quiet,
+        command=_command_line(),
+        dry_run=args.dry_run,
+        device=resolve_device(args.device),
+    )
+    if args.dry_run:
+        print(f"{len(summary.pending)} records to run, {len(summary.skipped)} already done in {summary.results}:")
+        for rid in summary.pending:
+            print(f"  {rid}")
+        return
+    print(
+        f"{len(summary.ran)} records run, {len(summary.skipped)} already done; {summary.results} "
+        f"({summary.wall_s / 60:.1f} min wall, {summary.cpu_s / 60:.1f} min CPU)"
+    )
+    for rid, why in summary.errors.items():
+        print(f"FAILED {rid}: {why}", file=sys.stderr)
+    if args.report:
+        from .report import build_report
+
+        path = build_report(summary.results, args.report, command=f"alfa report --results {out} --out {args.report}")
+        print(f"report: {path}")
+    if summary.errors:
+        raise RuntimeError(f"{len(summary.errors)} record(s) failed (listed above); rerun to retry them")
+
+
+def _report(args: argparse.Namespace) -> None:
+    from .report import build_report
+    from .results import export_results
+
+    results, command = args.results, _command_line()
+    if args.data_to:  # keep the data with the page, then make the page from the kept copy
+        results = export_results(args.results, args.data_to)
+        command = f"alfa report --results {args.data_to} --out {args.out}"
+        print(f"data: {results}")
+    path = build_report(results, args.out, args.figures, command=command)
+    print(f"report: {path}")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``bench`` and ``report`` to the ``alfa`` command's subparsers."""
+    from alfa.gaze.commands import device_option
+
+    p = subparsers.add_parser(
+        "bench",
+        help="the cross-domain benchmark: every method, four synthetic pairs, seeds, ablations, costs",
+        description="Run (or resume) the benchmark; records go to OUT/results.json (see alfa.study.bench.runner).",
+    )
+    preset = p.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_true", help="the check that everything runs, no claims (default)")
+    preset.add_argument(
+        "--standard",
+        action="store_true",
+        help="the preset behind docs/results.md (its wall time is in that page; run it in pieces)",
+    )
+    preset.add_argument(
+        "--full", action="store_true", help="longer training, every target person (many hours; run it in pieces)"
+    )
+    p.add_argument("--out", help="results folder (default runs/bench-<preset>)")
+    p.add_argument("--cache-dir", help="where source models are cached (default OUT/cache)")
+    p.add_argument("--methods", help="comma-separated subset of the methods (incl. in-domain, oracle)")
+    p.add_argument(
+        "--pairs",
+        help="comma-separated subset of E→M,E→D,G→M,G→D (negative controls) and S→W,S→C (positive controls); "
+        "E-M also works",
+    )
+    p.add_argument(
+        "--selected-methods",
+        help="comma-separated methods that also get a row with their recipe selected on the stand-in, or 'none' "
+        "(default: the preset's; with --methods, those of them that have one)",
+    )
+    p.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
+    p.add_argument("--ablations", help="comma-separated subset of the ablations, 'all' or 'none'")
+    p.add_argument("--threads", type=int, help="torch threads (default 1)")
+    p.add_argument("--keep-adapters", action="store_true", help="keep every per-person adapter file")
+    p.add_argument("--dry-run", action="store_true", help="list the records that would run, run nothing")
+    p.add_argument("--report", metavar="MD", help="also write the report to this markdown file afterwards")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    device_option(p)
+    p.set_defaults(func=_bench, outputs={"out": True, "report": False})
+
+    p = subparsers.add_parser(
+        "report",
+        help="generate docs/results.md and its figures from a benchmark's results.json",
+        description="Render the benchmark report (tables, verdicts, figures) from results.json; never edit by hand.",
+    )
+    p.add_argument("--results", required=True, help="results.json or the benchmark folder holding it")
+    p.add_argument("--out", default="docs/results.md", help="markdown file to write (default docs/results.md)")
+    p.add_argument("--figures", help="figure folder (default: figures/results next to --out)")
+    p.add_argument(
+        "--data-to",
+        metavar="DIR",
+        help="first copy results.json and the figure data (never adapters or models) to DIR, e.g. "
+        "docs/data/bench-standard, the data committed with the page, and make the page from that copy",
+    )
+    p.set_defaults(func=_report, outputs={"out": False, "figures": True, "data_to": True})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m alfa.study.bench.commands {bench,report} ...``"""
+    parser = argparse.ArgumentParser(prog="alfa", description="benchmark and report")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+    register(sub)
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"alfa {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,340 @@
+"""The benchmark's configuration: :class:`BenchConfig` (its presets, data specs and recipe) and the oracle's.
+
+Everything a record depends on is in :class:`BenchConfig`; the fields in :data:`SELECTION_FIELDS` only
+choose which records run. The ablations' value lists are :class:`BenchConfig` fields named by the
+ablation objects (:mod:`alfa.study.bench.ablations`), which also give their defaults and the quick preset's
+values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alfa.adapters import METHODS, AlfaConfig
+from alfa.adapters.prompt import TPGazeConfig
+from alfa.gaze.augment import AugmentConfig
+from alfa.gaze.data.synthetic import get_domain
+from alfa.gaze.personalize import PersonalizeConfig
+from alfa.gaze.pipeline import DemoConfig
+from alfa.gaze.tpgaze import MetaTrainConfig
+from alfa.gaze.train import TrainConfig, TruncateConfig
+
+from .ablations import REGISTRY
+from .methods import MAIN_METHODS, PAIRS, SANITY_METHODS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS
+
+__all__ = ["ABLATIONS", "SELECTION_FIELDS", "OracleConfig", "BenchConfig", "split_pair"]
+
+ABLATIONS = tuple(REGISTRY)
+"""The ablations a benchmark runs by default: every registered one, in the registry's order."""
+SELECTABLE = tuple(m for m in MAIN_METHODS if m in METHODS and METHODS[m].family != "prompt") + (
+    "diag_gate",
+    "linear_mix",
+)
+"""The methods that get a second row with their recipe selected on the stand-in (docs/flip-premise.md §4):
+every adapter method of the shared recipe (TPGaze has its own optimizer, outside the grid) and Alfa's two
+simpler mixes."""
+
+
+def _values(name: str) -> tuple[Any, ...]:
+    return REGISTRY[name].default_values
+
+
+def _personalize_default() -> PersonalizeConfig:
+    # The demo's augmentation for small faces: a 3-pixel blur kernel (the 5-pixel default is for 224×224).
+    return PersonalizeConfig(steps=10, augment=AugmentConfig(blur_kernel=3, blur_sigma=(0.1, 1.0)))
+
+
+@dataclass
+class OracleConfig:
+    """The oracle (the headroom, not a competitor): per target person, supervised fine-tuning of every
+    parameter of the base with labels. Its data: the person's ``n_adapt`` adaptation images *and*
+    ``extra_images`` more labelled images of the same person rendered after the evaluation images (so
+    never an evaluation image). AdamW, lr 1e-4 on every parameter (``lr_scale`` empty), weight decay 0.01,
+    the supervised L1 loss, ``steps`` steps on random batches of ``batch_size``; BatchNorm in eval mode; the
+    last step is scored.
+
+    Why not the personalization recipe's ×10 on layer3/layer4: tried on held-out *source* persons (the
+    ``val`` split; no target label involved), supervised fine-tuning of every parameter with the ×10 rate
+    ended worse than no fine-tuning at all, while one uniform rate gave a clear gain. A yardstick that
+    cannot beat its own starting point measures nothing."""
+
+    extra_images: int = 40
+    steps: int = 60
+    batch_size: int = 16
+    lr: float = 1e-4
+    lr_scale: dict[str, float] = field(default_factory=dict)
+    weight_decay: float = 0.01
+
+    def validate(self) -> None:
+        if self.extra_images < 0 or self.steps < 1 or self.batch_size < 1 or not self.lr > 0:
+            raise ValueError(f"bad OracleConfig: {self}")
+
+
+@dataclass
+class BenchConfig:
+    """Everything the benchmark depends on. :meth:`quick`, :meth:`standard` and :meth:`full` are the presets.
+
+    Data: the synthetic domains (``alfa.gaze.data.synthetic``) at ``image_size``; sources ``E``/``G`` with
+    ``source_persons`` × ``source_images`` training images and ``val_persons`` × ``val_images`` held-out
+    source persons (the domain's ``val`` split); targets ``M``/``D`` with ``target_persons`` persons
+    (``None``: all, 15 and 14) × ``target_images`` images, of which the first ``personalize.n_adapt``
+    are the adaptation images and the rest are scored.
+
+    Ablation values: ``heads_values`` (H), ``rank_values`` (r, Alfa and LoRA), ``svd_ranks`` (d; each other
+    than ``rank`` is its own truncation + recovery of the same pre-trained model), ``step_values``,
+    ``lr_values`` (the recipe's base learning rate, Alfa and LoRA), ``init_std_values`` (σ of Alfa's
+    Gaussian init of ``A_q`` and ``A_p``), ``anchor_values`` (the recipe's ``pitch_anchor`` weight, Alfa and
+    LoRA: holds the mean predicted pitch, which the flip loss cannot see). Figures:
+    rank-slice maps of ``slice_layer`` (slices ``figure_slices``) and update maps of ``update_layer``, on
+    ``figure_pair`` with ``figure_seed``. Latency: median of ``latency_repeats`` forwards of
+    ``latency_batch`` target images.
+
+    Selection (which records run; see :data:`SELECTION_FIELDS`): ``pairs``, ``seeds``, ``methods`` (of
+    :data:`MAIN_METHODS` and :data:`SANITY_METHODS`), ``selected_methods`` (of :data:`SELECTABLE`: a second
+    row each, with the recipe selected on the stand-in), ``ablations`` (of :data:`ABLATIONS`) on
+    ``ablation_pairs``. ``threads``: torch threads (1 by default: on a shared machine OpenMP's spinning
+    threads slow everything down; run pieces in parallel instead).
+    """
+
+    preset: str = "custom"
+    image_size: int = 64
+    source_persons: int = 80
+    source_images: int = 100
+    val_persons: int = 10
+    val_images: int = 40
+    target_persons: int | None = None
+    target_images: int = 60
+    model: str = "resnet18_gaze"
+    pretrain: TrainConfig = field(
+        default_factory=lambda: TrainConfig(epochs=8, batch_size=64, lr=1e-3, symmetry_weight=1.0)
+    )
+    recovery: TrainConfig = field(
+        default_factory=lambda: TrainConfig(epochs=2, batch_size=64, lr=1e-4, symmetry_weight=1.0)
+    )
+    rank: int = TruncateConfig().rank
+    personalize: PersonalizeConfig = field(default_factory=_personalize_default)
+    alfa_heads: int = AlfaConfig().heads
+    alfa_rank: int = AlfaConfig().rank
+    meta: MetaTrainConfig = field(default_factory=MetaTrainConfig)
+    tpgaze_init_std: float = TPGazeConfig().init_std
+    oracle: OracleConfig = field(default_factory=OracleConfig)
+    # The ablations' values (their defaults live with the ablations; the field order is the stored order).
+    heads_values: tuple[int, ...] = _values("heads")
+    rank_values: tuple[int, ...] = _values("rank")
+    svd_ranks: tuple[int, ...] = _values("svd_rank")
+    step_values: tuple[int, ...] = _values("steps")
+    lr_values: tuple[float, ...] = _values("lr")
+    init_std_values: tuple[float, ...] = _values("init")
+    anchor_values: tuple[float, ...] = _values("anchor")
+    slice_layer: str = "layer2.0.conv1"
+    update_layer: str = "layer3.0.conv1"
+    figure_pair: str = "E→M"
+    figure_seed: int = 0
+    figure_slices: tuple[int, ...] = (0, 1, 3, 15, 63)
+    latency_batch: int = 32
+    latency_repeats: int = 5
+    # selection
+    pairs: tuple[str, ...] = PAIRS
+    seeds: tuple[int, ...] = (0, 1, 2)
+    methods: tuple[str, ...] = MAIN_METHODS + SANITY_METHODS
+    selected_methods: tuple[str, ...] = SELECTABLE
+    ablations: tuple[str, ...] = ABLATIONS
+    ablation_pairs: tuple[str, ...] = PAIRS
+    threads: int = 1
+    keep_adapters: bool = False
+
+    @classmethod
+    def full(cls, **overrides: Any) -> BenchConfig:
+        """The full benchmark: all four pairs, 3 seeds, every method and ablation, 64×64 faces, sources of
+        80 persons × 100 images (8 pre-training + 2 recovery epochs), every target person (15 and 14) with
+        60 images (5 adapt + 55 scored), 10 personalization steps; TPGaze meta-training with its reference
+        settings (10 epochs × 100 meta-steps), every ablation on all four pairs. Many hours on 2 CPU cores
+        (not run by us; ``docs/results.md`` comes from :meth:`standard`): run it in pieces (``--seeds``,
+        ``--pairs``, ``--methods``, ``--ablations``) into one folder, two at a time."""
+        return dataclasses.replace(cls(preset="full"), **overrides)
+
+    @classmethod
+    def standard(cls, **overrides: Any) -> BenchConfig:
+        """The preset ``docs/results.md`` is made from (its wall time is in that page; run it in pieces,
+        two processes at a time): the full code path, all four pairs, every method, seeds 0–2, 64×64 faces,
+        sources of 80 persons × 100 images (4 pre-training + 1 recovery epochs), 5 persons per target with
+        40 images (5 adapt + 35 scored), the full personalization recipe (10 steps), short TPGaze
+        meta-training and oracle; every ablation with its full list of values on all four pairs."""
+        base = cls(
+            preset="standard",
+            val_images=30,
+            target_persons=5,
+            target_images=40,
+            pretrain=TrainConfig(epochs=4, batch_size=64, lr=1e-3, symmetry_weight=1.0),
+            recovery=TrainConfig(epochs=1, batch_size=64, lr=1e-4, symmetry_weight=1.0),
+            meta=MetaTrainConfig(epochs=1, steps_per_epoch=50),
+            oracle=OracleConfig(extra_images=40, steps=60),
+            latency_repeats=3,
+        )
+        return dataclasses.replace(base, **overrides)
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> BenchConfig:
+        """The quick check: the same code path, every pair (the four symmetric ones and the positive controls
+        S→W, S→C) and every method, Alfa's recipe selection, one seed,
+        48×48 faces, small sources (24 persons × 60 images, 5 + 2 epochs), 4 persons per target with 25 images,
+        5 personalization steps, short TPGaze meta-training and oracle; the
+        ablations on E→M only, each with one value besides the default. Its sources are too small for a
+        clear domain gap: it checks that everything runs, not what wins."""
+        base = cls(
+            preset="quick",
+            image_size=48,
+            source_persons=24,
+            source_images=60,
+            val_persons=4,
+            val_images=20,
+            target_persons=4,
+            target_images=25,
+            pretrain=TrainConfig(epochs=5, batch_size=32, lr=1e-3, symmetry_weight=1.0),
+            recovery=TrainConfig(epochs=2, batch_size=32, lr=1e-4, symmetry_weight=1.0),
+            personalize=dataclasses.replace(_personalize_default(), steps=5),
+            meta=MetaTrainConfig(epochs=1, steps_per_epoch=30),
+            oracle=OracleConfig(extra_images=15, steps=30),
+            **{a.values_field: a.quick_values for a in REGISTRY.values() if a.values_field and a.quick_values},
+            figure_slices=(0, 1, 3, 15, 63),
+            latency_repeats=3,
+            seeds=(0,),
+            selected_methods=("alfa",),
+            ablation_pairs=("E→M",),
+        )
+        return dataclasses.replace(base, **overrides)
+
+    def validate(self) -> None:
+        for p in (*self.pairs, *self.ablation_pairs, self.figure_pair):
+            if p not in PAIRS:
+                raise ValueError(f"unknown pair {p!r}; pairs are {', '.join(PAIRS)}")
+        known = set(MAIN_METHODS) | set(SANITY_METHODS)
+        bad = [m for m in self.methods if m not in known]
+        if bad:
+            raise ValueError(f"unknown method(s) {bad}; methods are {', '.join(MAIN_METHODS + SANITY_METHODS)}")
+        bad = [m for m in self.selected_methods if m not in SELECTABLE]
+        if bad:
+            raise ValueError(f"no recipe selection for {bad}; it runs for {', '.join(SELECTABLE)}")
+        bad = [a for a in self.ablations if a not in REGISTRY]
+        if bad:
+            raise ValueError(f"unknown ablation(s) {bad}; ablations are {', '.join(REGISTRY)}")
+        if not self.seeds:
+            raise ValueError("no seed to run")
+        if self.target_images <= self.personalize.n_adapt:
+            raise ValueError(
+                f"target_images ({self.target_images}) must exceed the {self.personalize.n_adapt} adaptation images"
+            )
+        if self.val_images <= self.personalize.n_adapt:
+            raise ValueError(f"val_images ({self.val_images}) must exceed n_adapt ({self.personalize.n_adapt})")
+        if self.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {self.threads}")
+        self.personalize.validate()
+        self.pretrain.validate()
+        self.recovery.validate()
+        self.meta.validate()
+        self.oracle.validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["personalize"] = self.personalize.to_dict()  # its own form (options at their off value left out)
+        return json.loads(json.dumps(data))
+
+    def protocol_dict(self) -> dict[str, Any]:
+        """Everything but the selection: two runs writing to one ``results.json`` must agree on it."""
+        return {k: v for k, v in self.to_dict().items() if k not in SELECTION_FIELDS}
+
+    # ------------------------------------------------------------------ data specs
+
+    def source_spec(self, source: str) -> str:
+        """Training data of a source model. A target key (``M``/``D``) names the within-target model's:
+        the target world's ``train`` persons, never the scored ones, as many as a source has."""
+        if source in TARGETS:
+            return (
+                f"synthetic:{TARGETS[source]}?split=train&size={self.image_size}"
+                f"&persons={self.source_persons}&images_per_person={self.source_images}"
+            )
+        return (
+            f"synthetic:{SOURCES[source]}?size={self.image_size}"
+            f"&persons={self.source_persons}&images_per_person={self.source_images}"
+        )
+
+    def val_spec(self, source: str) -> str:
+        if source in TARGETS:
+            persons = min(self.val_persons, get_domain(TARGETS[source]).persons["val"])
+            return (
+                f"synthetic:{TARGETS[source]}?split=val&size={self.image_size}"
+                f"&persons={persons}&images_per_person={self.val_images}"
+            )
+        return (
+            f"synthetic:{SOURCES[source]}?split=val&size={self.image_size}"
+            f"&persons={self.val_persons}&images_per_person={self.val_images}"
+        )
+
+    def stand_in_spec(self, source: str) -> str:
+        """The labelled stand-in target of a source's recipe selection (docs/flip-premise.md §4): the held-out
+        (``val``) persons of another symmetric source world, as many persons and images as a target has."""
+        world = SOURCES[STAND_INS[source]]
+        available = get_domain(world).persons["val"]
+        persons = available if self.target_persons is None else min(self.target_persons, available)
+        return (
+            f"synthetic:{world}?split=val&size={self.image_size}&persons={persons}"
+            f"&images_per_person={self.target_images}"
+        )
+
+    def target_spec(self, target: str) -> str:
+        """The rendered target: ``target_images`` per person for every method, then the oracle's extra ones."""
+        persons = "" if self.target_persons is None else f"&persons={self.target_persons}"
+        total = self.target_images + self.oracle.extra_images
+        return f"synthetic:{TARGETS[target]}?size={self.image_size}{persons}&images_per_person={total}"
+
+    def demo_config(self, source: str, seed: int, cache_dir: Path) -> DemoConfig:
+        """The source-model part, in the form :func:`build_source_model` takes (and hashes). A source's own
+        training changes (:data:`~alfa.study.bench.methods.SOURCE_TRAINING`: the studio control without the
+        symmetry term) apply to its pre-training and its recovery."""
+        changes = SOURCE_TRAINING.get(source, {})
+        return DemoConfig(
+            source=self.source_spec(source),
+            val_source=self.val_spec(source),
+            targets=(),
+            model=self.model,
+            seed=seed,
+            pretrain=dataclasses.replace(self.pretrain, seed=seed, **changes),
+            truncation=TruncateConfig(
+                rank=self.rank, recovery=dataclasses.replace(self.recovery, seed=seed, **changes)
+            ),
+            cache_dir=str(cache_dir),
+        )
+
+    def recipe(self, seed: int, **changes: Any) -> PersonalizeConfig:
+        return dataclasses.replace(self.personalize, seed=seed, **changes)
+
+
+_VALUE_FIELDS = {a.values_field for a in REGISTRY.values() if a.values_field}
+_unknown = _VALUE_FIELDS - {f.name for f in dataclasses.fields(BenchConfig)}
+if _unknown:  # an ablation naming a value field BenchConfig lacks would fail at its first plan
+    raise TypeError(f"ablations name value fields that BenchConfig does not have: {sorted(_unknown)}")
+
+# Selection options: they say which records to run, not how; pieces of one benchmark may differ in them.
+# The ablation value lists only choose which records exist (each record's hash covers what it depends
+# on), so adding a value to a finished benchmark runs the new records and keeps the others. The value
+# fields come in BenchConfig's field order (the order each run's stored selection lists them in).
+SELECTION_FIELDS = (
+    "pairs",
+    "seeds",
+    "methods",
+    "selected_methods",
+    "ablations",
+    "ablation_pairs",
+    "threads",
+    "keep_adapters",
+    *(f.name for f in dataclasses.fields(BenchConfig) if f.name in _VALUE_FIELDS),
+)
+
+
+def split_pair(pair: str) -> tuple[str, str]:
+    source, _, target = pair.partition("→")
+    return source, target

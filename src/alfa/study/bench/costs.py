@@ -1,0 +1,380 @@
+"""What each adaptation method costs on the ResNet-18 gaze model truncated at rank 64.
+
+For every method at its default settings: trainable parameters, parameters at inference after
+merging (densifying where the method needs it), the parameters of the exact compact merge
+(``alfa.merge(model, extend=True)``, for the methods whose update is a dense low-rank term), the bytes of the saved
+per-user adapter file, the time of one personalization step and of one inference forward.
+
+One personalization step (spec §4): a batch of ``batch`` images and their horizontal flips in one
+forward of ``2·batch`` images, the flip-symmetry L1 loss (flipped branch detached), backward, one
+AdamW step (lr 1e-4, ×10 on ``layer3``/``layer4``); BatchNorm in eval mode. Timings are the median
+of ``repeats`` steps after ``warmup`` steps, with ``torch.set_num_threads(threads)``. Weights are
+random (the costs do not depend on them), so no checkpoint is needed.
+
+The rows are every registered method of the costed families (:data:`FAMILY_ORDER`), read from
+:data:`alfa.adapters.METHODS`; the merge column is :func:`alfa.adapters.merge_form`.
+
+Run ``python -m alfa.study.bench.costs`` or ``alfa costs`` (``--help`` for options); it prints a Markdown table,
+and with ``--update-doc docs/adapters.md`` also writes it, with the conditions it was measured under, between the
+page's ``<!-- costs:begin -->`` and ``<!-- costs:end -->`` markers (nothing else on the page changes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+from tqdm import tqdm
+
+from alfa.adapters import (
+    METHODS,
+    AdapterConfig,
+    adapter_state,
+    attach,
+    has_compact_form,
+    merge,
+    merge_form,
+    param_groups,
+    save_adapter,
+)
+from alfa.adapters.alfa import AlfaConfig, DictionaryMixConfig
+from alfa.fileio import write_text
+from alfa.gaze.geometry import flip_yaw
+from alfa.gaze.personalize import PersonalizeConfig
+from alfa.gaze.train import TruncateConfig
+from alfa.models import create_model
+from alfa.summary import parameter_summary
+from alfa.truncate import truncate
+
+__all__ = ["CostRow", "FAMILY_ORDER", "default_methods", "personalization_step", "cost_table", "format_table", "main"]
+
+# One step's learning rates are the personalization recipe's (lr 1e-4, ×10 on layer3/layer4); weight
+# decay does not change what a step costs, so the groups keep param_groups' default.
+_RECIPE = PersonalizeConfig()
+LR = _RECIPE.lr
+LR_SCALE = dict(_RECIPE.lr_scale)
+
+FAMILY_ORDER = ("dictionary", "spectral", "lora", "parameters")
+"""The table's sections, top to bottom; within one, methods keep the registry's order. The prompt
+family (TPGaze) is not costed here: its prompts are sized for one image resolution and one layout,
+and cannot be merged (the benchmark reports its costs)."""
+
+
+@dataclass
+class CostRow:
+    """The costs of one method (``None`` where a quantity does not apply)."""
+
+    method: str
+    base: str  # "truncated" or "dense"
+    config: str
+    trainable: int
+    merged_params: int
+    merge: str  # how the merged model stores the adapted layers
+    compact_params: int  # merge(extend=True): exact, keeping factors; = merged_params where no choice
+    adapter_bytes: int | None
+    compact_bytes: int | None  # save_adapter(compact=True): one d×d mix per layer (dictionary methods only)
+    step_ms: float | None  # wall clock, median
+    step_cpu_ms: float | None  # process CPU time (all threads), median
+    inference_ms: float | None  # wall clock of one forward of the merged model, median
+    step_gflop: float | None = None  # matmul/conv work of one step (torch.utils.flop_counter)
+    inference_gflop: float | None = None
+
+
+def default_methods() -> dict[str, AdapterConfig | None]:
+    """Every registered method of :data:`FAMILY_ORDER` at its default settings, by method name, after
+    ``"source-only"`` (``None``: no adaptation).
+
+    ``dictionary_mix`` is left out: it is the form a compact file of a dictionary method loads as,
+    and its cost is those rows' compact-file column.
+    """
+    methods: dict[str, AdapterConfig | None] = {"source-only": None}
+    for family in FAMILY_ORDER:
+        for name, cls in METHODS.items():
+            if cls.family == family and cls is not DictionaryMixConfig:
+                methods[name] = cls()
+    return methods
+
+
+def personalization_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: Tensor) -> float:
+    """One flip-symmetry step: ``L = mean |f(I) − FlipYaw(f(flip(I)))|`` with the flipped branch detached."""
+    optimizer.zero_grad(set_to_none=True)
+    out = model(torch.cat([images, images.flip(-1)]))
+    pred, pred_flipped = out.split(len(images))
+    loss = (pred - flip_yaw(pred_flipped).detach()).abs().mean()
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+def _timed(fn) -> tuple[float, float]:
+    """Wall-clock and process CPU seconds of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _gflop(fn) -> float:
+    """Matmul/conv GFLOP of one call, counted by torch's FlopCounterMode (independent of machine load)."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops() / 1e9
+
+
+def _interleaved_ms(calls: list, warmup: int, repeats: int, progress: bool, desc: str) -> list[tuple[float, float]]:
+    """Median wall and CPU milliseconds of each call, timed in rounds (one call of each per round),
+    so that a load change on a shared machine hits every method alike."""
+    for fn in tqdm(calls, desc=f"{desc} (warm-up)", disable=not progress):
+        for _ in range(warmup):
+            fn()
+    samples: list[list[tuple[float, float]]] = [[] for _ in calls]
+    for _ in tqdm(range(repeats), desc=desc, disable=not progress):
+        for i, fn in enumerate(calls):
+            samples[i].append(_timed(fn))
+    return [
+        (1000.0 * statistics.median(w for w, _ in ts), 1000.0 * statistics.median(c for _, c in ts)) for ts in samples
+    ]
+
+
+_SHARED_OPTIONS = {f.name for f in dataclasses.fields(AdapterConfig)}  # target, layers: the same for every row
+
+
+def _config_str(config: AdapterConfig | None) -> str:
+    if config is None:
+        return ""
+    d = {k: v for k, v in config.to_dict().items() if k not in _SHARED_OPTIONS and v is not None}
+    return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+def _compact_params(model: nn.Module) -> int:
+    """Parameter count if every adapted layer is merged into its most compact exact form."""
+    merged = copy.deepcopy(model)
+    merge(merged, extend=True)
+    return parameter_summary(merged).total
+
+
+@dataclass
+class _Job:
+    row: CostRow
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None = None
+    densify: bool = False
+
+
+def _prepare(
+    label: str, base_model: nn.Module, base_kind: str, config: AdapterConfig | None, seed: int, workdir: Path
+) -> _Job:
+    """Attach the method and fill in everything but the timings."""
+    torch.manual_seed(seed)
+    model = copy.deepcopy(base_model).eval()
+    params = parameter_summary(model).total
+    row = CostRow(label, base_kind, _config_str(config), 0, params, "none", params, None, None, None, None, None)
+    if config is None:
+        return _Job(row, model)
+    attach(model, config)
+    row.trainable = parameter_summary(model).trainable
+    row.adapter_bytes = save_adapter(model, workdir / f"{base_kind}-{label}.safetensors").stat().st_size
+    if has_compact_form(model):
+        compact = save_adapter(model, workdir / f"{base_kind}-{label}-compact.safetensors", compact=True)
+        row.compact_bytes = compact.stat().st_size
+    row.compact_params = _compact_params(model) if config.scope == "layer" else params
+    row.merge = merge_form(model)
+    optimizer = torch.optim.AdamW(param_groups(model, lr=LR, lr_scale=LR_SCALE))
+    return _Job(row, model, optimizer, densify=row.merge == "densified")
+
+
+def cost_table(
+    model_name: str = "resnet18_gaze",
+    rank: int = TruncateConfig.rank,
+    batch: int = 10,
+    image_size: int = 224,
+    warmup: int = 1,
+    repeats: int = 5,
+    threads: int = 2,
+    seed: int = 0,
+    methods: dict[str, AdapterConfig | None] | None = None,
+    dense_alfa: bool = True,
+    progress: bool = True,
+) -> list[CostRow]:
+    """Measure every method (default: :func:`default_methods`) on ``model_name`` truncated at ``rank``.
+
+    With ``dense_alfa`` two more rows run on the untruncated model: source-only and Alfa on the dense
+    layers (ablation (c): the dictionary is each layer's full SVD). All methods are prepared first and
+    then timed in interleaved rounds.
+    """
+    torch.set_num_threads(threads)
+    methods = default_methods() if methods is None else methods
+    torch.manual_seed(seed)
+    dense = create_model(model_name).eval()
+    truncated = copy.deepcopy(dense)
+    truncate(truncated, rank)
+    images = torch.randn(batch, 3, image_size, image_size, generator=torch.Generator().manual_seed(seed))
+    specs = [(label, truncated, "truncated", cfg) for label, cfg in methods.items()]
+    if dense_alfa:
+        specs += [("source-only", dense, "dense", None), ("alfa", dense, "dense", AlfaConfig())]
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = [
+            _prepare(label, base, kind, cfg, seed, Path(tmp))
+            for label, base, kind, cfg in tqdm(specs, desc="attach", disable=not progress)
+        ]
+    trainers = [j for j in jobs if j.optimizer is not None]
+    steps = [lambda j=j: personalization_step(j.model, j.optimizer, images) for j in trainers]
+    for j, step in zip(trainers, steps):  # counting also warms up
+        j.row.step_gflop = _gflop(step)
+    for j, (wall, cpu) in zip(trainers, _interleaved_ms(steps, warmup, repeats, progress, "step rounds")):
+        j.row.step_ms, j.row.step_cpu_ms = wall, cpu
+    for j in jobs:
+        j.optimizer = None
+        if adapter_state(j.model) is not None:
+            merge(j.model, densify=j.densify)
+        j.row.merged_params = parameter_summary(j.model).total
+    with torch.no_grad():
+        forwards = [lambda j=j: j.model(images) for j in jobs]
+        for j, forward in zip(jobs, forwards):
+            j.row.inference_gflop = _gflop(forward)
+        for j, (wall, _) in zip(jobs, _interleaved_ms(forwards, warmup, repeats, progress, "inference rounds")):
+            j.row.inference_ms = wall
+    return [j.row for j in jobs]
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.3f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e3 else str(n)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "—"
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def format_table(rows: list[CostRow]) -> str:
+    """A Markdown table of :func:`cost_table`'s rows."""
+    head = (
+        "| base | method | trainable | params after merge | merge | exact compact merge | adapter file | compact file "
+        "| step GFLOP | step (ms) | step CPU (ms) | inference GFLOP | inference (ms) |"
+    )
+    lines = [head, "|" + "---|" * 13]
+    for r in rows:
+        step = "— | — | —" if r.step_ms is None else f"{r.step_gflop:.1f} | {r.step_ms:.0f} | {r.step_cpu_ms:.0f}"
+        inference = "— | —" if r.inference_ms is None else f"{r.inference_gflop:.1f} | {r.inference_ms:.0f}"
+        lines.append(
+            f"| {r.base} | {r.method} | {_count(r.trainable)} | {_count(r.merged_params)} | {r.merge} "
+            f"| {_count(r.compact_params)} | {_bytes(r.adapter_bytes)} | {_bytes(r.compact_bytes)} "
+            f"| {step} | {inference} |"
+        )
+    return "\n".join(lines)
+
+
+BEGIN_MARK = "<!-- costs:begin -->"
+END_MARK = "<!-- costs:end -->"
+
+
+def _split_at_markers(path: Path) -> tuple[str, str]:
+    text = path.read_text(encoding="utf-8")
+    if text.count(BEGIN_MARK) != 1 or text.count(END_MARK) != 1 or text.index(BEGIN_MARK) > text.index(END_MARK):
+        raise ValueError(f"{path} needs exactly one {BEGIN_MARK} followed by one {END_MARK}")
+    head, rest = text.split(BEGIN_MARK)
+    return head, rest.split(END_MARK)[1]
+
+
+def update_doc(path: Path, block: str) -> None:
+    """Replace what lies between :data:`BEGIN_MARK` and :data:`END_MARK` in ``path`` by ``block``
+    (atomically; the rest of the page is kept byte for byte)."""
+    head, tail = _split_at_markers(path)
+    write_text(path, f"{head}{BEGIN_MARK}\n{block.strip()}\n{END_MARK}{tail}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``alfa costs``."""
+    parser.add_argument("--model", default="resnet18_gaze", help="registered model (default resnet18_gaze)")
+    parser.add_argument(
+        "--rank", type=int, default=TruncateConfig.rank, help="SVD truncation rank d (default %(default)s)"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=10, help="images per step, each also flipped (default %(default)s)"
+    )
+    parser.add_argument("--image-size", type=int, default=224, help="image side in pixels (default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds, interleaved (default %(default)s)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and images (default %(default)s)")
+    parser.add_argument("--no-dense", action="store_true", help="skip the untruncated rows")
+    parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    parser.add_argument(
+        "--update-doc", type=Path, metavar="MD", help="also write the table between the costs markers of this page"
+    )
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("rank", "batch", "image_size", "repeats", "threads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be at least 0, got {args.warmup}")
+    from alfa.models import list_models
+
+    if args.model not in list_models():
+        raise ValueError(f"unknown model {args.model!r}; known: {', '.join(list_models())}")
+
+
+def run(args: argparse.Namespace) -> None:
+    """``alfa costs``: print the cost table (and optionally save it as JSON or into a page)."""
+    _check(args)
+    if args.update_doc is not None:  # fail before ten minutes of timing, not after
+        _split_at_markers(args.update_doc)
+    load_start = os.getloadavg()[0]
+    rows = cost_table(
+        model_name=args.model,
+        rank=args.rank,
+        batch=args.batch,
+        image_size=args.image_size,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        threads=args.threads,
+        seed=args.seed,
+        dense_alfa=not args.no_dense,
+    )
+    table = format_table(rows)
+    conditions = (
+        f"Measured {time.strftime('%Y-%m-%d')}: step = forward of {args.batch} images + their flips "
+        f"({2 * args.batch}×3×{args.image_size}²), flip-symmetry L1, backward, AdamW; inference = forward of "
+        f"{args.batch} images after merge; median of {args.repeats} interleaved rounds after {args.warmup} warm-up, "
+        f"{args.threads} threads, torch {torch.__version__}; load average {load_start:.1f} at the start and "
+        f"{os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} CPUs."
+    )
+    print(table)
+    print()
+    print("defaults: " + "; ".join(f"{r.method}: {r.config}" for r in rows if r.config and r.base == "truncated"))
+    print(conditions)
+    if args.update_doc is not None:
+        update_doc(args.update_doc, f"{table}\n\n{conditions}")
+    if args.json:
+        write_text(args.json, json.dumps([asdict(r) for r in rows], indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m alfa.study.bench.costs``: the same command as ``alfa costs``, with the same one-line errors."""
+    parser = argparse.ArgumentParser(prog="alfa costs", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"alfa costs: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,274 @@
+"""The benchmark's figures: SVD rank-slice maps, personalized update maps, and error-vs-setting plots.
+
+The two figures that need models are computed by the benchmark run, which has them, and stored as
+data next to ``results.json`` (``figure_data/*.safetensors``: tensors plus a JSON header); the report
+command renders every figure from those files and from ``results.json``, so it never needs a model.
+
+* **Rank-slice maps** (the paper's Figure 4): a truncated layer computes ``Σ_s U_d[:, s] (V_base[s] ∗ x)``
+  where ``V_base[s] = S_d[s] V_d[s]`` is one filter of the dictionary. The map of slice ``s`` is that
+  filter's response ``V_base[s] ∗ x`` on the layer's input (times ``‖U_d[:, s]‖``, 1 for canonical
+  factors): the channel norm of the rank-one component ``U_d[:, s] S_d[s] V_d[s]``'s output. Shown for
+  two persons side by side, on a shared colour scale per slice.
+* **Update maps** (Figure 5): the personalized ``ΔW`` (``m × n``) of one layer for three persons, for Alfa
+  and LoRA, shown as the norm over kernel positions (``m × in``) and as the singular values of ``ΔW``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from alfa.adapters import adapted_layers, detach, load_adapter
+from alfa.checkpoint import read_tagged, write_tagged
+from alfa.fileio import atomic_path
+from alfa.layers import is_factorized
+
+__all__ = [
+    "numerical_rank",
+    "save_figure_data",
+    "load_figure_data",
+    "rank_slice_data",
+    "update_data",
+    "plot_rank_slices",
+    "plot_update_maps",
+    "plot_curves",
+]
+
+FIGURE_FORMAT = "alfa-bench-figure"
+
+
+def save_figure_data(path: str | os.PathLike, tensors: Mapping[str, Tensor], meta: dict[str, Any]) -> Path:
+    """Write figure tensors and a JSON header to ``path`` (safetensors), atomically."""
+    data = {k: t.detach().cpu().float().contiguous() for k, t in tensors.items()}
+    return write_tagged(path, data, FIGURE_FORMAT, meta)
+
+
+def load_figure_data(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Read what :func:`save_figure_data` wrote; a ``ValueError`` naming the file if it is not that."""
+    return read_tagged(path, FIGURE_FORMAT, "a benchmark figure data file")
+
+
+# ----------------------------------------------------------------------------- data (needs the model)
+
+
+@torch.no_grad()
+def rank_slice_data(
+    model: nn.Module, layer: str, images: Tensor, slices: Sequence[int]
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The response maps of dictionary slices ``slices`` of the factorized ``layer`` on ``images``.
+
+    Returns tensors ``images`` (N, 3, H, W), ``maps`` (N, S, h, w) (signed) and ``singular_values``
+    (d,), and a header with the layer, the slices kept (those below ``d``) and ``d``.
+    """
+    module = model.get_submodule(layer)
+    if not is_factorized(module):
+        raise ValueError(f"{layer} is not a factorized layer; rank-slice maps need one")
+    captured: dict[str, Tensor] = {}
+
+    def hook(_m: nn.Module, args: tuple, _out: Tensor) -> None:
+        captured.setdefault("x", args[0].detach())
+
+    was_training = model.training
+    model.eval()
+    handle = module.register_forward_hook(hook)
+    try:
+        model(images.to(module.U.device))
+    finally:
+        handle.remove()
+        model.train(was_training)
+    U, V = module.U.detach(), module.V.detach()
+    d = V.shape[0]
+    kept = [int(s) for s in slices if 0 <= int(s) < d]
+    if not kept:
+        raise ValueError(f"none of the slices {list(slices)} is below d = {d}")
+    responses = module.spec.input_op(captured["x"], V)  # (N, d, h, w)
+    u_norm = U.norm(dim=0)
+    maps = responses[:, kept] * u_norm[kept][None, :, None, None]
+    singular = V.norm(dim=1) * u_norm
+    meta = {"layer": layer, "slices": kept, "d": d, "map_size": list(maps.shape[-2:])}
+    tensors = {"images": images.detach(), "maps": maps, "singular_values": singular}
+    return {k: v.cpu() for k, v in tensors.items()}, meta
+
+
+@torch.no_grad()
+def update_data(
+    base: nn.Module, adapters: Mapping[str, str | os.PathLike], layer: str
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """``ΔW`` of ``layer`` for each person's adapter file (loaded onto ``base`` one at a time, then
+    detached). Returns ``{person: ΔW (m×n)}`` and a header with the layer's geometry."""
+    tensors: dict[str, Tensor] = {}
+    meta: dict[str, Any] = {"layer": layer}
+    for person, path in adapters.items():
+        load_adapter(base, path)
+        try:
+            layers = adapted_layers(base)
+            if layer not in layers:
+                raise ValueError(f"{path}: the adapter does not adapt {layer} (it adapts {sorted(layers)[:4]} ...)")
+            adapted = layers[layer]
+            tensors[person] = adapted.delta_weight().detach().cpu().clone()
+            spec = adapted.spec
+            meta.update(
+                {
+                    "m": spec.m,
+                    "n": spec.n,
+                    "in_features": spec.in_features,
+                    "kernel": list(spec.kernel_size),
+                    "kind": spec.kind,
+                }
+            )
+        finally:
+            detach(base)
+    return tensors, meta
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | os.PathLike, dpi: int = 130) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:  # the temporary name keeps the suffix: matplotlib picks the format by it
+        fig.savefig(tmp, dpi=dpi)
+    _plt().close(fig)
+    return path
+
+
+def plot_rank_slices(tensors: Mapping[str, Tensor], meta: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Rows: the persons; columns: the face, then the response of each dictionary slice over it."""
+    plt = _plt()
+    images, maps = tensors["images"], tensors["maps"].abs()
+    singular = tensors["singular_values"]
+    slices, persons = meta["slices"], meta.get("persons", [f"#{i}" for i in range(images.shape[0])])
+    n, s = maps.shape[0], maps.shape[1]
+    size = images.shape[-2:]
+    up = F.interpolate(maps, size=size, mode="bilinear", align_corners=False)
+    fig, axes = plt.subplots(n, s + 1, figsize=(1.9 * (s + 1), 2.0 * n + 0.5), squeeze=False)
+    for i in range(n):
+        face = images[i].permute(1, 2, 0).clamp(0, 1).numpy()
+        axes[i][0].imshow(face)
+        axes[i][0].set_title(f"person {persons[i]}", fontsize=8)
+        gray = images[i].mean(0).numpy()
+        for j in range(s):
+            vmax = float(up[:, j].max()) or 1.0
+            ax = axes[i][j + 1]
+            ax.imshow(gray, cmap="gray")
+            ax.imshow(up[i, j].numpy(), cmap="inferno", alpha=0.65, vmin=0.0, vmax=vmax)
+            if i == 0:
+                ax.set_title(f"slice {slices[j]} (σ={float(singular[slices[j]]):.2f})", fontsize=8)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(
+        f"{meta['layer']}: response |V_base[s] ∗ x| of dictionary slices s (d = {meta['d']}), "
+        f"{meta.get('target', '')}; colour scale shared per slice",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def numerical_rank(delta: Tensor, rtol: float = 1e-3) -> int:
+    """The number of singular values of ``delta`` above ``rtol`` times the largest."""
+    sv = torch.linalg.svdvals(delta.double())
+    return int((sv > rtol * sv[0]).sum()) if sv.numel() and sv[0] > 0 else 0
+
+
+def _kernel_norm_map(delta: Tensor, meta: dict[str, Any]) -> Tensor:
+    """``ΔW`` (m×n) as an ``m × in`` map: the norm over each kernel's positions."""
+    m, cin = meta["m"], meta["in_features"]
+    kh, kw = meta.get("kernel", [1, 1])
+    return delta.reshape(m, cin, kh * kw).norm(dim=-1)
+
+
+def plot_update_maps(tensors: Mapping[str, Tensor], meta: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Rows: the methods (e.g. Alfa, LoRA); columns: ``‖ΔW‖`` per (output, input) channel for each
+    person on a colour scale shared along the row, then the singular values of ``ΔW``."""
+    plt = _plt()
+    order = {"alfa": 0, "lora": 1}
+    methods = sorted(meta.get("methods", {}), key=lambda m: (order.get(m, 2), m))
+    if not methods:
+        raise ValueError("no method in the update data")
+    persons = {m: meta["methods"][m]["persons"] for m in methods}
+    cols = max(len(p) for p in persons.values())
+    fig, axes = plt.subplots(len(methods), cols + 1, figsize=(3.0 * (cols + 1), 2.9 * len(methods)), squeeze=False)
+    for r, method in enumerate(methods):
+        deltas = [tensors[f"{method}/{p}"] for p in persons[method]]
+        maps = [_kernel_norm_map(d, meta) for d in deltas]
+        vmax = max(float(mp.max()) for mp in maps) or 1.0
+        for c in range(cols):
+            ax = axes[r][c]
+            if c >= len(maps):
+                ax.axis("off")
+                continue
+            im = ax.imshow(maps[c].numpy(), cmap="magma", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest")
+            ax.set_title(f"{method}, {persons[method][c]}: ‖ΔW‖_F = {float(deltas[c].norm()):.3g}", fontsize=8)
+            ax.set_xlabel("input channel", fontsize=7)
+            ax.set_ylabel("output channel", fontsize=7)
+            ax.tick_params(labelsize=6)
+        fig.colorbar(im, ax=axes[r][cols - 1], fraction=0.046)
+        ax = axes[r][cols]
+        for p, d in zip(persons[method], deltas):
+            sv = torch.linalg.svdvals(d.double())
+            ax.semilogy(torch.arange(1, len(sv) + 1).numpy(), (sv / sv[0].clamp_min(1e-30)).numpy(), label=p)
+        ax.set_title(f"{method}: singular values of ΔW / σ₁", fontsize=8)
+        ax.set_xlabel("index", fontsize=7)
+        ax.set_ylim(1e-6, 1.5)
+        ax.legend(fontsize=6)
+        ax.tick_params(labelsize=6)
+        ax.grid(alpha=0.3)
+    fig.suptitle(
+        f"personalized update ΔW of {meta['layer']} ({meta['m']}×{meta['n']}), pair {meta.get('pair', '')}, "
+        f"seed {meta.get('seed', '')}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_curves(
+    curves: Mapping[str, Sequence[tuple[float, float, float | None]]],
+    path: str | os.PathLike,
+    *,
+    xlabel: str,
+    title: str,
+    logx: bool = True,
+    reference: float | None = None,
+) -> Path:
+    """Error (mean ± std over seeds) against a setting: one line per label, ``(x, mean, std)`` points."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    for label, points in curves.items():
+        points = sorted(points)
+        xs = [p[0] for p in points]
+        ys = [p[1] for p in points]
+        errs = [p[2] or 0.0 for p in points]
+        style = "--" if label.startswith("lora") else "-"
+        ax.errorbar(xs, ys, yerr=errs, marker="o", ls=style, capsize=3, label=label, lw=1.3, ms=4)
+    if reference is not None:
+        ax.axhline(reference, color="0.5", ls=":", lw=1, label="source-only")
+    if logx:
+        ax.set_xscale("log", base=2)
+        xs_all = sorted({p[0] for pts in curves.values() for p in pts})
+        ax.set_xticks(xs_all)
+        ax.set_xticklabels([f"{x:g}" for x in xs_all])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("mean angular error (deg)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,627 @@
+"""The report's flip-premise sections (docs/flip-premise.md): what a flip can see of the error on each pair,
+how much of that ceiling each method gets, the reference protocol replayed, and the recipes selected on the
+stand-in. Every section is empty for results made before these records existed, so older results render
+as they always did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from .markdown import number as _num
+from .markdown import table as _table
+from .methods import POSITIVE_CONTROLS
+from .names import display_name
+from .stats import Index, Measure, cell, diff, pairs_of, pooled, signed
+from .variants import GRID, SELECTED
+
+__all__ = ["flip_sections", "flip_summary", "ceilings", "table_rows"]
+
+SHARE_FLOOR = 0.5
+"""A gain is shown as a share of the flip-TTA ceiling only where the ceiling is at least this many degrees
+(a share of a near-zero ceiling is noise in a percentage)."""
+
+CRITERION = 1 / 3
+"""A positive control's flip-TTA ceiling must reach this share of the oracle headroom (declared)."""
+
+
+def _field(key: str, sub: str | None = None) -> Measure:
+    """A measure reading one number a record stores (``record[key]`` or ``record[key][sub]``)."""
+
+    def measure(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+        value = record.get(key)
+        if sub is not None:
+            value = value.get(sub) if isinstance(value, dict) else None
+        return value, {}
+
+    return measure
+
+
+def _step_all_images(step: int) -> Measure:
+    """The error after personalization step ``step`` (``-1``: the last) on all of each person's images. Step 0
+    is the base before personalization for an adapter that starts as the identity (every method but TPGaze,
+    whose step 0 carries its meta-trained prompts)."""
+
+    def measure(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+        steps = record.get("per_person_steps")
+        if not steps:
+            return None, {}
+        per_person = {p: v[step] for p, v in steps.items()}
+        return statistics.fmean(per_person.values()), per_person
+
+    return measure
+
+
+def _most_seeds(candidates: list[tuple[float, str, Any]]) -> list[tuple[float, str, Any]]:
+    """The ``(value, row, Diff)`` candidates with the most seeds: a row of fewer seeds cannot be clearly worse,
+    so in a choice of the best it would win by having less evidence against it."""
+    most = max(d.n for _, _, d in candidates)
+    return [c for c in candidates if c[2].n == most]
+
+
+def _mean_of(idx: Index, method: str, pair: str, measure: Measure) -> float | None:
+    values = [measure(r)[0] for (m, p, _), r in idx.items() if m == method and p == pair]
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def table_rows(idx: Index, main: Sequence[str]) -> list[str]:
+    """Table 1's rows in order: each method of ``main`` that has records, followed by its selected-recipe row
+    where there is one."""
+    present = {m for (m, _, _) in idx}
+    out = []
+    for m in main:
+        out += [label for label in (m, f"{m}{SELECTED}") if label in present]
+    return out
+
+
+def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
+    """Per pair with a flip-TTA row: source-only, flip-TTA, the ceiling (source-only − flip-TTA), the oracle
+    headroom, their ratio, the visible share of the source model's mean-square error and its flip loss."""
+    out: dict[str, dict[str, float | None]] = {}
+    for pair in pairs_of(idx):
+        so, tta, oracle = (cell(idx, m, pair) for m in ("source-only", "flip-tta", "oracle"))
+        if so is None or tta is None:
+            continue
+        ceiling = so.mean - tta.mean
+        headroom = so.mean - oracle.mean if oracle is not None else None
+        out[pair] = {
+            "source_only": so.mean,
+            "flip_tta": tta.mean,
+            "ceiling": ceiling,
+            "headroom": headroom,
+            "ratio": ceiling / headroom if headroom and headroom > 0 else None,
+            "visible_share": _mean_of(idx, "source-only", pair, _field("flip", "visible_share")),
+            "flip_loss": _mean_of(idx, "source-only", pair, _field("flip", "flip_loss")),
+        }
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.0f} %".replace("-", "−")
+
+
+def _control(pair: str) -> str:
+    return "positive" if pair in POSITIVE_CONTROLS else "negative"
+
+
+def _verdict(c: dict[str, float | None], pair: str) -> str:
+    if c["ratio"] is None:
+        return "—"
+    holds = c["ratio"] >= CRITERION
+    if pair in POSITIVE_CONTROLS:
+        return "holds" if holds else "**fails**"
+    return "(would hold)" if holds else "not met"
+
+
+def _ceiling_sentences(idx: Index, ceil: dict[str, dict[str, float | None]]) -> list[str]:
+    lines = []
+    for pair, c in ceil.items():
+        text = (
+            f"On {pair} ({_control(pair)} control) a flip sees {_pct(c['visible_share'])} of the source model's "
+            f"mean-square error; flip-TTA changes the error by {signed(-(c['ceiling'] or 0.0))}° "
+            f"({_num(c['source_only'])} → {_num(c['flip_tta'])}°)"
+        )
+        if c["headroom"] is not None:
+            text += f", against an oracle headroom of {_num(c['headroom'])}° (ratio {_pct(c['ratio'])})"
+        if pair in POSITIVE_CONTROLS and c["ratio"] is not None:
+            text += f": the positive-control criterion (≥ {CRITERION:.0%} of the headroom) " + (
+                "holds" if c["ratio"] >= CRITERION else "FAILS"
+            )
+        lines.append(text + ".")
+    return lines
+
+
+MIXES = ("diag_gate", "linear_mix")
+"""Alfa's two simpler mixes (ablation rows, not Table 1's): they also get selected recipes, so the flip-premise
+sections compare them with the rest."""
+
+
+MIX_NAMES = {"diag_gate": "diagonal gate", "linear_mix": "linear mix"}
+
+
+def _name(label: str) -> str:
+    """:func:`display_name`, with words for Alfa's two mixes (which are ablation rows, named by label elsewhere)."""
+    base = label.removesuffix(SELECTED)
+    if base in MIX_NAMES:
+        return MIX_NAMES[base] + (" (selected recipe)" if label.endswith(SELECTED) else "")
+    return display_name(label)
+
+
+def _rows(idx: Index, main: Sequence[str]) -> list[str]:
+    """:func:`table_rows` of ``main`` and the two mixes."""
+    return table_rows(idx, (*main, *MIXES))
+
+
+def _methods(idx: Index, main: Sequence[str]) -> list[str]:
+    return [m for m in _rows(idx, main) if m not in ("source-only", "flip-tta")]
+
+
+def _share_table(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, float | None]]) -> str:
+    pairs = list(ceil)
+    rows = []
+    for m in _methods(idx, main):
+        cells = []
+        for pair in pairs:
+            d = diff(idx, m, "source-only", [pair])
+            c = ceil[pair]["ceiling"]
+            if d is None:
+                cells.append("—")
+                continue
+            gain = -d.mean
+            share = f" ({_pct(gain / c)})" if c is not None and c >= SHARE_FLOOR else ""
+            cells.append(f"{signed(gain)}{share}{' clear' if d.clear else ''}")
+        rows.append([_name(m), *cells])
+    return _table(["method (gain over source-only, deg; share of the flip-TTA ceiling)", *pairs], rows)
+
+
+def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) -> list[str]:
+    """Per positive control: the method with the largest gain among those not clearly worse than source-only
+    (among the rows with the most seeds)."""
+    lines = []
+    for pair in pairs:
+        candidates = []
+        for m in _methods(idx, main):
+            d = diff(idx, m, "source-only", [pair])
+            if d is not None and not (d.mean > 0 and d.clear):
+                candidates.append((-d.mean, m, d))
+        if not candidates:
+            continue
+        gain, m, d = max(_most_seeds(candidates))
+        c = ceil[pair]["ceiling"]
+        share = f", {_pct(gain / c)} of the flip-TTA ceiling" if c and c >= SHARE_FLOOR else ""
+        if gain > 0:
+            lines.append(f"On {pair} the largest gain without clear harm is {_name(m)}'s: {d.describe()}{share}.")
+        else:
+            lines.append(f"On {pair} no method lowers the error below source-only; the least harm: {_name(m)}.")
+    return lines
+
+
+def _attention_lines(idx: Index, pairs: Sequence[str]) -> list[str]:
+    lines = []
+    for suffix in ("", SELECTED):
+        alfa = f"alfa{suffix}"
+        for other in ("lora", "diag_gate", "linear_mix"):
+            d = diff(idx, alfa, f"{other}{suffix}", pairs)
+            if d is not None:
+                lines.append(
+                    f"Positive controls ({', '.join(pairs)}), {'selected recipes' if suffix else 'paper recipe'}: "
+                    f"{_name(alfa)} − {_name(other + suffix)} = {d.describe()}."
+                )
+    return lines
+
+
+def _with_tta(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+    """The record's error with flip-TTA on top of its model, and its persons' (records made before flip-TTA
+    existed have none)."""
+    per_person = {p: v["tta_error"] for p, v in (record.get("per_person_flip") or {}).items() if "tta_error" in v}
+    return record.get("flip_tta_error_deg"), per_person
+
+
+def _after_table(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> str | None:
+    """Per row and pair: the error with flip-TTA on top, its difference from flip-TTA on the source model, the
+    flip loss after personalization and the visible share of the error that remains."""
+    rows = []
+    for m in _rows(idx, main):
+        if m == "flip-tta":
+            continue
+        cells = []
+        for pair in pairs:
+            tta = _mean_of(idx, m, pair, _with_tta)
+            loss = _mean_of(idx, m, pair, _field("flip", "flip_loss"))
+            share = _mean_of(idx, m, pair, _field("flip", "visible_share"))
+            if tta is None:
+                cells.append("—")
+                continue
+            cell_text = _num(tta)
+            if m != "source-only":
+                d = diff(idx, m, "source-only", [pair], _with_tta)
+                if d is not None:
+                    cell_text += f" ({signed(d.mean)}{' clear' if d.clear else ''})"
+            cell_text += f"; {_num(loss)} · {_pct(share)}"
+            cells.append(cell_text)
+        if any(c != "—" for c in cells):
+            rows.append([_name(m), *cells])
+    if len(rows) < 2:
+        return None
+    return _table(
+        [
+            "model: error with flip-TTA on top, deg (its difference from flip-TTA alone); flip loss · visible share",
+            *pairs,
+        ],
+        rows,
+    )
+
+
+def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[str]:
+    """Per positive control, the lowest error of flip-TTA on top of a personalized model against flip-TTA
+    alone; and across the paper-recipe rows, whether a lower flip loss came with a lower error."""
+    lines = []
+    methods = _methods(idx, main)
+    for pair in pairs:
+        alone = _mean_of(idx, "source-only", pair, _with_tta)
+        diffs = [(d.mean, m, d) for m in methods if (d := diff(idx, m, "source-only", [pair], _with_tta))]
+        if not diffs or alone is None:
+            continue
+        _, m, d = min(_most_seeds(diffs))
+        lines.append(
+            f"On {pair}, flip-TTA on top of a personalized model is lowest for {_name(m)} "
+            f"({_num(_mean_of(idx, m, pair, _with_tta))}°, flip-TTA alone {_num(alone)}°): "
+            f"{_name(m)} + flip-TTA − flip-TTA = {d.describe()}."
+        )
+    everywhere = pairs_of(idx)
+    lower_loss, worse = [], []
+    for m in (x for x in methods if not x.endswith(SELECTED)):
+        loss = diff(idx, m, "source-only", everywhere, _field("flip", "flip_loss"))
+        err = diff(idx, m, "source-only", everywhere)
+        if loss is None or err is None:
+            continue
+        if loss.mean < 0:
+            lower_loss.append(m)
+            if err.mean > 0:
+                worse.append(m)
+    if lower_loss:
+        text = (
+            f"With the paper's recipe, the pooled flip loss ends below source-only's for {len(lower_loss)} method(s), "
+            f"and the error ends above source-only's for {len(worse)} of them"
+        )
+        text += f" ({', '.join(_name(m) for m in worse)})" if worse else ""
+        lines.append(text + ": a lower flip loss is no evidence of a lower error.")
+    return lines
+
+
+def _pooled_lines(idx: Index, main: Sequence[str]) -> list[str]:
+    """Every row (Alfa's two simpler mixes included) sorted into clearly below, within the spread of, and
+    clearly above source-only, pooled over every pair."""
+    pairs = pairs_of(idx)
+    groups: dict[str, list[str]] = {"below": [], "within": [], "above": []}
+    for m in _rows(idx, main):
+        if m == "source-only":
+            continue
+        d = diff(idx, m, "source-only", pairs)
+        if d is None:
+            continue
+        group = "within" if not d.clear else "below" if d.mean < 0 else "above"
+        groups[group].append(f"{_name(m)} ({signed(d.mean)}°)")
+    if not any(groups.values()):
+        return []
+    words = {"below": "clearly below", "within": "within the spread of", "above": "clearly above"}
+    parts = [f"{words[g]} it: {', '.join(v)}" for g, v in groups.items() if v]
+    return [f"Pooled over the {len(pairs)} pairs, against source-only — " + "; ".join(parts) + "."]
+
+
+def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
+    rows, inflation, scored = [], [], []
+    pairs = pairs_of(idx)
+    for m in _rows(idx, main):
+        ref = pooled(idx, m, pairs, _field("reference_protocol_deg"))
+        if ref is None:
+            continue
+        honest = pooled(idx, m, pairs)
+        last_all = pooled(idx, m, pairs, _step_all_images(-1))
+        infl = last_all.mean - ref.mean if last_all is not None else None
+        if infl is not None:
+            inflation.append((infl, m))
+            scored.append((ref, last_all))
+        rows.append(
+            [
+                _name(m),
+                honest.format() if honest else "—",
+                last_all.format() if last_all else "—",
+                ref.format(),
+                _num(infl),
+            ]
+        )
+    if not rows:
+        return None, []
+    header = [
+        "method (pooled over pairs)",
+        "last step, scored images (the result)",
+        "last step, all images",
+        "best step per person, all images (reference protocol: test-label selection)",
+        "what the selection adds",
+    ]
+    lines = []
+    if inflation:
+        lo, hi = min(inflation), max(inflation)
+        alfa = next((x for x, m in inflation if m == "alfa"), None)
+        text = (
+            f"Replaying the reference protocol (per person the best of steps 0…{_steps(idx)} chosen with its labels) "
+            f"reports {_num(lo[0])}–{_num(hi[0])}° less error than the last step on the same images "
+            f"({_name(lo[1])} to {_name(hi[1])})"
+        )
+        if alfa is not None:
+            text += f"; for Alfa {_num(alfa)}°"
+        lines.append(text + ". That gain is made by test-label selection, not by any method.")
+    base = pooled(idx, "alfa", pairs, _step_all_images(0))
+    if base is not None and scored:
+        by_ref = sum(ref.mean < base.mean for ref, _ in scored)
+        by_last = sum(last.mean < base.mean for _, last in scored)
+        lines.append(
+            f"On the same images the base before personalization (step 0) scores {_num(base.mean)}° pooled; the "
+            f"reference protocol puts {by_ref} of {len(scored)} rows below it, the honest last step {by_last}."
+        )
+    return _table(header, rows), lines
+
+
+def _steps(idx: Index) -> str:
+    counts = {len(next(iter(r["per_person_steps"].values()))) - 1 for r in idx.values() if r.get("per_person_steps")}
+    return "/".join(map(str, sorted(counts))) or "?"
+
+
+def _selection(results: dict[str, Any], idx: Index, main: Sequence[str]) -> tuple[list[str], list[str]]:
+    records = [r for r in results.get("records", []) if r.get("kind") == "selection"]
+    if not records:
+        return [], []
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault((r["method"].removesuffix(GRID), r["source"]), []).append(r)
+    rows = []
+    order = {m: i for i, m in enumerate(main)}
+    for (method, source), recs in sorted(by.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0][1])):
+        chosen = Counter(r["selected_label"] for r in recs)
+
+        def mean(key: str, recs: list[dict[str, Any]] = recs) -> str:
+            vals = [r[key] for r in recs if r.get(key) is not None]
+            return _num(statistics.fmean(vals)) if vals else "—"
+
+        rows.append(
+            [
+                _name(method),
+                source,
+                "; ".join(f"{label} ({n}×)" for label, n in chosen.most_common()),
+                mean("source_only_deg"),
+                mean("paper_recipe_deg"),
+                mean("error_deg"),
+            ]
+        )
+    header = ["method", "source", "selected recipe (seeds)", "stand-in: source-only", "stand-in: paper recipe"]
+    table = _table([*header, "stand-in: selected"], rows)
+    sentences = []
+    harmed = []
+    for pair in pairs_of(idx):
+        for m in (x for x in _rows(idx, main) if x.endswith(SELECTED)):
+            d = diff(idx, m, "source-only", [pair])
+            if d is not None and d.mean > 0 and d.clear:
+                harmed.append(f"{_name(m)} on {pair} ({signed(d.mean)}°)")
+    selected_rows = [m for m in _rows(idx, main) if m.endswith(SELECTED)]
+    if selected_rows:
+        sentences.append(
+            "With its recipe selected on the stand-in, a method is worse than source-only beyond the spread on: "
+            + ("; ".join(harmed) if harmed else "no pair (the goal holds)")
+            + "."
+        )
+    return [table], sentences
+
+
+def flip_summary(results: dict[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
+    """The flip-premise sentences the report's summary leads with (none for results without these rows)."""
+    ceil = ceilings(idx)
+    positive = [p for p in pairs_of(idx) if p in POSITIVE_CONTROLS]
+    lines = _ceiling_sentences(idx, ceil)
+    lines += _harmless_best(idx, main, [p for p in positive if p in ceil], ceil)
+    lines += _attention_lines(idx, positive)
+    lines += _after_lines(idx, main, [p for p in positive if p in ceil])
+    lines += _pooled_lines(idx, main)
+    lines += _selection(results, idx, main)[1]
+    lines += _replay(idx, main)[1]
+    return lines
+
+
+def flip_sections(results: dict[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
+    """The report's flip-premise sections, as markdown lines."""
+    ceil = ceilings(idx)
+    lines: list[str] = []
+    if ceil:
+        rows = [
+            [
+                pair,
+                _control(pair),
+                _num(c["source_only"]),
+                _num(c["flip_tta"]),
+                _num(c["ceiling"]),
+                _num(c["headroom"]),
+                _pct(c["ratio"]),
+                _verdict(c, pair),
+                _pct(c["visible_share"]),
+                _num(c["flip_loss"]),
+            ]
+            for pair, c in ceil.items()
+        ]
+        positive = [p for p in ceil if p in POSITIVE_CONTROLS]
+        lines += [
+            "## What a flip can see",
+            "",
+            "Flip-TTA averages the model's prediction with its mirrored prediction on the flipped image; the part "
+            "of the error it removes is the part a flip-symmetry loss can see at all, so `source-only − flip-TTA` "
+            "is the ceiling of a purely flip-based correction (docs/flip-premise.md §1). Means over seeds (deg). "
+            f"Criterion of a positive control (declared): ceiling ≥ {CRITERION:.0%} of the oracle headroom. "
+            "Visible share: of the source model's mean-square error, the part `f − ĝ`; flip loss: "
+            "`mean ||f(I) − FlipYaw(f(flip I))||₁` of the source model on the scored images.",
+            "",
+            _table(
+                [
+                    "pair",
+                    "control",
+                    "source-only",
+                    "flip-TTA",
+                    "ceiling",
+                    "oracle headroom",
+                    "ceiling / headroom",
+                    "criterion",
+                    "visible share",
+                    "flip loss",
+                ],
+                rows,
+            ),
+            "",
+            *(f"- {s}" for s in _ceiling_sentences(idx, ceil)),
+            "",
+            "Every method's gain over source-only per pair (positive: lower error), and as a share of that pair's "
+            f"ceiling where the ceiling is at least {SHARE_FLOOR:g}° (mean over seeds; *clear*: beyond the spread, "
+            "same sign in every seed):",
+            "",
+            _share_table(idx, main, ceil),
+            "",
+            *(f"- {s}" for s in _harmless_best(idx, main, positive, ceil)),
+            *(f"- {s}" for s in _attention_lines(idx, positive)),
+            "",
+        ]
+        after = _after_table(idx, main, list(ceil))
+        if after:
+            lines += [
+                "### After personalization: flip-TTA on top, and what a flip still sees",
+                "",
+                "Per model and pair (means over seeds): the error with flip-TTA on top of the personalized model, in "
+                "brackets its difference from flip-TTA on the source model (negative: personalization adds to the "
+                "ceiling); then the flip loss on the scored images after personalization and the visible share of "
+                "the error that remains. The source-only row is the state before personalization. A trained model "
+                "changes its predictions, not only their flip-visible part, so its gain is not bounded by the "
+                "ceiling; the flip loss measures agreement with the mirror image, not the error. Per record and per "
+                "person the parts are in the records (`flip`, `per_person_flip`, `per_person_parts`).",
+                "",
+                after,
+                "",
+                *(f"- {s}" for s in _after_lines(idx, main, positive)),
+                "",
+            ]
+    selection_table, selection_lines = _selection(results, idx, main)
+    if selection_table:
+        lines += [
+            "## Recipes selected without target labels",
+            "",
+            "Per method, source and seed, the declared grid (docs/flip-premise.md §4) run on the stand-in (another "
+            "world's held-out persons, never a target) and the recipe the declared rule picks; stand-in errors in "
+            "degrees, means over seeds. The selected rows of Table 1 use these recipes on the targets.",
+            "",
+            *selection_table,
+            "",
+            *(f"- {s}" for s in selection_lines),
+            "",
+        ]
+    replay_table, replay_lines = _replay(idx, main)
+    if replay_table:
+        lines += [
+            "## The reference protocol, replayed (test-label selection, not a result)",
+            "",
+            "The reference code of TPGaze, which the paper follows, scores every step on the person's images and "
+            "keeps each person's best step — chosen with the labels. Replayed on the same runs: per person the "
+            "error after every step on all of that person's images (the five adaptation images included), then "
+            "the per-person minimum, then the mean. The last column is what that selection alone makes up.",
+            "",
+            replay_table,
+            "",
+            *(f"- {s}" for s in replay_lines),
+            "",
+        ]
+    return lines
+
+
+DEFAULT_RECIPE_SOURCE = "E"
+"""The source whose selection sets ``alfa personalize``'s default: the ETH-XGaze-like one, the paper's main."""
+
+
+def _pooled_selection(records: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    """The declared rule on one method's selection records (one per seed), seeds pooled: the recipe and the
+    facts the generated module states about it (seeds, its stand-in error, the paper's, source-only's)."""
+    from alfa.gaze.recipes import PAPER_RECIPE, Recipe, select_pooled
+
+    per_seed = [{Recipe(**g["recipe"]): g["error_deg"] for g in r["grid"]} for r in records]
+    chosen, error = select_pooled(per_seed)
+    return chosen, {
+        "seeds": [r["seed"] for r in records],
+        "stand_in_error_deg": round(error, 4),
+        "paper_recipe_stand_in_error_deg": round(statistics.fmean(e[PAPER_RECIPE] for e in per_seed), 4),
+        "source_only_stand_in_error_deg": round(statistics.fmean(r["source_only_deg"] for r in records), 4),
+    }
+
+
+def default_recipe_module(results: dict[str, Any], data: str) -> str:
+    """The text of :mod:`alfa.gaze.default_recipe`: per adapter method, the recipe chosen by the declared rule
+    on the stand-in errors of the E source's selection records, averaged over the seeds (docs/flip-premise.md
+    §4); Alfa's is the default of ``alfa personalize``. ``data`` is the folder the results were read from,
+    named in the module. Selections of ablation variants (the diagonal gate, the linear mix) are not adapter
+    methods a user can ask for and are left out."""
+    from alfa.adapters import METHODS
+
+    by_method: dict[str, list[dict[str, Any]]] = {}
+    for r in results["records"]:
+        if r.get("kind") == "selection" and r["source"] == DEFAULT_RECIPE_SOURCE and r["method"].endswith(GRID):
+            method = r["method"].removesuffix(GRID)
+            if method in METHODS:
+                by_method.setdefault(method, []).append(r)
+    if "alfa" not in by_method:
+        raise ValueError(f"no alfa{GRID} selection record of source {DEFAULT_RECIPE_SOURCE} in {data}")
+    selected = {m: _pooled_selection(sorted(rs, key=lambda r: r["seed"])) for m, rs in sorted(by_method.items())}
+    chosen, facts = selected["alfa"]
+    seeds = facts["seeds"]
+    facts = {"results": data, "source": DEFAULT_RECIPE_SOURCE, **facts}
+    provenance = "\n".join(f"    {json.dumps(k)}: {json.dumps(v)}," for k, v in facts.items())
+
+    def fields(recipe: Any, indent: str) -> str:
+        return "\n".join(f"{indent}{json.dumps(k)}: {v!r}," for k, v in dataclasses.asdict(recipe).items())
+
+    methods = "\n".join(
+        f"    {json.dumps(m)}: {{  # {r.label}\n{fields(r, '        ')}\n    }}," for m, (r, _) in selected.items()
+    )
+    method_facts = "\n".join(
+        f"    {json.dumps(m)}: {{\n"
+        + "".join(f"        {json.dumps(k)}: {json.dumps(v)},\n" for k, v in f.items())
+        + "    },"
+        for m, (_, f) in selected.items()
+    )
+    return f'''"""Alfa's default personalization recipe (what ``alfa personalize`` uses unless told otherwise), and
+every other adapter method's, as data: :data:`alfa.gaze.recipes.DEFAULT_RECIPE` and
+:data:`alfa.gaze.recipes.METHOD_RECIPES` are built from it.
+
+Generated by ``alfa pages --write`` from {data}; do not edit. Each is the recipe the declared rule
+(docs/flip-premise.md §4) selects for the {DEFAULT_RECIPE_SOURCE} source from the grid, on the stand-in errors
+(labelled persons that are neither a target nor the source's training persons) averaged over the seeds
+(Alfa's: {", ".join(map(str, seeds))}). No target label was read to choose them.
+"""
+
+DEFAULT_RECIPE_FIELDS = {{
+{fields(chosen, "    ")}
+}}
+"""{chosen.label}"""
+
+SELECTED_ON = {{
+{provenance}
+}}
+"""Where the default came from, and the stand-in errors (mean over persons and seeds) it was chosen on."""
+
+METHOD_RECIPE_FIELDS = {{
+{methods}
+}}
+"""Per adapter method, the recipe selected the same way (``alfa personalize --method M`` uses it by default)."""
+
+METHOD_SELECTED_ON = {{
+{method_facts}
+}}
+"""Per adapter method, the seeds its selection pooled and the stand-in errors it was chosen on."""
+'''

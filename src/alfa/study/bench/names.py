@@ -1,0 +1,33 @@
+"""How the report names a row: an adapter method by its config class's ``display_name``, the rows that are
+no adapter (the references and yardsticks) from the small table here, anything else (an ablated variant
+such as ``alfa[H=1]``) by its label."""
+
+from __future__ import annotations
+
+from alfa.adapters import METHODS
+
+__all__ = ["NAMES", "display_name"]
+
+# Only rows that are no adapter method; a method's name lives with its config class (``display_name``).
+NAMES = {
+    "source-only": "source-only (truncated base)",
+    "flip-tta": "flip-TTA (no training)",
+    "in-domain": "in-domain (held-out source persons)",
+    "target-trained": "target-trained (the same model trained on other persons of the target world)",
+    "oracle": "oracle (supervised, per person)",
+}
+
+
+SELECTED = "[selected]"
+"""Suffix of a method's row with its recipe selected on the stand-in, e.g. ``alfa[selected]``."""
+
+
+def display_name(label: str) -> str:
+    """The name of the row ``label`` in tables and sentences (``alfa[selected]``: "Alfa (selected recipe)")."""
+    if label.endswith(SELECTED):
+        return f"{display_name(label.removesuffix(SELECTED))} (selected recipe)"
+    if label in NAMES:
+        return NAMES[label]
+    if label in METHODS:
+        return METHODS[label].display_name
+    return label

@@ -1,0 +1,187 @@
+"""The results file of a benchmark folder: ``results.json``, its format, and the folder's layout.
+
+One JSON object: ``format``/``version`` (checked on reading), the ``preset`` and the protocol part of the
+configuration (``config``: every run writing to the folder must agree on it), the ``records`` (one per
+method, pair and seed, keyed by ``id`` with a ``config_hash``), the source models' ``sources`` entries,
+the ``runs`` that wrote the file, the ``sanity`` summary and the ``layout`` of the report's tables (the rows
+of every ablation, computed from the configuration, so the report needs no configuration object).
+Figure data lie next to it in :data:`FIGURE_DIR`.
+
+The file is rewritten atomically under a file lock after every change, so several pieces of one benchmark
+may share a folder and an interrupted run loses at most the record in progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from alfa.fileio import write_bytes, write_json
+
+from .ablations import REGISTRY
+from .config import SELECTION_FIELDS, BenchConfig
+from .methods import MAIN_METHODS, PAIRS, SANITY_METHODS
+from .stats import sanity_summary
+
+__all__ = [
+    "RESULTS_FILE",
+    "FORMAT",
+    "VERSION",
+    "FIGURE_DIR",
+    "RANK_SLICES_FILE",
+    "UPDATES_FILE",
+    "export_results",
+    "layout",
+    "load_results",
+    "ResultsStore",
+]
+
+RESULTS_FILE = "results.json"
+FORMAT = "alfa-bench-results"
+VERSION = 1
+FIGURE_DIR = "figure_data"
+RANK_SLICES_FILE = "rank_slices.safetensors"
+UPDATES_FILE = "updates.safetensors"
+
+
+def _empty_results(config: BenchConfig) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "preset": config.preset,
+        "config": config.protocol_dict(),
+        "records": [],
+        "sources": {},
+        "runs": [],
+        "sanity": {},
+        "figures": {},
+        "layout": layout(config),
+    }
+
+
+def layout(config: BenchConfig) -> dict[str, Any]:
+    """The rows of every table the report draws (labels and ablated values), from the protocol alone."""
+    return {
+        "pairs": list(PAIRS),
+        "main": list(MAIN_METHODS),
+        "sanity": list(SANITY_METHODS),
+        "ablations": {
+            name: [{"label": v.label, "value": v.value} for v in ablation.variants(config)]
+            for name, ablation in REGISTRY.items()
+        },
+    }
+
+
+def load_results(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a ``results.json`` (a file, or the folder holding one); a clear error if it is not one."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no benchmark results at {path}")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not an alfa benchmark results file (no format {FORMAT!r})")
+    if data.get("version") != VERSION:
+        raise ValueError(f"{path}: results format version {data.get('version')}, this alfa reads {VERSION}")
+    if not isinstance(data.get("records"), list):
+        raise ValueError(f"{path}: 'records' must be a list")
+    for i, r in enumerate(data["records"]):
+        if not isinstance(r, dict) or "id" not in r or "config_hash" not in r:
+            raise ValueError(f"{path}: record {i} has no 'id'/'config_hash'")
+    return data
+
+
+def export_results(results: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """Copy a benchmark's ``results.json`` and its figure data (the small tensors the report's figures are
+    drawn from; never adapters, models or caches) into ``dest``, the copy committed with the page. The file is
+    checked first and read under the folder's lock, so a running benchmark is never copied half-written.
+    Returns the copied folder."""
+    src = Path(results)
+    folder = src if src.is_dir() else src.parent
+    dest = Path(dest)
+    if dest.resolve() == folder.resolve():
+        return dest
+    with _locked(folder / RESULTS_FILE):
+        load_results(folder)  # a clear error if it is not a results file
+        write_bytes(dest / RESULTS_FILE, (folder / RESULTS_FILE).read_bytes())
+        for name in (RANK_SLICES_FILE, UPDATES_FILE):
+            if (folder / FIGURE_DIR / name).is_file():
+                write_bytes(dest / FIGURE_DIR / name, (folder / FIGURE_DIR / name).read_bytes())
+    return dest
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` + ``.lock`` (several pieces of a benchmark may share one folder)."""
+    lock = path.with_name(path.name + ".lock")
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class ResultsStore:
+    """``results.json`` of one benchmark folder: read, merged and rewritten atomically under a lock."""
+
+    def __init__(self, out: Path, config: BenchConfig, create: bool = True) -> None:
+        self.path = out / RESULTS_FILE
+        self.config = config
+        if not create and not self.path.is_file():
+            self.empty = _empty_results(config)
+            return
+        with _locked(self.path):
+            if self.path.is_file():
+                data = load_results(self.path)
+                self._check_protocol(data)
+                if data.get("layout") != layout(config):
+                    data["layout"] = layout(config)
+                    write_json(self.path, data)
+            else:
+                write_json(self.path, _empty_results(config))
+
+    def _check_protocol(self, data: dict[str, Any]) -> None:
+        here = self.config.protocol_dict()
+        # Files written before a field became a selection field still hold it: ignore it there too.
+        stored = {k: v for k, v in data.get("config", {}).items() if k not in SELECTION_FIELDS}
+        if stored != here:
+            keys = sorted(k for k in set(stored) | set(here) if stored.get(k) != here.get(k))
+            raise ValueError(
+                f"{self.path} was made with another benchmark configuration (preset {data.get('preset')!r}; "
+                f"differs in: {', '.join(keys)}); use another --out folder"
+            )
+
+    def read(self) -> dict[str, Any]:
+        if not self.path.is_file() and hasattr(self, "empty"):
+            return self.empty
+        return load_results(self.path)
+
+    def update(self, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        """Re-read the file, apply ``change`` to it, recompute the sanity summary and write it atomically."""
+        with _locked(self.path):
+            data = load_results(self.path)
+            self._check_protocol(data)
+            change(data)
+            data["sanity"] = sanity_summary(data["records"])
+            write_json(self.path, data)
+        return data
+
+    def done(self) -> dict[str, str]:
+        """Finished records: id -> config hash."""
+        return {r["id"]: r["config_hash"] for r in self.read()["records"]}
+
+    def add_record(self, record: dict[str, Any]) -> None:
+        def change(data: dict[str, Any]) -> None:
+            data["records"] = [r for r in data["records"] if r["id"] != record["id"]] + [record]
+
+        self.update(change)

@@ -1,0 +1,168 @@
+"""Throughput of many users on one shared base (:class:`alfa.MultiUserModel`), measured on this machine.
+
+ResNet-18 truncated at the default rank, batches of 64 face crops. Per batch, 1, 8 or 64 distinct users (Alfa
+users and, separately, LoRA users, each with a random non-trivial adapter of the default size), against one
+merged model running the whole batch (what a single user costs) and against switching merged models per
+request (each user's own merged model on their share of the batch). Rounds are interleaved, so a slow drift of
+the machine hits every configuration alike; each number is a median over the rounds. Memory per added user is
+the bytes of their terms in the multi-user model, against a merged model of their own.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from alfa import attach, parameter_summary, truncate
+from alfa.adapters import AlfaConfig, LoraConfig, adapter_parameters
+from alfa.export import merged_copy
+from alfa.fileio import write_text
+from alfa.gaze.train import TruncateConfig
+from alfa.models import resnet18_gaze
+from alfa.serve import MultiUserModel
+
+from .markdown import table
+from .measure import interleaved_seconds, middle_half
+
+__all__ = ["measure_serving", "serving_markdown", "serving_command", "main"]
+
+BATCH = 64
+DISTINCT = (1, 8, 64)
+METHODS = {"alfa": AlfaConfig(), "lora": LoraConfig()}
+
+
+def _users(base: nn.Module, method: str, n: int) -> list[nn.Module]:
+    out = []
+    for i in range(n):
+        model = copy.deepcopy(base)
+        torch.manual_seed(1000 + i)
+        attach(model, METHODS[method])
+        with torch.no_grad():
+            for p in adapter_parameters(model).values():
+                p.normal_(0, 0.01)
+        out.append(model)
+    return out
+
+
+@torch.no_grad()
+def measure_serving(rounds: int = 28, image_size: int = 64, threads: int = 2, seed: int = 0) -> dict[str, Any]:
+    """The measurements of the page (see the module docstring); seconds per batch of :data:`BATCH`."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    base = resnet18_gaze().eval()
+    truncate(base, TruncateConfig().rank)
+    x = torch.rand(BATCH, 3, image_size, image_size, generator=torch.Generator().manual_seed(seed))
+    runs: dict[str, Any] = {}
+    per_user: dict[str, dict[str, int]] = {}
+    for method in METHODS:
+        users = _users(base, method, max(DISTINCT))
+        served = MultiUserModel(base)
+        for i, u in enumerate(users):
+            served.add_user(f"u{i}", u)
+        merged = [merged_copy(u, "extend") for u in users]
+        per_user[method] = {
+            "multi_user_bytes": served.user_bytes("u0"),
+            "merged_model_bytes": parameter_summary(merged[0]).total * 4,
+        }
+        runs[f"{method}: one merged model"] = lambda m=merged[0]: m(x)
+        for k in DISTINCT:
+            ids = [f"u{i % k}" for i in range(BATCH)]
+            runs[f"{method}: multi-user, {k} users"] = lambda s=served, ids=ids: s(x, ids)
+            shares = [list(range(j, BATCH, k)) for j in range(k)]
+            runs[f"{method}: switching merged models, {k} users"] = lambda shares=shares, ms=merged: [
+                ms[j](x[idx]) for j, idx in enumerate(shares)
+            ]
+    times = interleaved_seconds(runs, rounds)
+    load = os.getloadavg()
+    return {
+        "batch": BATCH,
+        "image_size": image_size,
+        "rank": TruncateConfig().rank,
+        "rounds": rounds,
+        "threads": threads,
+        "seconds": {n: statistics.median(t) for n, t in times.items()},
+        # the middle half of each configuration's rounds, for the spread the page prints
+        "seconds_quartiles": {n: middle_half(t) for n, t in times.items()},
+        "per_user": per_user,
+        "load_average_end": load[0],
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def serving_command(out: str | None, rounds: int, image_size: int) -> str:
+    return f"alfa serving --rounds {rounds} --image-size {image_size}" + (f" --out {out}" if out else "")
+
+
+def serving_markdown(r: dict[str, Any], command: str) -> str:
+    """The page (docs/serving.md) from a measurement."""
+    s, q, b = r["seconds"], r["seconds_quartiles"], r["batch"]
+
+    def rate(name: str) -> str:
+        slow, fast = q[name][1], q[name][0]
+        return f"{b / s[name]:,.0f} ({b / slow:,.0f}–{b / fast:,.0f})"
+
+    rows, verdicts = [], []
+    for method in METHODS:
+        single = s[f"{method}: one merged model"]
+        rows.append([f"{method}: one merged model (one user)", rate(f"{method}: one merged model"), "1.00"])
+        for k in DISTINCT:
+            for kind in ("multi-user", "switching merged models"):
+                name = f"{method}: {kind}, {k} users"
+                who = f"{k} distinct user{'s' if k > 1 else ''}"
+                rows.append([f"{method}: {kind}, {who}", rate(name), f"{single / s[name]:.2f}"])
+        ratio = single / s[f"{method}: multi-user, {max(DISTINCT)} users"]
+        verdicts.append(
+            f"{method}: at {max(DISTINCT)} distinct users per batch of {b}, the multi-user model runs at "
+            f"{ratio:.2f}× a single merged model's throughput"
+            + (" (goal ≥ 0.8×: met)." if ratio >= 0.8 else " (goal ≥ 0.8×: NOT met).")
+        )
+    mem = [
+        [m, f"{v['multi_user_bytes'] / 1024:,.1f} KiB", f"{v['merged_model_bytes'] / 2**20:,.2f} MiB"]
+        for m, v in r["per_user"].items()
+    ]
+    return "\n".join(
+        [
+            "# Serving many users on one shared base",
+            "",
+            f"<!-- Generated by `{command}`. Do not edit by hand: re-run the command. -->",
+            "",
+            f"Generated by `{command}` on {r['date']} ({r['cpus']} CPUs, {r['threads']} torch threads, torch "
+            f"{r['torch']}; load average {r['load_average_end']:.1f} at the end). ResNet-18 truncated at rank "
+            f"{r['rank']}, batches of {b} images of {r['image_size']}×{r['image_size']}; median over {r['rounds']} "
+            "interleaved rounds (in brackets: the middle half of the rounds; the ratio is of the medians). Alfa "
+            "users: `AlfaConfig()`; LoRA users: `LoraConfig()`; each with its own random adapter. "
+            "*Switching merged models*: each user's own merged model on their share of the batch.",
+            "",
+            table(["configuration", "images / s (middle half)", "× one merged model"], rows),
+            "",
+            *(f"- {v}" for v in verdicts),
+            "",
+            "Memory a user adds:",
+            "",
+            table(["method", "in the multi-user model (its terms)", "a merged model of its own"], mem),
+            "",
+            "The multi-user model's outputs equal each user's own merged model (tests/test_serve.py).",
+            "",
+        ]
+    )
+
+
+def main(out: str | None = None, rounds: int = 28, image_size: int = 64) -> dict[str, Any]:
+    result = measure_serving(rounds=rounds, image_size=image_size)
+    text = serving_markdown(result, serving_command(out, rounds, image_size))
+    print(text)
+    if out:
+        path = Path(out)
+        write_text(path.with_suffix(".json"), json.dumps(result, indent=2))
+        write_text(path, text)
+    return result

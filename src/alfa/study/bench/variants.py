@@ -1,0 +1,89 @@
+"""The rows of the benchmark's tables: a :class:`Variant` says what a row runs; :func:`main_variants`
+gives Table 1's methods and the sanity rows (the ablations' rows are in :mod:`alfa.study.bench.ablations`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from alfa.adapters import METHODS, AdapterConfig, AlfaConfig
+
+from .methods import MAIN_METHODS, SANITY_METHODS
+from .names import SELECTED  # a method's row with its recipe selected on the stand-in, e.g. alfa[selected]
+
+if TYPE_CHECKING:  # the configuration imports the ablations, which build variants
+    from .config import BenchConfig
+
+__all__ = ["Variant", "alfa_config", "main_variants", "selection_variants", "SELECTED", "GRID"]
+
+GRID = "[grid]"
+"""Suffix of a method's recipe-selection record (scored on the stand-in, never a table row)."""
+
+
+@dataclass
+class Variant:
+    """One row of a table: a method, or an ablated variant of one, and how to run it.
+
+    ``kind``: ``"source-only"`` (no adaptation), ``"flip-tta"`` (no training: the base's prediction
+    averaged with its mirrored prediction on the flipped image), ``"in-domain"`` (the base on held-out source persons),
+    ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe) or ``"tpgaze"``. ``base``:
+    ``"truncated"`` (the rank-``d`` base), ``"dense"`` (the pre-trained model before truncation) or
+    ``"rank=<d>"`` (truncated at another rank and recovered the same way). ``recipe`` holds changes to the
+    personalization recipe; ``group``/``value`` place the row in an ablation table.
+    """
+
+    label: str
+    kind: str
+    group: str = "main"
+    value: Any = None
+    adapter: AdapterConfig | None = None
+    recipe: dict[str, Any] = field(default_factory=dict)
+    base: str = "truncated"
+    same_layers_as_truncated: bool = False  # target the layers the truncated model factorizes
+    selected: bool = False  # the recipe is the one selected on the stand-in (docs/flip-premise.md §4)
+
+    def describe(self) -> dict[str, Any]:
+        """What determines this variant's numbers (part of a record's hash)."""
+        adapter = None
+        if self.adapter is not None:
+            adapter = {"method": self.adapter.method, **self.adapter.to_dict()}
+            if self.same_layers_as_truncated:
+                adapter["target"] = "the layers the truncated model factorizes"
+        out = {"kind": self.kind, "adapter": adapter, "recipe": self.recipe, "base": self.base}
+        if self.selected:  # only then: every other row's description (and hash) stays as it was
+            out["selected"] = True
+        return out
+
+
+def alfa_config(config: BenchConfig, **changes: Any) -> AlfaConfig:
+    """Alfa with the benchmark's heads and rank, and ``changes``."""
+    return AlfaConfig(**{"heads": config.alfa_heads, "rank": config.alfa_rank, **changes})
+
+
+def _main_row(label: str, config: BenchConfig) -> Variant:
+    if label in SANITY_METHODS:
+        return Variant(label, label, group="sanity")
+    if label in ("source-only", "flip-tta"):
+        return Variant(label, label)
+    method = METHODS[label]
+    if method.family == "prompt":  # TPGaze: meta-trained prompts and its own optimizer, not the shared recipe
+        return Variant(label, "tpgaze")
+    adapter = alfa_config(config) if label == "alfa" else method()
+    return Variant(label, "adapter", adapter=adapter)
+
+
+def selection_variants(config: BenchConfig, method: str) -> tuple[Variant, Variant]:
+    """A method's recipe-selection record (the declared grid on the stand-in) and its row with the selected
+    recipe. ``method`` is a Table-1 adapter method or an ablation's (``diag_gate``, ``linear_mix``)."""
+    if method not in METHODS or METHODS[method].family == "prompt":
+        raise ValueError(f"no recipe selection for {method!r}: it needs an adapter method of the shared recipe")
+    adapter = alfa_config(config) if method == "alfa" else METHODS[method]()
+    grid = Variant(f"{method}{GRID}", "selection", group="selection", adapter=adapter)
+    row = Variant(f"{method}{SELECTED}", "adapter", group="selected", adapter=adapter, selected=True)
+    return grid, row
+
+
+def main_variants(config: BenchConfig) -> dict[str, Variant]:
+    """The methods of Table 1 and the sanity rows, by label (every adapter method at its defaults, Alfa with
+    the benchmark's heads and rank)."""
+    return {label: _main_row(label, config) for label in (*MAIN_METHODS, *SANITY_METHODS)}

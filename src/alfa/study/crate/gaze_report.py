@@ -1,0 +1,344 @@
+"""What ``alfa crate gaze`` shows of its results: the probe figure, the printed table with its
+findings, and the generated markdown page (``docs/crate-gaze.md``). Everything here reads the results
+dictionary of :func:`alfa.study.crate.gaze.run_crate_gaze`; nothing trains.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from alfa.fileio import atomic_path
+
+from .gaze_config import LABELS, MODELS, late_blocks_pattern
+
+__all__ = ["plot_gaze_probes", "format_summary", "format_markdown"]
+
+
+# ----------------------------------------------------------------------------- the figure
+
+
+def plot_gaze_probes(
+    probes: dict[str, dict[str, dict[str, Any]]], path: str | os.PathLike, source_name: str | None = None
+) -> Path:
+    """Two panels against depth: the tokens' coding rate ``R_c`` (sum over heads, mean ± std over the probe
+    images) for both models, and CRATE's non-zero fraction after ISTA; colour = data set (source or
+    target), solid = CRATE, dashed = ViT. ``probes`` is ``results["probes"]["results"]`` (model kind -> data
+    set -> the probe's entry), so the page can redraw it from the committed results. Written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
+
+    sets = list(dict.fromkeys(name for per in probes.values() for name in per))
+    colours = {name: plt.get_cmap("tab10")(i) for i, name in enumerate(sets)}
+    styles = {"crate": "-", "vit": "--"}
+    fig, (ax_rate, ax_sparse) = plt.subplots(1, 2, figsize=(10.5, 4.0))
+    eps = set()
+    for kind, per in probes.items():
+        for name, entry in per.items():
+            eps.add(entry["eps"])
+            mean, std = np.asarray(entry["coding_rate"]), np.asarray(entry["coding_rate_std"])
+            layers = list(range(1, len(mean) + 1))
+            role = "source" if name == source_name else "target"
+            label = f"{LABELS.get(kind, kind)} · {name} ({role})"
+            style = styles.get(kind, ":")
+            ax_rate.plot(layers, mean, style, marker="o", ms=3, color=colours[name], label=label)
+            ax_rate.fill_between(layers, mean - std, mean + std, color=colours[name], alpha=0.12)
+            if "nonzero_fraction" in entry:
+                s_mean, s_std = np.asarray(entry["nonzero_fraction"]), np.asarray(entry["nonzero_fraction_std"])
+                ax_sparse.plot(layers, s_mean, style, marker="o", ms=3, color=colours[name], label=label)
+                ax_sparse.fill_between(layers, s_mean - s_std, s_mean + s_std, color=colours[name], alpha=0.12)
+    eps_text = ", ".join(f"{e:g}" for e in sorted(eps))
+    ax_rate.set(
+        xlabel="layer", ylabel="R_c (bits, sum over heads)", title=f"coding rate of the tokens (ε = {eps_text})"
+    )
+    ax_sparse.set(xlabel="layer", ylabel="non-zero fraction", title="CRATE: after ISTA", ylim=(0, 1.02))
+    for ax in (ax_rate, ax_sparse):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def _pm(entry: dict[str, Any] | None) -> str:
+    if not entry or entry.get("mean") is None or not math.isfinite(entry["mean"]):
+        return "-"
+    return f"{entry['mean']:.2f} ± {entry['std']:.2f}"
+
+
+def _rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The summary table: one row per model, in-domain and each target's cross-domain error."""
+    errors = results["errors"]
+    ((val_name, in_domain),) = errors["in_domain"].items()
+    targets = list(errors["cross_domain"])
+    trunc = results["truncation"]
+    params = {
+        "constant": "0",
+        "vit": f"{results['models']['vit']['parameters']:,}",
+        "crate": f"{results['models']['crate']['parameters']:,}",
+        "crate_truncated": f"{trunc['parameters_truncated']:,}",
+        "crate_alfa": f"{trunc['parameters_truncated']:,} + {results['alfa']['adapter_parameters']:,}/person",
+    }
+    compact = results["alfa"].get("adapter_compact_numbers")
+    if compact is not None:
+        params["crate_alfa"] += f" (compact file: {compact:,})"
+    names = {
+        "constant": "constant (source mean gaze)",
+        "vit": "ViT",
+        "crate": "CRATE",
+        "crate_truncated": f"CRATE truncated (rank {trunc['rank']}) + recovery",
+        "crate_alfa": "CRATE truncated + Alfa (per person)",
+    }
+    in_domain_rows = {
+        **in_domain,
+        "crate_truncated": trunc["in_domain_after_recovery"],
+    }
+    header = ["model", "parameters", f"{val_name} (in-domain)", *(f"{t} (cross-domain)" for t in targets)]
+    rows = []
+    for key, label in names.items():
+        rows.append(
+            [
+                label,
+                params[key],
+                _pm(in_domain_rows.get(key)),
+                *(_pm(errors["cross_domain"][t].get(key)) for t in targets),
+            ]
+        )
+    return header, rows
+
+
+def format_summary(results: dict[str, Any]) -> str:
+    """The plain-text table the command prints, with the truncation, personalization and merge lines."""
+    header, rows = _rows(results)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def fmt(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    lines = [
+        "angular error (deg), mean ± std over persons; cross-domain: images after the first "
+        f"{results['config']['personalize']['n_adapt']} of each person",
+        fmt(header),
+        "  ".join("-" * w for w in widths),
+        *(fmt(r) for r in rows),
+        "",
+        *_findings(results),
+    ]
+    return "\n".join(lines)
+
+
+def _trend(values: list[float]) -> str:
+    """First → last value, where the curve peaks and bottoms out, and how many layer-to-layer steps go down."""
+    downs = sum(b < a for a, b in zip(values, values[1:]))
+    top = max(range(len(values)), key=values.__getitem__)
+    low = min(range(len(values)), key=values.__getitem__)
+    return (
+        f"{values[0]:.3g} → {values[-1]:.3g} (highest {values[top]:.3g} at layer {top + 1}, lowest {values[low]:.3g} "
+        f"at layer {low + 1}; {downs} of {len(values) - 1} layer steps down)"
+    )
+
+
+def _findings(results: dict[str, Any]) -> list[str]:
+    """Plain sentences computed from the numbers (no judgement is hand-written)."""
+    errors = results["errors"]
+    ((val_name, in_domain),) = errors["in_domain"].items()
+    lines = []
+    c, v, k = in_domain["crate"]["mean"], in_domain["vit"]["mean"], in_domain["constant"]["mean"]
+    better = "CRATE" if c < v else "ViT"
+    lines.append(f"In-domain ({val_name}): CRATE {c:.2f}, ViT {v:.2f}, constant {k:.2f} deg; {better} is lower.")
+    for target, cols in errors["cross_domain"].items():
+        c, v, k = cols["crate"]["mean"], cols["vit"]["mean"], cols["constant"]["mean"]
+        beat = [LABELS[m] for m in MODELS if cols[m]["mean"] < k]
+        lines.append(
+            f"Cross-domain ({target}): CRATE {c:.2f}, ViT {v:.2f}, constant {k:.2f} deg; "
+            + (f"below the constant: {', '.join(beat)}." if beat else "neither model is below the constant prediction.")
+        )
+    t = results["truncation"]
+    e = t["in_domain_error"]
+    lines.append(
+        f"Truncation at rank {t['rank']} ({t['factorized_layers']} layers): {t['parameters_dense']:,} -> "
+        f"{t['parameters_truncated']:,} parameters; in-domain {e['before_truncation']:.2f} -> "
+        f"{e['after_truncation']:.2f} deg, {e['after_recovery']:.2f} after {t['recovery_epochs']} recovery epoch(s)."
+    )
+    for target, p in results["alfa"]["personalization"].items():
+        b, a = p["truncated"]["mean"], p["alfa"]["mean"]
+        verb = "lowered" if a < b else "did NOT lower"
+        lines.append(
+            f"Alfa on {target} {verb} the error: {b:.2f} -> {a:.2f} deg ({a - b:+.2f}), lower for "
+            f"{p['improved']} of {p['compared']} persons" + (f"; {len(p['failed'])} failed." if p["failed"] else ".")
+        )
+    m = results["alfa"]["merge_check"]
+    if m is not None:
+        lines.append(
+            f"Merge check ({m['target']}, person {m['person']}): merged vs unmerged outputs differ by at most "
+            f"{m['max_abs_diff']:.2e} (relative {m['max_rel_diff']:.2e}; the adapter itself moved them by up to "
+            f"{m['max_abs_change_vs_base']:.2e} rad); parameters after merge "
+            f"{m['parameters_merged']:,} (base {m['parameters_base']:,})."
+        )
+    probes = results["probes"]["results"]
+    for kind in MODELS:
+        for name, entry in probes[kind].items():
+            text = f"Probe {LABELS[kind]} on {name}: R_c {_trend(entry['coding_rate'])}"
+            if "nonzero_fraction" in entry:
+                text += f"; non-zero after ISTA {_trend(entry['nonzero_fraction'])}"
+            lines.append(text + ".")
+    return lines
+
+
+def format_markdown(results: dict[str, Any], figure: str | None = None) -> str:
+    """A generated markdown page: how it was made, the error table, truncation, personalization per
+    person, the merge check, the probe figure (``figure``: its path relative to the page) and per-layer
+    probe tables, and the limits of what it shows."""
+    cfg = results["config"]
+    command = results.get("command") or "(run through the Python API: alfa.study.crate.gaze.run_crate_gaze)"
+    data = results["data"]
+    n_adapt = cfg["personalize"]["n_adapt"]
+    header, rows = _rows(results)
+    recipe = results["alfa"]["recipe"]
+    lines = [
+        "# A small real use of CRATE: gaze on the synthetic worlds",
+        "",
+        f"<!-- Generated by `{command}`. Do not edit by hand: re-run the command. -->",
+        "",
+        f"Generated by `{command}` (seed {cfg['seed']}, data seed {cfg['data_seed']}, "
+        f"{results['torch_threads']} torch thread(s), {results['seconds']['total'] / 60:.1f} min wall time, "
+        f"torch {results['torch_version']}). Every number below comes from that run's `results.json`.",
+        "",
+        "A tiny CRATE and a tiny ViT of the same width, depth and heads are trained from scratch for a few epochs "
+        "on CPU. This is a small use, not a benchmark: one seed, few images, short training, synthetic faces.",
+        "",
+        *(
+            ["**Preset `quick`**: a smoke test of the chain; its numbers say nothing about the models.", ""]
+            if cfg.get("preset") == "quick"
+            else []
+        ),
+        "## Setup",
+        "",
+        f"- **Data** (`docs/synthetic.md`): source `{data['source']['spec']}` ({data['source']['persons']} persons, "
+        f"{data['source']['images']} images); in-domain error on `{data['val']['spec']}` (held-out source persons, "
+        f"every image scored); targets "
+        + ", ".join(
+            f"`{t['spec']}` ({t['persons']} persons, {t['scored_per_person']} scored images each)"
+            for t in data["targets"].values()
+        )
+        + f". The first {n_adapt} images of each target person are the unlabeled adaptation images, never scored.",
+        f"- **Models**: `{results['models']['crate']['constructor']}` and `{results['models']['vit']['constructor']}` "
+        f"with {cfg['image_size']}×{cfg['image_size']} images, patch {cfg['patch_size']}, dim {cfg['dim']}, "
+        f"depth {cfg['depth']}, {cfg['heads']} heads, a 2-output (yaw, pitch) head; "
+        f"{results['models']['crate']['parameters']:,} and {results['models']['vit']['parameters']:,} parameters "
+        "(the ViT's MLP has ratio 4).",
+        f"- **Training** (`alfa.gaze.train.train_source`, both models): {cfg['epochs']} epoch(s), "
+        f"Adam lr {cfg['lr']:g}, "
+        f"batch {cfg['batch_size']}, L1 loss + {cfg['symmetry_weight']:g} × flip-symmetry term, constant learning "
+        "rate, the last epoch kept.",
+        f"- **Truncation** (CRATE only): SVD rank {cfg['rank']} on every Linear layer where it saves parameters, then "
+        f"{cfg['recovery_epochs']} recovery epoch(s) on the source at lr {cfg['recovery_lr']:g} "
+        "(`truncate_and_recover`). Left dense: "
+        + ", ".join(f"`{n}`" for n in results["truncation"]["left_dense"])
+        + "; the ISTA dictionaries are not Linear layers and are neither truncated nor adapted.",
+        f"- **Personalization** (`personalize_dataset`, per target person): Alfa with {cfg['alfa']['heads']} heads of "
+        f"rank {cfg['alfa']['rank']} on all {len(results['alfa']['adapted_layers'])} factorized layers "
+        f"({results['alfa']['adapter_parameters']:,} trained adapter parameters per person; a compact adapter file, "
+        f"one d×d mix per layer, holds {results['alfa'].get('adapter_compact_numbers', 0):,} numbers); the "
+        f"{n_adapt} images, one augmented copy each and the flips of all in one batch; flip-symmetry loss; "
+        f"{recipe['steps']} AdamW steps "
+        f"at lr {recipe['lr']:g}, ×{cfg['late_blocks_lr_scale']:g} on the later half of the blocks "
+        f"(`{late_blocks_pattern(cfg['depth'])}`; ResNet-18's layer3/layer4 rule carried over); the last step is "
+        "the result. Nothing is chosen on target labels.",
+        "- **Errors**: angular error in degrees per person, then mean ± standard deviation over persons "
+        "(population std). The constant row always predicts the mean gaze of the source training labels.",
+        "",
+        "## Errors",
+        "",
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join(["---"] + ["---:"] * (len(header) - 1)) + " |",
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+        *(f"- {line}" for line in _findings(results) if not line.startswith("Probe ")),
+        "",
+        "### Per person (cross-domain)",
+        "",
+    ]
+    for target, p in results["alfa"]["personalization"].items():
+        cols = results["errors"]["cross_domain"][target]
+        lines += [
+            f"**{target}** (min–max over persons: CRATE {cols['crate']['min']:.2f}–{cols['crate']['max']:.2f}, "
+            f"ViT {cols['vit']['min']:.2f}–{cols['vit']['max']:.2f}, "
+            f"Alfa {p['alfa']['min']:.2f}–{p['alfa']['max']:.2f})",
+            "",
+            "| person | constant | ViT | CRATE | CRATE truncated | + Alfa | Δ Alfa | flip loss first → last |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for person, row in p["persons"].items():
+            vals = [cols[k]["per_person"].get(person) for k in ("constant", "vit", "crate")]
+            b, a = row["truncated"], row["alfa"]
+            cells = [f"{x:.2f}" if x is not None else "-" for x in (*vals, b, a)]
+            delta = f"{a - b:+.2f}" if a is not None and b is not None else "-"
+            loss = (
+                f"{row['first_loss']:.4f} → {row['final_loss']:.4f}"
+                if row["first_loss"] is not None and row["final_loss"] is not None
+                else "failed"
+            )
+            lines.append(f"| {person} | " + " | ".join(cells) + f" | {delta} | {loss} |")
+        lines.append("")
+    probes = results["probes"]
+    lines += [
+        "## Per-layer probes",
+        "",
+        f"On a fixed batch (the first {probes['images_per_person']} images of every person of each data set; labels "
+        f"unused), `alfa.study.crate.probes.probe_model` records per layer the coding rate `R_c` of the tokens "
+        f"(per head on `U_kᵀ z` for CRATE and on the value projection for the ViT, tokens normalized, "
+        f"ε = {probes['eps']:g}, summed over heads) and, for CRATE, the fraction of non-zero coordinates after "
+        "ISTA (spec crate.md §3).",
+        "",
+    ]
+    if figure:
+        lines += [f"![probe curves]({figure})", ""]
+    sets = list(probes["results"]["crate"])
+    head = ["layer"] + [f"{LABELS[k]} R_c {s}" for k in MODELS for s in sets] + [f"CRATE non-zero {s}" for s in sets]
+    lines += ["| " + " | ".join(head) + " |", "| " + " | ".join(["---:"] * len(head)) + " |"]
+    depth = len(probes["results"]["crate"][sets[0]]["coding_rate"])
+    for layer in range(depth):
+        cells = [str(layer + 1)]
+        for kind in MODELS:
+            for s in sets:
+                e = probes["results"][kind][s]
+                cells.append(f"{e['coding_rate'][layer]:.2f} ± {e['coding_rate_std'][layer]:.2f}")
+        for s in sets:
+            e = probes["results"]["crate"][s]
+            cells.append(f"{e['nonzero_fraction'][layer]:.3f} ± {e['nonzero_fraction_std'][layer]:.3f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *(f"- {line}" for line in _findings(results) if line.startswith("Probe ")), ""]
+    lines += [
+        "## What this does and does not show",
+        "",
+        f"- Both models are trained from scratch for {cfg['epochs']} epoch(s) on {data['source']['images']:,} "
+        f"{cfg['image_size']}-pixel faces with a constant learning rate: a short budget. Differences between CRATE "
+        "and ViT here are differences after that budget, not of the architectures at convergence.",
+        "- One seed: no spread over seeds is measured; the ± is the spread over persons only.",
+        "- The data are procedural faces (`docs/synthetic.md`), not the paper's datasets.",
+        "",
+        "## Re-running",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        "Seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in results["seconds"].items()) + ".",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,443 @@
+"""The plane toy of spec crate.md §4: what one CRATE step does to two clusters of tokens in ``R²``.
+
+Forty tokens: twenty near ``u₁`` (30°), twenty near ``u₂`` (120°), each its direction's unit vector
+plus Gaussian noise (σ = 0.35 per coordinate), drawn exactly as the spec says so that seed 0 is the
+chapter's first panel. Six layers; each first rescales every token to the panel's token length,
+then applies one step:
+
+* (a) the ``u₁`` cluster alone, length 1, coding-rate gradient step, ``κ = 1``;
+* (b) both clusters, length 1, the same gradient step on all forty, ``κ = 1``;
+* (c) both clusters, length 3, softmax step with one head ``U = I₂``, ``κ = 5``
+  (variant ``c-len1``: the same with length 1);
+* (d) as (c), each layer followed by an ISTA step with the axis dictionary ``D = I₂``.
+
+Measurement convention: every layer's tokens — layer 0 is the input — are measured after rescaling
+to the panel's token length, i.e. as the next layer sees them. ``R`` and the thickness depend on
+token lengths, so this keeps the layers comparable (the softmax step's convex combinations, for
+instance, shorten tokens; the next layer undoes that).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from alfa import fileio
+
+from .coding_rate import clustered_coding_rate, coding_rate, coding_rate_step
+
+__all__ = [
+    "PANELS",
+    "DEFAULT_PANELS",
+    "ToyPanel",
+    "ToyConfig",
+    "ToyRun",
+    "draw_tokens",
+    "run_panel",
+    "run_toy",
+    "format_run",
+    "aggregate",
+    "format_aggregate",
+    "write_json",
+    "plot_toy",
+]
+
+U1 = np.array([math.cos(math.radians(30)), math.sin(math.radians(30))])
+U2 = np.array([math.cos(math.radians(120)), math.sin(math.radians(120))])
+
+
+@dataclass(frozen=True)
+class ToyPanel:
+    """One configuration of the toy: which clusters, which step, token length and ``κ``."""
+
+    key: str  # the name on the command line
+    panel: str  # the spec's panel letter (the variant of (c) is panel "c" with length 1)
+    title: str
+    length: float
+    kappa: float
+    step: str  # "gradient" or "softmax"
+    both_clusters: bool = True
+    ista: bool = False
+
+
+PANELS: dict[str, ToyPanel] = {
+    p.key: p
+    for p in (
+        ToyPanel("a", "a", "(a) u₁ cluster alone, gradient step", 1, 1.0, "gradient", both_clusters=False),
+        ToyPanel("b", "b", "(b) both clusters, gradient step on all", 1, 1.0, "gradient"),
+        ToyPanel("c", "c", "(c) softmax step, token length 3", 3, 5.0, "softmax"),
+        ToyPanel("c-len1", "c", "(c') softmax step, token length 1", 1, 5.0, "softmax"),
+        ToyPanel("d", "d", "(d) softmax step + ISTA (D = I₂)", 3, 5.0, "softmax", ista=True),
+    )
+}
+DEFAULT_PANELS = tuple(PANELS)
+
+
+@dataclass
+class ToyConfig:
+    """Constants of the toy; the defaults are the spec's (ISTA's ``η``, ``λ`` as in CRATE)."""
+
+    eps: float = 0.5
+    eta: float = 0.1
+    lam: float = 0.1
+    layers: int = 6
+    noise: float = 0.35
+    tokens_per_cluster: int = 20
+
+    def validate(self) -> None:
+        if not self.eps > 0:
+            raise ValueError(f"eps must be positive, got {self.eps}")
+        if self.eta < 0 or self.lam < 0:
+            raise ValueError(f"eta and lam must be non-negative, got eta={self.eta}, lam={self.lam}")
+        if self.layers < 1 or self.tokens_per_cluster < 2:
+            raise ValueError(
+                f"need at least 1 layer and 2 tokens per cluster, got {self.layers}, {self.tokens_per_cluster}"
+            )
+
+
+@dataclass
+class ToyRun:
+    """One panel on one seed: per-layer statistics (layer 0 is the input) and the measured tokens."""
+
+    key: str
+    panel: str
+    length: float
+    kappa: float
+    seed: int
+    eps: float
+    eta: float | None
+    lam: float | None
+    layers: list[dict] = field(default_factory=list)
+    tokens: list[np.ndarray] = field(default_factory=list)  # (2, n) per layer, for the figure
+    labels: np.ndarray | None = None
+
+    def to_dict(self) -> dict:
+        out = {"panel": self.panel, "length": self.length, "kappa": self.kappa, "seed": self.seed, "eps": self.eps}
+        if self.eta is not None:
+            out.update(eta=self.eta, lam=self.lam)
+        out["layers"] = self.layers
+        return out
+
+
+def draw_tokens(seed: int, noise: float = 0.35, per_cluster: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    """``Z = [Z₁ Z₂]`` (2 × 2·per_cluster, tokens as columns) and the cluster label of each token."""
+    rng = np.random.default_rng(seed)
+    Z1 = U1[:, None] + noise * rng.standard_normal((2, per_cluster))
+    Z2 = U2[:, None] + noise * rng.standard_normal((2, per_cluster))
+    labels = np.repeat([0, 1], per_cluster)
+    return np.concatenate([Z1, Z2], axis=1), labels
+
+
+def _rescale(Z: torch.Tensor, length: float) -> torch.Tensor:
+    norms = Z.norm(dim=0, keepdim=True)
+    # a token the ReLU zeroed entirely stays zero rather than becoming NaN
+    return torch.where(norms > 0, Z * (length / norms.clamp_min(1e-300)), Z)
+
+
+def _softmax_step(Z: torch.Tensor, eps: float, kappa: float) -> torch.Tensor:
+    p, n = Z.shape
+    kc = kappa * p / (n * eps**2)
+    attention = torch.softmax(Z.T @ Z, dim=0)  # softmax over each column
+    return (1 - kc) * Z + kc * Z @ attention
+
+
+def _ista_step(Z: torch.Tensor, eta: float, lam: float) -> torch.Tensor:
+    D = torch.eye(Z.shape[0], dtype=Z.dtype)
+    return torch.relu(Z + eta * D.T @ (Z - D @ Z) - eta * lam)
+
+
+def _stats(Z: torch.Tensor, labels: np.ndarray, both_clusters: bool, eps: float) -> dict:
+    thickness: list[float | None] = []
+    for j in (0, 1):
+        if not both_clusters and j == 1:
+            thickness.append(None)
+            continue
+        s = torch.linalg.svdvals(Z[:, torch.from_numpy(labels == j)])
+        thickness.append(float(s[1] / s[0]) if s[0] > 0 else 0.0)
+    label_t = torch.from_numpy(labels)
+    R = float(coding_rate(Z, eps))
+    Rc = float(clustered_coding_rate(Z, label_t, eps))
+    # Nearer to the other direction's line than to its own (|cos| compares lines through 0). In (a) the
+    # "other" direction is u₂ although its cluster is not drawn.
+    dirs = torch.from_numpy(np.stack([U1, U2]))  # (2 directions, 2 coords)
+    cos = (dirs @ Z).abs()  # (2, n)
+    own = cos[label_t, torch.arange(Z.shape[1])]
+    other = cos[1 - label_t, torch.arange(Z.shape[1])]
+    nonzero = (Z != 0).sum(0)
+    return {
+        "thickness": thickness,
+        "R": R,
+        "Rc": Rc,
+        "dR": R - Rc,
+        "misassigned": int((other > own).sum()),
+        "one_axis_share": float((nonzero == 1).double().mean()),
+    }
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    # 2×2 and 40×40 matrices gain nothing from intra-op threads, and on a busy machine the thread
+    # hand-offs cost 10-50× the arithmetic; the previous setting is restored on exit.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def run_panel(key: str, seed: int, config: ToyConfig | None = None) -> ToyRun:
+    """Run one panel (``"a"``, ``"b"``, ``"c"``, ``"c-len1"`` or ``"d"``) on one seed."""
+    with _one_thread():
+        return _run_panel(key, seed, config)
+
+
+def _run_panel(key: str, seed: int, config: ToyConfig | None) -> ToyRun:
+    config = config or ToyConfig()
+    config.validate()
+    if key not in PANELS:
+        raise ValueError(f"unknown toy panel {key!r}; known: {', '.join(PANELS)}")
+    panel = PANELS[key]
+    Z_np, labels = draw_tokens(seed, config.noise, config.tokens_per_cluster)
+    if not panel.both_clusters:
+        Z_np, labels = Z_np[:, labels == 0], labels[labels == 0]
+    run = ToyRun(
+        key=key,
+        panel=panel.panel,
+        length=panel.length,
+        kappa=panel.kappa,
+        seed=seed,
+        eps=config.eps,
+        eta=config.eta if panel.ista else None,
+        lam=config.lam if panel.ista else None,
+        labels=labels,
+    )
+    Z = torch.from_numpy(Z_np)  # float64
+    for layer in range(config.layers + 1):
+        if layer > 0:
+            Z = _rescale(Z, panel.length)
+            if panel.step == "gradient":
+                Z = coding_rate_step(Z, config.eps, panel.kappa)
+            else:
+                Z = _softmax_step(Z, config.eps, panel.kappa)
+            if panel.ista:
+                Z = _ista_step(Z, config.eta, config.lam)
+        measured = _rescale(Z, panel.length)
+        run.layers.append(_stats(measured, labels, panel.both_clusters, config.eps))
+        run.tokens.append(measured.numpy().copy())
+    return run
+
+
+def run_toy(panels: tuple[str, ...] | list[str], seeds: list[int], config: ToyConfig | None = None) -> list[ToyRun]:
+    """Every panel on every seed, panels outermost."""
+    unknown = [p for p in panels if p not in PANELS]
+    if unknown:
+        raise ValueError(f"unknown toy panel(s) {', '.join(map(repr, unknown))}; known: {', '.join(PANELS)}")
+    with _one_thread():
+        return [_run_panel(key, seed, config) for key in panels for seed in seeds]
+
+
+def _describe(key: str, config_eta: float | None = None, config_lam: float | None = None) -> str:
+    p = PANELS[key]
+    text = f"{p.title}; length {p.length:g}, κ = {p.kappa:g}"
+    if p.ista and config_eta is not None:
+        text += f", η = {config_eta:g}, λ = {config_lam:g}"
+    return text
+
+
+def _num(x: float, fmt: str) -> str:
+    text = f"{x:{fmt}}"
+    return text.lstrip("-") if float(text) == 0 else text  # no "-0.000" from rounding noise
+
+
+_HEADER = f"{'layer':>5} {'thick1':>8} {'thick2':>8} {'R':>8} {'R_c':>8} {'ΔR':>8} {'misassigned':>12} {'one-axis':>9}"
+
+
+def format_run(run: ToyRun) -> str:
+    """A table of one run, one row per layer."""
+    n = len(run.labels) if run.labels is not None else 0
+    lines = [f"{_describe(run.key, run.eta, run.lam)}; seed {run.seed}", _HEADER]
+    for layer, s in enumerate(run.layers):
+        t1, t2 = s["thickness"]
+        t2_text = f"{t2:8.3f}" if t2 is not None else f"{'-':>8}"
+        lines.append(
+            f"{layer:5d} {t1:8.3f} {t2_text} {s['R']:8.3f} {s['Rc']:8.3f} {_num(s['dR'], '.3f'):>8} "
+            f"{s['misassigned']:>9d}/{n:<2d} {s['one_axis_share']:9.2f}"
+        )
+    return "\n".join(lines)
+
+
+def aggregate(runs: list[ToyRun]) -> dict[str, dict[str, np.ndarray]]:
+    """Per panel key: ``metric -> (2, layers)`` array of mean and std over the seeds (population std).
+    Metrics: ``thickness1``, ``thickness2`` (NaN in (a)), ``R``, ``Rc``, ``dR``, ``misassigned``,
+    ``one_axis_share``."""
+    by_key: dict[str, list[ToyRun]] = {}
+    for run in runs:
+        by_key.setdefault(run.key, []).append(run)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for key, group in by_key.items():
+        metrics: dict[str, np.ndarray] = {}
+        values = {
+            "thickness1": [[s["thickness"][0] for s in r.layers] for r in group],
+            "thickness2": [
+                [np.nan if s["thickness"][1] is None else s["thickness"][1] for s in r.layers] for r in group
+            ],
+            **{
+                m: [[s[m] for s in r.layers] for r in group] for m in ("R", "Rc", "dR", "misassigned", "one_axis_share")
+            },
+        }
+        for name, table in values.items():
+            arr = np.asarray(table, dtype=np.float64)  # (seeds, layers)
+            metrics[name] = np.stack([arr.mean(0), arr.std(0)])
+        out[key] = metrics
+    return out
+
+
+def format_aggregate(runs: list[ToyRun]) -> str:
+    """Mean ± std over seeds, per panel and layer."""
+    agg = aggregate(runs)
+    blocks = []
+    for key, m in agg.items():
+        group = [r for r in runs if r.key == key]
+        n = len(group[0].labels) if group[0].labels is not None else 0
+        head = f"{_describe(key, group[0].eta, group[0].lam)}; mean ± std over {len(group)} seeds"
+        lines = [
+            head,
+            f"{'layer':>5} {'thickness 1':>13} {'thickness 2':>13} {'R':>13} {'R_c':>13} {'ΔR':>13} "
+            f"{'misassigned/' + str(n):>15} {'one-axis':>13}",
+        ]
+        for layer in range(m["R"].shape[1]):
+
+            def cell(name: str, fmt: str = ".3f", width: int = 13, m=m, layer=layer) -> str:
+                mean, std = m[name][:, layer]
+                if np.isnan(mean):
+                    return f"{'-':>{width}}"
+                return f"{_num(mean, fmt)} ± {_num(std, fmt)}".rjust(width)
+
+            lines.append(
+                f"{layer:5d} {cell('thickness1')} {cell('thickness2')} {cell('R')} {cell('Rc')} {cell('dR')} "
+                f"{cell('misassigned', '.1f', 15)} {cell('one_axis_share', '.2f')}"
+            )
+        lines.append(_reading(m, n))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _reading(m: dict[str, np.ndarray], n: int) -> str:
+    """One sentence that reads a panel's table: what the layers did, from the input to the last layer (means)."""
+    first, last = 0, m["R"].shape[1] - 1
+
+    def move(name: str, fmt: str = ".3f") -> str:
+        return f"{_num(m[name][0, first], fmt)} → {_num(m[name][0, last], fmt)}"
+
+    t1, t2 = m["thickness1"][0], m["thickness2"][0]
+    thick = [t1] if np.isnan(t2[first]) else [t1, t2]
+    shrunk = all(t[last] < 0.5 * t[first] for t in thick)
+    kept = all(abs(t[last] - t[first]) <= 0.05 * max(t[first], 1e-12) for t in thick)
+    one = len(thick) == 1
+    words = [f"Reading: over the layers the {'cluster' if one else 'clusters'}"]
+    verbs = (
+        ("is compressed", "barely changes in thickness", "thins somewhat")
+        if one
+        else ("are compressed", "barely change in thickness", "thin somewhat")
+    )
+    words.append(verbs[0] if shrunk else verbs[1] if kept else verbs[2])
+    words.append(f"(thickness {move('thickness1')}" + ("" if len(thick) == 1 else f" and {move('thickness2')}") + ")")
+    if len(thick) == 2:
+        d0, d1 = m["dR"][0, first], m["dR"][0, last]
+        if d1 > 1.2 * d0:
+            words.append(f"and pulled apart relative to their size (ΔR {move('dR')})")
+        elif d1 < 0.8 * d0:
+            words.append(f"and merged (ΔR {move('dR')}: nothing tells them apart any more)")
+        else:
+            words.append(f"while ΔR stays {_num(m['dR'][0, last], '.3f')}")
+    wrong = m["misassigned"][0]
+    if wrong[last] > wrong[first] + 1:
+        words.append(f"; tokens on the wrong line grow from {wrong[first]:.1f} to {wrong[last]:.1f} of {n}")
+    share = m["one_axis_share"][0, last]
+    if share > 0.05:
+        words.append(f"; {share:.0%} of the tokens end with a single non-zero coordinate (sparse)")
+    return " ".join(words).replace(" ;", ";") + "."
+
+
+def write_json(runs: list[ToyRun], path: str | os.PathLike) -> None:
+    """A list of runs: ``panel``, ``length``, ``kappa``, ``seed``, ``eps`` (and ``eta``, ``lam`` for (d)),
+    ``layers`` (layer 0 is the input) of ``{thickness: [t1, t2], R, Rc, dR, misassigned, one_axis_share}``."""
+    # Its own layout (indent 1, NaN kept as JSON's NaN), so not alfa.fileio.write_json; the same atomic writer.
+    fileio.write_text(path, json.dumps([run.to_dict() for run in runs], indent=1) + "\n")
+
+
+def plot_toy(runs: list[ToyRun], path: str | os.PathLike) -> None:
+    """The four panels (a)–(d): top row, the first seed's tokens at the input (faint) and after the last
+    layer; bottom row, per-layer thickness, misassigned share and (d) one-axis share, mean ± std over
+    seeds, with the token-length-1 variant of (c) drawn into (c)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    agg = aggregate(runs)
+    first = {}
+    for run in runs:
+        first.setdefault(run.key, run)
+    letters = [k for k in ("a", "b", "c", "d") if k in first]
+    if not letters:
+        raise ValueError("plot_toy needs runs of at least one of the panels a, b, c, d")
+    fig, axes = plt.subplots(2, len(letters), figsize=(3.6 * len(letters), 7.0), squeeze=False)
+    colors = ("tab:blue", "tab:orange")
+    for col, key in enumerate(letters):
+        run = first[key]
+        ax = axes[0, col]
+        last = len(run.tokens) - 1
+        for j in (0, 1):
+            sel = run.labels == j
+            if not sel.any():
+                continue
+            ax.scatter(*run.tokens[0][:, sel], s=10, color=colors[j], alpha=0.25, label="input" if j == 0 else None)
+            ax.scatter(*run.tokens[last][:, sel], s=28, color=colors[j], edgecolor="k", linewidth=0.5, zorder=3)
+        if key == "c" and "c-len1" in first:
+            variant = first["c-len1"]
+            scaled = variant.tokens[-1] * (run.length / variant.length)
+            ax.scatter(*scaled, s=22, marker="x", color="k", lw=0.8, label=f"length 1, layer {last} (×{run.length:g})")
+            ax.legend(fontsize=7, loc="lower left")
+        r = run.length * 1.25
+        for u in (U1, U2):
+            ax.plot([-r * u[0], r * u[0]], [-r * u[1], r * u[1]], color="0.6", lw=0.8, ls="--", zorder=0)
+        ax.set(xlim=(-r, r), ylim=(-r, r), aspect="equal")
+        ista = f", η = {run.eta:g}, λ = {run.lam:g}" if run.eta is not None else ""
+        ax.set_title(f"{PANELS[key].title}\nseed {run.seed}: input (faint), layer {last}{ista}", fontsize=9)
+        ax.axhline(0, color="0.85", lw=0.6, zorder=0)
+        ax.axvline(0, color="0.85", lw=0.6, zorder=0)
+
+        ax = axes[1, col]
+        variants = [key] + (["c-len1"] if key == "c" and "c-len1" in agg else [])
+        for variant in variants:
+            m = agg[variant]
+            layers = np.arange(m["R"].shape[1])
+            n = len(first[variant].labels)
+            tag = "" if variant == key else " (length 1)"
+            style = "-" if variant == key else ":"
+            curves = [("thickness1", 1.0, "thickness 1", colors[0]), ("thickness2", 1.0, "thickness 2", colors[1])]
+            curves.append(("misassigned", 1.0 / n, "misassigned share", "tab:red"))
+            if PANELS[variant].ista:
+                curves.append(("one_axis_share", 1.0, "one-axis share", "tab:green"))
+            for name, scale, label, color in curves:
+                mean, std = m[name] * scale
+                if np.isnan(mean).all():
+                    continue
+                ax.plot(layers, mean, style, marker="o", ms=3, color=color, label=label + tag)
+                ax.fill_between(layers, mean - std, mean + std, color=color, alpha=0.15)
+        seeds = len([r for r in runs if r.key == key])
+        ax.set(xlabel="layer", ylim=(-0.02, 1.02), title=f"mean ± std over {seeds} seeds")
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

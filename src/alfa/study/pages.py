@@ -1,0 +1,219 @@
+"""The generated pages of ``docs/`` and the committed data each one is made from (``alfa pages``).
+
+Every number in a generated page comes from a command; the command's results are committed under
+``docs/data/`` (the records and whatever small data the figures need, never models or adapters), so anyone
+can regenerate a page, or check it, without re-running hours of benchmark: ``alfa pages --check``
+renders every page from its data into a temporary folder and compares it, and its figures, byte for byte
+with the committed files (``tests/test_pages.py`` does the same); ``alfa pages --write`` rewrites them.
+
+A page is listed once, in :data:`PAGES`, with the command that produced its data and the renderer that turns
+the data into the page.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from alfa.fileio import write_bytes, write_text
+
+__all__ = ["Page", "PAGES", "render_page", "check_pages", "write_pages", "repo_root"]
+
+
+@dataclass(frozen=True)
+class Page:
+    """One generated page: ``path`` (relative to the repository root) is made by ``render`` from ``data``
+    (committed, relative to the root); ``figures`` is the folder of figures it owns (every file there must
+    be one it draws), if any; ``produce`` is the command that makes the data (and the page) from scratch."""
+
+    path: str
+    data: str
+    produce: str
+    render: Callable[[Path, Path], None]  # (root to read the data from, root to write the page under)
+    figures: str | None = None
+    owned_figures: tuple[str, ...] = ()  # single figure files it draws outside ``figures``
+    more_data: tuple[str, ...] = ()  # further committed data it reads (sections measured on their own)
+
+
+def _render_results(root: Path, out: Path) -> None:
+    from .bench.report import build_report
+
+    build_report(
+        root / "docs/data/bench-standard",
+        out / "docs/results.md",
+        command="alfa report --results docs/data/bench-standard --out docs/results.md",
+        source="docs/data/bench-standard",
+    )
+
+
+FLIP_DATA = "docs/data/bench-flip"
+"""The flip-premise benchmark's committed results (docs/flip-premise.md): its page and Alfa's default recipe."""
+
+
+def _render_flip_results(root: Path, out: Path) -> None:
+    from .bench.report import build_report
+
+    build_report(
+        root / FLIP_DATA,
+        out / "docs/results-flip.md",
+        figure_dir=out / "docs/figures/results-flip",
+        command=f"alfa report --results {FLIP_DATA} --out docs/results-flip.md --figures docs/figures/results-flip",
+        source=FLIP_DATA,
+    )
+
+
+def _render_default_recipe(root: Path, out: Path) -> None:
+    from .bench.flip_report import default_recipe_module
+    from .bench.results import load_results
+
+    text = default_recipe_module(load_results(root / FLIP_DATA), FLIP_DATA)
+    write_text(out / "src/alfa/gaze/default_recipe.py", text)
+
+
+def _render_speed(root: Path, out: Path) -> None:
+    from .bench.speed import page_text, speed_command, transformers_path
+
+    result = json.loads((root / "docs/speed.json").read_text(encoding="utf-8"))
+    # the transformer section, measured on its own (alfa speed --transformers)
+    section = json.loads(transformers_path(root / "docs/speed.md").read_text(encoding="utf-8"))
+    command = speed_command("docs/speed.md", result["repeats"], result["image_size"])
+    write_text(out / "docs/speed.md", page_text(result, command, section, "docs/speed.md"))
+
+
+def _render_serving(root: Path, out: Path) -> None:
+    from .bench.serving import serving_command, serving_markdown
+
+    result = json.loads((root / "docs/serving.json").read_text(encoding="utf-8"))
+    text = serving_markdown(result, serving_command("docs/serving.md", result["rounds"], result["image_size"]))
+    write_text(out / "docs/serving.md", text)
+
+
+def _render_loading(root: Path, out: Path) -> None:
+    from alfa.gaze.throughput import loading_page
+
+    page = json.loads((root / "docs/loading.json").read_text(encoding="utf-8"))
+    write_text(out / "docs/loading.md", loading_page(page))
+
+
+CRATE_GAZE_DATA = "docs/data/crate-gaze/results.json"
+CRATE_GAZE_FIGURE = "docs/figures/crate_gaze_probes.png"
+
+
+def _render_crate_gaze(root: Path, out: Path) -> None:
+    from .crate.gaze_report import format_markdown, plot_gaze_probes
+
+    results = json.loads((root / CRATE_GAZE_DATA).read_text(encoding="utf-8"))
+    (out / CRATE_GAZE_FIGURE).parent.mkdir(parents=True, exist_ok=True)
+    plot_gaze_probes(results["probes"]["results"], out / CRATE_GAZE_FIGURE, source_name=results["probes"]["source"])
+    text = format_markdown(results, figure=Path(CRATE_GAZE_FIGURE).relative_to("docs").as_posix())
+    write_text(out / "docs/crate-gaze.md", text)
+
+
+PAGES: tuple[Page, ...] = (
+    Page(
+        path="docs/results.md",
+        data="docs/data/bench-standard",
+        produce="alfa bench --standard (in pieces), then alfa report --results runs/bench-standard "
+        "--data-to docs/data/bench-standard --out docs/results.md",
+        render=_render_results,
+        figures="docs/figures/results",
+    ),
+    Page(
+        path="docs/results-flip.md",
+        data=FLIP_DATA,
+        produce="alfa bench --standard (in pieces, docs/results-flip.md § Runs), then alfa report --results "
+        f"runs/bench-flip --data-to {FLIP_DATA} --out docs/results-flip.md",
+        render=_render_flip_results,
+        figures="docs/figures/results-flip",
+    ),
+    Page(
+        path="src/alfa/gaze/default_recipe.py",
+        data=FLIP_DATA,
+        produce=f"alfa pages --write (from {FLIP_DATA}: Alfa's recipe selected for the E source, seeds pooled)",
+        render=_render_default_recipe,
+    ),
+    Page(
+        path="docs/speed.md",
+        data="docs/speed.json",
+        produce="alfa speed --out docs/speed.md, then alfa speed --transformers --out docs/speed.md",
+        render=_render_speed,
+        more_data=("docs/speed-transformers.json",),
+    ),
+    Page(
+        path="docs/serving.md",
+        data="docs/serving.json",
+        produce="alfa serving --out docs/serving.md",
+        render=_render_serving,
+    ),
+    Page(
+        path="docs/loading.md",
+        data="docs/loading.json",
+        produce="alfa throughput (the command is in the page)",
+        render=_render_loading,
+    ),
+    Page(
+        path="docs/crate-gaze.md",
+        data=CRATE_GAZE_DATA,
+        produce="alfa crate gaze --out runs/crate-gaze --seed 0 --markdown docs/crate-gaze.md, then copy "
+        f"runs/crate-gaze/results.json to {CRATE_GAZE_DATA}",
+        render=_render_crate_gaze,
+        owned_figures=(CRATE_GAZE_FIGURE,),
+    ),
+)
+
+
+def repo_root() -> Path:
+    """The repository this package is installed from (where ``docs/`` is)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def render_page(page: Page, root: Path, out: Path) -> list[Path]:
+    """Render ``page`` from the data under ``root`` into ``out``; the files it wrote, relative to ``out``."""
+    page.render(root, out)
+    return sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+
+
+def _owned(page: Page, root: Path) -> set[Path]:
+    files = {Path(page.path), *(Path(f) for f in page.owned_figures)}
+    if page.figures is not None and (root / page.figures).is_dir():
+        files |= {p.relative_to(root) for p in (root / page.figures).iterdir() if p.is_file()}
+    return files
+
+
+def check_pages(root: Path | None = None, pages: tuple[Page, ...] = PAGES) -> list[str]:
+    """Every difference between the committed pages (and their figures) and what their data render to; an
+    empty list when all pages regenerate byte for byte."""
+    root = repo_root() if root is None else root
+    problems: list[str] = []
+    for page in pages:
+        missing = [d for d in (page.data, *page.more_data) if not (root / d).exists()]
+        if missing:
+            problems.append(f"{page.path}: its data is missing: {', '.join(missing)} (made by: {page.produce})")
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            made = set(render_page(page, root, out))
+            for rel in sorted(made | _owned(page, root)):
+                if rel not in made:
+                    problems.append(f"{rel}: committed, but {page.path}'s data no longer draws it")
+                elif not (root / rel).is_file():
+                    problems.append(f"{rel}: drawn from {page.data} but not committed")
+                elif (root / rel).read_bytes() != (out / rel).read_bytes():
+                    problems.append(f"{rel}: differs from what {page.data} renders to (run: alfa pages --write)")
+    return problems
+
+
+def write_pages(root: Path | None = None, pages: tuple[Page, ...] = PAGES) -> list[Path]:
+    """Regenerate every page and its figures from the committed data, in place; the files written."""
+    root = repo_root() if root is None else root
+    written = []
+    for page in pages:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            for rel in render_page(page, root, out):
+                write_bytes(root / rel, (out / rel).read_bytes())
+                written.append(rel)
+    return written
