@@ -11,7 +11,7 @@ ROOT = repo_root()
 
 
 def test_the_pages_are_found_in_this_checkout():
-    assert (ROOT / "docs").is_dir() and (ROOT / "src" / "alfa" / "pages.py").is_file()
+    assert (ROOT / "docs").is_dir() and (ROOT / "src" / "alfa" / "study" / "pages.py").is_file()
     assert {p.path for p in PAGES} >= {"docs/results.md", "docs/speed.md"}
 
 

@@ -1,0 +1,113 @@
+"""The library works with its own dependencies alone (torch, numpy, safetensors).
+
+A child interpreter is started with an import hook that makes the gaze application's and the study's
+packages, and every package only they need, unimportable; the library then runs its whole life cycle
+on a model: truncate, attach, one training step, save the adapter, load it into a fresh copy, merge.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Everything the library must do without: the application's and the study's dependencies, the optional
+# extras, and the packages above the library.
+BLOCKED = (
+    "matplotlib",
+    "h5py",
+    "kornia",
+    "PIL",
+    "tqdm",
+    "transformers",
+    "peft",
+    "onnx",
+    "onnxruntime",
+    "alfa.gaze",
+    "alfa.study",
+    "alfa.cli",
+)
+
+# None in sys.modules is Python's own "not installed": import raises ModuleNotFoundError and
+# importlib.util.find_spec answers None, so optional-dependency probes (torch's among them) see it absent.
+HOOK = f"""
+import sys
+BLOCKED = {BLOCKED!r}
+for name in BLOCKED:
+    assert name not in sys.modules, name
+    sys.modules[name] = None
+"""
+
+LIFE_CYCLE = """
+import tempfile, torch, alfa
+from pathlib import Path
+for name in ("tqdm", "matplotlib", "alfa.gaze"):
+    try:
+        __import__(name)
+    except ModuleNotFoundError:
+        pass
+    else:
+        raise SystemExit(f"{name} was importable: the hook does not hold")
+torch.manual_seed(0)
+model = alfa.models.resnet18_gaze()
+alfa.truncate(model, rank=16)
+alfa.attach(model, alfa.AlfaConfig(heads=2, rank=4))
+x = torch.randn(2, 3, 32, 32)
+opt = torch.optim.SGD(alfa.param_groups(model, lr=0.1), lr=0.1)
+model.train()
+loss = model(x).square().mean()
+loss.backward()
+opt.step()
+model.eval()
+with torch.no_grad():
+    want = model(x)
+with tempfile.TemporaryDirectory() as d:
+    path = Path(d) / "user.safetensors"
+    alfa.save_adapter(model, path)
+    torch.manual_seed(0)
+    fresh = alfa.models.resnet18_gaze()
+    alfa.truncate(fresh, rank=16)
+    fresh.load_state_dict({k: v for k, v in model.state_dict().items() if "adapter" not in k}, strict=False)
+    alfa.load_adapter(fresh, path)
+fresh.eval()
+with torch.no_grad():
+    loaded = fresh(x)
+    alfa.merge(fresh)
+    merged = fresh(x)
+assert torch.allclose(loaded, want, atol=1e-5), (loaded - want).abs().max()
+assert torch.allclose(merged, want, atol=1e-4), (merged - want).abs().max()
+loaded = [m for m in sys.modules if sys.modules[m] is not None and m.startswith(BLOCKED)]
+assert not loaded, loaded
+print("library alone: ok")
+"""
+
+
+def _run(body: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", HOOK + textwrap.dedent(body)], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+
+
+def test_the_library_runs_its_life_cycle_without_the_application_the_study_or_their_packages():
+    done = _run(LIFE_CYCLE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "library alone: ok" in done.stdout
+
+
+def test_the_hook_blocks_the_application_so_the_check_can_fail():
+    done = _run("import alfa.gaze.train\n")
+    assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr and "alfa.gaze" in done.stderr
+
+
+def test_installing_the_library_alone_asks_for_torch_numpy_and_safetensors_only():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    names = {req.split(">")[0].split("=")[0].split("[")[0].strip().lower() for req in project["dependencies"]}
+    assert names == {"torch", "numpy", "safetensors"}
+    extras = project["optional-dependencies"]
+    assert {"gaze", "study", "hf", "export"} <= set(extras)
+    gaze = {req.split(">")[0].lower() for req in extras["gaze"]}
+    assert {"matplotlib", "h5py", "kornia", "pillow", "tqdm"} <= gaze
