@@ -8,23 +8,19 @@ import pytest
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 import alfa
-import alfa.study.bench.runner as runner
+import alfa.study.bench.produce as produce
 from alfa.checkpoint import load_model
 from alfa.gaze.evaluate import person_errors
 from alfa.gaze.pipeline import open_data
 from alfa.gaze.tpgaze import MetaTrainConfig
 from alfa.gaze.train import TrainConfig
+from alfa.study.bench.ablations import ablation_variants
 from alfa.study.bench.commands import _pairs, register
-from alfa.study.bench.runner import (
-    RESULTS_FILE,
-    BenchConfig,
-    OracleConfig,
-    ResultsStore,
-    ablation_variants,
-    load_results,
-    plan_records,
-    run_bench,
-)
+from alfa.study.bench.config import ABLATIONS, BenchConfig, OracleConfig
+from alfa.study.bench.methods import PAIRS
+from alfa.study.bench.plan import plan_records
+from alfa.study.bench.results import RESULTS_FILE, ResultsStore, load_results
+from alfa.study.bench.runner import run_bench
 
 REQUIRED = ("method", "pair", "seed", "error_deg", "per_person", "trainable_params", "inference_params")
 REQUIRED += ("adapter_bytes", "seconds_per_user", "id", "config_hash")
@@ -129,8 +125,8 @@ def test_resume_skips_finished_records(bench, monkeypatch):
     out, config, _ = bench
     before = (out / RESULTS_FILE).read_text()
     calls = []
-    real = runner.personalize_dataset
-    monkeypatch.setattr(runner, "personalize_dataset", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = produce.personalize_dataset
+    monkeypatch.setattr(produce, "personalize_dataset", lambda *a, **k: calls.append(1) or real(*a, **k))
     summary = run_bench(config, out, progress=False)
     assert summary.ran == [] and len(summary.skipped) == 4 and calls == []
     assert (out / RESULTS_FILE).read_text() == before  # nothing rewritten
@@ -176,7 +172,7 @@ def test_interrupted_write_leaves_the_old_file_intact(bench, monkeypatch, tmp_pa
 
 def test_interrupted_run_keeps_finished_records_and_resumes(tmp_path, monkeypatch):
     config = tiny(methods=("source-only", "alfa"), ablations=("heads",))
-    real = runner.personalize_dataset
+    real = produce.personalize_dataset
     calls = []
 
     def interrupt_second(*args, **kwargs):
@@ -185,7 +181,7 @@ def test_interrupted_run_keeps_finished_records_and_resumes(tmp_path, monkeypatc
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "personalize_dataset", interrupt_second)
+    monkeypatch.setattr(produce, "personalize_dataset", interrupt_second)
     with pytest.raises(KeyboardInterrupt):
         run_bench(config, tmp_path, progress=False)
     data = load_results(tmp_path)
@@ -234,7 +230,7 @@ def test_command_line_options():
     args = parser.parse_args(["report", "--results", "runs/bench"])
     assert args.out == "docs/results.md"
     full, quick = BenchConfig.full(), BenchConfig.quick()
-    assert len(full.seeds) >= 3 and set(full.pairs) == set(runner.PAIRS) and full.ablations == runner.ABLATIONS
+    assert len(full.seeds) >= 3 and set(full.pairs) == set(PAIRS) and full.ablations == ABLATIONS
     assert quick.pairs == full.pairs and quick.methods == full.methods
 
 
@@ -256,7 +252,7 @@ def test_a_failing_record_is_reported_and_the_run_goes_on(tmp_path, monkeypatch)
     def broken(*args, **kwargs):
         raise RuntimeError("cost measurement broke")
 
-    monkeypatch.setattr(runner, "adapter_costs", broken)
+    monkeypatch.setattr(produce, "adapter_costs", broken)
     summary = run_bench(tiny(methods=("alfa", "source-only")), tmp_path, progress=False)
     assert summary.errors == {"alfa|E→M|seed0": "RuntimeError: cost measurement broke"}
     assert summary.ran == ["source-only|E→M|seed0"]

@@ -9,7 +9,10 @@ from test_bench import tiny
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 from alfa.gaze.recipes import RECIPE_GRID, Recipe, reference_protocol_error
-from alfa.study.bench.runner import STAND_IN, RecordPlan, _Session, plan_records, run_bench
+from alfa.study.bench.plan import STAND_IN, RecordPlan, plan_records
+from alfa.study.bench.produce import produce_record
+from alfa.study.bench.runner import run_bench
+from alfa.study.bench.session import Session
 from alfa.study.bench.variants import selection_variants
 
 
@@ -66,14 +69,14 @@ def test_the_reference_protocol_is_replayed_per_step(flip_bench):
 def test_the_selection_never_reads_a_target(flip_bench, tmp_path, monkeypatch):
     """The selection record is made with every target out of reach: opening one raises."""
     out, config, records = flip_bench
-    session = _Session(config, out, out / "cache", progress=False)
+    session = Session(config, out, out / "cache", progress=False)
     grid, _ = selection_variants(config, "alfa")
     plan = RecordPlan(grid, f"E→{STAND_IN}", 0)
 
     def no_target(key):
         raise AssertionError(f"the recipe selection opened the target {key!r}")
 
-    import alfa.study.bench.runner as runner
+    import alfa.study.bench.session as session_module
     from alfa.study.bench.methods import TARGETS
 
     opened = []
@@ -85,10 +88,10 @@ def test_the_selection_never_reads_a_target(flip_bench, tmp_path, monkeypatch):
         opened.append(world)
         return real_open(spec)
 
-    real_open = runner.open_data
+    real_open = session_module.open_data
     monkeypatch.setattr(session, "target", no_target)
-    monkeypatch.setattr(runner, "open_data", open_no_target_world)
-    record = session.run(plan)
+    monkeypatch.setattr(session_module, "open_data", open_no_target_world)
+    record = produce_record(session, plan)
     assert "gaze360" in opened  # the stand-in world was opened through the patched function
     assert record["selected"] == records[plan.id]["selected"]  # and it is deterministic
     assert record["config_hash"] == records[plan.id]["config_hash"]
@@ -96,7 +99,7 @@ def test_the_selection_never_reads_a_target(flip_bench, tmp_path, monkeypatch):
 
 def test_a_selected_row_without_its_selection_is_refused(tmp_path):
     config = tiny(methods=(), selected_methods=("alfa",))
-    session = _Session(config, tmp_path, tmp_path / "cache", progress=False)
+    session = Session(config, tmp_path, tmp_path / "cache", progress=False)
     (tmp_path / "results.json").parent.mkdir(exist_ok=True)
     from alfa.study.bench.results import ResultsStore
 

@@ -21,19 +21,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from alfa.adapters import AdapterConfig, AlfaConfig, DiagGateConfig, LinearMixConfig, LoraConfig
+from alfa.gaze.personalize import PersonalizeConfig
 
 from .names import display_name
 from .stats import Index, cell, diff, part, pooled
-from .variants import Variant, alfa_config, main_variants
-
-if TYPE_CHECKING:  # the configuration imports this module (its value fields' defaults are here)
-    from .config import BenchConfig
+from .variants import Variant, VariantSettings, alfa_config, main_variants
 
 __all__ = [
     "Ablation",
+    "AblationSettings",
     "Figure",
     "Rows",
     "Evidence",
@@ -53,12 +52,21 @@ def family_of(label: str) -> str:
 # ----------------------------------------------------------------------------- what an ablation is
 
 
+class AblationSettings(VariantSettings, Protocol):
+    """What the ablations read from the benchmark's configuration (a
+    :class:`~alfa.study.bench.config.BenchConfig`), besides an ablation's ``values_field``. Stated here, not
+    imported: the configuration imports this module (the value fields' defaults are here)."""
+
+    rank: int
+    personalize: PersonalizeConfig
+
+
 @dataclass
 class Rows:
     """What an ablation's row builder gets: the configuration, the values to sweep and the main rows."""
 
     name: str
-    config: BenchConfig
+    config: AblationSettings
     values: tuple[Any, ...]
     main: dict[str, Variant]
 
@@ -154,11 +162,11 @@ class Ablation:
     extra_params: bool = False
     figure: Figure | None = None
 
-    def values(self, config: BenchConfig) -> tuple[Any, ...]:
+    def values(self, config: AblationSettings) -> tuple[Any, ...]:
         """The values this ablation sweeps under ``config``."""
         return tuple(getattr(config, self.values_field)) if self.values_field else self.default_values
 
-    def variants(self, config: BenchConfig) -> list[Variant]:
+    def variants(self, config: AblationSettings) -> list[Variant]:
         """The rows of this ablation, its reference rows included."""
         return self.rows(Rows(self.name, config, self.values(config), main_variants(config)))
 
@@ -187,7 +195,7 @@ def unregister(name: str) -> None:
     del REGISTRY[name]
 
 
-def ablation_variants(name: str, config: BenchConfig) -> list[Variant]:
+def ablation_variants(name: str, config: AblationSettings) -> list[Variant]:
     """The rows of one ablation, its reference row (the main ``alfa``, ``lora`` or ``source-only``) included.
 
     A value equal to the main setting gives the main method's label, so it is run (and counted) once.
@@ -449,7 +457,7 @@ register(
 )
 
 
-def _recipe_sweep(option: str, default: Callable[[BenchConfig], Any], label: Callable[[str, Any], str]):
+def _recipe_sweep(option: str, default: Callable[[AblationSettings], Any], label: Callable[[str, Any], str]):
     """Rows of a sweep of one recipe option for Alfa, then LoRA (the main row where it is the default)."""
 
     def rows(r: Rows) -> list[Variant]:

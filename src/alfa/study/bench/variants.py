@@ -4,20 +4,26 @@ gives Table 1's methods and the sanity rows (the ablations' rows are in :mod:`al
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from alfa.adapters import METHODS, AdapterConfig, AlfaConfig
 
 from .methods import MAIN_METHODS, SANITY_METHODS
 from .names import SELECTED  # a method's row with its recipe selected on the stand-in, e.g. alfa[selected]
 
-if TYPE_CHECKING:  # the configuration imports the ablations, which build variants
-    from .config import BenchConfig
-
-__all__ = ["Variant", "alfa_config", "main_variants", "selection_variants", "SELECTED", "GRID"]
+__all__ = ["Variant", "VariantSettings", "alfa_config", "main_variants", "selection_variants", "SELECTED", "GRID"]
 
 GRID = "[grid]"
 """Suffix of a method's recipe-selection record (scored on the stand-in, never a table row)."""
+
+
+class VariantSettings(Protocol):
+    """What the rows read from the benchmark's configuration (a
+    :class:`~alfa.study.bench.config.BenchConfig`). Stated here, not imported: the configuration imports
+    the ablations, which build variants, so the dependency runs one way."""
+
+    alfa_heads: int
+    alfa_rank: int
 
 
 @dataclass
@@ -55,12 +61,12 @@ class Variant:
         return out
 
 
-def alfa_config(config: BenchConfig, **changes: Any) -> AlfaConfig:
+def alfa_config(config: VariantSettings, **changes: Any) -> AlfaConfig:
     """Alfa with the benchmark's heads and rank, and ``changes``."""
     return AlfaConfig(**{"heads": config.alfa_heads, "rank": config.alfa_rank, **changes})
 
 
-def _main_row(label: str, config: BenchConfig) -> Variant:
+def _main_row(label: str, config: VariantSettings) -> Variant:
     if label in SANITY_METHODS:
         return Variant(label, label, group="sanity")
     if label in ("source-only", "flip-tta"):
@@ -72,7 +78,7 @@ def _main_row(label: str, config: BenchConfig) -> Variant:
     return Variant(label, "adapter", adapter=adapter)
 
 
-def selection_variants(config: BenchConfig, method: str) -> tuple[Variant, Variant]:
+def selection_variants(config: VariantSettings, method: str) -> tuple[Variant, Variant]:
     """A method's recipe-selection record (the declared grid on the stand-in) and its row with the selected
     recipe. ``method`` is a Table-1 adapter method or an ablation's (``diag_gate``, ``linear_mix``)."""
     if method not in METHODS or METHODS[method].family == "prompt":
@@ -83,7 +89,7 @@ def selection_variants(config: BenchConfig, method: str) -> tuple[Variant, Varia
     return grid, row
 
 
-def main_variants(config: BenchConfig) -> dict[str, Variant]:
+def main_variants(config: VariantSettings) -> dict[str, Variant]:
     """The methods of Table 1 and the sanity rows, by label (every adapter method at its defaults, Alfa with
     the benchmark's heads and rank)."""
     return {label: _main_row(label, config) for label in (*MAIN_METHODS, *SANITY_METHODS)}

@@ -1,0 +1,435 @@
+"""Making one record of the benchmark (:func:`produce_record`): per (method, pair, seed) each target person
+is personalized with the shared recipe (:mod:`alfa.gaze.personalize`), scored on the images not used for
+adaptation (spec §7), and the costs are measured. The rows without adaptation, the oracle (the headroom,
+not a competitor) and the recipe selection on a source's stand-in are records of their own kinds.
+
+Nothing is chosen on target labels: the target labels are read only by the evaluation (and by the oracle).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import itertools
+import re
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from alfa.adapters import FullFinetuneConfig, attach, detach, load_adapter, param_groups
+from alfa.fileio import safe_filename
+from alfa.gaze.data.base import GazeDataset
+from alfa.gaze.evaluate import (
+    GazeError,
+    adapter_filename,
+    eval_indices,
+    load_examples,
+    person_errors,
+    person_gaze_errors,
+    predict_images,
+)
+from alfa.gaze.flip import FlipParts, FlipTTA, person_flip_parts
+from alfa.gaze.geometry import angular_error
+from alfa.gaze.losses import finite_or_raise, supervised_l1_loss
+from alfa.gaze.personalize import PersonalizeConfig, person_seed, personalize_dataset
+from alfa.gaze.recipes import PAPER_RECIPE, RECIPE_GRID, Recipe, reference_protocol_error, select_recipe, training_runs
+from alfa.gaze.tpgaze import personalize_tpgaze_dataset, tpgaze_recipe
+from alfa.layers import is_factorized
+
+from .config import OracleConfig
+from .measure import (
+    _latency_ms,
+    _param_count,
+    _proc_status_mib,
+    _reset_peak_memory,
+    adapter_costs,
+    constant_prediction_error,
+)
+from .plan import RecordPlan
+from .session import Session, SourceContext, TargetData
+
+__all__ = ["KINDS", "UNADAPTED", "produce_record"]
+
+# The kinds of a table row (a recipe-selection record is of kind "selection", never a row); the unadapted
+# ones score a base as it is.
+KINDS = ("source-only", "flip-tta", "in-domain", "target-trained", "oracle", "adapter", "tpgaze")
+UNADAPTED = ("source-only", "flip-tta", "in-domain", "target-trained")
+
+
+def produce_record(session: Session, plan: RecordPlan) -> dict[str, Any]:
+    """The record of ``plan``: build (or reuse) its base in ``session``, adapt and score it, measure the costs."""
+    v = plan.variant
+    src = session.build(session.model_key(plan), plan.seed)
+    base = session.base(src, v.base)
+    t0, cpu0 = time.time(), time.process_time()
+    record = _new_record(plan, session.record_hash(plan), base)
+    if v.kind == "selection":
+        _run_selection(session, base, plan, record)
+        record["wall_s"], record["cpu_s"] = time.time() - t0, time.process_time() - cpu0
+        record["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+        return record
+    if v.selected:  # the recipe chosen on the stand-in, read from its selection record
+        chosen = session.selected_recipe(plan)
+        record["selected_recipe"] = {"label": chosen.label, **dataclasses.asdict(chosen)}
+        plan = dataclasses.replace(plan, variant=dataclasses.replace(v, recipe=_recipe_changes(chosen)))
+    tgt = session.target(plan.target)
+    flips: dict[str, FlipParts] = {}
+    if v.kind in UNADAPTED:
+        errors = _score_unadapted(session, base, src, tgt, record, flips)
+    elif v.kind == "oracle":
+        errors = _run_oracle(session, base, tgt, plan, record, flips)
+    else:
+        errors = _run_personalization(session, base, src, tgt, plan, record, flips)
+    _add_errors(record, errors, flips)
+    record["wall_s"] = time.time() - t0
+    record["cpu_s"] = time.process_time() - cpu0
+    record["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+    return record
+
+
+# ----------------------------------------------------------------------------- the parts of a record
+
+
+def _new_record(plan: RecordPlan, config_hash: str, base: nn.Module) -> dict[str, Any]:
+    """The fields every record has, at their values for no adaptation (the runners below fill in theirs)."""
+    v = plan.variant
+    return {
+        "id": plan.id,
+        "config_hash": config_hash,
+        "method": v.label,
+        "group": v.group,
+        "ablation": None if v.group in ("main", "sanity") else {"name": v.group, "value": v.value},
+        "kind": v.kind,
+        "pair": plan.pair,
+        "source": plan.source,
+        "target": plan.target,
+        "seed": plan.seed,
+        "base": v.base if not v.base.startswith("rank=") else f"truncated d={v.base[5:]}",
+        "steps": None,
+        "failed": {},
+        "trainable_params": 0,
+        "inference_params": _param_count(base),
+        "compact_merge_params": _param_count(base),
+        "merge": "none",
+        "adapter_bytes": None,
+        "compact_bytes": None,
+        "seconds_per_user": 0.0,
+        "cpu_seconds_per_user": 0.0,
+        "peak_rss_mib": None,
+        "peak_rss_increase_mib": None,
+        "latency_ms": None,
+        "base_latency_ms": None,
+    }
+
+
+def _score(model: nn.Module, data: GazeDataset, persons: list[str], n_adapt: int, flips: dict[str, FlipParts]):
+    """Per-person errors of ``model`` on the scored images, and (into ``flips``) what a flip sees of them."""
+    flips.update(person_flip_parts(model, data, persons, n_adapt))
+    return person_gaze_errors(model, data, persons, n_adapt)
+
+
+def _add_errors(record: dict[str, Any], errors: dict[str, GazeError], flips: dict[str, FlipParts]) -> None:
+    """The scored part of a record: per-person errors (their yaw/pitch parts, what a flip sees of them:
+    :mod:`alfa.gaze.flip`) and their means; ``flip_tta_error_deg`` is flip-TTA on top of the record's model."""
+    record["per_person_flip"] = {p: flips[p].to_dict() for p in errors if p in flips}
+    if record["per_person_flip"]:
+        parts = list(record["per_person_flip"].values())
+        record["flip"] = {k: statistics.fmean(x[k] for x in parts) for k in parts[0]}
+        record["flip_tta_error_deg"] = record["flip"]["tta_error"]
+    angular = {p: e.angular for p, e in errors.items()}
+    record["per_person"] = angular
+    record["per_person_parts"] = {p: e.parts() for p, e in errors.items()}
+    record["persons"] = len(angular)
+    record["error_deg"] = sum(angular.values()) / len(angular) if angular else float("nan")
+    record["std_over_persons"] = statistics.pstdev(angular.values()) if len(angular) > 1 else 0.0
+
+
+def _score_unadapted(
+    session: Session,
+    base: nn.Module,
+    src: SourceContext,
+    tgt: TargetData,
+    record: dict[str, Any],
+    flips: dict[str, FlipParts],
+) -> dict[str, GazeError]:
+    """The rows without adaptation: in-domain (on held-out source persons), target-trained, source-only and
+    flip-TTA (the base's predictions averaged with its mirrored predictions on the flipped images; on the
+    target), each with the error of a constant prediction on its set; source-only's and flip-TTA's latency."""
+    n_adapt = session.config.personalize.n_adapt
+    data = src.val if record["kind"] == "in-domain" else tgt.data
+    model = FlipTTA(base) if record["kind"] == "flip-tta" else base
+    errors = _score(model, data, data.persons(), n_adapt, flips)
+    record["constant_prediction_deg"] = constant_prediction_error(data, data.persons(), n_adapt)
+    if record["kind"] in ("source-only", "flip-tta"):
+        images = session.latency_images(tgt)
+        record["latency_ms"], record["base_latency_ms"] = _latency_ms(
+            [model, base], images, session.config.latency_repeats
+        )
+    return errors
+
+
+def _run_personalization(
+    session: Session,
+    base: nn.Module,
+    src: SourceContext,
+    tgt: TargetData,
+    plan: RecordPlan,
+    record: dict[str, Any],
+    flips: dict[str, FlipParts],
+) -> dict[str, GazeError]:
+    """An adapter method (or TPGaze) with the shared recipe on every target person: personalize, score each
+    person's saved adapter, measure the costs of one of them."""
+    c, v = session.config, plan.variant
+    folder = session.adapter_dir(plan)
+    run, recipe, cpu = _personalize_persons(session, base, src, tgt, plan, folder, record)
+    ok = [p for p, o in run.persons.items() if o.status in ("ok", "skipped")]
+    fresh = [p for p, o in run.persons.items() if o.status == "ok"]
+    _add_run_summary(record, run, recipe, cpu, ok, fresh)
+    errors: dict[str, GazeError] = {}
+    for person in ok:
+        load_adapter(base, folder / adapter_filename(person))
+        try:
+            errors.update(_score(base, tgt.data, [person], c.personalize.n_adapt, flips))
+        finally:
+            detach(base)
+    if ok:
+        images = session.latency_images(tgt)
+        record.update(adapter_costs(base, folder / adapter_filename(ok[0]), images, c.latency_repeats))
+    if v.kind == "tpgaze":
+        record["meta_only"] = _meta_only_errors(session, base, src, tgt)
+    if session.shows_updates(plan):
+        session.figures.save_updates(base, src, tgt, plan, folder, record["config_hash"])
+    if not session.keeps_adapters(plan):
+        shutil.rmtree(folder, ignore_errors=True)
+    return errors
+
+
+def _step_errors(data: GazeDataset, indices: dict[str, list[int]], at: set[int] | None = None):
+    """``track`` for :func:`personalize_dataset`: per person, a function giving the model's mean angular error
+    on that person's images ``indices[person]`` (with their labels), measured at the calls numbered in ``at``
+    (0: before the first step; every call when ``at`` is None) and NaN at the others."""
+
+    def for_person(person: str):
+        images, labels = load_examples(data, indices[person])
+        calls = itertools.count()
+
+        def measure(model: nn.Module) -> float:
+            if at is not None and next(calls) not in at:
+                return float("nan")
+            return float(angular_error(predict_images(model, images), labels).mean())
+
+        return measure
+
+    return for_person
+
+
+def _personalize_persons(
+    session: Session,
+    base: nn.Module,
+    src: SourceContext,
+    tgt: TargetData,
+    plan: RecordPlan,
+    folder: Path,
+    record: dict[str, Any],
+) -> tuple[Any, Any, float]:
+    """Personalize every target person into ``folder``; the peak memory goes to ``record``. Returns the
+    run's summary, the recipe it used and the CPU seconds it took."""
+    v = plan.variant
+    recipe = session.config.recipe(plan.seed, **v.recipe)
+    persons = tgt.data.persons()
+    # The reference protocol, replayed: every step scored with labels on all of a person's images (the
+    # adaptation images too), as the reference code does; reported as test-label selection, never a result.
+    replay = _step_errors(tgt.data, {p: tgt.data.person_indices(p) for p in persons})
+    before_mib = _reset_peak_memory()
+    cpu0 = time.process_time()
+    if v.kind == "tpgaze":
+        prompts = session.tpgaze_prompts(src)
+        before_mib = _reset_peak_memory()  # meta-training is a per-source cost, not a per-user one
+        cpu0 = time.process_time()
+        recipe = tpgaze_recipe(recipe)
+        run = personalize_tpgaze_dataset(
+            base, tgt.data, prompts, folder, recipe, persons=persons, progress=session.progress, track=replay
+        )
+    else:
+        adapter = v.adapter
+        assert adapter is not None
+        if v.same_layers_as_truncated:
+            names = [n for n, m in src.models.recovered.named_modules() if is_factorized(m)]
+            adapter = dataclasses.replace(adapter, target="^(" + "|".join(re.escape(n) for n in names) + ")$")
+        run = personalize_dataset(
+            base, tgt.data, adapter, recipe, folder, persons=persons, progress=session.progress, track=replay
+        )
+    cpu = time.process_time() - cpu0
+    peak = _proc_status_mib("VmHWM")
+    if before_mib is not None and peak is not None:
+        record["peak_rss_mib"] = peak
+        record["peak_rss_increase_mib"] = max(0.0, peak - before_mib)
+    return run, recipe, cpu
+
+
+def _add_run_summary(
+    record: dict[str, Any], run: Any, recipe: Any, cpu: float, ok: list[str], fresh: list[str]
+) -> None:
+    """What the personalization run reports: failures, steps, configs, time per user, first/final loss."""
+    record["failed"] = run.failed
+    record["steps"] = recipe.steps
+    record["method_config"] = run.method_config
+    record["recipe"] = {k: v for k, v in run.config.items() if k != "augment"}
+    record["seconds_per_user"] = statistics.mean(run.persons[p].seconds for p in ok) if ok else None
+    record["cpu_seconds_per_user"] = cpu / len(fresh) if fresh else None
+    steps = {p: run.persons[p].tracked for p in ok if run.persons[p].tracked}
+    if steps:
+        record["per_person_steps"] = steps
+        record["reference_protocol_deg"] = reference_protocol_error(steps)
+    losses = [run.persons[p] for p in ok if run.persons[p].losses]
+    if losses:
+        record["loss"] = {
+            "first": statistics.mean(o.losses[0] for o in losses),
+            "final": statistics.mean(o.final_loss for o in losses),
+        }
+
+
+def _recipe_changes(recipe: Recipe) -> dict[str, Any]:
+    """A grid recipe as changes to the benchmark's :class:`PersonalizeConfig` (what a :class:`Variant` holds)."""
+    applied = recipe.apply(PersonalizeConfig())
+    return {k: getattr(applied, k) for k in ("detach_flipped", "lr", "lr_scale", "steps", "pitch_anchor")}
+
+
+def _run_selection(session: Session, base: nn.Module, plan: RecordPlan, record: dict[str, Any]) -> None:
+    """The declared recipe grid (docs/flip-premise.md §4) for one method on its source's stand-in: every run
+    of :func:`~alfa.gaze.recipes.training_runs`, each person scored after the step counts the grid asks
+    for; the rule picks the recipe. Reads the stand-in's labels and nothing of any target."""
+    c, v = session.config, plan.variant
+    assert v.adapter is not None
+    standin = session.stand_in(plan.source)
+    n_adapt = c.personalize.n_adapt
+    persons = standin.data.persons()
+    scored = {p: eval_indices(standin.data, p, n_adapt) for p in persons}
+    folder = session.adapter_dir(plan)
+    errors: dict[Recipe, dict[str, float]] = {}
+    failed: dict[str, str] = {}
+    source_only: dict[str, float] = {}
+    for run_recipe, evals in training_runs(RECIPE_GRID).items():
+        recipe = run_recipe.apply(c.recipe(plan.seed))
+        track = _step_errors(standin.data, scored, at={0, *evals})
+        run = personalize_dataset(
+            base,
+            standin.data,
+            v.adapter,
+            recipe,
+            folder / safe_filename(run_recipe.label),
+            persons=persons,
+            resume=False,
+            progress=False,
+            track=track,
+        )
+        ok = {p: o for p, o in run.persons.items() if o.status == "ok"}
+        failed.update({f"{run_recipe.label} {p}": o.error or "" for p, o in run.persons.items() if p not in ok})
+        for k in evals:
+            # a recipe that fails on a person is out of the running (its mean is not finite)
+            per_person = {p: o.tracked[k] for p, o in ok.items()}
+            if len(ok) < len(persons):
+                per_person = {p: per_person.get(p, float("inf")) for p in persons}
+            errors[dataclasses.replace(run_recipe, steps=k)] = per_person
+        source_only = source_only or {p: o.tracked[0] for p, o in ok.items()}
+    shutil.rmtree(folder, ignore_errors=True)
+    means = {r: statistics.fmean(e.values()) for r, e in errors.items()}
+    chosen = select_recipe(means)
+    record.update(
+        {
+            "stand_in": standin.spec,
+            "persons": len(persons),
+            "per_person": errors[chosen],
+            "error_deg": means[chosen],
+            "source_only_deg": statistics.fmean(source_only.values()) if source_only else None,
+            "selected": dataclasses.asdict(chosen),
+            "selected_label": chosen.label,
+            "paper_recipe_deg": means.get(PAPER_RECIPE),
+            "grid": [
+                {"recipe": dataclasses.asdict(r), "label": r.label, "error_deg": means[r], "per_person": e}
+                for r, e in errors.items()
+            ],
+            "failed": failed,
+        }
+    )
+
+
+def _meta_only_errors(session: Session, base: nn.Module, src: SourceContext, tgt: TargetData) -> dict[str, Any]:
+    """TPGaze's meta-trained prompts before any personalization step, on the same scored images."""
+    persons = tgt.data.persons()
+    load_adapter(base, session.tpgaze_prompts(src))
+    try:
+        meta_only = person_errors(base, tgt.data, persons, session.config.personalize.n_adapt)
+    finally:
+        detach(base)
+    return {"error_deg": sum(meta_only.values()) / len(meta_only), "per_person": meta_only}
+
+
+def _run_oracle(
+    session: Session,
+    base: nn.Module,
+    tgt: TargetData,
+    plan: RecordPlan,
+    record: dict[str, Any],
+    flips: dict[str, FlipParts],
+) -> dict[str, GazeError]:
+    """Per person: supervised fine-tuning of every parameter on labelled images that are never scored."""
+    c, oc = session.config, session.config.oracle
+    n_adapt = c.personalize.n_adapt
+    errors: dict[str, GazeError] = {}
+    seconds = []
+    before_mib = _reset_peak_memory()
+    cpu0 = time.process_time()
+    persons = tgt.data.persons()
+    for person in tqdm(persons, desc=f"oracle {tgt.data.name}", disable=not session.progress, leave=False):
+        t0 = time.time()
+        images, gaze = _oracle_examples(tgt, person, n_adapt, oc)
+        attach(base, FullFinetuneConfig())
+        try:
+            _fine_tune(base, images, gaze, oc, torch.Generator().manual_seed(person_seed(plan.seed, person, "oracle")))
+            seconds.append(time.time() - t0)
+            errors.update(_score(base, tgt.data, [person], n_adapt, flips))
+        finally:
+            detach(base)
+    peak = _proc_status_mib("VmHWM")
+    record["trainable_params"] = _param_count(base)
+    record["merge"] = "in place"
+    record["steps"] = oc.steps
+    record["seconds_per_user"] = statistics.mean(seconds) if seconds else None
+    record["cpu_seconds_per_user"] = (time.process_time() - cpu0) / max(1, len(persons))
+    if before_mib is not None and peak is not None:
+        record["peak_rss_mib"], record["peak_rss_increase_mib"] = peak, max(0.0, peak - before_mib)
+    record["labelled_images_per_person"] = n_adapt + (oc.extra_images if tgt.extra is not None else 0)
+    return errors
+
+
+def _oracle_examples(tgt: TargetData, person: str, n_adapt: int, oc: OracleConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The oracle's labelled images of ``person``: the adaptation images and the extra ones."""
+    images, gaze = load_examples(tgt.data, tgt.data.person_indices(person)[:n_adapt])
+    if tgt.extra is not None and oc.extra_images > 0:
+        more = load_examples(tgt.extra, tgt.extra.person_indices(person))
+        images, gaze = torch.cat([images, more[0]]), torch.cat([gaze, more[1]])
+    return images, gaze
+
+
+def _fine_tune(
+    model: nn.Module, images: torch.Tensor, gaze: torch.Tensor, oc: OracleConfig, generator: torch.Generator
+) -> None:
+    """The oracle's supervised fine-tuning of ``model`` (its full fine-tune adapter attached)."""
+    model.eval()
+    device = next(model.parameters()).device
+    images, gaze = images.to(device), gaze.to(device)
+    groups = param_groups(model, oc.lr, lr_scale=oc.lr_scale, weight_decay=oc.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=oc.lr, weight_decay=oc.weight_decay)
+    for _ in range(oc.steps):
+        idx = torch.randperm(images.shape[0], generator=generator)[: oc.batch_size]
+        loss = finite_or_raise(supervised_l1_loss(model(images[idx]), gaze[idx]), "oracle")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()

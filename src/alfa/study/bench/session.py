@@ -1,0 +1,388 @@
+"""The session of one benchmark run: the rendered data, the source models and the paths every record is made
+from, and each record's hash (:meth:`Session.record_hash`: what the record depends on, so a rerun skips what
+is finished and redoes what changed).
+
+Per (source, seed) one source model is pre-trained, truncated at rank ``d`` and recovered
+(:func:`alfa.gaze.pipeline.build_source_model`, cached by a hash of everything it depends on); the other-rank
+bases and TPGaze's meta-trained prompts are cached next to it. Making a record from a session is
+:func:`alfa.study.bench.produce.produce_record`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from alfa.adapters import detach
+from alfa.adapters.prompt import TPGazeConfig
+from alfa.checkpoint import read_checkpoint
+from alfa.fileio import safe_filename
+from alfa.gaze.data.base import GazeDataset, InMemoryGazeDataset
+from alfa.gaze.evaluate import adapter_filename, load_images
+from alfa.gaze.pipeline import DemoConfig, build_source_model, data_fingerprint, open_data, source_cache_key
+from alfa.gaze.recipes import RECIPE_GRID, TIE_DEGREES, Recipe
+from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts
+from alfa.gaze.train import TruncateConfig, truncate_and_recover
+
+from .config import BenchConfig
+from .plan import STAND_IN, RecordPlan, grid_plan
+from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE, load_results
+
+__all__ = ["SCORING", "TargetData", "SourceContext", "Session"]
+
+
+# What a record measures; part of every record's hash, so a change re-runs the records (v2: the yaw/pitch
+# parts of the error, ``per_person_parts``; v3: what a flip sees of it, ``per_person_flip``).
+SCORING = 3
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- contexts
+
+
+@dataclass
+class TargetData:
+    """A rendered target (or a source's stand-in): the images every method sees and is scored on."""
+
+    key: str
+    spec: str
+    data: InMemoryGazeDataset  # target_images per person: what every method sees and is scored on
+    extra: InMemoryGazeDataset | None  # the oracle's extra labelled images
+    fingerprint: str
+
+
+@dataclass
+class SourceContext:
+    """A (source, seed): its data, its cache key, and its models once built (released after its records)."""
+
+    key: str
+    seed: int
+    demo: DemoConfig
+    data: GazeDataset
+    val: GazeDataset
+    cache_key: str
+    models: Any = None  # SourceModels once built
+    other_ranks: dict[int, nn.Module] = field(default_factory=dict)
+    prompts: Path | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Session:
+    """Data, source models and paths of one :func:`~alfa.study.bench.runner.run_bench` call, and the hash
+    of each record; :func:`~alfa.study.bench.produce.produce_record` makes a record from it."""
+
+    def __init__(
+        self, config: BenchConfig, out: Path, cache: Path, progress: bool, device: torch.device | None = None
+    ) -> None:
+        self.config, self.out, self.cache, self.progress = config, out, cache, progress
+        self.device = torch.device("cpu") if device is None else device
+        self.figures = _FigureData(config, out)
+        self.targets: dict[str, TargetData] = {}
+        self.sources: dict[tuple[str, int], SourceContext] = {}
+        self.source_data: dict[str, tuple[GazeDataset, GazeDataset]] = {}
+
+    # ---------------------------------------------------------------- data
+
+    def target(self, key: str) -> TargetData:
+        if key not in self.targets:
+            c = self.config
+            spec = c.target_spec(key)
+            full = open_data(spec)
+            keep, extra = [], []
+            for p in full.persons():
+                idx = full.person_indices(p)
+                keep += idx[: c.target_images]
+                extra += idx[c.target_images :]
+            data = full.subset(keep)
+            self.targets[key] = TargetData(
+                key, spec, data, full.subset(extra) if extra else None, data_fingerprint(data)
+            )
+        return self.targets[key]
+
+    def source(self, key: str, seed: int) -> SourceContext:
+        if (key, seed) not in self.sources:
+            c = self.config
+            if key not in self.source_data:
+                self.source_data[key] = (open_data(c.source_spec(key)), open_data(c.val_spec(key)))
+            data, val = self.source_data[key]
+            demo = c.demo_config(key, seed, self.cache)
+            fingerprints = {"source": data_fingerprint(data), "val": data_fingerprint(val)}
+            self.sources[(key, seed)] = SourceContext(key, seed, demo, data, val, source_cache_key(demo, fingerprints))
+        return self.sources[(key, seed)]
+
+    def release(self, key: str, seed: int) -> None:
+        src = self.sources.get((key, seed))
+        if src is not None:
+            src.models, src.other_ranks = None, {}
+
+    # ---------------------------------------------------------------- hashes
+
+    def stand_in(self, source: str) -> TargetData:
+        """The labelled stand-in of ``source``'s recipe selection (another world's held-out persons)."""
+        key = f"{source}→{STAND_IN}"
+        if key not in self.targets:
+            spec = self.config.stand_in_spec(source)
+            data = open_data(spec)
+            self.targets[key] = TargetData(key, spec, data, None, data_fingerprint(data))
+        return self.targets[key]
+
+    def _device_key(self) -> dict[str, str]:
+        # a record made on a GPU is another record (float results differ); CPU records hash as they always did
+        return {} if self.device.type == "cpu" else {"device": self.device.type}
+
+    def record_hash(self, plan: RecordPlan) -> str:
+        c, v = self.config, plan.variant
+        src = self.source(self.model_key(plan), plan.seed)
+        if v.kind == "selection":  # scored on the stand-in: no target is opened, let alone its labels
+            standin = self.stand_in(plan.source)
+            return _hash(
+                {
+                    "id": plan.id,
+                    "variant": v.describe(),
+                    "source_model": src.cache_key,
+                    "seed": plan.seed,
+                    "stand_in": {"spec": standin.spec, "fingerprint": standin.fingerprint},
+                    "recipe": c.recipe(plan.seed).to_dict(),
+                    "grid": [dataclasses.asdict(r) for r in RECIPE_GRID],
+                    "rule": {"tie": TIE_DEGREES, "order": "steps, lr, anchor on, no x10, detached"},
+                    "scoring": SCORING,
+                    **self._device_key(),
+                }
+            )
+        tgt = self.target(plan.target)
+        spec: dict[str, Any] = {
+            "id": plan.id,
+            "variant": v.describe(),
+            "source_model": src.cache_key,
+            "seed": plan.seed,
+            "n_adapt": c.personalize.n_adapt,
+            "scoring": SCORING,
+            **self._device_key(),
+        }
+        if v.kind == "in-domain":
+            spec["val"] = c.val_spec(plan.source)
+        else:
+            spec["target"] = {"spec": tgt.spec, "images": c.target_images, "fingerprint": tgt.fingerprint}
+        if v.kind in ("adapter", "tpgaze"):
+            spec["recipe"] = c.recipe(plan.seed, **v.recipe).to_dict()
+        if v.kind == "tpgaze":
+            spec["meta"] = {"config": c.meta.to_dict(), "init_std": c.tpgaze_init_std}
+        if v.kind == "oracle":
+            spec["oracle"] = dataclasses.asdict(c.oracle)
+        if v.base.startswith("rank="):
+            spec["recovery"] = c.recovery.to_dict()
+        if v.selected:  # the recipe is whatever the selection record selects: its hash stands for it
+            spec["selection"] = self.record_hash(grid_plan(self.config, plan))
+        return _hash(spec)
+
+    # ---------------------------------------------------------------- models
+
+    def build(self, key: str, seed: int) -> SourceContext:
+        src = self.source(key, seed)
+        if src.models is None:
+            torch.manual_seed(seed)
+            src.models = build_source_model(src.demo, src.data, src.val, progress=self.progress, device=self.device)
+            if src.models.cache.name != f"source-{src.cache_key}":
+                raise RuntimeError(f"source cache {src.models.cache} does not match the expected key {src.cache_key}")
+            src.info = {
+                "cache": str(src.models.cache),
+                "from_cache": src.models.from_cache,
+                "seconds": src.models.seconds,
+                "truncation": {
+                    k: src.models.truncation.get(k) for k in ("rank", "errors", "params", "factorized_layers")
+                },
+                "pretrain_final_val_error": (src.models.pretrain_history or [{}])[-1].get("val_error"),
+            }
+            src.info.update(self.recorded_training(src))
+        return src
+
+    def base(self, src: SourceContext, which: str) -> nn.Module:
+        if which == "truncated":
+            return src.models.recovered
+        if which == "dense":
+            return src.models.dense
+        d = int(which.removeprefix("rank="))
+        if d == self.config.rank:
+            return src.models.recovered
+        if d not in src.other_ranks:
+            model = copy.deepcopy(src.models.dense)
+            result = truncate_and_recover(
+                model,
+                src.data,
+                TruncateConfig(rank=d, recovery=dataclasses.replace(self.config.recovery, seed=src.seed)),
+                src.models.cache / f"rank-{d}",
+                val_dataset=src.val,
+                val_persons=src.val.persons(),
+                model_name=self.config.model,
+                progress=self.progress,
+            )
+            src.info.setdefault("other_ranks", {})[str(d)] = {"errors": result.errors, "params": result.params}
+            src.info.update(self.recorded_training(src))  # now with this rank's recovery
+            src.other_ranks[d] = model.eval()
+        return src.other_ranks[d]
+
+    def recorded_training(self, src: SourceContext) -> dict[str, Any]:
+        """What training the models of ``src`` took when they were built, read from their checkpoints'
+        per-epoch timings (so a model loaded from the cache still counts what it once cost): pre-training,
+        recovery, the recoveries at other SVD ranks and TPGaze's meta-training, as far as they exist."""
+        parts: dict[str, float] = {}
+
+        def epochs(history: list[dict[str, Any]] | None) -> float:
+            return sum(float(e.get("seconds", 0.0)) for e in history or [])
+
+        def header(path: Path) -> dict[str, Any]:
+            return read_checkpoint(path, header_only=True)[1].get("extra", {}) if path.is_file() else {}
+
+        cache = src.models.cache
+        parts["pretrain"] = epochs(header(cache / "pretrain" / "model.safetensors").get("history"))
+        parts["recovery"] = epochs(
+            header(cache / "recovered" / "model.safetensors").get("result", {}).get("recovery_history")
+        )
+        for folder in sorted(cache.glob("rank-*")):
+            history = header(folder / "model.safetensors").get("result", {}).get("recovery_history")
+            if history:
+                parts[f"recovery at {folder.name}"] = epochs(history)
+        meta_log = self.tpgaze_setup(src)[2] / "meta_train.json"
+        if meta_log.is_file():
+            parts["tpgaze meta-training"] = epochs(json.loads(meta_log.read_text()).get("history"))
+        return {"recorded_train_seconds": sum(parts.values()), "recorded_train_parts": parts}
+
+    def tpgaze_setup(self, src: SourceContext) -> tuple[MetaTrainConfig, TPGazeConfig, Path]:
+        """TPGaze's meta-training settings for ``src`` and the cache folder they hash to."""
+        c = self.config
+        meta = dataclasses.replace(c.meta, seed=src.seed)
+        prompt = TPGazeConfig(image_size=c.image_size, init_std=c.tpgaze_init_std)
+        key = _hash({"source": src.cache_key, "meta": meta.to_dict(), "prompt": prompt.to_dict()})
+        return meta, prompt, self.cache / f"tpgaze-{key}"
+
+    def tpgaze_prompts(self, src: SourceContext) -> Path:
+        """Meta-train TPGaze's prompts once per (source, seed) base (resumable, cached by a hash)."""
+        if src.prompts is None:
+            meta, prompt, folder = self.tpgaze_setup(src)
+            base = src.models.recovered
+            t0 = time.time()
+            result = meta_train_prompts(
+                base, src.data, meta, folder, prompt=prompt, val_dataset=src.val, progress=self.progress
+            )
+            detach(base)
+            src.prompts = result.prompts
+            src.info.update(self.recorded_training(src))
+            src.info["tpgaze_meta"] = {
+                "folder": str(folder),
+                "initial_val_error": result.initial_val_error,
+                "final_val_error": (result.history or [{}])[-1].get("val_error"),
+                "trainable_params": result.trainable_parameters,
+                "seconds": time.time() - t0,
+            }
+        return src.prompts
+
+    # ---------------------------------------------------------------- records
+
+    def adapter_dir(self, plan: RecordPlan) -> Path:
+        pair = safe_filename(plan.pair.replace("→", "-"))
+        return self.out / "adapters" / pair / f"seed{plan.seed}" / safe_filename(plan.variant.label)
+
+    def shows_updates(self, plan: RecordPlan) -> bool:
+        """Whether the update-map figure is drawn from this record's adapters (Alfa and LoRA on the figure's
+        pair and seed)."""
+        c = self.config
+        return plan.pair == c.figure_pair and plan.seed == c.figure_seed and plan.variant.label in ("alfa", "lora")
+
+    def keeps_adapters(self, plan: RecordPlan) -> bool:
+        return self.config.keep_adapters or self.shows_updates(plan)
+
+    @staticmethod
+    def model_key(plan: RecordPlan) -> str:
+        """Whose model a record uses: the pair's source, or for the within-target yardstick the target's."""
+        return plan.target if plan.variant.kind == "target-trained" else plan.source
+
+    def selected_recipe(self, plan: RecordPlan) -> Recipe:
+        """The recipe the selection record of ``plan``'s method, source and seed chose (it must have run)."""
+        grid = grid_plan(self.config, plan)
+        stored = next((r for r in load_results(self.out)["records"] if r["id"] == grid.id), None)
+        if stored is None or stored.get("config_hash") != self.record_hash(grid):
+            raise RuntimeError(f"{plan.id} needs the recipe-selection record {grid.id}, which has not run")
+        return Recipe(**stored["selected"])
+
+    def latency_images(self, tgt: TargetData) -> torch.Tensor:
+        persons = tgt.data.persons()
+        idx = [i for p in persons for i in tgt.data.person_indices(p)[self.config.personalize.n_adapt :]]
+        return load_images(tgt.data, idx[: self.config.latency_batch])
+
+
+# ----------------------------------------------------------------------------- figure data
+
+
+class _FigureData:
+    """The data behind the report's two model figures, stored in the results folder's ``figure_data``."""
+
+    def __init__(self, config: BenchConfig, out: Path) -> None:
+        self.config, self.folder = config, out / FIGURE_DIR
+
+    def has_rank_slices(self) -> bool:
+        return _figure_stamp(self.folder / RANK_SLICES_FILE) is not None
+
+    def save_rank_slices(self, src: SourceContext, tgt: TargetData) -> None:
+        """Rank-slice maps of the figure layer on two target persons (once per source model and target)."""
+        from .figures import rank_slice_data, save_figure_data
+
+        path = self.folder / RANK_SLICES_FILE
+        stamp = _hash({"source": src.cache_key, "target": tgt.fingerprint, "layer": self.config.slice_layer})
+        if _figure_stamp(path) == stamp:
+            return
+        persons = tgt.data.persons()[:2]
+        images = load_images(tgt.data, [tgt.data.person_indices(p)[0] for p in persons])
+        tensors, meta = rank_slice_data(
+            src.models.recovered, self.config.slice_layer, images, self.config.figure_slices
+        )
+        meta.update({"persons": persons, "target": tgt.data.name, "pair": self.config.figure_pair, "stamp": stamp})
+        save_figure_data(path, tensors, meta)
+
+    def save_updates(
+        self, base: nn.Module, src: SourceContext, tgt: TargetData, plan: RecordPlan, folder: Path, record_hash: str
+    ) -> None:
+        """The update ΔW of the figure layer for three persons of this record, next to the other methods'
+        (kept while they come from the same source model)."""
+        from .figures import save_figure_data, update_data
+
+        path = self.folder / UPDATES_FILE
+        persons = [p for p in tgt.data.persons() if (folder / adapter_filename(p)).is_file()][:3]
+        tensors, meta = update_data(base, {p: folder / adapter_filename(p) for p in persons}, self.config.update_layer)
+        existing_tensors, existing_meta = _read_figure(path)
+        methods = dict(existing_meta.get("methods", {})) if existing_meta.get("source") == src.cache_key else {}
+        keep = {
+            k: t
+            for k, t in existing_tensors.items()
+            if k.split("/")[0] in methods and k.split("/")[0] != plan.variant.label
+        }
+        methods[plan.variant.label] = {"record_hash": record_hash, "persons": persons}
+        keep.update({f"{plan.variant.label}/{k}": t for k, t in tensors.items()})
+        meta.update({"methods": methods, "source": src.cache_key, "pair": plan.pair, "seed": plan.seed})
+        save_figure_data(path, keep, meta)
+
+
+def _read_figure(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    from .figures import load_figure_data
+
+    if not path.is_file():
+        return {}, {}
+    try:
+        return load_figure_data(path)
+    except ValueError:
+        return {}, {}
+
+
+def _figure_stamp(path: Path) -> str | None:
+    return _read_figure(path)[1].get("stamp")
