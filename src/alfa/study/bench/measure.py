@@ -1,5 +1,5 @@
 """What the benchmark measures besides the error: memory, parameter counts, latency, the costs of one saved
-adapter, and the spread of a set's labels. Used by :mod:`alfa.study.bench.runner` for every record."""
+adapter, and the spread of a set's labels. Used by :mod:`alfa.study.bench.produce` for every record."""
 
 from __future__ import annotations
 
