@@ -236,7 +236,7 @@ def test_command_line_options():
 
 def test_report_from_a_real_run(bench, tmp_path):
     """The report command turns the tiny run into markdown with its figures (models not needed)."""
-    from alfa.study.bench.report import build_report
+    from alfa.study.bench.report_page import build_report
 
     out, _, _ = bench
     md = build_report(out, tmp_path / "results.md")

@@ -118,7 +118,7 @@ def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it
     """A run of the symmetric pairs only (or a first piece of a run): the flip sections render and say nothing
     of the positive controls; the default-recipe module reads the run's own selection record."""
     from alfa.study.bench.flip_report import default_recipe_module
-    from alfa.study.bench.report import build_report
+    from alfa.study.bench.report_page import build_report
     from alfa.study.bench.results import load_results
 
     out, _, records = flip_bench

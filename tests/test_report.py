@@ -6,18 +6,11 @@ import statistics
 import pytest
 
 from alfa.study.bench.config import BenchConfig
-from alfa.study.bench.report import (
-    build_report,
-    cell,
-    diff,
-    index_records,
-    main_verdicts,
-    render_report,
-    sanity_summary,
-    sanity_verdicts,
-    table1,
-)
+from alfa.study.bench.report_page import build_report, render_report
+from alfa.study.bench.report_tables import table1
+from alfa.study.bench.report_verdicts import main_verdicts, sanity_verdicts
 from alfa.study.bench.results import FORMAT, VERSION, layout, load_results
+from alfa.study.bench.stats import cell, diff, index_records, sanity_summary
 
 
 def record(method, pair, seed, errors, **extra):
@@ -267,7 +260,8 @@ def _parts(yaw, pitch, yaw_bias, pitch_bias, persons=("p00", "p01")):
 
 
 def test_yaw_and_pitch_parts_table_and_verdicts():
-    from alfa.study.bench.report import parts_table, parts_verdicts
+    from alfa.study.bench.report_tables import parts_table
+    from alfa.study.bench.report_verdicts import parts_verdicts
 
     records = []
     for pair in ("E→M", "E→D"):
@@ -296,7 +290,7 @@ def test_yaw_and_pitch_parts_table_and_verdicts():
 
 def test_records_without_parts_leave_the_parts_section_out():
     idx = index_records(fixture_results()["records"])
-    from alfa.study.bench.report import parts_table
+    from alfa.study.bench.report_tables import parts_table
 
     assert parts_table(idx, ["source-only", "alfa"]) == ""
     assert "## Where the error goes" not in render_report(fixture_results())

@@ -39,7 +39,7 @@ class Page:
 
 
 def _render_results(root: Path, out: Path) -> None:
-    from .bench.report import build_report
+    from .bench.report_page import build_report
 
     build_report(
         root / "docs/data/bench-standard",
@@ -54,7 +54,7 @@ FLIP_DATA = "docs/data/bench-flip"
 
 
 def _render_flip_results(root: Path, out: Path) -> None:
-    from .bench.report import build_report
+    from .bench.report_page import build_report
 
     build_report(
         root / FLIP_DATA,

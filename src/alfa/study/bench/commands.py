@@ -96,7 +96,7 @@ def _bench(args: argparse.Namespace) -> None:
     for rid, why in summary.errors.items():
         print(f"FAILED {rid}: {why}", file=sys.stderr)
     if args.report:
-        from .report import build_report
+        from .report_page import build_report
 
         path = build_report(summary.results, args.report, command=f"alfa report --results {out} --out {args.report}")
         print(f"report: {path}")
@@ -105,7 +105,7 @@ def _bench(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
-    from .report import build_report
+    from .report_page import build_report
     from .results import export_results
 
     results, command = args.results, _command_line()

@@ -1,7 +1,7 @@
 """The report's flip-premise sections (docs/flip-premise.md): what a flip can see of the error on each pair,
 how much of that ceiling each method gets, the reference protocol replayed, and the recipes selected on the
 stand-in. Every section is empty for results made before these records existed, so older results render
-as they always did.
+as they always did. The sections' fixed paragraphs are :mod:`alfa.study.bench.report_prose`'s.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from . import report_prose as prose
 from .markdown import number as _num
 from .markdown import table as _table
 from .methods import POSITIVE_CONTROLS
@@ -433,113 +434,120 @@ def flip_summary(results: dict[str, Any], idx: Index, main: Sequence[str]) -> li
     return lines
 
 
+def _ceiling_table(ceil: dict[str, dict[str, float | None]]) -> str:
+    """Per pair: source-only, flip-TTA, the ceiling against the oracle headroom and the criterion's verdict,
+    the visible share and the flip loss."""
+    rows = [
+        [
+            pair,
+            _control(pair),
+            _num(c["source_only"]),
+            _num(c["flip_tta"]),
+            _num(c["ceiling"]),
+            _num(c["headroom"]),
+            _pct(c["ratio"]),
+            _verdict(c, pair),
+            _pct(c["visible_share"]),
+            _num(c["flip_loss"]),
+        ]
+        for pair, c in ceil.items()
+    ]
+    header = [
+        "pair",
+        "control",
+        "source-only",
+        "flip-TTA",
+        "ceiling",
+        "oracle headroom",
+        "ceiling / headroom",
+        "criterion",
+        "visible share",
+        "flip loss",
+    ]
+    return _table(header, rows)
+
+
+def _ceiling_section(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, float | None]]) -> list[str]:
+    """What a flip can see on each pair, and every method's gain as a share of that ceiling."""
+    positive = [p for p in ceil if p in POSITIVE_CONTROLS]
+    return [
+        "## What a flip can see",
+        "",
+        prose.FLIP_CEILING_INTRO.format(criterion=CRITERION),
+        "",
+        _ceiling_table(ceil),
+        "",
+        *(f"- {s}" for s in _ceiling_sentences(idx, ceil)),
+        "",
+        prose.FLIP_SHARE_INTRO.format(share_floor=SHARE_FLOOR),
+        "",
+        _share_table(idx, main, ceil),
+        "",
+        *(f"- {s}" for s in _harmless_best(idx, main, positive, ceil)),
+        *(f"- {s}" for s in _attention_lines(idx, positive)),
+        "",
+    ]
+
+
+def _after_section(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, float | None]]) -> list[str]:
+    """Flip-TTA on top of each personalized model, and what a flip still sees (none with fewer than two rows)."""
+    after = _after_table(idx, main, list(ceil))
+    if not after:
+        return []
+    positive = [p for p in ceil if p in POSITIVE_CONTROLS]
+    return [
+        "### After personalization: flip-TTA on top, and what a flip still sees",
+        "",
+        prose.FLIP_AFTER_INTRO,
+        "",
+        after,
+        "",
+        *(f"- {s}" for s in _after_lines(idx, main, positive)),
+        "",
+    ]
+
+
+def _selection_section(results: dict[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
+    """The recipes the declared rule selected on the stand-in (none without selection records)."""
+    selection_table, selection_lines = _selection(results, idx, main)
+    if not selection_table:
+        return []
+    return [
+        "## Recipes selected without target labels",
+        "",
+        prose.SELECTION_INTRO,
+        "",
+        *selection_table,
+        "",
+        *(f"- {s}" for s in selection_lines),
+        "",
+    ]
+
+
+def _replay_section(idx: Index, main: Sequence[str]) -> list[str]:
+    """The reference protocol's test-label selection replayed (none without its records)."""
+    replay_table, replay_lines = _replay(idx, main)
+    if not replay_table:
+        return []
+    return [
+        "## The reference protocol, replayed (test-label selection, not a result)",
+        "",
+        prose.REPLAY_INTRO,
+        "",
+        replay_table,
+        "",
+        *(f"- {s}" for s in replay_lines),
+        "",
+    ]
+
+
 def flip_sections(results: dict[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
     """The report's flip-premise sections, as markdown lines."""
     ceil = ceilings(idx)
     lines: list[str] = []
     if ceil:
-        rows = [
-            [
-                pair,
-                _control(pair),
-                _num(c["source_only"]),
-                _num(c["flip_tta"]),
-                _num(c["ceiling"]),
-                _num(c["headroom"]),
-                _pct(c["ratio"]),
-                _verdict(c, pair),
-                _pct(c["visible_share"]),
-                _num(c["flip_loss"]),
-            ]
-            for pair, c in ceil.items()
-        ]
-        positive = [p for p in ceil if p in POSITIVE_CONTROLS]
-        lines += [
-            "## What a flip can see",
-            "",
-            "Flip-TTA averages the model's prediction with its mirrored prediction on the flipped image; the part "
-            "of the error it removes is the part a flip-symmetry loss can see at all, so `source-only − flip-TTA` "
-            "is the ceiling of a purely flip-based correction (docs/flip-premise.md §1). Means over seeds (deg). "
-            f"Criterion of a positive control (declared): ceiling ≥ {CRITERION:.0%} of the oracle headroom. "
-            "Visible share: of the source model's mean-square error, the part `f − ĝ`; flip loss: "
-            "`mean ||f(I) − FlipYaw(f(flip I))||₁` of the source model on the scored images.",
-            "",
-            _table(
-                [
-                    "pair",
-                    "control",
-                    "source-only",
-                    "flip-TTA",
-                    "ceiling",
-                    "oracle headroom",
-                    "ceiling / headroom",
-                    "criterion",
-                    "visible share",
-                    "flip loss",
-                ],
-                rows,
-            ),
-            "",
-            *(f"- {s}" for s in _ceiling_sentences(idx, ceil)),
-            "",
-            "Every method's gain over source-only per pair (positive: lower error), and as a share of that pair's "
-            f"ceiling where the ceiling is at least {SHARE_FLOOR:g}° (mean over seeds; *clear*: beyond the spread, "
-            "same sign in every seed):",
-            "",
-            _share_table(idx, main, ceil),
-            "",
-            *(f"- {s}" for s in _harmless_best(idx, main, positive, ceil)),
-            *(f"- {s}" for s in _attention_lines(idx, positive)),
-            "",
-        ]
-        after = _after_table(idx, main, list(ceil))
-        if after:
-            lines += [
-                "### After personalization: flip-TTA on top, and what a flip still sees",
-                "",
-                "Per model and pair (means over seeds): the error with flip-TTA on top of the personalized model, in "
-                "brackets its difference from flip-TTA on the source model (negative: personalization adds to the "
-                "ceiling); then the flip loss on the scored images after personalization and the visible share of "
-                "the error that remains. The source-only row is the state before personalization. A trained model "
-                "changes its predictions, not only their flip-visible part, so its gain is not bounded by the "
-                "ceiling; the flip loss measures agreement with the mirror image, not the error. Per record and per "
-                "person the parts are in the records (`flip`, `per_person_flip`, `per_person_parts`).",
-                "",
-                after,
-                "",
-                *(f"- {s}" for s in _after_lines(idx, main, positive)),
-                "",
-            ]
-    selection_table, selection_lines = _selection(results, idx, main)
-    if selection_table:
-        lines += [
-            "## Recipes selected without target labels",
-            "",
-            "Per method, source and seed, the declared grid (docs/flip-premise.md §4) run on the stand-in (another "
-            "world's held-out persons, never a target) and the recipe the declared rule picks; stand-in errors in "
-            "degrees, means over seeds. The selected rows of Table 1 use these recipes on the targets.",
-            "",
-            *selection_table,
-            "",
-            *(f"- {s}" for s in selection_lines),
-            "",
-        ]
-    replay_table, replay_lines = _replay(idx, main)
-    if replay_table:
-        lines += [
-            "## The reference protocol, replayed (test-label selection, not a result)",
-            "",
-            "The reference code of TPGaze, which the paper follows, scores every step on the person's images and "
-            "keeps each person's best step — chosen with the labels. Replayed on the same runs: per person the "
-            "error after every step on all of that person's images (the five adaptation images included), then "
-            "the per-person minimum, then the mean. The last column is what that selection alone makes up.",
-            "",
-            replay_table,
-            "",
-            *(f"- {s}" for s in replay_lines),
-            "",
-        ]
-    return lines
+        lines += _ceiling_section(idx, main, ceil) + _after_section(idx, main, ceil)
+    return lines + _selection_section(results, idx, main) + _replay_section(idx, main)
 
 
 DEFAULT_RECIPE_SOURCE = "E"

@@ -1,0 +1,98 @@
+"""The benchmark report's figures: the error-against-setting curves of the ablations that declare one, the
+SVD rank-slice and update maps drawn from the figure data a run stores, and the sentence on the update maps'
+numerical ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import figures as F
+from . import report_prose as prose
+from .ablations import REGISTRY, family_of
+from .names import display_name as _name
+from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE
+from .stats import Index, index_records, pairs_of, pooled, seeds_of
+
+__all__ = ["render_figures", "update_rank_lines"]
+
+
+def _curve(
+    idx: Index, rows_layout: Sequence[dict[str, Any]], family: str, pairs: Sequence[str]
+) -> list[tuple[float, float, float | None]]:
+    """``(setting, mean, std)`` of the ``family`` rows of one ablation with a numeric setting, pooled over
+    ``pairs``."""
+    points = []
+    for row in rows_layout:
+        if family_of(row["label"]) != family:
+            continue
+        s = pooled(idx, row["label"], pairs)
+        if s is not None and isinstance(row["value"], (int, float)):
+            points.append((float(row["value"]), s.mean, s.std))
+    return points
+
+
+def render_figures(results: dict[str, Any], results_dir: Path | None, figure_dir: Path) -> dict[str, Path]:
+    """Every figure of the report, written to ``figure_dir``; returns name -> path."""
+    idx = index_records(results.get("records", []))
+    layout = results.get("layout", {}).get("ablations", {})
+    out: dict[str, Path] = {}
+    for name, ablation in REGISTRY.items():
+        if ablation.figure is None:
+            continue
+        setting, families, title = ablation.figure.xlabel, ablation.figure.families, ablation.figure.title
+        rows = layout.get(name, [])
+        if not rows:
+            continue
+        labels = {r["label"] for r in rows}
+        pairs = [p for p in pairs_of(idx) if any((lab, p, s) in idx for lab in labels for s in seeds_of(idx))]
+        curves = {}
+        for fam in families:
+            for p in pairs:
+                pts = _curve(idx, rows, fam, [p])
+                if len(pts) >= 2:
+                    curves[f"{fam} {p}"] = pts
+        if curves:
+            out[name] = F.plot_curves(curves, figure_dir / f"error_vs_{name}.png", xlabel=setting, title=title)
+    if results_dir is not None:
+        data_dir = results_dir / FIGURE_DIR
+        path = data_dir / RANK_SLICES_FILE
+        if path.is_file():
+            tensors, meta = F.load_figure_data(path)
+            out["rank_slices"] = F.plot_rank_slices(tensors, meta, figure_dir / "rank_slices.png")
+        path = data_dir / UPDATES_FILE
+        if path.is_file():
+            tensors, meta = F.load_figure_data(path)
+            out["updates"] = F.plot_update_maps(tensors, meta, figure_dir / "update_maps.png")
+    return out
+
+
+def update_rank_lines(figure_data: Any) -> list[str]:
+    """A sentence on the numerical rank of each shown ΔW (from the update-map data ``(tensors, meta)``)."""
+    if not figure_data:
+        return []
+    tensors, meta = figure_data
+    parts = []
+    for method, info in sorted(meta.get("methods", {}).items()):
+        ranks = [F.numerical_rank(tensors[f"{method}/{p}"]) for p in info["persons"] if f"{method}/{p}" in tensors]
+        norms = [float(tensors[f"{method}/{p}"].norm()) for p in info["persons"] if f"{method}/{p}" in tensors]
+        if ranks:
+            parts.append(
+                prose.UPDATE_RANK_OF.format(
+                    method=_name(method),
+                    ranks=", ".join(map(str, ranks)),
+                    norms=", ".join(f"{n:.3g}" for n in norms),
+                )
+            )
+    if not parts:
+        return []
+    sentence = prose.UPDATE_RANKS.format(
+        layer=meta.get("layer"),
+        m=meta.get("m"),
+        n=meta.get("n"),
+        persons=", ".join(next(iter(meta["methods"].values()))["persons"]),
+        ranks="; ".join(parts),
+    )
+    return [sentence, ""]

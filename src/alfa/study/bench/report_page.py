@@ -1,0 +1,413 @@
+"""``results.json`` → ``docs/results.md`` and its figures (``alfa report``). Never edit the output by hand.
+
+The page is assembled here: which sections it has, in which order, under which headings, and which table,
+verdicts and figures each one shows. Every number and every sentence comes from the records of a benchmark
+run (:mod:`alfa.study.bench.runner`): the tables from :mod:`~alfa.study.bench.report_tables` (mean ± standard
+deviation over seeds of each record's mean over persons), the verdicts from
+:mod:`~alfa.study.bench.report_verdicts` (who wins where, and whether a difference is larger than its spread),
+the protocol from the configuration stored in ``results.json``, the figures from
+:mod:`~alfa.study.bench.report_figures`, and the fixed words from :mod:`~alfa.study.bench.report_prose`.
+Re-running the command regenerates the same file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alfa.fileio import write_text
+
+from . import figures as F
+from . import report_prose as prose
+from .ablations import REGISTRY
+from .flip_report import flip_sections, flip_summary
+from .methods import MAIN_METHODS, POSITIVE_CONTROLS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS
+from .names import display_name
+from .report_figures import render_figures, update_rank_lines
+from .report_tables import (
+    COST_ROWS,
+    ablation_table,
+    cost_table,
+    parts_table,
+    person_table,
+    records_of,
+    runs_table,
+    sanity_table,
+    source_table,
+    table1,
+    table2,
+    tpgaze_table,
+)
+from .report_verdicts import ablation_verdicts, main_verdicts, parts_verdicts, sanity_verdicts
+from .results import FIGURE_DIR, UPDATES_FILE, load_results
+from .stats import Index, index_records, pairs_of, seeds_of
+
+__all__ = ["render_report", "build_report"]
+
+
+@dataclass
+class _Report:
+    """What every section of the report is written from: the records (indexed), the stored layout, the
+    figures, and the verdicts that more than one section quotes."""
+
+    results: dict[str, Any]
+    figures: dict[str, Path]
+    figure_data: Any
+    md_dir: Path | None
+    command: str
+    source: str
+
+    def __post_init__(self) -> None:
+        self.idx = index_records(self.results.get("records", []))
+        self.layout: dict[str, list[dict[str, Any]]] = self.results.get("layout", {}).get("ablations", {})
+        self.seeds = seeds_of(self.idx)
+        self.main = main_verdicts(self.idx)
+        self.sanity = sanity_verdicts(self.idx)
+        self.parts_methods = [m for m in ("source-only", *MAIN_METHODS[1:], "oracle") if records_of(self.idx, m)]
+        self.parts = parts_verdicts(self.idx, self.parts_methods)
+
+    def figure(self, name: str, caption: str) -> list[str]:
+        """The lines that show figure ``name`` (none if it was not drawn)."""
+        if name not in self.figures:
+            return []
+        path = self.figures[name]
+        rel = os.path.relpath(path, self.md_dir) if self.md_dir is not None else str(path)
+        return [f"![{caption}]({rel})", "", f"*{caption}*", ""]
+
+
+def _bullets(sentences: Iterable[str]) -> list[str]:
+    return [f"- {s}" for s in sentences]
+
+
+def _ablation_title(name: str) -> tuple[str, str]:
+    """An ablation's section title and what it changes (a name this alfa does not know: the name)."""
+    ablation = REGISTRY.get(name)
+    return (ablation.title, ablation.what) if ablation is not None else (name, "")
+
+
+# ----------------------------------------------------------------------------- the protocol's words
+
+
+def _scale_words(scale: dict[str, float] | None) -> str:
+    if not scale:
+        return prose.SAME_RATE
+    return prose.SCALED_RATE.format(
+        scales=", ".join(prose.SCALED_PARAMETER.format(factor=v, name=k) for k, v in scale.items())
+    )
+
+
+def _positive_control_words(idx: Index) -> list[str]:
+    """The asymmetric worlds' part of the Data bullet (nothing for results without positive controls)."""
+    if not any(p in POSITIVE_CONTROLS for p in pairs_of(idx)):
+        return []
+    changes = ", ".join(f"{k} = {v:g}" for k, v in SOURCE_TRAINING.get("S", {}).items())
+    facts = {"source": SOURCES["S"], "changes": changes, "target_w": TARGETS["W"], "target_c": TARGETS["C"]}
+    return [fragment.format(**facts) for fragment in prose.POSITIVE_CONTROL_WORDS]
+
+
+def _selection_words(results: dict[str, Any]) -> list[str]:
+    """The selected rows' part of the recipe bullet (nothing for results without selection records)."""
+    if not any(r.get("kind") == "selection" for r in results.get("records", [])):
+        return []
+    stand_ins = ", ".join(f"{SOURCES[t]} for {s}" for s, t in STAND_INS.items())
+    return [fragment.format(stand_ins=stand_ins) for fragment in prose.SELECTION_WORDS]
+
+
+def _protocol_facts(results: dict[str, Any], idx: Index) -> dict[str, Any]:
+    """The values the protocol's bullets quote, from the configuration stored with the results."""
+    c = results.get("config", {})
+    rec = c.get("personalize", {})
+    pre, recov = c.get("pretrain", {}), c.get("recovery", {})
+    meta, oracle = c.get("meta", {}), c.get("oracle", {})
+    n_adapt = rec.get("n_adapt") or 0
+    tp = c.get("target_persons")
+    return {
+        "preset": results.get("preset"),
+        "seeds": ", ".join(map(str, seeds_of(idx))) or "—",
+        **{k: c.get(k) for k in ("image_size", "source_persons", "source_images", "val_persons", "val_images")},
+        **{k: c.get(k) for k in ("target_images", "model", "rank", "alfa_heads", "alfa_rank", "tpgaze_init_std")},
+        "latency_batch": c.get("latency_batch"),
+        "targets": prose.ALL_TARGET_PERSONS if tp is None else prose.TARGET_PERSONS.format(persons=tp),
+        "n_adapt": n_adapt,
+        "scored": (c.get("target_images") or 0) - n_adapt,
+        "pretrain_epochs": pre.get("epochs"),
+        "pretrain_lr": pre.get("lr"),
+        "pretrain_batch_size": pre.get("batch_size"),
+        "symmetry_weight": pre.get("symmetry_weight"),
+        "recovery_epochs": recov.get("epochs"),
+        "recovery_lr": recov.get("lr"),
+        "loss": rec.get("loss"),
+        "detached": "detached" if rec.get("detach_flipped") else "not detached",
+        **{k: rec.get(k) for k in ("lr", "weight_decay", "steps")},
+        **{f"meta_{k}": meta.get(k) for k in ("epochs", "steps_per_epoch", "batch_size", "inner_lr", "outer_lr")},
+        **{f"oracle_{k}": oracle.get(k) for k in ("extra_images", "lr", "weight_decay", "steps", "batch_size")},
+        "oracle_lr_scale": _scale_words(oracle.get("lr_scale")),
+    }
+
+
+def _config_lines(results: dict[str, Any], idx: Index) -> list[str]:
+    """The protocol's bullets, one line each."""
+    facts = _protocol_facts(results, idx)
+    extra = {"data": _positive_control_words(idx), "recipe": _selection_words(results)}
+    return [
+        "- " + " ".join([*(fragment.format(**facts) for fragment in fragments), *extra.get(name, [])])
+        for name, fragments in prose.PROTOCOL_BULLETS.items()
+    ]
+
+
+def _runs_lines(results: dict[str, Any]) -> list[str]:
+    """What the results file cost, and the runs that wrote it."""
+    runs = results.get("runs", [])
+    if not runs:
+        return [prose.NO_RUNS]
+    records = results.get("records", [])
+    record_min = sum(r.get("wall_s") or 0.0 for r in records) / 60
+    sources = results.get("sources", {})
+    model_min = sum(s.get("recorded_train_seconds") or 0.0 for s in sources.values()) / 60
+    unknown = sorted(k for k, s in sources.items() if not s.get("recorded_train_seconds"))
+    total = record_min + model_min
+    cost = prose.FILE_COST.format(
+        total=total,
+        wall=total / 2,
+        cpus=runs[0].get("cpus"),
+        record_minutes=record_min,
+        records=len(records),
+        model_minutes=model_min,
+        unrecorded=prose.UNRECORDED_TIME.format(sources=", ".join(unknown)) if unknown else "",
+    )
+    summary = prose.RUNS_TOTAL.format(
+        runs=len(runs),
+        wall_minutes=sum(r.get("wall_s", 0.0) for r in runs) / 60,
+        cpu_minutes=sum(r.get("cpu_s", 0.0) for r in runs) / 60,
+        torch=runs[0].get("torch"),
+    )
+    return [cost, "", summary, "", runs_table(runs)]
+
+
+# ----------------------------------------------------------------------------- the sections, in page order
+
+
+def _header_section(r: _Report) -> list[str]:
+    lines = [
+        "# Benchmark results",
+        "",
+        prose.GENERATED_COMMENT.format(command=r.command, source=r.source),
+        "",
+        prose.PAGE_INTRO.format(
+            command=r.command,
+            source=r.source,
+            preset=r.results.get("preset"),
+            records=len(r.idx),
+            seeds=", ".join(map(str, r.seeds)) or "—",
+        ),
+        "",
+    ]
+    selection = [rec for rec in r.results.get("records", []) if rec.get("kind") == "selection"]
+    if selection:
+        present = {m for (m, _, _) in r.idx}
+        missing = [display_name(m) for m in MAIN_METHODS if m not in present]
+        text = prose.SELECTION_RECORDS.format(count=len(selection))
+        if missing:
+            text += prose.NOT_RUN_YET.format(methods=", ".join(missing))
+        lines += [text, ""]
+    if len(r.seeds) < 3:
+        lines += [prose.FEW_SEEDS.format(seeds=len(r.seeds)), ""]
+    return lines
+
+
+def _summary_section(r: _Report) -> list[str]:
+    """The first sentences of every verdict, then the first two of each ablation shown in the summary."""
+    flip = flip_summary(r.results, r.idx, MAIN_METHODS)
+    lines = ["## Summary", "", *_bullets(flip + r.main[:1] + r.sanity[:2] + r.main[1:] + r.parts), ""]
+    for name, rows in r.layout.items():
+        if name in REGISTRY and REGISTRY[name].in_summary:
+            _, pairs = ablation_table(r.idx, rows)
+            if pairs:
+                title = _ablation_title(name)[0]
+                lines += [f"- ({title}) {s}" for s in ablation_verdicts(r.idx, name, rows, pairs)[:2]]
+    return lines + [""]
+
+
+def _protocol_section(r: _Report) -> list[str]:
+    lines = ["## Protocol", "", *_config_lines(r.results, r.idx), "", "### Runs", "", *_runs_lines(r.results), ""]
+    sources = r.results.get("sources", {})
+    if sources:
+        lines += ["### Source models", "", prose.SOURCE_MODELS_INTRO, "", source_table(sources), ""]
+    return lines
+
+
+def _sanity_section(r: _Report) -> list[str]:
+    return [
+        "## Sanity: domain gap and headroom",
+        "",
+        prose.SANITY_INTRO,
+        "",
+        sanity_table(r.idx),
+        "",
+        *_bullets(r.sanity),
+        "",
+    ]
+
+
+def _table1_section(r: _Report) -> list[str]:
+    lines = [
+        "## Table 1: cross-domain personalization error (deg)",
+        "",
+        prose.TABLE1_INTRO,
+        "",
+        table1(r.idx),
+        "",
+        *_bullets(r.main),
+        "",
+        prose.PER_PERSON_INTRO,
+        "",
+        person_table(r.idx),
+        "",
+    ]
+    tpgaze = tpgaze_table(r.idx)
+    if tpgaze is not None:
+        lines += [prose.TPGAZE_INTRO, "", tpgaze, ""]
+    return lines
+
+
+def _flip_section(r: _Report) -> list[str]:
+    """What a flip can see, the recipes selected on the stand-in, the replayed reference protocol (none of it
+    for results made before those records existed)."""
+    return flip_sections(r.results, r.idx, MAIN_METHODS)
+
+
+def _table2_section(r: _Report) -> list[str]:
+    return [
+        "## Table 2: the LoRA family against Alfa, with merged sizes",
+        "",
+        prose.TABLE2_INTRO,
+        "",
+        table2(r.idx),
+        "",
+    ]
+
+
+def _parts_section(r: _Report) -> list[str]:
+    ptable = parts_table(r.idx, r.parts_methods)
+    if not ptable:  # records made before the parts existed
+        return []
+    return [
+        "## Where the error goes: yaw and pitch",
+        "",
+        prose.PARTS_INTRO,
+        "",
+        ptable,
+        "",
+        *_bullets(r.parts),
+        "",
+    ]
+
+
+def _ablations_section(r: _Report) -> list[str]:
+    """One subsection per ablation of the stored layout that ran on some pair, in the layout's order."""
+    lines = ["## Ablations", ""]
+    for name, rows in r.layout.items():
+        extra = name in REGISTRY and REGISTRY[name].extra_params
+        table, pairs = ablation_table(r.idx, rows, extra_params=extra)
+        if not pairs:
+            continue
+        title, what = _ablation_title(name)
+        lines += [f"### {title}", "", what, "", table, ""]
+        lines += _bullets(ablation_verdicts(r.idx, name, rows, pairs))
+        lines += [""]
+        lines += r.figure(name, prose.ABLATION_FIGURE_CAPTION.format(title=title))
+    return lines
+
+
+def _costs_section(r: _Report) -> list[str]:
+    return [
+        "## Costs",
+        "",
+        prose.COSTS_INTRO,
+        "",
+        cost_table(r.idx, [m for m in COST_ROWS if records_of(r.idx, m)]),
+        "",
+    ]
+
+
+def _figures_section(r: _Report) -> list[str]:
+    lines = ["## Figures", ""]
+    lines += r.figure("rank_slices", prose.RANK_SLICES_CAPTION)
+    lines += r.figure("updates", prose.UPDATES_CAPTION)
+    return lines + update_rank_lines(r.figure_data)
+
+
+def _records_section(r: _Report) -> list[str]:
+    records = r.results.get("records", [])
+    failed = [(rec["id"], rec["failed"]) for rec in records if rec.get("failed")]
+    lines = ["## Records", "", prose.RECORDS_COUNT.format(records=len(records), source=r.source)]
+    if not failed:
+        return lines + [prose.NO_FAILURES]
+    lines += ["", prose.FAILURES_INTRO, ""]
+    return lines + [f"- `{rid}`: {fails}" for rid, fails in failed]
+
+
+_SECTIONS: tuple[Callable[[_Report], list[str]], ...] = (
+    _header_section,
+    _summary_section,
+    _protocol_section,
+    _sanity_section,
+    _table1_section,
+    _flip_section,
+    _table2_section,
+    _parts_section,
+    _ablations_section,
+    _costs_section,
+    _figures_section,
+    _records_section,
+)
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+def render_report(
+    results: dict[str, Any],
+    *,
+    figures: dict[str, Path] | None = None,
+    figure_data: Any = None,
+    md_dir: Path | None = None,
+    command: str | None = None,
+    source: str | None = None,
+) -> str:
+    """The markdown text of the report (figures, if given, are linked relative to ``md_dir``)."""
+    report = _Report(results, figures or {}, figure_data, md_dir, command or "alfa report", source or "results.json")
+    lines = [line for section in _SECTIONS for line in section(report)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def build_report(
+    results_path: str | os.PathLike,
+    out_md: str | os.PathLike = "docs/results.md",
+    figure_dir: str | os.PathLike | None = None,
+    command: str | None = None,
+    source: str | None = None,
+) -> Path:
+    """Read ``results.json`` (or its folder), render the figures and write the markdown report. ``source`` is
+    how the page names the results it was made from (default: ``results_path`` as given)."""
+    results_path = Path(results_path)
+    results = load_results(results_path)
+    results_dir = results_path if results_path.is_dir() else results_path.parent
+    out_md = Path(out_md)
+    figure_dir = Path(figure_dir) if figure_dir is not None else out_md.parent / "figures" / "results"
+    figures = render_figures(results, results_dir, figure_dir)
+    updates = results_dir / FIGURE_DIR / UPDATES_FILE
+    figure_data = F.load_figure_data(updates) if updates.is_file() else None
+    text = render_report(
+        results,
+        figures=figures,
+        figure_data=figure_data,
+        md_dir=out_md.parent,
+        command=command,
+        source=str(results_path) if source is None else source,
+    )
+    write_text(out_md, text)
+    return out_md

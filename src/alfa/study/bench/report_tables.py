@@ -1,0 +1,394 @@
+"""The Markdown tables of the benchmark report, each built from the indexed records (or, for the protocol's
+runs and source models, from what ``results.json`` stores beside them). A table says nothing about its
+numbers; the sentences that judge them are :mod:`alfa.study.bench.report_verdicts`'s.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from alfa.adapters import METHODS
+
+from .flip_report import table_rows
+from .markdown import number as _num
+from .markdown import table as _table
+from .methods import MAIN_METHODS
+from .names import display_name as _name
+from .stats import PARTS, Index, Stat, cell, diff, pairs_of, part, pooled, sanity_summary, seeds_of, signed
+
+__all__ = [
+    "LORA_FAMILY",
+    "COST_ROWS",
+    "records_of",
+    "table1_rows",
+    "table1",
+    "person_table",
+    "tpgaze_table",
+    "table2",
+    "parts_table",
+    "sanity_table",
+    "cost_table",
+    "ablation_table",
+    "runs_table",
+    "source_table",
+]
+
+# Table 2's rows: the low-rank methods (the "lora" family, then "spectral") in Table 1's order, then Alfa.
+LORA_FAMILY = tuple(
+    m for family in ("lora", "spectral") for m in MAIN_METHODS if m in METHODS and METHODS[m].family == family
+)
+
+# The cost table's rows: Table 1's methods, the oracle, and the ablations' other kinds of adapter.
+COST_ROWS = (*MAIN_METHODS, "oracle", "diag_gate", "linear_mix", "alfa[dense]")
+
+
+# ----------------------------------------------------------------------------- cells
+
+
+def _count(n: int | None) -> str:
+    if n is None:
+        return "—"
+    return f"{n / 1e6:.3f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e3 else str(n)
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "—"
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _merge_note(merge: str | None) -> str:
+    """What the parameter count after merging needs a word about (densified, or prompts left attached)."""
+    if merge == "densified":
+        return " (densified)"
+    if merge and merge.startswith("not mergeable"):
+        return " (unmerged)"
+    return ""
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def records_of(idx: Index, method: str) -> list[dict[str, Any]]:
+    """Every record of the row ``method``, in (pair, seed) order."""
+    return [r for (m, _, _), r in sorted(idx.items()) if m == method]
+
+
+def table1_rows(idx: Index) -> list[str]:
+    """Table 1's rows that have records: each method, then its selected-recipe row where there is one."""
+    return table_rows(idx, MAIN_METHODS)
+
+
+# ----------------------------------------------------------------------------- Table 1 and its companions
+
+
+def table1(idx: Index) -> str:
+    """Each row's error per pair (the lowest in bold), pooled, its size at inference and its Δ to source-only."""
+    pairs = pairs_of(idx)
+    header = ["method", *pairs, "mean over pairs", "params at inference", "Δ vs source-only (pooled)"]
+    best = {}
+    for p in pairs:
+        stats = [(cell(idx, m, p), m) for m in table1_rows(idx) if cell(idx, m, p)]
+        if stats:
+            best[p] = min(stats, key=lambda t: t[0].mean)[1]
+    rows = []
+    for m in table1_rows(idx):
+        cells = []
+        for p in pairs:
+            s = cell(idx, m, p)
+            text = s.format() if s else "—"
+            cells.append(f"**{text}**" if best.get(p) == m else text)
+        pool = pooled(idx, m, pairs)
+        recs = records_of(idx, m)
+        params = _median(r.get("inference_params") for r in recs)
+        merge = recs[0].get("merge") if recs else None
+        d = (
+            diff(idx, m, "source-only", pairs)
+            if m != "source-only" and ("source-only", pairs[0], seeds_of(idx)[0]) in idx
+            else None
+        )
+        dtext = (
+            "—"
+            if d is None
+            else f"{signed(d.mean)}" + ("" if d.std is None else f" ± {d.std:.2f}") + (" (clear)" if d.clear else "")
+        )
+        size = _count(int(params)) if params is not None else "—"
+        size += _merge_note(merge)
+        rows.append([_name(m), *cells, pool.format() if pool else "—", size, dtext])
+    return _table(header, rows)
+
+
+def _person_changes(idx: Index, method: str) -> list[float]:
+    """Every (pair, seed, person) change of error of ``method`` against source-only on the same base."""
+    changes: list[float] = []
+    for (m, p, s), r in idx.items():
+        base = idx.get(("source-only", p, s))
+        if m == method and base:
+            changes += [
+                r["per_person"][q] - base["per_person"][q] for q in r["per_person"].keys() & base["per_person"].keys()
+            ]
+    return changes
+
+
+def person_table(idx: Index) -> str:
+    """Per method: the spread over persons and how many persons each method helps."""
+    pairs = pairs_of(idx)
+    rows = []
+    for m in table1_rows(idx):
+        recs = records_of(idx, m)
+        if not recs:
+            continue
+        spread = statistics.fmean(r.get("std_over_persons", 0.0) for r in recs)
+        worst = max(max(r["per_person"].values()) for r in recs if r.get("per_person"))
+        d = diff(idx, m, "source-only", pairs) if m != "source-only" else None
+        helped = "—" if d is None or not d.persons else f"{d.persons_better} / {d.persons}"
+        changes = _person_changes(idx, m) if m != "source-only" else []
+        worst_change = signed(max(changes)) if changes else "—"
+        best_change = signed(min(changes)) if changes else "—"
+        rows.append([_name(m), f"{spread:.2f}", f"{worst:.2f}", helped, best_change, worst_change])
+    header = [
+        "method",
+        "std over persons (mean over records)",
+        "worst person",
+        "persons better than source-only",
+        "best person change",
+        "worst person change",
+    ]
+    return _table(header, rows)
+
+
+def tpgaze_table(idx: Index) -> str | None:
+    """TPGaze's meta-trained prompts alone against TPGaze after its personalization steps, per pair (``None``
+    without TPGaze records that kept the former)."""
+    if "tpgaze" not in {m for (m, _, _) in idx}:
+        return None
+    rows = []
+    for pair in pairs_of(idx):
+        meta_only = {
+            s: rec["meta_only"]["error_deg"]
+            for (m, p, s), rec in idx.items()
+            if m == "tpgaze" and p == pair and rec.get("meta_only")
+        }
+        full = cell(idx, "tpgaze", pair)
+        if meta_only and full:
+            rows.append([pair, Stat(meta_only).format(), full.format()])
+    if not rows:
+        return None
+    return _table(["pair", "meta-trained prompts only", "TPGaze (after personalization)"], rows)
+
+
+def table2(idx: Index) -> str:
+    """The LoRA family and Alfa: pooled error, trainable parameters, merged sizes and file sizes."""
+    pairs = pairs_of(idx)
+    rows = []
+    for m in [*LORA_FAMILY, "alfa"]:
+        recs = records_of(idx, m)
+        if not recs:
+            continue
+        pool = pooled(idx, m, pairs)
+        r = recs[0]
+        rows.append(
+            [
+                _name(m),
+                pool.format() if pool else "—",
+                _count(r.get("trainable_params")),
+                _count(r.get("inference_params")) + _merge_note(r.get("merge")),
+                _count(r.get("compact_merge_params")),
+                _bytes(r.get("adapter_bytes")),
+                _bytes(r.get("compact_bytes")),
+            ]
+        )
+    header = [
+        "method",
+        "error, mean over pairs (deg)",
+        "trainable",
+        "params after merge",
+        "exact compact merge",
+        "per-user file",
+        "compact file (d×d mix per layer)",
+    ]
+    return _table(header, rows)
+
+
+def parts_table(idx: Index, methods: Sequence[str]) -> str:
+    """Per method, the pooled angular error and its yaw and pitch parts (empty without parts in the records)."""
+    pairs = pairs_of(idx)
+    rows = []
+    for m in methods:
+        stats = [pooled(idx, m, pairs), *(pooled(idx, m, pairs, part(k)) for k in PARTS)]
+        if all(st is not None for st in stats):
+            rows.append([_name(m), *(st.format() for st in stats)])
+    header = ["method", "angular error", *(title for title, _ in PARTS.values())]
+    return _table(header, rows) if rows else ""
+
+
+def _mean_std(d: dict[str, Any] | None) -> str:
+    if d is None:
+        return "—"
+    return f"{d['mean']:.2f}" + ("" if d["std"] is None else f" ± {d['std']:.2f}")
+
+
+def sanity_table(idx: Index) -> str:
+    """Per pair: the in-domain, target-trained, source-only and oracle errors, the gaps between them, and the
+    error of a constant prediction."""
+    rows = []
+    for pair, s in sanity_summary(idx.values()).items():
+        rows.append(
+            [
+                pair,
+                _mean_std(s["in_domain"]),
+                _mean_std(s.get("target_trained")),
+                _mean_std(s["source_only"]),
+                _mean_std(s["oracle"]),
+                _num(s["domain_gap_deg"]),
+                _num(s.get("target_gap_deg")),
+                _num(s["headroom_deg"]),
+                _num(s.get("in_domain_constant_deg")),
+                _num(s.get("target_constant_deg")),
+            ]
+        )
+    header = [
+        "pair",
+        "in-domain (held-out source persons)",
+        "target-trained (target)",
+        "source-only (target)",
+        "oracle (target)",
+        "domain gap",
+        "gap to target-trained",
+        "headroom",
+        "constant prediction, held-out source",
+        "constant prediction, target",
+    ]
+    return _table(header, rows)
+
+
+def cost_table(idx: Index, labels: Sequence[str]) -> str:
+    """Per row of ``labels``: sizes, files, times, memory and latency (medians over its records)."""
+    rows = []
+    for m in labels:
+        recs = records_of(idx, m)
+        if not recs:
+            continue
+        r = recs[0]
+        lat, base_lat = _median(x.get("latency_ms") for x in recs), _median(x.get("base_latency_ms") for x in recs)
+        peak = [x.get("peak_rss_mib") for x in recs if x.get("peak_rss_mib") is not None]
+        inc = [x.get("peak_rss_increase_mib") for x in recs if x.get("peak_rss_increase_mib") is not None]
+        rows.append(
+            [
+                _name(m),
+                _count(r.get("trainable_params")),
+                f"{_count(r.get('inference_params'))}",
+                str(r.get("merge")),
+                _bytes(r.get("adapter_bytes")),
+                _num(_median(x.get("seconds_per_user") for x in recs)),
+                _num(_median(x.get("cpu_seconds_per_user") for x in recs)),
+                _num(max(peak), 0) if peak else "—",
+                _num(max(inc), 0) if inc else "—",
+                _num(lat, 1),
+                _num(base_lat, 1),
+                "—" if not lat or not base_lat else f"{lat / base_lat:.2f}",
+            ]
+        )
+    header = [
+        "method",
+        "trainable",
+        "params at inference",
+        "merge",
+        "per-user file",
+        "s / user (wall)",
+        "CPU s / user",
+        "peak RSS (MiB)",
+        "peak increase (MiB)",
+        "latency merged (ms)",
+        "latency base (ms)",
+        "ratio",
+    ]
+    return _table(header, rows)
+
+
+def ablation_table(
+    idx: Index, rows_layout: Sequence[dict[str, Any]], extra_params: bool = False
+) -> tuple[str, list[str]]:
+    """Rows of one ablation (label, value) × the pairs it ran on; returns the table and its pairs."""
+    labels = [r["label"] for r in rows_layout]
+    present = {(m, p) for (m, p, _) in idx if m in labels}
+    # The ablation's pairs: where its own variants ran (the reference rows are main methods, run everywhere).
+    own = [lab for lab in labels if lab not in MAIN_METHODS]
+    pairs = [p for p in pairs_of(idx) if any((lab, p) in present for lab in own)]
+    rows = []
+    for row in rows_layout:
+        lab = row["label"]
+        if not any((lab, p) in present for p in pairs):
+            continue
+        cells = [(cell(idx, lab, p).format() if cell(idx, lab, p) else "—") for p in pairs]
+        pool = pooled(idx, lab, pairs)
+        line = [_name(lab), str(row["value"]), *cells, pool.format() if pool else "—"]
+        if extra_params:
+            recs = records_of(idx, lab)
+            line.append(_count(recs[0].get("trainable_params")) if recs else "—")
+        rows.append(line)
+    header = ["row", "setting", *pairs, "mean over pairs"] + (["trainable"] if extra_params else [])
+    return _table(header, rows, "ll" + "r" * (len(header) - 2)), pairs
+
+
+# ----------------------------------------------------------------------------- the protocol's tables
+
+
+def runs_table(runs: Sequence[dict[str, Any]]) -> str:
+    """One row per run that wrote the results: its command, start, wall and CPU time, records, load."""
+    rows = []
+    for r in runs:
+        sel = r.get("selection", {})
+        rows.append(
+            [
+                f"`{r.get('command') or '(library call)'}`",
+                str(r.get("started", "")),
+                f"{r.get('wall_s', 0.0) / 60:.1f}",
+                f"{r.get('cpu_s', 0.0) / 60:.1f}",
+                str(r.get("records_run", 0)),
+                str(sel.get("threads", "")),
+                f"{r.get('load_average_start', float('nan')):.1f} / {r.get('load_average_end', float('nan')):.1f}",
+                "yes" if r.get("finished") else "no (interrupted)",
+            ]
+        )
+    return _table(
+        ["command", "started", "wall (min)", "CPU (min)", "records", "threads", "load avg start / end", "finished"],
+        rows,
+        "llrrrrrl",
+    )
+
+
+def source_table(sources: dict[str, dict[str, Any]]) -> str:
+    """Per (source, seed) model: its held-out error dense, truncated, recovered and with TPGaze's prompts, and
+    the training time it recorded."""
+    rows = []
+    for key in sorted(sources):
+        s = sources[key]
+        e = (s.get("truncation") or {}).get("errors") or {}
+        tp = s.get("tpgaze_meta") or {}
+        source, _, seed = key.partition("|")
+        rows.append(
+            [
+                f"{source}, {seed.replace('seed', 'seed ')}",
+                _num(e.get("before_truncation")),
+                _num(e.get("after_truncation")),
+                _num(e.get("after_recovery")),
+                _num(tp.get("final_val_error")),
+                f"{s['recorded_train_seconds'] / 60:.1f}" if s.get("recorded_train_seconds") else "—",
+            ]
+        )
+    return _table(
+        [
+            "source, seed",
+            "held-out error, dense",
+            "truncated",
+            "recovered",
+            "with TPGaze's meta-trained prompts",
+            "training (min, as recorded)",
+        ],
+        rows,
+    )
