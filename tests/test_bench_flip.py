@@ -2,6 +2,7 @@
 replayed reference protocol, and the recipe selected on the stand-in without any target label."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -116,8 +117,8 @@ def test_a_selected_row_without_its_selection_is_refused(tmp_path):
 
 def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it_gives(flip_bench, tmp_path):
     """A run of the symmetric pairs only (or a first piece of a run): the flip sections render and say nothing
-    of the positive controls; the default-recipe module reads the run's own selection record."""
-    from alfa.study.bench.flip_report import default_recipe_module
+    of the positive controls; the selected-recipes file reads the run's own selection record."""
+    from alfa.study.bench.flip_report import selected_recipes_json
     from alfa.study.bench.report_page import build_report
     from alfa.study.bench.results import load_results
 
@@ -135,8 +136,7 @@ def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it
     assert f"On the same images the base before personalization (step 0) scores {step0:.2f}° pooled" in text
     base_row = next(line for line in after.splitlines() if line.startswith("| source-only"))
     assert f"| {records['flip-tta|E→M|seed0']['error_deg']:.2f}; " in base_row  # the state before: flip-TTA alone
-    namespace: dict = {}
-    exec(default_recipe_module(load_results(out), "x"), namespace)  # the module is data only: no imports
-    assert Recipe(**namespace["DEFAULT_RECIPE_FIELDS"]) == Recipe(
+    document = json.loads(selected_recipes_json(load_results(out), "x"))
+    assert Recipe(**document["methods"]["alfa"]["recipe"]) == Recipe(
         **records[f"alfa[grid]|E→{STAND_IN}|seed0"]["selected"]
     )

@@ -2,7 +2,9 @@
 mechanism by which the paper's detached flipped branch lets a shared pitch offset drift."""
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,11 +156,9 @@ def _selection_record(seed: int, errors: dict, source: str = "E", method: str = 
     }
 
 
-def test_the_default_recipe_module_is_the_pooled_selection_of_the_e_source(tmp_path):
-    import importlib.util
-
+def test_the_selected_recipes_file_is_the_pooled_selection_of_the_e_source():
     from alfa.gaze.recipes import PAPER_RECIPE, RECIPE_GRID, Recipe, select_pooled
-    from alfa.study.bench.flip_report import default_recipe_module
+    from alfa.study.bench.flip_report import selected_recipes_json
 
     rng = torch.Generator().manual_seed(0)
     per_seed = [{r: 5.0 + float(torch.rand((), generator=rng)) for r in RECIPE_GRID} for _ in range(3)]
@@ -166,25 +166,32 @@ def test_the_default_recipe_module_is_the_pooled_selection_of_the_e_source(tmp_p
     records = [_selection_record(s, e) for s, e in enumerate(per_seed)]
     records += [_selection_record(0, decoy, source="G"), _selection_record(0, decoy, method="lora[grid]")]
     records += [_selection_record(0, decoy, method="alfa[H=1][grid]")]  # not an adapter method: left out
-    text = default_recipe_module({"records": records}, "docs/data/x")
-    path = tmp_path / "default_recipe.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("generated_default_recipe", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    document = json.loads(selected_recipes_json({"records": records}, "docs/data/x"))
+    assert document["results"] == "docs/data/x" and document["source"] == "E"
     chosen, error = select_pooled(per_seed)
-    assert Recipe(**module.DEFAULT_RECIPE_FIELDS) == chosen
-    assert module.SELECTED_ON["seeds"] == [0, 1, 2] and module.SELECTED_ON["stand_in_error_deg"] == round(error, 4)
+    alfa = document["methods"]["alfa"]
+    assert Recipe(**alfa["recipe"]) == chosen and alfa["label"] == chosen.label
+    assert alfa["seeds"] == [0, 1, 2] and alfa["stand_in_error_deg"] == round(error, 4)
     paper = sum(e[PAPER_RECIPE] for e in per_seed) / 3
-    assert module.SELECTED_ON["paper_recipe_stand_in_error_deg"] == pytest.approx(paper, abs=1e-4)
+    assert alfa["paper_recipe_stand_in_error_deg"] == pytest.approx(paper, abs=1e-4)
     # every adapter method with a selection of the E source gets its own recipe, by the same rule
-    assert module.METHOD_RECIPE_FIELDS["alfa"] == module.DEFAULT_RECIPE_FIELDS
-    assert Recipe(**module.METHOD_RECIPE_FIELDS["lora"]) == RECIPE_GRID[5]
-    assert sorted(module.METHOD_RECIPE_FIELDS) == ["alfa", "lora"] == sorted(module.METHOD_SELECTED_ON)
-    lora = module.METHOD_SELECTED_ON["lora"]
+    assert sorted(document["methods"]) == ["alfa", "lora"]
+    lora = document["methods"]["lora"]
+    assert Recipe(**lora["recipe"]) == RECIPE_GRID[5]
     assert lora["seeds"] == [0] and lora["stand_in_error_deg"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="no alfa"):
-        default_recipe_module({"records": records[3:]}, "docs/data/x")
+        selected_recipes_json({"records": records[3:]}, "docs/data/x")
+
+
+def test_the_library_default_recipes_are_read_from_the_committed_file():
+    from alfa.gaze import recipes
+
+    path = Path(recipes.__file__).with_name("selected_recipes.json")
+    document = json.loads(path.read_text(encoding="utf-8"))
+    assert recipes.SELECTED_RECIPES == document
+    assert recipes.DEFAULT_RECIPE == recipes.Recipe(**document["methods"]["alfa"]["recipe"])
+    assert recipes.METHOD_RECIPES == {m: recipes.Recipe(**e["recipe"]) for m, e in document["methods"].items()}
+    assert not list(path.parent.glob("default_recipe*.py"))  # data, never generated Python
 
 
 def test_named_recipes():

@@ -240,7 +240,7 @@ def build_source_model(
 COLUMNS = ("source-only", "flip-TTA", "alfa (default recipe)", "alfa (paper recipe)")
 """The demo's columns: the truncated + recovered source model, its flip test-time augmentation (the ceiling of
 any flip-based correction, docs/flip-premise.md §1), Alfa with ``alfa personalize``'s default recipe (selected
-without target labels, :mod:`alfa.gaze.default_recipe`) and Alfa with the paper's recipe."""
+without target labels, ``alfa/gaze/selected_recipes.json``) and Alfa with the paper's recipe."""
 
 RECIPE_COLUMNS = {COLUMNS[2]: "default", COLUMNS[3]: "paper"}
 

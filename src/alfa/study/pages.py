@@ -50,6 +50,8 @@ def _render_results(root: Path, out: Path) -> None:
 
 
 FLIP_DATA = "docs/data/bench-flip"
+SELECTED_RECIPES = "src/alfa/gaze/selected_recipes.json"
+"""Package data: every adapter method's selected recipe, read by :mod:`alfa.gaze.recipes`."""
 """The flip-premise benchmark's committed results (docs/flip-premise.md): its page and Alfa's default recipe."""
 
 
@@ -65,12 +67,12 @@ def _render_flip_results(root: Path, out: Path) -> None:
     )
 
 
-def _render_default_recipe(root: Path, out: Path) -> None:
-    from .bench.flip_report import default_recipe_module
+def _render_selected_recipes(root: Path, out: Path) -> None:
+    from .bench.flip_report import selected_recipes_json
     from .bench.results import load_results
 
-    text = default_recipe_module(load_results(root / FLIP_DATA), FLIP_DATA)
-    write_text(out / "src/alfa/gaze/default_recipe.py", text)
+    text = selected_recipes_json(load_results(root / FLIP_DATA), FLIP_DATA)
+    write_text(out / SELECTED_RECIPES, text)
 
 
 def _render_speed(root: Path, out: Path) -> None:
@@ -130,10 +132,10 @@ PAGES: tuple[Page, ...] = (
         figures="docs/figures/results-flip",
     ),
     Page(
-        path="src/alfa/gaze/default_recipe.py",
+        path=SELECTED_RECIPES,
         data=FLIP_DATA,
-        produce=f"alfa pages --write (from {FLIP_DATA}: Alfa's recipe selected for the E source, seeds pooled)",
-        render=_render_default_recipe,
+        produce=f"alfa pages --write (from {FLIP_DATA}: each method's recipe selected for the E source, seeds pooled)",
+        render=_render_selected_recipes,
     ),
     Page(
         path="docs/speed.md",
