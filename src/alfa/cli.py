@@ -89,8 +89,8 @@ def _pages(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``alfa`` parser: every subcommand, its handler set as ``func``."""
     from alfa import __version__
-    from alfa.truncate import DEFAULT_RANK
 
     parser = argparse.ArgumentParser(
         prog="alfa",
@@ -99,20 +99,50 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"alfa {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+    # The order here is the order of `alfa --help`.
+    _register_summary(sub)
+    _register_example(sub)
+    _register_speed(sub)
+    _register_export(sub)
+    _register_serving(sub)
+    _register_serve(sub)
+    _register_pages(sub)
+    _register_costs(sub)
 
-    p = sub.add_parser("summary", help="parameter summary of a registered model, dense and truncated")
+    from alfa.gaze.commands import register as register_gaze
+    from alfa.gaze.tpgaze_commands import register as register_tpgaze
+    from alfa.study.bench.commands import register as register_bench
+    from alfa.study.crate.commands import register as register_crate
+
+    register_gaze(sub)
+    register_tpgaze(sub)
+    register_bench(sub)
+    register_crate(sub)
+    return parser
+
+
+def _register_summary(subparsers: argparse._SubParsersAction) -> None:
+    from alfa.truncate import DEFAULT_RANK
+
+    p = subparsers.add_parser("summary", help="parameter summary of a registered model, dense and truncated")
     p.add_argument("--model", default="resnet18_gaze", help="a registered model (default %(default)s)")
     p.add_argument("--rank", type=int, default=DEFAULT_RANK, help="SVD rank (0: dense only; default %(default)s)")
     p.set_defaults(func=_summary)
 
-    p = sub.add_parser("example", help="library tour: truncate, attach Alfa, train a few steps, save, merge")
+
+def _register_example(subparsers: argparse._SubParsersAction) -> None:
+    from alfa.truncate import DEFAULT_RANK
+
+    p = subparsers.add_parser("example", help="library tour: truncate, attach Alfa, train a few steps, save, merge")
     p.add_argument("--rank", type=int, default=DEFAULT_RANK, help="SVD rank d (default %(default)s)")
     p.add_argument("--steps", type=int, default=5, help="flip-loss steps on random images (default %(default)s)")
     p.add_argument("--image-size", type=int, default=224, help="image side, at least 32 (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and images (default %(default)s)")
     p.set_defaults(func=_example)
 
-    p = sub.add_parser("speed", help="time a personalization step and inference (dense, truncated, merged)")
+
+def _register_speed(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("speed", help="time a personalization step and inference (dense, truncated, merged)")
     p.add_argument("--out", default=None, help="write the markdown report here (e.g. docs/speed.md)")
     p.add_argument("--repeats", type=int, default=20, help="timed repeats, interleaved (default %(default)s)")
     p.add_argument("--image-size", type=int, default=224, help="image side in pixels (default %(default)s)")
@@ -124,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_speed, outputs={"out": False})
 
-    p = sub.add_parser(
+
+def _register_export(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
         "export",
         help="write a (personalized, merged) model as ONNX, checked against onnxruntime; optionally torch.export",
     )
@@ -143,20 +175,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_export, outputs={"out": False, "program": False})
 
-    p = sub.add_parser("serving", help="measure many users per batch on one shared base against merged models")
+
+def _register_serving(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serving", help="measure many users per batch on one shared base against merged models")
     p.add_argument("--out", default=None, help="write the page here (e.g. docs/serving.md) and its data beside it")
     p.add_argument("--rounds", type=int, default=28, help="interleaved timed rounds (default %(default)s)")
     p.add_argument("--image-size", type=int, default=64, help="image side in pixels (default %(default)s)")
     p.set_defaults(func=_serving, outputs={"out": False})
 
-    p = sub.add_parser("serve", help="an HTTP gaze service: one shared base, each user's adapter loaded on first use")
+
+def _register_serve(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve", help="an HTTP gaze service: one shared base, each user's adapter loaded on first use"
+    )
     p.add_argument("--checkpoint", required=True, help="the truncated base (model.safetensors)")
     p.add_argument("--adapters", required=True, help="folder of <user>.safetensors adapter files")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="port (default %(default)s; 0: any free one)")
     p.set_defaults(func=_serve)
 
-    p = sub.add_parser(
+
+def _register_pages(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
         "pages",
         help="check (default) or rewrite the generated pages of docs/ from their committed data",
         description="Every generated page of docs/ is made from data committed under docs/data/; this renders "
@@ -169,26 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", help="repository root (default: the checkout this alfa is installed from)")
     p.set_defaults(func=_pages)
 
+
+def _register_costs(subparsers: argparse._SubParsersAction) -> None:
     from alfa.study.bench import costs
 
-    p = sub.add_parser(
+    p = subparsers.add_parser(
         "costs",
         help="cost table of every adapter method: parameters, file sizes, step time, latency",
         description=costs.__doc__.split("\n\n")[0],
     )
     costs.add_arguments(p)
     p.set_defaults(func=costs.run, outputs={"json": False, "update_doc": False})
-
-    from alfa.gaze.commands import register as register_gaze
-    from alfa.gaze.tpgaze_commands import register as register_tpgaze
-    from alfa.study.bench.commands import register as register_bench
-    from alfa.study.crate.commands import register as register_crate
-
-    register_gaze(sub)
-    register_tpgaze(sub)
-    register_bench(sub)
-    register_crate(sub)
-    return parser
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

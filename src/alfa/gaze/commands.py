@@ -469,15 +469,18 @@ def _int_list(text: str, option: str) -> list[int]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``pretrain``, ``truncate``, ``personalize``, ``evaluate`` and ``demo`` to ``subparsers``."""
-    # Option defaults are read from the configs, so a default is written in one place only.
-    from alfa.adapters import AlfaConfig
+    """Add ``pretrain``, ``truncate``, ``personalize``, ``throughput``, ``evaluate`` and ``demo`` to
+    ``subparsers``, in that order (the order ``alfa --help`` lists them)."""
+    # Each command's option defaults are read from its configs, so a default is written in one place only.
+    _register_pretrain(subparsers)
+    _register_truncate(subparsers)
+    _register_personalize(subparsers)
+    _register_throughput(subparsers)
+    _register_evaluate(subparsers)
+    _register_demo(subparsers)
 
-    from .personalize import PersonalizeConfig
-    from .recipes import DEFAULT_RECIPE, PAPER_RECIPE, RECIPE_NAMES
-    from .train import TruncateConfig
 
-    alfa, recipe, rank = AlfaConfig(), PersonalizeConfig(), TruncateConfig().rank
+def _register_pretrain(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("pretrain", help="train the gaze regressor on a source domain (resumable)")
     p.add_argument("--data", required=True, help="source dataset spec, e.g. synthetic:eth or gazehub:eth-xgaze:/data")
     p.add_argument("--val-data", help="held-out source persons as a dataset spec (default: a share of --data)")
@@ -487,6 +490,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     device_option(p)
     p.set_defaults(func=_pretrain, outputs={"out": True})
 
+
+def _register_truncate(subparsers: argparse._SubParsersAction) -> None:
+    from .train import TruncateConfig
+
+    rank = TruncateConfig().rank
     p = subparsers.add_parser("truncate", help="SVD-truncate a pre-trained model and recover it on the source")
     p.add_argument("--checkpoint", required=True, help="the dense pre-trained checkpoint (model.safetensors)")
     p.add_argument("--data", required=True, help="the source dataset spec the model was trained on")
@@ -497,12 +505,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     device_option(p)
     p.set_defaults(func=_truncate, outputs={"out": True})
 
+
+def _register_personalize(subparsers: argparse._SubParsersAction) -> None:
+    from alfa.adapters import METHODS, AlfaConfig
+
+    from .personalize import PersonalizeConfig
+    from .recipes import DEFAULT_RECIPE, PAPER_RECIPE, RECIPE_NAMES
+
+    alfa, recipe = AlfaConfig(), PersonalizeConfig()
     p = subparsers.add_parser("personalize", help="one adapter per target person from its first 5 unlabeled images")
     p.add_argument("--checkpoint", required=True, help="the truncated + recovered base (model.safetensors)")
     p.add_argument("--data", required=True, help="target dataset spec, e.g. synthetic:mpii")
     p.add_argument("--out", default="runs/adapters", help="adapter folder (persons already done are skipped)")
-    from alfa.adapters import METHODS
-
     p.add_argument(
         "--method", default="alfa", help=f"an adapter method: {', '.join(sorted(METHODS))} (default %(default)s)"
     )
@@ -546,6 +560,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     device_option(p)
     p.set_defaults(func=_personalize, outputs={"out": True})
 
+
+def _register_throughput(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "throughput", help="images/s of the data loader, of the training step and of both: is training loader-bound?"
     )
@@ -568,6 +584,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     device_option(p)
     p.set_defaults(func=_throughput, outputs={"out": False})
 
+
+def _register_evaluate(subparsers: argparse._SubParsersAction) -> None:
+    from .personalize import PersonalizeConfig
+
+    recipe = PersonalizeConfig()
     p = subparsers.add_parser("evaluate", help="per-person angular error, before and after personalization")
     p.add_argument("--checkpoint", required=True, help="the base model the adapters were trained on")
     p.add_argument("--data", required=True, help="target dataset spec")
@@ -589,6 +610,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     device_option(p)
     p.set_defaults(func=_evaluate, outputs={"json": False})
 
+
+def _register_demo(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="the whole chain on the synthetic benchmark: table, JSON, figure")
     p.add_argument(
         "--out", default="runs/demo", help="results, figures and adapters, one folder per source (default %(default)s)"

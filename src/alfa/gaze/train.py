@@ -333,55 +333,9 @@ def train_source(
         for epoch in range(start_epoch, config.epochs):
             t0 = time.time()
             net.train()
-            batches = _epoch_batches(train_idx, config.batch_size, config.seed, epoch)
-            if world > 1:
-                # every process takes its shard of each global batch; a last batch too short to give each
-                # process two images (BatchNorm's minimum) is dropped
-                batches = [b for b in batches if len(b) >= 2 * world]
-                if not batches:
-                    raise ValueError(
-                        f"{dataset.name}: {len(train_idx)} training images give no batch of 2 per process ({world})"
-                    )
-            bar = tqdm(
-                _iterate(
-                    dataset,
-                    [distributed.shard(b, rank, world) for b in batches],
-                    config.num_workers,
-                    pin_memory=device.type == "cuda",
-                ),
-                total=len(batches),
-                desc=f"{stage} {epoch + 1}/{config.epochs}",
-                disable=not progress,
-                leave=False,
-            )
-            sums = torch.zeros(3, dtype=torch.float64)  # loss, l1, symmetry: each batch's mean, summed
-            layout = torch.channels_last if device.type == "cuda" else torch.preserve_format
-            for (images, gaze), whole in zip(bar, batches):
-                images = images.to(device, non_blocking=True, memory_format=layout)
-                gaze = gaze.to(device, non_blocking=True)
-                share = len(images) / len(whole)  # of the global batch (1 in one process)
-                terms = _train_step(
-                    model,
-                    optimizer,
-                    images,
-                    gaze,
-                    config.symmetry_weight,
-                    config.symmetry_bn,
-                    config.precision,
-                    net=net,
-                    scaler=scaler,
-                    loss_scale=share * world,  # DDP averages over processes: this makes it the global mean
-                )
-                sums += share * torch.tensor([terms["loss"], terms["l1"], terms["symmetry"]], dtype=torch.float64)
-                bar.set_postfix(loss=f"{terms['loss']:.4f}")
-            if world > 1:
-                # one model on every process: DDP broadcasts rank 0's buffers before each forward, so after the
-                # last step each process still holds its own shard's BatchNorm statistics
-                for buffer in model.buffers():
-                    torch.distributed.broadcast(buffer, 0)
-                reduced = sums.to(device)  # NCCL reduces CUDA tensors only
-                torch.distributed.all_reduce(reduced)
-                sums = reduced.cpu()
+            batches = _epoch_global_batches(dataset, train_idx, config, epoch, world)
+            desc = f"{stage} {epoch + 1}/{config.epochs}"
+            sums = _train_epoch(model, net, optimizer, scaler, dataset, batches, config, desc, progress)
             val_errors = _val_errors(model, val_ds, val_p, config.eval_batch_size) if val_p else {}
             record = {
                 "epoch": epoch + 1,
@@ -396,25 +350,118 @@ def train_source(
                     f"val error {record['val_error']:.2f} deg ({record['seconds']:.0f} s)"
                 )
             if rank == 0:
-                # The optimizer state first: a crash between the two writes leaves a model one epoch behind
-                # the state, which _resume detects.
-                state = {"epoch": epoch + 1, "optimizer": optimizer.state_dict()}
-                if scaler.is_enabled():
-                    state["grad_scaler"] = scaler.state_dict()
-                with atomic_path(out / STATE_FILE) as tmp:
-                    torch.save(state, tmp)
-                save_model(
-                    out / MODEL_FILE,
-                    model,
-                    model_name,
-                    model_kwargs,
-                    extra={**header, "epoch": epoch + 1, "history": history, "complete": epoch + 1 == config.epochs},
-                    input_size=size,
-                    input_scaling=INPUT_SCALING,
+                complete = epoch + 1 == config.epochs
+                extra_meta = {**header, "epoch": epoch + 1, "history": history, "complete": complete}
+                _write_epoch_checkpoint(
+                    out, model, optimizer, scaler, epoch + 1, model_name, model_kwargs, extra_meta, size
                 )
             distributed.barrier()  # nobody reads a checkpoint rank 0 is still writing
     model.eval()
     return TrainResult(out / MODEL_FILE, history, train_p, val_p, resumed_from_epoch=start_epoch)
+
+
+def _epoch_global_batches(
+    dataset: GazeDataset, train_idx: list[int], config: TrainConfig, epoch: int, world: int
+) -> list[list[int]]:
+    """The global batches of one epoch that every process of ``world`` can take its shard of."""
+    batches = _epoch_batches(train_idx, config.batch_size, config.seed, epoch)
+    if world > 1:
+        # every process takes its shard of each global batch; a last batch too short to give each
+        # process two images (BatchNorm's minimum) is dropped
+        batches = [b for b in batches if len(b) >= 2 * world]
+        if not batches:
+            raise ValueError(
+                f"{dataset.name}: {len(train_idx)} training images give no batch of 2 per process ({world})"
+            )
+    return batches
+
+
+def _train_epoch(
+    model: nn.Module,
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    dataset: GazeDataset,
+    batches: list[list[int]],
+    config: TrainConfig,
+    desc: str,
+    progress: bool,
+) -> torch.Tensor:
+    """One optimizer step per global batch (this process's shard of it, through ``net``); returns the
+    float64 sums of the batches' mean loss, L1 and symmetry terms, over all processes."""
+    device = _device_of(model)
+    rank, world = distributed.rank_and_world()
+    bar = tqdm(
+        _iterate(
+            dataset,
+            [distributed.shard(b, rank, world) for b in batches],
+            config.num_workers,
+            pin_memory=device.type == "cuda",
+        ),
+        total=len(batches),
+        desc=desc,
+        disable=not progress,
+        leave=False,
+    )
+    sums = torch.zeros(3, dtype=torch.float64)  # loss, l1, symmetry: each batch's mean, summed
+    layout = torch.channels_last if device.type == "cuda" else torch.preserve_format
+    for (images, gaze), whole in zip(bar, batches):
+        images = images.to(device, non_blocking=True, memory_format=layout)
+        gaze = gaze.to(device, non_blocking=True)
+        share = len(images) / len(whole)  # of the global batch (1 in one process)
+        terms = _train_step(
+            model,
+            optimizer,
+            images,
+            gaze,
+            config.symmetry_weight,
+            config.symmetry_bn,
+            config.precision,
+            net=net,
+            scaler=scaler,
+            loss_scale=share * world,  # DDP averages over processes: this makes it the global mean
+        )
+        sums += share * torch.tensor([terms["loss"], terms["l1"], terms["symmetry"]], dtype=torch.float64)
+        bar.set_postfix(loss=f"{terms['loss']:.4f}")
+    if world > 1:
+        # one model on every process: DDP broadcasts rank 0's buffers before each forward, so after the
+        # last step each process still holds its own shard's BatchNorm statistics
+        for buffer in model.buffers():
+            torch.distributed.broadcast(buffer, 0)
+        reduced = sums.to(device)  # NCCL reduces CUDA tensors only
+        torch.distributed.all_reduce(reduced)
+        sums = reduced.cpu()
+    return sums
+
+
+def _write_epoch_checkpoint(
+    out: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    epoch: int,
+    model_name: str,
+    model_kwargs: dict[str, Any] | None,
+    extra: dict[str, Any],
+    size: tuple[int, int],
+) -> None:
+    """The optimizer state, then the model, after ``epoch`` epochs (rank 0 only)."""
+    # The optimizer state first: a crash between the two writes leaves a model one epoch behind
+    # the state, which _resume detects.
+    state = {"epoch": epoch, "optimizer": optimizer.state_dict()}
+    if scaler.is_enabled():
+        state["grad_scaler"] = scaler.state_dict()
+    with atomic_path(out / STATE_FILE) as tmp:
+        torch.save(state, tmp)
+    save_model(
+        out / MODEL_FILE,
+        model,
+        model_name,
+        model_kwargs,
+        extra=extra,
+        input_size=size,
+        input_scaling=INPUT_SCALING,
+    )
 
 
 def _val_errors(model: nn.Module, dataset: GazeDataset, persons: Sequence[str], batch: int) -> dict[str, float]:

@@ -178,9 +178,62 @@ def run_crate_gaze(
 
 def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None) -> dict[str, Any]:
     t_start = time.time()
-    seconds: dict[str, float] = {}
+    seconds: dict[str, float] = {}  # wall time per stage, in the order the stages run
     n_adapt = config.personalize.n_adapt
+    source, val, targets = _open_data(config, seconds, progress)
 
+    mean_gaze = _labels(source).mean(0)
+    in_domain: dict[str, Any] = {"constant": _errors_entry(_constant_errors(mean_gaze, val, 0))}
+    cross_domain: dict[str, dict[str, Any]] = {
+        name: {"constant": _errors_entry(_constant_errors(mean_gaze, d, n_adapt))} for name, d in targets.items()
+    }
+    models, model_info = _train_models(config, out, source, val, targets, in_domain, cross_domain, seconds, progress)
+
+    # --- per-layer probes on a fixed batch of source and target images
+    t0 = time.time()
+    probe_sets = {val.name: _probe_images(val, config.probe_images_per_person)}
+    probe_sets.update({name: _probe_images(d, config.probe_images_per_person) for name, d in targets.items()})
+    probe_results = {
+        kind: {name: probe_model(models[kind], images, eps=config.probe_eps) for name, images in probe_sets.items()}
+        for kind in MODELS
+    }
+    probes = {kind: {name: _probe_entry(r) for name, r in per.items()} for kind, per in probe_results.items()}
+    figure = plot_gaze_probes(probes, out / FIGURE_FILE, source_name=val.name)
+    seconds["probes"] = time.time() - t0
+
+    t0 = time.time()
+    base, truncation = _truncate_crate(config, models["crate"], source, val, out, progress)
+    seconds["truncate"] = time.time() - t0
+    alfa_entry = _personalize_targets(config, base, targets, out, cross_domain, seconds, progress)
+
+    seconds["total"] = time.time() - t_start
+    results = {
+        "command": command,
+        "config": config.to_dict(),
+        "data": _data_entry(config, source, val, targets, mean_gaze),
+        "models": model_info,
+        "errors": {"in_domain": {val.name: in_domain}, "cross_domain": cross_domain},
+        "probes": {
+            "eps": config.probe_eps,
+            "images_per_person": config.probe_images_per_person,
+            "source": val.name,
+            "results": probes,
+        },
+        "truncation": truncation,
+        "alfa": alfa_entry,
+        "figure": str(figure),
+        "seconds": seconds,
+        "torch_threads": config.threads,
+        "torch_version": torch.__version__,
+    }
+    write_json(out / RESULTS_FILE, results)
+    return results
+
+
+def _open_data(
+    config: CrateGazeConfig, seconds: dict[str, float], progress: bool
+) -> tuple[GazeDataset, GazeDataset, dict[str, GazeDataset]]:
+    """The source, its held-out persons and the targets (by name); the time it took goes to ``seconds``."""
     t0 = time.time()
     source = open_dataset(config.source_spec())
     val = open_dataset(config.val_spec())
@@ -194,14 +247,23 @@ def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None
         f"data ({seconds['data']:.0f} s): {source.name} {len(source)} images, {val.name} {len(val)}, "
         + ", ".join(f"{name} {len(d)}" for name, d in targets.items()),
     )
+    return source, val, targets
 
-    mean_gaze = _labels(source).mean(0)
-    in_domain: dict[str, Any] = {"constant": _errors_entry(_constant_errors(mean_gaze, val, 0))}
-    cross_domain: dict[str, dict[str, Any]] = {
-        name: {"constant": _errors_entry(_constant_errors(mean_gaze, d, n_adapt))} for name, d in targets.items()
-    }
 
-    # --- train both models on the source
+def _train_models(
+    config: CrateGazeConfig,
+    out: Path,
+    source: GazeDataset,
+    val: GazeDataset,
+    targets: dict[str, GazeDataset],
+    in_domain: dict[str, Any],
+    cross_domain: dict[str, dict[str, Any]],
+    seconds: dict[str, float],
+    progress: bool,
+) -> tuple[dict[str, nn.Module], dict[str, Any]]:
+    """Train both models on the source; each one's errors go into ``in_domain`` and ``cross_domain`` (by
+    model kind). Returns the trained models (in eval mode) and what the results record of each."""
+    n_adapt = config.personalize.n_adapt
     models: dict[str, nn.Module] = {}
     model_info: dict[str, Any] = {}
     for kind in MODELS:
@@ -235,22 +297,15 @@ def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None
             f"{LABELS[kind]} trained ({seconds[f'train {kind}']:.0f} s): in-domain {in_domain[kind]['mean']:.2f} deg, "
             + ", ".join(f"{name} {cross_domain[name][kind]['mean']:.2f}" for name in targets),
         )
+    return models, model_info
 
-    # --- per-layer probes on a fixed batch of source and target images
-    t0 = time.time()
-    probe_sets = {val.name: _probe_images(val, config.probe_images_per_person)}
-    probe_sets.update({name: _probe_images(d, config.probe_images_per_person) for name, d in targets.items()})
-    probe_results = {
-        kind: {name: probe_model(models[kind], images, eps=config.probe_eps) for name, images in probe_sets.items()}
-        for kind in MODELS
-    }
-    probes = {kind: {name: _probe_entry(r) for name, r in per.items()} for kind, per in probe_results.items()}
-    figure = plot_gaze_probes(probes, out / FIGURE_FILE, source_name=val.name)
-    seconds["probes"] = time.time() - t0
 
-    # --- truncate CRATE, recover briefly on the source
-    t0 = time.time()
-    base = copy.deepcopy(models["crate"])
+def _truncate_crate(
+    config: CrateGazeConfig, crate: nn.Module, source: GazeDataset, val: GazeDataset, out: Path, progress: bool
+) -> tuple[nn.Module, dict[str, Any]]:
+    """A truncated copy of the trained CRATE, recovered briefly on the source (with ``recovery_epochs`` > 0),
+    in eval mode, and the results' truncation entry."""
+    base = copy.deepcopy(crate)
     kwargs, crate_name = config.model_kwargs(), MODEL_NAMES["crate"]
     dense_params = parameter_summary(base).total
     if config.recovery_epochs > 0:
@@ -288,15 +343,27 @@ def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None
         "recovery_lr": config.recovery_lr,
         "recovery_history": history,
     }
-    seconds["truncate"] = time.time() - t0
     _say(
         progress,
         f"CRATE truncated at rank {config.rank}: {dense_params} -> {truncation['parameters_truncated']} parameters; "
         f"in-domain {trunc_errors['before_truncation']:.2f} -> {trunc_errors['after_truncation']:.2f} deg, "
         f"{trunc_errors['after_recovery']:.2f} after {config.recovery_epochs} recovery epoch(s)",
     )
+    return base, truncation
 
-    # --- Alfa personalization of the truncated CRATE, per target person
+
+def _personalize_targets(
+    config: CrateGazeConfig,
+    base: nn.Module,
+    targets: dict[str, GazeDataset],
+    out: Path,
+    cross_domain: dict[str, dict[str, Any]],
+    seconds: dict[str, float],
+    progress: bool,
+) -> dict[str, Any]:
+    """Alfa personalization of the truncated CRATE, per target person; each target's errors before and after
+    go into ``cross_domain`` and its time into ``seconds``. Returns the results' ``alfa`` entry."""
+    n_adapt = config.personalize.n_adapt
     recipe = config.personalize_recipe()
     probe_copy = copy.deepcopy(base)
     adapted_layers = attach(probe_copy, config.alfa)
@@ -315,27 +382,10 @@ def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None
         report = evaluate(
             base, data, adapters=folder, n_adapt=n_adapt, before="truncated", after="alfa", progress=False
         )
-        before, after = report.columns["truncated"], report.columns["alfa"]
-        persons = {
-            p: {
-                "truncated": before.get(p),
-                "alfa": after.get(p),
-                "first_loss": run.persons[p].losses[0] if run.persons[p].losses else None,
-                "final_loss": run.persons[p].final_loss,
-            }
-            for p in data.persons()
-        }
+        personalization[name] = _personalization_entry(data, run, report)
         common = report.common_persons()
-        personalization[name] = {
-            "persons": persons,
-            "truncated": _summary([before[p] for p in common]),
-            "alfa": _summary([after[p] for p in common]),
-            "improved": sum(after[p] < before[p] for p in common),
-            "compared": len(common),
-            "failed": report.failed,
-        }
-        cross_domain[name]["crate_truncated"] = _errors_entry(before)
-        cross_domain[name]["crate_alfa"] = _errors_entry(after)
+        cross_domain[name]["crate_truncated"] = _errors_entry(report.columns["truncated"])
+        cross_domain[name]["crate_alfa"] = _errors_entry(report.columns["alfa"])
         if merge_check is None and common:
             merge_check = _merge_check(base, data, common[0], folder / adapter_filename(common[0]), n_adapt)
             merge_check["target"] = name
@@ -346,55 +396,69 @@ def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None
             f"{personalization[name]['alfa']['mean']:.2f} deg, lower for {personalization[name]['improved']} of "
             f"{len(common)} persons",
         )
-
-    seconds["total"] = time.time() - t_start
-    results = {
-        "command": command,
-        "config": config.to_dict(),
-        "data": {
-            "source": {
-                "spec": config.source_spec(),
-                "name": source.name,
-                "images": len(source),
-                "persons": len(source.persons()),
-            },
-            "val": {"spec": config.val_spec(), "name": val.name, "images": len(val), "persons": len(val.persons())},
-            "targets": {
-                name: {
-                    "spec": spec,
-                    "images": len(d),
-                    "persons": len(d.persons()),
-                    "scored_per_person": config.target_images_per_person - n_adapt,
-                }
-                for spec, (name, d) in zip(config.target_specs(), targets.items())
-            },
-            "source_mean_gaze_rad": mean_gaze.tolist(),
-        },
-        "models": model_info,
-        "errors": {"in_domain": {val.name: in_domain}, "cross_domain": cross_domain},
-        "probes": {
-            "eps": config.probe_eps,
-            "images_per_person": config.probe_images_per_person,
-            "source": val.name,
-            "results": probes,
-        },
-        "truncation": truncation,
-        "alfa": {
-            "config": config.alfa.to_dict(),
-            "recipe": recipe.to_dict(),
-            "adapted_layers": adapted_layers,
-            "adapter_parameters": adapter_size,
-            "adapter_compact_numbers": compact_size,
-            "personalization": personalization,
-            "merge_check": merge_check,
-        },
-        "figure": str(figure),
-        "seconds": seconds,
-        "torch_threads": config.threads,
-        "torch_version": torch.__version__,
+    return {
+        "config": config.alfa.to_dict(),
+        "recipe": recipe.to_dict(),
+        "adapted_layers": adapted_layers,
+        "adapter_parameters": adapter_size,
+        "adapter_compact_numbers": compact_size,
+        "personalization": personalization,
+        "merge_check": merge_check,
     }
-    write_json(out / RESULTS_FILE, results)
-    return results
+
+
+def _personalization_entry(data: GazeDataset, run: Any, report: Any) -> dict[str, Any]:
+    """One target's personalization: per person the errors before and after and the first and last loss,
+    then the summaries over the persons scored in both columns."""
+    before, after = report.columns["truncated"], report.columns["alfa"]
+    persons = {
+        p: {
+            "truncated": before.get(p),
+            "alfa": after.get(p),
+            "first_loss": run.persons[p].losses[0] if run.persons[p].losses else None,
+            "final_loss": run.persons[p].final_loss,
+        }
+        for p in data.persons()
+    }
+    common = report.common_persons()
+    return {
+        "persons": persons,
+        "truncated": _summary([before[p] for p in common]),
+        "alfa": _summary([after[p] for p in common]),
+        "improved": sum(after[p] < before[p] for p in common),
+        "compared": len(common),
+        "failed": report.failed,
+    }
+
+
+def _data_entry(
+    config: CrateGazeConfig,
+    source: GazeDataset,
+    val: GazeDataset,
+    targets: dict[str, GazeDataset],
+    mean_gaze: Tensor,
+) -> dict[str, Any]:
+    """The results' ``data`` entry: every data set's spec and size, and the source's mean gaze."""
+    n_adapt = config.personalize.n_adapt
+    return {
+        "source": {
+            "spec": config.source_spec(),
+            "name": source.name,
+            "images": len(source),
+            "persons": len(source.persons()),
+        },
+        "val": {"spec": config.val_spec(), "name": val.name, "images": len(val), "persons": len(val.persons())},
+        "targets": {
+            name: {
+                "spec": spec,
+                "images": len(d),
+                "persons": len(d.persons()),
+                "scored_per_person": config.target_images_per_person - n_adapt,
+            }
+            for spec, (name, d) in zip(config.target_specs(), targets.items())
+        },
+        "source_mean_gaze_rad": mean_gaze.tolist(),
+    }
 
 
 def _merge_check(model: nn.Module, data: GazeDataset, person: str, adapter: Path, n_adapt: int) -> dict[str, Any]:

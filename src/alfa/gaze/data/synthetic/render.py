@@ -296,15 +296,41 @@ def render_faces(p: FaceParams, noise: Tensor, size: int, *, eye_windows: bool =
     b, r = p.batch_size, noise.shape[-1]
     if noise.shape != (b, NOISE_CHANNELS, r, r):
         raise ValueError(f"noise must be (B, {NOISE_CHANNELS}, r, r) with B={b}, got {tuple(noise.shape)}")
+    surface = _trace_head(p, r)
+    optics = _eye_optics(p, surface.rot)
+    eyes = _paint_eyes(p, surface, optics, eye_windows)
+    albedo = _paint_face_under_eyes(p, surface, eyes.through.view(b, r, r)) + eyes.colour.view(b, 3, r, r)
+    img = _shade(p, surface, optics, albedo, eyes)
+    return _camera(p, img, noise, surface, size)
+
+
+@dataclass
+class _HeadSurface:
+    """The pixel grid of a crop of ``r × r`` pixels, every pixel traced to the front of the head."""
+
+    centres: Tensor  # (r,) pixel-centre coordinates in [-1, 1]
+    u: Tensor  # (1, 1, r): image right
+    v: Tensor  # (1, r, 1): image down
+    pixel: float  # a pixel's side in crop units
+    rot: Tensor  # (B, 3, 3) head rotation
+    origin: Tensor  # (B, 2) d-frame position of the head centre in the crop
+    face: Tensor  # (B, r, r) coverage of the head's outline
+    hx: Tensor  # (B, r, r) head-frame coordinates of the surface point, in unscaled head units
+    hy: Tensor
+    hz: Tensor
+    hpix: Tensor  # (B,) a pixel in head units (ignoring foreshortening)
+
+
+def _trace_head(p: FaceParams, r: int) -> _HeadSurface:
+    """Trace every pixel of an ``r × r`` crop to the front of the head ellipsoid."""
     centres = (torch.arange(r, dtype=torch.float32) + 0.5) * (2.0 / r) - 1.0
     u, v = centres.view(1, 1, r), centres.view(1, r, 1)  # image right, image down
     pixel = 2.0 / r
 
     rot = head_rotation(p.head_yaw, p.head_pitch, p.head_roll)  # (B, 3, 3)
-    sc = _col(p.scale)
     a, bb, c = p.face_w * p.scale, p.face_h * p.scale, p.face_d * p.scale
 
-    # --- trace every pixel to the front of the head ellipsoid x^T Q x = 1, Q = R diag(1/a², 1/b², 1/c²) R^T
+    # The front of the head ellipsoid x^T Q x = 1, Q = R diag(1/a², 1/b², 1/c²) R^T.
     q = rot @ torch.diag_embed(torch.stack([a, bb, c], -1).reciprocal().square()) @ rot.transpose(1, 2)
     # Like a gaze normalization, the crop is centred on the face centre (midway between eyes and mouth,
     # on the surface), not on the head's centre, so the face stays in the crop at large head yaw.
@@ -328,8 +354,25 @@ def render_faces(p: FaceParams, noise: Tensor, size: int, *, eye_windows: bool =
         return (along_x * px + along_y * py) + along_z * z
 
     hx, hy, hz = head_coord(0), head_coord(1), head_coord(2)
-    hpix = pixel / p.scale  # a pixel in head units (ignoring foreshortening), (B,)
+    hpix = pixel / p.scale
+    return _HeadSurface(centres, u, v, pixel, rot, origin, face, hx, hy, hz, hpix)
 
+
+@dataclass
+class _EyeOptics:
+    """The light and the eyes' optical axis of every image, shared by both eyes (and the light by the shading)."""
+
+    light_head: Tensor  # (B, 3) towards the light, in the head frame
+    half: Tensor  # (B, 3) d-frame half vector between the light and the camera (corneal glints)
+    optical: Tensor  # (B, 3) the eyes' optical axis, d-frame
+    o_dir_x: Tensor  # (B, 1, 1) image-plane direction of the optical axis
+    o_dir_y: Tensor
+    o_squash: Tensor  # (B, 1, 1) foreshortening of the iris disc
+    pupil_frac: Tensor  # (B, 1, 1) pupil radius relative to the iris
+    lid_shift: Tensor  # (B,) how far the upper lids follow the eye's pitch
+
+
+def _eye_optics(p: FaceParams, rot: Tensor) -> _EyeOptics:
     light = _direction(p.light_az, p.light_el)  # (B, 3), d-frame, pointing towards the light
     light_head = (rot.transpose(1, 2) @ light.unsqueeze(-1)).squeeze(-1)
     half = light + torch.tensor([0.0, 0.0, 1.0])
@@ -343,18 +386,37 @@ def render_faces(p: FaceParams, noise: Tensor, size: int, *, eye_windows: bool =
     brightness = p.exposure * (p.ambient + 0.6 * p.diffuse)
     pupil_frac = _col((0.55 - 0.25 * brightness).clamp(0.25, 0.55))
     lid_shift = p.lid_follow * optical_head[:, 1]
-    rim_colour = torch.tensor([0.1, 0.09, 0.09]).expand(b, 3)
-    lash_colour = torch.tensor([0.08, 0.06, 0.05]).expand(b, 3)
-    pupil_colour = torch.tensor([0.03, 0.03, 0.03]).expand(b, 3)
-    has_glasses = _col(p.glasses)
-    iris_r = _col(p.iris_r)
+    return _EyeOptics(light_head, half, optical, o_dir_x, o_dir_y, o_squash, pupil_frac, lid_shift)
 
-    # --- the eyes, each in its window, painted top-down (see _Painter) and scattered into the crop
+
+def _colour(rgb: tuple[float, float, float], b: int) -> Tensor:
+    """A fixed colour for every image of the batch, (B, 3)."""
+    return torch.tensor(rgb).expand(b, 3)
+
+
+_RIM_RGB = (0.1, 0.09, 0.09)  # the glasses' frame
+
+
+@dataclass
+class _Eyes:
+    """Both eyes painted into the crop, flattened to ``r · r`` pixels, and the eye sockets' shading terms."""
+
+    colour: Tensor  # (B, 3, r·r) the eyes' painted colour, already weighted by their coverage
+    through: Tensor  # (B, r·r) what the eyes let through to the face below
+    glint: Tensor  # (B, r·r) specular spots: corneal reflections and lens glare
+    sockets: Tensor  # (B, r, r) eye-socket depressions: their coverage and height gradient
+    socket_gx: Tensor
+    socket_gy: Tensor
+
+
+def _paint_eyes(p: FaceParams, surface: _HeadSurface, optics: _EyeOptics, eye_windows: bool) -> _Eyes:
+    """The eyes, each in its window, painted top-down (see _Painter) and scattered into the crop."""
+    b, r = p.batch_size, surface.centres.shape[0]
     eye_colour = torch.zeros(b, 3, r * r)
     eye_through = torch.ones(b, r * r)
-    glint = torch.zeros(b, r * r)  # specular spots: corneal reflections and lens glare
-    sockets = torch.zeros_like(hx)  # eye-socket depressions: their coverage and height gradient
-    socket_gx, socket_gy = torch.zeros_like(hx), torch.zeros_like(hx)
+    glint = torch.zeros(b, r * r)
+    sockets = torch.zeros_like(surface.hx)
+    socket_gx, socket_gy = torch.zeros_like(surface.hx), torch.zeros_like(surface.hx)
     for side in (1.0, -1.0):  # +1: the eye on the head's +x side (image left when frontal)
         ex0 = p.eye_sep * (1 + side * p.eye_sep_asym)
         ey0 = p.eye_y + side * p.eye_y_asym
@@ -362,89 +424,16 @@ def render_faces(p: FaceParams, noise: Tensor, size: int, *, eye_windows: bool =
         ex, ey, ew = _col(ex0), _col(ey0), _col(ew0)
 
         # Sockets shade softly over a wide area, so they are computed over the whole crop.
-        ds = (side * hx - ex) / (1.6 * ew)
-        dt = (hy - ey) / (1.4 * ew)
-        dip = torch.exp((-(ds * ds + dt * dt)).clamp_min(-30.0)) * (hz > 0)
+        ds = (side * surface.hx - ex) / (1.6 * ew)
+        dt = (surface.hy - ey) / (1.4 * ew)
+        dip = torch.exp((-(ds * ds + dt * dt)).clamp_min(-30.0)) * (surface.hz > 0)
         sockets = sockets + dip
         socket_gx = socket_gx + dip * ds * side / ew
         socket_gy = socket_gy + dip * dt / ew
 
-        # The window: a head-frame box holding every feature below, projected into the image.
-        rim, tilt = p.glasses_rim, p.eye_tilt.abs() * 1.1 * ew0
-        margin = 0.01 + 2 * hpix
-        box_x = torch.maximum(0.8 * ex0 + rim, 1.6 * ew0) + margin
-        brow_top = p.brow_gap + side * p.brow_asym + p.brow_arch.clamp_min(0.0) + 1.4 * p.brow_t
-        lid_top = (0.9 * (1 + p.lid_skew.abs()) + 0.05) * ew0 + 0.02  # the upper lid and its lash line
-        box_up = torch.stack([brow_top, 1.25 * ew0 + 0.02 + rim, lid_top], -1).amax(-1) + tilt + margin
-        box_down = torch.maximum(0.6 * ew0, 1.25 * ew0 - 0.02 + rim) + tilt + margin
-        box_y = ey0 + 0.5 * (box_up - box_down)
-        near_x = (ex0 - box_x).clamp_min(0.0)
-        near_y = torch.minimum((ey0 - box_down).abs(), (ey0 + box_up).abs()) * ((ey0 - box_down) * (ey0 + box_up) > 0)
-        z_top = _surface_z(p, near_x, near_y)
-        z_low = _surface_z(p, ex0 + box_x, torch.maximum((ey0 - box_down).abs(), (ey0 + box_up).abs()), floor=0.0)
-        box_centre = torch.stack([side * ex0, box_y, 0.5 * (z_top + z_low)], -1)
-        box_half = torch.stack([box_x, 0.5 * (box_up + box_down), 0.5 * (z_top - z_low)], -1)
-        centre_img = (rot @ box_centre.unsqueeze(-1))[:, :2, 0] * p.scale[:, None] + origin
-        half_img = (rot[:, :2].abs() @ box_half.unsqueeze(-1))[:, :, 0] * p.scale[:, None]
-        window, wu, wv = _eye_window(-centre_img, half_img, centres, pixel, full=not eye_windows)
-        whx, why, whz = window.gather(hx), window.gather(hy), window.gather(hz)
-
-        up = _col((p.eye_open * (1 + side * p.eye_open_asym) + lid_shift).clamp(0.05, 0.9))
-        low = _col((p.eye_low - 0.3 * lid_shift).clamp(0.1, 0.6))
-        outward = side * whx - ex
-        s = outward / ew  # along the eye, outward positive, both eyes alike
-        t = (why - ey) / ew - _col(p.eye_tilt) * s
-        bell = 1.0 - s * s
-        upper = up * bell * (1.0 - _col(p.lid_skew) * s)
-        whpix = _col(hpix)
-        # Only the face side of the head carries eyes (at extreme yaw the back of the head shows).
-        front = (whz > 0).float()
-        inside = _soft(torch.minimum(upper - t, t + low * bell) * ew, whpix) * front
-        painter = _Painter(whx, layers=6)
-
-        # Glasses: a rim around the eye, a tinted lens with a glare that moves with the light. A lens
-        # spans 80% of the way to the midline, so the two never overlap (their painting order is moot).
-        lens_w = 0.8 * ex
-        gdx = outward / lens_w
-        gdy = (why - ey - 0.02) / (1.25 * ew)
-        rho = torch.sqrt(gdx * gdx + gdy * gdy)
-        to_rim = (rho - 1.0) * torch.minimum(lens_w, 1.25 * ew)  # about the distance to the rim line
-        painter.paint(_soft(0.5 * _col(rim) - to_rim.abs(), whpix) * has_glasses * front, rim_colour)
-        lens = _soft(-to_rim, whpix) * has_glasses * front
-        painter.darken(_col(p.glasses_tint) * lens)
-        rx = gdx - side * 0.55 * _col(light_head[:, 0])
-        ry = gdy - 0.55 * _col(light_head[:, 1])
-        eye_glint = 0.5 * lens * torch.exp((-24.0 * rx * rx - 8.0 * ry * ry).clamp_min(-30.0))
-
-        # The eyeball sits behind the surface; the iris is a disc on it along the optical axis.
-        ball_head = torch.stack([side * ex0, ey0, _surface_z(p, ex0, ey0) - 0.85 * p.ball_r], -1)
-        ball = (rot @ ball_head.unsqueeze(-1))[:, :, 0] * p.scale[:, None]
-        ball[:, :2] += origin
-        wx = -wu - _col(ball[:, 0] + p.scale * p.ball_r * optical[:, 0])
-        wy = -wv - _col(ball[:, 1] + p.scale * p.ball_r * optical[:, 1])
-        along = (wx * o_dir_x + wy * o_dir_y) / o_squash
-        across = wx * o_dir_y - wy * o_dir_x
-        ell = torch.sqrt(along * along + across * across) / sc  # head units
-        lid_shadow = 1.0 - 0.45 * torch.exp(((t - upper) / 0.25).clamp(-30.0, 0.0))
-        painter.paint(inside * _soft(iris_r * pupil_frac - ell, whpix), pupil_colour)
-        ring = 1.0 - 0.5 * ((ell / iris_r - 0.6) / 0.4).clamp(0.0, 1.0)
-        painter.paint(inside * _soft(iris_r - ell, whpix), p.iris, lid_shadow * ring)
-        painter.paint(inside, p.sclera, lid_shadow * (1.0 - 0.3 * (s * s).clamp(max=1.0)))
-
-        # Corneal glint: the light's reflection on the eyeball, fixed by light and eye position, not by gaze.
-        gx = -wu - _col(ball[:, 0] + p.scale * 0.9 * p.ball_r * half[:, 0])
-        gy = -wv - _col(ball[:, 1] + p.scale * 0.9 * p.ball_r * half[:, 1])
-        spot = (0.2 * iris_r * sc).clamp_min(0.45 * pixel)
-        eye_glint = eye_glint + inside * torch.exp((-(gx * gx + gy * gy) / (2 * spot * spot)).clamp_min(-30.0))
-
-        # Lash line above the upper lid, then the brow above that.
-        above = (t - upper) * ew
-        lash = torch.minimum(torch.minimum(above, 0.018 - above), (1.08 - s.abs()) * ew)
-        painter.paint(_soft(lash, whpix) * front, lash_colour)
-        sb = (outward - 0.2 * ew) / (1.35 * ew)
-        brow_c = ey + _col(p.brow_gap + side * p.brow_asym) + _col(p.brow_arch) * (1 - sb * sb)
-        brow = torch.minimum(_col(p.brow_t) * (1.0 - 0.4 * sb) - (why - brow_c).abs(), (1 - sb.abs()) * ew)
-        painter.paint(_soft(brow, whpix) * front, p.hair * 0.9)
+        eye = (ex0, ey0, ew0)
+        window, wu, wv = _window_of_eye(p, surface, side, eye, full=not eye_windows)
+        painter, eye_glint = _paint_eye(p, surface, optics, side, eye, window, wu, wv)
 
         # Into the crop: this eye lies under the eyes painted before it (the same order as one painter).
         through_above = eye_through.gather(1, window.index)
@@ -453,13 +442,130 @@ def render_faces(p: FaceParams, noise: Tensor, size: int, *, eye_windows: bool =
         )
         eye_through.scatter_(1, window.index, through_above * painter.through.view(b, -1))
         glint.scatter_add_(1, window.index, eye_glint.view(b, -1))
+    return _Eyes(eye_colour, eye_through, glint, sockets, socket_gx, socket_gy)
 
-    # --- the rest of the face, under the eyes
-    painter = _Painter(hx, layers=4, through=eye_through.view(b, r, r))
+
+def _window_of_eye(
+    p: FaceParams, surface: _HeadSurface, side: float, eye: tuple[Tensor, Tensor, Tensor], full: bool
+) -> tuple[_EyeWindow, Tensor, Tensor]:
+    """The window of one eye (``eye``: as for :func:`_paint_eye`): a head-frame box holding every feature
+    :func:`_paint_eye` paints, projected into the image (see :func:`_eye_window`)."""
+    ex0, ey0, ew0 = eye
+    rim, tilt = p.glasses_rim, p.eye_tilt.abs() * 1.1 * ew0
+    margin = 0.01 + 2 * surface.hpix
+    box_x = torch.maximum(0.8 * ex0 + rim, 1.6 * ew0) + margin
+    brow_top = p.brow_gap + side * p.brow_asym + p.brow_arch.clamp_min(0.0) + 1.4 * p.brow_t
+    lid_top = (0.9 * (1 + p.lid_skew.abs()) + 0.05) * ew0 + 0.02  # the upper lid and its lash line
+    box_up = torch.stack([brow_top, 1.25 * ew0 + 0.02 + rim, lid_top], -1).amax(-1) + tilt + margin
+    box_down = torch.maximum(0.6 * ew0, 1.25 * ew0 - 0.02 + rim) + tilt + margin
+    box_y = ey0 + 0.5 * (box_up - box_down)
+    near_x = (ex0 - box_x).clamp_min(0.0)
+    near_y = torch.minimum((ey0 - box_down).abs(), (ey0 + box_up).abs()) * ((ey0 - box_down) * (ey0 + box_up) > 0)
+    z_top = _surface_z(p, near_x, near_y)
+    z_low = _surface_z(p, ex0 + box_x, torch.maximum((ey0 - box_down).abs(), (ey0 + box_up).abs()), floor=0.0)
+    box_centre = torch.stack([side * ex0, box_y, 0.5 * (z_top + z_low)], -1)
+    box_half = torch.stack([box_x, 0.5 * (box_up + box_down), 0.5 * (z_top - z_low)], -1)
+    centre_img = (surface.rot @ box_centre.unsqueeze(-1))[:, :2, 0] * p.scale[:, None] + surface.origin
+    half_img = (surface.rot[:, :2].abs() @ box_half.unsqueeze(-1))[:, :, 0] * p.scale[:, None]
+    return _eye_window(-centre_img, half_img, surface.centres, surface.pixel, full=full)
+
+
+def _paint_eye(
+    p: FaceParams,
+    surface: _HeadSurface,
+    optics: _EyeOptics,
+    side: float,
+    eye: tuple[Tensor, Tensor, Tensor],
+    window: _EyeWindow,
+    wu: Tensor,
+    wv: Tensor,
+) -> tuple[_Painter, Tensor]:
+    """One eye's layers inside its window, top-down: glasses rim and lens, pupil, iris, sclera, lash line,
+    brow. ``eye`` is ``(x, y, half-width)`` of its opening in the head frame, per image, ``x`` unsigned (the
+    eye's centre is at ``side · x``). Returns the painter and the eye's specular glint (B, h, w)."""
+    ex0, ey0, ew0 = eye
+    b = p.batch_size
+    ex, ey, ew = _col(ex0), _col(ey0), _col(ew0)
+    whx, why, whz = window.gather(surface.hx), window.gather(surface.hy), window.gather(surface.hz)
+    sc, iris_r, has_glasses = _col(p.scale), _col(p.iris_r), _col(p.glasses)
+
+    up = _col((p.eye_open * (1 + side * p.eye_open_asym) + optics.lid_shift).clamp(0.05, 0.9))
+    low = _col((p.eye_low - 0.3 * optics.lid_shift).clamp(0.1, 0.6))
+    outward = side * whx - ex
+    s_along = outward / ew  # along the eye, outward positive, both eyes alike
+    t = (why - ey) / ew - _col(p.eye_tilt) * s_along
+    bell = 1.0 - s_along * s_along
+    upper = up * bell * (1.0 - _col(p.lid_skew) * s_along)
+    whpix = _col(surface.hpix)
+    # Only the face side of the head carries eyes (at extreme yaw the back of the head shows).
+    front = (whz > 0).float()
+    inside = _soft(torch.minimum(upper - t, t + low * bell) * ew, whpix) * front
+    painter = _Painter(whx, layers=6)
+
+    # Glasses: a rim around the eye, a tinted lens with a glare that moves with the light. A lens
+    # spans 80% of the way to the midline, so the two never overlap (their painting order is moot).
+    lens_w = 0.8 * ex
+    gdx = outward / lens_w
+    gdy = (why - ey - 0.02) / (1.25 * ew)
+    rho = torch.sqrt(gdx * gdx + gdy * gdy)
+    to_rim = (rho - 1.0) * torch.minimum(lens_w, 1.25 * ew)  # about the distance to the rim line
+    painter.paint(_soft(0.5 * _col(p.glasses_rim) - to_rim.abs(), whpix) * has_glasses * front, _colour(_RIM_RGB, b))
+    lens = _soft(-to_rim, whpix) * has_glasses * front
+    painter.darken(_col(p.glasses_tint) * lens)
+    rx = gdx - side * 0.55 * _col(optics.light_head[:, 0])
+    ry = gdy - 0.55 * _col(optics.light_head[:, 1])
+    eye_glint = 0.5 * lens * torch.exp((-24.0 * rx * rx - 8.0 * ry * ry).clamp_min(-30.0))
+
+    # The eyeball sits behind the surface; the iris is a disc on it along the optical axis.
+    optical = optics.optical
+    ball_head = torch.stack([side * ex0, ey0, _surface_z(p, ex0, ey0) - 0.85 * p.ball_r], -1)
+    ball = (surface.rot @ ball_head.unsqueeze(-1))[:, :, 0] * p.scale[:, None]
+    ball[:, :2] += surface.origin
+    wx = -wu - _col(ball[:, 0] + p.scale * p.ball_r * optical[:, 0])
+    wy = -wv - _col(ball[:, 1] + p.scale * p.ball_r * optical[:, 1])
+    along = (wx * optics.o_dir_x + wy * optics.o_dir_y) / optics.o_squash
+    across = wx * optics.o_dir_y - wy * optics.o_dir_x
+    ell = torch.sqrt(along * along + across * across) / sc  # head units
+    lid_shadow = 1.0 - 0.45 * torch.exp(((t - upper) / 0.25).clamp(-30.0, 0.0))
+    painter.paint(inside * _soft(iris_r * optics.pupil_frac - ell, whpix), _colour((0.03, 0.03, 0.03), b))
+    ring = 1.0 - 0.5 * ((ell / iris_r - 0.6) / 0.4).clamp(0.0, 1.0)
+    painter.paint(inside * _soft(iris_r - ell, whpix), p.iris, lid_shadow * ring)
+    painter.paint(inside, p.sclera, lid_shadow * (1.0 - 0.3 * (s_along * s_along).clamp(max=1.0)))
+
+    # Corneal glint: the light's reflection on the eyeball, fixed by light and eye position, not by gaze.
+    gx = -wu - _col(ball[:, 0] + p.scale * 0.9 * p.ball_r * optics.half[:, 0])
+    gy = -wv - _col(ball[:, 1] + p.scale * 0.9 * p.ball_r * optics.half[:, 1])
+    spot = (0.2 * iris_r * sc).clamp_min(0.45 * surface.pixel)
+    eye_glint = eye_glint + inside * torch.exp((-(gx * gx + gy * gy) / (2 * spot * spot)).clamp_min(-30.0))
+
+    # Lash line above the upper lid, then the brow above that.
+    above = (t - upper) * ew
+    lash = torch.minimum(torch.minimum(above, 0.018 - above), (1.08 - s_along.abs()) * ew)
+    painter.paint(_soft(lash, whpix) * front, _colour((0.08, 0.06, 0.05), b))
+    sb = (outward - 0.2 * ew) / (1.35 * ew)
+    brow_c = ey + _col(p.brow_gap + side * p.brow_asym) + _col(p.brow_arch) * (1 - sb * sb)
+    brow = torch.minimum(_col(p.brow_t) * (1.0 - 0.4 * sb) - (why - brow_c).abs(), (1 - sb.abs()) * ew)
+    painter.paint(_soft(brow, whpix) * front, p.hair * 0.9)
+    return painter, eye_glint
+
+
+_NOSE_W = 0.07  # half-width of the nose bump
+
+
+def _nose_top_and_length(p: FaceParams) -> tuple[Tensor, Tensor]:
+    """(B, 1, 1) head-frame height where the nose starts, and its length."""
+    return _col(p.eye_y) - 0.05, _col(p.nose_len)
+
+
+def _paint_face_under_eyes(p: FaceParams, surface: _HeadSurface, eye_through: Tensor) -> Tensor:
+    """The rest of the face's albedo (B, 3, r, r), under the eyes (``eye_through``: what they let through):
+    the glasses' bridge, the nostrils, the lips, the hair and the skin."""
+    b, hx, hy = p.batch_size, surface.hx, surface.hy
+    painter = _Painter(hx, layers=4, through=eye_through)
     bridge_y = _col(p.eye_y) + 0.05
     bridge = torch.minimum(0.5 * _col(p.glasses_rim) - (hy - bridge_y).abs(), _col(p.eye_sep) * 0.3 - hx.abs())
-    painter.paint(_soft(bridge, _col(hpix)) * has_glasses, rim_colour)
-    nose_w, nose_top, nose_len = 0.07, _col(p.eye_y) - 0.05, _col(p.nose_len)
+    painter.paint(_soft(bridge, _col(surface.hpix)) * _col(p.glasses), _colour(_RIM_RGB, b))
+    nose_top, nose_len = _nose_top_and_length(p)
     nostril = torch.zeros_like(hx)
     for side in (1.0, -1.0):
         ndx = (hx - _col(p.nose_dx) - side * 0.035) / 0.022
@@ -469,33 +575,44 @@ def render_faces(p: FaceParams, noise: Tensor, size: int, *, eye_windows: bool =
     mouth_s = (hx - _col(p.mouth_dx)) / _col(p.mouth_w)
     mouth_t = hy - (_col(p.mouth_y) + _col(p.mouth_curve) * mouth_s * mouth_s)
     lips = torch.minimum(0.022 * (1 - mouth_s * mouth_s) - mouth_t.abs(), (1 - mouth_s.abs()) * _col(p.mouth_w))
-    painter.paint(_soft(lips, _col(hpix)), p.skin * torch.tensor([0.72, 0.42, 0.42]))
+    painter.paint(_soft(lips, _col(surface.hpix)), p.skin * torch.tensor([0.72, 0.42, 0.42]))
     hairline = _col(p.hair_y) - 0.35 * ((hx - _col(p.hair_part)) / _col(p.face_w)) ** 2
-    painter.paint(_soft(hy - hairline, _col(hpix)), p.hair)
+    painter.paint(_soft(hy - hairline, _col(surface.hpix)), p.hair)
     painter.paint(torch.ones_like(hx), p.skin)
-    albedo = painter.image() + eye_colour.view(b, 3, r, r)
+    return painter.image()
 
-    # --- shading: Lambert on the ellipsoid normal, bent by the nose bump and the eye sockets
+
+def _shade(p: FaceParams, surface: _HeadSurface, optics: _EyeOptics, albedo: Tensor, eyes: _Eyes) -> Tensor:
+    """The lit face over the background, (B, 3, r, r): Lambert on the ellipsoid normal, bent by the nose bump
+    and the eye sockets, plus the specular glints."""
+    b, r = p.batch_size, surface.centres.shape[0]
+    hx, hy, hz = surface.hx, surface.hy, surface.hz
+    light_head = optics.light_head
+    nose_top, nose_len = _nose_top_and_length(p)
     nx, ny, nz = hx / _col(p.face_w**2), hy / _col(p.face_h**2), hz / _col(p.face_d**2)
     norm = torch.rsqrt(nx * nx + ny * ny + nz * nz + 1e-12)
-    dx, dy = (hx - _col(p.nose_dx)) / nose_w, (hy - (nose_top - 0.5 * nose_len)) / (0.5 * nose_len)
+    dx, dy = (hx - _col(p.nose_dx)) / _NOSE_W, (hy - (nose_top - 0.5 * nose_len)) / (0.5 * nose_len)
     dy2 = dy * dy
     bump = _col(p.nose_h) * torch.exp((-(dx * dx) - dy2 * dy2).clamp_min(-30.0))
     socket_depth = 0.05  # the normal tilts by -grad(height), height = -depth · dip
-    nx = nx * norm + bump * 2 * dx / nose_w - socket_depth * socket_gx
-    ny = ny * norm + bump * 4 * dy * dy2 / (0.5 * nose_len) - socket_depth * socket_gy
+    nx = nx * norm + bump * 2 * dx / _NOSE_W - socket_depth * eyes.socket_gx
+    ny = ny * norm + bump * 4 * dy * dy2 / (0.5 * nose_len) - socket_depth * eyes.socket_gy
     nz = nz * norm
     lambert = (nx * _col(light_head[:, 0]) + ny * _col(light_head[:, 1]) + nz * _col(light_head[:, 2])) * torch.rsqrt(
         nx * nx + ny * ny + nz * nz + 1e-12
     )
-    shade = _col(p.ambient) + _col(p.diffuse) * lambert.clamp_min(0.0) * (1.0 - 0.35 * sockets.clamp(max=1.0))
-    specular = _col(p.specular * p.diffuse) * glint.view(b, r, r)
-    lit = (albedo * shade.unsqueeze(1) + specular.unsqueeze(1)) * face.unsqueeze(1)
+    shade = _col(p.ambient) + _col(p.diffuse) * lambert.clamp_min(0.0) * (1.0 - 0.35 * eyes.sockets.clamp(max=1.0))
+    specular = _col(p.specular * p.diffuse) * eyes.glint.view(b, r, r)
+    lit = (albedo * shade.unsqueeze(1) + specular.unsqueeze(1)) * surface.face.unsqueeze(1)
 
-    background = p.bg[:, :, None, None] + (_col(p.bg_grad_x) * u + _col(p.bg_grad_y) * v).unsqueeze(1)
-    img = lit + background * (1.0 - face).unsqueeze(1) * _col(p.ambient + 0.5 * p.diffuse).unsqueeze(1)
+    background = p.bg[:, :, None, None] + (_col(p.bg_grad_x) * surface.u + _col(p.bg_grad_y) * surface.v).unsqueeze(1)
+    return lit + background * (1.0 - surface.face).unsqueeze(1) * _col(p.ambient + 0.5 * p.diffuse).unsqueeze(1)
 
-    # --- camera: uneven illumination, exposure and colour cast, vignetting, optics blur, sensor noise
+
+def _camera(p: FaceParams, img: Tensor, noise: Tensor, surface: _HeadSurface, size: int) -> Tensor:
+    """What the camera makes of the scene ``img``: uneven illumination, exposure and colour cast, vignetting,
+    optics blur, sensor noise, gamma, then the resampling to ``size``."""
+    u, v, r = surface.u, surface.v, surface.centres.shape[0]
     gain = _col(p.exposure) * (1.0 + _col(p.light_grad) * u) * (1.0 - _col(p.vignette) * 0.5 * (u * u + v * v))
     img = img * gain.unsqueeze(1) * (p.white_balance * p.light_rgb)[:, :, None, None]
     zoom = size / REFERENCE_SIZE
