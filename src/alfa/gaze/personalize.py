@@ -50,7 +50,8 @@ from alfa.fileio import write_json
 from .augment import AugmentConfig, augment_images, build_augmentation
 from .data.base import GazeDataset
 from .evaluate import adapter_filename, load_images
-from .losses import augmentation_consistency_loss, finite_or_raise, flip_symmetry_loss
+from .losses import finite_or_raise
+from .objectives import OBJECTIVES
 
 __all__ = [
     "LAYER34_PATTERN",
@@ -67,7 +68,6 @@ __all__ = [
 
 # Parameter names inside ResNet-18's third and fourth stage (the paper's ×10 learning rate).
 LAYER34_PATTERN = r"(^|\.)layer[34]\."
-LOSSES = ("flip", "augment")
 
 
 def _default_lr_scale() -> dict[str, float]:
@@ -81,8 +81,9 @@ class PersonalizeConfig:
     ``steps``: optimizer steps per person (the number is a per-method setting; 10 is the default
     for every method, as in TPGaze's personalization). ``lr`` is AdamW's base learning rate,
     ``lr_scale`` maps parameter-name patterns to factors (first match wins), ``weight_decay`` is
-    AdamW's (PyTorch's default 0.01). ``loss``: ``"flip"`` (flip symmetry) or ``"augment"``
-    (augmentation consistency). ``n_adapt``: images per person used for adaptation.
+    AdamW's (PyTorch's default 0.01). ``loss``: a registered objective (:data:`alfa.gaze.objectives.OBJECTIVES`:
+    ``"flip"``, flip symmetry, or ``"augment"``, augmentation consistency). ``n_adapt``: images per person used
+    for adaptation.
 
     ``pitch_anchor`` (not in the paper; 0 = off): the weight of a term ``|mean pitch − mean pitch at
     the start|`` over the batch. Neither loss can see a pitch offset shared by all images (pitch is
@@ -106,8 +107,8 @@ class PersonalizeConfig:
             raise ValueError(f"steps and n_adapt must be at least 1, got steps={self.steps}, n_adapt={self.n_adapt}")
         if not self.lr > 0 or self.weight_decay < 0:
             raise ValueError(f"need lr > 0 and weight_decay >= 0, got lr={self.lr}, weight_decay={self.weight_decay}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.loss not in OBJECTIVES:
+            raise ValueError(f"loss must be one of {tuple(OBJECTIVES)}, got {self.loss!r}")
         if not self.pitch_anchor >= 0:
             raise ValueError(f"pitch_anchor must be non-negative, got {self.pitch_anchor}")
         self.augment.validate()
@@ -162,12 +163,7 @@ def build_batch(images: Tensor, config: PersonalizeConfig, seed: int) -> Tensor:
 
 
 def _loss(pred: Tensor, config: PersonalizeConfig, start_pitch: Tensor | None = None) -> Tensor:
-    half = pred.shape[0] // 2  # originals+augmented, then their flips
-    if config.loss == "flip":
-        loss = flip_symmetry_loss(pred[:half], pred[half:], detach_flipped=config.detach_flipped)
-    else:
-        n = half // 2  # originals, then augmented copies
-        loss = augmentation_consistency_loss(pred[:n], pred[n:half])
+    loss = OBJECTIVES[config.loss].loss(pred, config)
     if config.pitch_anchor and start_pitch is not None:
         loss = loss + config.pitch_anchor * (pred[:, 1].mean() - start_pitch).abs()
     return loss

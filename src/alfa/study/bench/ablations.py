@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from alfa.adapters import AdapterConfig, AlfaConfig, DiagGateConfig, LinearMixConfig, LoraConfig
+from alfa.gaze.objectives import OBJECTIVES
 from alfa.gaze.personalize import PersonalizeConfig
 
 from .names import display_name
@@ -422,6 +423,22 @@ def _loss_verdicts(e: Evidence) -> None:
         worse = _not_below(e, "alfa", "alfa[loss=augment]")
         if worse:
             e.lines.append(f"The flip loss is not better than augmentation consistency on: {', '.join(worse)}.")
+    for name, objective in OBJECTIVES.items():  # objectives registered beyond the two built-in ones
+        if name not in ("flip", "augment"):
+            what = objective.description[:1].upper() + objective.description[1:]
+            e.compare(f"alfa[loss={name}]", "source-only", f"{what} against no adaptation")
+            e.compare("alfa", f"alfa[loss={name}]", f"Flip-symmetry loss against {name}")
+
+
+def _loss_rows(r: Rows) -> list[Variant]:
+    """Source-only, Alfa with the main loss, and Alfa with every other registered objective."""
+    main = r.config.personalize.loss
+    others = [
+        r.variant(f"alfa[loss={name}]", "adapter", name, alfa_config(r.config), {"loss": name})
+        for name in OBJECTIVES
+        if name != main
+    ]
+    return [r.reference("source-only", "none"), r.reference("alfa", main), *others]
 
 
 register(
@@ -429,11 +446,7 @@ register(
         "loss",
         "Flip loss against augmentation consistency",
         "The same batch; the loss asks the augmented copy to match the original (detached).",
-        lambda r: [
-            r.reference("source-only", "none"),
-            r.reference("alfa", "flip"),
-            r.variant("alfa[loss=augment]", "adapter", "augment", alfa_config(r.config), {"loss": "augment"}),
-        ],
+        _loss_rows,
         _loss_verdicts,
         in_summary=True,
     )
