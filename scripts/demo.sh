@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set everything up, then run the main job (extra arguments go to `alfa demo`).
+# Set up what the main job needs (PyTorch and alfa[gaze]; scripts/test.sh adds the rest), then run it
+# (extra arguments go to `alfa demo`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh gaze
 exec .venv/bin/alfa demo "$@"
