@@ -19,6 +19,7 @@ from alfa.study.bench.commands import _pairs, register
 from alfa.study.bench.config import ABLATIONS, BenchConfig, OracleConfig
 from alfa.study.bench.methods import PAIRS
 from alfa.study.bench.plan import plan_records
+from alfa.study.bench.record import Record
 from alfa.study.bench.results import RESULTS_FILE, ResultsStore, load_results
 from alfa.study.bench.runner import run_bench
 
@@ -165,7 +166,7 @@ def test_interrupted_write_leaves_the_old_file_intact(bench, monkeypatch, tmp_pa
 
     monkeypatch.setattr("alfa.fileio.os.replace", crash)
     with pytest.raises(KeyboardInterrupt):
-        store.add_record({"id": "x|E→M|seed0", "config_hash": "h", "method": "x", "pair": "E→M", "seed": 0})
+        store.add_record(Record.from_dict({**load_results(out)["records"][0], "id": "x|E→M|seed0"}))
     assert (out / RESULTS_FILE).read_text() == before
     assert load_results(out)["records"]
 

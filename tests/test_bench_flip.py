@@ -13,6 +13,7 @@ from alfa.gaze.recipes import RECIPE_GRID, Recipe, reference_protocol_error
 from alfa.study.bench.plan import STAND_IN, RecordPlan, plan_records
 from alfa.study.bench.produce import produce_record
 from alfa.study.bench.runner import run_bench
+from alfa.study.bench.schema import variant_key
 from alfa.study.bench.session import Session
 from alfa.study.bench.variants import selection_variants
 
@@ -94,8 +95,8 @@ def test_the_selection_never_reads_a_target(flip_bench, tmp_path, monkeypatch):
     monkeypatch.setattr(session_module, "open_data", open_no_target_world)
     record = produce_record(session, plan)
     assert "gaze360" in opened  # the stand-in world was opened through the patched function
-    assert record["selected"] == records[plan.id]["selected"]  # and it is deterministic
-    assert record["config_hash"] == records[plan.id]["config_hash"]
+    assert record.selected == records[plan.id]["selected"]  # and it is deterministic
+    assert record.config_hash == records[plan.id]["config_hash"]
 
 
 def test_a_selected_row_without_its_selection_is_refused(tmp_path):
@@ -110,8 +111,8 @@ def test_a_selected_row_without_its_selection_is_refused(tmp_path):
     with pytest.raises(RuntimeError, match=r"needs the recipe-selection record alfa\[grid\]"):
         session.selected_recipe(row)
     torch.manual_seed(0)
-    assert dataclasses.replace(row.variant, selected=False).describe() == {
-        k: v for k, v in row.variant.describe().items() if k != "selected"
+    assert variant_key(dataclasses.replace(row.variant, selected=False)) == {
+        k: v for k, v in variant_key(row.variant).items() if k != "selected"
     }
 
 

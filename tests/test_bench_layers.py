@@ -5,6 +5,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from bench_records import complete
 
 import alfa.study.bench
 from alfa.study.bench.ablations import REGISTRY, Ablation, register, unregister
@@ -45,18 +46,20 @@ def dummy():
 
 def _record(method, seed, mean):
     per_person = {"p00": mean - 1.0, "p01": mean + 1.0}
-    return {
-        "id": f"{method}|E→M|seed{seed}",
-        "config_hash": "fixture",
-        "method": method,
-        "pair": "E→M",
-        "seed": seed,
-        "error_deg": statistics.fmean(per_person.values()),
-        "per_person": per_person,
-        "std_over_persons": 1.0,
-        "trainable_params": 1234,
-        "failed": {},
-    }
+    return complete(
+        {
+            "id": f"{method}|E→M|seed{seed}",
+            "config_hash": "fixture",
+            "method": method,
+            "pair": "E→M",
+            "seed": seed,
+            "error_deg": statistics.fmean(per_person.values()),
+            "per_person": per_person,
+            "std_over_persons": 1.0,
+            "trainable_params": 1234,
+            "failed": {},
+        }
+    )
 
 
 def test_a_registered_ablation_reaches_the_plan_the_layout_and_the_report(dummy):

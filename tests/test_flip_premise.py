@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from bench_records import complete
 from tiny_models import TinyGazeNet
 
 from alfa.gaze.flip import flip_parts, flip_tta, flip_tta_from, predict_with_flip
@@ -145,15 +146,17 @@ def test_pooled_selection_averages_over_seeds_and_drops_a_recipe_that_failed_on_
 
 
 def _selection_record(seed: int, errors: dict, source: str = "E", method: str = "alfa[grid]") -> dict:
-    return {
-        "id": f"{method}|{source}→stand-in|seed{seed}",
-        "kind": "selection",
-        "method": method,
-        "source": source,
-        "seed": seed,
-        "source_only_deg": 10.0,
-        "grid": [{"recipe": dataclasses.asdict(r), "error_deg": e} for r, e in errors.items()],
-    }
+    return complete(
+        {
+            "id": f"{method}|{source}→stand-in|seed{seed}",
+            "kind": "selection",
+            "method": method,
+            "source": source,
+            "seed": seed,
+            "source_only_deg": 10.0,
+            "grid": [{"recipe": dataclasses.asdict(r), "error_deg": e} for r, e in errors.items()],
+        }
+    )
 
 
 def test_the_selected_recipes_file_is_the_pooled_selection_of_the_e_source():

@@ -6,6 +6,7 @@ import statistics
 
 import pytest
 import torch
+from bench_records import complete
 from tiny_models import TinyGazeNet
 
 import alfa
@@ -69,18 +70,20 @@ def test_a_registered_objective_trains_the_adapter(dummy):
 
 def _record(method, seed, mean):
     per_person = {"p00": mean - 1.0, "p01": mean + 1.0}
-    return {
-        "id": f"{method}|E→M|seed{seed}",
-        "config_hash": "fixture",
-        "method": method,
-        "pair": "E→M",
-        "seed": seed,
-        "error_deg": statistics.fmean(per_person.values()),
-        "per_person": per_person,
-        "std_over_persons": 1.0,
-        "trainable_params": 1234,
-        "failed": {},
-    }
+    return complete(
+        {
+            "id": f"{method}|E→M|seed{seed}",
+            "config_hash": "fixture",
+            "method": method,
+            "pair": "E→M",
+            "seed": seed,
+            "error_deg": statistics.fmean(per_person.values()),
+            "per_person": per_person,
+            "std_over_persons": 1.0,
+            "trainable_params": 1234,
+            "failed": {},
+        }
+    )
 
 
 def test_a_registered_objective_reaches_the_benchmark_plan_and_the_report(dummy):

@@ -4,6 +4,7 @@ import json
 import statistics
 
 import pytest
+from bench_records import complete
 
 from alfa.study.bench.config import BenchConfig
 from alfa.study.bench.report_page import build_report, render_report
@@ -16,25 +17,27 @@ from alfa.study.bench.stats import cell, diff, index_records, sanity_summary
 def record(method, pair, seed, errors, **extra):
     """A record as the runner writes it; ``errors`` are per-person degrees."""
     per_person = {f"p{i:02d}": float(e) for i, e in enumerate(errors)}
-    return {
-        "id": f"{method}|{pair}|seed{seed}",
-        "config_hash": "fixture",
-        "method": method,
-        "group": extra.pop("group", "main"),
-        "pair": pair,
-        "seed": seed,
-        "error_deg": statistics.fmean(per_person.values()),
-        "per_person": per_person,
-        "persons": len(per_person),
-        "std_over_persons": statistics.pstdev(per_person.values()),
-        "trainable_params": extra.pop("trainable_params", 0),
-        "inference_params": extra.pop("inference_params", 2_285_122),
-        "merge": extra.pop("merge", "none"),
-        "adapter_bytes": None,
-        "seconds_per_user": 1.0,
-        "failed": {},
-        **extra,
-    }
+    return complete(
+        {
+            "id": f"{method}|{pair}|seed{seed}",
+            "config_hash": "fixture",
+            "method": method,
+            "group": extra.pop("group", "main"),
+            "pair": pair,
+            "seed": seed,
+            "error_deg": statistics.fmean(per_person.values()),
+            "per_person": per_person,
+            "persons": len(per_person),
+            "std_over_persons": statistics.pstdev(per_person.values()),
+            "trainable_params": extra.pop("trainable_params", 0),
+            "inference_params": extra.pop("inference_params", 2_285_122),
+            "merge": extra.pop("merge", "none"),
+            "adapter_bytes": None,
+            "seconds_per_user": 1.0,
+            "failed": {},
+            **extra,
+        }
+    )
 
 
 def shifted(method, pair, seed, mean, spread=(-1.0, 0.0, 1.0), **extra):

@@ -1,7 +1,8 @@
 """The report's flip-premise sections (docs/flip-premise.md): what a flip can see of the error on each pair,
 how much of that ceiling each method gets, the reference protocol replayed, and the recipes selected on the
-stand-in. Every section is empty for results made before these records existed, so older results render
-as they always did. The sections' fixed paragraphs are :mod:`alfa.study.bench.report_prose`'s.
+stand-in. A section is left out when the results lack what it reads (the flip measures and the replayed
+steps, optional fields of :class:`~alfa.study.bench.record.Record`, or the selection records), so results
+scored without them render without it. The sections' fixed paragraphs are :mod:`alfa.study.bench.report_prose`'s.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import dataclasses
 import json
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import report_prose as prose
@@ -18,6 +19,7 @@ from .markdown import number as _num
 from .markdown import table as _table
 from .methods import POSITIVE_CONTROLS
 from .names import display_name
+from .record import Record, as_records
 from .stats import Index, Measure, cell, diff, pairs_of, pooled, signed
 from .variants import GRID, SELECTED
 
@@ -31,16 +33,19 @@ CRITERION = 1 / 3
 """A positive control's flip-TTA ceiling must reach this share of the oracle headroom (declared)."""
 
 
-def _field(key: str, sub: str | None = None) -> Measure:
-    """A measure reading one number a record stores (``record[key]`` or ``record[key][sub]``)."""
+def _flip(key: str) -> Measure:
+    """A measure reading one mean of what a flip sees of a record's error (``record.flip[key]``; none for records
+    scored before flips were measured)."""
 
-    def measure(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
-        value = record.get(key)
-        if sub is not None:
-            value = value.get(sub) if isinstance(value, dict) else None
-        return value, {}
+    def measure(record: Record) -> tuple[float | None, dict[str, float]]:
+        return (record.flip or {}).get(key), {}
 
     return measure
+
+
+def _reference_protocol(record: Record) -> tuple[float | None, dict[str, float]]:
+    """The record's error under the replayed reference protocol (test-label selection), where it was replayed."""
+    return record.reference_protocol_deg, {}
 
 
 def _step_all_images(step: int) -> Measure:
@@ -48,8 +53,8 @@ def _step_all_images(step: int) -> Measure:
     is the base before personalization for an adapter that starts as the identity (every method but TPGaze,
     whose step 0 carries its meta-trained prompts)."""
 
-    def measure(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
-        steps = record.get("per_person_steps")
+    def measure(record: Record) -> tuple[float | None, dict[str, float]]:
+        steps = record.per_person_steps
         if not steps:
             return None, {}
         per_person = {p: v[step] for p, v in steps.items()}
@@ -97,8 +102,8 @@ def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
             "ceiling": ceiling,
             "headroom": headroom,
             "ratio": ceiling / headroom if headroom and headroom > 0 else None,
-            "visible_share": _mean_of(idx, "source-only", pair, _field("flip", "visible_share")),
-            "flip_loss": _mean_of(idx, "source-only", pair, _field("flip", "flip_loss")),
+            "visible_share": _mean_of(idx, "source-only", pair, _flip("visible_share")),
+            "flip_loss": _mean_of(idx, "source-only", pair, _flip("flip_loss")),
         }
     return out
 
@@ -217,11 +222,11 @@ def _attention_lines(idx: Index, pairs: Sequence[str]) -> list[str]:
     return lines
 
 
-def _with_tta(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
-    """The record's error with flip-TTA on top of its model, and its persons' (records made before flip-TTA
-    existed have none)."""
-    per_person = {p: v["tta_error"] for p, v in (record.get("per_person_flip") or {}).items() if "tta_error" in v}
-    return record.get("flip_tta_error_deg"), per_person
+def _with_tta(record: Record) -> tuple[float | None, dict[str, float]]:
+    """The record's error with flip-TTA on top of its model, and its persons' (none for records scored before
+    flip-TTA was measured)."""
+    per_person = {p: v["tta_error"] for p, v in (record.per_person_flip or {}).items() if "tta_error" in v}
+    return record.flip_tta_error_deg, per_person
 
 
 def _after_table(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> str | None:
@@ -234,8 +239,8 @@ def _after_table(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> str |
         cells = []
         for pair in pairs:
             tta = _mean_of(idx, m, pair, _with_tta)
-            loss = _mean_of(idx, m, pair, _field("flip", "flip_loss"))
-            share = _mean_of(idx, m, pair, _field("flip", "visible_share"))
+            loss = _mean_of(idx, m, pair, _flip("flip_loss"))
+            share = _mean_of(idx, m, pair, _flip("visible_share"))
             if tta is None:
                 cells.append("—")
                 continue
@@ -278,7 +283,7 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
     everywhere = pairs_of(idx)
     lower_loss, worse = [], []
     for m in (x for x in methods if not x.endswith(SELECTED)):
-        loss = diff(idx, m, "source-only", everywhere, _field("flip", "flip_loss"))
+        loss = diff(idx, m, "source-only", everywhere, _flip("flip_loss"))
         err = diff(idx, m, "source-only", everywhere)
         if loss is None or err is None:
             continue
@@ -320,7 +325,7 @@ def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
     rows, inflation, scored = [], [], []
     pairs = pairs_of(idx)
     for m in _rows(idx, main):
-        ref = pooled(idx, m, pairs, _field("reference_protocol_deg"))
+        ref = pooled(idx, m, pairs, _reference_protocol)
         if ref is None:
             continue
         honest = pooled(idx, m, pairs)
@@ -371,34 +376,34 @@ def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
 
 
 def _steps(idx: Index) -> str:
-    counts = {len(next(iter(r["per_person_steps"].values()))) - 1 for r in idx.values() if r.get("per_person_steps")}
+    counts = {len(next(iter(r.per_person_steps.values()))) - 1 for r in idx.values() if r.per_person_steps}
     return "/".join(map(str, sorted(counts))) or "?"
 
 
-def _selection(results: dict[str, Any], idx: Index, main: Sequence[str]) -> tuple[list[str], list[str]]:
-    records = [r for r in results.get("records", []) if r.get("kind") == "selection"]
+def _mean_text(values: Iterable[float | None]) -> str:
+    vals = [v for v in values if v is not None]
+    return _num(statistics.fmean(vals)) if vals else "—"
+
+
+def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> tuple[list[str], list[str]]:
+    records = [r for r in as_records(results.get("records", [])) if r.kind == "selection"]
     if not records:
         return [], []
-    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    by: dict[tuple[str, str], list[Record]] = {}
     for r in records:
-        by.setdefault((r["method"].removesuffix(GRID), r["source"]), []).append(r)
+        by.setdefault((r.method.removesuffix(GRID), r.source), []).append(r)
     rows = []
     order = {m: i for i, m in enumerate(main)}
     for (method, source), recs in sorted(by.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0][1])):
-        chosen = Counter(r["selected_label"] for r in recs)
-
-        def mean(key: str, recs: list[dict[str, Any]] = recs) -> str:
-            vals = [r[key] for r in recs if r.get(key) is not None]
-            return _num(statistics.fmean(vals)) if vals else "—"
-
+        chosen = Counter(r.selected_label for r in recs)
         rows.append(
             [
                 _name(method),
                 source,
                 "; ".join(f"{label} ({n}×)" for label, n in chosen.most_common()),
-                mean("source_only_deg"),
-                mean("paper_recipe_deg"),
-                mean("error_deg"),
+                _mean_text(r.source_only_deg for r in recs),
+                _mean_text(r.paper_recipe_deg for r in recs),
+                _mean_text(r.error_deg for r in recs),
             ]
         )
     header = ["method", "source", "selected recipe (seeds)", "stand-in: source-only", "stand-in: paper recipe"]
@@ -420,7 +425,7 @@ def _selection(results: dict[str, Any], idx: Index, main: Sequence[str]) -> tupl
     return [table], sentences
 
 
-def flip_summary(results: dict[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
+def flip_summary(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
     """The flip-premise sentences the report's summary leads with (none for results without these rows)."""
     ceil = ceilings(idx)
     positive = [p for p in pairs_of(idx) if p in POSITIVE_CONTROLS]
@@ -507,7 +512,7 @@ def _after_section(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, fl
     ]
 
 
-def _selection_section(results: dict[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
+def _selection_section(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
     """The recipes the declared rule selected on the stand-in (none without selection records)."""
     selection_table, selection_lines = _selection(results, idx, main)
     if not selection_table:
@@ -541,7 +546,7 @@ def _replay_section(idx: Index, main: Sequence[str]) -> list[str]:
     ]
 
 
-def flip_sections(results: dict[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
+def flip_sections(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
     """The report's flip-premise sections, as markdown lines."""
     ceil = ceilings(idx)
     lines: list[str] = []
@@ -554,22 +559,22 @@ DEFAULT_RECIPE_SOURCE = "E"
 """The source whose selection sets ``alfa personalize``'s default: the ETH-XGaze-like one, the paper's main."""
 
 
-def _pooled_selection(records: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+def _pooled_selection(records: list[Record]) -> tuple[Any, dict[str, Any]]:
     """The declared rule on one method's selection records (one per seed), seeds pooled: the recipe and the
     facts the generated module states about it (seeds, its stand-in error, the paper's, source-only's)."""
     from alfa.gaze.recipes import PAPER_RECIPE, Recipe, select_pooled
 
-    per_seed = [{Recipe(**g["recipe"]): g["error_deg"] for g in r["grid"]} for r in records]
+    per_seed = [{Recipe(**g["recipe"]): g["error_deg"] for g in r.grid or []} for r in records]
     chosen, error = select_pooled(per_seed)
     return chosen, {
-        "seeds": [r["seed"] for r in records],
+        "seeds": [r.seed for r in records],
         "stand_in_error_deg": round(error, 4),
         "paper_recipe_stand_in_error_deg": round(statistics.fmean(e[PAPER_RECIPE] for e in per_seed), 4),
-        "source_only_stand_in_error_deg": round(statistics.fmean(r["source_only_deg"] for r in records), 4),
+        "source_only_stand_in_error_deg": round(statistics.fmean(r.source_only_deg for r in records), 4),
     }
 
 
-def selected_recipes_json(results: dict[str, Any], data: str) -> str:
+def selected_recipes_json(results: Mapping[str, Any], data: str) -> str:
     """The text of ``alfa/gaze/selected_recipes.json`` (package data, read by :mod:`alfa.gaze.recipes`): per
     adapter method, the recipe chosen by the declared rule on the stand-in errors of the E source's selection
     records, averaged over the seeds (docs/flip-premise.md §4); Alfa's is the default of ``alfa personalize``.
@@ -577,15 +582,15 @@ def selected_recipes_json(results: dict[str, Any], data: str) -> str:
     (the ones ``alfa personalize --method`` accepts) are kept."""
     from alfa.adapters import METHODS
 
-    by_method: dict[str, list[dict[str, Any]]] = {}
-    for r in results["records"]:
-        if r.get("kind") == "selection" and r["source"] == DEFAULT_RECIPE_SOURCE and r["method"].endswith(GRID):
-            method = r["method"].removesuffix(GRID)
+    by_method: dict[str, list[Record]] = {}
+    for r in as_records(results["records"]):
+        if r.kind == "selection" and r.source == DEFAULT_RECIPE_SOURCE and r.method.endswith(GRID):
+            method = r.method.removesuffix(GRID)
             if method in METHODS:
                 by_method.setdefault(method, []).append(r)
     if "alfa" not in by_method:
         raise ValueError(f"no alfa{GRID} selection record of source {DEFAULT_RECIPE_SOURCE} in {data}")
-    selected = {m: _pooled_selection(sorted(rs, key=lambda r: r["seed"])) for m, rs in sorted(by_method.items())}
+    selected = {m: _pooled_selection(sorted(rs, key=lambda r: r.seed)) for m, rs in sorted(by_method.items())}
     document = {
         "about": (
             "Per adapter method, the personalization recipe alfa personalize --method M uses unless told "

@@ -2,8 +2,9 @@
 order they run in (:func:`plan_records`).
 
 A record's id (``"alfa|E→M|seed0"``, :func:`record_id`) names it in ``results.json``; its hash (what it
-depends on, :meth:`~alfa.study.bench.session.Session.record_hash`) needs the rendered data and so lives
-with the session. The configuration and its presets are :class:`~alfa.study.bench.config.BenchConfig`.
+depends on: :func:`~alfa.study.bench.schema.config_hash`) needs the rendered data, which the session
+(:meth:`~alfa.study.bench.session.Session.record_hash`) provides. The configuration and its presets are
+:class:`~alfa.study.bench.config.BenchConfig`.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ from .measure import (
     constant_prediction_error,
 )
 from .plan import RecordPlan
+from .record import Record
 from .session import Session, SourceContext, TargetData
 
 __all__ = ["KINDS", "UNADAPTED", "produce_record"]
@@ -62,8 +63,9 @@ KINDS = ("source-only", "flip-tta", "in-domain", "target-trained", "oracle", "ad
 UNADAPTED = ("source-only", "flip-tta", "in-domain", "target-trained")
 
 
-def produce_record(session: Session, plan: RecordPlan) -> dict[str, Any]:
-    """The record of ``plan``: build (or reuse) its base in ``session``, adapt and score it, measure the costs."""
+def produce_record(session: Session, plan: RecordPlan) -> Record:
+    """The record of ``plan``: build (or reuse) its base in ``session``, adapt and score it, measure the costs.
+    The runners below fill its JSON form, which :meth:`Record.from_dict` then checks."""
     v = plan.variant
     src = session.build(session.model_key(plan), plan.seed)
     base = session.base(src, v.base)
@@ -73,7 +75,7 @@ def produce_record(session: Session, plan: RecordPlan) -> dict[str, Any]:
         _run_selection(session, base, plan, record)
         record["wall_s"], record["cpu_s"] = time.time() - t0, time.process_time() - cpu0
         record["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
-        return record
+        return Record.from_dict(record)
     if v.selected:  # the recipe chosen on the stand-in, read from its selection record
         chosen = session.selected_recipe(plan)
         record["selected_recipe"] = {"label": chosen.label, **dataclasses.asdict(chosen)}
@@ -90,7 +92,7 @@ def produce_record(session: Session, plan: RecordPlan) -> dict[str, Any]:
     record["wall_s"] = time.time() - t0
     record["cpu_s"] = time.process_time() - cpu0
     record["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
-    return record
+    return Record.from_dict(record)
 
 
 # ----------------------------------------------------------------------------- the parts of a record

@@ -13,7 +13,7 @@ Re-running the command regenerates the same file.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from .ablations import REGISTRY
 from .flip_report import flip_sections, flip_summary
 from .methods import MAIN_METHODS, POSITIVE_CONTROLS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS
 from .names import display_name
+from .record import Record, as_records
 from .report_figures import render_figures, update_rank_lines
 from .report_tables import (
     COST_ROWS,
@@ -61,7 +62,8 @@ class _Report:
     source: str
 
     def __post_init__(self) -> None:
-        self.idx = index_records(self.results.get("records", []))
+        self.records = as_records(self.results.get("records", []))
+        self.idx = index_records(self.records)
         self.layout: dict[str, list[dict[str, Any]]] = self.results.get("layout", {}).get("ablations", {})
         self.seeds = seeds_of(self.idx)
         self.main = main_verdicts(self.idx)
@@ -108,9 +110,9 @@ def _positive_control_words(idx: Index) -> list[str]:
     return [fragment.format(**facts) for fragment in prose.POSITIVE_CONTROL_WORDS]
 
 
-def _selection_words(results: dict[str, Any]) -> list[str]:
+def _selection_words(records: Sequence[Record]) -> list[str]:
     """The selected rows' part of the recipe bullet (nothing for results without selection records)."""
-    if not any(r.get("kind") == "selection" for r in results.get("records", [])):
+    if not any(r.kind == "selection" for r in records):
         return []
     stand_ins = ", ".join(f"{SOURCES[t]} for {s}" for s, t in STAND_INS.items())
     return [fragment.format(stand_ins=stand_ins) for fragment in prose.SELECTION_WORDS]
@@ -148,23 +150,22 @@ def _protocol_facts(results: dict[str, Any], idx: Index) -> dict[str, Any]:
     }
 
 
-def _config_lines(results: dict[str, Any], idx: Index) -> list[str]:
+def _config_lines(results: dict[str, Any], records: Sequence[Record], idx: Index) -> list[str]:
     """The protocol's bullets, one line each."""
     facts = _protocol_facts(results, idx)
-    extra = {"data": _positive_control_words(idx), "recipe": _selection_words(results)}
+    extra = {"data": _positive_control_words(idx), "recipe": _selection_words(records)}
     return [
         "- " + " ".join([*(fragment.format(**facts) for fragment in fragments), *extra.get(name, [])])
         for name, fragments in prose.PROTOCOL_BULLETS.items()
     ]
 
 
-def _runs_lines(results: dict[str, Any]) -> list[str]:
+def _runs_lines(results: dict[str, Any], records: Sequence[Record]) -> list[str]:
     """What the results file cost, and the runs that wrote it."""
     runs = results.get("runs", [])
     if not runs:
         return [prose.NO_RUNS]
-    records = results.get("records", [])
-    record_min = sum(r.get("wall_s") or 0.0 for r in records) / 60
+    record_min = sum(r.wall_s or 0.0 for r in records) / 60
     sources = results.get("sources", {})
     model_min = sum(s.get("recorded_train_seconds") or 0.0 for s in sources.values()) / 60
     unknown = sorted(k for k, s in sources.items() if not s.get("recorded_train_seconds"))
@@ -205,7 +206,7 @@ def _header_section(r: _Report) -> list[str]:
         ),
         "",
     ]
-    selection = [rec for rec in r.results.get("records", []) if rec.get("kind") == "selection"]
+    selection = [rec for rec in r.records if rec.kind == "selection"]
     if selection:
         present = {m for (m, _, _) in r.idx}
         missing = [display_name(m) for m in MAIN_METHODS if m not in present]
@@ -232,7 +233,8 @@ def _summary_section(r: _Report) -> list[str]:
 
 
 def _protocol_section(r: _Report) -> list[str]:
-    lines = ["## Protocol", "", *_config_lines(r.results, r.idx), "", "### Runs", "", *_runs_lines(r.results), ""]
+    lines = ["## Protocol", "", *_config_lines(r.results, r.records, r.idx), "", "### Runs", ""]
+    lines += [*_runs_lines(r.results, r.records), ""]
     sources = r.results.get("sources", {})
     if sources:
         lines += ["### Source models", "", prose.SOURCE_MODELS_INTRO, "", source_table(sources), ""]
@@ -275,7 +277,7 @@ def _table1_section(r: _Report) -> list[str]:
 
 def _flip_section(r: _Report) -> list[str]:
     """What a flip can see, the recipes selected on the stand-in, the replayed reference protocol (none of it
-    for results made before those records existed)."""
+    for records without those measures)."""
     return flip_sections(r.results, r.idx, MAIN_METHODS)
 
 
@@ -292,7 +294,7 @@ def _table2_section(r: _Report) -> list[str]:
 
 def _parts_section(r: _Report) -> list[str]:
     ptable = parts_table(r.idx, r.parts_methods)
-    if not ptable:  # records made before the parts existed
+    if not ptable:  # records scored without the parts
         return []
     return [
         "## Where the error goes: yaw and pitch",
@@ -341,9 +343,8 @@ def _figures_section(r: _Report) -> list[str]:
 
 
 def _records_section(r: _Report) -> list[str]:
-    records = r.results.get("records", [])
-    failed = [(rec["id"], rec["failed"]) for rec in records if rec.get("failed")]
-    lines = ["## Records", "", prose.RECORDS_COUNT.format(records=len(records), source=r.source)]
+    failed = [(rec.id, rec.failed) for rec in r.records if rec.failed]
+    lines = ["## Records", "", prose.RECORDS_COUNT.format(records=len(r.records), source=r.source)]
     if not failed:
         return lines + [prose.NO_FAILURES]
     lines += ["", prose.FAILURES_INTRO, ""]

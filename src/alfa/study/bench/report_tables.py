@@ -16,6 +16,7 @@ from .markdown import number as _num
 from .markdown import table as _table
 from .methods import MAIN_METHODS
 from .names import display_name as _name
+from .record import Record
 from .stats import PARTS, Index, Stat, cell, diff, pairs_of, part, pooled, sanity_summary, seeds_of, signed
 
 __all__ = [
@@ -68,12 +69,16 @@ def _merge_note(merge: str | None) -> str:
     return ""
 
 
+def _or_zero(x: float | None) -> float:
+    return 0.0 if x is None else x
+
+
 def _median(values: Iterable[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
 
 
-def records_of(idx: Index, method: str) -> list[dict[str, Any]]:
+def records_of(idx: Index, method: str) -> list[Record]:
     """Every record of the row ``method``, in (pair, seed) order."""
     return [r for (m, _, _), r in sorted(idx.items()) if m == method]
 
@@ -104,8 +109,8 @@ def table1(idx: Index) -> str:
             cells.append(f"**{text}**" if best.get(p) == m else text)
         pool = pooled(idx, m, pairs)
         recs = records_of(idx, m)
-        params = _median(r.get("inference_params") for r in recs)
-        merge = recs[0].get("merge") if recs else None
+        params = _median(r.inference_params for r in recs)
+        merge = recs[0].merge if recs else None
         d = (
             diff(idx, m, "source-only", pairs)
             if m != "source-only" and ("source-only", pairs[0], seeds_of(idx)[0]) in idx
@@ -128,9 +133,7 @@ def _person_changes(idx: Index, method: str) -> list[float]:
     for (m, p, s), r in idx.items():
         base = idx.get(("source-only", p, s))
         if m == method and base:
-            changes += [
-                r["per_person"][q] - base["per_person"][q] for q in r["per_person"].keys() & base["per_person"].keys()
-            ]
+            changes += [r.per_person[q] - base.per_person[q] for q in r.per_person.keys() & base.per_person.keys()]
     return changes
 
 
@@ -142,8 +145,8 @@ def person_table(idx: Index) -> str:
         recs = records_of(idx, m)
         if not recs:
             continue
-        spread = statistics.fmean(r.get("std_over_persons", 0.0) for r in recs)
-        worst = max(max(r["per_person"].values()) for r in recs if r.get("per_person"))
+        spread = statistics.fmean(_or_zero(r.std_over_persons) for r in recs)
+        worst = max(max(r.per_person.values()) for r in recs if r.per_person)
         d = diff(idx, m, "source-only", pairs) if m != "source-only" else None
         helped = "—" if d is None or not d.persons else f"{d.persons_better} / {d.persons}"
         changes = _person_changes(idx, m) if m != "source-only" else []
@@ -169,9 +172,9 @@ def tpgaze_table(idx: Index) -> str | None:
     rows = []
     for pair in pairs_of(idx):
         meta_only = {
-            s: rec["meta_only"]["error_deg"]
+            s: rec.meta_only["error_deg"]
             for (m, p, s), rec in idx.items()
-            if m == "tpgaze" and p == pair and rec.get("meta_only")
+            if m == "tpgaze" and p == pair and rec.meta_only
         }
         full = cell(idx, "tpgaze", pair)
         if meta_only and full:
@@ -195,11 +198,11 @@ def table2(idx: Index) -> str:
             [
                 _name(m),
                 pool.format() if pool else "—",
-                _count(r.get("trainable_params")),
-                _count(r.get("inference_params")) + _merge_note(r.get("merge")),
-                _count(r.get("compact_merge_params")),
-                _bytes(r.get("adapter_bytes")),
-                _bytes(r.get("compact_bytes")),
+                _count(r.trainable_params),
+                _count(r.inference_params) + _merge_note(r.merge),
+                _count(r.compact_merge_params),
+                _bytes(r.adapter_bytes),
+                _bytes(r.compact_bytes),
             ]
         )
     header = [
@@ -274,18 +277,18 @@ def cost_table(idx: Index, labels: Sequence[str]) -> str:
         if not recs:
             continue
         r = recs[0]
-        lat, base_lat = _median(x.get("latency_ms") for x in recs), _median(x.get("base_latency_ms") for x in recs)
-        peak = [x.get("peak_rss_mib") for x in recs if x.get("peak_rss_mib") is not None]
-        inc = [x.get("peak_rss_increase_mib") for x in recs if x.get("peak_rss_increase_mib") is not None]
+        lat, base_lat = _median(x.latency_ms for x in recs), _median(x.base_latency_ms for x in recs)
+        peak = [x.peak_rss_mib for x in recs if x.peak_rss_mib is not None]
+        inc = [x.peak_rss_increase_mib for x in recs if x.peak_rss_increase_mib is not None]
         rows.append(
             [
                 _name(m),
-                _count(r.get("trainable_params")),
-                f"{_count(r.get('inference_params'))}",
-                str(r.get("merge")),
-                _bytes(r.get("adapter_bytes")),
-                _num(_median(x.get("seconds_per_user") for x in recs)),
-                _num(_median(x.get("cpu_seconds_per_user") for x in recs)),
+                _count(r.trainable_params),
+                f"{_count(r.inference_params)}",
+                str(r.merge),
+                _bytes(r.adapter_bytes),
+                _num(_median(x.seconds_per_user for x in recs)),
+                _num(_median(x.cpu_seconds_per_user for x in recs)),
                 _num(max(peak), 0) if peak else "—",
                 _num(max(inc), 0) if inc else "—",
                 _num(lat, 1),
@@ -329,7 +332,7 @@ def ablation_table(
         line = [_name(lab), str(row["value"]), *cells, pool.format() if pool else "—"]
         if extra_params:
             recs = records_of(idx, lab)
-            line.append(_count(recs[0].get("trainable_params")) if recs else "—")
+            line.append(_count(recs[0].trainable_params) if recs else "—")
         rows.append(line)
     header = ["row", "setting", *pairs, "mean over pairs"] + (["trainable"] if extra_params else [])
     return _table(header, rows, "ll" + "r" * (len(header) - 2)), pairs

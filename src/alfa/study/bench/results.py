@@ -1,9 +1,10 @@
 """The results file of a benchmark folder: ``results.json``, its format, and the folder's layout.
 
-One JSON object: ``format``/``version`` (checked on reading), the ``preset`` and the protocol part of the
-configuration (``config``: every run writing to the folder must agree on it), the ``records`` (one per
-method, pair and seed, keyed by ``id`` with a ``config_hash``), the source models' ``sources`` entries,
-the ``runs`` that wrote the file, the ``sanity`` summary and the ``layout`` of the report's tables (the rows
+One JSON object: ``format``/``version`` (checked on reading; :mod:`alfa.study.bench.schema`), the ``preset``
+and the protocol part of the configuration (``config``: every run writing to the folder must agree on it),
+the ``records`` (one per method, pair and seed, keyed by ``id`` with a ``config_hash``; their fields are
+:class:`~alfa.study.bench.record.Record`'s, checked on reading), the source models' ``sources`` entries, the
+``runs`` that wrote the file, the ``sanity`` summary and the ``layout`` of the report's tables (the rows
 of every ablation, computed from the configuration, so the report needs no configuration object).
 Figure data lie next to it in :data:`FIGURE_DIR`.
 
@@ -24,8 +25,10 @@ from typing import Any
 from alfa.fileio import write_bytes, write_json
 
 from .ablations import REGISTRY
-from .config import SELECTION_FIELDS, BenchConfig
+from .config import BenchConfig
 from .methods import MAIN_METHODS, PAIRS, SANITY_METHODS
+from .record import Record, as_records
+from .schema import FORMAT, VERSION, comparable_protocol
 from .stats import sanity_summary
 
 __all__ = [
@@ -42,8 +45,6 @@ __all__ = [
 ]
 
 RESULTS_FILE = "results.json"
-FORMAT = "alfa-bench-results"
-VERSION = 1
 FIGURE_DIR = "figure_data"
 RANK_SLICES_FILE = "rank_slices.safetensors"
 UPDATES_FILE = "updates.safetensors"
@@ -95,8 +96,12 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data.get("records"), list):
         raise ValueError(f"{path}: 'records' must be a list")
     for i, r in enumerate(data["records"]):
-        if not isinstance(r, dict) or "id" not in r or "config_hash" not in r:
-            raise ValueError(f"{path}: record {i} has no 'id'/'config_hash'")
+        if not isinstance(r, dict):
+            raise ValueError(f"{path}: record {i} is not a JSON object")
+        try:
+            Record.from_dict(r)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path}: record {i}: {e}") from e
     return data
 
 
@@ -151,9 +156,8 @@ class ResultsStore:
                 write_json(self.path, _empty_results(config))
 
     def _check_protocol(self, data: dict[str, Any]) -> None:
-        here = self.config.protocol_dict()
-        # Files written before a field became a selection field still hold it: ignore it there too.
-        stored = {k: v for k, v in data.get("config", {}).items() if k not in SELECTION_FIELDS}
+        here = comparable_protocol(self.config.protocol_dict())
+        stored = comparable_protocol(data.get("config", {}))
         if stored != here:
             keys = sorted(k for k in set(stored) | set(here) if stored.get(k) != here.get(k))
             raise ValueError(
@@ -178,10 +182,12 @@ class ResultsStore:
 
     def done(self) -> dict[str, str]:
         """Finished records: id -> config hash."""
-        return {r["id"]: r["config_hash"] for r in self.read()["records"]}
+        return {r.id: r.config_hash for r in as_records(self.read()["records"])}
 
-    def add_record(self, record: dict[str, Any]) -> None:
+    def add_record(self, record: Record) -> None:
+        """Write ``record`` (its JSON form), in place of a stored record of the same id."""
+
         def change(data: dict[str, Any]) -> None:
-            data["records"] = [r for r in data["records"] if r["id"] != record["id"]] + [record]
+            data["records"] = [r for r in data["records"] if r["id"] != record.id] + [record.to_dict()]
 
         self.update(change)

@@ -41,6 +41,7 @@ from alfa.adapters import MergeError
 from .config import SELECTION_FIELDS, BenchConfig, split_pair
 from .plan import RecordPlan, plan_records
 from .produce import produce_record
+from .record import Record
 from .results import ResultsStore
 from .session import Session
 
@@ -60,13 +61,14 @@ class BenchSummary:
     errors: dict[str, str] = field(default_factory=dict)  # record id -> why it failed (not written)
 
 
-def _log_line(record: dict[str, Any], index: int, total: int) -> str:
-    spu = record.get("seconds_per_user")
+def _log_line(record: Record, index: int, total: int) -> str:
+    spu = record.seconds_per_user
     extra = f", {spu:.1f} s/user" if spu else ""
-    failed = f", {len(record['failed'])} FAILED" if record.get("failed") else ""
+    failed = f", {len(record.failed)} FAILED" if record.failed else ""
+    error = "nan" if record.error_deg is None else f"{record.error_deg:.2f}"
     return (
-        f"[{index}/{total}] {record['id']}: {record['error_deg']:.2f} deg over {record['persons']} persons"
-        f"{extra}{failed} ({record['wall_s']:.0f} s)"
+        f"[{index}/{total}] {record.id}: {error} deg over {record.persons} persons"
+        f"{extra}{failed} ({record.wall_s:.0f} s)"
     )
 
 

@@ -1,6 +1,6 @@
 """The session of one benchmark run: the rendered data, the source models and the paths every record is made
 from, and each record's hash (:meth:`Session.record_hash`: what the record depends on, so a rerun skips what
-is finished and redoes what changed).
+is finished and redoes what changed; the hash's schema is :mod:`alfa.study.bench.schema`'s).
 
 Per (source, seed) one source model is pre-trained, truncated at rank ``d`` and recovered
 (:func:`alfa.gaze.pipeline.build_source_model`, cached by a hash of everything it depends on); the other-rank
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -29,24 +28,17 @@ from alfa.fileio import safe_filename
 from alfa.gaze.data.base import GazeDataset, InMemoryGazeDataset
 from alfa.gaze.evaluate import adapter_filename, load_images
 from alfa.gaze.pipeline import DemoConfig, build_source_model, data_fingerprint, open_data, source_cache_key
-from alfa.gaze.recipes import RECIPE_GRID, TIE_DEGREES, Recipe
+from alfa.gaze.recipes import Recipe
 from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts
 from alfa.gaze.train import TruncateConfig, truncate_and_recover
 
 from .config import BenchConfig
 from .plan import STAND_IN, RecordPlan, grid_plan
+from .record import as_records
 from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE, load_results
+from .schema import config_hash, stable_hash
 
-__all__ = ["SCORING", "TargetData", "SourceContext", "Session"]
-
-
-# What a record measures; part of every record's hash, so a change re-runs the records (v2: the yaw/pitch
-# parts of the error, ``per_person_parts``; v3: what a flip sees of it, ``per_person_flip``).
-SCORING = 3
-
-
-def _hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+__all__ = ["TargetData", "SourceContext", "Session"]
 
 
 # ----------------------------------------------------------------------------- contexts
@@ -138,54 +130,15 @@ class Session:
             self.targets[key] = TargetData(key, spec, data, None, data_fingerprint(data))
         return self.targets[key]
 
-    def _device_key(self) -> dict[str, str]:
-        # a record made on a GPU is another record (float results differ); CPU records hash as they always did
-        return {} if self.device.type == "cpu" else {"device": self.device.type}
-
     def record_hash(self, plan: RecordPlan) -> str:
-        c, v = self.config, plan.variant
-        src = self.source(self.model_key(plan), plan.seed)
+        """The record's ``config_hash`` (:func:`~alfa.study.bench.schema.config_hash`) from this session's data."""
+        v = plan.variant
+        source_model = self.source(self.model_key(plan), plan.seed).cache_key
         if v.kind == "selection":  # scored on the stand-in: no target is opened, let alone its labels
-            standin = self.stand_in(plan.source)
-            return _hash(
-                {
-                    "id": plan.id,
-                    "variant": v.describe(),
-                    "source_model": src.cache_key,
-                    "seed": plan.seed,
-                    "stand_in": {"spec": standin.spec, "fingerprint": standin.fingerprint},
-                    "recipe": c.recipe(plan.seed).to_dict(),
-                    "grid": [dataclasses.asdict(r) for r in RECIPE_GRID],
-                    "rule": {"tie": TIE_DEGREES, "order": "steps, lr, anchor on, no x10, detached"},
-                    "scoring": SCORING,
-                    **self._device_key(),
-                }
-            )
-        tgt = self.target(plan.target)
-        spec: dict[str, Any] = {
-            "id": plan.id,
-            "variant": v.describe(),
-            "source_model": src.cache_key,
-            "seed": plan.seed,
-            "n_adapt": c.personalize.n_adapt,
-            "scoring": SCORING,
-            **self._device_key(),
-        }
-        if v.kind == "in-domain":
-            spec["val"] = c.val_spec(plan.source)
-        else:
-            spec["target"] = {"spec": tgt.spec, "images": c.target_images, "fingerprint": tgt.fingerprint}
-        if v.kind in ("adapter", "tpgaze"):
-            spec["recipe"] = c.recipe(plan.seed, **v.recipe).to_dict()
-        if v.kind == "tpgaze":
-            spec["meta"] = {"config": c.meta.to_dict(), "init_std": c.tpgaze_init_std}
-        if v.kind == "oracle":
-            spec["oracle"] = dataclasses.asdict(c.oracle)
-        if v.base.startswith("rank="):
-            spec["recovery"] = c.recovery.to_dict()
-        if v.selected:  # the recipe is whatever the selection record selects: its hash stands for it
-            spec["selection"] = self.record_hash(grid_plan(self.config, plan))
-        return _hash(spec)
+            return config_hash(self.config, plan, source_model, self.stand_in(plan.source), self.device)
+        scored = None if v.kind == "in-domain" else self.target(plan.target)
+        selection = self.record_hash(grid_plan(self.config, plan)) if v.selected else None
+        return config_hash(self.config, plan, source_model, scored, self.device, selection)
 
     # ---------------------------------------------------------------- models
 
@@ -264,7 +217,7 @@ class Session:
         c = self.config
         meta = dataclasses.replace(c.meta, seed=src.seed)
         prompt = TPGazeConfig(image_size=c.image_size, init_std=c.tpgaze_init_std)
-        key = _hash({"source": src.cache_key, "meta": meta.to_dict(), "prompt": prompt.to_dict()})
+        key = stable_hash({"source": src.cache_key, "meta": meta.to_dict(), "prompt": prompt.to_dict()})
         return meta, prompt, self.cache / f"tpgaze-{key}"
 
     def tpgaze_prompts(self, src: SourceContext) -> Path:
@@ -311,10 +264,10 @@ class Session:
     def selected_recipe(self, plan: RecordPlan) -> Recipe:
         """The recipe the selection record of ``plan``'s method, source and seed chose (it must have run)."""
         grid = grid_plan(self.config, plan)
-        stored = next((r for r in load_results(self.out)["records"] if r["id"] == grid.id), None)
-        if stored is None or stored.get("config_hash") != self.record_hash(grid):
+        stored = next((r for r in as_records(load_results(self.out)["records"]) if r.id == grid.id), None)
+        if stored is None or stored.config_hash != self.record_hash(grid) or stored.selected is None:
             raise RuntimeError(f"{plan.id} needs the recipe-selection record {grid.id}, which has not run")
-        return Recipe(**stored["selected"])
+        return Recipe(**stored.selected)
 
     def latency_images(self, tgt: TargetData) -> torch.Tensor:
         persons = tgt.data.persons()
@@ -339,7 +292,7 @@ class _FigureData:
         from .figures import rank_slice_data, save_figure_data
 
         path = self.folder / RANK_SLICES_FILE
-        stamp = _hash({"source": src.cache_key, "target": tgt.fingerprint, "layer": self.config.slice_layer})
+        stamp = stable_hash({"source": src.cache_key, "target": tgt.fingerprint, "layer": self.config.slice_layer})
         if _figure_stamp(path) == stamp:
             return
         persons = tgt.data.persons()[:2]

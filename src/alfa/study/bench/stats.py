@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .methods import PAIRS
+from .record import Record, as_records
 
 __all__ = [
     "Stat",
@@ -108,16 +109,17 @@ def signed(x: float) -> str:
     return f"{x:+.2f}".replace("-", "−")
 
 
-Index = dict[tuple[str, str, int], dict[str, Any]]
+Index = dict[tuple[str, str, int], Record]
 
 
-def index_records(records: Iterable[dict[str, Any]]) -> Index:
+def index_records(records: Iterable[Record | Mapping[str, Any]]) -> Index:
     """``(method, pair, seed) -> record`` (the recipe-selection records, scored on a stand-in and not on a
-    pair, are no table rows and are left out)."""
+    pair, are no table rows and are left out; so are records without an error). JSON objects are read as
+    :class:`~alfa.study.bench.record.Record`."""
     return {
-        (r["method"], r["pair"], int(r["seed"])): r
-        for r in records
-        if r.get("error_deg") is not None and r.get("kind") != "selection"
+        (r.method, r.pair, int(r.seed)): r
+        for r in as_records(records)
+        if r.error_deg is not None and r.kind != "selection"
     }
 
 
@@ -131,17 +133,19 @@ def seeds_of(idx: Index) -> list[int]:
 
 
 def cell(idx: Index, method: str, pair: str) -> Stat | None:
-    values = {s: float(r["error_deg"]) for (m, p, s), r in idx.items() if m == method and p == pair}
+    values = {
+        s: float(r.error_deg) for (m, p, s), r in idx.items() if m == method and p == pair and r.error_deg is not None
+    }
     return Stat(values) if values else None
 
 
 # A measure of a record: its value (``None``: not available) and the per-person values behind it.
-Measure = Callable[[dict[str, Any]], tuple[float | None, dict[str, float]]]
+Measure = Callable[[Record], tuple[float | None, dict[str, float]]]
 
 
-def angular(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+def angular(record: Record) -> tuple[float | None, dict[str, float]]:
     """The record's error (mean over persons of the angular error) and its persons' errors."""
-    return record["error_deg"], record.get("per_person", {})
+    return record.error_deg, record.per_person
 
 
 def pooled(idx: Index, method: str, pairs: Sequence[str], measure: Measure = angular) -> Stat | None:
@@ -185,12 +189,12 @@ def _stat_dict(stat: Stat | None) -> dict[str, Any] | None:
 
 def _constant(idx: Index, method: str, pair: str) -> float | None:
     """The constant-prediction error stored with a sanity record (the same data for every seed)."""
-    values = [r.get("constant_prediction_deg") for (m, p, _), r in idx.items() if m == method and p == pair]
+    values = [r.constant_prediction_deg for (m, p, _), r in idx.items() if m == method and p == pair]
     values = [v for v in values if v is not None]
     return statistics.fmean(values) if values else None
 
 
-def sanity_summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def sanity_summary(records: Iterable[Record | Mapping[str, Any]]) -> dict[str, Any]:
     """Per pair: in-domain, target-trained, source-only and oracle errors, the domain gap (source-only −
     in-domain), the gap to a model trained on the target world (source-only − target-trained) and the
     headroom (source-only − oracle). Stored in ``results.json`` as its ``sanity`` record."""
@@ -225,11 +229,11 @@ PARTS = {
 
 def part(key: str) -> Measure:
     """The measure of one part of the error (``PARTS[key]``): the mean over persons and the persons' values;
-    not available for records made before parts existed."""
+    not available for records without parts (scored before they were measured)."""
     get = PARTS[key][1]
 
-    def measure(record: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
-        values = {person: get(q) for person, q in (record.get("per_person_parts") or {}).items()}
+    def measure(record: Record) -> tuple[float | None, dict[str, float]]:
+        values = {person: get(q) for person, q in (record.per_person_parts or {}).items()}
         return (statistics.fmean(values.values()) if values else None), values
 
     return measure

@@ -35,7 +35,8 @@ class Variant:
     ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe) or ``"tpgaze"``. ``base``:
     ``"truncated"`` (the rank-``d`` base), ``"dense"`` (the pre-trained model before truncation) or
     ``"rank=<d>"`` (truncated at another rank and recovered the same way). ``recipe`` holds changes to the
-    personalization recipe; ``group``/``value`` place the row in an ablation table.
+    personalization recipe; ``group``/``value`` place the row in an ablation table. What its records' hashes
+    see of it is :func:`alfa.study.bench.schema.variant_key`.
     """
 
     label: str
@@ -47,18 +48,6 @@ class Variant:
     base: str = "truncated"
     same_layers_as_truncated: bool = False  # target the layers the truncated model factorizes
     selected: bool = False  # the recipe is the one selected on the stand-in (docs/flip-premise.md §4)
-
-    def describe(self) -> dict[str, Any]:
-        """What determines this variant's numbers (part of a record's hash)."""
-        adapter = None
-        if self.adapter is not None:
-            adapter = {"method": self.adapter.method, **self.adapter.to_dict()}
-            if self.same_layers_as_truncated:
-                adapter["target"] = "the layers the truncated model factorizes"
-        out = {"kind": self.kind, "adapter": adapter, "recipe": self.recipe, "base": self.base}
-        if self.selected:  # only then: every other row's description (and hash) stays as it was
-            out["selected"] = True
-        return out
 
 
 def alfa_config(config: VariantSettings, **changes: Any) -> AlfaConfig:

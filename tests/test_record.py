@@ -1,0 +1,109 @@
+"""The typed benchmark record and the results' schema: every committed record loads and writes back as it was,
+bad keys are refused by name, and the hash schema reproduces the committed hashes it can recompute."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from alfa.fileio import write_json
+from alfa.study.bench import schema
+from alfa.study.bench.config import BenchConfig
+from alfa.study.bench.plan import plan_records
+from alfa.study.bench.record import OPTIONAL, REQUIRED, Record
+from alfa.study.bench.results import RESULTS_FILE, ResultsStore, load_results
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = {
+    "standard": ROOT / "docs/data/bench-standard/results.json",
+    "flip": ROOT / "docs/data/bench-flip/results.json",
+}
+
+
+@pytest.fixture(scope="module", params=sorted(COMMITTED))
+def committed(request):
+    path = COMMITTED[request.param]
+    return request.param, path, json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_every_committed_record_reads_and_writes_back_as_it_was(committed):
+    _, _, data = committed
+    assert data["records"]
+    for stored in data["records"]:
+        record = Record.from_dict(stored)
+        again = record.to_dict()
+        assert again == stored, stored["id"]
+        assert list(again) == list(stored), stored["id"]  # the same key order: the same JSON text
+
+
+def test_the_committed_file_is_what_the_writer_writes_from_its_records(committed, tmp_path):
+    _, path, data = committed
+    rewritten = {**data, "records": [Record.from_dict(r).to_dict() for r in data["records"]]}
+    write_json(tmp_path / RESULTS_FILE, rewritten)
+    assert (tmp_path / RESULTS_FILE).read_bytes() == path.read_bytes()
+
+
+def test_a_record_with_a_missing_or_an_unknown_key_is_refused_by_name(tmp_path):
+    stored = json.loads(COMMITTED["standard"].read_text(encoding="utf-8"))["records"][0]
+    with pytest.raises(ValueError, match=r"record 'source-only\|E→M\|seed0': missing required key\(s\) 'wall_s'"):
+        Record.from_dict({k: v for k, v in stored.items() if k != "wall_s"})
+    with pytest.raises(ValueError, match=r"unknown key\(s\) 'error_dge'"):
+        Record.from_dict({**stored, "error_dge": 1.0})
+    with pytest.raises(ValueError, match="a record without an id: missing required key"):
+        Record.from_dict({})
+    data = json.loads(COMMITTED["standard"].read_text(encoding="utf-8"))
+    data["records"][3] = {k: v for k, v in data["records"][3].items() if k != "per_person"}
+    (tmp_path / RESULTS_FILE).write_text(json.dumps(data))
+    with pytest.raises(
+        ValueError, match=r"results.json: record 3: record '.*': missing required key\(s\) 'per_person'"
+    ):
+        load_results(tmp_path)
+
+
+def test_optional_keys_stay_absent_and_a_stored_null_stays_null():
+    stored = json.loads(COMMITTED["flip"].read_text(encoding="utf-8"))["records"][0]
+    assert stored["kind"] == "selection" and "per_person_parts" not in stored
+    record = Record.from_dict(stored)
+    assert record.per_person_parts is None and "per_person_parts" not in record.to_dict()
+    nulled = {**stored, "paper_recipe_deg": None}  # a selection whose grid lacks the paper's recipe
+    assert Record.from_dict(nulled).to_dict() == nulled
+    assert set(REQUIRED) | set(OPTIONAL) == set(Record.__dataclass_fields__) - {"nulls"}
+
+
+def test_the_hash_schema_reproduces_the_committed_hashes_it_can_recompute(committed, monkeypatch):
+    """An in-domain record's hash needs no rendered data (it names its held-out set by its spec), so it is
+    recomputed here from the committed source models' cache keys. The standard results were scored with
+    SCORING 2 (before what a flip sees was measured); everything else in their hashes is today's."""
+    name, _, data = committed
+    if name == "standard":
+        monkeypatch.setattr(schema, "SCORING", 2)
+    config = BenchConfig.standard()
+    plans = {p.id: p for p in plan_records(config)}
+    in_domain = [r for r in data["records"] if r["kind"] == "in-domain"]
+    assert len(in_domain) >= 12
+    for r in in_domain:
+        cache = Path(data["sources"][f"{r['source']}|seed{r['seed']}"]["cache"]).name
+        source_model = cache.removeprefix("source-")
+        hashed = schema.config_hash(config, plans[r["id"]], source_model, None, torch.device("cpu"))
+        assert hashed == r["config_hash"], r["id"]
+    other = schema.config_hash(config, plans[in_domain[0]["id"]], "x", None, torch.device("cuda"))
+    assert other != schema.config_hash(config, plans[in_domain[0]["id"]], "x", None, torch.device("cpu"))
+
+
+def test_the_committed_results_open_for_their_preset(tmp_path):
+    """A run of the preset may write to a copy of the committed results: the stored configuration compares
+    equal although it predates the training option ``precision`` (left out at its default)."""
+    shutil.copy(COMMITTED["standard"], tmp_path / RESULTS_FILE)
+    store = ResultsStore(tmp_path, BenchConfig.standard())
+    done = store.done()
+    assert len(done) == 684 and all(len(h) == 16 for h in done.values())
+    data = json.loads((tmp_path / RESULTS_FILE).read_text())
+    data["config"]["pretrain"]["precision"] = "fp32"  # the default spelled out compares equal too
+    (tmp_path / RESULTS_FILE).write_text(json.dumps(data))
+    ResultsStore(tmp_path, BenchConfig.standard())
+    data["config"]["pretrain"]["precision"] = "bf16"
+    (tmp_path / RESULTS_FILE).write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="differs in: pretrain"):
+        ResultsStore(tmp_path, BenchConfig.standard())
