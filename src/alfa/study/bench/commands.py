@@ -4,6 +4,8 @@
 :class:`~alfa.study.bench.config.BenchConfig` (or paths) and calls one library function. Also runnable as
 ``python -m alfa.study.bench.commands bench --quick``.
 
+    alfa bench --smoke                                   # every row kind once, tiny data, minutes (no claims)
+    alfa report --results runs/bench-smoke --out runs/bench-smoke/results.md
     alfa bench --quick                                   # does everything run? (no claims)
     alfa bench --standard --seeds 0 &                    # what docs/results.md is made from,
     alfa bench --standard --seeds 1                      # one process per core (then --seeds 2), then:
@@ -51,7 +53,7 @@ def _bench(args: argparse.Namespace) -> None:
     from .config import SELECTABLE, BenchConfig
     from .runner import run_bench
 
-    preset = "full" if args.full else "standard" if args.standard else "quick"
+    preset = "full" if args.full else "standard" if args.standard else "smoke" if args.smoke else "quick"
     config = getattr(BenchConfig, preset)()
     changes: dict = {}
     if args.methods is not None:
@@ -127,6 +129,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run (or resume) the benchmark; records go to OUT/results.json (see alfa.study.bench.runner).",
     )
     preset = p.add_mutually_exclusive_group()
+    preset.add_argument(
+        "--smoke", action="store_true", help="every row kind, method and ablation once on tiny data, minutes; no claims"
+    )
     preset.add_argument("--quick", action="store_true", help="the check that everything runs, no claims (default)")
     preset.add_argument(
         "--standard",

@@ -43,6 +43,11 @@ def _values(name: str) -> tuple[Any, ...]:
     return REGISTRY[name].default_values
 
 
+def _quick_values() -> dict[str, tuple[Any, ...]]:
+    """The quick preset's ablation values, by value field."""
+    return {a.values_field: a.quick_values for a in REGISTRY.values() if a.values_field and a.quick_values}
+
+
 def _personalize_default() -> PersonalizeConfig:
     # The demo's augmentation for small faces: a 3-pixel blur kernel (the 5-pixel default is for 224×224).
     return PersonalizeConfig(steps=10, augment=AugmentConfig(blur_kernel=3, blur_sigma=(0.1, 1.0)))
@@ -76,7 +81,8 @@ class OracleConfig:
 
 @dataclass
 class BenchConfig:
-    """Everything the benchmark depends on. :meth:`quick`, :meth:`standard` and :meth:`full` are the presets.
+    """Everything the benchmark depends on. :meth:`smoke`, :meth:`quick`, :meth:`standard` and :meth:`full` are
+    the presets.
 
     Data: the synthetic domains (``alfa.gaze.data.synthetic``) at ``image_size``; sources ``E``/``G`` with
     ``source_persons`` × ``source_images`` training images and ``val_persons`` × ``val_images`` held-out
@@ -199,9 +205,49 @@ class BenchConfig:
             personalize=dataclasses.replace(_personalize_default(), steps=5),
             meta=MetaTrainConfig(epochs=1, steps_per_epoch=30),
             oracle=OracleConfig(extra_images=15, steps=30),
-            **{a.values_field: a.quick_values for a in REGISTRY.values() if a.values_field and a.quick_values},
+            **_quick_values(),
             figure_slices=(0, 1, 3, 15, 63),
             latency_repeats=3,
+            seeds=(0,),
+            selected_methods=("alfa",),
+            ablation_pairs=("E→M",),
+        )
+        return dataclasses.replace(base, **overrides)
+
+    @classmethod
+    def smoke(cls, **overrides: Any) -> BenchConfig:
+        """The smoke test: every row kind, every method and every ablation once, on tiny data, in minutes. It
+        makes no claims: its numbers are noise (a source of a dozen persons trained two epochs) and only say
+        that each code path runs and that the report renders.
+
+        One seed; the symmetric pair E→M with everything (the ablations too, each with one value besides the
+        default) and the positive control S→W (its source trained without the symmetry term) with the main
+        and sanity rows; Alfa's recipe selection (its grid on the stand-in and its selected row). 32×32
+        faces, sources of 12 persons × 24 images (2 pre-training + 1 recovery epochs), 2 held-out source
+        persons × 8 images, 2 persons per target with 8 images (5 adapt + 3 scored), 2 personalization
+        steps, TPGaze meta-trained 2 meta-steps on batches of 8, an oracle of 2 steps. 54 records, about
+        3 minutes on one idle core (single-threaded like every preset), most of it in the two recipe
+        grids (48 recipes each, whatever the preset) and in Alfa's dense-layer SVD."""
+        base = cls(
+            preset="smoke",
+            image_size=32,
+            source_persons=12,
+            source_images=24,
+            val_persons=2,
+            val_images=8,
+            target_persons=2,
+            target_images=8,
+            pretrain=TrainConfig(epochs=2, batch_size=32, lr=1e-3, symmetry_weight=1.0),
+            recovery=TrainConfig(epochs=1, batch_size=32, lr=1e-4, symmetry_weight=1.0),
+            personalize=dataclasses.replace(_personalize_default(), steps=2),
+            meta=MetaTrainConfig(epochs=1, steps_per_epoch=2, batch_size=8),
+            oracle=OracleConfig(extra_images=4, steps=2, batch_size=8),
+            # one value besides the default for each ablation: the quick one, but the steps sweep's quick
+            # values both differ from the 2 steps here
+            **{**_quick_values(), "step_values": (1, 2)},
+            latency_batch=8,
+            latency_repeats=1,
+            pairs=("E→M", "S→W"),
             seeds=(0,),
             selected_methods=("alfa",),
             ablation_pairs=("E→M",),

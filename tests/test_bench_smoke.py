@@ -1,0 +1,88 @@
+"""The smoke preset plans every code path the quick preset runs, once, and `alfa bench --smoke` selects it.
+
+Planning only: nothing is trained or rendered here."""
+
+import argparse
+import types
+from pathlib import Path
+
+import torch
+
+import alfa.study.bench.runner as runner
+from alfa.study.bench.ablations import REGISTRY
+from alfa.study.bench.commands import register
+from alfa.study.bench.config import BenchConfig
+from alfa.study.bench.methods import MAIN_METHODS, NEGATIVE_CONTROLS, POSITIVE_CONTROLS, SANITY_METHODS
+from alfa.study.bench.plan import STAND_IN, grid_plan, plan_records
+from alfa.study.bench.produce import KINDS
+
+
+def _pair_kind(pair: str) -> str:
+    if pair.endswith(STAND_IN):
+        return "stand-in"
+    return "positive control" if pair in POSITIVE_CONTROLS else "negative control"
+
+
+def _code_path(plan) -> tuple:
+    """What decides which code a record runs, whatever its numbers: its kind, its table, the adapter class,
+    which base, which recipe options it changes, whether its recipe is selected, and the kind of pair."""
+    v = plan.variant
+    base = "other rank" if v.base.startswith("rank=") else v.base
+    adapter = type(v.adapter).__name__ if v.adapter is not None else None
+    return v.kind, v.group, adapter, base, frozenset(v.recipe), v.selected, _pair_kind(plan.pair)
+
+
+def test_the_smoke_preset_plans_every_kind_method_and_ablation():
+    config = BenchConfig.smoke()
+    config.validate()
+    plans = plan_records(config)
+    assert config.preset == "smoke" and config.seeds == (0,)
+    assert {p.variant.kind for p in plans} == {*KINDS, "selection"}
+    labels = {p.variant.label for p in plans}
+    assert set(MAIN_METHODS) | set(SANITY_METHODS) <= labels
+    assert {"alfa[grid]", "alfa[selected]"} <= labels
+    # each ablation has a row besides its reference (the reference rows are the main rows, planned once)
+    assert {p.variant.group for p in plans} >= set(REGISTRY)
+    assert config.ablations == tuple(REGISTRY)
+    # a symmetric pair and a positive control, each selected row after the selection record it reads
+    assert {_pair_kind(p.pair) for p in plans} == {"negative control", "positive control", "stand-in"}
+    assert set(config.pairs) & set(NEGATIVE_CONTROLS) and set(config.pairs) & set(POSITIVE_CONTROLS)
+    order = [p.id for p in plans]
+    for p in plans:
+        if p.variant.selected:
+            assert order.index(grid_plan(config, p).id) < order.index(p.id)
+
+
+def test_the_smoke_preset_covers_every_code_path_of_the_quick_preset_in_fewer_records():
+    smoke, quick = plan_records(BenchConfig.smoke()), plan_records(BenchConfig.quick())
+    missing = {_code_path(p) for p in quick} - {_code_path(p) for p in smoke}
+    assert not missing
+    assert len(smoke) < len(quick) / 2
+
+
+def test_the_smoke_preset_is_small_and_says_it_makes_no_claims():
+    smoke, quick = BenchConfig.smoke(), BenchConfig.quick()
+    assert "no claims" in BenchConfig.smoke.__doc__
+    assert smoke.image_size < quick.image_size and smoke.source_persons < quick.source_persons
+    assert smoke.target_persons <= 3 and smoke.personalize.steps == 2
+    assert smoke.meta.epochs * smoke.meta.steps_per_epoch < quick.meta.epochs * quick.meta.steps_per_epoch
+    assert smoke.oracle.steps < quick.oracle.steps
+    assert quick.preset == "quick" and len(plan_records(quick)) == 123  # --quick keeps its meaning
+
+
+def test_bench_smoke_runs_the_smoke_preset_into_runs_bench_smoke(monkeypatch):
+    calls = []
+
+    def fake_run_bench(config, out, **kwargs):
+        calls.append((config, out))
+        return types.SimpleNamespace(pending=[], skipped=[], results=Path(out) / "results.json")
+
+    monkeypatch.setattr(runner, "run_bench", fake_run_bench)
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *args, **kwargs: None)
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--smoke", "--dry-run"])
+    args.func(args)
+    ((config, out),) = calls
+    assert config == BenchConfig.smoke() and out == Path("runs/bench-smoke")
+    assert "--smoke" in parser._subparsers._group_actions[0].choices["bench"].format_help()
