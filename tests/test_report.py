@@ -313,3 +313,11 @@ def test_the_pooled_sentence_sorts_every_row_against_source_only():
         "Pooled over the 2 pairs, against source-only — clearly below it: LoRA (−4.10°), Alfa (−3.70°); "
         "within the spread of it: diagonal gate (−0.08°)."
     ) in lines
+
+
+@pytest.mark.parametrize("preset, says_so", [("smoke", True), ("quick", True), ("standard", False)])
+def test_the_check_presets_say_first_that_they_make_no_claims(preset, says_so):
+    results = fixture_results()
+    results["preset"] = preset
+    head = render_report(results).split("## ")[0]
+    assert (f"**Preset `{preset}` makes no claims.**" in head) == says_so

@@ -206,6 +206,8 @@ def _header_section(r: _Report) -> list[str]:
         ),
         "",
     ]
+    if r.results.get("preset") in prose.NO_CLAIM_PRESETS:
+        lines += [prose.NO_CLAIMS.format(preset=r.results["preset"]), ""]
     selection = [rec for rec in r.records if rec.kind == "selection"]
     if selection:
         present = {m for (m, _, _) in r.idx}

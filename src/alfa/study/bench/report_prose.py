@@ -24,6 +24,13 @@ SELECTION_RECORDS = (
     "§ Recipes selected without target labels)."
 )
 
+NO_CLAIMS = (
+    "**Preset `{preset}` makes no claims.** It checks that every row kind runs, on data too small for a domain "
+    "gap; every sentence below that judges a difference is about noise. The page of record is `docs/results.md`."
+)
+NO_CLAIM_PRESETS = ("smoke", "quick")
+"""The presets whose pages say first that they make no claims."""
+
 NOT_RUN_YET = " Not in these results (not run yet): {methods}."
 
 FEW_SEEDS = (
