@@ -43,7 +43,7 @@ APPLICATION_LAYERS: list[tuple[str, ...]] = [
     ("gaze.service",),  # the HTTP gaze service
 ]
 STUDY_LAYERS: list[tuple[str, ...]] = [
-    ("study.crate", "study.bench"),  # the CRATE worked examples; the benchmark and its report
+    ("study.crate", "study.bench", "study.dataflow"),  # CRATE's examples; the benchmark; the data-flow picture
     ("study.example", "study.pages"),  # the library tour (alfa example); the generated pages of docs/
     ("study",),  # the study package's __init__
 ]

@@ -114,6 +114,12 @@ def _render_crate_gaze(root: Path, out: Path) -> None:
     write_text(out / "docs/crate-gaze.md", text)
 
 
+def _render_architecture(root: Path, out: Path) -> None:
+    from .dataflow import render_architecture
+
+    render_architecture(root, out)
+
+
 PAGES: tuple[Page, ...] = (
     Page(
         path="docs/results.md",
@@ -163,6 +169,12 @@ PAGES: tuple[Page, ...] = (
         f"runs/crate-gaze/results.json to {CRATE_GAZE_DATA}",
         render=_render_crate_gaze,
         owned_figures=(CRATE_GAZE_FIGURE,),
+    ),
+    Page(
+        path="docs/architecture.md",
+        data="src/alfa/study/dataflow.py",
+        produce="alfa pages --write (the data-flow picture, from alfa.study.dataflow.FLOWS; the rest is written)",
+        render=_render_architecture,
     ),
 )
 
