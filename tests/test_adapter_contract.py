@@ -251,3 +251,14 @@ def test_every_registered_config_is_exported_by_its_class_name():
             assert getattr(package, cls.__name__) is cls
             assert cls.__name__ in package.__all__
         assert {"method", "display_name", "family", "scope"}.isdisjoint(f.name for f in dataclasses.fields(cls))
+
+
+def test_every_registered_config_class_is_exported_by_name():
+    # The packages list their exports explicitly: a new method's config must be added to both lists.
+    import alfa.adapters as adapters
+
+    assert set(adapters.CONFIG_CLASSES) == {cls.__name__ for cls in METHODS.values()}
+    for name, cls in adapters.CONFIG_CLASSES.items():
+        assert name in adapters.__all__ and getattr(adapters, name) is cls
+        assert name in alfa.__all__ and getattr(alfa, name) is cls
+    assert "unmerge" in adapters.__all__ and alfa.unmerge is adapters.unmerge

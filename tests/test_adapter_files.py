@@ -208,7 +208,7 @@ def test_compact_file_is_smaller_and_reproduces_the_outputs(base, tmp_path):
 
 
 def test_compact_needs_a_dictionary_method(base, tmp_path):
-    from alfa.adapters.base import AdapterConfig
+    from alfa.adapters.config import AdapterConfig
 
     model = copy.deepcopy(base)
     alfa.attach(model, alfa.adapters.alfa.DictionaryMixConfig())

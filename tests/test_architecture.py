@@ -31,6 +31,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 LIBRARY_LAYERS: list[tuple[str, ...]] = [
     ("fileio",),  # atomic writes, file names
     ("layers",),  # factorized Conv2d / Linear and the SVD helpers
+    ("surgery",),  # replacing modules of a model; tied parameters, the save_pretrained guard, generic markers
     ("truncate",),  # SVD truncation of a model
     ("models", "adapters"),  # model families; adapter methods (model-agnostic: they never import models)
     ("checkpoint", "summary", "serve", "export"),  # model files; parameter counts; many users; ONNX export

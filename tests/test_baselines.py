@@ -9,14 +9,15 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import alfa
-from alfa.adapters.base import MergeError, adapted_layers, adapter_parameters, config_from_dict
 from alfa.adapters.bitfit import BitfitConfig, FullFinetuneConfig
+from alfa.adapters.config import MergeError, config_from_dict
 from alfa.adapters.dora import DoraConfig
 from alfa.adapters.flora import FloraConfig, FloraLayer
 from alfa.adapters.gate import DiagGateConfig, LinearMixConfig
 from alfa.adapters.lora import LoraConfig, MiloraConfig, PissaConfig
 from alfa.adapters.moslora import MosloraConfig
 from alfa.adapters.spectral import SpectralConfig
+from alfa.adapters.state import adapted_layers, adapter_parameters
 from alfa.layers import FactorizedConv2d, FactorizedLinear, dense_matrix, is_factorized
 from alfa.truncate import factorized_ranks, restore_structure
 

@@ -10,8 +10,7 @@ import alfa
 import alfa.gaze.evaluate
 import alfa.gaze.train
 import alfa.layers
-from alfa.adapters.prompt import TPGAZE_TARGET, TPGazeConfig, prompt_count
-from alfa.adapters.prompt import default_input_sizes as resnet18_input_sizes
+from alfa.adapters.prompt import TPGAZE_TARGET, PromptedConv, TPGazeConfig, input_sizes_by_geometry, prompt_count
 from alfa.checkpoint import CheckpointError
 from alfa.gaze.data.synthetic import make_domain
 from alfa.gaze.evaluate import adapter_filename, evaluate
@@ -26,6 +25,7 @@ from alfa.gaze.tpgaze import (
     symmetry_loss,
     tpgaze_recipe,
 )
+from alfa.models.resnet import resnet18_conv_inputs
 
 SIZE = 32
 NINE = [
@@ -86,6 +86,11 @@ def test_prompted_conv_is_the_conv_of_the_prompt_padded_input(bases):
         torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)
 
 
+def resnet18_input_sizes(image_size: int) -> dict[str, list[int]]:
+    """ResNet-18's conv input sizes by geometry, read off its layout (no forward of a real model)."""
+    return input_sizes_by_geometry(resnet18_conv_inputs(image_size))
+
+
 def test_prompt_geometry_follows_the_reference(bases):
     # The reference pads each of the 9 convs with C·((S+2p)² − S²) values at 224×224: 125,676 in all.
     sizes = resnet18_input_sizes(224)
@@ -128,6 +133,45 @@ def test_merge_refuses_and_files_round_trip(bases, tmp_path):
     fresh = copy.deepcopy(bases["truncated"])
     alfa.load_adapter(fresh, path)
     assert torch.equal(fresh(x), out)
+
+
+@pytest.mark.parametrize("image_size", [SIZE, 224])
+@pytest.mark.parametrize("kind", ["dense", "truncated"])
+def test_sizes_measured_on_the_model_are_resnet18s_layout(bases, kind, image_size):
+    # Without input_sizes the prompts are sized on the model attach is given; on ResNet-18 that is its layout:
+    # the same prompts (shapes and, from one seed, values) as sizes read off resnet18_conv_inputs.
+    config = TPGazeConfig(image_size=image_size)
+    measured, laid_out = copy.deepcopy(bases[kind]), copy.deepcopy(bases[kind])
+    torch.manual_seed(3)
+    alfa.attach(measured, config)
+    torch.manual_seed(3)
+    alfa.attach(laid_out, TPGazeConfig.for_network(resnet18_conv_inputs, image_size))
+    a, b = alfa.adapter_parameters(measured), alfa.adapter_parameters(laid_out)
+    assert list(a) == list(b) and all(torch.equal(a[n], b[n]) for n in a)
+    # What is recorded (and saved) is the config as given: no measured sizes in it.
+    assert alfa.adapter_state(measured).config is config and config.input_sizes is None
+    assert alfa.adapter_state(measured).config.to_dict() == TPGazeConfig(image_size=image_size).to_dict()
+
+
+def test_prompt_sizes_need_the_model_or_explicit_sizes(bases):
+    conv = copy.deepcopy(bases["dense"]).conv1
+    with pytest.raises(alfa.ConfigError, match="sizes its prompts on the model it is attached to"):
+        TPGazeConfig(image_size=SIZE).build(conv)  # a layer alone does not know its input size
+    sized = TPGazeConfig.for_network(resnet18_conv_inputs, SIZE)
+    assert isinstance(sized.build(conv), PromptedConv)
+    # A model that does not take images cannot be measured: the error says how to give the sizes.
+    not_images = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Conv2d(3, 4, 3, padding=1))
+    with pytest.raises(alfa.ConfigError, match=r"TPGazeConfig.for_network\(conv_inputs, image_size\)"):
+        alfa.attach(not_images, TPGazeConfig(image_size=SIZE, target=None))
+    assert alfa.adapter_state(not_images) is None
+
+
+def test_measuring_keeps_each_modules_mode(bases):
+    # The probe runs in eval mode and puts back every module's own mode (BatchNorm held in eval while training).
+    model = copy.deepcopy(bases["dense"]).train()
+    model.bn1.eval()
+    alfa.attach(model, TPGazeConfig(image_size=SIZE))
+    assert model.training and not model.bn1.training and model.layer1[0].bn1.training
 
 
 # ----------------------------------------------------------------------------- the meta-step

@@ -19,7 +19,7 @@ from torch import nn
 import alfa
 from alfa.adapters import METHODS, AdaptedLayer, MergeError, TPGazeConfig, adapted_layers
 from alfa.layers import FactorizedConv2d, FactorizedLinear, is_conv1d, is_factorized
-from alfa.truncate import ADAPTED_LAYER_MARK, UnsupportedSaveError, replace_module, shared_parameters
+from alfa.surgery import LayerWrapper, UnsupportedSaveError, replace_module, shared_parameters
 
 transformers = pytest.importorskip("transformers")
 from transformers.pytorch_utils import Conv1D  # noqa: E402
@@ -402,8 +402,8 @@ def test_bitfit_trains_in_place_and_saves_with_save_pretrained(tmp_path):
 
 
 def test_guard_marks_agree():
-    # truncate.py recognizes adapted layers by this class attribute (it cannot import AdaptedLayer).
-    assert getattr(AdaptedLayer, ADAPTED_LAYER_MARK) is True
+    # alfa.surgery recognizes adapted layers by this base class (it sits below the adapters and cannot import them).
+    assert issubclass(AdaptedLayer, LayerWrapper)
     model = _vit()
     alfa.attach(model, alfa.LoraConfig(rank=2, layers="dense"))
     assert adapted_layers(model)

@@ -5,7 +5,7 @@ The data flow, one module per stage::
     alfa.gaze.data      synthetic gaze worlds and loaders for the real datasets
     alfa.models    ResNet-18 gaze regressor, CRATE, ViT (named constructors)
     alfa.truncate  SVD truncation into FactorizedConv2d / FactorizedLinear
-    alfa.adapters  Alfa and the baselines: attach / merge / detach / save / load
+    alfa.adapters  Alfa and the baselines: attach / merge / unmerge / detach / save / load
     alfa.gaze      geometry, losses, source training, personalization, evaluation
     alfa.study.bench     the benchmark runner and the generated report
 
@@ -22,14 +22,27 @@ Quick start::
 
 from . import models
 from .adapters import (
-    CONFIG_CLASSES,
     DEFAULT_ADAPTER,
     METHODS,
     AdaptedLayer,
     AdapterConfig,
     AdapterFileError,
+    AlfaConfig,
+    BitfitConfig,
     ConfigError,
+    DiagGateConfig,
+    DictionaryMixConfig,
+    DoraConfig,
+    FloraConfig,
+    FullFinetuneConfig,
+    LinearMixConfig,
+    LoraConfig,
     MergeError,
+    MiloraConfig,
+    MosloraConfig,
+    PissaConfig,
+    SpectralConfig,
+    TPGazeConfig,
     active_adapter,
     adapter_names,
     adapter_parameters,
@@ -46,26 +59,32 @@ from .adapters import (
     register_method,
     save_adapter,
     set_adapter,
+    unmerge,
 )
-from .adapters.prompt import set_default_network
 from .checkpoint import load_pretrained, save_pretrained
 from .layers import FactorizedConv2d, FactorizedLinear
-from .models.resnet import resnet18_conv_inputs
 from .serve import MultiUserModel
 from .summary import ParameterSummary, parameter_summary, print_trainable_parameters, trainable_parameters_line
-from .truncate import TruncationReport, UnsupportedSaveError, canonicalize, truncate
+from .surgery import UnsupportedSaveError
+from .truncate import TruncationReport, canonicalize, truncate
 
 __version__ = "0.1.0"
 
-# TPGaze is defined on ResNet-18: its prompts are sized from ResNet-18's convs unless a config says
-# otherwise. Wired here, above both, so that adapters need not import a model (nor models adapters).
-set_default_network("ResNet-18", resnet18_conv_inputs)
-
-# Every registered adapter config (alfa.AlfaConfig, alfa.LoraConfig, ...), as in alfa.adapters.
-globals().update(CONFIG_CLASSES)
-
 __all__ = [
-    *CONFIG_CLASSES,
+    "AlfaConfig",
+    "BitfitConfig",
+    "DiagGateConfig",
+    "DictionaryMixConfig",
+    "DoraConfig",
+    "FloraConfig",
+    "FullFinetuneConfig",
+    "LinearMixConfig",
+    "LoraConfig",
+    "MiloraConfig",
+    "MosloraConfig",
+    "PissaConfig",
+    "SpectralConfig",
+    "TPGazeConfig",
     "DEFAULT_ADAPTER",
     "METHODS",
     "AdaptedLayer",
@@ -103,4 +122,5 @@ __all__ = [
     "save_pretrained",
     "set_adapter",
     "truncate",
+    "unmerge",
 ]

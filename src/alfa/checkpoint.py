@@ -27,8 +27,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from .adapters.base import adapted_layers
 from .adapters.io import tensor_checksum
+from .adapters.state import adapted_layers
 from .fileio import atomic_path
 from .models import create_model
 from .truncate import factorized_ranks, restore_structure

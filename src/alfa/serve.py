@@ -22,9 +22,9 @@ from torch import Tensor, nn
 
 from .adapters import adapter_state, detach, load_adapter, save_adapter
 from .adapters.alfa import DictionaryAdapter
-from .adapters.base import replace_module
 from .adapters.lora import LowRankUpdateLayer
 from .layers import is_factorized
+from .surgery import replace_module
 
 __all__ = ["MultiUserModel", "MixedBatchModel", "UserTerms"]
 

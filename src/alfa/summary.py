@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from .adapters.base import AdaptedLayer
+from .adapters.layer import AdaptedLayer
 from .layers import is_conv1d
 
 __all__ = ["ParameterSummary", "parameter_summary", "print_trainable_parameters", "trainable_parameters_line"]

@@ -26,7 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import dense_matrix, svd_factors
-from .base import AdaptedLayer, AdapterConfig, MergeKind, register_method
+from .config import AdapterConfig, register_method
+from .layer import AdaptedLayer, MergeKind
 
 __all__ = ["AlfaConfig", "AlfaLayer", "DictionaryAdapter", "DictionaryMixConfig", "DictionaryMixLayer", "alfa_mixing"]
 

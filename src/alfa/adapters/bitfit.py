@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from .base import AdapterConfig, register_method, target_matches
+from .config import AdapterConfig, register_method, target_matches
 
 __all__ = ["BitfitConfig", "FullFinetuneConfig", "NORM_LAYERS"]
 

@@ -22,7 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import dense_matrix
-from .base import AdaptedLayer, register_method
+from .config import register_method
+from .layer import AdaptedLayer
 from .lora import LoraConfig, LowRankUpdateLayer, kaiming_uniform
 
 __all__ = ["DoraConfig", "DoraLayer"]

@@ -24,7 +24,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from .base import AdaptedLayer, AdapterConfig, register_method
+from .config import AdapterConfig, register_method
+from .layer import AdaptedLayer
 from .lora import LowRankUpdateLayer
 
 __all__ = ["FloraConfig", "FloraLayer"]

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from .alfa import DictionaryAdapter
-from .base import AdaptedLayer, AdapterConfig, register_method
+from .config import AdapterConfig, register_method
+from .layer import AdaptedLayer
 
 __all__ = ["DiagGateConfig", "DiagGateLayer", "LinearMixConfig", "LinearMixLayer"]
 

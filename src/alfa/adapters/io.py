@@ -22,16 +22,16 @@ from torch import Tensor, nn
 
 from ..fileio import atomic_path
 from .alfa import DictionaryAdapter, DictionaryMixConfig
-from .base import (
+from .config import config_from_dict
+from .layer import AdaptedLayer
+from .state import (
     DEFAULT_ADAPTER,
-    AdaptedLayer,
-    _registry,
     _require_state,
+    _states,
     adapter_names,
     adapter_state,
     adapter_tensors,
     attach,
-    config_from_dict,
     delete_adapter,
     detach,
     set_adapter,
@@ -265,7 +265,7 @@ def load_adapter(
         config = config_from_dict(meta["method"], meta["config"])
     except (ValueError, TypeError) as e:
         raise AdapterFileError(f"{path}: {e}") from e
-    current = _registry(model).get(name)
+    current = _states(model).get(name)
     if current is not None and not replace:
         raise RuntimeError(
             f"the model already has a {current.config.method!r} adapter named {name!r}; pass replace=True, "

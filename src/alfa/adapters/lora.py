@@ -29,7 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import canonicalize_factors, dense_matrix, is_factorized, svd_factors
-from .base import AdaptedLayer, AdapterConfig, MergeKind, register_method
+from .config import AdapterConfig, register_method
+from .layer import AdaptedLayer, MergeKind
 
 __all__ = [
     "LowRankUpdateLayer",

@@ -14,7 +14,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from .base import AdaptedLayer, register_method
+from .config import register_method
+from .layer import AdaptedLayer
 from .lora import LoraConfig, LowRankUpdateLayer, kaiming_uniform
 
 __all__ = ["MosloraConfig", "MosloraLayer"]

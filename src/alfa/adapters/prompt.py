@@ -19,18 +19,21 @@ The map is non-zero only near the border and varies with position there, so it c
 the convolution's weights or bias: :func:`alfa.merge` refuses, and the model keeps its prompts at
 inference (base parameters + prompts).
 
-Layer input sizes come from the image size. :class:`TPGazeConfig` takes them from the network
-registered with :func:`set_default_network` (ResNet-18, whose module reports its convs' input
-sizes: :func:`alfa.models.resnet.resnet18_conv_inputs`); for another network use
-:meth:`TPGazeConfig.for_model`. Because a config builds each layer from the layer alone, sizes are
-keyed by the layer's geometry (channels, kernel, stride, padding, dilation), which in a ResNet
-identifies the resolution a conv runs at.
+Layer input sizes come from the image size and the network. A :class:`TPGazeConfig` without
+``input_sizes`` measures them on the model it is attached to: :func:`alfa.attach` runs one
+``image_size``×``image_size`` image through the base model and records what each prompted conv sees
+(for ResNet-18, the sizes its layout gives). They can also be given: measured on a model
+(:meth:`TPGazeConfig.for_model`) or read off a network's layout
+(:meth:`TPGazeConfig.for_network`, e.g. with :func:`alfa.models.resnet.resnet18_conv_inputs`). Sizes
+are keyed by the layer's geometry (channels, kernel, stride, padding, dilation), which in a ResNet
+identifies the resolution a conv runs at, so that a config can build each layer from the layer alone.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import functools
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -40,17 +43,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers import LayerSpec, is_dense_eligible, is_factorized, layer_spec
-from .base import AdaptedLayer, AdapterConfig, MergeError, MergeKind, register_method, target_matches
+from .config import AdapterConfig, ConfigError, MergeError, register_method, target_matches
+from .layer import AdaptedLayer, MergeKind
 
 __all__ = [
     "TPGAZE_TARGET",
     "TPGazeConfig",
     "PromptedConv",
+    "ConvInputs",
     "geometry_key",
     "probe_input_sizes",
-    "default_input_sizes",
-    "default_network_name",
-    "set_default_network",
+    "input_sizes_by_geometry",
     "prompt_count",
 ]
 
@@ -75,7 +78,7 @@ def _is_conv(module: nn.Module) -> bool:
     return (is_factorized(module) or is_dense_eligible(module)) and layer_spec(module).kind == "conv2d"
 
 
-def _by_geometry(convs: Iterable[tuple[str, nn.Module, Sequence[int]]]) -> dict[str, list[int]]:
+def input_sizes_by_geometry(convs: Iterable[tuple[str, nn.Module, Sequence[int]]]) -> dict[str, list[int]]:
     """``{geometry_key: input size}`` of ``(name, conv, size)`` triples (the first of a geometry wins).
 
     Raises if two convs share a geometry but see different resolutions (their prompts could not be
@@ -97,8 +100,9 @@ def _by_geometry(convs: Iterable[tuple[str, nn.Module, Sequence[int]]]) -> dict[
 def probe_input_sizes(
     model: nn.Module, image_size: int, target: str | Sequence[str] | None = TPGAZE_TARGET
 ) -> dict[str, list[int]]:
-    """Run one ``image_size``×``image_size`` image through ``model`` and record the input size of every
-    conv whose name matches ``target``, keyed by :func:`geometry_key`.
+    """Run one ``image_size``×``image_size`` image through ``model`` (in eval mode, each module's mode put back
+    afterwards) and record the input size of every conv whose name matches ``target``, keyed by
+    :func:`geometry_key`.
 
     Raises if two matched convs share a geometry but see different resolutions (their prompts could
     not be told apart by geometry).
@@ -116,58 +120,23 @@ def probe_input_sizes(
         for name, module in model.named_modules()
         if _is_conv(module) and target_matches(target, name)
     ]
-    was_training = model.training
+    modes = {module: module.training for module in model.modules()}
     try:
         model.eval()
         reference = next(model.parameters(), None)
         kw = {} if reference is None else {"device": reference.device, "dtype": reference.dtype}
         model(torch.zeros(1, 3, image_size, image_size, **kw))
     finally:
-        model.train(was_training)
+        for module, training in modes.items():
+            module.training = training
         for h in hooks:
             h.remove()
-    return _by_geometry(seen)
+    return input_sizes_by_geometry(seen)
 
 
 ConvInputs = Callable[[int], Iterable[tuple[str, nn.Module, Sequence[int]]]]
-"""For an image side, a network's convs as ``(module name, conv, input (height, width))`` triples."""
-
-_default_network: tuple[str, ConvInputs] | None = None
-
-
-def set_default_network(name: str, conv_inputs: ConvInputs) -> None:
-    """Say which network a :class:`TPGazeConfig` without ``input_sizes`` is sized for.
-
-    The prompts' sizes are a fact of the network, so this module asks for them rather than importing
-    a model: the package root (``alfa/__init__.py``) registers ResNet-18's
-    (:func:`alfa.models.resnet.resnet18_conv_inputs`), the network TPGaze is defined on. ``name``
-    appears in error messages.
-    """
-    global _default_network
-    _default_network = (name, conv_inputs)
-    _default_sizes.cache_clear()
-
-
-@functools.lru_cache(maxsize=16)
-def _default_sizes(image_size: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    if _default_network is None:
-        raise ValueError(
-            "no network registered for TPGaze's default prompt sizes; "
-            "use TPGazeConfig.for_model(model, image_size) or pass input_sizes"
-        )
-    sizes = _by_geometry(_default_network[1](image_size))
-    return tuple((k, tuple(v)) for k, v in sizes.items())
-
-
-def default_network_name() -> str | None:
-    """The name given to :func:`set_default_network` (``"ResNet-18"``), or ``None``."""
-    return None if _default_network is None else _default_network[0]
-
-
-def default_input_sizes(image_size: int) -> dict[str, list[int]]:
-    """Input size of every conv of the default network (ResNet-18) for square images of side
-    ``image_size``, by :func:`geometry_key`."""
-    return {k: list(v) for k, v in _default_sizes(int(image_size))}
+"""A network's layout: for an image side, its convs as ``(module name, conv, input (height, width))`` triples
+(:func:`alfa.models.resnet.resnet18_conv_inputs` is ResNet-18's)."""
 
 
 @register_method
@@ -176,8 +145,9 @@ class TPGazeConfig(AdapterConfig):
     """TPGaze's prompts on the convs matched by ``target`` (default: ResNet-18's first 9).
 
     ``image_size``: side of the square input images; it fixes each prompt's size. ``input_sizes``:
-    the input size of each prompted conv by :func:`geometry_key`; ``None`` derives them from
-    ResNet-18's layout (:func:`default_input_sizes`); :meth:`for_model` measures them on any model.
+    the input size of each prompted conv by :func:`geometry_key`; ``None`` measures them on the model the
+    config is attached to (:meth:`resolved_for`: one probe forward, which on ResNet-18 gives the sizes its
+    layout gives); :meth:`for_model` and :meth:`for_network` fill them in beforehand.
     ``init_std``: σ of the Gaussian initialization (1.0, as the reference code's ``normal_``).
     ``layers="all"`` because after truncation at rank 64 the stem and ``layer1`` stay dense while
     ``layer2``'s 3×3 convs are factorized; the prompts work on both.
@@ -212,24 +182,57 @@ class TPGazeConfig(AdapterConfig):
 
     @classmethod
     def for_model(cls, model: nn.Module, image_size: int, **options: Any) -> TPGazeConfig:
-        """A config whose prompt sizes are measured on ``model`` (one probe forward) rather than taken
-        from ResNet-18's layout."""
+        """A config whose prompt sizes are measured on ``model`` (one probe forward) and recorded in
+        ``input_sizes``."""
         config = cls(image_size=image_size, **options)
         config.input_sizes = probe_input_sizes(model, image_size, config.target)
         return config
 
+    @classmethod
+    def for_network(cls, conv_inputs: ConvInputs, image_size: int, **options: Any) -> TPGazeConfig:
+        """A config whose prompt sizes are read off a network's layout (:data:`ConvInputs`, e.g.
+        :func:`alfa.models.resnet.resnet18_conv_inputs`) at ``image_size`` and recorded in ``input_sizes``."""
+        config = cls(image_size=image_size, **options)
+        config.input_sizes = input_sizes_by_geometry(conv_inputs(image_size))
+        return config
+
+    def resolved_for(self, model: nn.Module, targets: Sequence[str]) -> TPGazeConfig:
+        """``self`` when ``input_sizes`` is given; otherwise a copy that knows the input size of each conv of
+        ``targets``, measured on ``model`` with one probe forward (:func:`probe_input_sizes`). The copy's
+        fields, its ``to_dict`` and so the saved adapter are this config's."""
+        if self.input_sizes is not None:
+            return self
+        only_targets = "^(" + "|".join(re.escape(name) for name in targets) + ")$"
+        try:
+            measured = probe_input_sizes(model, self.image_size, only_targets)
+        except Exception as e:
+            raise ConfigError(
+                f"TPGazeConfig(input_sizes=None) measures its prompts' sizes by running one 3×{self.image_size}×"
+                f"{self.image_size} image through the model, which failed ({type(e).__name__}: {e}); give the "
+                "sizes instead, read off the network's layout (TPGazeConfig.for_network(conv_inputs, image_size)) "
+                "or measured on a model that takes images (TPGazeConfig.for_model(model, image_size))"
+            ) from e
+        resolved = copy.copy(self)
+        resolved._measured_sizes = measured
+        return resolved
+
     def layer_input_size(self, spec: LayerSpec) -> list[int]:
-        sizes = self.input_sizes if self.input_sizes is not None else default_input_sizes(self.image_size)
+        """The input ``[height, width]`` of a prompted conv: from ``input_sizes``, or as measured on the model
+        by :meth:`resolved_for`; a :class:`~alfa.adapters.config.ConfigError` when neither gives it."""
+        measured = self.__dict__.get("_measured_sizes")
+        sizes = self.input_sizes if self.input_sizes is not None else measured
+        if sizes is None:
+            raise ConfigError(
+                "TPGazeConfig(input_sizes=None) sizes its prompts on the model it is attached to: build the layers "
+                "with alfa.attach(model, config), or give the sizes (TPGazeConfig.for_network(conv_inputs, "
+                "image_size), TPGazeConfig.for_model(model, image_size) or input_sizes=...)"
+            )
         key = geometry_key(spec)
         if key not in sizes:
-            where = (
-                "input_sizes"
-                if self.input_sizes is not None
-                else f"{default_network_name()} at image size {self.image_size}"
-            )
-            raise ValueError(
+            where = "input_sizes" if self.input_sizes is not None else f"the model at image size {self.image_size}"
+            raise ConfigError(
                 f"no input size for a conv of geometry {key} in {where}; "
-                f"use TPGazeConfig.for_model(model, image_size) for other networks"
+                "use TPGazeConfig.for_model(model, image_size) for other networks"
             )
         return list(sizes[key])
 

@@ -19,7 +19,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from .base import AdaptedLayer, AdapterConfig, MergeKind, register_method
+from .config import AdapterConfig, register_method
+from .layer import AdaptedLayer, MergeKind
 from .lora import LowRankUpdateLayer, svd_of_layer
 
 __all__ = ["SpectralConfig", "SpectralLayer"]

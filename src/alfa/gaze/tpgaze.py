@@ -39,9 +39,9 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from alfa.adapters import adapter_parameters, adapter_state, attach, detach, load_adapter, save_adapter
-from alfa.adapters.base import adapted_layers
 from alfa.adapters.io import _compare_fingerprints, base_fingerprint
 from alfa.adapters.prompt import PromptedConv, TPGazeConfig
+from alfa.adapters.state import adapted_layers
 from alfa.checkpoint import CheckpointError, read_tagged, write_tagged
 from alfa.fileio import write_json
 

@@ -1,0 +1,207 @@
+"""What every adapter method's config shares: options, validation, and the registry of methods by name.
+
+A method is a small config dataclass (a subclass of :class:`AdapterConfig`, registered with
+:func:`register_method`) plus, for methods that act on layers, an adapted layer
+(:class:`~alfa.adapters.layer.AdaptedLayer`) that wraps one base layer at the same module path. Methods
+that train existing parameters (BitFit, full fine-tuning) set ``scope = "model"`` and only say which
+parameters to train. The model-level life cycle (attach, merge, unmerge, detach) is
+:mod:`alfa.adapters.state`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torch import nn
+
+__all__ = [
+    "AdapterConfig",
+    "ConfigError",
+    "MergeError",
+    "METHODS",
+    "register_method",
+    "config_from_dict",
+    "target_matches",
+]
+
+METHODS: dict[str, type[AdapterConfig]] = {}
+_LAYER_CHOICES = ("auto", "factorized", "dense", "all")
+
+
+class MergeError(RuntimeError):
+    """Raised when an adapter cannot be merged (or a merge undone) the way it was asked to."""
+
+
+class ConfigError(ValueError, TypeError):
+    """An unknown option given to a config class. A ``ValueError`` like every other invalid option; also a
+    ``TypeError``, which is what a plain dataclass raised for it before, so older ``except TypeError`` still works."""
+
+
+def _refuse_unknown_options(cls: type[AdapterConfig]) -> None:
+    # The dataclass __init__ would raise "unexpected keyword argument", which names the option but not the
+    # ones that exist; refuse before it with the list, as from_dict does.
+    init = cls.__dict__["__init__"]
+    names = {f.name for f in dataclasses.fields(cls)}
+
+    @functools.wraps(init)
+    def __init__(self: AdapterConfig, *args: Any, **kwargs: Any) -> None:
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ConfigError(f"unknown {cls.__name__} option(s) {unknown}; the options are {sorted(names)}")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+
+
+def register_method(cls: type[AdapterConfig]) -> type[AdapterConfig]:
+    """Class decorator: make a config known by its ``method`` name (for saving and loading)."""
+    if not cls.method:
+        raise ValueError(f"{cls.__name__} needs a non-empty `method` name")
+    if not cls.display_name or not cls.family:
+        raise ValueError(f"{cls.__name__} needs a `display_name` and a `family`")
+    if cls.method in METHODS and METHODS[cls.method] is not cls:
+        raise ValueError(f"method name {cls.method!r} is already registered by {METHODS[cls.method].__name__}")
+    if dataclasses.is_dataclass(cls) and "__init__" in cls.__dict__:
+        _refuse_unknown_options(cls)
+    METHODS[cls.method] = cls
+    return cls
+
+
+def target_matches(target: str | Sequence[str] | None, name: str) -> bool:
+    """Whether a module (or, for model-scope methods, parameter) ``name`` is selected by ``target``: ``None``
+    selects everything; a string is a regular expression (``re.search``); a list of names selects ``name`` when
+    it equals one of them or ends with ``"." + `` one (PEFT's convention: ``["fc", "conv2"]``)."""
+    if target is None:
+        return True
+    if isinstance(target, str):
+        return re.search(target, name) is not None
+    return any(name == s or name.endswith("." + s) for s in target)
+
+
+def _check_names(field_name: str, value: Any) -> None:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{field_name} must be a list of module names, got {value!r}")
+    for s in value:
+        if not isinstance(s, str) or not s or s.startswith(".") or s.endswith("."):
+            raise ValueError(
+                f"{field_name} entries must be non-empty module names (no leading or trailing '.'), got {s!r}"
+            )
+
+
+@dataclass
+class AdapterConfig:
+    """Options every method shares.
+
+    ``target``: which modules are adapted — a regular expression over the dotted module name
+    (``re.search``, e.g. ``r"layer[34]\\."``), or a list of module-name suffixes (PEFT's convention: a
+    module matches when its name equals one or ends with ``"." + `` one, e.g. ``["conv1", "fc"]``); see
+    :func:`target_matches`. ``layers``: which layers are candidates — ``"factorized"``, ``"dense"``
+    (plain Linear/Conv2d), ``"all"``, or ``"auto"`` (the factorized layers if the model has any, else the
+    dense ones). ``modules_to_save``: module names (matched like a list ``target``) trained in full next to
+    the adapter, e.g. a new regression head ``["fc"]``: each adapter gets its own trainable copy, the original
+    stays for the base (see :func:`attach`). Every option is checked when the config is made
+    (``ValueError`` naming the option; unknown options raise :class:`ConfigError`, a ``ValueError``).
+    """
+
+    method: ClassVar[str] = ""
+    display_name: ClassVar[str] = ""  # how tables and reports name the method
+    family: ClassVar[str] = ""  # "dictionary", "lora", "spectral", "parameters" or "prompt": which tables group it
+    scope: ClassVar[str] = "layer"  # "layer": wraps layers; "model": trains existing parameters
+
+    target: str | Sequence[str] | None = None
+    layers: str = "auto"
+    modules_to_save: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        # Lists become tuples, so that a config read back from JSON equals the one written.
+        if isinstance(self.target, list):
+            self.target = tuple(self.target)
+        if isinstance(self.modules_to_save, list):
+            self.modules_to_save = tuple(self.modules_to_save)
+        # A bad option fails where the config is written, not at attach (dataclasses.replace and
+        # from_dict go through __init__ too). attach validates again: fields may be set afterwards.
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` on an invalid option."""
+        if self.layers not in _LAYER_CHOICES:
+            raise ValueError(f"layers must be one of {_LAYER_CHOICES}, got {self.layers!r}")
+        if isinstance(self.target, str):
+            try:
+                re.compile(self.target)
+            except re.error as e:
+                raise ValueError(f"target {self.target!r} is not a valid regular expression: {e}") from e
+        elif self.target is not None:
+            if not isinstance(self.target, (list, tuple)):
+                raise ValueError(
+                    f"target must be a regular expression (str) or a list of module names, got {self.target!r}"
+                )
+            if not self.target:
+                raise ValueError("target is an empty list: it would adapt nothing (None adapts every candidate)")
+            _check_names("target", self.target)
+        _check_names("modules_to_save", self.modules_to_save)
+        if self.modules_to_save and self.scope == "model":
+            raise ValueError(
+                f"modules_to_save applies to methods that wrap layers; {self.method} already trains the model's own "
+                "parameters (widen its target to train more of them)"
+            )
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+            if kind.endswith(" | None") and value is None:
+                continue
+            kind = kind.removesuffix(" | None")
+            if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{type(self).__name__}.{f.name} must be an integer, got {value!r}")
+            if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"{type(self).__name__}.{f.name} must be a number, got {value!r}")
+
+    def build(self, base: nn.Module) -> nn.Module:
+        """Wrap one base layer in the method's :class:`~alfa.adapters.layer.AdaptedLayer` (layer-scope methods)."""
+        raise NotImplementedError(f"{type(self).__name__} does not wrap layers")
+
+    def resolved_for(self, model: nn.Module, targets: Sequence[str]) -> AdapterConfig:
+        """The config :func:`~alfa.adapters.state.attach` builds the layers ``targets`` of ``model`` with.
+
+        ``self`` for a method whose options say everything its layers need. A method whose layers need a fact
+        of the model that the options leave open returns a copy that knows it (TPGaze measures its prompts'
+        input sizes on the model). ``self`` is never changed: it stays the adapter's recorded (and saved)
+        config, and a copy compares equal to it.
+        """
+        return self
+
+    def select_parameters(self, model: nn.Module) -> list[str]:
+        """Names of the existing parameters to train (model-scope methods)."""
+        raise NotImplementedError(f"{type(self).__name__} does not train existing parameters")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        # Left out when unused, so that the dict of every config written before the option existed (what
+        # adapter files and the gaze stack's cache keys hold) stays the same.
+        if not d["modules_to_save"]:
+            del d["modules_to_save"]
+        else:
+            d["modules_to_save"] = list(d["modules_to_save"])
+        if isinstance(d["target"], tuple):
+            d["target"] = list(d["target"])
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AdapterConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} options: {unknown}")
+        return cls(**data)
+
+
+def config_from_dict(method: str, data: dict[str, Any]) -> AdapterConfig:
+    """Rebuild a config from its method name and :meth:`AdapterConfig.to_dict` output."""
+    if method not in METHODS:
+        raise ValueError(f"unknown adapter method {method!r}; known: {sorted(METHODS)}")
+    return METHODS[method].from_dict(data)

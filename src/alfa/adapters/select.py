@@ -1,0 +1,94 @@
+"""Which modules of a model an adapter config selects: the layers it adapts, the modules it trains in full."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+from torch import nn
+
+from ..layers import is_dense_eligible, is_factorized
+from ..surgery import shared_parameters, tie_refusal
+from .config import AdapterConfig, target_matches
+
+__all__ = ["candidate_layers", "modules_to_save"]
+
+
+def _module_order(model: nn.Module) -> dict[str, int]:
+    return {n: i for i, (n, _) in enumerate(model.named_modules())}
+
+
+def modules_to_save(model: nn.Module, config: AdapterConfig) -> list[str]:
+    """The outermost modules named by ``config.modules_to_save``, in model order; refuses a name that matches
+    nothing and a module whose parameters are tied to one outside it (its copy would untie them)."""
+    if not config.modules_to_save:
+        return []
+    names = [n for n, _ in model.named_modules() if n]
+    hits: set[str] = set()
+    for entry in config.modules_to_save:
+        found = [n for n in names if target_matches((entry,), n)]
+        if not found:
+            raise ValueError(f"modules_to_save: the model has no module named {entry!r} (nor ending in '.{entry}')")
+        hits.update(found)
+    order = _module_order(model)
+    chosen = [n for n in sorted(hits, key=order.__getitem__) if not any(n.startswith(o + ".") for o in hits)]
+    ties = shared_parameters(model)
+    for name in chosen:
+        for holder, others in ties.items():
+            inside = holder == name or holder.startswith(name + ".")
+            outside = [o for o in others if not o.startswith(name + ".")]
+            if inside and outside:
+                raise ValueError("modules_to_save: " + tie_refusal(name, outside, "train a copy of"))
+    return chosen
+
+
+def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[str] = ()) -> list[str]:
+    """The names of the layers ``config`` adapts, in model order: its ``layers`` kind, matched by its ``target``,
+    outside the modules to save ``saved``. Tied layers are left out with a ``UserWarning`` (refused when named by
+    ``target``); a selection of nothing raises ``ValueError`` with a hint."""
+    factorized, dense = [], []
+    for name, mod in model.named_modules():
+        if any(name == s or name.startswith(s + ".") for s in saved):
+            continue  # trained in full as a module to save: nothing inside it is adapted
+        if is_factorized(mod):
+            factorized.append(name)
+        elif is_dense_eligible(mod):
+            dense.append(name)
+    mode = config.layers
+    if mode == "auto":
+        mode = "factorized" if factorized else "dense"
+    names = {"factorized": factorized, "dense": dense, "all": factorized + dense}[mode]
+    order = _module_order(model)
+    names = sorted(names, key=order.__getitem__)
+    if config.target is not None:
+        names = [n for n in names if target_matches(config.target, n)]
+    ties = shared_parameters(model)
+    tied = [n for n in names if n in ties]
+    if tied and config.target is not None:  # asked for by name: refuse now rather than untie on merge
+        raise ValueError(f"{config.method}: " + tie_refusal(tied[0], ties[tied[0]], "adapt (and later merge)"))
+    if tied:
+        listed = "; ".join(f"{n} (tied to {', '.join(ties[n])})" for n in tied)
+        warnings.warn(
+            f"alfa.attach ({config.method}) leaves out {len(tied)} layer(s) whose parameters are tied to another "
+            f"module: {listed}. Merging an adapter into them would untie the weights",
+            UserWarning,
+            stacklevel=4,
+        )
+        names = [n for n in names if n not in ties]
+    if not names:
+        hint = ""
+        if mode == "factorized" and not factorized:
+            hint = " (the model has no factorized layers: call alfa.truncate first)"
+        elif mode == "factorized" and config.target is not None:
+            only_dense = [n for n in dense if target_matches(config.target, n)]
+            if only_dense:
+                hint = (
+                    f" among the factorized layers; it matches only layers left dense ({', '.join(only_dense[:4])}): "
+                    "pass layers='dense' or layers='all' to adapt those"
+                )
+        if tied and not hint:
+            hint = f" but layers with tied parameters ({', '.join(tied[:4])}), which are not adapted"
+        if saved and not hint:
+            hint = f" outside modules_to_save ({', '.join(saved[:4])})"
+        raise ValueError(f"no layer to adapt: layers={config.layers!r}, target={config.target!r} matched nothing{hint}")
+    return names
