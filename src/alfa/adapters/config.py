@@ -112,6 +112,8 @@ class AdapterConfig:
     display_name: ClassVar[str] = ""  # how tables and reports name the method
     family: ClassVar[str] = ""  # "dictionary", "lora", "spectral", "parameters" or "prompt": which tables group it
     scope: ClassVar[str] = "layer"  # "layer": wraps layers; "model": trains existing parameters
+    # Trains input prompts with an optimizer and recipe of its own (TPGaze), not the weights through the shared one.
+    trains_prompts: ClassVar[bool] = False
 
     target: str | Sequence[str] | None = None
     layers: str = "auto"

@@ -160,6 +160,7 @@ class TPGazeConfig(AdapterConfig):
     method: ClassVar[str] = "tpgaze"
     display_name: ClassVar[str] = "TPGaze"
     family: ClassVar[str] = "prompt"
+    trains_prompts: ClassVar[bool] = True
 
     target: str | Sequence[str] | None = TPGAZE_TARGET
     layers: str = "all"

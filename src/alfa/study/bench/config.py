@@ -24,19 +24,34 @@ from alfa.gaze.tpgaze import MetaTrainConfig
 from alfa.gaze.train import TrainConfig, TruncateConfig
 
 from .ablations import REGISTRY
-from .methods import MAIN_METHODS, PAIRS, SANITY_METHODS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS
+from .methods import (
+    MAIN_METHODS,
+    PAIRS,
+    SANITY_METHODS,
+    SOURCE_TRAINING,
+    SOURCES,
+    STAND_INS,
+    TARGETS,
+    table_methods,
+)
 
 __all__ = ["ABLATIONS", "SELECTION_FIELDS", "OracleConfig", "BenchConfig", "split_pair"]
 
 ABLATIONS = tuple(REGISTRY)
 """The ablations a benchmark runs by default: every registered one, in the registry's order."""
-SELECTABLE = tuple(m for m in MAIN_METHODS if m in METHODS and METHODS[m].family != "prompt") + (
+SELECTABLE = tuple(m for m in MAIN_METHODS if m in METHODS and not METHODS[m].trains_prompts) + (
     "diag_gate",
     "linear_mix",
 )
-"""The methods that get a second row with their recipe selected on the stand-in (docs/flip-premise.md §4):
-every adapter method of the shared recipe (TPGaze has its own optimizer, outside the grid) and Alfa's two
-simpler mixes."""
+"""The built-in methods that get a second row with their recipe selected on the stand-in (docs/flip-premise.md
+§4): every adapter method of the shared recipe (TPGaze has its own optimizer, outside the grid) and Alfa's two
+simpler mixes; :func:`selectable_methods` adds every other registered one."""
+
+
+def selectable_methods() -> tuple[str, ...]:
+    """:data:`SELECTABLE`, then every other Table-1 adapter method of the shared recipe (a registered method)."""
+    extra = [m for m in table_methods() if m in METHODS and not METHODS[m].trains_prompts and m not in SELECTABLE]
+    return SELECTABLE + tuple(extra)
 
 
 def _values(name: str) -> tuple[Any, ...]:
@@ -146,8 +161,8 @@ class BenchConfig:
     # selection
     pairs: tuple[str, ...] = PAIRS
     seeds: tuple[int, ...] = (0, 1, 2)
-    methods: tuple[str, ...] = MAIN_METHODS + SANITY_METHODS
-    selected_methods: tuple[str, ...] = SELECTABLE
+    methods: tuple[str, ...] = field(default_factory=lambda: table_methods() + SANITY_METHODS)
+    selected_methods: tuple[str, ...] = field(default_factory=selectable_methods)
     ablations: tuple[str, ...] = ABLATIONS
     ablation_pairs: tuple[str, ...] = PAIRS
     threads: int = 1
@@ -258,13 +273,14 @@ class BenchConfig:
         for p in (*self.pairs, *self.ablation_pairs, self.figure_pair):
             if p not in PAIRS:
                 raise ValueError(f"unknown pair {p!r}; pairs are {', '.join(PAIRS)}")
-        known = set(MAIN_METHODS) | set(SANITY_METHODS)
+        known = table_methods() + SANITY_METHODS
         bad = [m for m in self.methods if m not in known]
         if bad:
-            raise ValueError(f"unknown method(s) {bad}; methods are {', '.join(MAIN_METHODS + SANITY_METHODS)}")
-        bad = [m for m in self.selected_methods if m not in SELECTABLE]
+            raise ValueError(f"unknown method(s) {bad}; methods are {', '.join(known)}")
+        selectable = selectable_methods()
+        bad = [m for m in self.selected_methods if m not in selectable]
         if bad:
-            raise ValueError(f"no recipe selection for {bad}; it runs for {', '.join(SELECTABLE)}")
+            raise ValueError(f"no recipe selection for {bad}; it runs for {', '.join(selectable)}")
         bad = [a for a in self.ablations if a not in REGISTRY]
         if bad:
             raise ValueError(f"unknown ablation(s) {bad}; ablations are {', '.join(REGISTRY)}")

@@ -1,5 +1,7 @@
 """The benchmark's vocabulary: its domains, pairs and the rows of Table 1 and the sanity table, shared by every
-bench module (it imports nothing)."""
+bench module (it imports only the library's method registry)."""
+
+from alfa.adapters import METHODS
 
 SOURCES = {"E": "eth", "G": "gaze360", "S": "eth-studio"}
 TARGETS = {"M": "mpii", "D": "eyediap", "W": "mpii-window", "C": "eyediap-offcam"}
@@ -30,5 +32,16 @@ MAIN_METHODS = (
     "flora",
     "alfa",
 )
-"""Table 1's methods, in its row order."""
+"""Table 1's built-in methods, in its row order (:func:`table_methods` adds every other registered one)."""
+ALFA_VARIANTS = ("dictionary_mix", "diag_gate", "linear_mix")
+"""Registered adapter methods that are Alfa's simpler mixes: rows of its ablations, never of Table 1."""
+
+
+def table_methods() -> tuple[str, ...]:
+    """Table 1's methods: :data:`MAIN_METHODS` in its order, then every other registered adapter method (in
+    registration order) that is not one of :data:`ALFA_VARIANTS`. Registering a method (``@register_method``)
+    is all it takes to give it a row."""
+    return MAIN_METHODS + tuple(m for m in METHODS if m not in MAIN_METHODS and m not in ALFA_VARIANTS)
+
+
 SANITY_METHODS = ("in-domain", "target-trained", "oracle")

@@ -24,13 +24,13 @@ from . import figures as F
 from . import report_prose as prose
 from .ablations import REGISTRY
 from .flip_report import flip_sections, flip_summary
-from .methods import MAIN_METHODS, POSITIVE_CONTROLS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS
+from .methods import POSITIVE_CONTROLS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS, table_methods
 from .names import display_name
 from .record import Record, as_records
 from .report_figures import render_figures, update_rank_lines
 from .report_tables import (
-    COST_ROWS,
     ablation_table,
+    cost_rows,
     cost_table,
     parts_table,
     person_table,
@@ -68,7 +68,7 @@ class _Report:
         self.seeds = seeds_of(self.idx)
         self.main = main_verdicts(self.idx)
         self.sanity = sanity_verdicts(self.idx)
-        self.parts_methods = [m for m in ("source-only", *MAIN_METHODS[1:], "oracle") if records_of(self.idx, m)]
+        self.parts_methods = [m for m in ("source-only", *table_methods()[1:], "oracle") if records_of(self.idx, m)]
         self.parts = parts_verdicts(self.idx, self.parts_methods)
 
     def figure(self, name: str, caption: str) -> list[str]:
@@ -211,7 +211,7 @@ def _header_section(r: _Report) -> list[str]:
     selection = [rec for rec in r.records if rec.kind == "selection"]
     if selection:
         present = {m for (m, _, _) in r.idx}
-        missing = [display_name(m) for m in MAIN_METHODS if m not in present]
+        missing = [display_name(m) for m in table_methods() if m not in present]
         text = prose.SELECTION_RECORDS.format(count=len(selection))
         if missing:
             text += prose.NOT_RUN_YET.format(methods=", ".join(missing))
@@ -223,7 +223,7 @@ def _header_section(r: _Report) -> list[str]:
 
 def _summary_section(r: _Report) -> list[str]:
     """The first sentences of every verdict, then the first two of each ablation shown in the summary."""
-    flip = flip_summary(r.results, r.idx, MAIN_METHODS)
+    flip = flip_summary(r.results, r.idx, table_methods())
     lines = ["## Summary", "", *_bullets(flip + r.main[:1] + r.sanity[:2] + r.main[1:] + r.parts), ""]
     for name, rows in r.layout.items():
         if name in REGISTRY and REGISTRY[name].in_summary:
@@ -280,7 +280,7 @@ def _table1_section(r: _Report) -> list[str]:
 def _flip_section(r: _Report) -> list[str]:
     """What a flip can see, the recipes selected on the stand-in, the replayed reference protocol (none of it
     for records without those measures)."""
-    return flip_sections(r.results, r.idx, MAIN_METHODS)
+    return flip_sections(r.results, r.idx, table_methods())
 
 
 def _table2_section(r: _Report) -> list[str]:
@@ -332,7 +332,7 @@ def _costs_section(r: _Report) -> list[str]:
         "",
         prose.COSTS_INTRO,
         "",
-        cost_table(r.idx, [m for m in COST_ROWS if records_of(r.idx, m)]),
+        cost_table(r.idx, [m for m in cost_rows() if records_of(r.idx, m)]),
         "",
     ]
 

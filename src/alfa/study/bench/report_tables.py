@@ -14,14 +14,14 @@ from alfa.adapters import METHODS
 from .flip_report import table_rows
 from .markdown import number as _num
 from .markdown import table as _table
-from .methods import MAIN_METHODS
+from .methods import table_methods
 from .names import display_name as _name
 from .record import Record
 from .stats import PARTS, Index, Stat, cell, diff, pairs_of, part, pooled, sanity_summary, seeds_of, signed
 
 __all__ = [
-    "LORA_FAMILY",
-    "COST_ROWS",
+    "lora_family",
+    "cost_rows",
     "records_of",
     "table1_rows",
     "table1",
@@ -36,13 +36,16 @@ __all__ = [
     "source_table",
 ]
 
-# Table 2's rows: the low-rank methods (the "lora" family, then "spectral") in Table 1's order, then Alfa.
-LORA_FAMILY = tuple(
-    m for family in ("lora", "spectral") for m in MAIN_METHODS if m in METHODS and METHODS[m].family == family
-)
 
-# The cost table's rows: Table 1's methods, the oracle, and the ablations' other kinds of adapter.
-COST_ROWS = (*MAIN_METHODS, "oracle", "diag_gate", "linear_mix", "alfa[dense]")
+def lora_family() -> tuple[str, ...]:
+    """Table 2's rows before Alfa: the low-rank methods (the "lora" family, then "spectral") in Table 1's order."""
+    rows = table_methods()
+    return tuple(m for family in ("lora", "spectral") for m in rows if m in METHODS and METHODS[m].family == family)
+
+
+def cost_rows() -> tuple[str, ...]:
+    """The cost table's rows: Table 1's methods, the oracle, and the ablations' other kinds of adapter."""
+    return (*table_methods(), "oracle", "diag_gate", "linear_mix", "alfa[dense]")
 
 
 # ----------------------------------------------------------------------------- cells
@@ -85,7 +88,7 @@ def records_of(idx: Index, method: str) -> list[Record]:
 
 def table1_rows(idx: Index) -> list[str]:
     """Table 1's rows that have records: each method, then its selected-recipe row where there is one."""
-    return table_rows(idx, MAIN_METHODS)
+    return table_rows(idx, table_methods())
 
 
 # ----------------------------------------------------------------------------- Table 1 and its companions
@@ -188,7 +191,7 @@ def table2(idx: Index) -> str:
     """The LoRA family and Alfa: pooled error, trainable parameters, merged sizes and file sizes."""
     pairs = pairs_of(idx)
     rows = []
-    for m in [*LORA_FAMILY, "alfa"]:
+    for m in [*lora_family(), "alfa"]:
         recs = records_of(idx, m)
         if not recs:
             continue
@@ -320,7 +323,7 @@ def ablation_table(
     labels = [r["label"] for r in rows_layout]
     present = {(m, p) for (m, p, _) in idx if m in labels}
     # The ablation's pairs: where its own variants ran (the reference rows are main methods, run everywhere).
-    own = [lab for lab in labels if lab not in MAIN_METHODS]
+    own = [lab for lab in labels if lab not in table_methods()]
     pairs = [p for p in pairs_of(idx) if any((lab, p) in present for lab in own)]
     rows = []
     for row in rows_layout:

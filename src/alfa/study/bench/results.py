@@ -26,7 +26,7 @@ from alfa.fileio import write_bytes, write_json
 
 from .ablations import REGISTRY
 from .config import BenchConfig
-from .methods import MAIN_METHODS, PAIRS, SANITY_METHODS
+from .methods import PAIRS, SANITY_METHODS, table_methods
 from .record import Record, as_records
 from .schema import FORMAT, VERSION, comparable_protocol
 from .stats import sanity_summary
@@ -69,7 +69,7 @@ def layout(config: BenchConfig) -> dict[str, Any]:
     """The rows of every table the report draws (labels and ablated values), from the protocol alone."""
     return {
         "pairs": list(PAIRS),
-        "main": list(MAIN_METHODS),
+        "main": list(table_methods()),
         "sanity": list(SANITY_METHODS),
         "ablations": {
             name: [{"label": v.label, "value": v.value} for v in ablation.variants(config)]

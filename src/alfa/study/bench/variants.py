@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from alfa.adapters import METHODS, AdapterConfig, AlfaConfig
 
-from .methods import MAIN_METHODS, SANITY_METHODS
+from .methods import SANITY_METHODS, table_methods
 from .names import SELECTED  # a method's row with its recipe selected on the stand-in, e.g. alfa[selected]
 
 __all__ = ["Variant", "VariantSettings", "alfa_config", "main_variants", "selection_variants", "SELECTED", "GRID"]
@@ -61,7 +61,7 @@ def _main_row(label: str, config: VariantSettings) -> Variant:
     if label in ("source-only", "flip-tta"):
         return Variant(label, label)
     method = METHODS[label]
-    if method.family == "prompt":  # TPGaze: meta-trained prompts and its own optimizer, not the shared recipe
+    if method.trains_prompts:  # TPGaze: meta-trained prompts and its own optimizer, not the shared recipe
         return Variant(label, "tpgaze")
     adapter = alfa_config(config) if label == "alfa" else method()
     return Variant(label, "adapter", adapter=adapter)
@@ -70,7 +70,7 @@ def _main_row(label: str, config: VariantSettings) -> Variant:
 def selection_variants(config: VariantSettings, method: str) -> tuple[Variant, Variant]:
     """A method's recipe-selection record (the declared grid on the stand-in) and its row with the selected
     recipe. ``method`` is a Table-1 adapter method or an ablation's (``diag_gate``, ``linear_mix``)."""
-    if method not in METHODS or METHODS[method].family == "prompt":
+    if method not in METHODS or METHODS[method].trains_prompts:
         raise ValueError(f"no recipe selection for {method!r}: it needs an adapter method of the shared recipe")
     adapter = alfa_config(config) if method == "alfa" else METHODS[method]()
     grid = Variant(f"{method}{GRID}", "selection", group="selection", adapter=adapter)
@@ -81,4 +81,4 @@ def selection_variants(config: VariantSettings, method: str) -> tuple[Variant, V
 def main_variants(config: VariantSettings) -> dict[str, Variant]:
     """The methods of Table 1 and the sanity rows, by label (every adapter method at its defaults, Alfa with
     the benchmark's heads and rank)."""
-    return {label: _main_row(label, config) for label in (*MAIN_METHODS, *SANITY_METHODS)}
+    return {label: _main_row(label, config) for label in (*table_methods(), *SANITY_METHODS)}

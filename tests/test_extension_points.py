@@ -1,0 +1,95 @@
+"""Adding an adapter method or a dataset is one registration: a dummy of each reaches what a user and the
+benchmark see (the registry, the personalize command's choices, the benchmark's plan and its report)."""
+
+import dataclasses
+import statistics
+from typing import ClassVar
+
+import pytest
+from bench_records import complete
+
+from alfa.adapters import METHODS, LoraConfig, register_method
+from alfa.gaze.data.registry import list_datasets, open_dataset, register_dataset
+from alfa.study.bench.config import BenchConfig
+from alfa.study.bench.methods import MAIN_METHODS, table_methods
+from alfa.study.bench.plan import plan_records
+from alfa.study.bench.report_page import render_report
+from alfa.study.bench.results import FORMAT, VERSION, layout
+
+
+@pytest.fixture
+def dummy_method():
+    @register_method
+    @dataclasses.dataclass
+    class HalfLoraConfig(LoraConfig):
+        """A dummy: LoRA of half the usual rank, under its own name."""
+
+        method: ClassVar[str] = "half_lora"
+        display_name: ClassVar[str] = "HalfLoRA"
+        rank: int = 4
+
+    try:
+        yield HalfLoraConfig
+    finally:
+        del METHODS["half_lora"]
+
+
+def _record(method, seed, mean):
+    per_person = {"p00": mean - 1.0, "p01": mean + 1.0}
+    return complete(
+        {
+            "id": f"{method}|E→M|seed{seed}",
+            "method": method,
+            "pair": "E→M",
+            "seed": seed,
+            "error_deg": statistics.fmean(per_person.values()),
+            "per_person": per_person,
+            "std_over_persons": 1.0,
+            "trainable_params": 1234,
+        }
+    )
+
+
+def test_a_registered_method_gets_a_row_in_the_plan_and_in_table_1(dummy_method):
+    assert table_methods() == (*MAIN_METHODS, "half_lora")
+    config = BenchConfig.standard(pairs=("E→M",), seeds=(0,), ablations=())
+    config.validate()
+    plans = {p.id: p for p in plan_records(config)}
+    assert plans["half_lora|E→M|seed0"].variant.adapter == dummy_method()
+    assert "half_lora[selected]|E→M|seed0" in plans  # its recipe is selected like every shared-recipe method's
+    rows = (("source-only", 9.0), ("half_lora", 7.0))
+    results = {
+        "format": FORMAT,
+        "version": VERSION,
+        "preset": "test",
+        "config": config.protocol_dict(),
+        "records": [_record(m, s, mean + s) for s in (0, 1, 2) for m, mean in rows],
+        "layout": layout(config),
+    }
+    assert "half_lora" in results["layout"]["main"]
+    table1 = render_report(results).split("## Table 1")[1].split("\n## ")[0]
+    assert "| HalfLoRA |" in table1
+
+
+def test_without_it_the_plan_is_the_built_in_one():
+    assert table_methods() == MAIN_METHODS
+    assert "half_lora" not in BenchConfig.standard().methods
+
+
+def test_a_registered_dataset_kind_opens_everywhere_a_spec_is_read(tmp_path):
+    from alfa.gaze.data.synthetic import make_domain
+
+    @register_dataset("mirror-of", form="mirror-of:<domain>")
+    def open_mirror(rest, options, spec):
+        return make_domain(rest, size=32, persons=2, images_per_person=3)
+
+    try:
+        assert "mirror-of" in list_datasets()
+        data = open_dataset("mirror-of:mpii")
+        assert len(data.persons()) == 2 and len(data) == 6
+        with pytest.raises(ValueError, match=r"mirror-of:<domain>"):  # the error lists its form beside the others
+            open_dataset("no-such-kind:x")
+    finally:
+        from alfa.gaze.data import registry
+
+        registry._KINDS[:] = [k for k in registry._KINDS if k.name != "mirror-of"]
