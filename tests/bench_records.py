@@ -50,3 +50,34 @@ def complete(record: dict[str, Any]) -> dict[str, Any]:
         "finished": "2026-01-01T00:00:00",
     }
     return {**defaults, **record}
+
+
+def row(method: str, seed: int, mean: float, pair: str = "E→M") -> dict[str, Any]:
+    """A complete record of the row ``method`` on ``pair``: two persons at ``mean`` ∓ 1°."""
+    per_person = {"p00": mean - 1.0, "p01": mean + 1.0}
+    return complete(
+        {
+            "id": f"{method}|{pair}|seed{seed}",
+            "method": method,
+            "pair": pair,
+            "seed": seed,
+            "error_deg": statistics.fmean(per_person.values()),
+            "per_person": per_person,
+            "std_over_persons": 1.0,
+            "trainable_params": 1234,
+        }
+    )
+
+
+def results_of(config: Any, rows: tuple[tuple[str, float], ...], seeds: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
+    """A results file of ``config``'s layout holding, per seed ``s``, :func:`row` ``(method, s, mean + s)``."""
+    from alfa.study.bench.results import FORMAT, VERSION, layout
+
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "preset": "test",
+        "config": config.protocol_dict(),
+        "records": [row(m, s, mean + s) for s in seeds for m, mean in rows],
+        "layout": layout(config),
+    }

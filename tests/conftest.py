@@ -13,6 +13,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests (restored after): on a busy 2-core machine, LAPACK's thread
+    hand-offs on small matrices (truncation SVDs, log dets) cost 10-50× the arithmetic."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 class SmallNet(nn.Module):
     """Convs with every geometry option plus a Linear head: a quick stand-in for a real model."""
 

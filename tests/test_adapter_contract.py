@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+from adapter_settings import IMAGE, small_config
 from torch import nn
 
 import alfa
@@ -17,39 +18,14 @@ from alfa.adapters import (
     MERGE_KINDS,
     METHODS,
     AdaptedLayer,
-    AdapterConfig,
     DictionaryAdapter,
     MergeError,
-    TPGazeConfig,
     adapted_layers,
     config_from_dict,
     has_compact_form,
     merge_form,
 )
 from alfa.layers import is_factorized
-
-# Small settings for the small test net; a method missing here runs with its defaults.
-SMALL: dict[str, dict] = {
-    "alfa": {"heads": 2, "rank": 2},
-    "linear_mix": {"rank": 2},
-    "spectral": {"rank": 2},
-    "lora": {"rank": 2, "alpha": 4.0},
-    "pissa": {"rank": 2},
-    "milora": {"rank": 2},
-    "moslora": {"rank": 2, "alpha": 4.0},
-    "dora": {"rank": 2, "alpha": 4.0},
-    "flora": {"rank": 2},
-}
-IMAGE = 16
-
-
-def _config(method: str, model: nn.Module) -> AdapterConfig:
-    cls = METHODS[method]
-    if cls is TPGazeConfig:  # prompts are sized on the model they pad
-        return TPGazeConfig.for_model(model, IMAGE, target=r"^conv[13]$")
-    if cls.scope == "model":
-        return cls()
-    return cls(layers="all", **SMALL.get(method, {}))
 
 
 def _randomized(model: nn.Module) -> nn.Module:
@@ -74,7 +50,7 @@ def test_merge_form_says_what_merge_builds(method, kind, small_net, x):
     if kind == "truncated":
         alfa.truncate(small_net, rank=6)
     model = copy.deepcopy(small_net)
-    alfa.attach(model, _config(method, model))
+    alfa.attach(model, small_config(method, model))
     _randomized(model)
     layers = adapted_layers(model)
     if METHODS[method].scope == "layer":
@@ -213,7 +189,7 @@ def test_every_default_config_is_valid():
 def test_compact_files_exactly_for_the_dictionary_adapters(method, small_net, x, tmp_path):
     alfa.truncate(small_net, rank=6)
     model = copy.deepcopy(small_net)
-    alfa.attach(model, _config(method, model))
+    alfa.attach(model, small_config(method, model))
     _randomized(model)
     dictionary = METHODS[method].family == "dictionary"
     layers = adapted_layers(model).values()

@@ -1,11 +1,10 @@
 """The bench layer's structure: an ablation is one registered object, and runner and report stand apart."""
 
 import ast
-import statistics
 from pathlib import Path
 
 import pytest
-from bench_records import complete
+from bench_records import row
 
 import alfa.study.bench
 from alfa.study.bench.ablations import REGISTRY, Ablation, register, unregister
@@ -44,24 +43,6 @@ def dummy():
         unregister("dummy")
 
 
-def _record(method, seed, mean):
-    per_person = {"p00": mean - 1.0, "p01": mean + 1.0}
-    return complete(
-        {
-            "id": f"{method}|E→M|seed{seed}",
-            "config_hash": "fixture",
-            "method": method,
-            "pair": "E→M",
-            "seed": seed,
-            "error_deg": statistics.fmean(per_person.values()),
-            "per_person": per_person,
-            "std_over_persons": 1.0,
-            "trainable_params": 1234,
-            "failed": {},
-        }
-    )
-
-
 def test_a_registered_ablation_reaches_the_plan_the_layout_and_the_report(dummy):
     config = BenchConfig.standard(
         methods=(), selected_methods=(), ablations=("dummy",), pairs=("E→M",), seeds=(0,)
@@ -79,7 +60,7 @@ def test_a_registered_ablation_reaches_the_plan_the_layout_and_the_report(dummy)
         "version": VERSION,
         "preset": "test",
         "config": config.protocol_dict(),
-        "records": [_record(m, s, mean + s) for s in (0, 1, 2) for m, mean in (("alfa", 5.0), ("alfa[dummy=3]", 7.0))],
+        "records": [row(m, s, mean + s) for s in (0, 1, 2) for m, mean in (("alfa", 5.0), ("alfa[dummy=3]", 7.0))],
         "layout": layout(config),
     }
     text = render_report(results)

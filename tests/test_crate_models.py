@@ -8,15 +8,7 @@ import alfa
 from alfa.models.crate import CRATE, CrateBlock, ISTABlock, MultiHeadSubspaceSelfAttention
 from alfa.models.vit import PatchEmbedding, VisionTransformer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Small matrices: on a busy 2-core machine, LAPACK's thread hand-offs (truncation SVDs, log dets)
-    # cost 10-50× the arithmetic, so these tests run single-threaded and restore the setting after.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _count(name: str, **kwargs) -> int:

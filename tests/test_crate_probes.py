@@ -19,14 +19,7 @@ from alfa.study.crate import (
 SMALL = dict(image_size=16, patch_size=4, num_classes=2, dim=16, depth=3, heads=2)  # 17 tokens, q = 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Small matrices: on a busy 2-core machine, LAPACK's thread hand-offs (truncation SVDs, log dets)
-    # cost 10-50× the arithmetic, so these tests run single-threaded and restore the setting after.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _reference_rate(Z: torch.Tensor, eps: float) -> float:

@@ -2,11 +2,10 @@
 benchmark see (the registry, the personalize command's choices, the benchmark's plan and its report)."""
 
 import dataclasses
-import statistics
 from typing import ClassVar
 
 import pytest
-from bench_records import complete
+from bench_records import results_of
 
 from alfa.adapters import METHODS, LoraConfig, register_method
 from alfa.gaze.data.registry import list_datasets, open_dataset, register_dataset
@@ -14,7 +13,6 @@ from alfa.study.bench.config import BenchConfig
 from alfa.study.bench.methods import MAIN_METHODS, table_methods
 from alfa.study.bench.plan import plan_records
 from alfa.study.bench.report_page import render_report
-from alfa.study.bench.results import FORMAT, VERSION, layout
 
 
 @pytest.fixture
@@ -34,22 +32,6 @@ def dummy_method():
         del METHODS["half_lora"]
 
 
-def _record(method, seed, mean):
-    per_person = {"p00": mean - 1.0, "p01": mean + 1.0}
-    return complete(
-        {
-            "id": f"{method}|E→M|seed{seed}",
-            "method": method,
-            "pair": "E→M",
-            "seed": seed,
-            "error_deg": statistics.fmean(per_person.values()),
-            "per_person": per_person,
-            "std_over_persons": 1.0,
-            "trainable_params": 1234,
-        }
-    )
-
-
 def test_a_registered_method_gets_a_row_in_the_plan_and_in_table_1(dummy_method):
     assert table_methods() == (*MAIN_METHODS, "half_lora")
     config = BenchConfig.standard(pairs=("E→M",), seeds=(0,), ablations=())
@@ -58,14 +40,7 @@ def test_a_registered_method_gets_a_row_in_the_plan_and_in_table_1(dummy_method)
     assert plans["half_lora|E→M|seed0"].variant.adapter == dummy_method()
     assert "half_lora[selected]|E→M|seed0" in plans  # its recipe is selected like every shared-recipe method's
     rows = (("source-only", 9.0), ("half_lora", 7.0))
-    results = {
-        "format": FORMAT,
-        "version": VERSION,
-        "preset": "test",
-        "config": config.protocol_dict(),
-        "records": [_record(m, s, mean + s) for s in (0, 1, 2) for m, mean in rows],
-        "layout": layout(config),
-    }
+    results = results_of(config, rows)
     assert "half_lora" in results["layout"]["main"]
     table1 = render_report(results).split("## Table 1")[1].split("\n## ")[0]
     assert "| HalfLoRA |" in table1

@@ -2,11 +2,10 @@
 the benchmark's loss ablation and its report; the built-in ones compute what the losses module says."""
 
 import dataclasses
-import statistics
 
 import pytest
 import torch
-from bench_records import complete
+from bench_records import results_of
 from tiny_models import TinyGazeNet
 
 import alfa
@@ -16,7 +15,7 @@ from alfa.gaze.personalize import PersonalizeConfig, personalize
 from alfa.study.bench.config import BenchConfig
 from alfa.study.bench.plan import plan_records
 from alfa.study.bench.report_page import render_report
-from alfa.study.bench.results import FORMAT, VERSION, layout
+from alfa.study.bench.results import layout
 
 CALLS: list[int] = []
 
@@ -68,24 +67,6 @@ def test_a_registered_objective_trains_the_adapter(dummy):
     assert result.final_loss < result.losses[0]  # it trained on this objective, not the flip
 
 
-def _record(method, seed, mean):
-    per_person = {"p00": mean - 1.0, "p01": mean + 1.0}
-    return complete(
-        {
-            "id": f"{method}|E→M|seed{seed}",
-            "config_hash": "fixture",
-            "method": method,
-            "pair": "E→M",
-            "seed": seed,
-            "error_deg": statistics.fmean(per_person.values()),
-            "per_person": per_person,
-            "std_over_persons": 1.0,
-            "trainable_params": 1234,
-            "failed": {},
-        }
-    )
-
-
 def test_a_registered_objective_reaches_the_benchmark_plan_and_the_report(dummy):
     config = BenchConfig.standard(methods=(), selected_methods=(), ablations=("loss",), pairs=("E→M",), seeds=(0,))
     config.validate()
@@ -94,14 +75,7 @@ def test_a_registered_objective_reaches_the_benchmark_plan_and_the_report(dummy)
     assert plans["alfa[loss=pitch-zero]|E→M|seed0"].variant.recipe == {"loss": "pitch-zero"}
     assert {"label": "alfa[loss=pitch-zero]", "value": "pitch-zero"} in layout(config)["ablations"]["loss"]
     rows = (("source-only", 9.0), ("alfa", 8.0), ("alfa[loss=augment]", 8.5), ("alfa[loss=pitch-zero]", 7.0))
-    results = {
-        "format": FORMAT,
-        "version": VERSION,
-        "preset": "test",
-        "config": config.protocol_dict(),
-        "records": [_record(m, s, mean + s) for s in (0, 1, 2) for m, mean in rows],
-        "layout": layout(config),
-    }
+    results = results_of(config, rows)
     text = render_report(results)
     assert "| alfa[loss=pitch-zero] | pitch-zero |" in text
     sentence = (

@@ -12,32 +12,11 @@ import copy
 
 import pytest
 import torch
+from adapter_settings import IMAGE, small_config
 from torch import nn
 
 import alfa
-from alfa.adapters import METHODS, UNMERGE_FORMS, AdapterConfig, MergeError, TPGazeConfig, adapted_layers
-
-SMALL: dict[str, dict] = {
-    "alfa": {"heads": 2, "rank": 2},
-    "linear_mix": {"rank": 2},
-    "spectral": {"rank": 2},
-    "lora": {"rank": 2, "alpha": 4.0},
-    "pissa": {"rank": 2},
-    "milora": {"rank": 2},
-    "moslora": {"rank": 2, "alpha": 4.0},
-    "dora": {"rank": 2, "alpha": 4.0},
-    "flora": {"rank": 2},
-}
-IMAGE = 16
-
-
-def _config(method: str, model: nn.Module) -> AdapterConfig:
-    cls = METHODS[method]
-    if cls is TPGazeConfig:
-        return TPGazeConfig.for_model(model, IMAGE, target=r"^conv[13]$")
-    if cls.scope == "model":
-        return cls()
-    return cls(layers="all", **SMALL.get(method, {}))
+from alfa.adapters import METHODS, UNMERGE_FORMS, MergeError, adapted_layers
 
 
 def _perturbed(model: nn.Module) -> nn.Module:
@@ -51,7 +30,7 @@ def _adapted(small_net: nn.Module, method: str, kind: str) -> nn.Module:
     if kind == "truncated":
         alfa.truncate(small_net, rank=6)
     model = copy.deepcopy(small_net)
-    alfa.attach(model, _config(method, model))
+    alfa.attach(model, small_config(method, model))
     return _perturbed(model)
 
 
