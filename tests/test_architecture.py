@@ -44,6 +44,7 @@ APPLICATION_LAYERS: list[tuple[str, ...]] = [
     ("gaze.service",),  # the HTTP gaze service
 ]
 STUDY_LAYERS: list[tuple[str, ...]] = [
+    ("study.plotted",),  # what a figure plots, saved beside it (the page check compares that)
     ("study.crate", "study.bench", "study.dataflow"),  # CRATE's examples; the benchmark; the data-flow picture
     ("study.example", "study.pages"),  # the library tour (alfa example); the generated pages of docs/
     ("study",),  # the study package's __init__

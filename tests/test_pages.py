@@ -1,11 +1,15 @@
-"""Every generated page of docs/ regenerates, byte for byte, from the data committed beside it."""
+"""Every generated page of docs/ regenerates, byte for byte, from the data committed beside it, and every
+figure plots the same data (its PNG's bytes are not compared: they are the drawing library's)."""
 
+import copy
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
-from alfa.study.pages import PAGES, check_pages, repo_root, write_pages
+from alfa.study.pages import CRATE_GAZE_FIGURE, PAGES, Page, check_pages, repo_root, write_pages
+from alfa.study.plotted import plotted_path
 
 ROOT = repo_root()
 
@@ -21,7 +25,8 @@ def test_every_generated_page_regenerates_from_its_committed_data(page):
 
 
 def _copy(page, dest: Path) -> None:
-    for rel in (page.path, page.data, page.figures, *page.more_data):
+    figures = [f for figure in page.owned_figures for f in (figure, plotted_path(figure))]
+    for rel in (page.path, page.data, page.figures, *page.more_data, *figures):
         if rel is None:
             continue
         src = ROOT / rel
@@ -53,4 +58,80 @@ def test_the_check_sees_an_edited_page_missing_data_and_a_stale_figure(tmp_path)
     (tmp_path / results.figures / "old_figure.png").write_bytes(b"stale")
     assert check_pages(tmp_path, (results,)) == [
         "docs/figures/results/old_figure.png: committed, but docs/results.md's data no longer draws it"
+    ]
+
+
+GAZE = next(p for p in PAGES if p.path == "docs/crate-gaze.md")
+GAZE_CHANGED = (
+    f"{CRATE_GAZE_FIGURE}: shows other data than {GAZE.data} draws (crate_gaze_probes.plotted.json differs; "
+    "run: alfa pages --write)"
+)
+
+
+def test_a_figure_that_plots_one_other_value_is_reported(tmp_path, monkeypatch):
+    import alfa.study.crate.gaze_report as gaze_report
+
+    _copy(GAZE, tmp_path)
+    assert check_pages(tmp_path, (GAZE,)) == []
+    draw = gaze_report.plot_gaze_probes
+
+    def one_value_off(probes, path, source_name=None):
+        probes = copy.deepcopy(probes)
+        entry = next(iter(next(iter(probes.values())).values()))
+        entry["coding_rate"][0] += 0.5
+        return draw(probes, path, source_name=source_name)
+
+    monkeypatch.setattr(gaze_report, "plot_gaze_probes", one_value_off)
+    assert check_pages(tmp_path, (GAZE,)) == [GAZE_CHANGED]
+    monkeypatch.undo()
+    # the same seen from the other side: one number of the committed plotted data edited
+    sidecar = tmp_path / plotted_path(CRATE_GAZE_FIGURE)
+    text = sidecar.read_text(encoding="utf-8")
+    edited = re.sub(r"\d+\.\d+", lambda number: str(float(number[0]) + 1), text, count=1)
+    assert edited != text
+    sidecar.write_text(edited, encoding="utf-8")
+    assert check_pages(tmp_path, (GAZE,)) == [GAZE_CHANGED]
+
+
+def test_a_png_with_other_bytes_but_the_same_data_passes(tmp_path, monkeypatch):
+    import alfa.study.crate.gaze_report as gaze_report
+
+    _copy(GAZE, tmp_path)
+    committed = (tmp_path / CRATE_GAZE_FIGURE).read_bytes()
+    save = gaze_report.save_figure
+    monkeypatch.setattr(gaze_report, "save_figure", lambda fig, path, dpi: save(fig, path, dpi=dpi // 2))
+    write_pages(tmp_path, (GAZE,))  # redrawn at half the dpi: another PNG, the same plotted data
+    monkeypatch.undo()
+    assert (tmp_path / CRATE_GAZE_FIGURE).read_bytes() != committed
+    assert check_pages(tmp_path, (GAZE,)) == []
+    (tmp_path / CRATE_GAZE_FIGURE).write_bytes(b"not even a PNG")
+    assert check_pages(tmp_path, (GAZE,)) == []
+    (tmp_path / CRATE_GAZE_FIGURE).unlink()
+    plotted_path(tmp_path / CRATE_GAZE_FIGURE).unlink()
+    assert check_pages(tmp_path, (GAZE,)) == [
+        f"{rel}: drawn from {GAZE.data} but not committed"
+        for rel in sorted(map(Path, (CRATE_GAZE_FIGURE, plotted_path(CRATE_GAZE_FIGURE))))
+    ]
+
+
+def test_a_figure_saved_without_its_plotted_data_is_reported(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def render(root: Path, out: Path) -> None:
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+        (out / "docs/figures").mkdir(parents=True)
+        fig.savefig(out / "docs/figures/bare.png")
+        plt.close(fig)
+        (out / "docs/bare.md").write_text("![bare](figures/bare.png)\n")
+
+    page = Page(
+        path="docs/bare.md", data="docs", produce="a test", render=render, owned_figures=("docs/figures/bare.png",)
+    )
+    write_pages(tmp_path, (page,))
+    assert check_pages(tmp_path, (page,)) == [
+        "docs/figures/bare.png: drawn without its plotted data (save it with alfa.study.plotted.save_figure)",
     ]

@@ -2,7 +2,8 @@
 
 The two figures that need models are computed by the benchmark run, which has them, and stored as
 data next to ``results.json`` (``figure_data/*.safetensors``: tensors plus a JSON header); the report
-command renders every figure from those files and from ``results.json``, so it never needs a model.
+command renders every figure from those files and from ``results.json``, so it never needs a model. Each
+figure is saved with what it plots beside it (:func:`alfa.study.plotted.save_figure`).
 
 * **Rank-slice maps** (the paper's Figure 4): a truncated layer computes ``Σ_s U_d[:, s] (V_base[s] ∗ x)``
   where ``V_base[s] = S_d[s] V_d[s]`` is one filter of the dictionary. The map of slice ``s`` is that
@@ -26,8 +27,9 @@ from torch import Tensor, nn
 
 from alfa.adapters import adapted_layers, detach, load_adapter
 from alfa.checkpoint import read_tagged, write_tagged
-from alfa.fileio import atomic_path
 from alfa.layers import is_factorized
+
+from ..plotted import save_figure
 
 __all__ = [
     "numerical_rank",
@@ -41,6 +43,7 @@ __all__ = [
 ]
 
 FIGURE_FORMAT = "alfa-bench-figure"
+DPI = 130
 
 
 def save_figure_data(path: str | os.PathLike, tensors: Mapping[str, Tensor], meta: dict[str, Any]) -> Path:
@@ -139,14 +142,6 @@ def _plt():
     return plt
 
 
-def _save(fig, path: str | os.PathLike, dpi: int = 130) -> Path:
-    path = Path(path)
-    with atomic_path(path) as tmp:  # the temporary name keeps the suffix: matplotlib picks the format by it
-        fig.savefig(tmp, dpi=dpi)
-    _plt().close(fig)
-    return path
-
-
 def plot_rank_slices(tensors: Mapping[str, Tensor], meta: dict[str, Any], path: str | os.PathLike) -> Path:
     """Rows: the persons; columns: the face, then the response of each dictionary slice over it."""
     plt = _plt()
@@ -178,7 +173,7 @@ def plot_rank_slices(tensors: Mapping[str, Tensor], meta: dict[str, Any], path: 
         fontsize=9,
     )
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=DPI)
 
 
 def numerical_rank(delta: Tensor, rtol: float = 1e-3) -> int:
@@ -236,7 +231,7 @@ def plot_update_maps(tensors: Mapping[str, Tensor], meta: dict[str, Any], path: 
         fontsize=9,
     )
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=DPI)
 
 
 def plot_curves(
@@ -271,4 +266,4 @@ def plot_curves(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=DPI)

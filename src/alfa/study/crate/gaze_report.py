@@ -10,8 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from alfa.fileio import atomic_path
-
+from ..plotted import save_figure
 from .gaze_config import LABELS, MODELS, late_blocks_pattern
 
 __all__ = ["plot_gaze_probes", "format_summary", "format_markdown"]
@@ -26,7 +25,8 @@ def plot_gaze_probes(
     """Two panels against depth: the tokens' coding rate ``R_c`` (sum over heads, mean ± std over the probe
     images) for both models, and CRATE's non-zero fraction after ISTA; colour = data set (source or
     target), solid = CRATE, dashed = ViT. ``probes`` is ``results["probes"]["results"]`` (model kind -> data
-    set -> the probe's entry), so the page can redraw it from the committed results. Written atomically."""
+    set -> the probe's entry), so the page can redraw it from the committed results. Written atomically, with
+    its plotted data beside it (:func:`alfa.study.plotted.save_figure`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,11 +64,7 @@ def plot_gaze_probes(
         if ax.lines:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 # ----------------------------------------------------------------------------- text
