@@ -6,7 +6,9 @@
     xgaze-h5:<path>                     raw ETH-XGaze subject h5 file(s): a file, a folder, or the root
 
 Options can ride along after ``?``, e.g. ``gazehub:gaze360:/data/Gaze360?split=val&size=224``;
-keyword arguments to :func:`open_dataset` override them.
+keyword arguments to :func:`open_dataset` override them. In code a spec is a :class:`DatasetSpec` (kind,
+what follows it, options in order), whose string form is the one above: the string is only the
+command line's and the configs' way of writing it.
 
 Each kind is registered by its loader module with :func:`register_dataset` (``@register_dataset("gazehub",
 form="gazehub:<dataset>:<root>")`` on a small opener function); :mod:`alfa.gaze.data` imports the built-in
@@ -25,6 +27,7 @@ import torch
 from .base import GazeDataset
 
 __all__ = [
+    "DatasetSpec",
     "open_dataset",
     "register_dataset",
     "list_datasets",
@@ -33,6 +36,48 @@ __all__ = [
     "split_persons",
     "PersonSubset",
 ]
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset spec: its ``kind`` (``synthetic``, ``gazehub``, ``xgaze-h5`` or a registered one), what
+    follows the kind (a domain, ``<dataset>:<root>``, a path) and its options, in the order they are written.
+    ``str(spec)`` is the spec string, ``DatasetSpec.parse(text)`` reads one back; the option values are
+    checked when the dataset is opened."""
+
+    kind: str
+    target: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> DatasetSpec:
+        body, _, query = text.partition("?")
+        kind, sep, target = body.partition(":")
+        if not sep or not target:
+            raise ValueError(f"dataset spec {text!r}: expected one of {', '.join(spec_forms())}")
+        options = []
+        for item in filter(None, query.split("&")):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"dataset spec {text!r}: bad option {item!r}; options are {', '.join(_OPTION_TYPES)}")
+            options.append((key, value))
+        return cls(kind.strip().lower(), target, tuple(options))
+
+    @classmethod
+    def synthetic(cls, domain: str, **options: Any) -> DatasetSpec:
+        """A synthetic world, options in the order given (``DatasetSpec.synthetic("eth", size=64)``)."""
+        return cls("synthetic", domain, tuple(options.items()))
+
+    def with_options(self, **changes: Any) -> DatasetSpec:
+        """The same spec with options replaced where they are set and appended where they are not."""
+        current = dict(self.options)
+        current.update(changes)
+        return DatasetSpec(self.kind, self.target, tuple(current.items()))
+
+    def __str__(self) -> str:
+        query = "&".join(f"{k}={v}" for k, v in self.options)
+        return f"{self.kind}:{self.target}" + (f"?{query}" if query else "")
+
 
 # How a kind turns the rest of its spec into a dataset: ``opener(rest, options, spec)``, where ``rest``
 # is what follows ``<kind>:`` (without the ``?`` options), ``options`` the parsed options merged with
@@ -88,7 +133,7 @@ def spec_forms() -> tuple[str, ...]:
 
 
 def __getattr__(name: str) -> Any:
-    # SPEC_FORMS used to be a constant; it is computed now, since loaders register after this module loads.
+    # SPEC_FORMS is computed on each access: loaders register after this module loads.
     if name == "SPEC_FORMS":
         return spec_forms()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -128,8 +173,9 @@ def _parse_options(spec: str, query: str) -> dict:
     return options
 
 
-def open_dataset(spec: str, **kw: Any) -> GazeDataset:
-    """Open the dataset a spec string names (see the module docstring for the forms)."""
+def open_dataset(spec: str | DatasetSpec, **kw: Any) -> GazeDataset:
+    """Open the dataset a spec (a :class:`DatasetSpec` or its string) names (the module docstring has the forms)."""
+    spec = str(spec)
     body, _, query = spec.partition("?")
     kind, sep, rest = body.partition(":")
     kind = kind.strip().lower()

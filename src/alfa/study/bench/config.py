@@ -17,6 +17,7 @@ from typing import Any
 from alfa.adapters import METHODS, AlfaConfig
 from alfa.adapters.prompt import TPGazeConfig
 from alfa.gaze.augment import AugmentConfig
+from alfa.gaze.data.registry import DatasetSpec
 from alfa.gaze.data.synthetic import get_domain
 from alfa.gaze.personalize import PersonalizeConfig
 from alfa.gaze.pipeline import DemoConfig
@@ -314,27 +315,21 @@ class BenchConfig:
     def source_spec(self, source: str) -> str:
         """Training data of a source model. A target key (``M``/``D``) names the within-target model's:
         the target world's ``train`` persons, never the scored ones, as many as a source has."""
+        counts = {"persons": self.source_persons, "images_per_person": self.source_images}
         if source in TARGETS:
-            return (
-                f"synthetic:{TARGETS[source]}?split=train&size={self.image_size}"
-                f"&persons={self.source_persons}&images_per_person={self.source_images}"
-            )
-        return (
-            f"synthetic:{SOURCES[source]}?size={self.image_size}"
-            f"&persons={self.source_persons}&images_per_person={self.source_images}"
-        )
+            return str(DatasetSpec.synthetic(TARGETS[source], split="train", size=self.image_size, **counts))
+        return str(DatasetSpec.synthetic(SOURCES[source], size=self.image_size, **counts))
 
     def val_spec(self, source: str) -> str:
         if source in TARGETS:
             persons = min(self.val_persons, get_domain(TARGETS[source]).persons["val"])
-            return (
-                f"synthetic:{TARGETS[source]}?split=val&size={self.image_size}"
-                f"&persons={persons}&images_per_person={self.val_images}"
-            )
-        return (
-            f"synthetic:{SOURCES[source]}?split=val&size={self.image_size}"
-            f"&persons={self.val_persons}&images_per_person={self.val_images}"
+            domain = TARGETS[source]
+        else:
+            persons, domain = self.val_persons, SOURCES[source]
+        spec = DatasetSpec.synthetic(
+            domain, split="val", size=self.image_size, persons=persons, images_per_person=self.val_images
         )
+        return str(spec)
 
     def stand_in_spec(self, source: str) -> str:
         """The labelled stand-in target of a source's recipe selection (docs/flip-premise.md §4): the held-out
@@ -342,16 +337,16 @@ class BenchConfig:
         world = SOURCES[STAND_INS[source]]
         available = get_domain(world).persons["val"]
         persons = available if self.target_persons is None else min(self.target_persons, available)
-        return (
-            f"synthetic:{world}?split=val&size={self.image_size}&persons={persons}"
-            f"&images_per_person={self.target_images}"
+        spec = DatasetSpec.synthetic(
+            world, split="val", size=self.image_size, persons=persons, images_per_person=self.target_images
         )
+        return str(spec)
 
     def target_spec(self, target: str) -> str:
         """The rendered target: ``target_images`` per person for every method, then the oracle's extra ones."""
-        persons = "" if self.target_persons is None else f"&persons={self.target_persons}"
+        persons = {} if self.target_persons is None else {"persons": self.target_persons}
         total = self.target_images + self.oracle.extra_images
-        return f"synthetic:{TARGETS[target]}?size={self.image_size}{persons}&images_per_person={total}"
+        return str(DatasetSpec.synthetic(TARGETS[target], size=self.image_size, **persons, images_per_person=total))
 
     def demo_config(self, source: str, seed: int, cache_dir: Path) -> DemoConfig:
         """The source-model part, in the form :func:`build_source_model` takes (and hashes). A source's own

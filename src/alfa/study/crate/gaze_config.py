@@ -12,6 +12,7 @@ from typing import Any
 
 from alfa.adapters import AlfaConfig
 from alfa.gaze.augment import AugmentConfig
+from alfa.gaze.data.registry import DatasetSpec
 from alfa.gaze.personalize import PersonalizeConfig
 from alfa.gaze.train import TrainConfig
 
@@ -185,24 +186,20 @@ class CrateGazeConfig:
             "heads": self.heads,
         }
 
-    def source_spec(self) -> str:
-        return (
-            f"synthetic:{self.source}?size={self.image_size}&persons={self.source_persons}"
-            f"&images_per_person={self.source_images_per_person}&seed={self.data_seed}"
+    def _spec(self, domain: str, persons: int, images: int, **split: str) -> str:
+        spec = DatasetSpec.synthetic(
+            domain, **split, size=self.image_size, persons=persons, images_per_person=images, seed=self.data_seed
         )
+        return str(spec)
+
+    def source_spec(self) -> str:
+        return self._spec(self.source, self.source_persons, self.source_images_per_person)
 
     def val_spec(self) -> str:
-        return (
-            f"synthetic:{self.source}?split=val&size={self.image_size}&persons={self.val_persons}"
-            f"&images_per_person={self.val_images_per_person}&seed={self.data_seed}"
-        )
+        return self._spec(self.source, self.val_persons, self.val_images_per_person, split="val")
 
     def target_specs(self) -> list[str]:
-        return [
-            f"synthetic:{t}?size={self.image_size}&persons={self.target_persons}"
-            f"&images_per_person={self.target_images_per_person}&seed={self.data_seed}"
-            for t in self.targets
-        ]
+        return [self._spec(t, self.target_persons, self.target_images_per_person) for t in self.targets]
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(
