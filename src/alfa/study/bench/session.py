@@ -84,10 +84,17 @@ class Session:
     of each record; :func:`~alfa.study.bench.produce.produce_record` makes a record from it."""
 
     def __init__(
-        self, config: BenchConfig, out: Path, cache: Path, progress: bool, device: torch.device | None = None
+        self,
+        config: BenchConfig,
+        out: Path,
+        cache: Path,
+        progress: bool,
+        device: torch.device | None = None,
+        precision: str = "fp32",
     ) -> None:
         self.config, self.out, self.cache, self.progress = config, out, cache, progress
         self.device = torch.device("cpu") if device is None else device
+        self.precision = precision  # of the personalization and evaluation forwards (alfa.gaze.precision)
         self.figures = _FigureData(config, out)
         self.targets: dict[str, TargetData] = {}
         self.sources: dict[tuple[str, int], SourceContext] = {}
@@ -139,8 +146,10 @@ class Session:
         return self.targets[key]
 
     def _device_key(self) -> dict[str, str]:
-        # a record made on a GPU is another record (float results differ); CPU records hash as they always did
-        return {} if self.device.type == "cpu" else {"device": self.device.type}
+        # a record made on a GPU, or in another precision, is another record (float results differ); fp32 CPU
+        # records hash as they always did
+        key = {} if self.device.type == "cpu" else {"device": self.device.type}
+        return key if self.precision == "fp32" else {**key, "precision": self.precision}
 
     def record_hash(self, plan: RecordPlan) -> str:
         c, v = self.config, plan.variant
