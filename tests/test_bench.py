@@ -1,6 +1,5 @@
 """The benchmark runner on a tiny configuration: a valid results.json, resumption, atomic writes."""
 
-import argparse
 import dataclasses
 import json
 
@@ -10,12 +9,13 @@ from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 import alfa
 import alfa.study.bench.produce as produce
 from alfa.checkpoint import load_model
+from alfa.cli import build_parser
+from alfa.cli.bench import _pairs
 from alfa.gaze.evaluate import person_errors
 from alfa.gaze.pipeline import open_data
 from alfa.gaze.tpgaze import MetaTrainConfig
 from alfa.gaze.train import TrainConfig
 from alfa.study.bench.ablations import ablation_variants
-from alfa.study.bench.commands import _pairs, register
 from alfa.study.bench.config import ABLATIONS, BenchConfig, OracleConfig
 from alfa.study.bench.methods import PAIRS
 from alfa.study.bench.plan import plan_records
@@ -224,8 +224,7 @@ def test_plan_deduplicates_ablation_defaults():
 
 def test_command_line_options():
     assert _pairs("E-M,g->d,EM") == ["E→M", "G→D", "E→M"]
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
+    parser = build_parser()
     args = parser.parse_args(["bench", "--full", "--seeds", "1,2", "--ablations", "none", "--dry-run"])
     assert args.full and args.seeds == "1,2" and args.dry_run
     args = parser.parse_args(["report", "--results", "runs/bench"])

@@ -102,7 +102,6 @@ def _bench_imports() -> dict[str, set[str]]:
 
 def test_runner_and_report_do_not_import_each_other():
     graph = _bench_imports()
-    assert not any("commands" in deps for deps in graph.values())  # the top of the bench layer
 
     def reaches(a, b, seen=()):
         return any(d == b or (d not in seen and reaches(d, b, (*seen, d))) for d in graph[a])

@@ -58,11 +58,103 @@ def test_bad_options_get_one_line_and_exit_2(argv, message, capsys):
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_costs_runs_as_a_module_with_the_same_errors(capsys):
-    from alfa.study.bench import costs
+def test_main_is_the_only_place_that_reports_an_error():
+    """No command module catches its own errors and exits: one boundary, in ``alfa.cli.main``."""
+    import ast
+    from pathlib import Path
 
-    assert costs.main(["--rank", "0"]) == 2
-    assert "alfa costs: error: --rank must be at least 1" in capsys.readouterr().err
+    import alfa
+
+    src = Path(alfa.__file__).parent
+    boundary = src / "cli" / "__init__.py"
+    for path in sorted(src.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert path == boundary or ": error: " not in text, path
+        calls = {
+            f"{n.func.value.id}.{n.func.attr}"
+            for n in ast.walk(ast.parse(text))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+        }
+        assert "sys.exit" not in calls or path.name == "__main__.py", path
+
+
+def _saved_base(folder, input_size=None):
+    import alfa
+
+    model = alfa.models.create_model("resnet18_gaze")
+    alfa.truncate(model, 8)
+    return alfa.checkpoint.save_model(folder / "base.safetensors", model, "resnet18_gaze", input_size=input_size)
+
+
+def test_bad_input_gets_one_line_exit_2_and_nothing_written(tmp_path, capsys):
+    """A file that is not what it should be, an option value that is wrong, a port already taken (an
+    ``OSError``): one line naming the problem, exit status 2, no traceback, nothing written."""
+    import socket
+
+    not_a_model = tmp_path / "notes.safetensors"
+    not_a_model.write_text("not a checkpoint")
+    base = _saved_base(tmp_path, input_size=(32, 32))
+    (tmp_path / "adapters").mkdir()
+    out = tmp_path / "out"
+    cases = {
+        "not a readable safetensors file": [
+            *("personalize", "--checkpoint", str(not_a_model), "--data", "synthetic:mpii"),
+            *("--out", str(out)),
+        ],
+        "checkpoint not found": [
+            *("evaluate", "--checkpoint", str(tmp_path / "adapters"), "--data", "synthetic:mpii"),
+            *("--json", str(out / "e.json")),
+        ],
+        "LoraConfig.rank must be an integer, got 'abc'": [
+            *("personalize", "--checkpoint", str(base), "--data", "synthetic:mpii", "--method", "lora"),
+            *("--option", "rank=abc", "--out", str(out)),
+        ],
+    }
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cases["Address already in use"] = [
+            *("serve", "--checkpoint", str(base), "--adapters", str(tmp_path / "adapters")),
+            *("--port", str(port)),
+        ]
+        for message, argv in cases.items():
+            assert main(argv) == 2, argv
+            captured = capsys.readouterr()
+            assert message in captured.err and "Traceback" not in captured.err, captured.err
+            assert len(captured.err.strip().splitlines()) == 1, captured.err
+            assert captured.err.startswith(f"alfa {argv[0]}: error: ")
+            assert not out.exists()
+    with pytest.raises(SystemExit) as e:  # a value the parser refuses: argparse's usage line and its error
+        main(["serve", "--checkpoint", str(base), "--adapters", str(tmp_path / "adapters"), "--port", "99999"])
+    assert e.value.code == 2 and "expected a port number from 0 to 65535" in capsys.readouterr().err
+
+
+def test_a_missing_optional_package_is_one_line_naming_its_extra(capsys, monkeypatch):
+    """A command that needs a package of an extra says which one to install, instead of a traceback; a missing
+    module that no extra provides is a bug and keeps its traceback."""
+    import argparse
+
+    from alfa.cli import registry
+
+    def needs_kornia(args):
+        raise ModuleNotFoundError("No module named 'kornia'", name="kornia")
+
+    def needs_nothing_known(args):
+        raise ModuleNotFoundError("No module named 'alfa.gone'", name="alfa.gone")
+
+    parser = argparse.ArgumentParser(prog="alfa")
+    commands = (
+        registry.Command("k", help="k", run=needs_kornia, extra="study"),
+        registry.Command("g", help="g", run=needs_nothing_known, extra="gaze"),
+    )
+    registry.add_commands(parser.add_subparsers(dest="command", required=True), commands)
+    monkeypatch.setattr("alfa.cli.build_parser", lambda: parser)
+    assert main(["k"]) == 2
+    err = capsys.readouterr().err
+    assert err == 'alfa k: error: this command needs kornia, which is not installed: pip install "alfa-ttp[study]"\n'
+    with pytest.raises(ModuleNotFoundError, match="alfa.gone"):
+        main(["g"])
 
 
 def test_version_and_help(capsys):
@@ -92,7 +184,7 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys, monkey
     import alfa.study.bench.costs as costs
     from alfa.fileio import check_writable
 
-    monkeypatch.setattr(costs, "cost_table", lambda **_: pytest.fail("measured before checking the outputs"))
+    monkeypatch.setattr(costs, "report_costs", lambda **_: pytest.fail("measured before checking the outputs"))
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
     cases = {

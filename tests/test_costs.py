@@ -72,9 +72,10 @@ def test_update_doc_refuses_a_page_without_one_marked_block(tmp_path: Path, body
     assert page.read_text(encoding="utf-8") == body
 
 
-def test_main_checks_the_page_before_measuring(tmp_path: Path, monkeypatch, capsys):
+def test_the_page_is_checked_before_measuring(tmp_path: Path, monkeypatch):
     page = tmp_path / "page.md"
     page.write_text("no markers", encoding="utf-8")
     monkeypatch.setattr(costs, "cost_table", lambda **_: pytest.fail("measured before checking the page"))
-    assert costs.main(["--update-doc", str(page)]) == 2
-    assert "needs exactly one" in capsys.readouterr().err
+    sizes = {"rank": 64, "batch": 1, "image_size": 32, "warmup": 0, "repeats": 1, "threads": 1, "seed": 0}
+    with pytest.raises(ValueError, match="needs exactly one"):
+        costs.report_costs(model_name="resnet18_gaze", **sizes, update_doc_path=page)

@@ -12,8 +12,8 @@ import torch
 
 import alfa
 from alfa.adapters import attach, param_groups
+from alfa.cli import main
 from alfa.models import create_model
-from alfa.study.crate.commands import main
 from alfa.study.crate.gaze import CrateGazeConfig, late_blocks_pattern, quick_config, run_crate_gaze
 
 TARGETS = ("mpii/test", "eyediap/test")
@@ -33,7 +33,7 @@ def quick_run(tmp_path_factory):
     """One run of the command line with --quick (and --markdown), as a user would start it."""
     root = tmp_path_factory.mktemp("crate_gaze")
     out, page = root / "run", root / "docs" / "crate-gaze.md"
-    rc = main(["gaze", "--out", str(out), "--quick", "--quiet", "--markdown", str(page)])
+    rc = main(["crate", "gaze", "--out", str(out), "--quick", "--quiet", "--markdown", str(page)])
     assert rc == 0
     return out, page, json.loads((out / "results.json").read_text())
 
@@ -144,9 +144,11 @@ def test_bad_config_is_refused_before_anything_runs(tmp_path, change, message):
 
 
 def test_command_line_reports_bad_options(tmp_path, capsys):
-    assert main(["gaze", "--out", str(tmp_path / "x"), "--quick", "--threads", "0"]) == 2
+    assert main(["crate", "gaze", "--out", str(tmp_path / "x"), "--quick", "--threads", "0"]) == 2
     assert "alfa crate gaze: error: CrateGazeConfig.threads must be at least 1" in capsys.readouterr().err
-    assert main(["gaze", "--out", str(tmp_path / "x"), "--quick", "--markdown", str(tmp_path / "page.txt")]) == 2
+    assert (
+        main(["crate", "gaze", "--out", str(tmp_path / "x"), "--quick", "--markdown", str(tmp_path / "page.txt")]) == 2
+    )
     assert "--markdown must name a .md file" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 

@@ -1,4 +1,3 @@
-import argparse
 import json
 
 import numpy as np
@@ -6,7 +5,6 @@ import pytest
 import torch
 
 from alfa.study.crate import coding_rate_step
-from alfa.study.crate.commands import register
 from alfa.study.crate.toy import (
     DEFAULT_PANELS,
     U1,
@@ -29,10 +27,10 @@ def runs():
     return run_toy(DEFAULT_PANELS, SEEDS)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="alfa")
-    register(parser.add_subparsers(dest="command"))
-    return parser
+def _parser():
+    from alfa.cli import build_parser
+
+    return build_parser()
 
 
 def test_tokens_are_drawn_exactly_as_the_spec_says():
@@ -120,7 +118,7 @@ def test_cli_writes_json_and_figure(tmp_path, capsys):
     args = _parser().parse_args(
         ["crate", "toy", "--seeds", "2", "--first-seed", "5", "--json", str(json_path), "--figure", str(fig_path)]
     )
-    assert args.func(args) == 0
+    args.func(args)
     out = capsys.readouterr().out
     assert "mean ± std over 2 seeds" in out and "wrote 10 runs" in out
     assert [r["seed"] for r in json.loads(json_path.read_text())][:2] == [5, 6]

@@ -68,3 +68,19 @@ def test_a_registered_dataset_kind_opens_everywhere_a_spec_is_read(tmp_path):
         from alfa.gaze.data import registry
 
         registry._KINDS[:] = [k for k in registry._KINDS if k.name != "mirror-of"]
+
+
+def test_the_command_line_asks_the_methods_class_what_options_it_has():
+    import argparse
+
+    from alfa.adapters import AlfaConfig
+    from alfa.cli.gaze import _method_config
+
+    def config(method, heads=None, rank=None):
+        return _method_config(argparse.Namespace(method=method, heads=heads, adapter_rank=rank, option=None))
+
+    assert config("alfa") == AlfaConfig() and config("alfa", 2, 3) == AlfaConfig(heads=2, rank=3)
+    assert config("lora", rank=4) == LoraConfig(rank=4)  # any method with a rank takes --adapter-rank
+    with pytest.raises(ValueError, match="--heads: --method lora has no 'heads' option"):
+        config("lora", heads=2)
+    assert not METHODS["alfa"].trains_prompts and METHODS["tpgaze"].trains_prompts

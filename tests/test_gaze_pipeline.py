@@ -323,11 +323,9 @@ def test_any_adapter_method_works(tmp_path, data, method):
 
 
 def _parser():
-    from alfa.gaze.commands import register
+    from alfa.cli import build_parser
 
-    parser = argparse.ArgumentParser(prog="alfa")
-    register(parser.add_subparsers(dest="command", required=True))
-    return parser
+    return build_parser()
 
 
 def test_cli_personalize_and_evaluate(tmp_path, data, capsys, monkeypatch):
@@ -458,7 +456,7 @@ def test_cli_personalize_refuses_to_replace_other_adapters_unless_asked(tmp_path
 def test_cli_personalize_recipes():
     """``alfa personalize`` uses each method's selected recipe unless told otherwise (Alfa's is the default
     recipe); ``--recipe paper`` the paper's; flags override either."""
-    from alfa.gaze.commands import _method_config, _personalize_config
+    from alfa.cli.gaze import _method_config, _personalize_config
     from alfa.gaze.recipes import DEFAULT_RECIPE, METHOD_RECIPES, PAPER_RECIPE
 
     def config(*flags):
@@ -657,7 +655,7 @@ def test_device_option(tmp_path, data, capsys, monkeypatch):
     one-line error before any work."""
     import alfa.gaze.pipeline as pipeline
     from alfa.cli import main
-    from alfa.gaze.commands import resolve_device
+    from alfa.gaze.devices import resolve_device
 
     _, target = data
     monkeypatch.setattr(pipeline, "open_data", lambda spec: {"toy:target": target}[spec])
@@ -715,7 +713,7 @@ def test_fp16_autocast_trains_with_a_gradient_scaler_and_resumes_it(tmp_path, da
     assert more.resumed_from_epoch == 1 and len(more.history) == 2
 
 
-def test_every_command_that_runs_a_model_takes_a_device():
+def test_every_command_that_runs_a_model_takes_a_device_and_a_precision():
     from alfa.cli import build_parser
 
     parser = build_parser()
@@ -723,11 +721,18 @@ def test_every_command_that_runs_a_model_takes_a_device():
         ["pretrain", "--data", "x"],
         ["truncate", "--checkpoint", "c", "--data", "x"],
         ["personalize", "--checkpoint", "c", "--data", "x"],
+        ["throughput"],
         ["evaluate", "--checkpoint", "c", "--data", "x"],
         ["demo"],
         ["bench"],
         ["tpgaze", "meta-train", "--checkpoint", "c", "--data", "x"],
         ["tpgaze", "personalize", "--checkpoint", "c", "--data", "x"],
     ):
-        assert parser.parse_args(command).device == "auto", command
+        args = parser.parse_args(command)
+        assert args.device == "auto" and args.precision is None, command  # None: bf16 on CUDA, fp32 on the CPU
         assert parser.parse_args([*command, "--device", "cuda:1"]).device == "cuda:1", command
+        assert parser.parse_args([*command, "--precision", "bf16"]).precision == "bf16", command
+        if command[:2] != ["tpgaze", "meta-train"]:  # its meta-gradients have no gradient scaler
+            assert parser.parse_args([*command, "--precision", "fp16"]).precision == "fp16", command
+        with pytest.raises(SystemExit):
+            parser.parse_args([*command, "--precision", "fp8"])

@@ -112,3 +112,62 @@ def test_installing_the_library_alone_asks_for_torch_numpy_and_safetensors_only(
     assert {"gaze", "study", "hf", "export"} <= set(extras)
     gaze = {req.split(">")[0].lower() for req in extras["gaze"]}
     assert {"matplotlib", "h5py", "kornia", "pillow", "tqdm"} <= gaze
+
+
+# The packages of the gaze extra (``pip install "alfa-ttp[gaze]"``, which the study extra installs too).
+EXTRA_PACKAGES = ("kornia", "tqdm", "matplotlib", "h5py", "PIL")
+
+COMMANDS_WITHOUT_EXTRAS = """
+import contextlib, io, sys
+from alfa.cli import main
+
+assert main(["summary", "--rank", "0"]) == 0
+listing = io.StringIO()
+with contextlib.redirect_stdout(listing), contextlib.suppress(SystemExit):
+    main(["--help"])
+assert all(name in listing.getvalue() for name in ("summary", "personalize", "bench", "crate")), listing.getvalue()
+for argv in (
+    ["personalize", "--checkpoint", "base.safetensors", "--data", "synthetic:mpii"],
+    ["evaluate", "--checkpoint", "base.safetensors", "--data", "synthetic:mpii", "--json", "e.json"],
+    ["tpgaze", "personalize", "--checkpoint", "base.safetensors", "--data", "synthetic:mpii"],
+    ["bench", "--quick"],
+    ["costs"],
+    ["crate", "gaze", "--out", "crate"],
+):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(argv) == 2, argv
+    print(err.getvalue(), end="")
+"""
+
+
+def test_without_the_extras_the_library_command_works_and_the_others_name_what_to_install(tmp_path):
+    hook = f"import sys\nfor name in {EXTRA_PACKAGES!r}:\n    sys.modules[name] = None\n"
+    done = subprocess.run(
+        [sys.executable, "-c", hook + COMMANDS_WITHOUT_EXTRAS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "truncated at rank" not in done.stdout and "resnet18_gaze (dense)" in done.stdout
+    lines = done.stdout.splitlines()[-6:]
+    extras = ["gaze", "gaze", "gaze", "study", "study", "study"]
+    names = ["personalize", "evaluate", "tpgaze personalize", "bench", "costs", "crate gaze"]
+    for line, name, extra in zip(lines, names, extras):
+        assert line.startswith(f"alfa {name}: error: this command needs "), line
+        assert line.endswith(f'which is not installed: pip install "alfa-ttp[{extra}]"'), line
+        assert any(f"needs {p}," in line for p in EXTRA_PACKAGES), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written
+
+
+def test_the_cli_knows_the_extra_of_every_optional_package():
+    from alfa.cli.registry import PACKAGE_EXTRAS
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    import_names = {"pillow": "PIL"}
+    for extra in ("gaze", "hf", "export"):
+        for requirement in extras[extra]:
+            name = requirement.split(">")[0].split("=")[0].split("[")[0].strip()
+            assert PACKAGE_EXTRAS[import_names.get(name, name)] == extra, name

@@ -326,14 +326,11 @@ def test_config_checks():
 
 
 def test_cli_meta_train_then_personalize(bases, tmp_path, capsys):
-    import argparse
-
     from alfa.checkpoint import save_model
-    from alfa.gaze.tpgaze_commands import register
+    from alfa.cli import build_parser
 
     save_model(tmp_path / "base.safetensors", bases["truncated"], "resnet18_gaze")
-    parser = argparse.ArgumentParser(prog="alfa")
-    register(parser.add_subparsers(dest="command", required=True))
+    parser = build_parser()
     source = f"synthetic:eth?size={SIZE}&persons=3&images_per_person=8"
     target = f"synthetic:mpii?size={SIZE}&persons=1&images_per_person=7"
     common = ["--checkpoint", str(tmp_path / "base.safetensors"), "--quiet"]

@@ -27,8 +27,10 @@ from alfa.fileio import write_json
 
 from .data.base import GazeDataset, InMemoryGazeDataset
 from .geometry import angular_error
+from .precision import autocast
 
 __all__ = [
+    "EVAL_BATCH_SIZE",
     "EvaluationReport",
     "load_images",
     "load_examples",
@@ -44,6 +46,10 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- data helpers
 
+
+EVAL_BATCH_SIZE = 256
+"""Images per forward when a model only predicts (evaluation, validation): a memory setting, since the model
+is in eval mode and each prediction is its image's alone."""
 
 INPUT_SCALING = "rgb float in [0, 1] (uint8 / 255), no mean/std normalization"
 """How :func:`load_images` scales pixels, the one convention of every gaze model here; checkpoints record it."""
@@ -86,21 +92,26 @@ def _device_of(model: nn.Module) -> torch.device:
 
 
 @torch.no_grad()
-def predict_images(model: nn.Module, images: Tensor, batch_size: int = 256) -> Tensor:
-    """``(yaw, pitch)`` predictions ``(N, 2)`` for a tensor of images, model in eval mode (restored after)."""
+def predict_images(model: nn.Module, images: Tensor, batch_size: int = EVAL_BATCH_SIZE) -> Tensor:
+    """``(yaw, pitch)`` predictions ``(N, 2)`` for a tensor of images, model in eval mode (restored after),
+    its forwards in the run's precision (:mod:`alfa.gaze.precision`), the predictions in fp32."""
     was_training = model.training
     model.eval()
     device = _device_of(model)
     out = []
     try:
         for start in range(0, images.shape[0], batch_size):
-            out.append(model(images[start : start + batch_size].to(device)).float().cpu())
+            with autocast(device):
+                pred = model(images[start : start + batch_size].to(device))
+            out.append(pred.float().cpu())
     finally:
         model.train(was_training)
     return torch.cat(out) if out else torch.zeros(0, 2)
 
 
-def predict(model: nn.Module, dataset: GazeDataset, indices: Sequence[int], batch_size: int = 256) -> Tensor:
+def predict(
+    model: nn.Module, dataset: GazeDataset, indices: Sequence[int], batch_size: int = EVAL_BATCH_SIZE
+) -> Tensor:
     """``(yaw, pitch)`` predictions ``(N, 2)`` for the given items, model in eval mode (restored after)."""
     indices = list(indices)
     out = [
@@ -149,7 +160,7 @@ def person_gaze_errors(
     dataset: GazeDataset,
     persons: Sequence[str] | None = None,
     n_adapt: int = 5,
-    batch_size: int = 256,
+    batch_size: int = EVAL_BATCH_SIZE,
     progress: bool = False,
     desc: str = "evaluate",
 ) -> dict[str, GazeError]:
@@ -170,7 +181,7 @@ def person_errors(
     dataset: GazeDataset,
     persons: Sequence[str] | None = None,
     n_adapt: int = 5,
-    batch_size: int = 256,
+    batch_size: int = EVAL_BATCH_SIZE,
     progress: bool = False,
     desc: str = "evaluate",
 ) -> dict[str, float]:
@@ -312,7 +323,7 @@ def evaluate(
     persons: Sequence[str] | None = None,
     before: str = "source-only",
     after: str = "personalized",
-    batch_size: int = 256,
+    batch_size: int = EVAL_BATCH_SIZE,
     progress: bool = True,
     predictor: Callable[[nn.Module], nn.Module] | None = None,
 ) -> EvaluationReport:

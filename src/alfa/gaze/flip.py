@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .data.base import GazeDataset
-from .evaluate import eval_indices, load_examples, predict_images
+from .evaluate import EVAL_BATCH_SIZE, eval_indices, load_examples, predict_images
 from .geometry import angular_error, flip_yaw
 
 __all__ = [
@@ -52,14 +52,14 @@ def flip_tta_from(pred: Tensor, pred_of_flipped: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def predict_with_flip(model: nn.Module, images: Tensor, batch_size: int = 256) -> tuple[Tensor, Tensor]:
+def predict_with_flip(model: nn.Module, images: Tensor, batch_size: int = EVAL_BATCH_SIZE) -> tuple[Tensor, Tensor]:
     """``(f(I), f(flip I))`` for ``images`` ``(N, 3, H, W)``: the model's predictions on the images and on
     their horizontal flips (the model is put in eval mode, as for any evaluation)."""
     pred = predict_images(model, images, batch_size=batch_size)
     return pred, predict_images(model, torch.flip(images, dims=[-1]), batch_size=batch_size)
 
 
-def flip_tta(model: nn.Module, images: Tensor, batch_size: int = 256) -> Tensor:
+def flip_tta(model: nn.Module, images: Tensor, batch_size: int = EVAL_BATCH_SIZE) -> Tensor:
     """Flip test-time augmentation: ``½ [f(I) + FlipYaw(f(flip I))]`` for each image, no training."""
     return flip_tta_from(*predict_with_flip(model, images, batch_size=batch_size))
 
@@ -133,7 +133,7 @@ def flip_parts(pred: Tensor, pred_of_flipped: Tensor, labels: Tensor) -> FlipPar
 
 
 def person_flip_parts(
-    model: nn.Module, dataset: GazeDataset, persons: Sequence[str], n_adapt: int, batch_size: int = 256
+    model: nn.Module, dataset: GazeDataset, persons: Sequence[str], n_adapt: int, batch_size: int = EVAL_BATCH_SIZE
 ) -> dict[str, FlipParts]:
     """:class:`FlipParts` of ``model`` per person, over the person's scored images (those after the first
     ``n_adapt``, the images every error of the benchmark is measured on)."""

@@ -14,6 +14,10 @@ The recipe, per person:
    the model stays in eval mode (BatchNorm statistics frozen); a fixed number of steps; the last step
    is the result.
 
+The forwards run in the run's precision (:func:`alfa.gaze.precision.forward_precision`; fp32 unless the
+caller sets another), the loss and the optimizer in fp32; in fp16 a gradient scaler guards the backward
+pass, and a step whose gradients overflow is skipped (the scale is lowered for the next one).
+
 Any registered adapter method works: :func:`personalize` takes its config (``alfa.AlfaConfig()``,
 a LoRA config, ...). The base model is shared: the adapter is attached for the person, trained,
 saved, and detached, which restores the base bit for bit.
@@ -52,6 +56,7 @@ from .data.base import GazeDataset
 from .evaluate import adapter_filename, load_images
 from .losses import finite_or_raise
 from .objectives import OBJECTIVES
+from .precision import autocast, grad_scaler, run_precision
 
 __all__ = [
     "LAYER34_PATTERN",
@@ -208,10 +213,17 @@ def personalize(
         groups = param_groups(model, config.lr, lr_scale=config.lr_scale, weight_decay=config.weight_decay)
         trained = sum(p.numel() for g in groups for p in g["params"])
         optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+        precision = run_precision()
+        scaler = grad_scaler(device, precision)
+
+        def forward() -> Tensor:
+            with autocast(device, precision):
+                return model(batch).float()  # the loss in fp32
+
         start_pitch = None
         if config.pitch_anchor:
             with torch.no_grad():
-                start_pitch = model(batch)[:, 1].mean()
+                start_pitch = forward()[:, 1].mean()
         losses, tracked = [], []
 
         def measure() -> None:
@@ -221,14 +233,15 @@ def personalize(
 
         measure()
         for _ in range(config.steps):
-            loss = finite_or_raise(_loss(model(batch), config, start_pitch), "personalization")
+            loss = finite_or_raise(_loss(forward(), config, start_pitch), "personalization")
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             losses.append(loss.item())
             measure()
         with torch.no_grad():
-            final = float(finite_or_raise(_loss(model(batch), config, start_pitch), "personalization"))
+            final = float(finite_or_raise(_loss(forward(), config, start_pitch), "personalization"))
         model.train(was_training)
     except BaseException:
         detach(model)

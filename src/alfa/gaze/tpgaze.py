@@ -46,9 +46,10 @@ from alfa.checkpoint import CheckpointError, read_tagged, write_tagged
 from alfa.fileio import write_json
 
 from .data.base import GazeDataset
-from .evaluate import load_examples, load_images, person_errors
+from .evaluate import EVAL_BATCH_SIZE, load_examples, load_images, person_errors
 from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
 from .personalize import PersonalizationRun, PersonalizeConfig, personalize_dataset
+from .precision import autocast, run_precision
 from .train import TrainConfig, mean_error, resolve_validation
 
 __all__ = [
@@ -96,7 +97,7 @@ class MetaTrainConfig:
     detach_flipped: bool = True
     val_fraction: float = 0.1
     seed: int = 0
-    eval_batch_size: int = 256
+    eval_batch_size: int = EVAL_BATCH_SIZE
 
     def validate(self) -> None:
         for name in ("epochs", "steps_per_epoch", "batch_size", "inner_steps", "eval_batch_size"):
@@ -143,8 +144,9 @@ class MetaStep:
 
 def symmetry_loss(model: nn.Module, images: Tensor, detach_flipped: bool = True) -> Tensor:
     """The flip-symmetry loss of ``images`` (labels are not an argument): the images and their mirrors
-    in one forward, ``mean_k || f(I_k) − FlipYaw(f(flip I_k)) ||_1``."""
-    pred = model(torch.cat([images, torch.flip(images, dims=[-1])]))
+    in one forward (in the run's precision), ``mean_k || f(I_k) − FlipYaw(f(flip I_k)) ||_1`` (in fp32)."""
+    with autocast(images.device):
+        pred = model(torch.cat([images, torch.flip(images, dims=[-1])])).float()
     n = images.shape[0]
     return flip_symmetry_loss(pred[:n], pred[n:], detach_flipped=detach_flipped)
 
@@ -198,7 +200,9 @@ def meta_step(
     before = [p.detach().clone() for p in params]
     inner_loss = inner_adapt(model, params, support, config, inner_optimizer)
     adapted = {name: p.detach().clone() for name, p in prompts.items()}
-    outer = finite_or_raise(supervised_l1_loss(model(query), query_gaze), "TPGaze outer step")
+    with autocast(query.device):
+        pred = model(query).float()
+    outer = finite_or_raise(supervised_l1_loss(pred, query_gaze), "TPGaze outer step")
     grads = torch.autograd.grad(outer, params)
     with torch.no_grad():
         for p, b in zip(params, before):
@@ -341,8 +345,14 @@ def meta_train_prompts(
     saved as an adapter file, ``out_dir/prompts.safetensors``; ``out_dir/meta_train.json`` holds the
     history. A finished or interrupted run of the same configuration, data and base in ``out_dir`` is
     continued (``resume``); a different one is refused with a :class:`~alfa.checkpoint.CheckpointError`.
+
+    The forwards run in the run's precision (:mod:`alfa.gaze.precision`), fp32 or bf16: fp16 is refused, its
+    gradients would need a loss scaler, and the inner and outer gradients here are taken directly
+    (``torch.autograd.grad``), outside any optimizer a ``GradScaler`` could unscale for.
     """
     config.validate()
+    if run_precision() == "fp16":
+        raise ValueError("TPGaze meta-training runs in fp32 or bf16, not fp16 (no gradient scaler for its inner steps)")
     if adapter_state(model) is not None:
         raise RuntimeError("meta_train_prompts expects the source model without an adapter (call alfa.detach)")
     out = Path(out_dir)

@@ -43,8 +43,9 @@ from alfa.truncate import DEFAULT_RANK, canonicalize, restore_structure, truncat
 from . import distributed
 from .data.base import GazeDataset
 from .data.registry import split_persons
-from .evaluate import INPUT_SCALING, load_examples, load_images, person_errors
+from .evaluate import EVAL_BATCH_SIZE, INPUT_SCALING, load_examples, load_images, person_errors
 from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
+from .precision import PRECISIONS, autocast, forward_precision, grad_scaler
 
 __all__ = [
     "TrainConfig",
@@ -59,12 +60,6 @@ __all__ = [
 
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
-
-
-PRECISIONS = ("fp32", "bf16", "fp16")
-"""Training precisions: fp32, or bf16 / fp16 autocast of the forwards (on CUDA and on CPU); fp16 also scales
-the loss (``torch.amp.GradScaler``), since its gradients underflow otherwise."""
-_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -89,7 +84,7 @@ class TrainConfig:
     symmetry_bn: str = "train"
     val_fraction: float = 0.1
     seed: int = 0
-    eval_batch_size: int = 256
+    eval_batch_size: int = EVAL_BATCH_SIZE
     num_workers: int = 0
     precision: str = "fp32"  # bf16/fp16: the training forwards under autocast (the optimizer and the SVD stay fp32)
 
@@ -309,7 +304,7 @@ def train_source(
         # channels-last lets cuDNN pick its fastest convolutions; on the CPU the layout (and the numbers) stay
         model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+    scaler = grad_scaler(device, config.precision)
     header = {
         "stage": stage,
         "train_config": config.to_dict(),
@@ -468,7 +463,9 @@ def _val_errors(model: nn.Module, dataset: GazeDataset, persons: Sequence[str], 
     """Per-person validation errors; in a process group each process scores its share of the persons and
     every process gets all of them (in ``persons``' order)."""
     rank, world = distributed.rank_and_world()
-    part = person_errors(model, dataset, distributed.shard(persons, rank, world), 0, batch)
+    # Scored in fp32 whatever the training precision or the caller's: a recorded history depends on neither.
+    with forward_precision("fp32"):
+        part = person_errors(model, dataset, distributed.shard(persons, rank, world), 0, batch)
     merged = distributed.gather_dicts(part)
     return {p: merged[p] for p in persons}
 
@@ -513,18 +510,16 @@ def _train_step(
     terms of this batch, unscaled. ``loss_scale`` multiplies the loss before the backward pass only; ``scaler``
     is fp16's gradient scaler (default: one for ``precision``, which a single step may as well make)."""
     net = model if net is None else net
-    scaler = torch.amp.GradScaler(images.device.type, enabled=precision == "fp16") if scaler is None else scaler
-    dtype = _AUTOCAST.get(precision)
-    autocast = torch.autocast(images.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+    scaler = grad_scaler(images.device, precision) if scaler is None else scaler
     mirrored = None
     if sym_w > 0:
         # TPGaze's symmetry target: the flipped image's prediction, without gradient (through the model
         # itself: no gradient to synchronise).
         model.train(sym_bn == "train")
-        with torch.no_grad(), autocast:
+        with torch.no_grad(), autocast(images.device, precision):
             mirrored = model(torch.flip(images, dims=[-1])).float()
     net.train()
-    with autocast:
+    with autocast(images.device, precision):
         pred = net(images).float()  # the losses in fp32
     l1 = supervised_l1_loss(pred, gaze)
     sym = flip_symmetry_loss(pred, mirrored) if mirrored is not None else torch.zeros((), device=pred.device)

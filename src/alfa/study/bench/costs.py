@@ -14,20 +14,18 @@ random (the costs do not depend on them), so no checkpoint is needed.
 The rows are every registered method of the costed families (:data:`FAMILY_ORDER`), read from
 :data:`alfa.adapters.METHODS`; the merge column is :func:`alfa.adapters.merge_form`.
 
-Run ``python -m alfa.study.bench.costs`` or ``alfa costs`` (``--help`` for options); it prints a Markdown table,
+Run ``alfa costs`` (``--help`` for options; :func:`report_costs` is what it calls); it prints a Markdown table,
 and with ``--update-doc docs/adapters.md`` also writes it, with the conditions it was measured under, between the
 page's ``<!-- costs:begin -->`` and ``<!-- costs:end -->`` markers (nothing else on the page changes).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -58,7 +56,15 @@ from alfa.models import create_model
 from alfa.summary import parameter_summary
 from alfa.truncate import truncate
 
-__all__ = ["CostRow", "FAMILY_ORDER", "default_methods", "personalization_step", "cost_table", "format_table", "main"]
+__all__ = [
+    "CostRow",
+    "FAMILY_ORDER",
+    "default_methods",
+    "personalization_step",
+    "cost_table",
+    "format_table",
+    "report_costs",
+]
 
 # One step's learning rates are the personalization recipe's (lr 1e-4, ×10 on layer3/layer4); weight
 # decay does not change what a step costs, so the groups keep param_groups' default.
@@ -295,86 +301,51 @@ def update_doc(path: Path, block: str) -> None:
     write_text(path, f"{head}{BEGIN_MARK}\n{block.strip()}\n{END_MARK}{tail}")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``alfa costs``."""
-    parser.add_argument("--model", default="resnet18_gaze", help="registered model (default resnet18_gaze)")
-    parser.add_argument(
-        "--rank", type=int, default=TruncateConfig.rank, help="SVD truncation rank d (default %(default)s)"
-    )
-    parser.add_argument(
-        "--batch", type=int, default=10, help="images per step, each also flipped (default %(default)s)"
-    )
-    parser.add_argument("--image-size", type=int, default=224, help="image side in pixels (default %(default)s)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default %(default)s)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds, interleaved (default %(default)s)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and images (default %(default)s)")
-    parser.add_argument("--no-dense", action="store_true", help="skip the untruncated rows")
-    parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
-    parser.add_argument(
-        "--update-doc", type=Path, metavar="MD", help="also write the table between the costs markers of this page"
-    )
-
-
-def _check(args: argparse.Namespace) -> None:
-    for name in ("rank", "batch", "image_size", "repeats", "threads"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        raise ValueError(f"--warmup must be at least 0, got {args.warmup}")
-    from alfa.models import list_models
-
-    if args.model not in list_models():
-        raise ValueError(f"unknown model {args.model!r}; known: {', '.join(list_models())}")
-
-
-def run(args: argparse.Namespace) -> None:
-    """``alfa costs``: print the cost table (and optionally save it as JSON or into a page)."""
-    _check(args)
-    if args.update_doc is not None:  # fail before ten minutes of timing, not after
-        _split_at_markers(args.update_doc)
+def report_costs(
+    *,
+    model_name: str,
+    rank: int,
+    batch: int,
+    image_size: int,
+    warmup: int,
+    repeats: int,
+    threads: int,
+    seed: int,
+    dense_alfa: bool = True,
+    json_path: Path | None = None,
+    update_doc_path: Path | None = None,
+) -> list[CostRow]:
+    """What ``alfa costs`` does: measure the cost table (:func:`cost_table`), print it with the conditions it
+    was measured under, and optionally save the rows as JSON and the table into a page (between its
+    markers: :func:`update_doc`)."""
+    if update_doc_path is not None:  # fail before ten minutes of timing, not after
+        _split_at_markers(update_doc_path)
     load_start = os.getloadavg()[0]
     rows = cost_table(
-        model_name=args.model,
-        rank=args.rank,
-        batch=args.batch,
-        image_size=args.image_size,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        threads=args.threads,
-        seed=args.seed,
-        dense_alfa=not args.no_dense,
+        model_name=model_name,
+        rank=rank,
+        batch=batch,
+        image_size=image_size,
+        warmup=warmup,
+        repeats=repeats,
+        threads=threads,
+        seed=seed,
+        dense_alfa=dense_alfa,
     )
     table = format_table(rows)
     conditions = (
-        f"Measured {time.strftime('%Y-%m-%d')}: step = forward of {args.batch} images + their flips "
-        f"({2 * args.batch}×3×{args.image_size}²), flip-symmetry L1, backward, AdamW; inference = forward of "
-        f"{args.batch} images after merge; median of {args.repeats} interleaved rounds after {args.warmup} warm-up, "
-        f"{args.threads} threads, torch {torch.__version__}; load average {load_start:.1f} at the start and "
+        f"Measured {time.strftime('%Y-%m-%d')}: step = forward of {batch} images + their flips "
+        f"({2 * batch}×3×{image_size}²), flip-symmetry L1, backward, AdamW; inference = forward of "
+        f"{batch} images after merge; median of {repeats} interleaved rounds after {warmup} warm-up, "
+        f"{threads} threads, torch {torch.__version__}; load average {load_start:.1f} at the start and "
         f"{os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} CPUs."
     )
     print(table)
     print()
     print("defaults: " + "; ".join(f"{r.method}: {r.config}" for r in rows if r.config and r.base == "truncated"))
     print(conditions)
-    if args.update_doc is not None:
-        update_doc(args.update_doc, f"{table}\n\n{conditions}")
-    if args.json:
-        write_text(args.json, json.dumps([asdict(r) for r in rows], indent=1))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m alfa.study.bench.costs``: the same command as ``alfa costs``, with the same one-line errors."""
-    parser = argparse.ArgumentParser(prog="alfa costs", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        run(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"alfa costs: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    if update_doc_path is not None:
+        update_doc(update_doc_path, f"{table}\n\n{conditions}")
+    if json_path is not None:
+        write_text(json_path, json.dumps([asdict(r) for r in rows], indent=1))
+    return rows

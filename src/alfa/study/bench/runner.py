@@ -37,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from alfa.adapters import MergeError
+from alfa.gaze.precision import check_precision, forward_precision
 
 from .config import SELECTION_FIELDS, BenchConfig, split_pair
 from .plan import RecordPlan, plan_records
@@ -119,6 +120,7 @@ def _run_entry(config: BenchConfig, command: str | None, session: Session) -> di
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": str(session.device),
+        "precision": session.precision,
         "finished": False,
     }
 
@@ -191,6 +193,7 @@ def run_bench(
     command: str | None = None,
     dry_run: bool = False,
     device: torch.device | str = "cpu",
+    precision: str = "fp32",
 ) -> BenchSummary:
     """Run (or resume) the benchmark described by ``config`` into ``out_dir``.
 
@@ -199,9 +202,13 @@ def run_bench(
     ``out_dir/cache``), TPGaze's meta-trained prompts and the other-rank bases next to them. With
     ``dry_run`` nothing is trained: the pending records are listed (the data are rendered to hash them).
     ``device`` holds the models (training and inference); the numbers are compared bit for bit only on the
-    CPU, so the run log records the device.
+    CPU, so the run log records the device. ``precision`` is that of the personalization and evaluation
+    forwards (:mod:`alfa.gaze.precision`; the source models train in the precision of their recipe, the
+    oracle's fine-tuning and the latency timings run in fp32); the run log records it too, and a record
+    made in another precision than fp32 is another record, as one made on another device is.
     """
     config.validate()
+    check_precision(precision)
     out = Path(out_dir)
     if not dry_run:
         out.mkdir(parents=True, exist_ok=True)
@@ -210,7 +217,7 @@ def run_bench(
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     t_start, cpu_start = time.time(), time.process_time()
-    session = Session(config, out, cache, progress, torch.device(device))
+    session = Session(config, out, cache, progress, torch.device(device), precision)
     log = _RunLog(_run_entry(config, command, session), session, t_start, cpu_start)
     plans = plan_records(config)
     try:
@@ -219,7 +226,8 @@ def run_bench(
             return BenchSummary(store.path, [], skipped, [p.id for p in todo], time.time() - t_start, 0.0)
         if progress:
             tqdm.write(f"benchmark {config.preset}: {len(todo)} records to run, {len(skipped)} already done")
-        _run_records(session, store, groups, todo, log)
+        with forward_precision(precision):
+            _run_records(session, store, groups, todo, log)
         store.update(lambda data: log.save(data, finished=True))
     finally:
         torch.set_num_threads(threads)

@@ -78,10 +78,12 @@ def variant_key(variant: Variant) -> dict[str, Any]:
     return out
 
 
-def device_key(device: torch.device) -> dict[str, str]:
-    """The device part of a record's hash: a record made on a GPU is another record (its float results
-    differ). A CPU record has none, so CPU records keep the hashes they had before records named a device."""
-    return {} if device.type == "cpu" else {"device": device.type}
+def device_key(device: torch.device, precision: str = "fp32") -> dict[str, str]:
+    """The device and precision part of a record's hash: a record made on a GPU, or with its forwards in
+    another precision, is another record (its float results differ). An fp32 CPU record has neither, so such
+    records keep the hashes they had before records named a device or a precision."""
+    key = {} if device.type == "cpu" else {"device": device.type}
+    return key if precision == "fp32" else {**key, "precision": precision}
 
 
 def config_hash(
@@ -91,6 +93,7 @@ def config_hash(
     scored: Scored | None,
     device: torch.device,
     selection: str | None = None,
+    precision: str = "fp32",
 ) -> str:
     """The hash of the record of ``plan``. ``source_model``: the cache key of the model it adapts;
     ``scored``: the stand-in of a recipe selection, the rendered target of a row scored on one (``None`` for
@@ -108,10 +111,10 @@ def config_hash(
             "grid": [dataclasses.asdict(r) for r in RECIPE_GRID],
             "rule": {"tie": TIE_DEGREES, "order": "steps, lr, anchor on, no x10, detached"},
             "scoring": SCORING,
-            **device_key(device),
+            **device_key(device, precision),
         }
         return stable_hash(spec)
-    spec = {**common, "n_adapt": config.personalize.n_adapt, "scoring": SCORING, **device_key(device)}
+    spec = {**common, "n_adapt": config.personalize.n_adapt, "scoring": SCORING, **device_key(device, precision)}
     if v.kind == "in-domain":
         spec["val"] = config.val_spec(plan.source)
     elif scored is None:

@@ -76,10 +76,17 @@ class Session:
     of each record; :func:`~alfa.study.bench.produce.produce_record` makes a record from it."""
 
     def __init__(
-        self, config: BenchConfig, out: Path, cache: Path, progress: bool, device: torch.device | None = None
+        self,
+        config: BenchConfig,
+        out: Path,
+        cache: Path,
+        progress: bool,
+        device: torch.device | None = None,
+        precision: str = "fp32",
     ) -> None:
         self.config, self.out, self.cache, self.progress = config, out, cache, progress
         self.device = torch.device("cpu") if device is None else device
+        self.precision = precision  # of the personalization and evaluation forwards (alfa.gaze.precision)
         self.figures = _FigureData(config, out)
         self.targets: dict[str, TargetData] = {}
         self.sources: dict[tuple[str, int], SourceContext] = {}
@@ -135,10 +142,11 @@ class Session:
         v = plan.variant
         source_model = self.source(self.model_key(plan), plan.seed).cache_key
         if v.kind == "selection":  # scored on the stand-in: no target is opened, let alone its labels
-            return config_hash(self.config, plan, source_model, self.stand_in(plan.source), self.device)
+            stand_in = self.stand_in(plan.source)
+            return config_hash(self.config, plan, source_model, stand_in, self.device, precision=self.precision)
         scored = None if v.kind == "in-domain" else self.target(plan.target)
         selection = self.record_hash(grid_plan(self.config, plan)) if v.selected else None
-        return config_hash(self.config, plan, source_model, scored, self.device, selection)
+        return config_hash(self.config, plan, source_model, scored, self.device, selection, self.precision)
 
     # ---------------------------------------------------------------- models
 

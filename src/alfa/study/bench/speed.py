@@ -297,7 +297,3 @@ def main(out: str | None = None, repeats: int = 20, image_size: int = 224, trans
         write_text(path, text)
         write_text(path.with_suffix(".json"), json.dumps(result, indent=2))
     return result
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:2])

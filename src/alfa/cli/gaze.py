@@ -1,8 +1,8 @@
-"""The gaze subcommands of ``alfa``: pretrain, truncate, personalize, evaluate, demo.
+"""The gaze commands of ``alfa``: pretrain, truncate, personalize, throughput, evaluate, demo and serve.
 
-:func:`register` adds them to the CLI's subparsers; each handler only turns options into configs and
-calls one library function (:mod:`alfa.gaze.train`, :mod:`~alfa.gaze.personalize`,
-:mod:`~alfa.gaze.evaluate`, :mod:`~alfa.gaze.pipeline`).
+Each handler only turns options into configs and calls one function of the application
+(:mod:`alfa.gaze.train`, :mod:`~alfa.gaze.personalize`, :mod:`~alfa.gaze.evaluate`, :mod:`~alfa.gaze.pipeline`,
+:mod:`~alfa.gaze.service`); the commands are declared at the end of the file.
 """
 
 from __future__ import annotations
@@ -11,21 +11,55 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["register"]
+from .options import (
+    allow_partial_option,
+    default_of,
+    device_option,
+    precision_option,
+    quiet_option,
+    run_precision_of,
+    seed_option,
+)
+from .registry import Command
+
+if TYPE_CHECKING:
+    from alfa.gaze.data.base import GazeDataset
+
+__all__ = [
+    "PRETRAIN",
+    "TRUNCATE",
+    "PERSONALIZE",
+    "THROUGHPUT",
+    "EVALUATE",
+    "DEMO",
+    "SERVE",
+    "seed_everything",
+    "open_spec",
+]
 
 PRESETS = ("real", "demo")
 
 
-def _seed(seed: int) -> None:
+def seed_everything(seed: int) -> None:
+    """Seed torch's global generator and ask for deterministic kernels (warning where there is none)."""
     import torch
 
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+def open_spec(spec: str) -> GazeDataset:
+    """The dataset a ``--data`` spec names (:func:`alfa.gaze.pipeline.open_data`)."""
+    from alfa.gaze import pipeline
+
+    return pipeline.open_data(spec)
+
+
 def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
+    from alfa.gaze.train import TrainConfig
+
     g = p.add_argument_group("training (defaults: the preset's)")
     g.add_argument("--preset", choices=PRESETS, default="real", help="real: the paper's settings; demo: the small one")
     g.add_argument("--epochs", type=int, help=epochs_help)
@@ -36,21 +70,14 @@ def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
     g.add_argument("--symmetry-weight", type=float, help="weight of the left-right symmetry term (0: off)")
     g.add_argument("--val-fraction", type=float, help="share of source persons held out (without --val-data)")
     g.add_argument("--workers", type=int, help="data-loading worker processes")
-    g.add_argument(
-        "--precision",
-        choices=("fp32", "bf16", "fp16"),
-        help="bf16/fp16: the training forwards under autocast, fp16 with a gradient scaler (default: bf16 on CUDA, "
-        "fp32 on the CPU; the SVD and the optimizer always run in fp32)",
-    )
-    g.add_argument(
-        "--seed", type=int, default=0, help="initial weights, batch order, person split (default %(default)s)"
-    )
-    g.add_argument("--quiet", action="store_true", help="no progress bars")
+    precision_option(g)
+    seed_option(g, "the initial weights, batch order and person split", TrainConfig().seed)
+    quiet_option(g)
 
 
-def _train_config(args: argparse.Namespace, stage: str, device=None):
-    from .pipeline import DemoConfig
-    from .train import TrainConfig, TruncateConfig
+def _train_config(args: argparse.Namespace, stage: str, device):
+    from alfa.gaze.pipeline import DemoConfig
+    from alfa.gaze.train import TrainConfig, TruncateConfig
 
     if args.preset == "demo":
         demo = DemoConfig()
@@ -65,77 +92,33 @@ def _train_config(args: argparse.Namespace, stage: str, device=None):
         "val_fraction": args.val_fraction,
         "num_workers": args.workers,
         "seed": args.seed,
-        "precision": args.precision or ("bf16" if device is not None and device.type == "cuda" else None),
+        "precision": run_precision_of(args, device),
     }
     return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
-
-
-def resolve_device(name: str):
-    """``--device``: ``auto`` (CUDA when present, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {name}: no CUDA device is visible to this process (use --device cpu)")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
-    return device
 
 
 def _join(name: str):
     """``--device`` for the commands that train a source: under ``torchrun``, this process's device in the
     process group it joins (:func:`alfa.gaze.distributed.setup`)."""
-    from . import distributed
+    from alfa.gaze import distributed
+    from alfa.gaze.devices import resolve_device
 
     return distributed.setup(name, resolve_device)
-
-
-def device_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--device",
-        default="auto",
-        help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N (default %(default)s); checkpoints load "
-        "onto any device and are always saved from CPU copies",
-    )
-
-
-def allow_partial_option(p: argparse.ArgumentParser) -> None:
-    """``--allow-partial``, for the commands that work person by person (see ``PersonalizationRun.raise_if_failed``)."""
-    p.add_argument(
-        "--allow-partial",
-        action="store_true",
-        help="exit 0 even if some persons failed (by default any failure exits 2, after the others are done)",
-    )
-
-
-def _open(spec: str):
-    from .pipeline import open_data
-
-    return open_data(spec)
 
 
 # ----------------------------------------------------------------------------- pretrain
 
 
 def _pretrain(args: argparse.Namespace) -> None:
+    from alfa.gaze import distributed
+    from alfa.gaze.train import train_source
     from alfa.models import create_model
-
-    from . import distributed
-    from .train import train_source
 
     device = _join(args.device)
     config = _train_config(args, "pretrain", device)
-    data = _open(args.data)
-    val = _open(args.val_data) if args.val_data else None
-    _seed(config.seed)
+    data = open_spec(args.data)
+    val = open_spec(args.val_data) if args.val_data else None
+    seed_everything(config.seed)
     model = create_model(args.model).to(device)
     try:
         result = train_source(
@@ -159,9 +142,8 @@ def _pretrain(args: argparse.Namespace) -> None:
 
 def _truncate(args: argparse.Namespace) -> None:
     from alfa.checkpoint import load_model
-
-    from . import distributed
-    from .train import TruncateConfig, truncate_and_recover
+    from alfa.gaze import distributed
+    from alfa.gaze.train import TruncateConfig, truncate_and_recover
 
     device = _join(args.device)
     config = TruncateConfig(rank=args.rank, recovery=_train_config(args, "recover", device))
@@ -169,15 +151,15 @@ def _truncate(args: argparse.Namespace) -> None:
     model.to(device)
     if saved.get("factorized"):
         raise ValueError(f"{args.checkpoint} is already truncated; pass the dense pre-trained checkpoint")
-    data = _open(args.data)
+    data = open_spec(args.data)
     extra = saved.get("extra", {})
     if args.val_data:
-        val, val_persons = _open(args.val_data), None
+        val, val_persons = open_spec(args.val_data), None
     elif extra.get("val_data") == data.name and extra.get("val_persons"):
         val, val_persons = data, extra["val_persons"]  # pre-training's held-out persons stay unseen
     else:
         val, val_persons = None, None
-    _seed(config.recovery.seed)
+    seed_everything(config.recovery.seed)
     try:
         result = truncate_and_recover(
             model,
@@ -215,8 +197,13 @@ def _method_config(args: argparse.Namespace):
     if args.method not in METHODS:
         raise ValueError(f"unknown adapter method {args.method!r}; known: {sorted(METHODS)}")
     options: dict[str, Any] = {}
-    if args.method == "alfa":
-        options.update(heads=args.heads, rank=args.adapter_rank)
+    fields = {f.name for f in dataclasses.fields(METHODS[args.method])}
+    for flag, field, value in (("--heads", "heads", args.heads), ("--adapter-rank", "rank", args.adapter_rank)):
+        if value is None:
+            continue  # the method's own default
+        if field not in fields:
+            raise ValueError(f"{flag}: --method {args.method} has no {field!r} option")
+        options[field] = value
     for item in args.option or []:
         key, sep, value = item.partition("=")
         if not sep:
@@ -227,11 +214,10 @@ def _method_config(args: argparse.Namespace):
 
 def _personalize_config(args: argparse.Namespace, method: Any = None):
     from alfa.adapters import TPGazeConfig
-
-    from .personalize import PersonalizeConfig
-    from .pipeline import DemoConfig
-    from .recipes import named_recipe
-    from .tpgaze import tpgaze_recipe
+    from alfa.gaze.personalize import PersonalizeConfig
+    from alfa.gaze.pipeline import DemoConfig
+    from alfa.gaze.recipes import named_recipe
+    from alfa.gaze.tpgaze import tpgaze_recipe
 
     base = DemoConfig().personalize if args.preset == "demo" else PersonalizeConfig()
     # Each adapter method's default recipe was selected without target labels (alfa.gaze.default_recipe);
@@ -254,7 +240,7 @@ def _personalize_config(args: argparse.Namespace, method: Any = None):
 
 def _remove_adapters(folder: Path) -> None:
     """``--replace``: remove the adapters (and their sidecars) the folder's last run lists, nothing else."""
-    from .evaluate import adapter_filename
+    from alfa.gaze.evaluate import adapter_filename
 
     summary = folder / "personalization.json"
     for person in json.loads(summary.read_text()).get("persons", {}):
@@ -273,22 +259,26 @@ def _recipe_words(config: Any) -> str:
 
 def _personalize(args: argparse.Namespace) -> None:
     from alfa.checkpoint import load_model
-
-    from .personalize import foreign_adapters, personalize_dataset
-    from .train import check_input_size
+    from alfa.gaze.devices import resolve_device
+    from alfa.gaze.personalize import foreign_adapters, personalize_dataset
+    from alfa.gaze.precision import forward_precision
+    from alfa.gaze.train import check_input_size
 
     method = _method_config(args)
     config = _personalize_config(args, method)
     device = resolve_device(args.device)
+    precision = run_precision_of(args, device)
     model, saved = load_model(args.checkpoint)
     model.to(device).eval()
     if args.init:
-        if method.method != "tpgaze":
-            raise ValueError("--init (meta-trained prompts) only applies to --method tpgaze")
-        from .tpgaze import start_from
+        if not type(method).trains_prompts:
+            raise ValueError(
+                f"--init (meta-trained prompts) only applies to a method that trains prompts, not {method.method}"
+            )
+        from alfa.gaze.tpgaze import start_from
 
         method = start_from(model, args.init)
-    data = _open(args.data)
+    data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
     persons = [p for p in args.persons.split(",") if p] if args.persons else None
     why = foreign_adapters(model, data, method, config, args.out)
@@ -296,10 +286,11 @@ def _personalize(args: argparse.Namespace) -> None:
         if not args.replace:
             raise ValueError(f"--out {args.out}: {why}; use another --out, or --replace to redo them there")
         _remove_adapters(Path(args.out))
-    _seed(config.seed)
+    seed_everything(config.seed)
     if not args.quiet:
         print(f"recipe: {_recipe_words(config)}")
-    run = personalize_dataset(model, data, method, config, args.out, persons=persons, progress=not args.quiet)
+    with forward_precision(precision):
+        run = personalize_dataset(model, data, method, config, args.out, persons=persons, progress=not args.quiet)
     counts = run.counts()
     done = [o.seconds for o in run.persons.values() if o.status == "ok"]
     pace = f", {sum(done) / len(done):.2f} s per person on {device}" if done else ""
@@ -315,33 +306,37 @@ def _personalize(args: argparse.Namespace) -> None:
 
 def _evaluate(args: argparse.Namespace) -> None:
     from alfa.checkpoint import load_model
-
-    from .evaluate import evaluate
-    from .train import check_input_size
+    from alfa.gaze.devices import resolve_device
+    from alfa.gaze.evaluate import evaluate
+    from alfa.gaze.precision import forward_precision
+    from alfa.gaze.train import check_input_size
 
     if args.adapters is not None and not Path(args.adapters).is_dir():
         raise FileNotFoundError(f"--adapters {args.adapters}: no such folder (alfa personalize --out writes one)")
     device = resolve_device(args.device)
+    precision = run_precision_of(args, device)
     model, saved = load_model(args.checkpoint)
     model.to(device).eval()
-    data = _open(args.data)
+    data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
     options = {"adapters": args.adapters, "n_adapt": args.n_adapt, "batch_size": args.batch_size}
-    report = evaluate(model, data, **options, progress=not args.quiet, after=args.label)
-    if args.flip_tta:  # the same persons and images through flip test-time augmentation
-        from .flip import FlipTTA
+    with forward_precision(precision):
+        report = evaluate(model, data, **options, progress=not args.quiet, after=args.label)
+        if args.flip_tta:  # the same persons and images through flip test-time augmentation
+            from alfa.gaze.flip import FlipTTA
 
-        tta = evaluate(
-            model,
-            data,
-            **options,
-            progress=False,
-            before="flip-TTA",
-            after=f"{args.label} + flip-TTA",
-            predictor=FlipTTA,
-        )
-        report.columns.update({k: v for k, v in tta.columns.items()})
-    report.meta.update({"checkpoint": str(args.checkpoint), "adapters": args.adapters, "data": args.data})
+            tta = evaluate(
+                model,
+                data,
+                **options,
+                progress=False,
+                before="flip-TTA",
+                after=f"{args.label} + flip-TTA",
+                predictor=FlipTTA,
+            )
+            report.columns.update({k: v for k, v in tta.columns.items()})
+    meta = {"checkpoint": str(args.checkpoint), "adapters": args.adapters, "data": args.data, "precision": precision}
+    report.meta.update(meta)
     print(report.format_table())
     if args.json:
         print(f"written {report.save_json(args.json)}")
@@ -368,22 +363,25 @@ def _raise_if_incomplete(report: Any, allow_partial: bool) -> None:
 
 def _demo(args: argparse.Namespace) -> None:
     from alfa.fileio import safe_filename
-
-    from .pipeline import demo_configs, run_demo, summary_table
+    from alfa.gaze.devices import resolve_device
+    from alfa.gaze.pipeline import demo_configs, run_demo, summary_table
+    from alfa.gaze.precision import forward_precision
 
     overrides: dict[str, Any] = {"cache_dir": args.cache_dir, "seed": args.seed}
     device = resolve_device(args.device)
+    precision = run_precision_of(args, device)
     configs = demo_configs(**overrides)
     if args.targets:  # only the first part (the E source), on these targets
         configs = [dataclasses.replace(configs[0], targets=tuple(args.targets))]
-    _seed(args.seed)
+    seed_everything(args.seed)
     results, total = [], 0.0
     for config in configs:
         name = Path(config.source.partition("?")[0].partition(":")[2]).name
         config = dataclasses.replace(config, out_dir=str(Path(args.out) / safe_filename(name)))
         if not args.quiet:
             print(f"\n== source {config.source}", flush=True)
-        result = run_demo(config, rebuild=args.rebuild, progress=not args.quiet, device=device)
+        with forward_precision(precision):
+            result = run_demo(config, rebuild=args.rebuild, progress=not args.quiet, device=device)
         if args.quiet:
             print(result.format(per_person=True))
         print(f"\n{result.source_line()}")
@@ -398,7 +396,7 @@ def _demo(args: argparse.Namespace) -> None:
     print(f"\ntotal wall time {total:.0f} s")
 
 
-# ----------------------------------------------------------------------------- registration
+# ----------------------------------------------------------------------------- throughput
 
 
 def _throughput(args: argparse.Namespace) -> None:
@@ -406,15 +404,15 @@ def _throughput(args: argparse.Namespace) -> None:
 
     import torch
 
+    from alfa.gaze.devices import resolve_device
+    from alfa.gaze.throughput import FIXTURE_FORMATS, fixture_dataset, loading_page, measure_throughput
+    from alfa.gaze.train import TrainConfig
     from alfa.models import create_model
-
-    from .throughput import FIXTURE_FORMATS, fixture_dataset, loading_page, measure_throughput
-    from .train import TrainConfig
 
     if (args.data is None) == (args.fixture is None):
         raise ValueError("pass --data SPEC (your data) or --fixture KIND (data in a real layout, written here)")
     device = resolve_device(args.device)
-    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    precision = run_precision_of(args, device)
     if args.batches < 1 or args.batch_size < 2:
         raise ValueError(f"need --batches >= 1 and --batch-size >= 2, got {args.batches} and {args.batch_size}")
     workers_list = _int_list(args.workers, "--workers")
@@ -425,7 +423,7 @@ def _throughput(args: argparse.Namespace) -> None:
     results = []
     for fixture, spec in sources:
         with tempfile.TemporaryDirectory(prefix="alfa-throughput-") as tmp:
-            data = fixture_dataset(fixture, tmp, size=args.image_size) if fixture else _open(spec)
+            data = fixture_dataset(fixture, tmp, size=args.image_size) if fixture else open_spec(spec)
             for workers in workers_list:
                 config = TrainConfig(batch_size=args.batch_size, num_workers=workers, precision=precision)
                 config.validate()
@@ -468,60 +466,69 @@ def _int_list(text: str, option: str) -> list[int]:
     return values
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``pretrain``, ``truncate``, ``personalize``, ``throughput``, ``evaluate`` and ``demo`` to
-    ``subparsers``, in that order (the order ``alfa --help`` lists them)."""
-    # Each command's option defaults are read from its configs, so a default is written in one place only.
-    _register_pretrain(subparsers)
-    _register_truncate(subparsers)
-    _register_personalize(subparsers)
-    _register_throughput(subparsers)
-    _register_evaluate(subparsers)
-    _register_demo(subparsers)
+# ----------------------------------------------------------------------------- serve
 
 
-def _register_pretrain(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("pretrain", help="train the gaze regressor on a source domain (resumable)")
+def _serve(args: argparse.Namespace) -> None:
+    from alfa.gaze.service import GazeService, make_server
+
+    server = make_server(GazeService(args.checkpoint, args.adapters), args.host, args.port)
+    host, port = server.server_address[:2]
+    print(f"serving on http://{host}:{port}: POST /predict?user=ID with a face crop, GET /health (Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+# ----------------------------------------------------------------------------- the options
+# Each default is read from the config (or function) it sets, so it is written in one place only.
+
+
+def _pretrain_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.gaze.pipeline import DemoConfig
+    from alfa.gaze.train import TrainConfig
+
     p.add_argument("--data", required=True, help="source dataset spec, e.g. synthetic:eth or gazehub:eth-xgaze:/data")
     p.add_argument("--val-data", help="held-out source persons as a dataset spec (default: a share of --data)")
-    p.add_argument("--model", default="resnet18_gaze", help="a registered model (default %(default)s)")
+    p.add_argument("--model", default=DemoConfig().model, help="a registered model (default %(default)s)")
     p.add_argument("--out", default="runs/pretrain", help="checkpoint folder (an unfinished run there resumes)")
-    _train_options(p, "training epochs (real: 50)")
+    _train_options(p, f"training epochs (real: {TrainConfig().epochs})")
     device_option(p)
-    p.set_defaults(func=_pretrain, outputs={"out": True})
 
 
-def _register_truncate(subparsers: argparse._SubParsersAction) -> None:
-    from .train import TruncateConfig
+def _truncate_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.gaze.train import TruncateConfig
 
-    rank = TruncateConfig().rank
-    p = subparsers.add_parser("truncate", help="SVD-truncate a pre-trained model and recover it on the source")
+    truncation = TruncateConfig()
     p.add_argument("--checkpoint", required=True, help="the dense pre-trained checkpoint (model.safetensors)")
     p.add_argument("--data", required=True, help="the source dataset spec the model was trained on")
     p.add_argument("--val-data", help="held-out source persons (default: pre-training's)")
-    p.add_argument("--rank", type=int, default=rank, help=f"SVD rank d (default {rank})")
+    p.add_argument("--rank", type=int, default=truncation.rank, help="SVD rank d (default %(default)s)")
     p.add_argument("--out", default="runs/recovered", help="checkpoint folder (default %(default)s)")
-    _train_options(p, "recovery epochs (real: 25)")
+    _train_options(p, f"recovery epochs (real: {truncation.recovery.epochs})")
     device_option(p)
-    p.set_defaults(func=_truncate, outputs={"out": True})
 
 
-def _register_personalize(subparsers: argparse._SubParsersAction) -> None:
+def _personalize_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.adapters import METHODS, AlfaConfig
-
-    from .personalize import PersonalizeConfig
-    from .recipes import DEFAULT_RECIPE, PAPER_RECIPE, RECIPE_NAMES
+    from alfa.gaze.objectives import OBJECTIVES
+    from alfa.gaze.personalize import PersonalizeConfig
+    from alfa.gaze.recipes import DEFAULT_RECIPE, PAPER_RECIPE, RECIPE_NAMES
 
     alfa, recipe = AlfaConfig(), PersonalizeConfig()
-    p = subparsers.add_parser("personalize", help="one adapter per target person from its first 5 unlabeled images")
     p.add_argument("--checkpoint", required=True, help="the truncated + recovered base (model.safetensors)")
     p.add_argument("--data", required=True, help="target dataset spec, e.g. synthetic:mpii")
     p.add_argument("--out", default="runs/adapters", help="adapter folder (persons already done are skipped)")
     p.add_argument(
         "--method", default="alfa", help=f"an adapter method: {', '.join(sorted(METHODS))} (default %(default)s)"
     )
-    p.add_argument("--heads", type=int, default=alfa.heads, help="Alfa heads H")
-    p.add_argument("--adapter-rank", type=int, default=alfa.rank, help="Alfa low rank r")
+    p.add_argument(
+        "--heads", type=int, help=f"attention heads H of a method that has them (Alfa's default {alfa.heads})"
+    )
+    p.add_argument(
+        "--adapter-rank", type=int, help=f"low rank r of a method that has one (Alfa's and LoRA's default {alfa.rank})"
+    )
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="another method option (repeatable)")
     p.add_argument("--init", help="tpgaze: start every person from these meta-trained prompts (alfa tpgaze meta-train)")
     p.add_argument("--preset", choices=PRESETS, default="real", help="demo: blur kernel sized for 64×64 images")
@@ -536,7 +543,13 @@ def _register_personalize(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="optimizer steps per person (default: the recipe's)")
     p.add_argument("--lr", type=float, help="AdamW base learning rate (default: the recipe's)")
     p.add_argument("--n-adapt", type=int, help=f"adaptation images per person (default {recipe.n_adapt})")
-    p.add_argument("--loss", choices=("flip", "augment"), help="flip symmetry (default) or augmentation consistency")
+    p.add_argument(
+        "--loss",
+        choices=tuple(OBJECTIVES),
+        help="the personalization objective: "
+        + "; ".join(f"{name}, {o.description}" for name, o in OBJECTIVES.items())
+        + f" (default {recipe.loss})",
+    )
     branches = p.add_mutually_exclusive_group()
     branches.add_argument("--train-both-branches", action="store_true", help="do not detach the flipped branch")
     branches.add_argument("--detach-flipped", action="store_true", help="detach the flipped branch (the paper's)")
@@ -548,7 +561,7 @@ def _register_personalize(subparsers: argparse._SubParsersAction) -> None:
         "default: the recipe's)",
     )
     p.add_argument("--persons", help="comma-separated person ids (default: all)")
-    p.add_argument("--seed", type=int, help="adapter init and augmentation draws per person (default 0)")
+    seed_option(p, "the adapter init and augmentation draws per person", recipe.seed)
     p.add_argument(
         "--replace",
         action="store_true",
@@ -556,40 +569,58 @@ def _register_personalize(subparsers: argparse._SubParsersAction) -> None:
         "that is refused)",
     )
     allow_partial_option(p)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    quiet_option(p)
     device_option(p)
-    p.set_defaults(func=_personalize, outputs={"out": True})
+    precision_option(p)
 
 
-def _register_throughput(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "throughput", help="images/s of the data loader, of the training step and of both: is training loader-bound?"
-    )
+def _throughput_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.gaze.pipeline import DemoConfig
+    from alfa.gaze.throughput import fixture_dataset, measure_throughput
+    from alfa.gaze.train import TrainConfig
+
+    training = TrainConfig()
     p.add_argument("--data", help="a dataset spec (your data)")
     p.add_argument(
         "--fixture",
         help="or data in a real layout written to a temporary folder: mpiifacegaze (JPEG files), eth-xgaze-h5 (raw "
         "h5), or both, comma-separated",
     )
-    p.add_argument("--image-size", type=int, default=224, help="--fixture: image side (default %(default)s)")
-    p.add_argument("--model", default="resnet18_gaze", help="a registered model (default %(default)s)")
-    p.add_argument("--batch-size", type=int, default=120, help="images per step (default %(default)s, the paper's)")
-    p.add_argument("--workers", default="0", help="loader worker processes; a comma-separated list measures each")
-    p.add_argument("--batches", type=int, default=10, help="timed batches after one warm-up (default %(default)s)")
     p.add_argument(
-        "--precision", choices=("fp32", "bf16", "fp16"), help="of the step (default: bf16 on CUDA, fp32 on the CPU)"
+        "--image-size",
+        type=int,
+        default=default_of(fixture_dataset, "size"),
+        help="--fixture: image side (default %(default)s)",
     )
+    p.add_argument("--model", default=DemoConfig().model, help="a registered model (default %(default)s)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=training.batch_size,
+        help="images per step (default %(default)s, the paper's)",
+    )
+    p.add_argument(
+        "--workers",
+        default=str(training.num_workers),
+        help="loader worker processes; a comma-separated list measures each",
+    )
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=default_of(measure_throughput, "batches"),
+        help="timed batches after one warm-up (default %(default)s)",
+    )
+    precision_option(p)
     p.add_argument("--loader-only", action="store_true", help="time the loader alone (no model step)")
     p.add_argument("--out", help="write the page here (e.g. docs/loading.md) and its data beside it")
     device_option(p)
-    p.set_defaults(func=_throughput, outputs={"out": False})
 
 
-def _register_evaluate(subparsers: argparse._SubParsersAction) -> None:
-    from .personalize import PersonalizeConfig
+def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.gaze.evaluate import EVAL_BATCH_SIZE
+    from alfa.gaze.personalize import PersonalizeConfig
 
     recipe = PersonalizeConfig()
-    p = subparsers.add_parser("evaluate", help="per-person angular error, before and after personalization")
     p.add_argument("--checkpoint", required=True, help="the base model the adapters were trained on")
     p.add_argument("--data", required=True, help="target dataset spec")
     p.add_argument("--adapters", help="folder of per-person adapters (omit for source-only)")
@@ -603,20 +634,24 @@ def _register_evaluate(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--n-adapt", type=int, default=recipe.n_adapt, help="first images per person excluded (used for adaptation)"
     )
-    p.add_argument("--batch-size", type=int, default=256, help="images per forward (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=EVAL_BATCH_SIZE, help="images per forward (default %(default)s)")
     p.add_argument("--json", help="also write the report here (JSON)")
     allow_partial_option(p)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    quiet_option(p)
     device_option(p)
-    p.set_defaults(func=_evaluate, outputs={"json": False})
+    precision_option(p)
 
 
-def _register_demo(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("demo", help="the whole chain on the synthetic benchmark: table, JSON, figure")
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.gaze.pipeline import DemoConfig
+
+    demo = DemoConfig()
     p.add_argument(
-        "--out", default="runs/demo", help="results, figures and adapters, one folder per source (default %(default)s)"
+        "--out",
+        default=demo.out_dir,
+        help="results, figures and adapters, one folder per source (default %(default)s)",
     )
-    p.add_argument("--cache-dir", default="runs/cache", help="where the source model is cached")
+    p.add_argument("--cache-dir", default=demo.cache_dir, help="where the source model is cached")
     p.add_argument("--rebuild", action="store_true", help="rebuild the cached source model")
     p.add_argument(
         "--targets",
@@ -624,7 +659,91 @@ def _register_demo(subparsers: argparse._SubParsersAction) -> None:
         help="run only the E source, on these target dataset specs (default: E on synthetic mpii, then the "
         "studio source on synthetic mpii-window)",
     )
-    p.add_argument("--seed", type=int, default=0, help="source training and personalization (default %(default)s)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    seed_option(p, "the source training and personalization", demo.seed)
+    quiet_option(p)
     device_option(p)
-    p.set_defaults(func=_demo, outputs={"out": True, "cache_dir": True})
+    precision_option(p, note="the source models train in their recipe's precision (fp32)")
+
+
+def _port(text: str) -> int:
+    """``--port``: a TCP port number, refused by the parser when it is not one."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
+    return port
+
+
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.gaze.service import make_server
+
+    p.add_argument("--checkpoint", required=True, help="the truncated base (model.safetensors)")
+    p.add_argument("--adapters", required=True, help="folder of <user>.safetensors adapter files")
+    p.add_argument("--host", default=default_of(make_server, "host"), help="address to listen on (default %(default)s)")
+    p.add_argument(
+        "--port",
+        type=_port,
+        default=default_of(make_server, "port"),
+        help="port (default %(default)s; 0: any free one)",
+    )
+
+
+# ----------------------------------------------------------------------------- the commands, in `alfa --help` order
+
+PRETRAIN = Command(
+    "pretrain",
+    help="train the gaze regressor on a source domain (resumable)",
+    add_arguments=_pretrain_arguments,
+    run=_pretrain,
+    outputs={"out": True},
+    extra="gaze",
+)
+TRUNCATE = Command(
+    "truncate",
+    help="SVD-truncate a pre-trained model and recover it on the source",
+    add_arguments=_truncate_arguments,
+    run=_truncate,
+    outputs={"out": True},
+    extra="gaze",
+)
+PERSONALIZE = Command(
+    "personalize",
+    help="one adapter per target person from its first 5 unlabeled images",
+    add_arguments=_personalize_arguments,
+    run=_personalize,
+    outputs={"out": True},
+    extra="gaze",
+)
+THROUGHPUT = Command(
+    "throughput",
+    help="images/s of the data loader, of the training step and of both: is training loader-bound?",
+    add_arguments=_throughput_arguments,
+    run=_throughput,
+    outputs={"out": False},
+    extra="gaze",
+)
+EVALUATE = Command(
+    "evaluate",
+    help="per-person angular error, before and after personalization",
+    add_arguments=_evaluate_arguments,
+    run=_evaluate,
+    outputs={"json": False},
+    extra="gaze",
+)
+DEMO = Command(
+    "demo",
+    help="the whole chain on the synthetic benchmark: table, JSON, figure",
+    add_arguments=_demo_arguments,
+    run=_demo,
+    outputs={"out": True, "cache_dir": True},
+    extra="gaze",
+)
+SERVE = Command(
+    "serve",
+    help="an HTTP gaze service: one shared base, each user's adapter loaded on first use",
+    add_arguments=_serve_arguments,
+    run=_serve,
+    extra="gaze",
+)

@@ -1,8 +1,7 @@
-"""The ``alfa bench`` and ``alfa report`` subcommands.
+"""The ``alfa bench`` and ``alfa report`` commands.
 
-:func:`register` adds them to the CLI's subparsers; each handler turns options into a
-:class:`~alfa.study.bench.config.BenchConfig` (or paths) and calls one library function. Also runnable as
-``python -m alfa.study.bench.commands bench --quick``.
+Each handler turns options into a :class:`~alfa.study.bench.config.BenchConfig` (or paths) and calls one
+function of the benchmark (:mod:`alfa.study.bench.runner`, :mod:`~alfa.study.bench.report_page`).
 
     alfa bench --smoke                                   # every row kind once, tiny data, minutes (no claims)
     alfa report --results runs/bench-smoke --out runs/bench-smoke/results.md
@@ -22,7 +21,10 @@ import shlex
 import sys
 from pathlib import Path
 
-__all__ = ["register", "main"]
+from .options import device_option, precision_option, quiet_option, run_precision_of
+from .registry import Command
+
+__all__ = ["BENCH", "REPORT"]
 
 
 def _list(value: str) -> list[str]:
@@ -47,11 +49,10 @@ def _command_line() -> str:
 def _bench(args: argparse.Namespace) -> None:
     import torch
 
-    from alfa.gaze.commands import resolve_device
-
-    from .ablations import REGISTRY
-    from .config import SELECTABLE, BenchConfig
-    from .runner import run_bench
+    from alfa.gaze.devices import resolve_device
+    from alfa.study.bench.ablations import REGISTRY
+    from alfa.study.bench.config import BenchConfig, selectable_methods
+    from alfa.study.bench.runner import run_bench
 
     preset = "full" if args.full else "standard" if args.standard else "smoke" if args.smoke else "quick"
     config = getattr(BenchConfig, preset)()
@@ -59,7 +60,7 @@ def _bench(args: argparse.Namespace) -> None:
     if args.methods is not None:
         changes["methods"] = tuple(_list(args.methods))
         # a subset of methods also narrows their selected-recipe rows, unless those are named on their own
-        changes["selected_methods"] = tuple(m for m in changes["methods"] if m in SELECTABLE)
+        changes["selected_methods"] = tuple(m for m in changes["methods"] if m in selectable_methods())
     if args.selected_methods is not None:
         names = _list(args.selected_methods)
         changes["selected_methods"] = () if names == ["none"] else tuple(names)
@@ -77,6 +78,7 @@ def _bench(args: argparse.Namespace) -> None:
     config = dataclasses.replace(config, **changes)
     torch.use_deterministic_algorithms(True, warn_only=True)
     out = Path(args.out or f"runs/bench-{preset}")
+    device = resolve_device(args.device)
     summary = run_bench(
         config,
         out,
@@ -84,7 +86,8 @@ def _bench(args: argparse.Namespace) -> None:
         progress=not args.quiet,
         command=_command_line(),
         dry_run=args.dry_run,
-        device=resolve_device(args.device),
+        device=device,
+        precision=run_precision_of(args, device),
     )
     if args.dry_run:
         print(f"{len(summary.pending)} records to run, {len(summary.skipped)} already done in {summary.results}:")
@@ -98,7 +101,7 @@ def _bench(args: argparse.Namespace) -> None:
     for rid, why in summary.errors.items():
         print(f"FAILED {rid}: {why}", file=sys.stderr)
     if args.report:
-        from .report_page import build_report
+        from alfa.study.bench.report_page import build_report
 
         path = build_report(summary.results, args.report, command=f"alfa report --results {out} --out {args.report}")
         print(f"report: {path}")
@@ -107,8 +110,8 @@ def _bench(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
-    from .report_page import build_report
-    from .results import export_results
+    from alfa.study.bench.report_page import build_report
+    from alfa.study.bench.results import export_results
 
     results, command = args.results, _command_line()
     if args.data_to:  # keep the data with the page, then make the page from the kept copy
@@ -119,15 +122,9 @@ def _report(args: argparse.Namespace) -> None:
     print(f"report: {path}")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``bench`` and ``report`` to the ``alfa`` command's subparsers."""
-    from alfa.gaze.commands import device_option
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.study.bench.config import BenchConfig
 
-    p = subparsers.add_parser(
-        "bench",
-        help="the cross-domain benchmark: every method, four synthetic pairs, seeds, ablations, costs",
-        description="Run (or resume) the benchmark; records go to OUT/results.json (see alfa.study.bench.runner).",
-    )
     preset = p.add_mutually_exclusive_group()
     preset.add_argument(
         "--smoke", action="store_true", help="every row kind, method and ablation once on tiny data, minutes; no claims"
@@ -156,21 +153,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
     p.add_argument("--ablations", help="comma-separated subset of the ablations, 'all' or 'none'")
-    p.add_argument("--threads", type=int, help="torch threads (default 1)")
+    p.add_argument("--threads", type=int, help=f"torch threads (default {BenchConfig().threads})")
     p.add_argument("--keep-adapters", action="store_true", help="keep every per-person adapter file")
     p.add_argument("--dry-run", action="store_true", help="list the records that would run, run nothing")
     p.add_argument("--report", metavar="MD", help="also write the report to this markdown file afterwards")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    quiet_option(p)
     device_option(p)
-    p.set_defaults(func=_bench, outputs={"out": True, "report": False})
+    precision_option(p, note="the source models train in their recipe's precision (fp32)")
 
-    p = subparsers.add_parser(
-        "report",
-        help="generate docs/results.md and its figures from a benchmark's results.json",
-        description="Render the benchmark report (tables, verdicts, figures) from results.json; never edit by hand.",
-    )
+
+def _report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", required=True, help="results.json or the benchmark folder holding it")
-    p.add_argument("--out", default="docs/results.md", help="markdown file to write (default docs/results.md)")
+    p.add_argument("--out", default="docs/results.md", help="markdown file to write (default %(default)s)")
     p.add_argument("--figures", help="figure folder (default: figures/results next to --out)")
     p.add_argument(
         "--data-to",
@@ -178,25 +172,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="first copy results.json and the figure data (never adapters or models) to DIR, e.g. "
         "docs/data/bench-standard, the data committed with the page, and make the page from that copy",
     )
-    p.set_defaults(func=_report, outputs={"out": False, "figures": True, "data_to": True})
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m alfa.study.bench.commands {bench,report} ...``"""
-    parser = argparse.ArgumentParser(prog="alfa", description="benchmark and report")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
-    register(sub)
-    args = parser.parse_args(argv)
-    try:
-        args.func(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"alfa {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+BENCH = Command(
+    "bench",
+    help="the cross-domain benchmark: every method, four synthetic pairs, seeds, ablations, costs",
+    description="Run (or resume) the benchmark; records go to OUT/results.json (see alfa.study.bench.runner).",
+    add_arguments=_bench_arguments,
+    run=_bench,
+    outputs={"out": True, "report": False},
+    extra="study",
+)
+REPORT = Command(
+    "report",
+    help="generate docs/results.md and its figures from a benchmark's results.json",
+    description="Render the benchmark report (tables, verdicts, figures) from results.json; never edit by hand.",
+    add_arguments=_report_arguments,
+    run=_report,
+    outputs={"out": False, "figures": True, "data_to": True},
+    extra="study",
+)

@@ -1,0 +1,96 @@
+"""The ``alfa`` command: a thin layer over the library, the gaze application and the study.
+
+Each command is declared once, as a :class:`~alfa.cli.registry.Command` in the module of its part
+(:mod:`~alfa.cli.library`, :mod:`~alfa.cli.study`, :mod:`~alfa.cli.gaze`, :mod:`~alfa.cli.tpgaze`,
+:mod:`~alfa.cli.bench`, :mod:`~alfa.cli.crate`); the options several share are in :mod:`~alfa.cli.options`.
+:data:`COMMANDS` is their order in ``alfa --help``. :func:`main` is the one place where an error a person can
+fix (a bad option value, a missing or unreadable file, a package not installed) becomes one line on stderr
+and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import bench, crate, gaze, library, study, tpgaze
+from .registry import Command, add_commands, missing_package
+
+__all__ = ["COMMANDS", "USER_ERRORS", "build_parser", "main"]
+
+COMMANDS: tuple[Command, ...] = (
+    library.SUMMARY,
+    study.EXAMPLE,
+    study.SPEED,
+    library.EXPORT,
+    study.SERVING,
+    gaze.SERVE,
+    study.PAGES,
+    study.COSTS,
+    gaze.PRETRAIN,
+    gaze.TRUNCATE,
+    gaze.PERSONALIZE,
+    gaze.THROUGHPUT,
+    gaze.EVALUATE,
+    gaze.DEMO,
+    tpgaze.TPGAZE,
+    bench.BENCH,
+    bench.REPORT,
+    crate.CRATE,
+)
+
+USER_ERRORS = (ValueError, RuntimeError, FloatingPointError, OSError)
+"""What the commands raise for input a person can fix: bad options, shapes or files (``ValueError``, which
+``CheckpointError`` is), work that failed on that input (``RuntimeError``, ``FloatingPointError``: a diverging
+loss), a file that is missing, unreadable or unwritable (``OSError``)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``alfa`` parser: every command of :data:`COMMANDS`, each leaf's handler set as ``func``."""
+    from alfa import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="alfa",
+        description="Alfa (Attentive Low-Rank Filter Adaptation): truncate, personalize and evaluate gaze models, "
+        "and the benchmark around them. Each command says more with --help.",
+    )
+    parser.add_argument("--version", action="version", version=f"alfa {__version__}")
+    add_commands(parser.add_subparsers(dest="command", required=True, metavar="command"), COMMANDS)
+    return parser
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every output a command was given must be writable before it starts (not after an hour of work): each
+    command lists its outputs as ``outputs={dest: is_folder}``."""
+    from alfa.fileio import check_writable
+
+    for name, folder in args.outputs.items():
+        value = getattr(args, name, None)
+        if value is not None:
+            check_writable(value, folder=folder, what=f"--{name.replace('_', '-')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``alfa`` on ``argv`` (default: the process's arguments); the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not args.stand_in:  # what parse_args says; a stand-in goes on to say what is missing
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    name = f"alfa {args.command_path}"
+    try:
+        _check_outputs(args)
+        args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except ModuleNotFoundError as e:
+        hint = missing_package(e, args.command_extra)
+        if hint is None:  # a module of alfa itself, or a package nothing declares: a bug, with its traceback
+            raise
+        print(f"{name}: error: {hint}", file=sys.stderr)
+        return 2
+    except USER_ERRORS as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,153 @@
+"""The ``alfa crate`` commands: ``toy`` (the plane example) and ``gaze`` (a tiny CRATE and ViT for gaze)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+from pathlib import Path
+
+from .options import quiet_option, seed_option
+from .registry import Command
+
+__all__ = ["CRATE"]
+
+
+def _toy_arguments(toy: argparse.ArgumentParser) -> None:
+    from alfa.study.crate.toy import DEFAULT_PANELS, PANELS, ToyConfig
+
+    constants = ToyConfig()
+    toy.add_argument("--seeds", type=int, default=10, help="number of seeds to run (default %(default)s)")
+    toy.add_argument(
+        "--first-seed", type=int, default=0, help="seeds are first-seed … first-seed+seeds-1 (default %(default)s)"
+    )
+    toy.add_argument(
+        "--panels",
+        default=",".join(DEFAULT_PANELS),
+        help=f"comma-separated panels out of {','.join(PANELS)} (default: all; c-len1 is (c) with token length 1)",
+    )
+    toy.add_argument(
+        "--eps", type=float, default=constants.eps, help="ε of the coding rates and steps (default %(default)s)"
+    )
+    toy.add_argument(
+        "--eta", type=float, default=constants.eta, help="ISTA step size η in panel (d) (default %(default)s)"
+    )
+    toy.add_argument(
+        "--lam", type=float, default=constants.lam, help="ISTA sparsity λ in panel (d) (default %(default)s)"
+    )
+    toy.add_argument("--layers", type=int, default=constants.layers, help="number of layers (default %(default)s)")
+    toy.add_argument("--show-runs", action="store_true", help="also print the table of every single run")
+    toy.add_argument("--json", type=Path, metavar="PATH", help="write every run (per-layer statistics) as JSON")
+    toy.add_argument("--figure", type=Path, metavar="PATH", help="write the four-panel figure (PNG)")
+
+
+def _gaze_arguments(gaze: argparse.ArgumentParser) -> None:
+    from alfa.study.crate.gaze_config import CrateGazeConfig
+
+    config = CrateGazeConfig()
+    gaze.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (results, checkpoints)")
+    gaze.add_argument("--quick", action="store_true", help="a tiny preset that runs in seconds (a smoke test)")
+    seed_option(gaze, "the initial weights, batch order and personalization", config.seed)
+    gaze.add_argument("--threads", type=int, default=config.threads, help="torch threads (default %(default)s)")
+    gaze.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="PATH",
+        help="also write a generated markdown page (e.g. docs/crate-gaze.md); the probe figure is copied to "
+        "PATH's folder under figures/",
+    )
+    quiet_option(gaze)
+
+
+def _toy(args: argparse.Namespace) -> None:
+    """``alfa crate toy``; bad options raise ``ValueError`` before anything runs."""
+    from alfa.study.crate.toy import PANELS, ToyConfig, format_aggregate, format_run, plot_toy, run_toy, write_json
+
+    panels = [p.strip() for p in args.panels.split(",") if p.strip()]
+    unknown = [p for p in panels if p not in PANELS]
+    if not panels or unknown:
+        raise ValueError(f"--panels: unknown panel(s) {', '.join(map(repr, unknown))}; choose from {', '.join(PANELS)}")
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+    if args.figure is not None and not any(p in panels for p in ("a", "b", "c", "d")):
+        raise ValueError("--figure needs at least one of the panels a, b, c, d")
+    config = ToyConfig(eps=args.eps, eta=args.eta, lam=args.lam, layers=args.layers)
+    config.validate()
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    runs = run_toy(panels, seeds, config)
+    if args.show_runs:
+        for run in runs:
+            print(format_run(run), end="\n\n")
+    print(format_aggregate(runs))
+    if args.json is not None:
+        write_json(runs, args.json)
+        print(f"\nwrote {len(runs)} runs to {args.json}")
+    if args.figure is not None:
+        plot_toy(runs, args.figure)
+        print(f"wrote the figure to {args.figure}")
+
+
+def _gaze_command_line(args: argparse.Namespace) -> str:
+    """The command as a person would type it (quoted in the results and the markdown page)."""
+    parts = ["alfa", "crate", "gaze", "--out", shlex.quote(str(args.out))]
+    if args.quick:
+        parts.append("--quick")
+    parts += ["--seed", str(args.seed)]
+    if args.threads != 1:
+        parts += ["--threads", str(args.threads)]
+    if args.markdown is not None:
+        parts += ["--markdown", shlex.quote(str(args.markdown))]
+    return " ".join(parts)
+
+
+def _gaze(args: argparse.Namespace) -> None:
+    """``alfa crate gaze``; bad options raise ``ValueError`` before anything runs."""
+    from alfa.fileio import write_text
+    from alfa.study.crate.gaze import CrateGazeConfig, format_markdown, format_summary, quick_config, run_crate_gaze
+
+    overrides = {"seed": args.seed, "threads": args.threads}
+    config = quick_config(**overrides) if args.quick else CrateGazeConfig(**overrides)
+    config.validate()
+    if args.markdown is not None and args.markdown.suffix.lower() != ".md":
+        raise ValueError(f"--markdown must name a .md file, got {args.markdown}")
+    results = run_crate_gaze(config, args.out, progress=not args.quiet, command=_gaze_command_line(args))
+    print()
+    print(format_summary(results))
+    print(f"\nwrote {args.out / 'results.json'} and {results['figure']}")
+    if args.markdown is not None:
+        figure = args.markdown.parent / "figures" / f"{args.markdown.stem.replace('-', '_')}_probes.png"
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(results["figure"], figure)
+        text = format_markdown(results, figure=figure.relative_to(args.markdown.parent).as_posix())
+        write_text(args.markdown, text)
+        print(f"wrote {args.markdown} (figure {figure})")
+
+
+CRATE = Command(
+    "crate",
+    help="CRATE, the white-box transformer: worked examples",
+    extra="study",
+    subcommands=(
+        Command(
+            "toy",
+            help="the plane example (spec crate.md §4): what compression and sparsification steps do to two clusters",
+            description="Runs the panels of the plane toy on a range of seeds, prints per-layer thickness per "
+            "cluster, R, R_c, ΔR, misassigned tokens and one-axis share (mean ± std over the seeds), and "
+            "optionally writes every run as JSON and the four-panel figure.",
+            add_arguments=_toy_arguments,
+            run=_toy,
+            outputs={"json": False, "figure": False},
+        ),
+        Command(
+            "gaze",
+            help="a tiny CRATE and a tiny ViT trained for gaze on the synthetic source: errors, probes, Alfa",
+            description="Trains a tiny CRATE and a tiny ViT (same width, depth, heads) on the synthetic source for a "
+            "few epochs on CPU, measures their in-domain and cross-domain errors and per-layer probe curves, "
+            "truncates the CRATE and personalizes it with Alfa per target person. Writes DIR/results.json and "
+            "DIR/probes.png and prints a table. The default takes about 6 minutes on one thread.",
+            add_arguments=_gaze_arguments,
+            run=_gaze,
+            outputs={"out": True},
+        ),
+    ),
+)

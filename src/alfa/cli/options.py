@@ -1,0 +1,76 @@
+"""The options several commands share, each declared here once with one help text."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from alfa.gaze.precision import PRECISIONS, default_precision
+
+__all__ = [
+    "device_option",
+    "precision_option",
+    "run_precision_of",
+    "allow_partial_option",
+    "seed_option",
+    "quiet_option",
+    "default_of",
+]
+
+DEVICE_HELP = (
+    "auto (CUDA when present, else the CPU), cpu, cuda or cuda:N (default %(default)s); checkpoints load onto any "
+    "device and are always saved from CPU copies"
+)
+PRECISION_HELP = (
+    "fp32, or bf16 / fp16 autocast of the model's forwards (losses, optimizer steps and the SVD stay fp32; fp16 "
+    "training scales its gradients); default: bf16 on CUDA, fp32 on the CPU"
+)
+ALLOW_PARTIAL_HELP = "exit 0 even if some persons failed (by default any failure exits 2, after the others are done)"
+QUIET_HELP = "no progress output, only the results"
+
+
+def device_option(parser: argparse.ArgumentParser) -> None:
+    """``--device``, for every command that runs a model (:func:`alfa.gaze.devices.resolve_device` reads it)."""
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+def precision_option(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    choices: Sequence[str] = PRECISIONS,
+    note: str | None = None,
+) -> None:
+    """``--precision``, for every command that runs a model; ``choices`` narrows it where a precision cannot
+    be offered, ``note`` says what the command keeps out of it. Its value is ``None`` unless given:
+    :func:`run_precision_of` resolves that for the device."""
+    help_text = f"{PRECISION_HELP}; {note}" if note else PRECISION_HELP
+    parser.add_argument("--precision", choices=tuple(choices), help=help_text)
+
+
+def run_precision_of(args: argparse.Namespace, device: torch.device) -> str:
+    """``--precision`` as given, else the default for ``device`` (:func:`alfa.gaze.precision.default_precision`)."""
+    return args.precision or default_precision(device)
+
+
+def allow_partial_option(parser: argparse.ArgumentParser) -> None:
+    """``--allow-partial``, for the commands that work person by person (``PersonalizationRun.raise_if_failed``)."""
+    parser.add_argument("--allow-partial", action="store_true", help=ALLOW_PARTIAL_HELP)
+
+
+def seed_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str, default: int) -> None:
+    """``--seed``: ``what`` it draws (``"the initial weights and the batch order"``), ``default`` read from the
+    config it sets."""
+    parser.add_argument("--seed", type=int, default=default, help=f"seed of {what} (default %(default)s)")
+
+
+def quiet_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--quiet``: no progress bars or progress lines; what a command prints as its result stays."""
+    parser.add_argument("--quiet", action="store_true", help=QUIET_HELP)
+
+
+def default_of(function: Callable[..., Any], parameter: str) -> Any:
+    """The default of ``function``'s ``parameter``, for an option that sets it (so it is written once)."""
+    return inspect.signature(function).parameters[parameter].default

@@ -1,0 +1,116 @@
+"""How a command of ``alfa`` is declared: one :class:`Command` record each, turned into argparse subparsers by
+:func:`add_commands`, the only place that builds them.
+
+A command's module imports the application (``alfa.gaze``, ``alfa.study``) inside its functions only, so the
+parser builds with the library alone: a command whose options cannot be declared because a package of an extra
+is missing is still listed, and running it says which package and which extra to install (:func:`missing_package`)
+instead of failing for every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Command", "PACKAGE_EXTRAS", "add_commands", "missing_package"]
+
+PACKAGE_EXTRAS = {
+    "kornia": "gaze",
+    "tqdm": "gaze",
+    "matplotlib": "gaze",
+    "h5py": "gaze",
+    "PIL": "gaze",
+    "transformers": "hf",
+    "peft": "hf",
+    "onnx": "export",
+    "onnxscript": "export",
+    "onnxruntime": "export",
+}
+"""The optional packages (by import name) and the smallest extra of ``alfa-ttp`` that installs each
+(``pyproject.toml``'s ``[project.optional-dependencies]``; ``study`` installs what ``gaze`` does)."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command (or group of subcommands) of ``alfa``.
+
+    ``help`` is its line in the parent's listing, ``description`` the paragraph of its own ``--help``.
+    ``add_arguments(parser)`` declares its options, importing what it needs first (before any option), and
+    ``run(args)`` does the work; a command runs only through :func:`alfa.cli.main`, which reports its errors.
+    ``outputs`` maps each output option's ``dest`` to whether it names a folder: they are checked writable
+    before ``run`` starts. ``extra`` is the extra of ``alfa-ttp`` its packages come with (``None``: the
+    library's own); subcommands inherit it. A command with ``subcommands`` is a group: only its leaves run.
+    """
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    run: Callable[[argparse.Namespace], Any] | None = None
+    description: str | None = None
+    outputs: Mapping[str, bool] = field(default_factory=dict)
+    extra: str | None = None
+    subcommands: tuple[Command, ...] = ()
+
+
+def add_commands(
+    subparsers: argparse._SubParsersAction, commands: tuple[Command, ...], path: tuple[str, ...] = ()
+) -> None:
+    """Add ``commands`` to ``subparsers`` in their order. Each leaf's parser gets the defaults ``func`` (its
+    ``run``), ``outputs``, ``command_path`` (``"crate toy"``, for messages), ``command_extra`` and
+    ``stand_in`` (true for a command that cannot run here, see :func:`_stand_in`)."""
+    for command in commands:
+        parser = subparsers.add_parser(command.name, help=command.help, description=command.description)
+        names = (*path, command.name)
+        if command.subcommands:
+            inner = parser.add_subparsers(dest=f"{command.name}_command", required=True)
+            add_commands(inner, tuple(_inherit(c, command.extra) for c in command.subcommands), names)
+            continue
+        parser.set_defaults(
+            func=command.run,
+            outputs=dict(command.outputs),
+            command_path=" ".join(names),
+            command_extra=command.extra,
+            stand_in=False,
+        )
+        if command.add_arguments is None:
+            continue
+        try:
+            command.add_arguments(parser)
+        except ModuleNotFoundError as e:
+            if missing_package(e, command.extra) is None:
+                raise
+            _stand_in(parser, e, command.extra)
+
+
+def _inherit(command: Command, extra: str | None) -> Command:
+    return command if command.extra is not None or extra is None else dataclasses.replace(command, extra=extra)
+
+
+def _stand_in(parser: argparse.ArgumentParser, error: ModuleNotFoundError, extra: str | None) -> None:
+    """Make ``parser`` a command that only says what is missing: :func:`alfa.cli.main` lets a stand-in take
+    arguments it does not know, and no option it declared before the import failed is required, so that running
+    it reaches that message rather than an error about its options."""
+    parser.description = f"Not available here: {missing_package(error, extra)}."
+    for action in parser._actions:
+        action.required = False
+
+    def run(args: argparse.Namespace) -> None:
+        raise error
+
+    parser.set_defaults(func=run, outputs={}, stand_in=True)
+
+
+def missing_package(error: ModuleNotFoundError, extra: str | None = None) -> str | None:
+    """What to tell a person for ``error``, the failed import of an optional package, in one line naming the
+    package and the extra that installs it (``extra``, the command's, where it includes the package); ``None``
+    if the missing module is not one of :data:`PACKAGE_EXTRAS` (then it is a bug, not a missing install)."""
+    package = (error.name or "").split(".")[0]
+    if package not in PACKAGE_EXTRAS:
+        return None
+    needed = PACKAGE_EXTRAS[package]
+    if needed == "gaze" and extra in ("gaze", "study"):
+        needed = extra
+    return f'this command needs {package}, which is not installed: pip install "alfa-ttp[{needed}]"'

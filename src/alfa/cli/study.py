@@ -1,0 +1,235 @@
+"""The study's commands around the library: ``example`` (the tour), ``speed``, ``serving`` and ``costs`` (the
+measured pages) and ``pages`` (every generated page against its committed data)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .options import default_of, seed_option
+from .registry import Command
+
+__all__ = ["EXAMPLE", "SPEED", "SERVING", "PAGES", "COSTS"]
+
+
+# ----------------------------------------------------------------------------- example
+
+
+def _example_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.study.example import run_example
+
+    p.add_argument("--rank", type=int, default=default_of(run_example, "rank"), help="SVD rank d (default %(default)s)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=default_of(run_example, "steps"),
+        help="flip-loss steps on random images (default %(default)s)",
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=default_of(run_example, "image_size"),
+        help="image side, at least 32 (default %(default)s)",
+    )
+    seed_option(p, "the weights and images", default_of(run_example, "seed"))
+
+
+def _example(args: argparse.Namespace) -> None:
+    from alfa.study.example import run_example
+
+    run_example(rank=args.rank, steps=args.steps, image_size=args.image_size, seed=args.seed)
+
+
+# ----------------------------------------------------------------------------- speed, serving
+
+
+def _speed_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.study.bench.speed import main as speed_main
+
+    p.add_argument("--out", default=None, help="write the markdown report here (e.g. docs/speed.md)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=default_of(speed_main, "repeats"),
+        help="timed repeats, interleaved (default %(default)s)",
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=default_of(speed_main, "image_size"),
+        help="image side in pixels (default %(default)s)",
+    )
+    p.add_argument(
+        "--transformers",
+        action="store_true",
+        help="measure only the section on transformer layers (Alfa vs LoRA/DoRA on d×d layers and a small Llama; "
+        "needs transformers) and add it to the page",
+    )
+
+
+def _speed(args: argparse.Namespace) -> None:
+    from alfa.study.bench.speed import main as speed_main
+
+    speed_main(out=args.out, repeats=args.repeats, image_size=args.image_size, transformers=args.transformers)
+
+
+def _serving_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.study.bench.serving import main as serving_main
+
+    p.add_argument("--out", default=None, help="write the page here (e.g. docs/serving.md) and its data beside it")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=default_of(serving_main, "rounds"),
+        help="interleaved timed rounds (default %(default)s)",
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=default_of(serving_main, "image_size"),
+        help="image side in pixels (default %(default)s)",
+    )
+
+
+def _serving(args: argparse.Namespace) -> None:
+    from alfa.study.bench.serving import main as serving_main
+
+    serving_main(out=args.out, rounds=args.rounds, image_size=args.image_size)
+
+
+# ----------------------------------------------------------------------------- pages
+
+
+def _pages_arguments(p: argparse.ArgumentParser) -> None:
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="compare, write nothing (the default)")
+    mode.add_argument("--write", action="store_true", help="rewrite the pages and figures from the data")
+    p.add_argument("--root", help="repository root (default: the checkout this alfa is installed from)")
+
+
+def _pages(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from alfa.study.pages import check_pages, repo_root, write_pages
+
+    root = Path(args.root) if args.root else repo_root()
+    if args.write:
+        for rel in write_pages(root):
+            print(f"wrote {rel}")
+        return
+    problems = check_pages(root)
+    for p in problems:
+        print(p)
+    if problems:
+        raise RuntimeError(f"{len(problems)} generated file(s) differ from their committed data; see above")
+    print("every generated page regenerates from its committed data (pages byte for byte, figures by what they plot)")
+
+
+# ----------------------------------------------------------------------------- costs
+
+
+def _costs_arguments(parser: argparse.ArgumentParser) -> None:
+    from pathlib import Path
+
+    from alfa.study.bench import costs
+
+    parser.description = costs.__doc__.split("\n\n")[0]
+
+    def default(name: str):
+        return default_of(costs.cost_table, name)
+
+    parser.add_argument("--model", default=default("model_name"), help="registered model (default %(default)s)")
+    parser.add_argument("--rank", type=int, default=default("rank"), help="SVD truncation rank d (default %(default)s)")
+    parser.add_argument(
+        "--batch", type=int, default=default("batch"), help="images per step, each also flipped (default %(default)s)"
+    )
+    parser.add_argument(
+        "--image-size", type=int, default=default("image_size"), help="image side in pixels (default %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=default("warmup"), help="untimed rounds first (default %(default)s)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=default("repeats"), help="timed rounds, interleaved (default %(default)s)"
+    )
+    parser.add_argument("--threads", type=int, default=default("threads"), help="torch threads (default %(default)s)")
+    seed_option(parser, "the weights and images", default("seed"))
+    parser.add_argument("--no-dense", action="store_true", help="skip the untruncated rows")
+    parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    parser.add_argument(
+        "--update-doc", type=Path, metavar="MD", help="also write the table between the costs markers of this page"
+    )
+
+
+def _check_costs(args: argparse.Namespace) -> None:
+    from alfa.models import list_models
+
+    for name in ("rank", "batch", "image_size", "repeats", "threads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be at least 0, got {args.warmup}")
+    if args.model not in list_models():
+        raise ValueError(f"unknown model {args.model!r}; known: {', '.join(list_models())}")
+
+
+def _costs(args: argparse.Namespace) -> None:
+    from alfa.study.bench.costs import report_costs
+
+    _check_costs(args)
+    report_costs(
+        model_name=args.model,
+        rank=args.rank,
+        batch=args.batch,
+        image_size=args.image_size,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        threads=args.threads,
+        seed=args.seed,
+        dense_alfa=not args.no_dense,
+        json_path=args.json,
+        update_doc_path=args.update_doc,
+    )
+
+
+EXAMPLE = Command(
+    "example",
+    help="library tour: truncate, attach Alfa, train a few steps, save, merge",
+    add_arguments=_example_arguments,
+    run=_example,
+    extra="study",
+)
+SPEED = Command(
+    "speed",
+    help="time a personalization step and inference (dense, truncated, merged)",
+    add_arguments=_speed_arguments,
+    run=_speed,
+    outputs={"out": False},
+    extra="study",
+)
+SERVING = Command(
+    "serving",
+    help="measure many users per batch on one shared base against merged models",
+    add_arguments=_serving_arguments,
+    run=_serving,
+    outputs={"out": False},
+    extra="study",
+)
+PAGES = Command(
+    "pages",
+    help="check (default) or rewrite the generated pages of docs/ from their committed data",
+    description="Every generated page of docs/ is made from data committed under docs/data/; this renders "
+    "each page and its figures from that data and compares them with the committed files, pages byte for byte "
+    "and figures by the data they plot (saved beside each PNG) "
+    "(--check, the default; exit 2 on a difference) or rewrites them (--write).",
+    add_arguments=_pages_arguments,
+    run=_pages,
+    extra="study",
+)
+COSTS = Command(
+    "costs",
+    help="cost table of every adapter method: parameters, file sizes, step time, latency",
+    add_arguments=_costs_arguments,
+    run=_costs,
+    outputs={"json": False, "update_doc": False},
+    extra="study",
+)

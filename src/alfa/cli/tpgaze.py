@@ -1,0 +1,234 @@
+"""The ``alfa tpgaze`` command: ``meta-train`` (meta-learn the prompts on the source) and
+``personalize`` (one prompt file per target person, from the meta-trained prompts).
+
+Evaluation is the common one: ``alfa evaluate --checkpoint BASE --data TARGET --adapters FOLDER``.
+Each handler only turns options into configs and calls :mod:`alfa.gaze.tpgaze`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+from .gaze import open_spec, seed_everything
+from .options import allow_partial_option, device_option, precision_option, quiet_option, run_precision_of, seed_option
+from .registry import Command
+
+__all__ = ["TPGAZE"]
+
+
+def _load_base(path: str, device_name: str):
+    """The base model of ``path`` on ``--device``, in eval mode; its saved config; the device."""
+    from alfa.checkpoint import load_model
+    from alfa.gaze.devices import resolve_device
+
+    device = resolve_device(device_name)
+    model, saved = load_model(path)
+    return model.to(device).eval(), saved, device
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB"
+
+
+# ----------------------------------------------------------------------------- meta-train
+
+
+def _meta_train(args: argparse.Namespace) -> None:
+    from alfa.adapters.prompt import TPGazeConfig
+    from alfa.gaze.precision import forward_precision
+    from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts
+
+    changes = {
+        "epochs": args.epochs,
+        "steps_per_epoch": args.steps_per_epoch,
+        "batch_size": args.batch_size,
+        "outer_lr": args.outer_lr,
+        "inner_lr": args.inner_lr,
+        "inner_optimizer": args.inner_optimizer,
+        "inner_steps": args.inner_steps,
+        "query": args.query,
+        "val_fraction": args.val_fraction,
+        "seed": args.seed,
+    }
+    config = dataclasses.replace(MetaTrainConfig(), **changes)
+    model, saved, device = _load_base(args.checkpoint, args.device)
+    data = open_spec(args.data)
+    extra = saved.get("extra", {})
+    if args.val_data:
+        val, val_persons = open_spec(args.val_data), None
+    elif extra.get("val_data") == data.name and extra.get("val_persons"):
+        val, val_persons = data, extra["val_persons"]  # the source model's held-out persons stay unseen
+    else:
+        val, val_persons = None, None
+    size = data[data.person_indices(data.persons()[0])[0]]["image"].shape[-1]
+    prompt = TPGazeConfig(image_size=int(size), init_std=args.init_std)
+    seed_everything(config.seed)
+    with forward_precision(run_precision_of(args, device)):
+        result = meta_train_prompts(
+            model,
+            data,
+            config,
+            args.out,
+            prompt=prompt,
+            val_dataset=val,
+            val_persons=val_persons,
+            progress=not args.quiet,
+        )
+    last = result.history[-1] if result.history else {}
+    nan = float("nan")
+    base, init = result.initial_val_error.get("base", nan), result.initial_val_error.get("init", nan)
+    print(
+        f"TPGaze meta-training on {data.name}: {len(result.history)} epochs of {config.steps_per_epoch} meta-steps, "
+        f"{result.trainable_parameters} prompt values. Error on {len(result.val_persons)} held-out source persons: "
+        f"source model {base:.2f} deg, initial prompts {init:.2f} deg, "
+        f"meta-trained {last.get('val_error', nan):.2f} deg"
+    )
+    print(f"meta-trained prompts: {result.prompts} ({_kib(result.prompts.stat().st_size)})")
+
+
+# ----------------------------------------------------------------------------- personalize
+
+
+def _personalize(args: argparse.Namespace) -> None:
+    from alfa.gaze.personalize import PersonalizeConfig
+    from alfa.gaze.pipeline import DemoConfig
+    from alfa.gaze.precision import forward_precision
+    from alfa.gaze.tpgaze import personalize_tpgaze_dataset, tpgaze_recipe
+
+    if args.meta is None and not args.no_meta:
+        raise ValueError(
+            "pass --meta PROMPTS (from `alfa tpgaze meta-train`), or --no-meta to start from Gaussian prompts"
+        )
+    base = DemoConfig().personalize if args.preset == "demo" else PersonalizeConfig()
+    changes = {"steps": args.steps, "lr": args.lr, "n_adapt": args.n_adapt, "seed": args.seed}
+    config = tpgaze_recipe(base, **{k: v for k, v in changes.items() if v is not None})
+    model, _, device = _load_base(args.checkpoint, args.device)
+    data = open_spec(args.data)
+    persons = [p for p in args.persons.split(",") if p] if args.persons else None
+    seed_everything(config.seed)
+    with forward_precision(run_precision_of(args, device)):
+        run = personalize_tpgaze_dataset(
+            model, data, args.meta, args.out, config, persons=persons, progress=not args.quiet
+        )
+    counts = run.counts()
+    files = [o.adapter for o in run.persons.values() if o.adapter]
+    size = f", {_kib(os.path.getsize(files[0]))} per person" if files else ""
+    print(
+        f"tpgaze personalization of {data.name} (Adam lr {config.lr}, {config.steps} steps, {config.n_adapt} images): "
+        f"{counts['ok']} done, {counts['skipped']} already there, {counts['failed']} failed; "
+        f"prompt files in {args.out}{size}"
+    )
+    run.raise_if_failed(args.allow_partial)
+
+
+# ----------------------------------------------------------------------------- the options
+# Each default is read from the config it sets (MetaTrainConfig, TPGazeConfig, the TPGaze recipe).
+
+
+def _meta_train_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.adapters.prompt import TPGazeConfig
+    from alfa.gaze.tpgaze import INNER_OPTIMIZERS, QUERIES, MetaTrainConfig
+
+    meta = MetaTrainConfig()
+    p.add_argument("--checkpoint", required=True, help="the source model: dense pre-trained or truncated+recovered")
+    p.add_argument("--data", required=True, help="the source dataset spec the model was trained on")
+    p.add_argument("--val-data", help="held-out source persons (default: the checkpoint's)")
+    p.add_argument("--out", default="runs/tpgaze-meta", help="output folder (an unfinished run there resumes)")
+    g = p.add_argument_group("meta-training (defaults: the reference code's)")
+    g.add_argument("--epochs", type=int, default=meta.epochs, help="epochs (default %(default)s)")
+    g.add_argument(
+        "--steps-per-epoch", type=int, default=meta.steps_per_epoch, help="meta-steps per epoch (default %(default)s)"
+    )
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=meta.batch_size,
+        help="images per support and per query batch (default %(default)s)",
+    )
+    g.add_argument(
+        "--outer-lr", type=float, default=meta.outer_lr, help="Adam lr of the outer step (default %(default)g)"
+    )
+    g.add_argument("--inner-lr", type=float, default=meta.inner_lr, help="lr of the inner step (default %(default)g)")
+    g.add_argument(
+        "--inner-optimizer",
+        choices=INNER_OPTIMIZERS,
+        default=meta.inner_optimizer,
+        help="inner step rule (default %(default)s)",
+    )
+    g.add_argument(
+        "--inner-steps", type=int, default=meta.inner_steps, help="inner steps per meta-step (default %(default)s)"
+    )
+    g.add_argument(
+        "--query",
+        choices=QUERIES,
+        default=meta.query,
+        help="query batch: the next batch or the support (default %(default)s)",
+    )
+    g.add_argument(
+        "--init-std",
+        type=float,
+        default=TPGazeConfig().init_std,
+        help="σ of the Gaussian prompt init (default %(default)s)",
+    )
+    g.add_argument(
+        "--val-fraction",
+        type=float,
+        default=meta.val_fraction,
+        help="share of source persons held out, without a split (default %(default)s)",
+    )
+    seed_option(g, "the prompt init and task sampling", meta.seed)
+    quiet_option(g)
+    device_option(p)
+    precision_option(
+        p,
+        choices=("fp32", "bf16"),
+        note="fp16 is not offered: the meta-gradients are taken outside any optimizer a gradient scaler could unscale",
+    )
+
+
+def _personalize_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.gaze.tpgaze import tpgaze_recipe
+
+    recipe = tpgaze_recipe()
+    p.add_argument("--checkpoint", required=True, help="the base model the prompts were meta-trained on")
+    p.add_argument("--data", required=True, help="target dataset spec, e.g. synthetic:mpii")
+    p.add_argument("--meta", help="meta-trained prompts (prompts.safetensors from `alfa tpgaze meta-train`)")
+    p.add_argument("--no-meta", action="store_true", help="start from Gaussian prompts (TPGaze without meta)")
+    p.add_argument(
+        "--out", default="runs/tpgaze-adapters", help="prompt-file folder (persons already done are skipped)"
+    )
+    p.add_argument("--preset", choices=("real", "demo"), default="real", help="demo: blur kernel for 64×64 images")
+    p.add_argument("--steps", type=int, help=f"Adam steps per person (default {recipe.steps})")
+    p.add_argument("--lr", type=float, help=f"Adam learning rate (default {recipe.lr:g})")
+    p.add_argument("--n-adapt", type=int, help=f"adaptation images per person (default {recipe.n_adapt})")
+    p.add_argument("--persons", help="comma-separated person ids (default: all)")
+    seed_option(p, "the prompt init and augmentation draws per person", recipe.seed)
+    allow_partial_option(p)
+    quiet_option(p)
+    device_option(p)
+    precision_option(p)
+
+
+TPGAZE = Command(
+    "tpgaze",
+    help="the TPGaze baseline: meta-trained padding prompts",
+    extra="gaze",
+    subcommands=(
+        Command(
+            "meta-train",
+            help="meta-train the prompts on the source (resumable)",
+            add_arguments=_meta_train_arguments,
+            run=_meta_train,
+            outputs={"out": True},
+        ),
+        Command(
+            "personalize",
+            help="one prompt file per target person (Adam lr 0.01, 10 steps)",
+            add_arguments=_personalize_arguments,
+            run=_personalize,
+            outputs={"out": True},
+        ),
+    ),
+)
