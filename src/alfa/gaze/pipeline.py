@@ -38,6 +38,7 @@ from alfa.models import create_model
 
 from .augment import AugmentConfig
 from .data.base import GazeDataset, InMemoryGazeDataset
+from .data.registry import DatasetSpec
 from .evaluate import EvaluationReport, evaluate
 from .personalize import PersonalizeConfig, personalize_dataset
 from .train import TrainConfig, TruncateConfig, train_source, truncate_and_recover
@@ -62,19 +63,37 @@ __all__ = [
 CACHE_FORMAT = 1
 
 
+DEMO_SIZE = 48
+"""The demo's face size in pixels (the benchmark's presets use 48 to 64)."""
+
+
+def _studio_specs(config: DemoConfig) -> dict[str, Any]:
+    """The studio part's data: the default part's specs with the studio source and the window-lit target."""
+    source, val = DatasetSpec.parse(config.source), DatasetSpec.parse(config.val_source)
+    target = DatasetSpec.parse(config.targets[0])
+    return {
+        "source": str(dataclasses.replace(source, target="eth-studio")),
+        "val_source": str(dataclasses.replace(val, target="eth-studio")),
+        "targets": (str(dataclasses.replace(target, target="mpii-window")),),
+    }
+
+
 @dataclass
 class DemoConfig:
     """Everything one part of the demo depends on (one source and its targets). Defaults are the small
-    synthetic preset's symmetric part (64×64 faces; :func:`demo_configs` gives both parts);
-    :func:`real_config` gives the paper's settings.
+    synthetic preset's symmetric part (48×48 faces, sources of 60 persons × 50 images, sized so that the whole
+    demo runs in a few minutes on 2 CPU cores; :func:`demo_configs` gives both parts); :func:`real_config`
+    gives the paper's settings.
 
     Data are dataset specs (:func:`alfa.gaze.data.registry.open_dataset`), options after ``?``.
     ``val_source`` holds the held-out source persons (``None``: hold out a fraction of ``source``).
     """
 
-    source: str = "synthetic:eth?size=64&persons=100&images_per_person=100"
-    val_source: str | None = "synthetic:eth?split=val&size=64&persons=10&images_per_person=40"
-    targets: tuple[str, ...] = ("synthetic:mpii?size=64&images_per_person=60",)
+    source: str = str(DatasetSpec.synthetic("eth", size=DEMO_SIZE, persons=60, images_per_person=50))
+    val_source: str | None = str(
+        DatasetSpec.synthetic("eth", split="val", size=DEMO_SIZE, persons=10, images_per_person=40)
+    )
+    targets: tuple[str, ...] = (str(DatasetSpec.synthetic("mpii", size=DEMO_SIZE, images_per_person=60)),)
     model: str = "resnet18_gaze"
     seed: int = 0
     pretrain: TrainConfig = field(
@@ -318,9 +337,7 @@ def demo_configs(**overrides: Any) -> list[DemoConfig]:
     base = DemoConfig()
     studio = dataclasses.replace(
         base,
-        source="synthetic:eth-studio?size=64&persons=100&images_per_person=100",
-        val_source="synthetic:eth-studio?split=val&size=64&persons=10&images_per_person=40",
-        targets=("synthetic:mpii-window?size=64&images_per_person=60",),
+        **_studio_specs(base),
         pretrain=dataclasses.replace(base.pretrain, **studio_training),
         truncation=dataclasses.replace(
             base.truncation, recovery=dataclasses.replace(base.truncation.recovery, **studio_training)
