@@ -518,7 +518,6 @@ def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
 
 
 def test_demo_tiny_on_synthetic_data_and_its_cache(tmp_path):
-    pytest.importorskip("alfa.gaze.data.synthetic")
     from alfa.gaze.pipeline import demo_config, run_demo
     from alfa.gaze.recipes import DEFAULT_RECIPE
 
@@ -590,9 +589,11 @@ def test_the_demo_has_a_symmetric_and_an_asymmetric_part_as_the_benchmark_builds
 
     symmetric, asymmetric = demo_configs(seed=3)
     assert symmetric == demo_config(seed=3)
-    assert symmetric.targets == ("synthetic:mpii?size=64&images_per_person=60",)
-    assert asymmetric.source.startswith("synthetic:eth-studio?") and asymmetric.seed == 3
-    assert asymmetric.targets[0].startswith("synthetic:mpii-window?")
+    assert symmetric.targets == ("synthetic:mpii?size=48&images_per_person=60",)
+    # the studio part differs from the default only in its worlds: the same sizes and counts
+    assert asymmetric.source == symmetric.source.replace("synthetic:eth?", "synthetic:eth-studio?")
+    assert asymmetric.val_source == symmetric.val_source.replace("synthetic:eth?", "synthetic:eth-studio?")
+    assert asymmetric.targets == ("synthetic:mpii-window?size=48&images_per_person=60",) and asymmetric.seed == 3
     # the studio source is trained as the benchmark trains it: without the symmetry term, in both stages
     weight = SOURCE_TRAINING["S"]["symmetry_weight"]
     assert asymmetric.pretrain.symmetry_weight == asymmetric.truncation.recovery.symmetry_weight == weight
@@ -600,7 +601,6 @@ def test_the_demo_has_a_symmetric_and_an_asymmetric_part_as_the_benchmark_builds
 
 
 def test_cli_demo_runs_each_part_and_sums_them_up(tmp_path, capsys, monkeypatch):
-    pytest.importorskip("alfa.gaze.data.synthetic")
     import alfa.gaze.pipeline as pipeline
 
     tiny = {
