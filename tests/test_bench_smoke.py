@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 import alfa.study.bench.runner as runner
+from alfa.cli.bench import BENCH
+from alfa.cli.registry import add_commands
 from alfa.study.bench.ablations import REGISTRY
-from alfa.study.bench.commands import register
 from alfa.study.bench.config import BenchConfig
 from alfa.study.bench.methods import MAIN_METHODS, NEGATIVE_CONTROLS, POSITIVE_CONTROLS, SANITY_METHODS
 from alfa.study.bench.plan import STAND_IN, grid_plan, plan_records
@@ -80,7 +81,7 @@ def test_bench_smoke_runs_the_smoke_preset_into_runs_bench_smoke(monkeypatch):
     monkeypatch.setattr(runner, "run_bench", fake_run_bench)
     monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *args, **kwargs: None)
     parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
+    add_commands(parser.add_subparsers(dest="command"), (BENCH,))
     args = parser.parse_args(["bench", "--smoke", "--dry-run"])
     args.func(args)
     ((config, out),) = calls
