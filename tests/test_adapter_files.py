@@ -161,6 +161,7 @@ def test_a_checkpoint_with_flipped_bits_is_refused(tmp_path):
     load_model(path)  # the intact file loads
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip_and_wrong_model(tmp_path):
     model = alfa.models.resnet18_gaze().eval()
     alfa.truncate(model, rank=32)
@@ -227,6 +228,7 @@ def test_compact_needs_a_dictionary_method(base, tmp_path):
         alfa.save_adapter(model, tmp_path / "x.safetensors", compact=True)
 
 
+@pytest.mark.slow
 def test_messages_say_what_is_wrong_in_the_users_terms(tmp_path):
     model = alfa.models.resnet18_gaze().eval()
     alfa.truncate(model, 64)

@@ -170,6 +170,7 @@ def test_gradients_reach_exactly_the_adapter_parameters(truncated):
     assert len(adapter) == 4 * 4
 
 
+@pytest.mark.slow
 def test_target_filter_and_param_groups():
     model = alfa.models.resnet18_gaze()
     alfa.truncate(model, rank=16)

@@ -470,6 +470,7 @@ def test_truncated_structure_matches_truncate(small_net):
     assert factorized_ranks(stand_in) == factorized_ranks(small_net)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", list(CONFIGS))
 def test_every_method_on_resnet18_truncated_at_64(method, resnet_truncated):
     torch.manual_seed(0)

@@ -29,6 +29,7 @@ def flip_bench(tmp_path_factory):
     return out, config, {r["id"]: r for r in load_results(out)["records"]}
 
 
+@pytest.mark.slow
 def test_the_selection_record_comes_first_and_the_selected_row_reads_it(flip_bench):
     _, config, records = flip_bench
     ids = [p.id for p in plan_records(config)]
@@ -44,6 +45,7 @@ def test_the_selection_record_comes_first_and_the_selected_row_reads_it(flip_ben
     assert selected["steps"] == chosen.steps and selected["recipe"]["lr"] == chosen.lr
 
 
+@pytest.mark.slow
 def test_flip_tta_and_what_a_flip_sees(flip_bench):
     _, _, records = flip_bench
     base, tta = records["source-only|E→M|seed0"], records["flip-tta|E→M|seed0"]
@@ -57,6 +59,7 @@ def test_flip_tta_and_what_a_flip_sees(flip_bench):
     assert "flip_tta_error_deg" in records["alfa|E→M|seed0"]
 
 
+@pytest.mark.slow
 def test_the_reference_protocol_is_replayed_per_step(flip_bench):
     _, config, records = flip_bench
     alfa = records["alfa|E→M|seed0"]
@@ -68,6 +71,7 @@ def test_the_reference_protocol_is_replayed_per_step(flip_bench):
     )
 
 
+@pytest.mark.slow
 def test_the_selection_never_reads_a_target(flip_bench, tmp_path, monkeypatch):
     """The selection record is made with every target out of reach: opening one raises."""
     out, config, records = flip_bench
@@ -116,6 +120,7 @@ def test_a_selected_row_without_its_selection_is_refused(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it_gives(flip_bench, tmp_path):
     """A run of the symmetric pairs only (or a first piece of a run): the flip sections render and say nothing
     of the positive controls; the selected-recipes file reads the run's own selection record."""

@@ -5,12 +5,14 @@ from alfa.study.bench.speed import measure, to_markdown
 from alfa.study.example import run_example
 
 
+@pytest.mark.slow
 def test_summary_command(capsys):
     assert main(["summary", "--rank", "64"]) == 0
     out = capsys.readouterr().out
     assert "11.178 M" in out and "2.285 M" in out and "left dense: conv1" in out
 
 
+@pytest.mark.slow
 def test_example_runs_and_merges_exactly(capsys):
     result = run_example(rank=16, steps=3, image_size=32, batch=2)
     assert result["merged_params"] == result["truncated_params"] < result["dense_params"]
@@ -23,6 +25,7 @@ def test_example_runs_and_merges_exactly(capsys):
     assert r["rounds"] == 15 and r["q1"] <= r["median"] <= r["q3"] and "middle half" in out
 
 
+@pytest.mark.slow
 def test_speed_measurement_is_consistent():
     r = measure(repeats=1, image_size=32, memory=False)
     assert r["params"]["merged alfa"] == r["params"]["truncated"] < r["params"]["dense"]
@@ -86,6 +89,7 @@ def _saved_base(folder, input_size=None):
     return alfa.checkpoint.save_model(folder / "base.safetensors", model, "resnet18_gaze", input_size=input_size)
 
 
+@pytest.mark.slow
 def test_bad_input_gets_one_line_exit_2_and_nothing_written(tmp_path, capsys):
     """A file that is not what it should be, an option value that is wrong, a port already taken (an
     ``OSError``): one line naming the problem, exit status 2, no traceback, nothing written."""

@@ -126,6 +126,7 @@ def test_bad_sizes_get_clear_errors():
         MultiHeadSubspaceSelfAttention(dim=10, heads=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["crate_tiny", "vit_tiny"])
 def test_alfa_attaches_to_the_linear_layers(name):
     torch.manual_seed(4)

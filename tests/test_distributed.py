@@ -98,6 +98,7 @@ def _run_two(out, epochs: int, log, kind: str = "group") -> list[dict]:
     return [json.loads((log.parent / f"{log.name}.{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available(), reason="this torch has no torch.distributed")
 def test_two_processes_train_what_one_process_trains_write_once_and_resume(tmp_path):
     single = _model()
@@ -157,6 +158,7 @@ def test_a_global_batch_too_small_for_the_processes_is_refused(monkeypatch):
         train_source(_model(), open_data(DATA), _config(1), "unused", progress=False)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available(), reason="this torch has no torch.distributed")
 def test_torchrun_runs_the_pretrain_command_and_rank_0_alone_reports(tmp_path):
     import subprocess
@@ -171,6 +173,7 @@ def test_torchrun_runs_the_pretrain_command_and_rank_0_alone_reports(tmp_path):
     assert done.stdout.count("pretrained resnet18_gaze") == 1 and (tmp_path / "run" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available(), reason="this torch has no torch.distributed")
 def test_with_batchnorm_every_process_ends_with_rank_0s_statistics(tmp_path):
     """Each process updates BatchNorm's running statistics from its own shard; after every epoch they are

@@ -27,6 +27,7 @@ def _personalized(config, seed=1):
     return base, model
 
 
+@pytest.mark.slow
 def test_onnx_of_a_personalized_model_matches_pytorch_and_onnxruntime(tmp_path):
     from alfa.export import export_onnx, export_program
 
@@ -44,6 +45,7 @@ def test_onnx_of_a_personalized_model_matches_pytorch_and_onnxruntime(tmp_path):
     assert torch.allclose(program.module()(x), ours, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_lora_needs_a_merge_form_and_a_bad_export_leaves_nothing(tmp_path):
     from alfa.export import export_onnx
 
@@ -56,6 +58,7 @@ def test_lora_needs_a_merge_form_and_a_bad_export_leaves_nothing(tmp_path):
     assert not (tmp_path / "b.onnx").exists() and not list(tmp_path.glob(".*tmp*"))
 
 
+@pytest.mark.slow
 def test_alfa_export_command(tmp_path, capsys):
     from alfa.checkpoint import save_model
     from alfa.cli import main
@@ -70,6 +73,7 @@ def test_alfa_export_command(tmp_path, capsys):
     assert "onnxruntime vs PyTorch on batches of 1, 7: relative difference" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_multi_user_model_exports_with_each_layers_mix_as_an_input(tmp_path):
     """Dictionary users only: the per-sample mixes are inputs, so one ONNX graph serves any mix of users."""
     from alfa.export import export_onnx_with_inputs

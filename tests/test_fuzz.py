@@ -46,6 +46,7 @@ def _names_the_culprit(error: Exception) -> bool:
 huge_or_odd = st.sampled_from(["nan", "inf", "-inf", "1e309", "-1e400", "0x1f", "1,2,3", "", " ", "é", "\x00"])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_a_mangled_label_file_gives_a_clear_error_or_loads(gazehub_root, tmp_path, data):

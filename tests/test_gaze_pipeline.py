@@ -600,6 +600,7 @@ def test_the_demo_has_a_symmetric_and_an_asymmetric_part_as_the_benchmark_builds
     assert dataclasses_replace(asymmetric.pretrain, symmetry_weight=1.0) == symmetric.pretrain
 
 
+@pytest.mark.slow
 def test_cli_demo_runs_each_part_and_sums_them_up(tmp_path, capsys, monkeypatch):
     import alfa.gaze.pipeline as pipeline
 

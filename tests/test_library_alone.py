@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,6 +94,7 @@ def _run(body: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_the_library_runs_its_life_cycle_without_the_application_the_study_or_their_packages():
     done = _run(LIFE_CYCLE)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -141,6 +143,7 @@ for argv in (
 """
 
 
+@pytest.mark.slow
 def test_without_the_extras_the_library_command_works_and_the_others_name_what_to_install(tmp_path):
     hook = f"import sys\nfor name in {EXTRA_PACKAGES!r}:\n    sys.modules[name] = None\n"
     done = subprocess.run(

@@ -19,6 +19,7 @@ def test_the_pages_are_found_in_this_checkout():
     assert {p.path for p in PAGES} >= {"docs/results.md", "docs/speed.md"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=[p.path for p in PAGES])
 def test_every_generated_page_regenerates_from_its_committed_data(page):
     assert check_pages(ROOT, (page,)) == []
@@ -37,6 +38,7 @@ def _copy(page, dest: Path) -> None:
             shutil.copyfile(src, dest / rel)
 
 
+@pytest.mark.slow
 def test_the_check_sees_an_edited_page_missing_data_and_a_stale_figure(tmp_path):
     speed = next(p for p in PAGES if p.path == "docs/speed.md")
     _copy(speed, tmp_path)
@@ -93,6 +95,7 @@ def test_a_figure_that_plots_one_other_value_is_reported(tmp_path, monkeypatch):
     assert check_pages(tmp_path, (GAZE,)) == [GAZE_CHANGED]
 
 
+@pytest.mark.slow
 def test_a_png_with_other_bytes_but_the_same_data_passes(tmp_path, monkeypatch):
     import alfa.study.crate.gaze_report as gaze_report
 

@@ -77,6 +77,7 @@ def _expected(model, pixels: np.ndarray) -> list[float]:
         return model(x)[0].tolist()
 
 
+@pytest.mark.slow
 def test_a_user_gets_their_own_models_prediction(service):
     url, users = service
     status, reply = _post(url, "ann", _png(_face(0)))

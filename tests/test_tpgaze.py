@@ -246,6 +246,7 @@ def synthetic():
 FAST = MetaTrainConfig(epochs=2, steps_per_epoch=2, batch_size=6, val_fraction=0.25)
 
 
+@pytest.mark.slow
 def test_meta_training_resumes_to_the_same_numbers(bases, synthetic, tmp_path):
     source, _ = synthetic
     straight = copy.deepcopy(bases["dense"])
@@ -271,6 +272,7 @@ def test_meta_training_resumes_to_the_same_numbers(bases, synthetic, tmp_path):
         meta_train_prompts(copy.deepcopy(bases["dense"]), source, other, tmp_path / "split", progress=False)
 
 
+@pytest.mark.slow
 def test_tiny_personalization_end_to_end(bases, synthetic, tmp_path):
     source, target = synthetic
     base = copy.deepcopy(bases["truncated"])

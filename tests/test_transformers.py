@@ -106,6 +106,7 @@ def _conv1d_names(model: nn.Module) -> list[str]:
 # Conv1D: truncation, every method, merge, adapter files
 
 
+@pytest.mark.slow
 def test_alfa_never_imports_transformers():
     # With transformers unimportable, alfa imports and runs on plain torch layers.
     code = (

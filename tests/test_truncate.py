@@ -127,6 +127,7 @@ def test_restore_structure_rebuilds_a_loadable_model(small_net):
     assert torch.equal(fresh(x), small_net(x))
 
 
+@pytest.mark.slow
 def test_resnet18_parameter_counts():
     model = alfa.models.resnet18_gaze()
     assert alfa.parameter_summary(model).total == 11_177_538
