@@ -11,7 +11,16 @@ from alfa.adapters import METHODS, AdapterConfig, AlfaConfig
 from .methods import SANITY_METHODS, table_methods
 from .names import SELECTED  # a method's row with its recipe selected on the stand-in, e.g. alfa[selected]
 
-__all__ = ["Variant", "VariantSettings", "alfa_config", "main_variants", "selection_variants", "SELECTED", "GRID"]
+__all__ = [
+    "Variant",
+    "VariantSettings",
+    "alfa_config",
+    "method_config",
+    "main_variants",
+    "selection_variants",
+    "SELECTED",
+    "GRID",
+]
 
 GRID = "[grid]"
 """Suffix of a method's recipe-selection record (scored on the stand-in, never a table row)."""
@@ -55,6 +64,13 @@ def alfa_config(config: VariantSettings, **changes: Any) -> AlfaConfig:
     return AlfaConfig(**{"heads": config.alfa_heads, "rank": config.alfa_rank, **changes})
 
 
+def method_config(method: str, config: VariantSettings) -> AdapterConfig:
+    """A registered method at the benchmark's settings: Alfa at the configuration's heads and rank (the
+    settings its ablations sweep), every other method at its own defaults."""
+    cls = METHODS[method]
+    return alfa_config(config) if cls is AlfaConfig else cls()
+
+
 def _main_row(label: str, config: VariantSettings) -> Variant:
     if label in SANITY_METHODS:
         return Variant(label, label, group="sanity")
@@ -63,8 +79,7 @@ def _main_row(label: str, config: VariantSettings) -> Variant:
     method = METHODS[label]
     if method.trains_prompts:  # TPGaze: meta-trained prompts and its own optimizer, not the shared recipe
         return Variant(label, "tpgaze")
-    adapter = alfa_config(config) if label == "alfa" else method()
-    return Variant(label, "adapter", adapter=adapter)
+    return Variant(label, "adapter", adapter=method_config(label, config))
 
 
 def selection_variants(config: VariantSettings, method: str) -> tuple[Variant, Variant]:
@@ -72,7 +87,7 @@ def selection_variants(config: VariantSettings, method: str) -> tuple[Variant, V
     recipe. ``method`` is a Table-1 adapter method or an ablation's (``diag_gate``, ``linear_mix``)."""
     if method not in METHODS or METHODS[method].trains_prompts:
         raise ValueError(f"no recipe selection for {method!r}: it needs an adapter method of the shared recipe")
-    adapter = alfa_config(config) if method == "alfa" else METHODS[method]()
+    adapter = method_config(method, config)
     grid = Variant(f"{method}{GRID}", "selection", group="selection", adapter=adapter)
     row = Variant(f"{method}{SELECTED}", "adapter", group="selected", adapter=adapter, selected=True)
     return grid, row
