@@ -156,7 +156,8 @@ def test_a_missing_optional_package_is_one_line_naming_its_extra(capsys, monkeyp
     monkeypatch.setattr("alfa.cli.build_parser", lambda: parser)
     assert main(["k"]) == 2
     err = capsys.readouterr().err
-    assert err == 'alfa k: error: this command needs kornia, which is not installed: pip install "alfa-ttp[study]"\n'
+    want = "alfa k: error: this command needs kornia, which is not installed: install alfa's study extra "
+    assert err == want + '(in the alfa folder: pip install -e ".[study]", or ./scripts/setup.sh dev)\n'
     with pytest.raises(ModuleNotFoundError, match="alfa.gone"):
         main(["g"])
 

@@ -1,5 +1,5 @@
-"""Adding an adapter method or a dataset is one registration: a dummy of each reaches what a user and the
-benchmark see (the registry, the personalize command's choices, the benchmark's plan and its report)."""
+"""Adding an adapter method or a dataset is one registration (with its module's import line): a dummy of each
+reaches what a user and the benchmark see (the registry, the commands, the benchmark's plan and its report)."""
 
 import dataclasses
 from typing import ClassVar
@@ -8,7 +8,7 @@ import pytest
 from bench_records import results_of
 
 from alfa.adapters import METHODS, LoraConfig, register_method
-from alfa.gaze.data.registry import list_datasets, open_dataset, register_dataset
+from alfa.gaze.data.registry import list_datasets, open_dataset, register_dataset, unregister_dataset
 from alfa.study.bench.config import BenchConfig
 from alfa.study.bench.methods import MAIN_METHODS, table_methods
 from alfa.study.bench.plan import plan_records
@@ -65,9 +65,10 @@ def test_a_registered_dataset_kind_opens_everywhere_a_spec_is_read(tmp_path):
         with pytest.raises(ValueError, match=r"mirror-of:<domain>"):  # the error lists its form beside the others
             open_dataset("no-such-kind:x")
     finally:
-        from alfa.gaze.data import registry
-
-        registry._KINDS[:] = [k for k in registry._KINDS if k.name != "mirror-of"]
+        unregister_dataset("mirror-of")
+    assert "mirror-of" not in list_datasets()
+    with pytest.raises(ValueError, match="unknown kind 'mirror-of'"):
+        open_dataset("mirror-of:mpii")
 
 
 def test_the_command_line_asks_the_methods_class_what_options_it_has():

@@ -220,7 +220,7 @@ def _personalize_config(args: argparse.Namespace, method: Any = None):
     from alfa.gaze.tpgaze import tpgaze_recipe
 
     base = DemoConfig().personalize if args.preset == "demo" else PersonalizeConfig()
-    # Each adapter method's default recipe was selected without target labels (alfa.gaze.default_recipe);
+    # Each adapter method's default recipe was selected without target labels (alfa.gaze.recipes.METHOD_RECIPES);
     # TPGaze keeps its own (Adam, lr 0.01, no layer scaling). Flags still win.
     if isinstance(method, TPGazeConfig):
         base = tpgaze_recipe(base)
@@ -531,7 +531,7 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="another method option (repeatable)")
     p.add_argument("--init", help="tpgaze: start every person from these meta-trained prompts (alfa tpgaze meta-train)")
-    p.add_argument("--preset", choices=PRESETS, default="real", help="demo: blur kernel sized for 64×64 images")
+    p.add_argument("--preset", choices=PRESETS, default="real", help="demo: the demo preset's blur kernel, for small images")
     p.add_argument(
         "--recipe",
         choices=RECIPE_NAMES,

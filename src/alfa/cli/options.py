@@ -27,8 +27,9 @@ DEVICE_HELP = (
 )
 PRECISION_HELP = (
     "fp32, or bf16 / fp16 autocast of the model's forwards (losses, optimizer steps and the SVD stay fp32; fp16 "
-    "training scales its gradients); default: bf16 on CUDA, fp32 on the CPU"
+    "training scales its gradients)"
 )
+DEVICE_DEFAULT = "bf16 on CUDA, fp32 on the CPU"
 ALLOW_PARTIAL_HELP = "exit 0 even if some persons failed (by default any failure exits 2, after the others are done)"
 QUIET_HELP = "no progress output, only the results"
 
@@ -42,11 +43,12 @@ def precision_option(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     choices: Sequence[str] = PRECISIONS,
     note: str | None = None,
+    default: str = DEVICE_DEFAULT,
 ) -> None:
     """``--precision``, for every command that runs a model; ``choices`` narrows it where a precision cannot
-    be offered, ``note`` says what the command keeps out of it. Its value is ``None`` unless given:
-    :func:`run_precision_of` resolves that for the device."""
-    help_text = f"{PRECISION_HELP}; {note}" if note else PRECISION_HELP
+    be offered, ``note`` says what the command keeps out of it, ``default`` says what it runs without the
+    option. Its value is ``None`` unless given: :func:`run_precision_of` resolves that for the device."""
+    help_text = f"{PRECISION_HELP}; default: {default}" + (f"; {note}" if note else "")
     parser.add_argument("--precision", choices=tuple(choices), help=help_text)
 
 

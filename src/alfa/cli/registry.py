@@ -1,10 +1,10 @@
 """How a command of ``alfa`` is declared: one :class:`Command` record each, turned into argparse subparsers by
 :func:`add_commands`, the only place that builds them.
 
-A command's module imports the application (``alfa.gaze``, ``alfa.study``) inside its functions only, so the
-parser builds with the library alone: a command whose options cannot be declared because a package of an extra
-is missing is still listed, and running it says which package and which extra to install (:func:`missing_package`)
-instead of failing for every command.
+A command's module imports what needs an extra's packages inside its functions only (at module level nothing
+beyond torch), so the parser builds with the library alone: a command whose options cannot be declared because
+a package of an extra is missing is still listed, and running it says which package and which extra to install
+(:func:`missing_package`) instead of failing for every command.
 """
 
 from __future__ import annotations
@@ -113,4 +113,8 @@ def missing_package(error: ModuleNotFoundError, extra: str | None = None) -> str
     needed = PACKAGE_EXTRAS[package]
     if needed == "gaze" and extra in ("gaze", "study"):
         needed = extra
-    return f'this command needs {package}, which is not installed: pip install "alfa-ttp[{needed}]"'
+    setup = "gaze" if needed == "gaze" else "dev"  # setup.sh's two sets; "dev" holds the study
+    return (
+        f"this command needs {package}, which is not installed: install alfa's {needed} extra "
+        f'(in the alfa folder: pip install -e ".[{needed}]", or ./scripts/setup.sh {setup})'
+    )

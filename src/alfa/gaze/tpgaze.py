@@ -405,6 +405,8 @@ def _meta_train(
         "val_data": val_ds.name,
         "val_persons": val_p,
     }
+    if run_precision() != "fp32":  # a resumed run must be the same precision; fp32 headers stay as they were
+        header["precision"] = run_precision()
     trainable = sum(p.numel() for p in prompts.values())
     was_training = model.training
     model.eval()  # BatchNorm keeps the source statistics throughout, as in the reference code

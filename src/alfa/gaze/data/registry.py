@@ -30,6 +30,7 @@ __all__ = [
     "DatasetSpec",
     "open_dataset",
     "register_dataset",
+    "unregister_dataset",
     "list_datasets",
     "spec_forms",
     "DatasetKind",
@@ -120,6 +121,14 @@ def register_dataset(name: str, *, form: str, aliases: Sequence[str] = ()) -> Ca
         return opener
 
     return decorate
+
+
+def unregister_dataset(name: str) -> None:
+    """Remove a registered kind and its aliases (tests register their own)."""
+    kind = _BY_NAME[name]
+    _KINDS.remove(kind)
+    for key in [k for k, v in _BY_NAME.items() if v is kind]:
+        del _BY_NAME[key]
 
 
 def list_datasets() -> list[str]:

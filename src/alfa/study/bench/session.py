@@ -225,7 +225,10 @@ class Session:
         c = self.config
         meta = dataclasses.replace(c.meta, seed=src.seed)
         prompt = TPGazeConfig(image_size=c.image_size, init_std=c.tpgaze_init_std)
-        key = stable_hash({"source": src.cache_key, "meta": meta.to_dict(), "prompt": prompt.to_dict()})
+        spec = {"source": src.cache_key, "meta": meta.to_dict(), "prompt": prompt.to_dict()}
+        if self.precision != "fp32":  # prompts meta-trained in another precision are other prompts
+            spec["precision"] = self.precision
+        key = stable_hash(spec)
         return meta, prompt, self.cache / f"tpgaze-{key}"
 
     def tpgaze_prompts(self, src: SourceContext) -> Path:
