@@ -531,7 +531,7 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="another method option (repeatable)")
     p.add_argument("--init", help="tpgaze: start every person from these meta-trained prompts (alfa tpgaze meta-train)")
-    p.add_argument("--preset", choices=PRESETS, default="real", help="demo: the demo preset's blur kernel, for small images")
+    p.add_argument("--preset", choices=PRESETS, default="real", help="demo: the demo's blur kernel")
     p.add_argument(
         "--recipe",
         choices=RECIPE_NAMES,

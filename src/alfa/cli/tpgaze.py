@@ -199,7 +199,7 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", default="runs/tpgaze-adapters", help="prompt-file folder (persons already done are skipped)"
     )
-    p.add_argument("--preset", choices=("real", "demo"), default="real", help="demo: the demo preset's blur kernel, for small images")
+    p.add_argument("--preset", choices=("real", "demo"), default="real", help="demo: the demo's blur kernel")
     p.add_argument("--steps", type=int, help=f"Adam steps per person (default {recipe.steps})")
     p.add_argument("--lr", type=float, help=f"Adam learning rate (default {recipe.lr:g})")
     p.add_argument("--n-adapt", type=int, help=f"adaptation images per person (default {recipe.n_adapt})")
