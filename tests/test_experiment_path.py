@@ -115,3 +115,18 @@ def test_crate_gaze_personalizes_through_the_shared_call(tmp_path, monkeypatch):
         crate_gaze.run_crate_gaze(config, tmp_path, progress=False)
     ((_, method, kwargs),) = calls
     assert method == "alfa" and (kwargs["before"], kwargs["after"]) == ("truncated", "alfa")
+
+
+@pytest.mark.slow
+def test_the_smoke_preset_record_hashes_are_unchanged(version_0_1_0, tmp_path):
+    """Every record hash of ``alfa bench --smoke`` (its data rendered, nothing trained), as one digest."""
+    import hashlib
+
+    from alfa.study.bench.plan import plan_records
+    from alfa.study.bench.session import Session
+
+    config = BenchConfig.smoke()
+    session = Session(config, tmp_path, tmp_path / "cache", progress=False)
+    hashes = [session.record_hash(plan) for plan in plan_records(config)]
+    assert len(hashes) == 54
+    assert hashlib.sha256(" ".join(hashes).encode()).hexdigest()[:16] == "42b8c92ed223e3c7"
