@@ -24,6 +24,7 @@ import hashlib
 import json
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from alfa.adapters import AlfaConfig
+from alfa.adapters import AdapterConfig, AlfaConfig
 from alfa.checkpoint import load_model
 from alfa.fileio import atomic_path, safe_filename, write_json
 from alfa.models import create_model
@@ -39,11 +40,12 @@ from alfa.models import create_model
 from .augment import AugmentConfig
 from .data.base import GazeDataset, InMemoryGazeDataset
 from .data.registry import DatasetSpec
-from .evaluate import EvaluationReport, evaluate
-from .personalize import PersonalizeConfig, personalize_dataset
+from .evaluate import EvaluationReport, PersonScorer, evaluate
+from .personalize import PersonalizationRun, PersonalizeConfig, personalize_dataset
 from .train import TrainConfig, TruncateConfig, train_source, truncate_and_recover
 
 __all__ = [
+    "SourceSpec",
     "DemoConfig",
     "DemoResult",
     "demo_config",
@@ -52,6 +54,8 @@ __all__ = [
     "data_fingerprint",
     "source_cache_key",
     "build_source_model",
+    "PersonalizedTarget",
+    "personalize_and_score",
     "run_demo",
     "demo_configs",
     "COLUMNS",
@@ -76,6 +80,37 @@ def _studio_specs(config: DemoConfig) -> dict[str, Any]:
         "val_source": str(dataclasses.replace(val, target="eth-studio")),
         "targets": (str(dataclasses.replace(target, target="mpii-window")),),
     }
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """What a source model depends on, besides the pixels of its data: the source and validation data (dataset
+    specs, :class:`~alfa.gaze.data.registry.DatasetSpec` or their strings; ``val_source`` ``None`` holds out a
+    fraction of ``source``), the registered model, the seed of its initial weights, its pre-training and its
+    truncation with recovery. :func:`build_source_model` builds it; :func:`source_cache_key` names its cache."""
+
+    source: str | DatasetSpec
+    val_source: str | DatasetSpec | None
+    model: str
+    seed: int
+    pretrain: TrainConfig
+    truncation: TruncateConfig
+
+    def __post_init__(self) -> None:
+        # Held as strings: the cache key hashes the spec strings, whichever form was given.
+        object.__setattr__(self, "source", str(self.source))
+        if self.val_source is not None:
+            object.__setattr__(self, "val_source", str(self.val_source))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "seed": self.seed,
+            "source": self.source,
+            "val_source": self.val_source,
+            "pretrain": self.pretrain.to_dict(),
+            "truncation": self.truncation.to_dict(),
+        }
 
 
 @dataclass
@@ -116,6 +151,10 @@ class DemoConfig:
         d = dataclasses.asdict(self)
         d["alfa"] = self.alfa.to_dict()
         return d
+
+    def source_model_spec(self) -> SourceSpec:
+        """The part of this config its source model depends on."""
+        return SourceSpec(self.source, self.val_source, self.model, self.seed, self.pretrain, self.truncation)
 
 
 def demo_config(**overrides: Any) -> DemoConfig:
@@ -162,21 +201,12 @@ def data_fingerprint(dataset: GazeDataset) -> str:
     return h.hexdigest()[:16]
 
 
-def source_cache_key(config: DemoConfig, fingerprints: dict[str, str]) -> str:
-    """The cache key of the source model: a hash of everything that determines it."""
+def source_cache_key(spec: SourceSpec, fingerprints: dict[str, str | None]) -> str:
+    """The cache key of the source model: a hash of everything that determines it (``spec``, the
+    fingerprints of its data, the cache format and the package version)."""
     from alfa import __version__
 
-    parts = {
-        "format": CACHE_FORMAT,
-        "version": __version__,
-        "model": config.model,
-        "seed": config.seed,
-        "source": config.source,
-        "val_source": config.val_source,
-        "data": fingerprints,
-        "pretrain": config.pretrain.to_dict(),
-        "truncation": config.truncation.to_dict(),
-    }
+    parts = {"format": CACHE_FORMAT, "version": __version__, **spec.to_dict(), "data": fingerprints}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -194,32 +224,33 @@ class SourceModels:
 
 
 def build_source_model(
-    config: DemoConfig,
+    spec: SourceSpec,
     source: GazeDataset,
     val: GazeDataset | None,
     *,
+    cache_dir: str | Path,
     rebuild: bool = False,
     progress: bool = True,
     device: torch.device | str = "cpu",
 ) -> SourceModels:
-    """Pre-train, truncate and recover on the source, or load the result from the cache; the models live on
-    ``device``."""
+    """Pre-train, truncate and recover on ``source`` (the data of ``spec.source``; ``val``, of
+    ``spec.val_source``), or load the result from ``cache_dir/source-<key>``; the models live on ``device``."""
     fingerprints = {"source": data_fingerprint(source), "val": data_fingerprint(val) if val is not None else None}
-    cache = Path(config.cache_dir) / f"source-{source_cache_key(config, fingerprints)}"
+    cache = Path(cache_dir) / f"source-{source_cache_key(spec, fingerprints)}"
     if rebuild and cache.exists():
         shutil.rmtree(cache)
     finished = (cache / "recovered" / "model.safetensors").is_file()
     seconds: dict[str, float] = {}
 
     t0 = time.time()
-    torch.manual_seed(config.seed)  # the initial weights
-    model = create_model(config.model).to(device)
+    torch.manual_seed(spec.seed)  # the initial weights
+    model = create_model(spec.model).to(device)
     result = train_source(
         model,
         source,
-        config.pretrain,
+        spec.pretrain,
         cache / "pretrain",
-        model_name=config.model,
+        model_name=spec.model,
         val_dataset=val,
         progress=progress,
         extra={"cache_key": cache.name},
@@ -227,22 +258,22 @@ def build_source_model(
     seconds["pretrain"] = time.time() - t0
 
     t0 = time.time()
-    dense, _ = load_model(cache / "pretrain" / "model.safetensors", expect_model=config.model)
+    dense, _ = load_model(cache / "pretrain" / "model.safetensors", expect_model=spec.model)
     dense.to(device)
     dense.eval()
     recovered = copy.deepcopy(dense)
     trunc = truncate_and_recover(
         recovered,
         source,
-        config.truncation,
+        spec.truncation,
         cache / "recovered",
         val_dataset=val if val is not None else source,
         val_persons=result.val_persons,
-        model_name=config.model,
+        model_name=spec.model,
         progress=progress,
     )
     seconds["truncate_recover"] = time.time() - t0
-    write_json(cache / "key.json", {"key": cache.name, "config": config.to_dict(), "data": fingerprints})
+    write_json(cache / "key.json", {"key": cache.name, "config": spec.to_dict(), "data": fingerprints})
     return SourceModels(
         dense=dense,
         recovered=recovered.eval(),
@@ -252,6 +283,56 @@ def build_source_model(
         seconds=seconds,
         from_cache=finished,
     )
+
+
+# ----------------------------------------------------------------------------- personalizing a target
+
+
+@dataclass
+class PersonalizedTarget:
+    """Every person of one target personalized with one method and recipe (``run``: each person's outcome and
+    losses), then scored with their own adapter (``report``: its ``after`` column, and ``before`` if asked)."""
+
+    run: PersonalizationRun
+    report: EvaluationReport
+
+
+def personalize_and_score(
+    base: nn.Module,
+    data: GazeDataset,
+    method: AdapterConfig,
+    recipe: PersonalizeConfig,
+    adapter_folder: str | Path,
+    *,
+    n_adapt: int | None = None,
+    persons: Sequence[str] | None = None,
+    before: str | None = None,
+    after: str = "personalized",
+    resume: bool = True,
+    track: Callable[[str], Callable[[nn.Module], float]] | None = None,
+    score: PersonScorer | None = None,
+    progress: bool = True,
+) -> PersonalizedTarget:
+    """Personalize ``base`` to every person of ``data`` (or ``persons``) with ``method`` and ``recipe``, one
+    adapter each in ``adapter_folder`` (:func:`~alfa.gaze.personalize.personalize_dataset`, with ``resume``
+    and ``track``), then score each person's images after the first ``n_adapt`` (``recipe.n_adapt`` by
+    default) with that person's adapter loaded (:func:`~alfa.gaze.evaluate.evaluate`: column ``after``, the
+    bare base as column ``before`` unless it is ``None``, ``score`` the per-person measurement)."""
+    run = personalize_dataset(
+        base, data, method, recipe, adapter_folder, persons=persons, resume=resume, progress=progress, track=track
+    )
+    report = evaluate(
+        base,
+        data,
+        adapters=adapter_folder,
+        n_adapt=recipe.n_adapt if n_adapt is None else n_adapt,
+        persons=persons,
+        before=before,
+        after=after,
+        progress=False,
+        score=score,
+    )
+    return PersonalizedTarget(run, report)
 
 
 # ----------------------------------------------------------------------------- the demo
@@ -375,7 +456,15 @@ def run_demo(
         )
         print(f"data ({seconds['data']:.0f} s): {sizes}", flush=True)
 
-    models = build_source_model(config, source, val, rebuild=rebuild, progress=progress, device=device)
+    models = build_source_model(
+        config.source_model_spec(),
+        source,
+        val,
+        cache_dir=config.cache_dir,
+        rebuild=rebuild,
+        progress=progress,
+        device=device,
+    )
     seconds.update(models.seconds)
     recipes = {column: named_recipe(name) for column, name in RECIPE_COLUMNS.items()}
 
@@ -391,19 +480,20 @@ def run_demo(
         losses = {}
         for column, recipe in recipes.items():
             folder = out / "adapters" / safe_filename(name) / RECIPE_COLUMNS[column]
-            run = personalize_dataset(
+            adapted = personalize_and_score(
                 models.recovered,
                 data,
                 config.alfa,
                 recipe.apply(config.personalize),
                 folder,
+                n_adapt=n_adapt,
+                after=column,
                 progress=progress,
             )
-            adapted = evaluate(models.recovered, data, adapters=folder, after=column, **options)
-            report.columns[column] = adapted.columns[column]
-            report.failed.update({p: f"{column}: {why}" for p, why in adapted.failed.items()})
+            report.columns[column] = adapted.report.columns[column]
+            report.failed.update({p: f"{column}: {why}" for p, why in adapted.report.failed.items()})
             losses[column] = {
-                p: {"first": o.losses[0], "final": o.final_loss} for p, o in run.persons.items() if o.losses
+                p: {"first": o.losses[0], "final": o.final_loss} for p, o in adapted.run.persons.items() if o.losses
             }
         report.meta = {
             "spec": spec,

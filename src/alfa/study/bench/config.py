@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from alfa.adapters import METHODS, AlfaConfig
@@ -20,7 +19,7 @@ from alfa.gaze.augment import AugmentConfig
 from alfa.gaze.data.registry import DatasetSpec
 from alfa.gaze.data.synthetic import get_domain
 from alfa.gaze.personalize import PersonalizeConfig
-from alfa.gaze.pipeline import DemoConfig
+from alfa.gaze.pipeline import SourceSpec
 from alfa.gaze.tpgaze import MetaTrainConfig
 from alfa.gaze.train import TrainConfig, TruncateConfig
 
@@ -348,22 +347,20 @@ class BenchConfig:
         total = self.target_images + self.oracle.extra_images
         return str(DatasetSpec.synthetic(TARGETS[target], size=self.image_size, **persons, images_per_person=total))
 
-    def demo_config(self, source: str, seed: int, cache_dir: Path) -> DemoConfig:
-        """The source-model part, in the form :func:`build_source_model` takes (and hashes). A source's own
-        training changes (:data:`~alfa.study.bench.methods.SOURCE_TRAINING`: the studio control without the
-        symmetry term) apply to its pre-training and its recovery."""
+    def source_model_spec(self, source: str, seed: int) -> SourceSpec:
+        """What the model of ``source`` with ``seed`` depends on, as :func:`build_source_model` takes (and
+        hashes) it. A source's own training changes (:data:`~alfa.study.bench.methods.SOURCE_TRAINING`: the
+        studio control without the symmetry term) apply to its pre-training and its recovery."""
         changes = SOURCE_TRAINING.get(source, {})
-        return DemoConfig(
+        return SourceSpec(
             source=self.source_spec(source),
             val_source=self.val_spec(source),
-            targets=(),
             model=self.model,
             seed=seed,
             pretrain=dataclasses.replace(self.pretrain, seed=seed, **changes),
             truncation=TruncateConfig(
                 rank=self.rank, recovery=dataclasses.replace(self.recovery, seed=seed, **changes)
             ),
-            cache_dir=str(cache_dir),
         )
 
     def recipe(self, seed: int, **changes: Any) -> PersonalizeConfig:

@@ -38,6 +38,7 @@ from alfa.gaze.flip import FlipParts, FlipTTA, person_flip_parts
 from alfa.gaze.geometry import angular_error
 from alfa.gaze.losses import finite_or_raise, supervised_l1_loss
 from alfa.gaze.personalize import PersonalizeConfig, person_seed, personalize_dataset
+from alfa.gaze.pipeline import personalize_and_score
 from alfa.gaze.recipes import PAPER_RECIPE, RECIPE_GRID, Recipe, reference_protocol_error, select_recipe, training_runs
 from alfa.gaze.tpgaze import personalize_tpgaze_dataset, tpgaze_recipe
 from alfa.layers import is_factorized
@@ -189,17 +190,19 @@ def _run_personalization(
     person's saved adapter, measure the costs of one of them."""
     c, v = session.config, plan.variant
     folder = session.adapter_dir(plan)
-    run, recipe, cpu = _personalize_persons(session, base, src, tgt, plan, folder, record)
+    run, recipe, cpu, scored = _personalize_persons(session, base, src, tgt, plan, folder, record, flips)
     ok = [p for p, o in run.persons.items() if o.status in ("ok", "skipped")]
     fresh = [p for p, o in run.persons.items() if o.status == "ok"]
     _add_run_summary(record, run, recipe, cpu, ok, fresh)
-    errors: dict[str, GazeError] = {}
-    for person in ok:
-        load_adapter(base, folder / adapter_filename(person))
-        try:
-            errors.update(_score(base, tgt.data, [person], c.personalize.n_adapt, flips))
-        finally:
-            detach(base)
+    if scored is None:  # TPGaze's own personalization: its persons are scored here
+        scored = {}
+        for person in ok:
+            load_adapter(base, folder / adapter_filename(person))
+            try:
+                scored.update(_score(base, tgt.data, [person], c.personalize.n_adapt, flips))
+            finally:
+                detach(base)
+    errors = {p: scored[p] for p in ok if p in scored}  # an adapter left from an earlier run is not this record's
     if ok:
         images = session.latency_images(tgt)
         record.update(adapter_costs(base, folder / adapter_filename(ok[0]), images, c.latency_repeats))
@@ -231,6 +234,25 @@ def _step_errors(data: GazeDataset, indices: dict[str, list[int]], at: set[int] 
     return for_person
 
 
+class _PersonScores:
+    """The benchmark's measurement of each adapted person in :func:`personalize_and_score`: their
+    :class:`GazeError` and (into ``flips``) what a flip sees of them. It notes the process time and the peak
+    memory when the first person is scored, where personalization has ended, so that the record's
+    per-user costs are those of personalizing alone."""
+
+    def __init__(self, flips: dict[str, FlipParts]) -> None:
+        self.flips = flips
+        self.errors: dict[str, GazeError] = {}
+        self.personalized_at: tuple[float, float | None] | None = None  # (process time, peak MiB)
+
+    def __call__(self, model: nn.Module, data: GazeDataset, persons: list[str], n_adapt: int) -> dict[str, GazeError]:
+        if self.personalized_at is None:
+            self.personalized_at = (time.process_time(), _proc_status_mib("VmHWM"))
+        errors = _score(model, data, persons, n_adapt, self.flips)
+        self.errors.update(errors)
+        return errors
+
+
 def _personalize_persons(
     session: Session,
     base: nn.Module,
@@ -239,9 +261,12 @@ def _personalize_persons(
     plan: RecordPlan,
     folder: Path,
     record: dict[str, Any],
-) -> tuple[Any, Any, float]:
-    """Personalize every target person into ``folder``; the peak memory goes to ``record``. Returns the
-    run's summary, the recipe it used and the CPU seconds it took."""
+    flips: dict[str, FlipParts],
+) -> tuple[Any, Any, float, dict[str, GazeError] | None]:
+    """Personalize every target person into ``folder``; the peak memory goes to ``record``. An adapter
+    method's persons are scored by the shared :func:`personalize_and_score` too. Returns the run's summary,
+    the recipe it used, the CPU seconds personalizing took, and the scored persons' errors (``None`` for
+    TPGaze, whose persons are scored afterwards)."""
     v = plan.variant
     recipe = session.config.recipe(plan.seed, **v.recipe)
     persons = tgt.data.persons()
@@ -250,6 +275,7 @@ def _personalize_persons(
     replay = _step_errors(tgt.data, {p: tgt.data.person_indices(p) for p in persons})
     before_mib = _reset_peak_memory()
     cpu0 = time.process_time()
+    scores: _PersonScores | None = None
     if v.kind == "tpgaze":
         prompts = session.tpgaze_prompts(src)
         before_mib = _reset_peak_memory()  # meta-training is a per-source cost, not a per-user one
@@ -264,15 +290,29 @@ def _personalize_persons(
         if v.same_layers_as_truncated:
             names = [n for n, m in src.models.recovered.named_modules() if is_factorized(m)]
             adapter = dataclasses.replace(adapter, target="^(" + "|".join(re.escape(n) for n in names) + ")$")
-        run = personalize_dataset(
-            base, tgt.data, adapter, recipe, folder, persons=persons, progress=session.progress, track=replay
-        )
-    cpu = time.process_time() - cpu0
-    peak = _proc_status_mib("VmHWM")
+        scores = _PersonScores(flips)
+        run = personalize_and_score(
+            base,
+            tgt.data,
+            adapter,
+            recipe,
+            folder,
+            n_adapt=session.config.personalize.n_adapt,
+            persons=persons,
+            after=v.label,
+            track=replay,
+            score=scores,
+            progress=session.progress,
+        ).run
+    if scores is not None and scores.personalized_at is not None:
+        cpu_end, peak = scores.personalized_at
+    else:
+        cpu_end, peak = time.process_time(), _proc_status_mib("VmHWM")
+    cpu = cpu_end - cpu0
     if before_mib is not None and peak is not None:
         record["peak_rss_mib"] = peak
         record["peak_rss_increase_mib"] = max(0.0, peak - before_mib)
-    return run, recipe, cpu
+    return run, recipe, cpu, None if scores is None else scores.errors
 
 
 def _add_run_summary(

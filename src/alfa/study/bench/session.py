@@ -27,7 +27,7 @@ from alfa.checkpoint import read_checkpoint
 from alfa.fileio import safe_filename
 from alfa.gaze.data.base import GazeDataset, InMemoryGazeDataset
 from alfa.gaze.evaluate import adapter_filename, load_images
-from alfa.gaze.pipeline import DemoConfig, build_source_model, data_fingerprint, open_data, source_cache_key
+from alfa.gaze.pipeline import SourceSpec, build_source_model, data_fingerprint, open_data, source_cache_key
 from alfa.gaze.recipes import Recipe
 from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts
 from alfa.gaze.train import TruncateConfig, truncate_and_recover
@@ -61,7 +61,7 @@ class SourceContext:
 
     key: str
     seed: int
-    demo: DemoConfig
+    spec: SourceSpec
     data: GazeDataset
     val: GazeDataset
     cache_key: str
@@ -116,9 +116,9 @@ class Session:
             if key not in self.source_data:
                 self.source_data[key] = (open_data(c.source_spec(key)), open_data(c.val_spec(key)))
             data, val = self.source_data[key]
-            demo = c.demo_config(key, seed, self.cache)
+            spec = c.source_model_spec(key, seed)
             fingerprints = {"source": data_fingerprint(data), "val": data_fingerprint(val)}
-            self.sources[(key, seed)] = SourceContext(key, seed, demo, data, val, source_cache_key(demo, fingerprints))
+            self.sources[(key, seed)] = SourceContext(key, seed, spec, data, val, source_cache_key(spec, fingerprints))
         return self.sources[(key, seed)]
 
     def release(self, key: str, seed: int) -> None:
@@ -154,7 +154,9 @@ class Session:
         src = self.source(key, seed)
         if src.models is None:
             torch.manual_seed(seed)
-            src.models = build_source_model(src.demo, src.data, src.val, progress=self.progress, device=self.device)
+            src.models = build_source_model(
+                src.spec, src.data, src.val, cache_dir=self.cache, progress=self.progress, device=self.device
+            )
             if src.models.cache.name != f"source-{src.cache_key}":
                 raise RuntimeError(f"source cache {src.models.cache} does not match the expected key {src.cache_key}")
             src.info = {

@@ -7,9 +7,11 @@
 
 Everything reuses the gaze stack: :func:`alfa.gaze.train.train_source` (Adam, L1 plus the flip-symmetry
 term, constant learning rate), :func:`alfa.gaze.train.truncate_and_recover`,
-:func:`alfa.gaze.personalize.personalize_dataset` and :func:`alfa.gaze.evaluate.evaluate` (the first
-``n_adapt`` images of a target person are the unlabeled adaptation images, the rest are scored), and
-:func:`alfa.study.crate.probes.probe_model`.
+:func:`alfa.gaze.pipeline.personalize_and_score` (per target, as the demo and the benchmark personalize and
+score: the first ``n_adapt`` images of a target person are the unlabeled adaptation images, the rest are
+scored), and :func:`alfa.study.crate.probes.probe_model`. The two models are trained here rather than by
+:func:`alfa.gaze.pipeline.build_source_model`: they take constructor arguments, both are probed dense before
+CRATE alone is truncated, ``recovery_epochs`` 0 truncates without recovery, and every run starts afresh.
 
 Decisions the gaze stack leaves open for a transformer:
 
@@ -50,14 +52,13 @@ from alfa.gaze.data.registry import open_dataset
 from alfa.gaze.evaluate import (
     adapter_filename,
     eval_indices,
-    evaluate,
     load_examples,
     load_images,
     person_errors,
     predict_images,
 )
 from alfa.gaze.geometry import angular_error
-from alfa.gaze.personalize import personalize_dataset
+from alfa.gaze.pipeline import personalize_and_score
 from alfa.gaze.train import TruncateConfig, train_source, truncate_and_recover
 from alfa.models import create_model
 from alfa.summary import parameter_summary
@@ -378,10 +379,19 @@ def _personalize_targets(
         folder = out / "adapters" / safe_filename(name)
         if folder.exists():
             shutil.rmtree(folder)  # adapters of an earlier run must not be reused
-        run = personalize_dataset(base, data, config.alfa, recipe, folder, resume=False, progress=progress)
-        report = evaluate(
-            base, data, adapters=folder, n_adapt=n_adapt, before="truncated", after="alfa", progress=False
+        scored = personalize_and_score(
+            base,
+            data,
+            config.alfa,
+            recipe,
+            folder,
+            n_adapt=n_adapt,
+            before="truncated",
+            after="alfa",
+            resume=False,
+            progress=progress,
         )
+        run, report = scored.run, scored.report
         personalization[name] = _personalization_entry(data, run, report)
         common = report.common_persons()
         cross_domain[name]["crate_truncated"] = _errors_entry(report.columns["truncated"])

@@ -1,0 +1,132 @@
+"""The one experiment path of the gaze application: a source model named by its :class:`SourceSpec` (whose cache
+key must stay what it was, so existing caches and benchmark records stay valid) and
+:func:`personalize_and_score`, which the demo, the benchmark and CRATE's gaze study all reach."""
+
+import dataclasses
+
+import pytest
+from test_bench import tiny
+from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
+
+import alfa
+import alfa.gaze.pipeline as pipeline
+import alfa.study.bench.produce as produce
+import alfa.study.crate.gaze as crate_gaze
+from alfa.gaze.data.registry import DatasetSpec
+from alfa.gaze.personalize import PersonalizeConfig
+from alfa.gaze.train import TrainConfig, TruncateConfig
+from alfa.study.bench.config import BenchConfig
+from alfa.study.bench.runner import run_bench
+
+# Fixed stand-ins for the data fingerprints: the key's own inputs are what these literals pin.
+FINGERPRINTS = {"source": "0123456789abcdef", "val": "fedcba9876543210"}
+
+
+@pytest.fixture
+def version_0_1_0(monkeypatch):
+    """The package version the literal keys were recorded at (the version is part of every key)."""
+    monkeypatch.setattr(alfa, "__version__", "0.1.0")
+
+
+def test_the_demo_source_keys_are_unchanged(version_0_1_0):
+    symmetric, studio = pipeline.demo_configs()
+    assert pipeline.source_cache_key(symmetric.source_model_spec(), FINGERPRINTS) == "62115526f90a"
+    assert pipeline.source_cache_key(studio.source_model_spec(), FINGERPRINTS) == "f0a15e061b27"
+    no_val = pipeline.demo_config(val_source=None).source_model_spec()
+    assert pipeline.source_cache_key(no_val, FINGERPRINTS) == "6dbdf77a96b1"
+
+
+@pytest.mark.parametrize(
+    ("preset", "source", "seed", "key"),
+    [
+        ("smoke", "E", 0, "d3a691c80601"),
+        ("smoke", "S", 0, "93b89e2e5121"),  # its own training: no symmetry term
+        ("smoke", "M", 0, "6aa163556357"),  # a within-target model
+        ("quick", "E", 0, "7c6ab130e232"),
+        ("standard", "C", 1, "78400c4242d8"),
+    ],
+)
+def test_the_benchmark_source_keys_are_unchanged(version_0_1_0, preset, source, seed, key):
+    spec = getattr(BenchConfig, preset)().source_model_spec(source, seed)
+    assert pipeline.source_cache_key(spec, FINGERPRINTS) == key
+
+
+def test_a_source_spec_takes_dataset_specs_or_their_strings():
+    data = DatasetSpec.synthetic("eth", size=32, persons=4, images_per_person=8)
+    val = DatasetSpec.synthetic("eth", split="val", size=32, persons=2, images_per_person=4)
+    given = {"model": "tiny_gaze_net", "seed": 0, "pretrain": TrainConfig(), "truncation": TruncateConfig()}
+    as_specs = pipeline.SourceSpec(data, val, **given)
+    as_strings = pipeline.SourceSpec(str(data), str(val), **given)
+    assert as_specs == as_strings and as_specs.source == str(data)
+    assert pipeline.source_cache_key(as_specs, FINGERPRINTS) == pipeline.source_cache_key(as_strings, FINGERPRINTS)
+
+
+class Reached(BaseException):
+    """Stops an orchestrator at its first shared personalize-and-score call (a BaseException, so that no
+    ``except Exception`` of a runner takes it for a failing record)."""
+
+
+def _stop_at_shared_call(monkeypatch, module):
+    calls = []
+
+    def reached(base, data, method, recipe, adapter_folder, **kwargs):
+        calls.append((data.name, method.method, kwargs))
+        raise Reached
+
+    monkeypatch.setattr(module, "personalize_and_score", reached)
+    return calls
+
+
+@pytest.mark.slow
+def test_the_demo_personalizes_through_the_shared_call(tmp_path, monkeypatch):
+    calls = _stop_at_shared_call(monkeypatch, pipeline)
+    config = pipeline.demo_config(
+        source="synthetic:eth?size=32&persons=4&images_per_person=8",
+        val_source="synthetic:eth?split=val&size=32&persons=2&images_per_person=4",
+        targets=("synthetic:mpii?size=32&persons=2&images_per_person=7",),
+        model="tiny_gaze_net",
+        pretrain=TrainConfig(epochs=1, batch_size=16),
+        truncation=TruncateConfig(rank=4, recovery=TrainConfig(epochs=1, batch_size=16)),
+        alfa=alfa.AlfaConfig(heads=2, rank=2),
+        personalize=PersonalizeConfig(steps=2),
+        out_dir=str(tmp_path / "demo"),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    with pytest.raises(Reached):
+        pipeline.run_demo(config, progress=False)
+    ((_, method, kwargs),) = calls
+    assert method == "alfa" and kwargs["after"] == pipeline.COLUMNS[2]
+
+
+@pytest.mark.slow
+def test_the_benchmark_personalizes_through_the_shared_call(tmp_path, monkeypatch):
+    calls = _stop_at_shared_call(monkeypatch, produce)
+    with pytest.raises(Reached):
+        run_bench(tiny(methods=("lora",)), tmp_path, progress=False)
+    ((_, method, kwargs),) = calls
+    assert method == "lora" and kwargs["track"] is not None and kwargs["score"] is not None
+
+
+@pytest.mark.slow
+def test_crate_gaze_personalizes_through_the_shared_call(tmp_path, monkeypatch):
+    calls = _stop_at_shared_call(monkeypatch, crate_gaze)
+    config = dataclasses.replace(crate_gaze.quick_config(), targets=("mpii",), recovery_epochs=0)
+    with pytest.raises(Reached):
+        crate_gaze.run_crate_gaze(config, tmp_path, progress=False)
+    ((_, method, kwargs),) = calls
+    assert method == "alfa" and (kwargs["before"], kwargs["after"]) == ("truncated", "alfa")
+
+
+@pytest.mark.slow
+def test_the_smoke_preset_record_hashes_are_unchanged(version_0_1_0, tmp_path):
+    """Every record hash of ``alfa bench --smoke`` (its data rendered, nothing trained), as one digest."""
+    import hashlib
+
+    from alfa.study.bench.plan import plan_records
+    from alfa.study.bench.session import Session
+
+    config = BenchConfig.smoke()
+    session = Session(config, tmp_path, tmp_path / "cache", progress=False)
+    hashes = [session.record_hash(plan) for plan in plan_records(config)]
+    assert len(hashes) == 54
+    assert hashlib.sha256(" ".join(hashes).encode()).hexdigest()[:16] == "42b8c92ed223e3c7"
