@@ -1,6 +1,7 @@
 """Adding an adapter method or a dataset is one registration (with its module's import line): a dummy of each
 reaches what a user and the benchmark see (the registry, the commands, the benchmark's plan and its report)."""
 
+import argparse
 import dataclasses
 from typing import ClassVar
 
@@ -42,6 +43,10 @@ def test_a_registered_method_gets_a_row_in_the_plan_and_in_table_1(dummy_method)
     rows = (("source-only", 9.0), ("half_lora", 7.0))
     results = results_of(config, rows)
     assert "half_lora" in results["layout"]["main"]
+    from alfa.cli.gaze import _method_config  # what alfa personalize --method half_lora --adapter-rank 2 builds
+
+    args = argparse.Namespace(method="half_lora", heads=None, adapter_rank=2, option=None)
+    assert _method_config(args) == dummy_method(rank=2)
     table1 = render_report(results).split("## Table 1")[1].split("\n## ")[0]
     assert "| HalfLoRA |" in table1
 
@@ -62,6 +67,9 @@ def test_a_registered_dataset_kind_opens_everywhere_a_spec_is_read(tmp_path):
         assert "mirror-of" in list_datasets()
         data = open_dataset("mirror-of:mpii")
         assert len(data.persons()) == 2 and len(data) == 6
+        from alfa.cli.gaze import open_spec  # what every command's --data reads
+
+        assert len(open_spec("mirror-of:mpii")) == 6
         with pytest.raises(ValueError, match=r"mirror-of:<domain>"):  # the error lists its form beside the others
             open_dataset("no-such-kind:x")
     finally:

@@ -89,3 +89,10 @@ def test_without_a_registered_objective_the_loss_ablation_is_the_built_in_one():
     labels = [row["label"] for row in layout(config)["ablations"]["loss"]]
     assert labels == ["source-only", "alfa", "alfa[loss=augment]"]
     assert dataclasses.replace(config.personalize).loss == "flip"
+
+
+def test_a_registered_objective_is_a_choice_of_the_personalize_command(dummy):
+    from alfa.cli import build_parser
+
+    args = build_parser().parse_args(["personalize", "--checkpoint", "c", "--data", "x", "--loss", "pitch-zero"])
+    assert args.loss == "pitch-zero"
