@@ -233,3 +233,50 @@ def test_every_option_of_every_command_has_help():
                 yield f"alfa {' '.join(path)} {action.option_strings[0]}"
 
     assert list(undocumented(build_parser(), [])) == []
+
+
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        (["export", "--checkpoint", "{ckpt}", "--out", "{ckpt}"], "--out {ckpt} is this command's --checkpoint"),
+        (
+            ["export", "--checkpoint", "{ckpt}", "--adapter", "{adapter}", "--out", "{adapter}"],
+            "is this command's --adapter",
+        ),
+        (
+            ["truncate", "--checkpoint", "{ckpt}", "--data", "synthetic:eth", "--out", "{folder}"],
+            "holds this command's --checkpoint",
+        ),
+        (
+            ["personalize", "--checkpoint", "{ckpt}", "--data", "synthetic:mpii", "--out", "{folder}"],
+            "holds this command's --checkpoint",
+        ),
+    ],
+)
+def test_an_input_is_never_an_output_nor_inside_an_output_folder(tmp_path, capsys, command, message):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    ckpt, adapter = folder / "model.safetensors", folder / "user.safetensors"
+    ckpt.write_bytes(b"the checkpoint")
+    adapter.write_bytes(b"an adapter")
+    names = {"ckpt": str(ckpt), "adapter": str(adapter), "folder": str(folder)}
+    assert main([part.format(**names) for part in command]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message.format(**names) in err and "Traceback" not in err
+    assert ckpt.read_bytes() == b"the checkpoint" and adapter.read_bytes() == b"an adapter"
+    assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors", "user.safetensors"]
+
+
+def test_an_output_beside_its_inputs_is_allowed(tmp_path):
+    import argparse
+
+    from alfa.cli import _refuse_inputs_as_outputs
+
+    folder = tmp_path / "adapters"
+    args = argparse.Namespace(
+        adapters=str(folder), checkpoint=str(tmp_path / "model.safetensors"), json=str(tmp_path / "report.json")
+    )
+    args.outputs = {"json": False}
+    _refuse_inputs_as_outputs(args)  # nothing raised: a new file next to the inputs replaces none of them
+    args.outputs, args.out = {"out": True}, str(tmp_path / "elsewhere")
+    _refuse_inputs_as_outputs(args)

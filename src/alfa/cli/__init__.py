@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from . import bench, crate, gaze, library, study, tpgaze
 from .registry import Command, add_commands, missing_package
@@ -59,15 +60,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INPUT_OPTIONS = ("checkpoint", "adapter", "adapters", "init", "results")
+"""The options by which every command names the files and folders it reads (never written by it)."""
+
+
+def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
+    """An output is never one of the command's inputs, and an output folder never holds one (the command would
+    write its own files there, a person's adapter named like the checkpoint among them)."""
+    inputs = {n: Path(v).resolve() for n in INPUT_OPTIONS if isinstance(v := getattr(args, n, None), str)}
+    for name, folder in args.outputs.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        out = Path(value).resolve()
+        for source, path in inputs.items():
+            if out == path:
+                raise ValueError(f"--{_flag(name)} {value} is this command's --{_flag(source)}: choose another path")
+            if folder and path.is_relative_to(out) and path != out:
+                raise ValueError(
+                    f"--{_flag(name)} {value} holds this command's --{_flag(source)} {getattr(args, source)}, which "
+                    "its output could replace: write elsewhere"
+                )
+
+
+def _flag(dest: str) -> str:
+    return dest.replace("_", "-")
+
+
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Every output a command was given must be writable before it starts (not after an hour of work): each
-    command lists its outputs as ``outputs={dest: is_folder}``."""
+    """Every output a command was given must be writable before it starts (not after an hour of work), and none
+    may be or hold one of its inputs: each command lists its outputs as ``outputs={dest: is_folder}``."""
     from alfa.fileio import check_writable
 
+    _refuse_inputs_as_outputs(args)
     for name, folder in args.outputs.items():
         value = getattr(args, name, None)
         if value is not None:
-            check_writable(value, folder=folder, what=f"--{name.replace('_', '-')}")
+            check_writable(value, folder=folder, what=f"--{_flag(name)}")
 
 
 def main(argv: list[str] | None = None) -> int:
