@@ -280,3 +280,23 @@ def test_an_output_beside_its_inputs_is_allowed(tmp_path):
     _refuse_inputs_as_outputs(args)  # nothing raised: a new file next to the inputs replaces none of them
     args.outputs, args.out = {"out": True}, str(tmp_path / "elsewhere")
     _refuse_inputs_as_outputs(args)
+
+
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        (["pretrain", "--data", "x", "--lr", "inf"], "argument --lr: must be a finite number, got inf"),
+        (["pretrain", "--data", "x", "--lr", "0"], "argument --lr: must be above 0, got 0"),
+        (["pretrain", "--data", "x", "--batch-size", "1"], "must be at least 2 (BatchNorm trains on the batch)"),
+        (["pretrain", "--data", "x", "--workers", "100000"], "argument --workers: at most this machine's"),
+        (["personalize", "--checkpoint", "c", "--data", "x", "--n-adapt", "-1"], "--n-adapt: must be at least 1"),
+        (["personalize", "--checkpoint", "c", "--data", "x", "--adapter-rank", "0"], "--adapter-rank: must be at"),
+        (["personalize", "--checkpoint", "c", "--data", "x", "--pitch-anchor", "-1"], "--pitch-anchor: must be at"),
+        (["evaluate", "--checkpoint", "c", "--data", "x", "--n-adapt", "-1"], "--n-adapt: must be at least 0"),
+        (["tpgaze", "meta-train", "--checkpoint", "c", "--data", "x", "--outer-lr", "nan"], "--outer-lr: must be a"),
+    ],
+)
+def test_numeric_options_are_bounded_at_the_option(capsys, command, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(command)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -15,12 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from .options import (
     allow_partial_option,
+    at_least,
     default_of,
     device_option,
+    non_negative_number,
+    positive_rate,
     precision_option,
     quiet_option,
     run_precision_of,
     seed_option,
+    worker_count,
 )
 from .registry import Command
 
@@ -62,14 +66,18 @@ def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
 
     g = p.add_argument_group("training (defaults: the preset's)")
     g.add_argument("--preset", choices=PRESETS, default="real", help="real: the paper's settings; demo: the small one")
-    g.add_argument("--epochs", type=int, help=epochs_help)
+    g.add_argument("--epochs", type=at_least(1), help=epochs_help)
     g.add_argument(
-        "--batch-size", type=int, help="images per optimizer step (under torchrun: of all processes together)"
+        "--batch-size",
+        type=at_least(2, " (BatchNorm trains on the batch)"),
+        help="images per optimizer step (under torchrun: of all processes together)",
     )
-    g.add_argument("--lr", type=float, help="Adam learning rate")
-    g.add_argument("--symmetry-weight", type=float, help="weight of the left-right symmetry term (0: off)")
+    g.add_argument("--lr", type=positive_rate, help="Adam learning rate")
+    g.add_argument(
+        "--symmetry-weight", type=non_negative_number, help="weight of the left-right symmetry term (0: off)"
+    )
     g.add_argument("--val-fraction", type=float, help="share of source persons held out (without --val-data)")
-    g.add_argument("--workers", type=int, help="data-loading worker processes")
+    g.add_argument("--workers", type=worker_count, help="data-loading worker processes")
     precision_option(g)
     seed_option(g, "the initial weights, batch order and person split", TrainConfig().seed)
     quiet_option(g)
@@ -524,10 +532,12 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
         "--method", default="alfa", help=f"an adapter method: {', '.join(sorted(METHODS))} (default %(default)s)"
     )
     p.add_argument(
-        "--heads", type=int, help=f"attention heads H of a method that has them (Alfa's default {alfa.heads})"
+        "--heads", type=at_least(1), help=f"attention heads H of a method that has them (Alfa's default {alfa.heads})"
     )
     p.add_argument(
-        "--adapter-rank", type=int, help=f"low rank r of a method that has one (Alfa's and LoRA's default {alfa.rank})"
+        "--adapter-rank",
+        type=at_least(1),
+        help=f"low rank r of a method that has one (Alfa's and LoRA's default {alfa.rank})",
     )
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="another method option (repeatable)")
     p.add_argument("--init", help="tpgaze: start every person from these meta-trained prompts (alfa tpgaze meta-train)")
@@ -540,9 +550,9 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
         f"alfa: {DEFAULT_RECIPE.label}; docs/flip-premise.md), 'paper' the paper's ({PAPER_RECIPE.label}); "
         "tpgaze keeps its own; --steps, --lr and the flags below override either",
     )
-    p.add_argument("--steps", type=int, help="optimizer steps per person (default: the recipe's)")
-    p.add_argument("--lr", type=float, help="AdamW base learning rate (default: the recipe's)")
-    p.add_argument("--n-adapt", type=int, help=f"adaptation images per person (default {recipe.n_adapt})")
+    p.add_argument("--steps", type=at_least(1), help="optimizer steps per person (default: the recipe's)")
+    p.add_argument("--lr", type=positive_rate, help="AdamW base learning rate (default: the recipe's)")
+    p.add_argument("--n-adapt", type=at_least(1), help=f"adaptation images per person (default {recipe.n_adapt})")
     p.add_argument(
         "--loss",
         choices=tuple(OBJECTIVES),
@@ -555,7 +565,7 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
     branches.add_argument("--detach-flipped", action="store_true", help="detach the flipped branch (the paper's)")
     p.add_argument(
         "--pitch-anchor",
-        type=float,
+        type=non_negative_number,
         metavar="W",
         help="not in the paper: hold the batch's mean predicted pitch at its start with weight W (0: off; "
         "default: the recipe's)",
@@ -632,9 +642,14 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
         "flipped image; no training, twice the inference cost) of the base and of every adapter",
     )
     p.add_argument(
-        "--n-adapt", type=int, default=recipe.n_adapt, help="first images per person excluded (used for adaptation)"
+        "--n-adapt",
+        type=at_least(0),
+        default=recipe.n_adapt,
+        help="first images per person excluded (used for adaptation)",
     )
-    p.add_argument("--batch-size", type=int, default=EVAL_BATCH_SIZE, help="images per forward (default %(default)s)")
+    p.add_argument(
+        "--batch-size", type=at_least(1), default=EVAL_BATCH_SIZE, help="images per forward (default %(default)s)"
+    )
     p.add_argument("--json", help="also write the report here (JSON)")
     allow_partial_option(p)
     quiet_option(p)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,6 +14,10 @@ import torch
 from alfa.gaze.precision import PRECISIONS, default_precision
 
 __all__ = [
+    "at_least",
+    "positive_rate",
+    "non_negative_number",
+    "worker_count",
     "device_option",
     "precision_option",
     "run_precision_of",
@@ -32,6 +38,57 @@ PRECISION_HELP = (
 DEVICE_DEFAULT = "bf16 on CUDA, fp32 on the CPU"
 ALLOW_PARTIAL_HELP = "exit 0 even if some persons failed (by default any failure exits 2, after the others are done)"
 QUIET_HELP = "no progress output, only the results"
+
+
+def at_least(low: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``low`` (``why`` says the reason where it is not obvious)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}{why}, got {value}")
+        return value
+
+    return parse
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def positive_rate(text: str) -> float:
+    """An argparse type for learning rates: finite and above 0 (an infinite rate fills the weights with NaN)."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def non_negative_number(text: str) -> float:
+    """An argparse type for weights of loss terms: finite and at least 0."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
+    return value
+
+
+def worker_count(text: str) -> int:
+    """An argparse type for data-loading workers: 0 (load in the main process) up to this machine's CPU count
+    (each worker holds a copy of the loader's state, so more workers than cores costs memory and gains nothing)."""
+    value = at_least(0)(text)
+    cores = os.cpu_count() or 1
+    if value > cores:
+        raise argparse.ArgumentTypeError(f"at most this machine's {cores} CPUs, got {value}")
+    return value
 
 
 def device_option(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,16 @@ import dataclasses
 import os
 
 from .gaze import open_spec, seed_everything
-from .options import allow_partial_option, device_option, precision_option, quiet_option, run_precision_of, seed_option
+from .options import (
+    allow_partial_option,
+    at_least,
+    device_option,
+    positive_rate,
+    precision_option,
+    quiet_option,
+    run_precision_of,
+    seed_option,
+)
 from .registry import Command
 
 __all__ = ["TPGAZE"]
@@ -148,9 +157,11 @@ def _meta_train_arguments(p: argparse.ArgumentParser) -> None:
         help="images per support and per query batch (default %(default)s)",
     )
     g.add_argument(
-        "--outer-lr", type=float, default=meta.outer_lr, help="Adam lr of the outer step (default %(default)g)"
+        "--outer-lr", type=positive_rate, default=meta.outer_lr, help="Adam lr of the outer step (default %(default)g)"
     )
-    g.add_argument("--inner-lr", type=float, default=meta.inner_lr, help="lr of the inner step (default %(default)g)")
+    g.add_argument(
+        "--inner-lr", type=positive_rate, default=meta.inner_lr, help="lr of the inner step (default %(default)g)"
+    )
     g.add_argument(
         "--inner-optimizer",
         choices=INNER_OPTIMIZERS,
@@ -200,9 +211,9 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
         "--out", default="runs/tpgaze-adapters", help="prompt-file folder (persons already done are skipped)"
     )
     p.add_argument("--preset", choices=("real", "demo"), default="real", help="demo: the demo's blur kernel")
-    p.add_argument("--steps", type=int, help=f"Adam steps per person (default {recipe.steps})")
-    p.add_argument("--lr", type=float, help=f"Adam learning rate (default {recipe.lr:g})")
-    p.add_argument("--n-adapt", type=int, help=f"adaptation images per person (default {recipe.n_adapt})")
+    p.add_argument("--steps", type=at_least(1), help=f"Adam steps per person (default {recipe.steps})")
+    p.add_argument("--lr", type=positive_rate, help=f"Adam learning rate (default {recipe.lr:g})")
+    p.add_argument("--n-adapt", type=at_least(1), help=f"adaptation images per person (default {recipe.n_adapt})")
     p.add_argument("--persons", help="comma-separated person ids (default: all)")
     seed_option(p, "the prompt init and augmentation draws per person", recipe.seed)
     allow_partial_option(p)
