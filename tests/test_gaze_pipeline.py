@@ -515,6 +515,10 @@ def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
     assert "was trained on 16×16 images, big has 32×32" in capsys.readouterr().err
     assert main(["personalize", "--checkpoint", rec, "--data", "toy:big", "--out", str(tmp_path / "a")]) == 2
     assert "was trained on 16×16 images" in capsys.readouterr().err
+    # truncation too: recovering on 32×32 data would then record 32×32 as the size it was trained on
+    out = tmp_path / "rec-big"
+    assert main(["truncate", "--checkpoint", pre, "--data", "toy:big", "--out", str(out), "--quiet"]) == 2
+    assert "was trained on 16×16 images, big has 32×32" in capsys.readouterr().err and not out.exists()
 
 
 def test_demo_tiny_on_synthetic_data_and_its_cache(tmp_path):

@@ -151,7 +151,7 @@ def _pretrain(args: argparse.Namespace) -> None:
 def _truncate(args: argparse.Namespace) -> None:
     from alfa.checkpoint import load_model
     from alfa.gaze import distributed
-    from alfa.gaze.train import TruncateConfig, truncate_and_recover
+    from alfa.gaze.train import TruncateConfig, check_input_size, truncate_and_recover
 
     device = _join(args.device)
     config = TruncateConfig(rank=args.rank, recovery=_train_config(args, "recover", device))
@@ -160,9 +160,11 @@ def _truncate(args: argparse.Namespace) -> None:
     if saved.get("factorized"):
         raise ValueError(f"{args.checkpoint} is already truncated; pass the dense pre-trained checkpoint")
     data = open_spec(args.data)
+    check_input_size(saved, data, args.checkpoint)  # recovery on another size would record that size as trained
     extra = saved.get("extra", {})
     if args.val_data:
         val, val_persons = open_spec(args.val_data), None
+        check_input_size(saved, val, args.checkpoint)
     elif extra.get("val_data") == data.name and extra.get("val_persons"):
         val, val_persons = data, extra["val_persons"]  # pre-training's held-out persons stay unseen
     else:
@@ -512,7 +514,7 @@ def _truncate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="the dense pre-trained checkpoint (model.safetensors)")
     p.add_argument("--data", required=True, help="the source dataset spec the model was trained on")
     p.add_argument("--val-data", help="held-out source persons (default: pre-training's)")
-    p.add_argument("--rank", type=int, default=truncation.rank, help="SVD rank d (default %(default)s)")
+    p.add_argument("--rank", type=at_least(1), default=truncation.rank, help="SVD rank d (default %(default)s)")
     p.add_argument("--out", default="runs/recovered", help="checkpoint folder (default %(default)s)")
     _train_options(p, f"recovery epochs (real: {truncation.recovery.epochs})")
     device_option(p)
