@@ -300,3 +300,30 @@ def test_numeric_options_are_bounded_at_the_option(capsys, command, message):
     with pytest.raises(SystemExit) as exit_:
         main(command)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_evaluate_leaves_out_the_images_the_adapters_were_made_from(tmp_path, capsys):
+    import argparse
+    import json
+
+    from alfa.cli.gaze import _adaptation_count
+
+    adapters = tmp_path / "adapters"
+    adapters.mkdir()
+    (adapters / "personalization.json").write_text(json.dumps({"config": {"n_adapt": 3}}))
+
+    def count(folder, n_adapt=None):
+        return _adaptation_count(argparse.Namespace(adapters=folder, n_adapt=n_adapt))
+
+    assert count(str(adapters)) == 3 and count(str(adapters), 3) == 3  # the record's count
+    assert count(None) == 5 and count(None, 0) == 0  # no adapters: the option, else the recipe's default
+    with pytest.raises(ValueError, match="were made from the first 3 images of each person"):
+        count(str(adapters), 5)
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    argv = ["evaluate", "--checkpoint", str(tmp_path / "model.safetensors"), "--data", "synthetic:mpii"]
+    assert main([*argv, "--adapters", str(adapters), "--n-adapt", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--n-adapt 0: the adapters in" in err
+    (adapters / "personalization.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a personalization record"):
+        count(str(adapters))

@@ -323,13 +323,14 @@ def _evaluate(args: argparse.Namespace) -> None:
 
     if args.adapters is not None and not Path(args.adapters).is_dir():
         raise FileNotFoundError(f"--adapters {args.adapters}: no such folder (alfa personalize --out writes one)")
+    n_adapt = _adaptation_count(args)  # before any loading: a conflicting --n-adapt is refused at once
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)
     model, saved = load_model(args.checkpoint)
     model.to(device).eval()
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
-    options = {"adapters": args.adapters, "n_adapt": args.n_adapt, "batch_size": args.batch_size}
+    options = {"adapters": args.adapters, "n_adapt": n_adapt, "batch_size": args.batch_size}
     with forward_precision(precision):
         report = evaluate(model, data, **options, progress=not args.quiet, after=args.label)
         if args.flip_tta:  # the same persons and images through flip test-time augmentation
@@ -351,6 +352,27 @@ def _evaluate(args: argparse.Namespace) -> None:
     if args.json:
         print(f"written {report.save_json(args.json)}")
     _raise_if_incomplete(report, args.allow_partial)
+
+
+def _adaptation_count(args: argparse.Namespace) -> int:
+    """How many first images per person ``evaluate`` leaves out: the count the adapters were made from, as
+    their folder's ``personalization.json`` records it (a different ``--n-adapt`` would score adaptation
+    images, or drop scored ones); ``--n-adapt`` itself, else the recipe's default, when there is no record."""
+    from alfa.gaze.personalize import PersonalizeConfig
+
+    record = Path(args.adapters) / "personalization.json" if args.adapters else None
+    if record is None or not record.is_file():
+        return PersonalizeConfig().n_adapt if args.n_adapt is None else args.n_adapt
+    try:
+        made_from = json.loads(record.read_text(encoding="utf-8"))["config"]["n_adapt"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        raise ValueError(f"{record}: not a personalization record (alfa personalize writes one)") from None
+    if args.n_adapt is not None and args.n_adapt != made_from:
+        raise ValueError(
+            f"--n-adapt {args.n_adapt}: the adapters in {args.adapters} were made from the first {made_from} "
+            "images of each person; leave --n-adapt out to score the others"
+        )
+    return made_from
 
 
 def _raise_if_incomplete(report: Any, allow_partial: bool) -> None:
@@ -646,8 +668,8 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--n-adapt",
         type=at_least(0),
-        default=recipe.n_adapt,
-        help="first images per person excluded (used for adaptation)",
+        help="first images per person excluded (used for adaptation; default: the count the adapters record, "
+        f"else {recipe.n_adapt})",
     )
     p.add_argument(
         "--batch-size", type=at_least(1), default=EVAL_BATCH_SIZE, help="images per forward (default %(default)s)"
