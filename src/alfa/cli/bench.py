@@ -60,7 +60,8 @@ def _bench(args: argparse.Namespace) -> None:
     if args.methods is not None:
         changes["methods"] = tuple(_list(args.methods))
         # a subset of methods also narrows their selected-recipe rows, unless those are named on their own
-        changes["selected_methods"] = tuple(m for m in changes["methods"] if m in selectable_methods())
+        selectable = selectable_methods()
+        changes["selected_methods"] = tuple(m for m in changes["methods"] if m in selectable)
     if args.selected_methods is not None:
         names = _list(args.selected_methods)
         changes["selected_methods"] = () if names == ["none"] else tuple(names)

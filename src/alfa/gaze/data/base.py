@@ -24,17 +24,24 @@ __all__ = ["GazeDataset", "InMemoryGazeDataset"]
 
 
 class GazeDataset(Dataset):
-    """Base class: subclasses set ``name`` and implement ``__len__``, ``__getitem__``,
-    ``persons`` and ``person_indices``."""
+    """Base class: subclasses set ``name``, implement ``__len__``, ``__getitem__`` and ``persons``, and either
+    fill ``_index`` (person -> the indices of their images, in dataset order), from which
+    :meth:`person_indices` answers, or override :meth:`person_indices` itself."""
 
     name: str = "gaze"
+    _index: dict[str, list[int]]
 
     def persons(self) -> list[str]:
         raise NotImplementedError
 
     def person_indices(self, person: str) -> list[int]:
         """Indices of ``person``'s images, in dataset order."""
-        raise NotImplementedError
+        index = getattr(self, "_index", None)
+        if index is None:
+            raise NotImplementedError(f"{type(self).__name__} fills no _index: it must define person_indices")
+        if person not in index:
+            raise KeyError(f"{self.name}: no person {person!r}")
+        return list(index[person])
 
 
 class InMemoryGazeDataset(GazeDataset):
@@ -88,11 +95,6 @@ class InMemoryGazeDataset(GazeDataset):
 
     def persons(self) -> list[str]:
         return [p for p in self.person_names if self._index[p]]
-
-    def person_indices(self, person: str) -> list[int]:
-        if person not in self._index:
-            raise KeyError(f"{self.name}: no person {person!r}")
-        return list(self._index[person])
 
     def subset(self, indices: Sequence[int]) -> InMemoryGazeDataset:
         idx = torch.as_tensor(list(indices), dtype=torch.long)

@@ -344,11 +344,6 @@ class GazeHubDataset(GazeDataset):
     def persons(self) -> list[str]:
         return list(self._persons)
 
-    def person_indices(self, person: str) -> list[int]:
-        if person not in self._index:
-            raise KeyError(f"{self.name}: no person {person!r}")
-        return list(self._index[person])
-
     def person_group(self, person: str) -> str:
         """The unit that keeps persons disjoint in a split: the person itself, except for Gaze360
         where one physical subject can carry several identities within a recording."""

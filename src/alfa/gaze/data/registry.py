@@ -246,10 +246,5 @@ class PersonSubset(GazeDataset):
     def persons(self) -> list[str]:
         return list(self._persons)
 
-    def person_indices(self, person: str) -> list[int]:
-        if person not in self._index:
-            raise KeyError(f"{self.name}: no person {person!r}")
-        return list(self._index[person])
-
     def person_group(self, person: str) -> str:
         return getattr(self.dataset, "person_group", lambda p: p)(person)

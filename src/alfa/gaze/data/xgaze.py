@@ -154,11 +154,6 @@ class XGazeH5Dataset(GazeDataset):
     def persons(self) -> list[str]:
         return [f.stem for f in self._files]
 
-    def person_indices(self, person: str) -> list[int]:
-        if person not in self._index:
-            raise KeyError(f"{self.name}: no person {person!r}")
-        return list(self._index[person])
-
     def person_group(self, person: str) -> str:
         return person
 

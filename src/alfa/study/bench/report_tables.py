@@ -323,7 +323,8 @@ def ablation_table(
     labels = [r["label"] for r in rows_layout]
     present = {(m, p) for (m, p, _) in idx if m in labels}
     # The ablation's pairs: where its own variants ran (the reference rows are main methods, run everywhere).
-    own = [lab for lab in labels if lab not in table_methods()]
+    main = table_methods()
+    own = [lab for lab in labels if lab not in main]
     pairs = [p for p in pairs_of(idx) if any((lab, p) in present for lab in own)]
     rows = []
     for row in rows_layout:
