@@ -142,7 +142,7 @@ class DemoConfig:
     )
     alfa: AlfaConfig = field(default_factory=AlfaConfig)
     personalize: PersonalizeConfig = field(
-        default_factory=lambda: PersonalizeConfig(augment=AugmentConfig(blur_kernel=3, blur_sigma=(0.1, 1.0)))
+        default_factory=lambda: PersonalizeConfig(augment=AugmentConfig.small_faces())
     )
     out_dir: str = "runs/demo"
     cache_dir: str = "runs/cache"

@@ -64,8 +64,7 @@ def _quick_values() -> dict[str, tuple[Any, ...]]:
 
 
 def _personalize_default() -> PersonalizeConfig:
-    # The demo's augmentation for small faces: a 3-pixel blur kernel (the 5-pixel default is for 224×224).
-    return PersonalizeConfig(steps=10, augment=AugmentConfig(blur_kernel=3, blur_sigma=(0.1, 1.0)))
+    return PersonalizeConfig(steps=10, augment=AugmentConfig.small_faces())
 
 
 @dataclass

@@ -25,14 +25,9 @@ MODEL_NAMES = {"crate": "crate_tiny", "vit": "vit_tiny"}  # registered construct
 LABELS = {"crate": "CRATE", "vit": "ViT"}
 
 
-def _demo_augment() -> AugmentConfig:
-    # The gaze demo's augmentation for 64-pixel faces: a smaller blur than the 224-pixel default.
-    return AugmentConfig(blur_kernel=3, blur_sigma=(0.1, 1.0))
-
-
 def _default_recipe() -> PersonalizeConfig:
     # lr_scale is left empty here: the ×10 rule for the later blocks is added by personalize_recipe().
-    return PersonalizeConfig(lr_scale={}, augment=_demo_augment())
+    return PersonalizeConfig(lr_scale={}, augment=AugmentConfig.small_faces())
 
 
 def late_blocks_pattern(depth: int) -> str:
