@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 import alfa
@@ -12,7 +13,7 @@ import alfa.study.bench.produce as produce
 from alfa.checkpoint import load_model
 from alfa.cli import build_parser
 from alfa.cli.bench import _pairs
-from alfa.gaze.evaluate import person_errors
+from alfa.gaze.evaluate import load_images, person_errors
 from alfa.gaze.pipeline import open_data
 from alfa.gaze.tpgaze import MetaTrainConfig
 from alfa.gaze.train import TrainConfig
@@ -107,7 +108,7 @@ def test_record_errors_match_the_saved_adapter(bench):
     out, config, _ = bench
     data = load_results(out)
     base, _ = load_model(data["sources"]["E|seed0"]["cache"] + "/recovered/model.safetensors")
-    full = open_data(config.target_spec("M"))
+    full = open_data(config.target_spec("M", 0))
     target = full.subset([i for p in full.persons() for i in full.person_indices(p)[: config.target_images]])
     alfa.load_adapter(base, out / "adapters" / "E-M" / "seed0" / "alfa" / "p01.safetensors")
     error = person_errors(base.eval(), target, ["p01"], config.personalize.n_adapt)["p01"]
@@ -285,3 +286,25 @@ def test_target_trained_yardstick_uses_the_target_worlds_own_persons(tmp_path):
     assert by["target-trained"]["per_person"] != by["source-only"]["per_person"]
     s = data["sanity"]["E→M"]
     assert s["target_gap_deg"] == pytest.approx(by["source-only"]["error_deg"] - by["target-trained"]["error_deg"])
+
+
+def test_target_persons_are_drawn_afresh_per_seed_unless_fixed(tmp_path):
+    """``target_draw="per_seed"``: each seed scores other persons (other images, other record hashes); with
+    ``"fixed"`` every seed scores the same ones. The within-target model's training data never depends on it."""
+    from alfa.study.bench.session import Session
+
+    def images(config, seed):
+        return Session(config, tmp_path, tmp_path / "cache", progress=False).target("M", seed).data
+
+    fresh, fixed = tiny(target_draw="per_seed"), tiny(target_draw="fixed")
+    a, b = images(fresh, 0), images(fresh, 1)
+    assert a.persons() == b.persons() and len(a) == len(b)
+    assert not torch.equal(load_images(a, range(len(a))), load_images(b, range(len(b))))
+    assert torch.equal(load_images(a, range(len(a))), load_images(images(fixed, 0), range(len(a))))
+    same = images(fixed, 1)
+    assert torch.equal(load_images(images(fixed, 0), range(len(a))), load_images(same, range(len(same))))
+    assert fresh.source_spec("M") == fixed.source_spec("M")
+    with pytest.raises(ValueError, match="target_draw must be one of"):
+        tiny(target_draw="sometimes").validate()
+    with pytest.raises(ValueError, match="worlds must be one of"):
+        tiny(worlds="v3").validate()

@@ -742,3 +742,18 @@ def test_every_command_that_runs_a_model_takes_a_device_and_a_precision():
             assert parser.parse_args([*command, "--precision", "fp16"]).precision == "fp16", command
         with pytest.raises(SystemExit):
             parser.parse_args([*command, "--precision", "fp8"])
+
+
+def test_the_cosine_schedule_decays_to_zero_and_leaves_old_configs_as_they_were():
+    """The rate of a step depends on the step alone (a resumed run stays on its curve); the constant schedule,
+    the default, is no part of a stored config, so the keys hashed from old configs do not move."""
+    from alfa.gaze.train import TrainConfig
+
+    cosine = TrainConfig(lr=1e-3, schedule="cosine")
+    rates = [cosine.rate(step, 10) for step in range(10)]
+    assert rates[0] == 1e-3 and all(a > b for a, b in zip(rates, rates[1:])) and rates[-1] < 0.03e-3
+    assert abs(cosine.rate(5, 10) - 0.5e-3) < 1e-12
+    assert {TrainConfig(lr=1e-3).rate(s, 10) for s in range(10)} == {1e-3}
+    assert "schedule" not in TrainConfig().to_dict() and cosine.to_dict()["schedule"] == "cosine"
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        TrainConfig(schedule="step").validate()

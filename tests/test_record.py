@@ -79,7 +79,7 @@ def test_the_hash_schema_reproduces_the_committed_hashes_it_can_recompute(commit
     name, _, data = committed
     if name == "standard":
         monkeypatch.setattr(schema, "SCORING", 2)
-    config = BenchConfig.standard()
+    config = BenchConfig.first_standard()
     plans = {p.id: p for p in plan_records(config)}
     in_domain = [r for r in data["records"] if r["kind"] == "in-domain"]
     assert len(in_domain) >= 12
@@ -96,14 +96,14 @@ def test_the_committed_results_open_for_their_preset(tmp_path):
     """A run of the preset may write to a copy of the committed results: the stored configuration compares
     equal although it predates the training option ``precision`` (left out at its default)."""
     shutil.copy(COMMITTED["standard"], tmp_path / RESULTS_FILE)
-    store = ResultsStore(tmp_path, BenchConfig.standard())
+    store = ResultsStore(tmp_path, BenchConfig.first_standard())
     done = store.done()
     assert len(done) == 684 and all(len(h) == 16 for h in done.values())
     data = json.loads((tmp_path / RESULTS_FILE).read_text())
     data["config"]["pretrain"]["precision"] = "fp32"  # the default spelled out compares equal too
     (tmp_path / RESULTS_FILE).write_text(json.dumps(data))
-    ResultsStore(tmp_path, BenchConfig.standard())
+    ResultsStore(tmp_path, BenchConfig.first_standard())
     data["config"]["pretrain"]["precision"] = "bf16"
     (tmp_path / RESULTS_FILE).write_text(json.dumps(data))
     with pytest.raises(ValueError, match="differs in: pretrain"):
-        ResultsStore(tmp_path, BenchConfig.standard())
+        ResultsStore(tmp_path, BenchConfig.first_standard())

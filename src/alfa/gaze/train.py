@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pickle
 import random
@@ -60,6 +61,7 @@ __all__ = [
 
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
+SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
@@ -87,6 +89,9 @@ class TrainConfig:
     eval_batch_size: int = EVAL_BATCH_SIZE
     num_workers: int = 0
     precision: str = "fp32"  # bf16/fp16: the training forwards under autocast (the optimizer and the SVD stay fp32)
+    # "constant" (the paper's) or "cosine": the rate decays from lr to 0 over the run, step by step (a function
+    # of the step alone, so a resumed run continues on the same curve)
+    schedule: str = "constant"
 
     def validate(self) -> None:
         for name in ("epochs", "batch_size", "eval_batch_size"):
@@ -98,6 +103,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.num_workers < 0:
             raise ValueError(f"TrainConfig.num_workers must be non-negative, got {self.num_workers}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"TrainConfig.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainConfig.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if not self.lr > 0 or self.weight_decay < 0 or self.symmetry_weight < 0:
@@ -108,9 +115,17 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        if d["precision"] == "fp32":  # the default: configs (and the cache keys hashed from them) read as before
-            del d["precision"]
+        # the defaults of the later fields are left out: configs (and the cache keys hashed from them) read as before
+        for name, default in (("precision", "fp32"), ("schedule", "constant")):
+            if d[name] == default:
+                del d[name]
         return d
+
+    def rate(self, step: int, steps: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based) of ``steps`` in the whole run."""
+        if self.schedule == "constant":
+            return self.lr
+        return 0.5 * self.lr * (1.0 + math.cos(math.pi * step / steps))
 
 
 def _recovery_default() -> TrainConfig:
@@ -330,7 +345,9 @@ def train_source(
             net.train()
             batches = _epoch_global_batches(dataset, train_idx, config, epoch, world)
             desc = f"{stage} {epoch + 1}/{config.epochs}"
-            sums = _train_epoch(model, net, optimizer, scaler, dataset, batches, config, desc, progress)
+            first_step = epoch * len(batches)  # every epoch has the same number of batches
+            steps = (first_step, config.epochs * len(batches))
+            sums = _train_epoch(model, net, optimizer, scaler, dataset, batches, config, desc, progress, steps)
             val_errors = _val_errors(model, val_ds, val_p, config.eval_batch_size) if val_p else {}
             record = {
                 "epoch": epoch + 1,
@@ -381,8 +398,10 @@ def _train_epoch(
     config: TrainConfig,
     desc: str,
     progress: bool,
+    steps: tuple[int, int] = (0, 1),
 ) -> torch.Tensor:
-    """One optimizer step per global batch (this process's shard of it, through ``net``); returns the
+    """One optimizer step per global batch (this process's shard of it, through ``net``), the rate of each
+    from the schedule (``steps``: the run's step at the epoch's start, and its number of steps); returns the
     float64 sums of the batches' mean loss, L1 and symmetry terms, over all processes."""
     device = _device_of(model)
     rank, world = distributed.rank_and_world()
@@ -400,7 +419,9 @@ def _train_epoch(
     )
     sums = torch.zeros(3, dtype=torch.float64)  # loss, l1, symmetry: each batch's mean, summed
     layout = torch.channels_last if device.type == "cuda" else torch.preserve_format
-    for (images, gaze), whole in zip(bar, batches):
+    for step, ((images, gaze), whole) in enumerate(zip(bar, batches), start=steps[0]):
+        for group in optimizer.param_groups:
+            group["lr"] = config.rate(step, steps[1])
         images = images.to(device, non_blocking=True, memory_format=layout)
         gaze = gaze.to(device, non_blocking=True)
         share = len(images) / len(whole)  # of the global batch (1 in one process)

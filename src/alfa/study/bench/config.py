@@ -35,7 +35,27 @@ from .methods import (
     table_methods,
 )
 
-__all__ = ["ABLATIONS", "SELECTION_FIELDS", "OracleConfig", "BenchConfig", "split_pair"]
+__all__ = [
+    "ABLATIONS",
+    "SELECTION_FIELDS",
+    "TARGET_DRAWS",
+    "WORLDS",
+    "OracleConfig",
+    "BenchConfig",
+    "split_pair",
+    "world_name",
+]
+
+TARGET_DRAWS = ("per_seed", "fixed")
+WORLDS = ("v2", "v1")
+"""The versions of the synthetic worlds: ``v1``, the first worlds (their bare names: ``eth``, ``mpii``, ...),
+and ``v2``, calibrated to the real cross-domain regime (``eth-v2``, ``mpii-v2``, ...; docs/synthetic.md)."""
+
+
+def world_name(base: str, version: str) -> str:
+    """The registered name of world ``base`` (a v1 name, e.g. ``"mpii"``) in ``version``."""
+    return base if version == "v1" else f"{base}-{version}"
+
 
 ABLATIONS = tuple(REGISTRY)
 """The ablations a benchmark runs by default: every registered one, in the registry's order."""
@@ -102,7 +122,12 @@ class BenchConfig:
     ``source_persons`` × ``source_images`` training images and ``val_persons`` × ``val_images`` held-out
     source persons (the domain's ``val`` split); targets ``M``/``D`` with ``target_persons`` persons
     (``None``: all, 15 and 14) × ``target_images`` images, of which the first ``personalize.n_adapt``
-    are the adaptation images and the rest are scored.
+    are the adaptation images and the rest are scored. ``target_draw``: ``"per_seed"`` renders each seed's
+    target persons afresh (the world's persons drawn with the record's seed: persons are a random effect,
+    and no person is counted twice), ``"fixed"`` the same persons for every seed (the first records'
+    design). ``worlds``: which version of the synthetic worlds the letters name (:data:`WORLDS`): ``"v2"``,
+    the worlds calibrated to the real cross-domain regime (docs/synthetic.md), or ``"v1"``, the first
+    worlds, behind the first committed records.
 
     Ablation values: ``heads_values`` (H), ``rank_values`` (r, Alfa and LoRA), ``svd_ranks`` (d; each other
     than ``rank`` is its own truncation + recovery of the same pre-trained model), ``step_values``,
@@ -128,6 +153,8 @@ class BenchConfig:
     val_images: int = 40
     target_persons: int | None = None
     target_images: int = 60
+    target_draw: str = "per_seed"
+    worlds: str = "v2"
     model: str = "resnet18_gaze"
     pretrain: TrainConfig = field(
         default_factory=lambda: TrainConfig(epochs=8, batch_size=64, lr=1e-3, symmetry_weight=1.0)
@@ -180,15 +207,26 @@ class BenchConfig:
     @classmethod
     def standard(cls, **overrides: Any) -> BenchConfig:
         """The preset ``docs/results.md`` is made from (its wall time is in that page; run it in pieces,
-        two processes at a time): the full code path, all four pairs, every method, seeds 0–2, 64×64 faces,
-        sources of 80 persons × 100 images (4 pre-training + 1 recovery epochs), 5 persons per target with
-        40 images (5 adapt + 35 scored), the full personalization recipe (10 steps), short TPGaze
-        meta-training and oracle; every ablation with its full list of values on all four pairs."""
+        two processes at a time): the full code path, all six pairs, every method, seeds 0–2, on the v2
+        worlds (calibrated to the real regime, docs/synthetic.md), 64×64 faces, sources of 80 persons × 100
+        images, every target person (15 and 14, drawn afresh for each seed) with 40 images (5 adapt + 35
+        scored), the full personalization recipe (10 steps), short TPGaze meta-training and oracle; every
+        ablation with its full list of values on all four pairs."""
+        base = dataclasses.replace(cls.first_standard(), preset="standard", target_persons=None)
+        base = dataclasses.replace(base, target_draw="per_seed", worlds="v2")
+        return dataclasses.replace(base, **overrides)
+
+    @classmethod
+    def first_standard(cls, **overrides: Any) -> BenchConfig:
+        """The standard preset as the first committed records (docs/data/bench-standard, bench-flip) ran it:
+        the v1 worlds, the same 5 persons per target in every seed, sources trained 4 + 1 epochs."""
         base = cls(
             preset="standard",
             val_images=30,
             target_persons=5,
             target_images=40,
+            target_draw="fixed",
+            worlds="v1",
             pretrain=TrainConfig(epochs=4, batch_size=64, lr=1e-3, symmetry_weight=1.0),
             recovery=TrainConfig(epochs=1, batch_size=64, lr=1e-4, symmetry_weight=1.0),
             meta=MetaTrainConfig(epochs=1, steps_per_epoch=50),
@@ -293,6 +331,10 @@ class BenchConfig:
             raise ValueError(f"val_images ({self.val_images}) must exceed n_adapt ({self.personalize.n_adapt})")
         if self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
+        if self.target_draw not in TARGET_DRAWS:
+            raise ValueError(f"target_draw must be one of {', '.join(TARGET_DRAWS)}, got {self.target_draw!r}")
+        if self.worlds not in WORLDS:
+            raise ValueError(f"worlds must be one of {', '.join(WORLDS)}, got {self.worlds!r}")
         self.personalize.validate()
         self.pretrain.validate()
         self.recovery.validate()
@@ -310,20 +352,24 @@ class BenchConfig:
 
     # ------------------------------------------------------------------ data specs
 
+    def world(self, key: str) -> str:
+        """The synthetic world a source or target letter names in this configuration's :attr:`worlds`."""
+        return world_name({**SOURCES, **TARGETS}[key], self.worlds)
+
     def source_spec(self, source: str) -> str:
         """Training data of a source model. A target key (``M``/``D``) names the within-target model's:
         the target world's ``train`` persons, never the scored ones, as many as a source has."""
         counts = {"persons": self.source_persons, "images_per_person": self.source_images}
         if source in TARGETS:
-            return str(DatasetSpec.synthetic(TARGETS[source], split="train", size=self.image_size, **counts))
-        return str(DatasetSpec.synthetic(SOURCES[source], size=self.image_size, **counts))
+            return str(DatasetSpec.synthetic(self.world(source), split="train", size=self.image_size, **counts))
+        return str(DatasetSpec.synthetic(self.world(source), size=self.image_size, **counts))
 
     def val_spec(self, source: str) -> str:
+        domain = self.world(source)
         if source in TARGETS:
-            persons = min(self.val_persons, get_domain(TARGETS[source]).persons["val"])
-            domain = TARGETS[source]
+            persons = min(self.val_persons, get_domain(domain).persons["val"])
         else:
-            persons, domain = self.val_persons, SOURCES[source]
+            persons = self.val_persons
         spec = DatasetSpec.synthetic(
             domain, split="val", size=self.image_size, persons=persons, images_per_person=self.val_images
         )
@@ -332,7 +378,7 @@ class BenchConfig:
     def stand_in_spec(self, source: str) -> str:
         """The labelled stand-in target of a source's recipe selection (docs/flip-premise.md §4): the held-out
         (``val``) persons of another symmetric source world, as many persons and images as a target has."""
-        world = SOURCES[STAND_INS[source]]
+        world = self.world(STAND_INS[source])
         available = get_domain(world).persons["val"]
         persons = available if self.target_persons is None else min(self.target_persons, available)
         spec = DatasetSpec.synthetic(
@@ -340,11 +386,17 @@ class BenchConfig:
         )
         return str(spec)
 
-    def target_spec(self, target: str) -> str:
-        """The rendered target: ``target_images`` per person for every method, then the oracle's extra ones."""
+    def target_spec(self, target: str, seed: int) -> str:
+        """The rendered target of a seed: ``target_images`` per person for every method, then the oracle's
+        extra ones; with ``target_draw="per_seed"`` its persons are drawn with ``seed`` (so each seed scores
+        other persons), else the same persons for every seed."""
         persons = {} if self.target_persons is None else {"persons": self.target_persons}
+        drawn = {"seed": seed} if self.target_draw == "per_seed" else {}
         total = self.target_images + self.oracle.extra_images
-        return str(DatasetSpec.synthetic(TARGETS[target], size=self.image_size, **persons, images_per_person=total))
+        spec = DatasetSpec.synthetic(
+            self.world(target), size=self.image_size, **persons, images_per_person=total, **drawn
+        )
+        return str(spec)
 
     def source_model_spec(self, source: str, seed: int) -> SourceSpec:
         """What the model of ``source`` with ``seed`` depends on, as :func:`build_source_model` takes (and

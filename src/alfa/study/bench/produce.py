@@ -81,7 +81,7 @@ def produce_record(session: Session, plan: RecordPlan) -> Record:
         chosen = session.selected_recipe(plan)
         record["selected_recipe"] = {"label": chosen.label, **dataclasses.asdict(chosen)}
         plan = dataclasses.replace(plan, variant=dataclasses.replace(v, recipe=_recipe_changes(chosen)))
-    tgt = session.target(plan.target)
+    tgt = session.target(plan.target, plan.seed)
     flips: dict[str, FlipParts] = {}
     if v.kind in UNADAPTED:
         errors = _score_unadapted(session, base, src, tgt, record, flips)

@@ -164,7 +164,7 @@ def _run_records(
             continue
         src = session.build(source, seed)
         if figure_here:
-            session.figures.save_rank_slices(src, session.target(figure_target))
+            session.figures.save_rank_slices(src, session.target(figure_target, seed))
         for plan in group_todo:
             try:
                 record = produce_record(session, plan)

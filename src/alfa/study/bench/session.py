@@ -94,10 +94,12 @@ class Session:
 
     # ---------------------------------------------------------------- data
 
-    def target(self, key: str) -> TargetData:
-        if key not in self.targets:
-            c = self.config
-            spec = c.target_spec(key)
+    def target(self, key: str, seed: int) -> TargetData:
+        """The scored target ``key`` of ``seed`` (the same data for every seed unless the persons are drawn
+        per seed)."""
+        c = self.config
+        spec = c.target_spec(key, seed)
+        if spec not in self.targets:
             full = open_data(spec)
             keep, extra = [], []
             for p in full.persons():
@@ -105,10 +107,10 @@ class Session:
                 keep += idx[: c.target_images]
                 extra += idx[c.target_images :]
             data = full.subset(keep)
-            self.targets[key] = TargetData(
+            self.targets[spec] = TargetData(
                 key, spec, data, full.subset(extra) if extra else None, data_fingerprint(data)
             )
-        return self.targets[key]
+        return self.targets[spec]
 
     def source(self, key: str, seed: int) -> SourceContext:
         if (key, seed) not in self.sources:
@@ -144,7 +146,7 @@ class Session:
         if v.kind == "selection":  # scored on the stand-in: no target is opened, let alone its labels
             stand_in = self.stand_in(plan.source)
             return config_hash(self.config, plan, source_model, stand_in, self.device, precision=self.precision)
-        scored = None if v.kind == "in-domain" else self.target(plan.target)
+        scored = None if v.kind == "in-domain" else self.target(plan.target, plan.seed)
         selection = self.record_hash(grid_plan(self.config, plan)) if v.selected else None
         return config_hash(self.config, plan, source_model, scored, self.device, selection, self.precision)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..base import InMemoryGazeDataset
 from ..registry import register_dataset
-from . import domains
+from . import calibrated, domains  # noqa: F401  (calibrated registers the v2 worlds)
 from .domains import (
     ANATOMY,
     DOMAINS,

@@ -149,6 +149,7 @@ class DomainConfig:
     # straight in front of the person.
     light_side: str = "image"  # "image": side drawn per image; "person": one side per person; "fixed": image left
     camera_yaw: tuple[float, float] = (0.0, 0.0)  # (mean |offset|, std) in degrees of the camera, one side per person
+    version: str = "v1"  # "v1": the first worlds; "v2": calibrated to the real cross-domain regime (calibrated.py)
 
     def __post_init__(self) -> None:
         problems = []
@@ -381,14 +382,18 @@ _register(
 )
 
 
-def list_domains() -> list[str]:
-    return list(DOMAINS)
+def list_domains(version: str | None = "v1") -> list[str]:
+    """The registered worlds of ``version`` (``None``: every version), in registration order."""
+    return [name for name, cfg in DOMAINS.items() if version is None or cfg.version == version]
 
 
 def get_domain(name: str) -> DomainConfig:
-    if name not in DOMAINS:
-        raise ValueError(f"unknown synthetic domain {name!r}; known: {list_domains()}")
-    return DOMAINS[name]
+    """The world ``name``; a first-version world also answers to its versioned name (``eth-v1`` is ``eth``,
+    the same world and the same persons)."""
+    base = name.removesuffix("-v1")
+    if base not in DOMAINS or (base != name and DOMAINS[base].version != "v1"):
+        raise ValueError(f"unknown synthetic domain {name!r}; known: {list_domains(None)}")
+    return DOMAINS[base]
 
 
 # --- random draws (all through an explicit generator)
@@ -631,4 +636,6 @@ def make_domain(
             results = tqdm(results, total=n_persons, desc=f"rendering {name}/{split}", unit="person")
         images, gaze, head, _ = zip(*results)
     ids = torch.arange(n_persons).repeat_interleave(n_images)
-    return InMemoryGazeDataset(torch.cat(images), torch.cat(gaze), ids, names, torch.cat(head), name=f"{name}/{split}")
+    return InMemoryGazeDataset(
+        torch.cat(images), torch.cat(gaze), ids, names, torch.cat(head), name=f"{cfg.name}/{split}"
+    )
