@@ -243,14 +243,15 @@ def test_domain_configs_are_checked():
 
 def test_the_first_worlds_answer_to_versioned_names_and_the_second_are_their_own():
     """``eth-v1`` is ``eth`` (the same persons, bit for bit); ``eth-v2`` is another world with other persons,
-    and each version lists its own seven worlds."""
+    and each version lists its own worlds (v2's
+    seven and the studio source's one-sided stand-in)."""
     assert get_domain("eth-v1") is get_domain("eth")
     a = make_domain("eth-v1", persons=1, images_per_person=2, size=16)
     b = make_domain("eth", persons=1, images_per_person=2, size=16)
     assert torch.equal(a.images, b.images) and a.name == b.name
     v2 = make_domain("eth-v2", persons=1, images_per_person=2, size=16)
     assert not torch.equal(v2.images, b.images) and v2.name == "eth-v2/train"
-    assert list_domains("v2") == [f"{n}-v2" for n in list_domains()]
+    assert list_domains("v2") == [f"{n}-v2" for n in list_domains()] + ["gaze360-window-v2"]
     assert all(get_domain(n).version == "v2" for n in list_domains("v2"))
     with pytest.raises(ValueError, match="unknown synthetic domain"):
         get_domain("eth-v2-v1")

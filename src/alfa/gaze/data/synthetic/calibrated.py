@@ -29,7 +29,15 @@ V2_CHANGES: dict[str, dict[str, Any]] = {
 changes, then keep their own asymmetry)."""
 
 _ASYMMETRIC_BASE = {"eth-studio": "eth", "mpii-window": "mpii", "eyediap-offcam": "eyediap"}
-_ASYMMETRIC_CHANGES: dict[str, dict[str, Any]] = {"eth-studio": {}, "mpii-window": {}, "eyediap-offcam": {}}
+_ASYMMETRIC_CHANGES: dict[str, dict[str, Any]] = {
+    "eth-studio": {},
+    "mpii-window": {},
+    # v1's 12 ± 4° (a webcam 13 cm beside a screen at 60 cm) gave a flip ceiling of 30 % of the headroom on
+    # S→C, short of the control's declared third. v2's camera sits on the edge of a 27-inch monitor: its
+    # centre is half the 60 cm width away, atan(30/70) ≈ 23° at 70 cm, and a person looks all across the
+    # screen, so |offset| 18 ± 5°. Declared before any run on v2 (docs/flip-premise.md §7).
+    "eyediap-offcam": {"camera_yaw": (18.0, 5.0)},
+}
 """Changes of an asymmetric world's own beyond its base world's (declared before any run on v2)."""
 
 
@@ -46,6 +54,12 @@ def _register_v2() -> None:
         own = {**_asymmetry(name), **_ASYMMETRIC_CHANGES[name]}
         world = replace(DOMAINS[f"{base}-v2"], name=f"{name}-v2", description=DOMAINS[name].description, **own)
         _register(world)
+    # The one-sided stand-in of the studio source's recipe selection (docs/flip-premise.md §7): labelled
+    # persons of another source world, each lit from one side as the window-lit target's are; never a target
+    # and never the studio model's training persons. Its settings are mpii-window's asymmetry on gaze360-v2.
+    window = _asymmetry("mpii-window")
+    description = "Gaze360-like persons, each lit by a window on one side (the side drawn per person)"
+    _register(replace(DOMAINS["gaze360-v2"], name="gaze360-window-v2", description=description, **window))
 
 
 _register_v2()
