@@ -1,0 +1,46 @@
+"""The calibration of the worlds against the real cross-domain regime (alfa.study.bench.calibration)."""
+
+from bench_records import row
+
+from alfa.study.bench.calibration import REAL_SOURCE_ONLY, calibration_checks, calibration_page
+
+
+def _records(source_only: float, within: float, in_domain: float) -> list[dict]:
+    out = []
+    for pair, real in REAL_SOURCE_ONLY.items():
+        for seed in (0, 1, 2):
+            spread = 0.1 * (seed - 1)
+            out += [
+                row("source-only", seed, real + source_only + spread, pair),
+                row("target-trained", seed, within * real + spread, pair),
+                row("in-domain", seed, in_domain + spread, pair),
+            ]
+    return out
+
+
+def test_worlds_in_the_real_regime_pass_every_condition():
+    checks = calibration_checks(_records(source_only=0.5, within=0.5, in_domain=4.0))
+    assert len(checks) == 12 and all(c.holds for c in checks)
+    page = calibration_page({"records": _records(0.5, 0.5, 4.0), "config": {"worlds": "v2"}}, data="d", command="c")
+    assert "12 of 12 conditions hold. The worlds are calibrated." in page
+
+
+def test_each_condition_can_fail():
+    """Too far from the real error, a within-target yardstick too close to source-only, an in-domain error
+    above the cross-domain one: each fails its own condition and only it."""
+    far = calibration_checks(_records(source_only=1.6, within=0.5, in_domain=4.0))
+    assert [c.holds for c in far if "real" in c.condition] == [False] * 4
+    assert all(c.holds for c in far if "real" not in c.condition)
+    weak = calibration_checks(_records(source_only=0.0, within=0.7, in_domain=4.0))
+    assert [c.holds for c in weak if "within-target" in c.condition] == [False] * 4
+    above = calibration_checks(_records(source_only=0.0, within=0.5, in_domain=9.5))
+    assert [c.holds for c in above if "in-domain" in c.condition] == [False] * 4
+    page = calibration_page({"records": _records(0.0, 0.5, 9.5), "config": {}}, data="d", command="c")
+    assert "8 of 12 conditions hold. **The worlds are not calibrated.**" in page
+
+
+def test_a_missing_row_cannot_pass():
+    records = [r for r in _records(0.0, 0.5, 4.0) if r["method"] != "target-trained"]
+    checks = calibration_checks(records)
+    assert [c.measured for c in checks if "within-target" in c.condition] == ["no target-trained rows"] * 4
+    assert not any(c.holds for c in checks if "within-target" in c.condition)
