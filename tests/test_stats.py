@@ -217,7 +217,7 @@ def _simulate(n, persons, people, rng, effect=0.0):
     return tables
 
 
-def _p_values(tables, persons, rng, draws=300):
+def _p_values(tables, persons, rng, draws=200):
     """The two-sided p-value of each simulated comparison, as a page computes it (the estimate's bootstrap
     standard error, t with seeds − 1 degrees of freedom)."""
     estimate = np.mean([t.mean((-2, -1)) for t in tables], 0)
@@ -226,18 +226,21 @@ def _p_values(tables, persons, rng, draws=300):
 
 
 def _limit(rate, n):
-    """A rate's bound: the nominal rate plus two Monte Carlo standard errors of ``n`` simulations."""
-    return rate + 2 * math.sqrt(rate * (1 - rate) / n)
+    """A rate's bound: the nominal rate plus three Monte Carlo standard errors of ``n`` simulations (an exact 5 %
+    test passes it in all but about one simulation in 700)."""
+    return rate + 3 * math.sqrt(rate * (1 - rate) / n)
 
 
 @pytest.mark.parametrize("persons, people", DESIGNS)
 def test_clear_false_alarms_at_most_five_percent_alone_and_over_a_holm_family(persons, people):
+    """20 000 null comparisons: each alone, and in 1000 families of 20 judged with Holm as a page judges its own."""
     rng = np.random.default_rng(24)
-    single = 6000
-    p, _ = _p_values(_simulate(single, persons, people, rng), persons, rng)
-    assert (p < ALPHA).mean() <= _limit(ALPHA, single)
-    families, size = 1500, 20
+    families, size = 1000, 20
     p, _ = _p_values(_simulate(families * size, persons, people, rng), persons, rng)
+    assert (p < ALPHA).mean() <= _limit(ALPHA, families * size)
+    if persons == "nested":  # the t test of the seed means: exact, so not far below 5 % either
+        assert (p < ALPHA).mean() >= 2 * ALPHA - _limit(ALPHA, families * size)
+    # (crossed: conservative, about 0.2 %: t with seeds − 1 degrees of freedom where the persons' share counts too)
     familywise = (holm(p.reshape(families, size)) < ALPHA).any(-1).mean()
     assert familywise <= _limit(ALPHA, families)
 
@@ -249,7 +252,7 @@ def _old_rule(tables):
     return (np.abs(per_seed.mean(-1)) > per_seed.std(-1, ddof=1)) & same_sign
 
 
-def _naive_percentile(tables, persons, rng, draws=300):
+def _naive_percentile(tables, persons, rng, draws=200):
     """A plain two-level bootstrap (seeds, then persons; no correction) and its 95 % percentile interval."""
     n, seeds, people = tables[0].shape
     replicate = 0.0

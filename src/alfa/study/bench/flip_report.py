@@ -72,7 +72,7 @@ def _most_seeds(candidates: list[tuple[float, str, Any]]) -> list[tuple[float, s
 
 
 def _mean_of(idx: Index, method: str, pair: str, measure: Measure) -> float | None:
-    values = [measure(r)[0] for (m, p, _), r in idx.items() if m == method and p == pair]
+    values = [measure(r)[0] for _, r in sorted(idx.row(method, pair).items())]
     values = [v for v in values if v is not None]
     return statistics.fmean(values) if values else None
 

@@ -66,11 +66,11 @@ class _Report:
     md_dir: Path | None
     command: str
     source: str
-    family: Comparisons
+    records: list[Record]
+    idx: Index  # the records indexed, with the page's family of comparisons
 
     def __post_init__(self) -> None:
-        self.records = as_records(self.results.get("records", []))
-        self.idx = index_records(self.records, self.family)
+        self.family = self.idx.family
         self.layout: dict[str, list[dict[str, Any]]] = self.results.get("layout", {}).get("ablations", {})
         self.seeds = seeds_of(self.idx)
         self.main = main_verdicts(self.idx)
@@ -416,17 +416,25 @@ def render_report(
 ) -> str:
     """The markdown text of the report (figures, if given, are linked relative to ``md_dir``), rendered twice:
     the first rendering makes the page's comparisons, the second quotes them judged as one family."""
-    family = Comparisons(persons=design_of(results))
+    records = as_records(results.get("records", []))
+    idx = index_records(records, Comparisons(persons=design_of(results)))
 
     def text() -> str:
         report = _Report(
-            results, figures or {}, figure_data, md_dir, command or "alfa report", source or "results.json", family
+            results,
+            figures or {},
+            figure_data,
+            md_dir,
+            command or "alfa report",
+            source or "results.json",
+            records,
+            idx,
         )
         lines = [line for section in _SECTIONS for line in section(report)]
         return "\n".join(lines).rstrip() + "\n"
 
     text()
-    family.close()
+    idx.family.close()
     return text()
 
 

@@ -438,8 +438,9 @@ class Comparisons:
     def detectable(self, members: Sequence[Diff] | None = None) -> list[float]:
         """Per judged comparison (of ``members``, default all), the difference it detects with :data:`POWER`
         at :attr:`level` (:meth:`Diff.detectable`)."""
+        level = self.level
         members = self.judged() if members is None else [d for d in members if d.judged]
-        return [d.detectable(self.level) for d in members]
+        return [d.detectable(level) for d in members]
 
     def kinds(self) -> str:
         """What the judged comparisons are, in words: by measure, and pooled or on one pair."""
@@ -460,6 +461,14 @@ class Index(dict[tuple[str, str, int], Record]):
     """``(method, pair, seed) -> record``, and the family (:class:`Comparisons`) its differences are judged in."""
 
     family: Comparisons
+
+    def row(self, method: str, pair: str) -> dict[int, Record]:
+        """``seed -> record`` of one row on one pair (grouped once: a page asks for every cell many times)."""
+        if not hasattr(self, "_rows"):
+            self._rows: dict[tuple[str, str], dict[int, Record]] = {}
+            for (m, p, s), r in self.items():
+                self._rows.setdefault((m, p), {})[s] = r
+        return self._rows.get((method, pair), {})
 
 
 def design_of(results: Mapping[str, Any]) -> str:
@@ -495,9 +504,7 @@ def seeds_of(idx: Index) -> list[int]:
 
 
 def cell(idx: Index, method: str, pair: str) -> Stat | None:
-    values = {
-        s: float(r.error_deg) for (m, p, s), r in idx.items() if m == method and p == pair and r.error_deg is not None
-    }
+    values = {s: float(r.error_deg) for s, r in sorted(idx.row(method, pair).items()) if r.error_deg is not None}
     return Stat(values) if values else None
 
 
