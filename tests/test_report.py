@@ -361,3 +361,14 @@ def test_a_page_is_one_family_and_says_so():
     for page in (text, (docs / "results.md").read_text("utf-8"), (docs / "results-flip.md").read_text("utf-8")):
         assert not re.findall(r"= [+−]\d+\.\d\d°(?! \[)", page)  # a quoted difference without its interval
         assert "within the spread" not in page and "a clear difference" not in page
+
+
+def test_persons_drawn_afresh_per_seed_are_judged_as_a_nested_design():
+    results = fixture_results()
+    results["config"]["target_draw"] = "per_seed"
+    text = render_report(results)
+    assert "the seeds drawn with replacement, each with the persons drawn for it" in text
+    assert "every (pair, seed, person) is a person of its own" in text
+    assert "(95 %, seeds drawn, each with its own persons)" in text and "persons and seeds drawn" not in text
+    # three persons on two pairs in three seeds: 18 distinct persons where the crossed design has 6
+    assert "lower for 18 of 18 persons" in text and "lower for 6 of 6 persons" in render_report(fixture_results())

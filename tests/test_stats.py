@@ -138,6 +138,10 @@ def test_a_difference_is_the_mean_of_record_differences_and_counts_distinct_pers
     nested = diff(_index(A, B, "nested"), "alfa", "lora", ["E→M"])
     assert (nested.persons_better, nested.persons) == (5, 9)  # every (seed, person) is a person of its own
     assert nested.mean == d.mean and nested.se != d.se
+    # nested, a person missing in one seed: that seed's mean is over its own persons
+    short = [row[:2] if s == 1 else row for s, row in enumerate(A)]
+    ragged = diff(_index(short, B, "nested"), "alfa", "lora", ["E→M"])
+    assert ragged.persons == 8 and ragged.se > 0 and ragged.df == 2
 
 
 def test_a_difference_regenerates_identically_and_b_minus_a_is_the_same_member():
