@@ -50,9 +50,9 @@ correction running over the *family*: every comparison one page makes (:class:`C
 that a page calls any difference clear when no row differs from any other is at most 5 %. A page states its
 family and the smallest difference its design detects with 80 % power (:meth:`Comparisons.detectable`).
 
-**One seed**: the seeds' variation is not measured. The interval then draws the persons only (t with
-persons − 1 degrees of freedom), says so, and the difference is *not judged*: it is never clear and is not
-part of the family.
+**One seed**: the seeds' variation is not measured. The interval then draws the persons only (t with the
+persons' degrees of freedom, persons − 1 per pair), says so, and the difference is *not judged*: it is never
+clear and is not part of the family.
 
 The bootstrap of a comparison is seeded from a hash of the comparison (rows, pairs, measure, design), so a page
 regenerates to the same bytes whatever order it makes its comparisons in.
