@@ -67,7 +67,8 @@ def test_a_registered_ablation_reaches_the_plan_the_layout_and_the_report(dummy)
     assert "### A dummy ablation\n\nRegistered by a test.\n" in text
     assert "| alfa[dummy=3] | 3 | 8.00 ± 1.00 | 8.00 ± 1.00 | 1.2 k |" in text  # with the trainable column
     sentence = (
-        "Three against the default: alfa[dummy=3] − Alfa = +2.00 ± 0.00° over 3 seeds (paired): a clear difference"
+        "Three against the default: alfa[dummy=3] − Alfa = +2.00° [2.00, 2.00] (95 %, persons and seeds drawn); "
+        "clear after Holm over"
     )
     assert f"- {sentence}" in text
     assert f"- (A dummy ablation) {sentence}" in text  # in the summary too

@@ -79,7 +79,8 @@ def test_a_registered_objective_reaches_the_benchmark_plan_and_the_report(dummy)
     text = render_report(results)
     assert "| alfa[loss=pitch-zero] | pitch-zero |" in text
     sentence = (
-        "Pitch to zero against no adaptation: alfa[loss=pitch-zero] − source-only (truncated base) = −2.00 ± 0.00°"
+        "Pitch to zero against no adaptation: alfa[loss=pitch-zero] − source-only (truncated base) = −2.00° "
+        "[−2.00, −2.00] (95 %, persons and seeds drawn); clear after Holm over"
     )
     assert sentence in text
 

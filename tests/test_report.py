@@ -45,7 +45,7 @@ def shifted(method, pair, seed, mean, spread=(-1.0, 0.0, 1.0), **extra):
     return record(method, pair, seed, [mean + s for s in spread], **extra)
 
 
-# Per seed 0, 1, 2. On E→M Alfa wins but within the spread; on E→D LoRA wins clearly.
+# Per seed 0, 1, 2. On E→M Alfa wins, not clearly; on E→D LoRA wins by 1° in every seed and person (clear).
 MEANS = {
     ("source-only", "E→M"): (9.0, 10.0, 11.0),
     ("lora", "E→M"): (5.5, 5.9, 7.2),
@@ -123,13 +123,14 @@ def test_paired_difference_and_clearness(idx):
     d = diff(idx, "alfa", "lora", ["E→M"])  # −0.5, +0.1, −0.2
     assert d.per_seed == pytest.approx({0: -0.5, 1: 0.1, 2: -0.2})
     assert d.mean == pytest.approx(-0.2)
-    assert d.std == pytest.approx(statistics.stdev([-0.5, 0.1, -0.2]))
-    assert not d.clear
-    assert "within the spread" in d.describe()
-    d = diff(idx, "alfa", "lora", ["E→D"])  # +1.0 every seed
+    # every person moves with its seed here, so only the seeds vary: the standard error of their mean
+    assert d.se == pytest.approx(statistics.stdev([-0.5, 0.1, -0.2]) / 3**0.5, rel=0.03)
+    assert d.df == 2 and not d.clear and d.p > 0.05
+    assert "not clear at 5 % judged alone" in d.describe()
+    d = diff(idx, "alfa", "lora", ["E→D"])  # +1.0 in every seed and for every person
     assert d.mean == pytest.approx(1.0) and d.clear
-    assert d.persons_better == 0 and d.persons == 9
-    assert "a clear difference" in d.describe()
+    assert d.persons_better == 0 and d.persons_worse == 3 and d.persons == 3  # three distinct persons
+    assert d.describe().startswith("+1.00° [1.00, 1.00] (95 %, persons and seeds drawn); clear at 5 % judged alone")
 
 
 def test_table1_numbers_and_bold_best(idx):
@@ -147,12 +148,16 @@ def test_table1_numbers_and_bold_best(idx):
 
 def test_verdicts_say_where_alfa_wins_and_loses(idx):
     lines = main_verdicts(idx)
-    assert lines[0] == "Alfa has the lowest mean error on 1 of 2 pairs (E→M)."
+    assert lines[0] == "Of the 3 rows, Alfa has the lowest mean error on 1 of 2 pairs (E→M)."
     em = next(line for line in lines if line.startswith("On E→M"))
-    assert "leads the runner-up LoRA" in em and "within the spread" in em
+    assert (
+        "leads the runner-up of the 3 rows, LoRA" in em
+        and f"Alfa − LoRA = {diff(idx, 'alfa', 'lora', ['E→M']).describe()}" in em
+    )
+    assert "not clear at 5 % judged alone" in em
     ed = next(line for line in lines if line.startswith("On E→D"))
     assert ed.startswith("On E→D Alfa does not win: LoRA is best (4.10 ± 0.10°), Alfa is 2nd of 3")
-    assert "+1.00 ± 0.00° over 3 seeds (paired): a clear difference" in ed
+    assert "+1.00° [1.00, 1.00] (95 %, persons and seeds drawn); clear at 5 % judged alone" in ed
 
 
 def test_verdict_when_alfa_loses_everywhere():
@@ -160,12 +165,12 @@ def test_verdict_when_alfa_loses_everywhere():
     means[("alfa", "E→M")] = (12.0, 12.5, 13.0)  # now worse than source-only on E→M
     idx = index_records(fixture_results(means)["records"])
     lines = main_verdicts(idx)
-    assert lines[0] == "Alfa has the lowest mean error on 0 of 2 pairs."
+    assert lines[0] == "Of the 3 rows, Alfa has the lowest mean error on 0 of 2 pairs."
     assert any(line.startswith("On E→M Alfa does not win: LoRA is best") and "3rd of 3" in line for line in lines)
     text = next(line for line in lines if line.startswith("Against its own starting point"))
-    assert "lowers the mean error on 1 of 2 pairs; it does not on E→M" in text
+    assert "lowers the mean error on 1 of 2 pairs (1 clearly); it does not on E→M (E→M +2.50 [" in text
     report = render_report(fixture_results(means))
-    assert "The flip loss does not help (Alfa not below source-only) on: E→M." in report
+    assert "the mean error is not below on 1 of 1 pairs (E→M) (1 of the 1 clear)." in report
 
 
 def test_verdicts_speak_of_alfas_selected_row_beside_the_papers():
@@ -174,21 +179,26 @@ def test_verdicts_speak_of_alfas_selected_row_beside_the_papers():
     means[("alfa[selected]", "E→D")] = (7.0, 7.5, 8.0)  # below source-only, above both LoRA and Alfa
     means[("lora[selected]", "E→M")] = (6.0, 6.0, 6.0)
     means[("lora[selected]", "E→D")] = (6.0, 6.0, 6.0)
-    lines = main_verdicts(index_records(fixture_results(means)["records"]))
-    assert lines[0] == "Alfa has the lowest mean error on 0 of 2 pairs."
+    idx = index_records(fixture_results(means)["records"])
+    lines = main_verdicts(idx)
+    assert lines[0] == "Of the 5 rows, Alfa has the lowest mean error on 0 of 2 pairs."
     assert any(line.startswith("On E→M Alfa does not win: Alfa (selected recipe) is best") for line in lines)
-    k = lines.index("Alfa (selected recipe) has the lowest mean error on 1 of 2 pairs (E→M).")
+    k = lines.index("Of the 5 rows, Alfa (selected recipe) has the lowest mean error on 1 of 2 pairs (E→M).")
     assert k > 0 and lines[k + 1].startswith("On E→M Alfa (selected recipe) (4.50 ± 0.50°) leads the runner-up")
     assert lines[k + 2].startswith("On E→D Alfa (selected recipe) does not win: LoRA is best")
     own = lines[k + 3]
     assert own.startswith("Against its own starting point (source-only), Alfa (selected recipe) lowers the mean")
-    assert "on 2 of 2 pairs. Pooled over pairs: Alfa (selected recipe) − source-only = " in own
-    # per seed: (4 + 7)/2 − 6, (4.5 + 7.5)/2 − 6, (5 + 8)/2 − 6 = -0.5, 0, 0.5
+    assert (
+        "on 2 of 2 pairs (2 clearly) (E→M −5.50 [" in own and "). Pooled over pairs: Alfa (selected recipe) − " in own
+    )
+    # per seed: (4 + 7)/2 − 6, (4.5 + 7.5)/2 − 6, (5 + 8)/2 − 6 = -0.5, 0, 0.5; lower on E→M, higher on E→D
+    d = diff(idx, "alfa[selected]", "lora[selected]", ["E→M", "E→D"])
+    assert d.mean == pytest.approx(0.0, abs=1e-12) and not d.clear and (d.persons_better, d.persons) == (3, 6)
     assert lines[k + 4] == (
         "Against LoRA (selected recipe) (its recipe selected by the same rule), pooled over pairs: "
-        "Alfa (selected recipe) − LoRA (selected recipe) = +0.00 ± 0.50° over 3 seeds (paired): within the spread; "
-        "lower for 9 of 18 persons."
+        f"Alfa (selected recipe) − LoRA (selected recipe) = {d.describe()}."
     )
+    assert d.describe().startswith("+0.00° [") and d.describe().endswith("; lower for 3 of 6 persons")
 
 
 def test_sanity_summary_and_sentences(idx):
@@ -200,8 +210,8 @@ def test_sanity_summary_and_sentences(idx):
     assert s["E→D"]["headroom_deg"] == pytest.approx(6.5)
     lines = sanity_verdicts(idx)
     assert lines[0].startswith("In-domain error (the base on held-out source persons) is below the cross-domain")
-    assert "on 2 of 2 pairs, by 5.50–7.00°" in lines[0]
-    assert "headroom 6.50–7.50°" in lines[2]
+    assert "on 2 of 2 pairs (2 clearly; intervals in the table), by 5.50–7.00°" in lines[0]
+    assert "(2 clearly; intervals in the table): headroom 6.50–7.50°" in lines[2]
     # relative to the labels' spread: in-domain 3/12 = 25 %, cross-domain 10/10 and 8.5/10 = 100 %, 85 %
     assert "in-domain error is 25 %, 25 % of a constant prediction's and the cross-domain error 100 %, 85 %" in lines[1]
     assert "relatively worse across domains on 2 of 2 pairs" in lines[1]
@@ -218,7 +228,11 @@ def test_report_file_regenerates_identically(tmp_path):
     assert "60.0 min wall time, 50.0 min CPU time" in text
     assert "`alfa bench --full --out fixture`" in text
     assert "| alfa[H=1] | 1 | 7.00 ± 1.00 |" in text
-    assert "Flip-symmetry loss against augmentation consistency: Alfa − alfa[loss=augment] = +1.00 ± 0.00°" in text
+    assert (
+        "Flip-symmetry loss against augmentation consistency: Alfa − alfa[loss=augment] = +1.00° [1.00, 1.00]" in text
+    )
+    # the page is one family: its statement, and the verdicts judged over it
+    assert "The page makes **" in text and "after Holm over" in text and "judged alone" not in text
     assert (tmp_path / "docs" / "figures" / "results" / "error_vs_heads.png").is_file()
     assert "figures/results/error_vs_heads.png" in text
     build_report(path, tmp_path / "docs" / "results.md")
@@ -280,14 +294,18 @@ def test_yaw_and_pitch_parts_table_and_verdicts():
     )
     assert "| Alfa | 7.00 ± 0.00 | 3.10 ± 0.10 | 6.00 ± 0.00 | 1.00 ± 0.00 | 5.00 ± 0.00 |" in table
     lines = parts_verdicts(idx, ["source-only", "alfa"])
-    assert lines[0].startswith(
-        "Alfa − source-only, pooled over pairs: yaw error +0.10 ± 0.10° over 3 seeds (paired): within"
-    )
-    assert "pitch error +4.00 ± 0.00° over 3 seeds (paired): a clear difference; lower for 0 of 12 persons" in lines[1]
-    assert "absolute pitch bias +4.50 ± 0.00°" in lines[2]
+    assert lines[0].startswith("Alfa − source-only, pooled over pairs: yaw error +0.10° [")
+    assert "not clear at 5 % judged alone" in lines[0]
+    assert (
+        "pitch error +4.00° [4.00, 4.00] (95 %, persons and seeds drawn); clear at 5 % judged alone (p = 0); "
+        "lower for 0 of 4 persons"  # 2 pairs × 2 persons, each counted once over the seeds
+    ) in lines[1]
+    assert "absolute pitch bias +4.50° [4.50, 4.50]" in lines[2]
+    # pitch +4 against yaw +0.1 on average: the pitch error grew 3.9° more, in every seed and person
     assert lines[3] == (
-        "Of the 1 method(s) whose error ends above source-only, the pitch error grew more than the yaw error "
-        "for 1 (Alfa)."
+        "Of the 1 rows compared with source-only, 1 end above it (1 clearly); for 1 of those the pitch error grew "
+        "more than the yaw error (1 clearly); change of pitch error − change of yaw error: Alfa +3.90 [3.65, 4.15] "
+        "clear."
     )
 
 
@@ -307,12 +325,17 @@ def test_the_pooled_sentence_sorts_every_row_against_source_only():
     means[("diag_gate", "E→M")] = (9.0, 10.5, 10.0)  # −0, +0.5, −1 against source-only: within the spread
     means[("diag_gate", "E→D")] = (8.0, 8.5, 9.0)
     results = fixture_results(means)
-    lines = flip_summary(results, index_records(results["records"]), MAIN_METHODS)
+    idx = index_records(results["records"])
+    lines = flip_summary(results, idx, MAIN_METHODS)
     # per seed, mean over the pairs: LoRA −3.75, −4.25, −4.30; Alfa −3.50, −3.70, −3.90; the gate 0, +0.25, −0.5
+    lora, alfa, gate = (diff(idx, m, "source-only", ["E→M", "E→D"]) for m in ("lora", "alfa", "diag_gate"))
+    assert (lora.mean, alfa.mean, gate.mean) == pytest.approx((-4.1, -3.7, -1 / 12))
+    assert lora.clear and alfa.clear and not gate.clear
     assert (
-        "Pooled over the 2 pairs, against source-only — clearly below it: LoRA (−4.10°), Alfa (−3.70°); "
-        "within the spread of it: diagonal gate (−0.08°)."
+        "Pooled over the 2 pairs, the 3 rows against source-only — clearly below it: "
+        f"LoRA {lora.compact()}, Alfa {alfa.compact()}; not clearly different: diagonal gate {gate.compact()}."
     ) in lines
+    assert lora.compact().startswith("−4.10 [") and lora.compact().endswith("] clear")
 
 
 @pytest.mark.parametrize("preset, says_so", [("smoke", True), ("quick", True), ("standard", False)])
@@ -321,3 +344,31 @@ def test_the_check_presets_say_first_that_they_make_no_claims(preset, says_so):
     results["preset"] = preset
     head = render_report(results).split("## ")[0]
     assert (f"**Preset `{preset}` makes no claims.**" in head) == says_so
+
+
+def test_a_page_is_one_family_and_says_so():
+    """Every verdict on the page is judged over the same family, whose size the summary states; and every
+    difference the page quotes carries its interval (here, and on the committed pages)."""
+    import re
+    from pathlib import Path
+
+    text = render_report(fixture_results())
+    count = int(re.search(r"The page makes \*\*(\d+) comparisons\*\*", text).group(1))
+    sizes = {int(n) for n in re.findall(r"after Holm over (\d+) comparisons", text)}
+    assert count > 10 and sizes == {count}
+    assert f"Holm-adjusted over all {count}" in text and "judged alone" not in text
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    for page in (text, (docs / "results.md").read_text("utf-8"), (docs / "results-flip.md").read_text("utf-8")):
+        assert not re.findall(r"= [+−]\d+\.\d\d°(?! \[)", page)  # a quoted difference without its interval
+        assert "within the spread" not in page and "a clear difference" not in page
+
+
+def test_persons_drawn_afresh_per_seed_are_judged_as_a_nested_design():
+    results = fixture_results()
+    results["config"]["target_draw"] = "per_seed"
+    text = render_report(results)
+    assert "the seeds drawn with replacement, each with the persons drawn for it" in text
+    assert "every (pair, seed, person) is a person of its own" in text
+    assert "(95 %, seeds drawn, each with its own persons)" in text and "persons and seeds drawn" not in text
+    # three persons on two pairs in three seeds: 18 distinct persons where the crossed design has 6
+    assert "lower for 18 of 18 persons" in text and "lower for 6 of 6 persons" in render_report(fixture_results())

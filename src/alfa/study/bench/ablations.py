@@ -28,7 +28,7 @@ from alfa.gaze.objectives import OBJECTIVES
 from alfa.gaze.personalize import PersonalizeConfig
 
 from .names import display_name
-from .stats import Index, cell, diff, part, pooled
+from .stats import Index, diff, part, pooled
 from .variants import Variant, VariantSettings, alfa_config, main_variants
 
 __all__ = [
@@ -105,15 +105,33 @@ class Evidence:
         self.lines: list[str] = []
 
     def compare(self, a: str, b: str, what: str) -> None:
-        """``"<what>: A − B = Δ ± s° ..."`` when both rows ran."""
+        """``"<what>: A − B = Δ° [lo, hi] ..."`` when both rows ran."""
         if a in self.present and b in self.present:
             d = diff(self.idx, a, b, self.pairs)
             if d is not None:
                 self.lines.append(f"{what}: {display_name(a)} − {display_name(b)} = {d.describe()}.")
 
+    def per_pair(self, a: str, b: str, what: str) -> None:
+        """``"<what>, per pair: A − B = p₁ Δ [lo, hi]; ...: the mean error is not below on k of n pairs (...)"``
+        when both rows ran."""
+        if a not in self.present or b not in self.present:
+            return
+        per = [(p, d) for p in self.pairs if (d := diff(self.idx, a, b, [p])) is not None]
+        if not per:
+            return
+        not_below = [p for p, d in per if d.mean >= 0]
+        where = f"not below on {len(not_below)} of {len(per)} pairs ({', '.join(not_below)})"
+        self.lines.append(
+            f"{what}, per pair: {display_name(a)} − {display_name(b)} = "
+            + "; ".join(f"{p} {d.compact()}" for p, d in per)
+            + f"; the mean error is {where if not_below else f'below on all {len(per)} pairs'}"
+            + f" ({sum(d.clear for _, d in per)} of the {len(per)} clear)."
+        )
+
     def sweep(self, family: str, setting: str) -> None:
-        """The error of ``family``'s rows by numeric value of ``setting``, its lowest point and trend, and
-        the last value against the first."""
+        """The mean error of ``family``'s rows by numeric value of ``setting``, the lowest of those means and
+        their trend (point estimates: the steps between values are not judged), and the last value against the
+        first (judged)."""
         values = sorted(v for (f, v) in self.by_value if f == family and isinstance(v, (int, float)))
         stats = [(v, pooled(self.idx, self.by_value[(family, v)], self.pairs)) for v in values]
         stats = [(v, s) for v, s in stats if s is not None]
@@ -126,8 +144,8 @@ class Evidence:
             "decreasing" if all(x < 0 for x in steps) else "increasing" if all(x > 0 for x in steps) else "not monotone"
         )
         self.lines.append(
-            f"{display_name(family)} error (mean over {', '.join(self.pairs)}) by {setting}: {series} deg; lowest at "
-            f"{setting}={best[0]:g}; {trend} in {setting}."
+            f"{display_name(family)} error (mean over {', '.join(self.pairs)}) by {setting}: {series} deg; of these "
+            f"{len(stats)} means the lowest is at {setting}={best[0]:g}; the means are {trend} in {setting}."
         )
         first, last = self.by_value[(family, stats[0][0])], self.by_value[(family, stats[-1][0])]
         self.compare(last, first, f"{setting}={stats[-1][0]:g} against {setting}={stats[0][0]:g}")
@@ -398,31 +416,12 @@ register(
 )
 
 
-def _not_below(e: Evidence, a: str, b: str) -> list[str]:
-    """The pairs where row ``a``'s mean error is not below row ``b``'s."""
-    return [
-        p
-        for p in e.pairs
-        if cell(e.idx, a, p) and cell(e.idx, b, p) and cell(e.idx, a, p).mean >= cell(e.idx, b, p).mean
-    ]
-
-
 def _loss_verdicts(e: Evidence) -> None:
     e.compare("alfa", "alfa[loss=augment]", "Flip-symmetry loss against augmentation consistency")
     e.compare("alfa", "source-only", "Flip-symmetry loss against no adaptation")
     e.compare("alfa[loss=augment]", "source-only", "Augmentation consistency against no adaptation")
-    if "alfa" in e.present and "source-only" in e.present:
-        worse = _not_below(e, "alfa", "source-only")
-        if worse:
-            e.lines.append(f"The flip loss does not help (Alfa not below source-only) on: {', '.join(worse)}.")
-        else:
-            e.lines.append(
-                f"With the flip loss Alfa is below source-only on every ablation pair ({', '.join(e.pairs)})."
-            )
-    if "alfa" in e.present and "alfa[loss=augment]" in e.present:
-        worse = _not_below(e, "alfa", "alfa[loss=augment]")
-        if worse:
-            e.lines.append(f"The flip loss is not better than augmentation consistency on: {', '.join(worse)}.")
+    e.per_pair("alfa", "source-only", "With the flip loss against no adaptation")
+    e.per_pair("alfa", "alfa[loss=augment]", "With the flip loss against augmentation consistency")
     for name, objective in OBJECTIVES.items():  # objectives registered beyond the two built-in ones
         if name not in ("flip", "augment"):
             what = objective.description[:1].upper() + objective.description[1:]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,7 +21,7 @@ from .markdown import table as _table
 from .methods import POSITIVE_CONTROLS
 from .names import display_name
 from .record import Record, as_records
-from .stats import Index, Measure, cell, diff, pairs_of, pooled, signed
+from .stats import Diff, Index, Measure, cell, diff, pairs_of, pooled
 from .variants import GRID, SELECTED
 
 __all__ = ["flip_sections", "flip_summary", "ceilings", "table_rows"]
@@ -34,18 +35,18 @@ CRITERION = 1 / 3
 
 
 def _flip(key: str) -> Measure:
-    """A measure reading one mean of what a flip sees of a record's error (``record.flip[key]``; none for records
-    scored before flips were measured)."""
+    """A measure reading one mean of what a flip sees of a record's error (``record.flip[key]``, its persons'
+    ``record.per_person_flip[...][key]``; none for records scored before flips were measured)."""
 
-    def measure(record: Record) -> tuple[float | None, dict[str, float]]:
-        return (record.flip or {}).get(key), {}
+    def read(record: Record) -> tuple[float | None, dict[str, float]]:
+        per_person = {p: v[key] for p, v in (record.per_person_flip or {}).items() if key in v}
+        return (record.flip or {}).get(key), per_person
 
-    return measure
+    return Measure(key.replace("_", " "), read)
 
 
-def _reference_protocol(record: Record) -> tuple[float | None, dict[str, float]]:
-    """The record's error under the replayed reference protocol (test-label selection), where it was replayed."""
-    return record.reference_protocol_deg, {}
+_reference_protocol = Measure("error under the reference protocol", lambda record: (record.reference_protocol_deg, {}))
+"""The record's error under the replayed reference protocol (test-label selection), where it was replayed."""
 
 
 def _step_all_images(step: int) -> Measure:
@@ -53,14 +54,14 @@ def _step_all_images(step: int) -> Measure:
     is the base before personalization for an adapter that starts as the identity (every method but TPGaze,
     whose step 0 carries its meta-trained prompts)."""
 
-    def measure(record: Record) -> tuple[float | None, dict[str, float]]:
+    def read(record: Record) -> tuple[float | None, dict[str, float]]:
         steps = record.per_person_steps
         if not steps:
             return None, {}
         per_person = {p: v[step] for p, v in steps.items()}
         return statistics.fmean(per_person.values()), per_person
 
-    return measure
+    return Measure(f"error after step {step} on all images", read)
 
 
 def _most_seeds(candidates: list[tuple[float, str, Any]]) -> list[tuple[float, str, Any]]:
@@ -71,7 +72,7 @@ def _most_seeds(candidates: list[tuple[float, str, Any]]) -> list[tuple[float, s
 
 
 def _mean_of(idx: Index, method: str, pair: str, measure: Measure) -> float | None:
-    values = [measure(r)[0] for (m, p, _), r in idx.items() if m == method and p == pair]
+    values = [measure(r)[0] for _, r in sorted(idx.row(method, pair).items())]
     values = [v for v in values if v is not None]
     return statistics.fmean(values) if values else None
 
@@ -128,15 +129,20 @@ def _verdict(c: dict[str, float | None], pair: str) -> str:
 def _ceiling_sentences(idx: Index, ceil: dict[str, dict[str, float | None]]) -> list[str]:
     lines = []
     for pair, c in ceil.items():
+        tta = diff(idx, "flip-tta", "source-only", [pair])
         text = (
             f"On {pair} ({_control(pair)} control) a flip sees {_pct(c['visible_share'])} of the source model's "
-            f"mean-square error; flip-TTA changes the error by {signed(-(c['ceiling'] or 0.0))}° "
+            f"mean-square error; flip-TTA − source-only = {tta.describe() if tta else 'n/a'} "
             f"({_num(c['source_only'])} → {_num(c['flip_tta'])}°)"
         )
-        if c["headroom"] is not None:
-            text += f", against an oracle headroom of {_num(c['headroom'])}° (ratio {_pct(c['ratio'])})"
+        room = diff(idx, "source-only", "oracle", [pair])
+        if c["headroom"] is not None and room is not None:
+            text += (
+                f", against an oracle headroom (source-only − oracle) of {room.compact()}° "
+                f"(ratio of the means {_pct(c['ratio'])})"
+            )
         if pair in POSITIVE_CONTROLS and c["ratio"] is not None:
-            text += f": the positive-control criterion (≥ {CRITERION:.0%} of the headroom) " + (
+            text += f": the positive-control criterion (≥ {CRITERION:.0%} of the headroom, on the means) " + (
                 "holds" if c["ratio"] >= CRITERION else "FAILS"
             )
         lines.append(text + ".")
@@ -174,37 +180,40 @@ def _share_table(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, floa
     for m in _methods(idx, main):
         cells = []
         for pair in pairs:
-            d = diff(idx, m, "source-only", [pair])
+            gain = diff(idx, "source-only", m, [pair])  # source-only − m: the gain, with its interval
             c = ceil[pair]["ceiling"]
-            if d is None:
+            if gain is None:
                 cells.append("—")
                 continue
-            gain = -d.mean
-            share = f" ({_pct(gain / c)})" if c is not None and c >= SHARE_FLOOR else ""
-            cells.append(f"{signed(gain)}{share}{' clear' if d.clear else ''}")
+            share = f" ({_pct(gain.mean / c)})" if c is not None and c >= SHARE_FLOOR else ""
+            cells.append(f"{gain.compact()}{share}")
         rows.append([_name(m), *cells])
-    return _table(["method (gain over source-only, deg; share of the flip-TTA ceiling)", *pairs], rows)
+    header = "method (gain over source-only, deg, with its 95 % interval; share of the flip-TTA ceiling)"
+    return _table([header, *pairs], rows)
 
 
 def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) -> list[str]:
-    """Per positive control: the method with the largest gain among those not clearly worse than source-only
-    (among the rows with the most seeds)."""
+    """Per positive control: of the rows compared with source-only, the one with the largest gain among those
+    not clearly worse (among the rows with the most seeds), with how many were compared."""
     lines = []
     for pair in pairs:
-        candidates = []
-        for m in _methods(idx, main):
-            d = diff(idx, m, "source-only", [pair])
-            if d is not None and not (d.mean > 0 and d.clear):
-                candidates.append((-d.mean, m, d))
+        compared = [(m, d) for m in _methods(idx, main) if (d := diff(idx, m, "source-only", [pair])) is not None]
+        candidates = [(-d.mean, m, d) for m, d in compared if not (d.mean > 0 and d.clear)]
         if not candidates:
             continue
         gain, m, d = max(_most_seeds(candidates))
         c = ceil[pair]["ceiling"]
         share = f", {_pct(gain / c)} of the flip-TTA ceiling" if c and c >= SHARE_FLOOR else ""
+        among = f"of the {len(compared)} rows compared with source-only ({len(candidates)} not clearly worse)"
         if gain > 0:
-            lines.append(f"On {pair} the largest gain without clear harm is {_name(m)}'s: {d.describe()}{share}.")
+            lines.append(
+                f"On {pair}, {among}, the largest gain is {_name(m)}'s: {_name(m)} − source-only = "
+                f"{d.describe()}{share}."
+            )
         else:
-            lines.append(f"On {pair} no method lowers the error below source-only; the least harm: {_name(m)}.")
+            lines.append(
+                f"On {pair}, {among}, none lowers the mean error below source-only; the least harm: {_name(m)}."
+            )
     return lines
 
 
@@ -222,16 +231,19 @@ def _attention_lines(idx: Index, pairs: Sequence[str]) -> list[str]:
     return lines
 
 
-def _with_tta(record: Record) -> tuple[float | None, dict[str, float]]:
-    """The record's error with flip-TTA on top of its model, and its persons' (none for records scored before
-    flip-TTA was measured)."""
+def _read_with_tta(record: Record) -> tuple[float | None, dict[str, float]]:
     per_person = {p: v["tta_error"] for p, v in (record.per_person_flip or {}).items() if "tta_error" in v}
     return record.flip_tta_error_deg, per_person
 
 
+_with_tta = Measure("error with flip-TTA on top", _read_with_tta)
+"""The record's error with flip-TTA on top of its model, and its persons' (none for records scored before
+flip-TTA was measured)."""
+
+
 def _after_table(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> str | None:
-    """Per row and pair: the error with flip-TTA on top, its difference from flip-TTA on the source model, the
-    flip loss after personalization and the visible share of the error that remains."""
+    """Per row and pair: the error with flip-TTA on top, its difference from flip-TTA on the source model (with
+    its interval), the flip loss after personalization and the visible share of the error that remains."""
     rows = []
     for m in _rows(idx, main):
         if m == "flip-tta":
@@ -248,7 +260,7 @@ def _after_table(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> str |
             if m != "source-only":
                 d = diff(idx, m, "source-only", [pair], _with_tta)
                 if d is not None:
-                    cell_text += f" ({signed(d.mean)}{' clear' if d.clear else ''})"
+                    cell_text += f" ({d.compact()})"
             cell_text += f"; {_num(loss)} · {_pct(share)}"
             cells.append(cell_text)
         if any(c != "—" for c in cells):
@@ -257,16 +269,39 @@ def _after_table(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> str |
         return None
     return _table(
         [
-            "model: error with flip-TTA on top, deg (its difference from flip-TTA alone); flip loss · visible share",
+            "model: error with flip-TTA on top, deg (its difference from flip-TTA alone, 95 % interval); flip loss "
+            "· visible share",
             *pairs,
         ],
         rows,
     )
 
 
+def _paper_rows(idx: Index, main: Sequence[str]) -> list[str]:
+    """The rows with the paper's recipe (no selected recipe) compared with source-only."""
+    return [m for m in _methods(idx, main) if not m.endswith(SELECTED)]
+
+
+def _loss_table(idx: Index, main: Sequence[str]) -> str | None:
+    """With the paper's recipe, pooled over every pair: each row's flip loss and error against source-only's,
+    each difference with its interval (none without the flip measures)."""
+    everywhere = pairs_of(idx)
+    rows = []
+    for m in _paper_rows(idx, main):
+        loss = diff(idx, m, "source-only", everywhere, _flip("flip_loss"))
+        err = diff(idx, m, "source-only", everywhere)
+        if loss is not None and err is not None:
+            rows.append([_name(m), loss.compact(), err.compact()])
+    if not rows:
+        return None
+    header = ["method (paper recipe), − source-only, pooled over pairs", "flip loss", "error (deg)"]
+    return _table(header, rows)
+
+
 def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[str]:
     """Per positive control, the lowest error of flip-TTA on top of a personalized model against flip-TTA
-    alone; and across the paper-recipe rows, whether a lower flip loss came with a lower error."""
+    alone (of how many rows); and across the paper-recipe rows, whether a lower flip loss came with a lower
+    error."""
     lines = []
     methods = _methods(idx, main)
     for pair in pairs:
@@ -276,34 +311,33 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
             continue
         _, m, d = min(_most_seeds(diffs))
         lines.append(
-            f"On {pair}, flip-TTA on top of a personalized model is lowest for {_name(m)} "
-            f"({_num(_mean_of(idx, m, pair, _with_tta))}°, flip-TTA alone {_num(alone)}°): "
+            f"On {pair}, of the {len(diffs)} personalized models with flip-TTA on top, the lowest mean error is "
+            f"{_name(m)}'s ({_num(_mean_of(idx, m, pair, _with_tta))}°, flip-TTA alone {_num(alone)}°): "
             f"{_name(m)} + flip-TTA − flip-TTA = {d.describe()}."
         )
     everywhere = pairs_of(idx)
-    lower_loss, worse = [], []
-    for m in (x for x in methods if not x.endswith(SELECTED)):
+    compared: list[tuple[Diff, Diff]] = []
+    for m in _paper_rows(idx, main):
         loss = diff(idx, m, "source-only", everywhere, _flip("flip_loss"))
         err = diff(idx, m, "source-only", everywhere)
-        if loss is None or err is None:
-            continue
-        if loss.mean < 0:
-            lower_loss.append(m)
-            if err.mean > 0:
-                worse.append(m)
+        if loss is not None and err is not None:
+            compared.append((loss, err))
+    lower_loss = [(loss, err) for loss, err in compared if loss.mean < 0]
     if lower_loss:
+        worse = [(loss, err) for loss, err in lower_loss if err.mean > 0]
         text = (
-            f"With the paper's recipe, the pooled flip loss ends below source-only's for {len(lower_loss)} method(s), "
-            f"and the error ends above source-only's for {len(worse)} of them"
+            f"With the paper's recipe, of the {len(compared)} rows compared, the pooled flip loss ends below "
+            f"source-only's for {len(lower_loss)} ({sum(loss.clear for loss, _ in lower_loss)} clearly), and the "
+            f"error ends above source-only's for {len(worse)} of them ({sum(err.clear for _, err in worse)} clearly"
         )
-        text += f" ({', '.join(_name(m) for m in worse)})" if worse else ""
-        lines.append(text + ": a lower flip loss is no evidence of a lower error.")
+        text += f": {', '.join(_name(err.a) for _, err in worse)})" if worse else ")"
+        lines.append(text + ": a lower flip loss is no evidence of a lower error (intervals: § After personalization).")
     return lines
 
 
 def _pooled_lines(idx: Index, main: Sequence[str]) -> list[str]:
-    """Every row (Alfa's two simpler mixes included) sorted into clearly below, within the spread of, and
-    clearly above source-only, pooled over every pair."""
+    """Every row (Alfa's two simpler mixes included) sorted into clearly below, not clearly different from,
+    and clearly above source-only, pooled over every pair, each with its interval."""
     pairs = pairs_of(idx)
     groups: dict[str, list[str]] = {"below": [], "within": [], "above": []}
     for m in _rows(idx, main):
@@ -313,12 +347,13 @@ def _pooled_lines(idx: Index, main: Sequence[str]) -> list[str]:
         if d is None:
             continue
         group = "within" if not d.clear else "below" if d.mean < 0 else "above"
-        groups[group].append(f"{_name(m)} ({signed(d.mean)}°)")
+        groups[group].append(f"{_name(m)} {d.compact()}")
     if not any(groups.values()):
         return []
-    words = {"below": "clearly below", "within": "within the spread of", "above": "clearly above"}
-    parts = [f"{words[g]} it: {', '.join(v)}" for g, v in groups.items() if v]
-    return [f"Pooled over the {len(pairs)} pairs, against source-only — " + "; ".join(parts) + "."]
+    words = {"below": "clearly below it", "within": "not clearly different", "above": "clearly above it"}
+    parts = [f"{words[g]}: {', '.join(v)}" for g, v in groups.items() if v]
+    count = sum(map(len, groups.values()))
+    return [f"Pooled over the {len(pairs)} pairs, the {count} rows against source-only — " + "; ".join(parts) + "."]
 
 
 def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -358,8 +393,8 @@ def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
         alfa = next((x for x, m in inflation if m == "alfa"), None)
         text = (
             f"Replaying the reference protocol (per person the best of steps 0…{_steps(idx)} chosen with its labels) "
-            f"reports {_num(lo[0])}–{_num(hi[0])}° less error than the last step on the same images "
-            f"({_name(lo[1])} to {_name(hi[1])})"
+            f"reports {_num(lo[0])}–{_num(hi[0])}° less error than the last step on the same images over the "
+            f"{len(inflation)} rows replayed ({_name(lo[1])} to {_name(hi[1])}; means over seeds)"
         )
         if alfa is not None:
             text += f"; for Alfa {_num(alfa)}°"
@@ -370,7 +405,8 @@ def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
         by_last = sum(last.mean < base.mean for _, last in scored)
         lines.append(
             f"On the same images the base before personalization (step 0) scores {_num(base.mean)}° pooled; the "
-            f"reference protocol puts {by_ref} of {len(scored)} rows below it, the honest last step {by_last}."
+            f"reference protocol puts the mean error of {by_ref} of the {len(scored)} rows replayed below it, the "
+            f"honest last step {by_last}."
         )
     return _table(header, rows), lines
 
@@ -409,17 +445,25 @@ def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> t
     header = ["method", "source", "selected recipe (seeds)", "stand-in: source-only", "stand-in: paper recipe"]
     table = _table([*header, "stand-in: selected"], rows)
     sentences = []
-    harmed = []
-    for pair in pairs_of(idx):
-        for m in (x for x in _rows(idx, main) if x.endswith(SELECTED)):
-            d = diff(idx, m, "source-only", [pair])
-            if d is not None and d.mean > 0 and d.clear:
-                harmed.append(f"{_name(m)} on {pair} ({signed(d.mean)}°)")
-    selected_rows = [m for m in _rows(idx, main) if m.endswith(SELECTED)]
-    if selected_rows:
+    compared = [
+        d
+        for pair in pairs_of(idx)
+        for m in _rows(idx, main)
+        if m.endswith(SELECTED) and (d := diff(idx, m, "source-only", [pair])) is not None
+    ]
+    if compared:
+        harmed = [f"{_name(d.a)} on {d.pairs[0]} ({d.compact()})" for d in compared if d.mean > 0 and d.clear]
+        detectable = [x for x in idx.family.detectable(compared) if math.isfinite(x)]
+        power = (
+            f"; the design detects a harm of {_num(statistics.median(detectable))}° (median over them) with 80 % "
+            "power, so a smaller one is not ruled out"
+            if detectable and not harmed
+            else ""
+        )
         sentences.append(
-            "With its recipe selected on the stand-in, a method is worse than source-only beyond the spread on: "
-            + ("; ".join(harmed) if harmed else "no pair (the goal holds)")
+            f"With its recipe selected on the stand-in, of the {len(compared)} (method, pair) comparisons with "
+            "source-only, a method is clearly worse than source-only on: "
+            + ("; ".join(harmed) if harmed else f"none (the goal holds as far as this design can tell{power})")
             + "."
         )
     return [table], sentences
@@ -439,17 +483,21 @@ def flip_summary(results: Mapping[str, Any], idx: Index, main: Sequence[str]) ->
     return lines
 
 
-def _ceiling_table(ceil: dict[str, dict[str, float | None]]) -> str:
-    """Per pair: source-only, flip-TTA, the ceiling against the oracle headroom and the criterion's verdict,
-    the visible share and the flip loss."""
+def _interval(d: Diff | None) -> str:
+    return "—" if d is None else d.compact()
+
+
+def _ceiling_table(idx: Index, ceil: dict[str, dict[str, float | None]]) -> str:
+    """Per pair: source-only, flip-TTA, the ceiling against the oracle headroom (each with its interval) and the
+    criterion's verdict, the visible share and the flip loss."""
     rows = [
         [
             pair,
             _control(pair),
             _num(c["source_only"]),
             _num(c["flip_tta"]),
-            _num(c["ceiling"]),
-            _num(c["headroom"]),
+            _interval(diff(idx, "source-only", "flip-tta", [pair])),
+            _interval(diff(idx, "source-only", "oracle", [pair])) if c["headroom"] is not None else "—",
             _pct(c["ratio"]),
             _verdict(c, pair),
             _pct(c["visible_share"]),
@@ -462,9 +510,9 @@ def _ceiling_table(ceil: dict[str, dict[str, float | None]]) -> str:
         "control",
         "source-only",
         "flip-TTA",
-        "ceiling",
-        "oracle headroom",
-        "ceiling / headroom",
+        "ceiling (95 % interval)",
+        "oracle headroom (95 % interval)",
+        "ceiling / headroom (means)",
         "criterion",
         "visible share",
         "flip loss",
@@ -480,7 +528,7 @@ def _ceiling_section(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, 
         "",
         prose.FLIP_CEILING_INTRO.format(criterion=CRITERION),
         "",
-        _ceiling_table(ceil),
+        _ceiling_table(idx, ceil),
         "",
         *(f"- {s}" for s in _ceiling_sentences(idx, ceil)),
         "",
@@ -495,21 +543,17 @@ def _ceiling_section(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, 
 
 
 def _after_section(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, float | None]]) -> list[str]:
-    """Flip-TTA on top of each personalized model, and what a flip still sees (none with fewer than two rows)."""
+    """Flip-TTA on top of each personalized model, and what a flip still sees (none with fewer than two rows);
+    then the paper-recipe rows' flip loss and error against source-only's."""
     after = _after_table(idx, main, list(ceil))
-    if not after:
-        return []
-    positive = [p for p in ceil if p in POSITIVE_CONTROLS]
-    return [
-        "### After personalization: flip-TTA on top, and what a flip still sees",
-        "",
-        prose.FLIP_AFTER_INTRO,
-        "",
-        after,
-        "",
-        *(f"- {s}" for s in _after_lines(idx, main, positive)),
-        "",
-    ]
+    loss = _loss_table(idx, main)
+    lines = ["### After personalization: flip-TTA on top, and what a flip still sees", ""] if after or loss else []
+    if after:
+        positive = [p for p in ceil if p in POSITIVE_CONTROLS]
+        lines += [prose.FLIP_AFTER_INTRO, "", after, "", *(f"- {s}" for s in _after_lines(idx, main, positive)), ""]
+    if loss:
+        lines += [prose.FLIP_LOSS_INTRO, "", loss, ""]
+    return lines
 
 
 def _selection_section(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> list[str]:

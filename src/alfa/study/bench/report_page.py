@@ -4,15 +4,20 @@ The page is assembled here: which sections it has, in which order, under which h
 verdicts and figures each one shows. Every number and every sentence comes from the records of a benchmark
 run (:mod:`alfa.study.bench.runner`): the tables from :mod:`~alfa.study.bench.report_tables` (mean ± standard
 deviation over seeds of each record's mean over persons), the verdicts from
-:mod:`~alfa.study.bench.report_verdicts` (who wins where, and whether a difference is larger than its spread),
-the protocol from the configuration stored in ``results.json``, the figures from
+:mod:`~alfa.study.bench.report_verdicts` (who wins where, each difference with its interval and whether it is
+clear), the protocol from the configuration stored in ``results.json``, the figures from
 :mod:`~alfa.study.bench.report_figures`, and the fixed words from :mod:`~alfa.study.bench.report_prose`.
 Re-running the command regenerates the same file.
+
+The page is one family of comparisons (:class:`~alfa.study.bench.stats.Comparisons`): it is rendered twice,
+the first time to make every comparison it quotes, the second to quote them judged together (Holm's
+correction over all of them), and its Summary states that family.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +29,7 @@ from . import figures as F
 from . import report_prose as prose
 from .ablations import REGISTRY
 from .flip_report import flip_sections, flip_summary
+from .markdown import number as _num
 from .methods import POSITIVE_CONTROLS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS, table_methods
 from .names import display_name
 from .record import Record, as_records
@@ -44,7 +50,7 @@ from .report_tables import (
 )
 from .report_verdicts import ablation_verdicts, main_verdicts, parts_verdicts, sanity_verdicts
 from .results import FIGURE_DIR, UPDATES_FILE, load_results
-from .stats import Index, index_records, pairs_of, seeds_of
+from .stats import Comparisons, Index, design_of, index_records, pairs_of, seeds_of
 
 __all__ = ["render_report", "build_report"]
 
@@ -60,10 +66,11 @@ class _Report:
     md_dir: Path | None
     command: str
     source: str
+    records: list[Record]
+    idx: Index  # the records indexed, with the page's family of comparisons
 
     def __post_init__(self) -> None:
-        self.records = as_records(self.results.get("records", []))
-        self.idx = index_records(self.records)
+        self.family = self.idx.family
         self.layout: dict[str, list[dict[str, Any]]] = self.results.get("layout", {}).get("ablations", {})
         self.seeds = seeds_of(self.idx)
         self.main = main_verdicts(self.idx)
@@ -121,6 +128,7 @@ def _selection_words(records: Sequence[Record]) -> list[str]:
 def _protocol_facts(results: dict[str, Any], idx: Index) -> dict[str, Any]:
     """The values the protocol's bullets quote, from the configuration stored with the results."""
     c = results.get("config", {})
+    design = idx.family.persons
     rec = c.get("personalize", {})
     pre, recov = c.get("pretrain", {}), c.get("recovery", {})
     meta, oracle = c.get("meta", {}), c.get("oracle", {})
@@ -147,6 +155,9 @@ def _protocol_facts(results: dict[str, Any], idx: Index) -> dict[str, Any]:
         **{f"meta_{k}": meta.get(k) for k in ("epochs", "steps_per_epoch", "batch_size", "inner_lr", "outer_lr")},
         **{f"oracle_{k}": oracle.get(k) for k in ("extra_images", "lr", "weight_decay", "steps", "batch_size")},
         "oracle_lr_scale": _scale_words(oracle.get("lr_scale")),
+        "draws": idx.family.draws,
+        "how": prose.DESIGN_WORDS[design],
+        "persons": prose.PERSON_COUNT_WORDS[design],
     }
 
 
@@ -221,10 +232,32 @@ def _header_section(r: _Report) -> list[str]:
     return lines
 
 
+def _family_statement(family: Comparisons) -> str:
+    """What the page's family of comparisons is, the rule that judges them, and what the design can detect."""
+    judged = family.judged()
+    unjudged = sum(d is not None and not d.judged for d in family.made.values())
+    if not judged:
+        why = prose.ONE_SEED_ONLY.format(count=unjudged) if unjudged else "it makes no comparison"
+        return prose.NO_FAMILY.format(why=why)
+    mde = family.detectable()
+    text = prose.FAMILY_STATEMENT.format(
+        how=prose.DESIGN_WORDS[family.persons],
+        count=len(judged),
+        kinds=family.kinds(),
+        clear=len(family.clear()),
+        mde=_num(statistics.median(mde)),
+        mde_low=_num(min(mde)),
+        mde_high=_num(max(mde)),
+    )
+    return text + (prose.UNJUDGED.format(count=unjudged) if unjudged else "")
+
+
 def _summary_section(r: _Report) -> list[str]:
-    """The first sentences of every verdict, then the first two of each ablation shown in the summary."""
+    """The family statement, the first sentences of every verdict, then the first two of each ablation shown in
+    the summary."""
     flip = flip_summary(r.results, r.idx, table_methods())
-    lines = ["## Summary", "", *_bullets(flip + r.main[:1] + r.sanity[:2] + r.main[1:] + r.parts), ""]
+    lines = ["## Summary", "", _family_statement(r.family), ""]
+    lines += [*_bullets(flip + r.main[:1] + r.sanity[:2] + r.main[1:] + r.parts), ""]
     for name, rows in r.layout.items():
         if name in REGISTRY and REGISTRY[name].in_summary:
             _, pairs = ablation_table(r.idx, rows)
@@ -381,10 +414,28 @@ def render_report(
     command: str | None = None,
     source: str | None = None,
 ) -> str:
-    """The markdown text of the report (figures, if given, are linked relative to ``md_dir``)."""
-    report = _Report(results, figures or {}, figure_data, md_dir, command or "alfa report", source or "results.json")
-    lines = [line for section in _SECTIONS for line in section(report)]
-    return "\n".join(lines).rstrip() + "\n"
+    """The markdown text of the report (figures, if given, are linked relative to ``md_dir``), rendered twice:
+    the first rendering makes the page's comparisons, the second quotes them judged as one family."""
+    records = as_records(results.get("records", []))
+    idx = index_records(records, Comparisons(persons=design_of(results)))
+
+    def text() -> str:
+        report = _Report(
+            results,
+            figures or {},
+            figure_data,
+            md_dir,
+            command or "alfa report",
+            source or "results.json",
+            records,
+            idx,
+        )
+        lines = [line for section in _SECTIONS for line in section(report)]
+        return "\n".join(lines).rstrip() + "\n"
+
+    text()
+    idx.family.close()
+    return text()
 
 
 def build_report(

@@ -34,8 +34,36 @@ NO_CLAIM_PRESETS = ("smoke", "quick")
 NOT_RUN_YET = " Not in these results (not run yet): {methods}."
 
 FEW_SEEDS = (
-    "**Only {seeds} seed(s)**: this is not the full benchmark (≥ 3 seeds); differences below cannot be told from noise."
+    "**Only {seeds} seed(s)**: this is not the full benchmark (≥ 3 seeds); with one seed no difference is judged, "
+    "with two the intervals are very wide."
 )
+
+# ----------------------------------------------------------------------------- how differences are judged
+
+FAMILY_STATEMENT = (
+    "**How differences are judged.** Every difference a − b below is quoted with its 95 % interval (a "
+    "hierarchical bootstrap, {how}; t with seeds − 1 degrees of freedom; Protocol, Differences). The page "
+    "makes **{count} comparisons** ({kinds}). They are one family: a difference is *clear* when its p-value, "
+    "Holm-adjusted over all {count}, is below 0.05, so the chance that the page calls any of them clear when no "
+    "row differs from any other is at most 5 %. **{clear} of the {count} are clear.** With 80 % power the design "
+    "detects, at Holm's strictest step (α = 0.05 / {count}), a difference of **{mde_low}°** in its most precise "
+    "comparison, {mde}° in the median one and {mde_high}° in the least precise (the power of a t test with that "
+    "comparison's standard error and degrees of freedom, the standard error itself uncertain): a smaller "
+    "difference can be real without being clear, and one that is not clear is not shown to be absent."
+)
+NO_FAMILY = "**How differences are judged.** No difference on this page is judged: {why}."
+UNJUDGED = " {count} more, with one seed, are shown with intervals over persons only and are not judged."
+ONE_SEED_ONLY = "its {count} comparisons have one seed each, and are shown with intervals over persons only"
+
+DESIGN_WORDS = {
+    "crossed": "the seeds and, per pair, the persons drawn with replacement, the same persons in every seed",
+    "nested": "the seeds drawn with replacement, each with the persons drawn for it",
+}
+"""How the bootstrap draws, by design (``alfa.study.bench.stats.PERSON_DESIGNS``)."""
+PERSON_COUNT_WORDS = {
+    "crossed": "the same persons in every seed: a person's difference is its mean over the seeds",
+    "nested": "persons drawn afresh per seed: every (pair, seed, person) is a person of its own",
+}
 
 # ----------------------------------------------------------------------------- protocol
 
@@ -96,10 +124,15 @@ PROTOCOL_BULLETS: dict[str, tuple[str, ...]] = {
         "deviation over seeds of those numbers; one seed gives no ±.",
     ),
     "differences": (
-        "**Differences**: a − b per seed on the same base (mean over the pairs concerned), averaged over seeds,",
-        "± the sample standard deviation of the per-seed differences. *Clear*: |Δ| above that standard",
-        "deviation with the same sign in every seed; otherwise *within the spread*. One seed: no spread, never",
-        "clear. Persons: how many (pair, seed, person) cases have the lower error.",
+        "**Differences**: a − b per seed on the same base (mean over the pairs concerned), averaged over",
+        "seeds: the estimate. Its 95 % interval is Δ ± t · SE, the standard error from a hierarchical",
+        "bootstrap of the paired per-person differences ({draws} replicates; {how}), each level's draws",
+        "corrected by √(n/(n − 1)) so that three seeds are not taken for more; t has seeds − 1 degrees of",
+        "freedom (the seeds are the design's fewest independent units: exact where their variation dominates,",
+        "conservative elsewhere). *Clear*: the Holm-adjusted p-value over every comparison of the page is",
+        "below 0.05 (§ Summary states the family). One seed: an interval over persons only, never judged.",
+        "Persons: how many distinct persons have the lower value ({persons}). The method and its false-alarm",
+        "test: `alfa.study.bench.stats`, `tests/test_stats.py`.",
     ),
     "costs": (
         "**Costs**: trainable = tensors the optimizer updates; params at inference = after `alfa.merge`",
@@ -162,17 +195,22 @@ SANITY_INTRO = (
     "*other* persons of the target world (its `train` split), on the target's scored images: the within-dataset "
     "error, which controls for the target's narrower gaze range. Source-only: the source base on the target. "
     "Oracle: per-person supervised fine-tuning (see Protocol). Domain gap = source-only − in-domain; gap to "
-    "target-trained = source-only − target-trained; headroom = source-only − oracle (means over seeds). "
+    "target-trained = source-only − target-trained; headroom = source-only − oracle (means over seeds, with "
+    "their 95 % intervals; *clear* after Holm over the page). "
     "Constant prediction: the error of always predicting the set's mean gaze, a measure of how spread its labels "
     "are (a narrow-range target is easier for any model)."
 )
 
 TABLE1_INTRO = (
-    "Mean over persons per record, then mean ± std over seeds; **bold**: lowest on the pair. Params at inference: "
-    "after merging the adapter (see Costs)."
+    "Mean over persons per record, then mean ± std over seeds; **bold**: lowest mean on the pair. Params at "
+    "inference: after merging the adapter (see Costs). Δ: the pooled difference with its 95 % interval, *clear* "
+    "after Holm over the page (§ Summary)."
 )
 
-PER_PERSON_INTRO = "Per person (all pairs and seeds pooled):"
+PER_PERSON_INTRO = (
+    "Per person (all pairs and seeds pooled; persons better than source-only counts distinct persons, as the "
+    "differences do: see Protocol):"
+)
 
 TPGAZE_INTRO = "TPGaze with its meta-trained prompts before any personalization step, and after its steps:"
 
@@ -235,8 +273,8 @@ FLIP_CEILING_INTRO = (
 
 FLIP_SHARE_INTRO = (
     "Every method's gain over source-only per pair (positive: lower error), and as a share of that pair's "
-    "ceiling where the ceiling is at least {share_floor:g}° (mean over seeds; *clear*: beyond the spread, "
-    "same sign in every seed):"
+    "ceiling where the ceiling is at least {share_floor:g}° (mean over seeds; in brackets the 95 % interval of "
+    "the gain; *clear*: after Holm over the page, see § Summary):"
 )
 
 FLIP_AFTER_INTRO = (
@@ -247,6 +285,11 @@ FLIP_AFTER_INTRO = (
     "changes its predictions, not only their flip-visible part, so its gain is not bounded by the "
     "ceiling; the flip loss measures agreement with the mirror image, not the error. Per record and per "
     "person the parts are in the records (`flip`, `per_person_flip`, `per_person_parts`)."
+)
+
+FLIP_LOSS_INTRO = (
+    "With the paper's recipe, pooled over every pair: each row's flip loss on the scored images and its error, "
+    "minus source-only's (95 % intervals; *clear* after Holm over the page):"
 )
 
 SELECTION_INTRO = (

@@ -97,7 +97,7 @@ def table1_rows(idx: Index) -> list[str]:
 def table1(idx: Index) -> str:
     """Each row's error per pair (the lowest in bold), pooled, its size at inference and its Δ to source-only."""
     pairs = pairs_of(idx)
-    header = ["method", *pairs, "mean over pairs", "params at inference", "Δ vs source-only (pooled)"]
+    header = ["method", *pairs, "mean over pairs", "params at inference", "Δ vs source-only (pooled; 95 % interval)"]
     best = {}
     for p in pairs:
         stats = [(cell(idx, m, p), m) for m in table1_rows(idx) if cell(idx, m, p)]
@@ -119,11 +119,7 @@ def table1(idx: Index) -> str:
             if m != "source-only" and ("source-only", pairs[0], seeds_of(idx)[0]) in idx
             else None
         )
-        dtext = (
-            "—"
-            if d is None
-            else f"{signed(d.mean)}" + ("" if d.std is None else f" ± {d.std:.2f}") + (" (clear)" if d.clear else "")
-        )
+        dtext = "—" if d is None else d.compact()
         size = _count(int(params)) if params is not None else "—"
         size += _merge_note(merge)
         rows.append([_name(m), *cells, pool.format() if pool else "—", size, dtext])
@@ -160,7 +156,7 @@ def person_table(idx: Index) -> str:
         "method",
         "std over persons (mean over records)",
         "worst person",
-        "persons better than source-only",
+        "persons better than source-only (distinct)",
         "best person change",
         "worst person change",
     ]
@@ -238,9 +234,15 @@ def _mean_std(d: dict[str, Any] | None) -> str:
     return f"{d['mean']:.2f}" + ("" if d["std"] is None else f" ± {d['std']:.2f}")
 
 
+def _gap(idx: Index, pair: str, other: str) -> str:
+    """``source-only − other`` on ``pair`` with its interval (``—`` where a row is missing)."""
+    d = diff(idx, "source-only", other, [pair])
+    return "—" if d is None else d.compact()
+
+
 def sanity_table(idx: Index) -> str:
-    """Per pair: the in-domain, target-trained, source-only and oracle errors, the gaps between them, and the
-    error of a constant prediction."""
+    """Per pair: the in-domain, target-trained, source-only and oracle errors, the gaps between them (each with
+    its interval), and the error of a constant prediction."""
     rows = []
     for pair, s in sanity_summary(idx.values()).items():
         rows.append(
@@ -250,9 +252,9 @@ def sanity_table(idx: Index) -> str:
                 _mean_std(s.get("target_trained")),
                 _mean_std(s["source_only"]),
                 _mean_std(s["oracle"]),
-                _num(s["domain_gap_deg"]),
-                _num(s.get("target_gap_deg")),
-                _num(s["headroom_deg"]),
+                _gap(idx, pair, "in-domain"),
+                _gap(idx, pair, "target-trained"),
+                _gap(idx, pair, "oracle"),
                 _num(s.get("in_domain_constant_deg")),
                 _num(s.get("target_constant_deg")),
             ]

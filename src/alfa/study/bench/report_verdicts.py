@@ -2,11 +2,10 @@
 (where Alfa is best and where not, what lies below source-only, how large the domain gap and the headroom are,
 where the error goes), each computed from :mod:`alfa.study.bench.stats`.
 
-How differences are judged (the report states it too): for two rows ``a`` and ``b``, per seed, the mean over
-pairs of ``error(a) − error(b)`` on the same base; its mean over seeds ``Δ`` and the sample standard deviation
-of those per-seed differences. A difference is *clear* when ``|Δ|`` exceeds that standard deviation and every
-seed has the same sign; otherwise it is *within the spread*. With one seed there is no spread, and nothing is
-called clear.
+How differences are judged is :mod:`alfa.study.bench.stats`'s (the report states it too): every difference is
+quoted with its 95 % interval, and *clear* means its p-value is below 0.05 after Holm's correction over every
+comparison of the page. A sentence that ranks rows or counts them says how many it compared; one that says a
+row is better or worse quotes the difference with its interval.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from .markdown import number as _num
 from .names import SELECTED
 from .names import display_name as _name
 from .report_tables import table1_rows
-from .stats import Index, Stat, cell, diff, pairs_of, part, sanity_summary, signed
+from .stats import Diff, Index, Stat, cell, diff, pairs_of, part, part_gap, sanity_summary
 
 __all__ = ["main_verdicts", "sanity_verdicts", "parts_verdicts", "ablation_verdicts"]
 
@@ -51,19 +50,20 @@ def main_verdicts(idx: Index) -> list[str]:
 
 
 def _below_source_only_sentence(idx: Index, pairs: Sequence[str], methods: Sequence[str]) -> str:
-    """Which rows' pooled error is below source-only (with the difference, and whether it is clear)."""
-    beating = []
-    for m in methods:
-        if m == "source-only":
-            continue
-        d = diff(idx, m, "source-only", pairs)
-        if d is not None and d.mean < 0:
-            beating.append((m, d))
-    names = ", ".join(f"{_name(m)} ({signed(d.mean)}°{', clear' if d.clear else ''})" for m, d in beating)
-    others = [m for m in methods if m != "source-only" and m not in {b for b, _ in beating}]
-    text = f"Methods whose pooled error is below source-only: {names or 'none'}."
+    """Of the rows compared with source-only (pooled), which have a lower mean error, with each difference and
+    its interval, and how many of them clearly."""
+    diffs = [(m, diff(idx, m, "source-only", pairs)) for m in methods if m != "source-only"]
+    compared = [(m, d) for m, d in diffs if d is not None]
+    beating = [(m, d) for m, d in compared if d.mean < 0]
+    names = "; ".join(f"{_name(m)} {d.compact()}" for m, d in beating)
+    clear = sum(d.clear for _, d in beating)
+    text = (
+        f"Of the {len(compared)} rows compared with source-only pooled over pairs, {len(beating)} have a lower "
+        f"mean error ({clear} clearly): {names or 'none'}."
+    )
+    others = [m for m, _ in compared if m not in {b for b, _ in beating}]
     if others:
-        text += f" Not below source-only: {', '.join(_name(m) for m in others)}."
+        text += f" Not below source-only: {', '.join(_name(m) for m in others)} (Table 1, last column)."
     return text
 
 
@@ -77,8 +77,9 @@ def _pair_standing(idx: Index, pair: str, ranked: list[tuple[Stat, str]], row: s
         runner_stat, runner = ranked[1]
         d = diff(idx, row, runner, [pair])
         return (
-            f"On {pair} {me} ({mine.format()}°) leads the runner-up {_name(runner)} ({runner_stat.format()}°) "
-            f"by {runner_stat.mean - mine.mean:.2f}°; {me} − {_name(runner)} = {d.describe() if d else 'n/a'}."
+            f"On {pair} {me} ({mine.format()}°) leads the runner-up of the {len(ranked)} rows, {_name(runner)} "
+            f"({runner_stat.format()}°), by {runner_stat.mean - mine.mean:.2f}° in the means; {me} − "
+            f"{_name(runner)} = {d.describe() if d else 'n/a'}."
         )
     rank = 1 + [m for _, m in ranked].index(row)
     d = diff(idx, row, best, [pair])
@@ -87,6 +88,25 @@ def _pair_standing(idx: Index, pair: str, ranked: list[tuple[Stat, str]], row: s
         f"{_ordinal(rank)} of {len(ranked)} ({mine.format()}°); {me} − {_name(best)} = "
         f"{d.describe() if d else 'n/a'}."
     )
+
+
+def _against_source_only(idx: Index, pairs: Sequence[str], row: str) -> str:
+    """``row`` against its own starting point, per pair (each difference with its interval) and pooled."""
+    me = _name(row)
+    per_pair = [(p, d) for p in pairs if (d := diff(idx, row, "source-only", [p])) is not None]
+    lower = [p for p, d in per_pair if d.mean < 0]
+    text = (
+        f"Against its own starting point (source-only), {me} lowers the mean error on {len(lower)} of "
+        f"{len(per_pair)} pairs ({sum(d.clear for _, d in per_pair if d.mean < 0)} clearly)"
+    )
+    if len(lower) < len(per_pair):
+        text += f"; it does not on {', '.join(p for p, _ in per_pair if p not in lower)}"
+    if per_pair:
+        text += " (" + "; ".join(f"{p} {d.compact()}" for p, d in per_pair) + ")"
+    d = diff(idx, row, "source-only", pairs)
+    if d is not None:
+        text += f". Pooled over pairs: {me} − source-only = {d.describe()}"
+    return text + "."
 
 
 def _row_verdicts(idx: Index, pairs: Sequence[str], methods: Sequence[str], row: str, lora: str) -> list[str]:
@@ -102,22 +122,15 @@ def _row_verdicts(idx: Index, pairs: Sequence[str], methods: Sequence[str], row:
             best_pairs.append(pair)
         per_pair.append(_pair_standing(idx, pair, ranked, row))
     where = f" ({', '.join(best_pairs)})" if best_pairs else ""
-    lines = [f"{me} has the lowest mean error on {len(best_pairs)} of {len(pairs)} pairs{where}.", *per_pair]
+    lines = [
+        f"Of the {len(methods)} rows, {me} has the lowest mean error on {len(best_pairs)} of {len(pairs)} "
+        f"pairs{where}.",
+        *per_pair,
+    ]
     if "source-only" in methods:
-        helped = [p for p in pairs if cell(idx, row, p) and cell(idx, "source-only", p)]
-        lower = [p for p in helped if cell(idx, row, p).mean < cell(idx, "source-only", p).mean]
-        d = diff(idx, row, "source-only", pairs)
-        text = (
-            f"Against its own starting point (source-only), {me} lowers the mean error on "
-            f"{len(lower)} of {len(helped)} pairs"
-        )
-        if len(lower) < len(helped):
-            text += f"; it does not on {', '.join(p for p in helped if p not in lower)}"
-        if d is not None:
-            text += f". Pooled over pairs: {me} − source-only = {d.describe()}"
-        lines.append(text + ".")
+        lines.append(_against_source_only(idx, pairs, row))
     if lora in methods:
-        d = diff(idx, row, lora, pairs)
+        d = diff(idx, row, lora, pairs)  # the two rows' pooled difference
         how = "same recipe, same steps" if lora == "lora" else "its recipe selected by the same rule"
         if d is not None:
             lines.append(f"Against {_name(lora)} ({how}), pooled over pairs: {me} − {_name(lora)} = {d.describe()}.")
@@ -156,14 +169,18 @@ def _below_source_only(idx: Index, pairs: Sequence[str], method: str) -> list[tu
     return out
 
 
-def _gap_sentence(items: list[tuple[str, float, float]], subject: str, by: str, missing: str) -> str:
-    """ "<subject> on k of n pairs, <by> <range> (<share>); <missing> on <pairs>." for gaps that should be > 0."""
+def _gap_sentence(
+    idx: Index, method: str, items: list[tuple[str, float, float]], subject: str, by: str, missing: str
+) -> str:
+    """ "<subject> on k of n pairs (j clearly), <by> <range> (<share>); <missing> on <pairs>." for the gaps
+    source-only − ``method`` that should be > 0 (each with its interval in the sanity table)."""
     below = [g for g in items if g[1] > 0]
-    text = f"{subject} on {len(below)} of {len(items)} pairs"
+    clear = sum(bool((d := diff(idx, "source-only", method, [p])) and d.clear) for p, _, _ in below)
+    text = f"{subject} on {len(below)} of {len(items)} pairs ({clear} clearly; intervals in the table)"
     if below:
         text += f"{by}{_deg_range(below)} ({_share_range(below)} of the source-only error)"
     if len(below) < len(items):
-        text += f"; {missing} on {', '.join(g[0] for g in items if g[1] <= 0)}"
+        text += f"; {missing} in the means on {', '.join(g[0] for g in items if g[1] <= 0)}"
     return text + "."
 
 
@@ -184,7 +201,7 @@ def _label_spread_sentence(idx: Index) -> list[str]:
         + " of a constant prediction's and the cross-domain error "
         + ", ".join(f"{100 * b:.0f} %" for _, _, b in ratios)
         + f" ({', '.join(p for p, _, _ in ratios)}): relatively worse across domains on {len(worse)} of "
-        f"{len(ratios)} pairs."
+        f"{len(ratios)} pairs (means)."
     ]
 
 
@@ -195,6 +212,8 @@ def _headroom_sentences(idx: Index, pairs: Sequence[str]) -> list[str]:
         return []
     lines = [
         _gap_sentence(
+            idx,
+            "oracle",
             rooms,
             "The oracle (per-person supervised fine-tuning) is below source-only",
             ": headroom ",
@@ -224,6 +243,8 @@ def sanity_verdicts(idx: Index) -> list[str]:
     if gaps:
         lines.append(
             _gap_sentence(
+                idx,
+                "in-domain",
                 gaps,
                 "In-domain error (the base on held-out source persons) is below the cross-domain source-only error",
                 ", by ",
@@ -234,6 +255,8 @@ def sanity_verdicts(idx: Index) -> list[str]:
     if own:
         lines.append(
             _gap_sentence(
+                idx,
+                "target-trained",
                 own,
                 "The same model trained on other persons of the target world (the within-dataset yardstick of the "
                 "gaze literature) is below the source model on the target's scored persons",
@@ -251,30 +274,41 @@ def parts_verdicts(idx: Index, methods: Sequence[str]) -> list[str]:
     """Where each method's change of error against source-only lies: yaw or pitch, scatter or bias."""
     pairs = pairs_of(idx)
     out = []
-    worse, pitch_led = [], []
+    compared: list[tuple[str, Diff]] = []
     for m in methods:
-        if m == "source-only":
+        if m == "source-only" or _parts_missing(idx, (m, "source-only"), pairs):
             continue
         total = diff(idx, m, "source-only", pairs)
-        dy, dp = (diff(idx, m, "source-only", pairs, part(k)) for k in ("yaw", "pitch"))
-        if total is None or dy is None or dp is None:
+        if total is None:
             continue
-        if total.mean > 0:
-            worse.append(_name(m))
-            if dp.mean > dy.mean:
-                pitch_led.append(_name(m))
+        compared.append((m, total))
         if m == "alfa":
-            db = diff(idx, m, "source-only", pairs, part("pitch_bias"))
-            out.append(f"Alfa − source-only, pooled over pairs: yaw error {dy.describe()}.")
-            out.append(f"Alfa − source-only, pooled over pairs: pitch error {dp.describe()}.")
-            if db is not None:
-                out.append(f"Alfa − source-only, pooled over pairs: absolute pitch bias {db.describe()}.")
+            for key, what in (("yaw", "yaw error"), ("pitch", "pitch error"), ("pitch_bias", "absolute pitch bias")):
+                d = diff(idx, m, "source-only", pairs, part(key))
+                if d is not None:
+                    out.append(f"Alfa − source-only, pooled over pairs: {what} {d.describe()}.")
+    worse = [(m, d) for m, d in compared if d.mean > 0]
     if worse:
-        out.append(
-            f"Of the {len(worse)} method(s) whose error ends above source-only, the pitch error grew more than the yaw "
-            f"error for {len(pitch_led)}" + (f" ({', '.join(pitch_led)})" if pitch_led else "") + "."
+        gaps = [(m, diff(idx, m, "source-only", pairs, part_gap("pitch", "yaw"))) for m, _ in worse]
+        led = [(m, g) for m, g in gaps if g is not None and g.mean > 0]
+        text = (
+            f"Of the {len(compared)} rows compared with source-only, {len(worse)} end above it "
+            f"({sum(d.clear for _, d in worse)} clearly); for {len(led)} of those the pitch error grew more than "
+            f"the yaw error ({sum(g.clear for _, g in led)} clearly)"
         )
+        if led:
+            text += "; change of pitch error − change of yaw error: " + "; ".join(
+                f"{_name(m)} {g.compact()}" for m, g in led
+            )
+        out.append(text + ".")
     return out
+
+
+def _parts_missing(idx: Index, methods: Sequence[str], pairs: Sequence[str]) -> bool:
+    """Whether a record of ``methods`` on ``pairs`` lacks the yaw/pitch parts (scored before they were
+    measured), or a method has none."""
+    records = [r for (m, p, _), r in idx.items() if m in methods and p in pairs]
+    return not records or any(not r.per_person_parts for r in records)
 
 
 def ablation_verdicts(idx: Index, name: str, layout: Sequence[dict[str, Any]], pairs: Sequence[str]) -> list[str]:
