@@ -149,6 +149,10 @@ class DomainConfig:
     # straight in front of the person.
     light_side: str = "image"  # "image": side drawn per image; "person": one side per person; "fixed": image left
     camera_yaw: tuple[float, float] = (0.0, 0.0)  # (mean |offset|, std) in degrees of the camera, one side per person
+    # The label convention: labels measured from a gaze origin below the eyes (the face centre, as face-based
+    # releases define it) point up by this angle at the world's viewing distance. Pitch only: a vertical origin
+    # shift is mirror-symmetric, so the flip law holds.
+    label_origin_pitch_deg: float = 0.0
     version: str = "v1"  # "v1": the first worlds; "v2": calibrated to the real cross-domain regime (calibrated.py)
 
     def __post_init__(self) -> None:
@@ -587,7 +591,10 @@ def render_person(
         out.append(render_faces(part, noise[start : start + per_call], size))
     pixels = torch.cat(out).mul(255.0).round().to(torch.uint8)
     head = torch.stack([params.head_yaw, params.head_pitch], -1)
-    return pixels, gaze_labels(params), head, params
+    labels = gaze_labels(params)
+    if cfg.label_origin_pitch_deg:
+        labels = labels + torch.tensor([0.0, cfg.label_origin_pitch_deg * DEG])
+    return pixels, labels, head, params
 
 
 def make_domain(

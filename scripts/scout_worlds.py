@@ -1,0 +1,65 @@
+"""Scout a world's calibration (docs/synthetic.md § Calibration): train one ResNet-18 on a world, score it on others.
+
+    python scripts/scout_worlds.py NAME TRAIN_SPEC EPOCHS EVAL_SPEC... [--schedule cosine] [--lr 1e-3]
+
+One seed, the dense pre-trained model (no truncation or recovery), a 5 % held-out slice of the training persons
+for the per-epoch validation error, 5 adaptation images per scored person left out. A scout only says where a
+setting lands; the calibration itself is measured by the benchmark's own source models (docs/calibration.md).
+Writes ``docs/data/calibration-scout/NAME.json``; checkpoints go to ``runs/scout/NAME`` (resumed if there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from alfa.gaze.data.registry import open_dataset
+from alfa.gaze.evaluate import person_errors
+from alfa.gaze.train import TrainConfig, train_source
+from alfa.models import create_model
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("name")
+    parser.add_argument("train")
+    parser.add_argument("epochs", type=int)
+    parser.add_argument("evaluate", nargs="+")
+    parser.add_argument("--schedule", default="cosine")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    root = Path(__file__).resolve().parents[1]
+    source = open_dataset(args.train)
+    torch.manual_seed(0)
+    model = create_model("resnet18_gaze")
+    config = TrainConfig(
+        epochs=args.epochs, batch_size=64, lr=args.lr, symmetry_weight=1.0, val_fraction=0.05, schedule=args.schedule
+    )
+    result = train_source(model, source, config, root / "runs/scout" / args.name, progress=False)
+    model.eval()
+    scores = {}
+    for spec in args.evaluate:
+        scores[spec] = statistics.fmean(person_errors(model, open_dataset(spec), n_adapt=5).values())
+    out = {
+        "name": args.name,
+        "train": args.train,
+        "config": config.to_dict(),
+        "val_error_per_epoch": [h["val_error"] for h in result.history],
+        "train_seconds": sum(h["seconds"] for h in result.history),  # per-epoch times kept in the checkpoint
+        "mean_error_deg": scores,
+        "torch": torch.__version__,
+    }
+    path = root / "docs/data/calibration-scout" / f"{args.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(scores, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
