@@ -255,6 +255,19 @@ def test_the_pooled_second_rule_averages_each_person_over_seeds():
         select_pooled_helping([])
 
 
+def test_each_rule_hashes_as_declared():
+    from alfa.gaze.recipes import RULE_SPECS, SELECTION_RULES
+    from alfa.study.bench.config import BenchConfig
+    from alfa.study.bench.methods import SELECTION_RULE
+
+    # the first rule's entry is what the first records' selection hashes were made with, byte for byte
+    assert RULE_SPECS["lowest-cautious"] == {"tie": 0.05, "order": "steps, lr, anchor on, no x10, detached"}
+    assert RULE_SPECS["helps-under-bound"]["bound"] == 0.1 and set(RULE_SPECS) == set(SELECTION_RULES)
+    assert set(SELECTION_RULE.values()) == set(SELECTION_RULES)
+    assert BenchConfig.first_standard().selection_rule == "lowest-cautious"
+    assert BenchConfig.standard().selection_rule == "helps-under-bound"
+
+
 def _selection_record(seed: int, errors: dict, source: str = "E", method: str = "alfa[grid]") -> dict:
     return complete(
         {
@@ -294,6 +307,25 @@ def test_the_selected_recipes_file_is_the_pooled_selection_of_the_e_source():
     assert lora["seeds"] == [0] and lora["stand_in_error_deg"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="no alfa"):
         selected_recipes_json({"records": records[3:]}, "docs/data/x")
+
+
+def test_under_the_second_protocol_the_selected_recipes_file_follows_its_rule():
+    from alfa.gaze.recipes import Recipe, select_pooled_helping
+    from alfa.study.bench.flip_report import selected_recipes_json
+
+    base = _persons([10.0] * 10)
+    gambler = Recipe(detach_flipped=False, lr=1e-4, layer34_x10=True, steps=10)
+    steady = Recipe(detach_flipped=True, lr=3e-5, layer34_x10=True, steps=3)
+    grid = _harmful_grid(base) | {gambler: _persons([9.2] * 8 + [11.5, 12.0]), steady: _persons([9.8] * 10)}
+    record = _selection_record(0, {r: sum(e.values()) / 10 for r, e in grid.items()})
+    for entry in record["grid"]:
+        entry["per_person"] = grid[Recipe(**entry["recipe"])]
+    record["source_only_per_person"] = base
+    first = json.loads(selected_recipes_json({"records": [record]}, "x"))  # no worlds stored: the first rule
+    second = json.loads(selected_recipes_json({"config": {"worlds": "v2"}, "records": [record]}, "x"))
+    assert Recipe(**first["methods"]["alfa"]["recipe"]) == gambler and "case" not in first["methods"]["alfa"]
+    assert Recipe(**second["methods"]["alfa"]["recipe"]) == steady == select_pooled_helping([(grid, base)]).recipe
+    assert second["methods"]["alfa"]["case"] == "eligible" and "§7" in second["about"] and "§4" in first["about"]
 
 
 def test_the_library_default_recipes_are_read_from_the_committed_file():

@@ -28,11 +28,13 @@ from .methods import (
     MAIN_METHODS,
     PAIRS,
     SANITY_METHODS,
+    SELECTION_RULE,
     SOURCE_TRAINING,
     SOURCES,
     STAND_INS,
     TARGETS,
     table_methods,
+    world_name,
 )
 
 __all__ = [
@@ -50,11 +52,6 @@ TARGET_DRAWS = ("per_seed", "fixed")
 WORLDS = ("v2", "v1")
 """The versions of the synthetic worlds: ``v1``, the first worlds (their bare names: ``eth``, ``mpii``, ...),
 and ``v2``, calibrated to the real cross-domain regime (``eth-v2``, ``mpii-v2``, ...; docs/synthetic.md)."""
-
-
-def world_name(base: str, version: str) -> str:
-    """The registered name of world ``base`` (a v1 name, e.g. ``"mpii"``) in ``version``."""
-    return base if version == "v1" else f"{base}-{version}"
 
 
 ABLATIONS = tuple(REGISTRY)
@@ -346,6 +343,11 @@ class BenchConfig:
         data["personalize"] = self.personalize.to_dict()  # its own form (options at their off value left out)
         return json.loads(json.dumps(data))
 
+    @property
+    def selection_rule(self) -> str:
+        """The rule that selects a recipe on the stand-in in this configuration's protocol (:data:`SELECTION_RULE`)."""
+        return SELECTION_RULE[self.worlds]
+
     def protocol_dict(self) -> dict[str, Any]:
         """Everything but the selection: two runs writing to one ``results.json`` must agree on it."""
         return {k: v for k, v in self.to_dict().items() if k not in SELECTION_FIELDS}
@@ -376,9 +378,10 @@ class BenchConfig:
         return str(spec)
 
     def stand_in_spec(self, source: str) -> str:
-        """The labelled stand-in target of a source's recipe selection (docs/flip-premise.md §4): the held-out
-        (``val``) persons of another symmetric source world, as many persons and images as a target has."""
-        world = self.world(STAND_INS[source])
+        """The labelled stand-in target of a source's recipe selection: the held-out (``val``) persons of the
+        world :data:`~alfa.study.bench.methods.STAND_INS` names for this version of the worlds (docs/flip-premise.md
+        §4 for v1, §7 for v2), as many persons and images as a target has."""
+        world = STAND_INS[self.worlds][source]
         available = get_domain(world).persons["val"]
         persons = available if self.target_persons is None else min(self.target_persons, available)
         spec = DatasetSpec.synthetic(

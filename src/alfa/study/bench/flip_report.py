@@ -17,7 +17,7 @@ from typing import Any
 from . import report_prose as prose
 from .markdown import number as _num
 from .markdown import table as _table
-from .methods import POSITIVE_CONTROLS
+from .methods import POSITIVE_CONTROLS, SELECTION_RULE
 from .names import display_name
 from .record import Record, as_records
 from .stats import Index, Measure, cell, diff, pairs_of, pooled, signed
@@ -392,22 +392,25 @@ def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> t
     by: dict[tuple[str, str], list[Record]] = {}
     for r in records:
         by.setdefault((r.method.removesuffix(GRID), r.source), []).append(r)
+    cases = any(r.selection_case for r in records)  # the second rule says which of its cases applied
     rows = []
     order = {m: i for i, m in enumerate(main)}
     for (method, source), recs in sorted(by.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0][1])):
         chosen = Counter(r.selected_label for r in recs)
-        rows.append(
-            [
-                _name(method),
-                source,
-                "; ".join(f"{label} ({n}×)" for label, n in chosen.most_common()),
-                _mean_text(r.source_only_deg for r in recs),
-                _mean_text(r.paper_recipe_deg for r in recs),
-                _mean_text(r.error_deg for r in recs),
-            ]
-        )
+        row = [
+            _name(method),
+            source,
+            "; ".join(f"{label} ({n}×)" for label, n in chosen.most_common()),
+            _mean_text(r.source_only_deg for r in recs),
+            _mean_text(r.paper_recipe_deg for r in recs),
+            _mean_text(r.error_deg for r in recs),
+        ]
+        if cases:
+            row.append("; ".join(f"{c} ({n}×)" for c, n in Counter(r.selection_case or "—" for r in recs).items()))
+        rows.append(row)
     header = ["method", "source", "selected recipe (seeds)", "stand-in: source-only", "stand-in: paper recipe"]
-    table = _table([*header, "stand-in: selected"], rows)
+    header += ["stand-in: selected", *(["the rule's case (seeds)"] if cases else [])]
+    table = _table(header, rows)
     sentences = []
     harmed = []
     for pair in pairs_of(idx):
@@ -559,27 +562,47 @@ DEFAULT_RECIPE_SOURCE = "E"
 """The source whose selection sets ``alfa personalize``'s default: the ETH-XGaze-like one, the paper's main."""
 
 
-def _pooled_selection(records: list[Record]) -> tuple[Any, dict[str, Any]]:
-    """The declared rule on one method's selection records (one per seed), seeds pooled: the recipe and the
-    facts the generated module states about it (seeds, its stand-in error, the paper's, source-only's)."""
-    from alfa.gaze.recipes import PAPER_RECIPE, Recipe, select_pooled
+def _pooled_selection(records: list[Record], rule: str) -> tuple[Any, dict[str, Any]]:
+    """The declared rule ``rule`` on one method's selection records (one per seed), seeds pooled: the recipe and
+    the facts the generated module states about it (seeds, its stand-in error, the paper's, source-only's, and
+    under the second rule the case that applied)."""
+    from alfa.gaze.recipes import PAPER_RECIPE, Recipe, select_pooled, select_pooled_helping
 
     per_seed = [{Recipe(**g["recipe"]): g["error_deg"] for g in r.grid or []} for r in records]
-    chosen, error = select_pooled(per_seed)
+    case = {}
+    if rule == "lowest-cautious":  # the first rule reads each recipe's mean as stored
+        chosen, error = select_pooled(per_seed)
+    else:  # the second reads the persons' errors, paired with the unadapted model's (null: a failed person)
+        inf = float("inf")
+        per_person = [
+            (
+                {
+                    Recipe(**g["recipe"]): {p: inf if e is None else e for p, e in g["per_person"].items()}
+                    for g in r.grid
+                },
+                r.source_only_per_person or {},
+            )
+            for r in records
+        ]
+        selection = select_pooled_helping(per_person)
+        chosen, error, case = selection.recipe, selection.error, {"case": selection.case}
     return chosen, {
         "seeds": [r.seed for r in records],
         "stand_in_error_deg": round(error, 4),
         "paper_recipe_stand_in_error_deg": round(statistics.fmean(e[PAPER_RECIPE] for e in per_seed), 4),
         "source_only_stand_in_error_deg": round(statistics.fmean(r.source_only_deg for r in records), 4),
+        **case,
     }
 
 
 def selected_recipes_json(results: Mapping[str, Any], data: str) -> str:
     """The text of ``alfa/gaze/selected_recipes.json`` (package data, read by :mod:`alfa.gaze.recipes`): per
     adapter method, the recipe chosen by the declared rule on the stand-in errors of the E source's selection
-    records, averaged over the seeds (docs/flip-premise.md §4); Alfa's is the default of ``alfa personalize``.
-    ``data`` is the folder the results were read from, named in the file. Only registered adapter methods
-    (the ones ``alfa personalize --method`` accepts) are kept."""
+    records, averaged over the seeds (docs/flip-premise.md §4; under the second protocol's rule, §7, each
+    person's errors averaged over the seeds); Alfa's is the default of ``alfa personalize``. The rule is the
+    results' protocol's (:data:`~alfa.study.bench.methods.SELECTION_RULE` of their worlds). ``data`` is the
+    folder the results were read from, named in the file. Only registered adapter methods (the ones
+    ``alfa personalize --method`` accepts) are kept."""
     from alfa.adapters import METHODS
 
     by_method: dict[str, list[Record]] = {}
@@ -590,12 +613,14 @@ def selected_recipes_json(results: Mapping[str, Any], data: str) -> str:
                 by_method.setdefault(method, []).append(r)
     if "alfa" not in by_method:
         raise ValueError(f"no alfa{GRID} selection record of source {DEFAULT_RECIPE_SOURCE} in {data}")
-    selected = {m: _pooled_selection(sorted(rs, key=lambda r: r.seed)) for m, rs in sorted(by_method.items())}
+    rule = SELECTION_RULE[results.get("config", {}).get("worlds", "v1")]
+    selected = {m: _pooled_selection(sorted(rs, key=lambda r: r.seed), rule) for m, rs in sorted(by_method.items())}
     document = {
         "about": (
             "Per adapter method, the personalization recipe alfa personalize --method M uses unless told "
             "otherwise (Alfa's is the default of alfa personalize). Generated by alfa pages --write from the "
-            "results named below; do not edit. Each is the recipe the declared rule (docs/flip-premise.md §4) "
+            "results named below; do not edit. Each is the recipe the declared rule "
+            f"(docs/flip-premise.md {'§4' if rule == 'lowest-cautious' else '§7'}) "
             "selects from the grid for the source below, on the stand-in errors (labelled persons that are "
             "neither a target nor the source's training persons) averaged over the seeds listed with it. No "
             "target label was read to choose them."

@@ -46,7 +46,7 @@ def record_id(label: str, pair: str, seed: int) -> str:
 
 STAND_IN = "stand-in"
 """The target name of a recipe-selection record's pair (``"E→stand-in"``): it is scored on the source's
-stand-in (:data:`~alfa.study.bench.methods.STAND_INS`), never on a target."""
+stand-in (:data:`~alfa.study.bench.methods.STAND_INS` of the configuration's worlds), never on a target."""
 
 
 def plan_records(config: BenchConfig) -> list[RecordPlan]:

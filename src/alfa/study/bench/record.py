@@ -79,6 +79,9 @@ class Record:
     # A recipe selection's results, on its source's stand-in.
     stand_in: str | None = None  # the stand-in's data spec
     source_only_deg: float | None = None
+    source_only_per_person: dict[str, float] | None = None  # the unadapted model, per stand-in person
+    selection_rule: str | None = None  # the rule that chose (the second protocol's records name it)
+    selection_case: str | None = None  # ... and which of its cases applied
     selected: dict[str, Any] | None = None  # the chosen recipe's fields
     selected_label: str | None = None
     paper_recipe_deg: float | None = None
@@ -145,6 +148,9 @@ _SELECTION_RESULTS = (
     "per_person",
     "error_deg",
     "source_only_deg",
+    "source_only_per_person",
+    "selection_rule",
+    "selection_case",
     "selected",
     "selected_label",
     "paper_recipe_deg",
