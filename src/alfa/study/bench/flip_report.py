@@ -18,7 +18,7 @@ from . import report_prose as prose
 from .markdown import number as _num
 from .markdown import table as _table
 from .methods import POSITIVE_CONTROLS, SELECTION_RULE
-from .names import display_name
+from .names import DEFAULT, SUFFIX_WORDS, display_name
 from .record import Record, as_records
 from .stats import Index, Measure, cell, diff, pairs_of, pooled, signed
 from .variants import GRID, SELECTED
@@ -78,12 +78,17 @@ def _mean_of(idx: Index, method: str, pair: str, measure: Measure) -> float | No
 
 def table_rows(idx: Index, main: Sequence[str]) -> list[str]:
     """Table 1's rows in order: each method of ``main`` that has records, followed by its selected-recipe row
-    where there is one."""
+    and its shipped-default row where there are such."""
     present = {m for (m, _, _) in idx}
     out = []
     for m in main:
-        out += [label for label in (m, f"{m}{SELECTED}") if label in present]
+        out += [label for label in (m, f"{m}{SELECTED}", f"{m}{DEFAULT}") if label in present]
     return out
+
+
+def _paper_recipe_row(label: str) -> bool:
+    """Whether a row runs its method's paper recipe (not a selected or a shipped one)."""
+    return not label.endswith((SELECTED, DEFAULT))
 
 
 def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
@@ -153,10 +158,10 @@ MIX_NAMES = {"diag_gate": "diagonal gate", "linear_mix": "linear mix"}
 
 def _name(label: str) -> str:
     """:func:`display_name`, with words for Alfa's two mixes (which are ablation rows, named by label elsewhere)."""
-    base = label.removesuffix(SELECTED)
-    if base in MIX_NAMES:
-        return MIX_NAMES[base] + (" (selected recipe)" if label.endswith(SELECTED) else "")
-    return display_name(label)
+    for suffix, words in SUFFIX_WORDS.items():
+        if label.endswith(suffix) and label.removesuffix(suffix) in MIX_NAMES:
+            return f"{MIX_NAMES[label.removesuffix(suffix)]} ({words})"
+    return MIX_NAMES.get(label) or display_name(label)
 
 
 def _rows(idx: Index, main: Sequence[str]) -> list[str]:
@@ -210,13 +215,14 @@ def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) 
 
 def _attention_lines(idx: Index, pairs: Sequence[str]) -> list[str]:
     lines = []
-    for suffix in ("", SELECTED):
+    recipes = {"": "paper recipe", SELECTED: "selected recipes", DEFAULT: "shipped default recipes"}
+    for suffix, recipe in recipes.items():
         alfa = f"alfa{suffix}"
         for other in ("lora", "diag_gate", "linear_mix"):
             d = diff(idx, alfa, f"{other}{suffix}", pairs)
             if d is not None:
                 lines.append(
-                    f"Positive controls ({', '.join(pairs)}), {'selected recipes' if suffix else 'paper recipe'}: "
+                    f"Positive controls ({', '.join(pairs)}), {recipe}: "
                     f"{_name(alfa)} − {_name(other + suffix)} = {d.describe()}."
                 )
     return lines
@@ -282,7 +288,7 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
         )
     everywhere = pairs_of(idx)
     lower_loss, worse = [], []
-    for m in (x for x in methods if not x.endswith(SELECTED)):
+    for m in (x for x in methods if _paper_recipe_row(x)):
         loss = diff(idx, m, "source-only", everywhere, _flip("flip_loss"))
         err = diff(idx, m, "source-only", everywhere)
         if loss is None or err is None:
@@ -412,19 +418,23 @@ def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> t
     header += ["stand-in: selected", *(["the rule's case (seeds)"] if cases else [])]
     table = _table(header, rows)
     sentences = []
-    harmed = []
-    for pair in pairs_of(idx):
-        for m in (x for x in _rows(idx, main) if x.endswith(SELECTED)):
-            d = diff(idx, m, "source-only", [pair])
-            if d is not None and d.mean > 0 and d.clear:
-                harmed.append(f"{_name(m)} on {pair} ({signed(d.mean)}°)")
-    selected_rows = [m for m in _rows(idx, main) if m.endswith(SELECTED)]
-    if selected_rows:
-        sentences.append(
-            "With its recipe selected on the stand-in, a method is worse than source-only beyond the spread on: "
-            + ("; ".join(harmed) if harmed else "no pair (the goal holds)")
-            + "."
-        )
+    # the goal of §4 is the selected rows'; of the shipped defaults the sentence only says where they harm
+    rules = {SELECTED: ("its recipe selected on the stand-in", "no pair (the goal holds)")}
+    rules[DEFAULT] = ("its shipped default recipe", "no pair")
+    for suffix, (words, none) in rules.items():
+        rows_of = [m for m in _rows(idx, main) if m.endswith(suffix)]
+        harmed = []
+        for pair in pairs_of(idx):
+            for m in rows_of:
+                d = diff(idx, m, "source-only", [pair])
+                if d is not None and d.mean > 0 and d.clear:
+                    harmed.append(f"{_name(m)} on {pair} ({signed(d.mean)}°)")
+        if rows_of:
+            sentences.append(
+                f"With {words}, a method is worse than source-only beyond the spread on: "
+                + ("; ".join(harmed) if harmed else none)
+                + "."
+            )
     return [table], sentences
 
 

@@ -89,6 +89,8 @@ def produce_record(session: Session, plan: RecordPlan) -> Record:
         chosen = session.selected_recipe(plan)
         record["selected_recipe"] = {"label": chosen.label, **dataclasses.asdict(chosen)}
         plan = dataclasses.replace(plan, variant=dataclasses.replace(v, recipe=chosen.changes()))
+    if v.shipped is not None:  # the recipe alfa personalize ships for the method, which the variant applies
+        record["default_recipe"] = {"label": v.shipped.label, **dataclasses.asdict(v.shipped)}
     tgt = session.target(plan.target, plan.seed)
     flips: dict[str, FlipParts] = {}
     if v.kind in UNADAPTED:

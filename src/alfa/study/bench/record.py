@@ -63,6 +63,7 @@ class Record:
     finished: str  # ISO time
     # A table row's measures, by kind.
     selected_recipe: dict[str, Any] | None = None  # a selected row: the recipe its selection chose
+    default_recipe: dict[str, Any] | None = None  # a default row: the recipe alfa personalize shipped for it
     constant_prediction_deg: float | None = None  # the rows without adaptation: always predicting the mean gaze
     labelled_images_per_person: int | None = None  # the oracle
     method_config: dict[str, Any] | None = None  # a personalized method: its adapter's config
@@ -125,6 +126,7 @@ _HEAD = tuple(_FIELDS[: _FIELDS.index("persons")])
 _TAIL = ("wall_s", "cpu_s", "finished")
 _ROW_RESULTS = (
     "selected_recipe",
+    "default_recipe",
     "constant_prediction_deg",
     "labelled_images_per_person",
     "method_config",

@@ -118,14 +118,16 @@ def _positive_control_words(results: dict[str, Any], idx: Index) -> list[str]:
 
 
 def _selection_words(results: dict[str, Any], records: Sequence[Record]) -> list[str]:
-    """The selected rows' part of the recipe bullet (only where the results have selection records), naming the
-    stand-ins of the results' own version of the worlds."""
+    """The selected and the shipped-default rows' part of the recipe bullet (each only where the results have
+    such records), naming the stand-ins of the results' own version of the worlds."""
     words = []
     if any(r.kind == "selection" for r in records):
         version = _worlds(results)
         stand_ins = ", ".join(f"{world} for {s}" for s, world in STAND_INS[version].items())
         fragments = prose.SELECTION_WORDS if version == "v1" else prose.SELECTION_WORDS_V2
         words += [fragment.format(stand_ins=stand_ins) for fragment in fragments]
+    if any(r.default_recipe for r in records):
+        words += list(prose.DEFAULT_WORDS)
     return words
 
 

@@ -145,6 +145,12 @@ SELECTION_WORDS_V2 = (
 )
 """Appended to the recipe bullet where the results have selection records of the second protocol."""
 
+DEFAULT_WORDS = (
+    "Rows marked *shipped default recipe* run, on every pair, the recipe `alfa personalize` shipped for the",
+    "method when they ran (`src/alfa/gaze/selected_recipes.json`; each record names it in `default_recipe`).",
+)
+"""Appended to the recipe bullet where the results have rows of the shipped default recipes."""
+
 SAME_RATE = "the same rate for every parameter"
 SCALED_RATE = "scaled {scales}"
 SCALED_PARAMETER = "×{factor:g} on `{name}`"
