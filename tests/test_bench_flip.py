@@ -1,5 +1,7 @@
 """The benchmark's flip-premise rows (docs/flip-premise.md): flip-TTA, what a flip sees of each record, the
-replayed reference protocol, and the recipe selected on the stand-in without any target label."""
+replayed reference protocol, the recipe selected on the stand-in without any target label (by the second
+protocol's rule, §7, on the tiny configuration's v2 worlds), the stand-ins of each protocol, and the rows of
+the shipped default recipes."""
 
 import dataclasses
 import json
@@ -9,7 +11,17 @@ import torch
 from test_bench import tiny
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
-from alfa.gaze.recipes import RECIPE_GRID, Recipe, reference_protocol_error
+from alfa.gaze.recipes import (
+    DEFAULT_RECIPE,
+    METHOD_RECIPES,
+    RECIPE_GRID,
+    Recipe,
+    named_recipe,
+    reference_protocol_error,
+    select_helping,
+)
+from alfa.study.bench.config import BenchConfig, selectable_methods
+from alfa.study.bench.methods import PAIRS, SOURCES, STAND_INS, TARGETS
 from alfa.study.bench.plan import STAND_IN, RecordPlan, plan_records
 from alfa.study.bench.produce import produce_record
 from alfa.study.bench.runner import run_bench
@@ -21,7 +33,7 @@ from alfa.study.bench.variants import selection_variants
 @pytest.fixture(scope="module")
 def flip_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("flipbench")
-    config = tiny(methods=("source-only", "flip-tta", "alfa"), selected_methods=("alfa",))
+    config = tiny(methods=("source-only", "flip-tta", "alfa"), selected_methods=("alfa",), default_methods=("alfa",))
     summary = run_bench(config, out, progress=False)
     assert not summary.errors, summary.errors
     from alfa.study.bench.results import load_results
@@ -36,10 +48,17 @@ def test_the_selection_record_comes_first_and_the_selected_row_reads_it(flip_ben
     assert ids.index(f"alfa[grid]|E→{STAND_IN}|seed0") < ids.index("alfa[selected]|E→M|seed0")
     grid = records[f"alfa[grid]|E→{STAND_IN}|seed0"]
     assert grid["kind"] == "selection" and len(grid["grid"]) == len(RECIPE_GRID)
-    assert grid["stand_in"].startswith("synthetic:gaze360?split=val")  # E's stand-in: the other source world
+    assert grid["stand_in"].startswith("synthetic:gaze360-v2?split=val")  # E's stand-in: the other source world
     chosen = Recipe(**grid["selected"])
-    best = min(g["error_deg"] for g in grid["grid"])
-    assert chosen in RECIPE_GRID and grid["error_deg"] <= best + 0.05
+    # the second rule, recomputed from what the record stores: each person's errors and the unadapted model's
+    base = grid["source_only_per_person"]
+    assert sorted(base) == sorted(grid["per_person"]) and grid["source_only_deg"] == pytest.approx(
+        sum(base.values()) / len(base)
+    )
+    again = select_helping({Recipe(**g["recipe"]): g["per_person"] for g in grid["grid"]}, base)
+    assert chosen == again.recipe and grid["selection_case"] == again.case and grid["error_deg"] == again.error
+    assert grid["selection_rule"] == "helps-under-bound" == config.selection_rule
+    assert all(g["upper_deg"] == again.upper[Recipe(**g["recipe"])] for g in grid["grid"])
     selected = records["alfa[selected]|E→M|seed0"]
     assert Recipe(**{k: v for k, v in selected["selected_recipe"].items() if k != "label"}) == chosen
     assert selected["steps"] == chosen.steps and selected["recipe"]["lr"] == chosen.lr
@@ -83,13 +102,13 @@ def test_the_selection_never_reads_a_target(flip_bench, tmp_path, monkeypatch):
         raise AssertionError(f"the recipe selection opened the target {key!r}")
 
     import alfa.study.bench.session as session_module
-    from alfa.study.bench.methods import TARGETS
 
     opened = []
+    target_worlds = {*TARGETS.values(), *(config.world(t) for t in TARGETS)}  # of either version
 
     def open_no_target_world(spec):  # nor may it open a target world's data by any other way
         world = spec.removeprefix("synthetic:").split("?")[0]
-        if world in TARGETS.values():
+        if world in target_worlds:
             raise AssertionError(f"the recipe selection opened data of the target world {world!r}: {spec}")
         opened.append(world)
         return real_open(spec)
@@ -98,7 +117,7 @@ def test_the_selection_never_reads_a_target(flip_bench, tmp_path, monkeypatch):
     monkeypatch.setattr(session, "target", no_target)
     monkeypatch.setattr(session_module, "open_data", open_no_target_world)
     record = produce_record(session, plan)
-    assert "gaze360" in opened  # the stand-in world was opened through the patched function
+    assert STAND_INS["v2"]["E"] in opened  # the stand-in world was opened through the patched function
     assert record.selected == records[plan.id]["selected"]  # and it is deterministic
     assert record.config_hash == records[plan.id]["config_hash"]
 
@@ -132,6 +151,15 @@ def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it
     text = build_report(out, tmp_path / "r.md", tmp_path / "fig").read_text(encoding="utf-8")
     assert "## What a flip can see" in text and "## Recipes selected without target labels" in text
     assert "Positive controls (" not in text and "1 recipe-selection records" in text
+    # the second protocol's words: its stand-ins, its rule and its cases, and the shipped default's row
+    assert "the second protocol's rule (`docs/flip-premise.md` §7" in text
+    assert (
+        "(gaze360-v2 for E, eth-v2 for G, gaze360-window-v2 for S)" in text and "symmetric source world (" not in text
+    )
+    assert "the rule's case (seeds)" in text and "Rows marked *shipped default recipe*" in text
+    table1 = text.split("## Table 1")[1].split("\n## ")[0]
+    assert "| Alfa (shipped default recipe) |" in table1
+    assert "With its shipped default recipe, of the 1 (method, pair) comparisons with source-only, a method is " in text
     # flip-TTA on top of each personalized model, and the flip loss after personalization, per pair
     after = text.split("### After personalization: flip-TTA on top, and what a flip still sees")[1].split("\n## ")[0]
     alfa_row = next(line for line in after.splitlines() if line.startswith("| Alfa |"))
@@ -146,3 +174,72 @@ def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it
     assert Recipe(**document["methods"]["alfa"]["recipe"]) == Recipe(
         **records[f"alfa[grid]|E→{STAND_IN}|seed0"]["selected"]
     )
+
+
+@pytest.mark.slow
+def test_a_default_row_runs_the_shipped_recipe_and_names_it(flip_bench):
+    _, config, records = flip_bench
+    row = records["alfa[default]|E→M|seed0"]
+    assert row["group"] == "default" and row["kind"] == "adapter" and row["persons"] == 2
+    assert row["default_recipe"] == {"label": DEFAULT_RECIPE.label, **dataclasses.asdict(DEFAULT_RECIPE)}
+    assert row["steps"] == DEFAULT_RECIPE.steps != config.personalize.steps  # the shipped recipe, not the bench's
+    assert row["recipe"]["lr"] == DEFAULT_RECIPE.lr and row["recipe"]["pitch_anchor"] == DEFAULT_RECIPE.pitch_anchor
+    assert row["config_hash"] != records["alfa|E→M|seed0"]["config_hash"]
+
+
+def test_the_stand_ins_of_each_protocol():
+    v1, v2 = BenchConfig.first_standard(), BenchConfig.standard()
+    # the first protocol's, unchanged: another symmetric source world for every source
+    assert {s: v1.stand_in_spec(s).split("?")[0] for s in SOURCES} == {
+        "E": "synthetic:gaze360",
+        "G": "synthetic:eth",
+        "S": "synthetic:gaze360",
+    }
+    assert v1.stand_in_spec("E") == "synthetic:gaze360?split=val&size=64&persons=5&images_per_person=40"
+    # the second's: of the source's own kind, the one-sided studio source's one-sided
+    assert {s: v2.stand_in_spec(s).split("?")[0] for s in SOURCES} == {
+        "E": "synthetic:gaze360-v2",
+        "G": "synthetic:eth-v2",
+        "S": "synthetic:gaze360-window-v2",
+    }
+    assert v2.stand_in_spec("S").endswith("split=val&size=64&persons=10&images_per_person=40")  # every val person
+    for config in (v1, v2):
+        for source, world in STAND_INS[config.worlds].items():
+            assert world not in {config.world(t) for t in TARGETS} and world != config.world(source)
+    from alfa.gaze.data.synthetic import get_domain
+
+    window, symmetric = get_domain("gaze360-window-v2"), get_domain("gaze360-v2")
+    assert window.light_side == "person" and symmetric.light_side != "person"
+
+
+def test_the_plan_has_every_methods_default_row_on_every_pair_and_seed():
+    config = BenchConfig.standard()
+    plans = {p.id: p for p in plan_records(config)}
+    methods = selectable_methods()
+    assert config.default_methods == methods and {"alfa", "lora", "diag_gate", "linear_mix"} <= set(methods)
+    defaults = [p for p in plans.values() if p.variant.group == "default"]
+    assert len(defaults) == len(PAIRS) * len(config.seeds) * len(methods)
+    for method in methods:
+        for pair in PAIRS:
+            for seed in config.seeds:
+                v = plans[f"{method}[default]|{pair}|seed{seed}"].variant
+                assert v.shipped == named_recipe("default", method) and v.recipe == v.shipped.changes()
+    assert plans["alfa[default]|S→C|seed2"].variant.shipped == METHOD_RECIPES["alfa"]
+    # the first records' preset, and the quick and smoke checks, have none (--default-methods adds them)
+    for preset in (BenchConfig.first_standard(), BenchConfig.quick(), BenchConfig.smoke()):
+        assert not [p for p in plan_records(preset) if p.variant.group == "default"]
+    with pytest.raises(ValueError, match="no default-recipe row for"):
+        BenchConfig.standard(default_methods=("tpgaze",)).validate()
+
+
+def test_a_changed_shipped_default_is_a_new_record(tmp_path, monkeypatch):
+    import alfa.gaze.recipes as recipes
+
+    config = tiny(methods=(), default_methods=("lora",))
+    session = Session(config, tmp_path, tmp_path / "cache", progress=False)
+    (plan,) = plan_records(config)
+    before = session.record_hash(plan)
+    other = next(r for r in RECIPE_GRID if r != recipes.METHOD_RECIPES["lora"])
+    monkeypatch.setitem(recipes.METHOD_RECIPES, "lora", other)
+    (changed,) = plan_records(config)
+    assert changed.variant.shipped == other and session.record_hash(changed) != before

@@ -45,7 +45,7 @@ def dummy():
 
 def test_a_registered_ablation_reaches_the_plan_the_layout_and_the_report(dummy):
     config = BenchConfig.standard(
-        methods=(), selected_methods=(), ablations=("dummy",), pairs=("E→M",), seeds=(0,)
+        methods=(), selected_methods=(), default_methods=(), ablations=("dummy",), pairs=("E→M",), seeds=(0,)
     )  # 10 steps
     config.validate()
     assert [p.id for p in plan_records(config)] == ["alfa[dummy=3]|E→M|seed0", "alfa|E→M|seed0"]

@@ -87,3 +87,31 @@ def test_bench_smoke_runs_the_smoke_preset_into_runs_bench_smoke(monkeypatch):
     ((config, out),) = calls
     assert config == BenchConfig.smoke() and out == Path("runs/bench-smoke")
     assert "--smoke" in parser._subparsers._group_actions[0].choices["bench"].format_help()
+
+
+def test_bench_options_choose_the_rows_of_the_shipped_default_recipes(monkeypatch):
+    calls = []
+    monkeypatch.setattr(runner, "run_bench", lambda config, out, **kw: calls.append(config) or _nothing(out))
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *args, **kwargs: None)
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers(dest="command"), (BENCH,))
+    for argv in (
+        ["--standard"],
+        ["--standard", "--methods", "source-only,alfa,lora,tpgaze"],  # narrows them like the selected rows
+        ["--standard", "--default-methods", "none"],
+        ["--quick", "--default-methods", "alfa,diag_gate"],
+        ["--quick", "--methods", "alfa"],  # the quick preset has none to narrow
+    ):
+        args = parser.parse_args(["bench", *argv, "--dry-run"])
+        args.func(args)
+    assert [c.default_methods for c in calls] == [
+        BenchConfig.standard().default_methods,
+        ("alfa", "lora"),
+        (),
+        ("alfa", "diag_gate"),
+        (),
+    ]
+
+
+def _nothing(out):
+    return types.SimpleNamespace(pending=[], skipped=[], results=Path(out) / "results.json")

@@ -10,6 +10,7 @@ from bench_records import results_of
 
 from alfa.adapters import METHODS, LoraConfig, register_method
 from alfa.gaze.data.registry import list_datasets, open_dataset, register_dataset, unregister_dataset
+from alfa.gaze.recipes import PAPER_RECIPE
 from alfa.study.bench.config import BenchConfig
 from alfa.study.bench.methods import MAIN_METHODS, table_methods
 from alfa.study.bench.plan import plan_records
@@ -40,6 +41,8 @@ def test_a_registered_method_gets_a_row_in_the_plan_and_in_table_1(dummy_method)
     plans = {p.id: p for p in plan_records(config)}
     assert plans["half_lora|E→M|seed0"].variant.adapter == dummy_method()
     assert "half_lora[selected]|E→M|seed0" in plans  # its recipe is selected like every shared-recipe method's
+    # and its shipped default (none in the package's file yet: the paper's recipe, as alfa personalize uses)
+    assert plans["half_lora[default]|E→M|seed0"].variant.shipped == PAPER_RECIPE
     rows = (("source-only", 9.0), ("half_lora", 7.0))
     results = results_of(config, rows)
     assert "half_lora" in results["layout"]["main"]

@@ -145,6 +145,129 @@ def test_pooled_selection_averages_over_seeds_and_drops_a_recipe_that_failed_on_
         select_pooled([])
 
 
+# ------------------------------------------------------------------------- the second rule (docs/flip-premise.md §7)
+
+PERSONS = [f"p{i}" for i in range(10)]
+
+
+def _persons(values) -> dict:
+    return dict(zip(PERSONS, values))
+
+
+def _harmful_grid(base: dict) -> dict:
+    """Every grid recipe a clear degree worse than the unadapted model on every person (none eligible)."""
+    from alfa.gaze.recipes import RECIPE_GRID
+
+    return {r: {p: e + 1.0 + 0.01 * i for i, (p, e) in enumerate(base.items())} for r in RECIPE_GRID}
+
+
+def test_t_quantiles_and_the_paired_bound():
+    from alfa.gaze.recipes import paired_upper_bound, t_quantile
+
+    # tabulated two-sided 95 % points of Student's t
+    for df, expected in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (30, 2.0423)):
+        assert t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
+    assert t_quantile(0.975, 10_000) == pytest.approx(1.95996, abs=1e-3)  # the normal's
+    diffs = [0.1, -0.3, 0.2, -0.1, 0.0]
+    sd = (sum((d + 0.02) ** 2 for d in diffs) / 4) ** 0.5
+    assert paired_upper_bound(diffs) == pytest.approx(-0.02 + 2.7764 * sd / 5**0.5, abs=1e-4)
+    assert paired_upper_bound([0.5]) == math.inf  # one person: no interval, nothing shown harmless
+    with pytest.raises(ValueError):
+        t_quantile(0.4, 3)
+
+
+def test_the_second_rule_takes_the_helping_recipe_where_the_first_takes_the_cautious_no_op():
+    from alfa.gaze.recipes import RECIPE_GRID, Recipe, select_helping, select_recipe
+
+    base = _persons([10.0 + 0.3 * i for i in range(10)])
+    errors = _harmful_grid(base)
+    no_op = min(RECIPE_GRID, key=Recipe.caution)
+    helper = Recipe(detach_flipped=True, lr=1e-4, layer34_x10=True, steps=10)
+    errors[no_op] = {p: e - 0.01 for p, e in base.items()}  # changes next to nothing
+    errors[helper] = {p: e - 0.05 + 0.01 * (i % 2) for i, (p, e) in enumerate(base.items())}  # helps everyone
+    means = {r: sum(e.values()) / 10 for r, e in errors.items()}
+    assert means[helper] < means[no_op] <= means[helper] + 0.05  # tied within the margin
+    assert select_recipe(means) == no_op  # the first rule: ties to caution
+    chosen = select_helping(errors, base)
+    assert chosen.recipe == helper and chosen.case == "eligible"  # the second: ties to the recipe that moves
+    assert chosen.upper[helper] <= 0.1 and chosen.upper[no_op] <= 0.1
+    assert chosen.mean_difference[helper] == pytest.approx(-0.045)
+    assert chosen.error == pytest.approx(means[helper])
+    # a clearly lower eligible recipe beats both, whatever it adapts
+    timid = Recipe(detach_flipped=True, lr=1e-5, layer34_x10=False, steps=3)
+    errors[timid] = {p: e - 0.5 for p, e in base.items()}
+    assert select_helping(errors, base).recipe == timid
+
+
+def test_with_no_recipe_under_the_bound_the_second_rule_takes_the_most_conservative():
+    from alfa.gaze.recipes import RECIPE_GRID, Recipe, select_helping
+
+    base = _persons([12.0] * 10)
+    errors = _harmful_grid(base)
+    chosen = select_helping(errors, base)
+    assert chosen.case == "none eligible" and chosen.recipe == min(RECIPE_GRID, key=Recipe.caution)
+    assert min(chosen.upper.values()) > 0.1
+    # the bound is what decides: at +2° the same errors are all eligible, and the lowest (the least harm) wins
+    loose = select_helping(errors, base, bound=2.0)
+    assert loose.case == "eligible"
+    # a recipe that failed on a person (inf, or missing) is out of the running, even if it looks best
+    bold = Recipe(detach_flipped=False, lr=1e-4, layer34_x10=True, steps=10)
+    errors[bold] = {p: e - 1.0 for p, e in base.items()} | {"p3": math.inf}
+    assert select_helping(errors, base).recipe != bold and bold not in select_helping(errors, base).upper
+    errors[bold] = {p: e - 1.0 for p, e in base.items() if p != "p3"}
+    assert select_helping(errors, base).recipe != bold
+    with pytest.raises(ValueError, match="unadapted"):
+        select_helping(errors, base | {"p3": math.inf})
+
+
+def test_the_interval_excludes_the_lowest_mean_that_harms_some_persons_by_a_lot():
+    from alfa.gaze.recipes import Recipe, select_helping, select_recipe
+
+    base = _persons([10.0] * 10)
+    errors = _harmful_grid(base)
+    gambler = Recipe(detach_flipped=False, lr=1e-4, layer34_x10=True, steps=10)
+    steady = Recipe(detach_flipped=True, lr=3e-5, layer34_x10=True, steps=3)
+    errors[gambler] = _persons([9.2] * 8 + [11.5, 12.0])  # helps eight by 0.8°, harms two by 1.5 and 2°
+    errors[steady] = _persons([9.8, 9.75, 9.85, 9.8, 9.8, 9.75, 9.85, 9.8, 9.8, 9.8])  # helps everyone a little
+    means = {r: sum(e.values()) / 10 for r, e in errors.items()}
+    assert means[gambler] < means[steady] - 0.05  # the lowest mean, outside the tie margin
+    assert select_recipe(means) == gambler  # which the first rule takes
+    chosen = select_helping(errors, base)
+    assert chosen.upper[gambler] > 0.1 >= chosen.upper[steady]
+    assert chosen.recipe == steady and chosen.case == "eligible"
+
+
+def test_the_pooled_second_rule_averages_each_person_over_seeds():
+    from alfa.gaze.recipes import Recipe, select_helping, select_pooled_helping
+
+    base = _persons([10.0] * 10)
+    grid = _harmful_grid(base)
+    a = Recipe(detach_flipped=True, lr=1e-4, layer34_x10=True, steps=10)
+    b = Recipe(detach_flipped=True, lr=3e-5, layer34_x10=True, steps=10)
+    seed0 = grid | {a: _persons([9.0] * 10), b: _persons([9.6] * 10)}
+    seed1 = grid | {a: _persons([11.0] * 9 + [10.9]), b: _persons([9.7] * 10)}
+    assert select_helping(seed0, base).recipe == a  # a wins seed 0 alone
+    pooled = select_pooled_helping([(seed0, base), (seed1, base)])
+    assert pooled.recipe == b and pooled.error == pytest.approx(9.65)  # pooled, a is no help (10.0 ≈ the base)
+    seed1[b] = seed1[b] | {"p0": math.inf}  # b failed on a person of seed 1: out
+    assert select_pooled_helping([(seed0, base), (seed1, base)]).recipe != b
+    with pytest.raises(ValueError, match="no seed"):
+        select_pooled_helping([])
+
+
+def test_each_rule_hashes_as_declared():
+    from alfa.gaze.recipes import RULE_SPECS, SELECTION_RULES
+    from alfa.study.bench.config import BenchConfig
+    from alfa.study.bench.methods import SELECTION_RULE
+
+    # the first rule's entry is what the first records' selection hashes were made with, byte for byte
+    assert RULE_SPECS["lowest-cautious"] == {"tie": 0.05, "order": "steps, lr, anchor on, no x10, detached"}
+    assert RULE_SPECS["helps-under-bound"]["bound"] == 0.1 and set(RULE_SPECS) == set(SELECTION_RULES)
+    assert set(SELECTION_RULE.values()) == set(SELECTION_RULES)
+    assert BenchConfig.first_standard().selection_rule == "lowest-cautious"
+    assert BenchConfig.standard().selection_rule == "helps-under-bound"
+
+
 def _selection_record(seed: int, errors: dict, source: str = "E", method: str = "alfa[grid]") -> dict:
     return complete(
         {
@@ -184,6 +307,25 @@ def test_the_selected_recipes_file_is_the_pooled_selection_of_the_e_source():
     assert lora["seeds"] == [0] and lora["stand_in_error_deg"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="no alfa"):
         selected_recipes_json({"records": records[3:]}, "docs/data/x")
+
+
+def test_under_the_second_protocol_the_selected_recipes_file_follows_its_rule():
+    from alfa.gaze.recipes import Recipe, select_pooled_helping
+    from alfa.study.bench.flip_report import selected_recipes_json
+
+    base = _persons([10.0] * 10)
+    gambler = Recipe(detach_flipped=False, lr=1e-4, layer34_x10=True, steps=10)
+    steady = Recipe(detach_flipped=True, lr=3e-5, layer34_x10=True, steps=3)
+    grid = _harmful_grid(base) | {gambler: _persons([9.2] * 8 + [11.5, 12.0]), steady: _persons([9.8] * 10)}
+    record = _selection_record(0, {r: sum(e.values()) / 10 for r, e in grid.items()})
+    for entry in record["grid"]:
+        entry["per_person"] = grid[Recipe(**entry["recipe"])]
+    record["source_only_per_person"] = base
+    first = json.loads(selected_recipes_json({"records": [record]}, "x"))  # no worlds stored: the first rule
+    second = json.loads(selected_recipes_json({"config": {"worlds": "v2"}, "records": [record]}, "x"))
+    assert Recipe(**first["methods"]["alfa"]["recipe"]) == gambler and "case" not in first["methods"]["alfa"]
+    assert Recipe(**second["methods"]["alfa"]["recipe"]) == steady == select_pooled_helping([(grid, base)]).recipe
+    assert second["methods"]["alfa"]["case"] == "eligible" and "§7" in second["about"] and "§4" in first["about"]
 
 
 def test_the_library_default_recipes_are_read_from_the_committed_file():

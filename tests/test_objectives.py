@@ -68,7 +68,9 @@ def test_a_registered_objective_trains_the_adapter(dummy):
 
 
 def test_a_registered_objective_reaches_the_benchmark_plan_and_the_report(dummy):
-    config = BenchConfig.standard(methods=(), selected_methods=(), ablations=("loss",), pairs=("E→M",), seeds=(0,))
+    config = BenchConfig.standard(
+        methods=(), selected_methods=(), default_methods=(), ablations=("loss",), pairs=("E→M",), seeds=(0,)
+    )
     config.validate()
     plans = {p.id: p for p in plan_records(config)}
     assert "alfa[loss=pitch-zero]|E→M|seed0" in plans and "alfa[loss=augment]|E→M|seed0" in plans
@@ -86,7 +88,9 @@ def test_a_registered_objective_reaches_the_benchmark_plan_and_the_report(dummy)
 
 
 def test_without_a_registered_objective_the_loss_ablation_is_the_built_in_one():
-    config = BenchConfig.standard(methods=(), selected_methods=(), ablations=("loss",), pairs=("E→M",), seeds=(0,))
+    config = BenchConfig.standard(
+        methods=(), selected_methods=(), default_methods=(), ablations=("loss",), pairs=("E→M",), seeds=(0,)
+    )
     labels = [row["label"] for row in layout(config)["ablations"]["loss"]]
     assert labels == ["source-only", "alfa", "alfa[loss=augment]"]
     assert dataclasses.replace(config.personalize).loss == "flip"

@@ -62,9 +62,14 @@ def _bench(args: argparse.Namespace) -> None:
         # a subset of methods also narrows their selected-recipe rows, unless those are named on their own
         selectable = selectable_methods()
         changes["selected_methods"] = tuple(m for m in changes["methods"] if m in selectable)
+        # ... and the rows of their shipped default recipes, where the preset has those
+        changes["default_methods"] = tuple(m for m in changes["methods"] if m in config.default_methods)
     if args.selected_methods is not None:
         names = _list(args.selected_methods)
         changes["selected_methods"] = () if names == ["none"] else tuple(names)
+    if args.default_methods is not None:
+        names = _list(args.default_methods)
+        changes["default_methods"] = () if names == ["none"] else tuple(names)
     if args.pairs is not None:
         changes["pairs"] = tuple(_pairs(args.pairs))
     if args.seeds is not None:
@@ -151,6 +156,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         "--selected-methods",
         help="comma-separated methods that also get a row with their recipe selected on the stand-in, or 'none' "
         "(default: the preset's; with --methods, those of them that have one)",
+    )
+    p.add_argument(
+        "--default-methods",
+        help="comma-separated methods that also get a row with the recipe alfa personalize ships for them, or "
+        "'none' (default: the preset's, every such method with --standard and --full, none with --quick and "
+        "--smoke; with --methods, those of them the preset has)",
     )
     p.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
     p.add_argument("--ablations", help="comma-separated subset of the ablations, 'all' or 'none'")

@@ -1,9 +1,14 @@
-"""Personalization recipes chosen without target labels: the declared grid, the selection rule, and the
-number the reference protocol would report (docs/flip-premise.md §3–4).
+"""Personalization recipes chosen without target labels: the declared grid, the selection rules, and the
+number the reference protocol would report (docs/flip-premise.md §3–4 and §7).
 
-The grid and the rule were written down (docs/flip-premise.md, and this module) before any recipe of the
-grid was scored. Selection reads only the errors on a labelled stand-in set that is neither a target nor
-the source model's training persons; this module never sees a dataset, only those numbers.
+The grid and each rule were written down (docs/flip-premise.md, and this module) before any recipe of the
+grid was scored under it. Selection reads only the errors on a labelled stand-in set that is neither a
+target nor the source model's training persons; this module never sees a dataset, only those numbers.
+
+Two rules, one per protocol (:data:`SELECTION_RULES`): the first protocol's ``"lowest-cautious"``
+(:func:`select_recipe`: the lowest stand-in error, ties to the most conservative recipe) and the second's
+``"helps-under-bound"`` (:func:`select_helping`: among the recipes whose harm to the stand-in persons is
+bounded, the lowest error, ties to the recipe that adapts more).
 """
 
 from __future__ import annotations
@@ -28,9 +33,18 @@ __all__ = [
     "SELECTED_RECIPES",
     "RECIPE_GRID",
     "TIE_DEGREES",
+    "NO_HARM_DEGREES",
+    "CONFIDENCE",
+    "SELECTION_RULES",
+    "RULE_SPECS",
+    "Selection",
     "training_runs",
     "select_recipe",
     "select_pooled",
+    "t_quantile",
+    "paired_upper_bound",
+    "select_helping",
+    "select_pooled_helping",
     "RECIPE_NAMES",
     "named_recipe",
     "reference_protocol_error",
@@ -38,6 +52,34 @@ __all__ = [
 
 TIE_DEGREES = 0.05
 """Two recipes whose stand-in errors differ by at most this many degrees count as tied."""
+
+NO_HARM_DEGREES = 0.1
+"""The second rule's no-harm bound (docs/flip-premise.md §7): a recipe is eligible when the upper end of the
+:data:`CONFIDENCE` interval of its mean paired difference to the unadapted model, over the stand-in persons,
+is at most this many degrees. Not zero: a bound of zero asks for proof of a gain, which ten persons give
+only for gains of several tenths, so the rule would refuse nearly every recipe; 0.1° is two tie margins and
+about 1 % of a cross-domain error of about 10°, a harm no user would see."""
+
+CONFIDENCE = 0.95
+"""The two-sided level of the interval the no-harm bound reads (its upper end: a one-sided 97.5 % bound)."""
+
+SELECTION_RULES = ("lowest-cautious", "helps-under-bound")
+"""The rules by name: the first protocol's (docs/flip-premise.md §4) and the second's (§7)."""
+
+RULE_SPECS: dict[str, dict[str, Any]] = {
+    # Exactly what the first protocol's selection records hashed (their hashes must not change).
+    "lowest-cautious": {"tie": TIE_DEGREES, "order": "steps, lr, anchor on, no x10, detached"},
+    "helps-under-bound": {
+        "name": "helps-under-bound",
+        "paired": "recipe minus the unadapted model, per stand-in person",
+        "interval": f"t, {CONFIDENCE:g} two-sided, over stand-in persons",
+        "bound": NO_HARM_DEGREES,
+        "tie": TIE_DEGREES,
+        "order": "more steps, higher lr, no anchor, x10, both branches",
+        "none eligible": "steps, lr, anchor on, no x10, detached",
+    },
+}
+"""What a selection record's hash says of its rule (:func:`alfa.study.bench.schema.config_hash`)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -63,6 +105,11 @@ class Recipe:
             pitch_anchor=self.pitch_anchor,
         )
 
+    def changes(self) -> dict[str, Any]:
+        """This recipe as changes to a :class:`~alfa.gaze.personalize.PersonalizeConfig` (the fields it sets)."""
+        applied = self.apply(PersonalizeConfig())
+        return {k: getattr(applied, k) for k in ("detach_flipped", "lr", "lr_scale", "steps", "pitch_anchor")}
+
     @property
     def label(self) -> str:
         """A short name, e.g. ``"detached lr=1e-4 ×10 steps=10"`` (the anchor only when on)."""
@@ -77,8 +124,9 @@ class Recipe:
         return " ".join(parts)
 
     def caution(self) -> tuple:
-        """The tie-break order of the rule: fewer steps, then a lower learning rate, then the pitch anchor
-        on, then no ×10, then the flipped branch detached (smaller is more conservative)."""
+        """The tie-break order of the rules: fewer steps, then a lower learning rate, then the pitch anchor
+        on, then no ×10, then the flipped branch detached (smaller is more conservative). The first rule takes
+        the smallest of tied recipes, the second the largest (the recipe that adapts more)."""
         return (self.steps, self.lr, not self.pitch_anchor, self.layer34_x10, not self.detach_flipped)
 
 
@@ -160,6 +208,115 @@ def select_pooled(per_seed: Sequence[Mapping[Recipe, float]], tie: float = TIE_D
     pooled = {r: statistics.fmean(errors[r] for errors in per_seed) for r in common}
     chosen = select_recipe(pooled, tie)
     return chosen, pooled[chosen]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the second rule (:func:`select_helping`) chose, and why: the recipe, its mean stand-in error, the
+    case that applied (``"eligible"``: the lowest error among the recipes under the no-harm bound;
+    ``"none eligible"``: no recipe was, so the most conservative one), and per recipe that competed the
+    upper end of the interval of its mean paired difference to the unadapted model."""
+
+    recipe: Recipe
+    error: float
+    case: str
+    upper: dict[Recipe, float]
+    mean_difference: dict[Recipe, float]
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t distribution with ``df`` ≥ 1 degrees of freedom (``p`` in (0.5, 1)):
+    its distribution function in closed form (Abramowitz & Stegun 26.7.3–4, finite for an integer ``df``),
+    inverted by bisection."""
+    if df < 1 or not 0.5 < p < 1:
+        raise ValueError(f"need df >= 1 and 0.5 < p < 1, got df={df}, p={p}")
+
+    def cdf(t: float) -> float:
+        theta = math.atan2(t, math.sqrt(df))
+        c2 = math.cos(theta) ** 2
+        if df % 2:  # odd: (2/π)(θ + sin θ (cos θ + 2/3 cos³θ + …)), the series empty for df = 1
+            term, series = math.cos(theta), 0.0
+            for j in range(1, (df - 1) // 2 + 1):
+                series += term
+                term *= c2 * 2 * j / (2 * j + 1)
+            central = 2 / math.pi * (theta + math.sin(theta) * series)
+        else:  # even: sin θ (1 + 1/2 cos²θ + 1·3/(2·4) cos⁴θ + …)
+            term, series = 1.0, 0.0
+            for j in range(1, df // 2 + 1):
+                series += term
+                term *= c2 * (2 * j - 1) / (2 * j)
+            central = math.sin(theta) * series
+        return 0.5 + 0.5 * central
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def paired_upper_bound(differences: Sequence[float], confidence: float = CONFIDENCE) -> float:
+    """The upper end of the two-sided ``confidence`` t-interval of the mean of ``differences`` (one per
+    person). With fewer than two there is no interval, and the bound is infinite (nothing is shown harmless)."""
+    if len(differences) < 2:
+        return math.inf
+    half = t_quantile(0.5 + confidence / 2, len(differences) - 1) * statistics.stdev(differences)
+    return statistics.fmean(differences) + half / math.sqrt(len(differences))
+
+
+def select_helping(
+    errors: Mapping[Recipe, Mapping[str, float]],
+    base: Mapping[str, float],
+    bound: float = NO_HARM_DEGREES,
+    tie: float = TIE_DEGREES,
+) -> Selection:
+    """The second rule (docs/flip-premise.md §7). ``errors``: per recipe, each stand-in person's error;
+    ``base``: each person's error of the unadapted model. A recipe with a missing or non-finite error for a
+    person of ``base`` is out of the running. *Eligible*: the upper end of the t-interval
+    (:func:`paired_upper_bound`) of the mean over persons of ``error − base`` is at most ``bound``. Among the
+    eligible, the lowest mean error wins; those within ``tie`` of it are tied, and the one that adapts more
+    wins (the largest :meth:`Recipe.caution`: the stand-in cannot tell them apart, so the rule prefers the
+    recipe that moves). With none eligible, the most conservative recipe (the smallest :meth:`Recipe.caution`)."""
+    persons = sorted(base)
+    if not persons or not all(math.isfinite(base[p]) for p in persons):
+        raise ValueError("the unadapted model needs a finite error for every stand-in person")
+    means, upper, mean_difference = {}, {}, {}
+    for recipe, per_person in errors.items():
+        values = [per_person.get(p, math.inf) for p in persons]
+        if all(math.isfinite(v) for v in values):
+            differences = [v - base[p] for v, p in zip(values, persons)]
+            means[recipe] = statistics.fmean(values)
+            mean_difference[recipe] = statistics.fmean(differences)
+            upper[recipe] = paired_upper_bound(differences)
+    if not means:
+        raise ValueError("no recipe has a finite stand-in error for every person to select on")
+    eligible = {r: e for r, e in means.items() if upper[r] <= bound}
+    if not eligible:
+        chosen = min(means, key=Recipe.caution)
+        return Selection(chosen, means[chosen], "none eligible", upper, mean_difference)
+    best = min(eligible.values())
+    chosen = max((r for r, e in eligible.items() if e <= best + tie), key=Recipe.caution)
+    return Selection(chosen, means[chosen], "eligible", upper, mean_difference)
+
+
+def select_pooled_helping(
+    per_seed: Sequence[tuple[Mapping[Recipe, Mapping[str, float]], Mapping[str, float]]],
+    bound: float = NO_HARM_DEGREES,
+    tie: float = TIE_DEGREES,
+) -> Selection:
+    """The second rule on several seeds' selections (how ``alfa personalize``'s default is chosen under it):
+    each ``(errors, base)`` as :func:`select_helping` takes them; per person (the stand-in's persons are the
+    same in every seed) each error is averaged over the seeds, so a person counts once in the interval and a
+    recipe must be finite on every seed. Only persons of every seed's ``base`` are kept."""
+    if not per_seed:
+        raise ValueError("no seed's stand-in errors to pool")
+    persons = sorted(set(per_seed[0][1]).intersection(*(set(base) for _, base in per_seed[1:])))
+    base = {p: statistics.fmean(b[p] for _, b in per_seed) for p in persons}
+    common = set(per_seed[0][0]).intersection(*(set(e) for e, _ in per_seed[1:]))
+    pooled = {r: {p: statistics.fmean(e[r].get(p, math.inf) for e, _ in per_seed) for p in persons} for r in common}
+    return select_helping(pooled, base, bound, tie)
 
 
 def reference_protocol_error(per_step: Mapping[str, Sequence[float]]) -> float:

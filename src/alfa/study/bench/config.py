@@ -28,11 +28,13 @@ from .methods import (
     MAIN_METHODS,
     PAIRS,
     SANITY_METHODS,
+    SELECTION_RULE,
     SOURCE_TRAINING,
     SOURCES,
     STAND_INS,
     TARGETS,
     table_methods,
+    world_name,
 )
 
 __all__ = [
@@ -52,11 +54,6 @@ WORLDS = ("v2", "v1")
 and ``v2``, calibrated to the real cross-domain regime (``eth-v2``, ``mpii-v2``, ...; docs/synthetic.md)."""
 
 
-def world_name(base: str, version: str) -> str:
-    """The registered name of world ``base`` (a v1 name, e.g. ``"mpii"``) in ``version``."""
-    return base if version == "v1" else f"{base}-{version}"
-
-
 ABLATIONS = tuple(REGISTRY)
 """The ablations a benchmark runs by default: every registered one, in the registry's order."""
 SELECTABLE = tuple(m for m in MAIN_METHODS if m in METHODS and not METHODS[m].trains_prompts) + (
@@ -65,7 +62,8 @@ SELECTABLE = tuple(m for m in MAIN_METHODS if m in METHODS and not METHODS[m].tr
 )
 """The built-in methods that get a second row with their recipe selected on the stand-in (docs/flip-premise.md
 §4): every adapter method of the shared recipe (TPGaze has its own optimizer, outside the grid) and Alfa's two
-simpler mixes; :func:`selectable_methods` adds every other registered one."""
+simpler mixes; :func:`selectable_methods` adds every other registered one. The same methods get a third row
+with the recipe ``alfa personalize`` ships for them (``<method>[default]``, docs/flip-premise.md §7)."""
 
 
 def selectable_methods() -> tuple[str, ...]:
@@ -140,7 +138,8 @@ class BenchConfig:
 
     Selection (which records run; see :data:`SELECTION_FIELDS`): ``pairs``, ``seeds``, ``methods`` (of
     :data:`MAIN_METHODS` and :data:`SANITY_METHODS`), ``selected_methods`` (of :data:`SELECTABLE`: a second
-    row each, with the recipe selected on the stand-in), ``ablations`` (of :data:`ABLATIONS`) on
+    row each, with the recipe selected on the stand-in), ``default_methods`` (of :data:`SELECTABLE`: a row
+    each with the recipe ``alfa personalize`` ships for the method), ``ablations`` (of :data:`ABLATIONS`) on
     ``ablation_pairs``. ``threads``: torch threads (1 by default: on a shared machine OpenMP's spinning
     threads slow everything down; run pieces in parallel instead).
     """
@@ -189,6 +188,7 @@ class BenchConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     methods: tuple[str, ...] = field(default_factory=lambda: table_methods() + SANITY_METHODS)
     selected_methods: tuple[str, ...] = field(default_factory=selectable_methods)
+    default_methods: tuple[str, ...] = field(default_factory=selectable_methods)
     ablations: tuple[str, ...] = ABLATIONS
     ablation_pairs: tuple[str, ...] = PAIRS
     threads: int = 1
@@ -207,19 +207,21 @@ class BenchConfig:
     @classmethod
     def standard(cls, **overrides: Any) -> BenchConfig:
         """The preset ``docs/results.md`` is made from (its wall time is in that page; run it in pieces,
-        two processes at a time): the full code path, all six pairs, every method, seeds 0–2, on the v2
+        two processes at a time): the full code path, all six pairs, every method (with the paper's recipe, the
+        recipe selected on the stand-in and the recipe ``alfa personalize`` ships), seeds 0–2, on the v2
         worlds (calibrated to the real regime, docs/synthetic.md), 64×64 faces, sources of 80 persons × 100
         images, every target person (15 and 14, drawn afresh for each seed) with 40 images (5 adapt + 35
         scored), the full personalization recipe (10 steps), short TPGaze meta-training and oracle; every
         ablation with its full list of values on all four pairs."""
         base = dataclasses.replace(cls.first_standard(), preset="standard", target_persons=None)
-        base = dataclasses.replace(base, target_draw="per_seed", worlds="v2")
+        base = dataclasses.replace(base, target_draw="per_seed", worlds="v2", default_methods=selectable_methods())
         return dataclasses.replace(base, **overrides)
 
     @classmethod
     def first_standard(cls, **overrides: Any) -> BenchConfig:
         """The standard preset as the first committed records (docs/data/bench-standard, bench-flip) ran it:
-        the v1 worlds, the same 5 persons per target in every seed, sources trained 4 + 1 epochs."""
+        the v1 worlds, the same 5 persons per target in every seed, sources trained 4 + 1 epochs, and no rows
+        of the shipped default recipes (they came with the second protocol)."""
         base = cls(
             preset="standard",
             val_images=30,
@@ -232,6 +234,7 @@ class BenchConfig:
             meta=MetaTrainConfig(epochs=1, steps_per_epoch=50),
             oracle=OracleConfig(extra_images=40, steps=60),
             latency_repeats=3,
+            default_methods=(),
         )
         return dataclasses.replace(base, **overrides)
 
@@ -262,6 +265,7 @@ class BenchConfig:
             latency_repeats=3,
             seeds=(0,),
             selected_methods=("alfa",),
+            default_methods=(),
             ablation_pairs=("E→M",),
         )
         return dataclasses.replace(base, **overrides)
@@ -302,6 +306,7 @@ class BenchConfig:
             pairs=("E→M", "S→W"),
             seeds=(0,),
             selected_methods=("alfa",),
+            default_methods=(),
             ablation_pairs=("E→M",),
         )
         return dataclasses.replace(base, **overrides)
@@ -318,6 +323,9 @@ class BenchConfig:
         bad = [m for m in self.selected_methods if m not in selectable]
         if bad:
             raise ValueError(f"no recipe selection for {bad}; it runs for {', '.join(selectable)}")
+        bad = [m for m in self.default_methods if m not in selectable]
+        if bad:
+            raise ValueError(f"no default-recipe row for {bad}; it runs for {', '.join(selectable)}")
         bad = [a for a in self.ablations if a not in REGISTRY]
         if bad:
             raise ValueError(f"unknown ablation(s) {bad}; ablations are {', '.join(REGISTRY)}")
@@ -345,6 +353,11 @@ class BenchConfig:
         data = dataclasses.asdict(self)
         data["personalize"] = self.personalize.to_dict()  # its own form (options at their off value left out)
         return json.loads(json.dumps(data))
+
+    @property
+    def selection_rule(self) -> str:
+        """The rule that selects a recipe on the stand-in in this configuration's protocol (:data:`SELECTION_RULE`)."""
+        return SELECTION_RULE[self.worlds]
 
     def protocol_dict(self) -> dict[str, Any]:
         """Everything but the selection: two runs writing to one ``results.json`` must agree on it."""
@@ -376,9 +389,10 @@ class BenchConfig:
         return str(spec)
 
     def stand_in_spec(self, source: str) -> str:
-        """The labelled stand-in target of a source's recipe selection (docs/flip-premise.md §4): the held-out
-        (``val``) persons of another symmetric source world, as many persons and images as a target has."""
-        world = self.world(STAND_INS[source])
+        """The labelled stand-in target of a source's recipe selection: the held-out (``val``) persons of the
+        world :data:`~alfa.study.bench.methods.STAND_INS` names for this version of the worlds (docs/flip-premise.md
+        §4 for v1, §7 for v2), as many persons and images as a target has."""
+        world = STAND_INS[self.worlds][source]
         available = get_domain(world).persons["val"]
         persons = available if self.target_persons is None else min(self.target_persons, available)
         spec = DatasetSpec.synthetic(
@@ -432,6 +446,7 @@ SELECTION_FIELDS = (
     "seeds",
     "methods",
     "selected_methods",
+    "default_methods",
     "ablations",
     "ablation_pairs",
     "threads",

@@ -18,8 +18,8 @@ from typing import Any
 from . import report_prose as prose
 from .markdown import number as _num
 from .markdown import table as _table
-from .methods import POSITIVE_CONTROLS
-from .names import display_name
+from .methods import POSITIVE_CONTROLS, SELECTION_RULE
+from .names import DEFAULT, SUFFIX_WORDS, display_name
 from .record import Record, as_records
 from .stats import Diff, Index, Measure, cell, diff, pairs_of, pooled
 from .variants import GRID, SELECTED
@@ -79,12 +79,17 @@ def _mean_of(idx: Index, method: str, pair: str, measure: Measure) -> float | No
 
 def table_rows(idx: Index, main: Sequence[str]) -> list[str]:
     """Table 1's rows in order: each method of ``main`` that has records, followed by its selected-recipe row
-    where there is one."""
+    and its shipped-default row where there are such."""
     present = {m for (m, _, _) in idx}
     out = []
     for m in main:
-        out += [label for label in (m, f"{m}{SELECTED}") if label in present]
+        out += [label for label in (m, f"{m}{SELECTED}", f"{m}{DEFAULT}") if label in present]
     return out
+
+
+def _paper_recipe_row(label: str) -> bool:
+    """Whether a row runs its method's paper recipe (not a selected or a shipped one)."""
+    return not label.endswith((SELECTED, DEFAULT))
 
 
 def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
@@ -159,10 +164,10 @@ MIX_NAMES = {"diag_gate": "diagonal gate", "linear_mix": "linear mix"}
 
 def _name(label: str) -> str:
     """:func:`display_name`, with words for Alfa's two mixes (which are ablation rows, named by label elsewhere)."""
-    base = label.removesuffix(SELECTED)
-    if base in MIX_NAMES:
-        return MIX_NAMES[base] + (" (selected recipe)" if label.endswith(SELECTED) else "")
-    return display_name(label)
+    for suffix, words in SUFFIX_WORDS.items():
+        if label.endswith(suffix) and label.removesuffix(suffix) in MIX_NAMES:
+            return f"{MIX_NAMES[label.removesuffix(suffix)]} ({words})"
+    return MIX_NAMES.get(label) or display_name(label)
 
 
 def _rows(idx: Index, main: Sequence[str]) -> list[str]:
@@ -219,13 +224,14 @@ def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) 
 
 def _attention_lines(idx: Index, pairs: Sequence[str]) -> list[str]:
     lines = []
-    for suffix in ("", SELECTED):
+    recipes = {"": "paper recipe", SELECTED: "selected recipes", DEFAULT: "shipped default recipes"}
+    for suffix, recipe in recipes.items():
         alfa = f"alfa{suffix}"
         for other in ("lora", "diag_gate", "linear_mix"):
             d = diff(idx, alfa, f"{other}{suffix}", pairs)
             if d is not None:
                 lines.append(
-                    f"Positive controls ({', '.join(pairs)}), {'selected recipes' if suffix else 'paper recipe'}: "
+                    f"Positive controls ({', '.join(pairs)}), {recipe}: "
                     f"{_name(alfa)} − {_name(other + suffix)} = {d.describe()}."
                 )
     return lines
@@ -279,7 +285,7 @@ def _after_table(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> str |
 
 def _paper_rows(idx: Index, main: Sequence[str]) -> list[str]:
     """The rows with the paper's recipe (no selected recipe) compared with source-only."""
-    return [m for m in _methods(idx, main) if not m.endswith(SELECTED)]
+    return [m for m in _methods(idx, main) if _paper_recipe_row(m)]
 
 
 def _loss_table(idx: Index, main: Sequence[str]) -> str | None:
@@ -428,30 +434,37 @@ def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> t
     by: dict[tuple[str, str], list[Record]] = {}
     for r in records:
         by.setdefault((r.method.removesuffix(GRID), r.source), []).append(r)
+    cases = any(r.selection_case for r in records)  # the second rule says which of its cases applied
     rows = []
     order = {m: i for i, m in enumerate(main)}
     for (method, source), recs in sorted(by.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0][1])):
         chosen = Counter(r.selected_label for r in recs)
-        rows.append(
-            [
-                _name(method),
-                source,
-                "; ".join(f"{label} ({n}×)" for label, n in chosen.most_common()),
-                _mean_text(r.source_only_deg for r in recs),
-                _mean_text(r.paper_recipe_deg for r in recs),
-                _mean_text(r.error_deg for r in recs),
-            ]
-        )
+        row = [
+            _name(method),
+            source,
+            "; ".join(f"{label} ({n}×)" for label, n in chosen.most_common()),
+            _mean_text(r.source_only_deg for r in recs),
+            _mean_text(r.paper_recipe_deg for r in recs),
+            _mean_text(r.error_deg for r in recs),
+        ]
+        if cases:
+            row.append("; ".join(f"{c} ({n}×)" for c, n in Counter(r.selection_case or "—" for r in recs).items()))
+        rows.append(row)
     header = ["method", "source", "selected recipe (seeds)", "stand-in: source-only", "stand-in: paper recipe"]
-    table = _table([*header, "stand-in: selected"], rows)
+    header += ["stand-in: selected", *(["the rule's case (seeds)"] if cases else [])]
+    table = _table(header, rows)
     sentences = []
-    compared = [
-        d
-        for pair in pairs_of(idx)
-        for m in _rows(idx, main)
-        if m.endswith(SELECTED) and (d := diff(idx, m, "source-only", [pair])) is not None
-    ]
-    if compared:
+    # the goal of §4 is the selected rows'; of the shipped defaults the sentence only says where they harm
+    rules = {SELECTED: ("its recipe selected on the stand-in", True), DEFAULT: ("its shipped default recipe", False)}
+    for suffix, (words, goal) in rules.items():
+        compared = [
+            d
+            for pair in pairs_of(idx)
+            for m in _rows(idx, main)
+            if m.endswith(suffix) and (d := diff(idx, m, "source-only", [pair])) is not None
+        ]
+        if not compared:
+            continue
         harmed = [f"{_name(d.a)} on {d.pairs[0]} ({d.compact()})" for d in compared if d.mean > 0 and d.clear]
         detectable = [x for x in idx.family.detectable(compared) if math.isfinite(x)]
         power = (
@@ -460,11 +473,11 @@ def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> t
             if detectable and not harmed
             else ""
         )
+        held = "the goal holds as far as this design can tell" if goal else "as far as this design can tell"
+        none = f"none ({held}{power})"
         sentences.append(
-            f"With its recipe selected on the stand-in, of the {len(compared)} (method, pair) comparisons with "
-            "source-only, a method is clearly worse than source-only on: "
-            + ("; ".join(harmed) if harmed else f"none (the goal holds as far as this design can tell{power})")
-            + "."
+            f"With {words}, of the {len(compared)} (method, pair) comparisons with source-only, a method is "
+            "clearly worse than source-only on: " + ("; ".join(harmed) if harmed else none) + "."
         )
     return [table], sentences
 
@@ -603,27 +616,47 @@ DEFAULT_RECIPE_SOURCE = "E"
 """The source whose selection sets ``alfa personalize``'s default: the ETH-XGaze-like one, the paper's main."""
 
 
-def _pooled_selection(records: list[Record]) -> tuple[Any, dict[str, Any]]:
-    """The declared rule on one method's selection records (one per seed), seeds pooled: the recipe and the
-    facts the generated module states about it (seeds, its stand-in error, the paper's, source-only's)."""
-    from alfa.gaze.recipes import PAPER_RECIPE, Recipe, select_pooled
+def _pooled_selection(records: list[Record], rule: str) -> tuple[Any, dict[str, Any]]:
+    """The declared rule ``rule`` on one method's selection records (one per seed), seeds pooled: the recipe and
+    the facts the generated module states about it (seeds, its stand-in error, the paper's, source-only's, and
+    under the second rule the case that applied)."""
+    from alfa.gaze.recipes import PAPER_RECIPE, Recipe, select_pooled, select_pooled_helping
 
     per_seed = [{Recipe(**g["recipe"]): g["error_deg"] for g in r.grid or []} for r in records]
-    chosen, error = select_pooled(per_seed)
+    case = {}
+    if rule == "lowest-cautious":  # the first rule reads each recipe's mean as stored
+        chosen, error = select_pooled(per_seed)
+    else:  # the second reads the persons' errors, paired with the unadapted model's (null: a failed person)
+        inf = float("inf")
+        per_person = [
+            (
+                {
+                    Recipe(**g["recipe"]): {p: inf if e is None else e for p, e in g["per_person"].items()}
+                    for g in r.grid
+                },
+                r.source_only_per_person or {},
+            )
+            for r in records
+        ]
+        selection = select_pooled_helping(per_person)
+        chosen, error, case = selection.recipe, selection.error, {"case": selection.case}
     return chosen, {
         "seeds": [r.seed for r in records],
         "stand_in_error_deg": round(error, 4),
         "paper_recipe_stand_in_error_deg": round(statistics.fmean(e[PAPER_RECIPE] for e in per_seed), 4),
         "source_only_stand_in_error_deg": round(statistics.fmean(r.source_only_deg for r in records), 4),
+        **case,
     }
 
 
 def selected_recipes_json(results: Mapping[str, Any], data: str) -> str:
     """The text of ``alfa/gaze/selected_recipes.json`` (package data, read by :mod:`alfa.gaze.recipes`): per
     adapter method, the recipe chosen by the declared rule on the stand-in errors of the E source's selection
-    records, averaged over the seeds (docs/flip-premise.md §4); Alfa's is the default of ``alfa personalize``.
-    ``data`` is the folder the results were read from, named in the file. Only registered adapter methods
-    (the ones ``alfa personalize --method`` accepts) are kept."""
+    records, averaged over the seeds (docs/flip-premise.md §4; under the second protocol's rule, §7, each
+    person's errors averaged over the seeds); Alfa's is the default of ``alfa personalize``. The rule is the
+    results' protocol's (:data:`~alfa.study.bench.methods.SELECTION_RULE` of their worlds). ``data`` is the
+    folder the results were read from, named in the file. Only registered adapter methods (the ones
+    ``alfa personalize --method`` accepts) are kept."""
     from alfa.adapters import METHODS
 
     by_method: dict[str, list[Record]] = {}
@@ -634,12 +667,14 @@ def selected_recipes_json(results: Mapping[str, Any], data: str) -> str:
                 by_method.setdefault(method, []).append(r)
     if "alfa" not in by_method:
         raise ValueError(f"no alfa{GRID} selection record of source {DEFAULT_RECIPE_SOURCE} in {data}")
-    selected = {m: _pooled_selection(sorted(rs, key=lambda r: r.seed)) for m, rs in sorted(by_method.items())}
+    rule = SELECTION_RULE[results.get("config", {}).get("worlds", "v1")]
+    selected = {m: _pooled_selection(sorted(rs, key=lambda r: r.seed), rule) for m, rs in sorted(by_method.items())}
     document = {
         "about": (
             "Per adapter method, the personalization recipe alfa personalize --method M uses unless told "
             "otherwise (Alfa's is the default of alfa personalize). Generated by alfa pages --write from the "
-            "results named below; do not edit. Each is the recipe the declared rule (docs/flip-premise.md §4) "
+            "results named below; do not edit. Each is the recipe the declared rule "
+            f"(docs/flip-premise.md {'§4' if rule == 'lowest-cautious' else '§7'}) "
             "selects from the grid for the source below, on the stand-in errors (labelled persons that are "
             "neither a target nor the source's training persons) averaged over the seeds listed with it. No "
             "target label was read to choose them."

@@ -14,9 +14,26 @@ SOURCE_TRAINING = {"S": {"symmetry_weight": 0.0}}
 """Changes to the source-training recipe per source: the studio control is trained without the left-right
 symmetry term (docs/flip-premise.md §2: a studio model trained to be flip-symmetric would have no studio
 asymmetry left to show)."""
-STAND_INS = {"E": "G", "G": "E", "S": "G"}
-"""Per source, the labelled world whose held-out (``val``) persons stand in for a target when a recipe is
-selected (docs/flip-premise.md §4): another symmetric source world, never a target and never the source."""
+STAND_INS = {
+    "v1": {"E": "gaze360", "G": "eth", "S": "gaze360"},
+    "v2": {"E": "gaze360-v2", "G": "eth-v2", "S": "gaze360-window-v2"},
+}
+"""Per version of the worlds and per source, the registered world whose held-out (``val``) persons stand in
+for a target when a recipe is selected; never a target world and never the source's. ``v1`` (the first
+protocol, docs/flip-premise.md §4): another symmetric source world for every source. ``v2`` (the second, §7):
+a stand-in of the source's own kind, the other symmetric source world for the symmetric sources, and for the
+one-sided studio source a one-sided world (gaze360-v2's persons, each lit by a window on one side)."""
+
+
+def world_name(base: str, version: str) -> str:
+    """The registered name of world ``base`` (a v1 name, e.g. ``"mpii"``) in ``version``."""
+    return base if version == "v1" else f"{base}-{version}"
+
+
+SELECTION_RULE = {"v1": "lowest-cautious", "v2": "helps-under-bound"}
+"""Per version of the worlds, the rule that selects a recipe on the stand-in
+(``alfa.gaze.recipes.SELECTION_RULES``): the worlds' version names the protocol, and each protocol declared
+its rule before its runs (docs/flip-premise.md §4 for v1, §7 for v2)."""
 MAIN_METHODS = (
     "source-only",
     "flip-tta",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from alfa.adapters import METHODS
 
-__all__ = ["NAMES", "display_name"]
+__all__ = ["NAMES", "SELECTED", "DEFAULT", "display_name"]
 
 # Only rows that are no adapter method; a method's name lives with its config class (``display_name``).
 NAMES = {
@@ -20,12 +20,18 @@ NAMES = {
 
 SELECTED = "[selected]"
 """Suffix of a method's row with its recipe selected on the stand-in, e.g. ``alfa[selected]``."""
+DEFAULT = "[default]"
+"""Suffix of a method's row with the recipe ``alfa personalize`` ships for it, e.g. ``alfa[default]``."""
+SUFFIX_WORDS = {SELECTED: "selected recipe", DEFAULT: "shipped default recipe"}
+"""How a row's recipe suffix is said in its name."""
 
 
 def display_name(label: str) -> str:
-    """The name of the row ``label`` in tables and sentences (``alfa[selected]``: "Alfa (selected recipe)")."""
-    if label.endswith(SELECTED):
-        return f"{display_name(label.removesuffix(SELECTED))} (selected recipe)"
+    """The name of the row ``label`` in tables and sentences (``alfa[selected]``: "Alfa (selected recipe)",
+    ``alfa[default]``: "Alfa (shipped default recipe)")."""
+    for suffix, words in SUFFIX_WORDS.items():
+        if label.endswith(suffix):
+            return f"{display_name(label.removesuffix(suffix))} ({words})"
     if label in NAMES:
         return NAMES[label]
     if label in METHODS:

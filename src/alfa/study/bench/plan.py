@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .ablations import ablation_variants
 from .config import BenchConfig, split_pair
 from .methods import PAIRS, SOURCES
-from .variants import SELECTED, Variant, main_variants, selection_variants
+from .variants import SELECTED, Variant, default_variant, main_variants, selection_variants
 
 __all__ = ["STAND_IN", "RecordPlan", "record_id", "plan_records", "grid_plan"]
 
@@ -46,14 +46,16 @@ def record_id(label: str, pair: str, seed: int) -> str:
 
 STAND_IN = "stand-in"
 """The target name of a recipe-selection record's pair (``"E→stand-in"``): it is scored on the source's
-stand-in (:data:`~alfa.study.bench.methods.STAND_INS`), never on a target."""
+stand-in (:data:`~alfa.study.bench.methods.STAND_INS` of the configuration's worlds), never on a target."""
 
 
 def plan_records(config: BenchConfig) -> list[RecordPlan]:
     """Every record the selection asks for, in run order (seed, then source, then pair), deduplicated. A
-    method's recipe-selection record on the stand-in comes before its selected rows (which read it)."""
+    method's recipe-selection record on the stand-in comes before its selected rows (which read it); on each
+    pair the rows of the shipped default recipes come after the selected rows."""
     main = main_variants(config)
     selection = {m: selection_variants(config, m) for m in config.selected_methods}
+    defaults = [default_variant(config, m) for m in config.default_methods]
     plans: dict[str, RecordPlan] = {}
     for seed in config.seeds:
         for source in SOURCES:
@@ -63,7 +65,7 @@ def plan_records(config: BenchConfig) -> list[RecordPlan]:
                     plan = RecordPlan(grid, f"{source}→{STAND_IN}", seed)
                     plans[plan.id] = plan
             for pair in pairs:
-                variants = [main[m] for m in config.methods] + [row for _, row in selection.values()]
+                variants = [main[m] for m in config.methods] + [row for _, row in selection.values()] + defaults
                 if pair in config.ablation_pairs:
                     for name in config.ablations:
                         variants += ablation_variants(name, config)

@@ -37,9 +37,17 @@ from alfa.gaze.evaluate import (
 from alfa.gaze.flip import FlipParts, FlipTTA, person_flip_parts
 from alfa.gaze.geometry import angular_error
 from alfa.gaze.losses import finite_or_raise, supervised_l1_loss
-from alfa.gaze.personalize import PersonalizeConfig, person_seed, personalize_dataset
+from alfa.gaze.personalize import person_seed, personalize_dataset
 from alfa.gaze.pipeline import personalize_and_score
-from alfa.gaze.recipes import PAPER_RECIPE, RECIPE_GRID, Recipe, reference_protocol_error, select_recipe, training_runs
+from alfa.gaze.recipes import (
+    PAPER_RECIPE,
+    RECIPE_GRID,
+    Recipe,
+    reference_protocol_error,
+    select_helping,
+    select_recipe,
+    training_runs,
+)
 from alfa.gaze.tpgaze import personalize_tpgaze_dataset, tpgaze_recipe
 from alfa.layers import is_factorized
 
@@ -80,7 +88,9 @@ def produce_record(session: Session, plan: RecordPlan) -> Record:
     if v.selected:  # the recipe chosen on the stand-in, read from its selection record
         chosen = session.selected_recipe(plan)
         record["selected_recipe"] = {"label": chosen.label, **dataclasses.asdict(chosen)}
-        plan = dataclasses.replace(plan, variant=dataclasses.replace(v, recipe=_recipe_changes(chosen)))
+        plan = dataclasses.replace(plan, variant=dataclasses.replace(v, recipe=chosen.changes()))
+    if v.shipped is not None:  # the recipe alfa personalize ships for the method, which the variant applies
+        record["default_recipe"] = {"label": v.shipped.label, **dataclasses.asdict(v.shipped)}
     tgt = session.target(plan.target, plan.seed)
     flips: dict[str, FlipParts] = {}
     if v.kind in UNADAPTED:
@@ -337,16 +347,11 @@ def _add_run_summary(
         }
 
 
-def _recipe_changes(recipe: Recipe) -> dict[str, Any]:
-    """A grid recipe as changes to the benchmark's :class:`PersonalizeConfig` (what a :class:`Variant` holds)."""
-    applied = recipe.apply(PersonalizeConfig())
-    return {k: getattr(applied, k) for k in ("detach_flipped", "lr", "lr_scale", "steps", "pitch_anchor")}
-
-
 def _run_selection(session: Session, base: nn.Module, plan: RecordPlan, record: dict[str, Any]) -> None:
     """The declared recipe grid (docs/flip-premise.md §4) for one method on its source's stand-in: every run
-    of :func:`~alfa.gaze.recipes.training_runs`, each person scored after the step counts the grid asks
-    for; the rule picks the recipe. Reads the stand-in's labels and nothing of any target."""
+    of :func:`~alfa.gaze.recipes.training_runs`, each person scored before the first step (the unadapted
+    model) and after the step counts the grid asks for; the configuration's rule picks the recipe. Reads the
+    stand-in's labels and nothing of any target."""
     c, v = session.config, plan.variant
     assert v.adapter is not None
     standin = session.stand_in(plan.source)
@@ -379,10 +384,17 @@ def _run_selection(session: Session, base: nn.Module, plan: RecordPlan, record: 
             if len(ok) < len(persons):
                 per_person = {p: per_person.get(p, float("inf")) for p in persons}
             errors[dataclasses.replace(run_recipe, steps=k)] = per_person
-        source_only = source_only or {p: o.tracked[0] for p, o in ok.items()}
+        for p, o in ok.items():  # step 0 is the unadapted model (every adapter starts as the identity)
+            source_only.setdefault(p, o.tracked[0])
     shutil.rmtree(folder, ignore_errors=True)
     means = {r: statistics.fmean(e.values()) for r, e in errors.items()}
-    chosen = select_recipe(means)
+    helping = None
+    if c.selection_rule == "helps-under-bound":
+        # a person whose every run failed has no unadapted error either: the rule refuses to choose
+        helping = select_helping(errors, {p: source_only.get(p, float("inf")) for p in persons})
+        chosen = helping.recipe
+    else:
+        chosen = select_recipe(means)
     record.update(
         {
             "stand_in": standin.spec,
@@ -390,6 +402,7 @@ def _run_selection(session: Session, base: nn.Module, plan: RecordPlan, record: 
             "per_person": errors[chosen],
             "error_deg": means[chosen],
             "source_only_deg": statistics.fmean(source_only.values()) if source_only else None,
+            "source_only_per_person": source_only,
             "selected": dataclasses.asdict(chosen),
             "selected_label": chosen.label,
             "paper_recipe_deg": means.get(PAPER_RECIPE),
@@ -400,6 +413,11 @@ def _run_selection(session: Session, base: nn.Module, plan: RecordPlan, record: 
             "failed": failed,
         }
     )
+    if helping is not None:  # the second rule says which case applied and what each recipe's bound was
+        record["selection_rule"], record["selection_case"] = c.selection_rule, helping.case
+        for entry, r in zip(record["grid"], errors):
+            entry["mean_difference_deg"] = helping.mean_difference.get(r)
+            entry["upper_deg"] = helping.upper.get(r)
 
 
 def _meta_only_errors(session: Session, base: nn.Module, src: SourceContext, tgt: TargetData) -> dict[str, Any]:

@@ -63,6 +63,7 @@ class Record:
     finished: str  # ISO time
     # A table row's measures, by kind.
     selected_recipe: dict[str, Any] | None = None  # a selected row: the recipe its selection chose
+    default_recipe: dict[str, Any] | None = None  # a default row: the recipe alfa personalize shipped for it
     constant_prediction_deg: float | None = None  # the rows without adaptation: always predicting the mean gaze
     labelled_images_per_person: int | None = None  # the oracle
     method_config: dict[str, Any] | None = None  # a personalized method: its adapter's config
@@ -79,6 +80,9 @@ class Record:
     # A recipe selection's results, on its source's stand-in.
     stand_in: str | None = None  # the stand-in's data spec
     source_only_deg: float | None = None
+    source_only_per_person: dict[str, float] | None = None  # the unadapted model, per stand-in person
+    selection_rule: str | None = None  # the rule that chose (the second protocol's records name it)
+    selection_case: str | None = None  # ... and which of its cases applied
     selected: dict[str, Any] | None = None  # the chosen recipe's fields
     selected_label: str | None = None
     paper_recipe_deg: float | None = None
@@ -122,6 +126,7 @@ _HEAD = tuple(_FIELDS[: _FIELDS.index("persons")])
 _TAIL = ("wall_s", "cpu_s", "finished")
 _ROW_RESULTS = (
     "selected_recipe",
+    "default_recipe",
     "constant_prediction_deg",
     "labelled_images_per_person",
     "method_config",
@@ -145,6 +150,9 @@ _SELECTION_RESULTS = (
     "per_person",
     "error_deg",
     "source_only_deg",
+    "source_only_per_person",
+    "selection_rule",
+    "selection_case",
     "selected",
     "selected_label",
     "paper_recipe_deg",

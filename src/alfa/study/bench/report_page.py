@@ -30,7 +30,7 @@ from . import report_prose as prose
 from .ablations import REGISTRY
 from .flip_report import flip_sections, flip_summary
 from .markdown import number as _num
-from .methods import POSITIVE_CONTROLS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS, table_methods
+from .methods import POSITIVE_CONTROLS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS, table_methods, world_name
 from .names import display_name
 from .record import Record, as_records
 from .report_figures import render_figures, update_rank_lines
@@ -108,21 +108,34 @@ def _scale_words(scale: dict[str, float] | None) -> str:
     )
 
 
-def _positive_control_words(idx: Index) -> list[str]:
+def _worlds(results: dict[str, Any]) -> str:
+    """The version of the worlds the results ran on (files made before there were versions: ``v1``)."""
+    return results.get("config", {}).get("worlds", "v1")
+
+
+def _positive_control_words(results: dict[str, Any], idx: Index) -> list[str]:
     """The asymmetric worlds' part of the Data bullet (nothing for results without positive controls)."""
     if not any(p in POSITIVE_CONTROLS for p in pairs_of(idx)):
         return []
     changes = ", ".join(f"{k} = {v:g}" for k, v in SOURCE_TRAINING.get("S", {}).items())
-    facts = {"source": SOURCES["S"], "changes": changes, "target_w": TARGETS["W"], "target_c": TARGETS["C"]}
+    version = _worlds(results)
+    worlds = {k: world_name(v, version) for k, v in {"source": SOURCES["S"], "target_w": TARGETS["W"]}.items()}
+    facts = {**worlds, "changes": changes, "target_c": world_name(TARGETS["C"], version)}
     return [fragment.format(**facts) for fragment in prose.POSITIVE_CONTROL_WORDS]
 
 
-def _selection_words(records: Sequence[Record]) -> list[str]:
-    """The selected rows' part of the recipe bullet (nothing for results without selection records)."""
-    if not any(r.kind == "selection" for r in records):
-        return []
-    stand_ins = ", ".join(f"{SOURCES[t]} for {s}" for s, t in STAND_INS.items())
-    return [fragment.format(stand_ins=stand_ins) for fragment in prose.SELECTION_WORDS]
+def _selection_words(results: dict[str, Any], records: Sequence[Record]) -> list[str]:
+    """The selected and the shipped-default rows' part of the recipe bullet (each only where the results have
+    such records), naming the stand-ins of the results' own version of the worlds."""
+    words = []
+    if any(r.kind == "selection" for r in records):
+        version = _worlds(results)
+        stand_ins = ", ".join(f"{world} for {s}" for s, world in STAND_INS[version].items())
+        fragments = prose.SELECTION_WORDS if version == "v1" else prose.SELECTION_WORDS_V2
+        words += [fragment.format(stand_ins=stand_ins) for fragment in fragments]
+    if any(r.default_recipe for r in records):
+        words += list(prose.DEFAULT_WORDS)
+    return words
 
 
 def _protocol_facts(results: dict[str, Any], idx: Index) -> dict[str, Any]:
@@ -134,7 +147,12 @@ def _protocol_facts(results: dict[str, Any], idx: Index) -> dict[str, Any]:
     meta, oracle = c.get("meta", {}), c.get("oracle", {})
     n_adapt = rec.get("n_adapt") or 0
     tp = c.get("target_persons")
+    version = _worlds(results)
+    worlds = {f"world_{k.lower()}": world_name(v, version) for k, v in {**SOURCES, **TARGETS}.items()}
+    per_seed = c.get("target_draw", "fixed") == "per_seed"
     return {
+        **worlds,
+        "seed_data": prose.DRAWN_PER_SEED if per_seed else prose.SAME_DATA,
         "preset": results.get("preset"),
         "seeds": ", ".join(map(str, seeds_of(idx))) or "—",
         **{k: c.get(k) for k in ("image_size", "source_persons", "source_images", "val_persons", "val_images")},
@@ -164,7 +182,7 @@ def _protocol_facts(results: dict[str, Any], idx: Index) -> dict[str, Any]:
 def _config_lines(results: dict[str, Any], records: Sequence[Record], idx: Index) -> list[str]:
     """The protocol's bullets, one line each."""
     facts = _protocol_facts(results, idx)
-    extra = {"data": _positive_control_words(idx), "recipe": _selection_words(records)}
+    extra = {"data": _positive_control_words(results, idx), "recipe": _selection_words(results, records)}
     return [
         "- " + " ".join([*(fragment.format(**facts) for fragment in fragments), *extra.get(name, [])])
         for name, fragments in prose.PROTOCOL_BULLETS.items()

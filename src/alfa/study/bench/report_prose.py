@@ -73,13 +73,13 @@ PROTOCOL_BULLETS: dict[str, tuple[str, ...]] = {
     "preset": (
         "**Preset** `{preset}`; **seeds** {seeds}.",
         "A seed sets the source model (initial weights, batch order, recovery) and the personalization",
-        "(adapter init, augmentation draws); the data are the same for every seed.",
+        "(adapter init, augmentation draws); {seed_data}.",
     ),
     "data": (
         "**Data**: the synthetic worlds (`docs/synthetic.md`), {image_size}×{image_size} faces.",
-        "Sources E = `eth`, G = `gaze360`: {source_persons} persons × {source_images} images",
+        "Sources E = `{world_e}`, G = `{world_g}`: {source_persons} persons × {source_images} images",
         "for training, {val_persons} held-out persons × {val_images} images (the domains'",
-        "`val` split) for the in-domain row. Targets M = `mpii`, D = `eyediap`: {targets} ×",
+        "`val` split) for the in-domain row. Targets M = `{world_m}`, D = `{world_d}`: {targets} ×",
         "{target_images} images; the first {n_adapt} of each person are the adaptation images,",
         "the other {scored} are scored.",
     ),
@@ -148,6 +148,9 @@ PROTOCOL_BULLETS: dict[str, tuple[str, ...]] = {
 }
 """The Protocol section's bullets, in order: each a tuple of fragments joined by spaces."""
 
+SAME_DATA = "the data are the same for every seed"
+DRAWN_PER_SEED = "the target persons are drawn afresh for every seed, the rest of the data is the same"
+
 ALL_TARGET_PERSONS = "every person (15 and 14)"
 TARGET_PERSONS = "{persons} persons"
 
@@ -164,7 +167,22 @@ SELECTION_WORDS = (
     "seed: the `val` persons of another symmetric source world ({stand_ins}), as many and as large as",
     "a target's, never a target (§ Recipes selected without target labels).",
 )
-"""Appended to the recipe bullet where the results have selection records."""
+"""Appended to the recipe bullet where the results have selection records (of the first protocol)."""
+
+SELECTION_WORDS_V2 = (
+    "Rows marked *selected recipe* replace the recipe's detach, learning rate, ×10, steps and pitch anchor by",
+    "those the second protocol's rule (`docs/flip-premise.md` §7: the lowest stand-in error among the recipes",
+    "whose harm to the stand-in persons is bounded, ties to the recipe that adapts more) chose on the stand-in",
+    "for that method, source and seed: the `val` persons of a labelled world of the source's own kind",
+    "({stand_ins}), as many and as large as a target's, never a target (§ Recipes selected without target labels).",
+)
+"""Appended to the recipe bullet where the results have selection records of the second protocol."""
+
+DEFAULT_WORDS = (
+    "Rows marked *shipped default recipe* run, on every pair, the recipe `alfa personalize` shipped for the",
+    "method when they ran (`src/alfa/gaze/selected_recipes.json`; each record names it in `default_recipe`).",
+)
+"""Appended to the recipe bullet where the results have rows of the shipped default recipes."""
 
 SAME_RATE = "the same rate for every parameter"
 SCALED_RATE = "scaled {scales}"

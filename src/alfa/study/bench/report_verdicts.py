@@ -15,7 +15,7 @@ from typing import Any
 
 from .ablations import REGISTRY
 from .markdown import number as _num
-from .names import SELECTED
+from .names import DEFAULT, SELECTED
 from .names import display_name as _name
 from .report_tables import table1_rows
 from .stats import Diff, Index, Stat, cell, diff, pairs_of, part, part_gap, sanity_summary
@@ -35,15 +35,16 @@ def main_verdicts(idx: Index) -> list[str]:
 
     With a selected-recipe row of Alfa (``alfa[selected]``), its standing gets the same sentences after the
     paper recipe's, compared with LoRA's selected row: a reader should not find "Alfa does not win" next to
-    "Alfa (selected recipe) is best" without a sentence about the latter."""
+    "Alfa (selected recipe) is best" without a sentence about the latter. The same for its row with the shipped
+    default recipe (``alfa[default]``), against LoRA's."""
     pairs = pairs_of(idx)
     methods = table1_rows(idx)
     if "alfa" not in methods or not pairs:
         return ["Alfa was not run; no verdict."]
     lines = _row_verdicts(idx, pairs, methods, "alfa", "lora")
-    selected = f"alfa{SELECTED}"
-    if selected in methods:
-        lines += _row_verdicts(idx, pairs, methods, selected, f"lora{SELECTED}")
+    for suffix in (SELECTED, DEFAULT):
+        if f"alfa{suffix}" in methods:
+            lines += _row_verdicts(idx, pairs, methods, f"alfa{suffix}", f"lora{suffix}")
     if "source-only" in methods:
         lines.append(_below_source_only_sentence(idx, pairs, methods))
     return lines
@@ -131,7 +132,9 @@ def _row_verdicts(idx: Index, pairs: Sequence[str], methods: Sequence[str], row:
         lines.append(_against_source_only(idx, pairs, row))
     if lora in methods:
         d = diff(idx, row, lora, pairs)  # the two rows' pooled difference
-        how = "same recipe, same steps" if lora == "lora" else "its recipe selected by the same rule"
+        how = {"lora": "same recipe, same steps", f"lora{SELECTED}": "its recipe selected by the same rule"}.get(
+            lora, "its own shipped default recipe"
+        )
         if d is not None:
             lines.append(f"Against {_name(lora)} ({how}), pooled over pairs: {me} − {_name(lora)} = {d.describe()}.")
     return lines

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from alfa.gaze.recipes import RECIPE_GRID, TIE_DEGREES
+from alfa.gaze.recipes import RECIPE_GRID, RULE_SPECS
 from alfa.gaze.train import TrainConfig
 
 from .config import SELECTION_FIELDS
@@ -109,7 +109,8 @@ def config_hash(
             "stand_in": {"spec": scored.spec, "fingerprint": scored.fingerprint},
             "recipe": config.recipe(plan.seed).to_dict(),
             "grid": [dataclasses.asdict(r) for r in RECIPE_GRID],
-            "rule": {"tie": TIE_DEGREES, "order": "steps, lr, anchor on, no x10, detached"},
+            # the first protocol's rule hashes as it always did; the second's is another entry
+            "rule": RULE_SPECS[config.selection_rule],
             "scoring": SCORING,
             **device_key(device, precision),
         }

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from alfa.adapters import METHODS, AdapterConfig, AlfaConfig
+from alfa.gaze.recipes import Recipe, named_recipe
 
 from .methods import SANITY_METHODS, table_methods
-from .names import SELECTED  # a method's row with its recipe selected on the stand-in, e.g. alfa[selected]
+from .names import DEFAULT, SELECTED  # rows with a selected (alfa[selected]) or shipped (alfa[default]) recipe
 
 __all__ = [
     "Variant",
@@ -18,7 +19,9 @@ __all__ = [
     "method_config",
     "main_variants",
     "selection_variants",
+    "default_variant",
     "SELECTED",
+    "DEFAULT",
     "GRID",
 ]
 
@@ -57,6 +60,7 @@ class Variant:
     base: str = "truncated"
     same_layers_as_truncated: bool = False  # target the layers the truncated model factorizes
     selected: bool = False  # the recipe is the one selected on the stand-in (docs/flip-premise.md §4)
+    shipped: Recipe | None = None  # the recipe alfa personalize ships for the method, which ``recipe`` applies
 
 
 def alfa_config(config: VariantSettings, **changes: Any) -> AlfaConfig:
@@ -91,6 +95,20 @@ def selection_variants(config: VariantSettings, method: str) -> tuple[Variant, V
     grid = Variant(f"{method}{GRID}", "selection", group="selection", adapter=adapter)
     row = Variant(f"{method}{SELECTED}", "adapter", group="selected", adapter=adapter, selected=True)
     return grid, row
+
+
+def default_variant(config: VariantSettings, method: str) -> Variant:
+    """A method's row with the recipe ``alfa personalize`` ships for it (:func:`alfa.gaze.recipes.named_recipe`
+    ``"default"``, read from the package's ``selected_recipes.json`` when the plan is made). Its ``recipe``
+    holds that recipe's settings, so its records' hashes change with the shipped default
+    (docs/flip-premise.md §7)."""
+    if method not in METHODS or METHODS[method].trains_prompts:
+        raise ValueError(f"no default-recipe row for {method!r}: it needs an adapter method of the shared recipe")
+    shipped = named_recipe("default", method)
+    adapter = method_config(method, config)
+    return Variant(
+        f"{method}{DEFAULT}", "adapter", group="default", adapter=adapter, recipe=shipped.changes(), shipped=shipped
+    )
 
 
 def main_variants(config: VariantSettings) -> dict[str, Variant]:
