@@ -43,7 +43,7 @@ def test_the_demo_source_keys_are_unchanged(version_0_1_0):
         ("smoke", "S", 0, "93b89e2e5121"),  # its own training: no symmetry term
         ("smoke", "M", 0, "6aa163556357"),  # a within-target model
         ("quick", "E", 0, "7c6ab130e232"),
-        ("standard", "C", 1, "78400c4242d8"),
+        ("first_standard", "C", 1, "78400c4242d8"),  # the preset the first records ran
     ],
 )
 def test_the_benchmark_source_keys_are_unchanged(version_0_1_0, preset, source, seed, key):
