@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -48,6 +49,7 @@ def main(argv: list[str]) -> None:
         scores[spec] = statistics.fmean(person_errors(model, open_dataset(spec), n_adapt=5).values())
     out = {
         "name": args.name,
+        "command": "python scripts/scout_worlds.py " + shlex.join(argv),
         "train": args.train,
         "config": config.to_dict(),
         "val_error_per_epoch": [h["val_error"] for h in result.history],

@@ -21,7 +21,7 @@ def _records(source_only: float, within: float, in_domain: float) -> list[dict]:
 def test_worlds_in_the_real_regime_pass_every_condition():
     checks = calibration_checks(_records(source_only=0.5, within=0.5, in_domain=4.0))
     assert len(checks) == 12 and all(c.holds for c in checks)
-    page = calibration_page({"records": _records(0.5, 0.5, 4.0), "config": {"worlds": "v2"}}, data="d", command="c")
+    page = calibration_page([], {"records": _records(0.5, 0.5, 4.0), "config": {"worlds": "v2"}}, data="d", command="c")
     assert "12 of 12 conditions hold. The worlds are calibrated." in page
 
 
@@ -35,7 +35,7 @@ def test_each_condition_can_fail():
     assert [c.holds for c in weak if "within-target" in c.condition] == [False] * 4
     above = calibration_checks(_records(source_only=0.0, within=0.5, in_domain=9.5))
     assert [c.holds for c in above if "in-domain" in c.condition] == [False] * 4
-    page = calibration_page({"records": _records(0.0, 0.5, 9.5), "config": {}}, data="d", command="c")
+    page = calibration_page([], {"records": _records(0.0, 0.5, 9.5), "config": {}}, data="d", command="c")
     assert "8 of 12 conditions hold. **The worlds are not calibrated.**" in page
 
 
@@ -44,3 +44,16 @@ def test_a_missing_row_cannot_pass():
     checks = calibration_checks(records)
     assert [c.measured for c in checks if "within-target" in c.condition] == ["no target-trained rows"] * 4
     assert not any(c.holds for c in checks if "within-target" in c.condition)
+
+
+def test_without_a_record_the_page_says_the_worlds_are_a_candidate():
+    scout = {
+        "name": "M-v2",
+        "train": "synthetic:mpii-v2?split=train&size=64",
+        "config": {"epochs": 12, "schedule": "cosine"},
+        "val_error_per_epoch": [9.0 - 0.5 * i for i in range(12)],
+        "mean_error_deg": {"synthetic:mpii-v2?size=64": 4.5},
+    }
+    page = calibration_page([scout], None, data="d", command="c")
+    assert "Not measured yet" in page and "calibrated." not in page
+    assert "| M-v2 | mpii-v2 (train) | cosine, 12 | 9.0, 7.5, 5.5, 3.5 | mpii-v2 | 4.50 |" in page

@@ -124,6 +124,22 @@ def _render_crate_gaze(root: Path, out: Path) -> None:
     write_text(out / "docs/crate-gaze.md", text)
 
 
+CALIBRATION_SCOUTS = "docs/data/calibration-scout"
+CALIBRATION_RECORD = "docs/data/bench-v2"
+"""The v2 benchmark's results (its sanity rows are the calibration record), once committed."""
+
+
+def _render_calibration(root: Path, out: Path) -> None:
+    from .bench.calibration import calibration_page
+    from .bench.results import load_results
+
+    scouts = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((root / CALIBRATION_SCOUTS).glob("*.json"))]
+    record = root / CALIBRATION_RECORD
+    results = load_results(record) if (record / "results.json").is_file() else None
+    text = calibration_page(scouts, results, data=CALIBRATION_SCOUTS, command="alfa pages --write")
+    write_text(out / "docs/calibration.md", text)
+
+
 def _render_architecture(root: Path, out: Path) -> None:
     from .dataflow import render_architecture
 
@@ -179,6 +195,13 @@ PAGES: tuple[Page, ...] = (
         f"runs/crate-gaze/results.json to {CRATE_GAZE_DATA}",
         render=_render_crate_gaze,
         owned_figures=(CRATE_GAZE_FIGURE,),
+    ),
+    Page(
+        path="docs/calibration.md",
+        data=CALIBRATION_SCOUTS,
+        produce="python scripts/scout_worlds.py (the scouts; each file has its command) and the v2 benchmark's "
+        f"sanity rows in {CALIBRATION_RECORD}, then alfa pages --write",
+        render=_render_calibration,
     ),
     Page(
         path="docs/architecture.md",

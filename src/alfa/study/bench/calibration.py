@@ -20,15 +20,22 @@ before any adaptation method runs on the worlds, and no knob it turns knows abou
 from __future__ import annotations
 
 import math
-import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .record import Record
 from .stats import Stat, cell, index_records
 
-__all__ = ["REAL_SOURCE_ONLY", "TOLERANCE_DEG", "WITHIN_SHARE", "Check", "calibration_checks", "calibration_page"]
+__all__ = [
+    "REAL_SOURCE_ONLY",
+    "TOLERANCE_DEG",
+    "WITHIN_SHARE",
+    "Check",
+    "calibration_checks",
+    "calibration_page",
+    "scout_table",
+]
 
 REAL_SOURCE_ONLY = {"E→M": 8.77, "E→D": 8.58, "G→M": 7.66, "G→D": 8.98}
 """ResNet-18 source-only errors (degrees) of the real datasets, ETH-XGaze (E) and Gaze360 (G) to MPIIFaceGaze (M)
@@ -91,16 +98,44 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Ch
         if ind is None:
             checks.append(Check(pair, "in-domain measured", "no in-domain rows", False))
         else:
-            below = statistics.fmean(ind.values.values()) < src.mean
+            below = ind.mean < src.mean
             checks.append(Check(pair, "in-domain below source-only", f"{_interval(ind)} vs {src.mean:.2f}", below))
     return checks
 
 
-def calibration_page(results: Mapping[str, Any], *, data: str, command: str) -> str:
-    """``docs/calibration.md`` from a results file's records."""
-    checks = calibration_checks(results["records"])
-    config = results["config"]
-    seeds = sorted({int(r["seed"]) for r in results["records"] if r.get("kind") != "selection"})
+def _world_of(spec: str) -> str:
+    """``synthetic:mpii-v2?split=train&...`` -> ``mpii-v2 (train)``; the default split is left out."""
+    body, _, query = spec.partition("?")
+    split = dict(kv.split("=", 1) for kv in query.split("&") if "=" in kv).get("split")
+    return body.removeprefix("synthetic:") + (f" ({split})" if split else "")
+
+
+def scout_table(scouts: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The scouting runs (``scripts/scout_worlds.py``): one row per (run, scored world)."""
+    lines = [
+        "| scout | trained on | schedule, epochs | validation error, epochs 1, 4, 8, last | scored on | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for scout in sorted(scouts, key=lambda s: s["name"]):
+        config, history = scout["config"], scout["val_error_per_epoch"]
+        shown = ", ".join(f"{history[i]:.1f}" for i in sorted({0, 3, 7, len(history) - 1}) if i < len(history))
+        first = True
+        for spec, error in scout["mean_error_deg"].items():
+            head = (
+                [scout["name"], _world_of(scout["train"]), f"{config.get('schedule', 'constant')}, {config['epochs']}"]
+                if first
+                else ["", "", ""]
+            )
+            lines.append("| " + " | ".join([*head, shown if first else "", _world_of(spec), f"{error:.2f}"]) + " |")
+            first = False
+    return lines
+
+
+def calibration_page(
+    scouts: Sequence[Mapping[str, Any]], results: Mapping[str, Any] | None, *, data: str, command: str
+) -> str:
+    """``docs/calibration.md``: the scouting runs, then the calibration checks on a benchmark run's records
+    (``results``; ``None`` until they are committed, and the page says so)."""
     lines = [
         "# Are the worlds in the real regime? The calibration",
         "",
@@ -111,6 +146,36 @@ def calibration_page(results: Mapping[str, Any], *, data: str, command: str) -> 
         "`src/alfa/study/bench/calibration.py`; what was changed to meet them, and why, in "
         "[synthetic.md § Calibration](synthetic.md#calibration-the-second-worlds).",
         "",
+        "## The calibration record",
+        "",
+    ]
+    if results is None:
+        lines += [
+            "Not measured yet: the benchmark's sanity rows on the v2 worlds (in-domain, source-only, "
+            "target-trained; every seed) have not been committed. Until they are, the v2 worlds are a "
+            "candidate, and nothing on the results pages comes from them.",
+            "",
+        ]
+    else:
+        lines += _checks_section(results)
+    lines += [
+        "## Scouting runs",
+        "",
+        "Made by `python scripts/scout_worlds.py` (each run's command is in its JSON file; one seed, the dense pre-trained model without truncation, 5 % "
+        "of the training persons held out for the per-epoch validation error; the first 5 images of each "
+        "scored person left out). Scouts only say where a setting lands; they are no calibration record.",
+        "",
+        *scout_table(scouts),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _checks_section(results: Mapping[str, Any]) -> list[str]:
+    checks = calibration_checks(results["records"])
+    config = results["config"]
+    seeds = sorted({int(r["seed"]) for r in results["records"] if r.get("kind") != "selection"})
+    lines = [
         f"Worlds `{config.get('worlds', 'v1')}`, {config.get('image_size')}×{config.get('image_size')} faces, "
         f"sources of {config.get('source_persons')} persons × {config.get('source_images')} images, seeds "
         f"{', '.join(map(str, seeds))}; errors in degrees, mean over seeds [95 % t-interval over seeds].",
@@ -121,5 +186,4 @@ def calibration_page(results: Mapping[str, Any], *, data: str, command: str) -> 
     lines += [f"| {c.pair} | {c.condition} | {c.measured} | {'yes' if c.holds else '**no**'} |" for c in checks]
     held = sum(c.holds for c in checks)
     verdict = "The worlds are calibrated." if held == len(checks) else "**The worlds are not calibrated.**"
-    lines += ["", f"{held} of {len(checks)} conditions hold. {verdict}", ""]
-    return "\n".join(lines)
+    return [*lines, "", f"{held} of {len(checks)} conditions hold. {verdict}", ""]
