@@ -161,7 +161,8 @@ def calibration_page(
     lines += [
         "## Scouting runs",
         "",
-        "Made by `python scripts/scout_worlds.py` (each run's command is in its JSON file; one seed, the dense pre-trained model without truncation, 5 % "
+        "Made by `python scripts/scout_worlds.py` (each run's command is in its JSON file; one seed, the dense "
+        "pre-trained model without truncation, 5 % "
         "of the training persons held out for the per-epoch validation error; the first 5 images of each "
         "scored person left out). Scouts only say where a setting lands; they are no calibration record.",
         "",

@@ -6,13 +6,22 @@ import argparse
 
 import torch
 
-from .preview import domain_table_markdown, label_table_markdown, measure_throughput, render_preview_grid
+from .preview import (
+    changes_table_markdown,
+    domain_table_markdown,
+    label_table_markdown,
+    measure_throughput,
+    render_preview_grid,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m alfa.gaze.data.synthetic", description=__doc__)
     parser.add_argument("--preview", metavar="PNG", help="write the sample grid (one row per domain) to PNG")
     parser.add_argument("--tables", action="store_true", help="print the domain settings and label tables")
+    parser.add_argument(
+        "--version", default="v1", choices=("v1", "v2"), help="which worlds' tables (v2: what each changes from v1)"
+    )
     parser.add_argument("--throughput", action="store_true", help="measure rendering speed (images per second)")
     parser.add_argument("--size", type=int, default=64, help="image size (default 64)")
     parser.add_argument("--seed", type=int, default=0)
@@ -25,8 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.preview:
         print(f"wrote {render_preview_grid(args.preview, seed=args.seed, size=args.size)}")
     if args.tables:
-        print(domain_table_markdown(), end="\n\n")
-        print(label_table_markdown(seed=args.seed), end="\n\n")
+        print(domain_table_markdown() if args.version == "v1" else changes_table_markdown(args.version), end="\n\n")
+        print(label_table_markdown(seed=args.seed, version=args.version), end="\n\n")
     if args.throughput:
         rates = measure_throughput(size=args.size)
         threads = torch.get_num_threads()

@@ -87,20 +87,40 @@ def domain_table_markdown() -> str:
     return "\n".join(lines)
 
 
-def label_table_markdown(samples: int = 20000, seed: int = 0) -> str:
+def changes_table_markdown(version: str = "v2") -> str:
+    """What each world of ``version`` changes from the first world it is made from (``mpii-v2`` from
+    ``mpii``; a world of its own, such as the one-sided stand-in, from the first world named in its name)."""
+    lines = ["| world | setting | v1 | " + version + " |", "|---|---|---|---|"]
+    for name in list_domains(version):
+        cfg = get_domain(name)
+        base_name = name.removesuffix(f"-{version}")
+        base = DOMAINS.get(base_name) or DOMAINS[base_name.split("-")[0]]
+        first = True
+        for f in fields(cfg):
+            if f.name in ("name", "description", "version") or getattr(cfg, f.name) == getattr(base, f.name):
+                continue
+            label = f"`{name}` (from `{base.name}`)" if first else ""
+            lines.append(f"| {label} | `{f.name}` | {_fmt(getattr(base, f.name))} | {_fmt(getattr(cfg, f.name))} |")
+            first = False
+        if first:
+            lines.append(f"| `{name}` (from `{base.name}`) | (nothing: other persons only) | | |")
+    return "\n".join(lines)
+
+
+def label_table_markdown(samples: int = 20000, seed: int = 0, version: str = "v1") -> str:
     """The resulting label and head-pose distributions (degrees): std and 5–95% range per domain."""
     lines = [
         "| domain | gaze yaw std | gaze yaw 5–95% | gaze pitch mean ± std | gaze pitch 5–95% "
         "| head yaw std | head pitch std |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in list_domains():
+    for name in list_domains(version):
         cfg = get_domain(name)
         g = torch.Generator().manual_seed(seed)
         persons = sample_persons(cfg, samples, g)
         capture = sample_capture(cfg, samples, g)
         params = FaceParams(**persons, **place_capture(sample_scenes(cfg, samples, g), capture))
-        gaze = gaze_labels(params) / DEG
+        gaze = gaze_labels(params) / DEG + torch.tensor([0.0, cfg.label_origin_pitch_deg])
         head = torch.stack([params.head_yaw, params.head_pitch], -1) / DEG
         q = torch.quantile(gaze, torch.tensor([0.05, 0.95]), dim=0)
         lines.append(
