@@ -574,11 +574,14 @@ def _selection_section(results: Mapping[str, Any], idx: Index, main: Sequence[st
     selection_table, selection_lines = _selection(results, idx, main)
     if not selection_table:
         return []
+    # the first protocol's grid was fixed after label-scored ablations on its symmetric pairs' targets
+    caveat = [prose.GRID_CAVEAT_V1, ""] if results["config"].get("worlds", "v1") == "v1" else []
     return [
         "## Recipes selected without target labels",
         "",
         prose.SELECTION_INTRO,
         "",
+        *caveat,
         *selection_table,
         "",
         *(f"- {s}" for s in selection_lines),

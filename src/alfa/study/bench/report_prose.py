@@ -316,6 +316,13 @@ SELECTION_INTRO = (
     "degrees, means over seeds. The selected rows of Table 1 use these recipes on the targets."
 )
 
+GRID_CAVEAT_V1 = (
+    "How much to trust the grid on these pairs: its axes (learning rate, steps, pitch anchor, the detached "
+    "branch) were chosen after the ablations had scored those settings with labels on the same target persons "
+    "of the four symmetric pairs, so on E→M, E→D, G→M and G→D a recipe selected from it is weaker evidence than "
+    "on the positive controls, whose worlds were new when the grid was fixed (docs/flip-premise.md §7)."
+)
+
 REPLAY_INTRO = (
     "The reference code of TPGaze, which the paper follows, scores every step on the person's images and "
     "keeps each person's best step — chosen with the labels. Replayed on the same runs: per person the "
