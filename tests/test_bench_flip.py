@@ -5,6 +5,7 @@ the shipped default recipes."""
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,6 +151,9 @@ def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it
     out, _, records = flip_bench
     text = build_report(out, tmp_path / "r.md", tmp_path / "fig").read_text(encoding="utf-8")
     assert "## What a flip can see" in text and "## Recipes selected without target labels" in text
+    # the first grid's caveat belongs to the first protocol's pages only (v1 results; the committed flip page)
+    committed = (Path(__file__).resolve().parent.parent / "docs/results-flip.md").read_text(encoding="utf-8")
+    assert "How much to trust the grid" not in text and "How much to trust the grid" in committed
     assert "Positive controls (" not in text and "1 recipe-selection records" in text
     # the second protocol's words: its stand-ins, its rule and its cases, and the shipped default's row
     assert "the second protocol's rule (`docs/flip-premise.md` §7" in text
