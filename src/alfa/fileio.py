@@ -2,20 +2,37 @@
 
 Every write goes to a temporary file beside its target (same folder, so the rename cannot cross file
 systems) and is renamed over the target only when it is complete; a reader sees the old file or the new
-one, never a mix. The lowest layer of the package: it imports nothing of ``alfa``.
+one, never a mix. :func:`hold` keeps a second command out of a folder one command is filling. The lowest
+layer of the package: it imports nothing of ``alfa``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import errno
+import fcntl
 import json
 import os
+import socket
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "write_text", "write_bytes", "write_json", "safe_filename", "check_writable"]
+__all__ = [
+    "atomic_path",
+    "write_text",
+    "write_bytes",
+    "write_json",
+    "safe_filename",
+    "check_writable",
+    "LOCK_FILE",
+    "FolderHeldError",
+    "Hold",
+    "hold",
+]
 
 
 @contextlib.contextmanager
@@ -99,3 +116,159 @@ def check_writable(path: str | os.PathLike, *, folder: bool = False, what: str =
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {path} cannot be written: no permission to write in {probe}")
     return path
+
+
+LOCK_FILE = ".alfa-lock"
+"""The file by which a command holds the folder it fills: JSON with its ``pid``, ``host``, ``command`` and
+``started``."""
+
+
+class FolderHeldError(OSError):
+    """A folder another running command holds (or whose lock file cannot be judged): the message says which
+    command holds it and what to do."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A folder held by this process: ``stale`` is the record of a dead holder's lock that was replaced (or
+    ``{}`` for a lock file that could not be read), ``None`` if there was none."""
+
+    folder: Path
+    stale: dict[str, Any] | None = None
+
+    def stale_note(self) -> str | None:
+        """One line saying that a stale lock was replaced, or ``None``."""
+        if self.stale is None:
+            return None
+        if not self.stale:
+            return f"replaced an unreadable lock file {self.folder / LOCK_FILE}"
+        return (
+            f"replaced a stale lock in {self.folder}: {_holder(self.stale)} is no longer running (it did not "
+            "finish; its files there may be incomplete)"
+        )
+
+
+@contextlib.contextmanager
+def hold(folder: str | os.PathLike, what: str) -> Iterator[Hold]:
+    """Hold ``folder`` (created if missing) while the block runs, ``what`` (the command) naming the holder in
+    the lock file :data:`LOCK_FILE`; it is removed when the block ends, by an error or an interrupt too, and a
+    folder the hold created is removed again if it is still empty.
+
+    A lock whose process is still running on this host raises :class:`FolderHeldError`; one from a process that
+    is gone (or a file that is not a lock) is stale and replaced, which the :class:`Hold` yielded says. A lock
+    from another host is never judged from here: it raises too, naming the host. A symbolic link in the lock's
+    place is never followed."""
+    folder = Path(folder)
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / LOCK_FILE
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": what,
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        stale, fd = _take(lock, record)
+    except BaseException:
+        _remove_empty(created)
+        raise
+    try:
+        yield Hold(folder, stale)
+    finally:
+        # Only our own lock: a file put there since (by someone who judged ours stale) is not ours to remove.
+        # Ours stays open until then, so that no new file can have its inode number.
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                lock.unlink()
+        os.close(fd)
+        _remove_empty(created)
+
+
+def _take(lock: Path, record: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
+    """Create ``lock`` holding ``record``, replacing a stale one; the stale record and the new file, open."""
+    stale: dict[str, Any] | None = None
+    for _ in range(5):  # each round either creates the lock, raises, or removes a stale one and tries again
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except FileExistsError:
+            found = _remove_if_stale(lock)
+            if found is not None:
+                stale = found
+            continue
+        try:
+            os.write(fd, (json.dumps(record) + "\n").encode("utf-8"))
+        except BaseException:
+            os.close(fd)
+            lock.unlink()
+            raise
+        return stale, fd
+    raise FolderHeldError(f"{lock.parent} is being taken by other commands at this moment: try again")
+
+
+def _remove_if_stale(lock: Path) -> dict[str, Any] | None:
+    """Remove ``lock`` if its holder is gone (its record, ``{}`` if unreadable); raise if it is alive; ``None``
+    if the file changed or vanished meanwhile (the caller tries again)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise FolderHeldError(
+                f"{lock} is a symbolic link, not a lock alfa wrote: remove it if no command is writing to {lock.parent}"
+            ) from None
+        raise
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+        # Two commands that both find a stale lock take turns here, so that the second sees that the first
+        # has replaced it (the path no longer names this file) instead of removing the first one's new lock.
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            if os.stat(lock, follow_symlinks=False).st_ino != os.fstat(f.fileno()).st_ino:
+                return None
+        except FileNotFoundError:
+            return None
+        try:
+            found = json.loads(f.read())
+            pid, host = int(found["pid"]), str(found["host"])
+        except (ValueError, KeyError, TypeError):
+            found, pid, host = {}, None, None
+        if pid is not None:
+            if host != socket.gethostname():
+                raise FolderHeldError(
+                    f"{lock.parent} is held by {_holder(found)} on host {host}, which cannot be checked from "
+                    f"here: wait for it, or remove {lock} if it no longer runs there"
+                )
+            if _alive(pid):
+                raise FolderHeldError(
+                    f"{lock.parent} is held by {_holder(found)}, still running: wait for it to finish, or "
+                    f"write elsewhere (if no such command runs, remove {lock})"
+                )
+        lock.unlink()
+        return found
+
+
+def _holder(record: dict[str, Any]) -> str:
+    return f"{record.get('command', 'a command')!r} (process {record.get('pid')}, started {record.get('started')})"
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:  # 0 and negatives name process groups to kill(), never one holder
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    except OverflowError:
+        return False
+    return True
+
+
+def _remove_empty(created: list[Path]) -> None:
+    for path in created:  # deepest first
+        try:
+            path.rmdir()
+        except OSError:
+            return

@@ -4,14 +4,16 @@ Each command is declared once, as a :class:`~alfa.cli.registry.Command` in the m
 (:mod:`~alfa.cli.library`, :mod:`~alfa.cli.study`, :mod:`~alfa.cli.gaze`, :mod:`~alfa.cli.tpgaze`,
 :mod:`~alfa.cli.bench`, :mod:`~alfa.cli.crate`); the options several share are in :mod:`~alfa.cli.options`.
 :data:`COMMANDS` is their order in ``alfa --help``. :func:`main` is the one place where an error a person can
-fix (a bad option value, a missing or unreadable file, a package not installed) becomes one line on stderr
-and exit status 2, never a traceback.
+fix (a bad option value, a missing or unreadable file, a package not installed, an output folder another
+running command holds) becomes one line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import bench, crate, gaze, library, study, tpgaze
@@ -99,6 +101,25 @@ def _check_outputs(args: argparse.Namespace) -> None:
             check_writable(value, folder=folder, what=f"--{_flag(name)}")
 
 
+@contextlib.contextmanager
+def _hold_outputs(args: argparse.Namespace, name: str) -> Iterator[None]:
+    """Hold every output folder of the command (``args.held``) while it runs: a second command writing into one
+    of them at the same time is refused, instead of both finishing with each other's files mixed there."""
+    from alfa.fileio import hold
+
+    with contextlib.ExitStack() as stack:
+        seen: set[Path] = set()
+        for dest in args.held:
+            value = getattr(args, dest, None)
+            if value is None or (folder := Path(value).resolve()) in seen:
+                continue
+            seen.add(folder)
+            note = stack.enter_context(hold(folder, name)).stale_note()
+            if note is not None:
+                print(f"{name}: note: {note}", file=sys.stderr)
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``alfa`` on ``argv`` (default: the process's arguments); the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -109,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     name = f"alfa {args.command_path}"
     try:
         _check_outputs(args)
-        args.func(args)
+        with _hold_outputs(args, name):
+            args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

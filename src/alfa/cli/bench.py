@@ -198,6 +198,8 @@ BENCH = Command(
     add_arguments=_bench_arguments,
     run=_bench,
     outputs={"out": True, "report": False},
+    # not held: pieces of one benchmark fill one folder at once, merged into results.json under its file lock
+    shared=frozenset({"out"}),
     extra="study",
 )
 REPORT = Command(

@@ -777,6 +777,8 @@ DEMO = Command(
     add_arguments=_demo_arguments,
     run=_demo,
     outputs={"out": True, "cache_dir": True},
+    # not held: a cache every demo shares (each source model in its own keyed folder), by default runs/cache
+    shared=frozenset({"cache_dir"}),
     extra="gaze",
 )
 SERVE = Command(

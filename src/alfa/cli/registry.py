@@ -41,8 +41,11 @@ class Command:
     ``add_arguments(parser)`` declares its options, importing what it needs first (before any option), and
     ``run(args)`` does the work; a command runs only through :func:`alfa.cli.main`, which reports its errors.
     ``outputs`` maps each output option's ``dest`` to whether it names a folder: they are checked writable
-    before ``run`` starts. ``extra`` is the extra of ``alfa-ttp`` its packages come with (``None``: the
-    library's own); subcommands inherit it. A command with ``subcommands`` is a group: only its leaves run.
+    before ``run`` starts, and each output folder is held (:func:`alfa.fileio.hold`) while it runs, so that a
+    second command cannot fill the same folder at once, unless it is one of ``shared``: a folder whose writers
+    merge their work safely by themselves (a benchmark's pieces). ``extra`` is the extra of ``alfa-ttp`` its
+    packages come with (``None``: the library's own); subcommands inherit it. A command with ``subcommands`` is
+    a group: only its leaves run.
     """
 
     name: str
@@ -51,6 +54,7 @@ class Command:
     run: Callable[[argparse.Namespace], Any] | None = None
     description: str | None = None
     outputs: Mapping[str, bool] = field(default_factory=dict)
+    shared: frozenset[str] = frozenset()
     extra: str | None = None
     subcommands: tuple[Command, ...] = ()
 
@@ -59,8 +63,9 @@ def add_commands(
     subparsers: argparse._SubParsersAction, commands: tuple[Command, ...], path: tuple[str, ...] = ()
 ) -> None:
     """Add ``commands`` to ``subparsers`` in their order. Each leaf's parser gets the defaults ``func`` (its
-    ``run``), ``outputs``, ``command_path`` (``"crate toy"``, for messages), ``command_extra`` and
-    ``stand_in`` (true for a command that cannot run here, see :func:`_stand_in`)."""
+    ``run``), ``outputs``, ``held`` (the output folders to hold while it runs), ``command_path`` (``"crate
+    toy"``, for messages), ``command_extra`` and ``stand_in`` (true for a command that cannot run here, see
+    :func:`_stand_in`)."""
     for command in commands:
         parser = subparsers.add_parser(command.name, help=command.help, description=command.description)
         names = (*path, command.name)
@@ -71,6 +76,7 @@ def add_commands(
         parser.set_defaults(
             func=command.run,
             outputs=dict(command.outputs),
+            held=tuple(name for name, folder in command.outputs.items() if folder and name not in command.shared),
             command_path=" ".join(names),
             command_extra=command.extra,
             stand_in=False,
@@ -100,7 +106,7 @@ def _stand_in(parser: argparse.ArgumentParser, error: ModuleNotFoundError, extra
     def run(args: argparse.Namespace) -> None:
         raise error
 
-    parser.set_defaults(func=run, outputs={}, stand_in=True)
+    parser.set_defaults(func=run, outputs={}, held=(), stand_in=True)
 
 
 def missing_package(error: ModuleNotFoundError, extra: str | None = None) -> str | None:

@@ -1,0 +1,175 @@
+"""A folder one command fills is held by it: a second command writing there at the same time is refused."""
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from alfa.fileio import LOCK_FILE, FolderHeldError, hold
+
+
+def _write_lock(folder, pid, host=None, command="alfa personalize"):
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"pid": pid, "host": host or socket.gethostname(), "command": command, "started": "2024-01-01T00:00"}
+    (folder / LOCK_FILE).write_text(json.dumps(record))
+
+
+def _dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_the_lock_names_its_holder_and_is_removed_at_the_end(tmp_path):
+    folder = tmp_path / "a" / "out"
+    with hold(folder, "alfa pretrain") as held:
+        record = json.loads((folder / LOCK_FILE).read_text())
+        assert record["pid"] == os.getpid() and record["command"] == "alfa pretrain"
+        assert record["host"] == socket.gethostname() and record["started"]
+        assert held.stale is None and held.stale_note() is None
+        (folder / "model.safetensors").write_bytes(b"work")
+    assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors"]
+
+
+def test_a_folder_the_hold_created_and_left_empty_is_removed(tmp_path):
+    with pytest.raises(RuntimeError), hold(tmp_path / "a" / "out", "alfa truncate"):
+        raise RuntimeError("the command failed before writing anything")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_the_lock_is_removed_when_the_body_raises(tmp_path, error):
+    (tmp_path / "kept").write_text("a file of an earlier run")
+    with pytest.raises(error), hold(tmp_path, "alfa personalize"):
+        raise error()
+    assert not (tmp_path / LOCK_FILE).exists() and (tmp_path / "kept").read_text() == "a file of an earlier run"
+
+
+def test_a_live_holder_is_refused_and_keeps_its_lock(tmp_path):
+    _write_lock(tmp_path, os.getpid(), command="alfa personalize --method lora")
+    before = (tmp_path / LOCK_FILE).read_bytes()
+    with pytest.raises(FolderHeldError) as e, hold(tmp_path, "alfa personalize --method alfa"):
+        pytest.fail("the body must not run")
+    message = str(e.value)
+    assert str(tmp_path) in message and f"process {os.getpid()}" in message and "--method lora" in message
+    assert "wait for it" in message and "\n" not in message
+    assert (tmp_path / LOCK_FILE).read_bytes() == before
+
+
+def test_a_lock_of_another_host_is_not_judged_from_here(tmp_path):
+    _write_lock(tmp_path, _dead_pid(), host="another-machine")
+    with pytest.raises(FolderHeldError, match="on host another-machine, which cannot be checked from here"):
+        with hold(tmp_path, "alfa pretrain"):
+            pass
+    assert (tmp_path / LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize("content", ["dead", "garbage", "", '{"pid": "x"}', "[1, 2]"])
+def test_a_lock_of_a_process_that_is_gone_or_garbage_is_stale_and_replaced(tmp_path, content):
+    if content == "dead":
+        pid = _dead_pid()
+        _write_lock(tmp_path, pid)
+    else:
+        (tmp_path / LOCK_FILE).write_text(content)
+    with hold(tmp_path, "alfa pretrain") as held:
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+        note = held.stale_note()
+        assert note is not None and (f"process {pid}" in note if content == "dead" else "unreadable" in note)
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_a_symbolic_link_in_the_locks_place_is_never_followed(tmp_path):
+    target = tmp_path / "precious.txt"
+    target.write_text("not a lock")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / LOCK_FILE).symlink_to(target)
+    with pytest.raises(FolderHeldError, match="symbolic link"), hold(folder, "alfa pretrain"):
+        pass
+    assert target.read_text() == "not a lock" and (folder / LOCK_FILE).is_symlink()
+
+
+def test_the_lock_of_whoever_replaced_ours_is_not_removed(tmp_path):
+    with hold(tmp_path, "alfa pretrain"):
+        (tmp_path / LOCK_FILE).unlink()  # judged stale by someone else, who then took the folder
+        _write_lock(tmp_path, os.getpid(), command="the other one")
+    assert "the other one" in (tmp_path / LOCK_FILE).read_text()
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+
+def _personalize(folder):
+    return ["personalize", "--checkpoint", str(folder.parent / "missing.safetensors"), "--data", "synthetic:mpii"]
+
+
+def test_personalize_into_a_held_folder_is_one_line_and_touches_nothing(tmp_path, capsys):
+    from alfa.cli import main
+
+    out = tmp_path / "adapters"
+    _write_lock(out, os.getpid(), command="alfa personalize")
+    (out / "p00.safetensors").write_bytes(b"an adapter of the running command")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main([*_personalize(out), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("alfa personalize: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert f"is held by 'alfa personalize' (process {os.getpid()}" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_without_the_hold_the_refusal_disappears(tmp_path, capsys, monkeypatch):
+    """The check can fail: with the hold taken out, the same command goes past the held folder (and stops at its
+    missing checkpoint instead)."""
+    import alfa.fileio
+    from alfa.cli import main
+
+    out = tmp_path / "adapters"
+    _write_lock(out, os.getpid())
+    monkeypatch.setattr(alfa.fileio, "hold", lambda folder, what: contextlib.nullcontext(alfa.fileio.Hold(folder)))
+    assert main([*_personalize(out), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is held by" not in err and "missing.safetensors" in err
+
+
+def test_a_stale_lock_is_replaced_with_a_note_and_the_command_runs(tmp_path, capsys):
+    from alfa.cli import _hold_outputs
+
+    _write_lock(tmp_path, _dead_pid(), command="alfa pretrain")
+    args = argparse.Namespace(held=("out", "again"), out=str(tmp_path), again=str(tmp_path / "."))
+    with _hold_outputs(args, "alfa pretrain"):  # one folder named twice is held once
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["command"] == "alfa pretrain"
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("alfa pretrain: note: replaced a stale lock in")
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def _leaves(parser, path=()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _leaves(sub, (*path, name))
+            return
+    yield " ".join(path), parser
+
+
+def test_every_output_folder_is_held_but_those_its_writers_share():
+    from alfa.cli import build_parser
+
+    held = {}
+    for path, parser in _leaves(build_parser()):
+        defaults = parser._defaults
+        folders = {name for name, folder in defaults["outputs"].items() if folder}
+        assert set(defaults["held"]) <= folders, path
+        held[path] = (set(defaults["held"]), folders - set(defaults["held"]))
+    for command in ("pretrain", "truncate", "personalize", "tpgaze meta-train", "tpgaze personalize", "crate gaze"):
+        assert held[command] == ({"out"}, set()), command
+    assert held["bench"] == (set(), {"out"})  # pieces of one benchmark fill one folder at once
+    assert held["demo"] == ({"out"}, {"cache_dir"})  # one cache for every demo
+    assert held["report"][0] == {"figures", "data_to"}
+    assert held["evaluate"] == (set(), set())  # one JSON file, written atomically
