@@ -136,6 +136,22 @@ def test_without_the_hold_the_refusal_disappears(tmp_path, capsys, monkeypatch):
     assert "is held by" not in err and "missing.safetensors" in err
 
 
+def test_the_other_ranks_of_a_torchrun_job_leave_the_hold_to_rank_0(tmp_path, capsys, monkeypatch):
+    """The processes of one torchrun job fill one folder: a rank other than 0 does not take (or check) the hold
+    its rank 0 has, and goes on (here to its missing checkpoint); rank 0 is refused as any command is."""
+    from alfa.cli import main
+
+    out = tmp_path / "adapters"
+    _write_lock(out, os.getpid())
+    monkeypatch.setenv("RANK", "1")
+    assert main([*_personalize(out), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is held by" not in err and "missing.safetensors" in err
+    monkeypatch.setenv("RANK", "0")
+    assert main([*_personalize(out), "--out", str(out)]) == 2
+    assert "is held by" in capsys.readouterr().err
+
+
 def test_a_stale_lock_is_replaced_with_a_note_and_the_command_runs(tmp_path, capsys):
     from alfa.cli import _hold_outputs
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,8 +109,11 @@ def _hold_outputs(args: argparse.Namespace, name: str) -> Iterator[None]:
     from alfa.fileio import hold
 
     with contextlib.ExitStack() as stack:
+        # The processes of one torchrun job write one folder together: its rank 0 holds it for all of them (a
+        # second job's rank 0 is refused, and torchrun then stops that job's other ranks).
+        shared_job = os.environ.get("RANK", "0") != "0"
         seen: set[Path] = set()
-        for dest in args.held:
+        for dest in () if shared_job else args.held:
             value = getattr(args, dest, None)
             if value is None or (folder := Path(value).resolve()) in seen:
                 continue
