@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from . import tdist
 from .personalize import LAYER34_PATTERN, PersonalizeConfig
 
 __all__ = [
@@ -225,36 +226,10 @@ class Selection:
 
 
 def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile of Student's t distribution with ``df`` ≥ 1 degrees of freedom (``p`` in (0.5, 1)):
-    its distribution function in closed form (Abramowitz & Stegun 26.7.3–4, finite for an integer ``df``),
-    inverted by bisection."""
+    """The ``p`` quantile of Student's t distribution with ``df`` ≥ 1 degrees of freedom (``p`` in (0.5, 1))."""
     if df < 1 or not 0.5 < p < 1:
         raise ValueError(f"need df >= 1 and 0.5 < p < 1, got df={df}, p={p}")
-
-    def cdf(t: float) -> float:
-        theta = math.atan2(t, math.sqrt(df))
-        c2 = math.cos(theta) ** 2
-        if df % 2:  # odd: (2/π)(θ + sin θ (cos θ + 2/3 cos³θ + …)), the series empty for df = 1
-            term, series = math.cos(theta), 0.0
-            for j in range(1, (df - 1) // 2 + 1):
-                series += term
-                term *= c2 * 2 * j / (2 * j + 1)
-            central = 2 / math.pi * (theta + math.sin(theta) * series)
-        else:  # even: sin θ (1 + 1/2 cos²θ + 1·3/(2·4) cos⁴θ + …)
-            term, series = 1.0, 0.0
-            for j in range(1, df // 2 + 1):
-                series += term
-                term *= c2 * (2 * j - 1) / (2 * j)
-            central = math.sin(theta) * series
-        return 0.5 + 0.5 * central
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        hi *= 2
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-    return (lo + hi) / 2
+    return float(tdist.t_quantile(2.0 * (1.0 - p), df))
 
 
 def paired_upper_bound(differences: Sequence[float], confidence: float = CONFIDENCE) -> float:

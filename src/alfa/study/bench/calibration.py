@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .record import Record
-from .stats import Stat, cell, index_records
+from .stats import Stat, cell, index_records, t_quantile
 
 __all__ = [
     "REAL_SOURCE_ONLY",
@@ -42,8 +42,6 @@ REAL_SOURCE_ONLY = {"E→M": 8.77, "E→D": 8.58, "G→M": 7.66, "G→D": 8.98}
 and EyeDiap (D), as PnP-GA's README reports them."""
 TOLERANCE_DEG = 1.5
 WITHIN_SHARE = 0.6
-# Two-sided 95 % Student t quantiles by degrees of freedom (a mean over few seeds).
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 def _interval(stat: Stat) -> str:
@@ -51,7 +49,7 @@ def _interval(stat: Stat) -> str:
     persons are drawn per seed, its own persons), or the mean alone with one seed."""
     if stat.std is None:
         return f"{stat.mean:.2f} (one seed)"
-    half = _T95.get(stat.n - 1, 1.96) * stat.std / math.sqrt(stat.n)
+    half = float(t_quantile(0.05, stat.n - 1)) * stat.std / math.sqrt(stat.n)
     return f"{stat.mean:.2f} [{stat.mean - half:.2f}, {stat.mean + half:.2f}]"
 
 
