@@ -75,7 +75,8 @@ def fixture_results(means=MEANS):
             if method in ("in-domain", "source-only"):
                 extra = {"constant_prediction_deg": 12.0 if method == "in-domain" else 10.0}
             records.append(shifted(method, pair, seed, m, **extra))
-    config = BenchConfig.quick(seeds=(0, 1, 2), target_draw="fixed")  # the same persons in every seed
+    # the same persons in every seed; the first protocol's worlds, whose pages judge every comparison they make
+    config = BenchConfig.quick(seeds=(0, 1, 2), target_draw="fixed", worlds="v1")
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -361,6 +362,20 @@ def test_a_page_is_one_family_and_says_so():
     for page in (text, (docs / "results.md").read_text("utf-8"), (docs / "results-flip.md").read_text("utf-8")):
         assert not re.findall(r"= [+−]\d+\.\d\d°(?! \[)", page)  # a quoted difference without its interval
         assert "within the spread" not in page and "a clear difference" not in page
+
+
+def test_a_second_protocol_page_judges_only_its_declared_family():
+    """On the v2 worlds the family is the one declared before the runs (docs/flip-premise.md §7.1): the page
+    says so, names the declared comparisons these records cannot make, and judges nothing outside it."""
+    import re
+
+    results = fixture_results()
+    results["config"]["worlds"] = "v2"
+    text = render_report(results)
+    assert "**The family was declared before the runs**" in text and "11 comparisons" in text
+    assert "11 declared comparison(s) could not be made" in text  # the fixture has no positive control
+    assert not re.search(r"after Holm over \d+ comparisons", text) and "(0 clearly" in text
+    assert re.search(r"page's (\d+) other comparisons are \*descriptive\*", text)
 
 
 def test_persons_drawn_afresh_per_seed_are_judged_as_a_nested_design():

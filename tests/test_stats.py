@@ -2,12 +2,14 @@
 Holm's correction, the hierarchical bootstrap, a page's family; and the false-alarm rate of "clear" in a
 simulation of the benchmark's own design under no difference (and that the old rule fails that check)."""
 
+import dataclasses
 import math
 import statistics
 
 import numpy as np
 import pytest
 
+from alfa.study.bench.power import PLANNING, Components, detectable, plan_table, standard_error
 from alfa.study.bench.stats import (
     ALPHA,
     Comparisons,
@@ -201,10 +203,8 @@ def test_one_seed_gives_an_interval_over_persons_and_no_verdict():
 # ----------------------------------------------------------------------------- false alarms in the benchmark's design
 
 # The sizes of the random effects of a difference between two rows, in degrees, estimated once from the committed
-# records (docs/data/bench-standard and bench-flip: every row against source-only whose pooled difference is under
-# 2°, two-way ANOVA mean squares per pair): per-(seed, pair) effect 0–0.8, a part shared by a seed's pairs 0.2–0.4,
-# person effect 0–0.7, person × seed noise 1.6–1.7. We take the larger of each.
-SHARED, SEED, PERSON, NOISE = 0.4, 0.8, 0.7, 1.7
+# records (alfa.study.bench.power.PLANNING says how); the power planning uses the same values.
+SHARED, SEED, PERSON, NOISE = dataclasses.astuple(PLANNING)
 SEEDS, PAIRS = 3, 4
 DESIGNS = [("crossed", 5), ("nested", 15)]  # today's records: 5 persons in every seed; the re-run: 15 per seed
 
@@ -301,3 +301,60 @@ def test_a_real_difference_well_above_the_detectable_size_is_detected(persons, p
     detectable = detectable_multiple(ALPHA, SEEDS - 1) * np.median(se)
     p, _ = _p_values(_simulate(1000, persons, people, rng, effect=1.5 * detectable), persons, rng)
     assert (p < ALPHA).mean() >= 0.9
+
+
+# ----------------------------------------------------------------------------- planning the power, declaring the family
+
+
+@pytest.mark.parametrize("persons, people", DESIGNS)
+def test_the_planned_standard_error_is_the_scatter_of_the_simulated_estimates(persons, people):
+    """The planning formula against the benchmark's simulated design: the standard deviation of 20 000 pooled
+    estimates under no difference. A formula that forgot a component (the shared seed effect is the largest
+    part pooled over four pairs) or counted one twice would miss by far more than the 3 % allowed."""
+    rng = np.random.default_rng(5)
+    estimates = np.mean([t.mean((-2, -1)) for t in _simulate(20_000, persons, people, rng)], 0)
+    planned = standard_error(PLANNING, SEEDS, people, PAIRS, persons)
+    assert float(estimates.std()) == pytest.approx(planned, rel=0.03)
+    no_shared = standard_error(dataclasses.replace(PLANNING, shared=0.0), SEEDS, people, PAIRS, persons)
+    assert float(estimates.std()) != pytest.approx(no_shared, rel=0.03)
+
+
+def test_planned_detectable_differences_shrink_with_seeds_and_grow_with_the_family():
+    one = detectable(PLANNING, 3, 15, 4, 1)
+    assert detectable(PLANNING, 3, 15, 4, 24) > one > detectable(PLANNING, 8, 15, 4, 1)
+    assert detectable(PLANNING, 1, 15, 4, 1) == math.inf  # one seed: no verdict
+    assert one == pytest.approx(detectable_multiple(ALPHA, 2) * standard_error(PLANNING, 3, 15, 4))
+    table = plan_table(seeds=(3, 8), families=(12,), pairs=(4,))
+    assert table.splitlines()[2] == f"| 3 | {detectable(PLANNING, 3, 15, 4, 12):.1f} |"
+    with pytest.raises(ValueError, match="design must be"):
+        standard_error(Components(0, 0, 0, 1), 3, 15, 4, "paired")
+
+
+def test_the_declared_planning_table_is_the_commands_output():
+    """docs/flip-premise.md §7.1 quotes the planning table the second protocol's seeds were chosen from: it must be
+    what ``python -m alfa.study.bench.power`` prints for the arguments the page names."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "flip-premise.md").read_text("utf-8")
+    assert "python -m alfa.study.bench.power --seeds 3,5,8,10 --families 11,24,100 --pairs 6,2,1" in page
+    assert plan_table((3, 5, 8, 10), (11, 24, 100), (6, 2, 1)) in page
+
+
+def test_a_declared_family_judges_only_its_members_and_names_what_it_could_not_make():
+    """Outside the declaration a comparison keeps its interval but gets no verdict and does not enlarge Holm's
+    family; a declared comparison is found either way round; one the page never made is reported missing."""
+    a = _records([[0.0, 0.0, 0.0], [3.0, 3.0, 3.0], [6.0, 6.0, 6.0]], "a")
+    b = _records([[1.0, 1.1, 0.9], [4.1, 3.9, 4.0], [7.0, 7.2, 6.9]], "b")
+    c = _records([[0.5, 0.4, 0.6], [3.5, 3.6, 3.4], [6.4, 6.5, 6.6]], "c")
+    declared = frozenset({("b", "a", ("E→M",), "angular error"), ("a", "z", ("E→M",), "angular error")})
+    idx = index_records(a + b + c, Comparisons(declared=declared, draws=500))
+    judged, loose = diff(idx, "a", "b", ["E→M"]), diff(idx, "a", "c", ["E→M"])
+    idx.family.close()
+    assert judged.judged and judged.family == 1 and loose.interval is not None
+    assert not loose.judged and not loose.clear and loose.adjusted is None
+    assert "descriptive (not in the declared family)" in loose.describe()
+    assert idx.family.descriptive() == [loose] and idx.family.missing() == [("a", "z", ("E→M",), "angular error")]
+    everything = index_records(a + b + c, Comparisons(draws=500))  # no declaration: every comparison judged
+    diff(everything, "a", "b", ["E→M"]), diff(everything, "a", "c", ["E→M"])
+    everything.family.close()
+    assert len(everything.family.judged()) == 2 and everything.family.missing() == []

@@ -62,3 +62,41 @@ def table_methods() -> tuple[str, ...]:
 
 
 SANITY_METHODS = ("in-domain", "target-trained", "oracle")
+
+_ERROR = "angular error"  # the name of alfa.study.bench.stats.angular, the measure of every declared comparison
+DECLARED_FAMILY: dict[str, frozenset[tuple[str, str, tuple[str, ...], str]] | None] = {
+    "v1": None,
+    "v2": frozenset(
+        # on the positive controls, pooled: Alfa's attention against LoRA and its two simpler mixes (selected
+        # recipes), and what we ship for Alfa against what we ship for LoRA
+        [
+            (f"alfa{r}", f"{other}{r}", POSITIVE_CONTROLS, _ERROR)
+            for r, other in (
+                ("[selected]", "lora"),
+                ("[selected]", "diag_gate"),
+                ("[selected]", "linear_mix"),
+                ("[default]", "lora"),
+            )
+        ]
+        # the controls themselves: how much flip-TTA removes on each positive control
+        + [("flip-tta", "source-only", (pair,), _ERROR) for pair in POSITIVE_CONTROLS]
+        # harm or gain over every pair: the selected recipes of the four methods, and Alfa's shipped default
+        + [
+            (row, "source-only", PAIRS, _ERROR)
+            for row in (
+                "alfa[selected]",
+                "lora[selected]",
+                "diag_gate[selected]",
+                "linear_mix[selected]",
+                "alfa[default]",
+            )
+        ]
+    ),
+}
+"""Per version of the worlds, the comparisons a flip-premise page judges as its family (Holm over them); every
+other comparison it makes is descriptive, quoted with its 95 % interval and no verdict. ``None`` (the first
+protocol): every comparison the page makes. ``v2``: the eleven declared in docs/flip-premise.md §7.1 before its
+runs, chosen so that eight seeds detect about a degree (``python -m alfa.study.bench.power``)."""
+DECLARED_FAMILY_ROWS = ("source-only", "flip-tta", "alfa", "lora", "diag_gate", "linear_mix")
+"""The methods whose rows the declared v2 family needs (with their selected recipes, and Alfa's and LoRA's
+shipped defaults): what the seeds beyond the first three run (docs/flip-premise.md §7.1)."""

@@ -30,7 +30,16 @@ from . import report_prose as prose
 from .ablations import REGISTRY
 from .flip_report import flip_sections, flip_summary
 from .markdown import number as _num
-from .methods import POSITIVE_CONTROLS, SOURCE_TRAINING, SOURCES, STAND_INS, TARGETS, table_methods, world_name
+from .methods import (
+    DECLARED_FAMILY,
+    POSITIVE_CONTROLS,
+    SOURCE_TRAINING,
+    SOURCES,
+    STAND_INS,
+    TARGETS,
+    table_methods,
+    world_name,
+)
 from .names import display_name
 from .record import Record, as_records
 from .report_figures import render_figures, update_rank_lines
@@ -253,10 +262,12 @@ def _header_section(r: _Report) -> list[str]:
 def _family_statement(family: Comparisons) -> str:
     """What the page's family of comparisons is, the rule that judges them, and what the design can detect."""
     judged = family.judged()
-    unjudged = sum(d is not None and not d.judged for d in family.made.values())
+    descriptive = len(family.descriptive())
+    unjudged = sum(d is not None and d.declared and not d.judged for d in family.made.values())
+    declared = _declared_statement(family, descriptive)
     if not judged:
-        why = prose.ONE_SEED_ONLY.format(count=unjudged) if unjudged else "it makes no comparison"
-        return prose.NO_FAMILY.format(why=why)
+        why = prose.ONE_SEED_ONLY.format(count=unjudged) if unjudged else "it makes no judged comparison"
+        return prose.NO_FAMILY.format(why=why) + declared
     mde = family.detectable()
     text = prose.FAMILY_STATEMENT.format(
         how=prose.DESIGN_WORDS[family.persons],
@@ -267,7 +278,20 @@ def _family_statement(family: Comparisons) -> str:
         mde_low=_num(min(mde)),
         mde_high=_num(max(mde)),
     )
-    return text + (prose.UNJUDGED.format(count=unjudged) if unjudged else "")
+    return text + (prose.UNJUDGED.format(count=unjudged) if unjudged else "") + declared
+
+
+def _declared_statement(family: Comparisons, descriptive: int) -> str:
+    """Where a protocol declared the family before its runs: that it did, how many other comparisons the page
+    shows as descriptive, and which declared ones it could not make (nothing for the first records' pages)."""
+    if family.declared is None:
+        return ""
+    text = prose.DECLARED_FAMILY.format(declared=len(family.declared), descriptive=descriptive)
+    missing = family.missing()
+    if missing:
+        names = "; ".join(f"{display_name(a)} − {display_name(b)} on {', '.join(p)}" for a, b, p, _ in missing)
+        text += prose.DECLARED_MISSING.format(count=len(missing), names=names)
+    return text
 
 
 def _summary_section(r: _Report) -> list[str]:
@@ -435,7 +459,8 @@ def render_report(
     """The markdown text of the report (figures, if given, are linked relative to ``md_dir``), rendered twice:
     the first rendering makes the page's comparisons, the second quotes them judged as one family."""
     records = as_records(results.get("records", []))
-    idx = index_records(records, Comparisons(persons=design_of(results)))
+    family = Comparisons(persons=design_of(results), declared=DECLARED_FAMILY.get(_worlds(results)))
+    idx = index_records(records, family)
 
     def text() -> str:
         report = _Report(

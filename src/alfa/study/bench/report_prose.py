@@ -53,6 +53,12 @@ FAMILY_STATEMENT = (
 )
 NO_FAMILY = "**How differences are judged.** No difference on this page is judged: {why}."
 UNJUDGED = " {count} more, with one seed, are shown with intervals over persons only and are not judged."
+DECLARED_FAMILY = (
+    " **The family was declared before the runs** (docs/flip-premise.md §7.1): {declared} comparisons. The "
+    "page's {descriptive} other comparisons are *descriptive*: each is quoted with its own 95 % interval, "
+    "not adjusted for their number, and gets no verdict; an interval of theirs that excludes zero is no finding."
+)
+DECLARED_MISSING = " {count} declared comparison(s) could not be made from these records: {names}."
 ONE_SEED_ONLY = "its {count} comparisons have one seed each, and are shown with intervals over persons only"
 
 DESIGN_WORDS = {

@@ -268,6 +268,7 @@ class Diff:
     persons: int
     adjusted: float | None = None  # Holm-adjusted p-value over the family (None: the family is not closed)
     family: int = 0  # the family's size when it was closed
+    declared: bool = True  # in the page's declared family; False: descriptive, an interval and no verdict
 
     @property
     def n(self) -> int:
@@ -279,8 +280,9 @@ class Diff:
 
     @property
     def judged(self) -> bool:
-        """Whether a verdict is given: at least two seeds (with one, the seeds' variation is unmeasured)."""
-        return self.n > 1 and self.se is not None
+        """Whether a verdict is given: in the page's declared family, with at least two seeds (with one, the
+        seeds' variation is unmeasured)."""
+        return self.declared and self.n > 1 and self.se is not None
 
     @property
     def p(self) -> float | None:
@@ -310,7 +312,9 @@ class Diff:
 
     def verdict(self) -> str:
         if not self.judged:
-            return "not judged (one seed)" if self.n == 1 else "not judged (no interval)"
+            if self.n == 1:
+                return "not judged (one seed)"
+            return "not judged (no interval)" if self.declared else "descriptive (not in the declared family)"
         if self.adjusted is None:
             return f"{'clear' if self.clear else 'not clear'} at 5 % judged alone (p = {self.p:.3g})"
         words = "clear" if self.clear else "not clear"
@@ -365,10 +369,17 @@ class Comparisons:
     A page is rendered twice with one family: the first rendering makes every comparison (each :func:`diff`
     registers itself here by its key), :meth:`close` adjusts their p-values over the whole family, and the
     second rendering quotes the same comparisons, now judged. A comparison the second rendering makes that
-    the first did not is an error: the family must be what the page shows."""
+    the first did not is an error: the family must be what the page shows.
+
+    ``declared``: the comparisons a protocol declared before its runs as the page's family (keys as
+    :func:`diff` makes them, either way round); every other comparison the page makes is *descriptive*: it
+    keeps its 95 % interval but gets no verdict and does not enlarge the family. ``None`` (the first records'
+    pages): every comparison the page makes is in the family. A small declared family is what lets a page
+    with few seeds detect differences of a useful size (:mod:`alfa.study.bench.power`)."""
 
     persons: str = "crossed"
     draws: int = DRAWS
+    declared: frozenset[Key] | None = None
     made: dict[Key, Diff | None] = field(default_factory=dict)
     closed: bool = False
 
@@ -381,8 +392,23 @@ class Comparisons:
         if key not in self.made:
             if self.closed:
                 raise RuntimeError(f"comparison {key} was not made before the family closed")
-            self.made[key] = make()
+            made = make()
+            if made is not None and self.declared is not None:
+                made.declared = key in self.declared or (key[1], key[0], *key[2:]) in self.declared
+            self.made[key] = made
         return self.made[key]
+
+    def descriptive(self) -> list[Diff]:
+        """The comparisons made outside the declared family (none without a declaration)."""
+        return [d for d in self.made.values() if d is not None and not d.declared]
+
+    def missing(self) -> list[Key]:
+        """Declared comparisons the page did not make (or could not: a row without records), sorted."""
+        if self.declared is None:
+            return []
+        made = {k for k, d in self.made.items() if d is not None}
+        made |= {(k[1], k[0], *k[2:]) for k in made}
+        return sorted(k for k in self.declared if k not in made)
 
     def judged(self) -> list[Diff]:
         return [d for d in self.made.values() if d is not None and d.judged]
