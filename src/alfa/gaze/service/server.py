@@ -209,7 +209,10 @@ class _Handler(BaseHTTPRequestHandler):
     server: GazeServer
     server_version = "alfa-serve"
     sys_version = ""
-    protocol_version = "HTTP/1.0"  # one request per connection: a worker is never held by an idle keep-alive
+    # HTTP/1.1 so that a client's "Expect: 100-continue" gets its interim answer (curl would otherwise wait a
+    # second before sending a body), yet one request per connection: every answer says "Connection: close", so a
+    # worker is never held by an idle keep-alive.
+    protocol_version = "HTTP/1.1"
 
     def setup(self) -> None:
         self.timeout = self.server.limits.socket_timeout
@@ -227,12 +230,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     def finish(self) -> None:
         self.server.receiving(self.connection, False)
+        if self._status >= 400:  # a refused body may still sit unread: take what came, so that closing does not
+            self._drain()  # reset the connection before the client has read the answer
         with contextlib.suppress(OSError):
             super().finish()
         if self._status:
             request = getattr(self, "requestline", "") or "-"
             seconds = time.monotonic() - self._started
             self.server.log.line(self.client_address[0], request, self._status, self._size, seconds)
+
+    def _drain(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.wfile.flush()
+            self.connection.setblocking(False)
+            for _ in range(16):
+                if not self.connection.recv(65536):
+                    break
 
     # -- answers
     def _reply(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
