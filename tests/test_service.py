@@ -235,9 +235,9 @@ def test_the_access_log_has_a_line_per_request_with_control_characters_escaped(s
 
 def test_the_cli_load_test_holds_with_no_dropped_connection(world, capsys):
     argv = ["serve", "--selftest", "--checkpoint", str(world[0]), "--adapters", str(world[1])]
-    assert main([*argv, "--clients", "24", "--requests", "48", "--workers", "4", "--time-limit", "60"]) == 0
+    assert main([*argv, "--clients", "50", "--requests", "50", "--workers", "4", "--time-limit", "60"]) == 0
     out = capsys.readouterr().out
-    assert "48 answered right, 0 wrong, 0 dropped, 0 not done in time" in out and "p99" in out, out
+    assert "50 answered right, 0 wrong, 0 dropped, 0 not done in time" in out and "p99" in out, out
 
 
 def test_serve_options_have_bounds_that_say_why(world, capsys, monkeypatch):
