@@ -224,9 +224,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle(self) -> None:
         super().handle()
-        if self._timed_out and not self._status:  # the request line or headers stalled: say so if the socket lets us
-            with contextlib.suppress(OSError):
+        if self._status:
+            return
+        # http.server closes without a word on a stalled request line or headers, and on a blank request line:
+        # say what happened, if the socket still lets us (a client that sent nothing at all gets nothing).
+        with contextlib.suppress(OSError):
+            if self._timed_out:
                 self._reply(408, {"error": "the request did not arrive within the time limit", "status": 408})
+            elif getattr(self, "raw_requestline", b""):
+                self._reply(400, {"error": "not an HTTP request", "status": 400})
 
     def finish(self) -> None:
         self.server.receiving(self.connection, False)
