@@ -25,7 +25,7 @@ import torch
 import alfa
 from alfa.checkpoint import load_model
 from alfa.cli import main
-from alfa.gaze.service import GazeServer, GazeService, ServiceLimits, is_loopback, make_server
+from alfa.gaze.service import ROUTES, GazeServer, GazeService, Route, ServiceLimits, is_loopback, make_server
 from alfa.gaze.service.selftest import png_bytes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -35,8 +35,10 @@ TOKEN = "a-test-token-of-24-chars"
 
 
 @contextlib.contextmanager
-def serving(service: GazeService, **kwargs):
+def serving(service: GazeService, server_out: list | None = None, **kwargs):
     server = make_server(service, port=0, **kwargs)
+    if server_out is not None:
+        server_out.append(server)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -192,22 +194,37 @@ def test_a_trickled_request_is_cut_at_the_request_timeout(world):
         assert answer == b"" or answer.startswith(b"HTTP/1.1 4"), answer
 
 
-def test_a_full_queue_is_answered_503_at_once_and_the_queued_request_still_served(world):
-    limits = ServiceLimits(workers=1, queue=1, socket_timeout=0.6, request_timeout=0.6)
-    service = GazeService(*world, limits)
-    with serving(service, limits=limits) as port:
-        holder = socket.create_connection(("127.0.0.1", port), timeout=5)  # holds the one worker for 0.6 s
-        holder.sendall(_request("/predict?user=ann", headers={"Content-Length": "1000"}))
-        time.sleep(0.1)
-        queued = socket.create_connection(("127.0.0.1", port), timeout=5)  # waits in the queue of one
+def _until(condition, seconds: float = 10.0) -> None:
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, "timed out waiting"
+        time.sleep(0.01)
+
+
+def test_a_full_queue_is_answered_503_at_once_and_the_queued_request_still_served(world, monkeypatch):
+    """One worker held by a route that waits for the test (a route is one entry of the table), one connection in
+    the queue of one: the next is answered 503 while both wait, and both are served once the worker is free."""
+    entered, release = threading.Event(), threading.Event()
+
+    def wait(service, request):
+        entered.set()
+        release.wait(10)
+        return {"waited": True}
+
+    monkeypatch.setitem(ROUTES, "/wait", {"GET": Route(wait)})
+    limits = ServiceLimits(workers=1, queue=1)
+    with serving(GazeService(*world, limits), limits=limits, server_out=(servers := [])) as port:
+        holder = socket.create_connection(("127.0.0.1", port), timeout=10)
+        holder.sendall(_request("/wait", method="GET"))
+        _until(entered.is_set)  # the one worker is in the route
+        queued = socket.create_connection(("127.0.0.1", port), timeout=10)
         queued.sendall(_request("/predict?user=ann", PNG))
-        time.sleep(0.1)
-        began = time.monotonic()
+        _until(lambda: servers[0]._pending.qsize() == 1)  # accepted, waiting in the queue of one
         status, headers, reply = _exchange(port, _request("/predict?user=ann", PNG))
         assert status == 503 and headers["Retry-After"] == "1" and "busy" in reply["error"]
-        assert time.monotonic() - began < 0.5
+        release.set()  # only now is the worker free
         with holder, queued:
-            assert _answer(holder)[0] == 408 and _answer(queued)[0] == 200
+            assert _answer(holder)[:3:2] == (200, {"waited": True}) and _answer(queued)[0] == 200
 
 
 def test_a_token_is_needed_for_predictions_but_not_for_health(world):
