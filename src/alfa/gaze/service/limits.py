@@ -24,6 +24,7 @@ __all__ = [
     "decode_image",
     "max_workers",
     "user_id",
+    "valid_token",
 ]
 
 TOKEN_ENV = "ALFA_SERVE_TOKEN"

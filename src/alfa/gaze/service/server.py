@@ -110,7 +110,6 @@ class GazeServer(socketserver.TCPServer):
     within ``limits.request_timeout`` (a client that trickles its headers a byte at a time)."""
 
     allow_reuse_address = True
-    daemon_threads = True
 
     def __init__(
         self,
