@@ -52,3 +52,16 @@ def small_net() -> SmallNet:
         net.bn1.running_mean.normal_(0, 0.1)
         net.bn1.running_var.uniform_(0.5, 1.5)
     return net.eval()
+
+
+@pytest.fixture(scope="session")
+def service_world(tmp_path_factory):
+    """A folder with a small served world (``base.safetensors``; ``adapters/`` of users ann, bob and cat, Alfa and
+    LoRA), shared by the service's tests and its fuzz tests: the tests' tiny conv net at 16×16 px."""
+    import tiny_models  # noqa: F401 — registers tiny_gaze_net, which the checkpoint names
+
+    from alfa.gaze.service.selftest import write_demo_service
+
+    folder = tmp_path_factory.mktemp("service-world")
+    write_demo_service(folder, model="tiny_gaze_net", size=16, truncate_target=None)
+    return folder

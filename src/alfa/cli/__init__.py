@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import bench, crate, gaze, library, study, tpgaze
+from . import bench, crate, gaze, library, serve, study, tpgaze
 from .registry import Command, add_commands, missing_package
 
 __all__ = ["COMMANDS", "USER_ERRORS", "build_parser", "main"]
@@ -28,7 +28,7 @@ COMMANDS: tuple[Command, ...] = (
     study.SPEED,
     library.EXPORT,
     study.SERVING,
-    gaze.SERVE,
+    serve.SERVE,
     study.PAGES,
     study.COSTS,
     gaze.PRETRAIN,

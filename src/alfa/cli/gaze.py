@@ -1,8 +1,8 @@
-"""The gaze commands of ``alfa``: pretrain, truncate, personalize, throughput, evaluate, demo and serve.
+"""The gaze commands of ``alfa``: pretrain, truncate, personalize, throughput, evaluate and demo (serve: :mod:`.serve`).
 
 Each handler only turns options into configs and calls one function of the application
-(:mod:`alfa.gaze.train`, :mod:`~alfa.gaze.personalize`, :mod:`~alfa.gaze.evaluate`, :mod:`~alfa.gaze.pipeline`,
-:mod:`~alfa.gaze.service`); the commands are declared at the end of the file.
+(:mod:`alfa.gaze.train`, :mod:`~alfa.gaze.personalize`, :mod:`~alfa.gaze.evaluate`, :mod:`~alfa.gaze.pipeline`); the
+commands are declared at the end of the file.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ __all__ = [
     "THROUGHPUT",
     "EVALUATE",
     "DEMO",
-    "SERVE",
     "seed_everything",
     "open_spec",
 ]
@@ -498,21 +497,6 @@ def _int_list(text: str, option: str) -> list[int]:
     return values
 
 
-# ----------------------------------------------------------------------------- serve
-
-
-def _serve(args: argparse.Namespace) -> None:
-    from alfa.gaze.service import GazeService, make_server
-
-    server = make_server(GazeService(args.checkpoint, args.adapters), args.host, args.port)
-    host, port = server.server_address[:2]
-    print(f"serving on http://{host}:{port}: POST /predict?user=ID with a face crop, GET /health (Ctrl-C stops)")
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
-
-
 # ----------------------------------------------------------------------------- the options
 # Each default is read from the config (or function) it sets, so it is written in one place only.
 
@@ -704,31 +688,6 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     precision_option(p, note="the source models train in their recipe's precision (fp32)")
 
 
-def _port(text: str) -> int:
-    """``--port``: a TCP port number, refused by the parser when it is not one."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
-    return port
-
-
-def _serve_arguments(p: argparse.ArgumentParser) -> None:
-    from alfa.gaze.service import make_server
-
-    p.add_argument("--checkpoint", required=True, help="the truncated base (model.safetensors)")
-    p.add_argument("--adapters", required=True, help="folder of <user>.safetensors adapter files")
-    p.add_argument("--host", default=default_of(make_server, "host"), help="address to listen on (default %(default)s)")
-    p.add_argument(
-        "--port",
-        type=_port,
-        default=default_of(make_server, "port"),
-        help="port (default %(default)s; 0: any free one)",
-    )
-
-
 # ----------------------------------------------------------------------------- the commands, in `alfa --help` order
 
 PRETRAIN = Command(
@@ -779,12 +738,5 @@ DEMO = Command(
     outputs={"out": True, "cache_dir": True},
     # not held: a cache every demo shares (each source model in its own keyed folder), by default runs/cache
     shared=frozenset({"cache_dir"}),
-    extra="gaze",
-)
-SERVE = Command(
-    "serve",
-    help="an HTTP gaze service: one shared base, each user's adapter loaded on first use",
-    add_arguments=_serve_arguments,
-    run=_serve,
     extra="gaze",
 )

@@ -1,0 +1,171 @@
+"""``alfa serve``: the HTTP gaze service (:mod:`alfa.gaze.service`), and ``alfa serve --selftest``, the same
+service under load on the loopback address."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import os
+import socket
+import sys
+from typing import Any, TextIO
+
+from .options import at_least, default_of
+from .registry import Command
+
+__all__ = ["SERVE"]
+
+
+def _port(text: str) -> int:
+    """``--port``: a TCP port number, refused by the parser when it is not one."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
+    return port
+
+
+def _workers(text: str) -> int:
+    """``--workers``: 1 up to 8 per CPU of this machine (:func:`alfa.gaze.service.max_workers` says why)."""
+    from alfa.gaze.service import max_workers
+
+    value = at_least(1)(text)
+    if value > max_workers():
+        raise argparse.ArgumentTypeError(
+            f"at most {max_workers()} (8 per CPU of this machine: the model answers one request at a time, and "
+            f"every worker may hold a request's body and image), got {value}"
+        )
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds above 0 and below 3600, got {text}")
+    return value
+
+
+def _bound(low: int, high: int, why: str) -> Any:
+    def parse(text: str) -> int:
+        value = at_least(low)(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"at most {high} ({why}), got {value}")
+        return value
+
+    return parse
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    from alfa.gaze.service.limits import TOKEN_ENV, valid_token
+
+    if args.token is not None:
+        return valid_token(args.token, "--token")
+    if os.environ.get(TOKEN_ENV):
+        return valid_token(os.environ[TOKEN_ENV], TOKEN_ENV)
+    return None
+
+
+def _bind(service: Any, args: argparse.Namespace, token: str | None, log: TextIO | None) -> Any:
+    """The server on ``--host``/``--port``, or one line saying why it cannot listen there."""
+    from alfa.gaze.service import make_server
+
+    where = f"{args.host}:{args.port}"
+    try:
+        return make_server(service, args.host, args.port, service.limits, token=token, access_log=log)
+    except socket.gaierror:
+        raise ValueError(f"--host {args.host}: not a name or address of this machine") from None
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise OSError(e.errno, f"port {args.port} on {args.host} is taken (Address already in use): stop the "
+                          "other server or choose another --port (0: any free one)") from None  # fmt: skip
+        if e.errno == errno.EACCES:
+            raise OSError(e.errno, f"may not listen on {where}: ports below 1024 need administrator rights") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise ValueError(f"--host {args.host}: not an address of this machine") from None
+        raise OSError(e.errno, f"cannot listen on {where}: {e.strerror}") from None
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    from alfa.gaze.service import ServiceLimits
+
+    return ServiceLimits(workers=args.workers, queue=args.queue, request_timeout=args.request_timeout)
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from alfa.gaze.service import GazeService, is_loopback
+
+    if args.selftest:
+        _selftest(args)
+        return
+    if args.checkpoint is None or args.adapters is None:
+        raise ValueError("--checkpoint and --adapters are needed (only --selftest runs without them)")
+    token = _token(args)
+    service = GazeService(args.checkpoint, args.adapters, _limits(args))
+    log = None if args.quiet else sys.stderr
+    with open(args.access_log, "a", encoding="utf-8") if args.access_log else contextlib.nullcontext() as log_file:
+        server = _bind(service, args, token, log_file or log)
+        host, port = server.server_address[:2]
+        if not is_loopback(args.host) and token is None:
+            print(f"alfa serve: warning: listening on {args.host} without a token: anyone who can reach port {port} "
+                  "gets any user's predictions; set ALFA_SERVE_TOKEN (or --token), and put TLS in front "
+                  "(docs/deploy.md)", file=sys.stderr)  # fmt: skip
+        auth = "a token (Authorization: Bearer …)" if token else "no token"
+        print(f"serving on http://{host}:{port} with {auth}: POST /predict?user=ID with a face crop, GET /health "
+              "(Ctrl-C stops)", flush=True)  # fmt: skip
+        try:
+            server.serve_forever()
+        finally:
+            server.server_close()
+
+
+def _selftest(args: argparse.Namespace) -> None:
+    from alfa.gaze.service.selftest import selftest
+
+    report = selftest(args.checkpoint, args.adapters, clients=args.clients, requests=args.requests,
+                      time_limit=args.time_limit, limits=_limits(args))  # fmt: skip
+    if not report.ok:
+        raise RuntimeError(f"selftest failed: {report.summary()}")
+
+
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.gaze.service import TOKEN_ENV, ServiceLimits, make_server
+
+    limits = ServiceLimits()
+    p.add_argument("--checkpoint", help="the truncated base (model.safetensors); required unless --selftest")
+    p.add_argument("--adapters", help="folder of <user>.safetensors adapter files; required unless --selftest")
+    p.add_argument("--host", default=default_of(make_server, "host"), help="address to listen on (default %(default)s; "
+                   "anything but loopback without a token gets a warning)")  # fmt: skip
+    p.add_argument("--port", type=_port, default=default_of(make_server, "port"),
+                   help="port (default %(default)s; 0: any free one)")  # fmt: skip
+    p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every request but /health (default: the "
+                   f"{TOKEN_ENV} environment variable, which other users of the machine cannot see)")  # fmt: skip
+    p.add_argument("--workers", type=_workers, default=limits.workers, help="request threads (default %(default)s)")
+    p.add_argument("--queue", type=_bound(1, 4096, "each waiting connection holds a socket"), default=limits.queue,
+                   help="connections waiting for a worker; beyond it: 503 at once (default %(default)s)")  # fmt: skip
+    p.add_argument("--request-timeout", type=_seconds, default=limits.request_timeout,
+                   help="seconds to receive a whole request (default %(default)s)")  # fmt: skip
+    p.add_argument("--access-log", help="append the access log (a line per request) to this file (default: stderr)")
+    p.add_argument("--quiet", action="store_true", help="no access log")
+    test = p.add_argument_group("load test (--selftest: on 127.0.0.1 only, then exit; non-zero if anything failed)")
+    test.add_argument("--selftest", action="store_true", help="put the service under load and check every answer")
+    test.add_argument("--clients", type=_bound(1, 1000, "each is a thread and a socket"), default=200,
+                      help="concurrent clients (default %(default)s)")  # fmt: skip
+    test.add_argument("--requests", type=_bound(1, 100_000, "a load test, not a soak"), default=1000,
+                      help="requests in all (default %(default)s)")  # fmt: skip
+    test.add_argument("--time-limit", type=_seconds, default=120.0, help="seconds for all (default %(default)s)")
+
+
+SERVE = Command(
+    "serve",
+    help="an HTTP gaze service: one shared base, each user's adapter loaded on first use",
+    add_arguments=_serve_arguments,
+    run=_serve,
+    outputs={"access_log": False},
+    extra="gaze",
+)

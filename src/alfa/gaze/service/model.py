@@ -1,0 +1,106 @@
+"""The model side of the gaze service: one shared base and a folder of per-user adapter files, each user's
+adapter loaded the first time they ask (through :class:`alfa.serve.MultiUserModel`, so a user's answer is their
+own personalized model's). The model runs one request at a time under a lock: predictions do not depend on
+how requests interleave.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alfa.adapters import read_adapter_metadata
+from alfa.checkpoint import load_model
+from alfa.serve import MultiUserModel
+
+from ..evaluate import adapter_filename
+from .limits import ServiceError, ServiceLimits, decode_image, user_id
+
+__all__ = ["GazeService"]
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class GazeService:
+    """A base checkpoint and a folder of ``<user>.safetensors`` adapters, served within ``limits``.
+
+    ``note`` receives the server-side detail of a refusal (an adapter's path and why it does not load): the
+    client is told only that the user cannot be served, never a path of this machine.
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | os.PathLike,
+        adapters: str | os.PathLike,
+        limits: ServiceLimits | None = None,
+        note: Callable[[str], None] = _to_stderr,
+    ) -> None:
+        self.adapters = Path(adapters)
+        if not self.adapters.is_dir():
+            raise FileNotFoundError(f"adapter folder not found: {self.adapters}")
+        base, saved = load_model(checkpoint)
+        size = saved.get("input_size")
+        if not size:
+            raise ValueError(f"{checkpoint} does not record the image size it was trained on")
+        self.input_size = (int(size[0]), int(size[1]))
+        self.limits = limits or ServiceLimits()
+        self.model = MultiUserModel(base.eval())
+        self.note = note
+        self._lock = threading.Lock()
+        # Users whose adapter was refused, with the file's (mtime, size) then: not re-read on every request, so a
+        # client cannot make the server parse a broken file again and again (a changed file is tried again).
+        self._refused: dict[str, tuple[tuple[int, int], str]] = {}
+
+    def _ensure_user(self, user: str) -> None:
+        if user in self.model.users:
+            return
+        path = self.adapters / adapter_filename(user)
+        try:
+            stat = path.stat()
+        except OSError:
+            raise ServiceError(404, f"unknown user {user!r}") from None
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if user in self._refused and self._refused[user][0] == stamp:
+            raise ServiceError(404, self._refused[user][1])
+        try:
+            self._check_person(user, path)
+            self.model.add_user(user, path)
+        except (ValueError, RuntimeError, OSError, KeyError) as e:
+            message = f"user {user!r}: their adapter does not load onto this base"
+            self.note(f"alfa serve: {message}: {e}")
+            self._refused[user] = (stamp, message)
+            raise ServiceError(404, message) from None
+        self._refused.pop(user, None)
+
+    @staticmethod
+    def _check_person(user: str, path: Path) -> None:
+        """An adapter that records its person (``alfa personalize`` does) is served only under that person's id:
+        a file copied or renamed to another user's name would answer for the wrong person."""
+        person = read_adapter_metadata(path)["about"].get("person")
+        if person is not None and adapter_filename(str(person)) != adapter_filename(user):
+            raise ValueError(f"{path} records person {person!r}, not {user!r}")
+
+    def decode(self, body: bytes) -> torch.Tensor:
+        """A 1×3×H×W image in [0, 1] from PNG/JPEG bytes of the base's input size (checked before decoding)."""
+        array = decode_image(body, self.limits, self.input_size)
+        return torch.from_numpy(array).permute(2, 0, 1)[None].float() / 255.0
+
+    def predict(self, user: str | None, body: bytes) -> dict[str, Any]:
+        """``user``'s gaze for the face crop in ``body``: ``{"user", "yaw", "pitch", "unit": "radians"}``."""
+        user = user_id(user, self.limits)
+        image = self.decode(body)
+        with self._lock:
+            self._ensure_user(user)
+            yaw, pitch = self.model(image, [user])[0].tolist()
+        return {"user": user, "yaw": yaw, "pitch": pitch, "unit": "radians"}
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "users_loaded": len(self.model.users), "input_size": list(self.input_size)}
