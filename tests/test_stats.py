@@ -332,11 +332,11 @@ def test_planned_detectable_differences_shrink_with_seeds_and_grow_with_the_fami
 
 def test_the_declared_planning_table_is_the_commands_output():
     """docs/flip-premise.md §7.1 quotes the planning table the second protocol's seeds were chosen from: it must be
-    what ``python -m alfa.study.bench.power`` prints for the arguments the page names."""
+    what ``alfa power`` prints for the arguments the page names."""
     from pathlib import Path
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "flip-premise.md").read_text("utf-8")
-    assert "python -m alfa.study.bench.power --seeds 3,5,8,10 --families 11,24,100 --pairs 6,2,1" in page
+    assert "alfa power --seeds 3,5,8,10 --families 11,24,100 --pairs 6,2,1" in page
     assert plan_table((3, 5, 8, 10), (11, 24, 100), (6, 2, 1)) in page
 
 

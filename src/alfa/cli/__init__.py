@@ -40,6 +40,7 @@ COMMANDS: tuple[Command, ...] = (
     tpgaze.TPGAZE,
     bench.BENCH,
     bench.REPORT,
+    bench.POWER,
     crate.CRATE,
 )
 

@@ -21,10 +21,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from .options import device_option, precision_option, quiet_option
+from .options import at_least, device_option, precision_option, quiet_option
 from .registry import Command
 
-__all__ = ["BENCH", "REPORT"]
+__all__ = ["BENCH", "POWER", "REPORT"]
 
 
 def _list(value: str) -> list[str]:
@@ -209,5 +209,41 @@ REPORT = Command(
     add_arguments=_report_arguments,
     run=_report,
     outputs={"out": False, "figures": True, "data_to": True},
+    extra="study",
+)
+
+
+def _counts(text: str) -> list[int]:
+    """A comma-separated list of whole numbers of at least 1."""
+    try:
+        values = [int(v) for v in _list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected whole numbers of at least 1, got {text!r}")
+    return values
+
+
+def _power_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seeds", type=_counts, default=[3, 5, 8, 10], help="seed counts, the rows (default 3,5,8,10)")
+    p.add_argument("--families", type=_counts, default=[12, 24, 100, 400], help="family sizes (default 12,24,100,400)")
+    p.add_argument("--pairs", type=_counts, default=[4, 2, 1], help="numbers of pooled pairs (default 4,2,1)")
+    p.add_argument("--persons", type=at_least(1), default=15, help="persons per pair and seed (default 15)")
+
+
+def _power(args: argparse.Namespace) -> None:
+    from alfa.study.bench.power import plan_table
+
+    print(plan_table(args.seeds, args.families, args.pairs, persons=args.persons))
+
+
+POWER = Command(
+    "power",
+    help="plan a benchmark's power: the smallest difference its design detects, before it runs",
+    description="The smallest difference (degrees) a comparison detects with 80 %% power at alpha = 0.05 / family, "
+    "per number of seeds, family size and pooled pairs, in the nested design, from the random effects the first "
+    "records measured (alfa.study.bench.power; docs/flip-premise.md §7.1).",
+    add_arguments=_power_arguments,
+    run=_power,
     extra="study",
 )

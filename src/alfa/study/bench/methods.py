@@ -96,7 +96,7 @@ DECLARED_FAMILY: dict[str, frozenset[tuple[str, str, tuple[str, ...], str]] | No
 """Per version of the worlds, the comparisons a flip-premise page judges as its family (Holm over them); every
 other comparison it makes is descriptive, quoted with its 95 % interval and no verdict. ``None`` (the first
 protocol): every comparison the page makes. ``v2``: the eleven declared in docs/flip-premise.md §7.1 before its
-runs, chosen so that eight seeds detect about a degree (``python -m alfa.study.bench.power``)."""
+runs, chosen so that eight seeds detect about a degree (``alfa power``)."""
 DECLARED_FAMILY_ROWS = ("source-only", "flip-tta", "alfa", "lora", "diag_gate", "linear_mix")
 """The methods whose rows the declared v2 family needs (with their selected recipes, and Alfa's and LoRA's
 shipped defaults): what the seeds beyond the first three run (docs/flip-premise.md §7.1)."""

@@ -8,15 +8,13 @@ follow from the sizes of the random effects of a difference between two rows, wh
 freedom, at Holm's strictest step (α = 0.05 / family), so a planned figure is what the page's most precise
 comparison of that kind would state.
 
-``python -m alfa.study.bench.power`` prints the planning table of docs/flip-premise.md §7 (the second protocol's
-seeds and declared family were chosen from it).
+``alfa power`` prints the planning table of docs/flip-premise.md §7.1 (the second protocol's seeds and declared
+family were chosen from it).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -88,25 +86,3 @@ def plan_table(
         cells = [f"{detectable(components, s, persons, p, k):.1f}" for p in pairs for k in families]
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m alfa.study.bench.power", description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="3,5,8,10", help="comma-separated seed counts (rows)")
-    parser.add_argument("--families", default="12,24,100,400", help="comma-separated family sizes")
-    parser.add_argument("--pairs", default="4,2,1", help="comma-separated numbers of pooled pairs")
-    parser.add_argument("--persons", type=int, default=15, help="persons per pair and seed (default 15)")
-    args = parser.parse_args(argv)
-    try:
-        ints = [[int(x) for x in text.split(",")] for text in (args.seeds, args.families, args.pairs)]
-        if min(min(v) for v in ints) < 1 or args.persons < 1:
-            raise ValueError("every count must be at least 1")
-    except ValueError as exc:
-        print(f"power: {exc}", file=sys.stderr)
-        return 2
-    print(plan_table(*ints, persons=args.persons))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
