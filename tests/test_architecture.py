@@ -39,7 +39,7 @@ LIBRARY_LAYERS: list[tuple[str, ...]] = [
 ]
 APPLICATION_LAYERS: list[tuple[str, ...]] = [
     ("gaze.geometry",),  # gaze angles and vectors, the datasets' conventions
-    ("gaze.data",),  # the synthetic worlds and the dataset loaders
+    ("gaze.data", "gaze.camera"),  # the synthetic worlds and the dataset loaders; photos to normalized crops
     ("gaze",),  # source training, personalization, evaluation, the demo
     ("gaze.service",),  # the HTTP gaze service
 ]

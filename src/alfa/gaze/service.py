@@ -2,6 +2,9 @@
 
     POST /predict?user=ID   body: a face crop (PNG or JPEG) of the base's input size
                             -> 200 {"user", "yaw", "pitch", "unit": "radians"}
+    POST /predict/photo?user=ID   body: a photo of any size (PNG, JPEG, ...) with one face; the crop is made here
+                            -> 200 the fields of ``alfa predict`` (box, landmarks, head pose, normalized and
+                               camera-frame gaze in degrees, the convention named), default intrinsics
     GET  /health            -> 200 {"users_loaded", "input_size"}
 
 Unknown users (no adapter file ``<ID>.safetensors`` in the folder, or one that does not load onto the base) get
@@ -94,8 +97,38 @@ class GazeService:
             yaw, pitch = self.model(image, [user])[0].tolist()
         return {"user": user, "yaw": yaw, "pitch": pitch, "unit": "radians"}
 
+    def predict_photo(self, user: str, body: bytes) -> dict[str, Any]:
+        """A raw photo's answer (:func:`alfa.gaze.camera.answer_photo`): detection, normalization and the crop
+        here, the user's model on it; a photo the camera path refuses (no face, several, too large) is a 400."""
+        from .camera import answer_photo, model_predictor
+
+        if not user:
+            raise ServiceError(400, "no user: POST /predict/photo?user=ID")
+
+        def predictor(crops: torch.Tensor) -> torch.Tensor:
+            with self._lock:
+                self._ensure_user(user)
+                model = model_predictor(_OneUser(self.model, user), self.input_size)
+                return model(crops)
+
+        try:
+            return {"user": user, **answer_photo(body, predictor)}
+        except (ValueError, RuntimeError) as e:
+            raise ServiceError(400, str(e)) from None
+
     def health(self) -> dict[str, Any]:
         return {"users_loaded": len(self.model.users), "input_size": list(self.input_size)}
+
+
+class _OneUser(torch.nn.Module):
+    """The shared model as one user's: what :func:`alfa.gaze.camera.model_predictor` runs."""
+
+    def __init__(self, model: MultiUserModel, user: str) -> None:
+        super().__init__()
+        self.model, self.user = model, user
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images, [self.user] * images.shape[0])
 
 
 def make_server(service: GazeService, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
@@ -118,8 +151,9 @@ def make_server(service: GazeService, host: str = "127.0.0.1", port: int = 8000)
 
         def do_POST(self) -> None:  # noqa: N802
             url = urlparse(self.path)
-            if url.path != "/predict":
-                self._reply(404, {"error": "POST /predict?user=ID"})
+            routes = {"/predict": service.predict, "/predict/photo": service.predict_photo}
+            if url.path not in routes:
+                self._reply(404, {"error": "POST /predict?user=ID or /predict/photo?user=ID"})
                 return
             try:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -129,7 +163,7 @@ def make_server(service: GazeService, host: str = "127.0.0.1", port: int = 8000)
                     raise ServiceError(400, "empty body: send the face crop as PNG or JPEG")
                 body = self.rfile.read(length)
                 user = (parse_qs(url.query).get("user") or [""])[0]
-                self._reply(200, service.predict(user, body))
+                self._reply(200, routes[url.path](user, body))
             except ServiceError as e:
                 self._reply(e.status, {"error": str(e)})
 
