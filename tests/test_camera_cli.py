@@ -185,3 +185,25 @@ def _post(url: str, body: bytes) -> tuple[int, dict]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def test_video_frames_are_read_and_smoothed(checkpoint, astronaut, tmp_path, capsys):
+    import cv2
+
+    video = str(tmp_path / "clip.avi")
+    writer = cv2.VideoWriter(video, cv2.VideoWriter_fourcc(*"MJPG"), 5, (512, 512))
+    moved = np.roll(astronaut, 12, axis=1)  # the head a little to the right: another camera-frame gaze
+    for frame in (astronaut, moved, np.full_like(astronaut, 128)):
+        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+    writer.release()
+    assert main(["predict", video, "--video", "--smooth", "0.5", "--checkpoint", str(checkpoint[0]), "--quiet"]) == 0
+    frames = json.loads(capsys.readouterr().out)["videos"][0]["frames"]
+    assert [f["frame"] for f in frames] == [0, 1, 2] and "no face" in frames[2]["error"]
+    first, second = (np.array(f["gaze_camera"]["vector"]) for f in frames[:2])
+    assert frames[0]["gaze_smoothed"] == {k: frames[0]["gaze_camera"][k] for k in ("yaw_deg", "pitch_deg")}
+    from alfa.gaze.camera import gaze_vector_to_angles
+
+    mixed = (first + second) / np.linalg.norm(first + second)
+    expected = np.degrees(gaze_vector_to_angles(mixed))
+    got = [frames[1]["gaze_smoothed"]["yaw_deg"], frames[1]["gaze_smoothed"]["pitch_deg"]]
+    assert np.allclose(got, expected, atol=0.01) and not np.allclose(first, second)

@@ -12,7 +12,7 @@ Estimation" (ETRA 2018), as the ETH-XGaze release applies it:
 5. the image warp ``W = K_n S R K⁻¹`` and, for gaze, the rotation alone: ``g_n = R g_c`` and back
    ``g_c = Rᵀ g_n`` (the 2018 variant: a scaling does not change a direction).
 
-Conventions (checked against ``gazehub:`` and ``xgaze:``, see :mod:`alfa.gaze.data.gazehub` and
+Conventions (checked against ``gazehub:`` and ``xgaze-h5:``, see :mod:`alfa.gaze.data.gazehub` and
 :mod:`alfa.gaze.data.xgaze`): camera axes are OpenCV's (``x`` to the image's right, ``y`` down, ``z`` out of
 the lens); a gaze direction ``g`` points from the face to what it looks at; its angles are
 ``yaw = atan2(-g_x, -g_z)``, ``pitch = asin(-g_y)`` (so a person looking into the camera has ``(0, 0)``,
@@ -56,7 +56,7 @@ __all__ = [
 CONVENTION = (
     "yaw = atan2(-g_x, -g_z), pitch = asin(-g_y) of the gaze direction g (from the face to the target) in OpenCV "
     "camera axes (x right, y down, z out of the lens); degrees; (0, 0) looks into the camera, positive yaw towards "
-    "the image's left, positive pitch up; the (yaw, pitch) of the gazehub: and xgaze: labels (which are radians)"
+    "the image's left, positive pitch up; the (yaw, pitch) of the gazehub: and xgaze-h5: labels (which are radians)"
 )
 """What every printed gaze and head angle means, said in the output beside them."""
 
