@@ -26,7 +26,7 @@ from alfa.gaze.camera import (  # noqa: E402
 )
 from alfa.gaze.camera.normalize import FACE_CENTRE_WEIGHTS, FACE_MODEL_MM  # noqa: E402
 from alfa.gaze.camera.screen import Screen  # noqa: E402
-from alfa.gaze.geometry import angular_error  # noqa: E402
+from alfa.gaze.geometry import angular_error, gazehub_vector_to_pitchyaw  # noqa: E402
 
 K = np.array([[600.0, 0.0, 320.0], [0.0, 600.0, 240.0], [0.0, 0.0, 1.0]])
 CAMERA = Camera(K, np.zeros(0), (640, 480), "test")
@@ -87,6 +87,8 @@ def test_gaze_round_trip_and_convention_of_the_loaders():
     # the loaders' formulas (xgaze.py, gazehub.py): pitch = asin(-g_y), yaw = atan2(-g_x, -g_z)
     assert np.allclose(yaw_pitch[:, 0], np.arctan2(-g[:, 0], -g[:, 2]))
     assert np.allclose(yaw_pitch[:, 1], np.arcsin(-g[:, 1]))
+    # and the function the gazehub: loader reads 3DGaze columns with (a vector from the face to the target)
+    assert np.allclose(yaw_pitch, gazehub_vector_to_pitchyaw(torch.as_tensor(g)).numpy())
     # a person looking into the camera has normalized gaze (0, 0), wherever the face and however the head
     to_camera = -norm.face_centre_mm / np.linalg.norm(norm.face_centre_mm)
     assert np.allclose(gaze_vector_to_angles(norm.to_normalized(to_camera)), 0.0, atol=1e-9)

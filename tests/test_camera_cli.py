@@ -207,3 +207,21 @@ def test_video_frames_are_read_and_smoothed(checkpoint, astronaut, tmp_path, cap
     expected = np.degrees(gaze_vector_to_angles(mixed))
     got = [frames[1]["gaze_smoothed"]["yaw_deg"], frames[1]["gaze_smoothed"]["pitch_deg"]]
     assert np.allclose(got, expected, atol=0.01) and not np.allclose(first, second)
+
+
+def test_given_intrinsics_with_distortion_and_a_screen_fit(checkpoint, tmp_path, capsys):
+    camera = tmp_path / "k.json"
+    camera.write_text(json.dumps({"matrix": [[700, 0, 250], [0, 700, 260], [0, 0, 1]], "distortion": [0.02, 0, 0, 0],
+                                  "image_size": [512, 512]}))  # fmt: skip
+    calibration = tmp_path / "fit.json"
+    points = [([0, 0], [960, 0]), ([10, 0], [560, 0]), ([0, -10], [960, 500]), ([10, -10], [560, 500])]
+    calibration.write_text(json.dumps({"points": [{"gaze_deg": g, "screen_px": s} for g, s in points]}))
+    assert main(["predict", "skimage:astronaut", "--checkpoint", str(checkpoint[0]), "--camera", str(camera),
+                 "--screen-fit", str(calibration), "--quiet"]) == 0  # fmt: skip
+    photo = json.loads(capsys.readouterr().out)["photos"][0]
+    assert photo["camera"]["source"] == str(camera) and photo["camera"]["distortion"] == [0.02, 0, 0, 0]
+    face = photo["faces"][0]
+    yaw, pitch = face["gaze_camera"]["yaw_deg"], face["gaze_camera"]["pitch_deg"]
+    assert face["screen"]["method"] == "fit (degree 1)"
+    assert face["screen"]["x_px"] == pytest.approx(960 - 40 * yaw, abs=0.1)
+    assert face["screen"]["y_px"] == pytest.approx(-50 * pitch, abs=0.1)

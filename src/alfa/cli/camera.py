@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from .options import at_least, device_option, quiet_option
+from .options import at_least, default_of, device_option, quiet_option
 from .registry import Command
 
 __all__ = ["PREDICT"]
@@ -27,7 +27,7 @@ def _fraction(text: str) -> float:
 
 
 def _predict_arguments(p: argparse.ArgumentParser) -> None:
-    from alfa.gaze.camera.photo import PACKAGED_PHOTOS, PhotoOptions
+    from alfa.gaze.camera.photo import PACKAGED_PHOTOS, PhotoOptions, analyse_video
 
     packaged = ", ".join(f"skimage:{n}" for n in PACKAGED_PHOTOS)
     p.add_argument("images", nargs="+", metavar="IMAGE", help=f"photo files (or {packaged}; with --video: videos)")
@@ -47,9 +47,10 @@ def _predict_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", help="also write the printed JSON to this file")
     p.add_argument("--crops", help="folder to write each face's normalized 224×224 crop to (<photo>-face<i>.png)")
-    p.add_argument("--video", action="store_true", help="IMAGE names video files: one record per frame, smoothed")
-    p.add_argument("--smooth", type=_fraction, default=0.5, help="video: a new frame's weight (default %(default)s)")
-    p.add_argument("--every", type=at_least(1), default=1, help="video: read every N-th frame (default %(default)s)")
+    p.add_argument("--video", action="store_true", help="IMAGE names video files: per frame its largest face, smoothed")
+    smooth, every = default_of(analyse_video, "alpha"), default_of(analyse_video, "every")
+    p.add_argument("--smooth", type=_fraction, default=smooth, help="video: a new frame's weight (default %(default)s)")
+    p.add_argument("--every", type=at_least(1), default=every, help="video: every N-th frame (default %(default)s)")
     quiet_option(p)
     device_option(p)
 
@@ -83,6 +84,8 @@ def _predictor(args: argparse.Namespace) -> Any:
 def _predict(args: argparse.Namespace) -> None:
     from alfa.fileio import write_json
 
+    if args.video and args.crops:
+        raise ValueError("--crops writes photos' crops; a video's frames are not written (leave out --crops)")
     options = _options(args)  # bad files are refused before the model loads
     predictor = _predictor(args)
     meta = {"checkpoint": args.checkpoint, "adapter": args.adapter}

@@ -506,7 +506,10 @@ def _serve(args: argparse.Namespace) -> None:
 
     server = make_server(GazeService(args.checkpoint, args.adapters), args.host, args.port)
     host, port = server.server_address[:2]
-    print(f"serving on http://{host}:{port}: POST /predict?user=ID with a face crop, GET /health (Ctrl-C stops)")
+    print(
+        f"serving on http://{host}:{port}: POST /predict?user=ID with a face crop, POST /predict/photo?user=ID with a "
+        "photo, GET /health (Ctrl-C stops)"
+    )
     try:
         server.serve_forever()
     finally:

@@ -26,6 +26,7 @@ from .normalize import (
     CONVENTION,
     LANDMARK_NAMES,
     Camera,
+    Normalization,
     NormalizationConfig,
     angles_to_gaze_vector,
     default_camera,
@@ -125,10 +126,12 @@ class PhotoOptions:
 
 @dataclass
 class FaceResult:
-    """One face's answer: its printable ``fields`` and its normalized ``crop`` (RGB ``uint8``)."""
+    """One face's answer: its printable ``fields``, its normalized ``crop`` (RGB ``uint8``) and the
+    ``normalization`` that made it."""
 
     fields: dict[str, Any]
     crop: np.ndarray
+    normalization: Normalization
 
 
 def _undistorted(rgb: np.ndarray, camera: Camera) -> tuple[np.ndarray, Camera]:
@@ -185,13 +188,11 @@ def _normalize_face(image: np.ndarray, detection: FaceDetection, camera: Camera,
         },
         "normalization": normalization.to_dict(),
     }
-    result = FaceResult(fields, warp_to_normalized(image, normalization))
-    result.fields["_normalization"] = normalization  # taken out by _add_gaze
-    return result
+    return FaceResult(fields, warp_to_normalized(image, normalization), normalization)
 
 
 def _add_gaze(face: FaceResult, yaw_pitch: np.ndarray, options: PhotoOptions) -> None:
-    normalization = face.fields.pop("_normalization")
+    normalization = face.normalization
     gaze_normalized = angles_to_gaze_vector(yaw_pitch)
     gaze_camera = normalization.to_camera(gaze_normalized)
     camera_angles = np.degrees(gaze_vector_to_angles(gaze_camera))
