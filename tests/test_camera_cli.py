@@ -62,12 +62,7 @@ def test_predict_the_astronaut(checkpoint, tmp_path, capsys):
     crop = np.asarray(Image.open(face["crop"]))
     assert crop.shape == (224, 224, 3)
     # the printed normalized gaze is the model's on that crop (resized to its input size), in degrees
-    x = torch.nn.functional.interpolate(
-        torch.from_numpy(crop.copy()).permute(2, 0, 1)[None].float() / 255, size=(SIZE, SIZE), mode="bilinear",
-        align_corners=False, antialias=True,
-    )  # fmt: skip
-    with torch.no_grad():
-        expected = np.degrees(model(x)[0].double().numpy())
+    expected = _model_on_crop(model, face["crop"])
     got = [face["gaze_normalized"]["yaw_deg"], face["gaze_normalized"]["pitch_deg"]]
     assert np.allclose(got, expected, atol=0.02)
     # and its camera-frame gaze is that direction turned back by the normalization: g_c = R^T g_n
@@ -79,6 +74,7 @@ def test_predict_the_astronaut(checkpoint, tmp_path, capsys):
     # a second run into the same crops folder is refused before any work, the first crop kept
     assert main(["predict", "skimage:astronaut", "--checkpoint", str(path), "--crops", str(tmp_path / "crops")]) == 2
     assert "already holds crops" in capsys.readouterr().err
+    assert np.array_equal(np.asarray(Image.open(face["crop"])), crop)
 
 
 def _error_of(capsys, *args: str) -> str:
@@ -209,7 +205,27 @@ def test_video_frames_are_read_and_smoothed(checkpoint, astronaut, tmp_path, cap
     assert np.allclose(got, expected, atol=0.01) and not np.allclose(first, second)
 
 
-def test_given_intrinsics_with_distortion_and_a_screen_fit(checkpoint, tmp_path, capsys):
+def _model_on_crop(model, crop_file) -> np.ndarray:
+    """What a model says, in degrees, on a written crop resized to its input size as the command does."""
+    crop = np.asarray(Image.open(crop_file).convert("RGB")).copy()
+    x = torch.from_numpy(crop).permute(2, 0, 1)[None].float() / 255
+    x = torch.nn.functional.interpolate(x, size=(SIZE, SIZE), mode="bilinear", align_corners=False, antialias=True)
+    with torch.no_grad():
+        return np.degrees(model(x)[0].double().numpy())
+
+
+def test_given_intrinsics_with_distortion_a_screen_fit_and_an_adapter(checkpoint, tmp_path, capsys):
+    import copy
+
+    from alfa.adapters import adapter_parameters
+
+    adapted = copy.deepcopy(checkpoint[1])
+    alfa.attach(adapted, alfa.LoraConfig(rank=2))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in adapter_parameters(adapted).values():
+            p.normal_(0, 0.5)  # large enough to move the gaze by degrees
+    alfa.save_adapter(adapted, tmp_path / "ann.safetensors")
     camera = tmp_path / "k.json"
     camera.write_text(json.dumps({"matrix": [[700, 0, 250], [0, 700, 260], [0, 0, 1]], "distortion": [0.02, 0, 0, 0],
                                   "image_size": [512, 512]}))  # fmt: skip
@@ -217,7 +233,8 @@ def test_given_intrinsics_with_distortion_and_a_screen_fit(checkpoint, tmp_path,
     points = [([0, 0], [960, 0]), ([10, 0], [560, 0]), ([0, -10], [960, 500]), ([10, -10], [560, 500])]
     calibration.write_text(json.dumps({"points": [{"gaze_deg": g, "screen_px": s} for g, s in points]}))
     assert main(["predict", "skimage:astronaut", "--checkpoint", str(checkpoint[0]), "--camera", str(camera),
-                 "--screen-fit", str(calibration), "--quiet"]) == 0  # fmt: skip
+                 "--screen-fit", str(calibration), "--adapter", str(tmp_path / "ann.safetensors"),
+                 "--crops", str(tmp_path / "crops"), "--quiet"]) == 0  # fmt: skip
     photo = json.loads(capsys.readouterr().out)["photos"][0]
     assert photo["camera"]["source"] == str(camera) and photo["camera"]["distortion"] == [0.02, 0, 0, 0]
     face = photo["faces"][0]
@@ -225,3 +242,7 @@ def test_given_intrinsics_with_distortion_and_a_screen_fit(checkpoint, tmp_path,
     assert face["screen"]["method"] == "fit (degree 1)"
     assert face["screen"]["x_px"] == pytest.approx(960 - 40 * yaw, abs=0.1)
     assert face["screen"]["y_px"] == pytest.approx(-50 * pitch, abs=0.1)
+    # the gaze is the adapted model's, not the base's
+    got = [face["gaze_normalized"]["yaw_deg"], face["gaze_normalized"]["pitch_deg"]]
+    assert np.allclose(got, _model_on_crop(adapted, face["crop"]), atol=0.02)
+    assert np.abs(np.subtract(got, _model_on_crop(checkpoint[1], face["crop"]))).max() > 0.5
