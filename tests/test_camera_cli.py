@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -151,7 +152,7 @@ def _encoded(pixels: np.ndarray, fmt: str) -> bytes:
     return out.getvalue()
 
 
-def test_serve_answers_a_raw_photo(checkpoint, astronaut, tmp_path):
+def test_serve_answers_a_raw_photo(checkpoint, astronaut, tmp_path, monkeypatch):
     from alfa.gaze.service import GazeService, make_server
 
     base, _ = alfa.checkpoint.load_model(checkpoint[0])
@@ -169,6 +170,9 @@ def test_serve_answers_a_raw_photo(checkpoint, astronaut, tmp_path):
         assert status == 400 and "2 faces found" in answer["error"]
         assert _post(f"{url}?user=ann", b"junk")[0] == 400
         assert _post(f"{url}?user=nobody", _encoded(astronaut, "PNG"))[0] == 404
+        monkeypatch.setitem(sys.modules, "cv2", None)  # a server without the camera extra
+        status, answer = _post(f"{url}?user=ann", _encoded(astronaut, "PNG"))
+        assert status == 501 and "cv2 is not installed" in answer["error"]
     finally:
         server.shutdown()
         server.server_close()

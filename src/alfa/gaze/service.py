@@ -115,6 +115,9 @@ class GazeService:
             return {"user": user, **answer_photo(body, predictor)}
         except (ValueError, RuntimeError) as e:
             raise ServiceError(400, str(e)) from None
+        except ModuleNotFoundError as e:  # the camera extra is not installed here: the request is not at fault
+            missing = f"{e.name} is not installed (the camera extra)"
+            raise ServiceError(501, f"this server cannot read photos: {missing}") from None
 
     def health(self) -> dict[str, Any]:
         return {"users_loaded": len(self.model.users), "input_size": list(self.input_size)}
