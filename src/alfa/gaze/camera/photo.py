@@ -63,7 +63,8 @@ MIN_SIDE = 64
 """The shortest side a photo may have: below it no face reaches the detector's smallest box with margin."""
 _EXIF_ORIENTATION = 0x0112
 PACKAGED_PHOTOS = ("astronaut", "camera", "chelsea", "coffee")
-"""Photos inside scikit-image's wheel that ``skimage:NAME`` names (public domain or the authors' own)."""
+"""Photos inside scikit-image's wheel that ``skimage:NAME`` names (their sources and licences: the README.txt
+of ``skimage/data``); ``astronaut`` is NASA's portrait of Eileen Collins, in the public domain."""
 
 
 def decode_photo(data: bytes, what: str = "the image") -> tuple[np.ndarray, list[str]]:
@@ -122,6 +123,10 @@ class PhotoOptions:
     screen_fit: ScreenFit | None = None
     faces: str = "one"
     config: NormalizationConfig = field(default_factory=NormalizationConfig)
+
+    def __post_init__(self) -> None:
+        if self.faces not in ("one", "all"):
+            raise ValueError(f"faces must be 'one' or 'all', got {self.faces!r}")
 
 
 @dataclass
