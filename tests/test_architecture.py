@@ -39,13 +39,14 @@ LIBRARY_LAYERS: list[tuple[str, ...]] = [
 ]
 APPLICATION_LAYERS: list[tuple[str, ...]] = [
     ("gaze.geometry",),  # gaze angles and vectors, the datasets' conventions
-    ("gaze.data",),  # the synthetic worlds and the dataset loaders
+    ("gaze.data", "gaze.camera"),  # the synthetic worlds and the dataset loaders; photos to normalized crops
     ("gaze",),  # source training, personalization, evaluation, the demo
     ("gaze.service",),  # the HTTP gaze service
 ]
 STUDY_LAYERS: list[tuple[str, ...]] = [
     ("study.plotted",),  # what a figure plots, saved beside it (the page check compares that)
-    ("study.crate", "study.bench", "study.dataflow"),  # CRATE's examples; the benchmark; the data-flow picture
+    # CRATE's examples; the benchmark; the data-flow picture; the camera page (docs/camera.md)
+    ("study.crate", "study.bench", "study.dataflow", "study.camera"),
     ("study.example", "study.pages"),  # the library tour (alfa example); the generated pages of docs/
     ("study",),  # the study package's __init__
 ]

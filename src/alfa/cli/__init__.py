@@ -2,7 +2,8 @@
 
 Each command is declared once, as a :class:`~alfa.cli.registry.Command` in the module of its part
 (:mod:`~alfa.cli.library`, :mod:`~alfa.cli.study`, :mod:`~alfa.cli.gaze`, :mod:`~alfa.cli.tpgaze`,
-:mod:`~alfa.cli.bench`, :mod:`~alfa.cli.crate`); the options several share are in :mod:`~alfa.cli.options`.
+:mod:`~alfa.cli.bench`, :mod:`~alfa.cli.crate`, :mod:`~alfa.cli.camera`); the options several share are in
+:mod:`~alfa.cli.options`.
 :data:`COMMANDS` is their order in ``alfa --help``. :func:`main` is the one place where an error a person can
 fix (a bad option value, a missing or unreadable file, a package not installed, an output folder another
 running command holds) becomes one line on stderr and exit status 2, never a traceback.
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import bench, crate, gaze, library, serve, study, tpgaze
+from . import bench, camera, crate, gaze, library, serve, study, tpgaze
 from .registry import Command, add_commands, missing_package
 
 __all__ = ["COMMANDS", "USER_ERRORS", "build_parser", "main"]
@@ -29,6 +30,7 @@ COMMANDS: tuple[Command, ...] = (
     library.EXPORT,
     study.SERVING,
     serve.SERVE,
+    camera.PREDICT,
     study.PAGES,
     study.COSTS,
     gaze.PRETRAIN,

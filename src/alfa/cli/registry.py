@@ -28,9 +28,12 @@ PACKAGE_EXTRAS = {
     "onnx": "export",
     "onnxscript": "export",
     "onnxruntime": "export",
+    "cv2": "camera",
+    "skimage": "dev",
 }
 """The optional packages (by import name) and the smallest extra of ``alfa-ttp`` that installs each
-(``pyproject.toml``'s ``[project.optional-dependencies]``; ``study`` installs what ``gaze`` does)."""
+(``pyproject.toml``'s ``[project.optional-dependencies]``; ``study`` installs what ``gaze`` does, ``camera`` that and
+OpenCV; scikit-image, whose packaged photos ``alfa predict skimage:NAME`` reads, comes with ``dev`` only)."""
 
 
 @dataclass(frozen=True)

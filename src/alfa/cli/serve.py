@@ -116,8 +116,8 @@ def _serve(args: argparse.Namespace) -> None:
                   "gets any user's predictions; set ALFA_SERVE_TOKEN (or --token), and put TLS in front "
                   "(docs/deploy.md)", file=sys.stderr)  # fmt: skip
         auth = "a token (Authorization: Bearer …)" if token else "no token"
-        print(f"serving on http://{host}:{port} with {auth}: POST /predict?user=ID with a face crop, GET /health "
-              "(Ctrl-C stops)", flush=True)  # fmt: skip
+        print(f"serving on http://{host}:{port} with {auth}: POST /predict?user=ID with a face crop, "
+              "POST /predict/photo?user=ID with a photo, GET /health (Ctrl-C stops)", flush=True)  # fmt: skip
         try:
             server.serve_forever()
         finally:

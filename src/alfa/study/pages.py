@@ -140,6 +140,28 @@ def _render_calibration(root: Path, out: Path) -> None:
     write_text(out / "docs/calibration.md", text)
 
 
+CAMERA_DATA = "docs/data/camera"
+CAMERA_FIGURE = "docs/figures/camera.png"
+CAMERA_COMMAND = (
+    'alfa pretrain --data "synthetic:eth?size=48&persons=16&images_per_person=20" --val-data '
+    '"synthetic:eth?split=val&size=48&persons=4&images_per_person=10" --preset demo --epochs 2 --device cpu '
+    "--seed 0 --out runs/camera-model\n"
+    "alfa predict skimage:astronaut --checkpoint runs/camera-model/model.safetensors --crops docs/data/camera "
+    "--json docs/data/camera/predict.json\n"
+    "alfa pages --write"
+)
+"""How docs/camera.md's data is made: a small model of the synthetic world, then the command the page shows."""
+
+
+def _render_camera(root: Path, out: Path) -> None:
+    from .camera import camera_page, plot_camera
+
+    record = json.loads((root / CAMERA_DATA / "predict.json").read_text(encoding="utf-8"))
+    (out / CAMERA_FIGURE).parent.mkdir(parents=True, exist_ok=True)
+    plot_camera(record, root / CAMERA_DATA, out / CAMERA_FIGURE)
+    write_text(out / "docs/camera.md", camera_page(record, CAMERA_COMMAND, "figures/camera.png"))
+
+
 def _render_architecture(root: Path, out: Path) -> None:
     from .dataflow import render_architecture
 
@@ -202,6 +224,13 @@ PAGES: tuple[Page, ...] = (
         produce="python scripts/scout_worlds.py (the scouts; each file has its command) and the v2 benchmark's "
         f"sanity rows in {CALIBRATION_RECORD}, then alfa pages --write",
         render=_render_calibration,
+    ),
+    Page(
+        path="docs/camera.md",
+        data=CAMERA_DATA,
+        produce=CAMERA_COMMAND.replace("\n", ", then "),
+        render=_render_camera,
+        owned_figures=(CAMERA_FIGURE,),
     ),
     Page(
         path="docs/architecture.md",

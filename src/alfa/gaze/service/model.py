@@ -102,5 +102,38 @@ class GazeService:
             yaw, pitch = self.model(image, [user])[0].tolist()
         return {"user": user, "yaw": yaw, "pitch": pitch, "unit": "radians"}
 
+    def predict_photo(self, user: str | None, body: bytes) -> dict[str, Any]:
+        """A raw photo's answer (:func:`alfa.gaze.camera.answer_photo`): the face found, normalized and cropped
+        here, the user's model on the crop; a photo the camera path refuses (no face, several, over the pixel
+        limit read from its header) is a 400, and a server without the camera extra answers 501."""
+        user = user_id(user, self.limits)
+        try:
+            from ..camera import answer_photo, model_predictor
+        except ModuleNotFoundError as e:  # the camera extra is not installed here: the request is not at fault
+            raise ServiceError(501, f"this server cannot read photos: {e.name} is not installed") from None
+
+        def predictor(crops: torch.Tensor) -> torch.Tensor:
+            with self._lock:
+                self._ensure_user(user)
+                return model_predictor(_OneUser(self.model, user), self.input_size)(crops)
+
+        try:
+            return {"user": user, **answer_photo(body, predictor)}
+        except ModuleNotFoundError as e:
+            raise ServiceError(501, f"this server cannot read photos: {e.name} is not installed") from None
+        except ValueError as e:
+            raise ServiceError(400, str(e)) from None
+
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "users_loaded": len(self.model.users), "input_size": list(self.input_size)}
+
+
+class _OneUser(torch.nn.Module):
+    """The shared model as one user's: what :func:`alfa.gaze.camera.model_predictor` runs."""
+
+    def __init__(self, model: MultiUserModel, user: str) -> None:
+        super().__init__()
+        self.model, self.user = model, user
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images, [self.user] * images.shape[0])

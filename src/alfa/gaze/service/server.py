@@ -63,6 +63,9 @@ class Route:
 ROUTES: dict[str, dict[str, Route]] = {
     "/health": {"GET": Route(lambda service, request: service.health(), public=True)},
     "/predict": {"POST": Route(lambda service, request: service.predict(request.one("user"), request.body), body=True)},
+    "/predict/photo": {
+        "POST": Route(lambda service, request: service.predict_photo(request.one("user"), request.body), body=True)
+    },
 }
 """Path -> method -> route."""
 

@@ -1,0 +1,132 @@
+"""The camera command of ``alfa``: ``predict``, from photos (or a video's frames) to gaze and screen points.
+
+The handler turns options into :class:`alfa.gaze.camera.PhotoOptions` and a predictor of the checkpoint (and
+adapter), and calls :func:`alfa.gaze.camera.photo.predict_photos` or :func:`~alfa.gaze.camera.photo.analyse_video`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .options import at_least, default_of, device_option, quiet_option
+from .registry import Command
+
+__all__ = ["PREDICT"]
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
+    return value
+
+
+def _predict_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.gaze.camera.photo import PACKAGED_PHOTOS, PhotoOptions, analyse_video
+
+    packaged = ", ".join(f"skimage:{n}" for n in PACKAGED_PHOTOS)
+    p.add_argument("images", nargs="+", metavar="IMAGE", help=f"photo files (or {packaged}; with --video: videos)")
+    p.add_argument("--checkpoint", required=True, help="the gaze model (a source model or a truncated base)")
+    p.add_argument("--adapter", help="a person's adapter file to load onto --checkpoint")
+    p.add_argument(
+        "--camera", help="the camera's intrinsics (JSON: matrix, distortion, image_size); default: assumed, and said"
+    )
+    screen = p.add_mutually_exclusive_group()
+    screen.add_argument("--screen", help="the screen's size and pose in the camera frame (JSON; docs/camera.md)")
+    screen.add_argument("--screen-fit", help="calibration: gazes (degrees) and the screen pixels looked at (JSON)")
+    p.add_argument(
+        "--faces",
+        choices=("one", "all"),
+        default=PhotoOptions().faces,
+        help="one: a photo must show exactly one face; all: read every face (default %(default)s)",
+    )
+    p.add_argument("--json", help="also write the printed JSON to this file")
+    p.add_argument("--crops", help="folder to write each face's normalized 224×224 crop to (<photo>-face<i>.png)")
+    p.add_argument("--video", action="store_true", help="IMAGE names video files: per frame its largest face, smoothed")
+    smooth, every = default_of(analyse_video, "alpha"), default_of(analyse_video, "every")
+    p.add_argument("--smooth", type=_fraction, default=smooth, help="video: a new frame's weight (default %(default)s)")
+    p.add_argument("--every", type=at_least(1), default=every, help="video: every N-th frame (default %(default)s)")
+    quiet_option(p)
+    device_option(p)
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from alfa.gaze.camera import PhotoOptions, load_camera, load_screen, load_screen_fit
+
+    return PhotoOptions(
+        camera=load_camera(args.camera) if args.camera else None,
+        screen=load_screen(args.screen) if args.screen else None,
+        screen_fit=load_screen_fit(args.screen_fit) if args.screen_fit else None,
+        faces=args.faces,
+    )
+
+
+def _predictor(args: argparse.Namespace) -> Any:
+    from alfa.adapters import load_adapter
+    from alfa.checkpoint import load_model
+    from alfa.gaze.camera import model_predictor
+    from alfa.gaze.devices import resolve_device
+
+    model, saved = load_model(args.checkpoint)
+    if not saved.get("input_size"):
+        raise ValueError(f"{args.checkpoint} does not record the image size it was trained on")
+    model.to(resolve_device(args.device)).eval()
+    if args.adapter:
+        load_adapter(model, args.adapter)
+    return model_predictor(model, tuple(saved["input_size"]))
+
+
+def _predict(args: argparse.Namespace) -> None:
+    from alfa.fileio import write_json
+
+    if args.video and args.crops:
+        raise ValueError("--crops writes photos' crops; a video's frames are not written (leave out --crops)")
+    options = _options(args)  # bad files are refused before the model loads
+    predictor = _predictor(args)
+    meta = {"checkpoint": args.checkpoint, "adapter": args.adapter}
+    if args.video:
+        from alfa.gaze.camera import analyse_video
+
+        records: list[dict[str, Any]] = []
+        for video in args.images:
+            frames = analyse_video(video, predictor, options, alpha=args.smooth, every=args.every)
+            records.append({"video": video, "smoothing": args.smooth, "frames": _with_progress(frames, args)})
+        # a frame without a readable face is part of a video; a video without any is a failure
+        unread = [r["video"] for r in records if all("error" in f for f in r["frames"])]
+        failures = [f"{video}: no frame with a readable face" for video in unread]
+    else:
+        from alfa.gaze.camera.photo import predict_photos
+
+        records, failures = predict_photos(args.images, predictor, options, args.crops, progress=not args.quiet)
+    if len(failures) == len(args.images):  # nothing was read: the one line says why, no JSON of errors
+        one = len(failures) == 1 and not args.video
+        raise ValueError(failures[0].split(": ", 1)[1] if one else f"no input could be read; first: {failures[0]}")
+    document = {**meta, "videos" if args.video else "photos": records}
+    print(json.dumps(document, indent=2))
+    if args.json:
+        write_json(args.json, document)
+    if failures:
+        raise ValueError(f"{len(failures)} of {len(args.images)} inputs could not be read; first: {failures[0]}")
+
+
+def _with_progress(frames: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from tqdm.auto import tqdm
+
+    return list(tqdm(frames, desc="frames", unit="frame", disable=args.quiet))
+
+
+PREDICT = Command(
+    "predict",
+    help="gaze from photos: face, landmarks, head pose, normalized crop, camera-frame gaze, screen point",
+    description="Find the face in each photo, normalize it as ETH-XGaze does (224×224, 600 mm, focal 960), run the "
+    "model on the crop and print, per face, every step as JSON (docs/camera.md shows one).",
+    add_arguments=_predict_arguments,
+    run=_predict,
+    outputs={"json": False, "crops": True},
+    extra="camera",
+)

@@ -1,0 +1,347 @@
+"""A photo in, per face: its box, landmarks, head pose, normalized crop, gaze (normalized and camera frame)
+and screen point out; the same for a video's frames, smoothed over time.
+
+The model is a ``predictor``: normalized crops ``(N, 3, size, size)`` in [0, 1] to ``(yaw, pitch)`` radians in
+the normalized frame, so the command (a checkpoint and an adapter) and the HTTP service (its shared base and a
+user's adapter, under its lock) each bring their own. :func:`answer_photo` is the service's whole path from
+request bytes to the answer's fields.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .detect import FaceDetection, detect_faces
+from .normalize import (
+    CONVENTION,
+    LANDMARK_NAMES,
+    Camera,
+    Normalization,
+    NormalizationConfig,
+    angles_to_gaze_vector,
+    default_camera,
+    estimate_head_pose,
+    gaze_vector_to_angles,
+    normalization_of,
+    warp_to_normalized,
+)
+from .screen import Screen, ScreenFit
+
+__all__ = [
+    "MAX_PIXELS",
+    "MIN_SIDE",
+    "PACKAGED_PHOTOS",
+    "Predictor",
+    "PhotoOptions",
+    "FaceResult",
+    "read_photo",
+    "decode_photo",
+    "analyse_photo",
+    "analyse_video",
+    "crop_name",
+    "predict_photos",
+    "answer_photo",
+    "model_predictor",
+    "video_frames",
+    "GazeSmoother",
+]
+
+Predictor = Callable[[Tensor], Tensor]
+MAX_PIXELS = 50_000_000
+"""The largest photo decoded (width × height), checked from its header before any pixel is decoded."""
+MIN_SIDE = 64
+"""The shortest side a photo may have: below it no face reaches the detector's smallest box with margin."""
+_EXIF_ORIENTATION = 0x0112
+PACKAGED_PHOTOS = ("astronaut", "camera", "chelsea", "coffee")
+"""Photos inside scikit-image's wheel that ``skimage:NAME`` names (their sources and licences: the README.txt
+of ``skimage/data``); ``astronaut`` is NASA's portrait of Eileen Collins, in the public domain."""
+
+
+def decode_photo(data: bytes, what: str = "the image") -> tuple[np.ndarray, list[str]]:
+    """RGB ``uint8`` ``(H, W, 3)`` from encoded bytes (any format Pillow reads), turned upright by its EXIF
+    orientation, and notes on what was done to it (a grayscale photo is copied into three channels: the
+    models read RGB, the detector luminance). Size limits are checked from the header, before decoding."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            width, height = img.size
+            if width * height > MAX_PIXELS:
+                raise ValueError(f"{what} is {width}×{height}: over the limit of {MAX_PIXELS:,} pixels")
+            if min(width, height) < MIN_SIDE:
+                raise ValueError(f"{what} is {width}×{height}: too small to find a face (at least {MIN_SIDE} a side)")
+            img.load()
+            gray = img.mode in ("1", "L", "LA", "I", "I;16", "F")
+            notes = [f"grayscale ({img.mode}) copied into RGB"] if gray else []
+            if img.getexif().get(_EXIF_ORIENTATION, 1) != 1:
+                notes.append("turned upright by its EXIF orientation")
+            rgb = np.asarray(ImageOps.exif_transpose(img).convert("RGB"), dtype=np.uint8).copy()
+    except (UnidentifiedImageError, Image.DecompressionBombError) as e:
+        raise ValueError(f"{what} is not a readable image ({type(e).__name__})") from None
+    except (OSError, SyntaxError) as e:  # truncated or corrupt data inside a known format
+        raise ValueError(f"{what} is not a readable image ({e})") from None
+    return rgb, notes
+
+
+def read_photo(source: str | os.PathLike) -> tuple[np.ndarray, list[str]]:
+    """:func:`decode_photo` of a file, or of ``skimage:NAME`` (one of :data:`PACKAGED_PHOTOS`, a photo that
+    ships inside scikit-image's wheel, to try the command without a photo of one's own)."""
+    name = str(source)
+    if name.startswith("skimage:"):
+        photo = name.split(":", 1)[1]
+        if photo not in PACKAGED_PHOTOS:
+            raise ValueError(f"{name}: the packaged photos are {', '.join('skimage:' + p for p in PACKAGED_PHOTOS)}")
+        from importlib.resources import files
+
+        data = (files("skimage.data") / f"{photo}.png").read_bytes()
+    else:
+        path = Path(name)
+        if not path.is_file():
+            raise FileNotFoundError(f"no such image file: {path}")
+        data = path.read_bytes()
+    return decode_photo(data, what=name)
+
+
+@dataclass
+class PhotoOptions:
+    """How a photo is read: its ``camera`` (``None``: :func:`default_camera` of its size), a ``screen``
+    geometry or a ``screen_fit`` (or neither), ``faces`` (``"one"``: exactly one face or an error; ``"all"``)
+    and the normalized camera ``config``."""
+
+    camera: Camera | None = None
+    screen: Screen | None = None
+    screen_fit: ScreenFit | None = None
+    faces: str = "one"
+    config: NormalizationConfig = field(default_factory=NormalizationConfig)
+
+    def __post_init__(self) -> None:
+        if self.faces not in ("one", "all"):
+            raise ValueError(f"faces must be 'one' or 'all', got {self.faces!r}")
+
+
+@dataclass
+class FaceResult:
+    """One face's answer: its printable ``fields``, its normalized ``crop`` (RGB ``uint8``) and the
+    ``normalization`` that made it."""
+
+    fields: dict[str, Any]
+    crop: np.ndarray
+    normalization: Normalization
+
+
+def _undistorted(rgb: np.ndarray, camera: Camera) -> tuple[np.ndarray, Camera]:
+    if camera.distortion.size == 0 or not camera.distortion.any():
+        return rgb, camera
+    import cv2
+
+    plain = Camera(camera.matrix, np.zeros(0), camera.image_size, camera.source)
+    return cv2.undistort(rgb, camera.matrix, camera.distortion), plain
+
+
+def analyse_photo(
+    rgb: np.ndarray, predictor: Predictor, options: PhotoOptions, notes: list[str] | None = None
+) -> tuple[dict[str, Any], list[FaceResult]]:
+    """Every field of a photo's answer (``image``, ``camera``, ``convention``, ``faces``) and each face's
+    result, the largest face first. ``ValueError`` for a photo without a face, with several faces where
+    ``options.faces`` is ``"one"``, or with intrinsics that do not fit it."""
+    height, width = rgb.shape[:2]
+    camera = options.camera or default_camera(width, height)
+    camera.check_fits(width, height)
+    image, camera_used = _undistorted(rgb, camera)
+    detections = detect_faces(image)
+    if not detections:
+        raise ValueError("no face found in the image (a frontal face of at least 40 pixels is needed)")
+    if options.faces == "one" and len(detections) > 1:
+        boxes = ", ".join(str(list(d.box)) for d in detections)
+        raise ValueError(f"{len(detections)} faces found (boxes {boxes}); pass --faces all to read every one")
+    faces = [_normalize_face(image, d, camera_used, options.config) for d in detections]
+    crops = np.stack([f.crop for f in faces])
+    with torch.no_grad():
+        predicted = predictor(torch.from_numpy(crops).permute(0, 3, 1, 2).float() / 255.0)
+    for face, yaw_pitch in zip(faces, predicted.double().numpy()):
+        _add_gaze(face, yaw_pitch, options)
+    answer = {
+        "image": {"width": width, "height": height, "notes": list(notes or [])},
+        "camera": camera.to_dict(),
+        "convention": CONVENTION,
+        "faces": [f.fields for f in faces],
+    }
+    return answer, faces
+
+
+def _normalize_face(image: np.ndarray, detection: FaceDetection, camera: Camera, config) -> FaceResult:
+    head = estimate_head_pose(detection.landmarks, camera)
+    normalization = normalization_of(head, camera, config)
+    fields = {
+        "box": list(detection.box),
+        "landmarks": {n: np.round(p, 1).tolist() for n, p in zip(LANDMARK_NAMES, detection.landmarks)},
+        "estimated_landmarks": list(detection.estimated),
+        "head_pose": {
+            **head.angles(),
+            "translation_mm": np.round(head.translation_mm, 1).tolist(),
+            "normalized": normalization.head_angles(head),
+        },
+        "normalization": normalization.to_dict(),
+    }
+    return FaceResult(fields, warp_to_normalized(image, normalization), normalization)
+
+
+def _add_gaze(face: FaceResult, yaw_pitch: np.ndarray, options: PhotoOptions) -> None:
+    normalization = face.normalization
+    gaze_normalized = angles_to_gaze_vector(yaw_pitch)
+    gaze_camera = normalization.to_camera(gaze_normalized)
+    camera_angles = np.degrees(gaze_vector_to_angles(gaze_camera))
+    face.fields["gaze_normalized"] = _angles(np.degrees(yaw_pitch))
+    face.fields["gaze_camera"] = {**_angles(camera_angles), "vector": np.round(gaze_camera, 5).tolist()}
+    if options.screen is not None:
+        face.fields["screen"] = options.screen.point(normalization.face_centre_mm, gaze_camera)
+    elif options.screen_fit is not None:
+        face.fields["screen"] = options.screen_fit.point(*camera_angles)
+
+
+def _angles(yaw_pitch_deg: np.ndarray) -> dict[str, float]:
+    return {"yaw_deg": round(float(yaw_pitch_deg[0]), 3), "pitch_deg": round(float(yaw_pitch_deg[1]), 3)}
+
+
+def answer_photo(data: bytes, predictor: Predictor, options: PhotoOptions | None = None) -> dict[str, Any]:
+    """The HTTP service's path: encoded photo bytes (any size) to the answer's fields (:func:`analyse_photo`'s),
+    exactly one face by default. ``ValueError`` says what is wrong with the photo."""
+    rgb, notes = decode_photo(data)
+    answer, _ = analyse_photo(rgb, predictor, options or PhotoOptions(), notes)
+    return answer
+
+
+def model_predictor(model: nn.Module, input_size: tuple[int, int]) -> Predictor:
+    """A :data:`Predictor` of a gaze model (eval mode, no gradients) that reads ``input_size`` images: each
+    224×224 crop is resized to it with antialiasing first (a checkpoint records the size it was trained on)."""
+
+    def predict(crops: Tensor) -> Tensor:
+        device = next(model.parameters()).device
+        if tuple(crops.shape[-2:]) != tuple(input_size):
+            crops = F.interpolate(crops, size=tuple(input_size), mode="bilinear", align_corners=False, antialias=True)
+        model.eval()
+        with torch.no_grad():
+            return model(crops.to(device)).float().cpu()
+
+    return predict
+
+
+def video_frames(path: str | os.PathLike, every: int = 1) -> Iterator[tuple[int, np.ndarray]]:
+    """``(frame index, RGB uint8 frame)`` of a video file, every ``every``-th frame (OpenCV's reader)."""
+    import cv2
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no such video file: {path}")
+    capture = cv2.VideoCapture(str(path))
+    try:
+        if not capture.isOpened():
+            raise ValueError(f"{path} is not a video OpenCV can read")
+        index = 0
+        while True:
+            ok, frame = capture.read()
+            if not ok:
+                break
+            if index % every == 0:
+                yield index, cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+            index += 1
+        if index == 0:
+            raise ValueError(f"{path} holds no frame OpenCV can decode")
+    finally:
+        capture.release()
+
+
+class GazeSmoother:
+    """Exponential smoothing of a face's camera-frame gaze over a video's frames: each frame's direction is
+    ``alpha`` of the new one plus ``1 - alpha`` of the running one (``alpha`` 1: no smoothing); a frame without
+    a face starts it afresh (the person may have moved)."""
+
+    def __init__(self, alpha: float) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError(f"the smoothing factor must be in (0, 1], got {alpha}")
+        self.alpha = alpha
+        self.state: np.ndarray | None = None
+
+    def update(self, gaze_camera: np.ndarray | None) -> np.ndarray | None:
+        if gaze_camera is None:
+            self.state = None
+            return None
+        mixed = gaze_camera if self.state is None else self.alpha * gaze_camera + (1 - self.alpha) * self.state
+        self.state = mixed / np.linalg.norm(mixed)
+        return self.state
+
+
+def analyse_video(
+    path: str | os.PathLike, predictor: Predictor, options: PhotoOptions, alpha: float = 0.5, every: int = 1
+) -> Iterator[dict[str, Any]]:
+    """One record per frame read (every ``every``-th): the largest face's fields, its camera-frame gaze smoothed
+    over the frames (``gaze_smoothed``, :class:`GazeSmoother`), or ``{"frame", "error"}`` for a frame whose face
+    could not be read (the video goes on). Each record also has ``frame``."""
+    smoother = GazeSmoother(alpha)
+    one_face = PhotoOptions(options.camera, options.screen, options.screen_fit, "all", options.config)
+    for index, rgb in video_frames(path, every):
+        try:
+            answer, _ = analyse_photo(rgb, predictor, one_face)
+        except (ValueError, RuntimeError) as e:
+            smoother.update(None)
+            yield {"frame": index, "error": str(e)}
+            continue
+        face = answer["faces"][0]
+        smoothed = smoother.update(np.asarray(face["gaze_camera"]["vector"]))
+        face["gaze_smoothed"] = _angles(np.degrees(gaze_vector_to_angles(smoothed)))
+        yield {"frame": index, **face}
+
+
+def crop_name(source: str | os.PathLike, face: int) -> str:
+    """The file a face's normalized crop is written to: ``<photo's stem>-face<i>.png``."""
+    stem = str(source).split(":", 1)[1] if str(source).startswith("skimage:") else Path(source).stem
+    return f"{stem}-face{face}.png"
+
+
+def predict_photos(
+    sources: list[str],
+    predictor: Predictor,
+    options: PhotoOptions,
+    crops: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """:func:`analyse_photo` of each photo file (or ``skimage:NAME``), with a progress bar: one record per photo
+    (``{"photo", **answer}``, or ``{"photo", "error"}`` for one that could not be read, after which the others
+    still are), and the messages of the failures. Crops are written to ``crops`` as :func:`crop_name` says; a
+    crop file already there is refused before any photo is read."""
+    from PIL import Image
+    from tqdm.auto import tqdm
+
+    from alfa.fileio import write_bytes
+
+    folder = Path(crops) if crops is not None else None
+    if folder is not None and folder.is_dir():
+        taken = {p.name for p in folder.iterdir()}
+        clash = [s for s in sources if any(n.startswith(crop_name(s, 0)[: -len("0.png")]) for n in taken)]
+        if clash:
+            raise FileExistsError(f"--crops {folder} already holds crops of {clash[0]}: choose another folder")
+    records, failures = [], []
+    for source in tqdm(sources, desc="photos", unit="photo", disable=not progress or len(sources) < 2):
+        try:
+            rgb, notes = read_photo(source)
+            answer, faces = analyse_photo(rgb, predictor, options, notes)
+        except (ValueError, RuntimeError, OSError) as e:
+            records.append({"photo": str(source), "error": str(e)})
+            failures.append(f"{source}: {e}")
+            continue
+        for i, face in enumerate(faces):
+            if folder is not None:
+                buffer = io.BytesIO()
+                Image.fromarray(face.crop).save(buffer, format="PNG")
+                face.fields["crop"] = str(write_bytes(folder / crop_name(source, i), buffer.getvalue()))
+        records.append({"photo": str(source), **answer})
+    return records, failures

@@ -1,0 +1,252 @@
+"""``alfa predict`` on real photos (scikit-image's, inside its wheel) and on bad inputs: one clear line and exit 2;
+and ``alfa serve``'s ``/predict/photo`` answering a raw photo."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tiny_models import TinyGazeNet
+
+import alfa
+from alfa.checkpoint import save_model
+from alfa.cli import main
+
+pytest.importorskip("cv2")
+pytest.importorskip("skimage")
+
+SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("camera")
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    alfa.truncate(model, 8)  # a base the service can share
+    save_model(tmp / "base.safetensors", model, "tiny_gaze_net", input_size=(SIZE, SIZE))
+    return tmp / "base.safetensors", model
+
+
+@pytest.fixture(scope="module")
+def astronaut() -> np.ndarray:
+    from alfa.gaze.camera import read_photo
+
+    return read_photo("skimage:astronaut")[0]
+
+
+def _write(path, pixels: np.ndarray, fmt: str = "PNG"):
+    Image.fromarray(pixels).save(path, format=fmt)
+    return str(path)
+
+
+def test_predict_the_astronaut(checkpoint, tmp_path, capsys):
+    path, model = checkpoint
+    out = tmp_path / "out.json"
+    code = main(["predict", "skimage:astronaut", "--checkpoint", str(path), "--crops", str(tmp_path / "crops"),
+                 "--json", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text())
+    photo = printed["photos"][0]
+    assert photo["camera"]["source"].startswith("default") and "atan2(-g_x, -g_z)" in photo["convention"]
+    (face,) = photo["faces"]
+    assert set(face) >= {"box", "landmarks", "head_pose", "normalization", "gaze_normalized", "gaze_camera", "crop"}
+    crop = np.asarray(Image.open(face["crop"]))
+    assert crop.shape == (224, 224, 3)
+    # the printed normalized gaze is the model's on that crop (resized to its input size), in degrees
+    expected = _model_on_crop(model, face["crop"])
+    got = [face["gaze_normalized"]["yaw_deg"], face["gaze_normalized"]["pitch_deg"]]
+    assert np.allclose(got, expected, atol=0.02)
+    # and its camera-frame gaze is that direction turned back by the normalization: g_c = R^T g_n
+    from alfa.gaze.camera import angles_to_gaze_vector
+
+    rotation = np.array(face["normalization"]["rotation"])
+    g_c = angles_to_gaze_vector(np.radians(expected)) @ rotation
+    assert np.allclose(face["gaze_camera"]["vector"], g_c, atol=1e-4)
+    # a second run into the same crops folder is refused before any work, the first crop kept
+    assert main(["predict", "skimage:astronaut", "--checkpoint", str(path), "--crops", str(tmp_path / "crops")]) == 2
+    assert "already holds crops" in capsys.readouterr().err
+    assert np.array_equal(np.asarray(Image.open(face["crop"])), crop)
+
+
+def _error_of(capsys, *args: str) -> str:
+    assert main(["predict", *args, "--quiet"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    return lines[0]
+
+
+def test_bad_inputs_give_one_line_and_exit_2(checkpoint, astronaut, tmp_path, capsys):
+    ckpt = ["--checkpoint", str(checkpoint[0])]
+    assert "no face found" in _error_of(capsys, "skimage:coffee", *ckpt)
+    two = _write(tmp_path / "two.png", np.concatenate([astronaut, astronaut], axis=1))
+    assert "2 faces found" in _error_of(capsys, two, *ckpt)
+    tiny = _write(tmp_path / "tiny.png", astronaut[::16, ::16])
+    assert "too small" in _error_of(capsys, tiny, *ckpt)
+    corrupt = tmp_path / "corrupt.jpg"
+    corrupt.write_bytes(_encoded(astronaut, "JPEG")[:2000])
+    assert "not a readable image" in _error_of(capsys, str(corrupt), *ckpt)
+    (tmp_path / "junk.png").write_bytes(b"not an image at all")
+    assert "not a readable image" in _error_of(capsys, str(tmp_path / "junk.png"), *ckpt)
+    assert "no such image file" in _error_of(capsys, str(tmp_path / "missing.png"), *ckpt)
+    wrong = tmp_path / "k.json"
+    wrong.write_text(json.dumps({"matrix": [[1000, 0, 960], [0, 1000, 540], [0, 0, 1]], "image_size": [1920, 1080]}))
+    message = _error_of(capsys, "skimage:astronaut", *ckpt, "--camera", str(wrong))
+    assert "1920×1080 camera; this image is 512×512" in message
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"matrix": [[500, 0, 960], [0, 500, 540], [0, 0, 1]]}))
+    assert "outside this 512×512 image" in _error_of(capsys, "skimage:astronaut", *ckpt, "--camera", str(outside))
+    (tmp_path / "bad.json").write_text("{")
+    assert "is not JSON" in _error_of(capsys, "skimage:astronaut", *ckpt, "--screen", str(tmp_path / "bad.json"))
+
+
+def test_grayscale_photo_is_read_and_said(checkpoint, astronaut, tmp_path, capsys):
+    gray = _write(tmp_path / "gray.png", np.asarray(Image.fromarray(astronaut).convert("L")))
+    assert main(["predict", gray, "--checkpoint", str(checkpoint[0]), "--quiet", "--faces", "all"]) == 0
+    photo = json.loads(capsys.readouterr().out)["photos"][0]
+    assert photo["image"]["notes"] == ["grayscale (L) copied into RGB"] and len(photo["faces"]) == 1
+
+
+def test_several_photos_one_bad_the_others_kept(checkpoint, astronaut, tmp_path, capsys):
+    good = _write(tmp_path / "a.png", astronaut)
+    (tmp_path / "b.png").write_bytes(b"junk")
+    out = tmp_path / "out.json"
+    assert main(["predict", good, str(tmp_path / "b.png"), "--checkpoint", str(checkpoint[0]), "--json", str(out),
+                 "--quiet"]) == 2  # fmt: skip
+    assert "1 of 2 inputs could not be read" in capsys.readouterr().err
+    records = json.loads(out.read_text())["photos"]
+    assert len(records[0]["faces"]) == 1 and "not a readable image" in records[1]["error"]
+
+
+def test_screen_geometry_point_for_the_astronaut(checkpoint, tmp_path, capsys):
+    screen = tmp_path / "screen.json"
+    screen.write_text(json.dumps({"width_mm": 600, "height_mm": 340, "width_px": 1920, "height_px": 1080,
+                                  "top_left_mm": [300, 10, 0]}))  # fmt: skip
+    assert main(["predict", "skimage:astronaut", "--checkpoint", str(checkpoint[0]), "--screen", str(screen),
+                 "--quiet"]) == 0  # fmt: skip
+    face = json.loads(capsys.readouterr().out)["photos"][0]["faces"][0]
+    point = face["screen"]
+    if "error" not in point:  # the ray from her face centre along her camera-frame gaze, onto the plane z = 0
+        centre = np.array(face["normalization"]["face_centre_mm"])
+        g = np.array(face["gaze_camera"]["vector"])
+        hit = centre - centre[2] / g[2] * g
+        assert point["x_mm"] == pytest.approx(300 - hit[0], abs=0.1)
+        assert point["y_mm"] == pytest.approx(hit[1] - 10, abs=0.1)
+    else:
+        assert face["gaze_camera"]["vector"][2] >= 0  # only a gaze away from the camera's plane misses it
+
+
+def _encoded(pixels: np.ndarray, fmt: str) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=fmt)
+    return out.getvalue()
+
+
+def test_serve_answers_a_raw_photo(checkpoint, astronaut, tmp_path, monkeypatch):
+    from alfa.gaze.service import GazeService, make_server
+
+    base, _ = alfa.checkpoint.load_model(checkpoint[0])
+    alfa.attach(base, alfa.LoraConfig(rank=2))
+    alfa.save_adapter(base, tmp_path / "adapters" / "ann.safetensors")
+    server = make_server(GazeService(checkpoint[0], tmp_path / "adapters"), port=0)  # LoRA on that base
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/predict/photo"
+    try:
+        status, answer = _post(f"{url}?user=ann", _encoded(astronaut, "JPEG"))
+        assert status == 200 and answer["user"] == "ann" and len(answer["faces"]) == 1
+        face = answer["faces"][0]
+        assert {"box", "landmarks", "gaze_normalized", "gaze_camera"} <= set(face) and "convention" in answer
+        status, answer = _post(f"{url}?user=ann", _encoded(np.concatenate([astronaut, astronaut], 1), "PNG"))
+        assert status == 400 and "2 faces found" in answer["error"]
+        assert _post(f"{url}?user=ann", b"junk")[0] == 400
+        assert _post(f"{url}?user=nobody", _encoded(astronaut, "PNG"))[0] == 404
+        monkeypatch.setitem(sys.modules, "cv2", None)  # a server without the camera extra
+        status, answer = _post(f"{url}?user=ann", _encoded(astronaut, "PNG"))
+        assert status == 501 and "cv2 is not installed" in answer["error"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _post(url: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_video_frames_are_read_and_smoothed(checkpoint, astronaut, tmp_path, capsys):
+    import cv2
+
+    video = str(tmp_path / "clip.avi")
+    writer = cv2.VideoWriter(video, cv2.VideoWriter_fourcc(*"MJPG"), 5, (512, 512))
+    moved = np.roll(astronaut, 12, axis=1)  # the head a little to the right: another camera-frame gaze
+    for frame in (astronaut, moved, np.full_like(astronaut, 128)):
+        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+    writer.release()
+    assert main(["predict", video, "--video", "--smooth", "0.5", "--checkpoint", str(checkpoint[0]), "--quiet"]) == 0
+    frames = json.loads(capsys.readouterr().out)["videos"][0]["frames"]
+    assert [f["frame"] for f in frames] == [0, 1, 2] and "no face" in frames[2]["error"]
+    first, second = (np.array(f["gaze_camera"]["vector"]) for f in frames[:2])
+    assert frames[0]["gaze_smoothed"] == {k: frames[0]["gaze_camera"][k] for k in ("yaw_deg", "pitch_deg")}
+    from alfa.gaze.camera import gaze_vector_to_angles
+
+    mixed = (first + second) / np.linalg.norm(first + second)
+    expected = np.degrees(gaze_vector_to_angles(mixed))
+    got = [frames[1]["gaze_smoothed"]["yaw_deg"], frames[1]["gaze_smoothed"]["pitch_deg"]]
+    assert np.allclose(got, expected, atol=0.01) and not np.allclose(first, second)
+
+
+def _model_on_crop(model, crop_file) -> np.ndarray:
+    """What a model says, in degrees, on a written crop resized to its input size as the command does."""
+    crop = np.asarray(Image.open(crop_file).convert("RGB")).copy()
+    x = torch.from_numpy(crop).permute(2, 0, 1)[None].float() / 255
+    x = torch.nn.functional.interpolate(x, size=(SIZE, SIZE), mode="bilinear", align_corners=False, antialias=True)
+    with torch.no_grad():
+        return np.degrees(model(x)[0].double().numpy())
+
+
+def test_given_intrinsics_with_distortion_a_screen_fit_and_an_adapter(checkpoint, tmp_path, capsys):
+    import copy
+
+    from alfa.adapters import adapter_parameters
+
+    adapted = copy.deepcopy(checkpoint[1])
+    alfa.attach(adapted, alfa.LoraConfig(rank=2))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in adapter_parameters(adapted).values():
+            p.normal_(0, 0.5)  # large enough to move the gaze by degrees
+    alfa.save_adapter(adapted, tmp_path / "ann.safetensors")
+    camera = tmp_path / "k.json"
+    camera.write_text(json.dumps({"matrix": [[700, 0, 250], [0, 700, 260], [0, 0, 1]], "distortion": [0.02, 0, 0, 0],
+                                  "image_size": [512, 512]}))  # fmt: skip
+    calibration = tmp_path / "fit.json"
+    points = [([0, 0], [960, 0]), ([10, 0], [560, 0]), ([0, -10], [960, 500]), ([10, -10], [560, 500])]
+    calibration.write_text(json.dumps({"points": [{"gaze_deg": g, "screen_px": s} for g, s in points]}))
+    assert main(["predict", "skimage:astronaut", "--checkpoint", str(checkpoint[0]), "--camera", str(camera),
+                 "--screen-fit", str(calibration), "--adapter", str(tmp_path / "ann.safetensors"),
+                 "--crops", str(tmp_path / "crops"), "--quiet"]) == 0  # fmt: skip
+    photo = json.loads(capsys.readouterr().out)["photos"][0]
+    assert photo["camera"]["source"] == str(camera) and photo["camera"]["distortion"] == [0.02, 0, 0, 0]
+    face = photo["faces"][0]
+    yaw, pitch = face["gaze_camera"]["yaw_deg"], face["gaze_camera"]["pitch_deg"]
+    assert face["screen"]["method"] == "fit (degree 1)"
+    assert face["screen"]["x_px"] == pytest.approx(960 - 40 * yaw, abs=0.1)
+    assert face["screen"]["y_px"] == pytest.approx(-50 * pitch, abs=0.1)
+    # the gaze is the adapted model's, not the base's
+    got = [face["gaze_normalized"]["yaw_deg"], face["gaze_normalized"]["pitch_deg"]]
+    assert np.allclose(got, _model_on_crop(adapted, face["crop"]), atol=0.02)
+    assert np.abs(np.subtract(got, _model_on_crop(checkpoint[1], face["crop"]))).max() > 0.5
