@@ -65,11 +65,17 @@ def _finite(text: str) -> float:
     return value
 
 
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 def positive_rate(text: str) -> float:
-    """An argparse type for learning rates: finite and above 0 (an infinite rate fills the weights with NaN)."""
+    """An argparse type for learning rates: finite and above 0 (an infinite rate fills the weights with NaN), and
+    within float32, the weights' type (a larger one overflows the optimizer's first step)."""
     value = _finite(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    if value > FLOAT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {FLOAT32_MAX:.3g} (the weights are float32), got {text}")
     return value
 
 
