@@ -117,13 +117,16 @@ def test_a_full_disk_during_export_is_one_line_and_leaves_no_file(tmp_path, caps
     assert not out.exists() and _leftovers(tmp_path) == []
 
 
-def test_a_symbolic_link_loop_is_one_line(tmp_path, capsys):
-    pytest.importorskip("onnxscript")
+@pytest.mark.parametrize("command", [["export", "--out", "{loop}/gaze.onnx"], ["evaluate", "--json", "{loop}/e.json"]])
+def test_a_symbolic_link_loop_is_one_line(tmp_path, capsys, command):
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
     base = _base(tmp_path)
-    assert main(["export", "--checkpoint", str(base), "--out", str(loop / "gaze.onnx")]) == 2
-    _one_line(capsys, str(loop))
+    argv = [command[0], "--checkpoint", str(base), "--data", "synthetic:mpii", *command[1:]]
+    if command[0] == "export":
+        argv.remove("--data"), argv.remove("synthetic:mpii")
+    assert main([a.format(loop=loop) for a in argv]) == 2
+    _one_line(capsys, f"{loop}/", "Too many levels of symbolic links: a symbolic link there points back into itself")
 
 
 # ----------------------------------------------------------------------------- item 2: no silent non-finite state

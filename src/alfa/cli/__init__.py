@@ -73,20 +73,16 @@ INPUT_OPTIONS = ("checkpoint", "adapter", "adapters", "init", "results")
 
 def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
     """An output is never one of the command's inputs, and an output folder never holds one (the command would
-    write its own files there, a person's adapter named like the checkpoint among them)."""
-    inputs = {n: Path(v).resolve() for n in INPUT_OPTIONS if isinstance(v := getattr(args, n, None), str)}
+    write its own files there, a person's adapter named like the checkpoint among them); two outputs are never
+    one path, and a file output never replaces a ``.safetensors`` file (no command writes a model or an adapter as
+    a single file: it is someone's model)."""
+    inputs = {n: _resolved(v) for n in INPUT_OPTIONS if isinstance(v := getattr(args, n, None), str)}
     outputs: dict[Path, str] = {}
     for name, folder in args.outputs.items():
         value = getattr(args, name, None)
         if value is None:
             continue
-        out = Path(value).resolve()
-        if out in outputs:  # the second write would replace the first
-            raise ValueError(f"--{_flag(name)} {value} is also this command's --{_flag(outputs[out])}: name two paths")
-        outputs[out] = name
-        if not folder and out.suffix == ".safetensors" and out.is_file():
-            # no command writes a model or an adapter as a single file output: this one is someone's model
-            raise ValueError(f"--{_flag(name)} {value} is a model or adapter file, which this command would replace")
+        out = _resolved(value)
         for source, path in inputs.items():
             if out == path:
                 raise ValueError(f"--{_flag(name)} {value} is this command's --{_flag(source)}: choose another path")
@@ -95,6 +91,20 @@ def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
                     f"--{_flag(name)} {value} holds this command's --{_flag(source)} {getattr(args, source)}, which "
                     "its output could replace: write elsewhere"
                 )
+        if out in outputs:  # the second write would replace the first
+            raise ValueError(f"--{_flag(name)} {value} is also this command's --{_flag(outputs[out])}: name two paths")
+        outputs[out] = name
+        if not folder and out.suffix == ".safetensors" and out.is_file():
+            raise ValueError(f"--{_flag(name)} {value} is a model or adapter file, which this command would replace")
+
+
+def _resolved(value: str) -> Path:
+    """``value`` resolved; a loop of symbolic links is the ``OSError`` it is on newer Pythons (3.11 raises
+    ``RuntimeError``), which :func:`error_line` explains."""
+    try:
+        return Path(value).resolve()
+    except RuntimeError:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), value) from None
 
 
 def _flag(dest: str) -> str:
