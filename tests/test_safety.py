@@ -117,6 +117,22 @@ def test_a_full_disk_during_export_is_one_line_and_leaves_no_file(tmp_path, caps
     assert not out.exists() and _leftovers(tmp_path) == []
 
 
+def test_a_full_disk_during_evaluate_json_is_one_line_and_leaves_no_file(tmp_path, capsys, monkeypatch):
+    import alfa.fileio
+
+    def fills_the_disk(path, data):  # what os.write says on a full disk: no file name
+        with alfa.fileio.atomic_path(path) as tmp:
+            tmp.write_bytes(data[:7])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(alfa.fileio, "write_bytes", fills_the_disk)
+    base, report = _base(tmp_path, size=16), tmp_path / "reports" / "e.json"
+    data = "synthetic:mpii?size=16&persons=2&images_per_person=6"
+    assert main(["evaluate", "--checkpoint", str(base), "--data", data, "--json", str(report), "--quiet"]) == 2
+    _one_line(capsys, f"{report}: No space left on device: free some space")
+    assert not report.exists() and _leftovers(tmp_path) == []
+
+
 @pytest.mark.parametrize("command", [["export", "--out", "{loop}/gaze.onnx"], ["evaluate", "--json", "{loop}/e.json"]])
 def test_a_symbolic_link_loop_is_one_line(tmp_path, capsys, command):
     loop = tmp_path / "loop"
