@@ -251,6 +251,17 @@ def test_a_file_output_never_replaces_a_model_nor_another_output(tmp_path, capsy
     assert not (tmp_path / "gaze.onnx").exists()
 
 
+@pytest.mark.parametrize("out", ["{root}", "{root}/.."])
+def test_an_output_is_never_the_data_nor_a_folder_holding_it(tmp_path, capsys, out):
+    root = tmp_path / "data" / "mpii"
+    (root / "Label").mkdir(parents=True)
+    base = _base(tmp_path)
+    spec = f"gazehub:mpiifacegaze:{root}"
+    assert main(["personalize", "--checkpoint", str(base), "--data", spec, "--out", out.format(root=root)]) == 2
+    _one_line(capsys, "this command's --data")
+    assert sorted(p.name for p in (tmp_path / "data").rglob("*")) == ["Label", "mpii"]
+
+
 # ----------------------------------------------------------------------------- item 3: evaluation
 
 
