@@ -194,11 +194,20 @@ def test_training_that_goes_non_finite_stops_at_its_step_and_keeps_the_last_good
         (["--lr=-inf"], "--lr: must be a finite number"),
         (["--symmetry-weight", "nan"], "--symmetry-weight: must be a finite number"),
         (["--epochs", "0"], "--epochs: must be at least 1"),
+        (["--val-fraction", "1"], "--val-fraction: must be at least 0 and below 1, got 1"),
+        (["tpgaze", "--inner-steps", "0"], "--inner-steps: must be at least 1"),
+        (["tpgaze", "--val-fraction", "nan"], "--val-fraction: must be a finite number"),
+        (["export", "--image-size", "100000", "100000"], "--image-size: at most 4096 pixels"),
+        (["export", "--tolerance", "-1"], "--tolerance: must be at least 0"),
     ],
 )
-def test_training_options_say_their_bound(capsys, option, message):
+def test_options_say_their_bound(capsys, option, message):
+    command = {
+        "tpgaze": ["tpgaze", "meta-train", "--checkpoint", "c", "--data", "synthetic:eth"],
+        "export": ["export", "--checkpoint", "c", "--out", "x.onnx"],
+    }.get(option[0], ["pretrain", "--data", "synthetic:eth", option[0]])
     with pytest.raises(SystemExit) as exit_:
-        main(["pretrain", "--data", "synthetic:eth", *option])
+        main([*command, *option[1:]])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 

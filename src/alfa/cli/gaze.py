@@ -19,6 +19,7 @@ from .options import (
     at_least,
     default_of,
     device_option,
+    fraction,
     non_negative_number,
     positive_rate,
     precision_option,
@@ -77,7 +78,7 @@ def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
     g.add_argument(
         "--symmetry-weight", type=non_negative_number, help="weight of the left-right symmetry term (0: off)"
     )
-    g.add_argument("--val-fraction", type=float, help="share of source persons held out (without --val-data)")
+    g.add_argument("--val-fraction", type=fraction, help="share of source persons held out (without --val-data)")
     g.add_argument("--workers", type=worker_count, help="data-loading worker processes")
     precision_option(g)
     seed_option(g, "the initial weights, batch order and person split", TrainConfig().seed)
