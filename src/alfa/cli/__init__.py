@@ -70,13 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
 INPUT_OPTIONS = ("checkpoint", "adapter", "adapters", "init", "results")
 """The options by which every command names the files and folders it reads (never written by it)."""
 
+DATA_OPTIONS = ("data", "val_data")
+"""The options that name a dataset spec, whose files (``gazehub:<dataset>:<root>``, ``xgaze-h5:<file>``) are
+inputs too."""
+
 
 def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
     """An output is never one of the command's inputs, and an output folder never holds one (the command would
     write its own files there, a person's adapter named like the checkpoint among them; a dataset's files are
-    inputs too); two outputs are never
-    one path, and a file output never replaces a ``.safetensors`` file (no command writes a model or an adapter as
-    a single file: it is someone's model)."""
+    inputs too); two outputs are never one path, and a file output never replaces a ``.safetensors`` file (no
+    command writes a model or an adapter as a single file: it is someone's model)."""
     inputs = {n: _resolved(v) for n in INPUT_OPTIONS if isinstance(v := getattr(args, n, None), str)}
     for name in DATA_OPTIONS:
         if isinstance(spec := getattr(args, name, None), str) and (root := _data_path(spec)) is not None:
@@ -100,11 +103,6 @@ def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
         outputs[out] = name
         if not folder and out.suffix == ".safetensors" and out.is_file():
             raise ValueError(f"--{_flag(name)} {value} is a model or adapter file, which this command would replace")
-
-
-DATA_OPTIONS = ("data", "val_data")
-"""The options that name a dataset spec, whose files (``gazehub:<dataset>:<root>``, ``xgaze-h5:<file>``) are
-inputs too."""
 
 
 def _data_path(spec: str) -> Path | None:
