@@ -132,10 +132,16 @@ def test_flipped_bits_in_the_tensor_data_are_refused(base, tmp_path):
     assert meta["checksum"] == alfa.adapters.tensor_checksum(dict(adapter_parameters(user)))
 
 
-def test_nan_tensors_are_refused(base, tmp_path):
+def test_nan_tensors_are_refused_at_save_and_at_load(base, tmp_path, monkeypatch):
     user = _personalized(base)
     with torch.no_grad():
         user.conv2.B_p[0, 0] = float("nan")
+    with pytest.raises(
+        FloatingPointError, match=r"not written: 1 of \d+ tensors hold NaN or infinite values \(conv2.B_p\)"
+    ):
+        alfa.save_adapter(user, tmp_path / "nan.safetensors")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(alfa.adapters.io, "refuse_non_finite", lambda tensors, path: None)  # a file from elsewhere
     path = alfa.save_adapter(user, tmp_path / "nan.safetensors")
     with pytest.raises(AdapterFileError, match="conv2.B_p contains NaN"):
         alfa.load_adapter(copy.deepcopy(base), path)

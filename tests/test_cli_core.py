@@ -306,7 +306,7 @@ def test_evaluate_leaves_out_the_images_the_adapters_were_made_from(tmp_path, ca
     import argparse
     import json
 
-    from alfa.cli.gaze import _adaptation_count
+    from alfa.cli.guards import adaptation_count as _adaptation_count
 
     adapters = tmp_path / "adapters"
     adapters.mkdir()

@@ -272,8 +272,9 @@ def test_bad_persons_are_reported_and_the_run_goes_on(tmp_path, data):
     model = alfa.models.create_model("tiny_gaze_net").eval()
     alfa.truncate(model, RANK)
     reference = copy.deepcopy(model.state_dict())
-    # a stale adapter of the failing person from an earlier run must be removed
+    # a stale adapter of the failing person from an earlier run (which listed it) must be removed
     (tmp_path / "p01.safetensors").write_bytes(b"stale")
+    (tmp_path / "personalization.json").write_text(json.dumps({"persons": {"p01": {"status": "ok"}}}))
     run = personalize_dataset(model, mixed, alfa.AlfaConfig(heads=2, rank=2), PersonalizeConfig(steps=2), tmp_path)
     status = {p: o.status for p, o in run.persons.items()}
     assert status == {"p00": "ok", "p01": "failed", "p02": "ok", "few": "failed"}

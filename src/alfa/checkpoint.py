@@ -27,7 +27,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from .adapters.io import tensor_checksum
+from .adapters.io import refuse_non_finite, tensor_checksum
 from .adapters.state import adapted_layers
 from .fileio import atomic_path
 from .models import create_model
@@ -115,6 +115,7 @@ def save_model(
     if input_scaling is not None:
         config["input_scaling"] = input_scaling
     path = Path(path)
+    refuse_non_finite(tensors, path)  # a diverged model is refused here, not when it is loaded again
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"format": FORMAT, "config": json.dumps(config, sort_keys=True)})
     return path

@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from typing import Any
 
 __all__ = [
     "atomic_path",
+    "os_error_in",
+    "naming",
     "write_text",
     "write_bytes",
     "write_json",
@@ -44,15 +47,54 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     The parent folder is created. On an error the temporary file is removed and ``path`` is untouched.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise naming(e, path.parent) from None
     # Unique per call: several processes may write the same target at once (benchmark pieces).
     tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp{path.suffix}")
     try:
         yield tmp
         os.replace(tmp, path)
+    except Exception as e:
+        # A writer that failed on the file system (disk full, no permission), also one that wraps the OS's error
+        # in its own (safetensors' SafetensorError, an exporter's error): an OSError naming the target.
+        found = os_error_in(e)
+        if found is None:
+            raise
+        raise naming(found, path) from e
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+_RUST_IO_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def os_error_in(error: BaseException) -> OSError | None:
+    """The operating system's error behind ``error``: itself if it is an ``OSError`` with an error number, one
+    it was raised from (``raise ... from``, not any error being handled when it was raised), or one rebuilt from
+    a Rust library's message (``"... (os error 28)"``: how safetensors reports a full disk); else ``None``."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        match = _RUST_IO_ERROR.search(str(current))
+        if match is not None:
+            number = int(match.group(1))
+            return OSError(number, os.strerror(number))
+        current = current.__cause__
+    return None
+
+
+def naming(error: OSError, path: str | os.PathLike) -> OSError:
+    """``error`` with ``path`` as its file name where it names none (an error of ``os.write`` does not), of the
+    same class (``FileNotFoundError`` stays one); ``error`` itself if it names a file already."""
+    if error.filename is not None or error.errno is None:
+        return error
+    return type(error)(error.errno, error.strerror, str(path))
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -198,9 +240,11 @@ def _take(lock: Path, record: dict[str, Any]) -> tuple[dict[str, Any] | None, in
             continue
         try:
             os.write(fd, (json.dumps(record) + "\n").encode("utf-8"))
-        except BaseException:
+        except BaseException as e:
             os.close(fd)
             lock.unlink()
+            if isinstance(e, OSError):
+                raise naming(e, lock) from None  # a full disk: which file could not be written
             raise
         return stale, fd
     raise FolderHeldError(f"{lock.parent} is being taken by other commands at this moment: try again")

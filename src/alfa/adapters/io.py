@@ -43,6 +43,7 @@ __all__ = [
     "read_adapter_metadata",
     "base_fingerprint",
     "tensor_checksum",
+    "refuse_non_finite",
     "has_compact_form",
     "AdapterFileError",
 ]
@@ -181,9 +182,22 @@ def save_adapter(
         metadata["about"] = json.dumps(about, sort_keys=True)
     if compact:
         metadata["compact_of"] = state.config.method
+    refuse_non_finite(tensors, path)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
     return Path(path)
+
+
+def refuse_non_finite(tensors: dict[str, Tensor], path: str | os.PathLike) -> None:
+    """Refuse to write ``tensors`` to ``path`` if a floating-point one holds NaN or an infinite value (a file that
+    only fails when it is loaded again hides where training went wrong): ``FloatingPointError`` naming them."""
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+        raise FloatingPointError(
+            f"{path} not written: {len(bad)} of {len(tensors)} tensors hold NaN or infinite values ({shown}); the "
+            "training that made them diverged (a lower learning rate may help)"
+        )
 
 
 def _in_saved(tensor_name: str, saved: dict[str, nn.Module]) -> bool:

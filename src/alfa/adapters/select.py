@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from ..layers import is_dense_eligible, is_factorized
+from ..layers import is_dense_eligible, is_factorized, layer_spec
 from ..surgery import shared_parameters, tie_refusal
 from .config import AdapterConfig, target_matches
 
-__all__ = ["candidate_layers", "modules_to_save"]
+__all__ = ["candidate_layers", "modules_to_save", "check_sizes", "SIZE_OPTIONS"]
 
 
 def _module_order(model: nn.Module) -> dict[str, int]:
@@ -92,3 +92,34 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
             hint = f" outside modules_to_save ({', '.join(saved[:4])})"
         raise ValueError(f"no layer to adapt: layers={config.layers!r}, target={config.target!r} matched nothing{hint}")
     return names
+
+
+SIZE_OPTIONS = ("rank", "heads")
+"""The options of a method that size its tensors by the layer (a rank, a number of heads)."""
+
+
+def check_sizes(model: nn.Module, config: AdapterConfig, names: Sequence[str] | None = None) -> None:
+    """Refuse, before anything is built, a ``rank`` or ``heads`` larger than every layer ``config`` adapts (of
+    ``names``, default: the layers it selects): a rank cannot exceed ``min(out, in)`` of a layer, and a far larger
+    one would allocate for minutes before anything else is said. ``ValueError`` saying the bound."""
+    if names is None:
+        names = candidate_layers(model, config, modules_to_save(model, config))
+    sizes: dict[str, tuple[int, int]] = {}
+    for name in names:
+        try:
+            spec = layer_spec(model.get_submodule(name))
+        except (ValueError, TypeError, AttributeError):
+            continue  # a layer of another kind: its method says what it accepts
+        sizes[name] = (spec.m, spec.n)
+    if not sizes:
+        return
+    largest = max(sizes, key=lambda n: min(sizes[n]))
+    bound = min(sizes[largest])
+    for option in SIZE_OPTIONS:
+        value = getattr(config, option, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > bound:
+            m, n = sizes[largest]
+            raise ValueError(
+                f"{config.method}: {option} {value} is larger than every layer it adapts (the largest, {largest}, "
+                f"maps {n} inputs to {m} outputs): at most {bound}"
+            )

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..surgery import Attachment, guard_save_pretrained, replace_module, shared_parameters, tie_refusal
 from .config import AdapterConfig, MergeError
 from .layer import AdaptedLayer, merged_layer
-from .select import candidate_layers, modules_to_save
+from .select import candidate_layers, check_sizes, modules_to_save
 
 __all__ = [
     "DEFAULT_ADAPTER",
@@ -368,6 +368,7 @@ def _build_state(model: nn.Module, config: AdapterConfig, name: str, requires_gr
         return state
     saved = modules_to_save(model, config)
     names = candidate_layers(model, config, saved)
+    check_sizes(model, config, names)
     layer_config = config.resolved_for(model, names)
     built: dict[str, AdaptedLayer] = {}
     for layer_name in names:  # build every wrapper before touching the model

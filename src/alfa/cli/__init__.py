@@ -6,22 +6,26 @@ Each command is declared once, as a :class:`~alfa.cli.registry.Command` in the m
 :mod:`~alfa.cli.options`.
 :data:`COMMANDS` is their order in ``alfa --help``. :func:`main` is the one place where an error a person can
 fix (a bad option value, a missing or unreadable file, a package not installed, an output folder another
-running command holds) becomes one line on stderr and exit status 2, never a traceback.
+running command holds, a full disk, a port in use) becomes one line on stderr and exit status 2, never a
+traceback; an error of the operating system names its path and says what to do (:func:`error_line`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from alfa.fileio import os_error_in
+
 from . import bench, camera, crate, gaze, library, serve, study, tpgaze
 from .registry import Command, add_commands, missing_package
 
-__all__ = ["COMMANDS", "USER_ERRORS", "build_parser", "main"]
+__all__ = ["COMMANDS", "USER_ERRORS", "OS_ERROR_ADVICE", "build_parser", "error_line", "main"]
 
 COMMANDS: tuple[Command, ...] = (
     library.SUMMARY,
@@ -69,16 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
 INPUT_OPTIONS = ("checkpoint", "adapter", "adapters", "init", "results")
 """The options by which every command names the files and folders it reads (never written by it)."""
 
+DATA_OPTIONS = ("data", "val_data")
+"""The options that name a dataset spec, whose files (``gazehub:<dataset>:<root>``, ``xgaze-h5:<file>``) are
+inputs too."""
+
 
 def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
     """An output is never one of the command's inputs, and an output folder never holds one (the command would
-    write its own files there, a person's adapter named like the checkpoint among them)."""
-    inputs = {n: Path(v).resolve() for n in INPUT_OPTIONS if isinstance(v := getattr(args, n, None), str)}
+    write its own files there, a person's adapter named like the checkpoint among them; a dataset's files are
+    inputs too); two outputs are never one path, and a file output never replaces a ``.safetensors`` file (no
+    command writes a model or an adapter as a single file: it is someone's model)."""
+    inputs = {n: _resolved(v) for n in INPUT_OPTIONS if isinstance(v := getattr(args, n, None), str)}
+    for name in DATA_OPTIONS:
+        if isinstance(spec := getattr(args, name, None), str) and (root := _data_path(spec)) is not None:
+            inputs[name] = root
+    outputs: dict[Path, str] = {}
     for name, folder in args.outputs.items():
         value = getattr(args, name, None)
         if value is None:
             continue
-        out = Path(value).resolve()
+        out = _resolved(value)
         for source, path in inputs.items():
             if out == path:
                 raise ValueError(f"--{_flag(name)} {value} is this command's --{_flag(source)}: choose another path")
@@ -87,6 +101,34 @@ def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
                     f"--{_flag(name)} {value} holds this command's --{_flag(source)} {getattr(args, source)}, which "
                     "its output could replace: write elsewhere"
                 )
+        if out in outputs:  # the second write would replace the first
+            raise ValueError(f"--{_flag(name)} {value} is also this command's --{_flag(outputs[out])}: name two paths")
+        outputs[out] = name
+        if not folder and out.suffix == ".safetensors" and out.is_file():
+            raise ValueError(f"--{_flag(name)} {value} is a model or adapter file, which this command would replace")
+
+
+def _data_path(spec: str) -> Path | None:
+    """The file or folder a dataset spec reads (what follows one of its colons and exists), ``None`` for a
+    synthetic world or a spec that names none."""
+    body = spec.partition("?")[0]
+    if body.partition(":")[0].strip().lower() == "synthetic":
+        return None
+    parts = body.split(":")
+    for i in range(1, len(parts)):
+        candidate = ":".join(parts[i:])
+        if candidate and Path(candidate).exists():
+            return _resolved(candidate)
+    return None
+
+
+def _resolved(value: str) -> Path:
+    """``value`` resolved; a loop of symbolic links is the ``OSError`` it is on newer Pythons (3.11 raises
+    ``RuntimeError``), which :func:`error_line` explains."""
+    try:
+        return Path(value).resolve()
+    except RuntimeError:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), value) from None
 
 
 def _flag(dest: str) -> str:
@@ -149,6 +191,43 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: error: {hint}", file=sys.stderr)
         return 2
     except USER_ERRORS as e:
-        print(f"{name}: error: {e}", file=sys.stderr)
+        print(f"{name}: error: {error_line(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a library's own error around a file (safetensors' SafetensorError): still one line
+        found = os_error_in(e)
+        if found is None:
+            raise
+        print(f"{name}: error: {error_line(found)}", file=sys.stderr)
         return 2
     return 0
+
+
+OS_ERROR_ADVICE = {
+    errno.ENOSPC: "free some space or choose another place, then run the command again (what it finished is kept "
+    "whole, nothing half-written is left)",
+    errno.EDQUOT: "free some space or choose another place, then run the command again",
+    errno.ELOOP: "a symbolic link there points back into itself: fix or remove the link",
+    errno.EACCES: "choose a place you may use, or change its permissions",
+    errno.EPERM: "choose a place you may use, or change its permissions",
+    errno.EROFS: "choose a place that can be written",
+    errno.ENOENT: "check the path",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: check the path",
+    errno.EISDIR: "name a file, not a folder",
+    errno.ENAMETOOLONG: "choose a shorter name",
+    errno.EMFILE: "raise the limit (ulimit -n) or use fewer --workers",
+    errno.EADDRINUSE: "choose another --port (0: any free one), or stop the program that uses it",
+    errno.EADDRNOTAVAIL: "the address is not one of this machine's: check --host",
+    errno.EIO: "check the disk, then run the command again",
+}
+"""What a person can do about the operating system's errors the commands meet, by error number."""
+
+
+def error_line(error: BaseException) -> str:
+    """``error`` as one line: an error of the operating system as the path it concerns and what to do about it
+    (:data:`OS_ERROR_ADVICE`), any other as its message, whose first line only if it has several."""
+    if isinstance(error, OSError) and error.errno is not None:
+        parts = [" -> ".join(str(p) for p in (error.filename, error.filename2) if p is not None)]
+        parts += [error.strerror or os.strerror(error.errno), OS_ERROR_ADVICE.get(error.errno, "")]
+        return ": ".join(p for p in parts if p)
+    lines = [line for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    return lines[0] + (" (...)" if len(lines) > 1 else "")

@@ -13,11 +13,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .guards import adaptation_count, check_labels, check_method_fits, raise_if_incomplete, remove_listed
 from .options import (
     allow_partial_option,
     at_least,
     default_of,
     device_option,
+    fraction,
     non_negative_number,
     positive_rate,
     precision_option,
@@ -75,7 +77,7 @@ def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
     g.add_argument(
         "--symmetry-weight", type=non_negative_number, help="weight of the left-right symmetry term (0: off)"
     )
-    g.add_argument("--val-fraction", type=float, help="share of source persons held out (without --val-data)")
+    g.add_argument("--val-fraction", type=fraction, help="share of source persons held out (without --val-data)")
     g.add_argument("--workers", type=worker_count, help="data-loading worker processes")
     precision_option(g)
     seed_option(g, "the initial weights, batch order and person split", TrainConfig().seed)
@@ -247,18 +249,6 @@ def _personalize_config(args: argparse.Namespace, method: Any = None):
     return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
 
 
-def _remove_adapters(folder: Path) -> None:
-    """``--replace``: remove the adapters (and their sidecars) the folder's last run lists, nothing else."""
-    from alfa.gaze.evaluate import adapter_filename
-
-    summary = folder / "personalization.json"
-    for person in json.loads(summary.read_text()).get("persons", {}):
-        adapter = folder / adapter_filename(person)
-        adapter.unlink(missing_ok=True)
-        adapter.with_suffix(".json").unlink(missing_ok=True)
-    summary.unlink()
-
-
 def _recipe_words(config: Any) -> str:
     scale = ", ".join(f"×{v:g} on {k}" for k, v in config.lr_scale.items()) or "no layer scaling"
     branches = "flipped branch detached" if config.detach_flipped else "both branches trained"
@@ -279,6 +269,7 @@ def _personalize(args: argparse.Namespace) -> None:
     precision = run_precision_of(args, device)
     model, saved = load_model(args.checkpoint)
     model.to(device).eval()
+    check_method_fits(model, method)  # --adapter-rank 100000 is refused now, not after minutes of allocating
     if args.init:
         if not type(method).trains_prompts:
             raise ValueError(
@@ -294,7 +285,7 @@ def _personalize(args: argparse.Namespace) -> None:
     if why is not None:
         if not args.replace:
             raise ValueError(f"--out {args.out}: {why}; use another --out, or --replace to redo them there")
-        _remove_adapters(Path(args.out))
+        remove_listed(Path(args.out))
     seed_everything(config.seed)
     if not args.quiet:
         print(f"recipe: {_recipe_words(config)}")
@@ -322,7 +313,8 @@ def _evaluate(args: argparse.Namespace) -> None:
 
     if args.adapters is not None and not Path(args.adapters).is_dir():
         raise FileNotFoundError(f"--adapters {args.adapters}: no such folder (alfa personalize --out writes one)")
-    n_adapt = _adaptation_count(args)  # before any loading: a conflicting --n-adapt is refused at once
+    check_labels(args.label, args.flip_tta)
+    n_adapt = adaptation_count(args)  # before any loading: a conflicting --n-adapt is refused at once
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)
     model, saved = load_model(args.checkpoint)
@@ -350,43 +342,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     print(report.format_table())
     if args.json:
         print(f"written {report.save_json(args.json)}")
-    _raise_if_incomplete(report, args.allow_partial)
-
-
-def _adaptation_count(args: argparse.Namespace) -> int:
-    """How many first images per person ``evaluate`` leaves out: the count the adapters were made from, as
-    their folder's ``personalization.json`` records it (a different ``--n-adapt`` would score adaptation
-    images, or drop scored ones); ``--n-adapt`` itself, else the recipe's default, when there is no record."""
-    from alfa.gaze.personalize import PersonalizeConfig
-
-    record = Path(args.adapters) / "personalization.json" if args.adapters else None
-    if record is None or not record.is_file():
-        return PersonalizeConfig().n_adapt if args.n_adapt is None else args.n_adapt
-    try:
-        made_from = json.loads(record.read_text(encoding="utf-8"))["config"]["n_adapt"]
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
-        raise ValueError(f"{record}: not a personalization record (alfa personalize writes one)") from None
-    if args.n_adapt is not None and args.n_adapt != made_from:
-        raise ValueError(
-            f"--n-adapt {args.n_adapt}: the adapters in {args.adapters} were made from the first {made_from} "
-            "images of each person; leave --n-adapt out to score the others"
-        )
-    return made_from
-
-
-def _raise_if_incomplete(report: Any, allow_partial: bool) -> None:
-    """An evaluation that could not score every person is an error a script can see (exit 2), unless the user
-    accepts it; one that scored nobody always is."""
-    if not report.failed:
-        return
-    n, total = len(report.failed), len(report.persons)
-    if not report.common_persons():
-        raise RuntimeError(f"no person could be scored ({n} of {total} failed, listed above)")
-    if not allow_partial:
-        raise RuntimeError(
-            f"{n} of {total} persons could not be scored (listed above; the means leave them out); "
-            "--allow-partial accepts that"
-        )
+    raise_if_incomplete(report, args.allow_partial)
 
 
 # ----------------------------------------------------------------------------- demo

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .options import default_of
+from .options import default_of, image_side, non_negative_number
 from .registry import Command
 
 __all__ = ["SUMMARY", "EXPORT"]
@@ -37,12 +37,12 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
         choices=("extend", "densify"),
         help="for LoRA-family adapters: keep an exact factorization of rank d + r (extend) or dense layers",
     )
-    p.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"), help="default: the checkpoint's")
+    p.add_argument("--image-size", type=image_side, nargs=2, metavar=("H", "W"), help="default: the checkpoint's")
     p.add_argument("--out", required=True, help="the ONNX file to write")
     p.add_argument("--program", help="also write the torch.export program here (.pt2)")
     p.add_argument(
         "--tolerance",
-        type=float,
+        type=non_negative_number,
         default=default_of(export_onnx, "tolerance"),
         help="largest relative difference accepted (default %(default)g)",
     )

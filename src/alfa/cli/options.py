@@ -17,6 +17,8 @@ __all__ = [
     "at_least",
     "positive_rate",
     "non_negative_number",
+    "fraction",
+    "image_side",
     "worker_count",
     "device_option",
     "precision_option",
@@ -65,11 +67,17 @@ def _finite(text: str) -> float:
     return value
 
 
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 def positive_rate(text: str) -> float:
-    """An argparse type for learning rates: finite and above 0 (an infinite rate fills the weights with NaN)."""
+    """An argparse type for learning rates: finite and above 0 (an infinite rate fills the weights with NaN), and
+    within float32, the weights' type (a larger one overflows the optimizer's first step)."""
     value = _finite(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    if value > FLOAT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {FLOAT32_MAX:.3g} (the weights are float32), got {text}")
     return value
 
 
@@ -79,6 +87,29 @@ def non_negative_number(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
     return value
+
+
+def fraction(text: str) -> float:
+    """An argparse type for shares such as the held-out persons': finite, at least 0 and below 1 (all of them held
+    out would leave nothing to train on)."""
+    value = _finite(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+    return value
+
+
+def image_side(text: str) -> int:
+    """An argparse type for an image side in pixels: 1 to :data:`MAX_IMAGE_SIDE` (a model runs on any size, and a
+    mistyped 100000 would ask for tens of gigabytes before saying anything)."""
+    value = at_least(1)(text)
+    if value > MAX_IMAGE_SIDE:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_IMAGE_SIDE} pixels (the gaze models take face crops of 32 to 448), got {value}"
+        )
+    return value
+
+
+MAX_IMAGE_SIDE = 4096
 
 
 def worker_count(text: str) -> int:

@@ -16,6 +16,8 @@ from .options import (
     allow_partial_option,
     at_least,
     device_option,
+    fraction,
+    non_negative_number,
     positive_rate,
     precision_option,
     quiet_option,
@@ -146,13 +148,16 @@ def _meta_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-data", help="held-out source persons (default: the checkpoint's)")
     p.add_argument("--out", default="runs/tpgaze-meta", help="output folder (an unfinished run there resumes)")
     g = p.add_argument_group("meta-training (defaults: the reference code's)")
-    g.add_argument("--epochs", type=int, default=meta.epochs, help="epochs (default %(default)s)")
+    g.add_argument("--epochs", type=at_least(1), default=meta.epochs, help="epochs (default %(default)s)")
     g.add_argument(
-        "--steps-per-epoch", type=int, default=meta.steps_per_epoch, help="meta-steps per epoch (default %(default)s)"
+        "--steps-per-epoch",
+        type=at_least(1),
+        default=meta.steps_per_epoch,
+        help="meta-steps per epoch (default %(default)s)",
     )
     g.add_argument(
         "--batch-size",
-        type=int,
+        type=at_least(1),
         default=meta.batch_size,
         help="images per support and per query batch (default %(default)s)",
     )
@@ -169,7 +174,10 @@ def _meta_train_arguments(p: argparse.ArgumentParser) -> None:
         help="inner step rule (default %(default)s)",
     )
     g.add_argument(
-        "--inner-steps", type=int, default=meta.inner_steps, help="inner steps per meta-step (default %(default)s)"
+        "--inner-steps",
+        type=at_least(1),
+        default=meta.inner_steps,
+        help="inner steps per meta-step (default %(default)s)",
     )
     g.add_argument(
         "--query",
@@ -179,13 +187,13 @@ def _meta_train_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--init-std",
-        type=float,
+        type=non_negative_number,
         default=TPGazeConfig().init_std,
         help="σ of the Gaussian prompt init (default %(default)s)",
     )
     g.add_argument(
         "--val-fraction",
-        type=float,
+        type=fraction,
         default=meta.val_fraction,
         help="share of source persons held out, without a split (default %(default)s)",
     )

@@ -350,6 +350,8 @@ def evaluate(
     """
     if adapter_state(model) is not None:
         raise RuntimeError("evaluate expects the base model without an adapter attached (call alfa.detach)")
+    if after == before:  # one column would silently replace the other
+        raise ValueError(f"the adapted column and the base's are both named {after!r}: name them apart")
     persons = list(dataset.persons() if persons is None else persons)
     n_eval = {p: len(eval_indices(dataset, p, n_adapt)) for p in persons}
     empty = [p for p, n in n_eval.items() if n == 0]

@@ -69,6 +69,8 @@ __all__ = [
     "personalize",
     "personalize_dataset",
     "foreign_adapters",
+    "listed_files",
+    "RECORD_FILE",
 ]
 
 # Parameter names inside ResNet-18's third and fourth stage (the paper's ×10 learning rate).
@@ -278,6 +280,7 @@ class PersonalizationRun:
     method_config: dict[str, Any]
     config: dict[str, Any]
     persons: dict[str, PersonOutcome]
+    written: set[str] = field(default_factory=set)  # file names in the folder that runs there wrote (or began)
 
     @property
     def failed(self) -> dict[str, str]:
@@ -309,6 +312,7 @@ class PersonalizationRun:
             "method_config": self.method_config,
             "config": self.config,
             "persons": {p: dataclasses.asdict(o) for p, o in self.persons.items()},
+            "written": sorted(self.written),
         }
 
 
@@ -372,6 +376,46 @@ def foreign_adapters(
     return None
 
 
+RECORD_FILE = "personalization.json"
+
+
+class _WriteFailed(Exception):
+    """The folder could not be written: the run stops with ``error`` (a person's failure is recorded instead)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def listed_files(out_dir: str | Path) -> set[str]:
+    """The names of the files in ``out_dir`` that personalization runs there wrote or began, as its record
+    lists them (the record itself included; a record from before the list: its persons' adapters and sidecars);
+    empty without a record. Only these may be replaced or removed by a later run, even with ``--replace``.
+    ``ValueError`` if ``personalization.json`` is there but is not such a record."""
+    record = Path(out_dir) / RECORD_FILE
+    if not record.exists():
+        return set()
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+        persons = data["persons"]
+        written = set(data.get("written", ()))
+        written |= {n for p in persons for n in (adapter_filename(p), Path(adapter_filename(p)).stem + ".json")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{record} is not a personalization record alfa wrote ({e}); move it away") from None
+    return {Path(n).name for n in written} | {RECORD_FILE}
+
+
+def _refuse_unlisted(out: Path, names: Sequence[str], listed: set[str]) -> None:
+    """A file this run would write that is already in ``out`` but that no run there listed is not ours to
+    replace (a person named like another file there: ``model`` and the checkpoint)."""
+    found = sorted(n for n in names if n not in listed and (out / n).exists())
+    if found:
+        raise ValueError(
+            f"{out} holds {', '.join(found[:3])}{' and more' if len(found) > 3 else ''}, which no personalization "
+            "run there wrote: alfa replaces only files it listed; move them, or choose another --out"
+        )
+
+
 def personalize_dataset(
     model: nn.Module,
     dataset: GazeDataset,
@@ -407,27 +451,36 @@ def personalize_dataset(
     if len(set(names)) != len(names):
         raise ValueError(f"{dataset.name}: person ids collide once made file-safe: {names}")
     key = _run_key(method, config)
+    listed = listed_files(out)
+    _refuse_unlisted(out, [RECORD_FILE, *names, *(Path(n).stem + ".json" for n in names)], listed)
     run = PersonalizationRun(dataset.name, method.method, method.to_dict(), config.to_dict(), {})
+    run.written = listed - {RECORD_FILE}
     bar = tqdm(persons, desc=f"personalize {dataset.name}", disable=not progress)
     for person in bar:
         adapter = out / adapter_filename(person)
         sidecar = adapter.with_suffix(".json")
+        if not {adapter.name, sidecar.name} <= run.written:  # listed before they exist: a crash leaves them ours
+            run.written |= {adapter.name, sidecar.name}
+            write_json(out / RECORD_FILE, run.to_dict())
         done = _already_done(model, adapter, sidecar, key) if resume else None
         if done is not None and track is not None and len(done.tracked) != config.steps + 1:
             done = None  # made without the per-step measurements this run asks for
         if done is not None:
             run.persons[person] = done
             continue
-        outcome = _personalize_person(
-            model, dataset, person, method, config, adapter, None if track is None else track(person)
-        )
+        try:
+            outcome = _personalize_person(
+                model, dataset, person, method, config, adapter, None if track is None else track(person)
+            )
+        except _WriteFailed as e:
+            raise e.error from None
         run.persons[person] = outcome
         if outcome.status == "ok":
             write_json(sidecar, {"key": key, "outcome": dataclasses.asdict(outcome)})
         else:
             tqdm.write(f"personalization of {person!r} failed: {outcome.error}")
-        write_json(out / "personalization.json", run.to_dict())
-    write_json(out / "personalization.json", run.to_dict())
+        write_json(out / RECORD_FILE, run.to_dict())
+    write_json(out / RECORD_FILE, run.to_dict())
     return run
 
 
@@ -452,6 +505,10 @@ def _personalize_person(
         )
         try:
             save_adapter(model, path, about={"dataset": dataset.name, "person": person})
+        except OSError as e:
+            # The folder cannot be written (a full disk): not this person's failure, every next one would fail
+            # the same way. The run stops; the adapters done so far are whole and listed, a rerun resumes.
+            raise _WriteFailed(e) from e
         finally:
             detach(model)
     except (ValueError, RuntimeError, FloatingPointError, KeyError, OSError) as e:

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from alfa.adapters import adapter_parameters, adapter_state, attach, detach, load_adapter, save_adapter
-from alfa.adapters.io import _compare_fingerprints, base_fingerprint
+from alfa.adapters.io import _compare_fingerprints, base_fingerprint, refuse_non_finite
 from alfa.adapters.prompt import PromptedConv, TPGazeConfig
 from alfa.adapters.state import adapted_layers
 from alfa.checkpoint import CheckpointError, read_tagged, write_tagged
@@ -244,6 +244,7 @@ def _save_state(path: Path, prompts: dict[str, nn.Parameter], optimizers: dict[s
     tensors = {f"prompt/{n}": p.detach().cpu().contiguous() for n, p in prompts.items()}
     for prefix, opt in optimizers.items():
         tensors.update(_optimizer_tensors(opt, prefix))
+    refuse_non_finite(tensors, path)  # diverged prompts stop the meta-training; the last good state stays
     write_tagged(path, tensors, STATE_FORMAT, meta)
 
 

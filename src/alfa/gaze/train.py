@@ -19,6 +19,7 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -27,7 +28,7 @@ import pickle
 import random
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from alfa.adapters.io import refuse_non_finite
 from alfa.checkpoint import CheckpointError, load_state, read_checkpoint, save_model
 from alfa.fileio import atomic_path
 from alfa.summary import parameter_summary
@@ -339,7 +341,7 @@ def train_source(
     _seed_everything(config.seed)
     size = input_size(dataset)  # recorded in every checkpoint of the run
 
-    with distributed.data_parallel(model, device) as net:
+    with distributed.data_parallel(model, device) as net, _stops_when_non_finite(out, start_epoch) as epochs_done:
         for epoch in range(start_epoch, config.epochs):
             t0 = time.time()
             net.train()
@@ -368,8 +370,21 @@ def train_source(
                     out, model, optimizer, scaler, epoch + 1, model_name, model_kwargs, extra_meta, size
                 )
             distributed.barrier()  # nobody reads a checkpoint rank 0 is still writing
+            epochs_done[0] = epoch + 1
     model.eval()
     return TrainResult(out / MODEL_FILE, history, train_p, val_p, resumed_from_epoch=start_epoch)
+
+
+@contextlib.contextmanager
+def _stops_when_non_finite(out: Path, start_epoch: int) -> Iterator[list[int]]:
+    """Training that went non-finite stops with one error that says which checkpoint is kept (the caller puts
+    the number of epochs whose checkpoint is written into the list yielded)."""
+    done = [start_epoch]
+    try:
+        yield done
+    except FloatingPointError as e:
+        kept = f"the checkpoint of epoch {done[0]} in {out} is kept" if done[0] else "no checkpoint was written"
+        raise FloatingPointError(f"{e}: stopped, {kept}") from None
 
 
 def _epoch_global_batches(
@@ -425,18 +440,23 @@ def _train_epoch(
         images = images.to(device, non_blocking=True, memory_format=layout)
         gaze = gaze.to(device, non_blocking=True)
         share = len(images) / len(whole)  # of the global batch (1 in one process)
-        terms = _train_step(
-            model,
-            optimizer,
-            images,
-            gaze,
-            config.symmetry_weight,
-            config.symmetry_bn,
-            config.precision,
-            net=net,
-            scaler=scaler,
-            loss_scale=share * world,  # DDP averages over processes: this makes it the global mean
-        )
+        try:
+            terms = _train_step(
+                model,
+                optimizer,
+                images,
+                gaze,
+                config.symmetry_weight,
+                config.symmetry_bn,
+                config.precision,
+                net=net,
+                scaler=scaler,
+                loss_scale=share * world,  # DDP averages over processes: this makes it the global mean
+            )
+            _refuse_non_finite_weights(model)  # a finite loss can still leave NaN weights (an overflowing step)
+        except FloatingPointError as e:
+            rate = optimizer.param_groups[0]["lr"]
+            raise FloatingPointError(f"{e}, at step {step + 1} of {steps[1]} (learning rate {rate:g})") from None
         sums += share * torch.tensor([terms["loss"], terms["l1"], terms["symmetry"]], dtype=torch.float64)
         bar.set_postfix(loss=f"{terms['loss']:.4f}")
     if world > 1:
@@ -450,6 +470,15 @@ def _train_epoch(
     return sums
 
 
+def _refuse_non_finite_weights(model: nn.Module) -> None:
+    finite = torch.stack([torch.isfinite(p).all() for p in model.parameters()])
+    if not bool(finite.all()):
+        bad = [n for (n, _), ok in zip(model.named_parameters(), finite.tolist()) if not ok]
+        raise FloatingPointError(
+            f"source training: the weights went NaN or infinite in {len(bad)} tensors ({', '.join(bad[:3])})"
+        )
+
+
 def _write_epoch_checkpoint(
     out: Path,
     model: nn.Module,
@@ -461,7 +490,9 @@ def _write_epoch_checkpoint(
     extra: dict[str, Any],
     size: tuple[int, int],
 ) -> None:
-    """The optimizer state, then the model, after ``epoch`` epochs (rank 0 only)."""
+    """The optimizer state, then the model, after ``epoch`` epochs (rank 0 only); nothing if a tensor of the
+    model is not finite (``FloatingPointError``: the last good checkpoint stays as it was)."""
+    refuse_non_finite(dict(model.state_dict()), out / MODEL_FILE)  # before the state: the two stay one epoch
     # The optimizer state first: a crash between the two writes leaves a model one epoch behind
     # the state, which _resume detects.
     state = {"epoch": epoch, "optimizer": optimizer.state_dict()}

@@ -1,0 +1,82 @@
+"""What the gaze commands check before they work, and after: the adaptation count ``evaluate`` leaves out, its
+column labels, an adapter method against the model it will adapt, what ``--replace`` may remove, and whether an
+evaluation scored everyone. Each raises ``ValueError`` or ``RuntimeError`` with one line for :func:`alfa.cli.main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+__all__ = ["adaptation_count", "check_labels", "check_method_fits", "raise_if_incomplete", "remove_listed"]
+
+RESERVED_LABELS = ("source-only", "flip-TTA")
+"""The columns ``evaluate`` names itself: the base's, and the base's under flip test-time augmentation."""
+
+
+def check_labels(label: str, flip_tta: bool) -> None:
+    """``--label`` names the adapted column: it may not be empty nor one of the columns ``evaluate`` names itself
+    (:data:`RESERVED_LABELS`), whose results it would silently replace in the table and the JSON."""
+    if not label.strip():
+        raise ValueError("--label: the adapted column needs a name")
+    taken = RESERVED_LABELS if flip_tta else RESERVED_LABELS[:1]
+    if label in taken:
+        raise ValueError(f"--label {label!r} is the name of the {label} column already in the report: choose another")
+
+
+def check_method_fits(model: nn.Module, method: Any) -> None:
+    """The method's sizes (rank, heads) fit the layers it will adapt in ``model``: refused at once, before any
+    data is read (:func:`alfa.adapters.select.check_sizes`); a method that adapts no layer passes."""
+    from alfa.adapters.select import check_sizes
+
+    if getattr(method, "scope", "layer") == "layer":
+        check_sizes(model, method)
+
+
+def remove_listed(folder: Path) -> None:
+    """``--replace``: remove the files the folder's personalization runs listed (their adapters, sidecars and
+    record), nothing else: a file no run there wrote stays, and the run then refuses to replace it."""
+    from alfa.gaze.personalize import listed_files
+
+    for name in sorted(listed_files(folder)):
+        (folder / name).unlink(missing_ok=True)
+
+
+def adaptation_count(args: argparse.Namespace) -> int:
+    """How many first images per person ``evaluate`` leaves out: the count the adapters were made from, as
+    their folder's ``personalization.json`` records it (a different ``--n-adapt`` would score adaptation
+    images, or drop scored ones); ``--n-adapt`` itself, else the recipe's default, when there is no record."""
+    from alfa.gaze.personalize import PersonalizeConfig
+
+    record = Path(args.adapters) / "personalization.json" if args.adapters else None
+    if record is None or not record.is_file():
+        return PersonalizeConfig().n_adapt if args.n_adapt is None else args.n_adapt
+    try:
+        made_from = json.loads(record.read_text(encoding="utf-8"))["config"]["n_adapt"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        raise ValueError(f"{record}: not a personalization record (alfa personalize writes one)") from None
+    if args.n_adapt is not None and args.n_adapt != made_from:
+        raise ValueError(
+            f"--n-adapt {args.n_adapt}: the adapters in {args.adapters} were made from the first {made_from} "
+            "images of each person; leave --n-adapt out to score the others"
+        )
+    return made_from
+
+
+def raise_if_incomplete(report: Any, allow_partial: bool) -> None:
+    """An evaluation that could not score every person is an error a script can see (exit 2), unless the user
+    accepts it; one that scored nobody always is."""
+    if not report.failed:
+        return
+    n, total = len(report.failed), len(report.persons)
+    if not report.common_persons():
+        raise RuntimeError(f"no person could be scored ({n} of {total} failed, listed above)")
+    if not allow_partial:
+        raise RuntimeError(
+            f"{n} of {total} persons could not be scored (listed above; the means leave them out); "
+            "--allow-partial accepts that"
+        )

@@ -1,0 +1,298 @@
+"""Issue 29, items 1, 2, 3 and 5: inputs are never outputs and only listed files are replaced, no non-finite
+state is kept silently, evaluation cannot score what it should not, and one error net for the file system
+(disk full, symbolic-link loops, ports in use): one line naming the path, exit 2, nothing half-written."""
+
+import errno
+import json
+
+import pytest
+import torch
+from safetensors import SafetensorError
+from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
+
+import alfa
+from alfa.checkpoint import load_model, read_checkpoint, save_model
+from alfa.cli import error_line, main
+from alfa.fileio import atomic_path
+from alfa.gaze.data.base import InMemoryGazeDataset
+from alfa.gaze.personalize import PersonalizeConfig, listed_files, personalize_dataset
+from alfa.gaze.train import TrainConfig, train_source
+
+DISK_FULL = "Error while serializing: I/O error: No space left on device (os error 28)"  # safetensors' words
+
+
+def _dataset(persons=2, images=8, size=16, name="toy"):
+    g = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 256, (persons * images, 3, size, size), dtype=torch.uint8, generator=g)
+    gaze = (torch.rand(persons * images, 2, generator=g) - 0.5) * 0.5
+    ids = torch.arange(persons).repeat_interleave(images)
+    return InMemoryGazeDataset(pixels, gaze, ids, [f"p{i}" for i in range(persons)], name=name)
+
+
+def _base(folder, size=32):
+    """A truncated tiny checkpoint trained (nominally) on ``size``-pixel images."""
+    model = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(model, 4)
+    return save_model(folder / "base.safetensors", model, "tiny_gaze_net", input_size=(size, size))
+
+
+def _one_line(capsys, *words):
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+def _leftovers(folder):
+    return sorted(p.name for p in folder.rglob("*") if ".tmp" in p.name)
+
+
+# ----------------------------------------------------------------------------- item 5: one error net
+
+
+def test_a_writer_that_fails_on_a_full_disk_names_the_path_and_leaves_nothing(tmp_path):
+    target = tmp_path / "model.safetensors"
+    target.write_bytes(b"the earlier file")
+    with pytest.raises(OSError) as caught, atomic_path(target) as tmp:
+        tmp.write_bytes(b"half a fi")
+        raise SafetensorError(DISK_FULL)
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(target)
+    assert target.read_bytes() == b"the earlier file" and _leftovers(tmp_path) == []
+    with pytest.raises(ValueError, match="not a file system error"), atomic_path(target):
+        raise ValueError("not a file system error")  # anything else passes through as it was
+
+
+@pytest.mark.parametrize(
+    "error, words",
+    [
+        (OSError(errno.ENOSPC, "No space left on device", "/data/out/p1.safetensors"), ("/data/out/p1", "free some")),
+        (OSError(errno.ELOOP, "Too many levels of symbolic links", "/data/loop"), ("/data/loop", "points back")),
+        (OSError(errno.EADDRINUSE, "Address already in use"), ("Address already in use", "another --port")),
+        (FileNotFoundError("--adapters x: no such folder"), ("--adapters x: no such folder",)),
+        (RuntimeError("first line\n  second line"), ("first line (...)",)),
+    ],
+)
+def test_an_error_is_one_line_that_names_the_path_and_what_to_do(error, words):
+    line = error_line(error)
+    assert "\n" not in line and all(w in line for w in words), line
+
+
+def test_a_full_disk_during_personalize_stops_in_one_line_and_keeps_what_was_done(tmp_path, capsys, monkeypatch):
+    import alfa.adapters.io
+
+    base, out = _base(tmp_path, size=16), tmp_path / "adapters"
+    data = "synthetic:mpii?size=16&persons=2&images_per_person=6"
+    argv = ["personalize", "--checkpoint", str(base), "--data", data, "--out", str(out), "--steps", "1", "--quiet"]
+    real, saves = alfa.adapters.io.save_file, []
+
+    def fills_the_disk(tensors, path, metadata=None):  # the first adapter is written, the second finds it full
+        saves.append(path)
+        if len(saves) > 1:
+            open(path, "wb").write(b"half")
+            raise SafetensorError(DISK_FULL)
+        real(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(alfa.adapters.io, "save_file", fills_the_disk)
+    assert main(argv) == 2
+    _one_line(capsys, "p01.safetensors: No space left on device: free some space")
+    assert sorted(p.name for p in out.iterdir()) == ["p00.json", "p00.safetensors", "personalization.json"]
+    assert {"p00.safetensors", "p01.safetensors"} <= listed_files(out)  # p01 listed before it was begun
+    monkeypatch.setattr(alfa.adapters.io, "save_file", real)
+    assert main(argv) == 0 and "1 done, 1 already there, 0 failed" in capsys.readouterr().out
+
+
+def test_a_full_disk_during_export_is_one_line_and_leaves_no_file(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("onnxscript")
+
+    class OnTheFullDisk:  # the exported program, whose save finds the disk full
+        def save(self, path):
+            open(path, "wb").write(b"half an onnx file")
+            raise RuntimeError("export failed") from OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch.onnx, "export", lambda *args, **kwargs: OnTheFullDisk())
+    base, out = _base(tmp_path), tmp_path / "gaze.onnx"
+    assert main(["export", "--checkpoint", str(base), "--out", str(out)]) == 2
+    _one_line(capsys, f"{out}: No space left on device")
+    assert not out.exists() and _leftovers(tmp_path) == []
+
+
+def test_a_full_disk_during_evaluate_json_is_one_line_and_leaves_no_file(tmp_path, capsys, monkeypatch):
+    import alfa.fileio
+
+    def fills_the_disk(path, data):  # what os.write says on a full disk: no file name
+        with alfa.fileio.atomic_path(path) as tmp:
+            tmp.write_bytes(data[:7])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(alfa.fileio, "write_bytes", fills_the_disk)
+    base, report = _base(tmp_path, size=16), tmp_path / "reports" / "e.json"
+    data = "synthetic:mpii?size=16&persons=2&images_per_person=6"
+    assert main(["evaluate", "--checkpoint", str(base), "--data", data, "--json", str(report), "--quiet"]) == 2
+    _one_line(capsys, f"{report}: No space left on device: free some space")
+    assert not report.exists() and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", [["export", "--out", "{loop}/gaze.onnx"], ["evaluate", "--json", "{loop}/e.json"]])
+def test_a_symbolic_link_loop_is_one_line(tmp_path, capsys, command):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    base = _base(tmp_path)
+    argv = [command[0], "--checkpoint", str(base), "--data", "synthetic:mpii", *command[1:]]
+    if command[0] == "export":
+        argv.remove("--data"), argv.remove("synthetic:mpii")
+    assert main([a.format(loop=loop) for a in argv]) == 2
+    _one_line(capsys, f"{loop}/", "Too many levels of symbolic links: a symbolic link there points back into itself")
+
+
+# ----------------------------------------------------------------------------- item 2: no silent non-finite state
+
+
+def test_saving_refuses_non_finite_weights_and_writes_nothing(tmp_path):
+    model = alfa.models.create_model("tiny_gaze_net")
+    with torch.no_grad():
+        model.fc.weight[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"1 of \d+ tensors hold NaN or infinite values \(fc.weight\)"):
+        save_model(tmp_path / "model.safetensors", model, "tiny_gaze_net")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_training_that_goes_non_finite_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    import alfa.gaze.train as train
+
+    data, out = _dataset(persons=3, images=8), tmp_path / "run"
+    config = TrainConfig(epochs=2, batch_size=8, lr=1e-3, val_fraction=0.0)
+    real, steps = train._train_step, []
+
+    def breaks_in_the_second_epoch(model, *args, **kwargs):
+        terms = real(model, *args, **kwargs)
+        steps.append(1)
+        if len(steps) == 5:  # 3 steps an epoch: the second step of epoch 2
+            with torch.no_grad():
+                model.fc.weight.fill_(float("inf"))
+        return terms
+
+    monkeypatch.setattr(train, "_train_step", breaks_in_the_second_epoch)
+    model = alfa.models.create_model("tiny_gaze_net")
+    with pytest.raises(FloatingPointError) as caught:
+        train_source(model, data, config, out, model_name="tiny_gaze_net", progress=False)
+    message = str(caught.value)
+    assert "weights went NaN or infinite in 1 tensors (fc.weight), at step 5 of 6" in message
+    assert f"stopped, the checkpoint of epoch 1 in {out} is kept" in message
+    _, saved = read_checkpoint(out / "model.safetensors")
+    assert saved["extra"]["epoch"] == 1 and torch.load(out / "state.pt", weights_only=True)["epoch"] == 1
+    load_model(out / "model.safetensors")  # finite: it loads
+
+
+# ----------------------------------------------------------------------------- numeric options, sizes
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--lr", "1e39"], "--lr: must be at most 3.4e+38 (the weights are float32)"),
+        (["--lr=-inf"], "--lr: must be a finite number"),
+        (["--symmetry-weight", "nan"], "--symmetry-weight: must be a finite number"),
+        (["--epochs", "0"], "--epochs: must be at least 1"),
+        (["--val-fraction", "1"], "--val-fraction: must be at least 0 and below 1, got 1"),
+        (["tpgaze", "--inner-steps", "0"], "--inner-steps: must be at least 1"),
+        (["tpgaze", "--val-fraction", "nan"], "--val-fraction: must be a finite number"),
+        (["export", "--image-size", "100000", "100000"], "--image-size: at most 4096 pixels"),
+        (["export", "--tolerance", "-1"], "--tolerance: must be at least 0"),
+    ],
+)
+def test_options_say_their_bound(capsys, option, message):
+    command = {
+        "tpgaze": ["tpgaze", "meta-train", "--checkpoint", "c", "--data", "synthetic:eth"],
+        "export": ["export", "--checkpoint", "c", "--out", "x.onnx"],
+    }.get(option[0], ["pretrain", "--data", "synthetic:eth", option[0]])
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, *option[1:]])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [["--adapter-rank", "100000"], ["--heads", "100000"]])
+def test_a_rank_larger_than_every_layer_is_refused_at_once(tmp_path, capsys, option):
+    base = _base(tmp_path)
+    argv = ["personalize", "--checkpoint", str(base), "--data", "no-such-spec:x", "--out", str(tmp_path / "a")]
+    assert main([*argv, *option]) == 2  # before the data is opened (its spec here is not even valid)
+    _one_line(capsys, "100000 is larger than every layer it adapts", "at most 32")
+    assert not (tmp_path / "a").exists()
+
+
+# ----------------------------------------------------------------------------- item 1: only listed files replaced
+
+
+def test_a_file_no_run_listed_is_never_replaced_even_with_replace(tmp_path, capsys):
+    model, _ = load_model(_base(tmp_path, size=16))
+    out = tmp_path / "adapters"
+    out.mkdir()
+    (out / "p1.safetensors").write_bytes(b"someone else's file, named like person p1's adapter")
+    config = PersonalizeConfig(steps=1, n_adapt=3)
+    with pytest.raises(ValueError, match="holds p1.safetensors, which no personalization run there wrote"):
+        personalize_dataset(model, _dataset(), alfa.AlfaConfig(heads=2, rank=2), config, out, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["p1.safetensors"]  # nothing written, nothing removed
+    (out / "personalization.json").write_text(json.dumps({"persons": {"p0": {}}, "written": ["p0.safetensors"]}))
+    (out / "p0.safetensors").write_bytes(b"p0's adapter, listed")
+    from alfa.cli.guards import remove_listed
+
+    remove_listed(out)  # what --replace does: the listed files go, the other stays
+    assert sorted(p.name for p in out.iterdir()) == ["p1.safetensors"]
+    (out / "personalization.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="is not a personalization record alfa wrote"):
+        listed_files(out)
+
+
+@pytest.mark.parametrize(
+    "outputs, message",
+    [
+        (["--out", "{other}"], "--out {other} is a model or adapter file, which this command would replace"),
+        (["--out", "{onnx}", "--program", "{onnx}"], "--program {onnx} is also this command's --out"),
+    ],
+)
+def test_a_file_output_never_replaces_a_model_nor_another_output(tmp_path, capsys, outputs, message):
+    base, other = _base(tmp_path), tmp_path / "someone-elses.safetensors"
+    other.write_bytes(b"a model that is no input of this command")
+    names = {"other": str(other), "onnx": str(tmp_path / "gaze.onnx")}
+    assert main(["export", "--checkpoint", str(base), *(o.format(**names) for o in outputs)]) == 2
+    _one_line(capsys, message.format(**names))
+    assert other.read_bytes() == b"a model that is no input of this command"
+    assert not (tmp_path / "gaze.onnx").exists()
+
+
+@pytest.mark.parametrize("out", ["{root}", "{root}/.."])
+def test_an_output_is_never_the_data_nor_a_folder_holding_it(tmp_path, capsys, out):
+    root = tmp_path / "data" / "mpii"
+    (root / "Label").mkdir(parents=True)
+    base = _base(tmp_path)
+    spec = f"gazehub:mpiifacegaze:{root}"
+    assert main(["personalize", "--checkpoint", str(base), "--data", spec, "--out", out.format(root=root)]) == 2
+    _one_line(capsys, "this command's --data")
+    assert sorted(p.name for p in (tmp_path / "data").rglob("*")) == ["Label", "mpii"]
+
+
+# ----------------------------------------------------------------------------- item 3: evaluation
+
+
+@pytest.mark.parametrize(
+    "label, flip, message",
+    [
+        ("source-only", [], "--label 'source-only' is the name of the source-only column"),
+        ("flip-TTA", ["--flip-tta"], "--label 'flip-TTA' is the name of the flip-TTA column"),
+        (" ", [], "--label: the adapted column needs a name"),
+    ],
+)
+def test_evaluate_column_labels_cannot_collide(tmp_path, capsys, label, flip, message):
+    base = _base(tmp_path)
+    assert main(["evaluate", "--checkpoint", str(base), "--data", "synthetic:mpii", "--label", label, *flip]) == 2
+    _one_line(capsys, message)
+
+
+def test_truncate_refuses_data_of_another_size_than_the_checkpoints(tmp_path, capsys):
+    model = alfa.models.create_model("tiny_gaze_net")
+    base = save_model(tmp_path / "dense.safetensors", model, "tiny_gaze_net", input_size=(32, 32))
+    out = tmp_path / "truncated"
+    data = "synthetic:eth?size=48&persons=2&images_per_person=2"
+    assert main(["truncate", "--checkpoint", str(base), "--data", data, "--out", str(out), "--rank", "4"]) == 2
+    _one_line(capsys, "was trained on 32×32 images", "has 48×48")
+    assert not out.exists()
