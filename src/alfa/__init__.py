@@ -29,6 +29,7 @@ from .adapters import (
     AdapterFileError,
     AlfaConfig,
     BitfitConfig,
+    CorrectionConfig,
     ConfigError,
     DiagGateConfig,
     DictionaryMixConfig,
@@ -73,6 +74,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AlfaConfig",
     "BitfitConfig",
+    "CorrectionConfig",
     "DiagGateConfig",
     "DictionaryMixConfig",
     "DoraConfig",
