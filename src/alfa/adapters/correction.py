@@ -46,7 +46,8 @@ class CorrectionConfig(AdapterConfig):
 
 
 class CorrectionLayer(LowRankUpdateLayer):
-    """``weight_update`` (``ΔW``, m×n, the layer's kernel for convs) and ``bias_update`` (``Δb``, m; only if the layer has a bias)."""
+    """``weight_update`` (``ΔW``, m×n, the layer's kernel for convs) and ``bias_update`` (``Δb``, m; only if the
+    layer has a bias)."""
 
     def __init__(self, base: nn.Module, config: CorrectionConfig) -> None:
         super().__init__(base, config)
