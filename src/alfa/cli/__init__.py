@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import bench, crate, gaze, library, study, tpgaze
+from . import bench, calibrate, crate, gaze, library, study, tpgaze
 from .registry import Command, add_commands, missing_package
 
 __all__ = ["COMMANDS", "USER_ERRORS", "build_parser", "main"]
@@ -38,6 +38,8 @@ COMMANDS: tuple[Command, ...] = (
     gaze.EVALUATE,
     gaze.DEMO,
     tpgaze.TPGAZE,
+    calibrate.CALIBRATE,
+    calibrate.FAZE,
     bench.BENCH,
     bench.REPORT,
     crate.CRATE,

@@ -376,6 +376,9 @@ def evaluate(
                 raise ValueError(
                     f"it was made for person {made_for[1]!r} of {made_for[0]!r}, not {person!r} of {dataset.name!r}"
                 )
+            seen = sorted(set(about.get("labelled", ())) & set(eval_indices(dataset, person, n_adapt)))
+            if seen:  # a user calibration's labelled images are never scored
+                raise ValueError(f"it was calibrated on the labels of images {seen[:5]}, which would be scored")
             load_adapter(model, path)
         except (ValueError, RuntimeError, OSError) as e:
             report.failed[person] = f"adapter {path} does not load: {e}"
