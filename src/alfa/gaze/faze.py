@@ -11,7 +11,7 @@ so the codes must turn with the eyes and the head. Its loss is
         + λ_gaze · mean arccos(ĝ · g)
 
 (reconstruction, embedding consistency of the frontalized gaze codes, angular gaze error). The rotation of a
-``(yaw, pitch)`` pair is the review's ``R^(θ,φ) = R_y(φ) R_x(θ)`` (φ yaw, θ pitch).
+``(yaw, pitch)`` pair is the review's ``R^(θ,φ) = R_y(φ) R_x(θ)`` (:func:`rotation_from_angles`).
 
 One choice the review leaves open: the gaze MLP ``G`` ends in a linear layer that outputs ``(yaw, pitch)``
 (the angles of ``ĝ``, the repository's label form), and the gaze loss is the angle between the unit vectors of
@@ -60,13 +60,14 @@ GAZE_MLP = "gaze_mlp"
 
 
 def rotation_from_angles(angles: Tensor) -> Tensor:
-    """``(B, 3, 3)`` rotations ``R_y(yaw) R_x(pitch)`` of ``(B, 2)`` ``(yaw, pitch)`` pairs (the review's
-    ``R^(θ,φ)``, θ pitch and φ yaw)."""
+    """``(B, 3, 3)`` rotations of ``(B, 2)`` ``(yaw, pitch)`` pairs: the review's ``R^(θ,φ) = R_y(φ) R_x(θ)`` with
+    φ the yaw and θ minus the pitch (this repository's pitch is positive upward, :func:`pitchyaw_to_vector`), so
+    that ``R`` turns the forward axis ``(0, 0, 1)`` into the direction of ``(yaw, pitch)``."""
     yaw, pitch = angles[:, 0], angles[:, 1]
     cy, sy, cp, sp = torch.cos(yaw), torch.sin(yaw), torch.cos(pitch), torch.sin(pitch)
     one, zero = torch.ones_like(yaw), torch.zeros_like(yaw)
     ry = torch.stack([cy, zero, sy, zero, one, zero, -sy, zero, cy], -1).view(-1, 3, 3)
-    rx = torch.stack([one, zero, zero, zero, cp, -sp, zero, sp, cp], -1).view(-1, 3, 3)
+    rx = torch.stack([one, zero, zero, zero, cp, sp, zero, -sp, cp], -1).view(-1, 3, 3)
     return ry @ rx
 
 
@@ -247,7 +248,7 @@ def maml_gradients(
         loss = angular_loss(functional_call(mlp, adapted, (task.z_v,)), task.g_v) / len(tasks)
         for (n, _), g in zip(params.items(), torch.autograd.grad(loss, list(params.values()))):
             grads[n] += g
-        total += float(loss)
+        total += float(loss.detach())
     return grads, total
 
 

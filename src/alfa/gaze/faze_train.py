@@ -155,7 +155,7 @@ def train_faze(
         optimizer.zero_grad(set_to_none=True)
         losses.total.backward()
         optimizer.step()
-        last = {f.name: float(getattr(losses, f.name)) for f in dataclasses.fields(losses)}
+        last = {f.name: float(getattr(losses, f.name).detach()) for f in dataclasses.fields(losses)}
     model.eval()
     record = {
         "stage": "faze-train",
