@@ -176,7 +176,11 @@ def draw_labelled(dataset: GazeDataset, person: str, k: int, pool: int, draw: st
     order = torch.randperm(pool, generator=g).tolist()
     if draw == "random":
         return sorted(candidates[i] for i in order[:k])
-    gaze = torch.stack([dataset[i]["gaze"] for i in candidates]).double()
+    table = getattr(dataset, "gaze", None)  # the loaders' label tensor: no image is read to draw
+    if isinstance(table, Tensor):
+        gaze = table[torch.as_tensor(candidates, dtype=torch.long)].double()
+    else:
+        gaze = torch.stack([dataset[i]["gaze"] for i in candidates]).double()
     chosen = [order[0]]
     nearest = (gaze - gaze[order[0]]).norm(dim=1)
     while len(chosen) < k:
@@ -265,9 +269,10 @@ def _set_correction(model: nn.Module, head: str, delta_w: Tensor, delta_b: Tenso
 
 def _closed_form(model: nn.Module, images: Tensor, gaze: Tensor, config: CalibrateConfig) -> None:
     head, features, pred = find_head(model, images)
+    features, pred, gaze = features.cpu(), pred.cpu(), gaze.cpu()  # small closed forms: on the CPU, in float64
     layer = model.get_submodule(head)
-    weight = dense_matrix(layer).detach()
-    bias = layer.bias.detach() if layer.bias is not None else torch.zeros(pred.shape[1])
+    weight = dense_matrix(layer).detach().cpu()
+    bias = layer.bias.detach().cpu() if layer.bias is not None else torch.zeros(pred.shape[1])
     if config.method == "ridge":
         delta_w, delta_b = fit_feature_ridge(features, gaze, weight, bias, config.feature_ridge)
     else:
@@ -366,8 +371,9 @@ def calibrate_dataset(
         t0 = time.perf_counter()
         try:
             labelled = draw_labelled(dataset, person, config.k, config.pool, config.draw, config.seed)
-            images, gaze = load_examples(dataset, labelled)
-            pool = load_images(dataset, dataset.person_indices(person)[: config.pool])
+            device = next(model.parameters()).device
+            images, gaze = (t.to(device) for t in load_examples(dataset, labelled))
+            pool = load_images(dataset, dataset.person_indices(person)[: config.pool]).to(device)
             torch.manual_seed(_seed(config.seed, person, "init"))
             calibrate_person(model, images, gaze, config, pool, faze_defaults)
             about = {"dataset": dataset.name, "person": person, "labelled": labelled, **_key(config)}

@@ -346,7 +346,8 @@ def evaluate(
     caller can keep more of the measurement than the angular error the report holds.
 
     A person whose adapter file is missing or does not load is left out of the ``after`` column and
-    listed in ``report.failed``; the run goes on.
+    listed in ``report.failed``; the run goes on. So is a user calibration (``alfa calibrate``) whose labelled
+    images, which its file records, would be among the scored ones.
     """
     if adapter_state(model) is not None:
         raise RuntimeError("evaluate expects the base model without an adapter attached (call alfa.detach)")

@@ -89,7 +89,11 @@ class MetaTrainConfig:
 def head_poses(dataset: GazeDataset, indices: list[int]) -> Tensor:
     """The ``(N, 2)`` head poses ``(yaw, pitch)`` of ``indices``; a clear error where the dataset carries none
     (DT-ED turns its head code by the labelled head rotation, so it cannot train without one)."""
-    head = torch.stack([dataset[i]["head"] for i in indices]) if indices else torch.zeros(0, 2)
+    table = getattr(dataset, "head", None)  # every loader holds its labels as a tensor; images stay unread
+    if isinstance(table, Tensor):
+        head = table[torch.as_tensor(indices, dtype=torch.long)].float()
+    else:
+        head = torch.stack([dataset[i]["head"] for i in indices]) if indices else torch.zeros(0, 2)
     missing = (~torch.isfinite(head)).any(-1).nonzero().flatten().tolist()
     if missing:
         i = indices[missing[0]]
