@@ -100,12 +100,20 @@ def test_a_head_calibration_is_one_correction_saved_merged_and_served_exactly(ba
     if method == "offset":
         torch.testing.assert_close((calibrated - target).mean(0), torch.zeros(2), atol=1e-5, rtol=0)
     path = alfa.save_adapter(model, tmp_path / "user.safetensors")
+    personalized = copy.deepcopy(base)  # a personalized user beside the calibrated one, in one batch
+    alfa.attach(personalized, alfa.AlfaConfig(heads=2, rank=2))
+    with torch.no_grad():
+        for p in alfa.adapter_parameters(personalized).values():
+            p.add_(0.1 * torch.randn_like(p))
     served = MultiUserModel(base)
     served.add_user("u", path)
+    served.add_user("v", personalized)
     other = torch.rand(4, 3, 16, 16)
     with torch.no_grad():
-        torch.testing.assert_close(served(other, ["u", None, "u", None])[0::2], model(other)[0::2])
-        torch.testing.assert_close(served(other, [None] * 4), base(other))
+        mixed = served(other, ["u", "v", "u", None])
+        torch.testing.assert_close(mixed[0::2], model(other)[0::2])
+        torch.testing.assert_close(mixed[1], personalized(other)[1])
+        torch.testing.assert_close(mixed[3], base(other)[3])
         torch.testing.assert_close(merged_copy(model)(other), model(other), atol=1e-6, rtol=1e-5)
     assert served.user_bytes("u") < 1024  # a 2×n update and 2 numbers (P = I is 4 more)
 
