@@ -176,6 +176,8 @@ def test_faze_trains_meta_trains_and_calibrates_from_the_cli(tmp_path, capsys):
     assert (
         main(["faze", "meta-train", "--checkpoint", trained, "--data", spec, "--out", str(tmp_path / "m"), *meta]) == 0
     )
+    again = ["faze", "meta-train", "--checkpoint", trained, "--data", spec, "--out", str(tmp_path / "m"), *meta]
+    assert main(again) == 2 and "already holds a model.safetensors" in capsys.readouterr().err  # never overwritten
     model, saved = load_model(tmp_path / "m" / "model.safetensors")
     assert saved["extra"]["maml"]["config"]["inner_steps"] == 5 and "faze" in saved["extra"]
     target = "synthetic:mpii?persons=2&images_per_person=12&size=16"

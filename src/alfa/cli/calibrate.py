@@ -156,12 +156,19 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------- faze
 
 
+def _refuse_model_there(out: str) -> None:
+    """A FAZE run writes one file, ``model.safetensors``; an earlier one there is never overwritten."""
+    if (Path(out) / "model.safetensors").exists():
+        raise ValueError(f"--out {out}: already holds a model.safetensors; use another --out")
+
+
 def _faze_train(args: argparse.Namespace) -> None:
     from alfa.gaze.faze_train import FazeTrainConfig, train_faze
 
     weights = (args.lambda_recon, args.lambda_ec, args.lambda_gaze)
     config = FazeTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, weights=weights, seed=args.seed)
     kwargs = {"appearance": args.appearance, "gaze_features": args.gaze_features, "head_features": args.head_features}
+    _refuse_model_there(args.out)
     data = open_spec(args.data)
     seed_everything(config.seed)
     _, record = train_faze(data, config, args.out, model_kwargs=kwargs, progress=not args.quiet)
@@ -209,6 +216,7 @@ def _faze_meta_train(args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     config.validate()
+    _refuse_model_there(args.out)
     model, saved = _load(args.checkpoint, "cpu")
     data = open_spec(args.data)
     seed_everything(config.seed)
