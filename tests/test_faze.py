@@ -63,7 +63,7 @@ def test_the_dted_loss_has_its_three_terms_and_trains():
     g = torch.tensor([[0.1, 0.2], [0.3, -0.1], [-0.2, 0.0], [0.0, 0.1]])
     person = torch.tensor([0, 0, 1, 1])
     losses = dted_losses(model, (x_a, x_b, g, g.flip(0), g, g, person), (1.0, 2.0, 0.1))
-    assert float(losses.consistency) > 0 and float(losses.recon) > 0 and float(losses.gaze) > 0
+    assert losses.consistency.item() > 0 and losses.recon.item() > 0 and losses.gaze.item() > 0
     torch.testing.assert_close(losses.total, losses.recon + 2 * losses.consistency + 0.1 * losses.gaze)
     # the frontalized codes of one person pulled together: two images with one code but other gazes differ
     losses.total.backward()
