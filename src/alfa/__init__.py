@@ -30,6 +30,7 @@ from .adapters import (
     AlfaConfig,
     BitfitConfig,
     ConfigError,
+    CorrectionConfig,
     DiagGateConfig,
     DictionaryMixConfig,
     DoraConfig,
@@ -73,6 +74,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AlfaConfig",
     "BitfitConfig",
+    "CorrectionConfig",
     "DiagGateConfig",
     "DictionaryMixConfig",
     "DoraConfig",

@@ -5,8 +5,10 @@ A factorized layer computes ``y = U (V x) + b``. Alfa (and every dictionary meth
 run the **shared** ``V`` for the whole batch, mix each sample's ``d`` channels with its own ``I + T_u``, and apply
 the shared ``U``: nothing of the base is copied per user, and a user costs its ``T`` matrices. LoRA-family users
 (``W' = W + P_u Q_u``) are served the same way with a per-sample low-rank branch (the S-LoRA idea: the shared
-layer once, each sample's own ``P_u Q_u`` on the side). Every output equals that user's own adapted (or
-merged) model up to float round-off; a sample of no known user is refused, and ``None`` runs the base.
+layer once, each sample's own ``P_u Q_u`` on the side). A user calibration (the ``correction`` method: a dense
+``ΔW_u, Δb_u`` on a small head, e.g. a per-person offset or affine map of the output) is served the same way on
+the head, which stays dense: ``head(h) + ΔW_u h + Δb_u`` per sample. Every output equals that user's own adapted
+(or merged) model up to float round-off; a sample of no known user is refused, and ``None`` runs the base.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ from torch import Tensor, nn
 
 from .adapters import adapter_state, detach, load_adapter, save_adapter
 from .adapters.alfa import DictionaryAdapter
+from .adapters.correction import CorrectionLayer
 from .adapters.lora import LowRankUpdateLayer
-from .layers import is_factorized
+from .layers import is_dense_layer, is_factorized, layer_spec
 from .surgery import replace_module
 
 __all__ = ["MultiUserModel", "MixedBatchModel", "UserTerms"]
 
 UserTerms = dict[str, tuple[Tensor, ...]]
-"""Per layer name, a user's terms: ``(T,)`` for a dictionary method, ``(P, Q)`` for a low-rank one."""
+"""Per layer name, a user's terms: ``(T,)`` for a dictionary method, ``(P, Q)`` for a low-rank one, ``(P, Q, Δb)``
+for a correction with a bias term."""
 
 
 def _wrap_factorized(base: nn.Module, wrapper: type[nn.Module]) -> tuple[nn.Module, dict[str, nn.Module]]:
@@ -52,6 +56,7 @@ class _SharedLayer(nn.Module):
     def __init__(self, base: nn.Module) -> None:
         super().__init__()
         self.base = base
+        self.spec = layer_spec(base)
         self.terms: dict[str, tuple[Tensor, ...]] = {}
         self.batch_users: list[str | None] | None = None  # set by MultiUserModel.forward for one call
 
@@ -59,17 +64,20 @@ class _SharedLayer(nn.Module):
         users = self.batch_users
         if users is None or len(users) != x.shape[0]:
             raise RuntimeError("call MultiUserModel(images, users), not the layer directly")
-        spec, U, V, bias = self.base.spec, self.base.U, self.base.V, self.base.bias
-        z = spec.input_op(x, V)  # the shared dictionary, once for the whole batch
         mixes = [self.terms.get(u) if u is not None else None for u in users]
-        if any(t is not None and len(t) == 1 for t in mixes):
-            eye = torch.zeros(U.shape[1], U.shape[1], dtype=z.dtype, device=z.device)
-            T = torch.stack([t[0] if t is not None and len(t) == 1 else eye for t in mixes])
-            z = _mixed(z, T)
-        y = spec.output_op(z, U, bias)
-        low_rank = [t if t is not None and len(t) == 2 else None for t in mixes]
+        if is_factorized(self.base):
+            spec, U, V, bias = self.base.spec, self.base.U, self.base.V, self.base.bias
+            z = spec.input_op(x, V)  # the shared dictionary, once for the whole batch
+            if any(t is not None and len(t) == 1 for t in mixes):
+                eye = torch.zeros(U.shape[1], U.shape[1], dtype=z.dtype, device=z.device)
+                T = torch.stack([t[0] if t is not None and len(t) == 1 else eye for t in mixes])
+                z = _mixed(z, T)
+            y = spec.output_op(z, U, bias)
+        else:  # a dense layer (a head) some user corrects: the shared layer once, the corrections on the side
+            y = self.base(x)
+        low_rank = [t if t is not None and len(t) >= 2 else None for t in mixes]
         if any(t is not None for t in low_rank):
-            y = y + _low_rank_branch(spec, x, low_rank)
+            y = y + _low_rank_branch(self.spec, x, low_rank)
         return y
 
 
@@ -83,16 +91,21 @@ def _low_rank_branch(spec, x: Tensor, terms: list[tuple[Tensor, ...] | None]) ->
         if t is not None:
             P[i, :, : t[0].shape[1]] = t[0]
             Q[i, : t[1].shape[0]] = t[1]
+    shift = torch.zeros(len(terms), m, dtype=x.dtype, device=x.device)  # the corrections' Δb
+    for i, t in enumerate(terms):
+        if t is not None and len(t) == 3:
+            shift[i] = t[2]
     if spec.kind == "linear":
         h = torch.einsum("b...n,brn->b...r", x, Q)
-        return torch.einsum("b...r,bmr->b...m", h, P)
+        y = torch.einsum("b...r,bmr->b...m", h, P)
+        return y + shift.reshape(len(terms), *([1] * (y.ndim - 2)), m)
     b, c = x.shape[:2]
     kernel = Q.reshape(b * r, spec.in_features, *spec.kernel_size)  # one group per sample
     h = torch.nn.functional.conv2d(
         x.reshape(1, b * c, *x.shape[2:]), kernel, None, spec.stride, spec.padding, spec.dilation, groups=b
     )
     h = h.reshape(b, r, *h.shape[2:])
-    return torch.einsum("brhw,bmr->bmhw", h, P)
+    return torch.einsum("brhw,bmr->bmhw", h, P) + shift[:, :, None, None]
 
 
 class MultiUserModel(nn.Module):
@@ -131,13 +144,20 @@ class MultiUserModel(nn.Module):
                 terms = self._terms_from_file(save_adapter(adapter, Path(tmp) / "user.safetensors"))
         else:
             terms = self._terms_from_file(Path(adapter))
-        unknown = sorted(set(terms) - set(self._layers))
+        unknown = sorted(set(terms) - set(self._layers) - set(self._dense_layers()))
         if unknown:
             raise ValueError(f"user {user!r}: the adapter adapts layers this base does not factorize: {unknown[:4]}")
+        for name in sorted(set(terms) - set(self._layers)):  # a head some user corrects: shared from now on
+            replace_module(self.model, name, _SharedLayer(self.model.get_submodule(name)))
+            self._layers[name] = self.model.get_submodule(name)
         self.remove_user(user, missing_ok=True)
         for name, t in terms.items():
             self._layers[name].terms[user] = tuple(x.detach().clone() for x in t)
         self._users[user] = sorted(terms)
+
+    def _dense_layers(self) -> list[str]:
+        """The dense layers of the served model not yet shared (a correction may adapt them)."""
+        return [n for n, m in self.model.named_modules() if is_dense_layer(m) and not isinstance(m, _SharedLayer)]
 
     def _terms_from_file(self, path: Path) -> UserTerms:
         load_adapter(self._scratch, path)  # checks the layers and the base fingerprint, the checksum
@@ -192,6 +212,10 @@ def user_terms(model: nn.Module) -> UserTerms:
     out: UserTerms = {}
     for name in state.targets:
         layer = model.get_submodule(name)
+        if isinstance(layer, CorrectionLayer):  # dense or factorized: the update and Δb on the side
+            P, Q = layer.update_factors()
+            out[name] = (P, Q) if layer.bias_update is None else (P, Q, layer.bias_update)
+            continue
         if not layer.base_is_factorized:
             raise ValueError(f"{name}: adapted on a dense layer; only factorized layers are served per sample")
         if isinstance(layer, DictionaryAdapter):

@@ -23,6 +23,7 @@ from .flora import FloraConfig
 from .spectral import SpectralConfig
 from .bitfit import BitfitConfig, FullFinetuneConfig
 from .prompt import TPGAZE_TARGET, PromptedConv, TPGazeConfig
+from .correction import CorrectionConfig  # user calibration's form; last, so the others keep their order
 
 # isort: on
 from .config import METHODS, AdapterConfig, ConfigError, MergeError, config_from_dict, register_method, target_matches
@@ -65,6 +66,7 @@ CONFIG_CLASSES: dict[str, type[AdapterConfig]] = {cls.__name__: cls for cls in M
 __all__ = [
     "AlfaConfig",
     "BitfitConfig",
+    "CorrectionConfig",
     "DiagGateConfig",
     "DictionaryMixConfig",
     "DoraConfig",

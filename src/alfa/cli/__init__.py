@@ -22,7 +22,7 @@ from pathlib import Path
 
 from alfa.fileio import os_error_in
 
-from . import bench, camera, crate, gaze, library, serve, study, tpgaze
+from . import bench, calibrate, camera, crate, gaze, library, serve, study, tpgaze
 from .registry import Command, add_commands, missing_package
 
 __all__ = ["COMMANDS", "USER_ERRORS", "OS_ERROR_ADVICE", "build_parser", "error_line", "main"]
@@ -44,6 +44,8 @@ COMMANDS: tuple[Command, ...] = (
     gaze.EVALUATE,
     gaze.DEMO,
     tpgaze.TPGAZE,
+    calibrate.CALIBRATE,
+    calibrate.FAZE,
     bench.BENCH,
     bench.REPORT,
     bench.POWER,

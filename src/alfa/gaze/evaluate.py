@@ -346,7 +346,8 @@ def evaluate(
     caller can keep more of the measurement than the angular error the report holds.
 
     A person whose adapter file is missing or does not load is left out of the ``after`` column and
-    listed in ``report.failed``; the run goes on.
+    listed in ``report.failed``; the run goes on. So is a user calibration (``alfa calibrate``) whose labelled
+    images, which its file records, would be among the scored ones.
     """
     if adapter_state(model) is not None:
         raise RuntimeError("evaluate expects the base model without an adapter attached (call alfa.detach)")
@@ -378,6 +379,9 @@ def evaluate(
                 raise ValueError(
                     f"it was made for person {made_for[1]!r} of {made_for[0]!r}, not {person!r} of {dataset.name!r}"
                 )
+            seen = sorted(set(about.get("labelled", ())) & set(eval_indices(dataset, person, n_adapt)))
+            if seen:  # a user calibration's labelled images are never scored
+                raise ValueError(f"it was calibrated on the labels of images {seen[:5]}, which would be scored")
             load_adapter(model, path)
         except (ValueError, RuntimeError, OSError) as e:
             report.failed[person] = f"adapter {path} does not load: {e}"

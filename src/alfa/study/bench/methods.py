@@ -52,13 +52,18 @@ MAIN_METHODS = (
 """Table 1's built-in methods, in its row order (:func:`table_methods` adds every other registered one)."""
 ALFA_VARIANTS = ("dictionary_mix", "diag_gate", "linear_mix")
 """Registered adapter methods that are Alfa's simpler mixes: rows of its ablations, never of Table 1."""
+USER_CALIBRATION_FORMS = ("correction",)
+"""Registered adapter methods that store a user calibration from labelled images (``alfa calibrate``): no
+label-free personalization, so never a row of Table 1 (docs/user-calibration.md has their protocol)."""
 
 
 def table_methods() -> tuple[str, ...]:
     """Table 1's methods: :data:`MAIN_METHODS` in its order, then every other registered adapter method (in
-    registration order) that is not one of :data:`ALFA_VARIANTS`. Registering a method (``@register_method``)
-    is all it takes to give it a row."""
-    return MAIN_METHODS + tuple(m for m in METHODS if m not in MAIN_METHODS and m not in ALFA_VARIANTS)
+    registration order) that is not one of :data:`ALFA_VARIANTS` or :data:`USER_CALIBRATION_FORMS`. Registering
+    a method (``@register_method``) is all it takes to give it a row."""
+    return MAIN_METHODS + tuple(
+        m for m in METHODS if m not in MAIN_METHODS and m not in ALFA_VARIANTS and m not in USER_CALIBRATION_FORMS
+    )
 
 
 SANITY_METHODS = ("in-domain", "target-trained", "oracle")

@@ -1,0 +1,280 @@
+"""The user-calibration commands: ``alfa calibrate`` (one file per person from ``k`` labelled images) and ``alfa
+faze`` (``train``: DT-ED with its gaze MLP; ``meta-train``: the MLP by MAML). Scoring is the common command:
+``alfa evaluate --checkpoint B --data SPEC --adapters DIR`` (it scores each person's images after the
+calibration pool, never the ``k``). Each handler turns options into configs and calls :mod:`alfa.gaze.calibrate`
+or :mod:`alfa.gaze.faze_train`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .gaze import _parse_value, open_spec, seed_everything
+from .options import (
+    allow_partial_option,
+    at_least,
+    device_option,
+    non_negative_number,
+    positive_rate,
+    quiet_option,
+    seed_option,
+)
+from .registry import Command
+
+__all__ = ["CALIBRATE", "FAZE"]
+
+
+def _load(path: str, device_name: str):
+    from alfa.checkpoint import load_model
+    from alfa.gaze.devices import resolve_device
+
+    device = resolve_device(device_name)
+    model, saved = load_model(path)
+    return model.to(device).eval(), saved
+
+
+# ----------------------------------------------------------------------------- calibrate
+
+
+def _calibrate_config(args: argparse.Namespace):
+    from alfa.gaze.calibrate import CalibrateConfig
+
+    options = {}
+    for item in args.option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--option {item!r}: expected KEY=VALUE")
+        options[key.replace("-", "_")] = _parse_value(value)
+    changes = {
+        "method": args.method,
+        "k": args.k,
+        "draw": args.draw,
+        "pool": args.pool,
+        "seed": args.seed,
+        "affine_ridge": args.affine_ridge,
+        "feature_ridge": args.feature_ridge,
+        "steps": args.steps,
+        "lr": args.lr,
+        "adapter_method": args.adapter_method,
+        "adapter_options": options,
+        "flip_weight": args.flip_weight,
+        "faze_lr": args.faze_lr,
+        "faze_steps": args.faze_steps,
+    }
+    config = CalibrateConfig(**{k: v for k, v in changes.items() if v is not None})
+    config.validate()
+    return config
+
+
+def _refuse_existing(out: Path, replace: bool) -> None:
+    """No file is overwritten unless asked: an earlier run's record and files go only with ``--replace``."""
+    from alfa.gaze.evaluate import adapter_filename
+
+    record = out / "personalization.json"
+    if not record.is_file():
+        return
+    if not replace:
+        raise ValueError(f"--out {out}: holds an earlier run (personalization.json); use another --out, or --replace")
+    for person in json.loads(record.read_text(encoding="utf-8")).get("persons", {}):
+        (out / adapter_filename(person)).unlink(missing_ok=True)
+    record.unlink()
+
+
+def _calibrate(args: argparse.Namespace) -> None:
+    from alfa.gaze.calibrate import calibrate_dataset
+    from alfa.gaze.train import check_input_size
+
+    config = _calibrate_config(args)
+    model, saved = _load(args.checkpoint, args.device)
+    data = open_spec(args.data)
+    check_input_size(saved, data, args.checkpoint)
+    out = Path(args.out)
+    _refuse_existing(out, args.replace)
+    maml = saved.get("extra", {}).get("maml", {}).get("config", {})
+    defaults = (maml["inner_lr"], maml["inner_steps"]) if maml else None
+    persons = [p for p in args.persons.split(",") if p] if args.persons else None
+    seed_everything(config.seed)
+    record = calibrate_dataset(
+        model, data, config, out, persons=persons, faze_defaults=defaults, progress=not args.quiet
+    )
+    done = [e for e in record["persons"].values() if e["status"] == "ok"]
+    failed = {p: e["error"] for p, e in record["persons"].items() if e["status"] != "ok"}
+    for person, error in failed.items():
+        print(f"calibration of {person!r} failed: {error}")
+    pace = f", {sum(e['seconds'] for e in done) / len(done):.3f} s and " if done else ""
+    size = f"{sum(e['bytes'] for e in done) / len(done) / 1024:.1f} KiB per person" if done else ""
+    print(
+        f"{config.method} user calibration of {data.name} at k = {config.k} ({config.draw} draws from the first "
+        f"{config.pool} images): {len(done)} done, {len(failed)} failed{pace}{size}; files in {out}"
+    )
+    if failed and (not done or not args.allow_partial):
+        raise RuntimeError(f"{len(failed)} of {len(record['persons'])} persons failed (listed above)")
+
+
+def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.gaze.calibrate import DEFAULT_REASON, DRAWS, USER_CALIBRATIONS, CalibrateConfig
+
+    d = CalibrateConfig()
+    methods = "; ".join(f"{c.name} (k >= {c.min_k}): {c.description}" for c in USER_CALIBRATIONS.values())
+    p.description = (
+        f"User calibration: per person, k labelled images from the first --pool, one file each. Methods: {methods}. "
+        f"Default: {d.method}; {DEFAULT_REASON}. The recipes are declared in docs/user-calibration.md."
+    )
+    p.add_argument("--checkpoint", required=True, help="the gaze model (any; a FAZE one for --method faze)")
+    p.add_argument("--data", required=True, help="target dataset spec, e.g. synthetic:mpii")
+    p.add_argument("--out", required=True, help="output folder: <person>.safetensors and personalization.json")
+    p.add_argument("--k", type=at_least(1), default=d.k, help="labelled images per person (default %(default)s)")
+    p.add_argument(
+        "--method", choices=tuple(USER_CALIBRATIONS), default=d.method, help="calibration method (default %(default)s)"
+    )
+    p.add_argument("--draw", choices=DRAWS, default=d.draw, help="how the k are drawn (default %(default)s)")
+    p.add_argument(
+        "--pool", type=at_least(1), default=d.pool, help="first images per person the k come from (default %(default)s)"
+    )
+    p.add_argument("--persons", help="comma-separated person ids (default: all)")
+    p.add_argument("--replace", action="store_true", help="replace an earlier run's files in --out")
+    g = p.add_argument_group("recipes (defaults: the declared ones)")
+    g.add_argument("--affine-ridge", type=non_negative_number, help=f"affine: ‖A − I‖² weight ({d.affine_ridge:g})")
+    g.add_argument("--feature-ridge", type=non_negative_number, help=f"ridge: relative strength ({d.feature_ridge:g})")
+    g.add_argument("--steps", type=at_least(1), help=f"last-layer/adapter: AdamW steps ({d.steps})")
+    g.add_argument("--lr", type=positive_rate, help=f"last-layer/adapter: AdamW rate ({d.lr:g})")
+    g.add_argument("--adapter-method", help=f"adapter: the adapter method ({d.adapter_method})")
+    g.add_argument("--option", action="append", help="adapter: KEY=VALUE for the adapter method's config")
+    g.add_argument(
+        "--flip-weight", type=non_negative_number, help=f"flip loss on the pool's unlabelled images ({d.flip_weight:g})"
+    )
+    g.add_argument("--faze-lr", type=positive_rate, help="faze: PS-GEN rate (default: the meta-training's)")
+    g.add_argument("--faze-steps", type=at_least(1), help="faze: PS-GEN steps (default: the meta-training's)")
+    seed_option(p, "the draws and any adapter's initial weights", d.seed)
+    allow_partial_option(p)
+    quiet_option(p)
+    device_option(p)
+
+
+# ----------------------------------------------------------------------------- faze
+
+
+def _refuse_model_there(out: str) -> None:
+    """A FAZE run writes one file, ``model.safetensors``; an earlier one there is never overwritten."""
+    if (Path(out) / "model.safetensors").exists():
+        raise ValueError(f"--out {out}: already holds a model.safetensors; use another --out")
+
+
+def _faze_train(args: argparse.Namespace) -> None:
+    from alfa.gaze.faze_train import FazeTrainConfig, train_faze
+
+    weights = (args.lambda_recon, args.lambda_ec, args.lambda_gaze)
+    config = FazeTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, weights=weights, seed=args.seed)
+    kwargs = {"appearance": args.appearance, "gaze_features": args.gaze_features, "head_features": args.head_features}
+    _refuse_model_there(args.out)
+    data = open_spec(args.data)
+    seed_everything(config.seed)
+    _, record = train_faze(data, config, args.out, model_kwargs=kwargs, progress=not args.quiet)
+    losses = ", ".join(f"{k} {v:.4f}" for k, v in record["final_losses"].items())
+    print(
+        f"FAZE (DT-ED + gaze MLP) trained on {data.name} in {record['seconds']:.0f} s (last step: {losses}); "
+        f"{Path(args.out) / 'model.safetensors'}"
+    )
+
+
+def _faze_train_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.gaze.faze import faze_gaze
+    from alfa.gaze.faze_train import FazeTrainConfig
+
+    from .options import default_of
+
+    d = FazeTrainConfig()
+    p.add_argument("--data", required=True, help="source dataset spec (needs head poses)")
+    p.add_argument("--out", required=True, help="output folder (model.safetensors)")
+    p.add_argument("--steps", type=at_least(1), default=d.steps, help="Adam steps (default %(default)s)")
+    p.add_argument("--batch-size", type=at_least(2), default=d.batch_size, help="pairs per step (default %(default)s)")
+    p.add_argument("--lr", type=positive_rate, default=d.lr, help="Adam rate (default %(default)s)")
+    for name, value in zip(("recon", "ec", "gaze"), d.weights):
+        p.add_argument(f"--lambda-{name}", type=non_negative_number, default=value, help="(default %(default)s)")
+    for name in ("appearance", "gaze_features", "head_features"):
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(flag, type=at_least(1), default=default_of(faze_gaze, name), help="(default %(default)s)")
+    seed_option(p, "the initial weights and the pairs", d.seed)
+    quiet_option(p)
+
+
+def _faze_meta_train(args: argparse.Namespace) -> None:
+    from alfa.gaze.faze_train import MetaTrainConfig, meta_train_faze
+
+    config = MetaTrainConfig(
+        steps=args.steps,
+        k=args.k,
+        l=args.l,
+        tasks=args.tasks,
+        inner_lr=args.inner_lr,
+        inner_steps=args.inner_steps,
+        outer_lr=args.outer_lr,
+        outer_optimizer=args.outer_optimizer,
+        first_order=args.first_order,
+        seed=args.seed,
+    )
+    config.validate()
+    _refuse_model_there(args.out)
+    model, saved = _load(args.checkpoint, "cpu")
+    data = open_spec(args.data)
+    seed_everything(config.seed)
+    record = meta_train_faze(model, saved, data, config, args.out, progress=not args.quiet)
+    print(
+        f"AdaGEN meta-trained on {record['persons']} persons of {data.name} in {record['seconds']:.0f} s (last "
+        f"post-adaptation loss {record['final_loss_deg']:.2f}°); {Path(args.out) / 'model.safetensors'}"
+    )
+
+
+def _faze_meta_train_arguments(p: argparse.ArgumentParser) -> None:
+    from alfa.gaze.faze_train import MetaTrainConfig
+
+    d = MetaTrainConfig()
+    p.add_argument("--checkpoint", required=True, help="a FAZE model (alfa faze train)")
+    p.add_argument("--data", required=True, help="the source persons (the tasks)")
+    p.add_argument("--out", required=True, help="output folder (model.safetensors, the meta-learned MLP)")
+    p.add_argument("--steps", type=at_least(1), default=d.steps, help="outer steps (default %(default)s)")
+    p.add_argument("--k", type=at_least(1), default=d.k, help="calibration samples per task (default %(default)s)")
+    p.add_argument("--l", type=at_least(1), default=d.l, help="validation samples per task (default %(default)s)")
+    p.add_argument("--tasks", type=at_least(1), default=d.tasks, help="persons per outer step (default %(default)s)")
+    p.add_argument("--inner-lr", type=positive_rate, default=d.inner_lr, help="α (default %(default)s)")
+    p.add_argument("--inner-steps", type=at_least(1), default=d.inner_steps, help="inner steps (default %(default)s)")
+    p.add_argument("--outer-lr", type=positive_rate, default=d.outer_lr, help="η (default %(default)s)")
+    p.add_argument(
+        "--outer-optimizer", choices=("sgd", "adam"), default=d.outer_optimizer, help="(default %(default)s)"
+    )
+    p.add_argument("--first-order", action="store_true", help="first-order MAML (drop the second-order term)")
+    seed_option(p, "the tasks", d.seed)
+    quiet_option(p)
+
+
+CALIBRATE = Command(
+    "calibrate",
+    help="user calibration: one file per person from k labelled images (offset, affine, ridge, adapters, FAZE)",
+    add_arguments=_calibrate_arguments,
+    run=_calibrate,
+    outputs={"out": True},
+    extra="gaze",
+)
+FAZE = Command(
+    "faze",
+    help="FAZE: train DT-ED and its gaze MLP, meta-train the MLP (then alfa calibrate --method faze)",
+    extra="gaze",
+    subcommands=(
+        Command(
+            "train",
+            help="DT-ED and the gaze MLP on a source with head poses",
+            add_arguments=_faze_train_arguments,
+            run=_faze_train,
+            outputs={"out": True},
+        ),
+        Command(
+            "meta-train",
+            help="the gaze MLP meta-learned by MAML over the source persons (AdaGEN)",
+            add_arguments=_faze_meta_train_arguments,
+            run=_faze_meta_train,
+            outputs={"out": True},
+        ),
+    ),
+)

@@ -1,0 +1,396 @@
+"""User calibration: a gaze model fitted to one person from ``k`` labelled images (``alfa calibrate``).
+
+"User calibration" is what a deployed gaze tracker asks of a new user (look at a few points on the screen);
+it is not the *worlds'* calibration of ``docs/calibration.md``. Per person, from the first ``pool`` images in
+dataset order (the calibration pool; the person's other images are the ones scored), ``k`` images are drawn
+(:func:`draw_labelled`: ``random``, or ``spread`` over the person's gaze range as a 9-point screen calibration
+does) and their labels read. The methods (:data:`USER_CALIBRATIONS`):
+
+- ``offset`` (k ≥ 1): the mean error of the model on the ``k`` images, subtracted;
+- ``affine`` (k ≥ 1; a full map from k ≥ 3): ``ŷ ↦ A ŷ + c`` on ``(yaw, pitch)``, ridge-regularized toward
+  ``A = I`` (strength ``affine_ridge``) with ``c`` free, so that at k = 1 it is the offset;
+- ``ridge`` (k ≥ 1): the head refitted by ridge regression on the penultimate features, toward the source
+  head (strength ``feature_ridge`` times the features' mean squared norm), its bias free;
+- ``last-layer`` (k ≥ 1): the head's weight and bias fine-tuned on the ``k`` images (AdamW);
+- ``adapter`` (k ≥ 1): any adapter method (``adapter_method``: Alfa, LoRA, DoRA, …) trained with the supervised
+  loss on the ``k`` images, plus, with ``flip_weight > 0``, the flip loss on the pool's unlabelled images
+  (semi-supervised);
+- ``faze`` (k ≥ 1): PS-GEN, the meta-learned gaze MLP of a FAZE model adapted on the ``k`` images
+  (:func:`alfa.gaze.faze.personalize_faze`, with the inner rate and steps its meta-training recorded).
+
+The first four are one form, a correction ``(ΔW, Δb)`` of the model's linear head (the ``correction`` adapter
+method), so a calibrated user is saved, loaded, merged, exported and served per sample exactly like a
+personalized one. Every file records, in its ``about``, the images whose labels it used; ``alfa evaluate``
+refuses to score any of them. Recipes are the declared defaults of :class:`CalibrateConfig`; the rule that may
+change them is written in ``docs/user-calibration.md`` (a labelled stand-in, never a target's labels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from alfa.adapters import (
+    METHODS,
+    CorrectionConfig,
+    adapter_parameters,
+    adapter_state,
+    attach,
+    config_from_dict,
+    detach,
+    param_groups,
+    save_adapter,
+)
+from alfa.fileio import write_json
+from alfa.layers import FactorizedLinear, dense_matrix
+
+from .data.base import GazeDataset
+from .evaluate import adapter_filename, load_examples, load_images
+from .faze import personalize_faze
+from .geometry import flip_yaw
+from .losses import finite_or_raise, l1_per_image
+
+__all__ = [
+    "CalibrateConfig",
+    "DEFAULT_METHOD",
+    "DRAWS",
+    "USER_CALIBRATIONS",
+    "UserCalibration",
+    "calibrate_person",
+    "calibrate_dataset",
+    "draw_labelled",
+    "find_head",
+    "fit_affine",
+    "fit_feature_ridge",
+]
+
+DRAWS = ("random", "spread")
+DEFAULT_METHOD = "affine"
+DEFAULT_REASON = (
+    "the affine map is the default: it corrects what a person's anatomy shifts and scales (an offset of yaw and "
+    "pitch, which the flip cannot see, and a gain), needs no training, costs 6 numbers, and its ridge toward "
+    "the identity makes it the plain offset at k = 1 and 2, so it is safe at every k"
+)
+
+
+@dataclass(frozen=True)
+class UserCalibration:
+    """A calibration method: its name, the fewest labelled images it takes, and what it is."""
+
+    name: str
+    min_k: int
+    description: str
+
+
+USER_CALIBRATIONS: dict[str, UserCalibration] = {
+    c.name: c
+    for c in (
+        UserCalibration("offset", 1, "the model's mean error on the k images, subtracted"),
+        UserCalibration("affine", 1, "A·ŷ + c on (yaw, pitch), ridge toward A = I (the offset below k = 3)"),
+        UserCalibration("ridge", 1, "the head refitted by ridge regression on the penultimate features"),
+        UserCalibration("last-layer", 1, "the head's weight and bias fine-tuned on the k images"),
+        UserCalibration("adapter", 1, "an adapter method trained on the k labels (+ flip loss, semi-supervised)"),
+        UserCalibration("faze", 1, "PS-GEN: a FAZE model's meta-learned gaze MLP adapted on the k images"),
+    )
+}
+
+
+@dataclass
+class CalibrateConfig:
+    """One user-calibration recipe; every value is declared before any run (docs/user-calibration.md).
+
+    ``pool``: the first images of each person the ``k`` are drawn from (never scored); ``affine_ridge``: the
+    penalty on ``‖A − I‖²`` in radians² (against the squared residuals summed over the ``k``);
+    ``feature_ridge``: the penalty on ``‖W' − W‖²`` relative to the features' mean squared norm; ``steps``,
+    ``lr``, ``weight_decay``: the optimizer of ``last-layer`` and ``adapter`` (AdamW; ``lr_scale`` as in
+    personalization); ``adapter_method`` and ``adapter_options``: the adapter of ``adapter``; ``flip_weight``:
+    the weight of the flip loss on the pool's unlabelled images (``adapter`` and ``last-layer``; 0: supervised
+    only). ``faze_lr``/``faze_steps``: PS-GEN's rate and steps (``None``: what meta-training recorded)."""
+
+    method: str = DEFAULT_METHOD
+    k: int = 9
+    draw: str = "random"
+    pool: int = 32
+    seed: int = 0
+    affine_ridge: float = 0.1
+    feature_ridge: float = 1.0
+    steps: int = 50
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    lr_scale: dict[str, float] = dataclasses.field(default_factory=dict)
+    adapter_method: str = "alfa"
+    adapter_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    flip_weight: float = 0.0
+    faze_lr: float | None = None
+    faze_steps: int | None = None
+
+    def validate(self) -> None:
+        if self.method not in USER_CALIBRATIONS:
+            raise ValueError(f"unknown calibration method {self.method!r}; known: {', '.join(USER_CALIBRATIONS)}")
+        low = USER_CALIBRATIONS[self.method].min_k
+        if self.k < low:
+            raise ValueError(f"{self.method} needs k >= {low}, got {self.k}")
+        if self.draw not in DRAWS:
+            raise ValueError(f"draw must be one of {DRAWS}, got {self.draw!r}")
+        if self.pool < self.k:
+            raise ValueError(f"the pool ({self.pool} images) must hold the k = {self.k} labelled ones")
+        for name in ("affine_ridge", "feature_ridge", "weight_decay", "flip_weight"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if self.steps < 1 or not self.lr > 0:
+            raise ValueError(f"need steps >= 1 and lr > 0, got {self.steps}, {self.lr}")
+        if self.method == "adapter" and self.adapter_method not in METHODS:
+            raise ValueError(f"unknown adapter method {self.adapter_method!r}; known: {sorted(METHODS)}")
+
+
+# ----------------------------------------------------------------------------- which images are labelled
+
+
+def _seed(seed: int, person: str, purpose: str) -> int:
+    digest = hashlib.sha256(f"{seed}\0{person}\0{purpose}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def draw_labelled(dataset: GazeDataset, person: str, k: int, pool: int, draw: str, seed: int) -> list[int]:
+    """The dataset indices of the ``k`` labelled images of ``person``, drawn from their first ``pool`` images.
+
+    ``random``: ``k`` of the pool uniformly. ``spread``: farthest-point sampling of the pool's gaze labels
+    (each next image the one farthest from those chosen), from a random first image: ``k`` points that cover
+    the person's gaze range, as the targets of a screen calibration do. Depends on ``(seed, person)`` only."""
+    indices = dataset.person_indices(person)
+    if len(indices) < pool + 1:
+        raise ValueError(f"person {person!r} has {len(indices)} images: the pool of {pool} plus at least one to score")
+    candidates = indices[:pool]
+    g = torch.Generator().manual_seed(_seed(seed, person, f"draw-{draw}"))
+    order = torch.randperm(pool, generator=g).tolist()
+    if draw == "random":
+        return sorted(candidates[i] for i in order[:k])
+    table = getattr(dataset, "gaze", None)  # the loaders' label tensor: no image is read to draw
+    if isinstance(table, Tensor):
+        gaze = table[torch.as_tensor(candidates, dtype=torch.long)].double()
+    else:
+        gaze = torch.stack([dataset[i]["gaze"] for i in candidates]).double()
+    chosen = [order[0]]
+    nearest = (gaze - gaze[order[0]]).norm(dim=1)
+    while len(chosen) < k:
+        nxt = int(nearest.argmax())
+        chosen.append(nxt)
+        nearest = torch.minimum(nearest, (gaze - gaze[nxt]).norm(dim=1))
+    return sorted(candidates[i] for i in chosen)
+
+
+# ----------------------------------------------------------------------------- the head and its closed forms
+
+
+def find_head(model: nn.Module, images: Tensor) -> tuple[str, Tensor, Tensor]:
+    """The linear layer whose output is the model's output, its input (the penultimate features) and output on
+    ``images``; a ``ValueError`` for a model whose prediction is not one linear layer's output."""
+    seen: dict[str, tuple[Tensor, Tensor]] = {}
+    handles = []
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, FactorizedLinear)):
+
+            def hook(_m: nn.Module, args: tuple, out: Tensor, name: str = name) -> None:
+                seen[name] = (args[0], out)
+
+            handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            out = model(images)
+    finally:
+        for h in handles:
+            h.remove()
+    for name, (features, output) in seen.items():
+        if output is out and features.ndim == 2:
+            return name, features, output
+    raise ValueError(
+        "the model's output is not the output of one linear layer, which the offset, affine, ridge and last-layer "
+        "calibrations correct; use --method adapter"
+    )
+
+
+def fit_affine(pred: Tensor, gaze: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
+    """``(A, c)`` minimizing ``Σ‖A ŷ_i + c − g_i‖² + ridge·‖A − I‖²`` (``c`` unpenalized): the least-squares
+    fit of the centered residuals on the centered predictions, shrunk toward the identity."""
+    pred, gaze = pred.double(), gaze.double()
+    mp, mg = pred.mean(0), gaze.mean(0)
+    p, r = pred - mp, (gaze - mg) - (pred - mp)
+    eye = torch.eye(pred.shape[1], dtype=torch.float64)
+    gram = p.T @ p + ridge * eye
+    if ridge == 0 and torch.linalg.matrix_rank(gram) < pred.shape[1]:
+        raise ValueError(f"an unregularized affine map needs {pred.shape[1] + 1} images in general position")
+    delta = torch.linalg.solve(gram, p.T @ r).T  # A − I
+    a = eye + delta
+    return a, mg - a @ mp
+
+
+def fit_feature_ridge(
+    features: Tensor, gaze: Tensor, weight: Tensor, bias: Tensor, ridge: float
+) -> tuple[Tensor, Tensor]:
+    """``(ΔW, Δb)`` of the head ``(W, b)`` refitted by ``min Σ‖W' h_i + b' − g_i‖² + λ‖W' − W‖²`` with ``b'``
+    free and ``λ = ridge · mean ‖h_i‖²`` (solved in the ``k×k`` dual form)."""
+    h, g = features.double(), gaze.double()
+    w, b = weight.double(), bias.double()
+    mh, mg = h.mean(0), g.mean(0)
+    hc = h - mh
+    residual = (g - mg) - hc @ w.T
+    lam = ridge * float((h * h).sum(1).mean()) + 1e-12
+    dual = torch.linalg.solve(hc @ hc.T + lam * torch.eye(len(h), dtype=torch.float64), residual)
+    delta_w = hc.T @ dual  # (n, m)
+    new_w = w + delta_w.T
+    return delta_w.T, (mg - new_w @ mh) - b
+
+
+# ----------------------------------------------------------------------------- one person
+
+
+def _set_correction(model: nn.Module, head: str, delta_w: Tensor, delta_b: Tensor) -> None:
+    attach(model, CorrectionConfig(target=[head], layers="all"))
+    params = adapter_parameters(model)
+    with torch.no_grad():
+        params[f"{head}.weight_update"].copy_(delta_w)
+        if f"{head}.bias_update" in params:
+            params[f"{head}.bias_update"].copy_(delta_b)
+        elif delta_b.abs().max() > 0:
+            detach(model)
+            raise ValueError(f"the head {head} has no bias, so it cannot hold an offset")
+
+
+def _closed_form(model: nn.Module, images: Tensor, gaze: Tensor, config: CalibrateConfig) -> None:
+    head, features, pred = find_head(model, images)
+    features, pred, gaze = features.cpu(), pred.cpu(), gaze.cpu()  # small closed forms: on the CPU, in float64
+    layer = model.get_submodule(head)
+    weight = dense_matrix(layer).detach().cpu()
+    bias = layer.bias.detach().cpu() if layer.bias is not None else torch.zeros(pred.shape[1])
+    if config.method == "ridge":
+        delta_w, delta_b = fit_feature_ridge(features, gaze, weight, bias, config.feature_ridge)
+    else:
+        if config.method == "offset":
+            a = torch.eye(pred.shape[1], dtype=torch.float64)
+            c = (gaze - pred).double().mean(0)
+        else:
+            a, c = fit_affine(pred, gaze, config.affine_ridge)
+        eye = torch.eye(pred.shape[1], dtype=torch.float64)
+        delta_w = (a - eye) @ weight.double()
+        delta_b = (a - eye) @ bias.double() + c
+    _set_correction(model, head, delta_w.to(weight.dtype), delta_b.to(weight.dtype))
+
+
+def _trained(model: nn.Module, images: Tensor, gaze: Tensor, unlabelled: Tensor, config: CalibrateConfig) -> None:
+    """``last-layer`` or ``adapter``: AdamW on the supervised L1 loss (+ the weighted flip loss)."""
+    if config.method == "last-layer":
+        method = CorrectionConfig(target=[find_head(model, images[:1])[0]], layers="all")
+    else:
+        method = config_from_dict(config.adapter_method, dict(config.adapter_options))
+    attach(model, method)
+    try:
+        groups = param_groups(model, config.lr, lr_scale=config.lr_scale, weight_decay=config.weight_decay)
+        optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+        both = torch.cat([unlabelled, unlabelled.flip(-1)]) if config.flip_weight else None
+        for _ in range(config.steps):
+            loss = l1_per_image(model(images), gaze).mean()
+            if both is not None:
+                pred, pred_flipped = model(both).split(len(unlabelled))
+                loss = loss + config.flip_weight * l1_per_image(pred, flip_yaw(pred_flipped).detach()).mean()
+            finite_or_raise(loss, "user calibration")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    except BaseException:
+        detach(model)
+        raise
+
+
+def calibrate_person(
+    model: nn.Module,
+    images: Tensor,
+    gaze: Tensor,
+    config: CalibrateConfig,
+    unlabelled: Tensor | None = None,
+    faze_defaults: tuple[float, int] | None = None,
+) -> None:
+    """Calibrate ``model`` (the shared base, in eval mode) to one person from ``k`` labelled ``images`` and their
+    ``gaze``: the person's adapter is **left attached** (save it with :func:`alfa.save_adapter`). ``unlabelled``:
+    the pool's images, for the flip term. ``faze_defaults``: PS-GEN's ``(rate, steps)`` from meta-training."""
+    config.validate()
+    if adapter_state(model) is not None:
+        raise RuntimeError("calibration expects the base model without an adapter attached (call alfa.detach)")
+    model.eval()  # BatchNorm keeps the source statistics
+    if config.method in ("offset", "affine", "ridge"):
+        _closed_form(model, images, gaze, config)
+    elif config.method == "faze":
+        lr, steps = faze_defaults or (None, None)
+        lr, steps = config.faze_lr or lr, config.faze_steps or steps
+        if lr is None or steps is None:
+            raise ValueError("--method faze: the checkpoint records no meta-training; give --faze-lr and --faze-steps")
+        personalize_faze(model, images, gaze, lr, steps)
+    else:
+        _trained(model, images, gaze, images if unlabelled is None else unlabelled, config)
+
+
+# ----------------------------------------------------------------------------- a dataset
+
+
+def _key(config: CalibrateConfig) -> dict[str, Any]:
+    return {"user_calibration": dataclasses.asdict(config)}
+
+
+def calibrate_dataset(
+    model: nn.Module,
+    dataset: GazeDataset,
+    config: CalibrateConfig,
+    out_dir: str | Path,
+    *,
+    persons: Sequence[str] | None = None,
+    faze_defaults: tuple[float, int] | None = None,
+    progress: bool = True,
+    on_error: Callable[[str, str], None] | None = None,
+) -> dict[str, Any]:
+    """Calibrate every person of ``dataset`` and write ``out_dir/<person>.safetensors`` (its ``about`` names the
+    labelled images) and ``out_dir/personalization.json`` (the record ``alfa evaluate`` reads: the pool is its
+    ``n_adapt``, so only images after the pool are scored). A failed person is recorded and the run goes on."""
+    config.validate()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    persons = list(dataset.persons() if persons is None else persons)
+    record: dict[str, Any] = {"dataset": dataset.name, "method": f"calibrate:{config.method}", "persons": {}}
+    record["config"] = {"n_adapt": config.pool, **_key(config)}
+    for person in tqdm(persons, desc=f"calibrate {dataset.name}", disable=not progress):
+        path = out / adapter_filename(person)
+        t0 = time.perf_counter()
+        try:
+            labelled = draw_labelled(dataset, person, config.k, config.pool, config.draw, config.seed)
+            device = next(model.parameters()).device
+            images, gaze = (t.to(device) for t in load_examples(dataset, labelled))
+            pool = load_images(dataset, dataset.person_indices(person)[: config.pool]).to(device)
+            torch.manual_seed(_seed(config.seed, person, "init"))
+            calibrate_person(model, images, gaze, config, pool, faze_defaults)
+            about = {"dataset": dataset.name, "person": person, "labelled": labelled, **_key(config)}
+            try:
+                save_adapter(model, path, about=about)
+            finally:
+                detach(model)
+            entry = {"status": "ok", "labelled": labelled, "seconds": time.perf_counter() - t0}
+            entry["bytes"] = path.stat().st_size
+        except (ValueError, RuntimeError, FloatingPointError, KeyError, OSError) as e:
+            if adapter_state(model) is not None:
+                detach(model)
+            path.unlink(missing_ok=True)
+            entry = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+            if on_error is not None:
+                on_error(person, entry["error"])
+        record["persons"][person] = entry
+        write_json(out / "personalization.json", record)
+    write_json(out / "personalization.json", record)
+    return record

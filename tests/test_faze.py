@@ -1,0 +1,200 @@
+"""FAZE (alfa.gaze.faze): DT-ED's rotations and decoder path, one MAML step against a hand-written one (second-order
+term included), meta-training against plain training of the same MLP, head poses, and the commands end to end."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, grad
+
+from alfa.gaze.data import InMemoryGazeDataset
+from alfa.gaze.faze import (
+    DTED,
+    MamlTask,
+    angular_loss,
+    apply_gradients,
+    dted_losses,
+    faze_gaze,
+    maml_gradients,
+    rotate_code,
+    rotation_from_angles,
+)
+from alfa.gaze.faze_train import fit_mlp_plainly, head_poses, post_adaptation_loss
+from alfa.gaze.geometry import pitchyaw_to_vector
+
+
+def test_rotations_turn_the_forward_axis_into_the_gaze_and_compose():
+    angles = torch.tensor([[0.3, -0.2], [-0.5, 0.4], [0.0, 0.0]], dtype=torch.float64)
+    r = rotation_from_angles(angles)
+    forward = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64)
+    torch.testing.assert_close(r @ forward, pitchyaw_to_vector(angles))
+    torch.testing.assert_close(r @ r.transpose(1, 2), torch.eye(3, dtype=torch.float64).expand(3, 3, 3))
+    relative = r[1] @ r[0].T  # R_ba = R_b R_a⁻¹ takes a's rotation to b's
+    torch.testing.assert_close(relative @ r[0], r[1])
+
+
+def test_the_decoder_path_is_equivariant_to_the_latent_rotation_it_is_given():
+    torch.manual_seed(0)
+    dted = DTED(image_size=16, appearance=4, gaze_features=2, head_features=2, width=4).eval()
+    x = torch.rand(3, 3, 16, 16)
+    rg = rotation_from_angles(torch.tensor([[0.4, 0.1], [-0.3, 0.2], [0.2, -0.5]]))
+    rh = rotation_from_angles(torch.tensor([[-0.2, 0.3], [0.5, 0.0], [0.1, 0.1]]))
+    with torch.no_grad():
+        identity = dted.transformed(x, torch.eye(3).expand(3, 3, 3), torch.eye(3).expand(3, 3, 3))
+        torch.testing.assert_close(identity, dted.decode(*dted.encode(x)))
+        for m in dted.decoder.modules():  # a decoder whose image depends on the codes (at init it hardly does)
+            if isinstance(m, nn.ConvTranspose2d):
+                nn.init.normal_(m.weight, std=0.5)
+        za, zg, zh = torch.randn(3, 4), torch.randn(3, 3, 2), torch.randn(3, 3, 2)
+        plain = dted.decode(za, zg, zh)
+        turned = dted.decode(za, rotate_code(rg, zg), rotate_code(rh, zh))
+        back = dted.decode(za, rotate_code(rg.transpose(1, 2), rotate_code(rg, zg)), rotate_code(rh.mT, rh @ zh))
+    torch.testing.assert_close(back, plain, atol=1e-5, rtol=1e-5)  # R then R⁻¹: the reconstruction again
+    assert (turned - plain).abs().max() > 0.01  # the rotation reaches the decoder
+
+
+def test_the_dted_loss_has_its_three_terms_and_trains():
+    torch.manual_seed(0)
+    model = faze_gaze(image_size=16, appearance=4, width=4)
+    x_a, x_b = torch.rand(4, 3, 16, 16), torch.rand(4, 3, 16, 16)
+    g = torch.tensor([[0.1, 0.2], [0.3, -0.1], [-0.2, 0.0], [0.0, 0.1]])
+    person = torch.tensor([0, 0, 1, 1])
+    losses = dted_losses(model, (x_a, x_b, g, g.flip(0), g, g, person), (1.0, 2.0, 0.1))
+    assert losses.consistency.item() > 0 and losses.recon.item() > 0 and losses.gaze.item() > 0
+    torch.testing.assert_close(losses.total, losses.recon + 2 * losses.consistency + 0.1 * losses.gaze)
+    # the frontalized codes of one person pulled together: two images with one code but other gazes differ
+    losses.total.backward()
+    assert all(p.grad is not None for p in model.dted.to_code.parameters())
+
+
+def _tiny_mlp() -> nn.Module:
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+
+
+def _task(seed: int) -> MamlTask:
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    gaze = 0.3 * torch.randn(8, 2, generator=g, dtype=torch.float64)
+    return MamlTask(z[:4], gaze[:4], z[4:], gaze[4:])
+
+
+@pytest.mark.parametrize("first_order", [False, True])
+def test_one_maml_step_equals_a_hand_written_one(first_order):
+    mlp, tasks, alpha, eta = _tiny_mlp(), [_task(0), _task(1)], 0.3, 0.05
+    start = {n: p.detach().clone() for n, p in mlp.named_parameters()}
+
+    def support(params, t):
+        return angular_loss(functional_call(mlp, params, (t.z_c,)), t.g_c)
+
+    def query(params, t):
+        return angular_loss(functional_call(mlp, params, (t.z_v,)), t.g_v)
+
+    def after_inner(params, t):  # θ' = θ − α ∇L_c(θ), written out with torch.func
+        step = grad(support)(params, t)
+        return {n: params[n] - alpha * step[n] for n in params}
+
+    def outer(params, t):
+        return query(after_inner(params, t), t)
+
+    expected = {n: torch.zeros_like(p) for n, p in start.items()}
+    for t in tasks:
+        g = grad(query)(after_inner(start, t), t) if first_order else grad(outer)(start, t)
+        for n in expected:
+            expected[n] += g[n] / len(tasks)
+    grads, loss = maml_gradients(mlp, tasks, alpha, 1, first_order)
+    for n in expected:
+        torch.testing.assert_close(grads[n], expected[n])
+    assert loss == pytest.approx(sum(float(outer(start, t)) for t in tasks) / len(tasks))
+    if not first_order:  # the second-order term, checked once more by central differences on one weight
+        name, eps = "0.weight", 1e-6
+        bumped = [{**start, name: start[name] + s * eps * torch.eye(4, 3, dtype=torch.float64)} for s in (1, -1)]
+        numeric = sum(float(outer(bumped[0], t) - outer(bumped[1], t)) / (2 * eps) for t in tasks) / len(tasks)
+        analytic = sum(float(grads[name][i, i]) for i in range(3))
+        assert analytic == pytest.approx(numeric, rel=1e-5, abs=1e-8)
+        first = maml_gradients(mlp, tasks, alpha, 1, True)[0]
+        assert (first[name] - grads[name]).abs().max() > 1e-6  # the term is there, and it matters
+    apply_gradients(mlp, grads, eta)
+    for n, p in mlp.named_parameters():
+        torch.testing.assert_close(p.detach(), start[n] - eta * grads[n])
+
+
+def test_meta_training_lowers_the_loss_after_adaptation_on_held_out_persons():
+    # Toy persons: one map of the gaze codes plus a per-person offset (std ~17°), which k = 4 images must find in
+    # one inner step. Deterministic (seeded); a wrong outer gradient (sign, missing term) does not pass.
+    g = torch.Generator().manual_seed(0)
+    mix = torch.randn(6, 2, generator=g) * 0.3
+
+    def person() -> tuple[torch.Tensor, torch.Tensor]:
+        z = torch.randn(16, 6, generator=g)
+        return z, torch.tanh(z @ mix) * 0.3 + torch.randn(1, 2, generator=g) * 0.3
+
+    source, held_out = [person() for _ in range(16)], [person() for _ in range(12)]
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(6, 16), nn.SELU(), nn.Linear(16, 2))
+    fit_mlp_plainly(plain, source, steps=100, lr=1e-2)
+    meta = copy.deepcopy(plain)  # FAZE's order: the MLP trained with DT-ED, then meta-learned
+    adam = torch.optim.Adam(meta.parameters(), lr=2e-2)
+    alpha, steps = 0.05, 1
+    for step in range(30):
+        tasks = [MamlTask(z[:4], y[:4], z[4:12], y[4:12]) for z, y in (source[(4 * step + i) % 16] for i in range(4))]
+        grads, _ = maml_gradients(meta, tasks, alpha, steps)
+        for n, p in meta.named_parameters():
+            p.grad = grads[n]
+        adam.step()
+    tests = [MamlTask(z[:4], y[:4], z[4:], y[4:]) for z, y in held_out]
+    after_meta = post_adaptation_loss(meta, tests, alpha, steps)
+    after_plain = post_adaptation_loss(plain, tests, alpha, steps)
+    assert after_meta < 0.9 * after_plain  # measured: 0.81 of it
+
+
+def test_head_poses_are_required_with_a_clear_error():
+    images = torch.zeros(4, 3, 16, 16, dtype=torch.uint8)
+    gaze = torch.zeros(4, 2)
+    ids = torch.tensor([0, 0, 1, 1])
+    with_head = InMemoryGazeDataset(images, gaze, ids, ["a", "b"], head=torch.ones(4, 2), name="posed")
+    torch.testing.assert_close(head_poses(with_head, [0, 3]), torch.ones(2, 2))
+    without = InMemoryGazeDataset(images, gaze, ids, ["a", "b"], name="gaze360-like")
+    with pytest.raises(ValueError, match=r"gaze360-like: 2 of 2 images have no head pose .*needs the head pose"):
+        head_poses(without, [1, 2])
+
+
+def test_faze_trains_meta_trains_and_calibrates_from_the_cli(tmp_path, capsys):
+    from alfa.checkpoint import load_model
+    from alfa.cli import main
+    from alfa.gaze.data.fixtures import write_gazehub_fixture
+
+    torch.set_num_threads(1)
+    spec = "synthetic:eth?persons=4&images_per_person=12&size=16"
+    small = ["--appearance", "4", "--quiet"]
+    assert main(["faze", "train", "--data", spec, "--out", str(tmp_path / "t"), "--steps", "2", *small]) == 0
+    meta = ["--k", "3", "--l", "3", "--tasks", "2", "--steps", "2", "--quiet"]
+    trained = str(tmp_path / "t" / "model.safetensors")
+    assert (
+        main(["faze", "meta-train", "--checkpoint", trained, "--data", spec, "--out", str(tmp_path / "m"), *meta]) == 0
+    )
+    again = ["faze", "meta-train", "--checkpoint", trained, "--data", spec, "--out", str(tmp_path / "m"), *meta]
+    assert main(again) == 2 and "already holds a model.safetensors" in capsys.readouterr().err  # never overwritten
+    model, saved = load_model(tmp_path / "m" / "model.safetensors")
+    assert saved["extra"]["maml"]["config"]["inner_steps"] == 5 and "faze" in saved["extra"]
+    target = "synthetic:mpii?persons=2&images_per_person=12&size=16"
+    calibrated = str(tmp_path / "c")
+    argv = ["calibrate", "--checkpoint", str(tmp_path / "m" / "model.safetensors"), "--data", target]
+    assert main([*argv, "--method", "faze", "--k", "3", "--pool", "6", "--out", calibrated, "--quiet"]) == 0
+    assert "faze user calibration of mpii/test at k = 3" in capsys.readouterr().out
+    ckpt = str(tmp_path / "m" / "model.safetensors")
+    assert main(["evaluate", "--checkpoint", ckpt, "--data", target, "--adapters", calibrated, "--quiet"]) == 0
+    assert "6 adaptation images excluded" in capsys.readouterr().out
+    # The real layouts: MPIIFaceGaze's labels carry the head pose, Gaze360's do not (one line, exit 2).
+    write_gazehub_fixture(tmp_path / "mpii", "mpiifacegaze", persons=["p00", "p01"], images_per_person=4)
+    real = f"gazehub:mpiifacegaze:{tmp_path / 'mpii'}"
+    assert main(["faze", "train", "--data", real, "--out", str(tmp_path / "r"), "--steps", "1", *small]) == 0
+    write_gazehub_fixture(tmp_path / "g360", "gaze360", images_per_person=3)
+    g360 = f"gazehub:gaze360:{tmp_path / 'g360'}"
+    assert main(["faze", "train", "--data", g360, "--out", str(tmp_path / "n"), "--steps", "1", *small]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "have no head pose" in err and not (tmp_path / "n" / "model.safetensors").exists()
+    assert isinstance(model, nn.Module)

@@ -1,0 +1,167 @@
+"""User calibration (alfa.gaze.calibrate, alfa calibrate): the draws, the closed forms, the correction that carries
+them (saved, merged and served per sample alike), and that evaluation never scores the labelled images."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from tiny_models import TinyGazeNet
+
+import alfa
+from alfa.export import merged_copy
+from alfa.gaze.calibrate import (
+    CalibrateConfig,
+    calibrate_dataset,
+    calibrate_person,
+    draw_labelled,
+    find_head,
+    fit_affine,
+    fit_feature_ridge,
+)
+from alfa.gaze.data import InMemoryGazeDataset
+from alfa.gaze.evaluate import evaluate
+from alfa.serve import MultiUserModel
+
+
+@pytest.fixture
+def base() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    alfa.truncate(model, 4)
+    return model
+
+
+def _dataset(persons: int = 2, images: int = 14) -> InMemoryGazeDataset:
+    g = torch.Generator().manual_seed(0)
+    n = persons * images
+    pixels = torch.randint(0, 256, (n, 3, 16, 16), generator=g, dtype=torch.uint8)
+    gaze = (torch.rand(n, 2, generator=g) - 0.5) * 0.8
+    ids = torch.arange(persons).repeat_interleave(images)
+    return InMemoryGazeDataset(pixels, gaze, ids, [f"p{i}" for i in range(persons)], name="toy")
+
+
+def test_draws_come_from_the_pool_and_spread_covers_the_gaze_range():
+    data = _dataset()
+    pool = data.person_indices("p1")[:10]
+    for draw in ("random", "spread"):
+        chosen = draw_labelled(data, "p1", 4, 10, draw, seed=3)
+        assert len(set(chosen)) == 4 and set(chosen) <= set(pool)
+        assert chosen == draw_labelled(data, "p1", 4, 10, draw, seed=3)  # (seed, person) fixes it
+    gaze = data.gaze[pool]
+    diameter = torch.cdist(gaze, gaze).max()
+    for seed in range(5):  # farthest-point: the second point is at least half the pool's diameter away
+        a, b = draw_labelled(data, "p1", 2, 10, "spread", seed)
+        assert (data.gaze[a] - data.gaze[b]).norm() >= diameter / 2
+    with pytest.raises(ValueError, match="the pool of 14 plus at least one to score"):
+        draw_labelled(data, "p1", 2, 14, "random", 0)
+
+
+def test_the_affine_fit_recovers_a_map_and_is_the_offset_at_k_1():
+    g = torch.Generator().manual_seed(1)
+    pred = torch.randn(6, 2, generator=g, dtype=torch.float64) * 0.3
+    a_true, c_true = torch.tensor([[1.1, 0.2], [-0.1, 0.9]], dtype=torch.float64), torch.tensor([0.05, -0.1])
+    a, c = fit_affine(pred, pred @ a_true.T + c_true.double(), ridge=0.0)
+    torch.testing.assert_close(a, a_true)
+    torch.testing.assert_close(c, c_true.double())
+    a1, c1 = fit_affine(pred[:1], pred[:1] + 0.2, ridge=0.1)  # one image: the identity plus the offset
+    torch.testing.assert_close(a1, torch.eye(2, dtype=torch.float64))
+    torch.testing.assert_close(c1, torch.full((2,), 0.2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="needs 3 images in general position"):
+        fit_affine(pred[:2], pred[:2], ridge=0.0)
+
+
+def test_the_feature_ridge_recovers_a_head_and_shrinks_to_the_source_one():
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(12, 3, generator=g, dtype=torch.float64)
+    w, b = torch.randn(2, 3, generator=g, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
+    w_true, b_true = w + 0.3, torch.tensor([0.1, -0.2], dtype=torch.float64)
+    dw, db = fit_feature_ridge(h, h @ w_true.T + b_true, w, b, ridge=1e-9)
+    torch.testing.assert_close(w + dw, w_true)
+    torch.testing.assert_close(b + db, b_true)
+    dw, db = fit_feature_ridge(h, h @ w_true.T + b_true, w, b, ridge=1e9)  # all shrinkage: the old head, re-centered
+    assert dw.abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("method", ["offset", "affine", "ridge", "last-layer"])
+def test_a_head_calibration_is_one_correction_saved_merged_and_served_exactly(base, method, tmp_path):
+    images = torch.rand(9, 3, 16, 16)
+    with torch.no_grad():
+        target = base(images) @ torch.tensor([[1.2, 0.1], [0.0, 0.8]]).T + torch.tensor([0.1, -0.05])
+    model = copy.deepcopy(base)
+    config = CalibrateConfig(method=method, k=9, affine_ridge=0.0, steps=3)
+    calibrate_person(model, images, target, config)
+    assert alfa.adapter_state(model).config.method == "correction"
+    with torch.no_grad():
+        calibrated = model(images)
+    if method == "affine":  # the model's outputs mapped exactly: the head correction is the affine map
+        torch.testing.assert_close(calibrated, target, atol=1e-5, rtol=1e-5)
+    if method == "offset":
+        torch.testing.assert_close((calibrated - target).mean(0), torch.zeros(2), atol=1e-5, rtol=0)
+    path = alfa.save_adapter(model, tmp_path / "user.safetensors")
+    personalized = copy.deepcopy(base)  # a personalized user beside the calibrated one, in one batch
+    alfa.attach(personalized, alfa.AlfaConfig(heads=2, rank=2))
+    with torch.no_grad():
+        for p in alfa.adapter_parameters(personalized).values():
+            p.add_(0.1 * torch.randn_like(p))
+    served = MultiUserModel(base)
+    served.add_user("u", path)
+    served.add_user("v", personalized)
+    other = torch.rand(4, 3, 16, 16)
+    with torch.no_grad():
+        mixed = served(other, ["u", "v", "u", None])
+        torch.testing.assert_close(mixed[0::2], model(other)[0::2])
+        torch.testing.assert_close(mixed[1], personalized(other)[1])
+        torch.testing.assert_close(mixed[3], base(other)[3])
+        torch.testing.assert_close(merged_copy(model)(other), model(other), atol=1e-6, rtol=1e-5)
+    assert served.user_bytes("u") < 1024  # a 2×n update and 2 numbers (P = I is 4 more)
+
+
+def test_find_head_refuses_a_model_whose_output_is_no_linear_layer():
+    class Squashed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = TinyGazeNet()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.inner(x))
+
+    with pytest.raises(ValueError, match="not the output of one linear layer.*--method adapter"):
+        find_head(Squashed().eval(), torch.rand(1, 3, 16, 16))
+
+
+def test_evaluation_never_scores_the_labelled_images(base, tmp_path):
+    data = _dataset()
+    config = CalibrateConfig(method="adapter", adapter_method="lora", adapter_options={"rank": 2}, k=3, pool=8)
+    config.steps, config.flip_weight = 2, 0.5  # semi-supervised: the pool's flip loss too
+    record = calibrate_dataset(base, data, config, tmp_path, progress=False)
+    assert record["config"]["n_adapt"] == 8 and all(e["status"] == "ok" for e in record["persons"].values())
+    about = alfa.read_adapter_metadata(tmp_path / "p0.safetensors")["about"]
+    assert about["labelled"] == record["persons"]["p0"]["labelled"] and len(about["labelled"]) == 3
+    scored = evaluate(base, data, adapters=tmp_path, n_adapt=8, progress=False)
+    assert not scored.failed and set(scored.columns["personalized"]) == {"p0", "p1"}
+    leaky = evaluate(base, data, adapters=tmp_path, n_adapt=0, progress=False)
+    assert set(leaky.failed) == {"p0", "p1"} and "which would be scored" in leaky.failed["p0"]
+
+
+def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tmp_path, capsys):
+    from alfa.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Default: affine; the affine map is the default:" in text and "safe at every k" in text
+    ckpt = alfa.checkpoint.save_model(tmp_path / "base.safetensors", base, "tiny_gaze_net")
+    spec = "synthetic:mpii?persons=1&images_per_person=8&size=16"
+    argv = ["calibrate", "--checkpoint", str(ckpt), "--data", spec, "--out", str(tmp_path / "c"), "--quiet"]
+    assert main([*argv, "--k", "3", "--pool", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the pool (2 images) must hold the k = 3 labelled ones" in err
+    assert main([*argv, "--k", "2", "--pool", "4"]) == 0
+    before = (tmp_path / "c" / "p00.safetensors").read_bytes()
+    assert main([*argv, "--k", "3", "--pool", "4"]) == 2  # an earlier run there: nothing overwritten unasked
+    assert "holds an earlier run" in capsys.readouterr().err
+    assert (tmp_path / "c" / "p00.safetensors").read_bytes() == before
+    assert main([*argv, "--k", "3", "--pool", "4", "--replace"]) == 0
+    assert (tmp_path / "c" / "p00.safetensors").read_bytes() != before
