@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import bench, crate, gaze, library, study, tpgaze
+from . import bench, crate, gaze, library, llm, study, tpgaze
 from .registry import Command, add_commands, missing_package
 
 __all__ = ["COMMANDS", "USER_ERRORS", "build_parser", "main"]
@@ -41,6 +41,7 @@ COMMANDS: tuple[Command, ...] = (
     bench.BENCH,
     bench.REPORT,
     crate.CRATE,
+    llm.LLM,
 )
 
 USER_ERRORS = (ValueError, RuntimeError, FloatingPointError, OSError)
