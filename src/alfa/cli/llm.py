@@ -62,6 +62,9 @@ def _bench_command(args: argparse.Namespace) -> str:
     parts = ["alfa", "llm", "bench", "--out", shlex.quote(str(args.out))]
     if args.smoke:
         parts.append("--smoke")
+    for option in ("data_to", "markdown"):
+        if getattr(args, option) is not None:
+            parts += [f"--{option.replace('_', '-')}", shlex.quote(str(getattr(args, option)))]
     return " ".join(parts)
 
 
