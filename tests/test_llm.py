@@ -208,3 +208,13 @@ def test_a_tiny_bench_runs_end_to_end_resumes_and_makes_its_page(tmp_path):
     assert [p.stat().st_mtime_ns for p in records] == stamps and again["runs"] == result["runs"]
     page = llm_page(json.loads((tmp_path / "out" / "bench.json").read_text()), "data.json")
     assert "## The answer" in page and "Alfa" in page and "## Protocol" in page
+
+
+def test_the_command_refuses_a_page_that_is_not_markdown_in_one_line(tmp_path, capsys):
+    from alfa.cli import main
+
+    out, cache, page = (str(tmp_path / name) for name in ("out", "cache", "page.txt"))
+    code = main(["llm", "bench", "--smoke", "--out", out, "--cache", cache, "--markdown", page])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--markdown must name a .md file" in err[0]
+    assert not (tmp_path / "out" / "bench.json").exists()

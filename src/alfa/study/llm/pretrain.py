@@ -37,13 +37,13 @@ DEFAULT_CACHE = Path("runs/llm/pretrain")
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    """How the base model is pretrained (about 15 minutes of one core at the default)."""
+    """How the base model is pretrained (about 10 minutes of one free core at the default)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    steps: int = 2000
+    steps: int = 1200
     batch: int = 32
     lr: float = 2e-3
-    warmup: int = 100
+    warmup: int = 60
     weight_decay: float = 0.01
     seed: int = 0
     checkpoint_every: int = 100
