@@ -9,9 +9,9 @@ A sequence is laid out as ``<pad>… · prompt · <sep> · answer · <eos>…``:
 answer padded with end tokens (LLaDA pads its answers with EOS the same way, so the model also learns
 where an answer stops).
 
-* **training** (LLaDA's supervised form): a ratio ``t ~ U(0, 1]`` per sequence, each answer token replaced
-  by ``<mask>`` with probability ``t`` (at least one), cross-entropy on the masked tokens, weighted by
-  ``1/t`` and divided by the answer length (:func:`diffusion_loss`);
+* **training** (LLaDA's supervised form): a ratio ``t = k/A`` per sequence (``k`` uniform in ``1 … A``, the
+  answer's ``A`` tokens), that many answer tokens replaced by ``<mask>``, cross-entropy on the masked
+  tokens, weighted by ``1/t`` and divided by the answer length (:func:`diffusion_loss`);
 * **inference** (:func:`generate`): the answer region starts all masked; each of ``steps`` rounds predicts
   every masked token and keeps the most confident ones (LLaDA's low-confidence remasking), so that after
   the last round nothing is masked.
@@ -133,20 +133,20 @@ def logits(model: nn.Module, ids: Tensor) -> Tensor:
 
 
 def mask_answers(ids: Tensor, answer: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-    """LLaDA's forward process on the answer region: ``(noisy ids, masked, t)``. ``t ~ U(0, 1]`` per row;
-    each answer token is masked with probability ``t``; a row that drew no mask gets one at a random
-    answer position (so every row has a loss term and ``1/t`` never divides an empty sum)."""
+    """LLaDA's forward process on the answer region: ``(noisy ids, masked, t)``. Per row a count ``k`` is drawn
+    uniformly from ``1 … A`` (``A`` answer tokens) and ``k`` answer tokens chosen at random are masked, so the
+    ratio is ``t = k / A``: the discrete form of ``t ~ U(0, 1]`` that LLaDA uses to estimate its loss with low
+    variance. (Masking each token with probability ``t`` instead leaves rows with no mask at small ``t``, and
+    ``1/t`` then weights a single forced mask by up to a thousand: on 20-token answers that noise drowned the
+    signal.)"""
     batch = ids.shape[0]
-    t = (1 - torch.rand(batch, 1, generator=generator)).clamp_min(1e-3)
-    masked = (torch.rand(ids.shape, generator=generator) < t) & answer
-    empty = ~masked.any(dim=1)
-    if empty.any():
-        scores = torch.rand(ids.shape, generator=generator).masked_fill(~answer, -1.0)
-        forced = torch.zeros_like(masked)
-        forced.scatter_(1, scores.argmax(dim=1, keepdim=True), True)
-        masked |= forced & empty[:, None]
+    length = answer.sum(dim=1)
+    k = (torch.rand(batch, generator=generator) * length).long().clamp(max=length - 1) + 1
+    scores = torch.rand(ids.shape, generator=generator).masked_fill(~answer, 2.0)  # answer positions first
+    rank = scores.argsort(dim=1).argsort(dim=1)  # each position's place in its row's random order
+    masked = (rank < k[:, None]) & answer
     noisy = ids.masked_fill(masked, CharTokenizer().mask)
-    return noisy, masked, t.squeeze(1)
+    return noisy, masked, k.float() / length
 
 
 def diffusion_loss(model: nn.Module, ids: Tensor, answer: Tensor, generator: torch.Generator) -> Tensor:

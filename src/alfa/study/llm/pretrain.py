@@ -32,6 +32,7 @@ from .tasks import TASKS, make_example, make_examples
 __all__ = ["PretrainConfig", "TASKS_VERSION", "pretrained_model", "pretrain", "cache_folder"]
 
 TASKS_VERSION = 1  # bump when a task generator changes what it draws: the cached weights become stale
+TRAINING_VERSION = 2  # bump when the loss or the masking changes (2: k of A answer tokens masked, t = k/A)
 DEFAULT_CACHE = Path("runs/llm/pretrain")
 
 
@@ -61,6 +62,7 @@ class PretrainConfig:
         fields.pop("checkpoint_every")  # when it saves does not change what it trains
         fields.pop("probe_problems")
         fields["tasks_version"] = TASKS_VERSION
+        fields["training_version"] = TRAINING_VERSION
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
