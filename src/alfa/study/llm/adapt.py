@@ -68,7 +68,7 @@ class AdaptConfig:
     """One adaptation run's schedule: the same for every method (only the rate differs)."""
 
     batch: int = 16
-    epochs: int = 2
+    epochs: int = 1
     warmup: int = 5
     decode_steps: int = 10  # unmasking rounds per answer (2 tokens a round for a 20-token answer)
 

@@ -53,8 +53,8 @@ class BenchConfig:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
     examples: int = 1000
-    val_per_task: int = 50
-    test_per_task: int = 100
+    val_per_task: int = 30
+    test_per_task: int = 60
     seeds: tuple[int, ...] = (0, 1, 2)
     grids: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(DEFAULT_GRIDS))
     data_seed: int = 1
@@ -82,7 +82,7 @@ def smoke_config() -> BenchConfig:
         val_per_task=4,
         test_per_task=6,
         seeds=(0, 1),
-        grids={m: rates[1:2] for m, rates in DEFAULT_GRIDS.items()},
+        grids={m: rates[:1] for m, rates in DEFAULT_GRIDS.items()},
         name="smoke",
     )
 

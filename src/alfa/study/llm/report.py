@@ -42,21 +42,24 @@ Written down and committed before the standard run started; the numbers below we
   Pretraining sees one format of each; adaptation and testing use another (a word problem in the manner of
   GSM8K; other words and separators for the other two), so the unadapted model knows the tasks but not the
   formats.
-- **Adaptation.** Exactly 1,000 held-out-format problems (the three tasks in turn). Every method trains the
-  same number of steps (2 epochs of batch 16: 126 steps), in the same data order for a given seed, with
-  AdamW, 5 warm-up steps and a cosine decay. Adapted layers: every dense Linear of the transformer blocks
-  (q, k, v, o, gate, up, down). Ranks are the paper's LLaDA-8B settings scaled by the width ratio
-  128/4096 = 1/32: LoRA and DoRA rank 4 (alpha 8); Alfa rank 2 over an SVD dictionary of rank 4, 8 heads
-  (a head count is not a width). Full fine-tuning trains every parameter, as a reference.
-- **Rate selection.** Each method is trained at seed 0 at each rate of its grid (LoRA, DoRA, Alfa: 1e-3,
-  3e-3, 1e-2; full fine-tuning: 1e-4, 3e-4, 1e-3) and scored on a validation split (50 problems a task,
-  held-out format, disjoint from the adaptation set and the test split). The rate with the highest
-  validation exact-match (mean of the three tasks) is selected, the smaller one on a tie; seeds 1 and 2 run
-  at that rate. Only the selected rate's test scores are reported.
-- **Measures.** Exact-match accuracy (by the checkers) on 100 test problems a task, 3 seeds; 95 % intervals
+- **Adaptation.** Exactly 1,000 held-out-format problems (the three tasks in turn), seen once: every method
+  trains the same 63 steps of batch 16, in the same data order for a given seed, with AdamW, 5 warm-up steps
+  and a cosine decay. Adapted layers: every dense Linear of the transformer blocks (q, k, v, o, gate, up,
+  down). Ranks are the paper's LLaDA-8B settings scaled by the width ratio 128/4096 = 1/32: LoRA and DoRA
+  rank 4 (alpha 8); Alfa rank 2 over an SVD dictionary of rank 4, 8 heads (a head count is not a width).
+  Full fine-tuning trains every parameter, as a reference.
+- **Rate selection.** Each method is trained at seed 0 at each rate of its grid (LoRA, DoRA, Alfa: 3e-3 and
+  1e-2; full fine-tuning: 3e-4 and 1e-3) and scored on a validation split (30 problems a task, held-out
+  format, disjoint from the adaptation set and the test split). The rate with the highest validation
+  exact-match (mean of the three tasks) is selected, the smaller one on a tie; seeds 1 and 2 run at that
+  rate. Only the selected rate's test scores are reported.
+- **Measures.** Exact-match accuracy (by the checkers) on 60 test problems a task, 3 seeds; 95 % intervals
   over seeds and over problems. Alfa "matches" a method when the 95 % interval over problems of Alfa minus
   it (the mean of the three tasks) lies above −5 points, "beats" it when the interval lies above 0, falls
   short when it lies below 0 and reaches below −5; otherwise the comparison is inconclusive.
+- **Budget.** The schedule, the grids and the splits were cut to these sizes before the run, when a timing
+  on the shared machine (about a third of a core for this job) put the first plan (two epochs, three rates,
+  100 test problems a task) at well over an hour.
 """
 
 
@@ -66,7 +69,7 @@ LIMITS_TEXT = """\
 - **Scale.** The paper's model has 8 billion parameters and was instruction-tuned on text; this one is pretrained
   for minutes on three generated tasks. Whether Alfa's re-weighting of a weight's top singular directions is
   enough depends on how much of the new format those directions already carry, which differs between the two.
-- **One adaptation set, one grid.** One set of 1,000 problems, three rates a method, three seeds. The intervals
+- **One adaptation set, one grid.** One set of 1,000 problems seen once, two rates a method, three seeds. The intervals
   over seeds have 2 degrees of freedom and are wide; the intervals over problems treat the test problems as the
   sample and the seeds as averaged out.
 - **Time and memory.** Step times are medians on one core of a machine shared with other jobs: their ratios
