@@ -207,8 +207,12 @@ def test_a_tiny_bench_runs_end_to_end_resumes_and_makes_its_page(tmp_path):
     stamps = [p.stat().st_mtime_ns for p in records]
     again = run_bench(config, tmp_path / "out", tmp_path / "cache", progress=False, command="test")
     assert [p.stat().st_mtime_ns for p in records] == stamps and again["runs"] == result["runs"]
-    page = llm_page(json.loads((tmp_path / "out" / "bench.json").read_text()), "data.json")
-    assert "## The answer" in page and "Alfa" in page and "## Protocol" in page
+    written = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert written["complete"] and written["runs"] == json.loads(json.dumps(result["runs"]))
+    page = llm_page(written, "data.json")
+    assert "## The answer" in page and "Alfa" in page and "## Protocol" in page and "unfinished" not in page
+    partial = dict(written, complete=False, runs=written["runs"][:3])
+    assert "An unfinished run: 3 of its 6 adaptation runs" in llm_page(partial, "data.json")
 
 
 def test_the_command_refuses_a_page_that_is_not_markdown_before_any_work(tmp_path):

@@ -13,9 +13,11 @@ The protocol, fixed before the runs (docs/llm.md § Protocol says it in words, :
 4. every run has the same steps, batch and data order for a given seed (the seed draws the adapter's
    init, the order and the masks).
 
-Each run's record is written as soon as it ends (``OUT/records/``, atomically), so an interrupted bench
-resumes where it stopped; ``OUT/bench.json`` gathers them with the configs, the pretraining's record and
-the selection, and is what docs/llm.md is made from.
+The grids of all methods run first (Alfa, LoRA, DoRA, then full fine-tuning), then the other seeds, so
+that a run cut short still holds the seed-0 comparison. Each run's record is written as soon as it ends
+(``OUT/records/``, atomically), so an interrupted bench resumes where it stopped; ``OUT/bench.json`` gathers
+them with the configs, the pretraining's record and the selection (rewritten after every run, with
+``"complete": false`` until the last), and is what docs/llm.md is made from.
 """
 
 from __future__ import annotations
@@ -147,27 +149,35 @@ def run_bench(config: BenchConfig, out: Path, cache: Path = DEFAULT_CACHE, progr
         return lambda: adapt_and_score(base, method, lr, seed, train, splits, model_config, schedule)
 
     first = config.seeds[0]
-    runs = [_run(out, ("base", 0.0, first), work("base", 0.0, first, {"val": val, "test": test}), progress)]
+    runs: list[dict[str, Any]] = []
     selected: dict[str, float] = {}
-    for method, rates in config.grids.items():
-        grid = [_run(out, (method, lr, first), work(method, lr, first, {"val": val, "test": test}), progress)
-                for lr in rates]  # fmt: skip
-        selected[method] = select_rate(grid)
-        runs += grid
-        for seed in config.seeds[1:]:
-            lr = selected[method]
-            runs.append(_run(out, (method, lr, seed), work(method, lr, seed, {"test": test}), progress))
-    result = {
-        "name": config.name,
-        "command": command,
-        "config": dataclasses.asdict(config),
-        "pretrain_digest": config.pretrain.digest(),
-        "pretraining": pretraining,
-        "base_parameters": sum(p.numel() for p in base.parameters()),
-        "selected_rates": selected,
-        "splits": {"train": len(train), "val": len(val), "test": len(test)},
-        "test_problems": [{"task": p.task, "prompt": p.prompt, "answer": p.answer} for p in test],
-        "runs": runs,
-    }
-    write_json(out / "bench.json", result)
-    return result
+
+    def result(complete: bool) -> dict[str, Any]:
+        return {
+            "name": config.name,
+            "command": command,
+            "complete": complete,
+            "config": dataclasses.asdict(config),
+            "pretrain_digest": config.pretrain.digest(),
+            "pretraining": pretraining,
+            "base_parameters": sum(p.numel() for p in base.parameters()),
+            "selected_rates": selected,
+            "splits": {"train": len(train), "val": len(val), "test": len(test)},
+            "test_problems": [{"task": p.task, "prompt": p.prompt, "answer": p.answer} for p in test],
+            "runs": runs,
+        }
+
+    def add(key: tuple[str, float, int], splits: dict[str, list[Example]]) -> dict[str, Any]:
+        runs.append(_run(out, key, work(*key, splits), progress))
+        write_json(out / "bench.json", result(complete=False))  # what is done so far, readable at any time
+        return runs[-1]
+
+    add(("base", 0.0, first), {"val": val, "test": test})
+    for method, rates in config.grids.items():  # every grid first: the seed-0 comparison is complete early
+        selected[method] = select_rate([add((method, lr, first), {"val": val, "test": test}) for lr in rates])
+    for seed in config.seeds[1:]:
+        for method in config.grids:
+            add((method, selected[method], seed), {"test": test})
+    final = result(complete=True)
+    write_json(out / "bench.json", final)
+    return final

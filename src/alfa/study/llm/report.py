@@ -260,6 +260,18 @@ def _pretraining(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def _incomplete(result: dict[str, Any]) -> list[str]:
+    if result.get("complete", True):
+        return []
+    planned = 1 + sum(len(r) for r in result["config"]["grids"].values())
+    planned += (len(result["config"]["seeds"]) - 1) * len(result["config"]["grids"])
+    return [
+        f"**An unfinished run: {len(result['runs'])} of its {planned} adaptation runs.** Every number below is "
+        "from the runs that finished; a method with fewer seeds has fewer, and an interval over seeds needs two.",
+        "",
+    ]
+
+
 def llm_page(result: dict[str, Any], data: str) -> str:
     """The whole of docs/llm.md for the bench ``result`` (committed at ``data``)."""
     differences, verdicts = _difference_table(result)
@@ -280,6 +292,7 @@ def llm_page(result: dict[str, Any], data: str) -> str:
         "",
         "## The answer",
         "",
+        *_incomplete(result),
         *_answer(result, verdicts),
         "",
         "## Accuracy",
