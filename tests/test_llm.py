@@ -199,7 +199,10 @@ def test_a_tiny_bench_runs_end_to_end_resumes_and_makes_its_page(tmp_path):
     assert {(r["method"], r["seed"]) for r in result["runs"]} == {
         ("base", 0), ("lora", 0), ("lora", 1), ("alfa", 0), ("alfa", 1)
     } and sum(r["method"] == "lora" for r in result["runs"]) == 3  # fmt: skip
-    assert all(len(r["scores"]["test"][t]) == 2 for r in result["runs"] for t in TASKS)
+    runs = result["runs"]
+    assert all(len(r["scores"]["test"][t]) == 2 and len(r["answer_loss"][t]) == 2 for r in runs for t in TASKS)
+    lora = [r for r in result["runs"] if r["method"] == "lora" and r["lr"] == result["selected_rates"]["lora"]]
+    assert lora[0]["answer_loss"] != lora[1]["answer_loss"]  # seeds differ; the loss is graded, not 0/1
     assert (cache_folder(config.pretrain, tmp_path / "cache") / "model.safetensors").is_file()
     stale = dataclasses.replace(config.pretrain, lr=1e-3)
     assert cache_folder(stale, tmp_path / "cache") != cache_folder(config.pretrain, tmp_path / "cache")
@@ -210,7 +213,7 @@ def test_a_tiny_bench_runs_end_to_end_resumes_and_makes_its_page(tmp_path):
     written = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert written["complete"] and written["runs"] == json.loads(json.dumps(result["runs"]))
     page = llm_page(written, "data.json")
-    assert "## The answer" in page and "Alfa" in page and "## Protocol" in page and "unfinished" not in page
+    assert "## The answer" in page and "## Answer loss" in page and "## Protocol" in page and "unfinished" not in page
     partial = dict(written, complete=False, runs=written["runs"][:3])
     assert "An unfinished run: 3 of its 6 adaptation runs" in llm_page(partial, "data.json")
 

@@ -26,7 +26,7 @@ from torch import nn
 import alfa
 from alfa.adapters import AlfaConfig, DoraConfig, FullFinetuneConfig, LoraConfig
 
-from .model import ModelConfig, encode_batch, generate, sequence_loss
+from .model import ModelConfig, encode_batch, generate, per_problem_loss, sequence_loss
 from .tasks import Example, check_answer
 
 __all__ = ["METHODS", "BLOCK_LINEARS", "scaled_rank", "method_config", "AdaptConfig", "adapt_and_score", "score"]
@@ -122,6 +122,28 @@ def score(model: nn.Module, problems: Sequence[Example], config: ModelConfig, st
     return out
 
 
+LOSS_DRAWS = 4  # mask draws per problem for the answer loss (the same draws for every method and seed)
+
+
+@torch.no_grad()
+def answer_loss(model: nn.Module, problems: Sequence[Example], config: ModelConfig) -> dict[str, list[float]]:
+    """Per task, each problem's reference-answer loss (the training loss, nats per answer token), averaged
+    over :data:`LOSS_DRAWS` fixed mask draws: a graded measure of how well the model has learned the format
+    and the task where exact match is all or nothing."""
+    model.eval()
+    out: dict[str, list[float]] = {}
+    for start in range(0, len(problems), 128):
+        chunk = problems[start : start + 128]
+        ids, answer = encode_batch(chunk, config)
+        generator = torch.Generator().manual_seed(start)
+        total = torch.zeros(len(chunk))
+        for _ in range(LOSS_DRAWS):
+            total += per_problem_loss(model, ids, answer, generator)
+        for problem, value in zip(chunk, (total / LOSS_DRAWS).tolist(), strict=True):
+            out.setdefault(problem.task, []).append(round(value, 5))
+    return out
+
+
 def _train(model: nn.Module, params: dict[str, nn.Parameter], data: Sequence[Example], lr: float, seed: int,
            model_config: ModelConfig, schedule: AdaptConfig) -> tuple[list[float], list[float]]:  # fmt: skip
     """AdamW on ``params`` over ``data`` in the seed's order; returns (losses per step, seconds per step)."""
@@ -191,4 +213,6 @@ def adapt_and_score(base: nn.Module, method: str, lr: float, seed: int, data: Se
     record["scores"] = {
         split: score(model, problems, model_config, schedule.decode_steps) for split, problems in evaluate.items()
     }
+    if "test" in evaluate:
+        record["answer_loss"] = answer_loss(model, evaluate["test"], model_config)
     return record

@@ -34,7 +34,16 @@ from torch import Tensor, nn
 
 from .tasks import CharTokenizer, Example
 
-__all__ = ["ModelConfig", "build_model", "encode_batch", "diffusion_loss", "causal_loss", "sequence_loss", "generate"]
+__all__ = [
+    "ModelConfig",
+    "build_model",
+    "encode_batch",
+    "per_problem_loss",
+    "diffusion_loss",
+    "causal_loss",
+    "sequence_loss",
+    "generate",
+]
 
 OBJECTIVES = ("diffusion", "causal")
 
@@ -149,13 +158,21 @@ def mask_answers(ids: Tensor, answer: Tensor, generator: torch.Generator) -> tup
     return noisy, masked, k.float() / length
 
 
-def diffusion_loss(model: nn.Module, ids: Tensor, answer: Tensor, generator: torch.Generator) -> Tensor:
-    """``E[ (1/t) Σ_masked −log p(token) ] / answer length``, averaged over the batch (LLaDA's SFT loss)."""
+def per_problem_loss(model: nn.Module, ids: Tensor, answer: Tensor, generator: torch.Generator) -> Tensor:
+    """``(1/t) Σ_masked −log p(token) / answer length`` of each row (one mask draw): LLaDA's SFT loss per row."""
+    if getattr(model, "llm_objective", "diffusion") != "diffusion":
+        out = logits(model, ids)[:, :-1].float()
+        nll = nn.functional.cross_entropy(out.transpose(1, 2), ids[:, 1:], reduction="none")
+        return (nll * answer[:, 1:]).sum(dim=1) / answer[:, 1:].sum(dim=1)
     noisy, masked, t = mask_answers(ids, answer, generator)
     out = logits(model, noisy).float()
     nll = nn.functional.cross_entropy(out.transpose(1, 2), ids, reduction="none")
-    per_row = (nll * masked).sum(dim=1) / t / answer.sum(dim=1)
-    return per_row.mean()
+    return (nll * masked).sum(dim=1) / t / answer.sum(dim=1)
+
+
+def diffusion_loss(model: nn.Module, ids: Tensor, answer: Tensor, generator: torch.Generator) -> Tensor:
+    """``E[ (1/t) Σ_masked −log p(token) ] / answer length``, averaged over the batch (LLaDA's SFT loss)."""
+    return per_problem_loss(model, ids, answer, generator).mean()
 
 
 def causal_loss(model: nn.Module, ids: Tensor, answer: Tensor) -> Tensor:

@@ -57,6 +57,8 @@ Written down and committed before the standard run started; the numbers below we
   over seeds and over problems. Alfa "matches" a method when the 95 % interval over problems of Alfa minus
   it (the mean of the three tasks) lies above −5 points, "beats" it when the interval lies above 0, falls
   short when it lies below 0 and reaches below −5; otherwise the comparison is inconclusive.
+- **Secondary measure.** Each test problem's loss on its reference answer (the training loss, 4 fixed mask
+  draws), reported with the same intervals, Alfa minus each method; no verdict rule is attached to it.
 - **Budget.** The schedule, the grids and the splits were cut to these sizes before the run, when a timing
   on the shared machine (about a third of a core for this job) put the first plan (two epochs, three rates,
   100 test problems a task) at well over an hour.
@@ -86,8 +88,8 @@ class Interval:
     high: float
     n: int
 
-    def text(self, scale: float = 100.0, signed: bool = False) -> str:
-        fmt = "{:+.1f}" if signed else "{:.1f}"
+    def text(self, scale: float = 100.0, signed: bool = False, digits: int = 1) -> str:
+        fmt = f"{{:{'+' if signed else ''}.{digits}f}}"
         if self.n < 2 or not math.isfinite(self.low):
             return fmt.format(self.mean * scale)
         return f"{fmt.format(self.mean * scale)} [{fmt.format(self.low * scale)}, {fmt.format(self.high * scale)}]"
@@ -110,20 +112,30 @@ def method_runs(result: dict[str, Any], method: str) -> list[dict[str, Any]]:
     return sorted(runs, key=lambda r: r["seed"])
 
 
-def _per_seed(runs: list[dict[str, Any]], task: str | None) -> list[float]:
+def _values(run: dict[str, Any], task: str, measure: str) -> list[float]:
+    """A run's per-problem values of a task: exact match (``"scores"``) or answer loss (``"answer_loss"``)."""
+    return run["scores"]["test"][task] if measure == "scores" else run[measure][task]
+
+
+def _per_seed(runs: list[dict[str, Any]], task: str | None, measure: str = "scores") -> list[float]:
     tasks = TASKS if task is None else (task,)
-    return [float(np.mean([np.mean(r["scores"]["test"][t]) for t in tasks])) for r in runs]
+    return [float(np.mean([np.mean(_values(r, t, measure)) for t in tasks])) for r in runs]
 
 
-def _per_problem(runs: list[dict[str, Any]], task: str | None) -> np.ndarray:
+def _per_problem(runs: list[dict[str, Any]], task: str | None, measure: str = "scores") -> np.ndarray:
     tasks = TASKS if task is None else (task,)
-    return np.mean([np.concatenate([r["scores"]["test"][t] for t in tasks]) for r in runs], axis=0)
+    return np.mean([np.concatenate([_values(r, t, measure) for t in tasks]) for r in runs], axis=0)
 
 
-def _paired_seeds(a: list[dict[str, Any]], b: list[dict[str, Any]], task: str | None) -> Interval:
-    if len(b) == 1:  # the unadapted model: the same answers at every seed
-        b = b * len(a)
-    return interval([x - y for x, y in zip(_per_seed(a, task), _per_seed(b, task), strict=True)])
+Runs = list[dict[str, Any]]
+
+
+def _paired_seeds(a: Runs, b: Runs, task: str | None, measure: str = "scores") -> Interval:
+    if len(b) == 1 and b[0]["method"] == "base":  # the unadapted model: the same answers at every seed
+        b = [dict(b[0], seed=r["seed"]) for r in a]
+    common = sorted({r["seed"] for r in a} & {r["seed"] for r in b})
+    a, b = ([r for r in runs if r["seed"] in common] for runs in (a, b))
+    return interval([x - y for x, y in zip(_per_seed(a, task, measure), _per_seed(b, task, measure), strict=True)])
 
 
 def verdict(diff: Interval) -> str:
@@ -172,6 +184,34 @@ def _difference_table(result: dict[str, Any]) -> tuple[list[str], dict[str, str]
                 verdicts[other] = verdict(problems)
         lines.append(f"| {NAMES[other]} | " + " | ".join(cells) + f" | Alfa {verdicts[other]} {NAMES[other]} |")
     return lines, verdicts
+
+
+def _loss_table(result: dict[str, Any]) -> list[str]:
+    """Each method's answer loss (seeds and problems intervals), then Alfa's minus each other's (paired)."""
+    head = "| method | " + " | ".join(TASKS) + " | mean of tasks |"
+    lines = [head, "|" + " --- |" * (len(TASKS) + 2)]
+    have = {m: [r for r in method_runs(result, m) if "answer_loss" in r] for m in ORDER}
+    for method in ORDER:
+        runs = have[method]
+        if not runs:
+            continue
+        cells = []
+        for task in (*TASKS, None):
+            problems = interval(_per_problem(runs, task, "answer_loss")).text(1, digits=3)
+            seeds = interval(_per_seed(runs, task, "answer_loss")).text(1, digits=3)
+            cells.append(f"{seeds}<br>problems: {problems}" if len(runs) > 1 else problems)
+        lines.append(f"| {NAMES[method]} | " + " | ".join(cells) + " |")
+    lines += ["", "| Alfa minus | " + " | ".join(TASKS) + " | mean of tasks |", "|" + " --- |" * (len(TASKS) + 2)]
+    for other in ("lora", "dora", "full", "base"):
+        if not have[other] or not have["alfa"]:
+            continue
+        cells = []
+        for task in (*TASKS, None):
+            diff = _per_problem(have["alfa"], task, "answer_loss") - _per_problem(have[other], task, "answer_loss")
+            seeds = _paired_seeds(have["alfa"], have[other], task, "answer_loss")
+            cells.append(f"{interval(diff).text(1, True, 3)}<br>seeds: {seeds.text(1, True, 3)}")
+        lines.append(f"| {NAMES[other]} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _cost_table(result: dict[str, Any]) -> list[str]:
@@ -310,6 +350,15 @@ def llm_page(result: dict[str, Any], data: str) -> str:
         f"applies the declared rule (margin {MARGIN:g} points) to the mean of tasks.",
         "",
         *differences,
+        "",
+        "## Answer loss",
+        "",
+        "A graded measure beside exact match (which is all or nothing): each test problem's loss on its reference "
+        "answer (the training loss, in nats per answer token, averaged over the same 4 mask draws for every run; "
+        "lower is better), with the same intervals. For Countdown the reference is one right expression of "
+        "several, so its loss also counts right answers the model prefers to phrase otherwise.",
+        "",
+        *_loss_table(result),
         "",
         "## Cost",
         "",
