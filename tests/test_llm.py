@@ -229,3 +229,35 @@ def test_the_command_refuses_a_page_that_is_not_markdown_before_any_work(tmp_pat
     with pytest.raises(ValueError, match="--markdown must name a .md file"):  # main makes it one line, exit 2
         _bench(args)
     assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
+
+
+def test_the_declared_protocol_is_the_standard_config():
+    """docs/llm.md's protocol is prose written before the run; this keeps it and the code that ran the same."""
+    from alfa.study.llm.bench import standard_config
+    from alfa.study.llm.report import PROTOCOL_TEXT
+
+    text = " ".join(PROTOCOL_TEXT.split())
+    config = standard_config()
+    pre, model, adapt = config.pretrain, config.pretrain.model, config.adapt
+
+    def rate(x: float) -> str:
+        return f"{x:.0e}".replace("e-0", "e-")
+
+    grids = config.grids
+    assert grids["alfa"] == grids["lora"] == grids["dora"]
+    steps = -(-config.examples // adapt.batch) * adapt.epochs
+    for phrase in (
+        f"hidden {model.hidden}, {model.layers} layers, {model.heads} heads, MLP {model.intermediate}",
+        f"{pre.steps:,} steps of {pre.batch} problems",
+        f"rate {rate(pre.lr)}, {pre.warmup} warm-up steps",
+        f"Exactly {config.examples:,} held-out-format problems",
+        f"same {steps} steps of batch {adapt.batch}",
+        f"{adapt.warmup} warm-up steps and a cosine decay",
+        f"(LoRA, DoRA, Alfa: {' and '.join(map(rate, grids['lora']))}; "
+        f"full fine-tuning: {' and '.join(map(rate, grids['full']))})",
+        f"({config.val_per_task} problems a task",
+        f"{config.test_per_task} test problems a task, {len(config.seeds)} seeds",
+        f"answer of {model.answer_length} tokens and unmasks the {model.answer_length // adapt.decode_steps} most "
+        f"confident a round ({adapt.decode_steps} rounds)",
+    ):
+        assert phrase in text, phrase
