@@ -212,6 +212,7 @@ def test_a_tiny_bench_runs_end_to_end_resumes_and_makes_its_page(tmp_path):
     assert [p.stat().st_mtime_ns for p in records] == stamps and again["runs"] == result["runs"]
     written = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert written["complete"] and written["runs"] == json.loads(json.dumps(result["runs"]))
+    assert set(written["step_seconds"]) == {"lora", "alfa"} and all(v > 0 for v in written["step_seconds"].values())
     page = llm_page(written, "data.json")
     assert "## The answer" in page and "## Answer loss" in page and "## Protocol" in page and "unfinished" not in page
     partial = dict(written, complete=False, runs=written["runs"][:3])

@@ -10,6 +10,7 @@ the paper's 8 heads kept (a head count is not a width). :func:`scaled_rank` is t
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import statistics
@@ -29,7 +30,16 @@ from alfa.adapters import AlfaConfig, DoraConfig, FullFinetuneConfig, LoraConfig
 from .model import ModelConfig, encode_batch, generate, per_problem_loss, sequence_loss
 from .tasks import Example, check_answer
 
-__all__ = ["METHODS", "BLOCK_LINEARS", "scaled_rank", "method_config", "AdaptConfig", "adapt_and_score", "score"]
+__all__ = [
+    "METHODS",
+    "BLOCK_LINEARS",
+    "scaled_rank",
+    "method_config",
+    "AdaptConfig",
+    "adapt_and_score",
+    "score",
+    "interleaved_step_seconds",
+]
 
 METHODS = ("base", "full", "lora", "dora", "alfa")
 """``base``: the unadapted model; ``full``: every parameter trained (a reference)."""
@@ -184,8 +194,6 @@ def adapt_and_score(base: nn.Module, method: str, lr: float, seed: int, data: Se
                     schedule: AdaptConfig) -> dict[str, Any]:  # fmt: skip
     """Adapt a copy of ``base`` with ``method`` at rate ``lr`` (seed: the adapter's init, the data order,
     the masks) and score it on each split of ``evaluate``: the run's record."""
-    import copy
-
     model = copy.deepcopy(base)
     config = method_config(method, model_config.hidden)
     torch.manual_seed(seed)
@@ -216,3 +224,38 @@ def adapt_and_score(base: nn.Module, method: str, lr: float, seed: int, data: Se
     if "test" in evaluate:
         record["answer_loss"] = answer_loss(model, evaluate["test"], model_config)
     return record
+
+
+def interleaved_step_seconds(
+    base: nn.Module,
+    methods: Sequence[str],
+    data: Sequence[Example],
+    model_config: ModelConfig,
+    schedule: AdaptConfig,
+    rounds: int = 15,
+) -> dict[str, float]:
+    """Median seconds of one training step (forward, backward, AdamW) per method, the methods' steps taken in
+    turn, round after round, on the same batch: on a machine shared with other jobs, a slow spell then falls
+    on every method alike instead of on whichever run it happened to meet."""
+    ids, answer = encode_batch(list(data[: schedule.batch]), model_config)
+    steps = {}
+    for method in methods:
+        model = copy.deepcopy(base)
+        torch.manual_seed(0)
+        alfa.attach(model, method_config(method, model_config.hidden))
+        params = trainable_parameters(model)
+        model.train()
+        steps[method] = (model, torch.optim.AdamW(list(params.values()), lr=1e-4))
+    seconds: dict[str, list[float]] = {m: [] for m in methods}
+    for turn in range(rounds + 1):
+        order = list(methods[turn % len(methods) :]) + list(methods[: turn % len(methods)])
+        for method in order:
+            model, optimizer = steps[method]
+            started = time.perf_counter()
+            loss = sequence_loss(model, ids, answer, torch.Generator().manual_seed(turn))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if turn:  # the first round warms up
+                seconds[method].append(time.perf_counter() - started)
+    return {m: statistics.median(v) for m, v in seconds.items()}

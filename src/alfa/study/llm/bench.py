@@ -33,7 +33,7 @@ import torch
 
 from alfa.fileio import write_json
 
-from .adapt import METHODS, AdaptConfig, adapt_and_score
+from .adapt import METHODS, AdaptConfig, adapt_and_score, interleaved_step_seconds
 from .model import ModelConfig
 from .pretrain import DEFAULT_CACHE, PretrainConfig, pretrained_model
 from .tasks import TASKS, Example, make_example
@@ -175,5 +175,19 @@ def run_bench(config: BenchConfig, out: Path, cache: Path = DEFAULT_CACHE, progr
         for method in config.grids:
             add((method, selected[method], seed), {"test": test})
     final = result(complete=True)
+    final["step_seconds"] = _step_timing(out, base, list(config.grids), train, config, progress)
     write_json(out / "bench.json", final)
     return final
+
+
+def _step_timing(out: Path, base: Any, methods: list[str], train: list[Example], config: BenchConfig,
+                 progress: bool) -> dict[str, float]:  # fmt: skip
+    """The methods' step times measured in turn (:func:`interleaved_step_seconds`), kept in ``OUT/timing.json``."""
+    path = out / "timing.json"
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    if progress:
+        print("  timing the training steps of " + ", ".join(methods) + " in turn", flush=True)
+    timing = interleaved_step_seconds(base, methods, train, config.pretrain.model, config.adapt)
+    write_json(path, timing)
+    return timing

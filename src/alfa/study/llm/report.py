@@ -74,8 +74,10 @@ LIMITS_TEXT = """\
 - **One adaptation set, one grid.** One set of 1,000 problems seen once, two rates a method, three seeds. The intervals
   over seeds have 2 degrees of freedom and are wide; the intervals over problems treat the test problems as the
   sample and the seeds as averaged out.
-- **Time and memory.** Step times are medians on one core of a machine shared with other jobs: their ratios
-  are the meaningful part. Step memory is counted (saved tensors, gradients, optimizer moments), not measured.
+- **Time and memory.** Step times are medians on one core of a machine shared with other jobs, the methods
+  timed in turn so that the machine's load falls on all alike: their ratios are the meaningful part, and even
+  they move by tens of percent between runs. Step memory is counted (saved tensors, gradients, optimizer
+  moments), not measured.
 - **Diffusion, not causal.** The model is the masked-diffusion form throughout (the issue's first choice); the
   code also builds the causal form (`ModelConfig(objective="causal")`), which this page does not run.
 """
@@ -214,24 +216,33 @@ def _loss_table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def step_seconds(result: dict[str, Any], method: str) -> float:
+    """A method's step time: the interleaved timing when the bench has it, else the median of its runs'."""
+    if method in result.get("step_seconds", {}):
+        return float(result["step_seconds"][method])
+    runs = method_runs(result, method)
+    return float(np.median([r["step_seconds"] for r in runs])) if runs else math.nan
+
+
 def _cost_table(result: dict[str, Any]) -> list[str]:
     total = result["base_parameters"]
-    lora = method_runs(result, "lora")
-    lora_step = float(np.median([r["step_seconds"] for r in lora])) if lora else math.nan
+    lora_step = step_seconds(result, "lora")
     lines = [
-        "| method | trainable parameters | % of the model | adapter file | step time (median) | × LoRA | step memory |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| method | trainable parameters | % of the model | adapter file | step time | × LoRA | in-run step time | "
+        "step memory |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for method in ORDER[1:]:
         runs = method_runs(result, method)
         if not runs:
             continue
-        step = float(np.median([r["step_seconds"] for r in runs]))
+        step = step_seconds(result, method)
+        in_run = float(np.median([r["step_seconds"] for r in runs]))
         memory = max(r["step_memory_bytes"] for r in runs)
         lines.append(
             f"| {NAMES[method]} | {runs[0]['trainable']:,} | {100 * runs[0]['trainable'] / total:.2f} % | "
             f"{runs[0]['adapter_bytes'] / 1024:.1f} KiB | {1000 * step:.0f} ms | {step / lora_step:.2f} | "
-            f"{memory / 2**20:.1f} MiB |"
+            f"{1000 * in_run:.0f} ms | {memory / 2**20:.1f} MiB |"
         )
     return lines
 
@@ -242,11 +253,19 @@ def _selection_table(result: dict[str, Any]) -> list[str]:
         "| --- | ---: | ---: | --- |",
     ]
     first = result["config"]["seeds"][0]
+    values: dict[str, set[float]] = {}
+    counts: dict[str, int] = {}
     for method in ORDER[1:]:
         for run in [r for r in result["runs"] if r["method"] == method and r["seed"] == first and "val" in r["scores"]]:
             val = np.mean([np.mean(v) for v in run["scores"]["val"].values()])
             chosen = "yes" if run["lr"] == result["selected_rates"].get(method) else ""
             lines.append(f"| {NAMES[method]} | {run['lr']:g} | {100 * val:.1f} | {chosen} |")
+            values.setdefault(method, set()).add(round(float(val), 9))
+            counts[method] = counts.get(method, 0) + 1
+    grids = result["config"]["grids"]
+    tied = [NAMES[m] for m, v in values.items() if len(v) == 1 and counts[m] == len(grids.get(m, ())) > 1]
+    if tied:
+        lines += ["", f"Every rate tied on validation for {', '.join(tied)}: the rule took the smaller rate."]
     return lines
 
 
@@ -256,7 +275,7 @@ def _answer(result: dict[str, Any], verdicts: dict[str, str]) -> list[str]:
     if not (alfa and lora and dora):
         return ["The bench holds no Alfa, LoRA and DoRA runs to compare."]
     fewer = alfa[0]["trainable"] / lora[0]["trainable"]
-    step = float(np.median([r["step_seconds"] for r in alfa])) / float(np.median([r["step_seconds"] for r in lora]))
+    step = step_seconds(result, "alfa") / step_seconds(result, "lora")
     mean = {m: interval(_per_problem(method_runs(result, m), None)).mean * 100 for m in ("alfa", "lora", "dora")}
     claim = verdicts["lora"] in ("matches", "beats") and verdicts["dora"] in ("matches", "beats")
     base = method_runs(result, "base")
@@ -266,11 +285,21 @@ def _answer(result: dict[str, Any], verdicts: dict[str, str]) -> list[str]:
         head += " (95 % intervals over problems reach 0), so matching them says nothing."
     else:
         head = f"**{'Yes' if claim else 'No'}, on this model.**"
+    graded = []
+    if all("answer_loss" in r for m in ("alfa", "lora", "dora") for r in method_runs(result, m)):
+        for other in ("lora", "dora"):
+            diff = interval(
+                _per_problem(alfa, None, "answer_loss") - _per_problem(method_runs(result, other), None, "answer_loss")
+            )
+            word = "higher (worse)" if diff.low > 0 else "lower (better)" if diff.high < 0 else "not different"
+            graded.append(f"{word} than {NAMES[other]}'s by {diff.text(1, True, 3)} nats a token")
+    loss_line = f" On the graded measure, Alfa's answer loss is {' and '.join(graded)}." if graded else ""
     return [
         f"{head} By the rule declared below, Alfa {verdicts['lora']} LoRA and "
         f"{verdicts['dora']} DoRA (mean exact-match over the three tasks: Alfa {mean['alfa']:.1f} %, LoRA "
         f"{mean['lora']:.1f} %, DoRA {mean['dora']:.1f} %), with {alfa[0]['trainable']:,} trainable parameters, "
-        f"{fewer:.2f}× LoRA's {lora[0]['trainable']:,}, and a training step {step:.2f}× LoRA's on one CPU core.",
+        f"{fewer:.2f}× LoRA's {lora[0]['trainable']:,}, and a training step {step:.2f}× LoRA's on one CPU core."
+        + loss_line,
         "",
         f"This is a {result['base_parameters']:,}-parameter model pretrained for minutes on generated tasks, not "
         "LLaDA-8B on GSM8K: it "
@@ -291,7 +320,7 @@ def _pretraining(result: dict[str, Any]) -> list[str]:
     return [
         f"The base model: {result['base_parameters']:,} parameters (hidden {model['hidden']}, {model['layers']} "
         f"layers, {model['heads']} heads, MLP {model['intermediate']}; objective `{model['objective']}`), "
-        f"pretrained for {config['steps']} steps of {config['batch']} problems in the pretraining formats "
+        f"pretrained for {config['steps']:,} steps of {config['batch']} problems in the pretraining formats "
         f"(rate {config['lr']:g}, seed {config['seed']}, {pre['seconds'] / 60:.1f} minutes of training on one "
         f"core; last logged loss {last:.3f}; weights digest `{result['pretrain_digest']}`). Its exact-match on "
         f"{config['probe_problems']} fresh problems a task, in each format, before any adaptation:",
@@ -364,8 +393,11 @@ def llm_page(result: dict[str, Any], data: str) -> str:
         "",
         "Trainable parameters as the optimizer gets them; the adapter file is `alfa.save_adapter`'s safetensors "
         "file (for full fine-tuning, every parameter); step time is the median training step (forward, backward, "
-        "AdamW, batch 32) on one core of a shared machine; step memory is what a step holds beyond the frozen "
-        "weights: the tensors autograd saves for the backward pass plus the gradients and the two AdamW moments "
+        "AdamW, batch 16) on one core of a shared machine, the methods' steps taken in turn on the same batch "
+        "(15 rounds), so that a busy spell of the machine falls on all of them alike; the in-run step time is the "
+        "median over each method's reported runs, as they happened to meet the machine's load; step memory is "
+        "what a step holds beyond the frozen weights: the tensors autograd saves for the backward pass plus the "
+        "gradients and the two AdamW moments "
         "(a CPU stand-in for peak memory, counted, not sampled).",
         "",
         *_cost_table(result),
