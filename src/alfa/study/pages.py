@@ -140,6 +140,16 @@ def _render_calibration(root: Path, out: Path) -> None:
     write_text(out / "docs/calibration.md", text)
 
 
+LLM_DATA = "docs/data/llm/bench.json"
+
+
+def _render_llm(root: Path, out: Path) -> None:
+    from .llm.report import llm_page
+
+    result = json.loads((root / LLM_DATA).read_text(encoding="utf-8"))
+    write_text(out / "docs/llm.md", llm_page(result, LLM_DATA))
+
+
 def _render_architecture(root: Path, out: Path) -> None:
     from .dataflow import render_architecture
 
@@ -202,6 +212,12 @@ PAGES: tuple[Page, ...] = (
         produce="python scripts/scout_worlds.py (the scouts; each file has its command) and the v2 benchmark's "
         f"sanity rows in {CALIBRATION_RECORD}, then alfa pages --write",
         render=_render_calibration,
+    ),
+    Page(
+        path="docs/llm.md",
+        data=LLM_DATA,
+        produce=f"alfa llm bench --out runs/llm/bench --data-to {LLM_DATA} --markdown docs/llm.md",
+        render=_render_llm,
     ),
     Page(
         path="docs/architecture.md",
