@@ -45,8 +45,9 @@ APPLICATION_LAYERS: list[tuple[str, ...]] = [
 ]
 STUDY_LAYERS: list[tuple[str, ...]] = [
     ("study.plotted",),  # what a figure plots, saved beside it (the page check compares that)
-    # CRATE's examples; the benchmark; the data-flow picture; the camera page (docs/camera.md)
-    ("study.crate", "study.bench", "study.dataflow", "study.camera"),
+    # CRATE's examples; the benchmark; the data-flow picture; the camera page (docs/camera.md); the small language
+    # model study (docs/llm.md)
+    ("study.crate", "study.bench", "study.dataflow", "study.camera", "study.llm"),
     ("study.example", "study.pages"),  # the library tour (alfa example); the generated pages of docs/
     ("study",),  # the study package's __init__
 ]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from alfa.fileio import os_error_in
 
-from . import bench, calibrate, camera, crate, gaze, library, serve, study, tpgaze
+from . import bench, calibrate, camera, crate, gaze, library, llm, serve, study, tpgaze
 from .registry import Command, add_commands, missing_package
 
 __all__ = ["COMMANDS", "USER_ERRORS", "OS_ERROR_ADVICE", "build_parser", "error_line", "main"]
@@ -50,6 +50,7 @@ COMMANDS: tuple[Command, ...] = (
     bench.REPORT,
     bench.POWER,
     crate.CRATE,
+    llm.LLM,
 )
 
 USER_ERRORS = (ValueError, RuntimeError, FloatingPointError, OSError)

@@ -162,6 +162,16 @@ def _render_camera(root: Path, out: Path) -> None:
     write_text(out / "docs/camera.md", camera_page(record, CAMERA_COMMAND, "figures/camera.png"))
 
 
+LLM_DATA = "docs/data/llm/bench.json"
+
+
+def _render_llm(root: Path, out: Path) -> None:
+    from .llm.report import llm_page
+
+    result = json.loads((root / LLM_DATA).read_text(encoding="utf-8"))
+    write_text(out / "docs/llm.md", llm_page(result, LLM_DATA))
+
+
 def _render_architecture(root: Path, out: Path) -> None:
     from .dataflow import render_architecture
 
@@ -231,6 +241,12 @@ PAGES: tuple[Page, ...] = (
         produce=CAMERA_COMMAND.replace("\n", ", then "),
         render=_render_camera,
         owned_figures=(CAMERA_FIGURE,),
+    ),
+    Page(
+        path="docs/llm.md",
+        data=LLM_DATA,
+        produce=f"alfa llm bench --out runs/llm/bench --data-to {LLM_DATA} --markdown docs/llm.md",
+        render=_render_llm,
     ),
     Page(
         path="docs/architecture.md",

@@ -1,0 +1,193 @@
+"""``alfa llm bench``: pretrain (or reuse) the base, adapt it with every method, and write the records.
+
+The protocol, fixed before the runs (docs/llm.md § Protocol says it in words, :data:`PROTOCOL` in code):
+
+1. one adaptation set of exactly ``examples`` (1,000) problems in the **held-out** formats, the three tasks
+   in turn; a validation split (``val_per_task`` per task) and a test split (``test_per_task`` per task),
+   both held-out format, drawn apart from it and from each other (no prompt in two of them);
+2. the unadapted model is scored once (its decoding is deterministic, so every seed gives the same answers);
+3. every other method is trained at seed 0 with each rate of its grid and scored on the validation split;
+   **its rate is the one with the highest validation exact-match (the mean of the three tasks), the smaller
+   rate on a tie**; it is then trained at the other seeds at that rate; only test-split scores of the
+   selected rate's runs are reported;
+4. every run has the same steps, batch and data order for a given seed (the seed draws the adapter's
+   init, the order and the masks).
+
+The grids of all methods run first (Alfa, LoRA, DoRA, then full fine-tuning), then the other seeds, so
+that a run cut short still holds the seed-0 comparison. Each run's record is written as soon as it ends
+(``OUT/records/``, atomically), so an interrupted bench resumes where it stopped; ``OUT/bench.json`` gathers
+them with the configs, the pretraining's record and the selection (rewritten after every run, with
+``"complete": false`` until the last), and is what docs/llm.md is made from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alfa.fileio import write_json
+
+from .adapt import METHODS, AdaptConfig, adapt_and_score, interleaved_step_seconds
+from .model import ModelConfig
+from .pretrain import DEFAULT_CACHE, PretrainConfig, pretrained_model
+from .tasks import TASKS, Example, make_example
+
+__all__ = ["BenchConfig", "standard_config", "smoke_config", "run_bench", "split_problems", "select_rate"]
+
+DEFAULT_GRIDS = {"alfa": (3e-3, 1e-2), "lora": (3e-3, 1e-2), "dora": (3e-3, 1e-2), "full": (3e-4, 1e-3)}
+"""Each method's rates, in the order the methods run (Alfa and its two rivals first, the reference last)."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """The whole experiment: the base's pretraining, the adaptation schedule, the splits, seeds and grids."""
+
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    adapt: AdaptConfig = field(default_factory=AdaptConfig)
+    examples: int = 1000
+    val_per_task: int = 30
+    test_per_task: int = 60
+    seeds: tuple[int, ...] = (0, 1, 2)
+    grids: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(DEFAULT_GRIDS))
+    data_seed: int = 1
+    name: str = "standard"
+
+    def validate(self) -> None:
+        self.pretrain.validate()
+        if self.examples <= 0 or self.val_per_task <= 0 or self.test_per_task <= 0 or not self.seeds:
+            raise ValueError("examples, the split sizes and the seeds must be positive / non-empty")
+        unknown = sorted(set(self.grids) - set(METHODS))
+        if unknown or any(not rates for rates in self.grids.values()):
+            raise ValueError(f"every grid must name a method of {METHODS} and hold at least one rate: {self.grids}")
+
+
+def standard_config() -> BenchConfig:
+    return BenchConfig()
+
+
+def smoke_config() -> BenchConfig:
+    """A tiny model and schedule that run end to end in well under five minutes (a check, not a result)."""
+    model = ModelConfig(hidden=32, layers=2, heads=2, intermediate=64)
+    return BenchConfig(
+        pretrain=PretrainConfig(model=model, steps=20, batch=16, warmup=5, checkpoint_every=10, probe_problems=4),
+        adapt=AdaptConfig(batch=50, epochs=1, decode_steps=5),
+        val_per_task=4,
+        test_per_task=6,
+        seeds=(0, 1),
+        grids={m: rates[:1] for m, rates in DEFAULT_GRIDS.items()},
+        name="smoke",
+    )
+
+
+def split_problems(config: BenchConfig) -> tuple[list[Example], list[Example], list[Example]]:
+    """(adaptation set, validation split, test split), every one in the held-out formats, no prompt twice."""
+    import random
+
+    rng = random.Random(config.data_seed)
+    seen: set[str] = set()
+
+    def draw(count: int, task_of: Any) -> list[Example]:
+        out: list[Example] = []
+        while len(out) < count:
+            example = make_example(task_of(len(out)), "heldout", rng)
+            if example.prompt not in seen:
+                seen.add(example.prompt)
+                out.append(example)
+        return out
+
+    train = draw(config.examples, lambda i: TASKS[i % len(TASKS)])
+    val = draw(config.val_per_task * len(TASKS), lambda i: TASKS[i // config.val_per_task])
+    test = draw(config.test_per_task * len(TASKS), lambda i: TASKS[i // config.test_per_task])
+    return train, val, test
+
+
+def select_rate(runs: Sequence[dict[str, Any]]) -> float:
+    """The declared rule: the rate of the highest mean validation exact-match over tasks; the smaller on a tie."""
+
+    def validation(run: dict[str, Any]) -> float:
+        scores = run["scores"]["val"]
+        return sum(sum(v) / len(v) for v in scores.values()) / len(scores)
+
+    return min(runs, key=lambda run: (-validation(run), run["lr"]))["lr"]
+
+
+def _record_path(out: Path, method: str, lr: float, seed: int) -> Path:
+    return out / "records" / f"{method}_lr{lr:g}_seed{seed}.json"
+
+
+def _run(out: Path, key: tuple[str, float, int], work: Any, progress: bool) -> dict[str, Any]:
+    path = _record_path(out, *key)
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    if progress:
+        print(f"  adapting: {key[0]} at rate {key[1]:g}, seed {key[2]}", flush=True)
+    record = work()
+    write_json(path, record)
+    return record
+
+
+def run_bench(config: BenchConfig, out: Path, cache: Path = DEFAULT_CACHE, progress: bool = True,
+              command: str = "") -> dict[str, Any]:  # fmt: skip
+    """Run (or finish) the bench of ``config`` in ``out``; returns what it writes to ``out/bench.json``."""
+    config.validate()
+    torch.set_num_threads(1)
+    base, pretraining = pretrained_model(config.pretrain, cache, progress)
+    train, val, test = split_problems(config)
+    model_config, schedule = config.pretrain.model, config.adapt
+
+    def work(method: str, lr: float, seed: int, splits: dict[str, list[Example]]) -> Any:
+        return lambda: adapt_and_score(base, method, lr, seed, train, splits, model_config, schedule)
+
+    first = config.seeds[0]
+    runs: list[dict[str, Any]] = []
+    selected: dict[str, float] = {}
+
+    def result(complete: bool) -> dict[str, Any]:
+        return {
+            "name": config.name,
+            "command": command,
+            "complete": complete,
+            "config": dataclasses.asdict(config),
+            "pretrain_digest": config.pretrain.digest(),
+            "pretraining": pretraining,
+            "base_parameters": sum(p.numel() for p in base.parameters()),
+            "selected_rates": selected,
+            "splits": {"train": len(train), "val": len(val), "test": len(test)},
+            "test_problems": [{"task": p.task, "prompt": p.prompt, "answer": p.answer} for p in test],
+            "runs": runs,
+        }
+
+    def add(key: tuple[str, float, int], splits: dict[str, list[Example]]) -> dict[str, Any]:
+        runs.append(_run(out, key, work(*key, splits), progress))
+        write_json(out / "bench.json", result(complete=False))  # what is done so far, readable at any time
+        return runs[-1]
+
+    add(("base", 0.0, first), {"val": val, "test": test})
+    for method, rates in config.grids.items():  # every grid first: the seed-0 comparison is complete early
+        selected[method] = select_rate([add((method, lr, first), {"val": val, "test": test}) for lr in rates])
+    for seed in config.seeds[1:]:
+        for method in config.grids:
+            add((method, selected[method], seed), {"test": test})
+    final = result(complete=True)
+    final["step_seconds"] = _step_timing(out, base, list(config.grids), train, config, progress)
+    write_json(out / "bench.json", final)
+    return final
+
+
+def _step_timing(out: Path, base: Any, methods: list[str], train: list[Example], config: BenchConfig,
+                 progress: bool) -> dict[str, float]:  # fmt: skip
+    """The methods' step times measured in turn (:func:`interleaved_step_seconds`), kept in ``OUT/timing.json``."""
+    path = out / "timing.json"
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    if progress:
+        print("  timing the training steps of " + ", ".join(methods) + " in turn", flush=True)
+    timing = interleaved_step_seconds(base, methods, train, config.pretrain.model, config.adapt)
+    write_json(path, timing)
+    return timing
