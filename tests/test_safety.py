@@ -184,6 +184,28 @@ def test_training_that_goes_non_finite_stops_at_its_step_and_keeps_the_last_good
     load_model(out / "model.safetensors")  # finite: it loads
 
 
+def test_a_training_state_no_run_of_the_folder_wrote_is_never_replaced(tmp_path):
+    """A lone ``state.pt`` (no model beside it, so no run of this folder wrote it) is refused, not overwritten;
+    the same folder with the run's own two files resumes."""
+    from alfa.checkpoint import CheckpointError
+
+    data, out = _dataset(persons=3, images=8), tmp_path / "run"
+    out.mkdir()
+    (out / "state.pt").write_bytes(b"someone else's")
+    config = TrainConfig(epochs=1, batch_size=8, lr=1e-3, val_fraction=0.0)
+    with pytest.raises(CheckpointError, match="state.pt is there without the model.safetensors a run writes"):
+        train_source(alfa.models.create_model("tiny_gaze_net"), data, config, out, model_name="tiny_gaze_net",
+                     progress=False)  # fmt: skip
+    assert (out / "state.pt").read_bytes() == b"someone else's" and not (out / "model.safetensors").exists()
+    (out / "state.pt").unlink()
+    train_source(
+        alfa.models.create_model("tiny_gaze_net"), data, config, out, model_name="tiny_gaze_net", progress=False
+    )
+    train_source(
+        alfa.models.create_model("tiny_gaze_net"), data, config, out, model_name="tiny_gaze_net", progress=False
+    )
+
+
 # ----------------------------------------------------------------------------- numeric options, sizes
 
 

@@ -333,6 +333,13 @@ def train_source(
     }
     history: list[dict[str, float]] = []
     start_epoch = 0
+    if (out / STATE_FILE).exists() and not (out / MODEL_FILE).is_file():
+        # a run writes its state with its model (state first, then the model): a lone state is no run's of this
+        # folder that can be resumed, and is not replaced (only files a run itself wrote are)
+        raise CheckpointError(
+            f"{out / STATE_FILE} is there without the {MODEL_FILE} a run writes with it, so it is not this "
+            "run's to replace; move it away or choose another output folder"
+        )
     if resume and (out / MODEL_FILE).is_file():
         start_epoch, history = _resume(model, optimizer, scaler, out, header, model_name)
         if progress and 0 < start_epoch:
