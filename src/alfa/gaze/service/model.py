@@ -107,10 +107,6 @@ class GazeService:
         here, the user's model on the crop; a photo the camera path refuses (no face, several, over the pixel
         limit read from its header) is a 400, and a server without the camera extra answers 501."""
         user = user_id(user, self.limits)
-        try:
-            from ..camera import answer_photo, model_predictor
-        except ModuleNotFoundError as e:  # the camera extra is not installed here: the request is not at fault
-            raise ServiceError(501, f"this server cannot read photos: {e.name} is not installed") from None
 
         def predictor(crops: torch.Tensor) -> torch.Tensor:
             with self._lock:
@@ -118,8 +114,10 @@ class GazeService:
                 return model_predictor(_OneUser(self.model, user), self.input_size)(crops)
 
         try:
+            from ..camera import answer_photo, model_predictor
+
             return {"user": user, **answer_photo(body, predictor)}
-        except ModuleNotFoundError as e:
+        except ModuleNotFoundError as e:  # the camera extra (OpenCV) is not installed here: not the request's fault
             raise ServiceError(501, f"this server cannot read photos: {e.name} is not installed") from None
         except ValueError as e:
             raise ServiceError(400, str(e)) from None
