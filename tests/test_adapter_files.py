@@ -5,6 +5,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tiny_models import truncated_resnet18
 
 import alfa
 from alfa.adapters import AdapterFileError, adapter_parameters
@@ -169,8 +170,7 @@ def test_a_checkpoint_with_flipped_bits_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_checkpoint_round_trip_and_wrong_model(tmp_path):
-    model = alfa.models.resnet18_gaze().eval()
-    alfa.truncate(model, rank=32)
+    model = truncated_resnet18(32)
     path = save_model(tmp_path / "m.safetensors", model, "resnet18_gaze", extra={"note": "test"})
     loaded, config = load_model(path, expect_model="resnet18_gaze")
     x = torch.randn(1, 3, 32, 32)
@@ -236,14 +236,12 @@ def test_compact_needs_a_dictionary_method(base, tmp_path):
 
 @pytest.mark.slow
 def test_messages_say_what_is_wrong_in_the_users_terms(tmp_path):
-    model = alfa.models.resnet18_gaze().eval()
-    alfa.truncate(model, 64)
+    model = truncated_resnet18(64)
     with pytest.raises(ValueError, match=r"matches only layers left dense \(conv1\): pass layers='dense'"):
         alfa.attach(copy.deepcopy(model), alfa.AlfaConfig(target=r"^conv1$"))
     with pytest.raises(ValueError, match="already truncated \\(14 factorized layers at rank 64\\)"):
         alfa.truncate(model, 64)
-    other = alfa.models.resnet18_gaze().eval()
-    alfa.truncate(other, 32)
+    other = truncated_resnet18(32)
     alfa.attach(other, alfa.AlfaConfig(heads=2, rank=2))
     path = alfa.save_adapter(other, tmp_path / "a.safetensors")
     with pytest.raises(AdapterFileError, match="made on a base truncated at rank 32, this model at rank 64"):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import copy
-import functools
 
 import pytest
 import torch
+from tiny_models import truncated_resnet18
 
 import alfa
 from alfa.adapters import adapter_parameters
@@ -15,18 +15,8 @@ pytest.importorskip("onnxscript")
 onnxruntime = pytest.importorskip("onnxruntime")
 
 
-@functools.cache
-def _truncated():
-    """ResNet-18 truncated at rank 16 from seed 0, made once per process (five seconds each time on 2 cores);
-    every caller gets its own copy."""
-    torch.manual_seed(0)
-    model = alfa.models.resnet18_gaze().eval()
-    alfa.truncate(model, 16)
-    return model
-
-
 def _personalized(config, seed=1):
-    model = copy.deepcopy(_truncated())
+    model = truncated_resnet18(16)
     base = copy.deepcopy(model)
     torch.manual_seed(seed)
     alfa.attach(model, config)

@@ -1,8 +1,12 @@
 """Small models the tests share (imported by test modules; pytest puts tests/ on the path)."""
 
+import copy
+import functools
+
 import torch
 from torch import nn
 
+import alfa
 from alfa.models import list_models, register_model
 
 
@@ -33,3 +37,17 @@ if "tiny_gaze_net" not in list_models():
     @register_model
     def tiny_gaze_net(num_outputs: int = 2) -> TinyGazeNet:
         return TinyGazeNet(num_outputs)
+
+
+@functools.cache
+def _truncated_resnet18(rank: int, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    model = alfa.models.resnet18_gaze().eval()
+    alfa.truncate(model, rank)
+    return model
+
+
+def truncated_resnet18(rank: int, seed: int = 0) -> nn.Module:
+    """ResNet-18 from ``seed``, truncated at ``rank``, in eval mode: made once per process and rank (fourteen
+    float64 SVDs, seconds on 2 cores, were a large share of the suite's time) and copied for each caller."""
+    return copy.deepcopy(_truncated_resnet18(rank, seed))
