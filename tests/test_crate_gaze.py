@@ -177,3 +177,20 @@ def test_without_recovery_the_truncated_model_is_used_as_is(tmp_path):
     assert results["truncation"]["in_domain_after_recovery"]["mean"] == pytest.approx(errors["after_truncation"])
     assert results["truncation"]["recovery_history"] == [] and not (tmp_path / "crate-truncated").exists()
     assert list(results["errors"]["cross_domain"]) == ["mpii/test"]
+
+
+def test_each_difference_on_the_page_has_a_paired_interval_over_persons():
+    """``a − b`` over the persons both scored: mean, 95 % t-interval (df = persons − 1), and a verdict only when the
+    interval excludes zero."""
+    from alfa.study.crate.gaze_report import _paired, _versus
+
+    a = {"per_person": {"p0": 10.0, "p1": 12.0, "p2": 11.0, "extra": 99.0}}
+    b = {"per_person": {"p0": 9.0, "p1": 10.0, "p2": 11.0}}
+    mean, low, high, n = _paired(a, b)
+    # diffs 1, 2, 0: mean 1, sd 1, t(0.975, 2) = 4.3027
+    assert n == 3 and mean == pytest.approx(1.0)
+    assert (low, high) == pytest.approx((1 - 4.3027 / 3**0.5, 1 + 4.3027 / 3**0.5), abs=1e-3)
+    assert _versus(a, b, ("A", "B")).endswith("no clear difference")
+    shifted = {"per_person": {p: v + 5.0 for p, v in b["per_person"].items()}}
+    assert _versus(a, shifted, ("A", "B")).endswith("A clearly lower")
+    assert _paired(a, {"per_person": {"p0": 1.0}}) is None

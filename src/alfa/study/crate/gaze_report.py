@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ...gaze.tdist import t_quantile
 from ..plotted import save_figure
 from .gaze_config import LABELS, MODELS, late_blocks_pattern
 
@@ -148,34 +149,67 @@ def _trend(values: list[float]) -> str:
     )
 
 
+def _paired(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float, float, int] | None:
+    """``a − b`` over the persons both scored: the mean difference and its 95 % Student-t interval (persons are
+    the unit; one seed, so the interval says nothing of training noise); ``None`` under two persons."""
+    persons = sorted(set(a["per_person"]) & set(b["per_person"]))
+    diffs = [a["per_person"][p] - b["per_person"][p] for p in persons]
+    if len(diffs) < 2:
+        return None
+    mean = sum(diffs) / len(diffs)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
+    half = float(t_quantile(0.05, len(diffs) - 1)) * sd / math.sqrt(len(diffs))
+    return mean, mean - half, mean + half, len(diffs)
+
+
+def _versus(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> str:
+    """``names[0] − names[1]`` with its interval, and whether the interval excludes zero."""
+    diff = _paired(a, b)
+    if diff is None:
+        return f"{names[0]} − {names[1]}: too few persons for an interval"
+    mean, low, high, n = diff
+    verdict = "no clear difference" if low <= 0 <= high else f"{names[0] if mean < 0 else names[1]} clearly lower"
+    return f"{names[0]} − {names[1]} {mean:+.2f} [{low:+.2f}, {high:+.2f}] deg (paired over {n} persons): {verdict}"
+
+
 def _findings(results: dict[str, Any]) -> list[str]:
-    """Plain sentences computed from the numbers (no judgement is hand-written)."""
+    """Plain sentences computed from the numbers (no judgement is hand-written). Every difference carries a 95 %
+    interval over the persons both sides scored; "clearly" means the interval excludes zero (one comparison at a
+    time, no correction for the page's several: read them as descriptive)."""
     errors = results["errors"]
     ((val_name, in_domain),) = errors["in_domain"].items()
     lines = []
     c, v, k = in_domain["crate"]["mean"], in_domain["vit"]["mean"], in_domain["constant"]["mean"]
-    better = "CRATE" if c < v else "ViT"
-    lines.append(f"In-domain ({val_name}): CRATE {c:.2f}, ViT {v:.2f}, constant {k:.2f} deg; {better} is lower.")
+    lines.append(
+        f"In-domain ({val_name}): CRATE {c:.2f}, ViT {v:.2f}, constant {k:.2f} deg; "
+        + _versus(in_domain["crate"], in_domain["vit"], ("CRATE", "ViT"))
+        + "."
+    )
     for target, cols in errors["cross_domain"].items():
         c, v, k = cols["crate"]["mean"], cols["vit"]["mean"], cols["constant"]["mean"]
-        beat = [LABELS[m] for m in MODELS if cols[m]["mean"] < k]
+        against = "; ".join(_versus(cols[m], cols["constant"], (LABELS[m], "constant")) for m in MODELS)
         lines.append(
             f"Cross-domain ({target}): CRATE {c:.2f}, ViT {v:.2f}, constant {k:.2f} deg; "
-            + (f"below the constant: {', '.join(beat)}." if beat else "neither model is below the constant prediction.")
+            + _versus(cols["crate"], cols["vit"], ("CRATE", "ViT"))
+            + f"; {against}."
         )
     t = results["truncation"]
     e = t["in_domain_error"]
     lines.append(
         f"Truncation at rank {t['rank']} ({t['factorized_layers']} layers): {t['parameters_dense']:,} -> "
         f"{t['parameters_truncated']:,} parameters; in-domain {e['before_truncation']:.2f} -> "
-        f"{e['after_truncation']:.2f} deg, {e['after_recovery']:.2f} after {t['recovery_epochs']} recovery epoch(s)."
+        f"{e['after_truncation']:.2f} deg, {e['after_recovery']:.2f} after {t['recovery_epochs']} recovery epoch(s); "
+        + _versus(t["in_domain_after_recovery"], in_domain["crate"], ("recovered", "dense"))
+        + "."
     )
     for target, p in results["alfa"]["personalization"].items():
         b, a = p["truncated"]["mean"], p["alfa"]["mean"]
-        verb = "lowered" if a < b else "did NOT lower"
+        cols = errors["cross_domain"][target]
         lines.append(
-            f"Alfa on {target} {verb} the error: {b:.2f} -> {a:.2f} deg ({a - b:+.2f}), lower for "
-            f"{p['improved']} of {p['compared']} persons" + (f"; {len(p['failed'])} failed." if p["failed"] else ".")
+            f"Alfa on {target}: {b:.2f} -> {a:.2f} deg; "
+            + _versus(cols["crate_alfa"], cols["crate_truncated"], ("Alfa", "truncated"))
+            + f"; lower for {p['improved']} of {p['compared']} persons"
+            + (f"; {len(p['failed'])} failed." if p["failed"] else ".")
         )
     m = results["alfa"]["merge_check"]
     if m is not None:
