@@ -5,7 +5,8 @@
 One seed, the dense pre-trained model (no truncation or recovery), a 5 % held-out slice of the training persons
 for the per-epoch validation error, 5 adaptation images per scored person left out. A scout only says where a
 setting lands; the calibration itself is measured by the benchmark's own source models (docs/calibration.md).
-Writes ``docs/data/calibration-scout/NAME.json``; checkpoints go to ``runs/scout/NAME`` (resumed if there).
+Writes ``docs/data/calibration-scout/NAME.json`` (each scored world's mean error, mean signed yaw/pitch error and
+per-person errors); checkpoints go to ``runs/scout/NAME`` (resumed if there; a finished run is only re-scored).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from alfa.gaze.data.registry import open_dataset
-from alfa.gaze.evaluate import person_errors
+from alfa.gaze.evaluate import person_gaze_errors
 from alfa.gaze.train import TrainConfig, train_source
 from alfa.models import create_model
 
@@ -44,9 +45,14 @@ def main(argv: list[str]) -> None:
     )
     result = train_source(model, source, config, root / "runs/scout" / args.name, progress=False)
     model.eval()
-    scores = {}
+    scores, biases, per_person = {}, {}, {}
     for spec in args.evaluate:
-        scores[spec] = statistics.fmean(person_errors(model, open_dataset(spec), n_adapt=5).values())
+        errors = person_gaze_errors(model, open_dataset(spec), n_adapt=5)
+        scores[spec] = statistics.fmean(e.angular for e in errors.values())
+        # The mean signed error (prediction − label, yaw and pitch): the share of the error a constant
+        # offset makes, e.g. a label convention the source does not share.
+        biases[spec] = [statistics.fmean(getattr(e, f"{c}_bias") for e in errors.values()) for c in ("yaw", "pitch")]
+        per_person[spec] = {person: e.angular for person, e in errors.items()}
     out = {
         "name": args.name,
         "command": "python scripts/scout_worlds.py " + shlex.join(argv),
@@ -55,6 +61,8 @@ def main(argv: list[str]) -> None:
         "val_error_per_epoch": [h["val_error"] for h in result.history],
         "train_seconds": sum(h["seconds"] for h in result.history),  # per-epoch times kept in the checkpoint
         "mean_error_deg": scores,
+        "mean_bias_deg": biases,
+        "person_error_deg": per_person,
         "torch": torch.__version__,
     }
     path = root / "docs/data/calibration-scout" / f"{args.name}.json"

@@ -56,4 +56,7 @@ def test_without_a_record_the_page_says_the_worlds_are_a_candidate():
     }
     page = calibration_page([scout], None, data="d", command="c")
     assert "Not measured yet" in page and "calibrated." not in page
-    assert "| M-v2 | mpii-v2 (train) | cosine, 12 | 9.0, 7.5, 5.5, 3.5 | mpii-v2 | 4.50 |" in page
+    assert "| M-v2 | mpii-v2 (train) | cosine, 12 | 9.0, 7.5, 5.5, 3.5 | mpii-v2 | 4.50 | not kept |" in page
+    scout["mean_bias_deg"] = {"synthetic:mpii-v2?size=64": [0.25, -3.5]}
+    page = calibration_page([scout], None, data="d", command="c")
+    assert "| mpii-v2 | 4.50 | +0.25, -3.50 |" in page

@@ -111,8 +111,9 @@ def _world_of(spec: str) -> str:
 def scout_table(scouts: Sequence[Mapping[str, Any]]) -> list[str]:
     """The scouting runs (``scripts/scout_worlds.py``): one row per (run, scored world)."""
     lines = [
-        "| scout | trained on | schedule, epochs | validation error, epochs 1, 4, 8, last | scored on | error |",
-        "|---|---|---|---|---|---|",
+        "| scout | trained on | schedule, epochs | validation error, epochs 1, 4, 8, last | scored on | error "
+        "| mean signed error (yaw, pitch) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for scout in sorted(scouts, key=lambda s: s["name"]):
         config, history = scout["config"], scout["val_error_per_epoch"]
@@ -124,7 +125,10 @@ def scout_table(scouts: Sequence[Mapping[str, Any]]) -> list[str]:
                 if first
                 else ["", "", ""]
             )
-            lines.append("| " + " | ".join([*head, shown if first else "", _world_of(spec), f"{error:.2f}"]) + " |")
+            bias = scout.get("mean_bias_deg", {}).get(spec)  # scouts before 2026-12-02 did not keep it
+            signed = f"{bias[0]:+.2f}, {bias[1]:+.2f}" if bias else "not kept"
+            cells = [*head, shown if first else "", _world_of(spec), f"{error:.2f}", signed]
+            lines.append("| " + " | ".join(cells) + " |")
             first = False
     return lines
 
