@@ -20,9 +20,11 @@ def _records(source_only: float, within: float, in_domain: float) -> list[dict]:
 
 def test_worlds_in_the_real_regime_pass_every_condition():
     checks = calibration_checks(_records(source_only=0.5, within=0.5, in_domain=4.0))
-    assert len(checks) == 12 and all(c.holds for c in checks)
+    assert len(checks) == 12 and all(c.holds for c in checks if c.holds is not None)
+    # G's in-domain error is shown, not judged: the real Gaze360 model's is above its cross-domain errors.
+    assert [c.pair for c in checks if c.holds is None] == ["G→M", "G→D"]
     page = calibration_page([], {"records": _records(0.5, 0.5, 4.0), "config": {"worlds": "v2"}}, data="d", command="c")
-    assert "12 of 12 conditions hold. The worlds are calibrated." in page
+    assert "10 of 10 conditions hold. The worlds are calibrated." in page
 
 
 def test_each_condition_can_fail():
@@ -30,13 +32,13 @@ def test_each_condition_can_fail():
     above the cross-domain one: each fails its own condition and only it."""
     far = calibration_checks(_records(source_only=1.6, within=0.5, in_domain=4.0))
     assert [c.holds for c in far if "real" in c.condition] == [False] * 4
-    assert all(c.holds for c in far if "real" not in c.condition)
+    assert all(c.holds is not False for c in far if "real" not in c.condition)
     weak = calibration_checks(_records(source_only=0.0, within=0.7, in_domain=4.0))
     assert [c.holds for c in weak if "within-target" in c.condition] == [False] * 4
     above = calibration_checks(_records(source_only=0.0, within=0.5, in_domain=9.5))
-    assert [c.holds for c in above if "in-domain" in c.condition] == [False] * 4
+    assert [c.holds for c in above if "in-domain" in c.condition] == [False, False, None, None]
     page = calibration_page([], {"records": _records(0.0, 0.5, 9.5), "config": {}}, data="d", command="c")
-    assert "8 of 12 conditions hold. **The worlds are not calibrated.**" in page
+    assert "8 of 10 conditions hold. **The worlds are not calibrated.**" in page
 
 
 def test_a_missing_row_cannot_pass():

@@ -10,8 +10,16 @@ benchmark's own source models,
 - **cross-domain**: each symmetric pair's source-only error is within ±1.5° of the real one;
 - **within-target**: the within-target yardstick (the same model trained on other persons of the target world)
   is at most 0.6 × the pair's source-only error;
-- **in-domain below cross-domain**: the source model on held-out persons of its own world errs less than on
-  the pair's target.
+- **in-domain below cross-domain** for the ETH-XGaze-like source (E): the source model on held-out persons of its
+  own world errs less than on the pair's target, as a real ETH-XGaze model does (about 4.5° within the dataset
+  against 8.6–8.8° across).
+
+Issue 24 asked for in-domain below cross-domain on every pair. For the Gaze360-like source (G) the real table
+says the opposite: a model trained on Gaze360 errs about 11° on Gaze360's own frontal test persons (the
+Gaze360 paper's and GazeHub's benchmark, 11.0–11.1°), more than on MPIIFaceGaze (7.7°) or EyeDiap (9.0°),
+whose gaze ranges are far narrower. Asking the synthetic G for the opposite would move it out of the real
+regime, so G's in-domain error is shown beside the real 11° and is not a condition (decided 2026-12-02,
+before any calibration record; the scouts had put G's in-domain error above its cross-domain ones, as real).
 
 Only the rows without adaptation are read (source-only, in-domain, target-trained): the calibration is done
 before any adaptation method runs on the worlds, and no knob it turns knows about one.
@@ -28,6 +36,8 @@ from .record import Record
 from .stats import Stat, cell, index_records, t_quantile
 
 __all__ = [
+    "IN_DOMAIN_CONDITION",
+    "REAL_IN_DOMAIN",
     "REAL_SOURCE_ONLY",
     "TOLERANCE_DEG",
     "WITHIN_SHARE",
@@ -40,6 +50,12 @@ __all__ = [
 REAL_SOURCE_ONLY = {"E→M": 8.77, "E→D": 8.58, "G→M": 7.66, "G→D": 8.98}
 """ResNet-18 source-only errors (degrees) of the real datasets, ETH-XGaze (E) and Gaze360 (G) to MPIIFaceGaze (M)
 and EyeDiap (D), as PnP-GA's README reports them."""
+REAL_IN_DOMAIN = {"E": 4.5, "G": 11.0}
+"""About what a model trained on the real source errs on held-out persons of that source (ETH-XGaze's
+within-dataset benchmark; Gaze360's frontal test), in degrees: only its side of the cross-domain errors is a
+condition, and only for E (module docstring)."""
+IN_DOMAIN_CONDITION = {"E": True, "G": False}
+"""Whether "in-domain below cross-domain" is a calibration condition for the source (module docstring)."""
 TOLERANCE_DEG = 1.5
 WITHIN_SHARE = 0.6
 
@@ -55,12 +71,13 @@ def _interval(stat: Stat) -> str:
 
 @dataclass(frozen=True)
 class Check:
-    """One calibration condition on one pair: what it compares, the measured values, and whether it holds."""
+    """One calibration condition on one pair: what it compares, the measured values, and whether it holds
+    (``None``: a measurement shown beside the conditions, not one of them)."""
 
     pair: str
     condition: str
     measured: str
-    holds: bool
+    holds: bool | None
 
 
 def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Check]:
@@ -93,11 +110,16 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Ch
                     share <= WITHIN_SHARE,
                 )
             )
+        source = pair.split("→")[0]
+        condition = IN_DOMAIN_CONDITION[source]
         if ind is None:
-            checks.append(Check(pair, "in-domain measured", "no in-domain rows", False))
-        else:
+            checks.append(Check(pair, "in-domain measured", "no in-domain rows", False if condition else None))
+        elif condition:
             below = ind.mean < src.mean
             checks.append(Check(pair, "in-domain below source-only", f"{_interval(ind)} vs {src.mean:.2f}", below))
+        else:
+            real = f"real about {REAL_IN_DOMAIN[source]:g}°, above its cross-domain errors"
+            checks.append(Check(pair, "in-domain (shown, not a condition)", f"{_interval(ind)}; {real}", None))
     return checks
 
 
@@ -186,7 +208,9 @@ def _checks_section(results: Mapping[str, Any]) -> list[str]:
         "| pair | condition | measured | holds |",
         "|---|---|---|---|",
     ]
-    lines += [f"| {c.pair} | {c.condition} | {c.measured} | {'yes' if c.holds else '**no**'} |" for c in checks]
-    held = sum(c.holds for c in checks)
-    verdict = "The worlds are calibrated." if held == len(checks) else "**The worlds are not calibrated.**"
-    return [*lines, "", f"{held} of {len(checks)} conditions hold. {verdict}", ""]
+    shown = {True: "yes", False: "**no**", None: "(shown)"}
+    lines += [f"| {c.pair} | {c.condition} | {c.measured} | {shown[c.holds]} |" for c in checks]
+    conditions = [c for c in checks if c.holds is not None]
+    held = sum(bool(c.holds) for c in conditions)
+    verdict = "The worlds are calibrated." if held == len(conditions) else "**The worlds are not calibrated.**"
+    return [*lines, "", f"{held} of {len(conditions)} conditions hold. {verdict}", ""]
