@@ -156,19 +156,28 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------- faze
 
 
-def _refuse_model_there(out: str) -> None:
-    """A FAZE run writes one file, ``model.safetensors``; an earlier one there is never overwritten."""
-    if (Path(out) / "model.safetensors").exists():
-        raise ValueError(f"--out {out}: already holds a model.safetensors; use another --out")
+def _checkpoint_every_option(p: argparse.ArgumentParser, default: int) -> None:
+    p.add_argument(
+        "--checkpoint-every",
+        type=at_least(1),
+        default=default,
+        help="steps between two saved states; a rerun of the same command resumes from the last (default %(default)s)",
+    )
 
 
 def _faze_train(args: argparse.Namespace) -> None:
     from alfa.gaze.faze_train import FazeTrainConfig, train_faze
 
     weights = (args.lambda_recon, args.lambda_ec, args.lambda_gaze)
-    config = FazeTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, weights=weights, seed=args.seed)
+    config = FazeTrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        weights=weights,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+    )
     kwargs = {"appearance": args.appearance, "gaze_features": args.gaze_features, "head_features": args.head_features}
-    _refuse_model_there(args.out)
     data = open_spec(args.data)
     seed_everything(config.seed)
     _, record = train_faze(data, config, args.out, model_kwargs=kwargs, progress=not args.quiet)
@@ -187,7 +196,7 @@ def _faze_train_arguments(p: argparse.ArgumentParser) -> None:
 
     d = FazeTrainConfig()
     p.add_argument("--data", required=True, help="source dataset spec (needs head poses)")
-    p.add_argument("--out", required=True, help="output folder (model.safetensors)")
+    p.add_argument("--out", required=True, help="output folder (model.safetensors; faze_state.safetensors to resume)")
     p.add_argument("--steps", type=at_least(1), default=d.steps, help="Adam steps (default %(default)s)")
     p.add_argument("--batch-size", type=at_least(2), default=d.batch_size, help="pairs per step (default %(default)s)")
     p.add_argument("--lr", type=positive_rate, default=d.lr, help="Adam rate (default %(default)s)")
@@ -196,6 +205,7 @@ def _faze_train_arguments(p: argparse.ArgumentParser) -> None:
     for name in ("appearance", "gaze_features", "head_features"):
         flag = "--" + name.replace("_", "-")
         p.add_argument(flag, type=at_least(1), default=default_of(faze_gaze, name), help="(default %(default)s)")
+    _checkpoint_every_option(p, d.checkpoint_every)
     seed_option(p, "the initial weights and the pairs", d.seed)
     quiet_option(p)
 
@@ -214,9 +224,9 @@ def _faze_meta_train(args: argparse.Namespace) -> None:
         outer_optimizer=args.outer_optimizer,
         first_order=args.first_order,
         seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
     )
     config.validate()
-    _refuse_model_there(args.out)
     model, saved = _load(args.checkpoint, "cpu")
     data = open_spec(args.data)
     seed_everything(config.seed)
@@ -233,7 +243,9 @@ def _faze_meta_train_arguments(p: argparse.ArgumentParser) -> None:
     d = MetaTrainConfig()
     p.add_argument("--checkpoint", required=True, help="a FAZE model (alfa faze train)")
     p.add_argument("--data", required=True, help="the source persons (the tasks)")
-    p.add_argument("--out", required=True, help="output folder (model.safetensors, the meta-learned MLP)")
+    p.add_argument(
+        "--out", required=True, help="output folder (model.safetensors, the meta-learned MLP; its state to resume)"
+    )
     p.add_argument("--steps", type=at_least(1), default=d.steps, help="outer steps (default %(default)s)")
     p.add_argument("--k", type=at_least(1), default=d.k, help="calibration samples per task (default %(default)s)")
     p.add_argument("--l", type=at_least(1), default=d.l, help="validation samples per task (default %(default)s)")
@@ -245,6 +257,7 @@ def _faze_meta_train_arguments(p: argparse.ArgumentParser) -> None:
         "--outer-optimizer", choices=("sgd", "adam"), default=d.outer_optimizer, help="(default %(default)s)"
     )
     p.add_argument("--first-order", action="store_true", help="first-order MAML (drop the second-order term)")
+    _checkpoint_every_option(p, d.checkpoint_every)
     seed_option(p, "the tasks", d.seed)
     quiet_option(p)
 

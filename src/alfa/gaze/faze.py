@@ -252,11 +252,12 @@ def maml_gradients(
     return grads, total
 
 
-@torch.no_grad()
-def apply_gradients(mlp: nn.Module, grads: dict[str, Tensor], lr: float) -> None:
-    """``θ ← θ − η g``: the review's outer step."""
+def apply_gradients(mlp: nn.Module, grads: dict[str, Tensor], optimizer: torch.optim.Optimizer) -> None:
+    """The outer step: ``optimizer`` (over ``mlp``'s parameters) steps with ``grads`` as their gradients; with
+    ``torch.optim.SGD`` at rate η (no momentum) that is the review's ``θ ← θ − η g``."""
     for n, p in mlp.named_parameters():
-        p.sub_(lr * grads[n])
+        p.grad = grads[n]
+    optimizer.step()
 
 
 def adapt_mlp(mlp: nn.Module, z: Tensor, g: Tensor, lr: float, steps: int) -> float:
