@@ -68,16 +68,25 @@ def _calibrate_config(args: argparse.Namespace):
     return config
 
 
-def _refuse_existing(out: Path, replace: bool) -> None:
-    """No file is overwritten unless asked: an earlier run's record and files go only with ``--replace``."""
+def _refuse_existing(out: Path, data, config, replace: bool) -> None:
+    """No file is overwritten unless asked: an earlier run of another recipe there goes only with ``--replace``
+    (its record and the files it lists); one of this recipe is resumed (``--replace`` redoes it)."""
+    from alfa.gaze.calibrate import RECORD_FILE, earlier_run
     from alfa.gaze.evaluate import adapter_filename
 
-    record = out / "personalization.json"
+    record = out / RECORD_FILE
     if not record.is_file():
         return
     if not replace:
-        raise ValueError(f"--out {out}: holds an earlier run (personalization.json); use another --out, or --replace")
-    for person in json.loads(record.read_text(encoding="utf-8")).get("persons", {}):
+        other = earlier_run(out, data, config)
+        if other is not None:
+            raise ValueError(f"--out {out}: holds an earlier run ({other}); use another --out, or --replace")
+        return
+    try:
+        listed = json.loads(record.read_text(encoding="utf-8")).get("persons", {})
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"--out {out}: {record} is not a calibration record alfa wrote ({e}); move it away") from None
+    for person in listed:
         (out / adapter_filename(person)).unlink(missing_ok=True)
     record.unlink()
 
@@ -91,7 +100,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
     out = Path(args.out)
-    _refuse_existing(out, args.replace)
+    _refuse_existing(out, data, config, args.replace)
     maml = saved.get("extra", {}).get("maml", {}).get("config", {})
     defaults = (maml["inner_lr"], maml["inner_steps"]) if maml else None
     persons = [p for p in args.persons.split(",") if p] if args.persons else None
@@ -99,15 +108,17 @@ def _calibrate(args: argparse.Namespace) -> None:
     record = calibrate_dataset(
         model, data, config, out, persons=persons, faze_defaults=defaults, progress=not args.quiet
     )
-    done = [e for e in record["persons"].values() if e["status"] == "ok"]
-    failed = {p: e["error"] for p, e in record["persons"].items() if e["status"] != "ok"}
+    done = [e for e in record["persons"].values() if e["status"] in ("ok", "skipped")]
+    found = sum(e["status"] == "skipped" for e in done)
+    failed = {p: e["error"] for p, e in record["persons"].items() if e["status"] == "failed"}
     for person, error in failed.items():
         print(f"calibration of {person!r} failed: {error}")
     pace = f", {sum(e['seconds'] for e in done) / len(done):.3f} s and " if done else ""
     size = f"{sum(e['bytes'] for e in done) / len(done) / 1024:.1f} KiB per person" if done else ""
     print(
         f"{config.method} user calibration of {data.name} at k = {config.k} ({config.draw} draws from the first "
-        f"{config.pool} images): {len(done)} done, {len(failed)} failed{pace}{size}; files in {out}"
+        f"{config.pool} images): {len(done)} done ({found} of them by an earlier run, resumed), {len(failed)} "
+        f"failed{pace}{size}; files in {out}"
     )
     if failed and (not done or not args.allow_partial):
         raise RuntimeError(f"{len(failed)} of {len(record['persons'])} persons failed (listed above)")
@@ -134,7 +145,11 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
         "--pool", type=at_least(1), default=d.pool, help="first images per person the k come from (default %(default)s)"
     )
     p.add_argument("--persons", help="comma-separated person ids (default: all)")
-    p.add_argument("--replace", action="store_true", help="replace an earlier run's files in --out")
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace an earlier run's files in --out (without it, a run of the same recipe there is resumed)",
+    )
     g = p.add_argument_group("recipes (defaults: the declared ones)")
     g.add_argument("--affine-ridge", type=non_negative_number, help=f"affine: ‖A − I‖² weight ({d.affine_ridge:g})")
     g.add_argument("--feature-ridge", type=non_negative_number, help=f"ridge: relative strength ({d.feature_ridge:g})")
