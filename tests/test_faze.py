@@ -194,6 +194,23 @@ def test_faze_trains_meta_trains_and_calibrates_from_the_cli(tmp_path, capsys):
     ckpt = str(tmp_path / "m" / "model.safetensors")
     assert main(["evaluate", "--checkpoint", ckpt, "--data", target, "--adapters", calibrated, "--quiet"]) == 0
     assert "6 adaptation images excluded" in capsys.readouterr().out
+    # alfa serve's model: the dense FAZE base, a calibrated user answered as their own model
+    import io
+
+    from PIL import Image
+
+    import alfa
+    from alfa.gaze.service.model import GazeService
+
+    png = io.BytesIO()
+    Image.new("RGB", (16, 16), (40, 90, 200)).save(png, "PNG")
+    answer = GazeService(ckpt, calibrated).predict("p00", png.getvalue())
+    own, _ = load_model(ckpt)
+    alfa.load_adapter(own, tmp_path / "c" / "p00.safetensors")
+    pixels = torch.tensor([40 / 255, 90 / 255, 200 / 255]).view(1, 3, 1, 1).expand(1, 3, 16, 16)
+    with torch.no_grad():
+        yaw, pitch = own.eval()(pixels)[0].tolist()
+    assert answer["yaw"] == pytest.approx(yaw, abs=1e-5) and answer["pitch"] == pytest.approx(pitch, abs=1e-5)
     # The real layouts: MPIIFaceGaze's labels carry the head pose, Gaze360's do not (one line, exit 2).
     write_gazehub_fixture(tmp_path / "mpii", "mpiifacegaze", persons=["p00", "p01"], images_per_person=4)
     real = f"gazehub:mpiifacegaze:{tmp_path / 'mpii'}"
@@ -287,3 +304,33 @@ def test_faze_resume_refuses_another_run_and_a_model_it_did_not_write(tmp_path):
     with pytest.raises(CheckpointError, match="no run of this command wrote it"):
         train_faze(data, FazeTrainConfig(steps=2, batch_size=4), tmp_path / "b", model_kwargs=small)
     assert (tmp_path / "b" / "model.safetensors").read_bytes() == b"someone else's"
+
+
+def test_a_faze_user_is_the_adapted_mlp_and_is_served_per_sample_on_the_dense_base(tmp_path):
+    """PS-GEN's file is a correction of each linear layer of the gaze MLP: attached, it is the MLP adapted by the
+    inner loop (up to round-off); served from a shared FAZE base in a mixed batch, and merged, it is the same."""
+    import alfa
+    from alfa.export import merged_copy
+    from alfa.gaze.faze import adapt_mlp, personalize_faze
+    from alfa.serve import MultiUserModel
+
+    torch.manual_seed(0)
+    base = faze_gaze(image_size=16, appearance=4, width=4).eval()
+    images, gaze = torch.rand(5, 3, 16, 16), (torch.rand(5, 2) - 0.5) * 0.6
+    user = copy.deepcopy(base)
+    personalize_faze(user, images, gaze, lr=0.1, steps=3)
+    assert alfa.adapter_state(user).config.method == "correction"
+    bare = copy.deepcopy(base.gaze_mlp)
+    with torch.no_grad():
+        adapt_mlp(bare, base.gaze_code(images), gaze, 0.1, 3)
+        other = torch.rand(4, 3, 16, 16)
+        expected = bare(base.gaze_code(other))
+        assert (expected - base(other)).abs().max() > 1e-4  # the adaptation changed the predictions
+        torch.testing.assert_close(user(other), expected, atol=1e-6, rtol=1e-5)
+    served = MultiUserModel(base)
+    served.add_user("p", alfa.save_adapter(user, tmp_path / "p.safetensors"))
+    with torch.no_grad():
+        mixed = served(other, ["p", None, "p", None])
+        torch.testing.assert_close(mixed[0::2], expected[0::2], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(mixed[1::2], base(other)[1::2])
+        torch.testing.assert_close(merged_copy(user)(other), expected, atol=1e-6, rtol=1e-5)

@@ -231,3 +231,32 @@ def test_a_calibration_folder_of_another_run_or_with_foreign_files_is_refused(ba
     with pytest.raises(ValueError, match="holds p1.safetensors, which no calibration run there wrote"):
         calibrate_dataset(base, data, config, tmp_path / "b", progress=False)
     assert (tmp_path / "b" / "p1.safetensors").read_bytes() == b"someone else's"
+
+
+def test_a_dense_base_serves_its_calibrated_users_and_refuses_methods_that_need_truncation(tmp_path):
+    """A correction needs no factorization: MultiUserModel takes an untruncated base, serves each calibrated user
+    as their own model, and refuses, when it is added, an adapter of a dense layer that is no correction."""
+    torch.manual_seed(0)
+    dense = TinyGazeNet().eval()
+    images = torch.rand(6, 3, 16, 16)
+    users = {}
+    for name, config in (("u", CalibrateConfig(method="affine", k=6)), ("v", CalibrateConfig(method="ridge", k=6))):
+        model = copy.deepcopy(dense)
+        with torch.no_grad():
+            target = dense(images) * 1.1 + 0.05 * len(users)
+        calibrate_person(model, images, target, config)
+        users[name] = model
+    served = MultiUserModel(dense)
+    served.add_user("u", alfa.save_adapter(users["u"], tmp_path / "u.safetensors"))
+    served.add_user("v", users["v"])
+    other = torch.rand(4, 3, 16, 16)
+    with torch.no_grad():
+        mixed = served(other, ["v", "u", None, "u"])
+        torch.testing.assert_close(mixed[0], users["v"](other)[0])
+        torch.testing.assert_close(mixed[1::2], users["u"](other)[1::2])
+        torch.testing.assert_close(mixed[2], dense(other)[2])
+    lora = copy.deepcopy(dense)
+    alfa.attach(lora, alfa.LoraConfig(rank=2))  # LoRA on the dense layers: not a correction
+    with pytest.raises(ValueError, match="served per sample only as a correction.*truncate the base"):
+        served.add_user("w", lora)
+    assert served.users == ["u", "v"]

@@ -19,10 +19,12 @@ does) and their labels read. The methods (:data:`USER_CALIBRATIONS`):
   (:func:`alfa.gaze.faze.personalize_faze`, with the inner rate and steps its meta-training recorded).
 
 The first four are one form, a correction ``(ΔW, Δb)`` of the model's linear head (the ``correction`` adapter
-method), so a calibrated user is saved, loaded, merged, exported and served per sample exactly like a
-personalized one. Every file records, in its ``about``, the images whose labels it used; ``alfa evaluate``
-refuses to score any of them. Recipes are the declared defaults of :class:`CalibrateConfig`; the rule that may
-change them is written in ``docs/user-calibration.md`` (a labelled stand-in, never a target's labels).
+method), and ``faze`` is the same form on each linear layer of the gaze MLP, so a calibrated user is saved,
+loaded, merged, exported and served per sample exactly like a personalized one, on a truncated base or a dense
+one (:class:`alfa.serve.MultiUserModel` needs no factorization for corrections). Every file records, in its
+``about``, the images whose labels it used; ``alfa evaluate`` refuses to score any of them. Recipes are the
+declared defaults of :class:`CalibrateConfig`; the rule that may change them is written in
+``docs/user-calibration.md`` (a labelled stand-in, never a target's labels).
 """
 
 from __future__ import annotations
