@@ -23,6 +23,9 @@ def test_the_picture_has_one_arrow_per_source_of_each_step():
     arrows = [line for line in text.splitlines() if " --> " in line]
     assert len(arrows) == sum(len(f.sources) for f in FLOWS)
     assert "    dense -- truncate_and_recover --> base" in arrows
+    # user calibration: labelled images of the dataset, on a dense, truncated or FAZE model, give adapters
+    calibrate = {line.split(" -- ")[0].strip() for line in arrows if "-- calibrate_dataset --> adapters" in line}
+    assert calibrate == {"dataset", "dense", "base", "adagen"}
 
 
 def test_a_wrong_name_fails_to_resolve():

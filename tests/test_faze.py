@@ -117,7 +117,7 @@ def test_one_maml_step_equals_a_hand_written_one(first_order):
         assert analytic == pytest.approx(numeric, rel=1e-5, abs=1e-8)
         first = maml_gradients(mlp, tasks, alpha, 1, True)[0]
         assert (first[name] - grads[name]).abs().max() > 1e-6  # the term is there, and it matters
-    apply_gradients(mlp, grads, eta)
+    apply_gradients(mlp, grads, torch.optim.SGD(mlp.parameters(), lr=eta))  # meta-training's outer step, "sgd"
     for n, p in mlp.named_parameters():
         torch.testing.assert_close(p.detach(), start[n] - eta * grads[n])
 
@@ -163,7 +163,7 @@ def test_head_poses_are_required_with_a_clear_error():
 
 
 def test_faze_trains_meta_trains_and_calibrates_from_the_cli(tmp_path, capsys):
-    from alfa.checkpoint import load_model
+    from alfa.checkpoint import load_model, read_checkpoint
     from alfa.cli import main
     from alfa.gaze.data.fixtures import write_gazehub_fixture
 
@@ -177,7 +177,13 @@ def test_faze_trains_meta_trains_and_calibrates_from_the_cli(tmp_path, capsys):
         main(["faze", "meta-train", "--checkpoint", trained, "--data", spec, "--out", str(tmp_path / "m"), *meta]) == 0
     )
     again = ["faze", "meta-train", "--checkpoint", trained, "--data", spec, "--out", str(tmp_path / "m"), *meta]
-    assert main(again) == 2 and "already holds a model.safetensors" in capsys.readouterr().err  # never overwritten
+    before = read_checkpoint(tmp_path / "m" / "model.safetensors")[1]  # its config and the tensors' checksum
+    assert main(again) == 0 and read_checkpoint(tmp_path / "m" / "model.safetensors")[1] == before  # found complete
+    bytes_before = (tmp_path / "m" / "model.safetensors").read_bytes()
+    assert main([*again, "--first-order"]) == 2  # another recipe: refused in one line, nothing overwritten
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the state of another run" in err and "first_order" in err
+    assert (tmp_path / "m" / "model.safetensors").read_bytes() == bytes_before
     model, saved = load_model(tmp_path / "m" / "model.safetensors")
     assert saved["extra"]["maml"]["config"]["inner_steps"] == 5 and "faze" in saved["extra"]
     target = "synthetic:mpii?persons=2&images_per_person=12&size=16"
@@ -188,6 +194,23 @@ def test_faze_trains_meta_trains_and_calibrates_from_the_cli(tmp_path, capsys):
     ckpt = str(tmp_path / "m" / "model.safetensors")
     assert main(["evaluate", "--checkpoint", ckpt, "--data", target, "--adapters", calibrated, "--quiet"]) == 0
     assert "6 adaptation images excluded" in capsys.readouterr().out
+    # alfa serve's model: the dense FAZE base, a calibrated user answered as their own model
+    import io
+
+    from PIL import Image
+
+    import alfa
+    from alfa.gaze.service.model import GazeService
+
+    png = io.BytesIO()
+    Image.new("RGB", (16, 16), (40, 90, 200)).save(png, "PNG")
+    answer = GazeService(ckpt, calibrated).predict("p00", png.getvalue())
+    own, _ = load_model(ckpt)
+    alfa.load_adapter(own, tmp_path / "c" / "p00.safetensors")
+    pixels = torch.tensor([40 / 255, 90 / 255, 200 / 255]).view(1, 3, 1, 1).expand(1, 3, 16, 16)
+    with torch.no_grad():
+        yaw, pitch = own.eval()(pixels)[0].tolist()
+    assert answer["yaw"] == pytest.approx(yaw, abs=1e-5) and answer["pitch"] == pytest.approx(pitch, abs=1e-5)
     # The real layouts: MPIIFaceGaze's labels carry the head pose, Gaze360's do not (one line, exit 2).
     write_gazehub_fixture(tmp_path / "mpii", "mpiifacegaze", persons=["p00", "p01"], images_per_person=4)
     real = f"gazehub:mpiifacegaze:{tmp_path / 'mpii'}"
@@ -198,3 +221,116 @@ def test_faze_trains_meta_trains_and_calibrates_from_the_cli(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "have no head pose" in err and not (tmp_path / "n" / "model.safetensors").exists()
     assert isinstance(model, nn.Module)
+
+
+def _posed(persons: int = 3, images: int = 8) -> InMemoryGazeDataset:
+    g = torch.Generator().manual_seed(0)
+    n = persons * images
+    pixels = torch.randint(0, 256, (n, 3, 16, 16), generator=g, dtype=torch.uint8)
+    gaze, head = (torch.rand(n, 2, generator=g) - 0.5) * 0.6, (torch.rand(n, 2, generator=g) - 0.5) * 0.4
+    ids = torch.arange(persons).repeat_interleave(images)
+    return InMemoryGazeDataset(pixels, gaze, ids, [f"p{i}" for i in range(persons)], head=head, name="posed")
+
+
+class _Killed(BaseException):
+    """A kill, as it were: nothing in the run catches it."""
+
+
+def _kill_at(monkeypatch, module, name: str, call: int) -> None:
+    """Make ``module.name`` raise :class:`_Killed` on its ``call``-th call (1-based) from now on."""
+    real, calls = getattr(module, name), [0]
+
+    def wrapped(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == call:
+            raise _Killed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapped)
+
+
+def _same_weights(a: nn.Module, b: nn.Module) -> None:
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("kill", ["mid-run", "before-model"])
+def test_faze_training_and_meta_training_killed_and_resumed_end_as_uninterrupted_ones(tmp_path, monkeypatch, kill):
+    """Killed between two saved states (the steps after the last are redone) or after the last state but before the
+    model file: the rerun of the same call ends with the same weights, bit for bit, as a run never killed."""
+    from alfa.checkpoint import load_model
+    from alfa.gaze import faze_train
+    from alfa.gaze.faze_train import FazeTrainConfig, MetaTrainConfig, meta_train_faze, train_faze
+
+    torch.set_num_threads(1)
+    data, small = _posed(), {"appearance": 4, "width": 4}
+    config = FazeTrainConfig(steps=5, batch_size=4, checkpoint_every=2)
+    straight, _ = train_faze(data, config, tmp_path / "straight", model_kwargs=small, progress=False)
+    meta = MetaTrainConfig(steps=5, k=2, l=2, tasks=2, inner_steps=1, checkpoint_every=2)
+    start, saved = load_model(tmp_path / "straight" / "model.safetensors")
+    meta_train_faze(start, saved, data, meta, tmp_path / "meta-straight", progress=False)
+    with monkeypatch.context() as m:  # training: killed in step 4 (states after 2) or in writing the model
+        _kill_at(m, faze_train, *(("dted_losses", 4) if kill == "mid-run" else ("save_model", 1)))
+        with pytest.raises(_Killed):
+            train_faze(data, config, tmp_path / "run", model_kwargs=small, progress=False)
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    resumed, _ = train_faze(data, config, tmp_path / "run", model_kwargs=small, progress=False)
+    _same_weights(straight, resumed)
+    with monkeypatch.context() as m:  # meta-training alike
+        _kill_at(m, faze_train, *(("maml_gradients", 4) if kill == "mid-run" else ("save_model", 1)))
+        with pytest.raises(_Killed):
+            meta_train_faze(*load_model(tmp_path / "run" / "model.safetensors"), data, meta, tmp_path / "meta")
+    again, saved = load_model(tmp_path / "run" / "model.safetensors")
+    meta_train_faze(again, saved, data, meta, tmp_path / "meta", progress=False)
+    _same_weights(load_model(tmp_path / "meta-straight" / "model.safetensors")[0], again)
+    assert not any(p.name.endswith(".tmp.safetensors") for p in tmp_path.rglob("*"))  # no half-written file left
+
+
+def test_faze_resume_refuses_another_run_and_a_model_it_did_not_write(tmp_path):
+    from alfa.checkpoint import CheckpointError
+    from alfa.gaze.faze_train import FazeTrainConfig, train_faze
+
+    torch.set_num_threads(1)
+    data, small = _posed(), {"appearance": 4, "width": 4}
+    train_faze(data, FazeTrainConfig(steps=2, batch_size=4), tmp_path / "a", model_kwargs=small, progress=False)
+    before = (tmp_path / "a" / "model.safetensors").read_bytes()
+    with pytest.raises(CheckpointError, match=r"state of another run \(config .*'lr': 0.01"):
+        train_faze(data, FazeTrainConfig(steps=2, batch_size=4, lr=1e-2), tmp_path / "a", model_kwargs=small)
+    with pytest.raises(CheckpointError, match="more than the 1 asked"):
+        train_faze(data, FazeTrainConfig(steps=1, batch_size=4), tmp_path / "a", model_kwargs=small)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == before
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "model.safetensors").write_bytes(b"someone else's")
+    with pytest.raises(CheckpointError, match="no run of this command wrote it"):
+        train_faze(data, FazeTrainConfig(steps=2, batch_size=4), tmp_path / "b", model_kwargs=small)
+    assert (tmp_path / "b" / "model.safetensors").read_bytes() == b"someone else's"
+
+
+def test_a_faze_user_is_the_adapted_mlp_and_is_served_per_sample_on_the_dense_base(tmp_path):
+    """PS-GEN's file is a correction of each linear layer of the gaze MLP: attached, it is the MLP adapted by the
+    inner loop (up to round-off); served from a shared FAZE base in a mixed batch, and merged, it is the same."""
+    import alfa
+    from alfa.export import merged_copy
+    from alfa.gaze.faze import adapt_mlp, personalize_faze
+    from alfa.serve import MultiUserModel
+
+    torch.manual_seed(0)
+    base = faze_gaze(image_size=16, appearance=4, width=4).eval()
+    images, gaze = torch.rand(5, 3, 16, 16), (torch.rand(5, 2) - 0.5) * 0.6
+    user = copy.deepcopy(base)
+    personalize_faze(user, images, gaze, lr=0.1, steps=3)
+    assert alfa.adapter_state(user).config.method == "correction"
+    bare = copy.deepcopy(base.gaze_mlp)
+    with torch.no_grad():
+        adapt_mlp(bare, base.gaze_code(images), gaze, 0.1, 3)
+        other = torch.rand(4, 3, 16, 16)
+        expected = bare(base.gaze_code(other))
+        assert (expected - base(other)).abs().max() > 1e-4  # the adaptation changed the predictions
+        torch.testing.assert_close(user(other), expected, atol=1e-6, rtol=1e-5)
+    served = MultiUserModel(base)
+    served.add_user("p", alfa.save_adapter(user, tmp_path / "p.safetensors"))
+    with torch.no_grad():
+        mixed = served(other, ["p", None, "p", None])
+        torch.testing.assert_close(mixed[0::2], expected[0::2], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(mixed[1::2], base(other)[1::2])
+        torch.testing.assert_close(merged_copy(user)(other), expected, atol=1e-6, rtol=1e-5)

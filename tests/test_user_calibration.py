@@ -160,8 +160,103 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
     assert err.count("\n") == 1 and "the pool (2 images) must hold the k = 3 labelled ones" in err
     assert main([*argv, "--k", "2", "--pool", "4"]) == 0
     before = (tmp_path / "c" / "p00.safetensors").read_bytes()
+    assert main([*argv, "--k", "2", "--pool", "4"]) == 0  # the same run again: found done, nothing rewritten
+    assert "1 done (1 of them by an earlier run, resumed)" in capsys.readouterr().out
+    assert (tmp_path / "c" / "p00.safetensors").read_bytes() == before
     assert main([*argv, "--k", "3", "--pool", "4"]) == 2  # an earlier run there: nothing overwritten unasked
     assert "holds an earlier run" in capsys.readouterr().err
     assert (tmp_path / "c" / "p00.safetensors").read_bytes() == before
     assert main([*argv, "--k", "3", "--pool", "4", "--replace"]) == 0
     assert (tmp_path / "c" / "p00.safetensors").read_bytes() != before
+
+
+class _Killed(BaseException):
+    """A kill, as it were: nothing in the run catches it."""
+
+
+def _tensors(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+@pytest.mark.parametrize("where", ["calibrate_person", "write_json"])
+def test_a_killed_calibration_resumes_and_ends_as_an_uninterrupted_one(base, tmp_path, monkeypatch, where):
+    """Killed while calibrating the second person, or after writing their file but before the record lists it: the
+    rerun keeps the first person's file, redoes the rest, and every file holds what a run never killed wrote."""
+    from alfa.gaze import calibrate
+
+    data = _dataset(persons=3)
+    config = CalibrateConfig(method="last-layer", k=3, pool=8, steps=2)
+    calibrate_dataset(base, data, config, tmp_path / "straight", progress=False)
+    real, calls = getattr(calibrate, where), []
+
+    def killing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise _Killed
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(calibrate, where, killing)
+        with pytest.raises(_Killed):
+            calibrate_dataset(base, data, config, tmp_path / "run", progress=False)
+    assert alfa.adapter_state(base) is None
+    first = (tmp_path / "run" / "p0.safetensors").stat().st_mtime_ns
+    done = []
+
+    def counting(*args, **kwargs):
+        done.append(1)
+        return calibrate_person(*args, **kwargs)
+
+    monkeypatch.setattr(calibrate, "calibrate_person", counting)
+    record = calibrate_dataset(base, data, config, tmp_path / "run", progress=False)
+    assert len(done) == 2 and (tmp_path / "run" / "p0.safetensors").stat().st_mtime_ns == first  # p0 not redone
+    assert [e["status"] for e in record["persons"].values()] == ["skipped", "ok", "ok"]
+    for person in ("p0", "p1", "p2"):
+        for name, t in _tensors(tmp_path / "straight" / f"{person}.safetensors").items():
+            assert torch.equal(t, _tensors(tmp_path / "run" / f"{person}.safetensors")[name]), (person, name)
+
+
+def test_a_calibration_folder_of_another_run_or_with_foreign_files_is_refused(base, tmp_path):
+    data = _dataset()
+    config = CalibrateConfig(method="offset", k=2, pool=8)
+    calibrate_dataset(base, data, config, tmp_path / "a", progress=False)
+    before = _tensors(tmp_path / "a" / "p0.safetensors")
+    with pytest.raises(ValueError, match="holds an earlier calibration run: .*another config"):
+        calibrate_dataset(base, data, CalibrateConfig(method="offset", k=3, pool=8), tmp_path / "a", progress=False)
+    assert torch.equal(_tensors(tmp_path / "a" / "p0.safetensors")["fc.bias_update"], before["fc.bias_update"])
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "p1.safetensors").write_bytes(b"someone else's")
+    with pytest.raises(ValueError, match="holds p1.safetensors, which no calibration run there wrote"):
+        calibrate_dataset(base, data, config, tmp_path / "b", progress=False)
+    assert (tmp_path / "b" / "p1.safetensors").read_bytes() == b"someone else's"
+
+
+def test_a_dense_base_serves_its_calibrated_users_and_refuses_methods_that_need_truncation(tmp_path):
+    """A correction needs no factorization: MultiUserModel takes an untruncated base, serves each calibrated user
+    as their own model, and refuses, when it is added, an adapter of a dense layer that is no correction."""
+    torch.manual_seed(0)
+    dense = TinyGazeNet().eval()
+    images = torch.rand(6, 3, 16, 16)
+    users = {}
+    for name, config in (("u", CalibrateConfig(method="affine", k=6)), ("v", CalibrateConfig(method="ridge", k=6))):
+        model = copy.deepcopy(dense)
+        with torch.no_grad():
+            target = dense(images) * 1.1 + 0.05 * len(users)
+        calibrate_person(model, images, target, config)
+        users[name] = model
+    served = MultiUserModel(dense)
+    served.add_user("u", alfa.save_adapter(users["u"], tmp_path / "u.safetensors"))
+    served.add_user("v", users["v"])
+    other = torch.rand(4, 3, 16, 16)
+    with torch.no_grad():
+        mixed = served(other, ["v", "u", None, "u"])
+        torch.testing.assert_close(mixed[0], users["v"](other)[0])
+        torch.testing.assert_close(mixed[1::2], users["u"](other)[1::2])
+        torch.testing.assert_close(mixed[2], dense(other)[2])
+    lora = copy.deepcopy(dense)
+    alfa.attach(lora, alfa.LoraConfig(rank=2))  # LoRA on the dense layers: not a correction
+    with pytest.raises(ValueError, match="served per sample only as a correction.*truncate the base"):
+        served.add_user("w", lora)
+    assert served.users == ["u", "v"]

@@ -42,6 +42,8 @@ __all__ = [
     "load_backbone",
     "write_tagged",
     "read_tagged",
+    "optimizer_tensors",
+    "load_optimizer_tensors",
     "save_pretrained",
     "load_pretrained",
     "PRETRAINED_FILE",
@@ -80,6 +82,33 @@ def read_tagged(path: str | os.PathLike, fmt: str, what: str) -> tuple[dict[str,
         return tensors, json.loads(raw["meta"])
     except (KeyError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: damaged header ({e})") from e
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer | None, prefix: str) -> dict[str, Tensor]:
+    """The per-parameter state of ``optimizer`` (Adam's moments and step count) as tensors named
+    ``prefix/<parameter index>/<key>``, for a :func:`write_tagged` file; nothing for ``None`` or a stateless one.
+    Its hyperparameters are not stored: a resumed run rebuilds the optimizer from its own (checked) config."""
+    if optimizer is None:
+        return {}
+    out = {}
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            out[f"{prefix}/{index}/{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    return out
+
+
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer | None, tensors: dict[str, Tensor], prefix: str) -> None:
+    """Put back into ``optimizer`` the state :func:`optimizer_tensors` stored under ``prefix``."""
+    if optimizer is None:
+        return
+    state: dict[int, dict[str, Tensor]] = {}
+    for name, value in tensors.items():
+        head, _, rest = name.partition("/")
+        if head != prefix:
+            continue
+        index, _, key = rest.partition("/")
+        state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
 
 def save_model(

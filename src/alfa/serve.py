@@ -6,8 +6,9 @@ run the **shared** ``V`` for the whole batch, mix each sample's ``d`` channels w
 the shared ``U``: nothing of the base is copied per user, and a user costs its ``T`` matrices. LoRA-family users
 (``W' = W + P_u Q_u``) are served the same way with a per-sample low-rank branch (the S-LoRA idea: the shared
 layer once, each sample's own ``P_u Q_u`` on the side). A user calibration (the ``correction`` method: a dense
-``ΔW_u, Δb_u`` on a small head, e.g. a per-person offset or affine map of the output) is served the same way on
-the head, which stays dense: ``head(h) + ΔW_u h + Δb_u`` per sample. Every output equals that user's own adapted
+``ΔW_u, Δb_u`` on a small head, e.g. a per-person offset or affine map of the output, or FAZE's adapted gaze MLP)
+is served the same way on the layers it corrects, which stay dense: ``layer(h) + ΔW_u h + Δb_u`` per sample; it
+needs no factorization, so a dense base serves such users too. Every output equals that user's own adapted
 (or merged) model up to float round-off; a sample of no known user is refused, and ``None`` runs the base.
 """
 
@@ -109,14 +110,18 @@ def _low_rank_branch(spec, x: Tensor, terms: list[tuple[Tensor, ...] | None]) ->
 
 
 class MultiUserModel(nn.Module):
-    """A truncated base model that serves many users in one batch: ``model(images, users)``.
+    """A base model that serves many users in one batch: ``model(images, users)``.
 
     Users are added from their adapter files (:func:`alfa.save_adapter`, compact ones included) or from a
     model with the adapter attached, and removed, without touching anyone else. Served methods: every
     dictionary method (Alfa, its gate and mix variants, compact ``dictionary_mix`` files) and the low-rank
-    methods whose frozen part is the base itself (LoRA, MoSLoRA, FLoRA); the others (PiSSA/MiLoRA change the
-    frozen part, DoRA rescales it, full fine-tuning, BitFit and TPGaze touch more than factorized layers)
-    are refused with a message — merge those per user instead.
+    methods whose frozen part is the base itself (LoRA, MoSLoRA, FLoRA), on the factorized layers of a truncated
+    base; and the ``correction`` method (user calibrations: ``ΔW_u h + Δb_u`` beside the shared layer) on any
+    layer, dense ones included. The others (PiSSA/MiLoRA change the frozen part, DoRA rescales it, full
+    fine-tuning, BitFit and TPGaze touch more than layers) are refused with a message — merge those per user.
+
+    The base need not be truncated: a dense base (no factorized layer) serves its calibrated users, whose
+    corrections need no factorization, and refuses the methods that do, when such a user is added.
     """
 
     def __init__(self, base: nn.Module) -> None:
@@ -124,9 +129,8 @@ class MultiUserModel(nn.Module):
         if adapter_state(base) is not None:
             raise RuntimeError("MultiUserModel takes the base without an adapter (call alfa.detach)")
         self._scratch = copy.deepcopy(base).eval()  # where each user's file is loaded and checked
+        # A dense base has no factorized layer to share: its layers are shared as users' corrections reach them.
         self.model, self._layers = _wrap_factorized(base, _SharedLayer)
-        if not self._layers:
-            raise ValueError("the base has no factorized layers: call alfa.truncate first")
         self._users: dict[str, list[str]] = {}
 
     @property
@@ -146,7 +150,7 @@ class MultiUserModel(nn.Module):
             terms = self._terms_from_file(Path(adapter))
         unknown = sorted(set(terms) - set(self._layers) - set(self._dense_layers()))
         if unknown:
-            raise ValueError(f"user {user!r}: the adapter adapts layers this base does not factorize: {unknown[:4]}")
+            raise ValueError(f"user {user!r}: the adapter adapts layers this base does not have: {unknown[:4]}")
         for name in sorted(set(terms) - set(self._layers)):  # a head some user corrects: shared from now on
             replace_module(self.model, name, _SharedLayer(self.model.get_submodule(name)))
             self._layers[name] = self.model.get_submodule(name)
@@ -197,8 +201,8 @@ class MultiUserModel(nn.Module):
 
 
 def user_terms(model: nn.Module) -> UserTerms:
-    """The per-sample terms of the adapter attached to ``model``, per factorized layer; a ``ValueError`` for a
-    method that cannot be served from a shared base."""
+    """The per-sample terms of the adapter attached to ``model``, per adapted layer (factorized ones; dense ones
+    only for a correction); a ``ValueError`` for a method that cannot be served from a shared base."""
     state = adapter_state(model)
     if state is None:
         raise ValueError("the model has no adapter attached")
@@ -217,7 +221,11 @@ def user_terms(model: nn.Module) -> UserTerms:
             out[name] = (P, Q) if layer.bias_update is None else (P, Q, layer.bias_update)
             continue
         if not layer.base_is_factorized:
-            raise ValueError(f"{name}: adapted on a dense layer; only factorized layers are served per sample")
+            raise ValueError(
+                f"{name}: {state.config.method} adapts a dense layer, which is served per sample only as a "
+                "correction (a user calibration); truncate the base (alfa.truncate) for the other methods, or "
+                "merge this user's adapter per user"
+            )
         if isinstance(layer, DictionaryAdapter):
             out[name] = (layer.mixing(),)
         elif isinstance(layer, LowRankUpdateLayer) and all(

@@ -68,16 +68,25 @@ def _calibrate_config(args: argparse.Namespace):
     return config
 
 
-def _refuse_existing(out: Path, replace: bool) -> None:
-    """No file is overwritten unless asked: an earlier run's record and files go only with ``--replace``."""
+def _refuse_existing(out: Path, data, config, replace: bool) -> None:
+    """No file is overwritten unless asked: an earlier run of another recipe there goes only with ``--replace``
+    (its record and the files it lists); one of this recipe is resumed (``--replace`` redoes it)."""
+    from alfa.gaze.calibrate import RECORD_FILE, earlier_run
     from alfa.gaze.evaluate import adapter_filename
 
-    record = out / "personalization.json"
+    record = out / RECORD_FILE
     if not record.is_file():
         return
     if not replace:
-        raise ValueError(f"--out {out}: holds an earlier run (personalization.json); use another --out, or --replace")
-    for person in json.loads(record.read_text(encoding="utf-8")).get("persons", {}):
+        other = earlier_run(out, data, config)
+        if other is not None:
+            raise ValueError(f"--out {out}: holds an earlier run ({other}); use another --out, or --replace")
+        return
+    try:
+        listed = json.loads(record.read_text(encoding="utf-8")).get("persons", {})
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"--out {out}: {record} is not a calibration record alfa wrote ({e}); move it away") from None
+    for person in listed:
         (out / adapter_filename(person)).unlink(missing_ok=True)
     record.unlink()
 
@@ -91,7 +100,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
     out = Path(args.out)
-    _refuse_existing(out, args.replace)
+    _refuse_existing(out, data, config, args.replace)
     maml = saved.get("extra", {}).get("maml", {}).get("config", {})
     defaults = (maml["inner_lr"], maml["inner_steps"]) if maml else None
     persons = [p for p in args.persons.split(",") if p] if args.persons else None
@@ -99,15 +108,17 @@ def _calibrate(args: argparse.Namespace) -> None:
     record = calibrate_dataset(
         model, data, config, out, persons=persons, faze_defaults=defaults, progress=not args.quiet
     )
-    done = [e for e in record["persons"].values() if e["status"] == "ok"]
-    failed = {p: e["error"] for p, e in record["persons"].items() if e["status"] != "ok"}
+    done = [e for e in record["persons"].values() if e["status"] in ("ok", "skipped")]
+    found = sum(e["status"] == "skipped" for e in done)
+    failed = {p: e["error"] for p, e in record["persons"].items() if e["status"] == "failed"}
     for person, error in failed.items():
         print(f"calibration of {person!r} failed: {error}")
     pace = f", {sum(e['seconds'] for e in done) / len(done):.3f} s and " if done else ""
     size = f"{sum(e['bytes'] for e in done) / len(done) / 1024:.1f} KiB per person" if done else ""
     print(
         f"{config.method} user calibration of {data.name} at k = {config.k} ({config.draw} draws from the first "
-        f"{config.pool} images): {len(done)} done, {len(failed)} failed{pace}{size}; files in {out}"
+        f"{config.pool} images): {len(done)} done ({found} of them by an earlier run, resumed), {len(failed)} "
+        f"failed{pace}{size}; files in {out}"
     )
     if failed and (not done or not args.allow_partial):
         raise RuntimeError(f"{len(failed)} of {len(record['persons'])} persons failed (listed above)")
@@ -134,7 +145,11 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
         "--pool", type=at_least(1), default=d.pool, help="first images per person the k come from (default %(default)s)"
     )
     p.add_argument("--persons", help="comma-separated person ids (default: all)")
-    p.add_argument("--replace", action="store_true", help="replace an earlier run's files in --out")
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace an earlier run's files in --out (without it, a run of the same recipe there is resumed)",
+    )
     g = p.add_argument_group("recipes (defaults: the declared ones)")
     g.add_argument("--affine-ridge", type=non_negative_number, help=f"affine: ‖A − I‖² weight ({d.affine_ridge:g})")
     g.add_argument("--feature-ridge", type=non_negative_number, help=f"ridge: relative strength ({d.feature_ridge:g})")
@@ -156,19 +171,28 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------- faze
 
 
-def _refuse_model_there(out: str) -> None:
-    """A FAZE run writes one file, ``model.safetensors``; an earlier one there is never overwritten."""
-    if (Path(out) / "model.safetensors").exists():
-        raise ValueError(f"--out {out}: already holds a model.safetensors; use another --out")
+def _checkpoint_every_option(p: argparse.ArgumentParser, default: int) -> None:
+    p.add_argument(
+        "--checkpoint-every",
+        type=at_least(1),
+        default=default,
+        help="steps between two saved states; a rerun of the same command resumes from the last (default %(default)s)",
+    )
 
 
 def _faze_train(args: argparse.Namespace) -> None:
     from alfa.gaze.faze_train import FazeTrainConfig, train_faze
 
     weights = (args.lambda_recon, args.lambda_ec, args.lambda_gaze)
-    config = FazeTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, weights=weights, seed=args.seed)
+    config = FazeTrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        weights=weights,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+    )
     kwargs = {"appearance": args.appearance, "gaze_features": args.gaze_features, "head_features": args.head_features}
-    _refuse_model_there(args.out)
     data = open_spec(args.data)
     seed_everything(config.seed)
     _, record = train_faze(data, config, args.out, model_kwargs=kwargs, progress=not args.quiet)
@@ -187,7 +211,7 @@ def _faze_train_arguments(p: argparse.ArgumentParser) -> None:
 
     d = FazeTrainConfig()
     p.add_argument("--data", required=True, help="source dataset spec (needs head poses)")
-    p.add_argument("--out", required=True, help="output folder (model.safetensors)")
+    p.add_argument("--out", required=True, help="output folder (model.safetensors; faze_state.safetensors to resume)")
     p.add_argument("--steps", type=at_least(1), default=d.steps, help="Adam steps (default %(default)s)")
     p.add_argument("--batch-size", type=at_least(2), default=d.batch_size, help="pairs per step (default %(default)s)")
     p.add_argument("--lr", type=positive_rate, default=d.lr, help="Adam rate (default %(default)s)")
@@ -196,6 +220,7 @@ def _faze_train_arguments(p: argparse.ArgumentParser) -> None:
     for name in ("appearance", "gaze_features", "head_features"):
         flag = "--" + name.replace("_", "-")
         p.add_argument(flag, type=at_least(1), default=default_of(faze_gaze, name), help="(default %(default)s)")
+    _checkpoint_every_option(p, d.checkpoint_every)
     seed_option(p, "the initial weights and the pairs", d.seed)
     quiet_option(p)
 
@@ -214,9 +239,9 @@ def _faze_meta_train(args: argparse.Namespace) -> None:
         outer_optimizer=args.outer_optimizer,
         first_order=args.first_order,
         seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
     )
     config.validate()
-    _refuse_model_there(args.out)
     model, saved = _load(args.checkpoint, "cpu")
     data = open_spec(args.data)
     seed_everything(config.seed)
@@ -233,7 +258,9 @@ def _faze_meta_train_arguments(p: argparse.ArgumentParser) -> None:
     d = MetaTrainConfig()
     p.add_argument("--checkpoint", required=True, help="a FAZE model (alfa faze train)")
     p.add_argument("--data", required=True, help="the source persons (the tasks)")
-    p.add_argument("--out", required=True, help="output folder (model.safetensors, the meta-learned MLP)")
+    p.add_argument(
+        "--out", required=True, help="output folder (model.safetensors, the meta-learned MLP; its state to resume)"
+    )
     p.add_argument("--steps", type=at_least(1), default=d.steps, help="outer steps (default %(default)s)")
     p.add_argument("--k", type=at_least(1), default=d.k, help="calibration samples per task (default %(default)s)")
     p.add_argument("--l", type=at_least(1), default=d.l, help="validation samples per task (default %(default)s)")
@@ -245,6 +272,7 @@ def _faze_meta_train_arguments(p: argparse.ArgumentParser) -> None:
         "--outer-optimizer", choices=("sgd", "adam"), default=d.outer_optimizer, help="(default %(default)s)"
     )
     p.add_argument("--first-order", action="store_true", help="first-order MAML (drop the second-order term)")
+    _checkpoint_every_option(p, d.checkpoint_every)
     seed_option(p, "the tasks", d.seed)
     quiet_option(p)
 

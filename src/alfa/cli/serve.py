@@ -137,7 +137,11 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.gaze.service import TOKEN_ENV, ServiceLimits, make_server
 
     limits = ServiceLimits()
-    p.add_argument("--checkpoint", help="the truncated base (model.safetensors); required unless --selftest")
+    p.add_argument(
+        "--checkpoint",
+        help="the base (model.safetensors), truncated; a dense one serves only corrections (alfa calibrate); required "
+        "unless --selftest",
+    )
     p.add_argument("--adapters", help="folder of <user>.safetensors adapter files; required unless --selftest")
     p.add_argument("--host", default=default_of(make_server, "host"), help="address to listen on (default %(default)s; "
                    "anything but loopback without a token gets a warning)")  # fmt: skip

@@ -19,16 +19,19 @@ does) and their labels read. The methods (:data:`USER_CALIBRATIONS`):
   (:func:`alfa.gaze.faze.personalize_faze`, with the inner rate and steps its meta-training recorded).
 
 The first four are one form, a correction ``(ΔW, Δb)`` of the model's linear head (the ``correction`` adapter
-method), so a calibrated user is saved, loaded, merged, exported and served per sample exactly like a
-personalized one. Every file records, in its ``about``, the images whose labels it used; ``alfa evaluate``
-refuses to score any of them. Recipes are the declared defaults of :class:`CalibrateConfig`; the rule that may
-change them is written in ``docs/user-calibration.md`` (a labelled stand-in, never a target's labels).
+method), and ``faze`` is the same form on each linear layer of the gaze MLP, so a calibrated user is saved,
+loaded, merged, exported and served per sample exactly like a personalized one, on a truncated base or a dense
+one (:class:`alfa.serve.MultiUserModel` needs no factorization for corrections). Every file records, in its
+``about``, the images whose labels it used; ``alfa evaluate`` refuses to score any of them. Recipes are the
+declared defaults of :class:`CalibrateConfig`; the rule that may change them is written in
+``docs/user-calibration.md`` (a labelled stand-in, never a target's labels).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -48,7 +51,9 @@ from alfa.adapters import (
     attach,
     config_from_dict,
     detach,
+    load_adapter,
     param_groups,
+    read_adapter_metadata,
     save_adapter,
 )
 from alfa.fileio import write_json
@@ -68,6 +73,8 @@ __all__ = [
     "UserCalibration",
     "calibrate_person",
     "calibrate_dataset",
+    "earlier_run",
+    "RECORD_FILE",
     "draw_labelled",
     "find_head",
     "fit_affine",
@@ -346,6 +353,57 @@ def _key(config: CalibrateConfig) -> dict[str, Any]:
     return {"user_calibration": dataclasses.asdict(config)}
 
 
+RECORD_FILE = "personalization.json"
+DONE = ("ok", "skipped")  # a person whose file is whole: made by this run, or found made by an earlier one
+
+
+def _fresh_record(dataset: GazeDataset, config: CalibrateConfig) -> dict[str, Any]:
+    record: dict[str, Any] = {"dataset": dataset.name, "method": f"calibrate:{config.method}", "persons": {}}
+    record["config"] = {"n_adapt": config.pool, **_key(config)}
+    return json.loads(json.dumps(record))  # as it reads back from the file
+
+
+def earlier_run(out_dir: str | Path, dataset: GazeDataset, config: CalibrateConfig) -> str | None:
+    """Why ``out_dir``'s record is of another run than ``config`` on ``dataset`` (another dataset, method or
+    recipe; or no record of ours), ``None`` if there is no record or it is of this run (which then resumes)."""
+    path = Path(out_dir) / RECORD_FILE
+    if not path.exists():
+        return None
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+        persons = before["persons"]
+        if not isinstance(persons, dict):
+            raise TypeError("persons is no mapping")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{path} is not a calibration record alfa wrote ({e})"
+    mine = _fresh_record(dataset, config)
+    for what in ("dataset", "method", "config"):
+        if before.get(what) != mine[what]:
+            return f"its files were made with another {what} ({before.get(what)} here, {mine[what]} now)"
+    return None
+
+
+def _ours(path: Path, about: dict[str, Any]) -> bool:
+    """Whether the adapter file at ``path`` records exactly ``about`` (dataset, person, labelled images, recipe):
+    one a run of this recipe wrote (also one killed before its record listed the file)."""
+    try:
+        return read_adapter_metadata(path).get("about") == json.loads(json.dumps(about))
+    except (ValueError, OSError):
+        return False
+
+
+def _finished(model: nn.Module, path: Path, entry: dict[str, Any] | None, about: dict[str, Any]) -> bool:
+    """A person the record lists as done, whose file is there, made by this recipe, and fits the base."""
+    if entry is None or entry.get("status") not in DONE or not path.is_file() or not _ours(path, about):
+        return False
+    try:
+        load_adapter(model, path)  # the layers, the base's fingerprint, the checksum
+    except (ValueError, RuntimeError, OSError):
+        return False
+    detach(model)
+    return True
+
+
 def calibrate_dataset(
     model: nn.Module,
     dataset: GazeDataset,
@@ -359,38 +417,92 @@ def calibrate_dataset(
 ) -> dict[str, Any]:
     """Calibrate every person of ``dataset`` and write ``out_dir/<person>.safetensors`` (its ``about`` names the
     labelled images) and ``out_dir/personalization.json`` (the record ``alfa evaluate`` reads: the pool is its
-    ``n_adapt``, so only images after the pool are scored). A failed person is recorded and the run goes on."""
+    ``n_adapt``, so only images after the pool are scored). A failed person is recorded and the run goes on.
+
+    Resumes: each file is written atomically and the record after each person, so after a kill a rerun keeps
+    every person already done (status ``"skipped"``: listed, file there, made by this recipe, fitting the base)
+    and calibrates the rest (the draws and the initial weights come from ``(seed, person)``, so the files are
+    those of a run never killed). A record of another run (:func:`earlier_run`) is refused with a ``ValueError``,
+    and so is a person's file there that no run of this recipe wrote: only this run's own files are replaced."""
     config.validate()
+    if adapter_state(model) is not None:
+        raise RuntimeError("calibration expects the base model without an adapter attached (call alfa.detach)")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     persons = list(dataset.persons() if persons is None else persons)
-    record: dict[str, Any] = {"dataset": dataset.name, "method": f"calibrate:{config.method}", "persons": {}}
-    record["config"] = {"n_adapt": config.pool, **_key(config)}
+    names = [adapter_filename(p) for p in persons]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{dataset.name}: person ids collide once made file-safe: {names}")
+    other = earlier_run(out, dataset, config)
+    if other is not None:
+        raise ValueError(f"{out} holds an earlier calibration run: {other}; use another folder")
+    record = _fresh_record(dataset, config)
+    if (out / RECORD_FILE).is_file():
+        record["persons"] = json.loads((out / RECORD_FILE).read_text(encoding="utf-8"))["persons"]
+    labelled = {p: _labelled_or_error(dataset, p, config) for p in persons}
+    about = {p: {"dataset": dataset.name, "person": p, "labelled": labelled[p], **_key(config)} for p in persons}
+    foreign = [
+        n
+        for p, n in zip(persons, names)
+        if (out / n).exists() and p not in record["persons"] and not _ours(out / n, about[p])
+    ]
+    if foreign:
+        raise ValueError(
+            f"{out} holds {', '.join(foreign[:3])}{' and more' if len(foreign) > 3 else ''}, which no calibration run "
+            "there wrote: alfa replaces only its own files; move them, or choose another folder"
+        )
+    out.mkdir(parents=True, exist_ok=True)
     for person in tqdm(persons, desc=f"calibrate {dataset.name}", disable=not progress):
         path = out / adapter_filename(person)
-        t0 = time.perf_counter()
-        try:
-            labelled = draw_labelled(dataset, person, config.k, config.pool, config.draw, config.seed)
-            device = next(model.parameters()).device
-            images, gaze = (t.to(device) for t in load_examples(dataset, labelled))
-            pool = load_images(dataset, dataset.person_indices(person)[: config.pool]).to(device)
-            torch.manual_seed(_seed(config.seed, person, "init"))
-            calibrate_person(model, images, gaze, config, pool, faze_defaults)
-            about = {"dataset": dataset.name, "person": person, "labelled": labelled, **_key(config)}
-            try:
-                save_adapter(model, path, about=about)
-            finally:
-                detach(model)
-            entry = {"status": "ok", "labelled": labelled, "seconds": time.perf_counter() - t0}
-            entry["bytes"] = path.stat().st_size
-        except (ValueError, RuntimeError, FloatingPointError, KeyError, OSError) as e:
-            if adapter_state(model) is not None:
-                detach(model)
-            path.unlink(missing_ok=True)
-            entry = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
-            if on_error is not None:
-                on_error(person, entry["error"])
+        if _finished(model, path, record["persons"].get(person), about[person]):
+            record["persons"][person]["status"] = "skipped"
+            continue
+        entry = _calibrate_one(model, dataset, person, config, labelled[person], about[person], path, faze_defaults)
+        if entry["status"] != "ok" and on_error is not None:
+            on_error(person, entry["error"])
         record["persons"][person] = entry
-        write_json(out / "personalization.json", record)
-    write_json(out / "personalization.json", record)
+        write_json(out / RECORD_FILE, record)
+    write_json(out / RECORD_FILE, record)
     return record
+
+
+def _labelled_or_error(dataset: GazeDataset, person: str, config: CalibrateConfig) -> list[int] | str:
+    """The person's labelled images, or the error that makes their calibration fail (recorded, not raised)."""
+    try:
+        return draw_labelled(dataset, person, config.k, config.pool, config.draw, config.seed)
+    except (ValueError, KeyError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def _calibrate_one(
+    model: nn.Module,
+    dataset: GazeDataset,
+    person: str,
+    config: CalibrateConfig,
+    labelled: list[int] | str,
+    about: dict[str, Any],
+    path: Path,
+    faze_defaults: tuple[float, int] | None,
+) -> dict[str, Any]:
+    """Calibrate one person and write their file; their record entry (``"ok"``, or ``"failed"`` with the error)."""
+    t0 = time.perf_counter()
+    if isinstance(labelled, str):  # too few images for the pool and one to score
+        path.unlink(missing_ok=True)
+        return {"status": "failed", "error": labelled}
+    try:
+        device = next(model.parameters()).device
+        images, gaze = (t.to(device) for t in load_examples(dataset, labelled))
+        pool = load_images(dataset, dataset.person_indices(person)[: config.pool]).to(device)
+        torch.manual_seed(_seed(config.seed, person, "init"))
+        calibrate_person(model, images, gaze, config, pool, faze_defaults)
+        try:
+            save_adapter(model, path, about=about)
+        finally:
+            detach(model)
+    except (ValueError, RuntimeError, FloatingPointError, KeyError, OSError) as e:
+        if adapter_state(model) is not None:
+            detach(model)
+        path.unlink(missing_ok=True)  # a file of an earlier run of this recipe must not stand in for a failure
+        return {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+    entry = {"status": "ok", "labelled": labelled, "seconds": time.perf_counter() - t0}
+    entry["bytes"] = path.stat().st_size
+    return entry

@@ -26,6 +26,7 @@ outer gradient is ``∇_θ L_v(θ')`` through the inner steps (second order), or
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from alfa.adapters import FullFinetuneConfig, attach, detach
+from alfa.adapters import CorrectionConfig, adapter_parameters, attach, detach
 from alfa.models.registry import register_model
 
 from .geometry import pitchyaw_to_vector
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 GAZE_MLP = "gaze_mlp"
-"""The gaze MLP's module name in :class:`FazeGaze`: what PS-GEN adapts (a ``full`` adapter on ``gaze_mlp.*``)."""
+"""The gaze MLP's module name in :class:`FazeGaze`: what PS-GEN adapts (a ``correction`` of its linear layers)."""
 
 
 def rotation_from_angles(angles: Tensor) -> Tensor:
@@ -252,11 +253,12 @@ def maml_gradients(
     return grads, total
 
 
-@torch.no_grad()
-def apply_gradients(mlp: nn.Module, grads: dict[str, Tensor], lr: float) -> None:
-    """``θ ← θ − η g``: the review's outer step."""
+def apply_gradients(mlp: nn.Module, grads: dict[str, Tensor], optimizer: torch.optim.Optimizer) -> None:
+    """The outer step: ``optimizer`` (over ``mlp``'s parameters) steps with ``grads`` as their gradients; with
+    ``torch.optim.SGD`` at rate η (no momentum) that is the review's ``θ ← θ − η g``."""
     for n, p in mlp.named_parameters():
-        p.sub_(lr * grads[n])
+        p.grad = grads[n]
+    optimizer.step()
 
 
 def adapt_mlp(mlp: nn.Module, z: Tensor, g: Tensor, lr: float, steps: int) -> float:
@@ -272,18 +274,28 @@ def adapt_mlp(mlp: nn.Module, z: Tensor, g: Tensor, lr: float, steps: int) -> fl
 
 
 def personalize_faze(model: FazeGaze, images: Tensor, gaze: Tensor, lr: float, steps: int) -> float:
-    """PS-GEN for one person: attach a ``full`` adapter of ``gaze_mlp`` to ``model`` and adapt it on the ``k``
-    labelled ``images`` with the inner loop's rate and steps; the adapter is **left attached** (save it with
-    :func:`alfa.save_adapter`). Returns the angular loss (degrees) on the ``k`` images after adapting."""
+    """PS-GEN for one person: the gaze MLP adapted from the meta-learned start on the ``k`` labelled ``images``
+    (the inner loop's SGD, rate ``lr``, ``steps`` steps), **left attached** to ``model`` as a ``correction``
+    adapter of each of its linear layers: ``ΔW = W' − W, Δb = b' − b`` (save it with :func:`alfa.save_adapter`).
+    The same adapted MLP up to float round-off, in the form every user calibration takes, so a FAZE user is
+    saved, merged, exported and served per sample (:class:`alfa.serve.MultiUserModel`) like any calibrated one.
+    Returns the angular loss (degrees) on the ``k`` images after adapting."""
     if not isinstance(model, FazeGaze):
         raise ValueError(f"the faze method adapts a FAZE model (alfa faze train), not a {type(model).__name__}")
     if not (lr > 0 and math.isfinite(lr)) or steps < 1:
         raise ValueError(f"PS-GEN needs a positive rate and at least one step, got lr={lr}, steps={steps}")
     with torch.no_grad():
         z = model.gaze_code(images)
-    attach(model, FullFinetuneConfig(target=rf"^{GAZE_MLP}\."))
+    adapted = copy.deepcopy(model.gaze_mlp)
+    loss = adapt_mlp(adapted, z, gaze, lr, steps)
+    start = {n: p.detach() for n, p in model.gaze_mlp.named_parameters()}
+    attach(model, CorrectionConfig(target=rf"^{GAZE_MLP}\.", layers="all"))
     try:
-        loss = adapt_mlp(model.gaze_mlp, z, gaze, lr, steps)
+        updates = adapter_parameters(model)
+        with torch.no_grad():
+            for name, p in adapted.named_parameters():  # "0.weight" -> "gaze_mlp.0.weight_update"
+                layer, _, kind = name.rpartition(".")
+                updates[f"{GAZE_MLP}.{layer}.{kind}_update"].copy_(p - start[name])
     except BaseException:
         detach(model)
         raise

@@ -2,18 +2,27 @@
 images, then the MLP meta-learned with MAML over the source persons on the frozen DT-ED's gaze codes.
 
 Both hold the training images in memory (the synthetic worlds and the real layouts' fixtures fit; a full real
-dataset would need a streaming loader, which this does not have). Both write one checkpoint
-(``model.safetensors``, :func:`alfa.checkpoint.save_model`) atomically at the end; the meta-trained one records
-its inner rate and steps, which ``alfa calibrate --method faze`` reuses as PS-GEN's.
+dataset would need a streaming loader, which this does not have). Both write ``model.safetensors``
+(:func:`alfa.checkpoint.save_model`) once, at the end; the meta-trained one records its inner rate and steps,
+which ``alfa calibrate --method faze`` reuses as PS-GEN's.
+
+Both resume. Every ``checkpoint_every`` steps the run's whole state (the model's tensors, the optimizer's moments,
+the steps done) is one file, ``faze_state.safetensors`` (:func:`alfa.checkpoint.write_tagged`: safetensors with a
+JSON header, written atomically), so a kill at any moment leaves the last state whole: a rerun of the same
+command continues from it, and ``model.safetensors`` follows the state. The pairs (or tasks) of step ``s`` are
+drawn from ``(seed, s)`` alone, so a resumed run ends with the same weights as an uninterrupted one. A state of
+another run (other data, model, recipe or start checkpoint) is refused; more ``steps`` extend a finished run.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +31,16 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from alfa.checkpoint import save_model
+from alfa.adapters.io import refuse_non_finite
+from alfa.checkpoint import (
+    CheckpointError,
+    load_optimizer_tensors,
+    load_state,
+    optimizer_tensors,
+    read_tagged,
+    save_model,
+    write_tagged,
+)
 
 from .data.base import GazeDataset
 from .evaluate import load_examples
@@ -30,6 +48,8 @@ from .faze import FazeGaze, MamlTask, adapt_mlp, angular_loss, apply_gradients, 
 
 __all__ = [
     "FazeTrainConfig",
+    "MODEL_FILE",
+    "STATE_FILE",
     "MetaTrainConfig",
     "fit_mlp_plainly",
     "gaze_codes",
@@ -51,8 +71,11 @@ class FazeTrainConfig:
     lr: float = 1e-3
     weights: tuple[float, float, float] = (1.0, 2.0, 0.1)
     seed: int = 0
+    checkpoint_every: int = 100  # steps between two states written (no number depends on it)
 
     def validate(self) -> None:
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be at least 1, got {self.checkpoint_every}")
         if self.steps < 1 or self.batch_size < 2:
             raise ValueError(f"need steps >= 1 and batch_size >= 2, got {self.steps}, {self.batch_size}")
         if not self.lr > 0 or any(not (w >= 0 and math.isfinite(w)) for w in self.weights) or len(self.weights) != 3:
@@ -76,10 +99,11 @@ class MetaTrainConfig:
     outer_optimizer: str = "adam"
     first_order: bool = False
     seed: int = 0
+    checkpoint_every: int = 100  # outer steps between two states written (no number depends on it)
 
     def validate(self) -> None:
-        if min(self.steps, self.k, self.l, self.tasks, self.inner_steps) < 1:
-            raise ValueError("steps, k, l, tasks and inner_steps must be at least 1")
+        if min(self.steps, self.k, self.l, self.tasks, self.inner_steps, self.checkpoint_every) < 1:
+            raise ValueError("steps, k, l, tasks, inner_steps and checkpoint_every must be at least 1")
         if not (self.inner_lr > 0 and self.outer_lr > 0):
             raise ValueError(f"need positive rates, got inner {self.inner_lr}, outer {self.outer_lr}")
         if self.outer_optimizer not in ("sgd", "adam"):
@@ -128,6 +152,97 @@ def _pairs(ids: Tensor, batch: int, g: torch.Generator) -> tuple[Tensor, Tensor]
     return a, b
 
 
+# ----------------------------------------------------------------------------- the run's state
+
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "faze_state.safetensors"
+STATE_FORMAT = "alfa-faze-state"
+
+
+def _step_generator(seed: int, step: int) -> torch.Generator:
+    """The generator of step ``step``'s draws: a function of ``(seed, step)`` only, so a resumed run draws alike."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    # More steps extend a run; how often its state is written changes no number.
+    return {k: v for k, v in config.items() if k not in ("steps", "checkpoint_every")}
+
+
+def _save_state(out: Path, model: FazeGaze, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
+    """The model's tensors, the optimizer's state and ``meta`` (header, steps done, …) as one atomic file."""
+    tensors = {f"model/{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tensors.update(optimizer_tensors(optimizer, "optimizer"))
+    refuse_non_finite(tensors, out / STATE_FILE)  # a diverged model stops the run; the last good state stays
+    write_tagged(out / STATE_FILE, tensors, STATE_FORMAT, meta)
+
+
+def _resume(
+    out: Path, model: FazeGaze, optimizer: torch.optim.Optimizer, header: dict[str, Any], steps: int
+) -> dict[str, Any]:
+    """Load the state of this run from ``out`` into ``model`` and ``optimizer``; its meta (``{}``: none, start
+    afresh). A ``model.safetensors`` without a state beside it is no file this run wrote: refused, not replaced."""
+    state = out / STATE_FILE
+    if not state.is_file():
+        if (out / MODEL_FILE).exists():
+            raise CheckpointError(
+                f"{out} already holds a {MODEL_FILE} but no {STATE_FILE}, so no run of this command wrote it; "
+                "use another output folder"
+            )
+        return {}
+    tensors, meta = read_tagged(state, STATE_FORMAT, "a FAZE training state")
+    saved = meta.get("header", {})
+    mine = json.loads(json.dumps(header))  # tuples become lists, as in the saved header
+    problems = [f"{key} differs" for key in mine if key != "config" and saved.get(key) != mine[key]]
+    if _comparable(saved.get("config", {})) != _comparable(mine["config"]):
+        problems.append(f"config {saved.get('config')} vs {mine['config']}")
+    if problems:
+        raise CheckpointError(
+            f"{state} is the state of another run ({'; '.join(problems)}); use another output folder, or delete it "
+            "to start over"
+        )
+    done = int(meta.get("step", 0))
+    if done > steps:
+        raise CheckpointError(f"{state}: this run has done {done} steps already, more than the {steps} asked")
+    model_tensors = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
+    load_state(model, model_tensors, source=str(state))
+    load_optimizer_tensors(optimizer, tensors, "optimizer")
+    return meta
+
+
+def _run_steps(
+    out: Path,
+    model: FazeGaze,
+    optimizer: torch.optim.Optimizer,
+    header: dict[str, Any],
+    config: FazeTrainConfig | MetaTrainConfig,
+    step_fn: Callable[[int], dict[str, float]],
+    desc: str,
+    progress: bool,
+) -> dict[str, Any]:
+    """Run ``step_fn(step)`` for the steps not done yet (resumed from ``out``'s state), writing the state every
+    ``config.checkpoint_every`` steps and after the last; the final state's meta (``last``: the last step's
+    values, ``seconds``: the run's time over all its sessions)."""
+    out.mkdir(parents=True, exist_ok=True)
+    meta = _resume(out, model, optimizer, header, config.steps)
+    done, seconds = int(meta.get("step", 0)), float(meta.get("seconds", 0.0))
+    if progress and done:
+        state = "complete" if done == config.steps else "resuming"
+        tqdm.write(f"{out}: {done} of {config.steps} steps found, {state}")
+    t0 = time.time()
+    bar = tqdm(range(done, config.steps), desc=desc, disable=not progress, initial=done, total=config.steps)
+    for step in bar:
+        last = step_fn(step)
+        if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+            elapsed = seconds + time.time() - t0
+            meta = {"header": header, "step": step + 1, "last": last, "seconds": elapsed}
+            _save_state(out, model, optimizer, meta)
+    return meta  # a finished run's own, when it had nothing left to do
+
+
+# ----------------------------------------------------------------------------- DT-ED and its gaze MLP
+
+
 def train_faze(
     dataset: GazeDataset,
     config: FazeTrainConfig,
@@ -136,7 +251,8 @@ def train_faze(
     model_kwargs: dict[str, Any] | None = None,
     progress: bool = True,
 ) -> tuple[FazeGaze, dict[str, Any]]:
-    """Train DT-ED and its gaze MLP on every person of ``dataset``; write ``out_dir/model.safetensors``."""
+    """Train DT-ED and its gaze MLP on every person of ``dataset``; write ``out_dir/model.safetensors``. Resumes
+    from ``out_dir``'s state (see the module's docstring)."""
     config.validate()
     persons = dataset.persons()
     indices, ids = _person_ids(dataset, persons)
@@ -147,30 +263,27 @@ def train_faze(
     torch.manual_seed(config.seed)
     model = faze_gaze(**kwargs)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    g = torch.Generator().manual_seed(config.seed)
+    data = {"name": dataset.name, "images": len(dataset), "persons": len(persons)}
+    header = {"stage": "faze-train", "data": data, "model_kwargs": kwargs, "config": dataclasses.asdict(config)}
     model.train()
-    t0, last = time.time(), {}
-    for _ in tqdm(range(config.steps), desc="faze train", disable=not progress):
-        a, b = _pairs(ids, config.batch_size, g)
+
+    def step(s: int) -> dict[str, float]:
+        a, b = _pairs(ids, config.batch_size, _step_generator(config.seed, s))
         pair = (images[a], images[b], gaze[a], gaze[b], head[a], head[b], ids[a])
         losses = dted_losses(model, pair, config.weights)
         if not torch.isfinite(losses.total):
-            raise FloatingPointError(f"faze train: the loss is {float(losses.total)} (NaN or infinite)")
+            raise FloatingPointError(f"faze train: the loss is {float(losses.total)} (NaN or infinite) at step {s + 1}")
         optimizer.zero_grad(set_to_none=True)
         losses.total.backward()
         optimizer.step()
-        last = {f.name: float(getattr(losses, f.name).detach()) for f in dataclasses.fields(losses)}
+        return {f.name: float(getattr(losses, f.name).detach()) for f in dataclasses.fields(losses)}
+
+    meta = _run_steps(Path(out_dir), model, optimizer, header, config, step, "faze train", progress)
     model.eval()
-    record = {
-        "stage": "faze-train",
-        "data": dataset.name,
-        "persons": len(persons),
-        "config": dataclasses.asdict(config),
-    }
-    record.update({"final_losses": last, "seconds": time.time() - t0})
+    record = {"stage": "faze-train", "data": dataset.name, "persons": len(persons)}
+    record.update({"config": dataclasses.asdict(config), "final_losses": meta["last"], "seconds": meta["seconds"]})
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_model(out / "model.safetensors", model, "faze_gaze", kwargs, extra={"faze": record}, input_size=(size, size))
+    save_model(out / MODEL_FILE, model, "faze_gaze", kwargs, extra={"faze": record}, input_size=(size, size))
     return model, record
 
 
@@ -203,7 +316,8 @@ def meta_train_faze(
 ) -> dict[str, Any]:
     """MAML of ``model.gaze_mlp`` (in place) over the persons of ``dataset`` on the frozen DT-ED's gaze codes;
     write ``out_dir/model.safetensors`` recording the inner rate and steps. ``saved`` is the trained model's
-    checkpoint config (its model arguments and input size are kept)."""
+    checkpoint config (its model arguments and input size are kept; its checksum names the start, so a state
+    begun from another checkpoint is refused). Resumes from ``out_dir``'s state (see the module's docstring)."""
     config.validate()
     if not isinstance(model, FazeGaze):
         raise ValueError(f"meta-training needs a FAZE checkpoint (alfa faze train), not a {type(model).__name__}")
@@ -213,31 +327,32 @@ def meta_train_faze(
         raise ValueError(f"{dataset.name}: {len(persons)} persons have k + l = {need} images; need {config.tasks}")
     codes = gaze_codes(model, dataset, persons)
     mlp = model.gaze_mlp
-    adam = torch.optim.Adam(mlp.parameters(), lr=config.outer_lr) if config.outer_optimizer == "adam" else None
-    g = torch.Generator().manual_seed(config.seed)
-    t0, losses = time.time(), []
-    for _ in tqdm(range(config.steps), desc="faze meta-train", disable=not progress):
+    # SGD without momentum is the review's θ ← θ − η ∇ (and has no state to keep)
+    optimizer_class = torch.optim.Adam if config.outer_optimizer == "adam" else torch.optim.SGD
+    optimizer = optimizer_class(mlp.parameters(), lr=config.outer_lr)
+    data = {"name": dataset.name, "images": len(dataset), "persons": len(persons)}
+    header = {"stage": "faze-meta-train", "data": data, "start": saved.get("checksum")}
+    header["config"] = dataclasses.asdict(config)
+
+    def step(s: int) -> dict[str, float]:
+        g = _step_generator(config.seed, s)
         chosen = torch.randperm(len(persons), generator=g)[: config.tasks].tolist()
         tasks = [_task(codes[persons[i]], config.k, config.l, g) for i in chosen]
         grads, loss = maml_gradients(mlp, tasks, config.inner_lr, config.inner_steps, config.first_order)
         if not math.isfinite(loss):
-            raise FloatingPointError(f"faze meta-train: the loss is {loss} (NaN or infinite)")
-        if adam is None:
-            apply_gradients(mlp, grads, config.outer_lr)
-        else:
-            for n, p in mlp.named_parameters():
-                p.grad = grads[n]
-            adam.step()
-        losses.append(loss)
+            raise FloatingPointError(f"faze meta-train: the loss is {loss} (NaN or infinite) at step {s + 1}")
+        apply_gradients(mlp, grads, optimizer)
+        return {"loss": loss}
+
+    meta = _run_steps(Path(out_dir), model, optimizer, header, config, step, "faze meta-train", progress)
+    model.eval()
     record = {"stage": "faze-meta-train", "data": dataset.name, "persons": len(persons)}
-    record.update({"config": dataclasses.asdict(config), "final_loss_deg": math.degrees(losses[-1])})
-    record["seconds"] = time.time() - t0
+    record.update({"config": dataclasses.asdict(config), "final_loss_deg": math.degrees(meta["last"]["loss"])})
+    record["seconds"] = meta["seconds"]
     extra = {**saved.get("extra", {}), "maml": record}
     size = saved.get("input_size")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     save_model(
-        out / "model.safetensors",
+        Path(out_dir) / MODEL_FILE,
         model,
         "faze_gaze",
         saved.get("model_kwargs", {}),

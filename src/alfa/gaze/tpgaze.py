@@ -42,7 +42,7 @@ from alfa.adapters import adapter_parameters, adapter_state, attach, detach, loa
 from alfa.adapters.io import _compare_fingerprints, base_fingerprint, refuse_non_finite
 from alfa.adapters.prompt import PromptedConv, TPGazeConfig
 from alfa.adapters.state import adapted_layers
-from alfa.checkpoint import CheckpointError, read_tagged, write_tagged
+from alfa.checkpoint import CheckpointError, load_optimizer_tensors, optimizer_tensors, read_tagged, write_tagged
 from alfa.fileio import write_json
 
 from .data.base import GazeDataset
@@ -217,33 +217,10 @@ def meta_step(
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer | None, prefix: str) -> dict[str, Tensor]:
-    if optimizer is None:
-        return {}
-    out = {}
-    for index, state in optimizer.state_dict()["state"].items():
-        for key, value in state.items():
-            out[f"{prefix}/{index}/{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
-    return out
-
-
-def _load_optimizer(optimizer: torch.optim.Optimizer | None, tensors: dict[str, Tensor], prefix: str) -> None:
-    if optimizer is None:
-        return
-    state: dict[int, dict[str, Tensor]] = {}
-    for name, value in tensors.items():
-        head, _, rest = name.partition("/")
-        if head != prefix:
-            continue
-        index, _, key = rest.partition("/")
-        state.setdefault(int(index), {})[key] = value
-    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
-
-
 def _save_state(path: Path, prompts: dict[str, nn.Parameter], optimizers: dict[str, Any], meta: dict[str, Any]) -> None:
     tensors = {f"prompt/{n}": p.detach().cpu().contiguous() for n, p in prompts.items()}
     for prefix, opt in optimizers.items():
-        tensors.update(_optimizer_tensors(opt, prefix))
+        tensors.update(optimizer_tensors(opt, prefix))
     refuse_non_finite(tensors, path)  # diverged prompts stop the meta-training; the last good state stays
     write_tagged(path, tensors, STATE_FORMAT, meta)
 
@@ -286,7 +263,7 @@ def _resume(
         for n, p in prompts.items():
             p.copy_(tensors[f"prompt/{n}"])
     for prefix, opt in optimizers.items():
-        _load_optimizer(opt, tensors, prefix)
+        load_optimizer_tensors(opt, tensors, prefix)
     return int(meta["epoch"]), list(meta.get("history", [])), dict(meta.get("initial_val_error", {}))
 
 

@@ -48,6 +48,8 @@ NODES: tuple[Node, ...] = (
     Node("base", "truncated base<br/>W ≈ U_d · V_base, recovered", "library"),
     Node("method", "adapter method<br/>alfa.adapters.METHODS", "library"),
     Node("recipe", "recipe and objective<br/>selected_recipes.json · OBJECTIVES", "application"),
+    Node("faze", "FAZE model<br/>DT-ED and gaze MLP, dense", "application"),
+    Node("adagen", "meta-learned FAZE<br/>AdaGEN: the gaze MLP by MAML", "application"),
     Node("adapters", "per-user adapters<br/>one safetensors file per person", "library"),
     Node("report", "per-person errors<br/>EvaluationReport", "application"),
     Node("demo", "runs/demo/…/results.json<br/>and per_person.png", "application"),
@@ -62,11 +64,15 @@ FLOWS: tuple[Flow, ...] = (
     Flow(("dataset",), "dense", "alfa.gaze.train.train_source"),
     Flow(("dense", "dataset"), "base", "alfa.gaze.train.truncate_and_recover"),
     Flow(("base", "method", "recipe", "dataset"), "adapters", "alfa.gaze.personalize.personalize_dataset"),
+    Flow(("dataset",), "faze", "alfa.gaze.faze_train.train_faze"),
+    Flow(("faze", "dataset"), "adagen", "alfa.gaze.faze_train.meta_train_faze"),
+    # user calibration from k labelled images, on any gaze model: dense, truncated, or FAZE's (PS-GEN)
+    Flow(("dense", "base", "adagen", "dataset"), "adapters", "alfa.gaze.calibrate.calibrate_dataset"),
     Flow(("base", "adapters", "dataset"), "report", "alfa.gaze.evaluate.evaluate"),
     Flow(("report",), "demo", "alfa.gaze.pipeline.run_demo"),
     Flow(("report",), "record", "alfa.study.bench.produce.produce_record"),
     Flow(("record",), "pages", "alfa.study.bench.report_page.build_report"),
-    Flow(("base", "adapters"), "served", "alfa.serve.MultiUserModel"),
+    Flow(("base", "dense", "adapters"), "served", "alfa.serve.MultiUserModel"),  # dense: calibrated users only
     Flow(("base", "adapters"), "onnx", "alfa.export.export_onnx"),
 )
 
