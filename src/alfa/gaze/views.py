@@ -1,0 +1,137 @@
+"""The views of a personalization batch: what each objective asks the batch to hold.
+
+A view is one transformed copy of the person's ``N`` images (the originals, their augmented copies, the
+horizontal flips of either, rotations about the camera axis of the images masked to their inscribed disc,
+...). An objective (:class:`alfa.gaze.objectives.Objective`) declares the views it needs, in order;
+:func:`alfa.gaze.personalize.build_batch` stacks them, ``N`` rows each, and the objective's loss reads its
+predictions back by view (:func:`view_rows`). The flip objectives declare :data:`FLIP_VIEWS`, the layout every
+objective had before views existed, so their batches are the same tensors as before.
+
+Roll views (:func:`rolled`) are made from the images masked to their inscribed disc (:func:`disc_mask`):
+:func:`alfa.gaze.geometry.roll_images` brings zeros into the corners, and the roll law holds only inside the
+disc. With the disc mask on both sides of the comparison, the unrolled and the rolled image show the same
+content (the disc) and the same black corners, so a residual is the model's inconsistency under the roll and
+not its reaction to black wedges that only one side has.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .geometry import roll_images
+
+__all__ = [
+    "View",
+    "VIEWS",
+    "FLIP_VIEWS",
+    "ROLL_DEGREES",
+    "register_view",
+    "disc_mask",
+    "rolled",
+    "roll_angle",
+    "build_views",
+    "view_rows",
+]
+
+
+@dataclass(frozen=True)
+class View:
+    """One view: its name and how it is made from the ``(N, 3, H, W)`` originals and their augmented copies.
+    ``roll`` is the view's roll about the camera axis in radians (0 for an unrolled one)."""
+
+    name: str
+    build: Callable[[Tensor, Tensor], Tensor]
+    roll: float = 0.0
+
+
+VIEWS: dict[str, View] = {}
+"""Every view by name."""
+
+
+def register_view(view: View) -> View:
+    """Add ``view`` to :data:`VIEWS` (a name may be registered once)."""
+    if view.name in VIEWS:
+        raise ValueError(f"view {view.name!r} is already registered")
+    VIEWS[view.name] = view
+    return view
+
+
+def disc_mask(size: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``(size, size)`` ones on the pixels whose centres lie inside the image's inscribed circle, zeros outside
+    (the part of a square image that a rotation about its centre keeps inside the image)."""
+    centre = (size - 1) / 2
+    coords = torch.arange(size, dtype=torch.float64) - centre
+    radius2 = coords[:, None] ** 2 + coords[None, :] ** 2
+    return (radius2 <= (size / 2) ** 2).to(dtype)
+
+
+def _disc(images: Tensor) -> Tensor:
+    return images * disc_mask(images.shape[-1], images.dtype).to(images.device)
+
+
+def _flip(images: Tensor) -> Tensor:
+    return torch.flip(images, dims=[-1])
+
+
+ROLL_DEGREES = 8.0
+"""The roll of the roll views, ±8°, fixed (declared from the worlds, never from an error): the narrowest
+source's head roll (ETH's and the studio's: σ = 4°, clipped at 3σ = 12°; Gaze360's σ is 6°, the targets' 3°;
+``alfa.gaze.data.synthetic.domains``) is 2σ = 8°, so a face of typical roll (within 1σ) rolled by it stays
+inside the 12° the source model was trained on. Fixed rather than drawn per step: the personalization batch
+is built once per person (the augmented copies are fixed over the steps too), and a ± pair keeps the batch's
+mean roll at zero."""
+
+
+def rolled(name: str, degrees: float, augmented: bool = False) -> View:
+    """The view of the disc-masked originals (or augmented copies) rolled by ``degrees`` about the camera axis."""
+    angle = math.radians(degrees)
+
+    def build(images: Tensor, aug: Tensor) -> Tensor:
+        source = _disc(aug if augmented else images)
+        return source if angle == 0.0 else roll_images(source, angle)
+
+    return View(name, build, angle)
+
+
+for _view in (
+    View("original", lambda images, aug: images),
+    View("augmented", lambda images, aug: aug),
+    View("flipped", lambda images, aug: _flip(images)),
+    View("flipped augmented", lambda images, aug: _flip(aug)),
+    rolled("disc", 0.0),
+    rolled("disc augmented", 0.0, augmented=True),
+    rolled(f"disc rolled +{ROLL_DEGREES:g}°", ROLL_DEGREES),
+    rolled(f"disc rolled -{ROLL_DEGREES:g}°", -ROLL_DEGREES),
+    rolled(f"disc augmented rolled +{ROLL_DEGREES:g}°", ROLL_DEGREES, augmented=True),
+    rolled(f"disc augmented rolled -{ROLL_DEGREES:g}°", -ROLL_DEGREES, augmented=True),
+):
+    register_view(_view)
+
+FLIP_VIEWS = ("original", "augmented", "flipped", "flipped augmented")
+"""The flip objectives' views: ``[originals | augmented | flipped originals | flipped augmented]``."""
+
+
+def roll_angle(name: str) -> float:
+    """The roll of view ``name`` in radians."""
+    return VIEWS[name].roll
+
+
+def build_views(images: Tensor, augmented: Tensor, views: Sequence[str]) -> Tensor:
+    """The batch ``(len(views)·N, 3, H, W)``: each view of ``images`` (with ``augmented``, their augmented
+    copies) in the order of ``views``."""
+    unknown = [v for v in views if v not in VIEWS]
+    if unknown:
+        raise ValueError(f"unknown view(s) {unknown}; views are {', '.join(VIEWS)}")
+    return torch.cat([VIEWS[v].build(images, augmented) for v in views])
+
+
+def view_rows(pred: Tensor, views: Sequence[str]) -> dict[str, Tensor]:
+    """The rows of ``pred`` (the predictions on a batch of :func:`build_views`) by view name."""
+    if not views or pred.shape[0] % len(views):
+        raise ValueError(f"{pred.shape[0]} predictions do not split into the {len(views)} views {tuple(views)}")
+    return dict(zip(views, pred.chunk(len(views))))

@@ -1,0 +1,122 @@
+"""The roll-consistency objective: its views, its loss, and what it sees that the flip cannot (a constant pitch
+offset), on a toy model that obeys the roll law exactly; its gradients reach exactly an adapter's parameters."""
+
+import math
+
+import pytest
+import torch
+from tiny_models import TinyGazeNet
+from torch import nn
+
+import alfa
+from alfa.gaze.geometry import flip_yaw, roll_gaze, roll_images, vector_to_pitchyaw
+from alfa.gaze.losses import flip_symmetry_loss, roll_consistency_loss
+from alfa.gaze.objectives import FLIP_ROLL_VIEWS, OBJECTIVES, ROLL_VIEWS
+from alfa.gaze.personalize import PersonalizeConfig, build_batch
+from alfa.gaze.views import FLIP_VIEWS, ROLL_DEGREES, VIEWS, disc_mask, view_rows
+
+ANGLE = math.radians(ROLL_DEGREES)
+
+
+class BlobGaze(nn.Module):
+    """A toy gaze model that obeys the roll law: the gaze points along ``(−u, −v, 1)``, ``(u, v)`` the
+    brightness centroid of the image about its centre (pixel right and down are −x and −y of the camera frame),
+    plus a trainable constant ``offset`` (yaw, pitch), the error a source model may carry."""
+
+    def __init__(self, offset=(0.0, 0.0)) -> None:
+        super().__init__()
+        self.offset = nn.Parameter(torch.tensor(offset, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = x.mean(1)
+        size = w.shape[-1]
+        coords = (torch.arange(size, dtype=x.dtype) - (size - 1) / 2) / size
+        mass = w.sum((1, 2))
+        u = (w * coords[None, None, :]).sum((1, 2)) / mass
+        v = (w * coords[None, :, None]).sum((1, 2)) / mass
+        return vector_to_pitchyaw(torch.stack((-u, -v, torch.ones_like(u)), -1)) + self.offset
+
+
+def _blobs(n: int = 3, size: int = 32) -> torch.Tensor:
+    """Smooth bright blobs well inside the inscribed disc, on black (so masking and rolling lose nothing)."""
+    g = torch.Generator().manual_seed(1)
+    centres = (torch.rand(n, 2, generator=g) - 0.5) * 0.4 * size
+    yy, xx = torch.meshgrid(torch.arange(size) - (size - 1) / 2, torch.arange(size) - (size - 1) / 2, indexing="ij")
+    d2 = (xx[None] - centres[:, 0, None, None]) ** 2 + (yy[None] - centres[:, 1, None, None]) ** 2
+    return torch.exp(-d2 / 8.0)[:, None].expand(n, 3, size, size).contiguous()
+
+
+def test_the_roll_loss_is_zero_for_a_roll_equivariant_prediction_and_sees_a_pitch_offset_the_flip_cannot():
+    gaze = torch.tensor([[0.2, -0.1], [-0.3, 0.25], [0.05, 0.4]])
+    for angle in (ANGLE, -ANGLE):
+        assert roll_consistency_loss(gaze, roll_gaze(gaze, angle), angle).item() < 1e-6
+    offset = torch.tensor([0.0, 0.1])
+    biased = roll_consistency_loss(gaze + offset, roll_gaze(gaze, ANGLE) + offset, ANGLE).item()
+    # about |b − Roll_{−θ}(b)|_1 = 0.1·(sin θ + 1 − cos θ) per image
+    assert biased == pytest.approx(0.1 * (math.sin(ANGLE) + 1 - math.cos(ANGLE)), rel=0.1)
+    assert flip_symmetry_loss(gaze + offset, flip_yaw(gaze) + offset).item() == 0.0  # the flip's blind spot
+
+
+def test_the_roll_batch_holds_the_declared_views_and_the_flip_batch_is_unchanged():
+    images = torch.rand(2, 3, 16, 16)
+    flip_batch = build_batch(images, PersonalizeConfig(), seed=3)
+    assert torch.equal(flip_batch, torch.cat([flip_batch[:4], torch.flip(flip_batch[:4], dims=[-1])]))
+    assert OBJECTIVES["flip"].views == OBJECTIVES["augment"].views == FLIP_VIEWS
+    roll = view_rows(build_batch(images, PersonalizeConfig(loss="roll"), seed=3), ROLL_VIEWS)
+    disc = images * disc_mask(16)
+    assert torch.equal(roll["disc"], disc) and torch.equal(roll["disc augmented"], flip_batch[2:4] * disc_mask(16))
+    assert torch.equal(roll[f"disc rolled +{ROLL_DEGREES:g}°"], roll_images(disc, ANGLE))
+    assert torch.equal(roll[f"disc rolled -{ROLL_DEGREES:g}°"], roll_images(disc, -ANGLE))
+    both = build_batch(images, PersonalizeConfig(loss="flip+roll"), seed=3)
+    assert both.shape[0] == 2 * len(FLIP_ROLL_VIEWS) and torch.equal(both[:8], flip_batch)
+    assert disc_mask(4).tolist() == [[0, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 0]]
+    assert VIEWS["disc"].roll == 0.0 and VIEWS[f"disc rolled -{ROLL_DEGREES:g}°"].roll == pytest.approx(-ANGLE)
+
+
+@pytest.mark.parametrize("loss", ["roll", "flip"])
+def test_on_a_model_that_obeys_the_roll_law_only_an_offset_is_penalized_and_the_roll_pulls_the_pitch_back(loss):
+    images = _blobs()
+    config = PersonalizeConfig(loss=loss)
+    batch = build_batch(images, config, seed=0)
+    objective = OBJECTIVES[loss].loss
+    assert objective(BlobGaze()(batch), config).item() < 2e-3  # the law holds: nothing to correct
+    model = BlobGaze(offset=(0.0, 0.1))
+    value = objective(model(batch), config)
+    value.backward()
+    if loss == "flip":  # a shared pitch offset is invisible to the flip: the loss does not change
+        assert value.item() == pytest.approx(objective(BlobGaze()(batch), config).item(), abs=1e-6)
+        return
+    assert value.item() > 5e-3
+    assert model.offset.grad[1].item() > 0  # a descent step lowers the offset's pitch toward 0
+    # the L1 residual's gradient is its sign times about sin θ (the yaw residual a pitch offset makes): plain
+    # steps walk the pitch back from 0.1
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(20):
+        optimizer.zero_grad()
+        objective(model(batch), config).backward()
+        optimizer.step()
+    assert abs(model.offset[1].item()) < 0.02
+
+
+def test_flip_plus_roll_is_the_sum_of_the_flip_loss_on_its_flip_views_and_the_roll_loss_on_its_roll_views():
+    torch.manual_seed(0)
+    pred = torch.randn(2 * len(FLIP_ROLL_VIEWS), 2)  # N = 2
+    settings = PersonalizeConfig(detach_flipped=False)
+    want = OBJECTIVES["flip"].loss(pred[:8], settings) + OBJECTIVES["roll"].loss(pred[8:], settings)
+    assert OBJECTIVES["flip+roll"].loss(pred, settings).item() == pytest.approx(want.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["roll", "flip+roll", "ruda"])
+def test_gradients_reach_exactly_the_adapters_trainable_parameters(loss):
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    alfa.truncate(model, rank=8)
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=4))
+    config = PersonalizeConfig(loss=loss)
+    batch = build_batch(torch.rand(3, 3, 32, 32), config, seed=0)
+    OBJECTIVES[loss].loss(model(batch), config).backward()
+    trainable = set(alfa.adapter_parameters(model))
+    reached = {name for name, p in model.named_parameters() if p.grad is not None}
+    assert trainable and reached == trainable  # every adapter tensor, and nothing of the frozen base
+    # (a zero-initialized factor makes its partner's first gradient zero, so the sum is what must move)
+    assert sum(model.get_parameter(name).grad.abs().sum() for name in trainable) > 0
