@@ -2,18 +2,25 @@
 offset), on a toy model that obeys the roll law exactly; its gradients reach exactly an adapter's parameters."""
 
 import math
+import types
 
 import pytest
 import torch
+from test_bench import tiny
 from tiny_models import TinyGazeNet
 from torch import nn
 
 import alfa
+import alfa.study.bench.produce as produce
 from alfa.gaze.geometry import flip_yaw, roll_gaze, roll_images, vector_to_pitchyaw
 from alfa.gaze.losses import flip_symmetry_loss, roll_consistency_loss
 from alfa.gaze.objectives import FLIP_ROLL_VIEWS, OBJECTIVES, ROLL_VIEWS
 from alfa.gaze.personalize import PersonalizeConfig, build_batch
+from alfa.gaze.recipes import RECIPE_GRID
 from alfa.gaze.views import FLIP_VIEWS, ROLL_DEGREES, VIEWS, disc_mask, view_rows
+from alfa.study.bench.plan import grid_plan, plan_records
+from alfa.study.bench.schema import config_hash
+from alfa.study.bench.variants import GRID
 
 ANGLE = math.radians(ROLL_DEGREES)
 
@@ -120,3 +127,39 @@ def test_gradients_reach_exactly_the_adapters_trainable_parameters(loss):
     assert trainable and reached == trainable  # every adapter tensor, and nothing of the frozen base
     # (a zero-initialized factor makes its partner's first gradient zero, so the sum is what must move)
     assert sum(model.get_parameter(name).grad.abs().sum() for name in trainable) > 0
+
+
+def test_the_declared_recipe_grid_keeps_the_objective_and_a_method_is_selected_under_it(tmp_path, monkeypatch):
+    """The recipe selection takes the roll objective as it takes the flip: every recipe of the declared grid
+    applied to a roll recipe is still a roll recipe, and ``alfa[loss=roll]`` gets its own selection record (the
+    grid on the stand-in, run with the roll loss) and selected row, next to Alfa's own, whose hash is unchanged."""
+    assert {r.apply(PersonalizeConfig(loss="roll")).loss for r in RECIPE_GRID} == {"roll"}
+    config = tiny(methods=(), selected_methods=("alfa", "alfa[loss=roll]"))
+    config.validate()
+    plans = {p.id: p for p in plan_records(config)}
+    grid, row = plans["alfa[loss=roll][grid]|E→stand-in|seed0"], plans["alfa[loss=roll][selected]|E→M|seed0"]
+    assert grid.variant.recipe == row.variant.recipe == {"loss": "roll"} and row.variant.selected
+    assert grid_plan(config, row).id == grid.id
+    assert plans[f"alfa{GRID}|E→stand-in|seed0"].variant.recipe == {}  # Alfa's own selection as it was
+    with pytest.raises(ValueError, match="no recipe selection"):
+        tiny(selected_methods=("alfa[loss=nope]",)).validate()
+    # its hash differs from Alfa's own selection's (which the smoke preset's pinned digest keeps as it was)
+    scored = types.SimpleNamespace(spec="stand-in", fingerprint="f")
+    hashes = {
+        config_hash(config, p, "model", scored, torch.device("cpu"))
+        for p in (grid, plans[f"alfa{GRID}|E→stand-in|seed0"])
+    }
+    assert len(hashes) == 2
+    # the grid runs with the roll loss: its first run is caught before it trains (a stand-in of no persons)
+    seen = []
+
+    def first_run(model, data, method, recipe, *args, **kwargs):
+        seen.append(recipe.loss)
+        raise KeyboardInterrupt
+
+    standin = types.SimpleNamespace(data=types.SimpleNamespace(persons=lambda: []), spec="stand-in")
+    session = types.SimpleNamespace(config=config, stand_in=lambda source: standin, adapter_dir=lambda plan: tmp_path)
+    monkeypatch.setattr(produce, "personalize_dataset", first_run)
+    with pytest.raises(KeyboardInterrupt):
+        produce._run_selection(session, None, grid, {})
+    assert seen == ["roll"]
