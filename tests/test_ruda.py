@@ -73,3 +73,4 @@ def test_a_ruda_record_is_produced_when_asked_for_and_planned_by_no_default_run(
     # a row of Table 1, of the persons table and of the cost table once it has records
     text = render_report(load_results(tmp_path))
     assert text.count("| RUDA (rotation consistency, whole network) |") == 3
+    assert "- **RUDA** (rotation-enhanced UDA" in text and "AdamW lr 0.0001 on every parameter, 2 steps" in text
