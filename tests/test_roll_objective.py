@@ -45,7 +45,7 @@ class BlobGaze(nn.Module):
 
 
 def _blobs(n: int = 3, size: int = 32) -> torch.Tensor:
-    """Smooth bright blobs well inside the inscribed disc, on black (so masking and rolling lose nothing)."""
+    """Smooth bright blobs well inside the inscribed disc, on black (so a roll inside the disc loses nothing)."""
     g = torch.Generator().manual_seed(1)
     centres = (torch.rand(n, 2, generator=g) - 0.5) * 0.4 * size
     yy, xx = torch.meshgrid(torch.arange(size) - (size - 1) / 2, torch.arange(size) - (size - 1) / 2, indexing="ij")
@@ -70,14 +70,17 @@ def test_the_roll_batch_holds_the_declared_views_and_the_flip_batch_is_unchanged
     assert torch.equal(flip_batch, torch.cat([flip_batch[:4], torch.flip(flip_batch[:4], dims=[-1])]))
     assert OBJECTIVES["flip"].views == OBJECTIVES["augment"].views == FLIP_VIEWS
     roll = view_rows(build_batch(images, PersonalizeConfig(loss="roll"), seed=3), ROLL_VIEWS)
-    disc = images * disc_mask(16)
-    assert torch.equal(roll["disc"], disc) and torch.equal(roll["disc augmented"], flip_batch[2:4] * disc_mask(16))
-    assert torch.equal(roll[f"disc rolled +{ROLL_DEGREES:g}°"], roll_images(disc, ANGLE))
-    assert torch.equal(roll[f"disc rolled -{ROLL_DEGREES:g}°"], roll_images(disc, -ANGLE))
+    assert torch.equal(roll["original"], images) and torch.equal(roll["augmented"], flip_batch[2:4])
+    disc = disc_mask(16)
+    for sign in ("+", "-"):  # rolled inside the inscribed disc, the corners kept
+        view = roll[f"rolled {sign}{ROLL_DEGREES:g}°"]
+        angle = ANGLE if sign == "+" else -ANGLE
+        assert torch.equal(view * disc, roll_images(images, angle) * disc)
+        assert torch.equal(view * (1 - disc), images * (1 - disc))
     both = build_batch(images, PersonalizeConfig(loss="flip+roll"), seed=3)
     assert both.shape[0] == 2 * len(FLIP_ROLL_VIEWS) and torch.equal(both[:8], flip_batch)
     assert disc_mask(4).tolist() == [[0, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 0]]
-    assert VIEWS["disc"].roll == 0.0 and VIEWS[f"disc rolled -{ROLL_DEGREES:g}°"].roll == pytest.approx(-ANGLE)
+    assert VIEWS["original"].roll == 0.0 and VIEWS[f"rolled -{ROLL_DEGREES:g}°"].roll == pytest.approx(-ANGLE)
 
 
 @pytest.mark.parametrize("loss", ["roll", "flip"])

@@ -24,7 +24,7 @@ from alfa.study.bench.runner import run_bench
 ANGLES = torch.tensor([roll_angle(v) for v in RUDA_VIEWS])
 
 
-def test_the_views_are_the_disc_rolled_by_minus_zero_and_plus_the_declared_angle():
+def test_the_views_are_the_images_rolled_by_minus_zero_and_plus_the_declared_angle():
     assert ANGLES.tolist() == pytest.approx([-math.radians(ROLL_DEGREES), 0.0, math.radians(ROLL_DEGREES)])
     assert OBJECTIVES["ruda"].views == RUDA_VIEWS
 

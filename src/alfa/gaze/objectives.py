@@ -7,9 +7,9 @@ adapter is trained on. It declares the views the batch holds (:mod:`alfa.gaze.vi
 of those ``2·N`` in the same order, so ``pred`` has ``4·N`` rows ``[originals | augmented | flipped originals
 | flipped augmented]`` (the one layout before views existed: those batches and numbers are unchanged).
 
-The roll objective (``roll``) asks the same of a roll about the camera axis: the prediction on the
-disc-masked image rolled by ±:data:`~alfa.gaze.views.ROLL_DEGREES`, rolled back, should be the prediction on
-the disc-masked image. ``flip+roll`` is the sum of the two losses. ``ruda`` is RUDA's rotation distribution
+The roll objective (``roll``) asks the same of a roll about the camera axis: the prediction on the image
+rolled by ±:data:`~alfa.gaze.views.ROLL_DEGREES` inside its inscribed disc, rolled back, should be the
+prediction on the image. ``flip+roll`` is the sum of the two losses. ``ruda`` is RUDA's rotation distribution
 loss (:mod:`alfa.gaze.ruda` is the method that trains with it).
 
 Adding an objective is one :func:`register_objective` call: ``alfa personalize --loss`` offers it, the
@@ -93,18 +93,18 @@ def _augment(pred: Tensor, settings: ObjectiveSettings) -> Tensor:
 
 
 _PLUS, _MINUS = f"+{ROLL_DEGREES:g}°", f"-{ROLL_DEGREES:g}°"
-# (unrolled view, its rolled views): the disc-masked originals and augmented copies, each rolled both ways
+# (unrolled view, its rolled views): the originals and the augmented copies, each rolled both ways
 _ROLL_PAIRS = (
-    ("disc", (f"disc rolled {_PLUS}", f"disc rolled {_MINUS}")),
-    ("disc augmented", (f"disc augmented rolled {_PLUS}", f"disc augmented rolled {_MINUS}")),
+    ("original", (f"rolled {_PLUS}", f"rolled {_MINUS}")),
+    ("augmented", (f"augmented rolled {_PLUS}", f"augmented rolled {_MINUS}")),
 )
 ROLL_VIEWS = tuple(v for unrolled, rolled in _ROLL_PAIRS for v in (unrolled, *rolled))
-"""The roll objective's views: the disc-masked originals, them rolled by ±8°, then the same of the augmented
-copies (``6·N`` rows)."""
+"""The roll objective's views: the originals, them rolled by ±8° inside their inscribed disc, then the same of
+the augmented copies (``6·N`` rows)."""
 FLIP_ROLL_VIEWS = FLIP_VIEWS + ROLL_VIEWS
 """``flip+roll``'s views: the flip's ``4·N`` rows, then the roll's ``6·N``."""
-RUDA_VIEWS = (f"disc rolled {_MINUS}", "disc", f"disc rolled {_PLUS}")
-"""RUDA's views: each disc-masked original rolled by −8°, 0° and +8° (``3·N`` rows)."""
+RUDA_VIEWS = (f"rolled {_MINUS}", "original", f"rolled {_PLUS}")
+"""RUDA's views: each original rolled by −8°, 0° and +8° inside its inscribed disc (``3·N`` rows)."""
 
 
 def _roll_terms(rows: dict[str, Tensor]) -> Tensor:

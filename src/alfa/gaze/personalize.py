@@ -11,7 +11,7 @@ The recipe, per person:
 4. loss: flip symmetry ``mean_k ||f(I_k) − FlipYaw(f(flip I_k))||_1`` over the 10 (flipped branch
    detached by default), or the augmentation-consistency alternative; another registered objective
    (:mod:`alfa.gaze.objectives`: roll consistency, flip+roll, RUDA's) declares the views its batch holds
-   instead of the flips (:mod:`alfa.gaze.views`: rolls of the disc-masked images), still one batch per step;
+   instead of the flips (:mod:`alfa.gaze.views`: rolls inside the inscribed disc), still one batch per step;
 5. AdamW on the adapter parameters only, base lr 1e-4, ×10 for ResNet-18's ``layer3``/``layer4``;
    the model stays in eval mode (BatchNorm statistics frozen); a fixed number of steps; the last step
    is the result.

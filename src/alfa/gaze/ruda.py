@@ -12,15 +12,15 @@ benchmark's Table 1):
 
 * **faithful**: the rotation-consistency objective with the relative-rotation sub-labels and the distribution
   loss (:func:`alfa.gaze.losses.rotation_distribution_loss`, the objective ``"ruda"`` of
-  :mod:`alfa.gaze.objectives`): per image, the predictions on its copies rolled by −8°, 0° and +8°, each
+  :mod:`alfa.gaze.objectives`): per image, the predictions on it rolled by −8°, 0° and +8°, each
   rolled back by its own angle, and the standard deviation of those three estimates (per angle, summed over
   yaw and pitch, averaged over the images); nothing detached. What is adapted: every parameter of the network
-  (:class:`alfa.FullFinetuneConfig`), as RUDA adapts the whole gaze network (our ResNet-18 is the paper's
-  backbone kind).
+  (:class:`alfa.FullFinetuneConfig`), as RUDA adapts the whole gaze network (here the benchmark's ResNet-18,
+  every layer of it).
 * **declared, not the paper's**: the angles (±8° and 0°: the same declared roll as the roll objective's,
-  :data:`alfa.gaze.views.ROLL_DEGREES`, from the worlds' head-roll spread); the images are masked to their
-  inscribed disc before rolling (the law holds only there; the paper's crops keep the black corners a roll
-  brings in); no labelled source batch during adaptation (the per-person protocol: nothing but the person's
+  :data:`alfa.gaze.views.ROLL_DEGREES`, from the worlds' head-roll spread); the images are rolled inside their
+  inscribed disc, the corners kept (the law holds only in the disc: :mod:`alfa.gaze.views` says why this way);
+  no labelled source batch during adaptation (the per-person protocol: nothing but the person's
   images, unlike the paper's domain-level setting); no rotation-enhanced pre-training of the source model (the
   paper's first stage: every row here adapts the same source model); the optimizer and steps are the shared
   recipe's (AdamW, 10 steps, BatchNorm statistics frozen) with one learning rate of 1e-4 on every parameter,

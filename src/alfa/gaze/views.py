@@ -1,17 +1,19 @@
 """The views of a personalization batch: what each objective asks the batch to hold.
 
 A view is one transformed copy of the person's ``N`` images (the originals, their augmented copies, the
-horizontal flips of either, rotations about the camera axis of the images masked to their inscribed disc,
-...). An objective (:class:`alfa.gaze.objectives.Objective`) declares the views it needs, in order;
+horizontal flips of either, their rolls about the camera axis, ...). An objective
+(:class:`alfa.gaze.objectives.Objective`) declares the views it needs, in order;
 :func:`alfa.gaze.personalize.build_batch` stacks them, ``N`` rows each, and the objective's loss reads its
 predictions back by view (:func:`view_rows`). The flip objectives declare :data:`FLIP_VIEWS`, the layout every
 objective had before views existed, so their batches are the same tensors as before.
 
-Roll views (:func:`rolled`) are made from the images masked to their inscribed disc (:func:`disc_mask`):
-:func:`alfa.gaze.geometry.roll_images` brings zeros into the corners, and the roll law holds only inside the
-disc. With the disc mask on both sides of the comparison, the unrolled and the rolled image show the same
-content (the disc) and the same black corners, so a residual is the model's inconsistency under the roll and
-not its reaction to black wedges that only one side has.
+A roll view (:func:`rolled`) rolls the image **inside its inscribed disc** (:func:`disc_mask`) and keeps the
+corners of the unrolled image: :func:`alfa.gaze.geometry.roll_images` brings zeros into the corners, and the roll
+law holds only inside the disc. Of the three ways, a plain roll puts black wedges in the rolled image only;
+masking both images to the disc makes the law exact but moves every prediction, the unrolled ones too, away
+from those on the images as they are scored (a model reacts to black corners); a roll inside the disc leaves
+the unrolled branch the image itself and brings in no black. The last is what the views do (the corners of a
+rolled view are those of the unrolled image, a small seam at the circle: they carry little of the gaze).
 """
 
 from __future__ import annotations
@@ -70,10 +72,6 @@ def disc_mask(size: int, dtype: torch.dtype = torch.float32) -> Tensor:
     return (radius2 <= (size / 2) ** 2).to(dtype)
 
 
-def _disc(images: Tensor) -> Tensor:
-    return images * disc_mask(images.shape[-1], images.dtype).to(images.device)
-
-
 def _flip(images: Tensor) -> Tensor:
     return torch.flip(images, dims=[-1])
 
@@ -88,12 +86,14 @@ mean roll at zero."""
 
 
 def rolled(name: str, degrees: float, augmented: bool = False) -> View:
-    """The view of the disc-masked originals (or augmented copies) rolled by ``degrees`` about the camera axis."""
+    """The view of the originals (or augmented copies) rolled by ``degrees`` about the camera axis inside their
+    inscribed disc, the corners kept as they were."""
     angle = math.radians(degrees)
 
     def build(images: Tensor, aug: Tensor) -> Tensor:
-        source = _disc(aug if augmented else images)
-        return source if angle == 0.0 else roll_images(source, angle)
+        source = aug if augmented else images
+        mask = disc_mask(source.shape[-1], source.dtype).to(source.device)
+        return roll_images(source, angle) * mask + source * (1 - mask)
 
     return View(name, build, angle)
 
@@ -103,12 +103,10 @@ for _view in (
     View("augmented", lambda images, aug: aug),
     View("flipped", lambda images, aug: _flip(images)),
     View("flipped augmented", lambda images, aug: _flip(aug)),
-    rolled("disc", 0.0),
-    rolled("disc augmented", 0.0, augmented=True),
-    rolled(f"disc rolled +{ROLL_DEGREES:g}°", ROLL_DEGREES),
-    rolled(f"disc rolled -{ROLL_DEGREES:g}°", -ROLL_DEGREES),
-    rolled(f"disc augmented rolled +{ROLL_DEGREES:g}°", ROLL_DEGREES, augmented=True),
-    rolled(f"disc augmented rolled -{ROLL_DEGREES:g}°", -ROLL_DEGREES, augmented=True),
+    rolled(f"rolled +{ROLL_DEGREES:g}°", ROLL_DEGREES),
+    rolled(f"rolled -{ROLL_DEGREES:g}°", -ROLL_DEGREES),
+    rolled(f"augmented rolled +{ROLL_DEGREES:g}°", ROLL_DEGREES, augmented=True),
+    rolled(f"augmented rolled -{ROLL_DEGREES:g}°", -ROLL_DEGREES, augmented=True),
 ):
     register_view(_view)
 

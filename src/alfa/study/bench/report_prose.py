@@ -157,7 +157,7 @@ PROTOCOL_BULLETS: dict[str, tuple[str, ...]] = {
 RUDA_WORDS = (
     "**RUDA** (rotation-enhanced UDA, Bao et al., CVPR 2022; `alfa.gaze.ruda`, `docs/gaze.md` §3), per person on",
     "the same adaptation images: every parameter of the base fine-tuned with its rotation-consistency objective",
-    "(`{loss}`: each image, masked to its inscribed disc, rolled by −{degrees:g}°, 0° and +{degrees:g}°, and the",
+    "(`{loss}`: each image rolled by −{degrees:g}°, 0° and +{degrees:g}° inside its inscribed disc, and the",
     "standard deviation of the predictions rolled back by their own angles), AdamW lr {lr} on every parameter,",
     "{steps} steps, BatchNorm in eval mode. Not the paper's: the rotation-enhanced source pre-training (its first",
     "stage; every row here adapts the same source model), and its domain-level adaptation (here one person's",
