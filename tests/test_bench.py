@@ -203,6 +203,8 @@ def test_plan_deduplicates_ablation_defaults():
         "alfa[H=1]|E→M|seed0",
         "source-only|E→M|seed0",
         "alfa[loss=augment]|E→M|seed0",
+        "alfa[loss=roll]|E→M|seed0",
+        "alfa[loss=flip+roll]|E→M|seed0",
         "alfa|G→D|seed0",
     ]
     lrs = ablation_variants("lr", tiny(lr_values=(1e-5, 1e-4)))

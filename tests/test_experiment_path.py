@@ -140,6 +140,11 @@ def test_the_smoke_preset_record_hashes_are_unchanged(version_0_1_0, tmp_path, m
     monkeypatch.setattr(session_module, "data_fingerprint", structure)
     config = BenchConfig.smoke(worlds="v1", target_draw="fixed")
     session = Session(config, tmp_path, tmp_path / "cache", progress=False)
-    hashes = [session.record_hash(plan) for plan in plan_records(config)]
+    plans = plan_records(config)
+    # the loss ablation's rows of the roll objectives and RUDA's rows (issue 26) are new records; the first 54
+    # hash as they did
+    new = {"alfa[loss=roll]|E→M|seed0", "alfa[loss=flip+roll]|E→M|seed0", "ruda|E→M|seed0", "ruda|S→W|seed0"}
+    assert new <= {p.id for p in plans}
+    hashes = [session.record_hash(plan) for plan in plans if plan.id not in new]
     assert len(hashes) == 54
     assert hashlib.sha256(" ".join(hashes).encode()).hexdigest()[:16] == "ec801a1426b4e123"

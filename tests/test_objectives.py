@@ -52,7 +52,8 @@ def test_the_built_in_objectives_are_the_flip_and_augmentation_losses():
 def test_a_name_is_registered_once_and_an_unknown_loss_is_refused(dummy):
     with pytest.raises(ValueError, match="already registered"):
         register_objective(Objective("pitch-zero", "again", _mean_pitch))
-    with pytest.raises(ValueError, match=r"loss must be one of \('flip', 'augment', 'pitch-zero'\), got 'nope'"):
+    built_in = r"'flip', 'augment', 'roll', 'flip\+roll', 'ruda'"
+    with pytest.raises(ValueError, match=rf"loss must be one of \({built_in}, 'pitch-zero'\), got 'nope'"):
         PersonalizeConfig(loss="nope").validate()
 
 
@@ -93,7 +94,9 @@ def test_without_a_registered_objective_the_loss_ablation_is_the_built_in_one():
         methods=(), selected_methods=(), default_methods=(), ablations=("loss",), pairs=("E→M",), seeds=(0,)
     )
     labels = [row["label"] for row in layout(config)["ablations"]["loss"]]
-    assert labels == ["source-only", "alfa", "alfa[loss=augment]"]
+    # the built-in objectives of the ablation: RUDA's loss is a row of its own (ablation=False), not one of these
+    assert labels == ["source-only", "alfa", "alfa[loss=augment]", "alfa[loss=roll]", "alfa[loss=flip+roll]"]
+    assert not OBJECTIVES["ruda"].ablation
     assert dataclasses.replace(config.personalize).loss == "flip"
 
 

@@ -1,4 +1,5 @@
-"""Losses of the gaze stack: supervised L1, flip symmetry (spec §4) and augmentation consistency.
+"""Losses of the gaze stack: supervised L1, flip symmetry (spec §4), augmentation consistency, roll consistency
+and RUDA's rotation distribution loss.
 
 Every loss here has the same reduction: the L1 norm over the two angles ``(yaw, pitch)`` of each
 image, then the mean over images, i.e. ``mean_k ||a_k − b_k||_1`` as the spec writes the flip loss.
@@ -11,13 +12,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .geometry import flip_yaw
+from .geometry import flip_yaw, roll_gaze
 
 __all__ = [
     "l1_per_image",
     "supervised_l1_loss",
     "flip_symmetry_loss",
     "augmentation_consistency_loss",
+    "roll_consistency_loss",
+    "rotation_distribution_loss",
     "finite_or_raise",
 ]
 
@@ -70,6 +73,44 @@ def augmentation_consistency_loss(
     _check_pair(pred_original, pred_augmented, "augmentation_consistency_loss")
     target = pred_original.detach() if detach_original else pred_original
     return l1_per_image(pred_augmented, target).mean()
+
+
+def roll_consistency_loss(
+    pred: Tensor, pred_of_rolled: Tensor, angle: float | Tensor, detach_rolled: bool = False
+) -> Tensor:
+    """``mean_k || f(I_k) − Roll_{−θ}(f(roll_θ(I_k))) ||_1``: the prediction on an image rolled by ``angle``
+    (radians, :func:`alfa.gaze.geometry.roll_images`), rolled back, should be the prediction on the image.
+
+    The flip loss's analogue for the roll about the camera axis. Unlike the flip, it sees a constant offset
+    ``b`` in pitch as well as in yaw: the residual is ``b − Roll_{−θ}(b) ≠ 0``. Both branches are trained by
+    default, unlike the flip's: a pitch offset shows first in the *yaw* residual (``≈ θ·b``), and only the
+    rolled-back branch turns that into a pull on the pitch; with that branch a fixed target (``detach_rolled``)
+    a pitch offset is pulled back only through its pitch residual, which is second order (``(1 − cos θ)·b``),
+    and an image rolled both ways (±θ) gets two targets whose L1 pulls on its yaw cancel."""
+    _check_pair(pred, pred_of_rolled, "roll_consistency_loss")
+    target = roll_gaze(pred_of_rolled, -torch.as_tensor(angle, dtype=pred_of_rolled.dtype))
+    if detach_rolled:
+        target = target.detach()
+    return l1_per_image(pred, target).mean()
+
+
+def rotation_distribution_loss(preds: Tensor, angles: Tensor) -> Tensor:
+    """RUDA's rotation-consistency loss. ``preds`` ``(K, N, 2)``: the predictions on ``K`` rotations of ``N``
+    images, the ``k``-th rolled by ``angles[k]`` (radians). Each prediction rolled back by its own angle is an
+    estimate of the unrolled image's gaze (the relative rotation between two views is their sub-label: view
+    ``j`` must predict view ``i``'s gaze rolled by ``angles[j] − angles[i]``); the loss is the spread of those
+    ``K`` estimates, the standard deviation over the views of each angle, summed over yaw and pitch and averaged
+    over the images. Nothing is detached: the estimates are pulled together, toward no fixed target."""
+    if preds.ndim != 3 or preds.shape[-1] != 2 or preds.shape[0] < 2 or preds.shape[1] == 0:
+        shape = tuple(preds.shape)
+        raise ValueError(f"rotation_distribution_loss: predictions must be (K >= 2, N >= 1, 2), got {shape}")
+    angles = torch.as_tensor(angles, dtype=preds.dtype, device=preds.device)
+    if angles.shape != (preds.shape[0],):
+        raise ValueError(f"rotation_distribution_loss: need one angle per view, got {tuple(angles.shape)}")
+    back = roll_gaze(preds, -angles[:, None])  # (K, N, 2): every view's estimate of the unrolled gaze
+    # the standard deviation as the root of the variance plus a tiny floor: its gradient stays finite where the
+    # estimates coincide exactly (std's own backward divides by the spread)
+    return (back.var(dim=0, unbiased=False) + 1e-12).sqrt().sum(-1).mean()
 
 
 def finite_or_raise(loss: Tensor, what: str) -> Tensor:

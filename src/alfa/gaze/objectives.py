@@ -1,12 +1,20 @@
 """Label-free personalization objectives, one registry: what ``PersonalizeConfig.loss`` names.
 
 An objective turns the model's predictions on one person's personalization batch into the loss the
-adapter is trained on. The batch is always laid out the same way (:func:`alfa.gaze.personalize.build_batch`):
-the ``N`` images, one augmented copy of each, then the horizontal flips of those ``2·N`` in the same order,
-so ``pred`` has ``4·N`` rows ``[originals | augmented | flipped originals | flipped augmented]``.
+adapter is trained on. It declares the views the batch holds (:mod:`alfa.gaze.views`), in order, and
+:func:`alfa.gaze.personalize.build_batch` stacks them, ``N`` rows each. The flip objectives' views are
+:data:`~alfa.gaze.views.FLIP_VIEWS`: the ``N`` images, one augmented copy of each, then the horizontal flips
+of those ``2·N`` in the same order, so ``pred`` has ``4·N`` rows ``[originals | augmented | flipped originals
+| flipped augmented]`` (the one layout before views existed: those batches and numbers are unchanged).
+
+The roll objective (``roll``) asks the same of a roll about the camera axis: the prediction on the image
+rolled by ±:data:`~alfa.gaze.views.ROLL_DEGREES` inside its inscribed disc, rolled back, should be the
+prediction on the image. ``flip+roll`` is the sum of the two losses. ``ruda`` is RUDA's rotation distribution
+loss (:mod:`alfa.gaze.ruda` is the method that trains with it).
 
 Adding an objective is one :func:`register_objective` call: ``alfa personalize --loss`` offers it, the
-recipe accepts it, and the benchmark's loss ablation gives it a row (``alfa[loss=<name>]``) on its page.
+recipe accepts it, and the benchmark's loss ablation gives it a row (``alfa[loss=<name>]``) on its page
+unless it says ``ablation=False``.
 """
 
 from __future__ import annotations
@@ -15,11 +23,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
-from .losses import augmentation_consistency_loss, flip_symmetry_loss
+from .losses import (
+    augmentation_consistency_loss,
+    flip_symmetry_loss,
+    roll_consistency_loss,
+    rotation_distribution_loss,
+)
+from .views import FLIP_VIEWS, ROLL_DEGREES, roll_angle, view_rows
 
-__all__ = ["Objective", "ObjectiveSettings", "OBJECTIVES", "register_objective", "unregister_objective"]
+__all__ = [
+    "Objective",
+    "ObjectiveSettings",
+    "OBJECTIVES",
+    "ROLL_VIEWS",
+    "FLIP_ROLL_VIEWS",
+    "RUDA_VIEWS",
+    "register_objective",
+    "unregister_objective",
+]
 
 
 class ObjectiveSettings(Protocol):
@@ -30,12 +54,15 @@ class ObjectiveSettings(Protocol):
 
 @dataclass(frozen=True)
 class Objective:
-    """One objective: its name (the value of ``--loss``), a line saying what it asks of the model, and the
-    loss of the ``4·N`` predictions of a personalization batch under the recipe's settings."""
+    """One objective: its name (the value of ``--loss``), a line saying what it asks of the model, the loss of
+    the predictions on a personalization batch under the recipe's settings, the views that batch holds (in
+    order, ``N`` rows each) and whether the benchmark's loss ablation gives it a row."""
 
     name: str
     description: str
     loss: Callable[[Tensor, ObjectiveSettings], Tensor]
+    views: tuple[str, ...] = FLIP_VIEWS
+    ablation: bool = True
 
 
 OBJECTIVES: dict[str, Objective] = {}
@@ -65,7 +92,67 @@ def _augment(pred: Tensor, settings: ObjectiveSettings) -> Tensor:
     return augmentation_consistency_loss(pred[:n], pred[n : 2 * n])
 
 
+_PLUS, _MINUS = f"+{ROLL_DEGREES:g}°", f"-{ROLL_DEGREES:g}°"
+# (unrolled view, its rolled views): the originals and the augmented copies, each rolled both ways
+_ROLL_PAIRS = (
+    ("original", (f"rolled {_PLUS}", f"rolled {_MINUS}")),
+    ("augmented", (f"augmented rolled {_PLUS}", f"augmented rolled {_MINUS}")),
+)
+ROLL_VIEWS = tuple(v for unrolled, rolled in _ROLL_PAIRS for v in (unrolled, *rolled))
+"""The roll objective's views: the originals, them rolled by ±8° inside their inscribed disc, then the same of
+the augmented copies (``6·N`` rows)."""
+FLIP_ROLL_VIEWS = FLIP_VIEWS + ROLL_VIEWS
+"""``flip+roll``'s views: the flip's ``4·N`` rows, then the roll's ``6·N``."""
+RUDA_VIEWS = (f"rolled {_MINUS}", "original", f"rolled {_PLUS}")
+"""RUDA's views: each original rolled by −8°, 0° and +8° inside its inscribed disc (``3·N`` rows)."""
+
+
+def _roll_terms(rows: dict[str, Tensor]) -> Tensor:
+    """The roll consistency loss averaged over every (unrolled, rolled) pair of views, both branches trained
+    whatever the recipe's ``detach_flipped`` (which is the flip's: :func:`~alfa.gaze.losses.roll_consistency_loss`
+    says why a detached rolled branch would barely see a pitch offset)."""
+    terms = [
+        roll_consistency_loss(rows[unrolled], rows[view], roll_angle(view))
+        for unrolled, rolled in _ROLL_PAIRS
+        for view in rolled
+    ]
+    return torch.stack(terms).mean()
+
+
+def _roll(pred: Tensor, settings: ObjectiveSettings) -> Tensor:
+    return _roll_terms(view_rows(pred, ROLL_VIEWS))
+
+
+def _flip_roll(pred: Tensor, settings: ObjectiveSettings) -> Tensor:
+    flip_rows = 4 * pred.shape[0] // len(FLIP_ROLL_VIEWS)
+    return _flip(pred[:flip_rows], settings) + _roll_terms(view_rows(pred[flip_rows:], ROLL_VIEWS))
+
+
+def _ruda(pred: Tensor, settings: ObjectiveSettings) -> Tensor:
+    rows = view_rows(pred, RUDA_VIEWS)
+    angles = torch.tensor([roll_angle(v) for v in RUDA_VIEWS])
+    return rotation_distribution_loss(torch.stack([rows[v] for v in RUDA_VIEWS]), angles)
+
+
 register_objective(Objective("flip", "flip symmetry: a mirrored face gets the mirrored gaze", _flip))
 register_objective(
     Objective("augment", "augmentation consistency: an augmented copy gets the original's gaze", _augment)
+)
+register_objective(
+    Objective(
+        "roll",
+        f"roll consistency: a face rolled by ±{ROLL_DEGREES:g}° about the camera axis gets the rolled gaze",
+        _roll,
+        ROLL_VIEWS,
+    )
+)
+register_objective(Objective("flip+roll", "flip symmetry plus roll consistency (the sum)", _flip_roll, FLIP_ROLL_VIEWS))
+register_objective(
+    Objective(
+        "ruda",
+        "RUDA's rotation consistency: the predictions on rolled copies, rolled back, agree (their spread)",
+        _ruda,
+        RUDA_VIEWS,
+        ablation=False,  # RUDA is a row of its own (alfa.gaze.ruda), not a loss of the ablation
+    )
 )

@@ -9,7 +9,9 @@ The recipe, per person:
 3. the 10 images and their 10 flips go through the model as **one** batch of 20 per step, so a
    weight-only adapter such as Alfa computes its adapted weights once per step;
 4. loss: flip symmetry ``mean_k ||f(I_k) − FlipYaw(f(flip I_k))||_1`` over the 10 (flipped branch
-   detached by default), or the augmentation-consistency alternative;
+   detached by default), or the augmentation-consistency alternative; another registered objective
+   (:mod:`alfa.gaze.objectives`: roll consistency, flip+roll, RUDA's) declares the views its batch holds
+   instead of the flips (:mod:`alfa.gaze.views`: rolls inside the inscribed disc), still one batch per step;
 5. AdamW on the adapter parameters only, base lr 1e-4, ×10 for ResNet-18's ``layer3``/``layer4``;
    the model stays in eval mode (BatchNorm statistics frozen); a fixed number of steps; the last step
    is the result.
@@ -57,6 +59,7 @@ from .evaluate import adapter_filename, load_images
 from .losses import finite_or_raise
 from .objectives import OBJECTIVES
 from .precision import autocast, grad_scaler, run_precision
+from .views import build_views
 
 __all__ = [
     "LAYER34_PATTERN",
@@ -89,8 +92,9 @@ class PersonalizeConfig:
     for every method, as in TPGaze's personalization). ``lr`` is AdamW's base learning rate,
     ``lr_scale`` maps parameter-name patterns to factors (first match wins), ``weight_decay`` is
     AdamW's (PyTorch's default 0.01). ``loss``: a registered objective (:data:`alfa.gaze.objectives.OBJECTIVES`:
-    ``"flip"``, flip symmetry, or ``"augment"``, augmentation consistency). ``n_adapt``: images per person used
-    for adaptation.
+    ``"flip"``, flip symmetry, ``"augment"``, augmentation consistency, ``"roll"``, roll consistency, or
+    ``"flip+roll"``, ...); ``detach_flipped`` makes the transformed branch (flipped, rolled) a fixed target.
+    ``n_adapt``: images per person used for adaptation.
 
     ``pitch_anchor`` (not in the paper; 0 = off): the weight of a term ``|mean pitch − mean pitch at
     the start|`` over the batch. Neither loss can see a pitch offset shared by all images (pitch is
@@ -157,16 +161,17 @@ def person_seed(seed: int, person: str, purpose: str) -> int:
 
 
 def build_batch(images: Tensor, config: PersonalizeConfig, seed: int) -> Tensor:
-    """The personalization batch ``(4·N, 3, H, W)``: the ``N`` images, one augmented copy of each
-    (drawn with ``seed``), then the horizontal flips of those ``2·N`` in the same order."""
+    """The personalization batch: the views the recipe's objective declares (:mod:`alfa.gaze.views`), ``N``
+    rows each, made from the ``N`` images and one augmented copy of each (drawn with ``seed``). For the flip
+    objectives ``(4·N, 3, H, W)``: the images, their augmented copies, then the horizontal flips of those
+    ``2·N`` in the same order."""
     if images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"images must be (N, 3, H, W), got {tuple(images.shape)}")
     if not torch.isfinite(images).all():
         raise ValueError("personalization images contain NaN or infinite values")
     pipeline = build_augmentation(config.augment, min(images.shape[-2:]))
     augmented = augment_images(images, config.augment, seed, pipeline)
-    batch = torch.cat([images, augmented])
-    return torch.cat([batch, torch.flip(batch, dims=[-1])])
+    return build_views(images, augmented, OBJECTIVES[config.loss].views)
 
 
 def _loss(pred: Tensor, config: PersonalizeConfig, start_pitch: Tensor | None = None) -> Tensor:

@@ -422,20 +422,20 @@ def _loss_verdicts(e: Evidence) -> None:
     e.compare("alfa[loss=augment]", "source-only", "Augmentation consistency against no adaptation")
     e.per_pair("alfa", "source-only", "With the flip loss against no adaptation")
     e.per_pair("alfa", "alfa[loss=augment]", "With the flip loss against augmentation consistency")
-    for name, objective in OBJECTIVES.items():  # objectives registered beyond the two built-in ones
-        if name not in ("flip", "augment"):
+    for name, objective in OBJECTIVES.items():  # objectives registered beyond the two first ones
+        if name not in ("flip", "augment") and objective.ablation:
             what = objective.description[:1].upper() + objective.description[1:]
             e.compare(f"alfa[loss={name}]", "source-only", f"{what} against no adaptation")
             e.compare("alfa", f"alfa[loss={name}]", f"Flip-symmetry loss against {name}")
 
 
 def _loss_rows(r: Rows) -> list[Variant]:
-    """Source-only, Alfa with the main loss, and Alfa with every other registered objective."""
+    """Source-only, Alfa with the main loss, and Alfa with every other registered objective of the ablation."""
     main = r.config.personalize.loss
     others = [
         r.variant(f"alfa[loss={name}]", "adapter", name, alfa_config(r.config), {"loss": name})
-        for name in OBJECTIVES
-        if name != main
+        for name, objective in OBJECTIVES.items()
+        if name != main and objective.ablation
     ]
     return [r.reference("source-only", "none"), r.reference("alfa", main), *others]
 

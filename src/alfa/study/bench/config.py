@@ -18,6 +18,7 @@ from alfa.adapters.prompt import TPGazeConfig
 from alfa.gaze.augment import AugmentConfig
 from alfa.gaze.data.registry import DatasetSpec
 from alfa.gaze.data.synthetic import get_domain
+from alfa.gaze.objectives import OBJECTIVES
 from alfa.gaze.personalize import PersonalizeConfig
 from alfa.gaze.pipeline import SourceSpec
 from alfa.gaze.tpgaze import MetaTrainConfig
@@ -25,6 +26,7 @@ from alfa.gaze.train import TrainConfig, TruncateConfig
 
 from .ablations import REGISTRY
 from .methods import (
+    EXTRA_METHODS,
     MAIN_METHODS,
     PAIRS,
     SANITY_METHODS,
@@ -36,6 +38,7 @@ from .methods import (
     table_methods,
     world_name,
 )
+from .variants import split_loss
 
 __all__ = [
     "ABLATIONS",
@@ -73,6 +76,12 @@ def selectable_methods() -> tuple[str, ...]:
     """:data:`SELECTABLE`, then every other Table-1 adapter method of the shared recipe (a registered method)."""
     extra = [m for m in table_methods() if m in METHODS and not METHODS[m].trains_prompts and m not in SELECTABLE]
     return SELECTABLE + tuple(extra)
+
+
+def _selectable(method: str, selectable: tuple[str, ...]) -> bool:
+    """Whether ``method`` (``"alfa"``, or ``"alfa[loss=roll]"``: with another objective) gets a recipe selection."""
+    name, loss = split_loss(method)
+    return name in selectable and (loss is None or loss in OBJECTIVES)
 
 
 def _values(name: str) -> tuple[Any, ...]:
@@ -140,8 +149,9 @@ class BenchConfig:
     ``latency_batch`` target images.
 
     Selection (which records run; see :data:`SELECTION_FIELDS`): ``pairs``, ``seeds``, ``methods`` (of
-    :data:`MAIN_METHODS` and :data:`SANITY_METHODS`), ``selected_methods`` (of :data:`SELECTABLE`: a second
-    row each, with the recipe selected on the stand-in), ``default_methods`` (of :data:`SELECTABLE`: a row
+    :data:`MAIN_METHODS` and :data:`SANITY_METHODS`, and the rows run only when named, :data:`EXTRA_METHODS`),
+    ``selected_methods`` (of :data:`SELECTABLE`: a second row each, with the recipe selected on the stand-in),
+    ``default_methods`` (of :data:`SELECTABLE`: a row
     each with the recipe ``alfa personalize`` ships for the method), ``ablations`` (of :data:`ABLATIONS`) on
     ``ablation_pairs``. ``threads``: torch threads (1 by default: on a shared machine OpenMP's spinning
     threads slow everything down; run pieces in parallel instead).
@@ -288,10 +298,11 @@ class BenchConfig:
 
         One seed; the symmetric pair E→M with everything (the ablations too, each with one value besides the
         default) and the positive control S→W (its source trained without the symmetry term) with the main
-        and sanity rows; Alfa's recipe selection (its grid on the stand-in and its selected row). 32×32
+        and sanity rows, and RUDA (a row kind no other preset runs unless named: :data:`EXTRA_METHODS`); Alfa's
+        recipe selection (its grid on the stand-in and its selected row). 32×32
         faces, sources of 12 persons × 24 images (2 pre-training + 1 recovery epochs), 2 held-out source
         persons × 8 images, 2 persons per target with 8 images (5 adapt + 3 scored), 2 personalization
-        steps, TPGaze meta-trained 2 meta-steps on batches of 8, an oracle of 2 steps. 54 records, about
+        steps, TPGaze meta-trained 2 meta-steps on batches of 8, an oracle of 2 steps. 58 records, about
         3 minutes on one idle core (single-threaded like every preset), most of it in the two recipe
         grids (48 recipes each, whatever the preset) and in Alfa's dense-layer SVD."""
         base = cls(
@@ -315,6 +326,7 @@ class BenchConfig:
             latency_repeats=1,
             pairs=("E→M", "S→W"),
             seeds=(0,),
+            methods=table_methods() + SANITY_METHODS + EXTRA_METHODS,
             selected_methods=("alfa",),
             default_methods=(),
             ablation_pairs=("E→M",),
@@ -325,14 +337,17 @@ class BenchConfig:
         for p in (*self.pairs, *self.ablation_pairs, self.figure_pair):
             if p not in PAIRS:
                 raise ValueError(f"unknown pair {p!r}; pairs are {', '.join(PAIRS)}")
-        known = table_methods() + SANITY_METHODS
+        known = table_methods() + SANITY_METHODS + EXTRA_METHODS
         bad = [m for m in self.methods if m not in known]
         if bad:
             raise ValueError(f"unknown method(s) {bad}; methods are {', '.join(known)}")
         selectable = selectable_methods()
-        bad = [m for m in self.selected_methods if m not in selectable]
+        bad = [m for m in self.selected_methods if not _selectable(m, selectable)]
         if bad:
-            raise ValueError(f"no recipe selection for {bad}; it runs for {', '.join(selectable)}")
+            raise ValueError(
+                f"no recipe selection for {bad}; it runs for {', '.join(selectable)}, each also with another "
+                f"registered objective (alfa[loss=roll]: {', '.join(OBJECTIVES)})"
+            )
         bad = [m for m in self.default_methods if m not in selectable]
         if bad:
             raise ValueError(f"no default-recipe row for {bad}; it runs for {', '.join(selectable)}")

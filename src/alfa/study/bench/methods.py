@@ -67,6 +67,10 @@ def table_methods() -> tuple[str, ...]:
 
 
 SANITY_METHODS = ("in-domain", "target-trained", "oracle")
+EXTRA_METHODS = ("ruda",)
+"""Rows a run may ask for by name (``--methods ruda``) that are in no default list: the domain-adaptation
+baselines of issue 26 (``ruda``: RUDA, :mod:`alfa.gaze.ruda`), run when declared, so the default runs and their
+records stay as they were."""
 
 _ERROR = "angular error"  # the name of alfa.study.bench.stats.angular, the measure of every declared comparison
 DECLARED_FAMILY: dict[str, frozenset[tuple[str, str, tuple[str, ...], str]] | None] = {

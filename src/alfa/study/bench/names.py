@@ -15,6 +15,7 @@ NAMES = {
     "in-domain": "in-domain (held-out source persons)",
     "target-trained": "target-trained (the same model trained on other persons of the target world)",
     "oracle": "oracle (supervised, per person)",
+    "ruda": "RUDA (rotation consistency, whole network)",
 }
 
 

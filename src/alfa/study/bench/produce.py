@@ -68,7 +68,7 @@ __all__ = ["KINDS", "UNADAPTED", "produce_record"]
 
 # The kinds of a table row (a recipe-selection record is of kind "selection", never a row); the unadapted
 # ones score a base as it is.
-KINDS = ("source-only", "flip-tta", "in-domain", "target-trained", "oracle", "adapter", "tpgaze")
+KINDS = ("source-only", "flip-tta", "in-domain", "target-trained", "oracle", "adapter", "tpgaze", "ruda")
 UNADAPTED = ("source-only", "flip-tta", "in-domain", "target-trained")
 
 
@@ -88,7 +88,8 @@ def produce_record(session: Session, plan: RecordPlan) -> Record:
     if v.selected:  # the recipe chosen on the stand-in, read from its selection record
         chosen = session.selected_recipe(plan)
         record["selected_recipe"] = {"label": chosen.label, **dataclasses.asdict(chosen)}
-        plan = dataclasses.replace(plan, variant=dataclasses.replace(v, recipe=chosen.changes()))
+        # the chosen settings on top of the row's own changes (its objective, for a row such as alfa[loss=roll])
+        plan = dataclasses.replace(plan, variant=dataclasses.replace(v, recipe={**v.recipe, **chosen.changes()}))
     if v.shipped is not None:  # the recipe alfa personalize ships for the method, which the variant applies
         record["default_recipe"] = {"label": v.shipped.label, **dataclasses.asdict(v.shipped)}
     tgt = session.target(plan.target, plan.seed)
@@ -363,7 +364,7 @@ def _run_selection(session: Session, base: nn.Module, plan: RecordPlan, record: 
     failed: dict[str, str] = {}
     source_only: dict[str, float] = {}
     for run_recipe, evals in training_runs(RECIPE_GRID).items():
-        recipe = run_recipe.apply(c.recipe(plan.seed))
+        recipe = run_recipe.apply(c.recipe(plan.seed, **v.recipe))  # v.recipe: the objective, if not the flip
         track = _step_errors(standin.data, scored, at={0, *evals})
         run = personalize_dataset(
             base,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from alfa.fileio import write_text
+from alfa.gaze.views import ROLL_DEGREES
 
 from . import figures as F
 from . import report_prose as prose
@@ -192,10 +193,16 @@ def _config_lines(results: dict[str, Any], records: Sequence[Record], idx: Index
     """The protocol's bullets, one line each."""
     facts = _protocol_facts(results, idx)
     extra = {"data": _positive_control_words(results, idx), "recipe": _selection_words(results, records)}
-    return [
+    lines = [
         "- " + " ".join([*(fragment.format(**facts) for fragment in fragments), *extra.get(name, [])])
         for name, fragments in prose.PROTOCOL_BULLETS.items()
     ]
+    ruda = next((r for r in records if r.kind == "ruda" and r.recipe), None)
+    if ruda is not None:  # a bullet only where RUDA ran (EXTRA_METHODS: no default run has it)
+        words = " ".join(prose.RUDA_WORDS)
+        recipe = ruda.recipe or {}
+        lines.append("- " + words.format(degrees=ROLL_DEGREES, **{k: recipe.get(k) for k in ("loss", "lr", "steps")}))
+    return lines
 
 
 def _runs_lines(results: dict[str, Any], records: Sequence[Record]) -> list[str]:

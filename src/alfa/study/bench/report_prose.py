@@ -154,6 +154,18 @@ PROTOCOL_BULLETS: dict[str, tuple[str, ...]] = {
 }
 """The Protocol section's bullets, in order: each a tuple of fragments joined by spaces."""
 
+RUDA_WORDS = (
+    "**RUDA** (rotation-enhanced UDA, Bao et al., CVPR 2022; `alfa.gaze.ruda`, `docs/gaze.md` §3), per person on",
+    "the same adaptation images: every parameter of the base fine-tuned with its rotation-consistency objective",
+    "(`{loss}`: each image rolled by −{degrees:g}°, 0° and +{degrees:g}° inside its inscribed disc, and the",
+    "standard deviation of the predictions rolled back by their own angles), AdamW lr {lr} on every parameter,",
+    "{steps} steps, BatchNorm in eval mode. Not the paper's: the rotation-enhanced source pre-training (its first",
+    "stage; every row here adapts the same source model), and its domain-level adaptation (here one person's",
+    "images, nothing else).",
+)
+"""A protocol bullet of its own where the results have RUDA's records (``{loss}``, ``{lr}``, ``{steps}``: the
+first such record's recipe; ``{degrees}``: the declared roll, ``alfa.gaze.views.ROLL_DEGREES``)."""
+
 SAME_DATA = "the data are the same for every seed"
 DRAWN_PER_SEED = "the target persons are drawn afresh for every seed, the rest of the data is the same"
 

@@ -14,7 +14,7 @@ from alfa.adapters import METHODS
 from .flip_report import table_rows
 from .markdown import number as _num
 from .markdown import table as _table
-from .methods import table_methods
+from .methods import EXTRA_METHODS, table_methods
 from .names import display_name as _name
 from .record import Record
 from .stats import PARTS, Index, Stat, cell, diff, pairs_of, part, pooled, sanity_summary, seeds_of, signed
@@ -44,8 +44,9 @@ def lora_family() -> tuple[str, ...]:
 
 
 def cost_rows() -> tuple[str, ...]:
-    """The cost table's rows: Table 1's methods, the oracle, and the ablations' other kinds of adapter."""
-    return (*table_methods(), "oracle", "diag_gate", "linear_mix", "alfa[dense]")
+    """The cost table's rows: Table 1's methods, the rows run when asked for, the oracle, and the ablations'
+    other kinds of adapter."""
+    return (*table_methods(), *EXTRA_METHODS, "oracle", "diag_gate", "linear_mix", "alfa[dense]")
 
 
 # ----------------------------------------------------------------------------- cells
@@ -87,8 +88,9 @@ def records_of(idx: Index, method: str) -> list[Record]:
 
 
 def table1_rows(idx: Index) -> list[str]:
-    """Table 1's rows that have records: each method, then its selected-recipe row where there is one."""
-    return table_rows(idx, table_methods())
+    """Table 1's rows that have records: each method, then its selected-recipe row where there is one; then
+    the rows run only when asked for (:data:`~alfa.study.bench.methods.EXTRA_METHODS`) that were."""
+    return table_rows(idx, (*table_methods(), *EXTRA_METHODS))
 
 
 # ----------------------------------------------------------------------------- Table 1 and its companions

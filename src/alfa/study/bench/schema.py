@@ -107,7 +107,7 @@ def config_hash(
         spec = {
             **common,
             "stand_in": {"spec": scored.spec, "fingerprint": scored.fingerprint},
-            "recipe": config.recipe(plan.seed).to_dict(),
+            "recipe": config.recipe(plan.seed, **v.recipe).to_dict(),  # {} but for another objective's selection
             "grid": [dataclasses.asdict(r) for r in RECIPE_GRID],
             # the first protocol's rule hashes as it always did; the second's is another entry
             "rule": RULE_SPECS[config.selection_rule],
@@ -122,7 +122,7 @@ def config_hash(
         raise ValueError(f"{plan.id}: a record scored on the target is hashed with the target")
     else:
         spec["target"] = {"spec": scored.spec, "images": config.target_images, "fingerprint": scored.fingerprint}
-    if v.kind in ("adapter", "tpgaze"):
+    if v.kind in ("adapter", "tpgaze", "ruda"):
         spec["recipe"] = config.recipe(plan.seed, **v.recipe).to_dict()
     if v.kind == "tpgaze":
         spec["meta"] = {"config": config.meta.to_dict(), "init_std": config.tpgaze_init_std}

@@ -3,13 +3,16 @@ gives Table 1's methods and the sanity rows (the ablations' rows are in :mod:`al
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from alfa.adapters import METHODS, AdapterConfig, AlfaConfig
+from alfa.gaze.objectives import OBJECTIVES
 from alfa.gaze.recipes import Recipe, named_recipe
+from alfa.gaze.ruda import RUDA_RECIPE, ruda_method
 
-from .methods import SANITY_METHODS, table_methods
+from .methods import EXTRA_METHODS, SANITY_METHODS, table_methods
 from .names import DEFAULT, SELECTED  # rows with a selected (alfa[selected]) or shipped (alfa[default]) recipe
 
 __all__ = [
@@ -19,6 +22,7 @@ __all__ = [
     "method_config",
     "main_variants",
     "selection_variants",
+    "split_loss",
     "default_variant",
     "SELECTED",
     "DEFAULT",
@@ -44,7 +48,8 @@ class Variant:
 
     ``kind``: ``"source-only"`` (no adaptation), ``"flip-tta"`` (no training: the base's prediction
     averaged with its mirrored prediction on the flipped image), ``"in-domain"`` (the base on held-out source persons),
-    ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe) or ``"tpgaze"``. ``base``:
+    ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe), ``"tpgaze"`` or ``"ruda"`` (RUDA:
+    the whole network with its rotation-consistency objective, :mod:`alfa.gaze.ruda`). ``base``:
     ``"truncated"`` (the rank-``d`` base), ``"dense"`` (the pre-trained model before truncation) or
     ``"rank=<d>"`` (truncated at another rank and recovered the same way). ``recipe`` holds changes to the
     personalization recipe; ``group``/``value`` place the row in an ablation table. What its records' hashes
@@ -80,20 +85,34 @@ def _main_row(label: str, config: VariantSettings) -> Variant:
         return Variant(label, label, group="sanity")
     if label in ("source-only", "flip-tta"):
         return Variant(label, label)
+    if label == "ruda":  # its method and its changes to the shared recipe (the views and loss of its objective)
+        return Variant(label, "ruda", adapter=ruda_method(), recipe=dict(RUDA_RECIPE))
     method = METHODS[label]
     if method.trains_prompts:  # TPGaze: meta-trained prompts and its own optimizer, not the shared recipe
         return Variant(label, "tpgaze")
     return Variant(label, "adapter", adapter=method_config(label, config))
 
 
+def split_loss(label: str) -> tuple[str, str | None]:
+    """``"alfa[loss=roll]"`` -> ``("alfa", "roll")``; a label without a ``[loss=…]`` suffix -> ``(label, None)``."""
+    match = re.fullmatch(r"(.+)\[loss=([^\]]+)\]", label)
+    return (match[1], match[2]) if match else (label, None)
+
+
 def selection_variants(config: VariantSettings, method: str) -> tuple[Variant, Variant]:
     """A method's recipe-selection record (the declared grid on the stand-in) and its row with the selected
-    recipe. ``method`` is a Table-1 adapter method or an ablation's (``diag_gate``, ``linear_mix``)."""
-    if method not in METHODS or METHODS[method].trains_prompts:
+    recipe. ``method`` is a Table-1 adapter method or an ablation's (``diag_gate``, ``linear_mix``), or one of
+    those personalized with another registered objective (``alfa[loss=roll]``): the same declared grid and rule,
+    every recipe of it with that objective (its records are new ones; the method's own hash as before)."""
+    name, loss = split_loss(method)
+    if name not in METHODS or METHODS[name].trains_prompts:
         raise ValueError(f"no recipe selection for {method!r}: it needs an adapter method of the shared recipe")
-    adapter = method_config(method, config)
-    grid = Variant(f"{method}{GRID}", "selection", group="selection", adapter=adapter)
-    row = Variant(f"{method}{SELECTED}", "adapter", group="selected", adapter=adapter, selected=True)
+    if loss is not None and loss not in OBJECTIVES:
+        raise ValueError(f"no recipe selection for {method!r}: {loss!r} is not a registered objective")
+    adapter = method_config(name, config)
+    recipe = {} if loss is None else {"loss": loss}
+    grid = Variant(f"{method}{GRID}", "selection", group="selection", adapter=adapter, recipe=dict(recipe))
+    row = Variant(f"{method}{SELECTED}", "adapter", group="selected", adapter=adapter, recipe=recipe, selected=True)
     return grid, row
 
 
@@ -112,6 +131,6 @@ def default_variant(config: VariantSettings, method: str) -> Variant:
 
 
 def main_variants(config: VariantSettings) -> dict[str, Variant]:
-    """The methods of Table 1 and the sanity rows, by label (every adapter method at its defaults, Alfa with
-    the benchmark's heads and rank)."""
-    return {label: _main_row(label, config) for label in (*table_methods(), *SANITY_METHODS)}
+    """The methods of Table 1, the sanity rows and the rows run only when asked for (:data:`EXTRA_METHODS`), by
+    label (every adapter method at its defaults, Alfa with the benchmark's heads and rank)."""
+    return {label: _main_row(label, config) for label in (*table_methods(), *SANITY_METHODS, *EXTRA_METHODS)}
