@@ -12,13 +12,12 @@ from tiny_models import TinyGazeNet
 
 from alfa.gaze.flip import FlipTTA
 from alfa.gaze.geometry import angular_error, flip_yaw, pitchyaw_to_vector, roll_gaze, roll_images, vector_to_pitchyaw
+from alfa.gaze.orbit import orbit_parts, predict_orbit
 from alfa.gaze.tta import (
     ROLL_TTA_ANGLES,
     TTA_KINDS,
     GroupTTA,
     RollTTA,
-    orbit_parts,
-    predict_orbit,
     tta_combine,
     tta_kind,
 )
