@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .geometry import flip_yaw, pitchyaw_to_vector, roll_gaze, roll_images, vector_to_pitchyaw
@@ -48,6 +49,7 @@ __all__ = [
     "FlipTTA",
     "RollTTA",
     "GroupTTA",
+    "GridTTA",
 ]
 
 ROLL_TTA_DEG = 8.0
@@ -133,6 +135,41 @@ class GroupTTA(_ViewTTA):
     flips = (False, True)
 
 
+class GridTTA(nn.Module):
+    """A kind's test-time augmentation for a fixed image size, in the form an exported graph takes: each view is a
+    ``grid_sample`` with a constant grid (the roll of :func:`alfa.gaze.geometry.roll_images` at the declared angle,
+    with the flip folded in), the model runs once on all views stacked, and each prediction goes back to the
+    crop's frame through a constant 3×3 matrix (``FlipYaw · Rz(-a)`` on the unit vector) before the mean direction.
+    The same numbers as the kind's wrapper up to float rounding (tests/test_tta.py), in a graph whose size does not
+    grow with the number of views; ONNX has ``GridSample`` from opset 16."""
+
+    def __init__(self, model: nn.Module, flips: Sequence[bool], angles: Sequence[float], image_size: int) -> None:
+        super().__init__()
+        self.model = model
+        self.views = len(flips) * len(angles)
+        thetas, back = [], []
+        for flip in flips:
+            for angle in angles:
+                cos, sin = math.cos(angle), math.sin(angle)
+                # roll_images samples its input at (cos x + sin y, -sin x + cos y); the flipped input at -x of that
+                mirror = -1.0 if flip else 1.0
+                thetas.append([[mirror * cos, mirror * sin, 0.0], [-sin, cos, 0.0]])
+                back.append([[mirror * cos, mirror * sin, 0.0], [-sin, cos, 0.0], [0.0, 0.0, 1.0]])
+        theta = torch.tensor(thetas)
+        size = [len(thetas), 1, image_size, image_size]
+        self.register_buffer("grids", F.affine_grid(theta, size, align_corners=False), persistent=False)
+        self.register_buffer("back", torch.tensor(back), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, k, grid = x.shape[0], self.views, self.grids.shape[1:]
+        # One sampling of all views: the batch repeated per view, each view's grid repeated per image.
+        grids = self.grids[:, None].expand(k, n, *grid).reshape(k * n, *grid)
+        views = F.grid_sample(x.repeat(k, 1, 1, 1), grids, mode="bilinear", padding_mode="zeros", align_corners=False)
+        preds = self.model(views).view(k, n, 2)
+        vectors = torch.einsum("kij,knj->ni", self.back, pitchyaw_to_vector(preds)) / k
+        return vector_to_pitchyaw(vectors).to(preds.dtype)
+
+
 @dataclass(frozen=True)
 class TTAKind:
     """One kind of test-time augmentation: its name, the wrapper that predicts with it, its views (``flips`` ×
@@ -152,6 +189,20 @@ class TTAKind:
 
     def views(self, images: Tensor) -> list[Tensor]:
         return tta_views(images, self.flips, self.angles)
+
+    def check_size(self, image_size: tuple[int, int]) -> None:
+        """A kind that rolls the crop about its centre needs square crops: others are refused in one line."""
+        if self.angles != (0.0,) and image_size[0] != image_size[1]:
+            raise ValueError(f"test-time augmentation {self.name!r} rolls the crop about its centre, so it needs "
+                             f"square images, not {image_size[0]}×{image_size[1]}")  # fmt: skip
+
+    def exportable(self, model: nn.Module, image_size: tuple[int, int]) -> nn.Module:
+        """``model`` with this kind's TTA in the form to export for images of ``image_size``: the flip as
+        :class:`FlipTTA` (two passes of the model, a mirrored input), the others as :class:`GridTTA`."""
+        self.check_size(image_size)
+        if self.angles == (0.0,):
+            return self.wrap(model)
+        return GridTTA(model, self.flips, self.angles, image_size[0])
 
 
 def _kinds() -> dict[str, TTAKind]:
