@@ -356,6 +356,8 @@ def _evaluate(args: argparse.Namespace) -> None:
             )
             report.columns.update({k: v for k, v in augmented.columns.items()})
     meta = {"checkpoint": str(args.checkpoint), "adapters": args.adapters, "data": args.data, "precision": precision}
+    if tta is not None:
+        meta["tta"] = {"kind": tta.name, "forward_passes": tta.passes}
     report.meta.update(meta)
     print(report.format_table())
     if args.json:
