@@ -51,6 +51,8 @@ def test_each_wrapper_is_its_average_computed_by_hand():
     # Each kind's views and combination (what the service batches) give its wrapper's answer.
     for kind in TTA_KINDS.values():
         assert (kind.combine([model(v) for v in kind.views(x)]) - kind.wrap(model)(x)).abs().max() < 1e-6
+    # A wrapper takes the model's mode, so evaluating through it (which restores the mode after) leaves it be.
+    assert not RollTTA(model).training and not GroupTTA(model).training and not FlipTTA(model).training
     # The TTA differs from the model's own prediction (the check is not vacuous), by well under the views' spread.
     assert (GroupTTA(model)(x) - model(x)).abs().max() > 1e-4
 

@@ -76,6 +76,7 @@ class FlipTTA(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        self.training = model.training  # the wrapper takes the model's mode (its own flag only, not its parts')
 
     def forward(self, x: Tensor) -> Tensor:
         return flip_tta_from(self.model(x), self.model(torch.flip(x, dims=[-1])))
@@ -115,6 +116,7 @@ class _ViewTTA(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        self.training = model.training  # the wrapper takes the model's mode (its own flag only, not its parts')
 
     def forward(self, x: Tensor) -> Tensor:
         views = tta_views(x, self.flips, self.angles)
@@ -146,6 +148,7 @@ class GridTTA(nn.Module):
     def __init__(self, model: nn.Module, flips: Sequence[bool], angles: Sequence[float], image_size: int) -> None:
         super().__init__()
         self.model = model
+        self.training = model.training
         self.views = len(flips) * len(angles)
         thetas, back = [], []
         for flip in flips:
