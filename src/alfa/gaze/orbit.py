@@ -15,6 +15,12 @@ error that turns with the image (e.g. a gain on the angle from the camera axis) 
 the whole orbit, crops rolled up to 180°: it says what a roll signal can see in principle, not what a roll-TTA at
 ±8° removes (that average keeps ``(1 + 2 cos 8°)/3`` = 99 % of a constant offset; a consistency loss is what
 removes it).
+
+Read the shares with the model in mind. The four parts add up to the error exactly for any model, but they are
+orthogonal only on data closed under the group and for errors that vary smoothly along the orbit; a model trained on
+heads rolled by a few degrees predicts nonsense on upside-down crops, those predictions enter every average, and the
+shares then exceed 1 with large negative cross terms. The shares mean what their names say for models whose errors
+along the orbit are bounded (the constructed ones of tests/test_tta.py, or models trained with roll augmentation).
 """
 
 from __future__ import annotations
