@@ -16,6 +16,7 @@ from alfa.gaze.orbit import orbit_parts, predict_orbit
 from alfa.gaze.tta import (
     ROLL_TTA_ANGLES,
     TTA_KINDS,
+    GridTTA,
     GroupTTA,
     RollTTA,
     tta_combine,
@@ -55,6 +56,19 @@ def test_each_wrapper_is_its_average_computed_by_hand():
     assert not RollTTA(model).training and not GroupTTA(model).training and not FlipTTA(model).training
     # The TTA differs from the model's own prediction (the check is not vacuous), by well under the views' spread.
     assert (GroupTTA(model)(x) - model(x)).abs().max() > 1e-4
+
+
+@torch.no_grad()
+def test_the_exported_form_is_the_wrapper_up_to_rounding():
+    """``GridTTA`` (constant grids with the flip folded in, one pass of all views, constant back-rotations) gives its
+    kind's numbers, so the ONNX graph made of it is the Python TTA; a roll needs square crops."""
+    model, x = _model_and_images(2)
+    for kind in TTA_KINDS.values():
+        assert (kind.exportable(model, (32, 32))(x) - kind.wrap(model)(x)).abs().max() < 1e-6, kind.name
+    assert isinstance(TTA_KINDS["flip+roll"].exportable(model, (32, 32)), GridTTA)
+    with pytest.raises(ValueError, match="needs square images, not 32×24"):
+        TTA_KINDS["roll"].exportable(model, (32, 24))
+    TTA_KINDS["flip"].check_size((32, 24))  # a flip needs no square
 
 
 def test_predictions_that_obey_both_laws_are_returned_unchanged_and_an_offset_is_kept_by_roll_tta():

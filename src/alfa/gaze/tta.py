@@ -1,5 +1,5 @@
-"""Test-time augmentation by the two laws of a gaze crop, the flip and the roll, and what each can see of a
-model's error.
+"""Test-time augmentation by the two laws of a gaze crop, the flip and the roll: the kinds, their costs, and the form
+their averaging takes inside an exported graph.
 
 **The kinds** (:data:`TTA_KINDS`, the names ``alfa evaluate``, ``serve`` and ``export`` take with ``--tta``):
 
@@ -13,7 +13,7 @@ A roll moves yaw into pitch, so the rolled-back predictions are averaged as **un
 renormalized), the average that does not depend on the angles' chart: rotating every view's prediction and then
 averaging is averaging and then rotating. The ``flip`` kind keeps :class:`FlipTTA`'s mean of angles, so that
 ``--tta flip`` is ``--flip-tta`` and the committed flip-TTA numbers stay what they were (the two means differ by
-far less than a tenth of a degree for the spreads of these predictions).
+at most a few hundredths of a degree on a trained model's predictions, whose two views differ by 2–3°).
 
 **The declared angle.** :data:`ROLL_TTA_DEG` is 8°: twice the head-roll spread of the narrower source world (``eth``,
 ``head_roll_std`` 4° in ``data/synthetic/domains.py``, trained on rolls up to 3σ = 12°). A target head (roll spread
