@@ -10,11 +10,13 @@ import pytest
 import torch
 from tiny_models import TinyGazeNet
 
+from alfa.gaze.data.synthetic import get_domain, list_domains
 from alfa.gaze.flip import FlipTTA
 from alfa.gaze.geometry import angular_error, flip_yaw, pitchyaw_to_vector, roll_gaze, roll_images, vector_to_pitchyaw
 from alfa.gaze.orbit import orbit_parts, predict_orbit
 from alfa.gaze.tta import (
     ROLL_TTA_ANGLES,
+    ROLL_TTA_DEG,
     TTA_KINDS,
     GridTTA,
     GroupTTA,
@@ -37,6 +39,17 @@ def test_the_kinds_their_costs_and_a_bad_name():
     assert ROLL_TTA_ANGLES == (0.0, 8 * DEG, -8 * DEG)
     with pytest.raises(ValueError, match=r"unknown test-time augmentation 'rol'; expected one of flip, roll"):
         tta_kind("rol")
+
+
+def test_the_declared_roll_follows_from_the_worlds_head_roll_spread():
+    """The reason of ``ROLL_TTA_DEG`` holds for the registered worlds: twice the narrower source's head-roll spread,
+    and a target head rolled by it stays inside that source's trained range (3σ) for at least 90 % of views."""
+    worlds = [get_domain(name) for name in list_domains(None)]
+    source = min(w.head_roll_std for w in worlds if w.role == "source")
+    target = max(w.head_roll_std for w in worlds if w.role == "target")
+    assert ROLL_TTA_DEG == 2 * source
+    inside = 0.5 * (math.erf((3 * source - ROLL_TTA_DEG) / (target * math.sqrt(2))) + 1)
+    assert inside >= 0.9
 
 
 @torch.no_grad()
