@@ -97,6 +97,7 @@ def test_the_service_answers_with_the_group_tta_of_the_users_model(service_world
     assert abs(answer["yaw"] - plain[0].item()) + abs(answer["pitch"] - plain[1].item()) > 1e-5
 
 
+@pytest.mark.slow  # the project's mark for a test of a second or more: the default run includes it
 def test_the_exported_graph_is_the_python_group_tta_under_onnxruntime(tmp_path, capsys):
     """One export (the exporter's cost is per operator, so the smallest model): the command's own check compares
     the graph with the module it exported, this one with the Python TTA of the user's model."""
