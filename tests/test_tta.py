@@ -23,6 +23,7 @@ from alfa.gaze.tta import (
     RollTTA,
     tta_combine,
     tta_kind,
+    tta_views,
 )
 
 DEG = math.pi / 180
@@ -31,6 +32,20 @@ DEG = math.pi / 180
 def _model_and_images(seed: int = 0) -> tuple[TinyGazeNet, torch.Tensor]:
     torch.manual_seed(seed)
     return TinyGazeNet().eval(), torch.rand(5, 3, 32, 32, generator=torch.Generator().manual_seed(seed + 1))
+
+
+def _in_disc(x: torch.Tensor, angle: float) -> torch.Tensor:
+    """The crop rolled inside its inscribed disc (pixel centres within half the side of the centre), corners kept."""
+    r = torch.arange(x.shape[-1]) - (x.shape[-1] - 1) / 2
+    disc = (r[:, None] ** 2 + r[None, :] ** 2 <= (x.shape[-1] / 2) ** 2).float()
+    return roll_images(x, angle) * disc + x * (1 - disc)
+
+
+def test_a_rolled_view_keeps_the_corners_and_rolls_the_disc():
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    (view,) = tta_views(x, (False,), (0.3,))
+    assert torch.equal(view[..., 0, 0], x[..., 0, 0]) and torch.equal(view[..., -1, -1], x[..., -1, -1])
+    assert (view - _in_disc(x, 0.3)).abs().max() < 1e-6 and (view - x)[..., 16, 16].abs().max() > 0
 
 
 def test_the_kinds_their_costs_and_a_bad_name():
@@ -56,10 +71,10 @@ def test_the_declared_roll_follows_from_the_worlds_head_roll_spread():
 def test_each_wrapper_is_its_average_computed_by_hand():
     model, x = _model_and_images()
     assert torch.equal(TTA_KINDS["flip"].wrap(model)(x), FlipTTA(model)(x))  # --tta flip is --flip-tta
-    back = [roll_gaze(model(roll_images(x, a)), -a) if a else model(x) for a in ROLL_TTA_ANGLES]
+    back = [roll_gaze(model(_in_disc(x, a)), -a) if a else model(x) for a in ROLL_TTA_ANGLES]
     mean = vector_to_pitchyaw(sum(pitchyaw_to_vector(p) for p in back))
     assert (RollTTA(model)(x) - mean).abs().max() < 1e-6
-    mirrored = [flip_yaw(roll_gaze(model(roll_images(x.flip(-1), a)), -a)) for a in ROLL_TTA_ANGLES]
+    mirrored = [flip_yaw(roll_gaze(model(_in_disc(x.flip(-1), a)), -a)) for a in ROLL_TTA_ANGLES]
     group = vector_to_pitchyaw(sum(pitchyaw_to_vector(p) for p in back + mirrored))
     assert (GroupTTA(model)(x) - group).abs().max() < 1e-6
     # Each kind's views and combination (what the service batches) give its wrapper's answer.
@@ -134,7 +149,7 @@ def test_orbit_predictions_of_a_model_and_bad_shapes():
     assert orbit.shape == (2, 4, 5, 2)
     with torch.no_grad():
         assert (orbit[0, 0] - model(x)).abs().max() < 1e-6
-        assert (orbit[1, 2] - model(roll_images(x.flip(-1), math.pi))).abs().max() < 1e-6
+        assert (orbit[1, 2] - model(_in_disc(x.flip(-1), math.pi))).abs().max() < 1e-6
     parts = orbit_parts(orbit, torch.zeros(5, 2))
     assert 0 < parts.flip_seen and 0 < parts.roll_seen and parts.error > 0
     with pytest.raises(ValueError, match=r"\(2, steps, N, 2\)"):

@@ -13,7 +13,8 @@ from tiny_models import MicroGazeNet, TinyGazeNet
 
 import alfa
 from alfa.checkpoint import load_model, save_model
-from alfa.cli import main
+from alfa.cli import build_parser, main
+from alfa.cli.gaze import _evaluation_tta
 from alfa.gaze.evaluate import eval_indices, load_examples
 from alfa.gaze.geometry import angular_error
 from alfa.gaze.service import GazeService
@@ -38,23 +39,25 @@ def checkpoint(tmp_path_factory):
 
 
 def test_evaluate_scores_the_kinds_column_and_flip_tta_is_tta_flip(checkpoint, tmp_path, capsys):
-    runs = {}
-    for name, flags in (("roll", ["--tta", "roll"]), ("old", ["--flip-tta"]), ("flip", ["--tta", "flip"])):
-        out = tmp_path / f"{name}.json"
-        argv = ["evaluate", "--checkpoint", str(checkpoint), "--data", DATA, "--quiet", "--json", str(out), *flags]
-        assert main(argv) == 0
-        runs[name] = json.loads(out.read_text())
+    out = tmp_path / "roll.json"
+    argv = ["evaluate", "--checkpoint", str(checkpoint), "--data", DATA, "--quiet", "--json", str(out)]
+    assert main([*argv, "--tta", "roll"]) == 0
     assert "roll-TTA" in capsys.readouterr().out
-    assert set(runs["roll"]["summary"]) == {"source-only", "roll-TTA"}
-    assert runs["old"]["persons"] == runs["flip"]["persons"] and "flip-TTA" in runs["flip"]["summary"]
+    run = json.loads(out.read_text())
+    assert set(run["summary"]) == {"source-only", "roll-TTA"}
+    assert run["meta"]["tta"] == {"kind": "roll", "forward_passes": 3}
     # The roll column is the roll-TTA of the base on the same scored images (the first five are left out).
     model, _ = load_model(checkpoint)
     data = alfa.gaze.data.open_dataset(DATA)
     images, labels = load_examples(data, eval_indices(data, "p01", 5))
     with torch.no_grad():
         want = float(angular_error(RollTTA(model.eval())(images), labels).mean())
-    scored = runs["roll"]["persons"]["p01"]
+    scored = run["persons"]["p01"]
     assert scored["roll-TTA"] == pytest.approx(want, rel=1e-5) and scored["roll-TTA"] != scored["source-only"]
+    # --flip-tta asks for the very kind --tta flip names.
+    parser = build_parser()
+    kinds = [_evaluation_tta(parser.parse_args([*argv, *flags])) for flags in (["--flip-tta"], ["--tta", "flip"])]
+    assert kinds[0] is kinds[1] is TTA_KINDS["flip"]
 
 
 @pytest.mark.parametrize(

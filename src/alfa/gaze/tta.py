@@ -9,6 +9,11 @@ their averaging takes inside an exported graph.
 - ``flip+roll``: :class:`GroupTTA`, both crops (plain and flipped) at every declared angle, each view's prediction
   rolled back and then mirrored back; 6 passes.
 
+A view is rolled **inside the crop's inscribed disc, its corners kept** (:func:`roll_in_disc`): ``roll_images``
+brings black wedges into the corners, which no training image has and which move a model's prediction, while the
+roll law holds inside the disc only. It is the roll view of the personalization objectives (``alfa.gaze.views`` on
+the main branch, ``rolled``, with the same disc), so that a roll means one thing in the project.
+
 A roll moves yaw into pitch, so the rolled-back predictions are averaged as **unit vectors** (their mean direction,
 renormalized), the average that does not depend on the angles' chart: rotating every view's prediction and then
 averaging is averaging and then rotating. The ``flip`` kind keeps :class:`FlipTTA`'s mean of angles, so that
@@ -40,6 +45,8 @@ from .geometry import flip_yaw, pitchyaw_to_vector, roll_gaze, roll_images, vect
 __all__ = [
     "ROLL_TTA_DEG",
     "ROLL_TTA_ANGLES",
+    "disc_mask",
+    "roll_in_disc",
     "TTAKind",
     "TTA_KINDS",
     "tta_kind",
@@ -57,6 +64,19 @@ ROLL_TTA_DEG = 8.0
 
 ROLL_TTA_ANGLES: tuple[float, ...] = (0.0, ROLL_TTA_DEG * math.pi / 180, -ROLL_TTA_DEG * math.pi / 180)
 """The rolls (radians) of the roll-TTA views: the crop itself, then ``±`` :data:`ROLL_TTA_DEG`."""
+
+
+def disc_mask(size: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``(size, size)``: ones on the pixels whose centres lie inside the crop's inscribed circle, zeros outside."""
+    coords = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
+    return (coords[:, None] ** 2 + coords[None, :] ** 2 <= (size / 2) ** 2).to(dtype)
+
+
+def roll_in_disc(images: Tensor, angle: float) -> Tensor:
+    """``images`` rolled by ``angle`` (radians, :func:`alfa.gaze.geometry.roll_images`) inside their inscribed disc,
+    the corners outside it those of the images as they were."""
+    mask = disc_mask(images.shape[-1], images.dtype).to(images.device)
+    return roll_images(images, angle).to(images.dtype) * mask + images * (1 - mask)
 
 
 def flip_tta_from(pred: Tensor, pred_of_flipped: Tensor) -> Tensor:
@@ -84,11 +104,11 @@ class FlipTTA(nn.Module):
 
 def tta_views(images: Tensor, flips: Sequence[bool], angles: Sequence[float]) -> list[Tensor]:
     """The views of ``images`` ``(N, 3, H, W)`` (square) a TTA predicts on: for each flip (``False``: the crop,
-    ``True``: its mirror image), the crop rolled by each angle, in that order."""
+    ``True``: its mirror image), the crop rolled inside its disc by each angle, in that order."""
     out = []
     for flip in flips:
         base = torch.flip(images, dims=[-1]) if flip else images
-        out.extend(base if angle == 0 else roll_images(base, angle).to(images.dtype) for angle in angles)
+        out.extend(base if angle == 0 else roll_in_disc(base, angle) for angle in angles)
     return out
 
 
@@ -139,28 +159,31 @@ class GroupTTA(_ViewTTA):
 
 class GridTTA(nn.Module):
     """A kind's test-time augmentation for a fixed image size, in the form an exported graph takes: each view is a
-    ``grid_sample`` with a constant grid (the roll of :func:`alfa.gaze.geometry.roll_images` at the declared angle,
-    with the flip folded in), the model runs once on all views stacked, and each prediction goes back to the
-    crop's frame through a constant 3×3 matrix (``FlipYaw · Rz(-a)`` on the unit vector) before the mean direction.
-    The same numbers as the kind's wrapper up to float rounding (tests/test_tta.py), in a graph whose size does not
-    grow with the number of views; ONNX has ``GridSample`` from opset 16."""
+    ``grid_sample`` with a constant grid (inside the disc the roll of :func:`alfa.gaze.geometry.roll_images` at the
+    declared angle, outside it each pixel itself, the flip folded into both), the model runs once on all views
+    stacked, and each prediction goes back to the crop's frame through a constant 3×3 matrix (``FlipYaw · Rz(-a)``
+    on the unit vector) before the mean direction. The same numbers as the kind's wrapper up to float rounding
+    (tests/test_tta.py), in a graph whose size does not grow with the number of views; ONNX has ``GridSample`` from
+    opset 16."""
 
     def __init__(self, model: nn.Module, flips: Sequence[bool], angles: Sequence[float], image_size: int) -> None:
         super().__init__()
         self.model = model
         self.training = model.training
         self.views = len(flips) * len(angles)
-        thetas, back = [], []
+        thetas, stills, back = [], [], []
         for flip in flips:
             for angle in angles:
                 cos, sin = math.cos(angle), math.sin(angle)
                 # roll_images samples its input at (cos x + sin y, -sin x + cos y); the flipped input at -x of that
                 mirror = -1.0 if flip else 1.0
                 thetas.append([[mirror * cos, mirror * sin, 0.0], [-sin, cos, 0.0]])
+                stills.append([[mirror, 0.0, 0.0], [0.0, 1.0, 0.0]])  # the corners: each pixel (mirrored) itself
                 back.append([[mirror * cos, mirror * sin, 0.0], [-sin, cos, 0.0], [0.0, 0.0, 1.0]])
-        theta = torch.tensor(thetas)
         size = [len(thetas), 1, image_size, image_size]
-        self.register_buffer("grids", F.affine_grid(theta, size, align_corners=False), persistent=False)
+        rolled, still = (F.affine_grid(torch.tensor(t), size, align_corners=False) for t in (thetas, stills))
+        inside = disc_mask(image_size).bool()[None, :, :, None]
+        self.register_buffer("grids", torch.where(inside, rolled, still), persistent=False)
         self.register_buffer("back", torch.tensor(back), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
