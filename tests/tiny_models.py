@@ -28,13 +28,6 @@ class TinyGazeNet(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
-if "tiny_gaze_net" not in list_models():
-
-    @register_model
-    def tiny_gaze_net(num_outputs: int = 2) -> TinyGazeNet:
-        return TinyGazeNet(num_outputs)
-
-
 class MicroGazeNet(nn.Module):
     """One convolution and a linear head: the smallest gaze model, for tests whose cost is per operator in the graph
     (ONNX export)."""
@@ -53,3 +46,10 @@ if "micro_gaze_net" not in list_models():
     @register_model
     def micro_gaze_net(num_outputs: int = 2) -> MicroGazeNet:
         return MicroGazeNet(num_outputs)
+
+
+if "tiny_gaze_net" not in list_models():
+
+    @register_model
+    def tiny_gaze_net(num_outputs: int = 2) -> TinyGazeNet:
+        return TinyGazeNet(num_outputs)
