@@ -32,6 +32,26 @@ class TinyGazeNet(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+class MicroGazeNet(nn.Module):
+    """One convolution and a linear head: the smallest gaze model, for tests whose cost is per operator in the graph
+    (ONNX export)."""
+
+    def __init__(self, num_outputs: int = 2) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.fc = nn.Linear(8, num_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv1(x)).mean((2, 3)))
+
+
+if "micro_gaze_net" not in list_models():
+
+    @register_model
+    def micro_gaze_net(num_outputs: int = 2) -> MicroGazeNet:
+        return MicroGazeNet(num_outputs)
+
+
 if "tiny_gaze_net" not in list_models():
 
     @register_model

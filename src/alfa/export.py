@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,11 +78,17 @@ def export_onnx(
     tolerance: float = 1e-5,
     seed: int = 0,
     form: str | None = None,
+    wrap: Callable[[nn.Module], nn.Module] | None = None,
 ) -> ExportCheck:
     """Write ``model`` (merged first if it carries an adapter that keeps its rank) as ONNX with a dynamic batch
-    axis (input ``images``: N×3×H×W in [0, 1], output ``gaze``: N×2 yaw, pitch in radians) and check it."""
+    axis (input ``images``: N×3×H×W in [0, 1], output ``gaze``: N×2 yaw, pitch in radians) and check it.
+
+    ``wrap`` puts a module around the merged model before export (the gaze application's test-time augmentation,
+    ``alfa export --tta``): the graph is the wrapped model's, and so is what onnxruntime is checked against."""
     _needs("onnxscript", "ONNX export")
     model = merged_copy(model, form)
+    if wrap is not None:
+        model = wrap(model).eval()
     h, w = image_size
     if h < 1 or w < 1:
         raise ValueError(f"image size must be positive, got {h}×{w}")
@@ -151,9 +157,15 @@ def _check(model: nn.Module, path: Path, image_size: tuple[int, int], batch_size
 
 
 def export_program(
-    model: nn.Module, image_size: tuple[int, int], form: str | None = None
+    model: nn.Module,
+    image_size: tuple[int, int],
+    form: str | None = None,
+    wrap: Callable[[nn.Module], nn.Module] | None = None,
 ) -> torch.export.ExportedProgram:
-    """``torch.export`` of the merged model with a dynamic batch axis (for ExecuTorch, AOTInductor, ...)."""
+    """``torch.export`` of the merged model (inside ``wrap``'s module, as for :func:`export_onnx`) with a dynamic
+    batch axis (for ExecuTorch, AOTInductor, ...)."""
     model = merged_copy(model, form)
+    if wrap is not None:
+        model = wrap(model).eval()
     sample = torch.rand(2, 3, *image_size)
     return torch.export.export(model, (sample,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},))

@@ -13,7 +13,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .guards import adaptation_count, check_labels, check_method_fits, raise_if_incomplete, remove_listed
+from .guards import (
+    adaptation_count,
+    check_labels,
+    check_method_fits,
+    raise_if_incomplete,
+    remove_listed,
+    tta_column,
+)
 from .options import (
     allow_partial_option,
     at_least,
@@ -26,6 +33,8 @@ from .options import (
     quiet_option,
     run_precision_of,
     seed_option,
+    tta_of,
+    tta_option,
     worker_count,
 )
 from .registry import Command
@@ -304,6 +313,13 @@ def _personalize(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- evaluate
 
 
+def _evaluation_tta(args: argparse.Namespace) -> Any:
+    """The test-time augmentation ``evaluate`` scores besides (``--tta``; ``--flip-tta`` is ``--tta flip``)."""
+    if args.flip_tta and args.tta not in (None, "flip"):
+        raise ValueError(f"--flip-tta is --tta flip: it cannot go with --tta {args.tta}")
+    return tta_of("flip" if args.flip_tta else args.tta)
+
+
 def _evaluate(args: argparse.Namespace) -> None:
     from alfa.checkpoint import load_model
     from alfa.gaze.devices import resolve_device
@@ -313,7 +329,8 @@ def _evaluate(args: argparse.Namespace) -> None:
 
     if args.adapters is not None and not Path(args.adapters).is_dir():
         raise FileNotFoundError(f"--adapters {args.adapters}: no such folder (alfa personalize --out writes one)")
-    check_labels(args.label, args.flip_tta)
+    tta = _evaluation_tta(args)
+    check_labels(args.label, tta and tta.name)
     n_adapt = adaptation_count(args)  # before any loading: a conflicting --n-adapt is refused at once
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)
@@ -321,23 +338,26 @@ def _evaluate(args: argparse.Namespace) -> None:
     model.to(device).eval()
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
+    if tta is not None and saved.get("input_size"):
+        tta.check_size(tuple(saved["input_size"]))
     options = {"adapters": args.adapters, "n_adapt": n_adapt, "batch_size": args.batch_size}
     with forward_precision(precision):
         report = evaluate(model, data, **options, progress=not args.quiet, after=args.label)
-        if args.flip_tta:  # the same persons and images through flip test-time augmentation
-            from alfa.gaze.flip import FlipTTA
-
-            tta = evaluate(
+        if tta is not None:  # the same persons and images through the test-time augmentation
+            column = tta_column(tta.name)
+            augmented = evaluate(
                 model,
                 data,
                 **options,
                 progress=False,
-                before="flip-TTA",
-                after=f"{args.label} + flip-TTA",
-                predictor=FlipTTA,
+                before=column,
+                after=f"{args.label} + {column}",
+                predictor=tta.wrap,
             )
-            report.columns.update({k: v for k, v in tta.columns.items()})
+            report.columns.update({k: v for k, v in augmented.columns.items()})
     meta = {"checkpoint": str(args.checkpoint), "adapters": args.adapters, "data": args.data, "precision": precision}
+    if tta is not None:
+        meta["tta"] = {"kind": tta.name, "forward_passes": tta.passes}
     report.meta.update(meta)
     print(report.format_table())
     if args.json:
@@ -599,12 +619,8 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="target dataset spec")
     p.add_argument("--adapters", help="folder of per-person adapters (omit for source-only)")
     p.add_argument("--label", default="personalized", help="column name for the adapted results")
-    p.add_argument(
-        "--flip-tta",
-        action="store_true",
-        help="also score flip test-time augmentation (mean of the prediction and the mirrored prediction on the "
-        "flipped image; no training, twice the inference cost) of the base and of every adapter",
-    )
+    tta_option(p, "also score the base and every adapter")
+    p.add_argument("--flip-tta", action="store_true", help="the same as --tta flip (kept for existing scripts)")
     p.add_argument(
         "--n-adapt",
         type=at_least(0),

@@ -12,18 +12,32 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["adaptation_count", "check_labels", "check_method_fits", "raise_if_incomplete", "remove_listed"]
+__all__ = [
+    "adaptation_count",
+    "check_labels",
+    "check_method_fits",
+    "raise_if_incomplete",
+    "remove_listed",
+    "tta_column",
+]
 
-RESERVED_LABELS = ("source-only", "flip-TTA")
-"""The columns ``evaluate`` names itself: the base's, and the base's under flip test-time augmentation."""
+RESERVED_LABELS = ("source-only",)
+"""The column ``evaluate`` always names itself: the base's (with ``--tta KIND`` also ``KIND-TTA``, the base's under
+that test-time augmentation)."""
 
 
-def check_labels(label: str, flip_tta: bool) -> None:
+def tta_column(kind: str) -> str:
+    """The name of the base's column under test-time augmentation ``kind`` (``flip-TTA``, ``roll-TTA``, ...)."""
+    return f"{kind}-TTA"
+
+
+def check_labels(label: str, tta: str | None) -> None:
     """``--label`` names the adapted column: it may not be empty nor one of the columns ``evaluate`` names itself
-    (:data:`RESERVED_LABELS`), whose results it would silently replace in the table and the JSON."""
+    (:data:`RESERVED_LABELS`, and the test-time augmentation's column of ``tta``), whose results it would silently
+    replace in the table and the JSON."""
     if not label.strip():
         raise ValueError("--label: the adapted column needs a name")
-    taken = RESERVED_LABELS if flip_tta else RESERVED_LABELS[:1]
+    taken = RESERVED_LABELS + ((tta_column(tta),) if tta else ())
     if label in taken:
         raise ValueError(f"--label {label!r} is the name of the {label} column already in the report: choose another")
 

@@ -1,10 +1,11 @@
-"""The commands on the library alone (torch, numpy, safetensors): ``summary`` and ``export``."""
+"""The commands on the library alone (torch, numpy, safetensors): ``summary`` and ``export`` (whose ``--tta`` takes
+the gaze application's test-time augmentation, :mod:`alfa.gaze.tta`, which needs torch alone too)."""
 
 from __future__ import annotations
 
 import argparse
 
-from .options import default_of, image_side, non_negative_number
+from .options import default_of, image_side, non_negative_number, tta_of, tta_option
 from .registry import Command
 
 __all__ = ["SUMMARY", "EXPORT"]
@@ -40,6 +41,7 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-size", type=image_side, nargs=2, metavar=("H", "W"), help="default: the checkpoint's")
     p.add_argument("--out", required=True, help="the ONNX file to write")
     p.add_argument("--program", help="also write the torch.export program here (.pt2)")
+    tta_option(p, "export the model")
     p.add_argument(
         "--tolerance",
         type=non_negative_number,
@@ -55,6 +57,7 @@ def _export(args: argparse.Namespace) -> None:
     from alfa.checkpoint import load_model
     from alfa.export import export_onnx, export_program
 
+    tta = tta_of(args.tta)  # a bad name is one line before anything loads
     model, saved = load_model(args.checkpoint)
     model.eval()
     if args.adapter:
@@ -62,13 +65,17 @@ def _export(args: argparse.Namespace) -> None:
     size = tuple(args.image_size) if args.image_size else tuple(saved.get("input_size") or ())
     if len(size) != 2:
         raise ValueError(f"{args.checkpoint} does not record its input size: pass --image-size H W")
-    check = export_onnx(model, args.out, size, form=args.merge, tolerance=args.tolerance)
-    print(check.describe())
+    wrap = None if tta is None else (lambda merged: tta.exportable(merged, size))
+    if tta is not None:
+        tta.check_size(size)
+    check = export_onnx(model, args.out, size, form=args.merge, tolerance=args.tolerance, wrap=wrap)
+    print(check.describe() + ("" if tta is None else f" ({tta.name} test-time augmentation in the graph: "
+                                                     f"{tta.passes} forward passes an image)"))  # fmt: skip
     if args.program:
         from alfa.fileio import atomic_path
 
         with atomic_path(args.program) as tmp:
-            torch.export.save(export_program(model, size, form=args.merge), str(tmp))
+            torch.export.save(export_program(model, size, form=args.merge, wrap=wrap), str(tmp))
         print(f"wrote {args.program} (torch.export; dynamic batch)")
 
 

@@ -26,6 +26,8 @@ __all__ = [
     "allow_partial_option",
     "seed_option",
     "quiet_option",
+    "tta_option",
+    "tta_of",
     "default_of",
 ]
 
@@ -159,6 +161,32 @@ def seed_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what:
 def quiet_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--quiet``: no progress bars or progress lines; what a command prints as its result stays."""
     parser.add_argument("--quiet", action="store_true", help=QUIET_HELP)
+
+
+def tta_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--tta KIND``: test-time augmentation by the flip and the roll (:data:`alfa.gaze.tta.TTA_KINDS`), its help
+    naming each kind with its inference cost."""
+    from alfa.gaze.tta import TTA_KINDS
+
+    kinds = "; ".join(f"{k.name}: {k.description}, {k.passes} forward passes" for k in TTA_KINDS.values())
+    parser.add_argument(
+        "--tta",
+        metavar="KIND",
+        help=f"{what} with test-time augmentation, KIND one of: {kinds}. It trains nothing; its inference cost is "
+        "its number of forward passes per image, against one without",
+    )
+
+
+def tta_of(name: str | None) -> Any:
+    """The :class:`alfa.gaze.tta.TTAKind` that ``--tta`` names (``None``: none), or one line for the user."""
+    if name is None:
+        return None
+    from alfa.gaze.tta import tta_kind
+
+    try:
+        return tta_kind(name)
+    except ValueError as e:
+        raise ValueError(f"--tta {name}: {e}") from None
 
 
 def default_of(function: Callable[..., Any], parameter: str) -> Any:

@@ -11,7 +11,7 @@ import socket
 import sys
 from typing import Any, TextIO
 
-from .options import at_least, default_of
+from .options import at_least, default_of, tta_of, tta_option
 from .registry import Command
 
 __all__ = ["SERVE"]
@@ -106,7 +106,8 @@ def _serve(args: argparse.Namespace) -> None:
     if args.checkpoint is None or args.adapters is None:
         raise ValueError("--checkpoint and --adapters are needed (only --selftest runs without them)")
     token = _token(args)
-    service = GazeService(args.checkpoint, args.adapters, _limits(args))
+    tta = tta_of(args.tta)  # a bad name is one line before anything loads
+    service = GazeService(args.checkpoint, args.adapters, _limits(args), tta=tta and tta.name)
     log = None if args.quiet else sys.stderr
     with open(args.access_log, "a", encoding="utf-8") if args.access_log else contextlib.nullcontext() as log_file:
         server = _bind(service, args, token, log_file or log)
@@ -116,6 +117,8 @@ def _serve(args: argparse.Namespace) -> None:
                   "gets any user's predictions; set ALFA_SERVE_TOKEN (or --token), and put TLS in front "
                   "(docs/deploy.md)", file=sys.stderr)  # fmt: skip
         auth = "a token (Authorization: Bearer …)" if token else "no token"
+        if tta is not None:
+            auth += f", {tta.name} test-time augmentation ({tta.passes} forward passes a prediction)"
         print(f"serving on http://{host}:{port} with {auth}: POST /predict?user=ID with a face crop, "
               "POST /predict/photo?user=ID with a photo, GET /health (Ctrl-C stops)", flush=True)  # fmt: skip
         try:
@@ -154,6 +157,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="connections waiting for a worker; beyond it: 503 at once (default %(default)s)")  # fmt: skip
     p.add_argument("--request-timeout", type=_seconds, default=limits.request_timeout,
                    help="seconds to receive a whole request (default %(default)s)")  # fmt: skip
+    tta_option(p, "answer every prediction")
     p.add_argument("--access-log", help="append the access log (a line per request) to this file (default: stderr)")
     p.add_argument("--quiet", action="store_true", help="no access log")
     test = p.add_argument_group("load test (--selftest: on 127.0.0.1 only, then exit; non-zero if anything failed)")

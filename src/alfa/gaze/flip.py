@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from .data.base import GazeDataset
 from .evaluate import EVAL_BATCH_SIZE, eval_indices, load_examples, predict_images
-from .geometry import angular_error, flip_yaw
+from .geometry import angular_error
+from .tta import FlipTTA, flip_tta_from  # defined with the other kinds of test-time augmentation
 
 __all__ = [
     "FlipParts",
@@ -43,14 +44,6 @@ __all__ = [
 _DEG = 180.0 / math.pi
 
 
-def flip_tta_from(pred: Tensor, pred_of_flipped: Tensor) -> Tensor:
-    """``ĝ = ½ [pred + FlipYaw(pred_of_flipped)]`` from predictions already made on the images and their
-    horizontal flips (same order)."""
-    if pred.shape != pred_of_flipped.shape:
-        raise ValueError(f"prediction shapes differ: {tuple(pred.shape)} vs {tuple(pred_of_flipped.shape)}")
-    return 0.5 * (pred + flip_yaw(pred_of_flipped))
-
-
 @torch.no_grad()
 def predict_with_flip(model: nn.Module, images: Tensor, batch_size: int = EVAL_BATCH_SIZE) -> tuple[Tensor, Tensor]:
     """``(f(I), f(flip I))`` for ``images`` ``(N, 3, H, W)``: the model's predictions on the images and on
@@ -62,20 +55,6 @@ def predict_with_flip(model: nn.Module, images: Tensor, batch_size: int = EVAL_B
 def flip_tta(model: nn.Module, images: Tensor, batch_size: int = EVAL_BATCH_SIZE) -> Tensor:
     """Flip test-time augmentation: ``½ [f(I) + FlipYaw(f(flip I))]`` for each image, no training."""
     return flip_tta_from(*predict_with_flip(model, images, batch_size=batch_size))
-
-
-class FlipTTA(nn.Module):
-    """A model that predicts with flip test-time augmentation: ``forward(x) = ½ [f(x) + FlipYaw(f(flip x))]``.
-
-    It wraps ``model`` without copying it, so every evaluation path (per-person errors, ``alfa evaluate``,
-    the benchmark) scores flip-TTA unchanged; it trains nothing and costs two forward passes."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: Tensor) -> Tensor:
-        return flip_tta_from(self.model(x), self.model(torch.flip(x, dims=[-1])))
 
 
 @dataclass(frozen=True)

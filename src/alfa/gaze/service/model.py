@@ -20,6 +20,7 @@ from alfa.checkpoint import load_model
 from alfa.serve import MultiUserModel
 
 from ..evaluate import adapter_filename
+from ..tta import tta_kind
 from .limits import ServiceError, ServiceLimits, decode_image, user_id
 
 __all__ = ["GazeService"]
@@ -33,7 +34,9 @@ class GazeService:
     """A base checkpoint and a folder of ``<user>.safetensors`` adapters, served within ``limits``.
 
     ``note`` receives the server-side detail of a refusal (an adapter's path and why it does not load): the
-    client is told only that the user cannot be served, never a path of this machine.
+    client is told only that the user cannot be served, never a path of this machine. ``tta`` names a test-time
+    augmentation of :data:`alfa.gaze.tta.TTA_KINDS` that every answer is made with (its forward passes per request
+    instead of one), on crops and photos alike.
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class GazeService:
         adapters: str | os.PathLike,
         limits: ServiceLimits | None = None,
         note: Callable[[str], None] = _to_stderr,
+        tta: str | None = None,
     ) -> None:
         self.adapters = Path(adapters)
         if not self.adapters.is_dir():
@@ -51,6 +55,9 @@ class GazeService:
         if not size:
             raise ValueError(f"{checkpoint} does not record the image size it was trained on")
         self.input_size = (int(size[0]), int(size[1]))
+        self.tta = None if tta is None else tta_kind(tta)
+        if self.tta is not None:
+            self.tta.check_size(self.input_size)
         self.limits = limits or ServiceLimits()
         self.model = MultiUserModel(base.eval())
         self.note = note
@@ -99,7 +106,7 @@ class GazeService:
         image = self.decode(body)
         with self._lock:
             self._ensure_user(user)
-            yaw, pitch = self.model(image, [user])[0].tolist()
+            yaw, pitch = self._user_model(user)(image)[0].tolist()
         return {"user": user, "yaw": yaw, "pitch": pitch, "unit": "radians"}
 
     def predict_photo(self, user: str | None, body: bytes) -> dict[str, Any]:
@@ -111,7 +118,7 @@ class GazeService:
         def predictor(crops: torch.Tensor) -> torch.Tensor:
             with self._lock:
                 self._ensure_user(user)
-                return model_predictor(_OneUser(self.model, user), self.input_size)(crops)
+                return model_predictor(self._user_model(user), self.input_size)(crops)
 
         try:
             from ..camera import answer_photo, model_predictor
@@ -122,8 +129,14 @@ class GazeService:
         except ValueError as e:
             raise ServiceError(400, str(e)) from None
 
+    def _user_model(self, user: str) -> torch.nn.Module:
+        """The shared model as ``user``'s, with the service's test-time augmentation when it has one."""
+        model = _OneUser(self.model, user)
+        return model if self.tta is None else self.tta.wrap(model)
+
     def health(self) -> dict[str, Any]:
-        return {"status": "ok", "users_loaded": len(self.model.users), "input_size": list(self.input_size)}
+        tta = {"tta": self.tta.name, "forward_passes": self.tta.passes} if self.tta else {"forward_passes": 1}
+        return {"status": "ok", "users_loaded": len(self.model.users), "input_size": list(self.input_size), **tta}
 
 
 class _OneUser(torch.nn.Module):

@@ -20,6 +20,11 @@ kappa angle (invisible in the image, so even a perfect image model has a per-per
 Flip law. Mirroring the scene (``FaceParams.mirrored``: negate every left/right-odd parameter, such as
 yaws, roll, kappa yaw, asymmetries, light azimuth, and flip the noise field) conjugates every
 rotation by ``diag(-1, 1, 1)`` and so renders the horizontally flipped image, up to float rounding.
+
+Roll law. Rolling the scene about the camera axis (``FaceParams.rolled``: the head rotation ``Rz · R``, the light,
+the crop shift and the background gradient turned) renders the crop rotated about its centre, inside its inscribed
+disc and up to bilinear resampling, once the terms fixed to the image frame (``light_grad``, the noise field, the
+label noise) are zero (tests/test_roll_law.py).
 """
 
 from __future__ import annotations
@@ -152,6 +157,42 @@ class FaceParams:
     def mirrored(self) -> FaceParams:
         """The left/right mirror image of every scene in the batch (see the module docstring)."""
         return replace(self, **{name: -getattr(self, name) for name in _MIRROR_ODD})
+
+    def rolled(self, angle: float | Tensor) -> FaceParams:
+        """Every scene of the batch rolled about the camera axis by ``angle`` (radians; the sense of
+        :func:`alfa.gaze.geometry.roll_gaze`), the scene whose image is the crop rotated about its centre.
+
+        The head rotation becomes ``Rz(angle) · R``, re-expressed as this renderer's yaw, pitch and roll; the
+        light direction, the crop shift and the background's gradient rotate with it. Two terms are fixed to the
+        image's frame and have no rolled form, so they are kept as they are and a caller that wants the exact law
+        sets them to zero: ``light_grad`` (a falloff along the image's columns) and the label noise (added to the
+        angles, not to the visual axis); the sensor noise field is the caller's too (rotate it or zero it)."""
+        a = torch.as_tensor(angle, dtype=self.head_yaw.dtype).expand_as(self.head_yaw)
+        cos, sin = torch.cos(a), torch.sin(a)
+        one, zero = torch.ones_like(a), torch.zeros_like(a)
+        rz = torch.stack([cos, -sin, zero, sin, cos, zero, zero, zero, one], -1).view(-1, 3, 3)
+        rot = rz @ head_rotation(self.head_yaw, self.head_pitch, self.head_roll)
+        forward = vector_to_pitchyaw(rot[:, :, 2])  # R e_z is the direction of (yaw, pitch)
+        rest = head_rotation(forward[:, 0], forward[:, 1], zero).transpose(1, 2) @ rot  # Rz(roll) alone
+        light = vector_to_pitchyaw((rz @ _direction(self.light_az, self.light_el).unsqueeze(-1)).squeeze(-1))
+
+        def turn(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+            return x * cos - y * sin, x * sin + y * cos
+
+        shift_x, shift_y = turn(self.shift_x, self.shift_y)
+        bg_grad_x, bg_grad_y = turn(-self.bg_grad_x, -self.bg_grad_y)  # the gradient is along (u, v) = -(x, y)
+        return replace(
+            self,
+            head_yaw=forward[:, 0],
+            head_pitch=forward[:, 1],
+            head_roll=torch.atan2(rest[:, 1, 0], rest[:, 0, 0]),
+            light_az=light[:, 0],
+            light_el=light[:, 1],
+            shift_x=shift_x,
+            shift_y=shift_y,
+            bg_grad_x=-bg_grad_x,
+            bg_grad_y=-bg_grad_y,
+        )
 
     def select(self, index: Tensor | slice) -> FaceParams:
         return FaceParams(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
