@@ -1,27 +1,48 @@
 """The serving page's text from a measurement (the measurement itself takes minutes: `alfa serving`)."""
 
+from alfa.study.bench.ratios import paired_ratio
 from alfa.study.bench.serving import DISTINCT, METHODS, serving_markdown
 
+JITTER = [1.0, 1.02, 0.99, 1.01, 0.98, 1.0, 1.01]  # each configuration's own noise from round to round
 
-def _result(multi_64: float) -> dict:
+
+def _result(multi_64: float, rounds: bool = True) -> dict:
     seconds = {}
     for m in METHODS:
         seconds[f"{m}: one merged model"] = 1.0
         for k in DISTINCT:
             seconds[f"{m}: multi-user, {k} users"] = multi_64 if k == max(DISTINCT) else 1.1
             seconds[f"{m}: switching merged models, {k} users"] = float(k)
-    return {
+    r = {
         "batch": 64, "image_size": 64, "rank": 64, "rounds": 7, "threads": 2, "seconds": seconds,
         "seconds_quartiles": {n: [0.5 * t, 2.0 * t] for n, t in seconds.items()},
         "per_user": {m: {"multi_user_bytes": 229376, "merged_model_bytes": 9_000_000} for m in METHODS},
         "load_average_end": 0.5, "cpus": 2, "torch": "2.13.0", "date": "2026-12-01",
     }  # fmt: skip
+    if rounds:  # the merged model steady, the others jittering: the ratios have a width
+        r["round_seconds"] = {n: [t * j for j in JITTER] for n, t in seconds.items()}
+        for m in METHODS:
+            r["round_seconds"][f"{m}: one merged model"] = [1.0] * len(JITTER)
+    return r
 
 
-def test_the_page_says_whether_the_goal_is_met():
+def test_the_page_judges_the_goal_on_the_ratios_interval():
     met = serving_markdown(_result(1.2), "alfa serving")
-    assert "runs at 0.83× a single merged model's throughput (goal ≥ 0.8×: met)" in met
-    assert "| alfa: switching merged models, 64 distinct users | 1 (0–2) | 0.02 |" in met
+    ratio = paired_ratio([1.0] * len(JITTER), [1.2 * j for j in JITTER])
+    assert 0.8 < ratio.low < ratio.value < ratio.high and ratio.text() == "0.83 [0.82, 0.84]"
+    assert "runs at 0.83 [0.82, 0.84]× a single merged model's throughput (goal ≥ 0.8×: met)" in met
+    switching = paired_ratio([1.0] * len(JITTER), [64 * j for j in JITTER]).text()
+    assert f"| alfa: switching merged models, 64 distinct users | 1 (0–2) | {switching} |" in met
     assert "| alfa: one merged model (one user) | 64 (32–128) | 1.00 |" in met
+    assert "× one merged model [95 % interval]" in met and "Every ratio is paired over the interleaved rounds" in met
     assert "1 distinct user |" in met and "224.0 KiB" in met
-    assert "NOT met" in serving_markdown(_result(2.0), "alfa serving")
+    assert "(goal ≥ 0.8×: NOT met)" in serving_markdown(_result(2.0), "alfa serving")
+    assert "(goal ≥ 0.8×: not shown (the interval straddles it))" in serving_markdown(_result(1.25), "alfa serving")
+
+
+def test_a_record_without_rounds_still_renders_and_says_so_in_one_line():
+    old = serving_markdown(_result(1.2, rounds=False), "alfa serving --rounds 7 --out docs/serving.md")
+    (line,) = [x for x in old.splitlines() if "no per-round timings" in x]
+    assert "re-run `alfa serving --rounds 7 --out docs/serving.md` for the intervals" in line
+    assert "runs at 0.83× a single merged model's throughput (goal ≥ 0.8×: not judged without an interval)" in old
+    assert "| alfa: switching merged models, 64 distinct users | 1 (0–2) | 0.02 |" in old and " [" not in old

@@ -34,7 +34,10 @@ def test_the_verdict_compares_the_loader_with_the_step():
     assert not fast_loader.loader_bound and "not loader-bound" in fast_loader.format()
     page = {"command": "alfa throughput", "cpus": 2, "torch": "2", "date": "2026-12-01", "load_average_end": 0.1}
     rows = [{**slow_loader.to_dict(), "fixture": "mpiifacegaze", "model": "m"}]
-    assert "| mpiifacegaze | 0 | 10 | 100 | 9 | yes |" in loading_page({**page, "runs": rows})
+    text = loading_page({**page, "runs": rows})
+    assert "| mpiifacegaze | 0 | 10 | 100 | 9 | yes |" in text and "so it carries no 95 % interval" in text
+    alone = {**slow_loader.to_dict(), "step": None, "both": None, "loader_bound": None, "fixture": "f", "model": "m"}
+    assert "interval" not in loading_page({**page, "runs": [alone]})  # the loader alone: nothing compared
 
 
 def test_the_command_writes_its_page_and_refuses_bad_options(tmp_path, capsys):

@@ -195,6 +195,16 @@ def loading_page(page: dict[str, Any]) -> str:
     ]
     first = runs[0]
     h, w = first["image_size"]
+    # a comparison without an interval is flagged where it is made (the loader-only page makes none)
+    caveat = (
+        [
+            "*Loader-bound* compares one timed run of the loader with one of the step (each is timed once, not in "
+            "repeated rounds), so it carries no 95 % interval: where the two rates are close, it shows nothing.",
+            "",
+        ]
+        if any(r["step"] is not None for r in runs)
+        else []
+    )
     if first["step"] is None:
         what = "The loader alone (`--loader-only`: the training step was not timed)."
     else:
@@ -219,6 +229,7 @@ def loading_page(page: dict[str, Any]) -> str:
             "| --- | ---: | ---: | ---: | ---: | :---: |",
             *rows,
             "",
+            *caveat,
             "The fixtures' faces are flat colours, which decode faster than photographs, so these rates are upper "
             "bounds for real data of the same size. ETH-XGaze's training set is ~756k images: at a rate R, one "
             "epoch's loading takes 756,000 / R seconds of these CPUs. On a GPU the step is far faster than on a "

@@ -4,8 +4,9 @@ ResNet-18 truncated at the default rank, batches of 64 face crops. Per batch, 1,
 users and, separately, LoRA users, each with a random non-trivial adapter of the default size), against one
 merged model running the whole batch (what a single user costs) and against switching merged models per
 request (each user's own merged model on their share of the batch). Rounds are interleaved, so a slow drift of
-the machine hits every configuration alike; each number is a median over the rounds. Memory per added user is
-the bytes of their terms in the multi-user model, against a merged model of their own.
+the machine hits every configuration alike; each rate is a median over the rounds, each ratio is paired over the
+rounds with its 95 % interval (:mod:`.ratios`), and every round's timing is kept in the record. Memory per added
+user is the bytes of their terms in the multi-user model, against a merged model of their own.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from alfa.serve import MultiUserModel
 
 from .markdown import table
 from .measure import interleaved_seconds, middle_half
+from .ratios import goal_verdict, interval_note, no_rounds_note, ratio_cell
 
 __all__ = ["measure_serving", "serving_markdown", "serving_command", "main"]
 
 BATCH = 64
+GOAL = 0.8  # the multi-user model at 64 distinct users: at least 0.8× one merged model's throughput
 DISTINCT = (1, 8, 64)
 METHODS = {"alfa": AlfaConfig(), "lora": LoraConfig()}
 
@@ -91,6 +94,8 @@ def measure_serving(rounds: int = 28, image_size: int = 64, threads: int = 2, se
         "seconds": {n: statistics.median(t) for n, t in times.items()},
         # the middle half of each configuration's rounds, for the spread the page prints
         "seconds_quartiles": {n: middle_half(t) for n, t in times.items()},
+        # every round's timing (the i-th of each list from the same round): the pairs the ratios' intervals need
+        "round_seconds": times,
         "per_user": per_user,
         "load_average_end": load[0],
         "cpus": os.cpu_count(),
@@ -103,6 +108,15 @@ def serving_command(out: str | None, rounds: int, image_size: int) -> str:
     return f"alfa serving --rounds {rounds} --image-size {image_size}" + (f" --out {out}" if out else "")
 
 
+def _throughput_ratio(r: dict[str, Any], single: str, name: str) -> tuple[str, str]:
+    """``name``'s throughput against ``single``'s: its table cell and the goal's verdict. Paired over the rounds
+    with its interval where the record keeps them, else the ratio of the medians, judged against no goal."""
+    rounds = r.get("round_seconds") or {}
+    # one merged model's time over this configuration's, round by round: this one's throughput in × of that one's
+    cell, paired = ratio_cell(rounds.get(single), rounds.get(name), r["seconds"][single] / r["seconds"][name])
+    return cell, goal_verdict(paired, GOAL, at_least=True)
+
+
 def serving_markdown(r: dict[str, Any], command: str) -> str:
     """The page (docs/serving.md) from a measurement."""
     s, q, b = r["seconds"], r["seconds_quartiles"], r["batch"]
@@ -113,19 +127,24 @@ def serving_markdown(r: dict[str, Any], command: str) -> str:
 
     rows, verdicts = [], []
     for method in METHODS:
-        single = s[f"{method}: one merged model"]
-        rows.append([f"{method}: one merged model (one user)", rate(f"{method}: one merged model"), "1.00"])
+        single = f"{method}: one merged model"
+        rows.append([f"{method}: one merged model (one user)", rate(single), "1.00"])
         for k in DISTINCT:
             for kind in ("multi-user", "switching merged models"):
                 name = f"{method}: {kind}, {k} users"
                 who = f"{k} distinct user{'s' if k > 1 else ''}"
-                rows.append([f"{method}: {kind}, {who}", rate(name), f"{single / s[name]:.2f}"])
-        ratio = single / s[f"{method}: multi-user, {max(DISTINCT)} users"]
+                rows.append([f"{method}: {kind}, {who}", rate(name), _throughput_ratio(r, single, name)[0]])
+        cell, verdict = _throughput_ratio(r, single, f"{method}: multi-user, {max(DISTINCT)} users")
         verdicts.append(
             f"{method}: at {max(DISTINCT)} distinct users per batch of {b}, the multi-user model runs at "
-            f"{ratio:.2f}× a single merged model's throughput"
-            + (" (goal ≥ 0.8×: met)." if ratio >= 0.8 else " (goal ≥ 0.8×: NOT met).")
+            f"{cell}× a single merged model's throughput (goal ≥ {GOAL}×: {verdict})."
         )
+    paired = bool(r.get("round_seconds")) and r["rounds"] >= 2
+    how, column = (
+        (interval_note(), "× one merged model [95 % interval]")
+        if paired
+        else (no_rounds_note(command), "× one merged model (of the medians)")
+    )
     mem = [
         [m, f"{v['multi_user_bytes'] / 1024:,.1f} KiB", f"{v['merged_model_bytes'] / 2**20:,.2f} MiB"]
         for m, v in r["per_user"].items()
@@ -138,12 +157,14 @@ def serving_markdown(r: dict[str, Any], command: str) -> str:
             "",
             f"Generated by `{command}` on {r['date']} ({r['cpus']} CPUs, {r['threads']} torch threads, torch "
             f"{r['torch']}; load average {r['load_average_end']:.1f} at the end). ResNet-18 truncated at rank "
-            f"{r['rank']}, batches of {b} images of {r['image_size']}×{r['image_size']}; median over {r['rounds']} "
-            "interleaved rounds (in brackets: the middle half of the rounds; the ratio is of the medians). Alfa "
-            "users: `AlfaConfig()`; LoRA users: `LoraConfig()`; each with its own random adapter. "
-            "*Switching merged models*: each user's own merged model on their share of the batch.",
+            f"{r['rank']}, batches of {b} images of {r['image_size']}×{r['image_size']}; images / s: the median over "
+            f"{r['rounds']} interleaved rounds (in parentheses: the middle half of the rounds). Alfa users: "
+            "`AlfaConfig()`; LoRA users: `LoraConfig()`; each with its own random adapter. *Switching merged "
+            "models*: each user's own merged model on their share of the batch.",
             "",
-            table(["configuration", "images / s (middle half)", "× one merged model"], rows),
+            how,
+            "",
+            table(["configuration", "images / s (middle half)", column], rows),
             "",
             *(f"- {v}" for v in verdicts),
             "",

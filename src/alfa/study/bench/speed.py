@@ -8,7 +8,8 @@
 * Peak memory (resident set size) of a process doing each kind of step.
 
 Every timing is a median over repeats after a warm-up; the configurations are interleaved so that
-slow drifts of the machine hit all of them alike.
+slow drifts of the machine hit all of them alike, and each ratio is paired over those rounds with its 95 %
+interval (:mod:`.ratios`): every round's timing is kept in the record.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ from alfa.fileio import write_text
 from alfa.gaze.train import TruncateConfig
 from alfa.models import resnet18_gaze
 
+from .ratios import goal_verdict, interval_note, no_rounds_note, ratio_cell
+
 STEP_SETUPS = ("head only", "alfa", "full fine-tune")
 # The measured setting: the defaults (truncation rank d, Alfa's heads and rank), named in the page too.
 RANK = TruncateConfig().rank
 ALFA = AlfaConfig()
+LATENCY_TARGET = 1.02  # merged / truncated latency: the merged model has the truncated structure exactly
 
 
 def _flip_loss(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -66,15 +70,11 @@ def _median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def _adapter_math_time(model: nn.Module, repeats: int) -> float:
-    """Forward + backward of ``adapted_V`` for every Alfa layer, without any image."""
-    layers = list(adapted_layers(model).values())
-    times = []
-    for _ in range(repeats + 1):
-        t = time.perf_counter()
-        sum(layer.adapted_V().sum() for layer in layers).backward()
-        times.append(time.perf_counter() - t)
-    return _median(times[1:])
+def _adapter_math_once(layers: list[nn.Module]) -> float:
+    """Seconds of one forward + backward of ``adapted_V`` for every Alfa layer, without any image."""
+    t = time.perf_counter()
+    sum(layer.adapted_V().sum() for layer in layers).backward()
+    return time.perf_counter() - t
 
 
 def _rss_kib(field: str) -> int:
@@ -121,18 +121,22 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
 
     steps = {s: _step_model(s, truncated) for s in STEP_SETUPS}
     step_times: dict[str, list[float]] = {s: [] for s in STEP_SETUPS}
+    alfa_model = steps["alfa"][0]
+    alfa_layers = list(adapted_layers(alfa_model).values())
+    math_times: list[float] = []  # Alfa's own computation, timed in the same rounds as the steps: its share pairs
     for model, opt in steps.values():  # warm-up
         _one_step(model, opt, images)
+    _adapter_math_once(alfa_layers)
     for _ in tqdm(range(repeats), desc="personalization steps", leave=False):
         for s, (model, opt) in steps.items():
             step_times[s].append(_one_step(model, opt, images))
-    alfa_model = steps["alfa"][0]
-    adapter_math = _adapter_math_time(alfa_model, repeats)
+        math_times.append(_adapter_math_once(alfa_layers))  # its gradients are cleared by the next Alfa step
 
     merged = copy.deepcopy(alfa_model)
     merge(merged)
     infer = {"dense": dense, "truncated": truncated, "merged alfa": merged}
     latency: dict[str, dict[str, float]] = {}
+    latency_rounds: dict[str, dict[str, list[float]]] = {}
     with torch.no_grad():
         for batch in (1, 10):
             x = images[:batch]
@@ -145,6 +149,7 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
                     m(x)
                     times[k].append(time.perf_counter() - t)
             latency[f"batch {batch}"] = {k: _median(v) for k, v in times.items()}
+            latency_rounds[f"batch {batch}"] = times
 
     result = {
         "machine": {
@@ -162,8 +167,12 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
             **{f"trainable ({s})": parameter_summary(m).trainable for s, (m, _) in steps.items()},
         },
         "step_seconds": {s: _median(v) for s, v in step_times.items()},
-        "adapter_math_seconds": adapter_math,
+        "adapter_math_seconds": _median(math_times),
         "latency_seconds": latency,
+        # every round's timing (the i-th of each list from the same round): the pairs the ratios' intervals need
+        "step_round_seconds": step_times,
+        "adapter_math_round_seconds": math_times,
+        "latency_round_seconds": latency_rounds,
     }
     if memory:
         result["memory_mb"] = {
@@ -182,35 +191,44 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def to_markdown(r: dict, command: str) -> str:
-    s, lat = r["step_seconds"], r["latency_seconds"]
-    head = s["head only"]
+def _rounds_of(r: dict, key: str, *inner: str) -> dict | list | None:
+    """The per-round timings at ``r[key][inner…]``; ``None`` in a record made before they were kept."""
+    node = r.get(key)
+    for k in inner:
+        node = None if node is None else node.get(k)
+    return node
+
+
+def _step_section(r: dict) -> list[str]:
+    s = r["step_seconds"]
+    rounds = _rounds_of(r, "step_round_seconds") or {}
     lines = [
-        "# Speed and memory (generated)",
-        "",
-        f"Produced by `{command}` on {r['machine']['cpu']}, torch {r['machine']['torch']}, "
-        f"{r['machine']['threads']} threads; {r['image_size']}×{r['image_size']} images, median of "
-        f"{r['repeats']} repeats after a warm-up. ResNet-18 gaze regressor truncated at rank {RANK}; Alfa with "
-        f"{ALFA.heads} heads, rank {ALFA.rank} on all 14 factorized layers. Do not edit by hand: re-run the command.",
-        "",
         "## One personalization step",
         "",
         "A step is one forward of the 10-image batch and its 10 flips (20 images), the flip-symmetry "
         "L1 loss, backward and an AdamW step.",
         "",
-        "| setup | trainable params | seconds / step | vs head only |",
+        "| setup | trainable params | seconds / step | × head only |",
         "|---|---:|---:|---:|",
     ]
     for k in STEP_SETUPS:
-        lines.append(f"| {k} | {r['params'][f'trainable ({k})']:,} | {s[k]:.3f} | {s[k] / head:.2f}× |")
-    lines += [
+        vs = ratio_cell(rounds.get(k), rounds.get("head only"), s[k] / s["head only"])[0]
+        vs = "1.00" if k == "head only" else vs
+        lines.append(f"| {k} | {r['params'][f'trainable ({k})']:,} | {s[k]:.3f} | {vs} |")
+    math = r["adapter_math_seconds"]
+    share = ratio_cell(_rounds_of(r, "adapter_math_round_seconds"), rounds.get("alfa"), math / s["alfa"], 1, 100)[0]
+    return lines + [
         "",
         f"Alfa's own computation (all 14 `adapted_V()`, forward and backward, once per step whatever the "
-        f"batch): {r['adapter_math_seconds'] * 1e3:.1f} ms, {100 * r['adapter_math_seconds'] / s['alfa']:.1f}% "
-        "of its step. The rest of the gap to *head only* is the backward pass through layers 2–4, which "
-        "any method that adapts those layers pays: with only the head trainable, autograd never enters "
-        "the convolutions at all.",
-        "",
+        f"batch): {math * 1e3:.1f} ms, {share} % of its step. The rest of the gap to *head only* is the backward "
+        "pass through layers 2–4, which any method that adapts those layers pays: with only the head trainable, "
+        "autograd never enters the convolutions at all.",
+    ]
+
+
+def _latency_section(r: dict) -> list[str]:
+    lat = r["latency_seconds"]
+    lines = [
         "## Inference latency",
         "",
         "| model | parameters | batch 1 (ms) | batch 10 (ms) |",
@@ -218,12 +236,41 @@ def to_markdown(r: dict, command: str) -> str:
     ]
     for k in ("dense", "truncated", "merged alfa"):
         lines.append(f"| {k} | {r['params'][k]:,} | {lat['batch 1'][k] * 1e3:.1f} | {lat['batch 10'][k] * 1e3:.1f} |")
-    ratio1 = lat["batch 1"]["merged alfa"] / lat["batch 1"]["truncated"]
-    ratio10 = lat["batch 10"]["merged alfa"] / lat["batch 10"]["truncated"]
-    lines += [
+    cells, verdicts = [], {}
+    for batch in ("batch 1", "batch 10"):
+        rounds = _rounds_of(r, "latency_round_seconds", batch) or {}
+        of_medians = lat[batch]["merged alfa"] / lat[batch]["truncated"]
+        cell, paired = ratio_cell(rounds.get("merged alfa"), rounds.get("truncated"), of_medians, 3)
+        cells.append(f"{cell} ({batch})")
+        verdicts[batch] = goal_verdict(paired, LATENCY_TARGET, at_least=False)
+    verdict = (
+        next(iter(verdicts.values()))
+        if len(set(verdicts.values())) == 1
+        else "; ".join(f"{v} at {batch}" for batch, v in verdicts.items())
+    )
+    return lines + [
         "",
-        f"Merged / truncated latency: {ratio1:.3f} (batch 1), {ratio10:.3f} (batch 10) — the merged model "
-        "has exactly the truncated structure, so any difference is timing noise (target ≤ 1.02).",
+        f"Merged / truncated latency: {', '.join(cells)} — the merged model has exactly the truncated structure, "
+        f"so any difference is timing noise (target ≤ {LATENCY_TARGET}: {verdict}).",
+    ]
+
+
+def to_markdown(r: dict, command: str) -> str:
+    paired = _rounds_of(r, "step_round_seconds") is not None and r["repeats"] >= 2
+    lines = [
+        "# Speed and memory (generated)",
+        "",
+        f"Produced by `{command}` on {r['machine']['cpu']}, torch {r['machine']['torch']}, "
+        f"{r['machine']['threads']} threads; {r['image_size']}×{r['image_size']} images, median of "
+        f"{r['repeats']} interleaved rounds after a warm-up ({2 * r['repeats']} for inference). ResNet-18 gaze "
+        f"regressor truncated at rank {RANK}; Alfa with {ALFA.heads} heads, rank {ALFA.rank} on all 14 factorized "
+        "layers. Do not edit by hand: re-run the command.",
+        "",
+        interval_note() if paired else no_rounds_note(command),
+        "",
+        *_step_section(r),
+        "",
+        *_latency_section(r),
     ]
     if "memory_mb" in r:
         lines += [

@@ -1,0 +1,110 @@
+"""Ratios of two timings taken in the same interleaved rounds, each with its 95 % interval, and goals judged on
+that interval: what the timing pages (docs/serving.md, docs/speed.md) print beside every comparison.
+
+The rounds are the unit. Within a round every configuration is timed back to back, so one round's ratio of two
+timings is paired: a slow spell of the shared machine that lasts the round scales both sides and cancels. The
+estimate is the geometric mean of the per-round ratios, ``exp(mean log ratio)``, and its interval is Student's t
+interval of the mean log ratio over the rounds, exponentiated. Chosen over a bootstrap of the median of the
+per-round ratios because it is closed form (the same numbers every time, with no seed to fix), still sound at the
+9 rounds the transformer section times (a bootstrap of a median of 9 values can only land on a handful of
+them), and the same whichever side is the denominator (the interval of ``b / a`` is the reciprocal of
+``a / b``'s). The interval speaks of round-to-round noise on the machine that ran the command, not of other
+machines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from alfa.gaze.tdist import t_quantile
+
+__all__ = ["LEVEL", "Ratio", "paired_ratio", "ratio_cell", "goal_verdict", "interval_note", "no_rounds_note"]
+
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """``numerator / denominator`` over ``rounds`` paired rounds: the geometric mean of the per-round ratios
+    (``value``) and its 95 % interval ``[low, high]``."""
+
+    value: float
+    low: float
+    high: float
+    rounds: int
+
+    def text(self, digits: int = 2, scale: float = 1.0) -> str:
+        """``0.87 [0.84, 0.90]``: the value and, in square brackets, its 95 % interval (each times ``scale``)."""
+        v, lo, hi = (scale * x for x in (self.value, self.low, self.high))
+        return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> Ratio | None:
+    """The ratio of two timings round by round (``numerator[i]`` and ``denominator[i]`` from the same round),
+    with its 95 % t-interval over the rounds (module docstring); ``None`` under two rounds (no spread to
+    judge)."""
+    if len(numerator) != len(denominator):
+        sides = f"{len(numerator)} and {len(denominator)}"
+        raise ValueError(f"paired timings need as many rounds on each side, not {sides}")
+    if any(t <= 0 for t in (*numerator, *denominator)):
+        raise ValueError("a timing must be positive to take its ratio")
+    logs = [math.log(a / b) for a, b in zip(numerator, denominator)]
+    n = len(logs)
+    if n < 2:
+        return None
+    mean = sum(logs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    half = float(t_quantile(1 - LEVEL, n - 1)) * sd / math.sqrt(n)
+    return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
+
+
+def ratio_cell(
+    numerator: Sequence[float] | None,
+    denominator: Sequence[float] | None,
+    of_medians: float,
+    digits: int = 2,
+    scale: float = 1.0,
+) -> tuple[str, Ratio | None]:
+    """What a page prints for a ratio, and the ratio: paired over the rounds with its interval where both sides'
+    rounds are kept (``None``: a record made before they were), else ``of_medians`` alone, without an interval."""
+    paired = None if numerator is None or denominator is None else paired_ratio(numerator, denominator)
+    if paired is None:
+        return f"{scale * of_medians:.{digits}f}", None
+    return paired.text(digits, scale), paired
+
+
+def goal_verdict(ratio: Ratio | None, goal: float, at_least: bool) -> str:
+    """Whether ``ratio`` meets ``goal`` (``≥ goal`` when ``at_least``, else ``≤ goal``), judged on its interval:
+    *met* only when the whole interval clears the goal, *NOT met* when the whole interval misses it, *not shown*
+    when the interval straddles it; *not judged* without an interval."""
+    if ratio is None:
+        return "not judged without an interval"
+    lo, hi = (ratio.low, ratio.high) if at_least else (-ratio.high, -ratio.low)
+    bar = goal if at_least else -goal
+    if lo >= bar:
+        return "met"
+    if hi < bar:
+        return "NOT met"
+    return "not shown (the interval straddles it)"
+
+
+def interval_note() -> str:
+    """The sentence a page prints once to say what its square brackets are."""
+    return (
+        "Every ratio is paired over the interleaved rounds (within a round the configurations run back to "
+        "back): the geometric mean of the per-round ratios and, in square brackets, its 95 % interval, Student's t "
+        "over the rounds of the log ratio (closed form, so deterministic without a seed; sound at a few rounds, "
+        "where a bootstrap of the median has few values to land on; the same whichever side is divided by). A goal "
+        "is met only where the whole interval clears it, *not shown* where the interval straddles it. The intervals "
+        "are of this machine's round-to-round noise, one comparison at a time (no correction for the page's several)."
+    )
+
+
+def no_rounds_note(command: str) -> str:
+    """The one line a page prints for a record without two rounds' timings (made before they were kept)."""
+    return (
+        "This record keeps no per-round timings (it was made before they were kept, or has a single round), so its "
+        f"ratios are of medians, carry no 95 % interval and judge no goal: re-run `{command}` for the intervals."
+    )

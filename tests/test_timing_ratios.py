@@ -1,0 +1,91 @@
+"""The timing pages' ratios (``alfa.study.bench.ratios``): paired over interleaved rounds, a 95 % t-interval of
+the mean log ratio, goals judged on the interval; and docs/speed.md with and without the rounds kept."""
+
+import math
+
+import pytest
+
+from alfa.study.bench.ratios import Ratio, goal_verdict, paired_ratio, ratio_cell
+from alfa.study.bench.speed import STEP_SETUPS, to_markdown
+
+BATCHES = ("batch 1", "batch 10")
+T_975_3 = 3.182446305284263  # Student's t, 3 degrees of freedom, 97.5 % quantile (printed tables)
+
+
+def test_a_known_ratio_and_its_interval_by_hand():
+    denominator = [1.0, 2.0, 3.0, 4.0]  # the machine's speed drifts from round to round: the pairs cancel it
+    d = 0.05
+    numerator = [2 * t * math.exp(e) for t, e in zip(denominator, [d, -d, d, -d])]
+    r = paired_ratio(numerator, denominator)
+    half = T_975_3 * d * math.sqrt(4 / 3) / math.sqrt(4)  # t · sd of the log ratios / √rounds
+    assert r.rounds == 4 and r.value == pytest.approx(2.0, rel=1e-12)
+    assert (r.low, r.high) == pytest.approx((2 * math.exp(-half), 2 * math.exp(half)), rel=1e-9)
+    assert r.text() == f"2.00 [{2 * math.exp(-half):.2f}, {2 * math.exp(half):.2f}]"
+    flipped = paired_ratio(denominator, numerator)  # the same interval whichever side is divided by
+    assert (flipped.value, flipped.low, flipped.high) == pytest.approx((1 / r.value, 1 / r.high, 1 / r.low))
+    exact = paired_ratio([3.0, 6.0, 9.0], [1.0, 2.0, 3.0])  # no noise within rounds: no width
+    assert (exact.value, exact.low, exact.high) == pytest.approx((3.0, 3.0, 3.0))
+
+
+def test_goals_are_judged_on_the_interval():
+    straddles = paired_ratio([0.7, 0.9, 0.75, 0.88], [1.0] * 4)
+    assert straddles.low < 0.8 < straddles.high
+    assert goal_verdict(straddles, 0.8, at_least=True) == "not shown (the interval straddles it)"
+    assert goal_verdict(straddles, 0.8, at_least=False) == "not shown (the interval straddles it)"
+    # a median that clears the goal is not enough: the whole interval must
+    assert straddles.value > 0.8 and goal_verdict(straddles, 0.8, at_least=True) != "met"
+    assert goal_verdict(Ratio(0.87, 0.84, 0.90, 28), 0.8, at_least=True) == "met"
+    assert goal_verdict(Ratio(0.76, 0.72, 0.79, 28), 0.8, at_least=True) == "NOT met"
+    assert goal_verdict(Ratio(1.00, 0.99, 1.01, 40), 1.02, at_least=False) == "met"
+    assert goal_verdict(Ratio(1.60, 1.55, 1.66, 9), 1.5, at_least=False) == "NOT met"
+    assert goal_verdict(None, 0.8, at_least=True) == "not judged without an interval"
+
+
+def test_too_few_or_unpaired_rounds():
+    assert paired_ratio([1.0], [2.0]) is None  # one round: no spread, no interval
+    assert ratio_cell(None, [1.0, 2.0], 0.876) == ("0.88", None)  # a record without rounds: the medians' ratio
+    assert ratio_cell([1.0], [2.0], 0.5, 1, 100) == ("50.0", None)
+    with pytest.raises(ValueError, match="as many rounds on each side, not 2 and 3"):
+        paired_ratio([1.0, 2.0], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="positive"):
+        paired_ratio([1.0, 0.0], [1.0, 2.0])
+
+
+def _speed_record(rounds: bool) -> dict:
+    seconds = {"head only": 0.3, "alfa": 0.5, "full fine-tune": 0.9}
+    jitter = [1.0, 1.03, 0.98, 1.01]
+    r = {
+        "machine": {"cpu": "cpu", "torch": "2", "threads": 2},
+        "image_size": 32,
+        "repeats": 4,
+        "params": {"dense": 9, "truncated": 5, "merged alfa": 5, **{f"trainable ({s})": 1 for s in STEP_SETUPS}},
+        "step_seconds": seconds,
+        "adapter_math_seconds": 0.025,
+        "latency_seconds": {b: {"dense": 0.03, "truncated": 0.02, "merged alfa": 0.02} for b in BATCHES},
+    }
+    if rounds:
+        r["step_round_seconds"] = {s: [t * j for j in jitter] for s, t in seconds.items()}
+        r["step_round_seconds"]["head only"] = [0.3] * 4
+        r["adapter_math_round_seconds"] = [0.025] * 4
+        r["latency_round_seconds"] = {
+            "batch 1": {"truncated": [0.02] * 8, "merged alfa": [0.02, 0.0201, 0.0199, 0.02] * 2, "dense": [0.03] * 8},
+            "batch 10": {"truncated": [0.02] * 8, "merged alfa": [0.0204 * j for j in jitter * 2], "dense": [0.03] * 8},
+        }
+    return r
+
+
+def test_the_speed_page_gives_every_ratio_its_interval_and_says_when_it_cannot():
+    r = _speed_record(rounds=True)
+    text = to_markdown(r, "alfa speed")
+    alfa = paired_ratio(r["step_round_seconds"]["alfa"], r["step_round_seconds"]["head only"])
+    assert f"| alfa | 1 | 0.500 | {alfa.text()} |" in text and "| head only | 1 | 0.300 | 1.00 |" in text
+    share = paired_ratio(r["adapter_math_round_seconds"], r["step_round_seconds"]["alfa"])
+    assert f"25.0 ms, {share.text(1, 100)} % of its step" in text
+    # batch 1 clears the target, batch 10's interval straddles it: each judged on its own interval
+    assert "(target ≤ 1.02: met at batch 1; not shown (the interval straddles it) at batch 10)" in text
+    assert "Every ratio is paired over the interleaved rounds" in text and "no per-round timings" not in text
+    old = to_markdown(_speed_record(rounds=False), "alfa speed --out docs/speed.md")
+    line = next(x for x in old.splitlines() if "no per-round timings" in x)
+    assert "re-run `alfa speed --out docs/speed.md` for the intervals" in line
+    assert "| alfa | 1 | 0.500 | 1.67 |" in old and "(target ≤ 1.02: not judged without an interval)" in old
+    assert "[" not in old.split("## Memory")[0].split("## One")[1]  # no interval anywhere it has no rounds
