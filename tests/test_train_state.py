@@ -198,3 +198,18 @@ def test_run_files_follow_the_umask(tmp_path):
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
     assert modes == {STATE_FILE: 0o640, MODEL_FILE: 0o640}
+
+
+def test_fp16_s_gradient_scaler_comes_back_from_the_state(tmp_path, monkeypatch):
+    """The scale (and its growth tracker) a resumed fp16 run continues with is the one saved, not a new scaler's."""
+    from alfa.checkpoint import write_tagged
+
+    config = replace(CONFIG, epochs=1, precision="fp16")
+    _run(tmp_path, config)
+    tensors, meta = read_tagged(tmp_path / STATE_FILE, STATE_FORMAT, "a state")
+    meta["grad_scaler"].update(scale=1024.0, _growth_tracker=7)  # as after overflows, many steps in
+    write_tagged(tmp_path / STATE_FILE, tensors, STATE_FORMAT, meta)
+    real, made = train.grad_scaler, []
+    monkeypatch.setattr(train, "grad_scaler", lambda *args: made.append(real(*args)) or made[-1])
+    _run(tmp_path, config)
+    assert made[0].get_scale() == 1024.0 and made[0].state_dict()["_growth_tracker"] == 7
