@@ -120,7 +120,9 @@ def refuse_lone_state(out: Path) -> None:
         )
 
 
-def _check_identity(path: Path, saved_model: Any, saved: dict[str, Any], header: dict[str, Any], model_name: str):
+def _check_identity(
+    path: Path, saved_model: Any, saved: dict[str, Any], header: dict[str, Any], model_name: str
+) -> None:
     mine = json.loads(json.dumps(header))  # tuples become lists, as in a saved header
     problems = []
     if saved_model != model_name:
@@ -165,7 +167,17 @@ def resume_run(
         return _resume_state(out, model, optimizer, scaler, header, model_name, model_kwargs, size, writer)
 
 
-def _resume_state(out, model, optimizer, scaler, header, model_name, model_kwargs, size, writer):
+def _resume_state(
+    out: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    header: dict[str, Any],
+    model_name: str,
+    model_kwargs: dict[str, Any] | None,
+    size: tuple[int, int],
+    writer: bool,
+) -> tuple[int, list[dict[str, float]]]:
     path = out / STATE_FILE
     tensors, meta = read_tagged(path, STATE_FORMAT, "a source-training state")
     _check_identity(path, meta.get("model"), meta.get("header", {}), header, model_name)
@@ -187,7 +199,17 @@ def _model_epoch(out: Path) -> int | None:
         return None
 
 
-def _resume_legacy(out, model, optimizer, scaler, header, model_name, model_kwargs, size, writer):
+def _resume_legacy(
+    out: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    header: dict[str, Any],
+    model_name: str,
+    model_kwargs: dict[str, Any] | None,
+    size: tuple[int, int],
+    writer: bool,
+) -> tuple[int, list[dict[str, float]]]:
     """An earlier version's pair: ``model.safetensors`` (weights, epoch, history) and ``state.pt`` (optimizer)."""
     path = out / MODEL_FILE
     tensors, saved = read_checkpoint(path)
