@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from alfa.checkpoint import read_checkpoint
-from alfa.gaze import distributed, train
+from alfa.gaze import distributed, train, train_state
 from alfa.gaze.pipeline import open_data
 from alfa.gaze.train import TrainConfig, train_source
 
@@ -58,8 +58,9 @@ def _worker(rank: int, world: int, port: int, out: str, epochs: int, log: str, k
     device = distributed.setup("cpu", torch.device)
     assert dist.is_initialized() and distributed.rank_and_world() == (rank, world)
     writes = []
-    real_save = train.save_model
-    train.save_model = lambda path, *a, **k: (writes.append(str(path)), real_save(path, *a, **k))[1]
+    real_save, real_state = train_state.save_model, train_state.write_tagged
+    train_state.save_model = lambda path, *a, **k: (writes.append(str(path)), real_save(path, *a, **k))[1]
+    train_state.write_tagged = lambda path, *a, **k: (writes.append(str(path)), real_state(path, *a, **k))[1]
     seen = []  # the training images this process loaded
     real_load = train.load_examples
     train.load_examples = lambda data, idx: (seen.extend(idx), real_load(data, idx))[1]
@@ -108,8 +109,9 @@ def test_two_processes_train_what_one_process_trains_write_once_and_resume(tmp_p
 
     first = _run_two(tmp_path / "two", 1, tmp_path / "first")  # interrupted after one epoch, as it were
     resumed = _run_two(tmp_path / "two", 2, tmp_path / "resumed")
-    assert [r["writes"] for r in first] == [[str(tmp_path / "two" / "model.safetensors")], []]  # rank 0 only
-    assert [len(r["writes"]) for r in resumed] == [1, 0]
+    written = [str(tmp_path / "two" / name) for name in ("state.safetensors", "model.safetensors")]
+    assert [r["writes"] for r in first] == [written, []]  # rank 0 only, the state first
+    assert [r["writes"] for r in resumed] == [written, []]
     assert [r["resumed"] for r in resumed] == [1, 1]
     # each process loaded its half of the epoch, the two halves together every training image once
     ours, theirs = (set(r["seen"]) for r in resumed)

@@ -11,12 +11,13 @@ from safetensors import SafetensorError
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 import alfa
-from alfa.checkpoint import load_model, read_checkpoint, save_model
+from alfa.checkpoint import load_model, read_checkpoint, read_tagged, save_model
 from alfa.cli import error_line, main
 from alfa.fileio import atomic_path
 from alfa.gaze.data.base import InMemoryGazeDataset
 from alfa.gaze.personalize import PersonalizeConfig, listed_files, personalize_dataset
 from alfa.gaze.train import TrainConfig, train_source
+from alfa.gaze.train_state import STATE_FILE, STATE_FORMAT
 
 DISK_FULL = "Error while serializing: I/O error: No space left on device (os error 28)"  # safetensors' words
 
@@ -180,7 +181,8 @@ def test_training_that_goes_non_finite_stops_at_its_step_and_keeps_the_last_good
     assert "weights went NaN or infinite in 1 tensors (fc.weight), at step 5 of 6" in message
     assert f"stopped, the checkpoint of epoch 1 in {out} is kept" in message
     _, saved = read_checkpoint(out / "model.safetensors")
-    assert saved["extra"]["epoch"] == 1 and torch.load(out / "state.pt", weights_only=True)["epoch"] == 1
+    state = read_tagged(out / STATE_FILE, STATE_FORMAT, "a source-training state")[1]
+    assert saved["extra"]["epoch"] == 1 and state["epoch"] == 1
     load_model(out / "model.safetensors")  # finite: it loads
 
 

@@ -44,7 +44,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     For writers that take a path (``safetensors.torch.save_file``, ``torch.save``, ``Figure.savefig``).
     The temporary name keeps the target's suffix, so writers that choose a format by suffix still do.
-    The parent folder is created. On an error the temporary file is removed and ``path`` is untouched.
+    The parent folder is created. On an error the temporary file is removed and ``path`` is untouched. The file
+    gets the permissions of any new file the user writes (``0o666`` less the umask), whatever mode the writer
+    gave its own file (safetensors writes ``0o600``).
     """
     path = Path(path)
     try:
@@ -55,6 +57,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp{path.suffix}")
     try:
         yield tmp
+        os.chmod(tmp, _new_file_mode())
         os.replace(tmp, path)
     except Exception as e:
         # A writer that failed on the file system (disk full, no permission), also one that wraps the OS's error
@@ -66,6 +69,17 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def _new_file_mode() -> int:
+    """The permissions ``open(path, "w")`` gives a new file: ``0o666`` less the process's umask."""
+    try:  # Linux shows the umask; setting it to read it back would race with files other threads create
+        with open("/proc/self/status", encoding="ascii") as f:
+            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask
 
 
 _RUST_IO_ERROR = re.compile(r"\(os error (\d+)\)")

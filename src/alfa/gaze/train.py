@@ -10,11 +10,11 @@ Under ``torchrun`` (:mod:`alfa.gaze.distributed`) the same loop trains through D
 ``batch_size`` stays the global batch, each process takes its shard of it, the loss is scaled so that the
 averaged gradient is the global batch's, only rank 0 writes, and the validation persons are shared out.
 
-Long runs are resumable. After every epoch the model is written with
-:func:`alfa.checkpoint.save_model` (safetensors + JSON config, atomic) and the optimizer state with
-``torch.save`` (atomic, read back with ``weights_only=True``). The batch order of epoch ``e`` is
-drawn from ``seed`` and ``e`` alone, so an interrupted and resumed run gives the same numbers as an
-uninterrupted one.
+Long runs are resumable. After every epoch the run's whole state (model, optimizer, epochs done, history, the
+run's identity) is one atomic safetensors file, and ``model.safetensors`` is written from it
+(:mod:`alfa.gaze.train_state`, which also resumes the two-file checkpoints of earlier versions). The batch order
+of epoch ``e`` is drawn from ``seed`` and ``e`` alone, so a run killed at any moment and resumed gives the same
+numbers as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ import dataclasses
 import json
 import math
 import os
-import pickle
 import random
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,9 +35,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from alfa.adapters.io import refuse_non_finite
 from alfa.checkpoint import CheckpointError, load_state, read_checkpoint, save_model
-from alfa.fileio import atomic_path
 from alfa.summary import parameter_summary
 from alfa.truncate import DEFAULT_RANK, canonicalize, restore_structure, truncate
 
@@ -49,6 +45,7 @@ from .data.registry import split_persons
 from .evaluate import EVAL_BATCH_SIZE, INPUT_SCALING, load_examples, load_images, person_errors
 from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
 from .precision import PRECISIONS, autocast, forward_precision, grad_scaler
+from .train_state import MODEL_FILE, STATE_FILE, refuse_lone_state, resume_run, save_state
 
 __all__ = [
     "TrainConfig",
@@ -59,10 +56,10 @@ __all__ = [
     "train_source",
     "truncate_and_recover",
     "mean_error",
+    "MODEL_FILE",
+    "STATE_FILE",
 ]
 
-MODEL_FILE = "model.safetensors"
-STATE_FILE = "state.pt"
 SCHEDULES = ("constant", "cosine")
 
 
@@ -270,11 +267,6 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    # Everything but the epoch count must match to resume (more epochs extend a run).
-    return {k: v for k, v in config.items() if k not in ("epochs", "num_workers", "eval_batch_size")}
-
-
 def _device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -333,20 +325,17 @@ def train_source(
     }
     history: list[dict[str, float]] = []
     start_epoch = 0
-    if (out / STATE_FILE).exists() and not (out / MODEL_FILE).is_file():
-        # a run writes its state with its model (state first, then the model): a lone state is no run's of this
-        # folder that can be resumed, and is not replaced (only files a run itself wrote are)
-        raise CheckpointError(
-            f"{out / STATE_FILE} is there without the {MODEL_FILE} a run writes with it, so it is not this "
-            "run's to replace; move it away or choose another output folder"
+    size = input_size(dataset)  # recorded in every checkpoint of the run
+    refuse_lone_state(out)  # only files a run itself wrote are replaced
+    if resume:
+        start_epoch, history = resume_run(
+            out, model, optimizer, scaler, header, model_name, model_kwargs=model_kwargs, size=size, writer=rank == 0
         )
-    if resume and (out / MODEL_FILE).is_file():
-        start_epoch, history = _resume(model, optimizer, scaler, out, header, model_name)
+        distributed.barrier()  # nobody reads a model file rank 0 is still bringing up to date
         if progress and 0 < start_epoch:
             done = "already complete" if start_epoch >= config.epochs else f"resuming at epoch {start_epoch + 1}"
             tqdm.write(f"{out}: {start_epoch} of {config.epochs} epochs found, {done}")
     _seed_everything(config.seed)
-    size = input_size(dataset)  # recorded in every checkpoint of the run
 
     with distributed.data_parallel(model, device) as net, _stops_when_non_finite(out, start_epoch) as epochs_done:
         for epoch in range(start_epoch, config.epochs):
@@ -371,11 +360,9 @@ def train_source(
                     f"val error {record['val_error']:.2f} deg ({record['seconds']:.0f} s)"
                 )
             if rank == 0:
-                complete = epoch + 1 == config.epochs
-                extra_meta = {**header, "epoch": epoch + 1, "history": history, "complete": complete}
-                _write_epoch_checkpoint(
-                    out, model, optimizer, scaler, epoch + 1, model_name, model_kwargs, extra_meta, size
-                )
+                meta = {"header": header, "model": model_name, "epoch": epoch + 1, "history": history}
+                meta["complete"] = epoch + 1 == config.epochs
+                save_state(out, model, optimizer, scaler, meta, model_kwargs, size)
             distributed.barrier()  # nobody reads a checkpoint rank 0 is still writing
             epochs_done[0] = epoch + 1
     model.eval()
@@ -486,38 +473,6 @@ def _refuse_non_finite_weights(model: nn.Module) -> None:
         )
 
 
-def _write_epoch_checkpoint(
-    out: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    epoch: int,
-    model_name: str,
-    model_kwargs: dict[str, Any] | None,
-    extra: dict[str, Any],
-    size: tuple[int, int],
-) -> None:
-    """The optimizer state, then the model, after ``epoch`` epochs (rank 0 only); nothing if a tensor of the
-    model is not finite (``FloatingPointError``: the last good checkpoint stays as it was)."""
-    refuse_non_finite(dict(model.state_dict()), out / MODEL_FILE)  # before the state: the two stay one epoch
-    # The optimizer state first: a crash between the two writes leaves a model one epoch behind
-    # the state, which _resume detects.
-    state = {"epoch": epoch, "optimizer": optimizer.state_dict()}
-    if scaler.is_enabled():
-        state["grad_scaler"] = scaler.state_dict()
-    with atomic_path(out / STATE_FILE) as tmp:
-        torch.save(state, tmp)
-    save_model(
-        out / MODEL_FILE,
-        model,
-        model_name,
-        model_kwargs,
-        extra=extra,
-        input_size=size,
-        input_scaling=INPUT_SCALING,
-    )
-
-
 def _val_errors(model: nn.Module, dataset: GazeDataset, persons: Sequence[str], batch: int) -> dict[str, float]:
     """Per-person validation errors; in a process group each process scores its share of the persons and
     every process gets all of them (in ``persons``' order)."""
@@ -588,59 +543,6 @@ def _train_step(
     scaler.step(optimizer)  # with fp16, skips a step whose gradients overflowed (and lowers the scale)
     scaler.update()
     return {"loss": loss.item(), "l1": l1.item(), "symmetry": sym.item()}
-
-
-def _resume(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    out: Path,
-    header: dict[str, Any],
-    model_name: str,
-) -> tuple[int, list[dict[str, float]]]:
-    path = out / MODEL_FILE
-    tensors, saved = read_checkpoint(path)
-    extra = saved.get("extra", {})
-    problems = []
-    if saved.get("model") != model_name:
-        problems.append(f"model {saved.get('model')!r} vs {model_name!r}")
-    for key in ("stage", "data", "train_persons", "val_data", "val_persons"):
-        if extra.get(key) != header[key]:
-            problems.append(f"{key} differs")
-    if _comparable(extra.get("train_config", {})) != _comparable(header["train_config"]):
-        problems.append(f"training config {extra.get('train_config')} vs {header['train_config']}")
-    if problems:
-        raise CheckpointError(
-            f"{path} is a checkpoint of another run ({'; '.join(problems)}); "
-            f"use another output folder, or delete it to start over"
-        )
-    epoch = int(extra.get("epoch", 0))
-    state_path = out / STATE_FILE
-    if not state_path.is_file():
-        raise CheckpointError(f"{state_path} is missing, so {path} cannot be resumed; delete {out} to start over")
-    try:
-        # weights_only: tensors and plain containers only, never code; torch's own error for anything else
-        # would suggest turning that off, so it is not shown
-        with warnings.catch_warnings():  # torch warns about a foreign file's pickle protocol before refusing it
-            warnings.simplefilter("ignore")
-            state = torch.load(state_path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
-        raise CheckpointError(
-            f"{state_path} is not a training state this project wrote, or it was cut short "
-            f"({type(e).__name__}); delete {out} to start over"
-        ) from None
-    if not isinstance(state, dict) or "optimizer" not in state:
-        raise CheckpointError(f"{state_path} holds no optimizer state; delete {out} to start over")
-    if int(state.get("epoch", -1)) != epoch:
-        raise CheckpointError(
-            f"{out}: the optimizer state is from epoch {state.get('epoch')} but the model from epoch {epoch} "
-            f"(interrupted while saving); delete {out} to start over"
-        )
-    load_state(model, tensors, source=str(path))
-    optimizer.load_state_dict(state["optimizer"])
-    if scaler.is_enabled() and "grad_scaler" in state:
-        scaler.load_state_dict(state["grad_scaler"])
-    return epoch, list(extra.get("history", []))
 
 
 # ----------------------------------------------------------------------------- truncation + recovery

@@ -1,0 +1,256 @@
+"""Source training's state on disk: one file from which a run killed at any moment resumes.
+
+After every epoch :func:`alfa.gaze.train.train_source` writes the run's whole state as one file,
+``state.safetensors`` (:func:`alfa.checkpoint.write_tagged`: safetensors with a JSON header, written atomically):
+the model's tensors, Adam's moments and step counts, fp16's gradient scaler, the epochs done with their history,
+and the run's identity (stage, model, data, person split, training config). Then it derives ``model.safetensors``
+from it (:func:`alfa.checkpoint.save_model`), the file users and ``alfa truncate`` read, in the format it always
+had. A kill leaves the last state whole whatever moment it comes at; a resumed run loads it and rewrites a model
+file that lags it (a kill between the two writes).
+
+Runs of earlier versions wrote two files per epoch instead: ``state.pt`` (the optimizer state, a pickle-based
+``torch.save`` file) and then ``model.safetensors``. Such a pair still resumes: ``state.pt`` is read once, here
+only, with ``torch.load(weights_only=True)`` (tensors and plain containers, never code), the state is written
+at once in the new format and ``state.pt`` removed. A pair whose two files are an epoch apart (killed between
+its writes: the optimizer state of the later epoch, the model of the earlier) is refused: the optimizer state
+of the earlier epoch was overwritten, so no consistent point is left to continue from exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from alfa.adapters.io import refuse_non_finite
+from alfa.checkpoint import (
+    CheckpointError,
+    load_optimizer_tensors,
+    load_state,
+    optimizer_tensors,
+    read_checkpoint,
+    read_tagged,
+    save_model,
+    write_tagged,
+)
+
+from .evaluate import INPUT_SCALING
+
+__all__ = [
+    "MODEL_FILE",
+    "STATE_FILE",
+    "LEGACY_STATE_FILE",
+    "STATE_FORMAT",
+    "save_state",
+    "resume_run",
+    "refuse_lone_state",
+]
+
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "state.safetensors"
+LEGACY_STATE_FILE = "state.pt"  # what versions before the one-file state wrote; read once, then removed
+STATE_FORMAT = "alfa-source-train-state"
+_IDENTITY = ("stage", "data", "train_persons", "val_data", "val_persons")
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    # Everything but the epoch count must match to resume (more epochs extend a run).
+    return {k: v for k, v in config.items() if k not in ("epochs", "num_workers", "eval_batch_size")}
+
+
+def save_state(
+    out: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    meta: dict[str, Any],
+    model_kwargs: dict[str, Any] | None,
+    size: tuple[int, int],
+    *,
+    model_file: bool = True,
+) -> None:
+    """The run's state after ``meta["epoch"]`` epochs as one atomic file, then ``model.safetensors`` from it.
+    ``meta`` holds ``header`` (the run's identity and what else the model file records), ``model`` (its
+    registered name), ``epoch``, ``history`` and ``complete``. Nothing is written if a tensor is not finite
+    (``FloatingPointError``: the last good state stays as it was). ``model_file=False``: the state alone (a
+    legacy pair's model file is already this state's)."""
+    model_tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    refuse_non_finite(model_tensors, out / MODEL_FILE)
+    tensors = {f"model/{k}": v for k, v in model_tensors.items()}
+    tensors.update(optimizer_tensors(optimizer, "optimizer"))
+    refuse_non_finite(tensors, out / STATE_FILE)  # Adam's moments too: the resumed run would start from them
+    meta = {**meta, "grad_scaler": scaler.state_dict()} if scaler.is_enabled() else meta
+    write_tagged(out / STATE_FILE, tensors, STATE_FORMAT, meta)
+    # Written: what an earlier version's run left is superseded (a kill before this line leaves it, still valid).
+    with contextlib.suppress(FileNotFoundError):
+        (out / LEGACY_STATE_FILE).unlink()
+    if model_file:
+        _derive_model(out, model, meta, model_kwargs, size)
+
+
+def _derive_model(
+    out: Path, model: nn.Module, meta: dict[str, Any], model_kwargs: dict[str, Any] | None, size: tuple[int, int]
+) -> None:
+    extra = {**meta["header"], "epoch": meta["epoch"], "history": meta["history"], "complete": meta["complete"]}
+    save_model(
+        out / MODEL_FILE,
+        model,
+        meta["model"],
+        model_kwargs,
+        extra=extra,
+        input_size=size,
+        input_scaling=INPUT_SCALING,
+    )
+
+
+def refuse_lone_state(out: Path) -> None:
+    """A ``state.pt`` with no model beside it is no run's of this folder (a run of an earlier version wrote it with
+    its model): it is not replaced, and the run is refused (the new state, carrying its identity, needs no such
+    check)."""
+    if (out / LEGACY_STATE_FILE).exists() and not (out / STATE_FILE).is_file() and not (out / MODEL_FILE).is_file():
+        raise CheckpointError(
+            f"{out / LEGACY_STATE_FILE} is there without the {MODEL_FILE} a run writes with it, so it is not this "
+            "run's to replace; move it away or choose another output folder"
+        )
+
+
+def _check_identity(
+    path: Path, saved_model: Any, saved: dict[str, Any], header: dict[str, Any], model_name: str
+) -> None:
+    mine = json.loads(json.dumps(header))  # tuples become lists, as in a saved header
+    problems = []
+    if saved_model != model_name:
+        problems.append(f"model {saved_model!r} vs {model_name!r}")
+    problems += [f"{key} differs" for key in _IDENTITY if saved.get(key) != mine[key]]
+    if _comparable(saved.get("train_config", {})) != _comparable(mine["train_config"]):
+        problems.append(f"training config {saved.get('train_config')} vs {mine['train_config']}")
+    if problems:
+        raise CheckpointError(
+            f"{path} is a checkpoint of another run ({'; '.join(problems)}); "
+            f"use another output folder, or delete it to start over"
+        )
+
+
+def resume_run(
+    out: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    header: dict[str, Any],
+    model_name: str,
+    *,
+    model_kwargs: dict[str, Any] | None,
+    size: tuple[int, int],
+    writer: bool,
+) -> tuple[int, list[dict[str, float]]]:
+    """Load the run's state from ``out`` into ``model``, ``optimizer`` and ``scaler``; ``(epochs done, their
+    history)``, ``(0, [])`` if there is none. A state (or a legacy pair) of another run is refused. The
+    ``writer`` (rank 0) brings the folder up to date: the model file of a state it lags, the new state of a
+    legacy pair."""
+    if (out / STATE_FILE).is_file():
+        return _resume_state(out, model, optimizer, scaler, header, model_name, model_kwargs, size, writer)
+    if not (out / MODEL_FILE).is_file():
+        return 0, []
+    try:
+        return _resume_legacy(out, model, optimizer, scaler, header, model_name, model_kwargs, size, writer)
+    except (FileNotFoundError, CheckpointError):
+        # Another process (a benchmark piece on the same source) may have converted the pair meanwhile: the new
+        # state is written before state.pt is removed, so it is there now if state.pt vanished.
+        if not (out / STATE_FILE).is_file():
+            raise
+        return _resume_state(out, model, optimizer, scaler, header, model_name, model_kwargs, size, writer)
+
+
+def _resume_state(
+    out: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    header: dict[str, Any],
+    model_name: str,
+    model_kwargs: dict[str, Any] | None,
+    size: tuple[int, int],
+    writer: bool,
+) -> tuple[int, list[dict[str, float]]]:
+    path = out / STATE_FILE
+    tensors, meta = read_tagged(path, STATE_FORMAT, "a source-training state")
+    _check_identity(path, meta.get("model"), meta.get("header", {}), header, model_name)
+    model_tensors = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
+    load_state(model, model_tensors, source=str(path))
+    load_optimizer_tensors(optimizer, tensors, "optimizer")
+    if scaler.is_enabled() and "grad_scaler" in meta:
+        scaler.load_state_dict(meta["grad_scaler"])
+    epoch = int(meta.get("epoch", 0))
+    if writer and _model_epoch(out) != epoch:  # killed between the state and the model file: the model follows
+        _derive_model(out, model, meta, model_kwargs, size)
+    return epoch, list(meta.get("history", []))
+
+
+def _model_epoch(out: Path) -> int | None:
+    try:
+        return int(read_checkpoint(out / MODEL_FILE, header_only=True)[1].get("extra", {}).get("epoch", -1))
+    except (OSError, ValueError):  # missing or damaged: the state has what it needs to be written again
+        return None
+
+
+def _resume_legacy(
+    out: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    header: dict[str, Any],
+    model_name: str,
+    model_kwargs: dict[str, Any] | None,
+    size: tuple[int, int],
+    writer: bool,
+) -> tuple[int, list[dict[str, float]]]:
+    """An earlier version's pair: ``model.safetensors`` (weights, epoch, history) and ``state.pt`` (optimizer)."""
+    path = out / MODEL_FILE
+    tensors, saved = read_checkpoint(path)
+    extra = saved.get("extra", {})
+    _check_identity(path, saved.get("model"), extra, header, model_name)
+    epoch = int(extra.get("epoch", 0))
+    state_path = out / LEGACY_STATE_FILE
+    if not state_path.is_file():
+        raise CheckpointError(
+            f"{path} is there without the training state a run writes before it ({STATE_FILE}, or {state_path.name} "
+            f"of an earlier version), so it cannot be resumed; delete {out} to start over"
+        )
+    try:
+        # weights_only: tensors and plain containers only, never code; torch's own error for anything else
+        # would suggest turning that off, so it is not shown
+        with warnings.catch_warnings():  # torch warns about a foreign file's pickle protocol before refusing it
+            warnings.simplefilter("ignore")
+            state = torch.load(state_path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(
+            f"{state_path} is not a training state this project wrote, or it was cut short "
+            f"({type(e).__name__}); delete {out} to start over"
+        ) from None
+    if not isinstance(state, dict) or "optimizer" not in state:
+        raise CheckpointError(f"{state_path} holds no optimizer state; delete {out} to start over")
+    if int(state.get("epoch", -1)) != epoch:
+        raise CheckpointError(
+            f"{out}: the optimizer state ({state_path.name}) is from epoch {state.get('epoch')} but the model from "
+            f"epoch {epoch}: an earlier version was interrupted between its two writes, and the optimizer state of "
+            f"epoch {epoch} is gone, so the run cannot continue exactly; delete {state_path.name} and {path.name} "
+            "to start over"
+        )
+    load_state(model, tensors, source=str(path))
+    optimizer.load_state_dict(state["optimizer"])
+    if scaler.is_enabled() and "grad_scaler" in state:
+        scaler.load_state_dict(state["grad_scaler"])
+    history = list(extra.get("history", []))
+    if writer:  # from now on in the new format; the model file stays as it is (it is this state's)
+        meta = {"header": header, "model": model_name, "epoch": epoch, "history": history}
+        meta["complete"] = bool(extra.get("complete"))
+        save_state(out, model, optimizer, scaler, meta, model_kwargs, size, model_file=False)
+    return epoch, history

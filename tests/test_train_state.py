@@ -1,0 +1,215 @@
+"""Source training's one-file state: a run killed at any moment resumes to the weights of a run never killed, bit
+for bit; an earlier version's pair (``state.pt`` + ``model.safetensors``) resumes once and goes on in the new
+format; damaged or foreign states are named in one message; and nothing of it is a pickle but ``state.pt``."""
+
+import argparse
+import os
+import pickle
+from dataclasses import replace
+
+import pytest
+import torch
+from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
+
+import alfa
+from alfa.checkpoint import CheckpointError, load_model, load_optimizer_tensors, read_checkpoint, read_tagged
+from alfa.gaze import train, train_state
+from alfa.gaze.data.base import InMemoryGazeDataset
+from alfa.gaze.train import TrainConfig, train_source
+from alfa.gaze.train_state import LEGACY_STATE_FILE, MODEL_FILE, STATE_FILE, STATE_FORMAT
+
+CONFIG = TrainConfig(epochs=3, batch_size=8, lr=1e-3, val_fraction=0.25)
+
+
+def _data() -> InMemoryGazeDataset:
+    g = torch.Generator().manual_seed(0)
+    persons, images = 4, 8
+    pixels = torch.randint(0, 256, (persons * images, 3, 16, 16), dtype=torch.uint8, generator=g)
+    gaze = (torch.rand(persons * images, 2, generator=g) - 0.5) * 0.5
+    ids = torch.arange(persons).repeat_interleave(images)
+    return InMemoryGazeDataset(pixels, gaze, ids, [f"p{i}" for i in range(persons)], name="toy")
+
+
+def _run(out, config=CONFIG, seed=0):
+    torch.manual_seed(seed)  # the initial weights; a resumed run must take every weight from its files instead
+    model = alfa.models.create_model("tiny_gaze_net")
+    result = train_source(model, _data(), config, out, model_name="tiny_gaze_net", progress=False)
+    return model, result
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """An uninterrupted run of CONFIG: its model, result and model file's header."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("straight")
+    model, result = _run(out)
+    return model, result, read_checkpoint(out / MODEL_FILE)[1]
+
+
+class _Killed(BaseException):
+    """A kill, as it were: nothing in the run catches it."""
+
+
+def _kill_at(monkeypatch, module, name: str, call: int) -> None:
+    real, calls = getattr(module, name), [0]
+
+    def wrapped(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == call:
+            raise _Killed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapped)
+
+
+def _same_run(straight, model, result, out) -> None:
+    """Same weights (in memory and in the model file), same history but for the seconds, same header."""
+    first, first_result, first_header = straight
+    for (name, a), b in zip(first.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+    saved, header = load_model(out / MODEL_FILE)
+    for (name, a), b in zip(first.state_dict().items(), saved.state_dict().values()):
+        assert torch.equal(a, b), name
+
+    def timeless(history):
+        return [{k: v for k, v in e.items() if k != "seconds"} for e in history]
+
+    assert timeless(result.history) == timeless(first_result.history)
+    assert timeless(header["extra"].pop("history")) == timeless(first_header["extra"]["history"])
+    assert {k: v for k, v in first_header["extra"].items() if k != "history"} == header["extra"]
+    assert not (out / LEGACY_STATE_FILE).exists()
+    assert not [p.name for p in out.iterdir() if ".tmp" in p.name]  # no half-written file left
+
+
+# (where the kill comes, the how-manieth call it comes at) with 3 epochs of 3 steps
+KILLS = {
+    "in an epoch, after the last state": (train, "_train_step", 5),
+    "in writing the second state": (train_state, "write_tagged", 2),
+    "between the second state and its model file": (train_state, "save_model", 2),
+    "between the last state and its model file": (train_state, "save_model", 3),
+}
+
+
+@pytest.mark.parametrize("kill", list(KILLS))
+def test_a_run_killed_anywhere_resumes_to_the_weights_of_a_run_never_killed(tmp_path, monkeypatch, straight, kill):
+    module, name, call = KILLS[kill]
+    with monkeypatch.context() as m:
+        _kill_at(m, module, name, call)
+        with pytest.raises(_Killed):
+            _run(tmp_path)
+    done = read_tagged(tmp_path / STATE_FILE, STATE_FORMAT, "a state")[1]["epoch"]
+    assert done == {"_train_step": 1, "write_tagged": 1, "save_model": call}[name]
+    model, result = _run(tmp_path, seed=1)
+    assert result.resumed_from_epoch == done
+    _same_run(straight, model, result, tmp_path)
+
+
+def _legacy_pair(out, epoch_claimed=None) -> None:
+    """Turn the new state of ``out`` into what an earlier version left: ``state.pt`` (``torch.save`` of the epoch
+    and the optimizer's state dict) beside the model file, no ``state.safetensors``."""
+    tensors, meta = read_tagged(out / STATE_FILE, STATE_FORMAT, "a state")
+    model = alfa.models.create_model("tiny_gaze_net")
+    optimizer = torch.optim.Adam(model.parameters(), lr=CONFIG.lr)
+    load_optimizer_tensors(optimizer, tensors, "optimizer")
+    epoch = meta["epoch"] if epoch_claimed is None else epoch_claimed
+    torch.save({"epoch": epoch, "optimizer": optimizer.state_dict()}, out / LEGACY_STATE_FILE)
+    (out / STATE_FILE).unlink()
+
+
+def test_a_legacy_pair_is_read_once_and_the_run_goes_on_in_the_new_format(tmp_path, monkeypatch, straight):
+    _run(tmp_path, replace(CONFIG, epochs=1))
+    _legacy_pair(tmp_path)
+    real, loads = torch.load, []
+
+    def counted(*args, **kwargs):
+        loads.append(kwargs.get("weights_only"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counted)
+    with monkeypatch.context() as m:  # killed in epoch 2: the pair was converted first
+        _kill_at(m, train, "_train_step", 1)
+        with pytest.raises(_Killed):
+            _run(tmp_path, seed=1)
+    assert loads == [True] and (tmp_path / STATE_FILE).is_file() and not (tmp_path / LEGACY_STATE_FILE).exists()
+    model, result = _run(tmp_path, seed=1)
+    assert loads == [True] and result.resumed_from_epoch == 1
+    _same_run(straight, model, result, tmp_path)
+
+
+def test_a_finished_legacy_pair_keeps_its_model_file(tmp_path):
+    """A finished run of an earlier version (a benchmark's cached source) is found complete; its model file is
+    left byte for byte, and the state is kept in the new format from now on."""
+    config = replace(CONFIG, epochs=1)
+    first, _ = _run(tmp_path, config)
+    _legacy_pair(tmp_path)
+    before = (tmp_path / MODEL_FILE).read_bytes()
+    model, result = _run(tmp_path, config, seed=1)
+    assert result.resumed_from_epoch == 1 and (tmp_path / MODEL_FILE).read_bytes() == before
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), model.state_dict().values()))
+    assert (tmp_path / STATE_FILE).is_file() and not (tmp_path / LEGACY_STATE_FILE).exists()
+
+
+def test_a_legacy_pair_an_epoch_apart_is_refused_and_left_as_it_was(tmp_path):
+    """The optimizer state of the later epoch beside the model of the earlier (an earlier version killed between
+    its two writes): the earlier optimizer state is gone, so no exact continuation exists; nothing is changed."""
+    _run(tmp_path, replace(CONFIG, epochs=1))
+    _legacy_pair(tmp_path, epoch_claimed=2)
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(CheckpointError, match="state.pt. is from epoch 2 but the model from epoch 1.*start over"):
+        _run(tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+
+
+def test_a_damaged_or_foreign_state_is_named_in_one_message(tmp_path):
+    """A cut-short new state and an earlier version's state.pt that is cut short, foreign (torch's error would
+    suggest weights_only=False) or holds no optimizer state: each is a CheckpointError naming the file; a state
+    of another run is refused as such, and its files stay."""
+    one = replace(CONFIG, epochs=1)
+    _run(tmp_path, one)
+    state = tmp_path / STATE_FILE
+    good = state.read_bytes()
+    state.write_bytes(good[: len(good) // 2])
+    with pytest.raises(CheckpointError, match=f"{STATE_FILE}: not a readable safetensors file"):
+        _run(tmp_path)
+    state.write_bytes(good)
+    with pytest.raises(CheckpointError, match=f"{STATE_FILE} is a checkpoint of another run.*'lr': 0.5"):
+        _run(tmp_path, replace(CONFIG, lr=0.5))
+    assert state.read_bytes() == good
+    _legacy_pair(tmp_path)
+    legacy = tmp_path / LEGACY_STATE_FILE
+    for bad in (legacy.read_bytes()[:100], pickle.dumps(argparse.Namespace(x=1))):
+        legacy.write_bytes(bad)
+        with pytest.raises(CheckpointError, match=f"{LEGACY_STATE_FILE} is not a training state this project wrote"):
+            _run(tmp_path)
+    torch.save({"epoch": 1}, legacy)  # loads, but holds no optimizer state
+    with pytest.raises(CheckpointError, match="holds no optimizer state"):
+        _run(tmp_path)
+    legacy.unlink()  # a model file with no state at all: no run can continue it
+    with pytest.raises(CheckpointError, match=f"{MODEL_FILE} is there without the training state"):
+        _run(tmp_path)
+
+
+def test_run_files_follow_the_umask(tmp_path):
+    """safetensors writes its files 0o600; the atomic writer gives them a new file's mode, 0o666 less the umask."""
+    old = os.umask(0o027)
+    try:
+        _run(tmp_path, replace(CONFIG, epochs=1))
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes == {STATE_FILE: 0o640, MODEL_FILE: 0o640}
+
+
+def test_fp16_s_gradient_scaler_comes_back_from_the_state(tmp_path, monkeypatch):
+    """The scale (and its growth tracker) a resumed fp16 run continues with is the one saved, not a new scaler's."""
+    from alfa.checkpoint import write_tagged
+
+    config = replace(CONFIG, epochs=1, precision="fp16")
+    _run(tmp_path, config)
+    tensors, meta = read_tagged(tmp_path / STATE_FILE, STATE_FORMAT, "a state")
+    meta["grad_scaler"].update(scale=1024.0, _growth_tracker=7)  # as after overflows, many steps in
+    write_tagged(tmp_path / STATE_FILE, tensors, STATE_FORMAT, meta)
+    real, made = train.grad_scaler, []
+    monkeypatch.setattr(train, "grad_scaler", lambda *args: made.append(real(*args)) or made[-1])
+    _run(tmp_path, config)
+    assert made[0].get_scale() == 1024.0 and made[0].state_dict()["_growth_tracker"] == 7
