@@ -28,7 +28,7 @@ import pickle
 import random
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,13 +296,15 @@ def train_source(
     resume: bool = True,
     progress: bool = True,
     extra: dict[str, Any] | None = None,
+    on_epoch: Callable[[int, nn.Module], None] = lambda epoch, model: None,
 ) -> TrainResult:
     """Train ``model`` (in place) on ``dataset`` with ``config``; checkpoints go to ``out_dir``.
 
     Validation persons come from :func:`resolve_validation` (recovery passes pre-training's, so they
     stay unseen). With ``resume`` (the default) a checkpoint in ``out_dir`` of the same stage, model,
     data and config is continued, and a finished one returned as is; a mismatching one is refused with
-    a :class:`~alfa.checkpoint.CheckpointError` naming the difference.
+    a :class:`~alfa.checkpoint.CheckpointError` naming the difference. ``on_epoch(epoch, model)`` runs after
+    each epoch (from 1) before its checkpoint is written (a crash between the two redoes both).
     """
     config.validate()
     out = Path(out_dir)
@@ -334,8 +336,7 @@ def train_source(
     history: list[dict[str, float]] = []
     start_epoch = 0
     if (out / STATE_FILE).exists() and not (out / MODEL_FILE).is_file():
-        # a run writes its state with its model (state first, then the model): a lone state is no run's of this
-        # folder that can be resumed, and is not replaced (only files a run itself wrote are)
+        # a run writes its state, then its model: a lone state is no resumable run's, and is not replaced
         raise CheckpointError(
             f"{out / STATE_FILE} is there without the {MODEL_FILE} a run writes with it, so it is not this "
             "run's to replace; move it away or choose another output folder"
@@ -371,6 +372,7 @@ def train_source(
                     f"val error {record['val_error']:.2f} deg ({record['seconds']:.0f} s)"
                 )
             if rank == 0:
+                on_epoch(epoch + 1, model)
                 complete = epoch + 1 == config.epochs
                 extra_meta = {**header, "epoch": epoch + 1, "history": history, "complete": complete}
                 _write_epoch_checkpoint(

@@ -26,6 +26,7 @@ from alfa.gaze.train import TrainConfig, TruncateConfig
 from .ablations import REGISTRY
 from .methods import (
     MAIN_METHODS,
+    OPT_IN_METHODS,
     PAIRS,
     SANITY_METHODS,
     SELECTION_RULE,
@@ -325,7 +326,7 @@ class BenchConfig:
         for p in (*self.pairs, *self.ablation_pairs, self.figure_pair):
             if p not in PAIRS:
                 raise ValueError(f"unknown pair {p!r}; pairs are {', '.join(PAIRS)}")
-        known = table_methods() + SANITY_METHODS
+        known = table_methods() + SANITY_METHODS + OPT_IN_METHODS
         bad = [m for m in self.methods if m not in known]
         if bad:
             raise ValueError(f"unknown method(s) {bad}; methods are {', '.join(known)}")

@@ -67,6 +67,9 @@ def table_methods() -> tuple[str, ...]:
 
 
 SANITY_METHODS = ("in-domain", "target-trained", "oracle")
+OPT_IN_METHODS = ("pnpga",)
+"""Rows no preset plans: they run only when named (``alfa bench --methods pnpga``), so adding one changes no
+preset's plan or hashes. PnP-GA (:mod:`alfa.study.bench.pnpga`) trains its own ensemble per source and seed."""
 
 _ERROR = "angular error"  # the name of alfa.study.bench.stats.angular, the measure of every declared comparison
 DECLARED_FAMILY: dict[str, frozenset[tuple[str, str, tuple[str, ...], str]] | None] = {

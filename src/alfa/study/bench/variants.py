@@ -3,13 +3,15 @@ gives Table 1's methods and the sanity rows (the ablations' rows are in :mod:`al
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from alfa.adapters import METHODS, AdapterConfig, AlfaConfig
+from alfa.gaze.pnpga import PnPGAConfig
 from alfa.gaze.recipes import Recipe, named_recipe
 
-from .methods import SANITY_METHODS, table_methods
+from .methods import OPT_IN_METHODS, SANITY_METHODS, table_methods
 from .names import DEFAULT, SELECTED  # rows with a selected (alfa[selected]) or shipped (alfa[default]) recipe
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "main_variants",
     "selection_variants",
     "default_variant",
+    "pnpga_variant",
     "SELECTED",
     "DEFAULT",
     "GRID",
@@ -36,6 +39,8 @@ class VariantSettings(Protocol):
 
     alfa_heads: int
     alfa_rank: int
+    personalize: Any  # its n_adapt: the images every row adapts on
+    pretrain: Any  # its epochs: how many snapshots PnP-GA's ensemble can have
 
 
 @dataclass
@@ -44,7 +49,8 @@ class Variant:
 
     ``kind``: ``"source-only"`` (no adaptation), ``"flip-tta"`` (no training: the base's prediction
     averaged with its mirrored prediction on the flipped image), ``"in-domain"`` (the base on held-out source persons),
-    ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe) or ``"tpgaze"``. ``base``:
+    ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe), ``"tpgaze"`` or ``"pnpga"`` (PnP-GA's
+    ensemble adaptation, ``pnpga`` its settings: :mod:`alfa.study.bench.pnpga`). ``base``:
     ``"truncated"`` (the rank-``d`` base), ``"dense"`` (the pre-trained model before truncation) or
     ``"rank=<d>"`` (truncated at another rank and recovered the same way). ``recipe`` holds changes to the
     personalization recipe; ``group``/``value`` place the row in an ablation table. What its records' hashes
@@ -61,6 +67,7 @@ class Variant:
     same_layers_as_truncated: bool = False  # target the layers the truncated model factorizes
     selected: bool = False  # the recipe is the one selected on the stand-in (docs/flip-premise.md §4)
     shipped: Recipe | None = None  # the recipe alfa personalize ships for the method, which ``recipe`` applies
+    pnpga: PnPGAConfig | None = None  # PnP-GA's settings (kind "pnpga")
 
 
 def alfa_config(config: VariantSettings, **changes: Any) -> AlfaConfig:
@@ -80,10 +87,29 @@ def _main_row(label: str, config: VariantSettings) -> Variant:
         return Variant(label, label, group="sanity")
     if label in ("source-only", "flip-tta"):
         return Variant(label, label)
+    if label == "pnpga":
+        return pnpga_variant(config)
     method = METHODS[label]
     if method.trains_prompts:  # TPGaze: meta-trained prompts and its own optimizer, not the shared recipe
         return Variant(label, "tpgaze")
     return Variant(label, "adapter", adapter=method_config(label, config))
+
+
+def pnpga_variant(config: VariantSettings) -> Variant:
+    """PnP-GA's row (:mod:`alfa.study.bench.pnpga`, docs/pnpga.md): its authors' settings, adapting on the
+    images every row adapts on (the benchmark's ``n_adapt``, so that it is scored on the same images as every
+    other row), with an ensemble of the paper's ``K = 10`` dense source models, or as many as the source's
+    pre-training has epochs (the members are the snapshots of its last ``K`` epochs), and the third student
+    predicting (the last one when there are fewer)."""
+    paper = PnPGAConfig()
+    members = min(paper.members, config.pretrain.epochs)
+    settings = dataclasses.replace(
+        paper,
+        members=members,
+        images=config.personalize.n_adapt,
+        predict_with=None if paper.predict_with is None else min(paper.predict_with, members - 1),
+    )
+    return Variant("pnpga", "pnpga", base="dense", pnpga=settings)
 
 
 def selection_variants(config: VariantSettings, method: str) -> tuple[Variant, Variant]:
@@ -112,6 +138,6 @@ def default_variant(config: VariantSettings, method: str) -> Variant:
 
 
 def main_variants(config: VariantSettings) -> dict[str, Variant]:
-    """The methods of Table 1 and the sanity rows, by label (every adapter method at its defaults, Alfa with
-    the benchmark's heads and rank)."""
-    return {label: _main_row(label, config) for label in (*table_methods(), *SANITY_METHODS)}
+    """The methods of Table 1, the sanity rows and the opt-in rows (PnP-GA), by label (every adapter method at
+    its defaults, Alfa with the benchmark's heads and rank)."""
+    return {label: _main_row(label, config) for label in (*table_methods(), *SANITY_METHODS, *OPT_IN_METHODS)}
