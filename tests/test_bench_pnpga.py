@@ -1,9 +1,13 @@
 """PnP-GA as a benchmark row: an opt-in method no preset plans (so no existing plan or hash changes), and one
 record made end to end on the tiny configuration of test_bench."""
 
+from pathlib import Path
+
 import pytest
+import torch
 from test_bench import tiny
 
+from alfa.checkpoint import read_checkpoint
 from alfa.gaze.train import TrainConfig
 from alfa.study.bench.config import BenchConfig
 from alfa.study.bench.methods import OPT_IN_METHODS
@@ -56,7 +60,12 @@ def test_a_pnpga_record_end_to_end(tmp_path):
     assert record["trainable_params"] == 2 * record["inference_params"] and record["seconds_per_user"] > 0
     # 5 adaptation images and 10 source images in batches of 4: 2 steps per epoch, 10 epochs
     assert record["steps"] == 20
-    assert data["sources"]["E|seed0"]["pnpga_members"]["members"] == 2
+    source = data["sources"]["E|seed0"]
+    assert source["pnpga_members"]["members"] == 2
+    # the last snapshot is the record's own dense source model: its pre-training, run again, is the same run
+    dense = read_checkpoint(Path(source["cache"]) / "pretrain" / "model.safetensors")[0]
+    last = read_checkpoint(Path(source["pnpga_members"]["folder"]) / "epoch-002.safetensors")[0]
+    assert dense.keys() == last.keys() and all(torch.equal(dense[k], last[k]) for k in dense)
     again = run_bench(config, tmp_path, progress=False)
     assert again.skipped == ["pnpga|E→M|seed0"] and again.ran == []
 

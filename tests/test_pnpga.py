@@ -159,3 +159,14 @@ def test_snapshot_members_are_the_last_epochs_of_one_training(tmp_path):
     assert not torch.equal(members[0].fc.weight, members[1].fc.weight)
     again = train_snapshot_members("tiny_gaze_net", 0, data, None, config, tmp_path / "m", members=2)  # read back
     assert torch.equal(again[0].fc.weight, members[0].fc.weight)
+
+
+def test_below_five_members_an_unadapted_ensemble_has_no_outlier():
+    """docs/pnpga.md: among K values the largest z-score is (K − 1)/√K, under the threshold for K ≤ 4."""
+    g = torch.Generator().manual_seed(1)
+    for k in (2, 3, 4):
+        for _ in range(20):
+            ensemble = torch.randn(8, 2, k, generator=g, dtype=torch.float64)
+            assert float(outlier_loss(ensemble, ensemble, gamma=0.0)) == 0.0
+    five = _ensemble([0.0, 0.0, 0.0, 0.0, 1.0])  # the bound, reached: z = 4/√5 = 1.79 > 1.645
+    assert float(outlier_loss(five, five, gamma=0.0)) == pytest.approx(4 / 5**0.5)

@@ -146,7 +146,11 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", help="results folder (default runs/bench-<preset>)")
     p.add_argument("--cache-dir", help="where source models are cached (default OUT/cache)")
-    p.add_argument("--methods", help="comma-separated subset of the methods (incl. in-domain, oracle)")
+    p.add_argument(
+        "--methods",
+        help="comma-separated subset of the methods (incl. in-domain, oracle), or pnpga, which no preset runs "
+        "(PnP-GA: K source-model snapshots adapted per person, docs/pnpga.md)",
+    )
     p.add_argument(
         "--pairs",
         help="comma-separated subset of E→M,E→D,G→M,G→D (negative controls) and S→W,S→C (positive controls); "

@@ -8,11 +8,12 @@ protocols scored from the same adapted models.
   data; the cache keeps only its last epoch), so its last snapshot *is* the record's dense source model, and
   no two seeds share a member. **K = 10**, the paper's, at the standard preset (12 epochs: snapshots of epochs
   3–12): snapshots cost one extra pre-training per (source, seed) whatever ``K`` is, where ``K`` separate
-  source trainings would cost ``K − 1`` (about 1–2 h of one core each here), so the paper's size fits our
-  budget; adapting costs ``K`` students and ``K`` teachers per person (the record's ``seconds_per_user``). A
-  preset with fewer epochs has as many members as epochs (the smoke preset: 2). Below five members the
-  outlier term cannot flag any member at the start (the largest z-score among ``K`` values is
-  ``(K − 1)/√K``, under 1.645 for ``K ≤ 4``); it can once students and teachers drift apart.
+  source trainings would cost ``K − 1`` (each as long as the source's own pre-training, which the results'
+  ``sources`` record), so the paper's size fits our budget; adapting costs ``K`` students and ``K`` teachers
+  per person (the record's ``seconds_per_user``). A preset with fewer epochs has as many members as epochs
+  (the smoke preset: 2). Below five members the outlier term cannot flag any member at the start (the largest
+  z-score among ``K`` values is ``(K − 1)/√K``, under 1.645 for ``K ≤ 4``); it can once students and
+  teachers drift apart.
 * **Per person (our protocol, the record's ``per_person``).** Each person's ensemble starts from the source
   members, adapts on that person's first ``n_adapt`` images (the images every row adapts on, not the paper's
   10, so that every row is scored on the same images) and is scored on that person's other images with what
