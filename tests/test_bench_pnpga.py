@@ -7,6 +7,7 @@ import pytest
 import torch
 from test_bench import tiny
 
+import alfa.study.bench.pnpga as bench_pnpga
 from alfa.checkpoint import read_checkpoint
 from alfa.gaze.train import TrainConfig
 from alfa.study.bench.config import BenchConfig
@@ -30,15 +31,17 @@ def test_no_preset_plans_pnpga_and_other_rows_hash_as_before():
     # the paper's ten members fit the standard preset's twelve epochs; the benchmark's own adaptation images
     assert (row.kind, row.base) == ("pnpga", "dense")
     assert row.pnpga.members == 10 and row.pnpga.images == standard.personalize.n_adapt
-    assert row.pnpga.predict_with == 2 and variant_key(row)["pnpga"]["members"] == 10
-    # the smoke preset runs it when named: its two epochs give two members, the last of them predicting
+    # the student that started from the record's own source model (the last snapshot) predicts
+    assert row.pnpga.predict_with == 9 and variant_key(row)["pnpga"]["members"] == 10
+    # the smoke preset runs it when named: its two epochs give two members
     smoke = BenchConfig.smoke(methods=("source-only", "pnpga"))
     smoke.validate()
     (plan,) = [p for p in plan_records(smoke) if p.variant.kind == "pnpga" and p.pair == "E→M"]
     assert plan.variant.pnpga.members == 2 and plan.variant.pnpga.predict_with == 1
 
 
-def test_a_pnpga_record_end_to_end(tmp_path):
+def test_a_pnpga_record_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_pnpga, "AUTHORS_PREDICTOR", 0)  # two members: let the authors' student be another
     config = tiny(methods=("pnpga",), pretrain=TrainConfig(epochs=2, batch_size=16, lr=1e-3))
     summary = run_bench(config, tmp_path, progress=False)
     assert summary.ran == ["pnpga|E→M|seed0"] and not summary.errors
@@ -51,6 +54,9 @@ def test_a_pnpga_record_end_to_end(tmp_path):
     assert detail["members"] == 2 and detail["member_epochs"] == [1, 2] and detail["predict_with"] == 1
     for part in ("adapted_mean", "unadapted", "unadapted_mean"):
         assert set(detail[part]["per_person"]) == persons
+    third = detail["third_student"]  # the student the authors' script scores, where it is not the predictor
+    assert set(third["adapted"]["per_person"]) == set(third["unadapted"]["per_person"]) == persons
+    assert third["adapted"]["per_person"] != record["per_person"]
     # the domain protocol: each person's adapted predictor on every person's scored images
     assert set(domain["per_person"]) == persons and domain["scored_images"] == 2 * (8 - 5)
     assert domain["error_deg"] == pytest.approx(sum(domain["per_person"].values()) / 2)
@@ -61,7 +67,7 @@ def test_a_pnpga_record_end_to_end(tmp_path):
     # 5 adaptation images and 10 source images in batches of 4: 2 steps per epoch, 10 epochs
     assert record["steps"] == 20
     source = data["sources"]["E|seed0"]
-    assert source["pnpga_members"]["members"] == 2
+    assert source["pnpga_members"]["members"] == 2 and len(source["pnpga_members"]["val_error_per_epoch"]) == 2
     # the last snapshot is the record's own dense source model: its pre-training, run again, is the same run
     dense = read_checkpoint(Path(source["cache"]) / "pretrain" / "model.safetensors")[0]
     last = read_checkpoint(Path(source["pnpga_members"]["folder"]) / "epoch-002.safetensors")[0]

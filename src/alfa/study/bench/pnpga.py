@@ -16,9 +16,11 @@ protocols scored from the same adapted models.
   teachers drift apart.
 * **Per person (our protocol, the record's ``per_person``).** Each person's ensemble starts from the source
   members, adapts on that person's first ``n_adapt`` images (the images every row adapts on, not the paper's
-  10, so that every row is scored on the same images) and is scored on that person's other images with what
-  PnP-GA predicts with: the third adapted student (the authors' test script scores ``net[2]``), at 1×
-  inference cost.
+  10, so that every row is scored on the same images) and is scored on that person's other images with one
+  adapted student, as PnP-GA predicts (1× inference cost): the one that started from the record's own source
+  model (the last snapshot), where the authors' test script scores the third of their list (``net[2]``), an
+  arbitrary snapshot; an early snapshot is a less trained model. The record keeps the third student's errors
+  too (``pnpga.third_student``).
 * **The domain protocol** (the record's ``domain_protocol``, the authors' own): the same adapted predictor
   scored on the scored images of *every* target person; one value per adapted person, their mean the row.
   :data:`PUBLISHED` holds the authors' README numbers for the real pairs our worlds are named after.
@@ -63,7 +65,10 @@ from .measure import _latency_ms, _proc_status_mib, _reset_peak_memory
 from .plan import RecordPlan
 from .session import Session, SourceContext, TargetData
 
-__all__ = ["PUBLISHED", "ensemble_members", "run_pnpga"]
+__all__ = ["AUTHORS_PREDICTOR", "PUBLISHED", "ensemble_members", "run_pnpga"]
+
+AUTHORS_PREDICTOR = 2
+"""The student the authors' test script scores (``net[2]``, the third of their list)."""
 
 PUBLISHED = {"E→M": (8.767, 5.529), "E→D": (8.578, 5.867), "G→M": (7.662, 6.176), "G→D": (8.977, 7.922)}
 """The authors' README (github.com/DreamtaleCore/PnP-GA), ResNet-18 on the real datasets, degrees: (source-only,
@@ -88,8 +93,13 @@ def ensemble_members(session: Session, src: SourceContext, members: int) -> list
             device=session.device,
         )
         header = read_checkpoint(folder / "pretrain" / "model.safetensors", header_only=True)[1].get("extra", {})
-        seconds = sum(float(e.get("seconds", 0.0)) for e in header.get("history", []))
-        src.info["pnpga_members"] = {"folder": str(folder), "members": members, "train_seconds": seconds}
+        history = header.get("history", [])
+        src.info["pnpga_members"] = {
+            "folder": str(folder),
+            "members": members,
+            "train_seconds": sum(float(e.get("seconds", 0.0)) for e in history),
+            "val_error_per_epoch": [e.get("val_error") for e in history],  # the source's held-out persons
+        }
     return src.pnpga_members
 
 
@@ -123,6 +133,7 @@ def run_pnpga(
     errors: dict[str, GazeError] = {}
     adapted_mean: dict[str, float] = {}
     domain: dict[str, float] = {}
+    third: dict[str, float] = {}  # the student the authors' test script scores, where it is not the predictor
     seconds, cpu, losses = [], 0.0, []
     before_mib = _reset_peak_memory()
     for person in tqdm(persons, desc=f"pnpga {data.name}", disable=not session.progress, leave=False):
@@ -138,6 +149,8 @@ def run_pnpga(
         mean = AdaptedEnsemble(list(ensemble.students), list(ensemble.teachers), None)
         adapted_mean.update(person_errors(mean, data, [person], n_adapt))
         domain[person] = _whole_target_error(predictor, everyone, everyone_labels)
+        if config.members > AUTHORS_PREDICTOR != config.predict_with:
+            third.update(person_errors(ensemble.students[AUTHORS_PREDICTOR], data, [person], n_adapt))
     peak = _proc_status_mib("VmHWM")
     unadapted = AdaptedEnsemble(list(members), list(members), config.predict_with)
     unadapted_mean = AdaptedEnsemble(list(members), list(members), None)
@@ -172,6 +185,12 @@ def run_pnpga(
         "adapted_mean": _mean_of(adapted_mean),
         "unadapted": _mean_of(person_errors(unadapted, data, persons, n_adapt)),
         "unadapted_mean": _mean_of(person_errors(unadapted_mean, data, persons, n_adapt)),
+        "third_student": None
+        if not third
+        else {
+            "adapted": _mean_of(third),
+            "unadapted": _mean_of(person_errors(members[AUTHORS_PREDICTOR], data, persons, n_adapt)),
+        },
         "member_training": src.info.get("pnpga_members"),
         "cost": cost.to_dict(),
     }

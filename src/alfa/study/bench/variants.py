@@ -99,16 +99,13 @@ def pnpga_variant(config: VariantSettings) -> Variant:
     """PnP-GA's row (:mod:`alfa.study.bench.pnpga`, docs/pnpga.md): its authors' settings, adapting on the
     images every row adapts on (the benchmark's ``n_adapt``, so that it is scored on the same images as every
     other row), with an ensemble of the paper's ``K = 10`` dense source models, or as many as the source's
-    pre-training has epochs (the members are the snapshots of its last ``K`` epochs), and the third student
-    predicting (the last one when there are fewer)."""
+    pre-training has epochs (the members are the snapshots of its last ``K`` epochs). One adapted student
+    predicts, as in the authors' test script, but the one that started from the record's own source model (the
+    last snapshot), not the third: an earlier snapshot is a less trained model, and no other row starts from it
+    (the snapshots' source validation errors are in the results' ``sources``)."""
     paper = PnPGAConfig()
     members = min(paper.members, config.pretrain.epochs)
-    settings = dataclasses.replace(
-        paper,
-        members=members,
-        images=config.personalize.n_adapt,
-        predict_with=None if paper.predict_with is None else min(paper.predict_with, members - 1),
-    )
+    settings = dataclasses.replace(paper, members=members, images=config.personalize.n_adapt, predict_with=members - 1)
     return Variant("pnpga", "pnpga", base="dense", pnpga=settings)
 
 
