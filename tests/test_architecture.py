@@ -40,7 +40,7 @@ LIBRARY_LAYERS: list[tuple[str, ...]] = [
 APPLICATION_LAYERS: list[tuple[str, ...]] = [
     ("gaze.geometry",),  # gaze angles and vectors, the datasets' conventions
     ("gaze.data", "gaze.camera"),  # the synthetic worlds and the dataset loaders; photos to normalized crops
-    ("gaze",),  # source training, personalization, user calibration and FAZE, evaluation, the demo
+    ("gaze",),  # source training, personalization, user calibration, FAZE and PnP-GA, evaluation, the demo
     ("gaze.service",),  # the HTTP gaze service
 ]
 STUDY_LAYERS: list[tuple[str, ...]] = [

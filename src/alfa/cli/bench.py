@@ -148,7 +148,8 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", help="where source models are cached (default OUT/cache)")
     p.add_argument(
         "--methods",
-        help="comma-separated subset of the methods (incl. in-domain, oracle) and rows run only when named (ruda)",
+        help="comma-separated subset of the methods (incl. in-domain, oracle) and rows run only when named: ruda, "
+        "and pnpga, which no preset runs (PnP-GA: K source-model snapshots adapted per person, docs/pnpga.md)",
     )
     p.add_argument(
         "--pairs",

@@ -26,7 +26,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -288,13 +288,15 @@ def train_source(
     resume: bool = True,
     progress: bool = True,
     extra: dict[str, Any] | None = None,
+    on_epoch: Callable[[int, nn.Module], None] = lambda epoch, model: None,
 ) -> TrainResult:
     """Train ``model`` (in place) on ``dataset`` with ``config``; checkpoints go to ``out_dir``.
 
     Validation persons come from :func:`resolve_validation` (recovery passes pre-training's, so they
     stay unseen). With ``resume`` (the default) a checkpoint in ``out_dir`` of the same stage, model,
     data and config is continued, and a finished one returned as is; a mismatching one is refused with
-    a :class:`~alfa.checkpoint.CheckpointError` naming the difference.
+    a :class:`~alfa.checkpoint.CheckpointError` naming the difference. ``on_epoch(epoch, model)`` runs after
+    each epoch (from 1) before its checkpoint is written (a crash between the two redoes both).
     """
     config.validate()
     out = Path(out_dir)
@@ -360,6 +362,7 @@ def train_source(
                     f"val error {record['val_error']:.2f} deg ({record['seconds']:.0f} s)"
                 )
             if rank == 0:
+                on_epoch(epoch + 1, model)
                 meta = {"header": header, "model": model_name, "epoch": epoch + 1, "history": history}
                 meta["complete"] = epoch + 1 == config.epochs
                 save_state(out, model, optimizer, scaler, meta, model_kwargs, size)

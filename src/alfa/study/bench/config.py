@@ -28,6 +28,7 @@ from .ablations import REGISTRY
 from .methods import (
     EXTRA_METHODS,
     MAIN_METHODS,
+    OPT_IN_METHODS,
     PAIRS,
     SANITY_METHODS,
     SELECTION_RULE,
@@ -337,7 +338,7 @@ class BenchConfig:
         for p in (*self.pairs, *self.ablation_pairs, self.figure_pair):
             if p not in PAIRS:
                 raise ValueError(f"unknown pair {p!r}; pairs are {', '.join(PAIRS)}")
-        known = table_methods() + SANITY_METHODS + EXTRA_METHODS
+        known = table_methods() + SANITY_METHODS + EXTRA_METHODS + OPT_IN_METHODS
         bad = [m for m in self.methods if m not in known]
         if bad:
             raise ValueError(f"unknown method(s) {bad}; methods are {', '.join(known)}")

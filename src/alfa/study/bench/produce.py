@@ -61,14 +61,16 @@ from .measure import (
     constant_prediction_error,
 )
 from .plan import RecordPlan
+from .pnpga import run_pnpga
 from .record import Record
 from .session import Session, SourceContext, TargetData
 
-__all__ = ["KINDS", "UNADAPTED", "produce_record"]
+__all__ = ["KINDS", "OPT_IN_KINDS", "UNADAPTED", "produce_record"]
 
 # The kinds of a table row (a recipe-selection record is of kind "selection", never a row); the unadapted
-# ones score a base as it is.
+# ones score a base as it is. The opt-in kinds are those of rows no preset plans (methods.OPT_IN_METHODS).
 KINDS = ("source-only", "flip-tta", "in-domain", "target-trained", "oracle", "adapter", "tpgaze", "ruda")
+OPT_IN_KINDS = ("pnpga",)
 UNADAPTED = ("source-only", "flip-tta", "in-domain", "target-trained")
 
 
@@ -98,6 +100,8 @@ def produce_record(session: Session, plan: RecordPlan) -> Record:
         errors = _score_unadapted(session, base, src, tgt, record, flips)
     elif v.kind == "oracle":
         errors = _run_oracle(session, base, tgt, plan, record, flips)
+    elif v.kind == "pnpga":
+        errors = run_pnpga(session, base, src, tgt, plan, record, flips)
     else:
         errors = _run_personalization(session, base, src, tgt, plan, record, flips)
     _add_errors(record, errors, flips)

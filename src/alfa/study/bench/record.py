@@ -72,6 +72,8 @@ class Record:
     reference_protocol_deg: float | None = None  # ... the best of those steps per person (test-label selection)
     loss: dict[str, float] | None = None  # ... the first and final loss, mean over persons
     meta_only: dict[str, Any] | None = None  # TPGaze: its meta-trained prompts before any step
+    pnpga: dict[str, Any] | None = None  # PnP-GA: its ensemble, other predictors' errors, its cost per person
+    domain_protocol: dict[str, Any] | None = None  # ... adapted on one person, scored on the whole target
     per_person_flip: dict[str, dict[str, float]] | None = None  # what a flip sees of each person's error
     flip: dict[str, float] | None = None  # ... its mean over persons
     flip_tta_error_deg: float | None = None  # the error with flip-TTA on top of the record's model
@@ -135,6 +137,8 @@ _ROW_RESULTS = (
     "reference_protocol_deg",
     "loss",
     "meta_only",
+    "pnpga",
+    "domain_protocol",
     "per_person_flip",
     "flip",
     "flip_tta_error_deg",

@@ -75,6 +75,8 @@ def variant_key(variant: Variant) -> dict[str, Any]:
     # Only a selected row says so: every other row hashes as it did before selected rows existed.
     if variant.selected:
         out["selected"] = True
+    if variant.pnpga is not None:  # likewise only PnP-GA's rows have its settings
+        out["pnpga"] = variant.pnpga.to_dict()
     return out
 
 

@@ -69,6 +69,7 @@ class SourceContext:
     other_ranks: dict[int, nn.Module] = field(default_factory=dict)
     prompts: Path | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    pnpga_members: list[nn.Module] | None = None  # PnP-GA's ensemble once trained (alfa.study.bench.pnpga)
 
 
 class Session:
@@ -126,7 +127,7 @@ class Session:
     def release(self, key: str, seed: int) -> None:
         src = self.sources.get((key, seed))
         if src is not None:
-            src.models, src.other_ranks = None, {}
+            src.models, src.other_ranks, src.pnpga_members = None, {}, None
 
     # ---------------------------------------------------------------- hashes
 

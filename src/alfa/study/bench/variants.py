@@ -4,15 +4,17 @@ gives Table 1's methods and the sanity rows (the ablations' rows are in :mod:`al
 from __future__ import annotations
 
 import re
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from alfa.adapters import METHODS, AdapterConfig, AlfaConfig
 from alfa.gaze.objectives import OBJECTIVES
+from alfa.gaze.pnpga import PnPGAConfig
 from alfa.gaze.recipes import Recipe, named_recipe
 from alfa.gaze.ruda import RUDA_RECIPE, ruda_method
 
-from .methods import EXTRA_METHODS, SANITY_METHODS, table_methods
+from .methods import EXTRA_METHODS, OPT_IN_METHODS, SANITY_METHODS, table_methods
 from .names import DEFAULT, SELECTED  # rows with a selected (alfa[selected]) or shipped (alfa[default]) recipe
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "selection_variants",
     "split_loss",
     "default_variant",
+    "pnpga_variant",
     "SELECTED",
     "DEFAULT",
     "GRID",
@@ -40,6 +43,8 @@ class VariantSettings(Protocol):
 
     alfa_heads: int
     alfa_rank: int
+    personalize: Any  # its n_adapt: the images every row adapts on
+    pretrain: Any  # its epochs: how many snapshots PnP-GA's ensemble can have
 
 
 @dataclass
@@ -48,8 +53,9 @@ class Variant:
 
     ``kind``: ``"source-only"`` (no adaptation), ``"flip-tta"`` (no training: the base's prediction
     averaged with its mirrored prediction on the flipped image), ``"in-domain"`` (the base on held-out source persons),
-    ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe), ``"tpgaze"`` or ``"ruda"`` (RUDA:
-    the whole network with its rotation-consistency objective, :mod:`alfa.gaze.ruda`). ``base``:
+    ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe), ``"tpgaze"``, ``"ruda"`` (RUDA:
+    the whole network with its rotation-consistency objective, :mod:`alfa.gaze.ruda`), or ``"pnpga"`` (PnP-GA's
+    ensemble adaptation, ``pnpga`` its settings: :mod:`alfa.study.bench.pnpga`). ``base``:
     ``"truncated"`` (the rank-``d`` base), ``"dense"`` (the pre-trained model before truncation) or
     ``"rank=<d>"`` (truncated at another rank and recovered the same way). ``recipe`` holds changes to the
     personalization recipe; ``group``/``value`` place the row in an ablation table. What its records' hashes
@@ -66,6 +72,7 @@ class Variant:
     same_layers_as_truncated: bool = False  # target the layers the truncated model factorizes
     selected: bool = False  # the recipe is the one selected on the stand-in (docs/flip-premise.md §4)
     shipped: Recipe | None = None  # the recipe alfa personalize ships for the method, which ``recipe`` applies
+    pnpga: PnPGAConfig | None = None  # PnP-GA's settings (kind "pnpga")
 
 
 def alfa_config(config: VariantSettings, **changes: Any) -> AlfaConfig:
@@ -87,6 +94,8 @@ def _main_row(label: str, config: VariantSettings) -> Variant:
         return Variant(label, label)
     if label == "ruda":  # its method and its changes to the shared recipe (the views and loss of its objective)
         return Variant(label, "ruda", adapter=ruda_method(), recipe=dict(RUDA_RECIPE))
+    if label == "pnpga":
+        return pnpga_variant(config)
     method = METHODS[label]
     if method.trains_prompts:  # TPGaze: meta-trained prompts and its own optimizer, not the shared recipe
         return Variant(label, "tpgaze")
@@ -97,6 +106,20 @@ def split_loss(label: str) -> tuple[str, str | None]:
     """``"alfa[loss=roll]"`` -> ``("alfa", "roll")``; a label without a ``[loss=…]`` suffix -> ``(label, None)``."""
     match = re.fullmatch(r"(.+)\[loss=([^\]]+)\]", label)
     return (match[1], match[2]) if match else (label, None)
+
+
+def pnpga_variant(config: VariantSettings) -> Variant:
+    """PnP-GA's row (:mod:`alfa.study.bench.pnpga`, docs/pnpga.md): its authors' settings, adapting on the
+    images every row adapts on (the benchmark's ``n_adapt``, so that it is scored on the same images as every
+    other row), with an ensemble of the paper's ``K = 10`` dense source models, or as many as the source's
+    pre-training has epochs (the members are the snapshots of its last ``K`` epochs). One adapted student
+    predicts, as in the authors' test script, but the one that started from the record's own source model (the
+    last snapshot), not the third: an earlier snapshot is a less trained model, and no other row starts from it
+    (the snapshots' source validation errors are in the results' ``sources``)."""
+    paper = PnPGAConfig()
+    members = min(paper.members, config.pretrain.epochs)
+    settings = dataclasses.replace(paper, members=members, images=config.personalize.n_adapt, predict_with=members - 1)
+    return Variant("pnpga", "pnpga", base="dense", pnpga=settings)
 
 
 def selection_variants(config: VariantSettings, method: str) -> tuple[Variant, Variant]:
@@ -131,6 +154,8 @@ def default_variant(config: VariantSettings, method: str) -> Variant:
 
 
 def main_variants(config: VariantSettings) -> dict[str, Variant]:
-    """The methods of Table 1, the sanity rows and the rows run only when asked for (:data:`EXTRA_METHODS`), by
-    label (every adapter method at its defaults, Alfa with the benchmark's heads and rank)."""
-    return {label: _main_row(label, config) for label in (*table_methods(), *SANITY_METHODS, *EXTRA_METHODS)}
+    """The methods of Table 1, the sanity rows and the rows run only when named (:data:`EXTRA_METHODS`, which the
+    smoke preset plans, and :data:`OPT_IN_METHODS`, which no preset plans), by label (every adapter method at its
+    defaults, Alfa with the benchmark's heads and rank)."""
+    labels = (*table_methods(), *SANITY_METHODS, *EXTRA_METHODS, *OPT_IN_METHODS)
+    return {label: _main_row(label, config) for label in labels}

@@ -1,0 +1,82 @@
+"""PnP-GA as a benchmark row: an opt-in method no preset plans (so no existing plan or hash changes), and one
+record made end to end on the tiny configuration of test_bench."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_bench import tiny
+
+import alfa.study.bench.pnpga as bench_pnpga
+from alfa.checkpoint import read_checkpoint
+from alfa.gaze.train import TrainConfig
+from alfa.study.bench.config import BenchConfig
+from alfa.study.bench.methods import OPT_IN_METHODS
+from alfa.study.bench.plan import plan_records
+from alfa.study.bench.produce import OPT_IN_KINDS
+from alfa.study.bench.results import load_results
+from alfa.study.bench.runner import run_bench
+from alfa.study.bench.schema import variant_key
+from alfa.study.bench.variants import main_variants
+
+
+def test_no_preset_plans_pnpga_and_other_rows_hash_as_before():
+    for preset in (BenchConfig.smoke(), BenchConfig.quick(), BenchConfig.standard()):
+        assert not {p.variant.kind for p in plan_records(preset)} & set(OPT_IN_KINDS)
+        assert "pnpga" not in preset.methods
+    standard = BenchConfig.standard()
+    rows = main_variants(standard)
+    assert all("pnpga" not in variant_key(v) for label, v in rows.items() if label not in OPT_IN_METHODS)
+    row = rows["pnpga"]
+    # the paper's ten members fit the standard preset's twelve epochs; the benchmark's own adaptation images
+    assert (row.kind, row.base) == ("pnpga", "dense")
+    assert row.pnpga.members == 10 and row.pnpga.images == standard.personalize.n_adapt
+    # the student that started from the record's own source model (the last snapshot) predicts
+    assert row.pnpga.predict_with == 9 and variant_key(row)["pnpga"]["members"] == 10
+    # the smoke preset runs it when named: its two epochs give two members
+    smoke = BenchConfig.smoke(methods=("source-only", "pnpga"))
+    smoke.validate()
+    (plan,) = [p for p in plan_records(smoke) if p.variant.kind == "pnpga" and p.pair == "E→M"]
+    assert plan.variant.pnpga.members == 2 and plan.variant.pnpga.predict_with == 1
+
+
+def test_a_pnpga_record_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_pnpga, "AUTHORS_PREDICTOR", 0)  # two members: let the authors' student be another
+    config = tiny(methods=("pnpga",), pretrain=TrainConfig(epochs=2, batch_size=16, lr=1e-3))
+    summary = run_bench(config, tmp_path, progress=False)
+    assert summary.ran == ["pnpga|E→M|seed0"] and not summary.errors
+    data = load_results(tmp_path)
+    (record,) = data["records"]
+    assert record["kind"] == "pnpga" and record["base"] == "dense"
+    persons = {"p00", "p01"}
+    assert set(record["per_person"]) == persons and record["error_deg"] > 0
+    detail, domain = record["pnpga"], record["domain_protocol"]
+    assert detail["members"] == 2 and detail["member_epochs"] == [1, 2] and detail["predict_with"] == 1
+    for part in ("adapted_mean", "unadapted", "unadapted_mean"):
+        assert set(detail[part]["per_person"]) == persons
+    third = detail["third_student"]  # the student the authors' script scores, where it is not the predictor
+    assert set(third["adapted"]["per_person"]) == set(third["unadapted"]["per_person"]) == persons
+    assert third["adapted"]["per_person"] != record["per_person"]
+    # the domain protocol: each person's adapted predictor on every person's scored images
+    assert set(domain["per_person"]) == persons and domain["scored_images"] == 2 * (8 - 5)
+    assert domain["error_deg"] == pytest.approx(sum(domain["per_person"].values()) / 2)
+    cost = detail["cost"]
+    assert cost["members"] == 2 and cost["shipped_model_bytes"] == 2 * record["inference_params"] * 4
+    assert cost["source_images"] == 10 and cost["shipped_source_bytes"] > 0
+    assert record["trainable_params"] == 2 * record["inference_params"] and record["seconds_per_user"] > 0
+    # 5 adaptation images and 10 source images in batches of 4: 2 steps per epoch, 10 epochs
+    assert record["steps"] == 20
+    source = data["sources"]["E|seed0"]
+    assert source["pnpga_members"]["members"] == 2 and len(source["pnpga_members"]["val_error_per_epoch"]) == 2
+    # the last snapshot is the record's own dense source model: its pre-training, run again, is the same run
+    dense = read_checkpoint(Path(source["cache"]) / "pretrain" / "model.safetensors")[0]
+    last = read_checkpoint(Path(source["pnpga_members"]["folder"]) / "epoch-002.safetensors")[0]
+    assert dense.keys() == last.keys() and all(torch.equal(dense[k], last[k]) for k in dense)
+    again = run_bench(config, tmp_path, progress=False)
+    assert again.skipped == ["pnpga|E→M|seed0"] and again.ran == []
+
+
+def test_an_ensemble_of_one_is_refused_with_one_line():
+    row = main_variants(tiny(pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3)))["pnpga"]
+    with pytest.raises(ValueError, match="at least 2 ensemble members"):
+        row.pnpga.validate()
