@@ -3,8 +3,8 @@ gives Table 1's methods and the sanity rows (the ablations' rows are in :mod:`al
 
 from __future__ import annotations
 
-import re
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
