@@ -1,0 +1,106 @@
+"""TTA distilled into the weights (issue 26, item 3): the objective ``tta-distill`` trains a person's adapter
+towards the frozen base's group-TTA predictions, computed once before the adapter is attached."""
+
+import dataclasses
+
+import pytest
+import torch
+from tiny_models import TinyGazeNet
+
+import alfa
+from alfa.gaze.distill import DISTILL_OBJECTIVE, distillation_loss, inference_cost, tta_targets
+from alfa.gaze.evaluate import predict_images
+from alfa.gaze.geometry import flip_yaw
+from alfa.gaze.objectives import OBJECTIVES, register_objective, unregister_objective
+from alfa.gaze.personalize import PersonalizeConfig, build_batch, personalize
+from alfa.gaze.tta import TTA_KINDS, GroupTTA
+
+
+def _tiny(seed: int = 0) -> TinyGazeNet:
+    torch.manual_seed(seed)
+    return TinyGazeNet().eval()
+
+
+def _images(n: int = 3, size: int = 32) -> torch.Tensor:
+    return torch.rand(n, 3, size, size, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture
+def probe():
+    """``tta-distill`` under another name, recording each call of its targets and the targets its loss gets."""
+    calls, seen = [], []
+    distill = OBJECTIVES[DISTILL_OBJECTIVE]
+
+    def targets(model, images):
+        calls.append(alfa.adapter_state(model))
+        return distill.targets(model, images)
+
+    def loss(pred, settings, t):
+        seen.append(t.clone())
+        return distill.loss(pred, settings, t)
+
+    register_objective(dataclasses.replace(distill, name="distill-probe", loss=loss, targets=targets))
+    try:
+        yield calls, seen
+    finally:
+        unregister_objective("distill-probe")
+
+
+def test_the_targets_are_the_frozen_bases_group_tta_computed_once_before_the_adapter(probe):
+    calls, seen = probe
+    model, images = _tiny(), _images()
+    with torch.no_grad():
+        base_tta = GroupTTA(model)(images)
+    config = PersonalizeConfig(loss="distill-probe", steps=3, lr=3e-2)
+    personalize(model, images, alfa.LoraConfig(rank=2), config, seed=0)
+    assert calls == [None]  # one call, on the model without an adapter
+    assert len(seen) == config.steps + 1  # every step and the final loss read those same targets
+    for t in seen:
+        torch.testing.assert_close(t, base_tta)
+    with torch.no_grad():
+        adapted_tta = GroupTTA(model)(images)
+    assert (adapted_tta - base_tta).abs().max() > 1e-4  # the adapted model's TTA is another thing: the test can tell
+
+
+def test_the_loss_is_zero_when_the_model_predicts_the_targets_and_positive_otherwise():
+    t = torch.tensor([[0.1, -0.2], [0.3, 0.05]])
+    exact = torch.cat([t, t, flip_yaw(t), flip_yaw(t)])
+    assert distillation_loss(exact, t) == 0
+    off = exact.clone()
+    off[5, 1] += 0.4  # one flipped original's pitch
+    assert distillation_loss(off, t).item() == pytest.approx(0.4 / 8)
+    with pytest.raises(ValueError, match="4·2 predictions"):
+        distillation_loss(exact[:6], t)
+    with pytest.raises(ValueError, match="needs the targets"):
+        OBJECTIVES[DISTILL_OBJECTIVE](exact, PersonalizeConfig())
+
+
+def test_gradients_reach_exactly_the_adapters_trainable_parameters():
+    model, images = _tiny(), _images()
+    targets = tta_targets(model, images)
+    alfa.truncate(model, rank=8)
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=4))
+    config = PersonalizeConfig(loss=DISTILL_OBJECTIVE)
+    batch = build_batch(images, config, seed=0)
+    OBJECTIVES[DISTILL_OBJECTIVE](model(batch), config, targets).backward()
+    trainable = set(alfa.adapter_parameters(model))
+    reached = {name for name, p in model.named_parameters() if p.grad is not None}
+    assert trainable and reached == trainable
+    assert sum(model.get_parameter(name).grad.abs().sum() for name in trainable) > 0
+
+
+def test_a_tiny_personalization_moves_the_1x_predictions_toward_the_group_tta_ones():
+    model, images = _tiny(), _images(4)
+    targets = tta_targets(model, images)
+    before = (predict_images(model, images) - targets).abs().sum(-1).mean()
+    config = PersonalizeConfig(loss=DISTILL_OBJECTIVE, steps=10, lr=1e-3)
+    result = personalize(model, images, alfa.LoraConfig(rank=4), config, seed=0)
+    after = (predict_images(model, images) - targets).abs().sum(-1).mean()
+    assert result.final_loss < result.initial_loss
+    assert after < 0.5 * before, (float(before), float(after))
+
+
+def test_the_cost_is_one_pass_against_the_teachers_k():
+    cost = inference_cost()
+    assert cost == {"teacher": "flip+roll", "teacher_passes": 6, "passes": 1, "cost_ratio": 6.0}
+    assert cost["teacher_passes"] == TTA_KINDS["flip+roll"].passes
