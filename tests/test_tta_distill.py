@@ -8,12 +8,19 @@ import torch
 from tiny_models import TinyGazeNet
 
 import alfa
+import alfa.study.bench.produce as produce
+from alfa.gaze.data.base import InMemoryGazeDataset
 from alfa.gaze.distill import DISTILL_OBJECTIVE, distillation_loss, inference_cost, tta_targets
-from alfa.gaze.evaluate import predict_images
+from alfa.gaze.evaluate import person_gaze_errors, predict_images
 from alfa.gaze.geometry import flip_yaw
 from alfa.gaze.objectives import OBJECTIVES, register_objective, unregister_objective
 from alfa.gaze.personalize import PersonalizeConfig, build_batch, personalize
 from alfa.gaze.tta import TTA_KINDS, GroupTTA
+from alfa.study.bench.config import BenchConfig
+from alfa.study.bench.methods import OPT_IN_METHODS
+from alfa.study.bench.plan import plan_records
+from alfa.study.bench.record import Record
+from alfa.study.bench.variants import alfa_config
 
 
 def _tiny(seed: int = 0) -> TinyGazeNet:
@@ -104,3 +111,37 @@ def test_the_cost_is_one_pass_against_the_teachers_k():
     cost = inference_cost()
     assert cost == {"teacher": "flip+roll", "teacher_passes": 6, "passes": 1, "cost_ratio": 6.0}
     assert cost["teacher_passes"] == TTA_KINDS["flip+roll"].passes
+
+
+# ----------------------------------------------------------------------------- the benchmark's row
+
+
+def test_the_distilled_row_runs_only_when_named_as_alfa_with_the_distillation_loss():
+    for preset in (BenchConfig.smoke(), BenchConfig.quick(), BenchConfig.standard()):
+        assert not [p for p in plan_records(preset) if p.variant.recipe.get("loss") == DISTILL_OBJECTIVE]
+    assert DISTILL_OBJECTIVE in OPT_IN_METHODS and not OBJECTIVES[DISTILL_OBJECTIVE].ablation
+    config = BenchConfig.smoke(methods=("source-only", DISTILL_OBJECTIVE))
+    config.validate()
+    plans = [p for p in plan_records(config) if p.variant.label == DISTILL_OBJECTIVE]
+    assert {p.pair for p in plans} == set(config.pairs)
+    row = plans[0].variant
+    assert (row.kind, row.recipe, row.adapter) == ("adapter", {"loss": DISTILL_OBJECTIVE}, alfa_config(config))
+
+
+def test_the_record_holds_the_cost_ratio_and_the_teachers_error_on_the_same_persons():
+    model = _tiny()
+    g = torch.Generator().manual_seed(2)
+    data = InMemoryGazeDataset(
+        (torch.rand(12, 3, 32, 32, generator=g) * 255).to(torch.uint8),
+        (torch.rand(12, 2, generator=g) - 0.5) * 0.6,
+        torch.arange(12) // 6,
+        ["p0", "p1"],
+    )
+    summary = produce._distill_summary(model, data, ["p0", "p1"], n_adapt=5)
+    teacher = person_gaze_errors(GroupTTA(model), data, ["p0", "p1"], 5)
+    plain = person_gaze_errors(model, data, ["p0", "p1"], 5)
+    assert summary["teacher_per_person"] == {p: e.angular for p, e in teacher.items()}
+    assert summary["teacher_per_person"] != {p: e.angular for p, e in plain.items()}  # the TTA, not the base
+    assert summary["cost_ratio"] == summary["teacher_passes"] / summary["passes"] == 6
+    fields = {f.name for f in dataclasses.fields(Record)}
+    assert "distill" in fields
