@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+from bench_records import results_of
 from tiny_models import TinyGazeNet
 
 import alfa
@@ -24,6 +25,7 @@ from alfa.study.bench.config import BenchConfig
 from alfa.study.bench.methods import OPT_IN_METHODS
 from alfa.study.bench.plan import plan_records
 from alfa.study.bench.record import Record
+from alfa.study.bench.report_page import render_report
 from alfa.study.bench.variants import alfa_config
 
 
@@ -170,3 +172,20 @@ def test_the_record_holds_the_cost_ratio_and_the_teachers_error_on_the_same_pers
     assert summary["cost_ratio"] == summary["teacher_passes"] / summary["passes"] == 6
     fields = {f.name for f in dataclasses.fields(Record)}
     assert "distill" in fields
+
+
+def test_a_run_with_the_distilled_row_shows_it_in_table_1_the_cost_table_and_a_bullet_with_its_cost():
+    config = BenchConfig.standard(
+        methods=("source-only", "alfa", DISTILL_OBJECTIVE), selected_methods=(), default_methods=(), ablations=()
+    )
+    config = dataclasses.replace(config, pairs=("E→M",), seeds=(0,))
+    results = results_of(config, (("source-only", 9.0), ("alfa", 8.0), (DISTILL_OBJECTIVE, 7.5)))
+    for record in results["records"]:
+        if record["method"] == DISTILL_OBJECTIVE:
+            record["distill"] = {**inference_cost(), "teacher_per_person": {}, "teacher_error_deg": 7.0}
+    text = render_report(results)
+    name = "Alfa distilling the base's flip×roll TTA (one forward pass)"
+    assert text.count(f"| {name} |") >= 2  # Table 1 and the cost table
+    assert "predicts in 1 forward pass where its teacher takes 6 (6× the inference cost)" in text
+    without = [r for r in results["records"] if r["method"] != DISTILL_OBJECTIVE]
+    assert name not in render_report({**results, "records": without})  # no record, no row and no bullet
