@@ -52,7 +52,7 @@ def test_the_built_in_objectives_are_the_flip_and_augmentation_losses():
 def test_a_name_is_registered_once_and_an_unknown_loss_is_refused(dummy):
     with pytest.raises(ValueError, match="already registered"):
         register_objective(Objective("pitch-zero", "again", _mean_pitch))
-    built_in = r"'flip', 'augment', 'roll', 'flip\+roll', 'ruda'"
+    built_in = r"'flip', 'augment', 'roll', 'flip\+roll', 'ruda', 'tta-distill'"
     with pytest.raises(ValueError, match=rf"loss must be one of \({built_in}, 'pitch-zero'\), got 'nope'"):
         PersonalizeConfig(loss="nope").validate()
 

@@ -149,7 +149,8 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--methods",
         help="comma-separated subset of the methods (incl. in-domain, oracle) and rows run only when named: ruda, "
-        "and pnpga, which no preset runs (PnP-GA: K source-model snapshots adapted per person, docs/pnpga.md)",
+        "and pnpga and tta-distill, which no preset runs (PnP-GA: K source-model snapshots adapted per person, "
+        "docs/pnpga.md; tta-distill: Alfa trained towards the base's flip+roll TTA, one pass instead of six)",
     )
     p.add_argument(
         "--pairs",

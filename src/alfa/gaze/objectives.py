@@ -12,6 +12,12 @@ rolled by ±:data:`~alfa.gaze.views.ROLL_DEGREES` inside its inscribed disc, rol
 prediction on the image. ``flip+roll`` is the sum of the two losses. ``ruda`` is RUDA's rotation distribution
 loss (:mod:`alfa.gaze.ruda` is the method that trains with it).
 
+An objective may also declare ``targets(model, images)``: per-person targets that
+:func:`alfa.gaze.personalize.personalize` computes **once**, from the base, before it attaches the adapter, and
+hands to the loss as its third argument. ``tta-distill`` (:mod:`alfa.gaze.distill`) is one: its targets are the
+frozen base's group-TTA (flip × roll) predictions, so that the adapted model learns, at one forward pass, what
+the base predicts at six.
+
 Adding an objective is one :func:`register_objective` call: ``alfa personalize --loss`` offers it, the
 recipe accepts it, and the benchmark's loss ablation gives it a row (``alfa[loss=<name>]``) on its page
 unless it says ``ablation=False``.
@@ -24,8 +30,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from .distill import DESCRIPTION as DISTILL_DESCRIPTION
+from .distill import DISTILL_OBJECTIVE, distillation_loss, tta_targets
 from .losses import (
     augmentation_consistency_loss,
     flip_symmetry_loss,
@@ -56,13 +64,26 @@ class ObjectiveSettings(Protocol):
 class Objective:
     """One objective: its name (the value of ``--loss``), a line saying what it asks of the model, the loss of
     the predictions on a personalization batch under the recipe's settings, the views that batch holds (in
-    order, ``N`` rows each) and whether the benchmark's loss ablation gives it a row."""
+    order, ``N`` rows each) and whether the benchmark's loss ablation gives it a row.
+
+    ``targets``, if given, computes the person's targets from the model without its adapter and the person's
+    ``(N, 3, H, W)`` images; the loss then takes them as a third argument, ``loss(pred, settings, targets)``
+    (:meth:`__call__` passes them on)."""
 
     name: str
     description: str
-    loss: Callable[[Tensor, ObjectiveSettings], Tensor]
+    loss: Callable[..., Tensor]
     views: tuple[str, ...] = FLIP_VIEWS
     ablation: bool = True
+    targets: Callable[[nn.Module, Tensor], Tensor] | None = None
+
+    def __call__(self, pred: Tensor, settings: ObjectiveSettings, targets: Tensor | None = None) -> Tensor:
+        """The loss of ``pred``, with the person's ``targets`` for an objective that declares them."""
+        if self.targets is None:
+            return self.loss(pred, settings)
+        if targets is None:
+            raise ValueError(f"objective {self.name!r} needs the targets its targets(model, images) computes")
+        return self.loss(pred, settings, targets)
 
 
 OBJECTIVES: dict[str, Objective] = {}
@@ -154,5 +175,16 @@ register_objective(
         _ruda,
         RUDA_VIEWS,
         ablation=False,  # RUDA is a row of its own (alfa.gaze.ruda), not a loss of the ablation
+    )
+)
+register_objective(
+    Objective(
+        DISTILL_OBJECTIVE,
+        DISTILL_DESCRIPTION,
+        lambda pred, settings, targets: distillation_loss(pred, targets),
+        targets=tta_targets,
+        # a row of its own, "tta-distill" (alfa.study.bench.methods.OPT_IN_METHODS): as a loss of the ablation it
+        # would add a row to the plan of every preset that runs the ablation, and change none of its findings
+        ablation=False,
     )
 )

@@ -12,6 +12,8 @@ The recipe, per person:
    detached by default), or the augmentation-consistency alternative; another registered objective
    (:mod:`alfa.gaze.objectives`: roll consistency, flip+roll, RUDA's) declares the views its batch holds
    instead of the flips (:mod:`alfa.gaze.views`: rolls inside the inscribed disc), still one batch per step;
+   one that declares targets (TTA distillation's) gets them computed once from the base before the adapter
+   is attached;
 5. AdamW on the adapter parameters only, base lr 1e-4, ×10 for ResNet-18's ``layer3``/``layer4``;
    the model stays in eval mode (BatchNorm statistics frozen); a fixed number of steps; the last step
    is the result.
@@ -174,11 +176,28 @@ def build_batch(images: Tensor, config: PersonalizeConfig, seed: int) -> Tensor:
     return build_views(images, augmented, OBJECTIVES[config.loss].views)
 
 
-def _loss(pred: Tensor, config: PersonalizeConfig, start_pitch: Tensor | None = None) -> Tensor:
-    loss = OBJECTIVES[config.loss].loss(pred, config)
+def _loss(
+    pred: Tensor, config: PersonalizeConfig, start_pitch: Tensor | None = None, targets: Tensor | None = None
+) -> Tensor:
+    loss = OBJECTIVES[config.loss](pred, config, targets)
     if config.pitch_anchor and start_pitch is not None:
         loss = loss + config.pitch_anchor * (pred[:, 1].mean() - start_pitch).abs()
     return loss
+
+
+def _targets(model: nn.Module, images: Tensor, config: PersonalizeConfig) -> Tensor | None:
+    """The person's targets if the recipe's objective declares them: computed once, from ``model`` as it is (the
+    base, no adapter attached yet), without gradient; ``None`` for the other objectives."""
+    objective = OBJECTIVES[config.loss]
+    if objective.targets is None:
+        return None
+    if adapter_state(model) is not None:
+        raise RuntimeError(f"the {objective.name!r} targets are the base's: detach the adapter first")
+    with torch.no_grad():
+        targets = objective.targets(model, images).float()
+    if not torch.isfinite(targets).all():
+        raise FloatingPointError(f"the {objective.name!r} targets of the base are NaN or infinite")
+    return targets.to(next(model.parameters()).device)
 
 
 def personalize(
@@ -211,6 +230,7 @@ def personalize(
     t0 = time.time()
     device = next(model.parameters()).device
     batch = build_batch(images.float(), config, seed=seed + 1).to(device)
+    targets = _targets(model, images.float(), config)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         attach(model, method)
@@ -240,7 +260,7 @@ def personalize(
 
         measure()
         for _ in range(config.steps):
-            loss = finite_or_raise(_loss(forward(), config, start_pitch), "personalization")
+            loss = finite_or_raise(_loss(forward(), config, start_pitch, targets), "personalization")
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
@@ -248,7 +268,7 @@ def personalize(
             losses.append(loss.item())
             measure()
         with torch.no_grad():
-            final = float(finite_or_raise(_loss(forward(), config, start_pitch), "personalization"))
+            final = float(finite_or_raise(_loss(forward(), config, start_pitch, targets), "personalization"))
         model.train(was_training)
     except BaseException:
         detach(model)

@@ -9,10 +9,10 @@ their averaging takes inside an exported graph.
 - ``flip+roll``: :class:`GroupTTA`, both crops (plain and flipped) at every declared angle, each view's prediction
   rolled back and then mirrored back; 6 passes.
 
-A view is rolled **inside the crop's inscribed disc, its corners kept** (:func:`roll_in_disc`): ``roll_images``
-brings black wedges into the corners, which no training image has and which move a model's prediction, while the
-roll law holds inside the disc only. It is the roll view of the personalization objectives (``alfa.gaze.views`` on
-the main branch, ``rolled``, with the same disc), so that a roll means one thing in the project.
+A view is rolled **inside the crop's inscribed disc, its corners kept** (:func:`alfa.gaze.views.roll_in_disc`):
+``roll_images`` brings black wedges into the corners, which no training image has and which move a model's
+prediction, while the roll law holds inside the disc only. It is the roll of the personalization objectives' views,
+the same function and the same disc (:mod:`alfa.gaze.views`), so that a roll means one thing in the project.
 
 A roll moves yaw into pitch, so the rolled-back predictions are averaged as **unit vectors** (their mean direction,
 renormalized), the average that does not depend on the angles' chart: rotating every view's prediction and then
@@ -20,11 +20,12 @@ averaging is averaging and then rotating. The ``flip`` kind keeps :class:`FlipTT
 ``--tta flip`` is ``--flip-tta`` and the committed flip-TTA numbers stay what they were (the two means differ by
 at most a few hundredths of a degree on a trained model's predictions, whose two views differ by 2–3°).
 
-**The declared angle.** :data:`ROLL_TTA_DEG` is 8°: twice the head-roll spread of the narrower source world (``eth``,
-``head_roll_std`` 4° in ``data/synthetic/domains.py``, trained on rolls up to 3σ = 12°). A target head (roll spread
-3°) rolled by 8° then has a roll of about N(8°, 3°), inside ``eth``'s trained range for 91 % of views and inside
-``gaze360``'s (σ 6°, up to 18°) for nearly all, while the views differ from the crop by over twice the targets' own
-spread. It was fixed from the worlds' settings, before any error was measured with it.
+**The declared angle.** :data:`ROLL_TTA_DEG` is the roll views' :data:`alfa.gaze.views.ROLL_DEGREES`, 8°: twice
+the head-roll spread of the narrower source world (``eth``, ``head_roll_std`` 4° in ``data/synthetic/domains.py``,
+trained on rolls up to 3σ = 12°). A target head (roll spread 3°) rolled by 8° then has a roll of about N(8°, 3°),
+inside ``eth``'s trained range for 91 % of views and inside ``gaze360``'s (σ 6°, up to 18°) for nearly all, while
+the views differ from the crop by over twice the targets' own spread. It was fixed from the worlds' settings, before
+any error was measured with it.
 
 What each law can see of a model's error is :mod:`alfa.gaze.orbit`. This module needs torch alone (no
 package of the gaze extra), so that ``alfa export --tta`` runs where the library does.
@@ -40,7 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .geometry import flip_yaw, pitchyaw_to_vector, roll_gaze, roll_images, vector_to_pitchyaw
+from .geometry import flip_yaw, pitchyaw_to_vector, roll_gaze, vector_to_pitchyaw
+from .views import ROLL_DEGREES, disc_mask, roll_in_disc
 
 __all__ = [
     "ROLL_TTA_DEG",
@@ -59,24 +61,11 @@ __all__ = [
     "GridTTA",
 ]
 
-ROLL_TTA_DEG = 8.0
-"""The declared roll of roll-TTA, in degrees, used as ``±`` (module docstring: why 8°)."""
+ROLL_TTA_DEG = ROLL_DEGREES
+"""The declared roll of roll-TTA, in degrees, used as ``±``: the roll views' (module docstring: why 8°)."""
 
 ROLL_TTA_ANGLES: tuple[float, ...] = (0.0, ROLL_TTA_DEG * math.pi / 180, -ROLL_TTA_DEG * math.pi / 180)
 """The rolls (radians) of the roll-TTA views: the crop itself, then ``±`` :data:`ROLL_TTA_DEG`."""
-
-
-def disc_mask(size: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """``(size, size)``: ones on the pixels whose centres lie inside the crop's inscribed circle, zeros outside."""
-    coords = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
-    return (coords[:, None] ** 2 + coords[None, :] ** 2 <= (size / 2) ** 2).to(dtype)
-
-
-def roll_in_disc(images: Tensor, angle: float) -> Tensor:
-    """``images`` rolled by ``angle`` (radians, :func:`alfa.gaze.geometry.roll_images`) inside their inscribed disc,
-    the corners outside it those of the images as they were."""
-    mask = disc_mask(images.shape[-1], images.dtype).to(images.device)
-    return roll_images(images, angle).to(images.dtype) * mask + images * (1 - mask)
 
 
 def flip_tta_from(pred: Tensor, pred_of_flipped: Tensor) -> Tensor:

@@ -34,6 +34,7 @@ __all__ = [
     "ROLL_DEGREES",
     "register_view",
     "disc_mask",
+    "roll_in_disc",
     "rolled",
     "roll_angle",
     "build_views",
@@ -85,15 +86,21 @@ is built once per person (the augmented copies are fixed over the steps too), an
 mean roll at zero."""
 
 
+def roll_in_disc(images: Tensor, angle: float) -> Tensor:
+    """``images`` rolled by ``angle`` (radians, :func:`alfa.gaze.geometry.roll_images`) inside their inscribed disc,
+    the corners outside it those of the images as they were: the one roll of the project (the roll views here, the
+    roll TTA of :mod:`alfa.gaze.tta`)."""
+    mask = disc_mask(images.shape[-1], images.dtype).to(images.device)
+    return roll_images(images, angle).to(images.dtype) * mask + images * (1 - mask)
+
+
 def rolled(name: str, degrees: float, augmented: bool = False) -> View:
     """The view of the originals (or augmented copies) rolled by ``degrees`` about the camera axis inside their
-    inscribed disc, the corners kept as they were."""
+    inscribed disc, the corners kept as they were (:func:`roll_in_disc`)."""
     angle = math.radians(degrees)
 
     def build(images: Tensor, aug: Tensor) -> Tensor:
-        source = aug if augmented else images
-        mask = disc_mask(source.shape[-1], source.dtype).to(source.device)
-        return roll_images(source, angle) * mask + source * (1 - mask)
+        return roll_in_disc(aug if augmented else images, angle)
 
     return View(name, build, angle)
 

@@ -71,9 +71,11 @@ EXTRA_METHODS = ("ruda",)
 """Rows a run may ask for by name (``--methods ruda``) that are in no default list: the domain-adaptation
 baselines of issue 26 (``ruda``: RUDA, :mod:`alfa.gaze.ruda`), run when declared, so the default runs and their
 records stay as they were."""
-OPT_IN_METHODS = ("pnpga",)
+OPT_IN_METHODS = ("pnpga", "tta-distill")
 """Rows no preset plans: they run only when named (``alfa bench --methods pnpga``), so adding one changes no
-preset's plan or hashes. PnP-GA (:mod:`alfa.study.bench.pnpga`) trains its own ensemble per source and seed."""
+preset's plan or hashes. PnP-GA (:mod:`alfa.study.bench.pnpga`) trains its own ensemble per source and seed.
+``tta-distill``: Alfa personalized with the TTA-distillation objective (:mod:`alfa.gaze.distill`), the group TTA
+of the base distilled into one forward pass; its record's ``distill`` holds the cost ratio and the teacher's error."""
 
 _ERROR = "angular error"  # the name of alfa.study.bench.stats.angular, the measure of every declared comparison
 DECLARED_FAMILY: dict[str, frozenset[tuple[str, str, tuple[str, ...], str]] | None] = {

@@ -16,6 +16,7 @@ NAMES = {
     "target-trained": "target-trained (the same model trained on other persons of the target world)",
     "oracle": "oracle (supervised, per person)",
     "ruda": "RUDA (rotation consistency, whole network)",
+    "tta-distill": "Alfa distilling the base's flip×roll TTA (one forward pass)",
 }
 
 

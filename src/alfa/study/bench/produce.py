@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from alfa.adapters import FullFinetuneConfig, attach, detach, load_adapter, param_groups
 from alfa.fileio import safe_filename
 from alfa.gaze.data.base import GazeDataset
+from alfa.gaze.distill import DISTILL_OBJECTIVE, inference_cost
 from alfa.gaze.evaluate import (
     GazeError,
     adapter_filename,
@@ -49,6 +50,7 @@ from alfa.gaze.recipes import (
     training_runs,
 )
 from alfa.gaze.tpgaze import personalize_tpgaze_dataset, tpgaze_recipe
+from alfa.gaze.tta import tta_kind
 from alfa.layers import is_factorized
 
 from .config import OracleConfig
@@ -223,11 +225,22 @@ def _run_personalization(
         record.update(adapter_costs(base, folder / adapter_filename(ok[0]), images, c.latency_repeats))
     if v.kind == "tpgaze":
         record["meta_only"] = _meta_only_errors(session, base, src, tgt)
+    if getattr(recipe, "loss", None) == DISTILL_OBJECTIVE and ok:  # any row trained with it, selected ones too
+        record["distill"] = _distill_summary(base, tgt.data, ok, c.personalize.n_adapt)
     if session.shows_updates(plan):
         session.figures.save_updates(base, src, tgt, plan, folder, record["config_hash"])
     if not session.keeps_adapters(plan):
         shutil.rmtree(folder, ignore_errors=True)
     return errors
+
+
+def _distill_summary(base: nn.Module, data: GazeDataset, persons: list[str], n_adapt: int) -> dict[str, Any]:
+    """A TTA-distillation row's inference cost (one forward pass against the teacher TTA's ``K``) and its teacher,
+    the base with that TTA, scored on the same persons' images: the error the distilled model approaches."""
+    cost = inference_cost()
+    errors = person_gaze_errors(tta_kind(cost["teacher"]).wrap(base), data, persons, n_adapt)
+    per_person = {p: e.angular for p, e in errors.items()}
+    return {**cost, "teacher_per_person": per_person, "teacher_error_deg": statistics.fmean(per_person.values())}
 
 
 def _step_errors(data: GazeDataset, indices: dict[str, list[int]], at: set[int] | None = None):

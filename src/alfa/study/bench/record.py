@@ -73,6 +73,7 @@ class Record:
     loss: dict[str, float] | None = None  # ... the first and final loss, mean over persons
     meta_only: dict[str, Any] | None = None  # TPGaze: its meta-trained prompts before any step
     pnpga: dict[str, Any] | None = None  # PnP-GA: its ensemble, other predictors' errors, its cost per person
+    distill: dict[str, Any] | None = None  # TTA distilled: passes (1) against the teacher TTA's, the teacher's error
     domain_protocol: dict[str, Any] | None = None  # ... adapted on one person, scored on the whole target
     per_person_flip: dict[str, dict[str, float]] | None = None  # what a flip sees of each person's error
     flip: dict[str, float] | None = None  # ... its mean over persons
@@ -138,6 +139,7 @@ _ROW_RESULTS = (
     "loss",
     "meta_only",
     "pnpga",
+    "distill",
     "domain_protocol",
     "per_person_flip",
     "flip",

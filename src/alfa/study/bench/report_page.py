@@ -202,6 +202,19 @@ def _config_lines(results: dict[str, Any], records: Sequence[Record], idx: Index
         words = " ".join(prose.RUDA_WORDS)
         recipe = ruda.recipe or {}
         lines.append("- " + words.format(degrees=ROLL_DEGREES, **{k: recipe.get(k) for k in ("loss", "lr", "steps")}))
+    distilled = next((r for r in records if r.distill), None)
+    if distilled is not None:  # a bullet only where a TTA-distillation row ran (an opt-in row: no preset runs it)
+        d = distilled.distill or {}
+        lines.append(
+            "- "
+            + " ".join(prose.DISTILL_WORDS).format(
+                label=distilled.method,
+                teacher=d["teacher"],
+                passes=d["passes"],
+                teacher_passes=d["teacher_passes"],
+                ratio=d["cost_ratio"],
+            )
+        )
     return lines
 
 

@@ -166,6 +166,16 @@ RUDA_WORDS = (
 """A protocol bullet of its own where the results have RUDA's records (``{loss}``, ``{lr}``, ``{steps}``: the
 first such record's recipe; ``{degrees}``: the declared roll, ``alfa.gaze.views.ROLL_DEGREES``)."""
 
+DISTILL_WORDS = (
+    "**TTA distilled into the weights** (`{label}`, `alfa.gaze.distill`, `docs/gaze.md` §3): Alfa personalized on",
+    "the same adaptation images with the base's `{teacher}` test-time-augmented predictions as targets (computed",
+    "once, before the adapter), so that the merged model predicts in {passes} forward pass where its teacher takes",
+    "{teacher_passes} ({ratio:g}× the inference cost); each record's `distill` holds the teacher's error on the same",
+    "persons and images.",
+)
+"""A protocol bullet of its own where the results have a TTA-distillation record (the fields of its ``distill``:
+:func:`alfa.gaze.distill.inference_cost`)."""
+
 SAME_DATA = "the data are the same for every seed"
 DRAWN_PER_SEED = "the target persons are drawn afresh for every seed, the rest of the data is the same"
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from alfa.adapters import METHODS
+from alfa.gaze.distill import DISTILL_OBJECTIVE
 
 from .flip_report import table_rows
 from .markdown import number as _num
@@ -46,7 +47,7 @@ def lora_family() -> tuple[str, ...]:
 def cost_rows() -> tuple[str, ...]:
     """The cost table's rows: Table 1's methods, the rows run when asked for, the oracle, and the ablations'
     other kinds of adapter."""
-    return (*table_methods(), *EXTRA_METHODS, "oracle", "diag_gate", "linear_mix", "alfa[dense]")
+    return (*table_methods(), *EXTRA_METHODS, DISTILL_OBJECTIVE, "oracle", "diag_gate", "linear_mix", "alfa[dense]")
 
 
 # ----------------------------------------------------------------------------- cells
@@ -89,8 +90,9 @@ def records_of(idx: Index, method: str) -> list[Record]:
 
 def table1_rows(idx: Index) -> list[str]:
     """Table 1's rows that have records: each method, then its selected-recipe row where there is one; then
-    the rows run only when asked for (:data:`~alfa.study.bench.methods.EXTRA_METHODS`) that were."""
-    return table_rows(idx, (*table_methods(), *EXTRA_METHODS))
+    the rows run only when asked for (:data:`~alfa.study.bench.methods.EXTRA_METHODS`, and TTA distillation's
+    opt-in row) that were."""
+    return table_rows(idx, (*table_methods(), *EXTRA_METHODS, DISTILL_OBJECTIVE))
 
 
 # ----------------------------------------------------------------------------- Table 1 and its companions

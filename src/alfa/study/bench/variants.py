@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from alfa.adapters import METHODS, AdapterConfig, AlfaConfig
+from alfa.gaze.distill import DISTILL_OBJECTIVE
 from alfa.gaze.objectives import OBJECTIVES
 from alfa.gaze.pnpga import PnPGAConfig
 from alfa.gaze.recipes import Recipe, named_recipe
@@ -96,6 +97,8 @@ def _main_row(label: str, config: VariantSettings) -> Variant:
         return Variant(label, "ruda", adapter=ruda_method(), recipe=dict(RUDA_RECIPE))
     if label == "pnpga":
         return pnpga_variant(config)
+    if label == DISTILL_OBJECTIVE:  # Alfa at the benchmark's settings, the shared recipe with the distillation loss
+        return Variant(label, "adapter", adapter=alfa_config(config), recipe={"loss": DISTILL_OBJECTIVE})
     method = METHODS[label]
     if method.trains_prompts:  # TPGaze: meta-trained prompts and its own optimizer, not the shared recipe
         return Variant(label, "tpgaze")
