@@ -123,6 +123,15 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Ch
     return checks
 
 
+def _training_set(spec: str) -> str:
+    """``synthetic:mpii-v2?split=train&persons=80&images_per_person=200`` -> ``mpii-v2 (train), 80 × 200``."""
+    query = dict(kv.split("=", 1) for kv in spec.partition("?")[2].split("&") if "=" in kv)
+    size = (
+        f", {query['persons']} × {query['images_per_person']}" if {"persons", "images_per_person"} <= set(query) else ""
+    )
+    return _world_of(spec) + size
+
+
 def _world_of(spec: str) -> str:
     """``synthetic:mpii-v2?split=train&...`` -> ``mpii-v2 (train)``; the default split is left out."""
     body, _, query = spec.partition("?")
@@ -133,8 +142,8 @@ def _world_of(spec: str) -> str:
 def scout_table(scouts: Sequence[Mapping[str, Any]]) -> list[str]:
     """The scouting runs (``scripts/scout_worlds.py``): one row per (run, scored world)."""
     lines = [
-        "| scout | trained on | schedule, epochs | validation error, epochs 1, 4, 8, last | scored on | error "
-        "| mean signed error (yaw, pitch) |",
+        "| scout | trained on (persons × images) | schedule, epochs | validation error, epochs 1, 4, 8, last "
+        "| scored on | error | mean signed error (yaw, pitch) |",
         "|---|---|---|---|---|---|---|",
     ]
     for scout in sorted(scouts, key=lambda s: s["name"]):
@@ -143,7 +152,11 @@ def scout_table(scouts: Sequence[Mapping[str, Any]]) -> list[str]:
         first = True
         for spec, error in scout["mean_error_deg"].items():
             head = (
-                [scout["name"], _world_of(scout["train"]), f"{config.get('schedule', 'constant')}, {config['epochs']}"]
+                [
+                    scout["name"],
+                    _training_set(scout["train"]),
+                    f"{config.get('schedule', 'constant')}, {config['epochs']}",
+                ]
                 if first
                 else ["", "", ""]
             )
