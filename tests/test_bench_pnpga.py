@@ -1,10 +1,12 @@
 """PnP-GA as a benchmark row: an opt-in method no preset plans (so no existing plan or hash changes), and one
 record made end to end on the tiny configuration of test_bench."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
+from bench_records import results_of
 from test_bench import tiny
 
 import alfa.study.bench.pnpga as bench_pnpga
@@ -14,6 +16,7 @@ from alfa.study.bench.config import BenchConfig
 from alfa.study.bench.methods import OPT_IN_METHODS
 from alfa.study.bench.plan import plan_records
 from alfa.study.bench.produce import OPT_IN_KINDS
+from alfa.study.bench.report_page import render_report
 from alfa.study.bench.results import load_results
 from alfa.study.bench.runner import run_bench
 from alfa.study.bench.schema import variant_key
@@ -80,3 +83,35 @@ def test_an_ensemble_of_one_is_refused_with_one_line():
     row = main_variants(tiny(pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3)))["pnpga"]
     with pytest.raises(ValueError, match="at least 2 ensemble members"):
         row.pnpga.validate()
+
+
+def test_a_pnpga_record_renders_its_rows_its_bullet_and_the_domain_protocol_beside_the_published_numbers():
+    config = BenchConfig.standard(
+        methods=("source-only", "pnpga"), selected_methods=(), default_methods=(), ablations=()
+    )
+    config = dataclasses.replace(config, pairs=("E→M",), seeds=(0,))
+    results = results_of(config, (("source-only", 9.0), ("pnpga", 8.0)), seeds=(0,))
+    cost = {"source_images": 64, "shipped_model_bytes": 3 * 2**20, "shipped_source_bytes": 2**20}
+    for record in results["records"]:
+        if record["method"] == "pnpga":
+            record["method_config"] = {"epochs": 7, "lr": 0.0001}
+            record["pnpga"] = {
+                "members": 3,
+                "member_epochs": [4, 5, 6],
+                "predict_with": 2,
+                "adaptation_images": 5,
+                "cost": {**cost, "training_param_bytes": 6 * 2**20},
+            }
+            record["domain_protocol"] = {"error_deg": 7.25, "unadapted_deg": 9.5, "per_person": {}}
+    text = render_report(results)
+    name = "PnP-GA (ensemble of source snapshots, mean teachers, one student predicts)"
+    assert text.count(f"| {name} |") == 3  # Table 1, the persons table and the cost table
+    bullet = next(line for line in text.splitlines() if line.startswith("- **PnP-GA**"))
+    assert "an ensemble of 3 source models" in bullet and "first 5 unlabelled images" in bullet
+    assert "epochs 4–6" in bullet and "member 2 (the epoch-6 snapshot" in bullet
+    assert "the 3 source models (3.00 MiB) and the labelled source images (1.00 MiB)" in bullet
+    published = " | ".join(f"{x:g}" for x in bench_pnpga.PUBLISHED["E→M"])
+    assert f"| E→M | 1 | 9.50 | 7.25 | {published} |" in text
+    without = [r for r in results["records"] if r["method"] != "pnpga"]
+    bare = render_report({**results, "records": without})
+    assert "PnP-GA" not in bare  # no record, no row, no bullet and no domain line

@@ -17,6 +17,7 @@ NAMES = {
     "oracle": "oracle (supervised, per person)",
     "ruda": "RUDA (rotation consistency, whole network)",
     "tta-distill": "Alfa distilling the base's flip×roll TTA (one forward pass)",
+    "pnpga": "PnP-GA (ensemble of source snapshots, mean teachers, one student predicts)",
 }
 
 

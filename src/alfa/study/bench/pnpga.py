@@ -54,6 +54,7 @@ from alfa.gaze.flip import FlipParts, person_flip_parts
 from alfa.gaze.geometry import angular_error
 from alfa.gaze.personalize import person_seed
 from alfa.gaze.pnpga import (
+    PUBLISHED,
     AdaptedEnsemble,
     adapt_person,
     adaptation_cost,
@@ -69,11 +70,6 @@ __all__ = ["AUTHORS_PREDICTOR", "PUBLISHED", "ensemble_members", "run_pnpga"]
 
 AUTHORS_PREDICTOR = 2
 """The student the authors' test script scores (``net[2]``, the third of their list)."""
-
-PUBLISHED = {"E→M": (8.767, 5.529), "E→D": (8.578, 5.867), "G→M": (7.662, 6.176), "G→D": (8.977, 7.922)}
-"""The authors' README (github.com/DreamtaleCore/PnP-GA), ResNet-18 on the real datasets, degrees: (source-only,
-PnP-GA) per pair, adapted on one person's images and scored on the whole target (their domain protocol).
-Quoted beside our domain-protocol line; our pairs are synthetic worlds named after those datasets."""
 
 
 def ensemble_members(session: Session, src: SourceContext, members: int) -> list[nn.Module]:

@@ -46,10 +46,12 @@ from .record import Record, as_records
 from .report_figures import render_figures, update_rank_lines
 from .report_tables import (
     ablation_table,
+    byte_size,
     cost_rows,
     cost_table,
     parts_table,
     person_table,
+    pnpga_domain_table,
     records_of,
     runs_table,
     sanity_table,
@@ -215,7 +217,31 @@ def _config_lines(results: dict[str, Any], records: Sequence[Record], idx: Index
                 ratio=d["cost_ratio"],
             )
         )
+    lines += _pnpga_lines(records)
     return lines
+
+
+def _pnpga_lines(records: Sequence[Record]) -> list[str]:
+    """PnP-GA's protocol bullet where it ran (an opt-in row: no preset runs it), read from its first record."""
+    first = next((r for r in records if r.pnpga), None)
+    if first is None:
+        return []
+    info, config = first.pnpga or {}, first.method_config or {}
+    epochs, cost = info["member_epochs"], info["cost"]
+    words = " ".join(prose.PNPGA_WORDS).format(
+        members=info["members"],
+        adaptation_images=info["adaptation_images"],
+        source_images=cost["source_images"],
+        epochs=config.get("epochs"),
+        lr=config.get("lr"),
+        epochs_span=f"{epochs[0]}–{epochs[-1]}",
+        predict_with=info["predict_with"],
+        predict_epoch=epochs[info["predict_with"]],
+        model_bytes=byte_size(cost["shipped_model_bytes"]),
+        source_bytes=byte_size(cost["shipped_source_bytes"]),
+        training_bytes=byte_size(cost["training_param_bytes"]),
+    )
+    return ["- " + words]
 
 
 def _runs_lines(results: dict[str, Any], records: Sequence[Record]) -> list[str]:
@@ -369,6 +395,9 @@ def _table1_section(r: _Report) -> list[str]:
     tpgaze = tpgaze_table(r.idx)
     if tpgaze is not None:
         lines += [prose.TPGAZE_INTRO, "", tpgaze, ""]
+    pnpga = pnpga_domain_table(r.idx)
+    if pnpga is not None:
+        lines += [prose.PNPGA_DOMAIN_INTRO, "", pnpga, ""]
     return lines
 
 

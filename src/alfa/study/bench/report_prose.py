@@ -176,6 +176,30 @@ DISTILL_WORDS = (
 """A protocol bullet of its own where the results have a TTA-distillation record (the fields of its ``distill``:
 :func:`alfa.gaze.distill.inference_cost`)."""
 
+PNPGA_WORDS = (
+    "**PnP-GA** (plug-and-play gaze adaptation, Liu et al., ICCV 2021; `alfa.gaze.pnpga`, `docs/pnpga.md`), per",
+    "person: an ensemble of {members} source models, each with a mean teacher, adapted on the person's first",
+    "{adaptation_images} unlabelled images (the images every row adapts on, not the paper's count) with",
+    "{source_images} labelled source images, {epochs} epochs at Adam lr {lr}; one adapted student predicts (1× the",
+    "inference cost). Declared deviations from the authors: the members are the snapshots of epochs {epochs_span}",
+    "of one source pre-training run again, not separate source trainings; the predicting student is member",
+    "{predict_with} (the epoch-{predict_epoch} snapshot, the record's own source model), where the authors' test",
+    "script scores the third of their list. What it costs: adapting needs the {members} source models",
+    "({model_bytes}) and the labelled source images ({source_bytes}) on the device, and {training_bytes} of",
+    "parameters while it trains; each record's `pnpga` keeps the adapted students' mean and the unadapted",
+    "ensemble's errors.",
+)
+"""A protocol bullet of its own where the results have a PnP-GA record (the first one's ``pnpga`` and
+``method_config``: :func:`alfa.study.bench.pnpga.run_pnpga`)."""
+
+PNPGA_DOMAIN_INTRO = (
+    "PnP-GA's own protocol (the records' `domain_protocol`): each person's adapted predictor scored on the scored"
+    " images of every target person, the mean over adapted persons, mean ± std over seeds; the unadapted"
+    " predictor is the same member before adaptation. Beside it, the authors' README numbers (ResNet-18,"
+    " `alfa.gaze.pnpga.PUBLISHED`) on the real datasets our worlds are named after: other data and another"
+    " model, so the columns are not comparable."
+)
+
 SAME_DATA = "the data are the same for every seed"
 DRAWN_PER_SEED = "the target persons are drawn afresh for every seed, the rest of the data is the same"
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from alfa.adapters import METHODS
 from alfa.gaze.distill import DISTILL_OBJECTIVE
+from alfa.gaze.pnpga import PUBLISHED as PNPGA_PUBLISHED
 
 from .flip_report import table_rows
 from .markdown import number as _num
@@ -21,6 +22,8 @@ from .record import Record
 from .stats import PARTS, Index, Stat, cell, diff, pairs_of, part, pooled, sanity_summary, seeds_of, signed
 
 __all__ = [
+    "byte_size",
+    "pnpga_domain_table",
     "lora_family",
     "cost_rows",
     "records_of",
@@ -38,6 +41,10 @@ __all__ = [
 ]
 
 
+OPT_IN_ROWS = (DISTILL_OBJECTIVE, "pnpga")
+"""The opt-in rows (no preset plans them) the tables show where they have records, in this order."""
+
+
 def lora_family() -> tuple[str, ...]:
     """Table 2's rows before Alfa: the low-rank methods (the "lora" family, then "spectral") in Table 1's order."""
     rows = table_methods()
@@ -47,7 +54,7 @@ def lora_family() -> tuple[str, ...]:
 def cost_rows() -> tuple[str, ...]:
     """The cost table's rows: Table 1's methods, the rows run when asked for, the oracle, and the ablations'
     other kinds of adapter."""
-    return (*table_methods(), *EXTRA_METHODS, DISTILL_OBJECTIVE, "oracle", "diag_gate", "linear_mix", "alfa[dense]")
+    return (*table_methods(), *EXTRA_METHODS, *OPT_IN_ROWS, "oracle", "diag_gate", "linear_mix", "alfa[dense]")
 
 
 # ----------------------------------------------------------------------------- cells
@@ -59,7 +66,8 @@ def _count(n: int | None) -> str:
     return f"{n / 1e6:.3f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e3 else str(n)
 
 
-def _bytes(n: float | None) -> str:
+def byte_size(n: float | None) -> str:
+    """``n`` bytes in MiB (KiB below one MiB); ``—`` when there is none."""
     if n is None:
         return "—"
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
@@ -91,8 +99,8 @@ def records_of(idx: Index, method: str) -> list[Record]:
 def table1_rows(idx: Index) -> list[str]:
     """Table 1's rows that have records: each method, then its selected-recipe row where there is one; then
     the rows run only when asked for (:data:`~alfa.study.bench.methods.EXTRA_METHODS`, and TTA distillation's
-    opt-in row) that were."""
-    return table_rows(idx, (*table_methods(), *EXTRA_METHODS, DISTILL_OBJECTIVE))
+    and PnP-GA's opt-in rows) that were."""
+    return table_rows(idx, (*table_methods(), *EXTRA_METHODS, *OPT_IN_ROWS))
 
 
 # ----------------------------------------------------------------------------- Table 1 and its companions
@@ -187,6 +195,34 @@ def tpgaze_table(idx: Index) -> str | None:
     return _table(["pair", "meta-trained prompts only", "TPGaze (after personalization)"], rows)
 
 
+def pnpga_domain_table(idx: Index) -> str | None:
+    """PnP-GA's own protocol per pair (adapted on one person, scored on every target person's scored images:
+    the records' ``domain_protocol``) before and after adaptation, beside the authors' README numbers for the
+    real pair of the same name (``None`` without PnP-GA records that kept it)."""
+    rows = []
+    for pair in pairs_of(idx):
+        domain = {s: rec.domain_protocol for (m, p, s), rec in idx.items() if m == "pnpga" and p == pair}
+        domain = {s: d for s, d in domain.items() if d and d.get("error_deg") is not None}
+        if not domain:
+            continue
+        before = Stat({s: d["unadapted_deg"] for s, d in domain.items()})
+        after = Stat({s: d["error_deg"] for s, d in domain.items()})
+        published = PNPGA_PUBLISHED.get(pair)
+        quoted = ["—", "—"] if published is None else [f"{x:g}" for x in published]
+        rows.append([pair, str(after.n), before.format(), after.format(), *quoted])
+    if not rows:
+        return None
+    header = [
+        "pair (our worlds)",
+        "seeds",
+        "ours: unadapted predictor",
+        "ours: PnP-GA",
+        "authors' README (real data): source-only",
+        "authors' README (real data): PnP-GA",
+    ]
+    return _table(header, rows)
+
+
 def table2(idx: Index) -> str:
     """The LoRA family and Alfa: pooled error, trainable parameters, merged sizes and file sizes."""
     pairs = pairs_of(idx)
@@ -204,8 +240,8 @@ def table2(idx: Index) -> str:
                 _count(r.trainable_params),
                 _count(r.inference_params) + _merge_note(r.merge),
                 _count(r.compact_merge_params),
-                _bytes(r.adapter_bytes),
-                _bytes(r.compact_bytes),
+                byte_size(r.adapter_bytes),
+                byte_size(r.compact_bytes),
             ]
         )
     header = [
@@ -295,7 +331,7 @@ def cost_table(idx: Index, labels: Sequence[str]) -> str:
                 _count(r.trainable_params),
                 f"{_count(r.inference_params)}",
                 str(r.merge),
-                _bytes(r.adapter_bytes),
+                byte_size(r.adapter_bytes),
                 _num(_median(x.seconds_per_user for x in recs)),
                 _num(_median(x.cpu_seconds_per_user for x in recs)),
                 _num(max(peak), 0) if peak else "—",
