@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from kill_points import Killed, kill_at
 from torch import nn
 from torch.func import functional_call, grad
 
@@ -232,23 +233,6 @@ def _posed(persons: int = 3, images: int = 8) -> InMemoryGazeDataset:
     return InMemoryGazeDataset(pixels, gaze, ids, [f"p{i}" for i in range(persons)], head=head, name="posed")
 
 
-class _Killed(BaseException):
-    """A kill, as it were: nothing in the run catches it."""
-
-
-def _kill_at(monkeypatch, module, name: str, call: int) -> None:
-    """Make ``module.name`` raise :class:`_Killed` on its ``call``-th call (1-based) from now on."""
-    real, calls = getattr(module, name), [0]
-
-    def wrapped(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == call:
-            raise _Killed
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, wrapped)
-
-
 def _same_weights(a: nn.Module, b: nn.Module) -> None:
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(x, y), name
@@ -270,15 +254,15 @@ def test_faze_training_and_meta_training_killed_and_resumed_end_as_uninterrupted
     start, saved = load_model(tmp_path / "straight" / "model.safetensors")
     meta_train_faze(start, saved, data, meta, tmp_path / "meta-straight", progress=False)
     with monkeypatch.context() as m:  # training: killed in step 4 (states after 2) or in writing the model
-        _kill_at(m, faze_train, *(("dted_losses", 4) if kill == "mid-run" else ("save_model", 1)))
-        with pytest.raises(_Killed):
+        kill_at(m, faze_train, *(("dted_losses", 4) if kill == "mid-run" else ("save_model", 1)))
+        with pytest.raises(Killed):
             train_faze(data, config, tmp_path / "run", model_kwargs=small, progress=False)
     assert not (tmp_path / "run" / "model.safetensors").exists()
     resumed, _ = train_faze(data, config, tmp_path / "run", model_kwargs=small, progress=False)
     _same_weights(straight, resumed)
     with monkeypatch.context() as m:  # meta-training alike
-        _kill_at(m, faze_train, *(("maml_gradients", 4) if kill == "mid-run" else ("save_model", 1)))
-        with pytest.raises(_Killed):
+        kill_at(m, faze_train, *(("maml_gradients", 4) if kill == "mid-run" else ("save_model", 1)))
+        with pytest.raises(Killed):
             meta_train_faze(*load_model(tmp_path / "run" / "model.safetensors"), data, meta, tmp_path / "meta")
     again, saved = load_model(tmp_path / "run" / "model.safetensors")
     meta_train_faze(again, saved, data, meta, tmp_path / "meta", progress=False)

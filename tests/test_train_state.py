@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from kill_points import Killed, kill_at
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 import alfa
@@ -46,22 +47,6 @@ def straight(tmp_path_factory):
     return model, result, read_checkpoint(out / MODEL_FILE)[1]
 
 
-class _Killed(BaseException):
-    """A kill, as it were: nothing in the run catches it."""
-
-
-def _kill_at(monkeypatch, module, name: str, call: int) -> None:
-    real, calls = getattr(module, name), [0]
-
-    def wrapped(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == call:
-            raise _Killed
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, wrapped)
-
-
 def _same_run(straight, model, result, out) -> None:
     """Same weights (in memory and in the model file), same history but for the seconds, same header."""
     first, first_result, first_header = straight
@@ -94,8 +79,8 @@ KILLS = {
 def test_a_run_killed_anywhere_resumes_to_the_weights_of_a_run_never_killed(tmp_path, monkeypatch, straight, kill):
     module, name, call = KILLS[kill]
     with monkeypatch.context() as m:
-        _kill_at(m, module, name, call)
-        with pytest.raises(_Killed):
+        kill_at(m, module, name, call)
+        with pytest.raises(Killed):
             _run(tmp_path)
     done = read_tagged(tmp_path / STATE_FILE, STATE_FORMAT, "a state")[1]["epoch"]
     assert done == {"_train_step": 1, "write_tagged": 1, "save_model": call}[name]
@@ -127,8 +112,8 @@ def test_a_legacy_pair_is_read_once_and_the_run_goes_on_in_the_new_format(tmp_pa
 
     monkeypatch.setattr(torch, "load", counted)
     with monkeypatch.context() as m:  # killed in epoch 2: the pair was converted first
-        _kill_at(m, train, "_train_step", 1)
-        with pytest.raises(_Killed):
+        kill_at(m, train, "_train_step", 1)
+        with pytest.raises(Killed):
             _run(tmp_path, seed=1)
     assert loads == [True] and (tmp_path / STATE_FILE).is_file() and not (tmp_path / LEGACY_STATE_FILE).exists()
     model, result = _run(tmp_path, seed=1)

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from kill_points import Killed, kill_at
 from tiny_models import TinyGazeNet
 
 import alfa
@@ -170,10 +171,6 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
     assert (tmp_path / "c" / "p00.safetensors").read_bytes() != before
 
 
-class _Killed(BaseException):
-    """A kill, as it were: nothing in the run catches it."""
-
-
 def _tensors(path):
     from safetensors.torch import load_file
 
@@ -189,17 +186,9 @@ def test_a_killed_calibration_resumes_and_ends_as_an_uninterrupted_one(base, tmp
     data = _dataset(persons=3)
     config = CalibrateConfig(method="last-layer", k=3, pool=8, steps=2)
     calibrate_dataset(base, data, config, tmp_path / "straight", progress=False)
-    real, calls = getattr(calibrate, where), []
-
-    def killing(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise _Killed
-        return real(*args, **kwargs)
-
     with monkeypatch.context() as m:
-        m.setattr(calibrate, where, killing)
-        with pytest.raises(_Killed):
+        kill_at(m, calibrate, where, 2)
+        with pytest.raises(Killed):
             calibrate_dataset(base, data, config, tmp_path / "run", progress=False)
     assert alfa.adapter_state(base) is None
     first = (tmp_path / "run" / "p0.safetensors").stat().st_mtime_ns
