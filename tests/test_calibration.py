@@ -62,3 +62,33 @@ def test_without_a_record_the_page_says_the_worlds_are_a_candidate():
     scout["mean_bias_deg"] = {"synthetic:mpii-v2?size=64": [0.25, -3.5]}
     page = calibration_page([scout], None, data="d", command="c")
     assert "| mpii-v2 | 4.50 | +0.25, -3.50 |" in page
+
+
+def test_the_variant_table_pairs_each_variant_with_the_first_over_the_same_persons():
+    persons = {"p0": 8.0, "p1": 9.0, "p2": 10.0}
+    run = {
+        "name": "E-on-M",
+        "spec": "synthetic:mpii-v2?size=64&images_per_person=80&seed=0",
+        "variants": {
+            "as-is": {"changes": {}, "mean_error_deg": 9.0, "mean_bias_deg": [0.1, -4.0], "person_error_deg": persons},
+            # every person 1° worse: the paired interval has no width
+            "webcam": {
+                "changes": {"render_scale": 0.8},
+                "mean_error_deg": 10.0,
+                "mean_bias_deg": [0.1, -4.5],
+                "person_error_deg": {p: e + 1.0 for p, e in persons.items()},
+            },
+            "mixed": {
+                "changes": {"label_origin_pitch_deg": 6.0, "blur": (0.4, 0.7)},
+                "mean_error_deg": 9.0,
+                "mean_bias_deg": [0.1, -5.0],
+                "person_error_deg": {"p0": 7.0, "p1": 9.0, "p2": 11.0},
+            },
+        },
+    }
+    page = calibration_page([], None, data="d", command="c", variants=[run])
+    assert "| E-on-M | mpii-v2 | as-is | (as registered) | 9.00 |  | +0.10, -4.00 |" in page
+    assert "| webcam | `render_scale` = 0.8 | 10.00 | +1.00 [+1.00, +1.00] | +0.10, -4.50 |" in page
+    # differences -1, 0, +1: sd 1, t(0.975, 2) = 4.303, half-width 4.303 / sqrt(3) = 2.48
+    assert "`label_origin_pitch_deg` = 6.0; `blur` = (0.4, 0.7) | 9.00 | +0.00 [-2.48, +2.48] |" in page
+    assert "Target settings scored" not in calibration_page([], None, data="d", command="c")

@@ -125,6 +125,8 @@ def _render_crate_gaze(root: Path, out: Path) -> None:
 
 
 CALIBRATION_SCOUTS = "docs/data/calibration-scout"
+CALIBRATION_VARIANTS = "docs/data/calibration-variants"
+"""Target settings scored with a benchmark source model (``scripts/score_variants.py``)."""
 CALIBRATION_RECORD = "docs/data/bench-v2"
 """The v2 benchmark's results (its sanity rows are the calibration record), once committed."""
 
@@ -136,7 +138,9 @@ def _render_calibration(root: Path, out: Path) -> None:
     scouts = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((root / CALIBRATION_SCOUTS).glob("*.json"))]
     record = root / CALIBRATION_RECORD
     results = load_results(record) if (record / "results.json").is_file() else None
-    text = calibration_page(scouts, results, data=CALIBRATION_SCOUTS, command="alfa pages --write")
+    found = sorted((root / CALIBRATION_VARIANTS).glob("*.json"))
+    variants = [json.loads(p.read_text(encoding="utf-8")) for p in found]
+    text = calibration_page(scouts, results, data=CALIBRATION_SCOUTS, command="alfa pages --write", variants=variants)
     write_text(out / "docs/calibration.md", text)
 
 

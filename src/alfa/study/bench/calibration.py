@@ -45,6 +45,7 @@ __all__ = [
     "calibration_checks",
     "calibration_page",
     "scout_table",
+    "variant_table",
 ]
 
 REAL_SOURCE_ONLY = {"E→M": 8.77, "E→D": 8.58, "G→M": 7.66, "G→D": 8.98}
@@ -168,8 +169,45 @@ def scout_table(scouts: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def variant_table(variants: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Settings of a target world scored with one source model (``scripts/score_variants.py``): one row per
+    (run, variant), with the error's change against the run's first variant, paired over its persons."""
+    lines = [
+        "| run | scored on | variant | settings changed | error | against the first [95 % t-interval over "
+        "persons] | mean signed error (yaw, pitch) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in sorted(variants, key=lambda v: v["name"]):
+        rows = list(run["variants"].items())
+        reference = rows[0][1]["person_error_deg"]
+        for i, (label, v) in enumerate(rows):
+            settings = "; ".join(f"`{k}` = {val}" for k, val in v["changes"].items()) or "(as registered)"
+            change = "" if i == 0 else _paired_change(v["person_error_deg"], reference)
+            bias = v["mean_bias_deg"]
+            head = [run["name"], _world_of(run["spec"])] if i == 0 else ["", ""]
+            cells = [*head, label, settings, f"{v['mean_error_deg']:.2f}", change, f"{bias[0]:+.2f}, {bias[1]:+.2f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _paired_change(errors: Mapping[str, float], reference: Mapping[str, float]) -> str:
+    diffs = [errors[p] - reference[p] for p in reference]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    if n < 2:
+        return f"{mean:+.2f}"
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    half = float(t_quantile(0.05, n - 1)) * sd / math.sqrt(n)
+    return f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}]"
+
+
 def calibration_page(
-    scouts: Sequence[Mapping[str, Any]], results: Mapping[str, Any] | None, *, data: str, command: str
+    scouts: Sequence[Mapping[str, Any]],
+    results: Mapping[str, Any] | None,
+    *,
+    data: str,
+    command: str,
+    variants: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """``docs/calibration.md``: the scouting runs, then the calibration checks on a benchmark run's records
     (``results``; ``None`` until they are committed, and the page says so)."""
@@ -206,6 +244,19 @@ def calibration_page(
         *scout_table(scouts),
         "",
     ]
+    if variants:
+        lines += [
+            "## Target settings scored with a benchmark source model",
+            "",
+            "Made by `python scripts/score_variants.py` (each run's command is in its JSON file): one source model "
+            "of the benchmark's cache (its truncated + recovered base, the one the source-only row scores), one "
+            "seed's target persons, the target world with some settings changed. A variant keeps the world's name, "
+            "so it has the same persons and scenes: a difference is the settings'. The source models do not "
+            "depend on the targets, so this measures a target knob without training; it is no calibration record.",
+            "",
+            *variant_table(variants),
+            "",
+        ]
     return "\n".join(lines)
 
 
