@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 
 import alfa
 from alfa.adapters import adapter_parameters
@@ -93,3 +94,72 @@ def test_methods_that_change_the_shared_weight_are_refused(base, tmp_path):
         served.add_user("x", path)
     with pytest.raises(alfa.adapters.AdapterFileError, match="different base"):  # a model is checked the same way
         served.add_user("x", _user(other, alfa.AlfaConfig(heads=2, rank=2), 0))
+
+
+# test_crate_models' smallest sizes: 2×2 patches + the class token = 5 tokens of 32 channels, two blocks
+TOKEN_SIZES = dict(image_size=16, patch_size=8, num_classes=2, dim=32, depth=2, heads=4)
+
+
+def _users_match_their_merged_models(base, users, order, x):
+    """Serve ``users`` in one batch ordered by ``order``; each sample must equal its user's merged model, and every
+    user must move the output well past the tolerance (else a mix on the wrong axis could go unnoticed)."""
+    served = alfa.MultiUserModel(base)
+    for name, model in users.items():
+        served.add_user(name, model)
+    out = served(x, order)
+    with torch.no_grad():
+        for i, name in enumerate(order):
+            merged = copy.deepcopy(users[name]) if name else base
+            if name:
+                alfa.merge(merged, extend=True)
+                assert not _close(base(x[i : i + 1]), merged(x[i : i + 1])), f"{name} is too close to the base"
+            assert _close(out[i : i + 1], merged(x[i : i + 1])), name
+    return served, out
+
+
+@pytest.mark.parametrize("name", ["crate_tiny", "vit_tiny"])
+def test_a_token_model_serves_each_user_as_their_merged_model(name):
+    """Linear layers on batch × tokens × channels: each user's mix acts on the channels, never on the tokens."""
+    from alfa.serve import MixedBatchModel
+
+    torch.manual_seed(0)
+    base = alfa.models.create_model(name, **TOKEN_SIZES).eval()
+    alfa.truncate(base, rank=8)
+    users = {
+        "ann": _user(base, alfa.AlfaConfig(heads=2, rank=2), 1),
+        "bob": _user(base, alfa.AlfaConfig(heads=2, rank=2), 2),
+        "cat": _user(base, alfa.LoraConfig(rank=2), 3),
+        "dan": _user(base, alfa.LoraConfig(rank=2), 4),
+    }
+    order = ["ann", "cat", None, "bob", "dan", "ann"]
+    x = torch.randn(len(order), 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    served, out = _users_match_their_merged_models(base, users, order, x)
+    # the export form (each layer's mix an input) agrees for the dictionary users
+    dictionary = [i for i, u in enumerate(order) if u not in ("cat", "dan")]
+    mixed = MixedBatchModel(base)
+    with torch.no_grad():
+        exported = mixed(x[dictionary], *mixed.mixes(served, [order[i] for i in dictionary]))
+    assert torch.allclose(exported, out[dictionary], rtol=1e-6, atol=1e-7)
+    # what a shared token base cannot serve is refused as on a conv base, in one line
+    for config in (alfa.PissaConfig(rank=2), alfa.DoraConfig(rank=2)):
+        with pytest.raises(ValueError, match="changes the shared weight itself") as refused:
+            served.add_user("x", _user(base, config, 0))
+        assert "\n" not in str(refused.value)
+    assert "x" not in served.users
+
+
+def test_a_linear_layer_on_more_token_dimensions_mixes_the_channels():
+    """Two token dimensions of size d = 4 between the batch and the channels: a mix contracted over the first
+    dimension after the batch would run without error here, and give other numbers."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(12, 12), nn.Flatten(1), nn.Linear(4 * 4 * 12, 2)).eval()
+    alfa.truncate(base, rank=4)
+    assert base[0].rank == 4
+    users = {
+        "ann": _user(base, alfa.AlfaConfig(heads=2, rank=2), 1),
+        "cat": _user(base, alfa.LoraConfig(rank=2), 2),
+        "eve": _user(base, alfa.DiagGateConfig(), 3),
+    }
+    order = ["eve", "ann", None, "cat", "ann"]
+    x = torch.randn(len(order), 4, 4, 12, generator=torch.Generator().manual_seed(1))
+    _users_match_their_merged_models(base, users, order, x)

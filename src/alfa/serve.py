@@ -10,6 +10,8 @@ layer once, each sample's own ``P_u Q_u`` on the side). A user calibration (the 
 is served the same way on the layers it corrects, which stay dense: ``layer(h) + ΔW_u h + Δb_u`` per sample; it
 needs no factorization, so a dense base serves such users too. Every output equals that user's own adapted
 (or merged) model up to float round-off; a sample of no known user is refused, and ``None`` runs the base.
+The layers are Conv2d (channels right after the batch, N×C×H×W) or Linear (channels last, with any number of
+dimensions between: a transformer's N×tokens×C), so CNNs and the registry's CRATE and ViT models are served alike.
 """
 
 from __future__ import annotations
@@ -46,8 +48,15 @@ def _wrap_factorized(base: nn.Module, wrapper: type[nn.Module]) -> tuple[nn.Modu
     return model, {n: model.get_submodule(n) for n in names}
 
 
-def _mixed(z: Tensor, T: Tensor) -> Tensor:
-    """Each sample's ``d`` dictionary channels mixed by its own ``I + T`` (``T``: B×d×d)."""
+def _mixed(z: Tensor, T: Tensor, kind: str) -> Tensor:
+    """Each sample's ``d`` dictionary channels mixed by its own ``I + T`` (``T``: B×d×d).
+
+    Where the channels sit depends on the layer: a conv's ``z`` is B×d×H×W (channels right after the batch), a
+    linear layer's is B×…×d (channels last, any number of token dimensions between, e.g. B×tokens×d in a
+    transformer). Each layout gets its own contraction, so neither is permuted or copied to fit the other.
+    """
+    if kind == "linear":
+        return z + torch.einsum("bij,b...j->b...i", T, z)
     return z + torch.einsum("bij,bj...->bi...", T, z)
 
 
@@ -72,7 +81,7 @@ class _SharedLayer(nn.Module):
             if any(t is not None and len(t) == 1 for t in mixes):
                 eye = torch.zeros(U.shape[1], U.shape[1], dtype=z.dtype, device=z.device)
                 T = torch.stack([t[0] if t is not None and len(t) == 1 else eye for t in mixes])
-                z = _mixed(z, T)
+                z = _mixed(z, T, spec.kind)
             y = spec.output_op(z, U, bias)
         else:  # a dense layer (a head) some user corrects: the shared layer once, the corrections on the side
             y = self.base(x)
@@ -121,7 +130,8 @@ class MultiUserModel(nn.Module):
     fine-tuning, BitFit and TPGaze touch more than layers) are refused with a message — merge those per user.
 
     The base need not be truncated: a dense base (no factorized layer) serves its calibrated users, whose
-    corrections need no factorization, and refuses the methods that do, when such a user is added.
+    corrections need no factorization, and refuses the methods that do, when such a user is added. It may be a
+    CNN or a token transformer (Linear layers on batch × tokens × channels): every method above serves on both.
     """
 
     def __init__(self, base: nn.Module) -> None:
@@ -250,7 +260,7 @@ class _MixInputLayer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         spec, U, V, bias = self.base.spec, self.base.U, self.base.V, self.base.bias
-        return spec.output_op(_mixed(spec.input_op(x, V), self.mix), U, bias)
+        return spec.output_op(_mixed(spec.input_op(x, V), self.mix, spec.kind), U, bias)
 
 
 class MixedBatchModel(nn.Module):
