@@ -111,7 +111,7 @@ def test_a_pnpga_record_renders_its_rows_its_bullet_and_the_domain_protocol_besi
     assert "epochs 4–6" in bullet and "member 2 (the epoch-6 snapshot" in bullet
     assert "the 3 source models (3.00 MiB) and the labelled source images (1.00 MiB)" in bullet
     published = " | ".join(f"{x:g}" for x in bench_pnpga.PUBLISHED["E→M"])
-    assert f"| E→M | 1 | 9.50 | 7.25 | {published} |" in text
+    assert f"| E→M | 1 | 9.50 (one seed) | 7.25 (one seed) | {published} |" in text
     without = [r for r in results["records"] if r["method"] != "pnpga"]
     bare = render_report({**results, "records": without})
     assert "PnP-GA" not in bare  # no record, no row, no bullet and no domain line

@@ -387,3 +387,79 @@ def test_persons_drawn_afresh_per_seed_are_judged_as_a_nested_design():
     assert "(95 %, seeds drawn, each with its own persons)" in text and "persons and seeds drawn" not in text
     # three persons on two pairs in three seeds: 18 distinct persons where the crossed design has 6
     assert "lower for 18 of 18 persons" in text and "lower for 6 of 6 persons" in render_report(fixture_results())
+
+
+T_975_2DF = 4.302652729749466  # Student's t, 97.5 % quantile, 2 degrees of freedom (three seeds)
+
+
+def test_a_cell_with_its_interval_is_the_t_interval_over_seeds_and_one_seed_says_so():
+    from alfa.study.bench.stats import Stat
+
+    s = Stat({0: 5.0, 1: 6.0, 2: 7.0})  # mean 6, sample std 1
+    half = T_975_2DF / 3**0.5
+    assert s.interval == pytest.approx((6.0 - half, 6.0 + half))
+    assert s.format_interval() == "6.00 [3.52, 8.48]"
+    assert Stat({0: -0.5, 1: 0.5}).format_interval() == "0.00 [−6.35, 6.35]"  # t(0.975, 1) = 12.71, SE = 0.5
+    assert Stat({3: 9.5}).interval is None and Stat({3: 9.5}).format_interval() == "9.50 (one seed)"
+
+
+def test_the_sanity_table_shows_each_error_with_its_interval_not_its_std():
+    text = render_report(fixture_results())
+    # E→M: in-domain 3, 3, 3 (no spread); target-trained none; source-only 9, 10, 11 (half-width t · 1 / √3 =
+    # 2.48); oracle 2, 2.5, 3 (half-width 1.24)
+    row = next(line for line in text.splitlines() if line.startswith("| E→M | 3.00"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:5] == ["3.00 [3.00, 3.00]", "—", "10.00 [7.52, 12.48]", "2.50 [1.26, 3.74]"]
+    assert "Each error: the mean over seeds with its 95 % interval" in text
+    one = fixture_results({k: v[:1] for k, v in MEANS.items()})
+    assert "| E→M | 3.00 (one seed) | — | 9.00 (one seed) | 2.00 (one seed) |" in render_report(one)
+
+
+def test_pnpga_domain_protocol_shows_the_mean_with_its_interval_over_seeds():
+    from alfa.study.bench.report_tables import pnpga_domain_table
+
+    def pnpga(seed, after, before):
+        domain = {"error_deg": after, "unadapted_deg": before, "per_person": {}}
+        return shifted("pnpga", "E→M", seed, after, domain_protocol=domain)
+
+    three = index_records([pnpga(0, 7.0, 9.0), pnpga(1, 8.0, 9.0), pnpga(2, 9.0, 9.0)])
+    table = pnpga_domain_table(three)
+    assert "| E→M | 3 | 9.00 [9.00, 9.00] | 8.00 [5.52, 10.48] |" in table and "±" not in table
+    one = pnpga_domain_table(index_records([pnpga(0, 7.25, 9.5)]))
+    assert "| E→M | 1 | 9.50 (one seed) | 7.25 (one seed) |" in one
+
+
+def _loss_section(text):
+    start = text.index("### Self-supervised loss")
+    return text[start : text.index("\n#", start + 1)]  # up to the next heading
+
+
+def test_roll_and_flip_roll_selected_rows_are_rows_of_the_loss_ablation():
+    means = {
+        **MEANS,
+        ("alfa[selected]", "E→M"): (5.5, 6.5, 7.5),
+        ("alfa[loss=roll][selected]", "E→M"): (4.5, 5.5, 6.5),
+        ("alfa[loss=flip+roll][selected]", "E→M"): (4.0, 4.5, 5.0),
+    }
+    section = _loss_section(render_report(fixture_results(means)))
+    rows = [line.split(" | ")[:3] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[1:] == [
+        ["| source-only (truncated base)", "none", "10.00 ± 1.00"],
+        ["| Alfa", "flip", "6.00 ± 1.00"],
+        ["| Alfa (selected recipe)", "flip", "6.50 ± 1.00"],
+        ["| alfa[loss=augment]", "augment", "5.00 ± 1.00"],
+        ["| alfa[loss=roll] (selected recipe)", "roll", "5.50 ± 1.00"],
+        ["| alfa[loss=flip+roll] (selected recipe)", "flip+roll", "4.50 ± 0.50"],
+    ]
+    assert "flip symmetry against the other objectives" in section and "roll consistency, flip + roll" in section
+
+
+def test_a_roll_selected_row_alone_still_gets_the_loss_table_and_alfa_selected_alone_does_not():
+    base = {k: v for k, v in MEANS.items() if k[0] != "alfa[loss=augment]"}
+    alone = {**base, ("alfa[loss=roll][selected]", "E→M"): (4.5, 5.5, 6.5)}
+    section = _loss_section(render_report(fixture_results(alone)))
+    assert "| alfa[loss=roll] (selected recipe) | roll | 5.50 ± 1.00 | — | 5.50 ± 1.00 |" not in section
+    assert "| alfa[loss=roll] (selected recipe) | roll | 5.50 ± 1.00 | 5.50 ± 1.00 |" in section  # E→M only
+    # Alfa's own selected row is a Table 1 row: alone it makes no loss ablation
+    only_main = render_report(fixture_results({**base, ("alfa[selected]", "E→M"): (5.5, 6.5, 7.5)}))
+    assert "### Self-supervised loss" not in only_main

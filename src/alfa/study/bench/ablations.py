@@ -27,7 +27,7 @@ from alfa.adapters import AdapterConfig, AlfaConfig, DiagGateConfig, LinearMixCo
 from alfa.gaze.objectives import OBJECTIVES
 from alfa.gaze.personalize import PersonalizeConfig
 
-from .names import display_name
+from .names import SELECTED, display_name
 from .stats import Index, diff, part, pooled
 from .variants import Variant, VariantSettings, alfa_config, main_variants
 
@@ -42,6 +42,7 @@ __all__ = [
     "unregister",
     "ablation_variants",
     "family_of",
+    "table_layout",
 ]
 
 
@@ -166,7 +167,9 @@ class Ablation:
 
     ``rows`` builds the table's rows from :class:`Rows`; ``verdicts`` adds the report's sentences to an
     :class:`Evidence`. ``in_summary``: its first two sentences go to the report's summary;
-    ``extra_params``: its table has a column of trainable parameters; ``figure``: its plot, if any.
+    ``extra_params``: its table has a column of trainable parameters; ``figure``: its plot, if any;
+    ``selected_rows``: its table shows, after each of its rows, that row's recipe selected on the stand-in
+    (``alfa[loss=roll][selected]``, a selection row no ablation plans) where the records have one.
     """
 
     name: str
@@ -180,6 +183,7 @@ class Ablation:
     in_summary: bool = False
     extra_params: bool = False
     figure: Figure | None = None
+    selected_rows: bool = False
 
     def values(self, config: AblationSettings) -> tuple[Any, ...]:
         """The values this ablation sweeps under ``config``."""
@@ -222,6 +226,22 @@ def ablation_variants(name: str, config: AblationSettings) -> list[Variant]:
     if name not in REGISTRY:
         raise ValueError(f"unknown ablation {name!r}; ablations are {', '.join(REGISTRY)}")
     return REGISTRY[name].variants(config)
+
+
+def table_layout(name: str, layout: Sequence[dict[str, Any]], present: set[str]) -> list[dict[str, Any]]:
+    """The rows of ablation ``name``'s table: its stored ``layout``, and, for an ablation with
+    ``selected_rows``, each row's selected-recipe row right after it where ``present`` (the labels with
+    records) has one, at the same setting. The selection rows are planned by ``--select`` (``alfa[loss=roll]``),
+    not by the ablation, so the stored layout does not hold them."""
+    ablation = REGISTRY.get(name)
+    if ablation is None or not ablation.selected_rows:
+        return list(layout)
+    out: list[dict[str, Any]] = []
+    for row in layout:
+        out.append(row)
+        if f"{row['label']}{SELECTED}" in present:
+            out.append({**row, "label": f"{row['label']}{SELECTED}"})
+    return out
 
 
 # ----------------------------------------------------------------------------- the ablations
@@ -443,11 +463,15 @@ def _loss_rows(r: Rows) -> list[Variant]:
 register(
     Ablation(
         "loss",
-        "Flip loss against augmentation consistency",
-        "The same batch; the loss asks the augmented copy to match the original (detached).",
+        "Self-supervised loss: flip symmetry against the other objectives",
+        "The same batch and recipe, only the loss changes: flip symmetry, augmentation consistency (the augmented "
+        "copy is asked to match the original, detached) and the other objectives of `alfa.gaze.objectives` "
+        "(roll consistency, flip + roll). Rows marked *selected recipe*: that loss with its recipe selected on "
+        "the stand-in (§ Recipes selected without target labels), where the results have one.",
         _loss_rows,
         _loss_verdicts,
         in_summary=True,
+        selected_rows=True,
     )
 )
 

@@ -27,13 +27,12 @@ before any adaptation method runs on the worlds, and no knob it turns knows abou
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .record import Record
-from .stats import Stat, cell, index_records, t_quantile
+from .stats import Stat, cell, index_records
 
 __all__ = [
     "IN_DOMAIN_CONDITION",
@@ -64,10 +63,7 @@ WITHIN_SHARE = 0.6
 def _interval(stat: Stat) -> str:
     """``mean [low, high]``: a 95 % t-interval over the seeds (each seed its own source model and, where the
     persons are drawn per seed, its own persons), or the mean alone with one seed."""
-    if stat.std is None:
-        return f"{stat.mean:.2f} (one seed)"
-    half = float(t_quantile(0.05, stat.n - 1)) * stat.std / math.sqrt(stat.n)
-    return f"{stat.mean:.2f} [{stat.mean - half:.2f}, {stat.mean + half:.2f}]"
+    return stat.format_interval()
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from alfa.gaze.views import ROLL_DEGREES
 
 from . import figures as F
 from . import report_prose as prose
-from .ablations import REGISTRY
+from .ablations import REGISTRY, table_layout
 from .flip_report import flip_sections, flip_summary
 from .markdown import number as _num
 from .methods import (
@@ -85,6 +85,7 @@ class _Report:
         self.family = self.idx.family
         self.layout: dict[str, list[dict[str, Any]]] = self.results.get("layout", {}).get("ablations", {})
         self.seeds = seeds_of(self.idx)
+        self.present = {m for (m, _, _) in self.idx}  # the rows with records
         self.main = main_verdicts(self.idx)
         self.sanity = sanity_verdicts(self.idx)
         self.parts_methods = [m for m in ("source-only", *table_methods()[1:], "oracle") if records_of(self.idx, m)]
@@ -348,7 +349,7 @@ def _summary_section(r: _Report) -> list[str]:
     lines += [*_bullets(flip + r.main[:1] + r.sanity[:2] + r.main[1:] + r.parts), ""]
     for name, rows in r.layout.items():
         if name in REGISTRY and REGISTRY[name].in_summary:
-            _, pairs = ablation_table(r.idx, rows)
+            _, pairs = ablation_table(r.idx, table_layout(name, rows, r.present))
             if pairs:
                 title = _ablation_title(name)[0]
                 lines += [f"- ({title}) {s}" for s in ablation_verdicts(r.idx, name, rows, pairs)[:2]]
@@ -439,7 +440,7 @@ def _ablations_section(r: _Report) -> list[str]:
     lines = ["## Ablations", ""]
     for name, rows in r.layout.items():
         extra = name in REGISTRY and REGISTRY[name].extra_params
-        table, pairs = ablation_table(r.idx, rows, extra_params=extra)
+        table, pairs = ablation_table(r.idx, table_layout(name, rows, r.present), extra_params=extra)
         if not pairs:
             continue
         title, what = _ablation_title(name)

@@ -127,7 +127,8 @@ PROTOCOL_BULLETS: dict[str, tuple[str, ...]] = {
     "error": (
         "**Error**: angular error in degrees per person over that person's scored images, then the unweighted",
         "mean over persons: one number per record (method, pair, seed). Tables show the mean ± sample standard",
-        "deviation over seeds of those numbers; one seed gives no ±.",
+        "deviation over seeds of those numbers (one seed gives no ±), except where a table says it shows the mean",
+        "with its 95 % interval: t with seeds − 1 degrees of freedom times the standard error of the seeds' mean.",
     ),
     "differences": (
         "**Differences**: a − b per seed on the same base (mean over the pairs concerned), averaged over",
@@ -194,7 +195,8 @@ PNPGA_WORDS = (
 
 PNPGA_DOMAIN_INTRO = (
     "PnP-GA's own protocol (the records' `domain_protocol`): each person's adapted predictor scored on the scored"
-    " images of every target person, the mean over adapted persons, mean ± std over seeds; the unadapted"
+    " images of every target person, the mean over adapted persons, then the mean over seeds with its 95 % interval"
+    " (Student's t, seeds − 1 degrees of freedom; one seed: the mean alone, no interval); the unadapted"
     " predictor is the same member before adaptation. Beside it, the authors' README numbers (ResNet-18,"
     " `alfa.gaze.pnpga.PUBLISHED`) on the real datasets our worlds are named after: other data and another"
     " model, so the columns are not comparable."
@@ -264,9 +266,11 @@ SANITY_INTRO = (
     "few, like the targets). Target-trained: the same model, trained and truncated the same way on as many "
     "*other* persons of the target world (its `train` split), on the target's scored images: the within-dataset "
     "error, which controls for the target's narrower gaze range. Source-only: the source base on the target. "
-    "Oracle: per-person supervised fine-tuning (see Protocol). Domain gap = source-only − in-domain; gap to "
-    "target-trained = source-only − target-trained; headroom = source-only − oracle (means over seeds, with "
-    "their 95 % intervals; *clear* after Holm over the page). "
+    "Oracle: per-person supervised fine-tuning (see Protocol). Each error: the mean over seeds with its 95 % "
+    "interval (Student's t, seeds − 1 degrees of freedom; one seed: the mean alone). Domain gap = source-only − "
+    "in-domain; gap to target-trained = source-only − target-trained; headroom = source-only − oracle (means "
+    "over seeds, with their 95 % intervals from the paired bootstrap of Protocol; *clear* after Holm over the "
+    "page). "
     "Constant prediction: the error of always predicting the set's mean gaze, a measure of how spread its labels "
     "are (a narrow-range target is easier for any model)."
 )

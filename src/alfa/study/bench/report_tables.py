@@ -17,6 +17,7 @@ from .flip_report import table_rows
 from .markdown import number as _num
 from .markdown import table as _table
 from .methods import EXTRA_METHODS, table_methods
+from .names import SELECTED
 from .names import display_name as _name
 from .record import Record
 from .stats import PARTS, Index, Stat, cell, diff, pairs_of, part, pooled, sanity_summary, seeds_of, signed
@@ -198,7 +199,8 @@ def tpgaze_table(idx: Index) -> str | None:
 def pnpga_domain_table(idx: Index) -> str | None:
     """PnP-GA's own protocol per pair (adapted on one person, scored on every target person's scored images:
     the records' ``domain_protocol``) before and after adaptation, beside the authors' README numbers for the
-    real pair of the same name (``None`` without PnP-GA records that kept it)."""
+    real pair of the same name (``None`` without PnP-GA records that kept it). Ours: the mean over seeds with its
+    95 % interval (:meth:`Stat.format_interval`)."""
     rows = []
     for pair in pairs_of(idx):
         domain = {s: rec.domain_protocol for (m, p, s), rec in idx.items() if m == "pnpga" and p == pair}
@@ -209,7 +211,7 @@ def pnpga_domain_table(idx: Index) -> str | None:
         after = Stat({s: d["error_deg"] for s, d in domain.items()})
         published = PNPGA_PUBLISHED.get(pair)
         quoted = ["—", "—"] if published is None else [f"{x:g}" for x in published]
-        rows.append([pair, str(after.n), before.format(), after.format(), *quoted])
+        rows.append([pair, str(after.n), before.format_interval(), after.format_interval(), *quoted])
     if not rows:
         return None
     header = [
@@ -268,10 +270,9 @@ def parts_table(idx: Index, methods: Sequence[str]) -> str:
     return _table(header, rows) if rows else ""
 
 
-def _mean_std(d: dict[str, Any] | None) -> str:
-    if d is None:
-        return "—"
-    return f"{d['mean']:.2f}" + ("" if d["std"] is None else f" ± {d['std']:.2f}")
+def _with_interval(stat: Stat | None) -> str:
+    """The mean over seeds with its 95 % interval (``—`` where the row has no record on the pair)."""
+    return "—" if stat is None else stat.format_interval()
 
 
 def _gap(idx: Index, pair: str, other: str) -> str:
@@ -281,17 +282,14 @@ def _gap(idx: Index, pair: str, other: str) -> str:
 
 
 def sanity_table(idx: Index) -> str:
-    """Per pair: the in-domain, target-trained, source-only and oracle errors, the gaps between them (each with
-    its interval), and the error of a constant prediction."""
+    """Per pair: the in-domain, target-trained, source-only and oracle errors (each the mean over seeds with its
+    95 % interval), the gaps between them (each with its interval), and the error of a constant prediction."""
     rows = []
     for pair, s in sanity_summary(idx.values()).items():
         rows.append(
             [
                 pair,
-                _mean_std(s["in_domain"]),
-                _mean_std(s.get("target_trained")),
-                _mean_std(s["source_only"]),
-                _mean_std(s["oracle"]),
+                *(_with_interval(cell(idx, m, pair)) for m in ("in-domain", "target-trained", "source-only", "oracle")),
                 _gap(idx, pair, "in-domain"),
                 _gap(idx, pair, "target-trained"),
                 _gap(idx, pair, "oracle"),
@@ -364,9 +362,10 @@ def ablation_table(
     """Rows of one ablation (label, value) × the pairs it ran on; returns the table and its pairs."""
     labels = [r["label"] for r in rows_layout]
     present = {(m, p) for (m, p, _) in idx if m in labels}
-    # The ablation's pairs: where its own variants ran (the reference rows are main methods, run everywhere).
+    # The ablation's pairs: where its own variants ran (the reference rows are main methods, run everywhere, and
+    # so are their selected-recipe rows on a page that selects recipes).
     main = table_methods()
-    own = [lab for lab in labels if lab not in main]
+    own = [lab for lab in labels if lab.removesuffix(SELECTED) not in main]
     pairs = [p for p in pairs_of(idx) if any((lab, p) in present for lab in own)]
     rows = []
     for row in rows_layout:

@@ -138,9 +138,26 @@ class Stat:
         return statistics.stdev(self.values.values()) if self.n > 1 else None
 
     def format(self, digits: int = 2) -> str:
+        """``mean ± std`` over the seeds (the spread of single seeds, not an interval); the mean with one seed."""
         if self.std is None:
             return f"{self.mean:.{digits}f}"
         return f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The 95 % interval of the mean over seeds, ``mean ± t₀.₉₇₅(n − 1) · std / √n`` (Student's t with
+        seeds − 1 degrees of freedom, the seeds being the independent units); ``None`` with one seed."""
+        if self.std is None:
+            return None
+        half = _critical(ALPHA, self.n - 1) * self.std / math.sqrt(self.n)
+        return self.mean - half, self.mean + half
+
+    def format_interval(self) -> str:
+        """A cell with its interval: ``"6.00 [3.52, 8.48]"``, or ``"6.00 (one seed)"`` where there is none."""
+        if self.interval is None:
+            return f"{self.mean:.2f} (one seed)"
+        lo, hi = self.interval
+        return f"{self.mean:.2f} [{bound(lo)}, {bound(hi)}]"
 
 
 def signed(x: float) -> str:
