@@ -27,12 +27,13 @@ before any adaptation method runs on the worlds, and no knob it turns knows abou
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .record import Record
-from .stats import Stat, cell, index_records
+from .stats import Stat, cell, index_records, t_quantile
 
 __all__ = [
     "IN_DOMAIN_CONDITION",
