@@ -84,7 +84,7 @@ def test_the_demo_personalizes_through_the_shared_call(tmp_path, monkeypatch):
     config = pipeline.demo_config(
         source="synthetic:eth?size=32&persons=4&images_per_person=8",
         val_source="synthetic:eth?split=val&size=32&persons=2&images_per_person=4",
-        targets=("synthetic:mpii?size=32&persons=2&images_per_person=7",),
+        targets=("synthetic:mpii?size=32&persons=2&images_per_person=39",),  # 7, then a pool of 32
         model="tiny_gaze_net",
         pretrain=TrainConfig(epochs=1, batch_size=16),
         truncation=TruncateConfig(rank=4, recovery=TrainConfig(epochs=1, batch_size=16)),

@@ -504,7 +504,8 @@ def test_demo_tiny_on_synthetic_data_and_its_cache(tmp_path):
     config = demo_config(
         source="synthetic:eth?size=32&persons=4&images_per_person=8",
         val_source="synthetic:eth?split=val&size=32&persons=2&images_per_person=4",
-        targets=("synthetic:mpii?size=32&persons=2&images_per_person=7",),
+        # 7 images per person for the label-free columns (5 adapt, 2 scored), then the calibration's pool of 32
+        targets=("synthetic:mpii?size=32&persons=2&images_per_person=39",),
         model="tiny_gaze_net",
         pretrain=TrainConfig(epochs=1, batch_size=16),
         truncation=TruncateConfig(rank=RANK, recovery=TrainConfig(epochs=1, batch_size=16)),
@@ -516,16 +517,30 @@ def test_demo_tiny_on_synthetic_data_and_its_cache(tmp_path):
     first = run_demo(config, progress=False)
     assert not first.from_cache
     (report,) = first.reports.values()
-    assert list(report.columns) == ["source-only", "flip-TTA", "alfa (default recipe)", "alfa (paper recipe)"]
+    columns = ["source-only", "flip-TTA", "alfa (default recipe)", "alfa (paper recipe)", "calibrated (9 labels)"]
+    assert list(report.columns) == columns
     assert all(len(c) == 2 for c in report.columns.values())
     assert first.figure_path.is_file() and first.json_path.is_file()
     assert first.verdict[0].startswith(f"{report.dataset}: source-only ")
     assert "alfa (paper recipe)" in first.verdict[0] and "flip-TTA" in first.verdict[0]
+    assert "calibrated (9 labels)" in first.verdict[0]
+    assert first.verdict[1].startswith(f"{report.dataset}: 9 labelled images per person (affine calibration) ")
+    assert "beat every label-free column" in first.verdict[1] or "did NOT beat" in first.verdict[1]
+    # every column scored the same images of each person: those after the 5 adapted on and before the pool,
+    # none of them one of the 9 whose labels the calibration read
+    images = report.meta["images"]
+    for p, start in zip(report.persons, (0, 39)):  # each person's 39 images, in dataset order
+        assert images["adapted"][p] == list(range(start, start + 5))
+        labelled = set(images["labelled"][p])
+        assert len(labelled) == 9 and labelled <= set(range(start + 7, start + 39))
+        for c in columns:
+            assert images["scored"][c][p] == [start + 5, start + 6], c
     # each Alfa column ran its own recipe (the recipe sets the steps, whatever the base config says)
     assert report.meta["recipes"]["alfa (paper recipe)"]["steps"] == 10
     assert report.meta["recipes"]["alfa (default recipe)"]["label"] == DEFAULT_RECIPE.label
     saved = json.loads(first.json_path.read_text())
     assert saved["verdict"] == first.verdict and "total" in saved["seconds"]
+    assert list(saved["targets"][report.dataset]["summary"]) == columns
 
     second = run_demo(config, progress=False)  # the source model now comes from the cache
     assert second.from_cache
@@ -569,11 +584,11 @@ def test_the_demo_has_a_symmetric_and_an_asymmetric_part_as_the_benchmark_builds
 
     symmetric, asymmetric = demo_configs(seed=3)
     assert symmetric == demo_config(seed=3)
-    assert symmetric.targets == ("synthetic:mpii?size=48&images_per_person=60",)
+    assert symmetric.targets == ("synthetic:mpii?size=48&images_per_person=92",)  # 60, then the pool of 32
     # the studio part differs from the default only in its worlds: the same sizes and counts
     assert asymmetric.source == symmetric.source.replace("synthetic:eth?", "synthetic:eth-studio?")
     assert asymmetric.val_source == symmetric.val_source.replace("synthetic:eth?", "synthetic:eth-studio?")
-    assert asymmetric.targets == ("synthetic:mpii-window?size=48&images_per_person=60",) and asymmetric.seed == 3
+    assert asymmetric.targets == ("synthetic:mpii-window?size=48&images_per_person=92",) and asymmetric.seed == 3
     # the studio source is trained as the benchmark trains it: without the symmetry term, in both stages
     weight = SOURCE_TRAINING["S"]["symmetry_weight"]
     assert asymmetric.pretrain.symmetry_weight == asymmetric.truncation.recovery.symmetry_weight == weight
@@ -598,7 +613,7 @@ def test_cli_demo_runs_each_part_and_sums_them_up(tmp_path, capsys, monkeypatch)
         pipeline.demo_config(
             source=f"synthetic:{s}?size=32&persons=4&images_per_person=8",
             val_source=f"synthetic:{s}?split=val&size=32&persons=2&images_per_person=4",
-            targets=(f"synthetic:{t}?size=32&persons=2&images_per_person=7",),
+            targets=(f"synthetic:{t}?size=32&persons=2&images_per_person=39",),  # 7, then the pool
             **tiny,
         )
         for s, t in parts

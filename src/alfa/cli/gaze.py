@@ -652,7 +652,8 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
         "--targets",
         nargs="+",
         help="run only the E source, on these target dataset specs (default: E on synthetic mpii, then the "
-        "studio source on synthetic mpii-window)",
+        f"studio source on synthetic mpii-window); each person's last {demo.calibrate.pool} images are the "
+        "calibration's pool, which no column scores",
     )
     seed_option(p, "the source training and personalization", demo.seed)
     quiet_option(p)

@@ -1,7 +1,8 @@
 """The demo: the whole chain on the synthetic benchmark, in one call (``alfa demo``).
 
     source data -> pre-training -> truncation + recovery -> per target person: source-only, flip-TTA,
-    Alfa with the default recipe, Alfa with the paper's recipe -> evaluation -> table, JSON, figure
+    Alfa with the default recipe, Alfa with the paper's recipe, and a user calibration from 9 labelled images
+    -> evaluation -> table, JSON, figure
 
 ``alfa demo`` runs it twice (:func:`demo_configs`): a symmetric pair, where a flip sees little of the error,
 and an asymmetric one, where it can see more (docs/flip-premise.md).
@@ -13,7 +14,9 @@ the SVD rank and the package version. A missing or stale cache is rebuilt (an in
 resumes from its last epoch); nothing is ever downloaded. Personalization and evaluation always run.
 
 Nothing is selected on target labels: every step count, learning rate and augmentation strength is
-in :class:`DemoConfig`, and the target labels are read only by the final evaluation.
+in :class:`DemoConfig`, and the target labels are read only by the final evaluation and by the one column that
+is labelled by design (``alfa calibrate``'s default, on ``k`` labelled images per person that are never scored;
+:class:`DemoImages` says which images each column uses).
 """
 
 from __future__ import annotations
@@ -38,9 +41,10 @@ from alfa.fileio import atomic_path, safe_filename, write_json
 from alfa.models import create_model
 
 from .augment import AugmentConfig
+from .calibrate import RECORD_FILE, CalibrateConfig, calibrate_dataset
 from .data.base import GazeDataset, InMemoryGazeDataset
 from .data.registry import DatasetSpec
-from .evaluate import EvaluationReport, PersonScorer, evaluate
+from .evaluate import EvaluationReport, PersonScorer, adapter_filename, eval_indices, evaluate
 from .personalize import PersonalizationRun, PersonalizeConfig, personalize_dataset
 from .train import TrainConfig, TruncateConfig, train_source, truncate_and_recover
 
@@ -56,9 +60,12 @@ __all__ = [
     "build_source_model",
     "PersonalizedTarget",
     "personalize_and_score",
+    "DemoImages",
+    "calibrate_and_score",
     "run_demo",
     "demo_configs",
     "COLUMNS",
+    "calibration_column",
     "verdict",
     "plot_per_person",
     "summary_table",
@@ -69,6 +76,10 @@ CACHE_FORMAT = 1
 
 DEMO_SIZE = 48
 """The demo's face size in pixels (the benchmark's presets use 48 to 64)."""
+
+DEMO_IMAGES = 60
+"""Images per target person that the label-free columns see: the first ``n_adapt`` adapt, the rest are scored.
+The demo renders ``CalibrateConfig().pool`` more per person after them, the calibration's pool (:class:`DemoImages`)."""
 
 
 def _studio_specs(config: DemoConfig) -> dict[str, Any]:
@@ -122,13 +133,17 @@ class DemoConfig:
 
     Data are dataset specs (:func:`alfa.gaze.data.registry.open_dataset`), options after ``?``.
     ``val_source`` holds the held-out source persons (``None``: hold out a fraction of ``source``).
+    ``calibrate`` is the labelled column's recipe (``alfa calibrate``'s defaults); the last ``calibrate.pool``
+    images of each target person are its pool, which no column scores (:class:`DemoImages`).
     """
 
     source: str = str(DatasetSpec.synthetic("eth", size=DEMO_SIZE, persons=60, images_per_person=50))
     val_source: str | None = str(
         DatasetSpec.synthetic("eth", split="val", size=DEMO_SIZE, persons=10, images_per_person=40)
     )
-    targets: tuple[str, ...] = (str(DatasetSpec.synthetic("mpii", size=DEMO_SIZE, images_per_person=60)),)
+    targets: tuple[str, ...] = (
+        str(DatasetSpec.synthetic("mpii", size=DEMO_SIZE, images_per_person=DEMO_IMAGES + CalibrateConfig().pool)),
+    )
     model: str = "resnet18_gaze"
     seed: int = 0
     pretrain: TrainConfig = field(
@@ -144,6 +159,7 @@ class DemoConfig:
     personalize: PersonalizeConfig = field(
         default_factory=lambda: PersonalizeConfig(augment=AugmentConfig.small_faces())
     )
+    calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
     out_dir: str = "runs/demo"
     cache_dir: str = "runs/cache"
 
@@ -165,7 +181,8 @@ def demo_config(**overrides: Any) -> DemoConfig:
 def real_config(source: str, targets: tuple[str, ...], val_source: str | None = None, **overrides: Any) -> DemoConfig:
     """The paper's settings for real 224×224 data: pre-training 50 epochs, recovery 25 epochs, Adam
     lr 1e-4, batch 120, SVD rank 64, Alfa with 8 heads of rank 8; the personalization recipe's
-    defaults (5 images, 10 steps, AdamW lr 1e-4 ×10 on layer3/4)."""
+    defaults (5 images, 10 steps, AdamW lr 1e-4 ×10 on layer3/4). As in the demo, each target person's last
+    ``calibrate.pool`` images are the labelled column's pool, which no column scores (:class:`DemoImages`)."""
     base = DemoConfig(
         source=source,
         val_source=val_source,
@@ -335,12 +352,125 @@ def personalize_and_score(
     return PersonalizedTarget(run, report)
 
 
+# ----------------------------------------------------------------------------- which images each column uses
+
+
+class _PersonOrder(GazeDataset):
+    """``dataset`` with each person's images a given selection, in a given order, under their own indices (so that
+    every index a report names is one of ``dataset``)."""
+
+    def __init__(self, dataset: GazeDataset, order: dict[str, list[int]]) -> None:
+        self.dataset, self.name, self._index = dataset, dataset.name, order
+        table = getattr(dataset, "gaze", None)
+        if isinstance(table, torch.Tensor):  # the label table, by which a spread draw reads labels only
+            self.gaze = table
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.dataset[i]
+
+    def persons(self) -> list[str]:
+        return [p for p in self.dataset.persons() if p in self._index]
+
+
+@dataclass(frozen=True)
+class DemoImages:
+    """Which of each target person's images (indices of ``dataset``, in its order) each column uses.
+
+    ``adapt``: the first ``n_adapt``, which the label-free columns adapt on without their labels; ``pool``: the
+    last ``pool``, from which the calibration draws its ``k`` labelled images; ``scored``: the images between,
+    on which **every** column is scored, so the columns compare on the same images and no column is ever scored
+    on an image it adapted on or whose label it read. The pool comes last rather than first (where
+    ``alfa calibrate`` takes it) so that the label-free columns keep the protocol of every other command (adapt
+    on a person's first images, score the ones after) and their images: the synthetic worlds render each
+    person's images in a fixed sequence, so rendering ``pool`` more per person (as the demo's targets do) leaves
+    the first ones, and the label-free columns' numbers, exactly what they were without the calibration."""
+
+    dataset: GazeDataset
+    adapt: dict[str, list[int]]
+    scored: dict[str, list[int]]
+    pool: dict[str, list[int]]
+
+    @classmethod
+    def split(cls, dataset: GazeDataset, n_adapt: int, pool: int) -> DemoImages:
+        """Split each person's images; a ``ValueError`` names a person with fewer than ``n_adapt + pool + 1``."""
+        adapt, scored, drawn = {}, {}, {}
+        for person in dataset.persons():
+            indices = dataset.person_indices(person)
+            if len(indices) < n_adapt + pool + 1:
+                raise ValueError(
+                    f"{dataset.name}: person {person!r} has {len(indices)} images; the demo needs {n_adapt} to adapt "
+                    f"on, {pool} for the calibration's pool and at least one to score"
+                )
+            cut = len(indices) - pool
+            adapt[person], scored[person], drawn[person] = indices[:n_adapt], indices[n_adapt:cut], indices[cut:]
+        return cls(dataset, adapt, scored, drawn)
+
+    def label_free(self) -> GazeDataset:
+        """The view the label-free columns run on: each person's ``adapt`` then ``scored`` images (score with
+        ``n_adapt = len(adapt)``)."""
+        return _PersonOrder(self.dataset, {p: self.adapt[p] + self.scored[p] for p in self.adapt})
+
+    def calibration(self) -> GazeDataset:
+        """The view the calibration runs on, laid out as ``alfa calibrate`` takes a dataset: each person's
+        ``pool`` first, then the ``scored`` images (score with ``n_adapt = len(pool)``)."""
+        return _PersonOrder(self.dataset, {p: self.pool[p] + self.scored[p] for p in self.pool})
+
+
+def calibrate_and_score(
+    base: nn.Module, images: DemoImages, config: CalibrateConfig, folder: str | Path, column: str
+) -> EvaluationReport:
+    """``alfa calibrate`` with ``config`` on every person of ``images`` (:func:`~alfa.gaze.calibrate.calibrate_dataset`:
+    ``k`` labelled images drawn from the person's pool, one file each in ``folder``), then each person scored
+    with their own file on their ``scored`` images (column ``column``; :func:`~alfa.gaze.evaluate.evaluate`
+    refuses a file whose labelled images would be scored). ``meta``: per person, the ``labelled`` indices and
+    the ``scored`` ones. The fit is redone on every run (a closed form takes milliseconds), so no file of an
+    earlier run, made for other data under the same name, stands in for this one's."""
+    if any(len(drawn) != config.pool for drawn in images.pool.values()):
+        raise ValueError(f"the calibration draws from a pool of {config.pool} images; these images hold another")
+    folder = Path(folder)
+    record = folder / RECORD_FILE
+    if record.is_file():  # only the files the earlier run listed: alfa replaces only its own files
+        for person in json.loads(record.read_text(encoding="utf-8")).get("persons", {}):
+            (folder / adapter_filename(person)).unlink(missing_ok=True)
+        record.unlink()
+    view = images.calibration()
+    # calibrate_dataset seeds the global generator per person; the run's own stream is restored after it
+    with torch.random.fork_rng(devices=[]):
+        done = calibrate_dataset(base, view, config, folder, progress=False)
+    report = evaluate(base, view, adapters=folder, n_adapt=config.pool, before=None, after=column, progress=False)
+    for person, entry in done["persons"].items():
+        if entry["status"] == "failed":
+            report.failed[person] = f"calibration failed: {entry['error']}"
+    report.meta = {
+        "labelled": {p: e["labelled"] for p, e in done["persons"].items() if e["status"] == "ok"},
+        "scored": {p: eval_indices(view, p, config.pool) for p in report.columns[column]},
+    }
+    return report
+
+
 # ----------------------------------------------------------------------------- the demo
 
-COLUMNS = ("source-only", "flip-TTA", "alfa (default recipe)", "alfa (paper recipe)")
+
+def calibration_column(config: CalibrateConfig) -> str:
+    """The name of the labelled column for a calibration recipe."""
+    return f"calibrated ({config.k} labels)"
+
+
+COLUMNS = (
+    "source-only",
+    "flip-TTA",
+    "alfa (default recipe)",
+    "alfa (paper recipe)",
+    calibration_column(CalibrateConfig()),
+)
 """The demo's columns: the truncated + recovered source model, its flip test-time augmentation (the ceiling of
 any flip-based correction, docs/flip-premise.md §1), Alfa with ``alfa personalize``'s default recipe (selected
-without target labels, ``alfa/gaze/selected_recipes.json``) and Alfa with the paper's recipe."""
+without target labels, ``alfa/gaze/selected_recipes.json``), Alfa with the paper's recipe, and ``alfa
+calibrate``'s default (an affine map of (yaw, pitch) pulled toward the identity) fitted on 9 labelled images
+per person: the one column that reads target labels, what the label-free ones are up against."""
 
 RECIPE_COLUMNS = {COLUMNS[2]: "default", COLUMNS[3]: "paper"}
 
@@ -384,12 +514,16 @@ def summary_table(reports: dict[str, EvaluationReport]) -> str:
     def fmt(r: list[str]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
 
-    title = "mean angular error (deg) over persons ± std over persons, adaptation images excluded"
+    title = (
+        "mean angular error (deg) over persons ± std over persons, on images no column adapted on or read the label of"
+    )
     return "\n".join([title, fmt(header), "  ".join("-" * w for w in widths), *(fmt(r) for r in rows)])
 
 
 def verdict(reports: dict[str, EvaluationReport], before: str = COLUMNS[0]) -> list[str]:
-    """Plain sentences per target: did each column lower the mean error of ``before``, and for how many persons."""
+    """Plain sentences per target: did each column lower the mean error of ``before``, and for how many persons;
+    and, where a report has a labelled column (``meta["calibration"]["column"]``), did its labels beat every
+    label-free column."""
     lines = []
     for name, rep in reports.items():
         s = rep.summary()
@@ -405,9 +539,96 @@ def verdict(reports: dict[str, EvaluationReport], before: str = COLUMNS[0]) -> l
             word = "lowered" if a < b else "did NOT lower"
             parts.append(f"{c} {word} it ({a:.2f} deg, {a - b:+.2f}; lower for {k} of {n} persons)")
         lines.append(f"{name}: {before} {b:.2f} deg; " + "; ".join(parts) + ".")
+        labelled = rep.meta.get("calibration", {}).get("column")
+        if labelled in rep.columns:
+            lines.append(_labels_line(name, rep, labelled))
         if rep.failed:
             lines.append(f"{name}: {len(rep.failed)} person(s) failed and are left out: {sorted(rep.failed)}")
     return lines
+
+
+def _labels_line(name: str, rep: EvaluationReport, labelled: str) -> str:
+    """Whether the labelled column beat the best label-free one (by the mean over persons), in words."""
+    s = rep.summary()
+    free = min((c for c in rep.columns if c != labelled), key=lambda c: s[c]["mean"], default=None)
+    if free is None:
+        return f"{name}: {labelled} is the only column; there is no label-free one to compare it with."
+    a, b = s[labelled]["mean"], s[free]["mean"]
+    k, n = rep.improved(free, labelled)
+    recipe = rep.meta["calibration"].get("recipe", {})
+    how = f"{recipe.get('k', '?')} labelled images per person ({recipe.get('method', '?')} calibration)"
+    if a < b:
+        return (
+            f"{name}: {how} beat every label-free column: {a:.2f} deg against the best of them, {free} at {b:.2f} "
+            f"({a - b:+.2f}; lower for {k} of {n} persons)."
+        )
+    return (
+        f"{name}: {how} did NOT beat the label-free columns: {a:.2f} deg against {free} at {b:.2f} "
+        f"({a - b:+.2f}; lower for {k} of {n} persons)."
+    )
+
+
+def _score_target(
+    base: nn.Module,
+    spec: str,
+    data: GazeDataset,
+    config: DemoConfig,
+    recipes: dict[str, Any],
+    out: Path,
+    progress: bool,
+) -> EvaluationReport:
+    """One target's report: every column of :data:`COLUMNS` scored on the same images (:class:`DemoImages`)."""
+    from .flip import FlipTTA
+
+    n_adapt = config.personalize.n_adapt
+    images = DemoImages.split(data, n_adapt, config.calibrate.pool)
+    label_free = images.label_free()
+    options = {"n_adapt": n_adapt, "progress": False}
+    report = evaluate(base, label_free, before=COLUMNS[0], **options)
+    tta = evaluate(base, label_free, before=COLUMNS[1], predictor=FlipTTA, **options)
+    report.columns.update(tta.columns)
+    losses = {}
+    folders = out / "adapters" / safe_filename(data.name)
+    for column, recipe in recipes.items():
+        adapted = personalize_and_score(
+            base,
+            label_free,
+            config.alfa,
+            recipe.apply(config.personalize),
+            folders / RECIPE_COLUMNS[column],
+            n_adapt=n_adapt,
+            after=column,
+            progress=progress,
+        )
+        report.columns[column] = adapted.report.columns[column]
+        report.failed.update({p: f"{column}: {why}" for p, why in adapted.report.failed.items()})
+        losses[column] = {
+            p: {"first": o.losses[0], "final": o.final_loss} for p, o in adapted.run.persons.items() if o.losses
+        }
+    scored = {p: eval_indices(label_free, p, n_adapt) for p in report.persons}
+    labelled = calibration_column(config.calibrate)
+    calibrated = calibrate_and_score(base, images, config.calibrate, folders / "calibrated", labelled)
+    report.columns[labelled] = calibrated.columns[labelled]
+    report.failed.update({p: f"{labelled}: {why}" for p, why in calibrated.failed.items()})
+    report.meta = {
+        "spec": spec,
+        "recipes": {column: {"label": r.label, **dataclasses.asdict(r)} for column, r in recipes.items()},
+        "personalization_loss": losses,
+        "calibration": {"column": labelled, "recipe": dataclasses.asdict(config.calibrate)},
+        # the dataset indices each column read: the label-free columns adapt on "adapted" (unlabelled), the
+        # calibration reads the labels of "labelled"; every column is scored on its "scored" images
+        "images": {
+            "protocol": (
+                f"every column scored on each person's images after the first {n_adapt} (adapted on, unlabelled) "
+                f"and before the last {config.calibrate.pool} (the calibration's pool, of which it read "
+                f"{config.calibrate.k} labels)"
+            ),
+            "adapted": images.adapt,
+            "labelled": calibrated.meta["labelled"],
+            "scored": {**{c: scored for c in report.columns if c != labelled}, labelled: calibrated.meta["scored"]},
+        },
+    }
+    return report
 
 
 def demo_configs(**overrides: Any) -> list[DemoConfig]:
@@ -435,8 +656,8 @@ def run_demo(
     device: torch.device | str = "cpu",
 ) -> DemoResult:
     """Run the whole chain for one source and its targets and write ``results.json`` and ``per_person.png``
-    under ``config.out_dir``: per target, :data:`COLUMNS`."""
-    from .flip import FlipTTA
+    under ``config.out_dir``: per target, :data:`COLUMNS`, each scored on the same images of each person
+    (:class:`DemoImages`)."""
     from .recipes import named_recipe
 
     config = config or DemoConfig()
@@ -469,39 +690,11 @@ def run_demo(
     recipes = {column: named_recipe(name) for column, name in RECIPE_COLUMNS.items()}
 
     reports: dict[str, EvaluationReport] = {}
-    n_adapt = config.personalize.n_adapt
     for spec, data in targets.items():
         t0 = time.time()
-        name = data.name
-        options = {"n_adapt": n_adapt, "progress": False}
-        report = evaluate(models.recovered, data, before=COLUMNS[0], **options)
-        tta = evaluate(models.recovered, data, before=COLUMNS[1], predictor=FlipTTA, **options)
-        report.columns.update(tta.columns)
-        losses = {}
-        for column, recipe in recipes.items():
-            folder = out / "adapters" / safe_filename(name) / RECIPE_COLUMNS[column]
-            adapted = personalize_and_score(
-                models.recovered,
-                data,
-                config.alfa,
-                recipe.apply(config.personalize),
-                folder,
-                n_adapt=n_adapt,
-                after=column,
-                progress=progress,
-            )
-            report.columns[column] = adapted.report.columns[column]
-            report.failed.update({p: f"{column}: {why}" for p, why in adapted.report.failed.items()})
-            losses[column] = {
-                p: {"first": o.losses[0], "final": o.final_loss} for p, o in adapted.run.persons.items() if o.losses
-            }
-        report.meta = {
-            "spec": spec,
-            "recipes": {column: {"label": r.label, **dataclasses.asdict(r)} for column, r in recipes.items()},
-            "personalization_loss": losses,
-        }
-        reports[name] = report
-        seconds[f"target {name}"] = time.time() - t0
+        report = _score_target(models.recovered, spec, data, config, recipes, out, progress)
+        reports[data.name] = report
+        seconds[f"target {data.name}"] = time.time() - t0
         if progress:
             print(report.format_table(), flush=True)
 
@@ -524,8 +717,8 @@ def run_demo(
 
 
 def plot_per_person(reports: dict[str, EvaluationReport], path: str | Path) -> Path | None:
-    """Per-person error of the source-only model (x) against flip-TTA and Alfa with each recipe (y), one panel
-    per target; points below the diagonal are persons the method helped."""
+    """Per-person error of the source-only model (x) against every other column (y: flip-TTA, Alfa with each
+    recipe, the labelled calibration), one panel per target; points below the diagonal are persons it helped."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -534,6 +727,7 @@ def plot_per_person(reports: dict[str, EvaluationReport], path: str | Path) -> P
     if not reports:
         return None
     styles = {COLUMNS[1]: ("tab:gray", "s"), COLUMNS[2]: ("tab:green", "o"), COLUMNS[3]: ("tab:red", "^")}
+    labelled_style = ("tab:blue", "D")  # the calibration, whatever its k
     fig, axes = plt.subplots(1, len(reports), figsize=(4.8 * len(reports), 4.6), squeeze=False)
     for ax, (name, rep) in zip(axes[0], reports.items()):
         persons = rep.common_persons()
@@ -542,9 +736,10 @@ def plot_per_person(reports: dict[str, EvaluationReport], path: str | Path) -> P
         before = [rep.columns[COLUMNS[0]][p] for p in persons]
         values = [before]
         s = rep.summary()
-        for column, (color, marker) in styles.items():
-            if column not in rep.columns:
+        for column in rep.columns:
+            if column == COLUMNS[0]:
                 continue
+            color, marker = styles.get(column, labelled_style)
             after = [rep.columns[column][p] for p in persons]
             values.append(after)
             ax.scatter(
