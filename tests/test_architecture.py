@@ -44,7 +44,8 @@ APPLICATION_LAYERS: list[tuple[str, ...]] = [
     ("gaze.service",),  # the HTTP gaze service
 ]
 STUDY_LAYERS: list[tuple[str, ...]] = [
-    ("study.plotted",),  # what a figure plots, saved beside it (the page check compares that)
+    # what a figure plots, saved beside it (the page check compares that); timings' paired ratios and their machine
+    ("study.plotted", "study.timing"),
     # CRATE's examples; the benchmark; the data-flow picture; the camera page (docs/camera.md); the small language
     # model study (docs/llm.md)
     ("study.crate", "study.bench", "study.dataflow", "study.camera", "study.llm"),

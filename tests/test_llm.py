@@ -213,6 +213,9 @@ def test_a_tiny_bench_runs_end_to_end_resumes_and_makes_its_page(tmp_path):
     written = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert written["complete"] and written["runs"] == json.loads(json.dumps(result["runs"]))
     assert set(written["step_seconds"]) == {"lora", "alfa"} and all(v > 0 for v in written["step_seconds"].values())
+    rounds = written["step_round_seconds"]  # every round kept, the pretrained base timed
+    assert set(rounds) == {"lora", "alfa"} and all(len(v) == 15 for v in rounds.values())
+    assert written["step_timing"]["weights"] == {"kind": "pretrained", "digest": config.pretrain.digest()}
     page = llm_page(written, "data.json")
     assert "## The answer" in page and "## Answer loss" in page and "## Protocol" in page and "unfinished" not in page
     partial = dict(written, complete=False, runs=written["runs"][:3])

@@ -1,7 +1,7 @@
 """The serving page's text from a measurement (the measurement itself takes minutes: `alfa serving`)."""
 
-from alfa.study.bench.ratios import paired_ratio
 from alfa.study.bench.serving import DISTINCT, METHODS, serving_markdown
+from alfa.study.timing import paired_ratio
 
 JITTER = [1.0, 1.02, 0.99, 1.01, 0.98, 1.0, 1.01]  # each configuration's own noise from round to round
 

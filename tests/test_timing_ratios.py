@@ -1,12 +1,12 @@
-"""The timing pages' ratios (``alfa.study.bench.ratios``): paired over interleaved rounds, a 95 % t-interval of
+"""The timing pages' ratios (``alfa.study.timing``): paired over interleaved rounds, a 95 % t-interval of
 the mean log ratio, goals judged on the interval; and docs/speed.md with and without the rounds kept."""
 
 import math
 
 import pytest
 
-from alfa.study.bench.ratios import Ratio, goal_verdict, paired_ratio, ratio_cell
 from alfa.study.bench.speed import STEP_SETUPS, to_markdown
+from alfa.study.timing import Ratio, goal_verdict, paired_ratio, ratio_cell
 
 BATCHES = ("batch 1", "batch 10")
 T_975_3 = 3.182446305284263  # Student's t, 3 degrees of freedom, 97.5 % quantile (printed tables)

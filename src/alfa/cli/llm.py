@@ -1,9 +1,10 @@
-"""The ``alfa llm`` commands: ``pretrain`` (the small diffusion language model) and ``bench`` (Alfa against LoRA,
-DoRA and full fine-tuning on it: docs/llm.md)."""
+"""The ``alfa llm`` commands: ``pretrain`` (the small diffusion language model), ``bench`` (Alfa against LoRA,
+DoRA and full fine-tuning on it: docs/llm.md) and ``time`` (a finished bench's training steps timed again)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 from pathlib import Path
 
@@ -87,6 +88,67 @@ def _bench(args: argparse.Namespace) -> None:
         print(f"wrote {args.markdown}")
 
 
+def _time_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--record",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="a finished bench's record (docs/data/llm/bench.json, or OUT/bench.json): its step timing is replaced",
+    )
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace the step timing the record holds (without it, a record that holds one is refused)",
+    )
+    p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the page there (docs/llm.md)")
+    quiet_option(p)
+
+
+def _timed_record(path: Path, replace: bool) -> dict:
+    """The bench record at ``path``, refused (one line) when it is not a finished bench's, or when it holds a step
+    timing and ``replace`` is not given: another timing's data goes only when asked."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--record {path}: not a bench record alfa llm bench wrote ({type(e).__name__})") from None
+    if not isinstance(result, dict) or "config" not in result or "runs" not in result:
+        raise ValueError(f"--record {path}: not a bench record alfa llm bench wrote (no config and runs)")
+    if not result.get("complete", False):
+        raise ValueError(f"--record {path}: an unfinished bench; finishing it (alfa llm bench) times the steps")
+    if not replace and ("step_seconds" in result or "step_round_seconds" in result):
+        made_by = result.get("step_timing", {}).get("command") or result.get("command") or "an earlier run"
+        raise ValueError(f"--record {path}: holds the step timing of `{made_by}`; --replace times the steps again")
+    return result
+
+
+def _time_command(args: argparse.Namespace) -> str:
+    parts = ["alfa", "llm", "time", "--record", shlex.quote(str(args.record))]
+    if args.replace:
+        parts.append("--replace")
+    if args.markdown is not None:
+        parts += ["--markdown", shlex.quote(str(args.markdown))]
+    return " ".join(parts)
+
+
+def _time(args: argparse.Namespace) -> None:
+    from alfa.fileio import write_json, write_text
+    from alfa.study.llm.bench import retime
+    from alfa.study.llm.report import llm_page
+
+    if args.markdown is not None and args.markdown.suffix != ".md":
+        raise ValueError(f"--markdown must name a .md file, got {args.markdown}")
+    result = _timed_record(args.record, args.replace)
+    if not args.quiet:
+        print(f"timing the training steps of {', '.join(result['config']['grids'])} in turn", flush=True)
+    result.update(retime(result, _time_command(args)))
+    write_json(args.record, result)
+    print(f"wrote {args.record}: " + ", ".join(f"{m} {1000 * s:.0f} ms" for m, s in result["step_seconds"].items()))
+    if args.markdown is not None:
+        write_text(args.markdown, llm_page(result, str(args.record)))
+        print(f"wrote {args.markdown}")
+
+
 LLM = Command(
     "llm",
     help="the paper's §4.8 in miniature: Alfa, LoRA, DoRA on a small diffusion language model (docs/llm.md)",
@@ -113,6 +175,19 @@ LLM = Command(
             add_arguments=_bench_arguments,
             run=_bench,
             outputs={"out": True, "cache": True, "data_to": False, "markdown": False},
+        ),
+        Command(
+            "time",
+            help="time a finished bench's training steps again, every round kept, without the pretraining",
+            description="Times one training step (forward, backward, AdamW) of each of the bench's methods in turn, "
+            "round after round, on the architecture, batch and rounds of the bench's config, built with random "
+            "weights (a step's time depends on the shapes, not on the weights' values, so neither the pretraining "
+            "nor its cache is needed), on one thread. Every round's time goes into --record (written atomically; "
+            "a record that already holds a timing is refused without --replace), from which docs/llm.md prints "
+            "each method's step time over LoRA's with its 95 % interval. About a minute on one core.",
+            add_arguments=_time_arguments,
+            run=_time,
+            outputs={"record": False, "markdown": False},
         ),
     ),
 )

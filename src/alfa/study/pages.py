@@ -249,7 +249,8 @@ PAGES: tuple[Page, ...] = (
     Page(
         path="docs/llm.md",
         data=LLM_DATA,
-        produce=f"alfa llm bench --out runs/llm/bench --data-to {LLM_DATA} --markdown docs/llm.md",
+        produce=f"alfa llm bench --out runs/llm/bench --data-to {LLM_DATA} --markdown docs/llm.md (its step times "
+        f"again, without the pretraining: alfa llm time --record {LLM_DATA} --replace --markdown docs/llm.md)",
         render=_render_llm,
     ),
     Page(

@@ -5,8 +5,8 @@ users and, separately, LoRA users, each with a random non-trivial adapter of the
 merged model running the whole batch (what a single user costs) and against switching merged models per
 request (each user's own merged model on their share of the batch). Rounds are interleaved, so a slow drift of
 the machine hits every configuration alike; each rate is a median over the rounds, each ratio is paired over the
-rounds with its 95 % interval (:mod:`.ratios`), and every round's timing is kept in the record. Memory per added
-user is the bytes of their terms in the multi-user model, against a merged model of their own.
+rounds with its 95 % interval (:mod:`alfa.study.timing`), and every round's timing is kept in the record. Memory per
+added user is the bytes of their terms in the multi-user model, against a merged model of their own.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from alfa.fileio import write_text
 from alfa.gaze.train import TruncateConfig
 from alfa.models import resnet18_gaze
 from alfa.serve import MultiUserModel
+from alfa.study.timing import goal_verdict, interval_note, no_rounds_note, ratio_cell
 
 from .markdown import table
 from .measure import interleaved_seconds, middle_half
-from .ratios import goal_verdict, interval_note, no_rounds_note, ratio_cell
 
 __all__ = ["measure_serving", "serving_markdown", "serving_command", "main"]
 

@@ -9,14 +9,13 @@
 
 Every timing is a median over repeats after a warm-up; the configurations are interleaved so that
 slow drifts of the machine hit all of them alike, and each ratio is paired over those rounds with its 95 %
-interval (:mod:`.ratios`): every round's timing is kept in the record.
+interval (:mod:`alfa.study.timing`): every round's timing is kept in the record.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -31,8 +30,7 @@ from alfa.adapters import AlfaConfig, adapted_layers
 from alfa.fileio import write_text
 from alfa.gaze.train import TruncateConfig
 from alfa.models import resnet18_gaze
-
-from .ratios import goal_verdict, interval_note, no_rounds_note, ratio_cell
+from alfa.study.timing import goal_verdict, interval_note, machine, no_rounds_note, ratio_cell
 
 STEP_SETUPS = ("head only", "alfa", "full fine-tune")
 # The measured setting: the defaults (truncation rank d, Alfa's heads and rank), named in the page too.
@@ -152,12 +150,7 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
             latency_rounds[f"batch {batch}"] = times
 
     result = {
-        "machine": {
-            "cpu": _cpu_name(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "python": platform.python_version(),
-        },
+        "machine": machine(),
         "image_size": image_size,
         "repeats": repeats,
         "params": {
@@ -179,16 +172,6 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
             s: _memory_mb(s, image_size) for s in (*STEP_SETUPS, "truncated inference", "dense inference")
         }
     return result
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _rounds_of(r: dict, key: str, *inner: str) -> dict | list | None:

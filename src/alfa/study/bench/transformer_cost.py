@@ -27,9 +27,9 @@ from torch import nn
 
 from alfa import attach
 from alfa.adapters import AlfaConfig, DoraConfig, LoraConfig, adapter_parameters
+from alfa.study.timing import goal_verdict, interval_note, no_rounds_note, ratio_cell
 
 from .measure import interleaved_seconds, middle_half
-from .ratios import goal_verdict, interval_note, no_rounds_note, ratio_cell
 
 __all__ = ["METHODS", "TOKENS", "measure_transformer_cost", "transformer_markdown", "GOAL"]
 

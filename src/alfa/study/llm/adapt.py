@@ -39,6 +39,7 @@ __all__ = [
     "adapt_and_score",
     "score",
     "interleaved_step_seconds",
+    "STEP_ROUNDS",
 ]
 
 METHODS = ("base", "full", "lora", "dora", "alfa")
@@ -226,17 +227,24 @@ def adapt_and_score(base: nn.Module, method: str, lr: float, seed: int, data: Se
     return record
 
 
+STEP_ROUNDS = 15
+"""Rounds of :func:`interleaved_step_seconds` (after one warm-up round): the bench's and ``alfa llm time``'s."""
+
+
 def interleaved_step_seconds(
     base: nn.Module,
     methods: Sequence[str],
     data: Sequence[Example],
     model_config: ModelConfig,
     schedule: AdaptConfig,
-    rounds: int = 15,
-) -> dict[str, float]:
-    """Median seconds of one training step (forward, backward, AdamW) per method, the methods' steps taken in
-    turn, round after round, on the same batch: on a machine shared with other jobs, a slow spell then falls
-    on every method alike instead of on whichever run it happened to meet."""
+    rounds: int = STEP_ROUNDS,
+) -> dict[str, list[float]]:
+    """Seconds of one training step (forward, backward, AdamW) per method in every round, the methods' steps
+    taken in turn, round after round, on the same batch (the i-th time of each method from the same round): on a
+    machine shared with other jobs, a slow spell then falls on every method alike instead of on whichever run it
+    happened to meet, and the ratio of two methods can be paired round by round (:mod:`alfa.study.timing`)."""
+    if rounds < 1:
+        raise ValueError(f"the timing needs at least one round, not {rounds}")
     ids, answer = encode_batch(list(data[: schedule.batch]), model_config)
     steps = {}
     for method in methods:
@@ -248,6 +256,7 @@ def interleaved_step_seconds(
         steps[method] = (model, torch.optim.AdamW(list(params.values()), lr=1e-4))
     seconds: dict[str, list[float]] = {m: [] for m in methods}
     for turn in range(rounds + 1):
+        # each round starts with another method, so none is always the one timed first
         order = list(methods[turn % len(methods) :]) + list(methods[: turn % len(methods)])
         for method in order:
             model, optimizer = steps[method]
@@ -258,4 +267,4 @@ def interleaved_step_seconds(
             optimizer.step()
             if turn:  # the first round warms up
                 seconds[method].append(time.perf_counter() - started)
-    return {m: statistics.median(v) for m, v in seconds.items()}
+    return seconds

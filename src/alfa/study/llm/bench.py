@@ -17,13 +17,16 @@ The grids of all methods run first (Alfa, LoRA, DoRA, then full fine-tuning), th
 that a run cut short still holds the seed-0 comparison. Each run's record is written as soon as it ends
 (``OUT/records/``, atomically), so an interrupted bench resumes where it stopped; ``OUT/bench.json`` gathers
 them with the configs, the pretraining's record and the selection (rewritten after every run, with
-``"complete": false`` until the last), and is what docs/llm.md is made from.
+``"complete": false`` until the last), and is what docs/llm.md is made from. Last, the methods' training steps
+are timed in turn, every round kept (:func:`timing_record`); :func:`retime` (``alfa llm time``) times them again
+into a finished record without the pretraining.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,13 +35,24 @@ from typing import Any
 import torch
 
 from alfa.fileio import write_json
+from alfa.study.timing import machine
 
-from .adapt import METHODS, AdaptConfig, adapt_and_score, interleaved_step_seconds
-from .model import ModelConfig
+from .adapt import METHODS, STEP_ROUNDS, AdaptConfig, adapt_and_score, interleaved_step_seconds
+from .model import ModelConfig, build_model
 from .pretrain import DEFAULT_CACHE, PretrainConfig, pretrained_model
 from .tasks import TASKS, Example, make_example
 
-__all__ = ["BenchConfig", "standard_config", "smoke_config", "run_bench", "split_problems", "select_rate"]
+__all__ = [
+    "BenchConfig",
+    "standard_config",
+    "smoke_config",
+    "run_bench",
+    "split_problems",
+    "select_rate",
+    "timing_record",
+    "config_from_dict",
+    "retime",
+]
 
 DEFAULT_GRIDS = {"alfa": (3e-3, 1e-2), "lora": (3e-3, 1e-2), "dora": (3e-3, 1e-2), "full": (3e-4, 1e-3)}
 """Each method's rates, in the order the methods run (Alfa and its two rivals first, the reference last)."""
@@ -175,19 +189,71 @@ def run_bench(config: BenchConfig, out: Path, cache: Path = DEFAULT_CACHE, progr
         for method in config.grids:
             add((method, selected[method], seed), {"test": test})
     final = result(complete=True)
-    final["step_seconds"] = _step_timing(out, base, list(config.grids), train, config, progress)
+    final.update(_step_timing(out, base, list(config.grids), train, config, progress, command))
     write_json(out / "bench.json", final)
     return final
 
 
+def timing_record(round_seconds: dict[str, list[float]], weights: dict[str, Any], command: str) -> dict[str, Any]:
+    """What a bench record keeps of an interleaved step timing: each method's median step (``step_seconds``),
+    every round's step per method (``step_round_seconds``, the i-th of each list from the same round: the pairs
+    the page's ratio intervals need), and what the timing ran on (``step_timing``: the weights, the rounds, the
+    batch, the machine, the command)."""
+    rounds = {len(v) for v in round_seconds.values()}
+    if len(rounds) != 1:
+        raise ValueError(f"every method needs the same number of rounds, got {sorted(rounds)}")
+    return {
+        "step_seconds": {m: statistics.median(v) for m, v in round_seconds.items()},
+        "step_round_seconds": round_seconds,
+        "step_timing": {"weights": weights, "rounds": rounds.pop(), "machine": machine(), "command": command},
+    }
+
+
 def _step_timing(out: Path, base: Any, methods: list[str], train: list[Example], config: BenchConfig,
-                 progress: bool) -> dict[str, float]:  # fmt: skip
-    """The methods' step times measured in turn (:func:`interleaved_step_seconds`), kept in ``OUT/timing.json``."""
+                 progress: bool, command: str) -> dict[str, Any]:  # fmt: skip
+    """The methods' step times measured in turn (:func:`interleaved_step_seconds`), kept in ``OUT/timing.json``
+    (:func:`timing_record`; one written before the rounds were kept holds the medians alone, and is read as such)."""
     path = out / "timing.json"
     if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        return kept if "step_seconds" in kept else {"step_seconds": kept}
     if progress:
         print("  timing the training steps of " + ", ".join(methods) + " in turn", flush=True)
-    timing = interleaved_step_seconds(base, methods, train, config.pretrain.model, config.adapt)
+    seconds = interleaved_step_seconds(base, methods, train, config.pretrain.model, config.adapt)
+    timing = timing_record(seconds, {"kind": "pretrained", "digest": config.pretrain.digest()}, command)
     write_json(path, timing)
     return timing
+
+
+def config_from_dict(fields: dict[str, Any]) -> BenchConfig:
+    """The :class:`BenchConfig` a bench record keeps as ``config`` (``dataclasses.asdict``), rebuilt."""
+    try:
+        pretrain = dict(fields["pretrain"])
+        pretrain["model"] = ModelConfig(**pretrain["model"])
+        config = BenchConfig(
+            **{
+                **fields,
+                "pretrain": PretrainConfig(**pretrain),
+                "adapt": AdaptConfig(**fields["adapt"]),
+                "seeds": tuple(fields["seeds"]),
+                "grids": {m: tuple(rates) for m, rates in fields["grids"].items()},
+            }
+        )
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"not a bench config alfa llm bench wrote ({type(e).__name__}: {e})") from None
+    config.validate()
+    return config
+
+
+def retime(result: dict[str, Any], command: str, rounds: int = STEP_ROUNDS, seed: int = 0) -> dict[str, Any]:
+    """The interleaved step timing of the bench ``result``'s methods again (:func:`timing_record`), on the same
+    architecture, batch and rounds, but built from the config with random weights (``seed``) instead of the
+    pretrained ones: a step's time depends on the shapes, not on the weights' values, so the timing needs neither
+    the pretraining nor its cache."""
+    config = config_from_dict(result["config"])
+    torch.set_num_threads(1)  # the bench's one core
+    model = build_model(config.pretrain.model, seed)
+    model.tie_weights()
+    train = split_problems(config)[0]
+    seconds = interleaved_step_seconds(model, list(config.grids), train, config.pretrain.model, config.adapt, rounds)
+    return timing_record(seconds, {"kind": "random", "seed": seed}, command)

@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 
 from alfa.gaze.tdist import t_quantile
+from alfa.study.timing import Ratio, ratio_cell
 
+from .adapt import STEP_ROUNDS
 from .tasks import TASKS
 
-__all__ = ["Interval", "interval", "method_runs", "llm_page", "MARGIN", "PROTOCOL_TEXT"]
+__all__ = ["Interval", "interval", "method_runs", "step_ratio", "retime_command", "llm_page", "MARGIN", "PROTOCOL_TEXT"]
 
 MARGIN = 5.0  # points: "matches" means Alfa's 95 % interval against a method lies above −MARGIN
 NAMES = {"base": "unadapted", "full": "full fine-tune", "lora": "LoRA", "dora": "DoRA", "alfa": "Alfa"}
@@ -76,8 +78,8 @@ LIMITS_TEXT = """\
   sample and the seeds as averaged out.
 - **Time and memory.** Step times are medians on one core of a machine shared with other jobs, the methods
   timed in turn so that the machine's load falls on all alike: their ratios are the meaningful part, and even
-  they move by tens of percent between runs. Step memory is counted (saved tensors, gradients, optimizer
-  moments), not measured.
+  they move by tens of percent between runs (their 95 % intervals are of the noise within one timing, not
+  between runs). Step memory is counted (saved tensors, gradients, optimizer moments), not measured.
 - **What changed before this run.** A first pretraining masked each answer token with probability t and
   forced one mask on rows that drew none; on 20-token answers the 1/t weight of that forced mask (up to a
   thousand) drowned the signal, and the model learned the formats but not even to copy a Sudoku's givens.
@@ -229,9 +231,52 @@ def step_seconds(result: dict[str, Any], method: str) -> float:
     return float(np.median([r["step_seconds"] for r in runs])) if runs else math.nan
 
 
+def step_ratio(result: dict[str, Any], method: str) -> tuple[str, Ratio | None]:
+    """``method``'s step time over LoRA's as the page prints it, and the ratio: paired over the interleaved
+    rounds with its 95 % interval where the record keeps every round's step time, else the ratio of the medians
+    alone (a record timed before the rounds were kept)."""
+    rounds = result.get("step_round_seconds") or {}
+    of_medians = step_seconds(result, method) / step_seconds(result, "lora")
+    return ratio_cell(rounds.get(method), rounds.get("lora"), of_medians)
+
+
+def retime_command(data: str) -> str:
+    """The command that times the steps of the bench committed at ``data`` again, every round kept."""
+    return f"alfa llm time --record {data} --replace --markdown docs/llm.md"
+
+
+def _timing_source(result: dict[str, Any], data: str) -> str:
+    """What the step times ran on, in a sentence: the weights, the machine, the command; or, for a record made
+    before the timing kept its rounds, that it keeps the medians alone."""
+    timing = result.get("step_timing")
+    if timing is None or not result.get("step_round_seconds"):
+        return (
+            f"This record keeps the medians of the bench's own timing alone ({STEP_ROUNDS} rounds after a warm-up "
+            "round, on the pretrained base after the adaptation runs, made before every round's time was kept), so × "
+            f"LoRA is the ratio of the medians, with no 95 % interval: `{retime_command(data)}` times the steps "
+            "again, every round kept, without the pretraining."
+        )
+    weights = timing["weights"]
+    if weights["kind"] == "random":
+        on = (
+            f"the bench's architecture built from its config with random weights (seed {weights['seed']}; a step's "
+            "time depends on the shapes, not on the weights' values), not the pretrained base"
+        )
+    else:
+        on = f"the pretrained base (`{weights['digest']}`), after the adaptation runs"
+    where = timing["machine"]
+    return (
+        f"The step times were taken by `{timing['command']}` on {on}: {timing['rounds']} rounds after a warm-up "
+        f"round, the batch of the adaptation's first step, on {where['cpu']} ({where['threads']} "
+        f"thread{'s' if where['threads'] != 1 else ''}, torch "
+        f"{where['torch']}). × LoRA is paired over those rounds: the geometric mean of the per-round ratios and, in "
+        "square brackets, its 95 % interval (Student's t over the rounds of the log ratio, `alfa.study.timing`), "
+        "which speaks of this machine's round-to-round noise during that timing, not of other machines or runs."
+    )
+
+
 def _cost_table(result: dict[str, Any]) -> list[str]:
     total = result["base_parameters"]
-    lora_step = step_seconds(result, "lora")
     lines = [
         "| method | trainable parameters | % of the model | adapter file | step time | × LoRA | in-run step time | "
         "step memory |",
@@ -242,11 +287,12 @@ def _cost_table(result: dict[str, Any]) -> list[str]:
         if not runs:
             continue
         step = step_seconds(result, method)
+        versus = "(reference)" if method == "lora" else step_ratio(result, method)[0]
         in_run = float(np.median([r["step_seconds"] for r in runs]))
         memory = max(r["step_memory_bytes"] for r in runs)
         lines.append(
             f"| {NAMES[method]} | {runs[0]['trainable']:,} | {100 * runs[0]['trainable'] / total:.2f} % | "
-            f"{runs[0]['adapter_bytes'] / 1024:.1f} KiB | {1000 * step:.0f} ms | {step / lora_step:.2f} | "
+            f"{runs[0]['adapter_bytes'] / 1024:.1f} KiB | {1000 * step:.0f} ms | {versus} | "
             f"{1000 * in_run:.0f} ms | {memory / 2**20:.1f} MiB |"
         )
     return lines
@@ -282,7 +328,9 @@ def _answer(result: dict[str, Any], verdicts: dict[str, str]) -> list[str]:
     if not (alfa and lora and dora):
         return ["The bench holds no Alfa, LoRA and DoRA runs to compare."]
     fewer = alfa[0]["trainable"] / lora[0]["trainable"]
-    step = step_seconds(result, "alfa") / step_seconds(result, "lora")
+    step, paired = step_ratio(result, "alfa")
+    # a record timed before the rounds were kept: the ratio of medians, said to be without its interval
+    core = "one CPU core" if paired is not None else "one CPU core (no interval: re-time)"
     mean = {m: interval(_per_problem(method_runs(result, m), None)).mean * 100 for m in ("alfa", "lora", "dora")}
     claim = verdicts["lora"] in ("matches", "beats") and verdicts["dora"] in ("matches", "beats")
     base = method_runs(result, "base")
@@ -305,8 +353,7 @@ def _answer(result: dict[str, Any], verdicts: dict[str, str]) -> list[str]:
         f"{head} By the rule declared below, Alfa {verdicts['lora']} LoRA and "
         f"{verdicts['dora']} DoRA (mean exact-match over the three tasks: Alfa {mean['alfa']:.1f} %, LoRA "
         f"{mean['lora']:.1f} %, DoRA {mean['dora']:.1f} %), with {alfa[0]['trainable']:,} trainable parameters, "
-        f"{fewer:.2f}× LoRA's {lora[0]['trainable']:,}, and a training step {step:.2f}× LoRA's on one CPU core."
-        + loss_line,
+        f"{fewer:.2f}× LoRA's {lora[0]['trainable']:,}, and a training step {step}× LoRA's on {core}." + loss_line,
         "",
         f"This is a {result['base_parameters']:,}-parameter model pretrained for minutes on generated tasks, not "
         "LLaDA-8B on GSM8K: it "
@@ -401,13 +448,16 @@ def llm_page(result: dict[str, Any], data: str) -> str:
         "Trainable parameters as the optimizer gets them; the adapter file is `alfa.save_adapter`'s safetensors "
         "file (for full fine-tuning, every parameter); step time is the median training step (forward, backward, "
         "AdamW, batch 16) on one core of a shared machine, the methods' steps taken in turn on the same batch "
-        "(15 rounds), so that a busy spell of the machine falls on all of them alike; the in-run step time is the "
+        "round after round (how many, and on what: below the table), so that a busy spell of the machine falls on "
+        "all of them alike; the in-run step time is the "
         "median over each method's reported runs, as they happened to meet the machine's load; step memory is "
         "what a step holds beyond the frozen weights: the tensors autograd saves for the backward pass plus the "
         "gradients and the two AdamW moments "
         "(a CPU stand-in for peak memory, counted, not sampled).",
         "",
         *_cost_table(result),
+        "",
+        _timing_source(result, data),
         "",
         "## Pretraining",
         "",

@@ -1,5 +1,7 @@
 """Ratios of two timings taken in the same interleaved rounds, each with its 95 % interval, and goals judged on
-that interval: what the timing pages (docs/serving.md, docs/speed.md) print beside every comparison.
+that interval: what the timing pages (docs/serving.md, docs/speed.md, docs/llm.md) print beside every comparison;
+and the description of the machine a timing ran on, which its record keeps. Below the study packages that time
+(``alfa.study.bench``, ``alfa.study.llm``), so that each can use it without importing the other.
 
 The rounds are the unit. Within a round every configuration is timed back to back, so one round's ratio of two
 timings is paired: a slow spell of the shared machine that lasts the round scales both sides and cancels. The
@@ -15,12 +17,24 @@ machines.
 from __future__ import annotations
 
 import math
+import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from alfa.gaze.tdist import t_quantile
 
-__all__ = ["LEVEL", "Ratio", "paired_ratio", "ratio_cell", "goal_verdict", "interval_note", "no_rounds_note"]
+__all__ = [
+    "LEVEL",
+    "Ratio",
+    "paired_ratio",
+    "ratio_cell",
+    "goal_verdict",
+    "interval_note",
+    "no_rounds_note",
+    "machine",
+]
 
 LEVEL = 0.95
 
@@ -108,3 +122,25 @@ def no_rounds_note(command: str) -> str:
         "This record keeps no per-round timings (it was made before they were kept, or has a single round), so its "
         f"ratios are of medians, carry no 95 % interval and judge no goal: re-run `{command}` for the intervals."
     )
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """What a timing ran on, as its record keeps it: the CPU's name, torch's version and thread count, Python's."""
+    import torch
+
+    return {
+        "cpu": _cpu_name(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+    }
