@@ -245,7 +245,7 @@ def _power(args: argparse.Namespace) -> None:
 POWER = Command(
     "power",
     help="plan a benchmark's power: the smallest difference its design detects, before it runs",
-    description="The smallest difference (degrees) a comparison detects with 80 %% power at alpha = 0.05 / family, "
+    description="The smallest difference (degrees) a comparison detects with 80 % power at alpha = 0.05 / family, "
     "per number of seeds, family size and pooled pairs, in the nested design, from the random effects the first "
     "records measured (alfa.study.bench.power; docs/flip-premise.md §7.1).",
     add_arguments=_power_arguments,
