@@ -327,3 +327,81 @@ def test_evaluate_leaves_out_the_images_the_adapters_were_made_from(tmp_path, ca
     (adapters / "personalization.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a personalization record"):
         count(str(adapters))
+
+
+HELP_IMPORTS = """
+import contextlib, io, sys
+from alfa.cli import main
+
+for argv in (["--help"], ["serve", "--help"]):
+    with contextlib.redirect_stdout(io.StringIO()) as shown, contextlib.suppress(SystemExit):
+        main(argv)
+    assert "usage: alfa" in shown.getvalue(), argv
+print(sorted(m for m in ("kornia", "matplotlib", "onnx", "onnxruntime") if m in sys.modules))
+"""
+
+
+@pytest.mark.slow
+def test_help_imports_no_heavy_package():
+    """``alfa --help`` and ``alfa serve --help`` build the whole parser, as every command does: declaring the
+    options must not import kornia, matplotlib or onnx (kornia alone was a fifth of a second of every start); only
+    running a command that needs one does."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "src"
+    done = subprocess.run(
+        [sys.executable, "-c", HELP_IMPORTS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(src)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
+def test_the_quiet_exporter_hides_the_exporters_notices_only(capsys, monkeypatch):
+    import logging
+    import sys
+    import warnings
+
+    from alfa.cli.library import quiet_exporter
+
+    def say():
+        warnings.warn_explicit("deprecated", FutureWarning, "copyreg.py", 1, module="copyreg")
+        warnings.warn_explicit("exporter note", UserWarning, "x.py", 1, module="torch.onnx._internal.exporter")
+        warnings.warn_explicit("ours", UserWarning, "x.py", 1, module="alfa.export")
+        logging.getLogger("torch.onnx._internal.exporter._registration").warning("torchvision is not installed")
+        logging.getLogger("torch.onnx._internal.exporter._registration").error("a real error")
+        print("printed", file=sys.stderr)
+
+    monkeypatch.setattr(sys, "warnoptions", [])  # as when Python runs without -W
+    logged = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("torch.onnx").addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            filters, level = list(warnings.filters), logging.getLogger("torch").level
+            with quiet_exporter():
+                say()
+            # a warning no filter names, an error logged, and what was printed are still shown
+            assert [str(w.message) for w in warned] == ["ours"] and logged == ["a real error"]
+            assert capsys.readouterr().err == "printed\n"
+            assert warnings.filters == filters and logging.getLogger("torch").level == level
+            with pytest.raises(RuntimeError, match="failed"), quiet_exporter():
+                print("partial graph", file=sys.stderr)
+                raise RuntimeError("failed")
+            assert capsys.readouterr().err == ""  # a failure is main's one line, without the exporter's dump
+            warned.clear()
+            logged.clear()
+            with quiet_exporter(show=True):
+                say()
+            assert [str(w.message) for w in warned] == ["deprecated", "exporter note", "ours"]
+            assert logged == ["torchvision is not installed", "a real error"]
+    finally:
+        logging.getLogger("torch.onnx").removeHandler(handler)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import logging
+import warnings
 
 import pytest
 import torch
@@ -70,6 +72,96 @@ def test_alfa_export_command(tmp_path, capsys):
     assert "pass --image-size H W" in capsys.readouterr().err
     assert main([*argv, "--out", str(tmp_path / "u.onnx"), "--image-size", "32", "32"]) == 0
     assert "onnxruntime vs PyTorch on batches of 1, 7: relative difference" in capsys.readouterr().out
+
+
+class _Records(logging.Handler):
+    """Every log line of WARNING or above from torch's loggers (what their handlers show a person; each of torch's
+    loggers that keeps its records to itself gets this handler too), as text."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+        self.loggers = [logging.getLogger("torch")] + [
+            logger
+            for name, logger in logging.root.manager.loggerDict.items()
+            if name.startswith(("torch.", "onnx")) and isinstance(logger, logging.Logger) and not logger.propagate
+        ]
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+    def __enter__(self):
+        for logger in self.loggers:
+            logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        for logger in self.loggers:
+            logger.removeHandler(self)
+
+
+def _exporter_noise(argv, capsys):
+    """Run ``alfa`` on ``argv``: its exit status, its stdout and stderr, and what the exporter said through
+    Python's warnings and torch's loggers."""
+    from alfa.cli import main
+
+    with warnings.catch_warnings(record=True) as said, _Records() as logged:
+        warnings.simplefilter("always")  # every warning, each time, so that none hides behind an earlier test's
+        status = main(argv)
+    out, err = capsys.readouterr()
+    return status, out, err, [f"{w.category.__name__}: {w.message}" for w in said] + logged.lines
+
+
+@pytest.mark.slow
+def test_alfa_export_prints_its_outcome_and_not_the_exporters_warnings(tmp_path, capsys):
+    from alfa.checkpoint import save_model
+
+    base, model = _personalized(alfa.AlfaConfig(heads=2, rank=2))
+    save_model(tmp_path / "base.safetensors", base, "resnet18_gaze")
+    alfa.save_adapter(model, tmp_path / "u.safetensors")
+    argv = ["export", "--checkpoint", str(tmp_path / "base.safetensors"), "--adapter", str(tmp_path / "u.safetensors")]
+    argv += ["--image-size", "32", "32"]
+    torch_level = logging.getLogger("torch").level
+
+    # The premise, so that the check below can fail: this exporter does warn (deprecations, log lines), and
+    # --verbose lets it.
+    status, out, err, noise = _exporter_noise([*argv, "--out", str(tmp_path / "loud.onnx"), "--verbose"], capsys)
+    assert status == 0 and noise, (out, err)
+
+    status, out, err, noise = _exporter_noise([*argv, "--out", str(tmp_path / "u.onnx")], capsys)
+    assert status == 0 and noise == [] and err == "", (noise, err)
+    assert out.startswith(f"wrote {tmp_path / 'u.onnx'}; onnxruntime vs PyTorch on batches of 1, 7:")
+    assert out.count("\n") == 1
+    assert logging.getLogger("torch").level == torch_level  # the loggers are as they were
+    session = onnxruntime.InferenceSession(str(tmp_path / "u.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.rand(3, 3, 32, 32)
+    with torch.no_grad():
+        ours = model(x)
+    theirs = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
+    assert float((theirs - ours).norm() / ours.norm()) < 1e-5
+
+
+class _DataDependent(torch.nn.Module):
+    """A model torch.export cannot capture: its branch depends on the values of its input."""
+
+    def forward(self, x):
+        return x.mean((2, 3))[:, :2] if x.sum() > 0 else -x.mean((2, 3))[:, :2]
+
+
+@pytest.mark.slow
+def test_a_failed_export_is_one_line_and_a_non_zero_status(tmp_path, capsys, monkeypatch):
+    from alfa.checkpoint import save_model
+
+    save_model(tmp_path / "base.safetensors", truncated_resnet18(16), "resnet18_gaze")
+    monkeypatch.setattr("alfa.export.merged_copy", lambda model, form=None: _DataDependent().eval())
+    argv = ["export", "--checkpoint", str(tmp_path / "base.safetensors"), "--image-size", "32", "32"]
+    status, out, err, noise = _exporter_noise([*argv, "--out", str(tmp_path / "u.onnx")], capsys)
+    assert status == 2 and out == "" and noise == []
+    assert err.startswith(
+        "alfa export: error: the model could not be exported to ONNX: Could not guard on data-dependent expression"
+    )
+    assert err.endswith("(--verbose shows the exporter's own log)\n") and err.count("\n") == 1, err
+    assert "\x1b[" not in err and sorted(p.name for p in tmp_path.iterdir()) == ["base.safetensors"]
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -225,6 +226,9 @@ OS_ERROR_ADVICE = {
 """What a person can do about the operating system's errors the commands meet, by error number."""
 
 
+_TERMINAL_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def error_line(error: BaseException) -> str:
     """``error`` as one line: an error of the operating system as the path it concerns and what to do about it
     (:data:`OS_ERROR_ADVICE`), any other as its message, whose first line only if it has several."""
@@ -232,5 +236,6 @@ def error_line(error: BaseException) -> str:
         parts = [" -> ".join(str(p) for p in (error.filename, error.filename2) if p is not None)]
         parts += [error.strerror or os.strerror(error.errno), OS_ERROR_ADVICE.get(error.errno, "")]
         return ": ".join(p for p in parts if p)
-    lines = [line for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    text = _TERMINAL_COLOUR.sub("", str(error))  # a library's colour codes (torch.onnx's) are not text
+    lines = [line for line in text.splitlines() if line.strip()] or [type(error).__name__]
     return lines[0] + (" (...)" if len(lines) > 1 else "")

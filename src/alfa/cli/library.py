@@ -4,11 +4,23 @@ the gaze application's test-time augmentation, :mod:`alfa.gaze.tta`, which needs
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import logging
+import sys
+import warnings
+from collections.abc import Iterator
 
 from .options import default_of, image_side, non_negative_number, tta_of, tta_option
 from .registry import Command
 
-__all__ = ["SUMMARY", "EXPORT"]
+__all__ = ["SUMMARY", "EXPORT", "quiet_exporter"]
+
+EXPORTER_MODULES = r"(torch|onnx|onnxscript|onnx_ir|onnxruntime)(\..*)?$"
+"""The modules whose user warnings :func:`quiet_exporter` hides (a regular expression on the warning's module)."""
+
+EXPORTER_LOGGERS = ("torch", "onnxscript", "onnx_ir")
+"""The loggers whose lines below ERROR :func:`quiet_exporter` hides (their child loggers too)."""
 
 
 def _summary_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,6 +60,46 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
         default=default_of(export_onnx, "tolerance"),
         help="largest relative difference accepted (default %(default)g)",
     )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show the exporter's own warnings and log lines (PyTorch's, onnxscript's), hidden by default; "
+        "so does running Python with -W or PYTHONWARNINGS",
+    )
+
+
+@contextlib.contextmanager
+def quiet_exporter(show: bool = False) -> Iterator[None]:
+    """Hide, while an export runs, what PyTorch's exporter says that a person cannot act on: deprecation notices,
+    tracer and user warnings from torch and onnx's packages, their log lines below ERROR ("torchvision is not
+    installed"), and, when the export fails, what they printed on stderr (torch.export's partial graph of the
+    model): the failure is the one line :func:`alfa.cli.main` gives. Nothing is hidden with ``show`` or when Python
+    was given warning options (``-W``, ``PYTHONWARNINGS``), whose choice wins; errors still raise, the filters are
+    this block's only, and any other warning is still shown."""
+    if show or sys.warnoptions:
+        yield
+        return
+    import torch
+
+    loggers = [logging.getLogger(name) for name in EXPORTER_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    printed = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stderr(printed):
+        # Deprecation notices are attributed to wherever torch's stack level points (copyreg, for one), so these two
+        # go by category alone; they are never an error.
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module=EXPORTER_MODULES)
+        try:
+            for logger in loggers:
+                logger.setLevel(max(logger.getEffectiveLevel(), logging.ERROR))
+            yield
+        finally:
+            for logger, level in zip(loggers, levels):
+                logger.setLevel(level)
+    # Reached when the export succeeded: what else was printed (a warning no filter above names) is shown.
+    sys.stderr.write(printed.getvalue())
 
 
 def _export(args: argparse.Namespace) -> None:
@@ -68,15 +120,28 @@ def _export(args: argparse.Namespace) -> None:
     wrap = None if tta is None else (lambda merged: tta.exportable(merged, size))
     if tta is not None:
         tta.check_size(size)
-    check = export_onnx(model, args.out, size, form=args.merge, tolerance=args.tolerance, wrap=wrap)
+    try:
+        with quiet_exporter(args.verbose):
+            check = export_onnx(model, args.out, size, form=args.merge, tolerance=args.tolerance, wrap=wrap)
+    except torch.onnx.OnnxExporterError as e:
+        raise RuntimeError(f"the model could not be exported to ONNX: {_reason(e, args.verbose)}") from e
     print(check.describe() + ("" if tta is None else f" ({tta.name} test-time augmentation in the graph: "
                                                      f"{tta.passes} forward passes an image)"))  # fmt: skip
     if args.program:
         from alfa.fileio import atomic_path
 
-        with atomic_path(args.program) as tmp:
+        with atomic_path(args.program) as tmp, quiet_exporter(args.verbose):
             torch.export.save(export_program(model, size, form=args.merge, wrap=wrap), str(tmp))
         print(f"wrote {args.program} (torch.export; dynamic batch)")
+
+
+def _reason(error: BaseException, verbose: bool) -> str:
+    """Why the exporter failed, in one line: the first line of the error it caught (torch.export's, say), not its
+    own advice on debugging PyTorch."""
+    from . import error_line
+
+    cause = error.__cause__ if error.__cause__ is not None else error
+    return error_line(cause).removesuffix(" (...)") + ("" if verbose else " (--verbose shows the exporter's own log)")
 
 
 SUMMARY = Command(
