@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -288,6 +289,23 @@ def test_target_trained_yardstick_uses_the_target_worlds_own_persons(tmp_path):
     assert by["target-trained"]["per_person"] != by["source-only"]["per_person"]
     s = data["sanity"]["E→M"]
     assert s["target_gap_deg"] == pytest.approx(by["source-only"]["error_deg"] - by["target-trained"]["error_deg"])
+
+
+def test_a_piece_of_within_target_records_never_builds_the_pairs_source(tmp_path, monkeypatch):
+    """``--methods target-trained --pairs E→D`` next to a piece that builds E: only D's own model is built."""
+    from alfa.study.bench.session import Session
+
+    built = []
+    real = Session.build
+    monkeypatch.setattr(Session, "build", lambda self, key, seed: built.append((key, seed)) or real(self, key, seed))
+    config = tiny(methods=("target-trained",), pairs=("E→D",))
+    assert config.figure_pair not in config.pairs  # no rank-slice figure to make from E here
+    summary = run_bench(config, tmp_path, progress=False)
+    assert summary.ran == ["target-trained|E→D|seed0"] and not summary.errors
+    assert set(built) == {("D", 0)}
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()] == [
+        Path(load_results(tmp_path)["sources"]["D|seed0"]["cache"]).name
+    ]
 
 
 def test_target_persons_are_drawn_afresh_per_seed_unless_fixed(tmp_path):

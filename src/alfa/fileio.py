@@ -2,7 +2,8 @@
 
 Every write goes to a temporary file beside its target (same folder, so the rename cannot cross file
 systems) and is renamed over the target only when it is complete; a reader sees the old file or the new
-one, never a mix. :func:`hold` keeps a second command out of a folder one command is filling. The lowest
+one, never a mix. :func:`hold` keeps a second command out of a folder one command is filling; :func:`locked`
+makes a second process wait for the first one's turn on a file or folder that both may write. The lowest
 layer of the package: it imports nothing of ``alfa``.
 """
 
@@ -17,7 +18,7 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = [
     "FolderHeldError",
     "Hold",
     "hold",
+    "locked",
 ]
 
 
@@ -239,6 +241,29 @@ def hold(folder: str | os.PathLike, what: str) -> Iterator[Hold]:
                 lock.unlink()
         os.close(fd)
         _remove_empty(created)
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` + ``.lock`` (a file beside ``path``, created with its folder if missing
+    and left in place) while the block runs; another process (or another open of it in this one) waits for its turn.
+    ``on_wait`` is called once, before waiting, when the lock is held elsewhere (to say why nothing happens).
+
+    The lock is the kernel's (``flock``): it goes with the process, so a crashed holder never leaves it held."""
+    path = Path(path)
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _take(lock: Path, record: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:

@@ -11,7 +11,9 @@ The source model (pre-trained and recovered) is cached under ``cache_dir/source-
 is a hash of everything it depends on: the model, the source and validation data (their specs *and*
 a hash of their pixels and labels, so a changed generator invalidates it), both training configs,
 the SVD rank and the package version. A missing or stale cache is rebuilt (an interrupted build
-resumes from its last epoch); nothing is ever downloaded. Personalization and evaluation always run.
+resumes from its last epoch, and a second process that needs the same model waits for the first one's
+build under the lock ``source-<key>.lock``, then loads it); nothing is ever downloaded.
+Personalization and evaluation always run.
 
 Nothing is selected on target labels: every step count, learning rate and augmentation strength is
 in :class:`DemoConfig`, and the target labels are read only by the final evaluation and by the one column that
@@ -26,6 +28,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +40,7 @@ from torch import nn
 
 from alfa.adapters import AdapterConfig, AlfaConfig
 from alfa.checkpoint import load_model
-from alfa.fileio import atomic_path, safe_filename, write_json
+from alfa.fileio import atomic_path, locked, safe_filename, write_json
 from alfa.models import create_model
 
 from .augment import AugmentConfig
@@ -251,46 +254,55 @@ def build_source_model(
     device: torch.device | str = "cpu",
 ) -> SourceModels:
     """Pre-train, truncate and recover on ``source`` (the data of ``spec.source``; ``val``, of
-    ``spec.val_source``), or load the result from ``cache_dir/source-<key>``; the models live on ``device``."""
+    ``spec.val_source``), or load the result from ``cache_dir/source-<key>``; the models live on ``device``.
+    The build holds ``source-<key>.lock`` beside the folder: another process building the same model waits
+    (saying so on stderr) and then loads what the first one finished."""
     fingerprints = {"source": data_fingerprint(source), "val": data_fingerprint(val) if val is not None else None}
     cache = Path(cache_dir) / f"source-{source_cache_key(spec, fingerprints)}"
-    if rebuild and cache.exists():
-        shutil.rmtree(cache)
-    finished = (cache / "recovered" / "model.safetensors").is_file()
-    seconds: dict[str, float] = {}
 
-    t0 = time.time()
-    torch.manual_seed(spec.seed)  # the initial weights
-    model = create_model(spec.model).to(device)
-    result = train_source(
-        model,
-        source,
-        spec.pretrain,
-        cache / "pretrain",
-        model_name=spec.model,
-        val_dataset=val,
-        progress=progress,
-        extra={"cache_key": cache.name},
-    )
-    seconds["pretrain"] = time.time() - t0
+    def say_waiting() -> None:
+        print(f"waiting for another process building {cache}", file=sys.stderr, flush=True)
 
-    t0 = time.time()
-    dense, _ = load_model(cache / "pretrain" / "model.safetensors", expect_model=spec.model)
-    dense.to(device)
-    dense.eval()
-    recovered = copy.deepcopy(dense)
-    trunc = truncate_and_recover(
-        recovered,
-        source,
-        spec.truncation,
-        cache / "recovered",
-        val_dataset=val if val is not None else source,
-        val_persons=result.val_persons,
-        model_name=spec.model,
-        progress=progress,
-    )
-    seconds["truncate_recover"] = time.time() - t0
-    write_json(cache / "key.json", {"key": cache.name, "config": spec.to_dict(), "data": fingerprints})
+    # Two processes (two pieces of one benchmark) may need the same model at once: the second waits for the
+    # first to finish instead of resuming its half-written checkpoints beside it, then loads the finished one.
+    with locked(cache, on_wait=say_waiting):
+        if rebuild and cache.exists():
+            shutil.rmtree(cache)
+        finished = (cache / "recovered" / "model.safetensors").is_file()
+        seconds: dict[str, float] = {}
+
+        t0 = time.time()
+        torch.manual_seed(spec.seed)  # the initial weights
+        model = create_model(spec.model).to(device)
+        result = train_source(
+            model,
+            source,
+            spec.pretrain,
+            cache / "pretrain",
+            model_name=spec.model,
+            val_dataset=val,
+            progress=progress,
+            extra={"cache_key": cache.name},
+        )
+        seconds["pretrain"] = time.time() - t0
+
+        t0 = time.time()
+        dense, _ = load_model(cache / "pretrain" / "model.safetensors", expect_model=spec.model)
+        dense.to(device)
+        dense.eval()
+        recovered = copy.deepcopy(dense)
+        trunc = truncate_and_recover(
+            recovered,
+            source,
+            spec.truncation,
+            cache / "recovered",
+            val_dataset=val if val is not None else source,
+            val_persons=result.val_persons,
+            model_name=spec.model,
+            progress=progress,
+        )
+        seconds["truncate_recover"] = time.time() - t0
+        write_json(cache / "key.json", {"key": cache.name, "config": spec.to_dict(), "data": fingerprints})
     return SourceModels(
         dense=dense,
         recovered=recovered.eval(),

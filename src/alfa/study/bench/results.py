@@ -14,15 +14,13 @@ may share a folder and an interrupted run loses at most the record in progress.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from alfa.fileio import write_bytes, write_json
+from alfa.fileio import locked, write_bytes, write_json
 
 from .ablations import REGISTRY
 from .config import BenchConfig
@@ -115,25 +113,13 @@ def export_results(results: str | os.PathLike, dest: str | os.PathLike) -> Path:
     dest = Path(dest)
     if dest.resolve() == folder.resolve():
         return dest
-    with _locked(folder / RESULTS_FILE):
+    with locked(folder / RESULTS_FILE):
         load_results(folder)  # a clear error if it is not a results file
         write_bytes(dest / RESULTS_FILE, (folder / RESULTS_FILE).read_bytes())
         for name in (RANK_SLICES_FILE, UPDATES_FILE):
             if (folder / FIGURE_DIR / name).is_file():
                 write_bytes(dest / FIGURE_DIR / name, (folder / FIGURE_DIR / name).read_bytes())
     return dest
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path`` + ``.lock`` (several pieces of a benchmark may share one folder)."""
-    lock = path.with_name(path.name + ".lock")
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class ResultsStore:
@@ -145,7 +131,7 @@ class ResultsStore:
         if not create and not self.path.is_file():
             self.empty = _empty_results(config)
             return
-        with _locked(self.path):
+        with locked(self.path):
             if self.path.is_file():
                 data = load_results(self.path)
                 self._check_protocol(data)
@@ -172,7 +158,7 @@ class ResultsStore:
 
     def update(self, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         """Re-read the file, apply ``change`` to it, recompute the sanity summary and write it atomically."""
-        with _locked(self.path):
+        with locked(self.path):
             data = load_results(self.path)
             self._check_protocol(data)
             change(data)

@@ -151,8 +151,8 @@ def _run_records(
     todo: list[RecordPlan],
     log: _RunLog,
 ) -> None:
-    """Make the records of ``todo``, one (seed, source) group at a time (its source model built once, and
-    the rank-slice figure's data where the figure comes from), writing each as soon as it is made."""
+    """Make the records of ``todo``, one (seed, source) group at a time (its source model built once if a
+    record or the rank-slice figure's data use it), writing each as soon as it is made."""
     config, progress = session.config, session.progress
     bar = tqdm(total=len(todo), desc="bench records", disable=not progress, position=0)
     figure_source, figure_target = split_pair(config.figure_pair)
@@ -160,11 +160,12 @@ def _run_records(
         group_todo = [p for p in todo if p.seed == seed and p.source == source]
         figure_here = seed == config.figure_seed and source == figure_source and config.figure_pair in config.pairs
         slices_missing = figure_here and not session.figures.has_rank_slices()
-        if not group_todo and not slices_missing:
-            continue
-        src = session.build(source, seed)
-        if figure_here:
-            session.figures.save_rank_slices(src, session.target(figure_target, seed))
+        # Built only where a record or the figure uses it: a group of within-target records (whose model is
+        # the target's) must not train the pair's source, which another piece of the run may be building.
+        if any(session.model_key(p) == source for p in group_todo) or slices_missing:
+            src = session.build(source, seed)
+            if figure_here:
+                session.figures.save_rank_slices(src, session.target(figure_target, seed))
         for plan in group_todo:
             try:
                 record = produce_record(session, plan)
