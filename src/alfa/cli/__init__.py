@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import errno
 import os
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 from alfa.fileio import os_error_in
 
 from . import bench, calibrate, camera, crate, gaze, library, llm, serve, study, tpgaze
+from .errors import OS_ERROR_ADVICE, error_line
 from .registry import Command, add_commands, missing_package
 
 __all__ = ["COMMANDS", "USER_ERRORS", "OS_ERROR_ADVICE", "build_parser", "error_line", "main"]
@@ -204,38 +204,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: error: {error_line(found)}", file=sys.stderr)
         return 2
     return 0
-
-
-OS_ERROR_ADVICE = {
-    errno.ENOSPC: "free some space or choose another place, then run the command again (what it finished is kept "
-    "whole, nothing half-written is left)",
-    errno.EDQUOT: "free some space or choose another place, then run the command again",
-    errno.ELOOP: "a symbolic link there points back into itself: fix or remove the link",
-    errno.EACCES: "choose a place you may use, or change its permissions",
-    errno.EPERM: "choose a place you may use, or change its permissions",
-    errno.EROFS: "choose a place that can be written",
-    errno.ENOENT: "check the path",
-    errno.ENOTDIR: "a part of the path is a file, not a folder: check the path",
-    errno.EISDIR: "name a file, not a folder",
-    errno.ENAMETOOLONG: "choose a shorter name",
-    errno.EMFILE: "raise the limit (ulimit -n) or use fewer --workers",
-    errno.EADDRINUSE: "choose another --port (0: any free one), or stop the program that uses it",
-    errno.EADDRNOTAVAIL: "the address is not one of this machine's: check --host",
-    errno.EIO: "check the disk, then run the command again",
-}
-"""What a person can do about the operating system's errors the commands meet, by error number."""
-
-
-_TERMINAL_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def error_line(error: BaseException) -> str:
-    """``error`` as one line: an error of the operating system as the path it concerns and what to do about it
-    (:data:`OS_ERROR_ADVICE`), any other as its message, whose first line only if it has several."""
-    if isinstance(error, OSError) and error.errno is not None:
-        parts = [" -> ".join(str(p) for p in (error.filename, error.filename2) if p is not None)]
-        parts += [error.strerror or os.strerror(error.errno), OS_ERROR_ADVICE.get(error.errno, "")]
-        return ": ".join(p for p in parts if p)
-    text = _TERMINAL_COLOUR.sub("", str(error))  # a library's colour codes (torch.onnx's) are not text
-    lines = [line for line in text.splitlines() if line.strip()] or [type(error).__name__]
-    return lines[0] + (" (...)" if len(lines) > 1 else "")

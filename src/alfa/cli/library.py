@@ -138,7 +138,7 @@ def _export(args: argparse.Namespace) -> None:
 def _reason(error: BaseException, verbose: bool) -> str:
     """Why the exporter failed, in one line: the first line of the error it caught (torch.export's, say), not its
     own advice on debugging PyTorch."""
-    from . import error_line
+    from .errors import error_line
 
     cause = error.__cause__ if error.__cause__ is not None else error
     return error_line(cause).removesuffix(" (...)") + ("" if verbose else " (--verbose shows the exporter's own log)")
