@@ -59,15 +59,23 @@ def test_lora_needs_a_merge_form_and_a_bad_export_leaves_nothing(tmp_path):
     assert not (tmp_path / "b.onnx").exists() and not list(tmp_path.glob(".*tmp*"))
 
 
-@pytest.mark.slow
-def test_alfa_export_command(tmp_path, capsys):
+def _export_argv(tmp_path) -> tuple[list[str], torch.nn.Module]:
+    """``alfa export`` of a saved base (no recorded input size) with one user's Alfa adapter, without ``--out``;
+    and the personalized model it should equal."""
     from alfa.checkpoint import save_model
-    from alfa.cli import main
 
     base, model = _personalized(alfa.AlfaConfig(heads=2, rank=2))
     save_model(tmp_path / "base.safetensors", base, "resnet18_gaze")
     alfa.save_adapter(model, tmp_path / "u.safetensors")
     argv = ["export", "--checkpoint", str(tmp_path / "base.safetensors"), "--adapter", str(tmp_path / "u.safetensors")]
+    return argv, model
+
+
+@pytest.mark.slow
+def test_alfa_export_command(tmp_path, capsys):
+    from alfa.cli import main
+
+    argv, _ = _export_argv(tmp_path)
     assert main([*argv, "--out", str(tmp_path / "u.onnx")]) == 2  # no recorded input size: asks for it
     assert "pass --image-size H W" in capsys.readouterr().err
     assert main([*argv, "--out", str(tmp_path / "u.onnx"), "--image-size", "32", "32"]) == 0
@@ -114,12 +122,7 @@ def _exporter_noise(argv, capsys):
 
 @pytest.mark.slow
 def test_alfa_export_prints_its_outcome_and_not_the_exporters_warnings(tmp_path, capsys):
-    from alfa.checkpoint import save_model
-
-    base, model = _personalized(alfa.AlfaConfig(heads=2, rank=2))
-    save_model(tmp_path / "base.safetensors", base, "resnet18_gaze")
-    alfa.save_adapter(model, tmp_path / "u.safetensors")
-    argv = ["export", "--checkpoint", str(tmp_path / "base.safetensors"), "--adapter", str(tmp_path / "u.safetensors")]
+    argv, model = _export_argv(tmp_path)
     argv += ["--image-size", "32", "32"]
     torch_level = logging.getLogger("torch").level
 
