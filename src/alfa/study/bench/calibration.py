@@ -27,13 +27,12 @@ before any adaptation method runs on the worlds, and no knob it turns knows abou
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .record import Record
-from .stats import Stat, cell, index_records, t_quantile
+from .stats import Stat, cell, index_records
 
 __all__ = [
     "IN_DOMAIN_CONDITION",
@@ -188,14 +187,12 @@ def variant_table(variants: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _paired_change(errors: Mapping[str, float], reference: Mapping[str, float]) -> str:
-    diffs = [errors[p] - reference[p] for p in reference]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    if n < 2:
-        return f"{mean:+.2f}"
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    half = float(t_quantile(0.05, n - 1)) * sd / math.sqrt(n)
-    return f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}]"
+    # the persons are the paired units here; Stat's t-interval of a mean does not care what its units are
+    change = Stat({i: errors[p] - reference[p] for i, p in enumerate(reference)})
+    if change.interval is None:
+        return f"{change.mean:+.2f}"
+    low, high = change.interval
+    return f"{change.mean:+.2f} [{low:+.2f}, {high:+.2f}]"
 
 
 def calibration_page(
