@@ -291,6 +291,29 @@ def test_target_trained_yardstick_uses_the_target_worlds_own_persons(tmp_path):
     assert s["target_gap_deg"] == pytest.approx(by["source-only"]["error_deg"] - by["target-trained"]["error_deg"])
 
 
+def test_within_target_models_train_on_within_images_and_sources_do_not():
+    """``within_images`` sizes only the within-target models' training data (the standard v2 preset: 400 per
+    person against the sources' 200); unset, they train like a source; a file stored before the field existed
+    compares as unset."""
+    from alfa.study.bench.config import V2_SOURCE_IMAGES, V2_WITHIN_IMAGES
+    from alfa.study.bench.schema import comparable_protocol
+
+    standard = BenchConfig.standard()
+    assert f"images_per_person={V2_WITHIN_IMAGES}" in standard.source_spec("M")
+    assert f"images_per_person={V2_WITHIN_IMAGES}" in standard.source_spec("D")
+    assert f"images_per_person={V2_SOURCE_IMAGES}" in standard.source_spec("E")
+    assert V2_WITHIN_IMAGES != V2_SOURCE_IMAGES
+    plain = tiny()
+    assert plain.within_images is None
+    assert f"images_per_person={plain.source_images}" in plain.source_spec("M")
+    assert BenchConfig.first_standard().within_images is None
+    stored = {k: v for k, v in plain.protocol_dict().items() if k != "within_images"}
+    assert comparable_protocol(stored) == comparable_protocol(plain.protocol_dict())
+    assert comparable_protocol(stored) != comparable_protocol(tiny(within_images=7).protocol_dict())
+    with pytest.raises(ValueError, match="within_images must be at least 1"):
+        tiny(within_images=0).validate()
+
+
 def test_a_piece_of_within_target_records_never_builds_the_pairs_source(tmp_path, monkeypatch):
     """``--methods target-trained --pairs E→D`` next to a piece that builds E: only D's own model is built."""
     from alfa.study.bench.session import Session

@@ -260,7 +260,9 @@ def _checks_section(results: Mapping[str, Any]) -> list[str]:
     seeds = sorted({int(r["seed"]) for r in results["records"] if r.get("kind") != "selection"})
     lines = [
         f"Worlds `{config.get('worlds', 'v1')}`, {config.get('image_size')}×{config.get('image_size')} faces, "
-        f"sources of {config.get('source_persons')} persons × {config.get('source_images')} images, seeds "
+        f"sources of {config.get('source_persons')} persons × {config.get('source_images')} images, "
+        f"within-target models of {config.get('source_persons')} × "
+        f"{config.get('within_images') or config.get('source_images')}, seeds "
         f"{', '.join(map(str, seeds))}; errors in degrees, mean over seeds [95 % t-interval over seeds].",
         "",
         "| pair | condition | measured | holds |",

@@ -65,6 +65,10 @@ V2_SOURCE_IMAGES = 200
 """Images per person of every v2 source and within-target model (the standard preset's): at 100 the
 within-target yardstick of the MPII-like world was 6.2°, above 0.6 × any source-only error it could meet;
 at 200, 5.0° (docs/synthetic.md § Calibration, the scouts M-v2a and M-v2a-x2)."""
+V2_WITHIN_IMAGES = 400
+"""Images per person of every v2 within-target model (the standard preset's; the sources keep
+:data:`V2_SOURCE_IMAGES`): real within-dataset models train on thousands of images per person, and at 200 the
+MPII-like yardstick (5.0°) stayed above 0.6 × G→M (docs/synthetic.md § Calibration, the fourth round)."""
 ABLATIONS = tuple(REGISTRY)
 """The ablations a benchmark runs by default: every registered one, in the registry's order."""
 SELECTABLE = tuple(m for m in MAIN_METHODS if m in METHODS and not METHODS[m].trains_prompts) + (
@@ -135,7 +139,9 @@ class BenchConfig:
 
     Data: the synthetic domains (``alfa.gaze.data.synthetic``) at ``image_size``; sources ``E``/``G`` with
     ``source_persons`` × ``source_images`` training images and ``val_persons`` × ``val_images`` held-out
-    source persons (the domain's ``val`` split); targets ``M``/``D`` with ``target_persons`` persons
+    source persons (the domain's ``val`` split); a within-target model (the ``target-trained`` row) trains on
+    ``source_persons`` of the target world's ``train`` persons × ``within_images`` (``None``: ``source_images``);
+    targets ``M``/``D`` with ``target_persons`` persons
     (``None``: all, 15 and 14) × ``target_images`` images, of which the first ``personalize.n_adapt``
     are the adaptation images and the rest are scored. ``target_draw``: ``"per_seed"`` renders each seed's
     target persons afresh (the world's persons drawn with the record's seed: persons are a random effect,
@@ -166,6 +172,7 @@ class BenchConfig:
     image_size: int = 64
     source_persons: int = 80
     source_images: int = 100
+    within_images: int | None = None
     val_persons: int = 10
     val_images: int = 40
     target_persons: int | None = None
@@ -240,6 +247,7 @@ class BenchConfig:
             default_methods=selectable_methods(),
             pretrain=V2_SOURCE_TRAINING,
             source_images=V2_SOURCE_IMAGES,
+            within_images=V2_WITHIN_IMAGES,
         )
         return dataclasses.replace(base, **overrides)
 
@@ -368,6 +376,8 @@ class BenchConfig:
             )
         if self.val_images <= self.personalize.n_adapt:
             raise ValueError(f"val_images ({self.val_images}) must exceed n_adapt ({self.personalize.n_adapt})")
+        if self.within_images is not None and self.within_images < 1:
+            raise ValueError(f"within_images must be at least 1, got {self.within_images}")
         if self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
         if self.target_draw not in TARGET_DRAWS:
@@ -405,6 +415,7 @@ class BenchConfig:
         the target world's ``train`` persons, never the scored ones, as many as a source has."""
         counts = {"persons": self.source_persons, "images_per_person": self.source_images}
         if source in TARGETS:
+            counts["images_per_person"] = self.within_images or self.source_images
             return str(DatasetSpec.synthetic(self.world(source), split="train", size=self.image_size, **counts))
         return str(DatasetSpec.synthetic(self.world(source), size=self.image_size, **counts))
 

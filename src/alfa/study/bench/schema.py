@@ -145,7 +145,7 @@ def comparable_protocol(stored: Mapping[str, Any]) -> dict[str, Any]:
     # A field that became a selection field (it chooses records, not how they are made) may still be stored.
     out = {k: v for k, v in stored.items() if k not in SELECTION_FIELDS}
     # Fields added later, stored by files made before them, read as what those files did.
-    for name, before in (("target_draw", "fixed"), ("worlds", "v1")):
+    for name, before in (("target_draw", "fixed"), ("worlds", "v1"), ("within_images", None)):
         out.setdefault(name, before)
     # A training option at its default is no part of the stored form (TrainConfig.to_dict leaves it out), so a
     # file stored before the option existed and one that spells the default out compare equal.
