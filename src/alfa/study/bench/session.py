@@ -125,6 +125,8 @@ class Session:
         return self.sources[(key, seed)]
 
     def release(self, key: str, seed: int) -> None:
+        """Free the models of the context ``(key, seed)`` (its data and its log stay; :meth:`build` loads
+        them again from the cache)."""
         src = self.sources.get((key, seed))
         if src is not None:
             src.models, src.other_ranks, src.pnpga_members = None, {}, None
