@@ -7,6 +7,8 @@ for the per-epoch validation error, 5 adaptation images per scored person left o
 setting lands; the calibration itself is measured by the benchmark's own source models (docs/calibration.md).
 Writes ``docs/data/calibration-scout/NAME.json`` (each scored world's mean error, mean signed yaw/pitch error and
 per-person errors); checkpoints go to ``runs/scout/NAME`` (resumed if there; a finished run is only re-scored).
+A second scout of the same NAME waits for the first one's turn (``runs/scout/NAME.lock``) instead of training into
+the same folder beside it, then re-scores what the first one finished.
 """
 
 from __future__ import annotations
@@ -20,13 +22,17 @@ from pathlib import Path
 
 import torch
 
+from alfa.fileio import locked, write_text
 from alfa.gaze.data.registry import open_dataset
 from alfa.gaze.evaluate import person_gaze_errors
 from alfa.gaze.train import TrainConfig, train_source
 from alfa.models import create_model
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def main(argv: list[str]) -> None:
+
+def main(argv: list[str], root: Path = ROOT) -> None:
+    """Train (or resume) and score the scout ``argv`` names; its files go under ``root`` (the repository)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name")
     parser.add_argument("train")
@@ -36,14 +42,24 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    root = Path(__file__).resolve().parents[1]
+    folder = root / "runs/scout" / args.name
+
+    def say_waiting() -> None:
+        print(f"waiting for another scout writing {folder}", file=sys.stderr, flush=True)
+
+    with locked(folder, on_wait=say_waiting):
+        scores = _scout(args, argv, folder, root)
+    print(json.dumps(scores, indent=1))
+
+
+def _scout(args: argparse.Namespace, argv: list[str], folder: Path, root: Path) -> dict[str, float]:
     source = open_dataset(args.train)
     torch.manual_seed(0)
     model = create_model("resnet18_gaze")
     config = TrainConfig(
         epochs=args.epochs, batch_size=64, lr=args.lr, symmetry_weight=1.0, val_fraction=0.05, schedule=args.schedule
     )
-    result = train_source(model, source, config, root / "runs/scout" / args.name, progress=False)
+    result = train_source(model, source, config, folder, progress=False)
     model.eval()
     scores, biases, per_person = {}, {}, {}
     for spec in args.evaluate:
@@ -65,10 +81,8 @@ def main(argv: list[str]) -> None:
         "person_error_deg": per_person,
         "torch": torch.__version__,
     }
-    path = root / "docs/data/calibration-scout" / f"{args.name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(scores, indent=1))
+    write_text(root / "docs/data/calibration-scout" / f"{args.name}.json", json.dumps(out, indent=1) + "\n")
+    return scores
 
 
 if __name__ == "__main__":

@@ -331,6 +331,41 @@ def test_a_piece_of_within_target_records_never_builds_the_pairs_source(tmp_path
     ]
 
 
+def test_a_within_target_model_is_built_once_and_freed_after_the_last_group_using_it(tmp_path, monkeypatch):
+    """E→D and G→D share D's own model: trained once, kept from E's group into G's, freed when G's ends (it used
+    to stay in memory for the rest of the run)."""
+    import alfa.study.bench.session as session_module
+    from alfa.study.bench.session import Session
+
+    sessions, trained, released = [], [], []
+    real_build, real_release, real_source = Session.build, Session.release, session_module.build_source_model
+
+    def build(self, key, seed):
+        sessions.append(self)
+        return real_build(self, key, seed)
+
+    def release(self, key, seed):
+        context = self.sources.get((key, seed))
+        released.append((key, seed, context is not None and context.models is not None))
+        real_release(self, key, seed)
+
+    monkeypatch.setattr(Session, "build", build)
+    monkeypatch.setattr(Session, "release", release)
+    monkeypatch.setattr(
+        session_module,
+        "build_source_model",
+        lambda spec, *a, **k: trained.append(spec.source) or real_source(spec, *a, **k),
+    )
+    summary = run_bench(tiny(methods=("target-trained",), pairs=("E→D", "G→D")), tmp_path, progress=False)
+    assert summary.ran == ["target-trained|E→D|seed0", "target-trained|G→D|seed0"] and not summary.errors
+    assert len(trained) == 1 and "eyediap" in trained[0]  # D's model, trained once for both groups
+    # E's group kept D's model for G's (E's own was never built), and G's freed it
+    assert released == [("E", 0, False), ("D", 0, True), ("G", 0, False)]
+    session = sessions[0]
+    assert all(s is session for s in sessions)
+    assert session.sources[("D", 0)].models is None and session.sources[("D", 0)].info["from_cache"] is False
+
+
 def test_target_persons_are_drawn_afresh_per_seed_unless_fixed(tmp_path):
     """``target_draw="per_seed"``: each seed scores other persons (other images, other record hashes); with
     ``"fixed"`` every seed scores the same ones. The within-target model's training data never depends on it."""

@@ -1,5 +1,5 @@
 """The demo's labelled column (``alfa calibrate``'s default on 9 labelled images) and which images each column
-uses (:class:`alfa.gaze.pipeline.DemoImages`)."""
+uses (:class:`alfa.gaze.demo_scoring.DemoImages`)."""
 
 import pytest
 import torch
@@ -7,8 +7,8 @@ from torch import nn
 
 from alfa.gaze.calibrate import CalibrateConfig
 from alfa.gaze.data.base import InMemoryGazeDataset
+from alfa.gaze.demo_scoring import DemoImages, calibrate_and_score
 from alfa.gaze.evaluate import evaluate
-from alfa.gaze.pipeline import DemoImages, calibrate_and_score
 
 OFFSET = (0.05, -0.08)  # radians: what the model adds to every (yaw, pitch) of one person
 

@@ -9,6 +9,7 @@ from test_bench import tiny
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 import alfa
+import alfa.gaze.demo_scoring as demo_scoring
 import alfa.gaze.pipeline as pipeline
 import alfa.study.bench.produce as produce
 import alfa.study.crate.gaze as crate_gaze
@@ -80,7 +81,7 @@ def _stop_at_shared_call(monkeypatch, module):
 
 @pytest.mark.slow
 def test_the_demo_personalizes_through_the_shared_call(tmp_path, monkeypatch):
-    calls = _stop_at_shared_call(monkeypatch, pipeline)
+    calls = _stop_at_shared_call(monkeypatch, demo_scoring)  # where the demo's scoring calls it
     config = pipeline.demo_config(
         source="synthetic:eth?size=32&persons=4&images_per_person=8",
         val_source="synthetic:eth?split=val&size=32&persons=2&images_per_person=4",

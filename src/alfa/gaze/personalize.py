@@ -22,6 +22,9 @@ The forwards run in the run's precision (:func:`alfa.gaze.precision.forward_prec
 caller sets another), the loss and the optimizer in fp32; in fp16 a gradient scaler guards the backward
 pass, and a step whose gradients overflow is skipped (the scale is lowered for the next one).
 
+:func:`personalize_and_score` personalizes every person of a dataset and scores each with their own adapter: the
+one step the demo, the benchmark and CRATE's gaze study share.
+
 Any registered adapter method works: :func:`personalize` takes its config (``alfa.AlfaConfig()``,
 a LoRA config, ...). The base model is shared: the adapter is attached for the person, trained,
 saved, and detached, which restores the base bit for bit.
@@ -57,7 +60,7 @@ from alfa.fileio import write_json
 
 from .augment import AugmentConfig, augment_images, build_augmentation
 from .data.base import GazeDataset
-from .evaluate import adapter_filename, load_images
+from .evaluate import EvaluationReport, PersonScorer, adapter_filename, evaluate, load_images
 from .losses import finite_or_raise
 from .objectives import OBJECTIVES
 from .precision import autocast, grad_scaler, run_precision
@@ -73,6 +76,8 @@ __all__ = [
     "build_batch",
     "personalize",
     "personalize_dataset",
+    "PersonalizedTarget",
+    "personalize_and_score",
     "foreign_adapters",
     "listed_files",
     "RECORD_FILE",
@@ -552,3 +557,50 @@ def _personalize_person(
         seconds=result.seconds,
         tracked=result.tracked,
     )
+
+
+@dataclass
+class PersonalizedTarget:
+    """Every person of one target personalized with one method and recipe (``run``: each person's outcome and
+    losses), then scored with their own adapter (``report``: its ``after`` column, and ``before`` if asked)."""
+
+    run: PersonalizationRun
+    report: EvaluationReport
+
+
+def personalize_and_score(
+    base: nn.Module,
+    data: GazeDataset,
+    method: AdapterConfig,
+    recipe: PersonalizeConfig,
+    adapter_folder: str | Path,
+    *,
+    n_adapt: int | None = None,
+    persons: Sequence[str] | None = None,
+    before: str | None = None,
+    after: str = "personalized",
+    resume: bool = True,
+    track: Callable[[str], Callable[[nn.Module], float]] | None = None,
+    score: PersonScorer | None = None,
+    progress: bool = True,
+) -> PersonalizedTarget:
+    """Personalize ``base`` to every person of ``data`` (or ``persons``) with ``method`` and ``recipe``, one
+    adapter each in ``adapter_folder`` (:func:`~alfa.gaze.personalize.personalize_dataset`, with ``resume``
+    and ``track``), then score each person's images after the first ``n_adapt`` (``recipe.n_adapt`` by
+    default) with that person's adapter loaded (:func:`~alfa.gaze.evaluate.evaluate`: column ``after``, the
+    bare base as column ``before`` unless it is ``None``, ``score`` the per-person measurement)."""
+    run = personalize_dataset(
+        base, data, method, recipe, adapter_folder, persons=persons, resume=resume, progress=progress, track=track
+    )
+    report = evaluate(
+        base,
+        data,
+        adapters=adapter_folder,
+        n_adapt=recipe.n_adapt if n_adapt is None else n_adapt,
+        persons=persons,
+        before=before,
+        after=after,
+        progress=False,
+        score=score,
+    )
+    return PersonalizedTarget(run, report)

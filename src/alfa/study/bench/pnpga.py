@@ -64,7 +64,7 @@ from alfa.gaze.pnpga import (
 
 from .measure import _latency_ms, _proc_status_mib, _reset_peak_memory
 from .plan import RecordPlan
-from .session import Session, SourceContext, TargetData
+from .session import Session, SourceContext, TargetData, building
 
 __all__ = ["AUTHORS_PREDICTOR", "PUBLISHED", "ensemble_members", "run_pnpga"]
 
@@ -77,17 +77,18 @@ def ensemble_members(session: Session, src: SourceContext, members: int) -> list
     cached next to its source model; resumable)."""
     if src.pnpga_members is None or len(src.pnpga_members) != members:
         folder = src.models.cache / f"pnpga-last{members}"
-        src.pnpga_members = train_snapshot_members(
-            src.spec.model,
-            src.spec.seed,
-            src.data,
-            src.val,
-            src.spec.pretrain,
-            folder,
-            members,
-            progress=session.progress,
-            device=session.device,
-        )
+        with building(folder):
+            src.pnpga_members = train_snapshot_members(
+                src.spec.model,
+                src.spec.seed,
+                src.data,
+                src.val,
+                src.spec.pretrain,
+                folder,
+                members,
+                progress=session.progress,
+                device=session.device,
+            )
         header = read_checkpoint(folder / "pretrain" / "model.safetensors", header_only=True)[1].get("extra", {})
         history = header.get("history", [])
         src.info["pnpga_members"] = {

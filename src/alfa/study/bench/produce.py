@@ -38,8 +38,7 @@ from alfa.gaze.evaluate import (
 from alfa.gaze.flip import FlipParts, FlipTTA, person_flip_parts
 from alfa.gaze.geometry import angular_error
 from alfa.gaze.losses import finite_or_raise, supervised_l1_loss
-from alfa.gaze.personalize import person_seed, personalize_dataset
-from alfa.gaze.pipeline import personalize_and_score
+from alfa.gaze.personalize import person_seed, personalize_and_score, personalize_dataset
 from alfa.gaze.recipes import (
     PAPER_RECIPE,
     RECIPE_GRID,

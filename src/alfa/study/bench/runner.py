@@ -156,7 +156,8 @@ def _run_records(
     config, progress = session.config, session.progress
     bar = tqdm(total=len(todo), desc="bench records", disable=not progress, position=0)
     figure_source, figure_target = split_pair(config.figure_pair)
-    for seed, source in groups:
+    order = list(groups)
+    for index, (seed, source) in enumerate(order):
         group_todo = [p for p in todo if p.seed == seed and p.source == source]
         figure_here = seed == config.figure_seed and source == figure_source and config.figure_pair in config.pairs
         slices_missing = figure_here and not session.figures.has_rank_slices()
@@ -181,8 +182,20 @@ def _run_records(
             bar.update(1)
             if progress:
                 tqdm.write(_log_line(record, len(log.ran), len(todo)))
-        session.release(source, seed)
+        later = [p for p in todo if (p.seed, p.source) in order[index + 1 :]]
+        _release_models(session, (source, seed), group_todo, later)
     bar.close()
+
+
+def _release_models(
+    session: Session, group: tuple[str, int], group_todo: list[RecordPlan], later: list[RecordPlan]
+) -> None:
+    """Free the models a finished group used, its source's and the within-target records' own (the target's),
+    except those a later group's records still use: loading one again would log it as loaded from the cache."""
+    used = {group} | {(session.model_key(p), p.seed) for p in group_todo}
+    needed = {(session.model_key(p), p.seed) for p in later}
+    for key, seed in sorted(used - needed):
+        session.release(key, seed)
 
 
 def run_bench(

@@ -4,15 +4,18 @@ is finished and redoes what changed; the hash's schema is :mod:`alfa.study.bench
 
 Per (source, seed) one source model is pre-trained, truncated at rank ``d`` and recovered
 (:func:`alfa.gaze.pipeline.build_source_model`, cached by a hash of everything it depends on); the other-rank
-bases and TPGaze's meta-trained prompts are cached next to it. Making a record from a session is
+bases and TPGaze's meta-trained prompts are cached next to it, each built under a lock on its folder
+(:func:`building`), as the source model is. Making a record from a session is
 :func:`alfa.study.bench.produce.produce_record`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +27,7 @@ from torch import nn
 from alfa.adapters import detach
 from alfa.adapters.prompt import TPGazeConfig
 from alfa.checkpoint import read_checkpoint
-from alfa.fileio import safe_filename
+from alfa.fileio import locked, safe_filename
 from alfa.gaze.data.base import GazeDataset, InMemoryGazeDataset
 from alfa.gaze.evaluate import adapter_filename, load_images
 from alfa.gaze.pipeline import SourceSpec, build_source_model, data_fingerprint, open_data, source_cache_key
@@ -38,7 +41,19 @@ from .record import as_records
 from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE, load_results
 from .schema import config_hash, stable_hash
 
-__all__ = ["TargetData", "SourceContext", "Session"]
+__all__ = ["TargetData", "SourceContext", "Session", "building"]
+
+
+def building(folder: Path) -> contextlib.AbstractContextManager[None]:
+    """Hold ``folder``'s build lock (``folder.lock`` beside it, :func:`alfa.fileio.locked`) around a cached build:
+    two pieces of one benchmark that need the same model or prompts at once must not train into one folder side
+    by side; the second waits (saying so on stderr, as the source model's build does) and then reads what the
+    first one finished."""
+
+    def say_waiting() -> None:
+        print(f"waiting for another process building {folder}", file=sys.stderr, flush=True)
+
+    return locked(folder, on_wait=say_waiting)
 
 
 # ----------------------------------------------------------------------------- contexts
@@ -125,6 +140,8 @@ class Session:
         return self.sources[(key, seed)]
 
     def release(self, key: str, seed: int) -> None:
+        """Free the models of the context ``(key, seed)`` (its data and its log stay; :meth:`build` loads
+        them again from the cache)."""
         src = self.sources.get((key, seed))
         if src is not None:
             src.models, src.other_ranks, src.pnpga_members = None, {}, None
@@ -184,16 +201,18 @@ class Session:
             return src.models.recovered
         if d not in src.other_ranks:
             model = copy.deepcopy(src.models.dense)
-            result = truncate_and_recover(
-                model,
-                src.data,
-                TruncateConfig(rank=d, recovery=dataclasses.replace(self.config.recovery, seed=src.seed)),
-                src.models.cache / f"rank-{d}",
-                val_dataset=src.val,
-                val_persons=src.val.persons(),
-                model_name=self.config.model,
-                progress=self.progress,
-            )
+            folder = src.models.cache / f"rank-{d}"
+            with building(folder):
+                result = truncate_and_recover(
+                    model,
+                    src.data,
+                    TruncateConfig(rank=d, recovery=dataclasses.replace(self.config.recovery, seed=src.seed)),
+                    folder,
+                    val_dataset=src.val,
+                    val_persons=src.val.persons(),
+                    model_name=self.config.model,
+                    progress=self.progress,
+                )
             src.info.setdefault("other_ranks", {})[str(d)] = {"errors": result.errors, "params": result.params}
             src.info.update(self.recorded_training(src))  # now with this rank's recovery
             src.other_ranks[d] = model.eval()
@@ -216,7 +235,7 @@ class Session:
         parts["recovery"] = epochs(
             header(cache / "recovered" / "model.safetensors").get("result", {}).get("recovery_history")
         )
-        for folder in sorted(cache.glob("rank-*")):
+        for folder in sorted(p for p in cache.glob("rank-*") if p.is_dir()):  # not the build locks beside them
             history = header(folder / "model.safetensors").get("result", {}).get("recovery_history")
             if history:
                 parts[f"recovery at {folder.name}"] = epochs(history)
@@ -242,9 +261,10 @@ class Session:
             meta, prompt, folder = self.tpgaze_setup(src)
             base = src.models.recovered
             t0 = time.time()
-            result = meta_train_prompts(
-                base, src.data, meta, folder, prompt=prompt, val_dataset=src.val, progress=self.progress
-            )
+            with building(folder):
+                result = meta_train_prompts(
+                    base, src.data, meta, folder, prompt=prompt, val_dataset=src.val, progress=self.progress
+                )
             detach(base)
             src.prompts = result.prompts
             src.info.update(self.recorded_training(src))
@@ -329,17 +349,20 @@ class _FigureData:
         path = self.folder / UPDATES_FILE
         persons = [p for p in tgt.data.persons() if (folder / adapter_filename(p)).is_file()][:3]
         tensors, meta = update_data(base, {p: folder / adapter_filename(p) for p in persons}, self.config.update_layer)
-        existing_tensors, existing_meta = _read_figure(path)
-        methods = dict(existing_meta.get("methods", {})) if existing_meta.get("source") == src.cache_key else {}
-        keep = {
-            k: t
-            for k, t in existing_tensors.items()
-            if k.split("/")[0] in methods and k.split("/")[0] != plan.variant.label
-        }
-        methods[plan.variant.label] = {"record_hash": record_hash, "persons": persons}
-        keep.update({f"{plan.variant.label}/{k}": t for k, t in tensors.items()})
-        meta.update({"methods": methods, "source": src.cache_key, "pair": plan.pair, "seed": plan.seed})
-        save_figure_data(path, keep, meta)
+        # Read, add to and rewrite the file in one turn: two pieces of the run (``--methods alfa`` and
+        # ``--methods lora``) adding their methods at once would otherwise each drop the other's.
+        with locked(path):
+            existing_tensors, existing_meta = _read_figure(path)
+            methods = dict(existing_meta.get("methods", {})) if existing_meta.get("source") == src.cache_key else {}
+            keep = {
+                k: t
+                for k, t in existing_tensors.items()
+                if k.split("/")[0] in methods and k.split("/")[0] != plan.variant.label
+            }
+            methods[plan.variant.label] = {"record_hash": record_hash, "persons": persons}
+            keep.update({f"{plan.variant.label}/{k}": t for k, t in tensors.items()})
+            meta.update({"methods": methods, "source": src.cache_key, "pair": plan.pair, "seed": plan.seed})
+            save_figure_data(path, keep, meta)
 
 
 def _read_figure(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -7,7 +7,7 @@
 
 Everything reuses the gaze stack: :func:`alfa.gaze.train.train_source` (Adam, L1 plus the flip-symmetry
 term, constant learning rate), :func:`alfa.gaze.train.truncate_and_recover`,
-:func:`alfa.gaze.pipeline.personalize_and_score` (per target, as the demo and the benchmark personalize and
+:func:`alfa.gaze.personalize.personalize_and_score` (per target, as the demo and the benchmark personalize and
 score: the first ``n_adapt`` images of a target person are the unlabeled adaptation images, the rest are
 scored), and :func:`alfa.study.crate.probes.probe_model`. The two models are trained here rather than by
 :func:`alfa.gaze.pipeline.build_source_model`: they take constructor arguments, both are probed dense before
@@ -58,7 +58,7 @@ from alfa.gaze.evaluate import (
     predict_images,
 )
 from alfa.gaze.geometry import angular_error
-from alfa.gaze.pipeline import personalize_and_score
+from alfa.gaze.personalize import personalize_and_score
 from alfa.gaze.train import TruncateConfig, train_source, truncate_and_recover
 from alfa.models import create_model
 from alfa.summary import parameter_summary
