@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from tiny_models import truncated_resnet18
+from tiny_models import truncated_resnet18, truncated_structure
 
 import alfa
 from alfa.adapters import AdapterFileError, adapter_parameters
@@ -234,14 +234,14 @@ def test_compact_needs_a_dictionary_method(base, tmp_path):
         alfa.save_adapter(model, tmp_path / "x.safetensors", compact=True)
 
 
-@pytest.mark.slow
 def test_messages_say_what_is_wrong_in_the_users_terms(tmp_path):
-    model = truncated_resnet18(64)  # a rank that leaves conv1 dense
+    # the messages are about the structure, not the weights: ResNet-18 truncated at 64 and 16 without their SVDs
+    model = truncated_structure(alfa.models.resnet18_gaze().eval(), 64)  # a rank that leaves conv1 dense
     with pytest.raises(ValueError, match=r"matches only layers left dense \(conv1\): pass layers='dense'"):
         alfa.attach(copy.deepcopy(model), alfa.AlfaConfig(target=r"^conv1$"))
     with pytest.raises(ValueError, match="already truncated \\(14 factorized layers at rank 64\\)"):
         alfa.truncate(model, 64)
-    other = truncated_resnet18(16)  # the round trip's rank: its SVDs are made once per process
+    other = truncated_structure(alfa.models.resnet18_gaze().eval(), 16)
     alfa.attach(other, alfa.AlfaConfig(heads=2, rank=2))
     path = alfa.save_adapter(other, tmp_path / "a.safetensors")
     with pytest.raises(AdapterFileError, match="made on a base truncated at rank 16, this model at rank 64"):
