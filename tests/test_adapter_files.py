@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from tiny_models import truncated_resnet18
+from tiny_models import truncated_resnet18, truncated_structure
 
 import alfa
 from alfa.adapters import AdapterFileError, adapter_parameters
@@ -170,12 +170,12 @@ def test_a_checkpoint_with_flipped_bits_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_checkpoint_round_trip_and_wrong_model(tmp_path):
-    model = truncated_resnet18(32)
+    model = truncated_resnet18(16)  # the rank other files use: its SVDs are made once per process
     path = save_model(tmp_path / "m.safetensors", model, "resnet18_gaze", extra={"note": "test"})
     loaded, config = load_model(path, expect_model="resnet18_gaze")
     x = torch.randn(1, 3, 32, 32)
     assert torch.equal(loaded.eval()(x), model(x))
-    assert config["extra"] == {"note": "test"} and config["factorized"]["layer4.1.conv2"] == 32
+    assert config["extra"] == {"note": "test"} and config["factorized"]["layer4.1.conv2"] == 16
     with pytest.raises(CheckpointError, match="a checkpoint of 'resnet18_gaze', expected 'crate_tiny'"):
         load_model(path, expect_model="crate_tiny")
     # Weights of another architecture under our header: every mismatch named.
@@ -234,17 +234,17 @@ def test_compact_needs_a_dictionary_method(base, tmp_path):
         alfa.save_adapter(model, tmp_path / "x.safetensors", compact=True)
 
 
-@pytest.mark.slow
 def test_messages_say_what_is_wrong_in_the_users_terms(tmp_path):
-    model = truncated_resnet18(64)
+    # the messages are about the structure, not the weights: ResNet-18 truncated at 64 and 16 without their SVDs
+    model = truncated_structure(alfa.models.resnet18_gaze().eval(), 64)  # a rank that leaves conv1 dense
     with pytest.raises(ValueError, match=r"matches only layers left dense \(conv1\): pass layers='dense'"):
         alfa.attach(copy.deepcopy(model), alfa.AlfaConfig(target=r"^conv1$"))
     with pytest.raises(ValueError, match="already truncated \\(14 factorized layers at rank 64\\)"):
         alfa.truncate(model, 64)
-    other = truncated_resnet18(32)
+    other = truncated_structure(alfa.models.resnet18_gaze().eval(), 16)
     alfa.attach(other, alfa.AlfaConfig(heads=2, rank=2))
     path = alfa.save_adapter(other, tmp_path / "a.safetensors")
-    with pytest.raises(AdapterFileError, match="made on a base truncated at rank 32, this model at rank 64"):
+    with pytest.raises(AdapterFileError, match="made on a base truncated at rank 16, this model at rank 64"):
         alfa.load_adapter(copy.deepcopy(model), path)
     with pytest.raises(AdapterFileError, match="is a folder: an adapter is one file"):
         alfa.load_adapter(copy.deepcopy(model), tmp_path)

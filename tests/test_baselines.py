@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from tiny_models import truncated_structure
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -19,7 +20,7 @@ from alfa.adapters.moslora import MosloraConfig
 from alfa.adapters.spectral import SpectralConfig
 from alfa.adapters.state import adapted_layers, adapter_parameters
 from alfa.layers import FactorizedConv2d, FactorizedLinear, dense_matrix, is_factorized
-from alfa.truncate import factorized_ranks, restore_structure
+from alfa.truncate import factorized_ranks
 
 # Small settings for the small test net (truncated at rank 6; fc2 (2×36) stays dense).
 CONFIGS = {
@@ -441,31 +442,17 @@ def test_dense_alfa_with_a_lower_dense_rank():
 # ----------------------------------------------------------------------------------------------------------------
 # Every method on the real model
 
-
-def _truncated_structure(model, rank):
-    """The structure ``alfa.truncate(model, rank)`` produces, with random factors (no SVDs: fast)."""
-    ranks = {}
-    for name, mod in model.named_modules():
-        if isinstance(mod, (nn.Conv2d, nn.Linear)):
-            m, n = dense_matrix(mod).shape
-            d = min(rank, m, n)
-            if d * (m + n) < m * n:
-                ranks[name] = d
-    restore_structure(model, ranks)
-    return model
-
-
 DENSE_RESNET18_PARAMS = 11_177_538  # resnet18_gaze() with 2 outputs
 
 
 @pytest.fixture(scope="module")
 def resnet_truncated():
     torch.manual_seed(0)
-    return _truncated_structure(alfa.models.resnet18_gaze().eval(), 64)
+    return truncated_structure(alfa.models.resnet18_gaze().eval(), 64)
 
 
 def test_truncated_structure_matches_truncate(small_net):
-    stand_in = _truncated_structure(copy.deepcopy(small_net), 6)
+    stand_in = truncated_structure(copy.deepcopy(small_net), 6)
     alfa.truncate(small_net, rank=6)
     assert factorized_ranks(stand_in) == factorized_ranks(small_net)
 

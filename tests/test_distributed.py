@@ -48,7 +48,13 @@ def _model(kind: str = "group") -> nn.Module:
     return GroupNormNet() if kind == "group" else BatchNormNet()
 
 
-def _worker(rank: int, world: int, port: int, out: str, epochs: int, log: str, kind: str = "group") -> None:
+# The runs one launch of two processes makes, in order: (model kind, epochs, folder). "resumed" continues the
+# checkpoint "first" left, as a run interrupted after one epoch and started again would; each run begins with a
+# freshly seeded model and optimizer and train_source reseeds, so nothing but the checkpoint carries over.
+RUNS = {"first": ("group", 1, "two"), "resumed": ("group", 2, "two"), "batch": ("batch", 1, "bn")}
+
+
+def _worker(rank: int, world: int, port: int, out: str, log: str) -> None:
     import os
 
     os.environ.update(
@@ -57,27 +63,32 @@ def _worker(rank: int, world: int, port: int, out: str, epochs: int, log: str, k
     torch.set_num_threads(1)
     device = distributed.setup("cpu", torch.device)
     assert dist.is_initialized() and distributed.rank_and_world() == (rank, world)
-    writes = []
+    writes: list[str] = []
     real_save, real_state = train_state.save_model, train_state.write_tagged
     train_state.save_model = lambda path, *a, **k: (writes.append(str(path)), real_save(path, *a, **k))[1]
     train_state.write_tagged = lambda path, *a, **k: (writes.append(str(path)), real_state(path, *a, **k))[1]
-    seen = []  # the training images this process loaded
+    seen: list[int] = []  # the training images this process loaded
     real_load = train.load_examples
     train.load_examples = lambda data, idx: (seen.extend(idx), real_load(data, idx))[1]
-    model = _model(kind).to(device)
-    result = train_source(model, open_data(DATA), _config(epochs), out, model_name="group_norm_net", progress=False)
-    with open(f"{log}.{rank}.json", "w") as f:
-        buffers = {n: b.double().sum().item() for n, b in model.named_buffers()}
-        json.dump(
-            {
-                "writes": writes,
-                "seen": seen,
-                "history": result.history,
-                "resumed": result.resumed_from_epoch,
-                "buffers": buffers,
-            },
-            f,
+    for run, (kind, epochs, folder) in RUNS.items():
+        writes.clear()
+        seen.clear()
+        model = _model(kind).to(device)
+        result = train_source(
+            model, open_data(DATA), _config(epochs), f"{out}/{folder}", model_name="group_norm_net", progress=False
         )
+        with open(f"{log}/{run}.{rank}.json", "w") as f:
+            buffers = {n: b.double().sum().item() for n, b in model.named_buffers()}
+            json.dump(
+                {
+                    "writes": writes,
+                    "seen": seen,
+                    "history": result.history,
+                    "resumed": result.resumed_from_epoch,
+                    "buffers": buffers,
+                },
+                f,
+            )
     distributed.teardown()
 
 
@@ -93,39 +104,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_two(out, epochs: int, log, kind: str = "group") -> list[dict]:
-    args = (2, _free_port(), str(out), epochs, str(log), kind)
-    torch.multiprocessing.spawn(_worker, args=args, nprocs=2, join=True)
-    return [json.loads((log.parent / f"{log.name}.{r}.json").read_text()) for r in range(2)]
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """One launch of two gloo processes making every run of ``RUNS`` (a launch costs seconds of imports):
+    the folder they trained in and, per run, what each rank reports."""
+    if not dist.is_available():
+        pytest.skip("this torch has no torch.distributed")
+    out, log = tmp_path_factory.mktemp("two-processes"), tmp_path_factory.mktemp("two-processes-log")
+    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(out), str(log)), nprocs=2, join=True)
+    return out, {run: [json.loads((log / f"{run}.{r}.json").read_text()) for r in range(2)] for run in RUNS}
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not dist.is_available(), reason="this torch has no torch.distributed")
-def test_two_processes_train_what_one_process_trains_write_once_and_resume(tmp_path):
+def test_two_processes_train_what_one_process_trains_write_once_and_resume(two_processes, tmp_path):
     single = _model()
     one = train_source(
         single, open_data(DATA), _config(2), tmp_path / "one", model_name="group_norm_net", progress=False
     )
 
-    first = _run_two(tmp_path / "two", 1, tmp_path / "first")  # interrupted after one epoch, as it were
-    resumed = _run_two(tmp_path / "two", 2, tmp_path / "resumed")
-    written = [str(tmp_path / "two" / name) for name in ("state.safetensors", "model.safetensors")]
+    out, runs = two_processes
+    first, resumed = runs["first"], runs["resumed"]  # interrupted after one epoch, as it were, and resumed
+    written = [str(out / "two" / name) for name in ("state.safetensors", "model.safetensors")]
     assert [r["writes"] for r in first] == [written, []]  # rank 0 only, the state first
     assert [r["writes"] for r in resumed] == [written, []]
-    assert [r["resumed"] for r in resumed] == [1, 1]
+    assert [r["resumed"] for r in first] == [0, 0] and [r["resumed"] for r in resumed] == [1, 1]
     # each process loaded its half of the epoch, the two halves together every training image once
     ours, theirs = (set(r["seen"]) for r in resumed)
     assert len(resumed[0]["seen"]) == len(resumed[1]["seen"]) == 16 and not ours & theirs
     data = open_data(DATA)
     assert ours | theirs == {i for p in one.train_persons for i in data.person_indices(p)}
 
-    tensors, _ = read_checkpoint(tmp_path / "two" / "model.safetensors")
+    tensors, _ = read_checkpoint(out / "two" / "model.safetensors")
     for name, value in single.state_dict().items():
         torch.testing.assert_close(tensors[name], value, rtol=1e-4, atol=1e-6, msg=name)
     for rank in resumed:  # every process reports the global batch's loss and the error of all persons
         for got, want in zip(rank["history"], one.history):
             for key in ("train_loss", "train_l1", "train_symmetry", "val_error"):
                 assert got[key] == pytest.approx(want[key], rel=1e-4), key
+
+
+@pytest.mark.slow
+def test_with_batchnorm_every_process_ends_with_rank_0s_statistics(two_processes):
+    """Each process updates BatchNorm's running statistics from its own shard; after every epoch they are
+    rank 0's everywhere, so every process scores (and rank 0 saves) the same model."""
+    ranks = two_processes[1]["batch"]
+    assert ranks[0]["buffers"] == ranks[1]["buffers"] and "norm.running_mean" in ranks[0]["buffers"]
+    assert ranks[0]["history"] == [{**h, "seconds": ranks[0]["history"][0]["seconds"]} for h in ranks[1]["history"]]
 
 
 def test_a_global_batch_is_sharded_into_every_item_once():
@@ -173,13 +197,3 @@ def test_torchrun_runs_the_pretrain_command_and_rank_0_alone_reports(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("pretrained resnet18_gaze") == 1 and (tmp_path / "run" / "model.safetensors").is_file()
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not dist.is_available(), reason="this torch has no torch.distributed")
-def test_with_batchnorm_every_process_ends_with_rank_0s_statistics(tmp_path):
-    """Each process updates BatchNorm's running statistics from its own shard; after every epoch they are
-    rank 0's everywhere, so every process scores (and rank 0 saves) the same model."""
-    ranks = _run_two(tmp_path / "bn", 1, tmp_path / "bn-log", kind="batch")
-    assert ranks[0]["buffers"] == ranks[1]["buffers"] and "norm.running_mean" in ranks[0]["buffers"]
-    assert ranks[0]["history"] == [{**h, "seconds": ranks[0]["history"][0]["seconds"]} for h in ranks[1]["history"]]

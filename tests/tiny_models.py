@@ -7,7 +7,9 @@ import torch
 from torch import nn
 
 import alfa
+from alfa.layers import dense_matrix
 from alfa.models import list_models, register_model
+from alfa.truncate import restore_structure
 
 
 class TinyGazeNet(nn.Module):
@@ -71,3 +73,17 @@ def truncated_resnet18(rank: int, seed: int = 0) -> nn.Module:
     """ResNet-18 from ``seed``, truncated at ``rank``, in eval mode: made once per process and rank (fourteen
     float64 SVDs, seconds on 2 cores, were a large share of the suite's time) and copied for each caller."""
     return copy.deepcopy(_truncated_resnet18(rank, seed))
+
+
+def truncated_structure(model: nn.Module, rank: int) -> nn.Module:
+    """``model`` with the structure ``alfa.truncate(model, rank)`` produces, its factors random (no SVDs: fast), for
+    tests whose subject is the structure, not the weights (test_baselines checks that the structures agree)."""
+    ranks = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, (nn.Conv2d, nn.Linear)):
+            m, n = dense_matrix(mod).shape
+            d = min(rank, m, n)
+            if d * (m + n) < m * n:
+                ranks[name] = d
+    restore_structure(model, ranks)
+    return model
