@@ -6,8 +6,6 @@ import argparse
 import types
 from pathlib import Path
 
-import torch
-
 import alfa.study.bench.runner as runner
 from alfa.cli.bench import BENCH
 from alfa.cli.registry import add_commands
@@ -80,7 +78,7 @@ def test_bench_smoke_runs_the_smoke_preset_into_runs_bench_smoke(monkeypatch):
         return types.SimpleNamespace(pending=[], skipped=[], results=Path(out) / "results.json")
 
     monkeypatch.setattr(runner, "run_bench", fake_run_bench)
-    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *args, **kwargs: None)
+    monkeypatch.setattr("alfa.cli.bench.deterministic_kernels", lambda: None)  # no global switch in the test process
     parser = argparse.ArgumentParser()
     add_commands(parser.add_subparsers(dest="command"), (BENCH,))
     args = parser.parse_args(["bench", "--smoke", "--dry-run"])
@@ -93,7 +91,7 @@ def test_bench_smoke_runs_the_smoke_preset_into_runs_bench_smoke(monkeypatch):
 def test_bench_options_choose_the_rows_of_the_shipped_default_recipes(monkeypatch):
     calls = []
     monkeypatch.setattr(runner, "run_bench", lambda config, out, **kw: calls.append(config) or _nothing(out))
-    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *args, **kwargs: None)
+    monkeypatch.setattr("alfa.cli.bench.deterministic_kernels", lambda: None)  # no global switch in the test process
     parser = argparse.ArgumentParser()
     add_commands(parser.add_subparsers(dest="command"), (BENCH,))
     for argv in (

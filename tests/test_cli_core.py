@@ -406,3 +406,27 @@ def test_the_quiet_exporter_hides_the_exporters_notices_only(capsys, monkeypatch
             assert logged == ["torchvision is not installed", "a real error"]
     finally:
         logging.getLogger("torch.onnx").removeHandler(handler)
+
+
+def test_deterministic_kernels_switch_torch_on_without_loading_torchinductor():
+    """Every training or scoring command asks for deterministic kernels (warnings where there are none); it must
+    not import TorchInductor for it (seconds of every command's start), and where TorchInductor is already
+    loaded its flag is set too."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch\n"
+        "from alfa.cli.options import deterministic_kernels\n"
+        "assert not torch.are_deterministic_algorithms_enabled()\n"
+        "deterministic_kernels()\n"
+        "assert torch.are_deterministic_algorithms_enabled()\n"
+        "assert torch.is_deterministic_algorithms_warn_only_enabled()\n"
+        "print('inductor loaded:', 'torch._inductor' in sys.modules)\n"
+        "import torch._inductor.config as inductor\n"
+        "torch.use_deterministic_algorithms(False)\n"
+        "deterministic_kernels()\n"
+        "print('inductor flag:', inductor.deterministic, torch.are_deterministic_algorithms_enabled())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["inductor loaded: False", "inductor flag: True True"]

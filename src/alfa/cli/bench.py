@@ -21,7 +21,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .options import at_least, device_option, precision_option, quiet_option
+from .options import at_least, deterministic_kernels, device_option, precision_option, quiet_option
 from .registry import Command
 
 __all__ = ["BENCH", "POWER", "REPORT"]
@@ -47,7 +47,6 @@ def _command_line() -> str:
 
 
 def _bench(args: argparse.Namespace) -> None:
-    import torch
 
     from alfa.gaze.devices import resolve_device
     from alfa.study.bench.ablations import REGISTRY
@@ -82,7 +81,7 @@ def _bench(args: argparse.Namespace) -> None:
     if args.keep_adapters:
         changes["keep_adapters"] = True
     config = dataclasses.replace(config, **changes)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_kernels()
     out = Path(args.out or f"runs/bench-{preset}")
     device = resolve_device(args.device)
     summary = run_bench(

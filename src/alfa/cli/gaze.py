@@ -25,6 +25,7 @@ from .options import (
     allow_partial_option,
     at_least,
     default_of,
+    deterministic_kernels,
     device_option,
     fraction,
     non_negative_number,
@@ -61,7 +62,7 @@ def seed_everything(seed: int) -> None:
     import torch
 
     torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_kernels()
 
 
 def open_spec(spec: str) -> GazeDataset:

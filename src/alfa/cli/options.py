@@ -14,6 +14,7 @@ import torch
 from alfa.gaze.precision import PRECISIONS, default_precision
 
 __all__ = [
+    "deterministic_kernels",
     "at_least",
     "positive_rate",
     "non_negative_number",
@@ -30,6 +31,20 @@ __all__ = [
     "tta_of",
     "default_of",
 ]
+
+
+def deterministic_kernels() -> None:
+    """Ask torch for deterministic kernels (a warning where an op has none), as every command that trains or
+    scores does. ``torch.use_deterministic_algorithms`` also sets TorchInductor's flag and imports TorchInductor
+    for it: about 2.4 s of every command's start on a 2-core machine, for a compiler no command uses. So the
+    public call is made only if TorchInductor is already loaded; otherwise torch's own switch is set directly."""
+    import sys
+
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch._C._set_deterministic_algorithms(True, warn_only=True)
+
 
 DEVICE_HELP = (
     "auto (CUDA when present, else the CPU), cpu, cuda or cuda:N (default %(default)s); checkpoints load onto any "
