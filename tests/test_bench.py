@@ -386,3 +386,24 @@ def test_target_persons_are_drawn_afresh_per_seed_unless_fixed(tmp_path):
         tiny(target_draw="sometimes").validate()
     with pytest.raises(ValueError, match="worlds must be one of"):
         tiny(worlds="v3").validate()
+
+
+def test_the_declared_v2_run_is_every_row_on_seeds_0_to_2_and_the_familys_rows_beyond():
+    from alfa.study.bench.methods import DECLARED_FAMILY_ROWS, FAMILY_SEEDS
+    from alfa.study.bench.plan import declared_run, declared_run_progress
+
+    assert declared_run("v1") == [] and declared_run_progress("v1", []) is None
+    plans = declared_run("v2")
+    ids = [p.id for p in plans]
+    assert len(ids) == len(set(ids))
+    assert {p.seed for p in plans} == {0, 1, 2, *FAMILY_SEEDS}
+    first = {p.variant.label.split("[")[0] for p in plans if p.seed == 0}
+    later = {p.variant.label.split("[")[0] for p in plans if p.seed == FAMILY_SEEDS[0]}
+    assert later == set(DECLARED_FAMILY_ROWS) and later < first
+    assert {"pnpga", "ruda", "target-trained"} <= first
+    held = ids[:3] + [ids[-1], "not|a|record"]
+    progress = declared_run_progress("v2", held)
+    assert progress.held == 4 and progress.total == len(plans)
+    missing = progress.selections + progress.ablations + progress.rows + progress.family_missing
+    assert missing == len(plans) - 4 and progress.selections > 0 and progress.ablations > 0
+    assert progress.family_missing == sum(p.seed in FAMILY_SEEDS for p in plans) - 1

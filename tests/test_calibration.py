@@ -25,6 +25,7 @@ def test_worlds_in_the_real_regime_pass_every_condition():
     assert [c.pair for c in checks if c.holds is None] == ["G→M", "G→D"]
     page = calibration_page([], {"records": _records(0.5, 0.5, 4.0), "config": {"worlds": "v2"}}, data="d", command="c")
     assert "10 of 10 conditions hold. The worlds are calibrated." in page
+    assert "**The declared run**" in page  # the v2 record is the first part of a declared run: how far it is
 
 
 def test_each_condition_can_fail():
@@ -39,6 +40,7 @@ def test_each_condition_can_fail():
     assert [c.holds for c in above if "in-domain" in c.condition] == [False, False, None, None]
     page = calibration_page([], {"records": _records(0.0, 0.5, 9.5), "config": {}}, data="d", command="c")
     assert "8 of 10 conditions hold. **The worlds are not calibrated.**" in page
+    assert "declared run" not in page  # v1 declared no run as a whole
 
 
 def test_a_missing_row_cannot_pass():

@@ -27,11 +27,14 @@ before any adaptation method runs on the worlds, and no knob it turns knows abou
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .plan import declared_run_progress
 from .record import Record
+from .report_prose import DECLARED_RUN
 from .stats import Stat, cell, index_records
 
 __all__ = [
@@ -273,4 +276,8 @@ def _checks_section(results: Mapping[str, Any]) -> list[str]:
     conditions = [c for c in checks if c.holds is not None]
     held = sum(bool(c.holds) for c in conditions)
     verdict = "The worlds are calibrated." if held == len(conditions) else "**The worlds are not calibrated.**"
-    return [*lines, "", f"{held} of {len(conditions)} conditions hold. {verdict}", ""]
+    lines += ["", f"{held} of {len(conditions)} conditions hold. {verdict}", ""]
+    progress = declared_run_progress(config.get("worlds", "v1"), (str(r.get("id")) for r in results["records"]))
+    if progress is not None:  # the calibration record is the first part of the declared run: how far it is
+        lines += [DECLARED_RUN.format(**dataclasses.asdict(progress)), ""]
+    return lines

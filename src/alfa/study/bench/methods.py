@@ -114,3 +114,7 @@ runs, chosen so that eight seeds detect about a degree (``alfa power``)."""
 DECLARED_FAMILY_ROWS = ("source-only", "flip-tta", "alfa", "lora", "diag_gate", "linear_mix")
 """The methods whose rows the declared v2 family needs (with their selected recipes, and Alfa's and LoRA's
 shipped defaults): what the seeds beyond the first three run (docs/flip-premise.md §7.1)."""
+FAMILY_SEEDS = (3, 4, 5, 6, 7)
+"""The seeds that run only :data:`DECLARED_FAMILY_ROWS` (seeds 0–2 run every row; docs/flip-premise.md §7.1)."""
+FAMILY_DEFAULTS = ("alfa", "lora")
+"""The methods whose shipped-default rows the declared v2 family needs (docs/flip-premise.md §7.1)."""

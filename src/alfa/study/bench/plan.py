@@ -9,14 +9,33 @@ depends on: :func:`~alfa.study.bench.schema.config_hash`) needs the rendered dat
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .ablations import ablation_variants
-from .config import BenchConfig, split_pair
-from .methods import PAIRS, SOURCES
+from .ablations import REGISTRY, ablation_variants
+from .config import BenchConfig, selectable_methods, split_pair
+from .methods import (
+    DECLARED_FAMILY_ROWS,
+    EXTRA_METHODS,
+    FAMILY_DEFAULTS,
+    FAMILY_SEEDS,
+    OPT_IN_METHODS,
+    PAIRS,
+    SOURCES,
+)
 from .variants import SELECTED, Variant, default_variant, main_variants, selection_variants
 
-__all__ = ["STAND_IN", "RecordPlan", "record_id", "plan_records", "grid_plan"]
+__all__ = [
+    "STAND_IN",
+    "RecordPlan",
+    "record_id",
+    "plan_records",
+    "grid_plan",
+    "declared_run",
+    "DeclaredRunProgress",
+    "declared_run_progress",
+]
 
 
 @dataclass
@@ -80,3 +99,60 @@ def grid_plan(config: BenchConfig, plan: RecordPlan) -> RecordPlan:
     """The recipe-selection record a selected row reads."""
     method = plan.variant.label.removesuffix(SELECTED)
     return RecordPlan(selection_variants(config, method)[0], f"{plan.source}→{STAND_IN}", plan.seed)
+
+
+def declared_run(worlds: str) -> list[RecordPlan]:
+    """Every record of the run the protocol of ``worlds`` declares as a whole (docs/flip-premise.md §7–7.2): for
+    ``v2``, the standard preset on seeds 0–2 with the rows of the domain-adaptation issue (RUDA, PnP-GA, the
+    distilled TTA), and the family's rows on :data:`~alfa.study.bench.methods.FAMILY_SEEDS` (§7.1's command).
+    Empty for ``v1``: each of its files was its own run, its plan its own configuration."""
+    if worlds != "v2":
+        return []
+    standard = BenchConfig.standard()
+    methods = standard.methods + EXTRA_METHODS + OPT_IN_METHODS
+    every_row = dataclasses.replace(standard, seeds=(0, 1, 2), methods=methods)
+    selectable = selectable_methods()
+    family = dataclasses.replace(
+        standard,
+        seeds=FAMILY_SEEDS,
+        methods=tuple(m for m in DECLARED_FAMILY_ROWS if m in standard.methods),
+        selected_methods=tuple(m for m in DECLARED_FAMILY_ROWS if m in selectable),
+        default_methods=FAMILY_DEFAULTS,
+        ablations=(),
+    )
+    return plan_records(every_row) + plan_records(family)
+
+
+@dataclass(frozen=True)
+class DeclaredRunProgress:
+    """How much of a declared run (:func:`declared_run`) a results file holds: ``held`` of ``total`` records;
+    of the missing ones on seeds 0–2, ``selections`` recipe selections, ``ablations`` ablation rows and ``rows``
+    the others; ``family_missing`` on the family's seeds."""
+
+    held: int
+    total: int
+    selections: int
+    ablations: int
+    rows: int
+    family_missing: int
+
+
+def declared_run_progress(worlds: str, record_ids: Iterable[str]) -> DeclaredRunProgress | None:
+    """What of the declared run of ``worlds`` the records ``record_ids`` hold (``None`` where no run is declared
+    as a whole): a page made before the run is done says what it lacks, and reads nothing from the absence."""
+    plans = declared_run(worlds)
+    if not plans:
+        return None
+    have = set(record_ids)
+    missing = [p for p in plans if p.id not in have]
+    first = [p for p in missing if p.seed not in FAMILY_SEEDS]
+    selections = sum(p.variant.kind == "selection" for p in first)
+    ablations = sum(p.variant.kind != "selection" and p.variant.group in REGISTRY for p in first)
+    return DeclaredRunProgress(
+        held=len(plans) - len(missing),
+        total=len(plans),
+        selections=selections,
+        ablations=ablations,
+        rows=len(first) - selections - ablations,
+        family_missing=len(missing) - len(first),
+    )

@@ -244,6 +244,13 @@ SCALED_PARAMETER = "×{factor:g} on `{name}`"
 
 NO_RUNS = "No run metadata."
 
+DECLARED_RUN = (
+    "**The declared run** (docs/flip-premise.md §7–7.2): this file holds {held} of its {total} records. Not yet "
+    "recorded: on seeds 0–2, {selections} recipe selections, {ablations} ablation rows and {rows} other rows; on "
+    "the family's seeds 3–7, {family_missing} records. A row without a record is shown as missing, and nothing is "
+    "read from its absence."
+)
+
 FILE_COST = (
     "**What this file cost: {total:.0f} process-minutes**, about **{wall:.0f} min of wall time** with two "
     "processes at a time on this {cpus}-CPU machine: {record_minutes:.1f} min for its "
