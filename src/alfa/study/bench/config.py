@@ -36,7 +36,9 @@ from .methods import (
     SOURCES,
     STAND_INS,
     TARGETS,
+    TTA_ROWS,
     table_methods,
+    with_tta_rows,
     world_name,
 )
 from .variants import split_loss
@@ -160,7 +162,8 @@ class BenchConfig:
     ``latency_batch`` target images.
 
     Selection (which records run; see :data:`SELECTION_FIELDS`): ``pairs``, ``seeds``, ``methods`` (of
-    :data:`MAIN_METHODS` and :data:`SANITY_METHODS`, and the rows run only when named, :data:`EXTRA_METHODS`),
+    :data:`MAIN_METHODS` and :data:`SANITY_METHODS`, the label-free TTA rows :data:`~.methods.TTA_ROWS`, and the
+    rows run only when named, :data:`EXTRA_METHODS`),
     ``selected_methods`` (of :data:`SELECTABLE`: a second row each, with the recipe selected on the stand-in),
     ``default_methods`` (of :data:`SELECTABLE`: a row
     each with the recipe ``alfa personalize`` ships for the method), ``ablations`` (of :data:`ABLATIONS`) on
@@ -238,8 +241,12 @@ class BenchConfig:
         images trained 12 epochs with a cosine schedule (docs/synthetic.md § Calibration: the budget is part of
         what puts the worlds in the real regime) + 1 recovery epoch, every target person (15 and 14, drawn
         afresh for each seed) with 40 images (5 adapt + 35 scored), the full personalization recipe (10 steps),
-        short TPGaze meta-training and oracle; every ablation with its full list of values on all four pairs."""
+        short TPGaze meta-training and oracle; every ablation with its full list of values on all four pairs. On
+        the v2 worlds its methods also have issue 26's label-free TTA rows (:data:`~.methods.TTA_ROWS`, after
+        flip-TTA), which the first records' preset does not have."""
         base = dataclasses.replace(cls.first_standard(), preset="standard", target_persons=None)
+        if overrides.get("worlds", "v2") == "v2":
+            base = dataclasses.replace(base, methods=with_tta_rows(base.methods))
         base = dataclasses.replace(
             base,
             target_draw="per_seed",
@@ -351,7 +358,7 @@ class BenchConfig:
         for p in (*self.pairs, *self.ablation_pairs, self.figure_pair):
             if p not in PAIRS:
                 raise ValueError(f"unknown pair {p!r}; pairs are {', '.join(PAIRS)}")
-        known = table_methods() + SANITY_METHODS + EXTRA_METHODS + OPT_IN_METHODS
+        known = table_methods() + SANITY_METHODS + tuple(TTA_ROWS) + EXTRA_METHODS + OPT_IN_METHODS
         bad = [m for m in self.methods if m not in known]
         if bad:
             raise ValueError(f"unknown method(s) {bad}; methods are {', '.join(known)}")

@@ -22,6 +22,7 @@ from .methods import POSITIVE_CONTROLS, SELECTION_RULE
 from .names import DEFAULT, SUFFIX_WORDS, display_name
 from .record import Record, as_records
 from .stats import Diff, Index, Measure, cell, diff, pairs_of, pooled
+from .tta_report import tta_lines
 from .variants import GRID, SELECTED
 
 __all__ = ["flip_sections", "flip_summary", "ceilings", "table_rows"]
@@ -607,11 +608,13 @@ def _replay_section(idx: Index, main: Sequence[str]) -> list[str]:
 
 
 def flip_sections(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
-    """The report's flip-premise sections, as markdown lines."""
+    """The report's flip-premise sections, as markdown lines; after what a flip can see, the label-free TTA rows
+    and what a roll sees (:mod:`alfa.study.bench.tta_report`, where the results have them)."""
     ceil = ceilings(idx)
-    lines: list[str] = []
+    lines: list[str] = _ceiling_section(idx, main, ceil) if ceil else []
+    lines += tta_lines(idx, "###" if ceil else "##")
     if ceil:
-        lines += _ceiling_section(idx, main, ceil) + _after_section(idx, main, ceil)
+        lines += _after_section(idx, main, ceil)
     return lines + _selection_section(results, idx, main) + _replay_section(idx, main)
 
 

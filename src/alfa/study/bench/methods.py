@@ -67,6 +67,26 @@ def table_methods() -> tuple[str, ...]:
 
 
 SANITY_METHODS = ("in-domain", "target-trained", "oracle")
+TTA_ROWS: dict[str, str] = {"roll-tta": "roll", "group-tta": "flip+roll"}
+"""Issue 26's label-free test-time augmentation rows, by label, each with the kind of
+:data:`alfa.gaze.tta.TTA_KINDS` it wraps the base in: ``roll-tta`` (the crop rolled by 0 and ± the declared
+angle) and ``group-tta`` (flip × roll: both crops at each of those rolls). No training: scored like ``flip-tta``
+(same persons, same scored images, latency measured the same way), each record storing its forward passes per
+image. Only the standard preset on the v2 worlds plans them (:meth:`~alfa.study.bench.config.BenchConfig.standard`):
+the first records' preset and the smoke and quick checks keep their plans."""
+TTA_OF_ROW: dict[str, str] = {"flip-tta": "flip", **TTA_ROWS}
+"""Every test-time augmentation row (``flip-tta`` and :data:`TTA_ROWS`) -> its kind of
+:data:`alfa.gaze.tta.TTA_KINDS`."""
+
+
+def with_tta_rows(labels: tuple[str, ...]) -> tuple[str, ...]:
+    """``labels`` with :data:`TTA_ROWS` right after ``flip-tta`` (at the end without it), each once: the row order
+    of the tables and of the standard preset's methods."""
+    rest = tuple(m for m in labels if m not in TTA_ROWS)
+    at = rest.index("flip-tta") + 1 if "flip-tta" in rest else len(rest)
+    return rest[:at] + tuple(TTA_ROWS) + rest[at:]
+
+
 EXTRA_METHODS = ("ruda",)
 """Rows a run may ask for by name (``--methods ruda``) that are in no default list: the domain-adaptation
 baselines of issue 26 (``ruda``: RUDA, :mod:`alfa.gaze.ruda`), run when declared, so the default runs and their

@@ -12,6 +12,8 @@ __all__ = ["NAMES", "SELECTED", "DEFAULT", "display_name"]
 NAMES = {
     "source-only": "source-only (truncated base)",
     "flip-tta": "flip-TTA (no training)",
+    "roll-tta": "roll-TTA (no training)",
+    "group-tta": "flip×roll TTA (no training)",
     "in-domain": "in-domain (held-out source persons)",
     "target-trained": "target-trained (the same model trained on other persons of the target world)",
     "oracle": "oracle (supervised, per person)",

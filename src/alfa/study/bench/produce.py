@@ -35,9 +35,10 @@ from alfa.gaze.evaluate import (
     person_gaze_errors,
     predict_images,
 )
-from alfa.gaze.flip import FlipParts, FlipTTA, person_flip_parts
+from alfa.gaze.flip import FlipParts, person_flip_parts
 from alfa.gaze.geometry import angular_error
 from alfa.gaze.losses import finite_or_raise, supervised_l1_loss
+from alfa.gaze.orbit import person_orbit_parts
 from alfa.gaze.personalize import person_seed, personalize_and_score, personalize_dataset
 from alfa.gaze.recipes import (
     PAPER_RECIPE,
@@ -61,18 +62,21 @@ from .measure import (
     adapter_costs,
     constant_prediction_error,
 )
+from .methods import TTA_OF_ROW, TTA_ROWS
 from .plan import RecordPlan
 from .pnpga import run_pnpga
 from .record import Record
 from .session import Session, SourceContext, TargetData
 
-__all__ = ["KINDS", "OPT_IN_KINDS", "UNADAPTED", "produce_record"]
+__all__ = ["KINDS", "OPT_IN_KINDS", "TTA_ROW_KINDS", "UNADAPTED", "produce_record"]
 
 # The kinds of a table row (a recipe-selection record is of kind "selection", never a row); the unadapted
-# ones score a base as it is. The opt-in kinds are those of rows no preset plans (methods.OPT_IN_METHODS).
+# ones score a base as it is. The opt-in kinds are those of rows no preset plans (methods.OPT_IN_METHODS); the
+# TTA kinds those of issue 26's label-free TTA rows, which only the standard preset plans (methods.TTA_ROWS).
 KINDS = ("source-only", "flip-tta", "in-domain", "target-trained", "oracle", "adapter", "tpgaze", "ruda")
 OPT_IN_KINDS = ("pnpga",)
-UNADAPTED = ("source-only", "flip-tta", "in-domain", "target-trained")
+TTA_ROW_KINDS = tuple(TTA_ROWS)
+UNADAPTED = ("source-only", "flip-tta", *TTA_ROW_KINDS, "in-domain", "target-trained")
 
 
 def produce_record(session: Session, plan: RecordPlan) -> Record:
@@ -177,20 +181,40 @@ def _score_unadapted(
     record: dict[str, Any],
     flips: dict[str, FlipParts],
 ) -> dict[str, GazeError]:
-    """The rows without adaptation: in-domain (on held-out source persons), target-trained, source-only and
-    flip-TTA (the base's predictions averaged with its mirrored predictions on the flipped images; on the
-    target), each with the error of a constant prediction on its set; source-only's and flip-TTA's latency."""
+    """The rows without adaptation: in-domain (on held-out source persons), target-trained, source-only and the
+    TTA rows (the base wrapped in a kind of :mod:`alfa.gaze.tta`: flip-TTA, roll-TTA, flip × roll; on the
+    target, each storing its kind and forward passes per image), each with the error of a constant prediction on
+    its set; source-only's and the TTA rows' latency; source-only's orbit parts (:func:`_add_orbit`)."""
     n_adapt = session.config.personalize.n_adapt
-    data = src.val if record["kind"] == "in-domain" else tgt.data
-    model = FlipTTA(base) if record["kind"] == "flip-tta" else base
+    kind = record["kind"]
+    data = src.val if kind == "in-domain" else tgt.data
+    tta = tta_kind(TTA_OF_ROW[kind]) if kind in TTA_OF_ROW else None
+    model = tta.wrap(base) if tta is not None else base
+    if tta is not None:
+        record["tta"] = {"kind": tta.name, "passes": tta.passes}
     errors = _score(model, data, data.persons(), n_adapt, flips)
     record["constant_prediction_deg"] = constant_prediction_error(data, data.persons(), n_adapt)
-    if record["kind"] in ("source-only", "flip-tta"):
+    if kind == "source-only" or tta is not None:
         images = session.latency_images(tgt)
         record["latency_ms"], record["base_latency_ms"] = _latency_ms(
             [model, base], images, session.config.latency_repeats
         )
+    if kind == "source-only":
+        _add_orbit(record, base, data, list(errors), n_adapt)
     return errors
+
+
+def _add_orbit(record: dict[str, Any], base: nn.Module, data: GazeDataset, persons: list[str], n_adapt: int) -> None:
+    """What a flip, a roll, both and neither see of the source model's error on each person's scored images
+    (:func:`alfa.gaze.orbit.person_orbit_parts`, ``2 · ORBIT_STEPS`` forward passes per image) and the mean over
+    persons. A measure of new records only: it enters no hash, so a record made before it keeps its hash and has
+    none (the report shows it as missing)."""
+    per_person = {p: parts.to_dict() for p, parts in person_orbit_parts(base, data, persons, n_adapt).items()}
+    record["per_person_orbit"] = per_person
+    if per_person:
+        parts = list(per_person.values())
+        mean = {k: statistics.fmean(x[k] for x in parts) for k in parts[0] if k != "roll_steps"}
+        record["orbit"] = {**mean, "roll_steps": parts[0]["roll_steps"]}
 
 
 def _run_personalization(

@@ -3,7 +3,8 @@
 A record is one (method, pair, seed) row of the report's tables, or one recipe selection of a method on a
 source's stand-in (kind ``"selection"``, never a row). Every record has the fields of :data:`REQUIRED`; the
 others are measured only by some kinds (a selection's grid, a personalized method's losses, an oracle's
-labelled images) or only by records scored since the measure exists (the yaw/pitch parts, what a flip sees),
+labelled images) or only by records scored since the measure exists (the yaw/pitch parts, what a flip sees, what
+a flip and a roll see of a source-only record's error),
 and are ``None`` where a record does not have them.
 
 :meth:`Record.from_dict` reads the JSON form and refuses a missing required key or an unknown key by name;
@@ -75,9 +76,12 @@ class Record:
     pnpga: dict[str, Any] | None = None  # PnP-GA: its ensemble, other predictors' errors, its cost per person
     distill: dict[str, Any] | None = None  # TTA distilled: passes (1) against the teacher TTA's, the teacher's error
     domain_protocol: dict[str, Any] | None = None  # ... adapted on one person, scored on the whole target
+    tta: dict[str, Any] | None = None  # a TTA row: its kind of alfa.gaze.tta and forward passes per image
     per_person_flip: dict[str, dict[str, float]] | None = None  # what a flip sees of each person's error
     flip: dict[str, float] | None = None  # ... its mean over persons
     flip_tta_error_deg: float | None = None  # the error with flip-TTA on top of the record's model
+    per_person_orbit: dict[str, dict[str, float]] | None = None  # source-only: what a flip, a roll, both see
+    orbit: dict[str, float] | None = None  # ... its mean over persons (alfa.gaze.orbit.OrbitParts' fields)
     per_person_parts: dict[str, dict[str, float]] | None = None  # yaw/pitch error and bias per person
     std_over_persons: float | None = None
     # A recipe selection's results, on its source's stand-in.
@@ -141,9 +145,12 @@ _ROW_RESULTS = (
     "pnpga",
     "distill",
     "domain_protocol",
+    "tta",
     "per_person_flip",
     "flip",
     "flip_tta_error_deg",
+    "per_person_orbit",
+    "orbit",
     "per_person",
     "per_person_parts",
     "persons",

@@ -40,6 +40,7 @@ from .methods import (
     STAND_INS,
     TARGETS,
     table_methods,
+    with_tta_rows,
     world_name,
 )
 from .names import display_name
@@ -90,7 +91,8 @@ class _Report:
         self.present = {m for (m, _, _) in self.idx}  # the rows with records
         self.main = main_verdicts(self.idx)
         self.sanity = sanity_verdicts(self.idx)
-        self.parts_methods = [m for m in ("source-only", *table_methods()[1:], "oracle") if records_of(self.idx, m)]
+        parts_rows = with_tta_rows(("source-only", *table_methods()[1:], "oracle"))
+        self.parts_methods = [m for m in parts_rows if records_of(self.idx, m)]
         self.parts = parts_verdicts(self.idx, self.parts_methods)
 
     def figure(self, name: str, caption: str) -> list[str]:

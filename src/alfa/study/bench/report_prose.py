@@ -392,3 +392,24 @@ REPLAY_INTRO = (
     "error after every step on all of that person's images (the five adaptation images included), then "
     "the per-person minimum, then the mean. The last column is what that selection alone makes up."
 )
+
+TTA_ROWS_INTRO = (
+    "The label-free test-time augmentations of the base (issue 26), none trained: flip-TTA (the crop and its "
+    "mirror image), roll-TTA (the crop rolled inside its disc by 0 and ±{roll_deg:g}°, each prediction rolled "
+    "back) and flip×roll TTA (both crops at each of those rolls, each prediction rolled and mirrored back; the "
+    "two roll kinds average unit vectors), scored on the same persons and images as source-only. Per row: its "
+    "forward passes per image (as its records store them), its latency over the base's (median over records), "
+    "and per pair its error (mean over seeds, 95 % interval) and its difference from source-only (negative: "
+    "lower error; 95 % interval; *clear* after Holm over the page):"
+)
+
+ORBIT_INTRO = (
+    "What each law can see of the source model's error (alfa.gaze.orbit): per pair, shares of the source "
+    "model's mean-square error (mean over persons per record, then mean over seeds with the 95 % interval) that "
+    "a flip sees, that a roll sees (over the whole orbit of rolls by multiples of {roll_deg:g}°, up to 180°: "
+    "what a roll signal can see in principle, not what roll-TTA at ±{roll_deg:g}° removes), and the exact parts "
+    "both, the flip only, the roll only and neither; the four parts and the cross terms add up to 100 %. The "
+    "cross terms vanish only for errors that vary smoothly along the orbit: a model never trained on crops "
+    "rolled far predicts nonsense on them, and its shares can then exceed 100 % against large negative cross "
+    "terms. A source-only record made before this measure existed has none (—); the report does not recompute it."
+)

@@ -16,7 +16,7 @@ from alfa.gaze.pnpga import PUBLISHED as PNPGA_PUBLISHED
 from .flip_report import table_rows
 from .markdown import number as _num
 from .markdown import table as _table
-from .methods import EXTRA_METHODS, table_methods
+from .methods import EXTRA_METHODS, table_methods, with_tta_rows
 from .names import SELECTED
 from .names import display_name as _name
 from .record import Record
@@ -53,9 +53,10 @@ def lora_family() -> tuple[str, ...]:
 
 
 def cost_rows() -> tuple[str, ...]:
-    """The cost table's rows: Table 1's methods, the rows run when asked for, the oracle, and the ablations'
-    other kinds of adapter."""
-    return (*table_methods(), *EXTRA_METHODS, *OPT_IN_ROWS, "oracle", "diag_gate", "linear_mix", "alfa[dense]")
+    """The cost table's rows: Table 1's methods (the label-free TTA rows after flip-TTA), the rows run when asked
+    for, the oracle, and the ablations' other kinds of adapter."""
+    rows = (*table_methods(), *EXTRA_METHODS, *OPT_IN_ROWS, "oracle", "diag_gate", "linear_mix", "alfa[dense]")
+    return with_tta_rows(rows)
 
 
 # ----------------------------------------------------------------------------- cells
@@ -98,10 +99,10 @@ def records_of(idx: Index, method: str) -> list[Record]:
 
 
 def table1_rows(idx: Index) -> list[str]:
-    """Table 1's rows that have records: each method, then its selected-recipe row where there is one; then
-    the rows run only when asked for (:data:`~alfa.study.bench.methods.EXTRA_METHODS`, and TTA distillation's
-    and PnP-GA's opt-in rows) that were."""
-    return table_rows(idx, (*table_methods(), *EXTRA_METHODS, *OPT_IN_ROWS))
+    """Table 1's rows that have records: each method (the label-free TTA rows after flip-TTA), then its
+    selected-recipe row where there is one; then the rows run only when asked for
+    (:data:`~alfa.study.bench.methods.EXTRA_METHODS`, and TTA distillation's and PnP-GA's opt-in rows) that were."""
+    return table_rows(idx, with_tta_rows((*table_methods(), *EXTRA_METHODS, *OPT_IN_ROWS)))
 
 
 # ----------------------------------------------------------------------------- Table 1 and its companions

@@ -15,7 +15,7 @@ from alfa.gaze.pnpga import PnPGAConfig
 from alfa.gaze.recipes import Recipe, named_recipe
 from alfa.gaze.ruda import RUDA_RECIPE, ruda_method
 
-from .methods import EXTRA_METHODS, OPT_IN_METHODS, SANITY_METHODS, table_methods
+from .methods import EXTRA_METHODS, OPT_IN_METHODS, SANITY_METHODS, TTA_ROWS, table_methods
 from .names import DEFAULT, SELECTED  # rows with a selected (alfa[selected]) or shipped (alfa[default]) recipe
 
 __all__ = [
@@ -53,7 +53,9 @@ class Variant:
     """One row of a table: a method, or an ablated variant of one, and how to run it.
 
     ``kind``: ``"source-only"`` (no adaptation), ``"flip-tta"`` (no training: the base's prediction
-    averaged with its mirrored prediction on the flipped image), ``"in-domain"`` (the base on held-out source persons),
+    averaged with its mirrored prediction on the flipped image), ``"roll-tta"`` and ``"group-tta"`` (no training:
+    the base with the roll's or the flip × roll test-time augmentation, :data:`~alfa.study.bench.methods.TTA_ROWS`),
+    ``"in-domain"`` (the base on held-out source persons),
     ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe), ``"tpgaze"``, ``"ruda"`` (RUDA:
     the whole network with its rotation-consistency objective, :mod:`alfa.gaze.ruda`), or ``"pnpga"`` (PnP-GA's
     ensemble adaptation, ``pnpga`` its settings: :mod:`alfa.study.bench.pnpga`). ``base``:
@@ -91,7 +93,7 @@ def method_config(method: str, config: VariantSettings) -> AdapterConfig:
 def _main_row(label: str, config: VariantSettings) -> Variant:
     if label in SANITY_METHODS:
         return Variant(label, label, group="sanity")
-    if label in ("source-only", "flip-tta"):
+    if label in ("source-only", "flip-tta", *TTA_ROWS):
         return Variant(label, label)
     if label == "ruda":  # its method and its changes to the shared recipe (the views and loss of its objective)
         return Variant(label, "ruda", adapter=ruda_method(), recipe=dict(RUDA_RECIPE))
@@ -157,8 +159,9 @@ def default_variant(config: VariantSettings, method: str) -> Variant:
 
 
 def main_variants(config: VariantSettings) -> dict[str, Variant]:
-    """The methods of Table 1, the sanity rows and the rows run only when named (:data:`EXTRA_METHODS`, which the
-    smoke preset plans, and :data:`OPT_IN_METHODS`, which no preset plans), by label (every adapter method at its
-    defaults, Alfa with the benchmark's heads and rank)."""
-    labels = (*table_methods(), *SANITY_METHODS, *EXTRA_METHODS, *OPT_IN_METHODS)
+    """The methods of Table 1, the sanity rows, the label-free TTA rows (:data:`TTA_ROWS`, which only the standard
+    preset plans) and the rows run only when named (:data:`EXTRA_METHODS`, which the smoke preset plans, and
+    :data:`OPT_IN_METHODS`, which no preset plans), by label (every adapter method at its defaults, Alfa with the
+    benchmark's heads and rank)."""
+    labels = (*table_methods(), *SANITY_METHODS, *TTA_ROWS, *EXTRA_METHODS, *OPT_IN_METHODS)
     return {label: _main_row(label, config) for label in labels}
