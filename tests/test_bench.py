@@ -9,7 +9,7 @@ import torch
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 import alfa
-import alfa.gaze.pipeline as pipeline
+import alfa.gaze.personalize as personalization
 import alfa.study.bench.produce as produce
 from alfa.checkpoint import load_model
 from alfa.cli import build_parser
@@ -129,8 +129,8 @@ def test_resume_skips_finished_records(bench, monkeypatch):
     out, config, _ = bench
     before = (out / RESULTS_FILE).read_text()
     calls = []
-    real = pipeline.personalize_dataset
-    monkeypatch.setattr(pipeline, "personalize_dataset", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = personalization.personalize_dataset
+    monkeypatch.setattr(personalization, "personalize_dataset", lambda *a, **k: calls.append(1) or real(*a, **k))
     summary = run_bench(config, out, progress=False)
     assert summary.ran == [] and len(summary.skipped) == 4 and calls == []
     assert (out / RESULTS_FILE).read_text() == before  # nothing rewritten
@@ -176,7 +176,7 @@ def test_interrupted_write_leaves_the_old_file_intact(bench, monkeypatch, tmp_pa
 
 def test_interrupted_run_keeps_finished_records_and_resumes(tmp_path, monkeypatch):
     config = tiny(methods=("source-only", "alfa"), ablations=("heads",))
-    real = pipeline.personalize_dataset
+    real = personalization.personalize_dataset
     calls = []
 
     def interrupt_second(*args, **kwargs):
@@ -185,7 +185,7 @@ def test_interrupted_run_keeps_finished_records_and_resumes(tmp_path, monkeypatc
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "personalize_dataset", interrupt_second)
+    monkeypatch.setattr(personalization, "personalize_dataset", interrupt_second)
     with pytest.raises(KeyboardInterrupt):
         run_bench(config, tmp_path, progress=False)
     data = load_results(tmp_path)
