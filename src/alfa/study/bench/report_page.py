@@ -16,7 +16,6 @@ correction over all of them), and its Summary states that family.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
 from collections.abc import Callable, Iterable, Sequence
@@ -44,7 +43,6 @@ from .methods import (
     world_name,
 )
 from .names import display_name
-from .plan import declared_run_progress
 from .record import Record, as_records
 from .report_figures import render_figures, update_rank_lines
 from .report_tables import (
@@ -274,9 +272,7 @@ def _runs_lines(results: dict[str, Any], records: Sequence[Record]) -> list[str]
         cpu_minutes=sum(r.get("cpu_s", 0.0) for r in runs) / 60,
         torch=runs[0].get("torch"),
     )
-    progress = declared_run_progress(_worlds(results), (r.id for r in records))
-    declared = [prose.DECLARED_RUN.format(**dataclasses.asdict(progress)), ""] if progress else []
-    return [*declared, cost, "", summary, "", runs_table(runs)]
+    return [cost, "", summary, "", runs_table(runs)]
 
 
 # ----------------------------------------------------------------------------- the sections, in page order
