@@ -75,15 +75,14 @@ def _export_argv(tmp_path) -> tuple[list[str], torch.nn.Module]:
     return argv, model
 
 
-@pytest.mark.slow
-def test_alfa_export_command(tmp_path, capsys):
+def test_alfa_export_asks_for_the_input_size_a_checkpoint_does_not_record(tmp_path, capsys):
+    """(The export itself, with ``--image-size``, is the next test's.)"""
     from alfa.cli import main
 
     argv, _ = _export_argv(tmp_path)
-    assert main([*argv, "--out", str(tmp_path / "u.onnx")]) == 2  # no recorded input size: asks for it
+    assert main([*argv, "--out", str(tmp_path / "u.onnx")]) == 2
     assert "pass --image-size H W" in capsys.readouterr().err
-    assert main([*argv, "--out", str(tmp_path / "u.onnx"), "--image-size", "32", "32"]) == 0
-    assert "onnxruntime vs PyTorch on batches of 1, 7: relative difference" in capsys.readouterr().out
+    assert not (tmp_path / "u.onnx").exists()
 
 
 class _Records(logging.Handler):
