@@ -4,10 +4,10 @@ training into it beside it, then re-scores what the first one finished."""
 import importlib.util
 import json
 import threading
-import time
 from pathlib import Path
 
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
+from waiting import starts_and_waits
 
 from alfa.fileio import locked
 from alfa.models import create_model
@@ -30,13 +30,7 @@ def test_a_second_scout_of_one_name_waits_for_the_first(tmp_path, capsys, monkey
     folder = tmp_path / "runs" / "scout" / "toy"
     second = threading.Thread(target=scout.main, args=(["toy", TRAIN, "1", SCORED], tmp_path))
     with locked(folder):  # another scout of this name is running
-        second.start()
-        err, deadline = "", time.time() + 60
-        while "waiting" not in err and second.is_alive() and time.time() < deadline:
-            err += capsys.readouterr().err
-            time.sleep(0.02)
-        assert err.strip() == f"waiting for another scout writing {folder}"
-        assert second.is_alive() and not folder.exists()  # nothing trained beside the holder
+        starts_and_waits(second, folder, capsys, f"waiting for another scout writing {folder}")
     second.join(120)
     assert not second.is_alive() and (folder / "model.safetensors").is_file()
     written = json.loads((tmp_path / "docs/data/calibration-scout/toy.json").read_text())

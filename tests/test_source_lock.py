@@ -5,29 +5,17 @@ cached builds (other-rank recoveries, TPGaze's prompts, PnP-GA's snapshots) and 
 import shutil
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 from test_gaze_pipeline import FAST, RANK, toy_dataset
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
+from waiting import starts_and_waits
 
 from alfa.fileio import locked
 from alfa.gaze.pipeline import SourceSpec, build_source_model
 from alfa.gaze.train import TruncateConfig
-
-
-def _starts_and_waits(second: threading.Thread, folder: Path, capsys) -> None:
-    """Start ``second`` while ``folder``'s build lock is held (by the caller): it says it is waiting, and neither
-    trains nor writes anything beside the holder."""
-    second.start()
-    err, deadline = "", time.time() + 60
-    while "waiting for another process" not in err and second.is_alive() and time.time() < deadline:
-        err += capsys.readouterr().err
-        time.sleep(0.02)
-    assert err.strip() == f"waiting for another process building {folder}"
-    assert second.is_alive() and not folder.exists()
 
 
 def test_locked_says_once_that_it_waits_and_only_when_the_lock_is_held(tmp_path):
@@ -62,7 +50,7 @@ def test_a_second_build_of_one_source_model_waits_for_the_first_and_loads_it(tmp
         )
     )
     with locked(folder):  # another process is building this model
-        _starts_and_waits(second, folder, capsys)
+        starts_and_waits(second, folder, capsys, f"waiting for another process building {folder}")
         shutil.copytree(first.cache, folder)  # ... which finishes it
     second.join(60)
     assert not second.is_alive() and len(built) == 1
@@ -112,7 +100,7 @@ def test_a_cached_bench_build_waits_for_another_process_building_it(tmp_path, ca
     build, folder = kind(session, session.build("E", 0))
     second = threading.Thread(target=build)
     with locked(folder):  # another process is building it
-        _starts_and_waits(second, folder, capsys)
+        starts_and_waits(second, folder, capsys, f"waiting for another process building {folder}")
     second.join(120)
     assert not second.is_alive() and folder.is_dir()
     written = _files(folder)
