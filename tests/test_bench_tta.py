@@ -1,5 +1,5 @@
-"""Issue 26's label-free TTA rows in the benchmark (roll-TTA and flip × roll TTA, scored like flip-TTA), the orbit
-decomposition of the source-only records (what a flip, a roll, both and neither see of the source model's error),
+"""Issue 26's label-free TTA rows in the benchmark (roll-TTA and flip × roll TTA, scored like flip-TTA), the split of
+a source-only record's error into one constant offset per person and scatter (what a roll sees that a flip cannot),
 the report's rows and tables for them, and the presets that plan them (the standard preset on the v2 worlds only)."""
 
 import hashlib
@@ -9,21 +9,20 @@ from test_bench import tiny
 from test_report import fixture_results, shifted
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
-from alfa.gaze.evaluate import person_errors
-from alfa.gaze.orbit import ORBIT_STEPS, person_orbit_parts
+from alfa.gaze.evaluate import person_errors, person_gaze_errors
 from alfa.gaze.tta import tta_kind
 from alfa.study.bench.config import BenchConfig
 from alfa.study.bench.methods import PAIRS, TTA_ROWS
 from alfa.study.bench.plan import plan_records
+from alfa.study.bench.record import Record
 from alfa.study.bench.report_page import render_report
 from alfa.study.bench.results import load_results
 from alfa.study.bench.runner import run_bench
 from alfa.study.bench.session import Session
 from alfa.study.bench.stats import Stat, diff, index_records
-from alfa.study.bench.tta_report import orbit_table, tta_table
+from alfa.study.bench.tta_report import offset_shares, offset_table, tta_table
 
 ROWS = ("source-only", "flip-tta", "roll-tta", "group-tta")
-PARTS = ("neither", "flip_only", "roll_only", "both", "cross")
 
 
 def test_only_the_standard_preset_on_the_v2_worlds_plans_the_tta_rows():
@@ -81,35 +80,43 @@ def test_the_tta_rows_are_the_kinds_of_alfa_gaze_tta_scored_like_flip_tta(tta_be
         direct = person_errors(tta_kind(kind).wrap(base), data, data.persons(), n_adapt)
         assert record["per_person"] == pytest.approx(direct, abs=1e-6)
         assert record["latency_ms"] is not None and record["base_latency_ms"] is not None
-        assert record["trainable_params"] == 0 and "orbit" not in record
+        assert record["trainable_params"] == 0
     # a flip-symmetric prediction leaves nothing for a flip to see; roll-TTA is no such prediction
     assert records["group-tta|E→M|seed0"]["flip"]["visible_share"] == pytest.approx(0.0, abs=1e-6)
     assert records["roll-tta|E→M|seed0"]["per_person"] != source_only["per_person"]
 
 
 @pytest.mark.slow
-def test_a_source_only_record_splits_its_error_under_the_flip_and_the_roll(tta_bench):
+def test_a_source_only_record_splits_its_error_into_offsets_and_scatter(tta_bench):
     out, config, _, records = tta_bench
     record = records["source-only|E→M|seed0"]
-    per_person = record["per_person_orbit"]
-    assert set(per_person) == set(record["per_person"])
-    for person, parts in per_person.items():
-        assert sum(parts[k] for k in PARTS) == pytest.approx(1.0, abs=1e-9)
-        assert parts["error"] == pytest.approx(record["per_person"][person], rel=1e-5)  # the same images
-        assert parts["roll_steps"] == ORBIT_STEPS
-    for key in (*PARTS, "flip_seen", "roll_seen", "mse"):
-        assert record["orbit"][key] == pytest.approx(sum(p[key] for p in per_person.values()) / len(per_person))
-    assert sum(record["orbit"][k] for k in PARTS) == pytest.approx(1.0, abs=1e-9)
-    # the library's decomposition of the record's base on the record's persons and scored images
+    # the parts are the library's, of the record's base on the record's persons and scored images
     session = Session(config, out, out / "cache", progress=False)
     base = session.base(session.build("E", 0), "truncated")
     data = session.target("M", 0).data
-    direct = person_orbit_parts(base, data, data.persons(), config.personalize.n_adapt)
-    assert per_person == {p: pytest.approx(parts.to_dict(), rel=1e-5) for p, parts in direct.items()}
+    direct = person_gaze_errors(base, data, data.persons(), config.personalize.n_adapt)
+    assert record["per_person_parts"] == {p: pytest.approx(e.parts(), rel=1e-5) for p, e in direct.items()}
+    shares = offset_shares(Record.from_dict(record))
+    assert shares is not None and shares["yaw_offset"] + shares["pitch_offset"] + shares["scatter"] == pytest.approx(1)
+    expected = sum(e.pitch_bias**2 / (e.yaw_ms + e.pitch_ms) for e in direct.values()) / len(direct)
+    assert shares["pitch_offset"] == pytest.approx(expected, rel=1e-5)
+    assert 0 < shares["scatter"] <= 1  # a mean square is never below its bias squared
+
+
+def test_offset_shares_read_a_pure_offset_and_pure_scatter():
+    def source_only(parts):
+        return Record.from_dict({**shifted("source-only", "E→M", 0, 9.0, spread=(0.0,)), "per_person_parts": parts})
+
+    pitch = {"p00": {"yaw": 0.0, "pitch": 3.0, "yaw_bias": 0.0, "pitch_bias": -3.0, "yaw_ms": 0.0, "pitch_ms": 9.0}}
+    assert offset_shares(source_only(pitch)) == {"ms": 9.0, "yaw_offset": 0.0, "pitch_offset": 1.0, "scatter": 0.0}
+    scatter = {"p00": {"yaw": 2.0, "pitch": 1.0, "yaw_bias": 0.0, "pitch_bias": 0.0, "yaw_ms": 4.0, "pitch_ms": 1.0}}
+    assert offset_shares(source_only(scatter))["scatter"] == 1.0
+    before = {"p00": {"yaw": 2.0, "pitch": 1.0, "yaw_bias": 0.0, "pitch_bias": 0.0}}  # made before the mean squares
+    assert offset_shares(source_only(before)) is None
 
 
 @pytest.mark.slow
-def test_the_report_of_a_run_shows_the_tta_rows_and_the_orbit_table(tta_bench):
+def test_the_report_of_a_run_shows_the_tta_rows_and_the_offset_table(tta_bench):
     _, _, results, _ = tta_bench
     text = render_report(results)
     assert "Label-free test-time augmentation: the flip, the roll and both" in text
@@ -119,12 +126,14 @@ def test_the_report_of_a_run_shows_the_tta_rows_and_the_orbit_table(tta_bench):
     assert "| roll-TTA (no training) |" in table1 and "| flip×roll TTA (no training) |" in table1
     costs = text.split("## Costs")[1].split("\n## ")[0]
     assert "| roll-TTA (no training) |" in costs
-    assert "| a flip sees (%) | a roll sees (%) | both see (%) |" in text and "| E→M | 1 of 1 |" in text
+    assert "| a flip sees (%) | one yaw offset per person: a flip and a roll see it (%) |" in text
+    assert "| E→M | 1 of 1 |" in text
 
 
-def _orbit(flip_seen: float) -> dict[str, float]:
-    parts = {"neither": 0.1, "flip_only": 0.2, "roll_only": 0.3, "both": 0.35, "cross": 0.05}
-    return {"error": 9.0, "mse": 100.0, "flip_seen": flip_seen, "roll_seen": 0.7, **parts, "roll_steps": 45}
+def _offset_parts(pitch_bias: float) -> dict[str, dict[str, float]]:
+    """Two persons with (yaw, pitch) mean square 10 + 90 deg², a yaw bias of 5° (25 %) and the given pitch bias."""
+    part = {"yaw": 3.0, "pitch": 9.0, "yaw_bias": 5.0, "pitch_bias": pitch_bias, "yaw_ms": 10.0, "pitch_ms": 90.0}
+    return {p: dict(part) for p in ("p00", "p01", "p02")}
 
 
 def test_the_report_tables_from_hand_written_records():
@@ -132,16 +141,18 @@ def test_the_report_tables_from_hand_written_records():
     records = results["records"]
     for seed, record in enumerate(r for r in records if r["method"] == "source-only" and r["pair"] == "E→M"):
         if seed < 2:  # the third seed's record was made before the measure: shown as missing, not recomputed
-            record["orbit"] = _orbit(0.5 + 0.1 * seed)
+            record["per_person_parts"] = _offset_parts(5.0 + 1.0 * seed)  # pitch offset 25 %, 36 %
+            record["flip"] = {"visible_share": 0.1 + 0.1 * seed}
     for seed in range(3):
         for pair, shift in (("E→M", 0.0), ("E→D", 0.5)):
             records.append(shifted("flip-tta", pair, seed, 8.5 + shift + seed, kind="flip-tta"))  # stored no passes
             tta = {"kind": "flip+roll", "passes": 6}
             records.append(shifted("group-tta", pair, seed, 8.0 + shift + seed, kind="group-tta", tta=tta))
     idx = index_records(records)
-    orbit = orbit_table(idx)
-    assert "| E→M | 2 of 3 | 100.00 | " + Stat({0: 50.0, 1: 60.0}).format_interval() + " | " in orbit
-    assert "| E→D | 0 of 3 | — | — | — |" in orbit
+    offsets = offset_table(idx)
+    pct = [Stat({0: 10.0, 1: 20.0}), Stat({0: 25.0, 1: 25.0}), Stat({0: 25.0, 1: 36.0}), Stat({0: 50.0, 1: 39.0})]
+    assert "| E→M | 2 of 3 | 100.00 | " + " | ".join(s.format_interval() for s in pct) + " |" in offsets
+    assert "| E→D | 0 of 3 | — | — | — | — | — |" in offsets
     tta = tta_table(idx)
     assert "| flip-TTA (no training) | 2 | — | " in tta  # a flip-TTA record without passes: its kind's 2
     d = diff(idx, "group-tta", "source-only", ["E→M"])
@@ -149,6 +160,6 @@ def test_the_report_tables_from_hand_written_records():
     assert "roll-TTA" not in tta  # a row without records has no line
     # without the new rows and the new measure: neither table, and the page is the page without them
     plain = fixture_results()
-    assert tta_table(index_records(plain["records"])) is None and orbit_table(index_records(plain["records"])) is None
+    assert tta_table(index_records(plain["records"])) is None and offset_table(index_records(plain["records"])) is None
     assert "Label-free test-time augmentation" not in render_report(plain)
     assert "Label-free test-time augmentation" in render_report(results)

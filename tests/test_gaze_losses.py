@@ -52,7 +52,8 @@ def test_gaze_error_parts_in_degrees():
     assert e.yaw == pytest.approx(0.02 * deg, rel=1e-5) and e.yaw_bias == pytest.approx(0.0, abs=1e-5)
     assert e.pitch == pytest.approx(0.05 * deg, rel=1e-5) and e.pitch_bias == pytest.approx(0.05 * deg, rel=1e-5)
     assert e.angular == pytest.approx(float(angular_error(pred.double(), label.double()).mean()))
-    assert set(e.parts()) == {"yaw", "pitch", "yaw_bias", "pitch_bias"}
+    assert e.yaw_ms == pytest.approx((0.02 * deg) ** 2, rel=1e-5) and e.pitch_ms == pytest.approx((0.05 * deg) ** 2)
+    assert set(e.parts()) == {"yaw", "pitch", "yaw_bias", "pitch_bias", "yaw_ms", "pitch_ms"}
 
 
 def test_flip_loss_detaches_the_flipped_branch_by_default():

@@ -129,15 +129,19 @@ def eval_indices(dataset: GazeDataset, person: str, n_adapt: int) -> list[int]:
 
 @dataclass(frozen=True)
 class GazeError:
-    """One person's error over the scored images, in degrees: the angular error, and the mean absolute
-    error and mean signed bias (prediction − label) of each component. The bias separates a shift of
-    every prediction (e.g. a pitch offset, which the flip-symmetry loss cannot see) from scatter."""
+    """One person's error over the scored images, in degrees: the angular error, and per component the mean
+    absolute error, the mean signed bias (prediction − label) and the mean square (degrees²). The bias separates a
+    shift of every prediction (e.g. a pitch offset, which the flip-symmetry loss cannot see) from scatter; since
+    ``mean square = bias² + variance`` per component, ``bias² / (yaw_ms + pitch_ms)`` is the exact share of the
+    person's (yaw, pitch) mean-square error that one constant correction removes."""
 
     angular: float
     yaw: float
     pitch: float
     yaw_bias: float
     pitch_bias: float
+    yaw_ms: float
+    pitch_ms: float
 
     @classmethod
     def of(cls, pred: Tensor, gaze: Tensor) -> GazeError:
@@ -149,11 +153,20 @@ class GazeError:
             pitch=float(diff[:, 1].abs().mean()),
             yaw_bias=float(diff[:, 0].mean()),
             pitch_bias=float(diff[:, 1].mean()),
+            yaw_ms=float((diff[:, 0] ** 2).mean()),
+            pitch_ms=float((diff[:, 1] ** 2).mean()),
         )
 
     def parts(self) -> dict[str, float]:
         """The component errors, for a results file (the angular error is stored on its own)."""
-        return {"yaw": self.yaw, "pitch": self.pitch, "yaw_bias": self.yaw_bias, "pitch_bias": self.pitch_bias}
+        return {
+            "yaw": self.yaw,
+            "pitch": self.pitch,
+            "yaw_bias": self.yaw_bias,
+            "pitch_bias": self.pitch_bias,
+            "yaw_ms": self.yaw_ms,
+            "pitch_ms": self.pitch_ms,
+        }
 
 
 def person_gaze_errors(

@@ -38,7 +38,6 @@ from alfa.gaze.evaluate import (
 from alfa.gaze.flip import FlipParts, person_flip_parts
 from alfa.gaze.geometry import angular_error
 from alfa.gaze.losses import finite_or_raise, supervised_l1_loss
-from alfa.gaze.orbit import person_orbit_parts
 from alfa.gaze.personalize import person_seed, personalize_and_score, personalize_dataset
 from alfa.gaze.recipes import (
     PAPER_RECIPE,
@@ -184,7 +183,7 @@ def _score_unadapted(
     """The rows without adaptation: in-domain (on held-out source persons), target-trained, source-only and the
     TTA rows (the base wrapped in a kind of :mod:`alfa.gaze.tta`: flip-TTA, roll-TTA, flip × roll; on the
     target, each storing its kind and forward passes per image), each with the error of a constant prediction on
-    its set; source-only's and the TTA rows' latency; source-only's orbit parts (:func:`_add_orbit`)."""
+    its set; and source-only's and the TTA rows' latency."""
     n_adapt = session.config.personalize.n_adapt
     kind = record["kind"]
     data = src.val if kind == "in-domain" else tgt.data
@@ -199,22 +198,7 @@ def _score_unadapted(
         record["latency_ms"], record["base_latency_ms"] = _latency_ms(
             [model, base], images, session.config.latency_repeats
         )
-    if kind == "source-only":
-        _add_orbit(record, base, data, list(errors), n_adapt)
     return errors
-
-
-def _add_orbit(record: dict[str, Any], base: nn.Module, data: GazeDataset, persons: list[str], n_adapt: int) -> None:
-    """What a flip, a roll, both and neither see of the source model's error on each person's scored images
-    (:func:`alfa.gaze.orbit.person_orbit_parts`, ``2 · ORBIT_STEPS`` forward passes per image) and the mean over
-    persons. A measure of new records only: it enters no hash, so a record made before it keeps its hash and has
-    none (the report shows it as missing)."""
-    per_person = {p: parts.to_dict() for p, parts in person_orbit_parts(base, data, persons, n_adapt).items()}
-    record["per_person_orbit"] = per_person
-    if per_person:
-        parts = list(per_person.values())
-        mean = {k: statistics.fmean(x[k] for x in parts) for k in parts[0] if k != "roll_steps"}
-        record["orbit"] = {**mean, "roll_steps": parts[0]["roll_steps"]}
 
 
 def _run_personalization(

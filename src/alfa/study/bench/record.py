@@ -80,9 +80,7 @@ class Record:
     per_person_flip: dict[str, dict[str, float]] | None = None  # what a flip sees of each person's error
     flip: dict[str, float] | None = None  # ... its mean over persons
     flip_tta_error_deg: float | None = None  # the error with flip-TTA on top of the record's model
-    per_person_orbit: dict[str, dict[str, float]] | None = None  # source-only: what a flip, a roll, both see
-    orbit: dict[str, float] | None = None  # ... its mean over persons (alfa.gaze.orbit.OrbitParts' fields)
-    per_person_parts: dict[str, dict[str, float]] | None = None  # yaw/pitch error and bias per person
+    per_person_parts: dict[str, dict[str, float]] | None = None  # yaw/pitch error, bias, mean square per person
     std_over_persons: float | None = None
     # A recipe selection's results, on its source's stand-in.
     stand_in: str | None = None  # the stand-in's data spec
@@ -149,8 +147,6 @@ _ROW_RESULTS = (
     "per_person_flip",
     "flip",
     "flip_tta_error_deg",
-    "per_person_orbit",
-    "orbit",
     "per_person",
     "per_person_parts",
     "persons",

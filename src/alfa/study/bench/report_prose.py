@@ -403,13 +403,15 @@ TTA_ROWS_INTRO = (
     "lower error; 95 % interval; *clear* after Holm over the page):"
 )
 
-ORBIT_INTRO = (
-    "What each law can see of the source model's error (alfa.gaze.orbit): per pair, shares of the source "
-    "model's mean-square error (mean over persons per record, then mean over seeds with the 95 % interval) that "
-    "a flip sees, that a roll sees (over the whole orbit of rolls by multiples of {roll_deg:g}°, up to 180°: "
-    "what a roll signal can see in principle, not what roll-TTA at ±{roll_deg:g}° removes), and the exact parts "
-    "both, the flip only, the roll only and neither; the four parts and the cross terms add up to 100 %. The "
-    "cross terms vanish only for errors that vary smoothly along the orbit: a model never trained on crops "
-    "rolled far predicts nonsense on them, and its shares can then exceed 100 % against large negative cross "
-    "terms. A source-only record made before this measure existed has none (—); the report does not recompute it."
+OFFSET_INTRO = (
+    "What a roll can see that a flip cannot, in the source model's error: per pair, the source model's (yaw, "
+    "pitch) mean-square error per person, the share a flip sees (as in the flip sections), and its exact split "
+    "into one constant yaw offset per person, one constant pitch offset per person and the scatter around them "
+    "(mean over persons per record, then over seeds with the 95 % interval). A constant offset b breaks the roll "
+    "law in both components (f(R x) − R f(x) = b − R b), while its mirror image keeps a pitch offset: the pitch "
+    "column is error a roll-consistency signal sees and a flip cannot; the scatter each law sees only in part, "
+    "and the rows above and the roll-loss and RUDA rows measure what each signal removes. The exact group "
+    "decomposition (alfa.gaze.orbit) is not stored for these models: it needs predictions on crops rolled up to "
+    "180°, where a model never trained on rolled heads predicts nonsense and the shares stop meaning what "
+    "their names say (docs/gaze.md). A record made before the mean squares were stored has none (—)."
 )

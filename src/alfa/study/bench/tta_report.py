@@ -1,7 +1,8 @@
 """The report's label-free test-time augmentation tables (issue 26): the TTA rows per pair with their inference
-cost (:func:`tta_table`), and what a flip, a roll, both and neither see of the source model's error
-(:func:`orbit_table`, from the source-only records' ``orbit``). Each is left out when the results lack what it
-reads, so the pages of results made before these rows and this measure render as they did.
+cost (:func:`tta_table`), and how much of the source model's error is one constant offset per person, in yaw
+(which a flip and a roll both see) and in pitch (which a roll sees and a flip cannot) (:func:`offset_table`, from
+the source-only records' ``per_person_parts``). Each is left out when the results lack what it reads, so the pages
+of results made before these rows and this measure render as they did.
 """
 
 from __future__ import annotations
@@ -19,18 +20,7 @@ from .names import display_name
 from .record import Record
 from .stats import Index, Stat, cell, diff, pairs_of
 
-__all__ = ["ORBIT_COLUMNS", "passes", "tta_table", "orbit_table", "tta_lines"]
-
-ORBIT_COLUMNS = {
-    "flip_seen": "a flip sees",
-    "roll_seen": "a roll sees",
-    "both": "both see",
-    "flip_only": "the flip only",
-    "roll_only": "the roll only",
-    "neither": "neither sees",
-    "cross": "cross terms",
-}
-"""The orbit table's shares (keys of :class:`alfa.gaze.orbit.OrbitParts`) and their headers, in its order."""
+__all__ = ["passes", "tta_table", "offset_shares", "offset_table", "tta_lines"]
 
 
 def _records(idx: Index, method: str) -> list[Record]:
@@ -83,48 +73,78 @@ def tta_table(idx: Index) -> str | None:
     return _table(header, rows)
 
 
-def _share(records: dict[int, Record], key: str) -> Stat | None:
-    """Per seed, the record's mean over persons of one orbit share, in percent (seeds without ``orbit`` left
-    out)."""
-    values = {s: 100 * r.orbit[key] for s, r in records.items() if r.orbit and r.orbit.get(key) is not None}
-    return Stat(values) if values else None
+def offset_shares(record: Record) -> dict[str, float] | None:
+    """The record's mean over persons of the shares of each person's (yaw, pitch) mean-square error that are a
+    constant yaw offset (``yaw_offset``), a constant pitch offset (``pitch_offset``) and scatter around them
+    (``scatter``; the three add up to 1 per person, :class:`alfa.gaze.evaluate.GazeError`), and the mean of that
+    mean square (``ms``, degrees²); ``None`` for a record whose parts lack the mean squares (made before them)."""
+    parts = [q for q in (record.per_person_parts or {}).values() if "yaw_ms" in q and "pitch_ms" in q]
+    if not parts or len(parts) != len(record.per_person_parts or {}):
+        return None
+    ms = [q["yaw_ms"] + q["pitch_ms"] for q in parts]
+    yaw = [q["yaw_bias"] ** 2 / m for q, m in zip(parts, ms, strict=True) if m > 0]
+    pitch = [q["pitch_bias"] ** 2 / m for q, m in zip(parts, ms, strict=True) if m > 0]
+    if not yaw:
+        return None
+    y, p = statistics.fmean(yaw), statistics.fmean(pitch)
+    return {"ms": statistics.fmean(ms), "yaw_offset": y, "pitch_offset": p, "scatter": 1.0 - y - p}
 
 
-def orbit_table(idx: Index) -> str | None:
-    """Per pair with source-only records: of how many seeds' records have the orbit parts, their mean-square
-    error and each share of :data:`ORBIT_COLUMNS` (mean over seeds with its 95 % interval; ``—`` where no record
-    has them; ``None`` where no source-only record has them)."""
-    if not any(r.orbit for r in _records(idx, "source-only")):
+OFFSET_COLUMNS = {
+    "yaw_offset": "one yaw offset per person: a flip and a roll see it",
+    "pitch_offset": "one pitch offset per person: a roll sees it, a flip cannot",
+    "scatter": "scatter around the person's offset",
+}
+
+
+def _pct_stat(values: dict[int, float | None]) -> str:
+    kept = {s: 100 * v for s, v in values.items() if v is not None}
+    return Stat(kept).format_interval() if kept else "—"
+
+
+def offset_table(idx: Index) -> str | None:
+    """Per pair with source-only records: of how many seeds' records have the mean squares, their (yaw, pitch)
+    mean-square error, the share a flip sees (``flip.visible_share``) and the shares of :func:`offset_shares`
+    (percent, mean over seeds with its 95 % interval; ``—`` where no record has them; ``None`` where no
+    source-only record has them)."""
+    if not any(offset_shares(r) for r in _records(idx, "source-only")):
         return None
     rows = []
     for pair in pairs_of(idx):
         records = idx.row("source-only", pair)
         if not records:
             continue
-        with_orbit = {s: r for s, r in records.items() if r.orbit}
-        mse = [r.orbit["mse"] for r in with_orbit.values() if r.orbit and r.orbit.get("mse") is not None]
-        shares = [_share(with_orbit, key) for key in ORBIT_COLUMNS]
+        shares = {s: offset_shares(r) for s, r in records.items()}
+        measured = {s: v for s, v in shares.items() if v is not None}
+        flip = {s: (records[s].flip or {}).get("visible_share") for s in measured}
         rows.append(
             [
                 pair,
-                f"{len(with_orbit)} of {len(records)}",
-                _num(statistics.fmean(mse)) if mse else "—",
-                *("—" if s is None else s.format_interval() for s in shares),
+                f"{len(measured)} of {len(records)}",
+                _num(statistics.fmean(v["ms"] for v in measured.values())) if measured else "—",
+                _pct_stat(flip),
+                *(_pct_stat({s: v[key] for s, v in measured.items()}) for key in OFFSET_COLUMNS),
             ]
         )
-    header = ["pair", "seeds measured", "mean-square error (deg²)", *(f"{h} (%)" for h in ORBIT_COLUMNS.values())]
+    header = [
+        "pair",
+        "seeds measured",
+        "mean-square error (deg², yaw and pitch)",
+        "a flip sees (%)",
+        *(f"{h} (%)" for h in OFFSET_COLUMNS.values()),
+    ]
     return _table(header, rows)
 
 
 def tta_lines(idx: Index, heading: str = "###") -> list[str]:
-    """The flip sections' part on the label-free TTA rows and what a roll sees, under a heading of level
-    ``heading`` (no lines where the results have neither)."""
-    tta, orbit = tta_table(idx), orbit_table(idx)
-    if tta is None and orbit is None:
+    """The flip sections' part on the label-free TTA rows and what a roll sees that a flip cannot, under a heading
+    of level ``heading`` (no lines where the results have neither)."""
+    tta, offsets = tta_table(idx), offset_table(idx)
+    if tta is None and offsets is None:
         return []
     lines = [f"{heading} Label-free test-time augmentation: the flip, the roll and both", ""]
     if tta is not None:
         lines += [prose.TTA_ROWS_INTRO.format(roll_deg=ROLL_TTA_DEG), "", tta, ""]
-    if orbit is not None:
-        lines += [prose.ORBIT_INTRO.format(roll_deg=ROLL_TTA_DEG), "", orbit, ""]
+    if offsets is not None:
+        lines += [prose.OFFSET_INTRO, "", offsets, ""]
     return lines
