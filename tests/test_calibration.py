@@ -2,7 +2,13 @@
 
 from bench_records import row
 
-from alfa.study.bench.calibration import REAL_SOURCE_ONLY, calibration_checks, calibration_page
+from alfa.study.bench.calibration import (
+    REAL_SOURCE_ONLY,
+    calibration_checks,
+    calibration_page,
+    calibration_statement,
+)
+from alfa.study.bench.plan import declared_run_progress
 
 
 def _records(source_only: float, within: float, in_domain: float) -> list[dict]:
@@ -23,9 +29,27 @@ def test_worlds_in_the_real_regime_pass_every_condition():
     assert len(checks) == 12 and all(c.holds for c in checks if c.holds is not None)
     # G's in-domain error is shown, not judged: the real Gaze360 model's is above its cross-domain errors.
     assert [c.pair for c in checks if c.holds is None] == ["G→M", "G→D"]
-    page = calibration_page([], {"records": _records(0.5, 0.5, 4.0), "config": {"worlds": "v2"}}, data="d", command="c")
+    records = _records(0.5, 0.5, 4.0)
+    page = calibration_page([], {"records": records, "config": {"worlds": "v2"}}, data="d", command="c")
     assert "10 of 10 conditions hold. The worlds are calibrated." in page
-    assert "**The declared run**" in page  # the v2 record is the first part of a declared run: how far it is
+    assert "declared run" not in page  # how far the declared run is comes from the caller (pages.py)
+    progress = declared_run_progress("v2", (r["id"] for r in records))
+    assert progress is not None and progress.held == len(records)
+    page = calibration_page(
+        [], {"records": records, "config": {"worlds": "v2"}}, data="d", command="c", progress=progress
+    )
+    assert f"**The declared run** (docs/flip-premise.md §7–7.2): this file holds {len(records)} of its" in page
+    assert calibration_statement(records).endswith(
+        "10 of 10 conditions hold on these records. The worlds are in the regime the conditions describe."
+    )
+
+
+def test_a_results_page_says_which_calibration_condition_fails():
+    records = [r for r in _records(source_only=0.0, within=0.7, in_domain=4.0) if r["pair"] != "G→D"]
+    text = calibration_statement(records)
+    assert "5 of 9 conditions hold on these records. Failing: E→M: within-target ≤ 0.6 × source-only, measured" in text
+    assert "; G→D: source-only measured, measured no source-only rows." in text  # a missing row fails
+    assert text.count("within-target ≤ 0.6 × source-only") == 3
 
 
 def test_each_condition_can_fail():

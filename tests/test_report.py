@@ -376,6 +376,11 @@ def test_a_second_protocol_page_judges_only_its_declared_family():
     assert "11 declared comparison(s) could not be made" in text  # the fixture has no positive control
     assert not re.search(r"after Holm over \d+ comparisons", text) and "(0 clearly" in text
     assert re.search(r"page's (\d+) other comparisons are \*descriptive\*", text)
+    # its sanity section says how far its own records meet the calibration (no target-trained rows: failing)
+    sanity = text.split("## Sanity: domain gap and headroom")[1].split("\n## ")[0]
+    assert "**Calibration** ([calibration.md](calibration.md)): " in sanity
+    assert "E→M: within-target measured, measured no target-trained rows" in sanity
+    assert "**Calibration**" not in render_report(fixture_results())  # the first worlds were never calibrated
 
 
 def test_persons_drawn_afresh_per_seed_are_judged_as_a_nested_design():

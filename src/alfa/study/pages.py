@@ -126,13 +126,14 @@ def _render_crate_gaze(root: Path, out: Path) -> None:
 
 CALIBRATION_SCOUTS = "docs/data/calibration-scout"
 CALIBRATION_VARIANTS = "docs/data/calibration-variants"
-"""Target settings scored with a benchmark source model (``scripts/score_variants.py``)."""
+"""Target settings scored with a benchmark model (``scripts/score_variants.py``)."""
 CALIBRATION_RECORD = "docs/data/bench-v2"
 """The v2 benchmark's results (its sanity rows are the calibration record), once committed."""
 
 
 def _render_calibration(root: Path, out: Path) -> None:
     from .bench.calibration import calibration_page
+    from .bench.plan import declared_run_progress
     from .bench.results import load_results
 
     scouts = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((root / CALIBRATION_SCOUTS).glob("*.json"))]
@@ -140,7 +141,13 @@ def _render_calibration(root: Path, out: Path) -> None:
     results = load_results(record) if (record / "results.json").is_file() else None
     found = sorted((root / CALIBRATION_VARIANTS).glob("*.json"))
     variants = [json.loads(p.read_text(encoding="utf-8")) for p in found]
-    text = calibration_page(scouts, results, data=CALIBRATION_SCOUTS, command="alfa pages --write", variants=variants)
+    progress = None
+    if results is not None:
+        worlds = results["config"].get("worlds", "v1")
+        progress = declared_run_progress(worlds, (str(r.get("id")) for r in results["records"]))
+    text = calibration_page(
+        scouts, results, data=CALIBRATION_SCOUTS, command="alfa pages --write", variants=variants, progress=progress
+    )
     write_text(out / "docs/calibration.md", text)
 
 

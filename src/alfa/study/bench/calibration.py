@@ -30,12 +30,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .plan import declared_run_progress
 from .record import Record
 from .report_prose import DECLARED_RUN
 from .stats import Stat, cell, index_records
+
+if TYPE_CHECKING:  # the caller computes the progress: a page module never imports the runner's plan
+    from .plan import DeclaredRunProgress
 
 __all__ = [
     "IN_DOMAIN_CONDITION",
@@ -46,6 +48,7 @@ __all__ = [
     "Check",
     "calibration_checks",
     "calibration_page",
+    "calibration_statement",
     "scout_table",
     "variant_table",
 ]
@@ -121,6 +124,27 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Ch
             real = f"real about {REAL_IN_DOMAIN[source]:g}°, above its cross-domain errors"
             checks.append(Check(pair, "in-domain (shown, not a condition)", f"{_interval(ind)}; {real}", None))
     return checks
+
+
+def calibration_statement(records: Iterable[Record | Mapping[str, Any]]) -> str:
+    """One paragraph for a results page of the v2 worlds: how many calibration conditions the page's own
+    records meet, and each that fails with its measurement (docs/flip-premise.md §7.2: a page of the second
+    protocol says which failed, beside the headroom it bounds)."""
+    checks = calibration_checks(records)
+    conditions = [c for c in checks if c.holds is not None]
+    failing = [c for c in conditions if not c.holds]
+    head = (
+        f"**Calibration** ([calibration.md](calibration.md)): {len(conditions) - len(failing)} of "
+        f"{len(conditions)} conditions hold on these records."
+    )
+    if not failing:
+        return head + " The worlds are in the regime the conditions describe."
+    listed = "; ".join(f"{c.pair}: {c.condition}, measured {c.measured}" for c in failing)
+    return (
+        f"{head} Failing: {listed}. A within-target yardstick above {WITHIN_SHARE:g} × source-only leaves less "
+        "room for personalization than the real datasets do, so a headroom on this page is smaller than the "
+        "real one; a missing row fails its condition until it is recorded."
+    )
 
 
 def _training_set(spec: str) -> str:
@@ -205,9 +229,11 @@ def calibration_page(
     data: str,
     command: str,
     variants: Sequence[Mapping[str, Any]] = (),
+    progress: DeclaredRunProgress | None = None,
 ) -> str:
     """``docs/calibration.md``: the scouting runs, then the calibration checks on a benchmark run's records
-    (``results``; ``None`` until they are committed, and the page says so)."""
+    (``results``; ``None`` until they are committed, and the page says so), and how much of the declared run
+    they hold (``progress``, :func:`alfa.study.bench.plan.declared_run_progress`, where a run is declared)."""
     lines = [
         "# Are the worlds in the real regime? The calibration",
         "",
@@ -229,7 +255,7 @@ def calibration_page(
             "",
         ]
     else:
-        lines += _checks_section(results)
+        lines += _checks_section(results, progress)
     lines += [
         "## Scouting runs",
         "",
@@ -243,13 +269,14 @@ def calibration_page(
     ]
     if variants:
         lines += [
-            "## Target settings scored with a benchmark source model",
+            "## Target settings scored with a benchmark model",
             "",
-            "Made by `python scripts/score_variants.py` (each run's command is in its JSON file): one source model "
-            "of the benchmark's cache (its truncated + recovered base, the one the source-only row scores), one "
-            "seed's target persons, the target world with some settings changed. A variant keeps the world's name, "
-            "so it has the same persons and scenes: a difference is the settings'. The source models do not "
-            "depend on the targets, so this measures a target knob without training; it is no calibration record.",
+            "Made by `python scripts/score_variants.py` (each run's command is in its JSON file): one model of "
+            "the benchmark's cache (a source's or a within-target model's truncated + recovered base, the one its "
+            "row scores), one seed's target persons, the target world with some settings changed. A variant keeps "
+            "the world's name, so it has the same persons and scenes: a difference is the settings'. A source "
+            "model does not depend on the targets, so this measures a target knob without training (a "
+            "within-target model is scored as trained on the settings it was); it is no calibration record.",
             "",
             *variant_table(variants),
             "",
@@ -257,7 +284,7 @@ def calibration_page(
     return "\n".join(lines)
 
 
-def _checks_section(results: Mapping[str, Any]) -> list[str]:
+def _checks_section(results: Mapping[str, Any], progress: DeclaredRunProgress | None) -> list[str]:
     checks = calibration_checks(results["records"])
     config = results["config"]
     seeds = sorted({int(r["seed"]) for r in results["records"] if r.get("kind") != "selection"})
@@ -277,7 +304,6 @@ def _checks_section(results: Mapping[str, Any]) -> list[str]:
     held = sum(bool(c.holds) for c in conditions)
     verdict = "The worlds are calibrated." if held == len(conditions) else "**The worlds are not calibrated.**"
     lines += ["", f"{held} of {len(conditions)} conditions hold. {verdict}", ""]
-    progress = declared_run_progress(config.get("worlds", "v1"), (str(r.get("id")) for r in results["records"]))
     if progress is not None:  # the calibration record is the first part of the declared run: how far it is
         lines += [DECLARED_RUN.format(**dataclasses.asdict(progress)), ""]
     return lines
