@@ -3,31 +3,41 @@
 #
 #   bash scripts/queue.sh scripts/queues/calibration-a.txt &
 #
-# Each non-empty line of the lane file that does not start with '#' is the argument list of one
-# `alfa bench --standard --out runs/bench-v2 ...` piece (the selection: --methods, --pairs, --seeds, ...).
-# A piece whose records are all finished costs only its planning (the runner skips them); a source model
-# or within-target model half-trained by an earlier session resumes from its last epoch. Two lanes use
-# the two cores of the project's machine. Each piece logs to runs/logs/<lane>-<line>.log; the lane stops
-# at the first piece that fails, saying which.
-set -euo pipefail
-lane_file=${1:?usage: bash scripts/queue.sh LANE_FILE}
-if [[ ! -f $lane_file ]]; then
-    echo "queue: no lane file $lane_file" >&2
+# Each line of the lane file that is neither blank nor a comment ('#', after any indentation) is the argument
+# list of one `alfa bench --standard --out runs/bench-v2 ...` piece, split on whitespace (no quoting): its
+# selection, which must name --seeds and --pairs, so that no line can run the whole preset by mistake. A piece
+# whose records are all finished costs only its planning (the runner skips them); a source model or
+# within-target model half-trained by an earlier session resumes from its last epoch. The lane file is read
+# once, at the start, so editing it while the lane runs changes nothing. Each piece appends to
+# runs/logs/<lane>-<line>.log; the lane stops at the first piece that fails, saying which.
+set -uo pipefail
+if [[ $# -ne 1 ]]; then
+    echo "usage: bash scripts/queue.sh LANE_FILE" >&2
     exit 2
 fi
-cd "$(dirname "$0")/.."
+if [[ ! -f $1 ]]; then
+    echo "queue: no lane file $1" >&2
+    exit 2
+fi
+lane_file=$(realpath -- "$1")
 lane=$(basename "$lane_file" .txt)
+mapfile -t lines <"$lane_file"
+cd "$(dirname "$0")/.." || exit 2
 mkdir -p runs/logs
-n=0
-while IFS= read -r line || [[ -n $line ]]; do
-    n=$((n + 1))
-    [[ -z ${line// /} || $line == \#* ]] && continue
+for i in "${!lines[@]}"; do
+    n=$((i + 1))
+    line=${lines[$i]}
+    [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
+    read -ra args <<<"$line"
+    if [[ " ${args[*]} " != *" --seeds "* || " ${args[*]} " != *" --pairs "* ]]; then
+        echo "queue: $lane line $n names no --seeds or no --pairs; refusing to run it: $line" >&2
+        exit 2
+    fi
     log=runs/logs/$lane-$n.log
-    echo "$(date -u +%FT%TZ) $lane line $n: alfa bench --standard --out runs/bench-v2 $line (log: $log)"
-    # shellcheck disable=SC2086  # the line is an argument list by design
-    if ! eval ".venv/bin/alfa bench --standard --out runs/bench-v2 $line" >"$log" 2>&1; then
+    echo "$(date -u +%FT%TZ) $lane line $n: alfa bench --standard --out runs/bench-v2 ${args[*]} (log: $log)"
+    if ! .venv/bin/alfa bench --standard --out runs/bench-v2 "${args[@]}" </dev/null >>"$log" 2>&1; then
         echo "$(date -u +%FT%TZ) $lane line $n failed; see $log" >&2
         exit 1
     fi
-done <"$lane_file"
+done
 echo "$(date -u +%FT%TZ) $lane: every piece done"

@@ -3,6 +3,7 @@ a source-only record's error into one constant offset per person and scatter (wh
 the report's rows and tables for them, and the presets that plan them (the standard preset on the v2 worlds only)."""
 
 import hashlib
+import math
 
 import pytest
 from test_bench import tiny
@@ -113,6 +114,17 @@ def test_offset_shares_read_a_pure_offset_and_pure_scatter():
     assert offset_shares(source_only(scatter))["scatter"] == 1.0
     before = {"p00": {"yaw": 2.0, "pitch": 1.0, "yaw_bias": 0.0, "pitch_bias": 0.0}}  # made before the mean squares
     assert offset_shares(source_only(before)) is None
+    assert offset_shares(source_only({**pitch, **{"p01": before["p00"]}})) is None  # one person without them
+    # a person without error has no shares: the others' are the record's, and the mean square counts it
+    exact = {"p01": {"yaw": 0.0, "pitch": 0.0, "yaw_bias": 0.0, "pitch_bias": 0.0, "yaw_ms": 0.0, "pitch_ms": 0.0}}
+    assert offset_shares(source_only({**pitch, **exact})) == {
+        "ms": 4.5,
+        "yaw_offset": 0.0,
+        "pitch_offset": 1.0,
+        "scatter": 0.0,
+    }
+    nothing = offset_shares(source_only(exact))
+    assert nothing is not None and nothing["ms"] == 0.0 and math.isnan(nothing["pitch_offset"])
 
 
 @pytest.mark.slow

@@ -40,15 +40,19 @@ def test_worlds_in_the_real_regime_pass_every_condition():
     )
     assert f"**The declared run** (docs/flip-premise.md §7–7.2): this file holds {len(records)} of its" in page
     assert calibration_statement(records).endswith(
-        "10 of 10 conditions hold on these records. The worlds are in the regime the conditions describe."
+        "10 of 10 conditions hold on these records; the worlds are in the regime the conditions describe."
     )
 
 
 def test_a_results_page_says_which_calibration_condition_fails():
     records = [r for r in _records(source_only=0.0, within=0.7, in_domain=4.0) if r["pair"] != "G→D"]
     text = calibration_statement(records)
-    assert "5 of 9 conditions hold on these records. Failing: E→M: within-target ≤ 0.6 × source-only, measured" in text
-    assert "; G→D: source-only measured, measured no source-only rows." in text  # a missing row fails
+    assert "5 of 9 conditions hold on these records. Failing: E→M: within-target ≤ 0.6 × source-only — " in text
+    # beside each failing within-target condition, the real datasets' ratio (4–5° over 8.77°, 5–6.5° over 8.58°)
+    assert (
+        "= 0.70 × source-only (the real datasets: 0.46–0.57); E→D:" in text and "(the real datasets: 0.58–0.76)" in text
+    )
+    assert text.endswith("; G→D: source-only measured — no source-only rows. A missing row fails its condition.")
     assert text.count("within-target ≤ 0.6 × source-only") == 3
 
 

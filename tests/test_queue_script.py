@@ -1,5 +1,6 @@
 """scripts/queue.sh: the lane runner of long benchmark sessions runs each piece of its lane file in order, skips
-comments and blank lines, logs each piece apart, and stops at the first piece that fails, saying which."""
+comments and blank lines, refuses a line that selects no seeds or pairs, logs each piece apart, and stops at the
+first piece that fails, saying which."""
 
 import os
 import shutil
@@ -29,30 +30,44 @@ def _repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _run(repo: Path, lane: str) -> subprocess.CompletedProcess[str]:
+def _run(repo: Path, lane: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LC_ALL": "C.UTF-8"}
-    return subprocess.run(
-        ["bash", "scripts/queue.sh", lane], cwd=repo, capture_output=True, text=True, env=env, timeout=60
-    )
+    script = os.path.relpath(repo / "scripts" / "queue.sh", cwd or repo)
+    return subprocess.run(["bash", script, lane], cwd=cwd or repo, capture_output=True, text=True, env=env, timeout=60)
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
 def test_a_lane_runs_its_pieces_in_order_and_stops_at_the_first_failure(tmp_path):
     repo = _repo(tmp_path)
     lane = repo / "lane.txt"
-    lane.write_text("# a comment\n--methods source-only --pairs E→M --seeds 0\n\n--seeds 9\n--seeds 1\n")
+    pieces = ["--methods source-only --pairs E→M --seeds 0", "--pairs E→D --seeds 9", "--pairs E→D --seeds 1"]
+    lane.write_text(f"# a comment\n{pieces[0]}\n\t\n   # indented\n{pieces[1]}\n{pieces[2]}\n")
     done = _run(repo, "lane.txt")
     assert done.returncode == 1
     calls = (repo / "calls.txt").read_text().splitlines()
-    assert calls == [
-        "bench --standard --out runs/bench-v2 --methods source-only --pairs E→M --seeds 0",
-        "bench --standard --out runs/bench-v2 --seeds 9",
-    ]  # the comment and the blank line skipped; nothing after the failed piece
-    assert "lane line 4 failed; see runs/logs/lane-4.log" in done.stderr
+    # the comments and the blank lines skipped; nothing after the failed piece
+    assert calls == [f"bench --standard --out runs/bench-v2 {p}" for p in pieces[:2]]
+    assert "lane line 5 failed; see runs/logs/lane-5.log" in done.stderr
     assert (repo / "runs/logs/lane-2.log").read_text() == f"piece output {calls[0]}\n"
 
-    lane.write_text("--seeds 1\n")
+    lane.write_text(f"{pieces[2]}\n")
     assert _run(repo, "lane.txt").returncode == 0
+    # from another folder, with a path relative to it
+    (repo / "elsewhere").mkdir()
+    assert _run(repo, "../lane.txt", cwd=repo / "elsewhere").returncode == 0
+    assert (repo / "calls.txt").read_text().splitlines()[-2:] == [
+        f"bench --standard --out runs/bench-v2 {pieces[2]}"
+    ] * 2
+
+
+def test_a_line_that_selects_no_seeds_or_pairs_is_refused(tmp_path):
+    repo = _repo(tmp_path)
+    (repo / "lane.txt").write_text("--methods source-only --seeds 0\n")
+    done = _run(repo, "lane.txt")
+    assert done.returncode == 2 and not (repo / "calls.txt").exists()
+    assert done.stderr.startswith("queue: lane line 1 names no --seeds or no --pairs; refusing to run it:")
 
 
 def test_a_missing_lane_file_is_one_line_and_a_non_zero_status(tmp_path):

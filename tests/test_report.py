@@ -378,8 +378,8 @@ def test_a_second_protocol_page_judges_only_its_declared_family():
     assert re.search(r"page's (\d+) other comparisons are \*descriptive\*", text)
     # its sanity section says how far its own records meet the calibration (no target-trained rows: failing)
     sanity = text.split("## Sanity: domain gap and headroom")[1].split("\n## ")[0]
-    assert "**Calibration** ([calibration.md](calibration.md)): " in sanity
-    assert "E→M: within-target measured, measured no target-trained rows" in sanity
+    assert "**Calibration** (`docs/calibration.md`): " in sanity
+    assert "E→M: within-target measured — no target-trained rows" in sanity
     assert "**Calibration**" not in render_report(fixture_results())  # the first worlds were never calibrated
 
 

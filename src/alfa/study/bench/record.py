@@ -3,9 +3,8 @@
 A record is one (method, pair, seed) row of the report's tables, or one recipe selection of a method on a
 source's stand-in (kind ``"selection"``, never a row). Every record has the fields of :data:`REQUIRED`; the
 others are measured only by some kinds (a selection's grid, a personalized method's losses, an oracle's
-labelled images) or only by records scored since the measure exists (the yaw/pitch parts, what a flip sees, what
-a flip and a roll see of a source-only record's error),
-and are ``None`` where a record does not have them.
+labelled images) or only by records scored since the measure exists (the yaw/pitch parts, their mean squares,
+what a flip sees), and are ``None`` where a record does not have them.
 
 :meth:`Record.from_dict` reads the JSON form and refuses a missing required key or an unknown key by name;
 :meth:`Record.to_dict` writes it back in the order :func:`~alfa.study.bench.produce.produce_record` fills it,

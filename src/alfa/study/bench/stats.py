@@ -696,7 +696,8 @@ def sanity_summary(records: Iterable[Record | Mapping[str, Any]]) -> dict[str, A
     return out
 
 
-# What a record's ``per_person_parts`` hold (degrees): mean |error| and signed bias per component.
+# What the tables read of a record's ``per_person_parts`` (degrees): mean |error| and signed bias per component
+# (records scored since 2026-12-02 also hold each component's mean square, deg²: tta_report.offset_shares).
 PARTS = {
     "yaw": ("yaw error", lambda q: q["yaw"]),
     "pitch": ("pitch error", lambda q: q["pitch"]),

@@ -7,6 +7,7 @@ of results made before these rows and this measure render as they did.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 
@@ -20,7 +21,7 @@ from .names import display_name
 from .record import Record
 from .stats import Index, Stat, cell, diff, pairs_of
 
-__all__ = ["passes", "tta_table", "offset_shares", "offset_table", "tta_lines"]
+__all__ = ["OFFSET_COLUMNS", "passes", "tta_table", "offset_shares", "offset_table", "tta_lines"]
 
 
 def _records(idx: Index, method: str) -> list[Record]:
@@ -73,32 +74,35 @@ def tta_table(idx: Index) -> str | None:
     return _table(header, rows)
 
 
-def offset_shares(record: Record) -> dict[str, float] | None:
-    """The record's mean over persons of the shares of each person's (yaw, pitch) mean-square error that are a
-    constant yaw offset (``yaw_offset``), a constant pitch offset (``pitch_offset``) and scatter around them
-    (``scatter``; the three add up to 1 per person, :class:`alfa.gaze.evaluate.GazeError`), and the mean of that
-    mean square (``ms``, degrees²); ``None`` for a record whose parts lack the mean squares (made before them)."""
-    parts = [q for q in (record.per_person_parts or {}).values() if "yaw_ms" in q and "pitch_ms" in q]
-    if not parts or len(parts) != len(record.per_person_parts or {}):
-        return None
-    ms = [q["yaw_ms"] + q["pitch_ms"] for q in parts]
-    yaw = [q["yaw_bias"] ** 2 / m for q, m in zip(parts, ms, strict=True) if m > 0]
-    pitch = [q["pitch_bias"] ** 2 / m for q, m in zip(parts, ms, strict=True) if m > 0]
-    if not yaw:
-        return None
-    y, p = statistics.fmean(yaw), statistics.fmean(pitch)
-    return {"ms": statistics.fmean(ms), "yaw_offset": y, "pitch_offset": p, "scatter": 1.0 - y - p}
-
-
 OFFSET_COLUMNS = {
     "yaw_offset": "one yaw offset per person: a flip and a roll see it",
     "pitch_offset": "one pitch offset per person: a roll sees it, a flip cannot",
     "scatter": "scatter around the person's offset",
 }
+"""The shares of :func:`offset_shares` the offset table shows, and their headers, in its order."""
+
+
+def offset_shares(record: Record) -> dict[str, float] | None:
+    """The record's mean over persons of the shares of each person's (yaw, pitch) mean-square error that are a
+    constant yaw offset (``yaw_offset``), a constant pitch offset (``pitch_offset``) and scatter around them
+    (``scatter``; the three add up to 1 per person, :class:`alfa.gaze.evaluate.GazeError`), and the mean of that
+    mean square (``ms``, degrees²). ``None`` for a record made before the mean squares were stored (one person
+    without them is enough: a share over some persons would not be the record's). A person without error has no
+    shares and is left out of them; with no such person at all the shares are NaN (shown as missing)."""
+    stored = list((record.per_person_parts or {}).values())
+    if not stored or any("yaw_ms" not in q or "pitch_ms" not in q for q in stored):
+        return None
+    ms = [q["yaw_ms"] + q["pitch_ms"] for q in stored]
+    erring = [(q, m) for q, m in zip(stored, ms, strict=True) if m > 0]
+    if not erring:
+        return {"ms": statistics.fmean(ms), **dict.fromkeys(OFFSET_COLUMNS, math.nan)}
+    y = statistics.fmean(q["yaw_bias"] ** 2 / m for q, m in erring)
+    p = statistics.fmean(q["pitch_bias"] ** 2 / m for q, m in erring)
+    return {"ms": statistics.fmean(ms), "yaw_offset": y, "pitch_offset": p, "scatter": 1.0 - y - p}
 
 
 def _pct_stat(values: dict[int, float | None]) -> str:
-    kept = {s: 100 * v for s, v in values.items() if v is not None}
+    kept = {s: 100 * v for s, v in values.items() if v is not None and not math.isnan(v)}
     return Stat(kept).format_interval() if kept else "—"
 
 
