@@ -68,6 +68,8 @@ IN_DOMAIN_CONDITION = {"E": True, "G": False}
 """Whether "in-domain below cross-domain" is a calibration condition for the source (module docstring)."""
 TOLERANCE_DEG = 1.5
 WITHIN_SHARE = 0.6
+WITHIN_CONDITION = f"within-target ≤ {WITHIN_SHARE:g} × source-only"
+"""The within-target condition's words on the page (:func:`calibration_statement` finds it by them)."""
 
 
 def _interval(stat: Stat) -> str:
@@ -112,7 +114,7 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Ch
             checks.append(
                 Check(
                     pair,
-                    f"within-target ≤ {WITHIN_SHARE:g} × source-only",
+                    WITHIN_CONDITION,
                     f"{_interval(own)} = {share:.2f} × source-only",
                     share <= WITHIN_SHARE,
                 )
@@ -130,6 +132,12 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Ch
     return checks
 
 
+def _judged(checks: Sequence[Check]) -> tuple[list[Check], list[Check]]:
+    """The checks that are conditions (not shown measurements), and those of them that fail."""
+    conditions = [c for c in checks if c.holds is not None]
+    return conditions, [c for c in conditions if not c.holds]
+
+
 def _real_within_share(pair: str) -> str:
     """The real within/source-only ratio of ``pair``: the ends of :data:`REAL_WITHIN`'s range over
     :data:`REAL_SOURCE_ONLY`."""
@@ -142,9 +150,7 @@ def calibration_statement(records: Iterable[Record | Mapping[str, Any]]) -> str:
     """One paragraph for a results page of the v2 worlds: how many calibration conditions the page's own
     records meet, and each that fails with its measurement (docs/flip-premise.md §7.2 as amended); a failing
     within-target condition is shown beside the real datasets' ratio for its pair."""
-    checks = calibration_checks(records)
-    conditions = [c for c in checks if c.holds is not None]
-    failing = [c for c in conditions if not c.holds]
+    conditions, failing = _judged(calibration_checks(records))
     head = (
         f"**Calibration** (`docs/calibration.md`): {len(conditions) - len(failing)} of {len(conditions)} "
         "conditions hold on these records"
@@ -154,7 +160,7 @@ def calibration_statement(records: Iterable[Record | Mapping[str, Any]]) -> str:
 
     def shown(c: Check) -> str:
         text = f"{c.pair}: {c.condition} — {c.measured}"
-        if c.condition.startswith("within-target ≤"):
+        if c.condition == WITHIN_CONDITION:
             text += f" (the real datasets: {_real_within_share(c.pair)})"
         return text
 
@@ -314,8 +320,8 @@ def _checks_section(results: Mapping[str, Any], progress: DeclaredRunProgress | 
     ]
     shown = {True: "yes", False: "**no**", None: "(shown)"}
     lines += [f"| {c.pair} | {c.condition} | {c.measured} | {shown[c.holds]} |" for c in checks]
-    conditions = [c for c in checks if c.holds is not None]
-    held = sum(bool(c.holds) for c in conditions)
+    conditions, failing = _judged(checks)
+    held = len(conditions) - len(failing)
     verdict = "The worlds are calibrated." if held == len(conditions) else "**The worlds are not calibrated.**"
     lines += ["", f"{held} of {len(conditions)} conditions hold. {verdict}", ""]
     if progress is not None:  # the calibration record is the first part of the declared run: how far it is

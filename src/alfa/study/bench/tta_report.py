@@ -111,15 +111,14 @@ def offset_table(idx: Index) -> str | None:
     mean-square error, the share a flip sees (``flip.visible_share``) and the shares of :func:`offset_shares`
     (percent, mean over seeds with its 95 % interval; ``—`` where no record has them; ``None`` where no
     source-only record has them)."""
-    if not any(offset_shares(r) for r in _records(idx, "source-only")):
-        return None
-    rows = []
+    rows, any_measured = [], False
     for pair in pairs_of(idx):
         records = idx.row("source-only", pair)
         if not records:
             continue
         shares = {s: offset_shares(r) for s, r in records.items()}
         measured = {s: v for s, v in shares.items() if v is not None}
+        any_measured = any_measured or bool(measured)
         flip = {s: (records[s].flip or {}).get("visible_share") for s in measured}
         rows.append(
             [
@@ -130,6 +129,8 @@ def offset_table(idx: Index) -> str | None:
                 *(_pct_stat({s: v[key] for s, v in measured.items()}) for key in OFFSET_COLUMNS),
             ]
         )
+    if not any_measured:
+        return None
     header = [
         "pair",
         "seeds measured",
