@@ -51,13 +51,14 @@ def _bench(args: argparse.Namespace) -> None:
     from alfa.gaze.devices import resolve_device
     from alfa.study.bench.ablations import REGISTRY
     from alfa.study.bench.config import BenchConfig, selectable_methods
+    from alfa.study.bench.methods import expand_calibration_names
     from alfa.study.bench.runner import run_bench
 
     preset = "full" if args.full else "standard" if args.standard else "smoke" if args.smoke else "quick"
     config = getattr(BenchConfig, preset)()
     changes: dict = {}
     if args.methods is not None:
-        changes["methods"] = tuple(_list(args.methods))
+        changes["methods"] = expand_calibration_names(tuple(_list(args.methods)))
         # a subset of methods also narrows their selected-recipe rows, unless those are named on their own
         selectable = selectable_methods()
         changes["selected_methods"] = tuple(m for m in changes["methods"] if m in selectable)
@@ -149,7 +150,10 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         "--methods",
         help="comma-separated subset of the methods (incl. in-domain, oracle) and rows run only when named: ruda, "
         "and pnpga and tta-distill, which no preset runs (PnP-GA: K source-model snapshots adapted per person, "
-        "docs/pnpga.md; tta-distill: Alfa trained towards the base's flip+roll TTA, one pass instead of six)",
+        "docs/pnpga.md; tta-distill: Alfa trained towards the base's flip+roll TTA, one pass instead of six), and "
+        "user calibration from k labelled images per person (docs/user-calibration.md): calibrate-affine[k=9], "
+        "calibrate-affine-spread[k=9], …, or calibrate-affine for all of its k and draws (also offset, ridge, "
+        "last-layer)",
     )
     p.add_argument(
         "--pairs",

@@ -76,6 +76,7 @@ __all__ = [
     "earlier_run",
     "RECORD_FILE",
     "draw_labelled",
+    "draw_positions",
     "find_head",
     "fit_affine",
     "fit_feature_ridge",
@@ -169,32 +170,46 @@ def _seed(seed: int, person: str, purpose: str) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def draw_labelled(dataset: GazeDataset, person: str, k: int, pool: int, draw: str, seed: int) -> list[int]:
-    """The dataset indices of the ``k`` labelled images of ``person``, drawn from their first ``pool`` images.
+def draw_positions(gaze: Tensor | None, pool: int, k: int, draw: str, seed: int, person: str) -> list[int]:
+    """The positions (sorted, in ``range(pool)``) of the ``k`` labelled images among a person's ``pool`` images,
+    whose gaze labels are ``gaze`` (``(pool, 2)``; only ``spread`` reads them, ``random`` may pass ``None``).
 
     ``random``: ``k`` of the pool uniformly. ``spread``: farthest-point sampling of the pool's gaze labels
     (each next image the one farthest from those chosen), from a random first image: ``k`` points that cover
     the person's gaze range, as the targets of a screen calibration do. Depends on ``(seed, person)`` only."""
-    indices = dataset.person_indices(person)
-    if len(indices) < pool + 1:
-        raise ValueError(f"person {person!r} has {len(indices)} images: the pool of {pool} plus at least one to score")
-    candidates = indices[:pool]
+    if not 1 <= k <= pool:
+        raise ValueError(f"cannot draw k = {k} labelled images from a pool of {pool}")
     g = torch.Generator().manual_seed(_seed(seed, person, f"draw-{draw}"))
     order = torch.randperm(pool, generator=g).tolist()
     if draw == "random":
-        return sorted(candidates[i] for i in order[:k])
-    table = getattr(dataset, "gaze", None)  # the loaders' label tensor: no image is read to draw
-    if isinstance(table, Tensor):
-        gaze = table[torch.as_tensor(candidates, dtype=torch.long)].double()
-    else:
-        gaze = torch.stack([dataset[i]["gaze"] for i in candidates]).double()
+        return sorted(order[:k])
+    if gaze is None or len(gaze) != pool:
+        raise ValueError(f"a spread draw needs the gaze labels of the pool's {pool} images")
+    gaze = gaze.double()
     chosen = [order[0]]
     nearest = (gaze - gaze[order[0]]).norm(dim=1)
     while len(chosen) < k:
         nxt = int(nearest.argmax())
         chosen.append(nxt)
         nearest = torch.minimum(nearest, (gaze - gaze[nxt]).norm(dim=1))
-    return sorted(candidates[i] for i in chosen)
+    return sorted(chosen)
+
+
+def draw_labelled(dataset: GazeDataset, person: str, k: int, pool: int, draw: str, seed: int) -> list[int]:
+    """The dataset indices of the ``k`` labelled images of ``person``, drawn (:func:`draw_positions`) from their
+    first ``pool`` images."""
+    indices = dataset.person_indices(person)
+    if len(indices) < pool + 1:
+        raise ValueError(f"person {person!r} has {len(indices)} images: the pool of {pool} plus at least one to score")
+    candidates = indices[:pool]
+    gaze = None
+    if draw != "random":
+        table = getattr(dataset, "gaze", None)  # the loaders' label tensor: no image is read to draw
+        if isinstance(table, Tensor):
+            gaze = table[torch.as_tensor(candidates, dtype=torch.long)]
+        else:
+            gaze = torch.stack([dataset[i]["gaze"] for i in candidates])
+    return [candidates[i] for i in draw_positions(gaze, pool, k, draw, seed, person)]
 
 
 # ----------------------------------------------------------------------------- the head and its closed forms

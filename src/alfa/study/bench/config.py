@@ -37,6 +37,7 @@ from .methods import (
     STAND_INS,
     TARGETS,
     TTA_ROWS,
+    calibration_rows,
     table_methods,
     with_tta_rows,
     world_name,
@@ -359,6 +360,7 @@ class BenchConfig:
             if p not in PAIRS:
                 raise ValueError(f"unknown pair {p!r}; pairs are {', '.join(PAIRS)}")
         known = table_methods() + SANITY_METHODS + tuple(TTA_ROWS) + EXTRA_METHODS + OPT_IN_METHODS
+        known += calibration_rows()
         bad = [m for m in self.methods if m not in known]
         if bad:
             raise ValueError(f"unknown method(s) {bad}; methods are {', '.join(known)}")

@@ -1,7 +1,10 @@
 """The benchmark's vocabulary: its domains, pairs and the rows of Table 1 and the sanity table, shared by every
 bench module (it imports only the library's method registry)."""
 
+import re
+
 from alfa.adapters import METHODS
+from alfa.gaze.calibrate import DEFAULT_METHOD as DEFAULT_CALIBRATION
 
 SOURCES = {"E": "eth", "G": "gaze360", "S": "eth-studio"}
 TARGETS = {"M": "mpii", "D": "eyediap", "W": "mpii-window", "C": "eyediap-offcam"}
@@ -96,6 +99,45 @@ OPT_IN_METHODS = ("pnpga", "tta-distill")
 preset's plan or hashes. PnP-GA (:mod:`alfa.study.bench.pnpga`) trains its own ensemble per source and seed.
 ``tta-distill``: Alfa personalized with the TTA-distillation objective (:mod:`alfa.gaze.distill`), the group TTA
 of the base distilled into one forward pass; its record's ``distill`` holds the cost ratio and the teacher's error."""
+
+CALIBRATION_KS = (1, 3, 5, 9, 16)
+"""The numbers of labelled images a user-calibration row is scored at (docs/user-calibration.md §4; ``k`` = 0 is
+the label-free rows)."""
+CALIBRATION_ROW_METHODS = (DEFAULT_CALIBRATION, "offset", "ridge", "last-layer")
+"""The ``alfa calibrate`` methods the benchmark has rows of, the default (``affine``) first: the corrections of
+the model's linear head (docs/user-calibration.md §1). The ``adapter`` and ``faze`` methods have none yet."""
+CALIBRATION_DRAWS = ("random", "spread")
+_CALIBRATION_LABEL = re.compile(r"calibrate-(?P<method>.+?)(?P<spread>-spread)?\[k=(?P<k>[0-9]+)\]")
+
+
+def calibration_label(method: str, k: int, draw: str = "random") -> str:
+    """The row of user calibration ``method`` at ``k`` labelled images drawn by ``draw``:
+    ``calibrate-affine[k=9]``, ``calibrate-affine-spread[k=9]`` (no comma: ``--methods`` splits on commas)."""
+    return f"calibrate-{method}{'' if draw == 'random' else '-' + draw}[k={k}]"
+
+
+def parse_calibration_label(label: str) -> tuple[str, int, str] | None:
+    """``(method, k, draw)`` of a user-calibration row's label, ``None`` for any other label."""
+    match = _CALIBRATION_LABEL.fullmatch(label)
+    if match is None or match["method"] not in CALIBRATION_ROW_METHODS:
+        return None
+    return match["method"], int(match["k"]), "spread" if match["spread"] else "random"
+
+
+def calibration_rows(methods: tuple[str, ...] = CALIBRATION_ROW_METHODS) -> tuple[str, ...]:
+    """Every user-calibration row of ``methods``: each ``k`` of :data:`CALIBRATION_KS`, random draws then spread."""
+    return tuple(calibration_label(m, k, d) for m in methods for d in CALIBRATION_DRAWS for k in CALIBRATION_KS)
+
+
+def expand_calibration_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` with each ``calibrate-<method>`` (a method of :data:`CALIBRATION_ROW_METHODS`, no ``[k=…]``)
+    replaced by all of that method's rows, so that a command line can ask for them in one word."""
+    out: list[str] = []
+    for name in names:
+        method = name.removeprefix("calibrate-")
+        out += calibration_rows((method,)) if name != method and method in CALIBRATION_ROW_METHODS else [name]
+    return tuple(dict.fromkeys(out))
+
 
 _ERROR = "angular error"  # the name of alfa.study.bench.stats.angular, the measure of every declared comparison
 DECLARED_FAMILY: dict[str, frozenset[tuple[str, str, tuple[str, ...], str]] | None] = {

@@ -23,6 +23,7 @@ from .methods import (
     OPT_IN_METHODS,
     PAIRS,
     SOURCES,
+    calibration_rows,
 )
 from .variants import SELECTED, Variant, default_variant, main_variants, selection_variants
 
@@ -104,12 +105,14 @@ def grid_plan(config: BenchConfig, plan: RecordPlan) -> RecordPlan:
 def declared_run(worlds: str) -> list[RecordPlan]:
     """Every record of the run the protocol of ``worlds`` declares as a whole (docs/flip-premise.md §7–7.2): for
     ``v2``, the standard preset on seeds 0–2 with the rows of the domain-adaptation issue (RUDA, PnP-GA, the
-    distilled TTA), and the family's rows on :data:`~alfa.study.bench.methods.FAMILY_SEEDS` (§7.1's command).
+    distilled TTA) and of user calibration (every ``k`` and draw of each method the benchmark has rows of;
+    docs/user-calibration.md §4), and the family's rows on :data:`~alfa.study.bench.methods.FAMILY_SEEDS`
+    (§7.1's command).
     Empty for ``v1``: each of its files was its own run, its plan its own configuration."""
     if worlds != "v2":
         return []
     standard = BenchConfig.standard()
-    methods = standard.methods + EXTRA_METHODS + OPT_IN_METHODS
+    methods = standard.methods + EXTRA_METHODS + OPT_IN_METHODS + calibration_rows()
     every_row = dataclasses.replace(standard, seeds=(0, 1, 2), methods=methods)
     selectable = selectable_methods()
     family = dataclasses.replace(

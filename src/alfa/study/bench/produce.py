@@ -66,14 +66,16 @@ from .plan import RecordPlan
 from .pnpga import run_pnpga
 from .record import Record
 from .session import Session, SourceContext, TargetData
+from .user_calibration import run_user_calibration
 
 __all__ = ["KINDS", "OPT_IN_KINDS", "TTA_ROW_KINDS", "UNADAPTED", "produce_record"]
 
 # The kinds of a table row (a recipe-selection record is of kind "selection", never a row); the unadapted
-# ones score a base as it is. The opt-in kinds are those of rows no preset plans (methods.OPT_IN_METHODS); the
+# ones score a base as it is. The opt-in kinds are those of rows no preset plans (methods.OPT_IN_METHODS and the
+# user-calibration rows, methods.calibration_rows); the
 # TTA kinds those of issue 26's label-free TTA rows, which only the standard preset plans (methods.TTA_ROWS).
 KINDS = ("source-only", "flip-tta", "in-domain", "target-trained", "oracle", "adapter", "tpgaze", "ruda")
-OPT_IN_KINDS = ("pnpga",)
+OPT_IN_KINDS = ("pnpga", "calibration")
 TTA_ROW_KINDS = tuple(TTA_ROWS)
 UNADAPTED = ("source-only", "flip-tta", *TTA_ROW_KINDS, "in-domain", "target-trained")
 
@@ -106,6 +108,8 @@ def produce_record(session: Session, plan: RecordPlan) -> Record:
         errors = _run_oracle(session, base, tgt, plan, record, flips)
     elif v.kind == "pnpga":
         errors = run_pnpga(session, base, src, tgt, plan, record, flips)
+    elif v.kind == "calibration":
+        errors = run_user_calibration(session, base, tgt, plan, record)
     else:
         errors = _run_personalization(session, base, src, tgt, plan, record, flips)
     _add_errors(record, errors, flips)

@@ -65,7 +65,8 @@ class Record:
     selected_recipe: dict[str, Any] | None = None  # a selected row: the recipe its selection chose
     default_recipe: dict[str, Any] | None = None  # a default row: the recipe alfa personalize shipped for it
     constant_prediction_deg: float | None = None  # the rows without adaptation: always predicting the mean gaze
-    labelled_images_per_person: int | None = None  # the oracle
+    labelled_images_per_person: int | None = None  # the oracle, a user-calibration row (its k)
+    calibration: dict[str, Any] | None = None  # a user-calibration row: its recipe, the stand-in's choice, draws
     method_config: dict[str, Any] | None = None  # a personalized method: its adapter's config
     recipe: dict[str, Any] | None = None  # ... and the personalization recipe it ran
     per_person_steps: dict[str, list[float]] | None = None  # ... the error on all images after every step
@@ -133,6 +134,7 @@ _ROW_RESULTS = (
     "default_recipe",
     "constant_prediction_deg",
     "labelled_images_per_person",
+    "calibration",
     "method_config",
     "recipe",
     "per_person_steps",

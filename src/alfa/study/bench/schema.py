@@ -77,6 +77,8 @@ def variant_key(variant: Variant) -> dict[str, Any]:
         out["selected"] = True
     if variant.pnpga is not None:  # likewise only PnP-GA's rows have its settings
         out["pnpga"] = variant.pnpga.to_dict()
+    if variant.calibration is not None:  # and only the user-calibration rows theirs
+        out["calibration"] = variant.calibration
     return out
 
 
@@ -96,6 +98,7 @@ def config_hash(
     device: torch.device,
     selection: str | None = None,
     precision: str = "fp32",
+    stand_in: Scored | None = None,
 ) -> str:
     """The hash of the record of ``plan``. ``source_model``: the cache key of the model it adapts;
     ``scored``: the stand-in of a recipe selection, the rendered target of a row scored on one (``None`` for
@@ -132,6 +135,11 @@ def config_hash(
         spec["oracle"] = dataclasses.asdict(config.oracle)
     if v.base.startswith("rank="):
         spec["recovery"] = config.recovery.to_dict()
+    if v.kind == "calibration":
+        if stand_in is None:
+            raise ValueError(f"{plan.id}: a user-calibration row is hashed with the stand-in its recipe is chosen on")
+        spec["stand_in"] = {"spec": stand_in.spec, "fingerprint": stand_in.fingerprint}
+        spec["oracle_extra_images"] = config.oracle.extra_images  # the pool's images after the adaptation ones
     if v.selected:
         if selection is None:
             raise ValueError(f"{plan.id}: a selected row is hashed with its selection record's hash")

@@ -107,6 +107,8 @@ class Session:
         self.targets: dict[str, TargetData] = {}
         self.sources: dict[tuple[str, int], SourceContext] = {}
         self.source_data: dict[str, tuple[GazeDataset, GazeDataset]] = {}
+        # the user-calibration recipe chosen on a stand-in, per (source, seed, method, grid): every k reads it
+        self.calibration_choices: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     # ---------------------------------------------------------------- data
 
@@ -166,7 +168,10 @@ class Session:
             return config_hash(self.config, plan, source_model, stand_in, self.device, precision=self.precision)
         scored = None if v.kind == "in-domain" else self.target(plan.target, plan.seed)
         selection = self.record_hash(grid_plan(self.config, plan)) if v.selected else None
-        return config_hash(self.config, plan, source_model, scored, self.device, selection, self.precision)
+        stand_in = self.stand_in(plan.source) if v.kind == "calibration" else None
+        return config_hash(
+            self.config, plan, source_model, scored, self.device, selection, self.precision, stand_in=stand_in
+        )
 
     # ---------------------------------------------------------------- models
 

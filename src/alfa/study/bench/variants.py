@@ -15,8 +15,17 @@ from alfa.gaze.pnpga import PnPGAConfig
 from alfa.gaze.recipes import Recipe, named_recipe
 from alfa.gaze.ruda import RUDA_RECIPE, ruda_method
 
-from .methods import EXTRA_METHODS, OPT_IN_METHODS, SANITY_METHODS, TTA_ROWS, table_methods
+from .methods import (
+    EXTRA_METHODS,
+    OPT_IN_METHODS,
+    SANITY_METHODS,
+    TTA_ROWS,
+    calibration_rows,
+    parse_calibration_label,
+    table_methods,
+)
 from .names import DEFAULT, SELECTED  # rows with a selected (alfa[selected]) or shipped (alfa[default]) recipe
+from .user_calibration import calibration_settings
 
 __all__ = [
     "Variant",
@@ -46,6 +55,8 @@ class VariantSettings(Protocol):
     alfa_rank: int
     personalize: Any  # its n_adapt: the images every row adapts on
     pretrain: Any  # its epochs: how many snapshots PnP-GA's ensemble can have
+    oracle: Any  # its extra labelled images: with n_adapt, a user-calibration row's pool
+    target_images: int  # a stand-in person's images: half of them a user-calibration row's stand-in pool
 
 
 @dataclass
@@ -56,7 +67,9 @@ class Variant:
     averaged with its mirrored prediction on the flipped image), ``"roll-tta"`` and ``"group-tta"`` (no training:
     the base with the roll's or the flip × roll test-time augmentation, :data:`~alfa.study.bench.methods.TTA_ROWS`),
     ``"in-domain"`` (the base on held-out source persons),
-    ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe), ``"tpgaze"``, ``"ruda"`` (RUDA:
+    ``"oracle"``, ``"adapter"`` (an adapter method with the shared recipe), ``"calibration"`` (user calibration
+    from labelled images, ``calibration`` its settings: :mod:`alfa.study.bench.user_calibration`),
+    ``"tpgaze"``, ``"ruda"`` (RUDA:
     the whole network with its rotation-consistency objective, :mod:`alfa.gaze.ruda`), or ``"pnpga"`` (PnP-GA's
     ensemble adaptation, ``pnpga`` its settings: :mod:`alfa.study.bench.pnpga`). ``base``:
     ``"truncated"`` (the rank-``d`` base), ``"dense"`` (the pre-trained model before truncation) or
@@ -76,6 +89,7 @@ class Variant:
     selected: bool = False  # the recipe is the one selected on the stand-in (docs/flip-premise.md §4)
     shipped: Recipe | None = None  # the recipe alfa personalize ships for the method, which ``recipe`` applies
     pnpga: PnPGAConfig | None = None  # PnP-GA's settings (kind "pnpga")
+    calibration: dict[str, Any] | None = None  # a user-calibration row's settings (kind "calibration")
 
 
 def alfa_config(config: VariantSettings, **changes: Any) -> AlfaConfig:
@@ -99,6 +113,10 @@ def _main_row(label: str, config: VariantSettings) -> Variant:
         return Variant(label, "ruda", adapter=ruda_method(), recipe=dict(RUDA_RECIPE))
     if label == "pnpga":
         return pnpga_variant(config)
+    calibration = parse_calibration_label(label)
+    if calibration is not None:
+        settings = calibration_settings(config, *calibration)
+        return Variant(label, "calibration", group="calibration", value=calibration[1], calibration=settings)
     if label == DISTILL_OBJECTIVE:  # Alfa at the benchmark's settings, the shared recipe with the distillation loss
         return Variant(label, "adapter", adapter=alfa_config(config), recipe={"loss": DISTILL_OBJECTIVE})
     method = METHODS[label]
@@ -159,9 +177,10 @@ def default_variant(config: VariantSettings, method: str) -> Variant:
 
 
 def main_variants(config: VariantSettings) -> dict[str, Variant]:
-    """The methods of Table 1, the sanity rows, the label-free TTA rows (:data:`TTA_ROWS`, which only the standard
-    preset plans) and the rows run only when named (:data:`EXTRA_METHODS`, which the smoke preset plans, and
-    :data:`OPT_IN_METHODS`, which no preset plans), by label (every adapter method at its defaults, Alfa with the
-    benchmark's heads and rank)."""
-    labels = (*table_methods(), *SANITY_METHODS, *TTA_ROWS, *EXTRA_METHODS, *OPT_IN_METHODS)
+    """Every row a run may name, by label: the methods of Table 1 (every adapter method at its defaults, Alfa with
+    the benchmark's heads and rank), the sanity rows, the label-free TTA rows (:data:`TTA_ROWS`, which only the
+    standard preset plans), and the rows run only when named: :data:`EXTRA_METHODS` (which the smoke preset
+    plans), :data:`OPT_IN_METHODS` and the user-calibration rows
+    (:func:`~alfa.study.bench.methods.calibration_rows`), which no preset plans."""
+    labels = (*table_methods(), *SANITY_METHODS, *TTA_ROWS, *EXTRA_METHODS, *OPT_IN_METHODS, *calibration_rows())
     return {label: _main_row(label, config) for label in labels}

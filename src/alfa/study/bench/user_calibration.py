@@ -1,0 +1,278 @@
+"""User calibration's rows in the benchmark (issue 25, docs/user-calibration.md §4): a row
+``calibrate-<method>[k=K]`` (or ``calibrate-<method>-spread[k=K]``) calibrates every target person with ``K``
+labelled images by :func:`alfa.gaze.calibrate.calibrate_person`, exactly as ``alfa calibrate`` does, and scores
+them on the images every other row scores.
+
+Per person, the labelled images are drawn from a **pool** of the person's labelled images that are never
+scored: their ``n_adapt`` adaptation images followed by the first of the oracle's extra labelled images (32 in
+all at the standard preset, the pool of ``alfa calibrate``), so the scored images are those of source-only, the
+oracle and every label-free row. Each person is calibrated ten times, with the draws of seeds 0–9, and their
+error is the mean over the ten (one value per person).
+
+The recipe (``λ_A``, ``λ_h``, the rate and steps) is chosen once per method, source and seed by the declared rule
+on the source's **stand-in** (the held-out persons of another world, never a target; docs/user-calibration.md
+§3): each recipe of the method's grid calibrates every stand-in person from the first images of that person
+(``stand_in_pool``) at ``k`` = 9 with random draws (seeds 0–9), scored on the person's other images; the lowest
+mean error wins, and a recipe within 0.05° of it that regularizes more wins the tie. The record stores the grid.
+
+Every method here corrects only the model's linear head, so each draw's predictions are the corrected head
+applied to the scored images' penultimate features, computed once per person: the same numbers as a forward
+pass through the calibrated model (tests/test_bench_user_calibration.py checks it), at a fraction of the cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from alfa.adapters import adapter_parameters, detach, save_adapter
+from alfa.gaze.calibrate import CalibrateConfig, calibrate_person, draw_positions, find_head
+from alfa.gaze.data.base import GazeDataset
+from alfa.gaze.evaluate import GazeError, eval_indices, load_examples
+
+if TYPE_CHECKING:  # the session builds the models; this module only runs on what it is given
+    from .plan import RecordPlan
+    from .session import Session, TargetData
+
+__all__ = [
+    "POOL",
+    "STAND_IN_POOL",
+    "DRAWS",
+    "SELECTION_K",
+    "TIE_DEG",
+    "GRIDS",
+    "calibration_settings",
+    "choose_recipe",
+    "pick_recipe",
+    "run_user_calibration",
+    "person_draw_errors",
+]
+
+POOL = 32
+"""The labelled images per target person the ``k`` are drawn from (``alfa calibrate``'s pool)."""
+STAND_IN_POOL = 16
+"""The labelled images per stand-in person the selection draws from (a stand-in person has no extra images:
+their first 16 of 40, the other 24 scored)."""
+DRAWS = 10
+"""Draws of the ``k`` images per person (seeds 0–9); a person's error is the mean over them."""
+SELECTION_K = 9
+"""The ``k`` the stand-in rule compares recipes at (docs/user-calibration.md §3)."""
+TIE_DEG = 0.05
+GRIDS: dict[str, tuple[dict[str, Any], ...]] = {
+    # each grid from the strongest regularization to the weakest: the order ties are settled in
+    "affine": tuple({"affine_ridge": x} for x in (1.0, 0.1, 0.01)),
+    "offset": ({},),  # nothing to choose
+    "ridge": tuple({"feature_ridge": x} for x in (10.0, 1.0, 0.1)),
+    "last-layer": tuple({"steps": s, "lr": lr} for s in (20, 50) for lr in (1e-4, 1e-3, 1e-2)),
+}
+"""Per method, the recipes the stand-in rule chooses among (docs/user-calibration.md §3), strongest first:
+larger λ, then fewer steps, then a lower rate."""
+_FAILURES = (ValueError, RuntimeError, FloatingPointError)  # what a calibration raises when it cannot fit
+_SET_PER_ROW = ("method", "k", "draw", "pool", "seed")  # CalibrateConfig fields a row sets, not its recipe
+
+
+def calibration_settings(config: Any, method: str, k: int, draw: str) -> dict[str, Any]:
+    """What a row of ``method`` at ``k`` with ``draw`` runs (part of its records' hashes): the pool sizes (capped
+    by what the configuration renders: ``n_adapt`` + the oracle's extra images per target person, half of a
+    stand-in person's images), the draws, the stand-in rule's grid and ``k``, and the library's defaults."""
+    pool = min(POOL, config.personalize.n_adapt + config.oracle.extra_images)
+    stand_in_pool = min(STAND_IN_POOL, config.target_images // 2)
+    defaults = {f: v for f, v in dataclasses.asdict(CalibrateConfig()).items() if f not in _SET_PER_ROW}
+    return {
+        "method": method,
+        "k": k,
+        "draw": draw,
+        "pool": pool,
+        "draws": DRAWS,
+        "stand_in_pool": stand_in_pool,
+        "selection_k": min(SELECTION_K, stand_in_pool),
+        "grid": [dict(g) for g in GRIDS[method]],
+        "tie_deg": TIE_DEG,
+        "defaults": defaults,
+    }
+
+
+@dataclass
+class _Person:
+    """One person's labelled pool and scored images, with the scored images' penultimate features."""
+
+    pool_images: Tensor
+    pool_gaze: Tensor
+    scored_gaze: Tensor
+    head: str
+    features: Tensor
+
+
+def _person(base: nn.Module, pool: tuple[Tensor, Tensor], scored: tuple[Tensor, Tensor]) -> _Person:
+    device = next(base.parameters()).device
+    images, gaze = (t.to(device) for t in scored)
+    head, features, _ = find_head(base, images)
+    return _Person(pool[0].to(device), pool[1].to(device), gaze, head, features)
+
+
+def person_draw_errors(
+    base: nn.Module, person_id: str, person: _Person, config: CalibrateConfig, draws: int
+) -> tuple[list[GazeError], list[float]]:
+    """The person's :class:`GazeError` after calibration with the draws of seeds ``0 … draws − 1``, and the
+    seconds each calibration took (the forward pass of its ``k`` images and the fit)."""
+    errors, seconds = [], []
+    for seed in range(draws):
+        at = draw_positions(person.pool_gaze, len(person.pool_gaze), config.k, config.draw, seed, person_id)
+        cfg = dataclasses.replace(config, seed=seed, pool=len(person.pool_gaze))
+        t0 = time.perf_counter()
+        calibrate_person(base, person.pool_images[at], person.pool_gaze[at], cfg, unlabelled=person.pool_images)
+        seconds.append(time.perf_counter() - t0)
+        try:
+            with torch.no_grad():
+                pred = base.get_submodule(person.head)(person.features)  # the corrected head
+        finally:
+            detach(base)
+        errors.append(GazeError.of(pred, person.scored_gaze))
+    return errors, seconds
+
+
+def _mean(errors: list[GazeError]) -> GazeError:
+    fields = [f.name for f in dataclasses.fields(GazeError)]
+    return GazeError(**{f: statistics.fmean(getattr(e, f) for e in errors) for f in fields})
+
+
+def _config(settings: dict[str, Any], changes: dict[str, Any], k: int, draw: str) -> CalibrateConfig:
+    return CalibrateConfig(
+        **{**settings["defaults"], **changes}, method=settings["method"], k=k, draw=draw, pool=settings["pool"]
+    )
+
+
+def _stand_in_people(base: nn.Module, data: GazeDataset, pool: int) -> dict[str, _Person]:
+    people = {}
+    for p in data.persons():
+        idx = data.person_indices(p)
+        if len(idx) <= pool:
+            raise ValueError(f"stand-in person {p!r} has {len(idx)} images: the pool of {pool} and one to score")
+        people[p] = _person(base, load_examples(data, idx[:pool]), load_examples(data, idx[pool:]))
+    return people
+
+
+def pick_recipe(scored: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    """The rule (docs/user-calibration.md §3) on a grid scored on the stand-in, strongest regularization first:
+    the lowest mean error wins, and the first recipe within :data:`TIE_DEG` of it (a stronger one) wins a tie.
+    Returns the winner's changes and the case that applied; a recipe whose error is not finite is out."""
+    finite = [s for s in scored if math.isfinite(s["error_deg"])]
+    if not finite:
+        raise ValueError("no recipe of the grid calibrated the stand-in persons to a finite error")
+    lowest = min(s["error_deg"] for s in finite)
+    winner = next(s for s in finite if s["error_deg"] <= lowest + TIE_DEG)
+    return winner["changes"], "lowest" if winner["error_deg"] == lowest else "tie: the stronger regularization"
+
+
+def choose_recipe(session: Session, base: nn.Module, plan: RecordPlan, settings: dict[str, Any]) -> dict[str, Any]:
+    """The stand-in rule's choice for ``plan``'s method, source and seed (made once per session; every row of
+    the method on the source's pairs and every ``k`` reads the same): the grid's errors and the winner."""
+    grid = settings["grid"]
+    key = (plan.source, plan.seed, settings["method"], repr(grid), settings["stand_in_pool"])
+    if key in session.calibration_choices:
+        return session.calibration_choices[key]
+    standin = session.stand_in(plan.source)
+    if len(grid) == 1:
+        choice = {"stand_in": standin.spec, "grid": [], "chosen": grid[0], "case": "nothing to choose"}
+        session.calibration_choices[key] = choice
+        return choice
+    people = _stand_in_people(base, standin.data, settings["stand_in_pool"])
+    k = settings["selection_k"]
+    scored = []
+    for changes in grid:
+        config = dataclasses.replace(_config(settings, changes, k, "random"), pool=settings["stand_in_pool"])
+        try:
+            per_person = {
+                p: statistics.fmean(e.angular for e in person_draw_errors(base, p, person, config, DRAWS)[0])
+                for p, person in people.items()
+            }
+        except _FAILURES as e:  # a recipe that fails on a stand-in person is out of the running
+            scored.append({"changes": changes, "error_deg": math.inf, "failed": f"{type(e).__name__}: {e}"})
+            continue
+        mean = statistics.fmean(per_person.values())
+        scored.append({"changes": changes, "error_deg": mean, "per_person": per_person})
+    chosen, case = pick_recipe(scored)
+    choice = {"stand_in": standin.spec, "k": k, "grid": scored, "chosen": chosen, "case": case}
+    session.calibration_choices[key] = choice
+    return choice
+
+
+def _target_pool(tgt: TargetData, person: str, n_adapt: int, pool: int) -> tuple[Tensor, Tensor]:
+    """The person's labelled pool: their adaptation images, then the oracle's extra images, ``pool`` in all."""
+    images, gaze = load_examples(tgt.data, tgt.data.person_indices(person)[:n_adapt])
+    need = pool - len(images)
+    extra = tgt.extra.person_indices(person)[:need] if tgt.extra is not None and need > 0 else []
+    if len(images) + len(extra) < pool:
+        raise ValueError(
+            f"{tgt.data.name}: person {person!r} has {len(images) + len(extra)} labelled images outside the scored "
+            f"ones; the calibration pool needs {pool}"
+        )
+    if extra:
+        more = load_examples(tgt.extra, extra)
+        images, gaze = torch.cat([images, more[0]]), torch.cat([gaze, more[1]])
+    return images, gaze
+
+
+def run_user_calibration(
+    session: Session, base: nn.Module, tgt: TargetData, plan: RecordPlan, record: dict[str, Any]
+) -> dict[str, GazeError]:
+    """A user-calibration row: the recipe chosen on the stand-in, then every target person calibrated ``DRAWS``
+    times at the row's ``k`` and scored; the record gets the recipe, the choice, each person's error per draw
+    and the costs (seconds per calibration, the bytes of one person's file, the correction's numbers)."""
+    settings = plan.variant.calibration
+    assert settings is not None
+    k, draw, n_adapt = settings["k"], settings["draw"], session.config.personalize.n_adapt
+    if k > settings["pool"]:
+        raise ValueError(f"{plan.id}: k = {k} labelled images cannot come from a pool of {settings['pool']}")
+    choice = choose_recipe(session, base, plan, settings)
+    config = _config(settings, choice["chosen"], k, draw)
+    errors: dict[str, GazeError] = {}
+    per_draw: dict[str, list[float]] = {}
+    seconds: list[float] = []
+    cpu0 = time.process_time()
+    persons = tgt.data.persons()
+    for p in tqdm(persons, desc=f"{plan.variant.label} {tgt.data.name}", disable=not session.progress, leave=False):
+        scored = load_examples(tgt.data, eval_indices(tgt.data, p, n_adapt))
+        person = _person(base, _target_pool(tgt, p, n_adapt, settings["pool"]), scored)
+        try:
+            draws, secs = person_draw_errors(base, p, person, config, DRAWS)
+        except _FAILURES as e:  # recorded, as a personalization's failure is; the person has no error
+            record["failed"][p] = f"{type(e).__name__}: {e}"
+            continue
+        errors[p], per_draw[p] = _mean(draws), [e.angular for e in draws]
+        seconds += secs
+    if not errors:
+        raise ValueError(f"{plan.id}: no person could be calibrated ({'; '.join(record['failed'].values())})")
+    record.update(_costs(base, tgt, next(iter(errors)), n_adapt, config))
+    record["steps"] = config.steps if config.method == "last-layer" else None
+    record["seconds_per_user"] = statistics.fmean(seconds)
+    record["cpu_seconds_per_user"] = (time.process_time() - cpu0) / (len(persons) * DRAWS)
+    record["labelled_images_per_person"] = k
+    recipe = {f: v for f, v in dataclasses.asdict(config).items() if f not in ("seed",)}
+    record["calibration"] = {"recipe": recipe, "draws": DRAWS, "choice": choice, "per_person_draws": per_draw}
+    return errors
+
+
+def _costs(base: nn.Module, tgt: TargetData, person: str, n_adapt: int, config: CalibrateConfig) -> dict[str, Any]:
+    """What one calibrated user costs: the correction's numbers and the bytes of its file (one person's, as
+    ``alfa calibrate`` writes it), and that it merges into the head in place."""
+    images, gaze = _target_pool(tgt, person, n_adapt, config.pool)
+    at = draw_positions(gaze, config.pool, config.k, config.draw, 0, person)
+    calibrate_person(base, images[at], gaze[at], dataclasses.replace(config, seed=0), unlabelled=images)
+    try:
+        numbers = sum(t.numel() for t in adapter_parameters(base).values())
+        with tempfile.TemporaryDirectory() as folder:
+            size = save_adapter(base, Path(folder) / "user.safetensors").stat().st_size
+    finally:
+        detach(base)
+    return {"trainable_params": numbers, "adapter_bytes": size, "merge": "in place"}

@@ -1,0 +1,164 @@
+"""User calibration's rows in the benchmark (issue 25, docs/user-calibration.md §4): the labels, the plan (no preset
+runs them; the declared v2 run has them on every pair), the stand-in rule, and a run whose records equal the
+library's calibration of each person through a full forward pass, on the images every other row scores."""
+
+import dataclasses
+import math
+import statistics
+
+import pytest
+import torch
+from test_bench import tiny
+from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
+
+from alfa.adapters import detach
+from alfa.gaze.calibrate import CalibrateConfig, calibrate_person, draw_positions
+from alfa.gaze.evaluate import GazeError, eval_indices, load_examples, predict_images
+from alfa.study.bench.config import BenchConfig, OracleConfig
+from alfa.study.bench.methods import (
+    CALIBRATION_KS,
+    PAIRS,
+    calibration_label,
+    calibration_rows,
+    expand_calibration_names,
+    parse_calibration_label,
+)
+from alfa.study.bench.plan import declared_run, plan_records
+from alfa.study.bench.results import load_results
+from alfa.study.bench.runner import run_bench
+from alfa.study.bench.session import Session
+from alfa.study.bench.user_calibration import GRIDS, pick_recipe
+
+ROWS = (
+    "source-only",
+    "calibrate-affine[k=3]",
+    "calibrate-affine-spread[k=3]",
+    "calibrate-offset[k=1]",
+    "calibrate-last-layer[k=3]",
+)
+
+
+def test_the_labels_name_method_k_and_draw_and_one_word_asks_for_all_of_a_method():
+    for method in ("affine", "offset", "ridge", "last-layer"):
+        for k in CALIBRATION_KS:
+            for draw in ("random", "spread"):
+                assert parse_calibration_label(calibration_label(method, k, draw)) == (method, k, draw)
+    assert calibration_label("last-layer", 9, "spread") == "calibrate-last-layer-spread[k=9]"
+    for other in ("alfa", "calibrate-affine", "calibrate-faze[k=9]", "calibrate-affine[k=x]", "alfa[selected]"):
+        assert parse_calibration_label(other) is None
+    rows = expand_calibration_names(("source-only", "calibrate-affine", "calibrate-affine[k=9]"))
+    assert rows[0] == "source-only" and len(rows) == 1 + 2 * len(CALIBRATION_KS)  # no row twice
+    assert set(rows[1:]) == set(calibration_rows(("affine",)))
+    assert expand_calibration_names(("calibrate-faze",)) == ("calibrate-faze",)  # left for validate to refuse
+    with pytest.raises(ValueError, match="unknown method"):
+        BenchConfig.standard(methods=("calibrate-faze",)).validate()
+
+
+def test_no_preset_plans_the_rows_and_the_declared_run_has_them_on_every_pair_and_seed():
+    for preset in (BenchConfig.smoke(), BenchConfig.quick(), BenchConfig.standard(), BenchConfig.full()):
+        assert not [p for p in plan_records(preset) if p.variant.kind == "calibration"], preset.preset
+    ids = {p.id for p in declared_run("v2")}
+    for label in calibration_rows():
+        for pair in PAIRS:
+            for seed in (0, 1, 2):
+                assert f"{label}|{pair}|seed{seed}" in ids
+    plans = plan_records(BenchConfig.standard(methods=("calibrate-affine[k=9]",), pairs=("E→M",), seeds=(0,)))
+    settings = next(p.variant.calibration for p in plans if p.variant.kind == "calibration")
+    # the standard preset's pool: the 5 adaptation images and 27 of the oracle's 40 extra ones
+    assert settings["pool"] == 32 and settings["stand_in_pool"] == 16 and settings["selection_k"] == 9
+    assert settings["grid"] == [{"affine_ridge": 1.0}, {"affine_ridge": 0.1}, {"affine_ridge": 0.01}]
+
+
+def test_the_rule_takes_the_lowest_and_gives_a_tie_to_the_stronger_regularization():
+    def grid(*errors):
+        return [{"changes": {"r": i}, "error_deg": e} for i, e in enumerate(errors)]
+
+    assert pick_recipe(grid(5.0, 4.0, 4.5)) == ({"r": 1}, "lowest")
+    assert pick_recipe(grid(4.04, 4.0, 3.99)) == ({"r": 0}, "tie: the stronger regularization")
+    assert pick_recipe(grid(4.06, 4.0, 4.5)) == ({"r": 1}, "lowest")  # 0.06 is no tie
+    assert pick_recipe(grid(math.inf, 4.0)) == ({"r": 1}, "lowest")  # a failed recipe is out
+    with pytest.raises(ValueError, match="no recipe"):
+        pick_recipe(grid(math.inf))
+    # each grid runs from the strongest regularization to the weakest: the order ties are settled in
+    ridges = [g["affine_ridge"] for g in GRIDS["affine"]]
+    assert ridges == sorted(ridges, reverse=True)
+    trained = [(g["steps"], g["lr"]) for g in GRIDS["last-layer"]]
+    assert trained == sorted(trained)
+
+
+def _config():
+    return tiny(methods=ROWS, oracle=OracleConfig(extra_images=11, steps=2, batch_size=4))  # a pool of 16
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ucal")
+    config = _config()
+    summary = run_bench(config, out, progress=False)
+    assert not summary.errors, summary.errors
+    return out, config, {r["id"]: r for r in load_results(out)["records"]}
+
+
+def _direct(session: Session, record: dict, config) -> dict[str, float]:
+    """Each person's error recomputed with the library alone: the pool (adaptation images, then the oracle's
+    extra ones), the draws of seeds 0–9, ``calibrate_person`` with the record's recipe, a full forward pass."""
+    base = session.base(session.build("E", 0), "truncated")
+    tgt = session.target("M", 0)
+    n_adapt = config.personalize.n_adapt
+    recipe = {k: v for k, v in record["calibration"]["recipe"].items()}
+    out = {}
+    for person in tgt.data.persons():
+        images, gaze = load_examples(tgt.data, tgt.data.person_indices(person)[:n_adapt])
+        more = load_examples(tgt.extra, tgt.extra.person_indices(person)[: recipe["pool"] - n_adapt])
+        images, gaze = torch.cat([images, more[0]]), torch.cat([gaze, more[1]])
+        scored_images, scored_gaze = load_examples(tgt.data, eval_indices(tgt.data, person, n_adapt))
+        errors = []
+        for seed in range(10):
+            at = draw_positions(gaze, recipe["pool"], recipe["k"], recipe["draw"], seed, person)
+            calibrate_person(base, images[at], gaze[at], CalibrateConfig(**recipe, seed=seed), unlabelled=images)
+            try:
+                errors.append(GazeError.of(predict_images(base, scored_images), scored_gaze).angular)
+            finally:
+                detach(base)
+        out[person] = statistics.fmean(errors)
+    return out
+
+
+@pytest.mark.slow
+def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_scores(calibrated):
+    out, config, records = calibrated
+    session = Session(config, out, out / "cache", progress=False)
+    source_only = records["source-only|E→M|seed0"]
+    for label in ROWS[1:]:
+        record = records[f"{label}|E→M|seed0"]
+        method, k, draw = parse_calibration_label(label)
+        assert record["kind"] == "calibration" and record["labelled_images_per_person"] == k
+        recipe = record["calibration"]["recipe"]
+        assert (recipe["method"], recipe["k"], recipe["draw"], recipe["pool"]) == (method, k, draw, 16)
+        assert set(record["per_person"]) == set(source_only["per_person"])  # the same persons ...
+        assert record["per_person"] == pytest.approx(_direct(session, record, config), abs=1e-5)  # ... images
+        assert all(len(v) == 10 for v in record["calibration"]["per_person_draws"].values())
+        assert record["adapter_bytes"] > 0 and record["merge"] == "in place"
+    # the affine map's recipe is the stand-in rule's choice among its grid, made once for every k and draw
+    affine = records["calibrate-affine[k=3]|E→M|seed0"]["calibration"]["choice"]
+    assert [g["changes"] for g in affine["grid"]] == list(GRIDS["affine"])
+    assert pick_recipe(affine["grid"]) == (affine["chosen"], affine["case"])
+    assert records["calibrate-affine-spread[k=3]|E→M|seed0"]["calibration"]["choice"] == affine
+    assert affine["stand_in"] == session.stand_in("E").spec and affine["k"] == 4  # half of 8 images
+    offset = records["calibrate-offset[k=1]|E→M|seed0"]["calibration"]["choice"]
+    assert offset["case"] == "nothing to choose"
+    # at k = 1 the affine map is the offset (its ridge leaves the gain at one): same draws, same errors
+    assert records["calibrate-offset[k=1]|E→M|seed0"]["steps"] is None
+    assert records["calibrate-last-layer[k=3]|E→M|seed0"]["steps"] in {g["steps"] for g in GRIDS["last-layer"]}
+
+
+@pytest.mark.slow
+def test_a_k_the_pool_cannot_hold_fails_with_one_line_and_a_rerun_resumes(calibrated, tmp_path):
+    out, config, records = calibrated
+    small = tiny(methods=("calibrate-affine[k=16]",))  # the oracle's 4 extra images: a pool of 9
+    summary = run_bench(small, tmp_path, progress=False)
+    assert list(summary.errors) == ["calibrate-affine[k=16]|E→M|seed0"]
+    assert "cannot come from a pool of 9" in summary.errors["calibrate-affine[k=16]|E→M|seed0"]
+    # the finished rows are skipped by a rerun: the same hashes
+    again = run_bench(dataclasses.replace(config), out, progress=False)
+    assert not again.errors and again.ran == []
