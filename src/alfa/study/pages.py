@@ -151,6 +151,22 @@ def _render_calibration(root: Path, out: Path) -> None:
     write_text(out / "docs/calibration.md", text)
 
 
+USER_CALIBRATION_PAGE = "docs/results-user-calibration.md"
+USER_CALIBRATION_FIGURES = "docs/figures/results-user-calibration"
+
+
+def _render_user_calibration(root: Path, out: Path) -> None:
+    from .bench.results import load_results
+    from .bench.user_calibration_report import user_calibration_page
+
+    results = load_results(root / CALIBRATION_RECORD)
+    figures = out / USER_CALIBRATION_FIGURES
+    figures.mkdir(parents=True, exist_ok=True)
+    link = Path(USER_CALIBRATION_FIGURES).relative_to("docs").as_posix() + "/"
+    text = user_calibration_page(results, CALIBRATION_RECORD, "alfa pages --write", figures, link)
+    write_text(out / USER_CALIBRATION_PAGE, text)
+
+
 CAMERA_DATA = "docs/data/camera"
 CAMERA_FIGURE = "docs/figures/camera.png"
 CAMERA_COMMAND = (
@@ -245,6 +261,14 @@ PAGES: tuple[Page, ...] = (
         produce="python scripts/scout_worlds.py (the scouts; each file has its command) and the v2 benchmark's "
         f"sanity rows in {CALIBRATION_RECORD}, then alfa pages --write",
         render=_render_calibration,
+    ),
+    Page(
+        path=USER_CALIBRATION_PAGE,
+        data=CALIBRATION_RECORD,
+        produce="alfa bench --standard --methods calibrate-affine,… (in pieces: scripts/queues/user-calibration.txt), "
+        f"then copy runs/bench-v2/results.json to {CALIBRATION_RECORD} and alfa pages --write",
+        render=_render_user_calibration,
+        figures=USER_CALIBRATION_FIGURES,
     ),
     Page(
         path="docs/camera.md",

@@ -1,0 +1,287 @@
+"""``docs/data/bench-v2`` → ``docs/results-user-calibration.md``: what a few labels are worth (issue 25), from the
+user-calibration rows of the benchmark (:mod:`alfa.study.bench.user_calibration`) beside its label-free rows and
+the oracle. Never edit the output by hand; ``alfa pages --write`` makes it.
+
+What the page answers, as docs/user-calibration.md §4–5 declared it: issue 25's pass criteria per pair (the
+default calibration at ``k`` = 9 closes at least 60 % of the labelled headroom; at ``k`` = 1 it is never worse
+than source-only beyond the interval), the error against ``k`` of every method (a table with 95 % intervals and
+a figure), what each label-free row is worth in labelled images, random against spread draws, and the cost per
+person. Every comparison here is descriptive: quoted with its 95 % interval (persons and seeds drawn,
+:mod:`alfa.study.bench.stats`), never called clear. What has no record yet is named, and nothing is read from
+its absence.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .methods import (
+    CALIBRATION_DRAWS,
+    CALIBRATION_KS,
+    CALIBRATION_ROW_METHODS,
+    DEFAULT_CALIBRATION,
+    PAIRS,
+    calibration_label,
+    calibration_rows,
+)
+from .names import SELECTED, display_name
+from .record import as_records
+from .stats import Comparisons, Index, cell, design_of, diff, index_records, pooled, seeds_of
+
+__all__ = ["user_calibration_page", "HEADROOM_SHARE", "PASS_K", "SAFE_K"]
+
+HEADROOM_SHARE = 0.6
+"""Issue 25: the default calibration at :data:`PASS_K` closes at least this share of source-only → oracle."""
+PASS_K = 9
+SAFE_K = 1
+"""Issue 25: at this ``k`` the default calibration is never worse than source-only beyond the interval."""
+LABEL_FREE = ("flip-tta", "roll-tta", "group-tta")
+"""The label-free rows without training (``k`` = 0); the selected flip recipes (``*[selected]``) join them."""
+FIGURE = "error_vs_k.png"
+
+
+def _cal(method: str, k: int, draw: str = "random") -> str:
+    return calibration_label(method, k, draw)
+
+
+def _pairs(idx: Index) -> list[str]:
+    """The pairs with any user-calibration record, in the benchmark's order."""
+    rows = set(calibration_rows())
+    return [p for p in PAIRS if any((m, p, s) in idx for m in rows for s in seeds_of(idx))]
+
+
+def _share(idx: Index, pair: str) -> tuple[float, int] | None:
+    """The mean over seeds of the share of the headroom the default calibration at :data:`PASS_K` closes, with
+    the seeds counted (those with source-only, the oracle and the row); ``None`` where no seed has all three."""
+    shares = []
+    for s in seeds_of(idx):
+        keys = [(m, pair, s) for m in ("source-only", "oracle", _cal(DEFAULT_CALIBRATION, PASS_K))]
+        if all(k in idx for k in keys):
+            so, oracle, calibrated = (float(idx[k].error_deg) for k in keys)
+            if so > oracle:
+                shares.append((so - calibrated) / (so - oracle))
+    return (statistics.fmean(shares), len(shares)) if shares else None
+
+
+def _criteria_table(idx: Index, pairs: Sequence[str]) -> list[str]:
+    default = display_name(_cal(DEFAULT_CALIBRATION, PASS_K))
+    lines = [
+        f"| pair | source-only | oracle | {default} | headroom closed (≥ {HEADROOM_SHARE:.0%}) | "
+        f"k = {SAFE_K} − source-only, 95 % interval | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for pair in pairs:
+        cells = [cell(idx, m, pair) for m in ("source-only", "oracle", _cal(DEFAULT_CALIBRATION, PASS_K))]
+        share = _share(idx, pair)
+        safe = diff(idx, _cal(DEFAULT_CALIBRATION, SAFE_K), "source-only", [pair])
+        verdicts = []
+        if share is None:
+            verdicts.append("headroom: no record")
+        else:
+            verdicts.append(f"headroom {'met' if share[0] >= HEADROOM_SHARE else 'missed'}")
+        if safe is None or safe.interval is None:
+            verdicts.append(f"k = {SAFE_K}: no interval")
+        else:
+            verdicts.append(f"k = {SAFE_K}: {'worse beyond the interval' if safe.interval[0] > 0 else 'not worse'}")
+        share_text = "—" if share is None else f"{share[0]:.0%} ({share[1]} seed{'s' if share[1] != 1 else ''})"
+        lines.append(
+            f"| {pair} | "
+            + " | ".join("—" if c is None else c.format_interval() for c in cells)
+            + f" | {share_text} | {'—' if safe is None else safe.compact()} | {'; '.join(verdicts)} |"
+        )
+    return lines
+
+
+def _curve_table(idx: Index, pairs: Sequence[str]) -> list[str]:
+    """Error against ``k``, pooled over ``pairs`` (per seed the mean over them; a seed without every pair is
+    left out), each cell with its 95 % interval over seeds."""
+    head = "| row | k = 0 (source-only) | " + " | ".join(f"k = {k}" for k in CALIBRATION_KS) + " |"
+    lines = [head, "|---|" + "---|" * (len(CALIBRATION_KS) + 1)]
+    base = pooled(idx, "source-only", pairs)
+    for method in CALIBRATION_ROW_METHODS:
+        for draw in CALIBRATION_DRAWS:
+            stats = [pooled(idx, _cal(method, k, draw), pairs) for k in CALIBRATION_KS]
+            if all(s is None for s in stats):
+                continue
+            name = f"{method}{'' if draw == 'random' else ' (spread draws)'}"
+            cells = ["—" if s is None else s.format_interval() for s in [base, *stats]]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _label_free(idx: Index) -> list[str]:
+    present = {m for (m, _, _) in idx}
+    selected = sorted(m for m in present if m.endswith(SELECTED))
+    return [m for m in LABEL_FREE if m in present] + selected
+
+
+def _worth(idx: Index, pairs: Sequence[str]) -> list[str]:
+    """Per label-free row and pair: the smallest ``k`` at which the default calibration's mean is at or below
+    the row's, and the smallest at which the upper end of the difference's 95 % interval is."""
+    rows = _label_free(idx)
+    if not rows:
+        return ["No label-free row has a record on these pairs yet."]
+    lines = ["| label-free row | " + " | ".join(pairs) + " |", "|---|" + "---|" * len(pairs)]
+    for row in rows:
+        cells = []
+        for pair in pairs:
+            at_mean = at_interval = None
+            for k in CALIBRATION_KS:
+                d = diff(idx, _cal(DEFAULT_CALIBRATION, k), row, [pair])
+                if d is None:
+                    continue
+                if at_mean is None and d.mean <= 0:
+                    at_mean = k
+                if at_interval is None and d.interval is not None and d.interval[1] <= 0:
+                    at_interval = k
+            if all(diff(idx, _cal(DEFAULT_CALIBRATION, k), row, [pair]) is None for k in CALIBRATION_KS):
+                cells.append("—")
+            else:
+                mean_text = f"k = {at_mean}" if at_mean is not None else f"> {CALIBRATION_KS[-1]}"
+                interval_text = f"k = {at_interval}" if at_interval is not None else f"> {CALIBRATION_KS[-1]}"
+                cells.append(f"{mean_text} ({interval_text} by its interval)")
+        lines.append(f"| {display_name(row)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _draws_table(idx: Index, pairs: Sequence[str]) -> list[str]:
+    lines = ["| method | " + " | ".join(f"k = {k}" for k in CALIBRATION_KS) + " |"]
+    lines.append("|---|" + "---|" * len(CALIBRATION_KS))
+    for method in CALIBRATION_ROW_METHODS:
+        cells = []
+        for k in CALIBRATION_KS:
+            d = diff(idx, _cal(method, k, "spread"), _cal(method, k), pairs)
+            cells.append("—" if d is None else d.compact())
+        if any(c != "—" for c in cells):
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _costs_table(idx: Index) -> list[str]:
+    lines = [
+        f"| method (k = {PASS_K}) | seconds per calibration (median) | numbers stored | file bytes | merges |",
+        "|---|---|---|---|---|",
+    ]
+    for method in CALIBRATION_ROW_METHODS:
+        records = [r for (m, _, _), r in idx.items() if m == _cal(method, PASS_K)]
+        if not records:
+            continue
+        seconds = statistics.median(float(r.seconds_per_user or 0.0) for r in records)
+        numbers = statistics.median(r.trainable_params for r in records)
+        size = statistics.median(float(r.adapter_bytes or 0) for r in records)
+        lines.append(f"| {method} | {seconds:.3f} | {int(numbers):,} | {int(size):,} | {records[0].merge} |")
+    return lines
+
+
+def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
+    from alfa.study.plotted import save_figure
+
+    from .figures import DPI, _plt
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(pairs), figsize=(3.2 * len(pairs), 3.2), squeeze=False)
+    xs = [0, *CALIBRATION_KS]
+    for ax, pair in zip(axes[0], pairs):
+        base = cell(idx, "source-only", pair)
+        for method in CALIBRATION_ROW_METHODS:
+            for draw in CALIBRATION_DRAWS:
+                points = [(0, base)] + [(k, cell(idx, _cal(method, k, draw), pair)) for k in CALIBRATION_KS]
+                points = [(x, s.mean) for x, s in points if s is not None]
+                if len(points) > 1:
+                    style = "-" if draw == "random" else "--"
+                    ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=f"{method} {draw}")
+        for row, style in (("flip-tta", ":"), ("oracle", "-.")):
+            s = cell(idx, row, pair)
+            if s is not None:
+                ax.axhline(s.mean, linestyle=style, color="gray", label=display_name(row))
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_title(pair)
+        ax.set_xlabel("labelled images k")
+    axes[0][0].set_ylabel("angular error (°), mean over seeds")
+    axes[0][-1].legend(fontsize=6)
+    fig.suptitle("User calibration: error against the number of labelled images per person", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=DPI)
+
+
+def user_calibration_page(
+    results: dict[str, Any], data: str, command: str, figure_dir: Path | None = None, figure_link: str = ""
+) -> str:
+    """The page's markdown from the v2 results (and its figure into ``figure_dir``, linked as ``figure_link``)."""
+    records = as_records(results.get("records", []))
+    idx = index_records(records, Comparisons(persons=design_of(results), declared=frozenset()))
+    pairs = _pairs(idx)
+    rows = calibration_rows()
+    held = {r.id for r in records if r.kind == "calibration"}
+    declared = [f"{m}|{p}|seed{s}" for m in rows for p in PAIRS for s in (0, 1, 2)]
+    lines = [
+        "# Results: what a few labels are worth (user calibration, issue 25)",
+        "",
+        f"Generated by `{command}` from `{data}`. Do not edit by hand. The protocol is "
+        "[user-calibration.md](user-calibration.md) (§4, and §5 for how the benchmark runs it), declared before "
+        "these rows ran. Every comparison on this page is descriptive: its 95 % interval draws persons and seeds "
+        "(persons drawn afresh per seed), and none is called clear.",
+        "",
+        f"**Records:** {sum(i in held for i in declared)} of the {len(declared)} user-calibration rows declared on "
+        f"seeds 0–2 ({len(rows)} rows × {len(PAIRS)} pairs × 3 seeds); pairs with any: "
+        f"{', '.join(pairs) if pairs else 'none'}. Not built yet: the `adapter` rows (Alfa, LoRA, DoRA as the "
+        "calibration adapter, supervised and semi-supervised) and FAZE's (`faze`, with and without "
+        "meta-learning), so this page cannot yet say whether Alfa beats LoRA as the calibration adapter nor "
+        "whether meta-learning beats plain fine-tuning. A row without a record is shown as —, and nothing is read "
+        "from its absence.",
+        "",
+    ]
+    if not pairs:
+        return "\n".join([*lines, "No user-calibration record yet.", ""])
+    lines += [
+        "## Issue 25's pass criteria",
+        "",
+        f"Per pair, means over the seeds that have the row (each cell: mean [95 % interval over seeds]): the "
+        f"default calibration ({DEFAULT_CALIBRATION}) at k = {PASS_K} must close at least {HEADROOM_SHARE:.0%} of "
+        f"the headroom from source-only to the oracle (per seed (source-only − calibrated) / (source-only − "
+        f"oracle), then the mean), and at k = {SAFE_K} it must not be worse than source-only beyond the 95 % "
+        "interval of the difference (its lower end above zero).",
+        "",
+        *_criteria_table(idx, pairs),
+        "",
+        "## Error against k",
+        "",
+        f"Pooled over {', '.join(pairs)} (per seed the mean over these pairs; a seed without all of them is left "
+        "out), mean [95 % interval over seeds]; a person's error at k is the mean over ten draws of the k images.",
+        "",
+        *_curve_table(idx, pairs),
+        "",
+    ]
+    if figure_dir is not None:
+        _plot(idx, pairs, figure_dir / FIGURE)
+        lines += [f"![error against k]({figure_link}{FIGURE})", ""]
+    lines += [
+        "## What a label-free row is worth in labelled images",
+        "",
+        f"Per pair: the smallest k at which the default calibration's mean error is at or below the label-free "
+        f"row's, and in brackets the smallest at which the upper end of the 95 % interval of the difference is "
+        f'(how docs/user-calibration.md §4\'s "smallest k whose error interval is at or below its own" is read '
+        f'here); "> {CALIBRATION_KS[-1]}" where no k of the protocol gets there.',
+        "",
+        *_worth(idx, pairs),
+        "",
+        "## Spread against random draws",
+        "",
+        "Spread − random, pooled over the pairs above: the difference [95 % interval] (negative: the spread draws "
+        "of a screen calibration do better).",
+        "",
+        *_draws_table(idx, pairs),
+        "",
+        "## Cost per person",
+        "",
+        "Each calibration's seconds include the forward pass of its k images and the fit (this machine, 2 CPU "
+        "cores); a calibrated user is one safetensors file, merged into the head in place for export.",
+        "",
+        *_costs_table(idx),
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""The user-calibration results page (issue 25): its pass criteria per pair, error against k, what a label-free row
+is worth in labelled images, spread against random draws and the costs, from hand-written records."""
+
+import json
+
+from test_report import shifted
+
+from alfa.study.bench.config import BenchConfig
+from alfa.study.bench.methods import calibration_label
+from alfa.study.bench.results import FORMAT, VERSION
+from alfa.study.bench.user_calibration_report import user_calibration_page
+from alfa.study.plotted import plotted_path
+
+SPREAD = (-1.0, -0.5, 0.0, 0.5, 1.0)
+
+
+def _results():
+    means = {
+        # E→M: the default closes (10 − 6) / (10 − 4) = 67 % of the headroom; k = 1 helps
+        ("source-only", "E→M"): 10.0,
+        ("oracle", "E→M"): 4.0,
+        ("flip-tta", "E→M"): 9.5,
+        (calibration_label("affine", 1), "E→M"): 9.0,
+        (calibration_label("affine", 9), "E→M"): 6.0,
+        (calibration_label("affine", 9, "spread"), "E→M"): 5.5,
+        # E→D: 25 % of the headroom, and k = 1 worse than source-only for every person and seed
+        ("source-only", "E→D"): 8.0,
+        ("oracle", "E→D"): 4.0,
+        (calibration_label("affine", 1), "E→D"): 9.5,
+        (calibration_label("affine", 9), "E→D"): 7.0,
+        (calibration_label("affine", 9, "spread"), "E→D"): 6.8,
+    }
+    records = []
+    for (method, pair), mean in means.items():
+        for seed in range(3):
+            extra = {}
+            if method.startswith("calibrate"):
+                extra = {"kind": "calibration", "trainable_params": 1026, "adapter_bytes": 4696, "merge": "in place"}
+            records.append(shifted(method, pair, seed, mean + 0.1 * seed, spread=SPREAD, **extra))
+    config = BenchConfig.standard(seeds=(0, 1, 2))
+    return {"format": FORMAT, "version": VERSION, "config": config.protocol_dict(), "records": records, "runs": []}
+
+
+def _row(text, first):
+    return next(line for line in text.splitlines() if line.startswith(f"| {first} |"))
+
+
+def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path):
+    text = user_calibration_page(_results(), "docs/data/bench-v2", "alfa pages --write", tmp_path, "figures/")
+    assert "**Records:** 18 of the 720 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
+    assert "Not built yet: the `adapter` rows" in text  # named, not silently absent
+    em, ed = _row(text, "E→M"), _row(text, "E→D")
+    assert "| 67% (3 seeds) |" in em and "headroom met; k = 1: not worse" in em
+    assert "| 25% (3 seeds) |" in ed and "headroom missed; k = 1: worse beyond the interval" in ed
+    assert "+1.50 [" in ed  # k = 1 − source-only, with its interval
+    # error against k pooled over both pairs: source-only (10 + 8) / 2 + 0.1 · seed, mean 9.1
+    assert _row(text, "affine").startswith("| affine | 9.10 [") and "| — |" in _row(text, "affine")  # k = 3: none
+    # flip-TTA's worth on E→M: the default at k = 1 (9.0) is already below it (9.5)
+    worth = _row(text, "flip-TTA (no training)")
+    assert worth.startswith("| flip-TTA (no training) | k = 1 (k = 1 by its interval) | — |")
+    assert _row(text, "affine (spread draws)").startswith("| affine (spread draws) | 9.10 [")
+    # spread − random at k = 9, pooled: (−0.5 − 0.2) / 2 in every seed and person
+    assert _row(text, "affine") != _row(text, "affine (spread draws)")
+    assert "| affine | — | — | — | −0.35 [−0.35, −0.35] | — |" in text
+    assert "| affine | 0.000 | 1,026 | 4,696 | in place |" not in text  # seconds come from the records
+    assert "| affine | 1.000 | 1,026 | 4,696 | in place |" in text
+    figure = tmp_path / "error_vs_k.png"
+    assert figure.is_file() and "![error against k](figures/error_vs_k.png)" in text
+    plotted = json.loads(plotted_path(figure).read_text())
+    shown = json.dumps(plotted, ensure_ascii=False)
+    assert "E→M" in shown and "E→D" in shown and "affine spread" in shown
+
+
+def test_a_page_without_calibration_records_says_so():
+    results = _results()
+    results["records"] = [r for r in results["records"] if r["kind"] != "calibration"]
+    text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
+    assert "**Records:** 0 of the 720" in text and text.rstrip().endswith("No user-calibration record yet.")
