@@ -76,3 +76,15 @@ def test_a_page_without_calibration_records_says_so():
     results["records"] = [r for r in results["records"] if r["kind"] != "calibration"]
     text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
     assert "**Records:** 0 of the 720" in text and text.rstrip().endswith("No user-calibration record yet.")
+
+
+def test_every_row_of_a_pair_is_read_on_the_seeds_with_calibration_records():
+    results = _results()
+    drop = {"E→D": 2}  # seed 2 has no calibration record on E→D: its source-only and oracle are left out there
+    results["records"] = [
+        r for r in results["records"] if not (r["kind"] == "calibration" and drop.get(r["pair"]) == r["seed"])
+    ]
+    text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
+    assert _row(text, "E→D").startswith("| E→D | 8.05 [7.41, 8.69] | 4.05 [3.41, 4.69] | 7.05 [")
+    assert "| 25% (2 seeds) |" in _row(text, "E→D")
+    assert _row(text, "E→M").startswith("| E→M | 10.10 [")  # all three seeds there

@@ -213,7 +213,11 @@ def user_calibration_page(
 ) -> str:
     """The page's markdown from the v2 results (and its figure into ``figure_dir``, linked as ``figure_link``)."""
     records = as_records(results.get("records", []))
-    idx = index_records(records, Comparisons(persons=design_of(results), declared=frozenset()))
+    # every row on a pair is read on the seeds with user-calibration records there, so that k = 0, the
+    # label-free rows and the oracle are the same seeds' as the calibrated points beside them
+    calibrated = {(r.pair, int(r.seed)) for r in records if r.kind == "calibration" and r.error_deg is not None}
+    same_seeds = [r for r in records if (r.pair, int(r.seed)) in calibrated]
+    idx = index_records(same_seeds, Comparisons(persons=design_of(results), declared=frozenset()))
     pairs = _pairs(idx)
     rows = calibration_rows()
     held = {r.id for r in records if r.kind == "calibration"}
@@ -228,7 +232,9 @@ def user_calibration_page(
         "",
         f"**Records:** {sum(i in held for i in declared)} of the {len(declared)} user-calibration rows declared on "
         f"seeds 0–2 ({len(rows)} rows × {len(PAIRS)} pairs × 3 seeds); pairs with any: "
-        f"{', '.join(pairs) if pairs else 'none'}. Not built yet: the `adapter` rows (Alfa, LoRA, DoRA as the "
+        f"{', '.join(pairs) if pairs else 'none'}. On each pair every row (source-only, the label-free rows, the "
+        "oracle) is read on the seeds that have user-calibration records there, so that the points beside each "
+        "other are the same seeds'. Not built yet: the `adapter` rows (Alfa, LoRA, DoRA as the "
         "calibration adapter, supervised and semi-supervised) and FAZE's (`faze`, with and without "
         "meta-learning), so this page cannot yet say whether Alfa beats LoRA as the calibration adapter nor "
         "whether meta-learning beats plain fine-tuning. A row without a record is shown as —, and nothing is read "
