@@ -12,7 +12,7 @@ from test_bench import tiny
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 from alfa.adapters import detach
-from alfa.gaze.calibrate import CalibrateConfig, calibrate_person, draw_positions
+from alfa.gaze.calibrate import CalibrateConfig, calibrate_person, draw_positions, estimate_offset_prior
 from alfa.gaze.evaluate import GazeError, eval_indices, load_examples, predict_images
 from alfa.study.bench.config import BenchConfig, OracleConfig
 from alfa.study.bench.methods import (
@@ -35,11 +35,12 @@ ROWS = (
     "calibrate-affine-spread[k=3]",
     "calibrate-offset[k=1]",
     "calibrate-last-layer[k=3]",
+    "calibrate-affine-shrunk[k=1]",
 )
 
 
 def test_the_labels_name_method_k_and_draw_and_one_word_asks_for_all_of_a_method():
-    for method in ("affine", "offset", "ridge", "last-layer"):
+    for method in ("affine", "affine-shrunk", "offset", "ridge", "last-layer"):
         for k in CALIBRATION_KS:
             for draw in ("random", "spread"):
                 assert parse_calibration_label(calibration_label(method, k, draw)) == (method, k, draw)
@@ -67,6 +68,7 @@ def test_no_preset_plans_the_rows_and_the_declared_run_has_them_on_every_pair_an
     # the standard preset's pool: the 5 adaptation images and 27 of the oracle's 40 extra ones
     assert settings["pool"] == 32 and settings["stand_in_pool"] == 16 and settings["selection_k"] == 9
     assert settings["grid"] == [{"affine_ridge": 1.0}, {"affine_ridge": 0.1}, {"affine_ridge": 0.01}]
+    assert "offset_prior" not in settings["defaults"]  # at its neutral value: the rows made before it hash alike
 
 
 def test_the_rule_takes_the_lowest_and_gives_a_tie_to_the_stronger_regularization():
@@ -134,7 +136,8 @@ def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_
         method, k, draw = parse_calibration_label(label)
         assert record["kind"] == "calibration" and record["labelled_images_per_person"] == k
         recipe = record["calibration"]["recipe"]
-        assert (recipe["method"], recipe["k"], recipe["draw"], recipe["pool"]) == (method, k, draw, 16)
+        library_method = "affine" if method == "affine-shrunk" else method
+        assert (recipe["method"], recipe["k"], recipe["draw"], recipe["pool"]) == (library_method, k, draw, 16)
         assert set(record["per_person"]) == set(source_only["per_person"])  # the same persons ...
         assert record["per_person"] == pytest.approx(_direct(session, record, config), abs=1e-5)  # ... images
         assert all(len(v) == 10 for v in record["calibration"]["per_person_draws"].values())
@@ -145,6 +148,18 @@ def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_
     assert pick_recipe(affine["grid"]) == (affine["chosen"], affine["case"])
     assert records["calibrate-affine-spread[k=3]|E→M|seed0"]["calibration"]["choice"] == affine
     assert affine["stand_in"] == session.stand_in("E").spec and affine["k"] == 4  # half of 8 images
+    # the shrunk affine map: the offset prior the stand-in's persons imply, in every recipe of its grid
+    shrunk = records["calibrate-affine-shrunk[k=1]|E→M|seed0"]["calibration"]
+    standin = session.stand_in("E").data
+    base = session.base(session.build("E", 0), "truncated")
+    residuals = []
+    for p in standin.persons():
+        images, gaze = load_examples(standin, standin.person_indices(p))
+        residuals.append((gaze - predict_images(base, images)).double())
+    kappa = min(estimate_offset_prior(residuals), 1e6)
+    assert shrunk["choice"]["offset_prior"] == pytest.approx(kappa, rel=1e-6)
+    assert shrunk["recipe"]["offset_prior"] == pytest.approx(kappa, rel=1e-6) and kappa > 0
+    assert all(g["changes"]["offset_prior"] == shrunk["choice"]["offset_prior"] for g in shrunk["choice"]["grid"])
     offset = records["calibrate-offset[k=1]|E→M|seed0"]["calibration"]["choice"]
     assert offset["case"] == "nothing to choose"
     # at k = 1 the affine map is the offset (its ridge leaves the gain at one): same draws, same errors

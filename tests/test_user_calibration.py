@@ -17,6 +17,7 @@ from alfa.gaze.calibrate import (
     calibrate_dataset,
     calibrate_person,
     draw_labelled,
+    estimate_offset_prior,
     find_head,
     fit_affine,
     fit_feature_ridge,
@@ -71,6 +72,49 @@ def test_the_affine_fit_recovers_a_map_and_is_the_offset_at_k_1():
     torch.testing.assert_close(c1, torch.full((2,), 0.2, dtype=torch.float64))
     with pytest.raises(ValueError, match="needs 3 images in general position"):
         fit_affine(pred[:2], pred[:2], ridge=0.0)
+
+
+def test_the_offset_prior_shrinks_the_offset_by_k_over_k_plus_kappa_and_zero_leaves_it_free():
+    g = torch.Generator().manual_seed(3)
+    pred = torch.randn(4, 2, generator=g, dtype=torch.float64) * 0.3
+    gaze = pred + torch.tensor([0.2, -0.1], dtype=torch.float64)  # a pure offset
+    for kappa in (0.5, 4.0):
+        a, c = fit_affine(pred, gaze, ridge=1e6, offset_prior=kappa)  # the gain held at one: the offset alone
+        torch.testing.assert_close(a, torch.eye(2, dtype=torch.float64), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            c, torch.tensor([0.2, -0.1], dtype=torch.float64) * 4 / (4 + kappa), atol=1e-5, rtol=0
+        )
+    # a tiny prior is the free offset; the joint solve and the centered one agree
+    a0, c0 = fit_affine(pred, gaze + 0.05 * pred, ridge=0.1)
+    a1, c1 = fit_affine(pred, gaze + 0.05 * pred, ridge=0.1, offset_prior=1e-12)
+    torch.testing.assert_close((a1, c1), (a0, c0))
+    # the offset method and a calibrated model: the same shrinkage, through the correction of the head
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    images = torch.rand(3, 3, 16, 16)
+    with torch.no_grad():
+        before = model(images)
+    calibrate_person(model, images, before + 0.3, CalibrateConfig(method="offset", k=3, offset_prior=1.5))
+    with torch.no_grad():
+        torch.testing.assert_close(model(images), before + 0.3 * 3 / 4.5)
+    alfa.detach(model)
+    with pytest.raises(ValueError, match="offset_prior must be a finite number >= 0"):
+        CalibrateConfig(offset_prior=-1.0).validate()
+
+
+def test_the_estimated_offset_prior_is_scatter_over_offsets_and_can_say_no_offset():
+    g = torch.Generator().manual_seed(4)
+    offsets = torch.randn(400, 2, generator=g, dtype=torch.float64) * 2.0  # τ² = 2 · 4 = 8 over two components
+    people = [o + torch.randn(20, 2, generator=g, dtype=torch.float64) for o in offsets]  # σ² = 2 · 1
+    kappa = estimate_offset_prior(people)
+    assert kappa == pytest.approx(2.0 / 8.0, rel=0.15)
+    scatter_only = [torch.randn(20, 2, generator=g, dtype=torch.float64) for _ in range(50)]
+    assert estimate_offset_prior(scatter_only) > 5  # offsets no larger than the noise of their means: shrink hard
+    same = [torch.zeros(3, 2, dtype=torch.float64) + 0.1, torch.zeros(3, 2, dtype=torch.float64) - 0.1]
+    assert estimate_offset_prior(same) == pytest.approx(0.0)  # no scatter at all: keep every offset
+    assert estimate_offset_prior([torch.zeros(3, 2)] * 2) == float("inf")  # nothing to correct
+    with pytest.raises(ValueError, match="at least two persons"):
+        estimate_offset_prior([torch.zeros(5, 2)])
 
 
 def test_the_feature_ridge_recovers_a_head_and_shrinks_to_the_source_one():

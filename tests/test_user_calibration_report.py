@@ -47,7 +47,7 @@ def _row(text, first):
 
 def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path):
     text = user_calibration_page(_results(), "docs/data/bench-v2", "alfa pages --write", tmp_path, "figures/")
-    assert "**Records:** 18 of the 720 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
+    assert "**Records:** 18 of the 900 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
     assert "Not built yet: the `adapter` rows" in text  # named, not silently absent
     em, ed = _row(text, "E→M"), _row(text, "E→D")
     assert "| 67% (3 seeds) |" in em and "headroom met; k = 1: not worse" in em
@@ -75,7 +75,7 @@ def test_a_page_without_calibration_records_says_so():
     results = _results()
     results["records"] = [r for r in results["records"] if r["kind"] != "calibration"]
     text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
-    assert "**Records:** 0 of the 720" in text and text.rstrip().endswith("No user-calibration record yet.")
+    assert "**Records:** 0 of the 900" in text and text.rstrip().endswith("No user-calibration record yet.")
 
 
 def test_every_row_of_a_pair_is_read_on_the_seeds_with_calibration_records():

@@ -33,6 +33,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -80,6 +81,7 @@ __all__ = [
     "find_head",
     "fit_affine",
     "fit_feature_ridge",
+    "estimate_offset_prior",
 ]
 
 DRAWS = ("random", "spread")
@@ -119,7 +121,10 @@ class CalibrateConfig:
 
     ``pool``: the first images of each person the ``k`` are drawn from (never scored); ``affine_ridge``: the
     penalty on ``‖A − I‖²`` in radians² (against the squared residuals summed over the ``k``);
-    ``feature_ridge``: the penalty on ``‖W' − W‖²`` relative to the features' mean squared norm; ``steps``,
+    ``feature_ridge``: the penalty on ``‖W' − W‖²`` relative to the features' mean squared norm;
+    ``offset_prior``: ``offset`` and ``affine`` shrink the offset ``c`` toward zero as if this many more labelled
+    images had no error (``κ‖c‖²``; 0: the offset is free; :func:`estimate_offset_prior` gives the value the
+    spread of persons' offsets implies); ``steps``,
     ``lr``, ``weight_decay``: the optimizer of ``last-layer`` and ``adapter`` (AdamW; ``lr_scale`` as in
     personalization); ``adapter_method`` and ``adapter_options``: the adapter of ``adapter``; ``flip_weight``:
     the weight of the flip loss on the pool's unlabelled images (``adapter`` and ``last-layer``; 0: supervised
@@ -132,6 +137,7 @@ class CalibrateConfig:
     seed: int = 0
     affine_ridge: float = 0.1
     feature_ridge: float = 1.0
+    offset_prior: float = 0.0
     steps: int = 50
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -152,7 +158,7 @@ class CalibrateConfig:
             raise ValueError(f"draw must be one of {DRAWS}, got {self.draw!r}")
         if self.pool < self.k:
             raise ValueError(f"the pool ({self.pool} images) must hold the k = {self.k} labelled ones")
-        for name in ("affine_ridge", "feature_ridge", "weight_decay", "flip_weight"):
+        for name in ("affine_ridge", "feature_ridge", "offset_prior", "weight_decay", "flip_weight"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
@@ -242,19 +248,46 @@ def find_head(model: nn.Module, images: Tensor) -> tuple[str, Tensor, Tensor]:
     )
 
 
-def fit_affine(pred: Tensor, gaze: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
-    """``(A, c)`` minimizing ``Σ‖A ŷ_i + c − g_i‖² + ridge·‖A − I‖²`` (``c`` unpenalized): the least-squares
-    fit of the centered residuals on the centered predictions, shrunk toward the identity."""
+def fit_affine(pred: Tensor, gaze: Tensor, ridge: float, offset_prior: float = 0.0) -> tuple[Tensor, Tensor]:
+    """``(A, c)`` minimizing ``Σ‖A ŷ_i + c − g_i‖² + ridge·‖A − I‖² + offset_prior·‖c‖²``: with no offset prior,
+    the least-squares fit of the centered residuals on the centered predictions, shrunk toward the identity;
+    with one, the same penalized least squares solved jointly for ``A − I`` and ``c``."""
     pred, gaze = pred.double(), gaze.double()
+    eye = torch.eye(pred.shape[1], dtype=torch.float64)
+    if offset_prior > 0:
+        x = torch.cat([pred, torch.ones(len(pred), 1, dtype=torch.float64)], dim=1)  # (k, m + 1)
+        penalty = torch.diag(torch.tensor([ridge] * pred.shape[1] + [offset_prior], dtype=torch.float64))
+        gram = x.T @ x + penalty
+        if torch.linalg.matrix_rank(gram) < x.shape[1]:
+            raise ValueError(f"an unregularized affine map needs {pred.shape[1] + 1} images in general position")
+        w = torch.linalg.solve(gram, x.T @ (gaze - pred))  # rows: (A − I)ᵀ, then c
+        return eye + w[:-1].T, w[-1]
     mp, mg = pred.mean(0), gaze.mean(0)
     p, r = pred - mp, (gaze - mg) - (pred - mp)
-    eye = torch.eye(pred.shape[1], dtype=torch.float64)
     gram = p.T @ p + ridge * eye
     if ridge == 0 and torch.linalg.matrix_rank(gram) < pred.shape[1]:
         raise ValueError(f"an unregularized affine map needs {pred.shape[1] + 1} images in general position")
     delta = torch.linalg.solve(gram, p.T @ r).T  # A − I
     a = eye + delta
     return a, mg - a @ mp
+
+
+def estimate_offset_prior(residuals: Sequence[Tensor]) -> float:
+    """The offset prior ``κ = σ² / τ²`` that the spread of persons' errors implies (a method-of-moments,
+    empirical-Bayes estimate): ``residuals`` holds, per labelled person, the ``(n, m)`` errors ``g − ŷ`` of the
+    uncalibrated model. ``σ²`` is the pooled variance of one image's error around its person's mean, ``τ²`` the
+    mean square of a person's offset around zero (the domain's shift and the person's own), corrected for the
+    noise in each person's mean. With this ``κ`` the offset estimated from ``k`` images is shrunk by
+    ``k / (k + κ)``: little where persons' offsets dwarf one image's scatter, much where they do not. ``inf``
+    where the persons show no offset beyond the scatter (no offset is then worth correcting)."""
+    people = [r.double() for r in residuals if len(r) >= 2]
+    if len(people) < 2:
+        raise ValueError("estimating the offset prior needs at least two persons with two or more labelled images")
+    within = sum(float(((r - r.mean(0)) ** 2).sum()) for r in people)
+    dof = sum(len(r) - 1 for r in people)
+    sigma2 = within / dof  # summed over the m components
+    tau2 = statistics.fmean(float((r.mean(0) ** 2).sum()) - sigma2 / len(r) for r in people)
+    return math.inf if tau2 <= 0 else sigma2 / tau2
 
 
 def fit_feature_ridge(
@@ -300,9 +333,10 @@ def _closed_form(model: nn.Module, images: Tensor, gaze: Tensor, config: Calibra
     else:
         if config.method == "offset":
             a = torch.eye(pred.shape[1], dtype=torch.float64)
-            c = (gaze - pred).double().mean(0)
+            residual = (gaze - pred).double()
+            c = residual.mean(0) if config.offset_prior == 0 else residual.sum(0) / (len(pred) + config.offset_prior)
         else:
-            a, c = fit_affine(pred, gaze, config.affine_ridge)
+            a, c = fit_affine(pred, gaze, config.affine_ridge, config.offset_prior)
         eye = torch.eye(pred.shape[1], dtype=torch.float64)
         delta_w = (a - eye) @ weight.double()
         delta_b = (a - eye) @ bias.double() + c

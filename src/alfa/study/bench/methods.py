@@ -103,9 +103,12 @@ of the base distilled into one forward pass; its record's ``distill`` holds the 
 CALIBRATION_KS = (1, 3, 5, 9, 16)
 """The numbers of labelled images a user-calibration row is scored at (docs/user-calibration.md §4; ``k`` = 0 is
 the label-free rows)."""
-CALIBRATION_ROW_METHODS = (DEFAULT_CALIBRATION, "offset", "ridge", "last-layer")
+SHRUNK_AFFINE = "affine-shrunk"
+CALIBRATION_ROW_METHODS = (DEFAULT_CALIBRATION, SHRUNK_AFFINE, "offset", "ridge", "last-layer")
 """The ``alfa calibrate`` methods the benchmark has rows of, the default (``affine``) first: the corrections of
-the model's linear head (docs/user-calibration.md §1). The ``adapter`` and ``faze`` methods have none yet."""
+the model's linear head (docs/user-calibration.md §1). ``affine-shrunk`` is ``affine`` with its offset shrunk by
+the prior the stand-in's persons imply (``offset_prior`` from :func:`alfa.gaze.calibrate.estimate_offset_prior`;
+docs/user-calibration.md §5). The ``adapter`` and ``faze`` methods have none yet."""
 CALIBRATION_DRAWS = ("random", "spread")
 _CALIBRATION_LABEL = re.compile(r"calibrate-(?P<method>.+?)(?P<spread>-spread)?\[k=(?P<k>[0-9]+)\]")
 

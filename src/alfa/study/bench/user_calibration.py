@@ -36,9 +36,11 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from alfa.adapters import adapter_parameters, detach, save_adapter
-from alfa.gaze.calibrate import CalibrateConfig, calibrate_person, draw_positions, find_head
+from alfa.gaze.calibrate import CalibrateConfig, calibrate_person, draw_positions, estimate_offset_prior, find_head
 from alfa.gaze.data.base import GazeDataset
 from alfa.gaze.evaluate import GazeError, eval_indices, load_examples
+
+from .methods import SHRUNK_AFFINE
 
 if TYPE_CHECKING:  # the session builds the models; this module only runs on what it is given
     from .plan import RecordPlan
@@ -71,6 +73,7 @@ TIE_DEG = 0.05
 GRIDS: dict[str, tuple[dict[str, Any], ...]] = {
     # each grid from the strongest regularization to the weakest: the order ties are settled in
     "affine": tuple({"affine_ridge": x} for x in (1.0, 0.1, 0.01)),
+    SHRUNK_AFFINE: tuple({"affine_ridge": x} for x in (1.0, 0.1, 0.01)),  # the offset prior is estimated, not chosen
     "offset": ({},),  # nothing to choose
     "ridge": tuple({"feature_ridge": x} for x in (10.0, 1.0, 0.1)),
     "last-layer": tuple({"steps": s, "lr": lr} for s in (20, 50) for lr in (1e-4, 1e-3, 1e-2)),
@@ -78,6 +81,8 @@ GRIDS: dict[str, tuple[dict[str, Any], ...]] = {
 """Per method, the recipes the stand-in rule chooses among (docs/user-calibration.md §3), strongest first:
 larger λ, then fewer steps, then a lower rate."""
 _FAILURES = (ValueError, RuntimeError, FloatingPointError)  # what a calibration raises when it cannot fit
+_LATER_FIELDS = {"offset_prior": 0.0}  # CalibrateConfig fields added after the first rows, at their neutral value
+OFFSET_PRIOR_CAP = 1e6  # an estimate of "no offset worth correcting" (inf) as a finite prior: the offset is ~0
 _SET_PER_ROW = ("method", "k", "draw", "pool", "seed")  # CalibrateConfig fields a row sets, not its recipe
 
 
@@ -88,7 +93,10 @@ def calibration_settings(config: Any, method: str, k: int, draw: str) -> dict[st
     pool = min(POOL, config.personalize.n_adapt + config.oracle.extra_images)
     stand_in_pool = min(STAND_IN_POOL, config.target_images // 2)
     defaults = {f: v for f, v in dataclasses.asdict(CalibrateConfig()).items() if f not in _SET_PER_ROW}
-    return {
+    for field, before in _LATER_FIELDS.items():  # a field added at its neutral value keeps earlier rows' hashes
+        if defaults.get(field) == before:
+            del defaults[field]
+    settings = {
         "method": method,
         "k": k,
         "draw": draw,
@@ -100,6 +108,10 @@ def calibration_settings(config: Any, method: str, k: int, draw: str) -> dict[st
         "tie_deg": TIE_DEG,
         "defaults": defaults,
     }
+    if method == SHRUNK_AFFINE:
+        settings["library_method"] = "affine"
+        settings["offset_prior"] = "estimated on the stand-in's persons (alfa.gaze.calibrate.estimate_offset_prior)"
+    return settings
 
 
 @dataclass
@@ -147,9 +159,20 @@ def _mean(errors: list[GazeError]) -> GazeError:
 
 
 def _config(settings: dict[str, Any], changes: dict[str, Any], k: int, draw: str) -> CalibrateConfig:
-    return CalibrateConfig(
-        **{**settings["defaults"], **changes}, method=settings["method"], k=k, draw=draw, pool=settings["pool"]
-    )
+    method = settings.get("library_method", settings["method"])
+    return CalibrateConfig(**{**settings["defaults"], **changes}, method=method, k=k, draw=draw, pool=settings["pool"])
+
+
+def _offset_prior(base: nn.Module, data: GazeDataset) -> float:
+    """The offset prior the stand-in's persons imply for ``base``: every labelled image of each person, its
+    error before any calibration (:func:`~alfa.gaze.calibrate.estimate_offset_prior`), capped to a finite value."""
+    residuals = []
+    for p in data.persons():
+        images, gaze = load_examples(data, data.person_indices(p))
+        device = next(base.parameters()).device
+        with torch.no_grad():
+            residuals.append((gaze.to(device) - base(images.to(device))).double().cpu())
+    return min(estimate_offset_prior(residuals), OFFSET_PRIOR_CAP)
 
 
 def _stand_in_people(base: nn.Module, data: GazeDataset, pool: int) -> dict[str, _Person]:
@@ -182,8 +205,12 @@ def choose_recipe(session: Session, base: nn.Module, plan: RecordPlan, settings:
     if key in session.calibration_choices:
         return session.calibration_choices[key]
     standin = session.stand_in(plan.source)
+    prior = {}
+    if "offset_prior" in settings:  # estimated once on the stand-in, then part of every recipe of the grid
+        prior = {"offset_prior": _offset_prior(base, standin.data)}
+        grid = [{**g, **prior} for g in grid]
     if len(grid) == 1:
-        choice = {"stand_in": standin.spec, "grid": [], "chosen": grid[0], "case": "nothing to choose"}
+        choice = {"stand_in": standin.spec, "grid": [], "chosen": grid[0], "case": "nothing to choose", **prior}
         session.calibration_choices[key] = choice
         return choice
     people = _stand_in_people(base, standin.data, settings["stand_in_pool"])
@@ -202,7 +229,7 @@ def choose_recipe(session: Session, base: nn.Module, plan: RecordPlan, settings:
         mean = statistics.fmean(per_person.values())
         scored.append({"changes": changes, "error_deg": mean, "per_person": per_person})
     chosen, case = pick_recipe(scored)
-    choice = {"stand_in": standin.spec, "k": k, "grid": scored, "chosen": chosen, "case": case}
+    choice = {"stand_in": standin.spec, "k": k, "grid": scored, "chosen": chosen, "case": case, **prior}
     session.calibration_choices[key] = choice
     return choice
 
