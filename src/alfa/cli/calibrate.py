@@ -55,6 +55,7 @@ def _calibrate_config(args: argparse.Namespace):
         "seed": args.seed,
         "affine_ridge": args.affine_ridge,
         "feature_ridge": args.feature_ridge,
+        "offset_prior": args.offset_prior,
         "steps": args.steps,
         "lr": args.lr,
         "adapter_method": args.adapter_method,
@@ -153,6 +154,12 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("recipes (defaults: the declared ones)")
     g.add_argument("--affine-ridge", type=non_negative_number, help=f"affine: ‖A − I‖² weight ({d.affine_ridge:g})")
     g.add_argument("--feature-ridge", type=non_negative_number, help=f"ridge: relative strength ({d.feature_ridge:g})")
+    g.add_argument(
+        "--offset-prior",
+        type=non_negative_number,
+        help="offset/affine: shrink the offset toward zero as if this many more images had no error, by k/(k + κ) "
+        f"({d.offset_prior:g}: free; docs/user-calibration.md §5.1)",
+    )
     g.add_argument("--steps", type=at_least(1), help=f"last-layer/adapter: AdamW steps ({d.steps})")
     g.add_argument("--lr", type=positive_rate, help=f"last-layer/adapter: AdamW rate ({d.lr:g})")
     g.add_argument("--adapter-method", help=f"adapter: the adapter method ({d.adapter_method})")

@@ -399,7 +399,10 @@ def calibrate_person(
 
 
 def _key(config: CalibrateConfig) -> dict[str, Any]:
-    return {"user_calibration": dataclasses.asdict(config)}
+    recipe = dataclasses.asdict(config)
+    if recipe["offset_prior"] == 0.0:  # added later: at its neutral value, runs made before it still resume
+        del recipe["offset_prior"]
+    return {"user_calibration": recipe}
 
 
 RECORD_FILE = "personalization.json"
