@@ -14,6 +14,7 @@ from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 from alfa.adapters import detach
 from alfa.gaze.calibrate import CalibrateConfig, calibrate_person, draw_positions, estimate_offset_prior
 from alfa.gaze.evaluate import GazeError, eval_indices, load_examples, predict_images
+from alfa.gaze.personalize import person_seed
 from alfa.study.bench.config import BenchConfig, OracleConfig
 from alfa.study.bench.methods import (
     CALIBRATION_KS,
@@ -36,6 +37,8 @@ ROWS = (
     "calibrate-offset[k=1]",
     "calibrate-last-layer[k=3]",
     "calibrate-affine-shrunk[k=1]",
+    "calibrate-adapter-alfa[k=3]",
+    "calibrate-adapter-lora[k=3]",
 )
 
 
@@ -44,6 +47,13 @@ def test_the_labels_name_method_k_and_draw_and_one_word_asks_for_all_of_a_method
         for k in CALIBRATION_KS:
             for draw in ("random", "spread"):
                 assert parse_calibration_label(calibration_label(method, k, draw)) == (method, k, draw)
+    # the adapters: k = 3 and 9, random draws only (docs/user-calibration.md §5.2)
+    assert [r for r in calibration_rows() if "adapter-alfa" in r] == [
+        "calibrate-adapter-alfa[k=3]",
+        "calibrate-adapter-alfa[k=9]",
+    ]
+    for other in ("calibrate-adapter-alfa[k=1]", "calibrate-adapter-lora-spread[k=9]"):
+        assert parse_calibration_label(other) is None
     assert calibration_label("last-layer", 9, "spread") == "calibrate-last-layer-spread[k=9]"
     for other in ("alfa", "calibrate-affine", "calibrate-faze[k=9]", "calibrate-affine[k=x]", "alfa[selected]"):
         assert parse_calibration_label(other) is None
@@ -115,8 +125,9 @@ def _direct(session: Session, record: dict, config) -> dict[str, float]:
         images, gaze = torch.cat([images, more[0]]), torch.cat([gaze, more[1]])
         scored_images, scored_gaze = load_examples(tgt.data, eval_indices(tgt.data, person, n_adapt))
         errors = []
-        for seed in range(10):
+        for seed in range(record["calibration"]["draws"]):
             at = draw_positions(gaze, recipe["pool"], recipe["k"], recipe["draw"], seed, person)
+            torch.manual_seed(person_seed(seed, person, "init"))  # an adapter's initial weights, as alfa calibrate's
             calibrate_person(base, images[at], gaze[at], CalibrateConfig(**recipe, seed=seed), unlabelled=images)
             try:
                 errors.append(GazeError.of(predict_images(base, scored_images), scored_gaze).angular)
@@ -136,11 +147,14 @@ def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_
         method, k, draw = parse_calibration_label(label)
         assert record["kind"] == "calibration" and record["labelled_images_per_person"] == k
         recipe = record["calibration"]["recipe"]
-        library_method = "affine" if method == "affine-shrunk" else method
+        library_method = {"affine-shrunk": "affine", "adapter-alfa": "adapter", "adapter-lora": "adapter"}.get(
+            method, method
+        )
         assert (recipe["method"], recipe["k"], recipe["draw"], recipe["pool"]) == (library_method, k, draw, 16)
         assert set(record["per_person"]) == set(source_only["per_person"])  # the same persons ...
         assert record["per_person"] == pytest.approx(_direct(session, record, config), abs=1e-5)  # ... images
-        assert all(len(v) == 10 for v in record["calibration"]["per_person_draws"].values())
+        draws = 3 if method.startswith("adapter-") else 10
+        assert all(len(v) == draws for v in record["calibration"]["per_person_draws"].values())
         assert record["adapter_bytes"] > 0 and record["merge"] == "in place"
     # the affine map's recipe is the stand-in rule's choice among its grid, made once for every k and draw
     affine = records["calibrate-affine[k=3]|E→M|seed0"]["calibration"]["choice"]
@@ -165,6 +179,11 @@ def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_
     # at k = 1 the affine map is the offset (its ridge leaves the gain at one): same draws, same errors
     assert records["calibrate-offset[k=1]|E→M|seed0"]["steps"] is None
     assert records["calibrate-last-layer[k=3]|E→M|seed0"]["steps"] in {g["steps"] for g in GRIDS["last-layer"]}
+    # the adapters: the declared recipe, each at the benchmark's settings, the whole network scored
+    for name, method in (("alfa", "adapter-alfa"), ("lora", "adapter-lora")):
+        record = records[f"calibrate-{method}[k=3]|E→M|seed0"]
+        assert record["calibration"]["choice"]["case"] == "the declared recipe (§5.2)"
+        assert record["calibration"]["recipe"]["adapter_method"] == name and record["trainable_params"] > 0
 
 
 @pytest.mark.slow

@@ -29,13 +29,18 @@ def _results():
         (calibration_label("affine", 1), "E→D"): 9.5,
         (calibration_label("affine", 9), "E→D"): 7.0,
         (calibration_label("affine", 9, "spread"), "E→D"): 6.8,
+        (calibration_label("adapter-alfa", 9), "E→M"): 6.5,
+        (calibration_label("adapter-lora", 9), "E→M"): 6.0,
+        (calibration_label("adapter-alfa", 9), "E→D"): 7.2,
+        (calibration_label("adapter-lora", 9), "E→D"): 7.0,
     }
     records = []
     for (method, pair), mean in means.items():
         for seed in range(3):
             extra = {}
             if method.startswith("calibrate"):
-                extra = {"kind": "calibration", "trainable_params": 1026, "adapter_bytes": 4696, "merge": "in place"}
+                params = 630 if "alfa" in method else 512 if "lora" in method else 1026
+                extra = {"kind": "calibration", "trainable_params": params, "adapter_bytes": 4696, "merge": "in place"}
             records.append(shifted(method, pair, seed, mean + 0.1 * seed, spread=SPREAD, **extra))
     config = BenchConfig.standard(seeds=(0, 1, 2))
     return {"format": FORMAT, "version": VERSION, "config": config.protocol_dict(), "records": records, "runs": []}
@@ -47,8 +52,10 @@ def _row(text, first):
 
 def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path):
     text = user_calibration_page(_results(), "docs/data/bench-v2", "alfa pages --write", tmp_path, "figures/")
-    assert "**Records:** 18 of the 900 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
-    assert "Not built yet: the `adapter` rows" in text  # named, not silently absent
+    assert "**Records:** 30 of the 972 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
+    assert "Not built yet: DoRA as the calibration adapter" in text  # named, not silently absent
+    # Alfa − LoRA as the calibration adapter at k = 9, pooled: (0.5 + 0.2) / 2; none at k = 3
+    assert "| 9 | +0.35 [0.35, 0.35] | 630, 512 |" in text and "| 3 | — | —, — |" in text
     em, ed = _row(text, "E→M"), _row(text, "E→D")
     assert "| 67% (3 seeds) |" in em and "headroom met; k = 1: not worse" in em
     assert "| 25% (3 seeds) |" in ed and "headroom missed; k = 1: worse beyond the interval" in ed
@@ -75,7 +82,7 @@ def test_a_page_without_calibration_records_says_so():
     results = _results()
     results["records"] = [r for r in results["records"] if r["kind"] != "calibration"]
     text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
-    assert "**Records:** 0 of the 900" in text and text.rstrip().endswith("No user-calibration record yet.")
+    assert "**Records:** 0 of the 972" in text and text.rstrip().endswith("No user-calibration record yet.")
 
 
 def test_every_row_of_a_pair_is_read_on_the_seeds_with_calibration_records():

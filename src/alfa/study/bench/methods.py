@@ -104,11 +104,16 @@ CALIBRATION_KS = (1, 3, 5, 9, 16)
 """The numbers of labelled images a user-calibration row is scored at (docs/user-calibration.md §4; ``k`` = 0 is
 the label-free rows)."""
 SHRUNK_AFFINE = "affine-shrunk"
-CALIBRATION_ROW_METHODS = (DEFAULT_CALIBRATION, SHRUNK_AFFINE, "offset", "ridge", "last-layer")
+ADAPTER_CALIBRATIONS = {"adapter-alfa": "alfa", "adapter-lora": "lora"}
+"""User-calibration rows of ``alfa calibrate --method adapter`` -> the adapter method, at the benchmark's settings
+(docs/user-calibration.md §5.2: supervised, fewer ``k`` and draws than the head corrections, the declared recipe)."""
+ADAPTER_KS = (3, 9)
+ADAPTER_DRAWS = 3
+CALIBRATION_ROW_METHODS = (DEFAULT_CALIBRATION, SHRUNK_AFFINE, "offset", "ridge", "last-layer", *ADAPTER_CALIBRATIONS)
 """The ``alfa calibrate`` methods the benchmark has rows of, the default (``affine``) first: the corrections of
 the model's linear head (docs/user-calibration.md §1). ``affine-shrunk`` is ``affine`` with its offset shrunk by
 the prior the stand-in's persons imply (``offset_prior`` from :func:`alfa.gaze.calibrate.estimate_offset_prior`;
-docs/user-calibration.md §5). The ``adapter`` and ``faze`` methods have none yet."""
+docs/user-calibration.md §5). ``adapter-<method>``: :data:`ADAPTER_CALIBRATIONS`. FAZE has none yet."""
 CALIBRATION_DRAWS = ("random", "spread")
 _CALIBRATION_LABEL = re.compile(r"calibrate-(?P<method>.+?)(?P<spread>-spread)?\[k=(?P<k>[0-9]+)\]")
 
@@ -119,17 +124,29 @@ def calibration_label(method: str, k: int, draw: str = "random") -> str:
     return f"calibrate-{method}{'' if draw == 'random' else '-' + draw}[k={k}]"
 
 
+def calibration_ks(method: str) -> tuple[int, ...]:
+    """The ``k`` a user-calibration method has rows at."""
+    return ADAPTER_KS if method in ADAPTER_CALIBRATIONS else CALIBRATION_KS
+
+
+def calibration_draws(method: str) -> tuple[str, ...]:
+    """The kinds of draw a user-calibration method has rows of (the adapters: random draws only)."""
+    return ("random",) if method in ADAPTER_CALIBRATIONS else CALIBRATION_DRAWS
+
+
 def parse_calibration_label(label: str) -> tuple[str, int, str] | None:
     """``(method, k, draw)`` of a user-calibration row's label, ``None`` for any other label."""
     match = _CALIBRATION_LABEL.fullmatch(label)
     if match is None or match["method"] not in CALIBRATION_ROW_METHODS:
         return None
-    return match["method"], int(match["k"]), "spread" if match["spread"] else "random"
+    method, k, draw = match["method"], int(match["k"]), "spread" if match["spread"] else "random"
+    return (method, k, draw) if k in calibration_ks(method) and draw in calibration_draws(method) else None
 
 
 def calibration_rows(methods: tuple[str, ...] = CALIBRATION_ROW_METHODS) -> tuple[str, ...]:
-    """Every user-calibration row of ``methods``: each ``k`` of :data:`CALIBRATION_KS`, random draws then spread."""
-    return tuple(calibration_label(m, k, d) for m in methods for d in CALIBRATION_DRAWS for k in CALIBRATION_KS)
+    """Every user-calibration row of ``methods``: each of its ``k`` (:func:`calibration_ks`), random draws then
+    spread (:func:`calibration_draws`)."""
+    return tuple(calibration_label(m, k, d) for m in methods for d in calibration_draws(m) for k in calibration_ks(m))
 
 
 def expand_calibration_names(names: tuple[str, ...]) -> tuple[str, ...]:

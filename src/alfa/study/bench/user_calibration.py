@@ -38,9 +38,10 @@ from tqdm.auto import tqdm
 from alfa.adapters import adapter_parameters, detach, save_adapter
 from alfa.gaze.calibrate import CalibrateConfig, calibrate_person, draw_positions, estimate_offset_prior, find_head
 from alfa.gaze.data.base import GazeDataset
-from alfa.gaze.evaluate import GazeError, eval_indices, load_examples
+from alfa.gaze.evaluate import GazeError, eval_indices, load_examples, predict_images
+from alfa.gaze.personalize import person_seed
 
-from .methods import SHRUNK_AFFINE
+from .methods import ADAPTER_CALIBRATIONS, ADAPTER_DRAWS, SHRUNK_AFFINE
 
 if TYPE_CHECKING:  # the session builds the models; this module only runs on what it is given
     from .plan import RecordPlan
@@ -53,6 +54,7 @@ __all__ = [
     "SELECTION_K",
     "TIE_DEG",
     "GRIDS",
+    "HEAD_ONLY",
     "calibration_settings",
     "choose_recipe",
     "pick_recipe",
@@ -77,19 +79,25 @@ GRIDS: dict[str, tuple[dict[str, Any], ...]] = {
     "offset": ({},),  # nothing to choose
     "ridge": tuple({"feature_ridge": x} for x in (10.0, 1.0, 0.1)),
     "last-layer": tuple({"steps": s, "lr": lr} for s in (20, 50) for lr in (1e-4, 1e-3, 1e-2)),
+    **{m: ({},) for m in ADAPTER_CALIBRATIONS},  # the declared recipe (§5.2): the rule is not run for them
 }
 """Per method, the recipes the stand-in rule chooses among (docs/user-calibration.md §3), strongest first:
 larger λ, then fewer steps, then a lower rate."""
+HEAD_ONLY = ("offset", "affine", "ridge", "last-layer")
+"""The library's calibration methods that change only the model's linear head (scored on cached features)."""
 _FAILURES = (ValueError, RuntimeError, FloatingPointError)  # what a calibration raises when it cannot fit
 _LATER_FIELDS = {"offset_prior": 0.0}  # CalibrateConfig fields added after the first rows, at their neutral value
 OFFSET_PRIOR_CAP = 1e6  # an estimate of "no offset worth correcting" (inf) as a finite prior: the offset is ~0
 _SET_PER_ROW = ("method", "k", "draw", "pool", "seed")  # CalibrateConfig fields a row sets, not its recipe
 
 
-def calibration_settings(config: Any, method: str, k: int, draw: str) -> dict[str, Any]:
+def calibration_settings(
+    config: Any, method: str, k: int, draw: str, adapter_options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """What a row of ``method`` at ``k`` with ``draw`` runs (part of its records' hashes): the pool sizes (capped
     by what the configuration renders: ``n_adapt`` + the oracle's extra images per target person, half of a
-    stand-in person's images), the draws, the stand-in rule's grid and ``k``, and the library's defaults."""
+    stand-in person's images), the draws, the stand-in rule's grid and ``k``, and the library's defaults; for an
+    ``adapter-<method>`` row, the adapter's options (``adapter_options``: the benchmark's settings of it)."""
     pool = min(POOL, config.personalize.n_adapt + config.oracle.extra_images)
     stand_in_pool = min(STAND_IN_POOL, config.target_images // 2)
     defaults = {f: v for f, v in dataclasses.asdict(CalibrateConfig()).items() if f not in _SET_PER_ROW}
@@ -111,6 +119,10 @@ def calibration_settings(config: Any, method: str, k: int, draw: str) -> dict[st
     if method == SHRUNK_AFFINE:
         settings["library_method"] = "affine"
         settings["offset_prior"] = "estimated on the stand-in's persons (alfa.gaze.calibrate.estimate_offset_prior)"
+    if method in ADAPTER_CALIBRATIONS:
+        settings["library_method"] = "adapter"
+        settings["draws"] = ADAPTER_DRAWS
+        settings["adapter"] = {"method": ADAPTER_CALIBRATIONS[method], "options": dict(adapter_options or {})}
     return settings
 
 
@@ -120,6 +132,7 @@ class _Person:
 
     pool_images: Tensor
     pool_gaze: Tensor
+    scored_images: Tensor
     scored_gaze: Tensor
     head: str
     features: Tensor
@@ -129,7 +142,7 @@ def _person(base: nn.Module, pool: tuple[Tensor, Tensor], scored: tuple[Tensor, 
     device = next(base.parameters()).device
     images, gaze = (t.to(device) for t in scored)
     head, features, _ = find_head(base, images)
-    return _Person(pool[0].to(device), pool[1].to(device), gaze, head, features)
+    return _Person(pool[0].to(device), pool[1].to(device), images, gaze, head, features)
 
 
 def person_draw_errors(
@@ -138,15 +151,21 @@ def person_draw_errors(
     """The person's :class:`GazeError` after calibration with the draws of seeds ``0 … draws − 1``, and the
     seconds each calibration took (the forward pass of its ``k`` images and the fit)."""
     errors, seconds = [], []
+    head_only = config.method in HEAD_ONLY
     for seed in range(draws):
         at = draw_positions(person.pool_gaze, len(person.pool_gaze), config.k, config.draw, seed, person_id)
         cfg = dataclasses.replace(config, seed=seed, pool=len(person.pool_gaze))
-        t0 = time.perf_counter()
-        calibrate_person(base, person.pool_images[at], person.pool_gaze[at], cfg, unlabelled=person.pool_images)
-        seconds.append(time.perf_counter() - t0)
+        with torch.random.fork_rng(devices=[]):  # an adapter's initial weights, as alfa calibrate draws them
+            torch.manual_seed(person_seed(seed, person_id, "init"))
+            t0 = time.perf_counter()
+            calibrate_person(base, person.pool_images[at], person.pool_gaze[at], cfg, unlabelled=person.pool_images)
+            seconds.append(time.perf_counter() - t0)
         try:
             with torch.no_grad():
-                pred = base.get_submodule(person.head)(person.features)  # the corrected head
+                if head_only:  # the corrected head on the features the correction does not change
+                    pred = base.get_submodule(person.head)(person.features)
+                else:
+                    pred = predict_images(base, person.scored_images)
         finally:
             detach(base)
         errors.append(GazeError.of(pred, person.scored_gaze))
@@ -160,7 +179,11 @@ def _mean(errors: list[GazeError]) -> GazeError:
 
 def _config(settings: dict[str, Any], changes: dict[str, Any], k: int, draw: str) -> CalibrateConfig:
     method = settings.get("library_method", settings["method"])
-    return CalibrateConfig(**{**settings["defaults"], **changes}, method=method, k=k, draw=draw, pool=settings["pool"])
+    recipe = {**settings["defaults"], **changes}
+    if "adapter" in settings:
+        recipe["adapter_method"] = settings["adapter"]["method"]
+        recipe["adapter_options"] = dict(settings["adapter"]["options"])
+    return CalibrateConfig(**recipe, method=method, k=k, draw=draw, pool=settings["pool"])
 
 
 def _offset_prior(base: nn.Module, data: GazeDataset) -> float:
@@ -210,17 +233,18 @@ def choose_recipe(session: Session, base: nn.Module, plan: RecordPlan, settings:
         prior = {"offset_prior": _offset_prior(base, standin.data)}
         grid = [{**g, **prior} for g in grid]
     if len(grid) == 1:
-        choice = {"stand_in": standin.spec, "grid": [], "chosen": grid[0], "case": "nothing to choose", **prior}
+        case = "the declared recipe (§5.2)" if settings["method"] in ADAPTER_CALIBRATIONS else "nothing to choose"
+        choice = {"stand_in": standin.spec, "grid": [], "chosen": grid[0], "case": case, **prior}
         session.calibration_choices[key] = choice
         return choice
     people = _stand_in_people(base, standin.data, settings["stand_in_pool"])
-    k = settings["selection_k"]
+    k, draws = settings["selection_k"], settings["draws"]
     scored = []
     for changes in grid:
         config = dataclasses.replace(_config(settings, changes, k, "random"), pool=settings["stand_in_pool"])
         try:
             per_person = {
-                p: statistics.fmean(e.angular for e in person_draw_errors(base, p, person, config, DRAWS)[0])
+                p: statistics.fmean(e.angular for e in person_draw_errors(base, p, person, config, draws)[0])
                 for p, person in people.items()
             }
         except _FAILURES as e:  # a recipe that fails on a stand-in person is out of the running
@@ -253,7 +277,7 @@ def _target_pool(tgt: TargetData, person: str, n_adapt: int, pool: int) -> tuple
 def run_user_calibration(
     session: Session, base: nn.Module, tgt: TargetData, plan: RecordPlan, record: dict[str, Any]
 ) -> dict[str, GazeError]:
-    """A user-calibration row: the recipe chosen on the stand-in, then every target person calibrated ``DRAWS``
+    """A user-calibration row: the recipe chosen on the stand-in, then every target person calibrated ``draws``
     times at the row's ``k`` and scored; the record gets the recipe, the choice, each person's error per draw
     and the costs (seconds per calibration, the bytes of one person's file, the correction's numbers)."""
     settings = plan.variant.calibration
@@ -272,7 +296,7 @@ def run_user_calibration(
         scored = load_examples(tgt.data, eval_indices(tgt.data, p, n_adapt))
         person = _person(base, _target_pool(tgt, p, n_adapt, settings["pool"]), scored)
         try:
-            draws, secs = person_draw_errors(base, p, person, config, DRAWS)
+            draws, secs = person_draw_errors(base, p, person, config, settings["draws"])
         except _FAILURES as e:  # recorded, as a personalization's failure is; the person has no error
             record["failed"][p] = f"{type(e).__name__}: {e}"
             continue
@@ -283,10 +307,15 @@ def run_user_calibration(
     record.update(_costs(base, tgt, next(iter(errors)), n_adapt, config))
     record["steps"] = config.steps if config.method == "last-layer" else None
     record["seconds_per_user"] = statistics.fmean(seconds)
-    record["cpu_seconds_per_user"] = (time.process_time() - cpu0) / (len(persons) * DRAWS)
+    record["cpu_seconds_per_user"] = (time.process_time() - cpu0) / (len(persons) * settings["draws"])
     record["labelled_images_per_person"] = k
     recipe = {f: v for f, v in dataclasses.asdict(config).items() if f not in ("seed",)}
-    record["calibration"] = {"recipe": recipe, "draws": DRAWS, "choice": choice, "per_person_draws": per_draw}
+    record["calibration"] = {
+        "recipe": recipe,
+        "draws": settings["draws"],
+        "choice": choice,
+        "per_person_draws": per_draw,
+    }
     return errors
 
 
@@ -295,7 +324,9 @@ def _costs(base: nn.Module, tgt: TargetData, person: str, n_adapt: int, config: 
     ``alfa calibrate`` writes it), and that it merges into the head in place."""
     images, gaze = _target_pool(tgt, person, n_adapt, config.pool)
     at = draw_positions(gaze, config.pool, config.k, config.draw, 0, person)
-    calibrate_person(base, images[at], gaze[at], dataclasses.replace(config, seed=0), unlabelled=images)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(person_seed(0, person, "init"))
+        calibrate_person(base, images[at], gaze[at], dataclasses.replace(config, seed=0), unlabelled=images)
     try:
         numbers = sum(t.numel() for t in adapter_parameters(base).values())
         with tempfile.TemporaryDirectory() as folder:

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .methods import (
+    ADAPTER_CALIBRATIONS,
+    ADAPTER_KS,
     CALIBRATION_DRAWS,
     CALIBRATION_KS,
     CALIBRATION_ROW_METHODS,
@@ -42,6 +44,7 @@ SAFE_K = 1
 LABEL_FREE = ("flip-tta", "roll-tta", "group-tta")
 """The label-free rows without training (``k`` = 0); the selected flip recipes (``*[selected]``) join them."""
 FIGURE = "error_vs_k.png"
+ADAPTER_CALIBRATIONS_BY_NAME = {adapter: row for row, adapter in ADAPTER_CALIBRATIONS.items()}
 
 
 def _cal(method: str, k: int, draw: str = "random") -> str:
@@ -161,6 +164,19 @@ def _draws_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     return lines
 
 
+def _adapters_table(idx: Index, pairs: Sequence[str]) -> list[str]:
+    alfa, lora = ADAPTER_CALIBRATIONS_BY_NAME["alfa"], ADAPTER_CALIBRATIONS_BY_NAME["lora"]
+    lines = ["| k | Alfa − LoRA | trainable numbers (Alfa, LoRA) |", "|---|---|---|"]
+    for k in ADAPTER_KS:
+        d = diff(idx, _cal(alfa, k), _cal(lora, k), pairs)
+        sizes = []
+        for method in (alfa, lora):
+            found = [r.trainable_params for (m, _, _), r in idx.items() if m == _cal(method, k)]
+            sizes.append(f"{found[0]:,}" if found else "—")
+        lines.append(f"| {k} | {'—' if d is None else d.compact()} | {', '.join(sizes)} |")
+    return lines
+
+
 def _costs_table(idx: Index) -> list[str]:
     lines = [
         f"| method (k = {PASS_K}) | seconds per calibration (median) | numbers stored | file bytes | merges |",
@@ -235,10 +251,10 @@ def user_calibration_page(
         f"seeds 0–2 ({len(rows)} rows × {len(PAIRS)} pairs × 3 seeds); pairs with any: "
         f"{', '.join(pairs) if pairs else 'none'}. On each pair every row (source-only, the label-free rows, the "
         "oracle) is read on the seeds that have user-calibration records there, so that the points beside each "
-        "other are the same seeds'. Not built yet: the `adapter` rows (Alfa, LoRA, DoRA as the "
-        "calibration adapter, supervised and semi-supervised) and FAZE's (`faze`, with and without "
-        "meta-learning), so this page cannot yet say whether Alfa beats LoRA as the calibration adapter nor "
-        "whether meta-learning beats plain fine-tuning. A row without a record is shown as —, and nothing is read "
+        "other are the same seeds'. Not built yet: DoRA as the calibration adapter, the "
+        "semi-supervised adapter rows (plus the flip loss), and FAZE's rows (`faze`, with and without "
+        "meta-learning), so this page cannot yet say whether meta-learning beats plain fine-tuning. A row without "
+        "a record is shown as —, and nothing is read "
         "from its absence.",
         "",
     ]
@@ -281,6 +297,14 @@ def user_calibration_page(
         f'here); "> {CALIBRATION_KS[-1]}" where no k of the protocol gets there.',
         "",
         *_worth(idx, pairs),
+        "",
+        "## Alfa against LoRA as the calibration adapter",
+        "",
+        "Each adapter at the benchmark's settings, trained on the k labelled images with the supervised loss and "
+        "the declared recipe (user-calibration.md §5.2: three draws per person). Alfa − LoRA, pooled over the "
+        "pairs above, with each one's trainable numbers (negative: Alfa is better):",
+        "",
+        *_adapters_table(idx, pairs),
         "",
         "## Spread against random draws",
         "",

@@ -16,6 +16,7 @@ from alfa.gaze.recipes import Recipe, named_recipe
 from alfa.gaze.ruda import RUDA_RECIPE, ruda_method
 
 from .methods import (
+    ADAPTER_CALIBRATIONS,
     EXTRA_METHODS,
     OPT_IN_METHODS,
     SANITY_METHODS,
@@ -115,7 +116,9 @@ def _main_row(label: str, config: VariantSettings) -> Variant:
         return pnpga_variant(config)
     calibration = parse_calibration_label(label)
     if calibration is not None:
-        settings = calibration_settings(config, *calibration)
+        adapter = ADAPTER_CALIBRATIONS.get(calibration[0])
+        options = method_config(adapter, config).to_dict() if adapter is not None else None
+        settings = calibration_settings(config, *calibration, adapter_options=options)
         return Variant(label, "calibration", group="calibration", value=calibration[1], calibration=settings)
     if label == DISTILL_OBJECTIVE:  # Alfa at the benchmark's settings, the shared recipe with the distillation loss
         return Variant(label, "adapter", adapter=alfa_config(config), recipe={"loss": DISTILL_OBJECTIVE})
