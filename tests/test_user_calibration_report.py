@@ -95,3 +95,23 @@ def test_every_row_of_a_pair_is_read_on_the_seeds_with_calibration_records():
     assert _row(text, "E→D").startswith("| E→D | 8.05 [7.41, 8.69] | 4.05 [3.41, 4.69] | 7.05 [")
     assert "| 25% (2 seeds) |" in _row(text, "E→D")
     assert _row(text, "E→M").startswith("| E→M | 10.10 [")  # all three seeds there
+
+
+def test_a_k_without_a_record_is_never_read_as_the_smallest_or_as_beyond_the_last():
+    """What a label-free row is worth counts only the k that have records: with k = 1 missing, a hit at k = 9 is
+    not "the smallest k"; with k = 16 missing, no hit is not "> 16"."""
+    results = _results()
+    # E→M loses the default's k = 1 record; E→D gets flip-TTA at 9.0 (the default: 9.5 at k = 1, 7.0 at k = 9)
+    results["records"] = [
+        r for r in results["records"] if not (r["method"] == calibration_label("affine", 1) and r["pair"] == "E→M")
+    ]
+    results["records"] += [shifted("flip-tta", "E→D", s, 9.0 + 0.1 * s, spread=SPREAD) for s in range(3)]
+    # and roll-TTA on E→D at 3.0, below the default at every k it has (1 and 9): k = 16 has no record
+    results["records"] += [shifted("roll-tta", "E→D", s, 3.0 + 0.1 * s, spread=SPREAD) for s in range(3)]
+    text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
+    worth = _row(text, "flip-TTA (no training)")
+    # E→M: at k = 9 the default (6.0) is below flip-TTA (9.5), but k = 1, 3, 5 have no record there
+    # E→D: the default is above flip-TTA at k = 1 and below it at k = 9, but k = 3 and 5 have no record there
+    assert "k = 9" not in worth and "> 16" not in worth
+    assert worth == "| flip-TTA (no training) | — | — |"
+    assert _row(text, "roll-TTA (no training)") == "| roll-TTA (no training) | — | — |"  # not "> 16"

@@ -122,9 +122,22 @@ def _label_free(idx: Index) -> list[str]:
     return [m for m in LABEL_FREE if m in present] + selected
 
 
+def _smallest(diffs: Sequence[tuple[int, Any]], reached: Any) -> str | None:
+    """The smallest ``k`` whose difference ``reached`` holds, ``"> 16"`` where every ``k`` was read and none did;
+    ``None`` where a smaller ``k`` has no record (or no interval) to read, so the smallest cannot be told."""
+    for k, d in diffs:
+        verdict = None if d is None else reached(d)
+        if verdict is None:
+            return None
+        if verdict:
+            return f"k = {k}"
+    return f"> {CALIBRATION_KS[-1]}"
+
+
 def _worth(idx: Index, pairs: Sequence[str]) -> list[str]:
     """Per label-free row and pair: the smallest ``k`` at which the default calibration's mean is at or below
-    the row's, and the smallest at which the upper end of the difference's 95 % interval is."""
+    the row's, and the smallest at which the upper end of the difference's 95 % interval is; each read only
+    where every smaller ``k`` has its record (a ``k`` without one is never skipped over)."""
     rows = _label_free(idx)
     if not rows:
         return ["No label-free row has a record on these pairs yet."]
@@ -132,21 +145,13 @@ def _worth(idx: Index, pairs: Sequence[str]) -> list[str]:
     for row in rows:
         cells = []
         for pair in pairs:
-            at_mean = at_interval = None
-            for k in CALIBRATION_KS:
-                d = diff(idx, _cal(DEFAULT_CALIBRATION, k), row, [pair])
-                if d is None:
-                    continue
-                if at_mean is None and d.mean <= 0:
-                    at_mean = k
-                if at_interval is None and d.interval is not None and d.interval[1] <= 0:
-                    at_interval = k
-            if all(diff(idx, _cal(DEFAULT_CALIBRATION, k), row, [pair]) is None for k in CALIBRATION_KS):
+            diffs = [(k, diff(idx, _cal(DEFAULT_CALIBRATION, k), row, [pair])) for k in CALIBRATION_KS]
+            at_mean = _smallest(diffs, lambda d: d.mean <= 0)
+            at_interval = _smallest(diffs, lambda d: None if d.interval is None else d.interval[1] <= 0)
+            if at_mean is None and at_interval is None:
                 cells.append("—")
             else:
-                mean_text = f"k = {at_mean}" if at_mean is not None else f"> {CALIBRATION_KS[-1]}"
-                interval_text = f"k = {at_interval}" if at_interval is not None else f"> {CALIBRATION_KS[-1]}"
-                cells.append(f"{mean_text} ({interval_text} by its interval)")
+                cells.append(f"{at_mean or '—'} ({at_interval or '—'} by its interval)")
         lines.append(f"| {display_name(row)} | " + " | ".join(cells) + " |")
     return lines
 
