@@ -14,7 +14,10 @@ from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 from alfa.adapters import detach
 from alfa.gaze.calibrate import CalibrateConfig, calibrate_person, draw_positions, estimate_offset_prior
 from alfa.gaze.evaluate import GazeError, eval_indices, load_examples, predict_images
+from alfa.gaze.faze_train import FazeTrainConfig
+from alfa.gaze.faze_train import MetaTrainConfig as FazeMetaConfig
 from alfa.gaze.personalize import person_seed
+from alfa.study.bench import user_calibration as bench_calibration
 from alfa.study.bench.config import BenchConfig, OracleConfig
 from alfa.study.bench.methods import (
     CALIBRATION_KS,
@@ -39,6 +42,8 @@ ROWS = (
     "calibrate-affine-shrunk[k=1]",
     "calibrate-adapter-alfa[k=3]",
     "calibrate-adapter-lora[k=3]",
+    "calibrate-faze[k=3]",
+    "calibrate-faze-plain[k=3]",
 )
 
 
@@ -55,14 +60,14 @@ def test_the_labels_name_method_k_and_draw_and_one_word_asks_for_all_of_a_method
     for other in ("calibrate-adapter-alfa[k=1]", "calibrate-adapter-lora-spread[k=9]"):
         assert parse_calibration_label(other) is None
     assert calibration_label("last-layer", 9, "spread") == "calibrate-last-layer-spread[k=9]"
-    for other in ("alfa", "calibrate-affine", "calibrate-faze[k=9]", "calibrate-affine[k=x]", "alfa[selected]"):
+    for other in ("alfa", "calibrate-affine", "calibrate-pnpga[k=9]", "calibrate-affine[k=x]", "alfa[selected]"):
         assert parse_calibration_label(other) is None
     rows = expand_calibration_names(("source-only", "calibrate-affine", "calibrate-affine[k=9]"))
     assert rows[0] == "source-only" and len(rows) == 1 + 2 * len(CALIBRATION_KS)  # no row twice
     assert set(rows[1:]) == set(calibration_rows(("affine",)))
-    assert expand_calibration_names(("calibrate-faze",)) == ("calibrate-faze",)  # left for validate to refuse
+    assert expand_calibration_names(("calibrate-pnpga",)) == ("calibrate-pnpga",)  # left for validate to refuse
     with pytest.raises(ValueError, match="unknown method"):
-        BenchConfig.standard(methods=("calibrate-faze",)).validate()
+        BenchConfig.standard(methods=("calibrate-pnpga",)).validate()
 
 
 def test_no_preset_plans_the_rows_and_the_declared_run_has_them_on_every_pair_and_seed():
@@ -98,23 +103,58 @@ def test_the_rule_takes_the_lowest_and_gives_a_tie_to_the_stronger_regularizatio
     assert trained == sorted(trained)
 
 
+def test_an_adapters_initial_weights_are_seeded_as_alfa_calibrate_seeds_them_and_no_generator_stays_seeded(
+    monkeypatch,
+):
+    from contextlib import contextmanager
+
+    before = torch.random.get_rng_state()
+    with bench_calibration._init_rng(3, "p07", torch.device("cpu")):
+        drawn = torch.rand(4)
+    assert torch.equal(drawn, torch.rand(4, generator=torch.Generator().manual_seed(person_seed(3, "p07", "init"))))
+    assert torch.equal(torch.random.get_rng_state(), before)  # the CPU's generator as it was
+    forked = []
+
+    @contextmanager
+    def recording(devices=None, **kwargs):
+        forked.append(list(devices))
+        yield
+
+    monkeypatch.setattr(torch.random, "fork_rng", recording)
+    monkeypatch.setattr(torch, "manual_seed", lambda seed: None)  # no GPU here: only what is forked is checked
+    with bench_calibration._init_rng(0, "p07", torch.device("cuda", 1)):
+        pass
+    assert forked == [[torch.device("cuda", 1)]]  # torch.manual_seed seeds the GPU's too: it is restored as well
+
+
 def _config():
     return tiny(methods=ROWS, oracle=OracleConfig(extra_images=11, steps=2, batch_size=4))  # a pool of 16
+
+
+SMALL_FAZE = (FazeTrainConfig(steps=3, batch_size=4), FazeMetaConfig(steps=2, k=3, l=3, tasks=2))
 
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     out = tmp_path_factory.mktemp("ucal")
     config = _config()
-    summary = run_bench(config, out, progress=False)
+    with pytest.MonkeyPatch.context() as mp:  # FAZE small enough for a test (its rows hash these settings)
+        mp.setattr(bench_calibration, "FAZE_TRAINING", SMALL_FAZE[0])
+        mp.setattr(bench_calibration, "FAZE_META_TRAINING", SMALL_FAZE[1])
+        summary = run_bench(config, out, progress=False)
     assert not summary.errors, summary.errors
     return out, config, {r["id"]: r for r in load_results(out)["records"]}
 
 
-def _direct(session: Session, record: dict, config) -> dict[str, float]:
+def _faze(session: Session, which: str):
+    train, meta = (dataclasses.asdict(c) for c in SMALL_FAZE)
+    return session.faze_models(session.build("E", 0), train, meta)[which]
+
+
+def _direct(session: Session, record: dict, config, base=None) -> dict[str, float]:
     """Each person's error recomputed with the library alone: the pool (adaptation images, then the oracle's
     extra ones), the draws of seeds 0–9, ``calibrate_person`` with the record's recipe, a full forward pass."""
-    base = session.base(session.build("E", 0), "truncated")
+    base = session.base(session.build("E", 0), "truncated") if base is None else base
     tgt = session.target("M", 0)
     n_adapt = config.personalize.n_adapt
     recipe = {k: v for k, v in record["calibration"]["recipe"].items()}
@@ -145,14 +185,19 @@ def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_
     for label in ROWS[1:]:
         record = records[f"{label}|E→M|seed0"]
         method, k, draw = parse_calibration_label(label)
+        model = _faze(session, "meta" if method == "faze" else "plain") if method.startswith("faze") else None
         assert record["kind"] == "calibration" and record["labelled_images_per_person"] == k
         recipe = record["calibration"]["recipe"]
-        library_method = {"affine-shrunk": "affine", "adapter-alfa": "adapter", "adapter-lora": "adapter"}.get(
-            method, method
-        )
+        library = {
+            "affine-shrunk": "affine",
+            "adapter-alfa": "adapter",
+            "adapter-lora": "adapter",
+            "faze-plain": "faze",
+        }
+        library_method = library.get(method, method)
         assert (recipe["method"], recipe["k"], recipe["draw"], recipe["pool"]) == (library_method, k, draw, 16)
         assert set(record["per_person"]) == set(source_only["per_person"])  # the same persons ...
-        assert record["per_person"] == pytest.approx(_direct(session, record, config), abs=1e-5)  # ... images
+        assert record["per_person"] == pytest.approx(_direct(session, record, config, model), abs=1e-5)  # ... images
         draws = 3 if method.startswith("adapter-") else 10
         assert all(len(v) == draws for v in record["calibration"]["per_person_draws"].values())
         assert record["adapter_bytes"] > 0 and record["merge"] == "in place"
@@ -176,9 +221,24 @@ def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_
     assert all(g["changes"]["offset_prior"] == shrunk["choice"]["offset_prior"] for g in shrunk["choice"]["grid"])
     offset = records["calibrate-offset[k=1]|E→M|seed0"]["calibration"]["choice"]
     assert offset["case"] == "nothing to choose"
-    # at k = 1 the affine map is the offset (its ridge leaves the gain at one): same draws, same errors
-    assert records["calibrate-offset[k=1]|E→M|seed0"]["steps"] is None
+    assert records["calibrate-offset[k=1]|E→M|seed0"]["steps"] is None  # a closed form trains no step
     assert records["calibrate-last-layer[k=3]|E→M|seed0"]["steps"] in {g["steps"] for g in GRIDS["last-layer"]}
+    # FAZE: its own models of the source (plain and meta-learned), each uncalibrated on the same images (k = 0),
+    # PS-GEN's rate chosen on the stand-in among the grid's, its steps the meta-training's
+    for method, which in (("faze", "meta"), ("faze-plain", "plain")):
+        record = records[f"calibrate-{method}[k=3]|E→M|seed0"]
+        model = _faze(session, which)
+        tgt = session.target("M", 0)
+        direct = {}
+        for person in tgt.data.persons():
+            images, gaze = load_examples(tgt.data, eval_indices(tgt.data, person, config.personalize.n_adapt))
+            direct[person] = GazeError.of(predict_images(model, images), gaze).angular
+        assert record["calibration"]["uncalibrated_per_person"] == pytest.approx(direct, abs=1e-5)
+        assert record["base"].startswith("FAZE (") and record["calibration"]["recipe"]["method"] == "faze"
+        assert [g["changes"]["faze_lr"] for g in record["calibration"]["choice"]["grid"]] == [0.01, 0.05, 0.2]
+        assert record["calibration"]["recipe"]["faze_steps"] == FazeMetaConfig().inner_steps
+    meta, plain = (_faze(session, w).gaze_mlp[0].weight for w in ("meta", "plain"))
+    assert not torch.equal(meta, plain)  # meta-learning moved the MLP
     # the adapters: the declared recipe, each at the benchmark's settings, the whole network scored
     for name, method in (("alfa", "adapter-alfa"), ("lora", "adapter-lora")):
         record = records[f"calibrate-{method}[k=3]|E→M|seed0"]
@@ -194,5 +254,8 @@ def test_a_k_the_pool_cannot_hold_fails_with_one_line_and_a_rerun_resumes(calibr
     assert list(summary.errors) == ["calibrate-affine[k=16]|E→M|seed0"]
     assert "cannot come from a pool of 9" in summary.errors["calibrate-affine[k=16]|E→M|seed0"]
     # the finished rows are skipped by a rerun: the same hashes
-    again = run_bench(dataclasses.replace(config), out, progress=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_calibration, "FAZE_TRAINING", SMALL_FAZE[0])
+        mp.setattr(bench_calibration, "FAZE_META_TRAINING", SMALL_FAZE[1])
+        again = run_bench(dataclasses.replace(config), out, progress=False)
     assert not again.errors and again.ran == []

@@ -84,7 +84,11 @@ def test_the_offset_prior_shrinks_the_offset_by_k_over_k_plus_kappa_and_zero_lea
         torch.testing.assert_close(
             c, torch.tensor([0.2, -0.1], dtype=torch.float64) * 4 / (4 + kappa), atol=1e-5, rtol=0
         )
-    # a tiny prior is the free offset; the joint solve and the centered one agree
+    # the gain cannot carry the offset past its prior: one image far from zero, a weak ridge on the gain
+    far = torch.tensor([[0.1, -0.3]], dtype=torch.float64)
+    a, c = fit_affine(far, far + 0.05, ridge=0.1, offset_prior=50.0)
+    torch.testing.assert_close(far @ a.T + c - far, torch.full((1, 2), 0.05 / 51, dtype=torch.float64))
+    # a tiny prior is the free offset
     a0, c0 = fit_affine(pred, gaze + 0.05 * pred, ridge=0.1)
     a1, c1 = fit_affine(pred, gaze + 0.05 * pred, ridge=0.1, offset_prior=1e-12)
     torch.testing.assert_close((a1, c1), (a0, c0))
@@ -213,6 +217,19 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
     assert (tmp_path / "c" / "p00.safetensors").read_bytes() == before
     assert main([*argv, "--k", "3", "--pool", "4", "--replace"]) == 0
     assert (tmp_path / "c" / "p00.safetensors").read_bytes() != before
+    # the offset prior: a negative one refused in one line; a positive one is another recipe (its own files)
+    with pytest.raises(SystemExit):
+        main([*argv, "--offset-prior", "-1"])
+    assert "--offset-prior" in capsys.readouterr().err
+    shrunk = ["calibrate", "--checkpoint", str(ckpt), "--data", spec, "--out", str(tmp_path / "s"), "--quiet"]
+    assert main([*shrunk, "--k", "3", "--pool", "4", "--offset-prior", "2"]) == 0
+    assert _about(tmp_path / "s" / "p00.safetensors")["user_calibration"]["offset_prior"] == 2.0
+    # at its neutral value the prior is no part of a run's key: a run made before the option existed resumes
+    assert "offset_prior" not in _about(tmp_path / "c" / "p00.safetensors")["user_calibration"]
+
+
+def _about(path):
+    return alfa.read_adapter_metadata(path)["about"]
 
 
 def _tensors(path):

@@ -52,8 +52,9 @@ def _row(text, first):
 
 def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path):
     text = user_calibration_page(_results(), "docs/data/bench-v2", "alfa pages --write", tmp_path, "figures/")
-    assert "**Records:** 30 of the 972 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
+    assert "**Records:** 30 of the 1332 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
     assert "Not built yet: DoRA as the calibration adapter" in text  # named, not silently absent
+    assert "| 3 | — | — | — |" in text  # FAZE: no record, no number
     # Alfa − LoRA as the calibration adapter at k = 9, pooled: (0.5 + 0.2) / 2; none at k = 3
     assert "| 9 | +0.35 [0.35, 0.35] | 630, 512 |" in text and "| 3 | — | —, — |" in text
     em, ed = _row(text, "E→M"), _row(text, "E→D")
@@ -82,7 +83,7 @@ def test_a_page_without_calibration_records_says_so():
     results = _results()
     results["records"] = [r for r in results["records"] if r["kind"] != "calibration"]
     text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
-    assert "**Records:** 0 of the 972" in text and text.rstrip().endswith("No user-calibration record yet.")
+    assert "**Records:** 0 of the 1332" in text and text.rstrip().endswith("No user-calibration record yet.")
 
 
 def test_every_row_of_a_pair_is_read_on_the_seeds_with_calibration_records():

@@ -122,9 +122,9 @@ class CalibrateConfig:
     ``pool``: the first images of each person the ``k`` are drawn from (never scored); ``affine_ridge``: the
     penalty on ``‖A − I‖²`` in radians² (against the squared residuals summed over the ``k``);
     ``feature_ridge``: the penalty on ``‖W' − W‖²`` relative to the features' mean squared norm;
-    ``offset_prior``: ``offset`` and ``affine`` shrink the offset ``c`` toward zero as if this many more labelled
-    images had no error (``κ‖c‖²``; 0: the offset is free; :func:`estimate_offset_prior` gives the value the
-    spread of persons' offsets implies); ``steps``,
+    ``offset_prior``: ``offset`` and ``affine`` shrink the offset (the correction at the images' mean
+    prediction) toward zero by ``k / (k + κ)``, as if ``κ`` more labelled images had no error (0: the offset is
+    free; :func:`estimate_offset_prior` gives the value the spread of persons' offsets implies); ``steps``,
     ``lr``, ``weight_decay``: the optimizer of ``last-layer`` and ``adapter`` (AdamW; ``lr_scale`` as in
     personalization); ``adapter_method`` and ``adapter_options``: the adapter of ``adapter``; ``flip_weight``:
     the weight of the flip loss on the pool's unlabelled images (``adapter`` and ``last-layer``; 0: supervised
@@ -249,27 +249,24 @@ def find_head(model: nn.Module, images: Tensor) -> tuple[str, Tensor, Tensor]:
 
 
 def fit_affine(pred: Tensor, gaze: Tensor, ridge: float, offset_prior: float = 0.0) -> tuple[Tensor, Tensor]:
-    """``(A, c)`` minimizing ``Σ‖A ŷ_i + c − g_i‖² + ridge·‖A − I‖² + offset_prior·‖c‖²``: with no offset prior,
-    the least-squares fit of the centered residuals on the centered predictions, shrunk toward the identity;
-    with one, the same penalized least squares solved jointly for ``A − I`` and ``c``."""
+    """``(A, c)`` of the correction ``ŷ ↦ A ŷ + c`` minimizing ``Σ‖A ŷ_i + c − g_i‖² + ridge·‖A − I‖² +
+    offset_prior·‖m‖²``, where ``m = (A − I) ȳ + c`` is the correction at the images' mean prediction ``ȳ``: the
+    least-squares fit of the centered residuals on the centered predictions, shrunk toward the identity, and the
+    mean offset (the mean residual) shrunk by ``k / (k + offset_prior)``. Penalizing the offset at ``ȳ`` and not
+    the intercept at ``ŷ = 0`` keeps the gain from carrying the offset past its prior."""
     pred, gaze = pred.double(), gaze.double()
-    eye = torch.eye(pred.shape[1], dtype=torch.float64)
-    if offset_prior > 0:
-        x = torch.cat([pred, torch.ones(len(pred), 1, dtype=torch.float64)], dim=1)  # (k, m + 1)
-        penalty = torch.diag(torch.tensor([ridge] * pred.shape[1] + [offset_prior], dtype=torch.float64))
-        gram = x.T @ x + penalty
-        if torch.linalg.matrix_rank(gram) < x.shape[1]:
-            raise ValueError(f"an unregularized affine map needs {pred.shape[1] + 1} images in general position")
-        w = torch.linalg.solve(gram, x.T @ (gaze - pred))  # rows: (A − I)ᵀ, then c
-        return eye + w[:-1].T, w[-1]
     mp, mg = pred.mean(0), gaze.mean(0)
     p, r = pred - mp, (gaze - mg) - (pred - mp)
+    eye = torch.eye(pred.shape[1], dtype=torch.float64)
     gram = p.T @ p + ridge * eye
     if ridge == 0 and torch.linalg.matrix_rank(gram) < pred.shape[1]:
         raise ValueError(f"an unregularized affine map needs {pred.shape[1] + 1} images in general position")
     delta = torch.linalg.solve(gram, p.T @ r).T  # A − I
     a = eye + delta
-    return a, mg - a @ mp
+    if offset_prior == 0:
+        return a, mg - a @ mp
+    shrink = len(pred) / (len(pred) + offset_prior)
+    return a, mp + shrink * (mg - mp) - a @ mp  # A ȳ + c − ȳ = the shrunk mean residual
 
 
 def estimate_offset_prior(residuals: Sequence[Tensor]) -> float:

@@ -109,11 +109,23 @@ ADAPTER_CALIBRATIONS = {"adapter-alfa": "alfa", "adapter-lora": "lora"}
 (docs/user-calibration.md §5.2: supervised, fewer ``k`` and draws than the head corrections, the declared recipe)."""
 ADAPTER_KS = (3, 9)
 ADAPTER_DRAWS = 3
-CALIBRATION_ROW_METHODS = (DEFAULT_CALIBRATION, SHRUNK_AFFINE, "offset", "ridge", "last-layer", *ADAPTER_CALIBRATIONS)
+FAZE_CALIBRATIONS = {"faze": "meta", "faze-plain": "plain"}
+"""User-calibration rows of ``alfa calibrate --method faze`` -> which FAZE model's gaze MLP PS-GEN adapts: the
+meta-learned one (AdaGEN), or for FAZE's own claim the one ``alfa faze train`` left (docs/user-calibration.md §5.3)."""
+CALIBRATION_ROW_METHODS = (
+    DEFAULT_CALIBRATION,
+    SHRUNK_AFFINE,
+    "offset",
+    "ridge",
+    "last-layer",
+    *ADAPTER_CALIBRATIONS,
+    *FAZE_CALIBRATIONS,
+)
 """The ``alfa calibrate`` methods the benchmark has rows of, the default (``affine``) first: the corrections of
 the model's linear head (docs/user-calibration.md §1). ``affine-shrunk`` is ``affine`` with its offset shrunk by
 the prior the stand-in's persons imply (``offset_prior`` from :func:`alfa.gaze.calibrate.estimate_offset_prior`;
-docs/user-calibration.md §5). ``adapter-<method>``: :data:`ADAPTER_CALIBRATIONS`. FAZE has none yet."""
+docs/user-calibration.md §5). ``adapter-<method>``: :data:`ADAPTER_CALIBRATIONS`; ``faze`` and ``faze-plain``:
+:data:`FAZE_CALIBRATIONS`."""
 CALIBRATION_DRAWS = ("random", "spread")
 _CALIBRATION_LABEL = re.compile(r"calibrate-(?P<method>.+?)(?P<spread>-spread)?\[k=(?P<k>[0-9]+)\]")
 

@@ -109,7 +109,7 @@ def produce_record(session: Session, plan: RecordPlan) -> Record:
     elif v.kind == "pnpga":
         errors = run_pnpga(session, base, src, tgt, plan, record, flips)
     elif v.kind == "calibration":
-        errors = run_user_calibration(session, base, tgt, plan, record)
+        errors = run_user_calibration(session, base, src, tgt, plan, record)
     else:
         errors = _run_personalization(session, base, src, tgt, plan, record, flips)
     _add_errors(record, errors, flips)

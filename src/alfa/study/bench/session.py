@@ -26,10 +26,13 @@ from torch import nn
 
 from alfa.adapters import detach
 from alfa.adapters.prompt import TPGazeConfig
-from alfa.checkpoint import read_checkpoint
+from alfa.checkpoint import load_model, read_checkpoint
 from alfa.fileio import locked, safe_filename
 from alfa.gaze.data.base import GazeDataset, InMemoryGazeDataset
 from alfa.gaze.evaluate import adapter_filename, load_images
+from alfa.gaze.faze_train import MODEL_FILE as FAZE_MODEL_FILE
+from alfa.gaze.faze_train import FazeTrainConfig, meta_train_faze, train_faze
+from alfa.gaze.faze_train import MetaTrainConfig as FazeMetaConfig
 from alfa.gaze.pipeline import SourceSpec, build_source_model, data_fingerprint, open_data, source_cache_key
 from alfa.gaze.recipes import Recipe
 from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts
@@ -109,6 +112,7 @@ class Session:
         self.source_data: dict[str, tuple[GazeDataset, GazeDataset]] = {}
         # the user-calibration recipe chosen on a stand-in, per (source, seed, method, grid): every k reads it
         self.calibration_choices: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.faze: dict[Path, dict[str, nn.Module]] = {}  # FAZE models per cache folder (faze_models)
 
     # ---------------------------------------------------------------- data
 
@@ -281,6 +285,26 @@ class Session:
                 "seconds": time.time() - t0,
             }
         return src.prompts
+
+    def faze_models(self, src: SourceContext, train: dict[str, Any], meta: dict[str, Any]) -> dict[str, nn.Module]:
+        """FAZE trained on ``src``'s source data (``alfa faze train``: DT-ED and its gaze MLP) and the same model
+        with its MLP meta-learned (``alfa faze meta-train``), by ``"plain"`` and ``"meta"``; ``train`` and ``meta``
+        are the two configurations' fields (their seeds are the source's). Trained once per (source, seed,
+        configurations), cached by a hash, resumable; loaded from the cache afterwards."""
+        train_config = FazeTrainConfig(**{**train, "seed": src.seed})
+        meta_config = FazeMetaConfig(**{**meta, "seed": src.seed})
+        spec = {"source": src.cache_key, "train": dataclasses.asdict(train_config)}
+        spec["meta"] = dataclasses.asdict(meta_config)
+        folder = self.cache / f"faze-{stable_hash(spec)}"
+        if folder in self.faze:
+            return self.faze[folder]
+        with building(folder):  # each stage resumes from its state, or finds itself complete and only saves
+            train_faze(src.data, train_config, folder / "plain", progress=self.progress)
+            model, saved = load_model(folder / "plain" / FAZE_MODEL_FILE)
+            meta_train_faze(model, saved, src.data, meta_config, folder / "meta", progress=self.progress)
+        models = {name: load_model(folder / name / FAZE_MODEL_FILE)[0].eval() for name in ("plain", "meta")}
+        self.faze[folder] = models
+        return models
 
     # ---------------------------------------------------------------- records
 

@@ -27,6 +27,8 @@ import math
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,13 +41,16 @@ from alfa.adapters import adapter_parameters, detach, save_adapter
 from alfa.gaze.calibrate import CalibrateConfig, calibrate_person, draw_positions, estimate_offset_prior, find_head
 from alfa.gaze.data.base import GazeDataset
 from alfa.gaze.evaluate import GazeError, eval_indices, load_examples, predict_images
+from alfa.gaze.faze import FazeGaze
+from alfa.gaze.faze_train import FazeTrainConfig
+from alfa.gaze.faze_train import MetaTrainConfig as FazeMetaConfig
 from alfa.gaze.personalize import person_seed
 
-from .methods import ADAPTER_CALIBRATIONS, ADAPTER_DRAWS, SHRUNK_AFFINE
+from .methods import ADAPTER_CALIBRATIONS, ADAPTER_DRAWS, FAZE_CALIBRATIONS, SHRUNK_AFFINE
 
 if TYPE_CHECKING:  # the session builds the models; this module only runs on what it is given
     from .plan import RecordPlan
-    from .session import Session, TargetData
+    from .session import Session, SourceContext, TargetData
 
 __all__ = [
     "POOL",
@@ -72,6 +77,12 @@ DRAWS = 10
 SELECTION_K = 9
 """The ``k`` the stand-in rule compares recipes at (docs/user-calibration.md §3)."""
 TIE_DEG = 0.05
+FAZE_TRAINING = FazeTrainConfig()
+FAZE_META_TRAINING = FazeMetaConfig()
+"""FAZE's training and meta-training in the benchmark: the library's defaults (docs/user-calibration.md §2 and
+§5.3), each run with the source's seed."""
+_PS_GEN_STEPS = FAZE_META_TRAINING.inner_steps
+_NOT_HASHED = ("seed", "checkpoint_every")  # the seed is the source's; no number depends on the checkpoints
 GRIDS: dict[str, tuple[dict[str, Any], ...]] = {
     # each grid from the strongest regularization to the weakest: the order ties are settled in
     "affine": tuple({"affine_ridge": x} for x in (1.0, 0.1, 0.01)),
@@ -80,11 +91,19 @@ GRIDS: dict[str, tuple[dict[str, Any], ...]] = {
     "ridge": tuple({"feature_ridge": x} for x in (10.0, 1.0, 0.1)),
     "last-layer": tuple({"steps": s, "lr": lr} for s in (20, 50) for lr in (1e-4, 1e-3, 1e-2)),
     **{m: ({},) for m in ADAPTER_CALIBRATIONS},  # the declared recipe (§5.2): the rule is not run for them
+    # PS-GEN's rate α (§3), the lowest first; its steps are the meta-training's inner steps
+    **{
+        m: tuple({"faze_lr": a, "faze_steps": FazeMetaConfig().inner_steps} for a in (0.01, 0.05, 0.2))
+        for m in FAZE_CALIBRATIONS
+    },
 }
 """Per method, the recipes the stand-in rule chooses among (docs/user-calibration.md §3), strongest first:
 larger λ, then fewer steps, then a lower rate."""
 HEAD_ONLY = ("offset", "affine", "ridge", "last-layer")
 """The library's calibration methods that change only the model's linear head (scored on cached features)."""
+CACHED_PART = (*HEAD_ONLY, "faze")
+"""... and those whose calibration changes one part fed by an unchanged one: the head on the penultimate
+features, FAZE's gaze MLP on the frozen DT-ED's gaze codes. Each draw is scored by that part alone."""
 _FAILURES = (ValueError, RuntimeError, FloatingPointError)  # what a calibration raises when it cannot fit
 _LATER_FIELDS = {"offset_prior": 0.0}  # CalibrateConfig fields added after the first rows, at their neutral value
 OFFSET_PRIOR_CAP = 1e6  # an estimate of "no offset worth correcting" (inf) as a finite prior: the offset is ~0
@@ -118,12 +137,31 @@ def calibration_settings(
     }
     if method == SHRUNK_AFFINE:
         settings["library_method"] = "affine"
-        settings["offset_prior"] = "estimated on the stand-in's persons (alfa.gaze.calibrate.estimate_offset_prior)"
+        # the words name the fit: the offset at the k images' mean prediction shrunk by k / (k + κ) (§5.1)
+        settings["offset_prior"] = (
+            "estimated on the stand-in's persons (alfa.gaze.calibrate.estimate_offset_prior); the offset at the "
+            "mean prediction shrunk by k/(k+κ)"
+        )
+    if method in FAZE_CALIBRATIONS:  # the FAZE models are trained per source and seed (the seed is theirs)
+        settings["library_method"] = "faze"
+        train = {f: v for f, v in dataclasses.asdict(FAZE_TRAINING).items() if f not in _NOT_HASHED}
+        meta = {f: v for f, v in dataclasses.asdict(FAZE_META_TRAINING).items() if f not in _NOT_HASHED}
+        settings["faze"] = {"model": FAZE_CALIBRATIONS[method], "train": train, "meta": meta}
     if method in ADAPTER_CALIBRATIONS:
         settings["library_method"] = "adapter"
         settings["draws"] = ADAPTER_DRAWS
         settings["adapter"] = {"method": ADAPTER_CALIBRATIONS[method], "options": dict(adapter_options or {})}
     return settings
+
+
+@contextmanager
+def _init_rng(seed: int, person: str, device: torch.device) -> Iterator[None]:
+    """The generators an adapter's initial weights are drawn from, seeded as ``alfa calibrate`` seeds them for
+    ``(seed, person)``, and restored after: the CPU's and, on a GPU, the device's (``torch.manual_seed`` seeds
+    both, so forking the CPU's alone would leave the GPU's reseeded for every record after this one)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(person_seed(seed, person, "init"))
+        yield
 
 
 @dataclass
@@ -141,7 +179,11 @@ class _Person:
 def _person(base: nn.Module, pool: tuple[Tensor, Tensor], scored: tuple[Tensor, Tensor]) -> _Person:
     device = next(base.parameters()).device
     images, gaze = (t.to(device) for t in scored)
-    head, features, _ = find_head(base, images)
+    if isinstance(base, FazeGaze):  # PS-GEN changes the gaze MLP only, which reads the gaze codes
+        with torch.no_grad():
+            head, features = "gaze_mlp", base.gaze_code(images)
+    else:
+        head, features, _ = find_head(base, images)
     return _Person(pool[0].to(device), pool[1].to(device), images, gaze, head, features)
 
 
@@ -151,18 +193,17 @@ def person_draw_errors(
     """The person's :class:`GazeError` after calibration with the draws of seeds ``0 … draws − 1``, and the
     seconds each calibration took (the forward pass of its ``k`` images and the fit)."""
     errors, seconds = [], []
-    head_only = config.method in HEAD_ONLY
+    cached = config.method in CACHED_PART
     for seed in range(draws):
         at = draw_positions(person.pool_gaze, len(person.pool_gaze), config.k, config.draw, seed, person_id)
         cfg = dataclasses.replace(config, seed=seed, pool=len(person.pool_gaze))
-        with torch.random.fork_rng(devices=[]):  # an adapter's initial weights, as alfa calibrate draws them
-            torch.manual_seed(person_seed(seed, person_id, "init"))
+        with _init_rng(seed, person_id, person.features.device):  # an adapter's initial weights
             t0 = time.perf_counter()
             calibrate_person(base, person.pool_images[at], person.pool_gaze[at], cfg, unlabelled=person.pool_images)
             seconds.append(time.perf_counter() - t0)
         try:
             with torch.no_grad():
-                if head_only:  # the corrected head on the features the correction does not change
+                if cached:  # the calibrated part on the inputs the calibration does not change
                     pred = base.get_submodule(person.head)(person.features)
                 else:
                     pred = predict_images(base, person.scored_images)
@@ -274,14 +315,35 @@ def _target_pool(tgt: TargetData, person: str, n_adapt: int, pool: int) -> tuple
     return images, gaze
 
 
+def _calibrated_model(
+    session: Session, base: nn.Module, src: SourceContext, settings: dict[str, Any], record: dict[str, Any]
+) -> nn.Module:
+    """The model a row calibrates: the record's base, or for FAZE's rows a FAZE model of the same source and
+    seed (the record then names it and counts its parameters)."""
+    if "faze" not in settings:
+        return base
+    faze = settings["faze"]
+    model = session.faze_models(src, faze["train"], faze["meta"])[faze["model"]]
+    record["base"] = f"FAZE ({'meta-learned' if faze['model'] == 'meta' else 'plain'} gaze MLP)"
+    record["inference_params"] = record["compact_merge_params"] = sum(p.numel() for p in model.parameters())
+    return model
+
+
 def run_user_calibration(
-    session: Session, base: nn.Module, tgt: TargetData, plan: RecordPlan, record: dict[str, Any]
+    session: Session,
+    base: nn.Module,
+    src: SourceContext,
+    tgt: TargetData,
+    plan: RecordPlan,
+    record: dict[str, Any],
 ) -> dict[str, GazeError]:
     """A user-calibration row: the recipe chosen on the stand-in, then every target person calibrated ``draws``
     times at the row's ``k`` and scored; the record gets the recipe, the choice, each person's error per draw
-    and the costs (seconds per calibration, the bytes of one person's file, the correction's numbers)."""
+    and before calibration, and the costs (seconds per calibration, the bytes of one person's file, the
+    correction's numbers)."""
     settings = plan.variant.calibration
     assert settings is not None
+    base = _calibrated_model(session, base, src, settings, record)
     k, draw, n_adapt = settings["k"], settings["draw"], session.config.personalize.n_adapt
     if k > settings["pool"]:
         raise ValueError(f"{plan.id}: k = {k} labelled images cannot come from a pool of {settings['pool']}")
@@ -289,12 +351,17 @@ def run_user_calibration(
     config = _config(settings, choice["chosen"], k, draw)
     errors: dict[str, GazeError] = {}
     per_draw: dict[str, list[float]] = {}
+    uncalibrated: dict[str, float] = {}  # the model before calibration, on the same images (k = 0)
     seconds: list[float] = []
     cpu0 = time.process_time()
     persons = tgt.data.persons()
     for p in tqdm(persons, desc=f"{plan.variant.label} {tgt.data.name}", disable=not session.progress, leave=False):
         scored = load_examples(tgt.data, eval_indices(tgt.data, p, n_adapt))
         person = _person(base, _target_pool(tgt, p, n_adapt, settings["pool"]), scored)
+        if config.method in CACHED_PART:
+            with torch.no_grad():
+                before = base.get_submodule(person.head)(person.features)
+            uncalibrated[p] = GazeError.of(before, person.scored_gaze).angular
         try:
             draws, secs = person_draw_errors(base, p, person, config, settings["draws"])
         except _FAILURES as e:  # recorded, as a personalization's failure is; the person has no error
@@ -305,7 +372,8 @@ def run_user_calibration(
     if not errors:
         raise ValueError(f"{plan.id}: no person could be calibrated ({'; '.join(record['failed'].values())})")
     record.update(_costs(base, tgt, next(iter(errors)), n_adapt, config))
-    record["steps"] = config.steps if config.method == "last-layer" else None
+    trained = {"last-layer": config.steps, "adapter": config.steps, "faze": config.faze_steps}
+    record["steps"] = trained.get(config.method)  # None: a closed form
     record["seconds_per_user"] = statistics.fmean(seconds)
     record["cpu_seconds_per_user"] = (time.process_time() - cpu0) / (len(persons) * settings["draws"])
     record["labelled_images_per_person"] = k
@@ -316,6 +384,9 @@ def run_user_calibration(
         "choice": choice,
         "per_person_draws": per_draw,
     }
+    if uncalibrated:
+        record["calibration"]["uncalibrated_per_person"] = uncalibrated
+        record["calibration"]["uncalibrated_deg"] = statistics.fmean(uncalibrated.values())
     return errors
 
 
@@ -324,8 +395,7 @@ def _costs(base: nn.Module, tgt: TargetData, person: str, n_adapt: int, config: 
     ``alfa calibrate`` writes it), and that it merges into the head in place."""
     images, gaze = _target_pool(tgt, person, n_adapt, config.pool)
     at = draw_positions(gaze, config.pool, config.k, config.draw, 0, person)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(person_seed(0, person, "init"))
+    with _init_rng(0, person, next(base.parameters()).device):
         calibrate_person(base, images[at], gaze[at], dataclasses.replace(config, seed=0), unlabelled=images)
     try:
         numbers = sum(t.numel() for t in adapter_parameters(base).values())

@@ -25,6 +25,7 @@ from .methods import (
     CALIBRATION_KS,
     CALIBRATION_ROW_METHODS,
     DEFAULT_CALIBRATION,
+    FAZE_CALIBRATIONS,
     PAIRS,
     SHRUNK_AFFINE,
     calibration_label,
@@ -32,7 +33,7 @@ from .methods import (
 )
 from .names import SELECTED, display_name
 from .record import as_records
-from .stats import Comparisons, Index, cell, design_of, diff, index_records, pooled, seeds_of
+from .stats import Comparisons, Index, Stat, cell, design_of, diff, index_records, pooled, seeds_of
 
 __all__ = ["user_calibration_page", "HEADROOM_SHARE", "PASS_K", "SAFE_K"]
 
@@ -45,6 +46,7 @@ LABEL_FREE = ("flip-tta", "roll-tta", "group-tta")
 """The label-free rows without training (``k`` = 0); the selected flip recipes (``*[selected]``) join them."""
 FIGURE = "error_vs_k.png"
 ADAPTER_CALIBRATIONS_BY_NAME = {adapter: row for row, adapter in ADAPTER_CALIBRATIONS.items()}
+FAZE_ROWS = {model: row for row, model in FAZE_CALIBRATIONS.items()}
 
 
 def _cal(method: str, k: int, draw: str = "random") -> str:
@@ -57,17 +59,32 @@ def _pairs(idx: Index) -> list[str]:
     return [p for p in PAIRS if any((m, p, s) in idx for m in rows for s in seeds_of(idx))]
 
 
+def _on(idx: Index, method: str, pairs: Sequence[str], seeds: set[int]) -> Stat | None:
+    """``method`` pooled over ``pairs`` on ``seeds`` only (per seed the mean over the pairs)."""
+    values = {}
+    for s in sorted(seeds):
+        records = [idx.get((method, p, s)) for p in pairs]
+        if records and all(r is not None and r.error_deg is not None for r in records):
+            values[s] = statistics.fmean(float(r.error_deg) for r in records)
+    return Stat(values) if values else None
+
+
+def _seeds(idx: Index, labels: Sequence[str], pairs: Sequence[str]) -> set[int]:
+    """The seeds on which some row of ``labels`` has every pair of ``pairs``."""
+    return {s for s in seeds_of(idx) for m in labels if all((m, p, s) in idx for p in pairs)}
+
+
 def _share(idx: Index, pair: str, method: str = DEFAULT_CALIBRATION) -> tuple[float, int] | None:
-    """The mean over seeds of the share of the headroom the default calibration at :data:`PASS_K` closes, with
-    the seeds counted (those with source-only, the oracle and the row); ``None`` where no seed has all three."""
-    shares = []
-    for s in seeds_of(idx):
-        keys = [(m, pair, s) for m in ("source-only", "oracle", _cal(method, PASS_K))]
-        if all(k in idx for k in keys):
-            so, oracle, calibrated = (float(idx[k].error_deg) for k in keys)
-            if so > oracle:
-                shares.append((so - calibrated) / (so - oracle))
-    return (statistics.fmean(shares), len(shares)) if shares else None
+    """The share of the headroom the calibration at :data:`PASS_K` closes on ``pair``, from the means over the
+    seeds that have source-only, the oracle and the row (docs/user-calibration.md §4: means over seeds), and
+    how many seeds; ``None`` where no seed has all three or the oracle's mean is not below source-only's."""
+    seeds = {
+        s for s in seeds_of(idx) if all((m, pair, s) in idx for m in ("source-only", "oracle", _cal(method, PASS_K)))
+    }
+    so, oracle, calibrated = (_on(idx, m, [pair], seeds) for m in ("source-only", "oracle", _cal(method, PASS_K)))
+    if so is None or oracle is None or calibrated is None or so.mean <= oracle.mean:
+        return None
+    return (so.mean - calibrated.mean) / (so.mean - oracle.mean), len(seeds)
 
 
 def _criteria_table(idx: Index, pairs: Sequence[str], method: str = DEFAULT_CALIBRATION) -> list[str]:
@@ -78,7 +95,8 @@ def _criteria_table(idx: Index, pairs: Sequence[str], method: str = DEFAULT_CALI
         "|---|---|---|---|---|---|---|",
     ]
     for pair in pairs:
-        cells = [cell(idx, m, pair) for m in ("source-only", "oracle", _cal(method, PASS_K))]
+        seeds = _seeds(idx, [_cal(method, PASS_K)], [pair])  # source-only and the oracle on the row's seeds
+        cells = [_on(idx, m, [pair], seeds) for m in ("source-only", "oracle", _cal(method, PASS_K))]
         share = _share(idx, pair, method)
         safe = diff(idx, _cal(method, SAFE_K), "source-only", [pair])
         verdicts = []
@@ -102,14 +120,15 @@ def _criteria_table(idx: Index, pairs: Sequence[str], method: str = DEFAULT_CALI
 def _curve_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     """Error against ``k``, pooled over ``pairs`` (per seed the mean over them; a seed without every pair is
     left out), each cell with its 95 % interval over seeds."""
-    head = "| row | k = 0 (source-only) | " + " | ".join(f"k = {k}" for k in CALIBRATION_KS) + " |"
+    head = "| row | k = 0 (source-only, the row's seeds) | " + " | ".join(f"k = {k}" for k in CALIBRATION_KS) + " |"
     lines = [head, "|---|" + "---|" * (len(CALIBRATION_KS) + 1)]
-    base = pooled(idx, "source-only", pairs)
     for method in CALIBRATION_ROW_METHODS:
         for draw in CALIBRATION_DRAWS:
             stats = [pooled(idx, _cal(method, k, draw), pairs) for k in CALIBRATION_KS]
             if all(s is None for s in stats):
                 continue
+            # k = 0 on the seeds the row has, so that it stands beside the row's own points
+            base = _on(idx, "source-only", pairs, _seeds(idx, [_cal(method, k, draw) for k in CALIBRATION_KS], pairs))
             name = f"{method}{'' if draw == 'random' else ' (spread draws)'}"
             cells = ["—" if s is None else s.format_interval() for s in [base, *stats]]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -182,6 +201,24 @@ def _adapters_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     return lines
 
 
+def _uncalibrated(idx: Index, label: str, pairs: Sequence[str]) -> str:
+    """The mean over the row's records on ``pairs`` of their model's error before calibration (k = 0)."""
+    values = [r.calibration["uncalibrated_deg"] for (m, p, _), r in idx.items() if m == label and p in pairs]
+    values = [v for v in values if v is not None] if values else []
+    return f"{statistics.fmean(values):.2f}" if values else "—"
+
+
+def _faze_table(idx: Index, pairs: Sequence[str]) -> list[str]:
+    meta, plain = FAZE_ROWS["meta"], FAZE_ROWS["plain"]
+    lines = ["| k | meta − plain | meta-learned, before calibration | plain, before calibration |"]
+    lines.append("|---|---|---|---|")
+    for k in CALIBRATION_KS:
+        d = diff(idx, _cal(meta, k), _cal(plain, k), pairs)
+        before = [_uncalibrated(idx, _cal(m, k), pairs) for m in (meta, plain)]
+        lines.append(f"| {k} | {'—' if d is None else d.compact()} | {before[0]} | {before[1]} |")
+    return lines
+
+
 def _costs_table(idx: Index) -> list[str]:
     lines = [
         f"| method (k = {PASS_K}) | seconds per calibration (median) | numbers stored | file bytes | merges |",
@@ -207,10 +244,11 @@ def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
     fig, axes = plt.subplots(1, len(pairs), figsize=(3.2 * len(pairs), 3.2), squeeze=False)
     xs = [0, *CALIBRATION_KS]
     for ax, pair in zip(axes[0], pairs):
-        base = cell(idx, "source-only", pair)
         for method in CALIBRATION_ROW_METHODS:
             for draw in CALIBRATION_DRAWS:
-                points = [(0, base)] + [(k, cell(idx, _cal(method, k, draw), pair)) for k in CALIBRATION_KS]
+                labels = [_cal(method, k, draw) for k in CALIBRATION_KS]
+                base = _on(idx, "source-only", [pair], _seeds(idx, labels, [pair]))  # k = 0 on the line's seeds
+                points = [(0, base)] + [(k, cell(idx, label, pair)) for k, label in zip(CALIBRATION_KS, labels)]
                 points = [(x, s.mean) for x, s in points if s is not None]
                 if len(points) > 1:
                     style = "-" if draw == "random" else "--"
@@ -256,9 +294,8 @@ def user_calibration_page(
         f"seeds 0–2 ({len(rows)} rows × {len(PAIRS)} pairs × 3 seeds); pairs with any: "
         f"{', '.join(pairs) if pairs else 'none'}. On each pair every row (source-only, the label-free rows, the "
         "oracle) is read on the seeds that have user-calibration records there, so that the points beside each "
-        "other are the same seeds'. Not built yet: DoRA as the calibration adapter, the "
-        "semi-supervised adapter rows (plus the flip loss), and FAZE's rows (`faze`, with and without "
-        "meta-learning), so this page cannot yet say whether meta-learning beats plain fine-tuning. A row without "
+        "other are the same seeds'. Not built yet: DoRA as the calibration adapter and the "
+        "semi-supervised adapter rows (plus the flip loss). A row without "
         "a record is shown as —, and nothing is read "
         "from its absence.",
         "",
@@ -270,8 +307,9 @@ def user_calibration_page(
         "",
         f"Per pair, means over the seeds that have the row (each cell: mean [95 % interval over seeds]): the "
         f"default calibration ({DEFAULT_CALIBRATION}) at k = {PASS_K} must close at least {HEADROOM_SHARE:.0%} of "
-        f"the headroom from source-only to the oracle (per seed (source-only − calibrated) / (source-only − "
-        f"oracle), then the mean), and at k = {SAFE_K} it must not be worse than source-only beyond the 95 % "
+        f"the headroom from source-only to the oracle ((source-only − calibrated) / (source-only − oracle) of the "
+        f"means over the seeds that have all three; source-only and the oracle are read on the row's seeds), "
+        f"and at k = {SAFE_K} it must not be worse than source-only beyond the 95 % "
         "interval of the difference (its lower end above zero).",
         "",
         *_criteria_table(idx, pairs),
@@ -310,6 +348,14 @@ def user_calibration_page(
         "pairs above, with each one's trainable numbers (negative: Alfa is better):",
         "",
         *_adapters_table(idx, pairs),
+        "",
+        "## Meta-learning against plain fine-tuning (FAZE's own claim)",
+        "",
+        "PS-GEN on the meta-learned gaze MLP (AdaGEN) against the same steps on the MLP `alfa faze train` left, "
+        "each FAZE model trained on the source's data (user-calibration.md §5.3). Meta − plain, pooled over the "
+        "pairs above (negative: meta-learning helps), and each model before calibration on the same images:",
+        "",
+        *_faze_table(idx, pairs),
         "",
         "## Spread against random draws",
         "",
