@@ -200,7 +200,8 @@ def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_
         assert record["per_person"] == pytest.approx(_direct(session, record, config, model), abs=1e-5)  # ... images
         draws = 3 if method.startswith("adapter-") else 10
         assert all(len(v) == draws for v in record["calibration"]["per_person_draws"].values())
-        assert record["adapter_bytes"] > 0 and record["merge"] == "in place"
+        merges = "in place" if not method.startswith("adapter-") else f"as {method[8:]}'s own rows merge"
+        assert record["adapter_bytes"] > 0 and record["merge"] == merges
     # the affine map's recipe is the stand-in rule's choice among its grid, made once for every k and draw
     affine = records["calibrate-affine[k=3]|E→M|seed0"]["calibration"]["choice"]
     assert [g["changes"] for g in affine["grid"]] == list(GRIDS["affine"])

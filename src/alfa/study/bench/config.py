@@ -26,6 +26,7 @@ from alfa.gaze.train import TrainConfig, TruncateConfig
 
 from .ablations import REGISTRY
 from .methods import (
+    CALIBRATION_ROW_METHODS,
     EXTRA_METHODS,
     MAIN_METHODS,
     OPT_IN_METHODS,
@@ -360,10 +361,12 @@ class BenchConfig:
             if p not in PAIRS:
                 raise ValueError(f"unknown pair {p!r}; pairs are {', '.join(PAIRS)}")
         known = table_methods() + SANITY_METHODS + tuple(TTA_ROWS) + EXTRA_METHODS + OPT_IN_METHODS
-        known += calibration_rows()
-        bad = [m for m in self.methods if m not in known]
+        bad = [m for m in self.methods if m not in known + calibration_rows()]
         if bad:
-            raise ValueError(f"unknown method(s) {bad}; methods are {', '.join(known)}")
+            raise ValueError(
+                f"unknown method(s) {bad}; methods are {', '.join(known)}, and the user-calibration rows "
+                f"calibrate-<method>[k=K] of {', '.join(CALIBRATION_ROW_METHODS)} (docs/user-calibration.md §5)"
+            )
         selectable = selectable_methods()
         bad = [m for m in self.selected_methods if not _selectable(m, selectable)]
         if bad:

@@ -176,10 +176,16 @@ class _Person:
     features: Tensor
 
 
-def _person(base: nn.Module, pool: tuple[Tensor, Tensor], scored: tuple[Tensor, Tensor]) -> _Person:
+def _person(
+    base: nn.Module, pool: tuple[Tensor, Tensor], scored: tuple[Tensor, Tensor], cached: bool = True
+) -> _Person:
+    """One person's images; with ``cached``, the inputs of the part a calibration changes (the head's features,
+    FAZE's gaze codes) on the scored images."""
     device = next(base.parameters()).device
     images, gaze = (t.to(device) for t in scored)
-    if isinstance(base, FazeGaze):  # PS-GEN changes the gaze MLP only, which reads the gaze codes
+    if not cached:  # the whole network changes: every draw is scored by a full forward pass
+        head, features = "", images[:0]
+    elif isinstance(base, FazeGaze):  # PS-GEN changes the gaze MLP only, which reads the gaze codes
         with torch.no_grad():
             head, features = "gaze_mlp", base.gaze_code(images)
     else:
@@ -239,13 +245,13 @@ def _offset_prior(base: nn.Module, data: GazeDataset) -> float:
     return min(estimate_offset_prior(residuals), OFFSET_PRIOR_CAP)
 
 
-def _stand_in_people(base: nn.Module, data: GazeDataset, pool: int) -> dict[str, _Person]:
+def _stand_in_people(base: nn.Module, data: GazeDataset, pool: int, cached: bool) -> dict[str, _Person]:
     people = {}
     for p in data.persons():
         idx = data.person_indices(p)
         if len(idx) <= pool:
             raise ValueError(f"stand-in person {p!r} has {len(idx)} images: the pool of {pool} and one to score")
-        people[p] = _person(base, load_examples(data, idx[:pool]), load_examples(data, idx[pool:]))
+        people[p] = _person(base, load_examples(data, idx[:pool]), load_examples(data, idx[pool:]), cached)
     return people
 
 
@@ -278,7 +284,8 @@ def choose_recipe(session: Session, base: nn.Module, plan: RecordPlan, settings:
         choice = {"stand_in": standin.spec, "grid": [], "chosen": grid[0], "case": case, **prior}
         session.calibration_choices[key] = choice
         return choice
-    people = _stand_in_people(base, standin.data, settings["stand_in_pool"])
+    cached = settings.get("library_method", settings["method"]) in CACHED_PART
+    people = _stand_in_people(base, standin.data, settings["stand_in_pool"], cached)
     k, draws = settings["selection_k"], settings["draws"]
     scored = []
     for changes in grid:
@@ -357,7 +364,7 @@ def run_user_calibration(
     persons = tgt.data.persons()
     for p in tqdm(persons, desc=f"{plan.variant.label} {tgt.data.name}", disable=not session.progress, leave=False):
         scored = load_examples(tgt.data, eval_indices(tgt.data, p, n_adapt))
-        person = _person(base, _target_pool(tgt, p, n_adapt, settings["pool"]), scored)
+        person = _person(base, _target_pool(tgt, p, n_adapt, settings["pool"]), scored, config.method in CACHED_PART)
         if config.method in CACHED_PART:
             with torch.no_grad():
                 before = base.get_submodule(person.head)(person.features)
@@ -375,7 +382,7 @@ def run_user_calibration(
     trained = {"last-layer": config.steps, "adapter": config.steps, "faze": config.faze_steps}
     record["steps"] = trained.get(config.method)  # None: a closed form
     record["seconds_per_user"] = statistics.fmean(seconds)
-    record["cpu_seconds_per_user"] = (time.process_time() - cpu0) / (len(persons) * settings["draws"])
+    record["cpu_seconds_per_user"] = (time.process_time() - cpu0) / (len(errors) * settings["draws"])
     record["labelled_images_per_person"] = k
     recipe = {f: v for f, v in dataclasses.asdict(config).items() if f not in ("seed",)}
     record["calibration"] = {
@@ -403,4 +410,5 @@ def _costs(base: nn.Module, tgt: TargetData, person: str, n_adapt: int, config: 
             size = save_adapter(base, Path(folder) / "user.safetensors").stat().st_size
     finally:
         detach(base)
-    return {"trainable_params": numbers, "adapter_bytes": size, "merge": "in place"}
+    merge = "in place" if config.method in CACHED_PART else f"as {config.adapter_method}'s own rows merge"
+    return {"trainable_params": numbers, "adapter_bytes": size, "merge": merge}

@@ -13,6 +13,7 @@ its absence.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -228,7 +229,8 @@ def _costs_table(idx: Index) -> list[str]:
         records = [r for (m, _, _), r in idx.items() if m == _cal(method, PASS_K)]
         if not records:
             continue
-        seconds = statistics.median(float(r.seconds_per_user or 0.0) for r in records)
+        timed = [float(r.seconds_per_user) for r in records if r.seconds_per_user is not None]
+        seconds = statistics.median(timed) if timed else math.nan
         numbers = statistics.median(r.trainable_params for r in records)
         size = statistics.median(float(r.adapter_bytes or 0) for r in records)
         lines.append(f"| {method} | {seconds:.3f} | {int(numbers):,} | {int(size):,} | {records[0].merge} |")
@@ -366,8 +368,9 @@ def user_calibration_page(
         "",
         "## Cost per person",
         "",
-        "Each calibration's seconds include the forward pass of its k images and the fit (this machine, 2 CPU "
-        "cores); a calibrated user is one safetensors file, merged into the head in place for export.",
+        "Each calibration's seconds include the forward pass of its k images and the fit, on the machine each "
+        "record was made on (its device is in the record's hash); a calibrated user is one safetensors file, and "
+        "the last column says how it folds into the model for export.",
         "",
         *_costs_table(idx),
         "",
