@@ -21,6 +21,12 @@ def _results():
         ("oracle", "E→M"): 4.0,
         ("flip-tta", "E→M"): 9.5,
         (calibration_label("affine", 1), "E→M"): 9.0,
+        (calibration_label("affine", 3), "E→M"): 8.0,
+        (calibration_label("affine", 5), "E→M"): 7.0,
+        (calibration_label("affine", 16), "E→M"): 5.5,
+        (calibration_label("affine", 3), "E→D"): 8.5,
+        (calibration_label("affine", 5), "E→D"): 8.0,
+        (calibration_label("affine", 16), "E→D"): 6.5,
         (calibration_label("affine", 9), "E→M"): 6.0,
         (calibration_label("affine", 9, "spread"), "E→M"): 5.5,
         # E→D: 25 % of the headroom, and k = 1 worse than source-only for every person and seed
@@ -52,7 +58,7 @@ def _row(text, first):
 
 def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path):
     text = user_calibration_page(_results(), "docs/data/bench-v2", "alfa pages --write", tmp_path, "figures/")
-    assert "**Records:** 30 of the 1332 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
+    assert "**Records:** 48 of the 1332 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
     assert "Not built yet: DoRA as the calibration adapter" in text  # named, not silently absent
     assert "| 3 | — | — | — |" in text  # FAZE: no record, no number
     # Alfa − LoRA as the calibration adapter at k = 9, pooled: (0.5 + 0.2) / 2; none at k = 3
@@ -62,13 +68,12 @@ def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path
     assert "| 25% (3 seeds) |" in ed and "headroom missed; k = 1: worse beyond the interval" in ed
     assert "+1.50 [" in ed  # k = 1 − source-only, with its interval
     # error against k pooled over both pairs: source-only (10 + 8) / 2 + 0.1 · seed, mean 9.1
-    assert _row(text, "affine").startswith("| affine | 9.10 [") and "| — |" in _row(text, "affine")  # k = 3: none
+    assert _row(text, "affine").startswith("| affine | 9.10 [") and "| 6.60 [" in _row(text, "affine")  # k = 9
     # flip-TTA's worth on E→M: the default at k = 1 (9.0) is already below it (9.5)
     worth = _row(text, "flip-TTA (no training)")
     assert worth.startswith("| flip-TTA (no training) | k = 1 (k = 1 by its interval) | — |")
-    assert _row(text, "affine (spread draws)").startswith("| affine (spread draws) | 9.10 [")
+    assert "| affine (spread draws) |" not in text  # a row without all of its k is no line of seeds yet
     # spread − random at k = 9, pooled: (−0.5 − 0.2) / 2 in every seed and person
-    assert _row(text, "affine") != _row(text, "affine (spread draws)")
     assert "| affine | — | — | — | −0.35 [−0.35, −0.35] | — |" in text
     assert "| affine | 0.000 | 1,026 | 4,696 | in place |" not in text  # seconds come from the records
     assert "| affine | 1.000 | 1,026 | 4,696 | in place |" in text
@@ -76,7 +81,8 @@ def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path
     assert figure.is_file() and "![error against k](figures/error_vs_k.png)" in text
     plotted = json.loads(plotted_path(figure).read_text())
     shown = json.dumps(plotted, ensure_ascii=False)
-    assert "E→M" in shown and "E→D" in shown and "affine spread" in shown
+    assert "E→M" in shown and "E→D" in shown and "affine random" in shown
+    assert "affine spread" not in shown  # only k = 9 of it: no line of seeds yet
 
 
 def test_a_page_without_calibration_records_says_so():
@@ -103,9 +109,9 @@ def test_a_k_without_a_record_is_never_read_as_the_smallest_or_as_beyond_the_las
     not "the smallest k"; with k = 16 missing, no hit is not "> 16"."""
     results = _results()
     # E→M loses the default's k = 1 record; E→D gets flip-TTA at 9.0 (the default: 9.5 at k = 1, 7.0 at k = 9)
-    results["records"] = [
-        r for r in results["records"] if not (r["method"] == calibration_label("affine", 1) and r["pair"] == "E→M")
-    ]
+    gone = {(calibration_label("affine", 1), "E→M"), (calibration_label("affine", 16), "E→D")}
+    gone |= {(calibration_label("affine", k), pair) for k in (3, 5) for pair in ("E→M", "E→D")}
+    results["records"] = [r for r in results["records"] if (r["method"], r["pair"]) not in gone]
     results["records"] += [shifted("flip-tta", "E→D", s, 9.0 + 0.1 * s, spread=SPREAD) for s in range(3)]
     # and roll-TTA on E→D at 3.0, below the default at every k it has (1 and 9): k = 16 has no record
     results["records"] += [shifted("roll-tta", "E→D", s, 3.0 + 0.1 * s, spread=SPREAD) for s in range(3)]

@@ -29,12 +29,14 @@ from .methods import (
     FAZE_CALIBRATIONS,
     PAIRS,
     SHRUNK_AFFINE,
+    calibration_draws,
+    calibration_ks,
     calibration_label,
     calibration_rows,
 )
 from .names import SELECTED, display_name
 from .record import as_records
-from .stats import Comparisons, Index, Stat, cell, design_of, diff, index_records, pooled, seeds_of
+from .stats import Comparisons, Index, Stat, cell, design_of, diff, index_records, seeds_of
 
 __all__ = ["user_calibration_page", "HEADROOM_SHARE", "PASS_K", "SAFE_K"]
 
@@ -71,8 +73,8 @@ def _on(idx: Index, method: str, pairs: Sequence[str], seeds: set[int]) -> Stat 
 
 
 def _seeds(idx: Index, labels: Sequence[str], pairs: Sequence[str]) -> set[int]:
-    """The seeds on which some row of ``labels`` has every pair of ``pairs``."""
-    return {s for s in seeds_of(idx) for m in labels if all((m, p, s) in idx for p in pairs)}
+    """The seeds on which every row of ``labels`` has every pair of ``pairs``."""
+    return {s for s in seeds_of(idx) if all((m, p, s) in idx for m in labels for p in pairs)}
 
 
 def _share(idx: Index, pair: str, method: str = DEFAULT_CALIBRATION) -> tuple[float, int] | None:
@@ -125,11 +127,13 @@ def _curve_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     lines = [head, "|---|" + "---|" * (len(CALIBRATION_KS) + 1)]
     for method in CALIBRATION_ROW_METHODS:
         for draw in CALIBRATION_DRAWS:
-            stats = [pooled(idx, _cal(method, k, draw), pairs) for k in CALIBRATION_KS]
-            if all(s is None for s in stats):
+            # one line of seeds: those with every k of the row on every pair, k = 0 (source-only) read on them too
+            labels = [_cal(method, k, draw) for k in calibration_ks(method) if draw in calibration_draws(method)]
+            seeds = _seeds(idx, labels, pairs)
+            if not labels or not seeds:
                 continue
-            # k = 0 on the seeds the row has, so that it stands beside the row's own points
-            base = _on(idx, "source-only", pairs, _seeds(idx, [_cal(method, k, draw) for k in CALIBRATION_KS], pairs))
+            stats = [_on(idx, _cal(method, k, draw), pairs, seeds) for k in CALIBRATION_KS]
+            base = _on(idx, "source-only", pairs, seeds)
             name = f"{method}{'' if draw == 'random' else ' (spread draws)'}"
             cells = ["—" if s is None else s.format_interval() for s in [base, *stats]]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -248,9 +252,12 @@ def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
     for ax, pair in zip(axes[0], pairs):
         for method in CALIBRATION_ROW_METHODS:
             for draw in CALIBRATION_DRAWS:
-                labels = [_cal(method, k, draw) for k in CALIBRATION_KS]
-                base = _on(idx, "source-only", [pair], _seeds(idx, labels, [pair]))  # k = 0 on the line's seeds
-                points = [(0, base)] + [(k, cell(idx, label, pair)) for k, label in zip(CALIBRATION_KS, labels)]
+                if draw not in calibration_draws(method):
+                    continue
+                ks = calibration_ks(method)
+                seeds = _seeds(idx, [_cal(method, k, draw) for k in ks], [pair])  # seeds with the whole line
+                base = _on(idx, "source-only", [pair], seeds)
+                points = [(0, base)] + [(k, _on(idx, _cal(method, k, draw), [pair], seeds)) for k in ks]
                 points = [(x, s.mean) for x, s in points if s is not None]
                 if len(points) > 1:
                     style = "-" if draw == "random" else "--"
@@ -324,8 +331,10 @@ def user_calibration_page(
         "",
         "## Error against k",
         "",
-        f"Pooled over {', '.join(pairs)} (per seed the mean over these pairs; a seed without all of them is left "
-        "out), mean [95 % interval over seeds]; a person's error at k is the mean over ten draws of the k images.",
+        f"Pooled over {', '.join(pairs)} (per seed the mean over these pairs), mean [95 % interval over seeds]; "
+        "each row (and its k = 0) on the seeds that have all of its k on all of these pairs, so that its points "
+        "are the same seeds'; a person's error at k is the mean over the draws of the k images. The figure "
+        "does the same per pair.",
         "",
         *_curve_table(idx, pairs),
         "",
