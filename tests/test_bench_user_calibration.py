@@ -42,6 +42,7 @@ ROWS = (
     "calibrate-affine-shrunk[k=1]",
     "calibrate-adapter-alfa[k=3]",
     "calibrate-adapter-lora[k=3]",
+    "calibrate-adapter-lora-semi[k=3]",
     "calibrate-faze[k=3]",
     "calibrate-faze-plain[k=3]",
 )
@@ -53,7 +54,7 @@ def test_the_labels_name_method_k_and_draw_and_one_word_asks_for_all_of_a_method
             for draw in ("random", "spread"):
                 assert parse_calibration_label(calibration_label(method, k, draw)) == (method, k, draw)
     # the adapters: k = 3 and 9, random draws only (docs/user-calibration.md §5.2)
-    assert [r for r in calibration_rows() if "adapter-alfa" in r] == [
+    assert [r for r in calibration_rows() if r.startswith("calibrate-adapter-alfa[")] == [
         "calibrate-adapter-alfa[k=3]",
         "calibrate-adapter-alfa[k=9]",
     ]
@@ -155,6 +156,15 @@ def _direct(session: Session, record: dict, config, base=None) -> dict[str, floa
     """Each person's error recomputed with the library alone: the pool (adaptation images, then the oracle's
     extra ones), the draws of seeds 0–9, ``calibrate_person`` with the record's recipe, a full forward pass."""
     base = session.base(session.build("E", 0), "truncated") if base is None else base
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)  # as the run made them: a trained draw's float order depends on it
+    try:
+        return _direct_errors(session, record, config, base)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _direct_errors(session: Session, record: dict, config, base) -> dict[str, float]:
     tgt = session.target("M", 0)
     n_adapt = config.personalize.n_adapt
     recipe = {k: v for k, v in record["calibration"]["recipe"].items()}
@@ -192,6 +202,7 @@ def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_
             "affine-shrunk": "affine",
             "adapter-alfa": "adapter",
             "adapter-lora": "adapter",
+            "adapter-lora-semi": "adapter",
             "faze-plain": "faze",
         }
         library_method = library.get(method, method)
@@ -200,7 +211,7 @@ def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_
         assert record["per_person"] == pytest.approx(_direct(session, record, config, model), abs=1e-5)  # ... images
         draws = 3 if method.startswith("adapter-") else 10
         assert all(len(v) == draws for v in record["calibration"]["per_person_draws"].values())
-        merges = "in place" if not method.startswith("adapter-") else f"as {method[8:]}'s own rows merge"
+        merges = "in place" if not method.startswith("adapter-") else f"as {method[8:12]}'s own rows merge"
         assert record["adapter_bytes"] > 0 and record["merge"] == merges
     # the affine map's recipe is the stand-in rule's choice among its grid, made once for every k and draw
     affine = records["calibrate-affine[k=3]|E→M|seed0"]["calibration"]["choice"]
@@ -245,6 +256,10 @@ def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_
         record = records[f"calibrate-{method}[k=3]|E→M|seed0"]
         assert record["calibration"]["choice"]["case"] == "the declared recipe (§5.2)"
         assert record["calibration"]["recipe"]["adapter_method"] == name and record["trainable_params"] > 0
+        assert record["calibration"]["recipe"]["flip_weight"] == 0.0  # supervised
+    semi = records["calibrate-adapter-lora-semi[k=3]|E→M|seed0"]
+    assert semi["calibration"]["recipe"]["flip_weight"] == 1.0  # + the flip loss on the pool's images
+    assert semi["per_person"] != records["calibrate-adapter-lora[k=3]|E→M|seed0"]["per_person"]
 
 
 @pytest.mark.slow

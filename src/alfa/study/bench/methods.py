@@ -104,9 +104,19 @@ CALIBRATION_KS = (1, 3, 5, 9, 16)
 """The numbers of labelled images a user-calibration row is scored at (docs/user-calibration.md §4; ``k`` = 0 is
 the label-free rows)."""
 SHRUNK_AFFINE = "affine-shrunk"
-ADAPTER_CALIBRATIONS = {"adapter-alfa": "alfa", "adapter-lora": "lora"}
+ADAPTER_CALIBRATIONS = {
+    "adapter-alfa": "alfa",
+    "adapter-lora": "lora",
+    "adapter-dora": "dora",
+    "adapter-alfa-semi": "alfa",
+    "adapter-lora-semi": "lora",
+}
 """User-calibration rows of ``alfa calibrate --method adapter`` -> the adapter method, at the benchmark's settings
-(docs/user-calibration.md §5.2: supervised, fewer ``k`` and draws than the head corrections, the declared recipe)."""
+(docs/user-calibration.md §5.2: fewer ``k`` and draws than the head corrections, the declared recipe); the
+``-semi`` rows add the flip loss on the pool's images (§5.4)."""
+SEMI_SUPERVISED = ("adapter-alfa-semi", "adapter-lora-semi")
+SEMI_FLIP_WEIGHT = 1.0
+"""The flip loss's weight in the semi-supervised rows (docs/user-calibration.md §3)."""
 ADAPTER_KS = (3, 9)
 ADAPTER_DRAWS = 3
 FAZE_CALIBRATIONS = {"faze": "meta", "faze-plain": "plain"}

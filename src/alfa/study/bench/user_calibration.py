@@ -46,7 +46,14 @@ from alfa.gaze.faze_train import FazeTrainConfig
 from alfa.gaze.faze_train import MetaTrainConfig as FazeMetaConfig
 from alfa.gaze.personalize import person_seed
 
-from .methods import ADAPTER_CALIBRATIONS, ADAPTER_DRAWS, FAZE_CALIBRATIONS, SHRUNK_AFFINE
+from .methods import (
+    ADAPTER_CALIBRATIONS,
+    ADAPTER_DRAWS,
+    FAZE_CALIBRATIONS,
+    SEMI_FLIP_WEIGHT,
+    SEMI_SUPERVISED,
+    SHRUNK_AFFINE,
+)
 
 if TYPE_CHECKING:  # the session builds the models; this module only runs on what it is given
     from .plan import RecordPlan
@@ -151,6 +158,8 @@ def calibration_settings(
         settings["library_method"] = "adapter"
         settings["draws"] = ADAPTER_DRAWS
         settings["adapter"] = {"method": ADAPTER_CALIBRATIONS[method], "options": dict(adapter_options or {})}
+        if method in SEMI_SUPERVISED:  # only these rows name it: the supervised ones hash as before
+            settings["flip_weight"] = SEMI_FLIP_WEIGHT
     return settings
 
 
@@ -230,6 +239,7 @@ def _config(settings: dict[str, Any], changes: dict[str, Any], k: int, draw: str
     if "adapter" in settings:
         recipe["adapter_method"] = settings["adapter"]["method"]
         recipe["adapter_options"] = dict(settings["adapter"]["options"])
+        recipe["flip_weight"] = settings.get("flip_weight", recipe["flip_weight"])
     return CalibrateConfig(**recipe, method=method, k=k, draw=draw, pool=settings["pool"])
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from .methods import (
-    ADAPTER_CALIBRATIONS,
     ADAPTER_KS,
     CALIBRATION_DRAWS,
     CALIBRATION_KS,
@@ -48,7 +47,6 @@ SAFE_K = 1
 LABEL_FREE = ("flip-tta", "roll-tta", "group-tta")
 """The label-free rows without training (``k`` = 0); the selected flip recipes (``*[selected]``) join them."""
 FIGURE = "error_vs_k.png"
-ADAPTER_CALIBRATIONS_BY_NAME = {adapter: row for row, adapter in ADAPTER_CALIBRATIONS.items()}
 FAZE_ROWS = {model: row for row, model in FAZE_CALIBRATIONS.items()}
 
 
@@ -194,15 +192,19 @@ def _draws_table(idx: Index, pairs: Sequence[str]) -> list[str]:
 
 
 def _adapters_table(idx: Index, pairs: Sequence[str]) -> list[str]:
-    alfa, lora = ADAPTER_CALIBRATIONS_BY_NAME["alfa"], ADAPTER_CALIBRATIONS_BY_NAME["lora"]
-    lines = ["| k | Alfa − LoRA | trainable numbers (Alfa, LoRA) |", "|---|---|---|"]
-    for k in ADAPTER_KS:
-        d = diff(idx, _cal(alfa, k), _cal(lora, k), pairs)
-        sizes = []
-        for method in (alfa, lora):
-            found = [r.trainable_params for (m, _, _), r in idx.items() if m == _cal(method, k)]
-            sizes.append(f"{found[0]:,}" if found else "—")
-        lines.append(f"| {k} | {'—' if d is None else d.compact()} | {', '.join(sizes)} |")
+    """Alfa − LoRA as the calibration adapter, supervised and semi-supervised, at each ``k`` of the adapters."""
+    lines = ["| loss | k | Alfa − LoRA | trainable numbers (Alfa, LoRA) |", "|---|---|---|---|"]
+    for loss, (alfa, lora) in (
+        ("supervised", ("adapter-alfa", "adapter-lora")),
+        ("+ flip loss (semi-supervised)", ("adapter-alfa-semi", "adapter-lora-semi")),
+    ):
+        for k in ADAPTER_KS:
+            d = diff(idx, _cal(alfa, k), _cal(lora, k), pairs)
+            sizes = []
+            for method in (alfa, lora):
+                found = [r.trainable_params for (m, _, _), r in idx.items() if m == _cal(method, k)]
+                sizes.append(f"{found[0]:,}" if found else "—")
+            lines.append(f"| {loss} | {k} | {'—' if d is None else d.compact()} | {', '.join(sizes)} |")
     return lines
 
 
@@ -301,12 +303,10 @@ def user_calibration_page(
         "",
         f"**Records:** {sum(i in held for i in declared)} of the {len(declared)} user-calibration rows declared on "
         f"seeds 0–2 ({len(rows)} rows × {len(PAIRS)} pairs × 3 seeds); pairs with any: "
-        f"{', '.join(pairs) if pairs else 'none'}. On each pair every row (source-only, the label-free rows, the "
-        "oracle) is read on the seeds that have user-calibration records there, so that the points beside each "
-        "other are the same seeds'. Not built yet: DoRA as the calibration adapter and the "
-        "semi-supervised adapter rows (plus the flip loss). A row without "
-        "a record is shown as —, and nothing is read "
-        "from its absence.",
+        f"{', '.join(pairs) if pairs else 'none'}. On each pair, every row (source-only, the label-free rows, the "
+        "oracle) is read only on seeds with user-calibration records there, and each table says which seeds its "
+        "cells share. Every method of the protocol has its rows. A row without a record is shown as —, and "
+        "nothing is read from its absence.",
         "",
     ]
     if not pairs:
