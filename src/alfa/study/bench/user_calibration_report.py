@@ -324,7 +324,7 @@ def user_calibration_page(
         *_criteria_table(idx, pairs),
         "",
         f"The same criteria for `{SHRUNK_AFFINE}`, the affine map with its offset shrunk by the prior the stand-in's "
-        "persons imply (user-calibration.md §5: added after the first affine rows showed k = 1 worse than "
+        "persons imply (user-calibration.md §5.1: added after the first affine rows showed k = 1 worse than "
         "source-only on E→M; not the default, and not what issue 25 is judged on here):",
         "",
         *_criteria_table(idx, pairs, SHRUNK_AFFINE),
