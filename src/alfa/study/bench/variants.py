@@ -26,7 +26,7 @@ from .methods import (
     table_methods,
 )
 from .names import DEFAULT, SELECTED  # rows with a selected (alfa[selected]) or shipped (alfa[default]) recipe
-from .user_calibration import calibration_settings
+from .user_calibration_settings import calibration_settings
 
 __all__ = [
     "Variant",
