@@ -48,6 +48,11 @@ ROWS = (
 )
 
 
+RECOMPUTED = ("calibrate-affine-spread[k=3]", "calibrate-adapter-lora-semi[k=3]", "calibrate-faze[k=3]")
+"""The rows recomputed by a full forward pass: the head scored on cached features (with spread draws), an adapter
+scored by the whole network (with the flip loss), FAZE's gaze MLP scored on cached gaze codes."""
+
+
 def test_the_labels_name_method_k_and_draw_and_one_word_asks_for_all_of_a_method():
     for method in ("affine", "affine-shrunk", "offset", "ridge", "last-layer"):
         for k in CALIBRATION_KS:
@@ -208,7 +213,8 @@ def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_
         library_method = library.get(method, method)
         assert (recipe["method"], recipe["k"], recipe["draw"], recipe["pool"]) == (library_method, k, draw, 16)
         assert set(record["per_person"]) == set(source_only["per_person"])  # the same persons ...
-        assert record["per_person"] == pytest.approx(_direct(session, record, config, model), abs=1e-5)  # ... images
+        if label in RECOMPUTED:  # ... images (one row per way of scoring a draw: the time of the suite)
+            assert record["per_person"] == pytest.approx(_direct(session, record, config, model), abs=1e-5)
         draws = 3 if method.startswith("adapter-") else 10
         assert all(len(v) == draws for v in record["calibration"]["per_person_draws"].values())
         merges = "in place" if not method.startswith("adapter-") else f"as {method[8:12]}'s own rows merge"
