@@ -104,6 +104,8 @@ def test_the_offset_prior_shrinks_the_offset_by_k_over_k_plus_kappa_and_zero_lea
     alfa.detach(model)
     with pytest.raises(ValueError, match="offset_prior must be a finite number >= 0"):
         CalibrateConfig(offset_prior=-1.0).validate()
+    with pytest.raises(ValueError, match="not of ridge"):  # a method that has no offset to shrink refuses it
+        CalibrateConfig(method="ridge", offset_prior=1.0).validate()
 
 
 def test_the_estimated_offset_prior_is_scatter_over_offsets_and_can_say_no_offset():
@@ -200,7 +202,8 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
     with pytest.raises(SystemExit):
         main(["calibrate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "Default: affine; the affine map is the default:" in text and "safe at every k" in text
+    assert "Default: affine; the affine map is the default:" in text and "one default serves every k" in text
+    assert "can cost more than it corrects" in text  # what the first rows showed at k = 1, said where it is chosen
     ckpt = alfa.checkpoint.save_model(tmp_path / "base.safetensors", base, "tiny_gaze_net")
     spec = "synthetic:mpii?persons=1&images_per_person=8&size=16"
     argv = ["calibrate", "--checkpoint", str(ckpt), "--data", spec, "--out", str(tmp_path / "c"), "--quiet"]

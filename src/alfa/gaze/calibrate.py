@@ -88,8 +88,10 @@ DRAWS = ("random", "spread")
 DEFAULT_METHOD = "affine"
 DEFAULT_REASON = (
     "the affine map is the default: it corrects what a person's anatomy shifts and scales (an offset of yaw and "
-    "pitch, which the flip cannot see, and a gain), needs no training, costs 6 numbers, and its ridge toward "
-    "the identity makes it the plain offset at k = 1 and 2, so it is safe at every k"
+    "pitch, which the flip cannot see, and a gain), needs no training, has 6 parameters (stored as a correction "
+    "of the model's head), and its ridge toward the identity makes it the plain offset at k = 1 and 2, so one "
+    "default serves every k; with 1 image the offset also carries that image's scatter, which can cost more than "
+    "it corrects (docs/results-user-calibration.md; --offset-prior shrinks it)"
 )
 
 
@@ -162,6 +164,10 @@ class CalibrateConfig:
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if self.offset_prior > 0 and self.method not in ("offset", "affine"):
+            raise ValueError(
+                f"--offset-prior shrinks the offset of the offset and affine methods, not of {self.method}"
+            )
         if self.steps < 1 or not self.lr > 0:
             raise ValueError(f"need steps >= 1 and lr > 0, got {self.steps}, {self.lr}")
         if self.method == "adapter" and self.adapter_method not in METHODS:
