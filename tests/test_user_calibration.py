@@ -123,6 +123,39 @@ def test_the_estimated_offset_prior_is_scatter_over_offsets_and_can_say_no_offse
         estimate_offset_prior([torch.zeros(5, 2)])
 
 
+@pytest.mark.parametrize("flip_weight", [0.0, 1.0])
+def test_last_layer_trains_on_features_computed_once_as_on_full_forward_passes(flip_weight):
+    from alfa.adapters import CorrectionConfig, adapter_parameters, param_groups
+    from alfa.gaze.calibrate import flip_yaw, l1_per_image
+
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    images, gaze, pool = torch.rand(3, 3, 16, 16), torch.rand(3, 2) * 0.4, torch.rand(5, 3, 16, 16)
+    config = CalibrateConfig(method="last-layer", k=3, steps=7, lr=1e-2, flip_weight=flip_weight)
+    calibrate_person(model, images, gaze, config, unlabelled=pool)
+    fast = {n: t.detach().clone() for n, t in adapter_parameters(model).items()}
+    alfa.detach(model)
+    # the same steps with every forward pass through the whole model
+    alfa.attach(model, CorrectionConfig(target=[find_head(model, images)[0]], layers="all"))
+    optimizer = torch.optim.AdamW(
+        param_groups(model, config.lr, lr_scale={}, weight_decay=0.0), lr=config.lr, weight_decay=0.0
+    )
+    both = torch.cat([pool, pool.flip(-1)])
+    for _ in range(config.steps):
+        loss = l1_per_image(model(images), gaze).mean()
+        if flip_weight:
+            pred, flipped = model(both).split(len(pool))
+            loss = loss + flip_weight * l1_per_image(pred, flip_yaw(flipped).detach()).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    slow = adapter_parameters(model)
+    assert set(fast) == set(slow) and all(fast[n].abs().sum() > 0 for n in fast)
+    for name in fast:
+        torch.testing.assert_close(fast[name], slow[name].detach())
+    alfa.detach(model)
+
+
 def test_the_feature_ridge_recovers_a_head_and_shrinks_to_the_source_one():
     g = torch.Generator().manual_seed(2)
     h = torch.randn(12, 3, generator=g, dtype=torch.float64)

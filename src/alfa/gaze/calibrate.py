@@ -37,6 +37,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -347,20 +348,26 @@ def _closed_form(model: nn.Module, images: Tensor, gaze: Tensor, config: Calibra
 
 
 def _trained(model: nn.Module, images: Tensor, gaze: Tensor, unlabelled: Tensor, config: CalibrateConfig) -> None:
-    """``last-layer`` or ``adapter``: AdamW on the supervised L1 loss (+ the weighted flip loss)."""
+    """``last-layer`` or ``adapter``: AdamW on the supervised L1 loss (+ the weighted flip loss). ``last-layer``
+    trains the head on the penultimate features computed once: the layers below it are frozen and in eval mode,
+    so every step would compute the same features again."""
+    both = torch.cat([unlabelled, unlabelled.flip(-1)]) if config.flip_weight else None
     if config.method == "last-layer":
-        method = CorrectionConfig(target=[find_head(model, images[:1])[0]], layers="all")
+        head, features, _ = find_head(model, images)
+        both_features = find_head(model, both)[1] if both is not None else None
+        attach(model, CorrectionConfig(target=[head], layers="all"))
+        layer = model.get_submodule(head)  # the head with its correction attached
+        predict_labelled, predict_both = partial(layer, features), partial(layer, both_features)
     else:
-        method = config_from_dict(config.adapter_method, dict(config.adapter_options))
-    attach(model, method)
+        attach(model, config_from_dict(config.adapter_method, dict(config.adapter_options)))
+        predict_labelled, predict_both = partial(model, images), partial(model, both)
     try:
         groups = param_groups(model, config.lr, lr_scale=config.lr_scale, weight_decay=config.weight_decay)
         optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
-        both = torch.cat([unlabelled, unlabelled.flip(-1)]) if config.flip_weight else None
         for _ in range(config.steps):
-            loss = l1_per_image(model(images), gaze).mean()
+            loss = l1_per_image(predict_labelled(), gaze).mean()
             if both is not None:
-                pred, pred_flipped = model(both).split(len(unlabelled))
+                pred, pred_flipped = predict_both().split(len(unlabelled))
                 loss = loss + config.flip_weight * l1_per_image(pred, flip_yaw(pred_flipped).detach()).mean()
             finite_or_raise(loss, "user calibration")
             optimizer.zero_grad(set_to_none=True)
