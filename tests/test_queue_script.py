@@ -73,3 +73,34 @@ def test_a_line_that_selects_no_seeds_or_pairs_is_refused(tmp_path):
 def test_a_missing_lane_file_is_one_line_and_a_non_zero_status(tmp_path):
     done = _run(_repo(tmp_path), "nowhere.txt")
     assert done.returncode == 2 and done.stderr == "queue: no lane file nowhere.txt\n"
+
+
+def _lane_lines() -> list[tuple[str, int, str]]:
+    out = []
+    for lane in sorted((ROOT / "scripts" / "queues").glob("*.txt")):
+        for n, line in enumerate(lane.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                out.append((lane.name, n, line))
+    return out
+
+
+@pytest.mark.parametrize("lane,n,line", _lane_lines(), ids=lambda v: str(v) if not isinstance(v, str) else v[:20])
+def test_every_committed_lane_line_is_a_valid_narrow_selection(lane, n, line):
+    """A typo in a lane (an unknown method or pair) would otherwise stop the lane hours into a session."""
+    pytest.importorskip("alfa.study.bench.config")
+    from alfa.cli import build_parser
+    from alfa.cli.bench import bench_config
+
+    args = build_parser().parse_args(["bench", "--standard", "--out", "runs/bench-v2", *line.split()])
+    config = bench_config(args)  # validates
+    assert args.seeds is not None and args.pairs is not None, f"{lane}:{n}"
+    assert set(config.pairs) <= {"E→M", "E→D", "G→M", "G→D", "S→W", "S→C"}, f"{lane}:{n}"
+
+
+def test_the_lane_check_sees_an_unknown_method():
+    from alfa.cli import build_parser
+    from alfa.cli.bench import bench_config
+
+    line = "--methods calibrate-afine --pairs E→M --seeds 0"
+    with pytest.raises(ValueError, match="unknown method"):
+        bench_config(build_parser().parse_args(["bench", "--standard", *line.split()]))

@@ -20,11 +20,12 @@ import dataclasses
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from .options import at_least, deterministic_kernels, device_option, precision_option, quiet_option
 from .registry import Command
 
-__all__ = ["BENCH", "POWER", "REPORT"]
+__all__ = ["BENCH", "POWER", "REPORT", "bench_config"]
 
 
 def _list(value: str) -> list[str]:
@@ -42,20 +43,22 @@ def _pairs(value: str) -> list[str]:
     return out
 
 
+def _preset(args: argparse.Namespace) -> str:
+    return "full" if args.full else "standard" if args.standard else "smoke" if args.smoke else "quick"
+
+
 def _command_line() -> str:
     return "alfa " + shlex.join(sys.argv[1:])
 
 
-def _bench(args: argparse.Namespace) -> None:
-
-    from alfa.gaze.devices import resolve_device
+def bench_config(args: argparse.Namespace) -> Any:
+    """The :class:`~alfa.study.bench.config.BenchConfig` that ``alfa bench`` with ``args`` runs: the preset
+    narrowed by the selection options, validated (an unknown method, pair or ablation is a ``ValueError``)."""
     from alfa.study.bench.ablations import REGISTRY
     from alfa.study.bench.config import BenchConfig, selectable_methods
     from alfa.study.bench.methods import expand_calibration_names
-    from alfa.study.bench.runner import run_bench
 
-    preset = "full" if args.full else "standard" if args.standard else "smoke" if args.smoke else "quick"
-    config = getattr(BenchConfig, preset)()
+    config = getattr(BenchConfig, _preset(args))()
     changes: dict = {}
     if args.methods is not None:
         changes["methods"] = expand_calibration_names(tuple(_list(args.methods)))
@@ -82,6 +85,16 @@ def _bench(args: argparse.Namespace) -> None:
     if args.keep_adapters:
         changes["keep_adapters"] = True
     config = dataclasses.replace(config, **changes)
+    config.validate()
+    return config
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from alfa.gaze.devices import resolve_device
+    from alfa.study.bench.runner import run_bench
+
+    config = bench_config(args)
+    preset = _preset(args)
     deterministic_kernels()
     out = Path(args.out or f"runs/bench-{preset}")
     device = resolve_device(args.device)
