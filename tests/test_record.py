@@ -107,3 +107,30 @@ def test_the_committed_results_open_for_their_preset(tmp_path):
     (tmp_path / RESULTS_FILE).write_text(json.dumps(data))
     with pytest.raises(ValueError, match="differs in: pretrain"):
         ResultsStore(tmp_path, BenchConfig.first_standard())
+
+
+def test_a_results_file_is_written_one_record_per_line_and_reads_back_equal(committed, tmp_path):
+    """The store's layout (``write_json(..., compact_list="records")``): the same JSON value as the indented
+    file, each record on one line of its own, NaN as null, and an empty list still a valid file."""
+    _, path, data = committed
+    write_json(tmp_path / "a.json", data, compact_list="records")
+    text = (tmp_path / "a.json").read_text(encoding="utf-8")
+    assert json.loads(text) == data and len(text) < 0.8 * path.stat().st_size
+    lines = text.splitlines()
+    start = lines.index('"records":[')
+    assert [json.loads(line.rstrip(",")) for line in lines[start + 1 : -1]] == data["records"]
+    write_json(tmp_path / "b.json", {"format": "x", "records": [{"v": float("nan")}], "n": 1}, compact_list="records")
+    assert json.loads((tmp_path / "b.json").read_text()) == {"format": "x", "n": 1, "records": [{"v": None}]}
+    write_json(tmp_path / "c.json", {"records": []}, compact_list="records")
+    assert json.loads((tmp_path / "c.json").read_text()) == {"records": []}
+
+
+def test_the_exported_copy_is_the_same_results_in_the_one_record_per_line_layout(committed, tmp_path):
+    from alfa.study.bench.results import export_results
+
+    _, path, data = committed
+    (tmp_path / "run").mkdir()
+    shutil.copy(path, tmp_path / "run" / RESULTS_FILE)
+    export_results(tmp_path / "run", tmp_path / "kept")
+    kept = (tmp_path / "kept" / RESULTS_FILE).read_text(encoding="utf-8")
+    assert json.loads(kept) == data and '\n"records":[\n{"id":' in kept

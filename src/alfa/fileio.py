@@ -125,10 +125,20 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return write_bytes(path, text.encode("utf-8"))
 
 
-def write_json(path: str | os.PathLike, data: Any, *, indent: int | None = 2) -> Path:
+def write_json(path: str | os.PathLike, data: Any, *, indent: int | None = 2, compact_list: str | None = None) -> Path:
     """Write ``data`` as JSON atomically, with a final newline. NaN and ±inf are written as ``null``
-    (JSON has no such numbers, and a strict reader would reject the file)."""
-    return write_text(path, json.dumps(_finite_or_none(data), indent=indent) + "\n")
+    (JSON has no such numbers, and a strict reader would reject the file).
+
+    ``compact_list``: the key of a list in the top-level object written last, one compact item per line (a
+    file of many large records: about 40 % smaller than indented, and a changed record is one changed line
+    for git); the rest of the object is indented as usual."""
+    data = _finite_or_none(data)
+    if compact_list is None:
+        return write_text(path, json.dumps(data, indent=indent) + "\n")
+    head = {k: v for k, v in data.items() if k != compact_list}
+    items = ",\n".join(json.dumps(item, separators=(",", ":")) for item in data[compact_list])
+    opening = json.dumps(head, indent=indent)[:-1].rstrip() + ("," if head else "")
+    return write_text(path, f'{opening}\n"{compact_list}":[\n{items}\n]}}\n')
 
 
 def _finite_or_none(x: Any) -> Any:

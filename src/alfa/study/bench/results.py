@@ -104,22 +104,26 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def export_results(results: str | os.PathLike, dest: str | os.PathLike) -> Path:
-    """Copy a benchmark's ``results.json`` and its figure data (the small tensors the report's figures are
-    drawn from; never adapters, models or caches) into ``dest``, the copy committed with the page. The file is
-    checked first and read under the folder's lock, so a running benchmark is never copied half-written.
-    Returns the copied folder."""
+    """Copy a benchmark's ``results.json`` (rewritten one record per line, whichever version wrote it) and its
+    figure data (the small tensors the report's figures are drawn from; never adapters, models or caches) into
+    ``dest``, the copy committed with the page. The file is checked first and read under the folder's lock, so a
+    running benchmark is never copied half-written. Returns the copied folder."""
     src = Path(results)
     folder = src if src.is_dir() else src.parent
     dest = Path(dest)
     if dest.resolve() == folder.resolve():
         return dest
     with locked(folder / RESULTS_FILE):
-        load_results(folder)  # a clear error if it is not a results file
-        write_bytes(dest / RESULTS_FILE, (folder / RESULTS_FILE).read_bytes())
+        _write(dest / RESULTS_FILE, load_results(folder))  # a clear error if it is not a results file
         for name in (RANK_SLICES_FILE, UPDATES_FILE):
             if (folder / FIGURE_DIR / name).is_file():
                 write_bytes(dest / FIGURE_DIR / name, (folder / FIGURE_DIR / name).read_bytes())
     return dest
+
+
+def _write(path: Path, data: dict[str, Any]) -> Path:
+    # one record per line: the file grows by thousands of records, and a changed record is one changed line
+    return write_json(path, data, compact_list="records")
 
 
 class ResultsStore:
@@ -137,9 +141,9 @@ class ResultsStore:
                 self._check_protocol(data)
                 if data.get("layout") != layout(config):
                     data["layout"] = layout(config)
-                    write_json(self.path, data)
+                    _write(self.path, data)
             else:
-                write_json(self.path, _empty_results(config))
+                _write(self.path, _empty_results(config))
 
     def _check_protocol(self, data: dict[str, Any]) -> None:
         here = comparable_protocol(self.config.protocol_dict())
@@ -163,7 +167,7 @@ class ResultsStore:
             self._check_protocol(data)
             change(data)
             data["sanity"] = sanity_summary(data["records"])
-            write_json(self.path, data)
+            _write(self.path, data)
         return data
 
     def done(self) -> dict[str, str]:

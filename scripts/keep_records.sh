@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Keep what the long benchmark run has recorded so far: copy runs/bench-v2's results (read under the run's lock,
+# so a lane writing a record is never copied half-done; written one record per line) and its figure data into
+# docs/data/bench-v2, then regenerate every page from the committed data. Commit the result by hand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+.venv/bin/python -c "from alfa.study.bench.results import export_results; export_results('runs/bench-v2', 'docs/data/bench-v2')"
+.venv/bin/alfa pages --write
