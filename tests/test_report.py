@@ -468,3 +468,40 @@ def test_a_roll_selected_row_alone_still_gets_the_loss_table_and_alfa_selected_a
     # Alfa's own selected row is a Table 1 row: alone it makes no loss ablation
     only_main = render_report(fixture_results({**base, ("alfa[selected]", "E→M"): (5.5, 6.5, 7.5)}))
     assert "### Self-supervised loss" not in only_main
+
+
+def test_the_flip_ceiling_reads_its_means_on_the_seeds_every_row_of_it_has():
+    """While a run is under way flip-TTA may have fewer seeds than source-only: the ceiling table and its
+    sentence then read source-only, flip-TTA and the oracle on their shared seeds and say so (a ratio of
+    means over different seeds compares different source models)."""
+    from alfa.study.bench.flip_report import ceilings
+
+    means = {
+        ("source-only", "E→M"): (9.0, 10.0, 20.0),
+        ("flip-tta", "E→M"): (8.0, 9.0),
+        ("oracle", "E→M"): (4.0, 5.0, 6.0),
+    }
+    results = fixture_results(means)
+    c = ceilings(index_records(results["records"]))["E→M"]
+    assert (c["seeds"], c["source_only"], c["flip_tta"]) == (2, 9.5, 8.5)
+    assert c["ceiling"] == pytest.approx(1.0) and c["headroom"] == pytest.approx(5.0) and c["ratio"] == 0.2
+    text = render_report(results)
+    assert "| E→M | negative | 9.50 (2 of 3 seeds) | 8.50 (2 of 3 seeds) |" in text
+    # with every seed the cells carry no note (the first protocol's pages are unchanged)
+    full = {**means, ("flip-tta", "E→M"): (8.0, 9.0, 19.0)}
+    assert "| E→M | negative | 13.00 | 12.00 |" in render_report(fixture_results(full))
+
+
+def test_a_page_of_a_declared_run_under_way_says_what_it_holds_first():
+    from alfa.study.bench.plan import declared_run_progress
+
+    results = fixture_results()
+    results["config"]["worlds"] = "v2"
+    progress = declared_run_progress("v2", [r["id"] for r in results["records"]])
+    text = render_report(results, progress=progress)
+    assert text.startswith("# Benchmark results on the worlds `v2`\n")
+    header = text.split("## Summary")[0]
+    assert f"this file holds {progress.held} of its {progress.total} records" in header
+    assert "**The declared run**" not in render_report(results) and render_report(fixture_results()).startswith(
+        "# Benchmark results\n"
+    )

@@ -151,6 +151,26 @@ def _render_calibration(root: Path, out: Path) -> None:
     write_text(out / "docs/calibration.md", text)
 
 
+V2_PAGE = "docs/results-v2.md"
+V2_FIGURES = "docs/figures/results-v2"
+
+
+def _render_v2_results(root: Path, out: Path) -> None:
+    from .bench.plan import declared_run_progress
+    from .bench.report_page import build_report
+    from .bench.results import load_results
+
+    records = load_results(root / CALIBRATION_RECORD)["records"]
+    build_report(
+        root / CALIBRATION_RECORD,
+        out / V2_PAGE,
+        figure_dir=out / V2_FIGURES,
+        command=f"alfa report --results {CALIBRATION_RECORD} --out {V2_PAGE} --figures {V2_FIGURES}",
+        source=CALIBRATION_RECORD,
+        progress=declared_run_progress("v2", (str(r.get("id")) for r in records)),
+    )
+
+
 USER_CALIBRATION_PAGE = "docs/results-user-calibration.md"
 USER_CALIBRATION_FIGURES = "docs/figures/results-user-calibration"
 
@@ -263,10 +283,18 @@ PAGES: tuple[Page, ...] = (
         render=_render_calibration,
     ),
     Page(
+        path=V2_PAGE,
+        data=CALIBRATION_RECORD,
+        produce="alfa bench --standard --out runs/bench-v2 … (the second protocol, in the pieces of "
+        "docs/flip-premise.md §7.2: scripts/queues/*.txt), then bash scripts/keep_records.sh",
+        render=_render_v2_results,
+        figures=V2_FIGURES,
+    ),
+    Page(
         path=USER_CALIBRATION_PAGE,
         data=CALIBRATION_RECORD,
         produce="alfa bench --standard --methods calibrate-affine,… (in pieces: scripts/queues/user-calibration.txt), "
-        f"then copy runs/bench-v2/results.json to {CALIBRATION_RECORD} and alfa pages --write",
+        "then bash scripts/keep_records.sh (the records into docs/data/bench-v2, and every page)",
         render=_render_user_calibration,
         figures=USER_CALIBRATION_FIGURES,
     ),

@@ -21,7 +21,7 @@ from .markdown import table as _table
 from .methods import POSITIVE_CONTROLS, SELECTION_RULE
 from .names import DEFAULT, SUFFIX_WORDS, display_name
 from .record import Record, as_records
-from .stats import Diff, Index, Measure, cell, diff, pairs_of, pooled
+from .stats import Diff, Index, Measure, cell, diff, pairs_of, pooled, seeds_of
 from .tta_report import tta_lines
 from .variants import GRID, SELECTED
 
@@ -101,11 +101,21 @@ def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
         so, tta, oracle = (cell(idx, m, pair) for m in ("source-only", "flip-tta", "oracle"))
         if so is None or tta is None:
             continue
-        ceiling = so.mean - tta.mean
-        headroom = so.mean - oracle.mean if oracle is not None else None
+        # every mean on the seeds all three rows have (while a run is under way a row may have fewer seeds, and
+        # a ratio of means over different seeds compares different source models), else on source-only's and
+        # flip-TTA's shared seeds, with no headroom
+        seeds = set(so.values) & set(tta.values) & (set(oracle.values) if oracle is not None else set())
+        if not seeds:
+            seeds, oracle = set(so.values) & set(tta.values), None
+        if not seeds:
+            continue
+        so_mean, tta_mean = (statistics.fmean(c.values[s] for s in seeds) for c in (so, tta))
+        ceiling = so_mean - tta_mean
+        headroom = so_mean - statistics.fmean(oracle.values[s] for s in seeds) if oracle is not None else None
         out[pair] = {
-            "source_only": so.mean,
-            "flip_tta": tta.mean,
+            "seeds": len(seeds),
+            "source_only": so_mean,
+            "flip_tta": tta_mean,
             "ceiling": ceiling,
             "headroom": headroom,
             "ratio": ceiling / headroom if headroom and headroom > 0 else None,
@@ -504,12 +514,14 @@ def _interval(d: Diff | None) -> str:
 def _ceiling_table(idx: Index, ceil: dict[str, dict[str, float | None]]) -> str:
     """Per pair: source-only, flip-TTA, the ceiling against the oracle headroom (each with its interval) and the
     criterion's verdict, the visible share and the flip loss."""
+    every = len(seeds_of(idx))
+    on = {pair: "" if c["seeds"] == every else f" ({c['seeds']} of {every} seeds)" for pair, c in ceil.items()}
     rows = [
         [
             pair,
             _control(pair),
-            _num(c["source_only"]),
-            _num(c["flip_tta"]),
+            _num(c["source_only"]) + on[pair],
+            _num(c["flip_tta"]) + on[pair],
             _interval(diff(idx, "source-only", "flip-tta", [pair])),
             _interval(diff(idx, "source-only", "oracle", [pair])) if c["headroom"] is not None else "—",
             _pct(c["ratio"]),

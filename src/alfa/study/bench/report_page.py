@@ -16,12 +16,13 @@ correction over all of them), and its Summary states that family.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alfa.fileio import write_text
 from alfa.gaze.views import ROLL_DEGREES
@@ -66,6 +67,9 @@ from .report_verdicts import ablation_verdicts, main_verdicts, parts_verdicts, s
 from .results import FIGURE_DIR, UPDATES_FILE, load_results
 from .stats import Comparisons, Index, design_of, index_records, pairs_of, seeds_of
 
+if TYPE_CHECKING:  # the caller computes the progress: a page module never imports the runner's plan
+    from .plan import DeclaredRunProgress
+
 __all__ = ["render_report", "build_report"]
 
 
@@ -82,6 +86,7 @@ class _Report:
     source: str
     records: list[Record]
     idx: Index  # the records indexed, with the page's family of comparisons
+    progress: DeclaredRunProgress | None = None  # how much of a declared run the records hold, where one is
 
     def __post_init__(self) -> None:
         self.family = self.idx.family
@@ -280,8 +285,9 @@ def _runs_lines(results: dict[str, Any], records: Sequence[Record]) -> list[str]
 
 
 def _header_section(r: _Report) -> list[str]:
+    worlds = _worlds(r.results)
     lines = [
-        "# Benchmark results",
+        "# Benchmark results" + ("" if worlds == "v1" else f" on the worlds `{worlds}`"),
         "",
         prose.GENERATED_COMMENT.format(command=r.command, source=r.source),
         "",
@@ -296,6 +302,8 @@ def _header_section(r: _Report) -> list[str]:
     ]
     if r.results.get("preset") in prose.NO_CLAIM_PRESETS:
         lines += [prose.NO_CLAIMS.format(preset=r.results["preset"]), ""]
+    if r.progress is not None:  # a run still being made: what it lacks, before any number is read
+        lines += [prose.DECLARED_RUN.format(**dataclasses.asdict(r.progress)), ""]
     selection = [rec for rec in r.records if rec.kind == "selection"]
     if selection:
         present = {m for (m, _, _) in r.idx}
@@ -511,9 +519,12 @@ def render_report(
     md_dir: Path | None = None,
     command: str | None = None,
     source: str | None = None,
+    progress: DeclaredRunProgress | None = None,
 ) -> str:
     """The markdown text of the report (figures, if given, are linked relative to ``md_dir``), rendered twice:
-    the first rendering makes the page's comparisons, the second quotes them judged as one family."""
+    the first rendering makes the page's comparisons, the second quotes them judged as one family. ``progress``
+    (:func:`alfa.study.bench.plan.declared_run_progress`, computed by the caller): what of a declared run the
+    records hold, said at the top of the page."""
     records = as_records(results.get("records", []))
     family = Comparisons(persons=design_of(results), declared=DECLARED_FAMILY.get(_worlds(results)))
     idx = index_records(records, family)
@@ -528,6 +539,7 @@ def render_report(
             source or "results.json",
             records,
             idx,
+            progress,
         )
         lines = [line for section in _SECTIONS for line in section(report)]
         return "\n".join(lines).rstrip() + "\n"
@@ -543,9 +555,11 @@ def build_report(
     figure_dir: str | os.PathLike | None = None,
     command: str | None = None,
     source: str | None = None,
+    progress: DeclaredRunProgress | None = None,
 ) -> Path:
     """Read ``results.json`` (or its folder), render the figures and write the markdown report. ``source`` is
-    how the page names the results it was made from (default: ``results_path`` as given)."""
+    how the page names the results it was made from (default: ``results_path`` as given); ``progress``: see
+    :func:`render_report`."""
     results_path = Path(results_path)
     results = load_results(results_path)
     results_dir = results_path if results_path.is_dir() else results_path.parent
@@ -561,6 +575,7 @@ def build_report(
         md_dir=out_md.parent,
         command=command,
         source=str(results_path) if source is None else source,
+        progress=progress,
     )
     write_text(out_md, text)
     return out_md
