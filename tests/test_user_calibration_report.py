@@ -122,3 +122,51 @@ def test_a_k_without_a_record_is_never_read_as_the_smallest_or_as_beyond_the_las
     assert "k = 9" not in worth and "> 16" not in worth
     assert worth == "| flip-TTA (no training) | — | — |"
     assert _row(text, "roll-TTA (no training)") == "| roll-TTA (no training) | — | — |"  # not "> 16"
+
+
+def _rule_results(lora_k9: float, pairs=("E→M", "E→D", "G→M", "G→D")):
+    """Source-only 10, oracle 4 on every pair and seed; affine at k = 9 7.0 (50 % of the headroom), Alfa's
+    adapter 6.7 (55 %), LoRA's ``lora_k9``; seed 2 and S→W are the data the rule never reads (there LoRA's
+    adapter is 9.0, affine 6.0, so that a page reading them for the choice would choose otherwise)."""
+    records = []
+    for pair in (*pairs, "S→W"):
+        for seed in range(3):
+            held = seed == 2 or pair == "S→W"
+            means = {
+                "source-only": 10.0,
+                "oracle": 4.0,
+                calibration_label("affine", 1): 9.5,
+                calibration_label("affine", 9): 6.0 if held else 7.0,
+                calibration_label("adapter-alfa", 9): 6.7,
+                calibration_label("adapter-lora", 9): 9.0 if held else lora_k9,
+            }
+            for method, mean in means.items():
+                extra = {"kind": "calibration"} if method.startswith("calibrate") else {}
+                records.append(shifted(method, pair, seed, mean, spread=SPREAD, **extra))
+    config = BenchConfig.standard(seeds=(0, 1, 2))
+    return {"format": FORMAT, "version": VERSION, "config": config.protocol_dict(), "records": records, "runs": []}
+
+
+def _choice_part(text):
+    return text.split("## Whether the default changes")[1].split("\n## ")[0]
+
+
+def test_the_default_rule_reads_only_seeds_0_and_1_of_the_symmetric_pairs_and_wants_a_margin():
+    """docs/user-calibration.md §5.5: LoRA's adapter at 6.2 closes 63 % against affine's 50 %: it replaces it
+    from k = 3 on; at 6.6 (57 %, within 10 points) affine stays; the held-out table reads seed 2 and S→W only."""
+    from alfa.study.bench.stats import index_records
+    from alfa.study.bench.user_calibration_report import default_choice
+
+    chosen = _choice_part(user_calibration_page(_rule_results(6.2), "d", "c"))
+    assert "`affine` 50%, `adapter-alfa` 55%, `adapter-lora` 63%" in chosen
+    assert "the rule's choice is **`adapter-lora`** from k = 3 on (`affine` below)" in chosen
+    # the held-out criteria: LoRA at 9.0 on seed 2 and S→W closes (10 − 9) / 6 = 17 %; k = 1 is affine's
+    assert "| 17% (1 seed) | −0.50 [−0.50, −0.50] |" in _row(chosen, "E→M")  # k = 1: affine's 9.5 − 10
+    assert "| 17% (3 seeds) |" in _row(chosen, "S→W") and "headroom missed; k = 1: not worse" in _row(chosen, "S→W")
+    kept = _choice_part(user_calibration_page(_rule_results(6.6), "d", "c"))
+    assert "the rule's choice is **`affine`**." in kept and "| 67% (1 seed) |" in _row(kept, "E→M")
+    # a candidate without every rule pair: the rule is not applied, and nothing is chosen
+    partial = _rule_results(6.2, pairs=("E→M", "E→D", "G→M"))
+    choice, scores = default_choice(index_records(partial["records"]))
+    assert choice is None and scores["affine"] is None
+    assert "Not applied yet" in _choice_part(user_calibration_page(partial, "d", "c"))

@@ -37,7 +37,7 @@ from .names import SELECTED, display_name
 from .record import Record, as_records
 from .stats import Comparisons, Index, Stat, cell, design_of, diff, index_records, seeds_of
 
-__all__ = ["user_calibration_page", "HEADROOM_SHARE", "PASS_K", "SAFE_K"]
+__all__ = ["user_calibration_page", "default_choice", "HEADROOM_SHARE", "PASS_K", "SAFE_K"]
 
 HEADROOM_SHARE = 0.6
 """Issue 25: the default calibration at :data:`PASS_K` closes at least this share of source-only → oracle."""
@@ -48,6 +48,12 @@ LABEL_FREE = ("flip-tta", "roll-tta", "group-tta")
 """The label-free rows without training (``k`` = 0); the selected flip recipes (``*[selected]``) join them."""
 FIGURE = "error_vs_k.png"
 FAZE_ROWS = {model: row for row, model in FAZE_CALIBRATIONS.items()}
+RULE_CANDIDATES = (DEFAULT_CALIBRATION, "adapter-alfa", "adapter-lora")
+"""docs/user-calibration.md §5.5: the declared default first, then the adapters that may replace it."""
+RULE_SEEDS = (0, 1)
+RULE_PAIRS = ("E→M", "E→D", "G→M", "G→D")
+RULE_MARGIN = 0.10
+"""By how much (a share of the headroom) an adapter's score must beat the declared default's to replace it."""
 
 
 def _cal(method: str, k: int, draw: str = "random") -> str:
@@ -75,12 +81,17 @@ def _seeds(idx: Index, labels: Sequence[str], pairs: Sequence[str]) -> set[int]:
     return {s for s in seeds_of(idx) if all((m, p, s) in idx for m in labels for p in pairs)}
 
 
-def _share(idx: Index, pair: str, method: str = DEFAULT_CALIBRATION) -> tuple[float, int] | None:
+def _share(
+    idx: Index, pair: str, method: str = DEFAULT_CALIBRATION, among: set[int] | None = None
+) -> tuple[float, int] | None:
     """The share of the headroom the calibration at :data:`PASS_K` closes on ``pair``, from the means over the
-    seeds that have source-only, the oracle and the row (docs/user-calibration.md §4: means over seeds), and
-    how many seeds; ``None`` where no seed has all three or the oracle's mean is not below source-only's."""
+    seeds (of ``among``, if given) that have source-only, the oracle and the row (docs/user-calibration.md §4:
+    means over seeds), and how many seeds; ``None`` where no seed has all three or the oracle's mean is not below
+    source-only's."""
     seeds = {
-        s for s in seeds_of(idx) if all((m, pair, s) in idx for m in ("source-only", "oracle", _cal(method, PASS_K)))
+        s
+        for s in (seeds_of(idx) if among is None else among)
+        if all((m, pair, s) in idx for m in ("source-only", "oracle", _cal(method, PASS_K)))
     }
     so, oracle, calibrated = (_on(idx, m, [pair], seeds) for m in ("source-only", "oracle", _cal(method, PASS_K)))
     if so is None or oracle is None or calibrated is None or so.mean <= oracle.mean:
@@ -88,7 +99,12 @@ def _share(idx: Index, pair: str, method: str = DEFAULT_CALIBRATION) -> tuple[fl
     return (so.mean - calibrated.mean) / (so.mean - oracle.mean), len(seeds)
 
 
-def _criteria_table(idx: Index, pairs: Sequence[str], method: str = DEFAULT_CALIBRATION) -> list[str]:
+def _criteria_table(
+    idx: Index, pairs: Sequence[str], method: str = DEFAULT_CALIBRATION, safe_method: str | None = None
+) -> list[str]:
+    """Issue 25's criteria per pair for ``method`` at :data:`PASS_K` and ``safe_method`` (default: ``method``)
+    at :data:`SAFE_K`."""
+    safe_method = method if safe_method is None else safe_method
     default = display_name(_cal(method, PASS_K))
     lines = [
         f"| pair | source-only | oracle | {default} | headroom closed (≥ {HEADROOM_SHARE:.0%}) | "
@@ -99,7 +115,7 @@ def _criteria_table(idx: Index, pairs: Sequence[str], method: str = DEFAULT_CALI
         seeds = _seeds(idx, [_cal(method, PASS_K)], [pair])  # source-only and the oracle on the row's seeds
         cells = [_on(idx, m, [pair], seeds) for m in ("source-only", "oracle", _cal(method, PASS_K))]
         share = _share(idx, pair, method)
-        safe = diff(idx, _cal(method, SAFE_K), "source-only", [pair])
+        safe = diff(idx, _cal(safe_method, SAFE_K), "source-only", [pair])
         verdicts = []
         if share is None:
             verdicts.append("headroom: no record")
@@ -116,6 +132,70 @@ def _criteria_table(idx: Index, pairs: Sequence[str], method: str = DEFAULT_CALI
             + f" | {share_text} | {'—' if safe is None else safe.compact()} | {'; '.join(verdicts)} |"
         )
     return lines
+
+
+def default_choice(idx: Index) -> tuple[str | None, dict[str, float | None]]:
+    """docs/user-calibration.md §5.5's rule: per candidate, the smallest share of the headroom it closes at
+    :data:`PASS_K` over :data:`RULE_PAIRS`, from the means over :data:`RULE_SEEDS`; the best adapter replaces the
+    declared default only if its score beats the default's by :data:`RULE_MARGIN`. ``(None, scores)`` while a
+    candidate lacks any of those seeds and pairs (the rule is not applied before)."""
+    scores: dict[str, float | None] = {}
+    for method in RULE_CANDIDATES:
+        shares = []
+        for pair in RULE_PAIRS:
+            share = _share(idx, pair, method, set(RULE_SEEDS))
+            shares.append(share[0] if share is not None and share[1] == len(RULE_SEEDS) else None)
+        scores[method] = None if None in shares else min(s for s in shares if s is not None)
+    if any(v is None for v in scores.values()):
+        return None, scores
+    best = max(RULE_CANDIDATES[1:], key=lambda m: scores[m] or 0.0)
+    declared = scores[DEFAULT_CALIBRATION] or 0.0
+    return (best if (scores[best] or 0.0) >= declared + RULE_MARGIN else DEFAULT_CALIBRATION), scores
+
+
+def _held_out(records: Sequence[Record], results: dict[str, Any]) -> Index:
+    """The records §5.5's rule never reads: every seed but :data:`RULE_SEEDS` on :data:`RULE_PAIRS`, every seed
+    elsewhere."""
+    kept = [r for r in records if r.pair not in RULE_PAIRS or int(r.seed) not in RULE_SEEDS]
+    return index_records(kept, Comparisons(persons=design_of(results), declared=frozenset()))
+
+
+def _choice_section(idx: Index, records: Sequence[Record], results: dict[str, Any]) -> list[str]:
+    choice, scores = default_choice(idx)
+    score_text = ", ".join(f"`{m}` {'—' if v is None else f'{v:.0%}'}" for m, v in scores.items())
+    lines = [
+        "## Whether the default changes (user-calibration.md §5.5)",
+        "",
+        f"The declared rule, on seeds {', '.join(map(str, RULE_SEEDS))} of {', '.join(RULE_PAIRS)} only: each "
+        f"candidate's smallest share of the headroom closed at k = {PASS_K} over those pairs — {score_text}. "
+        + (
+            "Not applied yet: a candidate lacks some of those seeds and pairs."
+            if choice is None
+            else f"An adapter replaces `{DEFAULT_CALIBRATION}` only if it beats it by {RULE_MARGIN:.0%} points: the "
+            f"rule's choice is **`{choice}`**"
+            + (
+                ""
+                if choice == DEFAULT_CALIBRATION
+                else f" from k = {min(ADAPTER_KS)} on (`{DEFAULT_CALIBRATION}` below)"
+            )
+            + "."
+        ),
+        "",
+    ]
+    held = _held_out(records, results)
+    held_pairs = _pairs(held)
+    if not held_pairs:
+        return [*lines, "No record the rule never read exists yet (seed 2, S→W, S→C).", ""]
+    method = DEFAULT_CALIBRATION if choice is None else choice
+    return [
+        *lines,
+        f"Issue 25's criteria for {'the declared default' if choice is None else 'the rule’s choice'}, on the "
+        f"records the rule never read (seeds other than {', '.join(map(str, RULE_SEEDS))} on "
+        f"{', '.join(RULE_PAIRS)}; every seed of the other pairs), computed as above:",
+        "",
+        *_criteria_table(held, held_pairs, method, safe_method=DEFAULT_CALIBRATION),
+        "",
+    ]
 
 
 def _curve_table(idx: Index, pairs: Sequence[str]) -> list[str]:
@@ -334,6 +414,7 @@ def user_calibration_page(
         "",
         *_criteria_table(idx, pairs, SHRUNK_AFFINE),
         "",
+        *_choice_section(idx, same_seeds, results),
         "## Error against k",
         "",
         f"Pooled over {', '.join(pairs)} (per seed the mean over these pairs), mean [95 % interval over seeds]; "
