@@ -278,3 +278,31 @@ def test_a_k_the_pool_cannot_hold_fails_with_one_line_and_a_rerun_resumes(calibr
         mp.setattr(calibration_settings, "FAZE_META_TRAINING", SMALL_FAZE[1])
         again = run_bench(dataclasses.replace(config), out, progress=False)
     assert not again.errors and again.ran == []
+
+
+def test_the_matched_lora_row_is_the_rank_nearest_alfas_trainable_count_at_the_same_update_scale():
+    """docs/user-calibration.md §5.6: LoRA at rank 19 trains about as many numbers as Alfa at the benchmark's
+    settings on the truncated ResNet-18 (its neighbours are farther), with alpha / rank as at rank 8."""
+    from tiny_models import truncated_structure
+
+    import alfa
+    from alfa.study.bench.methods import ADAPTER_OPTION_CHANGES, MATCHED_LORA_RANK
+    from alfa.study.bench.variants import main_variants, method_config
+
+    config = BenchConfig.standard()
+
+    def trainable(adapter) -> int:
+        model = truncated_structure(alfa.models.resnet18_gaze(), config.rank)
+        alfa.attach(model, adapter)
+        return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    lora = method_config("lora", config)
+    target = trainable(method_config("alfa", config))
+    gaps = {r: abs(trainable(dataclasses.replace(lora, rank=r)) - target) for r in range(16, 23)}
+    assert min(gaps, key=gaps.get) == MATCHED_LORA_RANK and gaps[MATCHED_LORA_RANK] < 0.01 * target
+    changes = ADAPTER_OPTION_CHANGES["adapter-lora-matched"]
+    assert changes["alpha"] / changes["rank"] == lora.alpha / lora.rank
+    # the row's settings carry the changed options (and so its hash); the rank-8 row's are as before
+    row = main_variants(config)
+    assert row["calibrate-adapter-lora-matched[k=9]"].calibration["adapter"]["options"]["rank"] == 19
+    assert row["calibrate-adapter-lora[k=9]"].calibration["adapter"]["options"]["rank"] == 8

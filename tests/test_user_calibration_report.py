@@ -58,7 +58,7 @@ def _row(text, first):
 
 def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path):
     text = user_calibration_page(_results(), "docs/data/bench-v2", "alfa pages --write", tmp_path, "figures/")
-    assert "**Records:** 48 of the 1440 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
+    assert "**Records:** 48 of the 1476 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
     assert "Every method of the protocol has its rows." in text
     assert "| 3 | — | — | — |" in text  # FAZE: no record, no number
     # Alfa − LoRA as the calibration adapter at k = 9, pooled: (0.5 + 0.2) / 2; none at k = 3
@@ -89,7 +89,7 @@ def test_a_page_without_calibration_records_says_so():
     results = _results()
     results["records"] = [r for r in results["records"] if r["kind"] != "calibration"]
     text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
-    assert "**Records:** 0 of the 1440" in text and text.rstrip().endswith("No user-calibration record yet.")
+    assert "**Records:** 0 of the 1476" in text and text.rstrip().endswith("No user-calibration record yet.")
 
 
 def test_every_row_of_a_pair_is_read_on_the_seeds_with_calibration_records():

@@ -2,6 +2,7 @@
 bench module (it imports only the library's method registry)."""
 
 import re
+from typing import Any
 
 from alfa.adapters import METHODS
 from alfa.gaze.calibrate import DEFAULT_METHOD as DEFAULT_CALIBRATION
@@ -110,10 +111,20 @@ ADAPTER_CALIBRATIONS = {
     "adapter-dora": "dora",
     "adapter-alfa-semi": "alfa",
     "adapter-lora-semi": "lora",
+    "adapter-lora-matched": "lora",
 }
 """User-calibration rows of ``alfa calibrate --method adapter`` -> the adapter method, at the benchmark's settings
 (docs/user-calibration.md §5.2: fewer ``k`` and draws than the head corrections, the declared recipe); the
-``-semi`` rows add the flip loss on the pool's images (§5.4)."""
+``-semi`` rows add the flip loss on the pool's images (§5.4); ``-matched``: LoRA at the rank whose trainable
+count is nearest Alfa's (§5.6), with :data:`ADAPTER_OPTION_CHANGES`."""
+MATCHED_LORA_RANK = 19
+"""LoRA's rank with about as many trainable numbers as Alfa at the benchmark's settings on the truncated
+ResNet-18 (626,240 against 630,784; tests/test_bench_user_calibration.py checks it is the nearest)."""
+ADAPTER_OPTION_CHANGES: dict[str, dict[str, Any]] = {
+    "adapter-lora-matched": {"rank": MATCHED_LORA_RANK, "alpha": 2.0 * MATCHED_LORA_RANK}
+}
+"""Per adapter row, what changes from its method's benchmark settings (docs/user-calibration.md §5.6): the matched
+LoRA keeps alpha / rank = 2, as at rank 8, so that only its capacity changes, not the scale of its update."""
 SEMI_SUPERVISED = ("adapter-alfa-semi", "adapter-lora-semi")
 SEMI_FLIP_WEIGHT = 1.0
 """The flip loss's weight in the semi-supervised rows (docs/user-calibration.md §3)."""

@@ -130,7 +130,8 @@ def person_draw_errors(
                     pred = predict_images(base, person.scored_images)
         finally:
             detach(base)
-        errors.append(GazeError.of(pred, person.scored_gaze))
+        # on the CPU: predict_images answers there, the cached head on the model's device
+        errors.append(GazeError.of(pred.cpu(), person.scored_gaze.cpu()))
     return errors, seconds
 
 
@@ -284,7 +285,7 @@ def run_user_calibration(
         if config.method in CACHED_PART:
             with torch.no_grad():
                 before = base.get_submodule(person.head)(person.features)
-            uncalibrated[p] = GazeError.of(before, person.scored_gaze).angular
+            uncalibrated[p] = GazeError.of(before.cpu(), person.scored_gaze.cpu()).angular
         try:
             draws, secs = person_draw_errors(base, p, person, config, settings["draws"])
         except _FAILURES as e:  # recorded, as a personalization's failure is; the person has no error

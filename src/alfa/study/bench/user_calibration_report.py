@@ -276,6 +276,7 @@ def _adapters_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     lines = ["| loss | k | Alfa − LoRA | trainable numbers (Alfa, LoRA) |", "|---|---|---|---|"]
     for loss, (alfa, lora) in (
         ("supervised", ("adapter-alfa", "adapter-lora")),
+        ("supervised, LoRA at Alfa's trainable count (§5.6)", ("adapter-alfa", "adapter-lora-matched")),
         ("+ flip loss (semi-supervised)", ("adapter-alfa-semi", "adapter-lora-semi")),
     ):
         for k in ADAPTER_KS:

@@ -17,6 +17,7 @@ from alfa.gaze.ruda import RUDA_RECIPE, ruda_method
 
 from .methods import (
     ADAPTER_CALIBRATIONS,
+    ADAPTER_OPTION_CHANGES,
     EXTRA_METHODS,
     OPT_IN_METHODS,
     SANITY_METHODS,
@@ -118,6 +119,8 @@ def _main_row(label: str, config: VariantSettings) -> Variant:
     if calibration is not None:
         adapter = ADAPTER_CALIBRATIONS.get(calibration[0])
         options = method_config(adapter, config).to_dict() if adapter is not None else None
+        if options is not None:
+            options.update(ADAPTER_OPTION_CHANGES.get(calibration[0], {}))
         settings = calibration_settings(config, *calibration, adapter_options=options)
         return Variant(label, "calibration", group="calibration", value=calibration[1], calibration=settings)
     if label == DISTILL_OBJECTIVE:  # Alfa at the benchmark's settings, the shared recipe with the distillation loss
