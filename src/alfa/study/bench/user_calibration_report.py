@@ -13,7 +13,6 @@ its absence.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -309,18 +308,22 @@ def _faze_table(idx: Index, pairs: Sequence[str]) -> list[str]:
 
 def _costs_table(idx: Index) -> list[str]:
     lines = [
-        f"| method (k = {PASS_K}) | seconds per calibration (median) | numbers stored | file bytes | merges |",
-        "|---|---|---|---|---|",
+        f"| method (k = {PASS_K}) | seconds per calibration (median) | "
+        "the row's CPU seconds per calibration (median) | numbers stored | file bytes | merges |",
+        "|---|---|---|---|---|---|",
     ]
     for method in CALIBRATION_ROW_METHODS:
         records = [r for (m, _, _), r in idx.items() if m == _cal(method, PASS_K)]
         if not records:
             continue
-        timed = [float(r.seconds_per_user) for r in records if r.seconds_per_user is not None]
-        seconds = statistics.median(timed) if timed else math.nan
+        wall = [float(r.seconds_per_user) for r in records if r.seconds_per_user is not None]
+        cpu = [float(r.cpu_seconds_per_user) for r in records if r.cpu_seconds_per_user is not None]
+        seconds, cpu_seconds = (f"{statistics.median(t):.3f}" if t else "—" for t in (wall, cpu))
         numbers = statistics.median(r.trainable_params for r in records)
         size = statistics.median(float(r.adapter_bytes or 0) for r in records)
-        lines.append(f"| {method} | {seconds:.3f} | {int(numbers):,} | {int(size):,} | {records[0].merge} |")
+        lines.append(
+            f"| {method} | {seconds} | {cpu_seconds} | {int(numbers):,} | {int(size):,} | {records[0].merge} |"
+        )
     return lines
 
 
@@ -465,8 +468,11 @@ def user_calibration_page(
         "## Cost per person",
         "",
         "Each calibration's seconds include the forward pass of its k images and the fit, on the machine each "
-        "record was made on (its device is in the record's hash); a calibrated user is one safetensors file, and "
-        "the last column says how it folds into the model for export.",
+        "record was made on (its device is in the record's hash), in wall seconds, which depend on what else ran "
+        "beside the record (the lanes share two cores); the row's CPU seconds per calibration depend on that less "
+        "but count all of its work (the persons' images read and scored, too); "
+        "a calibrated user is one safetensors file, and the last column says how it folds into the model for "
+        "export.",
         "",
         *_costs_table(idx),
         "",
