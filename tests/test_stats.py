@@ -350,7 +350,8 @@ def test_a_declared_family_judges_only_its_members_and_names_what_it_could_not_m
     idx = index_records(a + b + c, Comparisons(declared=declared, draws=500))
     judged, loose = diff(idx, "a", "b", ["E→M"]), diff(idx, "a", "c", ["E→M"])
     idx.family.close()
-    assert judged.judged and judged.family == 1 and loose.interval is not None
+    # the family is the declaration's two, the unmade a − z among them; the descriptive a − c does not count
+    assert judged.judged and judged.family == 2 and loose.interval is not None
     assert not loose.judged and not loose.clear and loose.adjusted is None
     assert "descriptive (not in the declared family)" in loose.describe()
     assert idx.family.descriptive() == [loose] and idx.family.missing() == [("a", "z", ("E→M",), "angular error")]
@@ -358,3 +359,27 @@ def test_a_declared_family_judges_only_its_members_and_names_what_it_could_not_m
     diff(everything, "a", "b", ["E→M"]), diff(everything, "a", "c", ["E→M"])
     everything.family.close()
     assert len(everything.family.judged()) == 2 and everything.family.missing() == []
+
+
+def test_a_declared_family_made_in_part_is_held_to_holm_over_all_of_it():
+    """A page of a run under way makes a few of its declared comparisons: Holm counts every declared one (the
+    unmade ones never clear), so a difference clear at 0.02 alone is not clear in a family of three, and the
+    records still to come cannot undo a verdict by growing the family."""
+    from alfa.study.bench.stats import Diff
+
+    def made(key, p_value: float) -> Diff:
+        # a difference whose t statistic gives ``p_value`` on 2 degrees of freedom (three seeds)
+        t = {0.02: 6.9646, 0.2: 1.8856}[p_value]
+        return Diff(key[0], key[1], key[2], key[3], {0: t, 1: t, 2: t}, 1.0, 2, "seeds", 3, 0, 3)
+
+    keys = [("alfa", "source-only", ("E→M",), "angular error"), ("lora", "source-only", ("E→M",), "angular error")]
+    declared = frozenset([*keys, ("alfa", "lora", ("E→M",), "angular error")])
+    for declaration, size, clear in ((declared, 3, False), (None, 2, True)):
+        family = Comparisons(declared=declaration)
+        for key, p_value in zip(keys, (0.02, 0.2)):
+            family.lookup(key, lambda key=key, p_value=p_value: made(key, p_value))
+        family.close()
+        first = family.made[keys[0]]
+        assert first.p == pytest.approx(0.02, abs=1e-3) and family.size == size and first.family == size
+        assert first.adjusted == pytest.approx(0.02 * size, abs=3e-3) and first.clear is clear
+        assert family.level == pytest.approx(0.05 / size)

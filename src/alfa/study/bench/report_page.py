@@ -327,9 +327,17 @@ def _family_statement(family: Comparisons) -> str:
         why = prose.ONE_SEED_ONLY.format(count=unjudged) if unjudged else "it makes no judged comparison"
         return prose.NO_FAMILY.format(why=why) + declared
     mde = family.detectable()
+    size = family.size
+    over = (
+        prose.OVER_ALL.format(count=size)
+        if size == len(judged)
+        else prose.OVER_DECLARED.format(size=size, unmade=size - len(judged))
+    )
     text = prose.FAMILY_STATEMENT.format(
         how=prose.DESIGN_WORDS[family.persons],
         count=len(judged),
+        over=over,
+        size=size,
         kinds=family.kinds(),
         clear=len(family.clear()),
         mde=_num(statistics.median(mde)),

@@ -44,12 +44,17 @@ FAMILY_STATEMENT = (
     "**How differences are judged.** Every difference a − b below is quoted with its 95 % interval (a "
     "hierarchical bootstrap, {how}; t with seeds − 1 degrees of freedom; Protocol, Differences). The page "
     "makes **{count} comparisons** ({kinds}). They are one family: a difference is *clear* when its p-value, "
-    "Holm-adjusted over all {count}, is below 0.05, so the chance that the page calls any of them clear when no "
+    "Holm-adjusted over {over}, is below 0.05, so the chance that the page calls any of them clear when no "
     "row differs from any other is at most 5 %. **{clear} of the {count} are clear.** With 80 % power the design "
-    "detects, at Holm's strictest step (α = 0.05 / {count}), a difference of **{mde_low}°** in its most precise "
+    "detects, at Holm's strictest step (α = 0.05 / {size}), a difference of **{mde_low}°** in its most precise "
     "comparison, {mde}° in the median one and {mde_high}° in the least precise (the power of a t test with that "
     "comparison's standard error and degrees of freedom, the standard error itself uncertain): a smaller "
     "difference can be real without being clear, and one that is not clear is not shown to be absent."
+)
+OVER_ALL = "all {count}"
+OVER_DECLARED = (
+    "the {size} the family declares (the {unmade} these records cannot judge yet count as not clear, so that the "
+    "records still to come cannot undo a verdict by growing the family)"
 )
 NO_FAMILY = "**How differences are judged.** No difference on this page is judged: {why}."
 UNJUDGED = " {count} more, with one seed, are shown with intervals over persons only and are not judged."

@@ -430,12 +430,21 @@ class Comparisons:
     def judged(self) -> list[Diff]:
         return [d for d in self.made.values() if d is not None and d.judged]
 
+    @property
+    def size(self) -> int:
+        """How many comparisons Holm's correction counts: every judged one, and with a declared family every
+        declared one, judged or not (a page of a run under way, whose records make a few of them, is held to the
+        level of the whole family it declared, so a verdict cannot be undone by the records still to come only
+        because the family grew; an unmade one counts as not clear)."""
+        return max(len(self.judged()), len(self.declared) if self.declared is not None else 0)
+
     def close(self) -> None:
-        """Adjust every judged comparison's p-value over the family (Holm)."""
+        """Adjust every judged comparison's p-value over the family (Holm, over :attr:`size`)."""
         members = self.judged()
-        adjusted = holm([d.p for d in members]) if members else []
+        padding = [1.0] * (self.size - len(members))  # the family's unmade members, never clear
+        adjusted = holm([d.p for d in members] + padding) if members else []
         for d, q in zip(members, adjusted):
-            d.adjusted, d.family = float(q), len(members)
+            d.adjusted, d.family = float(q), self.size
         self.closed = True
 
     def clear(self) -> list[Diff]:
@@ -444,7 +453,7 @@ class Comparisons:
     @property
     def level(self) -> float:
         """Holm's first step: ALPHA over the family's size, the strictest level any member is held to."""
-        return ALPHA / max(len(self.judged()), 1)
+        return ALPHA / max(self.size, 1)
 
     def detectable(self, members: Sequence[Diff] | None = None) -> list[float]:
         """Per judged comparison (of ``members``, default all), the difference it detects with :data:`POWER`
