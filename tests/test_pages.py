@@ -55,11 +55,13 @@ def test_the_check_sees_an_edited_page_missing_data_and_a_stale_figure(tmp_path)
     (tmp_path / speed.data).unlink()
     assert "its data is missing: docs/speed.json, docs/speed-transformers.json (" in check_pages(tmp_path, (speed,))[0]
 
-    results = next(p for p in PAGES if p.path == "docs/results.md")
+    # a page with a figure folder, the quickest to render of those
+    results = next(p for p in PAGES if p.path == "docs/results-user-calibration.md")
     _copy(results, tmp_path)
     (tmp_path / results.figures / "old_figure.png").write_bytes(b"stale")
     assert check_pages(tmp_path, (results,)) == [
-        "docs/figures/results/old_figure.png: committed, but docs/results.md's data no longer draws it"
+        "docs/figures/results-user-calibration/old_figure.png: committed, but docs/results-user-calibration.md's "
+        "data no longer draws it"
     ]
 
 
