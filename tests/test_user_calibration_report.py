@@ -172,3 +172,15 @@ def test_the_default_rule_reads_only_seeds_0_and_1_of_the_symmetric_pairs_and_wa
     choice, scores = default_choice(index_records(partial["records"]))
     assert choice is None and scores["affine"] is None
     assert "Not applied yet" in _choice_part(user_calibration_page(partial, "d", "c"))
+
+
+def test_an_adapter_the_rule_chooses_is_also_judged_on_every_pair_and_seed():
+    """docs/user-calibration.md §5.5 item 4: the choice is judged by issue 25's criteria on every pair and seeds
+    0–2 as well as on the held-out records; the first table reads only `affine`, so an adapter chosen needs its
+    own. LoRA's adapter on E→M: (6.2 + 6.2 + 9.0) / 3 against 10 and 4 closes 48 % over three seeds."""
+    chosen = _choice_part(user_calibration_page(_rule_results(6.2), "d", "c"))
+    every = chosen.split("The same criteria for the rule's choice on every pair and seed")[1]
+    assert "| 48% (3 seeds) | −0.50 [−0.50, −0.50] |" in _row(every, "E→M")  # k = 1: affine's 9.5 − 10
+    assert "| 17% (3 seeds) |" in _row(every, "S→W")
+    kept = _choice_part(user_calibration_page(_rule_results(6.6), "d", "c"))
+    assert "on every pair and seed" not in kept  # the first table reads the default there already
