@@ -162,6 +162,7 @@ def test_the_default_rule_reads_only_seeds_0_and_1_of_the_symmetric_pairs_and_wa
     chosen = _choice_part(user_calibration_page(_rule_results(6.2), "d", "c"))
     assert "`affine` 50%, `adapter-alfa` 55%, `adapter-lora` 63%" in chosen
     assert "the rule's choice is **`adapter-lora`** from k = 3 on (`affine` below)" in chosen
+    assert "only if it beats it by 10 points:" in chosen  # points of the headroom, not "10% points"
     # the held-out criteria: LoRA at 9.0 on seed 2 and S→W closes (10 − 9) / 6 = 17 %; k = 1 is affine's
     assert "| 17% (1 seed) | −0.50 [−0.50, −0.50] |" in _row(chosen, "E→M")  # k = 1: affine's 9.5 − 10
     assert "| 17% (3 seeds) |" in _row(chosen, "S→W") and "headroom missed; k = 1: not worse" in _row(chosen, "S→W")

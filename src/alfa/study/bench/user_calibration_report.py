@@ -170,8 +170,8 @@ def _choice_section(idx: Index, records: Sequence[Record], results: dict[str, An
         + (
             "Not applied yet: a candidate lacks some of those seeds and pairs."
             if choice is None
-            else f"An adapter replaces `{DEFAULT_CALIBRATION}` only if it beats it by {RULE_MARGIN:.0%} points: the "
-            f"rule's choice is **`{choice}`**"
+            else f"An adapter replaces `{DEFAULT_CALIBRATION}` only if it beats it by {RULE_MARGIN * 100:.0f} "
+            f"points: the rule's choice is **`{choice}`**"
             + (
                 ""
                 if choice == DEFAULT_CALIBRATION
