@@ -487,6 +487,12 @@ def test_the_flip_ceiling_reads_its_means_on_the_seeds_every_row_of_it_has():
     assert c["ceiling"] == pytest.approx(1.0) and c["headroom"] == pytest.approx(5.0) and c["ratio"] == 0.2
     text = render_report(results)
     assert "| E→M | negative | 9.50 (2 of 3 seeds) | 8.50 (2 of 3 seeds) |" in text
+    # the oracle on fewer seeds (as on the family's later seeds): the ceiling keeps its seeds, the ratio reads the
+    # oracle's: (9 − 8) / (9 − 4)
+    c = ceilings(index_records(fixture_results({**means, ("oracle", "E→M"): (4.0,)})["records"]))["E→M"]
+    assert (c["seeds"], c["ratio_seeds"], c["ceiling"], c["headroom"], c["ratio"]) == (2, 1, 1.0, 5.0, 0.2)
+    text = render_report(fixture_results({**means, ("oracle", "E→M"): (4.0,)}))
+    assert "| 20 % (on the oracle's 1 seed) |" in text
     # with every seed the cells carry no note (the first protocol's pages are unchanged)
     full = {**means, ("flip-tta", "E→M"): (8.0, 9.0, 19.0)}
     assert "| E→M | negative | 13.00 | 12.00 |" in render_report(fixture_results(full))

@@ -126,7 +126,7 @@ def test_a_k_without_a_record_is_never_read_as_the_smallest_or_as_beyond_the_las
     assert _row(text, "roll-TTA (no training)") == "| roll-TTA (no training) | — | — |"  # not "> 16"
 
 
-def _rule_results(lora_k9: float, pairs=("E→M", "E→D", "G→M", "G→D")):
+def _rule_results(lora_k9: float, pairs=("E→M", "E→D", "G→M", "G→D"), oracle=None):
     """Source-only 10, oracle 4 on every pair and seed; affine at k = 9 7.0 (50 % of the headroom), Alfa's
     adapter 6.7 (55 %), LoRA's ``lora_k9``; seed 2 and S→W are the data the rule never reads (there LoRA's
     adapter is 9.0, affine 6.0, so that a page reading them for the choice would choose otherwise)."""
@@ -136,7 +136,7 @@ def _rule_results(lora_k9: float, pairs=("E→M", "E→D", "G→M", "G→D")):
             held = seed == 2 or pair == "S→W"
             means = {
                 "source-only": 10.0,
-                "oracle": 4.0,
+                "oracle": (oracle or {}).get(pair, 4.0),
                 calibration_label("affine", 1): 9.5,
                 calibration_label("affine", 9): 6.0 if held else 7.0,
                 calibration_label("adapter-alfa", 9): 6.7,
@@ -185,3 +185,9 @@ def test_an_adapter_the_rule_chooses_is_also_judged_on_every_pair_and_seed():
     assert "| 17% (3 seeds) |" in _row(every, "S→W")
     kept = _choice_part(user_calibration_page(_rule_results(6.6), "d", "c"))
     assert "on every pair and seed" not in kept  # the first table reads the default there already
+
+
+def test_a_rule_pair_without_headroom_leaves_the_rule_unapplied_and_says_why():
+    text = _choice_part(user_calibration_page(_rule_results(6.2, oracle={"G→M": 11.0}), "d", "c"))
+    assert "Not applied: on a pair of the rule the oracle is not below source-only" in text
+    assert "Not applied yet" not in text

@@ -101,28 +101,37 @@ def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
         so, tta, oracle = (cell(idx, m, pair) for m in ("source-only", "flip-tta", "oracle"))
         if so is None or tta is None:
             continue
-        # every mean on the seeds all three rows have (while a run is under way a row may have fewer seeds, and
-        # a ratio of means over different seeds compares different source models), else on source-only's and
-        # flip-TTA's shared seeds, with no headroom
-        seeds = set(so.values) & set(tta.values) & (set(oracle.values) if oracle is not None else set())
-        if not seeds:
-            seeds, oracle = set(so.values) & set(tta.values), None
+        # the ceiling on the seeds source-only and flip-TTA share, the headroom and the ratio on the seeds all
+        # three rows share (a row may have fewer seeds while a run is under way, and the oracle is not run on the
+        # family's later seeds: a ratio of means over different seeds would compare different source models)
+        seeds = set(so.values) & set(tta.values)
         if not seeds:
             continue
         so_mean, tta_mean = (statistics.fmean(c.values[s] for s in seeds) for c in (so, tta))
-        ceiling = so_mean - tta_mean
-        headroom = so_mean - statistics.fmean(oracle.values[s] for s in seeds) if oracle is not None else None
+        both = seeds & set(oracle.values) if oracle is not None else set()
+        headroom = ratio = None
+        if both:
+            so_both, tta_both, oracle_both = (statistics.fmean(c.values[s] for s in both) for c in (so, tta, oracle))
+            headroom = so_both - oracle_both
+            ratio = (so_both - tta_both) / headroom if headroom > 0 else None
         out[pair] = {
             "seeds": len(seeds),
+            "ratio_seeds": len(both),
             "source_only": so_mean,
             "flip_tta": tta_mean,
-            "ceiling": ceiling,
+            "ceiling": so_mean - tta_mean,
             "headroom": headroom,
-            "ratio": ceiling / headroom if headroom and headroom > 0 else None,
+            "ratio": ratio,
             "visible_share": _mean_of(idx, "source-only", pair, _flip("visible_share")),
             "flip_loss": _mean_of(idx, "source-only", pair, _flip("flip_loss")),
         }
     return out
+
+
+def _on_seeds(c: dict[str, float | None]) -> str:
+    """Where the ratio reads fewer seeds than the ceiling (the oracle's): on how many."""
+    n = c["ratio_seeds"]
+    return "" if n in (0, c["seeds"]) else f" (on the oracle's {n} seed{'s' if n != 1 else ''})"
 
 
 def _pct(x: float | None) -> str:
@@ -524,7 +533,7 @@ def _ceiling_table(idx: Index, ceil: dict[str, dict[str, float | None]]) -> str:
             _num(c["flip_tta"]) + on[pair],
             _interval(diff(idx, "source-only", "flip-tta", [pair])),
             _interval(diff(idx, "source-only", "oracle", [pair])) if c["headroom"] is not None else "—",
-            _pct(c["ratio"]),
+            _pct(c["ratio"]) + _on_seeds(c),
             _verdict(c, pair),
             _pct(c["visible_share"]),
             _num(c["flip_loss"]),

@@ -152,6 +152,18 @@ def default_choice(idx: Index) -> tuple[str | None, dict[str, float | None]]:
     return (best if (scores[best] or 0.0) >= declared + RULE_MARGIN else DEFAULT_CALIBRATION), scores
 
 
+def _not_applied(idx: Index) -> str:
+    """Why :func:`default_choice` chose nothing: missing records, or a rule pair without headroom (the oracle
+    not below source-only on those seeds), where §5.5 defines no share."""
+    rows = ("source-only", "oracle", *(_cal(m, PASS_K) for m in RULE_CANDIDATES))
+    if all((row, pair, s) in idx for row in rows for pair in RULE_PAIRS for s in RULE_SEEDS):
+        return (
+            "Not applied: on a pair of the rule the oracle is not below source-only on those seeds, so no share of "
+            "a headroom exists there, and §5.5 says nothing of that case."
+        )
+    return "Not applied yet: a candidate lacks some of those seeds and pairs."
+
+
 def _held_out(records: Sequence[Record], results: dict[str, Any]) -> Index:
     """The records §5.5's rule never reads: every seed but :data:`RULE_SEEDS` on :data:`RULE_PAIRS`, every seed
     elsewhere."""
@@ -168,7 +180,7 @@ def _choice_section(idx: Index, records: Sequence[Record], results: dict[str, An
         f"The declared rule, on seeds {', '.join(map(str, RULE_SEEDS))} of {', '.join(RULE_PAIRS)} only: each "
         f"candidate's smallest share of the headroom closed at k = {PASS_K} over those pairs — {score_text}. "
         + (
-            "Not applied yet: a candidate lacks some of those seeds and pairs."
+            _not_applied(idx)
             if choice is None
             else f"An adapter replaces `{DEFAULT_CALIBRATION}` only if it beats it by {RULE_MARGIN * 100:.0f} "
             f"points: the rule's choice is **`{choice}`**"
