@@ -123,6 +123,11 @@ def test_a_results_file_is_written_one_record_per_line_and_reads_back_equal(comm
     assert json.loads((tmp_path / "b.json").read_text()) == {"format": "x", "n": 1, "records": [{"v": None}]}
     write_json(tmp_path / "c.json", {"records": []}, compact_list="records")
     assert json.loads((tmp_path / "c.json").read_text()) == {"records": []}
+    write_json(tmp_path / "d.json", {'a "b"': [1], "x": 2}, compact_list='a "b"')  # a key JSON must escape
+    assert json.loads((tmp_path / "d.json").read_text()) == {'a "b"': [1], "x": 2}
+    with pytest.raises(TypeError, match="'records' must name a list"):
+        write_json(tmp_path / "e.json", {"records": {"id": 1}}, compact_list="records")
+    assert not (tmp_path / "e.json").exists()
 
 
 def test_the_exported_copy_is_the_same_results_in_the_one_record_per_line_layout(committed, tmp_path):

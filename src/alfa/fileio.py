@@ -135,10 +135,12 @@ def write_json(path: str | os.PathLike, data: Any, *, indent: int | None = 2, co
     data = _finite_or_none(data)
     if compact_list is None:
         return write_text(path, json.dumps(data, indent=indent) + "\n")
+    if not isinstance(data.get(compact_list), list):
+        raise TypeError(f"write_json: {compact_list!r} must name a list of the object written")
     head = {k: v for k, v in data.items() if k != compact_list}
     items = ",\n".join(json.dumps(item, separators=(",", ":")) for item in data[compact_list])
     opening = json.dumps(head, indent=indent)[:-1].rstrip() + ("," if head else "")
-    return write_text(path, f'{opening}\n"{compact_list}":[\n{items}\n]}}\n')
+    return write_text(path, f"{opening}\n{json.dumps(compact_list)}:[\n{items}\n]}}\n")
 
 
 def _finite_or_none(x: Any) -> Any:

@@ -20,10 +20,13 @@ import dataclasses
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .options import at_least, deterministic_kernels, device_option, precision_option, quiet_option
 from .registry import Command
+
+if TYPE_CHECKING:  # the study is imported when a command runs, not when the CLI starts
+    from alfa.study.bench.config import BenchConfig
 
 __all__ = ["BENCH", "POWER", "REPORT", "bench_config"]
 
@@ -51,7 +54,7 @@ def _command_line() -> str:
     return "alfa " + shlex.join(sys.argv[1:])
 
 
-def bench_config(args: argparse.Namespace) -> Any:
+def bench_config(args: argparse.Namespace) -> BenchConfig:
     """The :class:`~alfa.study.bench.config.BenchConfig` that ``alfa bench`` with ``args`` runs: the preset
     narrowed by the selection options, validated (an unknown method, pair or ablation is a ``ValueError``)."""
     from alfa.study.bench.ablations import REGISTRY
