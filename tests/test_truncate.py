@@ -127,11 +127,11 @@ def test_restore_structure_rebuilds_a_loadable_model(small_net):
     assert torch.equal(fresh(x), small_net(x))
 
 
-@pytest.mark.slow
 def test_resnet18_parameter_counts():
     model = alfa.models.resnet18_gaze()
     assert alfa.parameter_summary(model).total == 11_177_538
-    report = alfa.truncate(model, rank=64)
+    # the structure alone: the counts are the truncation's (the test above), without fourteen float64 SVDs
+    report = alfa.truncate(model, rank=64, weights=False)
     summary = alfa.parameter_summary(model)
     # 14 layers factorized (layer2-4 convs and the layer3/layer4 downsamples) hold 2.109 M parameters;
     # the stem, layer1, layer2's downsample, BN and the head stay dense: 2.285 M in all (the paper's
@@ -159,3 +159,32 @@ def test_dense_matrix_of_factorized_and_dense_agree():
     conv = nn.Conv2d(3, 9, 3)
     fact = FactorizedConv2d.from_dense(conv, rank=9)
     assert torch.allclose(dense_matrix(fact), dense_matrix(conv), atol=1e-5)
+
+
+def test_the_structure_alone_is_the_truncation_without_its_svds(small_net, monkeypatch):
+    """``truncate(weights=False)``: the same layers, ranks, report and train/eval flags as a real truncation,
+    with no SVD computed; the real truncation's weights then load into it and give the same outputs."""
+    import copy
+
+    import alfa.layers
+
+    real = copy.deepcopy(small_net).train()
+    real_report = alfa.truncate(real, rank=4)
+    real.eval()
+
+    def no_svd(*args, **kwargs):
+        raise AssertionError("an SVD was computed")
+
+    monkeypatch.setattr(alfa.layers, "svd_factors", no_svd)
+    shaped = copy.deepcopy(small_net).train()
+    report = alfa.truncate(shaped, rank=4, weights=False)
+    assert (report.factorized, report.left_dense) == (real_report.factorized, real_report.left_dense)
+    assert report.factorized and all(m.training for m in shaped.modules())
+    assert {k: v.shape for k, v in shaped.state_dict().items()} == {k: v.shape for k, v in real.state_dict().items()}
+    assert alfa.parameter_summary(shaped).total == alfa.parameter_summary(real).total
+    shaped.load_state_dict(real.state_dict())
+    shaped.eval()
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.equal(shaped(x), real(x))
+    with pytest.raises(AssertionError, match="an SVD was computed"):  # the check can fail: weights=True needs one
+        alfa.truncate(copy.deepcopy(small_net), rank=4)

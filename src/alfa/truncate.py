@@ -59,7 +59,7 @@ def _skip_reason(module: nn.Module, rank: int) -> str | None:
 
 
 @torch.no_grad()
-def truncate(model: nn.Module, rank: int, target: str | None = None) -> TruncationReport:
+def truncate(model: nn.Module, rank: int, target: str | None = None, *, weights: bool = True) -> TruncationReport:
     """Replace, in place, every Linear/Conv2d (and transformers ``Conv1D``) whose rank-``rank`` factorization
     is smaller by a :class:`FactorizedLinear`/:class:`FactorizedConv2d` holding its truncated SVD.
 
@@ -68,6 +68,10 @@ def truncate(model: nn.Module, rank: int, target: str | None = None) -> Truncati
     non-zero padding modes and layers whose parameters are tied to another module (see
     :func:`shared_parameters`) are left dense and listed in the returned report; a ``target`` that
     matches a tied layer is refused with a ``ValueError`` (nothing is changed).
+
+    ``weights=False`` makes the same layers, ranks and report without computing any SVD: the factors and biases
+    are left as freshly built layers hold them, for counting what truncation would save (``alfa summary``) or for
+    a model a truncated checkpoint is then loaded into.
     """
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
@@ -92,6 +96,12 @@ def truncate(model: nn.Module, rank: int, target: str | None = None) -> Truncati
         reason = _skip_reason(mod, rank)
         if reason is not None:
             report.left_dense[name] = reason
+            continue
+        if not weights:  # the structure alone: the rank from_dense would keep, no SVD
+            spec = layer_spec(mod)
+            restore_structure(model, {name: min(rank, spec.m, spec.n)})
+            model.get_submodule(name).train(mod.training)
+            report.factorized[name] = model.get_submodule(name).rank  # type: ignore[assignment]
             continue
         cls = FactorizedConv2d if isinstance(mod, nn.Conv2d) else FactorizedLinear
         new = cls.from_dense(mod, rank)  # type: ignore[arg-type]

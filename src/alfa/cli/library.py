@@ -36,7 +36,7 @@ def _summary(args: argparse.Namespace) -> None:
     model = alfa.models.create_model(args.model)
     print(f"{args.model} (dense):\n{alfa.parameter_summary(model)}\n")
     if args.rank:
-        print(alfa.truncate(model, rank=args.rank), "\n")
+        print(alfa.truncate(model, rank=args.rank, weights=False), "\n")  # counts only: no SVD to wait for
         print(f"{args.model} truncated at rank {args.rank}:\n{alfa.parameter_summary(model)}")
 
 
