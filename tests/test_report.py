@@ -511,3 +511,16 @@ def test_a_page_of_a_declared_run_under_way_says_what_it_holds_first():
     assert "**The declared run**" not in render_report(results) and render_report(fixture_results()).startswith(
         "# Benchmark results\n"
     )
+
+
+def test_a_missing_domain_gap_from_the_gaze360_like_source_says_the_real_data_have_none_either():
+    means = {
+        ("source-only", "E→M"): (9.0, 10.0, 11.0),
+        ("in-domain", "E→M"): (12.0, 12.0, 12.0),  # no gap from E: no such excuse (a calibration condition)
+        ("source-only", "G→M"): (7.0, 7.0, 7.0),
+        ("in-domain", "G→M"): (8.0, 8.0, 8.0),
+    }
+    text = " ".join(sanity_verdicts(index_records(fixture_results(means)["records"])))
+    assert "NO domain gap in the means on E→M, G→M." in text
+    assert "On G→M the real data have none either: a model trained on Gaze360 (what G stands for)" in text
+    assert "On E→M the real data" not in text

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # the caller computes the progress: a page module never impor
 __all__ = [
     "IN_DOMAIN_CONDITION",
     "REAL_IN_DOMAIN",
+    "REAL_SOURCE_NAMES",
     "REAL_SOURCE_ONLY",
     "REAL_WITHIN",
     "TOLERANCE_DEG",
@@ -64,6 +65,8 @@ REAL_IN_DOMAIN = {"E": 4.5, "G": 11.0}
 """About what a model trained on the real source errs on held-out persons of that source (ETH-XGaze's
 within-dataset benchmark; Gaze360's frontal test), in degrees: only its side of the cross-domain errors is a
 condition, and only for E (module docstring)."""
+REAL_SOURCE_NAMES = {"E": "ETH-XGaze", "G": "Gaze360"}
+"""The real dataset each calibrated source stands for."""
 IN_DOMAIN_CONDITION = {"E": True, "G": False}
 """Whether "in-domain below cross-domain" is a calibration condition for the source (module docstring)."""
 TOLERANCE_DEG = 1.5
