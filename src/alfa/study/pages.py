@@ -158,16 +158,14 @@ V2_FIGURES = "docs/figures/results-v2"
 def _render_v2_results(root: Path, out: Path) -> None:
     from .bench.plan import declared_run_progress
     from .bench.report_page import build_report
-    from .bench.results import load_results
 
-    records = load_results(root / CALIBRATION_RECORD)["records"]
     build_report(
         root / CALIBRATION_RECORD,
         out / V2_PAGE,
         figure_dir=out / V2_FIGURES,
         command=f"alfa report --results {CALIBRATION_RECORD} --out {V2_PAGE} --figures {V2_FIGURES}",
         source=CALIBRATION_RECORD,
-        progress=declared_run_progress("v2", (str(r.get("id")) for r in records)),
+        progress_of=declared_run_progress,
     )
 
 

@@ -563,11 +563,12 @@ def build_report(
     figure_dir: str | os.PathLike | None = None,
     command: str | None = None,
     source: str | None = None,
-    progress: DeclaredRunProgress | None = None,
+    progress_of: Callable[[str, Iterable[str]], DeclaredRunProgress | None] | None = None,
 ) -> Path:
     """Read ``results.json`` (or its folder), render the figures and write the markdown report. ``source`` is
-    how the page names the results it was made from (default: ``results_path`` as given); ``progress``: see
-    :func:`render_report`."""
+    how the page names the results it was made from (default: ``results_path`` as given); ``progress_of``
+    (:func:`alfa.study.bench.plan.declared_run_progress`, passed by the caller) is asked, with the results'
+    worlds and record ids, what of a declared run they hold (see :func:`render_report`)."""
     results_path = Path(results_path)
     results = load_results(results_path)
     results_dir = results_path if results_path.is_dir() else results_path.parent
@@ -583,7 +584,7 @@ def build_report(
         md_dir=out_md.parent,
         command=command,
         source=str(results_path) if source is None else source,
-        progress=progress,
+        progress=None if progress_of is None else progress_of(_worlds(results), (r["id"] for r in results["records"])),
     )
     write_text(out_md, text)
     return out_md

@@ -15,6 +15,7 @@ from typing import Any
 
 from .ablations import REGISTRY
 from .calibration import IN_DOMAIN_CONDITION, REAL_IN_DOMAIN, REAL_SOURCE_NAMES
+from .config import split_pair
 from .markdown import number as _num
 from .names import DEFAULT, SELECTED
 from .names import display_name as _name
@@ -254,11 +255,11 @@ def sanity_verdicts(idx: Index) -> list[str]:
             "NO domain gap",
         )
         no_gap = [p for p, gap, _ in gaps if gap <= 0]
-        for source in sorted({p.split("→")[0] for p in no_gap}):
+        for source in sorted({split_pair(p)[0] for p in no_gap}):
             if IN_DOMAIN_CONDITION.get(source, True):
                 continue
             # where the real data have no gap either (docs/calibration.md), say so beside it
-            on = ", ".join(p for p in no_gap if p.startswith(f"{source}→"))
+            on = ", ".join(p for p in no_gap if split_pair(p)[0] == source)
             sentence += (
                 f" On {on} the real data have none either: a model trained on {REAL_SOURCE_NAMES[source]} (what "
                 f"{source} stands for) errs more on its held-out persons (about {REAL_IN_DOMAIN[source]:g}°) than "
