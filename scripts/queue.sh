@@ -2,17 +2,24 @@
 # Run the benchmark pieces of one lane, one after the other, in the background of a long session.
 #
 #   bash scripts/queue.sh scripts/queues/calibration-a.txt &
+#   bash scripts/queue.sh scripts/queues/calibration-a.txt 6 &    # from line 6 of the file on
 #
 # Each line of the lane file that is neither blank nor a comment ('#', after any indentation) is the argument
 # list of one `alfa bench --standard --out runs/bench-v2 ...` piece, split on whitespace (no quoting): its
 # selection, which must name --seeds and --pairs, so that no line can run the whole preset by mistake. A piece
 # whose records are all finished costs only its planning (the runner skips them); a source model or
-# within-target model half-trained by an earlier session resumes from its last epoch. The lane file is read
-# once, at the start, so editing it while the lane runs changes nothing. Each piece appends to
+# within-target model half-trained by an earlier session resumes from its last epoch. Planning a finished piece
+# still renders its worlds (minutes on 2 cores): restart a lane known to be done up to some line from that line.
+# The lane file is read once, at the start, so editing it while the lane runs changes nothing. Each piece appends to
 # runs/logs/<lane>-<line>.log; the lane stops at the first piece that fails, saying which.
 set -uo pipefail
-if [[ $# -ne 1 ]]; then
-    echo "usage: bash scripts/queue.sh LANE_FILE" >&2
+if [[ $# -lt 1 || $# -gt 2 ]]; then
+    echo "usage: bash scripts/queue.sh LANE_FILE [FROM_LINE]" >&2
+    exit 2
+fi
+from_line=${2:-1}
+if [[ ! $from_line =~ ^[1-9][0-9]*$ ]]; then
+    echo "queue: FROM_LINE must be a line number (1 or more), got '$from_line'" >&2
     exit 2
 fi
 if [[ ! -f $1 ]]; then
@@ -26,6 +33,7 @@ cd "$(dirname "$0")/.." || exit 2
 mkdir -p runs/logs
 for i in "${!lines[@]}"; do
     n=$((i + 1))
+    ((n < from_line)) && continue
     line=${lines[$i]}
     [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
     read -ra args <<<"$line"

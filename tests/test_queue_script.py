@@ -30,10 +30,11 @@ def _repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _run(repo: Path, lane: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _run(repo: Path, lane: str, *more: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LC_ALL": "C.UTF-8"}
     script = os.path.relpath(repo / "scripts" / "queue.sh", cwd or repo)
-    return subprocess.run(["bash", script, lane], cwd=cwd or repo, capture_output=True, text=True, env=env, timeout=60)
+    argv = ["bash", script, lane, *more]
+    return subprocess.run(argv, cwd=cwd or repo, capture_output=True, text=True, env=env, timeout=60)
 
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -60,6 +61,26 @@ def test_a_lane_runs_its_pieces_in_order_and_stops_at_the_first_failure(tmp_path
     assert (repo / "calls.txt").read_text().splitlines()[-2:] == [
         f"bench --standard --out runs/bench-v2 {pieces[2]}"
     ] * 2
+
+
+def test_a_lane_restarts_from_a_given_line_and_refuses_a_bad_one(tmp_path):
+    repo = _repo(tmp_path)
+    pieces = [f"--pairs E→M --seeds {s}" for s in (0, 1, 2)]
+    (repo / "lane.txt").write_text("# a comment\n" + "\n".join(pieces) + "\n")
+    done = _run(repo, "lane.txt", "3")
+    assert done.returncode == 0, done.stderr
+    # lines 3 and 4 of the file (the comment is line 1): the first piece is not run
+    assert (repo / "calls.txt").read_text().splitlines() == [
+        f"bench --standard --out runs/bench-v2 {p}" for p in pieces[1:]
+    ]
+    assert "lane line 3:" in done.stdout and "line 2:" not in done.stdout
+    for bad in ("0", "x", "-1"):
+        refused = _run(repo, "lane.txt", bad)
+        assert (
+            refused.returncode == 2
+            and refused.stderr == f"queue: FROM_LINE must be a line number (1 or more), got '{bad}'\n"
+        )
+    assert len((repo / "calls.txt").read_text().splitlines()) == 2
 
 
 def test_a_line_that_selects_no_seeds_or_pairs_is_refused(tmp_path):
