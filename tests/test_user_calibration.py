@@ -237,6 +237,7 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
     text = " ".join(capsys.readouterr().out.split())
     assert "Default: affine; the affine map is the default:" in text and "one default serves every k" in text
     assert "can cost more than it corrects" in text  # what the first rows showed at k = 1, said where it is chosen
+    assert "It stayed the default under a rule declared before the adapters' rows ran" in text  # §5.5's outcome
     ckpt = alfa.checkpoint.save_model(tmp_path / "base.safetensors", base, "tiny_gaze_net")
     spec = "synthetic:mpii?persons=1&images_per_person=8&size=16"
     argv = ["calibrate", "--checkpoint", str(ckpt), "--data", spec, "--out", str(tmp_path / "c"), "--quiet"]
