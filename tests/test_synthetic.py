@@ -1,6 +1,7 @@
 """The synthetic gaze benchmark: determinism, the flip law, shapes and ranges, domain differences, errors."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -157,6 +158,21 @@ def test_flip_law_needs_the_mirrored_light_and_camera(name, unmirrored):
     assert (image - render_faces(broken, noise.flip(-1), 64).flip(-1)).abs().max() > 0.05
 
 
+def test_the_mirrored_studio_is_the_studio_with_its_light_on_the_other_side():
+    """The constructed positive control's target (docs/flip-premise.md §7.4): the same draws as the studio's
+    except the key light's side, so the flip of a mirrored-studio scene is a studio scene; a target of the
+    MPII-like world's size."""
+    studio, mirrored = get_domain("eth-studio-v2"), get_domain("eth-studio-mirrored-v2")
+    assert mirrored.role == "target" and mirrored.persons == get_domain("mpii-v2").persons
+    a = sample_scenes(studio, 300, torch.Generator().manual_seed(5))
+    b = sample_scenes(mirrored, 300, torch.Generator().manual_seed(5))
+    assert (a["light_az"] > 0).all() and torch.equal(b["light_az"], -a["light_az"])
+    assert all(torch.equal(a[k], b[k]) for k in a if k != "light_az")
+    # the check can fail: with the sides drawn per image (the symmetric world's way) the draws are not mirrored
+    c = sample_scenes(replace(mirrored, light_side="image"), 300, torch.Generator().manual_seed(5))
+    assert not torch.equal(c["light_az"], -a["light_az"])
+
+
 def test_eye_windows_change_nothing():
     """The eyes are computed in windows for speed; at extreme poses, glasses and asymmetries the
     windows still hold every eye feature: the image equals the whole-crop computation bit for bit."""
@@ -251,7 +267,7 @@ def test_the_first_worlds_answer_to_versioned_names_and_the_second_are_their_own
     assert torch.equal(a.images, b.images) and a.name == b.name
     v2 = make_domain("eth-v2", persons=1, images_per_person=2, size=16)
     assert not torch.equal(v2.images, b.images) and v2.name == "eth-v2/train"
-    assert list_domains("v2") == [f"{n}-v2" for n in list_domains()] + ["gaze360-window-v2"]
+    assert list_domains("v2") == [f"{n}-v2" for n in list_domains()] + ["gaze360-window-v2", "eth-studio-mirrored-v2"]
     assert all(get_domain(n).version == "v2" for n in list_domains("v2"))
     with pytest.raises(ValueError, match="unknown synthetic domain"):
         get_domain("eth-v2-v1")

@@ -173,8 +173,8 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--pairs",
-        help="comma-separated subset of E→M,E→D,G→M,G→D (negative controls) and S→W,S→C (positive controls); "
-        "E-M also works",
+        help="comma-separated subset of E→M,E→D,G→M,G→D (negative controls), S→W,S→C (positive controls) and, on "
+        "the second worlds, S→R (the constructed control: source-only, flip-TTA and the oracle only); E-M also works",
     )
     p.add_argument(
         "--selected-methods",

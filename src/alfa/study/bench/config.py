@@ -27,6 +27,7 @@ from alfa.gaze.train import TrainConfig, TruncateConfig
 from .ablations import REGISTRY
 from .methods import (
     CALIBRATION_ROW_METHODS,
+    CONSTRUCTED_CONTROLS,
     EXTRA_METHODS,
     MAIN_METHODS,
     OPT_IN_METHODS,
@@ -258,6 +259,8 @@ class BenchConfig:
             source_images=V2_SOURCE_IMAGES,
             within_images=V2_WITHIN_IMAGES,
         )
+        if base.worlds == "v2" and overrides.get("worlds", "v2") == "v2":  # §7.4's control exists on v2 only
+            base = dataclasses.replace(base, pairs=PAIRS + CONSTRUCTED_CONTROLS)
         return dataclasses.replace(base, **overrides)
 
     @classmethod
@@ -357,9 +360,14 @@ class BenchConfig:
         return dataclasses.replace(base, **overrides)
 
     def validate(self) -> None:
-        for p in (*self.pairs, *self.ablation_pairs, self.figure_pair):
+        for p in self.pairs:
+            if p in CONSTRUCTED_CONTROLS and self.worlds != "v2":
+                raise ValueError(f"the constructed control {p} exists on the second worlds only (--worlds v2)")
+            if p not in PAIRS + CONSTRUCTED_CONTROLS:
+                raise ValueError(f"unknown pair {p!r}; pairs are {', '.join(PAIRS + CONSTRUCTED_CONTROLS)}")
+        for p in (*self.ablation_pairs, self.figure_pair):
             if p not in PAIRS:
-                raise ValueError(f"unknown pair {p!r}; pairs are {', '.join(PAIRS)}")
+                raise ValueError(f"unknown pair {p!r} for the ablations or the figure; they are {', '.join(PAIRS)}")
         known = table_methods() + SANITY_METHODS + tuple(TTA_ROWS) + EXTRA_METHODS + OPT_IN_METHODS
         bad = [m for m in self.methods if m not in known + calibration_rows()]
         if bad:

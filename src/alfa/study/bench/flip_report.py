@@ -18,14 +18,14 @@ from typing import Any
 from . import report_prose as prose
 from .markdown import number as _num
 from .markdown import table as _table
-from .methods import POSITIVE_CONTROLS, SELECTION_RULE
+from .methods import CONSTRUCTED_CONTROLS, POSITIVE_CONTROLS, SELECTION_RULE
 from .names import DEFAULT, SUFFIX_WORDS, display_name
 from .record import Record, as_records
 from .stats import Diff, Index, Measure, cell, diff, pairs_of, pooled, seeds_of
 from .tta_report import tta_lines
 from .variants import GRID, SELECTED
 
-__all__ = ["flip_sections", "flip_summary", "ceilings", "table_rows"]
+__all__ = ["flip_sections", "flip_summary", "ceilings", "constructed_control_section", "table_rows"]
 
 SHARE_FLOOR = 0.5
 """A gain is shown as a share of the flip-TTA ceiling only where the ceiling is at least this many degrees
@@ -139,6 +139,8 @@ def _pct(x: float | None) -> str:
 
 
 def _control(pair: str) -> str:
+    if pair in CONSTRUCTED_CONTROLS:
+        return "positive (constructed)"
     return "positive" if pair in POSITIVE_CONTROLS else "negative"
 
 
@@ -146,7 +148,7 @@ def _verdict(c: dict[str, float | None], pair: str) -> str:
     if c["ratio"] is None:
         return "—"
     holds = c["ratio"] >= CRITERION
-    if pair in POSITIVE_CONTROLS:
+    if pair in POSITIVE_CONTROLS + CONSTRUCTED_CONTROLS:
         return "holds" if holds else "**fails**"
     return "(would hold)" if holds else "not met"
 
@@ -166,7 +168,7 @@ def _ceiling_sentences(idx: Index, ceil: dict[str, dict[str, float | None]]) -> 
                 f", against an oracle headroom (source-only − oracle) of {room.compact()}° "
                 f"(ratio of the means {_pct(c['ratio'])})"
             )
-        if pair in POSITIVE_CONTROLS and c["ratio"] is not None:
+        if pair in POSITIVE_CONTROLS + CONSTRUCTED_CONTROLS and c["ratio"] is not None:
             text += f": the positive-control criterion (≥ {CRITERION:.0%} of the headroom, on the means) " + (
                 "holds" if c["ratio"] >= CRITERION else "FAILS"
             )
@@ -553,6 +555,24 @@ def _ceiling_table(idx: Index, ceil: dict[str, dict[str, float | None]]) -> str:
         "flip loss",
     ]
     return _table(header, rows)
+
+
+def constructed_control_section(idx: Index) -> list[str]:
+    """The constructed positive control (docs/flip-premise.md §7.4), from an index of its records alone (no page
+    pools it with the other pairs or puts it in its family): its ceiling against its headroom, the criterion."""
+    ceil = {p: c for p, c in ceilings(idx).items() if p in CONSTRUCTED_CONTROLS}
+    if not ceil:
+        return []
+    return [
+        "### The constructed positive control (docs/flip-premise.md §7.4)",
+        "",
+        prose.CONSTRUCTED_CONTROL,
+        "",
+        _ceiling_table(idx, ceil),
+        "",
+        *[f"- {s}" for s in _ceiling_sentences(idx, ceil)],
+        "",
+    ]
 
 
 def _ceiling_section(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, float | None]]) -> list[str]:

@@ -8,12 +8,19 @@ from alfa.adapters import METHODS
 from alfa.gaze.calibrate import DEFAULT_METHOD as DEFAULT_CALIBRATION
 
 SOURCES = {"E": "eth", "G": "gaze360", "S": "eth-studio"}
-TARGETS = {"M": "mpii", "D": "eyediap", "W": "mpii-window", "C": "eyediap-offcam"}
+TARGETS = {"M": "mpii", "D": "eyediap", "W": "mpii-window", "C": "eyediap-offcam", "R": "eth-studio-mirrored"}
 NEGATIVE_CONTROLS = ("E→M", "E→D", "G→M", "G→D")
 """Pairs of mirror-symmetric worlds: a flip can see little of a source model's error there."""
 POSITIVE_CONTROLS = ("S→W", "S→C")
 """Pairs built on the asymmetric worlds (docs/flip-premise.md §2), where the flip premise can hold."""
 PAIRS = NEGATIVE_CONTROLS + POSITIVE_CONTROLS
+CONSTRUCTED_CONTROLS = ("S→R",)
+"""Pairs built so that a flip sees the shift by construction (docs/flip-premise.md §7.4, declared before their
+runs, when S→W and S→C had failed their criterion on the second worlds): the studio model on the same rig set up
+mirrored. A check of the instrument, on the second worlds only: only :data:`CONSTRUCTED_CONTROL_ROWS` run there,
+and no page pools them with :data:`PAIRS` or puts them in its family."""
+CONSTRUCTED_CONTROL_ROWS = ("source-only", "flip-tta", "oracle")
+"""The rows a constructed control runs: its flip ceiling and its oracle headroom."""
 SOURCE_TRAINING = {"S": {"symmetry_weight": 0.0}}
 """Changes to the source-training recipe per source: the studio control is trained without the left-right
 symmetry term (docs/flip-premise.md §2: a studio model trained to be flip-symmetric would have no studio

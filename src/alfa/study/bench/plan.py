@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from .ablations import REGISTRY, ablation_variants
 from .config import BenchConfig, selectable_methods, split_pair
 from .methods import (
+    CONSTRUCTED_CONTROL_ROWS,
+    CONSTRUCTED_CONTROLS,
     DECLARED_FAMILY_ROWS,
     EXTRA_METHODS,
     FAMILY_DEFAULTS,
@@ -79,12 +81,16 @@ def plan_records(config: BenchConfig) -> list[RecordPlan]:
     plans: dict[str, RecordPlan] = {}
     for seed in config.seeds:
         for source in SOURCES:
-            pairs = [p for p in PAIRS if p in config.pairs and split_pair(p)[0] == source]
-            if pairs:
+            pairs = [p for p in PAIRS + CONSTRUCTED_CONTROLS if p in config.pairs and split_pair(p)[0] == source]
+            if any(p in PAIRS for p in pairs):
                 for grid, _ in selection.values():
                     plan = RecordPlan(grid, f"{source}→{STAND_IN}", seed)
                     plans[plan.id] = plan
             for pair in pairs:
+                if pair in CONSTRUCTED_CONTROLS:  # its ceiling and headroom only (docs/flip-premise.md §7.4)
+                    variants = [main[m] for m in config.methods if m in CONSTRUCTED_CONTROL_ROWS]
+                    plans.update((p.id, p) for p in (RecordPlan(v, pair, seed) for v in variants) if p.id not in plans)
+                    continue
                 variants = [main[m] for m in config.methods] + [row for _, row in selection.values()] + defaults
                 if pair in config.ablation_pairs:
                     for name in config.ablations:
@@ -117,6 +123,7 @@ def declared_run(worlds: str) -> list[RecordPlan]:
     selectable = selectable_methods()
     family = dataclasses.replace(
         standard,
+        pairs=PAIRS,
         seeds=FAMILY_SEEDS,
         methods=tuple(m for m in DECLARED_FAMILY_ROWS if m in standard.methods),
         selected_methods=tuple(m for m in DECLARED_FAMILY_ROWS if m in selectable),

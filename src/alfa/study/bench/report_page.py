@@ -31,9 +31,10 @@ from . import figures as F
 from . import report_prose as prose
 from .ablations import REGISTRY, table_layout
 from .calibration import calibration_statement
-from .flip_report import flip_sections, flip_summary
+from .flip_report import constructed_control_section, flip_sections, flip_summary
 from .markdown import number as _num
 from .methods import (
+    CONSTRUCTED_CONTROLS,
     DECLARED_FAMILY,
     POSITIVE_CONTROLS,
     SOURCE_TRAINING,
@@ -430,6 +431,15 @@ def _flip_section(r: _Report) -> list[str]:
     return flip_sections(r.results, r.idx, table_methods())
 
 
+def _constructed_control_section(r: _Report) -> list[str]:
+    """docs/flip-premise.md §7.4's control, indexed apart from the page's pairs and family."""
+    constructed = [x for x in r.records if x.pair in CONSTRUCTED_CONTROLS]
+    if not constructed:
+        return []
+    family = Comparisons(persons=design_of(r.results), declared=frozenset())
+    return constructed_control_section(index_records(constructed, family))
+
+
 def _table2_section(r: _Report) -> list[str]:
     return [
         "## Table 2: the LoRA family against Alfa, with merged sizes",
@@ -507,6 +517,7 @@ _SECTIONS: tuple[Callable[[_Report], list[str]], ...] = (
     _sanity_section,
     _table1_section,
     _flip_section,
+    _constructed_control_section,
     _table2_section,
     _parts_section,
     _ablations_section,
@@ -535,7 +546,8 @@ def render_report(
     records hold, said at the top of the page."""
     records = as_records(results.get("records", []))
     family = Comparisons(persons=design_of(results), declared=DECLARED_FAMILY.get(_worlds(results)))
-    idx = index_records(records, family)
+    # a constructed control is never pooled with the pairs or judged in the family (its own section indexes it)
+    idx = index_records([r for r in records if r.pair not in CONSTRUCTED_CONTROLS], family)
 
     def text() -> str:
         report = _Report(

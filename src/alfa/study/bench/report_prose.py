@@ -420,3 +420,15 @@ OFFSET_INTRO = (
     "180°, where a model never trained on rolled heads predicts nonsense and the shares stop meaning what "
     "their names say (docs/gaze.md). A record made before the mean squares were stored has none (—)."
 )
+
+CONSTRUCTED_CONTROL = (
+    "S→W and S→C above are kept as they are, failing or not, in the family and in every pooled row. Declared "
+    "before its runs, when both had fallen short of the criterion on these worlds, a third positive control is "
+    "built so that a flip sees the shift by construction: S→R, the studio source's model on other persons of "
+    "the same studio rig set up mirrored, its key light on the image's right (`eth-studio-mirrored-v2`), so that "
+    "each flipped image is the studio's own kind of image. It checks the instrument (that the ceiling, the "
+    "oracle and their intervals show a flip-visible correction where one exists by construction), says nothing "
+    "of any real capture, runs only source-only, flip-TTA and the oracle, and is in no family and no pooled row. "
+    "The criterion is the declared one; its differences are descriptive."
+)
+"""The constructed positive control's paragraph (docs/flip-premise.md §7.4)."""

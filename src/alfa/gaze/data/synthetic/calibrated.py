@@ -73,6 +73,14 @@ def _register_v2() -> None:
     window = _asymmetry("mpii-window")
     description = "Gaze360-like persons, each lit by a window on one side (the side drawn per person)"
     _register(replace(DOMAINS["gaze360-v2"], name="gaze360-window-v2", description=description, **window))
+    # The constructed positive control (docs/flip-premise.md §7.4, declared before its runs): the studio source's
+    # rig set up mirrored in a second studio, its key light on the image's right, visited by other persons (a
+    # target as large as the MPII-like one). Its flipped images are the studio's own kind of image, so by
+    # construction a flip sees the shift from the studio source.
+    studio = DOMAINS["eth-studio-v2"]
+    description = "The ETH-XGaze-like studio's rig set up mirrored: its key light on the image's right"
+    mirrored = replace(studio, name="eth-studio-mirrored-v2", description=description, light_side="fixed-right")
+    _register(replace(mirrored, role="target", persons=dict(DOMAINS["mpii-v2"].persons)))
 
 
 _register_v2()

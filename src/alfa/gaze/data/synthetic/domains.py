@@ -43,7 +43,7 @@ __all__ = [
 
 DEG = math.pi / 180.0
 SPLITS = ("train", "val", "test")
-LIGHT_SIDES = ("image", "person", "fixed")
+LIGHT_SIDES = ("image", "person", "fixed", "fixed-right")
 PARAM_CHUNK = 16  # per-image parameters are drawn this many at a time (prefix stability)
 CROP_ZOOM = 1.9  # the normalized crop is tight: eyes in the upper half, cheeks and chin at the borders
 RENDER_PIXELS = 1 << 17  # pixels per render call: small enough to stay in cache, large enough to amortize
@@ -147,7 +147,8 @@ class DomainConfig:
     # Left/right asymmetries of the capture (docs/synthetic.md § Asymmetric worlds). The defaults make a
     # world mirror-symmetric in distribution: the key light's side is drawn per image, the camera is
     # straight in front of the person.
-    light_side: str = "image"  # "image": side drawn per image; "person": one side per person; "fixed": image left
+    # "image": side drawn per image; "person": one side per person; "fixed": image left; "fixed-right": image right
+    light_side: str = "image"
     camera_yaw: tuple[float, float] = (0.0, 0.0)  # (mean |offset|, std) in degrees of the camera, one side per person
     # The label convention: labels measured from a gaze origin below the eyes (the face centre, as face-based
     # releases define it) point up by this angle at the world's viewing distance. Pitch only: a vertical origin
@@ -490,6 +491,8 @@ def sample_scenes(cfg: DomainConfig, n: int, g: torch.Generator) -> dict[str, Te
     side = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
     if cfg.light_side == "fixed":  # a studio rig: the key light always on the image's left (positive azimuth)
         side = torch.ones(n)
+    elif cfg.light_side == "fixed-right":  # the same rig set up mirrored: the key light on the image's right
+        side = -torch.ones(n)
     warmth = _uniform(g, n, cfg.light_warmth)
     light_rgb = torch.stack([1 + 0.15 * warmth, torch.ones(n), 1 - 0.25 * warmth], -1)
     bg_level = _uniform(g, n, cfg.background)

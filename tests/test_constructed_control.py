@@ -1,0 +1,68 @@
+"""docs/flip-premise.md §7.4's constructed positive control S→R: planned with its three rows only, on the second
+worlds only, in the declared run's seeds 0–2 and never the family's; shown in a section of its own, never pooled."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from bench_records import results_of
+
+from alfa.study.bench.config import BenchConfig
+from alfa.study.bench.methods import CONSTRUCTED_CONTROL_ROWS, FAMILY_SEEDS
+from alfa.study.bench.plan import declared_run, plan_records
+from alfa.study.bench.report_page import render_report
+
+
+def test_the_standard_plan_runs_only_its_three_rows_on_it_and_only_on_the_second_worlds():
+    standard = BenchConfig.standard()
+    assert "S→R" in standard.pairs and "S→R" not in standard.ablation_pairs
+    on_r = [p for p in plan_records(standard) if p.pair == "S→R"]
+    assert sorted(p.id for p in on_r) == sorted(f"{m}|S→R|seed{s}" for m in CONSTRUCTED_CONTROL_ROWS for s in (0, 1, 2))
+    # alone, it plans no recipe selection on the studio's stand-in (nothing on S→R reads one)
+    alone = dataclasses.replace(standard, pairs=("S→R",), seeds=(0,))
+    assert [p.id for p in plan_records(alone)] == [f"{m}|S→R|seed0" for m in CONSTRUCTED_CONTROL_ROWS]
+    assert "S→R" not in BenchConfig.first_standard().pairs and "S→R" not in BenchConfig.standard(worlds="v1").pairs
+    with pytest.raises(ValueError, match="the constructed control S→R exists on the second worlds only"):
+        BenchConfig.first_standard(pairs=("S→R",)).validate()
+    with pytest.raises(ValueError, match="unknown pair 'S→R' for the ablations or the figure"):
+        dataclasses.replace(standard, ablation_pairs=("S→R",)).validate()
+
+
+def test_the_declared_run_has_it_on_seeds_0_to_2_and_never_on_the_familys_seeds():
+    on_r = [p for p in declared_run("v2") if p.pair == "S→R"]
+    assert len(on_r) == 3 * len(CONSTRUCTED_CONTROL_ROWS) and {p.seed for p in on_r} == {0, 1, 2}
+    assert not set(FAMILY_SEEDS) & {p.seed for p in on_r}
+
+
+def _results(r_flip: float):
+    """S→W and S→R with source-only at 14, the oracle at 6 and flip-TTA at 13.5 (S→W) and ``r_flip`` (S→R)."""
+    config = dataclasses.replace(
+        BenchConfig.standard(), methods=("source-only", "flip-tta", "oracle"), selected_methods=(), default_methods=()
+    )
+    results = results_of(config, (("source-only", 14.0), ("flip-tta", 13.5), ("oracle", 6.0)))
+    rows = results_of(config, (("source-only", 14.0), ("flip-tta", r_flip), ("oracle", 6.0)))["records"]
+    for record in rows:
+        record.update(pair="S→R", target="R", id=record["id"].replace("E→M", "S→R"))
+    for record in results["records"]:
+        record.update(pair="S→W", source="S", target="W", id=record["id"].replace("E→M", "S→W"))
+    results["records"] += rows
+    return results
+
+
+def test_the_page_shows_it_apart_with_its_verdict_and_pools_nothing_of_it():
+    text = render_report(_results(r_flip=9.0))
+    section = text[text.index("### The constructed positive control") :]
+    section = section[: section.index("\n## ")] if "\n## " in section else section
+    row = next(line for line in section.splitlines() if line.startswith("| S→R |"))
+    assert "positive (constructed)" in row and "| holds |" in row  # a ceiling of 5° against a headroom of 8°
+    assert "62 %" in row  # 5 / 8, as the page rounds it
+    assert "the positive-control criterion (≥ 33% of the headroom, on the means) holds" in section
+    # nowhere else: not in the sanity table, the flip table of the pairs, the pooled rows or the family
+    assert text.count("S→R") == section.count("S→R")
+    assert "| S→W |" in text and "| S→W |" not in section
+    failing = render_report(_results(r_flip=13.0))  # a ceiling of 1° against 8°: the check can fail
+    assert "FAILS" in failing[failing.index("### The constructed positive control") :]
+    without = _results(r_flip=9.0)
+    without["records"] = [r for r in without["records"] if r["pair"] != "S→R"]
+    assert "constructed positive control" not in render_report(without)
