@@ -29,6 +29,10 @@ fi
 lane_file=$(realpath -- "$1")
 lane=$(basename "$lane_file" .txt)
 mapfile -t lines <"$lane_file"
+if ((from_line > ${#lines[@]})); then
+    echo "queue: $1 has ${#lines[@]} lines; nothing from line $from_line on" >&2
+    exit 2
+fi
 cd "$(dirname "$0")/.." || exit 2
 mkdir -p runs/logs
 for i in "${!lines[@]}"; do

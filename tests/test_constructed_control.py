@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from bench_records import results_of
+from bench_records import results_of, row
 
 from alfa.study.bench.config import BenchConfig
 from alfa.study.bench.flip_report import constructed_control_section
-from alfa.study.bench.methods import CONSTRUCTED_CONTROL_ROWS, FAMILY_SEEDS
+from alfa.study.bench.methods import CONSTRUCTED_CONTROL_ROWS, FAMILY_SEEDS, PAIRS
 from alfa.study.bench.plan import declared_run, plan_records
 from alfa.study.bench.record import as_records
 from alfa.study.bench.report_page import render_report
@@ -25,12 +25,17 @@ def test_the_declared_run_has_only_its_three_rows_on_it_on_seeds_0_to_2_and_only
     on_r = [p for p in declared_run("v2") if p.pair == "S→R"]
     assert sorted(p.id for p in on_r) == sorted(f"{m}|S→R|seed{s}" for m in CONSTRUCTED_CONTROL_ROWS for s in (0, 1, 2))
     assert not set(FAMILY_SEEDS) & {p.seed for p in on_r}
+    # §7.1's command names no pairs: the family's seeds still get nothing on S→R
+    family = dataclasses.replace(standard, seeds=FAMILY_SEEDS, methods=("source-only", "flip-tta", "alfa"))
+    assert {p.pair for p in plan_records(family)} - {"E→stand-in", "G→stand-in", "S→stand-in"} == set(PAIRS)
     # alone, it plans no recipe selection on the studio's stand-in (nothing on S→R reads one)
     alone = dataclasses.replace(standard, pairs=("S→R",), seeds=(0,))
     assert [p.id for p in plan_records(alone)] == [f"{m}|S→R|seed0" for m in CONSTRUCTED_CONTROL_ROWS]
     assert "S→R" not in BenchConfig.first_standard().pairs and "S→R" not in BenchConfig.standard(worlds="v1").pairs
     with pytest.raises(ValueError, match="the constructed control S→R exists on the second worlds only"):
         BenchConfig.first_standard(pairs=("S→R",)).validate()
+    with pytest.raises(ValueError, match="the constructed control S→R runs only source-only, flip-tta, oracle"):
+        dataclasses.replace(standard, pairs=("S→R",), methods=("alfa",)).validate()
     with pytest.raises(ValueError, match="unknown pair 'S→R' for the ablations or the figure"):
         dataclasses.replace(standard, ablation_pairs=("S→R",)).validate()
 
@@ -40,13 +45,14 @@ def _results(r_flip: float):
     config = dataclasses.replace(
         BenchConfig.standard(), methods=("source-only", "flip-tta", "oracle"), selected_methods=(), default_methods=()
     )
-    results = results_of(config, (("source-only", 14.0), ("flip-tta", 13.5), ("oracle", 6.0)))
-    rows = results_of(config, (("source-only", 14.0), ("flip-tta", r_flip), ("oracle", 6.0)))["records"]
-    for record in rows:
-        record.update(pair="S→R", target="R", id=record["id"].replace("E→M", "S→R"))
-    for record in results["records"]:
-        record.update(pair="S→W", source="S", target="W", id=record["id"].replace("E→M", "S→W"))
-    results["records"] += rows
+    results = results_of(config, (), seeds=())
+    means = {"S→W": (14.0, 13.5, 6.0), "S→R": (14.0, r_flip, 6.0)}
+    results["records"] = [
+        row(m, s, mean + s, pair=pair)
+        for pair, values in means.items()
+        for s in (0, 1, 2)
+        for m, mean in zip(("source-only", "flip-tta", "oracle"), values)
+    ]
     return results
 
 
@@ -55,7 +61,7 @@ def test_the_page_shows_it_apart_with_its_verdict_and_pools_nothing_of_it():
     section = text[text.index("### The constructed positive control") :]
     section = section[: section.index("\n## ")] if "\n## " in section else section
     row = next(line for line in section.splitlines() if line.startswith("| S→R |"))
-    assert "positive (constructed)" in row and "| holds |" in row  # a ceiling of 5° against a headroom of 8°
+    assert "constructed positive" in row and "| holds |" in row  # a ceiling of 5° against a headroom of 8°
     assert "62 %" in row  # 5 / 8, as the page rounds it
     assert "the positive-control criterion (≥ 33% of the headroom, on the means) holds" in section
     # nowhere else: not in the sanity table, the flip table of the pairs, the pooled rows or the family

@@ -80,6 +80,8 @@ def test_a_lane_restarts_from_a_given_line_and_refuses_a_bad_one(tmp_path):
             refused.returncode == 2
             and refused.stderr == f"queue: FROM_LINE must be a line number (1 or more), got '{bad}'\n"
         )
+    past = _run(repo, "lane.txt", "5")
+    assert past.returncode == 2 and past.stderr == "queue: lane.txt has 4 lines; nothing from line 5 on\n"
     assert len((repo / "calls.txt").read_text().splitlines()) == 2
 
 

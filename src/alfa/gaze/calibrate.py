@@ -94,7 +94,8 @@ DEFAULT_REASON = (
     "default serves every k; with 1 image the offset also carries that image's scatter, which can cost more than "
     "it corrects (docs/results-user-calibration.md; --offset-prior shrinks it). It stayed the default under a rule "
     "declared before the adapters' rows ran (docs/user-calibration.md §5.5): at k = 9 a LoRA adapter closed more of "
-    "the labelled headroom, but not the 10 points more its training and storage per user were asked to earn"
+    "the labelled headroom on its worst pair, but not the 10 points more its training and storage per user were "
+    "asked to earn"
 )
 
 

@@ -27,6 +27,7 @@ from alfa.gaze.train import TrainConfig, TruncateConfig
 from .ablations import REGISTRY
 from .methods import (
     CALIBRATION_ROW_METHODS,
+    CONSTRUCTED_CONTROL_ROWS,
     CONSTRUCTED_CONTROLS,
     EXTRA_METHODS,
     MAIN_METHODS,
@@ -246,7 +247,8 @@ class BenchConfig:
         afresh for each seed) with 40 images (5 adapt + 35 scored), the full personalization recipe (10 steps),
         short TPGaze meta-training and oracle; every ablation with its full list of values on all four pairs. On
         the v2 worlds its methods also have issue 26's label-free TTA rows (:data:`~.methods.TTA_ROWS`, after
-        flip-TTA), which the first records' preset does not have."""
+        flip-TTA), which the first records' preset does not have, and its pairs the constructed control S→R
+        (docs/flip-premise.md §7.4: source-only, flip-TTA and the oracle on seeds 0–2 only)."""
         base = dataclasses.replace(cls.first_standard(), preset="standard", target_persons=None)
         if overrides.get("worlds", "v2") == "v2":
             base = dataclasses.replace(base, methods=with_tta_rows(base.methods))
@@ -259,7 +261,7 @@ class BenchConfig:
             source_images=V2_SOURCE_IMAGES,
             within_images=V2_WITHIN_IMAGES,
         )
-        if base.worlds == "v2" and overrides.get("worlds", "v2") == "v2":  # §7.4's control exists on v2 only
+        if overrides.get("worlds", "v2") == "v2":  # §7.4's control exists on the second worlds only
             base = dataclasses.replace(base, pairs=PAIRS + CONSTRUCTED_CONTROLS)
         return dataclasses.replace(base, **overrides)
 
@@ -365,6 +367,10 @@ class BenchConfig:
                 raise ValueError(f"the constructed control {p} exists on the second worlds only (--worlds v2)")
             if p not in PAIRS + CONSTRUCTED_CONTROLS:
                 raise ValueError(f"unknown pair {p!r}; pairs are {', '.join(PAIRS + CONSTRUCTED_CONTROLS)}")
+        if self.pairs and set(self.pairs) <= set(CONSTRUCTED_CONTROLS):
+            if not set(self.methods) & set(CONSTRUCTED_CONTROL_ROWS):
+                rows = ", ".join(CONSTRUCTED_CONTROL_ROWS)
+                raise ValueError(f"the constructed control {', '.join(self.pairs)} runs only {rows}: name one")
         for p in (*self.ablation_pairs, self.figure_pair):
             if p not in PAIRS:
                 raise ValueError(f"unknown pair {p!r} for the ablations or the figure; they are {', '.join(PAIRS)}")

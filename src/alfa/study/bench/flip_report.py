@@ -140,7 +140,7 @@ def _pct(x: float | None) -> str:
 
 def _control(pair: str) -> str:
     if pair in CONSTRUCTED_CONTROLS:
-        return "positive (constructed)"
+        return "constructed positive"
     return "positive" if pair in POSITIVE_CONTROLS else "negative"
 
 

@@ -21,6 +21,8 @@ mirrored. A check of the instrument, on the second worlds only: only :data:`CONS
 and no page pools them with :data:`PAIRS` or puts them in its family."""
 CONSTRUCTED_CONTROL_ROWS = ("source-only", "flip-tta", "oracle")
 """The rows a constructed control runs: its flip ceiling and its oracle headroom."""
+CONSTRUCTED_CONTROL_SEEDS = (0, 1, 2)
+"""The seeds a constructed control runs on (§7.4): never the family's later seeds, whatever a command asks."""
 SOURCE_TRAINING = {"S": {"symmetry_weight": 0.0}}
 """Changes to the source-training recipe per source: the studio control is trained without the left-right
 symmetry term (docs/flip-premise.md §2: a studio model trained to be flip-symmetric would have no studio

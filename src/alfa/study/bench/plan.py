@@ -17,6 +17,7 @@ from .ablations import REGISTRY, ablation_variants
 from .config import BenchConfig, selectable_methods, split_pair
 from .methods import (
     CONSTRUCTED_CONTROL_ROWS,
+    CONSTRUCTED_CONTROL_SEEDS,
     CONSTRUCTED_CONTROLS,
     DECLARED_FAMILY_ROWS,
     EXTRA_METHODS,
@@ -81,7 +82,8 @@ def plan_records(config: BenchConfig) -> list[RecordPlan]:
     plans: dict[str, RecordPlan] = {}
     for seed in config.seeds:
         for source in SOURCES:
-            pairs = [p for p in PAIRS + CONSTRUCTED_CONTROLS if p in config.pairs and split_pair(p)[0] == source]
+            controls = CONSTRUCTED_CONTROLS if seed in CONSTRUCTED_CONTROL_SEEDS else ()
+            pairs = [p for p in PAIRS + controls if p in config.pairs and split_pair(p)[0] == source]
             if any(p in PAIRS for p in pairs):
                 for grid, _ in selection.values():
                     plan = RecordPlan(grid, f"{source}→{STAND_IN}", seed)
@@ -109,7 +111,7 @@ def grid_plan(config: BenchConfig, plan: RecordPlan) -> RecordPlan:
 
 
 def declared_run(worlds: str) -> list[RecordPlan]:
-    """Every record of the run the protocol of ``worlds`` declares as a whole (docs/flip-premise.md §7–7.2): for
+    """Every record of the run the protocol of ``worlds`` declares as a whole (docs/flip-premise.md §7–7.4): for
     ``v2``, the standard preset on seeds 0–2 with the rows of the domain-adaptation issue (RUDA, PnP-GA, the
     distilled TTA) and of user calibration (every ``k`` and draw of each method the benchmark has rows of;
     docs/user-calibration.md §4), and the family's rows on :data:`~alfa.study.bench.methods.FAMILY_SEEDS`

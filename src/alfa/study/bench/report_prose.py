@@ -250,7 +250,7 @@ SCALED_PARAMETER = "×{factor:g} on `{name}`"
 NO_RUNS = "No run metadata."
 
 DECLARED_RUN = (
-    "**The declared run** (docs/flip-premise.md §7–7.2): this file holds {held} of its {total} records. Not yet "
+    "**The declared run** (docs/flip-premise.md §7–7.4): this file holds {held} of its {total} records. Not yet "
     "recorded: on seeds 0–2, {selections} recipe selections, {ablations} ablation rows and {rows} other rows; on "
     "the family's seeds 3–7, {family_missing} records. A row without a record is shown as missing, and nothing is "
     "read from its absence."
@@ -429,6 +429,9 @@ CONSTRUCTED_CONTROL = (
     "each flipped image is the studio's own kind of image. It checks the instrument (that the ceiling, the "
     "oracle and their intervals show a flip-visible correction where one exists by construction), says nothing "
     "of any real capture, runs only source-only, flip-TTA and the oracle, and is in no family and no pooled row. "
-    "The criterion is the declared one; its differences are descriptive."
+    "The criterion is the declared one; its differences are descriptive. By construction a flip sees the shift, "
+    "but flip-TTA averages a prediction with its mirrored one (it removes at most about half of a flip-visible "
+    "bias) and the oracle's headroom also holds each person's own error: passing asks that the mirrored light be "
+    "most of the headroom."
 )
 """The constructed positive control's paragraph (docs/flip-premise.md §7.4)."""
