@@ -79,6 +79,8 @@ def plan_records(config: BenchConfig) -> list[RecordPlan]:
     main = main_variants(config)
     selection = {m: selection_variants(config, m) for m in config.selected_methods}
     defaults = [default_variant(config, m) for m in config.default_methods]
+    # an ablation's rows depend on the configuration alone: built once, not per pair and seed (seconds each time)
+    ablation_rows = [v for name in config.ablations for v in ablation_variants(name, config)]
     plans: dict[str, RecordPlan] = {}
     for seed in config.seeds:
         for source in SOURCES:
@@ -95,8 +97,7 @@ def plan_records(config: BenchConfig) -> list[RecordPlan]:
                     continue
                 variants = [main[m] for m in config.methods] + [row for _, row in selection.values()] + defaults
                 if pair in config.ablation_pairs:
-                    for name in config.ablations:
-                        variants += ablation_variants(name, config)
+                    variants += ablation_rows
                 for v in variants:
                     plan = RecordPlan(v, pair, seed)
                     if plan.id not in plans:
