@@ -63,7 +63,8 @@ def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path
     assert "Every method of the protocol has its rows." in text
     assert "| 3 | — | — | — |" in text  # FAZE: no record, no number
     # Alfa − LoRA as the calibration adapter at k = 9, pooled: (0.5 + 0.2) / 2; none at k = 3
-    assert "| supervised | 9 | +0.35 [0.35, 0.35] | 630, 512 |" in text and "| supervised | 3 | — | —, — |" in text
+    assert "| supervised | 9 | +0.35 [0.35, 0.35] | — | 630, 512 |" in text  # every pair has both: no partial
+    assert "| supervised | 3 | — | — | —, — |" in text
     em, ed = _row(text, "E→M"), _row(text, "E→D")
     assert "| 67% (3 seeds) |" in em and "headroom met; k = 1: not worse" in em
     assert "| 25% (3 seeds) |" in ed and "headroom missed; k = 1: worse beyond the interval" in ed
@@ -85,6 +86,15 @@ def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path
     shown = json.dumps(plotted, ensure_ascii=False)
     assert "E→M" in shown and "E→D" in shown and "affine random" in shown
     assert "affine spread" not in shown  # only k = 9 of it: no line of seeds yet
+
+
+def test_alfa_against_lora_is_shown_on_the_pairs_that_have_both_while_a_pair_lacks_one():
+    results = _results()
+    alfa_k9 = calibration_label("adapter-alfa", 9)
+    results["records"] = [r for r in results["records"] if not (r["method"] == alfa_k9 and r["pair"] == "E→D")]
+    text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
+    # pooled over both pairs: none (E→D lacks Alfa); on E→M alone: 6.5 − 6.0
+    assert "| supervised | 9 | — | +0.50 [0.50, 0.50] (E→M) | 630, 512 |" in text
 
 
 def test_a_page_without_calibration_records_says_so():

@@ -295,7 +295,10 @@ def _draws_table(idx: Index, pairs: Sequence[str]) -> list[str]:
 
 def _adapters_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     """Alfa − LoRA as the calibration adapter, supervised and semi-supervised, at each ``k`` of the adapters."""
-    lines = ["| loss | k | Alfa − LoRA | trainable numbers (Alfa, LoRA) |", "|---|---|---|---|"]
+    lines = [
+        "| loss | k | Alfa − LoRA | on the pairs that have both rows so far | trainable numbers (Alfa, LoRA) |",
+        "|---|---|---|---|---|",
+    ]
     for loss, (alfa, lora) in (
         ("supervised", ("adapter-alfa", "adapter-lora")),
         ("supervised, LoRA at Alfa's trainable count (§5.6)", ("adapter-alfa", "adapter-lora-matched")),
@@ -303,11 +306,17 @@ def _adapters_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     ):
         for k in ADAPTER_KS:
             d = diff(idx, _cal(alfa, k), _cal(lora, k), pairs)
+            # while the run is under way, the same difference on the pairs both rows have (named), so that a
+            # reader need not wait for the last pair; "—" where that is every pair (the column before) or none
+            have = [p for p in pairs if diff(idx, _cal(alfa, k), _cal(lora, k), [p]) is not None]
+            part = diff(idx, _cal(alfa, k), _cal(lora, k), have) if have and len(have) < len(pairs) else None
+            part_text = "—" if part is None else f"{part.compact()} ({', '.join(have)})"
             sizes = []
             for method in (alfa, lora):
                 found = [r.trainable_params for (m, _, _), r in idx.items() if m == _cal(method, k)]
                 sizes.append(f"{found[0]:,}" if found else "—")
-            lines.append(f"| {loss} | {k} | {'—' if d is None else d.compact()} | {', '.join(sizes)} |")
+            cells = [loss, str(k), "—" if d is None else d.compact(), part_text, ", ".join(sizes)]
+            lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -469,7 +478,8 @@ def user_calibration_page(
         "",
         "Each adapter at the benchmark's settings, trained on the k labelled images with the supervised loss and "
         "the declared recipe (user-calibration.md §5.2: three draws per person). Alfa − LoRA, pooled over the "
-        "pairs above, with each one's trainable numbers (negative: Alfa is better):",
+        "pairs above, and, while the run is under way, over the pairs that have both rows (descriptive, those "
+        "pairs named), with each one's trainable numbers (negative: Alfa is better):",
         "",
         *_adapters_table(idx, pairs),
         "",
