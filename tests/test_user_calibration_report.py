@@ -61,7 +61,7 @@ def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path
     text = user_calibration_page(_results(), "docs/data/bench-v2", "alfa pages --write", tmp_path, "figures/")
     assert "**Records:** 48 of the 1476 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
     assert "Every method of the protocol has its rows." in text
-    assert "| 3 | — | — | — |" in text  # FAZE: no record, no number
+    assert "| 3 | — | — | — | — |" in text  # FAZE: no record, no number
     # Alfa − LoRA as the calibration adapter at k = 9, pooled: (0.5 + 0.2) / 2; none at k = 3
     assert "| supervised | 9 | +0.35 [0.35, 0.35] | — | 630, 512 |" in text  # every pair has both: no partial
     assert "| supervised | 3 | — | — | —, — |" in text
@@ -95,6 +95,13 @@ def test_alfa_against_lora_is_shown_on_the_pairs_that_have_both_while_a_pair_lac
     text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
     # pooled over both pairs: none (E→D lacks Alfa); on E→M alone: 6.5 − 6.0
     assert "| supervised | 9 | — | +0.50 [0.50, 0.50] (E→M) | 630, 512 |" in text
+    # the same for FAZE's meta − plain, with records of both on E→M only: 6.0 − 6.4 in every seed and person
+    extra = {"kind": "calibration", "trainable_params": 99, "calibration": {"uncalibrated_deg": 11.0}}
+    for method, mean in (("faze", 6.0), ("faze-plain", 6.4)):
+        label = calibration_label(method, 9)
+        results["records"] += [shifted(label, "E→M", s, mean + 0.1 * s, spread=SPREAD, **extra) for s in range(3)]
+    faze = _row(user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write"), "9")
+    assert faze.startswith("| 9 | — | −0.40 [−0.40, −0.40] (E→M) | 11.00 | 11.00 |"), faze
 
 
 def test_a_page_without_calibration_records_says_so():

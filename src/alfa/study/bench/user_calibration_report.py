@@ -293,6 +293,14 @@ def _draws_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     return lines
 
 
+def _on_pairs_with_both(idx: Index, a: str, b: str, pairs: Sequence[str]) -> str:
+    """While the run is under way, ``a − b`` on the pairs both rows have (named), so that a reader need not wait
+    for the last pair; "—" where that is every pair (the pooled column says it) or none."""
+    have = [p for p in pairs if diff(idx, a, b, [p]) is not None]
+    part = diff(idx, a, b, have) if have and len(have) < len(pairs) else None
+    return "—" if part is None else f"{part.compact()} ({', '.join(have)})"
+
+
 def _adapters_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     """Alfa − LoRA as the calibration adapter, supervised and semi-supervised, at each ``k`` of the adapters."""
     lines = [
@@ -306,11 +314,7 @@ def _adapters_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     ):
         for k in ADAPTER_KS:
             d = diff(idx, _cal(alfa, k), _cal(lora, k), pairs)
-            # while the run is under way, the same difference on the pairs both rows have (named), so that a
-            # reader need not wait for the last pair; "—" where that is every pair (the column before) or none
-            have = [p for p in pairs if diff(idx, _cal(alfa, k), _cal(lora, k), [p]) is not None]
-            part = diff(idx, _cal(alfa, k), _cal(lora, k), have) if have and len(have) < len(pairs) else None
-            part_text = "—" if part is None else f"{part.compact()} ({', '.join(have)})"
+            part_text = _on_pairs_with_both(idx, _cal(alfa, k), _cal(lora, k), pairs)
             sizes = []
             for method in (alfa, lora):
                 found = [r.trainable_params for (m, _, _), r in idx.items() if m == _cal(method, k)]
@@ -329,12 +333,16 @@ def _uncalibrated(idx: Index, label: str, pairs: Sequence[str]) -> str:
 
 def _faze_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     meta, plain = FAZE_ROWS["meta"], FAZE_ROWS["plain"]
-    lines = ["| k | meta − plain | meta-learned, before calibration | plain, before calibration |"]
-    lines.append("|---|---|---|---|")
+    lines = [
+        "| k | meta − plain | on the pairs that have both rows so far | meta-learned, before calibration | plain, "
+        "before calibration |"
+    ]
+    lines.append("|---|---|---|---|---|")
     for k in CALIBRATION_KS:
         d = diff(idx, _cal(meta, k), _cal(plain, k), pairs)
+        part = _on_pairs_with_both(idx, _cal(meta, k), _cal(plain, k), pairs)
         before = [_uncalibrated(idx, _cal(m, k), pairs) for m in (meta, plain)]
-        lines.append(f"| {k} | {'—' if d is None else d.compact()} | {before[0]} | {before[1]} |")
+        lines.append(f"| {k} | {'—' if d is None else d.compact()} | {part} | {before[0]} | {before[1]} |")
     return lines
 
 
@@ -487,7 +495,8 @@ def user_calibration_page(
         "",
         "PS-GEN on the meta-learned gaze MLP (AdaGEN) against the same steps on the MLP `alfa faze train` left, "
         "each FAZE model trained on the source's data (user-calibration.md §5.3). Meta − plain, pooled over the "
-        "pairs above (negative: meta-learning helps), and each model before calibration on the same images:",
+        "pairs above and, while the run is under way, over the pairs that have both rows (descriptive, named; "
+        "negative: meta-learning helps), and each model before calibration on the same images:",
         "",
         *_faze_table(idx, pairs),
         "",
