@@ -250,8 +250,8 @@ class BenchConfig:
         flip-TTA), which the first records' preset does not have, and its pairs the constructed control S→R
         (docs/flip-premise.md §7.4: source-only, flip-TTA and the oracle on seeds 0–2 only)."""
         base = dataclasses.replace(cls.first_standard(), preset="standard", target_persons=None)
-        if overrides.get("worlds", "v2") == "v2":
-            base = dataclasses.replace(base, methods=with_tta_rows(base.methods))
+        if overrides.get("worlds", "v2") == "v2":  # the TTA rows and §7.4's control exist on the second worlds only
+            base = dataclasses.replace(base, methods=with_tta_rows(base.methods), pairs=PAIRS + CONSTRUCTED_CONTROLS)
         base = dataclasses.replace(
             base,
             target_draw="per_seed",
@@ -261,8 +261,6 @@ class BenchConfig:
             source_images=V2_SOURCE_IMAGES,
             within_images=V2_WITHIN_IMAGES,
         )
-        if overrides.get("worlds", "v2") == "v2":  # §7.4's control exists on the second worlds only
-            base = dataclasses.replace(base, pairs=PAIRS + CONSTRUCTED_CONTROLS)
         return dataclasses.replace(base, **overrides)
 
     @classmethod

@@ -93,11 +93,10 @@ def plan_records(config: BenchConfig) -> list[RecordPlan]:
             for pair in pairs:
                 if pair in CONSTRUCTED_CONTROLS:  # its ceiling and headroom only (docs/flip-premise.md §7.4)
                     variants = [main[m] for m in config.methods if m in CONSTRUCTED_CONTROL_ROWS]
-                    plans.update((p.id, p) for p in (RecordPlan(v, pair, seed) for v in variants) if p.id not in plans)
-                    continue
-                variants = [main[m] for m in config.methods] + [row for _, row in selection.values()] + defaults
-                if pair in config.ablation_pairs:
-                    variants += ablation_rows
+                else:
+                    variants = [main[m] for m in config.methods] + [row for _, row in selection.values()] + defaults
+                    if pair in config.ablation_pairs:
+                        variants += ablation_rows
                 for v in variants:
                     plan = RecordPlan(v, pair, seed)
                     if plan.id not in plans:
