@@ -60,16 +60,17 @@ def test_the_page_shows_it_apart_with_its_verdict_and_pools_nothing_of_it():
     text = render_report(_results(r_flip=9.0))
     section = text[text.index("### The constructed positive control") :]
     section = section[: section.index("\n## ")] if "\n## " in section else section
-    row = next(line for line in section.splitlines() if line.startswith("| S→R |"))
-    assert "constructed positive" in row and "| holds |" in row  # a ceiling of 5° against a headroom of 8°
-    assert "62 %" in row  # 5 / 8, as the page rounds it
+    control = next(line for line in section.splitlines() if line.startswith("| S→R |"))
+    assert "constructed positive" in control and "| holds |" in control  # a ceiling of 5° against a headroom of 8°
+    assert "62 %" in control  # 5 / 8, as the page rounds it
     assert "the positive-control criterion (≥ 33% of the headroom, on the means) holds" in section
     # nowhere else: not in the sanity table, the flip table of the pairs, the pooled rows or the family
     assert text.count("S→R") == section.count("S→R")
     assert "| S→W |" in text and "| S→W |" not in section
     # the check can fail: a ceiling of 1° against 8° (the section alone, as the page builds it)
-    records = [r for r in as_records(_results(r_flip=13.0)["records"]) if r.pair == "S→R"]
-    family = Comparisons(persons=design_of(_results(13.0)), declared=frozenset())
+    failing_results = _results(r_flip=13.0)
+    records = [r for r in as_records(failing_results["records"]) if r.pair == "S→R"]
+    family = Comparisons(persons=design_of(failing_results), declared=frozenset())
     failing = "\n".join(constructed_control_section(index_records(records, family)))
     assert "| **fails** |" in failing and "FAILS" in failing
     assert constructed_control_section(index_records([], family)) == []  # no record, no section
