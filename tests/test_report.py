@@ -202,6 +202,36 @@ def test_verdicts_speak_of_alfas_selected_row_beside_the_papers():
     assert d.describe().startswith("+0.00° [") and d.describe().endswith("; lower for 3 of 6 persons")
 
 
+def test_without_the_paper_recipe_alfas_selected_row_still_gets_its_verdicts_and_missing_pairs_are_named():
+    """The second protocol runs Alfa's selected and default rows before its paper recipe: the page must not say
+    "Alfa was not run" beside them, and a pair the row has no record on is named, not counted."""
+    means = {k: v for k, v in MEANS.items() if k[0] != "alfa"}
+    means[("alfa[selected]", "E→M")] = (4.0, 4.5, 5.0)
+    means[("lora[selected]", "E→M")] = (6.0, 6.0, 6.0)
+    lines = main_verdicts(index_records(fixture_results(means)["records"]))
+    assert "Alfa was not run; no verdict." not in lines
+    assert lines[0] == (
+        "Of the 4 rows, Alfa (selected recipe) has the lowest mean error on 1 of 1 pairs (E→M) "
+        "(it has no records on E→D)."
+    )
+    # pooled over both pairs only LoRA (paper recipe) has records on each: the selected rows are not pooled
+    assert lines[-1].startswith("Of the 1 rows compared with source-only pooled over pairs, 1 have a lower mean")
+    own = next(line for line in lines if line.startswith("Against its own starting point"))
+    assert "Pooled" not in own  # over its one pair a pooled difference would repeat that pair's
+    means[("alfa[selected]", "E→D")] = (7.0, 7.5, 8.0)
+    means[("source-only", "G→M")] = (9.0, 9.0, 9.0)  # a third pair without the selected rows
+    idx = index_records(fixture_results(means)["records"])
+    lines = main_verdicts(idx)
+    own = next(line for line in lines if line.startswith("Against its own starting point"))
+    pooled = diff(idx, "alfa[selected]", "source-only", ["E→M", "E→D"]).describe()
+    assert own.endswith(
+        f". Pooled over E→M, E→D (the pairs with both rows): Alfa (selected recipe) − source-only = {pooled}."
+    )
+    assert not any(line.startswith("Against LoRA (selected recipe)") for line in lines)  # LoRA's has one pair
+    without = {k: v for k, v in means.items() if not k[0].startswith("alfa")}
+    assert main_verdicts(index_records(fixture_results(without)["records"])) == ["Alfa was not run; no verdict."]
+
+
 def test_sanity_summary_and_sentences(idx):
     s = sanity_summary(idx.values())
     assert s["E→M"]["in_domain"]["mean"] == pytest.approx(3.0)

@@ -41,12 +41,13 @@ def main_verdicts(idx: Index) -> list[str]:
     default recipe (``alfa[default]``), against LoRA's."""
     pairs = pairs_of(idx)
     methods = table1_rows(idx)
-    if "alfa" not in methods or not pairs:
+    # a run may have Alfa's selected or default row without its paper-recipe row (the second protocol's order)
+    alfa_rows = [suffix for suffix in ("", SELECTED, DEFAULT) if f"alfa{suffix}" in methods]
+    if not alfa_rows or not pairs:
         return ["Alfa was not run; no verdict."]
-    lines = _row_verdicts(idx, pairs, methods, "alfa", "lora")
-    for suffix in (SELECTED, DEFAULT):
-        if f"alfa{suffix}" in methods:
-            lines += _row_verdicts(idx, pairs, methods, f"alfa{suffix}", f"lora{suffix}")
+    lines = []
+    for suffix in alfa_rows:
+        lines += _row_verdicts(idx, pairs, methods, f"alfa{suffix}", f"lora{suffix}")
     if "source-only" in methods:
         lines.append(_below_source_only_sentence(idx, pairs, methods))
     return lines
@@ -106,10 +107,22 @@ def _against_source_only(idx: Index, pairs: Sequence[str], row: str) -> str:
         text += f"; it does not on {', '.join(p for p, _ in per_pair if p not in lower)}"
     if per_pair:
         text += " (" + "; ".join(f"{p} {d.compact()}" for p, d in per_pair) + ")"
-    d = diff(idx, row, "source-only", pairs)
+    shared = [p for p, _ in per_pair]
+    d = diff(idx, row, "source-only", shared) if _poolable(shared, pairs) else None
     if d is not None:
-        text += f". Pooled over pairs: {me} − source-only = {d.describe()}"
+        text += f". Pooled over {_pooled_over(shared, pairs)}: {me} − source-only = {d.describe()}"
     return text + "."
+
+
+def _poolable(shared: Sequence[str], pairs: Sequence[str]) -> bool:
+    """Whether a pooled difference says more than the per-pair ones: over every pair of the page, or over at
+    least two of them where a row lacks some (over one, it would repeat that pair's)."""
+    return bool(shared) and (list(shared) == list(pairs) or len(shared) > 1)
+
+
+def _pooled_over(shared: Sequence[str], pairs: Sequence[str]) -> str:
+    """``"pairs"``, or, where a row lacks some of the page's pairs, the ones it is pooled over."""
+    return "pairs" if list(shared) == list(pairs) else f"{', '.join(shared)} (the pairs with both rows)"
 
 
 def _row_verdicts(idx: Index, pairs: Sequence[str], methods: Sequence[str], row: str, lora: str) -> list[str]:
@@ -125,20 +138,26 @@ def _row_verdicts(idx: Index, pairs: Sequence[str], methods: Sequence[str], row:
             best_pairs.append(pair)
         per_pair.append(_pair_standing(idx, pair, ranked, row))
     where = f" ({', '.join(best_pairs)})" if best_pairs else ""
+    unscored = [p for p in pairs if cell(idx, row, p) is None]
     lines = [
-        f"Of the {len(methods)} rows, {me} has the lowest mean error on {len(best_pairs)} of {len(pairs)} "
-        f"pairs{where}.",
+        f"Of the {len(methods)} rows, {me} has the lowest mean error on {len(best_pairs)} of "
+        f"{len(pairs) - len(unscored)} pairs{where}"
+        + (f" (it has no records on {', '.join(unscored)})." if unscored else "."),
         *per_pair,
     ]
     if "source-only" in methods:
         lines.append(_against_source_only(idx, pairs, row))
     if lora in methods:
-        d = diff(idx, row, lora, pairs)  # the two rows' pooled difference
+        shared = [p for p in pairs if cell(idx, row, p) and cell(idx, lora, p)]
+        d = diff(idx, row, lora, shared) if _poolable(shared, pairs) else None  # the two rows' pooled difference
         how = {"lora": "same recipe, same steps", f"lora{SELECTED}": "its recipe selected by the same rule"}.get(
             lora, "its own shipped default recipe"
         )
         if d is not None:
-            lines.append(f"Against {_name(lora)} ({how}), pooled over pairs: {me} − {_name(lora)} = {d.describe()}.")
+            lines.append(
+                f"Against {_name(lora)} ({how}), pooled over {_pooled_over(shared, pairs)}: {me} − {_name(lora)} = "
+                f"{d.describe()}."
+            )
     return lines
 
 
