@@ -232,6 +232,19 @@ def test_without_the_paper_recipe_alfas_selected_row_still_gets_its_verdicts_and
     assert main_verdicts(index_records(fixture_results(without)["records"])) == ["Alfa was not run; no verdict."]
 
 
+def test_a_row_of_fewer_seeds_is_ranked_on_its_seeds_and_never_bold_beside_rows_of_more():
+    means = dict(MEANS)
+    means[("alfa[selected]", "E→M")] = (4.9,)  # one seed: below Alfa's 3-seed mean (6.0), above its seed 0 (5.0)
+    idx = index_records(fixture_results(means)["records"])
+    rows = {line.split(" | ")[0].strip("| "): line for line in table1(idx).splitlines()[2:]}
+    assert "| 4.90 |" in rows["Alfa (selected recipe)"] and "**6.00 ± 1.00**" in rows["Alfa"]
+    lines = main_verdicts(idx)
+    em = next(line for line in lines if line.startswith("On E→M (on seed 0, the ones it has) Alfa (selected"))
+    # on seed 0 Alfa (paper recipe) has 5.0 and LoRA 5.5: the selected row is best, 0.10° ahead of Alfa's 5.00
+    assert em.startswith("On E→M (on seed 0, the ones it has) Alfa (selected recipe) (4.90°) leads the runner-up")
+    assert "Alfa (5.00°), by 0.10° in the means" in em
+
+
 def test_sanity_summary_and_sentences(idx):
     s = sanity_summary(idx.values())
     assert s["E→M"]["in_domain"]["mean"] == pytest.approx(3.0)

@@ -288,7 +288,8 @@ SANITY_INTRO = (
 )
 
 TABLE1_INTRO = (
-    "Mean over persons per record, then mean ± std over seeds; **bold**: lowest mean on the pair. Params at "
+    "Mean over persons per record, then mean ± std over seeds (a cell without ± has one seed); **bold**: lowest "
+    "mean on the pair among the rows with the most seeds there. Params at "
     "inference: after merging the adapter (see Costs). Δ: the pooled difference with its 95 % interval, *clear* "
     "after Holm over the page (§ Summary)."
 )

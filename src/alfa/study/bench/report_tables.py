@@ -115,6 +115,8 @@ def table1(idx: Index) -> str:
     best = {}
     for p in pairs:
         stats = [(cell(idx, m, p), m) for m in table1_rows(idx) if cell(idx, m, p)]
+        most = max((s.n for s, _ in stats), default=0)
+        stats = [(s, m) for s, m in stats if s.n == most]  # a mean over fewer seeds is not the others' peer
         if stats:
             best[p] = min(stats, key=lambda t: t[0].mean)[1]
     rows = []

@@ -71,24 +71,43 @@ def _below_source_only_sentence(idx: Index, pairs: Sequence[str], methods: Seque
     return text
 
 
-def _pair_standing(idx: Index, pair: str, ranked: list[tuple[Stat, str]], row: str) -> str:
-    """One sentence on ``row``'s place on ``pair`` (``ranked``: the rows' stats, best first): how far it leads
-    the runner-up, or where it stands behind the best."""
-    me = _name(row)
+def _ranked_on_its_seeds(idx: Index, methods: Sequence[str], pair: str, row: str) -> tuple[list[tuple[Stat, str]], str]:
+    """The rows on ``pair`` that have every seed ``row`` has, best first, each's mean over those seeds only (a
+    row of one seed is ranked against the others' same seed, never against their means over more), and the
+    words that say so where another row had more seeds ("" where none had)."""
+    mine = cell(idx, row, pair)
+    if mine is None:
+        return [], ""
+    ranked, narrowed = [], False
+    for m in methods:
+        theirs = cell(idx, m, pair)
+        if theirs is None or not set(mine.values) <= set(theirs.values):
+            continue
+        narrowed |= len(theirs.values) > len(mine.values)
+        ranked.append((Stat({s: theirs.values[s] for s in mine.values}), m))
+    seeds = sorted(mine.values)
+    on = f" (on seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, the ones it has)" if narrowed else ""
+    return sorted(ranked, key=lambda t: t[0].mean), on
+
+
+def _pair_standing(idx: Index, pair: str, ranked: list[tuple[Stat, str]], row: str, on: str = "") -> str:
+    """One sentence on ``row``'s place on ``pair`` (``ranked``: the rows' stats, best first; ``on``: the seeds
+    they were ranked on, where narrowed): how far it leads the runner-up, or where it stands behind the best."""
+    me, where = _name(row), pair + on
     mine = next(s for s, m in ranked if m == row)
     best_stat, best = ranked[0]
     if best == row:
         runner_stat, runner = ranked[1]
         d = diff(idx, row, runner, [pair])
         return (
-            f"On {pair} {me} ({mine.format()}°) leads the runner-up of the {len(ranked)} rows, {_name(runner)} "
+            f"On {where} {me} ({mine.format()}°) leads the runner-up of the {len(ranked)} rows, {_name(runner)} "
             f"({runner_stat.format()}°), by {runner_stat.mean - mine.mean:.2f}° in the means; {me} − "
             f"{_name(runner)} = {d.describe() if d else 'n/a'}."
         )
     rank = 1 + [m for _, m in ranked].index(row)
     d = diff(idx, row, best, [pair])
     return (
-        f"On {pair} {me} does not win: {_name(best)} is best ({best_stat.format()}°), {me} is "
+        f"On {where} {me} does not win: {_name(best)} is best ({best_stat.format()}°), {me} is "
         f"{_ordinal(rank)} of {len(ranked)} ({mine.format()}°); {me} − {_name(best)} = "
         f"{d.describe() if d else 'n/a'}."
     )
@@ -131,12 +150,12 @@ def _row_verdicts(idx: Index, pairs: Sequence[str], methods: Sequence[str], row:
     best_pairs = []
     per_pair: list[str] = []
     for pair in pairs:
-        ranked = sorted(((cell(idx, m, pair), m) for m in methods if cell(idx, m, pair)), key=lambda t: t[0].mean)
+        ranked, on = _ranked_on_its_seeds(idx, methods, pair, row)
         if not any(m == row for _, m in ranked) or len(ranked) == 1:
             continue
         if ranked[0][1] == row:
             best_pairs.append(pair)
-        per_pair.append(_pair_standing(idx, pair, ranked, row))
+        per_pair.append(_pair_standing(idx, pair, ranked, row, on))
     where = f" ({', '.join(best_pairs)})" if best_pairs else ""
     unscored = [p for p in pairs if cell(idx, row, p) is None]
     lines = [
