@@ -20,6 +20,7 @@ def _results():
         ("source-only", "E→M"): 10.0,
         ("oracle", "E→M"): 4.0,
         ("flip-tta", "E→M"): 9.5,
+        ("ruda", "E→M"): 8.5,  # issue 26's trained label-free rows are shown beside §4's
         (calibration_label("affine", 1), "E→M"): 9.0,
         (calibration_label("affine", 3), "E→M"): 8.0,
         (calibration_label("affine", 5), "E→M"): 7.0,
@@ -74,6 +75,10 @@ def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path
     # flip-TTA's worth on E→M: the default at k = 1 (9.0) is already below it (9.5)
     worth = _row(text, "flip-TTA (no training)")
     assert worth.startswith("| flip-TTA (no training) | k = 1 (k = 1 by its interval) | — |")
+    # RUDA's on E→M: k = 1 (9.0) is above it (8.5), k = 3 (8.0) below
+    assert _row(text, "RUDA (rotation consistency, whole network)").startswith(
+        "| RUDA (rotation consistency, whole network) | k = 3 (k = 3 by its interval) | — |"
+    )
     assert "| affine (spread draws) |" not in text  # a row without all of its k is no line of seeds yet
     # spread − random at k = 9, pooled: (−0.5 − 0.2) / 2 in every seed and person
     assert "| affine | — | — | — | −0.35 [−0.35, −0.35] | — |" in text

@@ -19,7 +19,8 @@ from . import report_prose as prose
 from .markdown import number as _num
 from .markdown import table as _table
 from .methods import CONSTRUCTED_CONTROLS, POSITIVE_CONTROLS, SELECTION_RULE
-from .names import DEFAULT, SUFFIX_WORDS, display_name
+from .names import DEFAULT
+from .names import display_name as _name
 from .record import Record, as_records
 from .stats import Diff, Index, Measure, cell, diff, pairs_of, pooled, seeds_of
 from .tta_report import tta_lines
@@ -179,17 +180,6 @@ def _ceiling_sentences(idx: Index, ceil: dict[str, dict[str, float | None]]) -> 
 MIXES = ("diag_gate", "linear_mix")
 """Alfa's two simpler mixes (ablation rows, not Table 1's): they also get selected recipes, so the flip-premise
 sections compare them with the rest."""
-
-
-MIX_NAMES = {"diag_gate": "diagonal gate", "linear_mix": "linear mix"}
-
-
-def _name(label: str) -> str:
-    """:func:`display_name`, with words for Alfa's two mixes (which are ablation rows, named by label elsewhere)."""
-    for suffix, words in SUFFIX_WORDS.items():
-        if label.endswith(suffix) and label.removesuffix(suffix) in MIX_NAMES:
-            return f"{MIX_NAMES[label.removesuffix(suffix)]} ({words})"
-    return MIX_NAMES.get(label) or display_name(label)
 
 
 def _rows(idx: Index, main: Sequence[str]) -> list[str]:

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from alfa.gaze.distill import DISTILL_OBJECTIVE
+
 from .methods import (
     ADAPTER_KS,
     CALIBRATION_DRAWS,
@@ -45,6 +47,9 @@ SAFE_K = 1
 """Issue 25: at this ``k`` the default calibration is never worse than source-only beyond the interval."""
 LABEL_FREE = ("flip-tta", "roll-tta", "group-tta")
 """The label-free rows without training (``k`` = 0); the selected flip recipes (``*[selected]``) join them."""
+LABEL_FREE_BASELINES = ("ruda", DISTILL_OBJECTIVE, "pnpga")
+"""Issue 26's trained label-free rows: not in §4's list of ``k`` = 0 rows (declared before they existed), shown in
+the worth table beside them where they have records (descriptive, like every comparison of the page)."""
 FIGURE = "error_vs_k.png"
 FAZE_ROWS = {model: row for row, model in FAZE_CALIBRATIONS.items()}
 RULE_CANDIDATES = (DEFAULT_CALIBRATION, "adapter-alfa", "adapter-lora")
@@ -243,7 +248,7 @@ def _curve_table(idx: Index, pairs: Sequence[str]) -> list[str]:
 def _label_free(idx: Index) -> list[str]:
     present = {m for (m, _, _) in idx}
     selected = sorted(m for m in present if m.endswith(SELECTED))
-    return [m for m in LABEL_FREE if m in present] + selected
+    return [m for m in (*LABEL_FREE, *LABEL_FREE_BASELINES) if m in present] + selected
 
 
 def _smallest(diffs: Sequence[tuple[int, Any]], reached: Any) -> str | None:
@@ -478,7 +483,8 @@ def user_calibration_page(
         f"Per pair: the smallest k at which the default calibration's mean error is at or below the label-free "
         f"row's, and in brackets the smallest at which the upper end of the 95 % interval of the difference is "
         f'(how docs/user-calibration.md §4\'s "smallest k whose error interval is at or below its own" is read '
-        f'here); "> {CALIBRATION_KS[-1]}" where no k of the protocol gets there.',
+        f'here); "> {CALIBRATION_KS[-1]}" where no k of the protocol gets there. Beside §4\'s label-free rows, '
+        f"the trained label-free baselines of issue 26 (RUDA, the distilled TTA, PnP-GA) where they have records.",
         "",
         *_worth(idx, pairs),
         "",
