@@ -21,7 +21,7 @@ from alfa.study.bench.results import load_results
 from alfa.study.bench.runner import run_bench
 from alfa.study.bench.session import Session
 from alfa.study.bench.stats import Stat, diff, index_records
-from alfa.study.bench.tta_report import offset_shares, offset_table, tta_table
+from alfa.study.bench.tta_report import label_free_verdicts, offset_shares, offset_table, tta_table
 
 ROWS = ("source-only", "flip-tta", "roll-tta", "group-tta")
 
@@ -171,3 +171,40 @@ def test_the_report_tables_from_hand_written_records():
     assert tta_table(index_records(plain["records"])) is None and offset_table(index_records(plain["records"])) is None
     assert "Label-free test-time augmentation" not in render_report(plain)
     assert "Label-free test-time augmentation" in render_report(results)
+
+
+def test_the_label_free_sentences_rank_rows_of_every_seed_and_name_the_rest():
+    """Issue 26's sentences: the best label-free row per pair among those with every seed (a row of fewer seeds
+    is named, never ranked: its mean is over other seeds), whether a roll sees what a flip cannot, PnP-GA."""
+    results = fixture_results()
+    records = results["records"]
+    for seed in range(3):
+        for pair, shift in (("E→M", 0.0), ("E→D", 0.5)):
+            records.append(shifted("flip-tta", pair, seed, 8.5 + shift + seed, kind="flip-tta"))
+            tta = {"kind": "flip+roll", "passes": 6}
+            records.append(shifted("group-tta", pair, seed, 8.0 + shift + seed, kind="group-tta", tta=tta))
+        records.append(shifted("roll-tta", "E→M", seed, 8.2 + seed, kind="roll-tta", tta={"passes": 3}))
+        records.append(shifted("pnpga", "E→D", seed, 7.0 + seed))
+    records.append(shifted("ruda", "E→M", 0, 1.0))  # far the lowest, on one seed only
+    idx = index_records(records)
+    lines = label_free_verdicts(idx)
+    em, ed = lines[0], lines[1]
+    assert em.startswith(
+        "On E→M, of the 3 label-free rows with all 3 seeds, flip×roll TTA (no training) has the lowest mean error "
+        "(9.00°, 6 forward passes per image); flip×roll TTA (no training) − source-only = −1.00° ["
+    )
+    assert "flip×roll TTA (no training) − roll-TTA (no training) (the next) = −0.20° [" in em
+    assert em.endswith("Not yet on every seed, so not ranked: RUDA (rotation consistency, whole network).")
+    assert (
+        ed.startswith("On E→D, of the 3 label-free rows with all 3 seeds, PnP-GA (") and "(8.00°, 1 forward pass " in ed
+    )
+    assert lines[2].startswith(
+        "Does a roll see error a flip cannot? Roll-TTA's mean error is below flip-TTA's on 1 of 1"
+    )
+    assert "lies below zero on E→M (E→M −0.30 [−0.30, −0.30]" in lines[2]
+    assert (
+        lines[-1].startswith("PnP-GA − flip-TTA (no training), on the same persons and images")
+        and "E→D −2.00° [" in lines[-1]
+    )
+    assert not any(line.startswith("PnP-GA − Alfa") for line in lines)  # no selected Alfa row to compare with
+    assert label_free_verdicts(index_records(fixture_results()["records"])) == []  # a page without TTA rows: none

@@ -11,17 +11,30 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from alfa.gaze.distill import DISTILL_OBJECTIVE
 from alfa.gaze.tta import ROLL_TTA_DEG, tta_kind
 
 from . import report_prose as prose
 from .markdown import number as _num
 from .markdown import table as _table
 from .methods import TTA_OF_ROW, TTA_ROWS
-from .names import display_name
+from .names import SELECTED, display_name
 from .record import Record
 from .stats import Index, Stat, cell, diff, pairs_of
 
-__all__ = ["OFFSET_COLUMNS", "passes", "tta_table", "offset_shares", "offset_table", "tta_lines"]
+__all__ = [
+    "OFFSET_COLUMNS",
+    "LABEL_FREE_BASELINES",
+    "passes",
+    "tta_table",
+    "offset_shares",
+    "offset_table",
+    "label_free_verdicts",
+    "tta_lines",
+]
+
+LABEL_FREE_BASELINES = ("ruda", DISTILL_OBJECTIVE, "pnpga")
+"""Issue 26's trained label-free rows (each predicts with one forward pass of one merged model)."""
 
 
 def _records(idx: Index, method: str) -> list[Record]:
@@ -141,6 +154,85 @@ def offset_table(idx: Index) -> str | None:
     return _table(header, rows)
 
 
+def _passes_of(idx: Index, method: str) -> str:
+    """Forward passes per image of a label-free row: a TTA row's as stored, every trained row's one."""
+    return passes(_records(idx, method), method) if method in TTA_OF_ROW else "1"
+
+
+def _best_label_free(idx: Index, pair: str) -> str | None:
+    """Which label-free row has the lowest mean error on ``pair``, among those with every seed source-only has
+    there (so that every mean and difference quoted is over the same seeds), and the rows left out for lack
+    of seeds."""
+    seeds = set(idx.row("source-only", pair))
+    present = sorted({m for (m, p, _) in idx if p == pair})
+    labels = [*TTA_OF_ROW, *LABEL_FREE_BASELINES, *(m for m in present if m.endswith(SELECTED))]
+    rows = [m for m in labels if idx.row(m, pair)]
+    complete = [m for m in rows if seeds and set(idx.row(m, pair)) >= seeds]
+    partial = [display_name(m) for m in rows if m not in complete]
+    if not complete:
+        return None
+    ranked = sorted(complete, key=lambda m: cell(idx, m, pair).mean)
+    best = ranked[0]
+    text = (
+        f"On {pair}, of the {len(complete)} label-free rows with all {len(seeds)} seeds, {display_name(best)} has "
+        f"the lowest mean error ({_num(cell(idx, best, pair).mean)}°, {_passes_of(idx, best)} forward pass"
+        f"{'es' if _passes_of(idx, best) != '1' else ''} per image)"
+    )
+    against = diff(idx, best, "source-only", [pair])
+    text += f"; {display_name(best)} − source-only = {against.describe()}" if against else ""
+    if len(ranked) > 1:
+        second = diff(idx, best, ranked[1], [pair])
+        text += f"; {display_name(best)} − {display_name(ranked[1])} (the next) = {second.describe()}" if second else ""
+    if partial:
+        text += f". Not yet on every seed, so not ranked: {', '.join(partial)}"
+    return text + "."
+
+
+def _roll_against_flip(idx: Index) -> str | None:
+    """Whether a roll sees error a flip cannot: roll-TTA − flip-TTA on each pair with both (descriptive)."""
+    pairs = [p for p in pairs_of(idx) if idx.row("roll-tta", p) and idx.row("flip-tta", p)]
+    made = [(p, d) for p in pairs if (d := diff(idx, "roll-tta", "flip-tta", [p])) is not None]
+    if not made:
+        return None
+    lower = [p for p, d in made if d.mean < 0]
+    below = [p for p, d in made if d.interval is not None and d.interval[1] < 0]
+    where = f" ({', '.join(lower)})" if lower else ""
+    return (
+        f"Does a roll see error a flip cannot? Roll-TTA's mean error is below flip-TTA's on {len(lower)} of "
+        f"{len(made)} pairs{where}, and the 95 % interval of roll-TTA − flip-TTA lies below zero on "
+        f"{', '.join(below) if below else 'none'} ("
+        + "; ".join(f"{p} {d.compact()}" for p, d in made)
+        + "; descriptive, each interval alone). The table above splits what each sees of the source model's error."
+    )
+
+
+def _pnpga_lines(idx: Index) -> list[str]:
+    """PnP-GA against Alfa (selected recipe) and against flip-TTA on each pair with PnP-GA's records: every
+    row adapts on (or, for flip-TTA, scores) the same persons' same images."""
+    pairs = [p for p in pairs_of(idx) if idx.row("pnpga", p)]
+    if not pairs:
+        return ["PnP-GA has no records yet: no comparison with Alfa or flip-TTA."]
+    lines = []
+    for other in ("alfa" + SELECTED, "flip-tta"):
+        made = [(p, d) for p in pairs if (d := diff(idx, "pnpga", other, [p])) is not None]
+        if made:
+            lines.append(
+                f"PnP-GA − {display_name(other)}, on the same persons and images (PnP-GA also reads labelled "
+                "source images and its source snapshots): " + "; ".join(f"{p} {d.describe()}" for p, d in made) + "."
+            )
+    return lines
+
+
+def label_free_verdicts(idx: Index) -> list[str]:
+    """Issue 26's sentences: which label-free row is best per pair and at what inference cost, whether a roll
+    sees what a flip cannot, and PnP-GA against Alfa and flip-TTA (none where the results have no TTA rows)."""
+    if not {m for (m, _, _) in idx} & set(TTA_ROWS):
+        return []
+    lines = [line for p in pairs_of(idx) if (line := _best_label_free(idx, p))]
+    roll = _roll_against_flip(idx)
+    return lines + ([roll] if roll else []) + _pnpga_lines(idx)
+
+
 def tta_lines(idx: Index, heading: str = "###") -> list[str]:
     """The flip sections' part on the label-free TTA rows and what a roll sees that a flip cannot, under a heading
     of level ``heading`` (no lines where the results have neither)."""
@@ -152,4 +244,5 @@ def tta_lines(idx: Index, heading: str = "###") -> list[str]:
         lines += [prose.TTA_ROWS_INTRO.format(roll_deg=ROLL_TTA_DEG), "", tta, ""]
     if offsets is not None:
         lines += [prose.OFFSET_INTRO, "", offsets, ""]
-    return lines
+    verdicts = label_free_verdicts(idx)
+    return lines + ([*(f"- {v}" for v in verdicts), ""] if verdicts else [])

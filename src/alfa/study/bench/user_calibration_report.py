@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from alfa.gaze.distill import DISTILL_OBJECTIVE
-
 from .methods import (
     ADAPTER_KS,
     CALIBRATION_DRAWS,
@@ -37,6 +35,7 @@ from .methods import (
 from .names import SELECTED, display_name
 from .record import Record, as_records
 from .stats import Comparisons, Index, Stat, cell, design_of, diff, index_records, seeds_of
+from .tta_report import LABEL_FREE_BASELINES
 
 __all__ = ["user_calibration_page", "default_choice", "HEADROOM_SHARE", "PASS_K", "SAFE_K"]
 
@@ -47,9 +46,8 @@ SAFE_K = 1
 """Issue 25: at this ``k`` the default calibration is never worse than source-only beyond the interval."""
 LABEL_FREE = ("flip-tta", "roll-tta", "group-tta")
 """The label-free rows without training (``k`` = 0); the selected flip recipes (``*[selected]``) join them."""
-LABEL_FREE_BASELINES = ("ruda", DISTILL_OBJECTIVE, "pnpga")
-"""Issue 26's trained label-free rows: not in §4's list of ``k`` = 0 rows (declared before they existed), shown in
-the worth table beside them where they have records (descriptive, like every comparison of the page)."""
+# Issue 26's trained label-free rows (LABEL_FREE_BASELINES) are not in §4's list of k = 0 rows (declared before
+# they existed): the worth table shows them beside those where they have records (descriptive, like the rest).
 FIGURE = "error_vs_k.png"
 FAZE_ROWS = {model: row for row, model in FAZE_CALIBRATIONS.items()}
 RULE_CANDIDATES = (DEFAULT_CALIBRATION, "adapter-alfa", "adapter-lora")
