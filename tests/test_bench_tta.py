@@ -208,3 +208,18 @@ def test_the_label_free_sentences_rank_rows_of_every_seed_and_name_the_rest():
     )
     assert not any(line.startswith("PnP-GA − Alfa") for line in lines)  # no selected Alfa row to compare with
     assert label_free_verdicts(index_records(fixture_results()["records"])) == []  # a page without TTA rows: none
+    # Alfa's selected and default recipes are label-free rows too; PnP-GA is compared with the selected one
+    for seed in range(3):
+        records.append(shifted("alfa[selected]", "E→D", seed, 7.5 + seed))
+        records.append(shifted("alfa[default]", "E→D", seed, 6.0 + seed))
+    records.append(shifted("group-tta", "G→M", 0, 5.0, kind="group-tta", tta={"passes": 6}))  # no source-only
+    lines = label_free_verdicts(index_records(records))
+    assert lines[1].startswith("On E→D, of the 5 label-free rows with all 3 seeds, Alfa (shipped default recipe) has")
+    assert "(7.00°, 1 forward pass per image)" in lines[1]
+    assert "On G→M no label-free row is ranked (no source-only record): flip×roll TTA (no training)." in lines
+    alfa = next(line for line in lines if line.startswith("PnP-GA − Alfa (selected recipe)"))
+    assert "E→D −0.50° [−0.50, −0.50]" in alfa
+    without = [r for r in records if r["method"] != "pnpga"]
+    assert label_free_verdicts(index_records(without))[-1] == (
+        "This page has no PnP-GA records: no comparison with Alfa or flip-TTA."
+    )

@@ -243,6 +243,12 @@ def test_a_row_of_fewer_seeds_is_ranked_on_its_seeds_and_never_bold_beside_rows_
     # on seed 0 Alfa (paper recipe) has 5.0 and LoRA 5.5: the selected row is best, 0.10° ahead of Alfa's 5.00
     assert em.startswith("On E→M (on seed 0, the ones it has) Alfa (selected recipe) (4.90°) leads the runner-up")
     assert "Alfa (5.00°), by 0.10° in the means" in em
+    # neither summary line may say "of the 4 rows" where a ranking left a row out or narrowed the seeds
+    ranked_lines = [line for line in lines if "has the lowest mean error on" in line]
+    assert len(ranked_lines) == 2 and all(
+        line.startswith("Ranked on its own seeds against the rows") for line in ranked_lines
+    )
+    assert lines[-1].endswith("Not pooled, for want of records on every pair: Alfa (selected recipe).")
 
 
 def test_sanity_summary_and_sentences(idx):

@@ -186,7 +186,7 @@ def test_the_default_rule_reads_only_seeds_0_and_1_of_the_symmetric_pairs_and_wa
     assert "the rule's choice is **`adapter-lora`** from k = 3 on (`affine` below)" in chosen
     assert "only if it beats it by 10 points:" in chosen  # points of the headroom, not "10% points"
     # the held-out criteria: LoRA at 9.0 on seed 2 and S→W closes (10 − 9) / 6 = 17 %; k = 1 is affine's
-    assert "| 17% (1 seed) | −0.50 [−0.50, −0.50] |" in _row(chosen, "E→M")  # k = 1: affine's 9.5 − 10
+    assert "| 17% (1 seed) | −0.50 [−0.50, −0.50] (one seed) |" in _row(chosen, "E→M")  # k = 1: affine's 9.5 − 10
     assert "| 17% (3 seeds) |" in _row(chosen, "S→W") and "headroom missed; k = 1: not worse" in _row(chosen, "S→W")
     kept = _choice_part(user_calibration_page(_rule_results(6.6), "d", "c"))
     assert "the rule's choice is **`affine`**." in kept and "| 67% (1 seed) |" in _row(kept, "E→M")

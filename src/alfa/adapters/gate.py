@@ -40,7 +40,7 @@ class DiagGateConfig(AdapterConfig):
     """Ablation (a): a per-row gain on the dictionary, ``V_adapt = diag(1 + γ) V_base``, ``γ = 0`` at init."""
 
     method: ClassVar[str] = "diag_gate"
-    display_name: ClassVar[str] = "diag_gate"
+    display_name: ClassVar[str] = "diagonal gate"
     family: ClassVar[str] = "dictionary"
 
     dense_rank: int | None = None
@@ -79,7 +79,7 @@ class LinearMixConfig(AdapterConfig):
     (Alfa without attention or softmax); ``A`` is ``N(0, init_std²)``, ``B = 0``."""
 
     method: ClassVar[str] = "linear_mix"
-    display_name: ClassVar[str] = "linear_mix"
+    display_name: ClassVar[str] = "linear mix"
     family: ClassVar[str] = "dictionary"
 
     rank: int = 8

@@ -20,9 +20,6 @@ NAMES = {
     "ruda": "RUDA (rotation consistency, whole network)",
     "tta-distill": "Alfa distilling the base's flip×roll TTA (one forward pass)",
     "pnpga": "PnP-GA (ensemble of source snapshots, mean teachers, one student predicts)",
-    # Alfa's two simpler mixes: ablation rows, not methods of their own, that also get selected recipes
-    "diag_gate": "diagonal gate",
-    "linear_mix": "linear mix",
 }
 
 

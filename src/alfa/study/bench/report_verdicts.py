@@ -68,6 +68,9 @@ def _below_source_only_sentence(idx: Index, pairs: Sequence[str], methods: Seque
     others = [m for m, _ in compared if m not in {b for b, _ in beating}]
     if others:
         text += f" Not below source-only: {', '.join(_name(m) for m in others)} (Table 1, last column)."
+    missing = [m for m, d in diffs if d is None]
+    if missing:
+        text += f" Not pooled, for want of records on every pair: {', '.join(_name(m) for m in missing)}."
     return text
 
 
@@ -149,19 +152,26 @@ def _row_verdicts(idx: Index, pairs: Sequence[str], methods: Sequence[str], row:
     me = _name(row)
     best_pairs = []
     per_pair: list[str] = []
+    every_row = True  # whether each pair's ranking held every row with records there, on the same seeds
     for pair in pairs:
         ranked, on = _ranked_on_its_seeds(idx, methods, pair, row)
         if not any(m == row for _, m in ranked) or len(ranked) == 1:
             continue
+        every_row &= not on and len(ranked) == sum(cell(idx, m, pair) is not None for m in methods)
         if ranked[0][1] == row:
             best_pairs.append(pair)
         per_pair.append(_pair_standing(idx, pair, ranked, row, on))
     where = f" ({', '.join(best_pairs)})" if best_pairs else ""
     unscored = [p for p in pairs if cell(idx, row, p) is None]
+    among = (
+        f"Of the {len(methods)} rows"
+        if every_row
+        else "Ranked on its own seeds against the rows that have them (each pair's sentence says on which seeds, "
+        "among how many rows)"
+    )
     lines = [
-        f"Of the {len(methods)} rows, {me} has the lowest mean error on {len(best_pairs)} of "
-        f"{len(pairs) - len(unscored)} pairs{where}"
-        + (f" (it has no records on {', '.join(unscored)})." if unscored else "."),
+        f"{among}, {me} has the lowest mean error on {len(best_pairs)} of {len(pairs) - len(unscored)} "
+        f"pairs{where}" + (f" (it has no records on {', '.join(unscored)})." if unscored else "."),
         *per_pair,
     ]
     if "source-only" in methods:

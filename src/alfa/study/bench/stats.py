@@ -352,9 +352,10 @@ class Diff:
         return f"{signed(self.mean)}° {self.interval_text()}{how}; {self.verdict()}{persons}"
 
     def compact(self) -> str:
-        """A table cell: ``"−0.31 [−0.52, −0.10] clear"`` (``clear``: after Holm over the page's family)."""
+        """A table cell: ``"−0.31 [−0.52, −0.10] clear"`` (``clear``: after Holm over the page's family); ``"(one
+        seed)"`` after a difference of one seed, whose interval draws persons only and is narrower for it."""
         text = signed(self.mean) + (f" {self.interval_text()}" if self.interval is not None else "")
-        return text + (" clear" if self.clear else "")
+        return text + (" clear" if self.clear else "") + (" (one seed)" if self.n == 1 else "")
 
     def detectable(self, level: float = ALPHA) -> float:
         """The difference this comparison detects with :data:`POWER` at two-sided ``level``:

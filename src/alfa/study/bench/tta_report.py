@@ -18,7 +18,7 @@ from . import report_prose as prose
 from .markdown import number as _num
 from .markdown import table as _table
 from .methods import TTA_OF_ROW, TTA_ROWS
-from .names import SELECTED, display_name
+from .names import DEFAULT, SELECTED, display_name
 from .record import Record
 from .stats import Index, Stat, cell, diff, pairs_of
 
@@ -161,22 +161,23 @@ def _passes_of(idx: Index, method: str) -> str:
 
 def _best_label_free(idx: Index, pair: str) -> str | None:
     """Which label-free row has the lowest mean error on ``pair``, among those with every seed source-only has
-    there (so that every mean and difference quoted is over the same seeds), and the rows left out for lack
-    of seeds."""
+    there, each's mean over those seeds (so that every mean and difference quoted is over the same seeds), and
+    the rows left out for lack of seeds (``None`` where the pair has no label-free row)."""
     seeds = set(idx.row("source-only", pair))
     present = sorted({m for (m, p, _) in idx if p == pair})
-    labels = [*TTA_OF_ROW, *LABEL_FREE_BASELINES, *(m for m in present if m.endswith(SELECTED))]
-    rows = [m for m in labels if idx.row(m, pair)]
+    tuned = [m for m in present if m.endswith((SELECTED, DEFAULT))]  # the flip methods' label-free recipes
+    rows = [m for m in (*TTA_OF_ROW, *LABEL_FREE_BASELINES, *tuned) if idx.row(m, pair)]
     complete = [m for m in rows if seeds and set(idx.row(m, pair)) >= seeds]
-    partial = [display_name(m) for m in rows if m not in complete]
+    partial = ", ".join(display_name(m) for m in rows if m not in complete)
     if not complete:
-        return None
-    ranked = sorted(complete, key=lambda m: cell(idx, m, pair).mean)
-    best = ranked[0]
+        why = "no source-only record" if not seeds else f"none has all {len(seeds)} seeds of source-only"
+        return f"On {pair} no label-free row is ranked ({why}): {partial}." if rows else None
+    mean = {m: statistics.fmean(idx.row(m, pair)[s].error_deg for s in seeds) for m in complete}
+    ranked = sorted(complete, key=mean.__getitem__)
+    best, cost = ranked[0], _passes_of(idx, ranked[0])
     text = (
         f"On {pair}, of the {len(complete)} label-free rows with all {len(seeds)} seeds, {display_name(best)} has "
-        f"the lowest mean error ({_num(cell(idx, best, pair).mean)}°, {_passes_of(idx, best)} forward pass"
-        f"{'es' if _passes_of(idx, best) != '1' else ''} per image)"
+        f"the lowest mean error ({_num(mean[best])}°, {cost} forward pass{'' if cost == '1' else 'es'} per image)"
     )
     against = diff(idx, best, "source-only", [pair])
     text += f"; {display_name(best)} − source-only = {against.describe()}" if against else ""
@@ -184,7 +185,7 @@ def _best_label_free(idx: Index, pair: str) -> str | None:
         second = diff(idx, best, ranked[1], [pair])
         text += f"; {display_name(best)} − {display_name(ranked[1])} (the next) = {second.describe()}" if second else ""
     if partial:
-        text += f". Not yet on every seed, so not ranked: {', '.join(partial)}"
+        text += f". Not yet on every seed, so not ranked: {partial}"
     return text + "."
 
 
@@ -211,7 +212,7 @@ def _pnpga_lines(idx: Index) -> list[str]:
     row adapts on (or, for flip-TTA, scores) the same persons' same images."""
     pairs = [p for p in pairs_of(idx) if idx.row("pnpga", p)]
     if not pairs:
-        return ["PnP-GA has no records yet: no comparison with Alfa or flip-TTA."]
+        return ["This page has no PnP-GA records: no comparison with Alfa or flip-TTA."]
     lines = []
     for other in ("alfa" + SELECTED, "flip-tta"):
         made = [(p, d) for p in pairs if (d := diff(idx, "pnpga", other, [p])) is not None]
@@ -226,7 +227,7 @@ def _pnpga_lines(idx: Index) -> list[str]:
 def label_free_verdicts(idx: Index) -> list[str]:
     """Issue 26's sentences: which label-free row is best per pair and at what inference cost, whether a roll
     sees what a flip cannot, and PnP-GA against Alfa and flip-TTA (none where the results have no TTA rows)."""
-    if not {m for (m, _, _) in idx} & set(TTA_ROWS):
+    if not {m for (m, _, _) in idx} & {*TTA_ROWS, *LABEL_FREE_BASELINES}:
         return []
     lines = [line for p in pairs_of(idx) if (line := _best_label_free(idx, p))]
     roll = _roll_against_flip(idx)

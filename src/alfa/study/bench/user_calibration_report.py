@@ -278,7 +278,9 @@ def _worth(idx: Index, pairs: Sequence[str]) -> list[str]:
             if at_mean is None and at_interval is None:
                 cells.append("—")
             else:
-                cells.append(f"{at_mean or '—'} ({at_interval or '—'} by its interval)")
+                # a row of one seed so far: its interval draws persons only, narrower than the others'
+                one = all(d.n == 1 for _, d in diffs if d is not None)
+                cells.append(f"{at_mean or '—'} ({at_interval or '—'} by its interval){' (one seed)' if one else ''}")
         lines.append(f"| {display_name(row)} | " + " | ".join(cells) + " |")
     return lines
 
