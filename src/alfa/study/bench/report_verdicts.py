@@ -20,7 +20,7 @@ from .markdown import number as _num
 from .names import DEFAULT, SELECTED
 from .names import display_name as _name
 from .report_tables import table1_rows
-from .stats import Diff, Index, Stat, cell, diff, pairs_of, part, part_gap, sanity_summary
+from .stats import Diff, Index, Stat, cell, cell_on, diff, pairs_of, part, part_gap, sanity_summary
 
 __all__ = ["main_verdicts", "sanity_verdicts", "parts_verdicts", "ablation_verdicts"]
 
@@ -87,7 +87,7 @@ def _ranked_on_its_seeds(idx: Index, methods: Sequence[str], pair: str, row: str
         if theirs is None or not set(mine.values) <= set(theirs.values):
             continue
         narrowed |= len(theirs.values) > len(mine.values)
-        ranked.append((Stat({s: theirs.values[s] for s in mine.values}), m))
+        ranked.append((cell_on(idx, m, [pair], mine.values), m))
     seeds = sorted(mine.values)
     on = f" (on seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, the ones it has)" if narrowed else ""
     return sorted(ranked, key=lambda t: t[0].mean), on

@@ -93,6 +93,7 @@ __all__ = [
     "pairs_of",
     "seeds_of",
     "cell",
+    "cell_on",
     "angular",
     "part",
     "part_gap",
@@ -526,6 +527,17 @@ def seeds_of(idx: Index) -> list[int]:
 
 def cell(idx: Index, method: str, pair: str) -> Stat | None:
     values = {s: float(r.error_deg) for s, r in sorted(idx.row(method, pair).items()) if r.error_deg is not None}
+    return Stat(values) if values else None
+
+
+def cell_on(idx: Index, method: str, pairs: Sequence[str], seeds: Iterable[int]) -> Stat | None:
+    """``method`` pooled over ``pairs`` on ``seeds`` only (per seed the mean over the pairs; a seed without a
+    record on every pair is left out), so that rows of different seeds can be compared on the same ones."""
+    values = {}
+    for s in sorted(seeds):
+        records = [idx.get((method, p, s)) for p in pairs]
+        if records and all(r is not None and r.error_deg is not None for r in records):
+            values[s] = statistics.fmean(float(r.error_deg) for r in records)
     return Stat(values) if values else None
 
 

@@ -20,7 +20,7 @@ from .markdown import table as _table
 from .methods import TTA_OF_ROW, TTA_ROWS
 from .names import DEFAULT, SELECTED, display_name
 from .record import Record
-from .stats import Index, Stat, cell, diff, pairs_of
+from .stats import Index, Stat, cell, cell_on, diff, pairs_of
 
 __all__ = [
     "OFFSET_COLUMNS",
@@ -172,7 +172,7 @@ def _best_label_free(idx: Index, pair: str) -> str | None:
     if not complete:
         why = "no source-only record" if not seeds else f"none has all {len(seeds)} seeds of source-only"
         return f"On {pair} no label-free row is ranked ({why}): {partial}." if rows else None
-    mean = {m: statistics.fmean(idx.row(m, pair)[s].error_deg for s in seeds) for m in complete}
+    mean = {m: cell_on(idx, m, [pair], seeds).mean for m in complete}
     ranked = sorted(complete, key=mean.__getitem__)
     best, cost = ranked[0], _passes_of(idx, ranked[0])
     text = (

@@ -34,7 +34,7 @@ from .methods import (
 )
 from .names import SELECTED, display_name
 from .record import Record, as_records
-from .stats import Comparisons, Index, Stat, cell, design_of, diff, index_records, seeds_of
+from .stats import Comparisons, Index, cell, cell_on, design_of, diff, index_records, seeds_of
 from .tta_report import LABEL_FREE_BASELINES
 
 __all__ = ["user_calibration_page", "default_choice", "HEADROOM_SHARE", "PASS_K", "SAFE_K"]
@@ -68,16 +68,6 @@ def _pairs(idx: Index) -> list[str]:
     return [p for p in PAIRS if any((m, p, s) in idx for m in rows for s in seeds_of(idx))]
 
 
-def _on(idx: Index, method: str, pairs: Sequence[str], seeds: set[int]) -> Stat | None:
-    """``method`` pooled over ``pairs`` on ``seeds`` only (per seed the mean over the pairs)."""
-    values = {}
-    for s in sorted(seeds):
-        records = [idx.get((method, p, s)) for p in pairs]
-        if records and all(r is not None and r.error_deg is not None for r in records):
-            values[s] = statistics.fmean(float(r.error_deg) for r in records)
-    return Stat(values) if values else None
-
-
 def _seeds(idx: Index, labels: Sequence[str], pairs: Sequence[str]) -> set[int]:
     """The seeds on which every row of ``labels`` has every pair of ``pairs``."""
     return {s for s in seeds_of(idx) if all((m, p, s) in idx for m in labels for p in pairs)}
@@ -95,7 +85,7 @@ def _share(
         for s in (seeds_of(idx) if among is None else among)
         if all((m, pair, s) in idx for m in ("source-only", "oracle", _cal(method, PASS_K)))
     }
-    so, oracle, calibrated = (_on(idx, m, [pair], seeds) for m in ("source-only", "oracle", _cal(method, PASS_K)))
+    so, oracle, calibrated = (cell_on(idx, m, [pair], seeds) for m in ("source-only", "oracle", _cal(method, PASS_K)))
     if so is None or oracle is None or calibrated is None or so.mean <= oracle.mean:
         return None
     return (so.mean - calibrated.mean) / (so.mean - oracle.mean), len(seeds)
@@ -115,7 +105,7 @@ def _criteria_table(
     ]
     for pair in pairs:
         seeds = _seeds(idx, [_cal(method, PASS_K)], [pair])  # source-only and the oracle on the row's seeds
-        cells = [_on(idx, m, [pair], seeds) for m in ("source-only", "oracle", _cal(method, PASS_K))]
+        cells = [cell_on(idx, m, [pair], seeds) for m in ("source-only", "oracle", _cal(method, PASS_K))]
         share = _share(idx, pair, method)
         safe = diff(idx, _cal(safe_method, SAFE_K), "source-only", [pair])
         verdicts = []
@@ -235,8 +225,8 @@ def _curve_table(idx: Index, pairs: Sequence[str]) -> list[str]:
             seeds = _seeds(idx, labels, pairs)
             if not labels or not seeds:
                 continue
-            stats = [_on(idx, _cal(method, k, draw), pairs, seeds) for k in CALIBRATION_KS]
-            base = _on(idx, "source-only", pairs, seeds)
+            stats = [cell_on(idx, _cal(method, k, draw), pairs, seeds) for k in CALIBRATION_KS]
+            base = cell_on(idx, "source-only", pairs, seeds)
             name = f"{method}{'' if draw == 'random' else ' (spread draws)'}"
             cells = ["—" if s is None else s.format_interval() for s in [base, *stats]]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -387,8 +377,8 @@ def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
                     continue
                 ks = calibration_ks(method)
                 seeds = _seeds(idx, [_cal(method, k, draw) for k in ks], [pair])  # seeds with the whole line
-                base = _on(idx, "source-only", [pair], seeds)
-                points = [(0, base)] + [(k, _on(idx, _cal(method, k, draw), [pair], seeds)) for k in ks]
+                base = cell_on(idx, "source-only", [pair], seeds)
+                points = [(0, base)] + [(k, cell_on(idx, _cal(method, k, draw), [pair], seeds)) for k in ks]
                 points = [(x, s.mean) for x, s in points if s is not None]
                 if len(points) > 1:
                     style = "-" if draw == "random" else "--"
