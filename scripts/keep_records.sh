@@ -8,5 +8,5 @@ if [[ ! -f runs/bench-v2/results.json ]]; then
     echo "keep_records: no runs/bench-v2/results.json here (run a lane first: bash scripts/queue.sh LANE)" >&2
     exit 2
 fi
-.venv/bin/python -c "from alfa.study.bench.results import export_results; export_results('runs/bench-v2', 'docs/data/bench-v2')"
+.venv/bin/python -c "from alfa.study.bench.results import export_results; export_results('runs/bench-v2', 'docs/data/bench-v2', keep_kept=True)"
 .venv/bin/alfa pages --write

@@ -34,7 +34,17 @@ if ((from_line > ${#lines[@]})); then
     exit 2
 fi
 cd "$(dirname "$0")/.." || exit 2
-mkdir -p runs/logs
+mkdir -p runs/logs runs/bench-v2
+# A machine without the run's folder (a new one) starts from the records kept in docs/data/bench-v2, so that
+# finished records are skipped, not made again; its models' caches are rebuilt as pieces need them (the runner
+# refuses a rebuilt source model that differs from the recorded one). Two lanes starting at once: one copy wins.
+if [[ ! -f runs/bench-v2/results.json && -f docs/data/bench-v2/results.json ]]; then
+    tmp=$(mktemp runs/bench-v2/.results.json.XXXXXX)
+    cp docs/data/bench-v2/results.json "$tmp"
+    [[ -d docs/data/bench-v2/figure_data && ! -d runs/bench-v2/figure_data ]] && cp -r docs/data/bench-v2/figure_data runs/bench-v2/
+    mv -n "$tmp" runs/bench-v2/results.json && echo "queue: runs/bench-v2 started from the records kept in docs/data/bench-v2"
+    rm -f "$tmp"
+fi
 for i in "${!lines[@]}"; do
     n=$((i + 1))
     ((n < from_line)) && continue

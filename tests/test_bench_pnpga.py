@@ -75,8 +75,31 @@ def test_a_pnpga_record_end_to_end(tmp_path, monkeypatch):
     dense = read_checkpoint(Path(source["cache"]) / "pretrain" / "model.safetensors")[0]
     last = read_checkpoint(Path(source["pnpga_members"]["folder"]) / "epoch-002.safetensors")[0]
     assert dense.keys() == last.keys() and all(torch.equal(dense[k], last[k]) for k in dense)
+    # ... kept while the source model itself pre-trained (a fresh cache): no second training, whose state the
+    # ensemble's folder would hold beside the final model
+    assert sorted(p.name for p in (Path(source["pnpga_members"]["folder"]) / "pretrain").iterdir()) == [
+        "model.safetensors"
+    ]
     again = run_bench(config, tmp_path, progress=False)
     assert again.skipped == ["pnpga|E→M|seed0"] and again.ran == []
+
+
+def test_a_source_model_built_again_differently_is_refused(tmp_path):
+    """A lost cache is rebuilt; a rebuild that does not end where the recorded one did (a changed training, a
+    machine whose numbers differ) must not add records beside those of the recorded model."""
+    from alfa.study.bench.runner import _refuse_a_different_source
+
+    recorded = {"cache": "runs/x/cache/source-ab", "pretrain_final_val_error": 6.25, "truncation": {"errors": {}}}
+    recorded["truncation"]["errors"]["after_recovery"] = 7.5
+    same = {**recorded, "cache": "elsewhere/cache/source-ab"}  # another folder, the same key
+    _refuse_a_different_source(recorded, same)
+    _refuse_a_different_source({}, same)  # nothing recorded yet
+    _refuse_a_different_source(recorded, {**same, "cache": "c/source-cd", "pretrain_final_val_error": 1.0})
+    with pytest.raises(RuntimeError, match=r"differs .*pre-training's validation error 6\.5, recorded 6\.25"):
+        _refuse_a_different_source(recorded, {**same, "pretrain_final_val_error": 6.5})
+    recovered = {**same, "truncation": {"errors": {"after_recovery": 7.25}}}
+    with pytest.raises(RuntimeError, match=r"error after recovery 7\.25, recorded 7\.5"):
+        _refuse_a_different_source(recorded, recovered)
 
 
 def test_an_ensemble_of_one_is_refused_with_one_line():

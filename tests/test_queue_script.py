@@ -127,3 +127,22 @@ def test_the_lane_check_sees_an_unknown_method():
     line = "--methods calibrate-afine --pairs E→M --seeds 0"
     with pytest.raises(ValueError, match="unknown method"):
         bench_config(build_parser().parse_args(["bench", "--standard", *line.split()]))
+
+
+def test_a_new_machine_starts_the_run_from_the_kept_records_and_never_replaces_a_started_run(tmp_path):
+    repo = _repo(tmp_path)
+    kept = repo / "docs/data/bench-v2"
+    (kept / "figure_data").mkdir(parents=True)
+    (kept / "results.json").write_text('{"kept": true}\n')
+    (kept / "figure_data" / "f.safetensors").write_text("figure")
+    (repo / "lane.txt").write_text("--pairs E→M --seeds 0\n")
+    done = _run(repo, "lane.txt")
+    assert done.returncode == 0 and "started from the records kept in docs/data/bench-v2" in done.stdout
+    run = repo / "runs/bench-v2"
+    assert (run / "results.json").read_text() == '{"kept": true}\n'
+    assert (run / "figure_data" / "f.safetensors").read_text() == "figure"
+    assert sorted(p.name for p in run.iterdir()) == ["figure_data", "results.json"]  # no temporary file left
+    (run / "results.json").write_text('{"running": true}\n')  # the run has gone on since
+    again = _run(repo, "lane.txt")
+    assert again.returncode == 0 and "started from" not in again.stdout
+    assert (run / "results.json").read_text() == '{"running": true}\n'

@@ -2,6 +2,7 @@
 bad keys are refused by name, and the hash schema reproduces the committed hashes it can recompute."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -139,3 +140,11 @@ def test_the_exported_copy_is_the_same_results_in_the_one_record_per_line_layout
     export_results(tmp_path / "run", tmp_path / "kept")
     kept = (tmp_path / "kept" / RESULTS_FILE).read_text(encoding="utf-8")
     assert json.loads(kept) == data and '\n"records":[\n{"id":' in kept
+    # a run started afresh (fewer records than are kept) does not replace the kept copy, when asked to keep it
+    fewer = {**data, "records": data["records"][1:]}
+    (tmp_path / "run" / RESULTS_FILE).write_text(json.dumps(fewer))
+    with pytest.raises(ValueError, match=f"lacks 1 of the records kept in .*{re.escape(data['records'][0]['id'])}"):
+        export_results(tmp_path / "run", tmp_path / "kept", keep_kept=True)
+    assert (tmp_path / "kept" / RESULTS_FILE).read_text(encoding="utf-8") == kept
+    export_results(tmp_path / "run", tmp_path / "kept")  # not asked to: replaced
+    assert json.loads((tmp_path / "kept" / RESULTS_FILE).read_text()) == fewer

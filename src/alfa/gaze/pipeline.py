@@ -31,6 +31,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,9 +255,12 @@ def build_source_model(
     rebuild: bool = False,
     progress: bool = True,
     device: torch.device | str = "cpu",
+    on_pretrain_epoch: Callable[[int, nn.Module], None] | None = None,
 ) -> SourceModels:
     """Pre-train, truncate and recover on ``source`` (the data of ``spec.source``; ``val``, of
     ``spec.val_source``), or load the result from ``cache_dir/source-<key>``; the models live on ``device``.
+    ``on_pretrain_epoch(epoch, model)`` runs after each pre-training epoch this call trains (none when the
+    pre-training is already finished), as :func:`~alfa.gaze.train.train_source`'s ``on_epoch``.
     The build holds ``source-<key>.lock`` beside the folder: another process building the same model waits
     (saying so on stderr) and then loads what the first one finished."""
     fingerprints = {"source": data_fingerprint(source), "val": data_fingerprint(val) if val is not None else None}
@@ -285,6 +289,7 @@ def build_source_model(
             val_dataset=val,
             progress=progress,
             extra={"cache_key": cache.name},
+            on_epoch=on_pretrain_epoch or (lambda epoch, model: None),
         )
         seconds["pretrain"] = time.time() - t0
 

@@ -33,7 +33,7 @@ import copy
 import dataclasses
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,8 @@ __all__ = [
     "adapt_person",
     "adaptation_cost",
     "source_examples",
+    "snapshot_paths",
+    "snapshot_saver",
     "train_snapshot_members",
 ]
 
@@ -351,6 +353,30 @@ def adaptation_cost(
 # ----------------------------------------------------------------------------- the members
 
 
+def snapshot_paths(folder: str | Path, members: int, epochs: int) -> list[Path]:
+    """Where the snapshots of the last ``members`` of ``epochs`` epochs (all of them if fewer) lie in ``folder``,
+    oldest first."""
+    first = max(1, epochs - members + 1)
+    return [Path(folder) / f"epoch-{e:03d}.safetensors" for e in range(first, epochs + 1)]
+
+
+def snapshot_saver(
+    folder: str | Path, model_name: str, members: int, epochs: int, size: tuple[int, int]
+) -> Callable[[int, nn.Module], None]:
+    """The ``on_epoch`` hook of a source training that keeps the ensemble's snapshots (:func:`snapshot_paths`)
+    in ``folder``. Given to the source model's own pre-training (:func:`~alfa.gaze.pipeline.build_source_model`'s
+    ``on_pretrain_epoch``), it makes the ensemble without training the source a second time."""
+    kept = {int(p.stem.removeprefix("epoch-")): p for p in snapshot_paths(folder, members, epochs)}
+
+    def snapshot(epoch: int, model: nn.Module) -> None:
+        if epoch in kept:
+            save_model(
+                kept[epoch], model, model_name, extra={"epoch": epoch}, input_size=size, input_scaling=INPUT_SCALING
+            )
+
+    return snapshot
+
+
 def train_snapshot_members(
     model_name: str,
     seed: int,
@@ -367,20 +393,11 @@ def train_snapshot_members(
     ``model_name`` from the initial weights of ``seed`` with ``pretrain`` (the same as
     :func:`~alfa.gaze.pipeline.build_source_model`'s pre-training, so its last snapshot is that model) keeps
     the weights after each of its last ``members`` epochs (all of them if it has fewer) in ``folder``;
-    resumable, and a finished folder is read back. Returned oldest first."""
+    resumable, and a finished folder (``pretrain/model.safetensors`` beside every snapshot, however they were
+    made) is read back. Returned oldest first."""
     out = Path(folder)
-    first = max(1, pretrain.epochs - members + 1)
-    kept = [out / f"epoch-{e:03d}.safetensors" for e in range(first, pretrain.epochs + 1)]
+    kept = snapshot_paths(out, members, pretrain.epochs)
     if not all(p.is_file() for p in kept) or not (out / "pretrain" / "model.safetensors").is_file():
-
-        def snapshot(epoch: int, model: nn.Module) -> None:
-            if epoch >= first:
-                path = out / f"epoch-{epoch:03d}.safetensors"
-                save_model(
-                    path, model, model_name, extra={"epoch": epoch}, input_size=size, input_scaling=INPUT_SCALING
-                )
-
-        size = input_size(source)
         torch.manual_seed(seed)  # the initial weights, as build_source_model draws them
         model = create_model(model_name).to(device)
         train_source(
@@ -391,7 +408,7 @@ def train_snapshot_members(
             model_name=model_name,
             val_dataset=val,
             progress=progress,
-            on_epoch=snapshot,
+            on_epoch=snapshot_saver(out, model_name, members, pretrain.epochs, input_size(source)),
         )
         missing = [p.name for p in kept if not p.is_file()]
         if missing:  # a run finished before this folder kept snapshots

@@ -4,10 +4,12 @@ protocols scored from the same adapted models.
 
 * **The ensemble.** ``K`` members are the snapshots of the last ``K`` epochs of one source pre-training
   (:func:`alfa.gaze.pnpga.train_snapshot_members`), as the authors' members are epoch snapshots of their source
-  trainings. That training is the record's own source model's pre-training run again (same seed, recipe and
-  data; the cache keeps only its last epoch), so its last snapshot *is* the record's dense source model, and
-  no two seeds share a member. **K = 10**, the paper's, at the standard preset (12 epochs: snapshots of epochs
-  3–12): snapshots cost one extra pre-training per (source, seed) whatever ``K`` is, where ``K`` separate
+  trainings. That training is the record's own source model's pre-training: kept while the source model
+  trains where a piece builds it with PnP-GA records to make (:meth:`Session.build`'s ``pnpga_members``), else
+  run again (same seed, recipe and data; the cache keeps only its last epoch). Either way its last snapshot
+  *is* the record's dense source model, and no two seeds share a member. **K = 10**, the paper's, at the
+  standard preset (12 epochs: snapshots of epochs 3–12): snapshots cost at most one extra pre-training per
+  (source, seed) whatever ``K`` is, where ``K`` separate
   source trainings would cost ``K − 1`` (each as long as the source's own pre-training, which the results'
   ``sources`` record), so the paper's size fits our budget; adapting costs ``K`` students and ``K`` teachers
   per person (the record's ``seconds_per_user``). A preset with fewer epochs has as many members as epochs
@@ -73,10 +75,10 @@ AUTHORS_PREDICTOR = 2
 
 
 def ensemble_members(session: Session, src: SourceContext, members: int) -> list[nn.Module]:
-    """The ``members`` snapshots of ``src``'s pre-training run again (trained once per (source, seed) and
-    cached next to its source model; resumable)."""
+    """The ``members`` snapshots of ``src``'s pre-training (kept while the source model trained, or that training
+    run again once per (source, seed); cached next to its source model; resumable)."""
     if src.pnpga_members is None or len(src.pnpga_members) != members:
-        folder = src.models.cache / f"pnpga-last{members}"
+        folder = session.pnpga_folder(src, members)
         with building(folder):
             src.pnpga_members = train_snapshot_members(
                 src.spec.model,

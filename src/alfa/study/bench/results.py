@@ -103,18 +103,28 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def export_results(results: str | os.PathLike, dest: str | os.PathLike) -> Path:
+def export_results(results: str | os.PathLike, dest: str | os.PathLike, keep_kept: bool = False) -> Path:
     """Copy a benchmark's ``results.json`` (rewritten one record per line, whichever version wrote it) and its
     figure data (the small tensors the report's figures are drawn from; never adapters, models or caches) into
     ``dest``, the copy committed with the page. The file is checked first and read under the folder's lock, so a
-    running benchmark is never copied half-written. Returns the copied folder."""
+    running benchmark is never copied half-written. ``keep_kept``: refuse (``ValueError``) to replace a copy
+    holding records the run does not have (a run started afresh, not from the kept records, would drop them).
+    Returns the copied folder."""
     src = Path(results)
     folder = src if src.is_dir() else src.parent
     dest = Path(dest)
     if dest.resolve() == folder.resolve():
         return dest
     with locked(folder / RESULTS_FILE):
-        _write(dest / RESULTS_FILE, load_results(folder))  # a clear error if it is not a results file
+        data = load_results(folder)  # a clear error if it is not a results file
+        if keep_kept and (dest / RESULTS_FILE).is_file():
+            lost = {r["id"] for r in load_results(dest)["records"]} - {r["id"] for r in data["records"]}
+            if lost:
+                raise ValueError(
+                    f"{folder / RESULTS_FILE} lacks {len(lost)} of the records kept in {dest} (e.g. {min(lost)}); "
+                    f"not replacing them: start the run from the kept records (copy {dest / RESULTS_FILE} there)"
+                )
+        _write(dest / RESULTS_FILE, data)
         for name in (RANK_SLICES_FILE, UPDATES_FILE):
             if (folder / FIGURE_DIR / name).is_file():
                 write_bytes(dest / FIGURE_DIR / name, (folder / FIGURE_DIR / name).read_bytes())

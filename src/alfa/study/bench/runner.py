@@ -164,7 +164,9 @@ def _run_records(
         # Built only where a record or the figure uses it: a group of within-target records (whose model is
         # the target's) must not train the pair's source, which another piece of the run may be building.
         if any(session.model_key(p) == source for p in group_todo) or slices_missing:
-            src = session.build(source, seed)
+            ensembles = [p.variant.pnpga.members for p in group_todo if p.variant.pnpga is not None]
+            src = session.build(source, seed, pnpga_members=max(ensembles, default=0))
+            _refuse_a_different_source(store.read()["sources"].get(f"{source}|seed{seed}", {}), src.info)
             if figure_here:
                 session.figures.save_rank_slices(src, session.target(figure_target, seed))
         for plan in group_todo:
@@ -185,6 +187,28 @@ def _run_records(
         later = [p for p in todo if (p.seed, p.source) in order[index + 1 :]]
         _release_models(session, (source, seed), group_todo, later)
     bar.close()
+
+
+def _refuse_a_different_source(recorded: dict[str, Any], built: dict[str, Any]) -> None:
+    """Refuse a source model that was built again (its cache lost) and came out different from the one the
+    results' records were made with: records of two models under one name would mix silently. Training is
+    deterministic on the CPU, so a rebuild must end at the recorded errors exactly."""
+    if not recorded or Path(str(recorded.get("cache"))).name != Path(str(built.get("cache"))).name:
+        return
+    val = "pretrain_final_val_error"
+    for what, old, new in (
+        ("pre-training's validation error", recorded.get(val), built.get(val)),
+        ("error after recovery", _after_recovery(recorded), _after_recovery(built)),
+    ):
+        if old is not None and new is not None and float(old) != float(new):
+            raise RuntimeError(
+                f"the source model in {built.get('cache')} was built again and differs from the one the results "
+                f"were made with ({what} {new!r}, recorded {old!r}); refusing to add its records beside theirs"
+            )
+
+
+def _after_recovery(info: dict[str, Any]) -> Any:
+    return ((info.get("truncation") or {}).get("errors") or {}).get("after_recovery")
 
 
 def _release_models(

@@ -27,16 +27,17 @@ from torch import nn
 from alfa.adapters import detach
 from alfa.adapters.prompt import TPGazeConfig
 from alfa.checkpoint import load_model, read_checkpoint
-from alfa.fileio import locked, safe_filename
+from alfa.fileio import locked, safe_filename, write_bytes
 from alfa.gaze.data.base import GazeDataset, InMemoryGazeDataset
 from alfa.gaze.evaluate import adapter_filename, load_images
 from alfa.gaze.faze_train import MODEL_FILE as FAZE_MODEL_FILE
 from alfa.gaze.faze_train import FazeTrainConfig, meta_train_faze, train_faze
 from alfa.gaze.faze_train import MetaTrainConfig as FazeMetaConfig
 from alfa.gaze.pipeline import SourceSpec, build_source_model, data_fingerprint, open_data, source_cache_key
+from alfa.gaze.pnpga import snapshot_paths, snapshot_saver
 from alfa.gaze.recipes import Recipe
 from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts
-from alfa.gaze.train import TruncateConfig, truncate_and_recover
+from alfa.gaze.train import MODEL_FILE, TruncateConfig, input_size, truncate_and_recover
 
 from .config import BenchConfig
 from .plan import STAND_IN, RecordPlan, grid_plan
@@ -179,13 +180,21 @@ class Session:
 
     # ---------------------------------------------------------------- models
 
-    def build(self, key: str, seed: int) -> SourceContext:
+    def pnpga_folder(self, src: SourceContext, members: int) -> Path:
+        """Where PnP-GA's ensemble of ``members`` snapshots of ``src``'s pre-training lies: in its source model's
+        cache folder (:func:`alfa.study.bench.pnpga.ensemble_members`)."""
+        return self.cache / f"source-{src.cache_key}" / f"pnpga-last{members}"
+
+    def build(self, key: str, seed: int, pnpga_members: int = 0) -> SourceContext:
+        """Build (or load) the models of ``(key, seed)``. With ``pnpga_members``, a pre-training this call runs
+        also keeps PnP-GA's ensemble (that many epoch snapshots, :func:`alfa.gaze.pnpga.snapshot_saver`): the
+        same training the ensemble would otherwise run a second time. The ensemble's folder is held while the
+        source builds, so that no other piece starts that second training meanwhile."""
         src = self.source(key, seed)
         if src.models is None:
-            torch.manual_seed(seed)
-            src.models = build_source_model(
-                src.spec, src.data, src.val, cache_dir=self.cache, progress=self.progress, device=self.device
-            )
+            folder = self.pnpga_folder(src, pnpga_members) if pnpga_members else None
+            with building(folder) if folder is not None else contextlib.nullcontext():
+                src.models = self._build_sharing_snapshots(src, folder, pnpga_members)
             if src.models.cache.name != f"source-{src.cache_key}":
                 raise RuntimeError(f"source cache {src.models.cache} does not match the expected key {src.cache_key}")
             src.info = {
@@ -199,6 +208,28 @@ class Session:
             }
             src.info.update(self.recorded_training(src))
         return src
+
+    def _build_sharing_snapshots(self, src: SourceContext, folder: Path | None, members: int) -> Any:
+        pretrain = src.spec.pretrain
+        kept = snapshot_paths(folder, members, pretrain.epochs) if folder is not None else []
+        finished = folder is None or (folder / "pretrain" / MODEL_FILE).is_file()
+        size = input_size(src.data)
+        hook = None if finished else snapshot_saver(folder, src.spec.model, members, pretrain.epochs, size)
+        torch.manual_seed(src.seed)
+        models = build_source_model(
+            src.spec,
+            src.data,
+            src.val,
+            cache_dir=self.cache,
+            progress=self.progress,
+            device=self.device,
+            on_pretrain_epoch=hook,
+        )
+        if hook is not None and all(p.is_file() for p in kept):
+            # The snapshots came from the source's own pre-training: its final model is the ensemble's
+            # training's (what ensemble_members reads its history from and takes as the sign it is finished).
+            write_bytes(folder / "pretrain" / MODEL_FILE, (models.cache / "pretrain" / MODEL_FILE).read_bytes())
+        return models
 
     def base(self, src: SourceContext, which: str) -> nn.Module:
         if which == "truncated":
