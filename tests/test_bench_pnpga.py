@@ -2,6 +2,7 @@
 record made end to end on the tiny configuration of test_bench."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,27 @@ def test_a_pnpga_record_renders_its_rows_its_bullet_and_the_domain_protocol_besi
     without = [r for r in results["records"] if r["method"] != "pnpga"]
     bare = render_report({**results, "records": without})
     assert "PnP-GA" not in bare  # no record, no row, no bullet and no domain line
+
+
+def test_a_seed_made_with_another_machines_model_is_refused_before_anything_trains(tmp_path):
+    """Another kind of CPU renders the worlds a few bits differently, so the same seed gets another source model
+    (another cache key): a piece that would add records to a seed made elsewhere stops before training."""
+    config = tiny(methods=("source-only",), pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3))
+    assert run_bench(config, tmp_path, progress=False).ran == ["source-only|E→M|seed0"]
+    path = tmp_path / "results.json"
+    data = load_results(tmp_path)
+    here = data["sources"]["E|seed0"]["cache"]
+    data["sources"]["E|seed0"]["cache"] = str(Path(here).parent / "source-0123456789ab")  # made elsewhere
+    data["records"] = []  # its records are to be made (again) here
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    for dry_run in (True, False):
+        with pytest.raises(
+            ValueError,
+            match=r"E seed 0's records were made with the model source-0123456789ab, "
+            rf"and its data give {Path(here).name} on this machine",
+        ):
+            run_bench(config, tmp_path, progress=False, dry_run=dry_run)
+    assert path.read_bytes() == before  # nothing written, nothing trained
+    other_seed = dataclasses.replace(config, seeds=(1,))
+    assert run_bench(other_seed, tmp_path, progress=False).ran == ["source-only|E→M|seed1"]

@@ -189,6 +189,23 @@ def _run_records(
     bar.close()
 
 
+def _refuse_another_machines_seed(sources: dict[str, Any], todo: list[RecordPlan], session: Session) -> None:
+    """Refuse, before anything trains, records whose model (a source's, or a target's within-target model) the
+    results already hold under another cache key for the same seed: its data rendered differently here. The
+    worlds are rendered with float arithmetic whose last bits depend on the CPU's vector instructions and math
+    library, so another kind of machine draws other pixels, trains another model, and its records would sit
+    beside the first machine's as if they were one replicate. A seed's records are made on one kind of machine."""
+    for key, seed in sorted({(session.model_key(p), p.seed) for p in todo}):
+        recorded = Path(str(sources.get(f"{key}|seed{seed}", {}).get("cache", ""))).name
+        here = f"source-{session.source(key, seed).cache_key}"
+        if recorded and recorded != here:
+            raise ValueError(
+                f"{key} seed {seed}'s records were made with the model {recorded}, and its data give {here} on "
+                f"this machine (they render differently here: another kind of CPU or math library); a seed's "
+                f"records are made on one kind of machine: run this piece there, or choose another seed"
+            )
+
+
 def _refuse_a_different_source(recorded: dict[str, Any], built: dict[str, Any]) -> None:
     """Refuse a source model that was built again (its cache lost) and came out different from the one the
     results' records were made with: records of two models under one name would mix silently. Training is
@@ -260,6 +277,7 @@ def run_bench(
     plans = plan_records(config)
     try:
         groups, skipped, todo = _sort_out(plans, store.done(), session)
+        _refuse_another_machines_seed(store.read()["sources"], todo, session)
         if dry_run:
             return BenchSummary(store.path, [], skipped, [p.id for p in todo], time.time() - t_start, 0.0)
         if progress:
