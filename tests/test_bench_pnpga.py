@@ -22,6 +22,7 @@ from alfa.study.bench.results import load_results
 from alfa.study.bench.runner import run_bench
 from alfa.study.bench.schema import variant_key
 from alfa.study.bench.variants import main_variants
+from alfa.study.timing import cpu_name
 
 
 def test_no_preset_plans_pnpga_and_other_rows_hash_as_before():
@@ -148,6 +149,7 @@ def test_a_seed_made_with_another_machines_model_is_refused_before_anything_trai
     assert run_bench(config, tmp_path, progress=False).ran == ["source-only|E→M|seed0"]
     path = tmp_path / "results.json"
     data = load_results(tmp_path)
+    assert data["runs"][-1]["cpu"] == cpu_name() != ""  # the log of runs names the kind of machine
     here = data["sources"]["E|seed0"]["cache"]
     data["sources"]["E|seed0"]["cache"] = str(Path(here).parent / "source-0123456789ab")  # made elsewhere
     data["records"] = []  # its records are to be made (again) here

@@ -34,6 +34,7 @@ __all__ = [
     "interval_note",
     "no_rounds_note",
     "machine",
+    "cpu_name",
 ]
 
 LEVEL = 0.95
@@ -124,7 +125,8 @@ def no_rounds_note(command: str) -> str:
     )
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows, else ``"unknown"``."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -139,7 +141,7 @@ def machine() -> dict[str, Any]:
     import torch
 
     return {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "python": platform.python_version(),

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from alfa.adapters import MergeError
 from alfa.gaze.precision import check_precision, forward_precision
+from alfa.study.timing import cpu_name
 
 from .config import SELECTION_FIELDS, BenchConfig, split_pair
 from .plan import RecordPlan, plan_records
@@ -117,6 +118,7 @@ def _run_entry(config: BenchConfig, command: str | None, session: Session) -> di
         "records_run": 0,
         "load_average_start": os.getloadavg()[0],
         "cpus": os.cpu_count(),
+        "cpu": cpu_name(),  # a seed's records are made on one kind of machine (docs/gaze.md § Determinism)
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": str(session.device),
