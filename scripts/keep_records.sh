@@ -8,5 +8,14 @@ if [[ ! -f runs/bench-v2/results.json ]]; then
     echo "keep_records: no runs/bench-v2/results.json here (run a lane first: bash scripts/queue.sh LANE)" >&2
     exit 2
 fi
-.venv/bin/python -c "from alfa.study.bench.results import export_results; export_results('runs/bench-v2', 'docs/data/bench-v2', keep_kept=True)"
+.venv/bin/python - <<'PY'
+import sys
+
+from alfa.study.bench.results import export_results
+
+try:
+    export_results("runs/bench-v2", "docs/data/bench-v2", keep_kept=True)
+except (OSError, ValueError) as e:  # one line, no traceback; nothing was replaced
+    sys.exit(f"keep_records: {e}")
+PY
 .venv/bin/alfa pages --write

@@ -73,7 +73,8 @@ def test_a_pnpga_record_end_to_end(tmp_path, monkeypatch):
     assert record["steps"] == 20
     source = data["sources"]["E|seed0"]
     assert source["pnpga_members"]["members"] == 2 and len(source["pnpga_members"]["val_error_per_epoch"]) == 2
-    # the last snapshot is the record's own dense source model: its pre-training, run again, is the same run
+    # the last snapshot is the record's own dense source model (here kept by its own pre-training; that a training
+    # run again gives the same members is test_pnpga's)
     dense = read_checkpoint(Path(source["cache"]) / "pretrain" / "model.safetensors")[0]
     last = read_checkpoint(Path(source["pnpga_members"]["folder"]) / "epoch-002.safetensors")[0]
     assert dense.keys() == last.keys() and all(torch.equal(dense[k], last[k]) for k in dense)
@@ -82,6 +83,7 @@ def test_a_pnpga_record_end_to_end(tmp_path, monkeypatch):
     assert sorted(p.name for p in (Path(source["pnpga_members"]["folder"]) / "pretrain").iterdir()) == [
         "model.safetensors"
     ]
+    assert source["pnpga_members"]["kept_by_the_source_training"] is True
     again = run_bench(config, tmp_path, progress=False)
     assert again.skipped == ["pnpga|E→M|seed0"] and again.ran == []
 
@@ -89,7 +91,7 @@ def test_a_pnpga_record_end_to_end(tmp_path, monkeypatch):
 def test_a_source_model_built_again_differently_is_refused(tmp_path):
     """A lost cache is rebuilt; a rebuild that does not end where the recorded one did (a changed training, a
     machine whose numbers differ) must not add records beside those of the recorded model."""
-    from alfa.study.bench.runner import _refuse_a_different_source
+    from alfa.study.bench.session import refuse_a_different_model as _refuse_a_different_source
 
     recorded = {"cache": "runs/x/cache/source-ab", "pretrain_final_val_error": 6.25, "truncation": {"errors": {}}}
     recorded["truncation"]["errors"]["after_recovery"] = 7.5
@@ -159,9 +161,16 @@ def test_a_seed_made_with_another_machines_model_is_refused_before_anything_trai
         with pytest.raises(
             ValueError,
             match=r"E seed 0's records were made with the model source-0123456789ab, "
-            rf"and its data give {Path(here).name} on this machine",
+            rf"and its data and recipe give {Path(here).name} here",
         ):
             run_bench(config, tmp_path, progress=False, dry_run=dry_run)
     assert path.read_bytes() == before  # nothing written, nothing trained
     other_seed = dataclasses.replace(config, seeds=(1,))
     assert run_bench(other_seed, tmp_path, progress=False).ran == ["source-only|E→M|seed1"]
+    # the same key, but the model (built again, or here read from its cache) does not end where the recorded did
+    data["sources"]["E|seed0"]["cache"] = here
+    data["sources"]["E|seed0"]["pretrain_final_val_error"] += 0.5
+    path.write_text(json.dumps(data))
+    with pytest.raises(RuntimeError, match=r"source-\w+ was built again and differs .*validation error"):
+        run_bench(config, tmp_path, progress=False)
+    assert load_results(tmp_path)["records"] == []

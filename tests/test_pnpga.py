@@ -170,3 +170,32 @@ def test_below_five_members_an_unadapted_ensemble_has_no_outlier():
             assert float(outlier_loss(ensemble, ensemble, gamma=0.0)) == 0.0
     five = _ensemble([0.0, 0.0, 0.0, 0.0, 1.0])  # the bound, reached: z = 4/√5 = 1.79 > 1.645
     assert float(outlier_loss(five, five, gamma=0.0)) == pytest.approx(4 / 5**0.5)
+
+
+def test_snapshots_kept_by_the_source_models_own_training_are_those_of_a_training_run_again(tmp_path):
+    """The benchmark keeps the ensemble while the source model pre-trains where it can, and trains it apart where
+    the source model was cached before: both ways must give the same members, bit for bit."""
+    import dataclasses
+
+    from test_gaze_pipeline import FAST, RANK, toy_dataset
+
+    from alfa.gaze.pipeline import SourceSpec, build_source_model
+    from alfa.gaze.pnpga import snapshot_paths, snapshot_saver
+    from alfa.gaze.train import TruncateConfig, input_size
+
+    pretrain = dataclasses.replace(FAST, epochs=3)
+    source = toy_dataset(6, 12, seed=1, name="src")
+    spec = SourceSpec("toy:src", None, "tiny_gaze_net", 0, pretrain, TruncateConfig(rank=RANK, recovery=FAST))
+    hook = snapshot_saver(tmp_path / "kept", "tiny_gaze_net", 2, pretrain.epochs, input_size(source))
+    torch.manual_seed(0)
+    built = build_source_model(spec, source, None, cache_dir=tmp_path / "cache", progress=False, on_pretrain_epoch=hook)
+    kept = snapshot_paths(tmp_path / "kept", 2, pretrain.epochs)
+    assert [p.name for p in kept] == ["epoch-002.safetensors", "epoch-003.safetensors"]
+    apart = train_snapshot_members("tiny_gaze_net", 0, source, None, pretrain, tmp_path / "apart", members=2)
+    for path, member in zip(kept, apart):
+        ours = load_model(path)[0].state_dict()
+        assert ours.keys() == member.state_dict().keys()
+        assert all(torch.equal(ours[k], member.state_dict()[k]) for k in ours)
+    dense = built.dense.state_dict()
+    assert all(torch.equal(dense[k], apart[-1].state_dict()[k]) for k in dense)  # the last is the source model
+    assert not torch.equal(apart[0].fc.weight, apart[1].fc.weight)

@@ -63,6 +63,7 @@ from alfa.gaze.pnpga import (
     source_examples,
     train_snapshot_members,
 )
+from alfa.gaze.train import STATE_FILE
 
 from .measure import _latency_ms, _proc_status_mib, _reset_peak_memory
 from .plan import RecordPlan
@@ -97,6 +98,9 @@ def ensemble_members(session: Session, src: SourceContext, members: int) -> list
             "folder": str(folder),
             "members": members,
             "train_seconds": sum(float(e.get("seconds", 0.0)) for e in history),
+            # kept while the source model itself trained (no training of their own: train_seconds is the
+            # source's), or trained apart (a training state lies beside the final model)
+            "kept_by_the_source_training": not (folder / "pretrain" / STATE_FILE).is_file(),
             "val_error_per_epoch": [e.get("val_error") for e in history],  # the source's held-out persons
         }
     return src.pnpga_members

@@ -168,7 +168,6 @@ def _run_records(
         if any(session.model_key(p) == source for p in group_todo) or slices_missing:
             ensembles = [p.variant.pnpga.members for p in group_todo if p.variant.pnpga is not None]
             src = session.build(source, seed, pnpga_members=max(ensembles, default=0))
-            _refuse_a_different_source(store.read()["sources"].get(f"{source}|seed{seed}", {}), src.info)
             if figure_here:
                 session.figures.save_rank_slices(src, session.target(figure_target, seed))
         for plan in group_todo:
@@ -202,32 +201,11 @@ def _refuse_another_machines_seed(sources: dict[str, Any], todo: list[RecordPlan
         here = f"source-{session.source(key, seed).cache_key}"
         if recorded and recorded != here:
             raise ValueError(
-                f"{key} seed {seed}'s records were made with the model {recorded}, and its data give {here} on "
-                f"this machine (they render differently here: another kind of CPU or math library); a seed's "
-                f"records are made on one kind of machine: run this piece there, or choose another seed"
+                f"{key} seed {seed}'s records were made with the model {recorded}, and its data and recipe give "
+                f"{here} here (another kind of CPU renders the worlds differently; or the code that makes the "
+                f"model changed); a seed's records are made on one kind of machine: run this piece there, or "
+                f"choose another seed"
             )
-
-
-def _refuse_a_different_source(recorded: dict[str, Any], built: dict[str, Any]) -> None:
-    """Refuse a source model that was built again (its cache lost) and came out different from the one the
-    results' records were made with: records of two models under one name would mix silently. Training is
-    deterministic on the CPU, so a rebuild must end at the recorded errors exactly."""
-    if not recorded or Path(str(recorded.get("cache"))).name != Path(str(built.get("cache"))).name:
-        return
-    val = "pretrain_final_val_error"
-    for what, old, new in (
-        ("pre-training's validation error", recorded.get(val), built.get(val)),
-        ("error after recovery", _after_recovery(recorded), _after_recovery(built)),
-    ):
-        if old is not None and new is not None and float(old) != float(new):
-            raise RuntimeError(
-                f"the source model in {built.get('cache')} was built again and differs from the one the results "
-                f"were made with ({what} {new!r}, recorded {old!r}); refusing to add its records beside theirs"
-            )
-
-
-def _after_recovery(info: dict[str, Any]) -> Any:
-    return ((info.get("truncation") or {}).get("errors") or {}).get("after_recovery")
 
 
 def _release_models(
@@ -275,6 +253,7 @@ def run_bench(
     torch.set_num_threads(config.threads)
     t_start, cpu_start = time.time(), time.process_time()
     session = Session(config, out, cache, progress, torch.device(device), precision)
+    session.recorded_sources = store.read()["sources"]  # what each model was when its records were made
     log = _RunLog(_run_entry(config, command, session), session, t_start, cpu_start)
     plans = plan_records(config)
     try:

@@ -45,7 +45,7 @@ from .record import as_records
 from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE, load_results
 from .schema import config_hash, stable_hash
 
-__all__ = ["TargetData", "SourceContext", "Session", "building"]
+__all__ = ["TargetData", "SourceContext", "Session", "building", "refuse_a_different_model"]
 
 
 def building(folder: Path) -> contextlib.AbstractContextManager[None]:
@@ -58,6 +58,28 @@ def building(folder: Path) -> contextlib.AbstractContextManager[None]:
         print(f"waiting for another process building {folder}", file=sys.stderr, flush=True)
 
     return locked(folder, on_wait=say_waiting)
+
+
+def refuse_a_different_model(recorded: dict[str, Any], built: dict[str, Any]) -> None:
+    """Refuse (``RuntimeError``) a model built again under its recorded cache key (its cache was lost) that does
+    not end at the recorded errors exactly: records of two models under one name would mix silently. Training is
+    deterministic on one kind of machine and device, so a faithful rebuild ends where the recorded one did."""
+    if not recorded or Path(str(recorded.get("cache"))).name != Path(str(built.get("cache"))).name:
+        return
+    val = "pretrain_final_val_error"
+    for what, old, new in (
+        ("pre-training's validation error", recorded.get(val), built.get(val)),
+        ("error after recovery", _after_recovery(recorded), _after_recovery(built)),
+    ):
+        if old is not None and new is not None and float(old) != float(new):
+            raise RuntimeError(
+                f"the model in {built.get('cache')} was built again and differs from the one the results were "
+                f"made with ({what} {new!r}, recorded {old!r}); refusing to add its records beside theirs"
+            )
+
+
+def _after_recovery(info: dict[str, Any]) -> Any:
+    return ((info.get("truncation") or {}).get("errors") or {}).get("after_recovery")
 
 
 # ----------------------------------------------------------------------------- contexts
@@ -114,6 +136,8 @@ class Session:
         # the user-calibration recipe chosen on a stand-in, per (source, seed, method, grid): every k reads it
         self.calibration_choices: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.faze: dict[Path, dict[str, nn.Module]] = {}  # FAZE models per cache folder (faze_models)
+        # the results' ``sources`` entries when the run started: a model built again must match its entry
+        self.recorded_sources: dict[str, dict[str, Any]] = {}
 
     # ---------------------------------------------------------------- data
 
@@ -207,6 +231,7 @@ class Session:
                 "pretrain_final_val_error": (src.models.pretrain_history or [{}])[-1].get("val_error"),
             }
             src.info.update(self.recorded_training(src))
+            refuse_a_different_model(self.recorded_sources.get(f"{key}|seed{seed}", {}), src.info)
         return src
 
     def _build_sharing_snapshots(self, src: SourceContext, folder: Path | None, members: int) -> Any:
