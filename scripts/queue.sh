@@ -40,10 +40,10 @@ mkdir -p runs/logs runs/bench-v2
 # refuses a rebuilt source model that differs from the recorded one). Two lanes starting at once: one copy wins.
 if [[ ! -f runs/bench-v2/results.json && -f docs/data/bench-v2/results.json ]]; then
     tmp=$(mktemp runs/bench-v2/.results.json.XXXXXX)
-    cp docs/data/bench-v2/results.json "$tmp"
+    cp docs/data/bench-v2/results.json "$tmp" && chmod 644 "$tmp"
     [[ -d docs/data/bench-v2/figure_data && ! -d runs/bench-v2/figure_data ]] && cp -r docs/data/bench-v2/figure_data runs/bench-v2/
-    mv -n "$tmp" runs/bench-v2/results.json && echo "queue: runs/bench-v2 started from the records kept in docs/data/bench-v2"
-    rm -f "$tmp"
+    mv -n "$tmp" runs/bench-v2/results.json # leaves $tmp where another lane's copy came first (exit 0 either way)
+    if [[ -e $tmp ]]; then rm -f "$tmp"; else echo "queue: runs/bench-v2 started from the records kept in docs/data/bench-v2"; fi
 fi
 for i in "${!lines[@]}"; do
     n=$((i + 1))

@@ -140,6 +140,7 @@ def test_a_new_machine_starts_the_run_from_the_kept_records_and_never_replaces_a
     assert done.returncode == 0 and "started from the records kept in docs/data/bench-v2" in done.stdout
     run = repo / "runs/bench-v2"
     assert (run / "results.json").read_text() == '{"kept": true}\n'
+    assert stat.S_IMODE((run / "results.json").stat().st_mode) == 0o644  # as readable as the kept copy
     assert (run / "figure_data" / "f.safetensors").read_text() == "figure"
     assert sorted(p.name for p in run.iterdir()) == ["figure_data", "results.json"]  # no temporary file left
     (run / "results.json").write_text('{"running": true}\n')  # the run has gone on since
