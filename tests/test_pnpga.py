@@ -179,8 +179,9 @@ def test_snapshots_kept_by_the_source_models_own_training_are_those_of_a_trainin
 
     from test_gaze_pipeline import FAST, RANK, toy_dataset
 
+    from alfa.checkpoint import save_model
     from alfa.gaze.pipeline import SourceSpec, build_source_model
-    from alfa.gaze.pnpga import snapshot_paths, snapshot_saver
+    from alfa.gaze.pnpga import ensemble_trained, snapshot_paths, snapshot_saver
     from alfa.gaze.train import TruncateConfig, input_size
 
     pretrain = dataclasses.replace(FAST, epochs=3)
@@ -199,3 +200,13 @@ def test_snapshots_kept_by_the_source_models_own_training_are_those_of_a_trainin
     dense = built.dense.state_dict()
     assert all(torch.equal(dense[k], apart[-1].state_dict()[k]) for k in dense)  # the last is the source model
     assert not torch.equal(apart[0].fc.weight, apart[1].fc.weight)
+    # finished means every snapshot and a pre-training that says it is complete (its model file is rewritten
+    # every epoch: a run stopped between its last snapshot and its checkpoint left one that says it is not)
+    assert ensemble_trained(tmp_path / "apart", 2, pretrain.epochs)
+    model = tmp_path / "apart" / "pretrain" / "model.safetensors"
+    save_model(model, apart[-1], "tiny_gaze_net", extra={"complete": False})
+    assert not ensemble_trained(tmp_path / "apart", 2, pretrain.epochs)
+    save_model(model, apart[-1], "tiny_gaze_net", extra={"complete": True})
+    assert ensemble_trained(tmp_path / "apart", 2, pretrain.epochs)
+    snapshot_paths(tmp_path / "apart", 2, pretrain.epochs)[0].rename(tmp_path / "elsewhere.safetensors")
+    assert not ensemble_trained(tmp_path / "apart", 2, pretrain.epochs)

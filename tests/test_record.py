@@ -131,7 +131,7 @@ def test_a_results_file_is_written_one_record_per_line_and_reads_back_equal(comm
     assert not (tmp_path / "e.json").exists()
 
 
-def test_the_exported_copy_is_the_same_results_in_the_one_record_per_line_layout(committed, tmp_path):
+def test_the_exported_copy_is_the_same_results_in_the_one_record_per_line_layout(committed, tmp_path, capsys):
     from alfa.study.bench.results import export_results
 
     _, path, data = committed
@@ -146,5 +146,17 @@ def test_the_exported_copy_is_the_same_results_in_the_one_record_per_line_layout
     with pytest.raises(ValueError, match=f"lacks 1 of the records kept in .*{re.escape(data['records'][0]['id'])}"):
         export_results(tmp_path / "run", tmp_path / "kept", keep_kept=True)
     assert (tmp_path / "kept" / RESULTS_FILE).read_text(encoding="utf-8") == kept
+    # `alfa report --data-to` keeps them too: one line, a non-zero status, the kept copy as it was
+    from alfa.cli import main
+
+    export_results(tmp_path / "run", tmp_path / "first")  # a kept copy with every record, then the run loses one
+    (tmp_path / "first" / RESULTS_FILE).write_text(kept, encoding="utf-8")
+    argv = ["report", "--results", str(tmp_path / "run"), "--out", str(tmp_path / "p.md")]
+    capsys.readouterr()
+    assert main([*argv, "--data-to", str(tmp_path / "first")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "lacks 1 of the records kept in" in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert (tmp_path / "first" / RESULTS_FILE).read_text(encoding="utf-8") == kept
+    assert not (tmp_path / "p.md").exists()
     export_results(tmp_path / "run", tmp_path / "kept")  # not asked to: replaced
     assert json.loads((tmp_path / "kept" / RESULTS_FILE).read_text()) == fewer

@@ -137,7 +137,7 @@ def _report(args: argparse.Namespace) -> None:
 
     results, command = args.results, _command_line()
     if args.data_to:  # keep the data with the page, then make the page from the kept copy
-        results = export_results(args.results, args.data_to)
+        results = export_results(args.results, args.data_to, keep_kept=True)
         command = f"alfa report --results {args.data_to} --out {args.out}"
         print(f"data: {results}")
     path = build_report(results, args.out, args.figures, command=command)
@@ -211,7 +211,8 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
         "--data-to",
         metavar="DIR",
         help="first copy results.json and the figure data (never adapters or models) to DIR, e.g. "
-        "docs/data/bench-standard, the data committed with the page, and make the page from that copy",
+        "docs/data/bench-standard, the data committed with the page, and make the page from that copy (refused "
+        "where DIR holds records the results lack: remove them there first if that is meant)",
     )
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from alfa.checkpoint import load_model, save_model
+from alfa.checkpoint import load_model, read_checkpoint, save_model
 from alfa.models import create_model
 
 from .data.base import GazeDataset
@@ -63,6 +63,7 @@ __all__ = [
     "adaptation_cost",
     "source_examples",
     "snapshot_paths",
+    "ensemble_trained",
     "snapshot_saver",
     "train_snapshot_members",
 ]
@@ -360,6 +361,17 @@ def snapshot_paths(folder: str | Path, members: int, epochs: int) -> list[Path]:
     return [Path(folder) / f"epoch-{e:03d}.safetensors" for e in range(first, epochs + 1)]
 
 
+def ensemble_trained(folder: str | Path, members: int, epochs: int) -> bool:
+    """Whether ``folder`` holds a finished ensemble: every snapshot of :func:`snapshot_paths` and, beside them, a
+    pre-training that says it is complete (its ``model.safetensors`` is rewritten every epoch, so being there is
+    not enough: a run stopped between its last snapshot and its checkpoint is not finished)."""
+    out = Path(folder)
+    model = out / "pretrain" / "model.safetensors"
+    if not all(p.is_file() for p in snapshot_paths(out, members, epochs)) or not model.is_file():
+        return False
+    return bool(read_checkpoint(model, header_only=True)[1].get("extra", {}).get("complete"))
+
+
 def snapshot_saver(
     folder: str | Path, model_name: str, members: int, epochs: int, size: tuple[int, int]
 ) -> Callable[[int, nn.Module], None]:
@@ -397,7 +409,7 @@ def train_snapshot_members(
     made) is read back. Returned oldest first."""
     out = Path(folder)
     kept = snapshot_paths(out, members, pretrain.epochs)
-    if not all(p.is_file() for p in kept) or not (out / "pretrain" / "model.safetensors").is_file():
+    if not ensemble_trained(out, members, pretrain.epochs):
         torch.manual_seed(seed)  # the initial weights, as build_source_model draws them
         model = create_model(model_name).to(device)
         train_source(

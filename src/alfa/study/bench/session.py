@@ -34,7 +34,7 @@ from alfa.gaze.faze_train import MODEL_FILE as FAZE_MODEL_FILE
 from alfa.gaze.faze_train import FazeTrainConfig, meta_train_faze, train_faze
 from alfa.gaze.faze_train import MetaTrainConfig as FazeMetaConfig
 from alfa.gaze.pipeline import SourceSpec, build_source_model, data_fingerprint, open_data, source_cache_key
-from alfa.gaze.pnpga import snapshot_paths, snapshot_saver
+from alfa.gaze.pnpga import ensemble_trained, snapshot_paths, snapshot_saver
 from alfa.gaze.recipes import Recipe
 from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts
 from alfa.gaze.train import MODEL_FILE, TruncateConfig, input_size, truncate_and_recover
@@ -237,7 +237,7 @@ class Session:
     def _build_sharing_snapshots(self, src: SourceContext, folder: Path | None, members: int) -> Any:
         pretrain = src.spec.pretrain
         kept = snapshot_paths(folder, members, pretrain.epochs) if folder is not None else []
-        finished = folder is None or (folder / "pretrain" / MODEL_FILE).is_file()
+        finished = folder is None or ensemble_trained(folder, members, pretrain.epochs)
         size = input_size(src.data)
         hook = None if finished else snapshot_saver(folder, src.spec.model, members, pretrain.epochs, size)
         torch.manual_seed(src.seed)
