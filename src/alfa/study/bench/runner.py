@@ -190,15 +190,15 @@ def _run_records(
     bar.close()
 
 
-def _refuse_another_machines_seed(sources: dict[str, Any], todo: list[RecordPlan], session: Session) -> None:
+def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session) -> None:
     """Refuse, before anything trains, records whose model (a source's, or a target's within-target model) the
     results already hold under another cache key for the same seed: its data rendered differently here. The
     worlds are rendered with float arithmetic whose last bits depend on the CPU's vector instructions and math
     library, so another kind of machine draws other pixels, trains another model, and its records would sit
     beside the first machine's as if they were one replicate. A seed's records are made on one kind of machine."""
     for key, seed in sorted({(session.model_key(p), p.seed) for p in todo}):
-        recorded = Path(str(sources.get(f"{key}|seed{seed}", {}).get("cache", ""))).name
-        here = f"source-{session.source(key, seed).cache_key}"
+        recorded = Path(str(session.recorded_sources.get(f"{key}|seed{seed}", {}).get("cache", ""))).name
+        here = session.source_cache(session.source(key, seed)).name
         if recorded and recorded != here:
             raise ValueError(
                 f"{key} seed {seed}'s records were made with the model {recorded}, and its data and recipe give "
@@ -252,13 +252,13 @@ def run_bench(
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     t_start, cpu_start = time.time(), time.process_time()
-    session = Session(config, out, cache, progress, torch.device(device), precision)
-    session.recorded_sources = store.read()["sources"]  # what each model was when its records were made
+    # the results' model entries, read once: what each model was when its records were made
+    session = Session(config, out, cache, progress, torch.device(device), precision, store.read()["sources"])
     log = _RunLog(_run_entry(config, command, session), session, t_start, cpu_start)
     plans = plan_records(config)
     try:
         groups, skipped, todo = _sort_out(plans, store.done(), session)
-        _refuse_another_machines_seed(store.read()["sources"], todo, session)
+        _refuse_another_machines_seed(todo, session)
         if dry_run:
             return BenchSummary(store.path, [], skipped, [p.id for p in todo], time.time() - t_start, 0.0)
         if progress:

@@ -125,6 +125,7 @@ class Session:
         progress: bool,
         device: torch.device | None = None,
         precision: str = "fp32",
+        recorded_sources: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.config, self.out, self.cache, self.progress = config, out, cache, progress
         self.device = torch.device("cpu") if device is None else device
@@ -137,7 +138,7 @@ class Session:
         self.calibration_choices: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.faze: dict[Path, dict[str, nn.Module]] = {}  # FAZE models per cache folder (faze_models)
         # the results' ``sources`` entries when the run started: a model built again must match its entry
-        self.recorded_sources: dict[str, dict[str, Any]] = {}
+        self.recorded_sources = recorded_sources or {}
 
     # ---------------------------------------------------------------- data
 
@@ -204,10 +205,14 @@ class Session:
 
     # ---------------------------------------------------------------- models
 
+    def source_cache(self, src: SourceContext) -> Path:
+        """The cache folder of ``src``'s models (:func:`~alfa.gaze.pipeline.build_source_model` names it)."""
+        return self.cache / f"source-{src.cache_key}"
+
     def pnpga_folder(self, src: SourceContext, members: int) -> Path:
         """Where PnP-GA's ensemble of ``members`` snapshots of ``src``'s pre-training lies: in its source model's
         cache folder (:func:`alfa.study.bench.pnpga.ensemble_members`)."""
-        return self.cache / f"source-{src.cache_key}" / f"pnpga-last{members}"
+        return self.source_cache(src) / f"pnpga-last{members}"
 
     def build(self, key: str, seed: int, pnpga_members: int = 0) -> SourceContext:
         """Build (or load) the models of ``(key, seed)``. With ``pnpga_members``, a pre-training this call runs
@@ -219,7 +224,7 @@ class Session:
             folder = self.pnpga_folder(src, pnpga_members) if pnpga_members else None
             with building(folder) if folder is not None else contextlib.nullcontext():
                 src.models = self._build_sharing_snapshots(src, folder, pnpga_members)
-            if src.models.cache.name != f"source-{src.cache_key}":
+            if src.models.cache.name != self.source_cache(src).name:
                 raise RuntimeError(f"source cache {src.models.cache} does not match the expected key {src.cache_key}")
             src.info = {
                 "cache": str(src.models.cache),
