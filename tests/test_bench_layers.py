@@ -11,7 +11,9 @@ from alfa.study.bench.ablations import REGISTRY, Ablation, register, unregister
 from alfa.study.bench.config import SELECTION_FIELDS, BenchConfig
 from alfa.study.bench.plan import plan_records
 from alfa.study.bench.report_page import render_report
+from alfa.study.bench.report_tables import ablation_table
 from alfa.study.bench.results import FORMAT, VERSION, layout
+from alfa.study.bench.stats import index_records
 from alfa.study.bench.variants import alfa_config
 
 
@@ -117,3 +119,12 @@ def test_runner_and_report_do_not_import_each_other():
     assert not any(reaches(m, "report_page") for m in report)
     cyclic = [m for m in graph if reaches(m, m)]
     assert cyclic == [], f"bench modules in an import cycle: {cyclic}"
+
+
+def test_a_variant_named_by_what_it_is_does_not_repeat_its_name_as_its_setting():
+    idx = index_records([row(m, s, 5.0 + s) for s in (0, 1, 2) for m in ("alfa", "diag_gate")])
+    layout_rows = [{"label": "alfa", "value": "attention"}, {"label": "diag_gate", "value": "diagonal gate"}]
+    text, pairs = ablation_table(idx, layout_rows)
+    assert pairs == ["E→M"]
+    assert "| Alfa | attention |" in text
+    assert "| diagonal gate | — |" in text and "diagonal gate | diagonal gate" not in text

@@ -377,7 +377,9 @@ def ablation_table(
             continue
         cells = [(cell(idx, lab, p).format() if cell(idx, lab, p) else "—") for p in pairs]
         pool = pooled(idx, lab, pairs)
-        line = [_name(lab), str(row["value"]), *cells, pool.format() if pool else "—"]
+        setting = str(row["value"])
+        # a variant named by what it is (the diagonal gate) has no setting beyond its name: do not say it twice
+        line = [_name(lab), "—" if setting == _name(lab) else setting, *cells, pool.format() if pool else "—"]
         if extra_params:
             recs = records_of(idx, lab)
             line.append(_count(recs[0].trainable_params) if recs else "—")
