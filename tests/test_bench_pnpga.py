@@ -174,3 +174,30 @@ def test_a_seed_made_with_another_machines_model_is_refused_before_anything_trai
     with pytest.raises(RuntimeError, match=r"source-\w+ was built again and differs .*validation error"):
         run_bench(config, tmp_path, progress=False)
     assert load_results(tmp_path)["records"] == []
+
+
+def test_a_model_new_to_a_seed_made_elsewhere_is_refused_by_a_probe_of_a_recorded_one(tmp_path):
+    """A piece whose models no record of the seed used yet (here the target's within-target model) cannot be
+    compared with a record of its own: the seed's recorded source model is rendered here as a probe instead."""
+    config = tiny(methods=("source-only",), pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3))
+    assert run_bench(config, tmp_path, progress=False).ran == ["source-only|E→M|seed0"]
+    path = tmp_path / "results.json"
+    data = load_results(tmp_path)
+    here = data["sources"]["E|seed0"]["cache"]
+    data["sources"]["E|seed0"]["cache"] = str(Path(here).parent / "source-0123456789ab")  # made elsewhere
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    within = dataclasses.replace(config, methods=("target-trained",))
+    for dry_run in (True, False):
+        with pytest.raises(
+            ValueError,
+            match=r"seed 0's records were made with E's model source-0123456789ab, and E's data and recipe give "
+            rf"{Path(here).name} here .* this piece's new models would join a seed made on another kind of machine",
+        ):
+            run_bench(within, tmp_path, progress=False, dry_run=dry_run)
+    assert path.read_bytes() == before  # nothing written, nothing trained
+    seed1 = dataclasses.replace(within, seeds=(1,))  # a seed with no record: nothing to probe, this machine makes it
+    assert run_bench(seed1, tmp_path, progress=False).ran == ["target-trained|E→M|seed1"]
+    data["sources"]["E|seed0"]["cache"] = here  # the machine that made the seed: the probe agrees
+    path.write_text(json.dumps(data))
+    assert run_bench(within, tmp_path, progress=False).ran == ["target-trained|E→M|seed0"]

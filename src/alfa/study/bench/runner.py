@@ -41,6 +41,7 @@ from alfa.gaze.precision import check_precision, forward_precision
 from alfa.study.timing import cpu_name
 
 from .config import SELECTION_FIELDS, BenchConfig, split_pair
+from .methods import SOURCES
 from .plan import RecordPlan, plan_records
 from .produce import produce_record
 from .record import Record
@@ -190,14 +191,24 @@ def _run_records(
     bar.close()
 
 
+def _recorded_model(session: Session, key: str, seed: int) -> str:
+    """The cache folder name the results hold for the model ``(key, seed)`` ("" where none is recorded)."""
+    return Path(str(session.recorded_sources.get(f"{key}|seed{seed}", {}).get("cache", ""))).name
+
+
 def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session) -> None:
-    """Refuse, before anything trains, records whose model (a source's, or a target's within-target model) the
-    results already hold under another cache key for the same seed: its data rendered differently here. The
-    worlds are rendered with float arithmetic whose last bits depend on the CPU's vector instructions and math
-    library, so another kind of machine draws other pixels, trains another model, and its records would sit
-    beside the first machine's as if they were one replicate. A seed's records are made on one kind of machine."""
-    for key, seed in sorted({(session.model_key(p), p.seed) for p in todo}):
-        recorded = Path(str(session.recorded_sources.get(f"{key}|seed{seed}", {}).get("cache", ""))).name
+    """Refuse, before anything trains, records of a seed whose models the results hold under other cache keys
+    than this machine gives them: its data rendered differently here. The worlds are rendered with float
+    arithmetic whose last bits depend on the CPU's vector instructions and math library, so another kind of
+    machine draws other pixels, trains other models, and its records would sit beside the first machine's as if
+    they were one replicate. A seed's records are made on one kind of machine.
+
+    A model of the piece the results hold is compared with its record. A seed whose piece only adds models new
+    to it (a source or within-target model no record of that seed used yet) is probed with one model the seed's
+    records did use: its data rendered here must give the recorded key (one world rendered, no training)."""
+    models = sorted({(session.model_key(p), p.seed) for p in todo})
+    for key, seed in models:
+        recorded = _recorded_model(session, key, seed)
         here = session.source_cache(session.source(key, seed)).name
         if recorded and recorded != here:
             raise ValueError(
@@ -205,6 +216,26 @@ def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session) -> N
                 f"{here} here (another kind of CPU renders the worlds differently; or the code that makes the "
                 f"model changed); a seed's records are made on one kind of machine: run this piece there, or "
                 f"choose another seed"
+            )
+    for seed in sorted({seed for key, seed in models if not _recorded_model(session, key, seed)}):
+        if any(_recorded_model(session, key, s) for key, s in models if s == seed):
+            continue  # one of the piece's own models already showed this machine renders the seed as recorded
+        suffix = f"|seed{seed}"
+        recorded = [k.removesuffix(suffix) for k in session.recorded_sources if k.endswith(suffix)]
+        # a source model's data first: fewer images than a within-target model's
+        probes = sorted((k for k in recorded if _recorded_model(session, k, seed)), key=lambda k: (k not in SOURCES, k))
+        if not probes:
+            continue  # nothing of this seed was made yet: this machine makes it
+        probe, held = probes[0], (probes[0], seed) in session.sources
+        here = session.source_cache(session.source(probe, seed)).name
+        if not held:
+            session.sources.pop((probe, seed), None)  # its data were rendered for this check alone
+        if here != _recorded_model(session, probe, seed):
+            raise ValueError(
+                f"seed {seed}'s records were made with {probe}'s model {_recorded_model(session, probe, seed)}, and "
+                f"{probe}'s data and recipe give {here} here (another kind of CPU renders the worlds differently; "
+                f"or the code that makes the model changed): this piece's new models would join a seed made on "
+                f"another kind of machine; run it there, or choose another seed"
             )
 
 
