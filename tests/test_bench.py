@@ -389,7 +389,7 @@ def test_target_persons_are_drawn_afresh_per_seed_unless_fixed(tmp_path):
 
 
 def test_the_declared_v2_run_is_every_row_on_seeds_0_to_2_and_the_familys_rows_beyond():
-    from alfa.study.bench.methods import DECLARED_FAMILY_ROWS, FAMILY_SEEDS
+    from alfa.study.bench.methods import DECLARED_FAMILY_ROWS, FAMILY_SEEDS, PAIRS, PNPGA_FAMILY_SEEDS
     from alfa.study.bench.plan import declared_run, declared_run_progress
 
     assert declared_run("v1") == [] and declared_run_progress("v1", []) is None
@@ -400,6 +400,13 @@ def test_the_declared_v2_run_is_every_row_on_seeds_0_to_2_and_the_familys_rows_b
     first = {p.variant.label.split("[")[0] for p in plans if p.seed == 0}
     later = {p.variant.label.split("[")[0] for p in plans if p.seed == FAMILY_SEEDS[0]}
     assert later == set(DECLARED_FAMILY_ROWS) and later < first
+    # PnP-GA's rows also on seeds 4–6 of every pair (§7.2's amendment), and nothing else added there
+    pnpga = {(p.pair, p.seed) for p in plans if p.variant.label == "pnpga" and p.seed in FAMILY_SEEDS}
+    assert pnpga == {(pair, s) for pair in PAIRS for s in PNPGA_FAMILY_SEEDS} and set(PNPGA_FAMILY_SEEDS) < set(
+        FAMILY_SEEDS
+    )
+    at_4 = {p.variant.label.split("[")[0] for p in plans if p.seed == PNPGA_FAMILY_SEEDS[0]}
+    assert at_4 == later | {"pnpga"}
     assert {"pnpga", "ruda", "target-trained"} <= first
     held = ids[:3] + [ids[-1], "not|a|record"]
     progress = declared_run_progress("v2", held)

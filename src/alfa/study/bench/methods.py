@@ -242,3 +242,6 @@ FAMILY_SEEDS = (3, 4, 5, 6, 7)
 """The seeds that run only :data:`DECLARED_FAMILY_ROWS` (seeds 0–2 run every row; docs/flip-premise.md §7.1)."""
 FAMILY_DEFAULTS = ("alfa", "lora")
 """The methods whose shipped-default rows the declared v2 family needs (docs/flip-premise.md §7.1)."""
+PNPGA_FAMILY_SEEDS = (4, 5, 6)
+"""The family's seeds on which PnP-GA's rows also run, each unit's source pre-training keeping the ensemble's
+snapshots (docs/flip-premise.md §7.2, amended 2026-12-03 at 18:30 UTC: seeds 0–2's machines were not lent)."""

@@ -25,6 +25,7 @@ from .methods import (
     FAMILY_SEEDS,
     OPT_IN_METHODS,
     PAIRS,
+    PNPGA_FAMILY_SEEDS,
     SOURCES,
     calibration_rows,
 )
@@ -114,8 +115,9 @@ def declared_run(worlds: str) -> list[RecordPlan]:
     """Every record of the run the protocol of ``worlds`` declares as a whole (docs/flip-premise.md §7–7.4): for
     ``v2``, the standard preset on seeds 0–2 with the rows of the domain-adaptation issue (RUDA, PnP-GA, the
     distilled TTA) and of user calibration (every ``k`` and draw of each method the benchmark has rows of;
-    docs/user-calibration.md §4), and the family's rows on :data:`~alfa.study.bench.methods.FAMILY_SEEDS`
-    (§7.1's command).
+    docs/user-calibration.md §4), the family's rows on :data:`~alfa.study.bench.methods.FAMILY_SEEDS`
+    (§7.1's command), and PnP-GA's on :data:`~alfa.study.bench.methods.PNPGA_FAMILY_SEEDS` (§7.2's amendment
+    of 2026-12-03, 18:30 UTC).
     Empty for ``v1``: each of its files was its own run, its plan its own configuration."""
     if worlds != "v2":
         return []
@@ -132,7 +134,10 @@ def declared_run(worlds: str) -> list[RecordPlan]:
         default_methods=FAMILY_DEFAULTS,
         ablations=(),
     )
-    return plan_records(every_row) + plan_records(family)
+    pnpga = dataclasses.replace(
+        family, seeds=PNPGA_FAMILY_SEEDS, methods=("pnpga",), selected_methods=(), default_methods=()
+    )
+    return plan_records(every_row) + plan_records(family) + plan_records(pnpga)
 
 
 @dataclass(frozen=True)
