@@ -144,16 +144,22 @@ def test_a_pnpga_record_renders_its_rows_its_bullet_and_the_domain_protocol_besi
     assert "PnP-GA" not in bare  # no record, no row, no bullet and no domain line
 
 
+def _seed0_made_elsewhere(tmp_path):
+    """E seed 0's source-only record made here, then the results' entry for its model pointed at another
+    machine's: the configuration, the results file, its data (not yet written back) and the model made here."""
+    config = tiny(methods=("source-only",), pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3))
+    assert run_bench(config, tmp_path, progress=False).ran == ["source-only|E→M|seed0"]
+    data = load_results(tmp_path)
+    here = data["sources"]["E|seed0"]["cache"]
+    data["sources"]["E|seed0"]["cache"] = str(Path(here).parent / "source-0123456789ab")  # made elsewhere
+    return config, tmp_path / "results.json", data, here
+
+
 def test_a_seed_made_with_another_machines_model_is_refused_before_anything_trains(tmp_path):
     """Another kind of CPU renders the worlds a few bits differently, so the same seed gets another source model
     (another cache key): a piece that would add records to a seed made elsewhere stops before training."""
-    config = tiny(methods=("source-only",), pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3))
-    assert run_bench(config, tmp_path, progress=False).ran == ["source-only|E→M|seed0"]
-    path = tmp_path / "results.json"
-    data = load_results(tmp_path)
+    config, path, data, here = _seed0_made_elsewhere(tmp_path)
     assert data["runs"][-1]["cpu"] == cpu_name() != ""  # the log of runs names the kind of machine
-    here = data["sources"]["E|seed0"]["cache"]
-    data["sources"]["E|seed0"]["cache"] = str(Path(here).parent / "source-0123456789ab")  # made elsewhere
     data["records"] = []  # its records are to be made (again) here
     path.write_text(json.dumps(data))
     before = path.read_bytes()
@@ -179,12 +185,7 @@ def test_a_seed_made_with_another_machines_model_is_refused_before_anything_trai
 def test_a_model_new_to_a_seed_made_elsewhere_is_refused_by_a_probe_of_a_recorded_one(tmp_path):
     """A piece whose models no record of the seed used yet (here the target's within-target model) cannot be
     compared with a record of its own: the seed's recorded source model is rendered here as a probe instead."""
-    config = tiny(methods=("source-only",), pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3))
-    assert run_bench(config, tmp_path, progress=False).ran == ["source-only|E→M|seed0"]
-    path = tmp_path / "results.json"
-    data = load_results(tmp_path)
-    here = data["sources"]["E|seed0"]["cache"]
-    data["sources"]["E|seed0"]["cache"] = str(Path(here).parent / "source-0123456789ab")  # made elsewhere
+    config, path, data, here = _seed0_made_elsewhere(tmp_path)
     path.write_text(json.dumps(data))
     before = path.read_bytes()
     within = dataclasses.replace(config, methods=("target-trained",))

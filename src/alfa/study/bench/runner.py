@@ -217,22 +217,21 @@ def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session) -> N
                 f"model changed); a seed's records are made on one kind of machine: run this piece there, or "
                 f"choose another seed"
             )
-    for seed in sorted({seed for key, seed in models if not _recorded_model(session, key, seed)}):
-        if any(_recorded_model(session, key, s) for key, s in models if s == seed):
-            continue  # one of the piece's own models already showed this machine renders the seed as recorded
+    proven = {seed for key, seed in models if _recorded_model(session, key, seed)}  # compared just above
+    for seed in sorted({seed for _, seed in models} - proven):
         suffix = f"|seed{seed}"
-        recorded = [k.removesuffix(suffix) for k in session.recorded_sources if k.endswith(suffix)]
+        made = [k.removesuffix(suffix) for k in session.recorded_sources if k.endswith(suffix)]
         # a source model's data first: fewer images than a within-target model's
-        probes = sorted((k for k in recorded if _recorded_model(session, k, seed)), key=lambda k: (k not in SOURCES, k))
+        probes = sorted((k for k in made if _recorded_model(session, k, seed)), key=lambda k: (k not in SOURCES, k))
         if not probes:
             continue  # nothing of this seed was made yet: this machine makes it
         probe, held = probes[0], (probes[0], seed) in session.sources
-        here = session.source_cache(session.source(probe, seed)).name
+        here, expected = session.source_cache(session.source(probe, seed)).name, _recorded_model(session, probe, seed)
         if not held:
             session.sources.pop((probe, seed), None)  # its data were rendered for this check alone
-        if here != _recorded_model(session, probe, seed):
+        if here != expected:
             raise ValueError(
-                f"seed {seed}'s records were made with {probe}'s model {_recorded_model(session, probe, seed)}, and "
+                f"seed {seed}'s records were made with {probe}'s model {expected}, and "
                 f"{probe}'s data and recipe give {here} here (another kind of CPU renders the worlds differently; "
                 f"or the code that makes the model changed): this piece's new models would join a seed made on "
                 f"another kind of machine; run it there, or choose another seed"
