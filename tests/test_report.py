@@ -8,7 +8,7 @@ from bench_records import complete
 
 from alfa.study.bench.config import BenchConfig
 from alfa.study.bench.report_page import build_report, render_report
-from alfa.study.bench.report_tables import table1
+from alfa.study.bench.report_tables import runs_table, table1
 from alfa.study.bench.report_verdicts import main_verdicts, sanity_verdicts
 from alfa.study.bench.results import FORMAT, VERSION, layout, load_results
 from alfa.study.bench.stats import cell, diff, index_records, sanity_summary
@@ -573,3 +573,15 @@ def test_a_missing_domain_gap_from_the_gaze360_like_source_says_the_real_data_ha
     assert "NO domain gap in the means on E→M, G→M." in text
     assert "On G→M the real data have none either: a model trained on Gaze360 (what G stands for)" in text
     assert "On E→M the real data" not in text
+
+
+def test_the_runs_table_names_each_runs_cpu_and_says_where_it_was_not_recorded():
+    runs = [
+        {"command": "alfa bench --seeds 0", "started": "t0", "finished": True},  # made before the CPU was kept
+        {"command": "alfa bench --seeds 4", "started": "t1", "finished": False, "cpu": "Intel(R) Xeon(R) (family 6)"},
+    ]
+    header, _, old, new = runs_table(runs).splitlines()
+    assert header.split("|")[-2].strip() == "CPU"
+    assert old.split("|")[-2].strip() == "not recorded"
+    assert new.split("|")[-2:] == [" Intel(R) Xeon(R) (family 6) ", ""]
+    assert "no (interrupted)" in new

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from alfa.study.bench.speed import STEP_SETUPS, to_markdown
-from alfa.study.timing import Ratio, goal_verdict, paired_ratio, ratio_cell
+from alfa.study.timing import Ratio, cpu_name, goal_verdict, paired_ratio, ratio_cell
 
 BATCHES = ("batch 1", "batch 10")
 T_975_3 = 3.182446305284263  # Student's t, 3 degrees of freedom, 97.5 % quantile (printed tables)
@@ -89,3 +89,13 @@ def test_the_speed_page_gives_every_ratio_its_interval_and_says_when_it_cannot()
     assert "re-run `alfa speed --out docs/speed.md` for the intervals" in line
     assert "| alfa | 1 | 0.500 | 1.67 |" in old and "(target ≤ 1.02: not judged without an interval)" in old
     assert "[" not in old.split("## Memory")[0].split("## One")[1]  # no interval anywhere it has no rounds
+
+
+def test_cpu_name_keeps_the_family_and_model_numbers_of_the_first_processor(tmp_path):
+    info = tmp_path / "cpuinfo"
+    block = "processor\t: {n}\ncpu family\t: 6\nmodel\t\t: {m}\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+    info.write_text(block.format(n=0, m=167) + "\n" + block.format(n=1, m=85))
+    assert cpu_name(info) == "Intel(R) Xeon(R) Processor (family 6, model 167)"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU\n")  # no numbers: the name alone
+    assert cpu_name(info) == "Some CPU"
+    assert cpu_name(tmp_path / "absent") != ""  # platform's answer or "unknown", never an exception

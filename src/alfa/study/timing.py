@@ -125,12 +125,21 @@ def no_rounds_note(command: str) -> str:
     )
 
 
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows, else ``"unknown"``."""
+def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (``/proc/cpuinfo``) with its family and model numbers, else what ``platform`` knows,
+    else ``"unknown"``. The numbers are kept because a virtual machine's name can be as vague as
+    "Intel(R) Xeon(R) Processor", and two kinds of machine render the worlds a few bits apart."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields: dict[str, str] = {}
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if not key.strip() and fields:
+                break  # the first processor's block is enough
+            fields.setdefault(key.strip(), value.strip())
+        if fields.get("model name"):
+            labels = (("cpu family", "family"), ("model", "model"))
+            numbers = [f"{name} {fields[k]}" for k, name in labels if fields.get(k)]
+            return fields["model name"] + (f" ({', '.join(numbers)})" if numbers else "")
     except OSError:
         pass
     return platform.processor() or "unknown"

@@ -392,7 +392,8 @@ def ablation_table(
 
 
 def runs_table(runs: Sequence[dict[str, Any]]) -> str:
-    """One row per run that wrote the results: its command, start, wall and CPU time, records, load."""
+    """One row per run that wrote the results: its command, start, wall and CPU time, records, load, and the
+    CPU it ran on (a seed's records are made on one kind of machine; runs before that was kept say so)."""
     rows = []
     for r in runs:
         sel = r.get("selection", {})
@@ -406,13 +407,11 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
                 str(sel.get("threads", "")),
                 f"{r.get('load_average_start', float('nan')):.1f} / {r.get('load_average_end', float('nan')):.1f}",
                 "yes" if r.get("finished") else "no (interrupted)",
+                r.get("cpu") or "not recorded",
             ]
         )
-    return _table(
-        ["command", "started", "wall (min)", "CPU (min)", "records", "threads", "load avg start / end", "finished"],
-        rows,
-        "llrrrrrl",
-    )
+    header = ["command", "started", "wall (min)", "CPU (min)", "records", "threads", "load avg start / end"]
+    return _table([*header, "finished", "CPU"], rows, "llrrrrrll")
 
 
 def source_table(sources: dict[str, dict[str, Any]]) -> str:
