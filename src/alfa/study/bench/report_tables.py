@@ -410,8 +410,21 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
                 r.get("cpu") or "not recorded",
             ]
         )
-    header = ["command", "started", "wall (min)", "CPU (min)", "records", "threads", "load avg start / end"]
-    return _table([*header, "finished", "CPU"], rows, "llrrrrrll")
+    return _table(
+        [
+            "command",
+            "started",
+            "wall (min)",
+            "CPU (min)",
+            "records",
+            "threads",
+            "load avg start / end",
+            "finished",
+            "CPU",
+        ],
+        rows,
+        "llrrrrrll",
+    )
 
 
 def source_table(sources: dict[str, dict[str, Any]]) -> str:
