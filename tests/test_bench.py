@@ -388,8 +388,15 @@ def test_target_persons_are_drawn_afresh_per_seed_unless_fixed(tmp_path):
         tiny(worlds="v3").validate()
 
 
-def test_the_declared_v2_run_is_every_row_on_seeds_0_to_2_and_the_familys_rows_beyond():
-    from alfa.study.bench.methods import DECLARED_FAMILY_ROWS, FAMILY_SEEDS, PAIRS, PNPGA_FAMILY_SEEDS
+def test_the_declared_v2_run_is_every_row_on_seeds_0_to_5_and_the_familys_rows_beyond():
+    from alfa.study.bench.methods import (
+        CONSTRUCTED_CONTROLS,
+        DECLARED_FAMILY_ROWS,
+        FAMILY_SEEDS,
+        PAIRS,
+        PNPGA_FAMILY_SEEDS,
+        REPLICATE_SEEDS,
+    )
     from alfa.study.bench.plan import declared_run, declared_run_progress
 
     assert declared_run("v1") == [] and declared_run_progress("v1", []) is None
@@ -398,19 +405,34 @@ def test_the_declared_v2_run_is_every_row_on_seeds_0_to_2_and_the_familys_rows_b
     assert len(ids) == len(set(ids))
     assert {p.seed for p in plans} == {0, 1, 2, *FAMILY_SEEDS}
     first = {p.variant.label.split("[")[0] for p in plans if p.seed == 0}
-    later = {p.variant.label.split("[")[0] for p in plans if p.seed == FAMILY_SEEDS[0]}
+    beyond = [s for s in FAMILY_SEEDS if s not in REPLICATE_SEEDS and s not in PNPGA_FAMILY_SEEDS]
+    later = {p.variant.label.split("[")[0] for p in plans if p.seed == beyond[0]}
     assert later == set(DECLARED_FAMILY_ROWS) and later < first
-    # PnP-GA's rows also on seeds 4–6 of every pair (§7.2's amendment), and nothing else added there
+    # PnP-GA's rows also on seeds 4–6 of every pair (§7.2's amendment of 2026-12-03), nowhere else beyond 0–2
     pnpga = {(p.pair, p.seed) for p in plans if p.variant.label == "pnpga" and p.seed in FAMILY_SEEDS}
     assert pnpga == {(pair, s) for pair in PAIRS for s in PNPGA_FAMILY_SEEDS} and set(PNPGA_FAMILY_SEEDS) < set(
         FAMILY_SEEDS
     )
-    at_4 = {p.variant.label.split("[")[0] for p in plans if p.seed == PNPGA_FAMILY_SEEDS[0]}
-    assert at_4 == later | {"pnpga"}
-    assert {"pnpga", "ruda", "target-trained"} <= first
+    at_6 = {p.variant.label.split("[")[0] for p in plans if p.seed == 6}
+    assert 6 in PNPGA_FAMILY_SEEDS and 6 not in REPLICATE_SEEDS and at_6 == later | {"pnpga"}
+    # seeds 3–5 replicate every record of seeds 0–2 but PnP-GA's (its own seeds) and the constructed control's
+    # (§7.2's amendment of 2026-12-04): the same labels on the same pairs and stand-ins
+    assert set(REPLICATE_SEEDS) < set(FAMILY_SEEDS) and {"pnpga", "ruda", "target-trained"} <= first
+    for s in REPLICATE_SEEDS:
+        rows = {(p.variant.label, p.pair) for p in plans if p.seed == s and p.variant.label != "pnpga"}
+        zero = {(p.variant.label, p.pair) for p in plans if p.seed == 0 and p.variant.label != "pnpga"}
+        assert rows == {r for r in zero if r[1] not in CONSTRUCTED_CONTROLS}
     held = ids[:3] + [ids[-1], "not|a|record"]
     progress = declared_run_progress("v2", held)
     assert progress.held == 4 and progress.total == len(plans)
-    missing = progress.selections + progress.ablations + progress.rows + progress.family_missing
-    assert missing == len(plans) - 4 and progress.selections > 0 and progress.ablations > 0
-    assert progress.family_missing == sum(p.seed in FAMILY_SEEDS for p in plans) - 1
+    missing = progress.selections + progress.ablations + progress.rows
+    assert missing + progress.family_missing + progress.replicate_missing == len(plans) - 4
+    assert progress.selections > 0 and progress.ablations > 0
+    # the family's records on each of its seeds are those of a seed with nothing else (7), and PnP-GA's on its seeds
+    only_family = sum(p.seed == beyond[0] for p in plans)
+    family = {s: only_family + len(PAIRS) * (s in PNPGA_FAMILY_SEEDS) for s in FAMILY_SEEDS}
+    assert progress.family_missing == sum(family.values())
+    assert (
+        progress.replicate_missing
+        == sum(p.seed in REPLICATE_SEEDS for p in plans) - sum(family[s] for s in REPLICATE_SEEDS) - 1
+    )

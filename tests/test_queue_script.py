@@ -147,3 +147,31 @@ def test_a_new_machine_starts_the_run_from_the_kept_records_and_never_replaces_a
     again = _run(repo, "lane.txt")
     assert again.returncode == 0 and "started from" not in again.stdout
     assert (run / "results.json").read_text() == '{"running": true}\n'
+
+
+def test_stage_7s_lanes_run_exactly_the_rows_seeds_3_to_5_replicate_each_once_e_and_g_of_a_seed_on_one_lane():
+    """docs/flip-premise.md §7.2 (amended 2026-12-04): the two lanes together plan every record the amendment
+    adds (the declared run's replicate part) and nothing outside the declared run; no record is planned by both
+    lanes (two processes would train the same models); E's and G's lines of one seed are on one lane (their
+    within-target models are the same target worlds')."""
+    from alfa.cli import build_parser
+    from alfa.cli.bench import bench_config
+    from alfa.study.bench.plan import declared_run, declared_run_parts, plan_records
+
+    replicate = {p.id for p in declared_run_parts("v2")["replicate"]}
+    declared = {p.id for p in declared_run("v2")}
+    planned: dict[str, str] = {}
+    units: dict[tuple[str, int], str] = {}
+    for lane in ("stage7-a.txt", "stage7-b.txt"):
+        for _, n, line in (t for t in _lane_lines() if t[0] == lane):
+            config = bench_config(build_parser().parse_args(["bench", "--standard", *line.split()]))
+            ids = [p.id for p in plan_records(config)]
+            assert set(ids) <= declared, f"{lane}:{n} plans records the declared run does not have"
+            for i in set(ids) & replicate:
+                assert planned.setdefault(i, lane) == lane, f"{i} is on both lanes"
+            for pair in config.pairs:
+                for seed in config.seeds:
+                    units.setdefault((pair[0], seed), lane)
+                    assert units[(pair[0], seed)] == lane, f"{pair} seed {seed} is on both lanes"
+    assert set(planned) == replicate
+    assert all(units[("E", s)] == units[("G", s)] for s in (3, 4, 5))

@@ -245,3 +245,7 @@ FAMILY_DEFAULTS = ("alfa", "lora")
 PNPGA_FAMILY_SEEDS = (4, 5, 6)
 """The family's seeds on which PnP-GA's rows also run, each unit's source pre-training keeping the ensemble's
 snapshots (docs/flip-premise.md §7.2, amended 2026-12-03 at 18:30 UTC: seeds 0–2's machines were not lent)."""
+REPLICATE_SEEDS = (3, 4, 5)
+"""The family's seeds on which every other row declared for seeds 0–2 is also declared (PnP-GA keeps
+:data:`PNPGA_FAMILY_SEEDS`), so that the whole standard preset has three seeds made on the kind of machine that
+made the family's seeds, whichever kind a session is lent (docs/flip-premise.md §7.2, amended 2026-12-04)."""

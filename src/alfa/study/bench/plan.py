@@ -26,6 +26,7 @@ from .methods import (
     OPT_IN_METHODS,
     PAIRS,
     PNPGA_FAMILY_SEEDS,
+    REPLICATE_SEEDS,
     SOURCES,
     calibration_rows,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "plan_records",
     "grid_plan",
     "declared_run",
+    "declared_run_parts",
     "DeclaredRunProgress",
     "declared_run_progress",
 ]
@@ -111,16 +113,14 @@ def grid_plan(config: BenchConfig, plan: RecordPlan) -> RecordPlan:
     return RecordPlan(selection_variants(config, method)[0], f"{plan.source}→{STAND_IN}", plan.seed)
 
 
-def declared_run(worlds: str) -> list[RecordPlan]:
-    """Every record of the run the protocol of ``worlds`` declares as a whole (docs/flip-premise.md §7–7.4): for
-    ``v2``, the standard preset on seeds 0–2 with the rows of the domain-adaptation issue (RUDA, PnP-GA, the
-    distilled TTA) and of user calibration (every ``k`` and draw of each method the benchmark has rows of;
-    docs/user-calibration.md §4), the family's rows on :data:`~alfa.study.bench.methods.FAMILY_SEEDS`
-    (§7.1's command), and PnP-GA's on :data:`~alfa.study.bench.methods.PNPGA_FAMILY_SEEDS` (§7.2's amendment
-    of 2026-12-03, 18:30 UTC).
-    Empty for ``v1``: each of its files was its own run, its plan its own configuration."""
+def declared_run_parts(worlds: str) -> dict[str, list[RecordPlan]]:
+    """The declared run of ``worlds`` in its three parts, each without the records of the parts before it:
+    ``first``, every row on seeds 0–2; ``family``, the family's rows on
+    :data:`~alfa.study.bench.methods.FAMILY_SEEDS` and PnP-GA's on
+    :data:`~alfa.study.bench.methods.PNPGA_FAMILY_SEEDS`; ``replicate``, the other rows of seeds 0–2 (PnP-GA's
+    aside) on :data:`~alfa.study.bench.methods.REPLICATE_SEEDS`. Empty for anything but ``v2``."""
     if worlds != "v2":
-        return []
+        return {}
     standard = BenchConfig.standard()
     methods = standard.methods + EXTRA_METHODS + OPT_IN_METHODS + calibration_rows()
     every_row = dataclasses.replace(standard, seeds=(0, 1, 2), methods=methods)
@@ -137,14 +137,37 @@ def declared_run(worlds: str) -> list[RecordPlan]:
     pnpga = dataclasses.replace(
         family, seeds=PNPGA_FAMILY_SEEDS, methods=("pnpga",), selected_methods=(), default_methods=()
     )
-    return plan_records(every_row) + plan_records(family) + plan_records(pnpga)
+    replicate = dataclasses.replace(every_row, seeds=REPLICATE_SEEDS, methods=tuple(m for m in methods if m != "pnpga"))
+    parts: dict[str, list[RecordPlan]] = {}
+    seen: set[str] = set()
+    for name, plans in (
+        ("first", plan_records(every_row)),
+        ("family", plan_records(family) + plan_records(pnpga)),
+        ("replicate", plan_records(replicate)),
+    ):
+        parts[name] = [p for p in plans if p.id not in seen]
+        seen.update(p.id for p in parts[name])
+    return parts
+
+
+def declared_run(worlds: str) -> list[RecordPlan]:
+    """Every record of the run the protocol of ``worlds`` declares as a whole (docs/flip-premise.md §7–7.4): for
+    ``v2``, the standard preset on seeds 0–2 with the rows of the domain-adaptation issue (RUDA, PnP-GA, the
+    distilled TTA) and of user calibration (every ``k`` and draw of each method the benchmark has rows of;
+    docs/user-calibration.md §4), the family's rows on :data:`~alfa.study.bench.methods.FAMILY_SEEDS`
+    (§7.1's command), PnP-GA's on :data:`~alfa.study.bench.methods.PNPGA_FAMILY_SEEDS` (§7.2's amendment
+    of 2026-12-03, 18:30 UTC), and every other row of seeds 0–2 on
+    :data:`~alfa.study.bench.methods.REPLICATE_SEEDS` (§7.2's amendment of 2026-12-04).
+    Empty for ``v1``: each of its files was its own run, its plan its own configuration."""
+    return [p for plans in declared_run_parts(worlds).values() for p in plans]
 
 
 @dataclass(frozen=True)
 class DeclaredRunProgress:
     """How much of a declared run (:func:`declared_run`) a results file holds: ``held`` of ``total`` records;
     of the missing ones on seeds 0–2, ``selections`` recipe selections, ``ablations`` ablation rows and ``rows``
-    the others; ``family_missing`` on the family's seeds."""
+    the others; ``family_missing`` of the family's rows (and PnP-GA's) on its seeds; ``replicate_missing`` of
+    the other rows of seeds 0–2 repeated on :data:`~alfa.study.bench.methods.REPLICATE_SEEDS`."""
 
     held: int
     total: int
@@ -152,24 +175,27 @@ class DeclaredRunProgress:
     ablations: int
     rows: int
     family_missing: int
+    replicate_missing: int
 
 
 def declared_run_progress(worlds: str, record_ids: Iterable[str]) -> DeclaredRunProgress | None:
     """What of the declared run of ``worlds`` the records ``record_ids`` hold (``None`` where no run is declared
     as a whole): a page made before the run is done says what it lacks, and reads nothing from the absence."""
-    plans = declared_run(worlds)
-    if not plans:
+    parts = declared_run_parts(worlds)
+    if not parts:
         return None
     have = set(record_ids)
-    missing = [p for p in plans if p.id not in have]
-    first = [p for p in missing if p.seed not in FAMILY_SEEDS]
+    missing = {name: [p for p in plans if p.id not in have] for name, plans in parts.items()}
+    first = missing["first"]
     selections = sum(p.variant.kind == "selection" for p in first)
     ablations = sum(p.variant.kind != "selection" and p.variant.group in REGISTRY for p in first)
+    total = sum(len(plans) for plans in parts.values())
     return DeclaredRunProgress(
-        held=len(plans) - len(missing),
-        total=len(plans),
+        held=total - sum(len(m) for m in missing.values()),
+        total=total,
         selections=selections,
         ablations=ablations,
         rows=len(first) - selections - ablations,
-        family_missing=len(missing) - len(first),
+        family_missing=len(missing["family"]),
+        replicate_missing=len(missing["replicate"]),
     )

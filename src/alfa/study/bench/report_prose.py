@@ -253,8 +253,9 @@ NO_RUNS = "No run metadata."
 DECLARED_RUN = (
     "**The declared run** (docs/flip-premise.md §7–7.4): this file holds {held} of its {total} records. Not yet "
     "recorded: on seeds 0–2, {selections} recipe selections, {ablations} ablation rows and {rows} other rows; on "
-    "the family's seeds 3–7, {family_missing} records. A row without a record is shown as missing, and nothing is "
-    "read from its absence."
+    "the family's seeds 3–7, {family_missing} records; of the other rows of seeds 0–2 repeated on seeds 3–5 (§7.2, "
+    "amended 2026-12-04), {replicate_missing}. A row without a record is shown as missing, and nothing is read from "
+    "its absence."
 )
 
 FILE_COST = (

@@ -26,6 +26,7 @@ from .methods import (
     DEFAULT_CALIBRATION,
     FAZE_CALIBRATIONS,
     PAIRS,
+    REPLICATE_SEEDS,
     SHRUNK_AFFINE,
     calibration_draws,
     calibration_ks,
@@ -402,7 +403,8 @@ def _header(records: Sequence[Record], pairs: Sequence[str], data: str, command:
     """The page's title, provenance and how much of the declared rows the records hold."""
     rows = calibration_rows()
     held = {r.id for r in records if r.kind == "calibration"}
-    declared = [f"{m}|{p}|seed{s}" for m in rows for p in PAIRS for s in (0, 1, 2)]
+    seeds = (0, 1, 2, *REPLICATE_SEEDS)  # seeds 0–2 and their replicates (docs/flip-premise.md §7.2, 2026-12-04)
+    declared = [f"{m}|{p}|seed{s}" for m in rows for p in PAIRS for s in seeds]
     return [
         "# Results: what a few labels are worth (user calibration, issue 25)",
         "",
@@ -412,7 +414,8 @@ def _header(records: Sequence[Record], pairs: Sequence[str], data: str, command:
         "(persons drawn afresh per seed), and none is called clear.",
         "",
         f"**Records:** {sum(i in held for i in declared)} of the {len(declared)} user-calibration rows declared on "
-        f"seeds 0–2 ({len(rows)} rows × {len(PAIRS)} pairs × 3 seeds); pairs with any: "
+        f"seeds 0–2 and on their replicates, seeds {REPLICATE_SEEDS[0]}–{REPLICATE_SEEDS[-1]} ({len(rows)} rows × "
+        f"{len(PAIRS)} pairs × {len(seeds)} seeds); pairs with any: "
         f"{', '.join(pairs) if pairs else 'none'}. On each pair, every row (source-only, the label-free rows, the "
         "oracle) is read only on seeds with user-calibration records there, and each table says which seeds its "
         "cells share. Every method of the protocol has its rows. A row without a record is shown as —, and "
