@@ -422,16 +422,17 @@ def test_the_declared_v2_run_is_every_row_on_seeds_0_to_5_and_the_familys_rows_b
         rows = {(p.variant.label, p.pair) for p in plans if p.seed == s and p.variant.label != "pnpga"}
         zero = {(p.variant.label, p.pair) for p in plans if p.seed == 0 and p.variant.label != "pnpga"}
         assert rows == {r for r in zero if r[1] not in CONSTRUCTED_CONTROLS}
-    held = ids[:3] + [ids[-1], "not|a|record"]
+    on_3 = next(p.id for p in plans if p.seed == REPLICATE_SEEDS[0] and p.variant.label == "alfa[selected]")
+    held = ids[:3] + [ids[-1], on_3, "not|a|record"]
     progress = declared_run_progress("v2", held)
-    assert progress.held == 4 and progress.total == len(plans)
+    assert progress.held == 5 and progress.total == len(plans)
     missing = progress.selections + progress.ablations + progress.rows
-    assert missing + progress.family_missing + progress.replicate_missing == len(plans) - 4
+    assert missing + progress.family_missing + progress.replicate_missing == len(plans) - 5
     assert progress.selections > 0 and progress.ablations > 0
     # the family's records on each of its seeds are those of a seed with nothing else (7), and PnP-GA's on its seeds
     only_family = sum(p.seed == beyond[0] for p in plans)
     family = {s: only_family + len(PAIRS) * (s in PNPGA_FAMILY_SEEDS) for s in FAMILY_SEEDS}
-    assert progress.family_missing == sum(family.values())
+    assert progress.family_missing == sum(family.values()) - 1  # the family's record held on seed 3
     assert (
         progress.replicate_missing
         == sum(p.seed in REPLICATE_SEEDS for p in plans) - sum(family[s] for s in REPLICATE_SEEDS) - 1

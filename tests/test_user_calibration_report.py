@@ -60,7 +60,7 @@ def _row(text, first):
 
 def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path):
     text = user_calibration_page(_results(), "docs/data/bench-v2", "alfa pages --write", tmp_path, "figures/")
-    assert "**Records:** 48 of the 1476 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
+    assert "**Records:** 48 of the 2952 user-calibration rows" in text and "pairs with any: E→M, E→D" in text
     assert "Every method of the protocol has its rows." in text
     assert "| 3 | — | — | — | — |" in text  # FAZE: no record, no number
     # Alfa − LoRA as the calibration adapter at k = 9, pooled: (0.5 + 0.2) / 2; none at k = 3
@@ -93,6 +93,28 @@ def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path
     assert "affine spread" not in shown  # only k = 9 of it: no line of seeds yet
 
 
+def test_the_criteria_read_seeds_0_to_2_and_the_replicate_seeds_get_a_table_of_their_own():
+    """docs/flip-premise.md §7.2 (amended 2026-12-04): rows on seeds 3–5 never move the declared reading; the same
+    criteria on those seeds alone stand in a table of their own."""
+    results = _results()
+    k9 = calibration_label("affine", 9)
+    later = []
+    for r in results["records"]:
+        if r["pair"] == "E→M" and int(r["seed"]) == 0:
+            moved = json.loads(json.dumps(r))
+            for seed in (3, 4, 5):
+                # on the replicate seeds the default closes (10 − 4.6) / (10 − 4) = 90 % of E→M's headroom
+                copy = shifted(r["method"], "E→M", seed, 4.6 if r["method"] == k9 else r["error_deg"], spread=SPREAD)
+                later.append({**moved, **{k: copy[k] for k in ("id", "seed", "error_deg", "per_person")}})
+    results["records"] += later
+    text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
+    declared, replicate = text.split("on the replicate seeds 3–5 alone", 1)
+    assert "| 67% (3 seeds) |" in _row(declared, "E→M") and "seeds 3–5 have a table of their own" in declared
+    assert "| 90% (3 seeds) |" in _row(replicate, "E→M") and "| E→D |" not in replicate.split("##")[0]
+    # without them the page has no such table
+    assert "on the replicate seeds" not in user_calibration_page(_results(), "d", "c")
+
+
 def test_alfa_against_lora_is_shown_on_the_pairs_that_have_both_while_a_pair_lacks_one():
     results = _results()
     alfa_k9 = calibration_label("adapter-alfa", 9)
@@ -113,7 +135,7 @@ def test_a_page_without_calibration_records_says_so():
     results = _results()
     results["records"] = [r for r in results["records"] if r["kind"] != "calibration"]
     text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
-    assert "**Records:** 0 of the 1476" in text and text.rstrip().endswith("No user-calibration record yet.")
+    assert "**Records:** 0 of the 2952" in text and text.rstrip().endswith("No user-calibration record yet.")
 
 
 def test_every_row_of_a_pair_is_read_on_the_seeds_with_calibration_records():

@@ -18,7 +18,7 @@ from typing import Any
 from . import report_prose as prose
 from .markdown import number as _num
 from .markdown import table as _table
-from .methods import CONSTRUCTED_CONTROLS, POSITIVE_CONTROLS, SELECTION_RULE
+from .methods import CONSTRUCTED_CONTROLS, FIRST_SEEDS, POSITIVE_CONTROLS, SELECTION_RULE
 from .names import DEFAULT
 from .names import display_name as _name
 from .record import Record, as_records
@@ -103,13 +103,14 @@ def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
         if so is None or tta is None:
             continue
         # the ceiling on the seeds source-only and flip-TTA share, the headroom and the ratio on the seeds all
-        # three rows share (a row may have fewer seeds while a run is under way, and the oracle is not run on the
-        # family's later seeds: a ratio of means over different seeds would compare different source models)
+        # three rows share (a row may have fewer seeds while a run is under way: a ratio of means over different
+        # seeds would compare different source models), of the first three only: the control criterion was
+        # declared on them, before seeds 3–5 got an oracle (docs/flip-premise.md §7.2, amended 2026-12-04)
         seeds = set(so.values) & set(tta.values)
         if not seeds:
             continue
         so_mean, tta_mean = (statistics.fmean(c.values[s] for s in seeds) for c in (so, tta))
-        both = seeds & set(oracle.values) if oracle is not None else set()
+        both = seeds & set(oracle.values) & set(FIRST_SEEDS) if oracle is not None else set()
         headroom = ratio = None
         if both:
             so_both, tta_both, oracle_both = (statistics.fmean(c.values[s] for s in both) for c in (so, tta, oracle))
@@ -130,9 +131,10 @@ def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
 
 
 def _on_seeds(c: dict[str, float | None]) -> str:
-    """Where the ratio reads fewer seeds than the ceiling (the oracle's): on how many."""
+    """Where the ratio reads fewer seeds than the ceiling (the oracle's, of the first three): on how many."""
     n = c["ratio_seeds"]
-    return "" if n in (0, c["seeds"]) else f" (on the oracle's {n} seed{'s' if n != 1 else ''})"
+    first = f"{FIRST_SEEDS[0]}–{FIRST_SEEDS[-1]}"
+    return "" if n in (0, c["seeds"]) else f" (on the oracle's {n} seed{'s' if n != 1 else ''} of {first})"
 
 
 def _pct(x: float | None) -> str:

@@ -23,6 +23,7 @@ from .methods import (
     EXTRA_METHODS,
     FAMILY_DEFAULTS,
     FAMILY_SEEDS,
+    FIRST_SEEDS,
     OPT_IN_METHODS,
     PAIRS,
     PNPGA_FAMILY_SEEDS,
@@ -123,7 +124,7 @@ def declared_run_parts(worlds: str) -> dict[str, list[RecordPlan]]:
         return {}
     standard = BenchConfig.standard()
     methods = standard.methods + EXTRA_METHODS + OPT_IN_METHODS + calibration_rows()
-    every_row = dataclasses.replace(standard, seeds=(0, 1, 2), methods=methods)
+    every_row = dataclasses.replace(standard, seeds=FIRST_SEEDS, methods=methods)
     selectable = selectable_methods()
     family = dataclasses.replace(
         standard,

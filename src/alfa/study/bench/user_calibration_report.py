@@ -25,6 +25,7 @@ from .methods import (
     CALIBRATION_ROW_METHODS,
     DEFAULT_CALIBRATION,
     FAZE_CALIBRATIONS,
+    FIRST_SEEDS,
     PAIRS,
     REPLICATE_SEEDS,
     SHRUNK_AFFINE,
@@ -194,7 +195,8 @@ def _choice_section(idx: Index, records: Sequence[Record], results: dict[str, An
     else:
         lines += [
             f"Issue 25's criteria for {'the declared default' if choice is None else 'the rule’s choice'}, on the "
-            f"records the rule never read (seeds other than {', '.join(map(str, RULE_SEEDS))} on "
+            f"records the rule never read (of seeds {FIRST_SEEDS[0]}–{FIRST_SEEDS[-1]}: seeds other than "
+            f"{', '.join(map(str, RULE_SEEDS))} on "
             f"{', '.join(RULE_PAIRS)}; every seed of the other pairs), computed as above:",
             "",
             *_criteria_table(held, held_pairs, DEFAULT_CALIBRATION if choice is None else choice, DEFAULT_CALIBRATION),
@@ -210,6 +212,25 @@ def _choice_section(idx: Index, records: Sequence[Record], results: dict[str, An
         f"{min(ADAPTER_KS)}):",
         "",
         *_criteria_table(idx, _pairs(idx), choice, DEFAULT_CALIBRATION),
+        "",
+    ]
+
+
+def _replicate_criteria(records: Sequence[Record], results: dict[str, Any]) -> list[str]:
+    """Issue 25's criteria for the default on :data:`REPLICATE_SEEDS` alone, where they have records: a
+    replicate of the declared reading, made on another kind of machine, shown beside it and never pooled into it
+    (docs/flip-premise.md §7.2, amended 2026-12-04)."""
+    kept = [r for r in records if int(r.seed) in REPLICATE_SEEDS]
+    idx = index_records(kept, Comparisons(persons=design_of(results), declared=frozenset()))
+    pairs = _pairs(idx)
+    if not pairs:
+        return []
+    return [
+        f"The same criteria for the default on the replicate seeds {REPLICATE_SEEDS[0]}–{REPLICATE_SEEDS[-1]} "
+        "alone (every row of seeds 0–2 declared again there when no machine of their kind was lent; descriptive, "
+        "beside the declared reading above and not pooled into it):",
+        "",
+        *_criteria_table(idx, pairs),
         "",
     ]
 
@@ -438,25 +459,31 @@ def user_calibration_page(
     lines = _header(records, pairs, data, command)
     if not pairs:
         return "\n".join([*lines, "No user-calibration record yet.", ""])
+    # the criteria read the seeds they were declared on; the replicate seeds get their own table, beside them
+    first_records = [r for r in same_seeds if int(r.seed) in FIRST_SEEDS]
+    first = index_records(first_records, Comparisons(persons=design_of(results), declared=frozenset()))
     lines += [
         "## Issue 25's pass criteria",
         "",
-        f"Per pair, means over the seeds that have the row (each cell: mean [95 % interval over seeds]): the "
+        f"Per pair, on seeds {FIRST_SEEDS[0]}–{FIRST_SEEDS[-1]} (those the criteria were declared on; the "
+        f"replicate seeds {REPLICATE_SEEDS[0]}–{REPLICATE_SEEDS[-1]} have a table of their own below), means over "
+        "the seeds that have the row (each cell: mean [95 % interval over seeds]): the "
         f"default calibration ({DEFAULT_CALIBRATION}) at k = {PASS_K} must close at least {HEADROOM_SHARE:.0%} of "
         f"the headroom from source-only to the oracle ((source-only − calibrated) / (source-only − oracle) of the "
         f"means over the seeds that have all three; source-only and the oracle are read on the row's seeds), "
         f"and at k = {SAFE_K} it must not be worse than source-only beyond the 95 % "
         "interval of the difference (its lower end above zero).",
         "",
-        *_criteria_table(idx, pairs),
+        *_criteria_table(first, _pairs(first)),
         "",
         f"The same criteria for `{SHRUNK_AFFINE}`, the affine map with its offset shrunk by the prior the stand-in's "
         "persons imply (user-calibration.md §5.1: added after the first affine rows showed k = 1 worse than "
         "source-only on E→M; not the default, and not what issue 25 is judged on here):",
         "",
-        *_criteria_table(idx, pairs, SHRUNK_AFFINE),
+        *_criteria_table(first, _pairs(first), SHRUNK_AFFINE),
         "",
-        *_choice_section(idx, same_seeds, results),
+        *_replicate_criteria(same_seeds, results),
+        *_choice_section(first, first_records, results),
         "## Error against k",
         "",
         f"Pooled over {', '.join(pairs)} (per seed the mean over these pairs), mean [95 % interval over seeds]; "
