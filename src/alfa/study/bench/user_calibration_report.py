@@ -424,7 +424,7 @@ def _header(records: Sequence[Record], pairs: Sequence[str], data: str, command:
     """The page's title, provenance and how much of the declared rows the records hold."""
     rows = calibration_rows()
     held = {r.id for r in records if r.kind == "calibration"}
-    seeds = (0, 1, 2, *REPLICATE_SEEDS)  # seeds 0–2 and their replicates (docs/flip-premise.md §7.2, 2026-12-04)
+    seeds = (*FIRST_SEEDS, *REPLICATE_SEEDS)  # seeds 0–2 and their replicates (docs/flip-premise.md §7.2, 2026-12-04)
     declared = [f"{m}|{p}|seed{s}" for m in rows for p in PAIRS for s in seeds]
     return [
         "# Results: what a few labels are worth (user calibration, issue 25)",
