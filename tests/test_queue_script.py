@@ -151,11 +151,12 @@ def test_a_new_machine_starts_the_run_from_the_kept_records_and_never_replaces_a
 
 def test_stage_7s_lanes_run_exactly_the_rows_seeds_3_to_5_replicate_each_once_e_and_g_of_a_seed_on_one_lane():
     """docs/flip-premise.md §7.2 (amended 2026-12-04): the two lanes together plan every record the amendment
-    adds (the declared run's replicate part) and nothing outside the declared run; no record is planned by both
-    lanes (two processes would train the same models); E's and G's lines of one seed are on one lane (their
-    within-target models are the same target worlds')."""
+    adds (the declared run's replicate part) and nothing but those and the family's records of their seeds; no
+    record is planned by both lanes (two processes would train the same models); E's and G's lines of one seed are
+    on one lane (their within-target models are the same target worlds')."""
     from alfa.cli import build_parser
     from alfa.cli.bench import bench_config
+    from alfa.study.bench.config import split_pair
     from alfa.study.bench.methods import REPLICATE_SEEDS
     from alfa.study.bench.plan import declared_run_parts, plan_records
 
@@ -174,7 +175,7 @@ def test_stage_7s_lanes_run_exactly_the_rows_seeds_3_to_5_replicate_each_once_e_
                 assert planned.setdefault(i, lane) == lane, f"{i} is on both lanes"
             for pair in config.pairs:
                 for seed in config.seeds:
-                    units.setdefault((pair[0], seed), lane)
-                    assert units[(pair[0], seed)] == lane, f"{pair} seed {seed} is on both lanes"
+                    units.setdefault((split_pair(pair)[0], seed), lane)
+                    assert units[(split_pair(pair)[0], seed)] == lane, f"{pair} seed {seed} is on both lanes"
     assert set(planned) == replicate
     assert all(units[("E", s)] == units[("G", s)] for s in REPLICATE_SEEDS)

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import report_prose as prose
 from .markdown import number as _num
+from .markdown import span
 from .markdown import table as _table
 from .methods import CONSTRUCTED_CONTROLS, FIRST_SEEDS, POSITIVE_CONTROLS, SELECTION_RULE
 from .names import DEFAULT
@@ -133,8 +134,7 @@ def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
 def _on_seeds(c: dict[str, float | None]) -> str:
     """Where the ratio reads fewer seeds than the ceiling (the oracle's, of the first three): on how many."""
     n = c["ratio_seeds"]
-    first = f"{FIRST_SEEDS[0]}–{FIRST_SEEDS[-1]}"
-    return "" if n in (0, c["seeds"]) else f" (on the oracle's {n} seed{'s' if n != 1 else ''} of {first})"
+    return "" if n in (0, c["seeds"]) else f" (on the oracle's {n} seed{'s' if n != 1 else ''} of {span(FIRST_SEEDS)})"
 
 
 def _pct(x: float | None) -> str:

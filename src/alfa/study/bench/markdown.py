@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["table", "number"]
+__all__ = ["table", "number", "span"]
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
@@ -20,3 +20,8 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | Non
 def number(x: float | None, digits: int = 2, unit: str = "") -> str:
     """``x`` with ``digits`` decimals and a typographic minus; ``—`` when there is none."""
     return "—" if x is None else f"{x:.{digits}f}{unit}".replace("-", "−")
+
+
+def span(values: Sequence[int]) -> str:
+    """A run of consecutive seeds (or epochs) as ``first–last``."""
+    return f"{values[0]}–{values[-1]}"

@@ -33,6 +33,7 @@ from .ablations import REGISTRY, table_layout
 from .calibration import calibration_statement
 from .flip_report import constructed_control_section, flip_sections, flip_summary
 from .markdown import number as _num
+from .markdown import span
 from .methods import (
     CONSTRUCTED_CONTROLS,
     DECLARED_FAMILY,
@@ -244,7 +245,7 @@ def _pnpga_lines(records: Sequence[Record]) -> list[str]:
         source_images=cost["source_images"],
         epochs=config.get("epochs"),
         lr=config.get("lr"),
-        epochs_span=f"{epochs[0]}–{epochs[-1]}",
+        epochs_span=span(epochs),
         predict_with=info["predict_with"],
         predict_epoch=epochs[info["predict_with"]],
         model_bytes=byte_size(cost["shipped_model_bytes"]),

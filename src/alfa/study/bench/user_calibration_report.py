@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .markdown import span
 from .methods import (
     ADAPTER_KS,
     CALIBRATION_DRAWS,
@@ -159,11 +160,16 @@ def _not_applied(idx: Index) -> str:
     return "Not applied yet: a candidate lacks some of those seeds and pairs."
 
 
+def _index(records: Sequence[Record], results: dict[str, Any]) -> Index:
+    """``records`` indexed for this page, whose comparisons are all descriptive (an empty declared family)."""
+    return index_records(records, Comparisons(persons=design_of(results), declared=frozenset()))
+
+
 def _held_out(records: Sequence[Record], results: dict[str, Any]) -> Index:
     """The records §5.5's rule never reads: every seed but :data:`RULE_SEEDS` on :data:`RULE_PAIRS`, every seed
     elsewhere."""
     kept = [r for r in records if r.pair not in RULE_PAIRS or int(r.seed) not in RULE_SEEDS]
-    return index_records(kept, Comparisons(persons=design_of(results), declared=frozenset()))
+    return _index(kept, results)
 
 
 def _choice_section(idx: Index, records: Sequence[Record], results: dict[str, Any]) -> list[str]:
@@ -195,7 +201,7 @@ def _choice_section(idx: Index, records: Sequence[Record], results: dict[str, An
     else:
         lines += [
             f"Issue 25's criteria for {'the declared default' if choice is None else 'the rule’s choice'}, on the "
-            f"records the rule never read (of seeds {FIRST_SEEDS[0]}–{FIRST_SEEDS[-1]}: seeds other than "
+            f"records the rule never read (of seeds {span(FIRST_SEEDS)}: seeds other than "
             f"{', '.join(map(str, RULE_SEEDS))} on "
             f"{', '.join(RULE_PAIRS)}; every seed of the other pairs), computed as above:",
             "",
@@ -221,12 +227,12 @@ def _replicate_criteria(records: Sequence[Record], results: dict[str, Any]) -> l
     replicate of the declared reading, made on another kind of machine, shown beside it and never pooled into it
     (docs/flip-premise.md §7.2, amended 2026-12-04)."""
     kept = [r for r in records if int(r.seed) in REPLICATE_SEEDS]
-    idx = index_records(kept, Comparisons(persons=design_of(results), declared=frozenset()))
+    idx = _index(kept, results)
     pairs = _pairs(idx)
     if not pairs:
         return []
     return [
-        f"The same criteria for the default on the replicate seeds {REPLICATE_SEEDS[0]}–{REPLICATE_SEEDS[-1]} "
+        f"The same criteria for the default on the replicate seeds {span(REPLICATE_SEEDS)} "
         "alone (every row of seeds 0–2 declared again there when no machine of their kind was lent; descriptive, "
         "beside the declared reading above and not pooled into it):",
         "",
@@ -435,7 +441,7 @@ def _header(records: Sequence[Record], pairs: Sequence[str], data: str, command:
         "(persons drawn afresh per seed), and none is called clear.",
         "",
         f"**Records:** {sum(i in held for i in declared)} of the {len(declared)} user-calibration rows declared on "
-        f"seeds 0–2 and on their replicates, seeds {REPLICATE_SEEDS[0]}–{REPLICATE_SEEDS[-1]} ({len(rows)} rows × "
+        f"seeds 0–2 and on their replicates, seeds {span(REPLICATE_SEEDS)} ({len(rows)} rows × "
         f"{len(PAIRS)} pairs × {len(seeds)} seeds); pairs with any: "
         f"{', '.join(pairs) if pairs else 'none'}. On each pair, every row (source-only, the label-free rows, the "
         "oracle) is read only on seeds with user-calibration records there, and each table says which seeds its "
@@ -450,12 +456,12 @@ def _criteria_section(same_seeds: Sequence[Record], results: dict[str, Any]) -> 
     reading beside them, and §5.5's choice of the default."""
     # the criteria read the seeds they were declared on; the replicate seeds get their own table, beside them
     first_records = [r for r in same_seeds if int(r.seed) in FIRST_SEEDS]
-    first = index_records(first_records, Comparisons(persons=design_of(results), declared=frozenset()))
+    first = _index(first_records, results)
     return [
         "## Issue 25's pass criteria",
         "",
-        f"Per pair, on seeds {FIRST_SEEDS[0]}–{FIRST_SEEDS[-1]} (those the criteria were declared on; the "
-        f"replicate seeds {REPLICATE_SEEDS[0]}–{REPLICATE_SEEDS[-1]} have a table of their own below), means over "
+        f"Per pair, on seeds {span(FIRST_SEEDS)} (those the criteria were declared on; the "
+        f"replicate seeds {span(REPLICATE_SEEDS)} have a table of their own below), means over "
         "the seeds that have the row (each cell: mean [95 % interval over seeds]): the "
         f"default calibration ({DEFAULT_CALIBRATION}) at k = {PASS_K} must close at least {HEADROOM_SHARE:.0%} of "
         f"the headroom from source-only to the oracle ((source-only − calibrated) / (source-only − oracle) of the "
@@ -485,7 +491,7 @@ def user_calibration_page(
     # label-free rows and the oracle are the same seeds' as the calibrated points beside them
     calibrated = {(r.pair, int(r.seed)) for r in records if r.kind == "calibration" and r.error_deg is not None}
     same_seeds = [r for r in records if (r.pair, int(r.seed)) in calibrated]
-    idx = index_records(same_seeds, Comparisons(persons=design_of(results), declared=frozenset()))
+    idx = _index(same_seeds, results)
     pairs = _pairs(idx)
     lines = _header(records, pairs, data, command)
     if not pairs:
