@@ -6,6 +6,8 @@ import argparse
 import types
 from pathlib import Path
 
+import pytest
+
 import alfa.study.bench.runner as runner
 from alfa.cli.bench import BENCH
 from alfa.cli.registry import add_commands
@@ -114,3 +116,25 @@ def test_bench_options_choose_the_rows_of_the_shipped_default_recipes(monkeypatc
 
 def _nothing(out):
     return types.SimpleNamespace(pending=[], skipped=[], results=Path(out) / "results.json")
+
+
+def test_each_standard_preset_runs_its_own_records_into_the_folder_they_were_made_in(monkeypatch):
+    # --standard is the second protocol (runs/bench-v2, docs/results-v2.md); --first-standard the preset the
+    # first records (docs/results.md, results-flip.md) were made with: v1 worlds, the same persons every seed
+    calls = []
+    monkeypatch.setattr(runner, "run_bench", lambda config, out, **kw: calls.append((config, out)) or _nothing(out))
+    monkeypatch.setattr("alfa.cli.bench.deterministic_kernels", lambda: None)  # no global switch in the test process
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers(dest="command"), (BENCH,))
+    for argv in (["--standard"], ["--first-standard"], ["--quick"], ["--full"]):
+        args = parser.parse_args(["bench", *argv, "--dry-run"])
+        args.func(args)
+    assert calls == [
+        (BenchConfig.standard(), Path("runs/bench-v2")),
+        (BenchConfig.first_standard(), Path("runs/bench-standard")),
+        (BenchConfig.quick(), Path("runs/bench-quick")),
+        (BenchConfig.full(), Path("runs/bench-full")),
+    ]
+    assert calls[0][0].worlds == "v2" and calls[1][0].worlds == "v1" and calls[1][0].target_persons == 5
+    with pytest.raises(SystemExit):  # one preset at a time
+        parser.parse_args(["bench", "--standard", "--first-standard"])

@@ -6,8 +6,10 @@ function of the benchmark (:mod:`alfa.study.bench.runner`, :mod:`~alfa.study.ben
     alfa bench --smoke                                   # every row kind once, tiny data, minutes (no claims)
     alfa report --results runs/bench-smoke --out runs/bench-smoke/results.md
     alfa bench --quick                                   # does everything run? (no claims)
-    alfa bench --standard --seeds 0 &                    # what docs/results.md is made from,
-    alfa bench --standard --seeds 1                      # one process per core (then --seeds 2), then:
+    bash scripts/queue.sh scripts/queues/LANE.txt        # the second protocol (alfa bench --standard, into
+                                                         # runs/bench-v2), in lanes; docs/results-v2.md
+    alfa bench --first-standard --seeds 0 &              # what docs/results.md was made from,
+    alfa bench --first-standard --seeds 1                # one process per core (then --seeds 2), then:
     alfa report --results runs/bench-standard --out docs/results.md
     alfa bench --full --out runs/bench --seeds 0 &       # longer training, every target person; not run by us
     alfa bench --full --out runs/bench --seeds 1
@@ -46,8 +48,21 @@ def _pairs(value: str) -> list[str]:
     return out
 
 
+# Each preset's BenchConfig constructor and its default --out. The two standard presets get folders of their
+# own, the ones their committed records were made in (docs/data/bench-standard and bench-flip came from
+# runs/bench-standard and runs/bench-flip, bench-v2 from runs/bench-v2), so that a run of one never resumes into
+# the other's records.
+PRESETS: dict[str, tuple[str, str]] = {
+    "smoke": ("smoke", "runs/bench-smoke"),
+    "quick": ("quick", "runs/bench-quick"),
+    "standard": ("standard", "runs/bench-v2"),
+    "first_standard": ("first_standard", "runs/bench-standard"),
+    "full": ("full", "runs/bench-full"),
+}
+
+
 def _preset(args: argparse.Namespace) -> str:
-    return "full" if args.full else "standard" if args.standard else "smoke" if args.smoke else "quick"
+    return next((name for name in PRESETS if getattr(args, name, False)), "quick")
 
 
 def _command_line() -> str:
@@ -61,7 +76,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     from alfa.study.bench.config import BenchConfig, selectable_methods
     from alfa.study.bench.methods import expand_calibration_names
 
-    config = getattr(BenchConfig, _preset(args))()
+    config = getattr(BenchConfig, PRESETS[_preset(args)][0])()
     changes: dict = {}
     if args.methods is not None:
         changes["methods"] = expand_calibration_names(tuple(_list(args.methods)))
@@ -99,7 +114,7 @@ def _bench(args: argparse.Namespace) -> None:
     config = bench_config(args)
     preset = _preset(args)
     deterministic_kernels()
-    out = Path(args.out or f"runs/bench-{preset}")
+    out = Path(args.out or PRESETS[preset][1])
     device = resolve_device(args.device)
     summary = run_bench(
         config,
@@ -155,12 +170,25 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     preset.add_argument(
         "--standard",
         action="store_true",
-        help="the preset behind docs/results.md (its wall time is in that page; run it in pieces)",
+        help="the second protocol's preset (docs/flip-premise.md §7), behind docs/results-v2.md and "
+        "docs/results-user-calibration.md: six pairs and S→R on the v2 worlds; hours per seed: run it in pieces, "
+        "as scripts/queues/*.txt do (default --out runs/bench-v2)",
+    )
+    preset.add_argument(
+        "--first-standard",
+        action="store_true",
+        help="the preset the first records were made with, behind docs/results.md and docs/results-flip.md "
+        "(the v1 worlds, the same 5 persons per target in every seed; its commands are in those pages' § Runs, "
+        "where it was still called --standard; default --out runs/bench-standard)",
     )
     preset.add_argument(
         "--full", action="store_true", help="longer training, every target person (many hours; run it in pieces)"
     )
-    p.add_argument("--out", help="results folder (default runs/bench-<preset>)")
+    p.add_argument(
+        "--out",
+        help="results folder (default: runs/bench-smoke, -quick, -v2 for --standard, "
+        "-standard for --first-standard, -full)",
+    )
     p.add_argument("--cache-dir", help="where source models are cached (default OUT/cache)")
     p.add_argument(
         "--methods",

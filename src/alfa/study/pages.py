@@ -227,7 +227,7 @@ PAGES: tuple[Page, ...] = (
     Page(
         path="docs/results.md",
         data="docs/data/bench-standard",
-        produce="alfa bench --standard (in pieces), then alfa report --results runs/bench-standard "
+        produce="alfa bench --first-standard (in pieces), then alfa report --results runs/bench-standard "
         "--data-to docs/data/bench-standard --out docs/results.md",
         render=_render_results,
         figures="docs/figures/results",
@@ -235,7 +235,7 @@ PAGES: tuple[Page, ...] = (
     Page(
         path="docs/results-flip.md",
         data=FLIP_DATA,
-        produce="alfa bench --standard (in pieces, docs/results-flip.md § Runs), then alfa report --results "
+        produce="alfa bench --first-standard (in pieces, docs/results-flip.md § Runs), then alfa report --results "
         f"runs/bench-flip --data-to {FLIP_DATA} --out docs/results-flip.md",
         render=_render_flip_results,
         figures="docs/figures/results-flip",

@@ -362,7 +362,9 @@ class BenchConfig:
     def validate(self) -> None:
         for p in self.pairs:
             if p in CONSTRUCTED_CONTROLS and self.worlds != "v2":
-                raise ValueError(f"the constructed control {p} exists on the second worlds only (--worlds v2)")
+                raise ValueError(
+                    f"the constructed control {p} exists on the second worlds only (alfa bench --standard; worlds v2)"
+                )
             if p not in PAIRS + CONSTRUCTED_CONTROLS:
                 raise ValueError(f"unknown pair {p!r}; pairs are {', '.join(PAIRS + CONSTRUCTED_CONTROLS)}")
         if self.pairs and set(self.pairs) <= set(CONSTRUCTED_CONTROLS):

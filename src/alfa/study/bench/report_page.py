@@ -280,7 +280,9 @@ def _runs_lines(results: dict[str, Any], records: Sequence[Record]) -> list[str]
         cpu_minutes=sum(r.get("cpu_s", 0.0) for r in runs) / 60,
         torch=runs[0].get("torch"),
     )
-    return [cost, "", summary, "", runs_table(runs)]
+    # the first records' commands say --standard, which names the second protocol's preset since it came
+    renamed = _worlds(results) == "v1" and any("--standard" in r.get("command", "") for r in runs)
+    return [cost, "", summary + (" " + prose.FIRST_STANDARD_RENAMED if renamed else ""), "", runs_table(runs)]
 
 
 # ----------------------------------------------------------------------------- the sections, in page order

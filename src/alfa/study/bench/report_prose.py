@@ -266,6 +266,10 @@ FILE_COST = (
     "times kept in their checkpoints, so models loaded from the cache count what they once cost){unrecorded}."
 )
 UNRECORDED_TIME = "; no recorded time for {sources}"
+FIRST_STANDARD_RENAMED = (
+    "These runs' `--standard` is the preset `alfa bench --first-standard` runs today (the first worlds, the same "
+    "persons in every seed); `--standard` has since become the second protocol's (docs/flip-premise.md §7)."
+)
 
 RUNS_TOTAL = (
     "The runs that wrote the file: {runs}, **{wall_minutes:.1f} min wall time, {cpu_minutes:.1f} min CPU time** "

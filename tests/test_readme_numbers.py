@@ -1,0 +1,56 @@
+"""The README quotes numbers; each must come from a generated page (or the command that prints it).
+
+The README is written by hand from the pages (docs/*.md, generated from committed data), so a page that moves
+when records come in can leave the README quoting a number no page has any more. This test catches that: every
+difference with its interval ("−0.24° [−0.41, −0.06]") must appear on some page as it is, and every other decimal
+number must appear somewhere in docs/. It cannot tell that a number is quoted in the right context; it does
+tell that it was not typed in or left stale.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from alfa.models import resnet18_gaze
+from alfa.summary import parameter_summary
+from alfa.truncate import truncate
+
+ROOT = Path(__file__).resolve().parents[1]
+INTERVAL = re.compile(r"[−-]?\d+\.\d+ \[[−-]?\d+\.\d+, [−-]?\d+\.\d+\]")
+DECIMAL = re.compile(r"\d+\.\d+")
+
+
+def _normal(text: str) -> str:
+    # the README wraps lines and writes "+0.14°" where a table writes "+0.14"; the numbers are what must match
+    return re.sub(r"\s+", " ", text).replace("°", "").replace("+", "")
+
+
+def unsourced(readme: str, pages: str, printed: str = "") -> list[str]:
+    """The intervals and decimal numbers of ``readme`` that neither ``pages`` nor ``printed`` holds."""
+    readme, pages = _normal(readme), _normal(pages)
+    missing = [m for m in INTERVAL.findall(readme) if m not in pages]
+    missing += [m for m in DECIMAL.findall(readme) if m not in pages and m not in printed]
+    return missing
+
+
+def _summary_text() -> str:
+    # the README's parameter counts of the truncated ResNet-18 are what `alfa summary --rank 64` prints
+    model = resnet18_gaze()
+    truncate(model, rank=64)
+    return str(parameter_summary(model))
+
+
+def test_every_number_the_readme_quotes_is_on_a_page():
+    pages = "\n".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").rglob("*.md")))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert unsourced(readme, pages, _summary_text()) == []
+
+
+def test_a_stale_or_typed_in_number_is_caught():
+    pages = "flip-TTA − source-only = −0.24° [−0.41, −0.06]; 10.10 [9.20, 11.00]"
+    assert unsourced("flip-TTA: −0.24° [−0.41, −0.06], at\n  10.10°", pages) == []
+    # an interval whose ends moved, a sign lost, a number no page has
+    assert unsourced("−0.24 [−0.41, −0.05]", pages) == ["−0.24 [−0.41, −0.05]", "0.05"]
+    assert unsourced("0.24 [0.06, 0.41]", pages) == ["0.24 [0.06, 0.41]"]
+    assert unsourced("about 4.2° below", pages) == ["4.2"]
