@@ -235,7 +235,8 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
     with pytest.raises(SystemExit):
         main(["calibrate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "Default: affine; the affine map is the default:" in text and "one default serves every k" in text
+    assert "The affine map is the default:" in text and "one default serves every k" in text
+    assert text.count("is the default") == 1 and "(default affine)" in text  # said once in words, once as --method's
     assert "can cost more than it corrects" in text  # what the first rows showed at k = 1, said where it is chosen
     assert "It stayed the default under a rule declared before the adapters' rows ran" in text  # §5.5's outcome
     ckpt = alfa.checkpoint.save_model(tmp_path / "base.safetensors", base, "tiny_gaze_net")

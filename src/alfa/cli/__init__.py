@@ -24,7 +24,7 @@ from alfa.fileio import os_error_in
 
 from . import bench, calibrate, camera, crate, gaze, library, llm, serve, study, tpgaze
 from .errors import OS_ERROR_ADVICE, error_line
-from .registry import Command, add_commands, missing_package
+from .registry import Command, HelpFormatter, add_commands, missing_package
 
 __all__ = ["COMMANDS", "USER_ERRORS", "OS_ERROR_ADVICE", "build_parser", "error_line", "main"]
 
@@ -66,8 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="alfa",
+        formatter_class=HelpFormatter,
         description="Alfa (Attentive Low-Rank Filter Adaptation): truncate, personalize and evaluate gaze models, "
         "and the benchmark around them. Each command says more with --help.",
+        epilog="The gaze pipeline: pretrain, truncate, personalize, evaluate (docs/gaze.md). --data takes a dataset "
+        "spec: synthetic:<world> for the built-in worlds (docs/synthetic.md), or a real dataset's "
+        "(docs/real-data.md).",
     )
     parser.add_argument("--version", action="version", version=f"alfa {__version__}")
     add_commands(parser.add_subparsers(dest="command", required=True, metavar="command"), COMMANDS)

@@ -192,31 +192,26 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", help="where source models are cached (default OUT/cache)")
     p.add_argument(
         "--methods",
-        help="comma-separated subset of the methods (incl. in-domain, oracle) and rows run only when named: ruda, "
-        "and pnpga and tta-distill, which no preset runs (PnP-GA: K source-model snapshots adapted per person, "
-        "docs/pnpga.md; tta-distill: Alfa trained towards the base's flip+roll TTA, one pass instead of six), and "
-        "user calibration from k labelled images per person (docs/user-calibration.md): calibrate-affine[k=9], "
-        "calibrate-affine-spread[k=9], …, or calibrate-affine for all of its k and draws (also offset, ridge, "
-        "last-layer)",
+        help=_methods_help(),
     )
     p.add_argument(
         "--pairs",
-        help="comma-separated subset of E→M,E→D,G→M,G→D (negative controls), S→W,S→C (positive controls) and, on "
-        "the second worlds, S→R (the constructed control: source-only, flip-TTA and the oracle only); E-M also works",
+        help="comma-separated source→target pairs out of E→M,E→D,G→M,G→D (negative controls), S→W,S→C (positive "
+        "controls) and, on the v2 worlds, S→R (the constructed control: source-only, flip-TTA and the oracle only); "
+        "E-M also works (default: the preset's; the worlds: docs/flip-premise.md §2)",
     )
     p.add_argument(
         "--selected-methods",
-        help="comma-separated methods that also get a row with their recipe selected on the stand-in, or 'none' "
-        "(default: the preset's; with --methods, those of them that have one)",
+        help="comma-separated methods that also get a row with their recipe chosen without target labels "
+        "(docs/flip-premise.md §4), or 'none' (default: the preset's; with --methods, those of them that have one)",
     )
     p.add_argument(
         "--default-methods",
         help="comma-separated methods that also get a row with the recipe alfa personalize ships for them, or "
-        "'none' (default: the preset's, every such method with --standard and --full, none with --quick and "
-        "--smoke; with --methods, those of them the preset has)",
+        "'none' (default: the preset's; with --methods, those of them the preset has)",
     )
     p.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
-    p.add_argument("--ablations", help="comma-separated subset of the ablations, 'all' or 'none'")
+    p.add_argument("--ablations", help=_ablations_help())
     p.add_argument("--threads", type=int, help=f"torch threads (default {BenchConfig().threads})")
     p.add_argument("--keep-adapters", action="store_true", help="keep every per-person adapter file")
     p.add_argument("--dry-run", action="store_true", help="list the records that would run, run nothing")
@@ -226,8 +221,26 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     precision_option(
         p,
         choices=("fp32", "bf16"),  # TPGaze's meta-training takes no gradient scaler, so fp16 would fail its rows
-        note="the source models train in their recipe's precision (fp32)",
+        note="the source models train in fp32, their recipe's precision",
         default="fp32 on every device (the benchmark's records are compared with each other)",
+    )
+
+
+def _ablations_help() -> str:
+    from alfa.study.bench.ablations import REGISTRY
+
+    return f"comma-separated ablations out of {', '.join(REGISTRY)}; 'all' or 'none' (default: the preset's)"
+
+
+def _methods_help() -> str:
+    """``--methods``' help: every method name ``BenchConfig.validate`` accepts, read from the study's lists."""
+    from alfa.study.bench.methods import EXTRA_METHODS, OPT_IN_METHODS, SANITY_METHODS, TTA_ROWS, table_methods
+
+    names = (*table_methods(), *SANITY_METHODS, *TTA_ROWS, *EXTRA_METHODS, *OPT_IN_METHODS)
+    return (
+        f"comma-separated methods to run instead of the preset's, out of: {', '.join(names)} (docs/adapters.md, "
+        "docs/pnpga.md); and the user-calibration rows calibrate-<method>[k=K], or calibrate-<method> for all of its "
+        f"k and draws (docs/user-calibration.md §5). No preset runs {' or '.join(OPT_IN_METHODS)}"
     )
 
 
@@ -246,8 +259,10 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
 
 BENCH = Command(
     "bench",
-    help="the cross-domain benchmark: every method, four synthetic pairs, seeds, ablations, costs",
-    description="Run (or resume) the benchmark; records go to OUT/results.json (see alfa.study.bench.runner).",
+    help="the cross-domain benchmark: every method on synthetic source→target pairs, seeds, ablations, costs",
+    description="Run (or resume) the benchmark: source models, then every method on each source→target pair and "
+    "seed, and the ablations; the records go to OUT/results.json, which alfa report turns into docs/results.md. "
+    "--dry-run lists what would run.",
     add_arguments=_bench_arguments,
     run=_bench,
     outputs={"out": True, "report": False},
@@ -258,7 +273,8 @@ BENCH = Command(
 REPORT = Command(
     "report",
     help="generate docs/results.md and its figures from a benchmark's results.json",
-    description="Render the benchmark report (tables, verdicts, figures) from results.json; never edit by hand.",
+    description="Render the benchmark report (tables, verdicts, figures) from results.json; the page is generated, "
+    "so it is never edited by hand.",
     add_arguments=_report_arguments,
     run=_report,
     outputs={"out": False, "figures": True, "data_to": True},
@@ -278,10 +294,26 @@ def _counts(text: str) -> list[int]:
 
 
 def _power_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seeds", type=_counts, default=[3, 5, 8, 10], help="seed counts, the rows (default 3,5,8,10)")
-    p.add_argument("--families", type=_counts, default=[12, 24, 100, 400], help="family sizes (default 12,24,100,400)")
-    p.add_argument("--pairs", type=_counts, default=[4, 2, 1], help="numbers of pooled pairs (default 4,2,1)")
-    p.add_argument("--persons", type=at_least(1), default=15, help="persons per pair and seed (default 15)")
+    from alfa.study.bench.power import plan_table
+
+    from .options import default_of
+
+    def default(name: str) -> object:
+        return default_of(plan_table, name)
+
+    def option(flag: str, what: str) -> None:
+        value = list(default(flag))
+        p.add_argument(f"--{flag}", type=_counts, default=value, help=f"{what} (default {','.join(map(str, value))})")
+
+    option("seeds", "numbers of seeds, the table's rows")
+    option("families", "family sizes, the numbers of comparisons Holm's correction divides α among")
+    option("pairs", "numbers of source→target pairs pooled in a comparison")
+    p.add_argument(
+        "--persons",
+        type=at_least(1),
+        default=default("persons"),
+        help="persons per pair and seed (default %(default)s)",
+    )
 
 
 def _power(args: argparse.Namespace) -> None:
@@ -293,9 +325,9 @@ def _power(args: argparse.Namespace) -> None:
 POWER = Command(
     "power",
     help="plan a benchmark's power: the smallest difference its design detects, before it runs",
-    description="The smallest difference (degrees) a comparison detects with 80 % power at alpha = 0.05 / family, "
+    description="Print the smallest difference (degrees) a comparison detects with 80 % power at α = 0.05 / family, "
     "per number of seeds, family size and pooled pairs, in the nested design, from the random effects the first "
-    "records measured (alfa.study.bench.power; docs/flip-premise.md §7.1).",
+    "records measured (docs/flip-premise.md §7.1).",
     add_arguments=_power_arguments,
     run=_power,
     extra="study",

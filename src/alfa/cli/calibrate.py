@@ -15,6 +15,7 @@ from .gaze import _parse_value, open_spec, seed_everything
 from .options import (
     allow_partial_option,
     at_least,
+    data_help,
     device_option,
     non_negative_number,
     positive_rate,
@@ -129,19 +130,28 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.gaze.calibrate import DEFAULT_REASON, DRAWS, USER_CALIBRATIONS, CalibrateConfig
 
     d = CalibrateConfig()
-    methods = "; ".join(f"{c.name} (k >= {c.min_k}): {c.description}" for c in USER_CALIBRATIONS.values())
+    methods = "; ".join(
+        f"{c.name}{f' (k >= {c.min_k})' if c.min_k > 1 else ''}: {c.description}" for c in USER_CALIBRATIONS.values()
+    )
     p.description = (
-        f"User calibration: per person, k labelled images from the first --pool, one file each. Methods: {methods}. "
-        f"Default: {d.method}; {DEFAULT_REASON}. The recipes are declared in docs/user-calibration.md."
+        "User calibration: for each person, a file fitted to k labelled images drawn from the person's first --pool "
+        f"images; alfa evaluate --adapters scores it on the images after the pool. The methods: {methods}. "
+        f"{DEFAULT_REASON[0].upper()}{DEFAULT_REASON[1:]}. The recipes: docs/user-calibration.md."
     )
     p.add_argument("--checkpoint", required=True, help="the gaze model (any; a FAZE one for --method faze)")
-    p.add_argument("--data", required=True, help="target dataset spec, e.g. synthetic:mpii")
+    p.add_argument("--data", required=True, help=data_help("the target persons, with their gaze labels"))
     p.add_argument("--out", required=True, help="output folder: <person>.safetensors and personalization.json")
     p.add_argument("--k", type=at_least(1), default=d.k, help="labelled images per person (default %(default)s)")
     p.add_argument(
         "--method", choices=tuple(USER_CALIBRATIONS), default=d.method, help="calibration method (default %(default)s)"
     )
-    p.add_argument("--draw", choices=DRAWS, default=d.draw, help="how the k are drawn (default %(default)s)")
+    p.add_argument(
+        "--draw",
+        choices=DRAWS,
+        default=d.draw,
+        help="how the k are drawn from the pool: at random, or spread over the person's gaze range (default "
+        "%(default)s)",
+    )
     p.add_argument(
         "--pool", type=at_least(1), default=d.pool, help="first images per person the k come from (default %(default)s)"
     )
@@ -151,24 +161,48 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replace an earlier run's files in --out (without it, a run of the same recipe there is resumed)",
     )
-    g = p.add_argument_group("recipes (defaults: the declared ones)")
-    g.add_argument("--affine-ridge", type=non_negative_number, help=f"affine: ‖A − I‖² weight ({d.affine_ridge:g})")
-    g.add_argument("--feature-ridge", type=non_negative_number, help=f"ridge: relative strength ({d.feature_ridge:g})")
+    g = p.add_argument_group("each method's recipe (the defaults are the declared ones: docs/user-calibration.md)")
+    g.add_argument(
+        "--affine-ridge",
+        type=non_negative_number,
+        help=f"affine: weight of ‖A − I‖², which pulls the map toward the identity (default {d.affine_ridge:g})",
+    )
+    g.add_argument(
+        "--feature-ridge",
+        type=non_negative_number,
+        help="ridge: weight of the head's change ‖W′ − W‖², relative to the features' mean squared norm "
+        f"(default {d.feature_ridge:g})",
+    )
     g.add_argument(
         "--offset-prior",
         type=non_negative_number,
-        help="offset/affine: shrink the offset toward zero as if this many more images had no error, by k/(k + κ) "
-        f"({d.offset_prior:g}: free; docs/user-calibration.md §5.1)",
+        metavar="N",
+        help="offset/affine: shrink the offset toward zero by k/(k + N), as if N more images had no error (0: no "
+        f"shrinkage; default {d.offset_prior:g}; docs/user-calibration.md §5.1)",
     )
-    g.add_argument("--steps", type=at_least(1), help=f"last-layer/adapter: AdamW steps ({d.steps})")
-    g.add_argument("--lr", type=positive_rate, help=f"last-layer/adapter: AdamW rate ({d.lr:g})")
-    g.add_argument("--adapter-method", help=f"adapter: the adapter method ({d.adapter_method})")
-    g.add_argument("--option", action="append", help="adapter: KEY=VALUE for the adapter method's config")
+    g.add_argument("--steps", type=at_least(1), help=f"last-layer/adapter: AdamW steps (default {d.steps})")
+    g.add_argument("--lr", type=positive_rate, help=f"last-layer/adapter: AdamW learning rate (default {d.lr:g})")
     g.add_argument(
-        "--flip-weight", type=non_negative_number, help=f"flip loss on the pool's unlabelled images ({d.flip_weight:g})"
+        "--adapter-method", help=f"adapter: the adapter method, one of alfa personalize's (default {d.adapter_method})"
     )
-    g.add_argument("--faze-lr", type=positive_rate, help="faze: PS-GEN rate (default: the meta-training's)")
-    g.add_argument("--faze-steps", type=at_least(1), help="faze: PS-GEN steps (default: the meta-training's)")
+    g.add_argument(
+        "--option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="adapter: an option of the adapter method's config (repeatable)",
+    )
+    g.add_argument(
+        "--flip-weight",
+        type=non_negative_number,
+        help="last-layer/adapter: weight of the flip loss on the pool's unlabelled images (0: labels only; default "
+        f"{d.flip_weight:g})",
+    )
+    g.add_argument(
+        "--faze-lr",
+        type=positive_rate,
+        help="faze: learning rate of PS-GEN, the per-person adaptation (default: the one meta-training used)",
+    )
+    g.add_argument("--faze-steps", type=at_least(1), help="faze: PS-GEN steps (default: the number meta-training used)")
     seed_option(p, "the draws and any adapter's initial weights", d.seed)
     allow_partial_option(p)
     quiet_option(p)
@@ -217,16 +251,26 @@ def _faze_train_arguments(p: argparse.ArgumentParser) -> None:
     from .options import default_of
 
     d = FazeTrainConfig()
-    p.add_argument("--data", required=True, help="source dataset spec (needs head poses)")
+    p.add_argument("--data", required=True, help=data_help("the source data, with head poses", "synthetic:eth"))
     p.add_argument("--out", required=True, help="output folder (model.safetensors; faze_state.safetensors to resume)")
     p.add_argument("--steps", type=at_least(1), default=d.steps, help="Adam steps (default %(default)s)")
-    p.add_argument("--batch-size", type=at_least(2), default=d.batch_size, help="pairs per step (default %(default)s)")
-    p.add_argument("--lr", type=positive_rate, default=d.lr, help="Adam rate (default %(default)s)")
-    for name, value in zip(("recon", "ec", "gaze"), d.weights):
-        p.add_argument(f"--lambda-{name}", type=non_negative_number, default=value, help="(default %(default)s)")
-    for name in ("appearance", "gaze_features", "head_features"):
+    p.add_argument(
+        "--batch-size",
+        type=at_least(2),
+        default=d.batch_size,
+        help="image pairs per step, two images of one person each (default %(default)s)",
+    )
+    p.add_argument("--lr", type=positive_rate, default=d.lr, help="Adam learning rate (default %(default)s)")
+    losses = ("the reconstruction loss", "the embedding-consistency loss", "the gaze loss")
+    for name, what, value in zip(("recon", "ec", "gaze"), losses, d.weights):
+        p.add_argument(
+            f"--lambda-{name}", type=non_negative_number, default=value, help=f"weight of {what} (default %(default)s)"
+        )
+    codes = ("size of the appearance code", "3-D vectors in the gaze code", "3-D vectors in the head code")
+    for name, what in zip(("appearance", "gaze_features", "head_features"), codes):
         flag = "--" + name.replace("_", "-")
-        p.add_argument(flag, type=at_least(1), default=default_of(faze_gaze, name), help="(default %(default)s)")
+        default = default_of(faze_gaze, name)
+        p.add_argument(flag, type=at_least(1), default=default, help=f"{what} (default %(default)s)")
     _checkpoint_every_option(p, d.checkpoint_every)
     seed_option(p, "the initial weights and the pairs", d.seed)
     quiet_option(p)
@@ -263,20 +307,39 @@ def _faze_meta_train_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.gaze.faze_train import MetaTrainConfig
 
     d = MetaTrainConfig()
-    p.add_argument("--checkpoint", required=True, help="a FAZE model (alfa faze train)")
-    p.add_argument("--data", required=True, help="the source persons (the tasks)")
+    p.add_argument("--checkpoint", required=True, help="a FAZE model (from alfa faze train)")
+    p.add_argument("--data", required=True, help=data_help("the source persons, one task each", "synthetic:eth"))
     p.add_argument(
         "--out", required=True, help="output folder (model.safetensors, the meta-learned MLP; its state to resume)"
     )
-    p.add_argument("--steps", type=at_least(1), default=d.steps, help="outer steps (default %(default)s)")
-    p.add_argument("--k", type=at_least(1), default=d.k, help="calibration samples per task (default %(default)s)")
-    p.add_argument("--l", type=at_least(1), default=d.l, help="validation samples per task (default %(default)s)")
-    p.add_argument("--tasks", type=at_least(1), default=d.tasks, help="persons per outer step (default %(default)s)")
-    p.add_argument("--inner-lr", type=positive_rate, default=d.inner_lr, help="α (default %(default)s)")
-    p.add_argument("--inner-steps", type=at_least(1), default=d.inner_steps, help="inner steps (default %(default)s)")
-    p.add_argument("--outer-lr", type=positive_rate, default=d.outer_lr, help="η (default %(default)s)")
+    p.add_argument("--steps", type=at_least(1), default=d.steps, help="outer (meta) steps (default %(default)s)")
     p.add_argument(
-        "--outer-optimizer", choices=("sgd", "adam"), default=d.outer_optimizer, help="(default %(default)s)"
+        "--k", type=at_least(1), default=d.k, help="images per task the inner steps adapt on (default %(default)s)"
+    )
+    p.add_argument(
+        "--l", type=at_least(1), default=d.l, help="images per task the adapted MLP is scored on (default %(default)s)"
+    )
+    p.add_argument("--tasks", type=at_least(1), default=d.tasks, help="persons per outer step (default %(default)s)")
+    p.add_argument(
+        "--inner-lr",
+        type=positive_rate,
+        default=d.inner_lr,
+        help="learning rate α of the inner steps (default %(default)s)",
+    )
+    p.add_argument(
+        "--inner-steps", type=at_least(1), default=d.inner_steps, help="inner steps per task (default %(default)s)"
+    )
+    p.add_argument(
+        "--outer-lr",
+        type=positive_rate,
+        default=d.outer_lr,
+        help="learning rate η of the outer step (default %(default)s)",
+    )
+    p.add_argument(
+        "--outer-optimizer",
+        choices=("sgd", "adam"),
+        default=d.outer_optimizer,
+        help="optimizer of the outer step (default %(default)s)",
     )
     p.add_argument("--first-order", action="store_true", help="first-order MAML (drop the second-order term)")
     _checkpoint_every_option(p, d.checkpoint_every)
@@ -295,11 +358,16 @@ CALIBRATE = Command(
 FAZE = Command(
     "faze",
     help="FAZE: train DT-ED and its gaze MLP, meta-train the MLP (then alfa calibrate --method faze)",
+    description="FAZE, few-shot gaze estimation: an encoder-decoder (DT-ED) whose gaze code turns with the eyes, "
+    "and a small gaze MLP on that code, meta-learned so that a few labelled images adapt it to a person. Train "
+    "with train, then meta-train; alfa calibrate --method faze adapts it per person (docs/user-calibration.md §2).",
     extra="gaze",
     subcommands=(
         Command(
             "train",
             help="DT-ED and the gaze MLP on a source with head poses",
+            description="Train FAZE's encoder-decoder (DT-ED) and its gaze MLP together on pairs of images of one "
+            "person, which needs the source's head poses; resumable (docs/user-calibration.md §2).",
             add_arguments=_faze_train_arguments,
             run=_faze_train,
             outputs={"out": True},
@@ -307,6 +375,9 @@ FAZE = Command(
         Command(
             "meta-train",
             help="the gaze MLP meta-learned by MAML over the source persons (AdaGEN)",
+            description="Meta-learn the gaze MLP of a trained FAZE model with MAML, one task per source person: "
+            "inner steps adapt it on --k images, the outer step improves its start for the --l others; resumable "
+            "(docs/user-calibration.md §2).",
             add_arguments=_faze_meta_train_arguments,
             run=_faze_meta_train,
             outputs={"out": True},

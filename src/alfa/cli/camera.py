@@ -34,11 +34,17 @@ def _predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="the gaze model (a source model or a truncated base)")
     p.add_argument("--adapter", help="a person's adapter file to load onto --checkpoint")
     p.add_argument(
-        "--camera", help="the camera's intrinsics (JSON: matrix, distortion, image_size); default: assumed, and said"
+        "--camera",
+        help="the camera's intrinsics (JSON: matrix, distortion, image_size; docs/camera.md); default: focal length "
+        "= image width, no distortion, as the output says",
     )
     screen = p.add_mutually_exclusive_group()
     screen.add_argument("--screen", help="the screen's size and pose in the camera frame (JSON; docs/camera.md)")
-    screen.add_argument("--screen-fit", help="calibration: gazes (degrees) and the screen pixels looked at (JSON)")
+    screen.add_argument(
+        "--screen-fit",
+        help="instead of --screen: a few calibration points, gazes (degrees) and the screen pixels looked at, to fit "
+        "the screen point from (JSON; docs/camera.md)",
+    )
     p.add_argument(
         "--faces",
         choices=("one", "all"),
@@ -49,7 +55,12 @@ def _predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--crops", help="folder to write each face's normalized 224×224 crop to (<photo>-face<i>.png)")
     p.add_argument("--video", action="store_true", help="IMAGE names video files: per frame its largest face, smoothed")
     smooth, every = default_of(analyse_video, "alpha"), default_of(analyse_video, "every")
-    p.add_argument("--smooth", type=_fraction, default=smooth, help="video: a new frame's weight (default %(default)s)")
+    p.add_argument(
+        "--smooth",
+        type=_fraction,
+        default=smooth,
+        help="video: a new frame's weight in the smoothed gaze (1: none; default %(default)s)",
+    )
     p.add_argument("--every", type=at_least(1), default=every, help="video: every N-th frame (default %(default)s)")
     quiet_option(p)
     device_option(p)

@@ -24,10 +24,14 @@ def _toy_arguments(toy: argparse.ArgumentParser) -> None:
     toy.add_argument(
         "--panels",
         default=",".join(DEFAULT_PANELS),
-        help=f"comma-separated panels out of {','.join(PANELS)} (default: all; c-len1 is (c) with token length 1)",
+        help=f"comma-separated panels out of {','.join(PANELS)} (default %(default)s; c-len1 is (c) with tokens of "
+        "length 1)",
     )
     toy.add_argument(
-        "--eps", type=float, default=constants.eps, help="ε of the coding rates and steps (default %(default)s)"
+        "--eps",
+        type=float,
+        default=constants.eps,
+        help="ε of the coding rates R, R_c and of the steps (default %(default)s)",
     )
     toy.add_argument(
         "--eta", type=float, default=constants.eta, help="ISTA step size η in panel (d) (default %(default)s)"
@@ -126,14 +130,17 @@ def _gaze(args: argparse.Namespace) -> None:
 CRATE = Command(
     "crate",
     help="CRATE, the white-box transformer: worked examples",
+    description="CRATE, the transformer whose layers compress and sparsify their tokens: the plane toy "
+    "(docs/crate.md) and a tiny CRATE against a tiny ViT for gaze (docs/crate-gaze.md).",
     extra="study",
     subcommands=(
         Command(
             "toy",
-            help="the plane example (spec crate.md §4): what compression and sparsification steps do to two clusters",
-            description="Runs the panels of the plane toy on a range of seeds, prints per-layer thickness per "
-            "cluster, R, R_c, ΔR, misassigned tokens and one-axis share (mean ± std over the seeds), and "
-            "optionally writes every run as JSON and the four-panel figure.",
+            help="the plane toy: what compression and sparsification steps do to two clusters of tokens",
+            description="Run the panels of the plane toy on a range of seeds and print, per layer, each cluster's "
+            "thickness, the coding rates R, R_c and ΔR, the misassigned tokens and the share of tokens on one axis "
+            "(mean ± std over the seeds); optionally write every run as JSON and the four-panel figure. The "
+            "panels and measures: docs/crate.md, The plane toy.",
             add_arguments=_toy_arguments,
             run=_toy,
             outputs={"json": False, "figure": False},
@@ -141,10 +148,11 @@ CRATE = Command(
         Command(
             "gaze",
             help="a tiny CRATE and a tiny ViT trained for gaze on the synthetic source: errors, probes, Alfa",
-            description="Trains a tiny CRATE and a tiny ViT (same width, depth, heads) on the synthetic source for a "
-            "few epochs on CPU, measures their in-domain and cross-domain errors and per-layer probe curves, "
-            "truncates the CRATE and personalizes it with Alfa per target person. Writes DIR/results.json and "
-            "DIR/probes.png and prints a table. The default takes about 6 minutes on one thread.",
+            description="Train a tiny CRATE and a tiny ViT (same width, depth, heads) on the synthetic source for a "
+            "few epochs on CPU, measure their in-domain and cross-domain errors and per-layer probe curves, then "
+            "truncate the CRATE and personalize it with Alfa per target person. Writes DIR/results.json and "
+            "DIR/probes.png and prints a table (docs/crate-gaze.md). The default takes about 6 minutes on one "
+            "thread.",
             add_arguments=_gaze_arguments,
             run=_gaze,
             outputs={"out": True},

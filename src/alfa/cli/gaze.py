@@ -22,8 +22,10 @@ from .guards import (
     tta_column,
 )
 from .options import (
+    MODEL_HELP,
     allow_partial_option,
     at_least,
+    data_help,
     default_of,
     deterministic_kernels,
     device_option,
@@ -75,8 +77,13 @@ def open_spec(spec: str) -> GazeDataset:
 def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
     from alfa.gaze.train import TrainConfig
 
-    g = p.add_argument_group("training (defaults: the preset's)")
-    g.add_argument("--preset", choices=PRESETS, default="real", help="real: the paper's settings; demo: the small one")
+    g = p.add_argument_group("training (where no default is stated: the --preset's)")
+    g.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default="real",
+        help="real: the paper's settings (docs/real-data.md); demo: the demo's small ones (default %(default)s)",
+    )
     g.add_argument("--epochs", type=at_least(1), help=epochs_help)
     g.add_argument(
         "--batch-size",
@@ -85,10 +92,14 @@ def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
     )
     g.add_argument("--lr", type=positive_rate, help="Adam learning rate")
     g.add_argument(
-        "--symmetry-weight", type=non_negative_number, help="weight of the left-right symmetry term (0: off)"
+        "--symmetry-weight",
+        type=non_negative_number,
+        help="weight of the loss term that asks a mirrored face for the mirrored gaze (0: off; docs/gaze.md §1)",
     )
-    g.add_argument("--val-fraction", type=fraction, help="share of source persons held out (without --val-data)")
-    g.add_argument("--workers", type=worker_count, help="data-loading worker processes")
+    g.add_argument(
+        "--val-fraction", type=fraction, help="share of source persons held out when --val-data is not given"
+    )
+    g.add_argument("--workers", type=worker_count, help="data-loading worker processes (0: load in this process)")
     precision_option(g)
     seed_option(g, "the initial weights, batch order and person split", TrainConfig().seed)
     quiet_option(g)
@@ -482,10 +493,12 @@ def _pretrain_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.gaze.pipeline import DemoConfig
     from alfa.gaze.train import TrainConfig
 
-    p.add_argument("--data", required=True, help="source dataset spec, e.g. synthetic:eth or gazehub:eth-xgaze:/data")
-    p.add_argument("--val-data", help="held-out source persons as a dataset spec (default: a share of --data)")
-    p.add_argument("--model", default=DemoConfig().model, help="a registered model (default %(default)s)")
-    p.add_argument("--out", default="runs/pretrain", help="checkpoint folder (an unfinished run there resumes)")
+    p.add_argument("--data", required=True, help=data_help("the source data", "synthetic:eth"))
+    p.add_argument("--val-data", help="held-out source persons, as a dataset spec (default: a share of --data's)")
+    p.add_argument("--model", default=DemoConfig().model, help=MODEL_HELP)
+    p.add_argument(
+        "--out", default="runs/pretrain", help="checkpoint folder (default %(default)s; resumes a run there)"
+    )
     _train_options(p, f"training epochs (real: {TrainConfig().epochs})")
     device_option(p)
 
@@ -494,10 +507,16 @@ def _truncate_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.gaze.train import TruncateConfig
 
     truncation = TruncateConfig()
-    p.add_argument("--checkpoint", required=True, help="the dense pre-trained checkpoint (model.safetensors)")
-    p.add_argument("--data", required=True, help="the source dataset spec the model was trained on")
-    p.add_argument("--val-data", help="held-out source persons (default: pre-training's)")
-    p.add_argument("--rank", type=at_least(1), default=truncation.rank, help="SVD rank d (default %(default)s)")
+    p.add_argument("--checkpoint", required=True, help="the dense model alfa pretrain wrote (model.safetensors)")
+    p.add_argument("--data", required=True, help=data_help("the source data the model was trained on", "synthetic:eth"))
+    p.add_argument(
+        "--val-data",
+        help="the held-out source persons, as a dataset spec (default: those pre-training held out, where the "
+        "checkpoint records them)",
+    )
+    p.add_argument(
+        "--rank", type=at_least(1), default=truncation.rank, help="SVD rank d of each layer (default %(default)s)"
+    )
     p.add_argument("--out", default="runs/recovered", help="checkpoint folder (default %(default)s)")
     _train_options(p, f"recovery epochs (real: {truncation.recovery.epochs})")
     device_option(p)
@@ -510,11 +529,15 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.gaze.recipes import DEFAULT_RECIPE, PAPER_RECIPE, RECIPE_NAMES
 
     alfa, recipe = AlfaConfig(), PersonalizeConfig()
-    p.add_argument("--checkpoint", required=True, help="the truncated + recovered base (model.safetensors)")
-    p.add_argument("--data", required=True, help="target dataset spec, e.g. synthetic:mpii")
-    p.add_argument("--out", default="runs/adapters", help="adapter folder (persons already done are skipped)")
+    p.add_argument("--checkpoint", required=True, help="the truncated base alfa truncate wrote (model.safetensors)")
+    p.add_argument("--data", required=True, help=data_help("the target persons"))
     p.add_argument(
-        "--method", default="alfa", help=f"an adapter method: {', '.join(sorted(METHODS))} (default %(default)s)"
+        "--out", default="runs/adapters", help="adapter folder (default %(default)s; persons already done are skipped)"
+    )
+    p.add_argument(
+        "--method",
+        default="alfa",
+        help=f"the adapter method (docs/adapters.md): {', '.join(sorted(METHODS))} (default %(default)s)",
     )
     p.add_argument(
         "--heads", type=at_least(1), help=f"attention heads H of a method that has them (Alfa's default {alfa.heads})"
@@ -524,16 +547,23 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
         type=at_least(1),
         help=f"low rank r of a method that has one (Alfa's and LoRA's default {alfa.rank})",
     )
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="another method option (repeatable)")
+    p.add_argument(
+        "--option", action="append", metavar="KEY=VALUE", help="another option of the method's config (repeatable)"
+    )
     p.add_argument("--init", help="tpgaze: start every person from these meta-trained prompts (alfa tpgaze meta-train)")
-    p.add_argument("--preset", choices=PRESETS, default="real", help="demo: the demo's blur kernel")
+    p.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default="real",
+        help="the augmentation: real: the paper's; demo: the demo's smaller blur (default %(default)s)",
+    )
     p.add_argument(
         "--recipe",
         choices=RECIPE_NAMES,
         default="default",
-        help="'default' is the method's recipe selected without target labels on the benchmark's stand-in (for "
-        f"alfa: {DEFAULT_RECIPE.label}; docs/flip-premise.md), 'paper' the paper's ({PAPER_RECIPE.label}); "
-        "tpgaze keeps its own; --steps, --lr and the flags below override either",
+        help="default (the default): each method's own recipe, chosen without target labels (for alfa: "
+        f"{DEFAULT_RECIPE.label}; docs/flip-premise.md §4); paper: the paper's ({PAPER_RECIPE.label}); tpgaze "
+        "always keeps its own. --steps, --lr, --pitch-anchor and the branch options override it",
     )
     p.add_argument("--steps", type=at_least(1), help="optimizer steps per person (default: the recipe's)")
     p.add_argument("--lr", type=positive_rate, help="AdamW base learning rate (default: the recipe's)")
@@ -546,14 +576,23 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
         + f" (default {recipe.loss})",
     )
     branches = p.add_mutually_exclusive_group()
-    branches.add_argument("--train-both-branches", action="store_true", help="do not detach the flipped branch")
-    branches.add_argument("--detach-flipped", action="store_true", help="detach the flipped branch (the paper's)")
+    branches.add_argument(
+        "--train-both-branches",
+        action="store_true",
+        help="flip loss: train through the mirrored image's prediction too (default: the recipe's choice)",
+    )
+    branches.add_argument(
+        "--detach-flipped",
+        action="store_true",
+        help="flip loss: the mirrored image's prediction is a fixed target, as in the paper (default: the recipe's "
+        "choice)",
+    )
     p.add_argument(
         "--pitch-anchor",
         type=non_negative_number,
         metavar="W",
-        help="not in the paper: hold the batch's mean predicted pitch at its start with weight W (0: off; "
-        "default: the recipe's)",
+        help="not in the paper: keep the batch's mean predicted pitch where it was before personalization, with "
+        "weight W (0: off; default: the recipe's)",
     )
     p.add_argument("--persons", help="comma-separated person ids (default: all)")
     seed_option(p, "the adapter init and augmentation draws per person", recipe.seed)
@@ -575,11 +614,11 @@ def _throughput_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.gaze.train import TrainConfig
 
     training = TrainConfig()
-    p.add_argument("--data", help="a dataset spec (your data)")
+    p.add_argument("--data", help=data_help("the data to read (or --fixture)", "synthetic:eth"))
     p.add_argument(
         "--fixture",
-        help="or data in a real layout written to a temporary folder: mpiifacegaze (JPEG files), eth-xgaze-h5 (raw "
-        "h5), or both, comma-separated",
+        help="instead of --data: generated images in a real dataset's file layout, written to a temporary folder: "
+        "mpiifacegaze (JPEG files), eth-xgaze-h5 (raw h5), or both, comma-separated",
     )
     p.add_argument(
         "--image-size",
@@ -587,7 +626,7 @@ def _throughput_arguments(p: argparse.ArgumentParser) -> None:
         default=default_of(fixture_dataset, "size"),
         help="--fixture: image side (default %(default)s)",
     )
-    p.add_argument("--model", default=DemoConfig().model, help="a registered model (default %(default)s)")
+    p.add_argument("--model", default=DemoConfig().model, help=MODEL_HELP)
     p.add_argument(
         "--batch-size",
         type=int,
@@ -597,7 +636,8 @@ def _throughput_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers",
         default=str(training.num_workers),
-        help="loader worker processes; a comma-separated list measures each",
+        help="loader worker processes (0: load in this process); a comma-separated list measures each (default "
+        "%(default)s)",
     )
     p.add_argument(
         "--batches",
@@ -616,17 +656,22 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.gaze.personalize import PersonalizeConfig
 
     recipe = PersonalizeConfig()
-    p.add_argument("--checkpoint", required=True, help="the base model the adapters were trained on")
-    p.add_argument("--data", required=True, help="target dataset spec")
-    p.add_argument("--adapters", help="folder of per-person adapters (omit for source-only)")
-    p.add_argument("--label", default="personalized", help="column name for the adapted results")
+    p.add_argument("--checkpoint", required=True, help="the model the adapters were trained on (model.safetensors)")
+    p.add_argument("--data", required=True, help=data_help("the target persons"))
+    p.add_argument(
+        "--adapters",
+        help="folder of per-person files from alfa personalize or alfa calibrate (without it: the model alone)",
+    )
+    p.add_argument(
+        "--label", default="personalized", help="column name of the results with adapters (default %(default)s)"
+    )
     tta_option(p, "also score the base and every adapter")
     p.add_argument("--flip-tta", action="store_true", help="the same as --tta flip (kept for existing scripts)")
     p.add_argument(
         "--n-adapt",
         type=at_least(0),
-        help="first images per person excluded (used for adaptation; default: the count the adapters record, "
-        f"else {recipe.n_adapt})",
+        help="the first N images of each person, used for adaptation, are not scored (default: the count the "
+        f"adapters record, else {recipe.n_adapt})",
     )
     p.add_argument(
         "--batch-size", type=at_least(1), default=EVAL_BATCH_SIZE, help="images per forward (default %(default)s)"
@@ -635,7 +680,7 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     allow_partial_option(p)
     quiet_option(p)
     device_option(p)
-    precision_option(p)
+    precision_option(p, trains=False)
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -647,26 +692,30 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
         default=demo.out_dir,
         help="results, figures and adapters, one folder per source (default %(default)s)",
     )
-    p.add_argument("--cache-dir", default=demo.cache_dir, help="where the source model is cached")
-    p.add_argument("--rebuild", action="store_true", help="rebuild the cached source model")
+    p.add_argument("--cache-dir", default=demo.cache_dir, help="source model cache (default %(default)s)")
+    p.add_argument("--rebuild", action="store_true", help="train the source models again instead of reusing the cache")
     p.add_argument(
         "--targets",
         nargs="+",
-        help="run only the E source, on these target dataset specs (default: E on synthetic mpii, then the "
-        f"studio source on synthetic mpii-window); each person's last {demo.calibrate.pool} images are the "
-        "calibration's pool, which no column scores",
+        metavar="SPEC",
+        help="run only the first source (synthetic eth) on these target dataset specs (default: synthetic mpii, "
+        f"then the studio source on synthetic mpii-window); the last {demo.calibrate.pool} images of each person "
+        "are the labelled (user-calibration) column's pool and never scored",
     )
     seed_option(p, "the source training and personalization", demo.seed)
     quiet_option(p)
     device_option(p)
-    precision_option(p, note="the source models train in their recipe's precision (fp32)")
+    precision_option(p, note="the source models train in fp32, their recipe's precision")
 
 
 # ----------------------------------------------------------------------------- the commands, in `alfa --help` order
 
 PRETRAIN = Command(
     "pretrain",
-    help="train the gaze regressor on a source domain (resumable)",
+    help="train a dense gaze model on the source data (resumable)",
+    description="Train a gaze model (yaw and pitch from a face crop) on the source data, validating on held-out "
+    "source persons, and write its checkpoint to --out; an interrupted run resumes. The first step of the "
+    "pipeline: pretrain, truncate, personalize, evaluate (docs/gaze.md §1).",
     add_arguments=_pretrain_arguments,
     run=_pretrain,
     outputs={"out": True},
@@ -675,6 +724,9 @@ PRETRAIN = Command(
 TRUNCATE = Command(
     "truncate",
     help="SVD-truncate a pre-trained model and recover it on the source",
+    description="Replace each layer's weights by their rank-d SVD factors, then fine-tune the truncated model on "
+    "the source data to recover its accuracy; the result is the base every adapter is trained on "
+    "(docs/gaze.md §2).",
     add_arguments=_truncate_arguments,
     run=_truncate,
     outputs={"out": True},
@@ -682,7 +734,10 @@ TRUNCATE = Command(
 )
 PERSONALIZE = Command(
     "personalize",
-    help="one adapter per target person from its first 5 unlabeled images",
+    help="train one adapter per target person from its first few images, without labels",
+    description="For each target person, train a small adapter on the truncated base from the person's first "
+    "--n-adapt images, without their gaze labels (by default the flip loss: a mirrored face gets the mirrored "
+    "gaze), and save it as <person>.safetensors in --out; alfa evaluate scores them (docs/gaze.md §3).",
     add_arguments=_personalize_arguments,
     run=_personalize,
     outputs={"out": True},
@@ -691,6 +746,8 @@ PERSONALIZE = Command(
 THROUGHPUT = Command(
     "throughput",
     help="images/s of the data loader, of the training step and of both: is training loader-bound?",
+    description="Measure how many images per second the data loader delivers, the training step takes, and both "
+    "together, on your data (--data) or generated data in a real dataset's layout (--fixture).",
     add_arguments=_throughput_arguments,
     run=_throughput,
     outputs={"out": False},
@@ -699,6 +756,9 @@ THROUGHPUT = Command(
 EVALUATE = Command(
     "evaluate",
     help="per-person angular error, before and after personalization",
+    description="Score a model on each target person: the angular error (degrees) on the images after the first "
+    "--n-adapt, of the model alone and, with --adapters, with each person's adapter or calibration file; prints "
+    "a table (docs/gaze.md §4).",
     add_arguments=_evaluate_arguments,
     run=_evaluate,
     outputs={"json": False},
@@ -707,6 +767,11 @@ EVALUATE = Command(
 DEMO = Command(
     "demo",
     help="the whole chain on the synthetic benchmark: table, JSON, figure",
+    description="Run the whole chain twice on small synthetic worlds, a symmetric pair and an asymmetric one: "
+    "train and truncate the source model (cached), then score each target person with the model alone, flip-TTA "
+    "(averaged with its prediction on the mirrored image), Alfa under its default and the paper's recipe, and a "
+    "user calibration from a few labelled images. Writes a results JSON and a figure per source and prints the "
+    "table (docs/gaze.md §5).",
     add_arguments=_demo_arguments,
     run=_demo,
     outputs={"out": True, "cache_dir": True},

@@ -11,7 +11,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 
-from .options import default_of, image_side, non_negative_number, tta_of, tta_option
+from .options import MODEL_HELP, default_of, image_side, non_negative_number, tta_of, tta_option
 from .registry import Command
 
 __all__ = ["SUMMARY", "EXPORT", "quiet_exporter"]
@@ -26,8 +26,13 @@ EXPORTER_LOGGERS = ("torch", "onnxscript", "onnx_ir")
 def _summary_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.truncate import DEFAULT_RANK
 
-    p.add_argument("--model", default="resnet18_gaze", help="a registered model (default %(default)s)")
-    p.add_argument("--rank", type=int, default=DEFAULT_RANK, help="SVD rank (0: dense only; default %(default)s)")
+    p.add_argument("--model", default="resnet18_gaze", help=MODEL_HELP)
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=DEFAULT_RANK,
+        help="rank d of the SVD truncation (0: dense only; default %(default)s)",
+    )
 
 
 def _summary(args: argparse.Namespace) -> None:
@@ -43,14 +48,21 @@ def _summary(args: argparse.Namespace) -> None:
 def _export_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.export import export_onnx
 
-    p.add_argument("--checkpoint", required=True, help="the truncated base (model.safetensors)")
-    p.add_argument("--adapter", help="a user's adapter file, merged in before export (default: the base)")
+    p.add_argument("--checkpoint", required=True, help="the base model (model.safetensors)")
+    p.add_argument("--adapter", help="a user's adapter file, merged in before export (default: the base alone)")
     p.add_argument(
         "--merge",
         choices=("extend", "densify"),
-        help="for LoRA-family adapters: keep an exact factorization of rank d + r (extend) or dense layers",
+        help="how to merge an adapter that cannot keep the base's rank d (LoRA and its family need one): extend "
+        "keeps exact factors of rank d + r, densify makes the layers dense",
     )
-    p.add_argument("--image-size", type=image_side, nargs=2, metavar=("H", "W"), help="default: the checkpoint's")
+    p.add_argument(
+        "--image-size",
+        type=image_side,
+        nargs=2,
+        metavar=("H", "W"),
+        help="input height and width (default: the checkpoint's)",
+    )
     p.add_argument("--out", required=True, help="the ONNX file to write")
     p.add_argument("--program", help="also write the torch.export program here (.pt2)")
     tta_option(p, "export the model")
@@ -58,7 +70,7 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
         "--tolerance",
         type=non_negative_number,
         default=default_of(export_onnx, "tolerance"),
-        help="largest relative difference accepted (default %(default)g)",
+        help="largest relative difference accepted between onnxruntime's outputs and PyTorch's (default %(default)g)",
     )
     p.add_argument(
         "--verbose",
@@ -147,12 +159,17 @@ def _reason(error: BaseException, verbose: bool) -> str:
 SUMMARY = Command(
     "summary",
     help="parameter summary of a registered model, dense and truncated",
+    description="Print a model's parameter counts, dense and after SVD truncation at --rank (counts only: no "
+    "SVD is computed).",
     add_arguments=_summary_arguments,
     run=_summary,
 )
 EXPORT = Command(
     "export",
     help="write a (personalized, merged) model as ONNX, checked against onnxruntime; optionally torch.export",
+    description="Merge a user's adapter into the base (if given) and write the model as one ONNX file, whose "
+    "outputs are checked against PyTorch's under onnxruntime; --program also writes a torch.export program "
+    "(docs/deploy.md, Export).",
     add_arguments=_export_arguments,
     run=_export,
     outputs={"out": False, "program": False},

@@ -34,9 +34,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="the run's records (resumed if present)")
     _common(p)
     p.add_argument(
-        "--data-to", type=Path, metavar="FILE", help="also copy the results there (docs/data/llm/bench.json)"
+        "--data-to",
+        type=Path,
+        metavar="FILE",
+        help="also copy the results to this file (e.g. docs/data/llm/bench.json)",
     )
-    p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the page there (docs/llm.md)")
+    p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the page to this file (e.g. docs/llm.md)")
 
 
 def _config(args: argparse.Namespace):  # noqa: ANN202 (a study type; imported here only)
@@ -101,7 +104,7 @@ def _time_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replace the step timing the record holds (without it, a record that holds one is refused)",
     )
-    p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the page there (docs/llm.md)")
+    p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the page to this file (e.g. docs/llm.md)")
     quiet_option(p)
 
 
@@ -152,12 +155,15 @@ def _time(args: argparse.Namespace) -> None:
 LLM = Command(
     "llm",
     help="the paper's §4.8 in miniature: Alfa, LoRA, DoRA on a small diffusion language model (docs/llm.md)",
+    description="Alfa against LoRA, DoRA and full fine-tuning on a small masked-diffusion language model, trained "
+    "here on generated arithmetic, Countdown and Sudoku problems: pretrain the model, bench the methods, time "
+    "their training steps (docs/llm.md).",
     extra="study",
     subcommands=(
         Command(
             "pretrain",
             help="pretrain the small masked-diffusion model on generated tasks (cached; resumes)",
-            description="Trains the base model of the bench (or the --smoke one) on the pretraining formats of "
+            description="Train the base model of the bench (or the --smoke one) on the pretraining formats of "
             "arithmetic, Countdown and 4x4 Sudoku, keeping its weights under --cache/<config digest>; a finished "
             "model is reused, an interrupted one resumed. About 15 minutes on one core.",
             add_arguments=_common,
@@ -166,9 +172,9 @@ LLM = Command(
         ),
         Command(
             "bench",
-            help="adapt the pretrained model with 1,000 held-out-format problems by each method; score and page",
-            description="Pretrains the base if needed, then adapts it with Alfa, LoRA, DoRA and full fine-tuning "
-            "(rates chosen on a validation split by the declared rule, three seeds) and scores every method and "
+            help="adapt the pretrained model to a held-out problem format with each method; score it, write the page",
+            description="Pretrain the base if needed, then adapt it with Alfa, LoRA, DoRA and full fine-tuning "
+            "(rates chosen on a validation split by the declared rule, three seeds) and score every method and "
             "the unadapted model by exact match on held-out-format test problems. Records go to --out (resumed); "
             "--data-to and --markdown write docs/data/llm/bench.json and docs/llm.md. About 25 minutes on one "
             "core after pretraining; --smoke about a minute.",
@@ -179,7 +185,7 @@ LLM = Command(
         Command(
             "time",
             help="time a finished bench's training steps again, every round kept, without the pretraining",
-            description="Times one training step (forward, backward, AdamW) of each of the bench's methods in turn, "
+            description="Time one training step (forward, backward, AdamW) of each of the bench's methods in turn, "
             "round after round, on the architecture, batch and rounds of the bench's config, built with random "
             "weights (a step's time depends on the shapes, not on the weights' values, so neither the pretraining "
             "nor its cache is needed), on one thread. Every round's time goes into --record (written atomically; "

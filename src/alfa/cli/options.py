@@ -14,6 +14,7 @@ import torch
 from alfa.gaze.precision import PRECISIONS, default_precision
 
 __all__ = [
+    "MODEL_HELP",
     "deterministic_kernels",
     "at_least",
     "positive_rate",
@@ -21,8 +22,10 @@ __all__ = [
     "fraction",
     "image_side",
     "worker_count",
+    "data_help",
     "device_option",
     "precision_option",
+    "precision_help",
     "run_precision_of",
     "allow_partial_option",
     "seed_option",
@@ -47,14 +50,13 @@ def deterministic_kernels() -> None:
 
 
 DEVICE_HELP = (
-    "auto (CUDA when present, else the CPU), cpu, cuda or cuda:N (default %(default)s); checkpoints load onto any "
-    "device and are always saved from CPU copies"
+    "auto (CUDA when present, else the CPU), cpu, cuda or cuda:N (default %(default)s); a checkpoint saved on one "
+    "device loads on any"
 )
-PRECISION_HELP = (
-    "fp32, or bf16 / fp16 autocast of the model's forwards (losses, optimizer steps and the SVD stay fp32; fp16 "
-    "training scales its gradients)"
-)
-DEVICE_DEFAULT = "bf16 on CUDA, fp32 on the CPU"
+PRECISION_DEFAULT = "bf16 on CUDA, fp32 on the CPU"
+DATA_SPECS = "docs/real-data.md"
+"""The page that lists the forms of a dataset spec (``synthetic:<world>``, ``gazehub:<dataset>:<root>``, ...)."""
+MODEL_HELP = "the model to build (default %(default)s; an unknown name lists the registered ones)"
 ALLOW_PARTIAL_HELP = "exit 0 even if some persons failed (by default any failure exits 2, after the others are done)"
 QUIET_HELP = "no progress output, only the results"
 
@@ -139,6 +141,11 @@ def worker_count(text: str) -> int:
     return value
 
 
+def data_help(what: str, example: str = "synthetic:mpii") -> str:
+    """The help of a ``--data`` option: ``what`` it reads, named by a dataset spec, and the page of the forms."""
+    return f"{what}: a dataset spec, e.g. {example} (the forms: {DATA_SPECS})"
+
+
 def device_option(parser: argparse.ArgumentParser) -> None:
     """``--device``, for every command that runs a model (:func:`alfa.gaze.devices.resolve_device` reads it)."""
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
@@ -148,13 +155,28 @@ def precision_option(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     choices: Sequence[str] = PRECISIONS,
     note: str | None = None,
-    default: str = DEVICE_DEFAULT,
+    default: str = PRECISION_DEFAULT,
+    trains: bool = True,
 ) -> None:
     """``--precision``, for every command that runs a model; ``choices`` narrows it where a precision cannot
     be offered, ``note`` says what the command keeps out of it, ``default`` says what it runs without the
-    option. Its value is ``None`` unless given: :func:`run_precision_of` resolves that for the device."""
-    help_text = f"{PRECISION_HELP}; default: {default}" + (f"; {note}" if note else "")
+    option, ``trains`` whether the command trains (its losses and optimizer steps then stay fp32 too). Its
+    value is ``None`` unless given: :func:`run_precision_of` resolves that for the device."""
+    help_text = f"{precision_help(choices, trains)}; default: {default}" + (f"; {note}" if note else "")
     parser.add_argument("--precision", choices=tuple(choices), help=help_text)
+
+
+def precision_help(choices: Sequence[str], trains: bool = True) -> str:
+    """What ``--precision`` does with ``choices``, naming no precision it does not offer."""
+    lower = [c for c in choices if c != "fp32"]
+    if not lower:
+        return "fp32 only"
+    kept = "losses, optimizer steps and any SVD stay fp32" if trains else "the errors are computed in fp32"
+    scaled = (
+        "; fp16 training scales the loss so that its gradients do not underflow" if trains and "fp16" in lower else ""
+    )
+    head = "fp32, or " if "fp32" in choices else ""
+    return f"{head}the model's forwards in {' / '.join(lower)} (torch.autocast; {kept}{scaled})"
 
 
 def run_precision_of(args: argparse.Namespace, device: torch.device) -> str:

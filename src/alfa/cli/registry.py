@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Command", "PACKAGE_EXTRAS", "add_commands", "missing_package"]
+__all__ = ["Command", "HelpFormatter", "PACKAGE_EXTRAS", "add_commands", "missing_package"]
 
 PACKAGE_EXTRAS = {
     "kornia": "gaze",
@@ -62,6 +62,22 @@ class Command:
     subcommands: tuple[Command, ...] = ()
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help layout, except that a line never breaks at a hyphen: a path (docs/real-data.md), an option
+    (--n-adapt) or a name (eth-xgaze-h5) in a help text stays whole, so that it can be copied."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+
+
 def add_commands(
     subparsers: argparse._SubParsersAction, commands: tuple[Command, ...], path: tuple[str, ...] = ()
 ) -> None:
@@ -70,7 +86,9 @@ def add_commands(
     toy"``, for messages), ``command_extra`` and ``stand_in`` (true for a command that cannot run here, see
     :func:`_stand_in`)."""
     for command in commands:
-        parser = subparsers.add_parser(command.name, help=command.help, description=command.description)
+        parser = subparsers.add_parser(
+            command.name, help=command.help, description=command.description, formatter_class=HelpFormatter
+        )
         names = (*path, command.name)
         if command.subcommands:
             inner = parser.add_subparsers(dest=f"{command.name}_command", required=True)

@@ -142,10 +142,13 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     limits = ServiceLimits()
     p.add_argument(
         "--checkpoint",
-        help="the base (model.safetensors), truncated; a dense one serves only corrections (alfa calibrate); required "
-        "unless --selftest",
+        help="the base model (model.safetensors): a truncated one, or a dense one for alfa calibrate's corrections "
+        "only; required unless --selftest",
     )
-    p.add_argument("--adapters", help="folder of <user>.safetensors adapter files; required unless --selftest")
+    p.add_argument(
+        "--adapters",
+        help="folder of <user>.safetensors files (alfa personalize's or alfa calibrate's); required unless --selftest",
+    )
     p.add_argument("--host", default=default_of(make_server, "host"), help="address to listen on (default %(default)s; "
                    "anything but loopback without a token gets a warning)")  # fmt: skip
     p.add_argument("--port", type=_port, default=default_of(make_server, "port"),
@@ -172,6 +175,9 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 SERVE = Command(
     "serve",
     help="an HTTP gaze service: one shared base, each user's adapter loaded on first use",
+    description="Serve gaze predictions over HTTP for many users on one shared base model: POST /predict?user=ID "
+    "with a face crop, POST /predict/photo?user=ID with a photo, GET /health; each user's adapter file is read "
+    "from --adapters on first use. --selftest puts the service under load instead (docs/deploy.md).",
     add_arguments=_serve_arguments,
     run=_serve,
     outputs={"access_log": False},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .options import default_of, seed_option
+from .options import MODEL_HELP, default_of, seed_option
 from .registry import Command
 
 __all__ = ["EXAMPLE", "SPEED", "SERVING", "PAGES", "COSTS"]
@@ -62,7 +62,7 @@ def _speed_arguments(p: argparse.ArgumentParser) -> None:
         "--transformers",
         action="store_true",
         help="measure only the section on transformer layers (Alfa vs LoRA/DoRA on d×d layers and a small Llama; "
-        "needs transformers) and add it to the page",
+        "needs the hf extra's transformers package) and add it to the page",
     )
 
 
@@ -132,12 +132,10 @@ def _costs_arguments(parser: argparse.ArgumentParser) -> None:
 
     from alfa.study.bench import costs
 
-    parser.description = costs.__doc__.split("\n\n")[0]
-
     def default(name: str):
         return default_of(costs.cost_table, name)
 
-    parser.add_argument("--model", default=default("model_name"), help="registered model (default %(default)s)")
+    parser.add_argument("--model", default=default("model_name"), help=MODEL_HELP)
     parser.add_argument("--rank", type=int, default=default("rank"), help="SVD truncation rank d (default %(default)s)")
     parser.add_argument(
         "--batch", type=int, default=default("batch"), help="images per step, each also flipped (default %(default)s)"
@@ -156,7 +154,10 @@ def _costs_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-dense", action="store_true", help="skip the untruncated rows")
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     parser.add_argument(
-        "--update-doc", type=Path, metavar="MD", help="also write the table between the costs markers of this page"
+        "--update-doc",
+        type=Path,
+        metavar="MD",
+        help="also write the table into this page, between its <!-- costs:begin --> and <!-- costs:end --> lines",
     )
 
 
@@ -194,6 +195,9 @@ def _costs(args: argparse.Namespace) -> None:
 EXAMPLE = Command(
     "example",
     help="library tour: truncate, attach Alfa, train a few steps, save, merge",
+    description="Walk through the library on random images, printing each step: truncate ResNet-18 by SVD, "
+    "attach an Alfa adapter, train it a few steps with the flip loss, save it, merge it. It shows the mechanics "
+    "and their costs, not accuracy (alfa demo does that).",
     add_arguments=_example_arguments,
     run=_example,
     extra="study",
@@ -201,6 +205,8 @@ EXAMPLE = Command(
 SPEED = Command(
     "speed",
     help="time a personalization step and inference (dense, truncated, merged)",
+    description="Time one personalization step (Alfa, the head alone, full fine-tuning) and inference (dense, "
+    "truncated, merged) on this machine, and measure each one's peak memory; prints the page, --out writes it.",
     add_arguments=_speed_arguments,
     run=_speed,
     outputs={"out": False},
@@ -208,7 +214,10 @@ SPEED = Command(
 )
 SERVING = Command(
     "serving",
-    help="measure many users per batch on one shared base against merged models",
+    help="throughput of many users per batch on one shared base, against merged models",
+    description="Measure the throughput of batches that mix 1, 8 or 64 users' adapters on one shared base, "
+    "against one merged model and against switching merged models per request, and the memory each added user "
+    "costs (docs/deploy.md).",
     add_arguments=_serving_arguments,
     run=_serving,
     outputs={"out": False},
@@ -217,10 +226,10 @@ SERVING = Command(
 PAGES = Command(
     "pages",
     help="check (default) or rewrite the generated pages of docs/ from their committed data",
-    description="Every generated page of docs/ is made from data committed under docs/data/; this renders "
-    "each page and its figures from that data and compares them with the committed files, pages byte for byte "
-    "and figures by the data they plot (saved beside each PNG) "
-    "(--check, the default; exit 2 on a difference) or rewrites them (--write).",
+    description="Every generated page of docs/ is made from data committed under docs/data/. --check (the "
+    "default) renders each page and its figures from that data and compares them with the committed files (pages "
+    "byte for byte, figures by the data they plot, saved beside each PNG), exiting 2 on a difference; --write "
+    "rewrites them.",
     add_arguments=_pages_arguments,
     run=_pages,
     extra="study",
@@ -228,6 +237,9 @@ PAGES = Command(
 COSTS = Command(
     "costs",
     help="cost table of every adapter method: parameters, file sizes, step time, latency",
+    description="For each adapter method at its default settings on one truncated model (random weights: the "
+    "costs do not depend on them): trainable parameters, parameters after merging, the adapter file's size, the "
+    "time of one personalization step and of one inference forward.",
     add_arguments=_costs_arguments,
     run=_costs,
     outputs={"json": False, "update_doc": False},

@@ -15,6 +15,7 @@ from .gaze import open_spec, seed_everything
 from .options import (
     allow_partial_option,
     at_least,
+    data_help,
     device_option,
     fraction,
     non_negative_number,
@@ -143,11 +144,16 @@ def _meta_train_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.gaze.tpgaze import INNER_OPTIMIZERS, QUERIES, MetaTrainConfig
 
     meta = MetaTrainConfig()
-    p.add_argument("--checkpoint", required=True, help="the source model: dense pre-trained or truncated+recovered")
-    p.add_argument("--data", required=True, help="the source dataset spec the model was trained on")
-    p.add_argument("--val-data", help="held-out source persons (default: the checkpoint's)")
-    p.add_argument("--out", default="runs/tpgaze-meta", help="output folder (an unfinished run there resumes)")
-    g = p.add_argument_group("meta-training (defaults: the reference code's)")
+    p.add_argument(
+        "--checkpoint", required=True, help="the source model, from alfa pretrain or alfa truncate (model.safetensors)"
+    )
+    p.add_argument("--data", required=True, help=data_help("the source data the model was trained on", "synthetic:eth"))
+    p.add_argument(
+        "--val-data",
+        help="held-out source persons, as a dataset spec (default: those the checkpoint's training held out)",
+    )
+    p.add_argument("--out", default="runs/tpgaze-meta", help="output folder (default %(default)s; resumes a run there)")
+    g = p.add_argument_group("meta-training (defaults: TPGaze's published code's; docs/tpgaze.md)")
     g.add_argument("--epochs", type=at_least(1), default=meta.epochs, help="epochs (default %(default)s)")
     g.add_argument(
         "--steps-per-epoch",
@@ -159,7 +165,8 @@ def _meta_train_arguments(p: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=at_least(1),
         default=meta.batch_size,
-        help="images per support and per query batch (default %(default)s)",
+        help="images per support batch, which the inner step adapts on, and per query batch, which the outer step "
+        "scores (default %(default)s)",
     )
     g.add_argument(
         "--outer-lr", type=positive_rate, default=meta.outer_lr, help="Adam lr of the outer step (default %(default)g)"
@@ -171,7 +178,7 @@ def _meta_train_arguments(p: argparse.ArgumentParser) -> None:
         "--inner-optimizer",
         choices=INNER_OPTIMIZERS,
         default=meta.inner_optimizer,
-        help="inner step rule (default %(default)s)",
+        help="optimizer of the inner step (default %(default)s)",
     )
     g.add_argument(
         "--inner-steps",
@@ -183,42 +190,51 @@ def _meta_train_arguments(p: argparse.ArgumentParser) -> None:
         "--query",
         choices=QUERIES,
         default=meta.query,
-        help="query batch: the next batch or the support (default %(default)s)",
+        help="the query batch: the next batch, or the support batch again (default %(default)s)",
     )
     g.add_argument(
         "--init-std",
         type=non_negative_number,
         default=TPGazeConfig().init_std,
-        help="σ of the Gaussian prompt init (default %(default)s)",
+        help="standard deviation of the prompts' Gaussian initial values (default %(default)s)",
     )
     g.add_argument(
         "--val-fraction",
         type=fraction,
         default=meta.val_fraction,
-        help="share of source persons held out, without a split (default %(default)s)",
+        help="share of source persons held out when neither --val-data nor the checkpoint names them (default "
+        "%(default)s)",
     )
     seed_option(g, "the prompt init and task sampling", meta.seed)
     quiet_option(g)
     device_option(p)
-    precision_option(
-        p,
-        choices=("fp32", "bf16"),
-        note="fp16 is not offered: the meta-gradients are taken outside any optimizer a gradient scaler could unscale",
-    )
+    # fp16 is not offered: the meta-gradients are taken outside any optimizer a gradient scaler could unscale
+    precision_option(p, choices=("fp32", "bf16"))
 
 
 def _personalize_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.gaze.tpgaze import tpgaze_recipe
 
     recipe = tpgaze_recipe()
-    p.add_argument("--checkpoint", required=True, help="the base model the prompts were meta-trained on")
-    p.add_argument("--data", required=True, help="target dataset spec, e.g. synthetic:mpii")
-    p.add_argument("--meta", help="meta-trained prompts (prompts.safetensors from `alfa tpgaze meta-train`)")
-    p.add_argument("--no-meta", action="store_true", help="start from Gaussian prompts (TPGaze without meta)")
+    p.add_argument("--checkpoint", required=True, help="the model the prompts were meta-trained on")
+    p.add_argument("--data", required=True, help=data_help("the target persons"))
+    p.add_argument("--meta", help="the meta-trained prompts (prompts.safetensors from alfa tpgaze meta-train)")
     p.add_argument(
-        "--out", default="runs/tpgaze-adapters", help="prompt-file folder (persons already done are skipped)"
+        "--no-meta",
+        action="store_true",
+        help="instead of --meta: start from random Gaussian prompts (no meta-training)",
     )
-    p.add_argument("--preset", choices=("real", "demo"), default="real", help="demo: the demo's blur kernel")
+    p.add_argument(
+        "--out",
+        default="runs/tpgaze-adapters",
+        help="prompt-file folder (default %(default)s; persons already done are skipped)",
+    )
+    p.add_argument(
+        "--preset",
+        choices=("real", "demo"),
+        default="real",
+        help="the augmentation: real: the paper's; demo: the demo's smaller blur (default %(default)s)",
+    )
     p.add_argument("--steps", type=at_least(1), help=f"Adam steps per person (default {recipe.steps})")
     p.add_argument("--lr", type=positive_rate, help=f"Adam learning rate (default {recipe.lr:g})")
     p.add_argument("--n-adapt", type=at_least(1), help=f"adaptation images per person (default {recipe.n_adapt})")
@@ -233,18 +249,25 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
 TPGAZE = Command(
     "tpgaze",
     help="the TPGaze baseline: meta-trained padding prompts",
+    description="TPGaze, the test-time personalization baseline: prompts (learned values in place of the zero "
+    "padding of the first convolutions) meta-trained on the source, then trained per target person without "
+    "labels; alfa evaluate scores the prompt files as it scores adapters (docs/tpgaze.md).",
     extra="gaze",
     subcommands=(
         Command(
             "meta-train",
             help="meta-train the prompts on the source (resumable)",
+            description="Meta-train TPGaze's prompts on the source persons, with the model frozen, so that a few "
+            "label-free steps on a new person lower its error; writes prompts.safetensors to --out (docs/tpgaze.md).",
             add_arguments=_meta_train_arguments,
             run=_meta_train,
             outputs={"out": True},
         ),
         Command(
             "personalize",
-            help="one prompt file per target person (Adam lr 0.01, 10 steps)",
+            help="one prompt file per target person, from the meta-trained prompts",
+            description="For each target person, train the prompts from --meta (or random ones with --no-meta) on "
+            "the person's first --n-adapt images, without labels, and save them in --out (docs/tpgaze.md).",
             add_arguments=_personalize_arguments,
             run=_personalize,
             outputs={"out": True},
