@@ -261,7 +261,8 @@ BENCH = Command(
     "bench",
     help="the cross-domain benchmark: every method on synthetic source→target pairs, seeds, ablations, costs",
     description="Run (or resume) the benchmark: source models, then every method on each source→target pair and "
-    "seed, and the ablations; the records go to OUT/results.json, which alfa report turns into docs/results.md. "
+    "seed, and the ablations; the records go to OUT/results.json, which alfa report turns into a page (the second "
+    "protocol's pages are made by bash scripts/keep_records.sh). "
     "--dry-run lists what would run.",
     add_arguments=_bench_arguments,
     run=_bench,
@@ -272,7 +273,7 @@ BENCH = Command(
 )
 REPORT = Command(
     "report",
-    help="generate docs/results.md and its figures from a benchmark's results.json",
+    help="generate a results page (default docs/results.md) and its figures from a benchmark's results.json",
     description="Render the benchmark report (tables, verdicts, figures) from results.json; the page is generated, "
     "so it is never edited by hand.",
     add_arguments=_report_arguments,
