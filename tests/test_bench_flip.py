@@ -159,7 +159,7 @@ def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it
     # the first grid's caveat belongs to the first protocol's pages only (v1 results; the committed flip page)
     committed = (Path(__file__).resolve().parent.parent / "docs/results-flip.md").read_text(encoding="utf-8")
     assert "How much to trust the grid" not in text and "How much to trust the grid" in committed
-    assert "Positive controls (" not in text and "1 recipe-selection records" in text
+    assert "Positive controls (" not in text and "1 recipe selection on the stand-in" in text
     # the second protocol's words: its stand-ins, its rule and its cases, and the shipped default's row
     assert "the second protocol's rule (`docs/flip-premise.md` §7" in text
     assert (

@@ -277,7 +277,7 @@ def test_report_file_regenerates_identically(tmp_path):
     assert "| Alfa | **6.00 ± 1.00** | 5.10 ± 0.10 |" in text
     assert "60.0 min wall time, 50.0 min CPU time" in text
     assert "`alfa bench --full --out fixture`" in text
-    assert "| alfa[H=1] | 1 | 7.00 ± 1.00 |" in text
+    assert "| alfa[H=1] | 1 | 0–2 | 7.00 ± 1.00 |" in text
     assert (
         "Flip-symmetry loss against augmentation consistency: Alfa − alfa[loss=augment] = +1.00° [1.00, 1.00]" in text
     )
@@ -496,14 +496,14 @@ def test_roll_and_flip_roll_selected_rows_are_rows_of_the_loss_ablation():
         ("alfa[loss=flip+roll][selected]", "E→M"): (4.0, 4.5, 5.0),
     }
     section = _loss_section(render_report(fixture_results(means)))
-    rows = [line.split(" | ")[:3] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    rows = [line.split(" | ")[:4] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[1:] == [
-        ["| source-only (truncated base)", "none", "10.00 ± 1.00"],
-        ["| Alfa", "flip", "6.00 ± 1.00"],
-        ["| Alfa (selected recipe)", "flip", "6.50 ± 1.00"],
-        ["| alfa[loss=augment]", "augment", "5.00 ± 1.00"],
-        ["| alfa[loss=roll] (selected recipe)", "roll", "5.50 ± 1.00"],
-        ["| alfa[loss=flip+roll] (selected recipe)", "flip+roll", "4.50 ± 0.50"],
+        ["| source-only (truncated base)", "none", "0–2", "10.00 ± 1.00"],
+        ["| Alfa", "flip", "0–2", "6.00 ± 1.00"],
+        ["| Alfa (selected recipe)", "flip", "0–2", "6.50 ± 1.00"],
+        ["| alfa[loss=augment]", "augment", "0–2", "5.00 ± 1.00"],
+        ["| alfa[loss=roll] (selected recipe)", "roll", "0–2", "5.50 ± 1.00"],
+        ["| alfa[loss=flip+roll] (selected recipe)", "flip+roll", "0–2", "4.50 ± 0.50"],
     ]
     assert "flip symmetry against the other objectives" in section and "roll consistency, flip + roll" in section
 
@@ -512,8 +512,8 @@ def test_a_roll_selected_row_alone_still_gets_the_loss_table_and_alfa_selected_a
     base = {k: v for k, v in MEANS.items() if k[0] != "alfa[loss=augment]"}
     alone = {**base, ("alfa[loss=roll][selected]", "E→M"): (4.5, 5.5, 6.5)}
     section = _loss_section(render_report(fixture_results(alone)))
-    assert "| alfa[loss=roll] (selected recipe) | roll | 5.50 ± 1.00 | — | 5.50 ± 1.00 |" not in section
-    assert "| alfa[loss=roll] (selected recipe) | roll | 5.50 ± 1.00 | 5.50 ± 1.00 |" in section  # E→M only
+    assert "| alfa[loss=roll] (selected recipe) | roll | 0–2 | 5.50 ± 1.00 | — | 5.50 ± 1.00 |" not in section
+    assert "| alfa[loss=roll] (selected recipe) | roll | 0–2 | 5.50 ± 1.00 | 5.50 ± 1.00 |" in section  # E→M only
     # Alfa's own selected row is a Table 1 row: alone it makes no loss ablation
     only_main = render_report(fixture_results({**base, ("alfa[selected]", "E→M"): (5.5, 6.5, 7.5)}))
     assert "### Self-supervised loss" not in only_main

@@ -27,8 +27,9 @@ from alfa.adapters import AdapterConfig, AlfaConfig, DiagGateConfig, LinearMixCo
 from alfa.gaze.objectives import OBJECTIVES
 from alfa.gaze.personalize import PersonalizeConfig
 
+from .markdown import spans
 from .names import SELECTED, display_name
-from .stats import Index, diff, part, pooled
+from .stats import Diff, Index, cell_on, diff, part, pooled
 from .variants import Variant, VariantSettings, alfa_config, main_variants
 
 __all__ = [
@@ -105,26 +106,41 @@ class Evidence:
         self.present = {m for (m, _, _) in idx}
         self.lines: list[str] = []
 
+    def shared(self, a: str, b: str, d: Diff, pairs: Sequence[str]) -> str:
+        """``", on seeds 3–5 (those both rows have)"`` where ``d`` is on other seeds than either row's mean over
+        ``pairs``: a difference pairs the rows seed by seed, while the table gives each row's mean over its own
+        seeds, so a reader needs the seeds to see why ``d`` is not the difference of the table's means."""
+        own = [pooled(self.idx, m, pairs) for m in (a, b)]
+        if all(s is not None and s.values.keys() == d.per_seed.keys() for s in own):
+            return ""
+        return f", on seeds {spans(d.per_seed)} (those both rows have)"
+
     def compare(self, a: str, b: str, what: str) -> None:
-        """``"<what>: A − B = Δ° [lo, hi] ..."`` when both rows ran."""
+        """``"<what>: A − B = Δ° [lo, hi] ..."`` when both rows ran (on the seeds both have, said where those are
+        not each row's own)."""
         if a in self.present and b in self.present:
             d = diff(self.idx, a, b, self.pairs)
             if d is not None:
-                self.lines.append(f"{what}: {display_name(a)} − {display_name(b)} = {d.describe()}.")
+                on = self.shared(a, b, d, self.pairs)
+                self.lines.append(f"{what}{on}: {display_name(a)} − {display_name(b)} = {d.describe()}.")
 
     def per_pair(self, a: str, b: str, what: str) -> None:
         """``"<what>, per pair: A − B = p₁ Δ [lo, hi]; ...: the mean error is not below on k of n pairs (...)"``
-        when both rows ran."""
+        when both rows ran; the seeds both rows have are said once where every pair's are the same, else per
+        pair, where they are not each row's own."""
         if a not in self.present or b not in self.present:
             return
         per = [(p, d) for p in self.pairs if (d := diff(self.idx, a, b, [p])) is not None]
         if not per:
             return
+        notes = [self.shared(a, b, d, [p]) for p, d in per]
+        once = notes[0] if len(set(notes)) == 1 else ""
+        seeds = ["" if once or not note else f" (seeds {spans(d.per_seed)})" for (_, d), note in zip(per, notes)]
         not_below = [p for p, d in per if d.mean >= 0]
         where = f"not below on {len(not_below)} of {len(per)} pairs ({', '.join(not_below)})"
         self.lines.append(
-            f"{what}, per pair: {display_name(a)} − {display_name(b)} = "
-            + "; ".join(f"{p} {d.compact()}" for p, d in per)
+            f"{what}{once}, per pair: {display_name(a)} − {display_name(b)} = "
+            + "; ".join(f"{p} {d.compact()}{on}" for (p, d), on in zip(per, seeds))
             + f"; the mean error is {where if not_below else f'below on all {len(per)} pairs'}"
             + f" ({sum(d.clear for _, d in per)} of the {len(per)} clear)."
         )
@@ -132,12 +148,21 @@ class Evidence:
     def sweep(self, family: str, setting: str) -> None:
         """The mean error of ``family``'s rows by numeric value of ``setting``, the lowest of those means and
         their trend (point estimates: the steps between values are not judged), and the last value against the
-        first (judged)."""
+        first (judged). The means are on the seeds every value has where the rows' seeds differ (a trend
+        across means of other seeds would mix the seeds' spread into it); with no seed shared, each on its own."""
         values = sorted(v for (f, v) in self.by_value if f == family and isinstance(v, (int, float)))
         stats = [(v, pooled(self.idx, self.by_value[(family, v)], self.pairs)) for v in values]
         stats = [(v, s) for v, s in stats if s is not None]
         if len(stats) < 2:
             return
+        on = ""
+        if len({tuple(s.values) for _, s in stats}) > 1:
+            common = set.intersection(*(set(s.values) for _, s in stats))
+            if common:
+                stats = [(v, cell_on(self.idx, self.by_value[(family, v)], self.pairs, common)) for v, _ in stats]
+                on = f", on seeds {spans(common)} (those every value has)"
+            else:
+                on = ", each on its own seeds (no seed has every value)"
         series = ", ".join(f"{setting}={v:g}: {s.mean:.2f}" for v, s in stats)
         best = min(stats, key=lambda t: t[1].mean)
         steps = [b[1].mean - a[1].mean for a, b in zip(stats, stats[1:])]
@@ -145,8 +170,8 @@ class Evidence:
             "decreasing" if all(x < 0 for x in steps) else "increasing" if all(x > 0 for x in steps) else "not monotone"
         )
         self.lines.append(
-            f"{display_name(family)} error (mean over {', '.join(self.pairs)}) by {setting}: {series} deg; of these "
-            f"{len(stats)} means the lowest is at {setting}={best[0]:g}; the means are {trend} in {setting}."
+            f"{display_name(family)} error (mean over {', '.join(self.pairs)}{on}) by {setting}: {series} deg; of "
+            f"these {len(stats)} means the lowest is at {setting}={best[0]:g}; the means are {trend} in {setting}."
         )
         first, last = self.by_value[(family, stats[0][0])], self.by_value[(family, stats[-1][0])]
         self.compare(last, first, f"{setting}={stats[-1][0]:g} against {setting}={stats[0][0]:g}")
@@ -561,7 +586,8 @@ def _anchor_verdicts(e: Evidence) -> None:
             )
             d = diff(e.idx, lab, f, e.pairs, part("pitch")) if f in e.present and lab in e.present else None
             if d is not None:
-                e.lines.append(f"Pitch error, {display_name(lab)} − {display_name(f)} = {d.describe()}.")
+                on = e.shared(lab, f, d, e.pairs)
+                e.lines.append(f"Pitch error{on}, {display_name(lab)} − {display_name(f)} = {d.describe()}.")
     for (f, v), lab in sorted(e.by_value.items(), key=lambda t: str(t[0])):
         if f == "alfa" and v and ("lora", v) in e.by_value:
             e.compare(lab, e.by_value[("lora", v)], f"With the pitch anchor (weight {v:g}), Alfa against LoRA")

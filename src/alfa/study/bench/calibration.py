@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .record import Record
-from .report_prose import DECLARED_RUN
+from .report_prose import declared_run
 from .stats import Stat, cell, index_records
 
 if TYPE_CHECKING:  # the caller computes the progress: a page module never imports the runner's plan
@@ -328,5 +328,5 @@ def _checks_section(results: Mapping[str, Any], progress: DeclaredRunProgress | 
     verdict = "The worlds are calibrated." if held == len(conditions) else "**The worlds are not calibrated.**"
     lines += ["", f"{held} of {len(conditions)} conditions hold. {verdict}", ""]
     if progress is not None:  # the calibration record is the first part of the declared run: how far it is
-        lines += [DECLARED_RUN.format(**dataclasses.asdict(progress)), ""]
+        lines += [declared_run(**dataclasses.asdict(progress)), ""]
     return lines

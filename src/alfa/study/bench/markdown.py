@@ -3,9 +3,9 @@ flip-premise sections both write them)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-__all__ = ["table", "number", "span"]
+__all__ = ["table", "number", "span", "spans"]
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
@@ -25,3 +25,15 @@ def number(x: float | None, digits: int = 2, unit: str = "") -> str:
 def span(values: Sequence[int]) -> str:
     """A run of consecutive seeds (or epochs) as ``first–last``."""
     return f"{values[0]}–{values[-1]}"
+
+
+def spans(values: Iterable[int]) -> str:
+    """Seeds (or epochs) in any number as their runs of consecutive values, each ``first–last`` (:func:`span`)
+    and a lone value alone: ``0–2, 5``; ``—`` when there are none."""
+    runs: list[list[int]] = []
+    for v in sorted(set(values)):
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(span(run) if len(run) > 1 else str(run[0]) for run in runs) or "—"

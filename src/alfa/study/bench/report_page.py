@@ -288,6 +288,27 @@ def _runs_lines(results: dict[str, Any], records: Sequence[Record]) -> list[str]
 # ----------------------------------------------------------------------------- the sections, in page order
 
 
+def _record_kinds(records: Sequence[Record]) -> str:
+    """What the file's records are, where some are no table row: the header counts every record of the file
+    (as the declared run and the costs do), so it says how many of them the tables read and what the others are."""
+    selections = [x for x in records if x.kind == "selection"]
+    scored = [x for x in records if x.kind != "selection"]
+    controls = [x for x in scored if x.pair in CONSTRUCTED_CONTROLS]
+    no_error = [x for x in scored if x.pair not in CONSTRUCTED_CONTROLS and x.error_deg is None]
+    others = []
+    if selections:
+        others.append(prose.SELECTION_KIND.format(count=prose.counted(len(selections), "recipe selections")))
+    if controls:
+        pairs = ", ".join(p for p in CONSTRUCTED_CONTROLS if any(x.pair == p for x in controls))
+        others.append(prose.CONTROL_KIND.format(count=len(controls), pairs=pairs))
+    if no_error:
+        others.append(prose.NO_ERROR_KIND.format(count=len(no_error)))
+    if not others:
+        return ""
+    rows = prose.TABLE_ROW_RECORDS.format(count=len(scored) - len(controls) - len(no_error))
+    return prose.RECORD_KINDS.format(parts=prose.listed([rows, *others]))
+
+
 def _header_section(r: _Report) -> list[str]:
     worlds = _worlds(r.results)
     lines = [
@@ -299,7 +320,8 @@ def _header_section(r: _Report) -> list[str]:
             command=r.command,
             source=r.source,
             preset=r.results.get("preset"),
-            records=len(r.idx),
+            records=len(r.records),
+            kinds=_record_kinds(r.records),
             seeds=", ".join(map(str, r.seeds)) or "—",
         ),
         "",
@@ -307,12 +329,12 @@ def _header_section(r: _Report) -> list[str]:
     if r.results.get("preset") in prose.NO_CLAIM_PRESETS:
         lines += [prose.NO_CLAIMS.format(preset=r.results["preset"]), ""]
     if r.progress is not None:  # a run still being made: what it lacks, before any number is read
-        lines += [prose.DECLARED_RUN.format(**dataclasses.asdict(r.progress)), ""]
+        lines += [prose.declared_run(**dataclasses.asdict(r.progress)), ""]
     selection = [rec for rec in r.records if rec.kind == "selection"]
     if selection:
         present = {m for (m, _, _) in r.idx}
         missing = [display_name(m) for m in table_methods() if m not in present]
-        text = prose.SELECTION_RECORDS.format(count=len(selection))
+        text = prose.SELECTION_RECORDS
         if missing:
             text += prose.NOT_RUN_YET.format(methods=", ".join(missing))
         lines += [text, ""]
@@ -472,7 +494,7 @@ def _parts_section(r: _Report) -> list[str]:
 
 def _ablations_section(r: _Report) -> list[str]:
     """One subsection per ablation of the stored layout that ran on some pair, in the layout's order."""
-    lines = ["## Ablations", ""]
+    lines = ["## Ablations", "", prose.ABLATIONS_INTRO, ""]
     for name, rows in r.layout.items():
         extra = name in REGISTRY and REGISTRY[name].extra_params
         table, pairs = ablation_table(r.idx, table_layout(name, rows, r.present), extra_params=extra)

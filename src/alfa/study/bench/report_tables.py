@@ -15,6 +15,7 @@ from alfa.gaze.pnpga import PUBLISHED as PNPGA_PUBLISHED
 
 from .flip_report import table_rows
 from .markdown import number as _num
+from .markdown import spans
 from .markdown import table as _table
 from .methods import EXTRA_METHODS, table_methods, with_tta_rows
 from .names import SELECTED
@@ -379,13 +380,26 @@ def ablation_table(
         pool = pooled(idx, lab, pairs)
         setting = str(row["value"])
         # a variant named by what it is (the diagonal gate) has no setting beyond its name: do not say it twice
-        line = [_name(lab), "—" if setting == _name(lab) else setting, *cells, pool.format() if pool else "—"]
+        line = [_name(lab), "—" if setting == _name(lab) else setting, _row_seeds(idx, lab, pairs)]
+        line += [*cells, pool.format() if pool else "—"]
         if extra_params:
             recs = records_of(idx, lab)
             line.append(_count(recs[0].trainable_params) if recs else "—")
         rows.append(line)
-    header = ["row", "setting", *pairs, "mean over pairs"] + (["trainable"] if extra_params else [])
-    return _table(header, rows, "ll" + "r" * (len(header) - 2)), pairs
+    header = ["row", "setting", "seeds", *pairs, "mean over pairs"] + (["trainable"] if extra_params else [])
+    return _table(header, rows, "lll" + "r" * (len(header) - 3)), pairs
+
+
+def _row_seeds(idx: Index, label: str, pairs: Sequence[str]) -> str:
+    """The seeds of an ablation row's cells (``3–5``): rows of one table may have different seeds, and each ±
+    is over its own. A pair whose cell has other seeds than the row's others is named with its own (``0–2
+    (S→W: 0–1)``)."""
+    per_pair = {p: sorted({s for (m, q, s) in idx if m == label and q == p}) for p in pairs}
+    per_pair = {p: seeds for p, seeds in per_pair.items() if seeds}
+    sets = [tuple(seeds) for seeds in per_pair.values()]
+    usual = max(set(sets), key=lambda seeds: (sets.count(seeds), seeds)) if sets else ()
+    odd = [f"{p}: {spans(seeds)}" for p, seeds in per_pair.items() if tuple(seeds) != usual]
+    return spans(usual) + (f" ({'; '.join(odd)})" if odd else "")
 
 
 # ----------------------------------------------------------------------------- the protocol's tables

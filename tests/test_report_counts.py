@@ -1,0 +1,129 @@
+"""What the report's header counts and how the ablation tables say which seeds each row has: every count on a page
+agrees with the others, a part of the declared run with nothing missing is not listed as missing, and a
+difference between rows of different seeds is made, and named, on the seeds both have."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bench_records import complete, row
+from test_report import MEANS, fixture_results, shifted
+
+from alfa.study.bench.calibration import calibration_page
+from alfa.study.bench.markdown import spans
+from alfa.study.bench.plan import DeclaredRunProgress
+from alfa.study.bench.report_page import render_report
+from alfa.study.bench.report_prose import declared_run
+from alfa.study.bench.report_tables import ablation_table
+from alfa.study.bench.stats import index_records
+
+# the committed page's counts when this was written: nothing of the family's seeds missing
+UNDER_WAY = DeclaredRunProgress(
+    held=3121, total=6525, selections=84, ablations=792, rows=999, family_missing=0, replicate_missing=1529
+)
+
+
+def _header(text: str) -> str:
+    return text.split("## Summary")[0]
+
+
+def test_the_header_counts_every_record_of_the_file_and_says_what_the_others_are():
+    results = fixture_results()
+    rows = len(results["records"])
+    results["records"] += [
+        complete({"method": "alfa[grid]", "pair": "E→stand-in", "seed": s, "per_person": {"p00": 5.0}}) for s in (0, 1)
+    ] + [shifted("source-only", "S→R", s, 14.0) for s in (0, 1, 2)]
+    results["records"].append(complete({"method": "alfa", "pair": "E→D", "seed": 5, "error_deg": None}))
+    text = render_report(results)
+    total = len(results["records"])
+    assert (
+        f"(preset `fixture`; {total} records: {rows} on the benchmark's pairs (the tables' rows), 2 recipe selections "
+        "on the stand-in, 3 on the constructed positive control S→R and 1 without an error (not read); seeds 0, 1, 2)"
+    ) in _header(text)
+    assert f"for its {total} records" in text  # the costs paragraph counts the same records
+    # a file of table rows only says its count alone, as before
+    plain = fixture_results()
+    assert f"(preset `fixture`; {len(plain['records'])} records; seeds 0, 1, 2)" in render_report(plain)
+
+
+def test_the_declared_run_leaves_out_a_part_with_nothing_missing():
+    header = _header(render_report(fixture_results(), progress=UNDER_WAY))
+    assert "0 records" not in header and "the family's seeds" not in header
+    assert (
+        "this file holds 3121 of its 6525 records. Not yet recorded: on seeds 0–2, 84 recipe selections, 792 "
+        "ablation rows and 999 other rows; of the other rows of seeds 0–2 repeated on seeds 3–5 (§7.2, amended "
+        "2026-12-04), 1529. A row without a record is shown as missing"
+    ) in header
+    # within the first part too, and a count of one is singular
+    some = dataclasses.replace(UNDER_WAY, selections=0, rows=0, family_missing=1, replicate_missing=0)
+    assert declared_run(**dataclasses.asdict(some)).endswith(
+        "Not yet recorded: on seeds 0–2, 792 ablation rows; on the family's seeds 3–7, 1 record. A row without a "
+        "record is shown as missing, and nothing is read from its absence."
+    )
+
+
+def test_a_declared_run_with_nothing_missing_says_it_is_fully_recorded_on_both_pages():
+    done = DeclaredRunProgress(6525, 6525, 0, 0, 0, 0, 0)
+    expected = (
+        "**The declared run** (docs/flip-premise.md §7–7.4): this file holds all 6525 of its records; the declared "
+        "run is fully recorded."
+    )
+    header = _header(render_report(fixture_results(), progress=done))
+    assert expected in header and "Not yet recorded" not in header
+    page = calibration_page(
+        [], {"records": fixture_results()["records"], "config": {}}, data="d", command="c", progress=done
+    )
+    assert expected in page and "Not yet recorded" not in page
+
+
+def test_spans_writes_seeds_as_their_runs():
+    assert spans([0, 1, 2, 3, 4, 5, 6, 7]) == "0–7"
+    assert spans([7, 3, 4, 0]) == "0, 3–4, 7"
+    assert spans([3]) == "3" and spans([]) == "—"
+
+
+def _loss_section(text: str) -> str:
+    start = text.index("### Self-supervised loss")
+    return text[start : text.index("\n#", start + 1)]
+
+
+def test_each_ablation_row_says_its_seeds_and_a_difference_is_made_and_named_on_the_shared_ones():
+    # source-only on seeds 0–3, Alfa on 0–2, the augmentation loss on 0–1 only: the table's means are each over
+    # their own seeds, while Alfa − augment is +1° on seeds 0–1 and the table's means differ by 1.5°
+    means = {**MEANS, ("source-only", "E→M"): (9.0, 10.0, 11.0, 12.0), ("alfa[loss=augment]", "E→M"): (4.0, 5.0)}
+    section = _loss_section(render_report(fixture_results(means)))
+    rows = [line.split(" | ")[:4] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0][2] == "seeds"
+    assert rows[1:] == [
+        ["| source-only (truncated base)", "none", "0–3", "10.50 ± 1.29"],
+        ["| Alfa", "flip", "0–2", "6.00 ± 1.00"],
+        ["| alfa[loss=augment]", "augment", "0–1", "4.50 ± 0.71"],
+    ]
+    assert (
+        "- Flip-symmetry loss against augmentation consistency, on seeds 0–1 (those both rows have): Alfa − "
+        "alfa[loss=augment] = +1.00°"
+    ) in section
+    assert (
+        "- Flip-symmetry loss against no adaptation, on seeds 0–2 (those both rows have): Alfa − source-only" in section
+    )
+    assert "With the flip loss against no adaptation, on seeds 0–2 (those both rows have), per pair:" in section
+    # rows of the same seeds name none
+    same = _loss_section(render_report(fixture_results()))
+    assert "those both rows have" not in same and "| Alfa | flip | 0–2 |" in same
+
+
+def test_a_pair_with_other_seeds_than_the_rest_of_its_row_is_named():
+    records = [row("alfa", s, 5.0, pair) for pair in ("E→M", "E→D") for s in (0, 1, 2)]
+    records += [row("diag_gate", s, 6.0, "E→M") for s in (0, 1, 2)] + [row("diag_gate", 0, 6.0, "E→D")]
+    layout = [{"label": "alfa", "value": "attention"}, {"label": "diag_gate", "value": "diagonal gate"}]
+    text, pairs = ablation_table(index_records(records), layout)
+    assert pairs == ["E→M", "E→D"]
+    assert "| Alfa | attention | 0–2 |" in text and "| diagonal gate | — | 0–2 (E→D: 0) |" in text
+
+
+def test_a_sweep_compares_its_means_on_the_seeds_every_value_has():
+    # H=8 (Alfa's default) on seeds 0–2, H=1 on seeds 0–1: on their shared seeds H=1 is 6.5 and H=8 5.5 (over its
+    # own three seeds H=8 would read 6.0)
+    text = render_report(fixture_results({**MEANS, ("alfa[H=1]", "E→M"): (6.0, 7.0)}))
+    assert "Alfa error (mean over E→M, on seeds 0–1 (those every value has)) by H: H=1: 6.50, H=8: 5.50 deg" in text
+    assert "Alfa error (mean over E→M) by H: H=1: 7.00, H=8: 6.00 deg" in render_report(fixture_results())
