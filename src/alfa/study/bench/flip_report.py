@@ -479,6 +479,11 @@ def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> t
         ]
         if not compared:
             continue
+        if not any(d.judged for d in compared):
+            # outside the declared family (a v2 page): nothing can be clear, so the sentence must not read as a
+            # verdict; it names the comparisons whose own, unadjusted interval lies above zero
+            sentences.append(_descriptive_harm(words, compared))
+            continue
         harmed = [f"{_name(d.a)} on {d.pairs[0]} ({d.compact()})" for d in compared if d.mean > 0 and d.clear]
         detectable = [x for x in idx.family.detectable(compared) if math.isfinite(x)]
         power = (
@@ -494,6 +499,21 @@ def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> t
             "clearly worse than source-only on: " + ("; ".join(harmed) if harmed else none) + "."
         )
     return [table], sentences
+
+
+def _descriptive_harm(words: str, compared: Sequence[Diff]) -> str:
+    """The per-pair harm sentence where its comparisons are descriptive: those whose own 95 % interval lies
+    above zero (unadjusted for their number, so some are expected by chance), and that no verdict is given."""
+    above = [
+        f"{_name(d.a)} on {d.pairs[0]} ({d.compact()})"
+        for d in compared
+        if (interval := d.interval) is not None and interval[0] > 0
+    ]
+    return (
+        f"With {words}, of the {len(compared)} (method, pair) comparisons with source-only (descriptive: "
+        "outside the declared family, so none is judged; the pooled ones are), the 95 % interval lies wholly "
+        "above zero, a harm taken alone, on: " + ("; ".join(above) if above else "none") + "."
+    )
 
 
 def flip_summary(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
