@@ -274,7 +274,7 @@ def test_report_file_regenerates_identically(tmp_path):
     assert load_results(path)["preset"] == "fixture"
     md = build_report(path, tmp_path / "docs" / "results.md")
     text = md.read_text()
-    assert "| Alfa | **6.00 ± 1.00** | 5.10 ± 0.10 |" in text
+    assert "| Alfa | 0–2 | **6.00 ± 1.00** | 5.10 ± 0.10 |" in text
     assert "60.0 min wall time, 50.0 min CPU time" in text
     assert "`alfa bench --full --out fixture`" in text
     assert "| alfa[H=1] | 1 | 0–2 | 7.00 ± 1.00 |" in text

@@ -1,6 +1,7 @@
-"""What the report's header counts and how the ablation tables say which seeds each row has: every count on a page
-agrees with the others, a part of the declared run with nothing missing is not listed as missing, and a
-difference between rows of different seeds is made, and named, on the seeds both have."""
+"""What the report's header counts and how its tables and sentences say which seeds each row has: every count on a
+page agrees with the others, a part of the declared run with nothing missing is not listed as missing, and a
+difference between rows of different seeds is made, and named, on the seeds both have (in the ablations, in
+Table 1 and in the summary's pooled sentences)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from bench_records import complete, row
 from test_report import MEANS, fixture_results, shifted
 
 from alfa.study.bench.calibration import calibration_page
+from alfa.study.bench.flip_report import _after_lines
 from alfa.study.bench.markdown import spans
 from alfa.study.bench.plan import DeclaredRunProgress
 from alfa.study.bench.report_page import render_report
 from alfa.study.bench.report_prose import declared_run
-from alfa.study.bench.report_tables import ablation_table
+from alfa.study.bench.report_tables import ablation_table, table1
 from alfa.study.bench.stats import index_records
 
 # the committed page's counts when this was written: nothing of the family's seeds missing
@@ -127,3 +129,71 @@ def test_a_sweep_compares_its_means_on_the_seeds_every_value_has():
     text = render_report(fixture_results({**MEANS, ("alfa[H=1]", "E→M"): (6.0, 7.0)}))
     assert "Alfa error (mean over E→M, on seeds 0–1 (those every value has)) by H: H=1: 6.50, H=8: 5.50 deg" in text
     assert "Alfa error (mean over E→M) by H: H=1: 7.00, H=8: 6.00 deg" in render_report(fixture_results())
+
+
+def _summary(text: str) -> str:
+    return text.split("## Summary")[1].split("\n## ")[0]
+
+
+def test_the_summarys_pooled_differences_name_their_seeds_where_they_are_not_the_pages():
+    # source-only on seeds 0–3, Alfa and LoRA on 0–2: every difference with them is on 0–2, not the page's 0–3
+    means = {**MEANS, ("source-only", "E→M"): (9.0, 10.0, 11.0, 12.0), ("source-only", "E→D"): (8.0, 8.5, 9.0, 9.5)}
+    summary = _summary(render_report(fixture_results(means)))
+    assert "- Pooled over the 2 pairs, the 2 rows against source-only — clearly below it: LoRA −4.10 [" in summary
+    assert "clear (seeds 0–2), Alfa −3.70 [−4.20, −3.20] clear (seeds 0–2)." in summary
+    assert "- Against its own starting point (source-only, on seeds 0–2), Alfa lowers the mean error" in summary
+    assert "- Against LoRA (same recipe, same steps), pooled over pairs, on seeds 0–2: Alfa − LoRA = " in summary
+    assert "; Alfa −3.70 [−4.20, −3.20] clear (seeds 0–2)." in summary
+    # a row with the page's seeds on one pair and fewer on the other: each per-pair difference names its own
+    means[("alfa[selected]", "E→M")], means[("alfa[selected]", "E→D")] = (5.0, 6.0, 7.0, 8.0), (5.0, 5.1, 5.2)
+    summary = _summary(render_report(fixture_results(means)))
+    own = next(
+        line for line in summary.splitlines() if line.startswith("- Against its own starting point (source-only)")
+    )
+    assert (
+        "(E→M −4.00 [−4.00, −4.00] clear; E→D −3.40 [" in own and "] clear (seeds 0–2)). Pooled over pairs, on " in own
+    )
+    # with every row on the page's seeds, no sentence names any
+    plain = _summary(render_report(fixture_results()))
+    assert "(seeds " not in plain and ", on seeds" not in plain
+
+
+def test_table1_names_each_rows_seeds_and_a_pooled_number_on_others():
+    # source-only on seeds 0–2; LoRA on 0–3 on both pairs; Alfa (selected recipe) on 0–3 on E→M, 0–2 on E→D
+    means = {
+        **MEANS,
+        ("lora", "E→M"): (5.5, 5.9, 7.2, 8.0),
+        ("lora", "E→D"): (4.0, 4.1, 4.2, 4.3),
+        ("alfa[selected]", "E→M"): (5.0, 6.0, 7.0, 8.0),
+        ("alfa[selected]", "E→D"): (5.0, 5.1, 5.2),
+    }
+    rows = {
+        line.split(" | ")[0].strip("| "): line
+        for line in table1(index_records(fixture_results(means)["records"])).splitlines()
+    }
+    assert rows["method"].startswith("| method | seeds | E→M | E→D | mean over pairs |")
+    assert rows["source-only (truncated base)"].startswith("| source-only (truncated base) | 0–2 | ")
+    assert rows["Alfa"].startswith("| Alfa | 0–2 | ") and "(seeds" not in rows["Alfa"]
+    # LoRA's mean over pairs is over its 0–3; its Δ to source-only on the 0–2 both have
+    assert rows["LoRA"].startswith("| LoRA | 0–3 | ") and rows["LoRA"].endswith(" clear (seeds 0–2) |")
+    # the selected row's mean over pairs is on the seeds that have both pairs, 0–2, and says so
+    selected = rows["Alfa (selected recipe)"]
+    assert selected.startswith("| Alfa (selected recipe) | 0–3 (E→D: 0–2) | ")
+    assert " | 5.55 ± 0.55 (seeds 0–2) | " in selected and not selected.endswith("(seeds 0–2) |")
+
+
+def test_flip_tta_on_top_is_read_against_flip_tta_alone_on_the_seeds_both_have():
+    # on S→W source-only with flip-TTA on top is 13° on seeds 0–2 and 20° on seed 3; Alfa's model with it 12.5° on
+    # 0–2: flip-TTA alone on Alfa's seeds is 13°, not 14.75° over all four, and the sentence says on which seeds
+    def tta(method, seed, value):
+        record = row(method, seed, 15.0, "S→W")
+        flip = {p: {"tta_error": value} for p in record["per_person"]}
+        return {**record, "flip_tta_error_deg": value, "per_person_flip": flip}
+
+    records = [tta("source-only", s, 20.0 if s == 3 else 13.0) for s in range(4)]
+    records += [tta("alfa", s, 12.5) for s in range(3)]
+    (line,) = _after_lines(index_records(records), ["source-only", "alfa"], ["S→W"])[:1]
+    assert line.startswith(
+        "On S→W, of the 1 personalized models with flip-TTA on top, the lowest mean error is Alfa's (12.50°, "
+        "flip-TTA alone 13.00°, on seeds 0–2): Alfa + flip-TTA − flip-TTA = −0.50°"
+    )

@@ -64,26 +64,27 @@ def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path
     assert "Every method of the protocol has its rows." in text
     assert "| 3 | — | — | — | — |" in text  # FAZE: no record, no number
     # Alfa − LoRA as the calibration adapter at k = 9, pooled: (0.5 + 0.2) / 2; none at k = 3
-    assert "| supervised | 9 | +0.35 [0.35, 0.35] | — | 630, 512 |" in text  # every pair has both: no partial
+    # every pair has both: no partial; the cell names the seeds it pools
+    assert "| supervised | 9 | +0.35 [0.35, 0.35] (seeds 0–2) | — | 630, 512 |" in text
     assert "| supervised | 3 | — | — | —, — |" in text
     em, ed = _row(text, "E→M"), _row(text, "E→D")
     assert "| 67% (3 seeds) |" in em and "headroom met; k = 1: not worse" in em
     assert "| 25% (3 seeds) |" in ed and "headroom missed; k = 1: worse beyond the interval" in ed
     assert "+1.50 [" in ed  # k = 1 − source-only, with its interval
     # error against k pooled over both pairs: source-only (10 + 8) / 2 + 0.1 · seed, mean 9.1
-    assert _row(text, "affine").startswith("| affine | 9.10 [") and "| 6.60 [" in _row(text, "affine")  # k = 9
+    assert _row(text, "affine").startswith("| affine | 0–2 | 9.10 [") and "| 6.60 [" in _row(text, "affine")  # k = 9
     # flip-TTA's worth on E→M: the default at k = 1 (9.0) is already below it (9.5)
     worth = _row(text, "flip-TTA (no training)")
-    assert worth.startswith("| flip-TTA (no training) | k = 1 (k = 1 by its interval) | — |")
+    assert worth.startswith("| flip-TTA (no training) | 0–2 | k = 1 (k = 1 by its interval) | — |")
     # RUDA's on E→M: k = 1 (9.0) is above it (8.5), k = 3 (8.0) below
     assert _row(text, "RUDA (rotation consistency, whole network)").startswith(
-        "| RUDA (rotation consistency, whole network) | k = 3 (k = 3 by its interval) | — |"
+        "| RUDA (rotation consistency, whole network) | 0–2 | k = 3 (k = 3 by its interval) | — |"
     )
     assert "| affine (spread draws) |" not in text  # a row without all of its k is no line of seeds yet
     # spread − random at k = 9, pooled: (−0.5 − 0.2) / 2 in every seed and person
-    assert "| affine | — | — | — | −0.35 [−0.35, −0.35] | — |" in text
+    assert "| affine | 0–2 | — | — | — | −0.35 [−0.35, −0.35] | — |" in text
     assert "| affine | 0.000 |" not in text  # seconds come from the records
-    assert "| affine | 1.000 | 2.000 | 1,026 | 4,696 | in place |" in text
+    assert "| affine | 1.000 | 2.000 | 1,026 | 4,696 | in place | 6 | 0–2 |" in text  # 2 pairs × 3 seeds
     assert "| adapter-alfa | 1.000 | — | 630 |" in text  # a record without its CPU time shows none
     figure = tmp_path / "error_vs_k.png"
     assert figure.is_file() and "![error against k](figures/error_vs_k.png)" in text
@@ -121,14 +122,14 @@ def test_alfa_against_lora_is_shown_on_the_pairs_that_have_both_while_a_pair_lac
     results["records"] = [r for r in results["records"] if not (r["method"] == alfa_k9 and r["pair"] == "E→D")]
     text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
     # pooled over both pairs: none (E→D lacks Alfa); on E→M alone: 6.5 − 6.0
-    assert "| supervised | 9 | — | +0.50 [0.50, 0.50] (E→M) | 630, 512 |" in text
+    assert "| supervised | 9 | — | +0.50 [0.50, 0.50] (seeds 0–2; E→M) | 630, 512 |" in text
     # the same for FAZE's meta − plain, with records of both on E→M only: 6.0 − 6.4 in every seed and person
     extra = {"kind": "calibration", "trainable_params": 99, "calibration": {"uncalibrated_deg": 11.0}}
     for method, mean in (("faze", 6.0), ("faze-plain", 6.4)):
         label = calibration_label(method, 9)
         results["records"] += [shifted(label, "E→M", s, mean + 0.1 * s, spread=SPREAD, **extra) for s in range(3)]
     faze = _row(user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write"), "9")
-    assert faze.startswith("| 9 | — | −0.40 [−0.40, −0.40] (E→M) | 11.00 | 11.00 |"), faze
+    assert faze.startswith("| 9 | — | −0.40 [−0.40, −0.40] (seeds 0–2; E→M) | 11.00 | 11.00 |"), faze
 
 
 def test_a_page_without_calibration_records_says_so():
@@ -166,8 +167,8 @@ def test_a_k_without_a_record_is_never_read_as_the_smallest_or_as_beyond_the_las
     # E→M: at k = 9 the default (6.0) is below flip-TTA (9.5), but k = 1, 3, 5 have no record there
     # E→D: the default is above flip-TTA at k = 1 and below it at k = 9, but k = 3 and 5 have no record there
     assert "k = 9" not in worth and "> 16" not in worth
-    assert worth == "| flip-TTA (no training) | — | — |"
-    assert _row(text, "roll-TTA (no training)") == "| roll-TTA (no training) | — | — |"  # not "> 16"
+    assert worth == "| flip-TTA (no training) | — | — | — |"  # no cell read: no seeds either
+    assert _row(text, "roll-TTA (no training)") == "| roll-TTA (no training) | — | — | — |"  # not "> 16"
 
 
 def _rule_results(lora_k9: float, pairs=("E→M", "E→D", "G→M", "G→D"), oracle=None):
@@ -235,3 +236,46 @@ def test_a_rule_pair_without_headroom_leaves_the_rule_unapplied_and_says_why():
     text = _choice_part(user_calibration_page(_rule_results(6.2, oracle={"G→M": 11.0}), "d", "c"))
     assert "Not applied: on a pair of the rule the oracle is not below source-only" in text
     assert "Not applied yet" not in text
+
+
+def _section(text, title):
+    return text.split(f"## {title}")[1].split("\n## ")[0]
+
+
+def test_each_pooled_difference_curve_and_cost_names_the_seeds_it_is_on():
+    """Rows of this page have different seeds (records come in over many sessions): a cell pooled over seeds says
+    which, so that a difference on seeds 1–2 is not read as one on the page's 0–2."""
+    results = _results()
+    lora_k9, spread_k1 = calibration_label("adapter-lora", 9), calibration_label("affine", 1, "spread")
+    # LoRA's adapter at k = 9 on seeds 1–2 only: Alfa − LoRA on those, (0.5 + 0.2) / 2 in each
+    results["records"] = [r for r in results["records"] if not (r["method"] == lora_k9 and r["seed"] == 0)]
+    cal = {"kind": "calibration", "trainable_params": 630, "adapter_bytes": 1, "merge": "in place"}
+    for pair, mean in (("E→M", 7.0), ("E→D", 7.5)):
+        # Alfa's adapter at k = 3 on seeds 1–2: its curve has all of its k there only
+        label = calibration_label("adapter-alfa", 3)
+        results["records"] += [shifted(label, pair, s, mean, spread=SPREAD, **cal) for s in (1, 2)]
+        # spread draws at k = 1 on seed 0 only: one cell of affine's row on other seeds than the rest
+        results["records"].append(shifted(spread_k1, pair, 0, 9.0, spread=SPREAD, **cal))
+        # FAZE's meta-learned model on seeds 0–2 (before calibration 11° on seeds 0–1, 20° on seed 2), plain's on 0–1
+        for method, seeds in (("faze", (0, 1, 2)), ("faze-plain", (0, 1))):
+            for s in seeds:
+                extra = {**cal, "calibration": {"uncalibrated_deg": 20.0 if s == 2 else 11.0}}
+                results["records"].append(shifted(calibration_label(method, 9), pair, s, 6.0, spread=SPREAD, **extra))
+    # RUDA on E→D on seeds 0–1 only: its worth there is read on those
+    results["records"] += [shifted("ruda", "E→D", s, 9.0, spread=SPREAD) for s in (0, 1)]
+    text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
+    adapters = _section(text, "Alfa against LoRA as the calibration adapter")
+    assert "| supervised | 9 | +0.35 [0.35, 0.35] (seeds 1–2) | — |" in adapters
+    curve = _section(text, "Error against k")
+    assert _row(curve, "adapter-alfa").startswith("| adapter-alfa | 1–2 | ")
+    assert _row(curve, "affine").startswith("| affine | 0–2 | ")
+    # meta − plain on seeds 0–1, and each model before calibration on those seeds (not meta's 14° over 0–2)
+    assert _row(_section(text, "Meta-learning"), "9") == "| 9 | +0.00 [0.00, 0.00] (seeds 0–1) | — | 11.00 | 11.00 |"
+    draws = _row(_section(text, "Spread against random draws"), "affine")
+    # k = 1 on seed 0: (9.0 − 9.0 + 9.0 − 9.5) / 2; k = 9 on the row's seeds
+    assert draws.startswith("| affine | 0–2 | −0.25 [−0.25, −0.25] (one seed: 0) | — | — | −0.35 [−0.35, −0.35] |")
+    worth = _row(_section(text, "What a label-free row is worth"), "RUDA (rotation consistency, whole network)")
+    assert worth.startswith("| RUDA (rotation consistency, whole network) | 0–2 | k = 3 (k = 3 by its interval) |")
+    assert worth.endswith("by its interval) (seeds 0–1) |")  # E→D: k = 3 (8.5) at or below RUDA's 9.0
+    costs = _section(text, "Cost per person")
+    assert _row(costs, "adapter-lora").endswith("| 4 | 1–2 |") and _row(costs, "faze-plain").endswith("| 4 | 0–1 |")

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import report_prose as prose
 from .markdown import number as _num
-from .markdown import span
+from .markdown import seeds_note, seeds_words, span
 from .markdown import table as _table
 from .methods import CONSTRUCTED_CONTROLS, FIRST_SEEDS, POSITIVE_CONTROLS, SELECTION_RULE
 from .names import DEFAULT
@@ -74,8 +74,10 @@ def _most_seeds(candidates: list[tuple[float, str, Any]]) -> list[tuple[float, s
     return [c for c in candidates if c[2].n == most]
 
 
-def _mean_of(idx: Index, method: str, pair: str, measure: Measure) -> float | None:
-    values = [measure(r)[0] for _, r in sorted(idx.row(method, pair).items())]
+def _mean_of(idx: Index, method: str, pair: str, measure: Measure, seeds: Iterable[int] | None = None) -> float | None:
+    """``measure``'s mean over the row's records on ``pair`` (on ``seeds`` only, if given)."""
+    kept = None if seeds is None else set(seeds)
+    values = [measure(r)[0] for s, r in sorted(idx.row(method, pair).items()) if kept is None or s in kept]
     values = [v for v in values if v is not None]
     return statistics.fmean(values) if values else None
 
@@ -226,8 +228,8 @@ def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) 
         among = f"of the {len(compared)} rows compared with source-only ({len(candidates)} not clearly worse)"
         if gain > 0:
             lines.append(
-                f"On {pair}, {among}, the largest gain is {_name(m)}'s: {_name(m)} − source-only = "
-                f"{d.describe()}{share}."
+                f"On {pair}, {among}, the largest gain is {_name(m)}'s{seeds_note(d.per_seed, seeds_of(idx))}: "
+                f"{_name(m)} − source-only = {d.describe()}{share}."
             )
         else:
             lines.append(
@@ -245,7 +247,7 @@ def _attention_lines(idx: Index, pairs: Sequence[str]) -> list[str]:
             d = diff(idx, alfa, f"{other}{suffix}", pairs)
             if d is not None:
                 lines.append(
-                    f"Positive controls ({', '.join(pairs)}), {recipe}: "
+                    f"Positive controls ({', '.join(pairs)}), {recipe}{seeds_note(d.per_seed, seeds_of(idx))}: "
                     f"{_name(alfa)} − {_name(other + suffix)} = {d.describe()}."
                 )
     return lines
@@ -330,9 +332,12 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
         if not diffs or alone is None:
             continue
         _, m, d = min(_most_seeds(diffs))
+        # the two means on the difference's seeds, so that they differ by what it says
+        mine, alone = (_mean_of(idx, row, pair, _with_tta, d.per_seed) for row in (m, "source-only"))
+        on = seeds_words(d.per_seed, seeds_of(idx))
         lines.append(
             f"On {pair}, of the {len(diffs)} personalized models with flip-TTA on top, the lowest mean error is "
-            f"{_name(m)}'s ({_num(_mean_of(idx, m, pair, _with_tta))}°, flip-TTA alone {_num(alone)}°): "
+            f"{_name(m)}'s ({_num(mine)}°, flip-TTA alone {_num(alone)}°{f', on {on}' if on else ''}): "
             f"{_name(m)} + flip-TTA − flip-TTA = {d.describe()}."
         )
     everywhere = pairs_of(idx)
@@ -367,7 +372,7 @@ def _pooled_lines(idx: Index, main: Sequence[str]) -> list[str]:
         if d is None:
             continue
         group = "within" if not d.clear else "below" if d.mean < 0 else "above"
-        groups[group].append(f"{_name(m)} {d.compact()}")
+        groups[group].append(f"{_name(m)} {d.compact()}{seeds_note(d.per_seed, seeds_of(idx))}")
     if not any(groups.values()):
         return []
     words = {"below": "clearly below it", "within": "not clearly different", "above": "clearly above it"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-__all__ = ["table", "number", "span", "spans"]
+__all__ = ["table", "number", "span", "spans", "seeds_words", "seeds_note"]
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
@@ -37,3 +37,18 @@ def spans(values: Iterable[int]) -> str:
         else:
             runs.append([v])
     return ", ".join(span(run) if len(run) > 1 else str(run[0]) for run in runs) or "—"
+
+
+def seeds_words(seeds: Iterable[int], every: Iterable[int] = ()) -> str:
+    """``"seeds 3–7"``, ``"seed 3"``: the seeds a number is computed on, for a sentence or cell to name where they
+    are not ``every`` (the page's seeds, which its header names); ``""`` where they are."""
+    seeds = set(seeds)
+    if seeds == set(every):
+        return ""
+    return f"seed{'s' if len(seeds) != 1 else ''} {spans(seeds)}"
+
+
+def seeds_note(seeds: Iterable[int], every: Iterable[int] = ()) -> str:
+    """:func:`seeds_words` in brackets after a number (``" (seeds 3–7)"``), or ``""``."""
+    words = seeds_words(seeds, every)
+    return f" ({words})" if words else ""

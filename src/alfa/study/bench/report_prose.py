@@ -346,10 +346,12 @@ SANITY_INTRO = (
 )
 
 TABLE1_INTRO = (
-    "Mean over persons per record, then mean ± std over seeds (a cell without ± has one seed); **bold**: lowest "
-    "mean on the pair among the rows with the most seeds there. Params at "
-    "inference: after merging the adapter (see Costs). Δ: the pooled difference with its 95 % interval, *clear* "
-    "after Holm over the page (§ Summary)."
+    "Mean over persons per record, then mean ± std over the seeds of the row's *seeds* column (a pair named there "
+    "has its own; a cell without ± has one seed); the mean over pairs: per seed the mean over the pairs, on the "
+    "seeds that have every pair (named where they are others). **Bold**: lowest mean on the pair among the rows "
+    "with the most seeds there. Params at inference: after merging the adapter (see Costs). Δ: the pooled "
+    "difference with its 95 % interval, on the seeds both rows have (named where they are not the mean over "
+    "pairs'), *clear* after Holm over the page (§ Summary)."
 )
 
 PER_PERSON_INTRO = (
@@ -380,9 +382,9 @@ PARTS_INTRO = (
 
 ABLATIONS_INTRO = (
     "Each cell: mean ± std over the seeds of its row's *seeds* column (a pair named there has its own); the mean "
-    "over pairs: per seed the mean over the pairs, on the seeds that have every pair. Rows of one table may have "
-    "different seeds: a difference below a table pairs the two rows seed by seed, on the seeds both have, and "
-    "names them where they are not each row's own."
+    "over pairs: per seed the mean over the pairs, on the seeds that have every pair (named where they are "
+    "others). Rows of one table may have different seeds: a difference below a table pairs the two rows seed by "
+    "seed, on the seeds both have, and names them where they are not each row's own."
 )
 
 ABLATION_FIGURE_CAPTION = "Error against the setting ({title}): mean ± std over seeds, one line per pair."

@@ -15,7 +15,7 @@ from alfa.gaze.pnpga import PUBLISHED as PNPGA_PUBLISHED
 
 from .flip_report import table_rows
 from .markdown import number as _num
-from .markdown import spans
+from .markdown import seeds_note, spans
 from .markdown import table as _table
 from .methods import EXTRA_METHODS, table_methods, with_tta_rows
 from .names import SELECTED
@@ -110,9 +110,11 @@ def table1_rows(idx: Index) -> list[str]:
 
 
 def table1(idx: Index) -> str:
-    """Each row's error per pair (the lowest in bold), pooled, its size at inference and its Δ to source-only."""
+    """Each row's seeds, its error per pair (the lowest in bold), pooled, its size at inference and its Δ to
+    source-only (on the seeds both rows have, named where they are not the row's)."""
     pairs = pairs_of(idx)
-    header = ["method", *pairs, "mean over pairs", "params at inference", "Δ vs source-only (pooled; 95 % interval)"]
+    header = ["method", "seeds", *pairs, "mean over pairs", "params at inference"]
+    header.append("Δ vs source-only (pooled; 95 % interval)")
     best = {}
     for p in pairs:
         stats = [(cell(idx, m, p), m) for m in table1_rows(idx) if cell(idx, m, p)]
@@ -136,11 +138,12 @@ def table1(idx: Index) -> str:
             if m != "source-only" and ("source-only", pairs[0], seeds_of(idx)[0]) in idx
             else None
         )
-        dtext = "—" if d is None else d.compact()
+        dtext = "—" if d is None else d.compact() + seeds_note(d.per_seed, pool.values if pool else ())
         size = _count(int(params)) if params is not None else "—"
         size += _merge_note(merge)
-        rows.append([_name(m), *cells, pool.format() if pool else "—", size, dtext])
-    return _table(header, rows)
+        seeds, usual = _row_seeds(idx, m, pairs)
+        rows.append([_name(m), seeds, *cells, _pooled_cell(pool, usual), size, dtext])
+    return _table(header, rows, "ll" + "r" * (len(header) - 2))
 
 
 def _person_changes(idx: Index, method: str) -> list[float]:
@@ -380,8 +383,8 @@ def ablation_table(
         pool = pooled(idx, lab, pairs)
         setting = str(row["value"])
         # a variant named by what it is (the diagonal gate) has no setting beyond its name: do not say it twice
-        line = [_name(lab), "—" if setting == _name(lab) else setting, _row_seeds(idx, lab, pairs)]
-        line += [*cells, pool.format() if pool else "—"]
+        seeds, usual = _row_seeds(idx, lab, pairs)
+        line = [_name(lab), "—" if setting == _name(lab) else setting, seeds, *cells, _pooled_cell(pool, usual)]
         if extra_params:
             recs = records_of(idx, lab)
             line.append(_count(recs[0].trainable_params) if recs else "—")
@@ -390,16 +393,26 @@ def ablation_table(
     return _table(header, rows, "lll" + "r" * (len(header) - 3)), pairs
 
 
-def _row_seeds(idx: Index, label: str, pairs: Sequence[str]) -> str:
-    """The seeds of an ablation row's cells (``3–5``): rows of one table may have different seeds, and each ±
-    is over its own. A pair whose cell has other seeds than the row's others is named with its own (``0–2
-    (S→W: 0–1)``)."""
-    per_pair = {p: sorted({s for (m, q, s) in idx if m == label and q == p}) for p in pairs}
+def _row_seeds(idx: Index, label: str, pairs: Sequence[str]) -> tuple[str, tuple[int, ...]]:
+    """The seeds of a row's cells (``3–5``), and those most of its pairs have: rows of one table may have
+    different seeds, and each ± is over its own. The pairs whose cells have other seeds than the row's others
+    are named with theirs (``0–7 (S→W, S→C: 3–7)``)."""
+    per_pair = {p: tuple(sorted({s for s in idx.row(label, p)})) for p in pairs}
     per_pair = {p: seeds for p, seeds in per_pair.items() if seeds}
-    sets = [tuple(seeds) for seeds in per_pair.values()]
+    sets = list(per_pair.values())
     usual = max(set(sets), key=lambda seeds: (sets.count(seeds), seeds)) if sets else ()
-    odd = [f"{p}: {spans(seeds)}" for p, seeds in per_pair.items() if tuple(seeds) != usual]
-    return spans(usual) + (f" ({'; '.join(odd)})" if odd else "")
+    odd: dict[tuple[int, ...], list[str]] = {}
+    for p, seeds in per_pair.items():
+        if seeds != usual:
+            odd.setdefault(seeds, []).append(p)
+    notes = [f"{', '.join(named)}: {spans(seeds)}" for seeds, named in odd.items()]
+    return spans(usual) + (f" ({'; '.join(notes)})" if notes else ""), usual
+
+
+def _pooled_cell(pool: Stat | None, usual: Sequence[int]) -> str:
+    """A row's mean over pairs (on the seeds that have every pair), with those seeds where they are not the row's
+    usual ones (:func:`_row_seeds`)."""
+    return "—" if pool is None else pool.format() + seeds_note(pool.values, usual)
 
 
 # ----------------------------------------------------------------------------- the protocol's tables

@@ -17,10 +17,11 @@ from .ablations import REGISTRY
 from .calibration import IN_DOMAIN_CONDITION, REAL_IN_DOMAIN, REAL_SOURCE_NAMES
 from .config import split_pair
 from .markdown import number as _num
+from .markdown import seeds_note, seeds_words
 from .names import DEFAULT, SELECTED
 from .names import display_name as _name
 from .report_tables import table1_rows
-from .stats import Diff, Index, Stat, cell, cell_on, diff, pairs_of, part, part_gap, sanity_summary
+from .stats import Diff, Index, Stat, cell, cell_on, diff, pairs_of, part, part_gap, sanity_summary, seeds_of
 
 __all__ = ["main_verdicts", "sanity_verdicts", "parts_verdicts", "ablation_verdicts"]
 
@@ -55,11 +56,11 @@ def main_verdicts(idx: Index) -> list[str]:
 
 def _below_source_only_sentence(idx: Index, pairs: Sequence[str], methods: Sequence[str]) -> str:
     """Of the rows compared with source-only (pooled), which have a lower mean error, with each difference and
-    its interval, and how many of them clearly."""
+    its interval (and its seeds, where they are not the page's), and how many of them clearly."""
     diffs = [(m, diff(idx, m, "source-only", pairs)) for m in methods if m != "source-only"]
     compared = [(m, d) for m, d in diffs if d is not None]
     beating = [(m, d) for m, d in compared if d.mean < 0]
-    names = "; ".join(f"{_name(m)} {d.compact()}" for m, d in beating)
+    names = "; ".join(f"{_name(m)} {d.compact()}{seeds_note(d.per_seed, seeds_of(idx))}" for m, d in beating)
     clear = sum(d.clear for _, d in beating)
     text = (
         f"Of the {len(compared)} rows compared with source-only pooled over pairs, {len(beating)} have a lower "
@@ -117,23 +118,35 @@ def _pair_standing(idx: Index, pair: str, ranked: list[tuple[Stat, str]], row: s
 
 
 def _against_source_only(idx: Index, pairs: Sequence[str], row: str) -> str:
-    """``row`` against its own starting point, per pair (each difference with its interval) and pooled."""
-    me = _name(row)
+    """``row`` against its own starting point, per pair (each difference with its interval) and pooled; the seeds
+    of the differences, where they are not the page's, said once where all have the same, else after each."""
+    me, every = _name(row), seeds_of(idx)
     per_pair = [(p, d) for p in pairs if (d := diff(idx, row, "source-only", [p])) is not None]
-    lower = [p for p, d in per_pair if d.mean < 0]
+    shared = [p for p, _ in per_pair]
+    d = diff(idx, row, "source-only", shared) if _poolable(shared, pairs) else None
+    sets = {frozenset(x.per_seed) for x in [*(x for _, x in per_pair), *([d] if d else [])]}
+    once = seeds_words(next(iter(sets)), every) if len(sets) == 1 else ""
+    each = len(sets) > 1  # the differences are on different seeds: each names its own, where not the page's
+    lower = [p for p, x in per_pair if x.mean < 0]
     text = (
-        f"Against its own starting point (source-only), {me} lowers the mean error on {len(lower)} of "
-        f"{len(per_pair)} pairs ({sum(d.clear for _, d in per_pair if d.mean < 0)} clearly)"
+        f"Against its own starting point (source-only{f', on {once}' if once else ''}), {me} lowers the mean error on "
+        f"{len(lower)} of {len(per_pair)} pairs ({sum(x.clear for _, x in per_pair if x.mean < 0)} clearly)"
     )
     if len(lower) < len(per_pair):
         text += f"; it does not on {', '.join(p for p, _ in per_pair if p not in lower)}"
     if per_pair:
-        text += " (" + "; ".join(f"{p} {d.compact()}" for p, d in per_pair) + ")"
-    shared = [p for p, _ in per_pair]
-    d = diff(idx, row, "source-only", shared) if _poolable(shared, pairs) else None
+        notes = [seeds_note(x.per_seed, every) if each else "" for _, x in per_pair]
+        text += " (" + "; ".join(f"{p} {x.compact()}{n}" for (p, x), n in zip(per_pair, notes)) + ")"
     if d is not None:
-        text += f". Pooled over {_pooled_over(shared, pairs)}: {me} − source-only = {d.describe()}"
+        on = "" if once else _on(d, every)
+        text += f". Pooled over {_pooled_over(shared, pairs)}{on}: {me} − source-only = {d.describe()}"
     return text + "."
+
+
+def _on(d: Diff, every: Sequence[int]) -> str:
+    """``", on seeds 3–7"``: the seeds of a pooled difference, where they are not the page's ``every``."""
+    words = seeds_words(d.per_seed, every)
+    return f", on {words}" if words else ""
 
 
 def _poolable(shared: Sequence[str], pairs: Sequence[str]) -> bool:
@@ -184,8 +197,8 @@ def _row_verdicts(idx: Index, pairs: Sequence[str], methods: Sequence[str], row:
         )
         if d is not None:
             lines.append(
-                f"Against {_name(lora)} ({how}), pooled over {_pooled_over(shared, pairs)}: {me} − {_name(lora)} = "
-                f"{d.describe()}."
+                f"Against {_name(lora)} ({how}), pooled over {_pooled_over(shared, pairs)}{_on(d, seeds_of(idx))}: "
+                f"{me} − {_name(lora)} = {d.describe()}."
             )
     return lines
 
@@ -349,7 +362,7 @@ def parts_verdicts(idx: Index, methods: Sequence[str]) -> list[str]:
             for key, what in (("yaw", "yaw error"), ("pitch", "pitch error"), ("pitch_bias", "absolute pitch bias")):
                 d = diff(idx, m, "source-only", pairs, part(key))
                 if d is not None:
-                    out.append(f"Alfa − source-only, pooled over pairs: {what} {d.describe()}.")
+                    out.append(f"Alfa − source-only, pooled over pairs{_on(d, seeds_of(idx))}: {what} {d.describe()}.")
     worse = [(m, d) for m, d in compared if d.mean > 0]
     if worse:
         gaps = [(m, diff(idx, m, "source-only", pairs, part_gap("pitch", "yaw"))) for m, _ in worse]
@@ -361,7 +374,7 @@ def parts_verdicts(idx: Index, methods: Sequence[str]) -> list[str]:
         )
         if led:
             text += "; change of pitch error − change of yaw error: " + "; ".join(
-                f"{_name(m)} {g.compact()}" for m, g in led
+                f"{_name(m)} {g.compact()}{seeds_note(g.per_seed, seeds_of(idx))}" for m, g in led
             )
         out.append(text + ".")
     return out

@@ -14,11 +14,11 @@ its absence.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .markdown import span
+from .markdown import span, spans
 from .methods import (
     ADAPTER_KS,
     CALIBRATION_DRAWS,
@@ -37,7 +37,7 @@ from .methods import (
 )
 from .names import SELECTED, display_name
 from .record import Record, as_records
-from .stats import Comparisons, Index, cell, cell_on, design_of, diff, index_records, seeds_of
+from .stats import Comparisons, Diff, Index, cell, cell_on, design_of, diff, index_records, seeds_of, signed
 from .tta_report import LABEL_FREE_BASELINES
 
 __all__ = ["user_calibration_page", "default_choice", "HEADROOM_SHARE", "PASS_K", "SAFE_K"]
@@ -74,6 +74,28 @@ def _pairs(idx: Index) -> list[str]:
 def _seeds(idx: Index, labels: Sequence[str], pairs: Sequence[str]) -> set[int]:
     """The seeds on which every row of ``labels`` has every pair of ``pairs``."""
     return {s for s in seeds_of(idx) if all((m, p, s) in idx for m in labels for p in pairs)}
+
+
+def _with_seeds(d: Diff, *notes: str) -> str:
+    """A difference as a cell, with the seeds it pools (rows of this page have different seeds, and a difference
+    is on those both rows have) and ``notes``: ``"+0.15 [0.01, 0.29] (seeds 3–4)"``; ``"(one seed: 0)"`` where it
+    has one, whose interval draws persons only."""
+    text = signed(d.mean) + (f" {d.interval_text()}" if d.interval is not None else "") + (" clear" if d.clear else "")
+    seeds = f"one seed: {spans(d.per_seed)}" if d.n == 1 else f"seeds {spans(d.per_seed)}"
+    return f"{text} ({'; '.join([seeds, *notes])})"
+
+
+def _usual(seed_sets: Sequence[tuple[str, set[int]]]) -> tuple[str, dict[str, str]]:
+    """The seeds most of ``(column, seeds)`` have, as a *seeds* column's text, and the others' own as
+    :func:`_with_seeds` says them (``{column: " (seeds 0–1)"}``, ``" (one seed: 0)"``), for the cells to name."""
+    sets = [tuple(sorted(seeds)) for _, seeds in seed_sets]
+    usual = max(set(sets), key=lambda seeds: (sets.count(seeds), seeds)) if sets else ()
+    odd = {
+        c: f" ({'one seed: ' if len(seeds) == 1 else 'seeds '}{spans(seeds)})"
+        for c, seeds in seed_sets
+        if tuple(sorted(seeds)) != usual
+    }
+    return spans(usual), odd
 
 
 def _share(
@@ -244,8 +266,8 @@ def _replicate_criteria(records: Sequence[Record], results: dict[str, Any]) -> l
 def _curve_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     """Error against ``k``, pooled over ``pairs`` (per seed the mean over them; a seed without every pair is
     left out), each cell with its 95 % interval over seeds."""
-    head = "| row | k = 0 (source-only, the row's seeds) | " + " | ".join(f"k = {k}" for k in CALIBRATION_KS) + " |"
-    lines = [head, "|---|" + "---|" * (len(CALIBRATION_KS) + 1)]
+    head = "| row | seeds | k = 0 (source-only, the row's seeds) | " + " | ".join(f"k = {k}" for k in CALIBRATION_KS)
+    lines = [head + " |", "|---|---|" + "---|" * (len(CALIBRATION_KS) + 1)]
     for method in CALIBRATION_ROW_METHODS:
         for draw in CALIBRATION_DRAWS:
             # one line of seeds: those with every k of the row on every pair, k = 0 (source-only) read on them too
@@ -257,7 +279,7 @@ def _curve_table(idx: Index, pairs: Sequence[str]) -> list[str]:
             base = cell_on(idx, "source-only", pairs, seeds)
             name = f"{method}{'' if draw == 'random' else ' (spread draws)'}"
             cells = ["—" if s is None else s.format_interval() for s in [base, *stats]]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} | {spans(seeds)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -282,13 +304,14 @@ def _smallest(diffs: Sequence[tuple[int, Any]], reached: Any) -> str | None:
 def _worth(idx: Index, pairs: Sequence[str]) -> list[str]:
     """Per label-free row and pair: the smallest ``k`` at which the default calibration's mean is at or below
     the row's, and the smallest at which the upper end of the difference's 95 % interval is; each read only
-    where every smaller ``k`` has its record (a ``k`` without one is never skipped over)."""
+    where every smaller ``k`` has its record (a ``k`` without one is never skipped over). The row's *seeds*: those
+    its differences are on (a pair on others names its own)."""
     rows = _label_free(idx)
     if not rows:
         return ["No label-free row has a record on these pairs yet."]
-    lines = ["| label-free row | " + " | ".join(pairs) + " |", "|---|" + "---|" * len(pairs)]
+    lines = ["| label-free row | seeds | " + " | ".join(pairs) + " |", "|---|---|" + "---|" * len(pairs)]
     for row in rows:
-        cells = []
+        cells, seeds, ones = [], [], set()
         for pair in pairs:
             diffs = [(k, diff(idx, _cal(DEFAULT_CALIBRATION, k), row, [pair])) for k in CALIBRATION_KS]
             at_mean = _smallest(diffs, lambda d: d.mean <= 0)
@@ -297,22 +320,27 @@ def _worth(idx: Index, pairs: Sequence[str]) -> list[str]:
                 cells.append("—")
             else:
                 # a row of one seed so far: its interval draws persons only, narrower than the others'
-                one = all(d.n == 1 for _, d in diffs if d is not None)
-                cells.append(f"{at_mean or '—'} ({at_interval or '—'} by its interval){' (one seed)' if one else ''}")
-        lines.append(f"| {display_name(row)} | " + " | ".join(cells) + " |")
+                if all(d.n == 1 for _, d in diffs if d is not None):
+                    ones.add(pair)
+                seeds.append((pair, set().union(*(d.per_seed for _, d in diffs if d is not None))))
+                cells.append(f"{at_mean or '—'} ({at_interval or '—'} by its interval)")
+        usual, odd = _usual(seeds)  # a pair of other seeds names them, else "(one seed)" says a row of one
+        cells = [c if c == "—" else c + odd.get(p, " (one seed)" if p in ones else "") for p, c in zip(pairs, cells)]
+        lines.append(f"| {display_name(row)} | {usual} | " + " | ".join(cells) + " |")
     return lines
 
 
 def _draws_table(idx: Index, pairs: Sequence[str]) -> list[str]:
-    lines = ["| method | " + " | ".join(f"k = {k}" for k in CALIBRATION_KS) + " |"]
-    lines.append("|---|" + "---|" * len(CALIBRATION_KS))
+    """Spread − random per method and ``k``, pooled over ``pairs``, on the seeds of the row's *seeds* column (a
+    cell on others names its own)."""
+    lines = ["| method | seeds | " + " | ".join(f"k = {k}" for k in CALIBRATION_KS) + " |"]
+    lines.append("|---|---|" + "---|" * len(CALIBRATION_KS))
     for method in CALIBRATION_ROW_METHODS:
-        cells = []
-        for k in CALIBRATION_KS:
-            d = diff(idx, _cal(method, k, "spread"), _cal(method, k), pairs)
-            cells.append("—" if d is None else d.compact())
+        diffs = [(f"k = {k}", diff(idx, _cal(method, k, "spread"), _cal(method, k), pairs)) for k in CALIBRATION_KS]
+        usual, odd = _usual([(k, set(d.per_seed)) for k, d in diffs if d is not None])
+        cells = ["—" if d is None else _with_seeds(d) if k in odd else d.compact() for k, d in diffs]
         if any(c != "—" for c in cells):
-            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+            lines.append(f"| {method} | {usual} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -321,7 +349,7 @@ def _on_pairs_with_both(idx: Index, a: str, b: str, pairs: Sequence[str]) -> str
     for the last pair; "—" where that is every pair (the pooled column says it) or none."""
     have = [p for p in pairs if diff(idx, a, b, [p]) is not None]
     part = diff(idx, a, b, have) if have and len(have) < len(pairs) else None
-    return "—" if part is None else f"{part.compact()} ({', '.join(have)})"
+    return "—" if part is None else _with_seeds(part, ", ".join(have))
 
 
 def _adapters_table(idx: Index, pairs: Sequence[str]) -> list[str]:
@@ -342,14 +370,20 @@ def _adapters_table(idx: Index, pairs: Sequence[str]) -> list[str]:
             for method in (alfa, lora):
                 found = [r.trainable_params for (m, _, _), r in idx.items() if m == _cal(method, k)]
                 sizes.append(f"{found[0]:,}" if found else "—")
-            cells = [loss, str(k), "—" if d is None else d.compact(), part_text, ", ".join(sizes)]
+            cells = [loss, str(k), "—" if d is None else _with_seeds(d), part_text, ", ".join(sizes)]
             lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def _uncalibrated(idx: Index, label: str, pairs: Sequence[str]) -> str:
-    """The mean over the row's records on ``pairs`` of their model's error before calibration (k = 0)."""
-    values = [r.calibration["uncalibrated_deg"] for (m, p, _), r in idx.items() if m == label and p in pairs]
+def _uncalibrated(idx: Index, label: str, pairs: Sequence[str], seeds: Iterable[int] | None = None) -> str:
+    """The mean over the row's records on ``pairs`` (and ``seeds``, if given) of their model's error before
+    calibration (k = 0)."""
+    kept = None if seeds is None else set(seeds)
+    values = [
+        r.calibration["uncalibrated_deg"]
+        for (m, p, s), r in idx.items()
+        if m == label and p in pairs and (kept is None or s in kept)
+    ]
     values = [v for v in values if v is not None] if values else []
     return f"{statistics.fmean(values):.2f}" if values else "—"
 
@@ -364,16 +398,17 @@ def _faze_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     for k in CALIBRATION_KS:
         d = diff(idx, _cal(meta, k), _cal(plain, k), pairs)
         part = _on_pairs_with_both(idx, _cal(meta, k), _cal(plain, k), pairs)
-        before = [_uncalibrated(idx, _cal(m, k), pairs) for m in (meta, plain)]
-        lines.append(f"| {k} | {'—' if d is None else d.compact()} | {part} | {before[0]} | {before[1]} |")
+        # before calibration on the difference's seeds, where it has some: the same images
+        before = [_uncalibrated(idx, _cal(m, k), pairs, d.per_seed if d else None) for m in (meta, plain)]
+        lines.append(f"| {k} | {'—' if d is None else _with_seeds(d)} | {part} | {before[0]} | {before[1]} |")
     return lines
 
 
 def _costs_table(idx: Index) -> list[str]:
     lines = [
         f"| method (k = {PASS_K}) | seconds per calibration (median) | "
-        "the row's CPU seconds per calibration (median) | numbers stored | file bytes | merges |",
-        "|---|---|---|---|---|---|",
+        "the row's CPU seconds per calibration (median) | numbers stored | file bytes | merges | records | seeds |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for method in CALIBRATION_ROW_METHODS:
         records = [r for (m, _, _), r in idx.items() if m == _cal(method, PASS_K)]
@@ -384,8 +419,10 @@ def _costs_table(idx: Index) -> list[str]:
         seconds, cpu_seconds = (f"{statistics.median(t):.3f}" if t else "—" for t in (wall, cpu))
         numbers = statistics.median(r.trainable_params for r in records)
         size = statistics.median(float(r.adapter_bytes or 0) for r in records)
+        seeds = spans(int(r.seed) for r in records)
         lines.append(
-            f"| {method} | {seconds} | {cpu_seconds} | {int(numbers):,} | {int(size):,} | {records[0].merge} |"
+            f"| {method} | {seconds} | {cpu_seconds} | {int(numbers):,} | {int(size):,} | {records[0].merge} | "
+            f"{len(records)} | {seeds} |"
         )
     return lines
 
@@ -501,9 +538,9 @@ def user_calibration_page(
         "## Error against k",
         "",
         f"Pooled over {', '.join(pairs)} (per seed the mean over these pairs), mean [95 % interval over seeds]; "
-        "each row (and its k = 0) on the seeds that have all of its k on all of these pairs, so that its points "
-        "are the same seeds'; a person's error at k is the mean over the draws of the k images. The figure "
-        "does the same per pair.",
+        "each row (and its k = 0) on the seeds of its *seeds* column, those that have all of its k on all of these "
+        "pairs, so that its points are the same seeds'; a person's error at k is the mean over the draws of the k "
+        "images. The figure does the same per pair.",
         "",
         *_curve_table(idx, pairs),
         "",
@@ -518,7 +555,8 @@ def user_calibration_page(
         f"row's, and in brackets the smallest at which the upper end of the 95 % interval of the difference is "
         f'(how docs/user-calibration.md §4\'s "smallest k whose error interval is at or below its own" is read '
         f'here); "> {CALIBRATION_KS[-1]}" where no k of the protocol gets there. Beside §4\'s label-free rows, '
-        f"the trained label-free baselines of issue 26 (RUDA, the distilled TTA, PnP-GA) where they have records.",
+        f"the trained label-free baselines of issue 26 (RUDA, the distilled TTA, PnP-GA) where they have records. "
+        "*seeds*: those the two rows were compared on (a pair on others names its own).",
         "",
         *_worth(idx, pairs),
         "",
@@ -527,7 +565,8 @@ def user_calibration_page(
         "Each adapter at the benchmark's settings, trained on the k labelled images with the supervised loss and "
         "the declared recipe (user-calibration.md §5.2: three draws per person). Alfa − LoRA, pooled over the "
         "pairs above, and, while the run is under way, over the pairs that have both rows (descriptive, those "
-        "pairs named), with each one's trainable numbers (negative: Alfa is better):",
+        "pairs named), each on the seeds that have both rows on all of its pairs (named), with each one's "
+        "trainable numbers (negative: Alfa is better):",
         "",
         *_adapters_table(idx, pairs),
         "",
@@ -536,14 +575,16 @@ def user_calibration_page(
         "PS-GEN on the meta-learned gaze MLP (AdaGEN) against the same steps on the MLP `alfa faze train` left, "
         "each FAZE model trained on the source's data (user-calibration.md §5.3). Meta − plain, pooled over the "
         "pairs above and, while the run is under way, over the pairs that have both rows (descriptive, named; "
-        "negative: meta-learning helps), and each model before calibration on the same images:",
+        "negative: meta-learning helps), each on the seeds both rows have (named), and each model before "
+        "calibration on the same images (the pooled difference's seeds):",
         "",
         *_faze_table(idx, pairs),
         "",
         "## Spread against random draws",
         "",
-        "Spread − random, pooled over the pairs above: the difference [95 % interval] (negative: the spread draws "
-        "of a screen calibration do better).",
+        "Spread − random, pooled over the pairs above, on the seeds of the row's *seeds* column (a cell on others "
+        "names its own): the difference [95 % interval] (negative: the spread draws of a screen calibration do "
+        "better).",
         "",
         *_draws_table(idx, pairs),
         "",
@@ -553,8 +594,9 @@ def user_calibration_page(
         "record was made on (its device is in the record's hash), in wall seconds, which depend on what else ran "
         "beside the record (the lanes share two cores); the row's CPU seconds per calibration depend on that less "
         "but count all of its work (the persons' images read and scored, too); "
-        "a calibrated user is one safetensors file, and the last column says how it folds into the model for "
-        "export.",
+        "a calibrated user is one safetensors file, and *merges* says how it folds into the model for export. "
+        "The medians are over the row's records at that k, on any pair: *records* counts them, *seeds* names "
+        "their seeds.",
         "",
         *_costs_table(idx),
         "",
