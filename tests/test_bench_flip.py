@@ -168,7 +168,10 @@ def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it
     assert "the rule's case (seeds)" in text and "Rows marked *shipped default recipe*" in text
     table1 = text.split("## Table 1")[1].split("\n## ")[0]
     assert "| Alfa (shipped default recipe) |" in table1
-    assert "With its shipped default recipe, of the 1 (method, pair) comparisons with source-only, a method is " in text
+    assert (
+        "With its shipped default recipe, of the 1 (method, pair) comparisons with source-only (descriptive: outside "
+        "the declared family, so none is judged" in text
+    )
     # flip-TTA on top of each personalized model, and the flip loss after personalization, per pair
     after = text.split("### After personalization: flip-TTA on top, and what a flip still sees")[1].split("\n## ")[0]
     alfa_row = next(line for line in after.splitlines() if line.startswith("| Alfa |"))
