@@ -1,7 +1,7 @@
 """What the report's header counts and how its tables and sentences say which seeds each row has: every count on a
 page agrees with the others, a part of the declared run with nothing missing is not listed as missing, and a
 difference between rows of different seeds is made, and named, on the seeds both have (in the ablations, in
-Table 1 and in the summary's pooled sentences)."""
+Table 1, the per-person table and the summary's pooled sentences, whose seeds read as ranges)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ import dataclasses
 from bench_records import complete, row
 from test_report import MEANS, fixture_results, shifted
 
+from alfa.study.bench import methods
 from alfa.study.bench.calibration import calibration_page
 from alfa.study.bench.flip_report import _after_lines
 from alfa.study.bench.markdown import spans
+from alfa.study.bench.methods import declared_run_seeds
 from alfa.study.bench.plan import DeclaredRunProgress
 from alfa.study.bench.report_page import render_report
 from alfa.study.bench.report_prose import declared_run
-from alfa.study.bench.report_tables import ablation_table, table1
+from alfa.study.bench.report_tables import ablation_table, person_table, table1
+from alfa.study.bench.report_verdicts import main_verdicts
 from alfa.study.bench.stats import index_records
 
 # the committed page's counts when this was written: nothing of the family's seeds missing
@@ -58,10 +61,30 @@ def test_the_declared_run_leaves_out_a_part_with_nothing_missing():
     ) in header
     # within the first part too, and a count of one is singular
     some = dataclasses.replace(UNDER_WAY, selections=0, rows=0, family_missing=1, replicate_missing=0)
-    assert declared_run(**dataclasses.asdict(some)).endswith(
+    assert declared_run(**dataclasses.asdict(some), **declared_run_seeds()).endswith(
         "Not yet recorded: on seeds 0–2, 792 ablation rows; on the family's seeds 3–7, 1 record. A row without a "
         "record is shown as missing, and nothing is read from its absence."
     )
+
+
+def test_the_declared_runs_words_follow_the_seeds_that_declare_it(monkeypatch):
+    # the parts' seeds come from the constants that declare them: other constants, other words
+    monkeypatch.setattr(methods, "FIRST_SEEDS", (0, 1, 2, 3))
+    monkeypatch.setattr(methods, "FAMILY_SEEDS", (4, 5, 6, 7, 8, 9))
+    monkeypatch.setattr(methods, "REPLICATE_SEEDS", (4, 6))
+    progress = dataclasses.replace(UNDER_WAY, family_missing=2)
+    header = _header(render_report(fixture_results(), progress=progress))
+    assert (
+        "Not yet recorded: on seeds 0–3, 84 recipe selections, 792 ablation rows and 999 other rows; on the "
+        "family's seeds 4–9, 2 records; of the other rows of seeds 0–3 repeated on seeds 4, 6 (§7.2, amended "
+        "2026-12-04), 1529."
+    ) in header
+    assert "0–2" not in header and "3–7" not in header and "3–5" not in header
+    # the calibration page says the same paragraph with the same words
+    page = calibration_page(
+        [], {"records": fixture_results()["records"], "config": {}}, data="d", command="c", progress=progress
+    )
+    assert declared_run(**dataclasses.asdict(progress), **declared_run_seeds()) in page and "seeds 0–3, 84" in page
 
 
 def test_a_declared_run_with_nothing_missing_says_it_is_fully_recorded_on_both_pages():
@@ -197,3 +220,32 @@ def test_flip_tta_on_top_is_read_against_flip_tta_alone_on_the_seeds_both_have()
         "On S→W, of the 1 personalized models with flip-TTA on top, the lowest mean error is Alfa's (12.50°, "
         "flip-TTA alone 13.00°, on seeds 0–2): Alfa + flip-TTA − flip-TTA = −0.50°"
     )
+
+
+def test_a_pair_ranked_on_a_rows_own_seeds_says_them_as_a_range():
+    # Alfa (selected recipe) on seeds 0–1 of E→M, the others on 0–2: it is ranked on its two, said as the page
+    # says seeds everywhere else ("0–1"), not as a list
+    means = {**MEANS, ("alfa[selected]", "E→M"): (4.9, 5.0)}
+    lines = main_verdicts(index_records(fixture_results(means)["records"]))
+    assert any(line.startswith("On E→M (on seeds 0–1, the ones it has) Alfa (selected recipe)") for line in lines)
+    assert not any("seeds 0, 1" in line for line in lines)
+
+
+def test_the_per_person_table_names_each_rows_seeds_as_table1_does():
+    # source-only on seeds 0–2; LoRA on 0–3 on both pairs; Alfa (selected recipe) on 0–3 on E→M, 0–2 on E→D
+    means = {
+        **MEANS,
+        ("lora", "E→M"): (5.5, 5.9, 7.2, 8.0),
+        ("lora", "E→D"): (4.0, 4.1, 4.2, 4.3),
+        ("alfa[selected]", "E→M"): (5.0, 6.0, 7.0, 8.0),
+        ("alfa[selected]", "E→D"): (5.0, 5.1, 5.2),
+    }
+    table = person_table(index_records(fixture_results(means)["records"]))
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()}
+    assert rows["method"].startswith("| method | seeds | std over persons (mean over records) |")
+    assert rows["source-only (truncated base)"].startswith("| source-only (truncated base) | 0–2 | ")
+    assert rows["Alfa"].startswith("| Alfa | 0–2 | ") and "(seeds" not in rows["Alfa"]
+    # LoRA's records are on 0–3; the persons it helps are counted on the 0–2 it shares with source-only, named:
+    # the fixture's same 3 persons in every seed, on 2 pairs, every one of them better
+    assert rows["LoRA"].startswith("| LoRA | 0–3 | ") and "| 6 / 6 (seeds 0–2) |" in rows["LoRA"]
+    assert rows["Alfa (selected recipe)"].startswith("| Alfa (selected recipe) | 0–3 (E→D: 0–2) | ")

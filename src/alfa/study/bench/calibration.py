@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .methods import declared_run_seeds
 from .record import Record
 from .report_prose import declared_run
 from .stats import Stat, cell, index_records
@@ -328,5 +329,5 @@ def _checks_section(results: Mapping[str, Any], progress: DeclaredRunProgress | 
     verdict = "The worlds are calibrated." if held == len(conditions) else "**The worlds are not calibrated.**"
     lines += ["", f"{held} of {len(conditions)} conditions hold. {verdict}", ""]
     if progress is not None:  # the calibration record is the first part of the declared run: how far it is
-        lines += [declared_run(**dataclasses.asdict(progress)), ""]
+        lines += [declared_run(**dataclasses.asdict(progress), **declared_run_seeds()), ""]
     return lines

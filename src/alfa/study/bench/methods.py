@@ -1,11 +1,14 @@
 """The benchmark's vocabulary: its domains, pairs and the rows of Table 1 and the sanity table, shared by every
-bench module (it imports only the library's method registry)."""
+bench module (it imports only the library's method registry, and :func:`~alfa.study.bench.markdown.spans` to
+say its seeds)."""
 
 import re
 from typing import Any
 
 from alfa.adapters import METHODS
 from alfa.gaze.calibrate import DEFAULT_METHOD as DEFAULT_CALIBRATION
+
+from .markdown import spans
 
 SOURCES = {"E": "eth", "G": "gaze360", "S": "eth-studio"}
 TARGETS = {"M": "mpii", "D": "eyediap", "W": "mpii-window", "C": "eyediap-offcam", "R": "eth-studio-mirrored"}
@@ -255,3 +258,14 @@ REPLICATE_SEEDS = (3, 4, 5)
 """The family's seeds on which every other row declared for seeds 0–2 is also declared (PnP-GA keeps
 :data:`PNPGA_FAMILY_SEEDS`), so that the whole standard preset has three seeds made on the kind of machine that
 made the family's seeds, whichever kind a session is lent (docs/flip-premise.md §7.2, amended 2026-12-04)."""
+
+
+def declared_run_seeds() -> dict[str, str]:
+    """The seeds of each part of the declared v2 run as a page says them (``{"first_seeds": "0–2", ...}``): the
+    format arguments of :func:`~alfa.study.bench.report_prose.declared_run`, so that its words follow
+    :data:`FIRST_SEEDS`, :data:`FAMILY_SEEDS` and :data:`REPLICATE_SEEDS`."""
+    return {
+        "first_seeds": spans(FIRST_SEEDS),
+        "family_seeds": spans(FAMILY_SEEDS),
+        "replicate_seeds": spans(REPLICATE_SEEDS),
+    }

@@ -42,6 +42,7 @@ from .methods import (
     SOURCES,
     STAND_INS,
     TARGETS,
+    declared_run_seeds,
     table_methods,
     with_tta_rows,
     world_name,
@@ -329,7 +330,7 @@ def _header_section(r: _Report) -> list[str]:
     if r.results.get("preset") in prose.NO_CLAIM_PRESETS:
         lines += [prose.NO_CLAIMS.format(preset=r.results["preset"]), ""]
     if r.progress is not None:  # a run still being made: what it lacks, before any number is read
-        lines += [prose.declared_run(**dataclasses.asdict(r.progress)), ""]
+        lines += [prose.declared_run(**dataclasses.asdict(r.progress), **declared_run_seeds()), ""]
     selection = [rec for rec in r.records if rec.kind == "selection"]
     if selection:
         present = {m for (m, _, _) in r.idx}

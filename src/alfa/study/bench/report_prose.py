@@ -266,9 +266,11 @@ DECLARED_RUN_DONE = (
     "**The declared run** (docs/flip-premise.md §7–7.4): this file holds all {total} of its records; the declared "
     "run is fully recorded."
 )
-DECLARED_RUN_FIRST = "on seeds 0–2, {parts}"
-DECLARED_RUN_FAMILY = "on the family's seeds 3–7, {count}"
-DECLARED_RUN_REPLICATE = "of the other rows of seeds 0–2 repeated on seeds 3–5 (§7.2, amended 2026-12-04), {count}"
+DECLARED_RUN_FIRST = "on seeds {first_seeds}, {parts}"
+DECLARED_RUN_FAMILY = "on the family's seeds {family_seeds}, {count}"
+DECLARED_RUN_REPLICATE = (
+    "of the other rows of seeds {first_seeds} repeated on seeds {replicate_seeds} (§7.2, amended 2026-12-04), {count}"
+)
 
 
 def counted(count: int, noun: str) -> str:
@@ -290,21 +292,30 @@ def declared_run(
     rows: int,
     family_missing: int,
     replicate_missing: int,
+    first_seeds: str,
+    family_seeds: str,
+    replicate_seeds: str,
 ) -> str:
     """The paragraph on how much of the declared run a file holds (the fields of
     :class:`~alfa.study.bench.plan.DeclaredRunProgress`): each part still missing, a part with nothing missing
     left out (a "0 records" clause reads as if something were missing), or, with nothing missing, that the
-    run is fully recorded."""
+    run is fully recorded. ``first_seeds``, ``family_seeds``, ``replicate_seeds``: each part's seeds as the page
+    says them (``"0–2"``), from the constants that declare them
+    (:func:`~alfa.study.bench.plan.declared_run_seeds`)."""
     first = [
         counted(n, noun)
         for n, noun in ((selections, "recipe selections"), (ablations, "ablation rows"), (rows, "other rows"))
         if n
     ]
-    parts = [DECLARED_RUN_FIRST.format(parts=listed(first))] if first else []
+    parts = [DECLARED_RUN_FIRST.format(first_seeds=first_seeds, parts=listed(first))] if first else []
     if family_missing:
-        parts.append(DECLARED_RUN_FAMILY.format(count=counted(family_missing, "records")))
+        parts.append(DECLARED_RUN_FAMILY.format(family_seeds=family_seeds, count=counted(family_missing, "records")))
     if replicate_missing:
-        parts.append(DECLARED_RUN_REPLICATE.format(count=replicate_missing))
+        parts.append(
+            DECLARED_RUN_REPLICATE.format(
+                first_seeds=first_seeds, replicate_seeds=replicate_seeds, count=replicate_missing
+            )
+        )
     if not parts:
         return DECLARED_RUN_DONE.format(total=total)
     return DECLARED_RUN.format(held=held, total=total) + DECLARED_RUN_MISSING.format(parts="; ".join(parts))
@@ -355,8 +366,9 @@ TABLE1_INTRO = (
 )
 
 PER_PERSON_INTRO = (
-    "Per person (all pairs and seeds pooled; persons better than source-only counts distinct persons, as the "
-    "differences do: see Protocol):"
+    "Per person (all pairs pooled, each row on the seeds of its *seeds* column, as in Table 1; persons better than "
+    "source-only counts distinct persons, as the differences do, on the seeds of the row's Δ in Table 1, named "
+    "where they are not the row's: see Protocol):"
 )
 
 TPGAZE_INTRO = "TPGaze with its meta-trained prompts before any personalization step, and after its steps:"

@@ -157,7 +157,10 @@ def _person_changes(idx: Index, method: str) -> list[float]:
 
 
 def person_table(idx: Index) -> str:
-    """Per method: the spread over persons and how many persons each method helps."""
+    """Per method: the spread over persons and how many persons each method helps. Every column but the persons
+    helped reads all of the row's records, on the seeds of its *seeds* column (as Table 1 says them); the persons
+    helped count those of the pooled difference, on the seeds both rows have on every pair, named where they are
+    not the row's."""
     pairs = pairs_of(idx)
     rows = []
     for m in table1_rows(idx):
@@ -166,21 +169,24 @@ def person_table(idx: Index) -> str:
             continue
         spread = statistics.fmean(_or_zero(r.std_over_persons) for r in recs)
         worst = max(max(r.per_person.values()) for r in recs if r.per_person)
+        seeds, usual = _row_seeds(idx, m, pairs)
         d = diff(idx, m, "source-only", pairs) if m != "source-only" else None
         helped = "—" if d is None or not d.persons else f"{d.persons_better} / {d.persons}"
+        helped += "" if d is None or not d.persons else seeds_note(d.per_seed, usual)
         changes = _person_changes(idx, m) if m != "source-only" else []
         worst_change = signed(max(changes)) if changes else "—"
         best_change = signed(min(changes)) if changes else "—"
-        rows.append([_name(m), f"{spread:.2f}", f"{worst:.2f}", helped, best_change, worst_change])
+        rows.append([_name(m), seeds, f"{spread:.2f}", f"{worst:.2f}", helped, best_change, worst_change])
     header = [
         "method",
+        "seeds",
         "std over persons (mean over records)",
         "worst person",
         "persons better than source-only (distinct)",
         "best person change",
         "worst person change",
     ]
-    return _table(header, rows)
+    return _table(header, rows, "ll" + "r" * (len(header) - 2))
 
 
 def tpgaze_table(idx: Index) -> str | None:

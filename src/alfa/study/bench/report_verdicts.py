@@ -89,8 +89,7 @@ def _ranked_on_its_seeds(idx: Index, methods: Sequence[str], pair: str, row: str
             continue
         narrowed |= len(theirs.values) > len(mine.values)
         ranked.append((cell_on(idx, m, [pair], mine.values), m))
-    seeds = sorted(mine.values)
-    on = f" (on seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, the ones it has)" if narrowed else ""
+    on = f" (on {seeds_words(mine.values)}, the ones it has)" if narrowed else ""
     return sorted(ranked, key=lambda t: t[0].mean), on
 
 

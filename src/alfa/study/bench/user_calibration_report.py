@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .markdown import span, spans
+from .markdown import seeds_note, span, spans
 from .methods import (
     ADAPTER_KS,
     CALIBRATION_DRAWS,
@@ -100,10 +100,10 @@ def _usual(seed_sets: Sequence[tuple[str, set[int]]]) -> tuple[str, dict[str, st
 
 def _share(
     idx: Index, pair: str, method: str = DEFAULT_CALIBRATION, among: set[int] | None = None
-) -> tuple[float, int] | None:
+) -> tuple[float, set[int]] | None:
     """The share of the headroom the calibration at :data:`PASS_K` closes on ``pair``, from the means over the
     seeds (of ``among``, if given) that have source-only, the oracle and the row (docs/user-calibration.md §4:
-    means over seeds), and how many seeds; ``None`` where no seed has all three or the oracle's mean is not below
+    means over seeds), and those seeds; ``None`` where no seed has all three or the oracle's mean is not below
     source-only's."""
     seeds = {
         s
@@ -113,14 +113,19 @@ def _share(
     so, oracle, calibrated = (cell_on(idx, m, [pair], seeds) for m in ("source-only", "oracle", _cal(method, PASS_K)))
     if so is None or oracle is None or calibrated is None or so.mean <= oracle.mean:
         return None
-    return (so.mean - calibrated.mean) / (so.mean - oracle.mean), len(seeds)
+    return (so.mean - calibrated.mean) / (so.mean - oracle.mean), seeds
 
 
 def _criteria_table(
-    idx: Index, pairs: Sequence[str], method: str = DEFAULT_CALIBRATION, safe_method: str | None = None
+    idx: Index,
+    pairs: Sequence[str],
+    method: str = DEFAULT_CALIBRATION,
+    safe_method: str | None = None,
+    every: Iterable[int] = FIRST_SEEDS,
 ) -> list[str]:
     """Issue 25's criteria per pair for ``method`` at :data:`PASS_K` and ``safe_method`` (default: ``method``)
-    at :data:`SAFE_K`."""
+    at :data:`SAFE_K`. ``every``: the seeds the section says it reads; a pair whose row has others names them
+    (``E→M (seed 2)``), and a share or difference on other seeds than its pair's names its own."""
     safe_method = method if safe_method is None else safe_method
     default = display_name(_cal(method, PASS_K))
     lines = [
@@ -142,11 +147,12 @@ def _criteria_table(
             verdicts.append(f"k = {SAFE_K}: no interval")
         else:
             verdicts.append(f"k = {SAFE_K}: {'worse beyond the interval' if safe.interval[0] > 0 else 'not worse'}")
-        share_text = "—" if share is None else f"{share[0]:.0%} ({share[1]} seed{'s' if share[1] != 1 else ''})"
+        share_text = "—" if share is None else f"{share[0]:.0%}" + seeds_note(share[1], seeds)
+        safe_text = "—" if safe is None else safe.compact() if set(safe.per_seed) == seeds else _with_seeds(safe)
         lines.append(
-            f"| {pair} | "
+            f"| {pair}{seeds_note(seeds, every) if seeds else ''} | "
             + " | ".join("—" if c is None else c.format_interval() for c in cells)
-            + f" | {share_text} | {'—' if safe is None else safe.compact()} | {'; '.join(verdicts)} |"
+            + f" | {share_text} | {safe_text} | {'; '.join(verdicts)} |"
         )
     return lines
 
@@ -161,7 +167,7 @@ def default_choice(idx: Index) -> tuple[str | None, dict[str, float | None]]:
         shares = []
         for pair in RULE_PAIRS:
             share = _share(idx, pair, method, set(RULE_SEEDS))
-            shares.append(share[0] if share is not None and share[1] == len(RULE_SEEDS) else None)
+            shares.append(share[0] if share is not None and share[1] == set(RULE_SEEDS) else None)
         scores[method] = None if None in shares else min(s for s in shares if s is not None)
     if any(v is None for v in scores.values()):
         return None, scores
@@ -225,7 +231,8 @@ def _choice_section(idx: Index, records: Sequence[Record], results: dict[str, An
             f"Issue 25's criteria for {'the declared default' if choice is None else 'the rule’s choice'}, on the "
             f"records the rule never read (of seeds {span(FIRST_SEEDS)}: seeds other than "
             f"{', '.join(map(str, RULE_SEEDS))} on "
-            f"{', '.join(RULE_PAIRS)}; every seed of the other pairs), computed as above:",
+            f"{', '.join(RULE_PAIRS)}; every seed of the other pairs), computed as above (a pair names its seeds "
+            f"where they are not all of {span(FIRST_SEEDS)}):",
             "",
             *_criteria_table(held, held_pairs, DEFAULT_CALIBRATION if choice is None else choice, DEFAULT_CALIBRATION),
             "",
@@ -255,10 +262,10 @@ def _replicate_criteria(records: Sequence[Record], results: dict[str, Any]) -> l
         return []
     return [
         f"The same criteria for the default on the replicate seeds {span(REPLICATE_SEEDS)} "
-        "alone (every row of seeds 0–2 declared again there when no machine of their kind was lent; descriptive, "
-        "beside the declared reading above and not pooled into it):",
+        f"alone (every row of seeds {span(FIRST_SEEDS)} declared again there when no machine of their kind was lent; "
+        "descriptive, beside the declared reading above and not pooled into it):",
         "",
-        *_criteria_table(idx, pairs),
+        *_criteria_table(idx, pairs, every=REPLICATE_SEEDS),
         "",
     ]
 
@@ -478,7 +485,7 @@ def _header(records: Sequence[Record], pairs: Sequence[str], data: str, command:
         "(persons drawn afresh per seed), and none is called clear.",
         "",
         f"**Records:** {sum(i in held for i in declared)} of the {len(declared)} user-calibration rows declared on "
-        f"seeds 0–2 and on their replicates, seeds {span(REPLICATE_SEEDS)} ({len(rows)} rows × "
+        f"seeds {span(FIRST_SEEDS)} and on their replicates, seeds {span(REPLICATE_SEEDS)} ({len(rows)} rows × "
         f"{len(PAIRS)} pairs × {len(seeds)} seeds); pairs with any: "
         f"{', '.join(pairs) if pairs else 'none'}. On each pair, every row (source-only, the label-free rows, the "
         "oracle) is read only on seeds with user-calibration records there, and each table says which seeds its "
@@ -504,7 +511,8 @@ def _criteria_section(same_seeds: Sequence[Record], results: dict[str, Any]) -> 
         f"the headroom from source-only to the oracle ((source-only − calibrated) / (source-only − oracle) of the "
         f"means over the seeds that have all three; source-only and the oracle are read on the row's seeds), "
         f"and at k = {SAFE_K} it must not be worse than source-only beyond the 95 % "
-        "interval of the difference (its lower end above zero).",
+        "interval of the difference (its lower end above zero). A pair whose row has other seeds names them, and a "
+        "share or difference on others than its pair's names its own.",
         "",
         *_criteria_table(first, _pairs(first)),
         "",
