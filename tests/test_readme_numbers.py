@@ -26,11 +26,18 @@ def _normal(text: str) -> str:
     return re.sub(r"\s+", " ", text).replace("°", "").replace("+", "")
 
 
+def _holds(text: str, number: str) -> bool:
+    # as a whole number: "0.06" is not found inside "10.06" or "0.061", or nearly every decimal would pass
+    return re.search(rf"(?<![\d.]){re.escape(number)}(?!\d)", text) is not None
+
+
 def unsourced(readme: str, pages: str, printed: str = "") -> list[str]:
-    """The intervals and decimal numbers of ``readme`` that neither ``pages`` nor ``printed`` holds."""
+    """The intervals and decimal numbers of ``readme``'s prose (code blocks are code, not quoted numbers) that
+    neither ``pages`` nor ``printed`` holds."""
+    readme = re.sub(r"```.*?```", "", readme, flags=re.S)
     readme, pages = _normal(readme), _normal(pages)
     missing = [m for m in INTERVAL.findall(readme) if m not in pages]
-    missing += [m for m in DECIMAL.findall(readme) if m not in pages and m not in printed]
+    missing += [m for m in DECIMAL.findall(readme) if not _holds(pages, m) and not _holds(printed, m)]
     return missing
 
 
@@ -54,3 +61,6 @@ def test_a_stale_or_typed_in_number_is_caught():
     assert unsourced("−0.24 [−0.41, −0.05]", pages) == ["−0.24 [−0.41, −0.05]", "0.05"]
     assert unsourced("0.24 [0.06, 0.41]", pages) == ["0.24 [0.06, 0.41]"]
     assert unsourced("about 4.2° below", pages) == ["4.2"]
+    # a number is matched whole, never as a piece of a longer one; code blocks are not read
+    assert unsourced("0.1 and 10.1 and 9.2", pages) == ["0.1", "10.1", "9.2"]
+    assert unsourced("```python\nlr = 3.5\n```\n", pages) == []

@@ -249,3 +249,21 @@ def test_the_per_person_table_names_each_rows_seeds_as_table1_does():
     # the fixture's same 3 persons in every seed, on 2 pairs, every one of them better
     assert rows["LoRA"].startswith("| LoRA | 0–3 | ") and "| 6 / 6 (seeds 0–2) |" in rows["LoRA"]
     assert rows["Alfa (selected recipe)"].startswith("| Alfa (selected recipe) | 0–3 (E→D: 0–2) | ")
+
+
+def test_the_header_says_user_calibration_records_are_read_on_their_own_page():
+    # they are scored records on the benchmark's pairs, but no table of this page reads them
+    results = fixture_results()
+    rows = len(results["records"])
+    results["records"] += [shifted("calibrate-affine[k=9]", "E→M", s, 7.0) for s in (0, 1, 2)]
+    header = _header(render_report(results))
+    assert f"{rows} on the benchmark's pairs (the tables' rows)" in header
+    assert "3 of user calibration from labelled images (read on docs/results-user-calibration.md)" in header
+
+
+def test_a_first_protocol_page_says_its_runs_standard_is_todays_first_standard_only_for_that_flag():
+    results = fixture_results()  # the first worlds (v1), with one run
+    run = results["runs"][0]
+    for command, renamed in (("alfa bench --standard --seeds 0", True), ("alfa bench --first-standard", False)):
+        results["runs"] = [dict(run, command=command)]
+        assert ("`alfa bench --first-standard` runs today" in render_report(results)) is renamed

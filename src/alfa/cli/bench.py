@@ -48,16 +48,16 @@ def _pairs(value: str) -> list[str]:
     return out
 
 
-# Each preset's BenchConfig constructor and its default --out. The two standard presets get folders of their
-# own, the ones their committed records were made in (docs/data/bench-standard and bench-flip came from
+# Each preset (a BenchConfig constructor of that name) and its default --out. The two standard presets get
+# folders of their own, the ones their committed records were made in (docs/data/bench-standard and bench-flip came from
 # runs/bench-standard and runs/bench-flip, bench-v2 from runs/bench-v2), so that a run of one never resumes into
 # the other's records.
-PRESETS: dict[str, tuple[str, str]] = {
-    "smoke": ("smoke", "runs/bench-smoke"),
-    "quick": ("quick", "runs/bench-quick"),
-    "standard": ("standard", "runs/bench-v2"),
-    "first_standard": ("first_standard", "runs/bench-standard"),
-    "full": ("full", "runs/bench-full"),
+PRESETS: dict[str, str] = {
+    "smoke": "runs/bench-smoke",
+    "quick": "runs/bench-quick",
+    "standard": "runs/bench-v2",
+    "first_standard": "runs/bench-standard",
+    "full": "runs/bench-full",
 }
 
 
@@ -76,7 +76,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     from alfa.study.bench.config import BenchConfig, selectable_methods
     from alfa.study.bench.methods import expand_calibration_names
 
-    config = getattr(BenchConfig, PRESETS[_preset(args)][0])()
+    config = getattr(BenchConfig, _preset(args))()
     changes: dict = {}
     if args.methods is not None:
         changes["methods"] = expand_calibration_names(tuple(_list(args.methods)))
@@ -114,7 +114,7 @@ def _bench(args: argparse.Namespace) -> None:
     config = bench_config(args)
     preset = _preset(args)
     deterministic_kernels()
-    out = Path(args.out or PRESETS[preset][1])
+    out = Path(args.out or PRESETS[preset])
     device = resolve_device(args.device)
     summary = run_bench(
         config,
@@ -172,22 +172,23 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the second protocol's preset (docs/flip-premise.md §7), behind docs/results-v2.md and "
         "docs/results-user-calibration.md: six pairs and S→R on the v2 worlds; hours per seed: run it in pieces, "
-        "as scripts/queues/*.txt do (default --out runs/bench-v2)",
+        "as scripts/queues/*.txt do",
     )
     preset.add_argument(
         "--first-standard",
         action="store_true",
         help="the preset the first records were made with, behind docs/results.md and docs/results-flip.md "
         "(the v1 worlds, the same 5 persons per target in every seed; its commands are in those pages' § Runs, "
-        "where it was still called --standard; default --out runs/bench-standard)",
+        "where it was still called --standard)",
     )
     preset.add_argument(
         "--full", action="store_true", help="longer training, every target person (many hours; run it in pieces)"
     )
     p.add_argument(
         "--out",
-        help="results folder (default: runs/bench-smoke, -quick, -v2 for --standard, "
-        "-standard for --first-standard, -full)",
+        help="results folder (default, per preset: "
+        + ", ".join(f"{folder} for --{name.replace('_', '-')}" for name, folder in PRESETS.items())
+        + ")",
     )
     p.add_argument("--cache-dir", help="where source models are cached (default OUT/cache)")
     p.add_argument(

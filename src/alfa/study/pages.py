@@ -235,7 +235,8 @@ PAGES: tuple[Page, ...] = (
     Page(
         path="docs/results-flip.md",
         data=FLIP_DATA,
-        produce="alfa bench --first-standard (in pieces, docs/results-flip.md § Runs), then alfa report --results "
+        produce="alfa bench --first-standard --out runs/bench-flip (in pieces, docs/results-flip.md § Runs), then "
+        "alfa report --results "
         f"runs/bench-flip --data-to {FLIP_DATA} --out docs/results-flip.md",
         render=_render_flip_results,
         figures="docs/figures/results-flip",

@@ -232,13 +232,13 @@ class BenchConfig:
         80 persons × 100 images (8 pre-training + 2 recovery epochs), every target person (15 and 14) with
         60 images (5 adapt + 55 scored), 10 personalization steps; TPGaze meta-training with its reference
         settings (10 epochs × 100 meta-steps), every ablation on all four pairs. Many hours on 2 CPU cores
-        (not run by us; ``docs/results.md`` comes from :meth:`standard`): run it in pieces (``--seeds``,
+        (not run by us; ``docs/results.md`` comes from :meth:`first_standard`): run it in pieces (``--seeds``,
         ``--pairs``, ``--methods``, ``--ablations``) into one folder, two at a time."""
         return dataclasses.replace(cls(preset="full"), **overrides)
 
     @classmethod
     def standard(cls, **overrides: Any) -> BenchConfig:
-        """The preset ``docs/results.md`` is made from (its wall time is in that page; run it in pieces,
+        """The second protocol's preset, behind ``docs/results-v2.md`` (run it in pieces,
         two processes at a time): the full code path, all six pairs, every method (with the paper's recipe, the
         recipe selected on the stand-in and the recipe ``alfa personalize`` ships), seeds 0–2, on the v2
         worlds (calibrated to the real regime, docs/synthetic.md), 64×64 faces, sources of 80 persons × 200

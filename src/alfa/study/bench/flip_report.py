@@ -484,7 +484,7 @@ def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> t
         ]
         if not compared:
             continue
-        if not any(d.judged for d in compared):
+        if outside_family(compared):
             # outside the declared family (a v2 page): nothing can be clear, so the sentence must not read as a
             # verdict; it names the comparisons whose own, unadjusted interval lies above zero
             sentences.append(_descriptive_harm(words, compared))
@@ -506,6 +506,13 @@ def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> t
     return [table], sentences
 
 
+def outside_family(compared: Sequence[Diff]) -> bool:
+    """Whether none of ``compared`` is in the page's declared family (a v2 page's per-pair comparisons): then
+    none can be clear, whatever its seeds. A declared comparison of one seed is unjudged for lack of seeds, which
+    the verdict sentence handles; it is not descriptive."""
+    return not any(d.declared for d in compared)
+
+
 def _descriptive_harm(words: str, compared: Sequence[Diff]) -> str:
     """The per-pair harm sentence where its comparisons are descriptive: those whose own 95 % interval lies
     above zero (unadjusted for their number, so some are expected by chance), and that no verdict is given."""
@@ -516,7 +523,7 @@ def _descriptive_harm(words: str, compared: Sequence[Diff]) -> str:
     ]
     return (
         f"With {words}, of the {len(compared)} (method, pair) comparisons with source-only (descriptive: "
-        "outside the declared family, so none is judged; the pooled ones are), the 95 % interval lies wholly "
+        "outside the declared family, so none is judged), the 95 % interval lies wholly "
         "above zero, a harm taken alone, on: " + ("; ".join(above) if above else "none") + "."
     )
 

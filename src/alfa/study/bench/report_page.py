@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from .methods import (
     STAND_INS,
     TARGETS,
     declared_run_seeds,
+    parse_calibration_label,
     table_methods,
     with_tta_rows,
     world_name,
@@ -282,7 +284,7 @@ def _runs_lines(results: dict[str, Any], records: Sequence[Record]) -> list[str]
         torch=runs[0].get("torch"),
     )
     # the first records' commands say --standard, which names the second protocol's preset since it came
-    renamed = _worlds(results) == "v1" and any("--standard" in r.get("command", "") for r in runs)
+    renamed = _worlds(results) == "v1" and any(re.search(r"(^|\s)--standard(\s|$)", r.get("command", "")) for r in runs)
     return [cost, "", summary + (" " + prose.FIRST_STANDARD_RENAMED if renamed else ""), "", runs_table(runs)]
 
 
@@ -296,17 +298,22 @@ def _record_kinds(records: Sequence[Record]) -> str:
     scored = [x for x in records if x.kind != "selection"]
     controls = [x for x in scored if x.pair in CONSTRUCTED_CONTROLS]
     no_error = [x for x in scored if x.pair not in CONSTRUCTED_CONTROLS and x.error_deg is None]
+    # user calibration's rows have a page of their own (docs/results-user-calibration.md), no table here
+    calibrated = [x for x in scored if x.error_deg is not None and parse_calibration_label(x.method) is not None]
+    calibrated = [x for x in calibrated if x.pair not in CONSTRUCTED_CONTROLS]
     others = []
     if selections:
         others.append(prose.SELECTION_KIND.format(count=prose.counted(len(selections), "recipe selections")))
     if controls:
         pairs = ", ".join(p for p in CONSTRUCTED_CONTROLS if any(x.pair == p for x in controls))
         others.append(prose.CONTROL_KIND.format(count=len(controls), pairs=pairs))
+    if calibrated:
+        others.append(prose.CALIBRATION_KIND.format(count=len(calibrated)))
     if no_error:
         others.append(prose.NO_ERROR_KIND.format(count=len(no_error)))
     if not others:
         return ""
-    rows = prose.TABLE_ROW_RECORDS.format(count=len(scored) - len(controls) - len(no_error))
+    rows = prose.TABLE_ROW_RECORDS.format(count=len(scored) - len(controls) - len(no_error) - len(calibrated))
     return prose.RECORD_KINDS.format(parts=prose.listed([rows, *others]))
 
 

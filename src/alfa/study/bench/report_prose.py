@@ -26,6 +26,7 @@ TABLE_ROW_RECORDS = "{count} on the benchmark's pairs (the tables' rows)"
 SELECTION_KIND = "{count} on the stand-in"
 CONTROL_KIND = "{count} on the constructed positive control {pairs}"
 NO_ERROR_KIND = "{count} without an error (not read)"
+CALIBRATION_KIND = "{count} of user calibration from labelled images (read on docs/results-user-calibration.md)"
 
 SELECTION_RECORDS = (
     "The recipe selections: one per method, source and seed, on the stand-in (§ Recipes selected without target "
@@ -301,7 +302,7 @@ def declared_run(
     left out (a "0 records" clause reads as if something were missing), or, with nothing missing, that the
     run is fully recorded. ``first_seeds``, ``family_seeds``, ``replicate_seeds``: each part's seeds as the page
     says them (``"0–2"``), from the constants that declare them
-    (:func:`~alfa.study.bench.plan.declared_run_seeds`)."""
+    (:func:`~alfa.study.bench.methods.declared_run_seeds`)."""
     first = [
         counted(n, noun)
         for n, noun in ((selections, "recipe selections"), (ablations, "ablation rows"), (rows, "other rows"))
