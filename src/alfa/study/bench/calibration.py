@@ -54,6 +54,7 @@ __all__ = [
     "calibration_statement",
     "scout_table",
     "variant_table",
+    "declared_run_paragraph",
 ]
 
 REAL_SOURCE_ONLY = {"E→M": 8.77, "E→D": 8.58, "G→M": 7.66, "G→D": 8.98}
@@ -246,6 +247,11 @@ def _paired_change(errors: Mapping[str, float], reference: Mapping[str, float]) 
     return f"{change.mean:+.2f} [{low:+.2f}, {high:+.2f}]"
 
 
+def declared_run_paragraph(progress: DeclaredRunProgress) -> str:
+    """The paragraph that says how much of the declared run a file holds (on this page and the results page)."""
+    return declared_run(**dataclasses.asdict(progress), **declared_run_seeds())
+
+
 def calibration_page(
     scouts: Sequence[Mapping[str, Any]],
     results: Mapping[str, Any] | None,
@@ -329,5 +335,5 @@ def _checks_section(results: Mapping[str, Any], progress: DeclaredRunProgress | 
     verdict = "The worlds are calibrated." if held == len(conditions) else "**The worlds are not calibrated.**"
     lines += ["", f"{held} of {len(conditions)} conditions hold. {verdict}", ""]
     if progress is not None:  # the calibration record is the first part of the declared run: how far it is
-        lines += [declared_run(**dataclasses.asdict(progress), **declared_run_seeds()), ""]
+        lines += [declared_run_paragraph(progress), ""]
     return lines

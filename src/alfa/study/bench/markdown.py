@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-__all__ = ["table", "number", "span", "spans", "seeds_words", "seeds_note"]
+__all__ = ["table", "number", "span", "spans", "usual_seeds", "seeds_words", "seeds_note"]
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
@@ -25,6 +25,12 @@ def number(x: float | None, digits: int = 2, unit: str = "") -> str:
 def span(values: Sequence[int]) -> str:
     """A run of consecutive seeds (or epochs) as ``first–last``."""
     return f"{values[0]}–{values[-1]}"
+
+
+def usual_seeds(sets: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """The seed set most of ``sets`` (sorted tuples) have, ties to the larger set: what a table's *seeds* column
+    says once, so that only the cells on other seeds need to name theirs; ``()`` when there are none."""
+    return max(set(sets), key=lambda seeds: (sets.count(seeds), seeds)) if sets else ()
 
 
 def spans(values: Iterable[int]) -> str:

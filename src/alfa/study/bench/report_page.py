@@ -16,7 +16,6 @@ correction over all of them), and its Summary states that family.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import statistics
@@ -31,7 +30,7 @@ from alfa.gaze.views import ROLL_DEGREES
 from . import figures as F
 from . import report_prose as prose
 from .ablations import REGISTRY, table_layout
-from .calibration import calibration_statement
+from .calibration import calibration_statement, declared_run_paragraph
 from .flip_report import constructed_control_section, flip_sections, flip_summary
 from .markdown import number as _num
 from .markdown import span
@@ -43,7 +42,6 @@ from .methods import (
     SOURCES,
     STAND_INS,
     TARGETS,
-    declared_run_seeds,
     parse_calibration_label,
     table_methods,
     with_tta_rows,
@@ -337,7 +335,7 @@ def _header_section(r: _Report) -> list[str]:
     if r.results.get("preset") in prose.NO_CLAIM_PRESETS:
         lines += [prose.NO_CLAIMS.format(preset=r.results["preset"]), ""]
     if r.progress is not None:  # a run still being made: what it lacks, before any number is read
-        lines += [prose.declared_run(**dataclasses.asdict(r.progress), **declared_run_seeds()), ""]
+        lines += [declared_run_paragraph(r.progress), ""]
     selection = [rec for rec in r.records if rec.kind == "selection"]
     if selection:
         present = {m for (m, _, _) in r.idx}

@@ -15,7 +15,7 @@ from alfa.gaze.pnpga import PUBLISHED as PNPGA_PUBLISHED
 
 from .flip_report import table_rows
 from .markdown import number as _num
-from .markdown import seeds_note, spans
+from .markdown import seeds_note, spans, usual_seeds
 from .markdown import table as _table
 from .methods import EXTRA_METHODS, table_methods, with_tta_rows
 from .names import SELECTED
@@ -406,7 +406,7 @@ def _row_seeds(idx: Index, label: str, pairs: Sequence[str]) -> tuple[str, tuple
     per_pair = {p: tuple(sorted({s for s in idx.row(label, p)})) for p in pairs}
     per_pair = {p: seeds for p, seeds in per_pair.items() if seeds}
     sets = list(per_pair.values())
-    usual = max(set(sets), key=lambda seeds: (sets.count(seeds), seeds)) if sets else ()
+    usual = usual_seeds(sets)
     odd: dict[tuple[int, ...], list[str]] = {}
     for p, seeds in per_pair.items():
         if seeds != usual:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .markdown import seeds_note, span, spans
+from .markdown import seeds_note, span, spans, usual_seeds
 from .methods import (
     ADAPTER_KS,
     CALIBRATION_DRAWS,
@@ -89,7 +89,7 @@ def _usual(seed_sets: Sequence[tuple[str, set[int]]]) -> tuple[str, dict[str, st
     """The seeds most of ``(column, seeds)`` have, as a *seeds* column's text, and the others' own as
     :func:`_with_seeds` says them (``{column: " (seeds 0–1)"}``, ``" (one seed: 0)"``), for the cells to name."""
     sets = [tuple(sorted(seeds)) for _, seeds in seed_sets]
-    usual = max(set(sets), key=lambda seeds: (sets.count(seeds), seeds)) if sets else ()
+    usual = usual_seeds(sets)
     odd = {
         c: f" ({'one seed: ' if len(seeds) == 1 else 'seeds '}{spans(seeds)})"
         for c, seeds in seed_sets
