@@ -181,18 +181,20 @@ def test_the_summarys_pooled_differences_name_their_seeds_where_they_are_not_the
     assert "(seeds " not in plain and ", on seeds" not in plain
 
 
+# source-only on seeds 0–2; LoRA on 0–3 on both pairs; Alfa (selected recipe) on 0–3 on E→M, 0–2 on E→D
+UNEVEN_SEEDS = {
+    **MEANS,
+    ("lora", "E→M"): (5.5, 5.9, 7.2, 8.0),
+    ("lora", "E→D"): (4.0, 4.1, 4.2, 4.3),
+    ("alfa[selected]", "E→M"): (5.0, 6.0, 7.0, 8.0),
+    ("alfa[selected]", "E→D"): (5.0, 5.1, 5.2),
+}
+
+
 def test_table1_names_each_rows_seeds_and_a_pooled_number_on_others():
-    # source-only on seeds 0–2; LoRA on 0–3 on both pairs; Alfa (selected recipe) on 0–3 on E→M, 0–2 on E→D
-    means = {
-        **MEANS,
-        ("lora", "E→M"): (5.5, 5.9, 7.2, 8.0),
-        ("lora", "E→D"): (4.0, 4.1, 4.2, 4.3),
-        ("alfa[selected]", "E→M"): (5.0, 6.0, 7.0, 8.0),
-        ("alfa[selected]", "E→D"): (5.0, 5.1, 5.2),
-    }
     rows = {
         line.split(" | ")[0].strip("| "): line
-        for line in table1(index_records(fixture_results(means)["records"])).splitlines()
+        for line in table1(index_records(fixture_results(UNEVEN_SEEDS)["records"])).splitlines()
     }
     assert rows["method"].startswith("| method | seeds | E→M | E→D | mean over pairs |")
     assert rows["source-only (truncated base)"].startswith("| source-only (truncated base) | 0–2 | ")
@@ -232,15 +234,7 @@ def test_a_pair_ranked_on_a_rows_own_seeds_says_them_as_a_range():
 
 
 def test_the_per_person_table_names_each_rows_seeds_as_table1_does():
-    # source-only on seeds 0–2; LoRA on 0–3 on both pairs; Alfa (selected recipe) on 0–3 on E→M, 0–2 on E→D
-    means = {
-        **MEANS,
-        ("lora", "E→M"): (5.5, 5.9, 7.2, 8.0),
-        ("lora", "E→D"): (4.0, 4.1, 4.2, 4.3),
-        ("alfa[selected]", "E→M"): (5.0, 6.0, 7.0, 8.0),
-        ("alfa[selected]", "E→D"): (5.0, 5.1, 5.2),
-    }
-    table = person_table(index_records(fixture_results(means)["records"]))
+    table = person_table(index_records(fixture_results(UNEVEN_SEEDS)["records"]))
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()}
     assert rows["method"].startswith("| method | seeds | std over persons (mean over records) |")
     assert rows["source-only (truncated base)"].startswith("| source-only (truncated base) | 0–2 | ")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,15 +68,14 @@ class HelpFormatter(argparse.HelpFormatter):
     (--n-adapt) or a name (eth-xgaze-h5) in a help text stays whole, so that it can be copied."""
 
     def _split_lines(self, text: str, width: int) -> list[str]:
-        import textwrap
-
-        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+        return self._wrap(text, width, "")
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        import textwrap
+        return "\n".join(self._wrap(text, width, indent))
 
+    def _wrap(self, text: str, width: int, indent: str) -> list[str]:
         text = self._whitespace_matcher.sub(" ", text).strip()
-        return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+        return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
 
 
 def add_commands(
