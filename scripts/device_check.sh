@@ -4,14 +4,23 @@
 # of each training stage, seconds per personalized person, and images/s of the loader, the step and both.
 # Everything lands in $OUT (default runs/device-check); nothing is downloaded. On a machine without CUDA it
 # runs on the CPU (set SIZE, PERSONS small there). Usage: scripts/device_check.sh   or   SIZE=64 PERSONS=8 DEVICE=cpu scripts/device_check.sh
+# Without .venv or an installed alfa (a GPU image with its own PyTorch) it runs src/ with $PYTHON (default python3);
+# that python needs numpy, safetensors and kornia (docs/real-data.md says how to bring kornia to a bare image).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/alfa ]; then  # the project's own environment (scripts/setup.sh), else whatever is on PATH
     ALFA=${ALFA:-.venv/bin/alfa}
     PYTHON=${PYTHON:-.venv/bin/python}
 fi
-ALFA=${ALFA:-alfa}
-PYTHON=${PYTHON:-python}
+PYTHON=${PYTHON:-python3}
+if [ -z "${ALFA:-}" ] && ! command -v alfa >/dev/null; then
+    # A GPU image with its own PyTorch and no install of alfa: run alfa from src/ with that python.
+    export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+    alfa() { "$PYTHON" -m alfa "$@"; }
+else
+    ALFA=${ALFA:-alfa}
+    alfa() { "$ALFA" "$@"; }
+fi
 DEVICE=${DEVICE:-auto}
 SIZE=${SIZE:-224}
 PERSONS=${PERSONS:-60}
@@ -24,13 +33,18 @@ import torch
 name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device (CPU)"
 print(f"device: {name}; torch {torch.__version__}; requested --device $DEVICE")
 PY
+# Personalization needs the gaze extra; say so before minutes of pre-training, not after.
+"$PYTHON" -c "import kornia" 2>/dev/null || {
+    echo "device_check.sh: kornia (alfa's gaze extra) is not importable by $PYTHON; install it first (docs/real-data.md)" >&2
+    exit 2
+}
 src="synthetic:eth?size=$SIZE&persons=$PERSONS&images_per_person=$IMAGES"
 val="synthetic:eth?split=val&size=$SIZE&persons=4&images_per_person=20"
 common=(--device "$DEVICE" --precision "$PRECISION" --batch-size 120 --epochs 1 --quiet)
-"$ALFA" pretrain --data "$src" --val-data "$val" --out "$OUT/pretrain" "${common[@]}"
-"$ALFA" truncate --checkpoint "$OUT/pretrain/model.safetensors" --data "$src" --val-data "$val" \
+alfa pretrain --data "$src" --val-data "$val" --out "$OUT/pretrain" "${common[@]}"
+alfa truncate --checkpoint "$OUT/pretrain/model.safetensors" --data "$src" --val-data "$val" \
     --out "$OUT/recovered" "${common[@]}"
-"$ALFA" personalize --checkpoint "$OUT/recovered/model.safetensors" --device "$DEVICE" --recipe paper \
+alfa personalize --checkpoint "$OUT/recovered/model.safetensors" --device "$DEVICE" --recipe paper \
     --data "synthetic:mpii?size=$SIZE&persons=8&images_per_person=20" --out "$OUT/adapters" --replace --quiet
 "$PYTHON" - "$OUT" <<'PY'
 import json, sys
@@ -46,5 +60,5 @@ for stage in ("pretrain", "recovered"):
               "(source images incl. held-out ones; validation included)")
 PY
 # Is the training step loader-bound on this machine? (fixture data in both real layouts, 224×224)
-"$ALFA" throughput --fixture mpiifacegaze,eth-xgaze-h5 --image-size "$SIZE" --batch-size 120 --batches 10 \
+alfa throughput --fixture mpiifacegaze,eth-xgaze-h5 --image-size "$SIZE" --batch-size 120 --batches 10 \
     --workers "${WORKERS:-0,4,8}" --device "$DEVICE" --precision "$PRECISION"
