@@ -68,8 +68,8 @@ def _worker(rank: int, world: int, port: int, out: str, log: str) -> None:
     train_state.save_model = lambda path, *a, **k: (writes.append(str(path)), real_save(path, *a, **k))[1]
     train_state.write_tagged = lambda path, *a, **k: (writes.append(str(path)), real_state(path, *a, **k))[1]
     seen: list[int] = []  # the training images this process loaded
-    real_load = train.load_examples
-    train.load_examples = lambda data, idx: (seen.extend(idx), real_load(data, idx))[1]
+    real_load = train._raw_batch
+    train._raw_batch = lambda data, idx: (seen.extend(idx), real_load(data, idx))[1]
     for run, (kind, epochs, folder) in RUNS.items():
         writes.clear()
         seen.clear()

@@ -218,13 +218,7 @@ def draw_labelled(dataset: GazeDataset, person: str, k: int, pool: int, draw: st
     if len(indices) < pool + 1:
         raise ValueError(f"person {person!r} has {len(indices)} images: the pool of {pool} plus at least one to score")
     candidates = indices[:pool]
-    gaze = None
-    if draw != "random":
-        table = getattr(dataset, "gaze", None)  # the loaders' label tensor: no image is read to draw
-        if isinstance(table, Tensor):
-            gaze = table[torch.as_tensor(candidates, dtype=torch.long)]
-        else:
-            gaze = torch.stack([dataset[i]["gaze"] for i in candidates])
+    gaze = None if draw == "random" else dataset.labels(candidates)  # the label table: no image is read to draw
     return [candidates[i] for i in draw_positions(gaze, pool, k, draw, seed, person)]
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from alfa.adapters import AlfaConfig
 from alfa.fileio import safe_filename
@@ -58,15 +59,18 @@ class _PersonOrder(GazeDataset):
 
     def __init__(self, dataset: GazeDataset, order: dict[str, list[int]]) -> None:
         self.dataset, self.name, self._index = dataset, dataset.name, order
-        table = getattr(dataset, "gaze", None)
-        if isinstance(table, torch.Tensor):  # the label table, by which a spread draw reads labels only
-            self.gaze = table
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, i: int) -> dict:
         return self.dataset[i]
+
+    def labels(self, indices: Sequence[int]) -> Tensor:
+        return self.dataset.labels(indices)
+
+    def raw_images(self, indices: Sequence[int]) -> Tensor:
+        return self.dataset.raw_images(indices)
 
     def persons(self) -> list[str]:
         return [p for p in self.dataset.persons() if p in self._index]

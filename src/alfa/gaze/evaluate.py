@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from alfa.adapters import adapter_state, detach, load_adapter, read_adapter_metadata
 from alfa.fileio import write_json
 
-from .data.base import GazeDataset, InMemoryGazeDataset
+from .data.base import GazeDataset, unit_images
 from .geometry import angular_error
 from .precision import autocast
 
@@ -56,35 +56,36 @@ INPUT_SCALING = "rgb float in [0, 1] (uint8 / 255), no mean/std normalization"
 """How :func:`load_images` scales pixels, the one convention of every gaze model here; checkpoints record it."""
 
 
+def load_raw_images(dataset: GazeDataset, indices: Sequence[int], what: str | None = None) -> Tensor:
+    """Images ``(N, 3, H, W)`` of the given items as the dataset stores them (:meth:`GazeDataset.raw_images`:
+    uint8 where the source is 8-bit); :func:`~alfa.gaze.data.base.unit_images` makes them float32 in ``[0, 1]``.
+
+    Raises a ``ValueError`` naming the dataset and item if a float image holds NaN or infinite values.
+    """
+    indices = [int(i) for i in indices]
+    if not indices:
+        raise ValueError(f"{dataset.name}: no images requested{f' ({what})' if what else ''}")
+    raw = dataset.raw_images(indices)
+    if raw.is_floating_point():  # 8-bit images are finite by their type
+        bad = ~torch.isfinite(raw.float().flatten(1)).all(1)  # as float32: a float64 beyond its range is infinite
+        if bad.any():
+            first = indices[int(bad.nonzero()[0])]
+            where = f" ({what})" if what else ""
+            raise ValueError(f"{dataset.name}: image {first}{where} contains NaN or infinite values")
+    return raw
+
+
 def load_images(dataset: GazeDataset, indices: Sequence[int], what: str | None = None) -> Tensor:
     """Images ``(N, 3, H, W)`` float32 in ``[0, 1]`` of the given items; labels are not touched.
 
     Raises a ``ValueError`` naming the dataset and item if an image holds NaN or infinite values.
     """
-    indices = [int(i) for i in indices]
-    if not indices:
-        raise ValueError(f"{dataset.name}: no images requested{f' ({what})' if what else ''}")
-    if isinstance(dataset, InMemoryGazeDataset):
-        raw = dataset.images[torch.as_tensor(indices, dtype=torch.long)]
-        images = raw.float() / 255.0 if raw.dtype == torch.uint8 else raw.float()
-    else:
-        images = torch.stack([dataset[i]["image"].float() for i in indices])
-    bad = ~torch.isfinite(images.flatten(1)).all(1)
-    if bad.any():
-        first = indices[int(bad.nonzero()[0])]
-        where = f" ({what})" if what else ""
-        raise ValueError(f"{dataset.name}: image {first}{where} contains NaN or infinite values")
-    return images
+    return unit_images(load_raw_images(dataset, indices, what))
 
 
 def load_examples(dataset: GazeDataset, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
     """Images (as :func:`load_images`) and ``(yaw, pitch)`` labels ``(N, 2)`` of the given items."""
-    images = load_images(dataset, indices)
-    if isinstance(dataset, InMemoryGazeDataset):
-        gaze = dataset.gaze[torch.as_tensor([int(i) for i in indices], dtype=torch.long)].float()
-    else:
-        gaze = torch.stack([torch.as_tensor(dataset[int(i)]["gaze"]).float() for i in indices])
-    return images, gaze
+    return load_images(dataset, indices), dataset.labels(indices)
 
 
 def _device_of(model: nn.Module) -> torch.device:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .data.base import GazeDataset
+from .data.base import GazeDataset, unit_images
 from .train import TrainConfig, _epoch_batches, _iterate, _train_step
 
 __all__ = ["ThroughputResult", "measure_throughput", "fixture_dataset", "loading_page", "FIXTURE_FORMATS"]
@@ -117,7 +117,7 @@ def measure_throughput(
     scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")  # one, as in training
 
     def train_step(images: torch.Tensor, gaze: torch.Tensor) -> None:
-        images = images.to(memory_format=layout)
+        images = unit_images(images.to(memory_format=layout))  # as the training loop converts, on the device
         _train_step(
             model, optimizer, images, gaze, config.symmetry_weight, config.symmetry_bn, config.precision, scaler=scaler
         )

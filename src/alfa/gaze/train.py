@@ -40,9 +40,9 @@ from alfa.summary import parameter_summary
 from alfa.truncate import DEFAULT_RANK, canonicalize, restore_structure, truncate
 
 from . import distributed
-from .data.base import GazeDataset
+from .data.base import GazeDataset, unit_images
 from .data.registry import split_persons
-from .evaluate import EVAL_BATCH_SIZE, INPUT_SCALING, load_examples, load_images, person_errors
+from .evaluate import EVAL_BATCH_SIZE, INPUT_SCALING, load_images, load_raw_images, person_errors
 from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
 from .precision import PRECISIONS, autocast, forward_precision, grad_scaler
 from .train_state import MODEL_FILE, STATE_FILE, refuse_lone_state, resume_run, save_state
@@ -249,14 +249,20 @@ class _Batches(torch.utils.data.Dataset):
         return len(self.batches)
 
     def __getitem__(self, i: int):
-        return load_examples(self.dataset, self.batches[i])
+        return _raw_batch(self.dataset, self.batches[i])
+
+
+def _raw_batch(dataset: GazeDataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    return load_raw_images(dataset, indices), dataset.labels(indices)
 
 
 def _iterate(dataset: GazeDataset, batches: list[list[int]], num_workers: int, pin_memory: bool = False):
-    """The batches in order, loaded in ``num_workers`` worker processes (0: in this one); the same tensors
-    either way. ``pin_memory`` (for a CUDA device) lets the copies to the device overlap the compute."""
+    """The batches in order as ``(raw images, labels)``, loaded in ``num_workers`` worker processes (0: in this
+    one); the same tensors either way. The images are as the dataset stores them (uint8 for 8-bit sources: a
+    quarter of the bytes between processes and to the device); :func:`unit_images` converts them where they
+    land. ``pin_memory`` (for a CUDA device) lets the copies to the device overlap the compute."""
     if num_workers == 0 and not pin_memory:
-        return (load_examples(dataset, b) for b in batches)
+        return (_raw_batch(dataset, b) for b in batches)
     return torch.utils.data.DataLoader(
         _Batches(dataset, batches), batch_size=None, num_workers=num_workers, pin_memory=pin_memory
     )
@@ -434,7 +440,7 @@ def _train_epoch(
     for step, ((images, gaze), whole) in enumerate(zip(bar, batches), start=steps[0]):
         for group in optimizer.param_groups:
             group["lr"] = config.rate(step, steps[1])
-        images = images.to(device, non_blocking=True, memory_format=layout)
+        images = unit_images(images.to(device, non_blocking=True, memory_format=layout))
         gaze = gaze.to(device, non_blocking=True)
         share = len(images) / len(whole)  # of the global batch (1 in one process)
         try:

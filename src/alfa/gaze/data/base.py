@@ -10,6 +10,12 @@ An item is a dict::
 
 Persons are listed in dataset order and each person's images keep the dataset's order, so
 "the first 5 images of a person" (the personalization protocol) is well defined.
+
+Batches are read by index through :meth:`GazeDataset.labels` (the label table alone, no image read) and
+:meth:`GazeDataset.raw_images` (the images as stored: uint8 where the source is 8-bit), which
+:func:`unit_images` turns into the items' float32 in [0, 1]. Why two steps: a training loader's worker
+processes hand uint8 batches over, a quarter of the bytes, and the conversion runs once per batch on the
+model's device rather than once per image on the CPU.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-__all__ = ["GazeDataset", "InMemoryGazeDataset"]
+__all__ = ["GazeDataset", "InMemoryGazeDataset", "unit_images"]
 
 
 class GazeDataset(Dataset):
@@ -42,6 +48,26 @@ class GazeDataset(Dataset):
         if person not in index:
             raise KeyError(f"{self.name}: no person {person!r}")
         return list(index[person])
+
+    def labels(self, indices: Sequence[int]) -> Tensor:
+        """``(yaw, pitch)`` labels ``(N, 2)`` float32 of the given items: from the label table ``gaze`` where the
+        dataset keeps one (no image is read), else from the items."""
+        table = getattr(self, "gaze", None)
+        if isinstance(table, Tensor):
+            return table[torch.as_tensor([int(i) for i in indices], dtype=torch.long)].float()
+        return torch.stack([torch.as_tensor(self[int(i)]["gaze"]).float() for i in indices])
+
+    def raw_images(self, indices: Sequence[int]) -> Tensor:
+        """Images ``(N, 3, H, W)`` of the given items as stored: uint8 where the source is 8-bit, else float in
+        ``[0, 1]``; :func:`unit_images` gives the items' float32. This default stacks the items' images; a
+        dataset that reads 8-bit images overrides it to skip the per-image float conversion."""
+        return torch.stack([self[int(i)]["image"] for i in indices])
+
+
+def unit_images(raw: Tensor) -> Tensor:
+    """:meth:`GazeDataset.raw_images` as the items carry them: uint8 divided by 255 into float32, anything else as
+    float32 (the same numbers an item's ``image`` holds)."""
+    return raw.float().div_(255.0) if raw.dtype == torch.uint8 else raw.float()
 
 
 class InMemoryGazeDataset(GazeDataset):
@@ -81,8 +107,10 @@ class InMemoryGazeDataset(GazeDataset):
         return self.images.shape[0]
 
     def image(self, i: int) -> Tensor:
-        img = self.images[i]
-        return img.float() / 255.0 if img.dtype == torch.uint8 else img.float()
+        return unit_images(self.images[i])
+
+    def raw_images(self, indices: Sequence[int]) -> Tensor:
+        return self.images[torch.as_tensor([int(i) for i in indices], dtype=torch.long)]
 
     def __getitem__(self, i: int) -> dict:
         return {

@@ -42,7 +42,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ..geometry import angular_error, gazehub_vector_to_pitchyaw, pitchyaw_to_vector, vector_to_pitchyaw
-from .base import GazeDataset
+from .base import GazeDataset, unit_images
 from .registry import register_dataset
 
 __all__ = [
@@ -186,28 +186,42 @@ def _gaze3d_to_yaw_pitch(vectors: Tensor, frame: str) -> Tensor:
     raise ValueError(f"unknown 3-D gaze frame {frame!r}")
 
 
-def _image_to_tensor(rgb: np.ndarray, size: ImageSize) -> Tensor:
-    """(H, W, 3) uint8 RGB -> (3, H', W') float32 in [0, 1], resized bilinearly if ``size`` is set."""
+def _resized(rgb: np.ndarray, size: ImageSize) -> np.ndarray:
+    """(H, W, 3) uint8 RGB, resized bilinearly to ``size`` if it is set and differs, as a writable copy (h5py and
+    PIL may hand out read-only arrays, which torch.from_numpy warns about)."""
     if size is not None:
         from PIL import Image
 
         height, width = (size, size) if isinstance(size, int) else size
         if rgb.shape[:2] != (height, width):
             rgb = np.asarray(Image.fromarray(rgb).resize((width, height), Image.BILINEAR))
-    # A copy: h5py and PIL may hand out read-only arrays, which torch.from_numpy warns about.
-    return torch.from_numpy(np.array(rgb, dtype=np.uint8, copy=True)).permute(2, 0, 1).float().div_(255.0)
+    return np.array(rgb, dtype=np.uint8, copy=True)
 
 
-def load_image(path: str | Path, size: ImageSize = None) -> Tensor:
-    """Read an image file as a (3, H, W) float32 RGB tensor in [0, 1], optionally resized."""
+def _image_to_tensor(rgb: np.ndarray, size: ImageSize) -> Tensor:
+    """(H, W, 3) uint8 RGB -> (3, H', W') float32 in [0, 1], resized bilinearly if ``size`` is set."""
+    return unit_images(torch.from_numpy(_resized(rgb, size)).permute(2, 0, 1))
+
+
+def _stack_rgb(images: Sequence[np.ndarray]) -> Tensor:
+    """(H, W, 3) uint8 arrays of one size -> (N, 3, H, W) uint8, contiguous: a batch laid out channels-last would
+    take other convolution kernels on the CPU, and other numbers, than the items stacked."""
+    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()
+
+
+def _read_rgb(path: str | Path) -> np.ndarray:
     from PIL import Image
 
     try:
         with Image.open(path) as img:
-            rgb = np.asarray(img.convert("RGB"))
+            return np.asarray(img.convert("RGB"))
     except (OSError, ValueError) as err:
         raise DatasetFormatError(f"{path}: cannot read image ({err})") from err
-    return _image_to_tensor(rgb, size)
+
+
+def load_image(path: str | Path, size: ImageSize = None) -> Tensor:
+    """Read an image file as a (3, H, W) float32 RGB tensor in [0, 1], optionally resized."""
+    return _image_to_tensor(_read_rgb(path), size)
 
 
 @dataclass
@@ -333,13 +347,19 @@ class GazeHubDataset(GazeDataset):
         if not -len(self) <= i < len(self):
             raise IndexError(f"{self.name}: index {i} out of range for {len(self)} images")
         i = i % len(self)
-        path = self.image_path(i)
+        person = self._person_names[self._person_of[i]]
+        image = unit_images(torch.from_numpy(self._face(i)).permute(2, 0, 1))
+        return {"image": image, "gaze": self.gaze[i], "head": self.head[i], "person": person, "index": i}
+
+    def raw_images(self, indices: Sequence[int]) -> Tensor:
+        return _stack_rgb([self._face(int(i) % len(self)) for i in indices])
+
+    def _face(self, i: int) -> np.ndarray:
+        """Item ``i``'s face, (H, W, 3) uint8 RGB at the dataset's size; an unreadable file names its label line."""
         try:
-            image = load_image(path, self.size)
+            return _resized(_read_rgb(self.image_path(i)), self.size)
         except DatasetFormatError as err:
             raise DatasetFormatError(f"{err} (listed at {self.source_line(i)})") from err
-        person = self._person_names[self._person_of[i]]
-        return {"image": image, "gaze": self.gaze[i], "head": self.head[i], "person": person, "index": i}
 
     def persons(self) -> list[str]:
         return list(self._persons)

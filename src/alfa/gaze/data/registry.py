@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from .base import GazeDataset
 
@@ -242,6 +243,12 @@ class PersonSubset(GazeDataset):
         item = dict(self.dataset[self._indices[i]])
         item["index"] = i if i >= 0 else len(self) + i
         return item
+
+    def labels(self, indices: Sequence[int]) -> Tensor:
+        return self.dataset.labels([self._indices[int(i)] for i in indices])
+
+    def raw_images(self, indices: Sequence[int]) -> Tensor:
+        return self.dataset.raw_images([self._indices[int(i)] for i in indices])
 
     def persons(self) -> list[str]:
         return list(self._persons)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .base import GazeDataset
-from .gazehub import DatasetFormatError, ImageSize, _image_to_tensor, natural_key
+from .gazehub import DatasetFormatError, ImageSize, _image_to_tensor, _resized, _stack_rgb, natural_key
 from .registry import register_dataset
 
 __all__ = ["XGazeH5Dataset", "find_h5_files", "open_xgaze_h5"]
@@ -150,6 +150,14 @@ class XGazeH5Dataset(GazeDataset):
         bgr = self._handle(k)["face_patch"][row]
         image: Tensor = _image_to_tensor(bgr[..., ::-1], self.size)
         return {"image": image, "gaze": self.gaze[i], "head": self.head[i], "person": self._files[k].stem, "index": i}
+
+    def raw_images(self, indices: Sequence[int]) -> Tensor:
+        faces = []
+        for i in indices:
+            i = int(i) % len(self)
+            k, row = int(self._file_of[i]), int(self._row_of[i])
+            faces.append(_resized(self._handle(k)["face_patch"][row][..., ::-1], self.size))
+        return _stack_rgb(faces)
 
     def persons(self) -> list[str]:
         return [f.stem for f in self._files]

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from alfa.adapters import adapter_parameters, attach, detach, load_adapter, merge
 from alfa.fileio import safe_filename, write_json
-from alfa.gaze.data.base import GazeDataset, InMemoryGazeDataset
+from alfa.gaze.data.base import GazeDataset
 from alfa.gaze.data.registry import open_dataset
 from alfa.gaze.evaluate import (
     adapter_filename,
@@ -107,9 +107,7 @@ def _errors_entry(per_person: dict[str, float]) -> dict[str, Any]:
 
 def _labels(dataset: GazeDataset) -> Tensor:
     """All ``(yaw, pitch)`` labels ``(N, 2)`` without loading the images."""
-    if isinstance(dataset, InMemoryGazeDataset):
-        return dataset.gaze.float()
-    return torch.stack([torch.as_tensor(dataset[i]["gaze"]).float() for i in range(len(dataset))])
+    return dataset.labels(range(len(dataset)))
 
 
 def _constant_errors(mean_gaze: Tensor, dataset: GazeDataset, n_adapt: int) -> dict[str, float]:
