@@ -210,8 +210,8 @@ def loading_page(page: dict[str, Any]) -> str:
     else:
         what = (
             f"Model `{first['model']}` on `{first['device']}` in {first['precision']}. *Loader*: the training loop's "
-            "batches read and decoded, nothing else; *step*: forward, symmetry target, backward and Adam on one "
-            "batch already on the device; *both*: the training loop."
+            "batches read and decoded to uint8, nothing else; *step*: forward, symmetry target, backward and Adam "
+            "on one batch already on the device; *both*: the training loop."
         )
     return "\n".join(
         [
@@ -223,7 +223,9 @@ def loading_page(page: dict[str, Any]) -> str:
             f"average {page['load_average_end']:.1f} at the end). {h}×{w} face crops in the real layouts "
             "(`mpiifacegaze`: a GazeHub folder of JPEG files; `eth-xgaze-h5`: raw ETH-XGaze subject files), read "
             f"by the project's own loaders in the training loop's worker processes; batches of {first['batch_size']}, "
-            f"{first['batches']} timed batches after one warm-up batch. {what}",
+            f"{first['batches']} timed batches after one warm-up batch, each handed over as the loader stores it "
+            "(uint8 for these 8-bit images) with its labels: the conversion to float runs once per batch where the "
+            f"step runs, so it counts in the step. {what}",
             "",
             "| data | loader workers | loader (images/s) | step (images/s) | both (images/s) | loader-bound |",
             "| --- | ---: | ---: | ---: | ---: | :---: |",
