@@ -4,8 +4,9 @@
 # of each training stage, seconds per personalized person, and images/s of the loader, the step and both.
 # Everything lands in $OUT (default runs/device-check); nothing is downloaded. On a machine without CUDA it
 # runs on the CPU (set SIZE, PERSONS small there). Usage: scripts/device_check.sh   or   SIZE=64 PERSONS=8 DEVICE=cpu scripts/device_check.sh
-# Without .venv or an installed alfa (a GPU image with its own PyTorch) it runs src/ with $PYTHON (default python3);
-# that python needs numpy, safetensors and kornia (docs/real-data.md says how to bring kornia to a bare image).
+# Without .venv or an installed alfa (a GPU image with its own PyTorch) it runs src/ with $PYTHON (default python3).
+# $PYTHON must be the interpreter alfa runs under (the script's own probes import alfa); it needs the gaze extra's
+# packages, which it checks first (docs/real-data.md says how to bring kornia to a bare image).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/alfa ]; then  # the project's own environment (scripts/setup.sh), else whatever is on PATH
@@ -16,10 +17,10 @@ PYTHON=${PYTHON:-python3}
 if [ -z "${ALFA:-}" ] && ! command -v alfa >/dev/null; then
     # A GPU image with its own PyTorch and no install of alfa: run alfa from src/ with that python.
     export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-    alfa() { "$PYTHON" -m alfa "$@"; }
+    run_alfa() { "$PYTHON" -m alfa "$@"; }
 else
     ALFA=${ALFA:-alfa}
-    alfa() { "$ALFA" "$@"; }
+    run_alfa() { "$ALFA" "$@"; }
 fi
 DEVICE=${DEVICE:-auto}
 SIZE=${SIZE:-224}
@@ -28,23 +29,27 @@ IMAGES=${IMAGES:-100}
 PRECISION=${PRECISION:-bf16}
 OUT=${OUT:-runs/device-check}
 mkdir -p "$OUT"
+# The gaze extra's packages (personalization needs kornia, the throughput fixtures h5py): say so before minutes of
+# pre-training, not after.
+missing=$("$PYTHON" -c "
+import importlib.util
+print(' '.join(m for m in ('torch', 'alfa', 'numpy', 'safetensors', 'tqdm', 'PIL', 'h5py', 'kornia') if not importlib.util.find_spec(m)))")
+if [ -n "$missing" ]; then
+    echo "device_check.sh: $PYTHON cannot import: $missing (alfa's gaze extra; docs/real-data.md)" >&2
+    exit 2
+fi
 "$PYTHON" - <<PY
 import torch
 name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device (CPU)"
 print(f"device: {name}; torch {torch.__version__}; requested --device $DEVICE")
 PY
-# Personalization needs the gaze extra; say so before minutes of pre-training, not after.
-"$PYTHON" -c "import kornia" 2>/dev/null || {
-    echo "device_check.sh: kornia (alfa's gaze extra) is not importable by $PYTHON; install it first (docs/real-data.md)" >&2
-    exit 2
-}
 src="synthetic:eth?size=$SIZE&persons=$PERSONS&images_per_person=$IMAGES"
 val="synthetic:eth?split=val&size=$SIZE&persons=4&images_per_person=20"
 common=(--device "$DEVICE" --precision "$PRECISION" --batch-size 120 --epochs 1 --quiet)
-alfa pretrain --data "$src" --val-data "$val" --out "$OUT/pretrain" "${common[@]}"
-alfa truncate --checkpoint "$OUT/pretrain/model.safetensors" --data "$src" --val-data "$val" \
+run_alfa pretrain --data "$src" --val-data "$val" --out "$OUT/pretrain" "${common[@]}"
+run_alfa truncate --checkpoint "$OUT/pretrain/model.safetensors" --data "$src" --val-data "$val" \
     --out "$OUT/recovered" "${common[@]}"
-alfa personalize --checkpoint "$OUT/recovered/model.safetensors" --device "$DEVICE" --recipe paper \
+run_alfa personalize --checkpoint "$OUT/recovered/model.safetensors" --device "$DEVICE" --recipe paper \
     --data "synthetic:mpii?size=$SIZE&persons=8&images_per_person=20" --out "$OUT/adapters" --replace --quiet
 "$PYTHON" - "$OUT" <<'PY'
 import json, sys
@@ -60,5 +65,5 @@ for stage in ("pretrain", "recovered"):
               "(source images incl. held-out ones; validation included)")
 PY
 # Is the training step loader-bound on this machine? (fixture data in both real layouts, 224×224)
-alfa throughput --fixture mpiifacegaze,eth-xgaze-h5 --image-size "$SIZE" --batch-size 120 --batches 10 \
+run_alfa throughput --fixture mpiifacegaze,eth-xgaze-h5 --image-size "$SIZE" --batch-size 120 --batches 10 \
     --workers "${WORKERS:-0,4,8}" --device "$DEVICE" --precision "$PRECISION"

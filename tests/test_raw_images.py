@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from alfa.gaze.data.base import GazeDataset, InMemoryGazeDataset, unit_images
+from alfa.gaze.data.base import GazeDataset, InMemoryGazeDataset, _looked_up, unit_images
 from alfa.gaze.data.fixtures import write_gazehub_fixture, write_xgaze_h5_dir
 from alfa.gaze.data.gazehub import GazeHubDataset
 from alfa.gaze.data.registry import PersonSubset
@@ -57,16 +57,39 @@ def test_batches_equal_the_items(kind: str, tmp_path: Path) -> None:
     items = [ds[i] for i in indices]
     raw = ds.raw_images(indices)
     assert torch.equal(unit_images(raw), torch.stack([item["image"] for item in items]))
-    assert unit_images(raw).dtype == torch.float32
     assert raw.is_contiguous()  # laid out as the stacked items are: the same convolution kernels, the same numbers
     assert torch.equal(ds.labels(indices), torch.stack([torch.as_tensor(item["gaze"]).float() for item in items]))
     images, labels = load_examples(ds, indices)
     assert torch.equal(images, unit_images(raw)) and torch.equal(labels, ds.labels(indices))
 
 
-@pytest.mark.parametrize("kind", ["in-memory uint8", "gazehub", "gazehub resized", "xgaze h5", "person subset"])
+@pytest.mark.parametrize(
+    "kind",
+    ["in-memory uint8", "gazehub", "gazehub resized", "xgaze h5", "xgaze h5 resized", "person subset", "person order"],
+)
 def test_eight_bit_sources_hand_over_uint8(kind: str, tmp_path: Path) -> None:
     assert KINDS[kind](tmp_path).raw_images([0, 1]).dtype == torch.uint8
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_an_index_out_of_range_is_refused_by_name(kind: str, tmp_path: Path) -> None:
+    ds = KINDS[kind](tmp_path)
+    n = len(ds)
+    for read in (ds.raw_images, ds.labels):
+        with pytest.raises(IndexError, match=rf"^{ds.name}: index {n} out of range for {n} images$"):
+            read([0, n])
+        with pytest.raises(IndexError, match=rf"index {-n - 1} out of range"):
+            read([-n - 1])
+    assert torch.equal(ds.raw_images([-1]), ds.raw_images([n - 1]))  # counted from the end, as a list's are
+    with pytest.raises(ValueError, match="no images requested"):
+        load_raw_images(ds, [])
+
+
+def test_a_channels_last_store_gives_a_contiguous_batch_through_the_views() -> None:
+    ds = _in_memory(torch.uint8)
+    ds.images = ds.images.contiguous(memory_format=torch.channels_last)
+    for view in (PersonSubset(ds, ["a", "c"]), _PersonOrder(ds, {"b": [5, 3]})):
+        assert view.raw_images([0, 1]).is_contiguous()
 
 
 def test_labels_read_no_image(tmp_path: Path) -> None:
@@ -115,6 +138,13 @@ def test_training_batches_with_and_without_workers(workers: int, tmp_path: Path)
     for (raw, labels), batch in zip(got, batches):
         assert raw.dtype == torch.uint8
         assert torch.equal(unit_images(raw), load_images(ds, batch)) and torch.equal(labels, ds.labels(batch))
+
+
+def test_the_lookup_a_gpu_uses_gives_the_cpus_quotients() -> None:
+    raw = torch.arange(256, dtype=torch.uint8).reshape(1, 4, 8, 8).expand(2, 4, 8, 8)
+    looked_up = _looked_up(raw)
+    assert looked_up.dtype == torch.float32 and looked_up.shape == raw.shape
+    assert torch.equal(looked_up, raw.float().div_(255.0))
 
 
 def test_unit_images_is_division_by_255() -> None:

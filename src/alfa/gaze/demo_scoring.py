@@ -70,7 +70,7 @@ class _PersonOrder(GazeDataset):
         return self.dataset.labels(indices)
 
     def raw_images(self, indices: Sequence[int]) -> Tensor:
-        return self.dataset.raw_images(indices)
+        return self.dataset.raw_images(indices).contiguous()  # as the items stacked were
 
     def persons(self) -> list[str]:
         return [p for p in self.dataset.persons() if p in self._index]

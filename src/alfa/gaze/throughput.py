@@ -117,7 +117,7 @@ def measure_throughput(
     scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")  # one, as in training
 
     def train_step(images: torch.Tensor, gaze: torch.Tensor) -> None:
-        images = unit_images(images.to(memory_format=layout))  # as the training loop converts, on the device
+        images = unit_images(images).to(memory_format=layout)  # as the training loop converts, on the device
         _train_step(
             model, optimizer, images, gaze, config.symmetry_weight, config.symmetry_bn, config.precision, scaler=scaler
         )

@@ -440,7 +440,7 @@ def _train_epoch(
     for step, ((images, gaze), whole) in enumerate(zip(bar, batches), start=steps[0]):
         for group in optimizer.param_groups:
             group["lr"] = config.rate(step, steps[1])
-        images = unit_images(images.to(device, non_blocking=True, memory_format=layout))
+        images = unit_images(images.to(device, non_blocking=True)).to(memory_format=layout)
         gaze = gaze.to(device, non_blocking=True)
         share = len(images) / len(whole)  # of the global batch (1 in one process)
         try:

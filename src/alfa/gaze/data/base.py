@@ -20,7 +20,7 @@ model's device rather than once per image on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -49,12 +49,24 @@ class GazeDataset(Dataset):
             raise KeyError(f"{self.name}: no person {person!r}")
         return list(index[person])
 
+    def positions(self, indices: Iterable[int]) -> list[int]:
+        """``indices`` as positions ``0 … len - 1`` (a negative one counts from the end, as a list's does); one out
+        of range is refused with the dataset's name, as an item's is."""
+        n = len(self)
+        out = []
+        for i in indices:
+            i = int(i)
+            if not -n <= i < n:
+                raise IndexError(f"{self.name}: index {i} out of range for {n} images")
+            out.append(i % n)
+        return out
+
     def labels(self, indices: Sequence[int]) -> Tensor:
         """``(yaw, pitch)`` labels ``(N, 2)`` float32 of the given items: from the label table ``gaze`` where the
         dataset keeps one (no image is read), else from the items."""
         table = getattr(self, "gaze", None)
         if isinstance(table, Tensor):
-            return table[torch.as_tensor([int(i) for i in indices], dtype=torch.long)].float()
+            return table[torch.as_tensor(self.positions(indices), dtype=torch.long)].float()
         return torch.stack([torch.as_tensor(self[int(i)]["gaze"]).float() for i in indices])
 
     def raw_images(self, indices: Sequence[int]) -> Tensor:
@@ -64,10 +76,22 @@ class GazeDataset(Dataset):
         return torch.stack([self[int(i)]["image"] for i in indices])
 
 
+_UNIT = torch.arange(256, dtype=torch.float32).div_(255.0)
+"""The 256 quotients ``v / 255`` as the CPU computes them: the numbers an item made from a uint8 pixel holds."""
+
+
 def unit_images(raw: Tensor) -> Tensor:
-    """:meth:`GazeDataset.raw_images` as the items carry them: uint8 divided by 255 into float32, anything else as
-    float32 (the same numbers an item's ``image`` holds)."""
-    return raw.float().div_(255.0) if raw.dtype == torch.uint8 else raw.float()
+    """:meth:`GazeDataset.raw_images` as the items carry them, on ``raw``'s device: uint8 divided by 255 into
+    float32, anything else as float32; the same numbers an item's ``image`` holds, on every device."""
+    if raw.dtype != torch.uint8:
+        return raw.float()
+    # A GPU divides by a number as a multiplication by its reciprocal, one bit off v / 255 for about half of the
+    # 256 values; looking the CPU's quotients up gives the items' numbers there too.
+    return raw.float().div_(255.0) if raw.device.type == "cpu" else _looked_up(raw)
+
+
+def _looked_up(raw: Tensor) -> Tensor:
+    return _UNIT.to(raw.device)[raw.long()]
 
 
 class InMemoryGazeDataset(GazeDataset):
@@ -110,7 +134,7 @@ class InMemoryGazeDataset(GazeDataset):
         return unit_images(self.images[i])
 
     def raw_images(self, indices: Sequence[int]) -> Tensor:
-        return self.images[torch.as_tensor([int(i) for i in indices], dtype=torch.long)]
+        return self.images[torch.as_tensor(self.positions(indices), dtype=torch.long)]
 
     def __getitem__(self, i: int) -> dict:
         return {

@@ -352,7 +352,7 @@ class GazeHubDataset(GazeDataset):
         return {"image": image, "gaze": self.gaze[i], "head": self.head[i], "person": person, "index": i}
 
     def raw_images(self, indices: Sequence[int]) -> Tensor:
-        return _stack_rgb([self._face(int(i) % len(self)) for i in indices])
+        return _stack_rgb([self._face(i) for i in self.positions(indices)])
 
     def _face(self, i: int) -> np.ndarray:
         """Item ``i``'s face, (H, W, 3) uint8 RGB at the dataset's size; an unreadable file names its label line."""

@@ -245,10 +245,11 @@ class PersonSubset(GazeDataset):
         return item
 
     def labels(self, indices: Sequence[int]) -> Tensor:
-        return self.dataset.labels([self._indices[int(i)] for i in indices])
+        return self.dataset.labels([self._indices[i] for i in self.positions(indices)])
 
     def raw_images(self, indices: Sequence[int]) -> Tensor:
-        return self.dataset.raw_images([self._indices[int(i)] for i in indices])
+        # contiguous, as the items stacked were: a channels-last batch would take other kernels on the CPU
+        return self.dataset.raw_images([self._indices[i] for i in self.positions(indices)]).contiguous()
 
     def persons(self) -> list[str]:
         return list(self._persons)

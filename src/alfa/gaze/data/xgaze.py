@@ -153,8 +153,7 @@ class XGazeH5Dataset(GazeDataset):
 
     def raw_images(self, indices: Sequence[int]) -> Tensor:
         faces = []
-        for i in indices:
-            i = int(i) % len(self)
+        for i in self.positions(indices):
             k, row = int(self._file_of[i]), int(self._row_of[i])
             faces.append(_resized(self._handle(k)["face_patch"][row][..., ::-1], self.size))
         return _stack_rgb(faces)
