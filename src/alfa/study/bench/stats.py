@@ -355,8 +355,13 @@ class Diff:
     def compact(self) -> str:
         """A table cell: ``"−0.31 [−0.52, −0.10] clear"`` (``clear``: after Holm over the page's family); ``"(one
         seed)"`` after a difference of one seed, whose interval draws persons only and is narrower for it."""
+        return self.mean_interval_text() + (" (one seed)" if self.n == 1 else "")
+
+    def mean_interval_text(self) -> str:
+        """The mean, its interval and ``clear`` where it is (:meth:`compact` without its seed note, for a cell that
+        names its seeds itself)."""
         text = signed(self.mean) + (f" {self.interval_text()}" if self.interval is not None else "")
-        return text + (" clear" if self.clear else "") + (" (one seed)" if self.n == 1 else "")
+        return text + (" clear" if self.clear else "")
 
     def detectable(self, level: float = ALPHA) -> float:
         """The difference this comparison detects with :data:`POWER` at two-sided ``level``:

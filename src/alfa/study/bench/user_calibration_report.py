@@ -37,7 +37,7 @@ from .methods import (
 )
 from .names import SELECTED, display_name
 from .record import Record, as_records
-from .stats import Comparisons, Diff, Index, cell, cell_on, design_of, diff, index_records, seeds_of, signed
+from .stats import Comparisons, Diff, Index, cell, cell_on, design_of, diff, index_records, seeds_of
 from .tta_report import LABEL_FREE_BASELINES
 
 __all__ = ["user_calibration_page", "default_choice", "HEADROOM_SHARE", "PASS_K", "SAFE_K"]
@@ -80,9 +80,8 @@ def _with_seeds(d: Diff, *notes: str) -> str:
     """A difference as a cell, with the seeds it pools (rows of this page have different seeds, and a difference
     is on those both rows have) and ``notes``: ``"+0.15 [0.01, 0.29] (seeds 3–4)"``; ``"(one seed: 0)"`` where it
     has one, whose interval draws persons only."""
-    text = signed(d.mean) + (f" {d.interval_text()}" if d.interval is not None else "") + (" clear" if d.clear else "")
     seeds = f"one seed: {spans(d.per_seed)}" if d.n == 1 else f"seeds {spans(d.per_seed)}"
-    return f"{text} ({'; '.join([seeds, *notes])})"
+    return f"{d.mean_interval_text()} ({'; '.join([seeds, *notes])})"
 
 
 def _usual(seed_sets: Sequence[tuple[str, set[int]]]) -> tuple[str, dict[str, str]]:
