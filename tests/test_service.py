@@ -257,6 +257,16 @@ def test_the_cli_load_test_holds_with_no_dropped_connection(world, capsys):
     assert "50 answered right, 0 wrong, 0 dropped, 0 not done in time" in out and "p99" in out, out
 
 
+def test_the_load_test_says_why_no_adapter_serves(world, tmp_path, capsys):
+    argv = ["serve", "--selftest", "--checkpoint", str(world[0]), "--adapters", str(tmp_path)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().endswith("serves on this base (it holds no user's .safetensors file)")
+    (tmp_path / "dan.safetensors").write_bytes(b"not an adapter")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "serves on this base (the first refused: dan: " in err
+
+
 def test_serve_options_have_bounds_that_say_why(world, capsys, monkeypatch):
     argv = ["serve", "--checkpoint", str(world[0]), "--adapters", str(world[1]), "--port", "0"]
     for option, value, message in [("--workers", "1000", "8 per CPU"), ("--workers", "0", "at least 1"),

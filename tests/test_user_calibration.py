@@ -245,6 +245,13 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
     assert main([*argv, "--k", "3", "--pool", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the pool (2 images) must hold the k = 3 labelled ones" in err
+    # what every person would fail on is one line before any work, and leaves no record behind
+    assert main([*argv, "--k", "2", "--pool", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--pool 8: every person needs the pool plus one image to score" in err
+    assert "use --pool 7 or less" in err and not (tmp_path / "c").exists()
+    assert main([*argv, "--k", "2", "--pool", "4", "--persons", "p00,p9"]) == 2
+    assert "--persons: mpii/test has no person 'p9' (it has 1)" in capsys.readouterr().err
     assert main([*argv, "--k", "2", "--pool", "4"]) == 0
     before = (tmp_path / "c" / "p00.safetensors").read_bytes()
     assert main([*argv, "--k", "2", "--pool", "4"]) == 0  # the same run again: found done, nothing rewritten
@@ -311,7 +318,7 @@ def test_a_calibration_folder_of_another_run_or_with_foreign_files_is_refused(ba
     config = CalibrateConfig(method="offset", k=2, pool=8)
     calibrate_dataset(base, data, config, tmp_path / "a", progress=False)
     before = _tensors(tmp_path / "a" / "p0.safetensors")
-    with pytest.raises(ValueError, match="holds an earlier calibration run: .*another config"):
+    with pytest.raises(ValueError, match=r"holds an earlier calibration run: .*another config: k 2 here, 3 now; use"):
         calibrate_dataset(base, data, CalibrateConfig(method="offset", k=3, pool=8), tmp_path / "a", progress=False)
     assert torch.equal(_tensors(tmp_path / "a" / "p0.safetensors")["fc.bias_update"], before["fc.bias_update"])
     (tmp_path / "b").mkdir()
@@ -319,6 +326,16 @@ def test_a_calibration_folder_of_another_run_or_with_foreign_files_is_refused(ba
     with pytest.raises(ValueError, match="holds p1.safetensors, which no calibration run there wrote"):
         calibrate_dataset(base, data, config, tmp_path / "b", progress=False)
     assert (tmp_path / "b" / "p1.safetensors").read_bytes() == b"someone else's"
+
+
+def test_a_run_that_calibrated_nobody_does_not_hold_its_folder(base, tmp_path):
+    """Every person failed (a pool larger than anyone's images): nothing was made, so a corrected run there goes
+    ahead, and its record lists only its own persons' outcomes."""
+    data = _dataset()
+    failed = calibrate_dataset(base, data, CalibrateConfig(method="offset", k=2, pool=500), tmp_path, progress=False)
+    assert {e["status"] for e in failed["persons"].values()} == {"failed"}
+    record = calibrate_dataset(base, data, CalibrateConfig(method="offset", k=2, pool=8), tmp_path, progress=False)
+    assert {e["status"] for e in record["persons"].values()} == {"ok"} and record["config"]["n_adapt"] == 8
 
 
 def test_a_dense_base_serves_its_calibrated_users_and_refuses_methods_that_need_truncation(tmp_path):

@@ -153,6 +153,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None:
             check_writable(value, folder=folder, what=f"--{_flag(name)}")
+    for name in () if getattr(args, "replace", False) else args.replaceable:
+        value = getattr(args, name, None)
+        if value is not None and Path(value).exists():
+            raise ValueError(f"--{_flag(name)} {value}: exists; name another file, or add --replace to overwrite it")
 
 
 @contextlib.contextmanager

@@ -93,6 +93,21 @@ def _refuse_existing(out: Path, data, config, replace: bool) -> None:
     record.unlink()
 
 
+def _refuse_what_fails_everyone(data, persons: list[str] | None, config) -> None:
+    """One line before any work for a mistake every person would fail on (an unknown person; a pool no person has
+    images for), instead of one failure per person; a pool only some persons lack stays their own failure."""
+    known = data.persons()
+    unknown = [p for p in persons or () if p not in known]
+    if unknown:
+        raise ValueError(f"--persons: {data.name} has no person {', '.join(map(repr, unknown))} (it has {len(known)})")
+    counts = {p: len(data.person_indices(p)) for p in persons or known}
+    if counts and max(counts.values()) < config.pool + 1:
+        raise ValueError(
+            f"--pool {config.pool}: every person needs the pool plus one image to score, and the most any person of "
+            f"{data.name} has is {max(counts.values())}; use --pool {max(counts.values()) - 1} or less"
+        )
+
+
 def _calibrate(args: argparse.Namespace) -> None:
     from alfa.gaze.calibrate import calibrate_dataset
     from alfa.gaze.train import check_input_size
@@ -106,6 +121,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     maml = saved.get("extra", {}).get("maml", {}).get("config", {})
     defaults = (maml["inner_lr"], maml["inner_steps"]) if maml else None
     persons = [p for p in args.persons.split(",") if p] if args.persons else None
+    _refuse_what_fails_everyone(data, persons, config)
     seed_everything(config.seed)
     record = calibrate_dataset(
         model, data, config, out, persons=persons, faze_defaults=defaults, progress=not args.quiet

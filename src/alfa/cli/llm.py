@@ -194,6 +194,7 @@ LLM = Command(
             add_arguments=_time_arguments,
             run=_time,
             outputs={"record": False, "markdown": False},
+            keeps=frozenset({"record"}),  # its timing is replaced only under --replace (_timed_record)
         ),
     ),
 )

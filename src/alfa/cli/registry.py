@@ -47,7 +47,10 @@ class Command:
     ``outputs`` maps each output option's ``dest`` to whether it names a folder: they are checked writable
     before ``run`` starts, and each output folder is held (:func:`alfa.fileio.hold`) while it runs, so that a
     second command cannot fill the same folder at once, unless it is one of ``shared``: a folder whose writers
-    merge their work safely by themselves (a benchmark's pieces). ``extra`` is the extra of ``alfa-ttp`` its
+    merge their work safely by themselves (a benchmark's pieces). A file output that exists is refused before
+    ``run`` starts unless ``--replace`` is given (added to every command that writes a file, where it has none),
+    except those in ``keeps``: files the command adds to or checks itself (an access log it appends to, a record
+    it updates under its own rule). ``extra`` is the extra of ``alfa-ttp`` its
     packages come with (``None``: the library's own); subcommands inherit it. A command with ``subcommands`` is
     a group: only its leaves run.
     """
@@ -59,6 +62,7 @@ class Command:
     description: str | None = None
     outputs: Mapping[str, bool] = field(default_factory=dict)
     shared: frozenset[str] = frozenset()
+    keeps: frozenset[str] = frozenset()
     extra: str | None = None
     subcommands: tuple[Command, ...] = ()
 
@@ -98,6 +102,7 @@ def add_commands(
             func=command.run,
             outputs=dict(command.outputs),
             held=tuple(name for name, folder in command.outputs.items() if folder and name not in command.shared),
+            replaceable=_replaceable(command),
             command_path=" ".join(names),
             command_extra=command.extra,
             stand_in=False,
@@ -110,6 +115,20 @@ def add_commands(
             if missing_package(e, command.extra) is None:
                 raise
             _stand_in(parser, e, command.extra)
+            continue
+        files = _replaceable(command)
+        if files and "--replace" not in parser._option_string_actions:
+            flags = " or ".join(f"--{name.replace('_', '-')}" for name in files)
+            parser.add_argument(
+                "--replace",
+                action="store_true",
+                help=f"overwrite the file {flags} names if it exists (by default that is refused before anything runs)",
+            )
+
+
+def _replaceable(command: Command) -> tuple[str, ...]:
+    """The command's file outputs that an existing file refuses without ``--replace``."""
+    return tuple(name for name, folder in command.outputs.items() if not folder and name not in command.keeps)
 
 
 def _inherit(command: Command, extra: str | None) -> Command:
@@ -127,7 +146,7 @@ def _stand_in(parser: argparse.ArgumentParser, error: ModuleNotFoundError, extra
     def run(args: argparse.Namespace) -> None:
         raise error
 
-    parser.set_defaults(func=run, outputs={}, held=(), stand_in=True)
+    parser.set_defaults(func=run, outputs={}, held=(), replaceable=(), stand_in=True)
 
 
 def missing_package(error: ModuleNotFoundError, extra: str | None = None) -> str | None:

@@ -181,5 +181,6 @@ SERVE = Command(
     add_arguments=_serve_arguments,
     run=_serve,
     outputs={"access_log": False},
+    keeps=frozenset({"access_log"}),  # appended to
     extra="gaze",
 )

@@ -243,5 +243,6 @@ COSTS = Command(
     add_arguments=_costs_arguments,
     run=_costs,
     outputs={"json": False, "update_doc": False},
+    keeps=frozenset({"update_doc"}),  # a page it updates in place
     extra="study",
 )

@@ -435,11 +435,25 @@ def earlier_run(out_dir: str | Path, dataset: GazeDataset, config: CalibrateConf
             raise TypeError("persons is no mapping")
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{path} is not a calibration record alfa wrote ({e})"
+    if not _anyone_calibrated(persons):
+        return None  # a run that calibrated nobody (every person failed) holds no one's file: a new run replaces it
     mine = _fresh_record(dataset, config)
     for what in ("dataset", "method", "config"):
         if before.get(what) != mine[what]:
-            return f"its files were made with another {what} ({before.get(what)} here, {mine[what]} now)"
+            return f"its files were made with another {what}: {_differences(before.get(what), mine[what])}"
     return None
+
+
+def _anyone_calibrated(persons: dict[str, Any]) -> bool:
+    return any(isinstance(entry, dict) and entry.get("status") in DONE for entry in persons.values())
+
+
+def _differences(here: Any, now: Any, name: str = "") -> str:
+    """What differs between two records' entries, key by key down nested mappings: ``pool 32 here, 6 now``."""
+    if not (isinstance(here, dict) and isinstance(now, dict)):
+        return f"{name}{' ' if name else ''}{here} here, {now} now"
+    keys = [k for k in {**here, **now} if here.get(k) != now.get(k)]
+    return "; ".join(_differences(here.get(k, "(none)"), now.get(k, "(none)"), k) for k in keys)
 
 
 def _ours(path: Path, about: dict[str, Any]) -> bool:
@@ -496,7 +510,9 @@ def calibrate_dataset(
         raise ValueError(f"{out} holds an earlier calibration run: {other}; use another folder")
     record = _fresh_record(dataset, config)
     if (out / RECORD_FILE).is_file():
-        record["persons"] = json.loads((out / RECORD_FILE).read_text(encoding="utf-8"))["persons"]
+        earlier = json.loads((out / RECORD_FILE).read_text(encoding="utf-8"))["persons"]
+        if _anyone_calibrated(earlier):  # else a run that made nothing, maybe of another recipe: start afresh
+            record["persons"] = earlier
     labelled = {p: _labelled_or_error(dataset, p, config) for p in persons}
     about = {p: {"dataset": dataset.name, "person": p, "labelled": labelled[p], **_key(config)} for p in persons}
     foreign = [

@@ -174,16 +174,18 @@ def _jobs(service: GazeService, users: Sequence[str], requests: int, seed: int) 
     return [pool[i] for i in rng.integers(0, len(pool), requests)]
 
 
-def _servable_users(service: GazeService, limit: int = 8) -> list[str]:
-    users = []
+def _servable_users(service: GazeService, limit: int = 8) -> tuple[list[str], str | None]:
+    """Up to ``limit`` users whose adapters serve, and why the first that does not was left out (``None``: none)."""
+    users, first_refusal = [], None
     for path in sorted(service.adapters.glob("*.safetensors")):
         if len(users) < limit and USER_ID.fullmatch(path.stem) and len(path.stem) <= service.limits.max_user_chars:
             try:
                 service.predict(path.stem, png_bytes(np.zeros((*service.input_size, 3), dtype=np.uint8)))
-            except Exception:  # noqa: BLE001, S112 — a user whose adapter does not serve is left out of the load
+            except Exception as e:  # noqa: BLE001 — a user whose adapter does not serve is left out of the load
+                first_refusal = first_refusal or f"{path.stem}: {e}"
                 continue
             users.append(path.stem)
-    return users
+    return users, first_refusal
 
 
 def selftest(checkpoint: str | os.PathLike | None = None, adapters: str | os.PathLike | None = None,
@@ -197,9 +199,10 @@ def selftest(checkpoint: str | os.PathLike | None = None, adapters: str | os.Pat
             checkpoint, adapters = write_demo_service(tmp), Path(tmp) / "adapters"
             say("selftest: serving a small world of its own (ResNet-18, first stage truncated, 16×16 px, 3 users)")
         service = GazeService(checkpoint, adapters, limits, note=lambda line: None)
-        users = _servable_users(service)
+        users, refusal = _servable_users(service)
         if not users:
-            raise ValueError(f"selftest: no adapter in {adapters} serves on this base")
+            why = f" (the first refused: {refusal})" if refusal else " (it holds no user's .safetensors file)"
+            raise ValueError(f"selftest: no adapter in {adapters} serves on this base{why}")
         jobs = _jobs(service, users, requests, seed)
         token = secrets.token_urlsafe()
         server = make_server(service, "127.0.0.1", 0, limits, token=token)
