@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from .gaze import _parse_value, open_spec, seed_everything
@@ -93,6 +94,20 @@ def _refuse_existing(out: Path, data, config, replace: bool) -> None:
     record.unlink()
 
 
+def _note_a_dense_base(model, config, checkpoint: str) -> None:
+    """An adapter calibration of an untruncated base works, but its files hold dense layers' updates (megabytes
+    per person) that ``alfa serve`` cannot batch: said once, up front, where it can still be changed."""
+    from alfa.layers import is_factorized
+
+    if config.method == "adapter" and not any(is_factorized(m) for m in model.modules()):
+        print(
+            f"alfa calibrate: note: {checkpoint} is not truncated, so each person's {config.adapter_method} adapter "
+            "adapts dense layers: large files that alfa serve cannot batch (alfa truncate the base first for the "
+            "served form; offset, affine, ridge and last-layer are corrections any base serves)",
+            file=sys.stderr,
+        )
+
+
 def _refuse_what_fails_everyone(data, persons: list[str] | None, config) -> None:
     """One line before any work for a mistake every person would fail on (an unknown person; a pool no person has
     images for), instead of one failure per person; a pool only some persons lack stays their own failure."""
@@ -118,6 +133,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     check_input_size(saved, data, args.checkpoint)
     out = Path(args.out)
     _refuse_existing(out, data, config, args.replace)
+    _note_a_dense_base(model, config, args.checkpoint)
     maml = saved.get("extra", {}).get("maml", {}).get("config", {})
     defaults = (maml["inner_lr"], maml["inner_steps"]) if maml else None
     persons = [p for p in args.persons.split(",") if p] if args.persons else None
