@@ -106,7 +106,7 @@ def test_bad_input_gets_one_line_exit_2_and_nothing_written(tmp_path, capsys):
             *("personalize", "--checkpoint", str(not_a_model), "--data", "synthetic:mpii"),
             *("--out", str(out)),
         ],
-        "checkpoint not found": [
+        "is a folder, not a checkpoint file": [
             *("evaluate", "--checkpoint", str(tmp_path / "adapters"), "--data", "synthetic:mpii"),
             *("--json", str(out / "e.json")),
         ],

@@ -31,7 +31,18 @@ def test_an_object_opens_what_its_string_opens():
     assert len(a) == len(b) == 6 and (a[0]["image"] == b[0]["image"]).all()
 
 
-@pytest.mark.parametrize("text, message", [("eth", "expected one of"), ("synthetic:eth?size", "bad option 'size'")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("eth", "expected one of"),
+        ("synthetic:eth?size", "bad option 'size'"),
+    ],
+)
 def test_a_malformed_spec_says_what_is_wrong(text, message):
     with pytest.raises(ValueError, match=message):
         DatasetSpec.parse(text)
+
+
+def test_an_option_value_of_the_wrong_kind_says_so_in_words():
+    with pytest.raises(ValueError, match=r"option 'size=3x2': expected a whole number$"):
+        open_dataset("synthetic:eth?size=3x2")

@@ -167,6 +167,10 @@ def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tu
     """The tensors and config of a checkpoint written by :func:`save_model` (``header_only``: the config
     and no tensor, without reading the weights)."""
     path = Path(path)
+    if path.is_dir():
+        hint = f" (the model the training commands write there is {path / 'model.safetensors'})"
+        hint = hint if (path / "model.safetensors").is_file() else ""
+        raise FileNotFoundError(f"checkpoint {path} is a folder, not a checkpoint file{hint}")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:

@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from alfa.fileio import os_error_in
 
@@ -60,11 +61,19 @@ USER_ERRORS = (ValueError, RuntimeError, FloatingPointError, OSError)
 loss), a file that is missing, unreadable or unwritable (``OSError``)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, except that a refused argument is one line, as every other error of ``alfa`` is: the
+    command, the error, and where the command's options are listed (argparse prints its usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``alfa`` parser: every command of :data:`COMMANDS`, each leaf's handler set as ``func``."""
     from alfa import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="alfa",
         formatter_class=HelpFormatter,
         description="Alfa (Attentive Low-Rank Filter Adaptation): truncate, personalize and evaluate gaze models, "

@@ -95,7 +95,7 @@ def add_commands(
         )
         names = (*path, command.name)
         if command.subcommands:
-            inner = parser.add_subparsers(dest=f"{command.name}_command", required=True)
+            inner = parser.add_subparsers(dest=f"{command.name}_command", required=True, metavar="command")
             add_commands(inner, tuple(_inherit(c, command.extra) for c in command.subcommands), names)
             continue
         parser.set_defaults(

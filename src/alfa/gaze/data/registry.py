@@ -149,11 +149,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _whole_number(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("expected a whole number") from None
+
+
 _OPTION_TYPES: dict[str, Callable[[str], object]] = {
     "split": str,
-    "size": int,
-    "seed": int,
-    "images_per_person": int,
+    "size": _whole_number,
+    "seed": _whole_number,
+    "images_per_person": _whole_number,
     "check_files": lambda v: _parse_bool("check_files", v),
     "verify_3d": lambda v: _parse_bool("verify_3d", v),
     "stored_order": str,
