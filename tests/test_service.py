@@ -264,7 +264,8 @@ def test_the_load_test_says_why_no_adapter_serves(world, tmp_path, capsys):
     (tmp_path / "dan.safetensors").write_bytes(b"not an adapter")
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "serves on this base (the first refused: dan: " in err
+    assert err.count("\n") == 1 and "serves on this base (the first refused: user 'dan': their adapter does not" in err
+    assert "dan.safetensors: not a readable safetensors file" in err  # the service's own detail, not a generic line
 
 
 def test_serve_options_have_bounds_that_say_why(world, capsys, monkeypatch):

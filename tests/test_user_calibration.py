@@ -368,7 +368,7 @@ def test_a_dense_base_serves_its_calibrated_users_and_refuses_methods_that_need_
 
 
 def test_an_adapter_calibration_of_a_dense_base_says_what_it_makes(tmp_path, capsys):
-    """It works, but its files cannot be batched by alfa serve: a note says so once, before the work; a correction
+    """It works, but alfa serve refuses its files: a note says so once, before the work; a correction
     (or a truncated base) gets none."""
     from alfa.cli import main
 
@@ -378,6 +378,6 @@ def test_an_adapter_calibration_of_a_dense_base_says_what_it_makes(tmp_path, cap
     argv = ["calibrate", "--checkpoint", str(dense), "--data", spec, "--k", "2", "--pool", "4", "--quiet"]
     assert main([*argv, "--method", "adapter", "--steps", "1", "--out", str(tmp_path / "a")]) == 0
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"note: {dense} is not truncated" in err and "alfa serve cannot batch" in err
+    assert err.count("\n") == 1 and f"note: {dense} is not truncated" in err and "alfa serve refuses" in err
     assert main([*argv, "--method", "affine", "--out", str(tmp_path / "b")]) == 0
     assert capsys.readouterr().err == ""

@@ -164,8 +164,18 @@ def _check_outputs(args: argparse.Namespace) -> None:
             check_writable(value, folder=folder, what=f"--{_flag(name)}")
     for name in () if getattr(args, "replace", False) else args.replaceable:
         value = getattr(args, name, None)
-        if value is not None and Path(value).exists():
+        if value is not None and Path(value).exists() and not _generated_page(Path(value)):
             raise ValueError(f"--{_flag(name)} {value}: exists; name another file, or add --replace to overwrite it")
+
+
+def _generated_page(path: Path) -> bool:
+    """A page ``alfa`` generated (it says so near its top): rewriting it with its regenerated form loses nothing
+    a person wrote, so its regenerate command runs as the page prints it."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            return "Do not edit by hand" in f.read(4096)
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
@@ -196,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and not args.stand_in:  # what parse_args says; a stand-in goes on to say what is missing
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        name = f"alfa {args.command_path}"
+        print(f"{name}: error: unrecognized arguments: {' '.join(unknown)} (see {name} --help)", file=sys.stderr)
+        return 2
     name = f"alfa {args.command_path}"
     try:
         _check_outputs(args)

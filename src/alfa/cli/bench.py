@@ -268,6 +268,7 @@ BENCH = Command(
     add_arguments=_bench_arguments,
     run=_bench,
     outputs={"out": True, "report": False},
+    keeps=frozenset({"report"}),  # rewritten as the run it reports resumes ("rerun to retry them")
     # not held: pieces of one benchmark fill one folder at once, merged into results.json under its file lock
     shared=frozenset({"out"}),
     extra="study",

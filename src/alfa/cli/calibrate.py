@@ -96,14 +96,14 @@ def _refuse_existing(out: Path, data, config, replace: bool) -> None:
 
 def _note_a_dense_base(model, config, checkpoint: str) -> None:
     """An adapter calibration of an untruncated base works, but its files hold dense layers' updates (megabytes
-    per person) that ``alfa serve`` cannot batch: said once, up front, where it can still be changed."""
+    per person) that ``alfa serve`` refuses: said once, up front, where it can still be changed."""
     from alfa.layers import is_factorized
 
     if config.method == "adapter" and not any(is_factorized(m) for m in model.modules()):
         print(
             f"alfa calibrate: note: {checkpoint} is not truncated, so each person's {config.adapter_method} adapter "
-            "adapts dense layers: large files that alfa serve cannot batch (alfa truncate the base first for the "
-            "served form; offset, affine, ridge and last-layer are corrections any base serves)",
+            "adapts dense layers: large files that alfa serve refuses (alfa truncate the base first to serve them; "
+            "offset, affine, ridge and last-layer are corrections any base serves)",
             file=sys.stderr,
         )
 
@@ -133,11 +133,11 @@ def _calibrate(args: argparse.Namespace) -> None:
     check_input_size(saved, data, args.checkpoint)
     out = Path(args.out)
     _refuse_existing(out, data, config, args.replace)
-    _note_a_dense_base(model, config, args.checkpoint)
     maml = saved.get("extra", {}).get("maml", {}).get("config", {})
     defaults = (maml["inner_lr"], maml["inner_steps"]) if maml else None
     persons = [p for p in args.persons.split(",") if p] if args.persons else None
     _refuse_what_fails_everyone(data, persons, config)
+    _note_a_dense_base(model, config, args.checkpoint)  # after every refusal: a refused run prints one line
     seed_everything(config.seed)
     record = calibrate_dataset(
         model, data, config, out, persons=persons, faze_defaults=defaults, progress=not args.quiet

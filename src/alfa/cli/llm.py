@@ -102,7 +102,8 @@ def _time_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--replace",
         action="store_true",
-        help="replace the step timing the record holds (without it, a record that holds one is refused)",
+        help="replace the step timing the record holds, and a --markdown file that is no generated page (without it, "
+        "either is refused)",
     )
     p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the page to this file (e.g. docs/llm.md)")
     quiet_option(p)
@@ -181,6 +182,7 @@ LLM = Command(
             add_arguments=_bench_arguments,
             run=_bench,
             outputs={"out": True, "cache": True, "data_to": False, "markdown": False},
+            keeps=frozenset({"data_to", "markdown"}),  # the records and page of a run that resumes
         ),
         Command(
             "time",

@@ -49,8 +49,9 @@ class Command:
     second command cannot fill the same folder at once, unless it is one of ``shared``: a folder whose writers
     merge their work safely by themselves (a benchmark's pieces). A file output that exists is refused before
     ``run`` starts unless ``--replace`` is given (added to every command that writes a file, where it has none),
-    except those in ``keeps``: files the command adds to or checks itself (an access log it appends to, a record
-    it updates under its own rule). ``extra`` is the extra of ``alfa-ttp`` its
+    except a page ``alfa`` generated (it says "Do not edit by hand") and those in ``keeps``: files the command adds
+    to or checks itself (an access log it appends to, a record it updates under its own rule, the records and
+    report of a run it resumes). ``extra`` is the extra of ``alfa-ttp`` its
     packages come with (``None``: the library's own); subcommands inherit it. A command with ``subcommands`` is
     a group: only its leaves run.
     """

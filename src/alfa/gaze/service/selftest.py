@@ -198,10 +198,12 @@ def selftest(checkpoint: str | os.PathLike | None = None, adapters: str | os.Pat
         if checkpoint is None:
             checkpoint, adapters = write_demo_service(tmp), Path(tmp) / "adapters"
             say("selftest: serving a small world of its own (ResNet-18, first stage truncated, 16×16 px, 3 users)")
-        service = GazeService(checkpoint, adapters, limits, note=lambda line: None)
+        details: list[str] = []  # the service's server-side detail of each refusal: why an adapter does not load
+        service = GazeService(checkpoint, adapters, limits, note=details.append)
         users, refusal = _servable_users(service)
         if not users:
-            why = f" (the first refused: {refusal})" if refusal else " (it holds no user's .safetensors file)"
+            detail = details[0].removeprefix("alfa serve: ") if details else refusal
+            why = f" (the first refused: {detail})" if refusal else " (it holds no user's .safetensors file)"
             raise ValueError(f"selftest: no adapter in {adapters} serves on this base{why}")
         jobs = _jobs(service, users, requests, seed)
         token = secrets.token_urlsafe()
