@@ -95,6 +95,7 @@ def add_commands(
             command.name, help=command.help, description=command.description, formatter_class=HelpFormatter
         )
         names = (*path, command.name)
+        files = _replaceable(command)
         if command.subcommands:
             inner = parser.add_subparsers(dest=f"{command.name}_command", required=True, metavar="command")
             add_commands(inner, tuple(_inherit(c, command.extra) for c in command.subcommands), names)
@@ -103,7 +104,7 @@ def add_commands(
             func=command.run,
             outputs=dict(command.outputs),
             held=tuple(name for name, folder in command.outputs.items() if folder and name not in command.shared),
-            replaceable=_replaceable(command),
+            replaceable=files,
             command_path=" ".join(names),
             command_extra=command.extra,
             stand_in=False,
@@ -117,7 +118,6 @@ def add_commands(
                 raise
             _stand_in(parser, e, command.extra)
             continue
-        files = _replaceable(command)
         if files and "--replace" not in parser._option_string_actions:
             flags = " or ".join(f"--{name.replace('_', '-')}" for name in files)
             parser.add_argument(

@@ -198,11 +198,6 @@ def _resized(rgb: np.ndarray, size: ImageSize) -> np.ndarray:
     return np.array(rgb, dtype=np.uint8, copy=True)
 
 
-def _image_to_tensor(rgb: np.ndarray, size: ImageSize) -> Tensor:
-    """(H, W, 3) uint8 RGB -> (3, H', W') float32 in [0, 1], resized bilinearly if ``size`` is set."""
-    return unit_images(torch.from_numpy(_resized(rgb, size)).permute(2, 0, 1))
-
-
 def _stack_rgb(images: Sequence[np.ndarray]) -> Tensor:
     """(H, W, 3) uint8 arrays of one size -> (N, 3, H, W) uint8, contiguous: a batch laid out channels-last would
     take other convolution kernels on the CPU, and other numbers, than the items stacked."""
@@ -221,7 +216,7 @@ def _read_rgb(path: str | Path) -> np.ndarray:
 
 def load_image(path: str | Path, size: ImageSize = None) -> Tensor:
     """Read an image file as a (3, H, W) float32 RGB tensor in [0, 1], optionally resized."""
-    return _image_to_tensor(_read_rgb(path), size)
+    return unit_images(_stack_rgb([_resized(_read_rgb(path), size)])[0])
 
 
 @dataclass
@@ -344,11 +339,9 @@ class GazeHubDataset(GazeDataset):
         return len(self._faces)
 
     def __getitem__(self, i: int) -> dict:
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"{self.name}: index {i} out of range for {len(self)} images")
-        i = i % len(self)
+        (i,) = self.positions([i])
         person = self._person_names[self._person_of[i]]
-        image = unit_images(torch.from_numpy(self._face(i)).permute(2, 0, 1))
+        image = unit_images(self.raw_images([i])[0])
         return {"image": image, "gaze": self.gaze[i], "head": self.head[i], "person": person, "index": i}
 
     def raw_images(self, indices: Sequence[int]) -> Tensor:

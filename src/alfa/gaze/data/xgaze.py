@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .base import GazeDataset
-from .gazehub import DatasetFormatError, ImageSize, _image_to_tensor, _resized, _stack_rgb, natural_key
+from .base import GazeDataset, unit_images
+from .gazehub import DatasetFormatError, ImageSize, _resized, _stack_rgb, natural_key
 from .registry import register_dataset
 
 __all__ = ["XGazeH5Dataset", "find_h5_files", "open_xgaze_h5"]
@@ -143,20 +143,17 @@ class XGazeH5Dataset(GazeDataset):
         return len(self._file_of)
 
     def __getitem__(self, i: int) -> dict:
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"{self.name}: index {i} out of range for {len(self)} images")
-        i = i % len(self)
-        k, row = int(self._file_of[i]), int(self._row_of[i])
-        bgr = self._handle(k)["face_patch"][row]
-        image: Tensor = _image_to_tensor(bgr[..., ::-1], self.size)
-        return {"image": image, "gaze": self.gaze[i], "head": self.head[i], "person": self._files[k].stem, "index": i}
+        (i,) = self.positions([i])
+        image = unit_images(self.raw_images([i])[0])
+        person = self._files[int(self._file_of[i])].stem
+        return {"image": image, "gaze": self.gaze[i], "head": self.head[i], "person": person, "index": i}
 
     def raw_images(self, indices: Sequence[int]) -> Tensor:
-        faces = []
-        for i in self.positions(indices):
-            k, row = int(self._file_of[i]), int(self._row_of[i])
-            faces.append(_resized(self._handle(k)["face_patch"][row][..., ::-1], self.size))
-        return _stack_rgb(faces)
+        return _stack_rgb([self._face(i) for i in self.positions(indices)])
+
+    def _face(self, i: int) -> np.ndarray:
+        """Item ``i``'s face, (H, W, 3) uint8 RGB (the file stores BGR) at the dataset's size."""
+        return _resized(self._handle(int(self._file_of[i]))["face_patch"][int(self._row_of[i])][..., ::-1], self.size)
 
     def persons(self) -> list[str]:
         return [f.stem for f in self._files]

@@ -297,8 +297,13 @@ def _record_kinds(records: Sequence[Record]) -> str:
     controls = [x for x in scored if x.pair in CONSTRUCTED_CONTROLS]
     no_error = [x for x in scored if x.pair not in CONSTRUCTED_CONTROLS and x.error_deg is None]
     # user calibration's rows have a page of their own (docs/results-user-calibration.md), no table here
-    calibrated = [x for x in scored if x.error_deg is not None and parse_calibration_label(x.method) is not None]
-    calibrated = [x for x in calibrated if x.pair not in CONSTRUCTED_CONTROLS]
+    calibrated = [
+        x
+        for x in scored
+        if x.error_deg is not None
+        and x.pair not in CONSTRUCTED_CONTROLS
+        and parse_calibration_label(x.method) is not None
+    ]
     others = []
     if selections:
         others.append(prose.SELECTION_KIND.format(count=prose.counted(len(selections), "recipe selections")))

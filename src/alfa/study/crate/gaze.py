@@ -105,11 +105,6 @@ def _errors_entry(per_person: dict[str, float]) -> dict[str, Any]:
     return {"per_person": per_person, **_summary(list(per_person.values()))}
 
 
-def _labels(dataset: GazeDataset) -> Tensor:
-    """All ``(yaw, pitch)`` labels ``(N, 2)`` without loading the images."""
-    return dataset.labels(range(len(dataset)))
-
-
 def _constant_errors(mean_gaze: Tensor, dataset: GazeDataset, n_adapt: int) -> dict[str, float]:
     """Per-person error of always predicting ``mean_gaze`` (the source training labels' mean)."""
     out = {}
@@ -181,7 +176,7 @@ def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None
     n_adapt = config.personalize.n_adapt
     source, val, targets = _open_data(config, seconds, progress)
 
-    mean_gaze = _labels(source).mean(0)
+    mean_gaze = source.labels(range(len(source))).mean(0)  # the label table: no image is read
     in_domain: dict[str, Any] = {"constant": _errors_entry(_constant_errors(mean_gaze, val, 0))}
     cross_domain: dict[str, dict[str, Any]] = {
         name: {"constant": _errors_entry(_constant_errors(mean_gaze, d, n_adapt))} for name, d in targets.items()
