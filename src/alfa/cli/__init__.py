@@ -205,11 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
+    name = f"alfa {args.command_path}"
     if unknown and not args.stand_in:  # what parse_args says; a stand-in goes on to say what is missing
-        name = f"alfa {args.command_path}"
         print(f"{name}: error: unrecognized arguments: {' '.join(unknown)} (see {name} --help)", file=sys.stderr)
         return 2
-    name = f"alfa {args.command_path}"
     try:
         _check_outputs(args)
         with _hold_outputs(args, name):
