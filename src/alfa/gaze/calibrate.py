@@ -61,7 +61,7 @@ from alfa.adapters import (
 from alfa.fileio import write_json
 from alfa.layers import FactorizedLinear, dense_matrix
 
-from .data.base import GazeDataset
+from .data.base import GazeDataset, signature_mismatch
 from .evaluate import adapter_filename, load_examples, load_images
 from .faze import personalize_faze
 from .geometry import flip_yaw
@@ -441,6 +441,25 @@ def earlier_run(out_dir: str | Path, dataset: GazeDataset, config: CalibrateConf
     for what in ("dataset", "method", "config"):
         if before.get(what) != mine[what]:
             return f"its files were made with another {what}: {_differences(before.get(what), mine[what])}"
+    return _other_images(Path(out_dir), dataset, persons)
+
+
+def _other_images(out: Path, dataset: GazeDataset, persons: dict[str, Any]) -> str | None:
+    """Why the files of ``persons`` (a record's entries) in ``out`` were made from other images than this
+    ``dataset``'s persons of those names (a dataset of the same name: another folder, another world)."""
+    here = set(dataset.persons())
+    for person, entry in persons.items():
+        path = out / adapter_filename(person)
+        if person not in here or not (isinstance(entry, dict) and entry.get("status") in DONE and path.is_file()):
+            continue
+        try:
+            saved = read_adapter_metadata(path).get("about", {}).get("data")
+        except (ValueError, OSError) as e:
+            return f"its file for {person!r} does not read ({e})"
+        mismatch = signature_mismatch(saved, dataset.person_signature(person))
+        if mismatch is not None:
+            named = f"another dataset named {dataset.name!r}"
+            return f"its file for {person!r} was made from the images of {named}: {mismatch}"
     return None
 
 
@@ -461,9 +480,13 @@ def _ours(path: Path, about: dict[str, Any]) -> bool:
     """Whether the adapter file at ``path`` records exactly ``about`` (dataset, person, labelled images, recipe):
     one a run of this recipe wrote (also one killed before its record listed the file)."""
     try:
-        return read_adapter_metadata(path).get("about") == json.loads(json.dumps(about))
+        saved = read_adapter_metadata(path).get("about")
     except (ValueError, OSError):
         return False
+    mine = json.loads(json.dumps(about))
+    if isinstance(saved, dict) and "data" not in saved:  # made before files recorded their images' signature
+        mine.pop("data", None)
+    return saved == mine
 
 
 def _finished(model: nn.Module, path: Path, entry: dict[str, Any] | None, about: dict[str, Any]) -> bool:
@@ -515,7 +538,11 @@ def calibrate_dataset(
         if _anyone_calibrated(earlier):  # else a run that made nothing, maybe of another recipe: start afresh
             record["persons"] = earlier
     labelled = {p: _labelled_or_error(dataset, p, config) for p in persons}
-    about = {p: {"dataset": dataset.name, "person": p, "labelled": labelled[p], **_key(config)} for p in persons}
+    about = {
+        p: {"dataset": dataset.name, "person": p, "data": dataset.person_signature(p), "labelled": labelled[p]}
+        for p in persons
+    }
+    about = {p: {**a, **_key(config)} for p, a in about.items()}
     foreign = [
         n
         for p, n in zip(persons, names)

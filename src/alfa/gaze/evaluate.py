@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from alfa.adapters import adapter_state, detach, load_adapter, read_adapter_metadata
 from alfa.fileio import write_json
 
-from .data.base import GazeDataset, unit_images
+from .data.base import GazeDataset, signature_mismatch, unit_images
 from .geometry import angular_error
 from .precision import autocast
 
@@ -393,6 +393,10 @@ def evaluate(
                 raise ValueError(
                     f"it was made for person {made_for[1]!r} of {made_for[0]!r}, not {person!r} of {dataset.name!r}"
                 )
+            other_images = signature_mismatch(about.get("data"), dataset.person_signature(person))
+            if other_images is not None:
+                named = f"another dataset named {dataset.name!r}"
+                raise ValueError(f"it was made from the images of {named}: {other_images}")
             seen = sorted(set(about.get("labelled", ())) & set(eval_indices(dataset, person, n_adapt)))
             if seen:  # a user calibration's labelled images are never scored
                 raise ValueError(f"it was calibrated on the labels of images {seen[:5]}, which would be scored")

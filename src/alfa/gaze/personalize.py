@@ -59,7 +59,7 @@ from alfa.adapters import (
 from alfa.fileio import write_json
 
 from .augment import AugmentConfig, augment_images, build_augmentation
-from .data.base import GazeDataset
+from .data.base import GazeDataset, signature_mismatch
 from .evaluate import EvaluationReport, PersonScorer, adapter_filename, evaluate, load_images
 from .losses import finite_or_raise
 from .objectives import OBJECTIVES
@@ -350,15 +350,19 @@ def _run_key(method: AdapterConfig, config: PersonalizeConfig) -> dict[str, Any]
     return {"method": method.method, "method_config": method.to_dict(), "config": config.to_dict()}
 
 
-def _already_done(model: nn.Module, adapter: Path, sidecar: Path, key: dict[str, Any]) -> PersonOutcome | None:
-    """The recorded outcome if ``adapter`` was made with the same method and recipe and fits the base."""
+def _already_done(
+    model: nn.Module, adapter: Path, sidecar: Path, key: dict[str, Any], signature: dict[str, Any]
+) -> PersonOutcome | None:
+    """The recorded outcome if ``adapter`` was made with the same method and recipe, from the person's images
+    here (``signature``, :meth:`GazeDataset.person_signature`), and fits the base."""
     if not (adapter.is_file() and sidecar.is_file()):
         return None
     try:
         record = json.loads(sidecar.read_text())
         if record.get("key") != json.loads(json.dumps(key)):
             return None
-        read_adapter_metadata(adapter)
+        if signature_mismatch(read_adapter_metadata(adapter).get("about", {}).get("data"), signature) is not None:
+            return None
         load_adapter(model, adapter)  # checks the layers and the base fingerprint
     except (ValueError, RuntimeError, OSError, json.JSONDecodeError):
         return None
@@ -394,15 +398,24 @@ def foreign_adapters(
             if key["config"].get(k) != before.get("config", {}).get(k)
         )
         return f"its adapters were made with another recipe (differs in {', '.join(changed)})"
-    for person, outcome in before.get("persons", {}).items():
-        adapter = out / adapter_filename(person)
-        if outcome.get("status") in ("ok", "skipped") and adapter.is_file():
-            try:
-                load_adapter(model, adapter)
-            except (ValueError, RuntimeError) as e:
-                return f"its adapters were trained on another base ({e})"
-            detach(model)
-            break
+    made = [p for p, o in before.get("persons", {}).items() if o.get("status") in ("ok", "skipped")]
+    made = [p for p in made if (out / adapter_filename(p)).is_file()]
+    here = set(dataset.persons())
+    for person in [p for p in made if p in here]:
+        try:
+            about = read_adapter_metadata(out / adapter_filename(person)).get("about", {})
+        except (ValueError, OSError) as e:
+            return f"its adapter for {person!r} does not read ({e})"
+        other_images = signature_mismatch(about.get("data"), dataset.person_signature(person))
+        if other_images is not None:
+            named = f"another dataset named {dataset.name!r}"
+            return f"its adapter for {person!r} was made from the images of {named}: {other_images}"
+    for person in made[:1]:
+        try:
+            load_adapter(model, out / adapter_filename(person))
+        except (ValueError, RuntimeError) as e:
+            return f"its adapters were trained on another base ({e})"
+        detach(model)
     return None
 
 
@@ -492,7 +505,7 @@ def personalize_dataset(
         if not {adapter.name, sidecar.name} <= run.written:  # listed before they exist: a crash leaves them ours
             run.written |= {adapter.name, sidecar.name}
             write_json(out / RECORD_FILE, run.to_dict())
-        done = _already_done(model, adapter, sidecar, key) if resume else None
+        done = _already_done(model, adapter, sidecar, key, dataset.person_signature(person)) if resume else None
         if done is not None and track is not None and len(done.tracked) != config.steps + 1:
             done = None  # made without the per-step measurements this run asks for
         if done is not None:
@@ -534,7 +547,8 @@ def _personalize_person(
             model, images, method, config, seed=person_seed(config.seed, person, "personalize"), track=track
         )
         try:
-            save_adapter(model, path, about={"dataset": dataset.name, "person": person})
+            about = {"dataset": dataset.name, "person": person, "data": dataset.person_signature(person)}
+            save_adapter(model, path, about=about)
         except OSError as e:
             # The folder cannot be written (a full disk): not this person's failure, every next one would fail
             # the same way. The run stops; the adapters done so far are whole and listed, a rerun resumes.

@@ -21,12 +21,13 @@ model's device rather than once per image on the CPU.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-__all__ = ["GazeDataset", "InMemoryGazeDataset", "unit_images"]
+__all__ = ["GazeDataset", "InMemoryGazeDataset", "signature_mismatch", "unit_images"]
 
 
 class GazeDataset(Dataset):
@@ -74,6 +75,51 @@ class GazeDataset(Dataset):
         ``[0, 1]``; :func:`unit_images` gives the items' float32. This default stacks the items' images; a
         dataset that reads 8-bit images overrides it to skip the per-image float conversion."""
         return torch.stack([self[int(i)]["image"] for i in indices])
+
+    def person_signature(self, person: str) -> dict[str, Any]:
+        """What tells ``person``'s images here from another dataset's person of the same names (two GazeHub
+        folders, two synthetic worlds of one name): how many images, their size, the mean of their labels and
+        the mean colour of the first and the last image. The files made from a person's images record it, and
+        :func:`signature_mismatch` compares two within a tolerance, so the same data read on another machine,
+        a few bits off, still matches. Reads the person's labels and two images."""
+        indices = self.person_indices(person)
+        if not indices:
+            return {"images": 0}
+        gaze = self.labels(indices).double().mean(dim=0)
+        ends = unit_images(self.raw_images([indices[0], indices[-1]])).double()
+        return {
+            "images": len(indices),
+            "image_size": list(ends.shape[1:]),
+            "gaze_mean": [round(v, 7) for v in gaze.tolist()],
+            "end_colours": [round(v, 6) for v in ends.mean(dim=(2, 3)).flatten().tolist()],
+        }
+
+
+_SIGNATURE_TOLERANCE = {"gaze_mean": 1e-5, "end_colours": 1e-4}
+"""How far two signatures' means may be apart and still be one person's data (radians, and colour in [0, 1]):
+far above a re-rendering's few bits, far below what another person's or world's images give."""
+
+
+def signature_mismatch(saved: Any, here: dict[str, Any]) -> str | None:
+    """How the person a file was made from (``saved``, its :meth:`GazeDataset.person_signature`) differs from
+    the one of that name ``here``; ``None`` if they match, or if ``saved`` is ``None`` (a file from before
+    signatures were recorded, which passes as it did)."""
+    if saved is None:
+        return None
+    if not isinstance(saved, dict):
+        return f"its data signature is unreadable ({saved!r})"
+    for key in ("images", "image_size"):
+        if saved.get(key) != here.get(key):
+            return f"{key.replace('_', ' ')} {saved.get(key)} there, {here.get(key)} here"
+    for key, tolerance in _SIGNATURE_TOLERANCE.items():
+        a, b = saved.get(key), here.get(key)
+        if not (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)):
+            if a != b:
+                return f"{key.replace('_', ' ')} {a} there, {b} here"
+            continue
+        if any(not isinstance(x, (int, float)) or abs(x - y) > tolerance for x, y in zip(a, b)):
+            return "the labels differ" if key == "gaze_mean" else "the images differ"
+    return None
 
 
 _UNIT = torch.arange(256, dtype=torch.float32).div_(255.0)

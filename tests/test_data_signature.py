@@ -1,0 +1,112 @@
+"""A person's data signature: files made from a person's images (adapters, calibrations) record it, so that a
+folder made for one dataset is neither resumed nor replaced, nor scored, on another dataset of the same name
+(two GazeHub folders, two synthetic worlds of one name), while the same data read a few bits off still matches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import TinyGazeNet
+
+import alfa
+from alfa.gaze.calibrate import CalibrateConfig, calibrate_dataset
+from alfa.gaze.data import InMemoryGazeDataset
+from alfa.gaze.data.base import signature_mismatch
+from alfa.gaze.evaluate import evaluate
+from alfa.gaze.personalize import PersonalizeConfig, personalize_dataset
+
+
+def _dataset(seed: int = 0, name: str = "toy", images: int = 12, size: int = 16) -> InMemoryGazeDataset:
+    g = torch.Generator().manual_seed(seed)
+    n = 2 * images
+    pixels = torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8)
+    gaze = (torch.rand(n, 2, generator=g) - 0.5) * 0.8
+    return InMemoryGazeDataset(pixels, gaze, torch.arange(2).repeat_interleave(images), ["p0", "p1"], name=name)
+
+
+@pytest.fixture
+def base() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    alfa.truncate(model, 4)
+    return model
+
+
+def test_the_signature_tells_other_data_apart_and_passes_the_same_data_a_few_bits_off():
+    data = _dataset()
+    mine = data.person_signature("p0")
+    assert signature_mismatch(mine, data.person_signature("p0")) is None
+    assert signature_mismatch(None, mine) is None  # a file from before signatures: passes as it did
+    nudged = InMemoryGazeDataset(data.images, data.gaze + 1e-7, data.person_ids, data.person_names, name="toy")
+    assert signature_mismatch(mine, nudged.person_signature("p0")) is None
+    assert signature_mismatch(mine, data.person_signature("p1")) == "the labels differ"
+    relabelled = InMemoryGazeDataset(data.images, data.gaze.flip(0), data.person_ids, data.person_names, name="toy")
+    assert signature_mismatch(mine, relabelled.person_signature("p0")) == "the labels differ"
+    repainted = InMemoryGazeDataset(255 - data.images, data.gaze, data.person_ids, data.person_names, name="toy")
+    assert signature_mismatch(mine, repainted.person_signature("p0")) == "the images differ"
+    assert signature_mismatch(mine, _dataset(images=11).person_signature("p0")) == "images 12 there, 11 here"
+    assert (
+        signature_mismatch(mine, _dataset(size=8).person_signature("p0"))
+        == "image size [3, 16, 16] there, [3, 8, 8] here"
+    )
+    assert "unreadable" in signature_mismatch("junk", mine)
+
+
+def test_a_calibration_folder_of_another_dataset_of_the_same_name_is_refused_and_kept(base, tmp_path):
+    config = CalibrateConfig(method="offset", k=2, pool=8)
+    calibrate_dataset(base, _dataset(seed=0), config, tmp_path, progress=False)
+    before = (tmp_path / "p0.safetensors").read_bytes()
+    with pytest.raises(ValueError, match=r"its file for 'p0' was made from the images of another dataset named 'toy'"):
+        calibrate_dataset(base, _dataset(seed=1), config, tmp_path, progress=False)
+    assert (tmp_path / "p0.safetensors").read_bytes() == before
+    again = calibrate_dataset(base, _dataset(seed=0), config, tmp_path, progress=False)
+    assert {e["status"] for e in again["persons"].values()} == {"skipped"}
+    report = evaluate(base, _dataset(seed=1), adapters=tmp_path, n_adapt=8, progress=False)
+    assert "made from the images of another dataset named 'toy': the labels differ" in report.failed["p0"]
+    assert set(
+        evaluate(base, _dataset(seed=0), adapters=tmp_path, n_adapt=8, progress=False).columns["personalized"]
+    ) == {
+        "p0",
+        "p1",
+    }
+
+
+def test_a_calibration_file_from_before_signatures_still_resumes(base, tmp_path, monkeypatch):
+    from alfa.gaze import calibrate
+
+    config = CalibrateConfig(method="offset", k=2, pool=8)
+    calibrate_dataset(base, _dataset(), config, tmp_path, progress=False)
+    real = calibrate.read_adapter_metadata
+
+    def without_signature(path):
+        meta = real(path)
+        meta["about"].pop("data")
+        return meta
+
+    monkeypatch.setattr(calibrate, "read_adapter_metadata", without_signature)
+    again = calibrate_dataset(base, _dataset(), config, tmp_path, progress=False)
+    assert {e["status"] for e in again["persons"].values()} == {"skipped"}
+
+
+def test_personalization_redoes_and_the_command_refuses_another_dataset_of_the_same_name(tmp_path, capsys, monkeypatch):
+    import alfa.gaze.pipeline as pipeline
+    from alfa.cli import main
+
+    base = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(base, 6)
+    method, config = alfa.AlfaConfig(heads=2, rank=2), PersonalizeConfig(steps=1)
+    first = personalize_dataset(base, _dataset(seed=0), method, config, tmp_path / "lib", progress=False)
+    again = personalize_dataset(base, _dataset(seed=1), method, config, tmp_path / "lib", progress=False)
+    assert {o.status for o in first.persons.values()} == {o.status for o in again.persons.values()} == {"ok"}
+
+    monkeypatch.setattr(pipeline, "open_data", lambda spec: _dataset(seed=int(spec[-1])))
+    alfa.checkpoint.save_model(tmp_path / "base.safetensors", base, "tiny_gaze_net")
+    argv = ["personalize", "--checkpoint", str(tmp_path / "base.safetensors"), "--heads", "2", "--adapter-rank", "2"]
+    out = ["--out", str(tmp_path / "cli"), "--steps", "1", "--quiet"]
+    assert main([*argv, "--data", "toy:0", *out]) == 0
+    made = (tmp_path / "cli" / "p0.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main([*argv, "--data", "toy:1", *out]) == 2
+    err = capsys.readouterr().err
+    assert "its adapter for 'p0' was made from the images of another dataset named 'toy': the labels differ" in err
+    assert "--replace" in err and (tmp_path / "cli" / "p0.safetensors").read_bytes() == made
