@@ -83,3 +83,36 @@ def test_refused_arguments_are_one_line_naming_the_command(capsys: pytest.Captur
 def test_files_a_command_adds_to_are_not_refused(command: str, dest: str) -> None:
     parser = dict(_leaves(build_parser()))[command]
     assert dest in parser._defaults["outputs"] and dest not in parser._defaults["replaceable"]
+
+
+def test_a_page_another_command_generated_is_not_this_ones_to_replace(tmp_path: Path, capsys) -> None:
+    page = tmp_path / "speed.md"
+    text = "# Speed\n\nProduced by `alfa speed --out speed.md`. Do not edit by hand: re-run the command.\n"
+    page.write_text(text, encoding="utf-8")
+    assert main([*THROUGHPUT, "--loader-only", "--out", str(page)]) == 2
+    assert f"--out {page}: exists" in capsys.readouterr().err
+    assert page.read_text(encoding="utf-8") == text
+
+
+def test_the_data_a_page_writes_beside_it_is_refused_alike(tmp_path: Path, capsys) -> None:
+    page, data = tmp_path / "loading.md", tmp_path / "loading.json"
+    data.write_text('{"someone": "else"}', encoding="utf-8")
+    assert main([*THROUGHPUT, "--loader-only", "--out", str(page)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        f"--out {page}: the page's data goes to {data}, which exists; name another file, or add --replace to "
+        "overwrite it"
+    )
+    assert data.read_text(encoding="utf-8") == '{"someone": "else"}' and not page.exists()
+    assert main([*THROUGHPUT, "--loader-only", "--out", str(page), "--replace"]) == 0
+    assert '"runs"' in data.read_text(encoding="utf-8")
+
+
+def test_crate_gaze_refuses_a_figure_its_page_would_replace_before_it_trains(tmp_path: Path, capsys) -> None:
+    figure = tmp_path / "figures" / "crate_gaze_probes.png"
+    figure.parent.mkdir()
+    figure.write_bytes(b"someone's figure")
+    argv = ["crate", "gaze", "--quick", "--out", str(tmp_path / "run"), "--markdown", str(tmp_path / "crate-gaze.md")]
+    assert main(argv) == 2
+    assert f"its figure goes to {figure}, which exists" in capsys.readouterr().err
+    assert figure.read_bytes() == b"someone's figure" and not (tmp_path / "run").exists()

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,18 +165,28 @@ def _check_outputs(args: argparse.Namespace) -> None:
             check_writable(value, folder=folder, what=f"--{_flag(name)}")
     for name in () if getattr(args, "replace", False) else args.replaceable:
         value = getattr(args, name, None)
-        if value is not None and Path(value).exists() and not _generated_page(Path(value)):
+        if value is None or _generated_page(Path(value), args.command_path):  # its data beside it is ours too
+            continue
+        if Path(value).exists():
             raise ValueError(f"--{_flag(name)} {value}: exists; name another file, or add --replace to overwrite it")
+        data = Path(value).with_suffix(".json")
+        if name in args.data_beside and data.exists():
+            raise ValueError(
+                f"--{_flag(name)} {value}: the page's data goes to {data}, which exists; name another file, or add "
+                "--replace to overwrite it"
+            )
 
 
-def _generated_page(path: Path) -> bool:
-    """A page ``alfa`` generated (it says so near its top): rewriting it with its regenerated form loses nothing
-    a person wrote, so its regenerate command runs as the page prints it."""
+def _generated_page(path: Path, command_path: str) -> bool:
+    """A page this command generated (near its top it says so, naming ``alfa <command_path>``): rewriting it with
+    its regenerated form loses nothing a person wrote, so its regenerate command runs as the page prints it. A
+    page another command generated is not this command's to replace."""
     try:
         with path.open(encoding="utf-8", errors="replace") as f:
-            return "Do not edit by hand" in f.read(4096)
+            head = f.read(4096)
     except OSError:
         return False
+    return "Do not edit by hand" in head and re.search(rf"`alfa {re.escape(command_path)}[ `]", head) is not None
 
 
 @contextlib.contextmanager

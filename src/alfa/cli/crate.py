@@ -114,17 +114,27 @@ def _gaze(args: argparse.Namespace) -> None:
     config.validate()
     if args.markdown is not None and args.markdown.suffix.lower() != ".md":
         raise ValueError(f"--markdown must name a .md file, got {args.markdown}")
+    figure = None if args.markdown is None else _probe_figure(args.markdown)
+    if figure is not None and figure.exists() and not args.markdown.exists() and not args.replace:
+        raise ValueError(
+            f"--markdown {args.markdown}: its figure goes to {figure}, which exists; name another page, or add "
+            "--replace to overwrite it"
+        )
     results = run_crate_gaze(config, args.out, progress=not args.quiet, command=_gaze_command_line(args))
     print()
     print(format_summary(results))
     print(f"\nwrote {args.out / 'results.json'} and {results['figure']}")
-    if args.markdown is not None:
-        figure = args.markdown.parent / "figures" / f"{args.markdown.stem.replace('-', '_')}_probes.png"
+    if figure is not None:
         figure.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(results["figure"], figure)
         text = format_markdown(results, figure=figure.relative_to(args.markdown.parent).as_posix())
         write_text(args.markdown, text)
         print(f"wrote {args.markdown} (figure {figure})")
+
+
+def _probe_figure(page: Path) -> Path:
+    """Where ``--markdown PAGE`` puts its probe figure: ``figures/`` beside the page, named after it."""
+    return page.parent / "figures" / f"{page.stem.replace('-', '_')}_probes.png"
 
 
 CRATE = Command(
@@ -155,7 +165,7 @@ CRATE = Command(
             "thread.",
             add_arguments=_gaze_arguments,
             run=_gaze,
-            outputs={"out": True},
+            outputs={"out": True, "markdown": False},
         ),
     ),
 )

@@ -751,6 +751,7 @@ THROUGHPUT = Command(
     add_arguments=_throughput_arguments,
     run=_throughput,
     outputs={"out": False},
+    data_beside=frozenset({"out"}),
     extra="gaze",
 )
 EVALUATE = Command(

@@ -49,9 +49,11 @@ class Command:
     second command cannot fill the same folder at once, unless it is one of ``shared``: a folder whose writers
     merge their work safely by themselves (a benchmark's pieces). A file output that exists is refused before
     ``run`` starts unless ``--replace`` is given (added to every command that writes a file, where it has none),
-    except a page ``alfa`` generated (it says "Do not edit by hand") and those in ``keeps``: files the command adds
-    to or checks itself (an access log it appends to, a record it updates under its own rule, the records and
-    report of a run it resumes). ``extra`` is the extra of ``alfa-ttp`` its
+    except a page this command generated (it says "Do not edit by hand" and names the command: its regenerate
+    command then runs as printed) and those in ``keeps``: files the command adds to or checks itself (an access
+    log it appends to, a record it updates under its own rule, the records and report of a run it resumes).
+    ``data_beside`` names the file outputs beside which the command writes the page's data as ``<name>.json``:
+    that file is refused alike. ``extra`` is the extra of ``alfa-ttp`` its
     packages come with (``None``: the library's own); subcommands inherit it. A command with ``subcommands`` is
     a group: only its leaves run.
     """
@@ -64,6 +66,7 @@ class Command:
     outputs: Mapping[str, bool] = field(default_factory=dict)
     shared: frozenset[str] = frozenset()
     keeps: frozenset[str] = frozenset()
+    data_beside: frozenset[str] = frozenset()
     extra: str | None = None
     subcommands: tuple[Command, ...] = ()
 
@@ -105,6 +108,7 @@ def add_commands(
             outputs=dict(command.outputs),
             held=tuple(name for name, folder in command.outputs.items() if folder and name not in command.shared),
             replaceable=files,
+            data_beside=tuple(name for name in files if name in command.data_beside),
             command_path=" ".join(names),
             command_extra=command.extra,
             stand_in=False,
@@ -147,7 +151,7 @@ def _stand_in(parser: argparse.ArgumentParser, error: ModuleNotFoundError, extra
     def run(args: argparse.Namespace) -> None:
         raise error
 
-    parser.set_defaults(func=run, outputs={}, held=(), replaceable=(), stand_in=True)
+    parser.set_defaults(func=run, outputs={}, held=(), replaceable=(), data_beside=(), stand_in=True)
 
 
 def missing_package(error: ModuleNotFoundError, extra: str | None = None) -> str | None:

@@ -210,6 +210,7 @@ SPEED = Command(
     add_arguments=_speed_arguments,
     run=_speed,
     outputs={"out": False},
+    data_beside=frozenset({"out"}),
     extra="study",
 )
 SERVING = Command(
@@ -221,6 +222,7 @@ SERVING = Command(
     add_arguments=_serving_arguments,
     run=_serving,
     outputs={"out": False},
+    data_beside=frozenset({"out"}),
     extra="study",
 )
 PAGES = Command(
