@@ -46,3 +46,10 @@ def test_a_malformed_spec_says_what_is_wrong(text, message):
 def test_an_option_value_of_the_wrong_kind_says_so_in_words():
     with pytest.raises(ValueError, match=r"option 'size=3x2': expected a whole number$"):
         open_dataset("synthetic:eth?size=3x2")
+
+
+@pytest.mark.parametrize("persons", ["x", "p00,p01", "3,4"])
+def test_a_synthetic_world_takes_a_count_of_persons_and_says_so_for_names(persons):
+    with pytest.raises(ValueError, match=r"takes how many persons to make \(a whole number\); names of persons are"):
+        open_dataset(f"synthetic:mpii?persons={persons}&size=16&images_per_person=2")
+    assert open_dataset("synthetic:mpii?persons=2&size=16&images_per_person=2").persons() == ["p00", "p01"]

@@ -52,8 +52,13 @@ __all__ = [
 def open_synthetic(rest: str, options: dict[str, Any], spec: str) -> InMemoryGazeDataset:
     """``synthetic:<domain>``: a generated world (:func:`make_domain`)."""
     persons = options.get("persons")
-    if isinstance(persons, list) and len(persons) == 1 and persons[0].isdigit():
-        options["persons"] = int(persons[0])  # "?persons=15" means a count for a generated world
+    if isinstance(persons, list):  # the spec's persons= is a list of names for a real dataset, a count here
+        if len(persons) != 1 or not persons[0].isdigit():
+            raise ValueError(
+                f"dataset spec {spec!r}: option persons={','.join(persons)}: a synthetic world takes how many "
+                "persons to make (a whole number); names of persons are for a real dataset's spec"
+            )
+        options["persons"] = int(persons[0])
     known = [p for p in inspect.signature(domains.make_domain).parameters if p != "name"]
     unknown = sorted(set(options) - set(known))
     if unknown:
