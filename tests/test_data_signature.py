@@ -44,10 +44,13 @@ def test_the_signature_tells_other_data_apart_and_passes_the_same_data_a_few_bit
     assert signature_mismatch(mine, relabelled.person_signature("p0")) == "the labels differ"
     repainted = InMemoryGazeDataset(255 - data.images, data.gaze, data.person_ids, data.person_names, name="toy")
     assert signature_mismatch(mine, repainted.person_signature("p0")) == "the images differ"
-    assert signature_mismatch(mine, _dataset(images=11).person_signature("p0")) == "images 12 there, 11 here"
+    assert (
+        signature_mismatch(mine, _dataset(images=11).person_signature("p0"))
+        == "the file was made from 12 images of the person, this dataset has 11"
+    )
     assert (
         signature_mismatch(mine, _dataset(size=8).person_signature("p0"))
-        == "image size [3, 16, 16] there, [3, 8, 8] here"
+        == "the file was made from images of size [3, 16, 16], these are [3, 8, 8]"
     )
     assert "unreadable" in signature_mismatch("junk", mine)
 
@@ -71,21 +74,60 @@ def test_a_calibration_folder_of_another_dataset_of_the_same_name_is_refused_and
     }
 
 
-def test_a_calibration_file_from_before_signatures_still_resumes(base, tmp_path, monkeypatch):
-    from alfa.gaze import calibrate
-
+def test_files_from_before_signatures_still_resume_and_score(base, tmp_path):
+    """A file without a signature, as the code before wrote it: a rerun keeps it, evaluation scores with it."""
+    data = _dataset()
     config = CalibrateConfig(method="offset", k=2, pool=8)
-    calibrate_dataset(base, _dataset(), config, tmp_path, progress=False)
-    real = calibrate.read_adapter_metadata
-
-    def without_signature(path):
-        meta = real(path)
-        meta["about"].pop("data")
-        return meta
-
-    monkeypatch.setattr(calibrate, "read_adapter_metadata", without_signature)
-    again = calibrate_dataset(base, _dataset(), config, tmp_path, progress=False)
+    calibrate_dataset(base, data, config, tmp_path / "cal", progress=False)
+    method, recipe = alfa.AlfaConfig(heads=2, rank=2), PersonalizeConfig(steps=1, n_adapt=5)
+    personalize_dataset(base, data, method, recipe, tmp_path / "ad", progress=False)
+    for path in [*(tmp_path / "cal").glob("*.safetensors"), *(tmp_path / "ad").glob("*.safetensors")]:
+        about = alfa.read_adapter_metadata(path)["about"]
+        del about["data"]
+        alfa.load_adapter(base, path)
+        alfa.save_adapter(base, path, about=about)
+        alfa.detach(base)
+        assert "data" not in alfa.read_adapter_metadata(path)["about"]
+    again = calibrate_dataset(base, data, config, tmp_path / "cal", progress=False)
     assert {e["status"] for e in again["persons"].values()} == {"skipped"}
+    rerun = personalize_dataset(base, data, method, recipe, tmp_path / "ad", progress=False)
+    assert {o.status for o in rerun.persons.values()} == {"skipped"}
+    for folder, n_adapt in ((tmp_path / "cal", 8), (tmp_path / "ad", 5)):
+        report = evaluate(base, _dataset(seed=1), adapters=folder, n_adapt=n_adapt, progress=False)
+        assert set(report.columns["personalized"]) == {"p0", "p1"}  # no signature: scored as before, unchecked
+
+
+def test_the_same_data_a_few_bits_off_resumes_a_calibration(base, tmp_path):
+    config = CalibrateConfig(method="offset", k=2, pool=8)
+    data = _dataset()
+    calibrate_dataset(base, data, config, tmp_path, progress=False)
+    nudged = InMemoryGazeDataset(data.images, data.gaze + 3e-7, data.person_ids, data.person_names, name="toy")
+    again = calibrate_dataset(base, nudged, config, tmp_path, progress=False)
+    assert {e["status"] for e in again["persons"].values()} == {"skipped"}
+
+
+class _UnreadableLast(InMemoryGazeDataset):
+    """p1's last image does not read (a damaged file): only what reads it fails."""
+
+    def raw_images(self, indices):
+        if self.person_indices("p1")[-1] in [int(i) for i in indices]:
+            raise ValueError("p1/last.jpg: not an image")
+        return super().raw_images(indices)
+
+
+def test_a_person_whose_images_do_not_read_or_who_is_unknown_fails_alone(base, tmp_path):
+    data = _dataset()
+    damaged = _UnreadableLast(data.images, data.gaze, data.person_ids, data.person_names, name="toy")
+    method, recipe = alfa.AlfaConfig(heads=2, rank=2), PersonalizeConfig(steps=1)
+    run = personalize_dataset(
+        base, damaged, method, recipe, tmp_path / "ad", persons=["p0", "p1", "nobody"], progress=False
+    )
+    assert {p: o.status for p, o in run.persons.items()} == {"p0": "ok", "p1": "failed", "nobody": "failed"}
+    assert "p1/last.jpg: not an image" in run.persons["p1"].error
+    config = CalibrateConfig(method="offset", k=2, pool=8)
+    record = calibrate_dataset(base, damaged, config, tmp_path / "cal", persons=["p0", "p1", "nobody"], progress=False)
+    assert {p: e["status"] for p, e in record["persons"].items()} == {"p0": "ok", "p1": "failed", "nobody": "failed"}
+    assert "p1/last.jpg: not an image" in record["persons"]["p1"]["error"]
 
 
 def test_personalization_redoes_and_the_command_refuses_another_dataset_of_the_same_name(tmp_path, capsys, monkeypatch):

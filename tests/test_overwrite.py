@@ -116,3 +116,25 @@ def test_crate_gaze_refuses_a_figure_its_page_would_replace_before_it_trains(tmp
     assert main(argv) == 2
     assert f"its figure goes to {figure}, which exists" in capsys.readouterr().err
     assert figure.read_bytes() == b"someone's figure" and not (tmp_path / "run").exists()
+
+
+def test_speed_refuses_only_the_data_it_would_write(tmp_path: Path, capsys, monkeypatch) -> None:
+    """alfa speed --out PAGE writes PAGE.json beside a new page, and --transformers writes PAGE-transformers.json
+    while it reads PAGE.json: each run refuses the file it would replace, not the one it reads."""
+    import alfa.study.bench.speed as speed
+
+    ran = []
+
+    def measured(out=None, repeats: int = 1, image_size: int = 16, transformers: bool = False) -> None:
+        ran.append(out)
+
+    monkeypatch.setattr(speed, "main", measured)
+    page = tmp_path / "speed.md"
+    (tmp_path / "speed.json").write_text("{}", encoding="utf-8")
+    assert main(["speed", "--out", str(page)]) == 2
+    assert f"the page's data goes to {tmp_path / 'speed.json'}, which exists" in capsys.readouterr().err
+    assert main(["speed", "--transformers", "--out", str(page)]) == 0 and len(ran) == 1  # speed.json is its input
+    (tmp_path / "speed-transformers.json").write_text("{}", encoding="utf-8")
+    assert main(["speed", "--transformers", "--out", str(page)]) == 2
+    assert "speed-transformers.json, which exists" in capsys.readouterr().err and len(ran) == 1
+    assert main(["speed", "--transformers", "--out", str(page), "--replace"]) == 0 and len(ran) == 2

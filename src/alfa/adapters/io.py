@@ -121,7 +121,7 @@ def save_adapter(
     model: nn.Module,
     path: str | os.PathLike,
     compact: bool = False,
-    about: dict[str, str] | None = None,
+    about: dict[str, Any] | None = None,
     name: str | None = None,
 ) -> Path:
     """Write the active adapter of ``model`` (or the adapter ``name``) to ``path`` (safetensors), atomically.

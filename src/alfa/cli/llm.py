@@ -102,7 +102,7 @@ def _time_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--replace",
         action="store_true",
-        help="replace the step timing the record holds, and a --markdown file that is no generated page (without it, "
+        help="replace the step timing the record holds, and an existing --markdown file (without it, "
         "either is refused)",
     )
     p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the page to this file (e.g. docs/llm.md)")

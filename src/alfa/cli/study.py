@@ -4,6 +4,7 @@ measured pages) and ``pages`` (every generated page against its committed data).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .options import MODEL_HELP, default_of, seed_option
 from .registry import Command
@@ -68,7 +69,17 @@ def _speed_arguments(p: argparse.ArgumentParser) -> None:
 
 def _speed(args: argparse.Namespace) -> None:
     from alfa.study.bench.speed import main as speed_main
+    from alfa.study.bench.speed import transformers_path
 
+    # The page itself was checked before this ran (a page of its own is regenerated); where there is none yet, the
+    # data this run writes beside it (the gaze part's, or the transformer section's) must not replace a file.
+    if args.out is not None and not args.replace and not Path(args.out).exists():
+        data = transformers_path(args.out) if args.transformers else Path(args.out).with_suffix(".json")
+        if data.exists():
+            raise ValueError(
+                f"--out {args.out}: the page's data goes to {data}, which exists; name another file, or add "
+                "--replace to overwrite it"
+            )
     speed_main(out=args.out, repeats=args.repeats, image_size=args.image_size, transformers=args.transformers)
 
 
@@ -210,7 +221,6 @@ SPEED = Command(
     add_arguments=_speed_arguments,
     run=_speed,
     outputs={"out": False},
-    data_beside=frozenset({"out"}),
     extra="study",
 )
 SERVING = Command(

@@ -61,7 +61,7 @@ from alfa.adapters import (
 from alfa.fileio import write_json
 from alfa.layers import FactorizedLinear, dense_matrix
 
-from .data.base import GazeDataset, signature_mismatch
+from .data.base import GazeDataset, images_differ
 from .evaluate import adapter_filename, load_examples, load_images
 from .faze import personalize_faze
 from .geometry import flip_yaw
@@ -454,9 +454,9 @@ def _other_images(out: Path, dataset: GazeDataset, persons: dict[str, Any]) -> s
             continue
         try:
             saved = read_adapter_metadata(path).get("about", {}).get("data")
-        except (ValueError, OSError) as e:
-            return f"its file for {person!r} does not read ({e})"
-        mismatch = signature_mismatch(saved, dataset.person_signature(person))
+        except (ValueError, OSError):
+            continue  # a file that does not read is no one's: this run redoes that person
+        mismatch = images_differ(saved, dataset, person)
         if mismatch is not None:
             named = f"another dataset named {dataset.name!r}"
             return f"its file for {person!r} was made from the images of {named}: {mismatch}"
@@ -476,22 +476,27 @@ def _differences(here: Any, now: Any, name: str = "") -> str:
     return "; ".join(_differences(here.get(k, "(not set)"), now.get(k, "(not set)"), k) for k in keys)
 
 
-def _ours(path: Path, about: dict[str, Any]) -> bool:
-    """Whether the adapter file at ``path`` records exactly ``about`` (dataset, person, labelled images, recipe):
-    one a run of this recipe wrote (also one killed before its record listed the file)."""
+def _ours(path: Path, about: dict[str, Any], dataset: GazeDataset) -> bool:
+    """Whether the adapter file at ``path`` records exactly ``about`` (dataset, person, labelled images, recipe)
+    and was made from that person's images in ``dataset`` (its signature, within its tolerance; a file from before
+    signatures has none): one a run of this recipe wrote (also one killed before its record listed the file)."""
     try:
         saved = read_adapter_metadata(path).get("about")
     except (ValueError, OSError):
         return False
-    mine = json.loads(json.dumps(about))
-    if isinstance(saved, dict) and "data" not in saved:  # made before files recorded their images' signature
-        mine.pop("data", None)
-    return saved == mine
+    if not isinstance(saved, dict):
+        return False
+    saved = dict(saved)
+    signature = saved.pop("data", None)
+    return saved == json.loads(json.dumps(about)) and images_differ(signature, dataset, about["person"]) is None
 
 
-def _finished(model: nn.Module, path: Path, entry: dict[str, Any] | None, about: dict[str, Any]) -> bool:
-    """A person the record lists as done, whose file is there, made by this recipe, and fits the base."""
-    if entry is None or entry.get("status") not in DONE or not path.is_file() or not _ours(path, about):
+def _finished(
+    model: nn.Module, path: Path, entry: dict[str, Any] | None, about: dict[str, Any], dataset: GazeDataset
+) -> bool:
+    """A person the record lists as done, whose file is there, made by this recipe from these images, and fits
+    the base."""
+    if entry is None or entry.get("status") not in DONE or not path.is_file() or not _ours(path, about, dataset):
         return False
     try:
         load_adapter(model, path)  # the layers, the base's fingerprint, the checksum
@@ -538,15 +543,11 @@ def calibrate_dataset(
         if _anyone_calibrated(earlier):  # else a run that made nothing, maybe of another recipe: start afresh
             record["persons"] = earlier
     labelled = {p: _labelled_or_error(dataset, p, config) for p in persons}
-    about = {
-        p: {"dataset": dataset.name, "person": p, "data": dataset.person_signature(p), "labelled": labelled[p]}
-        for p in persons
-    }
-    about = {p: {**a, **_key(config)} for p, a in about.items()}
+    about = {p: {"dataset": dataset.name, "person": p, "labelled": labelled[p], **_key(config)} for p in persons}
     foreign = [
         n
         for p, n in zip(persons, names)
-        if (out / n).exists() and p not in record["persons"] and not _ours(out / n, about[p])
+        if (out / n).exists() and p not in record["persons"] and not _ours(out / n, about[p], dataset)
     ]
     if foreign:
         raise ValueError(
@@ -556,7 +557,7 @@ def calibrate_dataset(
     out.mkdir(parents=True, exist_ok=True)
     for person in tqdm(persons, desc=f"calibrate {dataset.name}", disable=not progress):
         path = out / adapter_filename(person)
-        if _finished(model, path, record["persons"].get(person), about[person]):
+        if _finished(model, path, record["persons"].get(person), about[person], dataset):
             record["persons"][person]["status"] = "skipped"
             continue
         entry = _calibrate_one(model, dataset, person, config, labelled[person], about[person], path, faze_defaults)
@@ -592,6 +593,7 @@ def _calibrate_one(
         path.unlink(missing_ok=True)
         return {"status": "failed", "error": labelled}
     try:
+        about = {**about, "data": dataset.person_signature(person)}  # the file records which images it was made from
         device = next(model.parameters()).device
         images, gaze = (t.to(device) for t in load_examples(dataset, labelled))
         pool = load_images(dataset, dataset.person_indices(person)[: config.pool]).to(device)

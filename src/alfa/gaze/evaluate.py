@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from alfa.adapters import adapter_state, detach, load_adapter, read_adapter_metadata
 from alfa.fileio import write_json
 
-from .data.base import GazeDataset, signature_mismatch, unit_images
+from .data.base import GazeDataset, images_differ, unit_images
 from .geometry import angular_error
 from .precision import autocast
 
@@ -393,7 +393,7 @@ def evaluate(
                 raise ValueError(
                     f"it was made for person {made_for[1]!r} of {made_for[0]!r}, not {person!r} of {dataset.name!r}"
                 )
-            other_images = signature_mismatch(about.get("data"), dataset.person_signature(person))
+            other_images = images_differ(about.get("data"), dataset, person)
             if other_images is not None:
                 named = f"another dataset named {dataset.name!r}"
                 raise ValueError(f"it was made from the images of {named}: {other_images}")

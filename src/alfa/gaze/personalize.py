@@ -59,7 +59,7 @@ from alfa.adapters import (
 from alfa.fileio import write_json
 
 from .augment import AugmentConfig, augment_images, build_augmentation
-from .data.base import GazeDataset, signature_mismatch
+from .data.base import GazeDataset, images_differ
 from .evaluate import EvaluationReport, PersonScorer, adapter_filename, evaluate, load_images
 from .losses import finite_or_raise
 from .objectives import OBJECTIVES
@@ -351,17 +351,17 @@ def _run_key(method: AdapterConfig, config: PersonalizeConfig) -> dict[str, Any]
 
 
 def _already_done(
-    model: nn.Module, adapter: Path, sidecar: Path, key: dict[str, Any], signature: dict[str, Any]
+    model: nn.Module, adapter: Path, sidecar: Path, key: dict[str, Any], dataset: GazeDataset, person: str
 ) -> PersonOutcome | None:
-    """The recorded outcome if ``adapter`` was made with the same method and recipe, from the person's images
-    here (``signature``, :meth:`GazeDataset.person_signature`), and fits the base."""
+    """The recorded outcome if ``adapter`` was made with the same method and recipe, from ``person``'s images in
+    ``dataset`` (:func:`~alfa.gaze.data.base.images_differ`), and fits the base."""
     if not (adapter.is_file() and sidecar.is_file()):
         return None
     try:
         record = json.loads(sidecar.read_text())
         if record.get("key") != json.loads(json.dumps(key)):
             return None
-        if signature_mismatch(read_adapter_metadata(adapter).get("about", {}).get("data"), signature) is not None:
+        if images_differ(read_adapter_metadata(adapter).get("about", {}).get("data"), dataset, person) is not None:
             return None
         load_adapter(model, adapter)  # checks the layers and the base fingerprint
     except (ValueError, RuntimeError, OSError, json.JSONDecodeError):
@@ -376,8 +376,9 @@ def foreign_adapters(
     model: nn.Module, dataset: GazeDataset, method: AdapterConfig, config: PersonalizeConfig, out_dir: str | Path
 ) -> str | None:
     """Why ``out_dir`` holds adapters that a run of ``method`` with ``config`` on ``dataset`` and ``model`` would
-    replace (another dataset, method, recipe or base), or ``None`` if it holds none of those. What the command
-    line checks before it writes (``personalize_dataset`` itself redoes any person whose adapter differs)."""
+    replace (another dataset, or another dataset's images under the same name; another method, recipe or base), or
+    ``None`` if it holds none of those. What the command line checks before it writes (``personalize_dataset``
+    itself redoes any person whose adapter differs)."""
     out = Path(out_dir)
     summary = out / "personalization.json"
     if not summary.is_file():
@@ -406,7 +407,7 @@ def foreign_adapters(
             about = read_adapter_metadata(out / adapter_filename(person)).get("about", {})
         except (ValueError, OSError) as e:
             return f"its adapter for {person!r} does not read ({e})"
-        other_images = signature_mismatch(about.get("data"), dataset.person_signature(person))
+        other_images = images_differ(about.get("data"), dataset, person)
         if other_images is not None:
             named = f"another dataset named {dataset.name!r}"
             return f"its adapter for {person!r} was made from the images of {named}: {other_images}"
@@ -477,7 +478,8 @@ def personalize_dataset(
     Persons are independent: each one's adapter is initialized and its augmentation drawn from
     ``(config.seed, person)``, and a failure (too few images, NaN input, a diverging loss) is recorded
     and reported while the run goes on. With ``resume``, a person whose adapter already exists with
-    the same method, recipe and base is skipped. The base ``model`` is unchanged on return.
+    the same method, recipe and base, made from the same images (:meth:`GazeDataset.person_signature`), is
+    skipped. The base ``model`` is unchanged on return.
 
     ``track(person)``, if given, returns the measuring function :func:`personalize` calls before the first
     step and after each one for that person; the values land in each outcome's ``tracked`` (a person
@@ -505,7 +507,7 @@ def personalize_dataset(
         if not {adapter.name, sidecar.name} <= run.written:  # listed before they exist: a crash leaves them ours
             run.written |= {adapter.name, sidecar.name}
             write_json(out / RECORD_FILE, run.to_dict())
-        done = _already_done(model, adapter, sidecar, key, dataset.person_signature(person)) if resume else None
+        done = _already_done(model, adapter, sidecar, key, dataset, person) if resume else None
         if done is not None and track is not None and len(done.tracked) != config.steps + 1:
             done = None  # made without the per-step measurements this run asks for
         if done is not None:
@@ -543,11 +545,12 @@ def _personalize_person(
                 f"{len(indices)} images; personalization needs {config.n_adapt} plus at least one to evaluate"
             )
         images = load_images(dataset, indices[: config.n_adapt], what=f"person {person!r}")
+        # read before training: a person whose images cannot be read fails here, not after the work
+        about = {"dataset": dataset.name, "person": person, "data": dataset.person_signature(person)}
         result = personalize(
             model, images, method, config, seed=person_seed(config.seed, person, "personalize"), track=track
         )
         try:
-            about = {"dataset": dataset.name, "person": person, "data": dataset.person_signature(person)}
             save_adapter(model, path, about=about)
         except OSError as e:
             # The folder cannot be written (a full disk): not this person's failure, every next one would fail

@@ -192,7 +192,7 @@ CAMERA_COMMAND = (
     '"synthetic:eth?split=val&size=48&persons=4&images_per_person=10" --preset demo --epochs 2 --device cpu '
     "--seed 0 --out runs/camera-model\n"
     "alfa predict skimage:astronaut --checkpoint runs/camera-model/model.safetensors --crops docs/data/camera "
-    "--json docs/data/camera/predict.json\n"
+    "--json docs/data/camera/predict.json --replace\n"
     "alfa pages --write"
 )
 """How docs/camera.md's data is made: a small model of the synthetic world, then the command the page shows."""

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-__all__ = ["GazeDataset", "InMemoryGazeDataset", "signature_mismatch", "unit_images"]
+__all__ = ["GazeDataset", "InMemoryGazeDataset", "images_differ", "signature_mismatch", "unit_images"]
 
 
 class GazeDataset(Dataset):
@@ -81,7 +81,8 @@ class GazeDataset(Dataset):
         folders, two synthetic worlds of one name): how many images, their size, the mean of their labels and
         the mean colour of the first and the last image. The files made from a person's images record it, and
         :func:`signature_mismatch` compares two within a tolerance, so the same data read on another machine,
-        a few bits off, still matches. Reads the person's labels and two images."""
+        a few bits off, still matches. Reads the person's labels (from the label table where the dataset keeps
+        one, else from every item) and two images; raises as they do (an unknown person, an unreadable file)."""
         indices = self.person_indices(person)
         if not indices:
             return {"images": 0}
@@ -108,18 +109,33 @@ def signature_mismatch(saved: Any, here: dict[str, Any]) -> str | None:
         return None
     if not isinstance(saved, dict):
         return f"its data signature is unreadable ({saved!r})"
-    for key in ("images", "image_size"):
-        if saved.get(key) != here.get(key):
-            return f"{key.replace('_', ' ')} {saved.get(key)} there, {here.get(key)} here"
+    if saved.get("images") != here.get("images"):
+        count = saved.get("images")
+        return f"the file was made from {count} images of the person, this dataset has {here.get('images')}"
+    if saved.get("image_size") != here.get("image_size"):
+        return f"the file was made from images of size {saved.get('image_size')}, these are {here.get('image_size')}"
     for key, tolerance in _SIGNATURE_TOLERANCE.items():
         a, b = saved.get(key), here.get(key)
         if not (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)):
             if a != b:
-                return f"{key.replace('_', ' ')} {a} there, {b} here"
+                return f"its {key.replace('_', ' ')} is {a}, here {b}"
             continue
         if any(not isinstance(x, (int, float)) or abs(x - y) > tolerance for x, y in zip(a, b)):
             return "the labels differ" if key == "gaze_mean" else "the images differ"
     return None
+
+
+def images_differ(saved: Any, dataset: GazeDataset, person: str) -> str | None:
+    """:func:`signature_mismatch` of ``saved`` against ``dataset``'s ``person``, whose images are read only when
+    ``saved`` holds a signature. ``None`` also where they cannot be read (an unknown person, an unreadable file):
+    that is not for this check to report, the person's own reading or scoring says why."""
+    if saved is None:
+        return None
+    try:
+        here = dataset.person_signature(person)
+    except (ValueError, KeyError, IndexError, OSError):
+        return None
+    return signature_mismatch(saved, here)
 
 
 _UNIT = torch.arange(256, dtype=torch.float32).div_(255.0)

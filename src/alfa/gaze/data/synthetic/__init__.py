@@ -53,7 +53,7 @@ def open_synthetic(rest: str, options: dict[str, Any], spec: str) -> InMemoryGaz
     """``synthetic:<domain>``: a generated world (:func:`make_domain`)."""
     persons = options.get("persons")
     if isinstance(persons, list):  # the spec's persons= is a list of names for a real dataset, a count here
-        if len(persons) != 1 or not persons[0].isdigit():
+        if len(persons) != 1 or not persons[0].isdecimal():
             raise ValueError(
                 f"dataset spec {spec!r}: option persons={','.join(persons)}: a synthetic world takes how many "
                 "persons to make (a whole number); names of persons are for a real dataset's spec"
