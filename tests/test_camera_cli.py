@@ -98,7 +98,7 @@ def test_bad_inputs_give_one_line_and_exit_2(checkpoint, astronaut, tmp_path, ca
     assert "not a readable image" in _error_of(capsys, str(corrupt), *ckpt)
     (tmp_path / "junk.png").write_bytes(b"not an image at all")
     assert "not a readable image" in _error_of(capsys, str(tmp_path / "junk.png"), *ckpt)
-    assert "no such image file" in _error_of(capsys, str(tmp_path / "missing.png"), *ckpt)
+    assert "missing.png: no such file" in _error_of(capsys, str(tmp_path / "missing.png"), *ckpt)
     wrong = tmp_path / "k.json"
     wrong.write_text(json.dumps({"matrix": [[1000, 0, 960], [0, 1000, 540], [0, 0, 1]], "image_size": [1920, 1080]}))
     message = _error_of(capsys, "skimage:astronaut", *ckpt, "--camera", str(wrong))

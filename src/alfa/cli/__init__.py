@@ -88,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-INPUT_OPTIONS = ("checkpoint", "adapter", "adapters", "init", "results")
-"""The options by which every command names the files and folders it reads (never written by it)."""
+INPUT_OPTIONS = ("checkpoint", "adapter", "adapters", "init", "results", "images", "camera", "screen", "screen_fit")
+"""The options by which every command names the files and folders it reads (never written by it); one that takes
+several (``alfa predict``'s photos) names each."""
 
 DATA_OPTIONS = ("data", "val_data")
 """The options that name a dataset spec, whose files (``gazehub:<dataset>:<root>``, ``xgaze-h5:<file>``) are
@@ -101,29 +102,38 @@ def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
     write its own files there, a person's adapter named like the checkpoint among them; a dataset's files are
     inputs too); two outputs are never one path, and a file output never replaces a ``.safetensors`` file (no
     command writes a model or an adapter as a single file: it is someone's model)."""
-    inputs = {n: _resolved(v) for n in INPUT_OPTIONS if isinstance(v := getattr(args, n, None), str)}
+    inputs: list[tuple[str, str, Path]] = []  # (option, as given, resolved)
+    for name in INPUT_OPTIONS:
+        given = getattr(args, name, None)
+        inputs += [(name, v, _resolved(v)) for v in ([given] if isinstance(given, str) else given or []) if v]
     for name in DATA_OPTIONS:
         if isinstance(spec := getattr(args, name, None), str) and (root := _data_path(spec)) is not None:
-            inputs[name] = root
+            inputs.append((name, spec, root))
     outputs: dict[Path, str] = {}
     for name, folder in args.outputs.items():
         value = getattr(args, name, None)
         if value is None:
             continue
         out = _resolved(value)
-        for source, path in inputs.items():
+        for source, given, path in inputs:
             if out == path:
-                raise ValueError(f"--{_flag(name)} {value} is this command's --{_flag(source)}: choose another path")
-            if folder and path.is_relative_to(out) and path != out:
+                raise ValueError(f"--{_flag(name)} {value} is this command's {_option(source)}: choose another path")
+            # photos may sit in a folder of crops: those are named after them and never replace one (alfa predict)
+            if folder and source != "images" and path.is_relative_to(out) and path != out:
                 raise ValueError(
-                    f"--{_flag(name)} {value} holds this command's --{_flag(source)} {getattr(args, source)}, which "
-                    "its output could replace: write elsewhere"
+                    f"--{_flag(name)} {value} holds this command's {_option(source)} {given}, which its output could "
+                    "replace: write elsewhere"
                 )
         if out in outputs:  # the second write would replace the first
             raise ValueError(f"--{_flag(name)} {value} is also this command's --{_flag(outputs[out])}: name two paths")
         outputs[out] = name
         if not folder and out.suffix == ".safetensors" and out.is_file():
             raise ValueError(f"--{_flag(name)} {value} is a model or adapter file, which this command would replace")
+
+
+def _option(dest: str) -> str:
+    """How a message names an input: ``--checkpoint``, or ``IMAGE`` for a positional argument."""
+    return "IMAGE" if dest == "images" else f"--{_flag(dest)}"
 
 
 def _data_path(spec: str) -> Path | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from .options import at_least, default_of, device_option, quiet_option
@@ -53,15 +54,21 @@ def _predict_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", help="also write the printed JSON to this file")
     p.add_argument("--crops", help="folder to write each face's normalized 224×224 crop to (<photo>-face<i>.png)")
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="overwrite the --json file, and these photos' crops in --crops, if they exist (by default that is "
+        "refused before anything runs)",
+    )
     p.add_argument("--video", action="store_true", help="IMAGE names video files: per frame its largest face, smoothed")
+    # None until given: an option given without --video is refused, not silently unused
     smooth, every = default_of(analyse_video, "alpha"), default_of(analyse_video, "every")
     p.add_argument(
         "--smooth",
         type=_fraction,
-        default=smooth,
-        help="video: a new frame's weight in the smoothed gaze (1: none; default %(default)s)",
+        help=f"video: a new frame's weight in the smoothed gaze (1: none; default {smooth})",
     )
-    p.add_argument("--every", type=at_least(1), default=every, help="video: every N-th frame (default %(default)s)")
+    p.add_argument("--every", type=at_least(1), help=f"video: every N-th frame (default {every})")
     quiet_option(p)
     device_option(p)
 
@@ -95,8 +102,11 @@ def _predictor(args: argparse.Namespace) -> Any:
 def _predict(args: argparse.Namespace) -> None:
     from alfa.fileio import write_json
 
-    if args.video and args.crops:
-        raise ValueError("--crops writes photos' crops; a video's frames are not written (leave out --crops)")
+    _refuse_unused_options(args)
+    absent = [i for i in args.images if not i.startswith("skimage:") and not Path(i).is_file()]
+    if absent:  # said before the model runs on the others
+        first = f"{absent[0]} is a folder, not a photo" if Path(absent[0]).is_dir() else f"{absent[0]}: no such file"
+        raise ValueError(first + (f" (and {len(absent) - 1} more inputs that are no file)" if len(absent) > 1 else ""))
     options = _options(args)  # bad files are refused before the model loads
     predictor = _predictor(args)
     meta = {"checkpoint": args.checkpoint, "adapter": args.adapter}
@@ -104,25 +114,40 @@ def _predict(args: argparse.Namespace) -> None:
         from alfa.gaze.camera import analyse_video
 
         records: list[dict[str, Any]] = []
+        alpha = default_of(analyse_video, "alpha") if args.smooth is None else args.smooth
+        every = default_of(analyse_video, "every") if args.every is None else args.every
         for video in args.images:
-            frames = analyse_video(video, predictor, options, alpha=args.smooth, every=args.every)
-            records.append({"video": video, "smoothing": args.smooth, "frames": _with_progress(frames, args)})
+            frames = analyse_video(video, predictor, options, alpha=alpha, every=every)
+            records.append({"video": video, "smoothing": alpha, "frames": _with_progress(frames, args)})
         # a frame without a readable face is part of a video; a video without any is a failure
         unread = [r["video"] for r in records if all("error" in f for f in r["frames"])]
         failures = [f"{video}: no frame with a readable face" for video in unread]
     else:
         from alfa.gaze.camera.photo import predict_photos
 
-        records, failures = predict_photos(args.images, predictor, options, args.crops, progress=not args.quiet)
+        records, failures = predict_photos(
+            args.images, predictor, options, args.crops, progress=not args.quiet, replace=args.replace
+        )
     if len(failures) == len(args.images):  # nothing was read: the one line says why, no JSON of errors
         one = len(failures) == 1 and not args.video
-        raise ValueError(failures[0].split(": ", 1)[1] if one else f"no input could be read; first: {failures[0]}")
+        raise ValueError(failures[0] if one else f"no input could be read; first: {failures[0]}")
     document = {**meta, "videos" if args.video else "photos": records}
     print(json.dumps(document, indent=2))
     if args.json:
         write_json(args.json, document)
     if failures:
         raise ValueError(f"{len(failures)} of {len(args.images)} inputs could not be read; first: {failures[0]}")
+
+
+def _refuse_unused_options(args: argparse.Namespace) -> None:
+    """An option that would change nothing for these inputs is refused, not silently left unused."""
+    if args.video and args.crops:
+        raise ValueError("--crops writes photos' crops; a video's frames are not written (leave out --crops)")
+    if args.video and args.faces == "all":
+        raise ValueError("--faces all reads every face of a photo; a video is read by its largest face per frame")
+    unused = [f"--{name}" for name in ("smooth", "every") if getattr(args, name) is not None]
+    if unused and not args.video:
+        raise ValueError(f"{' and '.join(unused)} apply to videos (with --video); these are photos")
 
 
 def _with_progress(frames: Any, args: argparse.Namespace) -> list[dict[str, Any]]:

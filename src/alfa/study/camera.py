@@ -24,12 +24,19 @@ SECTIONS = "\n".join(
         "With the screen's geometry, the gaze ray from the face centre meets the screen's plane "
         '(`--screen S.json`): `{"width_mm", "height_mm", "width_px", "height_px", "top_left_mm": [x, y, z], '
         '"rotation": 3×3}`, all in the camera frame; `rotation` (its columns: the screen\'s right, down and '
-        "normal) defaults to the screen in the camera's plane facing the person, as a laptop's webcam above "
-        "its screen sees it. Without the geometry, `--screen-fit C.json` fits screen pixels from camera-frame "
-        'gaze angles of a few calibration points: `{"degree": 1, "points": [{"gaze_deg": [yaw, pitch], '
-        '"screen_px": [x, y]}, ...]}`, affine (3 points at least) or quadratic (`degree` 2, 6 at least). '
-        "A fit also absorbs what the person's adapter leaves over; take the gazes from `alfa predict` with "
-        "that person's `--adapter`.",
+        "normal, as the person sees it) defaults to `[[-1, 0, 0], [0, 1, 0], [0, 0, -1]]`, the screen in the "
+        "camera's plane facing the person, as a laptop's webcam above its screen sees it. `top_left_mm` is the "
+        "screen's top-left corner as the person sees it, which lies at +x in the camera frame (the camera's x "
+        "points to the image's right, the person's left): a 344 mm wide screen whose camera sits 8 mm above the "
+        "middle of its top edge has `top_left_mm` `[172, 8, 0]`. Without the geometry, `--screen-fit C.json` "
+        'fits screen pixels from camera-frame gaze angles of a few calibration points: `{"degree": 1, "points": '
+        '[{"gaze_deg": [yaw, pitch], "screen_px": [x, y]}, ...]}`, affine (3 points at least) or quadratic '
+        "(`degree` 2, 6 at least). Each point's `gaze_deg` is the `gaze_camera` (`yaw_deg`, `pitch_deg`) that "
+        "`alfa predict --json` gives for a photo of the person looking at that screen pixel. A fit also absorbs "
+        "what the person's adapter leaves over; take the gazes with that person's `--adapter`. A fit knows no "
+        "screen size, so its point has no `on_screen`. In all three files a key the reader does not know (a "
+        "misspelt `rotaton`) is refused, and so are pixel sizes that are no whole number, gazes beyond ±90° "
+        "and a degree other than 1 or 2.",
         "",
         "## The service and videos",
         "",
@@ -145,8 +152,11 @@ def camera_page(record: dict[str, Any], command: str, figure: str) -> str:
             command,
             "```",
             "",
-            "`skimage:astronaut` is a photo inside scikit-image's wheel (NASA's portrait of Eileen Collins, public "
-            "domain); any photo file works the same. The JSON `alfa predict` printed (and wrote with `--json`):",
+            "The first command is deterministic on one kind of CPU; another kind trains a slightly different model "
+            "(its kernels round differently), so its gaze differs from the one below while the face, landmarks, "
+            "head pose and crop do not. `skimage:astronaut` is a photo inside scikit-image's wheel (NASA's "
+            "portrait of Eileen Collins, public domain); any photo file works the same. The JSON `alfa predict` "
+            "printed (and wrote with `--json`):",
             "",
             "```json",
             json.dumps(record, indent=2),
@@ -158,10 +168,15 @@ def camera_page(record: dict[str, Any], command: str, figure: str) -> str:
             "(focal length = image width, principal point = centre, no distortion) and `source` says so. A camera "
             'file is `{"matrix": [[fx, 0, cx], [0, fy, cy], [0, 0, 1]], "distortion": [k1, k2, p1, p2, k3], '
             '"image_size": [width, height]}` (distortion and size optional); intrinsics made for another image size, '
-            "a principal point outside the image or an implausible focal length are refused in one line.",
+            "a principal point outside the image, an implausible focal length (or one over twice the other), a "
+            "distortion that moves the image's corner by more than a lens does (under 0.25× or over 4× its "
+            "distance from the centre) or an unknown key are refused in one line.",
             "- `box`, `landmarks`: the face (x, y, width, height) and the centres of the eyes and the ends of the "
             "mouth, in pixels; the person's right is the image's left. `estimated_landmarks` lists those placed "
-            "by an average face's proportions because a cascade found no eye pair or no mouth.",
+            "by an average face's proportions because a cascade found no eye pair or no mouth. A photo larger than "
+            "640 pixels a side is searched for faces at 640 (at full size the cascade finds faces in a large "
+            "photo's texture), and the landmarks at full size: a face must span about a sixteenth of the photo's "
+            "longest side.",
             "- `head_pose`: the generic face model fitted by `solvePnP` (yaw, pitch of where the face points, "
             "roll; translation of the point between the eyes, mm), and `normalized`: the same direction in the "
             "normalized frame (the datasets' head label). Four nearly coplanar points fix the head's yaw and pitch "

@@ -117,6 +117,25 @@ class Camera:
                 f"{self.source}: focal lengths ({fx:g}, {fy:g}) px do not fit a {width}×{height} image "
                 f"(expected {0.1 * longest:g} to {20 * longest:g})"
             )
+        if not 0.5 <= fy / fx <= 2:  # a camera's pixels are close to square: fx and fy within a few per cent
+            raise ValueError(f"{self.source}: focal lengths ({fx:g}, {fy:g}) px: one is over twice the other")
+        stretch = self._corner_stretch(width, height)
+        if not 0.25 <= stretch <= 4:
+            raise ValueError(
+                f"{self.source}: the distortion {_rounded(self.distortion)} moves this image's corner {stretch:.3g}× "
+                "its distance from the centre (a lens's is within 0.25–4×): check the coefficients"
+            )
+
+    def _corner_stretch(self, width: int, height: int) -> float:
+        """How many times its undistorted distance from the principal point the distortion puts the image's
+        farthest corner at (the radial terms, OpenCV's order k1, k2, p1, p2, k3, k4, k5, k6)."""
+        k = np.zeros(8)
+        k[: min(8, self.distortion.size)] = self.distortion[:8]
+        fx, fy, cx, cy = self.matrix[0, 0], self.matrix[1, 1], self.matrix[0, 2], self.matrix[1, 2]
+        r2 = max(((x - cx) / fx) ** 2 + ((y - cy) / fy) ** 2 for x in (0, width) for y in (0, height))
+        numerator = 1 + k[0] * r2 + k[1] * r2**2 + k[4] * r2**3
+        denominator = 1 + k[5] * r2 + k[6] * r2**2 + k[7] * r2**3
+        return float(numerator / denominator) if denominator > 0 else float("inf")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -144,6 +163,7 @@ def load_camera(path: str | os.PathLike) -> Camera:
         raise ValueError(f"{path} is not JSON ({e.msg}, line {e.lineno})") from None
     if not isinstance(data, dict) or "matrix" not in data:
         raise ValueError(f'{path}: expected {{"matrix": [[fx, 0, cx], [0, fy, cy], [0, 0, 1]], ...}}')
+    refuse_unknown_keys(data, ("matrix", "distortion", "image_size"), str(path))
     matrix = _float_array(data["matrix"], (3, 3), f"{path}: matrix")
     if matrix[0, 1] != 0 or matrix[1, 0] != 0 or not np.allclose(matrix[2], [0, 0, 1]):
         raise ValueError(f"{path}: matrix must be [[fx, 0, cx], [0, fy, cy], [0, 0, 1]]")
@@ -152,8 +172,24 @@ def load_camera(path: str | os.PathLike) -> Camera:
         raise ValueError(f"{path}: distortion has {distortion.size} coefficients; OpenCV takes 4, 5, 8, 12 or 14")
     size = data.get("image_size")
     if size is not None:
-        size = tuple(int(v) for v in _float_array(size, (2,), f"{path}: image_size"))
+        size = tuple(whole_number(v, f"{path}: image_size") for v in _float_array(size, (2,), f"{path}: image_size"))
     return Camera(matrix, distortion, size, str(path))
+
+
+def refuse_unknown_keys(data: dict[str, Any], known: tuple[str, ...], what: str) -> None:
+    """A key a file's reader does not know is refused (``ValueError`` naming it and the known ones): a misspelt
+    optional key ("distorsion") would otherwise be left out without a word."""
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"{what}: unknown key {', '.join(map(repr, unknown))} (expected {', '.join(known)})")
+
+
+def whole_number(value: Any, what: str) -> int:
+    """``value`` as an ``int``: refused unless it is a whole number (``1920``, ``1920.0``; not ``1920.5`` or
+    ``true``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or value != int(value):
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    return int(value)
 
 
 def _float_array(value: Any, shape: tuple[int, ...] | None, what: str) -> np.ndarray:

@@ -62,6 +62,8 @@ MAX_PIXELS = 50_000_000
 MIN_SIDE = 64
 """The shortest side a photo may have: below it no face reaches the detector's smallest box with margin."""
 _EXIF_ORIENTATION = 0x0112
+VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".wmv")
+"""File endings of videos, for the hint a photo read of one gets."""
 PACKAGED_PHOTOS = ("astronaut", "camera", "chelsea", "coffee")
 """Photos inside scikit-image's wheel that ``skimage:NAME`` names (their sources and licences: the README.txt
 of ``skimage/data``); ``astronaut`` is NASA's portrait of Eileen Collins, in the public domain."""
@@ -86,8 +88,10 @@ def decode_photo(data: bytes, what: str = "the image") -> tuple[np.ndarray, list
             if img.getexif().get(_EXIF_ORIENTATION, 1) != 1:
                 notes.append("turned upright by its EXIF orientation")
             rgb = np.asarray(ImageOps.exif_transpose(img).convert("RGB"), dtype=np.uint8).copy()
-    except (UnidentifiedImageError, Image.DecompressionBombError) as e:
-        raise ValueError(f"{what} is not a readable image ({type(e).__name__})") from None
+    except Image.DecompressionBombError:  # a header beyond Pillow's own limit, far beyond ours
+        raise ValueError(f"{what} is over the limit of {MAX_PIXELS:,} pixels") from None
+    except UnidentifiedImageError:
+        raise ValueError(f"{what} is not a readable image: empty, or in no format Pillow reads") from None
     except (OSError, SyntaxError) as e:  # truncated or corrupt data inside a known format
         raise ValueError(f"{what} is not a readable image ({e})") from None
     return rgb, notes
@@ -107,9 +111,14 @@ def read_photo(source: str | os.PathLike) -> tuple[np.ndarray, list[str]]:
     else:
         path = Path(name)
         if not path.is_file():
-            raise FileNotFoundError(f"no such image file: {path}")
+            raise FileNotFoundError(f"{path} is a folder, not a photo" if path.is_dir() else f"{path}: no such file")
         data = path.read_bytes()
-    return decode_photo(data, what=name)
+    try:
+        return decode_photo(data, what=name)
+    except ValueError as e:
+        if Path(name).suffix.lower() in VIDEO_SUFFIXES:
+            raise ValueError(f"{e} (a video? add --video)") from None
+        raise
 
 
 @dataclass
@@ -307,28 +316,47 @@ def crop_name(source: str | os.PathLike, face: int) -> str:
     return f"{stem}-face{face}.png"
 
 
+def _refuse_crop_clashes(sources: list[str], folder: Path, replace: bool) -> None:
+    """Each photo's crops get a name of their own in ``folder``, and no crop there is replaced unless ``replace``."""
+    prefixes: dict[str, str] = {}
+    for source in sources:
+        prefix = crop_name(source, 0)[: -len("0.png")]
+        if prefix in prefixes:
+            what = (
+                "is given twice" if prefixes[prefix] == source else f"and {prefixes[prefix]} would both write {prefix}…"
+            )
+            raise ValueError(f"--crops: {source} {what}; predict them in two runs, or rename one")
+        prefixes[prefix] = source
+    if folder.is_dir() and not replace:
+        taken = {p.name for p in folder.iterdir()}
+        clash = [source for prefix, source in prefixes.items() if any(n.startswith(prefix) for n in taken)]
+        if clash:
+            raise FileExistsError(
+                f"--crops {folder} already holds crops of {clash[0]}: choose another folder, or add --replace"
+            )
+
+
 def predict_photos(
     sources: list[str],
     predictor: Predictor,
     options: PhotoOptions,
     crops: str | os.PathLike | None = None,
     progress: bool = True,
+    replace: bool = False,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """:func:`analyse_photo` of each photo file (or ``skimage:NAME``), with a progress bar: one record per photo
     (``{"photo", **answer}``, or ``{"photo", "error"}`` for one that could not be read, after which the others
-    still are), and the messages of the failures. Crops are written to ``crops`` as :func:`crop_name` says; a
-    crop file already there is refused before any photo is read."""
+    still are), and the messages of the failures. Crops are written to ``crops`` as :func:`crop_name` says. Before
+    any photo is read, two photos whose crops would have one name (``a/x.png`` and ``b/x.png``) are refused, and so
+    are crops of these photos already there unless ``replace``."""
     from PIL import Image
     from tqdm.auto import tqdm
 
     from alfa.fileio import write_bytes
 
     folder = Path(crops) if crops is not None else None
-    if folder is not None and folder.is_dir():
-        taken = {p.name for p in folder.iterdir()}
-        clash = [s for s in sources if any(n.startswith(crop_name(s, 0)[: -len("0.png")]) for n in taken)]
-        if clash:
-            raise FileExistsError(f"--crops {folder} already holds crops of {clash[0]}: choose another folder")
+    if folder is not None:
+        _refuse_crop_clashes(sources, folder, replace)
     records, failures = [], []
     for source in tqdm(sources, desc="photos", unit="photo", disable=not progress or len(sources) < 2):
         try:
@@ -336,7 +364,8 @@ def predict_photos(
             answer, faces = analyse_photo(rgb, predictor, options, notes)
         except (ValueError, RuntimeError, OSError) as e:
             records.append({"photo": str(source), "error": str(e)})
-            failures.append(f"{source}: {e}")
+            # a read error already starts with the photo's name; a later one (no face) does not
+            failures.append(str(e) if str(e).startswith(str(source)) else f"{source}: {e}")
             continue
         for i, face in enumerate(faces):
             if folder is not None:

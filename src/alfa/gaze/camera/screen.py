@@ -33,11 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from .normalize import _float_array
+from .normalize import _float_array, refuse_unknown_keys, whole_number
 
 __all__ = ["Screen", "ScreenFit", "load_screen", "load_screen_fit", "fit_screen"]
 
 _SCREEN_IN_CAMERA_PLANE = np.diag([-1.0, 1.0, -1.0])
+_SIZES = ("width_mm", "height_mm", "width_px", "height_px")
 
 
 @dataclass
@@ -78,17 +79,21 @@ class Screen:
 def load_screen(path: str | os.PathLike) -> Screen:
     """A :class:`Screen` from its JSON file (the module's first example); ``ValueError`` names what is wrong."""
     data = _read_json(path)
-    missing = [k for k in ("width_mm", "height_mm", "width_px", "height_px", "top_left_mm") if k not in data]
+    refuse_unknown_keys(data, (*_SIZES, "top_left_mm", "rotation"), str(path))
+    missing = [k for k in (*_SIZES, "top_left_mm") if k not in data]
     if missing:
         raise ValueError(f"{path}: missing {', '.join(missing)} (see docs/camera.md for the screen file)")
-    sizes = _float_array([data[k] for k in ("width_mm", "height_mm", "width_px", "height_px")], (4,), f"{path}")
-    if (sizes <= 0).any():
-        raise ValueError(f"{path}: the screen's sizes must be positive")
+    sizes = [float(_float_array(data[k], (), f"{path}: {k}")) for k in _SIZES]
+    for key, size in zip(_SIZES, sizes):
+        if size <= 0:
+            raise ValueError(f"{path}: {key} must be positive, got {data[key]!r}")
+        if key.endswith("_px"):
+            whole_number(data[key], f"{path}: {key}")
     rotation = _float_array(data.get("rotation", _SCREEN_IN_CAMERA_PLANE), (3, 3), f"{path}: rotation")
     if not np.allclose(rotation.T @ rotation, np.eye(3), atol=1e-3) or np.linalg.det(rotation) < 0:
         raise ValueError(f"{path}: rotation must be a rotation matrix (orthonormal columns, determinant +1)")
     top_left = _float_array(data["top_left_mm"], (3,), f"{path}: top_left_mm")
-    return Screen(float(sizes[0]), float(sizes[1]), int(sizes[2]), int(sizes[3]), top_left, rotation)
+    return Screen(sizes[0], sizes[1], int(sizes[2]), int(sizes[3]), top_left, rotation)
 
 
 @dataclass
@@ -130,12 +135,22 @@ def fit_screen(gaze_deg: np.ndarray, screen_px: np.ndarray, degree: int = 1) -> 
 def load_screen_fit(path: str | os.PathLike) -> ScreenFit:
     """Fit a calibration file (the module's second example)."""
     data = _read_json(path)
+    refuse_unknown_keys(data, ("degree", "points"), str(path))
     points = data.get("points")
     if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
         raise ValueError(f'{path}: expected {{"points": [{{"gaze_deg": [yaw, pitch], "screen_px": [x, y]}}, ...]}}')
-    gaze = _float_array([p.get("gaze_deg") for p in points], (len(points), 2), f"{path}: gaze_deg")
-    screen = _float_array([p.get("screen_px") for p in points], (len(points), 2), f"{path}: screen_px")
+    gaze, screen = np.zeros((len(points), 2)), np.zeros((len(points), 2))
+    for i, point in enumerate(points, start=1):
+        refuse_unknown_keys(point, ("gaze_deg", "screen_px"), f"{path}: point {i}")
+        for key, out in (("gaze_deg", gaze), ("screen_px", screen)):
+            if key not in point:
+                raise ValueError(f"{path}: point {i} has no {key}")
+            out[i - 1] = _float_array(point[key], (2,), f"{path}: point {i}'s {key}")
+        if (np.abs(gaze[i - 1]) > 90).any():
+            raise ValueError(f"{path}: point {i}'s gaze_deg {point['gaze_deg']} lies beyond ±90° (yaw, pitch)")
     degree = data.get("degree", 1)
+    if degree not in (1, 2) or isinstance(degree, bool):
+        raise ValueError(f"{path}: degree must be 1 (affine) or 2 (quadratic), got {degree!r}")
     try:
         return fit_screen(gaze, screen, int(degree))
     except ValueError as e:

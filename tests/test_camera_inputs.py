@@ -1,0 +1,133 @@
+"""What ``alfa predict`` refuses before it runs, in one line and exit 2, losing nothing: crops of two photos under
+one name, an output over an input photo, options that do nothing for these inputs, misspelt or implausible camera
+and screen files; and that a large photo still shows its one face."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tiny_models import TinyGazeNet
+
+from alfa.checkpoint import save_model
+from alfa.cli import main
+
+pytest.importorskip("cv2")
+pytest.importorskip("skimage")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    tmp = tmp_path_factory.mktemp("camera-inputs")
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    save_model(tmp / "base.safetensors", model, "tiny_gaze_net", input_size=(32, 32))
+    return str(tmp / "base.safetensors")
+
+
+@pytest.fixture(scope="module")
+def astronaut() -> np.ndarray:
+    from alfa.gaze.camera import read_photo
+
+    return read_photo("skimage:astronaut")[0]
+
+
+def _photo(path: Path, pixels: np.ndarray) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path)
+    return str(path)
+
+
+def _refused(capsys, *argv: str) -> str:
+    assert main(["predict", *argv, "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and captured.err.count("\n") == 1 and captured.out == ""
+    return captured.err
+
+
+def test_two_photos_never_write_one_crop_and_no_output_replaces_a_photo(checkpoint, astronaut, tmp_path, capsys):
+    a, b = _photo(tmp_path / "a" / "x.png", astronaut), _photo(tmp_path / "b" / "x.png", astronaut)
+    crops = ["--checkpoint", checkpoint, "--crops", str(tmp_path / "crops")]
+    assert "would both write x-face" in _refused(capsys, a, b, *crops)
+    assert "is given twice" in _refused(capsys, a, a, *crops)
+    assert not (tmp_path / "crops").exists()
+    before = Path(a).read_bytes()
+    assert f"--json {a} is this command's IMAGE" in _refused(
+        capsys, a, "--checkpoint", checkpoint, "--json", a, "--replace"
+    )
+    assert Path(a).read_bytes() == before
+
+
+def test_crops_are_replaced_only_when_asked(checkpoint, tmp_path, capsys):
+    argv = ["predict", "skimage:astronaut", "--checkpoint", checkpoint, "--crops", str(tmp_path), "--quiet"]
+    assert main(argv) == 0
+    crop = tmp_path / "astronaut-face0.png"
+    crop.write_bytes(b"edited")
+    capsys.readouterr()
+    assert "already holds crops of skimage:astronaut: choose another folder, or add --replace" in _refused(
+        capsys, *argv[1:-1]
+    )
+    assert crop.read_bytes() == b"edited"
+    assert main([*argv, "--replace"]) == 0 and crop.read_bytes().startswith(b"\x89PNG")
+
+
+def test_options_that_would_do_nothing_are_refused(checkpoint, tmp_path, capsys):
+    photo = ["skimage:astronaut", "--checkpoint", checkpoint]
+    assert "--smooth apply to videos (with --video); these are photos" in _refused(capsys, *photo, "--smooth", "0.3")
+    assert "--smooth and --every apply to videos" in _refused(capsys, *photo, "--smooth", "0.3", "--every", "2")
+    video = [str(tmp_path / "v.mp4"), "--video", "--checkpoint", checkpoint]
+    assert "a video is read by its largest face per frame" in _refused(capsys, *video, "--faces", "all")
+
+
+def test_a_missing_file_or_a_folder_is_named_before_any_model_loads(tmp_path, capsys):
+    no_model = ["--checkpoint", str(tmp_path / "no-model.safetensors")]
+    assert f"{tmp_path / 'gone.png'}: no such file" in _refused(
+        capsys, "skimage:astronaut", str(tmp_path / "gone.png"), *no_model
+    )
+    assert f"{tmp_path} is a folder, not a photo" in _refused(capsys, str(tmp_path), *no_model)
+
+
+SCREEN = {"width_mm": 344, "height_mm": 194, "width_px": 1920, "height_px": 1080, "top_left_mm": [172, 8, 0]}
+
+
+@pytest.mark.parametrize(
+    "kind, content, message",
+    [
+        ("camera", {"matrix": [[512, 0, 256], [0, 512, 256], [0, 0, 1]], "distorsion": [0.5, 0, 0, 0, 0]},
+         "unknown key 'distorsion' (expected matrix, distortion, image_size)"),
+        ("camera", {"matrix": [[512, 0, 256], [0, 1500, 256], [0, 0, 1]]}, "one is over twice the other"),
+        ("camera", {"matrix": [[512, 0, 256], [0, 512, 256], [0, 0, 1]], "distortion": [50, 0, 0, 0, 0]},
+         "moves this image's corner"),
+        ("screen", {"width_mm": 344, "height_mm": 194, "width_px": 1920, "height_px": 1080, "top_left_mm": [172, 8, 0],
+                    "rotaton": [[-1, 0, 0], [0, 1, 0], [0, 0, -1]]}, "unknown key 'rotaton'"),
+        ("screen", {**SCREEN, "width_px": 1920.5}, "width_px must be a whole number, got 1920.5"),
+        ("screen", {**SCREEN, "width_mm": "wide"}, "width_mm must be numbers, got 'wide'"),
+        ("screen-fit", {"degree": 1.5, "points": []}, "degree must be 1 (affine) or 2 (quadratic), got 1.5"),
+        ("screen-fit", {"degree": True, "points": []}, "got True"),
+        ("screen-fit", {"points": [{"gaze_deg": [0, -200], "screen_px": [0, 0]}]}, "lies beyond ±90°"),
+        ("screen-fit", {"points": [{"gaze": [0, 0], "screen_px": [0, 0]}]}, "point 1: unknown key 'gaze'"),
+        ("screen-fit", {"points": [{"screen_px": [0, 0]}]}, "point 1 has no gaze_deg"),
+        ("screen-fit", {"points": [{"gaze_deg": [0, 0, 1], "screen_px": [0, 0]}]}, "gaze_deg must have shape (2,)"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_or_implausible_camera_or_screen_file_is_refused(
+    checkpoint, tmp_path, capsys, kind, content, message
+):
+    path = tmp_path / f"{kind}.json"
+    path.write_text(json.dumps(content), encoding="utf-8")
+    assert message in _refused(capsys, "skimage:astronaut", "--checkpoint", checkpoint, f"--{kind}", str(path))
+
+
+def test_a_large_photo_shows_its_one_face(astronaut):
+    from alfa.gaze.camera.detect import detect_faces
+
+    for side in (1024, 2048):
+        large = np.asarray(Image.fromarray(astronaut).resize((side, side), Image.BICUBIC))
+        faces = detect_faces(large)
+        assert len(faces) == 1 and faces[0].estimated == (), side
+        x, y, w, _ = faces[0].box
+        assert abs(x / side - 177 / 512) < 0.02 and abs(w / side - 93 / 512) < 0.02  # where it is at 512
