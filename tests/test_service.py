@@ -5,6 +5,7 @@ decoding, timeouts that free the worker, a full queue answered 503, the token, t
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import re
@@ -297,3 +298,121 @@ def test_serve_options_have_bounds_that_say_why(world, capsys, monkeypatch):
 def test_loopback_is_only_the_loopback():
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("") and not is_loopback("no-such-host.invalid")
+
+
+def test_a_photo_over_the_pixel_limit_is_refused_from_its_header_as_a_crop_is(served):
+    """/predict/photo applies /predict's pixel limit before the camera path decodes anything: the same 413 and the
+    same sentence (these bodies hold a header and a few bytes: decoding them would fail, or take gigabytes)."""
+    port, _, _ = served
+    for width, height, message in [(4200, 4200, "the image is 4200×4200 = 17640000 pixels; the limit is 16777216"),
+                                   (30000, 30000, "the image has more than 16777216 pixels")]:  # fmt: skip
+        body = _png_header(width, height)
+        crop = _exchange(port, _request("/predict?user=ann", body))
+        photo = _exchange(port, _request("/predict/photo?user=ann", body))
+        assert (photo[0], photo[2]) == (crop[0], crop[2]) == (413, {"error": message, "status": 413}), photo
+    status, _, reply = _exchange(port, _request("/predict/photo?user=ann", b"junk"))
+    assert status == 400 and reply["error"] == "the body is not a readable image"
+
+
+def test_a_photo_of_several_faces_is_refused_in_the_services_own_words(served):
+    pytest.importorskip("cv2")
+    pytest.importorskip("skimage")
+    from alfa.gaze.camera import read_photo
+
+    port, _, _ = served
+    astronaut = read_photo("skimage:astronaut")[0]
+    body = png_bytes(np.concatenate([astronaut, astronaut], 1))
+    status, _, reply = _exchange(port, _request("/predict/photo?user=ann", body), timeout=60)
+    assert status == 400 and reply["error"].startswith("2 faces found (boxes [")
+    assert reply["error"].endswith("): the photo must show exactly one face") and "--" not in reply["error"]
+    status, _, reply = _exchange(port, _request("/predict/photo?user=ann", png_bytes(astronaut)), timeout=60)
+    assert status == 200 and len(reply["faces"]) == 1 and reply["user"] == "ann"
+
+
+def _one_error_line(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert err.startswith("alfa serve: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip().removeprefix("alfa serve: error: ")
+
+
+def test_the_selftest_takes_a_checkpoint_and_its_adapters_together(world, capsys):
+    from alfa.gaze.service.selftest import selftest
+
+    checkpoint, adapters = map(str, world)
+    load = ["--requests", "10", "--clients", "2"]
+    err = _one_error_line(capsys, ["serve", "--selftest", "--checkpoint", checkpoint, *load])
+    assert err == "--checkpoint needs --adapters (the folder of <user>.safetensors files to serve on it)"
+    err = _one_error_line(capsys, ["serve", "--selftest", "--adapters", adapters, *load])
+    assert err.startswith("--adapters needs --checkpoint") and "a small world of its own" in err
+    for given in ({"checkpoint": checkpoint}, {"adapters": adapters}):  # the library refuses it too
+        with pytest.raises(ValueError, match="was given without its"):
+            selftest(**given, requests=1, clients=1, say=lambda line: None)
+
+
+def test_the_selftest_runs_with_test_time_augmentation(world, capsys):
+    argv = ["serve", "--selftest", "--checkpoint", str(world[0]), "--adapters", str(world[1]), "--tta", "flip"]
+    assert main([*argv, "--requests", "10", "--clients", "2", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "flip test-time augmentation" in out and "10 answered right, 0 wrong" in out, out
+
+
+def test_adapters_given_as_a_file_are_said_to_be_one(world, capsys):
+    adapter = world[1] / "ann.safetensors"
+    err = _one_error_line(capsys, ["serve", "--checkpoint", str(world[0]), "--adapters", str(adapter), "--port", "0"])
+    assert err == f"{adapter} is a file, not a folder: the adapters are a folder of <user>.safetensors files"
+
+
+def test_a_taken_port_is_one_line_with_one_hint(world, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["serve", "--checkpoint", str(world[0]), "--adapters", str(world[1]), "--port", str(port)]
+        err = _one_error_line(capsys, argv)
+    assert err == (f"port {port} on 127.0.0.1 is taken (Address already in use): stop the other server or choose "
+                   "another --port (0: any free one)")  # fmt: skip
+
+
+IGNORED_OPTIONS = {
+    "--clients without --selftest": (["--clients", "5"], "--clients applies to --selftest only"),
+    "--requests without --selftest": (["--requests", "5"], "--requests applies to --selftest only"),
+    "--time-limit without --selftest": (["--time-limit", "5"], "--time-limit applies to --selftest only"),
+    "--host with --selftest": (["--selftest", "--host", "0.0.0.0"], "--host does not apply to --selftest"),
+    "--port with --selftest": (["--selftest", "--port", "18765"], "--port does not apply to --selftest"),
+    "--port 8000 with --selftest": (["--selftest", "--port", "8000"], "--port does not apply to --selftest"),
+    "--access-log with --selftest": (["--selftest", "--access-log", "x.log"], "--access-log does not apply"),
+    "--quiet with --selftest": (["--selftest", "--quiet"], "--quiet does not apply to --selftest"),
+    "--token with --selftest": (["--selftest", "--token", TOKEN], "--token does not apply to --selftest"),
+}
+
+
+@pytest.mark.parametrize("case", list(IGNORED_OPTIONS))
+def test_an_option_the_mode_would_ignore_is_refused(world, tmp_path, capsys, monkeypatch, case):
+    extra, message = IGNORED_OPTIONS[case]
+    monkeypatch.chdir(tmp_path)
+
+    from alfa.gaze.service import selftest
+
+    @functools.wraps(selftest.selftest)  # its signature stays: the command reads its defaults from it
+    def stop(*args, **kwargs):  # had the option been let through: end at once (exit 130), never serve or load
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GazeServer, "serve_forever", stop)
+    monkeypatch.setattr(selftest, "selftest", stop)
+    err = _one_error_line(capsys, ["serve", "--checkpoint", str(world[0]), "--adapters", str(world[1]), *extra])
+    assert err.startswith(message) and ": " in err.removeprefix(message), err  # the option, then why
+    assert not (tmp_path / "x.log").exists()
+
+
+def test_options_not_given_take_their_stated_defaults():
+    from alfa.cli import build_parser
+    from alfa.cli.serve import _resolve
+
+    served = build_parser().parse_args(["serve", "--checkpoint", "c", "--adapters", "a"])
+    _resolve(served)
+    assert (served.host, served.port, served.clients, served.requests, served.time_limit) == (
+        "127.0.0.1", 8000, 200, 1000, 120.0)  # fmt: skip
+    loaded = build_parser().parse_args(["serve", "--selftest", "--clients", "7"])
+    _resolve(loaded)
+    assert (loaded.clients, loaded.requests, loaded.time_limit) == (7, 1000, 120.0)

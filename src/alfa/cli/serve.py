@@ -81,11 +81,13 @@ def _bind(service: Any, args: argparse.Namespace, token: str | None, log: TextIO
     except socket.gaierror:
         raise ValueError(f"--host {args.host}: not a name or address of this machine") from None
     except OSError as e:
+        # these two say what to do themselves: an OSError would get error_line's advice for its errno as well
         if e.errno == errno.EADDRINUSE:
-            raise OSError(e.errno, f"port {args.port} on {args.host} is taken (Address already in use): stop the "
-                          "other server or choose another --port (0: any free one)") from None  # fmt: skip
+            raise ValueError(f"port {args.port} on {args.host} is taken (Address already in use): stop the other "
+                             "server or choose another --port (0: any free one)") from None  # fmt: skip
         if e.errno == errno.EACCES:
-            raise OSError(e.errno, f"may not listen on {where}: ports below 1024 need administrator rights") from None
+            raise ValueError(f"may not listen on {where}: ports below 1024 need administrator rights (or choose "
+                             "another --port; 0: any free one)") from None  # fmt: skip
         if e.errno == errno.EADDRNOTAVAIL:
             raise ValueError(f"--host {args.host}: not an address of this machine") from None
         raise OSError(e.errno, f"cannot listen on {where}: {e.strerror}") from None
@@ -97,9 +99,60 @@ def _limits(args: argparse.Namespace) -> Any:
     return ServiceLimits(workers=args.workers, queue=args.queue, request_timeout=args.request_timeout)
 
 
+# Options of one mode that the other would ignore, with why: refused rather than silently dropped. Their
+# parser default is None (False for --quiet), so that "given" is told from "not given"; _resolve fills them.
+_SERVING_ONLY = {
+    "host": ("--host", "the selftest listens on 127.0.0.1 only"),
+    "port": ("--port", "the selftest listens on a free port of its own"),
+    "token": ("--token", "the selftest makes a random token of its own"),
+    "access_log": ("--access-log", "the selftest keeps no access log (it prints a summary)"),
+    "quiet": ("--quiet", "the selftest keeps no access log (it prints a summary)"),
+}
+_SELFTEST_ONLY = {
+    "clients": ("--clients", "the load test's number of clients (a served service answers whoever connects)"),
+    "requests": ("--requests", "the number of requests the load test sends (a served service answers what comes)"),
+    "time_limit": ("--time-limit", "the load test's time (a served service runs until it is stopped)"),
+}
+
+
+def _defaults() -> dict[str, Any]:
+    """What each option of :data:`_SERVING_ONLY` and :data:`_SELFTEST_ONLY` is when not given."""
+    from alfa.gaze.service import make_server
+    from alfa.gaze.service.selftest import selftest
+
+    return {
+        "host": default_of(make_server, "host"),
+        "port": default_of(make_server, "port"),
+        "clients": default_of(selftest, "clients"),
+        "requests": default_of(selftest, "requests"),
+        "time_limit": default_of(selftest, "time_limit"),
+    }
+
+
+def _resolve(args: argparse.Namespace) -> None:
+    """Refuse an option the mode (serving, or --selftest) would ignore, then fill in the defaults."""
+    if args.selftest:
+        for dest, (option, why) in _SERVING_ONLY.items():
+            if getattr(args, dest) not in (None, False):
+                raise ValueError(f"{option} does not apply to --selftest: {why}")
+        if args.checkpoint is not None and args.adapters is None:
+            raise ValueError("--checkpoint needs --adapters (the folder of <user>.safetensors files to serve on it)")
+        if args.adapters is not None and args.checkpoint is None:
+            raise ValueError("--adapters needs --checkpoint (the base they were made on); without both, --selftest "
+                             "serves a small world of its own")  # fmt: skip
+    else:
+        for dest, (option, why) in _SELFTEST_ONLY.items():
+            if getattr(args, dest) is not None:
+                raise ValueError(f"{option} applies to --selftest only: it sets {why}")
+    for dest, value in _defaults().items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
+
+
 def _serve(args: argparse.Namespace) -> None:
     from alfa.gaze.service import GazeService, is_loopback
 
+    _resolve(args)
     if args.selftest:
         _selftest(args)
         return
@@ -130,14 +183,15 @@ def _serve(args: argparse.Namespace) -> None:
 def _selftest(args: argparse.Namespace) -> None:
     from alfa.gaze.service.selftest import selftest
 
+    tta = tta_of(args.tta)
     report = selftest(args.checkpoint, args.adapters, clients=args.clients, requests=args.requests,
-                      time_limit=args.time_limit, limits=_limits(args))  # fmt: skip
+                      time_limit=args.time_limit, limits=_limits(args), tta=tta and tta.name)  # fmt: skip
     if not report.ok:
         raise RuntimeError(f"selftest failed: {report.summary()}")
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
-    from alfa.gaze.service import TOKEN_ENV, ServiceLimits, make_server
+    from alfa.gaze.service import TOKEN_ENV, ServiceLimits
 
     limits = ServiceLimits()
     p.add_argument(
@@ -149,27 +203,30 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         "--adapters",
         help="folder of <user>.safetensors files (alfa personalize's or alfa calibrate's); required unless --selftest",
     )
-    p.add_argument("--host", default=default_of(make_server, "host"), help="address to listen on (default %(default)s; "
-                   "anything but loopback without a token gets a warning)")  # fmt: skip
-    p.add_argument("--port", type=_port, default=default_of(make_server, "port"),
-                   help="port (default %(default)s; 0: any free one)")  # fmt: skip
+    defaults = _defaults()
+    p.add_argument("--host", help=f"address to listen on (default {defaults['host']}; anything but loopback without "
+                   "a token gets a warning; not with --selftest)")  # fmt: skip
+    p.add_argument("--port", type=_port, help=f"port (default {defaults['port']}; 0: any free one; not with "
+                   "--selftest)")  # fmt: skip
     p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every request but /health (default: the "
-                   f"{TOKEN_ENV} environment variable, which other users of the machine cannot see)")  # fmt: skip
+                   f"{TOKEN_ENV} environment variable, which other users of the machine cannot see; --selftest makes "
+                   "its own)")  # fmt: skip
     p.add_argument("--workers", type=_workers, default=limits.workers, help="request threads (default %(default)s)")
     p.add_argument("--queue", type=_bound(1, 4096, "each waiting connection holds a socket"), default=limits.queue,
                    help="connections waiting for a worker; beyond it: 503 at once (default %(default)s)")  # fmt: skip
     p.add_argument("--request-timeout", type=_seconds, default=limits.request_timeout,
                    help="seconds to receive a whole request (default %(default)s)")  # fmt: skip
     tta_option(p, "answer every prediction")
-    p.add_argument("--access-log", help="append the access log (a line per request) to this file (default: stderr)")
-    p.add_argument("--quiet", action="store_true", help="no access log")
+    p.add_argument("--access-log", help="append the access log (a line per request) to this file (default: stderr; "
+                   "--selftest keeps none)")  # fmt: skip
+    p.add_argument("--quiet", action="store_true", help="no access log (--selftest keeps none)")
     test = p.add_argument_group("load test (--selftest: on 127.0.0.1 only, then exit; non-zero if anything failed)")
     test.add_argument("--selftest", action="store_true", help="put the service under load and check every answer")
-    test.add_argument("--clients", type=_bound(1, 1000, "each is a thread and a socket"), default=200,
-                      help="concurrent clients (default %(default)s)")  # fmt: skip
-    test.add_argument("--requests", type=_bound(1, 100_000, "a load test, not a soak"), default=1000,
-                      help="requests in all (default %(default)s)")  # fmt: skip
-    test.add_argument("--time-limit", type=_seconds, default=120.0, help="seconds for all (default %(default)s)")
+    test.add_argument("--clients", type=_bound(1, 1000, "each is a thread and a socket"),
+                      help=f"concurrent clients (default {defaults['clients']})")  # fmt: skip
+    test.add_argument("--requests", type=_bound(1, 100_000, "a load test, not a soak"),
+                      help=f"requests in all (default {defaults['requests']})")  # fmt: skip
+    test.add_argument("--time-limit", type=_seconds, help=f"seconds for all (default {defaults['time_limit']:g})")
 
 
 SERVE = Command(

@@ -42,10 +42,11 @@ SECTIONS = "\n".join(
         "",
         "`alfa serve` answers `POST /predict/photo?user=ID` with a photo of any size and the same fields as "
         "above (plus `user`), the crop made on the server with the default intrinsics; a photo without exactly "
-        "one face, a corrupt one or one over the pixel limit (checked from its header, before decoding) is a "
-        "400 with the reason. `alfa predict --video V.mp4` reads a video's frames (every `--every`-th) and "
-        "adds `gaze_smoothed`, an exponential smoothing over frames (`--smooth`, the new frame's weight); a "
-        "frame without a face is recorded as such and restarts the smoothing.",
+        "one face or a corrupt one is a 400 with the reason, and one over the service's pixel limit (checked "
+        "from its header, before decoding) a 413, as a face crop is. `alfa predict --video V.mp4` reads a "
+        "video's frames (every `--every`-th) and adds `gaze_smoothed`, an exponential smoothing over frames "
+        "(`--smooth`, the new frame's weight); a frame without a face is recorded as such and restarts the "
+        "smoothing.",
         "",
         "## Why OpenCV's Haar cascades",
         "",

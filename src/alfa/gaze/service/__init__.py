@@ -3,6 +3,8 @@
     GET  /health            -> 200 {"status": "ok", "users_loaded", "input_size"}
     POST /predict?user=ID   body: a face crop (PNG or JPEG) of the base's input size
                             -> 200 {"user", "yaw", "pitch", "unit": "radians"}
+    POST /predict/photo?user=ID   body: a photo of one face, any size within the pixel limit (the camera extra)
+                            -> 200 {"user", "image", "camera", "convention", "faces"}
 
 Split by role: :mod:`.limits` checks what a request may be (sizes before decoding, ids, the token),
 :mod:`.model` answers it (the base and the users' adapters), :mod:`.server` speaks HTTP (a bounded worker pool,

@@ -12,6 +12,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,7 @@ __all__ = [
     "content_length",
     "decode_image",
     "max_workers",
+    "open_image",
     "user_id",
     "valid_token",
 ]
@@ -111,25 +113,35 @@ def content_length(values: list[str], limits: ServiceLimits) -> int:
     return length
 
 
-def decode_image(body: bytes, limits: ServiceLimits, size: tuple[int, int] | None = None) -> np.ndarray:
-    """An H×W×3 uint8 array from PNG or JPEG bytes. The header is read first (PIL opens lazily): the format, the
-    pixel count against ``limits.max_pixels`` and, where ``size`` (height, width) is given, the dimensions are
-    checked before a single pixel is decoded."""
+def open_image(body: bytes, limits: ServiceLimits, formats: tuple[str, ...] | None = ("PNG", "JPEG")) -> Any:
+    """The :class:`PIL.Image.Image` in ``body``, opened lazily: only its header is read. Refused 413 when the
+    header claims more than ``limits.max_pixels`` pixels, 400 when ``body`` is not an image of ``formats``
+    (``None``: any format Pillow reads). The caller closes it."""
     from PIL import Image
 
+    what = "PNG or JPEG image" if formats == ("PNG", "JPEG") else "image"
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
-            img = Image.open(io.BytesIO(body), formats=("PNG", "JPEG"))
+            img = Image.open(io.BytesIO(body), formats=formats)
         except (Image.DecompressionBombError, Image.DecompressionBombWarning):
             raise ServiceError(413, f"the image has more than {limits.max_pixels} pixels") from None
         except Exception:  # noqa: BLE001 — untrusted bytes: any parser failure is the sender's, never a 500
-            raise ServiceError(400, "the body is not a readable PNG or JPEG image") from None
-    with img:
+            raise ServiceError(400, f"the body is not a readable {what}") from None
+    width, height = img.size
+    if width * height > limits.max_pixels:
+        img.close()
+        raise ServiceError(413, f"the image is {height}×{width} = {width * height} pixels; the limit is "
+                           f"{limits.max_pixels}")  # fmt: skip
+    return img
+
+
+def decode_image(body: bytes, limits: ServiceLimits, size: tuple[int, int] | None = None) -> np.ndarray:
+    """An H×W×3 uint8 array from PNG or JPEG bytes. The header is read first (:func:`open_image`): the format,
+    the pixel count against ``limits.max_pixels`` and, where ``size`` (height, width) is given, the dimensions
+    are checked before a single pixel is decoded."""
+    with open_image(body, limits) as img:
         width, height = img.size
-        if width * height > limits.max_pixels:
-            raise ServiceError(413, f"the image is {height}×{width} = {width * height} pixels; the limit is "
-                               f"{limits.max_pixels}")  # fmt: skip
         if size is not None and (height, width) != tuple(size):
             raise ServiceError(400, f"the image is {height}×{width}; this model takes {size[0]}×{size[1]} face crops")
         try:

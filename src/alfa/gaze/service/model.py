@@ -21,7 +21,7 @@ from alfa.serve import MultiUserModel
 
 from ..evaluate import adapter_filename
 from ..tta import tta_kind
-from .limits import ServiceError, ServiceLimits, decode_image, user_id
+from .limits import ServiceError, ServiceLimits, decode_image, open_image, user_id
 
 __all__ = ["GazeService"]
 
@@ -48,6 +48,10 @@ class GazeService:
         tta: str | None = None,
     ) -> None:
         self.adapters = Path(adapters)
+        if self.adapters.is_file():
+            raise NotADirectoryError(
+                f"{self.adapters} is a file, not a folder: the adapters are a folder of <user>.safetensors files"
+            )
         if not self.adapters.is_dir():
             raise FileNotFoundError(f"adapter folder not found: {self.adapters}")
         base, saved = load_model(checkpoint)
@@ -111,23 +115,34 @@ class GazeService:
 
     def predict_photo(self, user: str | None, body: bytes) -> dict[str, Any]:
         """A raw photo's answer (:func:`alfa.gaze.camera.answer_photo`): the face found, normalized and cropped
-        here, the user's model on the crop; a photo the camera path refuses (no face, several, over the pixel
-        limit read from its header) is a 400, and a server without the camera extra answers 501."""
+        here, the user's model on the crop. A photo over the pixel limit (read from its header, as for
+        ``/predict``) is a 413; one the camera path refuses, or one without exactly one face, is a 400; a server
+        without the camera extra answers 501."""
         user = user_id(user, self.limits)
+        open_image(body, self.limits, formats=None).close()  # before the camera path decodes a single pixel
 
         def predictor(crops: torch.Tensor) -> torch.Tensor:
             with self._lock:
                 self._ensure_user(user)
+                if crops.shape[0] > 1:  # refused below, with every face's box: the model need not run for them
+                    return torch.zeros(crops.shape[0], 2)
                 return model_predictor(self._user_model(user), self.input_size)(crops)
 
         try:
-            from ..camera import answer_photo, model_predictor
+            from ..camera import PhotoOptions, answer_photo, model_predictor
 
-            return {"user": user, **answer_photo(body, predictor)}
+            # every face is read, so that the refusal below is the service's own words (the camera path's
+            # names an option of alfa predict, which an HTTP client does not have)
+            answer = answer_photo(body, predictor, PhotoOptions(faces="all"))
         except ModuleNotFoundError as e:  # the camera extra (OpenCV) is not installed here: not the request's fault
             raise ServiceError(501, f"this server cannot read photos: {e.name} is not installed") from None
         except ValueError as e:
             raise ServiceError(400, str(e)) from None
+        faces = answer["faces"]
+        if len(faces) > 1:
+            boxes = ", ".join(str(face["box"]) for face in faces)
+            raise ServiceError(400, f"{len(faces)} faces found (boxes {boxes}): the photo must show exactly one face")
+        return {"user": user, **answer}
 
     def _user_model(self, user: str) -> torch.nn.Module:
         """The shared model as ``user``'s, with the service's test-time augmentation when it has one."""

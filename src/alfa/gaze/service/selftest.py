@@ -190,16 +190,23 @@ def _servable_users(service: GazeService, limit: int = 8) -> tuple[list[str], st
 
 def selftest(checkpoint: str | os.PathLike | None = None, adapters: str | os.PathLike | None = None,
              clients: int = 200, requests: int = 1000, time_limit: float = 120.0, limits: ServiceLimits | None = None,
-             seed: int = 0, say: Callable[[str], None] = print) -> LoadReport:  # fmt: skip
-    """Serve ``checkpoint`` and ``adapters`` (default: :func:`write_demo_service`'s world) on 127.0.0.1 with a
-    random token, and put it under ``clients`` concurrent clients for ``requests`` requests (:func:`run_load`)."""
+             seed: int = 0, say: Callable[[str], None] = print, tta: str | None = None) -> LoadReport:  # fmt: skip
+    """Serve ``checkpoint`` and ``adapters`` (both or neither; neither: :func:`write_demo_service`'s world) on
+    127.0.0.1 with a random token, every answer made with test-time augmentation ``tta`` where given, and put it
+    under ``clients`` concurrent clients for ``requests`` requests (:func:`run_load`)."""
+    if (checkpoint is None) != (adapters is None):
+        # adapters belong to the base they were made on: one without the other cannot be served, and the small
+        # world of its own would leave the given one untested
+        given, missing = ("checkpoint", "adapters") if adapters is None else ("adapters", "checkpoint")
+        raise ValueError(f"selftest: a {given} was given without its {missing}: give both, or neither to serve "
+                         "a small world of its own")  # fmt: skip
     limits = limits or ServiceLimits()
     with tempfile.TemporaryDirectory(prefix="alfa-selftest-") as tmp:
         if checkpoint is None:
             checkpoint, adapters = write_demo_service(tmp), Path(tmp) / "adapters"
             say("selftest: serving a small world of its own (ResNet-18, first stage truncated, 16×16 px, 3 users)")
         details: list[str] = []  # the service's server-side detail of each refusal: why an adapter does not load
-        service = GazeService(checkpoint, adapters, limits, note=details.append)
+        service = GazeService(checkpoint, adapters, limits, note=details.append, tta=tta)
         users, refusal = _servable_users(service)
         if not users:
             detail = details[0].removeprefix("alfa serve: ") if details else refusal
@@ -210,7 +217,9 @@ def selftest(checkpoint: str | os.PathLike | None = None, adapters: str | os.Pat
         server = make_server(service, "127.0.0.1", 0, limits, token=token)
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         thread.start()
-        say(f"selftest: {len(users)} users, {limits.workers} workers, queue {limits.queue}, backlog {limits.backlog}")
+        augmented = f", {service.tta.name} test-time augmentation" if service.tta else ""
+        say(f"selftest: {len(users)} users, {limits.workers} workers, queue {limits.queue}, backlog {limits.backlog}"
+            f"{augmented}")  # fmt: skip
         try:
             report = run_load(server.server_address[1], jobs, clients, token, time_limit)
         finally:

@@ -4,6 +4,8 @@ connections, a route table, a token check, socket and request timeouts, and an a
     GET  /health            -> 200 {"status": "ok", "users_loaded", "input_size"}   (no token needed)
     POST /predict?user=ID   body: a face crop (PNG or JPEG) of the base's input size
                             -> 200 {"user", "yaw", "pitch", "unit": "radians"}
+    POST /predict/photo?user=ID   body: a photo of one face, any size within the pixel limit (the camera extra)
+                            -> 200 {"user", "image", "camera", "convention", "faces"}
 
 Every answer is JSON; an error is ``{"error": "...", "status": N}`` and never names a path of the server. A
 connection that finds the queue full is answered 503 at once by the accepting thread (never dropped unanswered);
