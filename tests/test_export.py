@@ -204,3 +204,13 @@ def test_the_multi_user_model_exports_with_each_layers_mix_as_an_input(tmp_path)
     served.add_user("lr", low_rank)
     with pytest.raises(ValueError, match="low-rank user"):
         mixed.mixes(served, ["lr"])
+
+
+@pytest.mark.parametrize("cast", [torch.float64, torch.bfloat16])
+def test_a_model_that_is_not_float32_on_the_cpu_is_refused_in_one_sentence(tmp_path, cast):
+    from alfa.export import export_onnx
+
+    model = TinyGazeNet().eval().to(cast)
+    with pytest.raises(ValueError, match=rf"takes a float32 model on the CPU; this one is {str(cast)[6:]} on cpu"):
+        export_onnx(model, tmp_path / "m.onnx", (16, 16))
+    assert not (tmp_path / "m.onnx").exists()

@@ -86,6 +86,10 @@ def export_onnx(
     ``wrap`` puts a module around the merged model before export (the gaze application's test-time augmentation,
     ``alfa export --tta``): the graph is the wrapped model's, and so is what onnxruntime is checked against."""
     _needs("onnxscript", "ONNX export")
+    kinds = {(t.dtype, t.device.type) for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()}
+    if kinds - {(torch.float32, "cpu")}:  # the sample and the onnxruntime check are float32 images on the CPU
+        found = ", ".join(sorted(f"{str(dtype).removeprefix('torch.')} on {device}" for dtype, device in kinds))
+        raise ValueError(f"export_onnx takes a float32 model on the CPU; this one is {found} (model.float().cpu())")
     model = merged_copy(model, form)
     if wrap is not None:
         model = wrap(model).eval()
