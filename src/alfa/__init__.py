@@ -64,7 +64,7 @@ from .adapters import (
 )
 from .checkpoint import load_pretrained, save_pretrained
 from .layers import FactorizedConv2d, FactorizedLinear
-from .serve import MultiUserModel
+from .serve import MultiUserModel, UnknownUserError
 from .summary import ParameterSummary, parameter_summary, print_trainable_parameters, trainable_parameters_line
 from .surgery import UnsupportedSaveError
 from .truncate import TruncationReport, canonicalize, truncate
@@ -98,6 +98,7 @@ __all__ = [
     "MergeError",
     "ParameterSummary",
     "TruncationReport",
+    "UnknownUserError",
     "UnsupportedSaveError",
     "active_adapter",
     "adapter_names",

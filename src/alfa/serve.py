@@ -32,11 +32,34 @@ from .adapters.lora import LowRankUpdateLayer
 from .layers import is_dense_layer, is_factorized, layer_spec
 from .surgery import replace_module
 
-__all__ = ["MultiUserModel", "MixedBatchModel", "UserTerms"]
+__all__ = ["MultiUserModel", "MixedBatchModel", "UnknownUserError", "UserTerms"]
 
 UserTerms = dict[str, tuple[Tensor, ...]]
 """Per layer name, a user's terms: ``(T,)`` for a dictionary method, ``(P, Q)`` for a low-rank one, ``(P, Q, Δb)``
 for a correction with a bias term."""
+
+
+class UnknownUserError(KeyError, ValueError):
+    """A user id that the :class:`MultiUserModel` does not serve. A ``KeyError`` (what callers that look users up
+    catch, the HTTP service among them) and a ``ValueError`` (what the library raises for bad input)."""
+
+    def __str__(self) -> str:
+        # KeyError's own str is the repr of its argument: the message would print inside quotes.
+        return str(self.args[0]) if self.args else ""
+
+
+def _user_list(users: Sequence[str | None]) -> list[str | None]:
+    """``users`` as a list, refusing a bare str (a sequence of characters, not of user ids)."""
+    if isinstance(users, str):
+        raise ValueError(f"users must be a list of user ids, one per sample, not the str {users!r} (pass [{users!r}])")
+    return list(users)
+
+
+def _refuse_unknown(users: Sequence[str | None], known: dict[str, list[str]]) -> None:
+    # Kept in order of first appearance: ids of mixed types (a str and an int) do not sort.
+    unknown = list(dict.fromkeys(u for u in users if u is not None and (not isinstance(u, str) or u not in known)))
+    if unknown:
+        raise UnknownUserError(f"unknown user(s): {unknown[:5]}")
 
 
 def _wrap_factorized(base: nn.Module, wrapper: type[nn.Module]) -> tuple[nn.Module, dict[str, nn.Module]]:
@@ -150,6 +173,8 @@ class MultiUserModel(nn.Module):
     def add_user(self, user: str, adapter: str | os.PathLike | nn.Module, replace: bool = False) -> None:
         """Add ``user`` from an adapter file (checked against the base like :func:`alfa.load_adapter`) or from a
         model with its adapter attached (it must be this base)."""
+        if not isinstance(user, str):
+            raise ValueError(f"a user id must be a str, got {user!r} ({type(user).__name__})")
         if user in self._users and not replace:
             raise ValueError(f"user {user!r} is already served (pass replace=True to swap their adapter)")
         if isinstance(adapter, nn.Module):
@@ -181,26 +206,27 @@ class MultiUserModel(nn.Module):
             detach(self._scratch)
 
     def remove_user(self, user: str, missing_ok: bool = False) -> None:
+        """Stop serving ``user`` (an :class:`UnknownUserError` if they are not served, unless ``missing_ok``)."""
         if user not in self._users:
             if missing_ok:
                 return
-            raise KeyError(f"unknown user {user!r}")
+            raise UnknownUserError(f"unknown user {user!r}")
         for name in self._users.pop(user):
             self._layers[name].terms.pop(user, None)
 
     def user_bytes(self, user: str) -> int:
         """The memory a user adds: the bytes of their terms."""
+        if user not in self._users:
+            raise UnknownUserError(f"unknown user {user!r}")
         return sum(t.numel() * t.element_size() for n in self._users[user] for t in self._layers[n].terms[user])
 
     @torch.no_grad()
     def forward(self, images: Tensor, users: Sequence[str | None]) -> Tensor:
         """Predictions for a batch in which sample ``i`` belongs to ``users[i]`` (``None``: the base)."""
-        users = list(users)
+        users = _user_list(users)
         if len(users) != images.shape[0]:
             raise ValueError(f"{images.shape[0]} images but {len(users)} user ids")
-        unknown = sorted({u for u in users if u is not None and u not in self._users})
-        if unknown:
-            raise KeyError(f"unknown user(s): {unknown[:5]}")
+        _refuse_unknown(users, self._users)
         for layer in self._layers.values():
             layer.batch_users = users
         try:
@@ -283,15 +309,18 @@ class MixedBatchModel(nn.Module):
 
     def mixes(self, served: MultiUserModel, users: Sequence[str | None]) -> list[Tensor]:
         """Per layer, the B×d×d stack of each user's ``T`` (zeros for ``None`` and for layers a user leaves)."""
+        users = _user_list(users)
+        _refuse_unknown(users, served._users)  # else an unknown user would get zeros: the base, silently
         out = []
         for name in self.layer_names:
             layer = served._layers[name]
-            d = layer.base.U.shape[1]
+            U = layer.base.U
+            d = U.shape[1]
             rows = []
             for u in users:
                 t = layer.terms.get(u) if u is not None else None
                 if t is not None and len(t) != 1:
                     raise ValueError(f"user {u!r} is a low-rank user: only dictionary users have a mix to hand in")
-                rows.append(t[0] if t is not None else torch.zeros(d, d))
+                rows.append(t[0] if t is not None else torch.zeros(d, d, dtype=U.dtype, device=U.device))
             out.append(torch.stack(rows))
         return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -162,6 +163,9 @@ class AdapterConfig:
                 raise ValueError(f"{type(self).__name__}.{f.name} must be an integer, got {value!r}")
             if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ValueError(f"{type(self).__name__}.{f.name} must be a number, got {value!r}")
+            # An infinite scale or σ passes every sign check and turns the attached model's outputs into NaN.
+            if kind == "float" and isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{type(self).__name__}.{f.name} must be a finite number, got {value!r}")
 
     def build(self, base: nn.Module) -> nn.Module:
         """Wrap one base layer in the method's :class:`~alfa.adapters.layer.AdaptedLayer` (layer-scope methods)."""

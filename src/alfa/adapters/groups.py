@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -28,12 +29,12 @@ def param_groups(
     numbers; the gaze stack passes its configs' value explicitly (``PersonalizeConfig.weight_decay``, 0.01 by
     default). Pass ``None`` to leave the key out and let the optimizer's ``weight_decay`` apply.
     """
-    if not lr > 0:
-        raise ValueError(f"param_groups: lr must be positive, got {lr!r}")
+    if not (lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"param_groups: lr must be positive and finite, got {lr!r}")
     if weight_decay is not None and not weight_decay >= 0:
         raise ValueError(f"param_groups: weight_decay must be non-negative or None, got {weight_decay!r}")
     scales = dict(lr_scale or {})
-    compiled = {pat: re.compile(pat) for pat in scales}
+    compiled = {pat: _compiled_scale(pat, scale) for pat, scale in scales.items()}
     groups: dict[str, list[nn.Parameter]] = {"default": []}
     groups.update({pat: [] for pat in scales})
     for name, p in model.named_parameters():
@@ -51,3 +52,18 @@ def param_groups(
                 group["weight_decay"] = weight_decay
             out.append(group)
     return out
+
+
+def _compiled_scale(pattern: str, scale: float) -> re.Pattern[str]:
+    """``pattern`` compiled, after checking it and its factor: a factor <= 0 would give its group lr <= 0, which
+    the optimizer takes without a word (a frozen or reversed group), so it is refused here."""
+    try:
+        good = scale > 0 and math.isfinite(scale)
+    except TypeError:
+        good = False
+    if not good:
+        raise ValueError(f"param_groups: lr_scale[{pattern!r}] must be a positive finite factor of lr, got {scale!r}")
+    try:
+        return re.compile(pattern)
+    except (re.error, TypeError) as e:
+        raise ValueError(f"param_groups: lr_scale pattern {pattern!r} is not a valid regular expression: {e}") from e

@@ -140,6 +140,10 @@ def save_adapter(
     dataset and the person, so an adapter is never applied to another dataset's person of the same name). The
     file also records a checksum of its tensors, verified by :func:`load_adapter`.
     """
+    if Path(path).is_dir():  # else os.replace fails at the end, naming the temporary file instead of this path
+        raise AdapterFileError(
+            f"{path} is a folder: an adapter is saved to one file (e.g. {Path(path) / 'adapter.safetensors'})"
+        )
     current = _require_state(model, "save")
     if name is not None and name != current.name:
         set_adapter(model, name)

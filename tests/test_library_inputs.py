@@ -1,0 +1,165 @@
+"""Bad input to the library's public calls is refused at once, with one error that names the problem."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+
+import pytest
+import torch
+
+import alfa
+from alfa.adapters.config import METHODS
+from alfa.adapters.gate import LinearMixConfig
+from alfa.serve import MixedBatchModel
+
+INF = float("inf")
+
+
+def _float_fields() -> list[tuple[str, str]]:
+    out = []
+    for method, cls in sorted(METHODS.items()):
+        for f in dataclasses.fields(cls):
+            kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+            if kind.removesuffix(" | None") == "float":
+                out.append((method, f.name))
+    return out
+
+
+@pytest.mark.parametrize(("method", "field"), _float_fields())
+@pytest.mark.parametrize("value", [INF, -INF, float("nan")])
+def test_every_float_option_of_every_config_must_be_finite(method, field, value):
+    with pytest.raises(ValueError, match=rf"{field} must be (a finite number|positive|non-negative)"):
+        METHODS[method](**{field: value})
+
+
+def test_the_reported_infinite_options_are_refused_naming_the_field():
+    for make, field in (
+        (lambda: alfa.LoraConfig(alpha=INF), "LoraConfig.alpha"),
+        (lambda: alfa.AlfaConfig(init_std=INF), "AlfaConfig.init_std"),
+        (lambda: LinearMixConfig(init_std=INF), "LinearMixConfig.init_std"),
+        (lambda: alfa.FloraConfig(scale=INF), "FloraConfig.scale"),
+    ):
+        with pytest.raises(ValueError, match=rf"^{re.escape(field)} must be a finite number, got inf$"):
+            make()
+    assert _float_fields(), "no config has a float option: the test above checks nothing"
+
+
+def test_a_config_set_to_inf_after_construction_is_refused_at_attach(small_net):
+    config = alfa.LoraConfig(rank=2)
+    config.alpha = INF
+    with pytest.raises(ValueError, match="alpha must be a finite number"):
+        alfa.attach(small_net, config)
+    assert alfa.adapter_state(small_net) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# save_adapter onto a folder
+
+
+def test_save_adapter_onto_a_folder_names_the_folder_and_writes_nothing(small_net, tmp_path):
+    alfa.attach(small_net, alfa.LoraConfig(rank=2, layers="dense"))
+    folder = tmp_path / "m2"
+    folder.mkdir()
+    with pytest.raises(alfa.AdapterFileError) as refused:
+        alfa.save_adapter(small_net, folder)
+    message = str(refused.value)
+    assert message.startswith(f"{folder} is a folder: an adapter is saved to one file")
+    assert ".tmp" not in message and "\n" not in message
+    assert sorted(tmp_path.iterdir()) == [folder] and not any(folder.iterdir())
+    # a file in that folder is still written, and reads back
+    path = alfa.save_adapter(small_net, folder / "user.safetensors")
+    assert alfa.read_adapter_metadata(path)["method"] == "lora"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# param_groups
+
+
+def test_param_groups_refuses_a_bad_pattern_naming_it(small_net):
+    alfa.attach(small_net, alfa.LoraConfig(rank=2, layers="dense"))
+    with pytest.raises(ValueError, match=r"lr_scale pattern '\(' is not a valid regular expression") as refused:
+        alfa.param_groups(small_net, lr=1e-3, lr_scale={"(": 2.0})
+    assert not isinstance(refused.value, re.error)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, INF, float("nan"), "2"])
+def test_param_groups_refuses_a_scale_that_is_not_a_positive_finite_factor(small_net, scale):
+    alfa.attach(small_net, alfa.LoraConfig(rank=2, layers="dense"))
+    with pytest.raises(ValueError, match=r"lr_scale\['\^0\\\\\.'\] must be a positive finite factor of lr"):
+        alfa.param_groups(small_net, lr=1e-3, lr_scale={r"^0\.": scale})
+
+
+def test_param_groups_keeps_a_good_scale_and_refuses_an_infinite_lr(small_net):
+    alfa.attach(small_net, alfa.LoraConfig(rank=2, layers="dense"))
+    groups = alfa.param_groups(small_net, lr=1e-3, lr_scale={r"fc": 10.0, r"never matches": 0.5})
+    assert {g["name"]: g["lr"] for g in groups} == {"default": 1e-3, "fc": 1e-2}
+    with pytest.raises(ValueError, match="lr must be positive and finite, got inf"):
+        alfa.param_groups(small_net, lr=INF)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MultiUserModel and MixedBatchModel: user ids
+
+
+@pytest.fixture
+def served(small_net):
+    alfa.truncate(small_net, rank=6)
+    base = small_net.eval()
+    user = copy.deepcopy(base)
+    torch.manual_seed(1)
+    alfa.attach(user, alfa.AlfaConfig(heads=2, rank=2))
+    with torch.no_grad():
+        for p in alfa.adapter_parameters(user).values():
+            p.normal_(0, 0.2)
+    served = alfa.MultiUserModel(base)
+    served.add_user("ann", user)
+    return served
+
+
+def test_an_unknown_user_is_one_clear_error_naming_them(served):
+    x = torch.randn(2, 3, 16, 16)
+    for call in (lambda: served.user_bytes("zzz"), lambda: served.remove_user("zzz")):
+        with pytest.raises(alfa.UnknownUserError) as refused:
+            call()
+        assert str(refused.value) == "unknown user 'zzz'"  # not KeyError's quoted repr
+        assert isinstance(refused.value, KeyError) and isinstance(refused.value, ValueError)
+    with pytest.raises(alfa.UnknownUserError, match=r"^unknown user\(s\): \['zzz', 5\]$"):
+        served(x, ["zzz", 5])  # ids of mixed types: no TypeError from sorting them
+    assert served.users == ["ann"] and served.user_bytes("ann") > 0
+
+
+def test_a_bare_str_is_refused_where_a_list_of_user_ids_is_expected(served):
+    x = torch.randn(3, 3, 16, 16)
+    with pytest.raises(ValueError, match=r"users must be a list of user ids, one per sample, not the str 'ann'"):
+        served(x, "ann")
+    assert served(x[:1], ["ann"]).shape[0] == 1
+    mixed = MixedBatchModel(served._scratch)
+    with pytest.raises(ValueError, match="one per sample"):
+        mixed.mixes(served, "ann")
+
+
+def test_add_user_refuses_a_user_id_that_is_not_a_str(served, tmp_path):
+    with pytest.raises(ValueError, match=r"a user id must be a str, got 5 \(int\)"):
+        served.add_user(5, tmp_path / "never read.safetensors")
+    assert served.users == ["ann"]
+
+
+def test_mixes_refuses_an_unknown_user_instead_of_serving_the_base(served):
+    mixed = MixedBatchModel(served._scratch)
+    with pytest.raises(alfa.UnknownUserError, match=r"unknown user\(s\): \['zzz'\]"):
+        mixed.mixes(served, ["ann", "zzz"])
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():  # known users and None still agree with the served model
+        assert torch.allclose(mixed(x, *mixed.mixes(served, ["ann", None])), served(x, ["ann", None]), atol=1e-6)
+
+
+def test_the_bases_zero_mix_is_built_with_the_models_dtype_and_device(small_net):
+    alfa.truncate(small_net, rank=6)
+    for base in (copy.deepcopy(small_net).double(), copy.deepcopy(small_net).to("meta")):
+        served, mixed = alfa.MultiUserModel(base), MixedBatchModel(base)
+        mixes = mixed.mixes(served, [None, None])
+        U = next(m.U for m in base.modules() if alfa.layers.is_factorized(m))
+        assert mixes and all(m.dtype == U.dtype and m.device == U.device for m in mixes)
+        assert all(m.shape[0] == 2 for m in mixes)
