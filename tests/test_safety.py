@@ -320,3 +320,13 @@ def test_truncate_refuses_data_of_another_size_than_the_checkpoints(tmp_path, ca
     assert main(["truncate", "--checkpoint", str(base), "--data", data, "--out", str(out), "--rank", "4"]) == 2
     _one_line(capsys, "was trained on 32×32 images", "has 48×48")
     assert not out.exists()
+
+
+def test_a_writer_pointed_at_a_folder_names_it_and_not_a_temporary_file(tmp_path):
+    from alfa.fileio import write_text
+
+    (tmp_path / "out").mkdir()
+    with pytest.raises(IsADirectoryError) as caught:
+        write_text(tmp_path / "out", "x")
+    assert caught.value.filename == str(tmp_path / "out") and ".tmp" not in error_line(caught.value)
+    assert list((tmp_path / "out").iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["out"]

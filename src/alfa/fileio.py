@@ -51,6 +51,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     gave its own file (safetensors writes ``0o600``).
     """
     path = Path(path)
+    if path.is_dir():  # said before the writer works, and naming the target, not the temporary file
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
