@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from tiny_models import TinyGazeNet
 
 import alfa
 from alfa.adapters.config import METHODS
@@ -163,3 +164,27 @@ def test_the_bases_zero_mix_is_built_with_the_models_dtype_and_device(small_net)
         U = next(m.U for m in base.modules() if alfa.layers.is_factorized(m))
         assert mixes and all(m.dtype == U.dtype and m.device == U.device for m in mixes)
         assert all(m.shape[0] == 2 for m in mixes)
+
+
+def test_an_adapter_trained_in_train_mode_is_not_saved_without_its_statistics_and_detach_restores_them(tmp_path):
+    """A forward pass in train mode moves the base's BatchNorm statistics, which no adapter file holds: saving is
+    refused (the file would not reproduce the model), detach puts them back, and modules_to_save keeps them."""
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    alfa.truncate(model, 4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    model.train()
+    model(torch.rand(4, 3, 16, 16))
+    with pytest.raises(ValueError, match=r"statistics moved .*\(bn1, layer1\.1, layer2\.1 and more: a forward pass"):
+        alfa.save_adapter(model, tmp_path / "a.safetensors")
+    assert not (tmp_path / "a.safetensors").exists()
+    alfa.detach(model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    norms = [n for n, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2, modules_to_save=norms))
+    model.train()
+    model(torch.rand(4, 3, 16, 16))
+    alfa.save_adapter(model, tmp_path / "b.safetensors")  # the norms' trained copies carry their statistics
+    alfa.detach(model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -34,6 +34,7 @@ from .state import (
     attach,
     delete_adapter,
     detach,
+    moved_statistics,
     set_adapter,
 )
 
@@ -153,6 +154,14 @@ def save_adapter(
             set_adapter(model, current.name)
     state = current
     config = state.config
+    moved = moved_statistics(model)
+    if moved:
+        raise ValueError(
+            f"the base's normalization statistics moved while the adapter was attached ({', '.join(moved[:3])}"
+            f"{' and more' if len(moved) > 3 else ''}: a forward pass in train mode); an adapter file does not "
+            "hold them, so it would not reproduce this model: train with the model in eval mode, or put those "
+            "layers in modules_to_save to train and save their statistics with the adapter"
+        )
     saved = {n: t.detach().cpu().contiguous() for n, t in adapter_tensors(model).items() if _in_saved(n, state.saved)}
     if compact:
         layers = _compact_layers(model)

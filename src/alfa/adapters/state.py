@@ -125,7 +125,8 @@ class ModelAdapters(Attachment):
 
     ``adapters``: every attached adapter by name, in attach order; ``active``: the name of the one in the
     model's forward; ``disabled``: inside :func:`disable_adapters`; after a :func:`merge`, what
-    :func:`unmerge` needs to undo it, or why it cannot.
+    :func:`unmerge` needs to undo it, or why it cannot; ``norm_statistics``: the base's normalization buffers
+    (running mean and variance) as the first attach found them, which no adapter holds (:func:`moved_statistics`).
     """
 
     adapters: dict[str, AdapterState] = field(default_factory=dict)
@@ -133,6 +134,7 @@ class ModelAdapters(Attachment):
     disabled: bool = False
     merged: _MergeRecord | None = None
     unmerge_refusal: str | None = None
+    norm_statistics: list[tuple[nn.Module, str, Tensor]] = field(default_factory=list)
 
     def active_state(self) -> AdapterState | None:
         """The active adapter's book-keeping (what :func:`adapter_state` returns), or ``None``."""
@@ -320,7 +322,7 @@ def attach(model: nn.Module, config: AdapterConfig, name: str = DEFAULT_ADAPTER)
     config.validate()
     _check_adapter_name(name)
     _refuse_if_disabled(model, "attach an adapter")
-    registry = _adapters(model) or ModelAdapters()
+    registry = _adapters(model) or ModelAdapters(norm_statistics=_norm_statistics(model))
     if name in registry.adapters:
         existing = registry.adapters[name]
         raise RuntimeError(
@@ -353,6 +355,29 @@ def attach(model: nn.Module, config: AdapterConfig, name: str = DEFAULT_ADAPTER)
     registry.merged = registry.unmerge_refusal = None
     _store(model, registry)
     return list(state.targets)
+
+
+def _norm_statistics(model: nn.Module) -> list[tuple[nn.Module, str, Tensor]]:
+    """A copy of each normalization layer's buffers (BatchNorm's running mean, variance and count), with the
+    layer they belong to: the base's, trained by no adapter, yet moved by any forward pass in train mode."""
+    return [
+        (module, name, buffer.detach().clone())
+        for module in model.modules()
+        if isinstance(module, nn.modules.batchnorm._NormBase)
+        for name, buffer in module.named_buffers(recurse=False)
+        if buffer is not None
+    ]
+
+
+def moved_statistics(model: nn.Module) -> list[str]:
+    """The base's normalization layers whose running statistics moved since the first adapter was attached (a
+    forward pass in train mode): an adapter file does not hold them, so it would not reproduce this model."""
+    registry = _adapters(model)
+    if registry is None:
+        return []
+    names = {id(m): n for n, m in model.named_modules()}
+    moved = {id(m): m for m, buffer, kept in registry.norm_statistics if not torch.equal(getattr(m, buffer), kept)}
+    return [names.get(key, type(m).__name__) for key, m in moved.items()]
 
 
 def _build_state(model: nn.Module, config: AdapterConfig, name: str, requires_grad: dict[str, bool]) -> AdapterState:
@@ -579,8 +604,9 @@ def unmerge(model: nn.Module) -> list[str]:
 @torch.no_grad()
 def detach(model: nn.Module) -> list[str]:
     """Remove every attached adapter, in place, restoring the base model exactly as it was (the original
-    ``modules_to_save`` modules included). Returns the active adapter's layer (or parameter) names. To remove one
-    of several adapters, use :func:`delete_adapter`."""
+    ``modules_to_save`` modules included, and normalization statistics a forward pass in train mode moved).
+    Returns the active adapter's layer (or parameter) names. To remove one of several adapters, use
+    :func:`delete_adapter`."""
     state = _require_state(model, "detach")
     if state.config.scope == "layer":
         _park(model, state)
@@ -589,5 +615,7 @@ def detach(model: nn.Module) -> list[str]:
         for n, value in state.originals.items():
             params[n].copy_(value)
     _restore_requires_grad(model, state)
+    for module, buffer, kept in _adapters(model).norm_statistics:  # as the first attach found them
+        getattr(module, buffer).copy_(kept)
     delattr(model, _ATTRIBUTE)
     return list(state.targets)
