@@ -188,3 +188,14 @@ def test_an_adapter_trained_in_train_mode_is_not_saved_without_its_statistics_an
     alfa.save_adapter(model, tmp_path / "b.safetensors")  # the norms' trained copies carry their statistics
     alfa.detach(model)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_an_adapter_loaded_onto_its_base_cast_to_another_dtype_says_so(tmp_path):
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    alfa.truncate(model, 4)
+    base = copy.deepcopy(model)
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    alfa.save_adapter(model, tmp_path / "a.safetensors")
+    with pytest.raises(alfa.AdapterFileError, match="this base is bfloat16, the adapter's was float32: cast it back"):
+        alfa.load_adapter(base.bfloat16(), tmp_path / "a.safetensors")

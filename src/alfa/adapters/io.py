@@ -86,7 +86,7 @@ def base_fingerprint(model: nn.Module) -> dict[str, Any]:
             for pname, p in model.get_submodule(name).base.named_parameters():
                 tensors[f"{name}.{pname}"] = p
     for n, t in tensors.items():
-        out[n] = {"shape": list(t.shape), "sig": _tensor_signature(t)}
+        out[n] = {"shape": list(t.shape), "sig": _tensor_signature(t), "dtype": str(t.dtype).removeprefix("torch.")}
     return out
 
 
@@ -103,7 +103,9 @@ def _compare_fingerprints(saved: dict[str, Any], current: dict[str, Any]) -> lis
             (norm_a, proj_a), (norm_b, proj_b) = saved[n]["sig"], current[n]["sig"]
             scale = max(norm_a, norm_b, 1e-12)
             if abs(norm_a - norm_b) > _FINGERPRINT_RTOL * scale or abs(proj_a - proj_b) > _FINGERPRINT_RTOL * scale:
-                problems.append(f"{n}: different values (the adapter was trained on another base)")
+                was, now = saved[n].get("dtype"), current[n].get("dtype")  # files before 2026-12-04 hold no dtype
+                cast = f"; this base is {now}, the adapter's was {was}: cast it back" if was and was != now else ""
+                problems.append(f"{n}: different values (the adapter was trained on another base{cast})")
     return problems
 
 
