@@ -131,3 +131,25 @@ def test_a_large_photo_shows_its_one_face(astronaut):
         assert len(faces) == 1 and faces[0].estimated == (), side
         x, y, w, _ = faces[0].box
         assert abs(x / side - 177 / 512) < 0.02 and abs(w / side - 93 / 512) < 0.02  # where it is at 512
+
+
+def test_crop_names_are_matched_whole_and_replace_removes_a_photos_earlier_crops(
+    checkpoint, astronaut, tmp_path, capsys
+):
+    crops = tmp_path / "crops"
+    crops.mkdir()
+    (crops / "a-face1-face0.png").write_bytes(b"the crop of a photo named a-face1.png")
+    (crops / "a-face3.png").write_bytes(b"an earlier run's fourth face of a.png")
+    photo = _photo(tmp_path / "a.png", astronaut)
+    argv = ["predict", photo, "--checkpoint", checkpoint, "--crops", str(crops), "--quiet"]
+    assert "already holds crops of" in _refused(capsys, *argv[1:-1])  # a-face3.png is a.png's
+    assert main([*argv, "--replace"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in crops.iterdir()) == ["a-face0.png", "a-face1-face0.png"]
+
+
+def test_no_face_says_the_smallest_face_the_photo_size_allows(checkpoint, tmp_path, capsys):
+    blank = np.full((2000, 1000, 3), 128, dtype=np.uint8)
+    assert "a frontal face of at least 125 pixels is needed" in _refused(
+        capsys, _photo(tmp_path / "blank.png", blank), "--checkpoint", checkpoint
+    )

@@ -199,3 +199,24 @@ def test_an_adapter_loaded_onto_its_base_cast_to_another_dtype_says_so(tmp_path)
     alfa.save_adapter(model, tmp_path / "a.safetensors")
     with pytest.raises(alfa.AdapterFileError, match="this base is bfloat16, the adapter's was float32: cast it back"):
         alfa.load_adapter(base.bfloat16(), tmp_path / "a.safetensors")
+
+
+def test_statistics_are_those_of_the_base_the_adapter_was_attached_to_after_a_merge_or_a_cast(tmp_path):
+    """A merge makes its statistics the base's: the next adapter compares with them, and detach keeps them; a model
+    cast after the attach compares in its new dtype (nothing moved)."""
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    alfa.truncate(model, 4)
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    model.train()
+    model(torch.rand(4, 3, 16, 16))
+    model.eval()
+    alfa.merge(model)
+    merged = {k: v.clone() for k, v in model.state_dict().items()}
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2), name="second")
+    alfa.save_adapter(model, tmp_path / "second.safetensors")  # nothing moved since this attach
+    alfa.detach(model)
+    assert all(torch.equal(merged[k], v) for k, v in model.state_dict().items())
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    model.to(torch.bfloat16)
+    alfa.save_adapter(model, tmp_path / "cast.safetensors")

@@ -381,6 +381,7 @@ IGNORED_OPTIONS = {
     "--host with --selftest": (["--selftest", "--host", "0.0.0.0"], "--host does not apply to --selftest"),
     "--port with --selftest": (["--selftest", "--port", "18765"], "--port does not apply to --selftest"),
     "--port 8000 with --selftest": (["--selftest", "--port", "8000"], "--port does not apply to --selftest"),
+    "--port 0 with --selftest": (["--selftest", "--port", "0"], "--port does not apply to --selftest"),
     "--access-log with --selftest": (["--selftest", "--access-log", "x.log"], "--access-log does not apply"),
     "--quiet with --selftest": (["--selftest", "--quiet"], "--quiet does not apply to --selftest"),
     "--token with --selftest": (["--selftest", "--token", TOKEN], "--token does not apply to --selftest"),

@@ -322,7 +322,9 @@ def attach(model: nn.Module, config: AdapterConfig, name: str = DEFAULT_ADAPTER)
     config.validate()
     _check_adapter_name(name)
     _refuse_if_disabled(model, "attach an adapter")
-    registry = _adapters(model) or ModelAdapters(norm_statistics=_norm_statistics(model))
+    registry = _adapters(model) or ModelAdapters()
+    if not registry.adapters:  # the first adapter on this base (a merge before it is now the base's own)
+        registry.norm_statistics = _norm_statistics(model)
     if name in registry.adapters:
         existing = registry.adapters[name]
         raise RuntimeError(
@@ -376,8 +378,16 @@ def moved_statistics(model: nn.Module) -> list[str]:
     if registry is None:
         return []
     names = {id(m): n for n, m in model.named_modules()}
-    moved = {id(m): m for m, buffer, kept in registry.norm_statistics if not torch.equal(getattr(m, buffer), kept)}
+    moved = {id(m): m for m, buffer, kept in registry.norm_statistics if _moved(getattr(m, buffer), kept)}
     return [names.get(key, type(m).__name__) for key, m in moved.items()]
+
+
+def _moved(now: Tensor, kept: Tensor) -> bool:
+    """Whether a buffer differs from its copy, compared where it is now and in its dtype now (the model may
+    have been moved or cast since the attach); a meta tensor holds no values to compare."""
+    if now.is_meta or kept.is_meta:
+        return False
+    return not torch.equal(now, kept.to(device=now.device, dtype=now.dtype))
 
 
 def _build_state(model: nn.Module, config: AdapterConfig, name: str, requires_grad: dict[str, bool]) -> AdapterState:

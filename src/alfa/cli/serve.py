@@ -133,7 +133,7 @@ def _resolve(args: argparse.Namespace) -> None:
     """Refuse an option the mode (serving, or --selftest) would ignore, then fill in the defaults."""
     if args.selftest:
         for dest, (option, why) in _SERVING_ONLY.items():
-            if getattr(args, dest) not in (None, False):
+            if getattr(args, dest) is not None and getattr(args, dest) is not False:  # --port 0 is given too
                 raise ValueError(f"{option} does not apply to --selftest: {why}")
         if args.checkpoint is not None and args.adapters is None:
             raise ValueError("--checkpoint needs --adapters (the folder of <user>.safetensors files to serve on it)")

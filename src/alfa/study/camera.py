@@ -174,10 +174,10 @@ def camera_page(record: dict[str, Any], command: str, figure: str) -> str:
             "distance from the centre) or an unknown key are refused in one line.",
             "- `box`, `landmarks`: the face (x, y, width, height) and the centres of the eyes and the ends of the "
             "mouth, in pixels; the person's right is the image's left. `estimated_landmarks` lists those placed "
-            "by an average face's proportions because a cascade found no eye pair or no mouth. A photo larger than "
-            "640 pixels a side is searched for faces at 640 (at full size the cascade finds faces in a large "
-            "photo's texture), and the landmarks at full size: a face must span about a sixteenth of the photo's "
-            "longest side.",
+            "by an average face's proportions because a cascade found no eye pair or no mouth. A photo (or a video "
+            "frame) larger than 640 pixels a side is searched for faces at 640 (at full size the cascade finds "
+            "faces in a large photo's texture), and the landmarks at full size: a face must span about a sixteenth "
+            "of the photo's longest side.",
             "- `head_pose`: the generic face model fitted by `solvePnP` (yaw, pitch of where the face points, "
             "roll; translation of the point between the eyes, mm), and `normalized`: the same direction in the "
             "normalized frame (the datasets' head label). Four nearly coplanar points fix the head's yaw and pitch "

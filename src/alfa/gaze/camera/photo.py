@@ -10,7 +10,9 @@ request bytes to the answer's fields.
 from __future__ import annotations
 
 import io
+import math
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .detect import FaceDetection, detect_faces
+from .detect import DETECT_SIDE, MIN_FACE_PX, FaceDetection, detect_faces
 from .normalize import (
     CONVENTION,
     LANDMARK_NAMES,
@@ -169,7 +171,8 @@ def analyse_photo(
     image, camera_used = _undistorted(rgb, camera)
     detections = detect_faces(image)
     if not detections:
-        raise ValueError("no face found in the image (a frontal face of at least 40 pixels is needed)")
+        smallest = math.ceil(MIN_FACE_PX * max(1.0, max(height, width) / DETECT_SIDE))
+        raise ValueError(f"no face found in the image (a frontal face of at least {smallest} pixels is needed)")
     if options.faces == "one" and len(detections) > 1:
         boxes = ", ".join(str(list(d.box)) for d in detections)
         raise ValueError(f"{len(detections)} faces found (boxes {boxes}); pass --faces all to read every one")
@@ -317,7 +320,8 @@ def crop_name(source: str | os.PathLike, face: int) -> str:
 
 
 def _refuse_crop_clashes(sources: list[str], folder: Path, replace: bool) -> None:
-    """Each photo's crops get a name of their own in ``folder``, and no crop there is replaced unless ``replace``."""
+    """Each photo's crops get a name of their own in ``folder``, and no crop there is replaced unless ``replace``,
+    which removes these photos' earlier crops (an earlier run may have found more faces)."""
     prefixes: dict[str, str] = {}
     for source in sources:
         prefix = crop_name(source, 0)[: -len("0.png")]
@@ -327,13 +331,20 @@ def _refuse_crop_clashes(sources: list[str], folder: Path, replace: bool) -> Non
             )
             raise ValueError(f"--crops: {source} {what}; predict them in two runs, or rename one")
         prefixes[prefix] = source
-    if folder.is_dir() and not replace:
-        taken = {p.name for p in folder.iterdir()}
-        clash = [source for prefix, source in prefixes.items() if any(n.startswith(prefix) for n in taken)]
-        if clash:
-            raise FileExistsError(
-                f"--crops {folder} already holds crops of {clash[0]}: choose another folder, or add --replace"
-            )
+    if not folder.is_dir():
+        return
+    earlier = {
+        prefix: [p for p in folder.iterdir() if re.fullmatch(re.escape(prefix) + r"\d+\.png", p.name)]
+        for prefix in prefixes
+    }
+    clash = [prefixes[prefix] for prefix, found in earlier.items() if found]
+    if clash and not replace:
+        raise FileExistsError(
+            f"--crops {folder} already holds crops of {clash[0]}: choose another folder, or add --replace"
+        )
+    for found in earlier.values():
+        for path in found:
+            path.unlink()
 
 
 def predict_photos(
