@@ -220,3 +220,14 @@ def test_statistics_are_those_of_the_base_the_adapter_was_attached_to_after_a_me
     alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
     model.to(torch.bfloat16)
     alfa.save_adapter(model, tmp_path / "cast.safetensors")
+
+
+def test_a_truncated_bases_adapter_on_the_untruncated_model_says_so(tmp_path):
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    dense = copy.deepcopy(model)
+    alfa.truncate(model, 4)
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    alfa.save_adapter(model, tmp_path / "a.safetensors")
+    with pytest.raises(alfa.AdapterFileError, match=r"made on a base truncated at rank 4; this model is not truncated"):
+        alfa.load_adapter(dense, tmp_path / "a.safetensors")

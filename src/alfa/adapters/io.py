@@ -327,11 +327,14 @@ def _copy_for_check(model: nn.Module) -> nn.Module:
 
 
 def _rank_mismatch(fingerprint: dict[str, Any], model: nn.Module) -> str | None:
-    """ "32, this model at rank 64" if the adapter's base and ``model`` factorize a common layer at other ranks."""
+    """ "32, this model at rank 64" if the adapter's base and ``model`` factorize a common layer at other ranks,
+    "32; this model is not truncated" if the adapter's base was truncated and ``model`` is not."""
     from ..truncate import factorized_ranks
 
     here = {n.removesuffix(".base"): r for n, r in factorized_ranks(model).items()}  # under an attached adapter
     there = {n.removesuffix(".U"): s["shape"][-1] for n, s in fingerprint.items() if n.endswith(".U")}
+    if there and not here:
+        return f"{'/'.join(sorted({str(r) for r in there.values()}))}; this model is not truncated (alfa.truncate)"
     common = [n for n in here if n in there and here[n] != there[n]]
     if not common:
         return None
