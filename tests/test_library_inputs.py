@@ -151,6 +151,8 @@ def test_mixes_refuses_an_unknown_user_instead_of_serving_the_base(served):
     mixed = MixedBatchModel(served._scratch)
     with pytest.raises(alfa.UnknownUserError, match=r"unknown user\(s\): \['zzz'\]"):
         mixed.mixes(served, ["ann", "zzz"])
+    with pytest.raises(ValueError, match="users is empty: a batch has one user id"):
+        mixed.mixes(served, [])
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():  # known users and None still agree with the served model
         assert torch.allclose(mixed(x, *mixed.mixes(served, ["ann", None])), served(x, ["ann", None]), atol=1e-6)

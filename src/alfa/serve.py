@@ -310,6 +310,8 @@ class MixedBatchModel(nn.Module):
     def mixes(self, served: MultiUserModel, users: Sequence[str | None]) -> list[Tensor]:
         """Per layer, the B×d×d stack of each user's ``T`` (zeros for ``None`` and for layers a user leaves)."""
         users = _user_list(users)
+        if not users:
+            raise ValueError("users is empty: a batch has one user id (or None) per sample")
         _refuse_unknown(users, served._users)  # else an unknown user would get zeros: the base, silently
         out = []
         for name in self.layer_names:
