@@ -233,3 +233,10 @@ def test_a_truncated_bases_adapter_on_the_untruncated_model_says_so(tmp_path):
     alfa.save_adapter(model, tmp_path / "a.safetensors")
     with pytest.raises(alfa.AdapterFileError, match=r"made on a base truncated at rank 4; this model is not truncated"):
         alfa.load_adapter(dense, tmp_path / "a.safetensors")
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_a_config_takes_its_fields_by_name_only(method):
+    """LoraConfig(8) set ``target`` (the first field), not the rank: every field is given by name."""
+    with pytest.raises(TypeError, match="positional argument"):
+        METHODS[method](8)

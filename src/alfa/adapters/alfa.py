@@ -33,7 +33,7 @@ __all__ = ["AlfaConfig", "AlfaLayer", "DictionaryAdapter", "DictionaryMixConfig"
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class AlfaConfig(AdapterConfig):
     """Alfa with ``heads`` attention heads of low rank ``rank``; ``init_std`` is σ of the Gaussian
     init of ``A_q`` and ``A_p`` (``B_q`` and ``B_p`` start at zero, so the adapted model starts as
@@ -193,7 +193,7 @@ class AlfaLayer(DictionaryAdapter):
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class DictionaryMixConfig(AdapterConfig):
     """A free ``d×d`` mix of the dictionary's rows: ``V_adapt = V_base + T V_base``, ``T`` zero-init.
 

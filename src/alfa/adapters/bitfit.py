@@ -32,7 +32,7 @@ def _filter(names: list[str], target: str | Sequence[str] | None) -> list[str]:
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class BitfitConfig(AdapterConfig):
     """BitFit: train every bias and every normalization layer's affine weight, nothing else."""
 
@@ -53,7 +53,7 @@ class BitfitConfig(AdapterConfig):
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class FullFinetuneConfig(AdapterConfig):
     """Full fine-tuning: train every parameter of the model."""
 

@@ -94,7 +94,7 @@ def _check_names(field_name: str, value: Any) -> None:
             )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AdapterConfig:
     """Options every method shares.
 

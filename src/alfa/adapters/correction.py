@@ -29,7 +29,7 @@ __all__ = ["CorrectionConfig", "CorrectionLayer"]
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class CorrectionConfig(AdapterConfig):
     """A dense additive correction ``(ΔW, Δb)`` of each targeted layer, zero at the start (the layer as it was).
 

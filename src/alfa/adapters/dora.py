@@ -30,7 +30,7 @@ __all__ = ["DoraConfig", "DoraLayer"]
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class DoraConfig(LoraConfig):
     """DoRA: a LoRA update of the weight's direction plus a trainable per-output-channel magnitude."""
 

@@ -32,7 +32,7 @@ __all__ = ["FloraConfig", "FloraLayer"]
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class FloraConfig(AdapterConfig):
     """FLoRA: Tucker update with core rank ``rank`` on the channel modes (``kernel_rank`` on the
     kernel modes, ``None`` = full kernel size) and scale ``scale``; the core starts at zero."""

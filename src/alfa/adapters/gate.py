@@ -35,7 +35,7 @@ def _check_dense_rank(dense_rank: int | None) -> None:
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class DiagGateConfig(AdapterConfig):
     """Ablation (a): a per-row gain on the dictionary, ``V_adapt = diag(1 + γ) V_base``, ``γ = 0`` at init."""
 
@@ -73,7 +73,7 @@ class DiagGateLayer(DictionaryAdapter):
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class LinearMixConfig(AdapterConfig):
     """Ablation (b): a low-rank linear mix of the dictionary's rows, ``V_adapt = V_base + B A V_base``
     (Alfa without attention or softmax); ``A`` is ``N(0, init_std²)``, ``B = 0``."""

@@ -119,7 +119,7 @@ class LowRankUpdateLayer(AdaptedLayer):
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class LoraConfig(AdapterConfig):
     """LoRA: ``W' = W + (alpha/rank) B A`` with ``A`` Kaiming-uniform and ``B = 0`` (PEFT's default init)."""
 
@@ -163,7 +163,7 @@ class LoraLayer(LowRankUpdateLayer):
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class PissaConfig(LoraConfig):
     """PiSSA: LoRA whose ``B A`` starts as the top-``rank`` SVD part of the weight; the residual is frozen.
 
@@ -182,7 +182,7 @@ class PissaConfig(LoraConfig):
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class MiloraConfig(PissaConfig):
     """MiLoRA: PiSSA's construction with the ``rank`` *smallest* singular triplets of the weight."""
 

@@ -22,7 +22,7 @@ __all__ = ["MosloraConfig", "MosloraLayer"]
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class MosloraConfig(LoraConfig):
     """MoSLoRA: ``W' = W + (alpha/rank) B M A``; ``A`` and the mixer ``M`` Kaiming-uniform, ``B = 0``."""
 

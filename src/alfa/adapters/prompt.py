@@ -140,7 +140,7 @@ ConvInputs = Callable[[int], Iterable[tuple[str, nn.Module, Sequence[int]]]]
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class TPGazeConfig(AdapterConfig):
     """TPGaze's prompts on the convs matched by ``target`` (default: ResNet-18's first 9).
 

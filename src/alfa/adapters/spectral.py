@@ -27,7 +27,7 @@ __all__ = ["SpectralConfig", "SpectralLayer"]
 
 
 @register_method
-@dataclass
+@dataclass(kw_only=True)
 class SpectralConfig(AdapterConfig):
     """Spectral Adapter^A: additive, zero-initialized corrections ``ΔU``, ``ΔV`` to the top ``rank``
     left and right singular vectors of the weight."""
