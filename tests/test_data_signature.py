@@ -123,11 +123,12 @@ def test_a_person_whose_images_do_not_read_or_who_is_unknown_fails_alone(base, t
         base, damaged, method, recipe, tmp_path / "ad", persons=["p0", "p1", "nobody"], progress=False
     )
     assert {p: o.status for p, o in run.persons.items()} == {"p0": "ok", "p1": "failed", "nobody": "failed"}
-    assert "p1/last.jpg: not an image" in run.persons["p1"].error
+    assert run.persons["p1"].error == "p1/last.jpg: not an image"  # the reason as a user reads it, no class name
+    assert run.persons["nobody"].error == "toy: no person 'nobody'"
     config = CalibrateConfig(method="offset", k=2, pool=8)
     record = calibrate_dataset(base, damaged, config, tmp_path / "cal", persons=["p0", "p1", "nobody"], progress=False)
     assert {p: e["status"] for p, e in record["persons"].items()} == {"p0": "ok", "p1": "failed", "nobody": "failed"}
-    assert "p1/last.jpg: not an image" in record["persons"]["p1"]["error"]
+    assert record["persons"]["p1"]["error"] == "p1/last.jpg: not an image"
 
 
 def test_personalization_redoes_and_the_command_refuses_another_dataset_of_the_same_name(tmp_path, capsys, monkeypatch):

@@ -62,7 +62,7 @@ from alfa.fileio import write_json
 from alfa.layers import FactorizedLinear, dense_matrix
 
 from .data.base import GazeDataset, images_differ
-from .evaluate import adapter_filename, load_examples, load_images
+from .evaluate import adapter_filename, load_examples, load_images, readable_failure
 from .faze import personalize_faze
 from .geometry import flip_yaw
 from .losses import finite_or_raise, l1_per_image
@@ -574,7 +574,7 @@ def _labelled_or_error(dataset: GazeDataset, person: str, config: CalibrateConfi
     try:
         return draw_labelled(dataset, person, config.k, config.pool, config.draw, config.seed)
     except (ValueError, KeyError) as e:
-        return f"{type(e).__name__}: {e}"
+        return readable_failure(e)
 
 
 def _calibrate_one(
@@ -607,7 +607,7 @@ def _calibrate_one(
         if adapter_state(model) is not None:
             detach(model)
         path.unlink(missing_ok=True)  # a file of an earlier run of this recipe must not stand in for a failure
-        return {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+        return {"status": "failed", "error": readable_failure(e)}
     entry = {"status": "ok", "labelled": labelled, "seconds": time.perf_counter() - t0}
     entry["bytes"] = path.stat().st_size
     return entry

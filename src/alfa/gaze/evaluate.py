@@ -42,6 +42,7 @@ __all__ = [
     "PersonScorer",
     "evaluate",
     "adapter_filename",
+    "readable_failure",
 ]
 
 
@@ -208,6 +209,17 @@ def person_errors(
 PersonScorer = Callable[[nn.Module, GazeDataset, list[str], int], dict[str, GazeError]]
 """``(model, dataset, persons, n_adapt) -> {person: GazeError}`` over each person's scored images, as
 :func:`person_gaze_errors`."""
+
+
+def readable_failure(error: BaseException) -> str:
+    """A person's failure as a user reads it: a refusal of the data or the recipe (``ValueError``, ``KeyError``)
+    by its message alone, anything else with its kind (an ``OSError`` of a file, a ``RuntimeError`` of PyTorch,
+    a ``FloatingPointError`` of a diverging loss)."""
+    if isinstance(error, KeyError) and error.args:
+        return str(error.args[0])
+    if isinstance(error, ValueError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
 
 
 def adapter_filename(person: str) -> str:

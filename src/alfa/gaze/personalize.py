@@ -60,7 +60,7 @@ from alfa.fileio import write_json
 
 from .augment import AugmentConfig, augment_images, build_augmentation
 from .data.base import GazeDataset, images_differ
-from .evaluate import EvaluationReport, PersonScorer, adapter_filename, evaluate, load_images
+from .evaluate import EvaluationReport, PersonScorer, adapter_filename, evaluate, load_images, readable_failure
 from .losses import finite_or_raise
 from .objectives import OBJECTIVES
 from .precision import autocast, grad_scaler, run_precision
@@ -564,7 +564,7 @@ def _personalize_person(
         # An adapter left by an earlier run must not stand in for this failed person.
         path.unlink(missing_ok=True)
         path.with_suffix(".json").unlink(missing_ok=True)
-        return PersonOutcome(person=person, status="failed", error=f"{type(e).__name__}: {e}")
+        return PersonOutcome(person=person, status="failed", error=readable_failure(e))
     return PersonOutcome(
         person=person,
         status="ok",
