@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import TinyGazeNet
+from tiny_models import truncated_tiny_gaze_net
 
 import alfa
 from alfa.gaze.calibrate import CalibrateConfig, calibrate_dataset
@@ -26,10 +26,7 @@ def _dataset(seed: int = 0, name: str = "toy", images: int = 12, size: int = 16)
 
 @pytest.fixture
 def base() -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = TinyGazeNet().eval()
-    alfa.truncate(model, 4)
-    return model
+    return truncated_tiny_gaze_net()
 
 
 def test_the_signature_tells_other_data_apart_and_passes_the_same_data_a_few_bits_off():

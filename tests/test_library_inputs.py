@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from tiny_models import TinyGazeNet
+from tiny_models import TinyGazeNet, truncated_tiny_gaze_net
 
 import alfa
 from alfa.adapters.config import METHODS
@@ -171,9 +171,7 @@ def test_the_bases_zero_mix_is_built_with_the_models_dtype_and_device(small_net)
 def test_an_adapter_trained_in_train_mode_is_not_saved_without_its_statistics_and_detach_restores_them(tmp_path):
     """A forward pass in train mode moves the base's BatchNorm statistics, which no adapter file holds: saving is
     refused (the file would not reproduce the model), detach puts them back, and modules_to_save keeps them."""
-    torch.manual_seed(0)
-    model = TinyGazeNet().eval()
-    alfa.truncate(model, 4)
+    model = truncated_tiny_gaze_net()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
     model.train()
@@ -193,9 +191,7 @@ def test_an_adapter_trained_in_train_mode_is_not_saved_without_its_statistics_an
 
 
 def test_an_adapter_loaded_onto_its_base_cast_to_another_dtype_says_so(tmp_path):
-    torch.manual_seed(0)
-    model = TinyGazeNet().eval()
-    alfa.truncate(model, 4)
+    model = truncated_tiny_gaze_net()
     base = copy.deepcopy(model)
     alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
     alfa.save_adapter(model, tmp_path / "a.safetensors")
@@ -206,9 +202,7 @@ def test_an_adapter_loaded_onto_its_base_cast_to_another_dtype_says_so(tmp_path)
 def test_statistics_are_those_of_the_base_the_adapter_was_attached_to_after_a_merge_or_a_cast(tmp_path):
     """A merge makes its statistics the base's: the next adapter compares with them, and detach keeps them; a model
     cast after the attach compares in its new dtype (nothing moved)."""
-    torch.manual_seed(0)
-    model = TinyGazeNet().eval()
-    alfa.truncate(model, 4)
+    model = truncated_tiny_gaze_net()
     alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
     model.train()
     model(torch.rand(4, 3, 16, 16))

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 from kill_points import Killed, kill_at
-from tiny_models import TinyGazeNet
+from tiny_models import TinyGazeNet, truncated_tiny_gaze_net
 
 import alfa
 from alfa.export import merged_copy
@@ -29,10 +29,7 @@ from alfa.serve import MultiUserModel
 
 @pytest.fixture
 def base() -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = TinyGazeNet().eval()
-    alfa.truncate(model, 4)
-    return model
+    return truncated_tiny_gaze_net()
 
 
 def _dataset(persons: int = 2, images: int = 14) -> InMemoryGazeDataset:

@@ -69,6 +69,14 @@ def _truncated_resnet18(rank: int, seed: int) -> nn.Module:
     return model
 
 
+def truncated_tiny_gaze_net(rank: int = 4, seed: int = 0) -> TinyGazeNet:
+    """:class:`TinyGazeNet` from ``seed``, in eval mode, truncated at ``rank``: the base most adapter tests share."""
+    torch.manual_seed(seed)
+    model = TinyGazeNet().eval()
+    alfa.truncate(model, rank)
+    return model
+
+
 def truncated_resnet18(rank: int, seed: int = 0) -> nn.Module:
     """ResNet-18 from ``seed``, truncated at ``rank``, in eval mode: made once per process and rank (fourteen
     float64 SVDs, seconds on 2 cores, were a large share of the suite's time) and copied for each caller."""
