@@ -6,6 +6,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tiny_models import truncated_resnet18, truncated_structure
+from torch import nn
 
 import alfa
 from alfa.adapters import AdapterFileError, adapter_parameters
@@ -56,6 +57,66 @@ def test_loading_onto_a_different_base_names_the_mismatch(base, small_net, tmp_p
     with pytest.raises(AdapterFileError, match=r"different base model \(conv3\.V: different values"):
         alfa.load_adapter(other_base, path)
     assert alfa.adapter_state(other_base) is None  # left as it was
+
+
+@pytest.mark.parametrize(
+    ("tensor", "change"),
+    [
+        ("fc2.bias", lambda t: t.add_(0.1)),
+        ("bn1.running_mean", lambda t: t.mul_(2)),
+        ("bn1.weight", lambda t: t.neg_()),
+    ],
+)
+def test_a_change_outside_the_adapted_layers_is_another_base(base, tmp_path, tensor, change):
+    # fc2 and bn1 are not adapted: the layers' fingerprint does not see them; the rest's does.
+    path = alfa.save_adapter(_personalized(base), tmp_path / "a.safetensors")
+    other_base = copy.deepcopy(base)
+    with torch.no_grad():
+        change(other_base.state_dict(keep_vars=True)[tensor])
+    module = tensor.rpartition(".")[0]  # the rest is fingerprinted per module
+    with pytest.raises(AdapterFileError, match=rf"different base model \({module}: different values"):
+        alfa.load_adapter(other_base, path)
+    assert alfa.adapter_state(other_base) is None
+    assert alfa.load_adapter(copy.deepcopy(base), path)  # the base itself still fits
+
+
+def test_a_file_from_before_the_rest_fingerprint_is_checked_on_its_layers_only(base, tmp_path):
+    path = alfa.save_adapter(_personalized(base), tmp_path / "a.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    assert set(json.loads(meta["base_rest"])) == {"bn1", "fc2"}  # the modules outside the adapted layers
+    del meta["base_rest"]
+    save_file(tensors, str(path), metadata=meta)
+    head_changed = copy.deepcopy(base)
+    with torch.no_grad():
+        head_changed.fc2.bias.add_(0.1)
+    assert alfa.read_adapter_metadata(path)["base_rest"] is None
+    assert alfa.load_adapter(head_changed, path) == ["conv1", "conv2", "conv3", "fc1"]
+
+
+def test_modules_to_save_are_the_adapters_own_not_the_base(base, tmp_path):
+    model = copy.deepcopy(base)
+    alfa.attach(model, alfa.LoraConfig(target="conv", rank=2, modules_to_save=["fc2"]))
+    with torch.no_grad():
+        model.fc2.weight.add_(0.5)  # the adapter's copy, trained
+    path = alfa.save_adapter(model, tmp_path / "a.safetensors")
+    assert not any(n.startswith("fc2.") for n in alfa.read_adapter_metadata(path)["base_rest"])
+    shared = copy.deepcopy(base)
+    alfa.load_adapter(shared, path)
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.equal(shared(x), model(x))
+
+
+def test_a_large_tensor_outside_the_adapted_layers_is_read_by_sample():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(400, 256), nn.Linear(256, 8)).eval()  # 102,400 elements > the sample
+    alfa.attach(model, alfa.LoraConfig(target="1", rank=2))
+    rest = alfa.adapters.base_rest_fingerprint(model)
+    assert set(rest) == {"0"}
+    with torch.no_grad():
+        model[0].weight.mul_(1.01)  # a re-training moves every element
+    problems = alfa.adapters.io._compare_rest(rest, alfa.adapters.base_rest_fingerprint(model))
+    assert problems == ["0: different values (the adapter was trained on another base)"]
 
 
 def test_loading_onto_a_model_missing_a_layer(base, tmp_path):

@@ -31,6 +31,7 @@ from .groups import param_groups
 from .io import (
     AdapterFileError,
     base_fingerprint,
+    base_rest_fingerprint,
     has_compact_form,
     load_adapter,
     read_adapter_metadata,
@@ -105,6 +106,7 @@ __all__ = [
     "adapter_tensors",
     "attach",
     "base_fingerprint",
+    "base_rest_fingerprint",
     "config_from_dict",
     "delete_adapter",
     "detach",

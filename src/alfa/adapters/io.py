@@ -1,9 +1,9 @@
 """Per-user adapter files: safetensors tensors plus a small JSON metadata header.
 
 The header records the method, its config, the adapted layer (or parameter) names and a
-fingerprint of the frozen base those tensors were trained on. Loading checks all of them and
-refuses, with a message naming the mismatch, an adapter made for another base, method or layer
-set. Nothing is unpickled.
+fingerprint of the frozen base those tensors were trained on: its adapted layers, and the rest of it.
+Loading checks all of them and refuses, with a message naming the mismatch, an adapter made for
+another base, method or layer set. Nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ __all__ = [
     "load_adapter",
     "read_adapter_metadata",
     "base_fingerprint",
+    "base_rest_fingerprint",
     "tensor_checksum",
     "refuse_non_finite",
     "has_compact_form",
@@ -69,25 +70,82 @@ def _tensor_signature(t: Tensor) -> list[float]:
     return [float(flat.norm()), float(flat @ _probe(flat.numel(), flat.device))]
 
 
+def _attached_state(model: nn.Module) -> Any:
+    state = adapter_state(model)
+    if state is None:
+        raise RuntimeError("the model has no adapter attached")
+    return state
+
+
+def _layer_tensors(model: nn.Module, state: Any) -> dict[str, Tensor]:
+    """The frozen tensors :func:`base_fingerprint` covers: the adapted layers' bases (for model-scope methods,
+    every parameter the method does not train)."""
+    if state.config.scope == "model":
+        trained = set(state.targets)
+        return {n: p for n, p in model.named_parameters() if n not in trained}
+    tensors = {}
+    for name in state.targets:
+        for pname, p in model.get_submodule(name).base.named_parameters():
+            tensors[f"{name}.{pname}"] = p
+    return tensors
+
+
 def base_fingerprint(model: nn.Module) -> dict[str, Any]:
     """A signature of the frozen base under the attached adapter: per base tensor, its shape, norm
     and projection on a fixed random vector. Robust to float round-off, sensitive to any real
     change (a re-training, another truncation rank, flipped singular vectors)."""
-    state = adapter_state(model)
-    if state is None:
-        raise RuntimeError("the model has no adapter attached")
     out: dict[str, Any] = {}
-    if state.config.scope == "model":
-        trained = set(state.targets)
-        tensors = {n: p for n, p in model.named_parameters() if n not in trained}
-    else:
-        tensors = {}
-        for name in state.targets:
-            for pname, p in model.get_submodule(name).base.named_parameters():
-                tensors[f"{name}.{pname}"] = p
-    for n, t in tensors.items():
+    for n, t in _layer_tensors(model, _attached_state(model)).items():
         out[n] = {"shape": list(t.shape), "sig": _tensor_signature(t), "dtype": str(t.dtype).removeprefix("torch.")}
     return out
+
+
+_REST_SAMPLE = 65_536  # elements of a larger tensor that the rest's signature reads (evenly spaced)
+
+
+def _sampled(t: Tensor) -> Tensor:
+    flat = t.detach().reshape(-1)
+    if flat.numel() > _REST_SAMPLE:  # an embedding table of a language model: a re-training moves every element
+        flat = flat[torch.linspace(0, flat.numel() - 1, _REST_SAMPLE, device=flat.device).long()]
+    return flat.to(torch.float64)
+
+
+def _covered_prefixes(state: Any) -> tuple[str, ...]:
+    """Module names whose tensors the rest's fingerprint leaves out: the adapted layers (their frozen bases are in
+    :func:`base_fingerprint`, the rest is the adapter) and the ``modules_to_save`` (the adapter's own copies)."""
+    layers = state.targets if state.config.scope == "layer" else []
+    return tuple(f"{n}." for n in [*layers, *state.saved])
+
+
+def base_rest_fingerprint(model: nn.Module) -> dict[str, list[float]]:
+    """A signature of the rest of the frozen base, per module: its parameters and saved buffers (a head, a
+    BatchNorm's statistics, an embedding) outside the adapted layers, the trained parameters and the
+    ``modules_to_save``. One entry per module keeps the header small (about 1 KiB for a ResNet-18). Tensors over
+    65,536 elements are read at that many evenly spaced elements, which a re-training or a cast moves; a change of
+    a few elements of such a tensor can go unseen."""
+    state = _attached_state(model)
+    skip = _covered_prefixes(state)
+    covered = set(_layer_tensors(model, state)) | (set(state.targets) if state.config.scope == "model" else set())
+    per_module: dict[str, list[Tensor]] = {}
+    for n, t in model.state_dict(keep_vars=True).items():
+        if n not in covered and not n.startswith(skip):
+            per_module.setdefault(n.rpartition(".")[0] or "(model)", []).append(_sampled(t))
+    # Seven significant digits: far finer than the 1e-3 tolerance, and a third of a float's JSON.
+    return {m: [float(f"{v:.7g}") for v in _tensor_signature(torch.cat(ts))] for m, ts in per_module.items()}
+
+
+def _compare_rest(saved: dict[str, list[float]], current: dict[str, list[float]]) -> list[str]:
+    problems = []
+    for m in sorted(set(saved) | set(current)):
+        if m not in current or m not in saved:
+            where = "the adapter's base" if m in saved else "this model"
+            problems.append(f"{m}: its tensors are in {where} only (the adapter was trained on another base)")
+            continue
+        (norm_a, proj_a), (norm_b, proj_b) = saved[m], current[m]
+        scale = max(norm_a, norm_b, 1e-12)
+        if abs(norm_a - norm_b) > _FINGERPRINT_RTOL * scale or abs(proj_a - proj_b) > _FINGERPRINT_RTOL * scale:
+            problems.append(f"{m}: different values (the adapter was trained on another base)")
+    return problems
 
 
 def _compare_fingerprints(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -188,6 +246,7 @@ def save_adapter(
         "config": json.dumps(config.to_dict(), sort_keys=True),
         "targets": json.dumps(state.targets),
         "fingerprint": json.dumps(base_fingerprint(model)),
+        "base_rest": json.dumps(base_rest_fingerprint(model)),
         "checksum": tensor_checksum(tensors),
         "name": state.name,
     }
@@ -257,6 +316,7 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
             "config": json.loads(raw["config"]),
             "targets": json.loads(raw["targets"]),
             "fingerprint": json.loads(raw["fingerprint"]),
+            "base_rest": json.loads(raw["base_rest"]) if "base_rest" in raw else None,  # none before 2026-12-04
             "checksum": raw.get("checksum"),  # files written before checksums have none
             "about": json.loads(raw.get("about", "{}")),
             "name": raw.get("name", DEFAULT_ADAPTER),  # files written before named adapters: the default
@@ -356,6 +416,8 @@ def _check_and_load(model: nn.Module, path: Path, meta: dict[str, Any], targets:
             parts.append(f"layers this model adapts that the adapter lacks: {extra}")
         raise AdapterFileError(f"{path}: layer mismatch ({'; '.join(parts)})")
     problems = _compare_fingerprints(meta["fingerprint"], base_fingerprint(model))
+    if meta.get("base_rest") is not None:
+        problems += _compare_rest(meta["base_rest"], base_rest_fingerprint(model))
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise AdapterFileError(f"{path}: the adapter was made for a different base model ({shown})")
