@@ -153,3 +153,22 @@ def test_no_face_says_the_smallest_face_the_photo_size_allows(checkpoint, tmp_pa
     assert "a frontal face of at least 125 pixels is needed" in _refused(
         capsys, _photo(tmp_path / "blank.png", blank), "--checkpoint", checkpoint
     )
+
+
+def test_a_file_that_is_no_video_is_refused_in_one_line_without_ffmpegs_own(tmp_path, checkpoint):
+    # In a fresh process: FFmpeg reads its log level once, when OpenCV first opens a video; and its lines are the
+    # C library's, which capsys does not see.
+    import subprocess
+    import sys
+
+    garbage = tmp_path / "clip.mp4"
+    garbage.write_bytes(b"not a video" * 20)
+    argv = [str(garbage), "--video", "--checkpoint", checkpoint]
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import tiny_models; "
+        f"from alfa.cli import main; sys.exit(main({['predict', *argv]!r}))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr == f"alfa predict: error: {garbage} is not a video OpenCV can read\n"  # no bar, no FFmpeg
+    assert run.stdout == ""

@@ -7,6 +7,7 @@ adapter), and calls :func:`alfa.gaze.camera.photo.predict_photos` or :func:`~alf
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,11 @@ def _refuse_unused_options(args: argparse.Namespace) -> None:
 def _with_progress(frames: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     from tqdm.auto import tqdm
 
-    return list(tqdm(frames, desc="frames", unit="frame", disable=args.quiet))
+    frames = iter(frames)
+    first = next(frames, None)  # opens the video: a file that is none is refused before a bar is drawn
+    if first is None:
+        return []
+    return list(tqdm(itertools.chain([first], frames), desc="frames", unit="frame", disable=args.quiet))
 
 
 PREDICT = Command(

@@ -254,6 +254,9 @@ def video_frames(path: str | os.PathLike, every: int = 1) -> Iterator[tuple[int,
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"no such video file: {path}")
+    # FFmpeg would print its own lines ("[mov,mp4,...] moov atom not found") before our one-line refusal; it reads
+    # this when OpenCV first opens a video, so a caller's own setting wins.
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
     capture = cv2.VideoCapture(str(path))
     try:
         if not capture.isOpened():
