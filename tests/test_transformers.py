@@ -422,3 +422,20 @@ def test_load_pretrained_takes_an_auto_class_and_refuses_another_model(tmp_path)
         alfa.load_pretrained(transformers.GPT2Model, tmp_path)
     with pytest.raises(FileNotFoundError, match="alfa.save_pretrained"):
         alfa.load_pretrained(transformers.GPT2LMHeadModel, tmp_path / "missing")
+
+
+def test_save_pretrained_refuses_another_models_folder_unless_told(tmp_path):
+    model = _gpt2()
+    model.save_pretrained(tmp_path / "hf")  # transformers' own folder: config.json and its weights
+    before = (tmp_path / "hf" / "config.json").read_bytes()
+    alfa.truncate(model, RANK)
+    with pytest.raises(alfa.checkpoint.CheckpointError, match=r"hf holds another model's config\.json"):
+        alfa.save_pretrained(model, tmp_path / "hf")
+    assert (tmp_path / "hf" / "config.json").read_bytes() == before and not (
+        tmp_path / "hf" / "alfa-model.safetensors"
+    ).exists()
+    alfa.save_pretrained(model, tmp_path / "hf", overwrite=True)
+    alfa.save_pretrained(model, tmp_path / "hf")  # its own earlier save is replaced, as transformers does
+    assert torch.equal(
+        _out(alfa.load_pretrained(transformers.GPT2LMHeadModel, tmp_path / "hf"), "gpt2"), _out(model, "gpt2")
+    )

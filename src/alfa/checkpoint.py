@@ -260,7 +260,9 @@ def load_backbone(model: nn.Module, path: str | os.PathLike, skip: tuple[str, ..
     return sorted(tensors)
 
 
-def save_pretrained(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
+def save_pretrained(
+    model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any] | None = None, overwrite: bool = False
+) -> Path:
     """Save a Hugging Face transformers model, truncated or not, so that :func:`load_pretrained` rebuilds it
     exactly: its config (``config.json``, written by the model's own config) and an alfa checkpoint
     (``alfa-model.safetensors``: every tensor, the ranks of the factorized layers, a checksum).
@@ -269,6 +271,10 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, extra: dict[
     ``from_pretrained`` cannot rebuild factorized layers (it would initialize them at random). An attached
     adapter is refused: save it with :func:`alfa.save_adapter`, and save the base after
     :func:`alfa.detach` (or the merged model after :func:`alfa.merge`). Returns the directory.
+
+    A folder that already holds an earlier ``save_pretrained`` is replaced, as transformers does. A folder
+    holding another model's ``config.json`` (``model.save_pretrained``'s, a download) is refused unless
+    ``overwrite=True``: replacing its config would leave its weights under a config that is not theirs.
     """
     layers = adapted_layers(model)
     if layers:
@@ -284,6 +290,12 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, extra: dict[
             "alfa.checkpoint.save_model"
         )
     directory = Path(directory)
+    if (directory / "config.json").is_file() and not (directory / PRETRAINED_FILE).is_file() and not overwrite:
+        raise CheckpointError(
+            f"{directory} holds another model's config.json (not one alfa.save_pretrained wrote): writing this "
+            "model's config there would leave that model's weights under it; save into a new folder, or pass "
+            "overwrite=True"
+        )
     directory.mkdir(parents=True, exist_ok=True)
     hf_config.save_pretrained(directory)
     save_model(directory / PRETRAINED_FILE, model, model_name=f"transformers:{type(model).__name__}", extra=extra)
