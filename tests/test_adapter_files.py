@@ -114,9 +114,13 @@ def test_a_large_tensor_outside_the_adapted_layers_is_read_by_sample():
     rest = alfa.adapters.base_rest_fingerprint(model)
     assert set(rest) == {"0"}
     with torch.no_grad():
-        model[0].weight.mul_(1.01)  # a re-training moves every element
-    problems = alfa.adapters.io._compare_rest(rest, alfa.adapters.base_rest_fingerprint(model))
-    assert problems == ["0: different values (the adapter was trained on another base)"]
+        model[0].weight[0, 2] += 5.0  # between two sampled elements (positions 1 and 3): unseen, as documented
+    assert alfa.adapters.io._compare_rest(rest, alfa.adapters.base_rest_fingerprint(model)) == []
+    for change in (lambda w: w[-1, -1].add_(5.0), lambda w: w.mul_(1.01)):  # the last element is read; a re-training
+        with torch.no_grad():
+            change(model[0].weight)
+        problems = alfa.adapters.io._compare_rest(rest, alfa.adapters.base_rest_fingerprint(model))
+        assert problems == ["0: different values (the adapter was trained on another base)"]
 
 
 def test_loading_onto_a_model_missing_a_layer(base, tmp_path):

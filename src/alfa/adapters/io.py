@@ -106,7 +106,9 @@ _REST_SAMPLE = 65_536  # elements of a larger tensor that the rest's signature r
 def _sampled(t: Tensor) -> Tensor:
     flat = t.detach().reshape(-1)
     if flat.numel() > _REST_SAMPLE:  # an embedding table of a language model: a re-training moves every element
-        flat = flat[torch.linspace(0, flat.numel() - 1, _REST_SAMPLE, device=flat.device).long()]
+        # Integer positions, the same on every device (a float linspace rounds differently past 2^24 elements).
+        positions = torch.arange(_REST_SAMPLE, dtype=torch.int64) * (flat.numel() - 1) // (_REST_SAMPLE - 1)
+        flat = flat[positions.to(flat.device)]
     return flat.to(torch.float64)
 
 
