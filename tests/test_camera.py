@@ -177,6 +177,26 @@ def test_screen_point_by_ray_plane_intersection_and_by_a_fit():
         fit_screen(gaze, pixels, degree=2)
     with pytest.raises(ValueError, match="do not determine"):
         fit_screen(np.array([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]), pixels[:3])
+    assert fit.leave_one_out_px < 1e-6  # an exactly affine screen: each point is predicted from the others
+    assert fit_screen(gaze[:3], pixels[:3]).leave_one_out_px is None  # no point to spare
+
+
+def test_a_fits_leave_one_out_error_is_each_points_error_from_the_others():
+    rng = np.random.default_rng(0)
+    gaze = rng.uniform(-15, 15, (9, 2))
+    pixels = gaze @ np.array([[-40.0, 3.0], [2.0, -50.0]]) + [750.0, 100.0] + rng.normal(0, 20, (9, 2))
+    fit = fit_screen(gaze, pixels)
+    by_hand = []
+    for i in range(9):
+        other = fit_screen(np.delete(gaze, i, 0), np.delete(pixels, i, 0))
+        x, y = np.array([1.0, *gaze[i]]) @ other.coefficients
+        by_hand.append((x - pixels[i, 0]) ** 2 + (y - pixels[i, 1]) ** 2)
+    assert fit.leave_one_out_px == pytest.approx(np.sqrt(np.mean(by_hand)), rel=1e-12)
+    assert fit.leave_one_out_px > fit.rms_px  # a point the fit has not seen is predicted worse
+    assert fit.summary()["points"][0] == {
+        "gaze_deg": list(np.round(gaze[0], 3)),
+        "screen_px": list(np.round(pixels[0], 1)),
+    }
 
 
 def test_detects_the_astronaut_and_her_landmarks():

@@ -250,3 +250,66 @@ def test_given_intrinsics_with_distortion_a_screen_fit_and_an_adapter(checkpoint
     got = [face["gaze_normalized"]["yaw_deg"], face["gaze_normalized"]["pitch_deg"]]
     assert np.allclose(got, _model_on_crop(adapted, face["crop"]), atol=0.02)
     assert np.abs(np.subtract(got, _model_on_crop(checkpoint[1], face["crop"]))).max() > 0.5
+
+
+def _calibration_photos(astronaut, folder) -> list[str]:
+    """Three photos of one face whose gazes (by the tests' random model) differ: as taken, mirrored, and smaller."""
+    folder.mkdir(exist_ok=True)
+    small = np.asarray(Image.fromarray(astronaut).resize((400, 400)))
+    padded = np.pad(small, ((56, 56), (20, 92), (0, 0)), mode="edge")
+    photos = (astronaut, astronaut[:, ::-1].copy(), padded)
+    return [_write(folder / f"p{i}.png", p) for i, p in enumerate(photos, start=1)]
+
+
+def test_a_screen_fit_from_photos_is_the_fit_from_the_gazes_predict_prints(checkpoint, astronaut, tmp_path, capsys):
+    path = str(checkpoint[0])
+    photos = _calibration_photos(astronaut, tmp_path / "calib")
+    assert main(["predict", *photos, "--checkpoint", path, "--quiet"]) == 0
+    printed = [p["faces"][0]["gaze_camera"] for p in json.loads(capsys.readouterr().out)["photos"]]
+    targets = [[100, 100], [1500, 150], [800, 900]]
+    by_photo = tmp_path / "calib" / "fit.json"  # photo names relative to the file's folder
+    by_photo.write_text(
+        json.dumps({"points": [{"photo": f"p{i}.png", "screen_px": t} for i, t in enumerate(targets, 1)]})
+    )
+    by_gaze = tmp_path / "gazes.json"  # what a person would write by hand from the printed gazes
+    by_gaze.write_text(json.dumps({"points": [{"gaze_deg": [g["yaw_deg"], g["pitch_deg"]], "screen_px": t}
+                                              for g, t in zip(printed, targets)]}))  # fmt: skip
+    answers = []
+    for fit in (by_photo, by_gaze):
+        assert main(["predict", *photos, "--checkpoint", path, "--screen-fit", str(fit), "--quiet"]) == 0
+        answers.append(json.loads(capsys.readouterr().out))
+    from_photos, from_gazes = answers
+    summary = from_photos["screen_fit"]
+    assert [p["photo"] for p in summary["points"]] == photos
+    assert [p["gaze_deg"] for p in summary["points"]] == [[g["yaw_deg"], g["pitch_deg"]] for g in printed]
+    assert summary["degree"] == 1 and summary["rms_px"] == 0.0 and summary["leave_one_out_px"] is None
+    for a, b, target in zip(from_photos["photos"], from_gazes["photos"], targets):
+        assert a["faces"][0]["screen"] == b["faces"][0]["screen"]
+        # three points fix an affine fit: each calibration photo lands on the pixel it was taken at (up to the
+        # printed gazes' 0.001°, which the fit multiplies)
+        assert [a["faces"][0]["screen"]["x_px"], a["faces"][0]["screen"]["y_px"]] == pytest.approx(target, abs=1)
+
+
+def test_a_screen_fit_photo_that_cannot_be_read_is_named(checkpoint, astronaut, tmp_path, capsys):
+    photos = _calibration_photos(astronaut, tmp_path)
+    _write(tmp_path / "wall.png", np.full((200, 200, 3), 128, np.uint8))
+    points = [{"photo": "p1.png", "screen_px": [0, 0]}, {"photo": "p2.png", "screen_px": [9, 0]}]
+    fit = tmp_path / "fit.json"
+    for extra, message in [
+        ({"photo": "wall.png", "screen_px": [0, 9]}, "point 3's photo {}/wall.png: no face found"),
+        ({"photo": "gone.png", "screen_px": [0, 9]}, "point 3's photo {}/gone.png: no such file"),
+        (
+            {"photo": "p3.png", "gaze_deg": [1, 2], "screen_px": [0, 9]},
+            "point 3 needs either gaze_deg or photo, not both",
+        ),
+    ]:
+        fit.write_text(json.dumps({"points": [*points, extra]}))
+        assert (
+            main(["predict", photos[0], "--checkpoint", str(checkpoint[0]), "--screen-fit", str(fit), "--quiet"]) == 2
+        )
+        assert message.format(tmp_path) in capsys.readouterr().err
+    fit.write_text(json.dumps({"points": [*points, {"photo": "p3.png", "screen_px": [0, 9]}]}))
+    out = tmp_path / "p3.png"  # the --json output may not replace a calibration photo, even with --replace
+    code = main(["predict", photos[0], "--checkpoint", str(checkpoint[0]), "--screen-fit", str(fit), "--json", str(out),
+                 "--replace"])  # fmt: skip
+    assert code == 2 and "is a photo of --screen-fit" in capsys.readouterr().err and out.read_bytes()[:4] == b"\x89PNG"

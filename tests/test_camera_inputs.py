@@ -110,7 +110,7 @@ SCREEN = {"width_mm": 344, "height_mm": 194, "width_px": 1920, "height_px": 1080
         ("screen-fit", {"degree": True, "points": []}, "got True"),
         ("screen-fit", {"points": [{"gaze_deg": [0, -200], "screen_px": [0, 0]}]}, "lies beyond ±90°"),
         ("screen-fit", {"points": [{"gaze": [0, 0], "screen_px": [0, 0]}]}, "point 1: unknown key 'gaze'"),
-        ("screen-fit", {"points": [{"screen_px": [0, 0]}]}, "point 1 has no gaze_deg"),
+        ("screen-fit", {"points": [{"screen_px": [0, 0]}]}, "point 1 needs either gaze_deg or photo"),
         ("screen-fit", {"points": [{"gaze_deg": [0, 0, 1], "screen_px": [0, 0]}]}, "gaze_deg must have shape (2,)"),
     ],
 )  # fmt: skip

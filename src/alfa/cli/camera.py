@@ -44,8 +44,8 @@ def _predict_arguments(p: argparse.ArgumentParser) -> None:
     screen.add_argument("--screen", help="the screen's size and pose in the camera frame (JSON; docs/camera.md)")
     screen.add_argument(
         "--screen-fit",
-        help="instead of --screen: a few calibration points, gazes (degrees) and the screen pixels looked at, to fit "
-        "the screen point from (JSON; docs/camera.md)",
+        help="instead of --screen: a few calibration points, each a screen pixel and the gaze (degrees) or the photo "
+        "of the person looking at it, to fit the screen point from (JSON; docs/camera.md)",
     )
     p.add_argument(
         "--faces",
@@ -74,15 +74,35 @@ def _predict_arguments(p: argparse.ArgumentParser) -> None:
     device_option(p)
 
 
-def _options(args: argparse.Namespace) -> Any:
-    from alfa.gaze.camera import PhotoOptions, load_camera, load_screen, load_screen_fit
+def _options(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The photo options, and a screen-fit file's points (read and checked; fitted once the model can read its
+    photos, :func:`_fit_screen`)."""
+    from alfa.gaze.camera import PhotoOptions, load_camera, load_screen, read_calibration_points
 
-    return PhotoOptions(
+    options = PhotoOptions(
         camera=load_camera(args.camera) if args.camera else None,
         screen=load_screen(args.screen) if args.screen else None,
-        screen_fit=load_screen_fit(args.screen_fit) if args.screen_fit else None,
         faces=args.faces,
     )
+    points = read_calibration_points(args.screen_fit) if args.screen_fit else None
+    if points is not None and args.json:
+        taken = [p for p in points.photos if p is not None and p.resolve() == Path(args.json).resolve()]
+        if taken:
+            raise ValueError(f"--json {args.json} is a photo of --screen-fit {args.screen_fit}: choose another path")
+    return options, points
+
+
+def _fit_screen(points: Any, options: Any, predictor: Any) -> dict[str, Any]:
+    """Fit the screen from ``points``, a photo point's gaze read by ``predictor`` with ``options``' camera as
+    every photo is (the fit is set in ``options``); its printable summary, with the photos read."""
+    from alfa.gaze.camera import calibration_gaze
+
+    options.screen_fit = points.fit(lambda photo: calibration_gaze(photo, predictor, options.camera))
+    summary = {"file": points.source, **options.screen_fit.summary()}
+    for point, photo in zip(summary["points"], points.photos):
+        if photo is not None:
+            point["photo"] = str(photo)
+    return summary
 
 
 def _predictor(args: argparse.Namespace) -> Any:
@@ -108,9 +128,11 @@ def _predict(args: argparse.Namespace) -> None:
     if absent:  # said before the model runs on the others
         first = f"{absent[0]} is a folder, not a photo" if Path(absent[0]).is_dir() else f"{absent[0]}: no such file"
         raise ValueError(first + (f" (and {len(absent) - 1} more inputs that are no file)" if len(absent) > 1 else ""))
-    options = _options(args)  # bad files are refused before the model loads
+    options, points = _options(args)  # bad files are refused before the model loads
     predictor = _predictor(args)
-    meta = {"checkpoint": args.checkpoint, "adapter": args.adapter}
+    meta: dict[str, Any] = {"checkpoint": args.checkpoint, "adapter": args.adapter}
+    if points is not None:
+        meta["screen_fit"] = _fit_screen(points, options, predictor)
     if args.video:
         from alfa.gaze.camera import analyse_video
 

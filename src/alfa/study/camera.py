@@ -32,8 +32,14 @@ SECTIONS = "\n".join(
         'fits screen pixels from camera-frame gaze angles of a few calibration points: `{"degree": 1, "points": '
         '[{"gaze_deg": [yaw, pitch], "screen_px": [x, y]}, ...]}`, affine (3 points at least) or quadratic '
         "(`degree` 2, 6 at least). Each point's `gaze_deg` is the `gaze_camera` (`yaw_deg`, `pitch_deg`) that "
-        "`alfa predict --json` gives for a photo of the person looking at that screen pixel. A fit also absorbs "
-        "what the person's adapter leaves over; take the gazes with that person's `--adapter`. A fit knows no "
+        "`alfa predict --json` gives for a photo of the person looking at that screen pixel; or the point names "
+        'that photo instead (`{"photo": "calib/p1.jpg", "screen_px": [x, y]}`, relative to the file\'s folder), '
+        "and `alfa predict` reads its one face with the same model, adapter and camera first, giving the same "
+        "fit as those printed gazes. A fit also absorbs what the person's adapter leaves over; take the gazes "
+        "with that person's `--adapter`. The output's `screen_fit` lists the points with their gazes, the fit's "
+        "residual (`rms_px`) and its leave-one-out error (`leave_one_out_px`: each point predicted by the fit of "
+        "the others, what to expect of a point the fit has not seen; none when no point is to spare, as with 3 "
+        "points of an affine fit). A fit knows no "
         "screen size, so its point has no `on_screen`. In all three files a key the reader does not know (a "
         "misspelt `rotaton`) is refused, and so are pixel sizes that are no whole number, gazes beyond ±90° "
         "and a degree other than 1 or 2.",

@@ -33,14 +33,24 @@ from .photo import (
     analyse_photo,
     analyse_video,
     answer_photo,
+    calibration_gaze,
     decode_photo,
     model_predictor,
     read_photo,
 )
-from .screen import Screen, ScreenFit, fit_screen, load_screen, load_screen_fit
+from .screen import (
+    CalibrationPoints,
+    Screen,
+    ScreenFit,
+    fit_screen,
+    load_screen,
+    load_screen_fit,
+    read_calibration_points,
+)
 
 __all__ = [
     "CONVENTION",
+    "CalibrationPoints",
     "LANDMARK_NAMES",
     "Camera",
     "FaceDetection",
@@ -54,6 +64,7 @@ __all__ = [
     "analyse_video",
     "angles_to_gaze_vector",
     "answer_photo",
+    "calibration_gaze",
     "decode_photo",
     "default_camera",
     "detect_faces",
@@ -65,6 +76,7 @@ __all__ = [
     "load_screen_fit",
     "model_predictor",
     "normalization_of",
+    "read_calibration_points",
     "read_photo",
     "warp_to_camera",
     "warp_to_normalized",

@@ -53,6 +53,7 @@ __all__ = [
     "crop_name",
     "predict_photos",
     "answer_photo",
+    "calibration_gaze",
     "model_predictor",
     "video_frames",
     "GazeSmoother",
@@ -231,6 +232,15 @@ def answer_photo(data: bytes, predictor: Predictor, options: PhotoOptions | None
     rgb, notes = decode_photo(data)
     answer, _ = analyse_photo(rgb, predictor, options or PhotoOptions(), notes)
     return answer
+
+
+def calibration_gaze(photo: str | os.PathLike, predictor: Predictor, camera: Camera | None = None) -> np.ndarray:
+    """The camera-frame gaze (yaw, pitch; degrees, as printed) of the one face of a calibration photo: the number
+    a person would copy from ``alfa predict --json`` into a screen-fit file's ``gaze_deg``."""
+    rgb, notes = read_photo(photo)
+    answer, _ = analyse_photo(rgb, predictor, PhotoOptions(camera=camera, faces="one"), notes)
+    gaze = answer["faces"][0]["gaze_camera"]
+    return np.array([gaze["yaw_deg"], gaze["pitch_deg"]])
 
 
 def model_predictor(model: nn.Module, input_size: tuple[int, int]) -> Predictor:

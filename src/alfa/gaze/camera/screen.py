@@ -18,6 +18,10 @@ with the screen points the person looked at, and a fit maps one to the other::
 
     {"degree": 1, "points": [{"gaze_deg": [yaw, pitch], "screen_px": [x, y]}, ...]}
 
+A point may name the photo of the person looking at its screen pixel instead of its gaze
+(``{"photo": "calib/p1.jpg", "screen_px": [x, y]}``, relative to the file's folder): the model that will read
+the person's photos reads it, with the same camera (:meth:`CalibrationPoints.fit`'s ``gaze_of``).
+
 degree 1 is affine (3 unknowns per axis: at least 3 points), degree 2 a quadratic (6: at least 6). Such a fit
 absorbs the person's offset between their optical and visual axes as well, which a geometry cannot: it
 composes with an adapter's calibration (the fit takes the adapted model's gaze).
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +40,15 @@ import numpy as np
 
 from .normalize import _float_array, refuse_unknown_keys, whole_number
 
-__all__ = ["Screen", "ScreenFit", "load_screen", "load_screen_fit", "fit_screen"]
+__all__ = [
+    "Screen",
+    "ScreenFit",
+    "CalibrationPoints",
+    "load_screen",
+    "load_screen_fit",
+    "read_calibration_points",
+    "fit_screen",
+]
 
 _SCREEN_IN_CAMERA_PLANE = np.diag([-1.0, 1.0, -1.0])
 _SIZES = ("width_mm", "height_mm", "width_px", "height_px")
@@ -99,11 +112,28 @@ def load_screen(path: str | os.PathLike) -> Screen:
 @dataclass
 class ScreenFit:
     """A least-squares map from camera-frame gaze angles (degrees) to screen pixels: ``coefficients`` ``(terms,
-    2)`` over the polynomial terms of ``degree``; ``rms_px`` its residual on the calibration points."""
+    2)`` over the polynomial terms of ``degree``; ``rms_px`` its residual on the calibration points, and
+    ``leave_one_out_px`` the error on each point of the fit made without it (root mean square; ``None`` with no
+    point to spare): what to expect of a point the fit has not seen."""
 
     degree: int
     coefficients: np.ndarray
     rms_px: float
+    leave_one_out_px: float | None = None
+    gaze_deg: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    screen_px: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+
+    def summary(self) -> dict[str, Any]:
+        """The fit's printable record: its degree, points (gaze and screen pixel) and errors."""
+        return {
+            "degree": self.degree,
+            "rms_px": round(self.rms_px, 1),
+            "leave_one_out_px": None if self.leave_one_out_px is None else round(self.leave_one_out_px, 1),
+            "points": [
+                {"gaze_deg": [round(float(v), 3) for v in g], "screen_px": [round(float(v), 1) for v in px]}
+                for g, px in zip(self.gaze_deg, self.screen_px)
+            ],
+        }
 
     def point(self, yaw_deg: float, pitch_deg: float) -> dict[str, Any]:
         x, y = (_terms(np.array([[yaw_deg, pitch_deg]]), self.degree) @ self.coefficients)[0]
@@ -129,32 +159,108 @@ def fit_screen(gaze_deg: np.ndarray, screen_px: np.ndarray, degree: int = 1) -> 
         raise ValueError("the calibration gazes do not determine the fit (they lie on a line or repeat)")
     coefficients, *_ = np.linalg.lstsq(terms, screen_px, rcond=None)
     rms = float(np.sqrt(np.mean(np.sum((terms @ coefficients - screen_px) ** 2, 1))))
-    return ScreenFit(degree, coefficients, rms)
+    return ScreenFit(degree, coefficients, rms, _leave_one_out(terms, screen_px), gaze_deg, screen_px)
+
+
+def _leave_one_out(terms: np.ndarray, screen_px: np.ndarray) -> float | None:
+    if len(terms) <= terms.shape[1]:
+        return None  # without a point to spare the others do not determine a fit
+    errors = []
+    for i in range(len(terms)):
+        keep = np.arange(len(terms)) != i
+        if np.linalg.matrix_rank(terms[keep]) < terms.shape[1]:
+            return None  # this point alone determines part of the fit
+        coefficients, *_ = np.linalg.lstsq(terms[keep], screen_px[keep], rcond=None)
+        errors.append(np.sum((terms[i] @ coefficients - screen_px[i]) ** 2))
+    return float(np.sqrt(np.mean(errors)))
+
+
+@dataclass
+class CalibrationPoints:
+    """A calibration file, read and checked (:func:`read_calibration_points`): each point's screen pixel and
+    either its gaze (camera-frame degrees) or the photo of the person looking at it (``None`` in the other)."""
+
+    source: str
+    degree: int
+    screen_px: np.ndarray
+    gaze_deg: list[np.ndarray | None]
+    photos: list[Path | None]
+
+    def fit(self, gaze_of: Callable[[Path], np.ndarray] | None = None) -> ScreenFit:
+        """The fit; ``gaze_of(photo)`` gives a photo point's gaze (the model's, as ``alfa predict`` prints it)."""
+        gazes = []
+        for i, (gaze, photo) in enumerate(zip(self.gaze_deg, self.photos), start=1):
+            if photo is not None:
+                if gaze_of is None:
+                    raise ValueError(
+                        f"{self.source}: point {i} names a photo ({photo}), whose gaze only a model gives (alfa "
+                        "predict reads it with the --checkpoint and --adapter it reads the other photos with)"
+                    )
+                try:
+                    gaze = np.asarray(gaze_of(photo), np.float64)
+                except (ValueError, OSError) as e:
+                    raise ValueError(f"{self.source}: point {i}'s photo {photo}: {e}") from None
+            gazes.append(gaze)
+        try:
+            return fit_screen(np.stack(gazes), self.screen_px, self.degree)
+        except ValueError as e:
+            raise ValueError(f"{self.source}: {e}") from None
 
 
 def load_screen_fit(path: str | os.PathLike) -> ScreenFit:
-    """Fit a calibration file (the module's second example)."""
+    """Fit a calibration file whose points give their gazes (the module's second example)."""
+    return read_calibration_points(path).fit()
+
+
+def read_calibration_points(path: str | os.PathLike) -> CalibrationPoints:
+    """A calibration file's points, checked (keys, numbers, a named photo's existence) before any model runs;
+    a file whose points all give their gazes is fitted here too, so that an undetermined fit is refused now."""
     data = _read_json(path)
     refuse_unknown_keys(data, ("degree", "points"), str(path))
     points = data.get("points")
     if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
-        raise ValueError(f'{path}: expected {{"points": [{{"gaze_deg": [yaw, pitch], "screen_px": [x, y]}}, ...]}}')
-    gaze, screen = np.zeros((len(points), 2)), np.zeros((len(points), 2))
+        raise ValueError(
+            f'{path}: expected {{"points": [{{"gaze_deg": [yaw, pitch] or "photo": file, "screen_px": [x, y]}}, ...]}}'
+        )
+    screen = np.zeros((len(points), 2))
+    gazes: list[np.ndarray | None] = []
+    photos: list[Path | None] = []
     for i, point in enumerate(points, start=1):
-        refuse_unknown_keys(point, ("gaze_deg", "screen_px"), f"{path}: point {i}")
-        for key, out in (("gaze_deg", gaze), ("screen_px", screen)):
-            if key not in point:
-                raise ValueError(f"{path}: point {i} has no {key}")
-            out[i - 1] = _float_array(point[key], (2,), f"{path}: point {i}'s {key}")
-        if (np.abs(gaze[i - 1]) > 90).any():
-            raise ValueError(f"{path}: point {i}'s gaze_deg {point['gaze_deg']} lies beyond ±90° (yaw, pitch)")
+        refuse_unknown_keys(point, ("gaze_deg", "photo", "screen_px"), f"{path}: point {i}")
+        if "screen_px" not in point:
+            raise ValueError(f"{path}: point {i} has no screen_px")
+        screen[i - 1] = _float_array(point["screen_px"], (2,), f"{path}: point {i}'s screen_px")
+        gaze, photo = _point_gaze(point, i, path)
+        gazes.append(gaze)
+        photos.append(photo)
     degree = data.get("degree", 1)
     if degree not in (1, 2) or isinstance(degree, bool):
         raise ValueError(f"{path}: degree must be 1 (affine) or 2 (quadratic), got {degree!r}")
-    try:
-        return fit_screen(gaze, screen, int(degree))
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+    read = CalibrationPoints(str(path), int(degree), screen, gazes, photos)
+    needed = _terms(np.zeros((1, 2)), read.degree).shape[1]
+    if len(points) < needed:
+        raise ValueError(f"{path}: a degree-{read.degree} fit needs at least {needed} points, got {len(points)}")
+    if not any(p is not None for p in photos):
+        read.fit()
+    return read
+
+
+def _point_gaze(point: dict[str, Any], i: int, path: str | os.PathLike) -> tuple[np.ndarray | None, Path | None]:
+    if ("gaze_deg" in point) == ("photo" in point):
+        raise ValueError(
+            f"{path}: point {i} needs either gaze_deg or photo" + (", not both" if "photo" in point else "")
+        )
+    if "photo" in point:
+        if not isinstance(point["photo"], str) or not point["photo"]:
+            raise ValueError(f"{path}: point {i}'s photo must be a file name, got {point['photo']!r}")
+        photo = Path(path).parent / point["photo"]  # an absolute name stays as it is
+        if not photo.is_file():
+            raise ValueError(f"{path}: point {i}'s photo {photo}: no such file")
+        return None, photo
+    gaze = _float_array(point["gaze_deg"], (2,), f"{path}: point {i}'s gaze_deg")
+    if (np.abs(gaze) > 90).any():
+        raise ValueError(f"{path}: point {i}'s gaze_deg {point['gaze_deg']} lies beyond ±90° (yaw, pitch)")
+    return gaze, None
 
 
 def _read_json(path: str | os.PathLike) -> dict[str, Any]:
