@@ -2,9 +2,10 @@
 
 The README is written by hand from the pages (docs/*.md, generated from committed data), so a page that moves
 when records come in can leave the README quoting a number no page has any more. This test catches that: every
-difference with its interval ("−0.24° [−0.41, −0.06]") must appear on some page as it is, and every other decimal
-number must appear somewhere in docs/. It cannot tell that a number is quoted in the right context; it does
-tell that it was not typed in or left stale.
+difference with its interval ("−0.24° [−0.41, −0.06]") must appear on some page as it is, every other decimal
+number must appear somewhere in docs/, and so must every percentage ("73 %") and every count of comparisons ("72
+comparisons": a page's "72 (method, pair) comparisons"). It cannot tell that a number is quoted in the right
+context; it does tell that it was not typed in or left stale.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from alfa.truncate import truncate
 ROOT = Path(__file__).resolve().parents[1]
 INTERVAL = re.compile(r"[−-]?\d+\.\d+ \[[−-]?\d+\.\d+, [−-]?\d+\.\d+\]")
 DECIMAL = re.compile(r"\d+\.\d+")
+PERCENT = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?) ?%")
+COUNT = re.compile(r"(?<![\d.])(\d+)(?: and (\d+))? comparisons")
 
 
 def _normal(text: str) -> str:
@@ -31,13 +34,22 @@ def _holds(text: str, number: str) -> bool:
     return re.search(rf"(?<![\d.]){re.escape(number)}(?!\d)", text) is not None
 
 
+def _counted(text: str, number: str) -> bool:
+    # "72 comparisons" or a page's "72 (method, pair) comparisons"
+    return re.search(rf"(?<![\d.]){number} (?:\([^)]*\) )?comparisons", text) is not None
+
+
 def unsourced(readme: str, pages: str, printed: str = "") -> list[str]:
-    """The intervals and decimal numbers of ``readme``'s prose (code blocks are code, not quoted numbers) that
-    neither ``pages`` nor ``printed`` holds."""
+    """The intervals, decimal numbers, percentages and counts of comparisons of ``readme``'s prose (code blocks
+    are code, not quoted numbers) that neither ``pages`` nor ``printed`` holds."""
     readme = re.sub(r"```.*?```", "", readme, flags=re.S)
     readme, pages = _normal(readme), _normal(pages)
     missing = [m for m in INTERVAL.findall(readme) if m not in pages]
     missing += [m for m in DECIMAL.findall(readme) if not _holds(pages, m) and not _holds(printed, m)]
+    percentages = set(PERCENT.findall(pages))
+    missing += [f"{m} %" for m in PERCENT.findall(readme) if m not in percentages]
+    counts = [n for pair in COUNT.findall(readme) for n in pair if n]
+    missing += [f"{n} comparisons" for n in counts if not _counted(pages, n)]
     return missing
 
 
@@ -64,3 +76,12 @@ def test_a_stale_or_typed_in_number_is_caught():
     # a number is matched whole, never as a piece of a longer one; code blocks are not read
     assert unsourced("0.1 and 10.1 and 9.2", pages) == ["0.1", "10.1", "9.2"]
     assert unsourced("```python\nlr = 3.5\n```\n", pages) == []
+
+
+def test_a_stale_percentage_or_count_of_comparisons_is_caught():
+    pages = "ratio of the means 6 %; ≥ 33% of the headroom; of the 72 (method, pair) comparisons; over 11 comparisons"
+    readme = "6 % and 8\n %, against the 33 % asked; 72 comparisons each; a family of 11 comparisons"
+    assert unsourced(readme, pages) == ["8 %"]
+    # a count the page no longer makes, as "24 and 12 comparisons" once was
+    assert unsourced("on any pair (24 and\n  12 comparisons)", pages) == ["24 comparisons", "12 comparisons"]
+    assert unsourced("16 % and 116 %", "116 %") == ["16 %"]
