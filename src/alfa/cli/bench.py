@@ -147,6 +147,7 @@ def _bench(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
+    from alfa.study.bench.plan import declared_run_progress
     from alfa.study.bench.report_page import build_report
     from alfa.study.bench.results import export_results
 
@@ -155,7 +156,8 @@ def _report(args: argparse.Namespace) -> None:
         results = export_results(args.results, args.data_to, keep_kept=True)
         command = f"alfa report --results {args.data_to} --out {args.out}"
         print(f"data: {results}")
-    path = build_report(results, args.out, args.figures, command=command)
+    # what of a declared run the results hold (nothing for worlds without one), as alfa pages --write says it
+    path = build_report(results, args.out, args.figures, command=command, progress_of=declared_run_progress)
     print(f"report: {path}")
 
 
