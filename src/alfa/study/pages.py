@@ -146,7 +146,12 @@ def _render_calibration(root: Path, out: Path) -> None:
         worlds = results["config"].get("worlds", "v1")
         progress = declared_run_progress(worlds, (str(r.get("id")) for r in results["records"]))
     text = calibration_page(
-        scouts, results, data=CALIBRATION_SCOUTS, command="alfa pages --write", variants=variants, progress=progress
+        scouts,
+        results,
+        data=(CALIBRATION_SCOUTS, CALIBRATION_RECORD, CALIBRATION_VARIANTS),
+        command="alfa pages --write",
+        variants=variants,
+        progress=progress,
     )
     write_text(out / "docs/calibration.md", text)
 
