@@ -1,5 +1,6 @@
 """The cost table (``alfa costs``): sizes and merge kinds per method, and the doc block it rewrites."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,32 @@ def test_the_page_is_checked_before_measuring(tmp_path: Path, monkeypatch):
     sizes = {"rank": 64, "batch": 1, "image_size": 32, "warmup": 0, "repeats": 1, "threads": 1, "seed": 0}
     with pytest.raises(ValueError, match="needs exactly one"):
         costs.report_costs(model_name="resnet18_gaze", **sizes, update_doc_path=page)
+
+
+def test_the_page_is_written_with_its_data_and_renders_back_from_it(tmp_path: Path, capsys):
+    page = tmp_path / "page.md"
+    page.write_text(f"intro\n{costs.BEGIN_MARK}\nold\n{costs.END_MARK}\noutro\n", encoding="utf-8")
+    sizes = {"rank": 12, "batch": 2, "image_size": 16, "warmup": 0, "repeats": 6, "threads": 1, "seed": 0}
+    rows = costs.report_costs(model_name="tiny_gaze_net", **sizes, dense_alfa=False, update_doc_path=page)
+    data = json.loads(costs.data_path(page).read_text(encoding="utf-8"))
+    assert data["format"] == costs.DATA_FORMAT and data["settings"]["repeats"] == 6
+    assert [costs.CostRow(**r) for r in data["rows"]] == rows  # every round kept
+    assert all(len(r.inference_rounds_ms) == 6 for r in rows)
+    text = page.read_text(encoding="utf-8")
+    assert text == costs.with_block(text, costs.costs_block(data))  # alfa pages renders the same section
+    assert text.startswith("intro\n") and text.endswith(f"{costs.END_MARK}\noutro\n")
+    # six rounds give each median its interval, the smallest and largest round (coverage 96.9 %)
+    lora = next(r for r in rows if r.method == "lora")
+    low, high = min(lora.inference_rounds_ms), max(lora.inference_rounds_ms)
+    assert f"{lora.inference_ms:.0f} [{low:.0f}, {high:.0f}]" in text and "95 % interval (distribution-free" in text
+
+
+def test_a_file_of_another_kind_where_the_data_goes_is_refused_before_measuring(tmp_path: Path, monkeypatch):
+    page = tmp_path / "page.md"
+    page.write_text(f"{costs.BEGIN_MARK}\n{costs.END_MARK}\n", encoding="utf-8")
+    (tmp_path / "page.json").write_text('{"mine": 1}', encoding="utf-8")
+    monkeypatch.setattr(costs, "cost_table", lambda **_: pytest.fail("measured before checking the data's place"))
+    sizes = {"rank": 64, "batch": 1, "image_size": 32, "warmup": 0, "repeats": 1, "threads": 1, "seed": 0}
+    with pytest.raises(ValueError, match="page.json exists and is not the costs data of this page"):
+        costs.report_costs(model_name="resnet18_gaze", **sizes, update_doc_path=page)
+    assert (tmp_path / "page.json").read_text(encoding="utf-8") == '{"mine": 1}'

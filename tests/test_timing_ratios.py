@@ -99,3 +99,23 @@ def test_cpu_name_keeps_the_family_and_model_numbers_of_the_first_processor(tmp_
     info.write_text("processor\t: 0\nmodel name\t: Some CPU\n")  # no numbers: the name alone
     assert cpu_name(info) == "Some CPU"
     assert cpu_name(tmp_path / "absent") != ""  # platform's answer or "unknown", never an exception
+
+
+def test_a_medians_interval_covers_it_at_least_95_percent_of_the_time():
+    import random
+
+    from alfa.study.timing import median_cell, median_interval
+
+    assert median_interval([5.0, 1.0, 3.0, 2.0, 4.0]) is None  # 5 rounds: [min, max] covers 93.75 %
+    assert median_interval([6.0, 1.0, 3.0, 2.0, 4.0, 5.0]) == (3.5, 1.0, 6.0)  # 96.9 %
+    assert median_interval(list(range(9))) == (4.0, 1.0, 7.0)  # k = 2: 1 − 2·10/512 = 96.1 %; k = 3 would be 82 %
+    assert median_cell([5.0, 1.0, 3.0, 2.0, 4.0], 3.0) == "3" and median_cell(None, None) == "—"
+    assert median_cell([6.0, 1.0, 3.0, 2.0, 4.0, 5.0], 3.5, digits=1) == "3.5 [1.0, 6.0]"
+    # a skewed timing distribution (its true median ln 2 · 10 + 100): the interval holds it ≥ 95 % of the time
+    rng = random.Random(0)
+    for n in (6, 7, 9, 15):
+        hits = 0
+        for _ in range(4000):
+            _, low, high = median_interval([100 + rng.expovariate(0.1) for _ in range(n)])
+            hits += low <= 100 + 10 * math.log(2) <= high
+        assert hits / 4000 >= 0.94, n  # ≥ 95 % up to the simulation's own noise (±0.7 %)

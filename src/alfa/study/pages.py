@@ -110,6 +110,18 @@ def _render_loading(root: Path, out: Path) -> None:
     write_text(out / "docs/loading.md", loading_page(page))
 
 
+COSTS_PAGE = "docs/adapters.md"
+"""The hand-written page whose costs section (between its markers) is generated from ``<page>.json``."""
+
+
+def _render_costs(root: Path, out: Path) -> None:
+    from .bench.costs import costs_block, data_path, with_block
+
+    data = json.loads(data_path(root / COSTS_PAGE).read_text(encoding="utf-8"))
+    text = with_block((root / COSTS_PAGE).read_text(encoding="utf-8"), costs_block(data), COSTS_PAGE)
+    write_text(out / COSTS_PAGE, text)
+
+
 CRATE_GAZE_DATA = "docs/data/crate-gaze/results.json"
 CRATE_GAZE_FIGURE = "docs/figures/crate_gaze_probes.png"
 
@@ -270,6 +282,13 @@ PAGES: tuple[Page, ...] = (
         data="docs/loading.json",
         produce="alfa throughput (the command is in the page)",
         render=_render_loading,
+    ),
+    Page(
+        path=COSTS_PAGE,
+        data="docs/adapters.json",
+        produce="OMP_WAIT_POLICY=passive alfa costs --threads 2 --update-doc docs/adapters.md (its costs section; the "
+        "rest of the page is written by hand)",
+        render=_render_costs,
     ),
     Page(
         path="docs/crate-gaze.md",

@@ -30,6 +30,8 @@ __all__ = [
     "Ratio",
     "paired_ratio",
     "ratio_cell",
+    "median_interval",
+    "median_cell",
     "goal_verdict",
     "interval_note",
     "no_rounds_note",
@@ -88,6 +90,35 @@ def ratio_cell(
     if paired is None:
         return f"{scale * of_medians:.{digits}f}", None
     return paired.text(digits, scale), paired
+
+
+def median_interval(samples: Sequence[float]) -> tuple[float, float, float] | None:
+    """The median of ``samples`` (one timing's rounds) and a distribution-free 95 % interval for it: the ``k``-th
+    smallest and ``k``-th largest round, ``k`` the largest whose coverage, ``1 − 2·P(Binomial(n, ½) < k)``, is at
+    least 95 %; ``None`` under 6 rounds, where even the smallest and largest cover less (5 rounds: 93.75 %)."""
+    n = len(samples)
+    if n < 2:
+        return None
+    ordered = sorted(samples)
+    median = float(ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2)
+    below = 0.0  # P(Binomial(n, ½) < k), growing with k
+    k = 0
+    while k < n // 2 and 1 - 2 * (below + math.comb(n, k) / 2**n) >= LEVEL:
+        below += math.comb(n, k) / 2**n
+        k += 1
+    if k == 0:
+        return None
+    return median, float(ordered[k - 1]), float(ordered[n - k])
+
+
+def median_cell(samples: Sequence[float] | None, median: float | None, digits: int = 0) -> str:
+    """What a page prints for one timing: its median with the 95 % interval of :func:`median_interval` where its
+    rounds are kept and there are enough, else the ``median`` recorded alone (``—`` for none)."""
+    interval = None if samples is None else median_interval(samples)
+    if interval is None:
+        return "—" if median is None else f"{median:.{digits}f}"
+    mid, low, high = interval
+    return f"{mid:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def goal_verdict(ratio: Ratio | None, goal: float, at_least: bool) -> str:

@@ -53,6 +53,7 @@ from alfa.gaze.geometry import flip_yaw
 from alfa.gaze.personalize import PersonalizeConfig
 from alfa.gaze.train import TruncateConfig
 from alfa.models import create_model
+from alfa.study.timing import cpu_name, median_cell, median_interval
 from alfa.summary import parameter_summary
 from alfa.truncate import truncate
 
@@ -96,6 +97,10 @@ class CostRow:
     inference_ms: float | None  # wall clock of one forward of the merged model, median
     step_gflop: float | None = None  # matmul/conv work of one step (torch.utils.flop_counter)
     inference_gflop: float | None = None
+    # every round's time, for the medians' intervals (rows measured before 2026-12-04 hold none)
+    step_rounds_ms: list[float] | None = None
+    step_cpu_rounds_ms: list[float] | None = None
+    inference_rounds_ms: list[float] | None = None
 
 
 def default_methods() -> dict[str, AdapterConfig | None]:
@@ -138,8 +143,10 @@ def _gflop(fn) -> float:
     return counter.get_total_flops() / 1e9
 
 
-def _interleaved_ms(calls: list, warmup: int, repeats: int, progress: bool, desc: str) -> list[tuple[float, float]]:
-    """Median wall and CPU milliseconds of each call, timed in rounds (one call of each per round),
+def _interleaved_ms(
+    calls: list, warmup: int, repeats: int, progress: bool, desc: str
+) -> list[tuple[list[float], list[float]]]:
+    """Wall and CPU milliseconds of each call in every round, timed in rounds (one call of each per round),
     so that a load change on a shared machine hits every method alike."""
     for fn in tqdm(calls, desc=f"{desc} (warm-up)", disable=not progress):
         for _ in range(warmup):
@@ -148,9 +155,7 @@ def _interleaved_ms(calls: list, warmup: int, repeats: int, progress: bool, desc
     for _ in tqdm(range(repeats), desc=desc, disable=not progress):
         for i, fn in enumerate(calls):
             samples[i].append(_timed(fn))
-    return [
-        (1000.0 * statistics.median(w for w, _ in ts), 1000.0 * statistics.median(c for _, c in ts)) for ts in samples
-    ]
+    return [([1000.0 * w for w, _ in ts], [1000.0 * c for _, c in ts]) for ts in samples]
 
 
 _SHARED_OPTIONS = {f.name for f in dataclasses.fields(AdapterConfig)}  # target, layers: the same for every row
@@ -206,7 +211,7 @@ def cost_table(
     batch: int = 10,
     image_size: int = 224,
     warmup: int = 1,
-    repeats: int = 5,
+    repeats: int = 7,
     threads: int = 2,
     seed: int = 0,
     methods: dict[str, AdapterConfig | None] | None = None,
@@ -239,7 +244,8 @@ def cost_table(
     for j, step in zip(trainers, steps):  # counting also warms up
         j.row.step_gflop = _gflop(step)
     for j, (wall, cpu) in zip(trainers, _interleaved_ms(steps, warmup, repeats, progress, "step rounds")):
-        j.row.step_ms, j.row.step_cpu_ms = wall, cpu
+        j.row.step_ms, j.row.step_cpu_ms = statistics.median(wall), statistics.median(cpu)
+        j.row.step_rounds_ms, j.row.step_cpu_rounds_ms = wall, cpu
     for j in jobs:
         j.optimizer = None
         if adapter_state(j.model) is not None:
@@ -250,7 +256,7 @@ def cost_table(
         for j, forward in zip(jobs, forwards):
             j.row.inference_gflop = _gflop(forward)
         for j, (wall, _) in zip(jobs, _interleaved_ms(forwards, warmup, repeats, progress, "inference rounds")):
-            j.row.inference_ms = wall
+            j.row.inference_ms, j.row.inference_rounds_ms = statistics.median(wall), wall
     return [j.row for j in jobs]
 
 
@@ -272,8 +278,13 @@ def format_table(rows: list[CostRow]) -> str:
     )
     lines = [head, "|" + "---|" * 13]
     for r in rows:
-        step = "— | — | —" if r.step_ms is None else f"{r.step_gflop:.1f} | {r.step_ms:.0f} | {r.step_cpu_ms:.0f}"
-        inference = "— | —" if r.inference_ms is None else f"{r.inference_gflop:.1f} | {r.inference_ms:.0f}"
+        step = "— | — | —"
+        if r.step_ms is not None:
+            wall, cpu = median_cell(r.step_rounds_ms, r.step_ms), median_cell(r.step_cpu_rounds_ms, r.step_cpu_ms)
+            step = f"{r.step_gflop:.1f} | {wall} | {cpu}"
+        inference = "— | —"
+        if r.inference_ms is not None:
+            inference = f"{r.inference_gflop:.1f} | {median_cell(r.inference_rounds_ms, r.inference_ms)}"
         lines.append(
             f"| {r.base} | {r.method} | {_count(r.trainable)} | {_count(r.merged_params)} | {r.merge} "
             f"| {_count(r.compact_params)} | {_bytes(r.adapter_bytes)} | {_bytes(r.compact_bytes)} "
@@ -286,19 +297,70 @@ BEGIN_MARK = "<!-- costs:begin -->"
 END_MARK = "<!-- costs:end -->"
 
 
-def _split_at_markers(path: Path) -> tuple[str, str]:
-    text = path.read_text(encoding="utf-8")
+def _split_text(text: str, where: str) -> tuple[str, str]:
     if text.count(BEGIN_MARK) != 1 or text.count(END_MARK) != 1 or text.index(BEGIN_MARK) > text.index(END_MARK):
-        raise ValueError(f"{path} needs exactly one {BEGIN_MARK} followed by one {END_MARK}")
+        raise ValueError(f"{where} needs exactly one {BEGIN_MARK} followed by one {END_MARK}")
     head, rest = text.split(BEGIN_MARK)
     return head, rest.split(END_MARK)[1]
+
+
+def _split_at_markers(path: Path) -> tuple[str, str]:
+    return _split_text(path.read_text(encoding="utf-8"), str(path))
+
+
+def with_block(text: str, block: str, where: str = "the page") -> str:
+    """``text`` with what lies between :data:`BEGIN_MARK` and :data:`END_MARK` replaced by ``block``."""
+    head, tail = _split_text(text, where)
+    return f"{head}{BEGIN_MARK}\n{block.strip()}\n{END_MARK}{tail}"
 
 
 def update_doc(path: Path, block: str) -> None:
     """Replace what lies between :data:`BEGIN_MARK` and :data:`END_MARK` in ``path`` by ``block``
     (atomically; the rest of the page is kept byte for byte)."""
-    head, tail = _split_at_markers(path)
-    write_text(path, f"{head}{BEGIN_MARK}\n{block.strip()}\n{END_MARK}{tail}")
+    write_text(path, with_block(path.read_text(encoding="utf-8"), block, str(path)))
+
+
+DATA_FORMAT = "alfa-costs"
+"""What a page's costs data (``<page>.json``, beside it) says it is, so that another file of that name is never
+replaced."""
+
+
+def data_path(page: Path) -> Path:
+    """Where ``alfa costs --update-doc PAGE`` keeps the rows the page's table is rendered from."""
+    return page.with_suffix(".json")
+
+
+def costs_block(data: dict) -> str:
+    """The page's table and the line under it, from the data :func:`report_costs` keeps (``alfa pages`` renders
+    the committed table from it)."""
+    rows = [CostRow(**r) for r in data["rows"]]
+    s = data["settings"]
+    intervals = any(r.inference_rounds_ms and median_interval(r.inference_rounds_ms) for r in rows)
+    median = f"median of {s['repeats']} interleaved rounds after {s['warmup']} warm-up"
+    if intervals:
+        median += (
+            " and, in square brackets, its 95 % interval (distribution-free: the rounds of the order statistics whose "
+            "coverage of the median is at least 95 %; of this machine's round-to-round noise)"
+        )
+    conditions = (
+        f"Measured {data['measured']} on {data['cpu']}: step = forward of {s['batch']} images + their flips "
+        f"({2 * s['batch']}×3×{s['image_size']}²), flip-symmetry L1, backward, AdamW; inference = forward of "
+        f"{s['batch']} images after merge; {median}; {s['threads']} threads, torch {data['torch']}; load average "
+        f"{data['load'][0]:.1f} at the start and {data['load'][1]:.1f} at the end, on {data['cpus']} CPUs; weights "
+        f"and images of seed {s['seed']}."
+    )
+    return f"{format_table(rows)}\n\n{conditions}"
+
+
+def _refuse_foreign_data(path: Path) -> None:
+    if not path.exists():
+        return
+    try:
+        ours = json.loads(path.read_text(encoding="utf-8")).get("format") == DATA_FORMAT
+    except (ValueError, AttributeError, OSError):
+        ours = False
+    if not ours:
+        raise ValueError(f"{path} exists and is not the costs data of this page, which would replace it: move it")
 
 
 def report_costs(
@@ -317,9 +379,10 @@ def report_costs(
 ) -> list[CostRow]:
     """What ``alfa costs`` does: measure the cost table (:func:`cost_table`), print it with the conditions it
     was measured under, and optionally save the rows as JSON and the table into a page (between its
-    markers: :func:`update_doc`)."""
+    markers: :func:`update_doc`), its data beside it (:func:`data_path`, which ``alfa pages`` renders it from)."""
     if update_doc_path is not None:  # fail before ten minutes of timing, not after
         _split_at_markers(update_doc_path)
+        _refuse_foreign_data(data_path(update_doc_path))
     load_start = os.getloadavg()[0]
     rows = cost_table(
         model_name=model_name,
@@ -332,20 +395,25 @@ def report_costs(
         seed=seed,
         dense_alfa=dense_alfa,
     )
-    table = format_table(rows)
-    conditions = (
-        f"Measured {time.strftime('%Y-%m-%d')}: step = forward of {batch} images + their flips "
-        f"({2 * batch}×3×{image_size}²), flip-symmetry L1, backward, AdamW; inference = forward of "
-        f"{batch} images after merge; median of {repeats} interleaved rounds after {warmup} warm-up, "
-        f"{threads} threads, torch {torch.__version__}; load average {load_start:.1f} at the start and "
-        f"{os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} CPUs."
-    )
-    print(table)
+    settings = {"model": model_name, "rank": rank, "batch": batch, "image_size": image_size, "warmup": warmup,
+                "repeats": repeats, "threads": threads, "seed": seed}  # fmt: skip
+    data = {
+        "format": DATA_FORMAT,
+        "measured": time.strftime("%Y-%m-%d"),
+        "cpu": cpu_name(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "load": [load_start, os.getloadavg()[0]],
+        "settings": settings,
+        "rows": [asdict(r) for r in rows],
+    }
+    block = costs_block(data)
+    print(block)
     print()
     print("defaults: " + "; ".join(f"{r.method}: {r.config}" for r in rows if r.config and r.base == "truncated"))
-    print(conditions)
     if update_doc_path is not None:
-        update_doc(update_doc_path, f"{table}\n\n{conditions}")
+        write_text(data_path(update_doc_path), json.dumps(data, indent=1))
+        update_doc(update_doc_path, block)
     if json_path is not None:
         write_text(json_path, json.dumps([asdict(r) for r in rows], indent=1))
     return rows
