@@ -50,10 +50,34 @@ def test_a_results_page_says_which_calibration_condition_fails():
     assert "5 of 9 conditions hold on these records. Failing: E→M: within-target ≤ 0.6 × source-only — " in text
     # beside each failing within-target condition, the real datasets' ratio (4–5° over 8.77°, 5–6.5° over 8.58°)
     assert (
-        "= 0.70 × source-only (the real datasets: 0.46–0.57); E→D:" in text and "(the real datasets: 0.58–0.76)" in text
+        "= 0.70 × source-only on its seeds (seeds 0–2: 8.77) (the real datasets: 0.46–0.57); E→D:" in text
+        and "(the real datasets: 0.58–0.76)" in text
     )
     assert text.endswith("; G→D: source-only measured — no source-only rows. A missing row fails its condition.")
     assert text.count("within-target ≤ 0.6 × source-only") == 3
+
+
+def test_a_row_is_compared_with_source_only_on_its_own_seeds():
+    # the within-target and in-domain rows of seed 0 only, source-only on seeds 0–2 (seeds 1 and 2 far above seed
+    # 0): the ratio reads seed 0's source-only, not the mean over seeds the yardstick does not have
+    records = [r for r in _records(0.0, within=0.65, in_domain=4.0) if r["seed"] == 0 or r["method"] == "source-only"]
+    for r in records:
+        if r["method"] == "source-only":
+            r["error_deg"] += 3.0 * r["seed"]
+    checks = {(c.pair, c.condition): c for c in calibration_checks(records)}
+    within = checks["E→M", "within-target ≤ 0.6 × source-only"]
+    own, seed0 = 0.65 * REAL_SOURCE_ONLY["E→M"] - 0.1, REAL_SOURCE_ONLY["E→M"] - 0.1
+    assert (
+        within.measured == f"{own:.2f} (one seed) = {own / seed0:.2f} × source-only on its seeds (seed 0: {seed0:.2f})"
+    )
+    assert not within.holds  # against the mean of seeds 0–2 (3° higher) the ratio would be 0.50 and pass
+    in_domain = checks["E→M", "in-domain below source-only"]
+    assert in_domain.measured == f"3.90 (one seed) vs {seed0:.2f} on its seeds (seed 0)" and in_domain.holds
+    records = [r for r in records if not (r["method"] == "source-only" and r["seed"] == 0)]
+    lacking = {(c.pair, c.condition): c for c in calibration_checks(records)}[
+        "E→M", "within-target ≤ 0.6 × source-only"
+    ]
+    assert (lacking.measured, lacking.holds) == ("no source-only row on the within-target seeds", False)
 
 
 def test_each_condition_can_fail():

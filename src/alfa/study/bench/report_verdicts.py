@@ -225,11 +225,13 @@ def _share_range(items: Sequence[tuple[str, float, float]]) -> str:
 
 
 def _below_source_only(idx: Index, pairs: Sequence[str], method: str) -> list[tuple[str, float, float]]:
-    """``(pair, source-only − method, source-only)`` for every pair where both rows exist."""
+    """``(pair, source-only − method, source-only)`` for every pair where both rows exist, source-only read on the
+    seeds ``method`` has (each seed its own source model and persons: means over other seeds would not compare)."""
     out = []
     for p in pairs:
-        ref, other = cell(idx, "source-only", p), cell(idx, method, p)
-        if ref and other:
+        other = cell(idx, method, p)
+        ref = None if other is None else cell_on(idx, "source-only", [p], other.values)
+        if ref and other and set(ref.values) == set(other.values):
             out.append((p, ref.mean - other.mean, ref.mean))
     return out
 
