@@ -110,19 +110,26 @@ def test_tables_print_every_layer(runs):
     table = format_run(runs[0])
     assert table.splitlines()[0].startswith("(a)") and len(table.splitlines()) == 2 + 7
     agg = format_aggregate(runs)
-    assert agg.count("mean ± std over 10 seeds") == len(DEFAULT_PANELS)
+    assert agg.count("mean [95 % interval] over 10 seeds") == len(DEFAULT_PANELS)
 
 
-def test_cli_writes_json_and_figure(tmp_path, capsys):
-    json_path, fig_path = tmp_path / "toy.json", tmp_path / "toy.png"
-    args = _parser().parse_args(
-        ["crate", "toy", "--seeds", "2", "--first-seed", "5", "--json", str(json_path), "--figure", str(fig_path)]
-    )
+def test_cli_writes_json_record_and_figure(tmp_path, capsys):
+    json_path, record_path, fig_path = tmp_path / "toy.json", tmp_path / "record.json", tmp_path / "toy.png"
+    command = ["crate", "toy", "--seeds", "2", "--first-seed", "5", "--json", str(json_path)]
+    command += ["--data-to", str(record_path), "--figure", str(fig_path)]
+    args = _parser().parse_args(command)
     args.func(args)
     out = capsys.readouterr().out
-    assert "mean ± std over 2 seeds" in out and "wrote 10 runs" in out
+    assert "mean [95 % interval] over 2 seeds" in out and "wrote 10 runs" in out
     assert [r["seed"] for r in json.loads(json_path.read_text())][:2] == [5, 6]
     assert fig_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "toy.plotted.json").is_file()  # the figure's plotted data, as the page check compares it
+    record = json.loads(record_path.read_text())
+    assert record["command"] == "alfa " + " ".join(command)
+    assert record["seeds"] == [5, 6] and record["panels"] == list(DEFAULT_PANELS)
+    assert [r["seed"] for r in record["runs"]] == [5, 6] * len(DEFAULT_PANELS)
+    # the first seed of each panel carries the tokens the figure draws, the others do not
+    assert [("tokens" in r) for r in record["runs"]] == [True, False] * len(DEFAULT_PANELS)
 
 
 def test_cli_rejects_bad_input():
@@ -142,4 +149,4 @@ def test_each_panel_table_ends_with_a_reading_of_it():
     readings = [b.splitlines()[-1] for b in blocks]
     assert readings[0].startswith("Reading: over the layers the cluster is compressed")
     assert "barely change in thickness" in readings[1]  # (b): the gradient step on both clusters does ~nothing
-    assert "merged (ΔR" in readings[2] and "tokens on the wrong line grow" in readings[2]
+    assert "merged (ΔR" in readings[2] and "misassigned tokens" in readings[2]

@@ -42,7 +42,16 @@ def _toy_arguments(toy: argparse.ArgumentParser) -> None:
     toy.add_argument("--layers", type=int, default=constants.layers, help="number of layers (default %(default)s)")
     toy.add_argument("--show-runs", action="store_true", help="also print the table of every single run")
     toy.add_argument("--json", type=Path, metavar="PATH", help="write every run (per-layer statistics) as JSON")
-    toy.add_argument("--figure", type=Path, metavar="PATH", help="write the four-panel figure (PNG)")
+    toy.add_argument(
+        "--data-to",
+        type=Path,
+        metavar="PATH",
+        help="write the record docs/crate.md's toy sections are rendered from (alfa pages --write): this command, "
+        "the constants, every run and the tokens the figure draws, e.g. docs/data/crate-toy/toy.json",
+    )
+    toy.add_argument(
+        "--figure", type=Path, metavar="PATH", help="write the four-panel figure (PNG, its plotted data beside it)"
+    )
 
 
 def _gaze_arguments(gaze: argparse.ArgumentParser) -> None:
@@ -66,6 +75,7 @@ def _gaze_arguments(gaze: argparse.ArgumentParser) -> None:
 def _toy(args: argparse.Namespace) -> None:
     """``alfa crate toy``; bad options raise ``ValueError`` before anything runs."""
     from alfa.study.crate.toy import PANELS, ToyConfig, format_aggregate, format_run, plot_toy, run_toy, write_json
+    from alfa.study.crate.toy_report import toy_record, write_record
 
     panels = [p.strip() for p in args.panels.split(",") if p.strip()]
     unknown = [p for p in panels if p not in PANELS]
@@ -86,9 +96,36 @@ def _toy(args: argparse.Namespace) -> None:
     if args.json is not None:
         write_json(runs, args.json)
         print(f"\nwrote {len(runs)} runs to {args.json}")
+    if args.data_to is not None:
+        write_record(args.data_to, toy_record(runs, config, _toy_command_line(args)))
+        print(f"wrote the record of {len(runs)} runs to {args.data_to} (alfa pages --write renders docs/crate.md)")
     if args.figure is not None:
         plot_toy(runs, args.figure)
         print(f"wrote the figure to {args.figure}")
+
+
+def _toy_command_line(args: argparse.Namespace) -> str:
+    """``alfa crate toy`` as a person would type it, with the options that differ from their defaults (kept in
+    the record and quoted on the page)."""
+    from alfa.study.crate.toy import DEFAULT_PANELS, ToyConfig
+
+    defaults = ToyConfig()
+    parts = ["alfa", "crate", "toy", "--seeds", str(args.seeds)]
+    if args.first_seed != 0:
+        parts += ["--first-seed", str(args.first_seed)]
+    if args.panels != ",".join(DEFAULT_PANELS):
+        parts += ["--panels", shlex.quote(args.panels)]
+    for option in ("eps", "eta", "lam", "layers"):
+        if getattr(args, option) != getattr(defaults, option):
+            value = getattr(args, option)
+            short = f"{value:g}"  # 1 rather than 1.0, but never a value rounded away
+            parts += [f"--{option}", short if float(short) == value else repr(value)]
+    for option in ("json", "data_to", "figure"):
+        if getattr(args, option) is not None:
+            parts += [f"--{option.replace('_', '-')}", shlex.quote(str(getattr(args, option)))]
+    if args.replace:
+        parts.append("--replace")
+    return " ".join(parts)
 
 
 def _gaze_command_line(args: argparse.Namespace) -> str:
@@ -149,11 +186,12 @@ CRATE = Command(
             help="the plane toy: what compression and sparsification steps do to two clusters of tokens",
             description="Run the panels of the plane toy on a range of seeds and print, per layer, each cluster's "
             "thickness, the coding rates R, R_c and ΔR, the misassigned tokens and the share of tokens on one axis "
-            "(mean ± std over the seeds); optionally write every run as JSON and the four-panel figure. The "
-            "panels and measures: docs/crate.md, The plane toy.",
+            "(the mean over the seeds and its 95 % interval); optionally write every run as JSON, the record "
+            "docs/crate.md's toy sections are rendered from (--data-to) and the four-panel figure. The panels and "
+            "measures: docs/crate.md, The plane toy.",
             add_arguments=_toy_arguments,
             run=_toy,
-            outputs={"json": False, "figure": False},
+            outputs={"json": False, "data_to": False, "figure": False},
         ),
         Command(
             "gaze",

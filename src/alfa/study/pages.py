@@ -136,6 +136,36 @@ def _render_crate_gaze(root: Path, out: Path) -> None:
     write_text(out / "docs/crate-gaze.md", text)
 
 
+CRATE_PAGE = "docs/crate.md"
+"""The hand-written CRATE page whose plane-toy sections (between their markers) are generated."""
+CRATE_TOY_DATA = "docs/data/crate-toy"
+CRATE_TOY_SECTIONS = (
+    # (the markers' name, the record in CRATE_TOY_DATA, the figure, its alt text)
+    ("crate-toy", "toy.json", "docs/figures/crate_toy.png", "the plane toy"),
+    ("crate-toy-d-strong", "toy-d-strong.json", "docs/figures/crate_toy_d_strong.png", "panel (d) with η = λ = 1"),
+)
+CRATE_TOY_COMMANDS = (
+    f"alfa crate toy --seeds 20 --data-to {CRATE_TOY_DATA}/toy.json --replace",
+    f"alfa crate toy --seeds 20 --panels d --eta 1 --lam 1 --data-to {CRATE_TOY_DATA}/toy-d-strong.json --replace",
+    "alfa pages --write",
+)
+"""How the plane toy's records are made (each record also names the command that made it)."""
+
+
+def _render_crate_toy(root: Path, out: Path) -> None:
+    from .crate.toy_report import load_record, plot_record, toy_section, with_block
+
+    text = (root / CRATE_PAGE).read_text(encoding="utf-8")
+    for name, record_file, figure, alt in CRATE_TOY_SECTIONS:
+        data = f"{CRATE_TOY_DATA}/{record_file}"
+        record = load_record(root / data)
+        (out / figure).parent.mkdir(parents=True, exist_ok=True)
+        plot_record(record, out / figure)
+        link = Path(figure).relative_to(Path(CRATE_PAGE).parent).as_posix()
+        text = with_block(text, name, toy_section(record, data=data, figure=link, alt=alt), CRATE_PAGE)
+    write_text(out / CRATE_PAGE, text)
+
+
 CALIBRATION_SCOUTS = "docs/data/calibration-scout"
 CALIBRATION_VARIANTS = "docs/data/calibration-variants"
 """Target settings scored with a benchmark model (``scripts/score_variants.py``)."""
@@ -297,6 +327,14 @@ PAGES: tuple[Page, ...] = (
         f"runs/crate-gaze/results.json to {CRATE_GAZE_DATA}",
         render=_render_crate_gaze,
         owned_figures=(CRATE_GAZE_FIGURE,),
+    ),
+    Page(
+        path=CRATE_PAGE,
+        data=CRATE_TOY_DATA,
+        produce=", then ".join(CRATE_TOY_COMMANDS) + " (the plane toy's sections; the rest of the page is written by "
+        "hand)",
+        render=_render_crate_toy,
+        owned_figures=tuple(figure for _, _, figure, _ in CRATE_TOY_SECTIONS),
     ),
     Page(
         path="docs/calibration.md",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -30,7 +30,9 @@ import numpy as np
 import torch
 
 from alfa import fileio
+from alfa.gaze.tdist import t_quantile
 
+from ..plotted import save_figure
 from .coding_rate import clustered_coding_rate, coding_rate, coding_rate_step
 
 __all__ = [
@@ -42,9 +44,18 @@ __all__ = [
     "draw_tokens",
     "run_panel",
     "run_toy",
+    "LEVEL",
+    "METRICS",
+    "interval",
+    "format_interval",
     "format_run",
+    "seed_values",
     "aggregate",
+    "panel_cells",
+    "panel_header",
+    "panel_heading",
     "format_aggregate",
+    "read_panel",
     "write_json",
     "plot_toy",
 ]
@@ -119,7 +130,14 @@ class ToyRun:
     labels: np.ndarray | None = None
 
     def to_dict(self) -> dict:
-        out = {"panel": self.panel, "length": self.length, "kappa": self.kappa, "seed": self.seed, "eps": self.eps}
+        out = {
+            "key": self.key,
+            "panel": self.panel,
+            "length": self.length,
+            "kappa": self.kappa,
+            "seed": self.seed,
+            "eps": self.eps,
+        }
         if self.eta is not None:
             out.update(eta=self.eta, lam=self.lam)
         out["layers"] = self.layers
@@ -257,6 +275,37 @@ def _num(x: float, fmt: str) -> str:
     return text.lstrip("-") if float(text) == 0 else text  # no "-0.000" from rounding noise
 
 
+LEVEL = 0.95
+"""The confidence level of every interval over seeds the toy prints, draws and renders."""
+
+METRICS = ("thickness1", "thickness2", "R", "Rc", "dR", "misassigned", "one_axis_share")
+"""The per-layer measures, as :func:`seed_values` and :func:`aggregate` name them."""
+
+FORMATS = {"misassigned": ".1f", "one_axis_share": ".2f"}
+"""How a measure's numbers are printed, where not with three decimals."""
+
+
+def interval(values: np.ndarray | list) -> np.ndarray:
+    """The mean over the first axis (the seeds) and its 95 % Student-t interval: an array of ``mean``, ``low``,
+    ``high`` stacked on a new first axis; ``low`` and ``high`` are NaN for fewer than two seeds."""
+    x = np.asarray(values, dtype=np.float64)
+    n = x.shape[0]
+    mean = x.mean(0)
+    if n < 2:
+        return np.stack([mean, np.full_like(mean, np.nan), np.full_like(mean, np.nan)])
+    half = float(t_quantile(1 - LEVEL, n - 1)) * x.std(0, ddof=1) / math.sqrt(n)
+    return np.stack([mean, mean - half, mean + half])
+
+
+def format_interval(mean: float, low: float, high: float, fmt: str = ".3f") -> str:
+    """``mean [low, high]``; ``mean`` alone without an interval, ``-`` for no value (NaN)."""
+    if np.isnan(mean):
+        return "-"
+    if np.isnan(low) or np.isnan(high):
+        return _num(mean, fmt)
+    return f"{_num(mean, fmt)} [{_num(low, fmt)}, {_num(high, fmt)}]"
+
+
 _HEADER = f"{'layer':>5} {'thick1':>8} {'thick2':>8} {'R':>8} {'R_c':>8} {'ΔR':>8} {'misassigned':>12} {'one-axis':>9}"
 
 
@@ -274,97 +323,178 @@ def format_run(run: ToyRun) -> str:
     return "\n".join(lines)
 
 
-def aggregate(runs: list[ToyRun]) -> dict[str, dict[str, np.ndarray]]:
-    """Per panel key: ``metric -> (2, layers)`` array of mean and std over the seeds (population std).
-    Metrics: ``thickness1``, ``thickness2`` (NaN in (a)), ``R``, ``Rc``, ``dR``, ``misassigned``,
-    ``one_axis_share``."""
+def seed_values(runs: list[ToyRun]) -> dict[str, dict[str, np.ndarray]]:
+    """Per panel key (in the order of ``runs``): each of :data:`METRICS` as a ``(seeds, layers)`` array, one
+    row per run of that key in the order of ``runs``; ``thickness2`` is NaN in (a)."""
     by_key: dict[str, list[ToyRun]] = {}
     for run in runs:
         by_key.setdefault(run.key, []).append(run)
     out: dict[str, dict[str, np.ndarray]] = {}
     for key, group in by_key.items():
-        metrics: dict[str, np.ndarray] = {}
-        values = {
+        table = {
             "thickness1": [[s["thickness"][0] for s in r.layers] for r in group],
             "thickness2": [
                 [np.nan if s["thickness"][1] is None else s["thickness"][1] for s in r.layers] for r in group
             ],
-            **{
-                m: [[s[m] for s in r.layers] for r in group] for m in ("R", "Rc", "dR", "misassigned", "one_axis_share")
-            },
+            **{m: [[s[m] for s in r.layers] for r in group] for m in METRICS[2:]},
         }
-        for name, table in values.items():
-            arr = np.asarray(table, dtype=np.float64)  # (seeds, layers)
-            metrics[name] = np.stack([arr.mean(0), arr.std(0)])
-        out[key] = metrics
+        out[key] = {name: np.asarray(rows, dtype=np.float64) for name, rows in table.items()}
     return out
 
 
+def aggregate(runs: list[ToyRun]) -> dict[str, dict[str, np.ndarray]]:
+    """Per panel key: ``metric -> (3, layers)`` array of the mean over the seeds and its 95 % interval
+    (:func:`interval`). Metrics: :data:`METRICS`; ``thickness2`` is NaN in (a)."""
+    return {key: {m: interval(v) for m, v in values.items()} for key, values in seed_values(runs).items()}
+
+
+def panel_cells(values: dict[str, np.ndarray]) -> list[list[str]]:
+    """One panel's table as text: per layer, the layer and each metric's ``mean [low, high]``."""
+    stats = {name: interval(v) for name, v in values.items()}
+    return [
+        [str(layer)] + [format_interval(*stats[m][:, layer], FORMATS.get(m, ".3f")) for m in METRICS]
+        for layer in range(values["R"].shape[1])
+    ]
+
+
+def panel_header(n: int) -> list[str]:
+    """The column names of :func:`panel_cells`; ``n`` tokens in the panel."""
+    return ["layer", "thickness 1", "thickness 2", "R", "R_c", "ΔR", f"misassigned/{n}", "one-axis"]
+
+
+def panel_heading(run: ToyRun, seeds: int) -> str:
+    """What a panel's table is of: the panel, its constants, and over how many seeds."""
+    return f"{_describe(run.key, run.eta, run.lam)}; mean [{LEVEL * 100:.0f} % interval] over {seeds} seeds"
+
+
 def format_aggregate(runs: list[ToyRun]) -> str:
-    """Mean ± std over seeds, per panel and layer."""
-    agg = aggregate(runs)
+    """Per panel, a table of the mean over the seeds and its 95 % interval per layer, and its reading."""
     blocks = []
-    for key, m in agg.items():
-        group = [r for r in runs if r.key == key]
-        n = len(group[0].labels) if group[0].labels is not None else 0
-        head = f"{_describe(key, group[0].eta, group[0].lam)}; mean ± std over {len(group)} seeds"
-        lines = [
-            head,
-            f"{'layer':>5} {'thickness 1':>13} {'thickness 2':>13} {'R':>13} {'R_c':>13} {'ΔR':>13} "
-            f"{'misassigned/' + str(n):>15} {'one-axis':>13}",
-        ]
-        for layer in range(m["R"].shape[1]):
-
-            def cell(name: str, fmt: str = ".3f", width: int = 13, m=m, layer=layer) -> str:
-                mean, std = m[name][:, layer]
-                if np.isnan(mean):
-                    return f"{'-':>{width}}"
-                return f"{_num(mean, fmt)} ± {_num(std, fmt)}".rjust(width)
-
-            lines.append(
-                f"{layer:5d} {cell('thickness1')} {cell('thickness2')} {cell('R')} {cell('Rc')} {cell('dR')} "
-                f"{cell('misassigned', '.1f', 15)} {cell('one_axis_share', '.2f')}"
-            )
-        lines.append(_reading(m, n))
+    for key, values in seed_values(runs).items():
+        first = next(r for r in runs if r.key == key)
+        n = len(first.labels) if first.labels is not None else 0
+        rows = [panel_header(n), *panel_cells(values)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = [panel_heading(first, values["R"].shape[0])]
+        lines += [" ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+        lines.append(read_panel(values, n))
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
 
-def _reading(m: dict[str, np.ndarray], n: int) -> str:
-    """One sentence that reads a panel's table: what the layers did, from the input to the last layer (means)."""
-    first, last = 0, m["R"].shape[1] - 1
+def _from_layer(holds: np.ndarray) -> int | None:
+    """The first layer from which on ``holds`` (``(seeds, layers)``) is true in every seed; ``None`` if it is
+    not at the last layer."""
+    every = holds.all(0)
+    if not every[-1]:
+        return None
+    layer = len(every) - 1
+    while layer > 0 and every[layer - 1]:
+        layer -= 1
+    return layer
 
-    def move(name: str, fmt: str = ".3f") -> str:
-        return f"{_num(m[name][0, first], fmt)} → {_num(m[name][0, last], fmt)}"
 
-    t1, t2 = m["thickness1"][0], m["thickness2"][0]
-    thick = [t1] if np.isnan(t2[first]) else [t1, t2]
-    shrunk = all(t[last] < 0.5 * t[first] for t in thick)
-    kept = all(abs(t[last] - t[first]) <= 0.05 * max(t[first], 1e-12) for t in thick)
-    one = len(thick) == 1
-    words = [f"Reading: over the layers the {'cluster' if one else 'clusters'}"]
+ZERO = 1e-9
+"""Below this a thickness or ΔR counts as exactly zero (they are computed in float64)."""
+
+
+def read_panel(values: dict[str, np.ndarray], n: int) -> str:
+    """Sentences that read one panel's table (``values`` as :func:`seed_values` gives them; ``n`` tokens): what
+    the layers did from the input to the last layer, each mean with its 95 % interval, how far the seeds
+    spread at the last layer, and what holds in every seed."""
+    stats = {name: interval(v) for name, v in values.items()}
+    last = values["R"].shape[1] - 1
+
+    def at(name: str, layer: int) -> str:
+        return format_interval(*stats[name][:, layer], FORMATS.get(name, ".3f"))
+
+    def move(name: str) -> str:
+        return f"{at(name, 0)} → {at(name, last)}"
+
+    names = ["thickness1"] if np.isnan(values["thickness2"]).all() else ["thickness1", "thickness2"]
+    one = len(names) == 1
+    means = [stats[name][0] for name in names]
+    shrunk = all(t[last] < 0.5 * t[0] for t in means)
+    kept = all(abs(t[last] - t[0]) <= 0.05 * max(t[0], 1e-12) for t in means)
     verbs = (
         ("is compressed", "barely changes in thickness", "thins somewhat")
         if one
         else ("are compressed", "barely change in thickness", "thin somewhat")
     )
+    words = [f"Reading: over the layers the {'cluster' if one else 'clusters'}"]
     words.append(verbs[0] if shrunk else verbs[1] if kept else verbs[2])
-    words.append(f"(thickness {move('thickness1')}" + ("" if len(thick) == 1 else f" and {move('thickness2')}") + ")")
-    if len(thick) == 2:
-        d0, d1 = m["dR"][0, first], m["dR"][0, last]
+    words.append("(thickness " + " and ".join(move(name) for name in names) + ")")
+    if one:
+        words.append(f"and its coding rate falls (R {move('R')} bits)")
+    else:
+        d0, d1 = stats["dR"][0, 0], stats["dR"][0, last]
+        also = "and" if shrunk else "and are"  # "are compressed and merged", "thin somewhat and are merged"
         if d1 > 1.2 * d0:
-            words.append(f"and pulled apart relative to their size (ΔR {move('dR')})")
+            words.append(f"{also} pulled apart relative to their size (ΔR {move('dR')})")
         elif d1 < 0.8 * d0:
-            words.append(f"and merged (ΔR {move('dR')}: nothing tells them apart any more)")
+            words.append(f"{also} merged (ΔR {move('dR')}: nothing tells them apart any more)")
         else:
-            words.append(f"while ΔR stays {_num(m['dR'][0, last], '.3f')}")
-    wrong = m["misassigned"][0]
-    if wrong[last] > wrong[first] + 1:
-        words.append(f"; tokens on the wrong line grow from {wrong[first]:.1f} to {wrong[last]:.1f} of {n}")
-    share = m["one_axis_share"][0, last]
-    if share > 0.05:
-        words.append(f"; {share:.0%} of the tokens end with a single non-zero coordinate (sparse)")
-    return " ".join(words).replace(" ;", ";") + "."
+            words.append(f"while ΔR stays {at('dR', last)}")
+    sentences = [" ".join(words) + "."]
+    if not one:
+        sentences.append(f"R_c {move('Rc')} bits; misassigned tokens {move('misassigned')} of {n}.")
+    spread = [_spread(values[name][:, last]) for name in names]
+    seeds = values["R"].shape[0]
+    if one:
+        sentences.append(f"At layer {last} the thickness over the {seeds} seeds {spread[0]}.")
+    else:
+        sentences.append(f"At layer {last} over the {seeds} seeds thickness 1 {spread[0]}, thickness 2 {spread[1]}.")
+    sentences += _every_seed(values, names, n)
+    sentences += _one_axis(values, at)
+    return " ".join(sentences)
+
+
+def _spread(values: np.ndarray) -> str:
+    """How far one measure spreads over the seeds (the seeds' own spread, not the mean's uncertainty)."""
+    low, high = _num(values.min(), ".3f"), _num(values.max(), ".3f")
+    return f"is {low} in every seed" if low == high else f"ranges from {low} to {high}"
+
+
+def _every_seed(values: dict[str, np.ndarray], names: list[str], n: int) -> list[str]:
+    """What holds exactly in every seed from some layer on: a cluster flat (thickness 0; with both flat, ΔR 0
+    too), and one same number of misassigned tokens."""
+    flat = [_from_layer(values[name] <= ZERO) for name in names]
+    sentences = []
+    if len(names) == 2 and None not in flat:
+        layer = max(flat)
+        zero_dr = (_from_layer(np.abs(values["dR"]) <= ZERO) or 0) <= layer
+        sentences.append(
+            f"From layer {layer} on, in every seed, both clusters are flat (thickness 0{', ΔR 0' if zero_dr else ''})."
+        )
+    else:
+        cluster = ["the cluster"] if len(names) == 1 else ["cluster 1", "cluster 2"]
+        sentences += [
+            f"From layer {layer} on, in every seed, {cluster[j]} is flat (thickness 0)."
+            for j, layer in enumerate(flat)
+            if layer is not None
+        ]
+    wrong = values["misassigned"]
+    same = _from_layer(wrong == wrong[0, -1])
+    if len(names) == 2 and same is not None and same > 0:
+        sentences.append(f"From layer {same} on, every seed has exactly {wrong[0, -1]:.0f} of {n} tokens misassigned.")
+    return sentences
+
+
+def _one_axis(values: dict[str, np.ndarray], at: Callable[[str, int], str]) -> list[str]:
+    """The share of tokens with a single non-zero coordinate, where the ISTA step gives some."""
+    share = interval(values["one_axis_share"])[0]
+    if share.max() <= 0.05:
+        return []
+    last, top = len(share) - 1, int(np.argmax(share))
+    if share[last] >= share[top]:
+        text = f"The one-axis share ends at {at('one_axis_share', last)}"
+    else:
+        text = f"The one-axis share is highest at layer {top} ({at('one_axis_share', top)}) and ends at "
+        text += at("one_axis_share", last)
+    full = _from_layer(values["one_axis_share"] >= 1.0)
+    if full is not None:
+        text += f"; from layer {full} on, every token of every seed has a single non-zero coordinate"
+    return [text + "."]
 
 
 def write_json(runs: list[ToyRun], path: str | os.PathLike) -> None:
@@ -376,8 +506,10 @@ def write_json(runs: list[ToyRun], path: str | os.PathLike) -> None:
 
 def plot_toy(runs: list[ToyRun], path: str | os.PathLike) -> None:
     """The four panels (a)–(d): top row, the first seed's tokens at the input (faint) and after the last
-    layer; bottom row, per-layer thickness, misassigned share and (d) one-axis share, mean ± std over
-    seeds, with the token-length-1 variant of (c) drawn into (c)."""
+    layer; bottom row, per-layer thickness, misassigned share and (d) one-axis share, the mean over the seeds
+    and its 95 % interval, with the token-length-1 variant of (c) drawn into (c). Saved with
+    :func:`alfa.study.plotted.save_figure` (its plotted data beside it). Only the first run of each panel
+    needs its tokens."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -429,15 +561,15 @@ def plot_toy(runs: list[ToyRun], path: str | os.PathLike) -> None:
             if PANELS[variant].ista:
                 curves.append(("one_axis_share", 1.0, "one-axis share", "tab:green"))
             for name, scale, label, color in curves:
-                mean, std = m[name] * scale
+                mean, low, high = m[name] * scale
                 if np.isnan(mean).all():
                     continue
                 ax.plot(layers, mean, style, marker="o", ms=3, color=color, label=label + tag)
-                ax.fill_between(layers, mean - std, mean + std, color=color, alpha=0.15)
+                if not np.isnan(low).all():
+                    ax.fill_between(layers, low, high, color=color, alpha=0.15)
         seeds = len([r for r in runs if r.key == key])
-        ax.set(xlabel="layer", ylim=(-0.02, 1.02), title=f"mean ± std over {seeds} seeds")
+        ax.set(xlabel="layer", ylim=(-0.02, 1.02), title=f"mean and {LEVEL * 100:.0f} % interval over {seeds} seeds")
         ax.title.set_fontsize(9)
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
