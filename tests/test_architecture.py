@@ -44,8 +44,9 @@ APPLICATION_LAYERS: list[tuple[str, ...]] = [
     ("gaze.service",),  # the HTTP gaze service
 ]
 STUDY_LAYERS: list[tuple[str, ...]] = [
-    # what a figure plots, saved beside it (the page check compares that); timings' paired ratios and their machine
-    ("study.plotted", "study.timing"),
+    # what a figure plots, saved beside it (the page check compares that); timings' paired ratios and their machine;
+    # a generated section of a hand-written page
+    ("study.plotted", "study.timing", "study.sections"),
     # CRATE's examples; the benchmark; the data-flow picture; the camera page (docs/camera.md); the small language
     # model study (docs/llm.md)
     ("study.crate", "study.bench", "study.dataflow", "study.camera", "study.llm"),

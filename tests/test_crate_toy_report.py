@@ -5,14 +5,13 @@ import pytest
 
 from alfa.study.crate.toy import ToyConfig, ToyRun, format_interval, interval, read_panel, run_toy, seed_values
 from alfa.study.crate.toy_report import (
-    block_marks,
     load_record,
     runs_from_record,
     toy_record,
     toy_section,
-    with_block,
     write_record,
 )
+from alfa.study.sections import section_marks, with_section
 
 # Student's t, two-sided 95 %: t(0.975; 1) = 12.7062047, t(0.975; 2) = 4.3026527 (any printed table)
 T1, T2 = 12.7062047, 4.3026527
@@ -82,15 +81,15 @@ def test_a_record_gives_back_the_runs_it_was_made_of():
         assert read_panel(values, 40) == read_panel(again, 40)
 
 
-def test_with_block_replaces_only_what_lies_between_its_markers():
-    begin, end = block_marks("crate-toy")
+def test_a_section_replaces_only_what_lies_between_its_markers():
+    begin, end = section_marks("crate-toy")
     page = f"intro\n{begin}\nold\n{end}\n\noutro\n"
-    assert with_block(page, "crate-toy", "new\n") == f"intro\n{begin}\nnew\n{end}\n\noutro\n"
+    assert with_section(page, "crate-toy", "new\n") == f"intro\n{begin}\nnew\n{end}\n\noutro\n"
     for broken in ("no markers", f"{end}\n{begin}", begin * 2 + end):
         with pytest.raises(ValueError, match="needs exactly one"):
-            with_block(broken, "crate-toy", "new")
+            with_section(broken, "crate-toy", "new")
     with pytest.raises(ValueError, match="needs exactly one"):  # another section's markers are not this one's
-        with_block(page, "crate-toy-d-strong", "new")
+        with_section(page, "crate-toy-d-strong", "new")
 
 
 def test_another_json_file_is_not_taken_for_a_record(tmp_path):

@@ -153,7 +153,8 @@ CRATE_TOY_COMMANDS = (
 
 
 def _render_crate_toy(root: Path, out: Path) -> None:
-    from .crate.toy_report import load_record, plot_record, toy_section, with_block
+    from .crate.toy_report import load_record, plot_record, toy_section
+    from .sections import with_section
 
     text = (root / CRATE_PAGE).read_text(encoding="utf-8")
     for name, record_file, figure, alt in CRATE_TOY_SECTIONS:
@@ -162,7 +163,7 @@ def _render_crate_toy(root: Path, out: Path) -> None:
         (out / figure).parent.mkdir(parents=True, exist_ok=True)
         plot_record(record, out / figure)
         link = Path(figure).relative_to(Path(CRATE_PAGE).parent).as_posix()
-        text = with_block(text, name, toy_section(record, data=data, figure=link, alt=alt), CRATE_PAGE)
+        text = with_section(text, name, toy_section(record, data=data, figure=link, alt=alt), CRATE_PAGE)
     write_text(out / CRATE_PAGE, text)
 
 

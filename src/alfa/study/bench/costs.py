@@ -53,6 +53,7 @@ from alfa.gaze.geometry import flip_yaw
 from alfa.gaze.personalize import PersonalizeConfig
 from alfa.gaze.train import TruncateConfig
 from alfa.models import create_model
+from alfa.study.sections import section_marks, with_section
 from alfa.study.timing import cpu_name, median_cell, median_interval
 from alfa.summary import parameter_summary
 from alfa.truncate import truncate
@@ -293,25 +294,17 @@ def format_table(rows: list[CostRow]) -> str:
     return "\n".join(lines)
 
 
-BEGIN_MARK = "<!-- costs:begin -->"
-END_MARK = "<!-- costs:end -->"
+SECTION = "costs"
+BEGIN_MARK, END_MARK = section_marks(SECTION)
 
 
-def _split_text(text: str, where: str) -> tuple[str, str]:
-    if text.count(BEGIN_MARK) != 1 or text.count(END_MARK) != 1 or text.index(BEGIN_MARK) > text.index(END_MARK):
-        raise ValueError(f"{where} needs exactly one {BEGIN_MARK} followed by one {END_MARK}")
-    head, rest = text.split(BEGIN_MARK)
-    return head, rest.split(END_MARK)[1]
-
-
-def _split_at_markers(path: Path) -> tuple[str, str]:
-    return _split_text(path.read_text(encoding="utf-8"), str(path))
+def _check_markers(path: Path) -> None:
+    with_section(path.read_text(encoding="utf-8"), SECTION, "", str(path))
 
 
 def with_block(text: str, block: str, where: str = "the page") -> str:
     """``text`` with what lies between :data:`BEGIN_MARK` and :data:`END_MARK` replaced by ``block``."""
-    head, tail = _split_text(text, where)
-    return f"{head}{BEGIN_MARK}\n{block.strip()}\n{END_MARK}{tail}"
+    return with_section(text, SECTION, block, where)
 
 
 def update_doc(path: Path, block: str) -> None:
@@ -381,7 +374,7 @@ def report_costs(
     was measured under, and optionally save the rows as JSON and the table into a page (between its
     markers: :func:`update_doc`), its data beside it (:func:`data_path`, which ``alfa pages`` renders it from)."""
     if update_doc_path is not None:  # fail before ten minutes of timing, not after
-        _split_at_markers(update_doc_path)
+        _check_markers(update_doc_path)
         _refuse_foreign_data(data_path(update_doc_path))
     load_start = os.getloadavg()[0]
     rows = cost_table(

@@ -3,7 +3,8 @@
 ``alfa crate toy --data-to PATH`` keeps every run of one invocation in one JSON record (:func:`toy_record`):
 the command, the constants, the seeds, every run's per-layer statistics (one run per line) and, for the first
 seed of each panel, the tokens the figure draws. ``alfa pages`` renders from such a record a section of the
-hand-written page, between its markers (:func:`with_block`): the command, one table per panel of the mean
+hand-written page, between its markers (:func:`alfa.study.sections.with_section`): the command, one table per
+panel of the mean
 over the seeds with its 95 % interval per layer, each panel's reading, and the figure (:func:`plot_record`),
 so that no number of the toy on the page is typed by hand.
 """
@@ -41,8 +42,6 @@ __all__ = [
     "runs_from_record",
     "markdown_table",
     "toy_section",
-    "block_marks",
-    "with_block",
     "plot_record",
 ]
 
@@ -170,21 +169,6 @@ def _caption(runs: list[ToyRun], seeds: int) -> str:
         "cluster's thickness, the misassigned share"
     )
     return text + (" and the one-axis share." if "d" in keys else ".")
-
-
-def block_marks(name: str) -> tuple[str, str]:
-    """The markers around the generated section ``name`` of a hand-written page."""
-    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-
-
-def with_block(text: str, name: str, block: str, where: str = "the page") -> str:
-    """``text`` with what lies between the markers of ``name`` replaced by ``block`` (the rest kept byte for
-    byte); ``where`` names the page in the error when it lacks one begin marker followed by one end marker."""
-    begin, end = block_marks(name)
-    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
-        raise ValueError(f"{where} needs exactly one {begin} followed by one {end}")
-    head, rest = text.split(begin)
-    return f"{head}{begin}\n{block.strip()}\n{end}{rest.split(end)[1]}"
 
 
 def plot_record(record: dict[str, Any], path: str | os.PathLike) -> None:
