@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Time the README's two commands on a fresh clone of this repository's HEAD, and keep the record the README's
-# timings are quoted from: docs/data/fresh-clone/<UTC date and time>.txt (commit it by hand). Pause any long run
-# on the machine first (its load stretches both); pip's download cache is whatever this machine has.
+# Time the README's two commands, each on a fresh clone of this repository's HEAD (so that neither finds what the
+# other set up), and keep the record the README's timings are quoted from: docs/data/fresh-clone/<UTC date and
+# time>.txt (commit it by hand). Pause any long run on the machine first (its load stretches both); pip's download
+# cache is whatever this machine has.
 #
 #   bash scripts/time_fresh_clone.sh            # both commands, about 7 minutes on 2 cores
 set -uo pipefail
@@ -13,13 +14,13 @@ if [[ -e $record ]]; then
     exit 2
 fi
 work=$(mktemp -d)
-git clone -q . "$work/repo" || exit 2
 cpu=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 lines=("commit $(git rev-parse HEAD)" "machine $cpu, $(nproc) CPUs" "started $(date -u +%FT%TZ)")
 status=0
 for command in test demo; do
+    git clone -q . "$work/$command" || exit 2
     start=$(date +%s)
-    (cd "$work/repo" && "./scripts/$command.sh") >"$work/$command.log" 2>&1
+    (cd "$work/$command" && "./scripts/$command.sh") >"$work/$command.log" 2>&1
     rc=$?
     seconds=$(($(date +%s) - start))
     ((rc == 0)) || status=1
