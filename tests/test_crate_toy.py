@@ -150,3 +150,17 @@ def test_each_panel_table_ends_with_a_reading_of_it():
     assert readings[0].startswith("Reading: over the layers the cluster is compressed")
     assert "barely change in thickness" in readings[1]  # (b): the gradient step on both clusters does ~nothing
     assert "merged (ΔR" in readings[2] and "misassigned tokens" in readings[2]
+
+
+def test_cli_refuses_to_replace_the_plotted_data_beside_a_new_figure(tmp_path, capsys):
+    from alfa.cli import main
+
+    beside = tmp_path / "toy.plotted.json"
+    beside.write_text("someone's", encoding="utf-8")
+    assert main(["crate", "toy", "--seeds", "1", "--panels", "a", "--figure", str(tmp_path / "toy.png")]) == 2
+    assert "its plotted data goes to" in capsys.readouterr().err and beside.read_text(encoding="utf-8") == "someone's"
+    assert not (tmp_path / "toy.png").exists()
+    assert (
+        main(["crate", "toy", "--seeds", "1", "--panels", "a", "--figure", str(tmp_path / "toy.png"), "--replace"]) == 0
+    )
+    assert beside.read_text(encoding="utf-8") != "someone's"
