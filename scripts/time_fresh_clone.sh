@@ -26,7 +26,8 @@ for command in test demo; do
     ((rc == 0)) || status=1
     lines+=("./scripts/$command.sh: exit status $rc, $seconds s in all ($((seconds / 60)) min $((seconds % 60)) s)")
     # the suite's own summary line, and the demo's own wall time
-    lines+=("  $(grep -E '^[0-9]+ passed|^total wall time' "$work/$command.log" | tail -1)")
+    summary=$(grep -E '^[0-9]+ passed|^total wall time' "$work/$command.log" | tail -1)
+    lines+=("  ${summary:-its summary line not found (see its log)}")
 done
 mkdir -p "$(dirname "$record")"
 printf '%s\n' "${lines[@]}" >"$record"

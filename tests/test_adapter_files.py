@@ -84,13 +84,15 @@ def test_a_file_from_before_the_rest_fingerprint_is_checked_on_its_layers_only(b
     path = alfa.save_adapter(_personalized(base), tmp_path / "a.safetensors")
     with safe_open(str(path), framework="pt") as f:
         meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
-    assert set(json.loads(meta["base_rest"])) == {"bn1", "fc2"}  # the modules outside the adapted layers
-    del meta["base_rest"]
+    rest = json.loads(meta["rest_fingerprint"])
+    assert set(rest) == {"bn1", "fc2"}  # the modules outside the adapted layers
+    assert [len(rest["bn1"]), len(rest["fc2"])] == [4, 2]  # each float tensor; not bn1's step counter
+    del meta["rest_fingerprint"]
     save_file(tensors, str(path), metadata=meta)
     head_changed = copy.deepcopy(base)
     with torch.no_grad():
         head_changed.fc2.bias.add_(0.1)
-    assert alfa.read_adapter_metadata(path)["base_rest"] is None
+    assert alfa.read_adapter_metadata(path)["rest_fingerprint"] is None
     assert alfa.load_adapter(head_changed, path) == ["conv1", "conv2", "conv3", "fc1"]
 
 
@@ -100,7 +102,7 @@ def test_modules_to_save_are_the_adapters_own_not_the_base(base, tmp_path):
     with torch.no_grad():
         model.fc2.weight.add_(0.5)  # the adapter's copy, trained
     path = alfa.save_adapter(model, tmp_path / "a.safetensors")
-    assert not any(n.startswith("fc2.") for n in alfa.read_adapter_metadata(path)["base_rest"])
+    assert set(alfa.read_adapter_metadata(path)["rest_fingerprint"]) == {"bn1", "fc1"}  # fc2: the adapter's own copy
     shared = copy.deepcopy(base)
     alfa.load_adapter(shared, path)
     x = torch.randn(2, 3, 16, 16)
@@ -313,3 +315,41 @@ def test_messages_say_what_is_wrong_in_the_users_terms(tmp_path):
         alfa.load_adapter(copy.deepcopy(model), path)
     with pytest.raises(AdapterFileError, match="is a folder: an adapter is one file"):
         alfa.load_adapter(copy.deepcopy(model), tmp_path)
+
+
+def test_a_trained_bases_batchnorm_statistics_are_seen_past_its_counter_and_its_variance(tmp_path):
+    # a trained BatchNorm: a step counter of 20,000 and variances of 10^4 beside a bias of about 0.1; one signature
+    # per module would read the counter or the variance alone
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)).eval()
+    with torch.no_grad():
+        net[1].num_batches_tracked.fill_(20_000)
+        net[1].running_var.fill_(1e4)
+        net[1].bias.normal_(0, 0.1)
+    model = copy.deepcopy(net)
+    alfa.attach(model, alfa.LoraConfig(target="3", rank=1))
+    path = alfa.save_adapter(model, tmp_path / "a.safetensors")
+    for change in (lambda bn: bn.running_mean.add_(0.5), lambda bn: bn.bias.add_(0.5), lambda bn: bn.weight.neg_()):
+        moved = copy.deepcopy(net)
+        with torch.no_grad():
+            change(moved[1])
+        with pytest.raises(AdapterFileError, match=r"\(1: different values"):
+            alfa.load_adapter(moved, path)
+    counted = copy.deepcopy(net)
+    counted[1].num_batches_tracked.fill_(0)  # no eval-mode output reads the counter
+    assert alfa.load_adapter(counted, path) == ["3"]
+
+
+def test_a_full_fine_tune_of_a_tied_model_loads_back_onto_its_base(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50, n_positions=16)
+    torch.manual_seed(0)
+    base = transformers.GPT2LMHeadModel(config).eval()  # lm_head.weight is transformer.wte.weight
+    model = copy.deepcopy(base)
+    alfa.attach(model, alfa.FullFinetuneConfig())
+    with torch.no_grad():
+        for p in adapter_parameters(model).values():
+            p.add_(0.01)
+    path = alfa.save_adapter(model, tmp_path / "a.safetensors")
+    assert "lm_head" not in alfa.read_adapter_metadata(path)["rest_fingerprint"]  # the trained wte, tied
+    assert alfa.load_adapter(copy.deepcopy(base), path)

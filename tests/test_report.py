@@ -605,3 +605,11 @@ def test_a_row_of_fewer_seeds_is_set_against_source_only_on_those_seeds():
     text = " ".join(sanity_verdicts(index_records(records)))
     assert "is below the source model on the target's scored persons on 1 of 1 pairs" in text
     assert "by 3.00° (33 % of the source-only error)" in text  # 9 − 6 over 9; against 15 (all seeds) it read 9.00°
+
+
+def test_the_share_of_the_headroom_reads_all_three_rows_on_the_same_seeds():
+    means = {("source-only", "E→M"): (10.0, 20.0, 30.0), ("oracle", "E→M"): (5.0, 5.0, 5.0)}
+    records = fixture_results(means)["records"]
+    records.append(shifted("alfa", "E→M", 0, 8.0))  # Alfa on seed 0 only: (10 − 8) / (10 − 5)
+    text = " ".join(sanity_verdicts(index_records(records)))
+    assert "over source-only − oracle): E→M 40 %." in text  # not (20 − 8) / (20 − 5) = 80 % over mixed seeds

@@ -435,6 +435,7 @@ def test_save_pretrained_refuses_another_models_folder_unless_told(tmp_path):
         tmp_path / "hf" / "alfa-model.safetensors"
     ).exists()
     alfa.save_pretrained(model, tmp_path / "hf", overwrite=True)
+    assert not (tmp_path / "hf" / "model.safetensors").exists()  # its weights went with its config
     alfa.save_pretrained(model, tmp_path / "hf")  # its own earlier save is replaced, as transformers does
     assert torch.equal(
         _out(alfa.load_pretrained(transformers.GPT2LMHeadModel, tmp_path / "hf"), "gpt2"), _out(model, "gpt2")

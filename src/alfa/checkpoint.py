@@ -51,6 +51,15 @@ __all__ = [
 
 FORMAT = "alfa-checkpoint"
 PRETRAINED_FILE = "alfa-model.safetensors"  # what save_pretrained writes next to config.json
+TRANSFORMERS_WEIGHTS = (
+    "model.safetensors",
+    "model-*-of-*.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model-*-of-*.bin",
+    "pytorch_model.bin.index.json",
+)
+"""The weight files transformers' ``save_pretrained`` writes (one file, or shards and their index)."""
 
 
 class CheckpointError(ValueError):
@@ -274,7 +283,8 @@ def save_pretrained(
 
     A folder that already holds an earlier ``save_pretrained`` is replaced, as transformers does. A folder
     holding another model's ``config.json`` (``model.save_pretrained``'s, a download) is refused unless
-    ``overwrite=True``: replacing its config would leave its weights under a config that is not theirs.
+    ``overwrite=True``: replacing its config would leave its weights under a config that is not theirs, so
+    ``overwrite=True`` also deletes transformers' weight files there (:data:`TRANSFORMERS_WEIGHTS`).
     """
     layers = adapted_layers(model)
     if layers:
@@ -297,6 +307,10 @@ def save_pretrained(
             "overwrite=True"
         )
     directory.mkdir(parents=True, exist_ok=True)
+    if overwrite:  # the other model's weights go with its config: from_pretrained would read them under ours
+        for pattern in TRANSFORMERS_WEIGHTS:
+            for stale in directory.glob(pattern):
+                stale.unlink()
     hf_config.save_pretrained(directory)
     save_model(directory / PRETRAINED_FILE, model, model_name=f"transformers:{type(model).__name__}", extra=extra)
     return directory

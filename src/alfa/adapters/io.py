@@ -119,35 +119,45 @@ def _covered_prefixes(state: Any) -> tuple[str, ...]:
     return tuple(f"{n}." for n in [*layers, *state.saved])
 
 
-def base_rest_fingerprint(model: nn.Module) -> dict[str, list[float]]:
-    """A signature of the rest of the frozen base, per module: its parameters and saved buffers (a head, a
-    BatchNorm's statistics, an embedding) outside the adapted layers, the trained parameters and the
-    ``modules_to_save``. One entry per module keeps the header small (about 1 KiB for a ResNet-18). Tensors over
-    65,536 elements are read at that many evenly spaced elements, which a re-training or a cast moves; a change of
-    a few elements of such a tensor can go unseen."""
+def base_rest_fingerprint(model: nn.Module) -> dict[str, list[list[float]]]:
+    """A signature of the rest of the frozen base, per module: for each of its floating-point parameters and saved
+    buffers (a head, a BatchNorm's statistics, an embedding) outside the adapted layers, the trained parameters and
+    the ``modules_to_save``, its norm and projection (seven digits: a short header, about 2 KiB for a ResNet-18).
+    Each tensor keeps its own scale, so a bias is not hidden behind a large variance beside it; integer buffers (a
+    BatchNorm's step counter, which no eval-mode output reads) are left out. Tensors over 65,536 elements are read
+    at that many evenly spaced elements, which a re-training or a cast moves; a change of a few elements of such a
+    tensor can go unseen."""
     state = _attached_state(model)
     skip = _covered_prefixes(state)
+    params = dict(model.named_parameters())
     covered = set(_layer_tensors(model, state)) | (set(state.targets) if state.config.scope == "model" else set())
-    per_module: dict[str, list[Tensor]] = {}
+    covered_ids = {id(params[n]) for n in covered if n in params}  # a tied alias (lm_head of wte) is that tensor
+    out: dict[str, list[list[float]]] = {}
     for n, t in model.state_dict(keep_vars=True).items():
-        if n not in covered and not n.startswith(skip):
-            per_module.setdefault(n.rpartition(".")[0] or "(model)", []).append(_sampled(t))
-    # Seven significant digits: far finer than the 1e-3 tolerance, and a third of a float's JSON.
-    return {m: [float(f"{v:.7g}") for v in _tensor_signature(torch.cat(ts))] for m, ts in per_module.items()}
+        if n in covered or id(t) in covered_ids or n.startswith(skip) or not t.is_floating_point():
+            continue
+        signature = [float(f"{v:.7g}") for v in _tensor_signature(_sampled(t))]
+        out.setdefault(n.rpartition(".")[0] or "(model)", []).append(signature)
+    return out
 
 
-def _compare_rest(saved: dict[str, list[float]], current: dict[str, list[float]]) -> list[str]:
+def _compare_rest(saved: dict[str, list[list[float]]], current: dict[str, list[list[float]]]) -> list[str]:
     problems = []
     for m in sorted(set(saved) | set(current)):
         if m not in current or m not in saved:
             where = "the adapter's base" if m in saved else "this model"
             problems.append(f"{m}: its tensors are in {where} only (the adapter was trained on another base)")
-            continue
-        (norm_a, proj_a), (norm_b, proj_b) = saved[m], current[m]
-        scale = max(norm_a, norm_b, 1e-12)
-        if abs(norm_a - norm_b) > _FINGERPRINT_RTOL * scale or abs(proj_a - proj_b) > _FINGERPRINT_RTOL * scale:
+        elif len(saved[m]) != len(current[m]):
+            problems.append(f"{m}: {len(current[m])} tensors here, {len(saved[m])} in the adapter's base")
+        elif any(_differ(a, b) for a, b in zip(saved[m], current[m])):
             problems.append(f"{m}: different values (the adapter was trained on another base)")
     return problems
+
+
+def _differ(saved: list[float], current: list[float]) -> bool:
+    (norm_a, proj_a), (norm_b, proj_b) = saved, current
+    scale = max(norm_a, norm_b, 1e-12)
+    return abs(norm_a - norm_b) > _FINGERPRINT_RTOL * scale or abs(proj_a - proj_b) > _FINGERPRINT_RTOL * scale
 
 
 def _compare_fingerprints(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -248,7 +258,7 @@ def save_adapter(
         "config": json.dumps(config.to_dict(), sort_keys=True),
         "targets": json.dumps(state.targets),
         "fingerprint": json.dumps(base_fingerprint(model)),
-        "base_rest": json.dumps(base_rest_fingerprint(model)),
+        "rest_fingerprint": json.dumps(base_rest_fingerprint(model)),
         "checksum": tensor_checksum(tensors),
         "name": state.name,
     }
@@ -318,7 +328,9 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
             "config": json.loads(raw["config"]),
             "targets": json.loads(raw["targets"]),
             "fingerprint": json.loads(raw["fingerprint"]),
-            "base_rest": json.loads(raw["base_rest"]) if "base_rest" in raw else None,  # none before 2026-12-04
+            # none before 2026-12-04 (a "base_rest" of that day's first hours is not read: one signature per module,
+            # which a step counter or a large variance could dominate)
+            "rest_fingerprint": json.loads(raw["rest_fingerprint"]) if "rest_fingerprint" in raw else None,
             "checksum": raw.get("checksum"),  # files written before checksums have none
             "about": json.loads(raw.get("about", "{}")),
             "name": raw.get("name", DEFAULT_ADAPTER),  # files written before named adapters: the default
@@ -418,8 +430,8 @@ def _check_and_load(model: nn.Module, path: Path, meta: dict[str, Any], targets:
             parts.append(f"layers this model adapts that the adapter lacks: {extra}")
         raise AdapterFileError(f"{path}: layer mismatch ({'; '.join(parts)})")
     problems = _compare_fingerprints(meta["fingerprint"], base_fingerprint(model))
-    if meta.get("base_rest") is not None:
-        problems += _compare_rest(meta["base_rest"], base_rest_fingerprint(model))
+    if meta.get("rest_fingerprint") is not None:
+        problems += _compare_rest(meta["rest_fingerprint"], base_rest_fingerprint(model))
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise AdapterFileError(f"{path}: the adapter was made for a different base model ({shown})")

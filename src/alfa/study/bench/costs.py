@@ -328,7 +328,8 @@ def costs_block(data: dict) -> str:
     the committed table from it)."""
     rows = [CostRow(**r) for r in data["rows"]]
     s = data["settings"]
-    intervals = any(r.inference_rounds_ms and median_interval(r.inference_rounds_ms) for r in rows)
+    rounds = [t for r in rows for t in (r.step_rounds_ms, r.step_cpu_rounds_ms, r.inference_rounds_ms) if t]
+    intervals = any(median_interval(t) for t in rounds)
     median = f"median of {s['repeats']} interleaved rounds after {s['warmup']} warm-up"
     if intervals:
         median += (
@@ -404,9 +405,10 @@ def report_costs(
     print(block)
     print()
     print("defaults: " + "; ".join(f"{r.method}: {r.config}" for r in rows if r.config and r.base == "truncated"))
-    if update_doc_path is not None:
+    if update_doc_path is not None:  # the page checked again first: its data is never written without it
+        page = with_block(update_doc_path.read_text(encoding="utf-8"), block, str(update_doc_path))
         write_text(data_path(update_doc_path), json.dumps(data, indent=1))
-        update_doc(update_doc_path, block)
+        write_text(update_doc_path, page)
     if json_path is not None:
         write_text(json_path, json.dumps([asdict(r) for r in rows], indent=1))
     return rows

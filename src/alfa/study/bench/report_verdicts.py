@@ -289,10 +289,11 @@ def _headroom_sentences(idx: Index, pairs: Sequence[str]) -> list[str]:
     ]
     if "alfa" in {m for (m, _, _) in idx}:
         shares = []
-        for p, room, _ in rooms:
-            a, s = cell(idx, "alfa", p), cell(idx, "source-only", p)
-            if a and s and room > 0:
-                shares.append((p, (s.mean - a.mean) / room))
+        for p, _, _ in rooms:  # all three rows on the seeds that have all three (each seed its own models)
+            seeds = set(cell(idx, "oracle", p).values) & set((cell(idx, "alfa", p) or Stat({})).values)
+            o, a, s = (cell_on(idx, m, [p], seeds) for m in ("oracle", "alfa", "source-only"))
+            if o and a and s and {*o.values} == {*a.values} == {*s.values} == seeds and s.mean > o.mean:
+                shares.append((p, (s.mean - a.mean) / (s.mean - o.mean)))
         if shares:
             lines.append(
                 "Share of the headroom Alfa recovers (source-only − Alfa, over source-only − oracle): "
