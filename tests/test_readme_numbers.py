@@ -85,3 +85,20 @@ def test_a_stale_percentage_or_count_of_comparisons_is_caught():
     # a count the page no longer makes, as "24 and 12 comparisons" once was
     assert unsourced("on any pair (24 and\n  12 comparisons)", pages) == ["24 comparisons", "12 comparisons"]
     assert unsourced("16 % and 116 %", "116 %") == ["16 %"]
+
+
+def test_the_readmes_timings_are_those_of_its_fresh_clone_record():
+    # the two commands' timings are quoted from the record scripts/time_fresh_clone.sh kept, not typed in
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    link = re.search(r"\((docs/data/fresh-clone/[^)]+\.txt)\)", readme)
+    assert link is not None, "the README names no fresh-clone record"
+    record = (ROOT / link.group(1)).read_text(encoding="utf-8")
+    paragraph = " ".join(next(p for p in readme.split("\n\n") if link.group(1) in p).split())
+    quoted = re.findall(r"\d+ min \d+ s", paragraph)
+    assert len(quoted) == 2 and all(f"({q})" in record for q in quoted), quoted
+    tests, suite = re.search(r"(\d+) tests in two worker processes, (\d+) s", paragraph).groups()
+    assert f"{tests} passed" in record
+    assert round(float(re.search(rf"{tests} passed.* in (\d+\.\d+)s", record).group(1))) == int(suite)
+    demo = re.search(r"the demo itself (\d+) s", paragraph).group(1)
+    assert f"total wall time {demo} s" in record
+    assert re.search(r"commit ([0-9a-f]{7})", paragraph).group(1) in record.splitlines()[0]
