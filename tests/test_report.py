@@ -613,3 +613,11 @@ def test_the_share_of_the_headroom_reads_all_three_rows_on_the_same_seeds():
     records.append(shifted("alfa", "E→M", 0, 8.0))  # Alfa on seed 0 only: (10 − 8) / (10 − 5)
     text = " ".join(sanity_verdicts(index_records(records)))
     assert "over source-only − oracle): E→M 40 %." in text  # not (20 − 8) / (20 − 5) = 80 % over mixed seeds
+
+
+def test_a_pair_whose_source_only_lacks_the_rows_seeds_is_named_not_dropped():
+    means = {("source-only", "E→M"): (9.0, 15.0), ("source-only", "E→D"): (9.0, 9.0, 9.0)}
+    records = fixture_results(means)["records"]
+    records += [shifted("target-trained", pair, 2, 6.0) for pair in ("E→M", "E→D")]  # E→M's source-only: no seed 2
+    text = " ".join(sanity_verdicts(index_records(records)))
+    assert "on 1 of 1 pairs" in text and "; not compared on E→M, where source-only lacks some of its seeds." in text

@@ -248,6 +248,10 @@ def _gap_sentence(
         text += f"{by}{_deg_range(below)} ({_share_range(below)} of the source-only error)"
     if len(below) < len(items):
         text += f"; {missing} in the means on {', '.join(g[0] for g in items if g[1] <= 0)}"
+    compared = {g[0] for g in items}
+    unmatched = [p for p in pairs_of(idx) if p not in compared and cell(idx, method, p) and cell(idx, "source-only", p)]
+    if unmatched:  # compared on the method's own seeds only (_below_source_only)
+        text += f"; not compared on {', '.join(unmatched)}, where source-only lacks some of its seeds"
     return text + "."
 
 
