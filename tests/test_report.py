@@ -612,7 +612,7 @@ def test_the_share_of_the_headroom_reads_all_three_rows_on_the_same_seeds():
     records = fixture_results(means)["records"]
     records.append(shifted("alfa", "E→M", 0, 8.0))  # Alfa on seed 0 only: (10 − 8) / (10 − 5)
     text = " ".join(sanity_verdicts(index_records(records)))
-    assert "over source-only − oracle): E→M 40 %." in text  # not (20 − 8) / (20 − 5) = 80 % over mixed seeds
+    assert "in the tables): E→M 40 %." in text  # not (20 − 8) / (20 − 5) = 80 % over mixed seeds
 
 
 def test_a_pair_whose_source_only_lacks_the_rows_seeds_is_named_not_dropped():

@@ -300,7 +300,9 @@ def _headroom_sentences(idx: Index, pairs: Sequence[str]) -> list[str]:
                 shares.append((p, (s.mean - a.mean) / (s.mean - o.mean)))
         if shares:
             lines.append(
-                "Share of the headroom Alfa recovers (source-only − Alfa, over source-only − oracle): "
+                "Share of the headroom Alfa recovers (source-only − Alfa, over source-only − oracle; a ratio of the "
+                "means on the seeds all three rows have, without an interval of its own: the difference and the "
+                "headroom have theirs in the tables): "
                 + ", ".join(f"{p} {_num(100 * v, 0)} %" for p, v in shares)
                 + "."
             )
