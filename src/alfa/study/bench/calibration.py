@@ -37,7 +37,7 @@ from .markdown import spans
 from .methods import declared_run_seeds
 from .record import Record
 from .report_prose import declared_run
-from .stats import Stat, cell, cell_on, index_records
+from .stats import Stat, cell, cell_covering, index_records
 
 if TYPE_CHECKING:  # the caller computes the progress: a page module never imports the runner's plan
     from .plan import DeclaredRunProgress
@@ -118,7 +118,7 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Ch
         # persons, so a mean over other seeds would mix their differences into the comparison
         if own is None:
             checks.append(Check(pair, "within-target measured", "no target-trained rows", False))
-        elif (same := _on_seeds_of(idx, own, pair)) is None:
+        elif (same := cell_covering(idx, "source-only", pair, own.values)) is None:
             checks.append(Check(pair, WITHIN_CONDITION, "no source-only row on the within-target seeds", False))
         else:
             share = own.mean / same.mean
@@ -129,7 +129,7 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Ch
         if ind is None:
             checks.append(Check(pair, "in-domain measured", "no in-domain rows", False if condition else None))
         elif condition:
-            same = _on_seeds_of(idx, ind, pair)
+            same = cell_covering(idx, "source-only", pair, ind.values)
             below = same is not None and ind.mean < same.mean
             against = "no source-only row on its seeds" if same is None else f"{same.mean:.2f} on its seeds"
             measured = f"{_interval(ind)} vs {against} ({_seeds(ind)})"
@@ -138,12 +138,6 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Ch
             real = f"real about {REAL_IN_DOMAIN[source]:g}°, above its cross-domain errors"
             checks.append(Check(pair, "in-domain (shown, not a condition)", f"{_interval(ind)}; {real}", None))
     return checks
-
-
-def _on_seeds_of(idx: Any, row: Stat, pair: str) -> Stat | None:
-    """``pair``'s source-only row on the seeds ``row`` has (``None`` if it lacks one of them)."""
-    same = cell_on(idx, "source-only", [pair], row.values)
-    return same if same is not None and set(same.values) == set(row.values) else None
 
 
 def _seeds(row: Stat) -> str:

@@ -546,6 +546,14 @@ def cell_on(idx: Index, method: str, pairs: Sequence[str], seeds: Iterable[int])
     return Stat(values) if values else None
 
 
+def cell_covering(idx: Index, method: str, pair: str, seeds: Iterable[int]) -> Stat | None:
+    """``method`` on ``pair`` on exactly ``seeds`` (``None`` if it lacks any of them): the row a comparison with
+    another row reads on that row's seeds, since each seed has its own models and persons."""
+    seeds = set(seeds)
+    stat = cell_on(idx, method, [pair], seeds)
+    return stat if stat is not None and set(stat.values) == seeds else None
+
+
 @dataclass(frozen=True)
 class Measure:
     """A measure of a record: its value (``None``: not available) and the per-person values behind it, and
