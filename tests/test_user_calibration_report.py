@@ -68,8 +68,14 @@ def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path
     assert "| supervised | 9 | +0.35 [0.35, 0.35] (seeds 0–2) | — | 630, 512 |" in text
     assert "| supervised | 3 | — | — | —, — |" in text
     em, ed = _row(text, "E→M"), _row(text, "E→D")
-    assert "| 67% |" in em and "headroom met; k = 1: not worse" in em  # on the section's seeds 0–2: none named
-    assert em.startswith("| E→M | ") and "| 25% |" in ed and "headroom missed; k = 1: worse beyond the interval" in ed
+    assert (
+        "| 67 % [67, 67] |" in em and "headroom met; k = 1: not worse" in em
+    )  # on the section's seeds 0–2: none named
+    assert (
+        em.startswith("| E→M | ")
+        and "| 25 % [25, 25] |" in ed
+        and "headroom missed; k = 1: worse beyond the interval" in ed
+    )
     assert "+1.50 [" in ed  # k = 1 − source-only, with its interval
     # error against k pooled over both pairs: source-only (10 + 8) / 2 + 0.1 · seed, mean 9.1
     assert _row(text, "affine").startswith("| affine | 0–2 | 9.10 [") and "| 6.60 [" in _row(text, "affine")  # k = 9
@@ -110,9 +116,9 @@ def test_the_criteria_read_seeds_0_to_2_and_the_replicate_seeds_get_a_table_of_t
     results["records"] += later
     text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
     declared, replicate = text.split("on the replicate seeds 3–5 alone", 1)
-    assert "| 67% |" in _row(declared, "E→M") and "seeds 3–5 have a table of their own" in declared
+    assert "| 67 % [67, 67] |" in _row(declared, "E→M") and "seeds 3–5 have a table of their own" in declared
     # on the replicate seeds, that table's own: none named
-    assert "| 90% |" in _row(replicate, "E→M") and "| E→D |" not in replicate.split("##")[0]
+    assert "| 90 % [90, 90] |" in _row(replicate, "E→M") and "| E→D |" not in replicate.split("##")[0]
     # without them the page has no such table
     assert "on the replicate seeds" not in user_calibration_page(_results(), "d", "c")
 
@@ -149,7 +155,7 @@ def test_every_row_of_a_pair_is_read_on_the_seeds_with_calibration_records():
     text = user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write")
     ed = _row(text, "E→D (seeds 0–1)")  # the pair names the seeds its row has
     assert ed.startswith("| E→D (seeds 0–1) | 8.05 [7.41, 8.69] | 4.05 [3.41, 4.69] | 7.05 [")
-    assert "| 25% |" in ed  # the share and k = 1 on the pair's seeds: none named again
+    assert "| 25 % [25, 25] |" in ed  # the share and k = 1 on the pair's seeds: none named again
     assert _row(text, "E→M").startswith("| E→M | 10.10 [")  # all three seeds there
 
 
@@ -207,15 +213,20 @@ def test_the_default_rule_reads_only_seeds_0_and_1_of_the_symmetric_pairs_and_wa
     from alfa.study.bench.user_calibration_report import default_choice
 
     chosen = _choice_part(user_calibration_page(_rule_results(6.2), "d", "c"))
-    assert "`affine` 50%, `adapter-alfa` 55%, `adapter-lora` 63%" in chosen
+    assert (
+        "`affine` 50 % [50, 50] on E→M, `adapter-alfa` 55 % [55, 55] on E→M, `adapter-lora` 63 % [63, 63] on E→M"
+        in chosen
+    )
     assert "the rule's choice is **`adapter-lora`** from k = 3 on (`affine` below)" in chosen
     assert "only if it beats it by 10 points:" in chosen  # points of the headroom, not "10% points"
     # the held-out criteria: LoRA at 9.0 on seed 2 and S→W closes (10 − 9) / 6 = 17 %; k = 1 is affine's
     held = chosen.split("The same criteria for the rule's choice on every pair and seed")[0]
-    assert "| 17% | −0.50 [−0.50, −0.50] (one seed) |" in _row(held, "E→M (seed 2)")  # k = 1: affine's 9.5 − 10
-    assert "| 17% |" in _row(held, "S→W") and "headroom missed; k = 1: not worse" in _row(chosen, "S→W")
+    assert "| 17 % [17, 17] | −0.50 [−0.50, −0.50] (one seed) |" in _row(
+        held, "E→M (seed 2)"
+    )  # k = 1: affine's 9.5 − 10
+    assert "| 17 % [17, 17] |" in _row(held, "S→W") and "headroom missed; k = 1: not worse" in _row(chosen, "S→W")
     kept = _choice_part(user_calibration_page(_rule_results(6.6), "d", "c"))
-    assert "the rule's choice is **`affine`**." in kept and "| 67% |" in _row(kept, "E→M (seed 2)")
+    assert "the rule's choice is **`affine`**." in kept and "| 67 % [67, 67] |" in _row(kept, "E→M (seed 2)")
     # a candidate without every rule pair: the rule is not applied, and nothing is chosen
     partial = _rule_results(6.2, pairs=("E→M", "E→D", "G→M"))
     choice, scores = default_choice(index_records(partial["records"]))
@@ -229,8 +240,8 @@ def test_an_adapter_the_rule_chooses_is_also_judged_on_every_pair_and_seed():
     own. LoRA's adapter on E→M: (6.2 + 6.2 + 9.0) / 3 against 10 and 4 closes 48 % over three seeds."""
     chosen = _choice_part(user_calibration_page(_rule_results(6.2), "d", "c"))
     every = chosen.split("The same criteria for the rule's choice on every pair and seed")[1]
-    assert "| 48% | −0.50 [−0.50, −0.50] |" in _row(every, "E→M")  # k = 1: affine's 9.5 − 10
-    assert "| 17% |" in _row(every, "S→W")
+    assert "| 48 % [−19, 115] | −0.50 [−0.50, −0.50] |" in _row(every, "E→M")  # k = 1: affine's 9.5 − 10
+    assert "| 17 % [17, 17] |" in _row(every, "S→W")
     kept = _choice_part(user_calibration_page(_rule_results(6.6), "d", "c"))
     assert "on every pair and seed" not in kept  # the first table reads the default there already
 
@@ -293,6 +304,8 @@ def test_the_criteria_name_a_share_or_difference_on_other_seeds_than_its_pairs()
     results["records"] = [r for r in results["records"] if (r["method"], r["pair"], r["seed"]) not in gone]
     criteria = _section(user_calibration_page(results, "d", "c"), "Issue 25's pass criteria").split("The same")[0]
     # E→M: k = 1 − source-only on seeds 1–2 only, 9.0 − 10.0 in each; the share on all three of the pair's seeds
-    assert _row(criteria, "E→M").endswith("| 67% | −1.00 [−1.00, −1.00] (seeds 1–2) | headroom met; k = 1: not worse |")
+    assert _row(criteria, "E→M").endswith(
+        "| 67 % [67, 67] | −1.00 [−1.00, −1.00] (seeds 1–2) | headroom met; k = 1: not worse |"
+    )
     # E→D: the oracle on seeds 0–1 only: (8.05 − 7.05) / (8.05 − 4.05) on those, named
-    assert "| 25% (seeds 0–1) | +1.50 [" in _row(criteria, "E→D")
+    assert "| 25 % [25, 25] (seeds 0–1) | +1.50 [" in _row(criteria, "E→D")

@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 from .markdown import spans
 from .methods import declared_run_seeds
+from .ratios import ratio
 from .record import Record
 from .report_prose import declared_run
-from .stats import Stat, cell, cell_covering, index_records
+from .stats import Stat, cell, cell_covering, diff, index_records
 
 if TYPE_CHECKING:  # the caller computes the progress: a page module never imports the runner's plan
     from .plan import DeclaredRunProgress
@@ -77,6 +78,9 @@ TOLERANCE_DEG = 1.5
 WITHIN_SHARE = 0.6
 WITHIN_CONDITION = f"within-target ≤ {WITHIN_SHARE:g} × source-only"
 """The within-target condition's words on the page (:func:`calibration_statement` finds it by them)."""
+
+
+_SOURCE_ONLY_NOT_CLEAR = "source-only's error not clear of zero at so few seeds or persons"
 
 
 def _interval(stat: Stat) -> str:
@@ -121,9 +125,14 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Ch
         elif (same := cell_covering(idx, "source-only", pair, own.values)) is None:
             checks.append(Check(pair, WITHIN_CONDITION, "no source-only row on the within-target seeds", False))
         else:
-            share = own.mean / same.mean
-            measured = f"{_interval(own)} = {share:.2f} × source-only on its seeds ({_seeds(own)}: {same.mean:.2f})"
-            checks.append(Check(pair, WITHIN_CONDITION, measured, share <= WITHIN_SHARE))
+            multiple = ratio(idx, (("target-trained", 1.0),), (("source-only", 1.0),), [pair])
+            measured = (
+                f"{_interval(own)} = {multiple.times_text(_SOURCE_ONLY_NOT_CLEAR, own.values)} × source-only on its "
+                f"seeds ({_seeds(own)}: {same.mean:.2f})"
+            )
+            checks.append(
+                Check(pair, WITHIN_CONDITION, measured, multiple.value is not None and multiple.value <= WITHIN_SHARE)
+            )
         source = pair.split("→")[0]
         condition = IN_DOMAIN_CONDITION[source]
         if ind is None:
@@ -132,7 +141,9 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Ch
             same = cell_covering(idx, "source-only", pair, ind.values)
             below = same is not None and ind.mean < same.mean
             against = "no source-only row on its seeds" if same is None else f"{same.mean:.2f} on its seeds"
-            measured = f"{_interval(ind)} vs {against} ({_seeds(ind)})"
+            gap = diff(idx, "in-domain", "source-only", [pair]) if same is not None else None
+            gap_text = "" if gap is None else f"; in-domain − source-only {gap.compact()}"
+            measured = f"{_interval(ind)} vs {against} ({_seeds(ind)}){gap_text}"
             checks.append(Check(pair, "in-domain below source-only", measured, below))
         else:
             real = f"real about {REAL_IN_DOMAIN[source]:g}°, above its cross-domain errors"

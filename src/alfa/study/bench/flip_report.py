@@ -22,6 +22,7 @@ from .markdown import table as _table
 from .methods import CONSTRUCTED_CONTROLS, FIRST_SEEDS, POSITIVE_CONTROLS, SELECTION_RULE
 from .names import DEFAULT
 from .names import display_name as _name
+from .ratios import share
 from .record import Record, as_records
 from .stats import Diff, Index, Measure, cell, diff, pairs_of, pooled, seeds_of
 from .tta_report import tta_lines
@@ -139,6 +140,15 @@ def _on_seeds(c: dict[str, float | None]) -> str:
     return "" if n in (0, c["seeds"]) else f" (on the oracle's {n} seed{'s' if n != 1 else ''} of {span(FIRST_SEEDS)})"
 
 
+def _share_text(idx: Index, pair: str, c: dict[str, float | None]) -> str:
+    """The ceiling's share of the headroom, the ratio of the means on the seeds :func:`ceilings` reads it on, with
+    its 95 % interval (Fieller's, :mod:`alfa.study.bench.ratios`)."""
+    got = share(idx, "flip-tta", [pair], seeds=FIRST_SEEDS) if c["ratio"] is not None else None
+    if got is None:
+        return _pct(c["ratio"])
+    return got.text(every=got.seeds)
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.0f} %".replace("-", "−")
 
@@ -171,7 +181,8 @@ def _ceiling_sentences(idx: Index, ceil: dict[str, dict[str, float | None]]) -> 
         if c["headroom"] is not None and room is not None:
             text += (
                 f", against an oracle headroom (source-only − oracle) of {room.compact()}° "
-                f"(ratio of the means {_pct(c['ratio'])})"
+                f"(ratio of the means {_share_text(idx, pair, c)}{_on_seeds(c)}; no finite interval where the "
+                "headroom is not clear of zero)"
             )
         if pair in POSITIVE_CONTROLS + CONSTRUCTED_CONTROLS and c["ratio"] is not None:
             text += f": the positive-control criterion (≥ {CRITERION:.0%} of the headroom, on the means) " + (
@@ -206,11 +217,23 @@ def _share_table(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, floa
             if gain is None:
                 cells.append("—")
                 continue
-            share = f" ({_pct(gain.mean / c)})" if c is not None and c >= SHARE_FLOOR else ""
-            cells.append(f"{gain.compact()}{share}")
+            part = f" ({_of_ceiling(idx, m, pair, gain)})" if c is not None and c >= SHARE_FLOOR else ""
+            cells.append(f"{gain.compact()}{part}")
         rows.append([_name(m), *cells])
-    header = "method (gain over source-only, deg, with its 95 % interval; share of the flip-TTA ceiling)"
+    header = (
+        "method (gain over source-only, deg, with its 95 % interval; share of the flip-TTA ceiling, the ratio of "
+        "the means with its 95 % interval, none finite where the ceiling is not clear of zero)"
+    )
     return _table([header, *pairs], rows)
+
+
+def _of_ceiling(idx: Index, method: str, pair: str, gain: Diff, unbounded: str = "") -> str:
+    """``method``'s share of the flip-TTA ceiling, (source-only − method) / (source-only − flip-TTA), on the seeds
+    all three rows have, with its 95 % interval (Fieller's); those seeds named where they are not ``gain``'s."""
+    got = share(idx, method, [pair], reference="flip-tta")
+    if got is None:
+        return "—"
+    return got.text(unbounded=unbounded, every=gain.per_seed)
 
 
 def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) -> list[str]:
@@ -224,12 +247,13 @@ def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) 
             continue
         gain, m, d = max(_most_seeds(candidates))
         c = ceil[pair]["ceiling"]
-        share = f", {_pct(gain / c)} of the flip-TTA ceiling" if c and c >= SHARE_FLOOR else ""
+        words = "the ceiling is not clear of zero"
+        part = f", {_of_ceiling(idx, m, pair, d, words)} of the flip-TTA ceiling" if c and c >= SHARE_FLOOR else ""
         among = f"of the {len(compared)} rows compared with source-only ({len(candidates)} not clearly worse)"
         if gain > 0:
             lines.append(
                 f"On {pair}, {among}, the largest gain is {_name(m)}'s{seeds_note(d.per_seed, seeds_of(idx))}: "
-                f"{_name(m)} − source-only = {d.describe()}{share}."
+                f"{_name(m)} − source-only = {d.describe()}{part}."
             )
         else:
             lines.append(
@@ -559,7 +583,7 @@ def _ceiling_table(idx: Index, ceil: dict[str, dict[str, float | None]]) -> str:
             _num(c["flip_tta"]) + on[pair],
             _interval(diff(idx, "source-only", "flip-tta", [pair])),
             _interval(diff(idx, "source-only", "oracle", [pair])) if c["headroom"] is not None else "—",
-            _pct(c["ratio"]) + _on_seeds(c),
+            _share_text(idx, pair, c) + _on_seeds(c),
             _verdict(c, pair),
             _pct(c["visible_share"]),
             _num(c["flip_loss"]),
@@ -573,7 +597,7 @@ def _ceiling_table(idx: Index, ceil: dict[str, dict[str, float | None]]) -> str:
         "flip-TTA",
         "ceiling (95 % interval)",
         "oracle headroom (95 % interval)",
-        "ceiling / headroom (means)",
+        "ceiling / headroom (ratio of the means, 95 % interval; none finite where the headroom is not clear of zero)",
         "criterion",
         "visible share",
         "flip loss",

@@ -155,6 +155,14 @@ PROTOCOL_BULLETS: dict[str, tuple[str, ...]] = {
         "Persons: how many distinct persons have the lower value ({persons}). The method and its false-alarm",
         "test: `alfa.study.bench.stats`, `tests/test_stats.py`.",
     ),
+    "ratios": (
+        "**Ratios** (a share of the headroom or of the flip-TTA ceiling, a multiple of source-only): the ratio",
+        "of the means N / D, with Fieller's 95 % interval: every r whose N − r·D lies within t standard",
+        "errors of zero, the standard errors from the same bootstrap as the differences. Where D is not clear",
+        "of zero that set is unbounded, and the page says *no finite interval*. Descriptive: a ratio gets no",
+        "verdict; a criterion declared on the ratio of the means is still judged on the means",
+        "(`alfa.study.bench.ratios`, `tests/test_ratios.py`).",
+    ),
     "costs": (
         "**Costs**: trainable = tensors the optimizer updates; params at inference = after `alfa.merge`",
         "(LoRA-style updates of a factorized layer are densified; TPGaze's prompts cannot be merged and stay",

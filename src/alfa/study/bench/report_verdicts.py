@@ -16,10 +16,10 @@ from typing import Any
 from .ablations import REGISTRY
 from .calibration import IN_DOMAIN_CONDITION, REAL_IN_DOMAIN, REAL_SOURCE_NAMES
 from .config import split_pair
-from .markdown import number as _num
 from .markdown import seeds_note, seeds_words
 from .names import DEFAULT, SELECTED
 from .names import display_name as _name
+from .ratios import share
 from .report_tables import table1_rows
 from .stats import (
     Diff,
@@ -305,18 +305,14 @@ def _headroom_sentences(idx: Index, pairs: Sequence[str]) -> list[str]:
         )
     ]
     if "alfa" in {m for (m, _, _) in idx}:
-        shares = []
-        for p, _, _ in rooms:  # all three rows on the seeds that have all three (each seed its own models)
-            seeds = set(cell(idx, "oracle", p).values) & set((cell(idx, "alfa", p) or Stat({})).values)
-            o, a, s = (cell_covering(idx, m, p, seeds) for m in ("oracle", "alfa", "source-only"))
-            if o and a and s and s.mean > o.mean:
-                shares.append((p, (s.mean - a.mean) / (s.mean - o.mean)))
+        # all three rows on the seeds that have all three (each seed its own models and persons)
+        shares = [(p, r) for p, _, _ in rooms if (r := share(idx, "alfa", [p])) is not None and r.d > 0]
         if shares:
             lines.append(
-                "Share of the headroom Alfa recovers (source-only − Alfa, over source-only − oracle; a ratio of the "
-                "means on the seeds all three rows have, without an interval of its own: the difference and the "
-                "headroom have theirs in the tables): "
-                + ", ".join(f"{p} {_num(100 * v, 0)} %" for p, v in shares)
+                "Share of the headroom Alfa recovers (source-only − Alfa, over source-only − oracle: the ratio of "
+                "the means on the seeds all three rows have, with its 95 % interval, Fieller's, § Protocol; no "
+                "finite interval where the headroom is not clear of zero): "
+                + ", ".join(f"{p} {r.text(every=cell(idx, 'source-only', p).values)}" for p, r in shares)
                 + "."
             )
     return lines

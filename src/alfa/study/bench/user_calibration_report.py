@@ -36,6 +36,7 @@ from .methods import (
     calibration_rows,
 )
 from .names import SELECTED, display_name
+from .ratios import Ratio, share
 from .record import Record, as_records
 from .stats import Comparisons, Diff, Index, cell, cell_on, design_of, diff, index_records, seeds_of
 from .tta_report import LABEL_FREE_BASELINES
@@ -97,22 +98,13 @@ def _usual(seed_sets: Sequence[tuple[str, set[int]]]) -> tuple[str, dict[str, st
     return spans(usual), odd
 
 
-def _share(
-    idx: Index, pair: str, method: str = DEFAULT_CALIBRATION, among: set[int] | None = None
-) -> tuple[float, set[int]] | None:
-    """The share of the headroom the calibration at :data:`PASS_K` closes on ``pair``, from the means over the
-    seeds (of ``among``, if given) that have source-only, the oracle and the row (docs/user-calibration.md §4:
-    means over seeds), and those seeds; ``None`` where no seed has all three or the oracle's mean is not below
-    source-only's."""
-    seeds = {
-        s
-        for s in (seeds_of(idx) if among is None else among)
-        if all((m, pair, s) in idx for m in ("source-only", "oracle", _cal(method, PASS_K)))
-    }
-    so, oracle, calibrated = (cell_on(idx, m, [pair], seeds) for m in ("source-only", "oracle", _cal(method, PASS_K)))
-    if so is None or oracle is None or calibrated is None or so.mean <= oracle.mean:
-        return None
-    return (so.mean - calibrated.mean) / (so.mean - oracle.mean), seeds
+def _share(idx: Index, pair: str, method: str = DEFAULT_CALIBRATION, among: set[int] | None = None) -> Ratio | None:
+    """The share of the headroom the calibration at :data:`PASS_K` closes on ``pair``, the ratio of the means over
+    the seeds (of ``among``, if given) that have source-only, the oracle and the row (docs/user-calibration.md §4:
+    means over seeds), with its 95 % interval (:mod:`alfa.study.bench.ratios`); ``None`` where no seed has all
+    three or the oracle's mean is not below source-only's."""
+    got = share(idx, _cal(method, PASS_K), [pair], among)
+    return got if got is not None and got.d > 0 else None
 
 
 def _criteria_table(
@@ -141,12 +133,12 @@ def _criteria_table(
         if share is None:
             verdicts.append("headroom: no record")
         else:
-            verdicts.append(f"headroom {'met' if share[0] >= HEADROOM_SHARE else 'missed'}")
+            verdicts.append(f"headroom {'met' if (share.value or 0.0) >= HEADROOM_SHARE else 'missed'}")
         if safe is None or safe.interval is None:
             verdicts.append(f"k = {SAFE_K}: no interval")
         else:
             verdicts.append(f"k = {SAFE_K}: {'worse beyond the interval' if safe.interval[0] > 0 else 'not worse'}")
-        share_text = "—" if share is None else f"{share[0]:.0%}" + seeds_note(share[1], seeds)
+        share_text = "—" if share is None else share.text(every=seeds)
         safe_text = "—" if safe is None else safe.compact() if set(safe.per_seed) == seeds else _with_seeds(safe)
         lines.append(
             f"| {pair}{seeds_note(seeds, every) if seeds else ''} | "
@@ -163,16 +155,22 @@ def default_choice(idx: Index) -> tuple[str | None, dict[str, float | None]]:
     candidate lacks any of those seeds and pairs (the rule is not applied before)."""
     scores: dict[str, float | None] = {}
     for method in RULE_CANDIDATES:
-        shares = []
-        for pair in RULE_PAIRS:
-            share = _share(idx, pair, method, set(RULE_SEEDS))
-            shares.append(share[0] if share is not None and share[1] == set(RULE_SEEDS) else None)
-        scores[method] = None if None in shares else min(s for s in shares if s is not None)
+        lowest = _rule_score(idx, method)
+        scores[method] = None if lowest is None else lowest[1].value
     if any(v is None for v in scores.values()):
         return None, scores
     best = max(RULE_CANDIDATES[1:], key=lambda m: scores[m] or 0.0)
     declared = scores[DEFAULT_CALIBRATION] or 0.0
     return (best if (scores[best] or 0.0) >= declared + RULE_MARGIN else DEFAULT_CALIBRATION), scores
+
+
+def _rule_score(idx: Index, method: str) -> tuple[str, Ratio] | None:
+    """The pair of :data:`RULE_PAIRS` where ``method`` closes the smallest share of the headroom on
+    :data:`RULE_SEEDS`, and that share; ``None`` while a pair lacks a share on all of those seeds."""
+    shares = {pair: _share(idx, pair, method, set(RULE_SEEDS)) for pair in RULE_PAIRS}
+    if any(r is None or set(r.seeds) != set(RULE_SEEDS) for r in shares.values()):
+        return None
+    return min(((p, r) for p, r in shares.items() if r is not None), key=lambda item: item[1].value or 0.0)
 
 
 def _not_applied(idx: Index) -> str:
@@ -201,12 +199,16 @@ def _held_out(records: Sequence[Record], results: dict[str, Any]) -> Index:
 
 def _choice_section(idx: Index, records: Sequence[Record], results: dict[str, Any]) -> list[str]:
     choice, scores = default_choice(idx)
-    score_text = ", ".join(f"`{m}` {'—' if v is None else f'{v:.0%}'}" for m, v in scores.items())
+    lowest = {m: _rule_score(idx, m) for m in scores}
+    score_text = ", ".join(
+        f"`{m}` " + ("—" if low is None else f"{low[1].text()} on {low[0]}") for m, low in lowest.items()
+    )
     lines = [
         "## Whether the default changes (user-calibration.md §5.5)",
         "",
         f"The declared rule, on seeds {', '.join(map(str, RULE_SEEDS))} of {', '.join(RULE_PAIRS)} only: each "
-        f"candidate's smallest share of the headroom closed at k = {PASS_K} over those pairs — {score_text}. "
+        f"candidate's smallest share of the headroom closed at k = {PASS_K} over those pairs (the ratio of "
+        f"the means, with its 95 % interval, on the pair where it is smallest) — {score_text}. "
         + (
             _not_applied(idx)
             if choice is None
@@ -508,7 +510,9 @@ def _criteria_section(same_seeds: Sequence[Record], results: dict[str, Any]) -> 
         "the seeds that have the row (each cell: mean [95 % interval over seeds]): the "
         f"default calibration ({DEFAULT_CALIBRATION}) at k = {PASS_K} must close at least {HEADROOM_SHARE:.0%} of "
         f"the headroom from source-only to the oracle ((source-only − calibrated) / (source-only − oracle) of the "
-        f"means over the seeds that have all three; source-only and the oracle are read on the row's seeds), "
+        f"means over the seeds that have all three, judged on the means as declared; beside it Fieller's 95 % "
+        f"interval of that ratio, none finite where the headroom is not clear of zero: `alfa.study.bench.ratios`; "
+        f"source-only and the oracle are read on the row's seeds), "
         f"and at k = {SAFE_K} it must not be worse than source-only beyond the 95 % "
         "interval of the difference (its lower end above zero). A pair whose row has other seeds names them, and a "
         "share or difference on others than its pair's names its own.",

@@ -1,0 +1,237 @@
+"""A ratio of two differences of rows, with a 95 % interval of its own (Fieller's).
+
+The pages quote a few ratios of means: the share of the oracle's headroom a row recovers,
+``(source-only − row) / (source-only − oracle)``; the within-target yardstick as a multiple of source-only. A
+ratio has no standard error of the kind a difference has: its sampling distribution is skewed and, where the
+denominator may be near zero, has no moments at all. Fieller's construction (E. C. Fieller, *Some problems in
+interval estimation*, JRSS B 16, 1954) needs none. For a candidate value ``r``,
+
+    L(r) = N − r · D
+
+(N and D the numerator's and the denominator's differences of rows) is itself a difference of rows, whose mean is
+zero exactly when ``r`` is the true ratio. Its standard error comes from the hierarchical bootstrap every
+difference of the pages uses (:func:`alfa.study.bench.stats.bootstrap_se`: persons and seeds as random effects),
+and the interval is every ``r`` whose ``L(r) / SE(L(r))`` lies within ``± t₀.₉₇₅`` with the difference's degrees of
+freedom. A bootstrap replicate's deviation of ``L(r)`` is N's deviation minus ``r`` times D's (one set of
+replicates draws both), so
+
+    SE(L(r))² = v_N − 2 r c + r² v_D
+
+with ``v_N``, ``v_D``, ``c`` the variances and the covariance of N's and D's replicates, and the interval is a
+quadratic inequality in ``r``, solved in closed form. Where D is clear of zero (``D² > t² v_D``) the solution
+is a bounded interval around ``N / D``, asymmetric as a ratio's interval should be; where it is not, the
+solution is unbounded, and a page says that the ratio has no finite interval rather than print one.
+
+A ratio is descriptive: it joins no page's family (:class:`~alfa.study.bench.stats.Comparisons`) and gets no
+verdict; a criterion declared on the ratio of the means is still judged on the means, with this interval beside
+it. ``tests/test_ratios.py`` checks the closed form against a bootstrap of ``L(r)`` itself, and the interval's
+coverage in a simulation of the benchmark's design (where a ratio over ``SE(N)`` alone falls short).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .markdown import seeds_words
+from .stats import ALPHA, Index, Measure, angular, bootstrap_se, bound, seeds_of, t_quantile
+
+__all__ = ["Ratio", "fieller", "ratio", "share"]
+
+Rows = tuple[tuple[str, float], ...]
+"""A linear combination of rows: ``((row, coefficient), ...)``; ``(("source-only", 1.0), ("oracle", -1.0))`` is
+the oracle's headroom."""
+
+
+def fieller(n: float, d: float, var_n: float, var_d: float, cov: float, t: float) -> tuple[float, float] | None:
+    """The set ``{r : (n − r d)² ≤ t² (var_n − 2 r cov + r² var_d)}`` where it is a bounded interval (``d`` clear
+    of zero: ``d² > t² var_d``); ``None`` where it is unbounded."""
+    a = d * d - t * t * var_d
+    if a <= 0.0:
+        return None
+    b = n * d - t * t * cov
+    c = n * n - t * t * var_n
+    # at r = n / d the left side is 0, so the discriminant is never negative but for rounding
+    root = math.sqrt(max(b * b - a * c, 0.0))
+    return (b - root) / a, (b + root) / a
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """The ratio of the means over seeds of two differences of rows, on the seeds and pairs every row has; the
+    variances and the covariance of their bootstrap replicates, the degrees of freedom and what was drawn."""
+
+    numerator: Rows
+    denominator: Rows
+    pairs: tuple[str, ...]
+    seeds: tuple[int, ...]
+    n: float  # the numerator's mean over seeds
+    d: float  # the denominator's
+    var_n: float | None  # None: nothing to draw (one seed and no per-person values)
+    var_d: float | None
+    cov: float | None
+    df: int
+    drawn: str
+
+    @property
+    def value(self) -> float | None:
+        """``n / d``; ``None`` where the denominator's mean is zero."""
+        return self.n / self.d if self.d != 0.0 else None
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """Fieller's 95 % interval; ``None`` where it is unbounded or there is none (:attr:`unbounded` says which)."""
+        if self.var_n is None or self.var_d is None or self.cov is None or self.df < 1:
+            return None
+        return fieller(self.n, self.d, self.var_n, self.var_d, self.cov, float(t_quantile(ALPHA, self.df)))
+
+    @property
+    def unbounded(self) -> bool:
+        """Whether there is an interval and it is unbounded (the denominator not clear of zero)."""
+        return self.var_n is not None and self.df >= 1 and self.interval is None
+
+    def text(
+        self,
+        scale: float = 100.0,
+        unit: str = " %",
+        digits: int = 0,
+        unbounded: str = "",
+        every: Iterable[int] | None = None,
+    ) -> str:
+        """The value and its interval, both times ``scale``: ``"−290 % [−496, −151]"``; ``"… (no finite interval:
+        <unbounded>)"`` where it is unbounded; then its seeds where they are not ``every`` (``" (seeds 0–2)"``,
+        ``" (one seed: 0)"``: an interval of one seed draws persons only), or ``" (one seed)"`` without ``every``."""
+        value = self.value
+        if value is None:
+            return "— (a denominator of zero)"
+        shown = f"{scale * value:.{digits}f}".replace("-", "−") + unit
+        interval = self.interval
+        if interval is not None:
+            lo, hi = (f"{scale * x:.{digits}f}".replace("-", "−") for x in interval)
+            shown += f" [{lo}, {hi}]"
+        elif self.unbounded:
+            shown += " (no finite interval" + (f": {unbounded})" if unbounded else ")")
+        else:
+            shown += " (no interval)"
+        if every is not None and set(every) == set(self.seeds):
+            return shown
+        if every is None:
+            return shown + (" (one seed)" if len(self.seeds) == 1 else "")
+        return shown + (f" (one seed: {self.seeds[0]})" if len(self.seeds) == 1 else f" ({seeds_words(self.seeds)})")
+
+    def times_text(self, unbounded: str = "", every: Iterable[int] | None = None) -> str:
+        """:meth:`text` as a multiple with two decimals: ``"0.63 [0.55, 0.72]"``."""
+        return self.text(1.0, "", 2, unbounded, every)
+
+    def interval_text(self) -> str:
+        """The interval alone, two decimals, as a difference's: ``"[0.55, 0.72]"`` (``""`` where there is none)."""
+        interval = self.interval
+        return "" if interval is None else f"[{bound(interval[0])}, {bound(interval[1])}]"
+
+
+def _value(idx: Index, rows: Rows, pair: str, seed: int, measure: Measure) -> tuple[float, dict[str, float]]:
+    """The combination's record value and its per-person values (on the persons every row has)."""
+    read = [(c, measure(idx[(m, pair, seed)])) for m, c in rows]
+    total = sum(c * float(v) for c, (v, _) in read)
+    persons = set.intersection(*(set(pp) for _, (_, pp) in read))
+    return total, {q: sum(c * pp[q] for c, (_, pp) in read) for q in persons}
+
+
+def _seed_of(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
+
+
+def _blocks(
+    values: dict[str, list[tuple[dict[str, float], dict[str, float]]]],
+    records: dict[str, list[tuple[float, float]]],
+    persons: str,
+) -> tuple[list[tuple[float, np.ndarray]], str]:
+    """Per pair a block of ``(3, seeds, persons)``: N's, D's and their sum's per-person values (the sum gives the
+    covariance); the records' own values, seeds only, where a seed of a pair has no person every row shares."""
+    blocks = []
+    for seeds in values.values():
+        names = [sorted(pn.keys() & pd.keys()) for pn, pd in seeds]
+        if persons == "crossed":
+            names = [sorted(set.intersection(*map(set, names)))] * len(seeds)
+        if not all(names):
+            break
+        width = max(map(len, names))
+        table = np.full((3, len(seeds), width), math.nan)
+        for k, ((pn, pd), chosen) in enumerate(zip(seeds, names)):
+            table[0, k, : len(chosen)] = [pn[q] for q in chosen]
+            table[1, k, : len(chosen)] = [pd[q] for q in chosen]
+        table[2] = table[0] + table[1]
+        blocks.append((1.0 / len(values), table))
+    else:
+        return blocks, "persons and seeds drawn" if persons == "crossed" else "seeds drawn, each with its own persons"
+    blocks = []
+    for on_pair in records.values():
+        table = np.array([[[n] for n, _ in on_pair], [[d] for _, d in on_pair]])
+        blocks.append((1.0 / len(records), np.concatenate([table, table[:1] + table[1:]])))
+    return blocks, "seeds drawn"
+
+
+def ratio(
+    idx: Index,
+    numerator: Rows,
+    denominator: Rows,
+    pairs: Sequence[str],
+    seeds: Iterable[int] | None = None,
+    measure: Measure = angular,
+) -> Ratio | None:
+    """The ratio of ``numerator`` to ``denominator`` over ``pairs`` (per seed the mean over the pairs), on the seeds
+    (of ``seeds``, if given) where every row they name has every pair; ``None`` where no seed has."""
+    rows = list(dict.fromkeys(m for m, _ in (*numerator, *denominator)))
+    allowed = None if seeds is None else set(seeds)
+    chosen = [
+        s
+        for s in seeds_of(idx)
+        if (allowed is None or s in allowed)
+        and all((m, p, s) in idx and measure(idx[(m, p, s)])[0] is not None for m in rows for p in pairs)
+    ]
+    if not pairs or not chosen:
+        return None
+    values: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {p: [] for p in pairs}
+    records: dict[str, list[tuple[float, float]]] = {p: [] for p in pairs}
+    for s in chosen:
+        for p in pairs:
+            (n, pn), (d, pd) = (_value(idx, rows_, p, s, measure) for rows_ in (numerator, denominator))
+            values[p].append((pn, pd))
+            records[p].append((n, d))
+    n_mean = statistics.fmean(statistics.fmean(records[p][k][0] for p in pairs) for k in range(len(chosen)))
+    d_mean = statistics.fmean(statistics.fmean(records[p][k][1] for p in pairs) for k in range(len(chosen)))
+    persons = idx.family.persons
+    blocks, drawn = _blocks(values, records, persons)
+    if len(chosen) > 1:
+        df = len(chosen) - 1
+    else:
+        df = sum(v.shape[-1] - 1 for _, v in blocks)
+        drawn = "persons drawn; one seed, whose own variation is not measured"
+    variances: tuple[float | None, float | None, float | None] = (None, None, None)
+    if df >= 1:
+        key = "|".join(
+            ["ratio", repr(numerator), repr(denominator), ",".join(pairs), repr(chosen), measure.name, persons]
+        )
+        se = bootstrap_se(blocks, persons, np.random.default_rng(_seed_of(key)), idx.family.draws)
+        var_n, var_d, var_sum = (float(x) ** 2 for x in se)
+        variances = (var_n, var_d, (var_sum - var_n - var_d) / 2)
+    return Ratio(
+        tuple(numerator), tuple(denominator), tuple(pairs), tuple(chosen), n_mean, d_mean, *variances, df, drawn
+    )
+
+
+def share(
+    idx: Index,
+    method: str,
+    pairs: Sequence[str],
+    seeds: Iterable[int] | None = None,
+    base: str = "source-only",
+    reference: str = "oracle",
+) -> Ratio | None:
+    """The share of the headroom ``method`` recovers: ``(base − method) / (base − reference)`` (:func:`ratio`)."""
+    return ratio(idx, ((base, 1.0), (method, -1.0)), ((base, 1.0), (reference, -1.0)), pairs, seeds)
