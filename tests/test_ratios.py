@@ -9,8 +9,8 @@ import statistics
 import numpy as np
 import pytest
 
-from alfa.study.bench.ratios import _blocks, fieller, ratio, share
-from alfa.study.bench.stats import ALPHA, Comparisons, bootstrap_se, index_records, t_quantile
+from alfa.study.bench.ratios import _blocks, _coefficients, _read, fieller, ratio, share
+from alfa.study.bench.stats import ALPHA, Comparisons, angular, bootstrap_se, index_records, t_quantile
 
 
 def _records(errors, method, pair="E→M", first_seed=0):
@@ -57,10 +57,9 @@ def test_the_variances_give_the_bootstrap_standard_error_of_l_r_for_every_r(pers
     with the same draws (so the check fails with a wrong covariance or separately drawn replicates)."""
     idx = _index({"source-only": SOURCE, "oracle": ORACLE, "alfa": ALFA}, persons)
     got = share(idx, "alfa", ["E→M"])
-    headroom = [[s - o for s, o in zip(rs, ro)] for rs, ro in zip(SOURCE, ORACLE)]
-    recovered = [[s - a for s, a in zip(rs, ra)] for rs, ra in zip(SOURCE, ALFA)]
-    values = {"E→M": [(dict(enumerate(n)), dict(enumerate(d))) for n, d in zip(recovered, headroom)]}
-    blocks, _ = _blocks(values, {}, persons)
+    coefficients = _coefficients((("source-only", 1.0), ("alfa", -1.0)), (("source-only", 1.0), ("oracle", -1.0)))
+    blocks, _ = _blocks(*_read(idx, list(coefficients), ["E→M"], [0, 1, 2], angular), coefficients, persons)
+    assert len(blocks) == 1 and blocks[0][1].shape == (3, 3, 4)  # one pair: its persons drawn once for all rows
     var_n, var_d, var_sum = bootstrap_se(blocks, persons, np.random.default_rng(5), 3000) ** 2
     cov = (var_sum - var_n - var_d) / 2
     for r in (-3.0, 0.0, 0.4, 2.5):
@@ -148,3 +147,28 @@ def test_the_interval_covers_the_true_ratio_and_the_numerators_error_alone_does_
     bound = 3 * math.sqrt(ALPHA * (1 - ALPHA) / n)
     assert covered / n >= 1 - ALPHA - bound
     assert naive / n < 1 - ALPHA - bound  # the check can fail: the denominator's error left out
+
+
+def test_rows_scored_on_other_persons_have_their_persons_drawn_on_their_own():
+    """The domain gap's share, (source-only − in-domain) / source-only: in-domain is scored on held-out source
+    persons, so no person pairs the rows; each row's persons are drawn on their own, as a difference's are."""
+    from bench_records import complete
+
+    held_out = [
+        complete(
+            {"method": "in-domain", "pair": "E→M", "seed": s, "per_person": {f"v{j}": 6.0 + j + s for j in range(3)}}
+        )
+        for s in range(3)
+    ]
+    idx = index_records(_records(SOURCE, "source-only") + held_out, Comparisons(draws=4000))
+    got = ratio(idx, (("source-only", 1.0), ("in-domain", -1.0)), (("source-only", 1.0),), ["E→M"])
+    means = [
+        statistics.fmean(statistics.fmean(r) for r in rows)
+        for rows in (SOURCE, [[6 + j + s for j in range(3)] for s in range(3)])
+    ]
+    assert got.value == pytest.approx((means[0] - means[1]) / means[0])
+    assert got.drawn == "seeds and each row's persons drawn" and got.interval is not None
+    only_seeds = index_records(
+        [{**r, "per_person": {}} for r in _records(SOURCE, "source-only") + held_out], Comparisons(draws=4000)
+    )
+    assert ratio(only_seeds, (("in-domain", 1.0),), (("source-only", 1.0),), ["E→M"]).drawn == "seeds drawn"

@@ -134,46 +134,84 @@ class Ratio:
         return "" if interval is None else f"[{bound(interval[0])}, {bound(interval[1])}]"
 
 
-def _value(idx: Index, rows: Rows, pair: str, seed: int, measure: Measure) -> tuple[float, dict[str, float]]:
-    """The combination's record value and its per-person values (on the persons every row has)."""
-    read = [(c, measure(idx[(m, pair, seed)])) for m, c in rows]
-    total = sum(c * float(v) for c, (v, _) in read)
-    persons = set.intersection(*(set(pp) for _, (_, pp) in read))
-    return total, {q: sum(c * pp[q] for c, (_, pp) in read) for q in persons}
-
-
 def _seed_of(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
 
 
+def _coefficients(numerator: Rows, denominator: Rows) -> dict[str, np.ndarray]:
+    """Per row, its coefficients in N, in D and in N + D (the sum's variance gives the covariance)."""
+    out: dict[str, np.ndarray] = {}
+    for which, rows in enumerate((numerator, denominator)):
+        for m, c in rows:
+            out.setdefault(m, np.zeros(3))[[which, 2]] += c
+    return out
+
+
+def _persons_table(per_seed: Sequence[dict[str, float]], names: Sequence[Sequence[str]]) -> np.ndarray:
+    """``(seeds, persons)`` of one row's values on ``names`` per seed (NaN-padded where a seed has fewer)."""
+    table = np.full((len(per_seed), max(map(len, names))), math.nan)
+    for k, (values, chosen) in enumerate(zip(per_seed, names)):
+        table[k, : len(chosen)] = [values[q] for q in chosen]
+    return table
+
+
+def _names(per_row: Sequence[Sequence[dict[str, float]]], persons: str) -> list[list[str]]:
+    """Per seed, the persons every one of ``per_row`` has (crossed: in every seed)."""
+    names = [sorted(set.intersection(*(set(row[k]) for row in per_row))) for k in range(len(per_row[0]))]
+    if persons == "crossed":
+        names = [sorted(set.intersection(*map(set, names)))] * len(names)
+    return names
+
+
 def _blocks(
-    values: dict[str, list[tuple[dict[str, float], dict[str, float]]]],
-    records: dict[str, list[tuple[float, float]]],
+    values: dict[str, dict[str, list[dict[str, float]]]],
+    records: dict[str, dict[str, list[float]]],
+    coefficients: dict[str, np.ndarray],
     persons: str,
 ) -> tuple[list[tuple[float, np.ndarray]], str]:
-    """Per pair a block of ``(3, seeds, persons)``: N's, D's and their sum's per-person values (the sum gives the
-    covariance); the records' own values, seeds only, where a seed of a pair has no person every row shares."""
-    blocks = []
-    for seeds in values.values():
-        names = [sorted(pn.keys() & pd.keys()) for pn, pd in seeds]
-        if persons == "crossed":
-            names = [sorted(set.intersection(*map(set, names)))] * len(seeds)
-        if not all(names):
-            break
-        width = max(map(len, names))
-        table = np.full((3, len(seeds), width), math.nan)
-        for k, ((pn, pd), chosen) in enumerate(zip(seeds, names)):
-            table[0, k, : len(chosen)] = [pn[q] for q in chosen]
-            table[1, k, : len(chosen)] = [pd[q] for q in chosen]
-        table[2] = table[0] + table[1]
-        blocks.append((1.0 / len(values), table))
-    else:
+    """The bootstrap's blocks, each ``(3, seeds, persons)``: N's, D's and their sum's values. ``values``: per pair,
+    per row, per seed its per-person values; ``records``: the same of the records' own values. Paired where every
+    seed of a pair has persons all rows share (one block per pair, its persons drawn once for all rows); else each
+    row's persons drawn on their own (a row scored on other persons: the in-domain one); else the seeds only."""
+    weight = 1.0 / len(values)
+    paired = {p: _names(list(rows.values()), persons) for p, rows in values.items()}
+    if all(all(n) for n in paired.values()):
+        blocks = [
+            (weight, sum(coefficients[m][:, None, None] * _persons_table(v, paired[p])[None] for m, v in rows.items()))
+            for p, rows in values.items()
+        ]
         return blocks, "persons and seeds drawn" if persons == "crossed" else "seeds drawn, each with its own persons"
-    blocks = []
-    for on_pair in records.values():
-        table = np.array([[[n] for n, _ in on_pair], [[d] for _, d in on_pair]])
-        blocks.append((1.0 / len(records), np.concatenate([table, table[:1] + table[1:]])))
+    own = {(p, m): _names([v], persons) for p, rows in values.items() for m, v in rows.items()}
+    if all(all(n) for n in own.values()):
+        blocks = [
+            (weight, coefficients[m][:, None, None] * _persons_table(v, own[(p, m)])[None])
+            for p, rows in values.items()
+            for m, v in rows.items()
+        ]
+        return (
+            blocks,
+            "seeds and each row's persons drawn" if persons == "crossed" else "seeds drawn, each with its persons",
+        )
+    blocks = [
+        (weight, sum(coefficients[m][:, None, None] * np.array(v)[None, :, None] for m, v in rows.items()))
+        for rows in records.values()
+    ]
     return blocks, "seeds drawn"
+
+
+def _read(
+    idx: Index, rows: Sequence[str], pairs: Sequence[str], seeds: Sequence[int], measure: Measure
+) -> tuple[dict[str, dict[str, list[dict[str, float]]]], dict[str, dict[str, list[float]]]]:
+    """Per pair, per row, per seed: its per-person values, and its record value."""
+    values: dict[str, dict[str, list[dict[str, float]]]] = {p: {m: [] for m in rows} for p in pairs}
+    records: dict[str, dict[str, list[float]]] = {p: {m: [] for m in rows} for p in pairs}
+    for p in pairs:
+        for m in rows:
+            for s in seeds:
+                value, per_person = measure(idx[(m, p, s)])
+                values[p][m].append(per_person)
+                records[p][m].append(float(value))
+    return values, records
 
 
 def ratio(
@@ -186,27 +224,27 @@ def ratio(
 ) -> Ratio | None:
     """The ratio of ``numerator`` to ``denominator`` over ``pairs`` (per seed the mean over the pairs), on the seeds
     (of ``seeds``, if given) where every row they name has every pair; ``None`` where no seed has."""
-    rows = list(dict.fromkeys(m for m, _ in (*numerator, *denominator)))
+    coefficients = _coefficients(numerator, denominator)
     allowed = None if seeds is None else set(seeds)
     chosen = [
         s
         for s in seeds_of(idx)
         if (allowed is None or s in allowed)
-        and all((m, p, s) in idx and measure(idx[(m, p, s)])[0] is not None for m in rows for p in pairs)
+        and all((m, p, s) in idx and measure(idx[(m, p, s)])[0] is not None for m in coefficients for p in pairs)
     ]
     if not pairs or not chosen:
         return None
-    values: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {p: [] for p in pairs}
-    records: dict[str, list[tuple[float, float]]] = {p: [] for p in pairs}
-    for s in chosen:
-        for p in pairs:
-            (n, pn), (d, pd) = (_value(idx, rows_, p, s, measure) for rows_ in (numerator, denominator))
-            values[p].append((pn, pd))
-            records[p].append((n, d))
-    n_mean = statistics.fmean(statistics.fmean(records[p][k][0] for p in pairs) for k in range(len(chosen)))
-    d_mean = statistics.fmean(statistics.fmean(records[p][k][1] for p in pairs) for k in range(len(chosen)))
+    values, records = _read(idx, list(coefficients), pairs, chosen, measure)
+    # per seed the mean over the pairs of each combination, then the mean over seeds
+    n_mean, d_mean = (
+        statistics.fmean(
+            statistics.fmean(sum(coefficients[m][which] * records[p][m][k] for m in coefficients) for p in pairs)
+            for k in range(len(chosen))
+        )
+        for which in (0, 1)
+    )
     persons = idx.family.persons
-    blocks, drawn = _blocks(values, records, persons)
+    blocks, drawn = _blocks(values, records, coefficients, persons)
     if len(chosen) > 1:
         df = len(chosen) - 1
     else:

@@ -19,7 +19,7 @@ from .config import split_pair
 from .markdown import seeds_note, seeds_words
 from .names import DEFAULT, SELECTED
 from .names import display_name as _name
-from .ratios import share
+from .ratios import ratio, share
 from .report_tables import table1_rows
 from .stats import (
     Diff,
@@ -232,9 +232,17 @@ def _deg_range(items: Sequence[tuple[str, float, float]]) -> str:
     return _range([d for _, d, _ in items], 2, "°")
 
 
-def _share_range(items: Sequence[tuple[str, float, float]]) -> str:
-    """``"12–30 %"``: the range of ``difference / reference`` over ``(pair, difference, reference)`` items."""
-    return _range([100 * d / ref for _, d, ref in items], 0, " %")
+def _share_range(idx: Index, method: str, items: Sequence[tuple[str, float, float]]) -> str:
+    """``"from 12 % [5, 20] (E→M) to 30 % [22, 37] (S→W)"``: the smallest and the largest ``(source-only − method) /
+    source-only`` over the pairs of ``items``, each the ratio of the means with its 95 % interval (Fieller's)."""
+    gaps = {p: ratio(idx, (("source-only", 1.0), (method, -1.0)), (("source-only", 1.0),), [p]) for p, _, _ in items}
+    ranked = sorted(((r.value, p, r) for p, r in gaps.items() if r is not None and r.value is not None))
+    if not ranked:
+        return _range([100 * d / ref for _, d, ref in items], 0, " %")
+    (_, lo_pair, lo), (_, hi_pair, hi) = ranked[0], ranked[-1]
+    if lo_pair == hi_pair:
+        return lo.text()
+    return f"from {lo.text()} ({lo_pair}) to {hi.text()} ({hi_pair})"
 
 
 def _below_source_only(idx: Index, pairs: Sequence[str], method: str) -> list[tuple[str, float, float]]:
@@ -258,7 +266,7 @@ def _gap_sentence(
     clear = sum(bool((d := diff(idx, "source-only", method, [p])) and d.clear) for p, _, _ in below)
     text = f"{subject} on {len(below)} of {len(items)} pairs ({clear} clearly; intervals in the table)"
     if below:
-        text += f"{by}{_deg_range(below)} ({_share_range(below)} of the source-only error)"
+        text += f"{by}{_deg_range(below)} ({_share_range(idx, method, below)} of the source-only error)"
     if len(below) < len(items):
         text += f"; {missing} in the means on {', '.join(g[0] for g in items if g[1] <= 0)}"
     compared = {g[0] for g in items}
