@@ -158,9 +158,30 @@ def test_cli_refuses_to_replace_the_plotted_data_beside_a_new_figure(tmp_path, c
     beside = tmp_path / "toy.plotted.json"
     beside.write_text("someone's", encoding="utf-8")
     assert main(["crate", "toy", "--seeds", "1", "--panels", "a", "--figure", str(tmp_path / "toy.png")]) == 2
-    assert "its plotted data goes to" in capsys.readouterr().err and beside.read_text(encoding="utf-8") == "someone's"
+    assert "the plotted data goes to" in capsys.readouterr().err and beside.read_text(encoding="utf-8") == "someone's"
     assert not (tmp_path / "toy.png").exists()
     assert (
         main(["crate", "toy", "--seeds", "1", "--panels", "a", "--figure", str(tmp_path / "toy.png"), "--replace"]) == 0
     )
     assert beside.read_text(encoding="utf-8") != "someone's"
+
+
+@pytest.mark.parametrize(
+    "outputs, words",
+    [
+        (["--data-to", "toy.plotted.json", "--figure", "toy.png"], "which is also this command's --data-to"),
+        (["--figure", "toy.png", "--json", "toy.plotted.json"], "which is also this command's --json"),
+        (["--figure", "toy.png", "--data-to", "toy.plotted.json"], "which is also this command's --data-to"),
+        (["--json", "toy.json", "--data-to", "toy.json"], "is also this command's --json"),
+    ],
+)
+def test_cli_refuses_two_outputs_on_one_path_even_with_replace(tmp_path, capsys, outputs, words):
+    """A figure's plotted data is written beside it: with --replace too, no other output may be that file (the
+    second write would replace the first)."""
+    from alfa.cli import main
+
+    args = [a if a.startswith("--") else str(tmp_path / a) for a in outputs]
+    assert main(["crate", "toy", "--seeds", "1", "--panels", "a", *args, "--replace"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []

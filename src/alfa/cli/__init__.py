@@ -125,10 +125,15 @@ def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
                     "replace: write elsewhere"
                 )
         if out in outputs:  # the second write would replace the first
-            raise ValueError(f"--{_flag(name)} {value} is also this command's --{_flag(outputs[out])}: name two paths")
-        outputs[out] = name
+            raise ValueError(f"--{_flag(name)} {value} is also {outputs[out]}: name two paths")
+        outputs[out] = f"this command's --{_flag(name)}"
         if not folder and out.suffix == ".safetensors" and out.is_file():
             raise ValueError(f"--{_flag(name)} {value} is a model or adapter file, which this command would replace")
+    for name, (suffix, words) in getattr(args, "sidecars", {}).items():  # what a file output writes beside it
+        if (value := getattr(args, name, None)) is not None and (
+            beside := _resolved(value).with_suffix(suffix)
+        ) in outputs:
+            raise ValueError(f"--{_flag(name)} {value}: {words} goes to {beside}, which is also {outputs[beside]}")
 
 
 def _option(dest: str) -> str:
@@ -179,11 +184,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
             continue
         if Path(value).exists():
             raise ValueError(f"--{_flag(name)} {value}: exists; name another file, or add --replace to overwrite it")
-        data = Path(value).with_suffix(".json")
-        if name in args.data_beside and data.exists():
+        sidecars = getattr(args, "sidecars", {})
+        if name in sidecars and (beside := Path(value).with_suffix(sidecars[name][0])).exists():
             raise ValueError(
-                f"--{_flag(name)} {value}: the page's data goes to {data}, which exists; name another file, or add "
-                "--replace to overwrite it"
+                f"--{_flag(name)} {value}: {sidecars[name][1]} goes to {beside}, which exists; name another "
+                "file, or add --replace to overwrite it"
             )
 
 

@@ -85,14 +85,6 @@ def _toy(args: argparse.Namespace) -> None:
         raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
     if args.figure is not None and not any(p in panels for p in ("a", "b", "c", "d")):
         raise ValueError("--figure needs at least one of the panels a, b, c, d")
-    if args.figure is not None and not args.replace:
-        from alfa.study.plotted import plotted_path
-
-        if plotted_path(args.figure).exists():  # the figure's own check does not see the file written beside it
-            raise ValueError(
-                f"--figure {args.figure}: its plotted data goes to {plotted_path(args.figure)}, which exists; name "
-                "another file, or add --replace to overwrite both"
-            )
     config = ToyConfig(eps=args.eps, eta=args.eta, lam=args.lam, layers=args.layers)
     config.validate()
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
@@ -200,6 +192,7 @@ CRATE = Command(
             add_arguments=_toy_arguments,
             run=_toy,
             outputs={"json": False, "data_to": False, "figure": False},
+            plotted_beside=frozenset({"figure"}),
         ),
         Command(
             "gaze",

@@ -52,10 +52,11 @@ class Command:
     except a page this command generated (it says "Do not edit by hand" and names the command: its regenerate
     command then runs as printed) and those in ``keeps``: files the command adds to or checks itself (an access
     log it appends to, a record it updates under its own rule, the records and report of a run it resumes).
-    ``data_beside`` names the file outputs beside which the command writes the page's data as ``<name>.json``:
-    that file is refused alike. ``extra`` is the extra of ``alfa-ttp`` its
-    packages come with (``None``: the library's own); subcommands inherit it. A command with ``subcommands`` is
-    a group: only its leaves run.
+    ``data_beside`` names the file outputs beside which the command writes the page's data as ``<name>.json``,
+    ``plotted_beside`` those beside which it writes a figure's plotted data as ``<name>.plotted.json``
+    (:func:`alfa.study.plotted.plotted_path`): those files are refused alike, and none may be another output.
+    ``extra`` is the extra of ``alfa-ttp`` its packages come with (``None``: the library's own); subcommands
+    inherit it. A command with ``subcommands`` is a group: only its leaves run.
     """
 
     name: str
@@ -67,6 +68,7 @@ class Command:
     shared: frozenset[str] = frozenset()
     keeps: frozenset[str] = frozenset()
     data_beside: frozenset[str] = frozenset()
+    plotted_beside: frozenset[str] = frozenset()
     extra: str | None = None
     subcommands: tuple[Command, ...] = ()
 
@@ -108,7 +110,7 @@ def add_commands(
             outputs=dict(command.outputs),
             held=tuple(name for name, folder in command.outputs.items() if folder and name not in command.shared),
             replaceable=files,
-            data_beside=tuple(name for name in files if name in command.data_beside),
+            sidecars=_sidecars(command, files),
             command_path=" ".join(names),
             command_extra=command.extra,
             stand_in=False,
@@ -136,6 +138,16 @@ def _replaceable(command: Command) -> tuple[str, ...]:
     return tuple(name for name, folder in command.outputs.items() if not folder and name not in command.keeps)
 
 
+SIDECARS = {"data_beside": (".json", "the page's data"), "plotted_beside": (".plotted.json", "the plotted data")}
+"""What a command writes beside a file output (its :class:`Command` field -> the suffix that replaces the output's
+own, and how a message names the file)."""
+
+
+def _sidecars(command: Command, files: tuple[str, ...]) -> dict[str, tuple[str, str]]:
+    """The file outputs beside which ``command`` writes another file: ``{dest: (suffix, words)}``."""
+    return {name: kind for field_, kind in SIDECARS.items() for name in files if name in getattr(command, field_)}
+
+
 def _inherit(command: Command, extra: str | None) -> Command:
     return command if command.extra is not None or extra is None else dataclasses.replace(command, extra=extra)
 
@@ -151,7 +163,7 @@ def _stand_in(parser: argparse.ArgumentParser, error: ModuleNotFoundError, extra
     def run(args: argparse.Namespace) -> None:
         raise error
 
-    parser.set_defaults(func=run, outputs={}, held=(), replaceable=(), data_beside=(), stand_in=True)
+    parser.set_defaults(func=run, outputs={}, held=(), replaceable=(), sidecars={}, stand_in=True)
 
 
 def missing_package(error: ModuleNotFoundError, extra: str | None = None) -> str | None:
