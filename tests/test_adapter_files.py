@@ -80,6 +80,27 @@ def test_a_change_outside_the_adapted_layers_is_another_base(base, tmp_path, ten
     assert alfa.load_adapter(copy.deepcopy(base), path)  # the base itself still fits
 
 
+def test_a_rest_module_cast_to_another_dtype_says_so_and_an_older_file_still_names_it(base, tmp_path):
+    """Only the head cast (fc2 is not adapted): the rest's check names the cast, as a layer's does; a file from
+    before the rest's dtypes were kept names the module without the hint."""
+    path = alfa.save_adapter(_personalized(base), tmp_path / "a.safetensors")
+    cast = copy.deepcopy(base)
+    cast.fc2.to(torch.bfloat16)
+    with pytest.raises(
+        AdapterFileError,
+        match=r"fc2: different values \(.*this base is bfloat16, the adapter's was float32: cast it back",
+    ):
+        alfa.load_adapter(cast, path)
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    del meta["rest_dtypes"]
+    older = tmp_path / "older.safetensors"
+    save_file(tensors, str(older), metadata=meta)
+    with pytest.raises(AdapterFileError) as refused:
+        alfa.load_adapter(copy.deepcopy(cast), older)
+    assert "fc2: different values (the adapter was trained on another base)" in str(refused.value)
+
+
 def test_a_file_from_before_the_rest_fingerprint_is_checked_on_its_layers_only(base, tmp_path):
     path = alfa.save_adapter(_personalized(base), tmp_path / "a.safetensors")
     with safe_open(str(path), framework="pt") as f:

@@ -12,6 +12,7 @@ import copy
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,21 +128,42 @@ def base_rest_fingerprint(model: nn.Module) -> dict[str, list[list[float]]]:
     BatchNorm's step counter, which no eval-mode output reads) are left out. Tensors over 65,536 elements are read
     at that many evenly spaced elements, which a re-training or a cast moves; a change of a few elements of such a
     tensor can go unseen."""
+    out: dict[str, list[list[float]]] = {}
+    for module, t in _rest_tensors(model):
+        out.setdefault(module, []).append([float(f"{v:.7g}") for v in _tensor_signature(_sampled(t))])
+    return out
+
+
+def _rest_dtypes(model: nn.Module) -> dict[str, str]:
+    """Per module of :func:`base_rest_fingerprint`, its tensors' dtypes (``"float32"``, ``"float16/float32"``): a
+    changed rest then says when the base was cast, as a changed layer does."""
+    dtypes: dict[str, set[str]] = {}
+    for module, t in _rest_tensors(model):
+        dtypes.setdefault(module, set()).add(str(t.dtype).removeprefix("torch."))
+    return {m: "/".join(sorted(d)) for m, d in dtypes.items()}
+
+
+def _rest_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """``(module, tensor)`` of every tensor :func:`base_rest_fingerprint` reads, in the state dict's order."""
     state = _attached_state(model)
     skip = _covered_prefixes(state)
     params = dict(model.named_parameters())
     covered = set(_layer_tensors(model, state)) | (set(state.targets) if state.config.scope == "model" else set())
     covered_ids = {id(params[n]) for n in covered if n in params}  # a tied alias (lm_head of wte) is that tensor
-    out: dict[str, list[list[float]]] = {}
     for n, t in model.state_dict(keep_vars=True).items():
         if n in covered or id(t) in covered_ids or n.startswith(skip) or not t.is_floating_point():
             continue
-        signature = [float(f"{v:.7g}") for v in _tensor_signature(_sampled(t))]
-        out.setdefault(n.rpartition(".")[0] or "(model)", []).append(signature)
-    return out
+        yield n.rpartition(".")[0] or "(model)", t
 
 
-def _compare_rest(saved: dict[str, list[list[float]]], current: dict[str, list[list[float]]]) -> list[str]:
+def _compare_rest(
+    saved: dict[str, list[list[float]]],
+    current: dict[str, list[list[float]]],
+    saved_dtypes: dict[str, str] | None = None,
+    current_dtypes: dict[str, str] | None = None,
+) -> list[str]:
+    """What differs between the rest of the adapter's base and this model's, per module (with the dtypes, where the
+    file has them: whether the base was cast)."""
     problems = []
     for m in sorted(set(saved) | set(current)):
         if m not in current or m not in saved:
@@ -150,7 +172,9 @@ def _compare_rest(saved: dict[str, list[list[float]]], current: dict[str, list[l
         elif len(saved[m]) != len(current[m]):
             problems.append(f"{m}: {len(current[m])} tensors here, {len(saved[m])} in the adapter's base")
         elif any(_differ(a, b) for a, b in zip(saved[m], current[m])):
-            problems.append(f"{m}: different values (the adapter was trained on another base)")
+            was, now = (saved_dtypes or {}).get(m), (current_dtypes or {}).get(m)  # older files: none
+            cast = f"; this base is {now}, the adapter's was {was}: cast it back" if was and now and was != now else ""
+            problems.append(f"{m}: different values (the adapter was trained on another base{cast})")
     return problems
 
 
@@ -259,6 +283,7 @@ def save_adapter(
         "targets": json.dumps(state.targets),
         "fingerprint": json.dumps(base_fingerprint(model)),
         "rest_fingerprint": json.dumps(base_rest_fingerprint(model)),
+        "rest_dtypes": json.dumps(_rest_dtypes(model)),
         "checksum": tensor_checksum(tensors),
         "name": state.name,
     }
@@ -331,6 +356,9 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
             # none before 2026-12-04 (a "base_rest" of that day's first hours is not read: one signature per module,
             # which a step counter or a large variance could dominate)
             "rest_fingerprint": json.loads(raw["rest_fingerprint"]) if "rest_fingerprint" in raw else None,
+            "rest_dtypes": json.loads(raw["rest_dtypes"])
+            if "rest_dtypes" in raw
+            else None,  # none before the evening of 2026-12-04
             "checksum": raw.get("checksum"),  # files written before checksums have none
             "about": json.loads(raw.get("about", "{}")),
             "name": raw.get("name", DEFAULT_ADAPTER),  # files written before named adapters: the default
@@ -431,7 +459,9 @@ def _check_and_load(model: nn.Module, path: Path, meta: dict[str, Any], targets:
         raise AdapterFileError(f"{path}: layer mismatch ({'; '.join(parts)})")
     problems = _compare_fingerprints(meta["fingerprint"], base_fingerprint(model))
     if meta.get("rest_fingerprint") is not None:
-        problems += _compare_rest(meta["rest_fingerprint"], base_rest_fingerprint(model))
+        problems += _compare_rest(
+            meta["rest_fingerprint"], base_rest_fingerprint(model), meta.get("rest_dtypes"), _rest_dtypes(model)
+        )
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise AdapterFileError(f"{path}: the adapter was made for a different base model ({shown})")
