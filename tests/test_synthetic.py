@@ -287,3 +287,33 @@ def test_the_label_convention_moves_the_pitch_label_only():
     same, plain, _, _ = render_person(eyes, 0, "test", 3, 5, 32)
     assert torch.equal(pixels, same) and torch.equal(labels[:, 0], plain[:, 0])
     assert torch.allclose(labels[:, 1] - plain[:, 1], torch.full((5,), math.radians(cfg.label_origin_pitch_deg)))
+
+
+def test_the_committed_samples_of_the_figure_are_what_the_worlds_render(tmp_path):
+    """docs/synthetic.md's sample grid is drawn from committed samples (another kind of CPU renders a few bits
+    differently); they must be what the worlds' code renders now, within one level of 255, and the check fails on
+    a changed pixel or label."""
+    from pathlib import Path
+
+    from alfa.gaze.data.synthetic.preview import (
+        load_preview_samples,
+        preview_samples,
+        samples_differences,
+        save_preview_samples,
+    )
+    from alfa.study.pages import SYNTHETIC_SAMPLES
+
+    saved = load_preview_samples(Path(__file__).resolve().parent.parent / SYNTHETIC_SAMPLES)
+    now = preview_samples(saved.seed, saved.size)
+    assert samples_differences(saved, now) == [], (
+        "run: python -m alfa.gaze.data.synthetic --samples-to " + SYNTHETIC_SAMPLES
+    )
+    again = load_preview_samples(save_preview_samples(now, tmp_path / "s.safetensors"))
+    assert samples_differences(again, now, levels=0) == [] and again.persons == now.persons
+    world = now.worlds[0]
+    now.images[world][0, 0, 10, 10] ^= 8  # one pixel, 8 levels
+    now.gaze[world][1, 0] += 1e-3
+    assert samples_differences(saved, now) == [
+        f"{world}: a pixel differs by 8 of 255",
+        f"{world}: the gaze labels differ",
+    ]

@@ -255,6 +255,37 @@ def _render_camera(root: Path, out: Path) -> None:
     write_text(out / "docs/camera.md", camera_page(record, CAMERA_COMMAND, "figures/camera.png"))
 
 
+SYNTHETIC_PAGE = "docs/synthetic.md"
+SYNTHETIC_FIGURE = "docs/figures/synthetic_samples.png"
+SYNTHETIC_SAMPLES = "docs/data/synthetic/samples.safetensors"
+"""The sample grid's images and labels: committed, because another kind of CPU renders a few bits differently
+(``tests/test_synthetic.py`` checks them against the worlds' code within one level of 255)."""
+
+
+def _render_synthetic(root: Path, out: Path) -> None:
+    """docs/synthetic.md's sample grid, from the committed samples, and its tables of the worlds' settings and
+    labels, printed from the worlds' code (the rest of the page is written by hand)."""
+    from alfa.gaze.data.synthetic.preview import (
+        changes_table_markdown,
+        domain_table_markdown,
+        label_table_markdown,
+        load_preview_samples,
+        render_preview_grid,
+    )
+
+    from .plotted import save_figure
+    from .sections import with_section
+
+    text = (root / SYNTHETIC_PAGE).read_text(encoding="utf-8")
+    v1 = f"{domain_table_markdown()}\n\n{label_table_markdown(seed=0, version='v1')}"
+    v2 = f"{changes_table_markdown('v2')}\n\n{label_table_markdown(seed=0, version='v2')}"
+    text = with_section(text, "synthetic-tables-v1", v1, SYNTHETIC_PAGE)
+    write_text(out / SYNTHETIC_PAGE, with_section(text, "synthetic-tables-v2", v2, SYNTHETIC_PAGE))
+    (out / SYNTHETIC_FIGURE).parent.mkdir(parents=True, exist_ok=True)
+    samples = load_preview_samples(root / SYNTHETIC_SAMPLES)
+    render_preview_grid(out / SYNTHETIC_FIGURE, samples, save=lambda fig, path: save_figure(fig, path, dpi=110))
+
+
 LLM_DATA = "docs/data/llm/bench.json"
 
 
@@ -366,6 +397,15 @@ PAGES: tuple[Page, ...] = (
         produce=CAMERA_COMMAND.replace("\n", ", then "),
         render=_render_camera,
         owned_figures=(CAMERA_FIGURE,),
+    ),
+    Page(
+        path=SYNTHETIC_PAGE,
+        data=SYNTHETIC_SAMPLES,
+        produce=f"python -m alfa.gaze.data.synthetic --samples-to {SYNTHETIC_SAMPLES}, then alfa pages --write (the "
+        "sample grid from those samples, the tables of the worlds' settings and labels from the worlds' code; the "
+        "rest of the page is written by hand)",
+        render=_render_synthetic,
+        owned_figures=(SYNTHETIC_FIGURE,),
     ),
     Page(
         path="docs/llm.md",

@@ -11,13 +11,21 @@ from .preview import (
     domain_table_markdown,
     label_table_markdown,
     measure_throughput,
+    preview_samples,
     render_preview_grid,
+    save_preview_samples,
 )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m alfa.gaze.data.synthetic", description=__doc__)
     parser.add_argument("--preview", metavar="PNG", help="write the sample grid (one row per domain) to PNG")
+    parser.add_argument(
+        "--samples-to",
+        metavar="FILE",
+        help="write the sample grid's images and labels (safetensors) that alfa pages draws docs/synthetic.md's "
+        "figure from, e.g. docs/data/synthetic/samples.safetensors",
+    )
     parser.add_argument("--tables", action="store_true", help="print the domain settings and label tables")
     parser.add_argument(
         "--version", default="v1", choices=("v1", "v2"), help="which worlds' tables (v2: what each changes from v1)"
@@ -27,12 +35,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
-    if not (args.preview or args.tables or args.throughput):
-        parser.error("nothing to do: give --preview PNG, --tables and/or --throughput")
+    if not (args.preview or args.samples_to or args.tables or args.throughput):
+        parser.error("nothing to do: give --preview PNG, --samples-to FILE, --tables and/or --throughput")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.preview:
         print(f"wrote {render_preview_grid(args.preview, seed=args.seed, size=args.size)}")
+    if args.samples_to:
+        print(f"wrote {save_preview_samples(preview_samples(args.seed, args.size), args.samples_to)}")
     if args.tables:
         print(domain_table_markdown() if args.version == "v1" else changes_table_markdown(args.version), end="\n\n")
         print(label_table_markdown(seed=args.seed, version=args.version), end="\n\n")

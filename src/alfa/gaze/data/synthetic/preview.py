@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from dataclasses import fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,44 +25,158 @@ from .domains import (
 )
 from .render import FaceParams, gaze_labels
 
-__all__ = ["domain_table_markdown", "label_table_markdown", "measure_throughput", "render_preview_grid"]
+__all__ = [
+    "PreviewSamples",
+    "domain_table_markdown",
+    "label_table_markdown",
+    "load_preview_samples",
+    "measure_throughput",
+    "preview_samples",
+    "render_preview_grid",
+    "samples_differences",
+    "save_preview_samples",
+]
 
 DEG = math.pi / 180.0
 
 
+@dataclass(frozen=True)
+class PreviewSamples:
+    """What the sample grid draws: per world, ``persons`` persons × their first ``images_per_person`` images (8-bit,
+    as a PNG would hold them) and their gaze labels (yaw, pitch in radians), with the persons' names."""
+
+    seed: int
+    size: int
+    images_per_person: int
+    worlds: tuple[str, ...]
+    persons: dict[str, list[str]]
+    images: dict[str, torch.Tensor]  # uint8, (n, 3, size, size)
+    gaze: dict[str, torch.Tensor]  # float32, (n, 2)
+
+
+def preview_samples(seed: int = 0, size: int = 64, persons: int = 4, images_per_person: int = 3) -> PreviewSamples:
+    """The sample grid's images and labels, rendered from the worlds' code (:func:`list_domains`)."""
+    worlds = tuple(list_domains())
+    images, gaze, names = {}, {}, {}
+    for name in worlds:
+        ds = make_domain(name, seed=seed, persons=persons, images_per_person=images_per_person, size=size)
+        images[name] = (ds.images * 255).round().clamp(0, 255).to(torch.uint8)
+        gaze[name] = ds.gaze.to(torch.float32)
+        names[name] = list(ds.person_names)
+    return PreviewSamples(seed, size, images_per_person, worlds, names, images, gaze)
+
+
+def save_preview_samples(samples: PreviewSamples, path: str | Path) -> Path:
+    """Write ``samples`` as safetensors (the tensors, and the rest in its header), atomically."""
+    from safetensors.torch import save_file
+
+    from alfa.fileio import atomic_path
+
+    tensors = {
+        f"{kind}/{name}": t.contiguous() for kind in ("images", "gaze") for name, t in getattr(samples, kind).items()
+    }
+    meta = {
+        "seed": str(samples.seed),
+        "size": str(samples.size),
+        "images_per_person": str(samples.images_per_person),
+        "worlds": json.dumps(list(samples.worlds)),
+        "persons": json.dumps(samples.persons),
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+    return path
+
+
+def load_preview_samples(path: str | Path) -> PreviewSamples:
+    """Read what :func:`save_preview_samples` wrote."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        worlds = tuple(json.loads(meta["worlds"]))
+        images = {name: f.get_tensor(f"images/{name}") for name in worlds}
+        gaze = {name: f.get_tensor(f"gaze/{name}") for name in worlds}
+    return PreviewSamples(
+        int(meta["seed"]),
+        int(meta["size"]),
+        int(meta["images_per_person"]),
+        worlds,
+        json.loads(meta["persons"]),
+        images,
+        gaze,
+    )
+
+
+def samples_differences(saved: PreviewSamples, current: PreviewSamples, levels: int = 1) -> list[str]:
+    """What differs between two sets of samples beyond what another kind of CPU changes: the worlds, persons or
+    sizes at all, a pixel by more than ``levels`` of 255, a label by more than 1e-5 rad (``[]``: the same)."""
+    head = ("seed", "size", "images_per_person", "worlds", "persons")
+    problems = [
+        f"{k}: {getattr(saved, k)!r} saved, {getattr(current, k)!r} now"
+        for k in head
+        if getattr(saved, k) != getattr(current, k)
+    ]
+    for name in (w for w in saved.worlds if w in current.worlds):
+        a, b = saved.images[name], current.images[name]
+        if a.shape != b.shape:
+            problems.append(f"{name}: images of shape {list(a.shape)} saved, {list(b.shape)} now")
+            continue
+        if (worst := int((a.int() - b.int()).abs().max())) > levels:
+            problems.append(f"{name}: a pixel differs by {worst} of 255")
+        if not torch.allclose(saved.gaze[name], current.gaze[name], rtol=0.0, atol=1e-5):
+            problems.append(f"{name}: the gaze labels differ")
+    return problems
+
+
 def render_preview_grid(
-    path: str | Path, *, seed: int = 0, size: int = 64, persons: int = 4, images_per_person: int = 3
+    path: str | Path,
+    samples: PreviewSamples | None = None,
+    *,
+    seed: int = 0,
+    size: int = 64,
+    save: Callable[[Any, Path], Any] | None = None,
 ) -> Path:
-    """Write a PNG grid: one row per domain, ``persons`` persons × their first ``images_per_person``
-    images, each with its gaze label drawn as an arrow from between the eyes."""
+    """Write a PNG grid of ``samples`` (default: :func:`preview_samples` of ``seed`` and ``size``): one row per
+    world, each image with its gaze label drawn as an arrow from between the eyes. ``save(figure, path)`` writes
+    and closes the figure (``alfa pages`` passes one that keeps its plotted data beside it); by default
+    ``figure.savefig`` at 110 dpi."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list_domains()
-    cols = persons * images_per_person
-    fig, axes = plt.subplots(len(names), cols, figsize=(1.3 * cols, 1.45 * len(names)), squeeze=False)
-    for row, name in enumerate(names):
-        ds = make_domain(name, seed=seed, persons=persons, images_per_person=images_per_person, size=size)
+    samples = preview_samples(seed, size) if samples is None else samples
+    cols = max(len(t) for t in samples.images.values())
+    fig, axes = plt.subplots(len(samples.worlds), cols, figsize=(1.3 * cols, 1.45 * len(samples.worlds)), squeeze=False)
+    for row, name in enumerate(samples.worlds):
         for col in range(cols):
             ax = axes[row, col]
-            ax.imshow(ds.images[col].permute(1, 2, 0).numpy(), interpolation="nearest", extent=(-1, 1, 1, -1))
-            yaw, pitch = ds.gaze[col].tolist()
+            ax.imshow(
+                samples.images[name][col].permute(1, 2, 0).numpy(), interpolation="nearest", extent=(-1, 1, 1, -1)
+            )
+            yaw, pitch = samples.gaze[name][col].tolist()
             # The label in image terms: positive yaw looks towards the image's left, positive pitch up.
             dx, dy = -math.cos(pitch) * math.sin(yaw), -math.sin(pitch)
             ax.arrow(0, -0.2, 0.6 * dx, 0.6 * dy, color="#ffd400", width=0.025, head_width=0.1, alpha=0.85)
             ax.set_xticks([])
             ax.set_yticks([])
-            ax.set_title(
-                f"{ds.person_names[col // images_per_person]} {yaw / DEG:+.0f}°,{pitch / DEG:+.0f}°", fontsize=6
-            )
+            person = samples.persons[name][col // samples.images_per_person]
+            ax.set_title(f"{person} {yaw / DEG:+.0f}°,{pitch / DEG:+.0f}°", fontsize=6)
             if col == 0:
                 ax.set_ylabel(f"{name}\n({DOMAINS[name].role})", fontsize=8)
-    fig.suptitle(f"synthetic gaze domains at {size}×{size} (seed {seed}); arrow = gaze label (yaw, pitch)", fontsize=9)
+    fig.suptitle(
+        f"synthetic gaze domains at {samples.size}×{samples.size} (seed {samples.seed}); arrow = gaze label "
+        "(yaw, pitch)",
+        fontsize=9,
+    )
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if save is not None:
+        save(fig, path)
+        return path
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
