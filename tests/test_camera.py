@@ -212,3 +212,42 @@ def test_detects_the_astronaut_and_her_landmarks():
     assert right_eye[0] < left_eye[0] and mouth_right[0] < mouth_left[0]  # the person's right is the image's left
     assert abs(right_eye[1] - left_eye[1]) < 8 and 30 < left_eye[0] - right_eye[0] < 60
     assert mouth_right[1] > right_eye[1] + 25
+
+
+def test_several_faces_are_refused_before_any_is_normalized_and_each_reader_says_what_to_do(monkeypatch, tmp_path):
+    """One face asked, two found: SeveralFaces, raised before a face is normalized or the model runs; alfa predict
+    names its option, a calibration photo says it must show one person; the largest face alone is read (a video's
+    frames) with one normalization."""
+    pytest.importorskip("skimage")
+    from PIL import Image
+
+    from alfa.gaze.camera import PhotoOptions, SeveralFaces, analyse_photo, calibration_gaze, read_photo
+    from alfa.gaze.camera import photo as photo_module
+    from alfa.gaze.camera.photo import predict_photos
+
+    astronaut = read_photo("skimage:astronaut")[0]
+    two = np.concatenate([astronaut, astronaut[:, ::-1]], 1)
+    normalized, predicted = [], []
+    real = photo_module._normalize_face
+    monkeypatch.setattr(photo_module, "_normalize_face", lambda *a: normalized.append(1) or real(*a))
+
+    def predictor(crops: torch.Tensor) -> torch.Tensor:
+        predicted.append(crops.shape[0])
+        return torch.zeros(crops.shape[0], 2)
+
+    with pytest.raises(SeveralFaces) as refused:
+        analyse_photo(two, predictor, PhotoOptions(faces="one"))
+    assert len(refused.value.boxes) == 2 and str(refused.value).startswith("2 faces found (boxes [")
+    assert normalized == [] and predicted == []
+    answer, _ = analyse_photo(two, predictor, PhotoOptions(faces="largest"))
+    assert len(answer["faces"]) == 1 and normalized == [1] and predicted == [1]
+    answer, _ = analyse_photo(two, predictor, PhotoOptions(faces="all"))
+    assert len(answer["faces"]) == 2
+    path = tmp_path / "two.png"
+    Image.fromarray(two).save(path)
+    with pytest.raises(ValueError, match=r"^2 faces found \(boxes .*\): a calibration photo must show only the person"):
+        calibration_gaze(path, predictor)
+    _, failures = predict_photos([str(path)], predictor, PhotoOptions(), progress=False)
+    assert failures == [
+        f"{path}: 2 faces found (boxes {', '.join(map(str, refused.value.boxes))}); pass --faces all to read every one"
+    ]

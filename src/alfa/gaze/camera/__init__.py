@@ -30,6 +30,7 @@ from .normalize import (
 )
 from .photo import (
     PhotoOptions,
+    SeveralFaces,
     analyse_photo,
     analyse_video,
     answer_photo,
@@ -64,6 +65,7 @@ __all__ = [
     "analyse_video",
     "angles_to_gaze_vector",
     "answer_photo",
+    "SeveralFaces",
     "calibration_gaze",
     "decode_photo",
     "default_camera",

@@ -53,6 +53,7 @@ __all__ = [
     "crop_name",
     "predict_photos",
     "answer_photo",
+    "SeveralFaces",
     "calibration_gaze",
     "model_predictor",
     "video_frames",
@@ -127,8 +128,9 @@ def read_photo(source: str | os.PathLike) -> tuple[np.ndarray, list[str]]:
 @dataclass
 class PhotoOptions:
     """How a photo is read: its ``camera`` (``None``: :func:`default_camera` of its size), a ``screen``
-    geometry or a ``screen_fit`` (or neither), ``faces`` (``"one"``: exactly one face or an error; ``"all"``)
-    and the normalized camera ``config``."""
+    geometry or a ``screen_fit`` (or neither), ``faces`` (``"one"``: exactly one face, else
+    :class:`SeveralFaces`; ``"all"``; ``"largest"``: the largest face only, as a video's frames are read) and the
+    normalized camera ``config``."""
 
     camera: Camera | None = None
     screen: Screen | None = None
@@ -137,8 +139,18 @@ class PhotoOptions:
     config: NormalizationConfig = field(default_factory=NormalizationConfig)
 
     def __post_init__(self) -> None:
-        if self.faces not in ("one", "all"):
-            raise ValueError(f"faces must be 'one' or 'all', got {self.faces!r}")
+        if self.faces not in ("one", "all", "largest"):
+            raise ValueError(f"faces must be 'one', 'all' or 'largest', got {self.faces!r}")
+
+
+class SeveralFaces(ValueError):
+    """A photo read for exactly one face shows several (``boxes``: theirs, the largest first); raised before any of
+    them is normalized. Each caller adds what its user can do about it (an option of ``alfa predict``, another
+    calibration photo, another request)."""
+
+    def __init__(self, boxes: list[list[int]]) -> None:
+        self.boxes = boxes
+        super().__init__(f"{len(boxes)} faces found (boxes {', '.join(map(str, boxes))})")
 
 
 @dataclass
@@ -175,9 +187,9 @@ def analyse_photo(
         smallest = math.ceil(MIN_FACE_PX * max(1.0, max(height, width) / DETECT_SIDE))
         raise ValueError(f"no face found in the image (a frontal face of at least {smallest} pixels is needed)")
     if options.faces == "one" and len(detections) > 1:
-        boxes = ", ".join(str(list(d.box)) for d in detections)
-        raise ValueError(f"{len(detections)} faces found (boxes {boxes}); pass --faces all to read every one")
-    faces = [_normalize_face(image, d, camera_used, options.config) for d in detections]
+        raise SeveralFaces([list(d.box) for d in detections])
+    read = detections[:1] if options.faces == "largest" else detections
+    faces = [_normalize_face(image, d, camera_used, options.config) for d in read]
     crops = np.stack([f.crop for f in faces])
     with torch.no_grad():
         predicted = predictor(torch.from_numpy(crops).permute(0, 3, 1, 2).float() / 255.0)
@@ -238,7 +250,10 @@ def calibration_gaze(photo: str | os.PathLike, predictor: Predictor, camera: Cam
     """The camera-frame gaze (yaw, pitch; degrees, as printed) of the one face of a calibration photo: the number
     a person would copy from ``alfa predict --json`` into a screen-fit file's ``gaze_deg``."""
     rgb, notes = read_photo(photo)
-    answer, _ = analyse_photo(rgb, predictor, PhotoOptions(camera=camera, faces="one"), notes)
+    try:
+        answer, _ = analyse_photo(rgb, predictor, PhotoOptions(camera=camera, faces="one"), notes)
+    except SeveralFaces as e:
+        raise ValueError(f"{e}: a calibration photo must show only the person looking at the point") from None
     gaze = answer["faces"][0]["gaze_camera"]
     return np.array([gaze["yaw_deg"], gaze["pitch_deg"]])
 
@@ -312,7 +327,7 @@ def analyse_video(
     over the frames (``gaze_smoothed``, :class:`GazeSmoother`), or ``{"frame", "error"}`` for a frame whose face
     could not be read (the video goes on). Each record also has ``frame``."""
     smoother = GazeSmoother(alpha)
-    one_face = PhotoOptions(options.camera, options.screen, options.screen_fit, "all", options.config)
+    one_face = PhotoOptions(options.camera, options.screen, options.screen_fit, "largest", options.config)
     for index, rgb in video_frames(path, every):
         try:
             answer, _ = analyse_photo(rgb, predictor, one_face)
@@ -385,7 +400,10 @@ def predict_photos(
     for source in tqdm(sources, desc="photos", unit="photo", disable=not progress or len(sources) < 2):
         try:
             rgb, notes = read_photo(source)
-            answer, faces = analyse_photo(rgb, predictor, options, notes)
+            try:
+                answer, faces = analyse_photo(rgb, predictor, options, notes)
+            except SeveralFaces as e:
+                raise ValueError(f"{e}; pass --faces all to read every one") from None
         except (ValueError, RuntimeError, OSError) as e:
             records.append({"photo": str(source), "error": str(e)})
             # a read error already starts with the photo's name; a later one (no face) does not

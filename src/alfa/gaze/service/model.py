@@ -124,24 +124,19 @@ class GazeService:
         def predictor(crops: torch.Tensor) -> torch.Tensor:
             with self._lock:
                 self._ensure_user(user)
-                if crops.shape[0] > 1:  # refused below, with every face's box: the model need not run for them
-                    return torch.zeros(crops.shape[0], 2)
                 return model_predictor(self._user_model(user), self.input_size)(crops)
 
         try:
-            from ..camera import PhotoOptions, answer_photo, model_predictor
+            from ..camera import PhotoOptions, SeveralFaces, answer_photo, model_predictor
 
-            # every face is read, so that the refusal below is the service's own words (the camera path's
-            # names an option of alfa predict, which an HTTP client does not have)
-            answer = answer_photo(body, predictor, PhotoOptions(faces="all"))
+            answer = answer_photo(body, predictor, PhotoOptions(faces="one"))
+        # (the first clause matches a failed import before the second names what it would have imported)
         except ModuleNotFoundError as e:  # the camera extra (OpenCV) is not installed here: not the request's fault
             raise ServiceError(501, f"this server cannot read photos: {e.name} is not installed") from None
+        except SeveralFaces as e:  # refused before any face is normalized or the model runs
+            raise ServiceError(400, f"{e}: the photo must show exactly one face") from None
         except ValueError as e:
             raise ServiceError(400, str(e)) from None
-        faces = answer["faces"]
-        if len(faces) > 1:
-            boxes = ", ".join(str(face["box"]) for face in faces)
-            raise ServiceError(400, f"{len(faces)} faces found (boxes {boxes}): the photo must show exactly one face")
         return {"user": user, **answer}
 
     def _user_model(self, user: str) -> torch.nn.Module:
