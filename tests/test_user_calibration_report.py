@@ -136,7 +136,9 @@ def test_alfa_against_lora_is_shown_on_the_pairs_that_have_both_while_a_pair_lac
         label = calibration_label(method, 9)
         results["records"] += [shifted(label, "E→M", s, mean + 0.1 * s, spread=SPREAD, **extra) for s in range(3)]
     faze = _row(user_calibration_page(results, "docs/data/bench-v2", "alfa pages --write"), "9")
-    assert faze.startswith("| 9 | — | −0.40 [−0.40, −0.40] (seeds 0–2; E→M) | 11.00 | 11.00 |"), faze
+    assert faze.startswith(
+        "| 9 | — | −0.40 [−0.40, −0.40] (seeds 0–2; E→M) | 11.00 [11.00, 11.00] | 11.00 [11.00, 11.00] |"
+    ), faze
 
 
 def test_a_page_without_calibration_records_says_so():
@@ -284,7 +286,10 @@ def test_each_pooled_difference_curve_and_cost_names_the_seeds_it_is_on():
     assert _row(curve, "adapter-alfa").startswith("| adapter-alfa | 1–2 | ")
     assert _row(curve, "affine").startswith("| affine | 0–2 | ")
     # meta − plain on seeds 0–1, and each model before calibration on those seeds (not meta's 14° over 0–2)
-    assert _row(_section(text, "Meta-learning"), "9") == "| 9 | +0.00 [0.00, 0.00] (seeds 0–1) | — | 11.00 | 11.00 |"
+    assert (
+        _row(_section(text, "Meta-learning"), "9")
+        == "| 9 | +0.00 [0.00, 0.00] (seeds 0–1) | — | 11.00 [11.00, 11.00] | 11.00 [11.00, 11.00] |"
+    )
     draws = _row(_section(text, "Spread against random draws"), "affine")
     # k = 1 on seed 0: (9.0 − 9.0 + 9.0 − 9.5) / 2; k = 9 on the row's seeds
     assert draws.startswith("| affine | 0–2 | −0.25 [−0.25, −0.25] (one seed: 0) | — | — | −0.35 [−0.35, −0.35] |")

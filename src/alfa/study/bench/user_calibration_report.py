@@ -38,7 +38,7 @@ from .methods import (
 from .names import SELECTED, display_name
 from .ratios import Ratio, share
 from .record import Record, as_records
-from .stats import Comparisons, Diff, Index, cell, cell_on, design_of, diff, index_records, seeds_of
+from .stats import Comparisons, Diff, Index, Stat, cell, cell_on, design_of, diff, index_records, seeds_of
 from .tta_report import LABEL_FREE_BASELINES
 
 __all__ = ["user_calibration_page", "default_choice", "HEADROOM_SHARE", "PASS_K", "SAFE_K"]
@@ -384,16 +384,17 @@ def _adapters_table(idx: Index, pairs: Sequence[str]) -> list[str]:
 
 
 def _uncalibrated(idx: Index, label: str, pairs: Sequence[str], seeds: Iterable[int] | None = None) -> str:
-    """The mean over the row's records on ``pairs`` (and ``seeds``, if given) of their model's error before
-    calibration (k = 0)."""
+    """The row's model's error before calibration (k = 0) on those of ``pairs`` it has: per seed (of ``seeds``, if
+    given) the mean over them, then the mean over the seeds that have them all, with its 95 % t-interval
+    (:meth:`Stat.format_interval`)."""
     kept = None if seeds is None else set(seeds)
-    values = [
-        r.calibration["uncalibrated_deg"]
-        for (m, p, s), r in idx.items()
-        if m == label and p in pairs and (kept is None or s in kept)
-    ]
-    values = [v for v in values if v is not None] if values else []
-    return f"{statistics.fmean(values):.2f}" if values else "—"
+    per_seed: dict[int, list[float]] = {}
+    for (m, p, s), r in idx.items():
+        if m == label and p in pairs and (kept is None or s in kept) and r.calibration["uncalibrated_deg"] is not None:
+            per_seed.setdefault(s, []).append(float(r.calibration["uncalibrated_deg"]))
+    present = {p for (m, p, s) in idx if m == label and p in pairs and (kept is None or s in kept)}
+    values = {s: statistics.fmean(v) for s, v in per_seed.items() if len(v) == len(present)}
+    return Stat(values).format_interval() if values else "—"
 
 
 def _faze_table(idx: Index, pairs: Sequence[str]) -> list[str]:
