@@ -69,7 +69,7 @@ def test_a_row_is_compared_with_source_only_on_its_own_seeds():
     own, seed0 = 0.65 * REAL_SOURCE_ONLY["E→M"] - 0.1, REAL_SOURCE_ONLY["E→M"] - 0.1
     assert (
         within.measured == f"{own:.2f} (one seed) = {own / seed0:.2f} (no finite interval: source-only's error not "
-        f"clear of zero at so few seeds or persons) "
+        f"clear of zero at so few seeds or persons) (one seed) "
         f"× source-only on its seeds (seed 0: {seed0:.2f})"
     )  # its interval draws the two persons only: t with one degree of freedom leaves it unbounded
     assert not within.holds  # against the mean of seeds 0–2 (3° higher) the ratio would be 0.50 and pass
@@ -149,3 +149,20 @@ def test_the_variant_table_pairs_each_variant_with_the_first_over_the_same_perso
     # differences -1, 0, +1: sd 1, t(0.975, 2) = 4.303, half-width 4.303 / sqrt(3) = 2.48
     assert "`label_origin_pitch_deg` = 6.0; `blur` = (0.4, 0.7) | 9.00 | +0.00 [-2.48, +2.48] |" in page
     assert "Target settings scored" not in calibration_page([], None, data="d", command="c")
+
+
+def test_the_checks_draw_persons_as_the_results_did_and_judge_nothing():
+    """The v2 worlds draw persons afresh per seed (nested): the intervals of the within-target multiple and of the
+    in-domain difference draw the seeds with their persons, not one person across seeds as if crossed; and a
+    calibration check is descriptive, never 'clear' (no family of the page is closed here)."""
+    records = _records(source_only=0.0, within=0.5, in_domain=4.0)
+    for r in records:  # persons of their own per seed, as a nested draw gives (names repeat, persons do not)
+        r["per_person"] = {q: v + 0.3 * r["seed"] * (1 if q == "p00" else -1) for q, v in r["per_person"].items()}
+    crossed = {(c.pair, c.condition): c.measured for c in calibration_checks(records)}
+    nested = {(c.pair, c.condition): c.measured for c in calibration_checks(records, "nested")}
+    key = ("E→M", "within-target ≤ 0.6 × source-only")
+    assert crossed[key] != nested[key]
+    assert not any(m.endswith(" clear") or " clear;" in m for m in [*crossed.values(), *nested.values()])
+    results = {"records": records, "config": {"worlds": "v2", "target_draw": "per_seed"}}
+    page = calibration_page([], results, data="d", command="c")
+    assert nested[key] in page and crossed[key] not in page

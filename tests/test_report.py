@@ -541,7 +541,7 @@ def test_the_flip_ceiling_reads_its_means_on_the_seeds_every_row_of_it_has():
     c = ceilings(index_records(fixture_results({**means, ("oracle", "E→M"): (4.0,)})["records"]))["E→M"]
     assert (c["seeds"], c["ratio_seeds"], c["ceiling"], c["headroom"], c["ratio"]) == (2, 1, 1.0, 5.0, 0.2)
     text = render_report(fixture_results({**means, ("oracle", "E→M"): (4.0,)}))
-    assert "| 20 % [20, 20] (on the oracle's 1 seed of 0–2) |" in text
+    assert "| 20 % [20, 20] (one seed) (on the oracle's 1 seed of 0–2) |" in text
     # an oracle on the replicate seeds 3–4 too (docs/flip-premise.md §7.2, amended 2026-12-04): the criterion's
     # ratio still reads seeds 0–2, where it was declared: (9 − 8) / (9 − 4) over seeds 0–1, not over 0–4
     later = {

@@ -223,12 +223,12 @@ def test_the_default_rule_reads_only_seeds_0_and_1_of_the_symmetric_pairs_and_wa
     assert "only if it beats it by 10 points:" in chosen  # points of the headroom, not "10% points"
     # the held-out criteria: LoRA at 9.0 on seed 2 and S→W closes (10 − 9) / 6 = 17 %; k = 1 is affine's
     held = chosen.split("The same criteria for the rule's choice on every pair and seed")[0]
-    assert "| 17 % [17, 17] | −0.50 [−0.50, −0.50] (one seed) |" in _row(
+    assert "| 17 % [17, 17] (one seed) | −0.50 [−0.50, −0.50] (one seed) |" in _row(
         held, "E→M (seed 2)"
     )  # k = 1: affine's 9.5 − 10
     assert "| 17 % [17, 17] |" in _row(held, "S→W") and "headroom missed; k = 1: not worse" in _row(chosen, "S→W")
     kept = _choice_part(user_calibration_page(_rule_results(6.6), "d", "c"))
-    assert "the rule's choice is **`affine`**." in kept and "| 67 % [67, 67] |" in _row(kept, "E→M (seed 2)")
+    assert "the rule's choice is **`affine`**." in kept and "| 67 % [67, 67] (one seed) |" in _row(kept, "E→M (seed 2)")
     # a candidate without every rule pair: the rule is not applied, and nothing is chosen
     partial = _rule_results(6.2, pairs=("E→M", "E→D", "G→M"))
     choice, scores = default_choice(index_records(partial["records"]))

@@ -38,7 +38,7 @@ from .methods import declared_run_seeds
 from .ratios import ratio
 from .record import Record
 from .report_prose import declared_run
-from .stats import Stat, cell, cell_covering, diff, index_records
+from .stats import Comparisons, Stat, cell, cell_covering, design_of, diff, index_records
 
 if TYPE_CHECKING:  # the caller computes the progress: a page module never imports the runner's plan
     from .plan import DeclaredRunProgress
@@ -100,10 +100,13 @@ class Check:
     holds: bool | None
 
 
-def calibration_checks(records: Iterable[Record | Mapping[str, Any]]) -> list[Check]:
+def calibration_checks(records: Iterable[Record | Mapping[str, Any]], persons: str = "crossed") -> list[Check]:
     """Every condition of the module docstring on every symmetric pair the records have (a pair without the
-    rows a condition needs is reported as not holding, so a missing piece of the run cannot pass)."""
-    idx = index_records(records)
+    rows a condition needs is reported as not holding, so a missing piece of the run cannot pass); ``persons``:
+    how the records' persons meet their seeds (:func:`~alfa.study.bench.stats.design_of` of their results)."""
+    # its intervals draw the persons as the results drew them (``persons``: stats.design_of; the v2 worlds draw
+    # them afresh per seed), and describe: no verdict of a page's family is made here
+    idx = index_records(records, Comparisons(persons=persons, declared=frozenset()))
     checks = []
     for pair, real in REAL_SOURCE_ONLY.items():
         src, own, ind = (cell(idx, m, pair) for m in ("source-only", "target-trained", "in-domain"))
@@ -170,11 +173,11 @@ def _real_within_share(pair: str) -> str:
     return f"{low / real:.2f}–{high / real:.2f}"
 
 
-def calibration_statement(records: Iterable[Record | Mapping[str, Any]]) -> str:
+def calibration_statement(records: Iterable[Record | Mapping[str, Any]], persons: str = "crossed") -> str:
     """One paragraph for a results page of the v2 worlds: how many calibration conditions the page's own
     records meet, and each that fails with its measurement (docs/flip-premise.md §7.2 as amended); a failing
     within-target condition is shown beside the real datasets' ratio for its pair."""
-    conditions, failing = _judged(calibration_checks(records))
+    conditions, failing = _judged(calibration_checks(records, persons))
     head = (
         f"**Calibration** (`docs/calibration.md`): {len(conditions) - len(failing)} of {len(conditions)} "
         "conditions hold on these records"
@@ -341,7 +344,7 @@ def calibration_page(
 
 
 def _checks_section(results: Mapping[str, Any], progress: DeclaredRunProgress | None) -> list[str]:
-    checks = calibration_checks(results["records"])
+    checks = calibration_checks(results["records"], design_of(results))
     config = results["config"]
     seeds = sorted({int(r["seed"]) for r in results["records"] if r.get("kind") != "selection"})
     lines = [

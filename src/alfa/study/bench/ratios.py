@@ -105,7 +105,7 @@ class Ratio:
     ) -> str:
         """The value and its interval, both times ``scale``: ``"−290 % [−496, −151]"``; ``"… (no finite interval:
         <unbounded>)"`` where it is unbounded; then its seeds where they are not ``every`` (``" (seeds 0–2)"``,
-        ``" (one seed: 0)"``: an interval of one seed draws persons only), or ``" (one seed)"`` without ``every``."""
+        ``" (one seed: 0)"``), else ``" (one seed)"`` where it has one: an interval of one seed draws persons only."""
         value = self.value
         if value is None:
             return "— (a denominator of zero)"
@@ -118,11 +118,11 @@ class Ratio:
             shown += " (no finite interval" + (f": {unbounded})" if unbounded else ")")
         else:
             shown += " (no interval)"
-        if every is not None and set(every) == set(self.seeds):
-            return shown
-        if every is None:
-            return shown + (" (one seed)" if len(self.seeds) == 1 else "")
-        return shown + (f" (one seed: {self.seeds[0]})" if len(self.seeds) == 1 else f" ({seeds_words(self.seeds)})")
+        if every is not None and set(every) != set(self.seeds):
+            return shown + (
+                f" (one seed: {self.seeds[0]})" if len(self.seeds) == 1 else f" ({seeds_words(self.seeds)})"
+            )
+        return shown + (" (one seed)" if len(self.seeds) == 1 else "")
 
     def times_text(self, unbounded: str = "", every: Iterable[int] | None = None) -> str:
         """:meth:`text` as a multiple with two decimals: ``"0.63 [0.55, 0.72]"``."""

@@ -423,7 +423,7 @@ def _protocol_section(r: _Report) -> list[str]:
 
 def _sanity_section(r: _Report) -> list[str]:
     # the second worlds were calibrated against the real regime: their pages say how far they meet it
-    calibration = [calibration_statement(r.records), ""] if _worlds(r.results) != "v1" else []
+    calibration = [calibration_statement(r.records, design_of(r.results)), ""] if _worlds(r.results) != "v1" else []
     return [
         "## Sanity: domain gap and headroom",
         "",
