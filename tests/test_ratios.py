@@ -9,7 +9,7 @@ import statistics
 import numpy as np
 import pytest
 
-from alfa.study.bench.ratios import _blocks, _coefficients, _read, fieller, ratio, share
+from alfa.study.bench.ratios import _blocks, _coefficients, _groups, _read, fieller, ratio, share
 from alfa.study.bench.stats import ALPHA, Comparisons, angular, bootstrap_se, index_records, t_quantile
 
 
@@ -168,6 +168,14 @@ def test_rows_scored_on_other_persons_have_their_persons_drawn_on_their_own():
     ]
     assert got.value == pytest.approx((means[0] - means[1]) / means[0])
     assert got.drawn == "seeds and each row's persons drawn" and got.interval is not None
+    # three rows, two on the targets' persons: those two stay paired, the held-out row is drawn apart
+    idx3 = index_records(
+        _records(SOURCE, "source-only") + _records(ORACLE, "oracle") + held_out, Comparisons(draws=4000)
+    )
+    values, _ = _read(idx3, ["source-only", "in-domain", "oracle"], ["E→M"], [0, 1, 2], angular)
+    assert _groups(values["E→M"], "crossed") == [["source-only", "oracle"], ["in-domain"]]
+    three = ratio(idx3, (("source-only", 1.0), ("in-domain", -1.0)), (("source-only", 1.0), ("oracle", -1.0)), ["E→M"])
+    assert three.drawn == "seeds and each row's persons drawn" and three.interval is not None
     only_seeds = index_records(
         [{**r, "per_person": {}} for r in _records(SOURCE, "source-only") + held_out], Comparisons(draws=4000)
     )

@@ -163,6 +163,20 @@ def _names(per_row: Sequence[Sequence[dict[str, float]]], persons: str) -> list[
     return names
 
 
+def _groups(rows: dict[str, list[dict[str, float]]], persons: str) -> list[list[str]]:
+    """The rows in groups scored on the same persons: two rows share a group where they share persons in every
+    seed (crossed: the same persons across the seeds too), as the rows on a pair's targets do and the in-domain
+    row, scored on held-out source persons, does not."""
+    groups: list[list[str]] = []
+    for m in rows:
+        joined = next((g for g in groups if all(_names([*(rows[x] for x in g), rows[m]], persons))), None)
+        if joined is None:
+            groups.append([m])
+        else:
+            joined.append(m)
+    return groups
+
+
 def _blocks(
     values: dict[str, dict[str, list[dict[str, float]]]],
     records: dict[str, dict[str, list[float]]],
@@ -170,28 +184,22 @@ def _blocks(
     persons: str,
 ) -> tuple[list[tuple[float, np.ndarray]], str]:
     """The bootstrap's blocks, each ``(3, seeds, persons)``: N's, D's and their sum's values. ``values``: per pair,
-    per row, per seed its per-person values; ``records``: the same of the records' own values. Paired where every
-    seed of a pair has persons all rows share (one block per pair, its persons drawn once for all rows); else each
-    row's persons drawn on their own (a row scored on other persons: the in-domain one); else the seeds only."""
+    per row, per seed its per-person values; ``records``: the same of the records' own values. Per pair, one block
+    per group of rows on the same persons (:func:`_groups`), their persons drawn once for all of the group's rows
+    (paired) and apart from another group's; the seeds only where some row has no persons in a seed."""
     weight = 1.0 / len(values)
-    paired = {p: _names(list(rows.values()), persons) for p, rows in values.items()}
-    if all(all(n) for n in paired.values()):
-        blocks = [
-            (weight, sum(coefficients[m][:, None, None] * _persons_table(v, paired[p])[None] for m, v in rows.items()))
-            for p, rows in values.items()
-        ]
-        return blocks, "persons and seeds drawn" if persons == "crossed" else "seeds drawn, each with its own persons"
-    own = {(p, m): _names([v], persons) for p, rows in values.items() for m, v in rows.items()}
-    if all(all(n) for n in own.values()):
-        blocks = [
-            (weight, coefficients[m][:, None, None] * _persons_table(v, own[(p, m)])[None])
-            for p, rows in values.items()
-            for m, v in rows.items()
-        ]
-        return (
-            blocks,
-            "seeds and each row's persons drawn" if persons == "crossed" else "seeds drawn, each with its persons",
-        )
+    if all(all(_names([v], persons)) for rows in values.values() for v in rows.values()):
+        blocks, apart = [], False
+        for rows in values.values():
+            groups = _groups(rows, persons)
+            apart |= len(groups) > 1
+            for group in groups:
+                names = _names([rows[m] for m in group], persons)
+                block = sum(coefficients[m][:, None, None] * _persons_table(rows[m], names)[None] for m in group)
+                blocks.append((weight, block))
+        if persons == "crossed":
+            return blocks, "seeds and each row's persons drawn" if apart else "persons and seeds drawn"
+        return blocks, "seeds drawn, each with its persons" if apart else "seeds drawn, each with its own persons"
     blocks = [
         (weight, sum(coefficients[m][:, None, None] * np.array(v)[None, :, None] for m, v in rows.items()))
         for rows in records.values()
