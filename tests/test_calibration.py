@@ -68,14 +68,17 @@ def test_a_row_is_compared_with_source_only_on_its_own_seeds():
     within = checks["E→M", "within-target ≤ 0.6 × source-only"]
     own, seed0 = 0.65 * REAL_SOURCE_ONLY["E→M"] - 0.1, REAL_SOURCE_ONLY["E→M"] - 0.1
     assert (
-        within.measured == f"{own:.2f} (one seed) = {own / seed0:.2f} (no finite interval: source-only's error not "
+        within.measured
+        == f"{own:.2f} [−7.11, 18.31] (one seed) = {own / seed0:.2f} (no finite interval: source-only's "
+        f"error not "
         f"clear of zero at so few seeds or persons) (one seed) "
         f"× source-only on its seeds (seed 0: {seed0:.2f})"
     )  # its interval draws the two persons only: t with one degree of freedom leaves it unbounded
     assert not within.holds  # against the mean of seeds 0–2 (3° higher) the ratio would be 0.50 and pass
     in_domain = checks["E→M", "in-domain below source-only"]
     gap = f"in-domain − source-only −{seed0 - 3.9:.2f} [−{seed0 - 3.9:.2f}, −{seed0 - 3.9:.2f}] (one seed)"
-    assert in_domain.measured == f"3.90 (one seed) vs {seed0:.2f} on its seeds (seed 0); {gap}" and in_domain.holds
+    measured = f"3.90 [−8.81, 16.61] (one seed) vs {seed0:.2f} on its seeds (seed 0); {gap}"
+    assert in_domain.measured == measured and in_domain.holds
     records = [r for r in records if not (r["method"] == "source-only" and r["seed"] == 0)]
     lacking = {(c.pair, c.condition): c for c in calibration_checks(records)}[
         "E→M", "within-target ≤ 0.6 × source-only"

@@ -142,7 +142,8 @@ PROTOCOL_BULLETS: dict[str, tuple[str, ...]] = {
         "**Error**: angular error in degrees per person over that person's scored images, then the unweighted",
         "mean over persons: one number per record (method, pair, seed). Tables show the mean ± sample standard",
         "deviation over seeds of those numbers (one seed gives no ±), except where a table says it shows the mean",
-        "with its 95 % interval: t with seeds − 1 degrees of freedom times the standard error of the seeds' mean.",
+        "with its 95 % interval: t with seeds − 1 degrees of freedom times the standard error of the seeds' mean",
+        "(with one seed, the same over its persons, marked *one seed*: the seeds' own variation is not in it).",
     ),
     "differences": (
         "**Differences**: a − b per seed on the same base (mean over the pairs concerned), averaged over",

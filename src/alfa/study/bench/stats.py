@@ -122,9 +122,11 @@ PERSON_DESIGNS = {"fixed": "crossed", "per_seed": "nested"}
 
 @dataclass
 class Stat:
-    """A row's error on one pair (or pooled over pairs): per-seed values, their mean and sample std."""
+    """A row's error on one pair (or pooled over pairs): per-seed values, their mean and sample std; with one seed
+    on one pair, that record's per-person errors (``persons``), which give it an interval over persons."""
 
     values: dict[int, float]
+    persons: tuple[float, ...] = ()
 
     @property
     def n(self) -> int:
@@ -147,18 +149,25 @@ class Stat:
     @property
     def interval(self) -> tuple[float, float] | None:
         """The 95 % interval of the mean over seeds, ``mean ± t₀.₉₇₅(n − 1) · std / √n`` (Student's t with
-        seeds − 1 degrees of freedom, the seeds being the independent units); ``None`` with one seed."""
+        seeds − 1 degrees of freedom, the seeds being the independent units); with one seed, the same over its
+        persons where it has them (the seeds' own variation unmeasured: narrower for it), else ``None``."""
         if self.std is None:
-            return None
+            if self.n != 1 or len(self.persons) < 2:
+                return None
+            spread, count = statistics.stdev(self.persons), len(self.persons)
+            half = _critical(ALPHA, count - 1) * spread / math.sqrt(count)
+            return self.mean - half, self.mean + half
         half = _critical(ALPHA, self.n - 1) * self.std / math.sqrt(self.n)
         return self.mean - half, self.mean + half
 
     def format_interval(self) -> str:
-        """A cell with its interval: ``"6.00 [3.52, 8.48]"``, or ``"6.00 (one seed)"`` where there is none."""
-        if self.interval is None:
+        """A cell with its interval: ``"6.00 [3.52, 8.48]"``; with one seed ``"6.00 [5.10, 6.90] (one seed)"`` (its
+        persons' interval) or ``"6.00 (one seed)"`` where it has none."""
+        interval = self.interval
+        if interval is None:
             return f"{self.mean:.2f} (one seed)"
-        lo, hi = self.interval
-        return f"{self.mean:.2f} [{bound(lo)}, {bound(hi)}]"
+        text = f"{self.mean:.2f} [{bound(interval[0])}, {bound(interval[1])}]"
+        return text + (" (one seed)" if self.n == 1 else "")
 
 
 def signed(x: float) -> str:
@@ -532,7 +541,17 @@ def seeds_of(idx: Index) -> list[int]:
 
 def cell(idx: Index, method: str, pair: str) -> Stat | None:
     values = {s: float(r.error_deg) for s, r in sorted(idx.row(method, pair).items()) if r.error_deg is not None}
-    return Stat(values) if values else None
+    return _with_persons(Stat(values), idx, method, pair) if values else None
+
+
+def _with_persons(stat: Stat, idx: Index, method: str, pair: str) -> Stat:
+    """``stat`` of one seed with its record's per-person errors (where they are its mean: the record's own)."""
+    if stat.n != 1:
+        return stat
+    persons = tuple(float(v) for v in idx[(method, pair, next(iter(stat.values)))].per_person.values())
+    if not persons or abs(statistics.fmean(persons) - stat.mean) > 1e-9 * max(1.0, abs(stat.mean)):
+        return stat
+    return dataclasses.replace(stat, persons=persons)
 
 
 def cell_on(idx: Index, method: str, pairs: Sequence[str], seeds: Iterable[int]) -> Stat | None:
@@ -543,7 +562,9 @@ def cell_on(idx: Index, method: str, pairs: Sequence[str], seeds: Iterable[int])
         records = [idx.get((method, p, s)) for p in pairs]
         if records and all(r is not None and r.error_deg is not None for r in records):
             values[s] = statistics.fmean(float(r.error_deg) for r in records)
-    return Stat(values) if values else None
+    if not values:
+        return None
+    return _with_persons(Stat(values), idx, method, pairs[0]) if len(pairs) == 1 else Stat(values)
 
 
 def cell_covering(idx: Index, method: str, pair: str, seeds: Iterable[int]) -> Stat | None:
