@@ -466,7 +466,7 @@ def test_the_sanity_table_shows_each_error_with_its_interval_not_its_std():
     assert cells[1:5] == ["3.00 [3.00, 3.00]", "—", "10.00 [7.52, 12.48]", "2.50 [1.26, 3.74]"]
     assert "Each error: the mean over seeds with its 95 % interval" in text
     one = fixture_results({k: v[:1] for k, v in MEANS.items()})
-    # one seed: the interval over that record's persons (here ∓ 1°, two persons: t with one degree of freedom)
+    # one seed: the interval over that record's persons (three, at the mean and ∓ 1°: 4.30 · 1 / √3 = 2.48)
     assert (
         "| E→M | 3.00 [0.52, 5.48] (one seed) | — | 9.00 [6.52, 11.48] (one seed) | 2.00 [−0.48, 4.48] (one seed) |"
         in (render_report(one))
