@@ -281,7 +281,6 @@ def _render_synthetic(root: Path, out: Path) -> None:
     v2 = f"{changes_table_markdown('v2')}\n\n{label_table_markdown(seed=0, version='v2')}"
     text = with_section(text, "synthetic-tables-v1", v1, SYNTHETIC_PAGE)
     write_text(out / SYNTHETIC_PAGE, with_section(text, "synthetic-tables-v2", v2, SYNTHETIC_PAGE))
-    (out / SYNTHETIC_FIGURE).parent.mkdir(parents=True, exist_ok=True)
     samples = load_preview_samples(root / SYNTHETIC_SAMPLES)
     render_preview_grid(out / SYNTHETIC_FIGURE, samples, save=lambda fig, path: save_figure(fig, path, dpi=110))
 

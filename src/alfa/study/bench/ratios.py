@@ -30,7 +30,6 @@ coverage in a simulation of the benchmark's design (where a ratio over ``SE(N)``
 
 from __future__ import annotations
 
-import hashlib
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .markdown import seeds_words
-from .stats import ALPHA, Index, Measure, angular, bootstrap_se, bound, seeds_of, t_quantile
+from .stats import ALPHA, Index, Measure, angular, bootstrap_se, bound, seeds_of, stable_seed, t_quantile
 
 __all__ = ["Ratio", "fieller", "ratio", "share"]
 
@@ -132,10 +131,6 @@ class Ratio:
         """The interval alone, two decimals, as a difference's: ``"[0.55, 0.72]"`` (``""`` where there is none)."""
         interval = self.interval
         return "" if interval is None else f"[{bound(interval[0])}, {bound(interval[1])}]"
-
-
-def _seed_of(text: str) -> int:
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
 
 
 def _coefficients(numerator: Rows, denominator: Rows) -> dict[str, np.ndarray]:
@@ -263,7 +258,7 @@ def ratio(
         key = "|".join(
             ["ratio", repr(numerator), repr(denominator), ",".join(pairs), repr(chosen), measure.name, persons]
         )
-        se = bootstrap_se(blocks, persons, np.random.default_rng(_seed_of(key)), idx.family.draws)
+        se = bootstrap_se(blocks, persons, np.random.default_rng(stable_seed(key)), idx.family.draws)
         var_n, var_d, var_sum = (float(x) ** 2 for x in se)
         variances = (var_n, var_d, (var_sum - var_n - var_d) / 2)
     return Ratio(

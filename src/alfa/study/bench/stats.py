@@ -107,6 +107,7 @@ __all__ = [
     "holm",
     "detectable_multiple",
     "bootstrap_se",
+    "stable_seed",
 ]
 
 ALPHA = 0.05
@@ -151,13 +152,10 @@ class Stat:
         """The 95 % interval of the mean over seeds, ``mean ± t₀.₉₇₅(n − 1) · std / √n`` (Student's t with
         seeds − 1 degrees of freedom, the seeds being the independent units); with one seed, the same over its
         persons where it has them (the seeds' own variation unmeasured: narrower for it), else ``None``."""
-        if self.std is None:
-            if self.n != 1 or len(self.persons) < 2:
-                return None
-            spread, count = statistics.stdev(self.persons), len(self.persons)
-            half = _critical(ALPHA, count - 1) * spread / math.sqrt(count)
-            return self.mean - half, self.mean + half
-        half = _critical(ALPHA, self.n - 1) * self.std / math.sqrt(self.n)
+        units = list(self.values.values()) if self.n > 1 else list(self.persons)
+        if len(units) < 2:
+            return None
+        half = _critical(ALPHA, len(units) - 1) * statistics.stdev(units) / math.sqrt(len(units))
         return self.mean - half, self.mean + half
 
     def format_interval(self) -> str:
@@ -489,7 +487,11 @@ class Comparisons:
 
 def _seed_of(key: Key, persons: str) -> int:
     """The bootstrap's seed for one comparison: a hash of what it compares (stable across runs and orders)."""
-    text = "|".join([*key[:2], ",".join(key[2]), key[3], persons])
+    return stable_seed("|".join([*key[:2], ",".join(key[2]), key[3], persons]))
+
+
+def stable_seed(text: str) -> int:
+    """A bootstrap seed from ``text`` (its SHA-256): the same for the same comparison in every run and order."""
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
 
 

@@ -38,7 +38,20 @@ from .methods import (
 from .names import SELECTED, display_name
 from .ratios import Ratio, share
 from .record import Record, as_records
-from .stats import Comparisons, Diff, Index, Stat, cell, cell_on, design_of, diff, index_records, seeds_of
+from .stats import (
+    Comparisons,
+    Diff,
+    Index,
+    Measure,
+    Stat,
+    cell,
+    cell_on,
+    design_of,
+    diff,
+    index_records,
+    pooled,
+    seeds_of,
+)
 from .tta_report import LABEL_FREE_BASELINES
 
 __all__ = ["user_calibration_page", "default_choice", "HEADROOM_SHARE", "PASS_K", "SAFE_K"]
@@ -383,17 +396,18 @@ def _adapters_table(idx: Index, pairs: Sequence[str]) -> list[str]:
     return lines
 
 
+UNCALIBRATED = Measure("error before calibration", lambda record: (record.calibration["uncalibrated_deg"], {}))
+"""A calibration record's model before calibration (k = 0), on the same images."""
+
+
 def _uncalibrated(idx: Index, label: str, pairs: Sequence[str], seeds: Iterable[int] | None = None) -> str:
     """The row's model's error before calibration (k = 0) on those of ``pairs`` it has: per seed (of ``seeds``, if
     given) the mean over them, then the mean over the seeds that have them all, with its 95 % t-interval
     (:meth:`Stat.format_interval`)."""
-    kept = None if seeds is None else set(seeds)
-    per_seed: dict[int, list[float]] = {}
-    for (m, p, s), r in idx.items():
-        if m == label and p in pairs and (kept is None or s in kept) and r.calibration["uncalibrated_deg"] is not None:
-            per_seed.setdefault(s, []).append(float(r.calibration["uncalibrated_deg"]))
-    present = {p for (m, p, s) in idx if m == label and p in pairs and (kept is None or s in kept)}
-    values = {s: statistics.fmean(v) for s, v in per_seed.items() if len(v) == len(present)}
+    kept = set(seeds_of(idx) if seeds is None else seeds)
+    present = [p for p in pairs if any((label, p, s) in idx for s in kept)]
+    stat = pooled(idx, label, present, UNCALIBRATED) if present else None
+    values = {s: v for s, v in stat.values.items() if s in kept} if stat else {}
     return Stat(values).format_interval() if values else "—"
 
 
