@@ -172,10 +172,15 @@ def _compare_rest(
         elif len(saved[m]) != len(current[m]):
             problems.append(f"{m}: {len(current[m])} tensors here, {len(saved[m])} in the adapter's base")
         elif any(_differ(a, b) for a, b in zip(saved[m], current[m])):
-            was, now = (saved_dtypes or {}).get(m), (current_dtypes or {}).get(m)  # older files: none
-            cast = f"; this base is {now}, the adapter's was {was}: cast it back" if was and now and was != now else ""
-            problems.append(f"{m}: different values (the adapter was trained on another base{cast})")
+            # older files: no dtypes
+            problems.append(_different_values(m, (saved_dtypes or {}).get(m), (current_dtypes or {}).get(m)))
     return problems
+
+
+def _different_values(name: str, was: str | None, now: str | None) -> str:
+    """The problem of a layer or module whose values differ, naming a cast where both dtypes are known."""
+    cast = f"; this base is {now}, the adapter's was {was}: cast it back" if was and now and was != now else ""
+    return f"{name}: different values (the adapter was trained on another base{cast})"
 
 
 def _differ(saved: list[float], current: list[float]) -> bool:
@@ -193,13 +198,9 @@ def _compare_fingerprints(saved: dict[str, Any], current: dict[str, Any]) -> lis
             problems.append(f"{n}: in this model but not in the adapter's base")
         elif saved[n]["shape"] != current[n]["shape"]:
             problems.append(f"{n}: shape {current[n]['shape']} here, {saved[n]['shape']} in the adapter's base")
-        else:
-            (norm_a, proj_a), (norm_b, proj_b) = saved[n]["sig"], current[n]["sig"]
-            scale = max(norm_a, norm_b, 1e-12)
-            if abs(norm_a - norm_b) > _FINGERPRINT_RTOL * scale or abs(proj_a - proj_b) > _FINGERPRINT_RTOL * scale:
-                was, now = saved[n].get("dtype"), current[n].get("dtype")  # files before 2026-12-04 hold no dtype
-                cast = f"; this base is {now}, the adapter's was {was}: cast it back" if was and was != now else ""
-                problems.append(f"{n}: different values (the adapter was trained on another base{cast})")
+        elif _differ(saved[n]["sig"], current[n]["sig"]):
+            # files before 2026-12-04 hold no dtype
+            problems.append(_different_values(n, saved[n].get("dtype"), current[n].get("dtype")))
     return problems
 
 
@@ -356,9 +357,8 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
             # none before 2026-12-04 (a "base_rest" of that day's first hours is not read: one signature per module,
             # which a step counter or a large variance could dominate)
             "rest_fingerprint": json.loads(raw["rest_fingerprint"]) if "rest_fingerprint" in raw else None,
-            "rest_dtypes": json.loads(raw["rest_dtypes"])
-            if "rest_dtypes" in raw
-            else None,  # none before the evening of 2026-12-04
+            # none in files from before the evening of 2026-12-04
+            "rest_dtypes": json.loads(raw["rest_dtypes"]) if "rest_dtypes" in raw else None,
             "checksum": raw.get("checksum"),  # files written before checksums have none
             "about": json.loads(raw.get("about", "{}")),
             "name": raw.get("name", DEFAULT_ADAPTER),  # files written before named adapters: the default
