@@ -159,7 +159,7 @@ def test_the_report_tables_from_hand_written_records():
     idx = index_records(records)
     offsets = offset_table(idx)
     pct = [Stat({0: 10.0, 1: 20.0}), Stat({0: 25.0, 1: 25.0}), Stat({0: 25.0, 1: 36.0}), Stat({0: 50.0, 1: 39.0})]
-    assert "| E→M | 2 of 3 | 100.00 | " + " | ".join(s.format_interval() for s in pct) + " |" in offsets
+    assert "| E→M | 2 of 3 | 100.00 | " + " | ".join(s.format() for s in pct) + " |" in offsets
     assert "| E→D | 0 of 3 | — | — | — | — | — |" in offsets
     tta = tta_table(idx)
     assert "| flip-TTA (no training) | 2 | — | " in tta  # a flip-TTA record without passes: its kind's 2

@@ -116,8 +116,9 @@ def test_mean_and_sample_std_over_seeds(idx):
     assert s.values == {0: 5.0, 1: 6.0, 2: 7.0}
     assert s.mean == pytest.approx(6.0)
     assert s.std == pytest.approx(1.0)  # sample std (n − 1)
-    assert s.format() == "6.00 ± 1.00"
-    assert cell(idx, "lora", "E→D").format() == "4.10 ± 0.10"
+    # cells show the mean with its 95 % interval, 6 ± t(0.975, 2) · 1 / √3 (t = 4.303)
+    assert s.format() == "6.00 [3.52, 8.48]" and s.format("°") == "6.00° [3.52, 8.48]"
+    assert cell(idx, "lora", "E→D").format() == "4.10 [3.85, 4.35]"
 
 
 def test_paired_difference_and_clearness(idx):
@@ -137,12 +138,11 @@ def test_paired_difference_and_clearness(idx):
 def test_table1_numbers_and_bold_best(idx):
     text = table1(idx)
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
-    assert "**6.00 ± 1.00**" in rows["Alfa"]  # best on E→M
-    assert "5.10 ± 0.10" in rows["Alfa"] and "**5.10" not in rows["Alfa"]
-    assert "**4.10 ± 0.10**" in rows["LoRA"]  # best on E→D
+    assert "**6.00 [3.52, 8.48]**" in rows["Alfa"]  # best on E→M
+    assert "5.10 [4.85, 5.35]" in rows["Alfa"] and "**5.10" not in rows["Alfa"]
+    assert "**4.10 [3.85, 4.35]**" in rows["LoRA"]  # best on E→D
     # mean over pairs per seed: alfa (5+5)/2, (6+5.1)/2, (7+5.2)/2 -> 5.0, 5.55, 6.1
-    pooled = [5.0, 5.55, 6.1]
-    assert f"{statistics.fmean(pooled):.2f} ± {statistics.stdev(pooled):.2f}" in rows["Alfa"]
+    assert "5.55 [4.18, 6.92]" in rows["Alfa"]  # 5.55 ± t(0.975, 2) · 0.55 / √3 (their sample std is 0.55)
     assert "11.178 M (densified)" in rows["LoRA"]
     assert "2.285 M" in rows["Alfa"]
 
@@ -157,7 +157,7 @@ def test_verdicts_say_where_alfa_wins_and_loses(idx):
     )
     assert "not clear at 5 % judged alone" in em
     ed = next(line for line in lines if line.startswith("On E→D"))
-    assert ed.startswith("On E→D Alfa does not win: LoRA is best (4.10 ± 0.10°), Alfa is 2nd of 3")
+    assert ed.startswith("On E→D Alfa does not win: LoRA is best (4.10° [3.85, 4.35]), Alfa is 2nd of 3")
     assert "+1.00° [1.00, 1.00] (95 %, persons and seeds drawn); clear at 5 % judged alone" in ed
 
 
@@ -185,7 +185,7 @@ def test_verdicts_speak_of_alfas_selected_row_beside_the_papers():
     assert lines[0] == "Of the 5 rows, Alfa has the lowest mean error on 0 of 2 pairs."
     assert any(line.startswith("On E→M Alfa does not win: Alfa (selected recipe) is best") for line in lines)
     k = lines.index("Of the 5 rows, Alfa (selected recipe) has the lowest mean error on 1 of 2 pairs (E→M).")
-    assert k > 0 and lines[k + 1].startswith("On E→M Alfa (selected recipe) (4.50 ± 0.50°) leads the runner-up")
+    assert k > 0 and lines[k + 1].startswith("On E→M Alfa (selected recipe) (4.50° [3.26, 5.74]) leads the runner-up")
     assert lines[k + 2].startswith("On E→D Alfa (selected recipe) does not win: LoRA is best")
     own = lines[k + 3]
     assert own.startswith("Against its own starting point (source-only), Alfa (selected recipe) lowers the mean")
@@ -237,12 +237,17 @@ def test_a_row_of_fewer_seeds_is_ranked_on_its_seeds_and_never_bold_beside_rows_
     means[("alfa[selected]", "E→M")] = (4.9,)  # one seed: below Alfa's 3-seed mean (6.0), above its seed 0 (5.0)
     idx = index_records(fixture_results(means)["records"])
     rows = {line.split(" | ")[0].strip("| "): line for line in table1(idx).splitlines()[2:]}
-    assert "| 4.90 |" in rows["Alfa (selected recipe)"] and "**6.00 ± 1.00**" in rows["Alfa"]
+    # one seed: the interval over its three persons (4.9 ± 1), marked
+    assert (
+        "| 4.90 [2.42, 7.38] (one seed) |" in rows["Alfa (selected recipe)"] and "**6.00 [3.52, 8.48]**" in rows["Alfa"]
+    )
     lines = main_verdicts(idx)
     em = next(line for line in lines if line.startswith("On E→M (on seed 0, the ones it has) Alfa (selected"))
     # on seed 0 Alfa (paper recipe) has 5.0 and LoRA 5.5: the selected row is best, 0.10° ahead of Alfa's 5.00
-    assert em.startswith("On E→M (on seed 0, the ones it has) Alfa (selected recipe) (4.90°) leads the runner-up")
-    assert "Alfa (5.00°), by 0.10° in the means" in em
+    assert em.startswith(
+        "On E→M (on seed 0, the ones it has) Alfa (selected recipe) (4.90° [2.42, 7.38] (one seed)) leads the runner-up"
+    )
+    assert "Alfa (5.00° [2.52, 7.48] (one seed)), by 0.10° in the means" in em
     # neither summary line may say "of the 4 rows" where a ranking left a row out or narrowed the seeds
     ranked_lines = [line for line in lines if "has the lowest mean error on" in line]
     assert len(ranked_lines) == 2 and all(
@@ -274,10 +279,10 @@ def test_report_file_regenerates_identically(tmp_path):
     assert load_results(path)["preset"] == "fixture"
     md = build_report(path, tmp_path / "docs" / "results.md")
     text = md.read_text()
-    assert "| Alfa | 0–2 | **6.00 ± 1.00** | 5.10 ± 0.10 |" in text
+    assert "| Alfa | 0–2 | **6.00 [3.52, 8.48]** | 5.10 [4.85, 5.35] |" in text
     assert "60.0 min wall time, 50.0 min CPU time" in text
     assert "`alfa bench --full --out fixture`" in text
-    assert "| alfa[H=1] | 1 | 0–2 | 7.00 ± 1.00 |" in text
+    assert "| alfa[H=1] | 1 | 0–2 | 7.00 [4.52, 9.48] |" in text
     assert (
         "Flip-symmetry loss against augmentation consistency: Alfa − alfa[loss=augment] = +1.00° [1.00, 1.00]" in text
     )
@@ -339,10 +344,13 @@ def test_yaw_and_pitch_parts_table_and_verdicts():
     idx = index_records(records)
     table = parts_table(idx, ["source-only", "alfa"])
     assert (
-        "| source-only (truncated base) | 4.00 ± 0.00 | 3.00 ± 0.00 | 2.00 ± 0.00 | 1.00 ± 0.00 | 0.50 ± 0.00 |"
+        "| source-only (truncated base) | 4.00 [4.00, 4.00] | 3.00 [3.00, 3.00] | 2.00 [2.00, 2.00] | "
+        "1.00 [1.00, 1.00] | 0.50 [0.50, 0.50] |" in table
+    )
+    assert (
+        "| Alfa | 7.00 [7.00, 7.00] | 3.10 [2.85, 3.35] | 6.00 [6.00, 6.00] | 1.00 [1.00, 1.00] | 5.00 [5.00, 5.00] |"
         in table
     )
-    assert "| Alfa | 7.00 ± 0.00 | 3.10 ± 0.10 | 6.00 ± 0.00 | 1.00 ± 0.00 | 5.00 ± 0.00 |" in table
     lines = parts_verdicts(idx, ["source-only", "alfa"])
     assert lines[0].startswith("Alfa − source-only, pooled over pairs: yaw error +0.10° [")
     assert "not clear at 5 % judged alone" in lines[0]
@@ -452,9 +460,9 @@ def test_a_cell_with_its_interval_is_the_t_interval_over_seeds_and_one_seed_says
     s = Stat({0: 5.0, 1: 6.0, 2: 7.0})  # mean 6, sample std 1
     half = T_975_2DF / 3**0.5
     assert s.interval == pytest.approx((6.0 - half, 6.0 + half))
-    assert s.format_interval() == "6.00 [3.52, 8.48]"
-    assert Stat({0: -0.5, 1: 0.5}).format_interval() == "0.00 [−6.35, 6.35]"  # t(0.975, 1) = 12.71, SE = 0.5
-    assert Stat({3: 9.5}).interval is None and Stat({3: 9.5}).format_interval() == "9.50 (one seed)"
+    assert s.format() == "6.00 [3.52, 8.48]"
+    assert Stat({0: -0.5, 1: 0.5}).format() == "0.00 [−6.35, 6.35]"  # t(0.975, 1) = 12.71, SE = 0.5
+    assert Stat({3: 9.5}).interval is None and Stat({3: 9.5}).format() == "9.50 (one seed)"
 
 
 def test_the_sanity_table_shows_each_error_with_its_interval_not_its_std():
@@ -502,12 +510,12 @@ def test_roll_and_flip_roll_selected_rows_are_rows_of_the_loss_ablation():
     section = _loss_section(render_report(fixture_results(means)))
     rows = [line.split(" | ")[:4] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[1:] == [
-        ["| source-only (truncated base)", "none", "0–2", "10.00 ± 1.00"],
-        ["| Alfa", "flip", "0–2", "6.00 ± 1.00"],
-        ["| Alfa (selected recipe)", "flip", "0–2", "6.50 ± 1.00"],
-        ["| alfa[loss=augment]", "augment", "0–2", "5.00 ± 1.00"],
-        ["| alfa[loss=roll] (selected recipe)", "roll", "0–2", "5.50 ± 1.00"],
-        ["| alfa[loss=flip+roll] (selected recipe)", "flip+roll", "0–2", "4.50 ± 0.50"],
+        ["| source-only (truncated base)", "none", "0–2", "10.00 [7.52, 12.48]"],
+        ["| Alfa", "flip", "0–2", "6.00 [3.52, 8.48]"],
+        ["| Alfa (selected recipe)", "flip", "0–2", "6.50 [4.02, 8.98]"],
+        ["| alfa[loss=augment]", "augment", "0–2", "5.00 [2.52, 7.48]"],
+        ["| alfa[loss=roll] (selected recipe)", "roll", "0–2", "5.50 [3.02, 7.98]"],
+        ["| alfa[loss=flip+roll] (selected recipe)", "flip+roll", "0–2", "4.50 [3.26, 5.74]"],
     ]
     assert "flip symmetry against the other objectives" in section and "roll consistency, flip + roll" in section
 
@@ -516,8 +524,12 @@ def test_a_roll_selected_row_alone_still_gets_the_loss_table_and_alfa_selected_a
     base = {k: v for k, v in MEANS.items() if k[0] != "alfa[loss=augment]"}
     alone = {**base, ("alfa[loss=roll][selected]", "E→M"): (4.5, 5.5, 6.5)}
     section = _loss_section(render_report(fixture_results(alone)))
-    assert "| alfa[loss=roll] (selected recipe) | roll | 0–2 | 5.50 ± 1.00 | — | 5.50 ± 1.00 |" not in section
-    assert "| alfa[loss=roll] (selected recipe) | roll | 0–2 | 5.50 ± 1.00 | 5.50 ± 1.00 |" in section  # E→M only
+    assert (
+        "| alfa[loss=roll] (selected recipe) | roll | 0–2 | 5.50 [3.02, 7.98] | — | 5.50 [3.02, 7.98] |" not in section
+    )
+    assert (
+        "| alfa[loss=roll] (selected recipe) | roll | 0–2 | 5.50 [3.02, 7.98] | 5.50 [3.02, 7.98] |" in section
+    )  # E→M only
     # Alfa's own selected row is a Table 1 row: alone it makes no loss ablation
     only_main = render_report(fixture_results({**base, ("alfa[selected]", "E→M"): (5.5, 6.5, 7.5)}))
     assert "### Self-supervised loss" not in only_main

@@ -120,9 +120,9 @@ def test_each_ablation_row_says_its_seeds_and_a_difference_is_made_and_named_on_
     rows = [line.split(" | ")[:4] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[0][2] == "seeds"
     assert rows[1:] == [
-        ["| source-only (truncated base)", "none", "0–3", "10.50 ± 1.29"],
-        ["| Alfa", "flip", "0–2", "6.00 ± 1.00"],
-        ["| alfa[loss=augment]", "augment", "0–1", "4.50 ± 0.71"],
+        ["| source-only (truncated base)", "none", "0–3", "10.50 [8.45, 12.55]"],
+        ["| Alfa", "flip", "0–2", "6.00 [3.52, 8.48]"],
+        ["| alfa[loss=augment]", "augment", "0–1", "4.50 [−1.85, 10.85]"],
     ]
     assert (
         "- Flip-symmetry loss against augmentation consistency, on seeds 0–1 (those both rows have): Alfa − "
@@ -204,7 +204,7 @@ def test_table1_names_each_rows_seeds_and_a_pooled_number_on_others():
     # the selected row's mean over pairs is on the seeds that have both pairs, 0–2, and says so
     selected = rows["Alfa (selected recipe)"]
     assert selected.startswith("| Alfa (selected recipe) | 0–3 (E→D: 0–2) | ")
-    assert " | 5.55 ± 0.55 (seeds 0–2) | " in selected and not selected.endswith("(seeds 0–2) |")
+    assert " | 5.55 [4.18, 6.92] (seeds 0–2) | " in selected and not selected.endswith("(seeds 0–2) |")
 
 
 def test_flip_tta_on_top_is_read_against_flip_tta_alone_on_the_seeds_both_have():

@@ -86,7 +86,7 @@ _SOURCE_ONLY_NOT_CLEAR = "source-only's error not clear of zero at so few seeds 
 def _interval(stat: Stat) -> str:
     """``mean [low, high]``: a 95 % t-interval over the seeds (each seed its own source model and, where the
     persons are drawn per seed, its own persons), or the mean alone with one seed."""
-    return stat.format_interval()
+    return stat.format()
 
 
 @dataclass(frozen=True)

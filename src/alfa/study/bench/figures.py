@@ -243,7 +243,8 @@ def plot_curves(
     logx: bool = True,
     reference: float | None = None,
 ) -> Path:
-    """Error (mean ± std over seeds) against a setting: one line per label, ``(x, mean, std)`` points."""
+    """Error (mean over seeds with its 95 % interval) against a setting: one line per label, ``(x, mean, half-width
+    of the interval)`` points."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     for label, points in curves.items():

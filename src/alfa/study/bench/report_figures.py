@@ -22,15 +22,16 @@ __all__ = ["render_figures", "update_rank_lines"]
 def _curve(
     idx: Index, rows_layout: Sequence[dict[str, Any]], family: str, pairs: Sequence[str]
 ) -> list[tuple[float, float, float | None]]:
-    """``(setting, mean, std)`` of the ``family`` rows of one ablation with a numeric setting, pooled over
-    ``pairs``."""
+    """``(setting, mean, half-width of its 95 % interval)`` of the ``family`` rows of one ablation with a numeric
+    setting, pooled over ``pairs`` (no half-width: one seed)."""
     points = []
     for row in rows_layout:
         if family_of(row["label"]) != family:
             continue
         s = pooled(idx, row["label"], pairs)
         if s is not None and isinstance(row["value"], (int, float)):
-            points.append((float(row["value"]), s.mean, s.std))
+            interval = s.interval if s.n > 1 else None
+            points.append((float(row["value"]), s.mean, None if interval is None else interval[1] - s.mean))
     return points
 
 

@@ -2,8 +2,8 @@
 
 The page is assembled here: which sections it has, in which order, under which headings, and which table,
 verdicts and figures each one shows. Every number and every sentence comes from the records of a benchmark
-run (:mod:`alfa.study.bench.runner`): the tables from :mod:`~alfa.study.bench.report_tables` (mean ± standard
-deviation over seeds of each record's mean over persons), the verdicts from
+run (:mod:`alfa.study.bench.runner`): the tables from :mod:`~alfa.study.bench.report_tables` (the mean over seeds
+of each record's mean over persons, with its 95 % interval), the verdicts from
 :mod:`~alfa.study.bench.report_verdicts` (who wins where, each difference with its interval and whether it is
 clear), the protocol from the configuration stored in ``results.json``, the figures from
 :mod:`~alfa.study.bench.report_figures`, and the fixed words from :mod:`~alfa.study.bench.report_prose`.

@@ -140,10 +140,10 @@ PROTOCOL_BULLETS: dict[str, tuple[str, ...]] = {
     ),
     "error": (
         "**Error**: angular error in degrees per person over that person's scored images, then the unweighted",
-        "mean over persons: one number per record (method, pair, seed). Tables show the mean ± sample standard",
-        "deviation over seeds of those numbers (one seed gives no ±), except where a table says it shows the mean",
-        "with its 95 % interval: t with seeds − 1 degrees of freedom times the standard error of the seeds' mean",
-        "(with one seed, the same over its persons, marked *one seed*: the seeds' own variation is not in it).",
+        "mean over persons: one number per record (method, pair, seed). Tables and sentences show the mean over",
+        "seeds of those numbers with its 95 % interval: t with seeds − 1 degrees of freedom times the standard",
+        "error of the seeds' mean (with one seed, the same over its persons, marked *one seed*: the seeds' own",
+        "variation is not in it).",
     ),
     "differences": (
         "**Differences**: a − b per seed on the same base (mean over the pairs concerned), averaged over",
@@ -367,12 +367,12 @@ SANITY_INTRO = (
 )
 
 TABLE1_INTRO = (
-    "Mean over persons per record, then mean ± std over the seeds of the row's *seeds* column (a pair named there "
-    "has its own; a cell without ± has one seed); the mean over pairs: per seed the mean over the pairs, on the "
-    "seeds that have every pair (named where they are others). **Bold**: lowest mean on the pair among the rows "
-    "with the most seeds there. Params at inference: after merging the adapter (see Costs). Δ: the pooled "
-    "difference with its 95 % interval, on the seeds both rows have (named where they are not the mean over "
-    "pairs'), *clear* after Holm over the page (§ Summary)."
+    "Mean over persons per record, then the mean over the seeds of the row's *seeds* column with its 95 % "
+    "interval (a pair named there has its own; *one seed*: an interval over persons only); the mean over pairs: "
+    "per seed the mean over the pairs, on the seeds that have every pair (named where they are others). **Bold**: "
+    "lowest mean on the pair among the rows with the most seeds there. Params at inference: after merging the "
+    "adapter (see Costs). Δ: the pooled difference with its 95 % interval, on the seeds both rows have (named "
+    "where they are not the mean over pairs'), *clear* after Holm over the page (§ Summary)."
 )
 
 PER_PERSON_INTRO = (
@@ -390,26 +390,28 @@ TABLE2_INTRO = (
 )
 
 PARTS_INTRO = (
-    "The same records split by gaze component (degrees, pooled over pairs; mean ± std over seeds): mean "
-    "absolute yaw and pitch error over the scored images, and the absolute *bias* of each, |mean prediction "
-    "− mean label| per person, the part of the error that shifts every image of a person alike. Why look: "
-    "the flip-symmetry loss compares f(I) with FlipYaw(f(flip(I))). A yaw error is seen only through its "
-    "antisymmetric part, and pitch only as p(I) − p(flip(I)): adding the same offset to every pitch "
-    "prediction leaves the loss unchanged, so nothing in the loss holds the pitch where it was. (The parts "
-    "are plain differences of the predicted angles: a model that drifts far can predict angles beyond ±90°, so "
-    "they can exceed the angular error, which stops at 180°.)"
+    "The same records split by gaze component (degrees, pooled over pairs; mean over seeds with its 95 % "
+    "interval): mean absolute yaw and pitch error over the scored images, and the absolute *bias* of each, |mean "
+    "prediction − mean label| per person, the part of the error that shifts every image of a person alike. Why "
+    "look: the flip-symmetry loss compares f(I) with FlipYaw(f(flip(I))). A yaw error is seen only through its "
+    "antisymmetric part, and pitch only as p(I) − p(flip(I)): adding the same offset to every pitch prediction "
+    "leaves the loss unchanged, so nothing in the loss holds the pitch where it was. (The parts are plain "
+    "differences of the predicted angles: a model that drifts far can predict angles beyond ±90°, so they can "
+    "exceed the angular error, which stops at 180°.)"
 )
 
 # ----------------------------------------------------------------------------- ablations, costs, figures, records
 
 ABLATIONS_INTRO = (
-    "Each cell: mean ± std over the seeds of its row's *seeds* column (a pair named there has its own); the mean "
-    "over pairs: per seed the mean over the pairs, on the seeds that have every pair (named where they are "
-    "others). Rows of one table may have different seeds: a difference below a table pairs the two rows seed by "
-    "seed, on the seeds both have, and names them where they are not each row's own."
+    "Each cell: the mean over the seeds of its row's *seeds* column with its 95 % interval (a pair named there "
+    "has its own); the mean over pairs: per seed the mean over the pairs, on the seeds that have every pair "
+    "(named where they are others). Rows of one table may have different seeds: a difference below a table pairs "
+    "the two rows seed by seed, on the seeds both have, and names them where they are not each row's own."
 )
 
-ABLATION_FIGURE_CAPTION = "Error against the setting ({title}): mean ± std over seeds, one line per pair."
+ABLATION_FIGURE_CAPTION = (
+    "Error against the setting ({title}): mean over seeds with its 95 % interval, one line per pair."
+)
 
 COSTS_INTRO = (
     "Medians over the records of each method (peak memory: the maximum). Measured in the benchmark run itself, on "

@@ -213,7 +213,7 @@ def pnpga_domain_table(idx: Index) -> str | None:
     """PnP-GA's own protocol per pair (adapted on one person, scored on every target person's scored images:
     the records' ``domain_protocol``) before and after adaptation, beside the authors' README numbers for the
     real pair of the same name (``None`` without PnP-GA records that kept it). Ours: the mean over seeds with its
-    95 % interval (:meth:`Stat.format_interval`)."""
+    95 % interval (:meth:`Stat.format`)."""
     rows = []
     for pair in pairs_of(idx):
         domain = {s: rec.domain_protocol for (m, p, s), rec in idx.items() if m == "pnpga" and p == pair}
@@ -224,7 +224,7 @@ def pnpga_domain_table(idx: Index) -> str | None:
         after = Stat({s: d["error_deg"] for s, d in domain.items()})
         published = PNPGA_PUBLISHED.get(pair)
         quoted = ["—", "—"] if published is None else [f"{x:g}" for x in published]
-        rows.append([pair, str(after.n), before.format_interval(), after.format_interval(), *quoted])
+        rows.append([pair, str(after.n), before.format(), after.format(), *quoted])
     if not rows:
         return None
     header = [
@@ -285,7 +285,7 @@ def parts_table(idx: Index, methods: Sequence[str]) -> str:
 
 def _with_interval(stat: Stat | None) -> str:
     """The mean over seeds with its 95 % interval (``—`` where the row has no record on the pair)."""
-    return "—" if stat is None else stat.format_interval()
+    return "—" if stat is None else stat.format()
 
 
 def _gap(idx: Index, pair: str, other: str) -> str:
@@ -401,7 +401,7 @@ def ablation_table(
 
 def _row_seeds(idx: Index, label: str, pairs: Sequence[str]) -> tuple[str, tuple[int, ...]]:
     """The seeds of a row's cells (``3–5``), and those most of its pairs have: rows of one table may have
-    different seeds, and each ± is over its own. The pairs whose cells have other seeds than the row's others
+    different seeds, and each interval is over its own. The pairs whose cells have other seeds than the row's others
     are named with theirs (``0–7 (S→W, S→C: 3–7)``)."""
     per_pair = {p: tuple(sorted({s for s in idx.row(label, p)})) for p in pairs}
     per_pair = {p: seeds for p, seeds in per_pair.items() if seeds}

@@ -116,15 +116,15 @@ def _pair_standing(idx: Index, pair: str, ranked: list[tuple[Stat, str]], row: s
         runner_stat, runner = ranked[1]
         d = diff(idx, row, runner, [pair])
         return (
-            f"On {where} {me} ({mine.format()}°) leads the runner-up of the {len(ranked)} rows, {_name(runner)} "
-            f"({runner_stat.format()}°), by {runner_stat.mean - mine.mean:.2f}° in the means; {me} − "
+            f"On {where} {me} ({mine.format('°')}) leads the runner-up of the {len(ranked)} rows, {_name(runner)} "
+            f"({runner_stat.format('°')}), by {runner_stat.mean - mine.mean:.2f}° in the means; {me} − "
             f"{_name(runner)} = {d.describe() if d else 'n/a'}."
         )
     rank = 1 + [m for _, m in ranked].index(row)
     d = diff(idx, row, best, [pair])
     return (
-        f"On {where} {me} does not win: {_name(best)} is best ({best_stat.format()}°), {me} is "
-        f"{_ordinal(rank)} of {len(ranked)} ({mine.format()}°); {me} − {_name(best)} = "
+        f"On {where} {me} does not win: {_name(best)} is best ({best_stat.format('°')}), {me} is "
+        f"{_ordinal(rank)} of {len(ranked)} ({mine.format('°')}); {me} − {_name(best)} = "
         f"{d.describe() if d else 'n/a'}."
     )
 

@@ -141,12 +141,6 @@ class Stat:
     def std(self) -> float | None:
         return statistics.stdev(self.values.values()) if self.n > 1 else None
 
-    def format(self, digits: int = 2) -> str:
-        """``mean ± std`` over the seeds (the spread of single seeds, not an interval); the mean with one seed."""
-        if self.std is None:
-            return f"{self.mean:.{digits}f}"
-        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
-
     @property
     def interval(self) -> tuple[float, float] | None:
         """The 95 % interval of the mean over seeds, ``mean ± t₀.₉₇₅(n − 1) · std / √n`` (Student's t with
@@ -158,13 +152,14 @@ class Stat:
         half = _critical(ALPHA, len(units) - 1) * statistics.stdev(units) / math.sqrt(len(units))
         return self.mean - half, self.mean + half
 
-    def format_interval(self) -> str:
-        """A cell with its interval: ``"6.00 [3.52, 8.48]"``; with one seed ``"6.00 [5.10, 6.90] (one seed)"`` (its
-        persons' interval) or ``"6.00 (one seed)"`` where it has none."""
+    def format(self, unit: str = "") -> str:
+        """A cell: the mean over seeds with its 95 % interval, ``"6.00 [3.52, 8.48]"``; with one seed
+        ``"6.00 [5.10, 6.90] (one seed)"`` (its persons' interval) or ``"6.00 (one seed)"`` where it has none.
+        ``unit`` follows the mean (``"6.00° [3.52, 8.48]"``)."""
         interval = self.interval
         if interval is None:
-            return f"{self.mean:.2f} (one seed)"
-        text = f"{self.mean:.2f} [{bound(interval[0])}, {bound(interval[1])}]"
+            return f"{self.mean:.2f}{unit} (one seed)"
+        text = f"{self.mean:.2f}{unit} [{bound(interval[0])}, {bound(interval[1])}]"
         return text + (" (one seed)" if self.n == 1 else "")
 
 

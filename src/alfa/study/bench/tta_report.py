@@ -61,7 +61,7 @@ def _cell(idx: Index, method: str, pair: str) -> str:
     stat = cell(idx, method, pair)
     if stat is None:
         return "—"
-    text = stat.format_interval()
+    text = stat.format()
     if method != "source-only":
         d = diff(idx, method, "source-only", [pair])
         text += f"; {d.compact()}" if d is not None else ""
@@ -116,7 +116,7 @@ def offset_shares(record: Record) -> dict[str, float] | None:
 
 def _pct_stat(values: dict[int, float | None]) -> str:
     kept = {s: 100 * v for s, v in values.items() if v is not None and not math.isnan(v)}
-    return Stat(kept).format_interval() if kept else "—"
+    return Stat(kept).format() if kept else "—"
 
 
 def offset_table(idx: Index) -> str | None:

@@ -155,7 +155,7 @@ def _criteria_table(
         safe_text = "—" if safe is None else safe.compact() if set(safe.per_seed) == seeds else _with_seeds(safe)
         lines.append(
             f"| {pair}{seeds_note(seeds, every) if seeds else ''} | "
-            + " | ".join("—" if c is None else c.format_interval() for c in cells)
+            + " | ".join("—" if c is None else c.format() for c in cells)
             + f" | {share_text} | {safe_text} | {'; '.join(verdicts)} |"
         )
     return lines
@@ -299,7 +299,7 @@ def _curve_table(idx: Index, pairs: Sequence[str]) -> list[str]:
             stats = [cell_on(idx, _cal(method, k, draw), pairs, seeds) for k in CALIBRATION_KS]
             base = cell_on(idx, "source-only", pairs, seeds)
             name = f"{method}{'' if draw == 'random' else ' (spread draws)'}"
-            cells = ["—" if s is None else s.format_interval() for s in [base, *stats]]
+            cells = ["—" if s is None else s.format() for s in [base, *stats]]
             lines.append(f"| {name} | {spans(seeds)} | " + " | ".join(cells) + " |")
     return lines
 
@@ -403,12 +403,12 @@ UNCALIBRATED = Measure("error before calibration", lambda record: (record.calibr
 def _uncalibrated(idx: Index, label: str, pairs: Sequence[str], seeds: Iterable[int] | None = None) -> str:
     """The row's model's error before calibration (k = 0) on those of ``pairs`` it has: per seed (of ``seeds``, if
     given) the mean over them, then the mean over the seeds that have them all, with its 95 % t-interval
-    (:meth:`Stat.format_interval`)."""
+    (:meth:`Stat.format`)."""
     kept = set(seeds_of(idx) if seeds is None else seeds)
     present = [p for p in pairs if any((label, p, s) in idx for s in kept)]
     stat = pooled(idx, label, present, UNCALIBRATED) if present else None
     values = {s: v for s, v in stat.values.items() if s in kept} if stat else {}
-    return Stat(values).format_interval() if values else "—"
+    return Stat(values).format() if values else "—"
 
 
 def _faze_table(idx: Index, pairs: Sequence[str]) -> list[str]:
