@@ -176,12 +176,17 @@ def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it
     after = text.split("### After personalization: flip-TTA on top, and what a flip still sees")[1].split("\n## ")[0]
     alfa_row = next(line for line in after.splitlines() if line.startswith("| Alfa |"))
     alfa = records["alfa|E→M|seed0"]
-    assert f"{alfa['flip_tta_error_deg']:.2f} (" in alfa_row and f"; {alfa['flip']['flip_loss']:.2f} · " in alfa_row
+    # one seed: each level with its interval over the record's persons, marked
+    assert (
+        f"| Alfa | {alfa['flip_tta_error_deg']:.2f} [" in alfa_row
+        and f"; {alfa['flip']['flip_loss']:.2f} [" in alfa_row
+    )
+    assert alfa_row.count("(one seed)") == 4  # the error, its difference, the flip loss and the visible share
     alfa_steps = alfa["per_person_steps"]
     step0 = sum(v[0] for v in alfa_steps.values()) / len(alfa_steps)
     assert f"On the same images the base before personalization (step 0) scores {step0:.2f}° pooled" in text
     base_row = next(line for line in after.splitlines() if line.startswith("| source-only"))
-    assert f"| {records['flip-tta|E→M|seed0']['error_deg']:.2f}; " in base_row  # the state before: flip-TTA alone
+    assert f"| {records['flip-tta|E→M|seed0']['error_deg']:.2f} [" in base_row  # the state before: flip-TTA alone
     document = json.loads(selected_recipes_json(load_results(out), "x"))
     assert Recipe(**document["methods"]["alfa"]["recipe"]) == Recipe(
         **records[f"alfa[grid]|E→{STAND_IN}|seed0"]["selected"]

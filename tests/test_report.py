@@ -7,11 +7,12 @@ import pytest
 from bench_records import complete
 
 from alfa.study.bench.config import BenchConfig
+from alfa.study.bench.measures import sanity_summary
 from alfa.study.bench.report_page import build_report, render_report
 from alfa.study.bench.report_tables import runs_table, table1
 from alfa.study.bench.report_verdicts import main_verdicts, sanity_verdicts
 from alfa.study.bench.results import FORMAT, VERSION, layout, load_results
-from alfa.study.bench.stats import cell, diff, index_records, sanity_summary
+from alfa.study.bench.stats import cell, diff, index_records
 
 
 def record(method, pair, seed, errors, **extra):
@@ -267,9 +268,16 @@ def test_sanity_summary_and_sentences(idx):
     assert lines[0].startswith("In-domain error (the base on held-out source persons) is below the cross-domain")
     assert "on 2 of 2 pairs (2 clearly; intervals in the table), by 5.50–7.00°" in lines[0]
     assert "(2 clearly; intervals in the table): headroom 6.50–7.50°" in lines[2]
-    # relative to the labels' spread: in-domain 3/12 = 25 %, cross-domain 10/10 and 8.5/10 = 100 %, 85 %
-    assert "in-domain error is 25 %, 25 % of a constant prediction's and the cross-domain error 100 %, 85 %" in lines[1]
-    assert "relatively worse across domains on 2 of 2 pairs" in lines[1]
+    # relative to the labels' spread: in-domain 3/12 = 25 % in every seed; cross-domain per seed 9, 10, 11 of 10 and
+    # 8, 8.5, 9 of 10: 100 % ± t(0.975, 2) · 10 / √3 = [75, 125] and 85 % ± 4.303 · 5 / √3 = [73, 97]
+    assert (
+        "in-domain error is 25 % [25, 25], 25 % [25, 25] of a constant prediction's and the cross-domain error "
+        "100 % [75, 125], 85 % [73, 97] (E→M, E→D; 95 % intervals over seeds)"
+    ) in lines[1]
+    assert (
+        "relatively worse across domains on 2 of 2 pairs in the means, beyond the interval of the difference on 2"
+        in (lines[1])
+    )
 
 
 def test_report_file_regenerates_identically(tmp_path):
@@ -463,6 +471,26 @@ def test_a_cell_with_its_interval_is_the_t_interval_over_seeds_and_one_seed_says
     assert s.format() == "6.00 [3.52, 8.48]"
     assert Stat({0: -0.5, 1: 0.5}).format() == "0.00 [−6.35, 6.35]"  # t(0.975, 1) = 12.71, SE = 0.5
     assert Stat({3: 9.5}).interval is None and Stat({3: 9.5}).format() == "9.50 (one seed)"
+    # a share in percent: 30 % ± 4.303 · 1 % / √3; a small negative bound is not printed as "−0"
+    assert Stat({0: 0.29, 1: 0.30, 2: 0.31}).format_percent() == "30 % [28, 32]"
+    assert Stat({0: 0.005, 1: 0.01, 2: 0.015}).format_percent() == "1 % [0, 2]"  # [−0.24, 2.24] %
+    assert Stat({0: 0.30}, persons=(0.2, 0.3, 0.4)).format_percent() == "30 % [5, 55] (one seed)"
+
+
+def test_a_level_of_any_measure_has_its_interval_and_a_described_difference_stays_out_of_the_family():
+    from alfa.study.bench.measures import constant_prediction, label_spread, level
+    from alfa.study.bench.stats import described
+
+    idx = index_records(fixture_results()["records"])
+    # source-only on E→M: 9, 10, 11 per seed over a constant prediction of 10: 90 %, 100 %, 110 %
+    spread = level(idx, "source-only", "E→M", label_spread)
+    assert spread.values == pytest.approx({0: 0.9, 1: 1.0, 2: 1.1}) and spread.format_percent() == "100 % [75, 125]"
+    assert level(idx, "source-only", "E→M", constant_prediction).format() == "10.00 [10.00, 10.00]"
+    assert level(idx, "source-only", "E→M", seeds=[1]).format() == "10.00 [7.52, 12.48] (one seed)"  # 9, 10, 11
+    assert level(idx, "lora", "E→M", label_spread) is None  # a row without the constant
+    d = described(idx, "source-only", "in-domain", ["E→M"], label_spread)
+    assert d.mean == pytest.approx(0.75) and not d.judged and not d.clear
+    assert d.verdict() == "descriptive (not in the declared family)" and idx.family.made == {}
 
 
 def test_the_sanity_table_shows_each_error_with_its_interval_not_its_std():
@@ -548,10 +576,11 @@ def test_the_flip_ceiling_reads_its_means_on_the_seeds_every_row_of_it_has():
     }
     results = fixture_results(means)
     c = ceilings(index_records(results["records"]))["E→M"]
-    assert (c["seeds"], c["source_only"], c["flip_tta"]) == (2, 9.5, 8.5)
+    assert (c["seeds"], c["source_only"].mean, c["flip_tta"].mean) == (2, 9.5, 8.5)
     assert c["ceiling"] == pytest.approx(1.0) and c["headroom"] == pytest.approx(5.0) and c["ratio"] == 0.2
     text = render_report(results)
-    assert "| E→M | negative | 9.50 (2 of 3 seeds) | 8.50 (2 of 3 seeds) |" in text
+    # each with its interval over the two seeds: 9.5 ± t(0.975, 1) · 0.5 = 9.5 ± 6.35
+    assert "| E→M | negative | 9.50 [3.15, 15.85] (2 of 3 seeds) | 8.50 [2.15, 14.85] (2 of 3 seeds) |" in text
     # the oracle on fewer seeds (as on the family's later seeds): the ceiling keeps its seeds, the ratio reads the
     # oracle's: (9 − 8) / (9 − 4)
     c = ceilings(index_records(fixture_results({**means, ("oracle", "E→M"): (4.0,)})["records"]))["E→M"]
@@ -570,7 +599,7 @@ def test_the_flip_ceiling_reads_its_means_on_the_seeds_every_row_of_it_has():
     assert c["ratio"] == pytest.approx((16 - 15) / (16 - 4))
     # with every seed the cells carry no note (the first protocol's pages are unchanged)
     full = {**means, ("flip-tta", "E→M"): (8.0, 9.0, 19.0)}
-    assert "| E→M | negative | 13.00 | 12.00 |" in render_report(fixture_results(full))
+    assert "| E→M | negative | 13.00 [−2.11, 28.11] | 12.00 [−3.11, 27.11] |" in render_report(fixture_results(full))
 
 
 def test_a_page_of_a_declared_run_under_way_says_what_it_holds_first():

@@ -219,8 +219,8 @@ def test_flip_tta_on_top_is_read_against_flip_tta_alone_on_the_seeds_both_have()
     records += [tta("alfa", s, 12.5) for s in range(3)]
     (line,) = _after_lines(index_records(records), ["source-only", "alfa"], ["S→W"])[:1]
     assert line.startswith(
-        "On S→W, of the 1 personalized models with flip-TTA on top, the lowest mean error is Alfa's (12.50°, "
-        "flip-TTA alone 13.00°, on seeds 0–2): Alfa + flip-TTA − flip-TTA = −0.50°"
+        "On S→W, of the 1 personalized models with flip-TTA on top, the lowest mean error is Alfa's (12.50° "
+        "[12.50, 12.50], flip-TTA alone 13.00° [13.00, 13.00], on seeds 0–2): Alfa + flip-TTA − flip-TTA = −0.50°"
     )
 
 

@@ -28,8 +28,9 @@ from alfa.gaze.objectives import OBJECTIVES
 from alfa.gaze.personalize import PersonalizeConfig
 
 from .markdown import spans
+from .measures import part
 from .names import SELECTED, display_name
-from .stats import Diff, Index, cell_on, diff, part, pooled
+from .stats import Diff, Index, cell_on, diff, pooled
 from .variants import Variant, VariantSettings, alfa_config, main_variants
 
 __all__ = [

@@ -19,12 +19,13 @@ from . import report_prose as prose
 from .markdown import number as _num
 from .markdown import seeds_note, seeds_words, span
 from .markdown import table as _table
+from .measures import level
 from .methods import CONSTRUCTED_CONTROLS, FIRST_SEEDS, POSITIVE_CONTROLS, SELECTION_RULE
 from .names import DEFAULT
 from .names import display_name as _name
 from .ratios import share
 from .record import Record, as_records
-from .stats import Diff, Index, Measure, cell, diff, pairs_of, pooled, seeds_of
+from .stats import Diff, Index, Measure, Stat, cell, diff, pairs_of, pooled, seeds_of
 from .tta_report import tta_lines
 from .variants import GRID, SELECTED
 
@@ -75,12 +76,14 @@ def _most_seeds(candidates: list[tuple[float, str, Any]]) -> list[tuple[float, s
     return [c for c in candidates if c[2].n == most]
 
 
-def _mean_of(idx: Index, method: str, pair: str, measure: Measure, seeds: Iterable[int] | None = None) -> float | None:
-    """``measure``'s mean over the row's records on ``pair`` (on ``seeds`` only, if given)."""
-    kept = None if seeds is None else set(seeds)
-    values = [measure(r)[0] for s, r in sorted(idx.row(method, pair).items()) if kept is None or s in kept]
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
+def _level_text(stat: Stat | None, unit: str = "") -> str:
+    """A row's level with its 95 % interval (``—`` without one)."""
+    return "—" if stat is None else stat.format(unit)
+
+
+def _share_of(stat: Stat | None) -> str:
+    """A share in percent with its 95 % interval (``—`` without one)."""
+    return "—" if stat is None else stat.format_percent()
 
 
 def table_rows(idx: Index, main: Sequence[str]) -> list[str]:
@@ -98,10 +101,11 @@ def _paper_recipe_row(label: str) -> bool:
     return not label.endswith((SELECTED, DEFAULT))
 
 
-def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
-    """Per pair with a flip-TTA row: source-only, flip-TTA, the ceiling (source-only − flip-TTA), the oracle
-    headroom, their ratio, the visible share of the source model's mean-square error and its flip loss."""
-    out: dict[str, dict[str, float | None]] = {}
+def ceilings(idx: Index) -> dict[str, dict[str, Any]]:
+    """Per pair with a flip-TTA row: source-only and flip-TTA (each a :class:`Stat` on their shared seeds), the
+    ceiling (source-only − flip-TTA), the oracle headroom, their ratio, the visible share of the source model's
+    mean-square error and its flip loss (each a :class:`Stat`, ``None`` without flip measures)."""
+    out: dict[str, dict[str, Any]] = {}
     for pair in pairs_of(idx):
         so, tta, oracle = (cell(idx, m, pair) for m in ("source-only", "flip-tta", "oracle"))
         if so is None or tta is None:
@@ -123,24 +127,24 @@ def ceilings(idx: Index) -> dict[str, dict[str, float | None]]:
         out[pair] = {
             "seeds": len(seeds),
             "ratio_seeds": len(both),
-            "source_only": so_mean,
-            "flip_tta": tta_mean,
+            "source_only": level(idx, "source-only", pair, seeds=seeds),
+            "flip_tta": level(idx, "flip-tta", pair, seeds=seeds),
             "ceiling": so_mean - tta_mean,
             "headroom": headroom,
             "ratio": ratio,
-            "visible_share": _mean_of(idx, "source-only", pair, _flip("visible_share")),
-            "flip_loss": _mean_of(idx, "source-only", pair, _flip("flip_loss")),
+            "visible_share": level(idx, "source-only", pair, _flip("visible_share")),
+            "flip_loss": level(idx, "source-only", pair, _flip("flip_loss")),
         }
     return out
 
 
-def _on_seeds(c: dict[str, float | None]) -> str:
+def _on_seeds(c: dict[str, Any]) -> str:
     """Where the ratio reads fewer seeds than the ceiling (the oracle's, of the first three): on how many."""
     n = c["ratio_seeds"]
     return "" if n in (0, c["seeds"]) else f" (on the oracle's {n} seed{'s' if n != 1 else ''} of {span(FIRST_SEEDS)})"
 
 
-def _share_text(idx: Index, pair: str, c: dict[str, float | None]) -> str:
+def _share_text(idx: Index, pair: str, c: dict[str, Any]) -> str:
     """The ceiling's share of the headroom, the ratio of the means on the seeds :func:`ceilings` reads it on, with
     its 95 % interval (Fieller's, :mod:`alfa.study.bench.ratios`)."""
     got = share(idx, "flip-tta", [pair], seeds=FIRST_SEEDS) if c["ratio"] is not None else None
@@ -159,7 +163,7 @@ def _control(pair: str) -> str:
     return "positive" if pair in POSITIVE_CONTROLS else "negative"
 
 
-def _verdict(c: dict[str, float | None], pair: str) -> str:
+def _verdict(c: dict[str, Any], pair: str) -> str:
     if c["ratio"] is None:
         return "—"
     holds = c["ratio"] >= CRITERION
@@ -168,14 +172,14 @@ def _verdict(c: dict[str, float | None], pair: str) -> str:
     return "(would hold)" if holds else "not met"
 
 
-def _ceiling_sentences(idx: Index, ceil: dict[str, dict[str, float | None]]) -> list[str]:
+def _ceiling_sentences(idx: Index, ceil: dict[str, dict[str, Any]]) -> list[str]:
     lines = []
     for pair, c in ceil.items():
         tta = diff(idx, "flip-tta", "source-only", [pair])
         text = (
-            f"On {pair} ({_control(pair)} control) a flip sees {_pct(c['visible_share'])} of the source model's "
-            f"mean-square error; flip-TTA − source-only = {tta.describe() if tta else 'n/a'} "
-            f"({_num(c['source_only'])} → {_num(c['flip_tta'])}°)"
+            f"On {pair} ({_control(pair)} control) a flip sees {_share_of(c['visible_share'])} of the source "
+            f"model's mean-square error; flip-TTA − source-only = {tta.describe() if tta else 'n/a'} "
+            f"({c['source_only'].format('°')} → {c['flip_tta'].format('°')})"
         )
         room = diff(idx, "source-only", "oracle", [pair])
         if c["headroom"] is not None and room is not None:
@@ -206,7 +210,7 @@ def _methods(idx: Index, main: Sequence[str]) -> list[str]:
     return [m for m in _rows(idx, main) if m not in ("source-only", "flip-tta")]
 
 
-def _share_table(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, float | None]]) -> str:
+def _share_table(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, Any]]) -> str:
     pairs = list(ceil)
     rows = []
     for m in _methods(idx, main):
@@ -296,18 +300,18 @@ def _after_table(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> str |
             continue
         cells = []
         for pair in pairs:
-            tta = _mean_of(idx, m, pair, _with_tta)
-            loss = _mean_of(idx, m, pair, _flip("flip_loss"))
-            share = _mean_of(idx, m, pair, _flip("visible_share"))
+            tta = level(idx, m, pair, _with_tta)
+            loss = level(idx, m, pair, _flip("flip_loss"))
+            share = level(idx, m, pair, _flip("visible_share"))
             if tta is None:
                 cells.append("—")
                 continue
-            cell_text = _num(tta)
+            cell_text = tta.format()
             if m != "source-only":
                 d = diff(idx, m, "source-only", [pair], _with_tta)
                 if d is not None:
                     cell_text += f" ({d.compact()})"
-            cell_text += f"; {_num(loss)} · {_pct(share)}"
+            cell_text += f"; {_level_text(loss)} · {_share_of(share)}"
             cells.append(cell_text)
         if any(c != "—" for c in cells):
             rows.append([_name(m), *cells])
@@ -351,17 +355,18 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
     lines = []
     methods = _methods(idx, main)
     for pair in pairs:
-        alone = _mean_of(idx, "source-only", pair, _with_tta)
+        alone = level(idx, "source-only", pair, _with_tta)
         diffs = [(d.mean, m, d) for m in methods if (d := diff(idx, m, "source-only", [pair], _with_tta))]
         if not diffs or alone is None:
             continue
         _, m, d = min(_most_seeds(diffs))
         # the two means on the difference's seeds, so that they differ by what it says
-        mine, alone = (_mean_of(idx, row, pair, _with_tta, d.per_seed) for row in (m, "source-only"))
+        mine, alone = (level(idx, row, pair, _with_tta, d.per_seed) for row in (m, "source-only"))
         on = seeds_words(d.per_seed, seeds_of(idx))
         lines.append(
             f"On {pair}, of the {len(diffs)} personalized models with flip-TTA on top, the lowest mean error is "
-            f"{_name(m)}'s ({_num(mine)}°, flip-TTA alone {_num(alone)}°{f', on {on}' if on else ''}): "
+            f"{_name(m)}'s ({_level_text(mine, '°')}, flip-TTA alone {_level_text(alone, '°')}"
+            f"{f', on {on}' if on else ''}): "
             f"{_name(m)} + flip-TTA − flip-TTA = {d.describe()}."
         )
     everywhere = pairs_of(idx)
@@ -570,7 +575,7 @@ def _interval(d: Diff | None) -> str:
     return "—" if d is None else d.compact()
 
 
-def _ceiling_table(idx: Index, ceil: dict[str, dict[str, float | None]]) -> str:
+def _ceiling_table(idx: Index, ceil: dict[str, dict[str, Any]]) -> str:
     """Per pair: source-only, flip-TTA, the ceiling against the oracle headroom (each with its interval) and the
     criterion's verdict, the visible share and the flip loss."""
     every = len(seeds_of(idx))
@@ -579,14 +584,14 @@ def _ceiling_table(idx: Index, ceil: dict[str, dict[str, float | None]]) -> str:
         [
             pair,
             _control(pair),
-            _num(c["source_only"]) + on[pair],
-            _num(c["flip_tta"]) + on[pair],
+            c["source_only"].format() + on[pair],
+            c["flip_tta"].format() + on[pair],
             _interval(diff(idx, "source-only", "flip-tta", [pair])),
             _interval(diff(idx, "source-only", "oracle", [pair])) if c["headroom"] is not None else "—",
             _share_text(idx, pair, c) + _on_seeds(c),
             _verdict(c, pair),
-            _pct(c["visible_share"]),
-            _num(c["flip_loss"]),
+            _share_of(c["visible_share"]),
+            _level_text(c["flip_loss"]),
         ]
         for pair, c in ceil.items()
     ]
@@ -623,7 +628,7 @@ def constructed_control_section(idx: Index) -> list[str]:
     ]
 
 
-def _ceiling_section(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, float | None]]) -> list[str]:
+def _ceiling_section(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, Any]]) -> list[str]:
     """What a flip can see on each pair, and every method's gain as a share of that ceiling."""
     positive = [p for p in ceil if p in POSITIVE_CONTROLS]
     return [
@@ -645,7 +650,7 @@ def _ceiling_section(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, 
     ]
 
 
-def _after_section(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, float | None]]) -> list[str]:
+def _after_section(idx: Index, main: Sequence[str], ceil: dict[str, dict[str, Any]]) -> list[str]:
     """Flip-TTA on top of each personalized model, and what a flip still sees (none with fewer than two rows);
     then the paper-recipe rows' flip loss and error against source-only's."""
     after = _after_table(idx, main, list(ceil))

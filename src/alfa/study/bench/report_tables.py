@@ -17,11 +17,12 @@ from .flip_report import table_rows
 from .markdown import number as _num
 from .markdown import seeds_note, spans, usual_seeds
 from .markdown import table as _table
+from .measures import PARTS, constant_prediction, level, part, sanity_summary
 from .methods import EXTRA_METHODS, table_methods, with_tta_rows
 from .names import SELECTED
 from .names import display_name as _name
 from .record import Record
-from .stats import PARTS, Index, Stat, cell, diff, pairs_of, part, pooled, sanity_summary, seeds_of, signed
+from .stats import Index, Stat, cell, diff, pairs_of, pooled, seeds_of, signed
 
 __all__ = [
     "byte_size",
@@ -296,9 +297,9 @@ def _gap(idx: Index, pair: str, other: str) -> str:
 
 def sanity_table(idx: Index) -> str:
     """Per pair: the in-domain, target-trained, source-only and oracle errors (each the mean over seeds with its
-    95 % interval), the gaps between them (each with its interval), and the error of a constant prediction."""
+    95 % interval), the gaps between them and the error of a constant prediction (each with its interval)."""
     rows = []
-    for pair, s in sanity_summary(idx.values()).items():
+    for pair in sanity_summary(idx.values()):
         rows.append(
             [
                 pair,
@@ -306,8 +307,8 @@ def sanity_table(idx: Index) -> str:
                 _gap(idx, pair, "in-domain"),
                 _gap(idx, pair, "target-trained"),
                 _gap(idx, pair, "oracle"),
-                _num(s.get("in_domain_constant_deg")),
-                _num(s.get("target_constant_deg")),
+                _with_interval(level(idx, "in-domain", pair, constant_prediction)),
+                _with_interval(level(idx, "source-only", pair, constant_prediction)),
             ]
         )
     header = [

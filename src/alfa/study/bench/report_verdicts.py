@@ -17,6 +17,7 @@ from .ablations import REGISTRY
 from .calibration import IN_DOMAIN_CONDITION, REAL_IN_DOMAIN, REAL_SOURCE_NAMES
 from .config import split_pair
 from .markdown import seeds_note, seeds_words
+from .measures import label_spread, level, part, part_gap
 from .names import DEFAULT, SELECTED
 from .names import display_name as _name
 from .ratios import ratio, share
@@ -28,11 +29,9 @@ from .stats import (
     cell,
     cell_covering,
     cell_on,
+    described,
     diff,
     pairs_of,
-    part,
-    part_gap,
-    sanity_summary,
     seeds_of,
 )
 
@@ -277,23 +276,26 @@ def _gap_sentence(
 
 
 def _label_spread_sentence(idx: Index) -> list[str]:
-    """The in-domain and cross-domain errors as shares of a constant prediction's (none without those)."""
-    ratios = []
-    for pair, s in sanity_summary(idx.values()).items():
-        ind, src = s["in_domain"], s["source_only"]
-        if ind and src and s.get("in_domain_constant_deg") and s.get("target_constant_deg"):
-            ratios.append((pair, ind["mean"] / s["in_domain_constant_deg"], src["mean"] / s["target_constant_deg"]))
-    if not ratios:
+    """The in-domain and cross-domain errors as shares of a constant prediction's, each with its interval, and
+    on how many pairs the cross-domain share is the larger (descriptive differences; none without those)."""
+    shares = []
+    for pair in pairs_of(idx):
+        ind, src = level(idx, "in-domain", pair, label_spread), level(idx, "source-only", pair, label_spread)
+        if ind and src:
+            shares.append((pair, ind, src, described(idx, "source-only", "in-domain", [pair], label_spread)))
+    if not shares:
         return []
-    worse = [p for p, a, b in ratios if b > a]
+    worse = [p for p, a, b, _ in shares if b.mean > a.mean]
+    beyond = [p for p, _, _, d in shares if d is not None and d.interval is not None and d.interval[0] > 0]
     return [
         "Relative to the spread of the labels (the error of always predicting the set's mean gaze), the "
         "in-domain error is "
-        + ", ".join(f"{100 * a:.0f} %" for _, a, _ in ratios)
+        + ", ".join(a.format_percent() for _, a, _, _ in shares)
         + " of a constant prediction's and the cross-domain error "
-        + ", ".join(f"{100 * b:.0f} %" for _, _, b in ratios)
-        + f" ({', '.join(p for p, _, _ in ratios)}): relatively worse across domains on {len(worse)} of "
-        f"{len(ratios)} pairs (means)."
+        + ", ".join(b.format_percent() for _, _, b, _ in shares)
+        + f" ({', '.join(p for p, _, _, _ in shares)}; 95 % intervals over seeds): relatively worse across domains "
+        f"on {len(worse)} of {len(shares)} pairs in the means, beyond the interval of the difference on "
+        f"{len(beyond)} (descriptive: outside the page's family, no verdict)."
     ]
 
 

@@ -24,10 +24,10 @@ from alfa.fileio import locked, write_bytes, write_json
 
 from .ablations import REGISTRY
 from .config import BenchConfig
+from .measures import sanity_summary
 from .methods import PAIRS, SANITY_METHODS, table_methods
 from .record import Record, as_records
 from .schema import FORMAT, VERSION, comparable_protocol
-from .stats import sanity_summary
 
 __all__ = [
     "RESULTS_FILE",

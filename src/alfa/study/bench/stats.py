@@ -2,8 +2,7 @@
 difference with a 95 % interval and a verdict whose error rate is stated.
 
 A *record* is one (method, pair, seed) result of :mod:`alfa.study.bench.runner`. Every table and verdict of the
-report is built from the few functions here, and the runner stores :func:`sanity_summary` in
-``results.json``; so both use this module and neither needs the other.
+report is built from the few functions here and from the measures of :mod:`alfa.study.bench.measures`.
 
 **A difference** ``a − b`` over some pairs, for one measure (the angular error, a part of it, the error with
 flip-TTA on top, ...): per seed, the mean over the pairs of ``value(a) − value(b)`` on the same base; its mean
@@ -87,7 +86,6 @@ __all__ = [
     "Comparisons",
     "Index",
     "Measure",
-    "PARTS",
     "design_of",
     "index_records",
     "pairs_of",
@@ -95,13 +93,11 @@ __all__ = [
     "cell",
     "cell_on",
     "angular",
-    "part",
-    "part_gap",
     "pooled",
     "diff",
+    "described",
     "signed",
     "bound",
-    "sanity_summary",
     "t_tail",
     "t_quantile",
     "holm",
@@ -161,6 +157,19 @@ class Stat:
             return f"{self.mean:.2f}{unit} (one seed)"
         text = f"{self.mean:.2f}{unit} [{bound(interval[0])}, {bound(interval[1])}]"
         return text + (" (one seed)" if self.n == 1 else "")
+
+    def format_percent(self) -> str:
+        """A share (a fraction) in percent with its 95 % interval, as :meth:`format`: ``"29 % [27, 31]"``."""
+        text = f"{_whole(100 * self.mean)} %"
+        if self.interval is not None:
+            text += f" [{_whole(100 * self.interval[0])}, {_whole(100 * self.interval[1])}]"
+        return text + (" (one seed)" if self.n == 1 else "")
+
+
+def _whole(x: float) -> str:
+    """A whole number with a typographic minus, and no "−0" from rounding a small negative one."""
+    text = f"{x:.0f}"
+    return "0" if text == "-0" else text.replace("-", "−")
 
 
 def signed(x: float) -> str:
@@ -712,72 +721,12 @@ def diff(idx: Index, a: str, b: str, pairs: Sequence[str], measure: Measure = an
     return idx.family.lookup(key, lambda: _make_diff(idx, key, measure))
 
 
-def _stat_dict(stat: Stat | None) -> dict[str, Any] | None:
-    if stat is None:
+def described(idx: Index, a: str, b: str, pairs: Sequence[str], measure: Measure = angular) -> Diff | None:
+    """``a − b`` as :func:`diff` makes it, but outside the page's family: its 95 % interval and no verdict
+    (*descriptive*), for a sentence that describes rows rather than tests them; it never enlarges the family."""
+    if not pairs:
         return None
-    return {"mean": stat.mean, "std": stat.std, "seeds": sorted(stat.values)}
-
-
-def _constant(idx: Index, method: str, pair: str) -> float | None:
-    """The constant-prediction error stored with a sanity record (the same data for every seed)."""
-    values = [r.constant_prediction_deg for (m, p, _), r in idx.items() if m == method and p == pair]
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
-
-
-def sanity_summary(records: Iterable[Record | Mapping[str, Any]]) -> dict[str, Any]:
-    """Per pair: in-domain, target-trained, source-only and oracle errors, the domain gap (source-only −
-    in-domain), the gap to a model trained on the target world (source-only − target-trained) and the
-    headroom (source-only − oracle). Stored in ``results.json`` as its ``sanity`` record."""
-    idx = index_records(records)
-    out: dict[str, Any] = {}
-    for pair in pairs_of(idx):
-        ind, src, orc, own = (cell(idx, m, pair) for m in ("in-domain", "source-only", "oracle", "target-trained"))
-        if ind is None and src is None and orc is None and own is None:
-            continue
-        out[pair] = {
-            "in_domain": _stat_dict(ind),
-            "target_trained": _stat_dict(own),
-            "source_only": _stat_dict(src),
-            "oracle": _stat_dict(orc),
-            "domain_gap_deg": src.mean - ind.mean if src and ind else None,
-            "target_gap_deg": src.mean - own.mean if src and own else None,
-            "headroom_deg": src.mean - orc.mean if src and orc else None,
-            "in_domain_constant_deg": _constant(idx, "in-domain", pair),
-            "target_constant_deg": _constant(idx, "source-only", pair),
-        }
-    return out
-
-
-# What the tables read of a record's ``per_person_parts`` (degrees): mean |error| and signed bias per component
-# (records scored since 2026-12-02 also hold each component's mean square, deg²: tta_report.offset_shares).
-PARTS = {
-    "yaw": ("yaw error", lambda q: q["yaw"]),
-    "pitch": ("pitch error", lambda q: q["pitch"]),
-    "yaw_bias": ("yaw bias (abs)", lambda q: abs(q["yaw_bias"])),
-    "pitch_bias": ("pitch bias (abs)", lambda q: abs(q["pitch_bias"])),
-}
-
-
-def part(key: str) -> Measure:
-    """The measure of one part of the error (``PARTS[key]``): the mean over persons and the persons' values;
-    not available for records without parts (scored before they were measured)."""
-    title, get = PARTS[key]
-
-    def read(record: Record) -> tuple[float | None, dict[str, float]]:
-        values = {person: get(q) for person, q in (record.per_person_parts or {}).items()}
-        return (statistics.fmean(values.values()) if values else None), values
-
-    return Measure(title, read)
-
-
-def part_gap(first: str, second: str) -> Measure:
-    """Part ``first`` minus part ``second`` of the error (e.g. pitch error − yaw error), per person and its mean:
-    a difference of rows in this measure is how much more one part changed than the other."""
-    get_first, get_second = PARTS[first][1], PARTS[second][1]
-
-    def read(record: Record) -> tuple[float | None, dict[str, float]]:
-        values = {person: get_first(q) - get_second(q) for person, q in (record.per_person_parts or {}).items()}
-        return (statistics.fmean(values.values()) if values else None), values
-
-    return Measure(f"{PARTS[first][0]} − {PARTS[second][0]}", read)
+    made = _make_diff(idx, (a, b, tuple(pairs), measure.name), measure)
+    if made is not None:
+        made.declared = False
+    return made
