@@ -159,7 +159,7 @@ def test_the_report_tables_from_hand_written_records():
     idx = index_records(records)
     offsets = offset_table(idx)
     pct = [Stat({0: 10.0, 1: 20.0}), Stat({0: 25.0, 1: 25.0}), Stat({0: 25.0, 1: 36.0}), Stat({0: 50.0, 1: 39.0})]
-    assert "| E→M | 2 of 3 | 100.00 | " + " | ".join(s.format() for s in pct) + " |" in offsets
+    assert "| E→M | 2 of 3 | 100.00 [100.00, 100.00] | " + " | ".join(s.format() for s in pct) + " |" in offsets
     assert "| E→D | 0 of 3 | — | — | — | — | — |" in offsets
     tta = tta_table(idx)
     assert "| flip-TTA (no training) | 2 | — | " in tta  # a flip-TTA record without passes: its kind's 2
@@ -191,12 +191,13 @@ def test_the_label_free_sentences_rank_rows_of_every_seed_and_name_the_rest():
     em, ed = lines[0], lines[1]
     assert em.startswith(
         "On E→M, of the 3 label-free rows with all 3 seeds, flip×roll TTA (no training) has the lowest mean error "
-        "(9.00°, 6 forward passes per image); flip×roll TTA (no training) − source-only = −1.00° ["
+        "(9.00° [6.52, 11.48], 6 forward passes per image); flip×roll TTA (no training) − source-only = −1.00° ["
     )
     assert "flip×roll TTA (no training) − roll-TTA (no training) (the next) = −0.20° [" in em
     assert em.endswith("Not yet on every seed, so not ranked: RUDA (rotation consistency, whole network).")
     assert (
-        ed.startswith("On E→D, of the 3 label-free rows with all 3 seeds, PnP-GA (") and "(8.00°, 1 forward pass " in ed
+        ed.startswith("On E→D, of the 3 label-free rows with all 3 seeds, PnP-GA (")
+        and "(8.00° [5.52, 10.48], 1 forward pass " in ed
     )
     assert lines[2].startswith(
         "Does a roll see error a flip cannot? Roll-TTA's mean error is below flip-TTA's on 1 of 1"
@@ -215,7 +216,7 @@ def test_the_label_free_sentences_rank_rows_of_every_seed_and_name_the_rest():
     records.append(shifted("group-tta", "G→M", 0, 5.0, kind="group-tta", tta={"passes": 6}))  # no source-only
     lines = label_free_verdicts(index_records(records))
     assert lines[1].startswith("On E→D, of the 5 label-free rows with all 3 seeds, Alfa (shipped default recipe) has")
-    assert "(7.00°, 1 forward pass per image)" in lines[1]
+    assert "(7.00° [4.52, 9.48], 1 forward pass per image)" in lines[1]  # 6, 7, 8 over the seeds
     assert "On G→M no label-free row is ranked (no source-only record): flip×roll TTA (no training)." in lines
     alfa = next(line for line in lines if line.startswith("PnP-GA − Alfa (selected recipe)"))
     assert "E→D −0.50° [−0.50, −0.50]" in alfa

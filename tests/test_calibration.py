@@ -50,7 +50,9 @@ def test_a_results_page_says_which_calibration_condition_fails():
     assert "5 of 9 conditions hold on these records. Failing: E→M: within-target ≤ 0.6 × source-only — " in text
     # beside each failing within-target condition, the real datasets' ratio (4–5° over 8.77°, 5–6.5° over 8.58°)
     assert (
-        "= 0.70 [0.41, 0.80] × source-only on its seeds (seeds 0–2: 8.77) (the real datasets: 0.46–0.57); E→D:" in text
+        "= 0.70 [0.41, 0.80] × source-only on its seeds (seeds 0–2: 8.77 [8.52, 9.02]) (the real datasets: "
+        "0.46–0.57); E→D:"
+        in text
         and "(the real datasets: 0.58–0.76)" in text
     )
     assert text.endswith("; G→D: source-only measured — no source-only rows. A missing row fails its condition.")
@@ -72,12 +74,12 @@ def test_a_row_is_compared_with_source_only_on_its_own_seeds():
         == f"{own:.2f} [−7.11, 18.31] (one seed) = {own / seed0:.2f} (no finite interval: source-only's "
         f"error not "
         f"clear of zero at so few seeds or persons) (one seed) "
-        f"× source-only on its seeds (seed 0: {seed0:.2f})"
+        f"× source-only on its seeds (seed 0: {seed0:.2f} [−4.04, 21.38] (one seed))"
     )  # its interval draws the two persons only: t with one degree of freedom leaves it unbounded
     assert not within.holds  # against the mean of seeds 0–2 (3° higher) the ratio would be 0.50 and pass
     in_domain = checks["E→M", "in-domain below source-only"]
     gap = f"in-domain − source-only −{seed0 - 3.9:.2f} [−{seed0 - 3.9:.2f}, −{seed0 - 3.9:.2f}] (one seed)"
-    measured = f"3.90 [−8.81, 16.61] (one seed) vs {seed0:.2f} on its seeds (seed 0); {gap}"
+    measured = f"3.90 [−8.81, 16.61] (one seed) vs {seed0:.2f} [−4.04, 21.38] (one seed) on its seeds (seed 0); {gap}"
     assert in_domain.measured == measured and in_domain.holds
     records = [r for r in records if not (r["method"] == "source-only" and r["seed"] == 0)]
     lacking = {(c.pair, c.condition): c for c in calibration_checks(records)}[

@@ -266,8 +266,9 @@ def test_sanity_summary_and_sentences(idx):
     assert s["E→D"]["headroom_deg"] == pytest.approx(6.5)
     lines = sanity_verdicts(idx)
     assert lines[0].startswith("In-domain error (the base on held-out source persons) is below the cross-domain")
-    assert "on 2 of 2 pairs (2 clearly; intervals in the table), by 5.50–7.00°" in lines[0]
-    assert "(2 clearly; intervals in the table): headroom 6.50–7.50°" in lines[2]
+    # the smallest and the largest gap, each with its interval (the bootstrap's, as in the sanity table)
+    assert "on 2 of 2 pairs (2 clearly), by +5.50° [4.26, 6.74] (E→D) to +7.00° [4.48, 9.52] (E→M)" in lines[0]
+    assert "(2 clearly): headroom +6.50° [5.26, 7.74] (E→D) to +7.50° [6.27, 8.73] (E→M)" in lines[2]
     # relative to the labels' spread: in-domain 3/12 = 25 % in every seed; cross-domain per seed 9, 10, 11 of 10 and
     # 8, 8.5, 9 of 10: 100 % ± t(0.975, 2) · 10 / √3 = [75, 125] and 85 % ± 4.303 · 5 / √3 = [73, 97]
     assert (
@@ -650,7 +651,8 @@ def test_a_row_of_fewer_seeds_is_set_against_source_only_on_those_seeds():
     text = " ".join(sanity_verdicts(index_records(records)))
     assert "is below the source model on the target's scored persons on 1 of 1 pairs" in text
     assert (
-        "by 3.00° (33 % [26, 46] (one seed) of the source-only error)" in text
+        "on 1 of 1 pairs (not judged: one seed), by +3.00° [3.00, 3.00] (one seed) (33 % [26, 46] (one seed) of the "
+        "source-only error)" in text
     )  # 9 − 6 over 9; against 15 (all seeds) it read 9.00°
 
 

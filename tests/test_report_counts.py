@@ -150,8 +150,14 @@ def test_a_sweep_compares_its_means_on_the_seeds_every_value_has():
     # H=8 (Alfa's default) on seeds 0–2, H=1 on seeds 0–1: on their shared seeds H=1 is 6.5 and H=8 5.5 (over its
     # own three seeds H=8 would read 6.0)
     text = render_report(fixture_results({**MEANS, ("alfa[H=1]", "E→M"): (6.0, 7.0)}))
-    assert "Alfa error (mean over E→M, on seeds 0–1 (those every value has)) by H: H=1: 6.50, H=8: 5.50 deg" in text
-    assert "Alfa error (mean over E→M) by H: H=1: 7.00, H=8: 6.00 deg" in render_report(fixture_results())
+    # each mean with its interval over its two seeds (± t(0.975, 1) · 0.5 = ± 6.35)
+    assert (
+        "Alfa error (mean over E→M, on seeds 0–1 (those every value has)) by H: H=1: 6.50 [0.15, 12.85], "
+        "H=8: 5.50 [−0.85, 11.85] deg" in text
+    )
+    assert "Alfa error (mean over E→M) by H: H=1: 7.00 [4.52, 9.48], H=8: 6.00 [3.52, 8.48] deg" in render_report(
+        fixture_results()
+    )
 
 
 def _summary(text: str) -> str:

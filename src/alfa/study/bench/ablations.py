@@ -164,7 +164,7 @@ class Evidence:
                 on = f", on seeds {spans(common)} (those every value has)"
             else:
                 on = ", each on its own seeds (no seed has every value)"
-        series = ", ".join(f"{setting}={v:g}: {s.mean:.2f}" for v, s in stats)
+        series = ", ".join(f"{setting}={v:g}: {s.format()}" for v, s in stats)
         best = min(stats, key=lambda t: t[1].mean)
         steps = [b[1].mean - a[1].mean for a, b in zip(stats, stats[1:])]
         trend = (

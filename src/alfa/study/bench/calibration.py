@@ -131,7 +131,7 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]], persons: s
             multiple = ratio(idx, (("target-trained", 1.0),), (("source-only", 1.0),), [pair])
             measured = (
                 f"{_interval(own)} = {multiple.times_text(_SOURCE_ONLY_NOT_CLEAR, own.values)} × source-only on its "
-                f"seeds ({_seeds(own)}: {same.mean:.2f})"
+                f"seeds ({_seeds(own)}: {_interval(same)})"
             )
             checks.append(
                 Check(pair, WITHIN_CONDITION, measured, multiple.value is not None and multiple.value <= WITHIN_SHARE)
@@ -143,7 +143,7 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]], persons: s
         elif condition:
             same = cell_covering(idx, "source-only", pair, ind.values)
             below = same is not None and ind.mean < same.mean
-            against = "no source-only row on its seeds" if same is None else f"{same.mean:.2f} on its seeds"
+            against = "no source-only row on its seeds" if same is None else f"{_interval(same)} on its seeds"
             gap = diff(idx, "in-domain", "source-only", [pair]) if same is not None else None
             gap_text = "" if gap is None else f"; in-domain − source-only {gap.compact()}"
             measured = f"{_interval(ind)} vs {against} ({_seeds(ind)}){gap_text}"

@@ -33,6 +33,7 @@ from .stats import (
     diff,
     pairs_of,
     seeds_of,
+    signed,
 )
 
 __all__ = ["main_verdicts", "sanity_verdicts", "parts_verdicts", "ablation_verdicts"]
@@ -226,9 +227,23 @@ def _range(values: Sequence[float], digits: int, unit: str) -> str:
     )
 
 
-def _deg_range(items: Sequence[tuple[str, float, float]]) -> str:
-    """``"0.8–2.1°"``: the range of the differences over ``(pair, difference, reference)`` items."""
-    return _range([d for _, d, _ in items], 2, "°")
+def _with_seeds(d: Diff) -> str:
+    """``"+0.80° [0.31, 1.29]"``, marked *one seed* where it is one seed's."""
+    return f"{signed(d.mean)}° {d.interval_text()}" + (" (one seed)" if d.n == 1 else "")
+
+
+def _deg_range(idx: Index, method: str, items: Sequence[tuple[str, float, float]]) -> str:
+    """``"+0.80° [0.31, 1.29] (E→M) to +2.10° [1.50, 2.70] (S→W)"``: the smallest and the largest difference
+    source-only − ``method`` over the pairs of ``items``, each with its interval (the same comparisons the
+    sentence counts as clear)."""
+    gaps = sorted((d.mean, p, d) for p, _, _ in items if (d := diff(idx, "source-only", method, [p])) is not None)
+    if not gaps:
+        return _range([d for _, d, _ in items], 2, "°")
+    (_, lo_pair, lo), (_, hi_pair, hi) = gaps[0], gaps[-1]
+    if lo_pair == hi_pair:
+        return _with_seeds(lo)
+    low, high = (_with_seeds(d) for d in (lo, hi))
+    return f"{low} ({lo_pair}) to {high} ({hi_pair})"
 
 
 def _share_range(idx: Index, method: str, items: Sequence[tuple[str, float, float]]) -> str:
@@ -260,12 +275,17 @@ def _gap_sentence(
     idx: Index, method: str, items: list[tuple[str, float, float]], subject: str, by: str, missing: str
 ) -> str:
     """ "<subject> on k of n pairs (j clearly), <by> <range> (<share>); <missing> on <pairs>." for the gaps
-    source-only − ``method`` that should be > 0 (each with its interval in the sanity table)."""
+    source-only − ``method`` that should be > 0 (each with its interval in the sanity table; "descriptive" where
+    none of them is in the page's declared family, so none can be clear)."""
     below = [g for g in items if g[1] > 0]
-    clear = sum(bool((d := diff(idx, "source-only", method, [p])) and d.clear) for p, _, _ in below)
-    text = f"{subject} on {len(below)} of {len(items)} pairs ({clear} clearly; intervals in the table)"
+    gaps = [d for p, _, _ in below if (d := diff(idx, "source-only", method, [p])) is not None]
+    if any(d.judged for d in gaps) or not gaps:
+        counted = f"{sum(d.clear for d in gaps)} clearly"
+    else:
+        counted = "not judged: one seed" if all(d.n == 1 for d in gaps) else "descriptive: not in the declared family"
+    text = f"{subject} on {len(below)} of {len(items)} pairs ({counted})"
     if below:
-        text += f"{by}{_deg_range(below)} ({_share_range(idx, method, below)} of the source-only error)"
+        text += f"{by}{_deg_range(idx, method, below)} ({_share_range(idx, method, below)} of the source-only error)"
     if len(below) < len(items):
         text += f"; {missing} in the means on {', '.join(g[0] for g in items if g[1] <= 0)}"
     compared = {g[0] for g in items}

@@ -15,7 +15,6 @@ from alfa.gaze.distill import DISTILL_OBJECTIVE
 from alfa.gaze.tta import ROLL_TTA_DEG, tta_kind
 
 from . import report_prose as prose
-from .markdown import number as _num
 from .markdown import table as _table
 from .methods import TTA_OF_ROW, TTA_ROWS
 from .names import DEFAULT, SELECTED, display_name
@@ -137,7 +136,7 @@ def offset_table(idx: Index) -> str | None:
             [
                 pair,
                 f"{len(measured)} of {len(records)}",
-                _num(statistics.fmean(v["ms"] for v in measured.values())) if measured else "—",
+                Stat({s: v["ms"] for s, v in measured.items()}).format() if measured else "—",
                 _pct_stat(flip),
                 *(_pct_stat({s: v[key] for s, v in measured.items()}) for key in OFFSET_COLUMNS),
             ]
@@ -172,12 +171,13 @@ def _best_label_free(idx: Index, pair: str) -> str | None:
     if not complete:
         why = "no source-only record" if not seeds else f"none has all {len(seeds)} seeds of source-only"
         return f"On {pair} no label-free row is ranked ({why}): {partial}." if rows else None
-    mean = {m: cell_on(idx, m, [pair], seeds).mean for m in complete}
-    ranked = sorted(complete, key=mean.__getitem__)
+    level = {m: cell_on(idx, m, [pair], seeds) for m in complete}
+    ranked = sorted(complete, key=lambda m: level[m].mean)
     best, cost = ranked[0], _passes_of(idx, ranked[0])
     text = (
         f"On {pair}, of the {len(complete)} label-free rows with all {len(seeds)} seeds, {display_name(best)} has "
-        f"the lowest mean error ({_num(mean[best])}°, {cost} forward pass{'' if cost == '1' else 'es'} per image)"
+        f"the lowest mean error ({level[best].format('°')}, {cost} forward pass{'' if cost == '1' else 'es'} per "
+        "image)"
     )
     against = diff(idx, best, "source-only", [pair])
     text += f"; {display_name(best)} − source-only = {against.describe()}" if against else ""
