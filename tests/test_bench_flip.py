@@ -184,7 +184,7 @@ def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it
     assert alfa_row.count("(one seed)") == 4  # the error, its difference, the flip loss and the visible share
     alfa_steps = alfa["per_person_steps"]
     step0 = sum(v[0] for v in alfa_steps.values()) / len(alfa_steps)
-    assert f"On the same images the base before personalization (step 0) scores {step0:.2f}° pooled" in text
+    assert f"On the same images the base before personalization (step 0) scores {step0:.2f}° (one seed) pooled" in text
     base_row = next(line for line in after.splitlines() if line.startswith("| source-only"))
     assert f"| {records['flip-tta|E→M|seed0']['error_deg']:.2f} [" in base_row  # the state before: flip-TTA alone
     document = json.loads(selected_recipes_json(load_results(out), "x"))

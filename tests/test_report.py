@@ -672,3 +672,24 @@ def test_a_pair_whose_source_only_lacks_the_rows_seeds_is_named_not_dropped():
     records += [shifted("target-trained", pair, 2, 6.0) for pair in ("E→M", "E→D")]  # E→M's source-only: no seed 2
     text = " ".join(sanity_verdicts(index_records(records)))
     assert "on 1 of 1 pairs" in text and "; not compared on E→M, where source-only lacks some of its seeds." in text
+
+
+def test_the_replayed_reference_protocol_gives_what_its_selection_adds_with_an_interval_over_seeds():
+    from alfa.study.bench.flip_report import _replay
+
+    records = []
+    for seed, (last, best) in enumerate([(9.0, 7.0), (10.0, 7.5), (11.0, 8.0)]):  # adds 2.0, 2.5, 3.0
+        steps = {f"p{i:02d}": [12.0, best, last] for i in range(3)}  # step 0, the best step, the last step
+        records.append(record("alfa", "E→M", seed, [last] * 3, per_person_steps=steps, reference_protocol_deg=best))
+    table, lines = _replay(index_records(records), ["alfa"])
+    # 2.5 ± t(0.975, 2) · 0.5 / √3 = 2.5 ± 1.24
+    assert "| Alfa | 10.00 [7.52, 12.48] | 10.00 [7.52, 12.48] | 7.50 [6.26, 8.74] | 2.50 [1.26, 3.74] |" in table
+    assert (
+        "reports 2.50° [1.26, 3.74] (Alfa) less error than the last step on the same images over the 1 rows" in lines[0]
+    )
+    assert lines[0].endswith(
+        "; for Alfa 2.50° [1.26, 3.74]. That gain is made by test-label selection, not by any method."
+    )
+    assert lines[1].startswith(
+        "On the same images the base before personalization (step 0) scores 12.00° [12.00, 12.00]"
+    )

@@ -12,7 +12,7 @@ import json
 import math
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import report_prose as prose
@@ -419,9 +419,9 @@ def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
             continue
         honest = pooled(idx, m, pairs)
         last_all = pooled(idx, m, pairs, _step_all_images(-1))
-        infl = last_all.mean - ref.mean if last_all is not None else None
+        infl = _selection_gain(last_all, ref)
         if infl is not None:
-            inflation.append((infl, m))
+            inflation.append((infl.mean, m, infl))
             scored.append((ref, last_all))
         rows.append(
             [
@@ -429,7 +429,7 @@ def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
                 honest.format() if honest else "—",
                 last_all.format() if last_all else "—",
                 ref.format(),
-                _num(infl),
+                _level_text(infl),
             ]
         )
     if not rows:
@@ -443,26 +443,42 @@ def _replay(idx: Index, main: Sequence[str]) -> tuple[str | None, list[str]]:
     ]
     lines = []
     if inflation:
-        lo, hi = min(inflation), max(inflation)
-        alfa = next((x for x, m in inflation if m == "alfa"), None)
+        (_, lo_row, lo), (_, hi_row, hi) = min(inflation), max(inflation)
+        alfa = next((x for _, m, x in inflation if m == "alfa"), None)
         text = (
             f"Replaying the reference protocol (per person the best of steps 0…{_steps(idx)} chosen with its labels) "
-            f"reports {_num(lo[0])}–{_num(hi[0])}° less error than the last step on the same images over the "
-            f"{len(inflation)} rows replayed ({_name(lo[1])} to {_name(hi[1])}; means over seeds)"
+            f"reports {_from_to(lo, lo_row, hi, hi_row)} less error than the last step on the same images over "
+            f"the {len(inflation)} rows replayed (means over seeds, each with its 95 % interval)"
         )
         if alfa is not None:
-            text += f"; for Alfa {_num(alfa)}°"
+            text += f"; for Alfa {alfa.format('°')}"
         lines.append(text + ". That gain is made by test-label selection, not by any method.")
     base = pooled(idx, "alfa", pairs, _step_all_images(0))
     if base is not None and scored:
         by_ref = sum(ref.mean < base.mean for ref, _ in scored)
         by_last = sum(last.mean < base.mean for _, last in scored)
         lines.append(
-            f"On the same images the base before personalization (step 0) scores {_num(base.mean)}° pooled; the "
+            f"On the same images the base before personalization (step 0) scores {base.format('°')} pooled; the "
             f"reference protocol puts the mean error of {by_ref} of the {len(scored)} rows replayed below it, the "
             f"honest last step {by_last}."
         )
     return _table(header, rows), lines
+
+
+def _from_to(lo: Stat, lo_row: str, hi: Stat, hi_row: str) -> str:
+    """``"from 0.10° [..] (a) to 2.00° [..] (b)"``; one row's alone where both ends are its."""
+    if lo_row == hi_row:
+        return f"{lo.format('°')} ({_name(lo_row)})"
+    return f"from {lo.format('°')} ({_name(lo_row)}) to {hi.format('°')} ({_name(hi_row)})"
+
+
+def _selection_gain(last: Stat | None, selected: Stat) -> Stat | None:
+    """Per seed, the last step's error less the reference protocol's (both on all images): what its test-label
+    selection of a step per person takes off; ``None`` without a seed both have."""
+    if last is None:
+        return None
+    gain = {s: last.values[s] - selected.values[s] for s in sorted(last.values.keys() & selected.values.keys())}
+    return Stat(gain) if gain else None
 
 
 def _steps(idx: Index) -> str:
@@ -470,9 +486,10 @@ def _steps(idx: Index) -> str:
     return "/".join(map(str, sorted(counts))) or "?"
 
 
-def _mean_text(values: Iterable[float | None]) -> str:
-    vals = [v for v in values if v is not None]
-    return _num(statistics.fmean(vals)) if vals else "—"
+def _over_seeds(records: Iterable[Record], value: Callable[[Record], float | None]) -> str:
+    """The mean over the records' seeds of ``value`` with its 95 % interval (``—`` where none has it)."""
+    values = {r.seed: float(v) for r in records if (v := value(r)) is not None}
+    return Stat(values).format() if values else "—"
 
 
 def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -491,9 +508,9 @@ def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> t
             _name(method),
             source,
             "; ".join(f"{label} ({n}×)" for label, n in chosen.most_common()),
-            _mean_text(r.source_only_deg for r in recs),
-            _mean_text(r.paper_recipe_deg for r in recs),
-            _mean_text(r.error_deg for r in recs),
+            _over_seeds(recs, lambda r: r.source_only_deg),
+            _over_seeds(recs, lambda r: r.paper_recipe_deg),
+            _over_seeds(recs, lambda r: r.error_deg),
         ]
         if cases:
             row.append("; ".join(f"{c} ({n}×)" for c, n in Counter(r.selection_case or "—" for r in recs).items()))
