@@ -242,8 +242,11 @@ def test_a_pair_ranked_on_a_rows_own_seeds_says_them_as_a_range():
 def test_the_per_person_table_names_each_rows_seeds_as_table1_does():
     table = person_table(index_records(fixture_results(UNEVEN_SEEDS)["records"]))
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()}
-    assert rows["method"].startswith("| method | seeds | std over persons (mean over records) |")
-    assert rows["source-only (truncated base)"].startswith("| source-only (truncated base) | 0–2 | ")
+    assert rows["method"].startswith(
+        "| method | seeds | std over persons (per seed the mean over its records; mean over seeds, 95 % interval) |"
+    )
+    # every record's persons are its mean −1, +0, +1: a population std of √(2/3) in every seed, so no spread
+    assert rows["source-only (truncated base)"].startswith("| source-only (truncated base) | 0–2 | 0.82 [0.82, 0.82] |")
     assert rows["Alfa"].startswith("| Alfa | 0–2 | ") and "(seeds" not in rows["Alfa"]
     # LoRA's records are on 0–3; the persons it helps are counted on the 0–2 it shares with source-only, named:
     # the fixture's same 3 persons in every seed, on 2 pairs, every one of them better
@@ -267,3 +270,18 @@ def test_a_first_protocol_page_says_its_runs_standard_is_todays_first_standard_o
     for command, renamed in (("alfa bench --standard --seeds 0", True), ("alfa bench --first-standard", False)):
         results["runs"] = [dict(run, command=command)]
         assert ("`alfa bench --first-standard` runs today" in render_report(results)) is renamed
+
+
+def test_the_source_models_table_gives_each_source_its_mean_over_seeds_with_an_interval():
+    from alfa.study.bench.report_tables import source_table
+
+    def model(dense, tpgaze=None):
+        out = {"truncation": {"errors": {"before_truncation": dense, "after_truncation": dense + 2.0}}}
+        return {**out, "tpgaze_meta": {"final_val_error": tpgaze}} if tpgaze else out
+
+    sources = {"E|seed0": model(5.0, 9.0), "E|seed1": model(6.0), "E|seed2": model(7.0), "G|seed0": model(4.0)}
+    table = source_table(sources)
+    assert "| E, seed 1 | 6.00 | 8.00 | — | — | — |" in table
+    # 6 ± t(0.975, 2) · 1 / √3; TPGaze's prompts on one seed only, and G's single model: no mean row
+    assert "| E, mean over seeds 0–2 | 6.00 [3.52, 8.48] | 8.00 [5.52, 10.48] | — | — | — |" in table
+    assert "G, mean over" not in table

@@ -87,7 +87,10 @@ PERSON_COUNT_WORDS = {
 
 # ----------------------------------------------------------------------------- protocol
 
-SOURCE_MODELS_INTRO = "Error (deg) of each source model on its held-out source persons (all their images), as built."
+SOURCE_MODELS_INTRO = (
+    "Error (deg) of each source model on its held-out source persons (all their images), as built; per source with "
+    "several seeds, the mean over its models with its 95 % interval (its models a sample of its training runs)."
+)
 
 PROTOCOL_BULLETS: dict[str, tuple[str, ...]] = {
     "preset": (

@@ -168,7 +168,10 @@ def person_table(idx: Index) -> str:
         recs = records_of(idx, m)
         if not recs:
             continue
-        spread = statistics.fmean(_or_zero(r.std_over_persons) for r in recs)
+        by_seed: dict[int, list[float]] = {}
+        for r in recs:
+            by_seed.setdefault(r.seed, []).append(_or_zero(r.std_over_persons))
+        spread = Stat({s: statistics.fmean(v) for s, v in sorted(by_seed.items())})  # per seed, over its records
         worst = max(max(r.per_person.values()) for r in recs if r.per_person)
         seeds, usual = _row_seeds(idx, m, pairs)
         d = diff(idx, m, "source-only", pairs) if m != "source-only" else None
@@ -177,11 +180,11 @@ def person_table(idx: Index) -> str:
         changes = _person_changes(idx, m) if m != "source-only" else []
         worst_change = signed(max(changes)) if changes else "—"
         best_change = signed(min(changes)) if changes else "—"
-        rows.append([_name(m), seeds, f"{spread:.2f}", f"{worst:.2f}", helped, best_change, worst_change])
+        rows.append([_name(m), seeds, spread.format(), f"{worst:.2f}", helped, best_change, worst_change])
     header = [
         "method",
         "seeds",
-        "std over persons (mean over records)",
+        "std over persons (per seed the mean over its records; mean over seeds, 95 % interval)",
         "worst person",
         "persons better than source-only (distinct)",
         "best person change",
@@ -463,23 +466,30 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
 
 def source_table(sources: dict[str, dict[str, Any]]) -> str:
     """Per (source, seed) model: its held-out error dense, truncated, recovered and with TPGaze's prompts, and
-    the training time it recorded."""
+    the training time it recorded; per source with several seeds, the mean over them with its 95 % interval."""
     rows = []
+    by_source: dict[str, dict[int, list[float | None]]] = {}
     for key in sorted(sources):
         s = sources[key]
         e = (s.get("truncation") or {}).get("errors") or {}
         tp = s.get("tpgaze_meta") or {}
         source, _, seed = key.partition("|")
+        errors = [e.get("before_truncation"), e.get("after_truncation"), e.get("after_recovery")]
+        errors.append(tp.get("final_val_error"))
+        if seed.removeprefix("seed").isdigit():  # the runner's "<source>|seed<n>"
+            by_source.setdefault(source, {})[int(seed.removeprefix("seed"))] = errors
         rows.append(
             [
                 f"{source}, {seed.replace('seed', 'seed ')}",
-                _num(e.get("before_truncation")),
-                _num(e.get("after_truncation")),
-                _num(e.get("after_recovery")),
-                _num(tp.get("final_val_error")),
+                *(_num(x) for x in errors),
                 f"{s['recorded_train_seconds'] / 60:.1f}" if s.get("recorded_train_seconds") else "—",
             ]
         )
+    for source, seeds in by_source.items():  # each source's models as a sample of its training runs
+        if len(seeds) > 1:
+            columns = [{s: v[k] for s, v in seeds.items() if v[k] is not None} for k in range(4)]
+            cells = [Stat(c).format() if len(c) > 1 else "—" for c in columns]
+            rows.append([f"{source}, mean over seeds {spans(sorted(seeds))}", *cells, "—"])
     return _table(
         [
             "source, seed",
