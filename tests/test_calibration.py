@@ -120,10 +120,17 @@ def test_without_a_record_the_page_says_the_worlds_are_a_candidate():
     }
     page = calibration_page([scout], None, data="d", command="c")
     assert "Not measured yet" in page and "calibrated." not in page
-    assert "| M-v2 | mpii-v2 (train) | cosine, 12 | 9.0, 7.5, 5.5, 3.5 | mpii-v2 | 4.50 | not kept |" in page
+    assert (
+        "| M-v2 | mpii-v2 (train) | cosine, 12 | 9.0, 7.5, 5.5, 3.5 | mpii-v2 | 4.50 (persons not kept) | not kept |"
+        in page
+    )
     scout["mean_bias_deg"] = {"synthetic:mpii-v2?size=64": [0.25, -3.5]}
     page = calibration_page([scout], None, data="d", command="c")
-    assert "| mpii-v2 | 4.50 | +0.25, -3.50 |" in page
+    assert "| mpii-v2 | 4.50 (persons not kept) | +0.25, -3.50 |" in page
+    # a later scout keeps its persons' errors: its error gets their t-interval (4.5 ± 4.303 · 1 / √3)
+    scout["person_error_deg"] = {"synthetic:mpii-v2?size=64": {"p0": 3.5, "p1": 4.5, "p2": 5.5}}
+    page = calibration_page([scout], None, data="d", command="c")
+    assert "| mpii-v2 | 4.50 [2.02, 6.98] | +0.25, -3.50 |" in page
 
 
 def test_the_variant_table_pairs_each_variant_with_the_first_over_the_same_persons():
@@ -149,10 +156,11 @@ def test_the_variant_table_pairs_each_variant_with_the_first_over_the_same_perso
         },
     }
     page = calibration_page([], None, data="d", command="c", variants=[run])
-    assert "| E-on-M | mpii-v2 | as-is | (as registered) | 9.00 |  | +0.10, -4.00 |" in page
-    assert "| webcam | `render_scale` = 0.8 | 10.00 | +1.00 [+1.00, +1.00] | +0.10, -4.50 |" in page
+    # each variant's error with its t-interval over the three persons: 9 ± 4.303 · 1 / √3
+    assert "| E-on-M | mpii-v2 | as-is | (as registered) | 9.00 [6.52, 11.48] |  | +0.10, -4.00 |" in page
+    assert "| webcam | `render_scale` = 0.8 | 10.00 [7.52, 12.48] | +1.00 [+1.00, +1.00] | +0.10, -4.50 |" in page
     # differences -1, 0, +1: sd 1, t(0.975, 2) = 4.303, half-width 4.303 / sqrt(3) = 2.48
-    assert "`label_origin_pitch_deg` = 6.0; `blur` = (0.4, 0.7) | 9.00 | +0.00 [-2.48, +2.48] |" in page
+    assert "`label_origin_pitch_deg` = 6.0; `blur` = (0.4, 0.7) | 9.00 [4.03, 13.97] | +0.00 [-2.48, +2.48] |" in page
     assert "Target settings scored" not in calibration_page([], None, data="d", command="c")
 
 

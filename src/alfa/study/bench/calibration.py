@@ -214,7 +214,7 @@ def scout_table(scouts: Sequence[Mapping[str, Any]]) -> list[str]:
     """The scouting runs (``scripts/scout_worlds.py``): one row per (run, scored world)."""
     lines = [
         "| scout | trained on (persons × images) | schedule, epochs | validation error, epochs 1, 4, 8, last "
-        "| scored on | error | mean signed error (yaw, pitch) |",
+        "| scored on | error [95 % t-interval over persons] | mean signed error (yaw, pitch) |",
         "|---|---|---|---|---|---|---|",
     ]
     for scout in sorted(scouts, key=lambda s: s["name"]):
@@ -233,7 +233,9 @@ def scout_table(scouts: Sequence[Mapping[str, Any]]) -> list[str]:
             )
             bias = scout.get("mean_bias_deg", {}).get(spec)  # scouts before 2026-12-02 did not keep it
             signed = f"{bias[0]:+.2f}, {bias[1]:+.2f}" if bias else "not kept"
-            cells = [*head, shown if first else "", _world_of(spec), f"{error:.2f}", signed]
+            persons = scout.get("person_error_deg", {}).get(spec)  # kept by the later scouts only
+            scored = _over_persons(persons) if persons else f"{error:.2f} (persons not kept)"
+            cells = [*head, shown if first else "", _world_of(spec), scored, signed]
             lines.append("| " + " | ".join(cells) + " |")
             first = False
     return lines
@@ -243,8 +245,8 @@ def variant_table(variants: Sequence[Mapping[str, Any]]) -> list[str]:
     """Settings of a target world scored with one source model (``scripts/score_variants.py``): one row per
     (run, variant), with the error's change against the run's first variant, paired over its persons."""
     lines = [
-        "| run | scored on | variant | settings changed | error | against the first [95 % t-interval over "
-        "persons] | mean signed error (yaw, pitch) |",
+        "| run | scored on | variant | settings changed | error [95 % t-interval over persons] | against the first "
+        "[95 % t-interval over persons] | mean signed error (yaw, pitch) |",
         "|---|---|---|---|---|---|---|",
     ]
     for run in sorted(variants, key=lambda v: v["name"]):
@@ -255,9 +257,16 @@ def variant_table(variants: Sequence[Mapping[str, Any]]) -> list[str]:
             change = "" if i == 0 else _paired_change(v["person_error_deg"], reference)
             bias = v["mean_bias_deg"]
             head = [run["name"], _world_of(run["spec"])] if i == 0 else ["", ""]
-            cells = [*head, label, settings, f"{v['mean_error_deg']:.2f}", change, f"{bias[0]:+.2f}, {bias[1]:+.2f}"]
+            scored = _over_persons(v["person_error_deg"])
+            cells = [*head, label, settings, scored, change, f"{bias[0]:+.2f}, {bias[1]:+.2f}"]
             lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _over_persons(errors: Mapping[str, float]) -> str:
+    """One model's mean error over its scored persons with the t-interval over them (one model: its training
+    run's own variation is not in it)."""
+    return Stat(dict(enumerate(errors.values()))).format()
 
 
 def _paired_change(errors: Mapping[str, float], reference: Mapping[str, float]) -> str:
