@@ -98,6 +98,9 @@ def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path
     shown = json.dumps(plotted, ensure_ascii=False)
     assert "E→M" in shown and "E→D" in shown and "affine random" in shown
     assert "affine spread" not in shown  # only k = 9 of it: no line of seeds yet
+    # each point carries its interval over seeds as a bar (the seeds differ by 0.1°: bars of nonzero length)
+    bars = [path for ax in plotted["axes"] for c in ax["collections"] for path in c.get("paths", [])]
+    assert bars and any(abs(path[0][1] - path[-1][1]) > 0 for path in bars)
 
 
 def test_the_criteria_read_seeds_0_to_2_and_the_replicate_seeds_get_a_table_of_their_own():

@@ -450,6 +450,13 @@ def _costs_table(idx: Index) -> list[str]:
     return lines
 
 
+def _half_width(stat: Stat) -> float:
+    """The half-width of a mean's 95 % interval over seeds (0 with one seed: no bar, its interval being over persons
+    only, and the table marks it)."""
+    interval = stat.interval if stat.n > 1 else None
+    return 0.0 if interval is None else interval[1] - stat.mean
+
+
 def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
     from alfa.study.plotted import save_figure
 
@@ -467,10 +474,11 @@ def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
                 seeds = _seeds(idx, [_cal(method, k, draw) for k in ks], [pair])  # seeds with the whole line
                 base = cell_on(idx, "source-only", [pair], seeds)
                 points = [(0, base)] + [(k, cell_on(idx, _cal(method, k, draw), [pair], seeds)) for k in ks]
-                points = [(x, s.mean) for x, s in points if s is not None]
+                points = [(x, s.mean, _half_width(s)) for x, s in points if s is not None]
                 if len(points) > 1:
                     style = "-" if draw == "random" else "--"
-                    ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=f"{method} {draw}")
+                    xs_, ys_, errs = zip(*points)
+                    ax.errorbar(xs_, ys_, yerr=errs, ls=style, marker="o", capsize=2, label=f"{method} {draw}")
         for row, style in (("flip-tta", ":"), ("oracle", "-.")):
             s = cell(idx, row, pair)
             if s is not None:
@@ -479,7 +487,7 @@ def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_title(pair)
         ax.set_xlabel("labelled images k")
-    axes[0][0].set_ylabel("angular error (°), mean over seeds")
+    axes[0][0].set_ylabel("error (°): mean over seeds, 95 % int.")
     axes[0][-1].legend(fontsize=6)
     fig.suptitle("User calibration: error against the number of labelled images per person", fontsize=9)
     fig.tight_layout()
