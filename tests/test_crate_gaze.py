@@ -194,3 +194,12 @@ def test_each_difference_on_the_page_has_a_paired_interval_over_persons():
     shifted = {"per_person": {p: v + 5.0 for p, v in b["per_person"].items()}}
     assert _versus(a, shifted, ("A", "B")).endswith("A clearly lower")
     assert _paired(a, {"per_person": {"p0": 1.0}}) is None
+
+
+def test_an_error_cell_is_the_mean_over_persons_with_their_t_interval():
+    from alfa.study.crate.gaze_report import _pm
+
+    # 10 ± t(0.975, 2) · 1 / √3 over three persons; without the persons, the mean alone; no value, "-"
+    assert _pm({"mean": 10.0, "per_person": {"a": 9.0, "b": 10.0, "c": 11.0}}) == "10.00 [7.52, 12.48]"
+    assert _pm({"mean": 10.0, "std": 1.0}) == "10.00"
+    assert _pm(None) == "-" and _pm({"mean": float("nan")}) == "-"

@@ -13,6 +13,7 @@ from typing import Any
 from ...gaze.tdist import t_quantile
 from ..plotted import save_figure
 from .gaze_config import LABELS, MODELS, late_blocks_pattern
+from .toy import format_interval, interval
 
 __all__ = ["plot_gaze_probes", "format_summary", "format_markdown"]
 
@@ -72,9 +73,15 @@ def plot_gaze_probes(
 
 
 def _pm(entry: dict[str, Any] | None) -> str:
+    """A model's mean error over persons with its 95 % t-interval over them (one seed: the training run's own
+    variation is not in it); the mean alone where the persons were not kept."""
     if not entry or entry.get("mean") is None or not math.isfinite(entry["mean"]):
         return "-"
-    return f"{entry['mean']:.2f} ± {entry['std']:.2f}"
+    persons = list((entry.get("per_person") or {}).values())
+    if len(persons) < 2:
+        return f"{entry['mean']:.2f}"
+    _, low, high = interval(persons)
+    return format_interval(entry["mean"], low, high, ".2f")
 
 
 def _rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -127,7 +134,7 @@ def format_summary(results: dict[str, Any]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
 
     lines = [
-        "angular error (deg), mean ± std over persons; cross-domain: images after the first "
+        "angular error (deg), mean over persons [95 % t-interval over them]; cross-domain: images after the first "
         f"{results['config']['personalize']['n_adapt']} of each person",
         fmt(header),
         "  ".join("-" * w for w in widths),
@@ -179,17 +186,17 @@ def _findings(results: dict[str, Any]) -> list[str]:
     errors = results["errors"]
     ((val_name, in_domain),) = errors["in_domain"].items()
     lines = []
-    c, v, k = in_domain["crate"]["mean"], in_domain["vit"]["mean"], in_domain["constant"]["mean"]
+    c, v, k = (_pm(in_domain[m]) for m in ("crate", "vit", "constant"))
     lines.append(
-        f"In-domain ({val_name}): CRATE {c:.2f}, ViT {v:.2f}, constant {k:.2f} deg; "
+        f"In-domain ({val_name}): CRATE {c}, ViT {v}, constant {k} deg; "
         + _versus(in_domain["crate"], in_domain["vit"], ("CRATE", "ViT"))
         + "."
     )
     for target, cols in errors["cross_domain"].items():
-        c, v, k = cols["crate"]["mean"], cols["vit"]["mean"], cols["constant"]["mean"]
+        c, v, k = (_pm(cols[m]) for m in ("crate", "vit", "constant"))
         against = "; ".join(_versus(cols[m], cols["constant"], (LABELS[m], "constant")) for m in MODELS)
         lines.append(
-            f"Cross-domain ({target}): CRATE {c:.2f}, ViT {v:.2f}, constant {k:.2f} deg; "
+            f"Cross-domain ({target}): CRATE {c}, ViT {v}, constant {k} deg; "
             + _versus(cols["crate"], cols["vit"], ("CRATE", "ViT"))
             + f"; {against}."
         )
@@ -197,16 +204,16 @@ def _findings(results: dict[str, Any]) -> list[str]:
     e = t["in_domain_error"]
     lines.append(
         f"Truncation at rank {t['rank']} ({t['factorized_layers']} layers): {t['parameters_dense']:,} -> "
-        f"{t['parameters_truncated']:,} parameters; in-domain {e['before_truncation']:.2f} -> "
-        f"{e['after_truncation']:.2f} deg, {e['after_recovery']:.2f} after {t['recovery_epochs']} recovery epoch(s); "
+        f"{t['parameters_truncated']:,} parameters; in-domain {_pm(in_domain['crate'])} -> "
+        f"{e['after_truncation']:.2f} deg (its persons not kept), {_pm(t['in_domain_after_recovery'])} after "
+        f"{t['recovery_epochs']} recovery epoch(s); "
         + _versus(t["in_domain_after_recovery"], in_domain["crate"], ("recovered", "dense"))
         + "."
     )
     for target, p in results["alfa"]["personalization"].items():
-        b, a = p["truncated"]["mean"], p["alfa"]["mean"]
         cols = errors["cross_domain"][target]
         lines.append(
-            f"Alfa on {target}: {b:.2f} -> {a:.2f} deg; "
+            f"Alfa on {target}: {_pm(cols['crate_truncated'])} -> {_pm(cols['crate_alfa'])} deg; "
             + _versus(cols["crate_alfa"], cols["crate_truncated"], ("Alfa", "truncated"))
             + f"; lower for {p['improved']} of {p['compared']} persons"
             + (f"; {len(p['failed'])} failed." if p["failed"] else ".")
@@ -308,8 +315,8 @@ def _markdown_setup(results: dict[str, Any]) -> list[str]:
         f"at lr {recipe['lr']:g}, ×{cfg['late_blocks_lr_scale']:g} on the later half of the blocks "
         f"(`{late_blocks_pattern(cfg['depth'])}`; ResNet-18's layer3/layer4 rule carried over); the last step is "
         "the result. Nothing is chosen on target labels.",
-        "- **Errors**: angular error in degrees per person, then mean ± standard deviation over persons "
-        "(population std). The constant row always predicts the mean gaze of the source training labels.",
+        "- **Errors**: angular error in degrees per person, then the mean over persons with its 95 % t-interval "
+        "over them. The constant row always predicts the mean gaze of the source training labels.",
         "",
     ]
 
@@ -400,7 +407,9 @@ def _markdown_limits_and_rerun(results: dict[str, Any], command: str) -> list[st
         f"- Both models are trained from scratch for {cfg['epochs']} epoch(s) on {data['source']['images']:,} "
         f"{cfg['image_size']}-pixel faces with a constant learning rate: a short budget. Differences between CRATE "
         "and ViT here are differences after that budget, not of the architectures at convergence.",
-        "- One seed: no spread over seeds is measured; the ± is the spread over persons only.",
+        "- One seed: no spread over seeds is measured; the errors' intervals are over persons only, so a training "
+        "run's own variation is not in them. The probes' ± is the spread over their images (four per person, not "
+        "independent draws), a description of the images, not an interval.",
         "- The data are procedural faces (`docs/synthetic.md`), not the paper's datasets.",
         "",
         "## Re-running",
