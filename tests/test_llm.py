@@ -265,3 +265,12 @@ def test_the_declared_protocol_is_the_standard_config():
         f"confident a round ({adapt.decode_steps} rounds)",
     ):
         assert phrase in text, phrase
+
+
+def test_an_exact_match_share_gets_wilsons_interval_which_does_not_collapse_at_zero():
+    from alfa.study.llm.report import _share_of
+
+    # 0 of 60: the upper end z² / (n + z²) = 3.84 / 63.84; 2 of 60 (the pretraining probe's 3.3 %)
+    assert _share_of(0.0, 60) == "0.0 [0.0, 6.0] %"
+    assert _share_of(2 / 60, 60) == "3.3 [0.9, 11.4] %"
+    assert _share_of(1.0, 60) == "100.0 [94.0, 100.0] %"

@@ -300,8 +300,8 @@ def _cost_table(result: dict[str, Any]) -> list[str]:
 
 def _selection_table(result: dict[str, Any]) -> list[str]:
     lines = [
-        "| method | rate | validation exact-match (mean of tasks, seed 0) | selected | test answer loss, seed 0 "
-        "(not used to select) |",
+        "| method | rate | validation exact-match (mean of tasks, seed 0; Wilson's 95 % interval) | "
+        "selected | test answer loss, seed 0 (not used to select; 95 % interval over problems) |",
         "| --- | ---: | ---: | --- | ---: |",
     ]
     first = result["config"]["seeds"][0]
@@ -309,11 +309,13 @@ def _selection_table(result: dict[str, Any]) -> list[str]:
     counts: dict[str, int] = {}
     for method in ORDER[1:]:
         for run in [r for r in result["runs"] if r["method"] == method and r["seed"] == first and "val" in r["scores"]]:
-            val = np.mean([np.mean(v) for v in run["scores"]["val"].values()])
+            # every task has as many problems, so the mean over all of them is the mean of the tasks' means
+            val = np.concatenate([np.asarray(v, dtype=float) for v in run["scores"]["val"].values()])
             chosen = "yes" if run["lr"] == result["selected_rates"].get(method) else ""
-            loss = np.mean([np.mean(v) for v in run["answer_loss"].values()]) if "answer_loss" in run else math.nan
-            lines.append(f"| {NAMES[method]} | {run['lr']:g} | {100 * val:.1f} | {chosen} | {loss:.3f} |")
-            values.setdefault(method, set()).add(round(float(val), 9))
+            losses = [np.asarray(v, dtype=float) for v in run.get("answer_loss", {}).values()]
+            loss = interval(np.concatenate(losses)).text(1.0, False, 3) if losses else "nan"
+            lines.append(f"| {NAMES[method]} | {run['lr']:g} | {_share_of(val.mean(), val.size)} | {chosen} | {loss} |")
+            values.setdefault(method, set()).add(round(float(val.mean()), 9))
             counts[method] = counts.get(method, 0) + 1
     grids = result["config"]["grids"]
     tied = [NAMES[m] for m, v in values.items() if len(v) == 1 and counts[m] == len(grids.get(m, ())) > 1]
@@ -331,7 +333,7 @@ def _answer(result: dict[str, Any], verdicts: dict[str, str]) -> list[str]:
     step, paired = step_ratio(result, "alfa")
     # a record timed before the rounds were kept: the ratio of medians, said to be without its interval
     core = "one CPU core" if paired is not None else "one CPU core (no interval: re-time)"
-    mean = {m: interval(_per_problem(method_runs(result, m), None)).mean * 100 for m in ("alfa", "lora", "dora")}
+    mean = {m: interval(_per_problem(method_runs(result, m), None)).text() for m in ("alfa", "lora", "dora")}
     claim = verdicts["lora"] in ("matches", "beats") and verdicts["dora"] in ("matches", "beats")
     base = method_runs(result, "base")
     gains = [interval(_per_problem(method_runs(result, m), None) - _per_problem(base, None)) for m in ("lora", "dora")]
@@ -351,8 +353,9 @@ def _answer(result: dict[str, Any], verdicts: dict[str, str]) -> list[str]:
     loss_line = f" On the graded measure, Alfa's answer loss is {' and '.join(graded)}." if graded else ""
     return [
         f"{head} By the rule declared below, Alfa {verdicts['lora']} LoRA and "
-        f"{verdicts['dora']} DoRA (mean exact-match over the three tasks: Alfa {mean['alfa']:.1f} %, LoRA "
-        f"{mean['lora']:.1f} %, DoRA {mean['dora']:.1f} %), with {alfa[0]['trainable']:,} trainable parameters, "
+        f"{verdicts['dora']} DoRA (mean exact-match over the three tasks, %, 95 % interval over problems: Alfa "
+        f"{mean['alfa']}, LoRA {mean['lora']}, DoRA {mean['dora']}), with {alfa[0]['trainable']:,} trainable "
+        "parameters, "
         f"{fewer:.2f}× LoRA's {lora[0]['trainable']:,}, and a training step {step}× LoRA's on {core}." + loss_line,
         "",
         f"This is a {result['base_parameters']:,}-parameter model pretrained for minutes on generated tasks, not "
@@ -363,13 +366,26 @@ def _answer(result: dict[str, Any], verdicts: dict[str, str]) -> list[str]:
     ]
 
 
+Z_95 = 1.959963984540054
+"""The standard normal's 97.5 % quantile."""
+
+
+def _share_of(share: float, problems: int) -> str:
+    """An exact-match share of ``problems`` problems in percent with Wilson's 95 % score interval: a t-interval of
+    0/1 answers collapses to a point at 0 or 100 %, where the share most needs an upper (or lower) bound."""
+    z2 = Z_95 * Z_95 / problems
+    centre = (share + z2 / 2) / (1 + z2)
+    half = Z_95 * math.sqrt(share * (1 - share) / problems + z2 / (4 * problems)) / (1 + z2)
+    return f"{100 * share:.1f} [{100 * max(centre - half, 0.0):.1f}, {100 * min(centre + half, 1.0):.1f}] %"
+
+
 def _pretraining(result: dict[str, Any]) -> list[str]:
     pre, config = result["pretraining"], result["config"]["pretrain"]
     model = config["model"]
     probe = pre.get("probe", {})
     rows = ["| format | " + " | ".join(TASKS) + " |", "|" + " --- |" * (len(TASKS) + 1)]
     for form, scores in probe.items():
-        rows.append(f"| {form} | " + " | ".join(f"{100 * scores[t]:.1f} %" for t in TASKS) + " |")
+        rows.append(f"| {form} | " + " | ".join(_share_of(scores[t], config["probe_problems"]) for t in TASKS) + " |")
     last = pre["losses"][-1][1] if pre.get("losses") else math.nan
     return [
         f"The base model: {result['base_parameters']:,} parameters (hidden {model['hidden']}, {model['layers']} "
@@ -377,7 +393,8 @@ def _pretraining(result: dict[str, Any]) -> list[str]:
         f"pretrained for {config['steps']:,} steps of {config['batch']} problems in the pretraining formats "
         f"(rate {config['lr']:g}, seed {config['seed']}, {pre['seconds'] / 60:.1f} minutes of training on one "
         f"core; last logged loss {last:.3f}; weights digest `{result['pretrain_digest']}`). Its exact-match on "
-        f"{config['probe_problems']} fresh problems a task, in each format, before any adaptation:",
+        f"{config['probe_problems']} fresh problems a task, in each format, before any adaptation (Wilson's 95 % "
+        "interval):",
         "",
         *rows,
     ]
