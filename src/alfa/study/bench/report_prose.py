@@ -417,8 +417,9 @@ ABLATION_FIGURE_CAPTION = (
 )
 
 COSTS_INTRO = (
-    "Medians over the records of each method (peak memory: the maximum). Measured in the benchmark run itself, on "
-    "a shared machine: wall times depend on the load (see Runs), CPU times less so."
+    "Medians over the records of each method, times with a distribution-free 95 % interval from six records up "
+    "(peak memory: the maximum). Measured in the benchmark run itself, on a shared machine: wall times depend on "
+    "the load (see Runs), CPU times less so."
 )
 
 RANK_SLICES_CAPTION = (

@@ -13,6 +13,7 @@ from alfa.adapters import METHODS
 from alfa.gaze.distill import DISTILL_OBJECTIVE
 from alfa.gaze.pnpga import PUBLISHED as PNPGA_PUBLISHED
 
+from ..timing import median_cell
 from .flip_report import table_rows
 from .markdown import number as _num
 from .markdown import seeds_note, spans, usual_seeds
@@ -93,6 +94,13 @@ def _or_zero(x: float | None) -> float:
 def _median(values: Iterable[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
+
+
+def _median_text(values: Iterable[float | None], digits: int) -> str:
+    """The median over records with its distribution-free 95 % interval (:func:`alfa.study.timing.median_cell`;
+    the median alone under six records, ``—`` for none)."""
+    kept = [float(v) for v in values if v is not None]
+    return median_cell(kept, statistics.median(kept), digits) if kept else "—"
 
 
 def records_of(idx: Index, method: str) -> list[Record]:
@@ -337,7 +345,6 @@ def cost_table(idx: Index, labels: Sequence[str]) -> str:
         if not recs:
             continue
         r = recs[0]
-        lat, base_lat = _median(x.latency_ms for x in recs), _median(x.base_latency_ms for x in recs)
         peak = [x.peak_rss_mib for x in recs if x.peak_rss_mib is not None]
         inc = [x.peak_rss_increase_mib for x in recs if x.peak_rss_increase_mib is not None]
         rows.append(
@@ -347,13 +354,13 @@ def cost_table(idx: Index, labels: Sequence[str]) -> str:
                 f"{_count(r.inference_params)}",
                 str(r.merge),
                 byte_size(r.adapter_bytes),
-                _num(_median(x.seconds_per_user for x in recs)),
-                _num(_median(x.cpu_seconds_per_user for x in recs)),
+                _median_text([x.seconds_per_user for x in recs], 2),
+                _median_text([x.cpu_seconds_per_user for x in recs], 2),
                 _num(max(peak), 0) if peak else "—",
                 _num(max(inc), 0) if inc else "—",
-                _num(lat, 1),
-                _num(base_lat, 1),
-                "—" if not lat or not base_lat else f"{lat / base_lat:.2f}",
+                _median_text([x.latency_ms for x in recs], 1),
+                _median_text([x.base_latency_ms for x in recs], 1),
+                _median_text([x.latency_ms / x.base_latency_ms for x in recs if x.latency_ms and x.base_latency_ms], 2),
             ]
         )
     header = [
@@ -368,7 +375,7 @@ def cost_table(idx: Index, labels: Sequence[str]) -> str:
         "peak increase (MiB)",
         "latency merged (ms)",
         "latency base (ms)",
-        "ratio",
+        "ratio (median of each record's own)",
     ]
     return _table(header, rows)
 
