@@ -90,8 +90,9 @@ def test_the_page_states_each_pairs_pass_criteria_and_what_is_not_built(tmp_path
     # spread − random at k = 9, pooled: (−0.5 − 0.2) / 2 in every seed and person
     assert "| affine | 0–2 | — | — | — | −0.35 [−0.35, −0.35] | — |" in text
     assert "| affine | 0.000 |" not in text  # seconds come from the records
-    assert "| affine | 1.000 | 2.000 | 1,026 | 4,696 | in place | 6 | 0–2 |" in text  # 2 pairs × 3 seeds
-    assert "| adapter-alfa | 1.000 | — | 630 |" in text  # a record without its CPU time shows none
+    # 2 pairs × 3 seeds, each 1 s (2 s of CPU): six records give the median its interval
+    assert "| affine | 1.000 [1.000, 1.000] | 2.000 [2.000, 2.000] | 1,026 | 4,696 | in place | 6 | 0–2 |" in text
+    assert "| adapter-alfa | 1.000 [1.000, 1.000] | — | 630 |" in text  # a record without its CPU time shows none
     figure = tmp_path / "error_vs_k.png"
     assert figure.is_file() and "![error against k](figures/error_vs_k.png)" in text
     plotted = json.loads(plotted_path(figure).read_text())

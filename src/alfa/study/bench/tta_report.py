@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from alfa.gaze.distill import DISTILL_OBJECTIVE
 from alfa.gaze.tta import ROLL_TTA_DEG, tta_kind
 
+from ..timing import median_cell
 from . import report_prose as prose
 from .markdown import table as _table
 from .methods import TTA_OF_ROW, TTA_ROWS
@@ -50,9 +51,10 @@ def passes(records: Sequence[Record], label: str) -> str:
 
 
 def _latency_ratio(records: Sequence[Record]) -> str:
-    """The median over records of the row's latency over the base's (``—`` where none measured both)."""
+    """The median over records of the row's latency over the base's, with its distribution-free 95 % interval from
+    six records up (``—`` where none measured both)."""
     ratios = [r.latency_ms / r.base_latency_ms for r in records if r.latency_ms and r.base_latency_ms]
-    return f"{statistics.median(ratios):.2f}" if ratios else "—"
+    return median_cell(ratios, statistics.median(ratios), 2) if ratios else "—"
 
 
 def _cell(idx: Index, method: str, pair: str) -> str:
@@ -82,7 +84,7 @@ def tta_table(idx: Index) -> str | None:
             continue
         cost = "1" if m == "source-only" else passes(recs, m)
         rows.append([display_name(m), cost, _latency_ratio(recs), *(_cell(idx, m, p) for p in pairs)])
-    header = ["row", "forward passes per image", "latency / base (median)", *pairs]
+    header = ["row", "forward passes per image", "latency / base (median, 95 % interval)", *pairs]
     return _table(header, rows)
 
 

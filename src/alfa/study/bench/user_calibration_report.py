@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..timing import median_cell
 from .markdown import seeds_note, span, spans, usual_seeds
 from .methods import (
     ADAPTER_KS,
@@ -429,8 +430,9 @@ def _faze_table(idx: Index, pairs: Sequence[str]) -> list[str]:
 
 def _costs_table(idx: Index) -> list[str]:
     lines = [
-        f"| method (k = {PASS_K}) | seconds per calibration (median) | "
-        "the row's CPU seconds per calibration (median) | numbers stored | file bytes | merges | records | seeds |",
+        f"| method (k = {PASS_K}) | seconds per calibration (median, 95 % interval) | "
+        "the row's CPU seconds per calibration (median, 95 % interval) | numbers stored | file bytes | merges | "
+        "records | seeds |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for method in CALIBRATION_ROW_METHODS:
@@ -439,7 +441,7 @@ def _costs_table(idx: Index) -> list[str]:
             continue
         wall = [float(r.seconds_per_user) for r in records if r.seconds_per_user is not None]
         cpu = [float(r.cpu_seconds_per_user) for r in records if r.cpu_seconds_per_user is not None]
-        seconds, cpu_seconds = (f"{statistics.median(t):.3f}" if t else "—" for t in (wall, cpu))
+        seconds, cpu_seconds = (median_cell(t, statistics.median(t), 3) if t else "—" for t in (wall, cpu))
         numbers = statistics.median(r.trainable_params for r in records)
         size = statistics.median(float(r.adapter_bytes or 0) for r in records)
         seeds = spans(int(r.seed) for r in records)
