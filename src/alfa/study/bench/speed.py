@@ -30,7 +30,7 @@ from alfa.adapters import AlfaConfig, adapted_layers
 from alfa.fileio import write_text
 from alfa.gaze.train import TruncateConfig
 from alfa.models import resnet18_gaze
-from alfa.study.timing import goal_verdict, interval_note, machine, no_rounds_note, ratio_cell
+from alfa.study.timing import goal_verdict, interval_note, machine, median_cell, no_rounds_note, ratio_cell
 
 STEP_SETUPS = ("head only", "alfa", "full fine-tune")
 # The measured setting: the defaults (truncation rank d, Alfa's heads and rank), named in the page too.
@@ -182,6 +182,12 @@ def _rounds_of(r: dict, key: str, *inner: str) -> dict | list | None:
     return node
 
 
+def _ms(rounds: list[float] | None, median: float) -> str:
+    """A time in milliseconds: its median with the distribution-free 95 % interval over its rounds (the median
+    alone in a record made before they were kept)."""
+    return median_cell(None if rounds is None else [x * 1e3 for x in rounds], median * 1e3, 1)
+
+
 def _step_section(r: dict) -> list[str]:
     s = r["step_seconds"]
     rounds = _rounds_of(r, "step_round_seconds") or {}
@@ -197,15 +203,15 @@ def _step_section(r: dict) -> list[str]:
     for k in STEP_SETUPS:
         vs = ratio_cell(rounds.get(k), rounds.get("head only"), s[k] / s["head only"])[0]
         vs = "1.00" if k == "head only" else vs
-        lines.append(f"| {k} | {r['params'][f'trainable ({k})']:,} | {s[k]:.3f} | {vs} |")
+        lines.append(f"| {k} | {r['params'][f'trainable ({k})']:,} | {median_cell(rounds.get(k), s[k], 3)} | {vs} |")
     math = r["adapter_math_seconds"]
     share = ratio_cell(_rounds_of(r, "adapter_math_round_seconds"), rounds.get("alfa"), math / s["alfa"], 1, 100)[0]
     return lines + [
         "",
         f"Alfa's own computation (all 14 `adapted_V()`, forward and backward, once per step whatever the "
-        f"batch): {math * 1e3:.1f} ms, {share} % of its step. The rest of the gap to *head only* is the backward "
-        "pass through layers 2–4, which any method that adapts those layers pays: with only the head trainable, "
-        "autograd never enters the convolutions at all.",
+        f"batch): {_ms(_rounds_of(r, 'adapter_math_round_seconds'), math)} ms, {share} % of its step. The rest of "
+        "the gap to *head only* is the backward pass through layers 2–4, which any method that adapts those layers "
+        "pays: with only the head trainable, autograd never enters the convolutions at all.",
     ]
 
 
@@ -218,7 +224,10 @@ def _latency_section(r: dict) -> list[str]:
         "|---|---:|---:|---:|",
     ]
     for k in ("dense", "truncated", "merged alfa"):
-        lines.append(f"| {k} | {r['params'][k]:,} | {lat['batch 1'][k] * 1e3:.1f} | {lat['batch 10'][k] * 1e3:.1f} |")
+        cells = [
+            _ms(_rounds_of(r, "latency_round_seconds", batch, k), lat[batch][k]) for batch in ("batch 1", "batch 10")
+        ]
+        lines.append(f"| {k} | {r['params'][k]:,} | {cells[0]} | {cells[1]} |")
     cells, verdicts = [], {}
     for batch in ("batch 1", "batch 10"):
         rounds = _rounds_of(r, "latency_round_seconds", batch) or {}
