@@ -675,13 +675,13 @@ def test_a_pair_whose_source_only_lacks_the_rows_seeds_is_named_not_dropped():
 
 
 def test_the_replayed_reference_protocol_gives_what_its_selection_adds_with_an_interval_over_seeds():
-    from alfa.study.bench.flip_report import _replay
+    from alfa.study.bench.replay import replay
 
     records = []
     for seed, (last, best) in enumerate([(9.0, 7.0), (10.0, 7.5), (11.0, 8.0)]):  # adds 2.0, 2.5, 3.0
         steps = {f"p{i:02d}": [12.0, best, last] for i in range(3)}  # step 0, the best step, the last step
         records.append(record("alfa", "E→M", seed, [last] * 3, per_person_steps=steps, reference_protocol_deg=best))
-    table, lines = _replay(index_records(records), ["alfa"])
+    table, lines = replay(index_records(records), ["alfa"])
     # 2.5 ± t(0.975, 2) · 0.5 / √3 = 2.5 ± 1.24
     assert "| Alfa | 10.00 [7.52, 12.48] | 10.00 [7.52, 12.48] | 7.50 [6.26, 8.74] | 2.50 [1.26, 3.74] |" in table
     assert (
