@@ -203,3 +203,12 @@ def test_an_error_cell_is_the_mean_over_persons_with_their_t_interval():
     assert _pm({"mean": 10.0, "per_person": {"a": 9.0, "b": 10.0, "c": 11.0}}) == "10.00 [7.52, 12.48]"
     assert _pm({"mean": 10.0, "std": 1.0}) == "10.00"
     assert _pm(None) == "-" and _pm({"mean": float("nan")}) == "-"
+
+
+def test_alfas_before_and_after_are_read_on_the_persons_both_scored():
+    from alfa.study.crate.gaze_report import _on_shared
+
+    before = {"mean": 20.0 / 3, "per_person": {"a": 9.0, "b": 10.0, "c": 1.0}}
+    after = {"mean": 9.0, "per_person": {"a": 8.0, "b": 10.0}}  # c's personalization failed
+    # on a and b only: 9.5 and 9.0, which differ by the paired difference (−0.5), not 6.67 against 9.0
+    assert _on_shared(before, after) == ("9.50 [3.15, 15.85]", "9.00 [-3.71, 21.71]")

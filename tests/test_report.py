@@ -273,7 +273,7 @@ def test_sanity_summary_and_sentences(idx):
     # 8, 8.5, 9 of 10: 100 % ± t(0.975, 2) · 10 / √3 = [75, 125] and 85 % ± 4.303 · 5 / √3 = [73, 97]
     assert (
         "in-domain error is 25 % [25, 25], 25 % [25, 25] of a constant prediction's and the cross-domain error "
-        "100 % [75, 125], 85 % [73, 97] (E→M, E→D; 95 % intervals over seeds)"
+        "100 % [75, 125], 85 % [73, 97] (E→M, E→D; 95 % intervals)"
     ) in lines[1]
     assert (
         "relatively worse across domains on 2 of 2 pairs in the means, beyond the interval of the difference on 2"
@@ -492,6 +492,10 @@ def test_a_level_of_any_measure_has_its_interval_and_a_described_difference_stay
     d = described(idx, "source-only", "in-domain", ["E→M"], label_spread)
     assert d.mean == pytest.approx(0.75) and not d.judged and not d.clear
     assert d.verdict() == "descriptive (not in the declared family)" and idx.family.made == {}
+    # made once per page, either way round: the other order is the same difference, reversed
+    assert len(idx.family.outside) == 1 and described(idx, "source-only", "in-domain", ["E→M"], label_spread).se == d.se
+    other = described(idx, "in-domain", "source-only", ["E→M"], label_spread)
+    assert other.mean == pytest.approx(-0.75) and other.se == d.se and len(idx.family.outside) == 1
 
 
 def test_the_sanity_table_shows_each_error_with_its_interval_not_its_std():

@@ -294,3 +294,7 @@ def test_a_cost_is_a_median_over_records_with_a_distribution_free_interval_from_
     assert _median_text([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 1) == "3.5 [1.0, 6.0]"
     assert _median_text([1.0, 2.0, 3.0, 4.0, None, 5.0], 1) == "3.0"
     assert _median_text([None], 1) == "—"
+    # a page that quotes a record's own median (speed.md: the upper middle round) keeps it, inside the interval
+    from alfa.study.timing import median_cell
+
+    assert median_cell([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 4.0, 1, recorded=True) == "4.0 [1.0, 6.0]"

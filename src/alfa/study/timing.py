@@ -111,13 +111,16 @@ def median_interval(samples: Sequence[float]) -> tuple[float, float, float] | No
     return median, float(ordered[k - 1]), float(ordered[n - k])
 
 
-def median_cell(samples: Sequence[float] | None, median: float | None, digits: int = 0) -> str:
+def median_cell(samples: Sequence[float] | None, median: float | None, digits: int = 0, recorded: bool = False) -> str:
     """What a page prints for one timing: its median with the 95 % interval of :func:`median_interval` where its
-    rounds are kept and there are enough, else the ``median`` recorded alone (``—`` for none)."""
+    rounds are kept and there are enough, else the ``median`` recorded alone (``—`` for none). ``recorded``: print
+    the ``median`` the record stores (a middle round of its own choosing, inside the interval) rather than the
+    rounds' median, so that the page quotes what its data file says."""
     interval = None if samples is None else median_interval(samples)
     if interval is None:
         return "—" if median is None else f"{median:.{digits}f}"
     mid, low, high = interval
+    mid = median if recorded and median is not None else mid
     return f"{mid:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 

@@ -38,7 +38,7 @@ from .methods import declared_run_seeds
 from .ratios import ratio
 from .record import Record
 from .report_prose import declared_run
-from .stats import Comparisons, Stat, cell, cell_covering, design_of, diff, index_records
+from .stats import Comparisons, Stat, cell, cell_covering, design_of, diff, index_records, text_of
 
 if TYPE_CHECKING:  # the caller computes the progress: a page module never imports the runner's plan
     from .plan import DeclaredRunProgress
@@ -83,12 +83,6 @@ WITHIN_CONDITION = f"within-target ≤ {WITHIN_SHARE:g} × source-only"
 _SOURCE_ONLY_NOT_CLEAR = "source-only's error not clear of zero at so few seeds or persons"
 
 
-def _interval(stat: Stat) -> str:
-    """``mean [low, high]``: a 95 % t-interval over the seeds (each seed its own source model and, where the
-    persons are drawn per seed, its own persons), or the mean alone with one seed."""
-    return stat.format()
-
-
 @dataclass(frozen=True)
 class Check:
     """One calibration condition on one pair: what it compares, the measured values, and whether it holds
@@ -117,7 +111,7 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]], persons: s
             Check(
                 pair,
                 f"source-only within ±{TOLERANCE_DEG:g}° of the real {real:.2f}°",
-                _interval(src),
+                text_of(src),
                 abs(src.mean - real) <= TOLERANCE_DEG,
             )
         )
@@ -130,8 +124,8 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]], persons: s
         else:
             multiple = ratio(idx, (("target-trained", 1.0),), (("source-only", 1.0),), [pair])
             measured = (
-                f"{_interval(own)} = {multiple.times_text(_SOURCE_ONLY_NOT_CLEAR, own.values)} × source-only on its "
-                f"seeds ({_seeds(own)}: {_interval(same)})"
+                f"{text_of(own)} = {multiple.times_text(_SOURCE_ONLY_NOT_CLEAR, own.values)} × source-only on its "
+                f"seeds ({_seeds(own)}: {text_of(same)})"
             )
             checks.append(
                 Check(pair, WITHIN_CONDITION, measured, multiple.value is not None and multiple.value <= WITHIN_SHARE)
@@ -143,14 +137,14 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]], persons: s
         elif condition:
             same = cell_covering(idx, "source-only", pair, ind.values)
             below = same is not None and ind.mean < same.mean
-            against = "no source-only row on its seeds" if same is None else f"{_interval(same)} on its seeds"
+            against = "no source-only row on its seeds" if same is None else f"{text_of(same)} on its seeds"
             gap = diff(idx, "in-domain", "source-only", [pair]) if same is not None else None
             gap_text = "" if gap is None else f"; in-domain − source-only {gap.compact()}"
-            measured = f"{_interval(ind)} vs {against} ({_seeds(ind)}){gap_text}"
+            measured = f"{text_of(ind)} vs {against} ({_seeds(ind)}){gap_text}"
             checks.append(Check(pair, "in-domain below source-only", measured, below))
         else:
             real = f"real about {REAL_IN_DOMAIN[source]:g}°, above its cross-domain errors"
-            checks.append(Check(pair, "in-domain (shown, not a condition)", f"{_interval(ind)}; {real}", None))
+            checks.append(Check(pair, "in-domain (shown, not a condition)", f"{text_of(ind)}; {real}", None))
     return checks
 
 
@@ -266,6 +260,8 @@ def variant_table(variants: Sequence[Mapping[str, Any]]) -> list[str]:
 def _over_persons(errors: Mapping[str, float]) -> str:
     """One model's mean error over its scored persons with the t-interval over them (one model: its training
     run's own variation is not in it)."""
+    if len(errors) < 2:
+        return f"{sum(errors.values()) / max(len(errors), 1):.2f} (one person)"
     return Stat(dict(enumerate(errors.values()))).format()
 
 

@@ -26,7 +26,7 @@ from .names import display_name as _name
 from .ratios import share
 from .record import Record, as_records
 from .replay import replay, replay_section
-from .stats import Diff, Index, Measure, Stat, cell, diff, pairs_of, seeds_of
+from .stats import Diff, Index, Measure, Stat, cell, diff, pairs_of, seeds_of, text_of
 from .tta_report import tta_lines
 from .variants import GRID, SELECTED
 
@@ -56,11 +56,6 @@ def _most_seeds(candidates: list[tuple[float, str, Any]]) -> list[tuple[float, s
     so in a choice of the best it would win by having less evidence against it."""
     most = max(d.n for _, _, d in candidates)
     return [c for c in candidates if c[2].n == most]
-
-
-def _level_text(stat: Stat | None, unit: str = "") -> str:
-    """A row's level with its 95 % interval (``—`` without one)."""
-    return "—" if stat is None else stat.format(unit)
 
 
 def _share_of(stat: Stat | None) -> str:
@@ -293,7 +288,7 @@ def _after_table(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> str |
                 d = diff(idx, m, "source-only", [pair], _with_tta)
                 if d is not None:
                     cell_text += f" ({d.compact()})"
-            cell_text += f"; {_level_text(loss)} · {_share_of(share)}"
+            cell_text += f"; {text_of(loss)} · {_share_of(share)}"
             cells.append(cell_text)
         if any(c != "—" for c in cells):
             rows.append([_name(m), *cells])
@@ -347,7 +342,7 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
         on = seeds_words(d.per_seed, seeds_of(idx))
         lines.append(
             f"On {pair}, of the {len(diffs)} personalized models with flip-TTA on top, the lowest mean error is "
-            f"{_name(m)}'s ({_level_text(mine, '°')}, flip-TTA alone {_level_text(alone, '°')}"
+            f"{_name(m)}'s ({text_of(mine, '°')}, flip-TTA alone {text_of(alone, '°')}"
             f"{f', on {on}' if on else ''}): "
             f"{_name(m)} + flip-TTA − flip-TTA = {d.describe()}."
         )
@@ -514,7 +509,7 @@ def _ceiling_table(idx: Index, ceil: dict[str, dict[str, Any]]) -> str:
             _share_text(idx, pair, c) + _on_seeds(c),
             _verdict(c, pair),
             _share_of(c["visible_share"]),
-            _level_text(c["flip_loss"]),
+            text_of(c["flip_loss"]),
         ]
         for pair, c in ceil.items()
     ]

@@ -15,7 +15,7 @@ from . import report_prose as prose
 from .markdown import table as _table
 from .names import display_name as _name
 from .record import Record
-from .stats import Index, Measure, Stat, pairs_of, pooled
+from .stats import Index, Measure, Stat, pairs_of, pooled, text_of
 
 __all__ = ["replay", "replay_section"]
 
@@ -60,7 +60,7 @@ def replay(idx: Index, methods: Sequence[str]) -> tuple[str | None, list[str]]:
                 honest.format() if honest else "—",
                 last_all.format() if last_all else "—",
                 ref.format(),
-                "—" if infl is None else infl.format(),
+                text_of(infl),
             ]
         )
     if not rows:

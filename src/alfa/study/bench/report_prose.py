@@ -417,7 +417,8 @@ ABLATION_FIGURE_CAPTION = (
 )
 
 COSTS_INTRO = (
-    "Medians over the records of each method, times with a distribution-free 95 % interval from six records up "
+    "Medians over the records of each method (its pairs and seeds together), times with a distribution-free 95 % "
+    "interval from six records up "
     "(peak memory: the maximum). Measured in the benchmark run itself, on a shared machine: wall times depend on "
     "the load (see Runs), CPU times less so."
 )
@@ -460,10 +461,10 @@ FLIP_SHARE_INTRO = (
 )
 
 FLIP_AFTER_INTRO = (
-    "Per model and pair (means over seeds): the error with flip-TTA on top of the personalized model, in "
-    "brackets its difference from flip-TTA on the source model (negative: personalization adds to the "
-    "ceiling); then the flip loss on the scored images after personalization and the visible share of "
-    "the error that remains. The source-only row is the state before personalization. A trained model "
+    "Per model and pair (each a mean over seeds with its 95 % interval): the error with flip-TTA on top of the "
+    "personalized model, in parentheses its difference from flip-TTA on the source model (negative: "
+    "personalization adds to the ceiling); then the flip loss on the scored images after personalization and the "
+    "visible share of the error that remains. The source-only row is the state before personalization. A trained model "
     "changes its predictions, not only their flip-visible part, so its gain is not bounded by the "
     "ceiling; the flip loss measures agreement with the mirror image, not the error. Per record and per "
     "person the parts are in the records (`flip`, `per_person_flip`, `per_person_parts`)."

@@ -23,7 +23,7 @@ from .methods import EXTRA_METHODS, table_methods, with_tta_rows
 from .names import SELECTED
 from .names import display_name as _name
 from .record import Record
-from .stats import Index, Stat, cell, diff, pairs_of, pooled, seeds_of, signed
+from .stats import Index, Stat, cell, diff, pairs_of, pooled, seeds_of, signed, text_of
 
 __all__ = [
     "byte_size",
@@ -295,11 +295,6 @@ def parts_table(idx: Index, methods: Sequence[str]) -> str:
     return _table(header, rows) if rows else ""
 
 
-def _with_interval(stat: Stat | None) -> str:
-    """The mean over seeds with its 95 % interval (``—`` where the row has no record on the pair)."""
-    return "—" if stat is None else stat.format()
-
-
 def _gap(idx: Index, pair: str, other: str) -> str:
     """``source-only − other`` on ``pair`` with its interval (``—`` where a row is missing)."""
     d = diff(idx, "source-only", other, [pair])
@@ -314,12 +309,12 @@ def sanity_table(idx: Index) -> str:
         rows.append(
             [
                 pair,
-                *(_with_interval(cell(idx, m, pair)) for m in ("in-domain", "target-trained", "source-only", "oracle")),
+                *(text_of(cell(idx, m, pair)) for m in ("in-domain", "target-trained", "source-only", "oracle")),
                 _gap(idx, pair, "in-domain"),
                 _gap(idx, pair, "target-trained"),
                 _gap(idx, pair, "oracle"),
-                _with_interval(level(idx, "in-domain", pair, constant_prediction)),
-                _with_interval(level(idx, "source-only", pair, constant_prediction)),
+                text_of(level(idx, "in-domain", pair, constant_prediction)),
+                text_of(level(idx, "source-only", pair, constant_prediction)),
             ]
         )
     header = [
@@ -474,7 +469,7 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
 def source_table(sources: dict[str, dict[str, Any]]) -> str:
     """Per (source, seed) model: its held-out error dense, truncated, recovered and with TPGaze's prompts, and
     the training time it recorded; per source with several seeds, the mean over them with its 95 % interval."""
-    rows = []
+    rows: dict[str, list[list[str]]] = {}  # per source, its models' rows (its mean's below them)
     by_source: dict[str, dict[int, list[float | None]]] = {}
     for key in sorted(sources):
         s = sources[key]
@@ -485,7 +480,7 @@ def source_table(sources: dict[str, dict[str, Any]]) -> str:
         errors.append(tp.get("final_val_error"))
         if seed.removeprefix("seed").isdigit():  # the runner's "<source>|seed<n>"
             by_source.setdefault(source, {})[int(seed.removeprefix("seed"))] = errors
-        rows.append(
+        rows.setdefault(source, []).append(
             [
                 f"{source}, {seed.replace('seed', 'seed ')}",
                 *(_num(x) for x in errors),
@@ -496,7 +491,7 @@ def source_table(sources: dict[str, dict[str, Any]]) -> str:
         if len(seeds) > 1:
             columns = [{s: v[k] for s, v in seeds.items() if v[k] is not None} for k in range(4)]
             cells = [Stat(c).format() if len(c) > 1 else "—" for c in columns]
-            rows.append([f"{source}, mean over seeds {spans(sorted(seeds))}", *cells, "—"])
+            rows[source].append([f"{source}, mean over seeds {spans(sorted(seeds))}", *cells, "—"])
     return _table(
         [
             "source, seed",
@@ -506,5 +501,5 @@ def source_table(sources: dict[str, dict[str, Any]]) -> str:
             "with TPGaze's meta-trained prompts",
             "training (min, as recorded)",
         ],
-        rows,
+        [row for source_rows in rows.values() for row in source_rows],
     )

@@ -227,9 +227,9 @@ def _range(values: Sequence[float], digits: int, unit: str) -> str:
     )
 
 
-def _with_seeds(d: Diff) -> str:
-    """``"+0.80° [0.31, 1.29]"``, marked *one seed* where it is one seed's."""
-    return f"{signed(d.mean)}° {d.interval_text()}" + (" (one seed)" if d.n == 1 else "")
+def _gap_text(d: Diff) -> str:
+    """``"+0.80° [0.31, 1.29]"``, marked *one seed* where it is one seed's interval (over persons)."""
+    return f"{signed(d.mean)}° {d.interval_text()}" + (" (one seed)" if d.n == 1 and d.interval is not None else "")
 
 
 def _deg_range(idx: Index, method: str, items: Sequence[tuple[str, float, float]]) -> str:
@@ -241,8 +241,8 @@ def _deg_range(idx: Index, method: str, items: Sequence[tuple[str, float, float]
         return _range([d for _, d, _ in items], 2, "°")
     (_, lo_pair, lo), (_, hi_pair, hi) = gaps[0], gaps[-1]
     if lo_pair == hi_pair:
-        return _with_seeds(lo)
-    low, high = (_with_seeds(d) for d in (lo, hi))
+        return _gap_text(lo)
+    low, high = (_gap_text(d) for d in (lo, hi))
     return f"{low} ({lo_pair}) to {high} ({hi_pair})"
 
 
@@ -300,9 +300,12 @@ def _label_spread_sentence(idx: Index) -> list[str]:
     on how many pairs the cross-domain share is the larger (descriptive differences; none without those)."""
     shares = []
     for pair in pairs_of(idx):
-        ind, src = level(idx, "in-domain", pair, label_spread), level(idx, "source-only", pair, label_spread)
+        # both levels on the seeds of the difference beside them, so that the counts below read the same seeds
+        d = described(idx, "source-only", "in-domain", [pair], label_spread)
+        seeds = None if d is None else list(d.per_seed)
+        ind, src = (level(idx, m, pair, label_spread, seeds) for m in ("in-domain", "source-only"))
         if ind and src:
-            shares.append((pair, ind, src, described(idx, "source-only", "in-domain", [pair], label_spread)))
+            shares.append((pair, ind, src, d))
     if not shares:
         return []
     worse = [p for p, a, b, _ in shares if b.mean > a.mean]
@@ -313,7 +316,7 @@ def _label_spread_sentence(idx: Index) -> list[str]:
         + ", ".join(a.format_percent() for _, a, _, _ in shares)
         + " of a constant prediction's and the cross-domain error "
         + ", ".join(b.format_percent() for _, _, b, _ in shares)
-        + f" ({', '.join(p for p, _, _, _ in shares)}; 95 % intervals over seeds): relatively worse across domains "
+        + f" ({', '.join(p for p, _, _, _ in shares)}; 95 % intervals): relatively worse across domains "
         f"on {len(worse)} of {len(shares)} pairs in the means, beyond the interval of the difference on "
         f"{len(beyond)} (descriptive: outside the page's family, no verdict)."
     ]

@@ -183,9 +183,9 @@ def _rounds_of(r: dict, key: str, *inner: str) -> dict | list | None:
 
 
 def _ms(rounds: list[float] | None, median: float) -> str:
-    """A time in milliseconds: its median with the distribution-free 95 % interval over its rounds (the median
-    alone in a record made before they were kept)."""
-    return median_cell(None if rounds is None else [x * 1e3 for x in rounds], median * 1e3, 1)
+    """A time in milliseconds: its recorded median (the upper middle round) with the distribution-free 95 %
+    interval over its rounds (the median alone in a record made before they were kept)."""
+    return median_cell(None if rounds is None else [x * 1e3 for x in rounds], median * 1e3, 1, recorded=True)
 
 
 def _step_section(r: dict) -> list[str]:
@@ -203,7 +203,8 @@ def _step_section(r: dict) -> list[str]:
     for k in STEP_SETUPS:
         vs = ratio_cell(rounds.get(k), rounds.get("head only"), s[k] / s["head only"])[0]
         vs = "1.00" if k == "head only" else vs
-        lines.append(f"| {k} | {r['params'][f'trainable ({k})']:,} | {median_cell(rounds.get(k), s[k], 3)} | {vs} |")
+        step = median_cell(rounds.get(k), s[k], 3, recorded=True)
+        lines.append(f"| {k} | {r['params'][f'trainable ({k})']:,} | {step} | {vs} |")
     math = r["adapter_math_seconds"]
     share = ratio_cell(_rounds_of(r, "adapter_math_round_seconds"), rounds.get("alfa"), math / s["alfa"], 1, 100)[0]
     return lines + [

@@ -97,6 +97,7 @@ __all__ = [
     "diff",
     "described",
     "signed",
+    "text_of",
     "bound",
     "t_tail",
     "t_quantile",
@@ -164,6 +165,11 @@ class Stat:
         if self.interval is not None:
             text += f" [{_whole(100 * self.interval[0])}, {_whole(100 * self.interval[1])}]"
         return text + (" (one seed)" if self.n == 1 else "")
+
+
+def text_of(stat: Stat | None, unit: str = "") -> str:
+    """A cell of a row's level: :meth:`Stat.format`, or ``—`` where the row has no value there."""
+    return "—" if stat is None else stat.format(unit)
 
 
 def _whole(x: float) -> str:
@@ -416,6 +422,7 @@ class Comparisons:
     draws: int = DRAWS
     declared: frozenset[Key] | None = None
     made: dict[Key, Diff | None] = field(default_factory=dict)
+    outside: dict[Key, Diff | None] = field(default_factory=dict)  # described(): never part of the family
     closed: bool = False
 
     def __post_init__(self) -> None:
@@ -726,7 +733,13 @@ def described(idx: Index, a: str, b: str, pairs: Sequence[str], measure: Measure
     (*descriptive*), for a sentence that describes rows rather than tests them; it never enlarges the family."""
     if not pairs:
         return None
-    made = _make_diff(idx, (a, b, tuple(pairs), measure.name), measure)
-    if made is not None:
-        made.declared = False
-    return made
+    if (b, a) < (a, b):
+        made = described(idx, b, a, pairs, measure)
+        return made.reversed() if made is not None else None
+    key: Key = (a, b, tuple(pairs), measure.name)
+    if key not in idx.family.outside:  # made once, whichever rendering of the page asks first
+        made = _make_diff(idx, key, measure)
+        if made is not None:
+            made.declared = False
+        idx.family.outside[key] = made
+    return idx.family.outside[key]

@@ -179,6 +179,17 @@ def _versus(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> str
     return f"{names[0]} − {names[1]} {mean:+.2f} [{low:+.2f}, {high:+.2f}] deg (paired over {n} persons): {verdict}"
 
 
+def _on_shared(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, str]:
+    """``a``'s and ``b``'s cells on the persons both scored (a person whose personalization failed has no Alfa
+    error), so that they differ by the paired difference :func:`_versus` gives."""
+    pa, pb = a.get("per_person") or {}, b.get("per_person") or {}
+    shared = [p for p in pa if p in pb]
+    if not shared:
+        return _pm(a), _pm(b)
+    on = [{"mean": sum(x[p] for p in shared) / len(shared), "per_person": {p: x[p] for p in shared}} for x in (pa, pb)]
+    return _pm(on[0]), _pm(on[1])
+
+
 def _findings(results: dict[str, Any]) -> list[str]:
     """Plain sentences computed from the numbers (no judgement is hand-written). Every difference carries a 95 %
     interval over the persons both sides scored; "clearly" means the interval excludes zero (one comparison at a
@@ -213,7 +224,7 @@ def _findings(results: dict[str, Any]) -> list[str]:
     for target, p in results["alfa"]["personalization"].items():
         cols = errors["cross_domain"][target]
         lines.append(
-            f"Alfa on {target}: {_pm(cols['crate_truncated'])} -> {_pm(cols['crate_alfa'])} deg; "
+            f"Alfa on {target}: {' -> '.join(_on_shared(cols['crate_truncated'], cols['crate_alfa']))} deg; "
             + _versus(cols["crate_alfa"], cols["crate_truncated"], ("Alfa", "truncated"))
             + f"; lower for {p['improved']} of {p['compared']} persons"
             + (f"; {len(p['failed'])} failed." if p["failed"] else ".")
