@@ -479,8 +479,8 @@ def test_a_cell_with_its_interval_is_the_t_interval_over_seeds_and_one_seed_says
 
 
 def test_a_level_of_any_measure_has_its_interval_and_a_described_difference_stays_out_of_the_family():
-    from alfa.study.bench.measures import constant_prediction, label_spread, level
-    from alfa.study.bench.stats import described
+    from alfa.study.bench.measures import constant_prediction, label_spread
+    from alfa.study.bench.stats import described, level
 
     idx = index_records(fixture_results()["records"])
     # source-only on E→M: 9, 10, 11 per seed over a constant prediction of 10: 90 %, 100 %, 110 %

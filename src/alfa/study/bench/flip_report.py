@@ -19,14 +19,13 @@ from . import report_prose as prose
 from .markdown import number as _num
 from .markdown import seeds_note, seeds_words, span
 from .markdown import table as _table
-from .measures import level
 from .methods import CONSTRUCTED_CONTROLS, FIRST_SEEDS, POSITIVE_CONTROLS, SELECTION_RULE
 from .names import DEFAULT
 from .names import display_name as _name
 from .ratios import share
 from .record import Record, as_records
 from .replay import replay, replay_section
-from .stats import Diff, Index, Measure, Stat, cell, diff, pairs_of, seeds_of, text_of
+from .stats import Diff, Index, Measure, Stat, cell, diff, level, pairs_of, seeds_of, text_of
 from .tta_report import tta_lines
 from .variants import GRID, SELECTED
 

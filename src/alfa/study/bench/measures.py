@@ -1,10 +1,10 @@
-"""What a page measures of a record beyond its angular error, and a row's level in any measure.
+"""What a page measures of a record beyond its angular error.
 
 A :class:`~alfa.study.bench.stats.Measure` reads a record's value and its persons' values. The parts of the error
 (yaw, pitch and their biases) and the error as a share of a constant prediction's are measures like the angular
 error, so every table and sentence that quotes them gets the same 95 % interval a cell of the angular error gets
-(:func:`level`) and the same differences (:func:`~alfa.study.bench.stats.diff`). The per-pair summary the runner
-stores in ``results.json`` (:func:`sanity_summary`) is here too.
+(:func:`~alfa.study.bench.stats.level`) and the same differences (:func:`~alfa.study.bench.stats.diff`). The
+per-pair summary the runner stores in ``results.json`` (:func:`sanity_summary`) is here too.
 """
 
 from __future__ import annotations
@@ -14,30 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .record import Record
-from .stats import Index, Measure, Stat, angular, cell, index_records, pairs_of
+from .stats import Index, Measure, Stat, cell, index_records, pairs_of
 
-__all__ = ["PARTS", "part", "part_gap", "constant_prediction", "label_spread", "level", "sanity_summary"]
-
-
-def level(
-    idx: Index, method: str, pair: str, measure: Measure = angular, seeds: Iterable[int] | None = None
-) -> Stat | None:
-    """``method``'s level in ``measure`` on ``pair``: per seed its record's value (on ``seeds`` only, if given), with
-    one seed that record's persons' values, which give its interval over persons (as :func:`cell` does for the
-    angular error); ``None`` where no record has the measure."""
-    kept = None if seeds is None else set(seeds)
-    values: dict[int, float] = {}
-    persons: dict[str, float] = {}
-    for s, record in sorted(idx.row(method, pair).items()):
-        value, persons_of = measure(record)
-        if value is not None and (kept is None or s in kept):
-            values[s], persons = float(value), persons_of
-    if not values:
-        return None
-    one = next(iter(values.values()))
-    if len(values) == 1 and persons and abs(statistics.fmean(persons.values()) - one) <= 1e-9 * max(1.0, abs(one)):
-        return Stat(values, tuple(float(v) for v in persons.values()))
-    return Stat(values)
+__all__ = ["PARTS", "part", "part_gap", "constant_prediction", "label_spread", "sanity_summary"]
 
 
 def _label_spread(record: Record) -> tuple[float | None, dict[str, float]]:

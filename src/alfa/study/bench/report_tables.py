@@ -18,12 +18,12 @@ from .flip_report import table_rows
 from .markdown import number as _num
 from .markdown import seeds_note, spans, usual_seeds
 from .markdown import table as _table
-from .measures import PARTS, constant_prediction, level, part, sanity_summary
+from .measures import PARTS, constant_prediction, part, sanity_summary
 from .methods import EXTRA_METHODS, table_methods, with_tta_rows
 from .names import SELECTED
 from .names import display_name as _name
 from .record import Record
-from .stats import Index, Stat, cell, diff, pairs_of, pooled, seeds_of, signed, text_of
+from .stats import Index, Stat, cell, diff, level, pairs_of, pooled, seeds_of, signed, text_of
 
 __all__ = [
     "byte_size",

@@ -17,7 +17,7 @@ from .ablations import REGISTRY
 from .calibration import IN_DOMAIN_CONDITION, REAL_IN_DOMAIN, REAL_SOURCE_NAMES
 from .config import split_pair
 from .markdown import seeds_note, seeds_words
-from .measures import label_spread, level, part, part_gap
+from .measures import label_spread, part, part_gap
 from .names import DEFAULT, SELECTED
 from .names import display_name as _name
 from .ratios import ratio, share
@@ -31,6 +31,7 @@ from .stats import (
     cell_on,
     described,
     diff,
+    level,
     pairs_of,
     seeds_of,
     signed,

@@ -94,6 +94,7 @@ __all__ = [
     "cell_on",
     "angular",
     "pooled",
+    "level",
     "diff",
     "described",
     "signed",
@@ -553,18 +554,8 @@ def seeds_of(idx: Index) -> list[int]:
 
 
 def cell(idx: Index, method: str, pair: str) -> Stat | None:
-    values = {s: float(r.error_deg) for s, r in sorted(idx.row(method, pair).items()) if r.error_deg is not None}
-    return _with_persons(Stat(values), idx, method, pair) if values else None
-
-
-def _with_persons(stat: Stat, idx: Index, method: str, pair: str) -> Stat:
-    """``stat`` of one seed with its record's per-person errors (where they are its mean: the record's own)."""
-    if stat.n != 1:
-        return stat
-    persons = tuple(float(v) for v in idx[(method, pair, next(iter(stat.values)))].per_person.values())
-    if not persons or abs(statistics.fmean(persons) - stat.mean) > 1e-9 * max(1.0, abs(stat.mean)):
-        return stat
-    return dataclasses.replace(stat, persons=persons)
+    """``method``'s angular error on ``pair`` (:func:`level`)."""
+    return level(idx, method, pair)
 
 
 def cell_on(idx: Index, method: str, pairs: Sequence[str], seeds: Iterable[int]) -> Stat | None:
@@ -577,7 +568,7 @@ def cell_on(idx: Index, method: str, pairs: Sequence[str], seeds: Iterable[int])
             values[s] = statistics.fmean(float(r.error_deg) for r in records)
     if not values:
         return None
-    return _with_persons(Stat(values), idx, method, pairs[0]) if len(pairs) == 1 else Stat(values)
+    return level(idx, method, pairs[0], seeds=values) if len(pairs) == 1 else Stat(values)
 
 
 def cell_covering(idx: Index, method: str, pair: str, seeds: Iterable[int]) -> Stat | None:
@@ -602,6 +593,27 @@ class Measure:
 
 angular = Measure("angular error", lambda record: (record.error_deg, record.per_person))
 """The record's error (mean over persons of the angular error) and its persons' errors."""
+
+
+def level(
+    idx: Index, method: str, pair: str, measure: Measure = angular, seeds: Iterable[int] | None = None
+) -> Stat | None:
+    """``method``'s level in ``measure`` on ``pair``: per seed its record's value (on ``seeds`` only, if given), with
+    one seed that record's persons' values where they are its value's (they give its interval over persons);
+    ``None`` where no record has the measure."""
+    kept = None if seeds is None else set(seeds)
+    values: dict[int, float] = {}
+    persons: dict[str, float] = {}
+    for s, record in sorted(idx.row(method, pair).items()):
+        value, persons_of = measure(record)
+        if value is not None and (kept is None or s in kept):
+            values[s], persons = float(value), persons_of
+    if not values:
+        return None
+    one = next(iter(values.values()))
+    if len(values) == 1 and persons and abs(statistics.fmean(persons.values()) - one) <= 1e-9 * max(1.0, abs(one)):
+        return Stat(values, tuple(float(v) for v in persons.values()))
+    return Stat(values)
 
 
 def pooled(idx: Index, method: str, pairs: Sequence[str], measure: Measure = angular) -> Stat | None:
