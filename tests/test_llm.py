@@ -274,3 +274,14 @@ def test_an_exact_match_share_gets_wilsons_interval_which_does_not_collapse_at_z
     assert _share_of(0.0, 60) == "0.0 [0.0, 6.0] %"
     assert _share_of(2 / 60, 60) == "3.3 [0.9, 11.4] %"
     assert _share_of(1.0, 60) == "100.0 [94.0, 100.0] %"
+
+
+def test_an_exact_match_interval_over_problems_that_collapses_at_zero_gets_wilsons_bound():
+    from alfa.study.llm.report import _match_interval
+
+    # no problem solved in any seed: Wilson's upper bound on 0 of 60, not [0, 0]
+    none = _match_interval([0.0] * 60)
+    assert (none.mean, none.low) == (0.0, 0.0) and none.high == pytest.approx(3.8415 / 63.8415, abs=1e-4)
+    # some solved: the t-interval over problems as before (its lower end may be below zero)
+    some = _match_interval([0.0] * 58 + [1.0, 1.0])
+    assert some.low < 0 < some.mean < some.high

@@ -75,7 +75,9 @@ LIMITS_TEXT = """\
   enough depends on how much of the new format those directions already carry, which differs between the two.
 - **One adaptation set, one grid.** One set of 1,000 problems seen once, two rates a method, three seeds. The intervals
   over seeds have 2 degrees of freedom and are wide; the intervals over problems treat the test problems as the
-  sample and the seeds as averaged out.
+  sample and the seeds as averaged out. Where no seed solved any problem (or every seed every one), the t-interval
+  over problems collapses to a point; the page gives Wilson's bound on the share of problems any seed solved
+  instead, which bounds the mean over seeds.
 - **Time and memory.** Step times are medians on one core of a machine shared with other jobs, the methods
   timed in turn so that the machine's load falls on all alike: their ratios are the meaningful part, and even
   they move by tens of percent between runs (their 95 % intervals are of the noise within one timing, not
@@ -112,6 +114,17 @@ def interval(values: Sequence[float]) -> Interval:
         return Interval(mean, math.nan, math.nan, int(x.size))
     half = float(t_quantile(0.05, x.size - 1)) * float(x.std(ddof=1)) / math.sqrt(x.size)
     return Interval(mean, mean - half, mean + half, int(x.size))
+
+
+def _match_interval(per_problem: Sequence[float]) -> Interval:
+    """An exact-match share over problems (each a mean over seeds) with its t-interval over the problems; where every
+    problem has the same 0 or 1, where that interval collapses to a point, Wilson's bound on the share of problems
+    some seed solved (or some seed failed), which bounds the mean over seeds."""
+    got = interval(per_problem)
+    if got.n >= 2 and got.mean in (0.0, 1.0) and got.low == got.high:
+        low, high = _wilson(got.mean, got.n)
+        return Interval(got.mean, low, high, got.n)
+    return got
 
 
 def method_runs(result: dict[str, Any], method: str) -> list[dict[str, Any]]:
@@ -169,7 +182,7 @@ def _accuracy_table(result: dict[str, Any]) -> list[str]:
         cells = []
         for task in (*TASKS, None):
             seeds = interval(_per_seed(runs, task))
-            problems = interval(_per_problem(runs, task))
+            problems = _match_interval(_per_problem(runs, task))
             cells.append(f"{seeds.text()}<br>problems: {problems.text()}" if len(runs) > 1 else problems.text())
         rate = "—" if method == "base" else f"{runs[0]['lr']:g}"
         lines.append(f"| {NAMES[method]} | {rate} | " + " | ".join(cells) + " |")
@@ -333,7 +346,7 @@ def _answer(result: dict[str, Any], verdicts: dict[str, str]) -> list[str]:
     step, paired = step_ratio(result, "alfa")
     # a record timed before the rounds were kept: the ratio of medians, said to be without its interval
     core = "one CPU core" if paired is not None else "one CPU core (no interval: re-time)"
-    mean = {m: interval(_per_problem(method_runs(result, m), None)).text() for m in ("alfa", "lora", "dora")}
+    mean = {m: _match_interval(_per_problem(method_runs(result, m), None)).text() for m in ("alfa", "lora", "dora")}
     claim = verdicts["lora"] in ("matches", "beats") and verdicts["dora"] in ("matches", "beats")
     base = method_runs(result, "base")
     gains = [interval(_per_problem(method_runs(result, m), None) - _per_problem(base, None)) for m in ("lora", "dora")]
@@ -370,13 +383,19 @@ Z_95 = 1.959963984540054
 """The standard normal's 97.5 % quantile."""
 
 
-def _share_of(share: float, problems: int) -> str:
-    """An exact-match share of ``problems`` problems in percent with Wilson's 95 % score interval: a t-interval of
-    0/1 answers collapses to a point at 0 or 100 %, where the share most needs an upper (or lower) bound."""
+def _wilson(share: float, problems: int) -> tuple[float, float]:
+    """Wilson's 95 % score interval of a share of ``problems`` 0/1 answers."""
     z2 = Z_95 * Z_95 / problems
     centre = (share + z2 / 2) / (1 + z2)
     half = Z_95 * math.sqrt(share * (1 - share) / problems + z2 / (4 * problems)) / (1 + z2)
-    return f"{100 * share:.1f} [{100 * max(centre - half, 0.0):.1f}, {100 * min(centre + half, 1.0):.1f}] %"
+    return max(centre - half, 0.0), min(centre + half, 1.0)
+
+
+def _share_of(share: float, problems: int) -> str:
+    """An exact-match share of ``problems`` problems in percent with Wilson's 95 % score interval: a t-interval of
+    0/1 answers collapses to a point at 0 or 100 %, where the share most needs an upper (or lower) bound."""
+    low, high = _wilson(share, problems)
+    return f"{100 * share:.1f} [{100 * low:.1f}, {100 * high:.1f}] %"
 
 
 def _pretraining(result: dict[str, Any]) -> list[str]:
