@@ -406,6 +406,14 @@ def test_an_option_the_mode_would_ignore_is_refused(world, tmp_path, capsys, mon
     assert not (tmp_path / "x.log").exists()
 
 
+def test_each_refused_option_gives_its_own_reason():
+    from alfa.cli.serve import _SELFTEST_ONLY, _SERVING_ONLY
+
+    reasons = [why for _, why in (*_SERVING_ONLY.values(), *_SELFTEST_ONLY.values())]
+    assert len(set(reasons)) == len(reasons)  # --access-log and --quiet once shared one
+    assert _SERVING_ONLY["quiet"][1].startswith("the selftest has no access log to silence")
+
+
 def test_options_not_given_take_their_stated_defaults():
     from alfa.cli import build_parser
     from alfa.cli.serve import _resolve

@@ -105,8 +105,8 @@ _SERVING_ONLY = {
     "host": ("--host", "the selftest listens on 127.0.0.1 only"),
     "port": ("--port", "the selftest listens on a free port of its own"),
     "token": ("--token", "the selftest makes a random token of its own"),
-    "access_log": ("--access-log", "the selftest keeps no access log (it prints a summary)"),
-    "quiet": ("--quiet", "the selftest keeps no access log (it prints a summary)"),
+    "access_log": ("--access-log", "the selftest writes no access log to a file (it prints a summary)"),
+    "quiet": ("--quiet", "the selftest has no access log to silence (it prints only its summary)"),
 }
 _SELFTEST_ONLY = {
     "clients": ("--clients", "the load test's number of clients (a served service answers whoever connects)"),
