@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .record import Record
-from .stats import Index, Measure, Stat, cell, index_records, pairs_of
+from .stats import Index, Measure, Stat, cell, index_records, level, pairs_of
 
 __all__ = ["PARTS", "part", "part_gap", "constant_prediction", "label_spread", "sanity_summary"]
 
@@ -42,10 +42,9 @@ def _stat_dict(stat: Stat | None) -> dict[str, Any] | None:
 
 
 def _constant(idx: Index, method: str, pair: str) -> float | None:
-    """The constant-prediction error stored with a sanity record (the same data for every seed)."""
-    values = [r.constant_prediction_deg for (m, p, _), r in idx.items() if m == method and p == pair]
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
+    """The constant-prediction error stored with a row's records on ``pair``, their mean over seeds."""
+    stat = level(idx, method, pair, constant_prediction)
+    return None if stat is None else stat.mean
 
 
 def sanity_summary(records: Iterable[Record | Mapping[str, Any]]) -> dict[str, Any]:
