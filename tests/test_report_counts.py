@@ -288,12 +288,12 @@ def test_the_source_models_table_gives_each_source_its_mean_over_seeds_with_an_i
 
 
 def test_a_cost_is_a_median_over_records_with_a_distribution_free_interval_from_six_records():
-    from alfa.study.bench.report_tables import _median_text
+    from alfa.study.timing import median_text
 
     # six records: the smallest and the largest bound the median with 96.9 % coverage; five cover only 93.75 %
-    assert _median_text([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 1) == "3.5 [1.0, 6.0]"
-    assert _median_text([1.0, 2.0, 3.0, 4.0, None, 5.0], 1) == "3.0"
-    assert _median_text([None], 1) == "—"
+    assert median_text([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 1) == "3.5 [1.0, 6.0]"
+    assert median_text([1.0, 2.0, 3.0, 4.0, None, 5.0], 1) == "3.0"
+    assert median_text([None], 1) == "—"
     # a page that quotes a record's own median (speed.md: the upper middle round) keeps it, inside the interval
     from alfa.study.timing import median_cell
 

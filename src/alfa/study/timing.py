@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import platform
-from collections.abc import Sequence
+import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = [
     "ratio_cell",
     "median_interval",
     "median_cell",
+    "median_text",
     "goal_verdict",
     "interval_note",
     "no_rounds_note",
@@ -122,6 +124,13 @@ def median_cell(samples: Sequence[float] | None, median: float | None, digits: i
     mid, low, high = interval
     mid = median if recorded and median is not None else mid
     return f"{mid:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def median_text(values: Iterable[float | None], digits: int = 0) -> str:
+    """The median of ``values`` (``None`` left out) with its distribution-free 95 % interval
+    (:func:`median_cell`; the median alone under six values, ``—`` for none)."""
+    kept = [float(v) for v in values if v is not None]
+    return median_cell(kept, statistics.median(kept), digits) if kept else "—"
 
 
 def goal_verdict(ratio: Ratio | None, goal: float, at_least: bool) -> str:

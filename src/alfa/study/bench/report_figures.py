@@ -30,8 +30,7 @@ def _curve(
             continue
         s = pooled(idx, row["label"], pairs)
         if s is not None and isinstance(row["value"], (int, float)):
-            interval = s.interval if s.n > 1 else None
-            points.append((float(row["value"]), s.mean, None if interval is None else interval[1] - s.mean))
+            points.append((float(row["value"]), s.mean, s.seed_half_width))
     return points
 
 

@@ -13,7 +13,7 @@ from alfa.adapters import METHODS
 from alfa.gaze.distill import DISTILL_OBJECTIVE
 from alfa.gaze.pnpga import PUBLISHED as PNPGA_PUBLISHED
 
-from ..timing import median_cell
+from ..timing import median_text
 from .flip_report import table_rows
 from .markdown import number as _num
 from .markdown import seeds_note, spans, usual_seeds
@@ -24,6 +24,7 @@ from .names import SELECTED
 from .names import display_name as _name
 from .record import Record
 from .stats import Index, Stat, cell, diff, level, pairs_of, pooled, seeds_of, signed, text_of
+from .tta_report import latency_ratio
 
 __all__ = [
     "byte_size",
@@ -94,13 +95,6 @@ def _or_zero(x: float | None) -> float:
 def _median(values: Iterable[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
-
-
-def _median_text(values: Iterable[float | None], digits: int) -> str:
-    """The median over records with its distribution-free 95 % interval (:func:`alfa.study.timing.median_cell`;
-    the median alone under six records, ``—`` for none)."""
-    kept = [float(v) for v in values if v is not None]
-    return median_cell(kept, statistics.median(kept), digits) if kept else "—"
 
 
 def records_of(idx: Index, method: str) -> list[Record]:
@@ -349,13 +343,13 @@ def cost_table(idx: Index, labels: Sequence[str]) -> str:
                 f"{_count(r.inference_params)}",
                 str(r.merge),
                 byte_size(r.adapter_bytes),
-                _median_text([x.seconds_per_user for x in recs], 2),
-                _median_text([x.cpu_seconds_per_user for x in recs], 2),
+                median_text([x.seconds_per_user for x in recs], 2),
+                median_text([x.cpu_seconds_per_user for x in recs], 2),
                 _num(max(peak), 0) if peak else "—",
                 _num(max(inc), 0) if inc else "—",
-                _median_text([x.latency_ms for x in recs], 1),
-                _median_text([x.base_latency_ms for x in recs], 1),
-                _median_text([x.latency_ms / x.base_latency_ms for x in recs if x.latency_ms and x.base_latency_ms], 2),
+                median_text([x.latency_ms for x in recs], 1),
+                median_text([x.base_latency_ms for x in recs], 1),
+                latency_ratio(recs),
             ]
         )
     header = [

@@ -121,18 +121,19 @@ def serving_markdown(r: dict[str, Any], command: str) -> str:
     """The page (docs/serving.md) from a measurement."""
     s, q, b = r["seconds"], r["seconds_quartiles"], r["batch"]
 
+    kept = {name: median_interval((r.get("round_seconds") or {}).get(name) or []) for name in s}
+
     def rate(name: str) -> str:
         # images per second is batch / seconds, a monotone map: the median round and the rounds bounding its
         # distribution-free interval map to the rate's median and interval
-        kept = median_interval((r.get("round_seconds") or {}).get(name) or [])
-        if kept is not None:
-            _, fast, slow = kept
+        if kept[name] is not None:
+            _, fast, slow = kept[name]
             return f"{b / s[name]:,.0f} [{b / slow:,.0f}, {b / fast:,.0f}]"
         slow, fast = q[name][1], q[name][0]
         return f"{b / s[name]:,.0f} ({b / slow:,.0f}–{b / fast:,.0f}, the middle half)"
 
     # every rate has its interval only where every configuration kept enough rounds (six: median_interval)
-    intervals = all(median_interval((r.get("round_seconds") or {}).get(name) or []) for name in s)
+    intervals = all(v is not None for v in kept.values())
     rows, verdicts = [], []
     for method in METHODS:
         single = f"{method}: one merged model"

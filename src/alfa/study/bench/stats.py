@@ -150,6 +150,12 @@ class Stat:
         half = _critical(ALPHA, len(units) - 1) * statistics.stdev(units) / math.sqrt(len(units))
         return self.mean - half, self.mean + half
 
+    @property
+    def seed_half_width(self) -> float | None:
+        """The half-width of the interval over seeds (what a figure's error bar draws); ``None`` with one seed,
+        whose interval, over persons only, a figure does not draw."""
+        return None if self.n < 2 else self.interval[1] - self.mean
+
     def format(self, unit: str = "") -> str:
         """A cell: the mean over seeds with its 95 % interval, ``"6.00 [3.52, 8.48]"``; with one seed
         ``"6.00 [5.10, 6.90] (one seed)"`` (its persons' interval) or ``"6.00 (one seed)"`` where it has none.

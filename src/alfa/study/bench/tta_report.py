@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from alfa.gaze.distill import DISTILL_OBJECTIVE
 from alfa.gaze.tta import ROLL_TTA_DEG, tta_kind
 
-from ..timing import median_cell
+from ..timing import median_text
 from . import report_prose as prose
 from .markdown import table as _table
 from .methods import TTA_OF_ROW, TTA_ROWS
@@ -50,11 +50,10 @@ def passes(records: Sequence[Record], label: str) -> str:
     return "/".join(str(n) for n in sorted(stored))
 
 
-def _latency_ratio(records: Sequence[Record]) -> str:
+def latency_ratio(records: Sequence[Record]) -> str:
     """The median over records of the row's latency over the base's, with its distribution-free 95 % interval from
     six records up (``—`` where none measured both)."""
-    ratios = [r.latency_ms / r.base_latency_ms for r in records if r.latency_ms and r.base_latency_ms]
-    return median_cell(ratios, statistics.median(ratios), 2) if ratios else "—"
+    return median_text((r.latency_ms / r.base_latency_ms for r in records if r.latency_ms and r.base_latency_ms), 2)
 
 
 def _cell(idx: Index, method: str, pair: str) -> str:
@@ -83,7 +82,7 @@ def tta_table(idx: Index) -> str | None:
         if not recs:
             continue
         cost = "1" if m == "source-only" else passes(recs, m)
-        rows.append([display_name(m), cost, _latency_ratio(recs), *(_cell(idx, m, p) for p in pairs)])
+        rows.append([display_name(m), cost, latency_ratio(recs), *(_cell(idx, m, p) for p in pairs)])
     header = ["row", "forward passes per image", "latency / base (median, 95 % interval)", *pairs]
     return _table(header, rows)
 

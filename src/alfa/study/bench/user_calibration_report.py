@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..timing import median_cell
+from ..timing import median_text
 from .markdown import seeds_note, span, spans, usual_seeds
 from .methods import (
     ADAPTER_KS,
@@ -441,7 +441,7 @@ def _costs_table(idx: Index) -> list[str]:
             continue
         wall = [float(r.seconds_per_user) for r in records if r.seconds_per_user is not None]
         cpu = [float(r.cpu_seconds_per_user) for r in records if r.cpu_seconds_per_user is not None]
-        seconds, cpu_seconds = (median_cell(t, statistics.median(t), 3) if t else "—" for t in (wall, cpu))
+        seconds, cpu_seconds = (median_text(t, 3) for t in (wall, cpu))
         numbers = statistics.median(r.trainable_params for r in records)
         size = statistics.median(float(r.adapter_bytes or 0) for r in records)
         seeds = spans(int(r.seed) for r in records)
@@ -450,13 +450,6 @@ def _costs_table(idx: Index) -> list[str]:
             f"{len(records)} | {seeds} |"
         )
     return lines
-
-
-def _half_width(stat: Stat) -> float:
-    """The half-width of a mean's 95 % interval over seeds (0 with one seed: no bar, its interval being over persons
-    only, and the table marks it)."""
-    interval = stat.interval if stat.n > 1 else None
-    return 0.0 if interval is None else interval[1] - stat.mean
 
 
 def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
@@ -476,7 +469,8 @@ def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
                 seeds = _seeds(idx, [_cal(method, k, draw) for k in ks], [pair])  # seeds with the whole line
                 base = cell_on(idx, "source-only", [pair], seeds)
                 points = [(0, base)] + [(k, cell_on(idx, _cal(method, k, draw), [pair], seeds)) for k in ks]
-                points = [(x, s.mean, _half_width(s)) for x, s in points if s is not None]
+                # one seed: no bar (its interval is over persons only, and the table marks it)
+                points = [(x, s.mean, s.seed_half_width or 0.0) for x, s in points if s is not None]
                 if len(points) > 1:
                     style = "-" if draw == "random" else "--"
                     xs_, ys_, errs = zip(*points)
