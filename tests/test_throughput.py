@@ -7,8 +7,10 @@ import torch
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 from alfa.cli import main
-from alfa.gaze.throughput import ThroughputResult, fixture_dataset, loading_page, measure_throughput
+from alfa.gaze.throughput import ThroughputResult, fixture_dataset, measure_throughput, of_rounds
 from alfa.gaze.train import TrainConfig
+from alfa.study.bench.loading import loader_bound_verdict, loading_page
+from alfa.study.timing import Ratio
 
 
 @pytest.mark.parametrize("kind", ["mpiifacegaze", "eth-xgaze-h5"])
@@ -26,29 +28,80 @@ def test_the_three_rates_are_measured_on_data_in_a_real_layout(tmp_path, kind):
     assert alone.step is None and alone.both is None and alone.loader_bound is None
 
 
-def test_the_verdict_compares_the_loader_with_the_step():
-    fields = dict(batch_size=8, batches=3, workers=0, device="cpu", precision="fp32", image_size=(32, 32), data="d")
-    slow_loader = ThroughputResult(loader=10.0, step=100.0, both=9.0, **fields)
+FIELDS = dict(batch_size=8, batches=3, workers=0, device="cpu", precision="fp32", image_size=(32, 32), data="d")
+PAGE = {"command": "alfa throughput", "cpus": 2, "torch": "2", "date": "2026-12-01", "load_average_end": 0.1}
+
+
+def test_the_terminal_verdict_compares_the_medians():
+    slow_loader = ThroughputResult(loader=10.0, step=100.0, both=9.0, **FIELDS)
     assert slow_loader.loader_bound and "loader-bound: the loader gives 10 images/s" in slow_loader.format()
-    fast_loader = ThroughputResult(loader=100.0, step=10.0, both=9.0, **fields)
+    fast_loader = ThroughputResult(loader=100.0, step=10.0, both=9.0, **FIELDS)
     assert not fast_loader.loader_bound and "not loader-bound" in fast_loader.format()
-    page = {"command": "alfa throughput", "cpus": 2, "torch": "2", "date": "2026-12-01", "load_average_end": 0.1}
-    rows = [{**slow_loader.to_dict(), "fixture": "mpiifacegaze", "model": "m"}]
-    text = loading_page({**page, "runs": rows})
-    assert "| mpiifacegaze | 0 | 10 | 100 | 9 | yes |" in text and "so it carries no 95 % interval" in text
-    alone = {**slow_loader.to_dict(), "step": None, "both": None, "loader_bound": None, "fixture": "f", "model": "m"}
-    assert "interval" not in loading_page({**page, "runs": [alone]})  # the loader alone: nothing compared
+
+
+def _rounds(loader: list[float], step: list[float] | None) -> ThroughputResult:
+    one = [
+        ThroughputResult(
+            loader=a,
+            step=b,
+            both=None if b is None else 1.0,
+            **FIELDS,
+            loader_rounds=[a],
+            step_rounds=None if b is None else [b],
+            both_rounds=None if b is None else [1.0],
+        )
+        for a, b in zip(loader, step or [None] * len(loader))
+    ]
+    return of_rounds(one)
+
+
+def test_rounds_give_medians_and_keep_every_round():
+    r = _rounds([5.0, 1.0, 3.0, 9.0], [2.0, 4.0, 6.0, 8.0])
+    assert (r.loader, r.step, r.both) == (4.0, 5.0, 1.0)  # medians of an even count: the middle two's mean
+    assert r.loader_rounds == [5.0, 1.0, 3.0, 9.0] and r.step_rounds == [2.0, 4.0, 6.0, 8.0]
+    assert _rounds([2.0, 3.0], None).step is None
+    with pytest.raises(ValueError, match="same configuration"):
+        of_rounds([r, ThroughputResult(**{**r.__dict__, "workers": 1})])
+
+
+def test_loader_bound_is_judged_on_the_paired_interval():
+    assert loader_bound_verdict(Ratio(0.5, 0.4, 0.99, 7)) == "yes"
+    assert loader_bound_verdict(Ratio(2.0, 1.01, 3.0, 7)) == "no"
+    assert loader_bound_verdict(Ratio(1.0, 0.9, 1.1, 7)) == "not shown"
+    assert loader_bound_verdict(None) == "not judged"
+    # seven rounds where the loader is about a tenth of the step: yes, with the rates' intervals (min, max at 7)
+    slow = _rounds([10.0, 11.0, 9.0, 10.0, 12.0, 10.0, 8.0], [100.0, 101.0, 99.0, 100.0, 98.0, 102.0, 100.0])
+    text = loading_page({**PAGE, "runs": [{**slow.to_dict(), "fixture": "mpiifacegaze", "model": "m"}]})
+    assert "| mpiifacegaze | 0 | 10 [8, 12] | 100 [98, 102] | 1 [1, 1] | 0.10 [0.09, 0.11] | yes |" in text
+    assert "timed in 7 rounds" in text and "Student's t" in text
+    # the same two rates in rounds that cross over: the interval straddles 1, so nothing is shown
+    close = _rounds([10.0, 12.0, 10.0, 12.0, 10.0, 12.0, 10.0], [12.0, 10.0, 12.0, 10.0, 12.0, 10.0, 11.0])
+    text = loading_page({**PAGE, "runs": [{**close.to_dict(), "fixture": "f", "model": "m"}]})
+    assert "| not shown |" in next(line for line in text.splitlines() if line.startswith("| f |"))
+    # a record of one round: the rates alone, and nothing judged
+    one = {**ThroughputResult(loader=10.0, step=100.0, both=9.0, **FIELDS).to_dict(), "fixture": "f", "model": "m"}
+    text = loading_page({**PAGE, "runs": [one]})
+    assert "| f | 0 | 10 | 100 | 9 | 0.10 | not judged |" in text and "carry no 95 % interval" in text
+    alone = _rounds([10.0, 11.0, 9.0, 10.0, 12.0, 10.0, 8.0], None)
+    text = loading_page({**PAGE, "runs": [{**alone.to_dict(), "fixture": "f", "model": "m"}]})
+    assert "| f | 0 | 10 [8, 12] | — | — | — | — |" in text and "Student" not in text  # nothing compared
 
 
 def test_the_command_writes_its_page_and_refuses_bad_options(tmp_path, capsys):
     out = tmp_path / "loading.md"
     args = ["throughput", "--fixture", "mpiifacegaze", "--image-size", "32", "--batch-size", "4", "--batches", "2"]
-    assert main([*args, "--model", "tiny_gaze_net", "--workers", "0,1", "--device", "cpu", "--out", str(out)]) == 0
+    run = [*args, "--model", "tiny_gaze_net", "--workers", "0,1", "--rounds", "2", "--device", "cpu"]
+    assert main([*run, "--out", str(out)]) == 0
     data = json.loads(out.with_suffix(".json").read_text())
     assert [r["workers"] for r in data["runs"]] == [0, 1] and "alfa throughput --fixture mpiifacegaze" in data[
         "command"
     ]
+    assert "--rounds 2" in data["command"] and all(len(r["loader_rounds"]) == 2 for r in data["runs"])
     assert out.read_text() == loading_page(data)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main([*args, "--rounds", "0"])
+    assert "--rounds: must be at least 1, got 0" in capsys.readouterr().err
     capsys.readouterr()
     assert main(["throughput", "--fixture", "mpiifacegaze,nope"]) == 2
     assert "expected one or more of mpiifacegaze, eth-xgaze-h5" in capsys.readouterr().err

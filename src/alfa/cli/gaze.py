@@ -422,11 +422,13 @@ def _throughput(args: argparse.Namespace) -> None:
     import tempfile
 
     import torch
+    from tqdm.auto import tqdm
 
     from alfa.gaze.devices import resolve_device
-    from alfa.gaze.throughput import FIXTURE_FORMATS, fixture_dataset, loading_page, measure_throughput
+    from alfa.gaze.throughput import FIXTURE_FORMATS, fixture_dataset, measure_throughput, of_rounds
     from alfa.gaze.train import TrainConfig
     from alfa.models import create_model
+    from alfa.study.bench.loading import loading_page
 
     if (args.data is None) == (args.fixture is None):
         raise ValueError("pass --data SPEC (your data) or --fixture KIND (data in a real layout, written here)")
@@ -443,12 +445,21 @@ def _throughput(args: argparse.Namespace) -> None:
     for fixture, spec in sources:
         with tempfile.TemporaryDirectory(prefix="alfa-throughput-") as tmp:
             data = fixture_dataset(fixture, tmp, size=args.image_size) if fixture else open_spec(spec)
-            for workers in workers_list:
-                config = TrainConfig(batch_size=args.batch_size, num_workers=workers, precision=precision)
+            configs = [
+                TrainConfig(batch_size=args.batch_size, num_workers=w, precision=precision) for w in workers_list
+            ]
+            models = []
+            for config in configs:
                 config.validate()
                 torch.manual_seed(0)
-                model = create_model(args.model).to(device)
-                result = measure_throughput(model, data, config, batches=args.batches, step=not args.loader_only)
+                models.append(create_model(args.model).to(device))
+            # rounds interleaved over the worker counts, so that a slow spell of the machine hits each alike
+            rounds: list[list] = [[] for _ in configs]
+            for _ in tqdm(range(args.rounds), desc=f"{data.name}: rounds", disable=args.rounds < 2):
+                for kept, model, config in zip(rounds, models, configs):
+                    kept.append(measure_throughput(model, data, config, args.batches, step=not args.loader_only))
+            for kept in rounds:
+                result = of_rounds(kept)
                 print(result.format())
                 results.append({**result.to_dict(), "fixture": fixture, "model": args.model})
     if args.out:
@@ -460,8 +471,8 @@ def _throughput(args: argparse.Namespace) -> None:
         what = f"--fixture {args.fixture} --image-size {args.image_size}" if args.fixture else f"--data {args.data}"
         command = (
             f"alfa throughput {what} --model {args.model} --batch-size {args.batch_size} --workers {args.workers} "
-            f"--batches {args.batches}{' --loader-only' if args.loader_only else ''} --device {args.device} "
-            f"--out {args.out}"
+            f"--batches {args.batches} --rounds {args.rounds}{' --loader-only' if args.loader_only else ''} "
+            f"--device {args.device} --out {args.out}"
         )
         page = {
             "command": command,
@@ -644,6 +655,13 @@ def _throughput_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=default_of(measure_throughput, "batches"),
         help="timed batches after one warm-up (default %(default)s)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=at_least(1),
+        default=7,
+        help="rounds per configuration, interleaved over the worker counts: each rate is the median over them with "
+        "its 95 %% interval, which needs six rounds or more (default %(default)s)",
     )
     precision_option(p)
     p.add_argument("--loader-only", action="store_true", help="time the loader alone (no model step)")

@@ -9,14 +9,18 @@ of both together, through the same code paths as :func:`alfa.gaze.train.train_so
 
 When the loader's rate is below the step's, a GPU waits on the CPUs: training is loader-bound, and more
 ``--workers`` (or faster storage) is what helps. Timings are wall clock after one warm-up batch; on CUDA the
-device is synchronised before every reading.
+device is synchronised before every reading. One call measures one round; :func:`of_rounds` makes several rounds
+of one configuration its medians and keeps every round, from which the page (:mod:`alfa.study.bench.loading`)
+reads its intervals.
 """
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,7 @@ from torch import nn
 from .data.base import GazeDataset, unit_images
 from .train import TrainConfig, _epoch_batches, _iterate, _train_step
 
-__all__ = ["ThroughputResult", "measure_throughput", "fixture_dataset", "loading_page", "FIXTURE_FORMATS"]
+__all__ = ["ThroughputResult", "measure_throughput", "of_rounds", "fixture_dataset", "FIXTURE_FORMATS"]
 
 FIXTURE_FORMATS = ("mpiifacegaze", "eth-xgaze-h5")
 """Layouts ``--fixture`` writes: a GazeHub folder (JPEG files) or raw ETH-XGaze subject files (h5)."""
@@ -34,7 +38,8 @@ FIXTURE_FORMATS = ("mpiifacegaze", "eth-xgaze-h5")
 
 @dataclass
 class ThroughputResult:
-    """Images per second of the loader, the step and both, with what was measured."""
+    """Images per second of the loader, the step and both, with what was measured: one round's rates, or the
+    medians over rounds (:func:`of_rounds`) with every round's rate kept in ``*_rounds``."""
 
     loader: float
     step: float | None  # None: the loader alone was measured
@@ -46,16 +51,21 @@ class ThroughputResult:
     precision: str
     image_size: tuple[int, int]
     data: str
+    loader_rounds: list[float] = field(default_factory=list)
+    step_rounds: list[float] | None = None
+    both_rounds: list[float] | None = None
 
     @property
     def loader_bound(self) -> bool | None:
+        """The medians' comparison (the page judges it on the rounds' paired interval instead)."""
         return None if self.step is None else self.loader < self.step
 
     def format(self) -> str:
         h, w = self.image_size
+        rounds = f", median of {len(self.loader_rounds)} rounds" if len(self.loader_rounds) > 1 else ""
         head = (
             f"{self.data}: {h}×{w} images, batches of {self.batch_size}, {self.batches} timed batches, "
-            f"{self.workers} loader workers"
+            f"{self.workers} loader workers{rounds}"
         )
         if self.step is None:
             return f"{head}\n  loader alone   {self.loader:10,.1f} images/s"
@@ -158,6 +168,36 @@ def measure_throughput(
         precision=config.precision,
         image_size=(int(images.shape[-2]), int(images.shape[-1])),
         data=dataset.name,
+        loader_rounds=[loader],
+        step_rounds=None if step_rate is None else [step_rate],
+        both_rounds=None if both is None else [both],
+    )
+
+
+def of_rounds(rounds: Sequence[ThroughputResult]) -> ThroughputResult:
+    """One configuration measured in several rounds: each rate the median over the rounds, every round's rate kept
+    (the page's intervals are read from them)."""
+    if not rounds:
+        raise ValueError("of_rounds needs at least one round")
+    first = rounds[0]
+    keys = ("batch_size", "batches", "workers", "device", "precision", "image_size", "data")
+    if any(getattr(r, k) != getattr(first, k) for r in rounds for k in keys):
+        raise ValueError("of_rounds: every round must measure the same configuration")
+
+    def kept(name: str) -> list[float] | None:
+        # a result made by hand may keep no rounds: its one rate is then its only round
+        values = [v for r in rounds for v in (getattr(r, f"{name}_rounds") or [getattr(r, name)]) if v is not None]
+        return values or None
+
+    loader, step, both = kept("loader"), kept("step"), kept("both")
+    return replace(
+        first,
+        loader=statistics.median(loader),
+        step=None if step is None else statistics.median(step),
+        both=None if both is None else statistics.median(both),
+        loader_rounds=loader,
+        step_rounds=step,
+        both_rounds=both,
     )
 
 
@@ -177,65 +217,3 @@ def fixture_dataset(kind: str, folder: str | Path | None = None, size: int = 224
         return open_data(f"gazehub:mpiifacegaze:{root}")
     write_xgaze_h5_dir(root, images=per_person, size=size)
     return open_data(f"xgaze-h5:{root}")
-
-
-def loading_page(page: dict[str, Any]) -> str:
-    """docs/loading.md from what ``alfa throughput --out`` measured (``page``: the command, the machine and the
-    runs, each a :meth:`ThroughputResult.to_dict` with its ``fixture`` and ``model``)."""
-    runs = page["runs"]
-
-    def rate(v: float | None) -> str:
-        return "—" if v is None else f"{v:,.0f}"
-
-    bound = {True: "yes", False: "no", None: "—"}
-    rows = [
-        f"| {r.get('fixture') or r['data']} | {r['workers']} | {rate(r['loader'])} | {rate(r['step'])} | "
-        f"{rate(r['both'])} | {bound[r['loader_bound']]} |"
-        for r in runs
-    ]
-    first = runs[0]
-    h, w = first["image_size"]
-    # a comparison without an interval is flagged where it is made (the loader-only page makes none)
-    caveat = (
-        [
-            "*Loader-bound* compares one timed run of the loader with one of the step (each is timed once, not in "
-            "repeated rounds), so it carries no 95 % interval: where the two rates are close, it shows nothing.",
-            "",
-        ]
-        if any(r["step"] is not None for r in runs)
-        else []
-    )
-    if first["step"] is None:
-        what = "The loader alone (`--loader-only`: the training step was not timed)."
-    else:
-        what = (
-            f"Model `{first['model']}` on `{first['device']}` in {first['precision']}. *Loader*: the training loop's "
-            "batches read and decoded to uint8, nothing else; *step*: forward, symmetry target, backward and Adam "
-            "on one batch already on the device; *both*: the training loop."
-        )
-    return "\n".join(
-        [
-            "# Data loading: is training loader-bound?",
-            "",
-            f"<!-- Generated by `{page['command']}`. Do not edit by hand: re-run the command. -->",
-            "",
-            f"Generated by `{page['command']}` on {page['date']} ({page['cpus']} CPUs, torch {page['torch']}; load "
-            f"average {page['load_average_end']:.1f} at the end). {h}×{w} face crops in the real layouts "
-            "(`mpiifacegaze`: a GazeHub folder of JPEG files; `eth-xgaze-h5`: raw ETH-XGaze subject files), read "
-            f"by the project's own loaders in the training loop's worker processes; batches of {first['batch_size']}, "
-            f"{first['batches']} timed batches after one warm-up batch, each handed over as the loader stores it "
-            "(uint8 for these 8-bit images) with its labels: the conversion to float runs once per batch where the "
-            f"step runs, so it counts in the step. {what}",
-            "",
-            "| data | loader workers | loader (images/s) | step (images/s) | both (images/s) | loader-bound |",
-            "| --- | ---: | ---: | ---: | ---: | :---: |",
-            *rows,
-            "",
-            *caveat,
-            "The fixtures' faces are flat colours, which decode faster than photographs, so these rates are upper "
-            "bounds for real data of the same size. ETH-XGaze's training set is ~756k images: at a rate R, one "
-            "epoch's loading takes 756,000 / R seconds of these CPUs. On a GPU the step is far faster than on a "
-            "CPU; `alfa throughput --data … --device cuda --workers 4,8` there says how many workers keep it fed.",
-            "",
-        ]
-    )

@@ -104,7 +104,7 @@ def _render_serving(root: Path, out: Path) -> None:
 
 
 def _render_loading(root: Path, out: Path) -> None:
-    from alfa.gaze.throughput import loading_page
+    from .bench.loading import loading_page
 
     page = json.loads((root / "docs/loading.json").read_text(encoding="utf-8"))
     write_text(out / "docs/loading.md", loading_page(page))
