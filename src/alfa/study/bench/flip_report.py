@@ -57,11 +57,6 @@ def _most_seeds(candidates: list[tuple[float, str, Any]]) -> list[tuple[float, s
     return [c for c in candidates if c[2].n == most]
 
 
-def _share_of(stat: Stat | None) -> str:
-    """A share in percent with its 95 % interval (``—`` without one)."""
-    return "—" if stat is None else stat.format_percent()
-
-
 def table_rows(idx: Index, main: Sequence[str]) -> list[str]:
     """Table 1's rows in order: each method of ``main`` that has records, followed by its selected-recipe row
     and its shipped-default row where there are such."""
@@ -108,6 +103,8 @@ def ceilings(idx: Index) -> dict[str, dict[str, Any]]:
             "ceiling": so_mean - tta_mean,
             "headroom": headroom,
             "ratio": ratio,
+            # the ratio's Fieller interval, read once for the table and the sentences
+            "share": share(idx, "flip-tta", [pair], seeds=FIRST_SEEDS) if ratio is not None else None,
             "visible_share": level(idx, "source-only", pair, _flip("visible_share")),
             "flip_loss": level(idx, "source-only", pair, _flip("flip_loss")),
         }
@@ -120,13 +117,11 @@ def _on_seeds(c: dict[str, Any]) -> str:
     return "" if n in (0, c["seeds"]) else f" (on the oracle's {n} seed{'s' if n != 1 else ''} of {span(FIRST_SEEDS)})"
 
 
-def _share_text(idx: Index, pair: str, c: dict[str, Any]) -> str:
+def _share_text(c: dict[str, Any]) -> str:
     """The ceiling's share of the headroom, the ratio of the means on the seeds :func:`ceilings` reads it on, with
     its 95 % interval (Fieller's, :mod:`alfa.study.bench.ratios`)."""
-    got = share(idx, "flip-tta", [pair], seeds=FIRST_SEEDS) if c["ratio"] is not None else None
-    if got is None:
-        return _pct(c["ratio"])
-    return got.text(every=got.seeds)
+    got = c["share"]
+    return _pct(c["ratio"]) if got is None else got.text(every=got.seeds)
 
 
 def _pct(x: float | None) -> str:
@@ -153,15 +148,15 @@ def _ceiling_sentences(idx: Index, ceil: dict[str, dict[str, Any]]) -> list[str]
     for pair, c in ceil.items():
         tta = diff(idx, "flip-tta", "source-only", [pair])
         text = (
-            f"On {pair} ({_control(pair)} control) a flip sees {_share_of(c['visible_share'])} of the source "
-            f"model's mean-square error; flip-TTA − source-only = {tta.describe() if tta else 'n/a'} "
+            f"On {pair} ({_control(pair)} control) a flip sees {text_of(c['visible_share'], percent=True)} of the "
+            f"source model's mean-square error; flip-TTA − source-only = {tta.describe() if tta else 'n/a'} "
             f"({c['source_only'].format('°')} → {c['flip_tta'].format('°')})"
         )
         room = diff(idx, "source-only", "oracle", [pair])
         if c["headroom"] is not None and room is not None:
             text += (
                 f", against an oracle headroom (source-only − oracle) of {room.compact()}° "
-                f"(ratio of the means {_share_text(idx, pair, c)}{_on_seeds(c)}; no finite interval where the "
+                f"(ratio of the means {_share_text(c)}{_on_seeds(c)}; no finite interval where the "
                 "headroom is not clear of zero)"
             )
         if pair in POSITIVE_CONTROLS + CONSTRUCTED_CONTROLS and c["ratio"] is not None:
@@ -287,7 +282,7 @@ def _after_table(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> str |
                 d = diff(idx, m, "source-only", [pair], _with_tta)
                 if d is not None:
                     cell_text += f" ({d.compact()})"
-            cell_text += f"; {text_of(loss)} · {_share_of(share)}"
+            cell_text += f"; {text_of(loss)} · {text_of(share, percent=True)}"
             cells.append(cell_text)
         if any(c != "—" for c in cells):
             rows.append([_name(m), *cells])
@@ -505,9 +500,9 @@ def _ceiling_table(idx: Index, ceil: dict[str, dict[str, Any]]) -> str:
             c["flip_tta"].format() + on[pair],
             _interval(diff(idx, "source-only", "flip-tta", [pair])),
             _interval(diff(idx, "source-only", "oracle", [pair])) if c["headroom"] is not None else "—",
-            _share_text(idx, pair, c) + _on_seeds(c),
+            _share_text(c) + _on_seeds(c),
             _verdict(c, pair),
-            _share_of(c["visible_share"]),
+            text_of(c["visible_share"], percent=True),
             text_of(c["flip_loss"]),
         ]
         for pair, c in ceil.items()

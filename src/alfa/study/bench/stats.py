@@ -174,9 +174,12 @@ class Stat:
         return text + (" (one seed)" if self.n == 1 else "")
 
 
-def text_of(stat: Stat | None, unit: str = "") -> str:
-    """A cell of a row's level: :meth:`Stat.format`, or ``—`` where the row has no value there."""
-    return "—" if stat is None else stat.format(unit)
+def text_of(stat: Stat | None, unit: str = "", percent: bool = False) -> str:
+    """A cell of a row's level: :meth:`Stat.format` (:meth:`Stat.format_percent` for a share, ``percent``), or ``—``
+    where the row has no value there."""
+    if stat is None:
+        return "—"
+    return stat.format_percent() if percent else stat.format(unit)
 
 
 def _whole(x: float) -> str:

@@ -167,10 +167,12 @@ def default_choice(idx: Index) -> tuple[str | None, dict[str, float | None]]:
     :data:`PASS_K` over :data:`RULE_PAIRS`, from the means over :data:`RULE_SEEDS`; the best adapter replaces the
     declared default only if its score beats the default's by :data:`RULE_MARGIN`. ``(None, scores)`` while a
     candidate lacks any of those seeds and pairs (the rule is not applied before)."""
-    scores: dict[str, float | None] = {}
-    for method in RULE_CANDIDATES:
-        lowest = _rule_score(idx, method)
-        scores[method] = None if lowest is None else lowest[1].value
+    return _choice_of({method: _rule_score(idx, method) for method in RULE_CANDIDATES})
+
+
+def _choice_of(lowest: dict[str, tuple[str, Ratio] | None]) -> tuple[str | None, dict[str, float | None]]:
+    """:func:`default_choice` from each candidate's :func:`_rule_score` (read once by the page that prints them)."""
+    scores = {method: None if low is None else low[1].value for method, low in lowest.items()}
     if any(v is None for v in scores.values()):
         return None, scores
     best = max(RULE_CANDIDATES[1:], key=lambda m: scores[m] or 0.0)
@@ -212,8 +214,8 @@ def _held_out(records: Sequence[Record], results: dict[str, Any]) -> Index:
 
 
 def _choice_section(idx: Index, records: Sequence[Record], results: dict[str, Any]) -> list[str]:
-    choice, scores = default_choice(idx)
-    lowest = {m: _rule_score(idx, m) for m in scores}
+    lowest = {m: _rule_score(idx, m) for m in RULE_CANDIDATES}
+    choice, _ = _choice_of(lowest)
     score_text = ", ".join(
         f"`{m}` " + ("—" if low is None else f"{low[1].text()} on {low[0]}") for m, low in lowest.items()
     )
