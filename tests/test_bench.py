@@ -25,6 +25,7 @@ from alfa.study.bench.plan import plan_records
 from alfa.study.bench.record import Record
 from alfa.study.bench.results import RESULTS_FILE, ResultsStore, load_results
 from alfa.study.bench.runner import run_bench
+from alfa.study.timing import cpu_name
 
 REQUIRED = ("method", "pair", "seed", "error_deg", "per_person", "trainable_params", "inference_params")
 REQUIRED += ("adapter_bytes", "seconds_per_user", "id", "config_hash")
@@ -123,6 +124,7 @@ def test_sources_record_the_training_their_models_took(bench):
     parts = entry["recorded_train_parts"]
     assert parts["pretrain"] > 0 and parts["recovery"] > 0
     assert entry["recorded_train_seconds"] == pytest.approx(sum(parts.values()))
+    assert entry["cpu"] == cpu_name()  # trained here, by this run (a model read from its cache keeps its record's)
 
 
 def test_resume_skips_finished_records(bench, monkeypatch):

@@ -39,6 +39,7 @@ from alfa.gaze.recipes import Recipe
 from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts
 from alfa.gaze.train import MODEL_FILE, TruncateConfig, input_size, truncate_and_recover
 
+from ..timing import cpu_name
 from .config import BenchConfig
 from .plan import STAND_IN, RecordPlan, grid_plan
 from .record import as_records
@@ -235,6 +236,8 @@ class Session:
                 },
                 "pretrain_final_val_error": (src.models.pretrain_history or [{}])[-1].get("val_error"),
             }
+            if not src.models.from_cache:  # the kind of machine that trained it; a cached model keeps its record's
+                src.info["cpu"] = cpu_name()
             src.info.update(self.recorded_training(src))
             refuse_a_different_model(self.recorded_sources.get(f"{key}|seed{seed}", {}), src.info)
         return src
