@@ -72,9 +72,15 @@ def test_probe_curves_have_one_entry_per_layer(quick_run):
             assert len(entry["coding_rate"]) == len(entry["coding_rate_std"]) == depth
             assert len(entry["coding_rate_per_head"]) == depth
             assert all(math.isfinite(r) and r > 0 for r in entry["coding_rate"])
+            # every person's mean over their probe images, and the persons' mean is the images' (equal counts)
+            persons = entry["coding_rate_per_person"]
+            assert len(persons) >= 2 and all(len(v) == depth for v in persons.values())
+            means = [sum(v[layer] for v in persons.values()) / len(persons) for layer in range(depth)]
+            assert means == pytest.approx(entry["coding_rate"], rel=1e-5)
             if kind == "crate":  # ISTA sparsity exists for CRATE only
                 assert len(entry["nonzero_fraction"]) == depth
                 assert all(0.0 <= f <= 1.0 for f in entry["nonzero_fraction"])
+                assert set(entry["nonzero_fraction_per_person"]) == set(persons)
             else:
                 assert "nonzero_fraction" not in entry
 
@@ -212,3 +218,43 @@ def test_alfas_before_and_after_are_read_on_the_persons_both_scored():
     after = {"mean": 9.0, "per_person": {"a": 8.0, "b": 10.0}}  # c's personalization failed
     # on a and b only: 9.5 and 9.0, which differ by the paired difference (−0.5), not 6.67 against 9.0
     assert _on_shared(before, after) == ("9.50 [3.15, 15.85]", "9.00 [-3.71, 21.71]")
+
+
+def test_probe_levels_are_over_persons_and_their_changes_paired_over_persons():
+    from alfa.study.crate.gaze_report import _probe_cell, _trend
+
+    # three persons, three layers; each person's rate falls 2 then 1 from layer to layer, by person-specific starts
+    per = {"a": [9.0, 7.0, 6.0], "b": [10.0, 8.0, 7.0], "c": [11.0, 9.0, 8.0]}
+    entry = {"coding_rate": [10.0, 8.0, 7.0], "coding_rate_std": [5.0, 5.0, 5.0], "coding_rate_per_person": per}
+    # layer 1: 10 ± t(0.975, 2) · 1 / √3
+    assert _probe_cell(entry, "coding_rate", 0, ".2f") == "10.00 [7.52, 12.48]"
+    # every person falls by exactly 3: a zero-width interval, and both steps wholly below zero
+    text = _trend(entry, "coding_rate")
+    assert text.startswith("10 → 7, last − first -3 [-3, -3] over 3 persons")
+    assert text.endswith("2 of 2 layer steps down in the means, 2 with the whole interval below zero)")
+    # persons who disagree: the mean still falls, but the interval of the second step straddles zero
+    per["c"] = [11.0, 9.0, 10.0]
+    assert "1 with the whole interval below zero" in _trend(entry, "coding_rate")
+    # a record made before the persons were kept: mean ± the spread over images, and no interval claimed
+    old = {"coding_rate": [10.0, 8.0, 7.0], "coding_rate_std": [5.0, 5.0, 5.0]}
+    assert _probe_cell(old, "coding_rate", 0, ".2f") == "10.00 ± 5.00"
+    assert _trend(old, "coding_rate") == "10 → 7 (highest 10 at layer 1, lowest 7 at layer 3; 2 of 2 layer steps down)"
+
+
+def test_the_error_right_after_truncation_is_kept_per_person(quick_run):
+    _, page, results = quick_run
+    t = results["truncation"]
+    kept = t["in_domain_after_truncation"]
+    # the same truncation truncate_and_recover makes, scored on the same persons: its mean is that run's own
+    assert kept["mean"] == pytest.approx(t["in_domain_error"]["after_truncation"], abs=1e-6)
+    assert len(kept["per_person"]) >= 2 and "its persons not kept" not in page.read_text()
+
+
+def test_the_page_names_the_machine_its_run_trained_on(quick_run):
+    from alfa.study.crate.gaze_report import format_markdown
+    from alfa.study.timing import cpu_name
+
+    _, page, results = quick_run
+    assert results["cpu"] == cpu_name() and f"on {cpu_name()})" in page.read_text()
+    older = {k: v for k, v in results.items() if k != "cpu"}  # a record made before the machine was kept
+    assert "torch_version" in older and ", on " not in format_markdown(older).split("\n")[4]

@@ -64,6 +64,7 @@ from alfa.models import create_model
 from alfa.summary import parameter_summary
 from alfa.truncate import truncate
 
+from ..timing import cpu_name
 from .gaze_config import LABELS, MODEL_NAMES, MODELS, CrateGazeConfig, late_blocks_pattern, quick_config
 from .gaze_report import format_markdown, format_summary, plot_gaze_probes
 from .probes import ProbeResult, probe_model
@@ -114,19 +115,28 @@ def _constant_errors(mean_gaze: Tensor, dataset: GazeDataset, n_adapt: int) -> d
     return out
 
 
-def _probe_images(dataset: GazeDataset, per_person: int) -> Tensor:
-    """The fixed probe batch: the first ``per_person`` images of every person (labels untouched)."""
-    indices = [i for p in dataset.persons() for i in dataset.person_indices(p)[:per_person]]
-    return load_images(dataset, indices, what="probe images")
+def _probe_images(dataset: GazeDataset, per_person: int) -> tuple[Tensor, list[str]]:
+    """The fixed probe batch: the first ``per_person`` images of every person (labels untouched), and each
+    image's person."""
+    chosen = [(i, str(p)) for p in dataset.persons() for i in dataset.person_indices(p)[:per_person]]
+    return load_images(dataset, [i for i, _ in chosen], what="probe images"), [p for _, p in chosen]
 
 
-def _probe_entry(result: ProbeResult) -> dict[str, Any]:
+def _per_person(values: Tensor, persons: list[str]) -> dict[str, list[float]]:
+    """``values`` ``(images, layers)`` averaged over each person's images: the persons are the unit of the page's
+    intervals (a person's images are not independent draws)."""
+    return {p: values[[i for i, q in enumerate(persons) if q == p]].mean(0).tolist() for p in dict.fromkeys(persons)}
+
+
+def _probe_entry(result: ProbeResult, persons: list[str]) -> dict[str, Any]:
     entry = result.to_dict()
     rc = result.layer_rate()
     entry["coding_rate_std"] = (rc.std(0) if result.num_images > 1 else torch.zeros(rc.shape[1])).tolist()
+    entry["coding_rate_per_person"] = _per_person(rc, persons)
     if result.sparsity is not None:
         s = result.sparsity
         entry["nonzero_fraction_std"] = (s.std(0) if result.num_images > 1 else torch.zeros(s.shape[1])).tolist()
+        entry["nonzero_fraction_per_person"] = _per_person(s, persons)
     return entry
 
 
@@ -187,11 +197,13 @@ def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None
     t0 = time.time()
     probe_sets = {val.name: _probe_images(val, config.probe_images_per_person)}
     probe_sets.update({name: _probe_images(d, config.probe_images_per_person) for name, d in targets.items()})
-    probe_results = {
-        kind: {name: probe_model(models[kind], images, eps=config.probe_eps) for name, images in probe_sets.items()}
+    probes = {
+        kind: {
+            name: _probe_entry(probe_model(models[kind], images, eps=config.probe_eps), persons)
+            for name, (images, persons) in probe_sets.items()
+        }
         for kind in MODELS
     }
-    probes = {kind: {name: _probe_entry(r) for name, r in per.items()} for kind, per in probe_results.items()}
     figure = plot_gaze_probes(probes, out / FIGURE_FILE, source_name=val.name)
     seconds["probes"] = time.time() - t0
 
@@ -219,6 +231,7 @@ def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None
         "seconds": seconds,
         "torch_threads": config.threads,
         "torch_version": torch.__version__,
+        "cpu": cpu_name(),  # another kind of machine renders the worlds a few bits apart: other models
     }
     write_json(out / RESULTS_FILE, results)
     return results
@@ -302,6 +315,12 @@ def _truncate_crate(
     base = copy.deepcopy(crate)
     kwargs, crate_name = config.model_kwargs(), MODEL_NAMES["crate"]
     dense_params = parameter_summary(base).total
+    # the in-domain error per person right after truncation, before any recovery, so the page can give it an
+    # interval over persons like every other error (truncate_and_recover keeps only its mean)
+    unrecovered = copy.deepcopy(crate)
+    truncate(unrecovered, config.rank)
+    after_truncation = _errors_entry(person_errors(unrecovered.eval(), val, None, 0))
+    del unrecovered
     if config.recovery_epochs > 0:
         recovery = dataclasses.replace(config.train_config(), epochs=config.recovery_epochs, lr=config.recovery_lr)
         trunc = truncate_and_recover(
@@ -332,6 +351,7 @@ def _truncate_crate(
         "parameters_dense": dense_params,
         "parameters_truncated": parameter_summary(base).total,
         "in_domain_error": trunc_errors,
+        "in_domain_after_truncation": after_truncation,
         "in_domain_after_recovery": _errors_entry(person_errors(base, val, None, 0)),
         "recovery_epochs": config.recovery_epochs,
         "recovery_lr": config.recovery_lr,

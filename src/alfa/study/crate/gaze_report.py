@@ -21,11 +21,23 @@ __all__ = ["plot_gaze_probes", "format_summary", "format_markdown"]
 # ----------------------------------------------------------------------------- the figure
 
 
+def _probe_band(entry: dict[str, Any], key: str) -> tuple[Any, Any, Any]:
+    """The figure's line and band for ``key``: the persons' mean and interval, else mean ± std over images."""
+    import numpy as np
+
+    levels = _probe_levels(entry, key)
+    if levels is not None:
+        return levels[0], levels[1], levels[2]
+    mean, std = np.asarray(entry[key]), np.asarray(entry[f"{key}_std"])
+    return mean, mean - std, mean + std
+
+
 def plot_gaze_probes(
     probes: dict[str, dict[str, dict[str, Any]]], path: str | os.PathLike, source_name: str | None = None
 ) -> Path:
-    """Two panels against depth: the tokens' coding rate ``R_c`` (sum over heads, mean ± std over the probe
-    images) for both models, and CRATE's non-zero fraction after ISTA; colour = data set (source or
+    """Two panels against depth: the tokens' coding rate ``R_c`` (sum over heads; the mean over persons with its
+    95 % t-interval as a band, or the mean ± std over the probe images of a record that kept no persons) for both
+    models, and CRATE's non-zero fraction after ISTA; colour = data set (source or
     target), solid = CRATE, dashed = ViT. ``probes`` is ``results["probes"]["results"]`` (model kind -> data
     set -> the probe's entry), so the page can redraw it from the committed results. Written atomically, with
     its plotted data beside it (:func:`alfa.study.plotted.save_figure`)."""
@@ -33,7 +45,6 @@ def plot_gaze_probes(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
     from matplotlib.ticker import MaxNLocator
 
     sets = list(dict.fromkeys(name for per in probes.values() for name in per))
@@ -44,17 +55,16 @@ def plot_gaze_probes(
     for kind, per in probes.items():
         for name, entry in per.items():
             eps.add(entry["eps"])
-            mean, std = np.asarray(entry["coding_rate"]), np.asarray(entry["coding_rate_std"])
-            layers = list(range(1, len(mean) + 1))
             role = "source" if name == source_name else "target"
             label = f"{LABELS.get(kind, kind)} · {name} ({role})"
-            style = styles.get(kind, ":")
-            ax_rate.plot(layers, mean, style, marker="o", ms=3, color=colours[name], label=label)
-            ax_rate.fill_between(layers, mean - std, mean + std, color=colours[name], alpha=0.12)
-            if "nonzero_fraction" in entry:
-                s_mean, s_std = np.asarray(entry["nonzero_fraction"]), np.asarray(entry["nonzero_fraction_std"])
-                ax_sparse.plot(layers, s_mean, style, marker="o", ms=3, color=colours[name], label=label)
-                ax_sparse.fill_between(layers, s_mean - s_std, s_mean + s_std, color=colours[name], alpha=0.12)
+            keys = [("coding_rate", ax_rate)] + (
+                [("nonzero_fraction", ax_sparse)] if "nonzero_fraction" in entry else []
+            )
+            for key, ax in keys:
+                mean, low, high = _probe_band(entry, key)
+                layers = list(range(1, len(mean) + 1))
+                ax.plot(layers, mean, styles.get(kind, ":"), marker="o", ms=3, color=colours[name], label=label)
+                ax.fill_between(layers, low, high, color=colours[name], alpha=0.12)
     eps_text = ", ".join(f"{e:g}" for e in sorted(eps))
     ax_rate.set(
         xlabel="layer", ylabel="R_c (bits, sum over heads)", title=f"coding rate of the tokens (ε = {eps_text})"
@@ -145,14 +155,44 @@ def format_summary(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _trend(values: list[float]) -> str:
-    """First → last value, where the curve peaks and bottoms out, and how many layer-to-layer steps go down."""
+def _probe_levels(entry: dict[str, Any], key: str) -> Any | None:
+    """Per layer, the mean over persons of ``key`` (each person's probe images averaged first) and its 95 %
+    t-interval over them: an array ``(3, layers)`` of mean, low and high; ``None`` where the record kept no
+    persons (made before they were) or fewer than two."""
+    per = entry.get(f"{key}_per_person") or {}
+    return interval(list(per.values())) if len(per) >= 2 else None
+
+
+def _probe_cell(entry: dict[str, Any], key: str, layer: int, fmt: str) -> str:
+    """A probe's level at ``layer``: mean over persons [t-interval], or mean ± spread over images (an old record)."""
+    levels = _probe_levels(entry, key)
+    if levels is None:
+        return f"{entry[key][layer]:{fmt}} ± {entry[f'{key}_std'][layer]:{fmt}}"
+    return format_interval(*(float(v) for v in levels[:, layer]), fmt)
+
+
+def _trend(entry: dict[str, Any], key: str) -> str:
+    """First → last layer, where the curve peaks and bottoms out, and how many layer-to-layer steps go down; where
+    the persons were kept, the change and every step are differences paired over persons, each with its 95 %
+    t-interval (one at a time: descriptive)."""
+    import numpy as np
+
+    levels = _probe_levels(entry, key)
+    values = list(entry[key]) if levels is None else [float(v) for v in levels[0]]
     downs = sum(b < a for a, b in zip(values, values[1:]))
     top = max(range(len(values)), key=values.__getitem__)
     low = min(range(len(values)), key=values.__getitem__)
+    steps = f"{downs} of {len(values) - 1} layer steps down"
+    change = ""
+    if levels is not None:
+        rows = np.asarray(list(entry[f"{key}_per_person"].values()), dtype=np.float64)
+        last_first = interval(rows[:, -1] - rows[:, 0])
+        clear = int((interval(rows[:, 1:] - rows[:, :-1])[2] < 0).sum())
+        change = f", last − first {format_interval(*(float(v) for v in last_first), '.3g')} over {len(rows)} persons"
+        steps += f" in the means, {clear} with the whole interval below zero"
     return (
-        f"{values[0]:.3g} → {values[-1]:.3g} (highest {values[top]:.3g} at layer {top + 1}, lowest {values[low]:.3g} "
-        f"at layer {low + 1}; {downs} of {len(values) - 1} layer steps down)"
+        f"{values[0]:.3g} → {values[-1]:.3g}{change} (highest {values[top]:.3g} at layer {top + 1}, lowest "
+        f"{values[low]:.3g} at layer {low + 1}; {steps})"
     )
 
 
@@ -212,11 +252,12 @@ def _findings(results: dict[str, Any]) -> list[str]:
             + f"; {against}."
         )
     t = results["truncation"]
-    e = t["in_domain_error"]
+    kept = t.get("in_domain_after_truncation")  # a record made before it was kept has the mean alone
+    truncated = _pm(kept) if kept else f"{t['in_domain_error']['after_truncation']:.2f} deg (its persons not kept)"
     lines.append(
         f"Truncation at rank {t['rank']} ({t['factorized_layers']} layers): {t['parameters_dense']:,} -> "
         f"{t['parameters_truncated']:,} parameters; in-domain {_pm(in_domain['crate'])} -> "
-        f"{e['after_truncation']:.2f} deg (its persons not kept), {_pm(t['in_domain_after_recovery'])} after "
+        f"{truncated}, {_pm(t['in_domain_after_recovery'])} after "
         f"{t['recovery_epochs']} recovery epoch(s); "
         + _versus(t["in_domain_after_recovery"], in_domain["crate"], ("recovered", "dense"))
         + "."
@@ -240,9 +281,9 @@ def _findings(results: dict[str, Any]) -> list[str]:
     probes = results["probes"]["results"]
     for kind in MODELS:
         for name, entry in probes[kind].items():
-            text = f"Probe {LABELS[kind]} on {name}: R_c {_trend(entry['coding_rate'])}"
+            text = f"Probe {LABELS[kind]} on {name}: R_c {_trend(entry, 'coding_rate')}"
             if "nonzero_fraction" in entry:
-                text += f"; non-zero after ISTA {_trend(entry['nonzero_fraction'])}"
+                text += f"; non-zero after ISTA {_trend(entry, 'nonzero_fraction')}"
             lines.append(text + ".")
     return lines
 
@@ -273,10 +314,14 @@ def _markdown_title(results: dict[str, Any], command: str) -> list[str]:
         "",
         f"Generated by `{command}` (seed {cfg['seed']}, data seed {cfg['data_seed']}, "
         f"{results['torch_threads']} torch thread(s), {results['seconds']['total'] / 60:.1f} min wall time, "
-        f"torch {results['torch_version']}). Every number below comes from that run's `results.json`.",
+        f"torch {results['torch_version']}{', on ' + results['cpu'] if results.get('cpu') else ''}). Every number "
+        "below comes from that run's `results.json`.",
         "",
         "A tiny CRATE and a tiny ViT of the same width, depth and heads are trained from scratch for a few epochs "
-        "on CPU. This is a small use, not a benchmark: one seed, few images, short training, synthetic faces.",
+        "on CPU. This is a small use, not a benchmark: one seed, few images, short training, synthetic faces. The "
+        "same seed gives the same numbers on the same kind of machine; another kind renders the synthetic faces a "
+        "few bits apart and so trains other models, and with one seed the comparisons below can change with it "
+        "([gaze.md](gaze.md#determinism)).",
         "",
         *(
             ["**Preset `quick`**: a smoke test of the chain; its numbers say nothing about the models.", ""]
@@ -396,16 +441,25 @@ def _markdown_probes(results: dict[str, Any], figure: str | None) -> list[str]:
     depth = len(probes["results"]["crate"][sets[0]]["coding_rate"])
     for layer in range(depth):
         cells = [str(layer + 1)]
-        for kind in MODELS:
-            for s in sets:
-                e = probes["results"][kind][s]
-                cells.append(f"{e['coding_rate'][layer]:.2f} ± {e['coding_rate_std'][layer]:.2f}")
-        for s in sets:
-            e = probes["results"]["crate"][s]
-            cells.append(f"{e['nonzero_fraction'][layer]:.3f} ± {e['nonzero_fraction_std'][layer]:.3f}")
+        cells += [_probe_cell(probes["results"][kind][s], "coding_rate", layer, ".2f") for kind in MODELS for s in sets]
+        cells += [_probe_cell(probes["results"]["crate"][s], "nonzero_fraction", layer, ".3f") for s in sets]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *(f"- {line}" for line in _findings(results) if line.startswith("Probe ")), ""]
     return lines
+
+
+def _probe_limit(probes: dict[str, Any]) -> str:
+    """What the probes' brackets (or, in a record that kept no persons, their ±) are."""
+    if all("coding_rate_per_person" in e for per in probes["results"].values() for e in per.values()):
+        return (
+            f"The probes' intervals are over persons: each person's {probes['images_per_person']} probe images are "
+            "averaged first, since one person's images are not independent draws. The layer-to-layer differences "
+            "are paired over persons, one at a time, and descriptive."
+        )
+    return (
+        f"The probes' ± is the spread over their images ({probes['images_per_person']} per person, not independent "
+        "draws), a description of the images, not an interval: this record kept no per-person values."
+    )
 
 
 def _markdown_limits_and_rerun(results: dict[str, Any], command: str) -> list[str]:
@@ -419,8 +473,7 @@ def _markdown_limits_and_rerun(results: dict[str, Any], command: str) -> list[st
         f"{cfg['image_size']}-pixel faces with a constant learning rate: a short budget. Differences between CRATE "
         "and ViT here are differences after that budget, not of the architectures at convergence.",
         "- One seed: no spread over seeds is measured; the errors' intervals are over persons only, so a training "
-        "run's own variation is not in them. The probes' ± is the spread over their images (four per person, not "
-        "independent draws), a description of the images, not an interval.",
+        "run's own variation is not in them. " + _probe_limit(results["probes"]),
         "- The data are procedural faces (`docs/synthetic.md`), not the paper's datasets.",
         "",
         "## Re-running",
