@@ -84,7 +84,8 @@ def test_a_figure_that_plots_one_other_value_is_reported(tmp_path, monkeypatch):
     def one_value_off(probes, path, source_name=None):
         probes = copy.deepcopy(probes)
         entry = next(iter(next(iter(probes.values())).values()))
-        entry["coding_rate"][0] += 0.5
+        first_person = next(iter(entry["coding_rate_per_person"].values()))  # the figure draws the persons' mean
+        first_person[0] += 0.5
         return draw(probes, path, source_name=source_name)
 
     monkeypatch.setattr(gaze_report, "plot_gaze_probes", one_value_off)
