@@ -233,7 +233,7 @@ def test_command_line_options():
     assert _pairs("E-M,g->d,EM") == ["E→M", "G→D", "E→M"]
     parser = build_parser()
     args = parser.parse_args(["bench", "--full", "--seeds", "1,2", "--ablations", "none", "--dry-run"])
-    assert args.full and args.seeds == "1,2" and args.dry_run
+    assert args.full and args.seeds == (1, 2) and args.dry_run
     args = parser.parse_args(["report", "--results", "runs/bench"])
     assert args.out == "docs/results.md"
     full, quick = BenchConfig.full(), BenchConfig.quick()

@@ -352,3 +352,20 @@ def test_cli_meta_train_then_personalize(bases, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "(Adam lr 0.01, 2 steps, 5 images): 1 done" in out
     assert (tmp_path / "ad" / "p00.safetensors").is_file()
+    # another recipe over those prompt files, or TPGaze over another method's adapters: refused, nothing lost
+    first = (tmp_path / "ad" / "p00.safetensors").read_bytes()
+    again = ["tpgaze", "personalize", *common, "--data", target, "--out", str(tmp_path / "ad"), "--no-meta"]
+    for argv in (again, [*again[:-1], "--meta", str(tmp_path / "meta" / "prompts.safetensors"), "--steps", "3"]):
+        args = parser.parse_args(argv)
+        with pytest.raises(ValueError, match="--replace to redo them there"):
+            args.func(args)
+        assert (tmp_path / "ad" / "p00.safetensors").read_bytes() == first
+    args = parser.parse_args([*again, "--steps", "1", "--replace"])
+    args.func(args)
+    assert "1 done, 0 already there" in capsys.readouterr().out
+    assert (tmp_path / "ad" / "p00.safetensors").read_bytes() != first
+    for persons, words in ((",", "name at least one person id"), ("p9", "has no person 'p9'")):
+        args = parser.parse_args([*again, "--steps", "2", "--replace", "--persons", persons])
+        with pytest.raises(ValueError, match=words):
+            args.func(args)
+        assert (tmp_path / "ad" / "p00.safetensors").is_file()  # refused before --replace removed anything

@@ -268,6 +268,17 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
     assert _about(tmp_path / "s" / "p00.safetensors")["user_calibration"]["offset_prior"] == 2.0
     # at its neutral value the prior is no part of a run's key: a run made before the option existed resumes
     assert "offset_prior" not in _about(tmp_path / "c" / "p00.safetensors")["user_calibration"]
+    # an option another method reads is refused by name, before anything runs; --persons must name someone
+    for option, words in (
+        (["--adapter-method", "nope"], "--adapter-method sets the adapter method's recipe, not offset's"),
+        (["--option", "rank=4"], "--option sets the adapter method's recipe, not offset's"),
+        (["--steps", "3"], "--steps sets the last-layer and adapter method's recipe, not offset's"),
+        (["--persons", ","], "--persons ',': name at least one person id"),
+        (["--persons", "p9"], "--persons: mpii/test has no person 'p9'"),  # refused before --replace removes
+    ):
+        assert main([*argv, "--k", "2", "--pool", "4", "--method", "offset", *option, "--replace"]) == 2
+        assert words in capsys.readouterr().err
+    assert (tmp_path / "c" / "p00.safetensors").is_file()  # nothing was removed
 
 
 def _about(path):

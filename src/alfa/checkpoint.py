@@ -194,6 +194,8 @@ def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tu
         config = json.loads(meta["config"])
     except (KeyError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: damaged checkpoint header ({e})") from e
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: damaged checkpoint header (its config is not a JSON object)")
     # files written before checksums have none
     if not header_only and config.get("checksum") is not None and tensor_checksum(tensors) != config["checksum"]:
         raise CheckpointError(f"{path}: damaged tensor data (its checksum does not match the one it was saved with)")

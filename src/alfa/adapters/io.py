@@ -349,7 +349,7 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
     if raw.get("version") != str(VERSION):
         raise AdapterFileError(f"{path}: adapter format version {raw.get('version')}, this alfa reads {VERSION}")
     try:
-        return {
+        header = {
             "method": raw["method"],
             "config": json.loads(raw["config"]),
             "targets": json.loads(raw["targets"]),
@@ -366,6 +366,13 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
         }
     except (KeyError, json.JSONDecodeError) as e:
         raise AdapterFileError(f"{path}: damaged adapter header ({e})") from e
+    # valid JSON of the wrong kind is damage too, named here rather than met as a traceback where it is read
+    kinds = {"config": dict, "targets": list, "fingerprint": dict, "about": dict, "modules_to_save": list}
+    for key, kind in kinds.items():
+        if not isinstance(header[key], kind):
+            what = "object" if kind is dict else "list"
+            raise AdapterFileError(f"{path}: damaged adapter header (its {key!r} is not a JSON {what})")
+    return header
 
 
 def load_adapter(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import json
 import os
 import re
 import sys
@@ -180,7 +181,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
             check_writable(value, folder=folder, what=f"--{_flag(name)}")
     for name in () if getattr(args, "replace", False) else args.replaceable:
         value = getattr(args, name, None)
-        if value is None or _generated_page(Path(value), args.command_path):  # its data beside it is ours too
+        writers = (args.command_path, *getattr(args, "rewrites", ()))
+        if value is None or _generated_by(Path(value), writers):  # its data beside it is ours too
             continue
         if Path(value).exists():
             raise ValueError(f"--{_flag(name)} {value}: exists; name another file, or add --replace to overwrite it")
@@ -192,16 +194,23 @@ def _check_outputs(args: argparse.Namespace) -> None:
             )
 
 
-def _generated_page(path: Path, command_path: str) -> bool:
-    """A page this command generated (near its top it says so, naming ``alfa <command_path>``): rewriting it with
-    its regenerated form loses nothing a person wrote, so its regenerate command runs as the page prints it. A
-    page another command generated is not this command's to replace."""
+def _generated_by(path: Path, command_paths: tuple[str, ...]) -> bool:
+    """A page or a record one of ``command_paths`` generated: a page that says near its top it is not to be edited
+    by hand and names ``alfa <command path>``, or a JSON record whose ``command`` is such a command. Rewriting it
+    with its regenerated form loses nothing a person wrote, so its regenerate command runs as the page prints it.
+    Anything else, a page another command generated among it, is not this command's to replace unasked."""
+    names = re.compile(r"alfa (" + "|".join(re.escape(c) for c in command_paths) + r")( |$)")
     try:
+        if path.suffix == ".json":
+            record = json.loads(path.read_text(encoding="utf-8"))
+            command = record.get("command") if isinstance(record, dict) else None
+            return isinstance(command, str) and names.match(command) is not None
         with path.open(encoding="utf-8", errors="replace") as f:
             head = f.read(4096)
-    except OSError:
+    except (OSError, ValueError):
         return False
-    return "Do not edit by hand" in head and re.search(rf"`alfa {re.escape(command_path)}[ `]", head) is not None
+    named = re.findall(r"`([^`]*)`", head)
+    return "do not edit by hand" in head.lower() and any(names.match(c) for c in named)
 
 
 @contextlib.contextmanager

@@ -94,7 +94,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     if args.pairs is not None:
         changes["pairs"] = tuple(_pairs(args.pairs))
     if args.seeds is not None:
-        changes["seeds"] = tuple(int(s) for s in _list(args.seeds))
+        changes["seeds"] = args.seeds
     if args.ablations is not None:
         names = _list(args.ablations)
         changes["ablations"] = () if names == ["none"] else tuple(REGISTRY) if names == ["all"] else tuple(names)
@@ -213,9 +213,9 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated methods that also get a row with the recipe alfa personalize ships for them, or "
         "'none' (default: the preset's; with --methods, those of them the preset has)",
     )
-    p.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
+    p.add_argument("--seeds", type=_seed_list, help="comma-separated seeds (default: the preset's)")
     p.add_argument("--ablations", help=_ablations_help())
-    p.add_argument("--threads", type=int, help=f"torch threads (default {BenchConfig().threads})")
+    p.add_argument("--threads", type=at_least(1), help=f"torch threads (default {BenchConfig().threads})")
     p.add_argument("--keep-adapters", action="store_true", help="keep every per-person adapter file")
     p.add_argument("--dry-run", action="store_true", help="list the records that would run, run nothing")
     p.add_argument("--report", metavar="MD", help="also write the report to this markdown file afterwards")
@@ -270,7 +270,7 @@ BENCH = Command(
     add_arguments=_bench_arguments,
     run=_bench,
     outputs={"out": True, "report": False},
-    keeps=frozenset({"report"}),  # rewritten as the run it reports resumes ("rerun to retry them")
+    rewrites=("report",),  # the page --report writes is `alfa report`'s, rewritten as the run it reports resumes
     # not held: pieces of one benchmark fill one folder at once, merged into results.json under its file lock
     shared=frozenset({"out"}),
     extra="study",
@@ -285,6 +285,17 @@ REPORT = Command(
     outputs={"out": False, "figures": True, "data_to": True},
     extra="study",
 )
+
+
+def _seed_list(text: str) -> tuple[int, ...]:
+    """``--seeds``: comma-separated whole numbers of at least 0."""
+    try:
+        values = tuple(int(v) for v in _list(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected whole numbers of at least 0, got {text!r}")
+    return values
 
 
 def _counts(text: str) -> list[int]:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from .gaze import _parse_value, open_spec, seed_everything
+from .guards import persons_of
 from .options import (
     allow_partial_option,
     at_least,
@@ -68,7 +69,26 @@ def _calibrate_config(args: argparse.Namespace):
     }
     config = CalibrateConfig(**{k: v for k, v in changes.items() if v is not None})
     config.validate()
+    for dest, methods in RECIPE_OPTIONS.items():  # an option the method never reads is a mistake, not a no-op
+        if getattr(args, dest) is not None and config.method not in methods:
+            flag = "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag} sets the {' and '.join(methods)} method's recipe, not {config.method}'s")
     return config
+
+
+RECIPE_OPTIONS = {
+    "affine_ridge": ("affine",),
+    "feature_ridge": ("ridge",),
+    "offset_prior": ("offset", "affine"),
+    "steps": ("last-layer", "adapter"),
+    "lr": ("last-layer", "adapter"),
+    "adapter_method": ("adapter",),
+    "option": ("adapter",),
+    "flip_weight": ("last-layer", "adapter"),
+    "faze_lr": ("faze",),
+    "faze_steps": ("faze",),
+}
+"""Each recipe option of ``alfa calibrate`` and the methods that read it (docs/user-calibration.md)."""
 
 
 def _refuse_existing(out: Path, data, config, replace: bool) -> None:
@@ -132,11 +152,11 @@ def _calibrate(args: argparse.Namespace) -> None:
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
     out = Path(args.out)
-    _refuse_existing(out, data, config, args.replace)
+    persons = persons_of(args.persons)
+    _refuse_what_fails_everyone(data, persons, config)
+    _refuse_existing(out, data, config, args.replace)  # last of the refusals: with --replace it removes files
     maml = saved.get("extra", {}).get("maml", {}).get("config", {})
     defaults = (maml["inner_lr"], maml["inner_steps"]) if maml else None
-    persons = [p for p in args.persons.split(",") if p] if args.persons else None
-    _refuse_what_fails_everyone(data, persons, config)
     _note_a_dense_base(model, config, args.checkpoint)  # after every refusal: a refused run prints one line
     seed_everything(config.seed)
     record = calibrate_dataset(

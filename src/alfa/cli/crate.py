@@ -7,7 +7,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from .options import quiet_option, seed_option
+from .options import at_least, non_negative_number, positive_rate, quiet_option, seed_option
 from .registry import Command
 
 __all__ = ["CRATE"]
@@ -17,9 +17,12 @@ def _toy_arguments(toy: argparse.ArgumentParser) -> None:
     from alfa.study.crate.toy import DEFAULT_PANELS, PANELS, ToyConfig
 
     constants = ToyConfig()
-    toy.add_argument("--seeds", type=int, default=10, help="number of seeds to run (default %(default)s)")
+    toy.add_argument("--seeds", type=at_least(1), default=10, help="number of seeds to run (default %(default)s)")
     toy.add_argument(
-        "--first-seed", type=int, default=0, help="seeds are first-seed … first-seed+seeds-1 (default %(default)s)"
+        "--first-seed",
+        type=at_least(0),
+        default=0,
+        help="seeds are first-seed … first-seed+seeds-1 (default %(default)s)",
     )
     toy.add_argument(
         "--panels",
@@ -34,12 +37,17 @@ def _toy_arguments(toy: argparse.ArgumentParser) -> None:
         help="ε of the coding rates R, R_c and of the steps (default %(default)s)",
     )
     toy.add_argument(
-        "--eta", type=float, default=constants.eta, help="ISTA step size η in panel (d) (default %(default)s)"
+        "--eta", type=positive_rate, default=constants.eta, help="ISTA step size η in panel (d) (default %(default)s)"
     )
     toy.add_argument(
-        "--lam", type=float, default=constants.lam, help="ISTA sparsity λ in panel (d) (default %(default)s)"
+        "--lam",
+        type=non_negative_number,
+        default=constants.lam,
+        help="ISTA sparsity λ in panel (d) (default %(default)s)",
     )
-    toy.add_argument("--layers", type=int, default=constants.layers, help="number of layers (default %(default)s)")
+    toy.add_argument(
+        "--layers", type=at_least(1), default=constants.layers, help="number of layers (default %(default)s)"
+    )
     toy.add_argument("--show-runs", action="store_true", help="also print the table of every single run")
     toy.add_argument("--json", type=Path, metavar="PATH", help="write every run (per-layer statistics) as JSON")
     toy.add_argument(

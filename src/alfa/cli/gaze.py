@@ -17,8 +17,9 @@ from .guards import (
     adaptation_count,
     check_labels,
     check_method_fits,
+    persons_of,
     raise_if_incomplete,
-    remove_listed,
+    refuse_foreign_adapters,
     tta_column,
 )
 from .options import (
@@ -280,7 +281,7 @@ def _recipe_words(config: Any) -> str:
 def _personalize(args: argparse.Namespace) -> None:
     from alfa.checkpoint import load_model
     from alfa.gaze.devices import resolve_device
-    from alfa.gaze.personalize import foreign_adapters, personalize_dataset
+    from alfa.gaze.personalize import personalize_dataset
     from alfa.gaze.precision import forward_precision
     from alfa.gaze.train import check_input_size
 
@@ -301,12 +302,8 @@ def _personalize(args: argparse.Namespace) -> None:
         method = start_from(model, args.init)
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
-    persons = [p for p in args.persons.split(",") if p] if args.persons else None
-    why = foreign_adapters(model, data, method, config, args.out)
-    if why is not None:
-        if not args.replace:
-            raise ValueError(f"--out {args.out}: {why}; use another --out, or --replace to redo them there")
-        remove_listed(Path(args.out))
+    persons = persons_of(args.persons, data)
+    refuse_foreign_adapters(model, data, method, config, args.out, args.replace)
     seed_everything(config.seed)
     if not args.quiet:
         print(f"recipe: {_recipe_words(config)}")
@@ -633,7 +630,7 @@ def _throughput_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--image-size",
-        type=int,
+        type=at_least(8),
         default=default_of(fixture_dataset, "size"),
         help="--fixture: image side (default %(default)s)",
     )

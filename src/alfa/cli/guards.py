@@ -16,7 +16,9 @@ __all__ = [
     "adaptation_count",
     "check_labels",
     "check_method_fits",
+    "persons_of",
     "raise_if_incomplete",
+    "refuse_foreign_adapters",
     "remove_listed",
     "tta_column",
 ]
@@ -49,6 +51,34 @@ def check_method_fits(model: nn.Module, method: Any) -> None:
 
     if getattr(method, "scope", "layer") == "layer":
         check_sizes(model, method)
+
+
+def refuse_foreign_adapters(model: Any, data: Any, method: Any, config: Any, out: str, replace: bool) -> None:
+    """Refuse an ``--out`` that holds adapters another dataset, method, recipe or base made (a run would replace
+    them), unless ``--replace``: then remove what the runs there listed, so the new run starts clean."""
+    from alfa.gaze.personalize import foreign_adapters
+
+    why = foreign_adapters(model, data, method, config, out)
+    if why is None:
+        return
+    if not replace:
+        raise ValueError(f"--out {out}: {why}; use another --out, or --replace to redo them there")
+    remove_listed(Path(out))
+
+
+def persons_of(text: str | None, data: Any = None) -> list[str] | None:
+    """``--persons a,b``: the ids named, or ``None`` (every person) without the option; an option that names
+    none (``--persons ,``), or a person ``data`` does not have, is refused before anything is removed or run."""
+    if text is None:
+        return None
+    persons = [p.strip() for p in text.split(",") if p.strip()]
+    if not persons:
+        raise ValueError(f"--persons {text!r}: name at least one person id (leave the option out for all)")
+    known = set(data.persons()) if data is not None else set(persons)
+    unknown = [p for p in persons if p not in known]
+    if unknown:
+        raise ValueError(f"--persons: {data.name} has no person {', '.join(map(repr, unknown))} (it has {len(known)})")
+    return persons
 
 
 def remove_listed(folder: Path) -> None:

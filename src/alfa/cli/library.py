@@ -11,7 +11,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 
-from .options import MODEL_HELP, default_of, image_side, non_negative_number, tta_of, tta_option
+from .options import MODEL_HELP, at_least, default_of, image_side, non_negative_number, tta_of, tta_option
 from .registry import Command
 
 __all__ = ["SUMMARY", "EXPORT", "quiet_exporter"]
@@ -29,7 +29,7 @@ def _summary_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="resnet18_gaze", help=MODEL_HELP)
     p.add_argument(
         "--rank",
-        type=int,
+        type=at_least(0),
         default=DEFAULT_RANK,
         help="rank d of the SVD truncation (0: dense only; default %(default)s)",
     )

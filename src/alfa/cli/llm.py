@@ -182,7 +182,7 @@ LLM = Command(
             add_arguments=_bench_arguments,
             run=_bench,
             outputs={"out": True, "cache": True, "data_to": False, "markdown": False},
-            keeps=frozenset({"data_to", "markdown"}),  # the records and page of a run that resumes
+            rewrites=("pages",),  # its page says `alfa pages --write` renders it; its record names this command
         ),
         Command(
             "time",

@@ -50,8 +50,9 @@ class Command:
     merge their work safely by themselves (a benchmark's pieces). A file output that exists is refused before
     ``run`` starts unless ``--replace`` is given (added to every command that writes a file, where it has none),
     except a page this command generated (it says "Do not edit by hand" and names the command: its regenerate
-    command then runs as printed) and those in ``keeps``: files the command adds to or checks itself (an access
-    log it appends to, a record it updates under its own rule, the records and report of a run it resumes).
+    command then runs as printed; ``rewrites`` names other commands whose pages and records this one regenerates
+    alike) and those in ``keeps``: files the command adds to or checks itself (an access log it appends to, a
+    record it updates under its own rule).
     ``data_beside`` names the file outputs beside which the command writes the page's data as ``<name>.json``,
     ``plotted_beside`` those beside which it writes a figure's plotted data as ``<name>.plotted.json``
     (:func:`alfa.study.plotted.plotted_path`): those files are refused alike, and none may be another output.
@@ -67,6 +68,7 @@ class Command:
     outputs: Mapping[str, bool] = field(default_factory=dict)
     shared: frozenset[str] = frozenset()
     keeps: frozenset[str] = frozenset()
+    rewrites: tuple[str, ...] = ()
     data_beside: frozenset[str] = frozenset()
     plotted_beside: frozenset[str] = frozenset()
     extra: str | None = None
@@ -112,6 +114,7 @@ def add_commands(
             replaceable=files,
             sidecars=_sidecars(command, files),
             command_path=" ".join(names),
+            rewrites=command.rewrites,
             command_extra=command.extra,
             stand_in=False,
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .options import MODEL_HELP, default_of, seed_option
+from .options import MODEL_HELP, at_least, default_of, seed_option
 from .registry import Command
 
 __all__ = ["EXAMPLE", "SPEED", "SERVING", "PAGES", "COSTS"]
@@ -49,13 +49,13 @@ def _speed_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write the markdown report here (e.g. docs/speed.md)")
     p.add_argument(
         "--repeats",
-        type=int,
+        type=at_least(1),
         default=default_of(speed_main, "repeats"),
         help="timed repeats, interleaved (default %(default)s)",
     )
     p.add_argument(
         "--image-size",
-        type=int,
+        type=at_least(1),
         default=default_of(speed_main, "image_size"),
         help="image side in pixels (default %(default)s)",
     )
@@ -89,13 +89,13 @@ def _serving_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write the page here (e.g. docs/serving.md) and its data beside it")
     p.add_argument(
         "--rounds",
-        type=int,
+        type=at_least(1),
         default=default_of(serving_main, "rounds"),
         help="interleaved timed rounds (default %(default)s)",
     )
     p.add_argument(
         "--image-size",
-        type=int,
+        type=at_least(1),
         default=default_of(serving_main, "image_size"),
         help="image side in pixels (default %(default)s)",
     )
@@ -123,6 +123,8 @@ def _pages(args: argparse.Namespace) -> None:
     from alfa.study.pages import check_pages, repo_root, write_pages
 
     root = Path(args.root) if args.root else repo_root()
+    if not root.is_dir():
+        raise ValueError(f"--root {root}: not a folder (the repository root whose docs/ the pages are in)")
     if args.write:
         for rel in write_pages(root):
             print(f"wrote {rel}")
@@ -149,16 +151,25 @@ def _costs_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=default("model_name"), help=MODEL_HELP)
     parser.add_argument("--rank", type=int, default=default("rank"), help="SVD truncation rank d (default %(default)s)")
     parser.add_argument(
-        "--batch", type=int, default=default("batch"), help="images per step, each also flipped (default %(default)s)"
+        "--batch",
+        type=int,
+        default=default("batch"),
+        help="images per step, each also flipped (default %(default)s)",
     )
     parser.add_argument(
-        "--image-size", type=int, default=default("image_size"), help="image side in pixels (default %(default)s)"
+        "--image-size",
+        type=int,
+        default=default("image_size"),
+        help="image side in pixels (default %(default)s)",
     )
     parser.add_argument(
         "--warmup", type=int, default=default("warmup"), help="untimed rounds first (default %(default)s)"
     )
     parser.add_argument(
-        "--repeats", type=int, default=default("repeats"), help="timed rounds, interleaved (default %(default)s)"
+        "--repeats",
+        type=int,
+        default=default("repeats"),
+        help="timed rounds, interleaved (default %(default)s)",
     )
     parser.add_argument("--threads", type=int, default=default("threads"), help="torch threads (default %(default)s)")
     seed_option(parser, "the weights and images", default("seed"))

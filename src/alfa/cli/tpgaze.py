@@ -12,6 +12,7 @@ import dataclasses
 import os
 
 from .gaze import open_spec, seed_everything
+from .guards import persons_of, refuse_foreign_adapters
 from .options import (
     allow_partial_option,
     at_least,
@@ -104,10 +105,10 @@ def _meta_train(args: argparse.Namespace) -> None:
 
 
 def _personalize(args: argparse.Namespace) -> None:
-    from alfa.gaze.personalize import PersonalizeConfig
+    from alfa.gaze.personalize import PersonalizeConfig, personalize_dataset
     from alfa.gaze.pipeline import DemoConfig
     from alfa.gaze.precision import forward_precision
-    from alfa.gaze.tpgaze import personalize_tpgaze_dataset, tpgaze_recipe
+    from alfa.gaze.tpgaze import tpgaze_method, tpgaze_recipe
 
     if args.meta is None and not args.no_meta:
         raise ValueError(
@@ -118,12 +119,13 @@ def _personalize(args: argparse.Namespace) -> None:
     config = tpgaze_recipe(base, **{k: v for k, v in changes.items() if v is not None})
     model, _, device = _load_base(args.checkpoint, args.device)
     data = open_spec(args.data)
-    persons = [p for p in args.persons.split(",") if p] if args.persons else None
+    persons = persons_of(args.persons, data)
+    method = tpgaze_method(model, data, args.meta)
+    # the folder's adapters of another method, recipe or base are not this run's to replace unasked
+    refuse_foreign_adapters(model, data, method, config, args.out, args.replace)
     seed_everything(config.seed)
     with forward_precision(run_precision_of(args, device)):
-        run = personalize_tpgaze_dataset(
-            model, data, args.meta, args.out, config, persons=persons, progress=not args.quiet
-        )
+        run = personalize_dataset(model, data, method, config, args.out, persons=persons, progress=not args.quiet)
     counts = run.counts()
     files = [o.adapter for o in run.persons.values() if o.adapter]
     size = f", {_kib(os.path.getsize(files[0]))} per person" if files else ""
@@ -227,7 +229,7 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         default="runs/tpgaze-adapters",
-        help="prompt-file folder (default %(default)s; persons already done are skipped)",
+        help="prompt-file folder (default %(default)s; persons already done with the same recipe are skipped)",
     )
     p.add_argument(
         "--preset",
@@ -240,6 +242,12 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-adapt", type=at_least(1), help=f"adaptation images per person (default {recipe.n_adapt})")
     p.add_argument("--persons", help="comma-separated person ids (default: all)")
     seed_option(p, "the prompt init and augmentation draws per person", recipe.seed)
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="if --out holds adapters of another dataset, method, recipe or base, remove them and redo (by default "
+        "that is refused)",
+    )
     allow_partial_option(p)
     quiet_option(p)
     device_option(p)

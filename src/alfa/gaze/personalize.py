@@ -387,6 +387,8 @@ def foreign_adapters(
         before = json.loads(summary.read_text())
     except (OSError, json.JSONDecodeError) as e:
         return f"{summary} does not read ({e})"
+    if not isinstance(before, dict) or not isinstance(before.get("persons", {}), dict):
+        return f"{summary} is not a personalization record alfa wrote"
     key = json.loads(json.dumps(_run_key(method, config)))
     if before.get("dataset") != dataset.name:
         return f"its adapters were made on the dataset {before.get('dataset')!r}, not {dataset.name!r}"

@@ -62,6 +62,7 @@ __all__ = [
     "meta_train_prompts",
     "tpgaze_recipe",
     "start_from",
+    "tpgaze_method",
     "personalize_tpgaze_dataset",
 ]
 
@@ -519,6 +520,15 @@ def start_from(model: nn.Module, meta_prompts: str | os.PathLike) -> TPGazeConfi
     return _StartedTPGazeConfig(**options, start=start)
 
 
+def tpgaze_method(model: nn.Module, dataset: GazeDataset, meta_prompts: str | os.PathLike | None) -> TPGazeConfig:
+    """The prompts every person starts from: the meta-trained ones of ``meta_prompts`` (:func:`start_from`), or
+    Gaussian prompts sized to ``dataset``'s images for ``None`` (TPGaze without meta-training)."""
+    if meta_prompts is not None:
+        return start_from(model, meta_prompts)
+    first = dataset.person_indices(dataset.persons()[0])[0]
+    return TPGazeConfig(image_size=_image_size(dataset, first))
+
+
 def personalize_tpgaze_dataset(
     model: nn.Module,
     dataset: GazeDataset,
@@ -535,15 +545,10 @@ def personalize_tpgaze_dataset(
     (:func:`alfa.gaze.personalize.personalize_dataset` with :func:`start_from`). ``config`` is the
     recipe, by default :func:`tpgaze_recipe`'s. ``meta_prompts=None`` starts every person from Gaussian
     prompts instead (TPGaze without meta-training)."""
-    if meta_prompts is not None:
-        method: TPGazeConfig = start_from(model, meta_prompts)
-    else:
-        first = dataset.person_indices(dataset.persons()[0])[0]
-        method = TPGazeConfig(image_size=_image_size(dataset, first))
     return personalize_dataset(
         model,
         dataset,
-        method,
+        tpgaze_method(model, dataset, meta_prompts),
         config or tpgaze_recipe(),
         out_dir,
         persons=persons,

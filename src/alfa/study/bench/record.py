@@ -106,6 +106,10 @@ class Record:
         missing = [k for k in REQUIRED if k not in data]
         if missing:
             raise ValueError(f"{name}: missing required key(s) {', '.join(map(repr, missing))}")
+        for key, value in data.items():
+            wrong = _type_problem(_ANNOTATIONS[key], value)
+            if wrong:
+                raise ValueError(f"{name}: {key!r} {wrong}")
         nulls = frozenset(k for k in OPTIONAL if k in data and data[k] is None)
         return cls(**data, nulls=nulls)
 
@@ -120,6 +124,34 @@ class Record:
         return out
 
 
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "dict": (dict,),
+    "list": (list,),
+    "None": (type(None),),
+}
+
+
+def _type_problem(annotation: str, value: Any) -> str | None:
+    """Why ``value`` (read from JSON) does not fit the field's ``annotation`` (``"dict[str, float] | None"``), or
+    ``None`` where it fits: its outer type, and a per-person mapping's values (numbers or null), so that a damaged
+    file is refused by name when read, not with a traceback halfway through a page."""
+    kinds = [part.strip().split("[")[0] for part in annotation.split("|")]
+    allowed = tuple(t for k in kinds for t in _JSON_TYPES.get(k, (object,)))
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        return f"must be {' or '.join(kinds)}, not {type(value).__name__}"
+    if isinstance(value, dict) and annotation.startswith("dict[str, float]"):
+        odd = [
+            k for k, v in value.items() if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))
+        ]
+        if odd:
+            return f"must map to numbers (or null), not at {odd[0]!r}"
+    return None
+
+
 def as_records(records: Iterable[Record | Mapping[str, Any]]) -> list[Record]:
     """``records`` as :class:`Record` objects (JSON objects are read with :meth:`Record.from_dict`)."""
     return [r if isinstance(r, Record) else Record.from_dict(r) for r in records]
@@ -127,6 +159,7 @@ def as_records(records: Iterable[Record | Mapping[str, Any]]) -> list[Record]:
 
 # The JSON key order: the fields every record starts with, what its kind adds, and the times it ends with.
 _FIELDS = [f.name for f in dataclasses.fields(Record)]
+_ANNOTATIONS = {f.name: str(f.type) for f in dataclasses.fields(Record)}
 _HEAD = tuple(_FIELDS[: _FIELDS.index("persons")])
 _TAIL = ("wall_s", "cpu_s", "finished")
 _ROW_RESULTS = (

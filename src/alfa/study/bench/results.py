@@ -93,6 +93,11 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{path}: results format version {data.get('version')}, this alfa reads {VERSION}")
     if not isinstance(data.get("records"), list):
         raise ValueError(f"{path}: 'records' must be a list")
+    for key in ("config", "sources", "sanity"):
+        if key in data and not isinstance(data[key], dict):
+            raise ValueError(f"{path}: {key!r} must be a JSON object, not {type(data[key]).__name__}")
+    if "runs" in data and not isinstance(data["runs"], list):
+        raise ValueError(f"{path}: 'runs' must be a list")
     for i, r in enumerate(data["records"]):
         if not isinstance(r, dict):
             raise ValueError(f"{path}: record {i} is not a JSON object")
