@@ -4,6 +4,7 @@ refused when read, with one line naming the file and the key, never met later as
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,3 +89,16 @@ def test_a_results_file_whose_parts_are_the_wrong_kind_is_refused_by_name(tmp_pa
     assert main(["report", "--results", str(tmp_path), "--out", str(tmp_path / "page.md")]) == 2
     err = capsys.readouterr().err
     assert "'config' must be a JSON object, not list" in err and "Traceback" not in err
+
+
+def test_an_unreadable_checkpoint_is_called_unreadable_not_missing(tmp_path, monkeypatch, capsys):
+    import alfa.checkpoint as checkpoint
+
+    path = tmp_path / "m.safetensors"
+    save_model(path, TinyGazeNet(), "tiny_gaze_net")
+    # as root every file reads, so the permission is taken away where the check asks for it
+    real = checkpoint.os.access
+    monkeypatch.setattr(checkpoint.os, "access", lambda p, mode, **kw: Path(p) != path and real(p, mode, **kw))
+    assert main(["export", "--checkpoint", str(path), "--out", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {path}: not readable (permission denied)" in err and "No such file" not in err

@@ -207,3 +207,10 @@ def test_every_generated_pages_regenerate_command_passes_the_overwrite_rule(monk
         _check_outputs(args)  # raises for a refused output
         checked.append(page.name)
     assert len(checked) >= 6, checked
+
+
+def test_the_transformer_section_without_the_gaze_part_is_refused_before_it_measures(tmp_path: Path, capsys) -> None:
+    page = tmp_path / "speed.md"
+    assert main(["speed", "--transformers", "--out", str(page)]) == 2
+    assert f"{tmp_path / 'speed.json'}: run `alfa speed --out {page}` first" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

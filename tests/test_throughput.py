@@ -102,6 +102,8 @@ def test_the_command_writes_its_page_and_refuses_bad_options(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*args, "--rounds", "0"])
     assert "--rounds: must be at least 1, got 0" in capsys.readouterr().err
+    assert main(["throughput", "--data", "synthetic:eth", "--image-size", "64"]) == 2
+    assert "--image-size sizes --fixture's images" in capsys.readouterr().err
     capsys.readouterr()
     assert main(["throughput", "--fixture", "mpiifacegaze,nope"]) == 2
     assert "expected one or more of mpiifacegaze, eth-xgaze-h5" in capsys.readouterr().err

@@ -182,6 +182,8 @@ def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tu
         raise FileNotFoundError(f"checkpoint {path} is a folder, not a checkpoint file{hint}")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    if not os.access(path, os.R_OK):  # safetensors would call an unreadable file a missing one
+        raise PermissionError(f"checkpoint {path}: not readable (permission denied)")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}

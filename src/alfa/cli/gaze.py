@@ -429,6 +429,9 @@ def _throughput(args: argparse.Namespace) -> None:
 
     if (args.data is None) == (args.fixture is None):
         raise ValueError("pass --data SPEC (your data) or --fixture KIND (data in a real layout, written here)")
+    if args.data is not None and args.image_size is not None:
+        raise ValueError("--image-size sizes --fixture's images; --data is read at its own size")
+    size = default_of(fixture_dataset, "size") if args.image_size is None else args.image_size
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)
     if args.batches < 1 or args.batch_size < 2:
@@ -441,7 +444,7 @@ def _throughput(args: argparse.Namespace) -> None:
     results = []
     for fixture, spec in sources:
         with tempfile.TemporaryDirectory(prefix="alfa-throughput-") as tmp:
-            data = fixture_dataset(fixture, tmp, size=args.image_size) if fixture else open_spec(spec)
+            data = fixture_dataset(fixture, tmp, size=size) if fixture else open_spec(spec)
             configs = [
                 TrainConfig(batch_size=args.batch_size, num_workers=w, precision=precision) for w in workers_list
             ]
@@ -465,7 +468,7 @@ def _throughput(args: argparse.Namespace) -> None:
 
         from alfa.fileio import write_text
 
-        what = f"--fixture {args.fixture} --image-size {args.image_size}" if args.fixture else f"--data {args.data}"
+        what = f"--fixture {args.fixture} --image-size {size}" if args.fixture else f"--data {args.data}"
         command = (
             f"alfa throughput {what} --model {args.model} --batch-size {args.batch_size} --workers {args.workers} "
             f"--batches {args.batches} --rounds {args.rounds}{' --loader-only' if args.loader_only else ''} "
@@ -631,8 +634,7 @@ def _throughput_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--image-size",
         type=at_least(8),
-        default=default_of(fixture_dataset, "size"),
-        help="--fixture: image side (default %(default)s)",
+        help=f"--fixture: image side (default {default_of(fixture_dataset, 'size')})",
     )
     p.add_argument("--model", default=DemoConfig().model, help=MODEL_HELP)
     p.add_argument(
