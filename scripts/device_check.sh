@@ -66,4 +66,4 @@ for stage in ("pretrain", "recovered"):
 PY
 # Is the training step loader-bound on this machine? (fixture data in both real layouts, 224×224)
 run_alfa throughput --fixture mpiifacegaze,eth-xgaze-h5 --image-size "$SIZE" --batch-size 120 --batches 10 \
-    --workers "${WORKERS:-0,4,8}" --device "$DEVICE" --precision "$PRECISION"
+    --rounds 3 --workers "${WORKERS:-0,4,8}" --device "$DEVICE" --precision "$PRECISION"

@@ -4,6 +4,7 @@ refused when read, with one line naming the file and the key, never met later as
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,7 @@ def _record(**changes) -> dict:
 def test_a_record_of_the_wrong_kinds_is_refused_by_name(changes, message):
     assert Record.from_dict(_record()).error_deg == 9.5  # the fixture itself reads
     assert Record.from_dict(_record(error_deg=None, seed=3)).seed == 3  # an int where a float goes, null where allowed
-    with pytest.raises(ValueError, match="record 'a|E→M|seed0': " + message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(f"record 'a|E→M|seed0': {message}")):
         Record.from_dict(_record(**changes))
 
 

@@ -32,13 +32,6 @@ FIELDS = dict(batch_size=8, batches=3, workers=0, device="cpu", precision="fp32"
 PAGE = {"command": "alfa throughput", "cpus": 2, "torch": "2", "date": "2026-12-01", "load_average_end": 0.1}
 
 
-def test_the_terminal_verdict_compares_the_medians():
-    slow_loader = ThroughputResult(loader=10.0, step=100.0, both=9.0, **FIELDS)
-    assert slow_loader.loader_bound and "loader-bound: the loader gives 10 images/s" in slow_loader.format()
-    fast_loader = ThroughputResult(loader=100.0, step=10.0, both=9.0, **FIELDS)
-    assert not fast_loader.loader_bound and "not loader-bound" in fast_loader.format()
-
-
 def _rounds(loader: list[float], step: list[float] | None) -> ThroughputResult:
     one = [
         ThroughputResult(
@@ -53,6 +46,17 @@ def _rounds(loader: list[float], step: list[float] | None) -> ThroughputResult:
         for a, b in zip(loader, step or [None] * len(loader))
     ]
     return of_rounds(one)
+
+
+def test_the_terminal_verdict_is_judged_on_the_rounds_paired_interval():
+    one_round = ThroughputResult(loader=10.0, step=100.0, both=9.0, **FIELDS)
+    assert one_round.loader_bound is None and "not judged: one round gives no interval" in one_round.format()
+    slow = _rounds([10.0, 11.0, 9.0], [100.0, 101.0, 99.0])
+    assert slow.loader_bound is True and slow.format().splitlines()[-1].startswith("loader-bound: the loader gives 10")
+    fast = _rounds([100.0, 101.0, 99.0], [10.0, 11.0, 9.0])
+    assert fast.loader_bound is False and "not loader-bound" in fast.format()
+    close = _rounds([10.0, 12.0, 10.0, 12.0], [12.0, 10.0, 12.0, 10.0])
+    assert close.loader_bound is None and "an interval that straddles 1" in close.format()
 
 
 def test_rounds_give_medians_and_keep_every_round():

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import json
 import os
 import re
 import sys
@@ -195,20 +194,16 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def _generated_by(path: Path, command_paths: tuple[str, ...]) -> bool:
-    """A page or a record one of ``command_paths`` generated: a page that says near its top it is not to be edited
-    by hand and names ``alfa <command path>``, or a JSON record whose ``command`` is such a command. Rewriting it
-    with its regenerated form loses nothing a person wrote, so its regenerate command runs as the page prints it.
-    Anything else, a page another command generated among it, is not this command's to replace unasked."""
-    names = re.compile(r"alfa (" + "|".join(re.escape(c) for c in command_paths) + r")( |$)")
+    """A page one of ``command_paths`` generated: near its top it says it is not to be edited by hand and names
+    ``alfa <command path>``. Rewriting it with its regenerated form loses nothing a person wrote, so its regenerate
+    command runs as the page prints it. Anything else, a page another command generated among it, is not this
+    command's to replace unasked."""
     try:
-        if path.suffix == ".json":
-            record = json.loads(path.read_text(encoding="utf-8"))
-            command = record.get("command") if isinstance(record, dict) else None
-            return isinstance(command, str) and names.match(command) is not None
         with path.open(encoding="utf-8", errors="replace") as f:
             head = f.read(4096)
-    except (OSError, ValueError):
+    except OSError:
         return False
+    names = re.compile(r"alfa (" + "|".join(re.escape(c) for c in command_paths) + r")( |$)")
     named = re.findall(r"`([^`]*)`", head)
     return "do not edit by hand" in head.lower() and any(names.match(c) for c in named)
 

@@ -107,6 +107,20 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     return config
 
 
+def _refuse_another_report(page: Path, out: Path) -> None:
+    """``--report`` rewrites the page of this run's results as the run resumes, never another results' page (the
+    checks before any command let it rewrite an `alfa report` page; this one asks that it be of ``out``)."""
+    if not page.exists():
+        return
+    with page.open(encoding="utf-8", errors="replace") as f:
+        head = f.read(4096)
+    if f"`alfa report --results {out} " not in head:
+        raise ValueError(
+            f"--report {page}: exists and is not the report of --out {out}; name another file, or add --replace "
+            "to overwrite it"
+        )
+
+
 def _bench(args: argparse.Namespace) -> None:
     from alfa.gaze.devices import resolve_device
     from alfa.study.bench.runner import run_bench
@@ -115,6 +129,8 @@ def _bench(args: argparse.Namespace) -> None:
     preset = _preset(args)
     deterministic_kernels()
     out = Path(args.out or PRESETS[preset])
+    if args.report and not args.replace:
+        _refuse_another_report(Path(args.report), out)
     device = resolve_device(args.device)
     summary = run_bench(
         config,

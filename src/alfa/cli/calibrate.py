@@ -79,7 +79,6 @@ def _calibrate_config(args: argparse.Namespace):
 RECIPE_OPTIONS = {
     "affine_ridge": ("affine",),
     "feature_ridge": ("ridge",),
-    "offset_prior": ("offset", "affine"),
     "steps": ("last-layer", "adapter"),
     "lr": ("last-layer", "adapter"),
     "adapter_method": ("adapter",),
@@ -129,13 +128,10 @@ def _note_a_dense_base(model, config, checkpoint: str) -> None:
 
 
 def _refuse_what_fails_everyone(data, persons: list[str] | None, config) -> None:
-    """One line before any work for a mistake every person would fail on (an unknown person; a pool no person has
-    images for), instead of one failure per person; a pool only some persons lack stays their own failure."""
-    known = data.persons()
-    unknown = [p for p in persons or () if p not in known]
-    if unknown:
-        raise ValueError(f"--persons: {data.name} has no person {', '.join(map(repr, unknown))} (it has {len(known)})")
-    counts = {p: len(data.person_indices(p)) for p in persons or known}
+    """One line before any work for a mistake every person would fail on (a pool no person has images for; an
+    unknown person is persons_of's), instead of one failure per person; a pool only some persons lack stays their
+    own failure."""
+    counts = {p: len(data.person_indices(p)) for p in persons or data.persons()}
     if counts and max(counts.values()) < config.pool + 1:
         raise ValueError(
             f"--pool {config.pool}: every person needs the pool plus one image to score, and the most any person of "
@@ -152,7 +148,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
     out = Path(args.out)
-    persons = persons_of(args.persons)
+    persons = persons_of(args.persons, data)
     _refuse_what_fails_everyone(data, persons, config)
     _refuse_existing(out, data, config, args.replace)  # last of the refusals: with --replace it removes files
     maml = saved.get("extra", {}).get("maml", {}).get("config", {})

@@ -72,6 +72,24 @@ def _bench_command(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
+def _refuse_another_record(path: Path, out: Path) -> None:
+    """``--data-to`` may rewrite the copy of this run's records (the bench resumed, its --out the same), never a
+    file of anything else: another run's records, a hand-written file (``--replace`` to overwrite it)."""
+    if not path.exists():
+        return
+    try:
+        command = json.loads(path.read_text(encoding="utf-8")).get("command")
+        words = shlex.split(command) if isinstance(command, str) else []
+        ours = words[:3] == ["alfa", "llm", "bench"] and words[words.index("--out") + 1] == str(out)
+    except (OSError, ValueError, AttributeError, TypeError, IndexError):
+        ours = False
+    if not ours:
+        raise ValueError(
+            f"--data-to {path}: exists and is not the record of a bench run with --out {out}; name another file, "
+            "or add --replace to overwrite it"
+        )
+
+
 def _bench(args: argparse.Namespace) -> None:
     from alfa.fileio import write_json, write_text
     from alfa.study.llm.bench import run_bench
@@ -81,6 +99,8 @@ def _bench(args: argparse.Namespace) -> None:
         value = getattr(args, option)
         if value is not None and value.suffix != suffix:
             raise ValueError(f"--{option.replace('_', '-')} must name a {suffix} file, got {value}")
+    if args.data_to is not None and not args.replace:
+        _refuse_another_record(args.data_to, args.out)
     result = run_bench(_config(args), args.out, args.cache, progress=not args.quiet, command=_bench_command(args))
     print(f"wrote {args.out / 'bench.json'} ({len(result['runs'])} runs; rates {result['selected_rates']})")
     if args.data_to is not None:
@@ -182,7 +202,7 @@ LLM = Command(
             add_arguments=_bench_arguments,
             run=_bench,
             outputs={"out": True, "cache": True, "data_to": False, "markdown": False},
-            rewrites=("pages",),  # its page says `alfa pages --write` renders it; its record names this command
+            keeps=frozenset({"data_to"}),  # the copy of the records of the run it resumes (_refuse_another_record)
         ),
         Command(
             "time",

@@ -80,9 +80,6 @@ def _speed(args: argparse.Namespace) -> None:
                 f"--out {args.out}: the page's data goes to {data}, which exists; name another file, or add "
                 "--replace to overwrite it"
             )
-    gaze_part = None if args.out is None else Path(args.out).with_suffix(".json")
-    if args.transformers and gaze_part is not None and not gaze_part.is_file():  # said now, not after measuring
-        raise FileNotFoundError(f"{gaze_part}: run `alfa speed --out {args.out}` first")
     speed_main(out=args.out, repeats=args.repeats, image_size=args.image_size, transformers=args.transformers)
 
 

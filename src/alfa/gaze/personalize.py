@@ -387,7 +387,10 @@ def foreign_adapters(
         before = json.loads(summary.read_text())
     except (OSError, json.JSONDecodeError) as e:
         return f"{summary} does not read ({e})"
-    if not isinstance(before, dict) or not isinstance(before.get("persons", {}), dict):
+    persons = before.get("persons", {}) if isinstance(before, dict) else None
+    if not isinstance(persons, dict) or not all(isinstance(o, dict) for o in persons.values()):
+        return f"{summary} is not a personalization record alfa wrote"
+    if not isinstance(before.get("config", {}), dict):
         return f"{summary} is not a personalization record alfa wrote"
     key = json.loads(json.dumps(_run_key(method, config)))
     if before.get("dataset") != dataset.name:

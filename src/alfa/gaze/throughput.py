@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .data.base import GazeDataset, unit_images
+from .tdist import Ratio, paired_ratio
 from .train import TrainConfig, _epoch_batches, _iterate, _train_step
 
 __all__ = ["ThroughputResult", "measure_throughput", "of_rounds", "fixture_dataset", "FIXTURE_FORMATS"]
@@ -56,9 +57,17 @@ class ThroughputResult:
     both_rounds: list[float] | None = None
 
     @property
+    def loader_to_step(self) -> Ratio | None:
+        """The loader's rate over the step's, paired over the rounds, with its 95 % t-interval; ``None`` without a
+        step or under two rounds."""
+        return None if self.step is None else paired_ratio(self.loader_rounds, self.step_rounds or [])
+
+    @property
     def loader_bound(self) -> bool | None:
-        """The medians' comparison (the page judges it on the rounds' paired interval instead)."""
-        return None if self.step is None else self.loader < self.step
+        """Whether the loader holds the step back, judged on :attr:`loader_to_step`'s interval: ``True`` only when
+        all of it is below 1, ``False`` only when all of it is above; ``None`` when it straddles 1 or is missing."""
+        ratio = self.loader_to_step
+        return None if ratio is None or ratio.low <= 1 <= ratio.high else ratio.high < 1
 
     def format(self) -> str:
         h, w = self.image_size
@@ -69,13 +78,16 @@ class ThroughputResult:
         )
         if self.step is None:
             return f"{head}\n  loader alone   {self.loader:10,.1f} images/s"
-        verdict = (
-            f"loader-bound: the loader gives {self.loader:,.0f} images/s, the step could take {self.step:,.0f}; "
-            "more --workers (or faster storage) would help"
-            if self.loader_bound
-            else f"not loader-bound: the loader gives {self.loader:,.0f} images/s, more than the step's "
-            f"{self.step:,.0f}"
-        )
+        ratio, rates = self.loader_to_step, f"{self.loader:,.0f} images/s against the step's {self.step:,.0f}"
+        if ratio is None:
+            verdict = f"not judged: one round gives no interval (the loader gives {rates}; --rounds 2 or more)"
+        else:
+            of = f"(loader / step {ratio.text()} over {ratio.rounds} rounds)"
+            verdict = {
+                True: f"loader-bound: the loader gives {rates} {of}; more --workers (or faster storage) would help",
+                False: f"not loader-bound: the loader gives {rates} {of}",
+                None: f"not shown: the loader gives {rates} {of}, an interval that straddles 1",
+            }[self.loader_bound]
         return "\n".join(
             [
                 f"{head}, {self.device}, {self.precision}",

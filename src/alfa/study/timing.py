@@ -20,11 +20,10 @@ import math
 import platform
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alfa.gaze.tdist import t_quantile
+from alfa.gaze.tdist import LEVEL, Ratio, paired_ratio
 
 __all__ = [
     "LEVEL",
@@ -40,43 +39,6 @@ __all__ = [
     "machine",
     "cpu_name",
 ]
-
-LEVEL = 0.95
-
-
-@dataclass(frozen=True)
-class Ratio:
-    """``numerator / denominator`` over ``rounds`` paired rounds: the geometric mean of the per-round ratios
-    (``value``) and its 95 % interval ``[low, high]``."""
-
-    value: float
-    low: float
-    high: float
-    rounds: int
-
-    def text(self, digits: int = 2, scale: float = 1.0) -> str:
-        """``0.87 [0.84, 0.90]``: the value and, in square brackets, its 95 % interval (each times ``scale``)."""
-        v, lo, hi = (scale * x for x in (self.value, self.low, self.high))
-        return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-
-
-def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> Ratio | None:
-    """The ratio of two timings round by round (``numerator[i]`` and ``denominator[i]`` from the same round),
-    with its 95 % t-interval over the rounds (module docstring); ``None`` under two rounds (no spread to
-    judge)."""
-    if len(numerator) != len(denominator):
-        sides = f"{len(numerator)} and {len(denominator)}"
-        raise ValueError(f"paired timings need as many rounds on each side, not {sides}")
-    if any(t <= 0 for t in (*numerator, *denominator)):
-        raise ValueError("a timing must be positive to take its ratio")
-    logs = [math.log(a / b) for a, b in zip(numerator, denominator)]
-    n = len(logs)
-    if n < 2:
-        return None
-    mean = sum(logs) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-    half = float(t_quantile(1 - LEVEL, n - 1)) * sd / math.sqrt(n)
-    return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
 
 
 def ratio_cell(

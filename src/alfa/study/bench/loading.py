@@ -70,7 +70,8 @@ def loading_page(page: dict[str, Any]) -> str:
         )
         how = [
             f"Each configuration was timed in {rounds} rounds, interleaved: a round times every worker count in "
-            "turn (and, within one, the loader, both and the step back to back). A rate is the median over the "
+            f"turn{' (and, within one, the loader, both and the step back to back)' if stepped else ''}. A rate "
+            "is the median over the "
             "rounds and, in square brackets, its distribution-free 95 % interval (the k-th smallest and k-th largest "
             f"round; none under six rounds).{ratio} Rates of different worker counts are not compared here.",
             "",

@@ -318,12 +318,12 @@ def main(out: str | None = None, repeats: int = 20, image_size: int = 224, trans
     if transformers:
         from .transformer_cost import measure_transformer_cost, transformer_markdown
 
+        if path is not None and not path.with_suffix(".json").is_file():  # said before minutes of measuring
+            raise FileNotFoundError(f"{path.with_suffix('.json')}: run `alfa speed --out {out}` first")
         section = measure_transformer_cost()
         print(transformer_markdown(section, transformers_command(out)))
         if path is None:
             return section
-        if not path.with_suffix(".json").is_file():
-            raise FileNotFoundError(f"{path.with_suffix('.json')}: run `alfa speed --out {out}` first")
         write_text(transformers_path(path), json.dumps(section, indent=2))
         result = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
         write_text(path, page_text(result, speed_command(out, result["repeats"], result["image_size"]), section, out))

@@ -339,7 +339,7 @@ def _truncate_crate(
     else:
         before = _summary(list(person_errors(base, val, None, 0).values()))["mean"]
         report = truncate(base, config.rank)
-        after = _summary(list(person_errors(base, val, None, 0).values()))["mean"]
+        after = after_truncation["mean"]  # the same truncation, scored above
         trunc_errors = {"before_truncation": before, "after_truncation": after, "after_recovery": after}
         factorized, history = len(report.factorized), []
     base.eval()
