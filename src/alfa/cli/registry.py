@@ -50,8 +50,8 @@ class Command:
     merge their work safely by themselves (a benchmark's pieces). A file output that exists is refused before
     ``run`` starts unless ``--replace`` is given (added to every command that writes a file, where it has none),
     except a page this command generated (it says "Do not edit by hand" and names the command: its regenerate
-    command then runs as printed; ``rewrites`` names other commands whose pages and records this one regenerates
-    alike) and those in ``keeps``: files the command adds to or checks itself (an access log it appends to, a
+    command then runs as printed; ``rewrites`` names other commands whose pages this one regenerates alike) and
+    those in ``keeps``: files the command adds to or checks itself (an access log it appends to, a
     record it updates under its own rule, the copy of the records of a run it resumes, which it checks itself).
     ``data_beside`` names the file outputs beside which the command writes the page's data as ``<name>.json``,
     ``plotted_beside`` those beside which it writes a figure's plotted data as ``<name>.plotted.json``
