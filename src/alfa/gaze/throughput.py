@@ -31,7 +31,14 @@ from .data.base import GazeDataset, unit_images
 from .tdist import Ratio, paired_ratio
 from .train import TrainConfig, _epoch_batches, _iterate, _train_step
 
-__all__ = ["ThroughputResult", "measure_throughput", "of_rounds", "fixture_dataset", "FIXTURE_FORMATS"]
+__all__ = [
+    "ThroughputResult",
+    "measure_throughput",
+    "loader_bound_of",
+    "of_rounds",
+    "fixture_dataset",
+    "FIXTURE_FORMATS",
+]
 
 FIXTURE_FORMATS = ("mpiifacegaze", "eth-xgaze-h5")
 """Layouts ``--fixture`` writes: a GazeHub folder (JPEG files) or raw ETH-XGaze subject files (h5)."""
@@ -66,8 +73,7 @@ class ThroughputResult:
     def loader_bound(self) -> bool | None:
         """Whether the loader holds the step back, judged on :attr:`loader_to_step`'s interval: ``True`` only when
         all of it is below 1, ``False`` only when all of it is above; ``None`` when it straddles 1 or is missing."""
-        ratio = self.loader_to_step
-        return None if ratio is None or ratio.low <= 1 <= ratio.high else ratio.high < 1
+        return loader_bound_of(self.loader_to_step)
 
     def format(self) -> str:
         h, w = self.image_size
@@ -184,6 +190,13 @@ def measure_throughput(
         step_rounds=None if step_rate is None else [step_rate],
         both_rounds=None if both is None else [both],
     )
+
+
+def loader_bound_of(ratio: Ratio | None) -> bool | None:
+    """The loader-to-step ratio's verdict, on its interval: ``True`` (loader-bound) only when all of it is below 1,
+    ``False`` only when all of it is above; ``None`` when it straddles 1 or there is no interval. The terminal and
+    the page (:mod:`alfa.study.bench.loading`) both judge by it."""
+    return None if ratio is None or ratio.low <= 1 <= ratio.high else ratio.high < 1
 
 
 def of_rounds(rounds: Sequence[ThroughputResult]) -> ThroughputResult:

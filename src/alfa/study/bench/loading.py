@@ -13,20 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from alfa.gaze.throughput import loader_bound_of
 from alfa.study.timing import Ratio, interval_note, median_cell, no_rounds_note, ratio_cell
 
 __all__ = ["loading_page", "loader_bound_verdict"]
 
 
 def loader_bound_verdict(ratio: Ratio | None) -> str:
-    """Whether the loader holds the step back, from the loader-to-step ratio's interval (module docstring)."""
+    """Whether the loader holds the step back, in the page's words: :func:`~alfa.gaze.throughput.loader_bound_of`'s
+    verdict, or *not judged* without an interval."""
     if ratio is None:
         return "not judged"
-    if ratio.high < 1:
-        return "yes"
-    if ratio.low > 1:
-        return "no"
-    return "not shown"
+    return {True: "yes", False: "no", None: "not shown"}[loader_bound_of(ratio)]
 
 
 def _row(run: dict[str, Any]) -> tuple[str, bool]:
