@@ -66,7 +66,7 @@ def refuse_foreign_adapters(model: Any, data: Any, method: Any, config: Any, out
     remove_listed(Path(out))
 
 
-def persons_of(text: str | None, data: Any = None) -> list[str] | None:
+def persons_of(text: str | None, data: Any) -> list[str] | None:
     """``--persons a,b``: the ids named, or ``None`` (every person) without the option; an option that names
     none (``--persons ,``), or a person ``data`` does not have, is refused before anything is removed or run."""
     if text is None:
@@ -74,7 +74,7 @@ def persons_of(text: str | None, data: Any = None) -> list[str] | None:
     persons = [p.strip() for p in text.split(",") if p.strip()]
     if not persons:
         raise ValueError(f"--persons {text!r}: name at least one person id (leave the option out for all)")
-    known = set(data.persons()) if data is not None else set(persons)
+    known = set(data.persons())
     unknown = [p for p in persons if p not in known]
     if unknown:
         raise ValueError(f"--persons: {data.name} has no person {', '.join(map(repr, unknown))} (it has {len(known)})")
