@@ -429,6 +429,29 @@ def test_cli_personalize_refuses_to_replace_other_adapters_unless_asked(tmp_path
     assert main([*evaluate, "--data", "toy:target"]) == 0
 
 
+def test_cli_personalize_after_a_run_where_everyone_failed_needs_no_replace(tmp_path, data, capsys, monkeypatch):
+    """A run where every person failed leaves a record but no adapter: another recipe may go on in that folder
+    without ``--replace`` (there is nothing to lose), and its record replaces the failed one."""
+    import alfa.gaze.pipeline as pipeline
+    from alfa.cli import main
+
+    _, target = data
+    monkeypatch.setattr(pipeline, "open_data", lambda spec: target)
+    model = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(model, RANK)
+    alfa.checkpoint.save_model(tmp_path / "base.safetensors", model, "tiny_gaze_net")
+    run = ["personalize", "--checkpoint", str(tmp_path / "base.safetensors"), "--data", "toy:target"]
+    run += ["--out", str(tmp_path / "ad"), "--steps", "1", "--quiet", "--heads", "2", "--adapter-rank", "2"]
+    assert main([*run, "--n-adapt", "500"]) != 0  # more images than any person has: everyone fails
+    assert "failed for every person" in capsys.readouterr().err
+    assert not list((tmp_path / "ad").glob("*.safetensors"))
+    assert main(run) == 0
+    record = json.loads((tmp_path / "ad" / "personalization.json").read_text())
+    assert {o["status"] for o in record["persons"].values()} == {"ok"} and record["config"]["n_adapt"] != 500
+    assert main([*run, "--lr", "0.5"]) == 2  # now there are adapters to lose: refused, as before
+    assert "another recipe (differs in lr)" in capsys.readouterr().err
+
+
 def test_cli_personalize_recipes():
     """``alfa personalize`` uses each method's selected recipe unless told otherwise (Alfa's is the default
     recipe); ``--recipe paper`` the paper's; flags override either."""

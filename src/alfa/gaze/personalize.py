@@ -392,6 +392,9 @@ def foreign_adapters(
         return f"{summary} is not a personalization record alfa wrote"
     if not isinstance(before.get("config", {}), dict):
         return f"{summary} is not a personalization record alfa wrote"
+    made = [p for p, o in persons.items() if o.get("status") in ("ok", "skipped") and (out / adapter_filename(p)).is_file()]
+    if not made:
+        return None  # a run where every person failed left no adapter to replace: any run may go on there
     key = json.loads(json.dumps(_run_key(method, config)))
     if before.get("dataset") != dataset.name:
         return f"its adapters were made on the dataset {before.get('dataset')!r}, not {dataset.name!r}"
@@ -404,8 +407,6 @@ def foreign_adapters(
             if key["config"].get(k) != before.get("config", {}).get(k)
         )
         return f"its adapters were made with another recipe (differs in {', '.join(changed)})"
-    made = [p for p, o in before.get("persons", {}).items() if o.get("status") in ("ok", "skipped")]
-    made = [p for p in made if (out / adapter_filename(p)).is_file()]
     here = set(dataset.persons())
     for person in [p for p in made if p in here]:
         try:
