@@ -278,6 +278,14 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
     ):
         assert main([*argv, "--k", "2", "--pool", "4", "--method", "offset", *option, "--replace"]) == 2
         assert words in capsys.readouterr().err
+    # an adapter option its method does not have, or a wrong value: one line before any person is tried
+    for option, words in (
+        (["--option", "nonsense=3"], "unknown AlfaConfig options: ['nonsense']"),
+        (["--adapter-method", "lora", "--option", "rank=0"], "must be positive"),
+    ):
+        assert main([*argv, "--k", "2", "--pool", "4", "--method", "adapter", *option, "--replace"]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err
     assert (tmp_path / "c" / "p00.safetensors").is_file()  # nothing was removed
 
 

@@ -176,6 +176,8 @@ class CalibrateConfig:
             raise ValueError(f"need steps >= 1 and lr > 0, got {self.steps}, {self.lr}")
         if self.method == "adapter" and self.adapter_method not in METHODS:
             raise ValueError(f"unknown adapter method {self.adapter_method!r}; known: {sorted(METHODS)}")
+        if self.method == "adapter":  # an unknown or wrong option fails here once, not for every person
+            config_from_dict(self.adapter_method, dict(self.adapter_options))
 
 
 # ----------------------------------------------------------------------------- which images are labelled
