@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ...gaze.tdist import t_quantile
 from ..plotted import save_figure
 from .gaze_config import LABELS, MODELS, late_blocks_pattern
 from .toy import format_interval, interval
@@ -203,10 +202,8 @@ def _paired(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float, float, 
     diffs = [a["per_person"][p] - b["per_person"][p] for p in persons]
     if len(diffs) < 2:
         return None
-    mean = sum(diffs) / len(diffs)
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
-    half = float(t_quantile(0.05, len(diffs) - 1)) * sd / math.sqrt(len(diffs))
-    return mean, mean - half, mean + half, len(diffs)
+    mean, low, high = (float(v) for v in interval(diffs))
+    return mean, low, high, len(diffs)
 
 
 def _versus(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> str:
