@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
-from alfa.gaze.tdist import t_quantile
+from alfa.gaze.tdist import LEVEL, t_quantile
 from alfa.study.timing import Ratio, ratio_cell
 
 from .adapt import STEP_ROUNDS
@@ -379,8 +380,8 @@ def _answer(result: dict[str, Any], verdicts: dict[str, str]) -> list[str]:
     ]
 
 
-Z_95 = 1.959963984540054
-"""The standard normal's 97.5 % quantile."""
+Z_95 = NormalDist().inv_cdf(0.5 + LEVEL / 2)
+"""The standard normal's quantile of a two-sided 95 % interval (1.96)."""
 
 
 def _wilson(share: float, problems: int) -> tuple[float, float]:
