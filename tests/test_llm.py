@@ -285,3 +285,31 @@ def test_an_exact_match_interval_over_problems_that_collapses_at_zero_gets_wilso
     # some solved: the t-interval over problems as before (its lower end may be below zero)
     some = _match_interval([0.0] * 58 + [1.0, 1.0])
     assert some.low < 0 < some.mean < some.high
+
+
+def test_pretraining_killed_while_saving_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):
+    """A kill in the middle of a checkpoint's writing leaves the previous checkpoint whole: the rerun ends with
+    the same weights, bit for bit, and the same recorded losses as a run never killed."""
+    import safetensors.torch
+
+    from alfa.study.llm.pretrain import pretrained_model
+
+    config = PretrainConfig(model=TINY, steps=3, batch=4, warmup=1, checkpoint_every=1, probe_problems=1)
+    whole, whole_state = pretrained_model(config, tmp_path / "whole", progress=False)
+    real_save, calls = safetensors.torch.save_file, []
+
+    def killed_on_the_fourth_write(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # the fourth file written: mid-run, after three whole ones
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", killed_on_the_fourth_write)
+    with pytest.raises(KeyboardInterrupt):
+        pretrained_model(config, tmp_path / "killed", progress=False)
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
+    resumed, resumed_state = pretrained_model(config, tmp_path / "killed", progress=False)
+    assert resumed_state["losses"] == whole_state["losses"] and resumed_state["done"]
+    assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in whole.state_dict().items())
+    folder = cache_folder(config, tmp_path / "killed")
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "state.json"]

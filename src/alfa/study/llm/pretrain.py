@@ -4,9 +4,9 @@ The weights live in ``CACHE/<digest>/`` (``runs/llm/pretrain`` by default, gitig
 hashes the whole :class:`PretrainConfig` (network, layout, steps, rates, seed) and the task generator's
 version: a changed config or task is a different folder, so stale weights are never reused, and a missing
 folder is simply trained again. Every ``checkpoint_every`` steps the weights, the AdamW moments and the
-step are written atomically (safetensors and JSON); an interrupted run resumes from the last one and,
-because each step's batch is drawn from ``(seed, step)`` alone, ends with the same weights as an
-uninterrupted one.
+step are written atomically into one safetensors file (its state in the metadata); an interrupted run
+resumes from the last one and, because each step's batch is drawn from ``(seed, step)`` alone, ends with the
+same weights as an uninterrupted one. A finished run leaves ``model.safetensors`` and ``state.json``.
 """
 
 from __future__ import annotations
@@ -82,39 +82,64 @@ def _batch(config: PretrainConfig, step: int) -> list[Any]:
     return [make_example(rng.choice(TASKS), "pretrain", rng) for _ in range(config.batch)]
 
 
+CHECKPOINT = "checkpoint.safetensors"
+"""A run's checkpoint: the weights (``model.*``), the AdamW moments (``optimizer.*``) and the state (step, losses,
+seconds) in its metadata, one file written atomically, so that a kill while saving leaves the previous checkpoint
+whole (separate files for the three would leave a mix of two steps)."""
+
+
 def _save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     from safetensors.torch import save_file
 
-    weights = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    moments: dict[str, torch.Tensor] = {}
+    tensors = {f"model.{k}": v.detach().contiguous().clone() for k, v in _weights(model).items()}
     for index, values in optimizer.state_dict()["state"].items():
         for key, value in values.items():
-            moments[f"{index}.{key}"] = (
-                torch.as_tensor(value).detach().clone().reshape(-1 if key == "step" else value.shape)
-            )
-    with atomic_path(folder / "optimizer.safetensors") as tmp:
-        save_file(moments, str(tmp))
-    with atomic_path(folder / "model.safetensors") as tmp:
-        save_file(weights, str(tmp))
-    write_json(folder / "state.json", state)  # last: it says which step the two files above hold
+            shape = -1 if key == "step" else value.shape
+            tensors[f"optimizer.{index}.{key}"] = torch.as_tensor(value).detach().clone().reshape(shape)
+    with atomic_path(folder / CHECKPOINT) as tmp:
+        save_file(tensors, str(tmp), metadata={"state": json.dumps(state)})
+
+
+def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    # the output layer is tied to the embedding: saved once, as the embedding
+    return {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+
+
+def _fit(model: nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise ValueError(f"{where}: the cached weights do not fit the model (stale cache?): {missing or unexpected}")
 
 
 def _load_weights(folder: Path, model: nn.Module) -> None:
     from safetensors.torch import load_file
 
-    missing, unexpected = model.load_state_dict(load_file(str(folder / "model.safetensors")), strict=False)
-    if unexpected or [k for k in missing if k != "lm_head.weight"]:
-        raise ValueError(f"{folder}: the cached weights do not fit the model (stale cache?): {missing or unexpected}")
+    _fit(model, load_file(str(folder / "model.safetensors")), folder)
 
 
 def _resume(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """The state to go on from, with ``model`` and ``optimizer`` at its step: a finished run's (nothing loaded), the
+    last checkpoint's, or ``None`` to start. A cache from before the one-file checkpoint (``model.safetensors``,
+    ``optimizer.safetensors`` and an unfinished ``state.json``) resumes from those."""
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
-    if not (folder / "state.json").is_file():
+    record = folder / "state.json"
+    state = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
+    if state is not None and state.get("done"):
+        return state
+    if (folder / CHECKPOINT).is_file():
+        with safe_open(str(folder / CHECKPOINT), "pt") as f:
+            state = json.loads(f.metadata()["state"])
+        tensors = load_file(str(folder / CHECKPOINT))
+        weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+        moments = {k.removeprefix("optimizer."): v for k, v in tensors.items() if k.startswith("optimizer.")}
+    elif state is not None:
+        weights = load_file(str(folder / "model.safetensors"))
+        moments = load_file(str(folder / "optimizer.safetensors"))
+    else:
         return None
-    state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-    _load_weights(folder, model)
-    moments = load_file(str(folder / "optimizer.safetensors"))
+    _fit(model, weights, folder)
     full = optimizer.state_dict()
     for name, value in moments.items():
         index, key = name.split(".", 1)
@@ -140,6 +165,7 @@ def probe(model: nn.Module, config: PretrainConfig) -> dict[str, dict[str, float
 
 def pretrain(config: PretrainConfig, cache: Path = DEFAULT_CACHE, progress: bool = True) -> Path:
     """Train (or finish training) the base model of ``config``; returns its folder."""
+    from safetensors.torch import save_file
     from tqdm import tqdm
 
     config.validate()
@@ -177,7 +203,11 @@ def pretrain(config: PretrainConfig, cache: Path = DEFAULT_CACHE, progress: bool
             _save(folder, model, optimizer, state)
     state["probe"] = probe(model, config)
     state["done"] = True
-    write_json(folder / "state.json", state)
+    with atomic_path(folder / "model.safetensors") as tmp:
+        save_file({k: v.detach().contiguous().clone() for k, v in _weights(model).items()}, str(tmp))
+    write_json(folder / "state.json", state)  # last: a finished run is one whose state.json says so
+    (folder / CHECKPOINT).unlink(missing_ok=True)
+    (folder / "optimizer.safetensors").unlink(missing_ok=True)  # a cache from before the one-file checkpoint
     return folder
 
 
