@@ -165,11 +165,13 @@ def export_program(
     image_size: tuple[int, int],
     form: str | None = None,
     wrap: Callable[[nn.Module], nn.Module] | None = None,
+    seed: int = 0,
 ) -> torch.export.ExportedProgram:
     """``torch.export`` of the merged model (inside ``wrap``'s module, as for :func:`export_onnx`) with a dynamic
-    batch axis (for ExecuTorch, AOTInductor, ...)."""
+    batch axis (for ExecuTorch, AOTInductor, ...). The example input it traces (and the saved program keeps) is
+    drawn from ``seed``: the same model exports to the same program."""
     model = merged_copy(model, form)
     if wrap is not None:
         model = wrap(model).eval()
-    sample = torch.rand(2, 3, *image_size)
+    sample = torch.rand(2, 3, *image_size, generator=torch.Generator().manual_seed(seed))
     return torch.export.export(model, (sample,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import shutil
 from pathlib import Path
 
 from .options import at_least, non_negative_number, positive_rate, quiet_option, seed_option
@@ -151,7 +150,7 @@ def _gaze_command_line(args: argparse.Namespace) -> str:
 
 def _gaze(args: argparse.Namespace) -> None:
     """``alfa crate gaze``; bad options raise ``ValueError`` before anything runs."""
-    from alfa.fileio import write_text
+    from alfa.fileio import write_bytes, write_text
     from alfa.study.crate.gaze import CrateGazeConfig, format_markdown, format_summary, quick_config, run_crate_gaze
 
     overrides = {"seed": args.seed, "threads": args.threads}
@@ -171,7 +170,7 @@ def _gaze(args: argparse.Namespace) -> None:
     print(f"\nwrote {args.out / 'results.json'} and {results['figure']}")
     if figure is not None:
         figure.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(results["figure"], figure)
+        write_bytes(figure, Path(results["figure"]).read_bytes())  # atomic: a kill leaves no half figure
         text = format_markdown(results, figure=figure.relative_to(args.markdown.parent).as_posix())
         write_text(args.markdown, text)
         print(f"wrote {args.markdown} (figure {figure})")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from alfa.fileio import atomic_path
 from alfa.models.crate import CrateBlock
 from alfa.models.vit import ViTBlock
 
@@ -237,5 +238,6 @@ def plot_probes(results: ProbeResult | dict[str, ProbeResult], path: str | os.Pa
     if ax_sparse.lines:
         ax_sparse.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:  # the temporary name keeps the suffix: matplotlib picks the format by it
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
