@@ -41,7 +41,12 @@ mkdir -p runs/logs runs/bench-v2
 if [[ ! -f runs/bench-v2/results.json && -f docs/data/bench-v2/results.json ]]; then
     tmp=$(mktemp runs/bench-v2/.results.json.XXXXXX)
     cp docs/data/bench-v2/results.json "$tmp" && chmod 644 "$tmp"
-    [[ -d docs/data/bench-v2/figure_data && ! -d runs/bench-v2/figure_data ]] && cp -r docs/data/bench-v2/figure_data runs/bench-v2/
+    if [[ -d docs/data/bench-v2/figure_data && ! -d runs/bench-v2/figure_data ]]; then
+        # copied beside, then renamed: a kill mid-copy leaves no partial folder that later starts would take as whole
+        kept=$(mktemp -d runs/bench-v2/.figure_data.XXXXXX) && chmod 755 "$kept"
+        cp -r docs/data/bench-v2/figure_data/. "$kept"/ && mv -T "$kept" runs/bench-v2/figure_data 2>/dev/null
+        rm -rf "$kept"
+    fi
     mv -n "$tmp" runs/bench-v2/results.json # leaves $tmp where another lane's copy came first (exit 0 either way)
     if [[ -e $tmp ]]; then rm -f "$tmp"; else echo "queue: runs/bench-v2 started from the records kept in docs/data/bench-v2"; fi
 fi

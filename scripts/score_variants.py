@@ -1,6 +1,6 @@
 """Score one benchmark source model on variants of a target world (docs/synthetic.md § Calibration).
 
-    python scripts/score_variants.py NAME MODEL TARGET SEED VARIANT...
+    python scripts/score_variants.py NAME MODEL TARGET SEED VARIANT... [--replace]
 
 ``MODEL``: a model file (e.g. a benchmark cache's ``source-<key>/recovered/model.safetensors``, the base the
 source-only row scores). ``TARGET``: a target letter (``M``, ``D``); its world and persons are the standard
@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from alfa.checkpoint import load_model
+from alfa.fileio import write_text
 from alfa.gaze.data.registry import open_dataset
 from alfa.gaze.data.synthetic import domains
 from alfa.gaze.evaluate import person_gaze_errors
@@ -44,9 +45,14 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 
 def main(argv: list[str]) -> None:
+    replace = "--replace" in argv
+    argv = [a for a in argv if a != "--replace"]
     name, model_path, target, seed, *variants = argv
-    torch.set_num_threads(1)
     root = Path(__file__).resolve().parents[1]
+    path = root / "docs/data/calibration-variants" / f"{name}.json"
+    if path.exists() and not replace:
+        sys.exit(f"score_variants: {path} exists (committed data); choose another NAME, or add --replace")
+    torch.set_num_threads(1)
     config = BenchConfig.standard()
     spec = config.target_spec(target, int(seed))
     world = config.world(target)
@@ -72,9 +78,7 @@ def main(argv: list[str]) -> None:
         }
         print(f"{label:24s} {results[label]['mean_error_deg']:.2f}  bias {results[label]['mean_bias_deg']}", flush=True)
     out["variants"] = results
-    path = root / "docs/data/calibration-variants" / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(out, indent=1) + "\n")  # atomic: alfa pages reads every file there
 
 
 if __name__ == "__main__":

@@ -306,7 +306,7 @@ def test_the_committed_samples_of_the_figure_are_what_the_worlds_render(tmp_path
     saved = load_preview_samples(Path(__file__).resolve().parent.parent / SYNTHETIC_SAMPLES)
     now = preview_samples(saved.seed, saved.size)
     assert samples_differences(saved, now) == [], (
-        "run: python -m alfa.gaze.data.synthetic --samples-to " + SYNTHETIC_SAMPLES
+        "run: python -m alfa.gaze.data.synthetic --replace --samples-to " + SYNTHETIC_SAMPLES
     )
     again = load_preview_samples(save_preview_samples(now, tmp_path / "s.safetensors"))
     assert samples_differences(again, now, levels=0) == [] and again.persons == now.persons
@@ -317,3 +317,19 @@ def test_the_committed_samples_of_the_figure_are_what_the_worlds_render(tmp_path
         f"{world}: a pixel differs by 8 of 255",
         f"{world}: the gaze labels differ",
     ]
+
+
+def test_the_preview_command_overwrites_nothing_unasked_and_writes_atomically(tmp_path, capsys):
+    """``python -m alfa.gaze.data.synthetic``: an existing ``--preview`` or ``--samples-to`` file is refused in
+    one line (argparse's exit 2) and kept; ``--replace`` overwrites it, leaving no temporary file behind."""
+    from alfa.gaze.data.synthetic.__main__ import main
+
+    for flag, name in (("--preview", "grid.png"), ("--samples-to", "samples.safetensors")):
+        target = tmp_path / name
+        target.write_bytes(b"mine")
+        with pytest.raises(SystemExit) as e:
+            main([flag, str(target), "--size", "16"])
+        assert e.value.code == 2 and f"{flag} {target} exists; add --replace" in capsys.readouterr().err
+        assert target.read_bytes() == b"mine"
+        main([flag, str(target), "--size", "16", "--replace"])
+        assert target.read_bytes() != b"mine" and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

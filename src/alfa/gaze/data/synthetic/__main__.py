@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -34,9 +35,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=64, help="image size (default 64)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--replace", action="store_true", help="overwrite an existing --preview or --samples-to file")
     args = parser.parse_args(argv)
     if not (args.preview or args.samples_to or args.tables or args.throughput):
         parser.error("nothing to do: give --preview PNG, --samples-to FILE, --tables and/or --throughput")
+    for flag, path in (("--preview", args.preview), ("--samples-to", args.samples_to)):
+        if path and Path(path).exists() and not args.replace:
+            parser.error(f"{flag} {path} exists; add --replace to overwrite it")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.preview:

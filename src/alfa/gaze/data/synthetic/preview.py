@@ -141,7 +141,7 @@ def render_preview_grid(
     """Write a PNG grid of ``samples`` (default: :func:`preview_samples` of ``seed`` and ``size``): one row per
     world, each image with its gaze label drawn as an arrow from between the eyes. ``save(figure, path)`` writes
     and closes the figure (``alfa pages`` passes one that keeps its plotted data beside it); by default
-    ``figure.savefig`` at 110 dpi."""
+    ``figure.savefig`` at 110 dpi, atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -177,7 +177,10 @@ def render_preview_grid(
     if save is not None:
         save(fig, path)
         return path
-    fig.savefig(path, dpi=110)
+    from alfa.fileio import atomic_path
+
+    with atomic_path(path) as tmp:  # the temporary name keeps the suffix: matplotlib picks the format by it
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
 
