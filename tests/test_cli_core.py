@@ -39,8 +39,10 @@ def test_speed_measurement_is_consistent():
 def test_cli_reports_bad_input_without_traceback(capsys):
     assert main(["summary", "--model", "nope"]) == 2
     assert "unknown model 'nope'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         main(["no-such-command"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "invalid choice: 'no-such-command'" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize(

@@ -359,7 +359,7 @@ def test_the_reference_protocol_is_the_per_person_minimum_over_steps():
     assert reference_protocol_error(per_step) == pytest.approx((7.0 + 4.0 + 3.0) / 3)
     # ...which is never above the honest last-step number
     assert reference_protocol_error(per_step) <= sum(v[-1] for v in per_step.values()) / 3
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="need at least one error per step for every person"):
         reference_protocol_error({"p00": []})
 
 

@@ -735,7 +735,7 @@ def test_fp16_autocast_trains_with_a_gradient_scaler_and_resumes_it(tmp_path, da
     assert more.resumed_from_epoch == 1 and len(more.history) == 2
 
 
-def test_every_command_that_runs_a_model_takes_a_device_and_a_precision():
+def test_every_command_that_runs_a_model_takes_a_device_and_a_precision(capsys):
     from alfa.cli import build_parser
 
     parser = build_parser()
@@ -755,10 +755,16 @@ def test_every_command_that_runs_a_model_takes_a_device_and_a_precision():
         assert parser.parse_args([*command, "--device", "cuda:1"]).device == "cuda:1", command
         assert parser.parse_args([*command, "--precision", "bf16"]).precision == "bf16", command
         # TPGaze's meta-gradients take no gradient scaler: no fp16 for meta-training, nor for the benchmark's rows
+        refused = ["fp8"]
         if command[:2] != ["tpgaze", "meta-train"] and command != ["bench"]:
             assert parser.parse_args([*command, "--precision", "fp16"]).precision == "fp16", command
-        with pytest.raises(SystemExit):
-            parser.parse_args([*command, "--precision", "fp8"])
+        else:
+            refused.append("fp16")
+        for precision in refused:
+            with pytest.raises(SystemExit) as e:
+                parser.parse_args([*command, "--precision", precision])
+            err = capsys.readouterr().err
+            assert e.value.code == 2 and f"invalid choice: '{precision}'" in err, (command, err)
 
 
 def test_the_cosine_schedule_decays_to_zero_and_leaves_old_configs_as_they_were():

@@ -110,7 +110,6 @@ def _lane_lines() -> list[tuple[str, int, str]]:
 @pytest.mark.parametrize("lane,n,line", _lane_lines(), ids=lambda v: str(v) if not isinstance(v, str) else v[:20])
 def test_every_committed_lane_line_is_a_valid_narrow_selection(lane, n, line):
     """A typo in a lane (an unknown method or pair) would otherwise stop the lane hours into a session."""
-    pytest.importorskip("alfa.study.bench.config")
     from alfa.cli import build_parser
     from alfa.cli.bench import bench_config
 

@@ -333,3 +333,18 @@ def test_the_preview_command_overwrites_nothing_unasked_and_writes_atomically(tm
         assert target.read_bytes() == b"mine"
         main([flag, str(target), "--size", "16", "--replace"])
         assert target.read_bytes() != b"mine" and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_world_larger_than_memory_is_refused_before_rendering(monkeypatch):
+    """A world's float32 images beyond this machine's memory (a mistyped size) is one clear line, before any
+    rendering; one that fits renders as before."""
+    from alfa.gaze.data.registry import open_dataset
+    from alfa.gaze.data.synthetic import domains
+
+    monkeypatch.setattr(domains, "_physical_memory", lambda: 2 * 3 * 16 * 16 * 4)  # room for two 16×16 images
+    monkeypatch.setattr(domains, "render_person", lambda *a: pytest.fail("rendered before refusing"))
+    with pytest.raises(ValueError, match=r"mpii/test at size 16: 1 persons × 3 images would take .* GiB"):
+        open_dataset("synthetic:mpii?size=16&persons=1&images_per_person=3")
+    monkeypatch.undo()
+    monkeypatch.setattr(domains, "_physical_memory", lambda: 2 * 3 * 16 * 16 * 4)
+    assert len(open_dataset("synthetic:mpii?size=16&persons=1&images_per_person=2")) == 2

@@ -13,6 +13,7 @@ its per-image parameters are drawn in fixed chunks, so fewer images per person g
 from __future__ import annotations
 
 import math
+import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -600,6 +601,26 @@ def render_person(
     return pixels, labels, head, params
 
 
+def _physical_memory() -> int | None:
+    """This machine's memory in bytes, ``None`` where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _refuse_what_memory_cannot_hold(name: str, split: str, persons: int, images: int, size: int) -> None:
+    """A world is rendered into memory: one whose float32 images alone exceed this machine's memory (a mistyped
+    ``size=2240``) is refused in one line before any rendering, instead of failing or being killed later."""
+    need, have = persons * images * 3 * size * size * 4, _physical_memory()
+    if have is not None and need > have:
+        raise ValueError(
+            f"synthetic world {name}/{split} at size {size}: {persons} persons × {images} images would take "
+            f"{need / 2**30:.1f} GiB of memory, and this machine has {have / 2**30:.1f} GiB; choose a smaller size, "
+            "persons or images_per_person"
+        )
+
+
 def make_domain(
     name: str,
     *,
@@ -630,6 +651,7 @@ def make_domain(
     for what, value, low in (("persons", n_persons, 1), ("images_per_person", n_images, 1), ("size", size, 16)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"{what} must be an integer >= {low}, got {value!r}")
+    _refuse_what_memory_cannot_hold(name, split, n_persons, n_images, size)
     prefix = "v" if split == "val" else "p"
     names = [f"{prefix}{k:02d}" for k in range(n_persons)]
 
