@@ -392,7 +392,8 @@ def foreign_adapters(
         return f"{summary} is not a personalization record alfa wrote"
     if not isinstance(before.get("config", {}), dict):
         return f"{summary} is not a personalization record alfa wrote"
-    made = [p for p, o in persons.items() if o.get("status") in ("ok", "skipped") and (out / adapter_filename(p)).is_file()]
+    made = [p for p, o in persons.items() if o.get("status") in ("ok", "skipped")]
+    made = [p for p in made if (out / adapter_filename(p)).is_file()]
     if not made:
         return None  # a run where every person failed left no adapter to replace: any run may go on there
     key = json.loads(json.dumps(_run_key(method, config)))
