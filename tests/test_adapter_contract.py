@@ -125,7 +125,7 @@ INVALID = [
     ("alfa", {"heads": 0}, "heads and rank must be positive"),
     ("alfa", {"rank": -1}, "heads and rank must be positive"),
     ("alfa", {"init_std": -0.1}, "init_std must be non-negative"),
-    ("alfa", {"dense_rank": 0}, "dense_rank must be positive"),
+    ("alfa", {"dense_rank": 0}, "dense_rank must be a positive integer or None"),
     ("alfa", {"heads": 2.5}, "must be an integer"),
     ("diag_gate", {"dense_rank": 0}, "dense_rank must be a positive integer"),
     ("linear_mix", {"rank": 0}, "rank must be positive"),

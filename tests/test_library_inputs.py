@@ -11,6 +11,7 @@ import torch
 from tiny_models import TinyGazeNet, truncated_tiny_gaze_net
 
 import alfa
+from alfa.adapters import adapter_state, param_groups
 from alfa.adapters.config import METHODS
 from alfa.adapters.gate import LinearMixConfig
 from alfa.serve import MixedBatchModel
@@ -96,7 +97,7 @@ def test_param_groups_keeps_a_good_scale_and_refuses_an_infinite_lr(small_net):
     alfa.attach(small_net, alfa.LoraConfig(rank=2, layers="dense"))
     groups = alfa.param_groups(small_net, lr=1e-3, lr_scale={r"fc": 10.0, r"never matches": 0.5})
     assert {g["name"]: g["lr"] for g in groups} == {"default": 1e-3, "fc": 1e-2}
-    with pytest.raises(ValueError, match="lr must be positive and finite, got inf"):
+    with pytest.raises(ValueError, match="lr must be a positive, finite number, got inf"):
         alfa.param_groups(small_net, lr=INF)
 
 
@@ -234,3 +235,167 @@ def test_a_config_takes_its_fields_by_name_only(method):
     """LoraConfig(8) set ``target`` (the first field), not the rank: every field is given by name."""
     with pytest.raises(TypeError, match="positional argument"):
         METHODS[method](8)
+
+
+# ----------------------------------------------------------------------------- an audit of the API (2026-12-05)
+# Nothing the caller changes later alters an attached adapter; each mistake is named before anything changes.
+
+
+def _truncated_base() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    alfa.truncate(model, 6)
+    return model
+
+
+def _same_state(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+IMAGES = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def test_attach_keeps_its_own_copy_of_the_config(tmp_path):
+    """Reusing a config object for another model after changing it changes neither the first model nor its file."""
+    model, other = _truncated_base(), _truncated_base()
+    config = alfa.LoraConfig(rank=2)
+    alfa.attach(model, config)
+    with torch.no_grad():  # a non-zero update, so that LoRA's scale alpha / rank shows in the output
+        for p in alfa.adapter_parameters(model).values():
+            p.normal_(0, 0.1, generator=torch.Generator().manual_seed(2))
+        before = model(IMAGES)
+    config.rank = 4
+    alfa.attach(other, config)
+    assert adapter_state(model).config.rank == 2 and adapter_state(other).config.rank == 4
+    with torch.no_grad():
+        assert torch.equal(model(IMAGES), before)
+    alfa.save_adapter(model, tmp_path / "u.safetensors")
+    loaded = _truncated_base()
+    alfa.load_adapter(loaded, tmp_path / "u.safetensors")
+    with torch.no_grad():
+        assert torch.equal(loaded(IMAGES), before)
+
+
+def test_canonicalize_is_refused_while_an_adapter_is_attached():
+    model = _truncated_base()
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    kept = copy.deepcopy(model)
+    with pytest.raises(RuntimeError, match=r"canonicalize the base model before attaching an adapter"):
+        alfa.canonicalize(model)
+    assert _same_state(model, kept)
+    alfa.detach(model)
+    assert alfa.canonicalize(model) > 0  # and without one it runs
+
+
+@pytest.mark.parametrize("config", [alfa.DictionaryMixConfig, alfa.AlfaConfig])
+@pytest.mark.parametrize(
+    ("dense_rank", "words"),
+    [(-1, "must be a positive integer or None, got -1"), (0, "must be a positive integer or None, got 0"),
+     (1.5, "must be an integer, got 1.5")],
+)  # fmt: skip
+def test_a_dictionary_methods_dense_rank_is_a_positive_integer(config, dense_rank, words):
+    with pytest.raises(ValueError, match=re.escape(f"dense_rank {words}")):
+        config(dense_rank=dense_rank)
+
+
+def test_save_adapter_refuses_an_about_it_could_not_read_back(tmp_path):
+    model = _truncated_base()
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    for about in ("user 17", ["a"], 3):
+        with pytest.raises(TypeError, match="about must be a dict"):
+            alfa.save_adapter(model, tmp_path / "u.safetensors", about=about)
+    assert not list(tmp_path.iterdir())
+    alfa.save_adapter(model, tmp_path / "u.safetensors", about={"user": 17})
+    assert alfa.read_adapter_metadata(tmp_path / "u.safetensors")["about"] == {"user": 17}
+
+
+@pytest.mark.parametrize(
+    ("target", "error", "words"),
+    [
+        ("[(", ValueError, "target '[(' is not a regular expression"),
+        (["layer1"], TypeError, "target must be a regular expression (a string), got ['layer1']"),
+        (5, TypeError, "target must be a regular expression (a string), got 5"),
+    ],
+)
+def test_truncate_names_a_bad_target_and_changes_nothing(target, error, words):
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    kept = copy.deepcopy(model)
+    with pytest.raises(error, match=re.escape(words)):
+        alfa.truncate(model, 6, target=target)
+    assert _same_state(model, kept)
+
+
+def test_tpgaze_input_sizes_must_be_a_mapping():
+    with pytest.raises(ValueError, match=r"input_sizes must map each prompted conv's name .* got list \[8, 8\]"):
+        alfa.TPGazeConfig(image_size=32, input_sizes=[8, 8])
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"lr": "1e-3"}, "lr must be a positive, finite number, got '1e-3'"),
+        ({"lr": 1e-3, "weight_decay": "0.1"}, "weight_decay must be a non-negative, finite number or None"),
+        ({"lr": 1e-3, "weight_decay": float("inf")}, "weight_decay must be a non-negative, finite number or None"),
+    ],
+)
+def test_param_groups_names_a_rate_or_decay_that_is_no_number(options, words):
+    model = _truncated_base()
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    with pytest.raises(ValueError, match=re.escape(words)):
+        param_groups(model, **options)
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda m: alfa.attach(m, alfa.AlfaConfig()), "attach"),
+        (lambda m: alfa.truncate(m, 4), "truncate"),
+        (lambda m: alfa.canonicalize(m), "canonicalize"),
+        (lambda m: alfa.parameter_summary(m), "parameter_summary"),
+    ],
+)
+@pytest.mark.parametrize(("given", "said"), [("model.safetensors", "a str"), (TinyGazeNet, "the class TinyGazeNet")])
+def test_a_function_given_no_model_says_so(call, name, given, said):
+    with pytest.raises(
+        TypeError, match=re.escape(f"alfa.{name} takes a torch.nn.Module (a model instance), got {said}")
+    ):
+        call(given)
+
+
+def test_load_pretrained_given_a_model_instance_asks_for_its_class(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16))
+    with pytest.raises(TypeError, match="takes a model class .* got an instance of GPT2LMHeadModel"):
+        alfa.load_pretrained(model, tmp_path)
+
+
+@pytest.mark.parametrize("size", [8, (8,), (8, 8.0), (0, 0)])
+def test_export_program_checks_the_image_size_first(size):
+    from alfa.export import export_program
+
+    with pytest.raises(ValueError, match=r"image_size must be \(height, width\)|image size must be positive"):
+        export_program(_truncated_base(), size)
+
+
+def test_a_bad_adapter_name_is_the_callers_mistake_not_the_files(tmp_path):
+    model = _truncated_base()
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    alfa.save_adapter(model, tmp_path / "u.safetensors")
+    fresh = _truncated_base()
+    with pytest.raises(ValueError, match="an adapter name must be a non-empty string, got ''") as e:
+        alfa.load_adapter(fresh, tmp_path / "u.safetensors", name="")
+    assert not isinstance(e.value, alfa.AdapterFileError) and adapter_state(fresh) is None
+
+
+def test_a_served_users_model_on_another_base_is_named_without_a_temporary_file():
+    served = alfa.MultiUserModel(_truncated_base())
+    torch.manual_seed(5)
+    elsewhere = TinyGazeNet().eval()  # another base of the same shapes
+    alfa.truncate(elsewhere, 6)
+    alfa.attach(elsewhere, alfa.AlfaConfig(heads=2, rank=2))
+    with pytest.raises(ValueError) as e:
+        served.add_user("ann", elsewhere)
+    message = str(e.value)
+    assert message.startswith("user 'ann': ") and "the given model's adapter" in message and "tmp" not in message

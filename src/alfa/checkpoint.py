@@ -326,6 +326,11 @@ def load_pretrained(model_class: Any, directory: str | os.PathLike) -> nn.Module
     are factorized again at their saved ranks (:func:`alfa.truncate.restore_structure`), and every tensor is
     loaded strictly (an error names any mismatch). The model is returned in eval mode, as from_pretrained does.
     """
+    if not isinstance(model_class, type):  # a model instance: the class builds the saved one
+        raise TypeError(
+            f"load_pretrained takes a model class (e.g. GPT2LMHeadModel or AutoModelForCausalLM), got an instance of "
+            f"{type(model_class).__name__}: pass type(model)"
+        )
     directory = Path(directory)
     path = directory / PRETRAINED_FILE
     if not path.is_file():

@@ -64,6 +64,16 @@ def merged_copy(model: nn.Module, form: str | None = None) -> nn.Module:
     return out
 
 
+def _image_size(image_size: Sequence[int]) -> tuple[int, int]:
+    """``(height, width)``, two positive whole numbers (a single number is refused: it does not say which)."""
+    size = tuple(image_size) if isinstance(image_size, (tuple, list)) else None
+    if size is None or len(size) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in size):
+        raise ValueError(f"image_size must be (height, width), two whole numbers, got {image_size!r}")
+    if min(size) < 1:
+        raise ValueError(f"image size must be positive, got {size[0]}×{size[1]}")
+    return size[0], size[1]
+
+
 def _needs(module: str, what: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise RuntimeError(f"{what} needs the {module!r} package: pip install onnx onnxscript onnxruntime")
@@ -93,9 +103,7 @@ def export_onnx(
     model = merged_copy(model, form)
     if wrap is not None:
         model = wrap(model).eval()
-    h, w = image_size
-    if h < 1 or w < 1:
-        raise ValueError(f"image size must be positive, got {h}×{w}")
+    h, w = _image_size(image_size)
     sample = torch.rand(2, 3, h, w, generator=torch.Generator().manual_seed(seed))
     batch = torch.export.Dim("batch", min=1, max=4096)
     path = Path(path)
@@ -173,5 +181,5 @@ def export_program(
     model = merged_copy(model, form)
     if wrap is not None:
         model = wrap(model).eval()
-    sample = torch.rand(2, 3, *image_size, generator=torch.Generator().manual_seed(seed))
+    sample = torch.rand(2, 3, *_image_size(image_size), generator=torch.Generator().manual_seed(seed))
     return torch.export.export(model, (sample,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},))

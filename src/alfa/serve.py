@@ -180,7 +180,11 @@ class MultiUserModel(nn.Module):
         if isinstance(adapter, nn.Module):
             user_terms(adapter)  # refuse an unservable method before writing anything
             with tempfile.TemporaryDirectory() as tmp:  # through a file: the same checks against this base
-                terms = self._terms_from_file(save_adapter(adapter, Path(tmp) / "user.safetensors"))
+                file = Path(tmp) / "user.safetensors"
+                try:
+                    terms = self._terms_from_file(save_adapter(adapter, file))
+                except ValueError as e:  # said of the model given, not of a temporary file the caller never saw
+                    raise type(e)(f"user {user!r}: " + str(e).replace(str(file), "the given model's adapter")) from e
         else:
             terms = self._terms_from_file(Path(adapter))
         unknown = sorted(set(terms) - set(self._layers) - set(self._dense_layers()))

@@ -12,6 +12,7 @@ from torch import nn
 
 from .adapters.layer import AdaptedLayer
 from .layers import is_conv1d
+from .surgery import require_module
 
 __all__ = ["ParameterSummary", "parameter_summary", "print_trainable_parameters", "trainable_parameters_line"]
 
@@ -80,6 +81,7 @@ def parameter_summary(model: nn.Module) -> ParameterSummary:
     An adapted layer's own tensors count as ``adapter: <method>``; the frozen base layer it wraps
     keeps its own kind, so the summary shows what the base costs and what the adapter adds.
     """
+    require_module(model, "parameter_summary")
     by_kind: dict[str, KindCount] = {}
     total = trainable = 0
     seen: set[int] = set()

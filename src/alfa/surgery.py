@@ -113,6 +113,14 @@ class Attachment:
         return None
 
 
+def require_module(model: Any, function: str) -> None:
+    """``TypeError`` naming ``alfa.<function>`` where ``model`` is not a ``torch.nn.Module`` (a path, a class, a
+    config), instead of an ``AttributeError`` from deep inside."""
+    if not isinstance(model, nn.Module):
+        what = f"the class {model.__name__}" if isinstance(model, type) else f"a {type(model).__name__}"
+        raise TypeError(f"alfa.{function} takes a torch.nn.Module (a model instance), got {what}")
+
+
 def structure_refusal(model: nn.Module, action: str) -> str | None:
     """The first refusal of the model's attachments (:class:`Attachment`) to ``action``, or ``None``."""
     for value in vars(model).values():

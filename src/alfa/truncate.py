@@ -14,7 +14,14 @@ import torch
 from torch import nn
 
 from .layers import FactorizedConv2d, FactorizedLinear, is_dense_layer, is_factorized, layer_spec
-from .surgery import guard_save_pretrained, replace_module, shared_parameters, structure_refusal, tie_refusal
+from .surgery import (
+    guard_save_pretrained,
+    replace_module,
+    require_module,
+    shared_parameters,
+    structure_refusal,
+    tie_refusal,
+)
 
 __all__ = [
     "DEFAULT_RANK",
@@ -73,12 +80,13 @@ def truncate(model: nn.Module, rank: int, target: str | None = None, *, weights:
     are left as freshly built layers hold them, for counting what truncation would save (``alfa summary``) or for
     a model a truncated checkpoint is then loaded into.
     """
+    require_module(model, "truncate")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
+    pattern = _target_pattern(target)
     refusal = structure_refusal(model, "truncate")
     if refusal is not None:
         raise RuntimeError(refusal)
-    pattern = re.compile(target) if target is not None else None
     report = TruncationReport(rank=rank)
     candidates = [
         (name, mod)
@@ -125,9 +133,26 @@ def truncate(model: nn.Module, rank: int, target: str | None = None, *, weights:
 
 
 @torch.no_grad()
+def _target_pattern(target: object) -> re.Pattern | None:
+    """``truncate``'s ``target``: a regular expression (a string), or ``None`` for every layer."""
+    if target is None:
+        return None
+    if not isinstance(target, str):
+        raise TypeError(f"alfa.truncate: target must be a regular expression (a string), got {target!r}")
+    try:
+        return re.compile(target)
+    except re.error as e:
+        raise ValueError(f"alfa.truncate: target {target!r} is not a regular expression ({e})") from None
+
+
 def canonicalize(model: nn.Module) -> int:
     """Bring every factorized layer back to SVD form (``U`` orthonormal, ``V = S Vᵀ``) without
-    changing its weight; call after fine-tuning the factors. Returns the number of layers touched."""
+    changing its weight; call after fine-tuning the factors. Returns the number of layers touched. Refused
+    while an adapter is attached: its layers and files name the factors as they are."""
+    require_module(model, "canonicalize")
+    refusal = structure_refusal(model, "canonicalize")
+    if refusal is not None:
+        raise RuntimeError(refusal)
     count = 0
     for mod in model.modules():
         if is_factorized(mod):

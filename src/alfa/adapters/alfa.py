@@ -55,11 +55,16 @@ class AlfaConfig(AdapterConfig):
             raise ValueError(f"heads and rank must be positive, got heads={self.heads}, rank={self.rank}")
         if not self.init_std >= 0:
             raise ValueError(f"init_std must be non-negative, got {self.init_std}")
-        if self.dense_rank is not None and self.dense_rank <= 0:
-            raise ValueError(f"dense_rank must be positive or None, got {self.dense_rank}")
+        check_dense_rank(self.dense_rank)
 
     def build(self, base: nn.Module) -> AlfaLayer:
         return AlfaLayer(base, self)
+
+
+def check_dense_rank(dense_rank: int | None) -> None:
+    """The dictionary methods' ``dense_rank``: the SVD rank of a dense layer's dictionary, or ``None`` (full)."""
+    if dense_rank is not None and (isinstance(dense_rank, bool) or not isinstance(dense_rank, int) or dense_rank <= 0):
+        raise ValueError(f"dense_rank must be a positive integer or None, got {dense_rank!r}")
 
 
 def alfa_mixing(A_q: Tensor, B_q: Tensor, A_p: Tensor, B_p: Tensor, V_base: Tensor) -> Tensor:
@@ -206,6 +211,10 @@ class DictionaryMixConfig(AdapterConfig):
     family: ClassVar[str] = "dictionary"
 
     dense_rank: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        check_dense_rank(self.dense_rank)
 
     def build(self, base: nn.Module) -> DictionaryMixLayer:
         return DictionaryMixLayer(base, self)

@@ -22,16 +22,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from .alfa import DictionaryAdapter
+from .alfa import DictionaryAdapter, check_dense_rank
 from .config import AdapterConfig, register_method
 from .layer import AdaptedLayer
 
 __all__ = ["DiagGateConfig", "DiagGateLayer", "LinearMixConfig", "LinearMixLayer"]
-
-
-def _check_dense_rank(dense_rank: int | None) -> None:
-    if dense_rank is not None and (isinstance(dense_rank, bool) or not isinstance(dense_rank, int) or dense_rank <= 0):
-        raise ValueError(f"dense_rank must be a positive integer or None, got {dense_rank!r}")
 
 
 @register_method
@@ -47,7 +42,7 @@ class DiagGateConfig(AdapterConfig):
 
     def validate(self) -> None:
         super().validate()
-        _check_dense_rank(self.dense_rank)
+        check_dense_rank(self.dense_rank)
 
     def build(self, base: nn.Module) -> AdaptedLayer:
         return DiagGateLayer(base, self)
@@ -92,7 +87,7 @@ class LinearMixConfig(AdapterConfig):
             raise ValueError(f"rank must be positive, got {self.rank}")
         if not self.init_std >= 0:
             raise ValueError(f"init_std must be non-negative, got {self.init_std}")
-        _check_dense_rank(self.dense_rank)
+        check_dense_rank(self.dense_rank)
 
     def build(self, base: nn.Module) -> AdaptedLayer:
         return LinearMixLayer(base, self)

@@ -29,10 +29,12 @@ def param_groups(
     numbers; the gaze stack passes its configs' value explicitly (``PersonalizeConfig.weight_decay``, 0.01 by
     default). Pass ``None`` to leave the key out and let the optimizer's ``weight_decay`` apply.
     """
-    if not (lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"param_groups: lr must be positive and finite, got {lr!r}")
-    if weight_decay is not None and not weight_decay >= 0:
-        raise ValueError(f"param_groups: weight_decay must be non-negative or None, got {weight_decay!r}")
+    if not (_is_number(lr) and lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"param_groups: lr must be a positive, finite number, got {lr!r}")
+    if weight_decay is not None and not (_is_number(weight_decay) and 0 <= weight_decay < math.inf):
+        raise ValueError(
+            f"param_groups: weight_decay must be a non-negative, finite number or None, got {weight_decay!r}"
+        )
     scales = dict(lr_scale or {})
     compiled = {pat: _compiled_scale(pat, scale) for pat, scale in scales.items()}
     groups: dict[str, list[nn.Parameter]] = {"default": []}
@@ -67,3 +69,7 @@ def _compiled_scale(pattern: str, scale: float) -> re.Pattern[str]:
         return re.compile(pattern)
     except (re.error, TypeError) as e:
         raise ValueError(f"param_groups: lr_scale pattern {pattern!r} is not a valid regular expression: {e}") from e
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

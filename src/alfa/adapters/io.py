@@ -27,6 +27,7 @@ from .config import config_from_dict
 from .layer import AdaptedLayer
 from .state import (
     DEFAULT_ADAPTER,
+    _check_adapter_name,
     _require_state,
     _states,
     adapter_names,
@@ -238,6 +239,8 @@ def save_adapter(
     dataset and the person, so an adapter is never applied to another dataset's person of the same name). The
     file also records a checksum of its tensors, verified by :func:`load_adapter`.
     """
+    if about is not None and not isinstance(about, dict):  # read back as a JSON object: refused now, not then
+        raise TypeError(f"save_adapter: about must be a dict (stored as a JSON object), got {type(about).__name__}")
     if Path(path).is_dir():  # else os.replace fails at the end, naming the temporary file instead of this path
         raise AdapterFileError(
             f"{path} is a folder: an adapter is saved to one file (e.g. {Path(path) / 'adapter.safetensors'})"
@@ -391,6 +394,7 @@ def load_adapter(
     already attached under ``name`` is removed first (after the file has been checked on a copy). ``method``,
     if given, is the method the caller expects the file to hold. On any error the model is left as it was.
     """
+    _check_adapter_name(name)  # the caller's mistake, said as such (not as a file that does not fit)
     path = Path(path)
     if path.is_dir():
         raise AdapterFileError(

@@ -175,6 +175,11 @@ class TPGazeConfig(AdapterConfig):
             raise ValueError(f"TPGazeConfig.image_size must be positive, got {self.image_size}")
         if not self.init_std >= 0:
             raise ValueError(f"TPGazeConfig.init_std must be non-negative, got {self.init_std}")
+        if self.input_sizes is not None and not isinstance(self.input_sizes, dict):
+            raise ValueError(
+                "TPGazeConfig.input_sizes must map each prompted conv's name to its input [height, width] (or be "
+                f"None: measured on the model), got {type(self.input_sizes).__name__} {self.input_sizes!r}"
+            )
         for key, size in (self.input_sizes or {}).items():
             if not (
                 isinstance(size, (list, tuple)) and len(size) == 2 and all(isinstance(s, int) and s > 0 for s in size)

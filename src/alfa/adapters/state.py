@@ -22,7 +22,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..surgery import Attachment, guard_save_pretrained, replace_module, shared_parameters, tie_refusal
+from ..surgery import (
+    Attachment,
+    guard_save_pretrained,
+    replace_module,
+    require_module,
+    shared_parameters,
+    tie_refusal,
+)
 from .config import AdapterConfig, MergeError
 from .layer import AdaptedLayer, merged_layer
 from .select import candidate_layers, check_sizes, modules_to_save
@@ -315,11 +322,15 @@ def attach(model: nn.Module, config: AdapterConfig, name: str = DEFAULT_ADAPTER)
     (BitFit, full fine-tuning) train the model's own parameters in place and so refuse to share the model
     with another adapter. ``config.modules_to_save`` modules get a trainable copy of their own, in the
     model while this adapter is active; no layer inside them is adapted. Attaching to a merged model makes
-    that merge final (:func:`unmerge` then has nothing to undo). Nothing is changed if an error is raised.
+    that merge final (:func:`unmerge` then has nothing to undo). Nothing is changed if an error is raised. The
+    adapter keeps a copy of ``config``: changing that object afterwards (to attach it elsewhere) changes neither
+    this model nor what :func:`save_adapter` writes.
     """
     if not isinstance(config, AdapterConfig):
         raise TypeError(f"expected an adapter config (e.g. alfa.AlfaConfig()), got {type(config).__name__}")
+    require_module(model, "attach")
     config.validate()
+    config = copy.deepcopy(config)
     _check_adapter_name(name)
     _refuse_if_disabled(model, "attach an adapter")
     registry = _adapters(model) or ModelAdapters()

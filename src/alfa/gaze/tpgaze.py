@@ -477,6 +477,14 @@ class _StartedTPGazeConfig(TPGazeConfig):
 
     start: dict[nn.Module, dict[str, Tensor]] = field(default_factory=dict, repr=False, compare=False)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> _StartedTPGazeConfig:
+        # attach keeps a copy of its config; the start stays keyed by this model's own layers, or it builds nowhere
+        copied = copy.copy(self)
+        for f in dataclasses.fields(self):
+            if f.name != "start":
+                setattr(copied, f.name, copy.deepcopy(getattr(self, f.name), memo))
+        return copied
+
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(TPGazeConfig)}
         return json.loads(json.dumps(data))
