@@ -207,9 +207,9 @@ def test_param_groups_writes_its_weight_decay_into_every_group(base):
     groups = alfa.param_groups(base, 1e-3, lr_scale=scale, weight_decay=None)  # leave it to the optimizer
     assert all("weight_decay" not in g for g in groups)
     assert [g["weight_decay"] for g in torch.optim.AdamW(groups, weight_decay=0.02).param_groups] == [0.02, 0.02]
-    with pytest.raises(ValueError, match="weight_decay must be non-negative"):
+    with pytest.raises(ValueError, match="weight_decay must be a non-negative"):
         alfa.param_groups(base, 1e-3, weight_decay=-1.0)
-    with pytest.raises(ValueError, match="lr must be positive"):
+    with pytest.raises(ValueError, match="lr must be a positive, finite number"):
         alfa.param_groups(base, 0.0)
 
 
