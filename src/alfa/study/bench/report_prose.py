@@ -77,7 +77,8 @@ ONE_SEED_ONLY = "its {count} comparisons have one seed each, and are shown with 
 
 DESIGN_WORDS = {
     "crossed": "the seeds and, per pair, the persons drawn with replacement, the same persons in every seed",
-    "nested": "the seeds drawn with replacement, each with the persons drawn for it",
+    "nested": "the seeds drawn with replacement, each with the persons the benchmark drew for it (not redrawn: a "
+    "seed's mean already holds its persons' scatter)",
 }
 """How the bootstrap draws, by design (``alfa.study.bench.stats.PERSON_DESIGNS``)."""
 PERSON_COUNT_WORDS = {
@@ -151,7 +152,7 @@ PROTOCOL_BULLETS: dict[str, tuple[str, ...]] = {
     "differences": (
         "**Differences**: a − b per seed on the same base (mean over the pairs concerned), averaged over",
         "seeds: the estimate. Its 95 % interval is Δ ± t · SE, the standard error from a hierarchical",
-        "bootstrap of the paired per-person differences ({draws} replicates; {how}), each level's draws",
+        "bootstrap of the paired per-person differences ({draws} replicates; {how}), each level drawn",
         "corrected by √(n/(n − 1)) so that three seeds are not taken for more; t has seeds − 1 degrees of",
         "freedom (the seeds are the design's fewest independent units: exact where their variation dominates,",
         "conservative elsewhere). *Clear*: the Holm-adjusted p-value over every comparison of the page is",
