@@ -262,6 +262,10 @@ def test_unparsable_and_nan_labels(mpii):
     _edit_line(label, 4, set_2dgaze("nan,0.1"))
     with pytest.raises(DatasetFormatError, match=r"p00\.label:4: column 2DGaze is 'nan,0.1', which is not finite"):
         GazeHubDataset(mpii, "mpii")
+    label.write_text(original)
+    _edit_line(label, 3, set_2dgaze("30.0,-12.5"))  # degrees, not radians
+    with pytest.raises(DatasetFormatError, match=r"p00\.label:3: column 2DGaze is '30.0,-12.5', beyond ±π: .*degrees"):
+        GazeHubDataset(mpii, "mpii", verify_3d=False)
 
 
 def test_unknown_or_missing_header(mpii):
@@ -344,6 +348,18 @@ def test_bad_h5_files(tmp_path):
     rewrite(face_gaze=np.array([[0.0, 0.1], [0.2, 0.3], [np.nan, 0.0]]))
     with pytest.raises(DatasetFormatError, match=r"subject0000\.h5: face_gaze row 2 is \[nan, 0\.0\], not finite"):
         XGazeH5Dataset(path)
+    rewrite(face_gaze=np.array([[0.0, 0.1], [0.2, 30.0], [0.0, 0.0]]))
+    with pytest.raises(DatasetFormatError, match=r"face_gaze row 1 is \[0\.2, 30\.0\], beyond ±π: .*degrees"):
+        XGazeH5Dataset(path)
+    rewrite(face_gaze=np.array([b"a", b"b", b"c"]))
+    with pytest.raises(DatasetFormatError, match=r"subject0000\.h5: face_gaze does not read as numbers"):
+        XGazeH5Dataset(path)
+    write_xgaze_h5_fixture(path, images=3)
+    with h5py.File(path, "a") as h5:
+        del h5["face_gaze"]
+        h5.create_group("face_gaze")
+    with pytest.raises(DatasetFormatError, match=r"subject0000\.h5: face_gaze is a Group, expected an array"):
+        XGazeH5Dataset(path)
     path.write_text("not hdf5")
     with pytest.raises(DatasetFormatError, match=r"subject0000\.h5: not a readable HDF5 file"):
         XGazeH5Dataset(path)
@@ -369,6 +385,58 @@ def test_open_dataset_specs_and_options(tmp_path):
     with pytest.raises(ValueError, match="unknown GazeHub dataset 'utmultiview'"):
         open_dataset(f"gazehub:utmultiview:{tmp_path}")
     assert issubclass(DatasetFormatError, ValueError)
+    # an unknown or no person, and an option the h5 files do not take: ValueErrors, so one line on the command line
+    for spec, words in (
+        (f"gazehub:mpii:{tmp_path}?persons=p99", r"no person\(s\) \['p99'\]"),
+        (f"gazehub:mpii:{tmp_path}?persons=,", "persons= names no one"),
+    ):
+        with pytest.raises(ValueError, match=words) as e:
+            open_dataset(spec)
+        assert isinstance(e.value, KeyError) or "names no one" in str(e.value)
+    write_xgaze_h5_dir(tmp_path / "eth", subjects=(0,), images=2)
+    with pytest.raises(ValueError, match="no subject file"):
+        open_dataset(f"xgaze-h5:{tmp_path / 'eth'}?persons=nobody")
+    with pytest.raises(ValueError, match=r"option\(s\) split do not apply to ETH-XGaze's h5 files"):
+        open_dataset(f"xgaze-h5:{tmp_path / 'eth'}?split=val")
+
+
+def test_unreadable_faces_are_named_by_their_file(tmp_path):
+    """A face whose header claims a huge image, faces of two sizes in one batch, a damaged h5 chunk, and an error
+    re-raised from a loader worker: each one line that names the file (and the way out)."""
+    from PIL import Image
+
+    from alfa.cli.errors import error_line
+
+    write_gazehub_fixture(tmp_path / "m", "mpiifacegaze", images_per_person=2)
+    ds = GazeHubDataset(tmp_path / "m", "mpii")
+    face = ds.image_path(0)
+    limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, 10  # every face is then a "decompression bomb"
+    try:
+        with pytest.raises(DatasetFormatError, match=rf"{face}: cannot read image"):
+            ds[0]
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+    Image.new("RGB", (20, 32)).save(face)  # another size than the others
+    with pytest.raises(DatasetFormatError, match=r"faces of different sizes .* add \?size=N"):
+        ds.raw_images([0, 1])
+    path = tmp_path / "subject0000.h5"
+    write_xgaze_h5_fixture(path, images=3)
+    h5 = XGazeH5Dataset(path)
+    real_handle = h5._handle
+
+    class Damaged:
+        def __getitem__(self, key):
+            raise OSError("Can't synchronously read data (filter returned failure during read)")
+
+    h5._handle = lambda k: {"face_patch": Damaged()}
+    with pytest.raises(DatasetFormatError, match=r"subject0000\.h5: face_patch row 1 cannot be read"):
+        h5[1]
+    h5._handle = real_handle
+    Path(face).write_bytes(b"not an image")  # read in a worker process: the line is still the file's
+    with pytest.raises(DatasetFormatError) as e:
+        list(DataLoader(ds, batch_size=1, num_workers=1))
+    assert "DataLoader worker" in str(e.value)
+    assert error_line(e.value).startswith(f"{face}: cannot read image (cannot identify image file")
 
 
 def test_open_dataset_routes_synthetic(monkeypatch):

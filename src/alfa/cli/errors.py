@@ -41,4 +41,12 @@ def error_line(error: BaseException) -> str:
         return ": ".join(p for p in parts if p)
     text = _TERMINAL_COLOUR.sub("", str(error))  # a library's colour codes (torch.onnx's) are not text
     lines = [line for line in text.splitlines() if line.strip()] or [type(error).__name__]
+    worker = _WORKER_ERROR.match(lines[0])
+    if worker and len(lines) > 1:  # a loader worker's error, re-raised with its traceback: its own last line
+        _, found, message = lines[-1].partition(f"{worker.group(1)}: ")
+        return (message if found else lines[-1]).strip()
     return lines[0] + (" (...)" if len(lines) > 1 else "")
+
+
+_WORKER_ERROR = re.compile(r"Caught (\w+) in DataLoader worker process \d+")
+"""The first line of an error PyTorch re-raises from a DataLoader worker; the original's own line comes last."""

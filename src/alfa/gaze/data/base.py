@@ -27,7 +27,24 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-__all__ = ["GazeDataset", "InMemoryGazeDataset", "images_differ", "signature_mismatch", "unit_images"]
+__all__ = [
+    "GazeDataset",
+    "InMemoryGazeDataset",
+    "UnknownPersonError",
+    "images_differ",
+    "signature_mismatch",
+    "unit_images",
+]
+
+
+class UnknownPersonError(KeyError, ValueError):
+    """A person a dataset does not have. A ``KeyError`` (a lookup that failed, what callers of
+    :meth:`GazeDataset.person_indices` catch) and a ``ValueError`` (bad input: the command line says it in one
+    line)."""
+
+    def __str__(self) -> str:
+        # KeyError's own str is the repr of its argument: the message would print inside quotes.
+        return str(self.args[0]) if self.args else ""
 
 
 class GazeDataset(Dataset):
@@ -47,7 +64,7 @@ class GazeDataset(Dataset):
         if index is None:
             raise NotImplementedError(f"{type(self).__name__} fills no _index: it must define person_indices")
         if person not in index:
-            raise KeyError(f"{self.name}: no person {person!r}")
+            raise UnknownPersonError(f"{self.name}: no person {person!r}")
         return list(index[person])
 
     def positions(self, indices: Iterable[int]) -> list[int]:

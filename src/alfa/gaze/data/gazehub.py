@@ -42,7 +42,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ..geometry import angular_error, gazehub_vector_to_pitchyaw, pitchyaw_to_vector, vector_to_pitchyaw
-from .base import GazeDataset, unit_images
+from .base import GazeDataset, UnknownPersonError, unit_images
 from .registry import register_dataset
 
 __all__ = [
@@ -201,6 +201,13 @@ def _resized(rgb: np.ndarray, size: ImageSize) -> np.ndarray:
 def _stack_rgb(images: Sequence[np.ndarray]) -> Tensor:
     """(H, W, 3) uint8 arrays of one size -> (N, 3, H, W) uint8, contiguous: a batch laid out channels-last would
     take other convolution kernels on the CPU, and other numbers, than the items stacked."""
+    sizes = sorted({image.shape[:2] for image in images})
+    if len(sizes) > 1:
+        shown = " and ".join(f"{h}×{w}" for h, w in sizes[:2])
+        raise DatasetFormatError(
+            f"faces of different sizes in one batch ({shown}{' and more' if len(sizes) > 2 else ''}): add ?size=N "
+            "to the dataset spec to resize every face to N×N"
+        )
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()
 
 
@@ -210,7 +217,7 @@ def _read_rgb(path: str | Path) -> np.ndarray:
     try:
         with Image.open(path) as img:
             return np.asarray(img.convert("RGB"))
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, Image.DecompressionBombError) as err:  # the last: a header claiming a huge image
         raise DatasetFormatError(f"{path}: cannot read image ({err})") from err
 
 
@@ -494,16 +501,23 @@ class GazeHubDataset(GazeDataset):
         raise DatasetFormatError(f"{_at(path, line)}: cannot parse the row")
 
     def _check_finite(self, values: Tensor, role: str) -> None:
-        # Rows from files without this column hold NaN by design; only the others must be finite.
+        # Rows from files without this column hold NaN by design; only the others must be finite, and a 2D gaze
+        # must be in radians: a value beyond π is most likely degrees, which would train on nonsense labels.
         has_column = np.array([role in f.columns for f in self._files])[self._file_index]
-        bad = np.flatnonzero(~torch.isfinite(values).all(-1).numpy() & has_column)
-        if bad.size:
-            label, line = self._files[int(self._file_index[bad[0]])], int(self._line[bad[0]])
-            token = label.path.read_text(encoding="utf-8").splitlines()[line - 1].split()[label.columns[role]]
-            raise DatasetFormatError(
-                f"{_at(label.path, line)}: column {label.names[label.columns[role]]} is {token!r}, "
-                f"which is not finite (NaN/inf)"
-            )
+        finite = torch.isfinite(values).all(-1).numpy()
+        for bad, what in (
+            (np.flatnonzero(~finite & has_column), "which is not finite (NaN/inf)"),
+            (
+                np.flatnonzero((values.abs() > math.pi).any(-1).numpy() & finite & (role == "gaze2d")),
+                "beyond ±π: angles are read in radians (degrees?)",
+            ),
+        ):
+            if bad.size:
+                label, line = self._files[int(self._file_index[bad[0]])], int(self._line[bad[0]])
+                token = label.path.read_text(encoding="utf-8").splitlines()[line - 1].split()[label.columns[role]]
+                raise DatasetFormatError(
+                    f"{_at(label.path, line)}: column {label.names[label.columns[role]]} is {token!r}, {what}"
+                )
 
     def _person(self, path: Path, line: int, face: str, origin: str | None) -> tuple[str, str]:
         if self.format.person_from == "face-dir":
@@ -560,11 +574,13 @@ class GazeHubDataset(GazeDataset):
         if persons is None:
             return None
         wanted = list(persons)
+        if not wanted:
+            raise ValueError(f"{self.name}: persons= names no one (leave the option out for every person)")
         unknown = [p for p in wanted if p not in rows.person_id]
         if unknown:
             known = rows.person_names
             shown = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
-            raise KeyError(f"{self.name}: no person(s) {unknown} in {self.root}; persons are: {shown}")
+            raise UnknownPersonError(f"{self.name}: no person(s) {unknown} in {self.root}; persons are: {shown}")
         return np.flatnonzero(np.isin(person_of, [rows.person_id[p] for p in wanted]))
 
     def _check_files(self) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import GazeDataset
+from .base import GazeDataset, UnknownPersonError
 
 __all__ = [
     "DatasetSpec",
@@ -234,7 +234,7 @@ class PersonSubset(GazeDataset):
         known = set(dataset.persons())
         unknown = [p for p in persons if p not in known]
         if unknown:
-            raise KeyError(f"{dataset.name}: no person(s) {unknown}")
+            raise UnknownPersonError(f"{dataset.name}: no person(s) {unknown}")
         self.dataset = dataset
         self.name = dataset.name
         wanted = set(persons)

@@ -18,6 +18,7 @@ first access (DataLoader workers included) and pickling the dataset drops them.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .base import GazeDataset, unit_images
+from .base import GazeDataset, UnknownPersonError, unit_images
 from .gazehub import DatasetFormatError, ImageSize, _resized, _stack_rgb, natural_key
 from .registry import register_dataset
 
@@ -68,6 +69,9 @@ def _read_subject_labels(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[int,
             if key not in h5:
                 hint = " (ETH-XGaze test subjects ship without gaze labels)" if key == "face_gaze" else ""
                 raise DatasetFormatError(f"{path}: missing key {key!r}{hint}; keys present: {present}")
+        for key in ("face_patch", "face_gaze", "face_head_pose"):
+            if key in h5 and not isinstance(h5[key], h5py.Dataset):
+                raise DatasetFormatError(f"{path}: {key} is a {type(h5[key]).__name__}, expected an array")
         patch = h5["face_patch"]
         if patch.ndim != 4 or patch.shape[3] != 3 or patch.dtype != np.uint8:
             raise DatasetFormatError(
@@ -80,7 +84,10 @@ def _read_subject_labels(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[int,
         for key in ("face_gaze", "face_head_pose"):
             if key not in h5:
                 continue
-            values = np.asarray(h5[key][()], dtype=np.float64)
+            try:
+                values = np.asarray(h5[key][()], dtype=np.float64)
+            except (TypeError, ValueError, OSError) as err:  # strings, a compound type, a damaged chunk
+                raise DatasetFormatError(f"{path}: {key} does not read as numbers ({err})") from err
             if values.shape != (n, 2):
                 raise DatasetFormatError(
                     f"{path}: {key} has shape {values.shape}, expected ({n}, 2) to match face_patch"
@@ -88,6 +95,12 @@ def _read_subject_labels(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[int,
             bad = np.flatnonzero(~np.isfinite(values).all(axis=1))
             if bad.size:
                 raise DatasetFormatError(f"{path}: {key} row {int(bad[0])} is {values[bad[0]].tolist()}, not finite")
+            bad = np.flatnonzero((np.abs(values) > math.pi).any(axis=1) & (key == "face_gaze"))
+            if bad.size:  # a gaze label in degrees would train on nonsense
+                raise DatasetFormatError(
+                    f"{path}: {key} row {int(bad[0])} is {values[bad[0]].tolist()}, beyond ±π: angles are read in "
+                    "radians (degrees?)"
+                )
             arrays[key] = values[:, ::-1]  # stored (pitch, yaw) -> (yaw, pitch)
         head = arrays.get("face_head_pose", np.full((n, 2), np.nan))
         return arrays["face_gaze"], head, tuple(patch.shape)
@@ -115,9 +128,13 @@ class XGazeH5Dataset(GazeDataset):
         files = find_h5_files(path)
         stems = [f.stem for f in files]
         if persons is not None:
+            if not list(persons):
+                raise ValueError(f"{name}: persons= names no subject (leave the option out for every one)")
             unknown = [p for p in persons if p not in stems]
             if unknown:
-                raise KeyError(f"{name}: no subject file(s) for {unknown} in {path}; subjects are: {stems[:20]}")
+                raise UnknownPersonError(
+                    f"{name}: no subject file(s) for {unknown} in {path}; subjects are: {stems[:20]}"
+                )
             wanted = set(persons)
             files = [f for f in files if f.stem in wanted]
         self._files = files
@@ -153,7 +170,12 @@ class XGazeH5Dataset(GazeDataset):
 
     def _face(self, i: int) -> np.ndarray:
         """Item ``i``'s face, (H, W, 3) uint8 RGB (the file stores BGR) at the dataset's size."""
-        return _resized(self._handle(int(self._file_of[i]))["face_patch"][int(self._row_of[i])][..., ::-1], self.size)
+        k, row = int(self._file_of[i]), int(self._row_of[i])
+        try:
+            face = self._handle(k)["face_patch"][row]
+        except OSError as err:  # a damaged chunk: said with its file and row, as the label files' errors are
+            raise DatasetFormatError(f"{self._files[k]}: face_patch row {row} cannot be read ({err})") from err
+        return _resized(face[..., ::-1], self.size)
 
     def persons(self) -> list[str]:
         return [f.stem for f in self._files]
@@ -191,4 +213,10 @@ class XGazeH5Dataset(GazeDataset):
 def open_xgaze_h5(rest: str, options: dict[str, Any], spec: str) -> XGazeH5Dataset:
     """``xgaze-h5:<path>``: raw ETH-XGaze subject files (:class:`XGazeH5Dataset`); h5py is imported
     only when a file is read."""
+    unknown = sorted(set(options) - {"persons", "size"})
+    if unknown:
+        raise ValueError(
+            f"dataset spec {spec!r}: option(s) {', '.join(unknown)} do not apply to ETH-XGaze's h5 files; their "
+            "options: persons, size"
+        )
     return XGazeH5Dataset(rest, **options)
