@@ -155,6 +155,12 @@ def test_eth_xgaze_gazehub_labels_are_reordered_from_pitch_yaw(tmp_path):
     (tmp_path / "Label" / "valid.label").write_text("\n".join(truth.label_files[0].read_text().splitlines()[:3]) + "\n")
     valid = GazeHubDataset(tmp_path, "eth-xgaze", split="val")
     assert len(valid) == 2 and valid.image_path(0) == ds.image_path(0)
+    # read as a target's layout, the source's split file would be a person with swapped angles: refused
+    for target in ("mpii", "eyediap"):
+        with pytest.raises(
+            DatasetFormatError, match=r"holds train\.label, valid\.label, a split's label file .* is the dataset"
+        ):
+            GazeHubDataset(tmp_path, target)
 
 
 def test_gazehub_resize_and_person_selection(tmp_path):
@@ -235,6 +241,16 @@ def test_split_persons_is_deterministic_disjoint_and_complete(tmp_path):
 def mpii(tmp_path):
     write_gazehub_fixture(tmp_path, "mpiifacegaze", images_per_person=3)
     return tmp_path
+
+
+def test_a_byte_order_mark_and_a_size_below_one(mpii):
+    label = mpii / "Label" / "p00.label"
+    plain = GazeHubDataset(mpii, "mpii")
+    label.write_bytes(b"\xef\xbb\xbf" + label.read_bytes())  # as some editors save
+    torch.testing.assert_close(GazeHubDataset(mpii, "mpii").gaze, plain.gaze)
+    for size in ("0", "-3"):
+        with pytest.raises(ValueError, match=rf"option 'size={size}': size must be at least 1"):
+            open_dataset(f"gazehub:mpii:{mpii}?size={size}")
 
 
 def test_wrong_column_count(mpii):

@@ -392,6 +392,15 @@ class GazeHubDataset(GazeDataset):
                 raise ValueError(
                     f"{self.name} has one label file per person and no splits; select persons with persons=[...]"
                 )
+            split_files = [
+                p.name for p in available if p.stem.lower() in ("train", "val", "valid", "validation", "test")
+            ]
+            if split_files:  # a source's layout read as a target's would take its split for a person, and may
+                # read its angles in the wrong order: said, not guessed
+                raise DatasetFormatError(
+                    f"{label_dir}: holds {', '.join(split_files)}, a split's label file (ETH-XGaze's or Gaze360's "
+                    f"layout), where {self.name} has one label file per person: is the dataset in the spec right?"
+                )
             return available
         split = split or "train"
         for candidate in _SPLIT_ALIASES.get(split, (split,)):
@@ -426,7 +435,7 @@ class GazeHubDataset(GazeDataset):
 
     def _read_label_file(self, path: Path, split: str | None, rows: _Rows) -> None:
         try:
-            with path.open(encoding="utf-8") as stream:
+            with path.open(encoding="utf-8-sig") as stream:  # -sig: a byte-order mark some editors write
                 self._read_label_stream(path, stream, split, rows)
         except (OSError, UnicodeDecodeError) as err:
             raise DatasetFormatError(f"{path}: cannot read label file ({err})") from err

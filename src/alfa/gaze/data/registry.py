@@ -158,7 +158,7 @@ def _whole_number(value: str) -> int:
 
 _OPTION_TYPES: dict[str, Callable[[str], object]] = {
     "split": str,
-    "size": _whole_number,
+    "size": lambda v: _at_least_one("size", v),
     "seed": _whole_number,
     "images_per_person": _whole_number,
     "check_files": lambda v: _parse_bool("check_files", v),
@@ -166,6 +166,13 @@ _OPTION_TYPES: dict[str, Callable[[str], object]] = {
     "stored_order": str,
     "persons": lambda v: [p for p in v.split(",") if p],
 }
+
+
+def _at_least_one(key: str, value: str) -> int:
+    number = _whole_number(value)
+    if number < 1:
+        raise ValueError(f"{key} must be at least 1, got {number}")
+    return number
 
 
 def _parse_bool(key: str, value: str) -> bool:
