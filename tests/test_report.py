@@ -453,7 +453,7 @@ def test_persons_drawn_afresh_per_seed_are_judged_as_a_nested_design():
     results = fixture_results()
     results["config"]["target_draw"] = "per_seed"
     text = render_report(results)
-    assert "the seeds drawn with replacement, each with the persons drawn for it" in text
+    assert "the seeds drawn with replacement, each with the persons the benchmark drew for it (not redrawn" in text
     assert "every (pair, seed, person) is a person of its own" in text
     assert "(95 %, seeds drawn, each with its own persons)" in text and "persons and seeds drawn" not in text
     # three persons on two pairs in three seeds: 18 distinct persons where the crossed design has 6
