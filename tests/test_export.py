@@ -220,3 +220,19 @@ def test_a_model_that_is_not_float32_on_the_cpu_is_refused_in_one_sentence(tmp_p
     with pytest.raises(ValueError, match=rf"takes a float32 model on the CPU; this one is {str(cast)[6:]} on cpu"):
         export_onnx(model, tmp_path / "m.onnx", (16, 16))
     assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.slow
+def test_alfa_export_program_is_the_same_bytes_whatever_its_file_is_called(tmp_path, capsys):
+    """The .pt2 archive is named inside by a fixed name, not by the file (nor by the temporary file it is first
+    written to): one model, two exports under two names, the same bytes."""
+    from alfa.cli import main
+
+    argv, _ = _export_argv(tmp_path)
+    argv += ["--image-size", "32", "32"]
+    for name in ("a", "b"):
+        assert main([*argv, "--out", str(tmp_path / f"{name}.onnx"), "--program", str(tmp_path / f"{name}.pt2")]) == 0
+    assert (tmp_path / "a.pt2").read_bytes() == (tmp_path / "b.pt2").read_bytes()
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    program = torch.export.load(str(tmp_path / "a.pt2"))
+    assert program.module()(torch.zeros(3, 3, 32, 32)).shape == (3, 2)

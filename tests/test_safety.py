@@ -330,3 +330,31 @@ def test_a_writer_pointed_at_a_folder_names_it_and_not_a_temporary_file(tmp_path
         write_text(tmp_path / "out", "x")
     assert caught.value.filename == str(tmp_path / "out") and ".tmp" not in error_line(caught.value)
     assert list((tmp_path / "out").iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_safetensors_file_has_the_same_bytes_in_every_process(tmp_path):
+    """safetensors writes its header's metadata in an order that changes from process to process; ours sorts it,
+    so the same tensors and metadata make the same file on every run (and a digest of it stays put)."""
+    import subprocess
+    import sys
+
+    from safetensors import safe_open
+
+    from alfa.fileio import write_safetensors
+
+    script = (
+        "import sys, torch\n"
+        "from alfa.fileio import write_safetensors\n"
+        "meta = {f'k{i}': str(i) for i in (5, 2, 7, 0, 3, 6, 1, 4)}\n"
+        "write_safetensors(sys.argv[1], {'w': torch.arange(6.0).reshape(2, 3)}, meta)\n"
+    )
+    for k in range(2):
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / f"{k}.safetensors")], check=True)
+    first = (tmp_path / "0.safetensors").read_bytes()
+    assert first == (tmp_path / "1.safetensors").read_bytes()
+    header = json.loads(first[8 : 8 + int.from_bytes(first[:8], "little")])
+    assert list(header["__metadata__"]) == [f"k{i}" for i in range(8)]  # sorted (1 in 8! by chance)
+    with safe_open(str(tmp_path / "0.safetensors"), "pt") as f:
+        assert f.metadata() == {f"k{i}": str(i) for i in range(8)}
+        assert torch.equal(f.get_tensor("w"), torch.arange(6.0).reshape(2, 3))
+    assert write_safetensors(tmp_path / "one.safetensors", {"w": torch.ones(1)}, {"only": "1"}).is_file()

@@ -24,12 +24,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from .adapters.io import refuse_non_finite, tensor_checksum
 from .adapters.state import adapted_layers
-from .fileio import atomic_path
+from .fileio import write_safetensors
 from .models import create_model
 from .truncate import factorized_ranks, restore_structure
 
@@ -70,9 +69,7 @@ def write_tagged(path: str | os.PathLike, tensors: dict[str, Tensor], fmt: str, 
     """Write ``tensors`` atomically as safetensors with a ``format`` tag and a JSON ``meta`` header: the
     file kind other modules use for their own state (figure data, TPGaze meta-training)."""
     path = Path(path)
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": fmt, "meta": json.dumps(meta)})
-    return path
+    return write_safetensors(path, tensors, {"format": fmt, "meta": json.dumps(meta)})
 
 
 def read_tagged(path: str | os.PathLike, fmt: str, what: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -154,9 +151,7 @@ def save_model(
         config["input_scaling"] = input_scaling
     path = Path(path)
     refuse_non_finite(tensors, path)  # a diverged model is refused here, not when it is loaded again
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": FORMAT, "config": json.dumps(config, sort_keys=True)})
-    return path
+    return write_safetensors(path, tensors, {"format": FORMAT, "config": json.dumps(config, sort_keys=True)})
 
 
 def _aliases(model: nn.Module) -> dict[str, str]:

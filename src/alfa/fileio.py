@@ -30,6 +30,7 @@ __all__ = [
     "write_text",
     "write_bytes",
     "write_json",
+    "write_safetensors",
     "safe_filename",
     "check_writable",
     "LOCK_FILE",
@@ -120,6 +121,35 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
     return Path(path)
+
+
+def write_safetensors(path: str | os.PathLike, tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> Path:
+    """Write ``tensors`` (torch tensors) as a safetensors file, atomically, with ``metadata`` in its header in sorted
+    order; returns the path. The safetensors library writes the metadata in an order that changes from process to
+    process, so the same tensors and metadata would make other bytes on every run (and a digest of the file
+    would change with them)."""
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+        _sort_header_metadata(tmp)
+    return Path(path)
+
+
+def _sort_header_metadata(path: Path) -> None:
+    """Rewrite the header of the safetensors file ``path`` with its ``__metadata__`` entries in sorted order, in
+    place: the same JSON in another order has the same length, so no tensor moves (a shorter one is padded with
+    spaces, which the format allows; one that came out longer is left as written)."""
+    with open(path, "r+b") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+        if len(header.get("__metadata__") or {}) < 2:
+            return
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(text) <= length:
+            f.seek(8)
+            f.write(text + b" " * (length - len(text)))
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from ..fileio import atomic_path
+from ..fileio import write_safetensors
 from .alfa import DictionaryAdapter, DictionaryMixConfig
 from .config import config_from_dict
 from .layer import AdaptedLayer
@@ -298,9 +297,7 @@ def save_adapter(
     if compact:
         metadata["compact_of"] = state.config.method
     refuse_non_finite(tensors, path)
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
-    return Path(path)
+    return write_safetensors(path, tensors, metadata)
 
 
 def refuse_non_finite(tensors: dict[str, Tensor], path: str | os.PathLike) -> None:

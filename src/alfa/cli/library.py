@@ -140,10 +140,14 @@ def _export(args: argparse.Namespace) -> None:
     print(check.describe() + ("" if tta is None else f" ({tta.name} test-time augmentation in the graph: "
                                                      f"{tta.passes} forward passes an image)"))  # fmt: skip
     if args.program:
-        from alfa.fileio import atomic_path
+        import io
 
-        with atomic_path(args.program) as tmp, quiet_exporter(args.verbose):
-            torch.export.save(export_program(model, size, form=args.merge, wrap=wrap), str(tmp))
+        from alfa.fileio import write_bytes
+
+        program = io.BytesIO()  # saved to a path, the archive's folder would be named after the temporary file
+        with quiet_exporter(args.verbose):
+            torch.export.save(export_program(model, size, form=args.merge, wrap=wrap), program)
+        write_bytes(args.program, program.getvalue())
         print(f"wrote {args.program} (torch.export; dynamic batch)")
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from alfa.fileio import atomic_path, write_json
+from alfa.fileio import write_json, write_safetensors
 
 from .model import ModelConfig, build_model, encode_batch, generate, sequence_loss
 from .tasks import TASKS, make_example, make_examples
@@ -89,15 +89,12 @@ whole (separate files for the three would leave a mix of two steps)."""
 
 
 def _save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    from safetensors.torch import save_file
-
     tensors = {f"model.{k}": v.detach().contiguous().clone() for k, v in _weights(model).items()}
     for index, values in optimizer.state_dict()["state"].items():
         for key, value in values.items():
             shape = -1 if key == "step" else value.shape
             tensors[f"optimizer.{index}.{key}"] = torch.as_tensor(value).detach().clone().reshape(shape)
-    with atomic_path(folder / CHECKPOINT) as tmp:
-        save_file(tensors, str(tmp), metadata={"state": json.dumps(state)})
+    write_safetensors(folder / CHECKPOINT, tensors, {"state": json.dumps(state)})
 
 
 def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -165,7 +162,6 @@ def probe(model: nn.Module, config: PretrainConfig) -> dict[str, dict[str, float
 
 def pretrain(config: PretrainConfig, cache: Path = DEFAULT_CACHE, progress: bool = True) -> Path:
     """Train (or finish training) the base model of ``config``; returns its folder."""
-    from safetensors.torch import save_file
     from tqdm import tqdm
 
     config.validate()
@@ -203,8 +199,9 @@ def pretrain(config: PretrainConfig, cache: Path = DEFAULT_CACHE, progress: bool
             _save(folder, model, optimizer, state)
     state["probe"] = probe(model, config)
     state["done"] = True
-    with atomic_path(folder / "model.safetensors") as tmp:
-        save_file({k: v.detach().contiguous().clone() for k, v in _weights(model).items()}, str(tmp))
+    write_safetensors(
+        folder / "model.safetensors", {k: v.detach().contiguous().clone() for k, v in _weights(model).items()}
+    )
     write_json(folder / "state.json", state)  # last: a finished run is one whose state.json says so
     (folder / CHECKPOINT).unlink(missing_ok=True)
     (folder / "optimizer.safetensors").unlink(missing_ok=True)  # a cache from before the one-file checkpoint

@@ -68,9 +68,7 @@ def preview_samples(seed: int = 0, size: int = 64, persons: int = 4, images_per_
 
 def save_preview_samples(samples: PreviewSamples, path: str | Path) -> Path:
     """Write ``samples`` as safetensors (the tensors, and the rest in its header), atomically."""
-    from safetensors.torch import save_file
-
-    from alfa.fileio import atomic_path
+    from alfa.fileio import write_safetensors
 
     tensors = {
         f"{kind}/{name}": t.contiguous() for kind in ("images", "gaze") for name, t in getattr(samples, kind).items()
@@ -82,11 +80,7 @@ def save_preview_samples(samples: PreviewSamples, path: str | Path) -> Path:
         "worlds": json.dumps(list(samples.worlds)),
         "persons": json.dumps(samples.persons),
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
-    return path
+    return write_safetensors(path, tensors, meta)
 
 
 def load_preview_samples(path: str | Path) -> PreviewSamples:
