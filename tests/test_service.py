@@ -192,7 +192,33 @@ def test_a_trickled_request_is_cut_at_the_request_timeout(world):
                 if time.monotonic() - began > 4:
                     break
         assert time.monotonic() - began < 2, "the connection outlived the request timeout"
-        assert answer == b"" or answer.startswith(b"HTTP/1.1 4"), answer
+        # what the cut left of the headers is no request: 408, not an answer to the part that came (411, 400, 200)
+        assert answer.split(b" ")[1:2] == [b"408"], answer
+    for partial in (b"POST /predict?user=ann HTTP/1.1\r\nHost: x\r\n", b"GET /health"):
+        with serving(service, limits=QUICK) as port, socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(partial)  # then a byte each 0.1 s of a header that never ends: within the socket timeout
+            answer = b""
+            for _ in range(20):
+                with contextlib.suppress(OSError):
+                    s.sendall(b"X")
+                if select.select([s], [], [], 0.1)[0]:
+                    answer = s.recv(65536)
+                    break
+            assert answer.split(b" ")[1:2] == [b"408"], (partial, answer)
+
+
+def test_a_body_over_the_limit_is_answered_413_and_the_client_reads_it(served):
+    """The client sends the whole body before it reads: the server reads and drops it after its 413, so that
+    closing does not reset the connection and throw the answer away."""
+    import http.client
+
+    port, _, _ = served
+    for _ in range(3):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("POST", "/predict?user=ann", body=bytes(9 << 20))
+        reply = connection.getresponse()
+        assert reply.status == 413 and json.loads(reply.read())["status"] == 413
+        connection.close()
 
 
 def _until(condition, seconds: float = 10.0) -> None:
@@ -425,3 +451,40 @@ def test_options_not_given_take_their_stated_defaults():
     loaded = build_parser().parse_args(["serve", "--selftest", "--clients", "7"])
     _resolve(loaded)
     assert (loaded.clients, loaded.requests, loaded.time_limit) == (7, 1000, 120.0)
+
+
+def test_a_damaged_fingerprint_is_a_404_and_a_non_finite_answer_is_no_bare_nan(world, tmp_path):
+    """An adapter header whose fingerprint is valid JSON of the wrong shape does not load (404, as every other
+    damaged file), and a user whose adapter makes the model's answer infinite gets a JSON error, never ``NaN``
+    in the body (which is not JSON)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "adapters"
+    shutil.copytree(world[1], folder)
+    source = folder / "ann.safetensors"
+    with safe_open(str(source), "pt") as f:
+        meta = dict(f.metadata())
+    fingerprint = json.loads(meta["fingerprint"])
+    meta["fingerprint"] = json.dumps({name: "x" for name in fingerprint})
+    meta["about"] = json.dumps({"person": "eve"})
+    save_file(load_file(str(source)), str(folder / "eve.safetensors"), metadata=meta)
+    with pytest.raises(alfa.AdapterFileError, match="its fingerprint of .* is not a signature"):
+        alfa.read_adapter_metadata(folder / "eve.safetensors")
+    base, _ = load_model(world[0])
+    alfa.load_adapter(base, source)
+    with torch.no_grad():
+        for p in alfa.adapter_parameters(base).values():
+            p.fill_(1e30)
+    alfa.save_adapter(base, folder / "zed.safetensors", about={"person": "zed"})
+    service = GazeService(world[0], folder, ServiceLimits(workers=1))
+    with serving(service) as port:
+        status, _, reply = _exchange(port, _request("/predict?user=eve", PNG))
+        assert status == 404 and "does not load onto this base" in reply["error"]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(_request("/predict?user=zed", PNG))
+            raw = b"".join(iter(lambda: s.recv(65536), b""))
+        assert b"NaN" not in raw and b"Infinity" not in raw
+        status, _, reply = _exchange(port, _request("/predict?user=zed", PNG))
+        assert status == 500 and "not a finite number" in reply["error"]
+        assert _exchange(port, _request("/predict?user=ann", PNG))[0] == 200  # the others are still served

@@ -183,6 +183,15 @@ def _different_values(name: str, was: str | None, now: str | None) -> str:
     return f"{name}: different values (the adapter was trained on another base{cast})"
 
 
+def _is_signature(value: Any) -> bool:
+    """A layer's signature as :func:`_tensor_signature` writes it: two numbers."""
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    )
+
+
 def _differ(saved: list[float], current: list[float]) -> bool:
     (norm_a, proj_a), (norm_b, proj_b) = saved, current
     scale = max(norm_a, norm_b, 1e-12)
@@ -372,6 +381,9 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
         if not isinstance(header[key], kind):
             what = "object" if kind is dict else "list"
             raise AdapterFileError(f"{path}: damaged adapter header (its {key!r} is not a JSON {what})")
+    for name, entry in header["fingerprint"].items():  # each layer's entry is read by key where it is compared
+        if not (isinstance(entry, dict) and isinstance(entry.get("shape"), list) and _is_signature(entry.get("sig"))):
+            raise AdapterFileError(f"{path}: damaged adapter header (its fingerprint of {name!r} is not a signature)")
     return header
 
 

@@ -129,6 +129,7 @@ class GazeServer(socketserver.TCPServer):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self._pending: queue.Queue = queue.Queue(limits.queue)
         self._receiving: dict[socket.socket, float] = {}  # connection -> deadline to have received the request
+        self._cut: set[socket.socket] = set()  # connections the watchdog cut: what they sent is no whole request
         self._receiving_lock = threading.Lock()
         self._closing = threading.Event()
         self._threads: list[threading.Thread] = []  # none yet: a failed bind closes the server inside __init__
@@ -185,6 +186,17 @@ class GazeServer(socketserver.TCPServer):
             else:
                 self._receiving.pop(connection, None)
 
+    def was_cut(self, connection: socket.socket) -> bool:
+        """Whether the watchdog cut ``connection`` before its request had arrived (it answers 408, whatever part of
+        a request line or headers the cut left to read)."""
+        with self._receiving_lock:
+            return connection in self._cut
+
+    def forget(self, connection: socket.socket) -> None:
+        with self._receiving_lock:
+            self._receiving.pop(connection, None)
+            self._cut.discard(connection)
+
     def _watch(self) -> None:
         while not self._closing.wait(0.25):
             now = time.monotonic()
@@ -192,6 +204,7 @@ class GazeServer(socketserver.TCPServer):
                 late = [c for c, deadline in self._receiving.items() if deadline < now]
                 for connection in late:
                     del self._receiving[connection]
+                    self._cut.add(connection)
             for connection in late:  # a blocked read returns at once; the handler answers 408 if it still can
                 with contextlib.suppress(OSError):
                     connection.shutdown(socket.SHUT_RD)
@@ -207,6 +220,12 @@ class GazeServer(socketserver.TCPServer):
             self._pending.put(None)
         for thread in self._threads:
             thread.join(timeout=self.limits.socket_timeout + 1)
+
+
+_LINGER_SECONDS, _LINGER_STEP, _LINGER_BYTES = 2.0, 0.25, 64 << 20
+"""How long (in all, and at most between two reads) and how much a refused request's unread body is read and
+dropped before its connection closes: enough for a body a few times the limit on any network that sends it at
+all, bounded so that a client cannot hold a worker with it."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -233,13 +252,13 @@ class _Handler(BaseHTTPRequestHandler):
         # http.server closes without a word on a stalled request line or headers, and on a blank request line:
         # say what happened, if the socket still lets us (a client that sent nothing at all gets nothing).
         with contextlib.suppress(OSError):
-            if self._timed_out:
+            if self._timed_out or self.server.was_cut(self.connection):
                 self._reply(408, {"error": "the request did not arrive within the time limit", "status": 408})
             elif getattr(self, "raw_requestline", b""):
                 self._reply(400, {"error": "not an HTTP request", "status": 400})
 
     def finish(self) -> None:
-        self.server.receiving(self.connection, False)
+        self.server.forget(self.connection)
         if self._status >= 400:  # a refused body may still sit unread: take what came, so that closing does not
             self._drain()  # reset the connection before the client has read the answer
         with contextlib.suppress(OSError):
@@ -250,16 +269,28 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.log.line(self.client_address[0], request, self._status, self._size, seconds)
 
     def _drain(self) -> None:
+        """After a refusal, end the answer (FIN) and read, for a short while, what the client still sends: a
+        client sends its whole body before it reads, and a connection closed on unread data is reset, which
+        would throw away the answer it has not read yet."""
         with contextlib.suppress(OSError, ValueError):
             self.wfile.flush()
-            self.connection.setblocking(False)
-            for _ in range(16):
-                if not self.connection.recv(65536):
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(_LINGER_STEP)
+            deadline, left = time.monotonic() + _LINGER_SECONDS, _LINGER_BYTES
+            while left > 0 and time.monotonic() < deadline:
+                chunk = self.connection.recv(65536)
+                if not chunk:
                     break
+                left -= len(chunk)
 
     # -- answers
     def _reply(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
+        try:
+            data = json.dumps(payload, allow_nan=False).encode()
+        except ValueError:  # a NaN or infinity (a broken adapter's answer): bare NaN is not JSON, and not an answer
+            status, headers = 500, None
+            payload = {"error": "the model's answer is not a finite number (the user's adapter?)", "status": 500}
+            data = json.dumps(payload).encode()
         self.request_version = "HTTP/1.0"  # http.server would answer an HTTP/0.9 request line without a status line
         self.send_response(status)
         for name, value in (headers or {}).items():
@@ -276,6 +307,8 @@ class _Handler(BaseHTTPRequestHandler):
         """http.server's own refusals (a malformed request line, too many headers, an unknown method) as JSON."""
         self.close_connection = True
         text = message or self.responses.get(code, ("error",))[0]
+        if self.server.was_cut(self.connection):  # what was malformed is what the cut left: the time ran out
+            code, text = 408, "the request did not arrive within the time limit"
         with contextlib.suppress(OSError):
             self._reply(code, {"error": text, "status": code})
 
@@ -290,6 +323,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- routing
     def _dispatch(self) -> None:
+        if self.server.was_cut(self.connection):  # the request line and headers as far as they came: not a request
+            self._reply(408, {"error": "the request did not arrive within the time limit", "status": 408})
+            return
         try:
             self._reply(200, self._answer())
         except ServiceError as e:
