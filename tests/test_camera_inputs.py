@@ -102,6 +102,11 @@ SCREEN = {"width_mm": 344, "height_mm": 194, "width_px": 1920, "height_px": 1080
         ("camera", {"matrix": [[512, 0, 256], [0, 1500, 256], [0, 0, 1]]}, "one is over twice the other"),
         ("camera", {"matrix": [[512, 0, 256], [0, 512, 256], [0, 0, 1]], "distortion": [50, 0, 0, 0, 0]},
          "moves this image's corner"),
+        ("camera", {"matrix": [[512, 0, 256], [0, 512, 256], [0, 0, 1]], "distortion": [0, 0, 5, 5, 0]},
+         "moves this image's corner"),  # tangential terms count too
+        ("camera", {"matrix": [[512, 0, 256], [0, 512, 256], [0, 0, 1]], "image_size": [True, 512]},
+         "image_size must be a whole number, got True"),
+        ("screen-fit", {"points": [{"gaze_deg": [0, 0], "screen_px": [1e308, 0]}]}, "lies beyond ±100,000 px"),
         ("screen", {"width_mm": 344, "height_mm": 194, "width_px": 1920, "height_px": 1080, "top_left_mm": [172, 8, 0],
                     "rotaton": [[-1, 0, 0], [0, 1, 0], [0, 0, -1]]}, "unknown key 'rotaton'"),
         ("screen", {**SCREEN, "width_px": 1920.5}, "width_px must be a whole number, got 1920.5"),
@@ -172,3 +177,45 @@ def test_a_file_that_is_no_video_is_refused_in_one_line_without_ffmpegs_own(tmp_
     assert run.returncode == 2
     assert run.stderr == f"alfa predict: error: {garbage} is not a video OpenCV can read\n"  # no bar, no FFmpeg
     assert run.stdout == ""
+
+
+def test_a_deep_grayscale_photo_is_scaled_to_8_bits_not_clipped_white(astronaut):
+    """A 16-bit (or 12-bit in 16) grayscale photo, a near-infrared camera's: Pillow's own conversion clips every
+    value above 255 to white; it is scaled by the depth its values use, and the face is found."""
+    import io
+
+    from alfa.gaze.camera import decode_photo
+    from alfa.gaze.camera.detect import detect_faces
+
+    gray = np.asarray(Image.fromarray(astronaut).convert("L"), dtype=np.uint16)
+    for values, depth in ((gray * 257, "16-bit"), (gray * 16, "12-bit")):
+        buffer = io.BytesIO()
+        Image.fromarray(values.astype(np.uint16)).save(buffer, format="PNG")
+        rgb, notes = decode_photo(buffer.getvalue())
+        assert any(f"scaled to 8 bits (I;16, {depth} values)" in n for n in notes), notes
+        assert abs(int(rgb[..., 0].astype(int).mean()) - int(gray.mean())) <= 2  # not washed out
+        assert len(detect_faces(rgb)) == 1
+
+
+def test_json_files_in_utf16_or_with_a_bom_and_a_json_named_like_a_crop(checkpoint, astronaut, tmp_path, capsys):
+    camera = {"matrix": [[512, 0, 256], [0, 512, 256], [0, 0, 1]]}
+    (tmp_path / "utf16.json").write_text(json.dumps(camera), encoding="utf-16")
+    (tmp_path / "bom.json").write_text(json.dumps(camera), encoding="utf-8-sig")
+    words = _refused(capsys, "skimage:astronaut", "--checkpoint", checkpoint, "--camera", str(tmp_path / "utf16.json"))
+    assert f"{tmp_path / 'utf16.json'} is not UTF-8 text" in words
+    from alfa.gaze.camera import load_camera
+
+    assert load_camera(tmp_path / "bom.json").matrix[0, 0] == 512
+    photo = _photo(tmp_path / "d" / "astro.png", astronaut)
+    clash = str(tmp_path / "d" / "astro-face0.png")
+    words = _refused(capsys, photo, "--checkpoint", checkpoint, "--crops", str(tmp_path / "d"), "--json", clash)
+    assert "is named like a crop of these photos in --crops" in words
+
+
+def test_replace_keeps_a_photos_earlier_crops_when_the_photo_now_fails(checkpoint, tmp_path, capsys):
+    crops = tmp_path / "crops"
+    crops.mkdir()
+    (crops / "blank-face0.png").write_bytes(b"an earlier run's crop")
+    blank = _photo(tmp_path / "blank.png", np.full((256, 256, 3), 128, np.uint8))
+    assert "no face found" in _refused(capsys, blank, "--checkpoint", checkpoint, "--crops", str(crops), "--replace")
+    assert (crops / "blank-face0.png").read_bytes() == b"an earlier run's crop"

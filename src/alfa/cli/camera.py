@@ -92,6 +92,19 @@ def _options(args: argparse.Namespace) -> tuple[Any, Any]:
     return options, points
 
 
+def _refuse_json_among_crops(args: argparse.Namespace) -> None:
+    """``--json`` named like one of these photos' crops in ``--crops``: the crop would be written, then replaced by
+    the JSON, and the record would still name it."""
+    if not (args.json and args.crops) or Path(args.json).resolve().parent != Path(args.crops).resolve():
+        return
+    from alfa.gaze.camera.photo import crop_name
+
+    prefixes = [crop_name(image, 0)[: -len("0.png")] for image in args.images]
+    name = Path(args.json).name
+    if any(name.startswith(p) and name[len(p) : -len(".png")].isdecimal() and name.endswith(".png") for p in prefixes):
+        raise ValueError(f"--json {args.json} is named like a crop of these photos in --crops: choose another name")
+
+
 def _fit_screen(points: Any, options: Any, predictor: Any) -> dict[str, Any]:
     """Fit the screen from ``points``, a photo point's gaze read by ``predictor`` with ``options``' camera as
     every photo is (the fit is set in ``options``); its printable summary, with the photos read."""
@@ -128,6 +141,7 @@ def _predict(args: argparse.Namespace) -> None:
     if absent:  # said before the model runs on the others
         first = f"{absent[0]} is a folder, not a photo" if Path(absent[0]).is_dir() else f"{absent[0]}: no such file"
         raise ValueError(first + (f" (and {len(absent) - 1} more inputs that are no file)" if len(absent) > 1 else ""))
+    _refuse_json_among_crops(args)
     options, points = _options(args)  # bad files are refused before the model loads
     predictor = _predictor(args)
     meta: dict[str, Any] = {"checkpoint": args.checkpoint, "adapter": args.adapter}

@@ -127,15 +127,24 @@ class Camera:
             )
 
     def _corner_stretch(self, width: int, height: int) -> float:
-        """How many times its undistorted distance from the principal point the distortion puts the image's
-        farthest corner at (the radial terms, OpenCV's order k1, k2, p1, p2, k3, k4, k5, k6)."""
-        k = np.zeros(8)
-        k[: min(8, self.distortion.size)] = self.distortion[:8]
+        """How many times its undistorted distance from the principal point the distortion puts an image corner
+        at: of the four, the one moved most (by ratio, out or in). OpenCV's model and order: radial k1, k2, k3
+        over k4, k5, k6, tangential p1, p2, thin prism s1–s4 (the tilt terms, rarely used, are not read)."""
+        k1, k2, p1, p2, k3, k4, k5, k6, s1, s2, s3, s4 = np.pad(self.distortion[:12], (0, 12))[:12]
         fx, fy, cx, cy = self.matrix[0, 0], self.matrix[1, 1], self.matrix[0, 2], self.matrix[1, 2]
-        r2 = max(((x - cx) / fx) ** 2 + ((y - cy) / fy) ** 2 for x in (0, width) for y in (0, height))
-        numerator = 1 + k[0] * r2 + k[1] * r2**2 + k[4] * r2**3
-        denominator = 1 + k[5] * r2 + k[6] * r2**2 + k[7] * r2**3
-        return float(numerator / denominator) if denominator > 0 else float("inf")
+        stretches = []
+        for x, y in (((u - cx) / fx, (v - cy) / fy) for u in (0, width) for v in (0, height)):
+            r2 = x * x + y * y
+            if r2 == 0:
+                continue
+            denominator = 1 + k4 * r2 + k5 * r2**2 + k6 * r2**3
+            if denominator <= 0:
+                return float("inf")
+            radial = (1 + k1 * r2 + k2 * r2**2 + k3 * r2**3) / denominator
+            moved_x = x * radial + 2 * p1 * x * y + p2 * (r2 + 2 * x * x) + s1 * r2 + s2 * r2**2
+            moved_y = y * radial + p1 * (r2 + 2 * y * y) + 2 * p2 * x * y + s3 * r2 + s4 * r2**2
+            stretches.append(float(np.hypot(moved_x, moved_y) / np.sqrt(r2)))
+        return max(stretches, key=lambda s: abs(np.log(s)) if s > 0 else np.inf, default=1.0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -157,10 +166,7 @@ def load_camera(path: str | os.PathLike) -> Camera:
     """Intrinsics from a JSON file: ``{"matrix": [[fx, 0, cx], [0, fy, cy], [0, 0, 1]], "distortion": [k1, k2,
     p1, p2, k3] (optional), "image_size": [width, height] (optional)}``; ``ValueError`` names what is wrong."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not JSON ({e.msg}, line {e.lineno})") from None
+    data = read_json_file(path)
     if not isinstance(data, dict) or "matrix" not in data:
         raise ValueError(f'{path}: expected {{"matrix": [[fx, 0, cx], [0, fy, cy], [0, 0, 1]], ...}}')
     refuse_unknown_keys(data, ("matrix", "distortion", "image_size"), str(path))
@@ -172,8 +178,21 @@ def load_camera(path: str | os.PathLike) -> Camera:
         raise ValueError(f"{path}: distortion has {distortion.size} coefficients; OpenCV takes 4, 5, 8, 12 or 14")
     size = data.get("image_size")
     if size is not None:
-        size = tuple(whole_number(v, f"{path}: image_size") for v in _float_array(size, (2,), f"{path}: image_size"))
+        if not (isinstance(size, list) and len(size) == 2):
+            raise ValueError(f"{path}: image_size must be [width, height], got {size!r}")
+        size = tuple(whole_number(v, f"{path}: image_size") for v in size)  # true is no size: read before floats
     return Camera(matrix, distortion, size, str(path))
+
+
+def read_json_file(path: str | os.PathLike) -> Any:
+    """A JSON file's content; ``ValueError`` naming the file where it is not UTF-8 text (a UTF-8 byte-order mark is
+    read; UTF-16, what some Windows shells write, is said as such) or not JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text (saved as UTF-16? save it as UTF-8)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not JSON ({e.msg}, line {e.lineno})") from None
 
 
 def refuse_unknown_keys(data: dict[str, Any], known: tuple[str, ...], what: str) -> None:

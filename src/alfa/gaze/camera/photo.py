@@ -87,11 +87,15 @@ def decode_photo(data: bytes, what: str = "the image") -> tuple[np.ndarray, list
             if min(width, height) < MIN_SIDE:
                 raise ValueError(f"{what} is {width}×{height}: too small to find a face (at least {MIN_SIDE} a side)")
             img.load()
-            gray = img.mode in ("1", "L", "LA", "I", "I;16", "F")
+            gray = img.mode in ("1", "L", "LA", "I", "F") or img.mode.startswith("I;16")
             notes = [f"grayscale ({img.mode}) copied into RGB"] if gray else []
             if img.getexif().get(_EXIF_ORIENTATION, 1) != 1:
                 notes.append("turned upright by its EXIF orientation")
-            rgb = np.asarray(ImageOps.exif_transpose(img).convert("RGB"), dtype=np.uint8).copy()
+            if getattr(img, "n_frames", 1) > 1:  # an animation: the face is looked for in its first frame only
+                notes.append(f"the first of its {img.n_frames} frames read")
+            upright, scaled = _eight_bits(ImageOps.exif_transpose(img))
+            notes += [scaled] if scaled else []
+            rgb = np.asarray(upright.convert("RGB"), dtype=np.uint8).copy()
     except Image.DecompressionBombError:  # a header beyond Pillow's own limit, far beyond ours
         raise ValueError(f"{what} is over the limit of {MAX_PIXELS:,} pixels") from None
     except UnidentifiedImageError:
@@ -99,6 +103,25 @@ def decode_photo(data: bytes, what: str = "the image") -> tuple[np.ndarray, list
     except (OSError, SyntaxError) as e:  # truncated or corrupt data inside a known format
         raise ValueError(f"{what} is not a readable image ({e})") from None
     return rgb, notes
+
+
+def _eight_bits(img: Any) -> tuple[Any, str | None]:
+    """A grayscale image of more than 8 bits (``I;16``, ``I``, ``F``: a near-infrared eye camera's) as an 8-bit one,
+    scaled by the bit depth its values use (12 bits stored in 16 are scaled as 12), a float one by [0, 1]; and a
+    note saying so. Pillow's own conversion clips at 255, which turns such a photo white."""
+    from PIL import Image
+
+    if not (img.mode in ("I", "F") or img.mode.startswith("I;16")):
+        return img, None
+    values = np.asarray(img, dtype=np.float64)
+    top = float(np.nanmax(values)) if values.size else 0.0
+    if img.mode == "F":
+        scale, said = (255.0, "values in [0, 1]") if top <= 1.0 else (1.0, "values clipped to [0, 255]")
+    else:
+        bits = max(8, int(np.ceil(np.log2(top + 1)))) if top > 0 else 8
+        scale, said = 255.0 / (2**bits - 1), f"{bits}-bit values"
+    eight = np.clip(np.rint(np.nan_to_num(values) * scale), 0, 255).astype(np.uint8)
+    return Image.fromarray(eight, "L"), f"scaled to 8 bits ({img.mode}, {said})"
 
 
 def read_photo(source: str | os.PathLike) -> tuple[np.ndarray, list[str]]:
@@ -347,9 +370,10 @@ def crop_name(source: str | os.PathLike, face: int) -> str:
     return f"{stem}-face{face}.png"
 
 
-def _refuse_crop_clashes(sources: list[str], folder: Path, replace: bool) -> None:
-    """Each photo's crops get a name of their own in ``folder``, and no crop there is replaced unless ``replace``,
-    which removes these photos' earlier crops (an earlier run may have found more faces)."""
+def _refuse_crop_clashes(sources: list[str], folder: Path, replace: bool) -> dict[str, list[Path]]:
+    """Each photo's crops get a name of their own in ``folder``, and no crop there is replaced unless ``replace``.
+    Returns each photo's earlier crops there: with ``replace``, a photo's new crops replace them once written (an
+    earlier run may have found more faces); a photo that fails keeps them."""
     prefixes: dict[str, str] = {}
     for source in sources:
         prefix = crop_name(source, 0)[: -len("0.png")]
@@ -360,7 +384,7 @@ def _refuse_crop_clashes(sources: list[str], folder: Path, replace: bool) -> Non
             raise ValueError(f"--crops: {source} {what}; predict them in two runs, or rename one")
         prefixes[prefix] = source
     if not folder.is_dir():
-        return
+        return {}
     earlier = {
         prefix: [p for p in folder.iterdir() if re.fullmatch(re.escape(prefix) + r"\d+\.png", p.name)]
         for prefix in prefixes
@@ -370,9 +394,7 @@ def _refuse_crop_clashes(sources: list[str], folder: Path, replace: bool) -> Non
         raise FileExistsError(
             f"--crops {folder} already holds crops of {clash[0]}: choose another folder, or add --replace"
         )
-    for found in earlier.values():
-        for path in found:
-            path.unlink()
+    return {prefixes[prefix]: found for prefix, found in earlier.items()}
 
 
 def predict_photos(
@@ -394,8 +416,7 @@ def predict_photos(
     from alfa.fileio import write_bytes
 
     folder = Path(crops) if crops is not None else None
-    if folder is not None:
-        _refuse_crop_clashes(sources, folder, replace)
+    earlier = _refuse_crop_clashes(sources, folder, replace) if folder is not None else {}
     records, failures = [], []
     for source in tqdm(sources, desc="photos", unit="photo", disable=not progress or len(sources) < 2):
         try:
@@ -414,5 +435,9 @@ def predict_photos(
                 buffer = io.BytesIO()
                 Image.fromarray(face.crop).save(buffer, format="PNG")
                 face.fields["crop"] = str(write_bytes(folder / crop_name(source, i), buffer.getvalue()))
+        written = {crop_name(source, i) for i in range(len(faces))} if folder is not None else set()
+        for path in earlier.get(str(source), []):  # an earlier run's crops this run did not write again
+            if path.name not in written:
+                path.unlink(missing_ok=True)
         records.append({"photo": str(source), **answer})
     return records, failures

@@ -29,7 +29,6 @@ composes with an adapter's calibration (the fit takes the adapted model's gaze).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .normalize import _float_array, refuse_unknown_keys, whole_number
+from .normalize import _float_array, read_json_file, refuse_unknown_keys, whole_number
 
 __all__ = [
     "Screen",
@@ -146,6 +145,10 @@ def _terms(angles: np.ndarray, degree: int) -> np.ndarray:
     return np.stack(columns, 1)
 
 
+MAX_SCREEN_PX = 100_000
+"""How far from the screen's top-left corner a calibration point may be, in pixels: beyond any screen (a typo)."""
+
+
 def fit_screen(gaze_deg: np.ndarray, screen_px: np.ndarray, degree: int = 1) -> ScreenFit:
     """Fit ``screen_px`` ``(k, 2)`` from ``gaze_deg`` ``(k, 2)`` (yaw, pitch): affine (``degree`` 1) or
     quadratic (2). Refuses too few points and points that leave the fit undetermined (all on one line)."""
@@ -230,6 +233,11 @@ def read_calibration_points(path: str | os.PathLike) -> CalibrationPoints:
         if "screen_px" not in point:
             raise ValueError(f"{path}: point {i} has no screen_px")
         screen[i - 1] = _float_array(point["screen_px"], (2,), f"{path}: point {i}'s screen_px")
+        if (np.abs(screen[i - 1]) > MAX_SCREEN_PX).any():
+            raise ValueError(
+                f"{path}: point {i}'s screen_px {point['screen_px']} lies beyond ±{MAX_SCREEN_PX:,} px of the "
+                "screen's corner"
+            )
         gaze, photo = _point_gaze(point, i, path)
         gazes.append(gaze)
         photos.append(photo)
@@ -264,10 +272,7 @@ def _point_gaze(point: dict[str, Any], i: int, path: str | os.PathLike) -> tuple
 
 
 def _read_json(path: str | os.PathLike) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not JSON ({e.msg}, line {e.lineno})") from None
+    data = read_json_file(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")
     return data
