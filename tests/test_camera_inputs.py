@@ -219,3 +219,15 @@ def test_replace_keeps_a_photos_earlier_crops_when_the_photo_now_fails(checkpoin
     blank = _photo(tmp_path / "blank.png", np.full((256, 256, 3), 128, np.uint8))
     assert "no face found" in _refused(capsys, blank, "--checkpoint", checkpoint, "--crops", str(crops), "--replace")
     assert (crops / "blank-face0.png").read_bytes() == b"an earlier run's crop"
+
+
+def test_a_box_without_eyes_or_mouth_is_no_face_but_one_without_a_mouth_is(astronaut, monkeypatch):
+    """The face cascade alone finds hair or a chin in a tilted photo: a box where neither an eye pair nor a mouth
+    is found is dropped; one with only its mouth missing is a face whose mouth the average face places."""
+    from alfa.gaze.camera import detect
+
+    monkeypatch.setattr(detect, "_mouth_corners", lambda *a: None)
+    (face,) = detect.detect_faces(astronaut)
+    assert face.estimated == ("mouth_right", "mouth_left")
+    monkeypatch.setattr(detect, "_eye_pair", lambda *a: None)
+    assert detect.detect_faces(astronaut) == []

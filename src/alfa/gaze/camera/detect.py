@@ -10,7 +10,8 @@ training data (iBUG 300-W) is licensed for research only; facenet-pytorch's MTCN
 A cascade finds boxes, not points, so the landmarks are the centres of the two eye boxes and the ends of the
 mouth box (narrowed: the cascade's box holds cheek around the lips). Where a cascade finds no eye pair or no
 mouth, those landmarks are placed by the generic face's proportions instead and listed as ``estimated``:
-the head pose then rests on fewer measured points, and the output says so.
+the head pose then rests on fewer measured points, and the output says so. Where it finds neither, the box is
+not taken for a face.
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def _cascade(name: str):
 
 
 def detect_faces(rgb: np.ndarray) -> list[FaceDetection]:
-    """Every frontal face in an RGB ``uint8`` image ``(H, W, 3)``, the largest first."""
+    """Every frontal face in an RGB ``uint8`` image ``(H, W, 3)``, the largest first. A box in which the cascades
+    find neither an eye pair nor a mouth is no face: the face cascade alone finds hair or a chin in a tilted
+    photo, and every landmark would be the average face's guess."""
     import cv2
 
     gray = cv2.equalizeHist(cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY))
@@ -78,7 +81,8 @@ def detect_faces(rgb: np.ndarray) -> list[FaceDetection]:
     )
     boxes = [tuple(int(round(v / scale)) for v in b) for b in found]
     boxes = sorted(boxes, key=lambda b: (-b[2] * b[3], b[0], b[1]))
-    return [_landmarks(gray, box) for box in boxes]
+    detections = [_landmarks(gray, box) for box in boxes]
+    return [d for d in detections if len(d.estimated) < len(d.landmarks)]
 
 
 def _landmarks(gray: np.ndarray, box: tuple[int, int, int, int]) -> FaceDetection:

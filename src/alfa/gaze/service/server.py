@@ -259,14 +259,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def finish(self) -> None:
         self.server.forget(self.connection)
+        if self._status:  # logged when answered: before the client sees the end of the answer, and its time
+            request = getattr(self, "requestline", "") or "-"  # without the drain below
+            seconds = time.monotonic() - self._started
+            self.server.log.line(self.client_address[0], request, self._status, self._size, seconds)
         if self._status >= 400:  # a refused body may still sit unread: take what came, so that closing does not
             self._drain()  # reset the connection before the client has read the answer
         with contextlib.suppress(OSError):
             super().finish()
-        if self._status:
-            request = getattr(self, "requestline", "") or "-"
-            seconds = time.monotonic() - self._started
-            self.server.log.line(self.client_address[0], request, self._status, self._size, seconds)
 
     def _drain(self) -> None:
         """After a refusal, end the answer (FIN) and read, for a short while, what the client still sends: a
