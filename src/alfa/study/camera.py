@@ -41,8 +41,8 @@ SECTIONS = "\n".join(
         "the others, what to expect of a point the fit has not seen; none when no point is to spare, as with 3 "
         "points of an affine fit). A fit knows no "
         "screen size, so its point has no `on_screen`. In all three files a key the reader does not know (a "
-        "misspelt `rotaton`) is refused, and so are pixel sizes that are no whole number, gazes beyond ±90° "
-        "and a degree other than 1 or 2.",
+        "misspelt `rotaton`) is refused, and so are pixel sizes that are no whole number, gazes beyond ±90°, "
+        "screen points beyond ±100,000 px and a degree other than 1 or 2.",
         "",
         "## The service and videos",
         "",
@@ -171,16 +171,22 @@ def camera_page(record: dict[str, Any], command: str, figure: str) -> str:
             "",
             "## What each field is",
             "",
+            "- `notes`: what was done to the photo before any face was looked for: turned upright by its EXIF "
+            "orientation; a grayscale photo copied into RGB, one of more than 8 bits (a near-infrared camera's "
+            "`I;16`) scaled to 8 bits by the depth its values use; only the first frame of an animation read.",
             "- `camera`: the intrinsics used, and where they came from. Without `--camera K.json` they are assumed "
             "(focal length = image width, principal point = centre, no distortion) and `source` says so. A camera "
             'file is `{"matrix": [[fx, 0, cx], [0, fy, cy], [0, 0, 1]], "distortion": [k1, k2, p1, p2, k3], '
             '"image_size": [width, height]}` (distortion and size optional); intrinsics made for another image size, '
             "a principal point outside the image, an implausible focal length (or one over twice the other), a "
-            "distortion that moves the image's corner by more than a lens does (under 0.25× or over 4× its "
-            "distance from the centre) or an unknown key are refused in one line.",
+            "distortion that moves an image corner by more than a lens does (under 0.25× or over 4× its "
+            "distance from the centre, with the radial, tangential and thin-prism terms) or an unknown key are "
+            "refused in one line. The three JSON files are read as UTF-8 (a byte-order mark is fine; a UTF-16 "
+            "file is said to be one).",
             "- `box`, `landmarks`: the face (x, y, width, height) and the centres of the eyes and the ends of the "
             "mouth, in pixels; the person's right is the image's left. `estimated_landmarks` lists those placed "
-            "by an average face's proportions because a cascade found no eye pair or no mouth. A photo (or a video "
+            "by an average face's proportions because a cascade found no eye pair or no mouth (a box where it finds neither is "
+            "not taken for a face). A photo (or a video "
             "frame) larger than 640 pixels a side is searched for faces at 640 (at full size the cascade finds "
             "faces in a large photo's texture), and the landmarks at full size: a face must span about a sixteenth "
             "of the photo's longest side.",
