@@ -185,8 +185,8 @@ def camera_page(record: dict[str, Any], command: str, figure: str) -> str:
             "file is said to be one).",
             "- `box`, `landmarks`: the face (x, y, width, height) and the centres of the eyes and the ends of the "
             "mouth, in pixels; the person's right is the image's left. `estimated_landmarks` lists those placed "
-            "by an average face's proportions because a cascade found no eye pair or no mouth (a box where it finds neither is "
-            "not taken for a face). A photo (or a video "
+            "by an average face's proportions because a cascade found no eye pair or no mouth (a box where it "
+            "finds neither is not taken for a face). A photo (or a video "
             "frame) larger than 640 pixels a side is searched for faces at 640 (at full size the cascade finds "
             "faces in a large photo's texture), and the landmarks at full size: a face must span about a sixteenth "
             "of the photo's longest side.",
