@@ -106,6 +106,8 @@ SCREEN = {"width_mm": 344, "height_mm": 194, "width_px": 1920, "height_px": 1080
          "moves this image's corner"),  # tangential terms count too
         ("camera", {"matrix": [[512, 0, 256], [0, 512, 256], [0, 0, 1]], "image_size": [True, 512]},
          "image_size must be a whole number, got True"),
+        ("camera", {"matrix": [[512, 0, 256], [0, 512, 256], [0, 0, 1]], "image_size": [float("inf"), 512]},
+         "image_size must be a whole number, got inf"),
         ("screen-fit", {"points": [{"gaze_deg": [0, 0], "screen_px": [1e308, 0]}]}, "lies beyond ±100,000 px"),
         ("screen", {"width_mm": 344, "height_mm": 194, "width_px": 1920, "height_px": 1080, "top_left_mm": [172, 8, 0],
                     "rotaton": [[-1, 0, 0], [0, 1, 0], [0, 0, -1]]}, "unknown key 'rotaton'"),
@@ -231,3 +233,19 @@ def test_a_box_without_eyes_or_mouth_is_no_face_but_one_without_a_mouth_is(astro
     assert face.estimated == ("mouth_right", "mouth_left")
     monkeypatch.setattr(detect, "_eye_pair", lambda *a: None)
     assert detect.detect_faces(astronaut) == []
+
+
+def test_a_damaged_later_frame_does_not_cost_the_first():
+    """Counting an animation's frames reads every one; a file cut short fails there, after its first frame was
+    read: the count falls back to one frame, and the photo is still read."""
+    from alfa.gaze.camera.photo import _frame_count
+
+    class CutShort:
+        @property
+        def n_frames(self):
+            raise IndexError("a damaged frame")
+
+    class Animation:
+        n_frames = 3
+
+    assert _frame_count(CutShort()) == 1 and _frame_count(Animation()) == 3

@@ -294,14 +294,16 @@ def test_pretraining_killed_while_saving_resumes_to_the_uninterrupted_weights(tm
 
     from alfa.study.llm.pretrain import pretrained_model
 
-    config = PretrainConfig(model=TINY, steps=3, batch=4, warmup=1, checkpoint_every=1, probe_problems=1)
+    config = PretrainConfig(model=TINY, steps=4, batch=4, warmup=1, checkpoint_every=1, probe_problems=1)
     whole, whole_state = pretrained_model(config, tmp_path / "whole", progress=False)
     real_save, calls = safetensors.torch.save_file, []
 
     def killed_on_the_fourth_write(*args, **kwargs):
         calls.append(args[1])
         if len(calls) == 4:
-            raise KeyboardInterrupt  # the fourth file written: mid-run, after three whole ones
+            # step 4's checkpoint: the rerun trains step 4 again from step 3's weights and moments (three files a
+            # checkpoint, as before, would have left step 1's weights beside step 2's moments here)
+            raise KeyboardInterrupt
         return real_save(*args, **kwargs)
 
     monkeypatch.setattr(safetensors.torch, "save_file", killed_on_the_fourth_write)

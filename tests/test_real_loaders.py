@@ -414,6 +414,8 @@ def test_open_dataset_specs_and_options(tmp_path):
         open_dataset(f"xgaze-h5:{tmp_path / 'eth'}?persons=nobody")
     with pytest.raises(ValueError, match=r"option\(s\) split do not apply to ETH-XGaze's h5 files"):
         open_dataset(f"xgaze-h5:{tmp_path / 'eth'}?split=val")
+    with pytest.raises(ValueError, match=r"option\(s\) images_per_person, seed do not apply to a GazeHub folder"):
+        open_dataset(f"gazehub:mpii:{tmp_path}?seed=3&images_per_person=2")
 
 
 def test_unreadable_faces_are_named_by_their_file(tmp_path):

@@ -341,10 +341,11 @@ def test_a_world_larger_than_memory_is_refused_before_rendering(monkeypatch):
     from alfa.gaze.data.registry import open_dataset
     from alfa.gaze.data.synthetic import domains
 
-    monkeypatch.setattr(domains, "_physical_memory", lambda: 2 * 3 * 16 * 16 * 4)  # room for two 16×16 images
+    room = 2 * 2 * 3 * 16 * 16  # two 16×16 uint8 images, twice while the persons are joined
+    monkeypatch.setattr(domains, "_physical_memory", lambda: room)
     monkeypatch.setattr(domains, "render_person", lambda *a: pytest.fail("rendered before refusing"))
     with pytest.raises(ValueError, match=r"mpii/test at size 16: 1 persons × 3 images would take .* GiB"):
         open_dataset("synthetic:mpii?size=16&persons=1&images_per_person=3")
     monkeypatch.undo()
-    monkeypatch.setattr(domains, "_physical_memory", lambda: 2 * 3 * 16 * 16 * 4)
+    monkeypatch.setattr(domains, "_physical_memory", lambda: room)
     assert len(open_dataset("synthetic:mpii?size=16&persons=1&images_per_person=2")) == 2

@@ -132,7 +132,6 @@ def truncate(model: nn.Module, rank: int, target: str | None = None, *, weights:
     return report
 
 
-@torch.no_grad()
 def _target_pattern(target: object) -> re.Pattern | None:
     """``truncate``'s ``target``: a regular expression (a string), or ``None`` for every layer."""
     if target is None:
@@ -145,6 +144,7 @@ def _target_pattern(target: object) -> re.Pattern | None:
         raise ValueError(f"alfa.truncate: target {target!r} is not a regular expression ({e})") from None
 
 
+@torch.no_grad()
 def canonicalize(model: nn.Module) -> int:
     """Bring every factorized layer back to SVD form (``U`` orthonormal, ``V = S Vᵀ``) without
     changing its weight; call after fine-tuning the factors. Returns the number of layers touched. Refused

@@ -206,7 +206,8 @@ def refuse_unknown_keys(data: dict[str, Any], known: tuple[str, ...], what: str)
 def whole_number(value: Any, what: str) -> int:
     """``value`` as an ``int``: refused unless it is a whole number (``1920``, ``1920.0``; not ``1920.5`` or
     ``true``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or value != int(value):
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value != int(value):
         shown = f"{float(value):g}" if isinstance(value, (np.integer, np.floating)) else repr(value)
         raise ValueError(f"{what} must be a whole number, got {shown}")
     return int(value)

@@ -91,11 +91,12 @@ def decode_photo(data: bytes, what: str = "the image") -> tuple[np.ndarray, list
             notes = [f"grayscale ({img.mode}) copied into RGB"] if gray else []
             if img.getexif().get(_EXIF_ORIENTATION, 1) != 1:
                 notes.append("turned upright by its EXIF orientation")
-            if getattr(img, "n_frames", 1) > 1:  # an animation: the face is looked for in its first frame only
-                notes.append(f"the first of its {img.n_frames} frames read")
             upright, scaled = _eight_bits(ImageOps.exif_transpose(img))
             notes += [scaled] if scaled else []
             rgb = np.asarray(upright.convert("RGB"), dtype=np.uint8).copy()
+            frames = _frame_count(img)
+            if frames > 1:  # an animation or a multi-page file: the face is looked for in its first frame only
+                notes.append(f"the first of its {frames} frames read")
     except Image.DecompressionBombError:  # a header beyond Pillow's own limit, far beyond ours
         raise ValueError(f"{what} is over the limit of {MAX_PIXELS:,} pixels") from None
     except UnidentifiedImageError:
@@ -103,6 +104,15 @@ def decode_photo(data: bytes, what: str = "the image") -> tuple[np.ndarray, list
     except (OSError, SyntaxError) as e:  # truncated or corrupt data inside a known format
         raise ValueError(f"{what} is not a readable image ({e})") from None
     return rgb, notes
+
+
+def _frame_count(img: Any) -> int:
+    """How many frames an image file holds; 1 where counting fails (counting reads every frame, and a damaged
+    later one, in a file cut short, must not cost the first, which was read)."""
+    try:
+        return int(getattr(img, "n_frames", 1))
+    except Exception:  # noqa: BLE001 — Pillow raises IndexError, struct.error, TypeError on a damaged frame
+        return 1
 
 
 def _eight_bits(img: Any) -> tuple[Any, str | None]:

@@ -631,4 +631,11 @@ def open_gazehub(rest: str, options: dict[str, Any], spec: str) -> GazeHubDatase
     name, sep, root = rest.partition(":")
     if not sep or not root:
         raise ValueError(f"dataset spec {spec!r}: expected gazehub:<dataset>:<root>")
+    known = ("split", "size", "check_files", "verify_3d", "stored_order", "persons")
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(
+            f"dataset spec {spec!r}: option(s) {', '.join(unknown)} do not apply to a GazeHub folder; its options: "
+            + ", ".join(known)
+        )
     return GazeHubDataset(root, name, **options)

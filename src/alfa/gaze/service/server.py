@@ -250,7 +250,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self._status:
             return
         # http.server closes without a word on a stalled request line or headers, and on a blank request line:
-        # say what happened, if the socket still lets us (a client that sent nothing at all gets nothing).
+        # say what happened, if the socket still lets us (a client the deadline cut gets its 408 even when it had
+        # sent nothing).
         with contextlib.suppress(OSError):
             if self._timed_out or self.server.was_cut(self.connection):
                 self._reply(408, {"error": "the request did not arrive within the time limit", "status": 408})

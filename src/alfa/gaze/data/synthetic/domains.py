@@ -610,9 +610,10 @@ def _physical_memory() -> int | None:
 
 
 def _refuse_what_memory_cannot_hold(name: str, split: str, persons: int, images: int, size: int) -> None:
-    """A world is rendered into memory: one whose float32 images alone exceed this machine's memory (a mistyped
-    ``size=2240``) is refused in one line before any rendering, instead of failing or being killed later."""
-    need, have = persons * images * 3 * size * size * 4, _physical_memory()
+    """A world is rendered into memory: one whose images (uint8, twice while the persons are joined) exceed this
+    machine's memory (a mistyped ``size=2240``) is refused in one line before any rendering, instead of failing or
+    being killed later."""
+    need, have = 2 * persons * images * 3 * size * size, _physical_memory()
     if have is not None and need > have:
         raise ValueError(
             f"synthetic world {name}/{split} at size {size}: {persons} persons × {images} images would take "
