@@ -625,17 +625,15 @@ def _exactly(values: list, count: int) -> list:
     return values
 
 
-@register_dataset("gazehub", form="gazehub:<dataset>:<root>")
+@register_dataset(
+    "gazehub",
+    form="gazehub:<dataset>:<root>",
+    options=("split", "size", "check_files", "verify_3d", "stored_order", "persons"),
+    what="a GazeHub folder",
+)
 def open_gazehub(rest: str, options: dict[str, Any], spec: str) -> GazeHubDataset:
     """``gazehub:<dataset>:<root>``: a GazeHub-normalized folder (:class:`GazeHubDataset`)."""
     name, sep, root = rest.partition(":")
     if not sep or not root:
         raise ValueError(f"dataset spec {spec!r}: expected gazehub:<dataset>:<root>")
-    known = ("split", "size", "check_files", "verify_3d", "stored_order", "persons")
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ValueError(
-            f"dataset spec {spec!r}: option(s) {', '.join(unknown)} do not apply to a GazeHub folder; its options: "
-            + ", ".join(known)
-        )
     return GazeHubDataset(root, name, **options)

@@ -96,6 +96,8 @@ class DatasetKind:
     form: str
     opener: DatasetOpener
     aliases: tuple[str, ...] = ()
+    options: tuple[str, ...] | None = None  # the options its opener takes; None: not checked here
+    what: str = "this kind of dataset"  # how a refusal of an option names the data
 
 
 # Kinds in registration order (alfa.gaze.data imports the loaders in a fixed order, so the messages that
@@ -104,15 +106,25 @@ _KINDS: list[DatasetKind] = []
 _BY_NAME: dict[str, DatasetKind] = {}
 
 
-def register_dataset(name: str, *, form: str, aliases: Sequence[str] = ()) -> Callable[[DatasetOpener], DatasetOpener]:
+def register_dataset(
+    name: str,
+    *,
+    form: str,
+    aliases: Sequence[str] = (),
+    options: Sequence[str] | None = None,
+    what: str = "this kind of dataset",
+) -> Callable[[DatasetOpener], DatasetOpener]:
     """Decorator: make ``opener`` the one that opens specs ``<name>:…`` (and ``<alias>:…``).
 
-    ``form`` is the spec's shape for error messages, e.g. ``"gazehub:<dataset>:<root>"``. A loader
-    module registers its opener at import; :mod:`alfa.gaze.data` imports every built-in loader module.
+    ``form`` is the spec's shape for error messages, e.g. ``"gazehub:<dataset>:<root>"``. ``options``: the
+    options (of the spec or the keyword arguments) the opener takes; :func:`open_dataset` refuses any other in
+    one line naming ``what`` the data is, before the opener runs. A loader module registers its opener at import;
+    :mod:`alfa.gaze.data` imports every built-in loader module.
     """
 
     def decorate(opener: DatasetOpener) -> DatasetOpener:
-        kind = DatasetKind(name.lower(), form, opener, tuple(a.lower() for a in aliases))
+        taken = None if options is None else tuple(options)
+        kind = DatasetKind(name.lower(), form, opener, tuple(a.lower() for a in aliases), taken, what)
         for key in (kind.name, *kind.aliases):
             if key in _BY_NAME:
                 raise ValueError(f"dataset kind {key!r} is already registered")
@@ -209,7 +221,14 @@ def open_dataset(spec: str | DatasetSpec, **kw: Any) -> GazeDataset:
     options = {**_parse_options(spec, query), **kw}
     if kind not in _BY_NAME:
         raise ValueError(f"dataset spec {spec!r}: unknown kind {kind!r}; expected one of {forms}")
-    return _BY_NAME[kind].opener(rest, options, spec)
+    found = _BY_NAME[kind]
+    unknown = [] if found.options is None else sorted(set(options) - set(found.options))
+    if unknown:  # another kind's option: once a TypeError from deep inside the opener
+        raise ValueError(
+            f"dataset spec {spec!r}: option(s) {', '.join(unknown)} do not apply to {found.what}; its options: "
+            + ", ".join(found.options or ())
+        )
+    return found.opener(rest, options, spec)
 
 
 def split_persons(dataset: GazeDataset, val_fraction: float = 0.1, seed: int = 0) -> tuple[list[str], list[str]]:

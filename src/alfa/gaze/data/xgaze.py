@@ -209,14 +209,14 @@ class XGazeH5Dataset(GazeDataset):
         return state
 
 
-@register_dataset("xgaze-h5", form="xgaze-h5:<path>", aliases=("xgaze_h5", "eth-xgaze-h5"))
+@register_dataset(
+    "xgaze-h5",
+    form="xgaze-h5:<path>",
+    aliases=("xgaze_h5", "eth-xgaze-h5"),
+    options=("persons", "size"),
+    what="ETH-XGaze's h5 files",
+)
 def open_xgaze_h5(rest: str, options: dict[str, Any], spec: str) -> XGazeH5Dataset:
     """``xgaze-h5:<path>``: raw ETH-XGaze subject files (:class:`XGazeH5Dataset`); h5py is imported
     only when a file is read."""
-    unknown = sorted(set(options) - {"persons", "size"})
-    if unknown:
-        raise ValueError(
-            f"dataset spec {spec!r}: option(s) {', '.join(unknown)} do not apply to ETH-XGaze's h5 files; their "
-            "options: persons, size"
-        )
     return XGazeH5Dataset(rest, **options)
