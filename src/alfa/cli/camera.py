@@ -97,11 +97,9 @@ def _refuse_json_among_crops(args: argparse.Namespace) -> None:
     the JSON, and the record would still name it."""
     if not (args.json and args.crops) or Path(args.json).resolve().parent != Path(args.crops).resolve():
         return
-    from alfa.gaze.camera.photo import crop_name
+    from alfa.gaze.camera.photo import is_crop_of
 
-    prefixes = [crop_name(image, 0)[: -len("0.png")] for image in args.images]
-    name = Path(args.json).name
-    if any(name.startswith(p) and name[len(p) : -len(".png")].isdecimal() and name.endswith(".png") for p in prefixes):
+    if any(is_crop_of(Path(args.json).name, image) for image in args.images):
         raise ValueError(f"--json {args.json} is named like a crop of these photos in --crops: choose another name")
 
 

@@ -380,6 +380,12 @@ def crop_name(source: str | os.PathLike, face: int) -> str:
     return f"{stem}-face{face}.png"
 
 
+def is_crop_of(name: str, source: str | os.PathLike) -> bool:
+    """Whether a file called ``name`` is one of ``source``'s crops, as :func:`crop_name` names them (any face)."""
+    prefix = crop_name(source, 0)[: -len("0.png")]
+    return re.fullmatch(re.escape(prefix) + r"\d+\.png", name) is not None
+
+
 def _refuse_crop_clashes(sources: list[str], folder: Path, replace: bool) -> dict[str, list[Path]]:
     """Each photo's crops get a name of their own in ``folder``, and no crop there is replaced unless ``replace``.
     Returns each photo's earlier crops there: with ``replace``, a photo's new crops replace them once written (an
@@ -395,16 +401,13 @@ def _refuse_crop_clashes(sources: list[str], folder: Path, replace: bool) -> dic
         prefixes[prefix] = source
     if not folder.is_dir():
         return {}
-    earlier = {
-        prefix: [p for p in folder.iterdir() if re.fullmatch(re.escape(prefix) + r"\d+\.png", p.name)]
-        for prefix in prefixes
-    }
-    clash = [prefixes[prefix] for prefix, found in earlier.items() if found]
+    earlier = {source: [p for p in folder.iterdir() if is_crop_of(p.name, source)] for source in prefixes.values()}
+    clash = [source for source, found in earlier.items() if found]
     if clash and not replace:
         raise FileExistsError(
             f"--crops {folder} already holds crops of {clash[0]}: choose another folder, or add --replace"
         )
-    return {prefixes[prefix]: found for prefix, found in earlier.items()}
+    return earlier
 
 
 def predict_photos(
