@@ -222,6 +222,9 @@ class GazeServer(socketserver.TCPServer):
             thread.join(timeout=self.limits.socket_timeout + 1)
 
 
+LATE = "the request did not arrive within the time limit"
+"""The 408's words, whichever way the time ran out (the socket's, the watchdog's cut)."""
+
 _LINGER_SECONDS, _LINGER_STEP, _LINGER_BYTES = 2.0, 0.25, 64 << 20
 """How long (in all, and at most between two reads) and how much a refused request's unread body is read and
 dropped before its connection closes: enough for a body a few times the limit on any network that sends it at
@@ -254,7 +257,7 @@ class _Handler(BaseHTTPRequestHandler):
         # sent nothing).
         with contextlib.suppress(OSError):
             if self._timed_out or self.server.was_cut(self.connection):
-                self._reply(408, {"error": "the request did not arrive within the time limit", "status": 408})
+                self._reply(408, {"error": LATE, "status": 408})
             elif getattr(self, "raw_requestline", b""):
                 self._reply(400, {"error": "not an HTTP request", "status": 400})
 
@@ -309,7 +312,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         text = message or self.responses.get(code, ("error",))[0]
         if self.server.was_cut(self.connection):  # what was malformed is what the cut left: the time ran out
-            code, text = 408, "the request did not arrive within the time limit"
+            code, text = 408, LATE
         with contextlib.suppress(OSError):
             self._reply(code, {"error": text, "status": code})
 
@@ -325,7 +328,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- routing
     def _dispatch(self) -> None:
         if self.server.was_cut(self.connection):  # the request line and headers as far as they came: not a request
-            self._reply(408, {"error": "the request did not arrive within the time limit", "status": 408})
+            self._reply(408, {"error": LATE, "status": 408})
             return
         try:
             self._reply(200, self._answer())
