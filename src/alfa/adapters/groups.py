@@ -29,9 +29,9 @@ def param_groups(
     numbers; the gaze stack passes its configs' value explicitly (``PersonalizeConfig.weight_decay``, 0.01 by
     default). Pass ``None`` to leave the key out and let the optimizer's ``weight_decay`` apply.
     """
-    if not (_is_number(lr) and lr > 0 and math.isfinite(lr)):
+    if not (is_number(lr) and lr > 0 and math.isfinite(lr)):
         raise ValueError(f"param_groups: lr must be a positive, finite number, got {lr!r}")
-    if weight_decay is not None and not (_is_number(weight_decay) and 0 <= weight_decay < math.inf):
+    if weight_decay is not None and not (is_number(weight_decay) and 0 <= weight_decay < math.inf):
         raise ValueError(
             f"param_groups: weight_decay must be a non-negative, finite number or None, got {weight_decay!r}"
         )
@@ -71,5 +71,6 @@ def _compiled_scale(pattern: str, scale: float) -> re.Pattern[str]:
         raise ValueError(f"param_groups: lr_scale pattern {pattern!r} is not a valid regular expression: {e}") from e
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """An ``int`` or a ``float``, not a ``bool`` (which Python counts as an ``int``)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)

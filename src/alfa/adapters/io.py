@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from ..fileio import write_safetensors
 from .alfa import DictionaryAdapter, DictionaryMixConfig
 from .config import config_from_dict
+from .groups import is_number
 from .layer import AdaptedLayer
 from .state import (
     DEFAULT_ADAPTER,
@@ -185,11 +186,7 @@ def _different_values(name: str, was: str | None, now: str | None) -> str:
 
 def _is_signature(value: Any) -> bool:
     """A layer's signature as :func:`_tensor_signature` writes it: two numbers."""
-    return (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-    )
+    return isinstance(value, list) and len(value) == 2 and all(is_number(v) for v in value)
 
 
 def _differ(saved: list[float], current: list[float]) -> bool:
