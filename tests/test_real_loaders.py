@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import pickle
 from pathlib import Path
 
@@ -317,6 +318,47 @@ def test_missing_images_are_found_up_front(mpii):
     lazy = GazeHubDataset(mpii, "mpii", check_files=False)
     with pytest.raises(DatasetFormatError, match=r"cannot read image .*listed at .*p01\.label:3"):
         lazy[4]
+
+
+def test_repeated_faces_and_faces_outside_the_dataset_are_refused(mpii):
+    label = mpii / "Label" / "p01.label"
+    original = label.read_text()
+    lines = original.splitlines()
+    label.write_text("\n".join([*lines, lines[2]]) + "\n")  # row 3 pasted again as row 5
+    with pytest.raises(
+        DatasetFormatError, match=r"p01\.label:5: face 'p01/face/2\.jpg' is listed again \(first at .*p01\.label:3\)"
+    ):
+        GazeHubDataset(mpii, "mpii")
+    for face in ("../outside.jpg", "p01/../../outside.jpg", "/etc/hostname"):
+        label.write_text(original)
+        _edit_line(label, 2, lambda line, face=face: " ".join([face, *line.split()[1:]]))
+        with pytest.raises(DatasetFormatError, match=r"p01\.label:2: face path .* leads out of the dataset's Image/"):
+            GazeHubDataset(mpii, "mpii", check_files=False)
+    label.write_text(original)
+    assert len(GazeHubDataset(mpii, "mpii")) == 9  # the check passes what is right
+
+
+def test_an_unlistable_folder_is_not_called_missing(mpii, monkeypatch):
+    import alfa.gaze.data.gazehub as gazehub
+
+    listdir = os.listdir
+
+    def refuse(folder):
+        def guarded(path="."):
+            if Path(path).name == folder:
+                raise PermissionError(13, "Permission denied", str(path))
+            return listdir(path)
+
+        monkeypatch.setattr(gazehub.os, "listdir", guarded)
+
+    refuse("Label")
+    with pytest.raises(DatasetFormatError, match=r"Label: cannot list the label folder \(Permission denied\)"):
+        GazeHubDataset(mpii, "mpii")
+    refuse("face")
+    with pytest.raises(
+        DatasetFormatError, match=r"face: cannot list the image folder \(Permission denied\), listed at"
+    ):
+        GazeHubDataset(mpii, "mpii")
 
 
 def test_empty_or_missing_label_folder(tmp_path):

@@ -302,6 +302,7 @@ class GazeHubDataset(GazeDataset):
         self._files: list[_LabelFile] = []
         for label_path in self._label_paths(split):
             self._read_label_file(label_path, split, rows)
+        self._refuse_repeated_faces(rows)
         self._file_index = np.frombuffer(rows.file, dtype=np.int32)
         self._line = np.frombuffer(rows.line, dtype=np.int64)
         gaze = torch.from_numpy(np.frombuffer(rows.gaze, dtype=np.float64).reshape(-1, 2).copy())
@@ -384,7 +385,14 @@ class GazeHubDataset(GazeDataset):
             raise DatasetFormatError(
                 f"{label_dir}: no Label/ folder; a GazeHub dataset root holds Image/ and Label/*.label"
             )
-        available = sorted((p for p in label_dir.glob("*.label") if p.is_file()), key=lambda p: natural_key(p.name))
+        try:
+            names = os.listdir(label_dir)
+        except OSError as err:  # unreadable: said, rather than reported as holding no label files
+            raise DatasetFormatError(f"{label_dir}: cannot list the label folder ({err.strerror or err})") from err
+        available = sorted(
+            (label_dir / n for n in names if n.endswith(".label") and (label_dir / n).is_file()),
+            key=lambda p: natural_key(p.name),
+        )
         if not available:
             raise DatasetFormatError(f"{label_dir}: no .label files in the label folder")
         if self.format.per_person_label_files:
@@ -482,6 +490,8 @@ class GazeHubDataset(GazeDataset):
             except ValueError:
                 self._raise_unparsable(path, line, tokens, names, columns)
             face = tokens[c_face]
+            if face[0] == "/" or ".." in face:
+                _refuse_face_outside(path, line, face)
             if fixed_person is None:
                 person, group = self._person(path, line, face, tokens[c_origin] if c_origin is not None else None)
                 add_person(rows.person_number(person, group))
@@ -494,6 +504,24 @@ class GazeHubDataset(GazeDataset):
         if first_face is None:
             raise DatasetFormatError(f"{path}: has a header but no rows")
         self._files.append(_LabelFile(path, self._image_root(path, split, first_face), names, columns))
+
+    def _refuse_repeated_faces(self, rows: _Rows) -> None:
+        # A face listed twice (say, a label file pasted twice) would silently count double in training and in
+        # every person's mean error.
+        roots = [str(f.image_root) for f in self._files]
+        file_of = np.frombuffer(rows.file, dtype=np.int32)
+        keys = [(roots[k], face) for k, face in zip(file_of.tolist(), rows.faces)]
+        if len(set(keys)) == len(keys):
+            return
+        first_row: dict[tuple[str, str], int] = {}
+        for row, key in enumerate(keys):
+            earlier = first_row.setdefault(key, row)
+            if earlier != row:
+                at = [_at(self._files[file_of[r]].path, rows.line[r]) for r in (earlier, row)]
+                raise DatasetFormatError(
+                    f"{at[1]}: face {key[1]!r} is listed again (first at {at[0]}); a face counts once: "
+                    "remove the repeated row"
+                )
 
     def _raise_unparsable(self, path: Path, line: int, tokens: list[str], names: list[str], columns: dict) -> None:
         for role, count in (("gaze2d", 2), ("head2d", 2), ("gaze3d", 3)):
@@ -608,8 +636,13 @@ class GazeHubDataset(GazeDataset):
             if listing is None:
                 try:
                     listing = listings[folder] = set(os.listdir(folder))
-                except OSError:
+                except (FileNotFoundError, NotADirectoryError):
                     listing = listings[folder] = set()
+                except OSError as err:  # e.g. no permission: its faces may well be there
+                    raise DatasetFormatError(
+                        f"{folder}: cannot list the image folder ({err.strerror or err}), "
+                        f"listed at {self.source_line(i)}"
+                    ) from err
             if name not in listing:
                 missing.append(i)
         if missing:
@@ -617,6 +650,16 @@ class GazeHubDataset(GazeDataset):
             raise DatasetFormatError(
                 f"{len(missing)} of {len(self)} face images listed in {self.root / 'Label'} are missing, first: {shown}"
             )
+
+
+def _refuse_face_outside(path: Path, line: int, face: str) -> None:
+    # Faces are read relative to the dataset's Image/ folder; an absolute path or a '..' would read files the
+    # dataset does not hold (and a label file from elsewhere could name any file on the machine).
+    if face.startswith("/") or ".." in face.split("/"):
+        raise DatasetFormatError(
+            f"{_at(path, line)}: face path {face!r} leads out of the dataset's Image/ folder; "
+            "face paths are relative to it"
+        )
 
 
 def _exactly(values: list, count: int) -> list:
