@@ -488,3 +488,60 @@ def test_a_damaged_fingerprint_is_a_404_and_a_non_finite_answer_is_no_bare_nan(w
         status, _, reply = _exchange(port, _request("/predict?user=zed", PNG))
         assert status == 500 and "not a finite number" in reply["error"]
         assert _exchange(port, _request("/predict?user=ann", PNG))[0] == 200  # the others are still served
+
+
+def test_stopping_answers_what_was_accepted_and_a_trickling_client_does_not_hold_it_up(world):
+    from alfa.gaze.service.server import STOP_GRACE, STOPPING
+
+    server = make_server(GazeService(*world, ServiceLimits(workers=2)), port=0)  # socket timeout 10 s, request 30 s
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    port, request = server.server_address[1], _request("/predict?user=ann", PNG)
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as slow,
+        socket.create_connection(("127.0.0.1", port), timeout=10) as arriving,
+    ):
+        slow.sendall(b"POST /predict?user=ann HTTP/1.0\r\n")  # headers that never end
+        arriving.sendall(request[:-10])
+        time.sleep(0.3)  # both taken by the workers
+        assert server.in_flight() == 2
+        server.shutdown()
+        began = time.monotonic()
+        closing = threading.Thread(target=server.server_close)
+        closing.start()
+        time.sleep(0.3)
+        arriving.sendall(request[-10:])  # the rest comes within the grace: answered
+        assert _answer(arriving)[0] == 200
+        status, headers, reply = _answer(slow)
+        closing.join(timeout=15)
+        assert status == 503 and reply["error"] == STOPPING and headers["Retry-After"] == "1"
+        assert time.monotonic() - began < STOP_GRACE + 1.5, "a trickling client held the stop up"
+    assert server.in_flight() == 0
+
+
+def test_sigterm_drains_and_exits_0_with_a_line_not_a_traceback(world, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    code = "import sys, tiny_models; from alfa.cli import main; sys.exit(main(sys.argv[1:]))"
+    command = [sys.executable, "-c", code, "serve", "--checkpoint", str(world[0]), "--adapters", str(world[1])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    server = subprocess.Popen(
+        [*command, "--port", "0", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)", server.stdout.readline()).group(1))
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+            slow.sendall(b"GET /health HTTP/1.0\r\n")  # headers that never end
+            time.sleep(0.3)
+            server.send_signal(signal.SIGTERM)
+            status, _, reply = _answer(slow)
+        _, errors = server.communicate(timeout=15)
+    finally:
+        server.kill()
+    assert status == 503 and "stopping" in reply["error"]
+    assert server.returncode == 0 and "Traceback" not in errors, errors
+    assert "stopping: answering the 1 connection(s) accepted" in errors and "stopped (SIGTERM)" in errors, errors

@@ -129,8 +129,11 @@ class GazeServer(socketserver.TCPServer):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self._pending: queue.Queue = queue.Queue(limits.queue)
         self._receiving: dict[socket.socket, float] = {}  # connection -> deadline to have received the request
-        self._cut: set[socket.socket] = set()  # connections the watchdog cut: what they sent is no whole request
+        # connections the watchdog cut (what they sent is no whole request) -> the status that says why
+        self._cut: dict[socket.socket, int] = {}
         self._receiving_lock = threading.Lock()
+        self._open = 0  # connections queued or being served
+        self._stopping = threading.Event()  # no new connections; those accepted are still answered
         self._closing = threading.Event()
         self._threads: list[threading.Thread] = []  # none yet: a failed bind closes the server inside __init__
         super().__init__(address, _Handler)
@@ -142,9 +145,13 @@ class GazeServer(socketserver.TCPServer):
 
     # -- the pool
     def process_request(self, request: Any, client_address: Any) -> None:
+        with self._receiving_lock:
+            self._open += 1  # before a worker can take it, and be done with it
         try:
             self._pending.put_nowait((request, client_address))
         except queue.Full:
+            with self._receiving_lock:
+                self._open -= 1
             self._turn_away(request, client_address)
 
     def _work(self) -> None:
@@ -159,6 +166,8 @@ class GazeServer(socketserver.TCPServer):
                 self.handle_error(request, client_address)
             finally:
                 self.shutdown_request(request)
+                with self._receiving_lock:
+                    self._open -= 1
 
     def _turn_away(self, connection: socket.socket, client_address: Any) -> None:
         """Answer 503 without reading the request: the queue is full, the client should retry shortly."""
@@ -182,29 +191,31 @@ class GazeServer(socketserver.TCPServer):
     def receiving(self, connection: socket.socket, active: bool) -> None:
         with self._receiving_lock:
             if active:
-                self._receiving[connection] = time.monotonic() + self.limits.request_timeout
+                wait = min(self.limits.request_timeout, STOP_GRACE) if self._stopping.is_set() else None
+                self._receiving[connection] = time.monotonic() + (wait or self.limits.request_timeout)
             else:
                 self._receiving.pop(connection, None)
 
-    def was_cut(self, connection: socket.socket) -> bool:
-        """Whether the watchdog cut ``connection`` before its request had arrived (it answers 408, whatever part of
-        a request line or headers the cut left to read)."""
+    def cut_answer(self, connection: socket.socket) -> tuple[int, str] | None:
+        """If the watchdog cut ``connection`` before its request had arrived, the status and words to answer with
+        (408, or 503 when the server was stopping), whatever part of a request line or headers the cut left to read."""
         with self._receiving_lock:
-            return connection in self._cut
+            status = self._cut.get(connection)
+        return None if status is None else (status, STOPPING if status == 503 else LATE)
 
     def forget(self, connection: socket.socket) -> None:
         with self._receiving_lock:
             self._receiving.pop(connection, None)
-            self._cut.discard(connection)
+            self._cut.pop(connection, None)
 
     def _watch(self) -> None:
-        while not self._closing.wait(0.25):
+        while not self._closing.wait(0.1 if self._stopping.is_set() else 0.25):
             now = time.monotonic()
             with self._receiving_lock:
                 late = [c for c, deadline in self._receiving.items() if deadline < now]
                 for connection in late:
                     del self._receiving[connection]
-                    self._cut.add(connection)
+                    self._cut[connection] = 503 if self._stopping.is_set() else 408
             for connection in late:  # a blocked read returns at once; the handler answers 408 if it still can
                 with contextlib.suppress(OSError):
                     connection.shutdown(socket.SHUT_RD)
@@ -214,16 +225,38 @@ class GazeServer(socketserver.TCPServer):
               file=sys.stderr)  # fmt: skip
 
     def server_close(self) -> None:
+        """Stop: take no new connection, answer those accepted (a request still arriving gets ``STOP_GRACE``
+        seconds more, then 503), and return when they are answered; a worker that a client's socket still holds
+        is left behind after a bounded wait."""
         super().server_close()
-        self._closing.set()
+        now = time.monotonic()
+        with self._receiving_lock:
+            self._stopping.set()
+            for connection, deadline in self._receiving.items():
+                self._receiving[connection] = min(deadline, now + STOP_GRACE)
         for _ in self._threads[:-1]:  # one stop per worker, after the connections already queued
             self._pending.put(None)
-        for thread in self._threads:
-            thread.join(timeout=self.limits.socket_timeout + 1)
+        give_up = now + STOP_GRACE + self.limits.socket_timeout + _LINGER_SECONDS + 1
+        for thread in self._threads[:-1]:
+            thread.join(timeout=max(0.0, give_up - time.monotonic()))
+        self._closing.set()
+        for watchdog in self._threads[-1:]:  # none when the bind failed
+            watchdog.join(timeout=1.0)
+
+    def in_flight(self) -> int:
+        """Connections accepted and not yet done with (queued or being served)."""
+        with self._receiving_lock:
+            return self._open
 
 
 LATE = "the request did not arrive within the time limit"
 """The 408's words, whichever way the time ran out (the socket's, the watchdog's cut)."""
+
+STOP_GRACE = 2.0
+"""Seconds a request still arriving when the server stops gets to arrive (then 503 with ``STOPPING``): a client
+sending at any usable speed is answered, one trickling bytes does not hold the stop up."""
+
+STOPPING = "the service is stopping: try again shortly"
 
 _LINGER_SECONDS, _LINGER_STEP, _LINGER_BYTES = 2.0, 0.25, 64 << 20
 """How long (in all, and at most between two reads) and how much a refused request's unread body is read and
@@ -256,7 +289,10 @@ class _Handler(BaseHTTPRequestHandler):
         # say what happened, if the socket still lets us (a client the deadline cut gets its 408 even when it had
         # sent nothing).
         with contextlib.suppress(OSError):
-            if self._timed_out or self.server.was_cut(self.connection):
+            cut = self.server.cut_answer(self.connection)
+            if cut is not None:
+                self._reply_cut(*cut)
+            elif self._timed_out:
                 self._reply(408, {"error": LATE, "status": 408})
             elif getattr(self, "raw_requestline", b""):
                 self._reply(400, {"error": "not an HTTP request", "status": 400})
@@ -307,12 +343,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         self._status, self._size = status, len(data)
 
+    def _reply_cut(self, status: int, words: str) -> None:
+        self._reply(status, {"error": words, "status": status}, {"Retry-After": "1"} if status == 503 else None)
+
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's own refusals (a malformed request line, too many headers, an unknown method) as JSON."""
         self.close_connection = True
         text = message or self.responses.get(code, ("error",))[0]
-        if self.server.was_cut(self.connection):  # what was malformed is what the cut left: the time ran out
-            code, text = 408, LATE
+        cut = self.server.cut_answer(self.connection)
+        if cut is not None:  # what was malformed is what the cut left: the time ran out, or the server stops
+            code, text = cut
         with contextlib.suppress(OSError):
             self._reply(code, {"error": text, "status": code})
 
@@ -327,8 +367,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- routing
     def _dispatch(self) -> None:
-        if self.server.was_cut(self.connection):  # the request line and headers as far as they came: not a request
-            self._reply(408, {"error": LATE, "status": 408})
+        cut = self.server.cut_answer(self.connection)
+        if cut is not None:  # the request line and headers as far as they came: not a request
+            self._reply_cut(*cut)
             return
         try:
             self._reply(200, self._answer())
@@ -374,6 +415,11 @@ class _Handler(BaseHTTPRequestHandler):
         except (TimeoutError, OSError):
             pass
         if got < length:
+            cut = self.server.cut_answer(self.connection)
+            if cut is not None and cut[0] == 503:
+                raise ServiceError(
+                    503, f"{cut[1]} (the body had sent {got} of its {length} bytes)", {"Retry-After": "1"}
+                )
             raise ServiceError(408, f"the body ended or stalled after {got} of its {length} bytes")
         return b"".join(chunks)
 
