@@ -38,6 +38,17 @@ def test_rows_come_family_by_family_in_registry_order():
     ]
 
 
+def test_a_method_family_the_table_does_not_place_is_refused(monkeypatch):
+    from alfa.adapters import METHODS, LoraConfig
+
+    class NewFamilyConfig(LoraConfig):
+        family = "new"
+
+    monkeypatch.setitem(METHODS, "new_method", NewFamilyConfig)
+    with pytest.raises(ValueError, match=r"method families \['new'\] are neither in FAMILY_ORDER nor in NOT_COSTED"):
+        costs.default_methods()
+
+
 def test_merged_sizes_follow_the_merge_kind(rows):
     truncated = rows["truncated", "source-only"].merged_params
     dense = rows["dense", "source-only"].merged_params

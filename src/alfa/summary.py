@@ -19,6 +19,8 @@ __all__ = ["ParameterSummary", "parameter_summary", "print_trainable_parameters"
 
 @dataclass
 class KindCount:
+    """How many layers of one kind a model holds, their parameters, and how many of those train."""
+
     layers: int = 0
     params: int = 0
     trainable: int = 0

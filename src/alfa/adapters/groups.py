@@ -24,10 +24,10 @@ def param_groups(
     stages a 10× learning rate (the paper's recipe). Each group carries a ``name``.
 
     ``weight_decay`` is written into every group, so it **overrides the optimizer's own default**
-    (``torch.optim.AdamW`` alone would decay by 0.01). The default, ``0.0``, is what this function has always
-    written, so the callers that do not pass it (the cost and speed benchmarks, the library tour) keep their
-    numbers; the gaze stack passes its configs' value explicitly (``PersonalizeConfig.weight_decay``, 0.01 by
-    default). Pass ``None`` to leave the key out and let the optimizer's ``weight_decay`` apply.
+    (``torch.optim.AdamW`` alone would decay by 0.01). The default, ``0.0``, keeps the numbers of the callers that
+    do not pass it (the cost and speed benchmarks, the library tour) comparable with their committed records; the
+    gaze stack passes its configs' value explicitly (``PersonalizeConfig.weight_decay``, 0.01 by default). Pass
+    ``None`` to leave the key out and let the optimizer's ``weight_decay`` apply.
     """
     if not (is_number(lr) and lr > 0 and math.isfinite(lr)):
         raise ValueError(f"param_groups: lr must be a positive, finite number, got {lr!r}")

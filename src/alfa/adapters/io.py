@@ -205,7 +205,7 @@ def _compare_fingerprints(saved: dict[str, Any], current: dict[str, Any]) -> lis
         elif saved[n]["shape"] != current[n]["shape"]:
             problems.append(f"{n}: shape {current[n]['shape']} here, {saved[n]['shape']} in the adapter's base")
         elif _differ(saved[n]["sig"], current[n]["sig"]):
-            # files before 2026-12-04 hold no dtype
+            # a file of the first format holds no dtype: its difference is told by values alone
             problems.append(_different_values(n, saved[n].get("dtype"), current[n].get("dtype")))
     return problems
 
@@ -360,10 +360,10 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
             "config": json.loads(raw["config"]),
             "targets": json.loads(raw["targets"]),
             "fingerprint": json.loads(raw["fingerprint"]),
-            # none before 2026-12-04 (a "base_rest" of that day's first hours is not read: one signature per module,
-            # which a step counter or a large variance could dominate)
+            # absent from the first format's files; its forerunner "base_rest" is not read (one signature per
+            # module, which a step counter or a large variance could dominate)
             "rest_fingerprint": json.loads(raw["rest_fingerprint"]) if "rest_fingerprint" in raw else None,
-            # none in files from before the evening of 2026-12-04
+            # absent from files that predate it
             "rest_dtypes": json.loads(raw["rest_dtypes"]) if "rest_dtypes" in raw else None,
             "checksum": raw.get("checksum"),  # files written before checksums have none
             "about": json.loads(raw.get("about", "{}")),

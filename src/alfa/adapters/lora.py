@@ -8,7 +8,7 @@ on a factorized layer, the plain weight on a dense one)::
     MiLoRA   the same with the r smallest triplets of W_d
 
 (PiSSA divides ``S_r`` by ``s`` as PEFT does, so that ``s·B₀A₀ = U_r S_r V_rᵀ`` for any ``alpha``; with
-the default ``alpha = rank`` this is the paper's ``B = U_r √S_r``.) On a conv, ``A`` runs as a conv with
+``alpha = rank`` (the default's at rank 8) this is the paper's ``B = U_r √S_r``.) On a conv, ``A`` runs as a conv with
 the layer's kernel, stride, padding and dilation (``in -> r``) and ``B`` as a 1×1 conv (``r -> m``),
 so the low-rank branch never builds the dense ``m×n`` weight.
 
@@ -167,7 +167,10 @@ class LoraLayer(LowRankUpdateLayer):
 class PissaConfig(LoraConfig):
     """PiSSA: LoRA whose ``B A`` starts as the top-``rank`` SVD part of the weight; the residual is frozen.
 
-    Default ``alpha = rank`` (scale 1), as in the PiSSA paper, so ``B = U_r √S_r``, ``A = √S_r V_rᵀ``.
+    Default ``alpha = 8``: at the default ``rank = 8`` the scale is 1, as in the PiSSA paper, so ``B = U_r √S_r``,
+    ``A = √S_r V_rᵀ``. ``alpha`` does not follow ``rank`` (as PEFT's ``lora_alpha`` does not): at another rank the
+    scale is ``8 / rank`` and ``S_r`` is divided by it, which keeps ``s B₀ A₀ = U_r S_r V_rᵀ`` but splits it
+    differently between ``B`` and ``A``; pass ``alpha=rank`` for the paper's split at any rank.
     """
 
     method: ClassVar[str] = "pissa"

@@ -12,13 +12,14 @@ import json
 import sys
 from pathlib import Path
 
-from .gaze import _parse_value, open_spec, seed_everything
+from .gaze import open_spec, seed_torch_deterministic
 from .guards import persons_of
 from .options import (
     allow_partial_option,
     at_least,
     data_help,
     device_option,
+    key_values,
     non_negative_number,
     positive_rate,
     quiet_option,
@@ -44,12 +45,7 @@ def _load(path: str, device_name: str):
 def _calibrate_config(args: argparse.Namespace):
     from alfa.gaze.calibrate import CalibrateConfig
 
-    options = {}
-    for item in args.option or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--option {item!r}: expected KEY=VALUE")
-        options[key.replace("-", "_")] = _parse_value(value)
+    options = key_values(args.option)
     changes = {
         "method": args.method,
         "k": args.k,
@@ -154,7 +150,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     maml = saved.get("extra", {}).get("maml", {}).get("config", {})
     defaults = (maml["inner_lr"], maml["inner_steps"]) if maml else None
     _note_a_dense_base(model, config, args.checkpoint)  # after every refusal: a refused run prints one line
-    seed_everything(config.seed)
+    seed_torch_deterministic(config.seed)
     record = calibrate_dataset(
         model, data, config, out, persons=persons, faze_defaults=defaults, progress=not args.quiet
     )
@@ -283,7 +279,7 @@ def _faze_train(args: argparse.Namespace) -> None:
     )
     kwargs = {"appearance": args.appearance, "gaze_features": args.gaze_features, "head_features": args.head_features}
     data = open_spec(args.data)
-    seed_everything(config.seed)
+    seed_torch_deterministic(config.seed)
     _, record = train_faze(data, config, args.out, model_kwargs=kwargs, progress=not args.quiet)
     losses = ", ".join(f"{k} {v:.4f}" for k, v in record["final_losses"].items())
     print(
@@ -343,7 +339,7 @@ def _faze_meta_train(args: argparse.Namespace) -> None:
     config.validate()
     model, saved = _load(args.checkpoint, "cpu")
     data = open_spec(args.data)
-    seed_everything(config.seed)
+    seed_torch_deterministic(config.seed)
     record = meta_train_faze(model, saved, data, config, args.out, progress=not args.quiet)
     print(
         f"AdaGEN meta-trained on {record['persons']} persons of {data.name} in {record['seconds']:.0f} s (last "

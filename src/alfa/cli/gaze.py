@@ -31,6 +31,7 @@ from .options import (
     deterministic_kernels,
     device_option,
     fraction,
+    key_values,
     non_negative_number,
     positive_rate,
     precision_option,
@@ -53,14 +54,14 @@ __all__ = [
     "THROUGHPUT",
     "EVALUATE",
     "DEMO",
-    "seed_everything",
+    "seed_torch_deterministic",
     "open_spec",
 ]
 
 PRESETS = ("real", "demo")
 
 
-def seed_everything(seed: int) -> None:
+def seed_torch_deterministic(seed: int) -> None:
     """Seed torch's global generator and ask for deterministic kernels (warning where there is none)."""
     import torch
 
@@ -149,7 +150,7 @@ def _pretrain(args: argparse.Namespace) -> None:
     config = _train_config(args, "pretrain", device)
     data = open_spec(args.data)
     val = open_spec(args.val_data) if args.val_data else None
-    seed_everything(config.seed)
+    seed_torch_deterministic(config.seed)
     model = create_model(args.model).to(device)
     try:
         result = train_source(
@@ -192,7 +193,7 @@ def _truncate(args: argparse.Namespace) -> None:
         val, val_persons = data, extra["val_persons"]  # pre-training's held-out persons stay unseen
     else:
         val, val_persons = None, None
-    seed_everything(config.recovery.seed)
+    seed_torch_deterministic(config.recovery.seed)
     try:
         result = truncate_and_recover(
             model,
@@ -217,13 +218,6 @@ def _truncate(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- personalize
 
 
-def _parse_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def _method_config(args: argparse.Namespace):
     from alfa.adapters import METHODS, config_from_dict
 
@@ -237,11 +231,7 @@ def _method_config(args: argparse.Namespace):
         if field not in fields:
             raise ValueError(f"{flag}: --method {args.method} has no {field!r} option")
         options[field] = value
-    for item in args.option or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--option {item!r}: expected KEY=VALUE")
-        options[key.replace("-", "_")] = _parse_value(value)
+    options.update(key_values(args.option))
     return config_from_dict(args.method, options)
 
 
@@ -304,7 +294,7 @@ def _personalize(args: argparse.Namespace) -> None:
     check_input_size(saved, data, args.checkpoint)
     persons = persons_of(args.persons, data)
     refuse_foreign_adapters(model, data, method, config, args.out, args.replace)
-    seed_everything(config.seed)
+    seed_torch_deterministic(config.seed)
     if not args.quiet:
         print(f"recipe: {_recipe_words(config)}")
     with forward_precision(precision):
@@ -389,7 +379,7 @@ def _demo(args: argparse.Namespace) -> None:
     configs = demo_configs(**overrides)
     if args.targets:  # only the first part (the E source), on these targets
         configs = [dataclasses.replace(configs[0], targets=tuple(args.targets))]
-    seed_everything(args.seed)
+    seed_torch_deterministic(args.seed)
     results, total = [], 0.0
     for config in configs:
         name = Path(config.source.partition("?")[0].partition(":")[2]).name

@@ -94,9 +94,10 @@ def adaptation_count(args: argparse.Namespace) -> int:
     """How many first images per person ``evaluate`` leaves out: the count the adapters were made from, as
     their folder's ``personalization.json`` records it (a different ``--n-adapt`` would score adaptation
     images, or drop scored ones); ``--n-adapt`` itself, else the recipe's default, when there is no record."""
+    from alfa.gaze.evaluate import RECORD_FILE
     from alfa.gaze.personalize import PersonalizeConfig
 
-    record = Path(args.adapters) / "personalization.json" if args.adapters else None
+    record = Path(args.adapters) / RECORD_FILE if args.adapters else None
     if record is None or not record.is_file():
         return PersonalizeConfig().n_adapt if args.n_adapt is None else args.n_adapt
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ __all__ = [
     "tta_option",
     "tta_of",
     "default_of",
+    "key_values",
 ]
 
 
@@ -229,3 +231,18 @@ def tta_of(name: str | None) -> Any:
 def default_of(function: Callable[..., Any], parameter: str) -> Any:
     """The default of ``function``'s ``parameter``, for an option that sets it (so it is written once)."""
     return inspect.signature(function).parameters[parameter].default
+
+
+def key_values(items: Sequence[str] | None) -> dict[str, Any]:
+    """``--option KEY=VALUE`` given any number of times, as config fields: a dash in a key is an underscore, and a
+    value is read as JSON where it is JSON (``3``, ``1e-4``, ``true``, ``[1, 2]``), else kept as text."""
+    options: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {item!r}: expected KEY=VALUE")
+        try:
+            options[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.replace("-", "_")] = value
+    return options

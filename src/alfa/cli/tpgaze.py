@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import os
 
-from .gaze import open_spec, seed_everything
+from .gaze import open_spec, seed_torch_deterministic
 from .guards import persons_of, refuse_foreign_adapters
 from .options import (
     allow_partial_option,
@@ -77,7 +77,7 @@ def _meta_train(args: argparse.Namespace) -> None:
         val, val_persons = None, None
     size = data[data.person_indices(data.persons()[0])[0]]["image"].shape[-1]
     prompt = TPGazeConfig(image_size=int(size), init_std=args.init_std)
-    seed_everything(config.seed)
+    seed_torch_deterministic(config.seed)
     with forward_precision(run_precision_of(args, device)):
         result = meta_train_prompts(
             model,
@@ -123,7 +123,7 @@ def _personalize(args: argparse.Namespace) -> None:
     method = tpgaze_method(model, data, args.meta)
     # the folder's adapters of another method, recipe or base are not this run's to replace unasked
     refuse_foreign_adapters(model, data, method, config, args.out, args.replace)
-    seed_everything(config.seed)
+    seed_torch_deterministic(config.seed)
     with forward_precision(run_precision_of(args, device)):
         run = personalize_dataset(model, data, method, config, args.out, persons=persons, progress=not args.quiet)
     counts = run.counts()

@@ -62,7 +62,7 @@ from alfa.fileio import write_json
 from alfa.layers import FactorizedLinear, dense_matrix
 
 from .data.base import GazeDataset, images_differ
-from .evaluate import adapter_filename, load_examples, load_images, readable_failure
+from .evaluate import RECORD_FILE, adapter_filename, load_examples, load_images, readable_failure
 from .faze import personalize_faze
 from .geometry import flip_yaw
 from .losses import finite_or_raise, l1_per_image
@@ -414,7 +414,6 @@ def _key(config: CalibrateConfig) -> dict[str, Any]:
     return {"user_calibration": recipe}
 
 
-RECORD_FILE = "personalization.json"
 DONE = ("ok", "skipped")  # a person whose file is whole: made by this run, or found made by an earlier one
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "person_errors",
     "PersonScorer",
     "evaluate",
+    "RECORD_FILE",
     "adapter_filename",
     "readable_failure",
 ]
@@ -220,6 +221,10 @@ def readable_failure(error: BaseException) -> str:
     if isinstance(error, ValueError):
         return str(error)
     return f"{type(error).__name__}: {error}"
+
+
+RECORD_FILE = "personalization.json"
+"""The record a folder of per-person adapters (or corrections) keeps beside them: what was run, and for whom."""
 
 
 def adapter_filename(person: str) -> str:
@@ -429,7 +434,7 @@ def evaluate(
 
 def _failure_reason(folder: Path, person: str) -> str | None:
     """The error recorded by personalization for a person without an adapter, if any."""
-    summary = folder / "personalization.json"
+    summary = folder / RECORD_FILE
     if not summary.is_file():
         return None
     try:

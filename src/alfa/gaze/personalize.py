@@ -60,7 +60,15 @@ from alfa.fileio import write_json
 
 from .augment import AugmentConfig, augment_images, build_augmentation
 from .data.base import GazeDataset, images_differ
-from .evaluate import EvaluationReport, PersonScorer, adapter_filename, evaluate, load_images, readable_failure
+from .evaluate import (
+    RECORD_FILE,
+    EvaluationReport,
+    PersonScorer,
+    adapter_filename,
+    evaluate,
+    load_images,
+    readable_failure,
+)
 from .losses import finite_or_raise
 from .objectives import OBJECTIVES
 from .precision import autocast, grad_scaler, run_precision
@@ -380,7 +388,7 @@ def foreign_adapters(
     ``None`` if it holds none of those. What the command line checks before it writes (``personalize_dataset``
     itself redoes any person whose adapter differs)."""
     out = Path(out_dir)
-    summary = out / "personalization.json"
+    summary = out / RECORD_FILE
     if not summary.is_file():
         return None
     try:
@@ -425,9 +433,6 @@ def foreign_adapters(
             return f"its adapters were trained on another base ({e})"
         detach(model)
     return None
-
-
-RECORD_FILE = "personalization.json"
 
 
 class _WriteFailed(Exception):

@@ -42,7 +42,6 @@ __all__ = [
     "training_runs",
     "select_recipe",
     "select_pooled",
-    "t_quantile",
     "paired_upper_bound",
     "select_helping",
     "select_pooled_helping",
@@ -225,19 +224,12 @@ class Selection:
     mean_difference: dict[Recipe, float]
 
 
-def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile of Student's t distribution with ``df`` ≥ 1 degrees of freedom (``p`` in (0.5, 1))."""
-    if df < 1 or not 0.5 < p < 1:
-        raise ValueError(f"need df >= 1 and 0.5 < p < 1, got df={df}, p={p}")
-    return float(tdist.t_quantile(2.0 * (1.0 - p), df))
-
-
 def paired_upper_bound(differences: Sequence[float], confidence: float = CONFIDENCE) -> float:
     """The upper end of the two-sided ``confidence`` t-interval of the mean of ``differences`` (one per
     person). With fewer than two there is no interval, and the bound is infinite (nothing is shown harmless)."""
     if len(differences) < 2:
         return math.inf
-    half = t_quantile(0.5 + confidence / 2, len(differences) - 1) * statistics.stdev(differences)
+    half = float(tdist.t_quantile(1.0 - confidence, len(differences) - 1)) * statistics.stdev(differences)
     return statistics.fmean(differences) + half / math.sqrt(len(differences))
 
 

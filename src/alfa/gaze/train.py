@@ -66,7 +66,8 @@ SCHEDULES = ("constant", "cosine")
 @dataclass
 class TrainConfig:
     """One source-training stage. The defaults are the paper's settings for real data
-    (50 epochs of pre-training, Adam, lr 1e-4, batch 120); recovery uses the same with 25 epochs.
+    (50 epochs of pre-training, Adam, lr 1e-4, batch 120; recovery uses the same with 25 epochs), plus
+    TPGaze's symmetry term, which the paper's plain pre-training does not have (``symmetry_weight=0`` drops it).
 
     ``symmetry_weight`` weighs TPGaze's left-right symmetry term (0 turns it off); its target, the
     mirrored prediction on the flipped image, is computed without gradient with BatchNorm in
@@ -268,7 +269,7 @@ def _iterate(dataset: GazeDataset, batches: list[list[int]], num_workers: int, p
     )
 
 
-def _seed_everything(seed: int) -> None:
+def _seed_random_and_torch(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
 
@@ -343,7 +344,7 @@ def train_source(
         if progress and 0 < start_epoch:
             done = "already complete" if start_epoch >= config.epochs else f"resuming at epoch {start_epoch + 1}"
             tqdm.write(f"{out}: {start_epoch} of {config.epochs} epochs found, {done}")
-    _seed_everything(config.seed)
+    _seed_random_and_torch(config.seed)
 
     with distributed.data_parallel(model, device) as net, _stops_when_non_finite(out, start_epoch) as epochs_done:
         for epoch in range(start_epoch, config.epochs):

@@ -17,6 +17,7 @@ import torch
 
 from alfa import attach, load_adapter, merge, param_groups, parameter_summary, save_adapter, truncate
 from alfa.adapters import AlfaConfig
+from alfa.gaze.losses import flip_symmetry_loss
 from alfa.models import resnet18_gaze
 from alfa.truncate import DEFAULT_RANK
 
@@ -25,9 +26,7 @@ from .bench.measure import interleaved_seconds, middle_half
 
 def _flip_loss(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
     both = model(torch.cat([images, images.flip(-1)]))  # one forward: the attention runs once
-    out, out_flipped = both.chunk(2)
-    mirrored = torch.stack([-out_flipped[:, 0], out_flipped[:, 1]], 1).detach()
-    return (out - mirrored).abs().sum(1).mean()
+    return flip_symmetry_loss(*both.chunk(2))
 
 
 def run_example(

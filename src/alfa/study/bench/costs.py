@@ -49,7 +49,7 @@ from alfa.adapters import (
 )
 from alfa.adapters.alfa import AlfaConfig, DictionaryMixConfig
 from alfa.fileio import write_text
-from alfa.gaze.geometry import flip_yaw
+from alfa.gaze.losses import flip_symmetry_loss
 from alfa.gaze.personalize import PersonalizeConfig
 from alfa.gaze.train import TruncateConfig
 from alfa.models import create_model
@@ -61,6 +61,7 @@ from alfa.truncate import truncate
 __all__ = [
     "CostRow",
     "FAMILY_ORDER",
+    "NOT_COSTED",
     "default_methods",
     "personalization_step",
     "cost_table",
@@ -75,9 +76,14 @@ LR = _RECIPE.lr
 LR_SCALE = dict(_RECIPE.lr_scale)
 
 FAMILY_ORDER = ("dictionary", "spectral", "lora", "parameters")
-"""The table's sections, top to bottom; within one, methods keep the registry's order. The prompt
-family (TPGaze) is not costed here: its prompts are sized for one image resolution and one layout,
-and cannot be merged (the benchmark reports its costs)."""
+"""The table's sections, top to bottom; within one, methods keep the registry's order."""
+
+NOT_COSTED = {
+    "prompt": "TPGaze's prompts are sized for one image resolution and one layout, and cannot be merged (the "
+    "benchmark reports its costs)",
+    "correction": "a user calibration's correction sits on the head only; its costs are user-calibration.md's",
+}
+"""The method families this table leaves out, and why: a new family must join one of the two."""
 
 
 @dataclass
@@ -111,6 +117,9 @@ def default_methods() -> dict[str, AdapterConfig | None]:
     ``dictionary_mix`` is left out: it is the form a compact file of a dictionary method loads as,
     and its cost is those rows' compact-file column.
     """
+    unplaced = sorted({cls.family for cls in METHODS.values()} - set(FAMILY_ORDER) - set(NOT_COSTED))
+    if unplaced:  # a table that silently lacked a new family would read as complete
+        raise ValueError(f"method families {unplaced} are neither in FAMILY_ORDER nor in NOT_COSTED")
     methods: dict[str, AdapterConfig | None] = {"source-only": None}
     for family in FAMILY_ORDER:
         for name, cls in METHODS.items():
@@ -120,11 +129,10 @@ def default_methods() -> dict[str, AdapterConfig | None]:
 
 
 def personalization_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: Tensor) -> float:
-    """One flip-symmetry step: ``L = mean |f(I) − FlipYaw(f(flip(I)))|`` with the flipped branch detached."""
+    """One flip-symmetry step (:func:`alfa.gaze.losses.flip_symmetry_loss`, the flipped branch detached)."""
     optimizer.zero_grad(set_to_none=True)
     out = model(torch.cat([images, images.flip(-1)]))
-    pred, pred_flipped = out.split(len(images))
-    loss = (pred - flip_yaw(pred_flipped).detach()).abs().mean()
+    loss = flip_symmetry_loss(*out.split(len(images)))
     loss.backward()
     optimizer.step()
     return float(loss.detach())

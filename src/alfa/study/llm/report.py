@@ -95,6 +95,8 @@ LIMITS_TEXT = """\
 
 @dataclass(frozen=True)
 class Interval:
+    """A mean over ``n`` values with its 95 % interval ``[low, high]``."""
+
     mean: float
     low: float
     high: float

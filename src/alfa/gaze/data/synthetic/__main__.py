@@ -11,7 +11,7 @@ from .preview import (
     changes_table_markdown,
     domain_table_markdown,
     label_table_markdown,
-    measure_throughput,
+    measure_render_rate,
     preview_samples,
     render_preview_grid,
     save_preview_samples,
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         print(domain_table_markdown() if args.version == "v1" else changes_table_markdown(args.version), end="\n\n")
         print(label_table_markdown(seed=args.seed, version=args.version), end="\n\n")
     if args.throughput:
-        rates = measure_throughput(size=args.size)
+        rates = measure_render_rate(size=args.size)
         threads = torch.get_num_threads()
         print(f"| domain | images/s at {args.size}×{args.size} ({threads} threads) |\n|---|---|")
         for name, rate in rates.items():

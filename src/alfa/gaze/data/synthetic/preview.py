@@ -30,7 +30,7 @@ __all__ = [
     "domain_table_markdown",
     "label_table_markdown",
     "load_preview_samples",
-    "measure_throughput",
+    "measure_render_rate",
     "preview_samples",
     "render_preview_grid",
     "samples_differences",
@@ -245,7 +245,7 @@ def label_table_markdown(samples: int = 20000, seed: int = 0, version: str = "v1
     return "\n".join(lines)
 
 
-def measure_throughput(size: int = 64, persons: int = 8, images_per_person: int = 120) -> dict[str, float]:
+def measure_render_rate(size: int = 64, persons: int = 8, images_per_person: int = 120) -> dict[str, float]:
     """Images per second of :func:`make_domain` per domain, at the current ``torch.get_num_threads()``."""
     make_domain("eth", persons=1, images_per_person=16, size=size)  # warm-up
     result = {}
