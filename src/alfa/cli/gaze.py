@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -408,14 +407,8 @@ def _demo(args: argparse.Namespace) -> None:
 def _throughput(args: argparse.Namespace) -> None:
     import tempfile
 
-    import torch
-    from tqdm.auto import tqdm
-
     from alfa.gaze.devices import resolve_device
-    from alfa.gaze.throughput import FIXTURE_FORMATS, fixture_dataset, measure_throughput, of_rounds
-    from alfa.gaze.train import TrainConfig
-    from alfa.models import create_model
-    from alfa.study.bench.loading import loading_page
+    from alfa.gaze.throughput import FIXTURE_FORMATS, fixture_dataset, measure_worker_counts
 
     if (args.data is None) == (args.fixture is None):
         raise ValueError("pass --data SPEC (your data) or --fixture KIND (data in a real layout, written here)")
@@ -435,28 +428,15 @@ def _throughput(args: argparse.Namespace) -> None:
     for fixture, spec in sources:
         with tempfile.TemporaryDirectory(prefix="alfa-throughput-") as tmp:
             data = fixture_dataset(fixture, tmp, size=size) if fixture else open_spec(spec)
-            configs = [
-                TrainConfig(batch_size=args.batch_size, num_workers=w, precision=precision) for w in workers_list
-            ]
-            models = []
-            for config in configs:
-                config.validate()
-                torch.manual_seed(0)
-                models.append(create_model(args.model).to(device))
-            # rounds interleaved over the worker counts, so that a slow spell of the machine hits each alike
-            rounds: list[list] = [[] for _ in configs]
-            for _ in tqdm(range(args.rounds), desc=f"{data.name}: rounds", disable=args.rounds < 2):
-                for kept, model, config in zip(rounds, models, configs):
-                    kept.append(measure_throughput(model, data, config, args.batches, step=not args.loader_only))
-            for kept in rounds:
-                result = of_rounds(kept)
+            measured = measure_worker_counts(
+                args.model, data, workers_list, args.batch_size, args.batches, args.rounds,
+                loader_only=args.loader_only, device=device, precision=precision,
+            )  # fmt: skip
+            for result in measured:
                 print(result.format())
                 results.append({**result.to_dict(), "fixture": fixture, "model": args.model})
     if args.out:
-        import os
-        import time
-
-        from alfa.fileio import write_text
+        from alfa.study.bench.loading import write_loading_page
 
         what = f"--fixture {args.fixture} --image-size {size}" if args.fixture else f"--data {args.data}"
         command = (
@@ -464,16 +444,7 @@ def _throughput(args: argparse.Namespace) -> None:
             f"--batches {args.batches} --rounds {args.rounds}{' --loader-only' if args.loader_only else ''} "
             f"--device {args.device} --out {args.out}"
         )
-        page = {
-            "command": command,
-            "runs": results,
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d"),
-            "load_average_end": os.getloadavg()[0],
-        }
-        write_text(Path(args.out).with_suffix(".json"), json.dumps(page, indent=2))
-        write_text(Path(args.out), loading_page(page))
+        write_loading_page(args.out, command, results)
 
 
 def _int_list(text: str, option: str) -> list[int]:

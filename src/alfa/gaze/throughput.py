@@ -26,6 +26,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
+
+from alfa.models import create_model
 
 from .data.base import GazeDataset, unit_images
 from .tdist import Ratio, paired_ratio
@@ -34,6 +37,7 @@ from .train import TrainConfig, _epoch_batches, _iterate, _train_step
 __all__ = [
     "ThroughputResult",
     "measure_throughput",
+    "measure_worker_counts",
     "loader_bound_of",
     "of_rounds",
     "fixture_dataset",
@@ -190,6 +194,34 @@ def measure_throughput(
         step_rounds=None if step_rate is None else [step_rate],
         both_rounds=None if both is None else [both],
     )
+
+
+def measure_worker_counts(
+    model_name: str,
+    data: GazeDataset,
+    workers: Sequence[int],
+    batch_size: int,
+    batches: int,
+    rounds: int,
+    *,
+    loader_only: bool = False,
+    device: torch.device | str = "cpu",
+    precision: str = "fp32",
+) -> list[ThroughputResult]:
+    """:func:`measure_throughput` of ``data`` for each DataLoader worker count (a fresh ``model_name`` model, seed
+    0, for each), over ``rounds`` rounds made :func:`of_rounds`' medians. The rounds are interleaved over the worker
+    counts, so that a slow spell of the machine hits each alike."""
+    configs = [TrainConfig(batch_size=batch_size, num_workers=w, precision=precision) for w in workers]
+    models = []
+    for config in configs:
+        config.validate()
+        torch.manual_seed(0)
+        models.append(create_model(model_name).to(device))
+    kept: list[list[ThroughputResult]] = [[] for _ in configs]
+    for _ in tqdm(range(rounds), desc=f"{data.name}: rounds"):
+        for measured, model, config in zip(kept, models, configs):
+            measured.append(measure_throughput(model, data, config, batches, step=not loader_only))
+    return [of_rounds(measured) for measured in kept]
 
 
 def loader_bound_of(ratio: Ratio | None) -> bool | None:

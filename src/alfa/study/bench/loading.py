@@ -11,12 +11,19 @@ nothing.
 
 from __future__ import annotations
 
+import json
+import os
+import time
+from pathlib import Path
 from typing import Any
 
+import torch
+
+from alfa.fileio import write_text
 from alfa.gaze.throughput import loader_bound_of
 from alfa.study.timing import Ratio, interval_note, median_cell, no_rounds_note, ratio_cell
 
-__all__ = ["loading_page", "loader_bound_verdict"]
+__all__ = ["loading_page", "loader_bound_verdict", "write_loading_page"]
 
 
 def loader_bound_verdict(ratio: Ratio | None) -> str:
@@ -109,3 +116,18 @@ def loading_page(page: dict[str, Any]) -> str:
             "",
         ]
     )
+
+
+def write_loading_page(out: str | Path, command: str, runs: list[dict[str, Any]]) -> None:
+    """``out`` (the page) and its data beside it (``out`` with ``.json``): the runs ``alfa throughput`` measured,
+    with the command that measured them and the machine they ran on."""
+    page = {
+        "command": command,
+        "runs": runs,
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "load_average_end": os.getloadavg()[0],
+    }
+    write_text(Path(out).with_suffix(".json"), json.dumps(page, indent=2))
+    write_text(Path(out), loading_page(page))
