@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from alfa.adapters import (
     MergeError,
@@ -68,14 +69,17 @@ def middle_half(values: Sequence[float]) -> list[float]:
     return [q[0], q[2]]
 
 
-def interleaved_seconds(calls: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+def interleaved_seconds(
+    calls: Mapping[str, Callable[[], Any]], rounds: int, desc: str | None = None
+) -> dict[str, list[float]]:
     """Per call, its wall time in each of ``rounds`` interleaved rounds after one warm-up call each; the order
-    rotates every round, so a slow drift of a shared machine hits every call alike, not whichever ran last."""
+    rotates every round, so a slow drift of a shared machine hits every call alike, not whichever ran last. With
+    ``desc``, a progress bar of that name counts the rounds."""
     names = list(calls)
     for fn in calls.values():
         fn()
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
+    for r in tqdm(range(rounds), desc=desc, disable=desc is None, leave=False):
         for n in names[r % len(names) :] + names[: r % len(names)]:
             t = time.perf_counter()
             calls[n]()

@@ -83,7 +83,7 @@ def measure_serving(rounds: int = 28, image_size: int = 64, threads: int = 2, se
             runs[f"{method}: switching merged models, {k} users"] = lambda shares=shares, ms=merged: [
                 ms[j](x[idx]) for j, idx in enumerate(shares)
             ]
-    times = interleaved_seconds(runs, rounds)
+    times = interleaved_seconds(runs, rounds, desc=f"serving, {len(runs)} settings: rounds")
     load = os.getloadavg()
     return {
         "batch": BATCH,

@@ -130,7 +130,7 @@ def measure_transformer_cost(rounds: int = 9, seed: int = 0, llama: bool = True)
                 _randomize(model)
                 x = torch.randn(TOKENS, width)
                 steps[f"{width}|{name}"] = _trainer(model, lambda x=x: x)
-    for key, t in interleaved_seconds(steps, rounds).items():
+    for key, t in interleaved_seconds(steps, rounds, desc="layer steps: rounds").items():
         layers[key]["step_seconds"] = statistics.median(t)
         layers[key]["round_seconds"] = t  # every round's timing (the i-th of each list from the same round)
     result: dict[str, Any] = {"tokens": TOKENS, "rounds": rounds, "layers": layers, "threads": torch.get_num_threads()}
@@ -151,7 +151,7 @@ def measure_transformer_cost(rounds: int = 9, seed: int = 0, llama: bool = True)
                 "saved_bytes": saved,
                 "trainable": sum(p.numel() for p in adapter_parameters(model).values()),
             }
-        times = interleaved_seconds(runs, rounds)
+        times = interleaved_seconds(runs, rounds, desc="model steps: rounds")
         for name, t in times.items():
             counts[name]["step_seconds"] = statistics.median(t)
             counts[name]["step_quartiles"] = middle_half(t)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 import alfa
 from alfa.adapters import AlfaConfig, DoraConfig, FullFinetuneConfig, LoraConfig
@@ -238,6 +239,7 @@ def interleaved_step_seconds(
     model_config: ModelConfig,
     schedule: AdaptConfig,
     rounds: int = STEP_ROUNDS,
+    progress: bool = True,
 ) -> dict[str, list[float]]:
     """Seconds of one training step (forward, backward, AdamW) per method in every round, the methods' steps
     taken in turn, round after round, on the same batch (the i-th time of each method from the same round): on a
@@ -255,7 +257,7 @@ def interleaved_step_seconds(
         model.train()
         steps[method] = (model, torch.optim.AdamW(list(params.values()), lr=1e-4))
     seconds: dict[str, list[float]] = {m: [] for m in methods}
-    for turn in range(rounds + 1):
+    for turn in tqdm(range(rounds + 1), desc="step timing: rounds (the first warms up)", disable=not progress):
         # each round starts with another method, so none is always the one timed first
         order = list(methods[turn % len(methods) :]) + list(methods[: turn % len(methods)])
         for method in order:

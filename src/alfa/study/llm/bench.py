@@ -219,7 +219,7 @@ def _step_timing(out: Path, base: Any, methods: list[str], train: list[Example],
         return kept if "step_seconds" in kept else {"step_seconds": kept}
     if progress:
         print("  timing the training steps of " + ", ".join(methods) + " in turn", flush=True)
-    seconds = interleaved_step_seconds(base, methods, train, config.pretrain.model, config.adapt)
+    seconds = interleaved_step_seconds(base, methods, train, config.pretrain.model, config.adapt, progress=progress)
     timing = timing_record(seconds, {"kind": "pretrained", "digest": config.pretrain.digest()}, command)
     write_json(path, timing)
     return timing
