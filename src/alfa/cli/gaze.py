@@ -174,7 +174,7 @@ def _pretrain(args: argparse.Namespace) -> None:
 def _truncate(args: argparse.Namespace) -> None:
     from alfa.checkpoint import load_model
     from alfa.gaze import distributed
-    from alfa.gaze.train import TruncateConfig, check_input_size, truncate_and_recover
+    from alfa.gaze.train import TruncateConfig, check_input_size, held_out_persons, truncate_and_recover
 
     device = _join(args.device)
     config = TruncateConfig(rank=args.rank, recovery=_train_config(args, "recover", device))
@@ -184,14 +184,12 @@ def _truncate(args: argparse.Namespace) -> None:
         raise ValueError(f"{args.checkpoint} is already truncated; pass the dense pre-trained checkpoint")
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)  # recovery on another size would record that size as trained
-    extra = saved.get("extra", {})
     if args.val_data:
         val, val_persons = open_spec(args.val_data), None
         check_input_size(saved, val, args.checkpoint)
-    elif extra.get("val_data") == data.name and extra.get("val_persons"):
-        val, val_persons = data, extra["val_persons"]  # pre-training's held-out persons stay unseen
     else:
-        val, val_persons = None, None
+        val_persons = held_out_persons(saved, data)
+        val = data if val_persons else None
     seed_torch_deterministic(config.recovery.seed)
     try:
         result = truncate_and_recover(

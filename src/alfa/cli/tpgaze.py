@@ -51,7 +51,8 @@ def _kib(n: int) -> str:
 def _meta_train(args: argparse.Namespace) -> None:
     from alfa.adapters.prompt import TPGazeConfig
     from alfa.gaze.precision import forward_precision
-    from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts
+    from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts, square_image_size
+    from alfa.gaze.train import held_out_persons
 
     changes = {
         "epochs": args.epochs,
@@ -68,15 +69,13 @@ def _meta_train(args: argparse.Namespace) -> None:
     config = dataclasses.replace(MetaTrainConfig(), **changes)
     model, saved, device = _load_base(args.checkpoint, args.device)
     data = open_spec(args.data)
-    extra = saved.get("extra", {})
     if args.val_data:
         val, val_persons = open_spec(args.val_data), None
-    elif extra.get("val_data") == data.name and extra.get("val_persons"):
-        val, val_persons = data, extra["val_persons"]  # the source model's held-out persons stay unseen
     else:
-        val, val_persons = None, None
-    size = data[data.person_indices(data.persons()[0])[0]]["image"].shape[-1]
-    prompt = TPGazeConfig(image_size=int(size), init_std=args.init_std)
+        val_persons = held_out_persons(saved, data)
+        val = data if val_persons else None
+    size = square_image_size(data, data.person_indices(data.persons()[0])[0])
+    prompt = TPGazeConfig(image_size=size, init_std=args.init_std)
     seed_torch_deterministic(config.seed)
     with forward_precision(run_precision_of(args, device)):
         result = meta_train_prompts(

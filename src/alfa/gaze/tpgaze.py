@@ -60,6 +60,7 @@ __all__ = [
     "inner_adapt",
     "meta_step",
     "meta_train_prompts",
+    "square_image_size",
     "tpgaze_recipe",
     "start_from",
     "tpgaze_method",
@@ -298,7 +299,8 @@ def _epoch_batches(indices: Sequence[int], count: int, batch_size: int, seed: in
     return batches[:count]
 
 
-def _image_size(dataset: GazeDataset, index: int) -> int:
+def square_image_size(dataset: GazeDataset, index: int) -> int:
+    """The side of ``dataset``'s image ``index``, refused unless square (TPGaze's prompts are sized for one)."""
     h, w = load_images(dataset, [index]).shape[-2:]
     if h != w:
         raise ValueError(f"{dataset.name}: images are {h}×{w}; TPGaze's prompts expect square images")
@@ -343,7 +345,7 @@ def meta_train_prompts(
         raise ValueError(
             f"{source.name}: {len(train_idx)} training images, fewer than one batch of {config.batch_size}"
         )
-    prompt = prompt or TPGazeConfig(image_size=_image_size(source, train_idx[0]))
+    prompt = prompt or TPGazeConfig(image_size=square_image_size(source, train_idx[0]))
 
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -534,7 +536,7 @@ def tpgaze_method(model: nn.Module, dataset: GazeDataset, meta_prompts: str | os
     if meta_prompts is not None:
         return start_from(model, meta_prompts)
     first = dataset.person_indices(dataset.persons()[0])[0]
-    return TPGazeConfig(image_size=_image_size(dataset, first))
+    return TPGazeConfig(image_size=square_image_size(dataset, first))
 
 
 def personalize_tpgaze_dataset(

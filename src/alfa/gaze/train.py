@@ -56,6 +56,7 @@ __all__ = [
     "train_source",
     "truncate_and_recover",
     "mean_error",
+    "held_out_persons",
     "MODEL_FILE",
     "STATE_FILE",
 ]
@@ -498,6 +499,15 @@ def input_size(dataset: GazeDataset) -> tuple[int, int]:
     """(height, width) of the dataset's images (its first; every loader yields one size per dataset)."""
     shape = load_images(dataset, [0]).shape
     return int(shape[-2]), int(shape[-1])
+
+
+def held_out_persons(checkpoint_config: dict[str, Any], dataset: GazeDataset) -> list[str] | None:
+    """The source persons the checkpoint's training held out, when ``dataset`` is the data it trained on: a later
+    stage on that data validates on them, still unseen. ``None`` when it is other data or none were held out."""
+    extra = checkpoint_config.get("extra", {})
+    if extra.get("val_data") == dataset.name and extra.get("val_persons"):
+        return list(extra["val_persons"])
+    return None
 
 
 def check_input_size(checkpoint_config: dict[str, Any], dataset: GazeDataset, checkpoint: str | os.PathLike) -> None:
