@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .options import at_least, deterministic_kernels, device_option, precision_option, quiet_option
+from .options import at_least, comma_separated, deterministic_kernels, device_option, precision_option, quiet_option
 from .registry import Command
 
 if TYPE_CHECKING:  # the study is imported when a command runs, not when the CLI starts
@@ -305,24 +305,11 @@ REPORT = Command(
 
 def _seed_list(text: str) -> tuple[int, ...]:
     """``--seeds``: comma-separated whole numbers of at least 0."""
-    try:
-        values = tuple(int(v) for v in _list(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected whole numbers of at least 0, got {text!r}")
-    return values
+    return tuple(comma_separated(at_least(0))(text))
 
 
-def _counts(text: str) -> list[int]:
-    """A comma-separated list of whole numbers of at least 1."""
-    try:
-        values = [int(v) for v in _list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected whole numbers of at least 1, got {text!r}")
-    return values
+_counts = comma_separated(at_least(1))
+"""A comma-separated list of whole numbers of at least 1."""
 
 
 def _power_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,20 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .options import at_least, default_of, device_option, quiet_option
+from .options import at_least, default_of, device_option, positive_fraction, quiet_option
 from .registry import Command
 
 __all__ = ["PREDICT"]
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
-    return value
 
 
 def _predict_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,7 +56,7 @@ def _predict_arguments(p: argparse.ArgumentParser) -> None:
     smooth, every = default_of(analyse_video, "alpha"), default_of(analyse_video, "every")
     p.add_argument(
         "--smooth",
-        type=_fraction,
+        type=positive_fraction,
         help=f"video: a new frame's weight in the smoothed gaze (1: none; default {smooth})",
     )
     p.add_argument("--every", type=at_least(1), help=f"video: every N-th frame (default {every})")

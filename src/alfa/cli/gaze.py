@@ -25,6 +25,7 @@ from .options import (
     MODEL_HELP,
     allow_partial_option,
     at_least,
+    comma_separated,
     data_help,
     default_of,
     deterministic_kernels,
@@ -417,7 +418,6 @@ def _throughput(args: argparse.Namespace) -> None:
     precision = run_precision_of(args, device)
     if args.batches < 1 or args.batch_size < 2:
         raise ValueError(f"need --batches >= 1 and --batch-size >= 2, got {args.batches} and {args.batch_size}")
-    workers_list = _int_list(args.workers, "--workers")
     sources = [(f, None) for f in args.fixture.split(",") if f] if args.fixture else [(None, args.data)]
     unknown = [f for f, _ in sources if f is not None and f not in FIXTURE_FORMATS]
     if unknown or not sources:
@@ -427,7 +427,7 @@ def _throughput(args: argparse.Namespace) -> None:
         with tempfile.TemporaryDirectory(prefix="alfa-throughput-") as tmp:
             data = fixture_dataset(fixture, tmp, size=size) if fixture else open_spec(spec)
             measured = measure_worker_counts(
-                args.model, data, workers_list, args.batch_size, args.batches, args.rounds,
+                args.model, data, args.workers, args.batch_size, args.batches, args.rounds,
                 loader_only=args.loader_only, device=device, precision=precision,
             )  # fmt: skip
             for result in measured:
@@ -437,22 +437,13 @@ def _throughput(args: argparse.Namespace) -> None:
         from alfa.study.bench.loading import write_loading_page
 
         what = f"--fixture {args.fixture} --image-size {size}" if args.fixture else f"--data {args.data}"
+        workers = ",".join(map(str, args.workers))
         command = (
-            f"alfa throughput {what} --model {args.model} --batch-size {args.batch_size} --workers {args.workers} "
+            f"alfa throughput {what} --model {args.model} --batch-size {args.batch_size} --workers {workers} "
             f"--batches {args.batches} --rounds {args.rounds}{' --loader-only' if args.loader_only else ''} "
             f"--device {args.device} --out {args.out}"
         )
         write_loading_page(args.out, command, results)
-
-
-def _int_list(text: str, option: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v]
-    except ValueError:
-        raise ValueError(f"{option} {text!r}: expected comma-separated whole numbers") from None
-    if not values or min(values) < 0:
-        raise ValueError(f"{option} {text!r}: expected comma-separated whole numbers >= 0")
-    return values
 
 
 # ----------------------------------------------------------------------------- the options
@@ -604,9 +595,10 @@ def _throughput_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workers",
-        default=str(training.num_workers),
+        type=comma_separated(worker_count),
+        default=[training.num_workers],
         help="loader worker processes (0: load in this process); a comma-separated list measures each (default "
-        "%(default)s)",
+        f"{training.num_workers})",
     )
     p.add_argument(
         "--batches",

@@ -21,6 +21,8 @@ __all__ = [
     "positive_rate",
     "non_negative_number",
     "fraction",
+    "positive_fraction",
+    "comma_separated",
     "image_side",
     "worker_count",
     "data_help",
@@ -99,6 +101,29 @@ def positive_rate(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
     if value > FLOAT32_MAX:
         raise argparse.ArgumentTypeError(f"must be at most {FLOAT32_MAX:.3g} (the weights are float32), got {text}")
+    return value
+
+
+def comma_separated(item: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    """An argparse type: one or more comma-separated values, each checked by ``item`` (e.g. ``at_least(1)``)."""
+
+    def parse(text: str) -> list[Any]:
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"expected comma-separated values, got {text!r}")
+        try:
+            return [item(part) for part in parts]
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"{text!r}, comma-separated: {err}") from None
+
+    return parse
+
+
+def positive_fraction(text: str) -> float:
+    """An argparse type for a share of something that must keep a part: above 0 and at most 1."""
+    value = _finite(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
     return value
 
 
