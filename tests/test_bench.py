@@ -127,6 +127,22 @@ def test_sources_record_the_training_their_models_took(bench):
     assert entry["cpu"] == cpu_name()  # trained here, by this run (a model read from its cache keeps its record's)
 
 
+def test_a_source_read_from_its_cache_names_the_machine_that_trained_it(bench, tmp_path):
+    """A run stopped after building its source models, before any record, wrote no source entry: its resume reads
+    the models from the cache, and the cache says which machine trained them."""
+    from alfa.study.bench.session import TRAINED_ON_FILE, Session
+
+    out, config, _ = bench
+    cache = Path(load_results(out)["sources"]["E|seed0"]["cache"])
+    (cache / TRAINED_ON_FILE).write_text(json.dumps({"cpu": "the machine that trained it"}))
+    resumed = Session(config, tmp_path, cache.parent, progress=False)
+    src = resumed.build("E", 0)
+    assert src.info["from_cache"] is True and src.info["cpu"] == "the machine that trained it"
+    (cache / TRAINED_ON_FILE).unlink()  # a cache made before the file: not recorded, not this machine's name
+    assert "cpu" not in Session(config, tmp_path, cache.parent, progress=False).build("E", 0).info
+    (cache / TRAINED_ON_FILE).write_text(json.dumps({"cpu": cpu_name()}))
+
+
 def test_resume_skips_finished_records(bench, monkeypatch):
     out, config, _ = bench
     before = (out / RESULTS_FILE).read_text()

@@ -27,7 +27,7 @@ from torch import nn
 from alfa.adapters import detach
 from alfa.adapters.prompt import TPGazeConfig
 from alfa.checkpoint import load_model, read_checkpoint
-from alfa.fileio import locked, safe_filename, write_bytes
+from alfa.fileio import locked, safe_filename, write_bytes, write_json
 from alfa.gaze.data.base import GazeDataset, InMemoryGazeDataset
 from alfa.gaze.evaluate import adapter_filename, load_images
 from alfa.gaze.faze_train import MODEL_FILE as FAZE_MODEL_FILE
@@ -77,6 +77,26 @@ def refuse_a_different_model(recorded: dict[str, Any], built: dict[str, Any]) ->
                 f"the model in {built.get('cache')} was built again and differs from the one the results were "
                 f"made with ({what} {new!r}, recorded {old!r}); refusing to add its records beside theirs"
             )
+
+
+TRAINED_ON_FILE = "trained_on.json"
+"""Beside a source's cached models: the kind of machine that trained them. A run stopped after the models were
+built and before its first record wrote none into results.json; its resume reads them from the cache."""
+
+
+def _trained_on(cache: Path, from_cache: bool) -> str | None:
+    """The CPU that trained the models in ``cache``: this one (and written down) when this run trained them, else
+    what the cache says (``None`` for a cache made before it said)."""
+    path = cache / TRAINED_ON_FILE
+    if not from_cache:
+        write_json(path, {"cpu": cpu_name()})
+        return cpu_name()
+    if not path.is_file():
+        return None
+    try:
+        return str(json.loads(path.read_text(encoding="utf-8"))["cpu"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable: not recorded, as before the file existed
 
 
 def _after_recovery(info: dict[str, Any]) -> Any:
@@ -236,8 +256,9 @@ class Session:
                 },
                 "pretrain_final_val_error": (src.models.pretrain_history or [{}])[-1].get("val_error"),
             }
-            if not src.models.from_cache:  # the kind of machine that trained it; a cached model keeps its record's
-                src.info["cpu"] = cpu_name()
+            trained_on = _trained_on(src.models.cache, src.models.from_cache)
+            if trained_on is not None:  # the kind of machine that trained it; else the record's, if any, is kept
+                src.info["cpu"] = trained_on
             src.info.update(self.recorded_training(src))
             refuse_a_different_model(self.recorded_sources.get(f"{key}|seed{seed}", {}), src.info)
         return src
