@@ -76,6 +76,12 @@ def _gaze_arguments(gaze: argparse.ArgumentParser) -> None:
         help="also write a generated markdown page (e.g. docs/crate-gaze.md); the probe figure is copied to "
         "PATH's folder under figures/",
     )
+    gaze.add_argument(
+        "--replace",
+        action="store_true",
+        help="start over: remove what a run wrote in --out (models, adapters, results; by default a run with the "
+        "same settings resumes there and another run's files are refused), and overwrite --markdown's page",
+    )
     quiet_option(gaze)
 
 
@@ -164,7 +170,9 @@ def _gaze(args: argparse.Namespace) -> None:
             f"--markdown {args.markdown}: its figure goes to {figure}, which exists; name another page, or add "
             "--replace to overwrite it"
         )
-    results = run_crate_gaze(config, args.out, progress=not args.quiet, command=_gaze_command_line(args))
+    results = run_crate_gaze(
+        config, args.out, progress=not args.quiet, command=_gaze_command_line(args), replace=args.replace
+    )
     print()
     print(format_summary(results))
     print(f"\nwrote {args.out / 'results.json'} and {results['figure']}")

@@ -11,7 +11,9 @@ term, constant learning rate), :func:`alfa.gaze.train.truncate_and_recover`,
 score: the first ``n_adapt`` images of a target person are the unlabeled adaptation images, the rest are
 scored), and :func:`alfa.study.crate.probes.probe_model`. The two models are trained here rather than by
 :func:`alfa.gaze.pipeline.build_source_model`: they take constructor arguments, both are probed dense before
-CRATE alone is truncated, ``recovery_epochs`` 0 truncates without recovery, and every run starts afresh.
+CRATE alone is truncated, and ``recovery_epochs`` 0 truncates without recovery. A run resumes what an interrupted
+one with the same settings left (each stage's own resume, which refuses another run's files); ``replace`` starts
+over.
 
 Decisions the gaze stack leaves open for a transformer:
 
@@ -159,18 +161,23 @@ def run_crate_gaze(
     progress: bool = True,
     *,
     command: str | None = None,
+    replace: bool = False,
 ) -> dict[str, Any]:
     """Run the whole comparison with ``config`` (default :class:`CrateGazeConfig`), write
     ``out_dir/results.json`` (atomically) and ``out_dir/probes.png``, and return the results.
 
     Checkpoints go to ``out_dir/crate``, ``out_dir/vit``, ``out_dir/crate-truncated`` and the per-person
-    adapters to ``out_dir/adapters/<target>``; every run starts afresh (nothing is resumed). ``command``
-    is recorded in the results (the markdown page quotes it). Torch runs on ``config.threads`` threads;
-    the previous setting is restored on return.
+    adapters to ``out_dir/adapters/<target>``. What an interrupted run with the same settings left there is resumed
+    (the results then list the stages found begun under ``resumed``: their times count this run's part only);
+    another run's files are refused, unless ``replace``, which first removes what this command writes there.
+    ``command`` is recorded in the results (the markdown page quotes it). Torch runs on ``config.threads``
+    threads; the previous setting is restored on return.
     """
     config = config or CrateGazeConfig()
     config.validate()
     out = Path(out_dir)
+    if replace:
+        _remove_outputs(out)
     out.mkdir(parents=True, exist_ok=True)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
@@ -180,8 +187,26 @@ def run_crate_gaze(
         torch.set_num_threads(previous_threads)
 
 
+def _stage_folders(out: Path) -> dict[str, Path]:
+    """Each stage's folder under ``out``, by the name the results' ``resumed`` list gives it."""
+    folders = {f"train {kind}": out / kind for kind in MODELS}
+    folders["truncate"] = out / "crate-truncated"
+    folders["personalize"] = out / "adapters"
+    return folders
+
+
+def _remove_outputs(out: Path) -> None:
+    """What this command writes under ``out`` (``--replace``): its stage folders, results and figure."""
+    for folder in _stage_folders(out).values():
+        if folder.is_dir():
+            shutil.rmtree(folder)
+    for name in (RESULTS_FILE, FIGURE_FILE):
+        (out / name).unlink(missing_ok=True)
+
+
 def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None) -> dict[str, Any]:
     t_start = time.time()
+    resumed = [stage for stage, folder in _stage_folders(out).items() if folder.is_dir() and any(folder.iterdir())]
     seconds: dict[str, float] = {}  # wall time per stage, in the order the stages run
     n_adapt = config.personalize.n_adapt
     source, val, targets = _open_data(config, seconds, progress)
@@ -229,6 +254,7 @@ def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None
         "alfa": alfa_entry,
         "figure": str(figure),
         "seconds": seconds,
+        "resumed": resumed,
         "torch_threads": config.threads,
         "torch_version": torch.__version__,
         "cpu": cpu_name(),  # another kind of machine renders the worlds a few bits apart: other models
@@ -285,7 +311,7 @@ def _train_models(
             model_name=MODEL_NAMES[kind],
             model_kwargs=config.model_kwargs(),
             val_dataset=val,
-            resume=False,
+            resume=True,
             progress=progress,
         )
         models[kind] = model.eval()
@@ -332,7 +358,7 @@ def _truncate_crate(
             val_persons=val.persons(),
             model_name=crate_name,
             model_kwargs=kwargs,
-            resume=False,
+            resume=True,
             progress=progress,
         )
         trunc_errors, factorized, history = trunc.errors, trunc.factorized_layers, trunc.recovery_history
@@ -390,8 +416,6 @@ def _personalize_targets(
     for name, data in targets.items():
         t0 = time.time()
         folder = out / "adapters" / safe_filename(name)
-        if folder.exists():
-            shutil.rmtree(folder)  # adapters of an earlier run must not be reused
         scored = personalize_and_score(
             base,
             data,
@@ -401,7 +425,7 @@ def _personalize_targets(
             n_adapt=n_adapt,
             before="truncated",
             after="alfa",
-            resume=False,
+            resume=True,  # a person's adapter of another recipe or base is made again, not reused
             progress=progress,
         )
         run, report = scored.run, scored.report

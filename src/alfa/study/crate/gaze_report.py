@@ -479,6 +479,20 @@ def _markdown_limits_and_rerun(results: dict[str, Any], command: str) -> list[st
         command,
         "```",
         "",
-        "Seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in results["seconds"].items()) + ".",
+        "Seconds per stage: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in results["seconds"].items())
+        + "."
+        + _resumed_note(results),
         "",
     ]
+
+
+def _resumed_note(results: dict[str, Any]) -> str:
+    """Where the run resumed stages an interrupted one had begun: their times are only the resuming run's part."""
+    resumed = results.get("resumed") or []
+    if not resumed:
+        return ""
+    return (
+        f" The run resumed what an interrupted run had begun ({', '.join(resumed)}): those stages' seconds, and the "
+        "wall time above, count only the resuming run's part."
+    )
