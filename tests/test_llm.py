@@ -220,6 +220,13 @@ def test_a_tiny_bench_runs_end_to_end_resumes_and_makes_its_page(tmp_path):
     assert "## The answer" in page and "## Answer loss" in page and "## Protocol" in page and "unfinished" not in page
     partial = dict(written, complete=False, runs=written["runs"][:3])
     assert "An unfinished run: 3 of its 6 adaptation runs" in llm_page(partial, "data.json")
+    other = dataclasses.replace(config, seeds=(0, 2), name="other")  # its records have this one's names
+    with pytest.raises(ValueError, match=r"holds the bench of another configuration \(it differs in name, seeds\)"):
+        run_bench(other, tmp_path / "out", tmp_path / "cache", progress=False, command="test")
+    assert json.loads((tmp_path / "out" / "bench.json").read_text()) == written  # nothing taken, nothing written
+    (tmp_path / "out" / "bench.json").unlink()
+    with pytest.raises(ValueError, match="holds bench records but no bench.json"):
+        run_bench(config, tmp_path / "out", tmp_path / "cache", progress=False, command="test")
 
 
 def test_the_command_refuses_a_page_that_is_not_markdown_before_any_work(tmp_path):

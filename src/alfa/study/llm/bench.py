@@ -148,8 +148,10 @@ def _run(out: Path, key: tuple[str, float, int], work: Any, progress: bool) -> d
 
 def run_bench(config: BenchConfig, out: Path, cache: Path = DEFAULT_CACHE, progress: bool = True,
               command: str = "") -> dict[str, Any]:  # fmt: skip
-    """Run (or finish) the bench of ``config`` in ``out``; returns what it writes to ``out/bench.json``."""
+    """Run (or finish) the bench of ``config`` in ``out``; returns what it writes to ``out/bench.json``. A folder
+    holding another configuration's bench is refused before anything runs: its records would be taken as this one's."""
     config.validate()
+    _refuse_another_bench(Path(out), config)
     torch.set_num_threads(1)
     base, pretraining = pretrained_model(config.pretrain, cache, progress)
     train, val, test = split_problems(config)
@@ -182,6 +184,7 @@ def run_bench(config: BenchConfig, out: Path, cache: Path = DEFAULT_CACHE, progr
         write_json(out / "bench.json", result(complete=False))  # what is done so far, readable at any time
         return runs[-1]
 
+    write_json(out / "bench.json", result(complete=False))  # first: what the records below belong to
     add(("base", 0.0, first), {"val": val, "test": test})
     for method, rates in config.grids.items():  # every grid first: the seed-0 comparison is complete early
         selected[method] = select_rate([add((method, lr, first), {"val": val, "test": test}) for lr in rates])
@@ -192,6 +195,29 @@ def run_bench(config: BenchConfig, out: Path, cache: Path = DEFAULT_CACHE, progr
     final.update(_step_timing(out, base, list(config.grids), train, config, progress, command))
     write_json(out / "bench.json", final)
     return final
+
+
+def _refuse_another_bench(out: Path, config: BenchConfig) -> None:
+    """Refuse ``out`` if it holds the records of another configuration (records are found by method, rate and seed
+    alone, and a smoke bench's names are a standard one's), or records without the ``bench.json`` that says which."""
+    summary = out / "bench.json"
+    if not summary.is_file():
+        if (out / "records").is_dir() and any((out / "records").glob("*.json")) or (out / "timing.json").is_file():
+            raise ValueError(
+                f"{out} holds bench records but no bench.json saying which configuration made them; use another --out"
+            )
+        return
+    try:
+        stored = json.loads(summary.read_text(encoding="utf-8"))["config"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{summary}: not a bench summary this command wrote ({err}); use another --out") from None
+    mine = json.loads(json.dumps(dataclasses.asdict(config)))
+    if stored != mine:
+        differ = sorted(k for k in {*stored, *mine} if stored.get(k) != mine.get(k))
+        raise ValueError(
+            f"{out} holds the bench of another configuration (it differs in {', '.join(differ)}); its records would "
+            "be taken as this one's: use another --out"
+        )
 
 
 def timing_record(round_seconds: dict[str, list[float]], weights: dict[str, Any], command: str) -> dict[str, Any]:
