@@ -163,6 +163,25 @@ def test_a_stale_lock_is_replaced_with_a_note_and_the_command_runs(tmp_path, cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("alfa pretrain: note: replaced a stale lock in")
     assert not (tmp_path / LOCK_FILE).exists()
+    # what a killed writer left (atomic_path's names), counted and named; a file of another name is not counted
+    from alfa.fileio import atomic_path
+
+    with pytest.raises(KeyboardInterrupt), atomic_path(tmp_path / "deep" / "model.safetensors") as partial:
+        partial.write_bytes(b"x" * 2048)
+        kept = partial.with_name(partial.name + ".kept")  # a SIGKILL would leave it: simulated by a copy
+        kept.write_bytes(partial.read_bytes())
+        raise KeyboardInterrupt
+    kept.rename(partial)
+    (tmp_path / ".notes.tmp").write_text("mine")
+    _write_lock(tmp_path, _dead_pid(), command="alfa pretrain")
+    with _hold_outputs(args, "alfa pretrain"):
+        pass
+    err = capsys.readouterr().err
+    assert (
+        "it left 1 temporary file(s) of unfinished writes (0.0 MiB)" in err
+        and "-name '.*.????????.tmp*' -delete" in err
+    )
+    assert partial.is_file() and (tmp_path / ".notes.tmp").is_file()  # said, not removed
 
 
 def _leaves(parser, path=()):

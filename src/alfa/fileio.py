@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import socket
 import uuid
 from collections.abc import Callable, Iterator
@@ -244,10 +245,30 @@ class Hold:
             return None
         if not self.stale:
             return f"replaced an unreadable lock file {self.folder / LOCK_FILE}"
-        return (
+        note = (
             f"replaced a stale lock in {self.folder}: {_holder(self.stale)} is no longer running (it did not "
             "finish; its files there may be incomplete)"
         )
+        left = leftover_temporary_files(self.folder)
+        if left:  # not removed here: a command writing into a folder inside this one may be writing them now
+            size = sum(p.stat().st_size for p in left if p.is_file()) / 2**20
+            note += (
+                f"; it left {len(left)} temporary file(s) of unfinished writes ({size:.1f} MiB), which nothing reads: "
+                f"delete them with  find {shlex.quote(str(self.folder))} -name '.*.????????.tmp*' -delete"
+            )
+        return note
+
+
+TEMPORARY_NAME = re.compile(r"^\..+\.[0-9a-f]{8}\.tmp(\.[^.]+)?$")
+"""The name :func:`atomic_path` gives a file while it is written (``.NAME.<8 hex>.tmp.SUFFIX``)."""
+
+
+def leftover_temporary_files(folder: str | os.PathLike) -> list[Path]:
+    """The files under ``folder`` named as :func:`atomic_path` names a file being written: what a killed writer left."""
+    found = []
+    for root, _, names in os.walk(folder):
+        found += [Path(root) / n for n in names if TEMPORARY_NAME.match(n)]
+    return sorted(found)
 
 
 @contextlib.contextmanager
