@@ -432,3 +432,25 @@ def test_deterministic_kernels_switch_torch_on_without_loading_torchinductor():
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["inductor loaded: False", "inductor flag: True True"]
+
+
+def test_a_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
+    import builtins
+
+    import alfa_command
+
+    real_import = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "alfa.cli":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    assert alfa_command.main() == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    monkeypatch.setattr("sys.argv", ["alfa", "--help"])
+    with pytest.raises(SystemExit) as done:  # otherwise it is the command itself
+        alfa_command.main()
+    assert done.value.code == 0 and "usage: alfa" in capsys.readouterr().out
