@@ -1,13 +1,15 @@
 """alfa: Attentive Low-rank Filter Adaptation, and the tools around it.
 
-The data flow, one module per stage::
+The library, for any PyTorch model (what ``import alfa`` loads)::
 
-    alfa.gaze.data      synthetic gaze worlds and loaders for the real datasets
     alfa.models    ResNet-18 gaze regressor, CRATE, ViT (named constructors)
     alfa.truncate  SVD truncation into FactorizedConv2d / FactorizedLinear
     alfa.adapters  Alfa and the baselines: attach / merge / unmerge / detach / save / load
-    alfa.gaze      geometry, losses, source training, personalization, evaluation
-    alfa.study.bench     the benchmark runner and the generated report
+    alfa.serve, alfa.export, alfa.checkpoint   many users per batch, ONNX / torch.export, safetensors checkpoints
+
+Built on it, and never imported by it: the gaze application ``alfa.gaze`` (data, training, personalization,
+calibration, evaluation, the camera path and the service) and the study ``alfa.study`` (the benchmark and the
+generated pages); docs/architecture.md has the layers.
 
 Quick start::
 
