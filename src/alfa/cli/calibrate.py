@@ -8,7 +8,6 @@ or :mod:`alfa.gaze.faze_train`.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -86,29 +85,6 @@ RECIPE_OPTIONS = {
 """Each recipe option of ``alfa calibrate`` and the methods that read it (docs/user-calibration.md)."""
 
 
-def _refuse_existing(out: Path, data, config, replace: bool) -> None:
-    """No file is overwritten unless asked: an earlier run of another recipe there goes only with ``--replace``
-    (its record and the files it lists); one of this recipe is resumed (``--replace`` redoes it)."""
-    from alfa.gaze.calibrate import RECORD_FILE, earlier_run
-    from alfa.gaze.evaluate import adapter_filename
-
-    record = out / RECORD_FILE
-    if not record.is_file():
-        return
-    if not replace:
-        other = earlier_run(out, data, config)
-        if other is not None:
-            raise ValueError(f"--out {out}: holds an earlier run ({other}); use another --out, or --replace")
-        return
-    try:
-        listed = json.loads(record.read_text(encoding="utf-8")).get("persons", {})
-    except (OSError, ValueError, AttributeError) as e:
-        raise ValueError(f"--out {out}: {record} is not a calibration record alfa wrote ({e}); move it away") from None
-    for person in listed:
-        (out / adapter_filename(person)).unlink(missing_ok=True)
-    record.unlink()
-
-
 def _note_a_dense_base(model, config, checkpoint: str) -> None:
     """An adapter calibration of an untruncated base works, but its files hold dense layers' updates (megabytes
     per person) that ``alfa serve`` refuses: said once, up front, where it can still be changed."""
@@ -123,20 +99,8 @@ def _note_a_dense_base(model, config, checkpoint: str) -> None:
         )
 
 
-def _refuse_what_fails_everyone(data, persons: list[str] | None, config) -> None:
-    """One line before any work for a mistake every person would fail on (a pool no person has images for; an
-    unknown person is persons_of's), instead of one failure per person; a pool only some persons lack stays their
-    own failure."""
-    counts = {p: len(data.person_indices(p)) for p in persons or data.persons()}
-    if counts and max(counts.values()) < config.pool + 1:
-        raise ValueError(
-            f"--pool {config.pool}: every person needs the pool plus one image to score, and the most any person of "
-            f"{data.name} has is {max(counts.values())}; use --pool {max(counts.values()) - 1} or less"
-        )
-
-
 def _calibrate(args: argparse.Namespace) -> None:
-    from alfa.gaze.calibrate import calibrate_dataset
+    from alfa.gaze.calibrate import calibrate_dataset, make_room, refuse_a_pool_no_one_has
     from alfa.gaze.train import check_input_size
 
     config = _calibrate_config(args)
@@ -145,8 +109,8 @@ def _calibrate(args: argparse.Namespace) -> None:
     check_input_size(saved, data, args.checkpoint)
     out = Path(args.out)
     persons = persons_of(args.persons, data)
-    _refuse_what_fails_everyone(data, persons, config)
-    _refuse_existing(out, data, config, args.replace)  # last of the refusals: with --replace it removes files
+    refuse_a_pool_no_one_has(data, persons, config)
+    make_room(out, data, config, args.replace)  # last of the refusals: with --replace it removes files
     maml = saved.get("extra", {}).get("maml", {}).get("config", {})
     defaults = (maml["inner_lr"], maml["inner_steps"]) if maml else None
     _note_a_dense_base(model, config, args.checkpoint)  # after every refusal: a refused run prints one line

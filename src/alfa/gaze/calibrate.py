@@ -76,6 +76,8 @@ __all__ = [
     "calibrate_person",
     "calibrate_dataset",
     "earlier_run",
+    "make_room",
+    "refuse_a_pool_no_one_has",
     "RECORD_FILE",
     "draw_labelled",
     "draw_positions",
@@ -443,6 +445,39 @@ def earlier_run(out_dir: str | Path, dataset: GazeDataset, config: CalibrateConf
         if before.get(what) != mine[what]:
             return f"its files were made with another {what}: {_differences(before.get(what), mine[what])}"
     return _other_images(Path(out_dir), dataset, persons)
+
+
+def make_room(out_dir: str | Path, dataset: GazeDataset, config: CalibrateConfig, replace: bool) -> None:
+    """Before a run of ``config`` into ``out_dir``: a record of another run there is refused (``ValueError``) unless
+    ``replace``, which removes that record and the files it lists (and only those); a record of this run is left to
+    resume (``replace`` redoes it)."""
+    out = Path(out_dir)
+    record = out / RECORD_FILE
+    if not record.is_file():
+        return
+    if not replace:
+        other = earlier_run(out, dataset, config)
+        if other is not None:
+            raise ValueError(f"--out {out}: holds an earlier run ({other}); use another --out, or --replace")
+        return
+    try:
+        listed = json.loads(record.read_text(encoding="utf-8")).get("persons", {})
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"--out {out}: {record} is not a calibration record alfa wrote ({e}); move it away") from None
+    for person in listed:
+        (out / adapter_filename(person)).unlink(missing_ok=True)
+    record.unlink()
+
+
+def refuse_a_pool_no_one_has(dataset: GazeDataset, persons: Sequence[str] | None, config: CalibrateConfig) -> None:
+    """One ``ValueError`` before any work for a pool no person has images for (every person would fail alike); a
+    pool only some persons lack stays their own failure."""
+    counts = {p: len(dataset.person_indices(p)) for p in persons or dataset.persons()}
+    if counts and max(counts.values()) < config.pool + 1:
+        raise ValueError(
+            f"--pool {config.pool}: every person needs the pool plus one image to score, and the most any person of "
+            f"{dataset.name} has is {max(counts.values())}; use --pool {max(counts.values()) - 1} or less"
+        )
 
 
 def _other_images(out: Path, dataset: GazeDataset, persons: dict[str, Any]) -> str | None:
