@@ -7,7 +7,6 @@ adapter), and calls :func:`alfa.gaze.camera.photo.predict_photos` or :func:`~alf
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -93,19 +92,6 @@ def _refuse_json_among_crops(args: argparse.Namespace) -> None:
         raise ValueError(f"--json {args.json} is named like a crop of these photos in --crops: choose another name")
 
 
-def _fit_screen(points: Any, options: Any, predictor: Any) -> dict[str, Any]:
-    """Fit the screen from ``points``, a photo point's gaze read by ``predictor`` with ``options``' camera as
-    every photo is (the fit is set in ``options``); its printable summary, with the photos read."""
-    from alfa.gaze.camera import calibration_gaze
-
-    options.screen_fit = points.fit(lambda photo: calibration_gaze(photo, predictor, options.camera))
-    summary = {"file": points.source, **options.screen_fit.summary()}
-    for point, photo in zip(summary["points"], points.photos):
-        if photo is not None:
-            point["photo"] = str(photo)
-    return summary
-
-
 def _predictor(args: argparse.Namespace) -> Any:
     from alfa.adapters import load_adapter
     from alfa.checkpoint import load_model
@@ -134,19 +120,15 @@ def _predict(args: argparse.Namespace) -> None:
     predictor = _predictor(args)
     meta: dict[str, Any] = {"checkpoint": args.checkpoint, "adapter": args.adapter}
     if points is not None:
-        meta["screen_fit"] = _fit_screen(points, options, predictor)
-    if args.video:
-        from alfa.gaze.camera import analyse_video
+        from alfa.gaze.camera.photo import fit_screen
 
-        records: list[dict[str, Any]] = []
+        meta["screen_fit"] = fit_screen(points, options, predictor)
+    if args.video:
+        from alfa.gaze.camera.photo import analyse_video, predict_videos
+
         alpha = default_of(analyse_video, "alpha") if args.smooth is None else args.smooth
         every = default_of(analyse_video, "every") if args.every is None else args.every
-        for video in args.images:
-            frames = analyse_video(video, predictor, options, alpha=alpha, every=every)
-            records.append({"video": video, "smoothing": alpha, "frames": _with_progress(frames, args)})
-        # a frame without a readable face is part of a video; a video without any is a failure
-        unread = [r["video"] for r in records if all("error" in f for f in r["frames"])]
-        failures = [f"{video}: no frame with a readable face" for video in unread]
+        records, failures = predict_videos(args.images, predictor, options, alpha, every, progress=not args.quiet)
     else:
         from alfa.gaze.camera.photo import predict_photos
 
@@ -173,16 +155,6 @@ def _refuse_unused_options(args: argparse.Namespace) -> None:
     unused = [f"--{name}" for name in ("smooth", "every") if getattr(args, name) is not None]
     if unused and not args.video:
         raise ValueError(f"{' and '.join(unused)} apply to videos (with --video); these are photos")
-
-
-def _with_progress(frames: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
-    from tqdm.auto import tqdm
-
-    frames = iter(frames)
-    first = next(frames, None)  # opens the video: a file that is none is refused before a bar is drawn
-    if first is None:
-        return []
-    return list(tqdm(itertools.chain([first], frames), desc="frames", unit="frame", disable=args.quiet))
 
 
 PREDICT = Command(

@@ -52,6 +52,8 @@ __all__ = [
     "analyse_video",
     "crop_name",
     "predict_photos",
+    "predict_videos",
+    "fit_screen",
     "answer_photo",
     "SeveralFaces",
     "calibration_gaze",
@@ -454,3 +456,34 @@ def predict_photos(
                 path.unlink(missing_ok=True)
         records.append({"photo": str(source), **answer})
     return records, failures
+
+
+def predict_videos(
+    sources: list[str], predictor: Predictor, options: PhotoOptions, alpha: float, every: int, progress: bool = True
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """:func:`analyse_video` of each video file, with a progress bar of its frames: one record per video
+    (``{"video", "smoothing", "frames"}``), and the messages of the videos without a single readable face (a frame
+    without one is part of a video; a video without any is a failure)."""
+    from tqdm.auto import tqdm
+
+    records, failures = [], []
+    for video in sources:
+        frames = analyse_video(video, predictor, options, alpha=alpha, every=every)
+        first = next(frames, None)  # opens the video: a file that is none is refused before a bar is drawn
+        read = [] if first is None else [first, *tqdm(frames, desc="frames", unit="frame", disable=not progress)]
+        records.append({"video": video, "smoothing": alpha, "frames": read})
+        if all("error" in frame for frame in read):
+            failures.append(f"{video}: no frame with a readable face")
+    return records, failures
+
+
+def fit_screen(points: Any, options: PhotoOptions, predictor: Predictor) -> dict[str, Any]:
+    """Fit the screen from ``points`` (a :class:`~alfa.gaze.camera.screen.CalibrationPoints`), each point's photo
+    read by ``predictor`` with ``options``' camera as every photo is, and set the fit in ``options``; its printable
+    summary, with the photos read."""
+    options.screen_fit = points.fit(lambda photo: calibration_gaze(photo, predictor, options.camera))
+    summary = {"file": points.source, **options.screen_fit.summary()}
+    for point, photo in zip(summary["points"], points.photos):
+        if photo is not None:
+            point["photo"] = str(photo)
+    return summary
