@@ -216,7 +216,7 @@ class GazeServer(socketserver.TCPServer):
                 for connection in late:
                     del self._receiving[connection]
                     self._cut[connection] = 503 if self._stopping.is_set() else 408
-            for connection in late:  # a blocked read returns at once; the handler answers 408 if it still can
+            for connection in late:  # a blocked read returns at once; the handler answers 408 (503) if it still can
                 with contextlib.suppress(OSError):
                     connection.shutdown(socket.SHUT_RD)
 
