@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import h5py
@@ -156,6 +157,13 @@ def test_eth_xgaze_gazehub_labels_are_reordered_from_pitch_yaw(tmp_path):
     (tmp_path / "Label" / "valid.label").write_text("\n".join(truth.label_files[0].read_text().splitlines()[:3]) + "\n")
     valid = GazeHubDataset(tmp_path, "eth-xgaze", split="val")
     assert len(valid) == 2 and valid.image_path(0) == ds.image_path(0)
+    # its first face missing, the others are still looked for under Image/train: one face is missing, not all
+    ds.image_path(0).unlink()
+    with pytest.raises(DatasetFormatError, match=rf"^1 of {len(ds)} face images .* missing, first: .*Image/train/"):
+        GazeHubDataset(tmp_path, "eth-xgaze")
+    shutil.rmtree(tmp_path / "Image" / "train")
+    with pytest.raises(DatasetFormatError, match=r"missing \(none is under .*Image, nor its train/ or split folders"):
+        GazeHubDataset(tmp_path, "eth-xgaze")
     # read as a target's layout, the source's split file would be a person with swapped angles: refused
     for target in ("mpii", "eyediap"):
         with pytest.raises(
@@ -529,3 +537,21 @@ def test_the_loaders_return_the_same_batches_with_2_workers_as_with_0(tmp_path):
         assert len(plain) == len(parallel) == len(batches)
         for (a_img, a_gaze), (b_img, b_gaze) in zip(plain, parallel):
             assert torch.equal(a_img, b_img) and torch.equal(a_gaze, b_gaze)
+
+
+def test_the_loaders_bars_are_drawn_unless_a_command_is_quiet(mpii, monkeypatch):
+    import argparse
+
+    import alfa.gaze.data.gazehub as gazehub
+    from alfa.cli import _quiet_loading
+
+    bars = []
+    monkeypatch.setattr(gazehub, "tqdm", lambda items, **kw: bars.append(kw["desc"]) or items)
+    monkeypatch.setattr(gazehub, "_BAR_BYTES", 0)
+    monkeypatch.setattr(gazehub, "_BAR_IMAGES", 0)
+    GazeHubDataset(mpii, "mpii")
+    assert bars == ["reading p00.label", "reading p01.label", "reading p02.label", "checking mpiifacegaze images"]
+    bars.clear()
+    with _quiet_loading(argparse.Namespace(quiet=True)):
+        GazeHubDataset(mpii, "mpii")
+    assert bars == []

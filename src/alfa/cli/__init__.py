@@ -230,6 +230,21 @@ def _hold_outputs(args: argparse.Namespace, name: str) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _quiet_loading(args: argparse.Namespace) -> Iterator[None]:
+    """``--quiet`` silences the loaders' progress bars too (:func:`~alfa.gaze.data.base.loading_progress`)."""
+    if not getattr(args, "quiet", False):
+        yield
+        return
+    try:
+        from alfa.gaze.data.base import loading_progress
+    except ModuleNotFoundError:  # a library-only install: no loader, nothing to silence
+        yield
+        return
+    with loading_progress(False):
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``alfa`` on ``argv`` (default: the process's arguments); the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -241,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         _check_outputs(args)
-        with _hold_outputs(args, name):
+        with _hold_outputs(args, name), _quiet_loading(args):
             args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -20,7 +20,9 @@ model's device rather than once per image on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -32,9 +34,30 @@ __all__ = [
     "InMemoryGazeDataset",
     "UnknownPersonError",
     "images_differ",
+    "loading_progress",
+    "shows_loading_progress",
     "signature_mismatch",
     "unit_images",
 ]
+
+
+_LOADING_PROGRESS = contextvars.ContextVar("alfa_loading_progress", default=True)
+
+
+@contextlib.contextmanager
+def loading_progress(show: bool) -> Iterator[None]:
+    """Whether the loaders draw their progress bars (reading a large label file, checking that its images exist)
+    while the block runs: a command's ``--quiet`` turns them off with everything else it prints."""
+    token = _LOADING_PROGRESS.set(show)
+    try:
+        yield
+    finally:
+        _LOADING_PROGRESS.reset(token)
+
+
+def shows_loading_progress() -> bool:
+    """What :func:`loading_progress` set (drawn by default)."""
+    return _LOADING_PROGRESS.get()
 
 
 class UnknownPersonError(KeyError, ValueError):

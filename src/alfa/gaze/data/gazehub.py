@@ -27,6 +27,7 @@ Every direction this loader returns is ``(yaw, pitch)`` in radians (spec gaze-da
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -42,7 +43,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ..geometry import angular_error, gazehub_vector_to_pitchyaw, pitchyaw_to_vector, vector_to_pitchyaw
-from .base import GazeDataset, UnknownPersonError, unit_images
+from .base import GazeDataset, UnknownPersonError, shows_loading_progress, unit_images
 from .registry import register_dataset
 
 __all__ = [
@@ -469,9 +470,9 @@ class GazeHubDataset(GazeDataset):
         add_gaze, add_head, add_gaze3d = rows.gaze.extend, rows.head.extend, rows.gaze3d.extend
         no_head, no_gaze3d = (math.nan, math.nan), (math.nan, math.nan, math.nan)
         numbered = enumerate(stream, start=2)
-        if path.stat().st_size > 5_000_000:
+        if path.stat().st_size > _BAR_BYTES and shows_loading_progress():
             numbered = tqdm(numbered, desc=f"reading {path.name}", unit="row", leave=False)
-        first_face = None
+        first_faces: list[str] = []  # a few, to find the folder the paths are relative to
         for line, text in numbered:
             tokens = text.split()
             if len(tokens) != n_columns:
@@ -500,10 +501,11 @@ class GazeHubDataset(GazeDataset):
             add_face(face)
             add_file(k)
             add_line(line)
-            first_face = first_face or face
-        if first_face is None:
+            if len(first_faces) < _ROOT_SAMPLE:
+                first_faces.append(face)
+        if not first_faces:
             raise DatasetFormatError(f"{path}: has a header but no rows")
-        self._files.append(_LabelFile(path, self._image_root(path, split, first_face), names, columns))
+        self._files.append(_LabelFile(path, self._image_root(path, split, first_faces), names, columns))
 
     def _refuse_repeated_faces(self, rows: _Rows) -> None:
         # A face listed twice (say, a label file pasted twice) would silently count double in training and in
@@ -551,7 +553,9 @@ class GazeHubDataset(GazeDataset):
         ):
             if bad.size:
                 label, line = self._files[int(self._file_index[bad[0]])], int(self._line[bad[0]])
-                token = label.path.read_text(encoding="utf-8").splitlines()[line - 1].split()[label.columns[role]]
+                with label.path.open(encoding="utf-8-sig") as stream:  # the one line, not the whole file
+                    text = next(itertools.islice(stream, line - 1, None))
+                token = text.split()[label.columns[role]]
                 raise DatasetFormatError(
                     f"{_at(label.path, line)}: column {label.names[label.columns[role]]} is {token!r}, {what}"
                 )
@@ -573,18 +577,20 @@ class GazeHubDataset(GazeDataset):
             )
         return f"{parts[0]}/{parts[2]}", parts[0]
 
-    def _image_root(self, label_path: Path, split: str | None, first_face: str) -> Path:
-        # MPIIFaceGaze/EyeDiap/Gaze360 paths are relative to Image/; ETH-XGaze's to Image/train
-        # (also for its validation file). Take the first root under which the first face exists.
+    def _image_root(self, label_path: Path, split: str | None, first_faces: list[str]) -> Path:
+        # MPIIFaceGaze/EyeDiap/Gaze360 paths are relative to Image/; ETH-XGaze's to Image/train (also for its
+        # validation file). Take the first root under which the first face exists, else (that one face missing)
+        # the root under which most of the first few do: one missing face must not send all of them elsewhere.
         image_dir = self.root / "Image"
         candidates = [image_dir, image_dir / label_path.stem]
         if split:
             candidates.append(image_dir / split)
         candidates.append(image_dir / "train")
         for candidate in candidates:
-            if (candidate / first_face).is_file():
+            if (candidate / first_faces[0]).is_file():
                 return candidate
-        return image_dir
+        found = [sum((candidate / face).is_file() for face in first_faces) for candidate in candidates]
+        return candidates[found.index(max(found))]  # none found anywhere: Image/, the first
 
     def _check_3d_agrees(self, gaze2d: Tensor, gaze3d: Tensor) -> None:
         has_3d = torch.from_numpy(
@@ -628,7 +634,7 @@ class GazeHubDataset(GazeDataset):
         roots = [str(f.image_root) for f in self._files]
         missing = []
         indices = range(len(self))
-        if len(self) > 50_000:
+        if len(self) > _BAR_IMAGES and shows_loading_progress():
             indices = tqdm(indices, desc=f"checking {self.name} images", unit="img", leave=False)
         for i in indices:
             folder, name = os.path.split(os.path.normpath(os.path.join(roots[self._file_index[i]], self._faces[i])))
@@ -647,8 +653,12 @@ class GazeHubDataset(GazeDataset):
                 missing.append(i)
         if missing:
             shown = "; ".join(f"{self.source_line(i)}: {self.image_path(i)}" for i in missing[:5])
+            where = ""
+            if len(missing) == len(self):
+                where = f" (none is under {self.root / 'Image'}, nor its train/ or split folders: is the root right?)"
             raise DatasetFormatError(
-                f"{len(missing)} of {len(self)} face images listed in {self.root / 'Label'} are missing, first: {shown}"
+                f"{len(missing)} of {len(self)} face images listed in {self.root / 'Label'} are missing{where}, "
+                f"first: {shown}"
             )
 
 
@@ -660,6 +670,14 @@ def _refuse_face_outside(path: Path, line: int, face: str) -> None:
             f"{_at(path, line)}: face path {face!r} leads out of the dataset's Image/ folder; "
             "face paths are relative to it"
         )
+
+
+_BAR_BYTES, _BAR_IMAGES = 5_000_000, 50_000
+"""A label file this large gets a progress bar while it is read, a dataset of this many images while their files are
+checked (ETH-XGaze: 240 MB, 750k faces; MPIIFaceGaze reads in a blink)."""
+
+_ROOT_SAMPLE = 20
+"""How many of a label file's first faces choose the folder its face paths are relative to."""
 
 
 def _exactly(values: list, count: int) -> list:
