@@ -20,8 +20,14 @@ __all__ = ["PREDICT"]
 def _predict_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.gaze.camera.photo import PACKAGED_PHOTOS, PhotoOptions, analyse_video
 
-    packaged = ", ".join(f"skimage:{n}" for n in PACKAGED_PHOTOS)
-    p.add_argument("images", nargs="+", metavar="IMAGE", help=f"photo files (or {packaged}; with --video: videos)")
+    packaged = ", ".join(f"skimage:{n}" for n in PACKAGED_PHOTOS[1:])
+    p.add_argument(
+        "images",
+        nargs="+",
+        metavar="IMAGE",
+        help=f"photo files (or skimage:astronaut, a packaged photo of a face; {packaged} have none to find); with "
+        "--video: videos",
+    )
     p.add_argument("--checkpoint", required=True, help="the gaze model (a source model or a truncated base)")
     p.add_argument("--adapter", help="a person's adapter file to load onto --checkpoint")
     p.add_argument(

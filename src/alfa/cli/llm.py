@@ -66,6 +66,8 @@ def _bench_command(args: argparse.Namespace) -> str:
     parts = ["alfa", "llm", "bench", "--out", shlex.quote(str(args.out))]
     if args.smoke:
         parts.append("--smoke")
+    if Path(args.cache) != Path(DEFAULT_CACHE):  # the base it adapted lies there: part of how to make the page again
+        parts += ["--cache", shlex.quote(str(args.cache))]
     for option in ("data_to", "markdown"):
         if getattr(args, option) is not None:
             parts += [f"--{option.replace('_', '-')}", shlex.quote(str(getattr(args, option)))]

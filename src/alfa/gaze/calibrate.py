@@ -11,7 +11,8 @@ does) and their labels read. The methods (:data:`USER_CALIBRATIONS`):
   ``A = I`` (strength ``affine_ridge``) with ``c`` free, so that at k = 1 it is the offset;
 - ``ridge`` (k ≥ 1): the head refitted by ridge regression on the penultimate features, toward the source
   head (strength ``feature_ridge`` times the features' mean squared norm), its bias free;
-- ``last-layer`` (k ≥ 1): the head's weight and bias fine-tuned on the ``k`` images (AdamW);
+- ``last-layer`` (k ≥ 1): the head's weight and bias fine-tuned on the ``k`` images (AdamW; with ``flip_weight > 0``
+  plus the flip loss on the pool's unlabelled images, as ``adapter``);
 - ``adapter`` (k ≥ 1): any adapter method (``adapter_method``: Alfa, LoRA, DoRA, …) trained with the supervised
   loss on the ``k`` images, plus, with ``flip_weight > 0``, the flip loss on the pool's unlabelled images
   (semi-supervised);
