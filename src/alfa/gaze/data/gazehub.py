@@ -322,7 +322,10 @@ class GazeHubDataset(GazeDataset):
 
         person_of = np.frombuffer(rows.person, dtype=np.int32)
         keep = self._select_persons(rows, person_of, persons)
-        self._faces = rows.faces if keep is None else [rows.faces[i] for i in keep]
+        faces = rows.faces if keep is None else [rows.faces[i] for i in keep]
+        # One bytes array, not a list of str: a loader worker touching a Python object writes its reference count,
+        # which copies the page it lies on, so 750k strings would grow every worker by tens of MB an epoch.
+        self._faces = np.array([face.encode("utf-8") for face in faces], dtype=bytes)
         if keep is not None:
             self._file_index, self._line, person_of = self._file_index[keep], self._line[keep], person_of[keep]
             gaze, head = gaze[keep], head[keep]
@@ -356,6 +359,10 @@ class GazeHubDataset(GazeDataset):
     def raw_images(self, indices: Sequence[int]) -> Tensor:
         return _stack_rgb([self._face(i) for i in self.positions(indices)])
 
+    def _face_name(self, i: int) -> str:
+        """Item ``i``'s face path as its label file gives it (relative to its image folder)."""
+        return self._faces[i].decode("utf-8")
+
     def _face(self, i: int) -> np.ndarray:
         """Item ``i``'s face, (H, W, 3) uint8 RGB at the dataset's size; an unreadable file names its label line."""
         try:
@@ -372,7 +379,7 @@ class GazeHubDataset(GazeDataset):
         return self._group[person]
 
     def image_path(self, i: int) -> Path:
-        return self._files[int(self._file_index[i])].image_root / self._faces[i]
+        return self._files[int(self._file_index[i])].image_root / self._face_name(i)
 
     def source_line(self, i: int) -> str:
         """``label_file:line`` the i-th item came from (for error messages and debugging)."""
@@ -637,7 +644,7 @@ class GazeHubDataset(GazeDataset):
         if len(self) > _BAR_IMAGES and shows_loading_progress():
             indices = tqdm(indices, desc=f"checking {self.name} images", unit="img", leave=False)
         for i in indices:
-            folder, name = os.path.split(os.path.normpath(os.path.join(roots[self._file_index[i]], self._faces[i])))
+            folder, name = os.path.split(os.path.normpath(os.path.join(roots[self._file_index[i]], self._face_name(i))))
             listing = listings.get(folder)
             if listing is None:
                 try:
