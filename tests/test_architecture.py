@@ -334,7 +334,8 @@ def oversized(src: Path = SRC, package: str = "alfa") -> list[str]:
 
 
 def test_no_file_over_800_lines_and_no_function_over_100():
-    problems = oversized()
+    root = SRC.parent  # the tests and scripts keep the rule too
+    problems = oversized() + oversized(root, "tests") + oversized(root, "scripts")
     assert not problems, "split these:\n" + "\n".join(problems)
 
 

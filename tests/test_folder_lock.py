@@ -179,9 +179,13 @@ def test_a_stale_lock_is_replaced_with_a_note_and_the_command_runs(tmp_path, cap
     err = capsys.readouterr().err
     assert (
         "it left 1 temporary file(s) of unfinished writes (0.0 MiB)" in err
-        and "-name '.*.????????.tmp*' -delete" in err
+        and "-regextype posix-extended -regex" in err
     )
     assert partial.is_file() and (tmp_path / ".notes.tmp").is_file()  # said, not removed
+    decoy = tmp_path / ".notes.zzzzzzzz.tmp"  # eight characters, not hex: no name atomic_path gives
+    decoy.write_text("mine")
+    subprocess.run(err.split("delete them with  ")[1].strip(), shell=True, check=True)  # as a user would
+    assert not partial.exists() and decoy.is_file() and (tmp_path / ".notes.tmp").is_file()
 
 
 def _leaves(parser, path=()):

@@ -780,22 +780,3 @@ def test_the_cosine_schedule_decays_to_zero_and_leaves_old_configs_as_they_were(
     assert "schedule" not in TrainConfig().to_dict() and cosine.to_dict()["schedule"] == "cosine"
     with pytest.raises(ValueError, match="schedule must be one of"):
         TrainConfig(schedule="step").validate()
-
-
-def test_person_errors_read_a_batch_at_a_time_and_equal_the_whole_tensors(tmp_path):
-    """Scoring reads at most one batch of images at a time (a real person has thousands), with the same numbers as
-    predicting on all of a person's images at once in the same batches."""
-    from alfa.gaze.data.registry import open_dataset
-    from alfa.gaze.evaluate import GazeError, eval_indices, load_examples, person_gaze_errors, predict_images
-    from alfa.models import create_model
-
-    data = open_dataset("synthetic:mpii?size=16&persons=2&images_per_person=23")
-    torch.manual_seed(0)
-    model = create_model("tiny_gaze_net").eval()
-    read, raw_images = [], data.raw_images
-    data.raw_images = lambda indices: read.append(len(indices)) or raw_images(indices)
-    errors = person_gaze_errors(model, data, n_adapt=5, batch_size=4)
-    assert max(read) == 4 and sum(read) == 2 * 18
-    for person, error in errors.items():
-        images, gaze = load_examples(data, eval_indices(data, person, 5))
-        assert error == GazeError.of(predict_images(model, images, 4), gaze)  # exactly

@@ -545,3 +545,32 @@ def test_sigterm_drains_and_exits_0_with_a_line_not_a_traceback(world, tmp_path)
     assert status == 503 and "stopping" in reply["error"]
     assert server.returncode == 0 and "Traceback" not in errors, errors
     assert "stopping: answering the 1 connection(s) accepted" in errors and "stopped (SIGTERM)" in errors, errors
+
+
+def test_stopping_answers_a_long_queue_and_the_backlog(world, monkeypatch):
+    """However long the queue, what was accepted is answered while the workers make progress; a connection still
+    in the listen backlog gets a 503 rather than a reset."""
+    import alfa.gaze.service.server as server_module
+    from alfa.gaze.service.server import STOPPING
+
+    monkeypatch.setattr(server_module, "STOP_GRACE", 0.1)
+    monkeypatch.setattr(server_module, "_LINGER_SECONDS", 0.1)  # one connection may take 1.4 s: the queue, 2.4 s
+    service = GazeService(*world, ServiceLimits(workers=1, queue=16, socket_timeout=0.2))
+    predict = service.predict
+    monkeypatch.setattr(service, "predict", lambda *a: time.sleep(0.3) or predict(*a))
+    server = make_server(service, port=0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    port, request = server.server_address[1], _request("/predict?user=ann", PNG)
+    clients = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(8)]
+    for client in clients:
+        client.sendall(request)
+    time.sleep(0.2)
+    server.shutdown()
+    late = socket.create_connection(("127.0.0.1", port), timeout=10)  # in the backlog: no one accepts it now
+    late.sendall(request)
+    server.server_close()
+    assert [_answer(client)[0] for client in clients] == [200] * 8
+    status, headers, reply = _answer(late)
+    assert status == 503 and reply["error"] == STOPPING and headers["Retry-After"] == "1"
+    for client in (*clients, late):
+        client.close()

@@ -251,16 +251,27 @@ class Hold:
         )
         left = leftover_temporary_files(self.folder)
         if left:  # not removed here: a command writing into a folder inside this one may be writing them now
-            size = sum(p.stat().st_size for p in left if p.is_file()) / 2**20
+            size = sum(_size(p) for p in left) / 2**20
             note += (
                 f"; it left {len(left)} temporary file(s) of unfinished writes ({size:.1f} MiB), which nothing reads: "
-                f"delete them with  find {shlex.quote(str(self.folder))} -name '.*.????????.tmp*' -delete"
+                f"delete them with  find {shlex.quote(str(self.folder))} -regextype posix-extended -regex "
+                f"{shlex.quote(TEMPORARY_PATH)} -delete"
             )
         return note
 
 
 TEMPORARY_NAME = re.compile(r"^\..+\.[0-9a-f]{8}\.tmp(\.[^.]+)?$")
 """The name :func:`atomic_path` gives a file while it is written (``.NAME.<8 hex>.tmp.SUFFIX``)."""
+
+TEMPORARY_PATH = r".*/\.[^/]+\.[0-9a-f]{8}\.tmp(\.[^./]+)?"
+"""The same names as a whole path, for ``find -regextype posix-extended -regex``."""
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # renamed or removed since it was listed (a writer in a folder inside finished it)
+        return 0
 
 
 def leftover_temporary_files(folder: str | os.PathLike) -> list[Path]:

@@ -71,7 +71,7 @@ def _predict_arguments(p: argparse.ArgumentParser) -> None:
 
 def _options(args: argparse.Namespace) -> tuple[Any, Any]:
     """The photo options, and a screen-fit file's points (read and checked; fitted once the model can read its
-    photos, :func:`_fit_screen`)."""
+    photos, :func:`alfa.gaze.camera.photo.fit_screen`)."""
     from alfa.gaze.camera import PhotoOptions, load_camera, load_screen, read_calibration_points
 
     options = PhotoOptions(

@@ -79,8 +79,9 @@ def _gaze_arguments(gaze: argparse.ArgumentParser) -> None:
     gaze.add_argument(
         "--replace",
         action="store_true",
-        help="start over: remove what a run wrote in --out (models, adapters, results; by default a run with the "
-        "same settings resumes there and another run's files are refused), and overwrite --markdown's page",
+        help="start over: remove the folders crate/, vit/, crate-truncated/ and adapters/ (whatever they hold) and "
+        "the results and figure in --out (by default a run with the same settings resumes there and another run's "
+        "files are refused), and overwrite --markdown's page",
     )
     quiet_option(gaze)
 

@@ -152,7 +152,7 @@ class GazeServer(socketserver.TCPServer):
         except queue.Full:
             with self._receiving_lock:
                 self._open -= 1
-            self._turn_away(request, client_address)
+            self._turn_away(request, client_address, "the service is busy: try again shortly", "queue full")
 
     def _work(self) -> None:
         while True:
@@ -169,9 +169,10 @@ class GazeServer(socketserver.TCPServer):
                 with self._receiving_lock:
                     self._open -= 1
 
-    def _turn_away(self, connection: socket.socket, client_address: Any) -> None:
-        """Answer 503 without reading the request: the queue is full, the client should retry shortly."""
-        data = json.dumps({"error": "the service is busy: try again shortly", "status": 503}).encode()
+    def _turn_away(self, connection: socket.socket, client_address: Any, words: str, why: str) -> None:
+        """Answer 503 with ``words`` without reading the request (the queue is full, or the service stops): the
+        client should retry shortly. ``why`` goes to the access log."""
+        data = json.dumps({"error": words, "status": 503}).encode()
         head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
                 f"Connection: close\r\nContent-Length: {len(data)}\r\n\r\n").encode()  # fmt: skip
         with contextlib.suppress(OSError):
@@ -184,7 +185,7 @@ class GazeServer(socketserver.TCPServer):
             for _ in range(16):
                 if not connection.recv(65536):
                     break
-        self.log.line(str(client_address[0]), "(not read: queue full)", 503, len(data), 0.0)
+        self.log.line(str(client_address[0]), f"(not read: {why})", 503, len(data), 0.0)
         self.shutdown_request(connection)
 
     # -- the request deadline
@@ -225,9 +226,10 @@ class GazeServer(socketserver.TCPServer):
               file=sys.stderr)  # fmt: skip
 
     def server_close(self) -> None:
-        """Stop: take no new connection, answer those accepted (a request still arriving gets ``STOP_GRACE``
-        seconds more, then 503), and return when they are answered; a worker that a client's socket still holds
-        is left behind after a bounded wait."""
+        """Stop: connections waiting to be accepted get a 503, no new one is taken, and those accepted are answered
+        (a request still arriving gets ``STOP_GRACE`` seconds more, then 503); it returns when they are, or when
+        the workers have made no progress for as long as one connection may take."""
+        self._answer_the_backlog()
         super().server_close()
         now = time.monotonic()
         with self._receiving_lock:
@@ -236,12 +238,30 @@ class GazeServer(socketserver.TCPServer):
                 self._receiving[connection] = min(deadline, now + STOP_GRACE)
         for _ in self._threads[:-1]:  # one stop per worker, after the connections already queued
             self._pending.put(None)
-        give_up = now + STOP_GRACE + self.limits.socket_timeout + _LINGER_SECONDS + 1
-        for thread in self._threads[:-1]:
-            thread.join(timeout=max(0.0, give_up - time.monotonic()))
+        # However long the queue, each connection's time is bounded: wait while they are being answered, and give up
+        # on a worker only when no connection has been done with for longer than one may take.
+        patience = STOP_GRACE + self.limits.socket_timeout + _LINGER_SECONDS + 1
+        last_progress, left = time.monotonic(), self.in_flight()
+        workers = self._threads[:-1]
+        while any(t.is_alive() for t in workers) and time.monotonic() - last_progress < patience:
+            for thread in workers:
+                thread.join(timeout=0.1)
+            if self.in_flight() < left:
+                last_progress, left = time.monotonic(), self.in_flight()
         self._closing.set()
         for watchdog in self._threads[-1:]:  # none when the bind failed
             watchdog.join(timeout=1.0)
+
+    def _answer_the_backlog(self) -> None:
+        """Accept what waits in the listen backlog and answer each 503 (closing the socket would reset them)."""
+        with contextlib.suppress(OSError):
+            self.socket.setblocking(False)
+            for _ in range(self.limits.backlog):
+                try:
+                    connection, address = self.socket.accept()
+                except (BlockingIOError, InterruptedError):
+                    return
+                self._turn_away(connection, address, STOPPING, "stopping")
 
     def in_flight(self) -> int:
         """Connections accepted and not yet done with (queued or being served)."""
@@ -253,8 +273,8 @@ LATE = "the request did not arrive within the time limit"
 """The 408's words, whichever way the time ran out (the socket's, the watchdog's cut)."""
 
 STOP_GRACE = 2.0
-"""Seconds a request still arriving when the server stops gets to arrive (then 503 with ``STOPPING``): a client
-sending at any usable speed is answered, one trickling bytes does not hold the stop up."""
+"""Seconds a request still arriving when the server stops gets to arrive (then 503 with ``STOPPING``): one whose
+client trickles its bytes does not hold the stop up (a large photo on a slow link is cut too, and may retry)."""
 
 STOPPING = "the service is stopping: try again shortly"
 

@@ -169,7 +169,8 @@ def run_crate_gaze(
     Checkpoints go to ``out_dir/crate``, ``out_dir/vit``, ``out_dir/crate-truncated`` and the per-person
     adapters to ``out_dir/adapters/<target>``. What an interrupted run with the same settings left there is resumed
     (the results then list the stages found begun under ``resumed``: their times count this run's part only);
-    another run's files are refused, unless ``replace``, which first removes what this command writes there.
+    another run's files are refused, unless ``replace``, which first removes this command's folders there (``crate``,
+    ``vit``, ``crate-truncated``, ``adapters``: whatever they hold) and its results and figure.
     ``command`` is recorded in the results (the markdown page quotes it). Torch runs on ``config.threads``
     threads; the previous setting is restored on return.
     """

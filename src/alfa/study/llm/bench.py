@@ -209,6 +209,8 @@ def _refuse_another_bench(out: Path, config: BenchConfig) -> None:
         return
     try:
         stored = json.loads(summary.read_text(encoding="utf-8"))["config"]
+        if not isinstance(stored, dict):
+            raise TypeError("its config is no mapping")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{summary}: not a bench summary this command wrote ({err}); use another --out") from None
     mine = json.loads(json.dumps(dataclasses.asdict(config)))
