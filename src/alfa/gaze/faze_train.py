@@ -43,7 +43,7 @@ from alfa.checkpoint import (
 )
 
 from .data.base import GazeDataset
-from .evaluate import load_examples
+from .evaluate import load_images
 from .faze import FazeGaze, MamlTask, adapt_mlp, angular_loss, apply_gradients, dted_losses, faze_gaze, maml_gradients
 
 __all__ = [
@@ -256,9 +256,12 @@ def train_faze(
     config.validate()
     persons = dataset.persons()
     indices, ids = _person_ids(dataset, persons)
-    images, gaze = load_examples(dataset, indices)
-    head = head_poses(dataset, indices)
-    size = images.shape[-1]
+    gaze, head = dataset.labels(indices), head_poses(dataset, indices)
+    size = load_images(dataset, indices[:1]).shape[-1]
+
+    def images(positions: Tensor) -> Tensor:  # a step's images, read when it needs them: a real source's
+        return load_images(dataset, [indices[i] for i in positions.tolist()])  # faces do not fit in memory at once
+
     kwargs = {"image_size": size, **(model_kwargs or {})}
     torch.manual_seed(config.seed)
     model = faze_gaze(**kwargs)
@@ -269,7 +272,7 @@ def train_faze(
 
     def step(s: int) -> dict[str, float]:
         a, b = _pairs(ids, config.batch_size, _step_generator(config.seed, s))
-        pair = (images[a], images[b], gaze[a], gaze[b], head[a], head[b], ids[a])
+        pair = (images(a), images(b), gaze[a], gaze[b], head[a], head[b], ids[a])
         losses = dted_losses(model, pair, config.weights)
         if not torch.isfinite(losses.total):
             raise FloatingPointError(f"faze train: the loss is {float(losses.total)} (NaN or infinite) at step {s + 1}")
@@ -293,9 +296,18 @@ def gaze_codes(model: FazeGaze, dataset: GazeDataset, persons: list[str]) -> dic
     model.eval()
     out = {}
     for p in persons:
-        images, gaze = load_examples(dataset, dataset.person_indices(p))
-        out[p] = (model.gaze_code(images), gaze)
+        indices = dataset.person_indices(p)
+        # a batch of at most _CODE_BATCH images at a time: a person of a real dataset has thousands of faces (the
+        # synthetic worlds' persons fit one batch, as they always did)
+        codes = [
+            model.gaze_code(load_images(dataset, indices[s : s + _CODE_BATCH]))
+            for s in range(0, len(indices), _CODE_BATCH)
+        ]
+        out[p] = (torch.cat(codes), dataset.labels(indices))
     return out
+
+
+_CODE_BATCH = 1024
 
 
 def _task(codes: tuple[Tensor, Tensor], k: int, l: int, g: torch.Generator) -> MamlTask:  # noqa: E741
