@@ -208,7 +208,7 @@ def test_the_multi_user_model_exports_with_each_layers_mix_as_an_input(tmp_path)
     assert float((theirs - ours).norm() / ours.norm()) < 1e-5
     low_rank = _personalized(alfa.LoraConfig(rank=2), seed=20, tiny=True)[1]
     served.add_user("lr", low_rank)
-    with pytest.raises(ValueError, match="low-rank user"):
+    with pytest.raises(ValueError, match="user 'lr' has a low-rank update or a correction on"):
         mixed.mixes(served, ["lr"])
 
 

@@ -163,3 +163,31 @@ def test_a_linear_layer_on_more_token_dimensions_mixes_the_channels():
     order = ["eve", "ann", None, "cat", "ann"]
     x = torch.randn(len(order), 4, 4, 12, generator=torch.Generator().manual_seed(1))
     _users_match_their_merged_models(base, users, order, x)
+
+
+def test_serving_refuses_what_it_would_get_silently_wrong(base, tmp_path):
+    """A calibrated user whose correction is on a dense head has no mix to hand in (their prediction would be the
+    base's), mixes of another batch size would be broadcast, and a served model in train mode would move the
+    shared BatchNorm statistics: each is refused, by name."""
+    from alfa.serve import MixedBatchModel, MultiUserModel
+
+    served = MultiUserModel(base)
+    calibrated = copy.deepcopy(base)
+    head = [n for n, m in calibrated.named_modules() if isinstance(m, torch.nn.Linear)][-1]
+    alfa.attach(calibrated, alfa.CorrectionConfig(target=[head], layers="dense"))
+    served.add_user("cal", calibrated)
+    gated = copy.deepcopy(base)
+    alfa.attach(gated, alfa.DiagGateConfig())
+    served.add_user("ann", gated)
+    mixed = MixedBatchModel(base)
+    with pytest.raises(ValueError, match=rf"user 'cal' adapts {head}, which is no factorized layer"):
+        mixed.mixes(served, ["cal", "ann"])
+    images = torch.randn(3, 3, 16, 16)
+    with pytest.raises(ValueError, match=r"the mix is \(1, \d+, \d+\), expected \(3, \d+, \d+\)"):
+        mixed(images, *mixed.mixes(served, ["ann"]))
+    assert mixed(images, *mixed.mixes(served, ["ann", None, "ann"])).shape == (3, 2)
+    served.train()
+    with pytest.raises(RuntimeError, match=r"serves in eval mode: call \.eval\(\)"):
+        served(images, ["ann", None, "cal"])
+    served.eval()
+    assert served(images, ["ann", None, "cal"]).shape == (3, 2)

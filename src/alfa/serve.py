@@ -165,6 +165,7 @@ class MultiUserModel(nn.Module):
         # A dense base has no factorized layer to share: its layers are shared as users' corrections reach them.
         self.model, self._layers = _wrap_factorized(base, _SharedLayer)
         self._users: dict[str, list[str]] = {}
+        self.eval()  # it serves; .train() is refused at the next forward
 
     @property
     def users(self) -> list[str]:
@@ -191,7 +192,7 @@ class MultiUserModel(nn.Module):
         if unknown:
             raise ValueError(f"user {user!r}: the adapter adapts layers this base does not have: {unknown[:4]}")
         for name in sorted(set(terms) - set(self._layers)):  # a head some user corrects: shared from now on
-            replace_module(self.model, name, _SharedLayer(self.model.get_submodule(name)))
+            replace_module(self.model, name, _SharedLayer(self.model.get_submodule(name)).train(self.training))
             self._layers[name] = self.model.get_submodule(name)
         self.remove_user(user, missing_ok=True)
         for name, t in terms.items():
@@ -231,6 +232,9 @@ class MultiUserModel(nn.Module):
         if len(users) != images.shape[0]:
             raise ValueError(f"{images.shape[0]} images but {len(users)} user ids")
         _refuse_unknown(users, self._users)
+        if any(m.training for m in self.modules()):  # a BatchNorm in train mode would move the shared base
+            raise RuntimeError("MultiUserModel serves in eval mode: call .eval() (in train mode the base's BatchNorm "
+                               "statistics would change for every user)")  # fmt: skip
         for layer in self._layers.values():
             layer.batch_users = users
         try:
@@ -248,6 +252,11 @@ def user_terms(model: nn.Module) -> UserTerms:
         raise ValueError("the model has no adapter attached")
     if state.config.scope != "layer":
         raise ValueError(f"{state.config.method} adapts the whole model and cannot share a base: merge it per user")
+    if state.config.family == "prompt":
+        raise ValueError(
+            f"{state.config.method}'s prompts pad each adapted layer's input per user and cannot be merged: serve each "
+            "such user with their own model (alfa.load_adapter onto a copy of the base)"
+        )
     if state.saved:  # a trained copy of whole modules (a new head) is no per-sample term of a shared layer
         raise ValueError(
             f"the adapter trains whole modules ({', '.join(state.saved)}; modules_to_save), which a shared base "
@@ -303,10 +312,18 @@ class MixedBatchModel(nn.Module):
         super().__init__()
         self.model, self._layers = _wrap_factorized(base, _MixInputLayer)
         self.layer_names = list(self._layers)
+        self.eval()
 
     def forward(self, images: Tensor, *mixes: Tensor) -> Tensor:
         if len(mixes) != len(self.layer_names):
             raise ValueError(f"expected {len(self.layer_names)} mixes (one per factorized layer), got {len(mixes)}")
+        for name, layer, mix in zip(self.layer_names, self._layers.values(), mixes):
+            d = layer.base.U.shape[1]
+            if tuple(mix.shape) != (images.shape[0], d, d):  # a broadcast would give one user's mix to every sample
+                raise ValueError(f"{name}: the mix is {tuple(mix.shape)}, expected ({images.shape[0]}, {d}, {d}): one "
+                                 "d×d matrix per image")  # fmt: skip
+            if mix.dtype != layer.base.U.dtype:
+                raise ValueError(f"{name}: the mix is {mix.dtype}, the model {layer.base.U.dtype}")
         for layer, mix in zip(self._layers.values(), mixes):
             layer.mix = mix
         return self.model(images)
@@ -317,6 +334,13 @@ class MixedBatchModel(nn.Module):
         if not users:
             raise ValueError("users is empty: a batch has one user id (or None) per sample")
         _refuse_unknown(users, served._users)  # else an unknown user would get zeros: the base, silently
+        for user in dict.fromkeys(u for u in users if u is not None):
+            outside = [n for n in served._users[user] if n not in self._layers]
+            if outside:  # their term there would be left out: their prediction silently the base's
+                raise ValueError(
+                    f"user {user!r} adapts {outside[0]}, which is no factorized layer: only dictionary mixes of "
+                    "factorized layers are handed in (serve them with MultiUserModel, or export their merged model)"
+                )
         out = []
         for name in self.layer_names:
             layer = served._layers[name]
@@ -326,7 +350,10 @@ class MixedBatchModel(nn.Module):
             for u in users:
                 t = layer.terms.get(u) if u is not None else None
                 if t is not None and len(t) != 1:
-                    raise ValueError(f"user {u!r} is a low-rank user: only dictionary users have a mix to hand in")
+                    raise ValueError(
+                        f"user {u!r} has a low-rank update or a correction on {name}: only dictionary users have a mix "
+                        "to hand in"
+                    )
                 rows.append(t[0] if t is not None else torch.zeros(d, d, dtype=U.dtype, device=U.device))
             out.append(torch.stack(rows))
         return out
