@@ -399,3 +399,15 @@ def test_a_served_users_model_on_another_base_is_named_without_a_temporary_file(
         served.add_user("ann", elsewhere)
     message = str(e.value)
     assert message.startswith("user 'ann': ") and "the given model's adapter" in message and "tmp" not in message
+
+
+def test_a_model_on_the_meta_device_is_said_to_hold_no_values(tmp_path):
+    base = truncated_tiny_gaze_net()
+    model = copy.deepcopy(base)
+    alfa.attach(model, alfa.LoraConfig(rank=2))
+    path = alfa.save_adapter(model, tmp_path / "a.safetensors")
+    with pytest.raises(ValueError, match=r"on the meta device \(shapes, no values\): cannot load an adapter onto it"):
+        alfa.load_adapter(copy.deepcopy(base).to("meta"), path)
+    with pytest.raises(ValueError, match=r"on the meta device \(shapes, no values\): cannot save an adapter"):
+        alfa.save_adapter(copy.deepcopy(model).to("meta"), tmp_path / "b.safetensors")
+    assert not (tmp_path / "b.safetensors").exists()

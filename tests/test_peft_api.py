@@ -250,7 +250,9 @@ def test_disable_adapters_runs_the_base_exactly_and_restores_them(base, two, x):
             alfa.set_adapter(two, "ann")
         with pytest.raises(RuntimeError, match="inside alfa.disable_adapters"):
             alfa.merge(two)
-    assert torch.equal(two(x), want)
+        with pytest.raises(RuntimeError, match="cannot copy a model inside alfa.disable_adapters"):
+            copy.deepcopy(two)  # the copy's adapter would stay parked, and every change to it refused, for good
+    assert torch.equal(two(x), want) and torch.equal(copy.deepcopy(two)(x), want)
     with pytest.raises(KeyError):
         with alfa.disable_adapters(two):
             raise KeyError("boom")

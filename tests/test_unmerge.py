@@ -141,7 +141,13 @@ def test_unmerge_refuses_to_discard_changes_made_after_the_merge(small_net, x):
     trained = copy.deepcopy(small_net)
     with torch.no_grad():
         trained.fc1.weight.add_(1.0)  # e.g. fine-tuning the merged model
-    for changed in (trained, copy.deepcopy(trained)):
+    through_data = copy.deepcopy(small_net)
+    through_data.fc1.weight.data.mul_(2)  # .data: no version count sees it
+    assigned = copy.deepcopy(small_net)
+    state = {k: v.clone() for k, v in assigned.state_dict().items()}
+    state["fc1.weight"] = state["fc1.weight"] * 2
+    assigned.load_state_dict(state, assign=True)  # new tensors, their counts at 0 as the merge's were
+    for changed in (trained, copy.deepcopy(trained), through_data, assigned):
         with pytest.raises(MergeError, match="the weights of fc1 changed after the merge"):
             alfa.unmerge(changed)
     replaced = copy.deepcopy(small_net)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -221,6 +222,15 @@ def tensor_checksum(tensors: dict[str, Tensor]) -> str:
     return h.hexdigest()
 
 
+def _refuse_meta(model: nn.Module, action: str) -> None:
+    """A model on the ``meta`` device has shapes but no values: said as such, not as torch's internal error."""
+    if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
+        raise ValueError(
+            f"the model's tensors are on the meta device (shapes, no values): cannot {action}; materialize it "
+            "first (model.to_empty(device=...) and load its weights)"
+        )
+
+
 def save_adapter(
     model: nn.Module,
     path: str | os.PathLike,
@@ -244,6 +254,7 @@ def save_adapter(
     dataset and the person, so an adapter is never applied to another dataset's person of the same name). The
     file also records a checksum of its tensors, verified by :func:`load_adapter`.
     """
+    _refuse_meta(model, "save an adapter from it")
     if about is not None and not isinstance(about, dict):  # read back as a JSON object: refused now, not then
         raise TypeError(f"save_adapter: about must be a dict (stored as a JSON object), got {type(about).__name__}")
     if Path(path).is_dir():  # else os.replace fails at the end, naming the temporary file instead of this path
@@ -401,6 +412,7 @@ def load_adapter(
     if given, is the method the caller expects the file to hold. On any error the model is left as it was.
     """
     _check_adapter_name(name)  # the caller's mistake, said as such (not as a file that does not fit)
+    _refuse_meta(model, "load an adapter onto it (it is checked against the base's values)")
     path = Path(path)
     if path.is_dir():
         raise AdapterFileError(

@@ -88,6 +88,20 @@ def _versions(module: nn.Module) -> list[int]:
     return [t._version for t in itertools.chain(module.parameters(), module.buffers())]
 
 
+@torch.no_grad()
+def _sums(module: nn.Module) -> Tensor:
+    """Each tensor's sum and sum of squares, in float64: what sees a change the version counts miss (an edit
+    through ``.data``, tensors swapped in by ``load_state_dict(assign=True)``)."""
+    tensors = list(itertools.chain(module.parameters(), module.buffers()))
+    if not tensors:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.stack([v for t in tensors for v in (t.double().sum(), t.double().square().sum())]).cpu()
+
+
+def _same_sums(a: Tensor, b: Tensor) -> bool:
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
 @dataclass
 class _MergeRecord:
     """What :func:`unmerge` needs: the merged adapter as it was attached (its layers hold the base layers,
@@ -97,6 +111,7 @@ class _MergeRecord:
     state: AdapterState
     merged: dict[str, nn.Module]
     versions: dict[str, list[int]]
+    sums: dict[str, Tensor] = field(default_factory=dict)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _MergeRecord:
         # A copied tensor starts a version count of its own: the copy records its own counts where the
@@ -104,7 +119,7 @@ class _MergeRecord:
         unchanged = {name: _versions(m) == self.versions[name] for name, m in self.merged.items()}
         state, merged = copy.deepcopy(self.state, memo), copy.deepcopy(self.merged, memo)
         versions = {name: _versions(m) if unchanged[name] else [-1] for name, m in merged.items()}
-        memo[id(self)] = out = _MergeRecord(state, merged, versions)
+        memo[id(self)] = out = _MergeRecord(state, merged, versions, dict(self.sums))
         return out
 
     def change(self, model: nn.Module) -> str | None:
@@ -117,7 +132,8 @@ class _MergeRecord:
             if here is not module:
                 return f"{name} is no longer the module the merge left there"
         for name, module in self.merged.items():
-            if _versions(module) != self.versions[name]:
+            sums = self.sums.get(name)
+            if _versions(module) != self.versions[name] or (sums is not None and not _same_sums(_sums(module), sums)):
                 return f"the weights of {name} changed after the merge and unmerging would discard that change"
         params = dict(model.named_parameters()) if self.state.originals else {}
         for name, value in self.state.originals.items():
@@ -142,6 +158,17 @@ class ModelAdapters(Attachment):
     merged: _MergeRecord | None = None
     unmerge_refusal: str | None = None
     norm_statistics: list[tuple[nn.Module, str, Tensor]] = field(default_factory=list)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ModelAdapters:
+        if self.disabled:  # the copy's adapter would stay parked, and the copy refuse every change, for good
+            raise RuntimeError(
+                "cannot copy a model inside alfa.disable_adapters(model): copy it before or after the block"
+            )
+        copied = object.__new__(type(self))
+        memo[id(self)] = copied
+        for name, value in self.__dict__.items():
+            setattr(copied, name, copy.deepcopy(value, memo))
+        return copied
 
     def active_state(self) -> AdapterState | None:
         """The active adapter's book-keeping (what :func:`adapter_state` returns), or ``None``."""
@@ -543,7 +570,8 @@ def merge(model: nn.Module, densify: bool = False, extend: bool = False) -> list
     registry.adapters.clear()
     registry.active = None
     if form in UNMERGE_FORMS:
-        registry.merged = _MergeRecord(state, merged, {name: _versions(m) for name, m in merged.items()})
+        versions, sums = {n: _versions(m) for n, m in merged.items()}, {n: _sums(m) for n, m in merged.items()}
+        registry.merged = _MergeRecord(state, merged, versions, sums)
     else:
         stored = "densely (densify=True)" if densify else "in new factors that hold it (extend=True)"
         kept = ", ".join(repr(f) for f in UNMERGE_FORMS)
