@@ -170,7 +170,7 @@ def test_verdict_when_alfa_loses_everywhere():
     assert lines[0] == "Of the 3 rows, Alfa has the lowest mean error on 0 of 2 pairs."
     assert any(line.startswith("On E→M Alfa does not win: LoRA is best") and "3rd of 3" in line for line in lines)
     text = next(line for line in lines if line.startswith("Against its own starting point"))
-    assert "lowers the mean error on 1 of 2 pairs (1 clearly); it does not on E→M (E→M +2.50 [" in text
+    assert "lowers the mean error on 1 of 2 pairs (1 called clear); it does not on E→M (E→M +2.50 [" in text
     report = render_report(fixture_results(means))
     assert "the mean error is not below on 1 of 1 pairs (E→M) (1 of the 1 clear)." in report
 
@@ -191,7 +191,8 @@ def test_verdicts_speak_of_alfas_selected_row_beside_the_papers():
     own = lines[k + 3]
     assert own.startswith("Against its own starting point (source-only), Alfa (selected recipe) lowers the mean")
     assert (
-        "on 2 of 2 pairs (2 clearly) (E→M −5.50 [" in own and "). Pooled over pairs: Alfa (selected recipe) − " in own
+        "on 2 of 2 pairs (2 called clear) (E→M −5.50 [" in own
+        and "). Pooled over pairs: Alfa (selected recipe) − " in own
     )
     # per seed: (4 + 7)/2 − 6, (4.5 + 7.5)/2 − 6, (5 + 8)/2 − 6 = -0.5, 0, 0.5; lower on E→M, higher on E→D
     d = diff(idx, "alfa[selected]", "lora[selected]", ["E→M", "E→D"])
@@ -267,8 +268,8 @@ def test_sanity_summary_and_sentences(idx):
     lines = sanity_verdicts(idx)
     assert lines[0].startswith("In-domain error (the base on held-out source persons) is below the cross-domain")
     # the smallest and the largest gap, each with its interval (the bootstrap's, as in the sanity table)
-    assert "on 2 of 2 pairs (2 clearly), by +5.50° [4.26, 6.74] (E→D) to +7.00° [4.48, 9.52] (E→M)" in lines[0]
-    assert "(2 clearly): headroom +6.50° [5.26, 7.74] (E→D) to +7.50° [6.27, 8.73] (E→M)" in lines[2]
+    assert "on 2 of 2 pairs (2 called clear), by +5.50° [4.26, 6.74] (E→D) to +7.00° [4.48, 9.52] (E→M)" in lines[0]
+    assert "(2 called clear): headroom +6.50° [5.26, 7.74] (E→D) to +7.50° [6.27, 8.73] (E→M)" in lines[2]
     # relative to the labels' spread: in-domain 3/12 = 25 % in every seed; cross-domain per seed 9, 10, 11 of 10 and
     # 8, 8.5, 9 of 10: 100 % ± t(0.975, 2) · 10 / √3 = [75, 125] and 85 % ± 4.303 · 5 / √3 = [73, 97]
     assert (
@@ -370,8 +371,8 @@ def test_yaw_and_pitch_parts_table_and_verdicts():
     assert "absolute pitch bias +4.50° [4.50, 4.50]" in lines[2]
     # pitch +4 against yaw +0.1 on average: the pitch error grew 3.9° more, in every seed and person
     assert lines[3] == (
-        "Of the 1 rows compared with source-only, 1 end above it (1 clearly); for 1 of those the pitch error grew "
-        "more than the yaw error (1 clearly); change of pitch error − change of yaw error: Alfa +3.90 [3.65, 4.15] "
+        "Of the 1 rows compared with source-only, 1 end above it (1 called clear); for 1 of those the pitch error grew "
+        "more than the yaw error (1 called clear); change of pitch error − change of yaw error: Alfa +3.90 [3.65, 4.15] "
         "clear."
     )
 
@@ -400,8 +401,17 @@ def test_the_pooled_sentence_sorts_every_row_against_source_only():
     assert lora.clear and alfa.clear and not gate.clear
     assert (
         "Pooled over the 2 pairs, the 3 rows against source-only — clearly below it: "
-        f"LoRA {lora.compact()}, Alfa {alfa.compact()}; not clearly different: diagonal gate {gate.compact()}."
+        f"LoRA {lora.compact()}, Alfa {alfa.compact()}; intervals containing zero: diagonal gate {gate.compact()}."
     ) in lines
+    # a row not called clear (descriptive, or not clear after Holm) whose own interval is far from zero says so
+    from types import SimpleNamespace
+
+    from alfa.study.bench.flip_report import _side
+
+    harm = SimpleNamespace(clear=False, mean=39.1, interval=(29.9, 48.2))
+    assert (
+        _side(harm) == "above, not clear" and _side(SimpleNamespace(clear=False, mean=-1, interval=(-2, 1))) == "within"
+    )
     assert lora.compact().startswith("−4.10 [") and lora.compact().endswith("] clear")
 
 
@@ -440,7 +450,7 @@ def test_a_second_protocol_page_judges_only_its_declared_family():
     text = render_report(results)
     assert "**The family was declared before the runs**" in text and "11 comparisons" in text
     assert "11 declared comparison(s) could not be made" in text  # the fixture has no positive control
-    assert not re.search(r"after Holm over \d+ comparisons", text) and "(0 clearly" in text
+    assert not re.search(r"after Holm over \d+ comparisons", text) and "(0 called clear" in text
     assert re.search(r"page's (\d+) other comparisons are \*descriptive\*", text)
     # its sanity section says how far its own records meet the calibration (no target-trained rows: failing)
     sanity = text.split("## Sanity: domain gap and headroom")[1].split("\n## ")[0]

@@ -352,8 +352,9 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
         worse = [(loss, err) for loss, err in lower_loss if err.mean > 0]
         text = (
             f"With the paper's recipe, of the {len(compared)} rows compared, the pooled flip loss ends below "
-            f"source-only's for {len(lower_loss)} ({sum(loss.clear for loss, _ in lower_loss)} clearly), and the "
-            f"error ends above source-only's for {len(worse)} of them ({sum(err.clear for _, err in worse)} clearly"
+            f"source-only's for {len(lower_loss)} ({sum(loss.clear for loss, _ in lower_loss)} called clear), and "
+            f"the error ends above source-only's for {len(worse)} of them "
+            f"({sum(err.clear for _, err in worse)} called clear"
         )
         text += f": {', '.join(_name(err.a) for _, err in worse)})" if worse else ")"
         lines.append(text + ": a lower flip loss is no evidence of a lower error (intervals: § After personalization).")
@@ -361,24 +362,48 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
 
 
 def _pooled_lines(idx: Index, main: Sequence[str]) -> list[str]:
-    """Every row (Alfa's two simpler mixes included) sorted into clearly below, not clearly different from,
-    and clearly above source-only, pooled over every pair, each with its interval."""
+    """Every row (Alfa's two simpler mixes included) against source-only, pooled over every pair, each with its
+    interval, grouped by where it lies (:func:`_side`)."""
     pairs = pairs_of(idx)
-    groups: dict[str, list[str]] = {"below": [], "within": [], "above": []}
+    groups: dict[str, list[str]] = {
+        "below": [],
+        "below, not clear": [],
+        "within": [],
+        "above, not clear": [],
+        "above": [],
+    }
     for m in _rows(idx, main):
         if m == "source-only":
             continue
         d = diff(idx, m, "source-only", pairs)
         if d is None:
             continue
-        group = "within" if not d.clear else "below" if d.mean < 0 else "above"
-        groups[group].append(f"{_name(m)} {d.compact()}{seeds_note(d.per_seed, seeds_of(idx))}")
+        groups[_side(d)].append(f"{_name(m)} {d.compact()}{seeds_note(d.per_seed, seeds_of(idx))}")
     if not any(groups.values()):
         return []
-    words = {"below": "clearly below it", "within": "not clearly different", "above": "clearly above it"}
+    # "Not clear" is a verdict on the declared family; a descriptive row's interval far from zero is said as such.
+    words = {
+        "below": "clearly below it",
+        "below, not clear": "below it by their own intervals, not called clear (descriptive, or not clear after Holm)",
+        "within": "intervals containing zero",
+        "above, not clear": "above it by their own intervals, not called clear (descriptive, or not clear after Holm)",
+        "above": "clearly above it",
+    }
     parts = [f"{words[g]}: {', '.join(v)}" for g, v in groups.items() if v]
     count = sum(map(len, groups.values()))
     return [f"Pooled over the {len(pairs)} pairs, the {count} rows against source-only — " + "; ".join(parts) + "."]
+
+
+def _side(d: Any) -> str:
+    """Where a difference from source-only lies: called clear (below, above), or not, by its own interval."""
+    if d.clear:
+        return "below" if d.mean < 0 else "above"
+    interval = d.interval
+    if interval is not None and interval[1] < 0:
+        return "below, not clear"
+    if interval is not None and interval[0] > 0:
+        return "above, not clear"
+    return "within"
 
 
 def _over_seeds(records: Iterable[Record], value: Callable[[Record], float | None]) -> str:

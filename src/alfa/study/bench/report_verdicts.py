@@ -78,7 +78,7 @@ def _below_source_only_sentence(idx: Index, pairs: Sequence[str], methods: Seque
     clear = sum(d.clear for _, d in beating)
     text = (
         f"Of the {len(compared)} rows compared with source-only pooled over pairs, {len(beating)} have a lower "
-        f"mean error ({clear} clearly): {names or 'none'}."
+        f"mean error ({clear} called clear): {names or 'none'}."
     )
     others = [m for m, _ in compared if m not in {b for b, _ in beating}]
     if others:
@@ -143,7 +143,7 @@ def _against_source_only(idx: Index, pairs: Sequence[str], row: str) -> str:
     lower = [p for p, x in per_pair if x.mean < 0]
     text = (
         f"Against its own starting point (source-only{f', on {once}' if once else ''}), {me} lowers the mean error on "
-        f"{len(lower)} of {len(per_pair)} pairs ({sum(x.clear for _, x in per_pair if x.mean < 0)} clearly)"
+        f"{len(lower)} of {len(per_pair)} pairs ({sum(x.clear for _, x in per_pair if x.mean < 0)} called clear)"
     )
     if len(lower) < len(per_pair):
         text += f"; it does not on {', '.join(p for p, _ in per_pair if p not in lower)}"
@@ -275,13 +275,13 @@ def _below_source_only(idx: Index, pairs: Sequence[str], method: str) -> list[tu
 def _gap_sentence(
     idx: Index, method: str, items: list[tuple[str, float, float]], subject: str, by: str, missing: str
 ) -> str:
-    """ "<subject> on k of n pairs (j clearly), <by> <range> (<share>); <missing> on <pairs>." for the gaps
+    """ "<subject> on k of n pairs (j called clear), <by> <range> (<share>); <missing> on <pairs>." for the gaps
     source-only − ``method`` that should be > 0 (each with its interval in the sanity table; "descriptive" where
     none of them is in the page's declared family, so none can be clear)."""
     below = [g for g in items if g[1] > 0]
     gaps = [d for p, _, _ in below if (d := diff(idx, "source-only", method, [p])) is not None]
     if any(d.judged for d in gaps) or not gaps:
-        counted = f"{sum(d.clear for d in gaps)} clearly"
+        counted = f"{sum(d.clear for d in gaps)} called clear"
     else:
         counted = "not judged: one seed" if all(d.n == 1 for d in gaps) else "descriptive: not in the declared family"
     text = f"{subject} on {len(below)} of {len(items)} pairs ({counted})"
@@ -420,8 +420,8 @@ def parts_verdicts(idx: Index, methods: Sequence[str]) -> list[str]:
         led = [(m, g) for m, g in gaps if g is not None and g.mean > 0]
         text = (
             f"Of the {len(compared)} rows compared with source-only, {len(worse)} end above it "
-            f"({sum(d.clear for _, d in worse)} clearly); for {len(led)} of those the pitch error grew more than "
-            f"the yaw error ({sum(g.clear for _, g in led)} clearly)"
+            f"({sum(d.clear for _, d in worse)} called clear); for {len(led)} of those the pitch error grew more than "
+            f"the yaw error ({sum(g.clear for _, g in led)} called clear)"
         )
         if led:
             text += "; change of pitch error − change of yaw error: " + "; ".join(
