@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -123,9 +124,8 @@ def adapter_costs(base: nn.Module, adapter_file: Path, images: torch.Tensor, rep
         "compact_bytes": None,
     }
     if has_compact_form(model):
-        compact = adapter_file.with_name(adapter_file.stem + ".compact.tmp")
-        out["compact_bytes"] = save_adapter(model, compact, compact=True).stat().st_size
-        compact.unlink()
+        with tempfile.TemporaryDirectory() as tmp:  # only its size is kept; a kill leaves nothing among the adapters
+            out["compact_bytes"] = save_adapter(model, Path(tmp) / "compact.safetensors", compact=True).stat().st_size
     total = _param_count(model)
     try:
         extended = copy.deepcopy(model)
