@@ -707,3 +707,16 @@ def test_the_replayed_reference_protocol_gives_what_its_selection_adds_with_an_i
     assert lines[1].startswith(
         "On the same images the base before personalization (step 0) scores 12.00° [12.00, 12.00]"
     )
+
+
+def test_an_ablation_curve_is_drawn_on_the_seeds_every_setting_has():
+    """The default setting's row is run by every seed, the others by one: the line would otherwise move by the seeds
+    a point has, not by its setting."""
+    from alfa.study.bench.report_figures import _curve
+    from alfa.study.bench.stats import index_records
+
+    records = [record("alfa", "E→M", s, [10.0 + 5 * s, 11.0 + 5 * s]) for s in (0, 1, 2)]
+    records += [record("alfa[H=1]", "E→M", 0, [20.0, 21.0]), record("alfa[H=1]", "E→M", 1, [22.0, 23.0])]
+    layout = [{"label": "alfa[H=1]", "value": 1}, {"label": "alfa", "value": 8}]
+    points = _curve(index_records(records), layout, "alfa", ["E→M"])
+    assert [(x, mean) for x, mean, _ in points] == [(1.0, 21.5), (8.0, 13.0)]  # seeds 0 and 1 both, not seed 2

@@ -14,7 +14,7 @@ from . import report_prose as prose
 from .ablations import REGISTRY, family_of
 from .names import display_name as _name
 from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE
-from .stats import Index, index_records, pairs_of, pooled, seeds_of
+from .stats import Index, Stat, index_records, pairs_of, pooled, seeds_of
 
 __all__ = ["render_figures", "update_rank_lines"]
 
@@ -24,13 +24,21 @@ def _curve(
 ) -> list[tuple[float, float, float | None]]:
     """``(setting, mean, half-width of its 95 % interval)`` of the ``family`` rows of one ablation with a numeric
     setting, pooled over ``pairs`` (no half-width: one seed)."""
-    points = []
+    stats = []
     for row in rows_layout:
         if family_of(row["label"]) != family:
             continue
         s = pooled(idx, row["label"], pairs)
         if s is not None and isinstance(row["value"], (int, float)):
-            points.append((float(row["value"]), s.mean, s.seed_half_width))
+            stats.append((float(row["value"]), s))
+    # One line over one set of seeds: a point on more seeds than its neighbours (the default setting's row, run by
+    # every seed) would move the line by the seeds it has, not by the setting. Those the page's sentence reads too.
+    common = set.intersection(*(set(s.values) for _, s in stats)) if stats else set()
+    points = []
+    for value, s in stats:
+        kept = Stat({seed: v for seed, v in s.values.items() if seed in common})
+        if kept.values:
+            points.append((value, kept.mean, kept.seed_half_width))
     return points
 
 

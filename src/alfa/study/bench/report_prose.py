@@ -414,7 +414,8 @@ ABLATIONS_INTRO = (
 )
 
 ABLATION_FIGURE_CAPTION = (
-    "Error against the setting ({title}): mean over seeds with its 95 % interval, one line per pair."
+    "Error against the setting ({title}): mean over the seeds every setting has, with its 95 % interval, one "
+    "line per pair."
 )
 
 COSTS_INTRO = (
