@@ -372,8 +372,8 @@ def test_yaw_and_pitch_parts_table_and_verdicts():
     # pitch +4 against yaw +0.1 on average: the pitch error grew 3.9° more, in every seed and person
     assert lines[3] == (
         "Of the 1 rows compared with source-only, 1 end above it (1 called clear); for 1 of those the pitch error grew "
-        "more than the yaw error (1 called clear); change of pitch error − change of yaw error: Alfa +3.90 [3.65, 4.15] "
-        "clear."
+        "more than the yaw error (1 called clear); change of pitch error − change of yaw error: Alfa "
+        "+3.90 [3.65, 4.15] clear."
     )
 
 

@@ -369,3 +369,17 @@ def test_cli_meta_train_then_personalize(bases, tmp_path, capsys):
         with pytest.raises(ValueError, match=words):
             args.func(args)
         assert (tmp_path / "ad" / "p00.safetensors").is_file()  # refused before --replace removed anything
+
+
+def test_prompt_sizes_are_measured_through_another_adapters_layers():
+    """for_model on a model whose target conv another adapter wraps finds it under the layer's own name."""
+    from tiny_models import truncated_tiny_gaze_net
+
+    import alfa
+
+    model = truncated_tiny_gaze_net()
+    alfa.attach(model, alfa.LoraConfig(rank=2), name="lora")
+    config = alfa.TPGazeConfig.for_model(model, 16, target="^conv1$")
+    assert config.input_sizes == {"3->16 k3x3 s2x2 p1x1 d1x1": [16, 16]}
+    alfa.attach(model, config, name="prompts")
+    assert alfa.active_adapter(model) == "prompts"

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers import LayerSpec, is_dense_eligible, is_factorized, layer_spec
+from ..surgery import LayerWrapper
 from .config import AdapterConfig, ConfigError, MergeError, register_method, target_matches
 from .layer import AdaptedLayer, MergeKind
 
@@ -115,10 +116,11 @@ def probe_input_sizes(
 
         return hook
 
+    # A conv inside another adapter's wrapper is named by the wrapper's path, the layer's own name in the model.
+    wrapped = {id(m.base): name for name, m in model.named_modules() if isinstance(m, LayerWrapper)}
+    convs = [(wrapped.get(id(m), name), m) for name, m in model.named_modules() if _is_conv(m)]
     hooks = [
-        module.register_forward_pre_hook(record(name, module))
-        for name, module in model.named_modules()
-        if _is_conv(module) and target_matches(target, name)
+        module.register_forward_pre_hook(record(name, module)) for name, module in convs if target_matches(target, name)
     ]
     modes = {module: module.training for module in model.modules()}
     try:
