@@ -197,3 +197,25 @@ def test_the_adapter_book_keeping_is_one_object_on_the_model(small_net):
         assert registry.disabled and set(vars(small_net)) - before == added
     alfa.detach(small_net)
     assert set(vars(small_net)) == before
+
+
+def test_unmerge_takes_the_same_weights_in_another_layout_or_thread_count():
+    """A float64 sum of the same values moves in its last bits with the thread count and the memory layout: no
+    change of the weights, and no refusal."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Conv2d(3, 512, 3), torch.nn.Conv2d(512, 512, 3)).eval()
+    threads = torch.get_num_threads()
+    try:
+        for move in ("threads", "channels_last"):
+            torch.set_num_threads(2)
+            model = copy.deepcopy(base)
+            alfa.attach(model, alfa.LoraConfig(rank=2))
+            alfa.merge(model)
+            if move == "threads":
+                torch.set_num_threads(1)
+            else:
+                model = model.to(memory_format=torch.channels_last)
+            alfa.unmerge(model)
+            assert alfa.adapter_state(model) is not None
+    finally:
+        torch.set_num_threads(threads)

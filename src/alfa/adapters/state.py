@@ -90,8 +90,8 @@ def _versions(module: nn.Module) -> list[int]:
 
 @torch.no_grad()
 def _sums(module: nn.Module) -> Tensor:
-    """Each tensor's sum and sum of squares, in float64: what sees a change the version counts miss (an edit
-    through ``.data``, tensors swapped in by ``load_state_dict(assign=True)``)."""
+    """Each tensor's sum and sum of squares, in float64: what sees most changes the version counts miss (an edit
+    through ``.data``, tensors swapped in by ``load_state_dict(assign=True)``; not one that keeps both sums)."""
     tensors = list(itertools.chain(module.parameters(), module.buffers()))
     if not tensors:
         return torch.zeros(0, dtype=torch.float64)
@@ -99,7 +99,15 @@ def _sums(module: nn.Module) -> Tensor:
 
 
 def _same_sums(a: Tensor, b: Tensor) -> bool:
-    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+    # Not bit for bit: a float64 sum's last bits move with the thread count and the memory layout (channels_last)
+    # of the same values. A change of a weight's value moves them by far more than this.
+    if a.shape != b.shape:
+        return False
+    close = (a - b).abs() <= _SUMS_TOLERANCE * a.abs().clamp_min(1.0)
+    return bool((close | (a.isnan() & b.isnan())).all())
+
+
+_SUMS_TOLERANCE = 1e-9
 
 
 @dataclass
@@ -134,7 +142,10 @@ class _MergeRecord:
         for name, module in self.merged.items():
             sums = self.sums.get(name)
             if _versions(module) != self.versions[name] or (sums is not None and not _same_sums(_sums(module), sums)):
-                return f"the weights of {name} changed after the merge and unmerging would discard that change"
+                return (
+                    f"the weights of {name} changed after the merge (edited, or cast to another dtype) and unmerging "
+                    "would discard that change"
+                )
         params = dict(model.named_parameters()) if self.state.originals else {}
         for name, value in self.state.originals.items():
             if name not in params or params[name].shape != value.shape:

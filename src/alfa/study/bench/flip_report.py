@@ -384,9 +384,9 @@ def _pooled_lines(idx: Index, main: Sequence[str]) -> list[str]:
     # "Not clear" is a verdict on the declared family; a descriptive row's interval far from zero is said as such.
     words = {
         "below": "clearly below it",
-        "below, not clear": "below it by their own intervals, not called clear (descriptive, or not clear after Holm)",
+        "below, not clear": "below it by their own intervals, not called clear (descriptive, one seed, or not clear)",
         "within": "intervals containing zero",
-        "above, not clear": "above it by their own intervals, not called clear (descriptive, or not clear after Holm)",
+        "above, not clear": "above it by their own intervals, not called clear (descriptive, one seed, or not clear)",
         "above": "clearly above it",
     }
     parts = [f"{words[g]}: {', '.join(v)}" for g, v in groups.items() if v]

@@ -414,8 +414,8 @@ ABLATIONS_INTRO = (
 )
 
 ABLATION_FIGURE_CAPTION = (
-    "Error against the setting ({title}): mean over the seeds every setting has, with its 95 % interval, one "
-    "line per pair."
+    "Error against the setting ({title}): mean over the seeds every setting has, with its 95 % interval where "
+    "they are two or more, one line per pair."
 )
 
 COSTS_INTRO = (
