@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import pickle
 import re
 
 import pytest
@@ -252,6 +253,8 @@ def test_disable_adapters_runs_the_base_exactly_and_restores_them(base, two, x):
             alfa.merge(two)
         with pytest.raises(RuntimeError, match="cannot copy a model inside alfa.disable_adapters"):
             copy.deepcopy(two)  # the copy's adapter would stay parked, and every change to it refused, for good
+        with pytest.raises(RuntimeError, match="cannot copy a model inside alfa.disable_adapters"):
+            pickle.dumps(two)  # the same copy, made another way
     assert torch.equal(two(x), want) and torch.equal(copy.deepcopy(two)(x), want)
     with pytest.raises(KeyError):
         with alfa.disable_adapters(two):

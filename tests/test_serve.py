@@ -187,7 +187,10 @@ def test_serving_refuses_what_it_would_get_silently_wrong(base, tmp_path):
         mixed(images, *mixed.mixes(served, ["ann"]))
     assert mixed(images, *mixed.mixes(served, ["ann", None, "ann"])).shape == (3, 2)
     served.train()
-    with pytest.raises(RuntimeError, match=r"serves in eval mode: call \.eval\(\)"):
+    with pytest.raises(RuntimeError, match=r"MultiUserModel serves in eval mode: call \.eval\(\)"):
         served(images, ["ann", None, "cal"])
+    with pytest.raises(RuntimeError, match=r"MixedBatchModel serves in eval mode: call \.eval\(\)"):
+        mixed.train()(images, *mixed.mixes(served, ["ann", None, "ann"]))
+    mixed.eval()
     served.eval()
     assert served(images, ["ann", None, "cal"]).shape == (3, 2)

@@ -317,6 +317,9 @@ class MixedBatchModel(nn.Module):
     def forward(self, images: Tensor, *mixes: Tensor) -> Tensor:
         if len(mixes) != len(self.layer_names):
             raise ValueError(f"expected {len(self.layer_names)} mixes (one per factorized layer), got {len(mixes)}")
+        if any(m.training for m in self.modules()):  # as MultiUserModel: the shared statistics are not to move
+            raise RuntimeError("MixedBatchModel serves in eval mode: call .eval() (in train mode the base's BatchNorm "
+                               "statistics would change for every user)")  # fmt: skip
         for name, layer, mix in zip(self.layer_names, self._layers.values(), mixes):
             d = layer.base.U.shape[1]
             if tuple(mix.shape) != (images.shape[0], d, d):  # a broadcast would give one user's mix to every sample

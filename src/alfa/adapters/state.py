@@ -170,11 +170,18 @@ class ModelAdapters(Attachment):
     unmerge_refusal: str | None = None
     norm_statistics: list[tuple[nn.Module, str, Tensor]] = field(default_factory=list)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> ModelAdapters:
+    def __getstate__(self) -> dict[str, Any]:
+        self._refuse_a_copy_while_disabled()  # pickling makes the same copy
+        return dict(self.__dict__)
+
+    def _refuse_a_copy_while_disabled(self) -> None:
         if self.disabled:  # the copy's adapter would stay parked, and the copy refuse every change, for good
             raise RuntimeError(
                 "cannot copy a model inside alfa.disable_adapters(model): copy it before or after the block"
             )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ModelAdapters:
+        self._refuse_a_copy_while_disabled()
         copied = object.__new__(type(self))
         memo[id(self)] = copied
         for name, value in self.__dict__.items():
