@@ -260,11 +260,10 @@ class Hold:
         return note
 
 
-TEMPORARY_NAME = re.compile(r"^\..+\.[0-9a-f]{8}\.tmp(\.[^.]+)?$")
-"""The name :func:`atomic_path` gives a file while it is written (``.NAME.<8 hex>.tmp.SUFFIX``)."""
-
 TEMPORARY_PATH = r".*/\.[^/]+\.[0-9a-f]{8}\.tmp(\.[^./]+)?"
-"""The same names as a whole path, for ``find -regextype posix-extended -regex``."""
+"""The path of a file :func:`atomic_path` is writing (``.NAME.<8 hex>.tmp.SUFFIX``), as a regular expression that
+Python and ``find -regextype posix-extended -regex`` read alike: what the stale-lock note counts is what its
+command deletes."""
 
 
 def _size(path: Path) -> int:
@@ -278,7 +277,7 @@ def leftover_temporary_files(folder: str | os.PathLike) -> list[Path]:
     """The files under ``folder`` named as :func:`atomic_path` names a file being written: what a killed writer left."""
     found = []
     for root, _, names in os.walk(folder):
-        found += [Path(root) / n for n in names if TEMPORARY_NAME.match(n)]
+        found += [Path(root) / n for n in names if re.fullmatch(TEMPORARY_PATH, os.path.join(root, n))]
     return sorted(found)
 
 

@@ -62,6 +62,15 @@ def _refuse_unknown(users: Sequence[str | None], known: dict[str, list[str]]) ->
         raise UnknownUserError(f"unknown user(s): {unknown[:5]}")
 
 
+def _refuse_train_mode(served: nn.Module) -> None:
+    """A served model runs in eval mode: in train mode a BatchNorm would move the statistics every user shares."""
+    if any(m.training for m in served.modules()):
+        raise RuntimeError(
+            f"{type(served).__name__} serves in eval mode: call .eval() (in train mode the base's BatchNorm "
+            "statistics would change for every user)"
+        )
+
+
 def _wrap_factorized(base: nn.Module, wrapper: type[nn.Module]) -> tuple[nn.Module, dict[str, nn.Module]]:
     """A copy of ``base`` in eval mode with every factorized layer inside ``wrapper(layer)``; the wrappers by name."""
     model = copy.deepcopy(base).eval()
@@ -232,9 +241,7 @@ class MultiUserModel(nn.Module):
         if len(users) != images.shape[0]:
             raise ValueError(f"{images.shape[0]} images but {len(users)} user ids")
         _refuse_unknown(users, self._users)
-        if any(m.training for m in self.modules()):  # a BatchNorm in train mode would move the shared base
-            raise RuntimeError("MultiUserModel serves in eval mode: call .eval() (in train mode the base's BatchNorm "
-                               "statistics would change for every user)")  # fmt: skip
+        _refuse_train_mode(self)
         for layer in self._layers.values():
             layer.batch_users = users
         try:
@@ -317,9 +324,7 @@ class MixedBatchModel(nn.Module):
     def forward(self, images: Tensor, *mixes: Tensor) -> Tensor:
         if len(mixes) != len(self.layer_names):
             raise ValueError(f"expected {len(self.layer_names)} mixes (one per factorized layer), got {len(mixes)}")
-        if any(m.training for m in self.modules()):  # as MultiUserModel: the shared statistics are not to move
-            raise RuntimeError("MixedBatchModel serves in eval mode: call .eval() (in train mode the base's BatchNorm "
-                               "statistics would change for every user)")  # fmt: skip
+        _refuse_train_mode(self)
         for name, layer, mix in zip(self.layer_names, self._layers.values(), mixes):
             d = layer.base.U.shape[1]
             if tuple(mix.shape) != (images.shape[0], d, d):  # a broadcast would give one user's mix to every sample

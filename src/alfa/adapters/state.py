@@ -119,7 +119,7 @@ class _MergeRecord:
     state: AdapterState
     merged: dict[str, nn.Module]
     versions: dict[str, list[int]]
-    sums: dict[str, Tensor] = field(default_factory=dict)
+    sums: dict[str, Tensor]
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _MergeRecord:
         # A copied tensor starts a version count of its own: the copy records its own counts where the
@@ -140,8 +140,7 @@ class _MergeRecord:
             if here is not module:
                 return f"{name} is no longer the module the merge left there"
         for name, module in self.merged.items():
-            sums = self.sums.get(name)
-            if _versions(module) != self.versions[name] or (sums is not None and not _same_sums(_sums(module), sums)):
+            if _versions(module) != self.versions[name] or not _same_sums(_sums(module), self.sums[name]):
                 return (
                     f"the weights of {name} changed after the merge (edited, or cast to another dtype) and unmerging "
                     "would discard that change"

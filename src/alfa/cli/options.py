@@ -266,8 +266,9 @@ def key_values(items: Sequence[str] | None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--option {item!r}: expected KEY=VALUE")
+        field = key.replace("-", "_")
         try:
-            options[key.replace("-", "_")] = json.loads(value)
+            options[field] = json.loads(value)
         except json.JSONDecodeError:
-            options[key.replace("-", "_")] = value
+            options[field] = value
     return options

@@ -192,8 +192,10 @@ class GazeServer(socketserver.TCPServer):
     def receiving(self, connection: socket.socket, active: bool) -> None:
         with self._receiving_lock:
             if active:
-                wait = min(self.limits.request_timeout, STOP_GRACE) if self._stopping.is_set() else None
-                self._receiving[connection] = time.monotonic() + (wait or self.limits.request_timeout)
+                wait = self.limits.request_timeout
+                if self._stopping.is_set():
+                    wait = min(wait, STOP_GRACE)
+                self._receiving[connection] = time.monotonic() + wait
             else:
                 self._receiving.pop(connection, None)
 

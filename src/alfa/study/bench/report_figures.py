@@ -34,12 +34,10 @@ def _curve(
     # One line over one set of seeds: a point on more seeds than its neighbours (the default setting's row, run by
     # every seed) would move the line by the seeds it has, not by the setting. Those the page's sentence reads too.
     common = set.intersection(*(set(s.values) for _, s in stats)) if stats else set()
-    points = []
-    for value, s in stats:
-        kept = Stat({seed: v for seed, v in s.values.items() if seed in common})
-        if kept.values:
-            points.append((value, kept.mean, kept.seed_half_width))
-    return points
+    if not common:
+        return []
+    kept = [(value, Stat({seed: v for seed, v in s.values.items() if seed in common})) for value, s in stats]
+    return [(value, s.mean, s.seed_half_width) for value, s in kept]
 
 
 def render_figures(results: dict[str, Any], results_dir: Path | None, figure_dir: Path) -> dict[str, Path]:

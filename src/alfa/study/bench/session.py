@@ -89,8 +89,9 @@ def _trained_on(cache: Path, from_cache: bool) -> str | None:
     what the cache says (``None`` for a cache made before it said)."""
     path = cache / TRAINED_ON_FILE
     if not from_cache:
-        write_json(path, {"cpu": cpu_name()})
-        return cpu_name()
+        here = cpu_name()
+        write_json(path, {"cpu": here})
+        return here
     if not path.is_file():
         return None
     try:
