@@ -454,3 +454,25 @@ def test_a_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
     with pytest.raises(SystemExit) as done:  # otherwise it is the command itself
         alfa_command.main()
     assert done.value.code == 0 and "usage: alfa" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module", ["alfa.adapters", "alfa.cli"])  # the package's own imports, then __main__'s
+def test_a_ctrl_c_while_python_m_alfa_imports_is_one_line(module, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    # sitecustomize runs before `-m alfa` locates the package: it makes the chosen import raise as a Ctrl-C would.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import builtins\n"
+        "real_import = builtins.__import__\n"
+        "def interrupted(name, globals=None, locals=None, fromlist=(), level=0):\n"
+        f"    if (name if not level else globals['__package__'] + '.' + name) == {module!r}:\n"
+        "        raise KeyboardInterrupt\n"
+        "    return real_import(name, globals, locals, fromlist, level)\n"
+        "builtins.__import__ = interrupted\n"
+    )
+    paths = [str(tmp_path), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    done = subprocess.run([sys.executable, "-m", "alfa", "--help"], capture_output=True, text=True, env=env)
+    assert (done.returncode, done.stderr, done.stdout) == (130, "interrupted\n", "")

@@ -22,54 +22,65 @@ Quick start::
     alfa.merge(model)
 """
 
-from . import models
-from .adapters import (
-    DEFAULT_ADAPTER,
-    METHODS,
-    AdaptedLayer,
-    AdapterConfig,
-    AdapterFileError,
-    AlfaConfig,
-    BitfitConfig,
-    ConfigError,
-    CorrectionConfig,
-    DiagGateConfig,
-    DictionaryMixConfig,
-    DoraConfig,
-    FloraConfig,
-    FullFinetuneConfig,
-    LinearMixConfig,
-    LoraConfig,
-    MergeError,
-    MiloraConfig,
-    MosloraConfig,
-    PissaConfig,
-    SpectralConfig,
-    TPGazeConfig,
-    active_adapter,
-    adapter_names,
-    adapter_parameters,
-    adapter_state,
-    attach,
-    delete_adapter,
-    detach,
-    disable_adapters,
-    load_adapter,
-    merge,
-    merge_form,
-    param_groups,
-    read_adapter_metadata,
-    register_method,
-    save_adapter,
-    set_adapter,
-    unmerge,
-)
-from .checkpoint import load_pretrained, save_pretrained
-from .layers import FactorizedConv2d, FactorizedLinear
-from .serve import MultiUserModel, UnknownUserError
-from .summary import ParameterSummary, parameter_summary, print_trainable_parameters, trainable_parameters_line
-from .surgery import UnsupportedSaveError
-from .truncate import TruncationReport, canonicalize, truncate
+import sys as _sys
+
+try:
+    from . import models
+    from .adapters import (
+        DEFAULT_ADAPTER,
+        METHODS,
+        AdaptedLayer,
+        AdapterConfig,
+        AdapterFileError,
+        AlfaConfig,
+        BitfitConfig,
+        ConfigError,
+        CorrectionConfig,
+        DiagGateConfig,
+        DictionaryMixConfig,
+        DoraConfig,
+        FloraConfig,
+        FullFinetuneConfig,
+        LinearMixConfig,
+        LoraConfig,
+        MergeError,
+        MiloraConfig,
+        MosloraConfig,
+        PissaConfig,
+        SpectralConfig,
+        TPGazeConfig,
+        active_adapter,
+        adapter_names,
+        adapter_parameters,
+        adapter_state,
+        attach,
+        delete_adapter,
+        detach,
+        disable_adapters,
+        load_adapter,
+        merge,
+        merge_form,
+        param_groups,
+        read_adapter_metadata,
+        register_method,
+        save_adapter,
+        set_adapter,
+        unmerge,
+    )
+    from .checkpoint import load_pretrained, save_pretrained
+    from .layers import FactorizedConv2d, FactorizedLinear
+    from .serve import MultiUserModel, UnknownUserError
+    from .summary import ParameterSummary, parameter_summary, print_trainable_parameters, trainable_parameters_line
+    from .surgery import UnsupportedSaveError
+    from .truncate import TruncationReport, canonicalize, truncate
+except KeyboardInterrupt:
+    # ``python -m alfa`` (the way torchrun starts it) imports this package before its ``__main__`` can answer a
+    # Ctrl-C; while the module is being located, ``sys.argv[0]`` is "-m". ``import alfa`` elsewhere keeps the
+    # interrupt for its caller.
+    if _sys.argv[:1] == ["-m"]:
+        print("interrupted", file=_sys.stderr)
+        raise SystemExit(130) from None
+    raise
 
 __version__ = "0.1.0"
 

@@ -2,7 +2,10 @@
 
 import sys
 
-from .cli import main
-
 if __name__ == "__main__":
+    try:
+        from .cli import main
+    except KeyboardInterrupt:  # the command's modules take a moment to import; a Ctrl-C then is one line too
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
     sys.exit(main())
