@@ -299,7 +299,7 @@ def test_report_file_regenerates_identically(tmp_path):
     # the page is one family: its statement, and the verdicts judged over it
     assert "The page makes **" in text and "after Holm over" in text and "judged alone" not in text
     assert (tmp_path / "docs" / "figures" / "results" / "error_vs_heads.png").is_file()
-    assert "figures/results/error_vs_heads.png" in text
+    assert "figures/results/error_vs_heads.png" in text and "No figure yet" not in text
     build_report(path, tmp_path / "docs" / "results.md")
     assert md.read_text() == text
 
@@ -720,3 +720,18 @@ def test_an_ablation_curve_is_drawn_on_the_seeds_every_setting_has():
     layout = [{"label": "alfa[H=1]", "value": 1}, {"label": "alfa", "value": 8}]
     points = _curve(index_records(records), layout, "alfa", ["E→M"])
     assert [(x, mean) for x, mean, _ in points] == [(1.0, 21.5), (8.0, 13.0)]  # seeds 0 and 1 both, not seed 2
+
+
+def test_an_ablation_whose_settings_share_no_seed_says_its_figure_is_not_drawn(tmp_path):
+    results = fixture_results()
+    for r in results["records"]:  # the other head counts, run only on a seed the default setting was not
+        if r["method"].startswith("alfa[H="):
+            r["seed"], r["id"] = 7, r["id"].replace(f"seed{r['seed']}", "seed7")
+    (tmp_path / "bench").mkdir()
+    path = tmp_path / "bench" / "results.json"
+    path.write_text(json.dumps(results))
+    text = build_report(path, tmp_path / "docs" / "results.md").read_text()
+    heads = text[text.index("### Heads H") :]
+    heads = heads[: heads.index("\n### ")]
+    assert "No figure yet: on no pair do two or more of its settings share a seed" in heads
+    assert not (tmp_path / "docs" / "figures" / "results" / "error_vs_heads.png").exists()

@@ -516,6 +516,8 @@ def _ablations_section(r: _Report) -> list[str]:
         lines += _bullets(ablation_verdicts(r.idx, name, rows, pairs))
         lines += [""]
         lines += r.figure(name, prose.ABLATION_FIGURE_CAPTION.format(title=title))
+        if name in REGISTRY and REGISTRY[name].figure is not None and name not in r.figures:
+            lines += [prose.ABLATION_FIGURE_NOT_DRAWN, ""]
     return lines
 
 

@@ -413,6 +413,10 @@ ABLATIONS_INTRO = (
     "the two rows seed by seed, on the seeds both have, and names them where they are not each row's own."
 )
 
+ABLATION_FIGURE_NOT_DRAWN = (
+    "No figure yet: on no pair do two or more of its settings share a seed (a line is drawn over the seeds every "
+    "setting on it has)."
+)
 ABLATION_FIGURE_CAPTION = (
     "Error against the setting ({title}): mean over the seeds every setting has, with its 95 % interval where "
     "they are two or more, one line per pair."
