@@ -90,21 +90,34 @@ def _versions(module: nn.Module) -> list[int]:
 
 @torch.no_grad()
 def _sums(module: nn.Module) -> Tensor:
-    """Each tensor's sum and sum of squares, in float64: what sees most changes the version counts miss (an edit
-    through ``.data``, tensors swapped in by ``load_state_dict(assign=True)``; not one that keeps both sums)."""
-    tensors = list(itertools.chain(module.parameters(), module.buffers()))
-    if not tensors:
-        return torch.zeros(0, dtype=torch.float64)
-    return torch.stack([v for t in tensors for v in (t.double().sum(), t.double().square().sum())]).cpu()
+    """Three sums of each tensor in float64 (its values, their squares, and its values weighted by position) and,
+    in a second row, a bound on the size of each (from the sum of absolute values): what sees the changes the
+    version counts miss (an edit through ``.data``, tensors swapped in by ``load_state_dict(assign=True)``), values
+    moved about included."""
+    tensors = [t.detach() for t in itertools.chain(module.parameters(), module.buffers())]
+    rows = []
+    if tensors:
+        # weights rising from 1 to 2 along the values: moving values about moves this sum
+        longest = max(t.numel() for t in tensors)
+        weights = torch.arange(longest, dtype=torch.float64, device=tensors[0].device).div_(longest).add_(1.0)
+    for t in tensors:
+        flat = t.double().reshape(-1)
+        magnitude, square = flat.abs().sum(), flat.square().sum()
+        weighted = flat.mul(weights[: flat.numel()].to(flat.device)).sum()
+        rows += [(flat.sum(), magnitude), (square, square), (weighted, 2 * magnitude)]
+    if not rows:
+        return torch.zeros(2, 0, dtype=torch.float64)
+    return torch.tensor([[float(v) for v, _ in rows], [float(size) for _, size in rows]], dtype=torch.float64)
 
 
 def _same_sums(a: Tensor, b: Tensor) -> bool:
     # Not bit for bit: a float64 sum's last bits move with the thread count and the memory layout (channels_last)
-    # of the same values. A change of a weight's value moves them by far more than this.
+    # of the same values, by far less than this fraction of the sum of absolute values. A change of a weight's value
+    # moves them by far more.
     if a.shape != b.shape:
         return False
-    close = (a - b).abs() <= _SUMS_TOLERANCE * a.abs().clamp_min(1.0)
-    return bool((close | (a.isnan() & b.isnan())).all())
+    close = (a[0] - b[0]).abs() <= _SUMS_TOLERANCE * a[1].clamp_min(1.0)
+    return bool((close | (a[0].isnan() & b[0].isnan())).all())
 
 
 _SUMS_TOLERANCE = 1e-9
