@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from adapter_settings import small_config
 from tiny_models import TinyGazeNet, truncated_tiny_gaze_net
 
 import alfa
@@ -219,15 +220,26 @@ def test_statistics_are_those_of_the_base_the_adapter_was_attached_to_after_a_me
     alfa.save_adapter(model, tmp_path / "cast.safetensors")
 
 
-def test_a_truncated_bases_adapter_on_the_untruncated_model_says_so(tmp_path):
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_an_adapter_on_a_base_truncated_otherwise_says_how(method, tmp_path):
+    """Every method, both ways and rank to rank (a full fine-tune's file named only a tensor's shape)."""
     torch.manual_seed(0)
-    model = TinyGazeNet().eval()
-    dense = copy.deepcopy(model)
-    alfa.truncate(model, 4)
-    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
-    alfa.save_adapter(model, tmp_path / "a.safetensors")
-    with pytest.raises(alfa.AdapterFileError, match=r"made on a base truncated at rank 4; this model is not truncated"):
-        alfa.load_adapter(dense, tmp_path / "a.safetensors")
+    dense = TinyGazeNet().eval()
+    at_4, at_3 = copy.deepcopy(dense), copy.deepcopy(dense)
+    alfa.truncate(at_4, 4)
+    alfa.truncate(at_3, 3)
+    cases = [
+        (at_4, dense, "made on a base truncated at rank 4; this model is not truncated"),
+        (at_4, at_3, "made on a base truncated at rank 4, this model at rank 3"),
+        (dense, at_4, "made on a base that was not truncated; this model is truncated at rank 4"),
+    ]
+    for made_on, other, words in cases:
+        base = copy.deepcopy(made_on)
+        alfa.attach(base, small_config(method, base))
+        path = alfa.save_adapter(base, tmp_path / "a.safetensors")
+        with pytest.raises(alfa.AdapterFileError, match=re.escape(words)):
+            alfa.load_adapter(copy.deepcopy(other), path)
+        assert alfa.load_adapter(copy.deepcopy(made_on), path)  # its own base takes it
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

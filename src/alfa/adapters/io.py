@@ -457,29 +457,49 @@ def _copy_for_check(model: nn.Module) -> nn.Module:
     return probe
 
 
-def _rank_mismatch(fingerprint: dict[str, Any], model: nn.Module) -> str | None:
-    """ "32, this model at rank 64" if the adapter's base and ``model`` factorize a common layer at other ranks,
-    "32; this model is not truncated" if the adapter's base was truncated and ``model`` is not."""
+def _saved_structure(meta: dict[str, Any], path: Path) -> tuple[dict[str, int], set[str]]:
+    """The adapter's base, as far as its file tells: the rank of each factorized layer it names, and the dense
+    layers it names. A full fine-tune names its base's tensors as its own (its fingerprint is empty); the others
+    fingerprint the layers they adapt."""
+    shapes = {n: s["shape"] for n, s in meta["fingerprint"].items()}
+    tensors = [t for t in meta["targets"] if t.endswith((".U", ".V", ".weight"))]
+    if tensors and not shapes:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                names = set(f.keys())
+                shapes = {t: f.get_slice(t).get_shape() for t in tensors if t in names}
+        except SafetensorError:
+            pass  # a damaged file: the tensors' own checks say so
+    ranks = {n.removesuffix(".U"): shape[-1] for n, shape in shapes.items() if n.endswith(".U")}
+    return ranks, {n.removesuffix(".weight") for n in shapes if n.endswith(".weight")}
+
+
+def _rank_mismatch(meta: dict[str, Any], path: Path, model: nn.Module) -> str | None:
+    """Where the adapter's base and ``model`` are truncated differently, the words for it: "truncated at rank 32,
+    this model at rank 64", "...; this model is not truncated", "not truncated; this model is ..."."""
     from ..truncate import factorized_ranks
 
     here = {n.removesuffix(".base"): r for n, r in factorized_ranks(model).items()}  # under an attached adapter
-    there = {n.removesuffix(".U"): s["shape"][-1] for n, s in fingerprint.items() if n.endswith(".U")}
+    there, dense_there = _saved_structure(meta, path)
     if there and not here:
-        return f"{'/'.join(sorted({str(r) for r in there.values()}))}; this model is not truncated (alfa.truncate)"
+        return f"truncated at rank {'/'.join(sorted({str(r) for r in there.values()}))}; this model is not truncated"
+    if not there and dense_there & set(here):
+        ranks = "/".join(sorted({str(here[n]) for n in dense_there & set(here)}))
+        return f"that was not truncated; this model is truncated at rank {ranks}"
     common = [n for n in here if n in there and here[n] != there[n]]
     if not common:
         return None
     saved, current = ("/".join(sorted({str(ranks[n]) for n in common})) for ranks in (there, here))
-    return f"{saved}, this model at rank {current}"
+    return f"truncated at rank {saved}, this model at rank {current}"
 
 
 def _check_and_load(model: nn.Module, path: Path, meta: dict[str, Any], targets: list[str]) -> None:
+    ranks = _rank_mismatch(meta, path, model)  # the cause of every mismatch below, said as such
+    if ranks:
+        raise AdapterFileError(f"{path}: the adapter was made on a base {ranks} (load it onto the base it was made on)")
     missing = [t for t in meta["targets"] if t not in targets]
     extra = [t for t in targets if t not in meta["targets"]]
     if missing or extra:
-        ranks = _rank_mismatch(meta["fingerprint"], model)
-        if ranks:
-            raise AdapterFileError(f"{path}: the adapter was made on a base truncated at rank {ranks}")
         parts = []
         if missing:
             parts.append(f"layers in the adapter but not adaptable in this model: {missing}")
