@@ -476,3 +476,21 @@ def test_a_ctrl_c_while_python_m_alfa_imports_is_one_line(module, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     done = subprocess.run([sys.executable, "-m", "alfa", "--help"], capture_output=True, text=True, env=env)
     assert (done.returncode, done.stderr, done.stdout) == (130, "interrupted\n", "")
+
+
+def test_under_torchrun_only_the_training_commands_run(monkeypatch, capsys, tmp_path):
+    """Each of torchrun's processes would run a whole personalization or export, into the same files."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = ["calibrate", "--checkpoint", "x", "--data", "synthetic:mpii", "--k", "9", "--out", str(tmp_path / "c")]
+    for rank, lines in (("0", 1), ("1", 0)):  # one line, from the first process
+        monkeypatch.setenv("RANK", rank)
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == lines and not (tmp_path / "c").exists()
+        assert ("only alfa pretrain and alfa truncate run as one job under torchrun" in err) == (rank == "0")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["pretrain", "--data", "nowhere:x", "--out", str(tmp_path / "p")]) == 2  # past the check
+    assert "torchrun" not in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["summary", "--model", "no-such-model"]) == 2
+    assert "torchrun" not in capsys.readouterr().err

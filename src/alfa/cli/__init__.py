@@ -55,6 +55,7 @@ COMMANDS: tuple[Command, ...] = (
     crate.CRATE,
     llm.LLM,
 )
+DISTRIBUTED_COMMANDS = tuple(c.name for c in COMMANDS if c.distributed)  # the only ones torchrun runs as one job
 
 USER_ERRORS = (ValueError, RuntimeError, FloatingPointError, OSError)
 """What the commands raise for input a person can fix: bad options, shapes or files (``ValueError``, which
@@ -253,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     name = f"alfa {args.command_path}"
     if unknown and not args.stand_in:  # what parse_args says; a stand-in goes on to say what is missing
         print(f"{name}: error: unrecognized arguments: {' '.join(unknown)} (see {name} --help)", file=sys.stderr)
+        return 2
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.distributed:
+        # Each of torchrun's processes would run all of it, into the same files: said once, by the first process.
+        if os.environ.get("RANK", "0") == "0":
+            jobs = " and ".join(f"alfa {c}" for c in DISTRIBUTED_COMMANDS)
+            print(f"{name}: error: only {jobs} run as one job under torchrun; run {name} without it", file=sys.stderr)
         return 2
     try:
         _check_outputs(args)

@@ -688,6 +688,7 @@ PRETRAIN = Command(
     run=_pretrain,
     outputs={"out": True},
     extra="gaze",
+    distributed=True,
 )
 TRUNCATE = Command(
     "truncate",
@@ -699,6 +700,7 @@ TRUNCATE = Command(
     run=_truncate,
     outputs={"out": True},
     extra="gaze",
+    distributed=True,
 )
 PERSONALIZE = Command(
     "personalize",
