@@ -236,3 +236,27 @@ def test_alfa_export_program_is_the_same_bytes_whatever_its_file_is_called(tmp_p
     assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
     program = torch.export.load(str(tmp_path / "a.pt2"))
     assert program.module()(torch.zeros(3, 3, 32, 32)).shape == (3, 2)
+    # any batch size (the program was capped at 4096 images, the ONNX file was not)
+    assert program.module()(torch.zeros(4097, 3, 32, 32)).shape == (4097, 2)
+
+
+def test_alfa_export_keeps_no_file_it_could_not_check(tmp_path, capsys, monkeypatch):
+    """Without onnxruntime the command refuses (its --help promises the check); the library function says so."""
+    import importlib.util
+
+    from alfa.cli import main
+    from alfa.export import export_onnx
+
+    argv, model = _export_argv(tmp_path)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "onnxruntime" else find_spec(n, *a))
+    assert main([*argv, "--image-size", "32", "32", "--out", str(tmp_path / "u.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "needs onnxruntime, which is not installed: install alfa's export extra" in err and err.count("\n") == 1
+    assert not (tmp_path / "u.onnx").exists()
+    check = export_onnx(model, tmp_path / "lib.onnx", (32, 32))
+    assert check.relative_difference is None and "not checked: onnxruntime is not installed" in check.describe()
+    for sizes in ((), (0,), (2, -1), (1.5,), 3):  # a check of nothing is refused, not reported as a difference of 0
+        with pytest.raises(ValueError, match="batch_sizes must be one or more positive whole numbers"):
+            export_onnx(model, tmp_path / "none.onnx", (32, 32), batch_sizes=sizes)
+    assert not (tmp_path / "none.onnx").exists()

@@ -74,6 +74,17 @@ def _image_size(image_size: Sequence[int]) -> tuple[int, int]:
     return size[0], size[1]
 
 
+_BATCH = torch.export.Dim("batch", min=1)  # any batch size: the exported files take as many images as memory holds
+
+
+def _batch_sizes(batch_sizes: Sequence[int]) -> tuple[int, ...]:
+    """The batch sizes the check runs, one or more positive whole numbers (none would check nothing)."""
+    sizes = tuple(batch_sizes) if isinstance(batch_sizes, (tuple, list)) else ()
+    if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+        raise ValueError(f"batch_sizes must be one or more positive whole numbers, got {batch_sizes!r}")
+    return sizes
+
+
 def _needs(module: str, what: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise RuntimeError(f"{what} needs the {module!r} package: pip install onnx onnxscript onnxruntime")
@@ -105,7 +116,7 @@ def export_onnx(
         model = wrap(model).eval()
     h, w = _image_size(image_size)
     sample = torch.rand(2, 3, h, w, generator=torch.Generator().manual_seed(seed))
-    batch = torch.export.Dim("batch", min=1, max=4096)
+    sizes = _batch_sizes(batch_sizes)
     path = Path(path)
     with atomic_path(path) as tmp:
         program = torch.onnx.export(
@@ -114,17 +125,17 @@ def export_onnx(
             dynamo=True,
             input_names=["images"],
             output_names=["gaze"],
-            dynamic_shapes=({0: batch},),
+            dynamic_shapes=({0: _BATCH},),
             verbose=False,
         )
         program.save(str(tmp))
-        difference = _check(model, tmp, (h, w), batch_sizes, seed)
+        difference = _check(model, tmp, (h, w), sizes, seed)
         if difference is not None and not difference <= tolerance:
             raise RuntimeError(
                 f"the exported model differs from PyTorch's by {difference:.1e} (relative) > {tolerance:g}; "
                 f"{path} was not written"
             )
-    return ExportCheck(path, difference, tuple(batch_sizes))
+    return ExportCheck(path, difference, sizes)
 
 
 def export_onnx_with_inputs(
@@ -134,8 +145,7 @@ def export_onnx_with_inputs(
     :class:`alfa.serve.MixedBatchModel` with every layer's per-sample mix as an input. Not checked here: compare
     with onnxruntime on your own inputs (the tests do)."""
     _needs("onnxscript", "ONNX export")
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    shapes = ({0: batch}, tuple({0: batch} for _ in inputs[1:])) if len(inputs) > 1 else ({0: batch},)
+    shapes = ({0: _BATCH}, tuple({0: _BATCH} for _ in inputs[1:])) if len(inputs) > 1 else ({0: _BATCH},)
     path = Path(path)
     with atomic_path(path) as tmp:
         program = torch.onnx.export(
@@ -182,4 +192,4 @@ def export_program(
     if wrap is not None:
         model = wrap(model).eval()
     sample = torch.rand(2, 3, *_image_size(image_size), generator=torch.Generator().manual_seed(seed))
-    return torch.export.export(model, (sample,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},))
+    return torch.export.export(model, (sample,), dynamic_shapes=({0: _BATCH},))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import logging
 import sys
@@ -122,6 +123,8 @@ def _export(args: argparse.Namespace) -> None:
     from alfa.export import export_onnx, export_program
 
     tta = tta_of(args.tta)  # a bad name is one line before anything loads
+    if importlib.util.find_spec("onnxruntime") is None:  # the command keeps a file only once it is checked
+        raise ModuleNotFoundError("No module named 'onnxruntime'", name="onnxruntime")
     model, saved = load_model(args.checkpoint)
     model.eval()
     if args.adapter:
