@@ -76,11 +76,42 @@ def test_a_lock_of_a_process_that_is_gone_or_garbage_is_stale_and_replaced(tmp_p
         _write_lock(tmp_path, pid)
     else:
         (tmp_path / LOCK_FILE).write_text(content)
+        os.utime(tmp_path / LOCK_FILE, (0, 0))  # old: a young empty lock is one being written (the next test)
     with hold(tmp_path, "alfa pretrain") as held:
         assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
         note = held.stale_note()
         assert note is not None and (f"process {pid}" in note if content == "dead" else "unreadable" in note)
     assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_two_commands_taking_a_folder_at_once_never_both_hold_it(tmp_path, monkeypatch):
+    """The second command looks while the first writes its lock's record: the lock was then an empty file, judged
+    unreadable, removed and taken again, and both filled the folder."""
+    write, held, other = os.write, [], contextlib.ExitStack()
+
+    def the_other_command_looks(fd, data):
+        if not held:
+            held.append("looking")
+            with contextlib.suppress(FolderHeldError):
+                other.enter_context(hold(tmp_path, "the other one"))  # and keeps it
+                held.append("the other one")
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", the_other_command_looks)
+    with other, contextlib.suppress(FolderHeldError), hold(tmp_path, "the first one"):
+        held.append("the first one")
+    monkeypatch.setattr(os, "write", write)
+    assert held == ["looking", "the other one"]  # the first one, refused, fills nothing
+    # a lock being written (empty, just made) is held; a folder in the lock's place is said to be one
+    (tmp_path / LOCK_FILE).write_text("")
+    with pytest.raises(FolderHeldError, match="being taken by another command at this moment"):
+        with hold(tmp_path, "alfa pretrain"):
+            pass
+    (tmp_path / LOCK_FILE).unlink()
+    (tmp_path / LOCK_FILE).mkdir()
+    with pytest.raises(FolderHeldError, match=r"\.alfa-lock is not a lock alfa wrote \(a folder\?\)"):
+        with hold(tmp_path, "alfa pretrain"):
+            pass
 
 
 def test_a_symbolic_link_in_the_locks_place_is_never_followed(tmp_path):

@@ -218,3 +218,53 @@ def test_the_transformer_section_without_the_gaze_part_is_refused_before_it_meas
     assert main(["speed", "--transformers", "--out", str(page)]) == 2
     assert f"{tmp_path / 'speed.json'}: run `alfa speed --out {page}` first" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_odd_output_paths_are_refused_or_written_where_they_point(tmp_path: Path, capsys) -> None:
+    """From a review of unusual paths: a device or pipe was replaced by a file, a link by a file (or, dangling,
+    without --replace), "" wrote into the current folder, a trailing / wrote a file by the folder's name, and a
+    long legal name failed after the work, naming the temporary file."""
+    import os
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    real, link, dangling = tmp_path / "real.md", tmp_path / "link.md", tmp_path / "dangling.md"
+    real.write_text("someone's notes\n")
+    link.symlink_to(real)
+    dangling.symlink_to(tmp_path / "nowhere.md")
+    refused = [
+        (fifo, "is not a regular file (a device, pipe or socket): name a file"),
+        (dangling, "exists; name another file, or add --replace"),
+        ("", "--out is empty: name a file"),
+        (f"{tmp_path / 'newdir'}/", "ends in /, as a folder does: name a file"),
+    ]
+    for out, words in refused:
+        assert main([*THROUGHPUT, "--loader-only", "--out", str(out), *(["--replace"] if out == fifo else [])]) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1, err
+    assert fifo.is_fifo() and dangling.is_symlink() and not (tmp_path / "newdir").exists()
+    assert main([*THROUGHPUT, "--loader-only", "--out", str(link), "--replace"]) == 0
+    assert link.is_symlink() and real.read_text().startswith("# Data loading")  # the file it names, not the link
+    long = tmp_path / ("r" * 250 + ".md")  # 253 bytes: a legal name, whose temporary name must fit too
+    assert main([*THROUGHPUT, "--loader-only", "--out", str(long)]) == 0
+    assert long.read_text().startswith("# Data loading")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_file_output_is_never_among_the_files_of_an_output_or_input_folder(tmp_path: Path, capsys) -> None:
+    """A benchmark's --report replaced its own results.json (its records); an access log appended to a person's
+    record in the adapters folder."""
+    adapters = tmp_path / "adapters"
+    adapters.mkdir()
+    (adapters / "personalization.json").write_text("{}")
+    cases = [
+        (["bench", "--smoke", "--out", str(tmp_path / "b"), "--report", str(tmp_path / "b" / "results.json")],
+         f"results.json is inside --out {tmp_path / 'b'}, where this command writes its own files"),
+        (["serve", "--checkpoint", str(tmp_path / "m.safetensors"), "--adapters", str(adapters), "--access-log",
+          str(adapters / "personalization.json")], f"is inside --adapters {adapters}, where this command reads"),
+    ]  # fmt: skip
+    for argv, words in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1, err
+    assert not (tmp_path / "b").exists() and (adapters / "personalization.json").read_text() == "{}"

@@ -18,6 +18,8 @@ import os
 import re
 import shlex
 import socket
+import stat
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -53,14 +55,17 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     gave its own file (safetensors writes ``0o600``).
     """
     path = Path(path)
+    if path.is_symlink():  # the file it names is replaced, not the link (which a person made on purpose)
+        path = Path(os.path.realpath(path))
     if path.is_dir():  # said before the writer works, and naming the target, not the temporary file
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if path.exists() and not path.is_file():  # a device or a pipe would be replaced by a file
+        raise ValueError(f"{path} is not a regular file (a device, pipe or socket): name a file")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise naming(e, path.parent) from None
-    # Unique per call: several processes may write the same target at once (benchmark pieces).
-    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp{path.suffix}")
+    tmp = _temporary_beside(path)
     try:
         yield tmp
         os.chmod(tmp, _new_file_mode())
@@ -75,6 +80,16 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def _temporary_beside(path: Path) -> Path:
+    """A new name beside ``path`` (:data:`TEMPORARY_PATH`'s form), within the file system's 255 bytes a name: the
+    target's own stem is shortened where a long name would not leave room."""
+    # Unique per call: several processes may write the same target at once (benchmark pieces).
+    tag, suffix = uuid.uuid4().hex[:8], path.suffix if len(path.suffix.encode()) <= 32 else ""
+    room = 255 - len(f"..{tag}.tmp{suffix}".encode())
+    stem = path.stem.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore")
+    return path.with_name(f".{stem}.{tag}.tmp{suffix}")
 
 
 def _new_file_mode() -> int:
@@ -208,6 +223,8 @@ def check_writable(path: str | os.PathLike, *, folder: bool = False, what: str =
         raise ValueError(f"{what} {path} is a file, not a folder")
     if not folder and path.is_dir():
         raise ValueError(f"{what} {path} is a folder, not a file")
+    if not folder and path.exists() and not path.is_file():
+        raise ValueError(f"{what} {path} is not a regular file (a device, pipe or socket): name a file")
     # the nearest existing ancestor decides: it must be a folder this process may write into
     probe = path if folder else path.parent
     while not probe.exists():
@@ -342,26 +359,53 @@ def locked(path: str | os.PathLike, on_wait: Callable[[], None] | None = None) -
 
 
 def _take(lock: Path, record: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
-    """Create ``lock`` holding ``record``, replacing a stale one; the stale record and the new file, open."""
+    """Create ``lock`` holding ``record``, replacing a stale one; the stale record and the new file, open.
+
+    The lock appears whole: its record is written to a file of another name first and then linked as ``lock``
+    (which fails if one exists). Created empty and written after, it could be read in between, judged unreadable,
+    removed, and taken by a second command too."""
     stale: dict[str, Any] | None = None
     for _ in range(5):  # each round either creates the lock, raises, or removes a stale one and tries again
         try:
-            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            fd = _create_whole(lock, (json.dumps(record) + "\n").encode("utf-8"))
         except FileExistsError:
             found = _remove_if_stale(lock)
             if found is not None:
                 stale = found
             continue
-        try:
-            os.write(fd, (json.dumps(record) + "\n").encode("utf-8"))
-        except BaseException as e:
-            os.close(fd)
-            lock.unlink()
-            if isinstance(e, OSError):
-                raise naming(e, lock) from None  # a full disk: which file could not be written
-            raise
         return stale, fd
     raise FolderHeldError(f"{lock.parent} is being taken by other commands at this moment: try again")
+
+
+def _create_whole(path: Path, data: bytes) -> int:
+    """``path`` created with ``data`` in one step (``FileExistsError`` if it exists), opened for reading."""
+    tmp = _temporary_beside(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path, follow_symlinks=False)
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
+                raise
+            # A file system without hard links: created, then written; a lock read empty in between is young, and
+            # a young empty lock is judged held (_remove_if_stale).
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        raise naming(e, path) from None  # a full disk: which file could not be written
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
 
 
 def _remove_if_stale(lock: Path) -> dict[str, Any] | None:
@@ -377,7 +421,15 @@ def _remove_if_stale(lock: Path) -> dict[str, Any] | None:
                 f"{lock} is a symbolic link, not a lock alfa wrote: remove it if no command is writing to {lock.parent}"
             ) from None
         raise
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode):
+        os.close(fd)
+        raise FolderHeldError(
+            f"{lock} is not a lock alfa wrote (a folder?): remove it if no command is writing to {lock.parent}"
+        )
     with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+        if status.st_size == 0 and time.time() - status.st_mtime < _YOUNG_SECONDS:
+            raise FolderHeldError(f"{lock.parent} is being taken by another command at this moment: try again")
         # Two commands that both find a stale lock take turns here, so that the second sees that the first
         # has replaced it (the path no longer names this file) instead of removing the first one's new lock.
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -404,6 +456,9 @@ def _remove_if_stale(lock: Path) -> dict[str, Any] | None:
                 )
         lock.unlink()
         return found
+
+
+_YOUNG_SECONDS = 10.0  # an empty lock younger than this is being written by its command, not left by a dead one
 
 
 def _holder(record: dict[str, Any]) -> str:

@@ -111,11 +111,21 @@ def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
         if isinstance(spec := getattr(args, name, None), str) and (root := _data_path(spec)) is not None:
             inputs.append((name, spec, root))
     outputs: dict[Path, str] = {}
+    folders = [(name, v, _resolved(v)) for name, f in args.outputs.items() if f and (v := getattr(args, name, None))]
     for name, folder in args.outputs.items():
         value = getattr(args, name, None)
         if value is None:
             continue
         out = _resolved(value)
+        # A file among those a folder holds: a folder output's own files (a benchmark's results.json) or a folder
+        # the command reads (an access log appended to a person's record).
+        for source, given, path in [] if folder else [*folders, *(i for i in inputs if i[0] != "images")]:
+            if out.is_relative_to(path) and out != path and (source in args.outputs or path.is_dir()):
+                what = "writes its own files" if source in args.outputs else "reads"
+                raise ValueError(
+                    f"--{_flag(name)} {value} is inside {_option(source)} {given}, where this command {what}: "
+                    "write it elsewhere"
+                )
         for source, given, path in inputs:
             if out == path:
                 raise ValueError(f"--{_flag(name)} {value} is this command's {_option(source)}: choose another path")
@@ -174,6 +184,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
     may be or hold one of its inputs: each command lists its outputs as ``outputs={dest: is_folder}``."""
     from alfa.fileio import check_writable
 
+    for name, folder in args.outputs.items():
+        value = getattr(args, name, None)
+        if value == "":  # an unset shell variable: not the current folder
+            raise ValueError(f"--{_flag(name)} is empty: name a {'folder' if folder else 'file'}")
+        if not folder and isinstance(value, str) and value.endswith(os.sep):
+            raise ValueError(f"--{_flag(name)} {value} ends in {os.sep}, as a folder does: name a file")
     _refuse_inputs_as_outputs(args)
     for name, folder in args.outputs.items():
         value = getattr(args, name, None)
@@ -184,7 +200,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         writers = (args.command_path, *getattr(args, "rewrites", ()))
         if value is None or _generated_by(Path(value), writers):  # its data beside it is ours too
             continue
-        if Path(value).exists():
+        if os.path.lexists(value):  # a link to nowhere too: what it names would be written
             raise ValueError(f"--{_flag(name)} {value}: exists; name another file, or add --replace to overwrite it")
         sidecars = getattr(args, "sidecars", {})
         if name in sidecars and (beside := Path(value).with_suffix(sidecars[name][0])).exists():
