@@ -98,6 +98,11 @@ DATA_OPTIONS = ("data", "val_data")
 inputs too."""
 
 
+READ_WHOLE = ("adapters", *DATA_OPTIONS)
+"""The input folders a command reads file by file (a person's adapter and record each, a dataset's files): a file
+output inside one would be read as one of them."""
+
+
 def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
     """An output is never one of the command's inputs, and an output folder never holds one (the command would
     write its own files there, a person's adapter named like the checkpoint among them; a dataset's files are
@@ -111,7 +116,12 @@ def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
         if isinstance(spec := getattr(args, name, None), str) and (root := _data_path(spec)) is not None:
             inputs.append((name, spec, root))
     outputs: dict[Path, str] = {}
-    folders = [(name, v, _resolved(v)) for name, f in args.outputs.items() if f and (v := getattr(args, name, None))]
+    folders = [
+        (name, v, _resolved(v))
+        for name, f in args.outputs.items()
+        if f and name not in args.mixed and (v := getattr(args, name, None))
+    ]
+    read_whole = [i for i in inputs if i[0] in READ_WHOLE]
     for name, folder in args.outputs.items():
         value = getattr(args, name, None)
         if value is None:
@@ -119,7 +129,7 @@ def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
         out = _resolved(value)
         # A file among those a folder holds: a folder output's own files (a benchmark's results.json) or a folder
         # the command reads (an access log appended to a person's record).
-        for source, given, path in [] if folder else [*folders, *(i for i in inputs if i[0] != "images")]:
+        for source, given, path in [] if folder else [*folders, *read_whole]:
             if out.is_relative_to(path) and out != path and (source in args.outputs or path.is_dir()):
                 what = "writes its own files" if source in args.outputs else "reads"
                 raise ValueError(

@@ -171,5 +171,6 @@ PREDICT = Command(
     add_arguments=_predict_arguments,
     run=_predict,
     outputs={"json": False, "crops": True},
+    mixed=frozenset({"crops"}),
     extra="camera",
 )

@@ -57,9 +57,11 @@ class Command:
     ``plotted_beside`` those beside which it writes a figure's plotted data as ``<name>.plotted.json``
     (:func:`alfa.study.plotted.plotted_path`): those files are refused alike, and none may be another output.
     ``extra`` is the extra of ``alfa-ttp`` its packages come with (``None``: the library's own); subcommands
-    inherit it. ``distributed``: the command runs as one job under ``torchrun`` (its processes share the work);
-    every other command is refused there, since each process would run all of it into the same files. A command
-    with ``subcommands`` is a group: only its leaves run.
+    inherit it. A file output is never inside a folder output, except one of ``mixed``: folders that hold other
+    files beside the command's own, whose names it checks itself (alfa predict's crops). ``distributed``: the
+    command runs as one job under ``torchrun`` (its processes share the work); every other command is refused
+    there, since each process would run all of it into the same files. A command with ``subcommands`` is a group:
+    only its leaves run.
     """
 
     name: str
@@ -74,6 +76,7 @@ class Command:
     data_beside: frozenset[str] = frozenset()
     plotted_beside: frozenset[str] = frozenset()
     extra: str | None = None
+    mixed: frozenset[str] = frozenset()
     distributed: bool = False
     subcommands: tuple[Command, ...] = ()
 
@@ -119,6 +122,7 @@ def add_commands(
             command_path=" ".join(names),
             rewrites=command.rewrites,
             command_extra=command.extra,
+            mixed=command.mixed,
             distributed=command.distributed,
             stand_in=False,
         )
@@ -170,7 +174,9 @@ def _stand_in(parser: argparse.ArgumentParser, error: ModuleNotFoundError, extra
     def run(args: argparse.Namespace) -> None:
         raise error
 
-    parser.set_defaults(func=run, outputs={}, held=(), replaceable=(), sidecars={}, distributed=False, stand_in=True)
+    parser.set_defaults(
+        func=run, outputs={}, held=(), replaceable=(), sidecars={}, mixed=frozenset(), distributed=False, stand_in=True
+    )
 
 
 def missing_package(error: ModuleNotFoundError, extra: str | None = None) -> str | None:
