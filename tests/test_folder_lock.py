@@ -243,3 +243,28 @@ def test_every_output_folder_is_held_but_those_its_writers_share():
     assert held["demo"] == ({"out"}, {"cache_dir"})  # one cache for every demo
     assert held["report"][0] == {"figures", "data_to"}
     assert held["evaluate"] == (set(), set())  # one JSON file, written atomically
+
+
+def test_a_folder_inside_one_another_command_holds_is_refused_and_not_removed(tmp_path):
+    """alfa crate gaze --replace removed a stage folder a running pretrain held, and a command was let into a folder
+    inside one another command holds."""
+    from alfa.fileio import refuse_held_inside
+    from alfa.study.crate.gaze import _remove_outputs, _stage_folders
+
+    _write_lock(tmp_path, os.getppid(), command="alfa crate gaze")  # a running process that is not this one
+    with pytest.raises(FolderHeldError, match=r"is inside .*, held by 'alfa crate gaze' \(process \d+"):
+        with hold(tmp_path / "crate", "alfa pretrain"):
+            pass
+    assert not (tmp_path / "crate").exists()
+    (tmp_path / LOCK_FILE).unlink()
+    stage = next(iter(_stage_folders(tmp_path).values()))
+    _write_lock(stage, os.getppid(), command="alfa pretrain")
+    (stage / "model.safetensors").write_bytes(b"its model")
+    with pytest.raises(FolderHeldError, match="held by 'alfa pretrain'.*still running: wait for it to finish"):
+        _remove_outputs(tmp_path)
+    assert (stage / "model.safetensors").read_bytes() == b"its model"
+    _write_lock(stage, os.getpid())  # this process's own lock (a command holding what it replaces) is no obstacle
+    refuse_held_inside(tmp_path)
+    _write_lock(stage, _dead_pid())
+    _remove_outputs(tmp_path)
+    assert not stage.exists()

@@ -41,6 +41,7 @@ __all__ = [
     "Hold",
     "hold",
     "locked",
+    "refuse_held_inside",
 ]
 
 
@@ -309,6 +310,7 @@ def hold(folder: str | os.PathLike, what: str) -> Iterator[Hold]:
     from another host is never judged from here: it raises too, naming the host. A symbolic link in the lock's
     place is never followed."""
     folder = Path(folder)
+    _refuse_held_around(folder)
     created = [p for p in (folder, *folder.parents) if not p.exists()]
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / LOCK_FILE
@@ -459,6 +461,39 @@ def _remove_if_stale(lock: Path) -> dict[str, Any] | None:
 
 
 _YOUNG_SECONDS = 10.0  # an empty lock younger than this is being written by its command, not left by a dead one
+
+
+def _live_record(lock: Path) -> dict[str, Any] | None:
+    """The record of the command holding ``lock`` if it may still be running (here, or on another host, which
+    cannot be judged from here); ``None`` for no lock, a dead holder's, or one that is not alfa's."""
+    try:
+        found = json.loads(lock.read_text(encoding="utf-8", errors="replace"))
+        pid, host = int(found["pid"]), str(found["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host == socket.gethostname() and (pid == os.getpid() or not _alive(pid)):
+        return None
+    return found
+
+
+def refuse_held_inside(folder: str | os.PathLike) -> None:
+    """Raise :class:`FolderHeldError` if a running command holds ``folder`` or a folder inside it: what is about to
+    be removed there is its."""
+    for root, _, names in os.walk(folder):
+        if LOCK_FILE in names and (found := _live_record(Path(root) / LOCK_FILE)) is not None:
+            raise FolderHeldError(
+                f"{root} is held by {_holder(found)}, still running: wait for it to finish before replacing it"
+            )
+
+
+def _refuse_held_around(folder: Path) -> None:
+    """A folder inside one another running command holds is that command's to fill (alfa crate gaze's stages)."""
+    for parent in folder.resolve().parents:
+        if (found := _live_record(parent / LOCK_FILE)) is not None:
+            raise FolderHeldError(
+                f"{folder} is inside {parent}, held by {_holder(found)}, still running: wait for it to finish, or "
+                f"write elsewhere (if no such command runs, remove {parent / LOCK_FILE})"
+            )
 
 
 def _holder(record: dict[str, Any]) -> str:

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from alfa.adapters import adapter_parameters, attach, detach, load_adapter, merge
-from alfa.fileio import safe_filename, write_json
+from alfa.fileio import refuse_held_inside, safe_filename, write_json
 from alfa.gaze.data.base import GazeDataset
 from alfa.gaze.data.registry import open_dataset
 from alfa.gaze.evaluate import (
@@ -198,9 +198,11 @@ def _stage_folders(out: Path) -> dict[str, Path]:
 
 def _remove_outputs(out: Path) -> None:
     """What this command writes under ``out`` (``--replace``): its stage folders, results and figure."""
-    for folder in _stage_folders(out).values():
-        if folder.is_dir():
-            shutil.rmtree(folder)
+    folders = [folder for folder in _stage_folders(out).values() if folder.is_dir()]
+    for folder in folders:  # all checked before any is removed
+        refuse_held_inside(folder)
+    for folder in folders:
+        shutil.rmtree(folder)
     for name in (RESULTS_FILE, FIGURE_FILE):
         (out / name).unlink(missing_ok=True)
 
