@@ -268,3 +268,14 @@ def test_a_folder_inside_one_another_command_holds_is_refused_and_not_removed(tm
     _write_lock(stage, _dead_pid())
     _remove_outputs(tmp_path)
     assert not stage.exists()
+
+
+def test_a_benchmark_shares_its_folder_with_its_own_pieces_only(tmp_path, capsys):
+    """A benchmark takes no lock (its pieces write one folder together); it ran into a folder a pretrain held."""
+    from alfa.cli import main
+
+    _write_lock(tmp_path, os.getppid(), command="alfa pretrain")
+    assert main(["bench", "--smoke", "--out", str(tmp_path), "--pairs", "E→M", "--ablations", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "is held by 'alfa pretrain'" in err and "still running" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]

@@ -41,6 +41,7 @@ __all__ = [
     "Hold",
     "hold",
     "locked",
+    "refuse_held",
     "refuse_held_inside",
 ]
 
@@ -484,6 +485,18 @@ def refuse_held_inside(folder: str | os.PathLike) -> None:
             raise FolderHeldError(
                 f"{root} is held by {_holder(found)}, still running: wait for it to finish before replacing it"
             )
+
+
+def refuse_held(folder: str | os.PathLike) -> None:
+    """Raise :class:`FolderHeldError` if another running command holds ``folder`` or a folder it is inside: for a
+    command that shares its folder with others of its kind and takes no lock itself (a benchmark's pieces)."""
+    folder = Path(folder)
+    if (found := _live_record(folder / LOCK_FILE)) is not None:
+        raise FolderHeldError(
+            f"{folder} is held by {_holder(found)}, still running: wait for it to finish, or write elsewhere (if no "
+            f"such command runs, remove {folder / LOCK_FILE})"
+        )
+    _refuse_held_around(folder)
 
 
 def _refuse_held_around(folder: Path) -> None:

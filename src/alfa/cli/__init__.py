@@ -239,8 +239,12 @@ def _generated_by(path: Path, command_paths: tuple[str, ...]) -> bool:
 def _hold_outputs(args: argparse.Namespace, name: str) -> Iterator[None]:
     """Hold every output folder of the command (``args.held``) while it runs: a second command writing into one
     of them at the same time is refused, instead of both finishing with each other's files mixed there."""
-    from alfa.fileio import hold
+    from alfa.fileio import hold, refuse_held
 
+    # A shared folder (a benchmark's) takes no lock of its own, and is not one another command holds.
+    for dest, folder in getattr(args, "outputs", {}).items():
+        if folder and dest not in args.held and getattr(args, dest, None) is not None:
+            refuse_held(getattr(args, dest))
     with contextlib.ExitStack() as stack:
         # The processes of one torchrun job write one folder together: its rank 0 holds it for all of them (a
         # second job's rank 0 is refused, and torchrun then stops that job's other ranks).
