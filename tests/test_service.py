@@ -574,3 +574,27 @@ def test_stopping_answers_a_long_queue_and_the_backlog(world, monkeypatch):
     assert status == 503 and reply["error"] == STOPPING and headers["Retry-After"] == "1"
     for client in (*clients, late):
         client.close()
+
+
+def test_an_access_log_that_cannot_be_written_is_said_once_and_the_service_goes_on(capsys, tmp_path):
+    """A full disk: every line was dropped in silence, and closing the file at the stop was the command's error."""
+    import errno
+
+    from alfa.cli.serve import _access_log
+    from alfa.gaze.service.server import _Log
+
+    class FullDisk(io.StringIO):
+        name = "/var/log/gaze.log"
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    log = _Log(FullDisk())
+    for _ in range(3):
+        log.line("127.0.0.1", "GET /health HTTP/1.1", 200, 80, 0.001)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write the access log /var/log/gaze.log (" in err and log.failed
+    with _access_log(str(tmp_path / "access.log")) as f:
+        f.write("a line\n")
+        f.flush = FullDisk().flush  # its last flush, at close, fails as the disk is full
+    assert (tmp_path / "access.log").read_text() == ""

@@ -166,7 +166,7 @@ def _serve(args: argparse.Namespace) -> None:
     tta = tta_of(args.tta)  # a bad name is one line before anything loads
     service = GazeService(args.checkpoint, args.adapters, _limits(args), tta=tta and tta.name)
     log = None if args.quiet else sys.stderr
-    with open(args.access_log, "a", encoding="utf-8") if args.access_log else contextlib.nullcontext() as log_file:
+    with _access_log(args.access_log) as log_file:
         server = _bind(service, args, token, log_file or log)
         host, port = server.server_address[:2]
         if not is_loopback(args.host) and token is None:
@@ -192,6 +192,21 @@ def _serve(args: argparse.Namespace) -> None:
             print("alfa serve: stopped (SIGTERM)", file=sys.stderr)
         elif stop is not None:
             raise stop  # Ctrl-C: "interrupted", exit 130, as every command
+
+
+@contextlib.contextmanager
+def _access_log(path: str | None) -> Iterator[TextIO | None]:
+    """The access log file (``None``: none). Lines it could not take were said once as they failed (a full disk);
+    closing it then fails alike and is not the command's error: every request was answered."""
+    if path is None:
+        yield None
+        return
+    log_file = open(path, "a", encoding="utf-8")
+    try:
+        yield log_file
+    finally:
+        with contextlib.suppress(OSError):
+            log_file.close()
 
 
 class _Terminated(KeyboardInterrupt):

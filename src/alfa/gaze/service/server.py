@@ -95,6 +95,7 @@ class _Log:
 
     stream: TextIO | None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    failed: bool = False  # said once: a full disk does not stop the service, nor fill stderr
 
     def line(self, client: str, request: str, status: int, size: int, seconds: float) -> None:
         if self.stream is None:
@@ -102,9 +103,15 @@ class _Log:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
         text = f'{stamp}Z {client} "{_printable(request)}" {status} {size} {seconds * 1000:.1f}ms\n'
         with self.lock:
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 self.stream.write(text)
                 self.stream.flush()
+            except (OSError, ValueError) as e:
+                if not self.failed and self.stream is not sys.stderr:
+                    name = getattr(self.stream, "name", "the access log")
+                    print(f"alfa serve: warning: cannot write the access log {name} ({e}): requests are still "
+                          "answered, their log lines are lost", file=sys.stderr, flush=True)  # fmt: skip
+                self.failed = True
 
 
 class GazeServer(socketserver.TCPServer):
