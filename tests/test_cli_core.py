@@ -96,12 +96,15 @@ def _saved_base(folder, input_size=None):
 def test_bad_input_gets_one_line_exit_2_and_nothing_written(tmp_path, capsys):
     """A file that is not what it should be, an option value that is wrong, a port already taken (an
     ``OSError``): one line naming the problem, exit status 2, no traceback, nothing written."""
+    import os
     import socket
 
     not_a_model = tmp_path / "notes.safetensors"
     not_a_model.write_text("not a checkpoint")
     base = _saved_base(tmp_path, input_size=(32, 32))
     (tmp_path / "adapters").mkdir()
+    fifo = tmp_path / "model-pipe"
+    os.mkfifo(fifo)
     out = tmp_path / "out"
     cases = {
         "not a readable safetensors file": [
@@ -110,6 +113,10 @@ def test_bad_input_gets_one_line_exit_2_and_nothing_written(tmp_path, capsys):
         ],
         "is a folder, not a checkpoint file": [
             *("evaluate", "--checkpoint", str(tmp_path / "adapters"), "--data", "synthetic:mpii"),
+            *("--json", str(out / "e.json")),
+        ],
+        "is not a regular file (a device, pipe or socket): name a checkpoint file": [
+            *("evaluate", "--checkpoint", str(fifo), "--data", "synthetic:mpii"),
             *("--json", str(out / "e.json")),
         ],
         "LoraConfig.rank must be an integer, got 'abc'": [

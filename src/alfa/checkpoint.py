@@ -175,6 +175,8 @@ def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tu
         hint = f" (the model the training commands write there is {path / 'model.safetensors'})"
         hint = hint if (path / "model.safetensors").is_file() else ""
         raise FileNotFoundError(f"checkpoint {path} is a folder, not a checkpoint file{hint}")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"checkpoint {path} is not a regular file (a device, pipe or socket): name a checkpoint file")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if not os.access(path, os.R_OK):  # safetensors would call an unreadable file a missing one
