@@ -268,3 +268,32 @@ def test_a_file_output_is_never_among_the_files_of_an_output_or_input_folder(tmp
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1, err
     assert not (tmp_path / "b").exists() and (adapters / "personalization.json").read_text() == "{}"
+
+
+def test_a_file_another_command_writes_while_this_one_runs_is_kept(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The rule was checked as a command started: two at once both wrote, the second replacing the first."""
+    import contextlib
+
+    import alfa.fileio as fileio
+
+    page = tmp_path / "loading.md"
+    real_atomic_path = fileio.atomic_path
+
+    @contextlib.contextmanager
+    def the_other_command_writes_first(path):
+        if Path(path) == page and not page.exists():
+            page.write_text("the other command's page\n")
+        with real_atomic_path(path) as tmp:
+            yield tmp
+
+    monkeypatch.setattr(fileio, "atomic_path", the_other_command_writes_first)
+    assert main([*THROUGHPUT, "--loader-only", "--out", str(page)]) == 2
+    err = capsys.readouterr().err
+    assert f"{page}: written by another command while this one ran: it is kept, and this command's result is" in err
+    assert err.count("error:") == 1 and page.read_text() == "the other command's page\n"
+    ours = [p for p in tmp_path.iterdir() if p.name.startswith("loading.") and p.suffix == ".md" and p != page]
+    assert len(ours) == 1 and ours[0].read_text().startswith("# Data loading") and str(ours[0]) in err
+    with fileio.new_files([tmp_path / "own.md"]):  # a command rewrites its own new file freely
+        fileio.write_text(tmp_path / "own.md", "first\n")
+        fileio.write_text(tmp_path / "own.md", "second\n")
+    assert (tmp_path / "own.md").read_text() == "second\n"

@@ -10,6 +10,7 @@ layer of the package: it imports nothing of ``alfa``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime
 import errno
 import fcntl
@@ -21,7 +22,7 @@ import socket
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "Hold",
     "hold",
     "locked",
+    "new_files",
     "refuse_held",
     "refuse_held_inside",
 ]
@@ -71,7 +73,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         os.chmod(tmp, _new_file_mode())
-        os.replace(tmp, path)
+        if _place(path) in (_NEW_FILES.get() or ()):
+            _put_new(tmp, path)
+        else:
+            os.replace(tmp, path)
     except Exception as e:
         # A writer that failed on the file system (disk full, no permission), also one that wraps the OS's error
         # in its own (safetensors' SafetensorError, an exporter's error): an OSError naming the target.
@@ -82,6 +87,43 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+_NEW_FILES: contextvars.ContextVar[set[Path] | None] = contextvars.ContextVar("alfa_new_files", default=None)
+
+
+@contextlib.contextmanager
+def new_files(paths: Iterable[str | os.PathLike]) -> Iterator[None]:
+    """While the block runs, :func:`atomic_path` writes each of ``paths`` (files that did not exist when a command
+    started) only if it still does not exist: one another command wrote meanwhile is kept, and this one's result
+    goes beside it, said in the error. A path is free once written (the command may rewrite its own file)."""
+    token = _NEW_FILES.set({_place(Path(p)) for p in paths})
+    try:
+        yield
+    finally:
+        _NEW_FILES.reset(token)
+
+
+def _place(path: Path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _put_new(tmp: Path, path: Path) -> None:
+    """``tmp`` as ``path``, which must not exist (else :class:`FileExistsError`, ``tmp`` kept beside it)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        kept = path.with_name(f"{path.stem}.{uuid.uuid4().hex[:8]}{path.suffix}")
+        os.replace(tmp, kept)
+        said = f"written by another command while this one ran: it is kept, and this command's result is {kept}"
+        raise FileExistsError(errno.EEXIST, said, str(path)) from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
+            raise
+        if path.exists():  # a file system without hard links: checked, then renamed
+            raise FileExistsError(errno.EEXIST, "written by another command while this one ran", str(path)) from None
+        os.replace(tmp, path)
+    (_NEW_FILES.get() or set()).discard(_place(path))
 
 
 def _temporary_beside(path: Path) -> Path:

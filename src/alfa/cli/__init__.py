@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from alfa.fileio import os_error_in
+from alfa.fileio import new_files, os_error_in
 
 from . import bench, calibrate, camera, crate, gaze, library, llm, serve, study, tpgaze
 from .errors import OS_ERROR_ADVICE, error_line
@@ -261,6 +261,22 @@ def _hold_outputs(args: argparse.Namespace, name: str) -> Iterator[None]:
         yield
 
 
+def _new_file_outputs(args: argparse.Namespace) -> list[Path]:
+    """The files this command writes that do not exist as it starts (without --replace): one another command
+    writes meanwhile is not replaced either (:func:`alfa.fileio.new_files`). Not for a command whose processes share
+    their work (a benchmark's pieces write one page in turn)."""
+    shared = any(folder and dest not in args.held for dest, folder in args.outputs.items())
+    if getattr(args, "replace", False) or shared:
+        return []
+    paths = []
+    for name in getattr(args, "replaceable", ()):
+        if (value := getattr(args, name, None)) is not None:
+            paths.append(Path(value))
+            if name in (sidecars := getattr(args, "sidecars", {})):
+                paths.append(Path(value).with_suffix(sidecars[name][0]))
+    return [p for p in paths if not os.path.lexists(p)]
+
+
 @contextlib.contextmanager
 def _quiet_loading(args: argparse.Namespace) -> Iterator[None]:
     """``--quiet`` silences the loaders' progress bars too (:func:`~alfa.gaze.data.base.loading_progress`)."""
@@ -293,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         _check_outputs(args)
-        with _hold_outputs(args, name), _quiet_loading(args):
+        with _hold_outputs(args, name), _quiet_loading(args), new_files(_new_file_outputs(args)):
             args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
