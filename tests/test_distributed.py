@@ -178,10 +178,11 @@ def test_syncbatchnorm_is_swapped_in_and_the_original_modules_put_back():
     assert model[1] is bn and model[2][0] is inner
 
 
-def test_a_global_batch_too_small_for_the_processes_is_refused(monkeypatch):
+def test_a_global_batch_too_small_for_the_processes_is_refused(monkeypatch, tmp_path):
     monkeypatch.setattr(distributed, "rank_and_world", lambda: (0, 5))  # 8 images: 2 for each of 5 too many
-    with pytest.raises(ValueError, match="global batch: at least 2 per process"):
-        train_source(_model(), open_data(DATA), _config(1), "unused", progress=False)
+    with pytest.raises(ValueError, match="global batch of 5 processes, at least 2 images each: at least 10$"):
+        train_source(_model(), open_data(DATA), _config(1), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()  # refused before the folder was made
 
 
 @pytest.mark.slow

@@ -307,6 +307,12 @@ def train_source(
     each epoch (from 1) before its checkpoint is written (a crash between the two redoes both).
     """
     config.validate()
+    rank, world = distributed.rank_and_world()
+    if world > 1 and config.batch_size < 2 * world:  # before anything is made
+        raise ValueError(
+            f"--batch-size {config.batch_size} is the global batch of {world} processes, at least 2 images each: "
+            f"at least {2 * world}"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     train_p, val_ds, val_p = resolve_validation(dataset, config, val_dataset, val_persons)
@@ -315,10 +321,7 @@ def train_source(
         raise ValueError(f"{dataset.name}: {len(train_idx)} training images; need at least 2")
 
     device = _device_of(model)
-    rank, world = distributed.rank_and_world()
     progress = progress and rank == 0
-    if world > 1 and config.batch_size < 2 * world:
-        raise ValueError(f"--batch-size {config.batch_size} is the global batch: at least 2 per process ({world})")
     if device.type == "cuda":
         # channels-last lets cuDNN pick its fastest convolutions; on the CPU the layout (and the numbers) stay
         model.to(memory_format=torch.channels_last)
