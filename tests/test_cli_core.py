@@ -501,3 +501,12 @@ def test_under_torchrun_only_the_training_commands_run(monkeypatch, capsys, tmp_
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert main(["summary", "--model", "no-such-model"]) == 2
     assert "torchrun" not in capsys.readouterr().err
+
+
+def test_pretrain_refuses_a_model_that_does_not_predict_gaze_before_it_trains(tmp_path, capsys):
+    """vit_tiny (1,000 classes, 224-pixel patches) failed after the data loaded, in the loss."""
+    data = "synthetic:mpii?size=32&persons=3&images_per_person=8"
+    assert main(["pretrain", "--model", "vit_tiny", "--data", data, "--out", str(tmp_path / "p"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("alfa pretrain: error: --model vit_tiny is not a gaze model for these images (it cannot")
+    assert err.count("\n") == 1 and not (tmp_path / "p").exists()

@@ -141,6 +141,30 @@ def _join(name: str):
 # ----------------------------------------------------------------------------- pretrain
 
 
+def _refuse_a_model_that_is_not_a_gaze_model(model: Any, name: str, data: Any) -> None:
+    """Before any training: ``model`` must take the data's images and predict (yaw, pitch) for each (an image
+    classifier of the registry, vit_tiny's 1,000 classes, failed after the data loaded)."""
+    import torch
+
+    from alfa.gaze.data.base import unit_images
+
+    if len(data) == 0:  # said by the training itself
+        return
+    image = unit_images(data.raw_images([0])).to(next(model.parameters()).device)
+    try:
+        with torch.no_grad():
+            shape = tuple(model.eval()(image).shape)
+        what = f"it gives {shape[1:]} for an image" if shape != (1, 2) else None
+    except (RuntimeError, ValueError, AssertionError) as e:
+        what = f"it cannot take {image.shape[2]}×{image.shape[3]} images: {str(e).splitlines()[0]}"
+    model.train()
+    if what is not None:
+        raise ValueError(
+            f"--model {name} is not a gaze model for these images ({what}): alfa pretrain trains one that predicts "
+            "(yaw, pitch) from a face crop (resnet18_gaze; vit_* and crate_* are for the library and alfa crate gaze)"
+        )
+
+
 def _pretrain(args: argparse.Namespace) -> None:
     from alfa.gaze import distributed
     from alfa.gaze.train import train_source
@@ -152,6 +176,7 @@ def _pretrain(args: argparse.Namespace) -> None:
     val = open_spec(args.val_data) if args.val_data else None
     seed_torch_deterministic(config.seed)
     model = create_model(args.model).to(device)
+    _refuse_a_model_that_is_not_a_gaze_model(model, args.model, data)
     try:
         result = train_source(
             model, data, config, args.out, model_name=args.model, val_dataset=val, progress=not args.quiet
