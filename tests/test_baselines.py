@@ -486,3 +486,12 @@ def test_every_method_on_resnet18_truncated_at_64(method, resnet_truncated):
         assert total == DENSE_RESNET18_PARAMS  # every adapted conv is dense again
     else:
         assert total == base_total
+
+
+def test_a_dense_rank_larger_than_every_layer_is_refused_not_cut_down():
+    """dense_rank 128 on 64-wide layers silently became 64 (the full SVD)."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    with pytest.raises(ValueError, match=r"alfa: dense_rank 128 is larger than every layer it adapts .*: at most 64"):
+        alfa.attach(copy.deepcopy(model), alfa.AlfaConfig(layers="dense", dense_rank=128, heads=2, rank=2))
+    alfa.attach(model, alfa.AlfaConfig(layers="dense", dense_rank=32, heads=2, rank=2))  # 32: the last layer's 8
+    assert [layer.dictionary_size for layer in (model[0], model[2])] == [32, 8]

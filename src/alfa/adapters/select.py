@@ -94,8 +94,9 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
     return names
 
 
-SIZE_OPTIONS = ("rank", "heads")
-"""The options of a method that size its tensors by the layer (a rank, a number of heads)."""
+SIZE_OPTIONS = ("rank", "heads", "dense_rank")
+"""The options of a method that size its tensors by the layer (a rank, a number of heads, the SVD rank of a dense
+layer's dictionary)."""
 
 
 def check_sizes(model: nn.Module, config: AdapterConfig, names: Sequence[str] | None = None) -> None:
