@@ -358,3 +358,25 @@ def test_a_safetensors_file_has_the_same_bytes_in_every_process(tmp_path):
         assert f.metadata() == {f"k{i}": str(i) for i in range(8)}
         assert torch.equal(f.get_tensor("w"), torch.arange(6.0).reshape(2, 3))
     assert write_safetensors(tmp_path / "one.safetensors", {"w": torch.ones(1)}, {"only": "1"}).is_file()
+
+
+def test_a_file_of_another_kind_is_named_as_what_it_is(tmp_path):
+    """A torch.save file or a JSON file given as a checkpoint or an adapter said only "header too large"."""
+    import json
+
+    from alfa.adapters import AdapterFileError, read_adapter_metadata
+    from alfa.checkpoint import CheckpointError, read_checkpoint
+
+    torch.save({"w": torch.zeros(2)}, tmp_path / "model.pt")  # written only: never loaded
+    (tmp_path / "config.json").write_text(json.dumps({"rank": 8}))
+    (tmp_path / "short").write_bytes(b"ab")
+    cases = {
+        "model.pt": "a zip archive as torch.save writes, whose pickle alfa never loads",
+        "config.json": "a JSON file",
+        "short": "Error while deserializing header: header too small",  # nothing to tell it by: safetensors' words
+    }
+    for name, words in cases.items():
+        with pytest.raises(CheckpointError, match=f"{name}: not a readable safetensors file \\({words}\\)"):
+            read_checkpoint(tmp_path / name)
+        with pytest.raises(AdapterFileError, match=f"{name}: not a readable safetensors file \\({words}"):
+            read_adapter_metadata(tmp_path / name)

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from .adapters.io import refuse_non_finite, tensor_checksum
 from .adapters.state import adapted_layers
-from .fileio import write_safetensors
+from .fileio import kind_of_file, write_safetensors
 from .models import create_model
 from .truncate import factorized_ranks, restore_structure
 
@@ -81,7 +81,7 @@ def read_tagged(path: str | os.PathLike, fmt: str, what: str) -> tuple[dict[str,
             raw = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
+        raise CheckpointError(f"{path}: not a readable safetensors file ({kind_of_file(path) or e})") from e
     if raw.get("format") != fmt:
         raise CheckpointError(f"{path}: not {what} (no '{fmt}' header)")
     try:
@@ -188,7 +188,7 @@ def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tu
                 raise CheckpointError(f"{path}: not an alfa checkpoint (no '{FORMAT}' header)")
             tensors = {} if header_only else {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
+        raise CheckpointError(f"{path}: not a readable safetensors file ({kind_of_file(path) or e})") from e
     try:
         config = json.loads(meta["config"])
     except (KeyError, json.JSONDecodeError) as e:

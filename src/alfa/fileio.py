@@ -41,6 +41,7 @@ __all__ = [
     "FolderHeldError",
     "Hold",
     "hold",
+    "kind_of_file",
     "locked",
     "new_files",
     "refuse_held",
@@ -134,6 +135,29 @@ def _temporary_beside(path: Path) -> Path:
     room = 255 - len(f"..{tag}.tmp{suffix}".encode())
     stem = path.stem.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore")
     return path.with_name(f".{stem}.{tag}.tmp{suffix}")
+
+
+_KINDS = (
+    (b"PK\x03\x04", "a zip archive as torch.save writes, whose pickle alfa never loads"),
+    (b"\x80", "a pickle, which alfa never loads"),
+    (b"\x89PNG", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"\x89HDF", "an HDF5 file"),
+    (b"\x08", "perhaps an ONNX model"),
+)
+
+
+def kind_of_file(path: str | os.PathLike) -> str | None:
+    """What a file that should have been safetensors looks like from its first bytes ("a JSON file", "a pickle, which
+    alfa never loads", ...), for a message; ``None`` if it cannot be told."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return None
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "a JSON file"
+    return next((kind for magic, kind in _KINDS if head.startswith(magic)), None)
 
 
 def _new_file_mode() -> int:

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
-from ..fileio import write_safetensors
+from ..fileio import kind_of_file, write_safetensors
 from .alfa import DictionaryAdapter, DictionaryMixConfig
 from .config import config_from_dict
 from .groups import is_number
@@ -360,7 +360,7 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
         with safe_open(str(path), framework="pt") as f:
             raw = f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
-        raise AdapterFileError(f"{path}: not a readable safetensors file ({e})") from e
+        raise AdapterFileError(f"{path}: not a readable safetensors file ({kind_of_file(path) or e})") from e
     if raw.get("format") != FORMAT:
         raise AdapterFileError(f"{path}: not an alfa adapter file (no '{FORMAT}' header)")
     if raw.get("version") != str(VERSION):
