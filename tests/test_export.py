@@ -68,9 +68,37 @@ def test_lora_needs_a_merge_form_and_a_bad_export_leaves_nothing(tmp_path):
         export_onnx(model, tmp_path / "a.onnx", (32, 32))
     assert not (tmp_path / "a.onnx").exists()
     assert export_onnx(model, tmp_path / "a.onnx", (32, 32), form="extend").relative_difference <= 1e-5
+    assert "alfa export --merge extend|densify" in _export_error(tmp_path, model, [])
+    for adapter in ("alfa", None):  # a --merge that would be ignored (it was: the file was not what was asked)
+        alfa_user = _personalized(alfa.AlfaConfig(heads=2, rank=2), tiny=True)[1] if adapter else None
+        err = _export_error(tmp_path, alfa_user or model, ["--merge", "densify"], adapter=adapter is not None)
+        merge = "factorized (rank d)" if adapter else "none: no --adapter"
+        assert "--merge densify is for adapters that cannot keep the base's rank (LoRA and its family)" in err
+        assert f"this merge is {merge}: leave --merge out" in err
     with pytest.raises(RuntimeError, match="differs from PyTorch's .* > -1; .*b.onnx was not written"):
         export_onnx(model, tmp_path / "b.onnx", (32, 32), form="extend", tolerance=-1)
     assert not (tmp_path / "b.onnx").exists() and not list(tmp_path.glob(".*tmp*"))
+
+
+def _export_error(tmp_path, user, options, adapter=True) -> str:
+    """The one line ``alfa export`` of ``user`` (its base and adapter saved) with ``options`` ends in."""
+    import contextlib
+    import io
+
+    from alfa.checkpoint import save_model
+    from alfa.cli import main
+
+    base = copy.deepcopy(user)
+    alfa.detach(base)
+    save_model(tmp_path / "e-base.safetensors", base, "tiny_gaze_net")
+    alfa.save_adapter(user, tmp_path / "e-user.safetensors")
+    argv = ["export", "--checkpoint", str(tmp_path / "e-base.safetensors"), "--image-size", "32", "32"]
+    argv += ["--adapter", str(tmp_path / "e-user.safetensors")] * adapter + ["--out", str(tmp_path / "e.onnx")]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main([*argv, *options]) == 2
+    assert not (tmp_path / "e.onnx").exists() and err.getvalue().count("\n") == 1
+    return err.getvalue()
 
 
 def _export_argv(tmp_path) -> tuple[list[str], torch.nn.Module]:
@@ -206,6 +234,9 @@ def test_the_multi_user_model_exports_with_each_layers_mix_as_an_input(tmp_path)
     with torch.no_grad():
         ours = served(x2, later)
     assert float((theirs - ours).norm() / ours.norm()) < 1e-5
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 2)).train()
+    export_onnx_with_inputs(plain, tmp_path / "plain.onnx", (torch.rand(2, 4),), ["x"])
+    assert plain.training  # exported in eval mode, given back in the mode it came in
     low_rank = _personalized(alfa.LoraConfig(rank=2), seed=20, tiny=True)[1]
     served.add_user("lr", low_rank)
     with pytest.raises(ValueError, match="user 'lr' has a low-rank update or a correction on"):

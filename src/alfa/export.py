@@ -10,10 +10,11 @@ sizes given; a difference above ``tolerance`` (relative, in norm) is an error an
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def merged_copy(model: nn.Module, form: str | None = None) -> nn.Module:
     if form is None and how == "densified":
         raise ValueError(
             "this adapter cannot keep the factorized rank when merged: choose a form, 'extend' (exact, rank d + r) "
-            "or 'densify' (dense layers)"
+            "or 'densify' (dense layers); alfa export --merge extend|densify"
         )
     merge(out, extend=form == "extend", densify=form == "densify")
     return out
@@ -147,7 +148,8 @@ def export_onnx_with_inputs(
     _needs("onnxscript", "ONNX export")
     shapes = ({0: _BATCH}, tuple({0: _BATCH} for _ in inputs[1:])) if len(inputs) > 1 else ({0: _BATCH},)
     path = Path(path)
-    with atomic_path(path) as tmp:
+    training = module.training
+    with atomic_path(path) as tmp, _restoring_mode(module, training):
         program = torch.onnx.export(
             module.eval(),
             inputs,
@@ -159,6 +161,15 @@ def export_onnx_with_inputs(
         )
         program.save(str(tmp))
     return path
+
+
+@contextlib.contextmanager
+def _restoring_mode(module: nn.Module, training: bool) -> Iterator[None]:
+    """The caller's module back in the mode it was given in (exported in eval mode)."""
+    try:
+        yield
+    finally:
+        module.train(training)
 
 
 @torch.no_grad()

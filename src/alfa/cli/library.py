@@ -118,7 +118,7 @@ def quiet_exporter(show: bool = False) -> Iterator[None]:
 def _export(args: argparse.Namespace) -> None:
     import torch
 
-    from alfa.adapters import load_adapter
+    from alfa.adapters import load_adapter, merge_form
     from alfa.checkpoint import load_model
     from alfa.export import export_onnx, export_program
 
@@ -129,6 +129,12 @@ def _export(args: argparse.Namespace) -> None:
     model.eval()
     if args.adapter:
         load_adapter(model, args.adapter)
+    how = merge_form(model) if args.adapter else "none: no --adapter"
+    if args.merge and how != "densified":  # the file would not be what was asked
+        raise ValueError(
+            f"--merge {args.merge} is for adapters that cannot keep the base's rank (LoRA and its family); this "
+            f"merge is {how}: leave --merge out"
+        )
     size = tuple(args.image_size) if args.image_size else tuple(saved.get("input_size") or ())
     if len(size) != 2:
         raise ValueError(f"{args.checkpoint} does not record its input size: pass --image-size H W")
