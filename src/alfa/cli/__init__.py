@@ -119,7 +119,7 @@ def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
     folders = [
         (name, v, _resolved(v))
         for name, f in args.outputs.items()
-        if f and name not in args.mixed and (v := getattr(args, name, None))
+        if f and name not in getattr(args, "mixed", ()) and (v := getattr(args, name, None))
     ]
     read_whole = [i for i in inputs if i[0] in READ_WHOLE]
     for name, folder in args.outputs.items():
