@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import socket
@@ -13,9 +14,10 @@ import pytest
 from alfa.fileio import LOCK_FILE, FolderHeldError, hold
 
 
-def _write_lock(folder, pid, host=None, command="alfa personalize"):
+def _write_lock(folder, pid, host=None, command="alfa personalize", started=None):
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"pid": pid, "host": host or socket.gethostname(), "command": command, "started": "2024-01-01T00:00"}
+    started = started or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    record = {"pid": pid, "host": host or socket.gethostname(), "command": command, "started": started}
     (folder / LOCK_FILE).write_text(json.dumps(record))
 
 
@@ -279,3 +281,13 @@ def test_a_benchmark_shares_its_folder_with_its_own_pieces_only(tmp_path, capsys
     err = capsys.readouterr().err
     assert "is held by 'alfa pretrain'" in err and "still running" in err and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]
+
+
+def test_a_lock_whose_process_number_a_later_process_took_is_stale(tmp_path):
+    """A lock left by a dead command whose number a process started since now has was judged held."""
+    _write_lock(tmp_path, os.getppid(), started="2001-01-01T00:00:00+00:00")  # running, but started long after
+    with hold(tmp_path, "alfa pretrain") as held:
+        assert "is no longer running" in held.stale_note()
+    _write_lock(tmp_path, os.getppid())  # its own lock, from when it started: held
+    with pytest.raises(FolderHeldError, match="still running"), hold(tmp_path, "alfa pretrain"):
+        pass

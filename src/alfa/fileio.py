@@ -518,7 +518,7 @@ def _remove_if_stale(lock: Path) -> dict[str, Any] | None:
                     f"{lock.parent} is held by {_holder(found)} on host {host}, which cannot be checked from "
                     f"here: wait for it, or remove {lock} if it no longer runs there"
                 )
-            if _alive(pid):
+            if _alive(pid) and not _started_after(pid, found.get("started")):
                 raise FolderHeldError(
                     f"{lock.parent} is held by {_holder(found)}, still running: wait for it to finish, or "
                     f"write elsewhere (if no such command runs, remove {lock})"
@@ -538,7 +538,9 @@ def _live_record(lock: Path) -> dict[str, Any] | None:
         pid, host = int(found["pid"]), str(found["host"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if host == socket.gethostname() and (pid == os.getpid() or not _alive(pid)):
+    if host == socket.gethostname() and (
+        pid == os.getpid() or not _alive(pid) or _started_after(pid, found.get("started"))
+    ):
         return None
     return found
 
@@ -577,6 +579,21 @@ def _refuse_held_around(folder: Path) -> None:
 
 def _holder(record: dict[str, Any]) -> str:
     return f"{record.get('command', 'a command')!r} (process {record.get('pid')}, started {record.get('started')})"
+
+
+def _started_after(pid: int, started: Any) -> bool:
+    """Whether process ``pid`` began well after ``started`` (a lock's ISO time): then it is not the lock's holder but
+    a later process given the same number. ``False`` where it cannot be told (no /proc, an unreadable time)."""
+    try:
+        since = datetime.datetime.fromisoformat(str(started)).timestamp()
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22, after the name in parentheses
+        with open("/proc/stat", encoding="ascii") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
+    # A minute's margin: the holder began before it wrote its lock, whatever the clock did since boot.
+    return boot + ticks / os.sysconf("SC_CLK_TCK") > since + 60
 
 
 def _alive(pid: int) -> bool:
