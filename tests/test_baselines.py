@@ -495,3 +495,27 @@ def test_a_dense_rank_larger_than_every_layer_is_refused_not_cut_down():
         alfa.attach(copy.deepcopy(model), alfa.AlfaConfig(layers="dense", dense_rank=128, heads=2, rank=2))
     alfa.attach(model, alfa.AlfaConfig(layers="dense", dense_rank=32, heads=2, rank=2))  # 32: the last layer's 8
     assert [layer.dictionary_size for layer in (model[0], model[2])] == [32, 8]
+
+
+def test_an_adapter_saved_with_a_dense_rank_above_every_layer_still_loads(tmp_path):
+    """Such a file (written before the refusal) meant each layer's full SVD; it loads as it did."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    user = copy.deepcopy(model)
+    alfa.attach(user, alfa.AlfaConfig(layers="dense", dense_rank=64, heads=2, rank=2))
+    with torch.no_grad():
+        for p in alfa.adapter_parameters(user).values():
+            p.normal_(0, 0.02)
+    path = alfa.save_adapter(user, tmp_path / "old.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    config = json.loads(meta["config"])
+    save_file(tensors, str(path), metadata={**meta, "config": json.dumps({**config, "dense_rank": 128})})
+    alfa.load_adapter(model, path)
+    x = torch.rand(3, 64)
+    assert torch.equal(model(x), user(x))

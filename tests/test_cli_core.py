@@ -489,18 +489,23 @@ def test_under_torchrun_only_the_training_commands_run(monkeypatch, capsys, tmp_
     """Each of torchrun's processes would run a whole personalization or export, into the same files."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     argv = ["calibrate", "--checkpoint", "x", "--data", "synthetic:mpii", "--k", "9", "--out", str(tmp_path / "c")]
-    for rank, lines in (("0", 1), ("1", 0)):  # one line, from the first process
+    said = "only alfa pretrain and alfa truncate run as one job of several processes (WORLD_SIZE=2"
+    for launcher, rank, lines in (("torchrun", "0", 1), ("torchrun", "1", 0), ("other", "1", 1)):
+        if launcher == "torchrun":  # one line, from the first process; another launcher's ranks each say it
+            monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+        else:
+            monkeypatch.delenv("TORCHELASTIC_RUN_ID")
         monkeypatch.setenv("RANK", rank)
         assert main(argv) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == lines and not (tmp_path / "c").exists()
-        assert ("only alfa pretrain and alfa truncate run as one job under torchrun" in err) == (rank == "0")
+        assert err.count("\n") == lines and (said in err) == (lines == 1) and not (tmp_path / "c").exists()
     monkeypatch.setenv("RANK", "0")
     assert main(["pretrain", "--data", "nowhere:x", "--out", str(tmp_path / "p")]) == 2  # past the check
     assert "torchrun" not in capsys.readouterr().err
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    assert main(["summary", "--model", "no-such-model"]) == 2
-    assert "torchrun" not in capsys.readouterr().err
+    for world in ("1", ""):  # one process; an empty setting is none (it was a traceback)
+        monkeypatch.setenv("WORLD_SIZE", world)
+        assert main(["summary", "--model", "no-such-model"]) == 2
+        assert "torchrun" not in capsys.readouterr().err
 
 
 def test_pretrain_refuses_a_model_that_does_not_predict_gaze_before_it_trains(tmp_path, capsys):

@@ -73,8 +73,8 @@ def test_lora_needs_a_merge_form_and_a_bad_export_leaves_nothing(tmp_path):
         alfa_user = _personalized(alfa.AlfaConfig(heads=2, rank=2), tiny=True)[1] if adapter else None
         err = _export_error(tmp_path, alfa_user or model, ["--merge", "densify"], adapter=adapter is not None)
         merge = "factorized (rank d)" if adapter else "none: no --adapter"
-        assert "--merge densify is for adapters that cannot keep the base's rank (LoRA and its family)" in err
-        assert f"this merge is {merge}: leave --merge out" in err
+        assert "--merge densify is for an adapter on a truncated base whose merge cannot keep the base's rank" in err
+        assert f"this one merges without it ({merge}): leave --merge out" in err
     with pytest.raises(RuntimeError, match="differs from PyTorch's .* > -1; .*b.onnx was not written"):
         export_onnx(model, tmp_path / "b.onnx", (32, 32), form="extend", tolerance=-1)
     assert not (tmp_path / "b.onnx").exists() and not list(tmp_path.glob(".*tmp*"))

@@ -297,3 +297,19 @@ def test_a_file_another_command_writes_while_this_one_runs_is_kept(tmp_path: Pat
         fileio.write_text(tmp_path / "own.md", "first\n")
         fileio.write_text(tmp_path / "own.md", "second\n")
     assert (tmp_path / "own.md").read_text() == "second\n"
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["crate", "gaze", "--out", ""], "argument --out: an empty path: name a folder"),
+        (["llm", "bench", "--out", "x", "--markdown", "new/"], "argument --markdown: new/ ends in /, as a folder does"),
+        (["crate", "toy", "--json", ""], "argument --json: an empty path: name a file"),
+    ],
+)
+def test_path_typed_options_refuse_an_empty_path_and_a_folders_slash(argv, words, capsys) -> None:
+    """Options read as paths lost "" (the current folder) and a trailing / before the output checks saw them."""
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and words in err and err.count("\n") == 1

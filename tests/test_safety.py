@@ -380,3 +380,25 @@ def test_a_file_of_another_kind_is_named_as_what_it_is(tmp_path):
             read_checkpoint(tmp_path / name)
         with pytest.raises(AdapterFileError, match=f"{name}: not a readable safetensors file \\({words}"):
             read_adapter_metadata(tmp_path / name)
+
+
+def test_file_names_and_kinds_at_the_edges(tmp_path):
+    """From a review: a name that is not valid UTF-8 broke every write (its temporary name was measured as text);
+    a damaged safetensors file whose header length starts with byte 0x80 or 0x08 was called a pickle or ONNX; an
+    access log may be a pipe or /dev/null, which a replaced output may not."""
+    import os
+
+    from alfa.fileio import check_writable, kind_of_file, write_text
+
+    odd = tmp_path / os.fsdecode(b"r\xe9sum\xe9.txt")
+    write_text(odd, "x")
+    assert odd.read_text() == "x" and [p.name for p in tmp_path.iterdir()] == [odd.name]
+    for first in (0x80, 0x08):
+        damaged = tmp_path / f"damaged-{first}.safetensors"
+        damaged.write_bytes(first.to_bytes(8, "little") + b'{"w": {"dtype": "F32", "sha')
+        assert kind_of_file(damaged) is None
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    assert check_writable(pipe, appended=True) == pipe
+    with pytest.raises(ValueError, match="is not a regular file"):
+        check_writable(pipe)

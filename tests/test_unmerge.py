@@ -149,7 +149,9 @@ def test_unmerge_refuses_to_discard_changes_made_after_the_merge(small_net, x):
     assigned.load_state_dict(state, assign=True)  # new tensors, their counts at 0 as the merge's were
     swapped = copy.deepcopy(small_net)
     swapped.fc1.weight.data[[0, 1]] = swapped.fc1.weight.data[[1, 0]]  # both plain sums and the squares' unchanged
-    for changed in (trained, copy.deepcopy(trained), through_data, assigned, swapped):
+    neighbours = copy.deepcopy(small_net)
+    neighbours.fc1.weight.data[0, [0, 1]] = neighbours.fc1.weight.data[0, [1, 0]]  # two values side by side
+    for changed in (trained, copy.deepcopy(trained), through_data, assigned, swapped, neighbours):
         with pytest.raises(MergeError, match="the weights of fc1 changed after the merge"):
             alfa.unmerge(changed)
     replaced = copy.deepcopy(small_net)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -80,8 +81,12 @@ _BATCH = torch.export.Dim("batch", min=1)  # any batch size: the exported files 
 
 def _batch_sizes(batch_sizes: Sequence[int]) -> tuple[int, ...]:
     """The batch sizes the check runs, one or more positive whole numbers (none would check nothing)."""
-    sizes = tuple(batch_sizes) if isinstance(batch_sizes, (tuple, list)) else ()
-    if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+    try:  # any sequence of integers (a range, numpy's): what operator.index takes
+        sizes = tuple(operator.index(n) for n in batch_sizes if not isinstance(n, bool))
+        whole = len(sizes) == len(batch_sizes)
+    except TypeError:
+        sizes, whole = (), False
+    if not sizes or not whole or min(sizes) < 1:
         raise ValueError(f"batch_sizes must be one or more positive whole numbers, got {batch_sizes!r}")
     return sizes
 

@@ -20,6 +20,7 @@ import re
 import shlex
 import socket
 import stat
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -113,28 +114,39 @@ def _put_new(tmp: Path, path: Path) -> None:
     """``tmp`` as ``path``, which must not exist (else :class:`FileExistsError`, ``tmp`` kept beside it)."""
     try:
         os.link(tmp, path)
-    except FileExistsError:
-        kept = path.with_name(f"{path.stem}.{uuid.uuid4().hex[:8]}{path.suffix}")
-        os.replace(tmp, kept)
-        said = f"written by another command while this one ran: it is kept, and this command's result is {kept}"
-        raise FileExistsError(errno.EEXIST, said, str(path)) from None
     except OSError as e:
-        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
+        if e.errno != errno.EEXIST and e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
             raise
-        if path.exists():  # a file system without hard links: checked, then renamed
-            raise FileExistsError(errno.EEXIST, "written by another command while this one ran", str(path)) from None
+        if e.errno == errno.EEXIST or path.exists():  # (no hard links on this file system: checked, then renamed)
+            kept = _name_beside(path, "", f".{uuid.uuid4().hex[:8]}")
+            os.replace(tmp, kept)
+            said = f"written by another command while this one ran: it is kept, and this command's result is {kept}"
+            raise FileExistsError(errno.EEXIST, said, str(path)) from None
         os.replace(tmp, path)
     (_NEW_FILES.get() or set()).discard(_place(path))
 
 
 def _temporary_beside(path: Path) -> Path:
-    """A new name beside ``path`` (:data:`TEMPORARY_PATH`'s form), within the file system's 255 bytes a name: the
-    target's own stem is shortened where a long name would not leave room."""
+    """A new name beside ``path`` (:data:`TEMPORARY_PATH`'s form)."""
     # Unique per call: several processes may write the same target at once (benchmark pieces).
-    tag, suffix = uuid.uuid4().hex[:8], path.suffix if len(path.suffix.encode()) <= 32 else ""
-    room = 255 - len(f"..{tag}.tmp{suffix}".encode())
-    stem = path.stem.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore")
-    return path.with_name(f".{stem}.{tag}.tmp{suffix}")
+    return _name_beside(path, ".", f".{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _name_beside(path: Path, before: str, after: str) -> Path:
+    """``before + stem + after + suffix`` beside ``path``, within the file system's 255 bytes a name: the target's
+    own stem is shortened where a long name would not leave room (bytes as the file system counts them, whatever
+    the name's encoding)."""
+    suffix = path.suffix if len(os.fsencode(path.suffix)) <= 32 else ""
+    room = 255 - len(os.fsencode(f"{before}{after}{suffix}"))
+    whole = os.fsencode(path.stem)
+    stem = os.fsdecode(whole[:room])
+    for cut in range(min(room, len(whole)), max(min(room, len(whole)) - 4, -1), -1):
+        try:  # cut between characters where the name is valid text (a name that is not keeps its bytes)
+            stem = whole[:cut].decode(sys.getfilesystemencoding())
+            break
+        except UnicodeDecodeError:
+            continue
+    return path.with_name(f"{before}{stem}{after}{suffix}")
 
 
 _KINDS = (
@@ -154,6 +166,8 @@ def kind_of_file(path: str | os.PathLike) -> str | None:
         with open(path, "rb") as f:
             head = f.read(16)
     except OSError:
+        return None
+    if head[8:9] == b"{":  # a safetensors file (an 8-byte header length, then its JSON): damaged, not another kind
         return None
     if head.lstrip()[:1] in (b"{", b"["):
         return "a JSON file"
@@ -282,16 +296,19 @@ def safe_filename(name: str) -> str:
     return out
 
 
-def check_writable(path: str | os.PathLike, *, folder: bool = False, what: str = "output") -> Path:
+def check_writable(
+    path: str | os.PathLike, *, folder: bool = False, what: str = "output", appended: bool = False
+) -> Path:
     """Fail now, before any work, if ``path`` could not be written later: a file whose place is a folder (or
-    under a file), a folder that is a file, or a place this process may not write. Creates nothing. Raises
+    under a file), a folder that is a file, a device or pipe that a file would replace (``appended``: a file written
+    to in place, an access log, may be one), or a place this process may not write. Creates nothing. Raises
     ``ValueError``."""
     path = Path(path)
     if folder and path.exists() and not path.is_dir():
         raise ValueError(f"{what} {path} is a file, not a folder")
     if not folder and path.is_dir():
         raise ValueError(f"{what} {path} is a folder, not a file")
-    if not folder and path.exists() and not path.is_file():
+    if not folder and not appended and path.exists() and not path.is_file():  # a log may go to /dev/null or a pipe
         raise ValueError(f"{what} {path} is not a regular file (a device, pipe or socket): name a file")
     # the nearest existing ancestor decides: it must be a folder this process may write into
     probe = path if folder else path.parent

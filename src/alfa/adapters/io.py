@@ -9,6 +9,7 @@ another base, method or layer set. Nothing is unpickled.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -23,9 +24,10 @@ from torch import Tensor, nn
 
 from ..fileio import kind_of_file, write_safetensors
 from .alfa import DictionaryAdapter, DictionaryMixConfig
-from .config import config_from_dict
+from .config import AdapterConfig, config_from_dict
 from .groups import is_number
 from .layer import AdaptedLayer
+from .select import largest_layer
 from .state import (
     DEFAULT_ADAPTER,
     _check_adapter_name,
@@ -437,6 +439,7 @@ def load_adapter(
         probe = _copy_for_check(model)
         load_adapter(probe, path)
         delete_adapter(model, name)
+    config = _bounded_dense_rank(model, config)
     try:
         targets = attach(model, config, name=name)
     except (ValueError, TypeError) as e:
@@ -449,6 +452,16 @@ def load_adapter(
             set_adapter(model, active.name)
         raise
     return targets
+
+
+def _bounded_dense_rank(model: nn.Module, config: AdapterConfig) -> AdapterConfig:
+    """A file saved before a ``dense_rank`` above every layer was refused meant each layer's full SVD: the same
+    layers as the largest layer's rank (what attach accepts now)."""
+    dense_rank = getattr(config, "dense_rank", None)
+    found = largest_layer(model, config) if isinstance(dense_rank, int) else None
+    if found is None or dense_rank <= min(found[1:]):
+        return config
+    return dataclasses.replace(config, dense_rank=min(found[1:]))
 
 
 def _copy_for_check(model: nn.Module) -> nn.Module:

@@ -11,7 +11,7 @@ from ..layers import is_dense_eligible, is_factorized, layer_spec
 from ..surgery import shared_parameters, tie_refusal
 from .config import AdapterConfig, target_matches
 
-__all__ = ["candidate_layers", "modules_to_save", "check_sizes", "SIZE_OPTIONS"]
+__all__ = ["candidate_layers", "modules_to_save", "check_sizes", "largest_layer", "SIZE_OPTIONS"]
 
 
 def _module_order(model: nn.Module) -> dict[str, int]:
@@ -99,10 +99,11 @@ SIZE_OPTIONS = ("rank", "heads", "dense_rank")
 layer's dictionary)."""
 
 
-def check_sizes(model: nn.Module, config: AdapterConfig, names: Sequence[str] | None = None) -> None:
-    """Refuse, before anything is built, a ``rank`` or ``heads`` larger than every layer ``config`` adapts (of
-    ``names``, default: the layers it selects): a rank cannot exceed ``min(out, in)`` of a layer, and a far larger
-    one would allocate for minutes before anything else is said. ``ValueError`` saying the bound."""
+def largest_layer(
+    model: nn.Module, config: AdapterConfig, names: Sequence[str] | None = None
+) -> tuple[str, int, int] | None:
+    """The layer ``config`` adapts (of ``names``, default: the layers it selects) with the largest rank, as ``(name,
+    outputs, inputs)``; ``None`` where no layer has a plain shape."""
     if names is None:
         names = candidate_layers(model, config, modules_to_save(model, config))
     sizes: dict[str, tuple[int, int]] = {}
@@ -113,13 +114,23 @@ def check_sizes(model: nn.Module, config: AdapterConfig, names: Sequence[str] | 
             continue  # a layer of another kind: its method says what it accepts
         sizes[name] = (spec.m, spec.n)
     if not sizes:
-        return
+        return None
     largest = max(sizes, key=lambda n: min(sizes[n]))
-    bound = min(sizes[largest])
+    return largest, *sizes[largest]
+
+
+def check_sizes(model: nn.Module, config: AdapterConfig, names: Sequence[str] | None = None) -> None:
+    """Refuse, before anything is built, a ``rank``, ``heads`` or ``dense_rank`` larger than every layer ``config``
+    adapts (of ``names``, default: the layers it selects): a rank cannot exceed ``min(out, in)`` of a layer, and a
+    far larger one would allocate for minutes before anything else is said. ``ValueError`` saying the bound."""
+    found = largest_layer(model, config, names)
+    if found is None:
+        return
+    largest, m, n = found
+    bound = min(m, n)
     for option in SIZE_OPTIONS:
         value = getattr(config, option, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > bound:
-            m, n = sizes[largest]
             raise ValueError(
                 f"{config.method}: {option} {value} is larger than every layer it adapts (the largest, {largest}, "
                 f"maps {n} inputs to {m} outputs): at most {bound}"

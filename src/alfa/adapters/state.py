@@ -97,9 +97,11 @@ def _sums(module: nn.Module) -> Tensor:
     tensors = [t.detach() for t in itertools.chain(module.parameters(), module.buffers())]
     rows = []
     if tensors:
-        # weights rising from 1 to 2 along the values: moving values about moves this sum
+        # weights in [1, 2) that differ by at least a third between neighbours (the golden ratio's multiples, mod 1):
+        # moving values about, two neighbours swapped too, moves this sum far beyond its rounding
         longest = max(t.numel() for t in tensors)
-        weights = torch.arange(longest, dtype=torch.float64, device=tensors[0].device).div_(longest).add_(1.0)
+        weights = torch.arange(longest, dtype=torch.float64, device=tensors[0].device)
+        weights.mul_(_GOLDEN).remainder_(1.0).add_(1.0)
     for t in tensors:
         flat = t.double().reshape(-1)
         magnitude, square = flat.abs().sum(), flat.square().sum()
@@ -121,6 +123,7 @@ def _same_sums(a: Tensor, b: Tensor) -> bool:
 
 
 _SUMS_TOLERANCE = 1e-9
+_GOLDEN = 0.6180339887498949
 
 
 @dataclass

@@ -204,7 +204,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
     for name, folder in args.outputs.items():
         value = getattr(args, name, None)
         if value is not None:
-            check_writable(value, folder=folder, what=f"--{_flag(name)}")
+            appended = not folder and name not in args.replaceable  # one of `keeps`: an access log
+            check_writable(value, folder=folder, what=f"--{_flag(name)}", appended=appended)
     for name in () if getattr(args, "replace", False) else args.replaceable:
         value = getattr(args, name, None)
         writers = (args.command_path, *getattr(args, "rewrites", ()))
@@ -261,6 +262,14 @@ def _hold_outputs(args: argparse.Namespace, name: str) -> Iterator[None]:
         yield
 
 
+def _processes() -> int:
+    """How many processes the launcher (torchrun) started for this job: its ``WORLD_SIZE``, 1 if none or unreadable."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
 def _new_file_outputs(args: argparse.Namespace) -> list[Path]:
     """The files this command writes that do not exist as it starts (without --replace): one another command
     writes meanwhile is not replaced either (:func:`alfa.fileio.new_files`). Not for a command whose processes share
@@ -301,11 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown and not args.stand_in:  # what parse_args says; a stand-in goes on to say what is missing
         print(f"{name}: error: unrecognized arguments: {' '.join(unknown)} (see {name} --help)", file=sys.stderr)
         return 2
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.distributed:
-        # Each of torchrun's processes would run all of it, into the same files: said once, by the first process.
-        if os.environ.get("RANK", "0") == "0":
+    if _processes() > 1 and not args.distributed and not args.stand_in:
+        # Each process would run all of it, into the same files: said once under torchrun, by its first process.
+        if os.environ.get("RANK", "0") == "0" or "TORCHELASTIC_RUN_ID" not in os.environ:
             jobs = " and ".join(f"alfa {c}" for c in DISTRIBUTED_COMMANDS)
-            print(f"{name}: error: only {jobs} run as one job under torchrun; run {name} without it", file=sys.stderr)
+            print(f"{name}: error: only {jobs} run as one job of several processes (WORLD_SIZE={_processes()}, as "
+                  f"torchrun sets it); run {name} in one process", file=sys.stderr)  # fmt: skip
         return 2
     try:
         _check_outputs(args)

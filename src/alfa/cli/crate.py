@@ -6,7 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from .options import at_least, non_negative_number, positive_rate, quiet_option, seed_option
+from .options import at_least, file_path, folder_path, non_negative_number, positive_rate, quiet_option, seed_option
 from .registry import Command
 
 __all__ = ["CRATE"]
@@ -48,16 +48,16 @@ def _toy_arguments(toy: argparse.ArgumentParser) -> None:
         "--layers", type=at_least(1), default=constants.layers, help="number of layers (default %(default)s)"
     )
     toy.add_argument("--show-runs", action="store_true", help="also print the table of every single run")
-    toy.add_argument("--json", type=Path, metavar="PATH", help="write every run (per-layer statistics) as JSON")
+    toy.add_argument("--json", type=file_path, metavar="PATH", help="write every run (per-layer statistics) as JSON")
     toy.add_argument(
         "--data-to",
-        type=Path,
+        type=file_path,
         metavar="PATH",
         help="write the record docs/crate.md's toy sections are rendered from (alfa pages --write): this command, "
         "the constants, every run and the tokens the figure draws, e.g. docs/data/crate-toy/toy.json",
     )
     toy.add_argument(
-        "--figure", type=Path, metavar="PATH", help="write the four-panel figure (PNG, its plotted data beside it)"
+        "--figure", type=file_path, metavar="PATH", help="write the four-panel figure (PNG, its plotted data beside it)"
     )
 
 
@@ -65,13 +65,15 @@ def _gaze_arguments(gaze: argparse.ArgumentParser) -> None:
     from alfa.study.crate.gaze_config import CrateGazeConfig
 
     config = CrateGazeConfig()
-    gaze.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (results, checkpoints)")
+    gaze.add_argument(
+        "--out", type=folder_path, required=True, metavar="DIR", help="output folder (results, checkpoints)"
+    )
     gaze.add_argument("--quick", action="store_true", help="a tiny preset that runs in seconds (a smoke test)")
     seed_option(gaze, "the initial weights, batch order and personalization", config.seed)
     gaze.add_argument("--threads", type=int, default=config.threads, help="torch threads (default %(default)s)")
     gaze.add_argument(
         "--markdown",
-        type=Path,
+        type=file_path,
         metavar="PATH",
         help="also write a generated markdown page (e.g. docs/crate-gaze.md); the probe figure is copied to "
         "PATH's folder under figures/",

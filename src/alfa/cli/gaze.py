@@ -161,7 +161,7 @@ def _refuse_a_model_that_is_not_a_gaze_model(model: Any, name: str, data: Any) -
     if what is not None:
         raise ValueError(
             f"--model {name} is not a gaze model for these images ({what}): alfa pretrain trains one that predicts "
-            "(yaw, pitch) from a face crop (resnet18_gaze; vit_* and crate_* are for the library and alfa crate gaze)"
+            "(yaw, pitch) from a face crop, such as resnet18_gaze"
         )
 
 
@@ -176,8 +176,8 @@ def _pretrain(args: argparse.Namespace) -> None:
     val = open_spec(args.val_data) if args.val_data else None
     seed_torch_deterministic(config.seed)
     model = create_model(args.model).to(device)
-    _refuse_a_model_that_is_not_a_gaze_model(model, args.model, data)
     try:
+        _refuse_a_model_that_is_not_a_gaze_model(model, args.model, data)
         result = train_source(
             model, data, config, args.out, model_name=args.model, val_dataset=val, progress=not args.quiet
         )

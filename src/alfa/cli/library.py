@@ -132,8 +132,8 @@ def _export(args: argparse.Namespace) -> None:
     how = merge_form(model) if args.adapter else "none: no --adapter"
     if args.merge and how != "densified":  # the file would not be what was asked
         raise ValueError(
-            f"--merge {args.merge} is for adapters that cannot keep the base's rank (LoRA and its family); this "
-            f"merge is {how}: leave --merge out"
+            f"--merge {args.merge} is for an adapter on a truncated base whose merge cannot keep the base's rank "
+            f"(LoRA and its family there); this one merges without it ({how}): leave --merge out"
         )
     size = tuple(args.image_size) if args.image_size else tuple(saved.get("input_size") or ())
     if len(size) != 2:

@@ -8,7 +8,7 @@ import json
 import shlex
 from pathlib import Path
 
-from .options import quiet_option
+from .options import file_path, folder_path, quiet_option
 from .registry import Command
 
 __all__ = ["LLM"]
@@ -22,7 +22,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cache",
-        type=Path,
+        type=folder_path,
         default=Path(DEFAULT_CACHE),
         metavar="DIR",
         help="where pretrained weights are kept, one folder per config digest (default %(default)s)",
@@ -31,15 +31,19 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="the run's records (resumed if present)")
+    p.add_argument(
+        "--out", type=folder_path, required=True, metavar="DIR", help="the run's records (resumed if present)"
+    )
     _common(p)
     p.add_argument(
         "--data-to",
-        type=Path,
+        type=file_path,
         metavar="FILE",
         help="also copy the results to this file (e.g. docs/data/llm/bench.json)",
     )
-    p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the page to this file (e.g. docs/llm.md)")
+    p.add_argument(
+        "--markdown", type=file_path, metavar="FILE", help="also write the page to this file (e.g. docs/llm.md)"
+    )
 
 
 def _config(args: argparse.Namespace):  # noqa: ANN202 (a study type; imported here only)
@@ -116,7 +120,7 @@ def _bench(args: argparse.Namespace) -> None:
 def _time_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--record",
-        type=Path,
+        type=file_path,
         required=True,
         metavar="FILE",
         help="a finished bench's record (docs/data/llm/bench.json, or OUT/bench.json): its step timing is replaced",
@@ -127,7 +131,9 @@ def _time_arguments(p: argparse.ArgumentParser) -> None:
         help="replace the step timing the record holds, and an existing --markdown file (without it, "
         "either is refused)",
     )
-    p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the page to this file (e.g. docs/llm.md)")
+    p.add_argument(
+        "--markdown", type=file_path, metavar="FILE", help="also write the page to this file (e.g. docs/llm.md)"
+    )
     quiet_option(p)
 
 

@@ -8,6 +8,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,6 +17,8 @@ from alfa.gaze.precision import PRECISIONS, default_precision
 
 __all__ = [
     "MODEL_HELP",
+    "file_path",
+    "folder_path",
     "deterministic_kernels",
     "at_least",
     "positive_rate",
@@ -125,6 +128,22 @@ def positive_fraction(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
     return value
+
+
+def folder_path(text: str) -> Path:
+    """A folder's path (``type=``): not empty (an unset shell variable would name the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path: name a folder")
+    return Path(text)
+
+
+def file_path(text: str) -> Path:
+    """A file's path (``type=``): not empty, and not ending in a separator as a folder's path does."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path: name a file")
+    if text.endswith(os.sep):
+        raise argparse.ArgumentTypeError(f"{text} ends in {os.sep}, as a folder does: name a file")
+    return Path(text)
 
 
 def non_negative_number(text: str) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .options import MODEL_HELP, at_least, default_of, seed_option
+from .options import MODEL_HELP, at_least, default_of, file_path, seed_option
 from .registry import Command
 
 __all__ = ["EXAMPLE", "SPEED", "SERVING", "PAGES", "COSTS"]
@@ -141,7 +141,6 @@ def _pages(args: argparse.Namespace) -> None:
 
 
 def _costs_arguments(parser: argparse.ArgumentParser) -> None:
-    from pathlib import Path
 
     from alfa.study.bench import costs
 
@@ -174,10 +173,10 @@ def _costs_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=default("threads"), help="torch threads (default %(default)s)")
     seed_option(parser, "the weights and images", default("seed"))
     parser.add_argument("--no-dense", action="store_true", help="skip the untruncated rows")
-    parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    parser.add_argument("--json", type=file_path, help="also write the rows to this JSON file")
     parser.add_argument(
         "--update-doc",
-        type=Path,
+        type=file_path,
         metavar="MD",
         help="also write the table into this page, between its <!-- costs:begin --> and <!-- costs:end --> lines",
     )

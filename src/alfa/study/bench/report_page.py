@@ -90,6 +90,7 @@ class _Report:
     records: list[Record]
     idx: Index  # the records indexed, with the page's family of comparisons
     progress: DeclaredRunProgress | None = None  # how much of a declared run the records hold, where one is
+    drawn: bool = True  # figures were drawn for this page (render_report without them draws none and says nothing)
 
     def __post_init__(self) -> None:
         self.family = self.idx.family
@@ -516,7 +517,7 @@ def _ablations_section(r: _Report) -> list[str]:
         lines += _bullets(ablation_verdicts(r.idx, name, rows, pairs))
         lines += [""]
         lines += r.figure(name, prose.ABLATION_FIGURE_CAPTION.format(title=title))
-        if name in REGISTRY and REGISTRY[name].figure is not None and name not in r.figures:
+        if r.drawn and name in REGISTRY and REGISTRY[name].figure is not None and name not in r.figures:
             lines += [prose.ABLATION_FIGURE_NOT_DRAWN, ""]
     return lines
 
@@ -598,6 +599,7 @@ def render_report(
             records,
             idx,
             progress,
+            figures is not None,
         )
         lines = [line for section in _SECTIONS for line in section(report)]
         return "\n".join(lines).rstrip() + "\n"
