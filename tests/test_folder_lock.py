@@ -281,6 +281,12 @@ def test_a_benchmark_shares_its_folder_with_its_own_pieces_only(tmp_path, capsys
     err = capsys.readouterr().err
     assert "is held by 'alfa pretrain'" in err and "still running" in err and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]
+    (tmp_path / LOCK_FILE).unlink()
+    _write_lock(tmp_path / "x", os.getppid(), command="alfa pretrain")  # a folder inside it, held
+    assert main(["bench", "--smoke", "--out", str(tmp_path), "--pairs", "E→M", "--ablations", "none"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'x'} is held by 'alfa pretrain'" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]
 
 
 def test_a_lock_whose_process_number_a_later_process_took_is_stale(tmp_path):

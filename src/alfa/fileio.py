@@ -564,24 +564,21 @@ def _live_record(lock: Path) -> dict[str, Any] | None:
 
 def refuse_held_inside(folder: str | os.PathLike) -> None:
     """Raise :class:`FolderHeldError` if a running command holds ``folder`` or a folder inside it: what is about to
-    be removed there is its."""
+    be written or removed there is its."""
     for root, _, names in os.walk(folder):
         if LOCK_FILE in names and (found := _live_record(Path(root) / LOCK_FILE)) is not None:
             raise FolderHeldError(
-                f"{root} is held by {_holder(found)}, still running: wait for it to finish before replacing it"
+                f"{root} is held by {_holder(found)}, still running: wait for it to finish, or write elsewhere (if "
+                f"no such command runs, remove {Path(root) / LOCK_FILE})"
             )
 
 
 def refuse_held(folder: str | os.PathLike) -> None:
-    """Raise :class:`FolderHeldError` if another running command holds ``folder`` or a folder it is inside: for a
-    command that shares its folder with others of its kind and takes no lock itself (a benchmark's pieces)."""
-    folder = Path(folder)
-    if (found := _live_record(folder / LOCK_FILE)) is not None:
-        raise FolderHeldError(
-            f"{folder} is held by {_holder(found)}, still running: wait for it to finish, or write elsewhere (if no "
-            f"such command runs, remove {folder / LOCK_FILE})"
-        )
-    _refuse_held_around(folder)
+    """Raise :class:`FolderHeldError` if another running command holds ``folder``, a folder inside it or one it is
+    inside: for a command that shares its folder with others of its kind and takes no lock itself (a benchmark's
+    pieces)."""
+    refuse_held_inside(folder)
+    _refuse_held_around(Path(folder))
 
 
 def _refuse_held_around(folder: Path) -> None:
