@@ -153,8 +153,7 @@ def export_onnx_with_inputs(
     _needs("onnxscript", "ONNX export")
     shapes = ({0: _BATCH}, tuple({0: _BATCH} for _ in inputs[1:])) if len(inputs) > 1 else ({0: _BATCH},)
     path = Path(path)
-    training = module.training
-    with atomic_path(path) as tmp, _restoring_mode(module, training):
+    with atomic_path(path) as tmp, _restoring_mode(module):
         program = torch.onnx.export(
             module.eval(),
             inputs,
@@ -169,8 +168,9 @@ def export_onnx_with_inputs(
 
 
 @contextlib.contextmanager
-def _restoring_mode(module: nn.Module, training: bool) -> Iterator[None]:
+def _restoring_mode(module: nn.Module) -> Iterator[None]:
     """The caller's module back in the mode it was given in (exported in eval mode)."""
+    training = module.training
     try:
         yield
     finally:

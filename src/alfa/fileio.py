@@ -467,11 +467,7 @@ def _create_whole(path: Path, data: bytes) -> int:
     """``path`` created with ``data`` in one step (``FileExistsError`` if it exists), opened for reading."""
     tmp = _temporary_beside(path)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+        _write_new(tmp, data)
         try:
             os.link(tmp, path, follow_symlinks=False)
         except OSError as e:
@@ -479,11 +475,7 @@ def _create_whole(path: Path, data: bytes) -> int:
                 raise
             # A file system without hard links: created, then written; a lock read empty in between is young, and
             # a young empty lock is judged held (_remove_if_stale).
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
+            _write_new(path, data)
         return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileExistsError:
         raise
@@ -492,6 +484,15 @@ def _create_whole(path: Path, data: bytes) -> int:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """``path`` created (``FileExistsError`` if it exists; a link in its place is not followed) with ``data``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def _remove_if_stale(lock: Path) -> dict[str, Any] | None:
@@ -535,11 +536,8 @@ def _remove_if_stale(lock: Path) -> dict[str, Any] | None:
                     f"{lock.parent} is held by {_holder(found)} on host {host}, which cannot be checked from "
                     f"here: wait for it, or remove {lock} if it no longer runs there"
                 )
-            if _alive(pid) and not _started_after(pid, found.get("started")):
-                raise FolderHeldError(
-                    f"{lock.parent} is held by {_holder(found)}, still running: wait for it to finish, or "
-                    f"write elsewhere (if no such command runs, remove {lock})"
-                )
+            if _running(pid, found):
+                raise _still_running(f"{lock.parent} is held", found, lock)
         lock.unlink()
         return found
 
@@ -555,9 +553,7 @@ def _live_record(lock: Path) -> dict[str, Any] | None:
         pid, host = int(found["pid"]), str(found["host"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if host == socket.gethostname() and (
-        pid == os.getpid() or not _alive(pid) or _started_after(pid, found.get("started"))
-    ):
+    if host == socket.gethostname() and (pid == os.getpid() or not _running(pid, found)):
         return None
     return found
 
@@ -567,10 +563,7 @@ def refuse_held_inside(folder: str | os.PathLike) -> None:
     be written or removed there is its."""
     for root, _, names in os.walk(folder):
         if LOCK_FILE in names and (found := _live_record(Path(root) / LOCK_FILE)) is not None:
-            raise FolderHeldError(
-                f"{root} is held by {_holder(found)}, still running: wait for it to finish, or write elsewhere (if "
-                f"no such command runs, remove {Path(root) / LOCK_FILE})"
-            )
+            raise _still_running(f"{root} is held", found, Path(root) / LOCK_FILE)
 
 
 def refuse_held(folder: str | os.PathLike) -> None:
@@ -585,10 +578,21 @@ def _refuse_held_around(folder: Path) -> None:
     """A folder inside one another running command holds is that command's to fill (alfa crate gaze's stages)."""
     for parent in folder.resolve().parents:
         if (found := _live_record(parent / LOCK_FILE)) is not None:
-            raise FolderHeldError(
-                f"{folder} is inside {parent}, held by {_holder(found)}, still running: wait for it to finish, or "
-                f"write elsewhere (if no such command runs, remove {parent / LOCK_FILE})"
-            )
+            raise _still_running(f"{folder} is inside {parent}, held", found, parent / LOCK_FILE)
+
+
+def _running(pid: int, record: dict[str, Any]) -> bool:
+    """Whether the lock's holder ``pid`` (on this host) still runs: that process lives, and is not a later one
+    given its number."""
+    return _alive(pid) and not _started_after(pid, record.get("started"))
+
+
+def _still_running(held: str, record: dict[str, Any], lock: Path) -> FolderHeldError:
+    """The error for a folder a running command holds; ``held`` says which ("X is held", "X is inside Y, held")."""
+    return FolderHeldError(
+        f"{held} by {_holder(record)}, still running: wait for it to finish, or write elsewhere (if no such command "
+        f"runs, remove {lock})"
+    )
 
 
 def _holder(record: dict[str, Any]) -> str:

@@ -242,9 +242,8 @@ def _hold_outputs(args: argparse.Namespace, name: str) -> Iterator[None]:
     of them at the same time is refused, instead of both finishing with each other's files mixed there."""
     from alfa.fileio import hold, refuse_held
 
-    # A shared folder (a benchmark's) takes no lock of its own, and is not one another command holds.
-    for dest, folder in getattr(args, "outputs", {}).items():
-        if folder and dest not in args.held and getattr(args, dest, None) is not None:
+    for dest in _shared_folders(args):  # a benchmark's: no lock of its own, and none another command holds
+        if getattr(args, dest, None) is not None:
             refuse_held(getattr(args, dest))
     with contextlib.ExitStack() as stack:
         # The processes of one torchrun job write one folder together: its rank 0 holds it for all of them (a
@@ -270,12 +269,16 @@ def _processes() -> int:
         return 1
 
 
+def _shared_folders(args: argparse.Namespace) -> list[str]:
+    """The command's output folders its processes share, each writing its part (``Command.shared``): held by none."""
+    return [dest for dest, folder in getattr(args, "outputs", {}).items() if folder and dest not in args.held]
+
+
 def _new_file_outputs(args: argparse.Namespace) -> list[Path]:
     """The files this command writes that do not exist as it starts (without --replace): one another command
     writes meanwhile is not replaced either (:func:`alfa.fileio.new_files`). Not for a command whose processes share
     their work (a benchmark's pieces write one page in turn)."""
-    shared = any(folder and dest not in args.held for dest, folder in args.outputs.items())
-    if getattr(args, "replace", False) or shared:
+    if getattr(args, "replace", False) or _shared_folders(args):
         return []
     paths = []
     for name in getattr(args, "replaceable", ()):
