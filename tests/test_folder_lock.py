@@ -289,6 +289,65 @@ def test_a_benchmark_shares_its_folder_with_its_own_pieces_only(tmp_path, capsys
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]
 
 
+def _write_share(folder, pid, command="alfa bench --seeds 3"):
+    from alfa.fileio import SHARE_FOLDER
+
+    (folder / SHARE_FOLDER).mkdir(parents=True, exist_ok=True)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    record = {"pid": pid, "host": socket.gethostname(), "command": command, "started": started}
+    (folder / SHARE_FOLDER / str(pid)).write_text(json.dumps(record))
+
+
+def test_a_folder_a_benchmark_fills_is_shared_with_its_pieces_and_held_against_others(tmp_path):
+    """A pretrain was let into a folder a running benchmark was filling (a benchmark takes no lock)."""
+    from alfa.fileio import SHARE_FOLDER, share
+
+    _write_share(tmp_path, os.getppid())  # another piece, running
+    with share(tmp_path, "alfa bench --seeds 4"):  # a second piece joins it
+        assert sorted(p.name for p in (tmp_path / SHARE_FOLDER).iterdir()) == sorted(
+            [str(os.getppid()), str(os.getpid())]
+        )
+    assert [p.name for p in (tmp_path / SHARE_FOLDER).iterdir()] == [str(os.getppid())]
+    for folder, held in [
+        (tmp_path, f"{tmp_path} is filled"),
+        (tmp_path / "x", f"{tmp_path / 'x'} is inside {tmp_path}, filled"),
+    ]:
+        with pytest.raises(FolderHeldError) as e, hold(folder, "alfa pretrain"):
+            pytest.fail("the body must not run")
+        assert str(e.value).startswith(f"{held} by 'alfa bench --seeds 3' (process {os.getppid()}")
+        assert "still running" in str(e.value)
+    assert not (tmp_path / "x").exists() and not (tmp_path / LOCK_FILE).exists()
+    with pytest.raises(FolderHeldError, match=f"{tmp_path / 'y'} is inside {tmp_path}, filled by 'alfa bench"):
+        with share(tmp_path / "y", "alfa bench"):
+            pass
+    with pytest.raises(FolderHeldError, match=f"{tmp_path} is filled by 'alfa bench"):  # one around another's
+        with share(tmp_path.parent, "alfa bench"):
+            pass
+    _write_share(tmp_path, _dead_pid())  # a dead piece's mark is no obstacle, and goes
+    (tmp_path / SHARE_FOLDER / str(os.getppid())).unlink()
+    with hold(tmp_path / "x", "alfa pretrain"):
+        pass
+    with share(tmp_path, "alfa bench"):
+        pass
+    assert not (tmp_path / SHARE_FOLDER).exists()
+
+
+def test_a_benchmark_and_a_hold_starting_at_once_never_both_run(tmp_path):
+    """Each looks for the other after making its own mark: of two starting together, at least one is refused."""
+    from alfa.fileio import SHARE_FOLDER, share
+
+    with share(tmp_path, "alfa bench"):  # marked; a hold by another process now must see it
+        _write_share(tmp_path, os.getppid())
+        (tmp_path / SHARE_FOLDER / str(os.getpid())).unlink()
+        with pytest.raises(FolderHeldError, match="is filled by"), hold(tmp_path, "alfa pretrain"):
+            pass
+        (tmp_path / SHARE_FOLDER / str(os.getppid())).unlink()
+    _write_lock(tmp_path, os.getppid(), command="alfa pretrain")  # a lock taken: a share made since sees it
+    with pytest.raises(FolderHeldError, match="is held by 'alfa pretrain'"), share(tmp_path, "alfa bench"):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]
+
+
 def test_a_lock_whose_process_number_a_later_process_took_is_stale(tmp_path):
     """A lock left by a dead command whose number a process started since now has was judged held."""
     _write_lock(tmp_path, os.getppid(), started="2001-01-01T00:00:00+00:00")  # running, but started long after

@@ -45,8 +45,8 @@ __all__ = [
     "kind_of_file",
     "locked",
     "new_files",
-    "refuse_held",
     "refuse_held_inside",
+    "share",
 ]
 
 
@@ -410,6 +410,9 @@ def hold(folder: str | os.PathLike, what: str) -> Iterator[Hold]:
         _remove_empty(created)
         raise
     try:
+        # After the lock is taken, as share() looks for locks after its marker is written: of a hold and a share
+        # that start at once, at least one sees the other.
+        _refuse_shared_around(folder, include_self=True)
         yield Hold(folder, stale)
     finally:
         # Only our own lock: a file put there since (by someone who judged ours stale) is not ours to remove.
@@ -558,20 +561,84 @@ def _live_record(lock: Path) -> dict[str, Any] | None:
     return found
 
 
-def refuse_held_inside(folder: str | os.PathLike) -> None:
-    """Raise :class:`FolderHeldError` if a running command holds ``folder`` or a folder inside it: what is about to
-    be written or removed there is its."""
-    for root, _, names in os.walk(folder):
+def refuse_held_inside(folder: str | os.PathLike, *, shares_of: Path | None = None) -> None:
+    """Raise :class:`FolderHeldError` if a running command holds ``folder`` or a folder inside it, or fills one with
+    others of its kind (:func:`share`): what is about to be written or removed there is its. Shares of the folder
+    ``shares_of`` (a sharer's own) are no obstacle."""
+    for root, folders, names in os.walk(folder):
         if LOCK_FILE in names and (found := _live_record(Path(root) / LOCK_FILE)) is not None:
             raise _still_running(f"{root} is held", found, Path(root) / LOCK_FILE)
+        if SHARE_FOLDER in folders:
+            folders.remove(SHARE_FOLDER)
+            if shares_of is None or Path(root).resolve() != shares_of:
+                _refuse_live_share(Path(root), f"{root} is filled")
 
 
-def refuse_held(folder: str | os.PathLike) -> None:
-    """Raise :class:`FolderHeldError` if another running command holds ``folder``, a folder inside it or one it is
-    inside: for a command that shares its folder with others of its kind and takes no lock itself (a benchmark's
-    pieces)."""
-    refuse_held_inside(folder)
-    _refuse_held_around(Path(folder))
+SHARE_FOLDER = ".alfa-shared"
+"""The folder, inside one that commands of one kind fill together (:func:`share`), holding a file per such command
+running: named by its process number, with the record a lock holds."""
+
+
+@contextlib.contextmanager
+def share(folder: str | os.PathLike, what: str) -> Iterator[None]:
+    """Fill ``folder`` (created if missing) together with other commands of one kind (a benchmark's pieces write
+    one folder at once) while the block runs, ``what`` naming this one. A command that holds its folder
+    (:func:`hold`) is refused in it or in a folder inside it meanwhile; this refuses a folder another command holds
+    or fills, one inside such a folder, and one with such a folder inside it, but not one others fill with it.
+
+    Its mark, a file in :data:`SHARE_FOLDER`, goes at the end (by an error or an interrupt too), and so do marks
+    of commands no longer running."""
+    folder = Path(folder)
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    marks = folder / SHARE_FOLDER
+    created.insert(0, marks)
+    marks.mkdir(exist_ok=True)
+    _remove_stale_shares(marks)
+    mark = marks / str(os.getpid())
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": what,
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        mark.unlink(missing_ok=True)  # a dead command's, whose number this process now has
+        os.close(_create_whole(mark, (json.dumps(record) + "\n").encode("utf-8")))
+        # After the mark is written, as hold() looks for marks after its lock is taken (see there).
+        refuse_held_inside(folder, shares_of=folder.resolve())
+        _refuse_held_around(folder)
+        _refuse_shared_around(folder, include_self=False)
+        yield
+    finally:
+        mark.unlink(missing_ok=True)
+        _remove_empty(created)
+
+
+def _remove_stale_shares(marks: Path) -> None:
+    for mark in marks.iterdir():
+        if _live_record(mark) is None and mark.name != str(os.getpid()):
+            mark.unlink(missing_ok=True)
+
+
+def _refuse_shared_around(folder: Path, *, include_self: bool) -> None:
+    """A folder (or one inside it) that running commands fill together is theirs, not one command's to hold."""
+    folder = folder.resolve()
+    for around in (folder, *folder.parents) if include_self else folder.parents:
+        if (around / SHARE_FOLDER).is_dir():
+            _refuse_live_share(
+                around, f"{folder} is filled" if around == folder else f"{folder} is inside {around}, filled"
+            )
+
+
+def _refuse_live_share(folder: Path, held: str) -> None:
+    try:
+        marks = sorted((folder / SHARE_FOLDER).iterdir())
+    except OSError:
+        return
+    for mark in marks:
+        if (found := _live_record(mark)) is not None:
+            raise _still_running(held, found, mark)
 
 
 def _refuse_held_around(folder: Path) -> None:

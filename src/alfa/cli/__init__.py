@@ -240,12 +240,12 @@ def _generated_by(path: Path, command_paths: tuple[str, ...]) -> bool:
 def _hold_outputs(args: argparse.Namespace, name: str) -> Iterator[None]:
     """Hold every output folder of the command (``args.held``) while it runs: a second command writing into one
     of them at the same time is refused, instead of both finishing with each other's files mixed there."""
-    from alfa.fileio import hold, refuse_held
+    from alfa.fileio import hold, share
 
-    for dest in _shared_folders(args):  # a benchmark's: no lock of its own, and none another command holds
-        if getattr(args, dest, None) is not None:
-            refuse_held(getattr(args, dest))
     with contextlib.ExitStack() as stack:
+        for dest in _shared_folders(args):  # a benchmark's pieces fill one folder together, and no one else
+            if getattr(args, dest, None) is not None:
+                stack.enter_context(share(getattr(args, dest), name))
         # The processes of one torchrun job write one folder together: its rank 0 holds it for all of them (a
         # second job's rank 0 is refused, and torchrun then stops that job's other ranks).
         shared_job = os.environ.get("RANK", "0") != "0"
