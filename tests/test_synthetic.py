@@ -305,6 +305,9 @@ def test_the_committed_samples_of_the_figure_are_what_the_worlds_render(tmp_path
 
     saved = load_preview_samples(Path(__file__).resolve().parent.parent / SYNTHETIC_SAMPLES)
     now = preview_samples(saved.seed, saved.size)
+    for world in now.worlds:  # the worlds' own pixels: the grid showed every face in inverted colours
+        rendered = make_domain(world, seed=saved.seed, persons=4, images_per_person=3, size=saved.size).images
+        assert rendered.dtype == torch.uint8 and torch.equal(now.images[world], rendered), world
     assert samples_differences(saved, now) == [], (
         "run: python -m alfa.gaze.data.synthetic --replace --samples-to " + SYNTHETIC_SAMPLES
     )

@@ -60,7 +60,7 @@ def preview_samples(seed: int = 0, size: int = 64, persons: int = 4, images_per_
     images, gaze, names = {}, {}, {}
     for name in worlds:
         ds = make_domain(name, seed=seed, persons=persons, images_per_person=images_per_person, size=size)
-        images[name] = (ds.images * 255).round().clamp(0, 255).to(torch.uint8)
+        images[name] = ds.images.clone()  # already 8-bit: scaling it by 255 again wrapped every pixel to 256 − x
         gaze[name] = ds.gaze.to(torch.float32)
         names[name] = list(ds.person_names)
     return PreviewSamples(seed, size, images_per_person, worlds, names, images, gaze)
