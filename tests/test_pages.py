@@ -166,3 +166,18 @@ def test_the_command_a_page_names_regenerates_it(path, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["alfa", *args])
     assert main(args) == 0
     assert (tmp_path / path).read_text(encoding="utf-8") == page
+
+
+def test_no_page_says_a_design_detects_more_than_an_angular_error_can_differ():
+    """A design with few seeds and a large family needs differences of thousands of degrees to see them; a page
+    quoted "11888.14°" where it detects nothing."""
+    from alfa.study.bench.markdown import degrees_detected
+
+    assert degrees_detected(3.174) == "3.17°" and degrees_detected(180.0) == "180.00°"
+    assert degrees_detected(11888.14).startswith("more than 180°")
+    quoted = []
+    for page in PAGES:
+        text = (ROOT / page.path).read_text(encoding="utf-8")
+        for sentence in re.findall(r"[^.]*\bdetects?\b.*?(?:\.\s|$)", text):
+            quoted += [float(x) for x in re.findall(r"(\d+(?:\.\d+)?)°", sentence)]
+    assert quoted and max(quoted) <= 180.0

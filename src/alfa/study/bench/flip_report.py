@@ -16,8 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import report_prose as prose
-from .markdown import number as _num
-from .markdown import seeds_note, seeds_words, span
+from .markdown import degrees_detected, seeds_note, seeds_words, span
 from .markdown import table as _table
 from .methods import CONSTRUCTED_CONTROLS, FIRST_SEEDS, POSITIVE_CONTROLS, SELECTION_RULE
 from .names import DEFAULT
@@ -457,9 +456,10 @@ def _selection(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> t
             continue
         harmed = [f"{_name(d.a)} on {d.pairs[0]} ({d.compact()})" for d in compared if d.mean > 0 and d.clear]
         detectable = [x for x in idx.family.detectable(compared) if math.isfinite(x)]
+        median = degrees_detected(statistics.median(detectable)) if detectable else ""
         power = (
-            f"; the design detects a harm of {_num(statistics.median(detectable))}° (median over them) with 80 % "
-            "power, so a smaller one is not ruled out"
+            f"; the design detects a harm of {median} (median over them) with 80 % power, so a smaller one is not "
+            "ruled out"
             if detectable and not harmed
             else ""
         )

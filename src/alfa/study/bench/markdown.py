@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-__all__ = ["table", "number", "span", "spans", "usual_seeds", "seeds_words", "seeds_note"]
+__all__ = ["table", "number", "degrees_detected", "span", "spans", "usual_seeds", "seeds_words", "seeds_note"]
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
@@ -20,6 +20,18 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | Non
 def number(x: float | None, digits: int = 2, unit: str = "") -> str:
     """``x`` with ``digits`` decimals and a typographic minus; ``—`` when there is none."""
     return "—" if x is None else f"{x:.{digits}f}{unit}".replace("-", "−")
+
+
+ANGLE_LIMIT = 180.0
+"""No two angular errors differ by more (degrees)."""
+
+
+def degrees_detected(x: float) -> str:
+    """A difference a design detects, in degrees; one beyond any two angular errors' difference is said as such (a
+    design with few seeds and a large family can need thousands of degrees: it detects nothing)."""
+    if x <= ANGLE_LIMIT:
+        return f"{number(x)}°"
+    return f"more than {ANGLE_LIMIT:.0f}°, beyond any two angular errors' difference"
 
 
 def span(values: Sequence[int]) -> str:

@@ -32,8 +32,7 @@ from . import report_prose as prose
 from .ablations import REGISTRY, table_layout
 from .calibration import calibration_statement, declared_run_paragraph
 from .flip_report import constructed_control_section, flip_sections, flip_summary
-from .markdown import number as _num
-from .markdown import span
+from .markdown import degrees_detected, span
 from .methods import (
     CONSTRUCTED_CONTROLS,
     DECLARED_FAMILY,
@@ -378,9 +377,9 @@ def _family_statement(family: Comparisons) -> str:
         size=size,
         kinds=family.kinds(),
         clear=len(family.clear()),
-        mde=_num(statistics.median(mde)),
-        mde_low=_num(min(mde)),
-        mde_high=_num(max(mde)),
+        mde=degrees_detected(statistics.median(mde)),
+        mde_low=degrees_detected(min(mde)),
+        mde_high=degrees_detected(max(mde)),
     )
     return text + (prose.UNJUDGED.format(count=unjudged) if unjudged else "") + declared
 

@@ -55,8 +55,8 @@ FAMILY_STATEMENT = (
     "makes **{count} comparisons** ({kinds}). They are one family: a difference is *clear* when its p-value, "
     "Holm-adjusted over {over}, is below 0.05, so the chance that the page calls any of them clear when no "
     "row differs from any other is at most 5 %. **{clear} of the {count} are clear.** With 80 % power the design "
-    "detects, at Holm's strictest step (α = 0.05 / {size}), a difference of **{mde_low}°** in its most precise "
-    "comparison, {mde}° in the median one and {mde_high}° in the least precise (the power of a t test with that "
+    "detects, at Holm's strictest step (α = 0.05 / {size}), a difference of **{mde_low}** in its most precise "
+    "comparison, {mde} in the median one and {mde_high} in the least precise (the power of a t test with that "
     "comparison's standard error and degrees of freedom, the standard error itself uncertain): a smaller "
     "difference can be real without being clear, and one that is not clear is not shown to be absent."
 )
