@@ -170,9 +170,12 @@ def test_verdict_when_alfa_loses_everywhere():
     assert lines[0] == "Of the 3 rows, Alfa has the lowest mean error on 0 of 2 pairs."
     assert any(line.startswith("On E→M Alfa does not win: LoRA is best") and "3rd of 3" in line for line in lines)
     text = next(line for line in lines if line.startswith("Against its own starting point"))
-    assert "lowers the mean error on 1 of 2 pairs (1 called clear); it does not on E→M (E→M +2.50 [" in text
+    assert (
+        "the mean error of Alfa is lower on 1 of 2 pairs, with its 95 % interval below zero on 1 (1 called clear "
+        "after Holm's correction); it does not on E→M (E→M +2.50 ["
+    ) in text
     report = render_report(fixture_results(means))
-    assert "the mean error is not below on 1 of 1 pairs (E→M) (1 of the 1 clear)." in report
+    assert "in the means the error is not below on 1 of 1 pairs (E→M), with the 95 % interval below zero on 0" in report
 
 
 def test_verdicts_speak_of_alfas_selected_row_beside_the_papers():
@@ -189,9 +192,11 @@ def test_verdicts_speak_of_alfas_selected_row_beside_the_papers():
     assert k > 0 and lines[k + 1].startswith("On E→M Alfa (selected recipe) (4.50° [3.26, 5.74]) leads the runner-up")
     assert lines[k + 2].startswith("On E→D Alfa (selected recipe) does not win: LoRA is best")
     own = lines[k + 3]
-    assert own.startswith("Against its own starting point (source-only), Alfa (selected recipe) lowers the mean")
+    assert own.startswith("Against its own starting point (source-only), the mean error of Alfa (selected recipe)")
     assert (
-        "on 2 of 2 pairs (2 called clear) (E→M −5.50 [" in own
+        "is lower on 2 of 2 pairs, with its 95 % interval below zero on 2 (2 called clear after Holm's correction) "
+        "(E→M −5.50 ["
+        in own
         and "). Pooled over pairs: Alfa (selected recipe) − " in own
     )
     # per seed: (4 + 7)/2 − 6, (4.5 + 7.5)/2 − 6, (5 + 8)/2 − 6 = -0.5, 0, 0.5; lower on E→M, higher on E→D

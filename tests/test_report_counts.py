@@ -170,7 +170,7 @@ def test_the_summarys_pooled_differences_name_their_seeds_where_they_are_not_the
     summary = _summary(render_report(fixture_results(means)))
     assert "- Pooled over the 2 pairs, the 2 rows against source-only — clearly below it: LoRA −4.10 [" in summary
     assert "clear (seeds 0–2), Alfa −3.70 [−4.20, −3.20] clear (seeds 0–2)." in summary
-    assert "- Against its own starting point (source-only, on seeds 0–2), Alfa lowers the mean error" in summary
+    assert "- Against its own starting point (source-only, on seeds 0–2), the mean error of Alfa is lower" in summary
     assert "- Against LoRA (same recipe, same steps), pooled over pairs, on seeds 0–2: Alfa − LoRA = " in summary
     assert "; Alfa −3.70 [−4.20, −3.20] clear (seeds 0–2)." in summary
     # a row with the page's seeds on one pair and fewer on the other: each per-pair difference names its own

@@ -142,7 +142,8 @@ class Evidence:
         self.lines.append(
             f"{what}{once}, per pair: {display_name(a)} − {display_name(b)} = "
             + "; ".join(f"{p} {d.compact()}{on}" for (p, d), on in zip(per, seeds))
-            + f"; the mean error is {where if not_below else f'below on all {len(per)} pairs'}"
+            + f"; in the means the error is {where if not_below else f'below on all {len(per)} pairs'}"
+            + f", with the 95 % interval below zero on {sum((d.interval or (0.0, 0.0))[1] < 0 for _, d in per)}"
             + f" ({sum(d.clear for _, d in per)} of the {len(per)} clear)."
         )
 

@@ -141,9 +141,13 @@ def _against_source_only(idx: Index, pairs: Sequence[str], row: str) -> str:
     once = seeds_words(next(iter(sets)), every) if len(sets) == 1 else ""
     each = len(sets) > 1  # the differences are on different seeds: each names its own, where not the page's
     lower = [p for p, x in per_pair if x.mean < 0]
+    # "lowers the error" would read as a finding where an interval still reaches zero: the means, the intervals
+    # below zero and the clear ones are three counts
+    below = sum((x.interval or (0.0, 0.0))[1] < 0 for _, x in per_pair)
     text = (
-        f"Against its own starting point (source-only{f', on {once}' if once else ''}), {me} lowers the mean error on "
-        f"{len(lower)} of {len(per_pair)} pairs ({sum(x.clear for _, x in per_pair if x.mean < 0)} called clear)"
+        f"Against its own starting point (source-only{f', on {once}' if once else ''}), the mean error of {me} is "
+        f"lower on {len(lower)} of {len(per_pair)} pairs, with its 95 % interval below zero on {below} "
+        f"({sum(x.clear for _, x in per_pair if x.mean < 0)} called clear after Holm's correction)"
     )
     if len(lower) < len(per_pair):
         text += f"; it does not on {', '.join(p for p, _ in per_pair if p not in lower)}"
