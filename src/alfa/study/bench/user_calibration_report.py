@@ -455,18 +455,25 @@ def _costs_table(idx: Index) -> list[str]:
 
 
 def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
+    """Error against k, one panel per pair (three to a row): a method keeps its colour in every panel, the draw is
+    the line's style, and one legend below the panels says both (on a panel it hid the lines)."""
+    from matplotlib.lines import Line2D
+
     from alfa.study.plotted import save_figure
 
     from .figures import DPI, _plt
 
     plt = _plt()
-    fig, axes = plt.subplots(1, len(pairs), figsize=(3.2 * len(pairs), 3.2), squeeze=False)
+    columns = min(3, len(pairs))
+    rows = -(-len(pairs) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.4 * rows), squeeze=False)
+    palette = plt.get_cmap("tab20").colors  # eleven methods: tab10 would repeat a colour
+    colour = {m: palette[(2 * i) % 20 + (2 * i) // 20] for i, m in enumerate(CALIBRATION_ROW_METHODS)}
+    dash = {"random": "-", "spread": "--"}
     xs = [0, *CALIBRATION_KS]
-    for ax, pair in zip(axes[0], pairs):
+    for ax, pair in zip(axes.flat, pairs):
         for method in CALIBRATION_ROW_METHODS:
-            for draw in CALIBRATION_DRAWS:
-                if draw not in calibration_draws(method):
-                    continue
+            for draw in (d for d in CALIBRATION_DRAWS if d in calibration_draws(method)):
                 ks = calibration_ks(method)
                 seeds = _seeds(idx, [_cal(method, k, draw) for k in ks], [pair])  # seeds with the whole line
                 base = cell_on(idx, "source-only", [pair], seeds)
@@ -474,21 +481,42 @@ def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
                 # one seed: no bar (its interval is over persons only, and the table marks it)
                 points = [(x, s.mean, s.seed_half_width or 0.0) for x, s in points if s is not None]
                 if len(points) > 1:
-                    style = "-" if draw == "random" else "--"
                     xs_, ys_, errs = zip(*points)
-                    ax.errorbar(xs_, ys_, yerr=errs, ls=style, marker="o", capsize=2, label=f"{method} {draw}")
+                    ax.errorbar(
+                        xs_,
+                        ys_,
+                        yerr=errs,
+                        ls=dash[draw],
+                        color=colour[method],
+                        marker="o",
+                        markersize=3,
+                        capsize=2,
+                        linewidth=1,
+                        label=f"{method} {draw}",
+                    )
         for row, style in (("flip-tta", ":"), ("oracle", "-.")):
             s = cell(idx, row, pair)
             if s is not None:
-                ax.axhline(s.mean, linestyle=style, color="gray", label=display_name(row))
+                ax.axhline(s.mean, linestyle=style, color="black", linewidth=1, label=display_name(row))
         ax.set_xscale("symlog", linthresh=1)
-        ax.set_xticks(xs, [str(x) for x in xs])
-        ax.set_title(pair)
-        ax.set_xlabel("labelled images k")
-    axes[0][0].set_ylabel("error (°): mean over seeds, 95 % int.")
-    axes[0][-1].legend(fontsize=6)
-    fig.suptitle("User calibration: error against the number of labelled images per person", fontsize=9)
-    fig.tight_layout()
+        ax.set_xticks(xs, [str(x) for x in xs], fontsize=7)
+        ax.set_title(pair, fontsize=9)
+        ax.set_xlabel("labelled images k (0: source-only)", fontsize=8)
+        ax.set_ylabel("error (°), mean over seeds", fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+    for ax in list(axes.flat)[len(pairs) :]:
+        ax.set_visible(False)
+    handles = [Line2D([], [], color=colour[m], marker="o", markersize=3, label=m) for m in CALIBRATION_ROW_METHODS]
+    handles += [Line2D([], [], color="gray", ls=dash[d], label=f"{d} draw") for d in CALIBRATION_DRAWS]
+    handles += [
+        Line2D([], [], color="black", ls=st, label=display_name(r)) for r, st in (("flip-tta", ":"), ("oracle", "-."))
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=7, frameon=False)
+    fig.suptitle(
+        "User calibration: error against the number of labelled images per person (bars: 95 % interval over seeds)",
+        fontsize=9,
+    )
+    fig.tight_layout(rect=(0, 0.16 if rows == 1 else 0.1, 1, 1))
     return save_figure(fig, path, dpi=DPI)
 
 
