@@ -723,8 +723,29 @@ def test_an_ablation_curve_is_drawn_on_the_seeds_every_setting_has():
     records = [record("alfa", "E→M", s, [10.0 + 5 * s, 11.0 + 5 * s]) for s in (0, 1, 2)]
     records += [record("alfa[H=1]", "E→M", 0, [20.0, 21.0]), record("alfa[H=1]", "E→M", 1, [22.0, 23.0])]
     layout = [{"label": "alfa[H=1]", "value": 1}, {"label": "alfa", "value": 8}]
-    points = _curve(index_records(records), layout, "alfa", ["E→M"])
+    points, seeds = _curve(index_records(records), layout, "alfa", ["E→M"])
     assert [(x, mean) for x, mean, _ in points] == [(1.0, 21.5), (8.0, 13.0)]  # seeds 0 and 1 both, not seed 2
+    assert seeds == (0, 1)
+
+
+def test_an_ablation_figures_caption_names_the_seeds_its_lines_are_on(tmp_path):
+    """The figure's point of the default setting differed from its table cell, with no word of why: the line is on
+    the seeds every setting has, fewer than the default row's."""
+    results = fixture_results()
+    (tmp_path / "bench").mkdir()
+    path = tmp_path / "bench" / "results.json"
+    for drop_seed_2 in (False, True):
+        if drop_seed_2:
+            results["records"] = [
+                r for r in results["records"] if not (r["method"].startswith("alfa[H=") and r["seed"] == 2)
+            ]
+        path.write_text(json.dumps(results))
+        text = build_report(path, tmp_path / "docs" / "results.md").read_text()
+        heads = text[text.index("### Heads H") :]
+        caption = next(line for line in heads.splitlines() if line.startswith("*Error against the setting"))
+        seeds = "seeds 0–1" if drop_seed_2 else "seeds 0–2"
+        assert f"every setting on the line has ({seeds}), with its 95 % interval over them" in caption
+        assert ("so its point can differ from the table's cell" in caption) == drop_seed_2
 
 
 def test_an_ablation_whose_settings_share_no_seed_says_its_figure_is_not_drawn(tmp_path):

@@ -16,14 +16,14 @@ from .names import display_name as _name
 from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE
 from .stats import Index, Stat, index_records, pairs_of, pooled, seeds_of
 
-__all__ = ["render_figures", "update_rank_lines"]
+__all__ = ["ablation_curves", "render_figures", "update_rank_lines"]
 
 
 def _curve(
     idx: Index, rows_layout: Sequence[dict[str, Any]], family: str, pairs: Sequence[str]
-) -> list[tuple[float, float, float | None]]:
+) -> tuple[list[tuple[float, float, float | None]], tuple[int, ...]]:
     """``(setting, mean, half-width of its 95 % interval)`` of the ``family`` rows of one ablation with a numeric
-    setting, pooled over ``pairs`` (no half-width: one seed)."""
+    setting, pooled over ``pairs`` (no half-width: one seed), and the seeds they are on."""
     stats = []
     for row in rows_layout:
         if family_of(row["label"]) != family:
@@ -35,9 +35,28 @@ def _curve(
     # every seed) would move the line by the seeds it has, not by the setting. Those the page's sentence reads too.
     common = set.intersection(*(set(s.values) for _, s in stats)) if stats else set()
     if not common:
-        return []
+        return [], ()
     kept = [(value, Stat({seed: v for seed, v in s.values.items() if seed in common})) for value, s in stats]
-    return [(value, s.mean, s.seed_half_width) for value, s in kept]
+    return [(value, s.mean, s.seed_half_width) for value, s in kept], tuple(sorted(common))
+
+
+def ablation_curves(
+    idx: Index, name: str, rows: Sequence[dict[str, Any]]
+) -> dict[str, tuple[list[tuple[float, float, float | None]], tuple[int, ...]]]:
+    """The lines of ablation ``name``'s figure (``"<family> <pair>"`` -> its points and the seeds they are on),
+    from its stored layout ``rows``; ``{}`` where it declares no figure or no line has two points."""
+    ablation = REGISTRY.get(name)
+    if ablation is None or ablation.figure is None or not rows:
+        return {}
+    labels = {r["label"] for r in rows}
+    pairs = [p for p in pairs_of(idx) if any((lab, p, s) in idx for lab in labels for s in seeds_of(idx))]
+    curves = {}
+    for fam in ablation.figure.families:
+        for p in pairs:
+            points, seeds = _curve(idx, rows, fam, [p])
+            if len(points) >= 2:
+                curves[f"{fam} {p}"] = (points, seeds)
+    return curves
 
 
 def render_figures(results: dict[str, Any], results_dir: Path | None, figure_dir: Path) -> dict[str, Path]:
@@ -46,22 +65,13 @@ def render_figures(results: dict[str, Any], results_dir: Path | None, figure_dir
     layout = results.get("layout", {}).get("ablations", {})
     out: dict[str, Path] = {}
     for name, ablation in REGISTRY.items():
-        if ablation.figure is None:
-            continue
-        setting, families, title = ablation.figure.xlabel, ablation.figure.families, ablation.figure.title
-        rows = layout.get(name, [])
-        if not rows:
-            continue
-        labels = {r["label"] for r in rows}
-        pairs = [p for p in pairs_of(idx) if any((lab, p, s) in idx for lab in labels for s in seeds_of(idx))]
-        curves = {}
-        for fam in families:
-            for p in pairs:
-                pts = _curve(idx, rows, fam, [p])
-                if len(pts) >= 2:
-                    curves[f"{fam} {p}"] = pts
+        curves = ablation_curves(idx, name, layout.get(name, []))
         if curves:
-            out[name] = F.plot_curves(curves, figure_dir / f"error_vs_{name}.png", xlabel=setting, title=title)
+            figure = ablation.figure
+            points = {label: line for label, (line, _) in curves.items()}
+            out[name] = F.plot_curves(
+                points, figure_dir / f"error_vs_{name}.png", xlabel=figure.xlabel, title=figure.title
+            )
     if results_dir is not None:
         data_dir = results_dir / FIGURE_DIR
         path = data_dir / RANK_SLICES_FILE

@@ -32,7 +32,7 @@ from . import report_prose as prose
 from .ablations import REGISTRY, table_layout
 from .calibration import calibration_statement, declared_run_paragraph
 from .flip_report import constructed_control_section, flip_sections, flip_summary
-from .markdown import degrees_detected, span
+from .markdown import degrees_detected, seeds_words, span
 from .methods import (
     CONSTRUCTED_CONTROLS,
     DECLARED_FAMILY,
@@ -48,7 +48,7 @@ from .methods import (
 )
 from .names import display_name
 from .record import Record, as_records
-from .report_figures import render_figures, update_rank_lines
+from .report_figures import ablation_curves, render_figures, update_rank_lines
 from .report_tables import (
     ablation_table,
     byte_size,
@@ -515,10 +515,25 @@ def _ablations_section(r: _Report) -> list[str]:
         lines += [f"### {title}", "", what, "", table, ""]
         lines += _bullets(ablation_verdicts(r.idx, name, rows, pairs))
         lines += [""]
-        lines += r.figure(name, prose.ABLATION_FIGURE_CAPTION.format(title=title))
+        lines += r.figure(name, _ablation_caption(r, name, rows, title))
         if r.drawn and name in REGISTRY and REGISTRY[name].figure is not None and name not in r.figures:
             lines += [prose.ABLATION_FIGURE_NOT_DRAWN, ""]
     return lines
+
+
+def _ablation_caption(r: _Report, name: str, rows: list[dict[str, Any]], title: str) -> str:
+    """The caption of an ablation's figure, naming the seeds its lines are on (they can be fewer than its table's
+    rows have: a line is read on the seeds every setting on it has)."""
+    curves = ablation_curves(r.idx, name, rows)
+    on = {label.rpartition(" ")[2]: seeds for label, (_, seeds) in curves.items()}
+    if len(set(on.values())) == 1:
+        seeds = next(iter(on.values()))
+        words = f"{seeds_words(seeds) or 'no seed'}{'; no bar on one seed' if len(seeds) == 1 else ''}"
+    else:
+        words = "; ".join(f"{pair}: {seeds_words(seeds)}" for pair, seeds in on.items())
+    in_table = {seed for (m, _, seed) in r.idx if m in {row["label"] for row in rows}}
+    fewer = prose.ABLATION_FIGURE_FEWER if any(set(s) < in_table for s in on.values()) else ""
+    return prose.ABLATION_FIGURE_CAPTION.format(title=title, seeds=words, fewer=fewer)
 
 
 def _costs_section(r: _Report) -> list[str]:

@@ -418,8 +418,12 @@ ABLATION_FIGURE_NOT_DRAWN = (
     "setting on it has)."
 )
 ABLATION_FIGURE_CAPTION = (
-    "Error against the setting ({title}): mean over the seeds every setting has, with its 95 % interval where "
-    "they are two or more, one line per pair."
+    "Error against the setting ({title}), one line per pair: the mean over the seeds every setting on the line "
+    "has ({seeds}), with its 95 % interval over them where they are two or more{fewer}."
+)
+ABLATION_FIGURE_FEWER = (
+    "; a row of the table with more seeds (the default setting's) is read here on these seeds only, so its point "
+    "can differ from the table's cell"
 )
 
 COSTS_INTRO = (
