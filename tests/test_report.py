@@ -761,3 +761,21 @@ def test_an_ablation_whose_settings_share_no_seed_says_its_figure_is_not_drawn(t
     heads = heads[: heads.index("\n### ")]
     assert "No figure yet: on no pair do two or more of its settings share a seed" in heads
     assert not (tmp_path / "docs" / "figures" / "results" / "error_vs_heads.png").exists()
+
+
+def test_an_ablation_curve_keeps_its_pairs_colour_and_its_methods_style(tmp_path, monkeypatch):
+    """Colours followed the order of the lines, so E→M was blue for Alfa and purple for LoRA, and changed between
+    figures; bars of one setting hid each other; the axis ran below zero."""
+    import alfa.study.bench.figures as figures
+
+    drawn = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, dpi: drawn.append(fig) or path)
+    line = [(1.0, 10.0, 12.0), (4.0, 8.0, 1.0)]
+    figures.plot_curves({"alfa E→M": line, "lora E→M": line}, tmp_path / "a.png", xlabel="H", title="t")
+    figures.plot_curves({"alfa G→D": line, "alfa E→M": line}, tmp_path / "b.png", xlabel="H", title="t")
+    (a,), (b,) = drawn[0].axes, drawn[1].axes
+    lines = [{c.get_label(): c.lines[0] for c in ax.containers} for ax in (a, b)]
+    colour = [{k: line.get_color() for k, line in of.items()} for of in lines]
+    assert colour[0]["alfa E→M"] == colour[0]["lora E→M"] == colour[1]["alfa E→M"] != colour[1]["alfa G→D"]
+    assert lines[0]["alfa E→M"].get_linestyle() != lines[0]["lora E→M"].get_linestyle()
+    assert len({line.get_xdata()[0] for line in lines[0].values()}) == 2 and a.get_ylim()[0] == 0.0

@@ -163,7 +163,7 @@ def plot_rank_slices(tensors: Mapping[str, Tensor], meta: dict[str, Any], path: 
             ax.imshow(gray, cmap="gray")
             ax.imshow(up[i, j].numpy(), cmap="inferno", alpha=0.65, vmin=0.0, vmax=vmax)
             if i == 0:
-                ax.set_title(f"slice {slices[j]} (σ={float(singular[slices[j]]):.2f})", fontsize=8)
+                ax.set_title(f"slice {slices[j]} (s_d={float(singular[slices[j]]):.2f})", fontsize=8)
     for ax in axes.flat:
         ax.set_xticks([])
         ax.set_yticks([])
@@ -243,28 +243,50 @@ def plot_curves(
     logx: bool = True,
     reference: float | None = None,
 ) -> Path:
-    """Error (mean over seeds with its 95 % interval) against a setting: one line per label, ``(x, mean, half-width
-    of the interval)`` points."""
+    """Error (mean over seeds with its 95 % interval) against a setting: one line per ``"<method> <pair>"`` label,
+    ``(x, mean, half-width of the interval)`` points. A pair has one colour in every figure and a method one line
+    style; the lines are set a little apart along x, so that their bars do not hide each other."""
+    from .methods import PAIRS
+
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.0, 4.0))
-    for label, points in curves.items():
+    fig, ax = plt.subplots(figsize=(7.2, 4.0))
+    pairs = [*PAIRS, *sorted({lab.rpartition(" ")[2] for lab in curves} - set(PAIRS))]
+    methods = list(dict.fromkeys(lab.rpartition(" ")[0] for lab in curves))
+    palette = plt.get_cmap("tab10").colors
+    styles = ["-", "--", "-.", ":"]
+    for i, (label, points) in enumerate(curves.items()):
+        method, _, pair = label.rpartition(" ")
         points = sorted(points)
-        xs = [p[0] for p in points]
+        shift = 1.0 + 0.03 * (i - (len(curves) - 1) / 2)  # a few per cent along a log axis
+        xs = [p[0] * shift if logx else p[0] for p in points]
         ys = [p[1] for p in points]
         errs = [p[2] or 0.0 for p in points]
-        style = "--" if label.startswith("lora") else "-"
-        ax.errorbar(xs, ys, yerr=errs, marker="o", ls=style, capsize=3, label=label, lw=1.3, ms=4)
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=errs,
+            marker="o",
+            ls=styles[methods.index(method) % len(styles)],
+            capsize=3,
+            label=label,
+            lw=1.3,
+            ms=4,
+            color=palette[pairs.index(pair) % len(palette)],
+        )
     if reference is not None:
         ax.axhline(reference, color="0.5", ls=":", lw=1, label="source-only")
     if logx:
         ax.set_xscale("log", base=2)
         xs_all = sorted({p[0] for pts in curves.values() for p in pts})
         ax.set_xticks(xs_all)
-        ax.set_xticklabels([f"{x:g}" for x in xs_all])
+        small = min(xs_all, default=1.0) < 0.01  # one notation for every tick, not 1e-06 beside 0.0001
+        ax.set_xticklabels([f"{x:.0e}" if small else f"{x:g}" for x in xs_all])
+        ax.minorticks_off()
+    ax.set_ylim(bottom=0)  # an angular error is never below zero (a bar that reaches below is cut at the axis)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("mean angular error (deg)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, handlelength=3.2)
     fig.tight_layout()
     return save_figure(fig, path, dpi=DPI)

@@ -436,7 +436,8 @@ COSTS_INTRO = (
 RANK_SLICES_CAPTION = (
     "SVD rank-slice maps (the paper's Figure 4): the response of single dictionary filters "
     "V_base[s] = S_d[s] V_d[s] "
-    "of one truncated layer on two target persons, side by side."
+    "of one truncated layer, one row per target person (the face, then each slice's response; s_d: the slice's "
+    "singular value)."
 )
 
 UPDATES_CAPTION = (
