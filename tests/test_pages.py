@@ -181,3 +181,17 @@ def test_no_page_says_a_design_detects_more_than_an_angular_error_can_differ():
         for sentence in re.findall(r"[^.]*\bdetects?\b.*?(?:\.\s|$)", text):
             quoted += [float(x) for x in re.findall(r"(\d+(?:\.\d+)?)°", sentence)]
     assert quoted and max(quoted) <= 180.0
+
+
+def test_every_relative_link_of_the_docs_and_readme_names_a_file_that_exists():
+    """The first records' pages now point to results-v2.md; no page may point to a file that is not there."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a web address or an anchor of the same page
+            if not (page.parent / target.split("#")[0]).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
+    assert "[results-v2.md](results-v2.md)" in (ROOT / "docs" / "results.md").read_text(encoding="utf-8")

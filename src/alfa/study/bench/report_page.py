@@ -339,6 +339,8 @@ def _header_section(r: _Report) -> list[str]:
     ]
     if r.results.get("preset") in prose.NO_CLAIM_PRESETS:
         lines += [prose.NO_CLAIMS.format(preset=r.results["preset"]), ""]
+    elif worlds == "v1" and r.results.get("preset") == "standard":  # the first records' pages, beside results-v2.md
+        lines += [prose.FIRST_RECORD_NOTE.format(v2="results-v2.md"), ""]
     if r.progress is not None:  # a run still being made: what it lacks, before any number is read
         lines += [declared_run_paragraph(r.progress), ""]
     selection = [rec for rec in r.records if rec.kind == "selection"]

@@ -348,6 +348,12 @@ FIRST_STANDARD_RENAMED = (
     "persons in every seed); `--standard` has since become the second protocol's (docs/flip-premise.md §7)."
 )
 
+FIRST_RECORD_NOTE = (
+    "**The first record.** These runs are on the first worlds (v1) with the first protocol: preset `standard` "
+    "then, `alfa bench --first-standard` today. The benchmark on the recalibrated worlds, with persons drawn afresh "
+    "per seed, is [results-v2.md]({v2})."
+)
+
 RUNS_TOTAL = (
     "The runs that wrote the file: {runs}, **{wall_minutes:.1f} min wall time, {cpu_minutes:.1f} min CPU time** "
     "summed over the processes, including interrupted runs and runs whose records were redone later "
