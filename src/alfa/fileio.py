@@ -398,12 +398,7 @@ def hold(folder: str | os.PathLike, what: str) -> Iterator[Hold]:
     created = [p for p in (folder, *folder.parents) if not p.exists()]
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / LOCK_FILE
-    record = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "command": what,
-        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    record = _record(what)
     try:
         stale, fd = _take(lock, record)
     except BaseException:
@@ -445,6 +440,16 @@ def locked(path: str | os.PathLike, on_wait: Callable[[], None] | None = None) -
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _record(what: str) -> dict[str, Any]:
+    """What a lock or a share's mark says of the command ``what`` in this process."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": what,
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def _take(lock: Path, record: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
@@ -593,18 +598,12 @@ def share(folder: str | os.PathLike, what: str) -> Iterator[None]:
     folder.mkdir(parents=True, exist_ok=True)
     marks = folder / SHARE_FOLDER
     created.insert(0, marks)
-    marks.mkdir(exist_ok=True)
-    _remove_stale_shares(marks)
     mark = marks / str(os.getpid())
-    record = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "command": what,
-        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
     try:
+        marks.mkdir(exist_ok=True)
+        _remove_stale_shares(marks)
         mark.unlink(missing_ok=True)  # a dead command's, whose number this process now has
-        os.close(_create_whole(mark, (json.dumps(record) + "\n").encode("utf-8")))
+        os.close(_create_whole(mark, (json.dumps(_record(what)) + "\n").encode("utf-8")))
         # After the mark is written, as hold() looks for marks after its lock is taken (see there).
         refuse_held_inside(folder, shares_of=folder.resolve())
         _refuse_held_around(folder)
