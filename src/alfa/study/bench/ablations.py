@@ -143,7 +143,7 @@ class Evidence:
             f"{what}{once}, per pair: {display_name(a)} − {display_name(b)} = "
             + "; ".join(f"{p} {d.compact()}{on}" for (p, d), on in zip(per, seeds))
             + f"; in the means the error is {where if not_below else f'below on all {len(per)} pairs'}"
-            + f", with the 95 % interval below zero on {sum((d.interval or (0.0, 0.0))[1] < 0 for _, d in per)}"
+            + f", with the 95 % interval below zero on {sum(d.below_zero for _, d in per)}"
             + f" ({sum(d.clear for _, d in per)} of the {len(per)} clear)."
         )
 

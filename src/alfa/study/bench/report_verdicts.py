@@ -143,7 +143,7 @@ def _against_source_only(idx: Index, pairs: Sequence[str], row: str) -> str:
     lower = [p for p, x in per_pair if x.mean < 0]
     # "lowers the error" would read as a finding where an interval still reaches zero: the means, the intervals
     # below zero and the clear ones are three counts
-    below = sum((x.interval or (0.0, 0.0))[1] < 0 for _, x in per_pair)
+    below = sum(x.below_zero for _, x in per_pair)
     text = (
         f"Against its own starting point (source-only{f', on {once}' if once else ''}), the mean error of {me} is "
         f"lower on {len(lower)} of {len(per_pair)} pairs, with its 95 % interval below zero on {below} "

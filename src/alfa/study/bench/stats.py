@@ -347,6 +347,12 @@ class Diff:
         return self.mean - half, self.mean + half
 
     @property
+    def below_zero(self) -> bool:
+        """Whether its own 95 % interval lies wholly below zero (unadjusted: whether it is *clear* is Holm's)."""
+        interval = self.interval
+        return interval is not None and interval[1] < 0
+
+    @property
     def clear(self) -> bool:
         """Judged, and its p-value below :data:`ALPHA` after Holm over its family (alone while the family is
         open)."""

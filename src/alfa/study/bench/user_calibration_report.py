@@ -467,9 +467,11 @@ def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
     columns = min(3, len(pairs))
     rows = -(-len(pairs) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.4 * rows), squeeze=False)
-    palette = plt.get_cmap("tab20").colors  # eleven methods: tab10 would repeat a colour
-    colour = {m: palette[(2 * i) % 20 + (2 * i) // 20] for i, m in enumerate(CALIBRATION_ROW_METHODS)}
+    tab20 = plt.get_cmap("tab20").colors  # more methods than tab10 has colours: its ten, then their light twins
+    palette = [*tab20[0::2], *tab20[1::2]]
+    colour = {m: palette[i % len(palette)] for i, m in enumerate(CALIBRATION_ROW_METHODS)}
     dash = {"random": "-", "spread": "--"}
+    references = {"flip-tta": ":", "oracle": "-."}
     xs = [0, *CALIBRATION_KS]
     for ax, pair in zip(axes.flat, pairs):
         for method in CALIBRATION_ROW_METHODS:
@@ -494,7 +496,7 @@ def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
                         linewidth=1,
                         label=f"{method} {draw}",
                     )
-        for row, style in (("flip-tta", ":"), ("oracle", "-.")):
+        for row, style in references.items():
             s = cell(idx, row, pair)
             if s is not None:
                 ax.axhline(s.mean, linestyle=style, color="black", linewidth=1, label=display_name(row))
@@ -508,9 +510,7 @@ def _plot(idx: Index, pairs: Sequence[str], path: Path) -> Path:
         ax.set_visible(False)
     handles = [Line2D([], [], color=colour[m], marker="o", markersize=3, label=m) for m in CALIBRATION_ROW_METHODS]
     handles += [Line2D([], [], color="gray", ls=dash[d], label=f"{d} draw") for d in CALIBRATION_DRAWS]
-    handles += [
-        Line2D([], [], color="black", ls=st, label=display_name(r)) for r, st in (("flip-tta", ":"), ("oracle", "-."))
-    ]
+    handles += [Line2D([], [], color="black", ls=style, label=display_name(r)) for r, style in references.items()]
     fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=7, frameon=False)
     fig.suptitle(
         "User calibration: error against the number of labelled images per person (bars: 95 % interval over seeds)",
