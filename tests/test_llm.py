@@ -283,15 +283,20 @@ def test_an_exact_match_share_gets_wilsons_interval_which_does_not_collapse_at_z
     assert _share_of(1.0, 60) == "100.0 [94.0, 100.0] %"
 
 
-def test_an_exact_match_interval_over_problems_that_collapses_at_zero_gets_wilsons_bound():
-    from alfa.study.llm.report import _match_interval
+def test_an_exact_match_share_gets_wilsons_interval_over_problems_and_one_cut_to_its_range_over_seeds():
+    """A t-interval over problems collapsed to [0, 0] where no problem was solved and ran below 0 % where a few
+    were, beside Wilson's interval for other rows of the same sentence; over three seeds it reached −2.6 %."""
+    from alfa.study.llm.report import _match_interval, _share_over_seeds
 
-    # no problem solved in any seed: Wilson's upper bound on 0 of 60, not [0, 0]
     none = _match_interval([0.0] * 60)
     assert (none.mean, none.low) == (0.0, 0.0) and none.high == pytest.approx(3.8415 / 63.8415, abs=1e-4)
-    # some solved: the t-interval over problems as before (its lower end may be below zero)
     some = _match_interval([0.0] * 58 + [1.0, 1.0])
-    assert some.low < 0 < some.mean < some.high
+    assert some.text() == "3.3 [0.9, 11.4]"  # the same interval as the share 2 of 60 (test above)
+    thirds = _match_interval([0.0] * 57 + [1 / 3, 2 / 3, 1.0])  # seeds disagree on three problems
+    assert thirds.mean == pytest.approx(1 / 30) and 0.0 < thirds.low < thirds.mean < thirds.high < 1.0
+    seeds = _share_over_seeds([0.0, 0.0, 1 / 15])
+    assert seeds.low == 0.0 < seeds.mean < seeds.high < 1.0
+    assert seeds.high == pytest.approx(0.0222 + 4.303 * 0.0385 / 3**0.5, abs=1e-3)  # the t-interval's upper end
 
 
 def test_pretraining_killed_while_saving_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):

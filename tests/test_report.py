@@ -150,7 +150,7 @@ def test_table1_numbers_and_bold_best(idx):
 
 def test_verdicts_say_where_alfa_wins_and_loses(idx):
     lines = main_verdicts(idx)
-    assert lines[0] == "Of the 3 rows, Alfa has the lowest mean error on 1 of 2 pairs (E→M)."
+    assert lines[0] == "Of Table 1's 3 rows, Alfa has the lowest mean error on 1 of 2 pairs (E→M)."
     em = next(line for line in lines if line.startswith("On E→M"))
     assert (
         "leads the runner-up of the 3 rows, LoRA" in em
@@ -167,7 +167,7 @@ def test_verdict_when_alfa_loses_everywhere():
     means[("alfa", "E→M")] = (12.0, 12.5, 13.0)  # now worse than source-only on E→M
     idx = index_records(fixture_results(means)["records"])
     lines = main_verdicts(idx)
-    assert lines[0] == "Of the 3 rows, Alfa has the lowest mean error on 0 of 2 pairs."
+    assert lines[0] == "Of Table 1's 3 rows, Alfa has the lowest mean error on 0 of 2 pairs."
     assert any(line.startswith("On E→M Alfa does not win: LoRA is best") and "3rd of 3" in line for line in lines)
     text = next(line for line in lines if line.startswith("Against its own starting point"))
     assert (
@@ -186,9 +186,9 @@ def test_verdicts_speak_of_alfas_selected_row_beside_the_papers():
     means[("lora[selected]", "E→D")] = (6.0, 6.0, 6.0)
     idx = index_records(fixture_results(means)["records"])
     lines = main_verdicts(idx)
-    assert lines[0] == "Of the 5 rows, Alfa has the lowest mean error on 0 of 2 pairs."
+    assert lines[0] == "Of Table 1's 5 rows, Alfa has the lowest mean error on 0 of 2 pairs."
     assert any(line.startswith("On E→M Alfa does not win: Alfa (selected recipe) is best") for line in lines)
-    k = lines.index("Of the 5 rows, Alfa (selected recipe) has the lowest mean error on 1 of 2 pairs (E→M).")
+    k = lines.index("Of Table 1's 5 rows, Alfa (selected recipe) has the lowest mean error on 1 of 2 pairs (E→M).")
     assert k > 0 and lines[k + 1].startswith("On E→M Alfa (selected recipe) (4.50° [3.26, 5.74]) leads the runner-up")
     assert lines[k + 2].startswith("On E→D Alfa (selected recipe) does not win: LoRA is best")
     own = lines[k + 3]
@@ -218,11 +218,13 @@ def test_without_the_paper_recipe_alfas_selected_row_still_gets_its_verdicts_and
     lines = main_verdicts(index_records(fixture_results(means)["records"]))
     assert "Alfa was not run; no verdict." not in lines
     assert lines[0] == (
-        "Of the 4 rows, Alfa (selected recipe) has the lowest mean error on 1 of 1 pairs (E→M) "
+        "Of Table 1's 4 rows, Alfa (selected recipe) has the lowest mean error on 1 of 1 pairs (E→M) "
         "(it has no records on E→D)."
     )
     # pooled over both pairs only LoRA (paper recipe) has records on each: the selected rows are not pooled
-    assert lines[-1].startswith("Of the 1 rows compared with source-only pooled over pairs, 1 have a lower mean")
+    assert lines[-1].startswith(
+        "Of Table 1's 1 other rows, each compared with source-only pooled over pairs, 1 have a lower mean"
+    )
     own = next(line for line in lines if line.startswith("Against its own starting point"))
     assert "Pooled" not in own  # over its one pair a pooled difference would repeat that pair's
     means[("alfa[selected]", "E→D")] = (7.0, 7.5, 8.0)
@@ -273,8 +275,8 @@ def test_sanity_summary_and_sentences(idx):
     lines = sanity_verdicts(idx)
     assert lines[0].startswith("In-domain error (the base on held-out source persons) is below the cross-domain")
     # the smallest and the largest gap, each with its interval (the bootstrap's, as in the sanity table)
-    assert "on 2 of 2 pairs (2 called clear), by +5.50° [4.26, 6.74] (E→D) to +7.00° [4.48, 9.52] (E→M)" in lines[0]
-    assert "(2 called clear): headroom +6.50° [5.26, 7.74] (E→D) to +7.50° [6.27, 8.73] (E→M)" in lines[2]
+    assert "on 2 of 2 pairs (2 called clear), by 5.50° [4.26, 6.74] (E→D) to 7.00° [4.48, 9.52] (E→M)" in lines[0]
+    assert "(2 called clear): headroom 6.50° [5.26, 7.74] (E→D) to 7.50° [6.27, 8.73] (E→M)" in lines[2]
     # relative to the labels' spread: in-domain 3/12 = 25 % in every seed; cross-domain per seed 9, 10, 11 of 10 and
     # 8, 8.5, 9 of 10: 100 % ± t(0.975, 2) · 10 / √3 = [75, 125] and 85 % ± 4.303 · 5 / √3 = [73, 97]
     assert (
@@ -376,9 +378,9 @@ def test_yaw_and_pitch_parts_table_and_verdicts():
     assert "absolute pitch bias +4.50° [4.50, 4.50]" in lines[2]
     # pitch +4 against yaw +0.1 on average: the pitch error grew 3.9° more, in every seed and person
     assert lines[3] == (
-        "Of the 1 rows compared with source-only, 1 end above it (1 called clear); for 1 of those the pitch error grew "
-        "more than the yaw error (1 called clear); change of pitch error − change of yaw error: Alfa "
-        "+3.90 [3.65, 4.15] clear."
+        "Of the yaw-and-pitch table's 1 rows compared with source-only, 1 end above it (1 called clear); for 1 of "
+        "those the pitch error grew more than the yaw error (1 called clear); change of pitch error − change of yaw "
+        "error: Alfa +3.90 [3.65, 4.15] clear."
     )
 
 
@@ -405,18 +407,18 @@ def test_the_pooled_sentence_sorts_every_row_against_source_only():
     assert (lora.mean, alfa.mean, gate.mean) == pytest.approx((-4.1, -3.7, -1 / 12))
     assert lora.clear and alfa.clear and not gate.clear
     assert (
-        "Pooled over the 2 pairs, the 3 rows against source-only — clearly below it: "
+        "Pooled over the 2 pairs, Table 1's 2 other rows and diagonal gate against source-only — clearly below it: "
         f"LoRA {lora.compact()}, Alfa {alfa.compact()}; intervals containing zero: diagonal gate {gate.compact()}."
     ) in lines
     # a row not called clear (descriptive, or not clear after Holm) whose own interval is far from zero says so
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     from alfa.study.bench.flip_report import _side
 
-    harm = SimpleNamespace(clear=False, mean=39.1, interval=(29.9, 48.2))
-    assert (
-        _side(harm) == "above, not clear" and _side(SimpleNamespace(clear=False, mean=-1, interval=(-2, 1))) == "within"
-    )
+    harm = replace(gate, per_seed={0: 39.1, 1: 39.1}, se=4.0, declared=False)  # far above zero, descriptive
+    assert harm.above_zero and not harm.clear and _side(harm) == "above, not clear"
+    assert _side(replace(harm, per_seed={0: -1.0, 1: -1.0}, se=1.0)) == "within"
+    assert _side(replace(harm, per_seed={0: -39.1, 1: -39.1})) == "below, not clear"
     assert lora.compact().startswith("−4.10 [") and lora.compact().endswith("] clear")
 
 
@@ -670,7 +672,7 @@ def test_a_row_of_fewer_seeds_is_set_against_source_only_on_those_seeds():
     text = " ".join(sanity_verdicts(index_records(records)))
     assert "is below the source model on the target's scored persons on 1 of 1 pairs" in text
     assert (
-        "on 1 of 1 pairs (not judged: one seed), by +3.00° [3.00, 3.00] (one seed) (33 % [26, 46] (one seed) of the "
+        "on 1 of 1 pairs (not judged: one seed), by 3.00° [3.00, 3.00] (one seed) (33 % [26, 46] (one seed) of the "
         "source-only error)" in text
     )  # 9 − 6 over 9; against 15 (all seeds) it read 9.00°
 
@@ -779,3 +781,25 @@ def test_an_ablation_curve_keeps_its_pairs_colour_and_its_methods_style(tmp_path
     assert colour[0]["alfa E→M"] == colour[0]["lora E→M"] == colour[1]["alfa E→M"] != colour[1]["alfa G→D"]
     assert lines[0]["alfa E→M"].get_linestyle() != lines[0]["lora E→M"].get_linestyle()
     assert len({line.get_xdata()[0] for line in lines[0].values()}) == 2 and a.get_ylim()[0] == 0.0
+
+
+def test_the_update_maps_name_their_colour_scale_and_draw_the_rank_threshold(tmp_path, monkeypatch):
+    """The colour bar had no label, one scale for a row's persons painted all but the largest update black, and
+    the threshold the page counts the numerical rank against was not drawn beside the singular values."""
+    import torch
+
+    import alfa.study.bench.figures as figures
+
+    drawn = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, dpi: drawn.append(fig) or path)
+    delta = torch.outer(torch.arange(1.0, 5.0), torch.ones(3 * 9)) + 1e-6 * torch.eye(4, 27)
+    meta = {"layer": "layer1.0.conv1", "m": 4, "n": 27, "in_features": 3, "kernel": [3, 3]}
+    meta["methods"] = {"alfa": {"persons": ["p00", "p01"]}}
+    figures.plot_update_maps({"alfa/p00": delta, "alfa/p01": 2 * delta}, meta, tmp_path / "u.png")
+    (fig,) = drawn
+    maps, spectrum, bars = fig.axes[:2], fig.axes[2], fig.axes[3:]
+    assert [bar.get_ylabel() for bar in bars] == ["‖ΔW‖ over the kernel"] * 2
+    largest = [ax.images[0].get_clim()[1] for ax in maps]
+    assert largest[1] == pytest.approx(2 * largest[0])  # each person on its own scale
+    assert [list(line.get_ydata()) for line in spectrum.lines if line.get_linestyle() == ":"] == [[1e-3, 1e-3]]
+    assert figures.numerical_rank(delta) == 1 == figures.numerical_rank(delta, rtol=figures.RANK_RTOL)

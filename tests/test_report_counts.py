@@ -168,7 +168,8 @@ def test_the_summarys_pooled_differences_name_their_seeds_where_they_are_not_the
     # source-only on seeds 0–3, Alfa and LoRA on 0–2: every difference with them is on 0–2, not the page's 0–3
     means = {**MEANS, ("source-only", "E→M"): (9.0, 10.0, 11.0, 12.0), ("source-only", "E→D"): (8.0, 8.5, 9.0, 9.5)}
     summary = _summary(render_report(fixture_results(means)))
-    assert "- Pooled over the 2 pairs, the 2 rows against source-only — clearly below it: LoRA −4.10 [" in summary
+    pooled = "- Pooled over the 2 pairs, Table 1's 2 other rows against source-only — clearly below it: LoRA −4.10 ["
+    assert pooled in summary
     assert "clear (seeds 0–2), Alfa −3.70 [−4.20, −3.20] clear (seeds 0–2)." in summary
     assert "- Against its own starting point (source-only, on seeds 0–2), the mean error of Alfa is lower" in summary
     assert "- Against LoRA (same recipe, same steps), pooled over pairs, on seeds 0–2: Alfa − LoRA = " in summary

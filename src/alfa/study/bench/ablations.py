@@ -492,9 +492,10 @@ register(
         "loss",
         "Self-supervised loss: flip symmetry against the other objectives",
         "The same batch and recipe, only the loss changes: flip symmetry, augmentation consistency (the augmented "
-        "copy is asked to match the original, detached) and the other objectives of `alfa.gaze.objectives` "
-        "(roll consistency, flip + roll). Rows marked *selected recipe*: that loss with its recipe selected on "
-        "the stand-in (§ Recipes selected without target labels), where the results have one.",
+        "copy is asked to match the original, detached) and, where the results have their rows, the other "
+        "objectives of `alfa.gaze.objectives` (roll consistency, flip + roll). Rows marked *selected recipe*: that "
+        "loss with its recipe selected on the stand-in (§ Recipes selected without target labels), where the "
+        "results have one.",
         _loss_rows,
         _loss_verdicts,
         in_summary=True,

@@ -176,7 +176,12 @@ def plot_rank_slices(tensors: Mapping[str, Tensor], meta: dict[str, Any], path: 
     return save_figure(fig, path, dpi=DPI)
 
 
-def numerical_rank(delta: Tensor, rtol: float = 1e-3) -> int:
+RANK_RTOL = 1e-3
+"""A singular value of an update counts toward its numerical rank above this fraction of the largest (the pages
+quote it, and the update maps draw it)."""
+
+
+def numerical_rank(delta: Tensor, rtol: float = RANK_RTOL) -> int:
     """The number of singular values of ``delta`` above ``rtol`` times the largest."""
     sv = torch.linalg.svdvals(delta.double())
     return int((sv > rtol * sv[0]).sum()) if sv.numel() and sv[0] > 0 else 0
@@ -191,7 +196,8 @@ def _kernel_norm_map(delta: Tensor, meta: dict[str, Any]) -> Tensor:
 
 def plot_update_maps(tensors: Mapping[str, Tensor], meta: dict[str, Any], path: str | os.PathLike) -> Path:
     """Rows: the methods (e.g. Alfa, LoRA); columns: ``‖ΔW‖`` per (output, input) channel for each
-    person on a colour scale shared along the row, then the singular values of ``ΔW``."""
+    person, each on its own colour scale, then the singular values of ``ΔW`` with the numerical-rank threshold the
+    pages count against."""
     plt = _plt()
     order = {"alfa": 0, "lora": 1}
     methods = sorted(meta.get("methods", {}), key=lambda m: (order.get(m, 2), m))
@@ -203,22 +209,26 @@ def plot_update_maps(tensors: Mapping[str, Tensor], meta: dict[str, Any], path: 
     for r, method in enumerate(methods):
         deltas = [tensors[f"{method}/{p}"] for p in persons[method]]
         maps = [_kernel_norm_map(d, meta) for d in deltas]
-        vmax = max(float(mp.max()) for mp in maps) or 1.0
         for c in range(cols):
             ax = axes[r][c]
             if c >= len(maps):
                 ax.axis("off")
                 continue
-            im = ax.imshow(maps[c].numpy(), cmap="magma", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest")
+            # each person on a scale of its own: one person's update can be ten times another's (the titles give
+            # the sizes), and a shared scale painted the smaller ones black
+            im = ax.imshow(maps[c].numpy(), cmap="magma", vmin=0.0, aspect="auto", interpolation="nearest")
             ax.set_title(f"{method}, {persons[method][c]}: ‖ΔW‖_F = {float(deltas[c].norm()):.3g}", fontsize=8)
             ax.set_xlabel("input channel", fontsize=7)
             ax.set_ylabel("output channel", fontsize=7)
             ax.tick_params(labelsize=6)
-        fig.colorbar(im, ax=axes[r][cols - 1], fraction=0.046)
+            bar = fig.colorbar(im, ax=ax, fraction=0.046)
+            bar.set_label("‖ΔW‖ over the kernel", fontsize=7)
+            bar.ax.tick_params(labelsize=6)
         ax = axes[r][cols]
         for p, d in zip(persons[method], deltas):
             sv = torch.linalg.svdvals(d.double())
             ax.semilogy(torch.arange(1, len(sv) + 1).numpy(), (sv / sv[0].clamp_min(1e-30)).numpy(), label=p)
+        ax.axhline(RANK_RTOL, color="0.4", linestyle=":", linewidth=1.0, label=f"rank threshold {RANK_RTOL:g}")
         ax.set_title(f"{method}: singular values of ΔW / σ₁", fontsize=8)
         ax.set_xlabel("index", fontsize=7)
         ax.set_ylim(1e-6, 1.5)

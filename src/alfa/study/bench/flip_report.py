@@ -360,9 +360,9 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
     return lines
 
 
-def _pooled_lines(idx: Index, main: Sequence[str]) -> list[str]:
-    """Every row (Alfa's two simpler mixes included) against source-only, pooled over every pair, each with its
-    interval, grouped by where it lies (:func:`_side`)."""
+def _pooled_lines(idx: Index, rows: Sequence[str], table1: Sequence[str]) -> list[str]:
+    """Every row of ``rows`` (Table 1's, ``table1``, and Alfa's two simpler mixes') against source-only, pooled over
+    every pair, each with its interval, grouped by where it lies (:func:`_side`)."""
     pairs = pairs_of(idx)
     groups: dict[str, list[str]] = {
         "below": [],
@@ -371,12 +371,14 @@ def _pooled_lines(idx: Index, main: Sequence[str]) -> list[str]:
         "above, not clear": [],
         "above": [],
     }
-    for m in _rows(idx, main):
+    counted = []
+    for m in rows:
         if m == "source-only":
             continue
         d = diff(idx, m, "source-only", pairs)
         if d is None:
             continue
+        counted.append(m)
         groups[_side(d)].append(f"{_name(m)} {d.compact()}{seeds_note(d.per_seed, seeds_of(idx))}")
     if not any(groups.values()):
         return []
@@ -389,20 +391,19 @@ def _pooled_lines(idx: Index, main: Sequence[str]) -> list[str]:
         "above": "clearly above it",
     }
     parts = [f"{words[g]}: {', '.join(v)}" for g, v in groups.items() if v]
-    count = sum(map(len, groups.values()))
-    return [f"Pooled over the {len(pairs)} pairs, the {count} rows against source-only — " + "; ".join(parts) + "."]
+    # the sentences near it count Table 1's rows alone: say which rows this count holds beside them
+    extra = [_name(m) for m in counted if m not in table1]
+    held = f"Table 1's {len(counted) - len(extra)} other rows" + (f" and {', '.join(extra)}" if extra else "")
+    return [f"Pooled over the {len(pairs)} pairs, {held} against source-only — " + "; ".join(parts) + "."]
 
 
-def _side(d: Any) -> str:
+def _side(d: Diff) -> str:
     """Where a difference from source-only lies: called clear (below, above), or not, by its own interval."""
     if d.clear:
         return "below" if d.mean < 0 else "above"
-    interval = d.interval
-    if interval is not None and interval[1] < 0:
+    if d.below_zero:
         return "below, not clear"
-    if interval is not None and interval[0] > 0:
-        return "above, not clear"
-    return "within"
+    return "above, not clear" if d.above_zero else "within"
 
 
 def _over_seeds(records: Iterable[Record], value: Callable[[Record], float | None]) -> str:
@@ -494,15 +495,21 @@ def _descriptive_harm(words: str, compared: Sequence[Diff]) -> str:
     )
 
 
-def flip_summary(results: Mapping[str, Any], idx: Index, main: Sequence[str]) -> list[str]:
-    """The flip-premise sentences the report's summary leads with (none for results without these rows)."""
+def flip_summary(
+    results: Mapping[str, Any], idx: Index, main: Sequence[str], table1: Sequence[str] | None = None
+) -> list[str]:
+    """The flip-premise sentences the report's summary leads with (none for results without these rows).
+    ``table1``: Table 1's rows, which the pooled sentence compares with source-only beside the mixes' rows (by
+    default the rows of ``main``)."""
     ceil = ceilings(idx)
     positive = [p for p in pairs_of(idx) if p in POSITIVE_CONTROLS]
     lines = _ceiling_sentences(idx, ceil)
     lines += _harmless_best(idx, main, [p for p in positive if p in ceil], ceil)
     lines += _attention_lines(idx, positive)
     lines += _after_lines(idx, main, [p for p in positive if p in ceil])
-    lines += _pooled_lines(idx, main)
+    table1 = table_rows(idx, main) if table1 is None else table1
+    mixes = [m for m in table_rows(idx, MIXES) if m not in table1]
+    lines += _pooled_lines(idx, [*table1, *mixes], table1)
     lines += _selection(results, idx, main)[1]
     lines += replay(idx, _rows(idx, main))[1]
     return lines

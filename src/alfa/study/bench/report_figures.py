@@ -110,5 +110,6 @@ def update_rank_lines(figure_data: Any) -> list[str]:
         n=meta.get("n"),
         persons=", ".join(next(iter(meta["methods"].values()))["persons"]),
         ranks="; ".join(parts),
+        rtol=F.RANK_RTOL,
     )
     return [sentence, ""]

@@ -62,6 +62,7 @@ from .report_tables import (
     sanity_table,
     source_table,
     table1,
+    table1_rows,
     table2,
     tpgaze_table,
 )
@@ -402,7 +403,7 @@ def _declared_statement(family: Comparisons, descriptive: int) -> str:
 def _summary_section(r: _Report) -> list[str]:
     """The family statement, the first sentences of every verdict, then the first two of each ablation shown in
     the summary."""
-    flip = flip_summary(r.results, r.idx, table_methods())
+    flip = flip_summary(r.results, r.idx, table_methods(), table1_rows(r.idx))
     lines = ["## Summary", "", _family_statement(r.family), ""]
     lines += [*_bullets(flip + r.main[:1] + r.sanity[:2] + r.main[1:] + r.parts), ""]
     for name, rows in r.layout.items():

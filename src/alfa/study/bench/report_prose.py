@@ -447,12 +447,13 @@ RANK_SLICES_CAPTION = (
 )
 
 UPDATES_CAPTION = (
-    "Update maps (the paper's Figure 5): the personalized ΔW of one layer for three target persons, Alfa and LoRA."
+    "Update maps (the paper's Figure 5): the personalized ΔW of one layer for three target persons, Alfa and LoRA; "
+    "each map on its own colour scale (its title gives the update's size)."
 )
 
 UPDATE_RANKS = (
     "Update maps of `{layer}` ({m}×{n}), persons {persons}: {ranks}. Numerical rank: "
-    "the number of singular values of ΔW above 10⁻³ times the largest."
+    "the number of singular values of ΔW above {rtol:g} times the largest (the dotted line in the figure)."
 )
 UPDATE_RANK_OF = "{method}: numerical rank {ranks} (‖ΔW‖_F {norms})"
 

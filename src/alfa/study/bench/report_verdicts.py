@@ -34,7 +34,6 @@ from .stats import (
     level,
     pairs_of,
     seeds_of,
-    signed,
 )
 
 __all__ = ["main_verdicts", "sanity_verdicts", "parts_verdicts", "ablation_verdicts"]
@@ -77,8 +76,8 @@ def _below_source_only_sentence(idx: Index, pairs: Sequence[str], methods: Seque
     names = "; ".join(f"{_name(m)} {d.compact()}{seeds_note(d.per_seed, seeds_of(idx))}" for m, d in beating)
     clear = sum(d.clear for _, d in beating)
     text = (
-        f"Of the {len(compared)} rows compared with source-only pooled over pairs, {len(beating)} have a lower "
-        f"mean error ({clear} called clear): {names or 'none'}."
+        f"Of Table 1's {len(compared)} other rows, each compared with source-only pooled over pairs, "
+        f"{len(beating)} have a lower mean error ({clear} called clear): {names or 'none'}."
     )
     others = [m for m, _ in compared if m not in {b for b, _ in beating}]
     if others:
@@ -194,7 +193,7 @@ def _row_verdicts(idx: Index, pairs: Sequence[str], methods: Sequence[str], row:
     where = f" ({', '.join(best_pairs)})" if best_pairs else ""
     unscored = [p for p in pairs if cell(idx, row, p) is None]
     among = (
-        f"Of the {len(methods)} rows"
+        f"Of Table 1's {len(methods)} rows"
         if every_row
         else "Ranked on its own seeds against the rows that have them (each pair's sentence says on which seeds, "
         "among how many rows)"
@@ -233,12 +232,13 @@ def _range(values: Sequence[float], digits: int, unit: str) -> str:
 
 
 def _gap_text(d: Diff) -> str:
-    """``"+0.80° [0.31, 1.29]"``, marked *one seed* where it is one seed's interval (over persons)."""
-    return f"{signed(d.mean)}° {d.interval_text()}" + (" (one seed)" if d.n == 1 and d.interval is not None else "")
+    """``"0.80° [0.31, 1.29]"``, marked *one seed* where it is one seed's interval (over persons). Unsigned: the
+    sentence says the direction ("below … by"), and "below by +1.19°" read as a rise."""
+    return f"{d.mean:.2f}° {d.interval_text()}" + (" (one seed)" if d.n == 1 and d.interval is not None else "")
 
 
 def _deg_range(idx: Index, method: str, items: Sequence[tuple[str, float, float]]) -> str:
-    """``"+0.80° [0.31, 1.29] (E→M) to +2.10° [1.50, 2.70] (S→W)"``: the smallest and the largest difference
+    """``"0.80° [0.31, 1.29] (E→M) to 2.10° [1.50, 2.70] (S→W)"``: the smallest and the largest difference
     source-only − ``method`` over the pairs of ``items``, each with its interval (the same comparisons the
     sentence counts as clear)."""
     gaps = sorted((d.mean, p, d) for p, _, _ in items if (d := diff(idx, "source-only", method, [p])) is not None)
@@ -423,7 +423,7 @@ def parts_verdicts(idx: Index, methods: Sequence[str]) -> list[str]:
         gaps = [(m, diff(idx, m, "source-only", pairs, part_gap("pitch", "yaw"))) for m, _ in worse]
         led = [(m, g) for m, g in gaps if g is not None and g.mean > 0]
         text = (
-            f"Of the {len(compared)} rows compared with source-only, {len(worse)} end above it "
+            f"Of the yaw-and-pitch table's {len(compared)} rows compared with source-only, {len(worse)} end above it "
             f"({sum(d.clear for _, d in worse)} called clear); for {len(led)} of those the pitch error grew more than "
             f"the yaw error ({sum(g.clear for _, g in led)} called clear)"
         )

@@ -353,6 +353,12 @@ class Diff:
         return interval is not None and interval[1] < 0
 
     @property
+    def above_zero(self) -> bool:
+        """Whether its own 95 % interval lies wholly above zero (unadjusted, as :attr:`below_zero`)."""
+        interval = self.interval
+        return interval is not None and interval[0] > 0
+
+    @property
     def clear(self) -> bool:
         """Judged, and its p-value below :data:`ALPHA` after Holm over its family (alone while the family is
         open)."""

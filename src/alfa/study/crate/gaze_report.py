@@ -72,9 +72,15 @@ def plot_gaze_probes(
     for ax in (ax_rate, ax_sparse):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
+    # one legend below both panels (the right one's series are some of the left one's), its handles long enough
+    # to show a dash: a short handle with a marker on it drew the ViT's dashed lines as solid ones
+    handles, labels = ax_rate.get_legend_handles_labels()
+    rows = 0
+    if handles:
+        columns = 3 if len(handles) > 4 else len(handles)
+        rows = -(-len(handles) // columns)
+        fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=7, handlelength=4.0, frameon=False)
+    fig.tight_layout(rect=(0.0, 0.05 * rows, 1.0, 1.0))
     return save_figure(fig, path, dpi=120)
 
 

@@ -542,7 +542,9 @@ def plot_toy(runs: list[ToyRun], path: str | os.PathLike) -> None:
         r = run.length * 1.25
         for u in (U1, U2):
             ax.plot([-r * u[0], r * u[0]], [-r * u[1], r * u[1]], color="0.6", lw=0.8, ls="--", zorder=0)
-        ax.set(xlim=(-r, r), ylim=(-r, r), aspect="equal")
+        ax.set(xlim=(-r, r), ylim=(-r, r), aspect="equal", xlabel="token, first coordinate")
+        if col == 0:
+            ax.set_ylabel("token, second coordinate")
         ista = f", η = {run.eta:g}, λ = {run.lam:g}" if run.eta is not None else ""
         ax.set_title(f"{PANELS[key].title}\nseed {run.seed}: input (faint), layer {last}{ista}", fontsize=9)
         ax.axhline(0, color="0.85", lw=0.6, zorder=0)
@@ -569,6 +571,8 @@ def plot_toy(runs: list[ToyRun], path: str | os.PathLike) -> None:
                     ax.fill_between(layers, low, high, color=color, alpha=0.15)
         seeds = len([r for r in runs if r.key == key])
         ax.set(xlabel="layer", ylim=(-0.02, 1.02), title=f"mean and {LEVEL * 100:.0f} % interval over {seeds} seeds")
+        if col == 0:  # every curve is a ratio or a share: one axis, 0 to 1
+            ax.set_ylabel("thickness σ₂/σ₁, or share of the tokens")
         ax.title.set_fontsize(9)
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()

@@ -76,9 +76,9 @@ LIMITS_TEXT = """\
   enough depends on how much of the new format those directions already carry, which differs between the two.
 - **One adaptation set, one grid.** One set of 1,000 problems seen once, two rates a method, three seeds. The intervals
   over seeds have 2 degrees of freedom and are wide; the intervals over problems treat the test problems as the
-  sample and the seeds as averaged out. Where no seed solved any problem (or every seed every one), the t-interval
-  over problems collapses to a point; the page gives Wilson's bound on the share of problems any seed solved
-  instead, which bounds the mean over seeds.
+  sample and the seeds as averaged out. An exact-match share's interval over problems is Wilson's, for every
+  method: a t-interval over problems ran below 0 % and collapsed to a point where no seed solved any problem.
+  The differences between methods keep their t-intervals (a difference may be negative).
 - **Time and memory.** Step times are medians on one core of a machine shared with other jobs, the methods
   timed in turn so that the machine's load falls on all alike: their ratios are the meaningful part, and even
   they move by tens of percent between runs (their 95 % intervals are of the noise within one timing, not
@@ -120,14 +120,24 @@ def interval(values: Sequence[float]) -> Interval:
 
 
 def _match_interval(per_problem: Sequence[float]) -> Interval:
-    """An exact-match share over problems (each a mean over seeds) with its t-interval over the problems; where every
-    problem has the same 0 or 1, where that interval collapses to a point, Wilson's bound on the share of problems
-    some seed solved (or some seed failed), which bounds the mean over seeds."""
-    got = interval(per_problem)
-    if got.n >= 2 and got.mean in (0.0, 1.0) and got.low == got.high:
-        low, high = _wilson(got.mean, got.n)
-        return Interval(got.mean, low, high, got.n)
-    return got
+    """An exact-match share over problems (each problem's value the share of seeds that solved it) with Wilson's
+    95 % score interval on the number of problems, for every method alike. The values lie in [0, 1], so their
+    variance is at most p(1 − p) at mean p, the variance of 0/1 answers that Wilson's interval assumes: it is
+    right for 0/1 values and wide enough otherwise. A t-interval over the problems ran below 0 % and collapsed to
+    a point where no problem was solved."""
+    x = np.asarray(per_problem, dtype=float)
+    share = float(x.mean())
+    low, high = _wilson(share, int(x.size))
+    return Interval(share, low, high, int(x.size))
+
+
+def _share_over_seeds(per_seed: Sequence[float]) -> Interval:
+    """An exact-match share's mean over seeds with its t-interval over them, cut to [0, 1]: a share cannot leave
+    that range, and cutting an interval to the values the quantity can take keeps its coverage."""
+    got = interval(per_seed)
+    if got.n < 2:
+        return got
+    return Interval(got.mean, max(got.low, 0.0), min(got.high, 1.0), got.n)
 
 
 def method_runs(result: dict[str, Any], method: str) -> list[dict[str, Any]]:
@@ -184,7 +194,7 @@ def _accuracy_table(result: dict[str, Any]) -> list[str]:
             continue
         cells = []
         for task in (*TASKS, None):
-            seeds = interval(_per_seed(runs, task))
+            seeds = _share_over_seeds(_per_seed(runs, task))
             problems = _match_interval(_per_problem(runs, task))
             cells.append(f"{seeds.text()}<br>problems: {problems.text()}" if len(runs) > 1 else problems.text())
         rate = "—" if method == "base" else f"{runs[0]['lr']:g}"
@@ -368,10 +378,9 @@ def _answer(result: dict[str, Any], verdicts: dict[str, str]) -> list[str]:
             graded.append(f"{word} than {NAMES[other]}'s by {diff.text(1, True, 3)} nats a token")
     loss_line = f" On the graded measure, Alfa's answer loss is {' and '.join(graded)}." if graded else ""
     return [
-        f"{head} By the rule declared below, Alfa {verdicts['lora']} LoRA and "
-        f"{verdicts['dora']} DoRA (mean exact-match over the three tasks, %, 95 % interval over problems: Alfa "
-        f"{mean['alfa']}, LoRA {mean['lora']}, DoRA {mean['dora']}), with {alfa[0]['trainable']:,} trainable "
-        "parameters, "
+        f"{head} By the rule declared below, Alfa {verdicts['lora']} LoRA and {verdicts['dora']} DoRA (mean "
+        f"exact-match over the three tasks, %, Wilson's 95 % interval over problems: Alfa {mean['alfa']}, LoRA "
+        f"{mean['lora']}, DoRA {mean['dora']}), with {alfa[0]['trainable']:,} trainable parameters, "
         f"{fewer:.2f}× LoRA's {lora[0]['trainable']:,}, and a training step {step}× LoRA's on {core}." + loss_line,
         "",
         f"This is a {result['base_parameters']:,}-parameter model pretrained for minutes on generated tasks, not "
@@ -463,8 +472,10 @@ def llm_page(result: dict[str, Any], data: str) -> str:
         "## Accuracy",
         "",
         f"Exact-match on {result['splits']['test'] // len(TASKS)} held-out-format test problems a task, in %: the "
-        "mean over seeds with its 95 % interval over seeds, and below it the 95 % interval over problems. The "
-        "unadapted model answers the same at every seed (one interval, over problems).",
+        "mean over seeds with its 95 % t-interval over seeds, cut to 0–100 % (a share cannot leave that range, and "
+        "the cut keeps the interval's coverage), and below it Wilson's 95 % interval over problems (each problem "
+        "counted as the share of seeds that solved it). The unadapted model answers the same at every seed (one "
+        "interval, over problems).",
         "",
         *_accuracy_table(result),
         "",
