@@ -97,6 +97,29 @@ def test_gaze_round_trip_and_convention_of_the_loaders():
     assert yaw > 0 and pitch > 0
 
 
+def _facing(yaw_deg: float, pitch_deg: float) -> np.ndarray:
+    """A head rotation (axes as columns) whose face points at (yaw, pitch), unrolled: its x axis horizontal."""
+    z = -np.asarray(angles_to_gaze_vector(np.radians([yaw_deg, pitch_deg])), dtype=np.float64).reshape(3)
+    x = np.cross([0.0, 1.0, 0.0], z)
+    x /= np.linalg.norm(x)
+    return np.stack([x, np.cross(z, x), z], axis=1)
+
+
+@pytest.mark.parametrize("yaw", [-60.0, -30.0, 0.0, 30.0, 60.0])
+def test_the_head_pose_fit_finds_heads_tilted_up_and_down_from_exact_landmarks(yaw):
+    """Refined from a frontal start alone, the fit settled on the mirror pose of a head tilted up: (0°, +30°)
+    came out (0°, −6°), and (30°, +10°) turned the other way; the normalized head pitch then had the wrong sign."""
+    for pitch in (-30.0, -10.0, 10.0, 30.0):
+        truth = HeadPose(_facing(yaw, pitch), np.array([0.0, 0.0, 600.0]))
+        assert truth.angles()["yaw_deg"] == pytest.approx(yaw, abs=1e-6)  # the check's own construction
+        assert truth.angles()["pitch_deg"] == pytest.approx(pitch, abs=1e-6)
+        fitted = estimate_head_pose(_landmarks(truth), CAMERA)
+        got = fitted.angles()
+        assert (got["yaw_deg"], got["pitch_deg"]) == pytest.approx((yaw, pitch), abs=1.0), (yaw, pitch, got)
+        normalized = normalization_of(fitted, CAMERA).head_angles(fitted)["pitch_deg"]
+        assert np.sign(normalized) == np.sign(normalization_of(truth, CAMERA).head_angles(truth)["pitch_deg"])
+
+
 def test_known_scene_gives_the_known_normalized_gaze():
     truth = _scene_pose()
     gaze_camera = TARGET - FACE_CENTRE_WEIGHTS @ truth.points_mm

@@ -246,9 +246,11 @@ class HeadPose:
 
 def estimate_head_pose(landmarks: np.ndarray, camera: Camera) -> HeadPose:
     """Fit the generic face model to four image landmarks (:data:`LANDMARK_NAMES` order, pixels). Four points
-    of a nearly flat model leave mirror-image poses almost equally good, so the fit starts from a face that
-    looks into the camera at the distance its eye spacing implies, and refines from there (ETH-XGaze too
-    refines from an initial pose)."""
+    of a nearly flat model leave mirror-image poses almost equally good, and a refinement started from one
+    place can settle in the wrong one. So the fit is refined from two starts, a face that looks into the camera
+    at the distance its eye spacing implies (ETH-XGaze too refines from an initial pose) and the global
+    solution of SQPnP, and keeps the one that reprojects the landmarks best (the first on a tie). From the
+    frontal start alone, a head tilted up 30° came out tilted down 6°, with exact landmarks."""
     import cv2
 
     points = np.asarray(landmarks, dtype=np.float64).reshape(4, 2)
@@ -257,13 +259,22 @@ def estimate_head_pose(landmarks: np.ndarray, camera: Camera) -> HeadPose:
         raise ValueError("the eye landmarks coincide: no head pose can be fitted")
     depth = camera.matrix[0, 0] * EYE_DISTANCE_MM / eye_px
     middle = (points[0] + points[1]) / 2.0
-    start = depth * (np.linalg.inv(camera.matrix) @ np.array([middle[0], middle[1], 1.0]))
-    rvec, tvec = np.zeros((3, 1)), start.reshape(3, 1)
-    ok, rvec, tvec = cv2.solvePnP(
-        FACE_MODEL_MM, points, camera.matrix, camera.distortion, rvec, tvec, True, cv2.SOLVEPNP_ITERATIVE
-    )
-    if not ok or tvec[2, 0] <= 0 or not np.isfinite(tvec).all():
+    frontal = depth * (np.linalg.inv(camera.matrix) @ np.array([middle[0], middle[1], 1.0]))
+    starts = [(np.zeros((3, 1)), frontal.reshape(3, 1))]
+    found, rvec, tvec = cv2.solvePnP(FACE_MODEL_MM, points, camera.matrix, camera.distortion, flags=cv2.SOLVEPNP_SQPNP)
+    if found:
+        starts.append((rvec, tvec))
+    fits = []
+    for rvec, tvec in starts:
+        ok, rvec, tvec = cv2.solvePnP(
+            FACE_MODEL_MM, points, camera.matrix, camera.distortion, rvec, tvec, True, cv2.SOLVEPNP_ITERATIVE
+        )
+        if ok and np.isfinite(rvec).all() and np.isfinite(tvec).all() and tvec[2, 0] > 0:
+            projected, _ = cv2.projectPoints(FACE_MODEL_MM, rvec, tvec, camera.matrix, camera.distortion)
+            fits.append((float(np.linalg.norm(projected.reshape(4, 2) - points, axis=1).mean()), len(fits), rvec, tvec))
+    if not fits:
         raise RuntimeError("the head pose fit failed on these landmarks")
+    _, _, rvec, tvec = min(fits, key=lambda fit: fit[:2])
     rotation, _ = cv2.Rodrigues(rvec)
     return HeadPose(rotation, tvec.reshape(3))
 
