@@ -68,7 +68,30 @@ def test_the_affine_fit_recovers_a_map_and_is_the_offset_at_k_1():
     torch.testing.assert_close(a1, torch.eye(2, dtype=torch.float64))
     torch.testing.assert_close(c1, torch.full((2,), 0.2, dtype=torch.float64))
     with pytest.raises(ValueError, match="needs 3 images in general position"):
-        fit_affine(pred[:2], pred[:2], ridge=0.0)
+        fit_affine(pred[[0, 1, 1]], pred[:3], ridge=0.0)  # three images, two of them one prediction
+
+
+def test_below_three_images_the_affine_map_is_the_plain_offset_at_any_ridge():
+    """Two images fixed a gain along the line through their predictions: 0.2 apart with labels 0.4 apart gave
+    A = [[1.17, 0], [0, 1]] at the default ridge, so a new prediction of 0.4 became 0.55, not the offset's 0.5."""
+    pred = torch.tensor([[0.0, 0.0], [0.2, 0.0]], dtype=torch.float64)
+    gaze = torch.tensor([[0.0, 0.0], [0.4, 0.0]], dtype=torch.float64)
+    for ridge in (0.0, 0.1):
+        a, c = fit_affine(pred, gaze, ridge)
+        torch.testing.assert_close(a, torch.eye(2, dtype=torch.float64))
+        torch.testing.assert_close(c, (gaze - pred).mean(0))
+
+
+def test_a_spread_draw_never_takes_one_image_twice_where_labels_repeat():
+    """Chosen images stayed in the running at distance 0, so with fewer distinct labels than k the farthest
+    point was an image already chosen: zeros gave [0, 0, 6], and the fit saw fewer than k images."""
+    from alfa.gaze.calibrate import draw_positions
+
+    assert len(set(draw_positions(torch.zeros(10, 2), 10, 3, "spread", 0, "p"))) == 3
+    twins = torch.tensor([[0.0, 0.0]] * 5 + [[0.1, 0.0]] * 5)
+    drawn = draw_positions(twins, 10, 4, "spread", 0, "p")
+    assert len(set(drawn)) == 4 and {i >= 5 for i in drawn} == {False, True}  # both labels among them
+    assert draw_positions(torch.zeros(10, 2), 10, 10, "spread", 0, "p") == list(range(10))
 
 
 def test_the_offset_prior_shrinks_the_offset_by_k_over_k_plus_kappa_and_zero_leaves_it_free():
@@ -397,3 +420,17 @@ def test_an_adapter_calibration_of_a_dense_base_says_what_it_makes(tmp_path, cap
     assert err.count("\n") == 1 and f"note: {dense} is not truncated" in err and "alfa serve refuses" in err
     assert main([*argv, "--method", "affine", "--out", str(tmp_path / "b")]) == 0
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("method", ["offset", "affine", "ridge"])
+def test_a_nan_label_is_refused_by_the_closed_forms_not_saved_into_the_correction(method):
+    """The trained methods check their loss; the closed forms let a NaN label through into the head's
+    correction, and saving it then blamed a diverged training."""
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    images = torch.rand(4, 3, 16, 16)
+    gaze = torch.zeros(4, 2)
+    gaze[2, 1] = float("nan")
+    with pytest.raises(ValueError, match=f"the {method} calibration is not finite: a labelled image's gaze"):
+        calibrate_person(model, images, gaze, CalibrateConfig(method=method, k=4))
+    assert alfa.adapter_state(model) is None  # nothing left attached

@@ -209,10 +209,12 @@ def draw_positions(gaze: Tensor | None, pool: int, k: int, draw: str, seed: int,
     gaze = gaze.double()
     chosen = [order[0]]
     nearest = (gaze - gaze[order[0]]).norm(dim=1)
+    nearest[order[0]] = -1.0  # a chosen image is never chosen again, even where other labels equal its own
     while len(chosen) < k:
         nxt = int(nearest.argmax())
         chosen.append(nxt)
         nearest = torch.minimum(nearest, (gaze - gaze[nxt]).norm(dim=1))
+        nearest[chosen] = -1.0
     return sorted(chosen)
 
 
@@ -262,15 +264,22 @@ def fit_affine(pred: Tensor, gaze: Tensor, ridge: float, offset_prior: float = 0
     offset_prior·‖m‖²``, where ``m = (A − I) ȳ + c`` is the correction at the images' mean prediction ``ȳ``: the
     least-squares fit of the centered residuals on the centered predictions, shrunk toward the identity, and the
     mean offset (the mean residual) shrunk by ``k / (k + offset_prior)``. Penalizing the offset at ``ȳ`` and not
-    the intercept at ``ŷ = 0`` keeps the gain from carrying the offset past its prior."""
+    the intercept at ``ŷ = 0`` keeps the gain from carrying the offset past its prior.
+
+    With no more images than outputs (k ≤ 2 for yaw and pitch) the gain is ``A = I``: the plain offset, as the
+    method promises. Two images fix a gain along the line through their predictions alone, which the ridge shrank
+    but did not remove (two images 0.2 apart whose labels were 0.4 apart gave a gain of 1.17 along that line)."""
     pred, gaze = pred.double(), gaze.double()
     mp, mg = pred.mean(0), gaze.mean(0)
     p, r = pred - mp, (gaze - mg) - (pred - mp)
     eye = torch.eye(pred.shape[1], dtype=torch.float64)
     gram = p.T @ p + ridge * eye
-    if ridge == 0 and torch.linalg.matrix_rank(gram) < pred.shape[1]:
+    if len(pred) <= pred.shape[1]:
+        delta = torch.zeros_like(eye)
+    elif ridge == 0 and torch.linalg.matrix_rank(gram) < pred.shape[1]:
         raise ValueError(f"an unregularized affine map needs {pred.shape[1] + 1} images in general position")
-    delta = torch.linalg.solve(gram, p.T @ r).T  # A − I
+    else:
+        delta = torch.linalg.solve(gram, p.T @ r).T  # A − I
     a = eye + delta
     if offset_prior == 0:
         return a, mg - a @ mp
@@ -346,6 +355,9 @@ def _closed_form(model: nn.Module, images: Tensor, gaze: Tensor, config: Calibra
         eye = torch.eye(pred.shape[1], dtype=torch.float64)
         delta_w = (a - eye) @ weight.double()
         delta_b = (a - eye) @ bias.double() + c
+    if not (torch.isfinite(delta_w).all() and torch.isfinite(delta_b).all()):
+        # a NaN label (or prediction) would pass through the closed forms into the saved correction
+        raise ValueError(f"the {config.method} calibration is not finite: a labelled image's gaze or prediction is NaN")
     _set_correction(model, head, delta_w.to(weight.dtype), delta_b.to(weight.dtype))
 
 
