@@ -204,6 +204,26 @@ def test_screen_point_by_ray_plane_intersection_and_by_a_fit():
     assert fit_screen(gaze[:3], pixels[:3]).leave_one_out_px is None  # no point to spare
 
 
+def test_a_screen_fit_is_refused_where_its_targets_do_not_span_it_and_a_screen_seen_from_behind_says_so():
+    """Targets on two rows (a 3×2 grid) leave a quadratic fit free along what they do not span: the gazes' noise
+    passed the rank check and moved the screen's centre by hundreds of pixels. A screen whose rotation put the
+    person behind it answered with a point mirrored left to right."""
+    rng = np.random.default_rng(0)
+    targets = np.array([[x, y] for y in (200.0, 880.0) for x in (160.0, 960.0, 1760.0)])
+    gaze = (targets - [960.0, 540.0]) @ np.diag([-1 / 40, -1 / 50]) + rng.normal(0, 0.3, (6, 2))
+    with pytest.raises(ValueError, match="screen positions lie on one conic"):
+        fit_screen(gaze, targets, degree=2)
+    row = np.array([[x, 540.0] for x in (160.0, 560.0, 960.0, 1360.0, 1760.0)])
+    with pytest.raises(ValueError, match="screen positions lie on one line"):
+        fit_screen((row - [960.0, 540.0]) / -40.0 + rng.normal(0, 0.3, (5, 2)), row, degree=1)
+    grid = np.array([[x, y] for y in (100.0, 540.0, 980.0) for x in (160.0, 960.0, 1760.0)])
+    assert fit_screen((grid - [960.0, 540.0]) / -45.0 + rng.normal(0, 0.3, (9, 2)), grid, degree=2).rms_px >= 0
+    behind = Screen(344.0, 194.0, 1920, 1080, np.array([-172.0, 8.0, 0.0]), np.eye(3))
+    origin, aim = np.array([0.0, 0.0, 600.0]), np.array([150.0, 50.0, 0.0])
+    answer = behind.point(origin, (aim - origin) / np.linalg.norm(aim - origin))
+    assert set(answer) == {"error"} and "behind the screen" in answer["error"]
+
+
 def test_a_fits_leave_one_out_error_is_each_points_error_from_the_others():
     rng = np.random.default_rng(0)
     gaze = rng.uniform(-15, 15, (9, 2))
@@ -270,6 +290,14 @@ def test_several_faces_are_refused_before_any_is_normalized_and_each_reader_says
     Image.fromarray(two).save(path)
     with pytest.raises(ValueError, match=r"^2 faces found \(boxes .*\): a calibration photo must show only the person"):
         calibration_gaze(path, predictor)
+    configs = []  # a calibration photo is normalized with the config the fit's photos are read with
+    monkeypatch.setattr(photo_module, "_normalize_face", lambda *a: configs.append(a[3]) or real(*a))
+    Image.fromarray(astronaut).save(tmp_path / "one.png")
+    wide = NormalizationConfig(distance_mm=900.0)
+    calibration_gaze(tmp_path / "one.png", predictor, config=wide)
+    assert configs == [wide]
+    with pytest.raises(ValueError, match=r"the model's gaze for this face is not finite \(\[nan, 0.0\]\)"):
+        analyse_photo(astronaut, lambda crops: torch.tensor([[float("nan"), 0.0]]), PhotoOptions())
     _, failures = predict_photos([str(path)], predictor, PhotoOptions(), progress=False)
     assert failures == [
         f"{path}: 2 faces found (boxes {', '.join(map(str, refused.value.boxes))}); pass --faces all to read every one"

@@ -25,13 +25,15 @@ SECTIONS = "\n".join(
         '(`--screen S.json`): `{"width_mm", "height_mm", "width_px", "height_px", "top_left_mm": [x, y, z], '
         '"rotation": 3×3}`, all in the camera frame; `rotation` (its columns: the screen\'s right, down and '
         "normal, as the person sees it) defaults to `[[-1, 0, 0], [0, 1, 0], [0, 0, -1]]`, the screen in the "
-        "camera's plane facing the person, as a laptop's webcam above its screen sees it. `top_left_mm` is the "
+        "camera's plane facing the person, as a laptop's webcam above its screen sees it (a rotation that puts "
+        "the face behind the screen, its right and left swapped, is answered with an error). `top_left_mm` is the "
         "screen's top-left corner as the person sees it, which lies at +x in the camera frame (the camera's x "
         "points to the image's right, the person's left): a 344 mm wide screen whose camera sits 8 mm above the "
         "middle of its top edge has `top_left_mm` `[172, 8, 0]`. Without the geometry, `--screen-fit C.json` "
         'fits screen pixels from camera-frame gaze angles of a few calibration points: `{"degree": 1, "points": '
-        '[{"gaze_deg": [yaw, pitch], "screen_px": [x, y]}, ...]}`, affine (3 points at least) or quadratic '
-        "(`degree` 2, 6 at least). Each point's `gaze_deg` is the `gaze_camera` (`yaw_deg`, `pitch_deg`) that "
+        '[{"gaze_deg": [yaw, pitch], "screen_px": [x, y]}, ...]}`, affine (3 points at least, not all on one '
+        "line of the screen) or quadratic (`degree` 2, 6 at least, not all on one conic, such as two rows: a "
+        "3×3 grid serves either). Each point's `gaze_deg` is the `gaze_camera` (`yaw_deg`, `pitch_deg`) that "
         "`alfa predict --json` gives for a photo of the person looking at that screen pixel; or the point names "
         'that photo instead (`{"photo": "calib/p1.jpg", "screen_px": [x, y]}`, relative to the file\'s folder), '
         "and `alfa predict` reads its one face with the same model, adapter and camera first, giving the same "
@@ -196,8 +198,10 @@ def camera_page(record: dict[str, Any], command: str, figure: str) -> str:
             "normalized frame (the datasets' head label). Four nearly coplanar points fix the head's yaw and pitch "
             "only roughly; the crop and the gaze conversion use the face centre and the head's left-right axis, "
             "which they fix well (`tests/test_camera.py` measures it).",
-            "- `normalization`: Zhang, Sugano & Bulling (ETRA 2018) as the ETH-XGaze release does it: the face "
-            "centre (mean of eye and mouth corners), the rotation `R` whose forward axis points at it and whose "
+            "- `normalization`: Zhang, Sugano & Bulling (ETRA 2018), with the ETH-XGaze release's rotation, scaling "
+            "and warp: the face centre (mean of eye and mouth corners, as Zhang et al. take it for MPIIFaceGaze; "
+            "ETH-XGaze's release takes the nostrils in place of the mouth), the rotation `R` whose forward axis "
+            "points at it and whose "
             "x-axis follows the head, the scaling to 600 mm, the normalized camera (focal length 960, 224×224) and "
             "the warp `W = K_n S R K⁻¹` from photo pixels to crop pixels.",
             "- `gaze_normalized`: the model's output on the crop; `gaze_camera`: the same direction in the camera "

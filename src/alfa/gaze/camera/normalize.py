@@ -72,7 +72,8 @@ FACE_MODEL_MM = np.array(
     dtype=np.float64,
 )
 EYE_DISTANCE_MM = 63.0
-# The face centre is the mean of the eye corners and the mouth corners (ETH-XGaze's choice); each eye centre
+# The face centre is the mean of the eye corners and the mouth corners (Zhang et al. 2018's choice for MPIIFaceGaze;
+# ETH-XGaze's release averages the eye corners with the nostrils, which these four landmarks lack); each eye centre
 # stands for its eye's two corners, so the eyes weigh twice.
 FACE_CENTRE_WEIGHTS = np.array([2.0, 2.0, 1.0, 1.0]) / 6.0
 

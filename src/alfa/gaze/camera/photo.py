@@ -257,6 +257,8 @@ def _normalize_face(image: np.ndarray, detection: FaceDetection, camera: Camera,
 
 
 def _add_gaze(face: FaceResult, yaw_pitch: np.ndarray, options: PhotoOptions) -> None:
+    if not np.isfinite(yaw_pitch).all():  # else NaN screen points, and a JSON answer no reader accepts
+        raise ValueError(f"the model's gaze for this face is not finite ({yaw_pitch.tolist()}): check the checkpoint")
     normalization = face.normalization
     gaze_normalized = angles_to_gaze_vector(yaw_pitch)
     gaze_camera = normalization.to_camera(gaze_normalized)
@@ -281,12 +283,19 @@ def answer_photo(data: bytes, predictor: Predictor, options: PhotoOptions | None
     return answer
 
 
-def calibration_gaze(photo: str | os.PathLike, predictor: Predictor, camera: Camera | None = None) -> np.ndarray:
+def calibration_gaze(
+    photo: str | os.PathLike,
+    predictor: Predictor,
+    camera: Camera | None = None,
+    config: NormalizationConfig | None = None,
+) -> np.ndarray:
     """The camera-frame gaze (yaw, pitch; degrees, as printed) of the one face of a calibration photo: the number
-    a person would copy from ``alfa predict --json`` into a screen-fit file's ``gaze_deg``."""
+    a person would copy from ``alfa predict --json`` into a screen-fit file's ``gaze_deg``. ``config``: the
+    normalized camera, the one the photos the fit serves are read with (default: :class:`NormalizationConfig`)."""
     rgb, notes = read_photo(photo)
+    options = PhotoOptions(camera=camera, faces="one", config=config or NormalizationConfig())
     try:
-        answer, _ = analyse_photo(rgb, predictor, PhotoOptions(camera=camera, faces="one"), notes)
+        answer, _ = analyse_photo(rgb, predictor, options, notes)
     except SeveralFaces as e:
         raise ValueError(f"{e}: a calibration photo must show only the person looking at the point") from None
     gaze = answer["faces"][0]["gaze_camera"]
@@ -481,7 +490,7 @@ def fit_screen(points: Any, options: PhotoOptions, predictor: Predictor) -> dict
     """Fit the screen from ``points`` (a :class:`~alfa.gaze.camera.screen.CalibrationPoints`), each point's photo
     read by ``predictor`` with ``options``' camera as every photo is, and set the fit in ``options``; its printable
     summary, with the photos read."""
-    options.screen_fit = points.fit(lambda photo: calibration_gaze(photo, predictor, options.camera))
+    options.screen_fit = points.fit(lambda photo: calibration_gaze(photo, predictor, options.camera, options.config))
     summary = {"file": points.source, **options.screen_fit.summary()}
     for point, photo in zip(summary["points"], points.photos):
         if photo is not None:

@@ -68,6 +68,12 @@ class Screen:
         """Where the ray from ``origin_mm`` along the camera-frame direction ``gaze`` meets the screen's plane:
         ``{"x_px", "y_px", "x_mm", "y_mm", "on_screen"}``, or ``{"error": ...}`` for a ray that never meets it."""
         normal = self.rotation[:, 2]
+        if float(normal @ (origin_mm - self.top_left_mm)) >= 0:
+            # a rotation whose x × y points at the person reads the screen from behind: left and right swapped
+            return {
+                "error": "the face is behind the screen as its rotation places it (its x axis runs left to right "
+                "and its y axis top to bottom as the person sees the screen, so x × y points away from the person)"
+            }
         facing = float(normal @ gaze)
         if abs(facing) < 1e-9:
             return {"error": "the gaze runs parallel to the screen"}
@@ -160,6 +166,15 @@ def fit_screen(gaze_deg: np.ndarray, screen_px: np.ndarray, degree: int = 1) -> 
         raise ValueError(f"a degree-{degree} fit needs at least {terms.shape[1]} points, got {len(gaze_deg)}")
     if np.linalg.matrix_rank(terms) < terms.shape[1]:
         raise ValueError("the calibration gazes do not determine the fit (they lie on a line or repeat)")
+    if np.linalg.matrix_rank(_terms(screen_px, degree)) < terms.shape[1]:
+        # a model's gazes are never exactly on a line, so the check above passes where the targets are: the fit
+        # then follows the gazes' noise in the direction the targets do not span (a 3×2 grid at degree 2 put the
+        # screen's centre a median 164 px off)
+        shape = "on one line" if degree == 1 else "on one conic (two lines of points, say)"
+        raise ValueError(
+            f"the calibration points do not determine a degree-{degree} fit: their screen positions lie {shape}; "
+            "spread them over the screen (a 3×3 grid serves either degree)"
+        )
     coefficients, *_ = np.linalg.lstsq(terms, screen_px, rcond=None)
     rms = float(np.sqrt(np.mean(np.sum((terms @ coefficients - screen_px) ** 2, 1))))
     return ScreenFit(degree, coefficients, rms, _leave_one_out(terms, screen_px), gaze_deg, screen_px)
