@@ -267,8 +267,8 @@ def fit_affine(pred: Tensor, gaze: Tensor, ridge: float, offset_prior: float = 0
     the intercept at ``ŷ = 0`` keeps the gain from carrying the offset past its prior.
 
     With no more images than outputs (k ≤ 2 for yaw and pitch) the gain is ``A = I``: the plain offset, as the
-    method promises. Two images fix a gain along the line through their predictions alone, which the ridge shrank
-    but did not remove (two images 0.2 apart whose labels were 0.4 apart gave a gain of 1.17 along that line)."""
+    method promises. Two images fix a gain along the line through their predictions alone, which the ridge would
+    shrink but not remove (two images 0.2 apart whose labels are 0.4 apart would get a gain of 1.17 along it)."""
     pred, gaze = pred.double(), gaze.double()
     mp, mg = pred.mean(0), gaze.mean(0)
     p, r = pred - mp, (gaze - mg) - (pred - mp)

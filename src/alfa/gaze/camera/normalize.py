@@ -251,7 +251,7 @@ def estimate_head_pose(landmarks: np.ndarray, camera: Camera) -> HeadPose:
     place can settle in the wrong one. So the fit is refined from two starts, a face that looks into the camera
     at the distance its eye spacing implies (ETH-XGaze too refines from an initial pose) and the global
     solution of SQPnP, and keeps the one that reprojects the landmarks best (the first on a tie). From the
-    frontal start alone, a head tilted up 30° came out tilted down 6°, with exact landmarks."""
+    frontal start alone, a head tilted up 30° comes out tilted down 6°, even with exact landmarks."""
     import cv2
 
     points = np.asarray(landmarks, dtype=np.float64).reshape(4, 2)

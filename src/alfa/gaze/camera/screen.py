@@ -168,7 +168,7 @@ def fit_screen(gaze_deg: np.ndarray, screen_px: np.ndarray, degree: int = 1) -> 
         raise ValueError("the calibration gazes do not determine the fit (they lie on a line or repeat)")
     if np.linalg.matrix_rank(_terms(screen_px, degree)) < terms.shape[1]:
         # a model's gazes are never exactly on a line, so the check above passes where the targets are: the fit
-        # then follows the gazes' noise in the direction the targets do not span (a 3×2 grid at degree 2 put the
+        # then follows the gazes' noise in the direction the targets do not span (a 3×2 grid at degree 2 puts the
         # screen's centre a median 164 px off)
         shape = "on one line" if degree == 1 else "on one conic (two lines of points, say)"
         raise ValueError(

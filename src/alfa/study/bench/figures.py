@@ -215,7 +215,7 @@ def plot_update_maps(tensors: Mapping[str, Tensor], meta: dict[str, Any], path: 
                 ax.axis("off")
                 continue
             # each person on a scale of its own: one person's update can be ten times another's (the titles give
-            # the sizes), and a shared scale painted the smaller ones black
+            # the sizes), and a shared scale paints the smaller ones black
             im = ax.imshow(maps[c].numpy(), cmap="magma", vmin=0.0, aspect="auto", interpolation="nearest")
             ax.set_title(f"{method}, {persons[method][c]}: ‖ΔW‖_F = {float(deltas[c].norm()):.3g}", fontsize=8)
             ax.set_xlabel("input channel", fontsize=7)

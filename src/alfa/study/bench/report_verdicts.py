@@ -233,7 +233,7 @@ def _range(values: Sequence[float], digits: int, unit: str) -> str:
 
 def _gap_text(d: Diff) -> str:
     """``"0.80° [0.31, 1.29]"``, marked *one seed* where it is one seed's interval (over persons). Unsigned: the
-    sentence says the direction ("below … by"), and "below by +1.19°" read as a rise."""
+    sentence says the direction ("below … by"), and "below by +1.19°" would read as a rise."""
     return f"{d.mean:.2f}° {d.interval_text()}" + (" (one seed)" if d.n == 1 and d.interval is not None else "")
 
 

@@ -73,7 +73,7 @@ def plot_gaze_probes(
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     # one legend below both panels (the right one's series are some of the left one's), its handles long enough
-    # to show a dash: a short handle with a marker on it drew the ViT's dashed lines as solid ones
+    # to show a dash: a short handle with a marker on it draws the ViT's dashed lines as solid ones
     handles, labels = ax_rate.get_legend_handles_labels()
     rows = 0
     if handles:

@@ -77,7 +77,7 @@ LIMITS_TEXT = """\
 - **One adaptation set, one grid.** One set of 1,000 problems seen once, two rates a method, three seeds. The intervals
   over seeds have 2 degrees of freedom and are wide; the intervals over problems treat the test problems as the
   sample and the seeds as averaged out. An exact-match share's interval over problems is Wilson's, for every
-  method: a t-interval over problems ran below 0 % and collapsed to a point where no seed solved any problem.
+  method: a t-interval over problems can run below 0 % and collapses to a point where no seed solves any problem.
   The differences between methods keep their t-intervals (a difference may be negative).
 - **Time and memory.** Step times are medians on one core of a machine shared with other jobs, the methods
   timed in turn so that the machine's load falls on all alike: their ratios are the meaningful part, and even
@@ -123,8 +123,8 @@ def _match_interval(per_problem: Sequence[float]) -> Interval:
     """An exact-match share over problems (each problem's value the share of seeds that solved it) with Wilson's
     95 % score interval on the number of problems, for every method alike. The values lie in [0, 1], so their
     variance is at most p(1 − p) at mean p, the variance of 0/1 answers that Wilson's interval assumes: it is
-    right for 0/1 values and wide enough otherwise. A t-interval over the problems ran below 0 % and collapsed to
-    a point where no problem was solved."""
+    right for 0/1 values and wide enough otherwise. A t-interval over the problems can run below 0 % and
+    collapses to a point where no problem is solved."""
     x = np.asarray(per_problem, dtype=float)
     share = float(x.mean())
     low, high = _wilson(share, int(x.size))
