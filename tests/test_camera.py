@@ -120,6 +120,22 @@ def test_the_head_pose_fit_finds_heads_tilted_up_and_down_from_exact_landmarks(y
         assert np.sign(normalized) == np.sign(normalization_of(truth, CAMERA).head_angles(truth)["pitch_deg"])
 
 
+def test_a_small_face_is_fitted_and_non_finite_landmarks_are_one_clear_error():
+    """SQPnP asserts (cv2.error, not a failed fit) on landmarks close together: a face 10 px between the eyes
+    under a 3000 px focal length ended a video's reading and printed OpenCV's assertion to a user."""
+    intrinsics = np.array([[3000.0, 0.0, 2000.0], [0.0, 3000.0, 1500.0], [0.0, 0.0, 1.0]])
+    far = Camera(intrinsics, np.zeros(0), (4000, 3000), "t")
+    pose = HeadPose(_facing(10.0, 5.0), np.array([0.0, 0.0, 3000.0 * 63.0 / 10.0]))
+    rvec, _ = cv2.Rodrigues(pose.rotation)
+    points, _ = cv2.projectPoints(FACE_MODEL_MM, rvec, pose.translation_mm, far.matrix, None)
+    fitted = estimate_head_pose(points.reshape(4, 2), far)  # rough at this size, but a pose
+    assert fitted.translation_mm[2] > 0 and np.isfinite(fitted.rotation).all()
+    landmarks = _landmarks(HeadPose(_facing(0.0, 0.0), np.array([0.0, 0.0, 600.0])))
+    landmarks[2, 0] = np.nan
+    with pytest.raises(RuntimeError, match="the head pose fit failed on these landmarks"):
+        estimate_head_pose(landmarks, CAMERA)
+
+
 def test_known_scene_gives_the_known_normalized_gaze():
     truth = _scene_pose()
     gaze_camera = TARGET - FACE_CENTRE_WEIGHTS @ truth.points_mm

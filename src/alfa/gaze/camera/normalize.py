@@ -262,7 +262,12 @@ def estimate_head_pose(landmarks: np.ndarray, camera: Camera) -> HeadPose:
     middle = (points[0] + points[1]) / 2.0
     frontal = depth * (np.linalg.inv(camera.matrix) @ np.array([middle[0], middle[1], 1.0]))
     starts = [(np.zeros((3, 1)), frontal.reshape(3, 1))]
-    found, rvec, tvec = cv2.solvePnP(FACE_MODEL_MM, points, camera.matrix, camera.distortion, flags=cv2.SOLVEPNP_SQPNP)
+    try:  # SQPnP asserts (cv2.error) on landmarks too close together for it, as a small face's are
+        found, rvec, tvec = cv2.solvePnP(
+            FACE_MODEL_MM, points, camera.matrix, camera.distortion, flags=cv2.SOLVEPNP_SQPNP
+        )
+    except cv2.error:
+        found = False
     if found:
         starts.append((rvec, tvec))
     fits = []

@@ -157,7 +157,8 @@ MAX_SCREEN_PX = 100_000
 
 def fit_screen(gaze_deg: np.ndarray, screen_px: np.ndarray, degree: int = 1) -> ScreenFit:
     """Fit ``screen_px`` ``(k, 2)`` from ``gaze_deg`` ``(k, 2)`` (yaw, pitch): affine (``degree`` 1) or
-    quadratic (2). Refuses too few points and points that leave the fit undetermined (all on one line)."""
+    quadratic (2). Refuses too few points, and points that leave the fit undetermined: gazes that repeat or lie on
+    one line, and screen positions on one line (degree 1) or one conic (degree 2)."""
     if degree not in (1, 2):
         raise ValueError(f"degree must be 1 (affine) or 2 (quadratic), got {degree}")
     gaze_deg, screen_px = np.asarray(gaze_deg, np.float64), np.asarray(screen_px, np.float64)

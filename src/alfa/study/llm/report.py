@@ -126,6 +126,8 @@ def _match_interval(per_problem: Sequence[float]) -> Interval:
     right for 0/1 values and wide enough otherwise. A t-interval over the problems can run below 0 % and
     collapses to a point where no problem is solved."""
     x = np.asarray(per_problem, dtype=float)
+    if x.size == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
     share = float(x.mean())
     low, high = _wilson(share, int(x.size))
     return Interval(share, low, high, int(x.size))
