@@ -277,10 +277,10 @@ def estimate_head_pose(landmarks: np.ndarray, camera: Camera) -> HeadPose:
         )
         if ok and np.isfinite(rvec).all() and np.isfinite(tvec).all() and tvec[2, 0] > 0:
             projected, _ = cv2.projectPoints(FACE_MODEL_MM, rvec, tvec, camera.matrix, camera.distortion)
-            fits.append((float(np.linalg.norm(projected.reshape(4, 2) - points, axis=1).mean()), len(fits), rvec, tvec))
+            fits.append((float(np.linalg.norm(projected.reshape(4, 2) - points, axis=1).mean()), rvec, tvec))
     if not fits:
         raise RuntimeError("the head pose fit failed on these landmarks")
-    _, _, rvec, tvec = min(fits, key=lambda fit: fit[:2])
+    _, rvec, tvec = min(fits, key=lambda fit: fit[0])  # min keeps the first of equal errors: the frontal start
     rotation, _ = cv2.Rodrigues(rvec)
     return HeadPose(rotation, tvec.reshape(3))
 
