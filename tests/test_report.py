@@ -410,6 +410,13 @@ def test_the_pooled_sentence_sorts_every_row_against_source_only():
         "Pooled over the 2 pairs, Table 1's 2 other rows and diagonal gate against source-only — clearly below it: "
         f"LoRA {lora.compact()}, Alfa {alfa.compact()}; intervals containing zero: diagonal gate {gate.compact()}."
     ) in lines
+    # the count names only the rows it holds: one of Table 1's is singular; none of Table 1's is not "0 other rows"
+    from alfa.study.bench.flip_report import _pooled_lines
+
+    (one,) = _pooled_lines(idx, ["lora", "diag_gate"], ["source-only", "lora"])
+    assert one.startswith("Pooled over the 2 pairs, Table 1's 1 other row and diagonal gate against source-only — ")
+    (mix,) = _pooled_lines(idx, ["diag_gate"], ["source-only"])
+    assert mix.startswith("Pooled over the 2 pairs, diagonal gate against source-only — ")
     # a row not called clear (descriptive, or not clear after Holm) whose own interval is far from zero says so
     from dataclasses import replace
 
@@ -457,7 +464,8 @@ def test_a_second_protocol_page_judges_only_its_declared_family():
     text = render_report(results)
     assert "**The family was declared before the runs**" in text and "11 comparisons" in text
     assert "11 declared comparison(s) could not be made" in text  # the fixture has no positive control
-    assert not re.search(r"after Holm over \d+ comparisons", text) and "(0 called clear" in text
+    assert not re.search(r"after Holm over \d+ comparisons", text) and "descriptive: not in the declared family" in text
+    assert not re.search(r"\d called clear", text)  # nothing was judged, so no count of verdicts reads as one
     assert re.search(r"page's (\d+) other comparisons are \*descriptive\*", text)
     # its sanity section says how far its own records meet the calibration (no target-trained rows: failing)
     sanity = text.split("## Sanity: domain gap and headroom")[1].split("\n## ")[0]
@@ -522,7 +530,13 @@ def test_the_sanity_table_shows_each_error_with_its_interval_not_its_std():
     row = next(line for line in text.splitlines() if line.startswith("| E→M | 3.00"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:5] == ["3.00 [3.00, 3.00]", "—", "10.00 [7.52, 12.48]", "2.50 [1.26, 3.74]"]
-    assert "Each error: the mean over seeds with its 95 % interval" in text
+    assert "Each error: the mean over the row's own seeds (named in the cell where they are not the page's)" in text
+    # a row on fewer seeds names them, and so does each gap made on the seeds both rows have
+    fewer = dict(MEANS)
+    fewer[("in-domain", "E→M")] = (3.0, 4.0)
+    row = next(line for line in render_report(fixture_results(fewer)).splitlines() if line.startswith("| E→M | 3.50"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "3.50 [−2.85, 9.85] (seeds 0–1)" and cells[5].endswith("(seeds 0–1)")
     one = fixture_results({k: v[:1] for k, v in MEANS.items()})
     # one seed: the interval over that record's persons (three, at the mean and ∓ 1°: 4.30 · 1 / √3 = 2.48)
     assert (
@@ -647,7 +661,8 @@ def test_a_missing_domain_gap_from_the_gaze360_like_source_says_the_real_data_ha
         ("in-domain", "G→M"): (8.0, 8.0, 8.0),
     }
     text = " ".join(sanity_verdicts(index_records(fixture_results(means)["records"])))
-    assert "NO domain gap in the means on E→M, G→M." in text
+    # each pair without a gap in the means says its difference with its interval
+    assert "NO domain gap in the means on E→M (−2.00 [−4.52, 0.52]), G→M (−1.00 [−1.00, −1.00] clear)." in text
     assert "On G→M the real data have none either: a model trained on Gaze360 (what G stands for)" in text
     assert "On E→M the real data" not in text
 

@@ -13,7 +13,7 @@ from test_report import MEANS, fixture_results, shifted
 from alfa.study.bench import methods
 from alfa.study.bench.calibration import calibration_page
 from alfa.study.bench.flip_report import _after_lines
-from alfa.study.bench.markdown import spans
+from alfa.study.bench.markdown import clear_count, spans
 from alfa.study.bench.methods import declared_run_seeds
 from alfa.study.bench.plan import DeclaredRunProgress
 from alfa.study.bench.report_page import render_report
@@ -299,3 +299,19 @@ def test_a_cost_is_a_median_over_records_with_a_distribution_free_interval_from_
     from alfa.study.timing import median_cell
 
     assert median_cell([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 4.0, 1, recorded=True) == "4.0 [1.0, 6.0]"
+
+
+def test_a_count_of_clear_comparisons_says_why_none_can_be_where_none_was_judged():
+    from alfa.study.bench.stats import Diff
+
+    def d(mean: float, seeds: int = 3, declared: bool = True, adjusted: float | None = 0.001) -> Diff:
+        per_seed = {s: mean for s in range(seeds)}
+        return Diff(
+            "a", "b", ("E→M",), "error", per_seed, 0.1, seeds - 1, "seeds drawn", 0, 0, 5, adjusted, 11, declared
+        )
+
+    assert clear_count([d(-1.0), d(-1.0, adjusted=0.5)]) == "1 called clear"
+    assert clear_count([d(-1.0), d(-1.0, declared=False)]) == "1 called clear of the 1 judged"
+    assert clear_count([d(-1.0, declared=False), d(1.0, declared=False)]) == "descriptive: not in the declared family"
+    assert clear_count([d(-1.0, seeds=1), d(1.0, seeds=1, declared=False)]) == "not judged: one seed"
+    assert clear_count([]) == "0 called clear"

@@ -152,6 +152,15 @@ def test_a_page_without_calibration_records_says_so():
     assert "**Records:** 0 of the 2952" in text and text.rstrip().endswith("No user-calibration record yet.")
 
 
+def test_the_header_says_what_the_intervals_draw_in_the_results_design():
+    results = _results()
+    results["config"]["target_draw"] = "per_seed"
+    nested = user_calibration_page(results, "d", "c").split("\n\n")[1]
+    assert "draws the seeds, each with its own persons" in nested and "draws persons and seeds" not in nested
+    results["config"]["target_draw"] = "fixed"
+    assert "draws persons and seeds (the same persons in every seed)" in user_calibration_page(results, "d", "c")
+
+
 def test_every_row_of_a_pair_is_read_on_the_seeds_with_calibration_records():
     results = _results()
     drop = {"E→D": 2}  # seed 2 has no calibration record on E→D: its source-only and oracle are left out there

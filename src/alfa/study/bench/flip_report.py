@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import report_prose as prose
-from .markdown import degrees_detected, seeds_note, seeds_words, span
+from .markdown import clear_count, degrees_detected, seeds_note, seeds_words, span
 from .markdown import table as _table
 from .methods import CONSTRUCTED_CONTROLS, FIRST_SEEDS, POSITIVE_CONTROLS, SELECTION_RULE
 from .names import DEFAULT
@@ -351,11 +351,12 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
         worse = [(loss, err) for loss, err in lower_loss if err.mean > 0]
         text = (
             f"With the paper's recipe, of the {len(compared)} rows compared, the pooled flip loss ends below "
-            f"source-only's for {len(lower_loss)} ({sum(loss.clear for loss, _ in lower_loss)} called clear), and "
-            f"the error ends above source-only's for {len(worse)} of them "
-            f"({sum(err.clear for _, err in worse)} called clear"
+            f"source-only's for {len(lower_loss)} ({clear_count([loss for loss, _ in lower_loss])}), and "
+            f"the error ends above source-only's for {len(worse)} of them"
         )
-        text += f": {', '.join(_name(err.a) for _, err in worse)})" if worse else ")"
+        if worse:
+            names = ", ".join(_name(err.a) for _, err in worse)
+            text += f" ({names}; {clear_count([err for _, err in worse])})"
         lines.append(text + ": a lower flip loss is no evidence of a lower error (intervals: § After personalization).")
     return lines
 
@@ -393,7 +394,9 @@ def _pooled_lines(idx: Index, rows: Sequence[str], table1: Sequence[str]) -> lis
     parts = [f"{words[g]}: {', '.join(v)}" for g, v in groups.items() if v]
     # the sentences near it count Table 1's rows alone: say which rows this count holds beside them
     extra = [_name(m) for m in counted if m not in table1]
-    held = f"Table 1's {len(counted) - len(extra)} other rows" + (f" and {', '.join(extra)}" if extra else "")
+    own = len(counted) - len(extra)
+    named = [f"Table 1's {own} other row" + ("s" if own != 1 else "")] if own else []
+    held = " and ".join(named + ([", ".join(extra)] if extra else []))
     return [f"Pooled over the {len(pairs)} pairs, {held} against source-only — " + "; ".join(parts) + "."]
 
 

@@ -4,8 +4,22 @@ flip-premise sections both write them)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["table", "number", "degrees_detected", "span", "spans", "usual_seeds", "seeds_words", "seeds_note"]
+if TYPE_CHECKING:
+    from .stats import Diff
+
+__all__ = [
+    "table",
+    "number",
+    "degrees_detected",
+    "span",
+    "spans",
+    "usual_seeds",
+    "seeds_words",
+    "seeds_note",
+    "clear_count",
+]
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
@@ -70,3 +84,21 @@ def seeds_note(seeds: Iterable[int], every: Iterable[int] = ()) -> str:
     """:func:`seeds_words` in brackets after a number (``" (seeds 3–7)"``), or ``""``."""
     words = seeds_words(seeds, every)
     return f" ({words})" if words else ""
+
+
+def clear_count(diffs: Sequence[Diff]) -> str:
+    """How many of ``diffs`` are called clear, for a sentence that counts them: ``"2 called clear"`` where they are
+    all judged, ``"1 called clear of the 3 judged"`` where only some are, and otherwise why none can be (one
+    seed; outside the page's declared family), so that "0 called clear" never describes comparisons that were
+    never judged."""
+    judged = sum(d.judged for d in diffs)
+    clear = f"{sum(d.clear for d in diffs)} called clear"
+    if judged == len(diffs):
+        return clear
+    if judged:
+        return f"{clear} of the {judged} judged"
+    if all(d.n == 1 for d in diffs):
+        return "not judged: one seed"
+    if not any(d.declared for d in diffs):
+        return "descriptive: not in the declared family"
+    return "not judged"

@@ -15,6 +15,7 @@ version of the results file, are :mod:`alfa.study.bench.schema`'s.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,8 +140,7 @@ def _type_problem(annotation: str, value: Any) -> str | None:
     """Why ``value`` (read from JSON) does not fit the field's ``annotation`` (``"dict[str, float] | None"``), or
     ``None`` where it fits: its outer type, and a per-person mapping's values (numbers or null), so that a damaged
     file is refused by name when read, not with a traceback halfway through a page."""
-    kinds = [part.strip().split("[")[0] for part in annotation.split("|")]
-    allowed = tuple(t for k in kinds for t in _JSON_TYPES.get(k, (object,)))
+    kinds, allowed = _json_types(annotation)
     if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
         return f"must be {' or '.join(kinds)}, not {type(value).__name__}"
     if isinstance(value, dict) and annotation.startswith("dict[str, float]"):
@@ -150,6 +150,14 @@ def _type_problem(annotation: str, value: Any) -> str | None:
         if odd:
             return f"must map to numbers (or null), not at {odd[0]!r}"
     return None
+
+
+@functools.cache
+def _json_types(annotation: str) -> tuple[list[str], tuple[type, ...]]:
+    """The outer kinds an annotation names and the JSON types they allow (read once per field: a page reads
+    thousands of records)."""
+    kinds = [part.strip().split("[")[0] for part in annotation.split("|")]
+    return kinds, tuple(t for k in kinds for t in _JSON_TYPES.get(k, (object,)))
 
 
 def as_records(records: Iterable[Record | Mapping[str, Any]]) -> list[Record]:

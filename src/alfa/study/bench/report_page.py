@@ -605,9 +605,12 @@ def render_report(
     # a constructed control is never pooled with the pairs or judged in the family (its own section indexes it)
     idx = index_records([r for r in records if r.pair not in CONSTRUCTED_CONTROLS], family)
 
+    # the sections read the records parsed once (a page reads them in several places)
+    parsed = {**results, "records": records}
+
     def text() -> str:
         report = _Report(
-            results,
+            parsed,
             figures or {},
             figure_data,
             md_dir,

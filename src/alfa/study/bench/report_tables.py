@@ -99,7 +99,7 @@ def _median(values: Iterable[float | None]) -> float | None:
 
 def records_of(idx: Index, method: str) -> list[Record]:
     """Every record of the row ``method``, in (pair, seed) order."""
-    return [r for (m, _, _), r in sorted(idx.items()) if m == method]
+    return idx.records(method)
 
 
 def table1_rows(idx: Index) -> list[str]:
@@ -292,7 +292,13 @@ def parts_table(idx: Index, methods: Sequence[str]) -> str:
 def _gap(idx: Index, pair: str, other: str) -> str:
     """``source-only − other`` on ``pair`` with its interval (``—`` where a row is missing)."""
     d = diff(idx, "source-only", other, [pair])
-    return "—" if d is None else d.compact()
+    return "—" if d is None else d.compact() + seeds_note(d.per_seed, seeds_of(idx))
+
+
+def _level_cell(idx: Index, method: str, pair: str) -> str:
+    """``method``'s error on ``pair`` with its interval, and its seeds where they are not the page's."""
+    stat = cell(idx, method, pair)
+    return text_of(stat) + (seeds_note(stat.values, seeds_of(idx)) if stat is not None else "")
 
 
 def sanity_table(idx: Index) -> str:
@@ -303,7 +309,7 @@ def sanity_table(idx: Index) -> str:
         rows.append(
             [
                 pair,
-                *(text_of(cell(idx, m, pair)) for m in ("in-domain", "target-trained", "source-only", "oracle")),
+                *(_level_cell(idx, m, pair) for m in ("in-domain", "target-trained", "source-only", "oracle")),
                 _gap(idx, pair, "in-domain"),
                 _gap(idx, pair, "target-trained"),
                 _gap(idx, pair, "oracle"),

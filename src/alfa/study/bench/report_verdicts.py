@@ -16,7 +16,7 @@ from typing import Any
 from .ablations import REGISTRY
 from .calibration import IN_DOMAIN_CONDITION, REAL_IN_DOMAIN, REAL_SOURCE_NAMES
 from .config import split_pair
-from .markdown import seeds_note, seeds_words
+from .markdown import clear_count, seeds_note, seeds_words
 from .measures import label_spread, part, part_gap
 from .names import DEFAULT, SELECTED
 from .names import display_name as _name
@@ -74,10 +74,9 @@ def _below_source_only_sentence(idx: Index, pairs: Sequence[str], methods: Seque
     compared = [(m, d) for m, d in diffs if d is not None]
     beating = [(m, d) for m, d in compared if d.mean < 0]
     names = "; ".join(f"{_name(m)} {d.compact()}{seeds_note(d.per_seed, seeds_of(idx))}" for m, d in beating)
-    clear = sum(d.clear for _, d in beating)
     text = (
         f"Of Table 1's {len(compared)} other rows, each compared with source-only pooled over pairs, "
-        f"{len(beating)} have a lower mean error ({clear} called clear): {names or 'none'}."
+        f"{len(beating)} have a lower mean error ({clear_count([d for _, d in beating])}): {names or 'none'}."
     )
     others = [m for m, _ in compared if m not in {b for b, _ in beating}]
     if others:
@@ -146,7 +145,7 @@ def _against_source_only(idx: Index, pairs: Sequence[str], row: str) -> str:
     text = (
         f"Against its own starting point (source-only{f', on {once}' if once else ''}), the mean error of {me} is "
         f"lower on {len(lower)} of {len(per_pair)} pairs, with its 95 % interval below zero on {below} "
-        f"({sum(x.clear for _, x in per_pair if x.mean < 0)} called clear after Holm's correction)"
+        f"({_after_holm(clear_count([x for _, x in per_pair if x.mean < 0]))})"
     )
     if len(lower) < len(per_pair):
         text += f"; it does not on {', '.join(p for p, _ in per_pair if p not in lower)}"
@@ -157,6 +156,20 @@ def _against_source_only(idx: Index, pairs: Sequence[str], row: str) -> str:
         on = "" if once else _on(d, every)
         text += f". Pooled over {_pooled_over(shared, pairs)}{on}: {me} − source-only = {d.describe()}"
     return text + "."
+
+
+def _with_interval(pair: str, d: Diff | None, every: Sequence[int]) -> str:
+    """``"G→M (−0.94 [−1.69, −0.18], seeds 0–5)"``: a pair with its difference, and its seeds where they are not
+    the page's ``every``."""
+    if d is None:
+        return pair
+    words = seeds_words(d.per_seed, every)
+    return f"{pair} ({d.compact()}{f', {words}' if words else ''})"
+
+
+def _after_holm(counted: str) -> str:
+    """A :func:`~alfa.study.bench.markdown.clear_count` that counts verdicts, with the correction they are after."""
+    return f"{counted} after Holm's correction" if "called clear" in counted else counted
 
 
 def _on(d: Diff, every: Sequence[int]) -> str:
@@ -284,15 +297,13 @@ def _gap_sentence(
     none of them is in the page's declared family, so none can be clear)."""
     below = [g for g in items if g[1] > 0]
     gaps = [d for p, _, _ in below if (d := diff(idx, "source-only", method, [p])) is not None]
-    if any(d.judged for d in gaps) or not gaps:
-        counted = f"{sum(d.clear for d in gaps)} called clear"
-    else:
-        counted = "not judged: one seed" if all(d.n == 1 for d in gaps) else "descriptive: not in the declared family"
-    text = f"{subject} on {len(below)} of {len(items)} pairs ({counted})"
+    text = f"{subject} on {len(below)} of {len(items)} pairs ({clear_count(gaps)})"
     if below:
         text += f"{by}{_deg_range(idx, method, below)} ({_share_range(idx, method, below)} of the source-only error)"
     if len(below) < len(items):
-        text += f"; {missing} in the means on {', '.join(g[0] for g in items if g[1] <= 0)}"
+        # each with its interval: "no gap in the means" is a comparison too
+        none = [(p, diff(idx, "source-only", method, [p])) for p, gap, _ in items if gap <= 0]
+        text += f"; {missing} in the means on " + ", ".join(_with_interval(p, d, seeds_of(idx)) for p, d in none)
     compared = {g[0] for g in items}
     unmatched = [p for p in pairs_of(idx) if p not in compared and cell(idx, method, p) and cell(idx, "source-only", p)]
     if unmatched:  # compared on the method's own seeds only (_below_source_only)
@@ -424,8 +435,8 @@ def parts_verdicts(idx: Index, methods: Sequence[str]) -> list[str]:
         led = [(m, g) for m, g in gaps if g is not None and g.mean > 0]
         text = (
             f"Of the yaw-and-pitch table's {len(compared)} rows compared with source-only, {len(worse)} end above it "
-            f"({sum(d.clear for _, d in worse)} called clear); for {len(led)} of those the pitch error grew more than "
-            f"the yaw error ({sum(g.clear for _, g in led)} called clear)"
+            f"({clear_count([d for _, d in worse])}); for {len(led)} of those the pitch error grew more than "
+            f"the yaw error ({clear_count([g for _, g in led])})"
         )
         if led:
             text += "; change of pitch error − change of yaw error: " + "; ".join(

@@ -541,6 +541,20 @@ class Index(dict[tuple[str, str, int], Record]):
                 self._rows.setdefault((m, p), {})[s] = r
         return self._rows.get((method, pair), {})
 
+    def records(self, method: str) -> list[Record]:
+        """Every record of the row ``method``, in (pair, seed) order (grouped once, like :meth:`row`)."""
+        if not hasattr(self, "_by_method"):
+            self._by_method: dict[str, list[Record]] = {}
+            for (m, _, _), r in sorted(self.items(), key=lambda kv: kv[0]):
+                self._by_method.setdefault(m, []).append(r)
+        return list(self._by_method.get(method, []))
+
+    def seeds(self) -> list[int]:
+        """Every seed the records have, sorted (once: a page asks for them for every sentence)."""
+        if not hasattr(self, "_seeds"):
+            self._seeds = sorted({s for (_, _, s) in self})
+        return list(self._seeds)
+
 
 def design_of(results: Mapping[str, Any]) -> str:
     """How the results' persons meet their seeds: ``config.target_draw`` (``fixed`` when absent) ->
@@ -571,7 +585,7 @@ def pairs_of(idx: Index) -> list[str]:
 
 
 def seeds_of(idx: Index) -> list[int]:
-    return sorted({s for (_, _, s) in idx})
+    return idx.seeds() if isinstance(idx, Index) else sorted({s for (_, _, s) in idx})
 
 
 def cell(idx: Index, method: str, pair: str) -> Stat | None:

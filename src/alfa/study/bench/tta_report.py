@@ -38,7 +38,7 @@ LABEL_FREE_BASELINES = ("ruda", DISTILL_OBJECTIVE, "pnpga")
 
 
 def _records(idx: Index, method: str) -> list[Record]:
-    return [r for (m, _, _), r in sorted(idx.items()) if m == method]
+    return idx.records(method)
 
 
 def passes(records: Sequence[Record], label: str) -> str:
