@@ -121,6 +121,19 @@ def _refuse_another_report(page: Path, out: Path) -> None:
         )
 
 
+def _refuse_unasked_figures(page: str, figures: str | None, elsewhere: str) -> None:
+    """A page's figures never replace files it does not show (another page's, a person's) unless --replace."""
+    from alfa.study.bench.report_figures import unasked_figures
+
+    found = unasked_figures(page, figures)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise ValueError(
+            f"{found[0]} exists and is not a figure of {page}, whose figures would replace it{more}; {elsewhere}, "
+            "or add --replace to overwrite"
+        )
+
+
 def _bench(args: argparse.Namespace) -> None:
     from alfa.gaze.devices import resolve_device
     from alfa.study.bench.runner import run_bench
@@ -131,6 +144,7 @@ def _bench(args: argparse.Namespace) -> None:
     out = Path(args.out or PRESETS[preset])
     if args.report and not args.replace:
         _refuse_another_report(Path(args.report), out)
+        _refuse_unasked_figures(args.report, None, "name another --report")
     device = resolve_device(args.device)
     summary = run_bench(
         config,
@@ -168,6 +182,8 @@ def _report(args: argparse.Namespace) -> None:
     from alfa.study.bench.results import export_results
 
     results, command = args.results, _command_line()
+    if not args.replace:
+        _refuse_unasked_figures(args.out, args.figures, "name another --figures folder")
     if args.data_to:  # keep the data with the page, then make the page from the kept copy
         results = export_results(args.results, args.data_to, keep_kept=True)
         command = f"alfa report --results {args.data_to} --out {args.out}"

@@ -51,7 +51,7 @@ from .data.registry import DatasetSpec
 from .demo_scoring import COLUMNS, RECIPE_COLUMNS, DemoImages, calibrate_and_score, calibration_column, score_target
 from .evaluate import EvaluationReport
 from .personalize import PersonalizeConfig, PersonalizedTarget, personalize_and_score
-from .train import TrainConfig, TruncateConfig, train_source, truncate_and_recover
+from .train import TrainConfig, TruncateConfig, input_size, train_source, truncate_and_recover
 
 __all__ = [
     "SourceSpec",
@@ -434,6 +434,18 @@ def demo_configs(**overrides: Any) -> list[DemoConfig]:
     return [dataclasses.replace(c, **overrides) for c in (base, studio)]
 
 
+def _check_sizes(source: GazeDataset, others: dict[str | None, GazeDataset | None]) -> None:
+    """Refuse, before any training, data of another image size than the source model trains on (a ResNet runs on
+    any size and silently gives much worse predictions)."""
+    trained = input_size(source)
+    for spec, data in others.items():
+        if data is not None and (here := input_size(data)) != trained:
+            raise ValueError(
+                f"{spec}: {here[0]}×{here[1]} images, the demo's source model trains on {trained[0]}×{trained[1]}; "
+                "use data of that size (a synthetic world takes ?size=N)"
+            )
+
+
 def run_demo(
     config: DemoConfig | None = None,
     *,
@@ -449,14 +461,15 @@ def run_demo(
     config = config or DemoConfig()
     t_start = time.time()
     out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
 
     t0 = time.time()
     source = open_data(config.source)
     val = open_data(config.val_source) if config.val_source else None
     targets = {spec: open_data(spec) for spec in config.targets}
+    _check_sizes(source, {config.val_source: val, **targets})
     seconds["data"] = time.time() - t0
+    out.mkdir(parents=True, exist_ok=True)
     if progress:
         sizes = ", ".join(
             f"{d.name} {len(d)} images / {len(d.persons())} persons" for d in [source, val, *targets.values()] if d

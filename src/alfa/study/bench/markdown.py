@@ -4,10 +4,7 @@ flip-premise sections both write them)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .stats import Diff
+from typing import Protocol
 
 __all__ = [
     "table",
@@ -86,7 +83,23 @@ def seeds_note(seeds: Iterable[int], every: Iterable[int] = ()) -> str:
     return f" ({words})" if words else ""
 
 
-def clear_count(diffs: Sequence[Diff]) -> str:
+class Judged(Protocol):
+    """What :func:`clear_count` reads of a difference (:class:`~alfa.study.bench.stats.Diff`, which this module,
+    below the statistics, does not import)."""
+
+    @property
+    def judged(self) -> bool: ...
+
+    @property
+    def clear(self) -> bool: ...
+
+    @property
+    def n(self) -> int: ...
+
+    declared: bool
+
+
+def clear_count(diffs: Sequence[Judged]) -> str:
     """How many of ``diffs`` are called clear, for a sentence that counts them: ``"2 called clear"`` where they are
     all judged, ``"1 called clear of the 3 judged"`` where only some are, and otherwise why none can be (one
     seed; outside the page's declared family), so that "0 called clear" never describes comparisons that were

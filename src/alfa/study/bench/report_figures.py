@@ -5,10 +5,13 @@ numerical ranks.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..plotted import plotted_path
 from . import figures as F
 from . import report_prose as prose
 from .ablations import REGISTRY, family_of
@@ -16,7 +19,35 @@ from .names import display_name as _name
 from .results import FIGURE_DIR, RANK_SLICES_FILE, UPDATES_FILE
 from .stats import Index, Stat, index_records, pairs_of, pooled, seeds_of
 
-__all__ = ["ablation_curves", "render_figures", "update_rank_lines"]
+__all__ = ["ablation_curves", "render_figures", "update_rank_lines", "default_figure_dir", "unasked_figures"]
+
+FIGURE_FILES = (*(f"error_vs_{name}.png" for name, a in REGISTRY.items() if a.figure is not None), "rank_slices.png")
+FIGURE_FILES += ("update_maps.png",)
+"""Every figure :func:`render_figures` can write, by file name."""
+
+
+def default_figure_dir(out_md: str | os.PathLike) -> Path:
+    """Where a page's figures go when no folder is named: ``figures/results`` beside the page."""
+    return Path(out_md).parent / "figures" / "results"
+
+
+def unasked_figures(out_md: str | os.PathLike, figure_dir: str | os.PathLike | None = None) -> list[Path]:
+    """The existing files a report written to ``out_md``, its figures in ``figure_dir``, would replace that are not
+    that page's own: each figure (and its ``.plotted.json``) that ``out_md`` does not link. Regenerating a page
+    rewrites the figures it shows; writing a new page never replaces another page's figures unasked (the default
+    folder is shared by every page of a folder)."""
+    out_md = Path(out_md)
+    folder = Path(figure_dir) if figure_dir is not None else default_figure_dir(out_md)
+    linked: set[Path] = set()
+    if out_md.is_file():
+        text = out_md.read_text(encoding="utf-8", errors="replace")
+        linked = {(out_md.parent / link).resolve() for link in re.findall(r"\]\(([^)\s]+\.png)\)", text)}
+    found = []
+    for name in FIGURE_FILES:
+        figure = folder / name
+        if figure.resolve() not in linked:
+            found += [f for f in (figure, plotted_path(figure)) if os.path.lexists(f)]
+    return found
 
 
 def _curve(

@@ -48,7 +48,7 @@ from .methods import (
 )
 from .names import display_name
 from .record import Record, as_records
-from .report_figures import ablation_curves, render_figures, update_rank_lines
+from .report_figures import ablation_curves, default_figure_dir, render_figures, update_rank_lines
 from .report_tables import (
     ablation_table,
     byte_size,
@@ -645,7 +645,7 @@ def build_report(
     results = load_results(results_path)
     results_dir = results_path if results_path.is_dir() else results_path.parent
     out_md = Path(out_md)
-    figure_dir = Path(figure_dir) if figure_dir is not None else out_md.parent / "figures" / "results"
+    figure_dir = Path(figure_dir) if figure_dir is not None else default_figure_dir(out_md)
     figures = render_figures(results, results_dir, figure_dir)
     updates = results_dir / FIGURE_DIR / UPDATES_FILE
     figure_data = F.load_figure_data(updates) if updates.is_file() else None
