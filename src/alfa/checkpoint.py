@@ -19,6 +19,7 @@ import json
 import os
 import pickle
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +196,7 @@ def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tu
         raise CheckpointError(f"{path}: damaged checkpoint header ({e})") from e
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: damaged checkpoint header (its config is not a JSON object)")
+    _check_config(path, config)
     # files written before checksums have none
     if not header_only and config.get("checksum") is not None and tensor_checksum(tensors) != config["checksum"]:
         raise CheckpointError(f"{path}: damaged tensor data (its checksum does not match the one it was saved with)")
@@ -204,6 +206,46 @@ def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tu
                 raise CheckpointError(f"{path}: {alias} is tied to {first}, which the file does not hold")
             tensors[alias] = tensors[first]
     return tensors, config
+
+
+def _count(value: Any) -> bool:
+    """A whole number of at least 1 (JSON's ``true`` is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+_CONFIG_KINDS: dict[str, tuple[Callable[[Any], bool], str, bool]] = {
+    "model": (lambda v: isinstance(v, str), "a model name", False),
+    "model_kwargs": (lambda v: isinstance(v, dict), "a JSON object", False),
+    "factorized": (
+        lambda v: isinstance(v, dict) and all(_count(r) for r in v.values()),
+        "a JSON object of layer names to ranks",
+        False,
+    ),
+    "extra": (lambda v: isinstance(v, dict), "a JSON object", False),
+    "tied": (
+        lambda v: isinstance(v, dict) and all(isinstance(n, str) for n in v.values()),
+        "a JSON object of tensor names to tensor names",
+        False,
+    ),
+    "input_size": (
+        lambda v: isinstance(v, list) and len(v) == 2 and all(_count(n) for n in v),
+        "[height, width] in pixels",
+        True,
+    ),
+    "input_scaling": (lambda v: isinstance(v, str), "a text", True),
+    "checksum": (lambda v: isinstance(v, str), "a text", True),
+}
+"""Per entry of a checkpoint's config that is read: its check, what it should be, and whether null stands for
+its absence (files from before it was recorded)."""
+
+
+def _check_config(path: Path, config: dict[str, Any]) -> None:
+    """Valid JSON of the wrong kind in a checkpoint's config is damage too: named here, with the file and the
+    entry, rather than met as a traceback where the entry is read (rebuilding the model, checking the data)."""
+    for key, (fits, what, nullable) in _CONFIG_KINDS.items():
+        if key not in config or (nullable and config[key] is None) or fits(config[key]):
+            continue
+        raise CheckpointError(f"{path}: damaged checkpoint header (its {key!r} is not {what})")
 
 
 def load_state(

@@ -385,16 +385,42 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
         }
     except (KeyError, json.JSONDecodeError) as e:
         raise AdapterFileError(f"{path}: damaged adapter header ({e})") from e
-    # valid JSON of the wrong kind is damage too, named here rather than met as a traceback where it is read
-    kinds = {"config": dict, "targets": list, "fingerprint": dict, "about": dict, "modules_to_save": list}
-    for key, kind in kinds.items():
-        if not isinstance(header[key], kind):
-            what = "object" if kind is dict else "list"
-            raise AdapterFileError(f"{path}: damaged adapter header (its {key!r} is not a JSON {what})")
-    for name, entry in header["fingerprint"].items():  # each layer's entry is read by key where it is compared
-        if not (isinstance(entry, dict) and isinstance(entry.get("shape"), list) and _is_signature(entry.get("sig"))):
-            raise AdapterFileError(f"{path}: damaged adapter header (its fingerprint of {name!r} is not a signature)")
+    _check_header_kinds(path, header)
     return header
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(n, str) for n in value)
+
+
+def _shape(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)
+
+
+def _check_header_kinds(path: Path, header: dict[str, Any]) -> None:
+    """Valid JSON of the wrong kind is damage too: named here, with the file and the entry, rather than met as a
+    traceback where it is read (comparing the base, matching the layers)."""
+
+    def damaged(what: str) -> AdapterFileError:
+        return AdapterFileError(f"{path}: damaged adapter header (its {what})")
+
+    for key, kind in {"config": dict, "targets": list, "fingerprint": dict, "about": dict}.items():
+        if not isinstance(header[key], kind):
+            raise damaged(f"{key!r} is not a JSON {'object' if kind is dict else 'list'}")
+    for key in ("targets", "modules_to_save"):
+        if not _names(header[key]):
+            raise damaged(f"{key!r} is not a JSON list of names")
+    for name, entry in header["fingerprint"].items():  # each layer's entry is read by key where it is compared
+        if not (isinstance(entry, dict) and _shape(entry.get("shape")) and _is_signature(entry.get("sig"))):
+            raise damaged(f"fingerprint of {name!r} is not a signature")
+    rest, dtypes = header["rest_fingerprint"], header["rest_dtypes"]
+    if rest is not None and not isinstance(rest, dict):
+        raise damaged("'rest_fingerprint' is not a JSON object")
+    for module, signatures in (rest or {}).items():
+        if not (isinstance(signatures, list) and all(_is_signature(s) for s in signatures)):
+            raise damaged(f"rest fingerprint of {module!r} is not a list of signatures")
+    if dtypes is not None and not (isinstance(dtypes, dict) and all(isinstance(d, str) for d in dtypes.values())):
+        raise damaged("'rest_dtypes' is not a JSON object of module names to dtypes")
 
 
 def load_adapter(
@@ -483,7 +509,7 @@ def _saved_structure(meta: dict[str, Any], path: Path) -> tuple[dict[str, int], 
                 shapes = {t: f.get_slice(t).get_shape() for t in tensors if t in names}
         except SafetensorError:
             pass  # a damaged file: the tensors' own checks say so
-    ranks = {n.removesuffix(".U"): shape[-1] for n, shape in shapes.items() if n.endswith(".U")}
+    ranks = {n.removesuffix(".U"): shape[-1] for n, shape in shapes.items() if n.endswith(".U") and shape}
     return ranks, {n.removesuffix(".weight") for n in shapes if n.endswith(".weight")}
 
 

@@ -104,6 +104,13 @@ def adaptation_count(args: argparse.Namespace) -> int:
         made_from = json.loads(record.read_text(encoding="utf-8"))["config"]["n_adapt"]
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
         raise ValueError(f"{record}: not a personalization record (alfa personalize writes one)") from None
+    if not isinstance(made_from, int) or isinstance(made_from, bool) or made_from < 1:
+        # 0 would score the very images the adapters were made from
+        found = json.dumps(made_from) if isinstance(made_from, (int, float, bool)) else type(made_from).__name__
+        raise ValueError(
+            f"{record}: damaged personalization record (its config's 'n_adapt', the adaptation images per person, "
+            f"must be a whole number of at least 1, not {found})"
+        )
     if args.n_adapt is not None and args.n_adapt != made_from:
         raise ValueError(
             f"--n-adapt {args.n_adapt}: the adapters in {args.adapters} were made from the first {made_from} "

@@ -414,7 +414,10 @@ def evaluate(
             if other_images is not None:
                 named = f"another dataset named {dataset.name!r}"
                 raise ValueError(f"it was made from the images of {named}: {other_images}")
-            seen = sorted(set(about.get("labelled", ())) & set(eval_indices(dataset, person, n_adapt)))
+            labelled = about.get("labelled", [])
+            if not (isinstance(labelled, list) and all(type(i) is int for i in labelled)):
+                raise ValueError("its record of the labelled images ('labelled') is not a list of image indices")
+            seen = sorted(set(labelled) & set(eval_indices(dataset, person, n_adapt)))
             if seen:  # a user calibration's labelled images are never scored
                 raise ValueError(f"it was calibrated on the labels of images {seen[:5]}, which would be scored")
             load_adapter(model, path)

@@ -56,6 +56,7 @@ from alfa.adapters import (
     read_adapter_metadata,
     save_adapter,
 )
+from alfa.adapters.groups import is_number
 from alfa.fileio import write_json
 
 from .augment import AugmentConfig, augment_images, build_augmentation
@@ -367,7 +368,10 @@ def _already_done(
         return None
     try:
         record = json.loads(sidecar.read_text())
-        if record.get("key") != json.loads(json.dumps(key)):
+        if not isinstance(record, dict) or record.get("key") != json.loads(json.dumps(key)):
+            return None
+        outcome = _recorded_outcome(record.get("outcome"))
+        if outcome is None:  # a sidecar of the wrong shape says nothing of the adapter: the person is redone
             return None
         if images_differ(read_adapter_metadata(adapter).get("about", {}).get("data"), dataset, person) is not None:
             return None
@@ -375,8 +379,31 @@ def _already_done(
     except (ValueError, RuntimeError, OSError, json.JSONDecodeError):
         return None
     detach(model)
-    out = record["outcome"]
-    out["status"] = "skipped"
+    return dataclasses.replace(outcome, status="skipped")
+
+
+_OUTCOME_KINDS: dict[str, tuple[type, ...]] = {
+    "person": (str,),
+    "status": (str,),
+    "adapter": (str, type(None)),
+    "losses": (list,),
+    "final_loss": (int, float, type(None)),
+    "seconds": (int, float),
+    "error": (str, type(None)),
+    "tracked": (list,),
+}
+
+
+def _recorded_outcome(out: Any) -> PersonOutcome | None:
+    """The :class:`PersonOutcome` a sidecar's ``outcome`` records, or ``None`` where it is not one (valid JSON of
+    the wrong kind: not an object, an unknown or missing entry, a number that is text)."""
+    if not isinstance(out, dict) or not {"person", "status"} <= set(out) or not set(out) <= set(_OUTCOME_KINDS):
+        return None
+    for key, value in out.items():
+        if isinstance(value, bool) or not isinstance(value, _OUTCOME_KINDS[key]):
+            return None
+    if not all(is_number(v) for v in (*out.get("losses", ()), *out.get("tracked", ()))):
+        return None
     return PersonOutcome(**out)
 
 

@@ -283,7 +283,8 @@ def _runs_lines(results: dict[str, Any], records: Sequence[Record]) -> list[str]
         torch=runs[0].get("torch"),
     )
     # the first records' commands say --standard, which names the second protocol's preset since it came
-    renamed = _worlds(results) == "v1" and any(re.search(r"(^|\s)--standard(\s|$)", r.get("command", "")) for r in runs)
+    commands = [r.get("command") or "" for r in runs]  # a library call's run has no command
+    renamed = _worlds(results) == "v1" and any(re.search(r"(^|\s)--standard(\s|$)", c) for c in commands)
     return [cost, "", summary + (" " + prose.FIRST_STANDARD_RENAMED if renamed else ""), "", runs_table(runs)]
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from alfa.adapters.groups import is_number
 from alfa.fileio import locked, write_bytes, write_json
 
 from .ablations import REGISTRY
@@ -98,6 +99,7 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
             raise ValueError(f"{path}: {key!r} must be a JSON object, not {type(data[key]).__name__}")
     if "runs" in data and not isinstance(data["runs"], list):
         raise ValueError(f"{path}: 'runs' must be a list")
+    _check_runs(path, data.get("runs", []), data.get("sources", {}))
     for i, r in enumerate(data["records"]):
         if not isinstance(r, dict):
             raise ValueError(f"{path}: record {i} is not a JSON object")
@@ -106,6 +108,43 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
         except (ValueError, TypeError) as e:
             raise ValueError(f"{path}: record {i}: {e}") from e
     return data
+
+
+_NUMBER, _TEXT = ("a number", (int, float)), ("text or null", (str, type(None)))
+_RUN_KINDS: dict[str, tuple[str, tuple[type, ...]]] = {
+    "command": _TEXT,
+    "started": _TEXT,
+    "cpu": _TEXT,
+    "torch": _TEXT,
+    "wall_s": _NUMBER,
+    "cpu_s": _NUMBER,
+    "load_average_start": _NUMBER,
+    "load_average_end": _NUMBER,
+    "records_run": ("a whole number", (int,)),
+    "cpus": ("a whole number or null", (int, type(None))),
+    "selection": ("a JSON object", (dict,)),
+    "finished": ("true or false", (bool,)),
+}
+"""The entries of a run in the log of runs that the report reads, and what each must be."""
+
+
+def _check_runs(path: Path, runs: list[Any], sources: dict[str, Any]) -> None:
+    """The log of runs and the sources' entries as the report reads them: refused by name when the file is read,
+    not met as a traceback in the middle of a page."""
+    for i, run in enumerate(runs):
+        if not isinstance(run, dict):
+            raise ValueError(f"{path}: run {i} is not a JSON object")
+        for key, (what, kinds) in _RUN_KINDS.items():
+            value = run.get(key)
+            if key in run and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+                raise ValueError(f"{path}: run {i}: {key!r} must be {what}, not {type(value).__name__}")
+    for key, source in sources.items():
+        if not isinstance(source, dict):
+            raise ValueError(f"{path}: source {key!r} is not a JSON object")
+        seconds = source.get("recorded_train_seconds")
+        if not (seconds is None or is_number(seconds)):
+            name = type(seconds).__name__
+            raise ValueError(f"{path}: source {key!r}: 'recorded_train_seconds' must be a number or null, not {name}")
 
 
 def export_results(results: str | os.PathLike, dest: str | os.PathLike, keep_kept: bool = False) -> Path:
