@@ -164,6 +164,12 @@ def test_cli_refuses_to_replace_the_plotted_data_beside_a_new_figure(tmp_path, c
         main(["crate", "toy", "--seeds", "1", "--panels", "a", "--figure", str(tmp_path / "toy.png"), "--replace"]) == 0
     )
     assert beside.read_text(encoding="utf-8") != "someone's"
+    # a figure of a format the plot cannot write is refused before the runs, not after them
+    capsys.readouterr()
+    text = tmp_path / "other.txt"
+    assert main(["crate", "toy", "--seeds", "1", "--json", str(tmp_path / "a.json"), "--figure", str(text)]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"--figure must name a .png file, got {text}")
+    assert not text.exists() and not (tmp_path / "a.json").exists()
 
 
 @pytest.mark.parametrize(

@@ -103,7 +103,9 @@ def _tiny_record(path: Path, **changes) -> dict:
 def test_alfa_llm_time_writes_every_round_and_refuses_to_replace_a_timing_unasked(tmp_path, capsys):
     path = tmp_path / "bench.json"
     before = _tiny_record(path)
+    capsys.readouterr()
     assert main(["llm", "time", "--record", str(path), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""  # --quiet: no progress bar either
     written = json.loads(path.read_text(encoding="utf-8"))
     rounds = written["step_round_seconds"]
     assert list(rounds) == ["lora", "alfa"] and all(len(v) == STEP_ROUNDS and min(v) > 0 for v in rounds.values())
@@ -149,13 +151,14 @@ def test_the_lead_s_command_re_times_the_committed_record_and_writes_its_page(tm
     rounds = _with_rounds(_committed())["step_round_seconds"]
     made = {}
 
-    def stand_in(result: dict, command: str) -> dict:
-        made["command"] = command
+    def stand_in(result: dict, command: str, progress: bool = True) -> dict:
+        made["command"], made["progress"] = command, progress
         return timing_record(rounds, {"kind": "random", "seed": 0}, command)
 
     monkeypatch.setattr(bench, "retime", stand_in)
     assert main(["llm", "time", "--record", str(record), "--replace", "--markdown", str(page), "--quiet"]) == 0
     assert made["command"] == f"alfa llm time --record {record} --replace --markdown {page}"
+    assert made["progress"] is False  # --quiet
     written = json.loads(record.read_text(encoding="utf-8"))
     assert written["step_round_seconds"] == rounds and written["runs"] == _committed()["runs"]
     text = page.read_text(encoding="utf-8")

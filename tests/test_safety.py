@@ -402,3 +402,33 @@ def test_file_names_and_kinds_at_the_edges(tmp_path):
     assert check_writable(pipe, appended=True) == pipe
     with pytest.raises(ValueError, match="is not a regular file"):
         check_writable(pipe)
+
+
+def test_nothing_in_alfa_unpickles(tmp_path):
+    """Safe loading is safetensors and JSON: no source file calls torch.load or pickle (torch.load's
+    weights_only=True still unpickles, with a restricted unpickler), and a .pth backbone is refused with the
+    one-line conversion its owner can run on a file they trust."""
+    import re
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from alfa.checkpoint import CheckpointError, load_backbone
+
+    src = Path(alfa.__file__).resolve().parent
+    calls = [
+        f"{path.relative_to(src)}:{n}"
+        for path in sorted(src.rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"\btorch\.load\(|^\s*(import pickle|from pickle import)", line) and 'f"' not in line
+    ]
+    assert calls == []
+    model = alfa.models.create_model("tiny_gaze_net")
+    pth = tmp_path / "backbone.pth"
+    torch.save(model.state_dict(), pth)
+    with pytest.raises(CheckpointError, match=r"backbone.pth: alfa reads backbones as .safetensors only.*convert"):
+        load_backbone(model, pth)
+    weights = {k: v + 1.0 for k, v in model.state_dict().items()}
+    save_file(weights, tmp_path / "backbone.safetensors")
+    loaded = load_backbone(model, tmp_path / "backbone.safetensors", skip=())
+    assert loaded == sorted(weights) and all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())

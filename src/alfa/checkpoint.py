@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -288,25 +287,19 @@ def load_model(path: str | os.PathLike, expect_model: str | None = None) -> tupl
 
 
 def load_backbone(model: nn.Module, path: str | os.PathLike, skip: tuple[str, ...] = ("fc.",)) -> list[str]:
-    """Load backbone weights saved by another tool (e.g. torchvision's ImageNet ResNet-18 ``.pth``,
-    or a safetensors file) into a dense model, leaving parameters whose names start with ``skip``
-    (the regression head) as they are. ``.pth`` files are read with ``weights_only=True``.
-    Returns the names loaded."""
+    """Load backbone weights saved by another tool as a safetensors file (e.g. torchvision's ImageNet ResNet-18,
+    converted once) into a dense model, leaving parameters whose names start with ``skip`` (the regression head)
+    as they are. A ``.pth`` file is a pickle, which alfa never loads: the error says how to convert it, a step
+    its owner takes knowing where it came from. Returns the names loaded."""
     path = Path(path)
-    if path.suffix == ".safetensors":
-        with safe_open(str(path), framework="pt") as f:
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    else:
-        try:  # weights_only: tensors and plain containers, never code (torch's hint to disable it is not shown)
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
-            raise CheckpointError(
-                f"{path} does not load as a plain state dict ({type(e).__name__}): only tensors are read, never "
-                "pickled code; save it as .safetensors"
-            ) from None
-        tensors = obj.get("state_dict", obj) if isinstance(obj, dict) else None
-        if not isinstance(tensors, dict):
-            raise CheckpointError(f"{path}: expected a state dict")
+    if path.suffix != ".safetensors":
+        raise CheckpointError(
+            f"{path}: alfa reads backbones as .safetensors only (a .pth file is a pickle, which it never loads); "
+            'convert a file you trust once: python -c "import torch, safetensors.torch as s; '
+            f"s.save_file(torch.load('{path}', weights_only=True), '{path.with_suffix('.safetensors')}')\""
+        )
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
     tensors = {k.removeprefix("module."): v for k, v in tensors.items() if not k.startswith(skip)}
     load_state(model, tensors, source=str(path), skip=skip)
     return sorted(tensors)

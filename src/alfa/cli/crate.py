@@ -101,6 +101,8 @@ def _toy(args: argparse.Namespace) -> None:
         raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
     if args.figure is not None and not any(p in panels for p in ("a", "b", "c", "d")):
         raise ValueError("--figure needs at least one of the panels a, b, c, d")
+    if args.figure is not None and args.figure.suffix.lower() != ".png":  # found out only after the runs otherwise
+        raise ValueError(f"--figure must name a .png file, got {args.figure}")
     config = ToyConfig(eps=args.eps, eta=args.eta, lam=args.lam, layers=args.layers)
     config.validate()
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))

@@ -173,7 +173,7 @@ def _time(args: argparse.Namespace) -> None:
     result = _timed_record(args.record, args.replace)
     if not args.quiet:
         print(f"timing the training steps of {', '.join(result['config']['grids'])} in turn", flush=True)
-    result.update(retime(result, _time_command(args)))
+    result.update(retime(result, _time_command(args), progress=not args.quiet))
     write_json(args.record, result)
     print(f"wrote {args.record}: " + ", ".join(f"{m} {1000 * s:.0f} ms" for m, s in result["step_seconds"].items()))
     if args.markdown is not None:

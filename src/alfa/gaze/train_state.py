@@ -9,19 +9,15 @@ had. A kill leaves the last state whole whatever moment it comes at; a resumed r
 file that lags it (a kill between the two writes).
 
 Runs of earlier versions wrote two files per epoch instead: ``state.pt`` (the optimizer state, a pickle-based
-``torch.save`` file) and then ``model.safetensors``. Such a pair still resumes: ``state.pt`` is read once, here
-only, with ``torch.load(weights_only=True)`` (tensors and plain containers, never code), the state is written
-at once in the new format and ``state.pt`` removed. A pair whose two files are an epoch apart (killed between
-its writes: the optimizer state of the later epoch, the model of the earlier) is refused: the optimizer state
-of the earlier epoch was overwritten, so no consistent point is left to continue from exactly.
+``torch.save`` file) and then ``model.safetensors``. This alfa never unpickles, so ``state.pt`` is never read: a
+finished pair is read from its model file alone (a finished run needs no optimizer state), and an unfinished one
+is refused in one line (no exact continuation exists without its optimizer state).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import pickle
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +50,7 @@ __all__ = [
 
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.safetensors"
-LEGACY_STATE_FILE = "state.pt"  # what versions before the one-file state wrote; read once, then removed
+LEGACY_STATE_FILE = "state.pt"  # what versions before the one-file state wrote; never read (a pickle)
 STATE_FORMAT = "alfa-source-train-state"
 _IDENTITY = ("stage", "data", "train_persons", "val_data", "val_persons")
 
@@ -151,17 +147,16 @@ def resume_run(
 ) -> tuple[int, list[dict[str, float]]]:
     """Load the run's state from ``out`` into ``model``, ``optimizer`` and ``scaler``; ``(epochs done, their
     history)``, ``(0, [])`` if there is none. A state (or a legacy pair) of another run is refused. The
-    ``writer`` (rank 0) brings the folder up to date: the model file of a state it lags, the new state of a
-    legacy pair."""
+    ``writer`` (rank 0) brings the folder up to date: the model file of a state it lags."""
     if (out / STATE_FILE).is_file():
         return _resume_state(out, model, optimizer, scaler, header, model_name, model_kwargs, size, writer)
     if not (out / MODEL_FILE).is_file():
         return 0, []
     try:
-        return _resume_legacy(out, model, optimizer, scaler, header, model_name, model_kwargs, size, writer)
+        return _resume_legacy(out, model, header, model_name)
     except (FileNotFoundError, CheckpointError):
-        # Another process (a benchmark piece on the same source) may have converted the pair meanwhile: the new
-        # state is written before state.pt is removed, so it is there now if state.pt vanished.
+        # Another process (a benchmark piece on the same source) may have written its first epoch meanwhile: its
+        # state is written before its model file, so a model file seen without a state has its state now.
         if not (out / STATE_FILE).is_file():
             raise
         return _resume_state(out, model, optimizer, scaler, header, model_name, model_kwargs, size, writer)
@@ -200,57 +195,28 @@ def _model_epoch(out: Path) -> int | None:
 
 
 def _resume_legacy(
-    out: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    header: dict[str, Any],
-    model_name: str,
-    model_kwargs: dict[str, Any] | None,
-    size: tuple[int, int],
-    writer: bool,
+    out: Path, model: nn.Module, header: dict[str, Any], model_name: str
 ) -> tuple[int, list[dict[str, float]]]:
-    """An earlier version's pair: ``model.safetensors`` (weights, epoch, history) and ``state.pt`` (optimizer)."""
+    """An earlier version's pair: ``model.safetensors`` (weights, epoch, history) and ``state.pt`` (the optimizer
+    state, a pickle, which this alfa never loads). A run with the epochs asked for needs no optimizer state: it is
+    read from its model file alone, as finished. One that would train on cannot continue exactly without it, so it
+    is refused."""
     path = out / MODEL_FILE
     tensors, saved = read_checkpoint(path)
     extra = saved.get("extra", {})
     _check_identity(path, saved.get("model"), extra, header, model_name)
-    epoch = int(extra.get("epoch", 0))
     state_path = out / LEGACY_STATE_FILE
     if not state_path.is_file():
         raise CheckpointError(
             f"{path} is there without the training state a run writes before it ({STATE_FILE}, or {state_path.name} "
             f"of an earlier version), so it cannot be resumed; delete {out} to start over"
         )
-    try:
-        # weights_only: tensors and plain containers only, never code; torch's own error for anything else
-        # would suggest turning that off, so it is not shown
-        with warnings.catch_warnings():  # torch warns about a foreign file's pickle protocol before refusing it
-            warnings.simplefilter("ignore")
-            state = torch.load(state_path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+    epoch, wanted = int(extra.get("epoch", 0)), header.get("train_config", {}).get("epochs")
+    if not isinstance(wanted, int) or epoch < wanted:  # it would train on, and only its optimizer state can
         raise CheckpointError(
-            f"{state_path} is not a training state this project wrote, or it was cut short "
-            f"({type(e).__name__}); delete {out} to start over"
-        ) from None
-    if not isinstance(state, dict) or "optimizer" not in state:
-        raise CheckpointError(f"{state_path} holds no optimizer state; delete {out} to start over")
-    if int(state.get("epoch", -1)) != epoch:
-        raise CheckpointError(
-            f"{out}: the optimizer state ({state_path.name}) is from epoch {state.get('epoch')} but the model from "
-            f"epoch {epoch}: an earlier version was interrupted between its two writes, and the optimizer state of "
-            f"epoch {epoch} is gone, so the run cannot continue exactly; delete {state_path.name} and {path.name} "
-            "to start over"
+            f"{out} holds a run of an earlier version at epoch {epoch} of the {wanted} asked for, whose optimizer "
+            f"state ({state_path.name}) is a pickle, which this alfa never loads; delete {out} to start over, or "
+            "finish the run with the alfa that wrote it"
         )
     load_state(model, tensors, source=str(path))
-    optimizer.load_state_dict(state["optimizer"])
-    if scaler.is_enabled() and "grad_scaler" in state:
-        scaler.load_state_dict(state["grad_scaler"])
-    history = list(extra.get("history", []))
-    if writer:  # from now on in the new format; the model file stays as it is (it is this state's)
-        meta = {"header": header, "model": model_name, "epoch": epoch, "history": history}
-        meta["complete"] = bool(extra.get("complete"))
-        save_state(out, model, optimizer, scaler, meta, model_kwargs, size, model_file=False)
-    return epoch, history
+    return epoch, list(extra.get("history", []))

@@ -273,7 +273,9 @@ def config_from_dict(fields: dict[str, Any]) -> BenchConfig:
     return config
 
 
-def retime(result: dict[str, Any], command: str, rounds: int = STEP_ROUNDS, seed: int = 0) -> dict[str, Any]:
+def retime(
+    result: dict[str, Any], command: str, rounds: int = STEP_ROUNDS, seed: int = 0, progress: bool = True
+) -> dict[str, Any]:
     """The interleaved step timing of the bench ``result``'s methods again (:func:`timing_record`), on the same
     architecture, batch and rounds, but built from the config with random weights (``seed``) instead of the
     pretrained ones: a step's time depends on the shapes, not on the weights' values, so the timing needs neither
@@ -283,5 +285,6 @@ def retime(result: dict[str, Any], command: str, rounds: int = STEP_ROUNDS, seed
     model = build_model(config.pretrain.model, seed)
     model.tie_weights()
     train = split_problems(config)[0]
-    seconds = interleaved_step_seconds(model, list(config.grids), train, config.pretrain.model, config.adapt, rounds)
+    grids = list(config.grids)
+    seconds = interleaved_step_seconds(model, grids, train, config.pretrain.model, config.adapt, rounds, progress)
     return timing_record(seconds, {"kind": "random", "seed": seed}, command)
