@@ -304,6 +304,8 @@ def test_an_output_beside_its_inputs_is_allowed(tmp_path):
         (["personalize", "--checkpoint", "c", "--data", "x", "--pitch-anchor", "-1"], "--pitch-anchor: must be at"),
         (["evaluate", "--checkpoint", "c", "--data", "x", "--n-adapt", "-1"], "--n-adapt: must be at least 0"),
         (["tpgaze", "meta-train", "--checkpoint", "c", "--data", "x", "--outer-lr", "nan"], "--outer-lr: must be a"),
+        (["pretrain", "--data", "x", "--seed", str(2**70)], "argument --seed: must be at most 9223372036854775807"),
+        (["pretrain", "--data", "x", "--seed", "-1"], "argument --seed: must be at least 0, got -1"),
     ],
 )
 def test_numeric_options_are_bounded_at_the_option(capsys, command, message):
@@ -515,3 +517,23 @@ def test_pretrain_refuses_a_model_that_does_not_predict_gaze_before_it_trains(tm
     err = capsys.readouterr().err
     assert err.startswith("alfa pretrain: error: --model vit_tiny is not a gaze model for these images (it cannot")
     assert err.count("\n") == 1 and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        (["bench", "--dry-run", "--pairs", ","], "--pairs ',' names no pair"),
+        (["bench", "--dry-run", "--methods", ""], "--methods '' names no method"),
+        (
+            ["tpgaze", "personalize", "--checkpoint", "c", "--data", "x", "--meta", "p", "--no-meta"],
+            "pass --meta PROMPTS (from `alfa tpgaze meta-train`) or --no-meta to start from Gaussian prompts, not both",
+        ),
+    ],
+)
+def test_options_that_would_be_ignored_or_run_nothing_are_refused(tmp_path, monkeypatch, capsys, command, message):
+    """`bench --pairs ,` ran no record and exited 0 (`--methods ,` ran only the ablations); `tpgaze personalize
+    --meta P --no-meta` ignored --no-meta."""
+    monkeypatch.chdir(tmp_path)
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(message) and len(err.splitlines()) == 1 and list(tmp_path.iterdir()) == []

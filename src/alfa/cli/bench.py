@@ -78,6 +78,9 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
 
     config = getattr(BenchConfig, _preset(args))()
     changes: dict = {}
+    for option in ("methods", "pairs"):  # "," or "" would run nothing (or only the ablations) and exit 0
+        if getattr(args, option) is not None and not _list(getattr(args, option)):
+            raise ValueError(f"--{option} {getattr(args, option)!r} names no {option[:-1]}")
     if args.methods is not None:
         changes["methods"] = expand_calibration_names(tuple(_list(args.methods)))
         # a subset of methods also narrows their selected-recipe rows, unless those are named on their own

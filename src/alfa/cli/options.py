@@ -238,7 +238,18 @@ def allow_partial_option(parser: argparse.ArgumentParser) -> None:
 def seed_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str, default: int) -> None:
     """``--seed``: ``what`` it draws (``"the initial weights and the batch order"``), ``default`` read from the
     config it sets."""
-    parser.add_argument("--seed", type=int, default=default, help=f"seed of {what} (default %(default)s)")
+    parser.add_argument("--seed", type=_seed, default=default, help=f"seed of {what} (default %(default)s)")
+
+
+SEED_LIMIT = 2**63 - 1
+"""The largest seed torch's generators take (a larger one failed deep inside with "Overflow when unpacking")."""
+
+
+def _seed(text: str) -> int:
+    value = at_least(0)(text)
+    if value > SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be at most {SEED_LIMIT}, got {value}")
+    return value
 
 
 def quiet_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -109,9 +109,10 @@ def _personalize(args: argparse.Namespace) -> None:
     from alfa.gaze.precision import forward_precision
     from alfa.gaze.tpgaze import tpgaze_method, tpgaze_recipe
 
-    if args.meta is None and not args.no_meta:
+    if (args.meta is None) != args.no_meta:  # neither, or both (one would be ignored)
         raise ValueError(
-            "pass --meta PROMPTS (from `alfa tpgaze meta-train`), or --no-meta to start from Gaussian prompts"
+            "pass --meta PROMPTS (from `alfa tpgaze meta-train`) or --no-meta to start from Gaussian prompts, "
+            "not " + ("both" if args.no_meta else "neither")
         )
     base = DemoConfig().personalize if args.preset == "demo" else PersonalizeConfig()
     changes = {"steps": args.steps, "lr": args.lr, "n_adapt": args.n_adapt, "seed": args.seed}
