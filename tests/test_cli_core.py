@@ -537,3 +537,16 @@ def test_options_that_would_be_ignored_or_run_nothing_are_refused(tmp_path, monk
     assert main(command) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith(message) and len(err.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_pretrain_says_there_is_no_validation_rather_than_nan_on_zero_persons():
+    """With one person (or a share that holds none out), pretrain printed "validation error nan deg on 0
+    held-out persons"."""
+    from types import SimpleNamespace
+
+    from alfa.cli.gaze import _validation_words
+
+    none = SimpleNamespace(history=[{"loss": 1.0, "val_error": float("nan")}], val_persons=[])
+    assert _validation_words(none) == "no validation (no person held out: give --val-data, or more persons)"
+    held = SimpleNamespace(history=[{"val_error": 7.125}], val_persons=["p01", "p02"])
+    assert _validation_words(held) == "validation error 7.12 deg on 2 held-out persons"

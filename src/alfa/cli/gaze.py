@@ -186,12 +186,17 @@ def _pretrain(args: argparse.Namespace) -> None:
         distributed.teardown()
     if not main:  # rank 0 reports for all
         return
-    last = result.history[-1] if result.history else {}
-    print(
-        f"pretrained {args.model} on {data.name}: {len(result.history)} epochs, "
-        f"validation error {last.get('val_error', float('nan')):.2f} deg on {len(result.val_persons)} held-out persons"
-    )
+    print(f"pretrained {args.model} on {data.name}: {len(result.history)} epochs, {_validation_words(result)}")
     print(f"checkpoint: {result.checkpoint}")
+
+
+def _validation_words(result: Any) -> str:
+    """The last epoch's validation error, or why there is none (a share of one person holds none out: it printed
+    "nan deg on 0 held-out persons")."""
+    error = (result.history[-1] if result.history else {}).get("val_error")
+    if not result.val_persons or error is None or error != error:
+        return "no validation (no person held out: give --val-data, or more persons)"
+    return f"validation error {error:.2f} deg on {len(result.val_persons)} held-out persons"
 
 
 # ----------------------------------------------------------------------------- truncate
