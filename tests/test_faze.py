@@ -318,3 +318,19 @@ def test_a_faze_user_is_the_adapted_mlp_and_is_served_per_sample_on_the_dense_ba
         torch.testing.assert_close(mixed[0::2], expected[0::2], atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(mixed[1::2], base(other)[1::2])
         torch.testing.assert_close(merged_copy(user)(other), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_calibrate_refuses_the_faze_method_on_another_model_up_front(tmp_path, capsys):
+    """On a ResNet every person failed in turn, the first with the advice to give --faze-lr and --faze-steps."""
+    from tiny_models import TinyGazeNet
+
+    from alfa.checkpoint import save_model
+    from alfa.cli import main
+
+    base = save_model(tmp_path / "m.safetensors", TinyGazeNet(), "tiny_gaze_net", input_size=(16, 16))
+    out = tmp_path / "c"
+    argv = ["calibrate", "--checkpoint", str(base), "--data", "synthetic:mpii?persons=2&images_per_person=12&size=16"]
+    assert main([*argv, "--method", "faze", "--k", "3", "--pool", "6", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"{base} is a TinyGazeNet: choose another --method") and "\n" not in err
+    assert not out.exists()

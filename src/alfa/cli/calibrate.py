@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .gaze import open_spec, seed_torch_deterministic
 from .guards import persons_of
@@ -25,6 +26,9 @@ from .options import (
     seed_option,
 )
 from .registry import Command
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["CALIBRATE", "FAZE"]
 
@@ -99,12 +103,25 @@ def _note_a_dense_base(model, config, checkpoint: str) -> None:
         )
 
 
+def _refuse_faze_on_another_model(model: nn.Module, method: str, checkpoint: str) -> None:
+    """--method faze adapts a FAZE model's gaze MLP: on any other model every person failed in turn, the first
+    with the advice to give --faze-lr and --faze-steps."""
+    from alfa.gaze.faze import FazeGaze
+
+    if method == "faze" and not isinstance(model, FazeGaze):
+        raise ValueError(
+            f"--method faze adapts a FAZE model (alfa faze train, then alfa faze meta-train); {checkpoint} is a "
+            f"{type(model).__name__}: choose another --method"
+        )
+
+
 def _calibrate(args: argparse.Namespace) -> None:
     from alfa.gaze.calibrate import calibrate_dataset, make_room, refuse_a_pool_no_one_has
     from alfa.gaze.train import check_input_size
 
     config = _calibrate_config(args)
     model, saved = _load(args.checkpoint, args.device)
+    _refuse_faze_on_another_model(model, config.method, args.checkpoint)
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
     out = Path(args.out)
