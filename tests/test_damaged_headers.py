@@ -261,3 +261,25 @@ def test_a_run_without_a_command_is_a_library_call_on_the_page(tmp_path):
     base = {"format": FORMAT, "version": VERSION, "records": [_record()], "config": {}, "sources": {}, "runs": [run]}
     (tmp_path / "results.json").write_text(json.dumps(base), encoding="utf-8")
     assert "`(library call)`" in render_report(load_results(tmp_path))
+
+
+def test_a_checkpoint_extras_held_out_persons_and_meta_training_record_of_the_wrong_kind_are_named():
+    """Checked below the top level of `extra`: `val_persons: 5` crashed truncate and tpgaze, and a `maml` record of
+    another kind crashed calibrate after it had made room in --out (with --replace: after removing files)."""
+    from types import SimpleNamespace
+
+    from alfa.cli.calibrate import _meta_training_recipe
+    from alfa.gaze.train import held_out_persons
+
+    data = SimpleNamespace(name="eth/train")
+    for persons in (5, "p01", [1, 2]):
+        with pytest.raises(ValueError, match=r"^m.safetensors: damaged checkpoint header \(its held-out 'val_persons'"):
+            held_out_persons({"extra": {"val_data": "eth/train", "val_persons": persons}}, data, "m.safetensors")
+    assert held_out_persons({"extra": {"val_data": "eth/train", "val_persons": ["p01"]}}, data) == ["p01"]
+    assert held_out_persons({"extra": {"val_data": "other", "val_persons": ["p01"]}}, data) is None
+    for maml in ([], {"config": []}, {"config": {"inner_lr": "x", "inner_steps": 5}}, {"config": {"inner_lr": 0.1}}):
+        with pytest.raises(ValueError, match=r"^m.safetensors: damaged checkpoint header \(its meta-training record"):
+            _meta_training_recipe({"extra": {"maml": maml}}, "m.safetensors")
+    recorded = {"extra": {"maml": {"config": {"inner_lr": 0.01, "inner_steps": 5}}}}
+    assert _meta_training_recipe(recorded, "m") == (0.01, 5)
+    assert _meta_training_recipe({"extra": {}}, "m") is None

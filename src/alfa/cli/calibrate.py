@@ -115,6 +115,24 @@ def _refuse_faze_on_another_model(model: nn.Module, method: str, checkpoint: str
         )
 
 
+def _meta_training_recipe(saved: dict, checkpoint: str) -> tuple[float, int] | None:
+    """PS-GEN's default rate and steps: those meta-training used, as the checkpoint records them (``None`` where it
+    records none); a record of another kind is damage, named before anything is removed."""
+    maml = saved.get("extra", {}).get("maml")
+    if maml is None:
+        return None
+    config = maml.get("config") if isinstance(maml, dict) else None
+    lr, steps = (config.get("inner_lr"), config.get("inner_steps")) if isinstance(config, dict) else (None, None)
+    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0):
+        lr = None
+    if lr is None or not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1):
+        raise ValueError(
+            f"{checkpoint}: damaged checkpoint header (its meta-training record 'maml' has no config with a "
+            "positive inner_lr and a whole number of inner_steps)"
+        )
+    return float(lr), steps
+
+
 def _calibrate(args: argparse.Namespace) -> None:
     from alfa.gaze.calibrate import calibrate_dataset, make_room, refuse_a_pool_no_one_has
     from alfa.gaze.train import check_input_size
@@ -127,9 +145,8 @@ def _calibrate(args: argparse.Namespace) -> None:
     out = Path(args.out)
     persons = persons_of(args.persons, data)
     refuse_a_pool_no_one_has(data, persons, config)
+    defaults = _meta_training_recipe(saved, args.checkpoint)
     make_room(out, data, config, args.replace)  # last of the refusals: with --replace it removes files
-    maml = saved.get("extra", {}).get("maml", {}).get("config", {})
-    defaults = (maml["inner_lr"], maml["inner_steps"]) if maml else None
     _note_a_dense_base(model, config, args.checkpoint)  # after every refusal: a refused run prints one line
     seed_torch_deterministic(config.seed)
     record = calibrate_dataset(

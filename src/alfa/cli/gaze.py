@@ -219,7 +219,7 @@ def _truncate(args: argparse.Namespace) -> None:
         val, val_persons = open_spec(args.val_data), None
         check_input_size(saved, val, args.checkpoint)
     else:
-        val_persons = held_out_persons(saved, data)
+        val_persons = held_out_persons(saved, data, args.checkpoint)
         val = data if val_persons else None
     seed_torch_deterministic(config.recovery.seed)
     try:

@@ -72,7 +72,7 @@ def _meta_train(args: argparse.Namespace) -> None:
     if args.val_data:
         val, val_persons = open_spec(args.val_data), None
     else:
-        val_persons = held_out_persons(saved, data)
+        val_persons = held_out_persons(saved, data, args.checkpoint)
         val = data if val_persons else None
     size = square_image_size(data, data.person_indices(data.persons()[0])[0])
     prompt = TPGazeConfig(image_size=size, init_std=args.init_std)

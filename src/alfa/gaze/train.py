@@ -504,12 +504,20 @@ def input_size(dataset: GazeDataset) -> tuple[int, int]:
     return int(shape[-2]), int(shape[-1])
 
 
-def held_out_persons(checkpoint_config: dict[str, Any], dataset: GazeDataset) -> list[str] | None:
+def held_out_persons(
+    checkpoint_config: dict[str, Any], dataset: GazeDataset, checkpoint: str | os.PathLike = "the checkpoint"
+) -> list[str] | None:
     """The source persons the checkpoint's training held out, when ``dataset`` is the data it trained on: a later
-    stage on that data validates on them, still unseen. ``None`` when it is other data or none were held out."""
+    stage on that data validates on them, still unseen. ``None`` when it is other data or none were held out. A
+    record of them that is no list of names is damage, named with ``checkpoint``."""
     extra = checkpoint_config.get("extra", {})
-    if extra.get("val_data") == dataset.name and extra.get("val_persons"):
-        return list(extra["val_persons"])
+    persons = extra.get("val_persons")
+    if persons is not None and not (isinstance(persons, list) and all(isinstance(p, str) for p in persons)):
+        raise ValueError(
+            f"{checkpoint}: damaged checkpoint header (its held-out 'val_persons' are not a list of names)"
+        )
+    if extra.get("val_data") == dataset.name and persons:
+        return list(persons)
     return None
 
 
