@@ -366,6 +366,9 @@ def test_cli_failures_exit_non_zero_and_allow_partial_accepts_them(tmp_path, dat
     assert main([*evaluate, "--data", "toy:target", "--adapters", str(tmp_path / "nowhere")]) == 2
     out = capsys.readouterr()
     assert "--adapters" in out.err and "no such folder" in out.err and out.out == ""  # refused before any work
+    one = next((tmp_path / "a").glob("*.safetensors"))  # an adapter file given for the folder: said as such
+    assert main([*evaluate, "--data", "toy:target", "--adapters", str(one)]) == 2
+    assert f"--adapters {one}: a file, not a folder" in capsys.readouterr().err
 
 
 def test_cli_personalize_refuses_to_replace_other_adapters_unless_asked(tmp_path, data, capsys, monkeypatch):

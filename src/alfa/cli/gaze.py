@@ -355,7 +355,8 @@ def _evaluate(args: argparse.Namespace) -> None:
     from alfa.gaze.train import check_input_size
 
     if args.adapters is not None and not Path(args.adapters).is_dir():
-        raise FileNotFoundError(f"--adapters {args.adapters}: no such folder (alfa personalize --out writes one)")
+        what = "a file, not a folder" if Path(args.adapters).exists() else "no such folder"
+        raise FileNotFoundError(f"--adapters {args.adapters}: {what} (alfa personalize --out writes the folder)")
     tta = _evaluation_tta(args)
     check_labels(args.label, tta and tta.name)
     n_adapt = adaptation_count(args)  # before any loading: a conflicting --n-adapt is refused at once
