@@ -62,3 +62,20 @@ def test_a_person_without_room_for_the_pool_is_one_clear_error():
     data = flat_faces(persons=1, per_person=5 + 32)
     with pytest.raises(ValueError, match="person 'p0' has 37 images; the demo needs 5 to adapt on, 32 for the"):
         DemoImages.split(data, n_adapt=5, pool=32)
+
+
+def test_the_demo_refuses_targets_of_another_image_size_before_training(tmp_path):
+    """`alfa demo --targets "synthetic:mpii?size=16"` trained a 48×48 source model, then scored 16×16 faces and
+    printed its (much worse) numbers with exit 0."""
+    import dataclasses
+
+    from alfa.gaze.pipeline import DemoConfig, run_demo
+
+    tiny = "synthetic:eth?size=20&persons=2&images_per_person=2"
+    config = DemoConfig(
+        source=tiny, val_source=None, targets=("synthetic:mpii?size=16&persons=2&images_per_person=40",)
+    )
+    config = dataclasses.replace(config, out_dir=str(tmp_path / "demo"), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=r"^synthetic:mpii\?size=16&.*: 16×16 images, the demo's source model trains"):
+        run_demo(config, progress=False)
+    assert not (tmp_path / "demo").exists() and not (tmp_path / "cache").exists()  # refused before anything ran

@@ -783,20 +783,3 @@ def test_the_cosine_schedule_decays_to_zero_and_leaves_old_configs_as_they_were(
     assert "schedule" not in TrainConfig().to_dict() and cosine.to_dict()["schedule"] == "cosine"
     with pytest.raises(ValueError, match="schedule must be one of"):
         TrainConfig(schedule="step").validate()
-
-
-def test_the_demo_refuses_targets_of_another_image_size_before_training(tmp_path):
-    """`alfa demo --targets "synthetic:mpii?size=16"` trained a 48×48 source model, then scored 16×16 faces and
-    printed its (much worse) numbers with exit 0."""
-    import dataclasses
-
-    from alfa.gaze.pipeline import DemoConfig, run_demo
-
-    tiny = "synthetic:eth?size=20&persons=2&images_per_person=2"
-    config = DemoConfig(
-        source=tiny, val_source=None, targets=("synthetic:mpii?size=16&persons=2&images_per_person=40",)
-    )
-    config = dataclasses.replace(config, out_dir=str(tmp_path / "demo"), cache_dir=str(tmp_path / "cache"))
-    with pytest.raises(ValueError, match=r"^synthetic:mpii\?size=16&.*: 16×16 images, the demo's source model trains"):
-        run_demo(config, progress=False)
-    assert not (tmp_path / "demo").exists() and not (tmp_path / "cache").exists()  # refused before anything ran
