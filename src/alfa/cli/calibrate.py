@@ -121,11 +121,11 @@ def _meta_training_recipe(saved: dict, checkpoint: str) -> tuple[float, int] | N
     maml = saved.get("extra", {}).get("maml")
     if maml is None:
         return None
+    from alfa.adapters.groups import is_number
+
     config = maml.get("config") if isinstance(maml, dict) else None
     lr, steps = (config.get("inner_lr"), config.get("inner_steps")) if isinstance(config, dict) else (None, None)
-    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0):
-        lr = None
-    if lr is None or not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1):
+    if not (is_number(lr) and lr > 0 and is_number(steps) and isinstance(steps, int) and steps >= 1):
         raise ValueError(
             f"{checkpoint}: damaged checkpoint header (its meta-training record 'maml' has no config with a "
             "positive inner_lr and a whole number of inner_steps)"

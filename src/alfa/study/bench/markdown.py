@@ -99,17 +99,17 @@ class Judged(Protocol):
     declared: bool
 
 
-def clear_count(diffs: Sequence[Judged]) -> str:
+def clear_count(diffs: Sequence[Judged], after: str = "") -> str:
     """How many of ``diffs`` are called clear, for a sentence that counts them: ``"2 called clear"`` where they are
     all judged, ``"1 called clear of the 3 judged"`` where only some are, and otherwise why none can be (one
     seed; outside the page's declared family), so that "0 called clear" never describes comparisons that were
-    never judged."""
+    never judged. ``after`` follows a count of verdicts (``" after Holm's correction"``), never a reason."""
     judged = sum(d.judged for d in diffs)
     clear = f"{sum(d.clear for d in diffs)} called clear"
     if judged == len(diffs):
-        return clear
+        return clear + after
     if judged:
-        return f"{clear} of the {judged} judged"
+        return f"{clear} of the {judged} judged{after}"
     if all(d.n == 1 for d in diffs):
         return "not judged: one seed"
     if not any(d.declared for d in diffs):

@@ -153,10 +153,10 @@ def _type_problem(annotation: str, value: Any) -> str | None:
 
 
 @functools.cache
-def _json_types(annotation: str) -> tuple[list[str], tuple[type, ...]]:
+def _json_types(annotation: str) -> tuple[tuple[str, ...], tuple[type, ...]]:
     """The outer kinds an annotation names and the JSON types they allow (read once per field: a page reads
     thousands of records)."""
-    kinds = [part.strip().split("[")[0] for part in annotation.split("|")]
+    kinds = tuple(part.strip().split("[")[0] for part in annotation.split("|"))
     return kinds, tuple(t for k in kinds for t in _JSON_TYPES.get(k, (object,)))
 
 

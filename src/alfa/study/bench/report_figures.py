@@ -21,8 +21,19 @@ from .stats import Index, Stat, index_records, pairs_of, pooled, seeds_of
 
 __all__ = ["ablation_curves", "render_figures", "update_rank_lines", "default_figure_dir", "unasked_figures"]
 
-FIGURE_FILES = (*(f"error_vs_{name}.png" for name, a in REGISTRY.items() if a.figure is not None), "rank_slices.png")
-FIGURE_FILES += ("update_maps.png",)
+RANK_SLICES_FIGURE, UPDATE_MAPS_FIGURE = "rank_slices.png", "update_maps.png"
+
+
+def _curve_figure(name: str) -> str:
+    """The file of ablation ``name``'s error-against-setting figure."""
+    return f"error_vs_{name}.png"
+
+
+FIGURE_FILES = (
+    *(_curve_figure(name) for name, a in REGISTRY.items() if a.figure is not None),
+    RANK_SLICES_FIGURE,
+    UPDATE_MAPS_FIGURE,
+)
 """Every figure :func:`render_figures` can write, by file name."""
 
 
@@ -101,18 +112,18 @@ def render_figures(results: dict[str, Any], results_dir: Path | None, figure_dir
             figure = ablation.figure
             points = {label: line for label, (line, _) in curves.items()}
             out[name] = F.plot_curves(
-                points, figure_dir / f"error_vs_{name}.png", xlabel=figure.xlabel, title=figure.title
+                points, figure_dir / _curve_figure(name), xlabel=figure.xlabel, title=figure.title
             )
     if results_dir is not None:
         data_dir = results_dir / FIGURE_DIR
         path = data_dir / RANK_SLICES_FILE
         if path.is_file():
             tensors, meta = F.load_figure_data(path)
-            out["rank_slices"] = F.plot_rank_slices(tensors, meta, figure_dir / "rank_slices.png")
+            out["rank_slices"] = F.plot_rank_slices(tensors, meta, figure_dir / RANK_SLICES_FIGURE)
         path = data_dir / UPDATES_FILE
         if path.is_file():
             tensors, meta = F.load_figure_data(path)
-            out["updates"] = F.plot_update_maps(tensors, meta, figure_dir / "update_maps.png")
+            out["updates"] = F.plot_update_maps(tensors, meta, figure_dir / UPDATE_MAPS_FIGURE)
     return out
 
 

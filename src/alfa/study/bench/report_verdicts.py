@@ -142,10 +142,10 @@ def _against_source_only(idx: Index, pairs: Sequence[str], row: str) -> str:
     # "lowers the error" would read as a finding where an interval still reaches zero: the means, the intervals
     # below zero and the clear ones are three counts
     below = sum(x.below_zero for _, x in per_pair)
+    clear = clear_count([x for _, x in per_pair if x.mean < 0], after=" after Holm's correction")
     text = (
         f"Against its own starting point (source-only{f', on {once}' if once else ''}), the mean error of {me} is "
-        f"lower on {len(lower)} of {len(per_pair)} pairs, with its 95 % interval below zero on {below} "
-        f"({_after_holm(clear_count([x for _, x in per_pair if x.mean < 0]))})"
+        f"lower on {len(lower)} of {len(per_pair)} pairs, with its 95 % interval below zero on {below} ({clear})"
     )
     if len(lower) < len(per_pair):
         text += f"; it does not on {', '.join(p for p, _ in per_pair if p not in lower)}"
@@ -165,11 +165,6 @@ def _with_interval(pair: str, d: Diff | None, every: Sequence[int]) -> str:
         return pair
     words = seeds_words(d.per_seed, every)
     return f"{pair} ({d.compact()}{f', {words}' if words else ''})"
-
-
-def _after_holm(counted: str) -> str:
-    """A :func:`~alfa.study.bench.markdown.clear_count` that counts verdicts, with the correction they are after."""
-    return f"{counted} after Holm's correction" if "called clear" in counted else counted
 
 
 def _on(d: Diff, every: Sequence[int]) -> str:

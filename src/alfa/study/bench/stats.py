@@ -585,7 +585,7 @@ def pairs_of(idx: Index) -> list[str]:
 
 
 def seeds_of(idx: Index) -> list[int]:
-    return idx.seeds() if isinstance(idx, Index) else sorted({s for (_, _, s) in idx})
+    return idx.seeds()
 
 
 def cell(idx: Index, method: str, pair: str) -> Stat | None:

@@ -37,10 +37,6 @@ LABEL_FREE_BASELINES = ("ruda", DISTILL_OBJECTIVE, "pnpga")
 """Issue 26's trained label-free rows (each predicts with one forward pass of one merged model)."""
 
 
-def _records(idx: Index, method: str) -> list[Record]:
-    return idx.records(method)
-
-
 def passes(records: Sequence[Record], label: str) -> str:
     """The forward passes per image of a TTA row: as its records store them (``tta.passes``); a record made
     before they were stored (a flip-TTA record) counts its kind's, which a kind of :mod:`alfa.gaze.tta` fixes."""
@@ -78,7 +74,7 @@ def tta_table(idx: Index) -> str | None:
     pairs = pairs_of(idx)
     rows = []
     for m in ("source-only", *TTA_OF_ROW):
-        recs = _records(idx, m)
+        recs = idx.records(m)
         if not recs:
             continue
         cost = "1" if m == "source-only" else passes(recs, m)
@@ -156,7 +152,7 @@ def offset_table(idx: Index) -> str | None:
 
 def _passes_of(idx: Index, method: str) -> str:
     """Forward passes per image of a label-free row: a TTA row's as stored, every trained row's one."""
-    return passes(_records(idx, method), method) if method in TTA_OF_ROW else "1"
+    return passes(idx.records(method), method) if method in TTA_OF_ROW else "1"
 
 
 def _best_label_free(idx: Index, pair: str) -> str | None:
