@@ -149,6 +149,21 @@ def test_a_sidecar_of_the_wrong_kind_redoes_its_person_on_resume(tmp_path, capsy
     assert json.loads(sidecar.read_text(encoding="utf-8"))["outcome"]["person"] == "p00"
 
 
+def test_a_truncated_adapter_on_resume_is_redone_not_called_another_base(tmp_path, capsys):
+    model = alfa.models.create_model("tiny_gaze_net").eval()
+    alfa.truncate(model, 4)
+    base, out = save_model(tmp_path / "base.safetensors", model, "tiny_gaze_net", input_size=(16, 16)), tmp_path / "ad"
+    argv = ["personalize", "--checkpoint", str(base), "--data", DATA, "--out", str(out), "--steps", "1", "--quiet"]
+    assert main(argv) == 0
+    first = out / "p00.safetensors"  # the first person's file, the one resuming once asked about the base
+    first.write_bytes(first.read_bytes()[:-20])
+    capsys.readouterr()
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "another base" not in captured.err and "1 done, 1 already there, 0 failed" in captured.out
+    assert alfa.read_adapter_metadata(first)["method"] == "alfa"
+
+
 @pytest.mark.parametrize(("n_adapt", "found"), [("x", "str"), (0, "0"), (True, "true"), (2.5, "2.5"), ([5], "list")])
 def test_a_personalization_record_whose_n_adapt_is_no_count_is_refused_by_name(tmp_path, capsys, n_adapt, found):
     base, _ = _adapted(tmp_path)

@@ -444,16 +444,18 @@ def foreign_adapters(
         )
         return f"its adapters were made with another recipe (differs in {', '.join(changed)})"
     here = set(dataset.persons())
-    for person in [p for p in made if p in here]:
+    readable = []
+    for person in made:
         try:
             about = read_adapter_metadata(out / adapter_filename(person)).get("about", {})
         except (ValueError, OSError):
             continue  # a file that does not read is no one's: the run redoes that person
-        other_images = images_differ(about.get("data"), dataset, person)
+        readable.append(person)
+        other_images = images_differ(about.get("data"), dataset, person) if person in here else None
         if other_images is not None:
             named = f"another dataset named {dataset.name!r}"
             return f"its adapter for {person!r} was made from the images of {named}: {other_images}"
-    for person in made[:1]:
+    for person in readable[:1]:  # a damaged file says nothing of the base: the first that reads is asked
         try:
             load_adapter(model, out / adapter_filename(person))
         except (ValueError, RuntimeError) as e:
