@@ -296,11 +296,13 @@ def test_a_screen_fit_from_photos_is_the_fit_from_the_gazes_predict_prints(check
 def test_a_screen_fit_photo_that_cannot_be_read_is_named(checkpoint, astronaut, tmp_path, capsys):
     photos = _calibration_photos(astronaut, tmp_path)
     _write(tmp_path / "wall.png", np.full((200, 200, 3), 128, np.uint8))
+    (tmp_path / "shots").mkdir()
     points = [{"photo": "p1.png", "screen_px": [0, 0]}, {"photo": "p2.png", "screen_px": [9, 0]}]
     fit = tmp_path / "fit.json"
     for extra, message in [
         ({"photo": "wall.png", "screen_px": [0, 9]}, "point 3's photo {}/wall.png: no face found"),
         ({"photo": "gone.png", "screen_px": [0, 9]}, "point 3's photo {}/gone.png: no such file"),
+        ({"photo": "shots", "screen_px": [0, 9]}, "point 3's photo {}/shots: a folder, not a photo"),
         (
             {"photo": "p3.png", "gaze_deg": [1, 2], "screen_px": [0, 9]},
             "point 3 needs either gaze_deg or photo, not both",

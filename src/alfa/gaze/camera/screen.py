@@ -279,7 +279,8 @@ def _point_gaze(point: dict[str, Any], i: int, path: str | os.PathLike) -> tuple
             raise ValueError(f"{path}: point {i}'s photo must be a file name, got {point['photo']!r}")
         photo = Path(path).parent / point["photo"]  # an absolute name stays as it is
         if not photo.is_file():
-            raise ValueError(f"{path}: point {i}'s photo {photo}: no such file")
+            what = "a folder, not a photo" if photo.is_dir() else "no such file"
+            raise ValueError(f"{path}: point {i}'s photo {photo}: {what}")
         return None, photo
     gaze = _float_array(point["gaze_deg"], (2,), f"{path}: point {i}'s gaze_deg")
     if (np.abs(gaze) > 90).any():
