@@ -25,6 +25,7 @@ from alfa.adapters import (
     has_compact_form,
     merge_form,
 )
+from alfa.adapters.state import adapter_tensors
 from alfa.layers import is_factorized
 
 
@@ -238,3 +239,34 @@ def test_every_registered_config_class_is_exported_by_name():
         assert name in adapters.__all__ and getattr(adapters, name) is cls
         assert name in alfa.__all__ and getattr(alfa, name) is cls
     assert "unmerge" in adapters.__all__ and alfa.unmerge is adapters.unmerge
+
+
+@pytest.mark.parametrize("kind", ["truncated", "dense"])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_a_state_loaded_into_an_attached_model_gives_that_models_outputs_active_or_parked(method, kind, x):
+    """Values a layer derives from its base (PiSSA's residual, Spectral's SVD, a dense base's dictionary) follow
+    a ``load_state_dict`` that changes the base: they once stayed the old base's, and a strict load of a trained
+    model's state gave other outputs without a word."""
+    from conftest import SmallNet
+
+    trained, other = SmallNet().eval(), SmallNet().eval()  # two bases of the same shapes, other values
+    for net in (trained, other):
+        if kind == "truncated":
+            alfa.truncate(net, rank=6)
+        alfa.attach(net, small_config(method, net))
+    _randomized(trained)
+    want = trained(x).detach()
+    loaded = copy.deepcopy(other)
+    loaded.load_state_dict(trained.state_dict())
+    assert torch.equal(loaded(x), want)
+    if METHODS[method].scope != "layer":
+        return  # a model-scope adapter trains the model's own tensors: nothing derived, nothing parked apart
+    # parked while the base changed: made active again, it computes with the new base
+    parked = copy.deepcopy(other)
+    alfa.attach(parked, small_config(method, parked), name="second")  # the same layers: the same state keys
+    parked.load_state_dict(trained.state_dict())
+    alfa.set_adapter(parked, "default")
+    with torch.no_grad():
+        for name, t in adapter_tensors(parked).items():
+            t.copy_(adapter_tensors(trained)[name])
+    assert torch.equal(parked(x), want)

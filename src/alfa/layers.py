@@ -34,6 +34,7 @@ __all__ = [
     "dense_matrix",
     "svd_factors",
     "canonicalize_factors",
+    "tensor_signature",
 ]
 
 
@@ -394,3 +395,16 @@ def canonicalize_factors(U: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
     Qv, Rv = torch.linalg.qr(V.detach().to(torch.float64).T)
     P, S, Qh = torch.linalg.svd(Ru @ Rv.T)
     return _signed_factors(Qu @ P, S, Qh @ Qv.T, U.dtype)
+
+
+def _probe(numel: int, device: torch.device) -> Tensor:
+    g = torch.Generator().manual_seed(numel)
+    return torch.randn(numel, generator=g, dtype=torch.float64).to(device)
+
+
+@torch.no_grad()
+def tensor_signature(t: Tensor) -> list[float]:
+    """Two numbers that change with any change of ``t``'s values (its norm and its product with a fixed random
+    probe), the same for a cast that keeps the values (float32 to float64)."""
+    flat = t.detach().reshape(-1).to(torch.float64)
+    return [float(flat.norm()), float(flat @ _probe(flat.numel(), flat.device))]

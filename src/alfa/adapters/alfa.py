@@ -102,12 +102,15 @@ class DictionaryAdapter(AdaptedLayer):
     def __init__(self, base: nn.Module, config: AdapterConfig) -> None:
         super().__init__(base, config)
         if not self.base_is_factorized:
-            W = dense_matrix(base).detach()
-            d = min(getattr(config, "dense_rank", None) or min(W.shape), *W.shape)
-            U, V = svd_factors(W, d)
-            # Derived from the frozen weight on attach, so not saved with the model.
-            self.register_buffer("U_svd", U, persistent=False)
-            self.register_buffer("V_svd", V, persistent=False)
+            self.follow_base()
+
+    def derive_from_base(self) -> None:
+        W = dense_matrix(self.base).detach()
+        d = min(getattr(self.config, "dense_rank", None) or min(W.shape), *W.shape)
+        U, V = svd_factors(W, d)
+        # Derived from the frozen weight, so not saved with the model (they follow the base: follow_base).
+        self.register_buffer("U_svd", U, persistent=False)
+        self.register_buffer("V_svd", V, persistent=False)
 
     @property
     def dictionary_size(self) -> int:

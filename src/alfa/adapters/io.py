@@ -23,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
 from ..fileio import kind_of_file, write_safetensors
+from ..layers import tensor_signature
 from .alfa import DictionaryAdapter, DictionaryMixConfig
 from .config import AdapterConfig, config_from_dict
 from .groups import is_number
@@ -64,17 +65,6 @@ class AdapterFileError(ValueError):
     """An adapter file that cannot be used: corrupt, not an adapter, or made for another model."""
 
 
-def _probe(numel: int, device: torch.device) -> Tensor:
-    g = torch.Generator().manual_seed(numel)
-    return torch.randn(numel, generator=g, dtype=torch.float64).to(device)
-
-
-@torch.no_grad()
-def _tensor_signature(t: Tensor) -> list[float]:
-    flat = t.detach().reshape(-1).to(torch.float64)
-    return [float(flat.norm()), float(flat @ _probe(flat.numel(), flat.device))]
-
-
 def _attached_state(model: nn.Module) -> Any:
     state = adapter_state(model)
     if state is None:
@@ -101,7 +91,7 @@ def base_fingerprint(model: nn.Module) -> dict[str, Any]:
     change (a re-training, another truncation rank, flipped singular vectors)."""
     out: dict[str, Any] = {}
     for n, t in _layer_tensors(model, _attached_state(model)).items():
-        out[n] = {"shape": list(t.shape), "sig": _tensor_signature(t), "dtype": str(t.dtype).removeprefix("torch.")}
+        out[n] = {"shape": list(t.shape), "sig": tensor_signature(t), "dtype": str(t.dtype).removeprefix("torch.")}
     return out
 
 
@@ -134,7 +124,7 @@ def base_rest_fingerprint(model: nn.Module) -> dict[str, list[list[float]]]:
     tensor can go unseen."""
     out: dict[str, list[list[float]]] = {}
     for module, t in _rest_tensors(model):
-        out.setdefault(module, []).append([float(f"{v:.7g}") for v in _tensor_signature(_sampled(t))])
+        out.setdefault(module, []).append([float(f"{v:.7g}") for v in tensor_signature(_sampled(t))])
     return out
 
 
@@ -188,7 +178,7 @@ def _different_values(name: str, was: str | None, now: str | None) -> str:
 
 
 def _is_signature(value: Any) -> bool:
-    """A layer's signature as :func:`_tensor_signature` writes it: two numbers."""
+    """A layer's signature as :func:`tensor_signature` writes it: two numbers."""
     return isinstance(value, list) and len(value) == 2 and all(is_number(v) for v in value)
 
 

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal, get_args
 import torch
 from torch import Tensor, nn
 
-from ..layers import LayerSpec, dense_matrix, is_factorized, layer_spec
+from ..layers import LayerSpec, dense_matrix, is_factorized, layer_spec, tensor_signature
 from ..surgery import LayerWrapper, short_list
 from .config import AdapterConfig, MergeError
 
@@ -69,6 +69,29 @@ class AdaptedLayer(LayerWrapper):
         self.base = base
         self.config = config
         self.spec: LayerSpec = layer_spec(base)
+        self._derived_from: list[list[float]] | None = None  # the base's values what derive_from_base made
+        self.register_load_state_dict_post_hook(_rederive_after_load)
+
+    def derive_from_base(self) -> None:
+        """(Re)compute the values this layer derives from its frozen base: buffers not saved with it, as they
+        follow from the base (PiSSA's residual, a dense base's SVD). None here; a subclass with such values
+        overrides this and has its ``__init__`` call :meth:`follow_base`."""
+
+    def follow_base(self) -> None:
+        """Derive the base's values now, and again whenever they no longer match the base: after a
+        ``load_state_dict`` that changed the base's values (a strict load of another model's state into an
+        attached model would otherwise run on the old base's residual), and when a parked adapter is made
+        active again (:meth:`refresh_derived`). A cast that keeps the values re-derives nothing."""
+        self.derive_from_base()
+        self._derived_from = self._base_signature()
+
+    def refresh_derived(self) -> None:
+        """Re-derive the base's values if the base's values changed since they were derived."""
+        if self._derived_from is not None and self._base_signature() != self._derived_from:
+            self.follow_base()
+
+    def _base_signature(self) -> list[list[float]]:
+        return [tensor_signature(t) for t in self.base.state_dict().values() if t.is_floating_point()]
 
     @property
     def base_is_factorized(self) -> bool:
@@ -195,6 +218,11 @@ class AdaptedLayer(LayerWrapper):
 
 
 @torch.no_grad()
+def _rederive_after_load(layer: nn.Module, incompatible_keys: Any) -> None:
+    """``load_state_dict``'s post-hook (a function of the module, not a closure, so a deep copy keeps it right)."""
+    layer.refresh_derived()  # type: ignore[operator]
+
+
 def merged_layer(layer: AdaptedLayer, densify: bool = False, extend: bool = False) -> nn.Module:
     """The plain layer that ``layer`` folds into, chosen by its declared ``merge_kind``.
 

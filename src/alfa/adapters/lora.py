@@ -200,32 +200,43 @@ class PissaLayer(LowRankUpdateLayer):
 
     On a factorized layer of rank ``d`` the residual is itself factorized (the other ``d − rank``
     components), so nothing dense is built; on a dense layer it is the dense ``W − s B₀ A₀``. The
-    residual is derived from the frozen base on attach (not saved: loading recomputes it).
+    residual is derived from the frozen base (not saved: it follows the base, see :meth:`AdaptedLayer.follow_base`).
     """
 
     def __init__(self, base: nn.Module, config: PissaConfig) -> None:
         super().__init__(base, config)
-        U, V = svd_of_layer(base)  # U (m×k) orthonormal, V = S Vᵀ (k×n)
-        k, r, s = U.shape[1], config.rank, config.scaling
+        A, B, U, _, _ = self._principal_factors()
+        k, r = U.shape[1], config.rank
         # A factorized residual needs at least one component; a dense one may be (numerically) zero.
         limit = k - 1 if self.base_is_factorized else k
         if r > limit:
             kind = "factorized layer's rank" if self.base_is_factorized else "layer's rank"
             raise ValueError(f"{config.method} rank {r} is too large for this {kind} {k} (at most {limit})")
-        keep = slice(0, r) if config.components == "largest" else slice(k - r, k)
-        rest = torch.ones(k, dtype=torch.bool)
-        rest[keep] = False
+        self.A = nn.Parameter(A)
+        self.B = nn.Parameter(B)
+        self.follow_base()
+
+    def _principal_factors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, slice]:
+        """``(A₀, B₀, U, V, keep)``: the branch's starting factors from the ``rank`` chosen triplets, the base's SVD
+        ``U V`` and which triplets were chosen; a function of the base alone, so the residual can be derived again."""
+        U, V = svd_of_layer(self.base)  # U (m×k) orthonormal, V = S Vᵀ (k×n)
+        k, r, s = U.shape[1], self.config.rank, self.config.scaling
+        keep = slice(0, r) if self.config.components == "largest" else slice(k - r, k)
         S = V[keep].double().norm(dim=1)
         Vh = V[keep].double() / S.clamp_min(torch.finfo(torch.float64).tiny)[:, None]
         root = (S / s).sqrt()
-        self.A = nn.Parameter((root[:, None] * Vh).to(V.dtype))
-        self.B = nn.Parameter((U[:, keep].double() * root).to(U.dtype))
+        return (root[:, None] * Vh).to(V.dtype), (U[:, keep].double() * root).to(U.dtype), U, V, keep
+
+    def derive_from_base(self) -> None:
+        A, B, U, V, keep = self._principal_factors()
         if self.base_is_factorized:
+            rest = torch.ones(U.shape[1], dtype=torch.bool)
+            rest[keep] = False
             self.register_buffer("U_res", U[:, rest].contiguous(), persistent=False)
             self.register_buffer("V_res", V[rest].contiguous(), persistent=False)
         else:
-            W = dense_matrix(base).detach()
-            residual = W.double() - s * self.B.detach().double() @ self.A.detach().double()
+            W = dense_matrix(self.base).detach()
+            residual = W.double() - self.config.scaling * B.double() @ A.double()
             self.register_buffer("W_res", residual.to(W.dtype), persistent=False)
 
     def update_factors(self) -> tuple[Tensor, Tensor]:

@@ -49,7 +49,7 @@ class SpectralConfig(AdapterConfig):
 
 class SpectralLayer(LowRankUpdateLayer):
     """Holds ``dU`` (m×r) and ``dV`` (n×r); ``U_r``, ``S_r V_rᵀ`` and ``S_r`` are frozen buffers
-    derived from the base on attach (not saved: loading recomputes them).
+    derived from the base on attach (not saved: they follow the base, see :meth:`AdaptedLayer.follow_base`).
 
     It runs as a low-rank branch but merges as kind ``"factors"``: the corrected top singular vectors
     replace the base's, so a factorized layer stays a rank-``d`` factorization.
@@ -59,15 +59,19 @@ class SpectralLayer(LowRankUpdateLayer):
 
     def __init__(self, base: nn.Module, config: SpectralConfig) -> None:
         super().__init__(base, config)
-        U, SV = svd_of_layer(base)
         r = config.rank
-        if r > U.shape[1]:
-            raise ValueError(f"spectral rank {r} exceeds the layer's rank {U.shape[1]}")
+        self.follow_base()
+        if r > self.U_r.shape[1]:
+            raise ValueError(f"spectral rank {r} exceeds the layer's rank {self.U_r.shape[1]}")
+        self.dU = nn.Parameter(torch.zeros_like(self.U_r))
+        self.dV = nn.Parameter(torch.zeros(self.spec.n, r, device=self.U_r.device, dtype=self.U_r.dtype))
+
+    def derive_from_base(self) -> None:
+        U, SV = svd_of_layer(self.base)
+        r = self.config.rank
         self.register_buffer("U_r", U[:, :r].contiguous(), persistent=False)
         self.register_buffer("SV_r", SV[:r].contiguous(), persistent=False)  # S_r V_rᵀ (r×n)
         self.register_buffer("S_r", SV[:r].norm(dim=1), persistent=False)
-        self.dU = nn.Parameter(torch.zeros_like(self.U_r))
-        self.dV = nn.Parameter(torch.zeros(self.spec.n, r, device=U.device, dtype=U.dtype))
 
     def update_factors(self) -> tuple[Tensor, Tensor]:
         P = torch.cat([self.dU, self.U_r + self.dU], dim=1)

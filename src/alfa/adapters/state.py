@@ -337,6 +337,7 @@ def _activate(model: nn.Module, state: AdapterState) -> None:
     """Put the adapter's modules into the model (the caller records it as the active one)."""
     for name, layer in state.layers.items():
         _swap(model, name, layer)
+        layer.refresh_derived()  # a load_state_dict while it was parked may have changed its base
     for name, module in state.saved.items():
         _swap(model, name, module)
     if state.layers:
