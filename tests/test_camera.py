@@ -318,3 +318,20 @@ def test_several_faces_are_refused_before_any_is_normalized_and_each_reader_says
     assert failures == [
         f"{path}: 2 faces found (boxes {', '.join(map(str, refused.value.boxes))}); pass --faces all to read every one"
     ]
+
+
+def test_faces_found_from_several_threads_at_once_are_those_found_one_at_a_time():
+    """A server detects in up to 8 workers: one shared OpenCV cascade gave other boxes, missed faces and errors."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from alfa.gaze.camera import read_photo
+
+    astronaut = read_photo("skimage:astronaut")[0]
+    photos = [astronaut, np.concatenate([astronaut, astronaut[:, ::-1]], 1)] * 4
+
+    def boxes(rgb: np.ndarray) -> list[tuple[int, int, int, int]]:
+        return [face.box for face in detect_faces(rgb)]
+
+    alone = [boxes(rgb) for rgb in photos[:2]] * 4
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(boxes, photos)) == alone

@@ -355,6 +355,25 @@ def test_a_photo_of_several_faces_is_refused_in_the_services_own_words(served):
     assert status == 200 and len(reply["faces"]) == 1 and reply["user"] == "ann"
 
 
+def test_a_16_bit_crop_is_scaled_as_a_photo_is_and_a_photo_of_an_unknown_user_is_a_404_first(served):
+    """A 16-bit crop was clipped at 255 (white) and answered 200; an unknown user's photo was searched for a face
+    first, and a face-less one answered 400 where the user is the request's first mistake."""
+    from PIL import Image
+
+    def png(img: Image.Image) -> bytes:
+        buffer = io.BytesIO()
+        img.save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    port, _, _ = served
+    gray = _face(2)[..., 0]
+    eight = _exchange(port, _request("/predict?user=ann", png(Image.fromarray(gray, "L"))))
+    sixteen = _exchange(port, _request("/predict?user=ann", png(Image.fromarray(gray.astype(np.uint16) * 257))))
+    assert eight[0] == sixteen[0] == 200 and sixteen[2] == eight[2]
+    status, _, reply = _exchange(port, _request("/predict/photo?user=zoe", png_bytes(_face(3, 64))))
+    assert (status, reply["error"]) == (404, "unknown user 'zoe'")
+
+
 def _one_error_line(capsys, argv: list[str]) -> str:
     assert main(argv) == 2, argv
     err = capsys.readouterr().err

@@ -16,7 +16,7 @@ not taken for a face.
 
 from __future__ import annotations
 
-import functools
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,8 +51,19 @@ class FaceDetection:
     estimated: tuple[str, ...] = ()
 
 
-@functools.cache
+_THREADS_CASCADES = threading.local()
+
+
 def _cascade(name: str):
+    """The cascade ``name``, one per thread: OpenCV's ``detectMultiScale`` on one classifier from several threads
+    (a server's workers) gave other boxes, a second face missed, and assertion errors."""
+    held = _THREADS_CASCADES.__dict__.setdefault("by_name", {})
+    if name not in held:
+        held[name] = _load_cascade(name)
+    return held[name]
+
+
+def _load_cascade(name: str):
     import cv2
 
     folder = getattr(getattr(cv2, "data", None), "haarcascades", "")

@@ -93,7 +93,7 @@ def decode_photo(data: bytes, what: str = "the image") -> tuple[np.ndarray, list
             notes = [f"grayscale ({img.mode}) copied into RGB"] if gray else []
             if img.getexif().get(_EXIF_ORIENTATION, 1) != 1:
                 notes.append("turned upright by its EXIF orientation")
-            upright, scaled = _eight_bits(ImageOps.exif_transpose(img))
+            upright, scaled = eight_bits(ImageOps.exif_transpose(img))
             notes += [scaled] if scaled else []
             rgb = np.asarray(upright.convert("RGB"), dtype=np.uint8).copy()
             frames = _frame_count(img)
@@ -117,7 +117,7 @@ def _frame_count(img: Any) -> int:
         return 1
 
 
-def _eight_bits(img: Any) -> tuple[Any, str | None]:
+def eight_bits(img: Any) -> tuple[Any, str | None]:
     """A grayscale image of more than 8 bits (``I;16``, ``I``, ``F``: a near-infrared eye camera's) as an 8-bit one,
     scaled by the bit depth its values use (12 bits stored in 16 are scaled as 12), a float one by [0, 1]; and a
     note saying so. Pillow's own conversion clips at 255, which turns such a photo white."""

@@ -131,22 +131,26 @@ def open_image(body: bytes, limits: ServiceLimits, formats: tuple[str, ...] | No
     width, height = img.size
     if width * height > limits.max_pixels:
         img.close()
-        raise ServiceError(413, f"the image is {height}×{width} = {width * height} pixels; the limit is "
+        raise ServiceError(413, f"the image is {width}×{height} = {width * height} pixels; the limit is "
                            f"{limits.max_pixels}")  # fmt: skip
     return img
 
 
 def decode_image(body: bytes, limits: ServiceLimits, size: tuple[int, int] | None = None) -> np.ndarray:
-    """An H×W×3 uint8 array from PNG or JPEG bytes. The header is read first (:func:`open_image`): the format,
+    """An H×W×3 uint8 array from PNG or JPEG bytes (of 16 bits a channel: scaled by the bit depth its values use). The header is read first (:func:`open_image`): the format,
     the pixel count against ``limits.max_pixels`` and, where ``size`` (height, width) is given, the dimensions
     are checked before a single pixel is decoded."""
+    from ..camera.photo import eight_bits
+
     with open_image(body, limits) as img:
         width, height = img.size
         if size is not None and (height, width) != tuple(size):
-            raise ServiceError(400, f"the image is {height}×{width}; this model takes {size[0]}×{size[1]} face crops")
+            raise ServiceError(400, f"the image is {width}×{height}; this model takes {size[1]}×{size[0]} face crops")
         try:
             img.load()
-            rgb = img.convert("RGB")
+            # a crop of more than 8 bits (a near-infrared camera's): scaled as /predict/photo scales it, where
+            # Pillow's own conversion clips at 255 and turns it white
+            rgb = eight_bits(img)[0].convert("RGB")
         except Exception:  # noqa: BLE001 — a header that parsed over pixel data that does not
             raise ServiceError(400, "the body is not a readable PNG or JPEG image (damaged pixel data)") from None
     return np.asarray(rgb, dtype=np.uint8).copy()

@@ -120,6 +120,8 @@ class GazeService:
         without the camera extra answers 501."""
         user = user_id(user, self.limits)
         open_image(body, self.limits, formats=None).close()  # before the camera path decodes a single pixel
+        with self._lock:
+            self._ensure_user(user)  # an unknown user is a 404 before any face is searched for
 
         def predictor(crops: torch.Tensor) -> torch.Tensor:
             with self._lock:
