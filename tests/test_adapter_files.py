@@ -284,6 +284,11 @@ def test_checkpoint_round_trip_and_wrong_model(tmp_path):
     )
     with pytest.raises(CheckpointError, match=r"shape mismatches \['fc.weight: \[3, 512\] vs \[2, 512\]'"):
         load_model(tmp_path / "w.safetensors")
+    # an attached adapter would make a file no model rebuilds (its adapted layers are no model's): refused
+    alfa.attach(model, alfa.AlfaConfig(rank=2, heads=2, target=["layer4.1.conv2"]))
+    with pytest.raises(CheckpointError, match=r"^alfa.checkpoint.save_model saves a model, not an adapter \(1 "):
+        save_model(tmp_path / "adapted.safetensors", model, "resnet18_gaze")
+    assert not (tmp_path / "adapted.safetensors").exists()
 
 
 def test_compact_file_is_smaller_and_reproduces_the_outputs(base, tmp_path):

@@ -194,3 +194,67 @@ def test_serving_refuses_what_it_would_get_silently_wrong(base, tmp_path):
     mixed.eval()
     served.eval()
     assert served(images, ["ann", None, "cal"]).shape == (3, 2)
+
+
+class _Attending(nn.Module):
+    """Tokens through nn.MultiheadAttention, which computes with its out_proj's ``.weight`` and never calls it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 32)
+        self.attention = nn.MultiheadAttention(32, 2, batch_first=True)
+        self.head = nn.Linear(32, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        return self.head(self.attention(h, h, h, need_weights=False)[0].mean(1))
+
+
+def test_a_layer_the_model_reads_by_its_weight_serves_the_base_and_refuses_a_users_term_there():
+    """A served layer had no ``.weight``: a model that reads it (nn.MultiheadAttention, transformers' ViT) failed
+    even for the base's samples; a user's term on such a layer would be silently left out, and is refused."""
+    torch.manual_seed(0)
+    base = _Attending().eval()
+    alfa.truncate(base, rank=4, target=r"^(embed|attention\.out_proj)$")
+    x = torch.randn(3, 5, 8)
+    served = alfa.MultiUserModel(base)
+    with torch.no_grad():
+        assert torch.allclose(served(x, [None] * 3), base(x), atol=1e-6)
+    ann = _user(base, alfa.LoraConfig(rank=2, target=["embed"]), 1)
+    served.add_user("ann", ann)
+    served.add_user("bob", _user(base, alfa.LoraConfig(rank=2, target=["attention.out_proj"]), 2))
+    with torch.no_grad():
+        assert _close(served(x, ["ann"] * 3), ann(x))
+    with pytest.raises(
+        RuntimeError, match=r"^attention\.out_proj: the model computes with its \.weight directly .*\['bob'\]"
+    ):
+        served(x, ["ann", "bob", None])
+
+
+def test_a_served_model_cast_or_moved_serves_its_users_in_the_new_dtype_and_holds_the_base_once(base):
+    users = {"ann": _user(base, alfa.AlfaConfig(heads=2, rank=2), 1), "cat": _user(base, alfa.LoraConfig(rank=2), 3)}
+    served = alfa.MultiUserModel(base)
+    served.add_user("ann", users["ann"])
+    served.double()  # the terms are no buffers: they once stayed float32, and the next batch failed
+    served.add_user("cat", users["cat"])  # added after the cast: in float64 too
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    out = served(x, ["ann", "cat"])
+    with torch.no_grad():
+        for i, name in enumerate(["ann", "cat"]):
+            assert _close(out[i : i + 1], copy.deepcopy(users[name]).double()(x[i : i + 1]))
+    assert len(served.state_dict()) == len(base.state_dict())  # the file-checking copy of the base is not in it
+
+
+def test_a_layer_given_the_tokens_first_is_named_with_the_batch_it_expected():
+    class TimeFirst(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x.transpose(0, 1)).mean(0)
+
+    base = TimeFirst().eval()
+    alfa.truncate(base, rank=4)
+    with pytest.raises(RuntimeError, match="^fc was given an input whose first axis is 5, not the batch of 3: Multi"):
+        alfa.MultiUserModel(base)(torch.randn(3, 5, 16), [None] * 3)

@@ -117,6 +117,16 @@ def load_optimizer_tensors(optimizer: torch.optim.Optimizer | None, tensors: dic
     optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
 
+def _refuse_attached_adapter(model: nn.Module, saver: str) -> None:
+    layers = adapted_layers(model)
+    if layers:
+        raise CheckpointError(
+            f"{saver} saves a model, not an adapter ({len(layers)} adapted layers are attached): save the adapter "
+            "with alfa.save_adapter(model, 'adapter.safetensors'), then alfa.detach(model) (or alfa.merge(model)) "
+            "and save the model"
+        )
+
+
 def save_model(
     path: str | os.PathLike,
     model: nn.Module,
@@ -130,7 +140,9 @@ def save_model(
     JSON-serializable information to keep alongside (training config, metrics); ``input_size`` the
     (height, width) of the images it was trained on and ``input_scaling`` how their pixels were scaled, which
     the gaze commands check data against. The file
-    records a checksum of its tensors, verified on load."""
+    records a checksum of its tensors, verified on load. An attached adapter is refused (the file could not be
+    rebuilt: its adapted layers are no model's), as :func:`save_pretrained` refuses it."""
+    _refuse_attached_adapter(model, "alfa.checkpoint.save_model")
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     # safetensors refuses tensors that share memory: keep one name per tied tensor, list the others.
     tied = {alias: first for alias, first in _aliases(model).items() if alias in tensors and first in tensors}
@@ -322,13 +334,7 @@ def save_pretrained(
     ``overwrite=True``: replacing its config would leave its weights under a config that is not theirs, so
     ``overwrite=True`` also deletes transformers' weight files there (:data:`TRANSFORMERS_WEIGHTS`).
     """
-    layers = adapted_layers(model)
-    if layers:
-        raise CheckpointError(
-            f"alfa.save_pretrained saves a model, not an adapter ({len(layers)} adapted layers are attached): save "
-            "the adapter with alfa.save_adapter(model, 'adapter.safetensors'), then alfa.detach(model) (or "
-            "alfa.merge(model)) and save the model"
-        )
+    _refuse_attached_adapter(model, "alfa.save_pretrained")
     hf_config = getattr(model, "config", None)
     if not callable(getattr(hf_config, "save_pretrained", None)):
         raise TypeError(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -71,13 +71,50 @@ def _refuse_train_mode(served: nn.Module) -> None:
         )
 
 
-def _wrap_factorized(base: nn.Module, wrapper: type[nn.Module]) -> tuple[nn.Module, dict[str, nn.Module]]:
+def _wrap_factorized(base: nn.Module, wrapper: type[_ServedLayer]) -> tuple[nn.Module, dict[str, _ServedLayer]]:
     """A copy of ``base`` in eval mode with every factorized layer inside ``wrapper(layer)``; the wrappers by name."""
     model = copy.deepcopy(base).eval()
     names = [n for n, m in model.named_modules() if is_factorized(m)]
     for name in names:
-        replace_module(model, name, wrapper(model.get_submodule(name)))
-    return model, {n: model.get_submodule(n) for n in names}
+        replace_module(model, name, wrapper(model.get_submodule(name), name))
+    return model, {n: model.get_submodule(n) for n in names}  # type: ignore[misc]
+
+
+_READ_THROUGH = frozenset(
+    ("in_features", "out_features", "nx", "nf", "in_channels", "out_channels", "kernel_size", "stride", "padding")
+    + ("dilation", "groups", "padding_mode")
+)
+"""What model code reads off a layer besides its weight and bias, answered by the served layer's base."""
+
+
+class _ServedLayer(nn.Module):
+    """A layer of the shared base inside a served model: it answers what model code reads off the layer it
+    replaced (``weight``, ``bias``, the geometry), as the base does, and counts the weight's reads and its own
+    calls, so that a user's term on a layer the model computes with through ``.weight`` alone (as
+    ``nn.MultiheadAttention`` does with its ``out_proj``) is refused rather than silently left out."""
+
+    def __init__(self, base: nn.Module, name: str) -> None:
+        super().__init__()
+        self.base = base
+        self.layer_name = name
+        self.calls = self.weight_reads = 0
+
+    @property
+    def weight(self) -> Tensor:
+        self.weight_reads += 1
+        return self.base.weight
+
+    @property
+    def bias(self) -> Tensor | None:
+        return self.base.bias
+
+    def __getattr__(self, name: str):  # noqa: ANN204 — nn.Module's own lookup first, then the base's geometry
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in _READ_THROUGH:
+                return getattr(super().__getattr__("base"), name)
+            raise
 
 
 def _mixed(z: Tensor, T: Tensor, kind: str) -> Tensor:
@@ -92,20 +129,31 @@ def _mixed(z: Tensor, T: Tensor, kind: str) -> Tensor:
     return z + torch.einsum("bij,bj...->bi...", T, z)
 
 
-class _SharedLayer(nn.Module):
+class _SharedLayer(_ServedLayer):
     """A factorized layer of the shared base plus every user's terms for it, applied per sample."""
 
-    def __init__(self, base: nn.Module) -> None:
-        super().__init__()
-        self.base = base
+    def __init__(self, base: nn.Module, name: str) -> None:
+        super().__init__(base, name)
         self.spec = layer_spec(base)
         self.terms: dict[str, tuple[Tensor, ...]] = {}
         self.batch_users: list[str | None] | None = None  # set by MultiUserModel.forward for one call
 
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 — nn.Module's signature
+        # the users' terms are plain tensors, not buffers: they follow .to(), .double() and .cuda() here
+        super()._apply(fn, recurse)
+        self.terms = {user: tuple(fn(t) for t in terms) for user, terms in self.terms.items()}
+        return self
+
     def forward(self, x: Tensor) -> Tensor:
         users = self.batch_users
-        if users is None or len(users) != x.shape[0]:
+        if users is None:
             raise RuntimeError("call MultiUserModel(images, users), not the layer directly")
+        if len(users) != x.shape[0]:
+            raise RuntimeError(
+                f"{self.layer_name} was given an input whose first axis is {x.shape[0]}, not the batch of "
+                f"{len(users)}: MultiUserModel serves models whose layers take the batch first"
+            )
+        self.calls += 1
         mixes = [self.terms.get(u) if u is not None else None for u in users]
         if is_factorized(self.base):
             spec, U, V, bias = self.base.spec, self.base.U, self.base.V, self.base.bias
@@ -164,13 +212,21 @@ class MultiUserModel(nn.Module):
     The base need not be truncated: a dense base (no factorized layer) serves its calibrated users, whose
     corrections need no factorization, and refuses the methods that do, when such a user is added. It may be a
     CNN or a token transformer (Linear layers on batch × tokens × channels): every method above serves on both.
+
+    Its layers must take the batch first: one run on tokens × batch × channels (``nn.Transformer``'s default
+    layout) is refused where the two sizes differ, and cannot be told from a batch where they agree, so such a
+    model mixes its users' samples. A layer the model computes with through its ``.weight`` without calling it
+    (``nn.MultiheadAttention``'s ``out_proj``) serves the base, and a batch with a user who has a term there is
+    refused. ``.to()``, ``.double()`` and the like move the users' terms with the model.
     """
 
     def __init__(self, base: nn.Module) -> None:
         super().__init__()
         if adapter_state(base) is not None:
             raise RuntimeError("MultiUserModel takes the base without an adapter (call alfa.detach)")
-        self._scratch = copy.deepcopy(base).eval()  # where each user's file is loaded and checked
+        # Where each user's file is loaded and checked, against the base as it was given: kept out of the module
+        # tree (not a second copy of the base in state_dict(), nor moved by .to(): the terms are moved as added).
+        object.__setattr__(self, "_scratch", copy.deepcopy(base).eval())
         # A dense base has no factorized layer to share: its layers are shared as users' corrections reach them.
         self.model, self._layers = _wrap_factorized(base, _SharedLayer)
         self._users: dict[str, list[str]] = {}
@@ -201,11 +257,12 @@ class MultiUserModel(nn.Module):
         if unknown:
             raise ValueError(f"user {user!r}: the adapter adapts layers this base does not have: {unknown[:4]}")
         for name in sorted(set(terms) - set(self._layers)):  # a head some user corrects: shared from now on
-            replace_module(self.model, name, _SharedLayer(self.model.get_submodule(name)).train(self.training))
+            replace_module(self.model, name, _SharedLayer(self.model.get_submodule(name), name).train(self.training))
             self._layers[name] = self.model.get_submodule(name)
         self.remove_user(user, missing_ok=True)
-        for name, t in terms.items():
-            self._layers[name].terms[user] = tuple(x.detach().clone() for x in t)
+        for name, t in terms.items():  # in the served model's dtype and device, whatever .to() it has had
+            like = next(self._layers[name].base.parameters())
+            self._layers[name].terms[user] = tuple(x.detach().to(like.device, like.dtype, copy=True) for x in t)
         self._users[user] = sorted(terms)
 
     def _dense_layers(self) -> list[str]:
@@ -243,12 +300,28 @@ class MultiUserModel(nn.Module):
         _refuse_unknown(users, self._users)
         _refuse_train_mode(self)
         for layer in self._layers.values():
-            layer.batch_users = users
+            layer.batch_users, layer.calls, layer.weight_reads = users, 0, 0
         try:
-            return self.model(images)
+            out = self.model(images)
         finally:
             for layer in self._layers.values():
                 layer.batch_users = None
+        _refuse_terms_left_out(self._layers.values(), users)
+        return out
+
+
+def _refuse_terms_left_out(layers: Iterable[_SharedLayer], users: list[str | None]) -> None:
+    """A layer the model computed with through its ``.weight`` and never called would have left its users' terms
+    out of their predictions: refused."""
+    for layer in layers:
+        left_out = sorted({u for u in users if u is not None and u in layer.terms})
+        if left_out and layer.weight_reads and not layer.calls:
+            raise RuntimeError(
+                f"{layer.layer_name}: the model computes with its .weight directly (as nn.MultiheadAttention does "
+                f"with its out_proj), so the terms of user(s) {left_out[:5]} there cannot be applied per sample: "
+                "serve them with their own model (alfa.load_adapter onto a copy of the base), or leave that layer "
+                "out of their adapters"
+            )
 
 
 def user_terms(model: nn.Module) -> UserTerms:
@@ -296,12 +369,11 @@ def user_terms(model: nn.Module) -> UserTerms:
     return out
 
 
-class _MixInputLayer(nn.Module):
+class _MixInputLayer(_ServedLayer):
     """A factorized layer whose per-sample mix ``T`` (B×d×d) is handed in by :class:`MixedBatchModel`."""
 
-    def __init__(self, base: nn.Module) -> None:
-        super().__init__()
-        self.base = base
+    def __init__(self, base: nn.Module, name: str) -> None:
+        super().__init__(base, name)
         self.mix: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:

@@ -137,9 +137,9 @@ def open_image(body: bytes, limits: ServiceLimits, formats: tuple[str, ...] | No
 
 
 def decode_image(body: bytes, limits: ServiceLimits, size: tuple[int, int] | None = None) -> np.ndarray:
-    """An H×W×3 uint8 array from PNG or JPEG bytes (of 16 bits a channel: scaled by the bit depth its values use). The header is read first (:func:`open_image`): the format,
-    the pixel count against ``limits.max_pixels`` and, where ``size`` (height, width) is given, the dimensions
-    are checked before a single pixel is decoded."""
+    """An H×W×3 uint8 array from PNG or JPEG bytes (16-bit gray: scaled by the bit depth its values use). The
+    header is read first (:func:`open_image`): the format, the pixel count against ``limits.max_pixels`` and,
+    where ``size`` (height, width) is given, the dimensions are checked before a single pixel is decoded."""
     from ..camera.photo import eight_bits
 
     with open_image(body, limits) as img:
