@@ -16,6 +16,7 @@ from torch import nn
 
 import alfa
 from alfa.adapters import ConfigError, MergeError, adapted_layers, target_matches
+from alfa.layers import is_factorized
 
 IMAGE = 16
 LORA_TARGET = ["layer3.0", "layer4.0", "conv1"]
@@ -102,11 +103,40 @@ def test_a_list_target_adapts_the_same_layers_as_the_equivalent_regex(suffixes, 
     dense = TinyGazeNet()
     truncated = TinyGazeNet()
     alfa.truncate(truncated, rank=6)
+    compared = 0
     for net in (dense, truncated):
         a, b = copy.deepcopy(net), copy.deepcopy(net)
-        got = alfa.attach(a, alfa.LoraConfig(rank=2, layers=layers, target=suffixes))
         want = alfa.attach(b, alfa.LoraConfig(rank=2, layers=layers, target=regex))
+        left_out = [s for s in suffixes if not any(target_matches([s], n) for n in want)]
+        if left_out:  # a name the list gives but the layers kind leaves out is refused, not silently dropped
+            with pytest.raises(ValueError, match=rf"^lora: target '{re.escape(left_out[0])}' selects no layer: "):
+                alfa.attach(a, alfa.LoraConfig(rank=2, layers=layers, target=suffixes))
+            assert alfa.adapter_state(a) is None
+            continue
+        got = alfa.attach(a, alfa.LoraConfig(rank=2, layers=layers, target=suffixes))
         assert got == want and got
+        compared += 1
+    assert compared
+
+
+def test_a_list_target_names_what_it_cannot_adapt_where_the_others_would_be():
+    """A misspelt name, a module of another kind, a dense layer under layers='factorized': refused by name, where
+    the list's other names selected layers and this one was silently left out."""
+    model = nn.Sequential(nn.Conv1d(8, 8, 3), nn.Flatten(), nn.Linear(48, 2))
+    for target, message in [
+        (["2", "0"], "lora: target '0' selects no layer: 0 is a Conv1d, which cannot be adapted: alfa adapts Linear"),
+        (["2", "fc"], "lora: target 'fc': the model has no module named 'fc' (nor ending in '.fc')"),
+        (["0"], "matched nothing; it names 0, a Conv1d, which cannot be adapted"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            alfa.attach(model, alfa.LoraConfig(rank=2, target=target))
+        assert alfa.adapter_state(model) is None
+    truncated = TinyGazeNet()
+    alfa.truncate(truncated, rank=6)
+    dense_left = next(n for n, m in truncated.named_modules() if isinstance(m, nn.Linear))
+    factorized = next(n for n, m in truncated.named_modules() if is_factorized(m))
+    with pytest.raises(ValueError, match=rf"target '{dense_left}' selects no layer: {dense_left} is left dense under"):
+        alfa.attach(truncated, alfa.LoraConfig(rank=2, target=[factorized, dense_left]))
 
 
 def test_a_list_target_selects_parameters_for_model_scope_methods():

@@ -62,6 +62,8 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
     names = sorted(names, key=order.__getitem__)
     if config.target is not None:
         names = [n for n in names if target_matches(config.target, n)]
+    if names:
+        _refuse_entries_left_out(model, config, mode, names, saved)
     ties = shared_parameters(model)
     tied = [n for n in names if n in ties]
     if tied and config.target is not None:  # asked for by name: refuse now rather than untie on merge
@@ -86,12 +88,56 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
                     f" among the factorized layers; it matches only layers left dense ({', '.join(only_dense[:4])}): "
                     "pass layers='dense' or layers='all' to adapt those"
                 )
+        if config.target is not None and not hint:
+            other = [
+                (n, m)
+                for n, m in model.named_modules()
+                if n and target_matches(config.target, n) and not (is_factorized(m) or is_dense_eligible(m))
+            ]
+            if other:
+                hint = f"; it names {other[0][0]}, a {type(other[0][1]).__name__}, which {ADAPTABLE}"
         if tied and not hint:
             hint = f" but layers with tied parameters ({', '.join(tied[:4])}), which are not adapted"
         if saved and not hint:
             hint = f" outside modules_to_save ({', '.join(saved[:4])})"
         raise ValueError(f"no layer to adapt: layers={config.layers!r}, target={config.target!r} matched nothing{hint}")
     return names
+
+
+ADAPTABLE = (
+    "cannot be adapted: alfa adapts Linear, transformers' Conv1D and ungrouped Conv2d layers with zero padding, "
+    "and their factorized forms"
+)
+
+
+def _refuse_entries_left_out(
+    model: nn.Module, config: AdapterConfig, mode: str, selected: Sequence[str], saved: Sequence[str]
+) -> None:
+    """A name in a ``target`` list that selects none of the layers adapted is refused, saying why (a misspelt
+    name, a module of a kind that cannot be adapted, a dense layer under ``layers='factorized'``), where the
+    other names would have been adapted and this one silently left out (PEFT refuses an unsupported target too)."""
+    if not isinstance(config.target, (list, tuple)):
+        return  # a regular expression selects what it matches
+    modules = dict(model.named_modules())
+    for entry in config.target:
+        if any(target_matches((entry,), n) for n in selected):
+            continue
+        found = [n for n in modules if n and target_matches((entry,), n)]
+        if not found:
+            raise ValueError(
+                f"{config.method}: target {entry!r}: the model has no module named {entry!r} (nor ending in '.{entry}')"
+            )
+        name, module = found[0], modules[found[0]]
+        inside = [s for s in saved if name == s or name.startswith(s + ".")]
+        if inside:
+            why = f"is trained in full as modules_to_save {inside[0]!r}"
+        elif is_factorized(module):
+            why = "is factorized: pass layers='factorized' or layers='all' to adapt it"
+        elif is_dense_eligible(module):
+            why = f"is left dense under layers={config.layers!r}: pass layers='dense' or layers='all' to adapt it"
+        else:
+            why = f"is a {type(module).__name__}, which {ADAPTABLE}"
+        raise ValueError(f"{config.method}: target {entry!r} selects no layer: {name} {why}")
 
 
 SIZE_OPTIONS = ("rank", "heads", "dense_rank")
