@@ -147,6 +147,15 @@ def test_screen_geometry_point_for_the_astronaut(checkpoint, tmp_path, capsys):
         assert point["y_mm"] == pytest.approx(hit[1] - 10, abs=0.1)
     else:
         assert face["gaze_camera"]["vector"][2] >= 0  # only a gaze away from the camera's plane misses it
+    # a screen 700 mm deep puts every face behind it: the run is refused, its gazes printed and kept
+    screen.write_text(json.dumps({"width_mm": 600, "height_mm": 340, "width_px": 1920, "height_px": 1080,
+                                  "top_left_mm": [300, 10, 700]}))  # fmt: skip
+    out = tmp_path / "out.json"
+    assert main(["predict", "skimage:astronaut", "--checkpoint", str(checkpoint[0]), "--screen", str(screen),
+                 "--json", str(out), "--quiet"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"--screen {screen}: for every face, the face is behind the screen's plane as its top_left_mm" in err
+    assert err.count("\n") == 1 and "gaze_camera" in json.loads(out.read_text())["photos"][0]["faces"][0]
 
 
 def _encoded(pixels: np.ndarray, fmt: str) -> bytes:

@@ -150,6 +150,23 @@ def _predict(args: argparse.Namespace) -> None:
         write_json(args.json, document)
     if failures:
         raise ValueError(f"{len(failures)} of {len(args.images)} inputs could not be read; first: {failures[0]}")
+    _refuse_a_screen_behind_every_face(args, records)
+
+
+def _refuse_a_screen_behind_every_face(args: argparse.Namespace, records: Any) -> None:
+    """A screen file that puts every face behind the screen is wrong (the output is kept: its gazes are right)."""
+    from alfa.gaze.camera.screen import BEHIND_THE_SCREEN
+
+    def screens(value: Any) -> Any:
+        if isinstance(value, dict):
+            yield from ([value["screen"]] if isinstance(value.get("screen"), dict) else [])
+            yield from (s for v in value.values() for s in screens(v))
+        elif isinstance(value, list):
+            yield from (s for v in value for s in screens(v))
+
+    found = list(screens(records))
+    if args.screen and found and all(s.get("error") == BEHIND_THE_SCREEN for s in found):
+        raise ValueError(f"--screen {args.screen}: for every face, {BEHIND_THE_SCREEN}")
 
 
 def _refuse_unused_options(args: argparse.Namespace) -> None:

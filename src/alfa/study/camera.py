@@ -25,8 +25,9 @@ SECTIONS = "\n".join(
         '(`--screen S.json`): `{"width_mm", "height_mm", "width_px", "height_px", "top_left_mm": [x, y, z], '
         '"rotation": 3×3}`, all in the camera frame; `rotation` (its columns: the screen\'s right, down and '
         "normal, as the person sees it) defaults to `[[-1, 0, 0], [0, 1, 0], [0, 0, -1]]`, the screen in the "
-        "camera's plane facing the person, as a laptop's webcam above its screen sees it (a rotation that puts "
-        "the face behind the screen, its right and left swapped, is answered with an error). `top_left_mm` is the "
+        "camera's plane facing the person, as a laptop's webcam above its screen sees it (a rotation or a depth "
+        "that puts the face behind the screen, its right and left swapped, is answered with an error, and "
+        "`alfa predict` exits 2 when every face is). `top_left_mm` is the "
         "screen's top-left corner as the person sees it, which lies at +x in the camera frame (the camera's x "
         "points to the image's right, the person's left): a 344 mm wide screen whose camera sits 8 mm above the "
         "middle of its top edge has `top_left_mm` `[172, 8, 0]`. Without the geometry, `--screen-fit C.json` "

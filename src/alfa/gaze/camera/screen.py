@@ -53,6 +53,16 @@ _SCREEN_IN_CAMERA_PLANE = np.diag([-1.0, 1.0, -1.0])
 _SIZES = ("width_mm", "height_mm", "width_px", "height_px")
 
 
+BEHIND_THE_SCREEN = (
+    "the face is behind the screen's plane as its top_left_mm and rotation place it: the screen's x axis runs left "
+    "to right and its y axis top to bottom as the person sees it, so x × y points away from the person, and the "
+    "plane lies between the person and the camera's far side (top_left_mm's z is the screen's depth: near 0 for a "
+    "camera on its frame)"
+)
+"""A screen point's error where the face is on the wrong side of the screen: never so in a real set-up, so the
+screen file is wrong (``alfa predict`` refuses a run where every face is)."""
+
+
 @dataclass
 class Screen:
     """A screen's size (``mm`` and pixels) and pose (``top_left_mm``, ``rotation``) in the camera frame."""
@@ -70,10 +80,7 @@ class Screen:
         normal = self.rotation[:, 2]
         if float(normal @ (origin_mm - self.top_left_mm)) >= 0:
             # a rotation whose x × y points at the person reads the screen from behind: left and right swapped
-            return {
-                "error": "the face is behind the screen as its rotation places it (its x axis runs left to right "
-                "and its y axis top to bottom as the person sees the screen, so x × y points away from the person)"
-            }
+            return {"error": BEHIND_THE_SCREEN}
         facing = float(normal @ gaze)
         if abs(facing) < 1e-9:
             return {"error": "the gaze runs parallel to the screen"}
