@@ -270,3 +270,13 @@ def test_a_state_loaded_into_an_attached_model_gives_that_models_outputs_active_
         for name, t in adapter_tensors(parked).items():
             t.copy_(adapter_tensors(trained)[name])
     assert torch.equal(parked(x), want)
+
+
+@pytest.mark.parametrize("method", ["pissa", "spectral", "alfa"])
+def test_a_layer_that_derives_from_its_base_attaches_to_a_base_without_values(method):
+    """A model on the meta device (built to count costs) has no values to take signatures of: attach still works."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    config = METHODS[method](rank=2, **({"heads": 2} if method == "alfa" else {}))
+    assert alfa.attach(model, config) == ["0", "1"]
+    assert model(torch.empty(3, 8, device="meta")).shape == (3, 2)

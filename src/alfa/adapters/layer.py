@@ -69,7 +69,7 @@ class AdaptedLayer(LayerWrapper):
         self.base = base
         self.config = config
         self.spec: LayerSpec = layer_spec(base)
-        self._derived_from: list[list[float]] | None = None  # the base's values what derive_from_base made
+        self._derived_from: list[list[float]] | None = None  # the base's values derive_from_base derived from
         self.register_load_state_dict_post_hook(_rederive_after_load)
 
     def derive_from_base(self) -> None:
@@ -90,8 +90,15 @@ class AdaptedLayer(LayerWrapper):
         if self._derived_from is not None and self._base_signature() != self._derived_from:
             self.follow_base()
 
-    def _base_signature(self) -> list[list[float]]:
-        return [tensor_signature(t) for t in self.base.state_dict().values() if t.is_floating_point()]
+    def _base_signature(self) -> list[list[float]] | None:
+        """The base's values, as signatures; ``None`` for a base without values (meta or fake tensors: a model
+        built to count its costs), which nothing can load values into."""
+        from torch._subclasses.fake_tensor import is_fake
+
+        tensors = [t for t in self.base.state_dict().values() if t.is_floating_point()]
+        if any(t.is_meta or is_fake(t) for t in tensors):
+            return None
+        return [tensor_signature(t) for t in tensors]
 
     @property
     def base_is_factorized(self) -> bool:
