@@ -448,7 +448,7 @@ def _committed(page: Page, root: Path) -> set[Path]:
     return {f for f in files if (root / f).is_file()}
 
 
-def _differences(page: Page, root: Path, out: Path, made: set[Path]) -> list[str]:
+def page_differences(page: Page, root: Path, out: Path, made: set[Path]) -> list[str]:
     """What differs between the committed files of ``page`` under ``root`` and those rendered into ``out``."""
     figure_of = {plotted_path(rel): rel for rel in made if rel.suffix == FIGURE_SUFFIX}
     problems = []
@@ -485,7 +485,7 @@ def check_pages(root: Path | None = None, pages: tuple[Page, ...] = PAGES) -> li
             continue
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
-            problems += _differences(page, root, out, set(render_page(page, root, out)))
+            problems += page_differences(page, root, out, set(render_page(page, root, out)))
     return problems
 
 
