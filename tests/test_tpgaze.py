@@ -369,6 +369,17 @@ def test_cli_meta_train_then_personalize(bases, tmp_path, capsys):
         with pytest.raises(ValueError, match=words):
             args.func(args)
         assert (tmp_path / "ad" / "p00.safetensors").is_file()  # refused before --replace removed anything
+    # a base trained on another size: one line up front, for both commands, not a failure per person
+    save_model(tmp_path / "sized.safetensors", bases["truncated"], "resnet18_gaze", input_size=(SIZE + 16, SIZE + 16))
+    sized = ["--checkpoint", str(tmp_path / "sized.safetensors"), "--quiet"]
+    for argv in (
+        ["tpgaze", "personalize", *sized, "--data", target, "--out", str(tmp_path / "ad2"), "--no-meta"],
+        ["tpgaze", "meta-train", *sized, "--data", source, "--out", str(tmp_path / "meta2")],
+    ):
+        args = parser.parse_args(argv)
+        with pytest.raises(ValueError, match=f"was trained on {SIZE + 16}×{SIZE + 16} images, .* has {SIZE}×{SIZE}"):
+            args.func(args)
+        assert not (tmp_path / argv[-3 if argv[-1] == "--no-meta" else -1]).exists()
 
 
 def test_prompt_sizes_are_measured_through_another_adapters_layers():

@@ -52,7 +52,7 @@ def _meta_train(args: argparse.Namespace) -> None:
     from alfa.adapters.prompt import TPGazeConfig
     from alfa.gaze.precision import forward_precision
     from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts, square_image_size
-    from alfa.gaze.train import held_out_persons
+    from alfa.gaze.train import check_input_size, held_out_persons
 
     changes = {
         "epochs": args.epochs,
@@ -74,6 +74,8 @@ def _meta_train(args: argparse.Namespace) -> None:
     else:
         val_persons = held_out_persons(saved, data, args.checkpoint)
         val = data if val_persons else None
+    for checked in {id(d): d for d in (data, val) if d is not None}.values():
+        check_input_size(saved, checked, args.checkpoint)
     size = square_image_size(data, data.person_indices(data.persons()[0])[0])
     prompt = TPGazeConfig(image_size=size, init_std=args.init_std)
     seed_torch_deterministic(config.seed)
@@ -108,6 +110,7 @@ def _personalize(args: argparse.Namespace) -> None:
     from alfa.gaze.pipeline import DemoConfig
     from alfa.gaze.precision import forward_precision
     from alfa.gaze.tpgaze import tpgaze_method, tpgaze_recipe
+    from alfa.gaze.train import check_input_size
 
     if (args.meta is None) != args.no_meta:  # neither, or both (one would be ignored)
         raise ValueError(
@@ -117,8 +120,9 @@ def _personalize(args: argparse.Namespace) -> None:
     base = DemoConfig().personalize if args.preset == "demo" else PersonalizeConfig()
     changes = {"steps": args.steps, "lr": args.lr, "n_adapt": args.n_adapt, "seed": args.seed}
     config = tpgaze_recipe(base, **{k: v for k, v in changes.items() if v is not None})
-    model, _, device = _load_base(args.checkpoint, args.device)
+    model, saved, device = _load_base(args.checkpoint, args.device)
     data = open_spec(args.data)
+    check_input_size(saved, data, args.checkpoint)  # once, not a failure per person
     persons = persons_of(args.persons, data)
     method = tpgaze_method(model, data, args.meta)
     # the folder's adapters of another method, recipe or base are not this run's to replace unasked
