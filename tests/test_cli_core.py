@@ -550,3 +550,23 @@ def test_pretrain_says_there_is_no_validation_rather_than_nan_on_zero_persons():
     assert _validation_words(none) == "no validation (no person held out: give --val-data, or more persons)"
     held = SimpleNamespace(history=[{"val_error": 7.125}], val_persons=["p01", "p02"])
     assert _validation_words(held) == "validation error 7.12 deg on 2 held-out persons"
+
+
+def test_validation_is_never_on_persons_the_model_trained_on():
+    """``--val-data`` that is the training data was called "held out"; and truncate (or tpgaze meta-train) after a
+    pre-training validated on other data drew its "held-out" persons from the ones pre-training trained on."""
+    from alfa.gaze.pipeline import open_data
+    from alfa.gaze.train import TrainConfig, held_out_persons, resolve_validation
+
+    spec = "synthetic:eth?persons=4&images_per_person=2&size=16"
+    data, again = open_data(spec), open_data(spec)
+    with pytest.raises(ValueError, match=r"^the validation data is the training data \(eth"):
+        resolve_validation(data, TrainConfig(), again)
+    other = open_data(spec + "&split=val")
+    assert resolve_validation(data, TrainConfig(), other)[2] == list(other.persons())
+    header = {"data": {"name": data.name}, "train_persons": list(data.persons()), "val_data": other.name}
+    with pytest.raises(
+        ValueError, match=rf"m.safetensors was trained on 4 of {data.name}'s persons .* pass --val-data"
+    ):
+        held_out_persons({"extra": {**header, "val_persons": list(other.persons())}}, data, "m.safetensors")
+    assert held_out_persons({"extra": header}, other) is None  # other data: nothing of it was trained on

@@ -211,6 +211,13 @@ def resolve_validation(
         missing = sorted(set(val_p) - set(val_dataset.persons()))
         if missing:
             raise ValueError(f"{val_dataset.name}: no validation person(s) {missing[:5]}")
+        trained = sorted(set(val_p) & set(dataset.persons())) if val_dataset.name == dataset.name else []
+        if trained:  # the same data opened twice: "held-out" persons that every epoch trains on
+            raise ValueError(
+                f"the validation data is the training data ({dataset.name}): its persons {trained[:3]} are trained "
+                "on; validate on another split (a synthetic world's ?split=val), or leave the validation data out "
+                "to hold persons out"
+            )
         return list(dataset.persons()), val_dataset, val_p
     if val_persons is None:
         train_p, val_p = split_persons(dataset, config.val_fraction, config.seed)
@@ -509,7 +516,9 @@ def held_out_persons(
 ) -> list[str] | None:
     """The source persons the checkpoint's training held out, when ``dataset`` is the data it trained on: a later
     stage on that data validates on them, still unseen. ``None`` when it is other data or none were held out. A
-    record of them that is no list of names is damage, named with ``checkpoint``."""
+    ``ValueError`` where it trained on ``dataset``'s persons and validated on other data (``--val-data``): persons
+    drawn from ``dataset`` would be ones it saw. A record of them that is no list of names is damage, named with
+    ``checkpoint``."""
     extra = checkpoint_config.get("extra", {})
     persons = extra.get("val_persons")
     if persons is not None and not (isinstance(persons, list) and all(isinstance(p, str) for p in persons)):
@@ -518,6 +527,14 @@ def held_out_persons(
         )
     if extra.get("val_data") == dataset.name and persons:
         return list(persons)
+    trained = extra.get("train_persons")
+    seen = set(trained) & set(dataset.persons()) if isinstance(trained, list) else set()
+    if extra.get("data", {}).get("name") == dataset.name and seen:
+        # persons drawn from this data to validate on would be ones the model was trained on
+        raise ValueError(
+            f"{checkpoint} was trained on {len(seen)} of {dataset.name}'s persons and validated on "
+            f"{extra.get('val_data')!r}: pass --val-data with that data, so that validation is on persons it never saw"
+        )
     return None
 
 
