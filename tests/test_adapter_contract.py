@@ -169,6 +169,18 @@ def test_every_method_checks_the_shared_options_at_construction(method, options,
         METHODS[method](**options)
 
 
+@pytest.mark.parametrize("method", ["lora", "alfa"])
+def test_an_unknown_option_is_a_config_error_however_the_config_is_made(method):
+    """The constructor raised alfa.ConfigError (a ValueError and a TypeError), from_dict a plain ValueError."""
+    from alfa.adapters import ConfigError
+
+    cls = METHODS[method]
+    for make in (lambda: cls(dropout=0.1), lambda: cls.from_dict({"dropout": 0.1})):
+        with pytest.raises(ConfigError, match="dropout") as refused:
+            make()
+        assert isinstance(refused.value, TypeError)
+
+
 def test_attach_still_validates_a_config_changed_after_construction(small_net):
     config = alfa.AlfaConfig()
     config.heads = 0

@@ -201,8 +201,8 @@ class AdapterConfig:
     def from_dict(cls, data: dict[str, Any]) -> AdapterConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown {cls.__name__} options: {unknown}")
+        if unknown:  # the constructor's class of error, whichever way the config is made
+            raise ConfigError(f"unknown {cls.__name__} options: {unknown}")
         return cls(**data)
 
 

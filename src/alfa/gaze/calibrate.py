@@ -93,7 +93,7 @@ DEFAULT_METHOD = "affine"
 DEFAULT_REASON = (
     "the affine map is the default: it corrects what a person's anatomy shifts and scales (an offset of yaw and "
     "pitch, which the flip cannot see, and a gain), needs no training, has 6 parameters (stored as a correction "
-    "of the model's head), and its ridge toward the identity makes it the plain offset at k = 1 and 2, so one "
+    "of the model's head), and below 3 images its gain is fixed at the identity, the plain offset, so one "
     "default serves every k; with 1 image the offset also carries that image's scatter, which can cost more than "
     "it corrects (docs/results-user-calibration.md; --offset-prior shrinks it). It stayed the default under a rule "
     "declared before the adapters' rows ran (docs/user-calibration.md §5.5): at k = 9 a LoRA adapter closed more of "
