@@ -83,6 +83,11 @@ class AdaptedLayer(LayerWrapper):
         attached model would otherwise run on the old base's residual), and when a parked adapter is made
         active again (:meth:`refresh_derived`). A cast that keeps the values re-derives nothing."""
         self.derive_from_base()
+        self.mark_derived()
+
+    def mark_derived(self) -> None:
+        """Record the base's values as those the derived values follow (for an ``__init__`` that derived them
+        itself from a computation it needed anyway, rather than through :meth:`follow_base`)."""
         self._derived_from = self._base_signature()
 
     def refresh_derived(self) -> None:

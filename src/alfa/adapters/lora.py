@@ -205,7 +205,8 @@ class PissaLayer(LowRankUpdateLayer):
 
     def __init__(self, base: nn.Module, config: PissaConfig) -> None:
         super().__init__(base, config)
-        A, B, U, _, _ = self._principal_factors()
+        factors = self._principal_factors()
+        A, B, U, _, _ = factors
         k, r = U.shape[1], config.rank
         # A factorized residual needs at least one component; a dense one may be (numerically) zero.
         limit = k - 1 if self.base_is_factorized else k
@@ -214,7 +215,8 @@ class PissaLayer(LowRankUpdateLayer):
             raise ValueError(f"{config.method} rank {r} is too large for this {kind} {k} (at most {limit})")
         self.A = nn.Parameter(A)
         self.B = nn.Parameter(B)
-        self.follow_base()
+        self._keep_residual(*factors)  # what follow_base would derive, from the SVD just made
+        self.mark_derived()
 
     def _principal_factors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, slice]:
         """``(A₀, B₀, U, V, keep)``: the branch's starting factors from the ``rank`` chosen triplets, the base's SVD
@@ -228,7 +230,10 @@ class PissaLayer(LowRankUpdateLayer):
         return (root[:, None] * Vh).to(V.dtype), (U[:, keep].double() * root).to(U.dtype), U, V, keep
 
     def derive_from_base(self) -> None:
-        A, B, U, V, keep = self._principal_factors()
+        self._keep_residual(*self._principal_factors())
+
+    def _keep_residual(self, A: Tensor, B: Tensor, U: Tensor, V: Tensor, keep: slice) -> None:
+        """The frozen residual: the other triplets of a factorized base, or ``W − s B₀ A₀`` of a dense one."""
         if self.base_is_factorized:
             rest = torch.ones(U.shape[1], dtype=torch.bool)
             rest[keep] = False
