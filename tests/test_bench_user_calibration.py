@@ -2,6 +2,7 @@
 runs them; the declared v2 run has them on every pair), the stand-in rule, and a run whose records equal the
 library's calibration of each person through a full forward pass, on the images every other row scores."""
 
+import contextlib
 import dataclasses
 import math
 import statistics
@@ -138,15 +139,25 @@ def _config():
 
 
 SMALL_FAZE = (FazeTrainConfig(steps=3, batch_size=4), FazeMetaConfig(steps=2, k=3, l=3, tasks=2))
+SMALL_DRAWS = (4, 2)  # per person: a row's draws, an adapter row's (the benchmark's: 10 and 3)
+
+
+@contextlib.contextmanager
+def _small_settings():
+    """FAZE's training and the draws small enough for a test (the rows' hashes hold them: a rerun needs them too)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibration_settings, "FAZE_TRAINING", SMALL_FAZE[0])
+        mp.setattr(calibration_settings, "FAZE_META_TRAINING", SMALL_FAZE[1])
+        mp.setattr(calibration_settings, "DRAWS", SMALL_DRAWS[0])
+        mp.setattr(calibration_settings, "ADAPTER_DRAWS", SMALL_DRAWS[1])
+        yield
 
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     out = tmp_path_factory.mktemp("ucal")
     config = _config()
-    with pytest.MonkeyPatch.context() as mp:  # FAZE small enough for a test (its rows hash these settings)
-        mp.setattr(calibration_settings, "FAZE_TRAINING", SMALL_FAZE[0])
-        mp.setattr(calibration_settings, "FAZE_META_TRAINING", SMALL_FAZE[1])
+    with _small_settings():
         summary = run_bench(config, out, progress=False)
     assert not summary.errors, summary.errors
     return out, config, {r["id"]: r for r in load_results(out)["records"]}
@@ -159,7 +170,8 @@ def _faze(session: Session, which: str):
 
 def _direct(session: Session, record: dict, config, base=None) -> dict[str, float]:
     """Each person's error recomputed with the library alone: the pool (adaptation images, then the oracle's
-    extra ones), the draws of seeds 0–9, ``calibrate_person`` with the record's recipe, a full forward pass."""
+    extra ones), the record's draws (seeds 0, 1, ...), ``calibrate_person`` with the record's recipe, a full forward
+    pass."""
     base = session.base(session.build("E", 0), "truncated") if base is None else base
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)  # as the run made them: a trained draw's float order depends on it
@@ -215,7 +227,7 @@ def test_a_row_is_the_library_calibration_of_each_person_scored_where_every_row_
         assert set(record["per_person"]) == set(source_only["per_person"])  # the same persons ...
         if label in RECOMPUTED:  # ... images (one row per way of scoring a draw: the time of the suite)
             assert record["per_person"] == pytest.approx(_direct(session, record, config, model), abs=1e-5)
-        draws = 3 if method.startswith("adapter-") else 10
+        draws = SMALL_DRAWS[1] if method.startswith("adapter-") else SMALL_DRAWS[0]
         assert all(len(v) == draws for v in record["calibration"]["per_person_draws"].values())
         merges = "in place" if not method.startswith("adapter-") else f"as {method[8:12]}'s own rows merge"
         assert record["adapter_bytes"] > 0 and record["merge"] == merges
@@ -273,9 +285,7 @@ def test_a_k_the_pool_cannot_hold_fails_with_one_line_and_a_rerun_resumes(calibr
     assert list(summary.errors) == ["calibrate-affine[k=16]|E→M|seed0"]
     assert "cannot come from a pool of 9" in summary.errors["calibrate-affine[k=16]|E→M|seed0"]
     # the finished rows are skipped by a rerun: the same hashes
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(calibration_settings, "FAZE_TRAINING", SMALL_FAZE[0])
-        mp.setattr(calibration_settings, "FAZE_META_TRAINING", SMALL_FAZE[1])
+    with _small_settings():
         again = run_bench(dataclasses.replace(config), out, progress=False)
     assert not again.errors and again.ran == []
 

@@ -103,3 +103,23 @@ def test_save_figure_writes_the_png_and_its_plotted_data(figure, tmp_path):
     assert plotted_path(path).read_text(encoding="utf-8") == text
     assert sorted(p.name for p in path.parent.iterdir()) == ["panels.plotted.json", "panels.png"]  # no temporaries
     assert not plt.fignum_exists(figure.number)
+
+
+def test_a_check_writes_the_plotted_data_and_leaves_the_png_undrawn(tmp_path, monkeypatch):
+    """What alfa pages --check renders under (plotted_data_only): the same plotted data, an empty file where the
+    PNG goes, and nothing drawn; outside it, the next figure is drawn again."""
+    from matplotlib.figure import Figure
+
+    from alfa.study.plotted import plotted_data_only
+
+    drawn = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(1), savefig(fig, *a, **k))[1])
+    with plotted_data_only():
+        fig = tiny_figure()
+        text = plotted_json(fig)
+        save_figure(fig, tmp_path / "checked.png", dpi=50)
+    assert drawn == [] and (tmp_path / "checked.png").read_bytes() == b""
+    assert plotted_path(tmp_path / "checked.png").read_text(encoding="utf-8") == text
+    save_figure(tiny_figure(), tmp_path / "written.png", dpi=50)
+    assert drawn == [1] and (tmp_path / "written.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
