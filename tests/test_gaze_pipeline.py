@@ -399,6 +399,14 @@ def test_cli_personalize_refuses_to_replace_other_adapters_unless_asked(tmp_path
     capsys.readouterr()
     refusals = {
         "its adapters are alfa": [*alfa_run[:3], "--method", "lora", "--data", "toy:target"],
+        # the option that differs, not the whole config (a TPGaze start differs in init_from alone)
+        "its adapters are alfa with other options (differs in heads)": [
+            *alfa_run[:4],
+            "1",
+            *alfa_run[5:],
+            "--data",
+            "toy:target",
+        ],
         "made on the dataset 'tgt', not 'other'": [*alfa_run, "--data", "toy:other"],
         "another recipe (differs in lr)": [*alfa_run, "--data", "toy:target", "--lr", "0.5"],
         "trained on another base": [

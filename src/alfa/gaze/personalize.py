@@ -434,15 +434,14 @@ def foreign_adapters(
     key = json.loads(json.dumps(_run_key(method, config)))
     if before.get("dataset") != dataset.name:
         return f"its adapters were made on the dataset {before.get('dataset')!r}, not {dataset.name!r}"
-    if before.get("method") != key["method"] or before.get("method_config") != key["method_config"]:
-        return f"its adapters are {before.get('method')} ({before.get('method_config')}), not {key['method']}"
+    if before.get("method") != key["method"]:
+        return f"its adapters are {before.get('method')}, not {key['method']}"
+    if before.get("method_config") != key["method_config"]:
+        changed = _differing(key["method_config"], before.get("method_config"))
+        return f"its adapters are {key['method']} with other options (differs in {changed})"
     if before.get("config") != key["config"]:
-        changed = sorted(
-            k
-            for k in set(key["config"]) | set(before.get("config", {}))
-            if key["config"].get(k) != before.get("config", {}).get(k)
-        )
-        return f"its adapters were made with another recipe (differs in {', '.join(changed)})"
+        changed = _differing(key["config"], before.get("config"))
+        return f"its adapters were made with another recipe (differs in {changed})"
     here = set(dataset.persons())
     readable = []
     for person in made:
@@ -462,6 +461,13 @@ def foreign_adapters(
             return f"its adapters were trained on another base ({e})"
         detach(model)
     return None
+
+
+def _differing(ours: dict[str, Any], theirs: Any) -> str:
+    """The names of the settings in which a run's ``ours`` and the record's ``theirs`` differ (every one of ours
+    where the record holds no mapping)."""
+    theirs = theirs if isinstance(theirs, dict) else {}
+    return ", ".join(sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k)))
 
 
 class _WriteFailed(Exception):
