@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib.util
 import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -76,7 +78,12 @@ def _image_size(image_size: Sequence[int]) -> tuple[int, int]:
     return size[0], size[1]
 
 
-_BATCH = torch.export.Dim("batch", min=1)  # any batch size: the exported files take as many images as memory holds
+@functools.cache
+def _batch() -> Any:
+    """The dynamic batch dimension, one for every input: any batch size, so the exported files take as many images
+    as memory holds. Made on first use: ``torch.export.Dim`` imports sympy, a fraction of a second that every
+    ``alfa`` command would pay when the parser names the exporter's defaults."""
+    return torch.export.Dim("batch", min=1)
 
 
 def _batch_sizes(batch_sizes: Sequence[int]) -> tuple[int, ...]:
@@ -131,7 +138,7 @@ def export_onnx(
             dynamo=True,
             input_names=["images"],
             output_names=["gaze"],
-            dynamic_shapes=({0: _BATCH},),
+            dynamic_shapes=({0: _batch()},),
             verbose=False,
         )
         program.save(str(tmp))
@@ -151,7 +158,8 @@ def export_onnx_with_inputs(
     :class:`alfa.serve.MixedBatchModel` with every layer's per-sample mix as an input. Not checked here: compare
     with onnxruntime on your own inputs (the tests do)."""
     _needs("onnxscript", "ONNX export")
-    shapes = ({0: _BATCH}, tuple({0: _BATCH} for _ in inputs[1:])) if len(inputs) > 1 else ({0: _BATCH},)
+    batch = _batch()
+    shapes = ({0: batch}, tuple({0: batch} for _ in inputs[1:])) if len(inputs) > 1 else ({0: batch},)
     path = Path(path)
     with atomic_path(path) as tmp, _restoring_mode(module):
         program = torch.onnx.export(
@@ -208,4 +216,4 @@ def export_program(
     if wrap is not None:
         model = wrap(model).eval()
     sample = torch.rand(2, 3, *_image_size(image_size), generator=torch.Generator().manual_seed(seed))
-    return torch.export.export(model, (sample,), dynamic_shapes=({0: _BATCH},))
+    return torch.export.export(model, (sample,), dynamic_shapes=({0: _batch()},))

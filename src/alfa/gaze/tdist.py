@@ -5,6 +5,7 @@ its t-interval, which the timing pages (:mod:`alfa.study.timing`) and ``alfa thr
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +43,17 @@ def t_tail(t: Any, df: int) -> np.ndarray:
 
 def t_quantile(tail: Any, df: int) -> np.ndarray:
     """The ``|t|`` whose two-sided tail is ``tail`` (e.g. ``0.05`` -> the 97.5 % quantile), by bisection."""
-    tail = np.asarray(tail, dtype=float)
+    if np.ndim(tail) == 0:  # a page asks for the same few levels hundreds of times: each bisection once
+        return np.float64(_scalar_quantile(float(tail), df))
+    return _bisect(np.asarray(tail, dtype=float), df)
+
+
+@functools.cache
+def _scalar_quantile(tail: float, df: int) -> float:
+    return float(_bisect(np.asarray(tail, dtype=float), df))
+
+
+def _bisect(tail: np.ndarray, df: int) -> np.ndarray:
     lo, hi = np.zeros_like(tail), np.full_like(tail, 1e9)
     for _ in range(120):
         mid = (lo + hi) / 2

@@ -216,9 +216,11 @@ class Ablation:
         """The values this ablation sweeps under ``config``."""
         return tuple(getattr(config, self.values_field)) if self.values_field else self.default_values
 
-    def variants(self, config: AblationSettings) -> list[Variant]:
-        """The rows of this ablation, its reference rows included."""
-        return self.rows(Rows(self.name, config, self.values(config), main_variants(config)))
+    def variants(self, config: AblationSettings, main: dict[str, Variant] | None = None) -> list[Variant]:
+        """The rows of this ablation, its reference rows included; ``main``: :func:`main_variants` of ``config``
+        where the caller has them (a thousand rows: one results layout reads every ablation's rows)."""
+        main = main_variants(config) if main is None else main
+        return self.rows(Rows(self.name, config, self.values(config), main))
 
     def sentences(self, idx: Index, layout: Sequence[dict[str, Any]], pairs: Sequence[str]) -> list[str]:
         """The report's sentences about this ablation, pooled over ``pairs``."""

@@ -16,6 +16,7 @@ figure is saved with what it plots beside it (:func:`alfa.study.plotted.save_fig
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from ..plotted import save_figure
 
 __all__ = [
     "numerical_rank",
+    "singular_values",
     "save_figure_data",
     "load_figure_data",
     "rank_slice_data",
@@ -183,8 +185,26 @@ quote it, and the update maps draw it)."""
 
 def numerical_rank(delta: Tensor, rtol: float = RANK_RTOL) -> int:
     """The number of singular values of ``delta`` above ``rtol`` times the largest."""
-    sv = torch.linalg.svdvals(delta.double())
+    sv = singular_values(delta)
     return int((sv > rtol * sv[0]).sum()) if sv.numel() and sv[0] > 0 else 0
+
+
+_SINGULAR_VALUES: dict[tuple[Any, ...], Tensor] = {}
+_SINGULAR_VALUES_KEPT = 64
+
+
+def singular_values(delta: Tensor) -> Tensor:
+    """``torch.linalg.svdvals`` of ``delta`` in float64 (on the CPU), remembered by ``delta``'s dtype, shape and
+    bytes: a report draws the singular values of each update it shows and quotes its rank in both of its renderings,
+    three SVDs of the same values, each of them a large share of a page's time on a busy machine."""
+    data = delta.detach().cpu().contiguous()
+    digest = hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy()).digest()
+    key = (data.dtype, tuple(data.shape), digest)
+    if key not in _SINGULAR_VALUES:
+        if len(_SINGULAR_VALUES) >= _SINGULAR_VALUES_KEPT:
+            del _SINGULAR_VALUES[next(iter(_SINGULAR_VALUES))]
+        _SINGULAR_VALUES[key] = torch.linalg.svdvals(data.double())
+    return _SINGULAR_VALUES[key].clone()
 
 
 def _kernel_norm_map(delta: Tensor, meta: dict[str, Any]) -> Tensor:
@@ -226,7 +246,7 @@ def plot_update_maps(tensors: Mapping[str, Tensor], meta: dict[str, Any], path: 
             bar.ax.tick_params(labelsize=6)
         ax = axes[r][cols]
         for p, d in zip(persons[method], deltas):
-            sv = torch.linalg.svdvals(d.double())
+            sv = singular_values(d)
             ax.semilogy(torch.arange(1, len(sv) + 1).numpy(), (sv / sv[0].clamp_min(1e-30)).numpy(), label=p)
         ax.axhline(RANK_RTOL, color="0.4", linestyle=":", linewidth=1.0, label=f"rank threshold {RANK_RTOL:g}")
         ax.set_title(f"{method}: singular values of ΔW / σ₁", fontsize=8)

@@ -644,14 +644,16 @@ def build_report(
     worlds and record ids, what of a declared run they hold (see :func:`render_report`)."""
     results_path = Path(results_path)
     results = load_results(results_path)
+    # the records parsed once: the figures and the page read them (thousands of records in a committed file)
+    parsed = {**results, "records": as_records(results["records"])}
     results_dir = results_path if results_path.is_dir() else results_path.parent
     out_md = Path(out_md)
     figure_dir = Path(figure_dir) if figure_dir is not None else default_figure_dir(out_md)
-    figures = render_figures(results, results_dir, figure_dir)
+    figures = render_figures(parsed, results_dir, figure_dir)
     updates = results_dir / FIGURE_DIR / UPDATES_FILE
     figure_data = F.load_figure_data(updates) if updates.is_file() else None
     text = render_report(
-        results,
+        parsed,
         figures=figures,
         figure_data=figure_data,
         md_dir=out_md.parent,

@@ -29,6 +29,7 @@ from .measures import sanity_summary
 from .methods import PAIRS, SANITY_METHODS, table_methods
 from .record import Record, as_records
 from .schema import FORMAT, VERSION, comparable_protocol
+from .variants import main_variants
 
 __all__ = [
     "RESULTS_FILE",
@@ -66,12 +67,13 @@ def _empty_results(config: BenchConfig) -> dict[str, Any]:
 
 def layout(config: BenchConfig) -> dict[str, Any]:
     """The rows of every table the report draws (labels and ablated values), from the protocol alone."""
+    main = main_variants(config)  # every ablation's reference rows, made once (it reads their labels alone)
     return {
         "pairs": list(PAIRS),
         "main": list(table_methods()),
         "sanity": list(SANITY_METHODS),
         "ablations": {
-            name: [{"label": v.label, "value": v.value} for v in ablation.variants(config)]
+            name: [{"label": v.label, "value": v.value} for v in ablation.variants(config, main)]
             for name, ablation in REGISTRY.items()
         },
     }

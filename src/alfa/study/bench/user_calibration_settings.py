@@ -5,7 +5,9 @@ rule's grid and the library's defaults, part of its records' hashes (docs/user-c
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 from typing import Any
 
 from alfa.gaze.calibrate import CalibrateConfig
@@ -66,6 +68,17 @@ _LATER_FIELDS = {"offset_prior": 0.0}  # CalibrateConfig fields added after the 
 _SET_PER_ROW = ("method", "k", "draw", "pool", "seed")  # CalibrateConfig fields a row sets, not its recipe
 
 
+@functools.cache
+def _library_defaults() -> dict[str, Any]:
+    """:class:`~alfa.gaze.calibrate.CalibrateConfig`'s defaults that a row does not set. Made once: every plan and
+    results layout makes the thousand or so calibration rows' settings, several times over."""
+    defaults = {f: v for f, v in dataclasses.asdict(CalibrateConfig()).items() if f not in _SET_PER_ROW}
+    for field, before in _LATER_FIELDS.items():  # a field added at its neutral value keeps earlier rows' hashes
+        if defaults.get(field) == before:
+            del defaults[field]
+    return defaults
+
+
 def calibration_settings(
     config: Any, method: str, k: int, draw: str, adapter_options: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -75,10 +88,7 @@ def calibration_settings(
     ``adapter-<method>`` row, the adapter's options (``adapter_options``: the benchmark's settings of it)."""
     pool = min(POOL, config.personalize.n_adapt + config.oracle.extra_images)
     stand_in_pool = min(STAND_IN_POOL, config.target_images // 2)
-    defaults = {f: v for f, v in dataclasses.asdict(CalibrateConfig()).items() if f not in _SET_PER_ROW}
-    for field, before in _LATER_FIELDS.items():  # a field added at its neutral value keeps earlier rows' hashes
-        if defaults.get(field) == before:
-            del defaults[field]
+    defaults = copy.deepcopy(_library_defaults())  # the row's own copy: the cached one is every row's
     settings = {
         "method": method,
         "k": k,
