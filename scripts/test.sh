@@ -6,4 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
 .venv/bin/ruff check src tests
 .venv/bin/ruff format --check src tests
+# Python may keep its compiled files (__pycache__/, ignored by git): where the environment turns that off, every
+# Python process the suite starts compiles alfa's sources again, and a rerun rewrites every test module again.
+unset PYTHONDONTWRITEBYTECODE
 exec .venv/bin/python -m pytest -n 2 "$@"

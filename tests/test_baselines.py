@@ -22,6 +22,10 @@ from alfa.adapters.state import adapted_layers, adapter_parameters
 from alfa.layers import FactorizedConv2d, FactorizedLinear, dense_matrix, is_factorized
 from alfa.truncate import factorized_ranks
 
+# PiSSA, MiLoRA and Spectral take QRs of ResNet-18's factors (4608×64, float64): on a busy 2-core machine two
+# threads made them 2-4× slower than one
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 # Small settings for the small test net (truncated at rank 6; fc2 (2×36) stays dense).
 CONFIGS = {
     "lora": lambda **kw: LoraConfig(rank=2, alpha=4.0, **kw),

@@ -3,6 +3,7 @@ replayed reference protocol, the recipe selected on the stand-in without any tar
 protocol's rule, §7, on the tiny configuration's v2 worlds), the stand-ins of each protocol, and the rows of
 the shipped default recipes."""
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -12,6 +13,9 @@ import torch
 from test_bench import tiny
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
+import alfa.study.bench.produce as produce
+import alfa.study.bench.runner as runner
+import alfa.study.bench.session as session_module
 from alfa.gaze.recipes import (
     DEFAULT_RECIPE,
     METHOD_RECIPES,
@@ -29,14 +33,59 @@ from alfa.study.bench.runner import run_bench
 from alfa.study.bench.schema import variant_key
 from alfa.study.bench.session import Session
 from alfa.study.bench.variants import selection_variants
+from alfa.study.plotted import plotted_data_only
+
+
+@contextlib.contextmanager
+def targets_out_of_reach(session: Session):
+    """Every target out of reach of what runs inside: opening one, through the session or by any other way,
+    raises. Yields the worlds opened meanwhile."""
+    opened: list[str] = []
+    target_worlds = {*TARGETS.values(), *(session.config.world(t) for t in TARGETS)}  # of either version
+    real_open = session_module.open_data
+
+    def no_target(key, *args):
+        raise AssertionError(f"the recipe selection opened the target {key!r}")
+
+    def open_no_target_world(spec):  # nor may it open a target world's data by any other way
+        world = spec.removeprefix("synthetic:").split("?")[0]
+        if world in target_worlds:
+            raise AssertionError(f"the recipe selection opened data of the target world {world!r}: {spec}")
+        opened.append(world)
+        return real_open(spec)
+
+    # a target the session opened before is out of reach as well: only the stand-ins stay in its cache
+    kept = session.targets
+    session.targets = {k: t for k, t in kept.items() if k.endswith(f"→{STAND_IN}")}
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(session, "target", no_target)
+            patch.setattr(session_module, "open_data", open_no_target_world)
+            yield opened
+    finally:
+        session.targets = {**kept, **session.targets}
 
 
 @pytest.fixture(scope="module")
 def flip_bench(tmp_path_factory):
+    """The run, its configuration and its records by id; its selection record is made with every target out of
+    reach (:func:`targets_out_of_reach`)."""
     out = tmp_path_factory.mktemp("flipbench")
     config = tiny(methods=("source-only", "flip-tta", "alfa"), selected_methods=("alfa",), default_methods=("alfa",))
-    summary = run_bench(config, out, progress=False)
+    guarded: list[str] = []
+
+    def produce_guarded(session, plan):
+        if plan.variant.kind != "selection":
+            return produce_record(session, plan)
+        guarded.append(plan.id)
+        with targets_out_of_reach(session):
+            return produce_record(session, plan)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "produce_record", produce_guarded)
+        summary = run_bench(config, out, progress=False)
     assert not summary.errors, summary.errors
+    assert guarded == [f"alfa[grid]|E→{STAND_IN}|seed0"]
     from alfa.study.bench.results import load_results
 
     return out, config, {r["id"]: r for r in load_results(out)["records"]}
@@ -92,40 +141,34 @@ def test_the_reference_protocol_is_replayed_per_step(flip_bench):
 
 
 @pytest.mark.slow
-def test_the_selection_never_reads_a_target(flip_bench, tmp_path, monkeypatch):
-    """The selection record is made with every target out of reach: opening one raises."""
+def test_the_selection_never_reads_a_target(flip_bench, monkeypatch):
+    """The selection record is made with every target out of reach (in the fixture's run): opening one raises.
+    Made again (the chosen recipe's run and another one), its runs give the same errors, targets still out of
+    reach; the recipe follows from the errors (the first test recomputes it from them)."""
     out, config, records = flip_bench
+    plan = RecordPlan(selection_variants(config, "alfa")[0], f"E→{STAND_IN}", 0)
+    made = records[plan.id]
+
+    def run_of(recipe):  # recipes differing only in their step count share one run
+        return dataclasses.replace(recipe, steps=0)
+
+    chosen = run_of(Recipe(**made["selected"]))
+    runs = {chosen, next(run_of(r) for r in RECIPE_GRID if run_of(r) != chosen)}
+    monkeypatch.setattr(produce, "RECIPE_GRID", tuple(r for r in RECIPE_GRID if run_of(r) in runs))
     session = Session(config, out, out / "cache", progress=False)
-    grid, _ = selection_variants(config, "alfa")
-    plan = RecordPlan(grid, f"E→{STAND_IN}", 0)
-
-    def no_target(key):
-        raise AssertionError(f"the recipe selection opened the target {key!r}")
-
-    import alfa.study.bench.session as session_module
-
-    opened = []
-    target_worlds = {*TARGETS.values(), *(config.world(t) for t in TARGETS)}  # of either version
-
-    def open_no_target_world(spec):  # nor may it open a target world's data by any other way
-        world = spec.removeprefix("synthetic:").split("?")[0]
-        if world in target_worlds:
-            raise AssertionError(f"the recipe selection opened data of the target world {world!r}: {spec}")
-        opened.append(world)
-        return real_open(spec)
-
-    real_open = session_module.open_data
-    monkeypatch.setattr(session, "target", no_target)
-    monkeypatch.setattr(session_module, "open_data", open_no_target_world)
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)  # as run_bench makes every record (2 threads cost tiny ops twice the time)
     try:
-        record = produce_record(session, plan)
+        with targets_out_of_reach(session) as opened:
+            record = produce_record(session, plan)
     finally:
         torch.set_num_threads(threads)
     assert STAND_INS["v2"]["E"] in opened  # the stand-in world was opened through the patched function
-    assert record.selected == records[plan.id]["selected"]  # and it is deterministic
-    assert record.config_hash == records[plan.id]["config_hash"]
+    again = {g["label"]: g["per_person"] for g in record.grid}
+    assert len(again) == len(produce.RECIPE_GRID) == 4  # the two step counts of each of the two runs
+    assert again == {g["label"]: g["per_person"] for g in made["grid"] if g["label"] in again}  # deterministic
+    assert record.source_only_per_person == made["source_only_per_person"]
+    assert record.config_hash == made["config_hash"]
 
 
 def test_a_selected_row_without_its_selection_is_refused(tmp_path):
@@ -154,7 +197,8 @@ def test_the_report_of_a_run_without_positive_controls_and_the_default_recipe_it
     from alfa.study.bench.results import load_results
 
     out, _, records = flip_bench
-    text = build_report(out, tmp_path / "r.md", tmp_path / "fig").read_text(encoding="utf-8")
+    with plotted_data_only():  # its words, not its drawings (test_bench's test_report_from_a_real_run draws them)
+        text = build_report(out, tmp_path / "r.md", tmp_path / "fig").read_text(encoding="utf-8")
     assert "## What a flip can see" in text and "## Recipes selected without target labels" in text
     # the first grid's caveat belongs to the first protocol's pages only (v1 results; the committed flip page)
     committed = (Path(__file__).resolve().parent.parent / "docs/results-flip.md").read_text(encoding="utf-8")

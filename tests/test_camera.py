@@ -303,12 +303,12 @@ def test_several_faces_are_refused_before_any_is_normalized_and_each_reader_says
     answer, _ = analyse_photo(two, predictor, PhotoOptions(faces="all"))
     assert len(answer["faces"]) == 2
     path = tmp_path / "two.png"
-    Image.fromarray(two).save(path)
+    Image.fromarray(two).save(path, compress_level=1)  # zlib's fastest: the pixels are the same
     with pytest.raises(ValueError, match=r"^2 faces found \(boxes .*\): a calibration photo must show only the person"):
         calibration_gaze(path, predictor)
     configs = []  # a calibration photo is normalized with the config the fit's photos are read with
     monkeypatch.setattr(photo_module, "_normalize_face", lambda *a: configs.append(a[3]) or real(*a))
-    Image.fromarray(astronaut).save(tmp_path / "one.png")
+    Image.fromarray(astronaut).save(tmp_path / "one.png", compress_level=1)
     wide = NormalizationConfig(distance_mm=900.0)
     calibration_gaze(tmp_path / "one.png", predictor, config=wide)
     assert configs == [wide]

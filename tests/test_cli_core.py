@@ -13,8 +13,20 @@ def test_summary_command(capsys):
     assert "11.178 M" in out and "2.285 M" in out and "left dense: conv1" in out
 
 
+def _structure_only(monkeypatch, module):
+    """``module``'s truncate makes the structure with random factors, no SVD: what its test asserts depends on the
+    truncated structure, not on the factors' values (fourteen float64 SVDs of ResNet-18, seconds; truncate's own
+    tests check them)."""
+    import functools
+
+    import alfa
+
+    monkeypatch.setattr(f"{module}.truncate", functools.partial(alfa.truncate, weights=False))
+
+
 @pytest.mark.slow
-def test_example_runs_and_merges_exactly(capsys):
+def test_example_runs_and_merges_exactly(capsys, monkeypatch):
+    _structure_only(monkeypatch, "alfa.study.example")
     result = run_example(rank=16, steps=3, image_size=32, batch=2)
     assert result["merged_params"] == result["truncated_params"] < result["dense_params"]
     assert result["merge_rel_diff"] < 1e-5
@@ -27,7 +39,8 @@ def test_example_runs_and_merges_exactly(capsys):
 
 
 @pytest.mark.slow
-def test_speed_measurement_is_consistent():
+def test_speed_measurement_is_consistent(monkeypatch):
+    _structure_only(monkeypatch, "alfa.study.bench.speed")
     r = measure(repeats=1, image_size=32, memory=False)
     assert r["params"]["merged alfa"] == r["params"]["truncated"] < r["params"]["dense"]
     assert r["params"]["trainable (head only)"] == 512 * 2 + 2
@@ -341,23 +354,36 @@ def test_evaluate_leaves_out_the_images_the_adapters_were_made_from(tmp_path, ca
         count(str(adapters))
 
 
-HELP_IMPORTS = """
+# What two tests check in one new interpreter (a start costs seconds of imports): the modules that declaring every
+# option loads, then deterministic kernels, which must not load TorchInductor (nor must the options), then load it.
+FRESH_PROCESS = """
 import contextlib, io, sys
+import torch
 from alfa.cli import main
 
 for argv in (["--help"], ["serve", "--help"]):
     with contextlib.redirect_stdout(io.StringIO()) as shown, contextlib.suppress(SystemExit):
         main(argv)
-    assert "usage: alfa" in shown.getvalue(), argv
-print(sorted(m for m in ("kornia", "matplotlib", "onnx", "onnxruntime") if m in sys.modules))
+    print("shown:", argv, "usage: alfa" in shown.getvalue())
+print("loaded:", sorted(m for m in ("kornia", "matplotlib", "onnx", "onnxruntime") if m in sys.modules))
+
+from alfa.cli.options import deterministic_kernels
+print("inductor loaded:", "torch._inductor" in sys.modules)
+assert not torch.are_deterministic_algorithms_enabled()
+deterministic_kernels()
+assert torch.are_deterministic_algorithms_enabled()
+assert torch.is_deterministic_algorithms_warn_only_enabled()
+print("inductor loaded:", "torch._inductor" in sys.modules)
+import torch._inductor.config as inductor
+torch.use_deterministic_algorithms(False)
+deterministic_kernels()
+print("inductor flag:", inductor.deterministic, torch.are_deterministic_algorithms_enabled())
 """
 
 
-@pytest.mark.slow
-def test_help_imports_no_heavy_package():
-    """``alfa --help`` and ``alfa serve --help`` build the whole parser, as every command does: declaring the
-    options must not import kornia, matplotlib or onnx (kornia alone was a fifth of a second of every start); only
-    running a command that needs one does."""
+@pytest.fixture(scope="module")
+def fresh_process() -> tuple[int, list[str], str]:
+    """``FRESH_PROCESS`` run: its exit status, its lines and its stderr."""
     import os
     import subprocess
     import sys
@@ -365,14 +391,31 @@ def test_help_imports_no_heavy_package():
 
     src = Path(__file__).resolve().parent.parent / "src"
     done = subprocess.run(
-        [sys.executable, "-c", HELP_IMPORTS],
+        [sys.executable, "-c", FRESH_PROCESS],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "PYTHONPATH": str(src)},
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+    return done.returncode, done.stdout.splitlines(), done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_help_imports_no_heavy_package(fresh_process):
+    """``alfa --help`` and ``alfa serve --help`` build the whole parser, as every command does: declaring the
+    options must not import kornia, matplotlib or onnx (kornia alone was a fifth of a second of every start); only
+    running a command that needs one does."""
+    _, lines, err = fresh_process
+    assert lines[:3] == ["shown: ['--help'] True", "shown: ['serve', '--help'] True", "loaded: []"], err
+
+
+def test_deterministic_kernels_switch_torch_on_without_loading_torchinductor(fresh_process):
+    """Every training or scoring command asks for deterministic kernels (warnings where there are none); it must
+    not import TorchInductor for it (seconds of every command's start), and where TorchInductor is already
+    loaded its flag is set too."""
+    code, lines, err = fresh_process
+    assert code == 0, err
+    assert lines[3:] == ["inductor loaded: False", "inductor loaded: False", "inductor flag: True True"]
 
 
 def test_the_quiet_exporter_hides_the_exporters_notices_only(capsys, monkeypatch):
@@ -417,30 +460,6 @@ def test_the_quiet_exporter_hides_the_exporters_notices_only(capsys, monkeypatch
             assert logged == ["torchvision is not installed", "a real error"]
     finally:
         logging.getLogger("torch.onnx").removeHandler(handler)
-
-
-def test_deterministic_kernels_switch_torch_on_without_loading_torchinductor():
-    """Every training or scoring command asks for deterministic kernels (warnings where there are none); it must
-    not import TorchInductor for it (seconds of every command's start), and where TorchInductor is already
-    loaded its flag is set too."""
-    import subprocess
-    import sys
-
-    script = (
-        "import sys, torch\n"
-        "from alfa.cli.options import deterministic_kernels\n"
-        "assert not torch.are_deterministic_algorithms_enabled()\n"
-        "deterministic_kernels()\n"
-        "assert torch.are_deterministic_algorithms_enabled()\n"
-        "assert torch.is_deterministic_algorithms_warn_only_enabled()\n"
-        "print('inductor loaded:', 'torch._inductor' in sys.modules)\n"
-        "import torch._inductor.config as inductor\n"
-        "torch.use_deterministic_algorithms(False)\n"
-        "deterministic_kernels()\n"
-        "print('inductor flag:', inductor.deterministic, torch.are_deterministic_algorithms_enabled())\n"
-    )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    assert out.splitlines() == ["inductor loaded: False", "inductor flag: True True"]
 
 
 def test_a_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):

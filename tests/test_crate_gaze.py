@@ -15,6 +15,7 @@ from alfa.adapters import attach, param_groups
 from alfa.cli import main
 from alfa.models import create_model
 from alfa.study.crate.gaze import CrateGazeConfig, late_blocks_pattern, quick_config, run_crate_gaze
+from alfa.study.plotted import plotted_data_only
 
 TARGETS = ("mpii/test", "eyediap/test")
 VOLATILE = {"seconds", "figure", "command", "resumed"}  # wall times, paths, what a rerun found begun
@@ -117,7 +118,8 @@ def test_outputs_figure_and_markdown(quick_run):
 def test_same_seed_gives_identical_numbers(quick_run, tmp_path):
     _, _, first = quick_run
     threads = torch.get_num_threads()
-    again = run_crate_gaze(quick_config(), tmp_path / "again", progress=False)
+    with plotted_data_only():  # the figure's data, not its drawing (test_outputs_figure_and_markdown draws it)
+        again = run_crate_gaze(quick_config(), tmp_path / "again", progress=False)
     assert torch.get_num_threads() == threads  # restored
     second = json.loads((tmp_path / "again" / "results.json").read_text())
     assert _strip(second) == _strip(first)
@@ -177,7 +179,8 @@ def test_later_half_of_the_blocks_gets_the_larger_learning_rate():
 
 
 def test_without_recovery_the_truncated_model_is_used_as_is(tmp_path):
-    results = run_crate_gaze(quick_config(recovery_epochs=0, targets=("mpii",)), tmp_path, progress=False)
+    with plotted_data_only():
+        results = run_crate_gaze(quick_config(recovery_epochs=0, targets=("mpii",)), tmp_path, progress=False)
     errors = results["truncation"]["in_domain_error"]
     assert errors["after_recovery"] == errors["after_truncation"]
     assert results["truncation"]["in_domain_after_recovery"]["mean"] == pytest.approx(errors["after_truncation"])
@@ -261,6 +264,7 @@ def test_the_page_names_the_machine_its_run_trained_on(quick_run):
     assert "torch 2" in title and ", on " not in title
 
 
+@plotted_data_only()  # no run here is about its figure (test_outputs_figure_and_markdown draws one)
 def test_a_rerun_resumes_another_run_is_refused_and_replace_starts_over(tmp_path, capsys):
     out = tmp_path / "run"
     first = run_crate_gaze(quick_config(targets=("mpii",)), out, progress=False)

@@ -2,117 +2,55 @@
 CPU train the same weights as one process with the same global batch, write the checkpoint once, and resume."""
 
 import json
-import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from distributed_worker import DATA
+from distributed_worker import config as _config
+from distributed_worker import model as _model
 from torch import nn
 
 from alfa.checkpoint import read_checkpoint
-from alfa.gaze import distributed, train, train_state
+from alfa.gaze import distributed
 from alfa.gaze.pipeline import open_data
-from alfa.gaze.train import TrainConfig, train_source
+from alfa.gaze.train import train_source
 
-DATA = "synthetic:eth?size=32&persons=5&images_per_person=8"
-# 4 training persons x 8 images = 32 = 4 global batches of 8: no short last batch, so both runs see the same ones
-CONFIG = TrainConfig(epochs=1, batch_size=8, lr=1e-3, val_fraction=0.2, symmetry_weight=1.0)
-
-
-class GroupNormNet(nn.Module):
-    """Per-sample normalization only (GroupNorm), so that sharding a batch cannot change a single number;
-    BatchNorm on CPUs normalizes each process's shard (gloo has no SyncBatchNorm)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
-        self.norm = nn.GroupNorm(2, 8)
-        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
-        self.fc = nn.Linear(16, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.norm(self.conv1(x)))
-        return self.fc(torch.relu(self.conv2(x)).mean((2, 3)))
-
-
-class BatchNormNet(GroupNormNet):
-    """The same with BatchNorm, whose running statistics each process updates from its own shard."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = nn.BatchNorm2d(8)
-
-
-def _model(kind: str = "group") -> nn.Module:
-    torch.manual_seed(0)
-    return GroupNormNet() if kind == "group" else BatchNormNet()
-
-
-# The runs one launch of two processes makes, in order: (model kind, epochs, folder). "resumed" continues the
-# checkpoint "first" left, as a run interrupted after one epoch and started again would; each run begins with a
-# freshly seeded model and optimizer and train_source reseeds, so nothing but the checkpoint carries over.
-RUNS = {"first": ("group", 1, "two"), "resumed": ("group", 2, "two"), "batch": ("batch", 1, "bn")}
-
-
-def _worker(rank: int, world: int, port: int, out: str, log: str) -> None:
-    import os
-
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
-    )
-    torch.set_num_threads(1)
-    device = distributed.setup("cpu", torch.device)
-    assert dist.is_initialized() and distributed.rank_and_world() == (rank, world)
-    writes: list[str] = []
-    real_save, real_state = train_state.save_model, train_state.write_tagged
-    train_state.save_model = lambda path, *a, **k: (writes.append(str(path)), real_save(path, *a, **k))[1]
-    train_state.write_tagged = lambda path, *a, **k: (writes.append(str(path)), real_state(path, *a, **k))[1]
-    seen: list[int] = []  # the training images this process loaded
-    real_load = train._raw_batch
-    train._raw_batch = lambda data, idx: (seen.extend(idx), real_load(data, idx))[1]
-    for run, (kind, epochs, folder) in RUNS.items():
-        writes.clear()
-        seen.clear()
-        model = _model(kind).to(device)
-        result = train_source(
-            model, open_data(DATA), _config(epochs), f"{out}/{folder}", model_name="group_norm_net", progress=False
-        )
-        with open(f"{log}/{run}.{rank}.json", "w") as f:
-            buffers = {n: b.double().sum().item() for n, b in model.named_buffers()}
-            json.dump(
-                {
-                    "writes": writes,
-                    "seen": seen,
-                    "history": result.history,
-                    "resumed": result.resumed_from_epoch,
-                    "buffers": buffers,
-                },
-                f,
-            )
-    distributed.teardown()
-
-
-def _config(epochs: int) -> TrainConfig:
-    import dataclasses
-
-    return dataclasses.replace(CONFIG, epochs=epochs)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+WORKER = Path(__file__).with_name("distributed_worker.py")
+# What the launch's processes run first, as `torchrun -m alfa pretrain ...` does: that test is of the launch and of
+# rank 0 alone reporting, which a tiny model shows as well as ResNet-18 (whose training and files take seconds).
+PRETRAIN = ["pretrain", "--model", "tiny_gaze_net", "--data", DATA, "--epochs", "1", "--batch-size", "8"]
+PRETRAIN += ["--device", "cpu", "--quiet"]
 
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
-    """One launch of two gloo processes making every run of ``RUNS`` (a launch costs seconds of imports):
-    the folder they trained in and, per run, what each rank reports."""
+    """One torchrun launch of two gloo processes (a launch costs seconds of imports in each) running ``alfa
+    pretrain``, then every run of ``RUNS`` (tests/distributed_worker.py): the launch, the folder they trained in,
+    and the folder of what each rank reported."""
     if not dist.is_available():
         pytest.skip("this torch has no torch.distributed")
     out, log = tmp_path_factory.mktemp("two-processes"), tmp_path_factory.mktemp("two-processes-log")
-    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(out), str(log)), nprocs=2, join=True)
-    return out, {run: [json.loads((log / f"{run}.{r}.json").read_text()) for r in range(2)] for run in RUNS}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER)]
+    done = subprocess.run(
+        [*launch, str(out), str(log), "--", *PRETRAIN, "--out", str(out / "pretrain")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done, out, log
+
+
+def _reports(two_processes, run: str) -> list[dict]:
+    """What each rank reported of ``run``."""
+    done, _, log = two_processes
+    files = [log / f"{run}.{rank}.json" for rank in range(2)]
+    if not all(f.is_file() for f in files):
+        pytest.fail(f"the launch reported no run {run!r} (exit {done.returncode}): {done.stderr[-3000:]}")
+    return [json.loads(f.read_text()) for f in files]
 
 
 @pytest.mark.slow
@@ -122,8 +60,9 @@ def test_two_processes_train_what_one_process_trains_write_once_and_resume(two_p
         single, open_data(DATA), _config(2), tmp_path / "one", model_name="group_norm_net", progress=False
     )
 
-    out, runs = two_processes
-    first, resumed = runs["first"], runs["resumed"]  # interrupted after one epoch, as it were, and resumed
+    out = two_processes[1]
+    # interrupted after one epoch, as it were, and resumed
+    first, resumed = _reports(two_processes, "first"), _reports(two_processes, "resumed")
     written = [str(out / "two" / name) for name in ("state.safetensors", "model.safetensors")]
     assert [r["writes"] for r in first] == [written, []]  # rank 0 only, the state first
     assert [r["writes"] for r in resumed] == [written, []]
@@ -147,9 +86,16 @@ def test_two_processes_train_what_one_process_trains_write_once_and_resume(two_p
 def test_with_batchnorm_every_process_ends_with_rank_0s_statistics(two_processes):
     """Each process updates BatchNorm's running statistics from its own shard; after every epoch they are
     rank 0's everywhere, so every process scores (and rank 0 saves) the same model."""
-    ranks = two_processes[1]["batch"]
+    ranks = _reports(two_processes, "batch")
     assert ranks[0]["buffers"] == ranks[1]["buffers"] and "norm.running_mean" in ranks[0]["buffers"]
     assert ranks[0]["history"] == [{**h, "seconds": ranks[0]["history"][0]["seconds"]} for h in ranks[1]["history"]]
+
+
+@pytest.mark.slow
+def test_torchrun_runs_the_pretrain_command_and_rank_0_alone_reports(two_processes):
+    done, out, _ = two_processes
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("pretrained tiny_gaze_net") == 1 and (out / "pretrain" / "model.safetensors").is_file()
 
 
 def test_a_global_batch_is_sharded_into_every_item_once():
@@ -183,18 +129,3 @@ def test_a_global_batch_too_small_for_the_processes_is_refused(monkeypatch, tmp_
     with pytest.raises(ValueError, match="global batch of 5 processes, at least 2 images each: at least 10$"):
         train_source(_model(), open_data(DATA), _config(1), tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()  # refused before the folder was made
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not dist.is_available(), reason="this torch has no torch.distributed")
-def test_torchrun_runs_the_pretrain_command_and_rank_0_alone_reports(tmp_path):
-    import subprocess
-    import sys
-
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "alfa"]
-    options = ["--data", DATA, "--epochs", "1", "--batch-size", "8", "--device", "cpu", "--quiet"]
-    done = subprocess.run(
-        [*command, "pretrain", *options, "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("pretrained resnet18_gaze") == 1 and (tmp_path / "run" / "model.safetensors").is_file()

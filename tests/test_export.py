@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_models import TinyGazeNet, truncated_resnet18
+from tiny_models import MicroGazeNet, TinyGazeNet, truncated_structure
 
 import alfa
 from alfa.adapters import adapter_parameters
@@ -17,15 +18,17 @@ pytest.importorskip("onnxscript")
 onnxruntime = pytest.importorskip("onnxruntime")
 
 
-def _personalized(config, seed=1, tiny=False):
-    """A truncated base and a copy with ``config``'s adapter from a non-trivial init; ``tiny``: the small registered
-    net instead of ResNet-18 (an export's path does not depend on the model; ResNet-18's is the first test's)."""
-    if tiny:
-        torch.manual_seed(0)
-        model = TinyGazeNet().eval()
-        alfa.truncate(model, 4)
+def _personalized(config, seed=1, model="resnet18"):
+    """A truncated base and a copy with ``config``'s adapter from a non-trivial init. ``model``: ResNet-18 (the
+    first test's: the real model exports), the small registered "tiny" net (several adapted layers) or the "micro"
+    one (one adapted layer: the fewest operators, so the quickest export, for tests of what happens around an
+    export, whose path does not depend on the model)."""
+    torch.manual_seed(0)
+    if model == "resnet18":  # truncate's structure with random factors: an export does not read the weights' values
+        model = truncated_structure(alfa.models.resnet18_gaze().eval(), 16)
     else:
-        model = truncated_resnet18(16)
+        model = {"tiny": TinyGazeNet, "micro": MicroGazeNet}[model]().eval()
+        alfa.truncate(model, 4)
     base = copy.deepcopy(model)
     torch.manual_seed(seed)
     alfa.attach(model, config)
@@ -57,14 +60,14 @@ def test_onnx_of_a_personalized_model_matches_pytorch_and_onnxruntime(tmp_path):
 def test_lora_needs_a_merge_form_and_a_bad_export_leaves_nothing(tmp_path):
     from alfa.export import export_onnx
 
-    _, model = _personalized(alfa.LoraConfig(rank=2), tiny=True)
+    _, model = _personalized(alfa.LoraConfig(rank=2), model="micro")
     with pytest.raises(ValueError, match="choose a form, 'extend'"):
         export_onnx(model, tmp_path / "a.onnx", (32, 32))
     assert not (tmp_path / "a.onnx").exists()
     assert export_onnx(model, tmp_path / "a.onnx", (32, 32), form="extend").relative_difference <= 1e-5
     assert "alfa export --merge extend|densify" in _export_error(tmp_path, model, [])
     for adapter in ("alfa", None):  # a --merge that would be ignored (it was: the file was not what was asked)
-        alfa_user = _personalized(alfa.AlfaConfig(heads=2, rank=2), tiny=True)[1] if adapter else None
+        alfa_user = _personalized(alfa.AlfaConfig(heads=2, rank=2), model="micro")[1] if adapter else None
         err = _export_error(tmp_path, alfa_user or model, ["--merge", "densify"], adapter=adapter is not None)
         merge = "factorized (rank d)" if adapter else "none: no --adapter"
         assert "--merge densify is for an adapter on a truncated base whose merge cannot keep the base's rank" in err
@@ -84,7 +87,7 @@ def _export_error(tmp_path, user, options, adapter=True) -> str:
 
     base = copy.deepcopy(user)
     alfa.detach(base)
-    save_model(tmp_path / "e-base.safetensors", base, "tiny_gaze_net")
+    save_model(tmp_path / "e-base.safetensors", base, "micro_gaze_net")
     alfa.save_adapter(user, tmp_path / "e-user.safetensors")
     argv = ["export", "--checkpoint", str(tmp_path / "e-base.safetensors"), "--image-size", "32", "32"]
     argv += ["--adapter", str(tmp_path / "e-user.safetensors")] * adapter + ["--out", str(tmp_path / "e.onnx")]
@@ -100,8 +103,8 @@ def _export_argv(tmp_path) -> tuple[list[str], torch.nn.Module]:
     and the personalized model it should equal."""
     from alfa.checkpoint import save_model
 
-    base, model = _personalized(alfa.AlfaConfig(heads=2, rank=2), tiny=True)
-    save_model(tmp_path / "base.safetensors", base, "tiny_gaze_net")
+    base, model = _personalized(alfa.AlfaConfig(heads=2, rank=2), model="micro")
+    save_model(tmp_path / "base.safetensors", base, "micro_gaze_net")
     alfa.save_adapter(model, tmp_path / "u.safetensors")
     argv = ["export", "--checkpoint", str(tmp_path / "base.safetensors"), "--adapter", str(tmp_path / "u.safetensors")]
     return argv, model
@@ -143,38 +146,56 @@ class _Records(logging.Handler):
             logger.removeHandler(self)
 
 
-def _exporter_noise(argv, capsys):
+def _exporter_noise(argv):
     """Run ``alfa`` on ``argv``: its exit status, its stdout and stderr, and what the exporter said through
     Python's warnings and torch's loggers."""
+    import contextlib
+    import io
+
     from alfa.cli import main
 
+    out, err = io.StringIO(), io.StringIO()
     with warnings.catch_warnings(record=True) as said, _Records() as logged:
         warnings.simplefilter("always")  # every warning, each time, so that none hides behind an earlier test's
-        status = main(argv)
-    out, err = capsys.readouterr()
-    return status, out, err, [f"{w.category.__name__}: {w.message}" for w in said] + logged.lines
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(argv)
+    return status, out.getvalue(), err.getvalue(), [f"{w.category.__name__}: {w.message}" for w in said] + logged.lines
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """One user's model through ``alfa export --program`` twice, under two names: "a" as a person runs it, "b"
+    with --verbose (which changes what is shown, not what is written). The next two tests read these runs (an
+    export is seconds): each run's status, stdout, stderr and exporter noise; torch's log level before and after."""
+    folder = tmp_path_factory.mktemp("export")
+    argv, model = _export_argv(folder)
+    argv += ["--image-size", "32", "32"]
+    levels = [logging.getLogger("torch").level]
+    runs = {}
+    for name, options in (("a", []), ("b", ["--verbose"])):
+        outputs = ["--out", str(folder / f"{name}.onnx"), "--program", str(folder / f"{name}.pt2")]
+        runs[name] = _exporter_noise([*argv, *outputs, *options])
+    levels.append(logging.getLogger("torch").level)
+    return SimpleNamespace(folder=folder, model=model, runs=runs, torch_levels=levels)
 
 
 @pytest.mark.slow
-def test_alfa_export_prints_its_outcome_and_not_the_exporters_warnings(tmp_path, capsys):
-    argv, model = _export_argv(tmp_path)
-    argv += ["--image-size", "32", "32"]
-    torch_level = logging.getLogger("torch").level
-
+def test_alfa_export_prints_its_outcome_and_not_the_exporters_warnings(exported):
+    folder = exported.folder
     # The premise, so that the check below can fail: this exporter does warn (deprecations, log lines), and
     # --verbose lets it.
-    status, out, err, noise = _exporter_noise([*argv, "--out", str(tmp_path / "loud.onnx"), "--verbose"], capsys)
+    status, out, err, noise = exported.runs["b"]
     assert status == 0 and noise, (out, err)
 
-    status, out, err, noise = _exporter_noise([*argv, "--out", str(tmp_path / "u.onnx")], capsys)
+    status, out, err, noise = exported.runs["a"]  # (the ONNX export and the program's, both quiet)
     assert status == 0 and noise == [] and err == "", (noise, err)
-    assert out.startswith(f"wrote {tmp_path / 'u.onnx'}; onnxruntime vs PyTorch on batches of 1, 7:")
-    assert out.count("\n") == 1
-    assert logging.getLogger("torch").level == torch_level  # the loggers are as they were
-    session = onnxruntime.InferenceSession(str(tmp_path / "u.onnx"), providers=["CPUExecutionProvider"])
+    assert out.startswith(f"wrote {folder / 'a.onnx'}; onnxruntime vs PyTorch on batches of 1, 7:")
+    assert out.count("\n") == 2 and out.endswith(f"\nwrote {folder / 'a.pt2'} (torch.export; dynamic batch)\n")
+    assert exported.torch_levels[0] == exported.torch_levels[1]  # the loggers are as they were
+    session = onnxruntime.InferenceSession(str(folder / "a.onnx"), providers=["CPUExecutionProvider"])
     x = torch.rand(3, 3, 32, 32)
     with torch.no_grad():
-        ours = model(x)
+        ours = exported.model(x)
     theirs = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
     assert float((theirs - ours).norm() / ours.norm()) < 1e-5
 
@@ -187,13 +208,13 @@ class _DataDependent(torch.nn.Module):
 
 
 @pytest.mark.slow
-def test_a_failed_export_is_one_line_and_a_non_zero_status(tmp_path, capsys, monkeypatch):
+def test_a_failed_export_is_one_line_and_a_non_zero_status(tmp_path, monkeypatch):
     from alfa.checkpoint import save_model
 
-    save_model(tmp_path / "base.safetensors", truncated_resnet18(16), "resnet18_gaze")
+    save_model(tmp_path / "base.safetensors", MicroGazeNet(), "micro_gaze_net")  # any base: its merge is replaced
     monkeypatch.setattr("alfa.export.merged_copy", lambda model, form=None: _DataDependent().eval())
     argv = ["export", "--checkpoint", str(tmp_path / "base.safetensors"), "--image-size", "32", "32"]
-    status, out, err, noise = _exporter_noise([*argv, "--out", str(tmp_path / "u.onnx")], capsys)
+    status, out, err, noise = _exporter_noise([*argv, "--out", str(tmp_path / "u.onnx")])
     assert status == 2 and out == "" and noise == []
     assert err.startswith(
         "alfa export: error: the model could not be exported to ONNX: Could not guard on data-dependent expression"
@@ -208,10 +229,10 @@ def test_the_multi_user_model_exports_with_each_layers_mix_as_an_input(tmp_path)
     from alfa.export import export_onnx_with_inputs
     from alfa.serve import MixedBatchModel
 
-    base, _ = _personalized(alfa.AlfaConfig(heads=2, rank=2), tiny=True)
+    base, _ = _personalized(alfa.AlfaConfig(heads=2, rank=2), model="tiny")
     served = alfa.MultiUserModel(base)
     for i in range(3):
-        served.add_user(f"u{i}", _personalized(alfa.AlfaConfig(heads=2, rank=2), seed=10 + i, tiny=True)[1])
+        served.add_user(f"u{i}", _personalized(alfa.AlfaConfig(heads=2, rank=2), seed=10 + i, model="tiny")[1])
     mixed = MixedBatchModel(base)
     users = ["u0", "u2", None, "u1"]
     x = torch.rand(4, 3, 32, 32)
@@ -231,7 +252,7 @@ def test_the_multi_user_model_exports_with_each_layers_mix_as_an_input(tmp_path)
     plain = torch.nn.Sequential(torch.nn.Linear(4, 2)).train()
     export_onnx_with_inputs(plain, tmp_path / "plain.onnx", (torch.rand(2, 4),), ["x"])
     assert plain.training  # exported in eval mode, given back in the mode it came in
-    low_rank = _personalized(alfa.LoraConfig(rank=2), seed=20, tiny=True)[1]
+    low_rank = _personalized(alfa.LoraConfig(rank=2), seed=20, model="tiny")[1]
     served.add_user("lr", low_rank)
     with pytest.raises(ValueError, match="user 'lr' has a low-rank update or a correction on"):
         mixed.mixes(served, ["lr"])
@@ -248,18 +269,14 @@ def test_a_model_that_is_not_float32_on_the_cpu_is_refused_in_one_sentence(tmp_p
 
 
 @pytest.mark.slow
-def test_alfa_export_program_is_the_same_bytes_whatever_its_file_is_called(tmp_path, capsys):
+def test_alfa_export_program_is_the_same_bytes_whatever_its_file_is_called(exported):
     """The .pt2 archive is named inside by a fixed name, not by the file (nor by the temporary file it is first
     written to): one model, two exports under two names, the same bytes."""
-    from alfa.cli import main
-
-    argv, _ = _export_argv(tmp_path)
-    argv += ["--image-size", "32", "32"]
-    for name in ("a", "b"):
-        assert main([*argv, "--out", str(tmp_path / f"{name}.onnx"), "--program", str(tmp_path / f"{name}.pt2")]) == 0
-    assert (tmp_path / "a.pt2").read_bytes() == (tmp_path / "b.pt2").read_bytes()
-    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
-    program = torch.export.load(str(tmp_path / "a.pt2"))
+    folder = exported.folder
+    assert [run[0] for run in exported.runs.values()] == [0, 0]
+    assert (folder / "a.pt2").read_bytes() == (folder / "b.pt2").read_bytes()
+    assert (folder / "a.onnx").read_bytes() == (folder / "b.onnx").read_bytes()
+    program = torch.export.load(str(folder / "a.pt2"))
     assert program.module()(torch.zeros(3, 3, 32, 32)).shape == (3, 2)
     # any batch size (the program was capped at 4096 images, the ONNX file was not)
     assert program.module()(torch.zeros(4097, 3, 32, 32)).shape == (4097, 2)

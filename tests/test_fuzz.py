@@ -35,9 +35,8 @@ def gazehub_root(tmp_path_factory) -> Path:
 
 
 def _open_with_label(root: Path, tmp: Path, label: bytes) -> None:
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    shutil.copytree(root, tmp)
+    if not tmp.exists():  # one copy for all examples: the loader only reads, and each example writes its label
+        shutil.copytree(root, tmp)
     (tmp / "Label" / "p01.label").write_bytes(label)
     GazeHubDataset(tmp, "mpiifacegaze", check_files=False)
 

@@ -180,31 +180,30 @@ def test_a_body_shorter_than_its_length_times_out_and_frees_the_worker(world):
 
 
 def test_a_trickled_request_is_cut_at_the_request_timeout(world):
-    service = GazeService(*world, QUICK)
-    with serving(service, limits=QUICK) as port, socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        began, answer = time.monotonic(), b""
-        with contextlib.suppress(OSError):
-            for byte in _request("/predict?user=ann", PNG):  # a byte per 0.1 s: each read is within its timeout
-                s.sendall(bytes([byte]))
-                if select.select([s], [], [], 0.1)[0]:
-                    answer = s.recv(65536)
-                    break
-                if time.monotonic() - began > 4:
-                    break
-        assert time.monotonic() - began < 2, "the connection outlived the request timeout"
-        # what the cut left of the headers is no request: 408, not an answer to the part that came (411, 400, 200)
-        assert answer.split(b" ")[1:2] == [b"408"], answer
-    for partial in (b"POST /predict?user=ann HTTP/1.1\r\nHost: x\r\n", b"GET /health"):
-        with serving(service, limits=QUICK) as port, socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            s.sendall(partial)  # then a byte each 0.1 s of a header that never ends: within the socket timeout
-            answer = b""
-            for _ in range(20):
+    """Three clients at once, each sending a byte per 0.1 s (every read within the socket timeout): a whole
+    request, and two header blocks that never end. Each is cut at the request timeout and answered 408."""
+    limits = ServiceLimits(workers=3, queue=3, socket_timeout=0.2, request_timeout=0.5)  # QUICK's, a worker each
+    streams = {
+        "a whole request": [bytes([byte]) for byte in _request("/predict?user=ann", PNG)],
+        "POST headers": [b"POST /predict?user=ann HTTP/1.1\r\nHost: x\r\n"] + [b"X"] * 40,
+        "a GET line": [b"GET /health"] + [b"X"] * 40,
+    }
+    with serving(GazeService(*world, limits), limits=limits) as port, contextlib.ExitStack() as stack:
+        clients = [stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5)) for _ in streams]
+        began, answers = time.monotonic(), {}
+        waiting = dict(zip(clients, map(iter, streams.values())))
+        while waiting and time.monotonic() - began < 4:
+            for client, chunks in waiting.items():
                 with contextlib.suppress(OSError):
-                    s.sendall(b"X")
-                if select.select([s], [], [], 0.1)[0]:
-                    answer = s.recv(65536)
-                    break
-            assert answer.split(b" ")[1:2] == [b"408"], (partial, answer)
+                    client.sendall(next(chunks, b""))
+            for client in select.select(list(waiting), [], [], 0.1)[0]:
+                answers[client] = client.recv(65536), time.monotonic() - began
+                del waiting[client]
+    for case, client in zip(streams, clients):
+        answer, seconds = answers.get(client, (b"", None))
+        assert seconds is not None and seconds < 2, f"{case}: the connection outlived the request timeout"
+        # what the cut left of the headers is no request: 408, not an answer to the part that came (411, 400, 200)
+        assert answer.split(b" ")[1:2] == [b"408"], (case, answer)
 
 
 def test_a_body_over_the_limit_is_answered_413_and_the_client_reads_it(served):
@@ -343,15 +342,22 @@ def test_a_photo_over_the_pixel_limit_is_refused_from_its_header_as_a_crop_is(se
 def test_a_photo_of_several_faces_is_refused_in_the_services_own_words(served):
     pytest.importorskip("cv2")
     pytest.importorskip("skimage")
+    from PIL import Image
+
     from alfa.gaze.camera import read_photo
+
+    def png(pixels: np.ndarray) -> bytes:  # zlib's fastest level: a photo this size, the same pixels sooner
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
+        return buffer.getvalue()
 
     port, _, _ = served
     astronaut = read_photo("skimage:astronaut")[0]
-    body = png_bytes(np.concatenate([astronaut, astronaut], 1))
+    body = png(np.concatenate([astronaut, astronaut], 1))
     status, _, reply = _exchange(port, _request("/predict/photo?user=ann", body), timeout=60)
     assert status == 400 and reply["error"].startswith("2 faces found (boxes [")
     assert reply["error"].endswith("): the photo must show exactly one face") and "--" not in reply["error"]
-    status, _, reply = _exchange(port, _request("/predict/photo?user=ann", png_bytes(astronaut)), timeout=60)
+    status, _, reply = _exchange(port, _request("/predict/photo?user=ann", png(astronaut)), timeout=60)
     assert status == 200 and len(reply["faces"]) == 1 and reply["user"] == "ann"
 
 
@@ -509,9 +515,12 @@ def test_a_damaged_fingerprint_is_a_404_and_a_non_finite_answer_is_no_bare_nan(w
         assert _exchange(port, _request("/predict?user=ann", PNG))[0] == 200  # the others are still served
 
 
-def test_stopping_answers_what_was_accepted_and_a_trickling_client_does_not_hold_it_up(world):
-    from alfa.gaze.service.server import STOP_GRACE, STOPPING
+def test_stopping_answers_what_was_accepted_and_a_trickling_client_does_not_hold_it_up(world, monkeypatch):
+    import alfa.gaze.service.server as server_module
+    from alfa.gaze.service.server import STOPPING
 
+    # a shorter grace, still told from the socket timeout (10 s) that a trickling client would otherwise hold
+    monkeypatch.setattr(server_module, "STOP_GRACE", STOP_GRACE := 1.2)
     server = make_server(GazeService(*world, ServiceLimits(workers=2)), port=0)  # socket timeout 10 s, request 30 s
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     port, request = server.server_address[1], _request("/predict?user=ann", PNG)
@@ -521,14 +530,15 @@ def test_stopping_answers_what_was_accepted_and_a_trickling_client_does_not_hold
     ):
         slow.sendall(b"POST /predict?user=ann HTTP/1.0\r\n")  # headers that never end
         arriving.sendall(request[:-10])
-        time.sleep(0.3)  # both taken by the workers
+        _until(lambda: len(server._receiving) == 2)  # both taken by the workers
         assert server.in_flight() == 2
         server.shutdown()
         began = time.monotonic()
         closing = threading.Thread(target=server.server_close)
         closing.start()
+        _until(server._stopping.is_set)  # the grace has begun
         time.sleep(0.3)
-        arriving.sendall(request[-10:])  # the rest comes within the grace: answered
+        arriving.sendall(request[-10:])  # the rest comes within the grace, not at once: answered
         assert _answer(arriving)[0] == 200
         status, headers, reply = _answer(slow)
         closing.join(timeout=15)
@@ -545,7 +555,11 @@ def test_sigterm_drains_and_exits_0_with_a_line_not_a_traceback(world, tmp_path)
     from pathlib import Path
 
     tests = Path(__file__).parent
-    code = "import sys, tiny_models; from alfa.cli import main; sys.exit(main(sys.argv[1:]))"
+    # a short grace for the request that never ends (its length is the in-process stopping tests' matter)
+    code = (
+        "import sys, tiny_models; import alfa.gaze.service.server as s; s.STOP_GRACE = 0.3; "
+        "from alfa.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
     command = [sys.executable, "-c", code, "serve", "--checkpoint", str(world[0]), "--adapters", str(world[1])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
     server = subprocess.Popen(
@@ -573,22 +587,25 @@ def test_stopping_answers_a_long_queue_and_the_backlog(world, monkeypatch):
     from alfa.gaze.service.server import STOPPING
 
     monkeypatch.setattr(server_module, "STOP_GRACE", 0.1)
-    monkeypatch.setattr(server_module, "_LINGER_SECONDS", 0.1)  # one connection may take 1.4 s: the queue, 2.4 s
+    monkeypatch.setattr(server_module, "_LINGER_SECONDS", 0.1)  # one connection may take 1.4 s: the queue, 1.8 s
     service = GazeService(*world, ServiceLimits(workers=1, queue=16, socket_timeout=0.2))
     predict = service.predict
     monkeypatch.setattr(service, "predict", lambda *a: time.sleep(0.3) or predict(*a))
-    server = make_server(service, port=0)
+    server, accepted = make_server(service, port=0), []
+    process = server.process_request
+    monkeypatch.setattr(server, "process_request", lambda *a: accepted.append(a) or process(*a))
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     port, request = server.server_address[1], _request("/predict?user=ann", PNG)
-    clients = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(8)]
+    clients = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(6)]
     for client in clients:
         client.sendall(request)
-    time.sleep(0.2)
+    _until(lambda: len(accepted) == 6)
     server.shutdown()
     late = socket.create_connection(("127.0.0.1", port), timeout=10)  # in the backlog: no one accepts it now
     late.sendall(request)
     server.server_close()
-    assert [_answer(client)[0] for client in clients] == [200] * 8
+    assert server.in_flight() == 0  # it returned once all were answered, not after a fixed wait
+    assert [_answer(client)[0] for client in clients] == [200] * 6
     status, headers, reply = _answer(late)
     assert status == 503 and reply["error"] == STOPPING and headers["Retry-After"] == "1"
     for client in (*clients, late):

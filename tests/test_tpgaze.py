@@ -328,11 +328,15 @@ def test_config_checks():
     assert TPGAZE_TARGET.startswith("^")
 
 
-def test_cli_meta_train_then_personalize(bases, tmp_path, capsys):
+def test_cli_meta_train_then_personalize(tmp_path, capsys):
+    from tiny_models import truncated_tiny_gaze_net
+
     from alfa.checkpoint import save_model
     from alfa.cli import build_parser
 
-    save_model(tmp_path / "base.safetensors", bases["truncated"], "resnet18_gaze")
+    # the commands' options, files and refusals do not depend on the base: the tiny one (its conv1 prompted)
+    base = truncated_tiny_gaze_net()
+    save_model(tmp_path / "base.safetensors", base, "tiny_gaze_net")
     parser = build_parser()
     source = f"synthetic:eth?size={SIZE}&persons=3&images_per_person=8"
     target = f"synthetic:mpii?size={SIZE}&persons=1&images_per_person=7"
@@ -370,7 +374,7 @@ def test_cli_meta_train_then_personalize(bases, tmp_path, capsys):
             args.func(args)
         assert (tmp_path / "ad" / "p00.safetensors").is_file()  # refused before --replace removed anything
     # a base trained on another size: one line up front, for both commands, not a failure per person
-    save_model(tmp_path / "sized.safetensors", bases["truncated"], "resnet18_gaze", input_size=(SIZE + 16, SIZE + 16))
+    save_model(tmp_path / "sized.safetensors", base, "tiny_gaze_net", input_size=(SIZE + 16, SIZE + 16))
     sized = ["--checkpoint", str(tmp_path / "sized.safetensors"), "--quiet"]
     for argv in (
         ["tpgaze", "personalize", *sized, "--data", target, "--out", str(tmp_path / "ad2"), "--no-meta"],
