@@ -120,3 +120,33 @@ def test_a_file_of_another_kind_where_the_data_goes_is_refused_before_measuring(
     with pytest.raises(ValueError, match="page.json exists and is not the costs data of this page"):
         costs.report_costs(model_name="resnet18_gaze", **sizes, update_doc_path=page)
     assert (tmp_path / "page.json").read_text(encoding="utf-8") == '{"mine": 1}'
+
+
+def test_the_sizes_sentence_is_computed_from_the_rows_and_needs_alfa_and_lora():
+    """The page's words about the files come from the rows (they were typed once, and went stale when the header
+    grew): the range, the header beyond 4 bytes per number, Alfa against LoRA and its compact file."""
+
+    def row(method, trainable, file, compact=None):
+        fields = dict(base="truncated", config="", merged_params=0, merge="", compact_params=0, step_ms=None)
+        return costs.CostRow(
+            method=method,
+            trainable=trainable,
+            adapter_bytes=file,
+            compact_bytes=compact,
+            **fields,
+            step_cpu_ms=None,
+            inference_ms=None,
+        )
+
+    rows = [
+        row("source-only", 0, None),
+        row("alfa", 1000, 4000 + 2048, 1024),
+        row("lora", 500, 2000 + 3072),
+        row("diag_gate", 10, 40 + 1024),
+    ]
+    assert costs._sizes_sentence(rows) == (
+        "Per-user files: from 1.0 KiB (diag_gate) to 5.9 KiB (alfa); beyond 4 bytes per trainable number each holds "
+        "1.0–3.0 KiB of JSON header. Alfa trains 2.0× LoRA's numbers (5.9 KiB against 5.0 KiB), but its compact file "
+        "is 1.0 KiB: 5.0× smaller than LoRA's file."
+    )
+    assert costs._sizes_sentence([r for r in rows if r.method != "lora"]) == ""

@@ -351,7 +351,31 @@ def costs_block(data: dict) -> str:
         f"{data['load'][0]:.1f} at the start and {data['load'][1]:.1f} at the end, on {data['cpus']} CPUs; weights "
         f"and images of seed {s['seed']}."
     )
-    return f"{format_table(rows)}\n\n{conditions}"
+    sizes = _sizes_sentence([r for r in rows if r.base == "truncated"])
+    return f"{format_table(rows)}\n\n{conditions}" + (f"\n\n{sizes}" if sizes else "")
+
+
+def _sizes_sentence(rows: list[CostRow]) -> str:
+    """What the per-user files of ``rows`` (one base) amount to, in words: their range, Alfa's against LoRA's, and
+    what each holds beyond its float32 numbers (its JSON header: the config, the base's fingerprints). Empty where
+    the rows lack the methods it compares."""
+    files = [r for r in rows if r.adapter_bytes is not None]
+    by_method = {r.method: r for r in files}
+    if not files or not {"alfa", "lora"} <= set(by_method):
+        return ""
+    small, large = min(files, key=lambda r: r.adapter_bytes), max(files, key=lambda r: r.adapter_bytes)
+    alfa, lora = by_method["alfa"], by_method["lora"]
+    headers = [(r.adapter_bytes - 4 * r.trainable) / 2**10 for r in files]
+    sentence = (
+        f"Per-user files: from {_bytes(small.adapter_bytes)} ({small.method}) to {_bytes(large.adapter_bytes)} "
+        f"({large.method}); beyond 4 bytes per trainable number each holds {min(headers):.1f}–{max(headers):.1f} KiB "
+        f"of JSON header. Alfa trains {alfa.trainable / lora.trainable:.1f}× LoRA's numbers "
+        f"({_bytes(alfa.adapter_bytes)} against {_bytes(lora.adapter_bytes)})"
+    )
+    if alfa.compact_bytes:
+        ratio = lora.adapter_bytes / alfa.compact_bytes
+        sentence += f", but its compact file is {_bytes(alfa.compact_bytes)}: {ratio:.1f}× smaller than LoRA's file"
+    return sentence + "."
 
 
 def _refuse_foreign_data(path: Path) -> None:
