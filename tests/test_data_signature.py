@@ -148,5 +148,38 @@ def test_personalization_redoes_and_the_command_refuses_another_dataset_of_the_s
     capsys.readouterr()
     assert main([*argv, "--data", "toy:1", *out]) == 2
     err = capsys.readouterr().err
-    assert "its adapter for 'p0' was made from the images of another dataset named 'toy': the labels differ" in err
+    assert "its adapter for 'p0' was made from the images of another dataset named 'toy': the images differ" in err
     assert "--replace" in err and (tmp_path / "cli" / "p0.safetensors").read_bytes() == made
+
+
+def test_a_label_free_adapters_file_holds_nothing_of_the_labels_and_its_checks_read_none(base, tmp_path, monkeypatch):
+    """Personalization never reads a label, and its files' signatures hold none (they held the labels' mean):
+    relabelled data gives the same bytes, and neither the run, its resume nor the check of its files reads
+    ``labels``. A file that recorded the labels' mean is still checked against them."""
+    data = _dataset()
+    method, recipe = alfa.AlfaConfig(heads=2, rank=2), PersonalizeConfig(steps=1, n_adapt=5)
+    relabelled = InMemoryGazeDataset(data.images, data.gaze.flip(0), data.person_ids, data.person_names, name="toy")
+    personalize_dataset(base, relabelled, method, recipe, tmp_path / "relabelled", progress=False)
+
+    def no_labels(self, indices):
+        raise AssertionError("personalization read the labels")
+
+    with monkeypatch.context() as m:
+        m.setattr(InMemoryGazeDataset, "labels", no_labels)
+        personalize_dataset(base, data, method, recipe, tmp_path / "ad", progress=False)
+        again = personalize_dataset(base, data, method, recipe, tmp_path / "ad", progress=False)
+    assert {o.status for o in again.persons.values()} == {"skipped"}
+    for person in ("p0", "p1"):
+        path = tmp_path / "ad" / f"{person}.safetensors"
+        assert path.read_bytes() == (tmp_path / "relabelled" / f"{person}.safetensors").read_bytes()
+        assert "gaze_mean" not in alfa.read_adapter_metadata(path)["about"]["data"]
+    # a file of the code before (the labels' mean in its signature): checked against the labels, as it was
+    path = tmp_path / "ad" / "p0.safetensors"
+    about = alfa.read_adapter_metadata(path)["about"]
+    about["data"] = data.person_signature("p0")
+    alfa.load_adapter(base, path)
+    alfa.save_adapter(base, path, about=about)
+    alfa.detach(base)
+    report = evaluate(base, relabelled, adapters=tmp_path / "ad", n_adapt=5, progress=False)
+    assert "made from the images of another dataset named 'toy': the labels differ" in report.failed["p0"]
+    assert "p1" not in report.failed

@@ -593,7 +593,8 @@ def _personalize_person(
             )
         images = load_images(dataset, indices[: config.n_adapt], what=f"person {person!r}")
         # read before training: a person whose images cannot be read fails here, not after the work
-        about = {"dataset": dataset.name, "person": person, "data": dataset.person_signature(person)}
+        signature = dataset.person_signature(person, labels=False)  # label-free: the file holds none of the labels
+        about = {"dataset": dataset.name, "person": person, "data": signature}
         result = personalize(
             model, images, method, config, seed=person_seed(config.seed, person, "personalize"), track=track
         )

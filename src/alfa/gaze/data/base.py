@@ -116,24 +116,24 @@ class GazeDataset(Dataset):
         dataset that reads 8-bit images overrides it to skip the per-image float conversion."""
         return torch.stack([self[int(i)]["image"] for i in indices])
 
-    def person_signature(self, person: str) -> dict[str, Any]:
+    def person_signature(self, person: str, labels: bool = True) -> dict[str, Any]:
         """What tells ``person``'s images here from another dataset's person of the same names (two GazeHub
-        folders, two synthetic worlds of one name): how many images, their size, the mean of their labels and
-        the mean colour of the first and the last image. The files made from a person's images record it, and
-        :func:`signature_mismatch` compares two within a tolerance, so the same data read on another machine,
-        a few bits off, still matches. Reads the person's labels (from the label table where the dataset keeps
-        one, else from every item) and two images; raises as they do (an unknown person, an unreadable file)."""
+        folders, two synthetic worlds of one name): how many images, their size, the mean colour of the first and
+        the last image and, with ``labels``, the mean of their labels. The files made from a person's images
+        record it (a label-free adapter's without the labels: it never reads them), and :func:`signature_mismatch`
+        compares two within a tolerance, so the same data read on another machine, a few bits off, still matches.
+        Reads two images and, with ``labels``, the person's labels (from the label table where the dataset keeps
+        one, else from every item); raises as they do (an unknown person, an unreadable file)."""
         indices = self.person_indices(person)
         if not indices:
             return {"images": 0}
-        gaze = self.labels(indices).double().mean(dim=0)
         ends = unit_images(self.raw_images([indices[0], indices[-1]])).double()
-        return {
-            "images": len(indices),
-            "image_size": list(ends.shape[1:]),
-            "gaze_mean": [round(v, 7) for v in gaze.tolist()],
-            "end_colours": [round(v, 6) for v in ends.mean(dim=(2, 3)).flatten().tolist()],
-        }
+        signature: dict[str, Any] = {"images": len(indices), "image_size": list(ends.shape[1:])}
+        if labels:
+            gaze = self.labels(indices).double().mean(dim=0)
+            signature["gaze_mean"] = [round(v, 7) for v in gaze.tolist()]
+        signature["end_colours"] = [round(v, 6) for v in ends.mean(dim=(2, 3)).flatten().tolist()]
+        return signature
 
 
 _SIGNATURE_TOLERANCE = {"gaze_mean": 1e-5, "end_colours": 1e-4}
@@ -171,8 +171,8 @@ def images_differ(saved: Any, dataset: GazeDataset, person: str) -> str | None:
     that is not for this check to report, the person's own reading or scoring says why."""
     if saved is None:
         return None
-    try:
-        here = dataset.person_signature(person)
+    try:  # the labels are read only where the file recorded theirs (a label-free adapter's file does not)
+        here = dataset.person_signature(person, labels=not isinstance(saved, dict) or "gaze_mean" in saved)
     except (ValueError, KeyError, IndexError, OSError):
         return None
     return signature_mismatch(saved, here)
