@@ -79,3 +79,24 @@ def test_the_demo_refuses_targets_of_another_image_size_before_training(tmp_path
     with pytest.raises(ValueError, match=r"^synthetic:mpii\?size=16&.*: 16×16 images, the demo's source model trains"):
         run_demo(config, progress=False)
     assert not (tmp_path / "demo").exists() and not (tmp_path / "cache").exists()  # refused before anything ran
+
+
+def test_the_verdict_calls_a_change_the_printed_precision_shows_as_zero_unchanged():
+    """The demo once said a column "lowered" the error by -0.001° (printed "-0.00"): a change below the printed
+    precision is called unchanged, either sign; a real one lowered or did NOT lower."""
+    from alfa.gaze.evaluate import EvaluationReport
+    from alfa.gaze.pipeline import verdict
+
+    before = {"p0": 10.0, "p1": 12.0}
+    columns = {
+        "source-only": before,
+        "tiny-drop": {"p0": 9.998, "p1": 12.0},
+        "tiny-rise": {"p0": 10.004, "p1": 12.0},
+        "drop": {"p0": 9.9, "p1": 11.9},
+        "rise": {"p0": 10.2, "p1": 12.0},
+    }
+    report = EvaluationReport("toy", 5, ["p0", "p1"], {"p0": 3, "p1": 3}, columns=columns)
+    (line,) = verdict({"toy": report})
+    assert "tiny-drop left it unchanged (11.00 deg, -0.00; lower for 1 of 2 persons)" in line
+    assert "tiny-rise left it unchanged (11.00 deg, +0.00;" in line
+    assert "drop lowered it (10.90 deg, -0.10;" in line and "rise did NOT lower it (11.10 deg, +0.10;" in line

@@ -385,8 +385,9 @@ def verdict(reports: dict[str, EvaluationReport], before: str = COLUMNS[0]) -> l
         for c in others:
             k, n = rep.improved(before, c)
             a = s[c]["mean"]
-            word = "lowered" if a < b else "did NOT lower"
-            parts.append(f"{c} {word} it ({a:.2f} deg, {a - b:+.2f}; lower for {k} of {n} persons)")
+            # a change the printed precision shows as 0.00 is no change to speak of, whichever its sign
+            said = "left it unchanged" if round(abs(a - b), 2) == 0 else "lowered it" if a < b else "did NOT lower it"
+            parts.append(f"{c} {said} ({a:.2f} deg, {a - b:+.2f}; lower for {k} of {n} persons)")
         lines.append(f"{name}: {before} {b:.2f} deg; " + "; ".join(parts) + ".")
         labelled = rep.meta.get("calibration", {}).get("column")
         if labelled in rep.columns:
