@@ -589,3 +589,32 @@ def test_validation_is_never_on_persons_the_model_trained_on():
     ):
         held_out_persons({"extra": {**header, "val_persons": list(other.persons())}}, data, "m.safetensors")
     assert held_out_persons({"extra": header}, other) is None  # other data: nothing of it was trained on
+
+
+def test_a_ctrl_c_a_library_swallows_and_fails_of_is_said_as_the_interruption(monkeypatch, capsys):
+    """torch's exporter, stopped by a Ctrl-C while it imported torch._dynamo, swallowed the KeyboardInterrupt and
+    failed with "module 'torch._dynamo' has no attribute 'exc'": alfa export said the model could not be exported.
+    A command interrupted so says "interrupted" and exits 130; without a Ctrl-C the same error is its one line."""
+    import os
+    import signal
+    import time
+
+    import alfa
+
+    interrupt = []
+
+    def swallowing(model, *args, **kwargs):
+        if interrupt[-1]:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler runs at once; this is not waited out
+            except KeyboardInterrupt:
+                pass  # as a library mid-import may
+        raise ValueError("module 'torch._dynamo' has no attribute 'exc'")
+
+    monkeypatch.setattr(alfa, "parameter_summary", swallowing)
+    for interrupted, status, said in ((True, 130, "interrupted\n"), (False, 2, "alfa summary: error: module 'torch")):
+        interrupt.append(interrupted)
+        assert main(["summary"]) == status
+        assert capsys.readouterr().err.startswith(said)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back

@@ -17,7 +17,9 @@ import contextlib
 import errno
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -320,26 +322,59 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: error: only {jobs} run as one job of several processes (WORLD_SIZE={_processes()}, as "
                   f"torchrun sets it); run {name} in one process", file=sys.stderr)  # fmt: skip
         return 2
+    interrupts: list[int] = []
     try:
         _check_outputs(args)
-        with _hold_outputs(args, name), _quiet_loading(args), new_files(_new_file_outputs(args)):
-            args.func(args)
+        with _noting_interrupts(interrupts), _hold_outputs(args, name), _quiet_loading(args):
+            with new_files(_new_file_outputs(args)):
+                args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except ModuleNotFoundError as e:
-        hint = missing_package(e, args.command_extra)
+    except Exception as e:
+        if interrupts:  # a Ctrl-C a library swallowed, then failed of (torch's exporter, stopped mid-import)
+            print("interrupted", file=sys.stderr)
+            return 130
+        return _error_status(e, args, name)
+    return 0
+
+
+def _error_status(error: Exception, args: argparse.Namespace, name: str) -> int:
+    """Say ``error`` (being handled) in one line and give the exit status 2, or raise it again: a bug keeps its
+    traceback."""
+    if isinstance(error, ModuleNotFoundError):
+        hint = missing_package(error, args.command_extra)
         if hint is None:  # a module of alfa itself, or a package nothing declares: a bug, with its traceback
-            raise
+            raise error
         print(f"{name}: error: {hint}", file=sys.stderr)
         return 2
-    except USER_ERRORS as e:
-        print(f"{name}: error: {error_line(e)}", file=sys.stderr)
+    if isinstance(error, USER_ERRORS):
+        print(f"{name}: error: {error_line(error)}", file=sys.stderr)
         return 2
-    except Exception as e:  # a library's own error around a file (safetensors' SafetensorError): still one line
-        found = os_error_in(e)
-        if found is None:
-            raise
-        print(f"{name}: error: {error_line(found)}", file=sys.stderr)
-        return 2
-    return 0
+    found = os_error_in(error)  # a library's own error around a file (safetensors' SafetensorError): still one line
+    if found is None:
+        raise error
+    print(f"{name}: error: {error_line(found)}", file=sys.stderr)
+    return 2
+
+
+@contextlib.contextmanager
+def _noting_interrupts(interrupts: list[int]) -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt as ever, and is noted in ``interrupts``: a library may swallow it and fail
+    of it otherwise, which the command then reports as the interruption it was. Only where Python's own handler is
+    in place, in the main thread (an application embedding alfa keeps its own)."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+
+    def noted(signum: int, frame: object) -> None:
+        interrupts.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, noted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
