@@ -406,7 +406,11 @@ class MixedBatchModel(nn.Module):
                 raise ValueError(f"{name}: the mix is {mix.dtype}, the model {layer.base.U.dtype}")
         for layer, mix in zip(self._layers.values(), mixes):
             layer.mix = mix
-        return self.model(images)
+        try:
+            return self.model(images)
+        finally:  # a layer keeps no batch's mix (nor its memory) past the call, and an export sees none left set
+            for layer in self._layers.values():
+                layer.mix = None
 
     def mixes(self, served: MultiUserModel, users: Sequence[str | None]) -> list[Tensor]:
         """Per layer, the B×d×d stack of each user's ``T`` (zeros for ``None`` and for layers a user leaves)."""
