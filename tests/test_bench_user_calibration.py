@@ -89,6 +89,9 @@ def test_no_preset_plans_the_rows_and_the_declared_run_has_them_on_every_pair_an
     settings = next(p.variant.calibration for p in plans if p.variant.kind == "calibration")
     # the standard preset's pool: the 5 adaptation images and 27 of the oracle's 40 extra ones
     assert settings["pool"] == 32 and settings["stand_in_pool"] == 16 and settings["selection_k"] == 9
+    assert settings["draws"] == 10  # the run's tests draw fewer (SMALL_DRAWS): these are the benchmark's
+    adapter = plan_records(BenchConfig.standard(methods=("calibrate-adapter-alfa[k=9]",), pairs=("E→M",), seeds=(0,)))
+    assert next(p.variant.calibration for p in adapter if p.variant.kind == "calibration")["draws"] == 3
     assert settings["grid"] == [{"affine_ridge": 1.0}, {"affine_ridge": 0.1}, {"affine_ridge": 0.01}]
     assert "offset_prior" not in settings["defaults"]  # at its neutral value: the rows made before it hash alike
 

@@ -18,11 +18,12 @@ pytest.importorskip("onnxscript")
 onnxruntime = pytest.importorskip("onnxruntime")
 
 
-def _personalized(config, seed=1, model="resnet18"):
-    """A truncated base and a copy with ``config``'s adapter from a non-trivial init. ``model``: ResNet-18 (the
-    first test's: the real model exports), the small registered "tiny" net (several adapted layers) or the "micro"
-    one (one adapted layer: the fewest operators, so the quickest export, for tests of what happens around an
-    export, whose path does not depend on the model)."""
+def _personalized(config, seed=1, model="resnet18", std=0.2):
+    """A truncated base and a copy with ``config``'s adapter from a non-trivial init (normal, ``std``: large enough
+    that a dropped adapter moves the outputs far beyond the checks' 1e-5; at 0.02 Alfa moved ResNet-18's by 2e-5).
+    ``model``: ResNet-18 (the first test's: the real model exports), the small registered "tiny" net (several
+    adapted layers) or the "micro" one (one adapted layer: the fewest operators, so the quickest export, for tests
+    of what happens around an export, whose path does not depend on the model)."""
     torch.manual_seed(0)
     if model == "resnet18":  # truncate's structure with random factors: an export does not read the weights' values
         model = truncated_structure(alfa.models.resnet18_gaze().eval(), 16)
@@ -34,7 +35,7 @@ def _personalized(config, seed=1, model="resnet18"):
     alfa.attach(model, config)
     with torch.no_grad():
         for p in adapter_parameters(model).values():
-            p.normal_(0, 0.02)
+            p.normal_(0, std)
     return base, model
 
 
@@ -42,13 +43,14 @@ def _personalized(config, seed=1, model="resnet18"):
 def test_onnx_of_a_personalized_model_matches_pytorch_and_onnxruntime(tmp_path):
     from alfa.export import export_onnx, export_program
 
-    _, model = _personalized(alfa.AlfaConfig(heads=2, rank=2))
+    base, model = _personalized(alfa.AlfaConfig(heads=2, rank=2))
     check = export_onnx(model, tmp_path / "user.onnx", (32, 32), batch_sizes=(1, 3))
     assert check.relative_difference is not None and check.relative_difference <= 1e-5
     session = onnxruntime.InferenceSession(str(tmp_path / "user.onnx"), providers=["CPUExecutionProvider"])
     x = torch.rand(5, 3, 32, 32)  # another batch size than exported with: the batch axis is dynamic
     with torch.no_grad():
         ours = model(x)  # the unmerged model: the export merged a copy
+        assert float((ours - base(x)).norm() / ours.norm()) > 1e-3  # an export without the adapter fails below
     theirs = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
     assert float((theirs - ours).norm() / ours.norm()) < 1e-5
     assert alfa.adapter_state(model) is not None  # the user's model itself was not merged
@@ -231,14 +233,18 @@ def test_the_multi_user_model_exports_with_each_layers_mix_as_an_input(tmp_path)
 
     base, _ = _personalized(alfa.AlfaConfig(heads=2, rank=2), model="tiny")
     served = alfa.MultiUserModel(base)
-    for i in range(3):
-        served.add_user(f"u{i}", _personalized(alfa.AlfaConfig(heads=2, rank=2), seed=10 + i, model="tiny")[1])
+    for i in range(3):  # std 0.5: each user moves the tiny net's outputs well beyond the checks' 1e-5
+        served.add_user(f"u{i}", _personalized(alfa.AlfaConfig(heads=2, rank=2), 10 + i, "tiny", std=0.5)[1])
     mixed = MixedBatchModel(base)
     users = ["u0", "u2", None, "u1"]
     x = torch.rand(4, 3, 32, 32)
     inputs = (x, *mixed.mixes(served, users))
     with torch.no_grad():
         assert torch.allclose(mixed(*inputs), served(x, users), rtol=1e-6, atol=1e-7)
+        alone = served(x, [None] * len(users))
+        for i, user in enumerate(users):  # a user's mix left out would show
+            moved = float((served(x, users)[i] - alone[i]).norm() / alone[i].norm())
+            assert moved > 2e-5 if user is not None else moved < 1e-7, (user, moved)
     assert all(layer.mix is None for layer in mixed._layers.values())  # no batch's mix kept past its call
     names = ["images", *[f"mix_{i}" for i in range(len(inputs) - 1)]]
     with warnings.catch_warnings(record=True) as said:

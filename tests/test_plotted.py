@@ -1,6 +1,7 @@
 """What a figure plots, read back as data (alfa.study.plotted): the values come out rounded, a changed value
 changes the data, and nothing of the drawing (dpi, whether it was drawn) does."""
 
+import contextlib
 import json
 
 import matplotlib
@@ -123,3 +124,15 @@ def test_a_check_writes_the_plotted_data_and_leaves_the_png_undrawn(tmp_path, mo
     assert plotted_path(tmp_path / "checked.png").read_text(encoding="utf-8") == text
     save_figure(tiny_figure(), tmp_path / "written.png", dpi=50)
     assert drawn == [1] and (tmp_path / "written.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_figure_that_cannot_be_drawn_fails_the_check_as_it_fails_a_save(tmp_path):
+    """The check renders no pixels, but draws: a text that does not parse fails there too, not only when saved."""
+    from alfa.study.plotted import plotted_data_only
+
+    for checked in (True, False):
+        fig = tiny_figure()
+        fig.axes[0].set_title(r"$\frac{1}$")  # mathtext that does not parse: an error at draw time only
+        with pytest.raises(ValueError), plotted_data_only() if checked else contextlib.nullcontext():
+            save_figure(fig, tmp_path / f"bad-{checked}.png", dpi=50)
+        assert not (tmp_path / f"bad-{checked}.png").exists()  # nothing left where the figure goes

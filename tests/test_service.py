@@ -520,7 +520,7 @@ def test_stopping_answers_what_was_accepted_and_a_trickling_client_does_not_hold
     from alfa.gaze.service.server import STOPPING
 
     # a shorter grace, still told from the socket timeout (10 s) that a trickling client would otherwise hold
-    monkeypatch.setattr(server_module, "STOP_GRACE", STOP_GRACE := 1.2)
+    monkeypatch.setattr(server_module, "STOP_GRACE", STOP_GRACE := 1.5)
     server = make_server(GazeService(*world, ServiceLimits(workers=2)), port=0)  # socket timeout 10 s, request 30 s
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     port, request = server.server_address[1], _request("/predict?user=ann", PNG)

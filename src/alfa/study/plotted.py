@@ -69,8 +69,9 @@ _DRAWING = contextvars.ContextVar("alfa_plotted_drawing", default=True)
 @contextlib.contextmanager
 def plotted_data_only() -> Iterator[None]:
     """Within it, :func:`save_figure` writes each figure's plotted data and an empty file where its PNG
-    goes, without drawing it: all that a check compares (the PNG's bytes are not), at a fraction of the
-    cost (drawing a page's figures takes seconds)."""
+    goes, without rendering its pixels: all that a check compares (the PNG's bytes are not), at a fraction of
+    the cost (rendering a page's figures takes seconds). The figure is still drawn without rendering, so one
+    that cannot be drawn (a text that does not parse) fails as it would when saved."""
     token = _DRAWING.set(False)
     try:
         yield
@@ -90,7 +91,8 @@ def save_figure(fig: Figure, path: str | os.PathLike, *, dpi: int) -> Path:
         with atomic_path(path) as tmp:  # the temporary name keeps the suffix: matplotlib picks the format by it
             if _DRAWING.get():
                 fig.savefig(tmp, dpi=dpi)
-            else:
+            else:  # laid out as for drawing (texts parsed, artists drawn), no pixels: a figure that would not
+                fig.draw_without_rendering()  # draw still fails here
                 Path(tmp).write_bytes(b"")
         write_text(plotted_path(path), text)
     finally:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,7 @@ def numerical_rank(delta: Tensor, rtol: float = RANK_RTOL) -> int:
 
 _SINGULAR_VALUES: dict[tuple[Any, ...], Tensor] = {}
 _SINGULAR_VALUES_KEPT = 64
+_SINGULAR_VALUES_LOCK = threading.Lock()  # pages may be drawn from threads: the eviction reads then deletes
 
 
 def singular_values(delta: Tensor) -> Tensor:
@@ -200,11 +202,15 @@ def singular_values(delta: Tensor) -> Tensor:
     data = delta.detach().cpu().contiguous()
     digest = hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy()).digest()
     key = (data.dtype, tuple(data.shape), digest)
-    if key not in _SINGULAR_VALUES:
-        if len(_SINGULAR_VALUES) >= _SINGULAR_VALUES_KEPT:
-            del _SINGULAR_VALUES[next(iter(_SINGULAR_VALUES))]
-        _SINGULAR_VALUES[key] = torch.linalg.svdvals(data.double())
-    return _SINGULAR_VALUES[key].clone()
+    with _SINGULAR_VALUES_LOCK:
+        known = _SINGULAR_VALUES.get(key)
+    if known is None:
+        known = torch.linalg.svdvals(data.double())
+        with _SINGULAR_VALUES_LOCK:
+            if len(_SINGULAR_VALUES) >= _SINGULAR_VALUES_KEPT:
+                del _SINGULAR_VALUES[next(iter(_SINGULAR_VALUES))]
+            _SINGULAR_VALUES[key] = known
+    return known.clone()
 
 
 def _kernel_norm_map(delta: Tensor, meta: dict[str, Any]) -> Tensor:
