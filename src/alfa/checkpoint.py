@@ -310,8 +310,11 @@ def load_backbone(model: nn.Module, path: str | os.PathLike, skip: tuple[str, ..
             'convert a file you trust once: python -c "import torch, safetensors.torch as s; '
             f"s.save_file(torch.load('{path}', weights_only=True), '{path.with_suffix('.safetensors')}')\""
         )
-    with safe_open(str(path), framework="pt") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({kind_of_file(path) or e})") from e
     tensors = {k.removeprefix("module."): v for k, v in tensors.items() if not k.startswith(skip)}
     load_state(model, tensors, source=str(path), skip=skip)
     return sorted(tensors)

@@ -31,6 +31,7 @@ __all__ = [
     "is_dense_eligible",
     "is_dense_layer",
     "is_conv1d",
+    "own_forward",
     "dense_matrix",
     "svd_factors",
     "canonicalize_factors",
@@ -330,8 +331,31 @@ def is_dense_layer(module: nn.Module) -> bool:
     return isinstance(module, (nn.Linear, nn.Conv2d)) or is_conv1d(module)
 
 
+def own_forward(module: nn.Module) -> str | None:
+    """The class name of a dense layer whose class computes its own way (a subclass of Linear, Conv2d or Conv1D
+    overriding ``forward``, or a Conv2d subclass overriding ``_conv_forward``), else ``None``.
+
+    Such a layer is not the plain product alfa factorizes and merges into: a factorized or merged twin, or an
+    adapter's dense path, would silently drop what the subclass adds (a scale, a quantization), so it is left as
+    it is, with this reason."""
+    cls = type(module)
+    if isinstance(module, nn.Conv2d):
+        base, methods = nn.Conv2d, ("forward", "_conv_forward")
+    elif isinstance(module, nn.Linear):
+        base, methods = nn.Linear, ("forward",)
+    elif is_conv1d(module):
+        base = next(c for c in cls.__mro__ if c.__name__ == "Conv1D" and c.__module__ == "transformers.pytorch_utils")
+        methods = ("forward",)
+    else:
+        return None
+    return cls.__name__ if any(getattr(cls, m) is not getattr(base, m) for m in methods) else None
+
+
 def is_dense_eligible(module: nn.Module) -> bool:
-    """A plain Linear or Conv1D, or a Conv2d that is one matrix (no groups, zero padding)."""
+    """A plain Linear or Conv1D, or a Conv2d that is one matrix (no groups, zero padding); none whose class
+    computes its own way (:func:`own_forward`)."""
+    if own_forward(module) is not None:
+        return False
     if isinstance(module, nn.Linear) or is_conv1d(module):
         return True
     if isinstance(module, nn.Conv2d):

@@ -121,6 +121,17 @@ def require_module(model: Any, function: str) -> None:
         raise TypeError(f"alfa.{function} takes a torch.nn.Module (a model instance), got {what}")
 
 
+def refuse_compiled_wrapper(model: nn.Module, function: str) -> None:
+    """``TypeError`` where ``model`` is a ``torch.compile`` wrapper: every name in it starts with ``_orig_mod.``,
+    so an adapter attached or saved through it would not fit the model itself (nor the model a file of the model
+    itself). The wrapper runs the model it wraps, so adapting that one serves both."""
+    if type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
+        raise TypeError(
+            f"alfa.{function}: the model is a torch.compile wrapper, whose layer names all start with '_orig_mod.'; "
+            f"pass the model it wraps (model._orig_mod): the compiled wrapper runs that model, adapters included"
+        )
+
+
 def structure_refusal(model: nn.Module, action: str) -> str | None:
     """The first refusal of the model's attachments (:class:`Attachment`) to ``action``, or ``None``."""
     for value in vars(model).values():

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
-from .layers import FactorizedConv2d, FactorizedLinear, is_dense_layer, is_factorized, layer_spec
+from .layers import FactorizedConv2d, FactorizedLinear, is_dense_layer, is_factorized, layer_spec, own_forward
 from .surgery import (
     guard_save_pretrained,
+    refuse_compiled_wrapper,
     replace_module,
     require_module,
     shared_parameters,
@@ -52,6 +54,11 @@ class TruncationReport:
 
 
 def _skip_reason(module: nn.Module, rank: int) -> str | None:
+    if any(is_lazy(p) for p in module.parameters(recurse=False)):
+        return "a lazy layer not yet initialized: run a forward pass first"
+    custom = own_forward(module)
+    if custom is not None:
+        return f"{custom} has a forward of its own, which a factorized layer would drop"
     if isinstance(module, nn.Conv2d):
         if module.groups != 1:
             return f"grouped conv (groups={module.groups})"
@@ -81,6 +88,7 @@ def truncate(model: nn.Module, rank: int, target: str | None = None, *, weights:
     a model a truncated checkpoint is then loaded into.
     """
     require_module(model, "truncate")
+    refuse_compiled_wrapper(model, "truncate")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
     pattern = _target_pattern(target)

@@ -27,8 +27,22 @@ NORM_LAYERS: tuple[type[nn.Module], ...] = (
 )
 
 
-def _filter(names: list[str], target: str | Sequence[str] | None) -> list[str]:
-    return [n for n in names if target_matches(target, n)]
+def _filter(model: nn.Module, method: str, names: list[str], target: str | Sequence[str] | None) -> list[str]:
+    """The ``names`` ``target`` selects; a name in a ``target`` list that selects none of them is refused, saying
+    why (misspelt, or a parameter this method does not train), as the layer methods refuse theirs."""
+    chosen = [n for n in names if target_matches(target, n)]
+    if isinstance(target, (list, tuple)):
+        for entry in target:
+            if any(target_matches((entry,), n) for n in chosen):
+                continue
+            others = [n for n, _ in model.named_parameters() if target_matches((entry,), n)]
+            why = (
+                f"names {others[0]}, which {method} does not train"
+                if others
+                else f"the model has no parameter named {entry!r} (nor ending in '.{entry}')"
+            )
+            raise ValueError(f"{method}: target {entry!r} selects no parameter: {why}")
+    return chosen
 
 
 @register_method
@@ -49,7 +63,7 @@ class BitfitConfig(AdapterConfig):
                 if p_name == "bias" or is_norm:
                     names.append(f"{mod_name}.{p_name}" if mod_name else p_name)
         order = {n: i for i, (n, _) in enumerate(model.named_parameters())}
-        return _filter(sorted(names, key=order.__getitem__), self.target)
+        return _filter(model, self.method, sorted(names, key=order.__getitem__), self.target)
 
 
 @register_method
@@ -63,4 +77,4 @@ class FullFinetuneConfig(AdapterConfig):
     scope: ClassVar[str] = "model"
 
     def select_parameters(self, model: nn.Module) -> list[str]:
-        return _filter([n for n, _ in model.named_parameters()], self.target)
+        return _filter(model, self.method, [n for n, _ in model.named_parameters()], self.target)

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from ..fileio import kind_of_file, write_safetensors
 from ..layers import tensor_signature
+from ..surgery import refuse_compiled_wrapper
 from .alfa import DictionaryAdapter, DictionaryMixConfig
 from .config import AdapterConfig, config_from_dict
 from .groups import is_number
@@ -249,10 +250,15 @@ def save_adapter(
     _refuse_meta(model, "save an adapter from it")
     if about is not None and not isinstance(about, dict):  # read back as a JSON object: refused now, not then
         raise TypeError(f"save_adapter: about must be a dict (stored as a JSON object), got {type(about).__name__}")
+    try:
+        json.dumps(about)
+    except (TypeError, ValueError) as e:  # a tensor, a set, a circular reference: said as about's, before any work
+        raise TypeError(f"save_adapter: about must hold JSON values only (numbers, strings, lists, dicts): {e}") from e
     if Path(path).is_dir():  # else os.replace fails at the end, naming the temporary file instead of this path
         raise AdapterFileError(
             f"{path} is a folder: an adapter is saved to one file (e.g. {Path(path) / 'adapter.safetensors'})"
         )
+    refuse_compiled_wrapper(model, "save_adapter")
     current = _require_state(model, "save")
     if name is not None and name != current.name:
         set_adapter(model, name)
@@ -430,6 +436,7 @@ def load_adapter(
     if given, is the method the caller expects the file to hold. On any error the model is left as it was.
     """
     _check_adapter_name(name)  # the caller's mistake, said as such (not as a file that does not fit)
+    refuse_compiled_wrapper(model, "load_adapter")
     _refuse_meta(model, "load an adapter onto it (it is checked against the base's values)")
     path = Path(path)
     if path.is_dir():

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from ..layers import is_dense_eligible, is_factorized, layer_spec
+from ..layers import is_dense_eligible, is_factorized, layer_spec, own_forward
 from ..surgery import shared_parameters, tie_refusal
 from .config import AdapterConfig, target_matches
 
@@ -46,7 +46,7 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
     """The names of the layers ``config`` adapts, in model order: its ``layers`` kind, matched by its ``target``,
     outside the modules to save ``saved``. Tied layers are left out with a ``UserWarning`` (refused when named by
     ``target``); a selection of nothing raises ``ValueError`` with a hint."""
-    factorized, dense = [], []
+    factorized, dense, custom = [], [], []
     for name, mod in model.named_modules():
         if any(name == s or name.startswith(s + ".") for s in saved):
             continue  # trained in full as a module to save: nothing inside it is adapted
@@ -54,6 +54,8 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
             factorized.append(name)
         elif is_dense_eligible(mod):
             dense.append(name)
+        elif own_forward(mod) is not None:
+            custom.append(name)
     mode = config.layers
     if mode == "auto":
         mode = "factorized" if factorized else "dense"
@@ -95,12 +97,13 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
                 if n and target_matches(config.target, n) and not (is_factorized(m) or is_dense_eligible(m))
             ]
             if other:
-                hint = f"; it names {other[0][0]}, a {type(other[0][1]).__name__}, which {ADAPTABLE}"
+                hint = f"; it names {other[0][0]}, {not_adaptable(other[0][1])}"
         if tied and not hint:
             hint = f" but layers with tied parameters ({', '.join(tied[:4])}), which are not adapted"
         if saved and not hint:
             hint = f" outside modules_to_save ({', '.join(saved[:4])})"
         raise ValueError(f"no layer to adapt: layers={config.layers!r}, target={config.target!r} matched nothing{hint}")
+    _warn_custom_left_out(model, config, custom if mode != "factorized" else [])
     return names
 
 
@@ -108,6 +111,31 @@ ADAPTABLE = (
     "cannot be adapted: alfa adapts Linear, transformers' Conv1D and ungrouped Conv2d layers with zero padding, "
     "and their factorized forms"
 )
+
+
+def _warn_custom_left_out(model: nn.Module, config: AdapterConfig, custom: Sequence[str]) -> None:
+    """A dense layer whose class computes its own way is left out, and said so: it would be adapted were it plain."""
+    names = [n for n in custom if config.target is None or target_matches(config.target, n)]
+    if names:
+        listed = ", ".join(f"{n} ({type(model.get_submodule(n)).__name__})" for n in names[:4])
+        more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+        warnings.warn(
+            f"alfa.attach ({config.method}) leaves out {len(names)} layer(s) whose class has a forward of its own, "
+            f"which an adapter would bypass: {listed}{more}",
+            UserWarning,
+            stacklevel=5,
+        )
+
+
+def not_adaptable(module: nn.Module) -> str:
+    """Why ``module`` cannot be adapted, after "it is" (a subclass computing its own way says so)."""
+    custom = own_forward(module)
+    if custom is not None:
+        return (
+            f"a {custom}, whose class has a forward of its own, which an adapter would bypass: alfa adapts only the "
+            "plain layers (Linear, transformers' Conv1D, ungrouped Conv2d with zero padding)"
+        )
+    return f"a {type(module).__name__}, which {ADAPTABLE}"
 
 
 def _refuse_entries_left_out(
@@ -136,7 +164,7 @@ def _refuse_entries_left_out(
         elif is_dense_eligible(module):
             why = f"is left dense under layers={config.layers!r}: pass layers='dense' or layers='all' to adapt it"
         else:
-            why = f"is a {type(module).__name__}, which {ADAPTABLE}"
+            why = f"is {not_adaptable(module)}"
         raise ValueError(f"{config.method}: target {entry!r} selects no layer: {name} {why}")
 
 

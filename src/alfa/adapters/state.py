@@ -21,10 +21,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
 
 from ..surgery import (
     Attachment,
     guard_save_pretrained,
+    refuse_compiled_wrapper,
     replace_module,
     require_module,
     shared_parameters,
@@ -390,6 +392,12 @@ def attach(model: nn.Module, config: AdapterConfig, name: str = DEFAULT_ADAPTER)
     if not isinstance(config, AdapterConfig):
         raise TypeError(f"expected an adapter config (e.g. alfa.AlfaConfig()), got {type(config).__name__}")
     require_module(model, "attach")
+    refuse_compiled_wrapper(model, "attach")
+    lazy = [n for n, p in model.named_parameters() if is_lazy(p)]
+    if lazy:
+        raise ValueError(
+            f"alfa.attach: the model's lazy layers are not initialized yet ({lazy[0]}): run a forward pass first"
+        )
     config.validate()
     config = copy.deepcopy(config)
     _check_adapter_name(name)
