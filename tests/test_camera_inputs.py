@@ -119,6 +119,17 @@ SCREEN = {"width_mm": 344, "height_mm": 194, "width_px": 1920, "height_px": 1080
         ("screen-fit", {"points": [{"gaze": [0, 0], "screen_px": [0, 0]}]}, "point 1: unknown key 'gaze'"),
         ("screen-fit", {"points": [{"screen_px": [0, 0]}]}, "point 1 needs either gaze_deg or photo"),
         ("screen-fit", {"points": [{"gaze_deg": [0, 0, 1], "screen_px": [0, 0]}]}, "gaze_deg must have shape (2,)"),
+        ("screen-fit", {"points": [{"gaze_deg": [True, "0"], "screen_px": [0, 0]}]},
+         "gaze_deg must be numbers, got [True, '0']"),
+        ("camera", {"matrix": [[512, 0, 256], [0, 512, 256], [0, 0, 1]], "distortion": [True, False, 0, 0, 0]},
+         "distortion must be numbers, got [True, False, 0, 0, 0]"),
+        ("camera", {"matrix": [["512", 0, 256], [0, 512, 256], [0, 0, 1]]}, "matrix must be numbers"),
+        ("camera", {"matrix": [[512, 0, 256], [0, 512, 256], [0, 0, 1]], "image_size": [-512, 512]},
+         "image_size must be positive, got [-512, 512]"),
+        ("screen", {**SCREEN, "width_mm": "344"}, "width_mm must be numbers, got '344'"),
+        ("screen", {**SCREEN, "top_left_mm": ["172", True, 0]}, "top_left_mm must be numbers"),
+        ("screen", {**SCREEN, "width_mm": 1e-320}, "width_mm is 1e-320; a screen's is 1 to 100,000"),
+        ("screen", {**SCREEN, "width_px": 10**300}, "a screen's is 1 to 100,000"),
     ],
 )  # fmt: skip
 def test_a_misspelt_or_implausible_camera_or_screen_file_is_refused(
@@ -249,3 +260,63 @@ def test_a_damaged_later_frame_does_not_cost_the_first():
         n_frames = 3
 
     assert _frame_count(CutShort()) == 1 and _frame_count(Animation()) == 3
+
+
+def test_a_header_over_pillows_warning_size_gives_our_one_line_only():
+    """Between Pillow's warning (89 M pixels) and its error (179 M) it only warns, which printed a warning above
+    the command's own line; our limit is 50 M."""
+    import struct
+    import warnings
+    import zlib
+
+    from alfa.gaze.camera.photo import decode_photo
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 12000, 12000, 8, 2, 0, 0, 0)  # 144 M pixels, RGB
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        with pytest.raises(ValueError, match=r"is 12000×12000: over the limit of 50,000,000 pixels"):
+            decode_photo(png, "bomb.png")
+
+
+def test_a_video_whose_every_frame_fails_says_the_first_frames_reason(astronaut, tmp_path):
+    from alfa.gaze.camera import photo
+
+    def analyse(video, predictor, options, alpha, every):
+        yield {"frame": 0, "error": "camera.json describes a 640×480 camera; this image is 512×512"}
+        yield {"frame": 1, "error": "the same"}
+
+    original = photo.analyse_video
+    photo.analyse_video = analyse
+    try:
+        _, failures = photo.predict_videos(["clip.avi"], None, None, alpha=0.5, every=1, progress=False)
+    finally:
+        photo.analyse_video = original
+    assert failures == [
+        "clip.avi: no frame with a readable face (the first frame: camera.json describes a 640×480 camera; this "
+        "image is 512×512)"
+    ]
+
+
+def test_json_dash_is_refused_and_a_closed_pipe_ends_quietly(checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a file named "-" would appear
+    assert "--json -: name a file (this output is not written to stdout)" in _refused(
+        capsys, "skimage:astronaut", "--checkpoint", checkpoint, "--json", "-"
+    )
+    assert not (tmp_path / "-").exists()
+
+    def closed(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    import os
+
+    import alfa.cli.camera as camera_cli
+
+    dup2 = []
+    monkeypatch.setattr(camera_cli, "print", closed, raising=False)  # the JSON's print, to a reader gone (| head)
+    monkeypatch.setattr(os, "dup2", lambda *a: dup2.append(a))  # not pytest's own stdout
+    assert main(["predict", "skimage:astronaut", "--checkpoint", checkpoint, "--quiet"]) == 141
+    assert capsys.readouterr().err == ""

@@ -144,6 +144,11 @@ BAD_REQUESTS = {
     "a word as length": (_request("/predict?user=ann", headers={"Content-Length": "abc"}), 400, "Content-Length"),
     "a negative length": (_request("/predict?user=ann", headers={"Content-Length": "-5"}), 400, "Content-Length"),
     "a body over the limit": (_request("/predict?user=ann", headers={"Content-Length": str(9 << 20)}), 413, "limit"),
+    "a length of 23 digits": (
+        _request("/predict?user=ann", headers={"Content-Length": "9" * 23}),
+        413,
+        "the body is 99999999999999999999999 bytes; the limit is",
+    ),
     "no length": (_request("/predict?user=ann"), 411, "Content-Length"),
     "a chunked body": (_request("/predict?user=ann", PNG, {"Transfer-Encoding": "chunked"}), 411, "chunked"),
     "a GET of /predict": (_request("/predict?user=ann", method="GET"), 405, "/predict takes POST"),
@@ -263,6 +268,11 @@ def test_a_token_is_needed_for_predictions_but_not_for_health(world):
         right = _request("/predict?user=ann", PNG, {"Authorization": f"Bearer {TOKEN}"})
         assert _exchange(port, right)[0] == 200
         assert _exchange(port, _request("/health", method="GET"))[0] == 200
+        # without the token, nothing is learnt of the endpoints or their methods; with it, the usual answers
+        for path, method, status_with_token in [("/admin", "GET", 404), ("/predict?user=ann", "GET", 405)]:
+            assert _exchange(port, _request(path, method=method))[0] == 401
+            with_token = _request(path, method=method, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert _exchange(port, with_token)[0] == status_with_token
 
 
 def test_the_access_log_has_a_line_per_request_with_control_characters_escaped(served):

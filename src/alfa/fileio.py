@@ -262,7 +262,7 @@ def write_json(path: str | os.PathLike, data: Any, *, indent: int | None = 2, co
     ``compact_list``: the key of a list in the top-level object written last, one compact item per line (a
     file of many large records: about 40 % smaller than indented, and a changed record is one changed line
     for git); the rest of the object is indented as usual."""
-    data = _finite_or_none(data)
+    data = finite_or_none(data)
     if compact_list is None:
         return write_text(path, json.dumps(data, indent=indent) + "\n")
     if not isinstance(data.get(compact_list), list):
@@ -273,13 +273,14 @@ def write_json(path: str | os.PathLike, data: Any, *, indent: int | None = 2, co
     return write_text(path, f"{opening}\n{json.dumps(compact_list)}:[\n{items}\n]}}\n")
 
 
-def _finite_or_none(x: Any) -> Any:
+def finite_or_none(x: Any) -> Any:
+    """``x`` with every NaN and ±inf float, in nested dicts and lists, as ``None`` (JSON's ``null``)."""
     if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
         return None
     if isinstance(x, dict):
-        return {k: _finite_or_none(v) for k, v in x.items()}
+        return {k: finite_or_none(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_finite_or_none(v) for v in x]
+        return [finite_or_none(v) for v in x]
     return x
 
 

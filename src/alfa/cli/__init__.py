@@ -200,6 +200,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value == "":  # an unset shell variable: not the current folder
             raise ValueError(f"--{_flag(name)} is empty: name a {'folder' if folder else 'file'}")
+        if value == "-":  # the Unix habit for standard output: here it would make a file named "-"
+            raise ValueError(
+                f"--{_flag(name)} -: name a {'folder' if folder else 'file'} (this output is not written to stdout)"
+            )
         if not folder and isinstance(value, str) and value.endswith(os.sep):
             raise ValueError(f"--{_flag(name)} {value} ends in {os.sep}, as a folder does: name a file")
     _refuse_inputs_as_outputs(args)
@@ -331,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # what read the output closed it (`| head`): stop quietly, as a tool SIGPIPE ends does
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's last flush must not fail too
+        return 141
     except Exception as e:
         if interrupts:  # a Ctrl-C a library swallowed, then failed of (torch's exporter, stopped mid-import)
             print("interrupted", file=sys.stderr)

@@ -114,7 +114,7 @@ def _predictor(args: argparse.Namespace) -> Any:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    from alfa.fileio import write_json
+    from alfa.fileio import finite_or_none, write_json
 
     _refuse_unused_options(args)
     absent = [i for i in args.images if not i.startswith("skimage:") and not Path(i).is_file()]
@@ -145,7 +145,7 @@ def _predict(args: argparse.Namespace) -> None:
         one = len(failures) == 1 and not args.video
         raise ValueError(failures[0] if one else f"no input could be read; first: {failures[0]}")
     document = {**meta, "videos" if args.video else "photos": records}
-    print(json.dumps(document, indent=2))
+    print(json.dumps(finite_or_none(document), indent=2))  # as write_json writes it: strict JSON, the same text
     if args.json:
         write_json(args.json, document)
     if failures:

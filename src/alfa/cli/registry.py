@@ -140,7 +140,8 @@ def add_commands(
             parser.add_argument(
                 "--replace",
                 action="store_true",
-                help=f"overwrite the file {flags} names if it exists (by default that is refused before anything runs)",
+                help=f"overwrite the file {flags} names if it exists (by default that is refused before anything runs, "
+                "except a page this command generated, which says so near its top: it is rewritten)",
             )
 
 

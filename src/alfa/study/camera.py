@@ -44,8 +44,9 @@ SECTIONS = "\n".join(
         "the others, what to expect of a point the fit has not seen; none when no point is to spare, as with 3 "
         "points of an affine fit). A fit knows no "
         "screen size, so its point has no `on_screen`. In all three files a key the reader does not know (a "
-        "misspelt `rotaton`) is refused, and so are pixel sizes that are no whole number, gazes beyond ±90°, "
-        "screen points beyond ±100,000 px and a degree other than 1 or 2.",
+        'misspelt `rotaton`) is refused, and so are values that are not numbers (`true`, `"500"`), pixel sizes '
+        "that are no whole number, screen sides outside 1 to 100,000 (millimetres or pixels: a unit slip), gazes "
+        "beyond ±90°, screen points beyond ±100,000 px and a degree other than 1 or 2.",
         "",
         "## The service and videos",
         "",

@@ -182,6 +182,8 @@ def load_camera(path: str | os.PathLike) -> Camera:
         if not (isinstance(size, list) and len(size) == 2):
             raise ValueError(f"{path}: image_size must be [width, height], got {size!r}")
         size = tuple(whole_number(v, f"{path}: image_size") for v in size)  # true is no size: read before floats
+        if min(size) < 1:
+            raise ValueError(f"{path}: image_size must be positive, got {data['image_size']!r}")
     return Camera(matrix, distortion, size, str(path))
 
 
@@ -214,7 +216,19 @@ def whole_number(value: Any, what: str) -> int:
     return int(value)
 
 
+def _only_numbers(value: Any) -> bool:
+    """Whether ``value`` is a number or nested lists of numbers: ``true`` and ``"500"`` are not (numpy would read
+    them as 1.0 and 500.0, and a typo in a file would be applied without a word)."""
+    if isinstance(value, np.ndarray):  # a default of the code's own
+        return value.dtype.kind in "iuf"
+    if isinstance(value, (list, tuple)):
+        return all(_only_numbers(v) for v in value)
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
 def _float_array(value: Any, shape: tuple[int, ...] | None, what: str) -> np.ndarray:
+    if not _only_numbers(value):
+        raise ValueError(f"{what} must be numbers, got {value!r}")
     try:
         array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):

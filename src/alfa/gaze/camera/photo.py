@@ -13,6 +13,7 @@ import io
 import math
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,7 +83,10 @@ def decode_photo(data: bytes, what: str = "the image") -> tuple[np.ndarray, list
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with warnings.catch_warnings():  # our own limit below judges the size: Pillow's warning would print too
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+        with img:
             width, height = img.size
             if width * height > MAX_PIXELS:
                 raise ValueError(f"{what} is {width}×{height}: over the limit of {MAX_PIXELS:,} pixels")
@@ -482,7 +486,9 @@ def predict_videos(
         read = [] if first is None else [first, *tqdm(frames, desc="frames", unit="frame", disable=not progress)]
         records.append({"video": video, "smoothing": alpha, "frames": read})
         if all("error" in frame for frame in read):
-            failures.append(f"{video}: no frame with a readable face")
+            # the first frame's reason, where it is not the usual missing face (a camera file for another size)
+            why = f" (the first frame: {read[0]['error']})" if read else ""
+            failures.append(f"{video}: no frame with a readable face{why}")
     return records, failures
 
 

@@ -114,6 +114,9 @@ def load_screen(path: str | os.PathLike) -> Screen:
             raise ValueError(f"{path}: {key} must be positive, got {data[key]!r}")
         if key.endswith("_px"):
             whole_number(data[key], f"{path}: {key}")
+        low, high = (1, MAX_SCREEN_PX) if key.endswith("_px") else (MIN_SCREEN_MM, MAX_SCREEN_MM)
+        if not low <= size <= high:  # a unit slip (metres for millimetres) would put every point far off
+            raise ValueError(f"{path}: {key} is {data[key]!r}; a screen's is {low:,} to {high:,}")
     rotation = _float_array(data.get("rotation", _SCREEN_IN_CAMERA_PLANE), (3, 3), f"{path}: rotation")
     if not np.allclose(rotation.T @ rotation, np.eye(3), atol=1e-3) or np.linalg.det(rotation) < 0:
         raise ValueError(f"{path}: rotation must be a rotation matrix (orthonormal columns, determinant +1)")
@@ -160,6 +163,8 @@ def _terms(angles: np.ndarray, degree: int) -> np.ndarray:
 
 MAX_SCREEN_PX = 100_000
 """How far from the screen's top-left corner a calibration point may be, in pixels: beyond any screen (a typo)."""
+MIN_SCREEN_MM, MAX_SCREEN_MM = 1, 100_000
+"""A screen's side in millimetres: a watch's to a stadium's."""
 
 
 def fit_screen(gaze_deg: np.ndarray, screen_px: np.ndarray, degree: int = 1) -> ScreenFit:

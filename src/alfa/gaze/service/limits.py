@@ -103,8 +103,10 @@ def content_length(values: list[str], limits: ServiceLimits) -> int:
     if len(set(v.strip() for v in values)) > 1:
         raise ServiceError(400, "conflicting Content-Length headers")
     text = values[0].strip()
-    if not text.isascii() or not text.isdigit() or len(text) > 15:
+    if not text.isascii() or not text.isdigit():
         raise ServiceError(400, f"Content-Length must be a whole number of bytes, got {text[:32]!r}")
+    if len(text.lstrip("0")) > 15:  # a whole number, of more bytes than any limit: read no further than that
+        raise ServiceError(413, f"the body is {text[:32]} bytes; the limit is {limits.max_body_bytes}")
     length = int(text)
     if length > limits.max_body_bytes:
         raise ServiceError(413, f"the body is {length} bytes; the limit is {limits.max_body_bytes}")

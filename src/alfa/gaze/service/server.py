@@ -411,14 +411,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self) -> dict[str, Any]:
         url = urlsplit(self.path)
         methods = ROUTES.get(url.path)
+        route = None if methods is None else methods.get(self.command)
+        if self.server.token is not None and not (route is not None and route.public):
+            # before the endpoints are listed or a method named: a caller without the token learns nothing
+            check_token(self.headers.get("Authorization"), self.server.token)
         if methods is None:
             endpoints = ", ".join(f"{method} {path}" for path, methods in ROUTES.items() for method in methods)
             raise ServiceError(404, f"no such endpoint; there are: {endpoints}")
-        route = methods.get(self.command)
         if route is None:
             raise ServiceError(405, f"{url.path} takes {', '.join(methods)}", {"Allow": ", ".join(methods)})
-        if self.server.token is not None and not route.public:
-            check_token(self.headers.get("Authorization"), self.server.token)
         try:
             query = parse_qs(url.query, keep_blank_values=True, max_num_fields=16)
         except ValueError:
