@@ -589,6 +589,10 @@ def test_validation_is_never_on_persons_the_model_trained_on():
     ):
         held_out_persons({"extra": {**header, "val_persons": list(other.persons())}}, data, "m.safetensors")
     assert held_out_persons({"extra": header}, other) is None  # other data: nothing of it was trained on
+    # a recovered model written before it recorded its training persons trained on all of its data's
+    recovered = {"stage": "recovered", "data": {"name": data.name}, "val_data": other.name, "val_persons": ["p00"]}
+    with pytest.raises(ValueError, match=rf"m.safetensors was trained on 4 of {data.name}'s persons"):
+        held_out_persons({"extra": recovered}, data, "m.safetensors")
 
 
 def test_a_ctrl_c_a_library_swallows_and_fails_of_is_said_as_the_interruption(monkeypatch, capsys):

@@ -174,6 +174,15 @@ def test_faze_trains_meta_trains_and_calibrates_from_the_cli(tmp_path, capsys):
     assert main(["faze", "train", "--data", spec, "--out", str(tmp_path / "t"), "--steps", "2", *small]) == 0
     meta = ["--k", "3", "--l", "3", "--tasks", "2", "--steps", "2", "--quiet"]
     trained = str(tmp_path / "t" / "model.safetensors")
+    # without meta-training PS-GEN has no rate and steps: one line before any work, no folder made
+    no_meta = ["calibrate", "--checkpoint", trained, "--data", spec, "--method", "faze", "--k", "3", "--pool", "6"]
+    assert main([*no_meta, "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "records no meta-training (alfa faze meta-train)" in err
+    assert not (tmp_path / "x").exists()
+    too_many = ["faze", "meta-train", "--checkpoint", trained, "--data", spec, "--out", str(tmp_path / "y")]
+    assert main([*too_many, *meta[:4], "--tasks", "5", "--steps", "1", "--quiet"]) == 2
+    assert "fewer than the 5 tasks (persons) each outer step draws: lower --tasks" in capsys.readouterr().err
     assert (
         main(["faze", "meta-train", "--checkpoint", trained, "--data", spec, "--out", str(tmp_path / "m"), *meta]) == 0
     )

@@ -108,7 +108,8 @@ def test_tiny_end_to_end_goes_through_every_stage(chain, data):
             assert torch.allclose(m.U.T @ m.U, eye, atol=1e-5)
             gram = (m.V @ m.V.T).detach()
             assert torch.allclose(gram, torch.diag(torch.diagonal(gram)), atol=1e-4 * float(gram.abs().max()))
-    reloaded, _ = load_model(tmp_path / "rec" / "model.safetensors")
+    reloaded, recovered = load_model(tmp_path / "rec" / "model.safetensors")
+    assert recovered["extra"]["train_persons"] == pre.train_persons  # held_out_persons reads them
     x = source.images[:4].float() / 255
     assert torch.equal(reloaded.eval()(x), base.eval()(x))
 

@@ -312,6 +312,32 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
     assert (tmp_path / "c" / "p00.safetensors").is_file()  # nothing was removed
 
 
+def test_replace_removes_what_an_earlier_run_listed_and_never_a_record_no_run_wrote(base, tmp_path, capsys):
+    """--replace removed a personalization.json no alfa run wrote (a JSON object without persons), and over a
+    personalize folder it left that run's per-person .json sidecars, which still named the other method."""
+    from alfa.cli import main
+
+    ckpt = alfa.checkpoint.save_model(tmp_path / "base.safetensors", base, "tiny_gaze_net")
+    spec = "synthetic:mpii?persons=2&images_per_person=8&size=16"
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / "personalization.json").write_text('{"my": "notes"}', encoding="utf-8")
+    argv = ["calibrate", "--checkpoint", str(ckpt), "--data", spec, "--out", str(out), "--quiet", "--k", "2"]
+    argv += ["--pool", "4"]
+    for extra in ([], ["--replace"]):
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err
+        assert "is not a personalization record alfa wrote" in err and "move it away" in err, err
+    assert (out / "personalization.json").read_text(encoding="utf-8") == '{"my": "notes"}'
+    folder = tmp_path / "p"
+    personalize = ["personalize", "--checkpoint", str(ckpt), "--data", spec, "--out", str(folder), "--quiet"]
+    assert main([*personalize, "--steps", "1"]) == 0
+    assert sorted(f.name for f in folder.glob("p0*.json")) == ["p00.json", "p01.json"]
+    assert main([*argv[:5], "--out", str(folder), *argv[7:], "--replace"]) == 0
+    assert not list(folder.glob("p0*.json"))  # the personalize run's sidecars went with its adapters
+    assert sorted(f.name for f in folder.glob("p0*.safetensors")) == ["p00.safetensors", "p01.safetensors"]
+
+
 def _about(path):
     return alfa.read_adapter_metadata(path)["about"]
 

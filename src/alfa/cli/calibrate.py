@@ -146,6 +146,12 @@ def _calibrate(args: argparse.Namespace) -> None:
     persons = persons_of(args.persons, data)
     refuse_a_pool_no_one_has(data, persons, config)
     defaults = _meta_training_recipe(saved, args.checkpoint)
+    if config.method == "faze" and defaults is None and (config.faze_lr is None or config.faze_steps is None):
+        # every person would fail alike: one line before any work
+        raise ValueError(
+            f"--method faze: {args.checkpoint} records no meta-training (alfa faze meta-train), so PS-GEN has no "
+            "rate and steps of its own: give --faze-lr and --faze-steps"
+        )
     make_room(out, data, config, args.replace)  # last of the refusals: with --replace it removes files
     _note_a_dense_base(model, config, args.checkpoint)  # after every refusal: a refused run prints one line
     seed_torch_deterministic(config.seed)

@@ -16,9 +16,11 @@ from .guards import (
     adaptation_count,
     check_labels,
     check_method_fits,
+    note_a_dense_base,
     persons_of,
     raise_if_incomplete,
     refuse_foreign_adapters,
+    refuse_n_adapt_no_one_has,
     tta_column,
 )
 from .options import (
@@ -186,6 +188,11 @@ def _pretrain(args: argparse.Namespace) -> None:
         distributed.teardown()
     if not main:  # rank 0 reports for all
         return
+    if len(result.history) > config.epochs:  # a resume found more done than asked: that run is kept, not cut short
+        raise ValueError(
+            f"--out {args.out}: holds a run of {len(result.history)} epochs, more than the {config.epochs} asked (kept "
+            f"as it is): use another --out, or --epochs {len(result.history)}"
+        )
     print(f"pretrained {args.model} on {data.name}: {len(result.history)} epochs, {_validation_words(result)}")
     print(f"checkpoint: {result.checkpoint}")
 
@@ -321,7 +328,9 @@ def _personalize(args: argparse.Namespace) -> None:
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
     persons = persons_of(args.persons, data)
+    refuse_n_adapt_no_one_has(data, persons, config.n_adapt)
     refuse_foreign_adapters(model, data, method, config, args.out, args.replace)
+    note_a_dense_base(model, method, args.checkpoint)  # after every refusal: a refused run prints one line
     seed_torch_deterministic(config.seed)
     if not args.quiet:
         print(f"recipe: {_recipe_words(config)}")

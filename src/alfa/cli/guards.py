@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,11 @@ __all__ = [
     "adaptation_count",
     "check_labels",
     "check_method_fits",
+    "note_a_dense_base",
     "persons_of",
     "raise_if_incomplete",
     "refuse_foreign_adapters",
+    "refuse_n_adapt_no_one_has",
     "remove_listed",
     "tta_column",
 ]
@@ -74,6 +77,9 @@ def persons_of(text: str | None, data: Any) -> list[str] | None:
     persons = [p.strip() for p in text.split(",") if p.strip()]
     if not persons:
         raise ValueError(f"--persons {text!r}: name at least one person id (leave the option out for all)")
+    twice = sorted({p for p in persons if persons.count(p) > 1})
+    if twice:
+        raise ValueError(f"--persons: {', '.join(map(repr, twice))} listed twice")
     known = set(data.persons())
     unknown = [p for p in persons if p not in known]
     if unknown:
@@ -131,4 +137,27 @@ def raise_if_incomplete(report: Any, allow_partial: bool) -> None:
         raise RuntimeError(
             f"{n} of {total} persons could not be scored (listed above; the means leave them out); "
             "--allow-partial accepts that"
+        )
+
+
+def refuse_n_adapt_no_one_has(data: Any, persons: list[str] | None, n_adapt: int) -> None:
+    """One line before any work where no person has the adaptation images plus one to score (each would fail)."""
+    most = max((len(data.person_indices(p)) for p in persons or data.persons()), default=0)
+    if most < n_adapt + 1:
+        raise ValueError(
+            f"--n-adapt {n_adapt}: a person needs those first images plus at least one to score, and the most any "
+            f"person of {data.name} has is {most}; use --n-adapt {max(most - 1, 1)} or less"
+        )
+
+
+def note_a_dense_base(model: Any, method: Any, checkpoint: str) -> None:
+    """Adapters of an untruncated base adapt its dense layers: files and time many times a truncated base's, which
+    ``alfa serve`` refuses. It works, so it is said once, up front, where it can still be changed."""
+    from alfa.layers import is_factorized
+
+    if method.scope == "layer" and not type(method).trains_prompts and not any(map(is_factorized, model.modules())):
+        print(
+            f"alfa personalize: note: {checkpoint} is not truncated, so each person's {method.method} adapter adapts "
+            "dense layers: large files, slow to make, that alfa serve refuses (alfa truncate the base first)",
+            file=sys.stderr,
         )

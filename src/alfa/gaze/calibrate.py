@@ -67,6 +67,7 @@ from .evaluate import RECORD_FILE, adapter_filename, load_examples, load_images,
 from .faze import personalize_faze
 from .geometry import flip_yaw
 from .losses import finite_or_raise, l1_per_image
+from .personalize import listed_files
 
 __all__ = [
     "CalibrateConfig",
@@ -468,18 +469,17 @@ def make_room(out_dir: str | Path, dataset: GazeDataset, config: CalibrateConfig
     record = out / RECORD_FILE
     if not record.is_file():
         return
+    try:  # the files a calibration or personalization run there listed; a record of neither is not ours to replace
+        listed = listed_files(out)
+    except ValueError as e:
+        raise ValueError(f"--out {out}: {e}") from None
     if not replace:
         other = earlier_run(out, dataset, config)
         if other is not None:
             raise ValueError(f"--out {out}: holds an earlier run ({other}); use another --out, or --replace")
         return
-    try:
-        listed = json.loads(record.read_text(encoding="utf-8")).get("persons", {})
-    except (OSError, ValueError, AttributeError) as e:
-        raise ValueError(f"--out {out}: {record} is not a calibration record alfa wrote ({e}); move it away") from None
-    for person in listed:
-        (out / adapter_filename(person)).unlink(missing_ok=True)
-    record.unlink()
+    for name in sorted(listed):
+        (out / name).unlink(missing_ok=True)
 
 
 def refuse_a_pool_no_one_has(dataset: GazeDataset, persons: Sequence[str] | None, config: CalibrateConfig) -> None:

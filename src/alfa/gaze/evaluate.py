@@ -336,10 +336,13 @@ class EvaluationReport:
         ]
         if rows:
             lines.append(rule)
-        lines.append(fmt(mean_row))
-        for a, b in zip(names, names[1:]):
-            k, n = self.improved(a, b)
-            lines.append(f"{b} vs {a}: error lower for {k} of {n} persons")
+        if n_common == 0:  # a mean and a count over nobody would print nan and "0 of 0"
+            lines.append("no person was scored in every column: no mean and no comparison")
+        else:
+            lines.append(fmt(mean_row))
+            for a, b in zip(names, names[1:]):
+                k, n = self.improved(a, b)
+                lines.append(f"{b} vs {a}: error lower for {k} of {n} persons")
         for p, why in self.failed.items():
             lines.append(f"FAILED {p}: {why}")
         return "\n".join(lines)

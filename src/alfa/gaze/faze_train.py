@@ -336,7 +336,10 @@ def meta_train_faze(
     need = config.k + config.l
     persons = [p for p in dataset.persons() if len(dataset.person_indices(p)) >= need]
     if len(persons) < config.tasks:
-        raise ValueError(f"{dataset.name}: {len(persons)} persons have k + l = {need} images; need {config.tasks}")
+        raise ValueError(
+            f"{dataset.name}: {len(persons)} persons have k + l = {need} images, fewer than the {config.tasks} tasks "
+            f"(persons) each outer step draws: lower --tasks, --k or --l"
+        )
     codes = gaze_codes(model, dataset, persons)
     mlp = model.gaze_mlp
     # SGD without momentum is the review's θ ← θ − η ∇ (and has no state to keep)

@@ -569,7 +569,7 @@ def personalize_dataset(
         run.persons[person] = outcome
         if outcome.status == "ok":
             write_json(sidecar, {"key": key, "outcome": dataclasses.asdict(outcome)})
-        else:
+        elif progress:  # said as it happens beside the bar; the command's summary says each failure once more
             tqdm.write(f"personalization of {person!r} failed: {outcome.error}")
         write_json(out / RECORD_FILE, run.to_dict())
     write_json(out / RECORD_FILE, run.to_dict())

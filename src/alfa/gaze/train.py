@@ -528,6 +528,10 @@ def held_out_persons(
     if extra.get("val_data") == dataset.name and persons:
         return list(persons)
     trained = extra.get("train_persons")
+    if trained is None and extra.get("stage") == "recovered":
+        # written before recovered models recorded them: recovery trained on every person of its data, as its
+        # validation was elsewhere (where it held persons of that data out, the branch above answered)
+        trained = list(dataset.persons())
     seen = set(trained) & set(dataset.persons()) if isinstance(trained, list) else set()
     if extra.get("data", {}).get("name") == dataset.name and seen:
         # persons drawn from this data to validate on would be ones the model was trained on
@@ -621,7 +625,7 @@ def truncate_and_recover(
     """
     out = Path(out_dir)
     final = out / MODEL_FILE
-    _, val_ds, val_p = resolve_validation(dataset, config.recovery, val_dataset, val_persons)
+    train_p, val_ds, val_p = resolve_validation(dataset, config.recovery, val_dataset, val_persons)
     header = {
         "stage": "recovered",
         "truncate_config": config.to_dict(),
@@ -678,7 +682,9 @@ def truncate_and_recover(
             model,
             model_name,
             model_kwargs,
-            extra={**header, "result": outcome.to_dict()},
+            # the persons it trained on, for held_out_persons; outside the header that a resume compares, which
+            # recovered models written before they were recorded do not have
+            extra={**header, "train_persons": train_p, "result": outcome.to_dict()},
             input_size=input_size(dataset),
             input_scaling=INPUT_SCALING,
         )

@@ -62,6 +62,8 @@ class DatasetSpec:
             key, sep, value = item.partition("=")
             if not sep:
                 raise ValueError(f"dataset spec {text!r}: bad option {item!r}; options are {', '.join(_OPTION_TYPES)}")
+            if any(key == k for k, _ in options):  # which of two values was meant cannot be guessed
+                raise ValueError(f"dataset spec {text!r}: option {key!r} given twice")
             options.append((key, value))
         return cls(kind.strip().lower(), target, tuple(options))
 
@@ -202,6 +204,8 @@ def _parse_options(spec: str, query: str) -> dict:
         key, sep, value = item.partition("=")
         if not sep or key not in _OPTION_TYPES:
             raise ValueError(f"dataset spec {spec!r}: bad option {item!r}; options are {', '.join(_OPTION_TYPES)}")
+        if key in options:
+            raise ValueError(f"dataset spec {spec!r}: option {key!r} given twice")
         try:
             options[key] = _OPTION_TYPES[key](value)
         except ValueError as err:

@@ -1,0 +1,99 @@
+"""What the gaze commands do with a run they should not start or cannot finish as asked: refused in one line
+before any work (each person would fail alike), or said plainly; found by a newcomer's audit of the CLI."""
+
+from __future__ import annotations
+
+import pytest
+import tiny_models  # noqa: F401 — registers tiny_gaze_net
+from tiny_models import truncated_tiny_gaze_net
+
+import alfa
+from alfa.checkpoint import save_model
+from alfa.cli import main
+from alfa.gaze.data.registry import DatasetSpec, open_dataset
+
+TARGET = "synthetic:mpii?persons=2&images_per_person=8&size=16"
+
+
+@pytest.fixture
+def checkpoints(tmp_path):
+    dense = save_model(tmp_path / "dense.safetensors", alfa.models.create_model("tiny_gaze_net"), "tiny_gaze_net")
+    truncated = save_model(tmp_path / "truncated.safetensors", truncated_tiny_gaze_net(), "tiny_gaze_net")
+    return str(dense), str(truncated)
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_personalize_refuses_an_n_adapt_no_person_has_and_a_person_listed_twice(checkpoints, tmp_path, capsys):
+    _, truncated = checkpoints
+    argv = ["personalize", "--checkpoint", truncated, "--data", TARGET, "--out", str(tmp_path / "a"), "--quiet"]
+    assert main([*argv, "--n-adapt", "20"]) == 2
+    err = _one_line(capsys)
+    assert "--n-adapt 20: a person needs those first images plus at least one to score" in err
+    assert "the most any person of mpii/test has is 8; use --n-adapt 7 or less" in err
+    assert not (tmp_path / "a").exists()
+    assert main([*argv, "--persons", "p00,p00"]) == 2
+    assert "--persons: 'p00' listed twice" in _one_line(capsys)
+
+
+def test_personalize_on_an_untruncated_base_says_so_once(checkpoints, tmp_path, capsys):
+    dense, truncated = checkpoints
+    argv = ["--data", TARGET, "--steps", "1", "--quiet"]
+    assert main(["personalize", "--checkpoint", dense, *argv, "--out", str(tmp_path / "d")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("is not truncated, so each person's alfa adapter adapts dense layers") == 1
+    assert main(["personalize", "--checkpoint", truncated, *argv, "--out", str(tmp_path / "t")]) == 0
+    assert "is not truncated" not in capsys.readouterr().err
+
+
+def test_a_quiet_run_says_a_persons_failure_once(tmp_path, capsys):
+    """Under --quiet (progress off) the failure is the command's summary line on stderr alone, not also stdout's."""
+    import torch
+
+    from alfa.gaze.data.base import InMemoryGazeDataset
+    from alfa.gaze.personalize import PersonalizeConfig, personalize_dataset
+
+    ids = torch.tensor([0] * 8 + [1] * 3)  # p1 has too few images to adapt on 5 and score one
+    data = InMemoryGazeDataset(
+        torch.randint(0, 256, (11, 3, 16, 16), dtype=torch.uint8), torch.zeros(11, 2), ids, ["p0", "p1"], name="toy"
+    )
+    run = personalize_dataset(
+        truncated_tiny_gaze_net(), data, alfa.AlfaConfig(heads=2, rank=2), PersonalizeConfig(steps=1), tmp_path,
+        progress=False,
+    )  # fmt: skip
+    assert run.failed.keys() == {"p1"}
+    assert capsys.readouterr().out == ""
+
+
+def test_a_dataset_spec_that_gives_an_option_twice_is_refused():
+    for spec in ("synthetic:mpii?persons=3&persons=2", "synthetic:mpii?size=16&persons=3&size=32"):
+        with pytest.raises(ValueError, match=r"option '(persons|size)' given twice"):
+            open_dataset(spec)
+        with pytest.raises(ValueError, match=r"option '(persons|size)' given twice"):
+            DatasetSpec.parse(spec)
+
+
+def test_pretrain_refuses_to_report_a_longer_run_as_the_one_asked(tmp_path, capsys):
+    data = "synthetic:eth?persons=4&images_per_person=4&size=16"
+    argv = ["pretrain", "--model", "tiny_gaze_net", "--data", data, "--batch-size", "8", "--out", str(tmp_path / "p")]
+    assert main([*argv, "--epochs", "2", "--quiet"]) == 0
+    before = (tmp_path / "p" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main([*argv, "--epochs", "1", "--quiet"]) == 2
+    assert "holds a run of 2 epochs, more than the 1 asked (kept as it is)" in _one_line(capsys)
+    assert (tmp_path / "p" / "model.safetensors").read_bytes() == before
+
+
+def test_evaluate_with_nobody_scored_prints_no_mean_of_nobody(checkpoints, tmp_path, capsys):
+    dense, truncated = checkpoints
+    argv = ["--data", TARGET, "--quiet"]
+    assert main(["personalize", "--checkpoint", dense, *argv, "--steps", "1", "--out", str(tmp_path / "d")]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", truncated, *argv, "--adapters", str(tmp_path / "d")]) == 2
+    out = capsys.readouterr().out
+    assert "no person was scored in every column: no mean and no comparison" in out
+    assert "nan" not in out and "of 0 persons" not in out
