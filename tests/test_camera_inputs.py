@@ -320,3 +320,22 @@ def test_json_dash_is_refused_and_a_closed_pipe_ends_quietly(checkpoint, tmp_pat
     monkeypatch.setattr(os, "dup2", lambda *a: dup2.append(a))  # not pytest's own stdout
     assert main(["predict", "skimage:astronaut", "--checkpoint", checkpoint, "--quiet"]) == 141
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("mode", "fmt", "notes"),
+    [
+        ("RGBA", "PNG", ["its transparency dropped (a transparent pixel shows the colour it stores)"]),
+        ("CMYK", "JPEG", ["CMYK converted to RGB"]),
+        ("P", "PNG", []),  # a palette converts without loss: nothing to say
+        ("RGB", "PNG", []),
+    ],
+)
+def test_a_conversion_that_changes_what_the_photo_shows_is_noted(mode, fmt, notes):
+    import io
+
+    from alfa.gaze.camera.photo import decode_photo
+
+    buffer = io.BytesIO()
+    Image.new(mode, (64, 64)).save(buffer, format=fmt)
+    assert decode_photo(buffer.getvalue())[1] == notes

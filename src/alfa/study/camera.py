@@ -178,7 +178,8 @@ def camera_page(record: dict[str, Any], command: str, figure: str) -> str:
             "",
             "- `notes`: what was done to the photo before any face was looked for: turned upright by its EXIF "
             "orientation; a grayscale photo copied into RGB, one of more than 8 bits (a near-infrared camera's "
-            "`I;16`) scaled to 8 bits by the depth its values use; only the first frame of an animation read.",
+            "`I;16`) scaled to 8 bits by the depth its values use; a transparency dropped; a CMYK photo converted "
+            "to RGB; only the first frame of an animation read.",
             "- `camera`: the intrinsics used, and where they came from. Without `--camera K.json` they are assumed "
             "(focal length = image width, principal point = centre, no distortion) and `source` says so. A camera "
             'file is `{"matrix": [[fx, 0, cx], [0, fy, cy], [0, 0, 1]], "distortion": [k1, k2, p1, p2, k3], '

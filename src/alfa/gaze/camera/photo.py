@@ -95,6 +95,10 @@ def decode_photo(data: bytes, what: str = "the image") -> tuple[np.ndarray, list
             img.load()
             gray = img.mode in ("1", "L", "LA", "I", "F") or img.mode.startswith("I;16")
             notes = [f"grayscale ({img.mode}) copied into RGB"] if gray else []
+            if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info:
+                notes.append("its transparency dropped (a transparent pixel shows the colour it stores)")
+            if img.mode == "CMYK":  # Pillow's plain formula, no colour profile: colours may be off, the face not
+                notes.append("CMYK converted to RGB")
             if img.getexif().get(_EXIF_ORIENTATION, 1) != 1:
                 notes.append("turned upright by its EXIF orientation")
             upright, scaled = eight_bits(ImageOps.exif_transpose(img))
