@@ -574,3 +574,28 @@ def test_person_errors_read_a_batch_at_a_time_and_equal_the_whole_tensors(tmp_pa
     for person, error in errors.items():
         images, gaze = load_examples(data, eval_indices(data, person, 5))
         assert error == GazeError.of(predict_images(model, images, 4), gaze)  # exactly
+
+
+def test_persons_whose_faces_are_of_another_size_are_named_not_scored_at_it(tmp_path, capsys):
+    """A folder with one person's faces at another size (files of two releases mixed) was scored at that size by a
+    model trained at the other, and validated on by pretrain, without a word: each batch holds one person's."""
+    import tiny_models  # noqa: F401 — registers tiny_gaze_net
+    from PIL import Image
+
+    from alfa.checkpoint import save_model
+    from alfa.cli import main
+    from alfa.models import create_model
+
+    write_gazehub_fixture(tmp_path / "mpii", "mpiifacegaze", persons=["p00", "p01", "p02"], size=16)
+    for face in (tmp_path / "mpii" / "Image" / "p02" / "face").iterdir():
+        Image.open(face).resize((24, 24)).save(face)
+    spec = f"gazehub:mpiifacegaze:{tmp_path / 'mpii'}"
+    checkpoint = save_model(
+        tmp_path / "m.safetensors", create_model("tiny_gaze_net"), "tiny_gaze_net", input_size=(16, 16)
+    )
+    assert main(["evaluate", "--checkpoint", str(checkpoint), "--data", spec, "--quiet"]) == 2
+    assert "trained on 16×16 images, mpiifacegaze has 24×24 (person p02's first)" in capsys.readouterr().err
+    argv = ["pretrain", "--model", "tiny_gaze_net", "--data", spec, "--out", str(tmp_path / "p"), "--quiet"]
+    assert main(argv) == 2
+    assert "mpiifacegaze: person p02's faces are 24×24, mpiifacegaze's p00's 16×16" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()

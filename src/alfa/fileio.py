@@ -287,6 +287,20 @@ def finite_or_none(x: Any) -> Any:
 _FILENAME_KEEP = frozenset("._=-")
 
 
+def read_kept_json(path: str | os.PathLike, kind: type = dict) -> Any:
+    """A JSON file a run kept to resume from (a record, a state), which must hold a ``kind``; one that cannot be
+    read as such is named, with what to do (``ValueError``), not a bare parser error or a ``TypeError`` later."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: damaged ({e}); delete it to redo what it kept") from None
+    if not isinstance(data, kind):
+        raise ValueError(
+            f"{path}: damaged (a JSON {type(data).__name__}, not a {kind.__name__}); delete it to redo what it kept"
+        )
+    return data
+
+
 def safe_filename(name: str) -> str:
     """``name`` as one path component: letters, digits and ``._=-`` kept, everything else (``/``, ``→``,
     ``[``, ``:``, ``?``, spaces) replaced by ``_``. Used for every folder or file named after a method

@@ -24,7 +24,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .options import at_least, comma_separated, deterministic_kernels, device_option, precision_option, quiet_option
+from .options import (
+    at_least,
+    comma_separated,
+    deterministic_kernels,
+    device_option,
+    precision_option,
+    quiet_option,
+    thread_count,
+)
 from .registry import Command
 
 if TYPE_CHECKING:  # the study is imported when a command runs, not when the CLI starts
@@ -250,7 +258,7 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seeds", type=_seed_list, help="comma-separated seeds (default: the preset's)")
     p.add_argument("--ablations", help=_ablations_help())
-    p.add_argument("--threads", type=at_least(1), help=f"torch threads (default {BenchConfig().threads})")
+    p.add_argument("--threads", type=thread_count, help=f"torch threads (default {BenchConfig().threads})")
     p.add_argument("--keep-adapters", action="store_true", help="keep every per-person adapter file")
     p.add_argument("--dry-run", action="store_true", help="list the records that would run, run nothing")
     p.add_argument("--report", metavar="MD", help="also write the report to this markdown file afterwards")

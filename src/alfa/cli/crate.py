@@ -6,7 +6,16 @@ import argparse
 import shlex
 from pathlib import Path
 
-from .options import at_least, file_path, folder_path, non_negative_number, positive_rate, quiet_option, seed_option
+from .options import (
+    at_least,
+    file_path,
+    folder_path,
+    non_negative_number,
+    positive_rate,
+    quiet_option,
+    seed_option,
+    thread_count,
+)
 from .registry import Command
 
 __all__ = ["CRATE"]
@@ -70,7 +79,9 @@ def _gaze_arguments(gaze: argparse.ArgumentParser) -> None:
     )
     gaze.add_argument("--quick", action="store_true", help="a tiny preset that runs in seconds (a smoke test)")
     seed_option(gaze, "the initial weights, batch order and personalization", config.seed)
-    gaze.add_argument("--threads", type=int, default=config.threads, help="torch threads (default %(default)s)")
+    gaze.add_argument(
+        "--threads", type=thread_count, default=config.threads, help="torch threads (default %(default)s)"
+    )
     gaze.add_argument(
         "--markdown",
         type=file_path,
@@ -94,6 +105,9 @@ def _toy(args: argparse.Namespace) -> None:
     from alfa.study.crate.toy_report import toy_record, write_record
 
     panels = [p.strip() for p in args.panels.split(",") if p.strip()]
+    twice = sorted({p for p in panels if panels.count(p) > 1})
+    if twice:  # a panel's runs twice would count as more seeds and narrow its intervals
+        raise ValueError(f"--panels: {', '.join(map(repr, twice))} listed twice")
     unknown = [p for p in panels if p not in PANELS]
     if not panels or unknown:
         raise ValueError(f"--panels: unknown panel(s) {', '.join(map(repr, unknown))}; choose from {', '.join(PANELS)}")

@@ -169,13 +169,14 @@ def _refuse_a_model_that_is_not_a_gaze_model(model: Any, name: str, data: Any) -
 
 def _pretrain(args: argparse.Namespace) -> None:
     from alfa.gaze import distributed
-    from alfa.gaze.train import train_source
+    from alfa.gaze.train import refuse_mixed_sizes, train_source
     from alfa.models import create_model
 
     device = _join(args.device)
     config = _train_config(args, "pretrain", device)
     data = open_spec(args.data)
     val = open_spec(args.val_data) if args.val_data else None
+    refuse_mixed_sizes(data, *([val] if val is not None else []))  # a held-out person of another size: no error
     seed_torch_deterministic(config.seed)
     model = create_model(args.model).to(device)
     try:

@@ -44,6 +44,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--markdown", type=file_path, metavar="FILE", help="also write the page to this file (e.g. docs/llm.md)"
     )
+    p.add_argument(  # said here: --data-to is checked by the command itself (the copy of this run's records is kept)
+        "--replace",
+        action="store_true",
+        help="overwrite the file --markdown or --data-to names if it exists (by default that is refused before "
+        "anything runs, except the copy of this run's own records, or a page this command generated: rewritten)",
+    )
 
 
 def _config(args: argparse.Namespace):  # noqa: ANN202 (a study type; imported here only)
@@ -140,10 +146,12 @@ def _time_arguments(p: argparse.ArgumentParser) -> None:
 def _timed_record(path: Path, replace: bool) -> dict:
     """The bench record at ``path``, refused (one line) when it is not a finished bench's, or when it holds a step
     timing and ``replace`` is not given: another timing's data goes only when asked."""
+    if not path.is_file():
+        raise ValueError(f"--record {path}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
     try:
         result = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise ValueError(f"--record {path}: not a bench record alfa llm bench wrote ({type(e).__name__})") from None
+        raise ValueError(f"--record {path}: not a bench record alfa llm bench wrote ({e})") from None
     if not isinstance(result, dict) or "config" not in result or "runs" not in result:
         raise ValueError(f"--record {path}: not a bench record alfa llm bench wrote (no config and runs)")
     if not result.get("complete", False):

@@ -187,6 +187,16 @@ def worker_count(text: str) -> int:
     return value
 
 
+def thread_count(text: str) -> int:
+    """An argparse type for torch threads: 1 up to this machine's CPU count (more threads than cores only contend:
+    a tiny run took minutes, and the machine with it)."""
+    value = at_least(1)(text)
+    cores = os.cpu_count() or 1
+    if value > cores:
+        raise argparse.ArgumentTypeError(f"at most this machine's {cores} CPUs, got {value}")
+    return value
+
+
 def data_help(what: str, example: str = "synthetic:mpii") -> str:
     """The help of a ``--data`` option: ``what`` it reads, named by a dataset spec, and the page of the forms."""
     return f"{what}: a dataset spec, e.g. {example} (the forms: {DATA_SPECS})"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .options import MODEL_HELP, at_least, default_of, file_path, seed_option
+from .options import MODEL_HELP, at_least, default_of, file_path, seed_option, thread_count
 from .registry import Command
 
 __all__ = ["EXAMPLE", "SPEED", "SERVING", "PAGES", "COSTS"]
@@ -170,7 +170,9 @@ def _costs_arguments(parser: argparse.ArgumentParser) -> None:
         default=default("repeats"),
         help="timed rounds, interleaved (default %(default)s)",
     )
-    parser.add_argument("--threads", type=int, default=default("threads"), help="torch threads (default %(default)s)")
+    parser.add_argument(
+        "--threads", type=thread_count, default=default("threads"), help="torch threads (default %(default)s)"
+    )
     seed_option(parser, "the weights and images", default("seed"))
     parser.add_argument("--no-dense", action="store_true", help="skip the untruncated rows")
     parser.add_argument("--json", type=file_path, help="also write the rows to this JSON file")

@@ -550,13 +550,33 @@ def check_input_size(checkpoint_config: dict[str, Any], dataset: GazeDataset, ch
         raise ValueError(f"{checkpoint} was trained on pixels scaled as {scaling!r}; this alfa feeds {INPUT_SCALING!r}")
     trained = checkpoint_config.get("input_size")
     if trained is None:
+        refuse_mixed_sizes(dataset)
         return
-    here = list(input_size(dataset))
-    if here != list(trained):
-        raise ValueError(
-            f"{checkpoint} was trained on {trained[0]}×{trained[1]} images, {dataset.name} has {here[0]}×{here[1]}; "
-            "use data of the training size (a synthetic world takes ?size=N)"
-        )
+    for person, here in person_sizes(dataset).items():
+        if list(here) != list(trained):
+            raise ValueError(
+                f"{checkpoint} was trained on {trained[0]}×{trained[1]} images, {dataset.name} has {here[0]}×{here[1]} "
+                f"(person {person}'s first); use data of the training size (?size=N resizes every face to N×N)"
+            )
+
+
+def person_sizes(dataset: GazeDataset) -> dict[str, tuple[int, int]]:
+    """Each person's first image's (height, width): a loader yields one size per person's folder or file, and a
+    dataset whose persons differ (files of two releases mixed) would be scored or validated at the wrong size."""
+    return {p: tuple(load_images(dataset, dataset.person_indices(p)[:1]).shape[-2:]) for p in dataset.persons()}
+
+
+def refuse_mixed_sizes(*datasets: GazeDataset) -> None:
+    """``ValueError`` naming the first person (of ``datasets``, training data then validation data) whose faces are
+    of another size than the first person's: one model takes one size."""
+    sizes = {(d.name, p): size for d in datasets for p, size in person_sizes(d).items()}
+    (first_data, first), (h, w) = next(iter(sizes.items()))
+    for (name, person), (ph, pw) in sizes.items():
+        if (ph, pw) != (h, w):
+            raise ValueError(
+                f"{name}: person {person}'s faces are {ph}×{pw}, {first_data}'s {first}'s {h}×{w}: one model takes "
+                "one size (?size=N resizes every face to N×N)"
+            )
 
 
 def _train_step(

@@ -172,7 +172,7 @@ def _whole_number(value: str) -> int:
 
 _OPTION_TYPES: dict[str, Callable[[str], object]] = {
     "split": str,
-    "size": lambda v: _at_least_one("size", v),
+    "size": lambda v: _face_side(v),
     "seed": _whole_number,
     "images_per_person": _whole_number,
     "check_files": lambda v: _parse_bool("check_files", v),
@@ -180,6 +180,17 @@ _OPTION_TYPES: dict[str, Callable[[str], object]] = {
     "stored_order": str,
     "persons": lambda v: [p for p in v.split(",") if p],
 }
+
+
+MAX_FACE_SIDE = 2048
+"""The largest ``?size=`` taken: the real releases are 224 and 448 pixels; a typo of 100000 filled the memory."""
+
+
+def _face_side(value: str) -> int:
+    side = _at_least_one("size", value)
+    if side > MAX_FACE_SIDE:
+        raise ValueError(f"size must be at most {MAX_FACE_SIDE} (pixels a side), got {side}")
+    return side
 
 
 def _at_least_one(key: str, value: str) -> int:
@@ -195,7 +206,7 @@ def _parse_bool(key: str, value: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"option {key}={value!r}: expected true or false")
+    raise ValueError(f"expected true or false, got {value!r}")
 
 
 def _parse_options(spec: str, query: str) -> dict:

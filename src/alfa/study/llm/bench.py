@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from alfa.fileio import write_json
+from alfa.fileio import read_kept_json, write_json
 from alfa.study.timing import machine
 
 from .adapt import METHODS, STEP_ROUNDS, AdaptConfig, adapt_and_score, interleaved_step_seconds
@@ -138,7 +138,7 @@ def _record_path(out: Path, method: str, lr: float, seed: int) -> Path:
 def _run(out: Path, key: tuple[str, float, int], work: Any, progress: bool) -> dict[str, Any]:
     path = _record_path(out, *key)
     if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_kept_json(path)
     if progress:
         print(f"  adapting: {key[0]} at rate {key[1]:g}, seed {key[2]}", flush=True)
     record = work()
@@ -243,7 +243,7 @@ def _step_timing(out: Path, base: Any, methods: list[str], train: list[Example],
     (:func:`timing_record`; one written before the rounds were kept holds the medians alone, and is read as such)."""
     path = out / "timing.json"
     if path.is_file():
-        kept = json.loads(path.read_text(encoding="utf-8"))
+        kept = read_kept_json(path)
         return kept if "step_seconds" in kept else {"step_seconds": kept}
     if progress:
         print("  timing the training steps of " + ", ".join(methods) + " in turn", flush=True)

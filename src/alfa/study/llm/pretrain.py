@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from alfa.fileio import write_json, write_safetensors
+from alfa.fileio import read_kept_json, write_json, write_safetensors
 
 from .model import ModelConfig, build_model, encode_batch, generate, sequence_loss
 from .tasks import TASKS, make_example, make_examples
@@ -109,33 +109,46 @@ def _fit(model: nn.Module, weights: dict[str, torch.Tensor], where: Path) -> Non
 
 
 def _load_weights(folder: Path, model: nn.Module) -> None:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    _fit(model, load_file(str(folder / "model.safetensors")), folder)
+    path = folder / "model.safetensors"
+    try:
+        weights = load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(
+            f"{path}: damaged ({e}); delete {folder} to pretrain it again, or use another --cache"
+        ) from None
+    _fit(model, weights, folder)
 
 
 def _resume(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
     """The state to go on from, with ``model`` and ``optimizer`` at its step: a finished run's (nothing loaded), the
     last checkpoint's, or ``None`` to start. A cache from before the one-file checkpoint (``model.safetensors``,
     ``optimizer.safetensors`` and an unfinished ``state.json``) resumes from those."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     record = folder / "state.json"
-    state = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
+    state = read_kept_json(record) if record.is_file() else None
     if state is not None and state.get("done"):
         return state
-    if (folder / CHECKPOINT).is_file():
-        with safe_open(str(folder / CHECKPOINT), "pt") as f:
-            state = json.loads(f.metadata()["state"])
-        tensors = load_file(str(folder / CHECKPOINT))
-        weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
-        moments = {k.removeprefix("optimizer."): v for k, v in tensors.items() if k.startswith("optimizer.")}
-    elif state is not None:
-        weights = load_file(str(folder / "model.safetensors"))
-        moments = load_file(str(folder / "optimizer.safetensors"))
-    else:
-        return None
+    try:
+        if (folder / CHECKPOINT).is_file():
+            with safe_open(str(folder / CHECKPOINT), "pt") as f:
+                state = json.loads(f.metadata()["state"])
+            tensors = load_file(str(folder / CHECKPOINT))
+            weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+            moments = {k.removeprefix("optimizer."): v for k, v in tensors.items() if k.startswith("optimizer.")}
+        elif state is not None:
+            weights = load_file(str(folder / "model.safetensors"))
+            moments = load_file(str(folder / "optimizer.safetensors"))
+        else:
+            return None
+    except (SafetensorError, OSError, KeyError, TypeError, ValueError) as e:  # a file cut short, a header without state
+        raise ValueError(
+            f"{folder}: damaged checkpoint ({e}); delete the folder to pretrain again, or use another --cache"
+        ) from None
     _fit(model, weights, folder)
     full = optimizer.state_dict()
     for name, value in moments.items():
@@ -216,4 +229,4 @@ def pretrained_model(
     model = build_model(config.model, config.seed)
     _load_weights(folder, model)
     model.tie_weights()
-    return model.eval(), json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    return model.eval(), read_kept_json(folder / "state.json")

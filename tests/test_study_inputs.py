@@ -1,0 +1,62 @@
+"""Damaged files the study commands keep, and options a newcomer mistypes: one line naming the file or the option,
+never a traceback or a run that fills the machine (a newcomer's audit of the CRATE, LLM and data commands)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from alfa.cli import main
+from alfa.fileio import read_kept_json
+
+
+@pytest.mark.parametrize(("text", "why"), [("[]", r"a JSON list, not a dict"), ('{"step": ', r"Expecting value")])
+def test_a_damaged_kept_record_is_named_with_what_to_do(tmp_path, text, why):
+    path = tmp_path / "alfa_lr0.003_seed0.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{path}: damaged \({why}.*\); delete it to redo what it kept$"):
+        read_kept_json(path)
+
+
+def test_a_damaged_language_model_cache_is_named(tmp_path):
+    from torch import nn
+
+    from alfa.study.llm.pretrain import CHECKPOINT, _load_weights, _resume
+
+    (tmp_path / "model.safetensors").write_bytes(b"\x00" * 1000)
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'model.safetensors'}: damaged .*delete {tmp_path}"):
+        _load_weights(tmp_path, nn.Linear(2, 2))
+    (tmp_path / CHECKPOINT).write_bytes(b"\x00" * 1000)
+    model = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=rf"^{tmp_path}: damaged checkpoint .*use another --cache$"):
+        _resume(tmp_path, model, torch.optim.AdamW(model.parameters()))
+
+
+def test_llm_time_names_a_missing_record(tmp_path, capsys):
+    assert main(["llm", "time", "--record", str(tmp_path / "nope.json")]) == 2
+    assert f"--record {tmp_path / 'nope.json'}: no such file" in capsys.readouterr().err
+
+
+def test_crate_toy_refuses_a_panel_listed_twice(capsys):
+    assert main(["crate", "toy", "--panels", "a,a", "--seeds", "2"]) == 2  # its runs would count as 4 seeds
+    assert "--panels: 'a' listed twice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["crate", "gaze"], ["costs"], ["bench"]])
+def test_threads_beyond_the_machines_cpus_are_refused(command, capsys):
+    # --help after it: were the option taken, the command would only print its help (exit 0), never run
+    with pytest.raises(SystemExit) as stop:
+        main([*command, "--threads", str((os.cpu_count() or 1) + 1), "--help"])
+    assert stop.value.code == 2
+    assert f"at most this machine's {os.cpu_count()} CPUs" in capsys.readouterr().err
+
+
+def test_a_face_size_beyond_any_release_and_a_bad_flag_are_one_clear_line():
+    from alfa.gaze.data.registry import open_dataset
+
+    with pytest.raises(ValueError, match=r"size must be at most 2048 \(pixels a side\), got 100000"):
+        open_dataset("synthetic:mpii?size=100000")
+    with pytest.raises(ValueError, match=r"option 'check_files=maybe': expected true or false, got 'maybe'$"):
+        open_dataset("gazehub:mpiifacegaze:/nowhere?check_files=maybe")
