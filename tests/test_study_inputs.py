@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import tiny_models  # noqa: F401 — registers tiny_gaze_net
 import torch
 
 from alfa.cli import main
@@ -60,3 +61,38 @@ def test_a_face_size_beyond_any_release_and_a_bad_flag_are_one_clear_line():
         open_dataset("synthetic:mpii?size=100000")
     with pytest.raises(ValueError, match=r"option 'check_files=maybe': expected true or false, got 'maybe'$"):
         open_dataset("gazehub:mpiifacegaze:/nowhere?check_files=maybe")
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("{}", r"not the page's data \(no 'rounds', 'image_size'\)"),
+        ("[]", r"not the page's data \(a JSON list, not an object\)"),
+        ('{"rounds": ', r"not valid JSON \(Expecting value"),
+    ],
+)
+def test_a_pages_damaged_data_file_is_named(tmp_path, text, why):
+    """alfa pages read some 20 data files; an emptied one ended in a KeyError's traceback, a cut one in a parser's
+    line that named no file."""
+    from alfa.study.pages import _render_serving
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "serving.json").write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'docs' / 'serving.json'}: {why}"):
+        _render_serving(tmp_path, tmp_path / "out")
+
+
+def test_summary_refuses_a_rank_that_saves_nothing_before_printing_and_briefly(capsys):
+    assert main(["summary", "--model", "tiny_gaze_net", "--rank", "100000"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no dense table above the error
+    assert "no layer can be truncated at rank 100000 with a saving" in captured.err and len(captured.err) < 400
+
+
+def test_bench_refuses_a_cache_dir_that_is_a_file_before_anything(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.touch()
+    argv = ["bench", "--smoke", "--out", str(tmp_path / "out"), "--seeds", "0", "--pairs", "E-M"]
+    assert main([*argv, "--methods", "source-only", "--ablations", "none", "--cache-dir", str(afile), "--dry-run"]) == 2
+    assert f"--cache-dir {afile} is a file, not a folder" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

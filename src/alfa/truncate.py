@@ -133,7 +133,9 @@ def truncate(model: nn.Module, rank: int, target: str | None = None, *, weights:
                 f"{'/'.join(map(str, ranks))}); the layers left dense gain nothing at rank {rank}. Truncate the "
                 "dense model again to change the rank"
             )
-        detail = "; ".join(f"{n}: {r}" for n, r in report.left_dense.items()) or "no Linear/Conv2d layers"
+        reasons = [f"{n}: {r}" for n, r in report.left_dense.items()]
+        more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+        detail = "; ".join(reasons[:3]) + more or "no Linear/Conv2d layers"
         where = f" matching {target!r}" if target is not None else ""
         raise ValueError(f"no layer{where} can be truncated at rank {rank} with a saving ({detail})")
     guard_save_pretrained(model)

@@ -312,10 +312,11 @@ BENCH = Command(
     "--dry-run lists what would run.",
     add_arguments=_bench_arguments,
     run=_bench,
-    outputs={"out": True, "report": False},
+    outputs={"out": True, "report": False, "cache_dir": True},
     rewrites=("report",),  # the page --report writes is `alfa report`'s, rewritten as the run it reports resumes
-    # not held: pieces of one benchmark fill one folder at once, merged into results.json under its file lock
-    shared=frozenset({"out"}),
+    # not held: pieces of one benchmark fill one folder at once, merged into results.json under its file lock; the
+    # source models' cache is shared by the runs too (checked writable, never held)
+    shared=frozenset({"out", "cache_dir"}),
     extra="study",
 )
 REPORT = Command(

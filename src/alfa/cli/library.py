@@ -40,9 +40,12 @@ def _summary(args: argparse.Namespace) -> None:
     import alfa
 
     model = alfa.models.create_model(args.model)
-    print(f"{args.model} (dense):\n{alfa.parameter_summary(model)}\n")
+    dense = alfa.parameter_summary(model)
+    if args.rank:  # truncated first: a rank that saves nothing is refused before any table is printed
+        report = alfa.truncate(model, rank=args.rank, weights=False)  # counts only: no SVD to wait for
+    print(f"{args.model} (dense):\n{dense}\n")
     if args.rank:
-        print(alfa.truncate(model, rank=args.rank, weights=False), "\n")  # counts only: no SVD to wait for
+        print(report, "\n")
         print(f"{args.model} truncated at rank {args.rank}:\n{alfa.parameter_summary(model)}")
 
 

@@ -77,6 +77,23 @@ def _render_flip_results(root: Path, out: Path) -> None:
     )
 
 
+def _data(path: Path, *keys: str) -> dict:
+    """A page's committed data file: a JSON object holding ``keys`` (what its renderer reads first); one that is not
+    (cut short, emptied, another file) is named with what is wrong, not a parser's line or a ``KeyError``."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not the page's data (a JSON {type(data).__name__}, not an object)")
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise ValueError(f"{path}: not the page's data (no {', '.join(map(repr, missing))})")
+    return data
+
+
 def _render_selected_recipes(root: Path, out: Path) -> None:
     from .bench.flip_report import selected_recipes_json
     from .bench.results import load_results
@@ -88,9 +105,9 @@ def _render_selected_recipes(root: Path, out: Path) -> None:
 def _render_speed(root: Path, out: Path) -> None:
     from .bench.speed import page_text, speed_command, transformers_path
 
-    result = json.loads((root / "docs/speed.json").read_text(encoding="utf-8"))
+    result = _data(root / "docs/speed.json", "repeats", "image_size")
     # the transformer section, measured on its own (alfa speed --transformers)
-    section = json.loads(transformers_path(root / "docs/speed.md").read_text(encoding="utf-8"))
+    section = _data(transformers_path(root / "docs/speed.md"))
     command = speed_command("docs/speed.md", result["repeats"], result["image_size"])
     write_text(out / "docs/speed.md", page_text(result, command, section, "docs/speed.md"))
 
@@ -98,7 +115,7 @@ def _render_speed(root: Path, out: Path) -> None:
 def _render_serving(root: Path, out: Path) -> None:
     from .bench.serving import serving_command, serving_markdown
 
-    result = json.loads((root / "docs/serving.json").read_text(encoding="utf-8"))
+    result = _data(root / "docs/serving.json", "rounds", "image_size")
     text = serving_markdown(result, serving_command("docs/serving.md", result["rounds"], result["image_size"]))
     write_text(out / "docs/serving.md", text)
 
@@ -106,7 +123,7 @@ def _render_serving(root: Path, out: Path) -> None:
 def _render_loading(root: Path, out: Path) -> None:
     from .bench.loading import loading_page
 
-    page = json.loads((root / "docs/loading.json").read_text(encoding="utf-8"))
+    page = _data(root / "docs/loading.json", "runs")
     write_text(out / "docs/loading.md", loading_page(page))
 
 
@@ -117,7 +134,7 @@ COSTS_PAGE = "docs/adapters.md"
 def _render_costs(root: Path, out: Path) -> None:
     from .bench.costs import costs_block, data_path, with_block
 
-    data = json.loads(data_path(root / COSTS_PAGE).read_text(encoding="utf-8"))
+    data = _data(data_path(root / COSTS_PAGE), "rows")
     text = with_block((root / COSTS_PAGE).read_text(encoding="utf-8"), costs_block(data), COSTS_PAGE)
     write_text(out / COSTS_PAGE, text)
 
@@ -129,7 +146,7 @@ CRATE_GAZE_FIGURE = "docs/figures/crate_gaze_probes.png"
 def _render_crate_gaze(root: Path, out: Path) -> None:
     from .crate.gaze_report import format_markdown, plot_gaze_probes
 
-    results = json.loads((root / CRATE_GAZE_DATA).read_text(encoding="utf-8"))
+    results = _data(root / CRATE_GAZE_DATA, "probes")
     (out / CRATE_GAZE_FIGURE).parent.mkdir(parents=True, exist_ok=True)
     plot_gaze_probes(results["probes"]["results"], out / CRATE_GAZE_FIGURE, source_name=results["probes"]["source"])
     text = format_markdown(results, figure=Path(CRATE_GAZE_FIGURE).relative_to("docs").as_posix())
@@ -179,11 +196,11 @@ def _render_calibration(root: Path, out: Path) -> None:
     from .bench.plan import declared_run_progress
     from .bench.results import load_results
 
-    scouts = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((root / CALIBRATION_SCOUTS).glob("*.json"))]
+    scouts = [_data(p, "name") for p in sorted((root / CALIBRATION_SCOUTS).glob("*.json"))]
     record = root / CALIBRATION_RECORD
     results = load_results(record) if (record / "results.json").is_file() else None
     found = sorted((root / CALIBRATION_VARIANTS).glob("*.json"))
-    variants = [json.loads(p.read_text(encoding="utf-8")) for p in found]
+    variants = [_data(p) for p in found]
     progress = None
     if results is not None:
         worlds = results["config"].get("worlds", "v1")
@@ -249,7 +266,7 @@ CAMERA_COMMAND = (
 def _render_camera(root: Path, out: Path) -> None:
     from .camera import camera_page, plot_camera
 
-    record = json.loads((root / CAMERA_DATA / "predict.json").read_text(encoding="utf-8"))
+    record = _data(root / CAMERA_DATA / "predict.json", "photos")
     (out / CAMERA_FIGURE).parent.mkdir(parents=True, exist_ok=True)
     plot_camera(record, root / CAMERA_DATA, out / CAMERA_FIGURE)
     write_text(out / "docs/camera.md", camera_page(record, CAMERA_COMMAND, "figures/camera.png"))
@@ -291,7 +308,7 @@ LLM_DATA = "docs/data/llm/bench.json"
 def _render_llm(root: Path, out: Path) -> None:
     from .llm.report import llm_page
 
-    result = json.loads((root / LLM_DATA).read_text(encoding="utf-8"))
+    result = _data(root / LLM_DATA, "selected_rates")
     write_text(out / "docs/llm.md", llm_page(result, LLM_DATA))
 
 

@@ -169,9 +169,8 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
         "latency_round_seconds": latency_rounds,
     }
     if memory:
-        result["memory_mb"] = {
-            s: _memory_mb(s, image_size) for s in (*STEP_SETUPS, "truncated inference", "dense inference")
-        }
+        setups = (*STEP_SETUPS, "truncated inference", "dense inference")  # a fresh process each: minutes in all
+        result["memory_mb"] = {s: _memory_mb(s, image_size) for s in tqdm(setups, desc="peak memory", leave=False)}
     return result
 
 
