@@ -11,6 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import tiny_models  # noqa: F401 — registers tiny_gaze_net, which these tests' checkpoints name
 import torch
 from torch.utils.data import DataLoader
 
@@ -579,7 +580,6 @@ def test_person_errors_read_a_batch_at_a_time_and_equal_the_whole_tensors(tmp_pa
 def test_persons_whose_faces_are_of_another_size_are_named_not_scored_at_it(tmp_path, capsys):
     """A folder with one person's faces at another size (files of two releases mixed) was scored at that size by a
     model trained at the other, and validated on by pretrain, without a word: each batch holds one person's."""
-    import tiny_models  # noqa: F401 — registers tiny_gaze_net
     from PIL import Image
 
     from alfa.checkpoint import save_model
@@ -599,3 +599,16 @@ def test_persons_whose_faces_are_of_another_size_are_named_not_scored_at_it(tmp_
     assert main(argv) == 2
     assert "mpiifacegaze: person p02's faces are 24×24, mpiifacegaze's p00's 16×16" in capsys.readouterr().err
     assert not (tmp_path / "p").exists()
+
+
+def test_a_face_of_another_size_in_a_batch_names_its_label_line(tmp_path):
+    from PIL import Image
+
+    from alfa.gaze.data.registry import open_dataset
+
+    write_gazehub_fixture(tmp_path / "mpii", "mpiifacegaze", persons=["p00"], size=16)
+    data = open_dataset(f"gazehub:mpiifacegaze:{tmp_path / 'mpii'}")
+    odd = data.image_path(3)
+    Image.open(odd).resize((24, 24)).save(odd)
+    with pytest.raises(ValueError, match=rf"16×16 and 24×24; the first of another size .*: {data.source_line(3)}\)"):
+        data.raw_images(list(range(6)))

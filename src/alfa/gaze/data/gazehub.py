@@ -32,7 +32,7 @@ import math
 import os
 import re
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,15 +199,18 @@ def _resized(rgb: np.ndarray, size: ImageSize) -> np.ndarray:
     return np.array(rgb, dtype=np.uint8, copy=True)
 
 
-def _stack_rgb(images: Sequence[np.ndarray]) -> Tensor:
+def _stack_rgb(images: Sequence[np.ndarray], where: Callable[[int], str] | None = None) -> Tensor:
     """(H, W, 3) uint8 arrays of one size -> (N, 3, H, W) uint8, contiguous: a batch laid out channels-last would
-    take other convolution kernels on the CPU, and other numbers, than the items stacked."""
+    take other convolution kernels on the CPU, and other numbers, than the items stacked. ``where(k)`` names the
+    k-th image's origin (its label line, its file and row) for the error a face of another size gets."""
     sizes = sorted({image.shape[:2] for image in images})
     if len(sizes) > 1:
         shown = " and ".join(f"{h}×{w}" for h, w in sizes[:2])
+        odd = next(k for k, image in enumerate(images) if image.shape[:2] != images[0].shape[:2])
+        named = f"; the first of another size than the batch's first: {where(odd)}" if where is not None else ""
         raise DatasetFormatError(
-            f"faces of different sizes in one batch ({shown}{' and more' if len(sizes) > 2 else ''}): add ?size=N "
-            "to the dataset spec to resize every face to N×N"
+            f"faces of different sizes in one batch ({shown}{' and more' if len(sizes) > 2 else ''}{named}): add "
+            "?size=N to the dataset spec to resize every face to N×N"
         )
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()
 
@@ -357,7 +360,8 @@ class GazeHubDataset(GazeDataset):
         return {"image": image, "gaze": self.gaze[i], "head": self.head[i], "person": person, "index": i}
 
     def raw_images(self, indices: Sequence[int]) -> Tensor:
-        return _stack_rgb([self._face(i) for i in self.positions(indices)])
+        positions = self.positions(indices)
+        return _stack_rgb([self._face(i) for i in positions], lambda k: self.source_line(positions[k]))
 
     def _face_name(self, i: int) -> str:
         """Item ``i``'s face path as its label file gives it (relative to its image folder)."""

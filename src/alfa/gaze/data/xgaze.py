@@ -166,7 +166,12 @@ class XGazeH5Dataset(GazeDataset):
         return {"image": image, "gaze": self.gaze[i], "head": self.head[i], "person": person, "index": i}
 
     def raw_images(self, indices: Sequence[int]) -> Tensor:
-        return _stack_rgb([self._face(i) for i in self.positions(indices)])
+        positions = self.positions(indices)
+        return _stack_rgb([self._face(i) for i in positions], lambda k: self._origin(positions[k]))
+
+    def _origin(self, i: int) -> str:
+        """Item ``i``'s file and row of ``face_patch``, for an error that names it."""
+        return f"{self._files[int(self._file_of[i])]}: face_patch row {int(self._row_of[i])}"
 
     def _face(self, i: int) -> np.ndarray:
         """Item ``i``'s face, (H, W, 3) uint8 RGB (the file stores BGR) at the dataset's size."""
