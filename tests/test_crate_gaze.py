@@ -152,8 +152,9 @@ def test_bad_config_is_refused_before_anything_runs(tmp_path, change, message):
 
 
 def test_command_line_reports_bad_options(tmp_path, capsys):
-    assert main(["crate", "gaze", "--out", str(tmp_path / "x"), "--quick", "--threads", "0"]) == 2
-    assert "alfa crate gaze: error: CrateGazeConfig.threads must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["crate", "gaze", "--out", str(tmp_path / "x"), "--quick", "--threads", "0"])
+    assert stop.value.code == 2 and "argument --threads: must be at least 1, got 0" in capsys.readouterr().err
     assert (
         main(["crate", "gaze", "--out", str(tmp_path / "x"), "--quick", "--markdown", str(tmp_path / "page.txt")]) == 2
     )
