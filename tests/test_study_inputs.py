@@ -96,3 +96,15 @@ def test_bench_refuses_a_cache_dir_that_is_a_file_before_anything(tmp_path, caps
     assert main([*argv, "--methods", "source-only", "--ablations", "none", "--cache-dir", str(afile), "--dry-run"]) == 2
     assert f"--cache-dir {afile} is a file, not a folder" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_tpgaze_names_a_model_without_the_convs_its_prompts_go_before(tmp_path, capsys):
+    from alfa.checkpoint import save_model
+    from alfa.models import create_model
+
+    path = save_model(tmp_path / "faze.safetensors", create_model("faze_gaze"), "faze_gaze")
+    argv = ["tpgaze", "meta-train", "--checkpoint", str(path), "--data", "synthetic:eth?persons=2&size=16"]
+    assert main([*argv, "--out", str(tmp_path / "m"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path} is a FazeGaze: TPGaze puts its prompts before a ResNet's first convolutions" in err
+    assert "no layer to adapt" not in err and not (tmp_path / "m").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from typing import Any
 
 from .gaze import open_spec, seed_torch_deterministic
 from .guards import persons_of, refuse_foreign_adapters
@@ -38,7 +39,23 @@ def _load_base(path: str, device_name: str):
 
     device = resolve_device(device_name)
     model, saved = load_model(path)
+    _refuse_a_model_without_the_prompted_convs(model, path)
     return model.to(device).eval(), saved, device
+
+
+def _refuse_a_model_without_the_prompted_convs(model: Any, path: str) -> None:
+    """TPGaze's prompts go before a ResNet's first convs; a model without them (a FAZE model, a ViT) failed with
+    the adapter's "no layer to adapt" and its regular expression."""
+    import re
+
+    from alfa.adapters.prompt import TPGAZE_TARGET
+
+    if not any(re.search(TPGAZE_TARGET, name) for name, _ in model.named_modules()):
+        raise ValueError(
+            f"{path} is a {type(model).__name__}: TPGaze puts its prompts before a ResNet's first convolutions "
+            "(conv1, layer1, layer2), which it does not have; give a ResNet gaze model (alfa pretrain --model "
+            "resnet18_gaze)"
+        )
 
 
 def _kib(n: int) -> str:
