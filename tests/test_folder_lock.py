@@ -241,7 +241,7 @@ def test_every_output_folder_is_held_but_those_its_writers_share():
         held[path] = (set(defaults["held"]), folders - set(defaults["held"]))
     for command in ("pretrain", "truncate", "personalize", "tpgaze meta-train", "tpgaze personalize", "crate gaze"):
         assert held[command] == ({"out"}, set()), command
-    assert held["bench"] == (set(), {"out", "cache_dir"})  # pieces of one benchmark fill one folder at once
+    assert held["bench"] == (set(), {"out"})  # pieces of one benchmark fill one folder at once
     assert held["demo"] == ({"out"}, {"cache_dir"})  # one cache for every demo
     assert held["report"][0] == {"figures", "data_to"}
     assert held["evaluate"] == (set(), set())  # one JSON file, written atomically

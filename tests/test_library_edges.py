@@ -150,3 +150,32 @@ def test_load_backbone_names_a_damaged_or_missing_file(tmp_path, content):
         path.write_bytes(content)
     with pytest.raises(CheckpointError, match=rf"^{path}: not a readable safetensors file"):
         load_backbone(nn.Sequential(nn.Linear(4, 4)), path)
+
+
+def test_a_subclass_that_only_restates_the_product_is_adapted_as_a_plain_layer():
+    """transformers' FalconLinear overrides forward with exactly ``x @ W.T + b``: every projection of a Falcon model
+    is one, and a rule on the class alone left the whole model out."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.FalconConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, new_decoder_architecture=False
+    )
+    torch.manual_seed(0)
+    model = transformers.FalconForCausalLM(config).eval()
+    tokens = torch.randint(0, 64, (1, 8))
+    reference = model(tokens).logits
+    projections = ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]
+    assert all(own_forward(m) is None for n, m in model.named_modules() if n.split(".")[-1] in projections)
+    adapted = copy.deepcopy(model)
+    with pytest.warns(UserWarning, match="tied"):  # lm_head, tied to the embedding: left out, as ever
+        names = alfa.attach(adapted, alfa.LoraConfig(rank=2, layers="dense"))
+    assert [n.split(".")[-1] for n in names] == projections
+    torch.testing.assert_close(adapted(tokens).logits, reference, rtol=0, atol=0)
+    assert len(alfa.truncate(model, rank=4).factorized) == 4
+
+
+def test_a_model_whose_only_layers_compute_their_own_way_is_told_so():
+    model = nn.Sequential(ScaledLinear(8, 8), nn.ReLU(), ScaledLinear(8, 8))
+    with pytest.raises(
+        ValueError, match=r"classes have a forward of their own.*: 0 \(ScaledLinear\), 2 \(ScaledLinear\)"
+    ):
+        alfa.attach(model, alfa.LoraConfig(rank=2))

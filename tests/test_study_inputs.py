@@ -49,9 +49,9 @@ def test_crate_toy_refuses_a_panel_listed_twice(capsys):
 def test_threads_beyond_the_machines_cpus_are_refused(command, capsys):
     # --help after it: were the option taken, the command would only print its help (exit 0), never run
     with pytest.raises(SystemExit) as stop:
-        main([*command, "--threads", str((os.cpu_count() or 1) + 1), "--help"])
+        main([*command, "--threads", str(2 * len(os.sched_getaffinity(0)) + 1), "--help"])
     assert stop.value.code == 2
-    assert f"at most this machine's {os.cpu_count()} CPUs" in capsys.readouterr().err
+    assert f"at most twice the {len(os.sched_getaffinity(0))} CPUs this process may use" in capsys.readouterr().err
 
 
 def test_a_face_size_beyond_any_release_and_a_bad_flag_are_one_clear_line():

@@ -335,6 +335,10 @@ def test_replace_removes_what_an_earlier_run_listed_and_never_a_record_no_run_wr
     assert sorted(f.name for f in folder.glob("p0*.json")) == ["p00.json", "p01.json"]
     assert main([*argv[:5], "--out", str(folder), *argv[7:], "--replace"]) == 0
     assert not list(folder.glob("p0*.json"))  # the personalize run's sidecars went with its adapters
+    (folder / "p00.json").write_text('{"my": "notes on p00"}', encoding="utf-8")  # a file calibrate never wrote
+    assert main([*argv[:5], "--out", str(folder), *argv[7:-1], "3", "--replace"]) == 0  # another pool: replaced
+    assert (folder / "p00.json").read_text(encoding="utf-8") == '{"my": "notes on p00"}'
+
     assert sorted(f.name for f in folder.glob("p0*.safetensors")) == ["p00.safetensors", "p01.safetensors"]
 
 

@@ -332,12 +332,13 @@ def is_dense_layer(module: nn.Module) -> bool:
 
 
 def own_forward(module: nn.Module) -> str | None:
-    """The class name of a dense layer whose class computes its own way (a subclass of Linear, Conv2d or Conv1D
-    overriding ``forward``, or a Conv2d subclass overriding ``_conv_forward``), else ``None``.
+    """The class name of a dense layer whose class computes its own way, else ``None``: a subclass of Linear,
+    Conv2d or Conv1D overriding ``forward`` (or a conv's ``_conv_forward``) whose output, on a probe input, is not
+    the plain product of its weight (a scale, a quantization). One that only restates the product (transformers'
+    ``FalconLinear``) is plain; so is one whose weights hold no values to probe (meta tensors, counted only).
 
-    Such a layer is not the plain product alfa factorizes and merges into: a factorized or merged twin, or an
-    adapter's dense path, would silently drop what the subclass adds (a scale, a quantization), so it is left as
-    it is, with this reason."""
+    Such a layer is not the product alfa factorizes and merges into: a factorized or merged twin, or an adapter's
+    dense path, would silently drop what the subclass adds, so it is left as it is, with this reason."""
     cls = type(module)
     if isinstance(module, nn.Conv2d):
         base, methods = nn.Conv2d, ("forward", "_conv_forward")
@@ -348,7 +349,36 @@ def own_forward(module: nn.Module) -> str | None:
         methods = ("forward",)
     else:
         return None
-    return cls.__name__ if any(getattr(cls, m) is not getattr(base, m) for m in methods) else None
+    if all(getattr(cls, m) is getattr(base, m) for m in methods):
+        return None
+    return None if _computes_the_product(module, base) else cls.__name__
+
+
+@torch.no_grad()
+def _computes_the_product(module: nn.Module, base: type) -> bool:
+    """Whether ``module``'s own forward gives what ``base``'s gives on a small random input (hooks bypassed)."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, Tensor) or weight.is_meta or isinstance(weight, nn.parameter.UninitializedParameter):
+        return True  # nothing to probe: taken as the product, as before subclasses were probed
+    g = torch.Generator(device="cpu").manual_seed(0)
+    if isinstance(module, nn.Conv2d):
+        kh, kw = _pair(module.kernel_size)
+        dh, dw = _pair(module.dilation)
+        shape: tuple[int, ...] = (2, module.in_channels, dh * (kh - 1) + 3, dw * (kw - 1) + 3)
+    else:
+        shape = (3, weight.shape[0] if is_conv1d(module) else weight.shape[1])
+    x = torch.randn(shape, generator=g).to(device=weight.device, dtype=weight.dtype)
+    try:
+        own = type(module).forward(module, x)
+    except Exception:  # noqa: BLE001 — a forward that takes no plain tensor is no plain product
+        return False
+    if isinstance(module, nn.Conv2d):  # the base's conv, not an overridden _conv_forward its forward would call
+        plain = nn.Conv2d._conv_forward(module, x, module.weight, module.bias)
+    elif isinstance(module, nn.Linear):
+        plain = F.linear(x, module.weight, module.bias)
+    else:
+        plain = base.forward(module, x)
+    return isinstance(own, Tensor) and own.shape == plain.shape and torch.allclose(own, plain, rtol=1e-4, atol=1e-5)
 
 
 def is_dense_eligible(module: nn.Module) -> bool:

@@ -98,6 +98,9 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
             ]
             if other:
                 hint = f"; it names {other[0][0]}, {not_adaptable(other[0][1])}"
+        if custom and mode != "factorized" and not hint:
+            listed = ", ".join(f"{n} ({type(model.get_submodule(n)).__name__})" for n in custom[:4])
+            hint = f"; the dense layers' classes have a forward of their own, which an adapter would bypass: {listed}"
         if tied and not hint:
             hint = f" but layers with tied parameters ({', '.join(tied[:4])}), which are not adapted"
         if saved and not hint:

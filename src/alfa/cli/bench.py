@@ -149,6 +149,10 @@ def _bench(args: argparse.Namespace) -> None:
     from alfa.gaze.devices import resolve_device
     from alfa.study.bench.runner import run_bench
 
+    if args.cache_dir is not None and Path(args.cache_dir).exists() and not Path(args.cache_dir).is_dir():
+        # said before anything: found by the first source model, the run had begun its results.json (the cache may
+        # be --out itself, so it is not one of the checked outputs, which must differ)
+        raise ValueError(f"--cache-dir {args.cache_dir} is a file, not a folder")
     config = bench_config(args)
     preset = _preset(args)
     deterministic_kernels()
@@ -312,11 +316,10 @@ BENCH = Command(
     "--dry-run lists what would run.",
     add_arguments=_bench_arguments,
     run=_bench,
-    outputs={"out": True, "report": False, "cache_dir": True},
+    outputs={"out": True, "report": False},
     rewrites=("report",),  # the page --report writes is `alfa report`'s, rewritten as the run it reports resumes
-    # not held: pieces of one benchmark fill one folder at once, merged into results.json under its file lock; the
-    # source models' cache is shared by the runs too (checked writable, never held)
-    shared=frozenset({"out", "cache_dir"}),
+    # not held: pieces of one benchmark fill one folder at once, merged into results.json under its file lock
+    shared=frozenset({"out"}),
     extra="study",
 )
 REPORT = Command(

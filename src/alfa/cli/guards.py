@@ -144,9 +144,10 @@ def refuse_n_adapt_no_one_has(data: Any, persons: list[str] | None, n_adapt: int
     """One line before any work where no person has the adaptation images plus one to score (each would fail)."""
     most = max((len(data.person_indices(p)) for p in persons or data.persons()), default=0)
     if most < n_adapt + 1:
+        advice = f"use --n-adapt {most - 1} or less" if most >= 2 else "no person has enough images to personalize"
         raise ValueError(
             f"--n-adapt {n_adapt}: a person needs those first images plus at least one to score, and the most any "
-            f"person of {data.name} has is {most}; use --n-adapt {max(most - 1, 1)} or less"
+            f"person of {data.name} has is {most}; {advice}"
         )
 
 

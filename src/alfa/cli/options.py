@@ -188,12 +188,13 @@ def worker_count(text: str) -> int:
 
 
 def thread_count(text: str) -> int:
-    """An argparse type for torch threads: 1 up to this machine's CPU count (more threads than cores only contend:
-    a tiny run took minutes, and the machine with it)."""
+    """An argparse type for torch threads: 1 up to twice the CPUs this process may use (far more only contend: 9999
+    made a tiny run take minutes, and the machine with it; twice leaves a documented ``--threads 2`` to a 1-CPU
+    machine)."""
     value = at_least(1)(text)
-    cores = os.cpu_count() or 1
-    if value > cores:
-        raise argparse.ArgumentTypeError(f"at most this machine's {cores} CPUs, got {value}")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if value > 2 * cpus:
+        raise argparse.ArgumentTypeError(f"at most twice the {cpus} CPUs this process may use, got {value}")
     return value
 
 

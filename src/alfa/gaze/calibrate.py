@@ -478,8 +478,23 @@ def make_room(out_dir: str | Path, dataset: GazeDataset, config: CalibrateConfig
         if other is not None:
             raise ValueError(f"--out {out}: holds an earlier run ({other}); use another --out, or --replace")
         return
+    written = set(json.loads(record.read_text(encoding="utf-8")).get("written", ()))
     for name in sorted(listed):
-        (out / name).unlink(missing_ok=True)
+        if _an_earlier_runs_file(out / name, written):
+            (out / name).unlink(missing_ok=True)
+
+
+def _an_earlier_runs_file(path: Path, written: set[str]) -> bool:
+    """Whether a file an earlier run's record implies is that run's: its adapters and record are; a ``<person>.json``
+    only where the record lists it or it is a personalization's sidecar (a calibration writes none, and a file of
+    the user's of that name stays)."""
+    if path.suffix != ".json" or path.name == RECORD_FILE or path.name in written:
+        return True
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"key", "outcome"} <= set(data)
 
 
 def refuse_a_pool_no_one_has(dataset: GazeDataset, persons: Sequence[str] | None, config: CalibrateConfig) -> None:

@@ -570,6 +570,8 @@ def refuse_mixed_sizes(*datasets: GazeDataset) -> None:
     """``ValueError`` naming the first person (of ``datasets``, training data then validation data) whose faces are
     of another size than the first person's: one model takes one size."""
     sizes = {(d.name, p): size for d in datasets for p, size in person_sizes(d).items()}
+    if not sizes:  # no person: the run's own checks say so
+        return
     (first_data, first), (h, w) = next(iter(sizes.items()))
     for (name, person), (ph, pw) in sizes.items():
         if (ph, pw) != (h, w):
