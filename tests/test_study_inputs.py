@@ -108,3 +108,14 @@ def test_tpgaze_names_a_model_without_the_convs_its_prompts_go_before(tmp_path, 
     err = capsys.readouterr().err
     assert f"{path} is a FazeGaze: TPGaze puts its prompts before a ResNet's first convolutions" in err
     assert "no layer to adapt" not in err and not (tmp_path / "m").exists()
+
+
+def test_a_bad_spec_option_lists_the_options_of_that_kind():
+    from alfa.gaze.data.registry import open_dataset
+
+    with pytest.raises(ValueError, match=r"bad option 'bogus=1'; options are split, size, check_files, verify_3d, "):
+        open_dataset("gazehub:mpiifacegaze:/nowhere?bogus=1")  # not seed, which only a synthetic world takes
+    with pytest.raises(
+        ValueError, match=r"bad option 'bogus=1'; options are split, size, seed, images_per_person, persons$"
+    ):
+        open_dataset("synthetic:mpii?bogus=1")

@@ -209,12 +209,15 @@ def _parse_bool(key: str, value: str) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
-def _parse_options(spec: str, query: str) -> dict:
+def _parse_options(spec: str, query: str, known: Sequence[str] | None = None) -> dict:
+    """The options of a spec's query, typed; ``known``: the options its kind takes (the ones a bad option's error
+    lists; ``None``: every kind's)."""
     options: dict = {}
     for item in filter(None, query.split("&")):
         key, sep, value = item.partition("=")
         if not sep or key not in _OPTION_TYPES:
-            raise ValueError(f"dataset spec {spec!r}: bad option {item!r}; options are {', '.join(_OPTION_TYPES)}")
+            listed = ", ".join(k for k in _OPTION_TYPES if known is None or k in known)  # those a query can set
+            raise ValueError(f"dataset spec {spec!r}: bad option {item!r}; options are {listed}")
         if key in options:
             raise ValueError(f"dataset spec {spec!r}: option {key!r} given twice")
         try:
@@ -233,10 +236,10 @@ def open_dataset(spec: str | DatasetSpec, **kw: Any) -> GazeDataset:
     forms = ", ".join(spec_forms())
     if not sep or not rest:
         raise ValueError(f"dataset spec {spec!r}: expected one of {forms}")
-    options = {**_parse_options(spec, query), **kw}
     if kind not in _BY_NAME:
         raise ValueError(f"dataset spec {spec!r}: unknown kind {kind!r}; expected one of {forms}")
     found = _BY_NAME[kind]
+    options = {**_parse_options(spec, query, found.options), **kw}
     unknown = [] if found.options is None else sorted(set(options) - set(found.options))
     if unknown:  # another kind's option: once a TypeError from deep inside the opener
         raise ValueError(
