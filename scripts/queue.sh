@@ -11,7 +11,8 @@
 # within-target model half-trained by an earlier session resumes from its last epoch. Planning a finished piece
 # still renders its worlds (minutes on 2 cores): restart a lane known to be done up to some line from that line.
 # The lane file is read once, at the start, so editing it while the lane runs changes nothing. Each piece appends to
-# runs/logs/<lane>-<line>.log; the lane stops at the first piece that fails, saying which.
+# runs/logs/<lane>-<line>.log; the lane stops at the first piece that fails, saying which. Every line is checked
+# before the first runs.
 set -uo pipefail
 if [[ $# -lt 1 || $# -gt 2 ]]; then
     echo "usage: bash scripts/queue.sh LANE_FILE [FROM_LINE]" >&2
@@ -33,6 +34,25 @@ if ((from_line > ${#lines[@]})); then
     echo "queue: $1 has ${#lines[@]} lines; nothing from line $from_line on" >&2
     exit 2
 fi
+# Every line to run is checked before any runs (a bad line found when its turn came stopped the lane hours late):
+# it names its selection, and nothing the lane sets itself (a second --out would send its records elsewhere).
+for i in "${!lines[@]}"; do
+    n=$((i + 1))
+    ((n < from_line)) && continue
+    line=${lines[$i]}
+    [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
+    read -ra args <<<"$line"
+    if [[ " ${args[*]} " != *" --seeds "* || " ${args[*]} " != *" --pairs "* ]]; then
+        echo "queue: $lane line $n names no --seeds or no --pairs; refusing to run the lane: $line" >&2
+        exit 2
+    fi
+    for flag in --out --cache-dir --report --smoke --quick --standard --first-standard --full; do
+        if [[ " ${args[*]} " == *" $flag "* || " ${args[*]} " == *" $flag="* ]]; then
+            echo "queue: $lane line $n names $flag, which the lane sets itself; refusing to run the lane: $line" >&2
+            exit 2
+        fi
+    done
+done
 cd "$(dirname "$0")/.." || exit 2
 mkdir -p runs/logs runs/bench-v2
 # A machine without the run's folder (a new one) starts from the records kept in docs/data/bench-v2, so that
@@ -56,10 +76,6 @@ for i in "${!lines[@]}"; do
     line=${lines[$i]}
     [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
     read -ra args <<<"$line"
-    if [[ " ${args[*]} " != *" --seeds "* || " ${args[*]} " != *" --pairs "* ]]; then
-        echo "queue: $lane line $n names no --seeds or no --pairs; refusing to run it: $line" >&2
-        exit 2
-    fi
     log=runs/logs/$lane-$n.log
     echo "$(date -u +%FT%TZ) $lane line $n: alfa bench --standard --out runs/bench-v2 ${args[*]} (log: $log)"
     if ! .venv/bin/alfa bench --standard --out runs/bench-v2 "${args[@]}" </dev/null >>"$log" 2>&1; then

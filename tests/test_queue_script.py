@@ -90,7 +90,29 @@ def test_a_line_that_selects_no_seeds_or_pairs_is_refused(tmp_path):
     (repo / "lane.txt").write_text("--methods source-only --seeds 0\n")
     done = _run(repo, "lane.txt")
     assert done.returncode == 2 and not (repo / "calls.txt").exists()
-    assert done.stderr.startswith("queue: lane line 1 names no --seeds or no --pairs; refusing to run it:")
+    assert done.stderr.startswith("queue: lane line 1 names no --seeds or no --pairs; refusing to run the lane:")
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ("--methods lora --pairs E→M", "names no --seeds or no --pairs"),
+        ("--out elsewhere --pairs E→M --seeds 0", "names --out, which the lane sets itself"),
+        ("--quick --pairs E→M --seeds 0", "names --quick, which the lane sets itself"),
+        ("--cache-dir=c --pairs E→M --seeds 0", "names --cache-dir, which the lane sets itself"),
+    ],
+)
+def test_a_bad_later_line_stops_the_lane_before_any_piece_runs(tmp_path, bad, why):
+    """Checked when its turn came, a bad third line stopped the lane after hours of the first two; and a line's own
+    --out sent its records elsewhere (argparse keeps the last)."""
+    repo = _repo(tmp_path)
+    (repo / "lane.txt").write_text(f"--pairs E→M --seeds 0\n--pairs E→M --seeds 1\n{bad}\n")
+    done = _run(repo, "lane.txt")
+    assert done.returncode == 2 and done.stderr.startswith(f"queue: lane line 3 {why}; refusing to run the lane:")
+    assert not (repo / "calls.txt").exists() and not (repo / "runs").exists()  # nothing run, nothing copied
+    (repo / "lane.txt").write_text(f"{bad}\n--pairs E→M --seeds 1\n")  # a line before FROM_LINE is not checked
+    assert _run(repo, "lane.txt", "2").returncode == 0
+    assert (repo / "calls.txt").read_text() == "bench --standard --out runs/bench-v2 --pairs E→M --seeds 1\n"
 
 
 def test_a_missing_lane_file_is_one_line_and_a_non_zero_status(tmp_path):
