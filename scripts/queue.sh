@@ -35,12 +35,15 @@ if ((from_line > ${#lines[@]})); then
     exit 2
 fi
 # Every line to run is checked before any runs (a bad line found when its turn came stopped the lane hours late):
-# it names its selection, and nothing the lane sets itself (a second --out would send its records elsewhere).
+# it names its selection, and nothing the lane sets itself (a second --out would send its records elsewhere). The
+# numbers of the lines to run are kept for the loop that runs them.
+to_run=()
 for i in "${!lines[@]}"; do
     n=$((i + 1))
     ((n < from_line)) && continue
     line=${lines[$i]}
     [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
+    to_run+=("$n")
     read -ra args <<<"$line"
     if [[ " ${args[*]} " != *" --seeds "* || " ${args[*]} " != *" --pairs "* ]]; then
         echo "queue: $lane line $n names no --seeds or no --pairs; refusing to run the lane: $line" >&2
@@ -70,12 +73,8 @@ if [[ ! -f runs/bench-v2/results.json && -f docs/data/bench-v2/results.json ]]; 
     mv -n "$tmp" runs/bench-v2/results.json # leaves $tmp where another lane's copy came first (exit 0 either way)
     if [[ -e $tmp ]]; then rm -f "$tmp"; else echo "queue: runs/bench-v2 started from the records kept in docs/data/bench-v2"; fi
 fi
-for i in "${!lines[@]}"; do
-    n=$((i + 1))
-    ((n < from_line)) && continue
-    line=${lines[$i]}
-    [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
-    read -ra args <<<"$line"
+for n in "${to_run[@]}"; do
+    read -ra args <<<"${lines[$((n - 1))]}"
     log=runs/logs/$lane-$n.log
     echo "$(date -u +%FT%TZ) $lane line $n: alfa bench --standard --out runs/bench-v2 ${args[*]} (log: $log)"
     if ! .venv/bin/alfa bench --standard --out runs/bench-v2 "${args[@]}" </dev/null >>"$log" 2>&1; then

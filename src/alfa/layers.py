@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
 
 __all__ = [
     "FactorizedLinear",
@@ -358,7 +359,7 @@ def own_forward(module: nn.Module) -> str | None:
 def _computes_the_product(module: nn.Module, base: type) -> bool:
     """Whether ``module``'s own forward gives what ``base``'s gives on a small random input (hooks bypassed)."""
     weight = getattr(module, "weight", None)
-    if not isinstance(weight, Tensor) or weight.is_meta or isinstance(weight, nn.parameter.UninitializedParameter):
+    if not isinstance(weight, Tensor) or weight.is_meta or is_lazy(weight):
         return True  # nothing to probe: taken as the product, as before subclasses were probed
     g = torch.Generator(device="cpu").manual_seed(0)
     if isinstance(module, nn.Conv2d):

@@ -99,7 +99,7 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
             if other:
                 hint = f"; it names {other[0][0]}, {not_adaptable(other[0][1])}"
         if custom and mode != "factorized" and not hint:
-            listed = ", ".join(f"{n} ({type(model.get_submodule(n)).__name__})" for n in custom[:4])
+            listed = _named_classes(model, custom)
             hint = f"; the dense layers' classes have a forward of their own, which an adapter would bypass: {listed}"
         if tied and not hint:
             hint = f" but layers with tied parameters ({', '.join(tied[:4])}), which are not adapted"
@@ -110,21 +110,23 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
     return names
 
 
-ADAPTABLE = (
-    "cannot be adapted: alfa adapts Linear, transformers' Conv1D and ungrouped Conv2d layers with zero padding, "
-    "and their factorized forms"
-)
+ADAPTED_KINDS = "Linear, transformers' Conv1D and ungrouped Conv2d layers with zero padding, and their factorized forms"
+ADAPTABLE = f"cannot be adapted: alfa adapts {ADAPTED_KINDS}"
+
+
+def _named_classes(model: nn.Module, names: Sequence[str]) -> str:
+    """The first four of ``names`` with their classes (``0 (ScaledLinear), 2 (ScaledLinear)``) and how many more."""
+    listed = ", ".join(f"{n} ({type(model.get_submodule(n)).__name__})" for n in names[:4])
+    return listed + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def _warn_custom_left_out(model: nn.Module, config: AdapterConfig, custom: Sequence[str]) -> None:
     """A dense layer whose class computes its own way is left out, and said so: it would be adapted were it plain."""
     names = [n for n in custom if config.target is None or target_matches(config.target, n)]
     if names:
-        listed = ", ".join(f"{n} ({type(model.get_submodule(n)).__name__})" for n in names[:4])
-        more = f" and {len(names) - 4} more" if len(names) > 4 else ""
         warnings.warn(
             f"alfa.attach ({config.method}) leaves out {len(names)} layer(s) whose class has a forward of its own, "
-            f"which an adapter would bypass: {listed}{more}",
+            f"which an adapter would bypass: {_named_classes(model, names)}",
             UserWarning,
             stacklevel=5,
         )
@@ -134,10 +136,8 @@ def not_adaptable(module: nn.Module) -> str:
     """Why ``module`` cannot be adapted, after "it is" (a subclass computing its own way says so)."""
     custom = own_forward(module)
     if custom is not None:
-        return (
-            f"a {custom}, whose class has a forward of its own, which an adapter would bypass: alfa adapts only the "
-            "plain layers (Linear, transformers' Conv1D, ungrouped Conv2d with zero padding)"
-        )
+        bypass = "whose class has a forward of its own, which an adapter would bypass"
+        return f"a {custom}, {bypass}: alfa adapts {ADAPTED_KINDS}"
     return f"a {type(module).__name__}, which {ADAPTABLE}"
 
 

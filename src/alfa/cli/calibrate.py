@@ -8,12 +8,11 @@ or :mod:`alfa.gaze.faze_train`.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .gaze import open_spec, seed_torch_deterministic
-from .guards import persons_of
+from .guards import note_a_dense_base, persons_of
 from .options import (
     allow_partial_option,
     at_least,
@@ -89,20 +88,6 @@ RECIPE_OPTIONS = {
 """Each recipe option of ``alfa calibrate`` and the methods that read it (docs/user-calibration.md)."""
 
 
-def _note_a_dense_base(model, config, checkpoint: str) -> None:
-    """An adapter calibration of an untruncated base works, but its files hold dense layers' updates (megabytes
-    per person) that ``alfa serve`` refuses: said once, up front, where it can still be changed."""
-    from alfa.layers import is_factorized
-
-    if config.method == "adapter" and not any(is_factorized(m) for m in model.modules()):
-        print(
-            f"alfa calibrate: note: {checkpoint} is not truncated, so each person's {config.adapter_method} adapter "
-            "adapts dense layers: large files that alfa serve refuses (alfa truncate the base first to serve them; "
-            "offset, affine, ridge and last-layer are corrections any base serves)",
-            file=sys.stderr,
-        )
-
-
 def _refuse_faze_on_another_model(model: nn.Module, method: str, checkpoint: str) -> None:
     """--method faze adapts a FAZE model's gaze MLP: on any other model every person failed in turn, the first
     with the advice to give --faze-lr and --faze-steps."""
@@ -153,7 +138,9 @@ def _calibrate(args: argparse.Namespace) -> None:
             "rate and steps of its own: give --faze-lr and --faze-steps"
         )
     make_room(out, data, config, args.replace)  # last of the refusals: with --replace it removes files
-    _note_a_dense_base(model, config, args.checkpoint)  # after every refusal: a refused run prints one line
+    if config.method == "adapter":  # the corrections adapt nothing dense
+        besides = "; offset, affine, ridge and last-layer are corrections any base serves"
+        note_a_dense_base(model, "calibrate", config.adapter_method, args.checkpoint, besides)
     seed_torch_deterministic(config.seed)
     record = calibrate_dataset(
         model, data, config, out, persons=persons, faze_defaults=defaults, progress=not args.quiet

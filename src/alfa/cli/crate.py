@@ -13,6 +13,7 @@ from .options import (
     non_negative_number,
     positive_rate,
     quiet_option,
+    refuse_listed_twice,
     seed_option,
     thread_count,
 )
@@ -105,9 +106,7 @@ def _toy(args: argparse.Namespace) -> None:
     from alfa.study.crate.toy_report import toy_record, write_record
 
     panels = [p.strip() for p in args.panels.split(",") if p.strip()]
-    twice = sorted({p for p in panels if panels.count(p) > 1})
-    if twice:  # a panel's runs twice would count as more seeds and narrow its intervals
-        raise ValueError(f"--panels: {', '.join(map(repr, twice))} listed twice")
+    refuse_listed_twice("--panels", panels)  # a panel's runs twice would count as more seeds, narrowing its intervals
     unknown = [p for p in panels if p not in PANELS]
     if not panels or unknown:
         raise ValueError(f"--panels: unknown panel(s) {', '.join(map(repr, unknown))}; choose from {', '.join(PANELS)}")

@@ -331,7 +331,8 @@ def _personalize(args: argparse.Namespace) -> None:
     persons = persons_of(args.persons, data)
     refuse_n_adapt_no_one_has(data, persons, config.n_adapt)
     refuse_foreign_adapters(model, data, method, config, args.out, args.replace)
-    note_a_dense_base(model, method, args.checkpoint)  # after every refusal: a refused run prints one line
+    if method.scope == "layer" and not type(method).trains_prompts:  # prompts and model-scope methods: no layer
+        note_a_dense_base(model, "personalize", method.method, args.checkpoint)
     seed_torch_deterministic(config.seed)
     if not args.quiet:
         print(f"recipe: {_recipe_words(config)}")

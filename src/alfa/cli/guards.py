@@ -13,6 +13,8 @@ from typing import Any
 
 from torch import nn
 
+from .options import refuse_listed_twice
+
 __all__ = [
     "adaptation_count",
     "check_labels",
@@ -77,9 +79,7 @@ def persons_of(text: str | None, data: Any) -> list[str] | None:
     persons = [p.strip() for p in text.split(",") if p.strip()]
     if not persons:
         raise ValueError(f"--persons {text!r}: name at least one person id (leave the option out for all)")
-    twice = sorted({p for p in persons if persons.count(p) > 1})
-    if twice:
-        raise ValueError(f"--persons: {', '.join(map(repr, twice))} listed twice")
+    refuse_listed_twice("--persons", persons)
     known = set(data.persons())
     unknown = [p for p in persons if p not in known]
     if unknown:
@@ -151,14 +151,15 @@ def refuse_n_adapt_no_one_has(data: Any, persons: list[str] | None, n_adapt: int
         )
 
 
-def note_a_dense_base(model: Any, method: Any, checkpoint: str) -> None:
+def note_a_dense_base(model: nn.Module, command: str, adapter_method: str, checkpoint: str, besides: str = "") -> None:
     """Adapters of an untruncated base adapt its dense layers: files and time many times a truncated base's, which
-    ``alfa serve`` refuses. It works, so it is said once, up front, where it can still be changed."""
+    ``alfa serve`` refuses. It works, so it is said once, up front, where it can still be changed (after every
+    refusal: a refused run prints one line). ``besides``: what else the command offers such a base."""
     from alfa.layers import is_factorized
 
-    if method.scope == "layer" and not type(method).trains_prompts and not any(map(is_factorized, model.modules())):
+    if not any(map(is_factorized, model.modules())):
         print(
-            f"alfa personalize: note: {checkpoint} is not truncated, so each person's {method.method} adapter adapts "
-            "dense layers: large files, slow to make, that alfa serve refuses (alfa truncate the base first)",
+            f"alfa {command}: note: {checkpoint} is not truncated, so each person's {adapter_method} adapter adapts "
+            f"dense layers: large files, slow to make, that alfa serve refuses (alfa truncate the base first{besides})",
             file=sys.stderr,
         )

@@ -187,6 +187,14 @@ def worker_count(text: str) -> int:
     return value
 
 
+def refuse_listed_twice(option: str, items: list[str]) -> None:
+    """A comma list naming an item twice is refused (``ValueError``): each item is one unit of the run (a person,
+    a panel), and twice would count it twice."""
+    twice = sorted({item for item in items if items.count(item) > 1})
+    if twice:
+        raise ValueError(f"{option}: {', '.join(map(repr, twice))} listed twice")
+
+
 def thread_count(text: str) -> int:
     """An argparse type for torch threads: 1 up to twice the CPUs this process may use (far more only contend: 9999
     made a tiny run take minutes, and the machine with it; twice leaves a documented ``--threads 2`` to a 1-CPU
