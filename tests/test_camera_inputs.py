@@ -4,6 +4,7 @@ and screen files; and that a large photo still shows its one face."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -280,6 +281,25 @@ def test_a_header_over_pillows_warning_size_gives_our_one_line_only():
         warnings.simplefilter("error")  # any warning fails the test
         with pytest.raises(ValueError, match=r"is 12000×12000: over the limit of 50,000,000 pixels"):
             decode_photo(png, "bomb.png")
+
+
+def test_pillows_warning_filter_is_set_by_one_thread_at_a_time(astronaut, monkeypatch):
+    """The service decodes in worker threads, and ``warnings.catch_warnings`` saves and restores the process's
+    one filter list: two threads inside it at once could leave one's filter in place for good. Both places that
+    set a Pillow filter (the service's header check, the camera path's decode) hold one lock while Pillow parses."""
+    from PIL import Image
+
+    from alfa.gaze.camera.photo import PILLOW_WARNINGS_LOCK, decode_photo
+    from alfa.gaze.service.limits import ServiceLimits, open_image
+
+    held = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda *a, **k: held.append(PILLOW_WARNINGS_LOCK.locked()) or real_open(*a, **k))
+    buffer = io.BytesIO()
+    Image.fromarray(astronaut[:128, :128]).save(buffer, format="PNG")
+    decode_photo(buffer.getvalue())
+    open_image(buffer.getvalue(), ServiceLimits()).close()
+    assert held == [True, True] and not PILLOW_WARNINGS_LOCK.locked()
 
 
 def test_a_video_whose_every_frame_fails_says_the_first_frames_reason(astronaut, tmp_path):

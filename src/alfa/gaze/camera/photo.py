@@ -13,6 +13,7 @@ import io
 import math
 import os
 import re
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ __all__ = [
     "PhotoOptions",
     "FaceResult",
     "read_photo",
+    "PILLOW_WARNINGS_LOCK",
     "decode_photo",
     "analyse_photo",
     "analyse_video",
@@ -71,6 +73,9 @@ MIN_SIDE = 64
 _EXIF_ORIENTATION = 0x0112
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".wmv")
 """File endings of videos, for the hint a photo read of one gets."""
+PILLOW_WARNINGS_LOCK = threading.Lock()
+"""Held while a Pillow warning filter is set: ``warnings.catch_warnings`` saves and restores the process's one
+filter list, so two service threads inside it at once could leave another's filter in place for good."""
 PACKAGED_PHOTOS = ("astronaut", "camera", "chelsea", "coffee")
 """Photos inside scikit-image's wheel that ``skimage:NAME`` names (their sources and licences: the README.txt
 of ``skimage/data``); ``astronaut`` is NASA's portrait of Eileen Collins, in the public domain."""
@@ -83,7 +88,7 @@ def decode_photo(data: bytes, what: str = "the image") -> tuple[np.ndarray, list
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
-        with warnings.catch_warnings():  # our own limit below judges the size: Pillow's warning would print too
+        with PILLOW_WARNINGS_LOCK, warnings.catch_warnings():  # our own limit below judges the size, not Pillow
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
         with img:

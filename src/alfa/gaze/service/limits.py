@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..camera.photo import PILLOW_WARNINGS_LOCK
+
 __all__ = [
     "ServiceError",
     "ServiceLimits",
@@ -122,7 +124,7 @@ def open_image(body: bytes, limits: ServiceLimits, formats: tuple[str, ...] | No
     from PIL import Image
 
     what = "PNG or JPEG image" if formats == ("PNG", "JPEG") else "image"
-    with warnings.catch_warnings():
+    with PILLOW_WARNINGS_LOCK, warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
             img = Image.open(io.BytesIO(body), formats=formats)
