@@ -276,7 +276,9 @@ def test_a_rerun_resumes_another_run_is_refused_and_replace_starts_over(tmp_path
     assert (out / "adapters" / "notes.txt").read_text() == "mine"  # nothing it did not write is touched
     before = (out / "results.json").read_bytes()
     assert main(["crate", "gaze", "--out", str(out), "--quick", "--quiet", "--seed", "1"]) == 2
-    assert "is a checkpoint of another run" in capsys.readouterr().err
+    refused = capsys.readouterr().err
+    assert "is a checkpoint of another run (training config: seed 0 vs 1);" in refused
+    assert refused.strip().endswith("(or add --replace: this command's folders in --out start over)")
     assert (out / "results.json").read_bytes() == before
     replaced = run_crate_gaze(quick_config(targets=("mpii",), seed=1), out, progress=False, replace=True)
     assert (

@@ -174,6 +174,7 @@ def _gaze_command_line(args: argparse.Namespace) -> str:
 
 def _gaze(args: argparse.Namespace) -> None:
     """``alfa crate gaze``; bad options raise ``ValueError`` before anything runs."""
+    from alfa.checkpoint import CheckpointError
     from alfa.fileio import write_bytes, write_text
     from alfa.study.crate.gaze import CrateGazeConfig, format_markdown, format_summary, quick_config, run_crate_gaze
 
@@ -188,9 +189,12 @@ def _gaze(args: argparse.Namespace) -> None:
             f"--markdown {args.markdown}: its figure goes to {figure}, which exists; name another page, or add "
             "--replace to overwrite it"
         )
-    results = run_crate_gaze(
-        config, args.out, progress=not args.quiet, command=_gaze_command_line(args), replace=args.replace
-    )
+    try:
+        results = run_crate_gaze(
+            config, args.out, progress=not args.quiet, command=_gaze_command_line(args), replace=args.replace
+        )
+    except CheckpointError as e:  # a stage's own refusal says to delete its file; this command has an option for it
+        raise CheckpointError(f"{e} (or add --replace: this command's folders in --out start over)") from None
     print()
     print(format_summary(results))
     print(f"\nwrote {args.out / 'results.json'} and {results['figure']}")

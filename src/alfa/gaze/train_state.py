@@ -124,8 +124,12 @@ def _check_identity(
     if saved_model != model_name:
         problems.append(f"model {saved_model!r} vs {model_name!r}")
     problems += [f"{key} differs" for key in _IDENTITY if saved.get(key) != mine[key]]
-    if _comparable(saved.get("train_config", {})) != _comparable(mine["train_config"]):
-        problems.append(f"training config {saved.get('train_config')} vs {mine['train_config']}")
+    theirs, ours = _comparable(saved.get("train_config", {})), _comparable(mine["train_config"])
+    if theirs != ours:  # only what differs: the whole config is a dozen keys the reader would have to compare
+        keys = sorted(set(theirs) | set(ours), key=lambda key: (key not in ours, key))
+        differing = [f"{key} {theirs.get(key, '(none)')!r} vs {ours.get(key, '(none)')!r}" for key in keys
+                     if theirs.get(key) != ours.get(key)]  # fmt: skip
+        problems.append(f"training config: {', '.join(differing)}")
     if problems:
         raise CheckpointError(
             f"{path} is a checkpoint of another run ({'; '.join(problems)}); "
