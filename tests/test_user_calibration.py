@@ -4,10 +4,14 @@ them (saved, merged and served per sample alike), and that evaluation never scor
 from __future__ import annotations
 
 import copy
+import importlib.util
+import io
 
+import numpy as np
 import pytest
 import torch
 from kill_points import Killed, kill_at
+from PIL import Image
 from tiny_models import TinyGazeNet, truncated_tiny_gaze_net
 
 import alfa
@@ -464,3 +468,50 @@ def test_a_nan_label_is_refused_by_the_closed_forms_not_saved_into_the_correctio
     with pytest.raises(ValueError, match=f"the {method} calibration is not finite: a labelled image's gaze"):
         calibrate_person(model, images, gaze, CalibrateConfig(method=method, k=4))
     assert alfa.adapter_state(model) is None  # nothing left attached
+
+
+def test_test_time_augmentation_refuses_a_labelled_calibration_whose_yaw_it_would_cancel(base, tmp_path, capsys):
+    """The law behind the refusal: under the flip, a calibration's offset ``c`` goes into both views and the
+    mirrored one comes back with its yaw negated, so ``½ [(f(x) + c) + FlipYaw(f(flip x) + c)]`` keeps only ``c``'s
+    pitch. ``alfa evaluate --tta``, ``alfa export --tta`` and ``alfa serve --tta`` refuse such a file in one line;
+    an adapter personalized without labels is scored as before."""
+    from alfa.cli import main
+    from alfa.gaze.service import GazeService, ServiceError
+    from alfa.gaze.tta import FlipTTA, tta_kind
+
+    model = copy.deepcopy(base).eval()
+    images = torch.rand(6, 3, 16, 16)
+    with torch.no_grad():
+        offset = torch.tensor([0.2, -0.1])
+        calibrate_person(model, images, base(images) + offset, CalibrateConfig(method="offset", k=6))
+        plain = model(images) - base(images)
+        flipped = FlipTTA(model)(images) - FlipTTA(base)(images)
+    torch.testing.assert_close(plain, offset.expand(6, 2), atol=1e-5, rtol=0)
+    torch.testing.assert_close(flipped, torch.tensor([0.0, -0.1]).expand(6, 2), atol=1e-5, rtol=0)  # the yaw gone
+
+    ckpt = alfa.checkpoint.save_model(tmp_path / "base.safetensors", base, "tiny_gaze_net", input_size=(16, 16))
+    spec = "synthetic:mpii?persons=1&images_per_person=8&size=16"
+    cal = tmp_path / "c"
+    assert main(["calibrate", "--checkpoint", str(ckpt), "--data", spec, "--out", str(cal), "--quiet", "--k", "2",
+                 "--pool", "4", "--method", "offset"]) == 0  # fmt: skip
+    capsys.readouterr()
+    scored = ["evaluate", "--checkpoint", str(ckpt), "--data", spec, "--adapters", str(cal), "--n-adapt", "4"]
+    assert main([*scored, "--tta", "flip"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "p00.safetensors is a calibration from labelled images" in err
+    assert "test-time augmentation 'flip' averages 2 views of each crop" in err and "use it without --tta" in err
+    assert main(scored) == 0
+    capsys.readouterr()
+    onnx = tmp_path / "m.onnx"
+    if importlib.util.find_spec("onnxruntime") is not None:
+        assert main(["export", "--checkpoint", str(ckpt), "--adapter", str(cal / "p00.safetensors"),
+                     "--out", str(onnx), "--tta", "roll"]) == 2  # fmt: skip
+        assert "averages 3 views of each crop" in capsys.readouterr().err and not onnx.exists()
+    served = GazeService(ckpt, cal, tta="flip", note=lambda _: None)
+    png = io.BytesIO()
+    Image.fromarray((images[0].permute(1, 2, 0).numpy() * 255).astype(np.uint8)).save(png, format="PNG")
+    with pytest.raises(ServiceError, match="a calibration from labelled images, which this server's --tta would undo"):
+        served.predict("p00", png.getvalue())
+    assert GazeService(ckpt, cal, note=lambda _: None).predict("p00", png.getvalue())["user"] == "p00"
+    personalized = {"dataset": "toy", "person": "p0", "n_adapt": 5}  # no labelled images: a flip may average it
+    tta_kind("flip").refuse_calibration(personalized, "an adapter")

@@ -121,7 +121,7 @@ def quiet_exporter(show: bool = False) -> Iterator[None]:
 def _export(args: argparse.Namespace) -> None:
     import torch
 
-    from alfa.adapters import load_adapter, merge_form
+    from alfa.adapters import load_adapter, merge_form, read_adapter_metadata
     from alfa.checkpoint import load_model
     from alfa.export import export_onnx, export_program
 
@@ -131,6 +131,8 @@ def _export(args: argparse.Namespace) -> None:
     model, saved = load_model(args.checkpoint)
     model.eval()
     if args.adapter:
+        if tta is not None:
+            tta.refuse_calibration(read_adapter_metadata(args.adapter).get("about") or {}, str(args.adapter))
         load_adapter(model, args.adapter)
     how = merge_form(model) if args.adapter else "none: no --adapter"
     if args.merge and how != "densified":  # the file would not be what was asked

@@ -34,8 +34,9 @@ package of the gaze extra), so that ``alfa export --tta`` runs where the library
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,7 @@ __all__ = [
     "ROLL_TTA_ANGLES",
     "disc_mask",
     "roll_in_disc",
+    "CalibrationUnderTTA",
     "TTAKind",
     "TTA_KINDS",
     "tta_kind",
@@ -185,6 +187,10 @@ class GridTTA(nn.Module):
         return vector_to_pitchyaw(vectors).to(preds.dtype)
 
 
+class CalibrationUnderTTA(ValueError):
+    """A user calibration from labelled images met a test-time augmentation (:meth:`TTAKind.refuse_calibration`)."""
+
+
 @dataclass(frozen=True)
 class TTAKind:
     """One kind of test-time augmentation: its name, the wrapper that predicts with it, its views (``flips`` ×
@@ -210,6 +216,18 @@ class TTAKind:
         if self.angles != (0.0,) and image_size[0] != image_size[1]:
             raise ValueError(f"test-time augmentation {self.name!r} rolls the crop about its centre, so it needs "
                              f"square images, not {image_size[0]}×{image_size[1]}")  # fmt: skip
+
+    def refuse_calibration(self, about: Mapping[str, Any], what: str) -> None:
+        """A user calibration from labelled images (``alfa calibrate``'s file records them under ``labelled`` in its
+        ``about``) is refused under this kind, in one line: fitted on the plain crop's predictions, its correction
+        goes into every view, and the views' average undoes part of it (under the flip the yaw of an offset cancels
+        exactly: ``½ [(f(x) + c) + FlipYaw(f(flip x) + c)]`` keeps only ``c``'s pitch; a roll turns ``c``)."""
+        if about.get("labelled"):
+            raise CalibrationUnderTTA(
+                f"{what} is a calibration from labelled images, and test-time augmentation {self.name!r} averages "
+                f"{self.passes} views of each crop, which undoes part of its correction (the yaw of an offset "
+                "cancels under the flip): use it without --tta"
+            )
 
     def exportable(self, model: nn.Module, image_size: tuple[int, int]) -> nn.Module:
         """``model`` with this kind's TTA in the form to export for images of ``image_size``: the flip as

@@ -20,7 +20,7 @@ from alfa.checkpoint import load_model
 from alfa.serve import MultiUserModel
 
 from ..evaluate import adapter_filename
-from ..tta import tta_kind
+from ..tta import CalibrationUnderTTA, tta_kind
 from .limits import ServiceError, ServiceLimits, decode_image, open_image, user_id
 
 __all__ = ["GazeService"]
@@ -86,18 +86,23 @@ class GazeService:
             self.model.add_user(user, path)
         except (ValueError, RuntimeError, OSError, KeyError) as e:
             message = f"user {user!r}: their adapter does not load onto this base"
+            if isinstance(e, CalibrationUnderTTA):
+                message = f"user {user!r}: a calibration from labelled images, which this server's --tta would undo"
             self.note(f"alfa serve: {message}: {e}")
             self._refused[user] = (stamp, message)
             raise ServiceError(404, message) from None
         self._refused.pop(user, None)
 
-    @staticmethod
-    def _check_person(user: str, path: Path) -> None:
+    def _check_person(self, user: str, path: Path) -> None:
         """An adapter that records its person (``alfa personalize`` does) is served only under that person's id:
-        a file copied or renamed to another user's name would answer for the wrong person."""
-        person = read_adapter_metadata(path)["about"].get("person")
+        a file copied or renamed to another user's name would answer for the wrong person. Under ``--tta`` a
+        calibration from labelled images is refused (:meth:`alfa.gaze.tta.TTAKind.refuse_calibration`)."""
+        about = read_adapter_metadata(path)["about"]
+        person = about.get("person")
         if person is not None and adapter_filename(str(person)) != adapter_filename(user):
             raise ValueError(f"{path} records person {person!r}, not {user!r}")
+        if self.tta is not None:  # refused, not served with part of its correction undone
+            self.tta.refuse_calibration(about, f"user {user!r}'s adapter")
 
     def decode(self, body: bytes) -> torch.Tensor:
         """A 1×3×H×W image in [0, 1] from PNG/JPEG bytes of the base's input size (checked before decoding)."""
