@@ -19,6 +19,7 @@ from .guards import (
     note_a_dense_base,
     persons_of,
     raise_if_incomplete,
+    refuse_calibrations_under_tta,
     refuse_foreign_adapters,
     refuse_n_adapt_no_one_has,
     tta_column,
@@ -358,19 +359,6 @@ def _evaluation_tta(args: argparse.Namespace) -> Any:
     return tta_of("flip" if args.flip_tta else args.tta)
 
 
-def _refuse_calibrations(tta: Any, folder: Path) -> None:
-    """``--tta`` scores no labelled calibration in ``folder`` (:meth:`alfa.gaze.tta.TTAKind.refuse_calibration`); a
-    file whose header does not read is left to the scoring, which lists it as failed."""
-    from alfa.adapters import read_adapter_metadata
-
-    for path in sorted(folder.glob("*.safetensors")):
-        try:
-            about = read_adapter_metadata(path).get("about") or {}
-        except (ValueError, OSError):
-            continue
-        tta.refuse_calibration(about, str(path))
-
-
 def _evaluate(args: argparse.Namespace) -> None:
     from alfa.checkpoint import load_model
     from alfa.gaze.devices import resolve_device
@@ -384,7 +372,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     tta = _evaluation_tta(args)
     check_labels(args.label, tta and tta.name)
     if tta is not None and args.adapters is not None:
-        _refuse_calibrations(tta, Path(args.adapters))
+        refuse_calibrations_under_tta(tta, Path(args.adapters))
     n_adapt = adaptation_count(args)  # before any loading: a conflicting --n-adapt is refused at once
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)

@@ -163,3 +163,16 @@ def note_a_dense_base(model: nn.Module, command: str, adapter_method: str, check
             f"dense layers: large files, slow to make, that alfa serve refuses (alfa truncate the base first{besides})",
             file=sys.stderr,
         )
+
+
+def refuse_calibrations_under_tta(tta: Any, folder: Path) -> None:
+    """``--tta`` scores no labelled calibration in ``folder`` (:meth:`alfa.gaze.tta.TTAKind.refuse_calibration`); a
+    file whose header does not read is left to the scoring, which lists it as failed."""
+    from alfa.adapters import read_adapter_metadata
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            about = read_adapter_metadata(path).get("about") or {}
+        except (ValueError, OSError):
+            continue
+        tta.refuse_calibration(about, str(path))
