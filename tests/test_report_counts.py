@@ -315,3 +315,32 @@ def test_a_count_of_clear_comparisons_says_why_none_can_be_where_none_was_judged
     assert clear_count([d(-1.0, declared=False), d(1.0, declared=False)]) == "descriptive: not in the declared family"
     assert clear_count([d(-1.0, seeds=1), d(1.0, seeds=1, declared=False)]) == "not judged: one seed"
     assert clear_count([]) == "0 called clear"
+
+
+def test_a_best_of_choice_says_it_was_made_among_the_rows_with_the_most_seeds_and_names_a_larger_gain_left_out():
+    """The best of many rows is chosen among those with the most seeds (a row of fewer cannot be clearly worse);
+    the sentence says so, and a larger gain among the rows left out is named with its own seeds, not hidden."""
+    from alfa.study.bench.flip_report import _harmless_best
+
+    def tta(method, seed, value, tta_value):
+        record = row(method, seed, value, "S→W")
+        flip = {p: {"tta_error": tta_value} for p in record["per_person"]}
+        return {**record, "flip_tta_error_deg": tta_value, "per_person_flip": flip}
+
+    records = [tta("source-only", s, 15.0 + s, 14.0 + s) for s in range(4)]
+    records += [tta("lora", s, 14.5 + s, 13.8 + s) for s in range(4)]  # −0.5 on all four seeds
+    records += [tta("alfa", s, 12.0 + s, 13.0 + s) for s in range(2)]  # −3.0, on two seeds only
+    idx = index_records(records)
+    (chosen, left_out) = _harmless_best(idx, ["source-only", "lora", "alfa"], ["S→W"], {"S→W": {"ceiling": 0.0}})
+    assert chosen.startswith(
+        "On S→W, of the 2 rows compared with source-only (2 not clearly worse; chosen among the 1 with the most "
+        "seeds, all 4 seeds), the largest gain is LoRA's: LoRA − source-only = −0.50°"
+    )
+    assert left_out.startswith(
+        "On S→W, of the 1 rows with fewer seeds, the largest gain is Alfa's, on seeds 0–1 (fewer seeds, so a wider "
+        "interval): Alfa − source-only = −3.00°"
+    )
+    (chosen, left_out) = _after_lines(idx, ["source-only", "lora", "alfa"], ["S→W"])[:2]
+    assert "with flip-TTA on top (chosen among the 1 with the most seeds, all 4 seeds), the lowest" in chosen
+    assert left_out.startswith("On S→W, of the 1 rows with fewer seeds, the lowest mean error is Alfa's, on seeds 0–1")
+    assert "Alfa + flip-TTA − flip-TTA = −1.00°" in left_out

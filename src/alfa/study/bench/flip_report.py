@@ -56,6 +56,33 @@ def _most_seeds(candidates: list[tuple[float, str, Any]]) -> list[tuple[float, s
     return [c for c in candidates if c[2].n == most]
 
 
+def _choice_words(chosen: list[tuple[float, str, Any]], every: Iterable[int], of: int) -> str:
+    """How many rows a best-of choice among :func:`_most_seeds` was made from, and on which seeds, where that is
+    fewer than the ``of`` rows compared; ``""`` where every row took part."""
+    if len(chosen) == of:
+        return ""
+    on = seeds_words(chosen[0][2].per_seed, every) or f"all {chosen[0][2].n} seeds"
+    return f"chosen among the {len(chosen)} with the most seeds, {on}"
+
+
+def _fewer_seeds_line(
+    candidates: list[tuple[float, str, Any]], chosen: list[tuple[float, str, Any]], pair: str, what: str, minus: str,
+    every: Iterable[int],
+) -> list[str]:  # fmt: skip
+    """A sentence naming the lowest of the ``(value, row, Diff)`` rows left out of a best-of choice for having fewer
+    seeds, where it is below the chosen lowest (the sentence before it names that one): a summary must not hide
+    a larger gain. ``what`` names what is lowest, ``minus`` completes the difference after the row's name."""
+    fewer = [c for c in candidates if c not in chosen]
+    if not fewer or min(fewer)[0] >= min(chosen)[0]:
+        return []
+    _, m, d = min(fewer)
+    return [
+        f"On {pair}, of the {len(fewer)} rows with fewer seeds, {what} {_name(m)}'s, on "
+        f"{seeds_words(d.per_seed, every) or 'its seeds'} (fewer seeds, so a wider interval): {_name(m)}{minus} = "
+        f"{d.describe()}."
+    ]
+
+
 def table_rows(idx: Index, main: Sequence[str]) -> list[str]:
     """Table 1's rows in order: each method of ``main`` that has records, followed by its selected-recipe row
     and its shipped-default row where there are such."""
@@ -219,11 +246,16 @@ def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) 
         candidates = [(-d.mean, m, d) for m, d in compared if not (d.mean > 0 and d.clear)]
         if not candidates:
             continue
-        gain, m, d = max(_most_seeds(candidates))
+        chosen = _most_seeds(candidates)
+        gain, m, d = max(chosen)
         c = ceil[pair]["ceiling"]
         words = "the ceiling is not clear of zero"
         part = f", {_of_ceiling(idx, m, pair, d, words)} of the flip-TTA ceiling" if c and c >= SHARE_FLOOR else ""
-        among = f"of the {len(compared)} rows compared with source-only ({len(candidates)} not clearly worse)"
+        choice = _choice_words(chosen, seeds_of(idx), len(candidates))
+        among = (
+            f"of the {len(compared)} rows compared with source-only ({len(candidates)} not clearly worse"
+            f"{f'; {choice}' if choice else ''})"
+        )
         if gain > 0:
             lines.append(
                 f"On {pair}, {among}, the largest gain is {_name(m)}'s{seeds_note(d.per_seed, seeds_of(idx))}: "
@@ -233,6 +265,10 @@ def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) 
             lines.append(
                 f"On {pair}, {among}, none lowers the mean error below source-only; the least harm: {_name(m)}."
             )
+        by_difference = [(dd.mean, row, dd) for _, row, dd in candidates]  # the lowest difference: the largest gain
+        chosen_rows = [(dd.mean, row, dd) for _, row, dd in chosen]
+        minus = " − source-only"
+        lines += _fewer_seeds_line(by_difference, chosen_rows, pair, "the largest gain is", minus, seeds_of(idx))
     return lines
 
 
@@ -329,16 +365,21 @@ def _after_lines(idx: Index, main: Sequence[str], pairs: Sequence[str]) -> list[
         diffs = [(d.mean, m, d) for m in methods if (d := diff(idx, m, "source-only", [pair], _with_tta))]
         if not diffs or alone is None:
             continue
-        _, m, d = min(_most_seeds(diffs))
+        chosen = _most_seeds(diffs)
+        _, m, d = min(chosen)
         # the two means on the difference's seeds, so that they differ by what it says
         mine, alone = (level(idx, row, pair, _with_tta, d.per_seed) for row in (m, "source-only"))
         on = seeds_words(d.per_seed, seeds_of(idx))
         lines.append(
-            f"On {pair}, of the {len(diffs)} personalized models with flip-TTA on top, the lowest mean error is "
+            f"On {pair}, of the {len(diffs)} personalized models with flip-TTA on top"
+            f"{f' ({choice})' if (choice := _choice_words(chosen, seeds_of(idx), len(diffs))) else ''}, the lowest "
+            f"mean error is "
             f"{_name(m)}'s ({text_of(mine, '°')}, flip-TTA alone {text_of(alone, '°')}"
             f"{f', on {on}' if on else ''}): "
             f"{_name(m)} + flip-TTA − flip-TTA = {d.describe()}."
         )
+        minus = " + flip-TTA − flip-TTA"
+        lines += _fewer_seeds_line(diffs, chosen, pair, "the lowest mean error is", minus, seeds_of(idx))
     everywhere = pairs_of(idx)
     compared: list[tuple[Diff, Diff]] = []
     for m in _paper_rows(idx, main):
