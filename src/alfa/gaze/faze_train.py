@@ -37,10 +37,12 @@ from alfa.checkpoint import (
     load_optimizer_tensors,
     load_state,
     optimizer_tensors,
+    read_checkpoint,
     read_tagged,
     save_model,
     write_tagged,
 )
+from alfa.fileio import not_a_file
 
 from .data.base import GazeDataset
 from .evaluate import load_images
@@ -183,12 +185,14 @@ def _resume(
     """Load the state of this run from ``out`` into ``model`` and ``optimizer``; its meta (``{}``: none, start
     afresh). A ``model.safetensors`` without a state beside it is no file this run wrote: refused, not replaced."""
     state = out / STATE_FILE
+    what = not_a_file(state)
+    if what is not None:
+        raise CheckpointError(
+            f"{state} is {what}, not the state a run writes there; move it away, or use another output folder"
+        )
     if not state.is_file():
         if (out / MODEL_FILE).exists():
-            raise CheckpointError(
-                f"{out} already holds a {MODEL_FILE} but no {STATE_FILE}, so no run of this command wrote it; "
-                "use another output folder"
-            )
+            raise CheckpointError(_without_state(out, header["stage"]))
         return {}
     tensors, meta = read_tagged(state, STATE_FORMAT, "a FAZE training state")
     saved = meta.get("header", {})
@@ -208,6 +212,31 @@ def _resume(
     load_state(model, model_tensors, source=str(state))
     load_optimizer_tensors(optimizer, tensors, "optimizer")
     return meta
+
+
+_COMMANDS = {"faze-train": ("alfa faze train", "faze"), "faze-meta-train": ("alfa faze meta-train", "maml")}
+"""Per stage, its command and the record its model file's header holds."""
+
+
+def _without_state(out: Path, stage: str) -> str:
+    """Why a ``model.safetensors`` with no state beside it stops the run: a run of this stage wrote it and its state
+    was removed since (the run can be neither checked nor extended), or it is no run's of this stage."""
+    command, record = _COMMANDS[stage]
+    try:
+        extra = read_checkpoint(out / MODEL_FILE, header_only=True)[1].get("extra", {})
+    except (OSError, ValueError):
+        extra = {}
+    ours = isinstance(extra, dict) and record in extra and (record == "maml" or "maml" not in extra)
+    if ours:
+        return (
+            f"{out / STATE_FILE} is missing: {command} wrote the {MODEL_FILE} beside it, and the state that run kept "
+            "was deleted or moved since, so it can be neither resumed nor checked against this run; put the state "
+            f"back, or delete {out / MODEL_FILE} to train from the start, or use another output folder"
+        )
+    return (
+        f"{out} already holds a {MODEL_FILE} but no {STATE_FILE}, so no run of this command wrote it; use another "
+        "output folder"
+    )
 
 
 def _run_steps(

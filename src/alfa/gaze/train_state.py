@@ -35,6 +35,7 @@ from alfa.checkpoint import (
     save_model,
     write_tagged,
 )
+from alfa.fileio import not_a_file
 
 from .evaluate import INPUT_SCALING
 
@@ -108,7 +109,14 @@ def _derive_model(
 def refuse_lone_state(out: Path) -> None:
     """A ``state.pt`` with no model beside it is no run's of this folder (a run of an earlier version wrote it with
     its model): it is not replaced, and the run is refused (the new state, carrying its identity, needs no such
-    check)."""
+    check). A folder or a link to nothing where the state or the model goes is refused by name."""
+    for name in (STATE_FILE, MODEL_FILE):
+        what = not_a_file(out / name)
+        if what is not None:  # no run wrote it: named, not taken for a missing or damaged file
+            raise CheckpointError(
+                f"{out / name} is {what}, not the file a training run writes there; move it away, or choose another "
+                "output folder"
+            )
     if (out / LEGACY_STATE_FILE).exists() and not (out / STATE_FILE).is_file() and not (out / MODEL_FILE).is_file():
         raise CheckpointError(
             f"{out / LEGACY_STATE_FILE} is there without the {MODEL_FILE} a run writes with it, so it is not this "

@@ -1,0 +1,59 @@
+"""What a resumed run is checked against: the images it was made from (a dataset of the same name and counts
+with other images is another run), the dense checkpoint a truncation was made from, the base a calibration folder
+was made on; and what a training folder holds in place of its state, said as it is. A state written before a
+check's entry existed passes as it did (runs in progress are neither refused nor redone)."""
+
+import os
+
+import torch
+from tiny_models import TinyGazeNet, truncated_tiny_gaze_net  # noqa: F401  (registers tiny_gaze_net)
+
+from alfa.cli import main
+
+DATA = "synthetic:eth?persons=4&images_per_person=4&size=16"
+FAZE = ["faze", "train", "--appearance", "4", "--batch-size", "4", "--quiet"]
+FAZE_DATA = "synthetic:eth?persons=3&images_per_person=4&size=16"
+
+
+def _err(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # one line
+    return err
+
+
+def test_a_folder_or_a_link_loop_in_place_of_the_training_state_is_named(tmp_path, capsys):
+    """state.safetensors a folder or a loop of links: "is there without the training state" was said of the model."""
+    pre = ["pretrain", "--model", "tiny_gaze_net", "--data", DATA, "--batch-size", "8", "--out", str(tmp_path / "p")]
+    assert main([*pre, "--epochs", "1", "--quiet"]) == 0
+    state, model_file = tmp_path / "p" / "state.safetensors", tmp_path / "p" / "model.safetensors"
+    before = model_file.read_bytes()
+    state.unlink()
+    state.mkdir()
+    capsys.readouterr()
+    assert main([*pre, "--epochs", "2", "--quiet"]) == 2
+    err = _err(capsys)
+    assert f"{state} is a folder, not the file a training run writes there; move it away" in err, err
+    state.rmdir()
+    os.symlink(state.name, state)  # a link to itself
+    assert main([*pre, "--epochs", "2", "--quiet"]) == 2
+    assert f"{state} is a symbolic link that points back into itself, not the file" in _err(capsys)
+    assert model_file.read_bytes() == before and state.is_symlink()
+
+
+def test_faze_train_says_its_state_is_missing_or_what_is_in_its_place(tmp_path, capsys):
+    """faze_state.safetensors deleted by hand: "so no run of this command wrote it" was said of the model it wrote."""
+    torch.set_num_threads(1)
+    out = tmp_path / "f"
+    train = [*FAZE, "--out", str(out), "--data", FAZE_DATA]
+    assert main([*train, "--steps", "1"]) == 0
+    before = (out / "model.safetensors").read_bytes()
+    (out / "faze_state.safetensors").unlink()
+    capsys.readouterr()
+    assert main([*train, "--steps", "2"]) == 2
+    err = _err(capsys)
+    assert f"{out / 'faze_state.safetensors'} is missing: alfa faze train wrote the model.safetensors" in err
+    assert "no run of this command wrote it" not in err and "put the state back" in err
+    (out / "faze_state.safetensors").mkdir()
+    assert main([*train, "--steps", "2"]) == 2
+    assert "faze_state.safetensors is a folder, not the state a run writes there" in _err(capsys)
+    assert (out / "model.safetensors").read_bytes() == before
