@@ -8,6 +8,7 @@ import os
 import torch
 from tiny_models import TinyGazeNet, truncated_tiny_gaze_net  # noqa: F401  (registers tiny_gaze_net)
 
+from alfa.checkpoint import save_model
 from alfa.cli import main
 
 DATA = "synthetic:eth?persons=4&images_per_person=4&size=16"
@@ -57,3 +58,25 @@ def test_faze_train_says_its_state_is_missing_or_what_is_in_its_place(tmp_path, 
     assert main([*train, "--steps", "2"]) == 2
     assert "faze_state.safetensors is a folder, not the state a run writes there" in _err(capsys)
     assert (out / "model.safetensors").read_bytes() == before
+
+
+def test_calibrate_refuses_a_folder_made_on_another_base_unless_replace(tmp_path, capsys):
+    """An --out of another base's calibration was recalibrated and every file overwritten without --replace."""
+    first = save_model(tmp_path / "a.safetensors", truncated_tiny_gaze_net(), "tiny_gaze_net")
+    second = save_model(tmp_path / "b.safetensors", truncated_tiny_gaze_net(seed=7), "tiny_gaze_net")
+    out = tmp_path / "c"
+    argv = ["calibrate", "--data", "synthetic:mpii?persons=2&images_per_person=8&size=16", "--out", str(out)]
+    argv += ["--k", "2", "--pool", "4", "--quiet"]
+    assert main([*argv, "--checkpoint", str(first)]) == 0
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main([*argv, "--checkpoint", str(second)]) == 2
+    err = _err(capsys)
+    assert "holds an earlier run (its files were made on another base (" in err and "--replace" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    p00 = out / "p00.safetensors"  # a damaged file says nothing of the base: the same base redoes it
+    p00.write_bytes(files["p00.safetensors"][:-20])
+    assert main([*argv, "--checkpoint", str(first)]) == 0
+    assert "2 done (1 of them by an earlier run, resumed)" in capsys.readouterr().out
+    assert main([*argv, "--checkpoint", str(second), "--replace"]) == 0
+    assert p00.read_bytes() != files["p00.safetensors"]
