@@ -8,10 +8,11 @@ import os
 import torch
 from tiny_models import TinyGazeNet, truncated_tiny_gaze_net  # noqa: F401  (registers tiny_gaze_net)
 
-from alfa.checkpoint import save_model
+from alfa.checkpoint import read_tagged, save_model, write_tagged
 from alfa.cli import main
 
 DATA = "synthetic:eth?persons=4&images_per_person=4&size=16"
+LATER = ("data_signature", "val_data_signature", "dense_checksum")
 FAZE = ["faze", "train", "--appearance", "4", "--batch-size", "4", "--quiet"]
 FAZE_DATA = "synthetic:eth?persons=3&images_per_person=4&size=16"
 
@@ -20,6 +21,40 @@ def _err(capsys) -> str:
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err  # one line
     return err
+
+
+def _strip_state(path, fmt) -> None:
+    """``path``'s state as a version before the signatures wrote it: without their header entries."""
+    tensors, meta = read_tagged(path, fmt, "a state")
+    meta["header"] = {k: v for k, v in meta["header"].items() if k not in LATER}
+    write_tagged(path, tensors, fmt, meta)
+
+
+def test_truncate_refuses_a_result_or_a_recovery_made_from_another_dense_checkpoint(tmp_path, capsys):
+    """alfa pretrain resumed to more epochs in the same --out: alfa truncate returned the recovered model of the
+    first epoch's weights, exit 0."""
+    torch.set_num_threads(1)
+    pre = ["pretrain", "--model", "tiny_gaze_net", "--data", DATA, "--batch-size", "8", "--out", str(tmp_path / "p")]
+    assert main([*pre, "--epochs", "1", "--quiet"]) == 0
+    truncate = ["truncate", "--checkpoint", str(tmp_path / "p" / "model.safetensors"), "--data", DATA]
+    truncate += ["--batch-size", "8", "--epochs", "1", "--rank", "4", "--out", str(tmp_path / "r"), "--quiet"]
+    assert main(truncate) == 0
+    final = tmp_path / "r" / "model.safetensors"
+    recovered = final.read_bytes()
+    assert main([*pre, "--epochs", "2", "--quiet"]) == 0  # the dense checkpoint changes
+    capsys.readouterr()
+    assert main(truncate) == 2
+    err = _err(capsys)
+    assert f"{final} holds a recovered model made from another dense checkpoint (checksum" in err
+    assert "use another output folder, or delete it to start over" in err and final.read_bytes() == recovered
+    final.unlink()  # the recovery's state is there: not resumed from the other dense model's truncation either
+    assert main(truncate) == 2
+    assert "recovery/state.safetensors is a checkpoint of another run (made from another dense checkpoint" in _err(
+        capsys
+    )
+    # a recovery state from before the checksum was recorded: resumed as it was (finished: read, and written out)
+    _strip_state(tmp_path / "r" / "recovery" / "state.safetensors", "alfa-source-train-state")
+    assert main(truncate) == 0 and final.is_file()
 
 
 def test_a_folder_or_a_link_loop_in_place_of_the_training_state_is_named(tmp_path, capsys):

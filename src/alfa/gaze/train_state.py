@@ -47,6 +47,9 @@ __all__ = [
     "save_state",
     "resume_run",
     "refuse_lone_state",
+    "other_dense",
+    "DENSE_KEY",
+    "RECORDED_LATER",
 ]
 
 MODEL_FILE = "model.safetensors"
@@ -54,6 +57,19 @@ STATE_FILE = "state.safetensors"
 LEGACY_STATE_FILE = "state.pt"  # what versions before the one-file state wrote; never read (a pickle)
 STATE_FORMAT = "alfa-source-train-state"
 _IDENTITY = ("stage", "data", "train_persons", "val_data", "val_persons")
+DENSE_KEY = "dense_checksum"  # recovery's: the checksum of the dense model it truncated (checkpoint.model_checksum)
+RECORDED_LATER = (DENSE_KEY,)
+"""Header entries headers written before them lack: compared by :func:`other_dense`, which passes a header
+without them, never by equality."""
+
+
+def other_dense(saved: dict[str, Any], mine: dict[str, Any]) -> str | None:
+    """Why a recovery's saved header was made from another dense checkpoint than this run's (their
+    :data:`DENSE_KEY`); ``None`` where they match or ``saved`` has none (written before it was recorded)."""
+    theirs, ours = saved.get(DENSE_KEY), mine.get(DENSE_KEY)
+    if theirs is None or theirs == ours:
+        return None
+    return f"made from another dense checkpoint (checksum {str(theirs)[:12]}…, this one's {str(ours)[:12]}…)"
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
@@ -132,6 +148,9 @@ def _check_identity(
     if saved_model != model_name:
         problems.append(f"model {saved_model!r} vs {model_name!r}")
     problems += [f"{key} differs" for key in _IDENTITY if saved.get(key) != mine[key]]
+    dense = other_dense(saved, mine)
+    if dense is not None:
+        problems.append(dense)
     theirs, ours = _comparable(saved.get("train_config", {})), _comparable(mine["train_config"])
     if theirs != ours:  # only what differs: the whole config is a dozen keys the reader would have to compare
         keys = sorted(set(theirs) | set(ours), key=lambda key: (key not in ours, key))
