@@ -3,15 +3,19 @@ with other images is another run), the dense checkpoint a truncation was made fr
 was made on; and what a training folder holds in place of its state, said as it is. A state written before a
 check's entry existed passes as it did (runs in progress are neither refused nor redone)."""
 
+import json
 import os
 
 import torch
+from safetensors import safe_open
 from tiny_models import TinyGazeNet, truncated_tiny_gaze_net  # noqa: F401  (registers tiny_gaze_net)
 
-from alfa.checkpoint import read_tagged, save_model, write_tagged
+from alfa.checkpoint import read_checkpoint, read_tagged, save_model, write_tagged
 from alfa.cli import main
+from alfa.fileio import write_safetensors
 
 DATA = "synthetic:eth?persons=4&images_per_person=4&size=16"
+OTHER = DATA + "&seed=5"  # the same name (eth/train), persons and counts: other images
 LATER = ("data_signature", "val_data_signature", "dense_checksum")
 FAZE = ["faze", "train", "--appearance", "4", "--batch-size", "4", "--quiet"]
 FAZE_DATA = "synthetic:eth?persons=3&images_per_person=4&size=16"
@@ -28,6 +32,42 @@ def _strip_state(path, fmt) -> None:
     tensors, meta = read_tagged(path, fmt, "a state")
     meta["header"] = {k: v for k, v in meta["header"].items() if k not in LATER}
     write_tagged(path, tensors, fmt, meta)
+
+
+def _strip_model(path) -> None:
+    with safe_open(str(path), framework="pt") as f:
+        raw, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    config = json.loads(raw["config"])
+    config["extra"] = {k: v for k, v in config["extra"].items() if k not in LATER}
+    write_safetensors(path, tensors, {**raw, "config": json.dumps(config, sort_keys=True)})
+
+
+def test_pretrain_and_truncate_refuse_other_images_of_the_same_name_and_an_old_state_resumes(tmp_path, capsys):
+    torch.set_num_threads(1)
+    pre = ["pretrain", "--model", "tiny_gaze_net", "--batch-size", "8", "--out", str(tmp_path / "p"), "--quiet"]
+    assert main([*pre, "--data", DATA, "--epochs", "1"]) == 0
+    model_file = tmp_path / "p" / "model.safetensors"
+    before = model_file.read_bytes()
+    capsys.readouterr()
+    assert main([*pre, "--data", OTHER, "--epochs", "2"]) == 2
+    err = _err(capsys)
+    assert "state.safetensors is a checkpoint of another run" in err
+    assert "made from other images than the data eth/train has now, person 'p00'" in err
+    assert model_file.read_bytes() == before  # nothing trained over it
+    truncate = ["truncate", "--checkpoint", str(model_file), "--batch-size", "8", "--epochs", "1", "--rank", "4"]
+    truncate += ["--out", str(tmp_path / "r"), "--quiet"]
+    assert main([*truncate, "--data", DATA]) == 0
+    recovered = (tmp_path / "r" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main([*truncate, "--data", OTHER]) == 2
+    assert "holds a recovered model made from other images than the data eth/train has now" in _err(capsys)
+    assert (tmp_path / "r" / "model.safetensors").read_bytes() == recovered
+    # a state and a model file from before the signatures: resumed as they were (here to a second epoch)
+    _strip_state(tmp_path / "p" / "state.safetensors", "alfa-source-train-state")
+    _strip_model(model_file)
+    assert main([*pre, "--data", DATA, "--epochs", "2"]) == 0
+    header = read_checkpoint(model_file, header_only=True)[1]["extra"]
+    assert header["epoch"] == 2 and len(header["history"]) == 2 and "data_signature" in header
 
 
 def test_truncate_refuses_a_result_or_a_recovery_made_from_another_dense_checkpoint(tmp_path, capsys):
@@ -76,6 +116,23 @@ def test_a_folder_or_a_link_loop_in_place_of_the_training_state_is_named(tmp_pat
     assert model_file.read_bytes() == before and state.is_symlink()
 
 
+def test_faze_train_refuses_other_images_and_resumes_an_old_state(tmp_path, capsys):
+    torch.set_num_threads(1)
+    out = tmp_path / "f"
+    train = [*FAZE, "--out", str(out)]
+    assert main([*train, "--data", FAZE_DATA, "--steps", "1"]) == 0
+    before = (out / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main([*train, "--data", FAZE_DATA + "&seed=5", "--steps", "2"]) == 2
+    err = _err(capsys)
+    assert "faze_state.safetensors is the state of another run" in err
+    assert "made from other images than the data eth/train has now" in err
+    assert (out / "model.safetensors").read_bytes() == before
+    _strip_state(out / "faze_state.safetensors", "alfa-faze-state")  # from before the signatures: resumed
+    assert main([*train, "--data", FAZE_DATA, "--steps", "2"]) == 0
+    assert (out / "model.safetensors").read_bytes() != before
+
+
 def test_faze_train_says_its_state_is_missing_or_what_is_in_its_place(tmp_path, capsys):
     """faze_state.safetensors deleted by hand: "so no run of this command wrote it" was said of the model it wrote."""
     torch.set_num_threads(1)
@@ -93,6 +150,22 @@ def test_faze_train_says_its_state_is_missing_or_what_is_in_its_place(tmp_path, 
     assert main([*train, "--steps", "2"]) == 2
     assert "faze_state.safetensors is a folder, not the state a run writes there" in _err(capsys)
     assert (out / "model.safetensors").read_bytes() == before
+
+
+def test_tpgaze_meta_training_refuses_other_images_and_resumes_an_old_state(tmp_path, capsys):
+    save_model(tmp_path / "base.safetensors", truncated_tiny_gaze_net(), "tiny_gaze_net")
+    source = "synthetic:eth?size=32&persons=3&images_per_person=8"
+    argv = ["tpgaze", "meta-train", "--checkpoint", str(tmp_path / "base.safetensors"), "--out", str(tmp_path / "m")]
+    argv += ["--steps-per-epoch", "1", "--batch-size", "4", "--quiet"]
+    assert main([*argv, "--data", source, "--epochs", "1"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--data", source + "&seed=5", "--epochs", "2"]) == 2
+    err = _err(capsys)
+    assert "meta_state.safetensors is the state of another meta-training run" in err
+    assert "made from other images than the data eth/train has now" in err
+    _strip_state(tmp_path / "m" / "meta_state.safetensors", "alfa-tpgaze-meta")
+    assert main([*argv, "--data", source, "--epochs", "2"]) == 0
+    assert len(json.loads((tmp_path / "m" / "meta_train.json").read_text())["history"]) == 2
 
 
 def test_calibrate_refuses_a_folder_made_on_another_base_unless_replace(tmp_path, capsys):

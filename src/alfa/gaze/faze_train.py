@@ -11,7 +11,8 @@ the steps done) is one file, ``faze_state.safetensors`` (:func:`alfa.checkpoint.
 JSON header, written atomically), so a kill at any moment leaves the last state whole: a rerun of the same
 command continues from it, and ``model.safetensors`` follows the state. The pairs (or tasks) of step ``s`` are
 drawn from ``(seed, s)`` alone, so a resumed run ends with the same weights as an uninterrupted one. A state of
-another run (other data, model, recipe or start checkpoint) is refused; more ``steps`` extend a finished run.
+another run (other data, other images under the same data name, model, recipe or start checkpoint) is refused;
+more ``steps`` extend a finished run.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from alfa.fileio import not_a_file
 from .data.base import GazeDataset
 from .evaluate import load_images
 from .faze import FazeGaze, MamlTask, adapt_mlp, angular_loss, apply_gradients, dted_losses, faze_gaze, maml_gradients
+from .train_state import RECORDED_LATER, data_signatures, other_data
 
 __all__ = [
     "FazeTrainConfig",
@@ -197,7 +199,9 @@ def _resume(
     tensors, meta = read_tagged(state, STATE_FORMAT, "a FAZE training state")
     saved = meta.get("header", {})
     mine = json.loads(json.dumps(header))  # tuples become lists, as in the saved header
-    problems = [f"{key} differs" for key in mine if key != "config" and saved.get(key) != mine[key]]
+    compared = [key for key in mine if key != "config" and key not in RECORDED_LATER]  # those: where recorded
+    problems = [f"{key} differs" for key in compared if saved.get(key) != mine[key]]
+    problems += other_data(saved, mine)
     if _comparable(saved.get("config", {})) != _comparable(mine["config"]):
         problems.append(f"config {saved.get('config')} vs {mine['config']}")
     if problems:
@@ -297,6 +301,7 @@ def train_faze(
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     data = {"name": dataset.name, "images": len(dataset), "persons": len(persons)}
     header = {"stage": "faze-train", "data": data, "model_kwargs": kwargs, "config": dataclasses.asdict(config)}
+    header.update(data_signatures(dataset, persons=persons))  # same names and counts, other images: another run
     model.train()
 
     def step(s: int) -> dict[str, float]:
@@ -376,6 +381,7 @@ def meta_train_faze(
     optimizer = optimizer_class(mlp.parameters(), lr=config.outer_lr)
     data = {"name": dataset.name, "images": len(dataset), "persons": len(persons)}
     header = {"stage": "faze-meta-train", "data": data, "start": saved.get("checksum")}
+    header.update(data_signatures(dataset, persons=persons))
     header["config"] = dataclasses.asdict(config)
 
     def step(s: int) -> dict[str, float]:

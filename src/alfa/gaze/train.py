@@ -50,6 +50,8 @@ from .train_state import (
     MODEL_FILE,
     RECORDED_LATER,
     STATE_FILE,
+    data_signatures,
+    other_data,
     other_dense,
     refuse_lone_state,
     resume_run,
@@ -350,6 +352,7 @@ def train_source(
         "train_persons": train_p,
         "val_data": val_ds.name,
         "val_persons": val_p,
+        **data_signatures(dataset, val_ds),  # same names and counts, other images: another run
         **(extra or {}),
     }
     history: list[dict[str, float]] = []
@@ -664,6 +667,7 @@ def truncate_and_recover(
         "data": {"name": dataset.name, "images": len(dataset), "persons": len(dataset.persons())},
         "val_data": val_ds.name,
         "val_persons": val_p,
+        **data_signatures(dataset, val_ds),
         DENSE_KEY: dense,
         **(extra or {}),
     }
@@ -736,7 +740,7 @@ def _load_finished(model: nn.Module, path: Path, header: dict[str, Any], model_n
             f"{path} holds a recovered model of another configuration or data; use another output folder, "
             f"or delete it to start over"
         )
-    problems = [*filter(None, [other_dense(extra, json_header)])]
+    problems = [p for p in (other_dense(extra, json_header), *other_data(extra, json_header)) if p is not None]
     if problems:
         raise CheckpointError(
             f"{path} holds a recovered model {'; '.join(problems)}; use another output folder, or delete it to "

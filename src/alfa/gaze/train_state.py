@@ -3,10 +3,10 @@
 After every epoch :func:`alfa.gaze.train.train_source` writes the run's whole state as one file,
 ``state.safetensors`` (:func:`alfa.checkpoint.write_tagged`: safetensors with a JSON header, written atomically):
 the model's tensors, Adam's moments and step counts, fp16's gradient scaler, the epochs done with their history,
-and the run's identity (stage, model, data, person split, training config). Then it derives ``model.safetensors``
-from it (:func:`alfa.checkpoint.save_model`), the file users and ``alfa truncate`` read, in the format it always
-had. A kill leaves the last state whole whatever moment it comes at; a resumed run loads it and rewrites a model
-file that lags it (a kill between the two writes).
+and the run's identity (stage, model, data and its images' signatures, person split, training config). Then it
+derives ``model.safetensors`` from it (:func:`alfa.checkpoint.save_model`), the file users and ``alfa truncate``
+read, in the format it always had. A kill leaves the last state whole whatever moment it comes at; a resumed run
+loads it and rewrites a model file that lags it (a kill between the two writes).
 
 Runs of earlier versions wrote two files per epoch instead: ``state.pt`` (the optimizer state, a pickle-based
 ``torch.save`` file) and then ``model.safetensors``. This alfa never unpickles, so ``state.pt`` is never read: a
@@ -37,6 +37,7 @@ from alfa.checkpoint import (
 )
 from alfa.fileio import not_a_file
 
+from .data.base import GazeDataset, data_signature, data_signature_mismatch
 from .evaluate import INPUT_SCALING
 
 __all__ = [
@@ -47,6 +48,8 @@ __all__ = [
     "save_state",
     "resume_run",
     "refuse_lone_state",
+    "data_signatures",
+    "other_data",
     "other_dense",
     "DENSE_KEY",
     "RECORDED_LATER",
@@ -58,9 +61,38 @@ LEGACY_STATE_FILE = "state.pt"  # what versions before the one-file state wrote;
 STATE_FORMAT = "alfa-source-train-state"
 _IDENTITY = ("stage", "data", "train_persons", "val_data", "val_persons")
 DENSE_KEY = "dense_checksum"  # recovery's: the checksum of the dense model it truncated (checkpoint.model_checksum)
-RECORDED_LATER = (DENSE_KEY,)
-"""Header entries headers written before them lack: compared by :func:`other_dense`, which passes a header
-without them, never by equality."""
+RECORDED_LATER = ("data_signature", "val_data_signature", DENSE_KEY)
+"""Header entries headers written before them lack: compared by :func:`other_data` and :func:`other_dense`, which
+pass a header without them, never by equality."""
+
+
+def data_signatures(
+    dataset: GazeDataset, val_dataset: GazeDataset | None = None, persons: list[str] | None = None
+) -> dict[str, Any]:
+    """The header entries that name the images a run is made from: ``data_signature`` (of ``persons`` of
+    ``dataset``, default all) and, where validation is on other data, ``val_data_signature``
+    (:func:`~alfa.gaze.data.base.data_signature`). Compared on resume by :func:`other_data`."""
+    entries: dict[str, Any] = {"data_signature": data_signature(dataset, persons)}
+    if val_dataset is not None and val_dataset is not dataset:
+        entries["val_data_signature"] = data_signature(val_dataset)
+    return entries
+
+
+def other_data(saved: dict[str, Any], mine: dict[str, Any]) -> list[str]:
+    """What says that a run's saved header (``saved``) was made from other images than this run's (``mine``, both
+    with :func:`data_signatures`' entries), naming the data; ``[]`` where they match. A header without an entry
+    passes: it was written before the signatures existed (runs in progress resume as they did)."""
+    data = mine.get("data")
+    named = {
+        "data_signature": f"the data {data.get('name') if isinstance(data, dict) else data}",
+        "val_data_signature": f"the validation data {mine.get('val_data')}",
+    }
+    problems = []
+    for key, what in named.items():
+        why = data_signature_mismatch(saved.get(key), mine[key]) if key in mine else None
+        if why is not None:
+            problems.append(f"made from other images than {what} has now, {why}")
+    return problems
 
 
 def other_dense(saved: dict[str, Any], mine: dict[str, Any]) -> str | None:
@@ -148,6 +180,7 @@ def _check_identity(
     if saved_model != model_name:
         problems.append(f"model {saved_model!r} vs {model_name!r}")
     problems += [f"{key} differs" for key in _IDENTITY if saved.get(key) != mine[key]]
+    problems += other_data(saved, mine)
     dense = other_dense(saved, mine)
     if dense is not None:
         problems.append(dense)
