@@ -35,6 +35,7 @@ from .truncate import factorized_ranks, restore_structure
 __all__ = [
     "CheckpointError",
     "save_model",
+    "model_checksum",
     "load_model",
     "read_checkpoint",
     "load_state",
@@ -143,11 +144,7 @@ def save_model(
     records a checksum of its tensors, verified on load. An attached adapter is refused (the file could not be
     rebuilt: its adapted layers are no model's), as :func:`save_pretrained` refuses it."""
     _refuse_attached_adapter(model, "alfa.checkpoint.save_model")
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    # safetensors refuses tensors that share memory: keep one name per tied tensor, list the others.
-    tied = {alias: first for alias, first in _aliases(model).items() if alias in tensors and first in tensors}
-    for alias in tied:
-        del tensors[alias]
+    tensors, tied = _file_tensors(model)
     config = {
         "model": model_name,
         "model_kwargs": model_kwargs or {},
@@ -164,6 +161,22 @@ def save_model(
     path = Path(path)
     refuse_non_finite(tensors, path)  # a diverged model is refused here, not when it is loaded again
     return write_safetensors(path, tensors, {"format": FORMAT, "config": json.dumps(config, sort_keys=True)})
+
+
+def _file_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors :func:`save_model` writes (on the CPU, contiguous) and the tied names it leaves out."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    # safetensors refuses tensors that share memory: keep one name per tied tensor, list the others.
+    tied = {alias: first for alias, first in _aliases(model).items() if alias in tensors and first in tensors}
+    for alias in tied:
+        del tensors[alias]
+    return tensors, tied
+
+
+def model_checksum(model: nn.Module) -> str:
+    """The checksum :func:`save_model` would record for ``model`` (its ``"checksum"`` header entry): which weights a
+    file derived from it was made from, whatever device or memory layout they are in now."""
+    return tensor_checksum(_file_tensors(model)[0])
 
 
 def _aliases(model: nn.Module) -> dict[str, str]:

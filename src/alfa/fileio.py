@@ -45,6 +45,7 @@ __all__ = [
     "kind_of_file",
     "locked",
     "new_files",
+    "not_a_file",
     "refuse_held_inside",
     "share",
 ]
@@ -172,6 +173,23 @@ def kind_of_file(path: str | os.PathLike) -> str | None:
     if head.lstrip()[:1] in (b"{", b"["):
         return "a JSON file"
     return next((kind for magic, kind in _KINDS if head.startswith(magic)), None)
+
+
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """What stands at ``path`` where a regular file should (``"a folder"``, ``"a symbolic link that points back into
+    itself"``, …), in words for a message; ``None`` where a regular file is there, or nothing is."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link that points back into itself"
+        if path.is_symlink():
+            return f"a symbolic link to {os.readlink(path)}, which does not exist"
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return None if stat.S_ISREG(mode) else "a device, pipe or socket"
 
 
 def _new_file_mode() -> int:

@@ -137,7 +137,7 @@ def _calibrate(args: argparse.Namespace) -> None:
             f"--method faze: {args.checkpoint} records no meta-training (alfa faze meta-train), so PS-GEN has no "
             "rate and steps of its own: give --faze-lr and --faze-steps"
         )
-    make_room(out, data, config, args.replace)  # last of the refusals: with --replace it removes files
+    make_room(out, data, config, args.replace, model)  # last of the refusals: with --replace it removes files
     if config.method == "adapter":  # the corrections adapt nothing dense
         besides = "; offset, affine, ridge and last-layer are corrections any base serves"
         note_a_dense_base(model, "calibrate", config.adapter_method, args.checkpoint, besides)

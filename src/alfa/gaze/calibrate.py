@@ -58,6 +58,7 @@ from alfa.adapters import (
     param_groups,
     read_adapter_metadata,
     save_adapter,
+    tensor_checksum,
 )
 from alfa.fileio import write_json
 from alfa.layers import FactorizedLinear, dense_matrix
@@ -439,9 +440,12 @@ def _fresh_record(dataset: GazeDataset, config: CalibrateConfig) -> dict[str, An
     return json.loads(json.dumps(record))  # as it reads back from the file
 
 
-def earlier_run(out_dir: str | Path, dataset: GazeDataset, config: CalibrateConfig) -> str | None:
-    """Why ``out_dir``'s record is of another run than ``config`` on ``dataset`` (another dataset, method or
-    recipe; or no record of ours), ``None`` if there is no record or it is of this run (which then resumes)."""
+def earlier_run(
+    out_dir: str | Path, dataset: GazeDataset, config: CalibrateConfig, model: nn.Module | None = None
+) -> str | None:
+    """Why ``out_dir``'s record is of another run than ``config`` on ``dataset`` and, given, the base ``model``
+    (another dataset, method, recipe, images or base; or no record of ours), ``None`` if there is no record or it is
+    of this run (which then resumes)."""
     path = Path(out_dir) / RECORD_FILE
     if not path.exists():
         return None
@@ -458,13 +462,44 @@ def earlier_run(out_dir: str | Path, dataset: GazeDataset, config: CalibrateConf
     for what in ("dataset", "method", "config"):
         if before.get(what) != mine[what]:
             return f"its files were made with another {what}: {_differences(before.get(what), mine[what])}"
-    return _other_images(Path(out_dir), dataset, persons)
+    other = _other_images(Path(out_dir), dataset, persons)
+    return other if other is not None or model is None else _another_base(model, Path(out_dir), persons)
 
 
-def make_room(out_dir: str | Path, dataset: GazeDataset, config: CalibrateConfig, replace: bool) -> None:
-    """Before a run of ``config`` into ``out_dir``: a record of another run there is refused (``ValueError``) unless
-    ``replace``, which removes that record and the files it lists (and only those); a record of this run is left to
-    resume (``replace`` redoes it)."""
+def _another_base(model: nn.Module, out: Path, persons: dict[str, Any]) -> str | None:
+    """Why the files of ``persons`` (a record's entries) in ``out`` were made on another base than ``model``: the
+    first whose tensors read whole is loaded onto it (a damaged file says nothing of the base: the run redoes it)."""
+    for person, entry in persons.items():
+        path = out / adapter_filename(person)
+        if not (isinstance(entry, dict) and entry.get("status") in DONE and path.is_file() and _whole(path)):
+            continue
+        try:
+            load_adapter(model, path)  # the layers and the base's fingerprint
+        except (ValueError, RuntimeError) as e:
+            return f"its files were made on another base ({e})"
+        detach(model)
+        return None
+    return None
+
+
+def _whole(path: Path) -> bool:
+    """Whether the adapter file at ``path`` reads, its tensors matching the checksum it was saved with."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        saved = read_adapter_metadata(path).get("checksum")
+        return saved is None or tensor_checksum(load_file(str(path))) == saved
+    except (ValueError, OSError, RuntimeError, SafetensorError):  # a damaged file, which the run redoes
+        return False
+
+
+def make_room(
+    out_dir: str | Path, dataset: GazeDataset, config: CalibrateConfig, replace: bool, model: nn.Module | None = None
+) -> None:
+    """Before a run of ``config`` on the base ``model`` into ``out_dir``: a record of another run there is refused
+    (``ValueError``) unless ``replace``, which removes that record and the files it lists (and only those); a record
+    of this run is left to resume (``replace`` redoes it)."""
     out = Path(out_dir)
     record = out / RECORD_FILE
     if not record.is_file():
@@ -474,7 +509,7 @@ def make_room(out_dir: str | Path, dataset: GazeDataset, config: CalibrateConfig
     except ValueError as e:
         raise ValueError(f"--out {out}: {e}") from None
     if not replace:
-        other = earlier_run(out, dataset, config)
+        other = earlier_run(out, dataset, config, model)
         if other is not None:
             raise ValueError(f"--out {out}: holds an earlier run ({other}); use another --out, or --replace")
         return
@@ -598,7 +633,7 @@ def calibrate_dataset(
     names = [adapter_filename(p) for p in persons]
     if len(set(names)) != len(names):
         raise ValueError(f"{dataset.name}: person ids collide once made file-safe: {names}")
-    other = earlier_run(out, dataset, config)
+    other = earlier_run(out, dataset, config, model)  # another base's files too: never silently made over
     if other is not None:
         raise ValueError(f"{out} holds an earlier calibration run: {other}; use another folder")
     record = _fresh_record(dataset, config)

@@ -11,7 +11,8 @@ the steps done) is one file, ``faze_state.safetensors`` (:func:`alfa.checkpoint.
 JSON header, written atomically), so a kill at any moment leaves the last state whole: a rerun of the same
 command continues from it, and ``model.safetensors`` follows the state. The pairs (or tasks) of step ``s`` are
 drawn from ``(seed, s)`` alone, so a resumed run ends with the same weights as an uninterrupted one. A state of
-another run (other data, model, recipe or start checkpoint) is refused; more ``steps`` extend a finished run.
+another run (other data, other images under the same data name, model, recipe or start checkpoint) is refused;
+more ``steps`` extend a finished run.
 """
 
 from __future__ import annotations
@@ -37,14 +38,17 @@ from alfa.checkpoint import (
     load_optimizer_tensors,
     load_state,
     optimizer_tensors,
+    read_checkpoint,
     read_tagged,
     save_model,
     write_tagged,
 )
+from alfa.fileio import not_a_file
 
 from .data.base import GazeDataset
 from .evaluate import load_images
 from .faze import FazeGaze, MamlTask, adapt_mlp, angular_loss, apply_gradients, dted_losses, faze_gaze, maml_gradients
+from .train_state import RECORDED_LATER, data_signatures, other_data
 
 __all__ = [
     "FazeTrainConfig",
@@ -183,17 +187,21 @@ def _resume(
     """Load the state of this run from ``out`` into ``model`` and ``optimizer``; its meta (``{}``: none, start
     afresh). A ``model.safetensors`` without a state beside it is no file this run wrote: refused, not replaced."""
     state = out / STATE_FILE
+    what = not_a_file(state)
+    if what is not None:
+        raise CheckpointError(
+            f"{state} is {what}, not the state a run writes there; move it away, or use another output folder"
+        )
     if not state.is_file():
         if (out / MODEL_FILE).exists():
-            raise CheckpointError(
-                f"{out} already holds a {MODEL_FILE} but no {STATE_FILE}, so no run of this command wrote it; "
-                "use another output folder"
-            )
+            raise CheckpointError(_without_state(out, header["stage"]))
         return {}
     tensors, meta = read_tagged(state, STATE_FORMAT, "a FAZE training state")
     saved = meta.get("header", {})
     mine = json.loads(json.dumps(header))  # tuples become lists, as in the saved header
-    problems = [f"{key} differs" for key in mine if key != "config" and saved.get(key) != mine[key]]
+    compared = [key for key in mine if key != "config" and key not in RECORDED_LATER]  # those: where recorded
+    problems = [f"{key} differs" for key in compared if saved.get(key) != mine[key]]
+    problems += other_data(saved, mine)
     if _comparable(saved.get("config", {})) != _comparable(mine["config"]):
         problems.append(f"config {saved.get('config')} vs {mine['config']}")
     if problems:
@@ -208,6 +216,31 @@ def _resume(
     load_state(model, model_tensors, source=str(state))
     load_optimizer_tensors(optimizer, tensors, "optimizer")
     return meta
+
+
+_COMMANDS = {"faze-train": ("alfa faze train", "faze"), "faze-meta-train": ("alfa faze meta-train", "maml")}
+"""Per stage, its command and the record its model file's header holds."""
+
+
+def _without_state(out: Path, stage: str) -> str:
+    """Why a ``model.safetensors`` with no state beside it stops the run: a run of this stage wrote it and its state
+    was removed since (the run can be neither checked nor extended), or it is no run's of this stage."""
+    command, record = _COMMANDS[stage]
+    try:
+        extra = read_checkpoint(out / MODEL_FILE, header_only=True)[1].get("extra", {})
+    except (OSError, ValueError):
+        extra = {}
+    ours = isinstance(extra, dict) and record in extra and (record == "maml" or "maml" not in extra)
+    if ours:
+        return (
+            f"{out / STATE_FILE} is missing: {command} wrote the {MODEL_FILE} beside it, and the state that run kept "
+            "was deleted or moved since, so it can be neither resumed nor checked against this run; put the state "
+            f"back, or delete {out / MODEL_FILE} to train from the start, or use another output folder"
+        )
+    return (
+        f"{out} already holds a {MODEL_FILE} but no {STATE_FILE}, so no run of this command wrote it; use another "
+        "output folder"
+    )
 
 
 def _run_steps(
@@ -268,6 +301,7 @@ def train_faze(
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     data = {"name": dataset.name, "images": len(dataset), "persons": len(persons)}
     header = {"stage": "faze-train", "data": data, "model_kwargs": kwargs, "config": dataclasses.asdict(config)}
+    header.update(data_signatures(dataset, persons=persons))  # same names and counts, other images: another run
     model.train()
 
     def step(s: int) -> dict[str, float]:
@@ -347,6 +381,7 @@ def meta_train_faze(
     optimizer = optimizer_class(mlp.parameters(), lr=config.outer_lr)
     data = {"name": dataset.name, "images": len(dataset), "persons": len(persons)}
     header = {"stage": "faze-meta-train", "data": data, "start": saved.get("checksum")}
+    header.update(data_signatures(dataset, persons=persons))
     header["config"] = dataclasses.asdict(config)
 
     def step(s: int) -> dict[str, float]:

@@ -51,6 +51,7 @@ from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
 from .personalize import PersonalizationRun, PersonalizeConfig, personalize_dataset
 from .precision import autocast, run_precision
 from .train import TrainConfig, mean_error, resolve_validation
+from .train_state import data_signatures, other_data
 
 __all__ = [
     "MetaTrainConfig",
@@ -252,6 +253,7 @@ def _resume(
     ]
     if _comparable(saved.get("meta_config", {})) != _comparable(header["meta_config"]):
         problems.append(f"meta-training config {saved.get('meta_config')} vs {header['meta_config']}")
+    problems += other_data(saved, json.loads(json.dumps(header)))  # a state from before the signatures passes
     problems += _compare_fingerprints(meta.get("fingerprint", {}), base_fingerprint(model))[:3]
     if problems:
         raise CheckpointError(
@@ -385,6 +387,7 @@ def _meta_train(
         "train_persons": train_p,
         "val_data": val_ds.name,
         "val_persons": val_p,
+        **data_signatures(source, val_ds),  # same names and counts, other images: another run
     }
     if run_precision() != "fp32":  # a resumed run must be the same precision; fp32 headers stay as they were
         header["precision"] = run_precision()

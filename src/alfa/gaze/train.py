@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from alfa.checkpoint import CheckpointError, load_state, read_checkpoint, save_model
+from alfa.checkpoint import CheckpointError, load_state, model_checksum, read_checkpoint, save_model
 from alfa.summary import parameter_summary
 from alfa.truncate import DEFAULT_RANK, canonicalize, restore_structure, truncate
 
@@ -45,7 +45,18 @@ from .data.registry import split_persons
 from .evaluate import EVAL_BATCH_SIZE, INPUT_SCALING, load_images, load_raw_images, person_errors
 from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
 from .precision import PRECISIONS, autocast, forward_precision, grad_scaler
-from .train_state import MODEL_FILE, STATE_FILE, refuse_lone_state, resume_run, save_state
+from .train_state import (
+    DENSE_KEY,
+    MODEL_FILE,
+    RECORDED_LATER,
+    STATE_FILE,
+    data_signatures,
+    other_data,
+    other_dense,
+    refuse_lone_state,
+    resume_run,
+    save_state,
+)
 
 __all__ = [
     "TrainConfig",
@@ -341,6 +352,7 @@ def train_source(
         "train_persons": train_p,
         "val_data": val_ds.name,
         "val_persons": val_p,
+        **data_signatures(dataset, val_ds),  # same names and counts, other images: another run
         **(extra or {}),
     }
     history: list[dict[str, float]] = []
@@ -648,12 +660,15 @@ def truncate_and_recover(
     out = Path(out_dir)
     final = out / MODEL_FILE
     train_p, val_ds, val_p = resolve_validation(dataset, config.recovery, val_dataset, val_persons)
+    dense = model_checksum(model)  # which dense model: a result of another (more epochs, another file) is no result
     header = {
         "stage": "recovered",
         "truncate_config": config.to_dict(),
         "data": {"name": dataset.name, "images": len(dataset), "persons": len(dataset.persons())},
         "val_data": val_ds.name,
         "val_persons": val_p,
+        **data_signatures(dataset, val_ds),
+        DENSE_KEY: dense,
         **(extra or {}),
     }
     if resume and final.is_file():
@@ -678,7 +693,7 @@ def truncate_and_recover(
         val_persons=val_p,
         resume=resume,
         progress=progress,
-        extra={"rank": config.rank},
+        extra={"rank": config.rank, DENSE_KEY: dense},  # a recovery begun from another dense model is not resumed
     )
     model.eval()
     probe = load_images(val_ds, [i for p in val_p for i in val_ds.person_indices(p)][:8])
@@ -718,11 +733,18 @@ def _load_finished(model: nn.Module, path: Path, header: dict[str, Any], model_n
     tensors, saved = read_checkpoint(path)
     extra = saved.get("extra", {})
     json_header = json.loads(json.dumps(header))  # tuples become lists, as in the saved header
-    same = saved.get("model") == model_name and all(extra.get(k) == v for k, v in json_header.items())
+    compared = {k: v for k, v in json_header.items() if k not in RECORDED_LATER}  # those only where recorded
+    same = saved.get("model") == model_name and all(extra.get(k) == v for k, v in compared.items())
     if not same or "result" not in extra:
         raise CheckpointError(
             f"{path} holds a recovered model of another configuration or data; use another output folder, "
             f"or delete it to start over"
+        )
+    problems = [p for p in (other_dense(extra, json_header), *other_data(extra, json_header)) if p is not None]
+    if problems:
+        raise CheckpointError(
+            f"{path} holds a recovered model {'; '.join(problems)}; use another output folder, or delete it to "
+            "start over"
         )
     restore_structure(model, {k: int(v) for k, v in saved.get("factorized", {}).items()})
     load_state(model, tensors, source=str(path))

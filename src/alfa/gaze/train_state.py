@@ -3,10 +3,10 @@
 After every epoch :func:`alfa.gaze.train.train_source` writes the run's whole state as one file,
 ``state.safetensors`` (:func:`alfa.checkpoint.write_tagged`: safetensors with a JSON header, written atomically):
 the model's tensors, Adam's moments and step counts, fp16's gradient scaler, the epochs done with their history,
-and the run's identity (stage, model, data, person split, training config). Then it derives ``model.safetensors``
-from it (:func:`alfa.checkpoint.save_model`), the file users and ``alfa truncate`` read, in the format it always
-had. A kill leaves the last state whole whatever moment it comes at; a resumed run loads it and rewrites a model
-file that lags it (a kill between the two writes).
+and the run's identity (stage, model, data and its images' signatures, person split, training config). Then it
+derives ``model.safetensors`` from it (:func:`alfa.checkpoint.save_model`), the file users and ``alfa truncate``
+read, in the format it always had. A kill leaves the last state whole whatever moment it comes at; a resumed run
+loads it and rewrites a model file that lags it (a kill between the two writes).
 
 Runs of earlier versions wrote two files per epoch instead: ``state.pt`` (the optimizer state, a pickle-based
 ``torch.save`` file) and then ``model.safetensors``. This alfa never unpickles, so ``state.pt`` is never read: a
@@ -35,7 +35,9 @@ from alfa.checkpoint import (
     save_model,
     write_tagged,
 )
+from alfa.fileio import not_a_file
 
+from .data.base import GazeDataset, data_signature, data_signature_mismatch
 from .evaluate import INPUT_SCALING
 
 __all__ = [
@@ -46,6 +48,11 @@ __all__ = [
     "save_state",
     "resume_run",
     "refuse_lone_state",
+    "data_signatures",
+    "other_data",
+    "other_dense",
+    "DENSE_KEY",
+    "RECORDED_LATER",
 ]
 
 MODEL_FILE = "model.safetensors"
@@ -53,6 +60,48 @@ STATE_FILE = "state.safetensors"
 LEGACY_STATE_FILE = "state.pt"  # what versions before the one-file state wrote; never read (a pickle)
 STATE_FORMAT = "alfa-source-train-state"
 _IDENTITY = ("stage", "data", "train_persons", "val_data", "val_persons")
+DENSE_KEY = "dense_checksum"  # recovery's: the checksum of the dense model it truncated (checkpoint.model_checksum)
+RECORDED_LATER = ("data_signature", "val_data_signature", DENSE_KEY)
+"""Header entries headers written before them lack: compared by :func:`other_data` and :func:`other_dense`, which
+pass a header without them, never by equality."""
+
+
+def data_signatures(
+    dataset: GazeDataset, val_dataset: GazeDataset | None = None, persons: list[str] | None = None
+) -> dict[str, Any]:
+    """The header entries that name the images a run is made from: ``data_signature`` (of ``persons`` of
+    ``dataset``, default all) and, where validation is on other data, ``val_data_signature``
+    (:func:`~alfa.gaze.data.base.data_signature`). Compared on resume by :func:`other_data`."""
+    entries: dict[str, Any] = {"data_signature": data_signature(dataset, persons)}
+    if val_dataset is not None and val_dataset is not dataset:
+        entries["val_data_signature"] = data_signature(val_dataset)
+    return entries
+
+
+def other_data(saved: dict[str, Any], mine: dict[str, Any]) -> list[str]:
+    """What says that a run's saved header (``saved``) was made from other images than this run's (``mine``, both
+    with :func:`data_signatures`' entries), naming the data; ``[]`` where they match. A header without an entry
+    passes: it was written before the signatures existed (runs in progress resume as they did)."""
+    data = mine.get("data")
+    named = {
+        "data_signature": f"the data {data.get('name') if isinstance(data, dict) else data}",
+        "val_data_signature": f"the validation data {mine.get('val_data')}",
+    }
+    problems = []
+    for key, what in named.items():
+        why = data_signature_mismatch(saved.get(key), mine[key]) if key in mine else None
+        if why is not None:
+            problems.append(f"made from other images than {what} has now, {why}")
+    return problems
+
+
+def other_dense(saved: dict[str, Any], mine: dict[str, Any]) -> str | None:
+    """Why a recovery's saved header was made from another dense checkpoint than this run's (their
+    :data:`DENSE_KEY`); ``None`` where they match or ``saved`` has none (written before it was recorded)."""
+    theirs, ours = saved.get(DENSE_KEY), mine.get(DENSE_KEY)
+    if theirs is None or theirs == ours:
+        return None
+    return f"made from another dense checkpoint (checksum {str(theirs)[:12]}…, this one's {str(ours)[:12]}…)"
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +157,14 @@ def _derive_model(
 def refuse_lone_state(out: Path) -> None:
     """A ``state.pt`` with no model beside it is no run's of this folder (a run of an earlier version wrote it with
     its model): it is not replaced, and the run is refused (the new state, carrying its identity, needs no such
-    check)."""
+    check). A folder or a link to nothing where the state or the model goes is refused by name."""
+    for name in (STATE_FILE, MODEL_FILE):
+        what = not_a_file(out / name)
+        if what is not None:  # no run wrote it: named, not taken for a missing or damaged file
+            raise CheckpointError(
+                f"{out / name} is {what}, not the file a training run writes there; move it away, or choose another "
+                "output folder"
+            )
     if (out / LEGACY_STATE_FILE).exists() and not (out / STATE_FILE).is_file() and not (out / MODEL_FILE).is_file():
         raise CheckpointError(
             f"{out / LEGACY_STATE_FILE} is there without the {MODEL_FILE} a run writes with it, so it is not this "
@@ -124,6 +180,10 @@ def _check_identity(
     if saved_model != model_name:
         problems.append(f"model {saved_model!r} vs {model_name!r}")
     problems += [f"{key} differs" for key in _IDENTITY if saved.get(key) != mine[key]]
+    problems += other_data(saved, mine)
+    dense = other_dense(saved, mine)
+    if dense is not None:
+        problems.append(dense)
     theirs, ours = _comparable(saved.get("train_config", {})), _comparable(mine["train_config"])
     if theirs != ours:  # only what differs: the whole config is a dozen keys the reader would have to compare
         keys = sorted(set(theirs) | set(ours), key=lambda key: (key not in ours, key))

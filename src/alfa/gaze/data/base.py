@@ -33,6 +33,8 @@ __all__ = [
     "GazeDataset",
     "InMemoryGazeDataset",
     "UnknownPersonError",
+    "data_signature",
+    "data_signature_mismatch",
     "images_differ",
     "loading_progress",
     "shows_loading_progress",
@@ -162,6 +164,32 @@ def signature_mismatch(saved: Any, here: dict[str, Any]) -> str | None:
             continue
         if any(not isinstance(x, (int, float)) or abs(x - y) > tolerance for x, y in zip(a, b)):
             return "the labels differ" if key == "gaze_mean" else "the images differ"
+    return None
+
+
+def data_signature(dataset: GazeDataset, persons: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Each person's :meth:`GazeDataset.person_signature` (of ``persons``, default all): what a run's state records
+    of the images it was made from, so that a resume on another dataset of the same name and counts (another
+    folder, another world's seed) is refused instead of continuing, or returning, a run made from other images.
+    Reads two images and the labels of each person."""
+    return {p: dataset.person_signature(p) for p in (dataset.persons() if persons is None else persons)}
+
+
+def data_signature_mismatch(saved: Any, here: dict[str, dict[str, Any]]) -> str | None:
+    """How the data a run's file was made from (``saved``, its :func:`data_signature`) differs from ``here``;
+    ``None`` if they match, or if ``saved`` is ``None`` (a file written before the signature existed, which passes
+    as it did: runs in progress must not be refused or redone for a key they never wrote)."""
+    if saved is None:
+        return None
+    if not isinstance(saved, dict):
+        return f"its data signature is unreadable ({type(saved).__name__})"
+    if set(saved) != set(here):
+        other = sorted(set(saved) ^ set(here), key=str)
+        return f"its persons are others ({', '.join(map(repr, other[:3]))}{' and more' if len(other) > 3 else ''})"
+    for person, signature in here.items():
+        why = signature_mismatch(saved[person], signature)
+        if why is not None:
+            return f"person {person!r}: {why}"
     return None
 
 
