@@ -258,3 +258,15 @@ def test_a_layer_given_the_tokens_first_is_named_with_the_batch_it_expected():
     alfa.truncate(base, rank=4)
     with pytest.raises(RuntimeError, match="^fc was given an input whose first axis is 5, not the batch of 3: Multi"):
         alfa.MultiUserModel(base)(torch.randn(3, 5, 16), [None] * 3)
+
+
+def test_a_user_from_a_model_inside_disable_adapters_is_refused_in_one_line(base):
+    """Inside the block the model holds its base layers: there was nothing to read, and an AttributeError came out."""
+    served = alfa.MultiUserModel(base)
+    model = _user(base, alfa.AlfaConfig(heads=2, rank=2), 1)
+    with alfa.disable_adapters(model):
+        with pytest.raises(RuntimeError, match=r"cannot add a user from a model inside alfa\.disable_adapters"):
+            served.add_user("ann", model)
+    assert served.users == []
+    served.add_user("ann", model)  # after the block, served as usual
+    assert served.users == ["ann"]

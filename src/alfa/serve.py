@@ -30,6 +30,7 @@ from .adapters import adapter_state, detach, load_adapter, save_adapter
 from .adapters.alfa import DictionaryAdapter
 from .adapters.correction import CorrectionLayer
 from .adapters.lora import LowRankUpdateLayer
+from .adapters.state import _refuse_if_disabled
 from .layers import is_dense_layer, is_factorized, layer_spec
 from .surgery import replace_module
 
@@ -271,6 +272,8 @@ class MultiUserModel(nn.Module):
             raise ValueError(f"a user id must be a str, got {user!r} ({type(user).__name__})")
         self._refuse_served(user, replace)
         if isinstance(adapter, nn.Module):
+            # disabled, the model holds its base layers in the adapted ones' place: no term to read there
+            _refuse_if_disabled(adapter, "add a user from a model")
             user_terms(adapter)  # refuse an unservable method before writing anything
             with tempfile.TemporaryDirectory() as tmp:  # through a file: the same checks against this base
                 file = Path(tmp) / "user.safetensors"
