@@ -1,7 +1,7 @@
 """The model side of the gaze service: one shared base and a folder of per-user adapter files, each user's
 adapter loaded the first time they ask (through :class:`alfa.serve.MultiUserModel`, so a user's answer is their
-own personalized model's). The model runs one request at a time under a lock: predictions do not depend on
-how requests interleave.
+own personalized model's) and loaded again when its file changes (a recalibration), dropped when it is deleted.
+The model runs one request at a time under a lock: predictions do not depend on how requests interleave.
 """
 
 from __future__ import annotations
@@ -65,33 +65,42 @@ class GazeService:
         self.limits = limits or ServiceLimits()
         self.model = MultiUserModel(base.eval())
         self.note = note
-        self._lock = threading.Lock()
-        # Users whose adapter was refused, with the file's (mtime, size) then: not re-read on every request, so a
-        # client cannot make the server parse a broken file again and again (a changed file is tried again).
-        self._refused: dict[str, tuple[tuple[int, int], str]] = {}
+        self._lock = threading.Lock()  # held around _ensure_user and the model's call: the two dicts below too
+        # Each loaded user's file stamp (inode, mtime, size) when it was loaded: a file replaced since (a
+        # recalibration) is loaded again, a deleted one drops the user, at their next request (one stat a request).
+        self._loaded: dict[str, tuple[int, int, int]] = {}
+        # Users whose adapter was refused, with the file's stamp then and the answer: not re-read on every request,
+        # so a client cannot make the server parse a broken file again and again (a changed file is tried again).
+        self._refused: dict[str, tuple[tuple[int, int, int], int, str]] = {}
 
     def _ensure_user(self, user: str) -> None:
-        if user in self.model.users:
-            return
+        """``user``'s adapter served as its file is now; a :class:`ServiceError` saying why it cannot be."""
         path = self.adapters / adapter_filename(user)
         try:
-            stat = path.stat()
-        except OSError:
+            info = path.stat()
+        except OSError:  # no file (or deleted since it was loaded): nobody to serve, nothing left to hold
+            self._drop(user)
             raise ServiceError(404, f"unknown user {user!r}") from None
-        stamp = (stat.st_mtime_ns, stat.st_size)
+        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)  # a file replaced by a rename has a new inode
+        if self._loaded.get(user) == stamp:
+            return
+        self._drop(user)  # a changed file is this user's adapter now, or none if it does not load
         if user in self._refused and self._refused[user][0] == stamp:
-            raise ServiceError(404, self._refused[user][1])
+            raise ServiceError(*self._refused[user][1:])
         try:
             self._check_person(user, path)
             self.model.add_user(user, path)
         except (ValueError, RuntimeError, OSError, KeyError) as e:
-            message = f"user {user!r}: their adapter does not load onto this base"
-            if isinstance(e, CalibrationUnderTTA):
-                message = f"user {user!r}: a calibration from labelled images, which this server's --tta would undo"
-            self.note(f"alfa serve: {message}: {e}")
-            self._refused[user] = (stamp, message)
-            raise ServiceError(404, message) from None
+            refusal = _refusal(user, e)
+            self.note(f"alfa serve: {refusal}: {e}")
+            self._refused[user] = (stamp, refusal.status, str(refusal))
+            raise refusal from None
+        self._loaded[user] = stamp
         self._refused.pop(user, None)
+
+    def _drop(self, user: str) -> None:
+        self._loaded.pop(user, None)
+        self.model.remove_user(user, missing_ok=True)
 
     def _check_person(self, user: str, path: Path) -> None:
         """An adapter that records its person (``alfa personalize`` does) is served only under that person's id:
@@ -154,6 +163,15 @@ class GazeService:
     def health(self) -> dict[str, Any]:
         tta = {"tta": self.tta.name, "forward_passes": self.tta.passes} if self.tta else {"forward_passes": 1}
         return {"status": "ok", "users_loaded": len(self.model.users), "input_size": list(self.input_size), **tta}
+
+
+def _refusal(user: str, e: Exception) -> ServiceError:
+    """The answer to a user whose adapter does not serve."""
+    if isinstance(e, CalibrationUnderTTA):
+        return ServiceError(
+            404, f"user {user!r}: a calibration from labelled images, which this server's --tta would undo"
+        )
+    return ServiceError(404, f"user {user!r}: their adapter does not load onto this base")
 
 
 class _OneUser(torch.nn.Module):
