@@ -1,5 +1,6 @@
 """The service's adapter folder as it changes under a running server: a recalibrated (replaced) file is served as
-it is now, a deleted one is an unknown user."""
+it is now, a deleted one is an unknown user, a damaged file or a folder in its place is said as such (the server's
+fault, a 500), not as an adapter made for another base."""
 
 from __future__ import annotations
 
@@ -66,3 +67,26 @@ def test_a_recalibrated_adapter_is_served_as_it_is_now_and_a_deleted_one_is_unkn
     assert (refusal.status, str(refusal)) == (404, "unknown user 'ann'")
     assert "ann" not in service.model.users  # not held in memory for a file that is gone
     assert np.allclose(_answer(service, "bob"), _own(checkpoint, adapters / "bob.safetensors"), rtol=1e-5, atol=1e-6)
+
+
+def test_a_damaged_adapter_file_or_a_folder_in_its_place_is_the_servers_fault_said_as_such(folder):
+    checkpoint, adapters = folder
+    notes: list[str] = []
+    service = GazeService(checkpoint, adapters, note=notes.append)
+    (adapters / "eve.safetensors").write_bytes(b"not an adapter")
+    (adapters / "p02.safetensors").mkdir()
+    refusal = _refusal(service, "eve")
+    assert (refusal.status, str(refusal)) == (
+        500,
+        "user 'eve': their adapter file is damaged (the server's log has the details)",
+    )
+    assert "eve.safetensors: not a readable safetensors file" in notes[-1]
+    refusal = _refusal(service, "p02")
+    assert (refusal.status, str(refusal)) == (500, "user 'p02': their adapter file is a folder on this server")
+    assert notes[-1].endswith("p02.safetensors is a folder, not an adapter file"), notes[-1]
+    assert _refusal(service, "eve").status == 500 and len(notes) == 2  # refused again without reading it again
+    # a served user's file damaged in place (a copy cut short): dropped, and said as damaged
+    _answer(service, "bob")
+    data = (adapters / "bob.safetensors").read_bytes()
+    (adapters / "bob.safetensors").write_bytes(data[: len(data) // 2])
+    assert _refusal(service, "bob").status == 500 and "bob" not in service.model.users

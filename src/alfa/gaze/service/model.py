@@ -7,6 +7,7 @@ The model runs one request at a time under a lock: predictions do not depend on 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import threading
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from alfa.adapters import read_adapter_metadata
+from alfa.adapters import AdapterFileDamaged, read_adapter_metadata
 from alfa.checkpoint import load_model
 from alfa.serve import MultiUserModel
 
@@ -88,6 +89,7 @@ class GazeService:
         if user in self._refused and self._refused[user][0] == stamp:
             raise ServiceError(*self._refused[user][1:])
         try:
+            self._check_file(path, info)
             self._check_person(user, path)
             self.model.add_user(user, path)
         except (ValueError, RuntimeError, OSError, KeyError) as e:
@@ -101,6 +103,13 @@ class GazeService:
     def _drop(self, user: str) -> None:
         self._loaded.pop(user, None)
         self.model.remove_user(user, missing_ok=True)
+
+    @staticmethod
+    def _check_file(path: Path, info: os.stat_result) -> None:
+        """A folder (or a pipe, a device) in place of the file is named as such, not as a missing file (the name
+        is there) nor read (a pipe would hold the service's lock for as long as nobody writes to it)."""
+        if not stat.S_ISREG(info.st_mode):
+            raise _NotAFile(path, "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file")
 
     def _check_person(self, user: str, path: Path) -> None:
         """An adapter that records its person (``alfa personalize`` does) is served only under that person's id:
@@ -165,8 +174,22 @@ class GazeService:
         return {"status": "ok", "users_loaded": len(self.model.users), "input_size": list(self.input_size), **tta}
 
 
+class _NotAFile(OSError):
+    """Something other than a file where a user's adapter file should be: ``what`` it is."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        super().__init__(f"{path} is {what}, not an adapter file")
+        self.what = what
+
+
 def _refusal(user: str, e: Exception) -> ServiceError:
-    """The answer to a user whose adapter does not serve."""
+    """The answer to a user whose adapter does not serve. A file that is damaged or no file is the server's fault,
+    which only its operator can mend: a 500, as a broken adapter's non-finite answer is, not a 404 that says the
+    user is not served here (and that a client or proxy may cache as such)."""
+    if isinstance(e, AdapterFileDamaged):
+        return ServiceError(500, f"user {user!r}: their adapter file is damaged (the server's log has the details)")
+    if isinstance(e, _NotAFile):
+        return ServiceError(500, f"user {user!r}: their adapter file is {e.what} on this server")
     if isinstance(e, CalibrationUnderTTA):
         return ServiceError(
             404, f"user {user!r}: a calibration from labelled images, which this server's --tta would undo"
