@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -270,3 +271,22 @@ def test_a_user_from_a_model_inside_disable_adapters_is_refused_in_one_line(base
     assert served.users == []
     served.add_user("ann", model)  # after the block, served as usual
     assert served.users == ["ann"]
+
+
+def test_what_serve_refusal_says_of_a_method_is_what_a_user_of_it_meets(base):
+    """serve_refusal (what alfa calibrate and alfa personalize say before they adapt anyone) agrees, method by
+    method, with what MultiUserModel does with a user of it on a truncated base."""
+    from adapter_settings import SMALL
+
+    from alfa.adapters import METHODS, TPGazeConfig
+    from alfa.serve import serve_refusal
+
+    for name, cls in METHODS.items():
+        config = TPGazeConfig.for_model(base, 16) if cls is TPGazeConfig else cls(**SMALL.get(name, {}))
+        refusal = serve_refusal(cls)
+        served = alfa.MultiUserModel(base)
+        if refusal is None:
+            served.add_user("u", _user(base, config, 0))
+        else:
+            with pytest.raises(ValueError, match=re.escape(refusal)):
+                served.add_user("u", _user(base, config, 0))

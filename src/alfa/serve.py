@@ -28,13 +28,14 @@ from torch import Tensor, nn
 
 from .adapters import adapter_state, detach, load_adapter, save_adapter
 from .adapters.alfa import DictionaryAdapter
+from .adapters.config import AdapterConfig
 from .adapters.correction import CorrectionLayer
 from .adapters.lora import LowRankUpdateLayer
 from .adapters.state import _refuse_if_disabled
 from .layers import is_dense_layer, is_factorized, layer_spec
 from .surgery import replace_module
 
-__all__ = ["MultiUserModel", "MixedBatchModel", "UnknownUserError", "UserTerms"]
+__all__ = ["MultiUserModel", "MixedBatchModel", "UnknownUserError", "UserTerms", "serve_refusal"]
 
 UserTerms = dict[str, tuple[Tensor, ...]]
 """Per layer name, a user's terms: ``(T,)`` for a dictionary method, ``(P, Q)`` for a low-rank one, ``(P, Q, Δb)``
@@ -367,19 +368,32 @@ def _refuse_terms_left_out(layers: Iterable[_SharedLayer], users: list[str | Non
             )
 
 
+def serve_refusal(method: AdapterConfig | type[AdapterConfig]) -> str | None:
+    """Why :class:`MultiUserModel` refuses every user of ``method`` (a config or its class), whatever their
+    adapter holds, or ``None`` where it serves them (on a truncated base: a dense one serves corrections only).
+    Known from the method alone, so a command can say it before it adapts anyone."""
+    name = method.method
+    if method.scope != "layer":
+        return f"{name} adapts the whole model and cannot share a base: merge it per user"
+    if method.family == "prompt":
+        return (
+            f"{name}'s prompts pad each adapted layer's input per user and cannot be merged: serve each such user "
+            "with their own model (alfa.load_adapter onto a copy of the base)"
+        )
+    if method.changes_base:
+        return f"{name} changes the shared weight itself and cannot be served per sample: merge it per user"
+    return None
+
+
 def user_terms(model: nn.Module) -> UserTerms:
     """The per-sample terms of the adapter attached to ``model``, per adapted layer (factorized ones; dense ones
     only for a correction); a ``ValueError`` for a method that cannot be served from a shared base."""
     state = adapter_state(model)
     if state is None:
         raise ValueError("the model has no adapter attached")
-    if state.config.scope != "layer":
-        raise ValueError(f"{state.config.method} adapts the whole model and cannot share a base: merge it per user")
-    if state.config.family == "prompt":
-        raise ValueError(
-            f"{state.config.method}'s prompts pad each adapted layer's input per user and cannot be merged: serve each "
-            "such user with their own model (alfa.load_adapter onto a copy of the base)"
-        )
+    refusal = serve_refusal(state.config)
+    if refusal is not None:
+        raise ValueError(refusal)
     if state.saved:  # a trained copy of whole modules (a new head) is no per-sample term of a shared layer
         raise ValueError(
             f"the adapter trains whole modules ({', '.join(state.saved)}; modules_to_save), which a shared base "
