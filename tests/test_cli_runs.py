@@ -50,6 +50,26 @@ def test_personalize_on_an_untruncated_base_says_so_once(checkpoints, tmp_path, 
     assert "is not truncated" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("method", ["dora", "pissa"])
+def test_a_method_alfa_serve_refuses_is_said_once_before_the_work(checkpoints, tmp_path, capsys, method):
+    """DoRA, PiSSA and MiLoRA change the shared weight: their files were written without a word, on a truncated
+    base, and refused by alfa serve only then. Both commands that write them now say it once, up front; a method
+    alfa serve takes gets no note."""
+    _, truncated = checkpoints
+    common = ["--checkpoint", truncated, "--data", TARGET, "--steps", "1", "--quiet", "--option", "rank=2"]
+    runs = {  # (PiSSA's rank must stay under the tiny net's rank 4)
+        "personalize": ["personalize", "--method", method],
+        "calibrate": ["calibrate", "--method", "adapter", "--adapter-method", method, "--k", "2", "--pool", "4"],
+    }
+    for command, argv in runs.items():
+        assert main([*argv, *common, "--out", str(tmp_path / command)]) == 0
+        err = capsys.readouterr().err
+        assert err.count(f"alfa {command}: note: alfa serve refuses the {method} adapters this writes") == 1, err
+        assert "changes the shared weight itself" in err and "a method it serves: alfa, " in err
+    assert main(["personalize", "--method", "lora", *common, "--out", str(tmp_path / "lora")]) == 0
+    assert "note" not in capsys.readouterr().err
+
+
 def test_a_quiet_run_says_a_persons_failure_once(tmp_path, capsys):
     """Under --quiet (progress off) the failure is the command's summary line on stderr alone, not also stdout's."""
     import torch

@@ -4,6 +4,8 @@ state is kept silently, evaluation cannot score what it should not, and one erro
 
 import errno
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -70,6 +72,7 @@ def test_a_writer_that_fails_on_a_full_disk_names_the_path_and_leaves_nothing(tm
         (OSError(errno.ENOSPC, "No space left on device", "/data/out/p1.safetensors"), ("/data/out/p1", "free some")),
         (OSError(errno.ELOOP, "Too many levels of symbolic links", "/data/loop"), ("/data/loop", "points back")),
         (OSError(errno.EADDRINUSE, "Address already in use"), ("Address already in use", "another --port")),
+        (OSError(errno.EFBIG, "File too large", "/data/f1/state.safetensors"), ("f1/state.safetensors", "ulimit -f")),
         (FileNotFoundError("--adapters x: no such folder"), ("--adapters x: no such folder",)),
         (RuntimeError("first line\n  second line"), ("first line (...)",)),
     ],
@@ -77,6 +80,28 @@ def test_a_writer_that_fails_on_a_full_disk_names_the_path_and_leaves_nothing(tm
 def test_an_error_is_one_line_that_names_the_path_and_what_to_do(error, words):
     line = error_line(error)
     assert "\n" not in line and all(w in line for w in words), line
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE as Linux sets it")
+def test_a_file_over_the_file_size_limit_says_what_to_do(tmp_path):
+    """Under ``ulimit -f`` a write stops with EFBIG ("File too large"; Python ignores the SIGXFSZ that would kill
+    it): the line names the file and says to raise the limit, and no half-written file is left."""
+    code = (
+        "import resource, sys\n"
+        "from alfa.cli import error_line\n"
+        "from alfa.fileio import write_text\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+        "try:\n"
+        "    write_text(sys.argv[1], 'x' * 100000)\n"
+        "except OSError as e:\n"
+        "    print(error_line(e))\n"
+    )
+    target = tmp_path / "state.json"
+    run = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    line = run.stdout.strip()
+    assert str(target) in line and "File too large" in line and "ulimit -f" in line, line
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_full_disk_during_personalize_stops_in_one_line_and_keeps_what_was_done(tmp_path, capsys, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -258,3 +259,34 @@ def test_a_layer_given_the_tokens_first_is_named_with_the_batch_it_expected():
     alfa.truncate(base, rank=4)
     with pytest.raises(RuntimeError, match="^fc was given an input whose first axis is 5, not the batch of 3: Multi"):
         alfa.MultiUserModel(base)(torch.randn(3, 5, 16), [None] * 3)
+
+
+def test_a_user_from_a_model_inside_disable_adapters_is_refused_in_one_line(base):
+    """Inside the block the model holds its base layers: there was nothing to read, and an AttributeError came out."""
+    served = alfa.MultiUserModel(base)
+    model = _user(base, alfa.AlfaConfig(heads=2, rank=2), 1)
+    with alfa.disable_adapters(model):
+        with pytest.raises(RuntimeError, match=r"cannot add a user from a model inside alfa\.disable_adapters"):
+            served.add_user("ann", model)
+    assert served.users == []
+    served.add_user("ann", model)  # after the block, served as usual
+    assert served.users == ["ann"]
+
+
+def test_what_serve_refusal_says_of_a_method_is_what_a_user_of_it_meets(base):
+    """serve_refusal (what alfa calibrate and alfa personalize say before they adapt anyone) agrees, method by
+    method, with what MultiUserModel does with a user of it on a truncated base."""
+    from adapter_settings import SMALL
+
+    from alfa.adapters import METHODS, TPGazeConfig
+    from alfa.serve import serve_refusal
+
+    for name, cls in METHODS.items():
+        config = TPGazeConfig.for_model(base, 16) if cls is TPGazeConfig else cls(**SMALL.get(name, {}))
+        refusal = serve_refusal(cls)
+        served = alfa.MultiUserModel(base)
+        if refusal is None:
+            served.add_user("u", _user(base, config, 0))
+        else:
+            with pytest.raises(ValueError, match=re.escape(refusal)):
+                served.add_user("u", _user(base, config, 0))

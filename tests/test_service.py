@@ -133,7 +133,7 @@ BAD_REQUESTS = {
     "a 5000-character id": (_request(f"/predict?user={'a' * 5000}", PNG), 400, "5000 characters; the limit is 128"),
     "the id twice": (_request("/predict?user=ann&user=bob", PNG), 400, "'user' given 2 times"),
     "no id": (_request("/predict", PNG), 400, "no user"),
-    "a broken adapter": (_request("/predict?user=broken", PNG), 404, "does not load onto this base"),
+    "a broken adapter": (_request("/predict?user=broken", PNG), 500, "their adapter file is damaged"),
     "another person's adapter": (_request("/predict?user=dan", PNG), 404, "does not load onto this base"),
     "another image size": (_request("/predict?user=ann", png_bytes(_face(1, 48))), 400, "the image is 48×48"),
     "not an image": (_request("/predict?user=ann", b"\x89PNG\r\n\x1a\n garbage"), 400, "not a readable PNG"),
@@ -300,7 +300,7 @@ def test_the_load_test_says_why_no_adapter_serves(world, tmp_path, capsys):
     (tmp_path / "dan.safetensors").write_bytes(b"not an adapter")
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "serves on this base (the first refused: user 'dan': their adapter does not" in err
+    assert err.count("\n") == 1 and "(the first refused: user 'dan': their adapter file is damaged" in err
     assert "dan.safetensors: not a readable safetensors file" in err  # the service's own detail, not a generic line
 
 
@@ -488,9 +488,9 @@ def test_options_not_given_take_their_stated_defaults():
     assert (loaded.clients, loaded.requests, loaded.time_limit) == (7, 1000, 120.0)
 
 
-def test_a_damaged_fingerprint_is_a_404_and_a_non_finite_answer_is_no_bare_nan(world, tmp_path):
-    """An adapter header whose fingerprint is valid JSON of the wrong shape does not load (404, as every other
-    damaged file), and a user whose adapter makes the model's answer infinite gets a JSON error, never ``NaN``
+def test_a_damaged_fingerprint_is_a_500_and_a_non_finite_answer_is_no_bare_nan(world, tmp_path):
+    """An adapter header whose fingerprint is valid JSON of the wrong shape does not load (500: a damaged file,
+    as every other), and a user whose adapter makes the model's answer infinite gets a JSON error, never ``NaN``
     in the body (which is not JSON)."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
@@ -515,7 +515,7 @@ def test_a_damaged_fingerprint_is_a_404_and_a_non_finite_answer_is_no_bare_nan(w
     service = GazeService(world[0], folder, ServiceLimits(workers=1))
     with serving(service) as port:
         status, _, reply = _exchange(port, _request("/predict?user=eve", PNG))
-        assert status == 404 and "does not load onto this base" in reply["error"]
+        assert status == 500 and "their adapter file is damaged" in reply["error"]
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             s.sendall(_request("/predict?user=zed", PNG))
             raw = b"".join(iter(lambda: s.recv(65536), b""))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -27,12 +28,14 @@ from torch import Tensor, nn
 
 from .adapters import adapter_state, detach, load_adapter, save_adapter
 from .adapters.alfa import DictionaryAdapter
+from .adapters.config import AdapterConfig
 from .adapters.correction import CorrectionLayer
 from .adapters.lora import LowRankUpdateLayer
+from .adapters.state import _refuse_if_disabled
 from .layers import is_dense_layer, is_factorized, layer_spec
 from .surgery import replace_module
 
-__all__ = ["MultiUserModel", "MixedBatchModel", "UnknownUserError", "UserTerms"]
+__all__ = ["MultiUserModel", "MixedBatchModel", "UnknownUserError", "UserTerms", "serve_refusal"]
 
 UserTerms = dict[str, tuple[Tensor, ...]]
 """Per layer name, a user's terms: ``(T,)`` for a dictionary method, ``(P, Q)`` for a low-rank one, ``(P, Q, Δb)``
@@ -69,6 +72,25 @@ def _refuse_train_mode(served: nn.Module) -> None:
             f"{type(served).__name__} serves in eval mode: call .eval() (in train mode the base's BatchNorm "
             "statistics would change for every user)"
         )
+
+
+class _CallLock:
+    """A re-entrant lock held for a served model's call. Its layers keep one call's state (the batch's users, a
+    mix) while the model runs, so two threads inside one instance at once would give one thread's samples the
+    other's users. A copy of the model (``copy.deepcopy``, pickle) gets a lock of its own: a lock cannot be copied,
+    and a copy shares no call with the original."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def __reduce__(self):  # noqa: ANN204 — pickle's protocol
+        return (_CallLock, ())
 
 
 def _wrap_factorized(base: nn.Module, wrapper: type[_ServedLayer]) -> tuple[nn.Module, dict[str, _ServedLayer]]:
@@ -218,6 +240,11 @@ class MultiUserModel(nn.Module):
     model mixes its users' samples. A layer the model computes with through its ``.weight`` without calling it
     (``nn.MultiheadAttention``'s ``out_proj``) serves the base, and a batch with a user who has a term there is
     refused. ``.to()``, ``.double()`` and the like move the users' terms with the model.
+
+    One instance may be shared by threads (a web framework's pool): a call runs under the instance's lock, since
+    its layers hold that call's users while it runs, so calls into one instance run one at a time (for calls in
+    parallel, give each thread its own instance). Adding and removing users takes the same lock, so a call sees a
+    user's whole adapter or none of it; a file is read and checked before the lock is taken.
     """
 
     def __init__(self, base: nn.Module) -> None:
@@ -230,20 +257,24 @@ class MultiUserModel(nn.Module):
         # A dense base has no factorized layer to share: its layers are shared as users' corrections reach them.
         self.model, self._layers = _wrap_factorized(base, _SharedLayer)
         self._users: dict[str, list[str]] = {}
+        self._lock = _CallLock()  # the served state: the layers' per-call users, the users' terms
+        self._load_lock = _CallLock()  # the scratch copy a file is loaded into
         self.eval()  # it serves; .train() is refused at the next forward
 
     @property
     def users(self) -> list[str]:
-        return list(self._users)
+        with self._lock:
+            return list(self._users)
 
     def add_user(self, user: str, adapter: str | os.PathLike | nn.Module, replace: bool = False) -> None:
         """Add ``user`` from an adapter file (checked against the base like :func:`alfa.load_adapter`) or from a
         model with its adapter attached (it must be this base)."""
         if not isinstance(user, str):
             raise ValueError(f"a user id must be a str, got {user!r} ({type(user).__name__})")
-        if user in self._users and not replace:
-            raise ValueError(f"user {user!r} is already served (pass replace=True to swap their adapter)")
+        self._refuse_served(user, replace)
         if isinstance(adapter, nn.Module):
+            # disabled, the model holds its base layers in the adapted ones' place: no term to read there
+            _refuse_if_disabled(adapter, "add a user from a model")
             user_terms(adapter)  # refuse an unservable method before writing anything
             with tempfile.TemporaryDirectory() as tmp:  # through a file: the same checks against this base
                 file = Path(tmp) / "user.safetensors"
@@ -253,6 +284,15 @@ class MultiUserModel(nn.Module):
                     raise type(e)(f"user {user!r}: " + str(e).replace(str(file), "the given model's adapter")) from e
         else:
             terms = self._terms_from_file(Path(adapter))
+        with self._lock:  # installed whole between two calls: no call sees half of a user's layers
+            self._refuse_served(user, replace)  # again: another thread may have added them meanwhile
+            self._install(user, terms)
+
+    def _refuse_served(self, user: str, replace: bool) -> None:
+        if user in self._users and not replace:
+            raise ValueError(f"user {user!r} is already served (pass replace=True to swap their adapter)")
+
+    def _install(self, user: str, terms: UserTerms) -> None:
         unknown = sorted(set(terms) - set(self._layers) - set(self._dense_layers()))
         if unknown:
             raise ValueError(f"user {user!r}: the adapter adapts layers this base does not have: {unknown[:4]}")
@@ -270,26 +310,29 @@ class MultiUserModel(nn.Module):
         return [n for n, m in self.model.named_modules() if is_dense_layer(m) and not isinstance(m, _SharedLayer)]
 
     def _terms_from_file(self, path: Path) -> UserTerms:
-        load_adapter(self._scratch, path)  # checks the layers and the base fingerprint, the checksum
-        try:
-            return user_terms(self._scratch)
-        finally:
-            detach(self._scratch)
+        with self._load_lock:  # one scratch copy: one file at a time, while calls go on
+            load_adapter(self._scratch, path)  # checks the layers and the base fingerprint, the checksum
+            try:
+                return user_terms(self._scratch)
+            finally:
+                detach(self._scratch)
 
     def remove_user(self, user: str, missing_ok: bool = False) -> None:
         """Stop serving ``user`` (an :class:`UnknownUserError` if they are not served, unless ``missing_ok``)."""
-        if user not in self._users:
-            if missing_ok:
-                return
-            raise UnknownUserError(f"unknown user {user!r}")
-        for name in self._users.pop(user):
-            self._layers[name].terms.pop(user, None)
+        with self._lock:
+            if user not in self._users:
+                if missing_ok:
+                    return
+                raise UnknownUserError(f"unknown user {user!r}")
+            for name in self._users.pop(user):
+                self._layers[name].terms.pop(user, None)
 
     def user_bytes(self, user: str) -> int:
         """The memory a user adds: the bytes of their terms."""
-        if user not in self._users:
-            raise UnknownUserError(f"unknown user {user!r}")
-        return sum(t.numel() * t.element_size() for n in self._users[user] for t in self._layers[n].terms[user])
+        with self._lock:
+            if user not in self._users:
+                raise UnknownUserError(f"unknown user {user!r}")
+            return sum(t.numel() * t.element_size() for n in self._users[user] for t in self._layers[n].terms[user])
 
     @torch.no_grad()
     def forward(self, images: Tensor, users: Sequence[str | None]) -> Tensor:
@@ -297,16 +340,17 @@ class MultiUserModel(nn.Module):
         users = _user_list(users)
         if len(users) != images.shape[0]:
             raise ValueError(f"{images.shape[0]} images but {len(users)} user ids")
-        _refuse_unknown(users, self._users)
-        _refuse_train_mode(self)
-        for layer in self._layers.values():
-            layer.batch_users, layer.calls, layer.weight_reads = users, 0, 0
-        try:
-            out = self.model(images)
-        finally:
+        with self._lock:  # the layers hold this call's users until it returns (the class docstring)
+            _refuse_unknown(users, self._users)
+            _refuse_train_mode(self)
             for layer in self._layers.values():
-                layer.batch_users = None
-        _refuse_terms_left_out(self._layers.values(), users)
+                layer.batch_users, layer.calls, layer.weight_reads = users, 0, 0
+            try:
+                out = self.model(images)
+            finally:
+                for layer in self._layers.values():
+                    layer.batch_users = None
+            _refuse_terms_left_out(self._layers.values(), users)
         return out
 
 
@@ -324,19 +368,32 @@ def _refuse_terms_left_out(layers: Iterable[_SharedLayer], users: list[str | Non
             )
 
 
+def serve_refusal(method: AdapterConfig | type[AdapterConfig]) -> str | None:
+    """Why :class:`MultiUserModel` refuses every user of ``method`` (a config or its class), whatever their
+    adapter holds, or ``None`` where it serves them (on a truncated base: a dense one serves corrections only).
+    Known from the method alone, so a command can say it before it adapts anyone."""
+    name = method.method
+    if method.scope != "layer":
+        return f"{name} adapts the whole model and cannot share a base: merge it per user"
+    if method.family == "prompt":
+        return (
+            f"{name}'s prompts pad each adapted layer's input per user and cannot be merged: serve each such user "
+            "with their own model (alfa.load_adapter onto a copy of the base)"
+        )
+    if method.changes_base:
+        return f"{name} changes the shared weight itself and cannot be served per sample: merge it per user"
+    return None
+
+
 def user_terms(model: nn.Module) -> UserTerms:
     """The per-sample terms of the adapter attached to ``model``, per adapted layer (factorized ones; dense ones
     only for a correction); a ``ValueError`` for a method that cannot be served from a shared base."""
     state = adapter_state(model)
     if state is None:
         raise ValueError("the model has no adapter attached")
-    if state.config.scope != "layer":
-        raise ValueError(f"{state.config.method} adapts the whole model and cannot share a base: merge it per user")
-    if state.config.family == "prompt":
-        raise ValueError(
-            f"{state.config.method}'s prompts pad each adapted layer's input per user and cannot be merged: serve each "
-            "such user with their own model (alfa.load_adapter onto a copy of the base)"
-        )
+    refusal = serve_refusal(state.config)
+    if refusal is not None:
+        raise ValueError(refusal)
     if state.saved:  # a trained copy of whole modules (a new head) is no per-sample term of a shared layer
         raise ValueError(
             f"the adapter trains whole modules ({', '.join(state.saved)}; modules_to_save), which a shared base "
@@ -385,12 +442,16 @@ class MixedBatchModel(nn.Module):
     """The shared base with every factorized layer's per-sample mix as an explicit input:
     ``forward(images, T_1, …, T_L)``, ``T_l`` of shape B×d_l×d_l (zeros: the base). What exports (ONNX,
     ``torch.export``) for dictionary users: a server then gathers each request's ``T`` matrices itself.
-    :meth:`mixes` builds those inputs from a :class:`MultiUserModel` for a list of users."""
+    :meth:`mixes` builds those inputs from a :class:`MultiUserModel` for a list of users.
+
+    One instance may be shared by threads: its layers hold a call's mixes while it runs, so a call runs under the
+    instance's lock, one at a time (give each thread its own instance for calls in parallel)."""
 
     def __init__(self, base: nn.Module) -> None:
         super().__init__()
         self.model, self._layers = _wrap_factorized(base, _MixInputLayer)
         self.layer_names = list(self._layers)
+        self._lock = _CallLock()
         self.eval()
 
     def forward(self, images: Tensor, *mixes: Tensor) -> Tensor:
@@ -404,19 +465,24 @@ class MixedBatchModel(nn.Module):
                                  "d×d matrix per image")  # fmt: skip
             if mix.dtype != layer.base.U.dtype:
                 raise ValueError(f"{name}: the mix is {mix.dtype}, the model {layer.base.U.dtype}")
-        for layer, mix in zip(self._layers.values(), mixes):
-            layer.mix = mix
-        try:
-            return self.model(images)
-        finally:  # a layer keeps no batch's mix (nor its memory) past the call, and an export sees none left set
-            for layer in self._layers.values():
-                layer.mix = None
+        with self._lock:  # the layers hold this call's mixes until it returns (the class docstring)
+            for layer, mix in zip(self._layers.values(), mixes):
+                layer.mix = mix
+            try:
+                return self.model(images)
+            finally:  # a layer keeps no batch's mix (nor its memory) past the call, and an export sees none left set
+                for layer in self._layers.values():
+                    layer.mix = None
 
     def mixes(self, served: MultiUserModel, users: Sequence[str | None]) -> list[Tensor]:
         """Per layer, the B×d×d stack of each user's ``T`` (zeros for ``None`` and for layers a user leaves)."""
         users = _user_list(users)
         if not users:
             raise ValueError("users is empty: a batch has one user id (or None) per sample")
+        with served._lock:  # the users' terms as of one moment, not half of a user being added
+            return self._mixes(served, users)
+
+    def _mixes(self, served: MultiUserModel, users: list[str | None]) -> list[Tensor]:
         _refuse_unknown(users, served._users)  # else an unknown user would get zeros: the base, silently
         for user in dict.fromkeys(u for u in users if u is not None):
             outside = [n for n in served._users[user] if n not in self._layers]

@@ -29,6 +29,7 @@ from .correction import CorrectionConfig  # user calibration's form; last, so th
 from .config import METHODS, AdapterConfig, ConfigError, MergeError, config_from_dict, register_method, target_matches
 from .groups import param_groups
 from .io import (
+    AdapterFileDamaged,
     AdapterFileError,
     base_fingerprint,
     base_rest_fingerprint,
@@ -89,6 +90,7 @@ __all__ = [
     "UNMERGE_FORMS",
     "AdaptedLayer",
     "AdapterConfig",
+    "AdapterFileDamaged",
     "AdapterFileError",
     "AdapterState",
     "AlfaLayer",

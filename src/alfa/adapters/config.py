@@ -115,6 +115,9 @@ class AdapterConfig:
     scope: ClassVar[str] = "layer"  # "layer": wraps layers; "model": trains existing parameters
     # Trains input prompts with an optimizer and recipe of its own (TPGaze), not the weights through the shared one.
     trains_prompts: ClassVar[bool] = False
+    # Changes the frozen base weights themselves (PiSSA and MiLoRA rewrite them, DoRA rescales them): its users
+    # cannot share one base, so alfa.serve refuses them, and a command can say so before it trains any.
+    changes_base: ClassVar[bool] = False
 
     target: str | Sequence[str] | None = None
     layers: str = "auto"

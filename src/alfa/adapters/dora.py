@@ -37,6 +37,7 @@ class DoraConfig(LoraConfig):
     method: ClassVar[str] = "dora"
     display_name: ClassVar[str] = "DoRA"
     family: ClassVar[str] = "lora"
+    changes_base: ClassVar[bool] = True  # each output row rescaled to a trained magnitude
 
     def build(self, base: nn.Module) -> AdaptedLayer:
         return DoraLayer(base, self)

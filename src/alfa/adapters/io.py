@@ -55,6 +55,7 @@ __all__ = [
     "refuse_non_finite",
     "has_compact_form",
     "AdapterFileError",
+    "AdapterFileDamaged",
 ]
 
 FORMAT = "alfa-adapter"
@@ -64,6 +65,12 @@ _FINGERPRINT_RTOL = 1e-3
 
 class AdapterFileError(ValueError):
     """An adapter file that cannot be used: corrupt, not an adapter, or made for another model."""
+
+
+class AdapterFileDamaged(AdapterFileError):
+    """An adapter file whose bytes are damaged (not readable safetensors, a broken header, tensor data that does
+    not read, does not match its checksum or is not finite): the file must be replaced. A caller may answer it
+    otherwise than a file made for another model (a server: its own fault, not the request's)."""
 
 
 def _attached_state(model: nn.Module) -> Any:
@@ -358,7 +365,7 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
         with safe_open(str(path), framework="pt") as f:
             raw = f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
-        raise AdapterFileError(f"{path}: not a readable safetensors file ({kind_of_file(path) or e})") from e
+        raise AdapterFileDamaged(f"{path}: not a readable safetensors file ({kind_of_file(path) or e})") from e
     if raw.get("format") != FORMAT:
         raise AdapterFileError(f"{path}: not an alfa adapter file (no '{FORMAT}' header)")
     if raw.get("version") != str(VERSION):
@@ -380,7 +387,7 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
             "modules_to_save": json.loads(raw.get("modules_to_save", "[]")),
         }
     except (KeyError, json.JSONDecodeError) as e:
-        raise AdapterFileError(f"{path}: damaged adapter header ({e})") from e
+        raise AdapterFileDamaged(f"{path}: damaged adapter header ({e})") from e
     _check_header_kinds(path, header)
     return header
 
@@ -398,7 +405,7 @@ def _check_header_kinds(path: Path, header: dict[str, Any]) -> None:
     traceback where it is read (comparing the base, matching the layers)."""
 
     def damaged(what: str) -> AdapterFileError:
-        return AdapterFileError(f"{path}: damaged adapter header (its {what})")
+        return AdapterFileDamaged(f"{path}: damaged adapter header (its {what})")
 
     for key, kind in {"config": dict, "targets": list, "fingerprint": dict, "about": dict}.items():
         if not isinstance(header[key], kind):
@@ -566,14 +573,14 @@ def _check_and_load(model: nn.Module, path: Path, meta: dict[str, Any], targets:
                 )
             loaded = {k: f.get_tensor(k) for k in keys}
     except SafetensorError as e:
-        raise AdapterFileError(f"{path}: corrupt tensor data ({e})") from e
+        raise AdapterFileDamaged(f"{path}: corrupt tensor data ({e})") from e
     if meta.get("checksum") is not None and tensor_checksum(loaded) != meta["checksum"]:
-        raise AdapterFileError(f"{path}: damaged tensor data (its checksum does not match the one it was saved with)")
+        raise AdapterFileDamaged(f"{path}: damaged tensor data (its checksum does not match the one it was saved with)")
     for k, t in loaded.items():
         if t.shape != params[k].shape:
             raise AdapterFileError(f"{path}: {k} has shape {list(t.shape)}, expected {list(params[k].shape)}")
         if not torch.isfinite(t).all():
-            raise AdapterFileError(f"{path}: {k} contains NaN or infinite values")
+            raise AdapterFileDamaged(f"{path}: {k} contains NaN or infinite values")
     with torch.no_grad():
         for k, t in loaded.items():
             params[k].copy_(t)

@@ -176,6 +176,7 @@ class PissaConfig(LoraConfig):
     method: ClassVar[str] = "pissa"
     display_name: ClassVar[str] = "PiSSA"
     family: ClassVar[str] = "lora"
+    changes_base: ClassVar[bool] = True  # the frozen part is the weight less its top-rank SVD part
     components: ClassVar[str] = "largest"
 
     alpha: float = 8.0

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .gaze import open_spec, seed_torch_deterministic
-from .guards import note_a_dense_base, persons_of
+from .guards import note_what_serve_refuses, persons_of
 from .options import (
     allow_partial_option,
     at_least,
@@ -140,7 +140,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     make_room(out, data, config, args.replace, model)  # last of the refusals: with --replace it removes files
     if config.method == "adapter":  # the corrections adapt nothing dense
         besides = "; offset, affine, ridge and last-layer are corrections any base serves"
-        note_a_dense_base(model, "calibrate", config.adapter_method, args.checkpoint, besides)
+        note_what_serve_refuses(model, "calibrate", config.adapter_method, args.checkpoint, besides)
     seed_torch_deterministic(config.seed)
     record = calibrate_dataset(
         model, data, config, out, persons=persons, faze_defaults=defaults, progress=not args.quiet

@@ -13,6 +13,9 @@ OS_ERROR_ADVICE = {
     errno.ENOSPC: "free some space or choose another place, then run the command again (what it finished is kept "
     "whole, nothing half-written is left)",
     errno.EDQUOT: "free some space or choose another place, then run the command again",
+    # the process's limit on a file's size (ulimit -f), or the file system's own (FAT's 4 GiB)
+    errno.EFBIG: "the file is over the largest this process may write (ulimit -f) or the file system holds: raise "
+    "the limit (ulimit -f unlimited) or choose another place, then run the command again",
     errno.ELOOP: "a symbolic link there points back into itself: fix or remove the link",
     errno.EACCES: "choose a place you may use, or change its permissions",
     errno.EPERM: "choose a place you may use, or change its permissions",

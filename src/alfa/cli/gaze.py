@@ -16,7 +16,7 @@ from .guards import (
     adaptation_count,
     check_labels,
     check_method_fits,
-    note_a_dense_base,
+    note_what_serve_refuses,
     persons_of,
     raise_if_incomplete,
     refuse_calibrations_under_tta,
@@ -332,8 +332,7 @@ def _personalize(args: argparse.Namespace) -> None:
     persons = persons_of(args.persons, data)
     refuse_n_adapt_no_one_has(data, persons, config.n_adapt)
     refuse_foreign_adapters(model, data, method, config, args.out, args.replace)
-    if method.scope == "layer" and not type(method).trains_prompts:  # prompts and model-scope methods: no layer
-        note_a_dense_base(model, "personalize", method.method, args.checkpoint)
+    note_what_serve_refuses(model, "personalize", method.method, args.checkpoint)
     seed_torch_deterministic(config.seed)
     if not args.quiet:
         print(f"recipe: {_recipe_words(config)}")

@@ -19,7 +19,7 @@ __all__ = [
     "adaptation_count",
     "check_labels",
     "check_method_fits",
-    "note_a_dense_base",
+    "note_what_serve_refuses",
     "persons_of",
     "raise_if_incomplete",
     "refuse_foreign_adapters",
@@ -151,15 +151,27 @@ def refuse_n_adapt_no_one_has(data: Any, persons: list[str] | None, n_adapt: int
         )
 
 
-def note_a_dense_base(model: nn.Module, command: str, adapter_method: str, checkpoint: str, besides: str = "") -> None:
-    """Adapters of an untruncated base adapt its dense layers: files and time many times a truncated base's, which
-    ``alfa serve`` refuses. It works, so it is said once, up front, where it can still be changed (after every
-    refusal: a refused run prints one line). ``besides``: what else the command offers such a base."""
+def note_what_serve_refuses(model: nn.Module, command: str, method: str, checkpoint: str, besides: str = "") -> None:
+    """Files ``alfa serve`` will refuse: a method's that change the shared base (DoRA, PiSSA, MiLoRA; whole-model
+    and prompt methods), or, on an untruncated base, any layer method's (it adapts dense layers: files and time many
+    times a truncated base's). It works, so it is said once, up front, where it can still be changed (after every
+    refusal: a refused run prints one line). ``besides``: what else the command offers."""
+    from alfa.adapters import METHODS
     from alfa.layers import is_factorized
+    from alfa.serve import serve_refusal
 
-    if not any(map(is_factorized, model.modules())):
+    cls = METHODS[method]
+    refusal = serve_refusal(cls)
+    if refusal is not None:  # truncating would not help: said first, and alone
+        served = [name for name, c in METHODS.items() if serve_refusal(c) is None and name != "correction"]
         print(
-            f"alfa {command}: note: {checkpoint} is not truncated, so each person's {adapter_method} adapter adapts "
+            f"alfa {command}: note: alfa serve refuses the {method} adapters this writes ({refusal}); for alfa serve "
+            f"adapt with a method it serves: {', '.join(served)}{besides}",
+            file=sys.stderr,
+        )
+    elif not cls.trains_prompts and not any(map(is_factorized, model.modules())):
+        print(
+            f"alfa {command}: note: {checkpoint} is not truncated, so each person's {method} adapter adapts "
             f"dense layers: large files, slow to make, that alfa serve refuses (alfa truncate the base first{besides})",
             file=sys.stderr,
         )

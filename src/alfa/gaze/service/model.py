@@ -1,12 +1,13 @@
 """The model side of the gaze service: one shared base and a folder of per-user adapter files, each user's
 adapter loaded the first time they ask (through :class:`alfa.serve.MultiUserModel`, so a user's answer is their
-own personalized model's). The model runs one request at a time under a lock: predictions do not depend on
-how requests interleave.
+own personalized model's) and loaded again when its file changes (a recalibration), dropped when it is deleted.
+The model runs one request at a time under a lock: predictions do not depend on how requests interleave.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import threading
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from alfa.adapters import read_adapter_metadata
+from alfa.adapters import AdapterFileDamaged, read_adapter_metadata
 from alfa.checkpoint import load_model
 from alfa.serve import MultiUserModel
 
@@ -65,33 +66,50 @@ class GazeService:
         self.limits = limits or ServiceLimits()
         self.model = MultiUserModel(base.eval())
         self.note = note
-        self._lock = threading.Lock()
-        # Users whose adapter was refused, with the file's (mtime, size) then: not re-read on every request, so a
-        # client cannot make the server parse a broken file again and again (a changed file is tried again).
-        self._refused: dict[str, tuple[tuple[int, int], str]] = {}
+        self._lock = threading.Lock()  # held around _ensure_user and the model's call: the two dicts below too
+        # Each loaded user's file stamp (inode, mtime, size) when it was loaded: a file replaced since (a
+        # recalibration) is loaded again, a deleted one drops the user, at their next request (one stat a request).
+        self._loaded: dict[str, tuple[int, int, int]] = {}
+        # Users whose adapter was refused, with the file's stamp then and the answer: not re-read on every request,
+        # so a client cannot make the server parse a broken file again and again (a changed file is tried again).
+        self._refused: dict[str, tuple[tuple[int, int, int], int, str]] = {}
 
     def _ensure_user(self, user: str) -> None:
-        if user in self.model.users:
-            return
+        """``user``'s adapter served as its file is now; a :class:`ServiceError` saying why it cannot be."""
         path = self.adapters / adapter_filename(user)
         try:
-            stat = path.stat()
-        except OSError:
+            info = path.stat()
+        except OSError:  # no file (or deleted since it was loaded): nobody to serve, nothing left to hold
+            self._drop(user)
             raise ServiceError(404, f"unknown user {user!r}") from None
-        stamp = (stat.st_mtime_ns, stat.st_size)
+        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)  # a file replaced by a rename has a new inode
+        if self._loaded.get(user) == stamp:
+            return
+        self._drop(user)  # a changed file is this user's adapter now, or none if it does not load
         if user in self._refused and self._refused[user][0] == stamp:
-            raise ServiceError(404, self._refused[user][1])
+            raise ServiceError(*self._refused[user][1:])
         try:
+            self._check_file(path, info)
             self._check_person(user, path)
             self.model.add_user(user, path)
         except (ValueError, RuntimeError, OSError, KeyError) as e:
-            message = f"user {user!r}: their adapter does not load onto this base"
-            if isinstance(e, CalibrationUnderTTA):
-                message = f"user {user!r}: a calibration from labelled images, which this server's --tta would undo"
-            self.note(f"alfa serve: {message}: {e}")
-            self._refused[user] = (stamp, message)
-            raise ServiceError(404, message) from None
+            refusal = _refusal(user, e)
+            self.note(f"alfa serve: {refusal}: {e}")
+            self._refused[user] = (stamp, refusal.status, str(refusal))
+            raise refusal from None
+        self._loaded[user] = stamp
         self._refused.pop(user, None)
+
+    def _drop(self, user: str) -> None:
+        self._loaded.pop(user, None)
+        self.model.remove_user(user, missing_ok=True)
+
+    @staticmethod
+    def _check_file(path: Path, info: os.stat_result) -> None:
+        """A folder (or a pipe, a device) in place of the file is named as such, not as a missing file (the name
+        is there) nor read (a pipe would hold the service's lock for as long as nobody writes to it)."""
+        if not stat.S_ISREG(info.st_mode):
+            raise _NotAFile(path, "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file")
 
     def _check_person(self, user: str, path: Path) -> None:
         """An adapter that records its person (``alfa personalize`` does) is served only under that person's id:
@@ -154,6 +172,29 @@ class GazeService:
     def health(self) -> dict[str, Any]:
         tta = {"tta": self.tta.name, "forward_passes": self.tta.passes} if self.tta else {"forward_passes": 1}
         return {"status": "ok", "users_loaded": len(self.model.users), "input_size": list(self.input_size), **tta}
+
+
+class _NotAFile(OSError):
+    """Something other than a file where a user's adapter file should be: ``what`` it is."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        super().__init__(f"{path} is {what}, not an adapter file")
+        self.what = what
+
+
+def _refusal(user: str, e: Exception) -> ServiceError:
+    """The answer to a user whose adapter does not serve. A file that is damaged or no file is the server's fault,
+    which only its operator can mend: a 500, as a broken adapter's non-finite answer is, not a 404 that says the
+    user is not served here (and that a client or proxy may cache as such)."""
+    if isinstance(e, AdapterFileDamaged):
+        return ServiceError(500, f"user {user!r}: their adapter file is damaged (the server's log has the details)")
+    if isinstance(e, _NotAFile):
+        return ServiceError(500, f"user {user!r}: their adapter file is {e.what} on this server")
+    if isinstance(e, CalibrationUnderTTA):
+        return ServiceError(
+            404, f"user {user!r}: a calibration from labelled images, which this server's --tta would undo"
+        )
+    return ServiceError(404, f"user {user!r}: their adapter does not load onto this base")
 
 
 class _OneUser(torch.nn.Module):

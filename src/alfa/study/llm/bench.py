@@ -135,14 +135,53 @@ def _record_path(out: Path, method: str, lr: float, seed: int) -> Path:
     return out / "records" / f"{method}_lr{lr:g}_seed{seed}.json"
 
 
-def _run(out: Path, key: tuple[str, float, int], work: Any, progress: bool) -> dict[str, Any]:
+def _run(out: Path, key: tuple[str, float, int], work: Any, progress: bool, splits: Sequence[str]) -> dict[str, Any]:
     path = _record_path(out, *key)
     if path.is_file():
-        return read_kept_json(path)
+        return _kept_run(path, key, splits)
     if progress:
         print(f"  adapting: {key[0]} at rate {key[1]:g}, seed {key[2]}", flush=True)
     record = work()
     write_json(path, record)
+    return record
+
+
+def _damaged(path: Path, what: str) -> ValueError:
+    return ValueError(f"{path}: damaged ({what}); delete it to redo what it kept")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _per_task(value: Any) -> bool:
+    """Each task's per-problem values, as a run's ``scores`` of a split and its ``answer_loss`` hold them."""
+    return isinstance(value, dict) and all(
+        isinstance(value.get(t), list) and value[t] and all(map(_number, value[t])) for t in TASKS
+    )
+
+
+def _kept_run(path: Path, key: tuple[str, float, int], splits: Sequence[str]) -> dict[str, Any]:
+    """A run's kept record, checked for what the rate selection, ``bench.json`` and the page read of it: valid
+    JSON that is not this run's record (cut short, edited, another run's) is named here, not met as a KeyError in
+    the selection or copied into ``bench.json``."""
+    record = read_kept_json(path)
+    method, lr, seed = key
+    numbers = ["lr", "seed", "trainable", "adapter_bytes"]
+    numbers += [] if method == "base" else ["step_seconds", "step_memory_bytes"]  # the base trains nothing
+    missing = [k for k in ["method", "scores", *numbers] if k not in record]
+    if missing:
+        raise _damaged(path, f"no {', '.join(map(repr, missing))}")
+    if not all(_number(record[k]) for k in numbers):
+        raise _damaged(path, f"{', '.join(map(repr, numbers))} must be numbers")
+    if (record["method"], record["lr"], record["seed"]) != key:
+        raise _damaged(path, f"the record of {record['method']!r} at rate {record['lr']}, seed {record['seed']}")
+    scores = record["scores"]
+    for split in splits:
+        if not (isinstance(scores, dict) and _per_task(scores.get(split))):
+            raise _damaged(path, f"no {split} scores of every task")
+    if "test" in splits and not _per_task(record.get("answer_loss")):
+        raise _damaged(path, "no answer loss of every task")
     return record
 
 
@@ -180,7 +219,7 @@ def run_bench(config: BenchConfig, out: Path, cache: Path = DEFAULT_CACHE, progr
         }
 
     def add(key: tuple[str, float, int], splits: dict[str, list[Example]]) -> dict[str, Any]:
-        runs.append(_run(out, key, work(*key, splits), progress))
+        runs.append(_run(out, key, work(*key, splits), progress, list(splits)))
         write_json(out / "bench.json", result(complete=False))  # what is done so far, readable at any time
         return runs[-1]
 
@@ -243,13 +282,31 @@ def _step_timing(out: Path, base: Any, methods: list[str], train: list[Example],
     (:func:`timing_record`; one written before the rounds were kept holds the medians alone, and is read as such)."""
     path = out / "timing.json"
     if path.is_file():
-        kept = read_kept_json(path)
-        return kept if "step_seconds" in kept else {"step_seconds": kept}
+        return _kept_timing(path, methods)
     if progress:
         print("  timing the training steps of " + ", ".join(methods) + " in turn", flush=True)
     seconds = interleaved_step_seconds(base, methods, train, config.pretrain.model, config.adapt, progress=progress)
     timing = timing_record(seconds, {"kind": "pretrained", "digest": config.pretrain.digest()}, command)
     write_json(path, timing)
+    return timing
+
+
+def _kept_timing(path: Path, methods: list[str]) -> dict[str, Any]:
+    """``timing.json`` as kept (:func:`_step_timing`), checked for a step time of every method (and, in the form
+    with rounds, every round of each): one without them would leave the page the runs' own times, silently."""
+    kept = read_kept_json(path)
+    timing = kept if "step_seconds" in kept else {"step_seconds": kept}
+    seconds = timing["step_seconds"]
+    if not (isinstance(seconds, dict) and all(_number(seconds.get(m)) for m in methods)):
+        raise _damaged(path, f"no step time of each of {', '.join(methods)}")
+    if "step_seconds" in kept:
+        rounds = kept.get("step_round_seconds")
+        if not (isinstance(rounds, dict) and all(isinstance(rounds.get(m), list) for m in methods)):
+            raise _damaged(path, f"no rounds of each of {', '.join(methods)}")
+        if len({len(rounds[m]) for m in methods}) > 1 or not all(_number(x) for m in methods for x in rounds[m]):
+            raise _damaged(path, "its rounds are not the same number of step times for every method")
+        if not isinstance(kept.get("step_timing"), dict):
+            raise _damaged(path, "no 'step_timing'")
     return timing
 
 
