@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from .guards import (
     adaptation_count,
+    before_personalizing,
     check_labels,
     check_method_fits,
     note_a_dense_base,
     persons_of,
+    prompts_sized_to,
     raise_if_incomplete,
-    refuse_foreign_adapters,
-    refuse_n_adapt_no_one_has,
+    refuse_calibrations,
     tta_column,
 )
 from .options import (
@@ -317,7 +318,9 @@ def _personalize(args: argparse.Namespace) -> None:
     precision = run_precision_of(args, device)
     model, saved = load_model(args.checkpoint)
     model.to(device).eval()
-    check_method_fits(model, method)  # --adapter-rank 100000 is refused now, not after minutes of allocating
+    # --adapter-rank 100000 is refused now, before the data is read, not after minutes of allocating (and again
+    # by before_personalizing, on the method as --init and the data leave it)
+    check_method_fits(model, method)
     if args.init:
         if not type(method).trains_prompts:
             raise ValueError(
@@ -329,8 +332,9 @@ def _personalize(args: argparse.Namespace) -> None:
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
     persons = persons_of(args.persons, data)
-    refuse_n_adapt_no_one_has(data, persons, config.n_adapt)
-    refuse_foreign_adapters(model, data, method, config, args.out, args.replace)
+    given = f"--option image_size={method.image_size}" if "image_size" in key_values(args.option) else None
+    method = prompts_sized_to(data, method, f"--init {args.init}" if args.init else given)
+    before_personalizing(model, data, persons, method, config, args.out, args.replace)
     if method.scope == "layer" and not type(method).trains_prompts:  # prompts and model-scope methods: no layer
         note_a_dense_base(model, "personalize", method.method, args.checkpoint)
     seed_torch_deterministic(config.seed)
@@ -358,19 +362,6 @@ def _evaluation_tta(args: argparse.Namespace) -> Any:
     return tta_of("flip" if args.flip_tta else args.tta)
 
 
-def _refuse_calibrations(tta: Any, folder: Path) -> None:
-    """``--tta`` scores no labelled calibration in ``folder`` (:meth:`alfa.gaze.tta.TTAKind.refuse_calibration`); a
-    file whose header does not read is left to the scoring, which lists it as failed."""
-    from alfa.adapters import read_adapter_metadata
-
-    for path in sorted(folder.glob("*.safetensors")):
-        try:
-            about = read_adapter_metadata(path).get("about") or {}
-        except (ValueError, OSError):
-            continue
-        tta.refuse_calibration(about, str(path))
-
-
 def _evaluate(args: argparse.Namespace) -> None:
     from alfa.checkpoint import load_model
     from alfa.gaze.devices import resolve_device
@@ -384,7 +375,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     tta = _evaluation_tta(args)
     check_labels(args.label, tta and tta.name)
     if tta is not None and args.adapters is not None:
-        _refuse_calibrations(tta, Path(args.adapters))
+        refuse_calibrations(tta, Path(args.adapters))
     n_adapt = adaptation_count(args)  # before any loading: a conflicting --n-adapt is refused at once
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)
