@@ -129,3 +129,28 @@ def test_a_variant_named_by_what_it_is_does_not_repeat_its_name_as_its_setting()
     assert pairs == ["E→M"]
     assert "| Alfa | attention |" in text
     assert "| diagonal gate | — |" in text and "diagonal gate | diagonal gate" not in text
+
+
+def _recording_evidence(by_value):
+    from alfa.study.bench.ablations import Evidence
+
+    e = Evidence.__new__(Evidence)  # only what the verdicts read: which rows, and whose sentences in what order
+    e.by_value, e.present, e.lines, e.said = by_value, set(), [], []
+    e.compare = lambda a, b, what: e.said.append(what)
+    e.sweep = lambda *args: None
+    return e
+
+
+def test_an_ablations_sentences_go_by_the_value_as_a_number_not_as_text():
+    # docs/results.md read "at d=128, d=16, d=32, d=64": the values were sorted as text
+    d = {(f, v): f"{f}[d={v}]" for v in (128, 16, 64, 32) for f in ("alfa", "source-only")}
+    e = _recording_evidence(d)
+    REGISTRY["svd_rank"].verdicts(e)
+    assert e.said == [f"Alfa's gain over its own base at d={v}" for v in (16, 32, 64, 128)]
+    anchor = {(f, w): f"{f}[anchor={w:g}]" for w in (10.0, 0.5, 2.0) for f in ("alfa", "lora")}
+    e = _recording_evidence({("source-only", "none"): "source-only", **anchor})
+    REGISTRY["anchor"].verdicts(e)
+    weights = [s.split("(weight ")[1].split(")")[0] for s in e.said]
+    assert weights == ["0.5"] * 2 + ["2"] * 2 + ["10"] * 2 + ["0.5"] * 2 + ["2"] * 2 + ["10"] * 2 + ["0.5", "2", "10"]
+    mixed = {("alfa", v): str(v) for v in ("none", 128, 2.5, "auto", 16)}
+    assert [lab for _, lab in _recording_evidence(mixed).in_order()] == ["2.5", "16", "128", "auto", "none"]

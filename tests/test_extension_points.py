@@ -2,6 +2,7 @@
 reaches what a user and the benchmark see (the registry, the commands, the benchmark's plan and its report)."""
 
 import argparse
+import contextlib
 import dataclasses
 from typing import ClassVar
 
@@ -17,8 +18,8 @@ from alfa.study.bench.plan import plan_records
 from alfa.study.bench.report_page import render_report
 
 
-@pytest.fixture
-def dummy_method():
+@contextlib.contextmanager
+def _half_lora():
     @register_method
     @dataclasses.dataclass
     class HalfLoraConfig(LoraConfig):
@@ -34,9 +35,16 @@ def dummy_method():
         del METHODS["half_lora"]
 
 
+@pytest.fixture
+def dummy_method():
+    with _half_lora() as config:
+        yield config
+
+
 def test_a_registered_method_gets_a_row_in_the_plan_and_in_table_1(dummy_method):
     assert table_methods() == (*MAIN_METHODS, "half_lora")
-    config = BenchConfig.standard(pairs=("E→M",), seeds=(0,), ablations=())
+    # the presets that are not a declared protocol take every registered method (the standard one: below)
+    config = BenchConfig.full(pairs=("E→M",), seeds=(0,), ablations=())
     config.validate()
     plans = {p.id: p for p in plan_records(config)}
     assert plans["half_lora|E→M|seed0"].variant.adapter == dummy_method()
@@ -52,6 +60,18 @@ def test_a_registered_method_gets_a_row_in_the_plan_and_in_table_1(dummy_method)
     assert _method_config(args) == dummy_method(rank=2)
     table1 = render_report(results).split("## Table 1")[1].split("\n## ")[0]
     assert "| HalfLoRA |" in table1
+
+
+def test_a_registered_method_leaves_the_declared_standard_run_as_declared():
+    # registering a method grew the declared run of docs/results-v2.md from 6525 records to 6651
+    from alfa.study.bench.plan import declared_run
+
+    standard, declared = BenchConfig.standard(), [p.id for p in declared_run("v2")]
+    assert len(declared) == 6525
+    with _half_lora():
+        assert "half_lora" in table_methods()
+        assert BenchConfig.standard() == standard
+        assert [p.id for p in declared_run("v2")] == declared
 
 
 def test_without_it_the_plan_is_the_built_in_one():

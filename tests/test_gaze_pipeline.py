@@ -456,7 +456,7 @@ def test_cli_personalize_after_a_run_where_everyone_failed_needs_no_replace(tmp_
     run += ["--out", str(tmp_path / "ad"), "--steps", "1", "--quiet", "--heads", "2", "--adapter-rank", "2"]
     # more images than any person has: everyone fails (the command refuses that up front; a run where every person
     # fails otherwise, their images unreadable, leaves the same record)
-    monkeypatch.setattr("alfa.cli.gaze.refuse_n_adapt_no_one_has", lambda *args: None)
+    monkeypatch.setattr("alfa.cli.guards.refuse_n_adapt_no_one_has", lambda *args: None)
     assert main([*run, "--n-adapt", "500"]) != 0
     assert "failed for every person" in capsys.readouterr().err
     assert not list((tmp_path / "ad").glob("*.safetensors"))

@@ -20,6 +20,7 @@ import re
 import shlex
 import socket
 import stat
+import string
 import sys
 import time
 import uuid
@@ -37,6 +38,7 @@ __all__ = [
     "write_json",
     "write_safetensors",
     "safe_filename",
+    "PORTABLE_CHARS",
     "check_writable",
     "LOCK_FILE",
     "FolderHeldError",
@@ -303,6 +305,12 @@ def finite_or_none(x: Any) -> Any:
 
 
 _FILENAME_KEEP = frozenset("._=-")
+
+PORTABLE_CHARS = frozenset(string.ascii_letters + string.digits + "._-")
+"""POSIX's portable file name characters: what a person's adapter file is named with
+(:func:`alfa.gaze.evaluate.adapter_filename`) and what a user id ``alfa serve`` takes is made of (its
+``USER_ID``), so that the id of every adapter file the service finds is one it accepts. ASCII: ``str.isalnum``
+also takes ``é``, which no user id is."""
 
 
 def read_kept_json(path: str | os.PathLike, kind: type = dict) -> Any:

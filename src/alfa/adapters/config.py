@@ -14,9 +14,11 @@ import dataclasses
 import functools
 import math
 import re
+import types
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args, get_origin
 
 from torch import nn
 
@@ -94,6 +96,45 @@ def _check_names(field_name: str, value: Any) -> None:
             )
 
 
+@functools.cache
+def _number_fields(cls: type) -> dict[str, tuple[type, bool]]:
+    """The int and float fields of a config class: name -> (``int`` or ``float``, whether ``None`` is allowed).
+
+    Read from the resolved annotations, not their text: a class written without ``from __future__ import
+    annotations`` holds real types (``float``, ``float | None``) and ``Optional[float]`` is other text, and
+    each of them went unchecked while the text was matched.
+    """
+    try:
+        hints = typing.get_type_hints(cls)
+    except (NameError, TypeError):
+        # A name only a type checker sees (imported under TYPE_CHECKING): resolve field by field, so that
+        # the number fields beside it are still checked.
+        hints = {}
+        for f in dataclasses.fields(cls):
+            try:
+                hints[f.name] = typing.get_type_hints(_annotated(f.name, cls))["x"]
+            except (NameError, TypeError, SyntaxError):
+                continue
+    out = {}
+    for f in dataclasses.fields(cls):
+        hint, optional = hints.get(f.name), False
+        if get_origin(hint) in (typing.Union, types.UnionType):
+            args = get_args(hint)
+            optional = type(None) in args
+            rest = [a for a in args if a is not type(None)]
+            hint = rest[0] if len(rest) == 1 else None
+        if hint is int or hint is float:
+            out[f.name] = (hint, optional)
+    return out
+
+
+def _annotated(name: str, cls: type) -> type:
+    # A stand-in holding one field's annotation in the module of the class that wrote it, for get_type_hints.
+    owner = next(c for c in cls.__mro__ if name in c.__dict__.get("__annotations__", {}))
+    annotation = owner.__dict__["__annotations__"][name]
+    return type("_OneField", (), {"__annotations__": {"x": annotation}, "__module__": owner.__module__})
+
+
 @dataclass(kw_only=True)
 class AdapterConfig:
     """Options every method shares.
@@ -156,19 +197,17 @@ class AdapterConfig:
                 f"modules_to_save applies to methods that wrap layers; {self.method} already trains the model's own "
                 "parameters (widen its target to train more of them)"
             )
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-            if kind.endswith(" | None") and value is None:
+        for name, (kind, optional) in _number_fields(type(self)).items():
+            value = getattr(self, name)
+            if optional and value is None:
                 continue
-            kind = kind.removesuffix(" | None")
-            if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"{type(self).__name__}.{f.name} must be an integer, got {value!r}")
-            if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise ValueError(f"{type(self).__name__}.{f.name} must be a number, got {value!r}")
+            if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{type(self).__name__}.{name} must be an integer, got {value!r}")
+            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"{type(self).__name__}.{name} must be a number, got {value!r}")
             # An infinite scale or σ passes every sign check and turns the attached model's outputs into NaN.
-            if kind == "float" and isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{type(self).__name__}.{f.name} must be a finite number, got {value!r}")
+            if kind is float and isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{type(self).__name__}.{name} must be a finite number, got {value!r}")
 
     def build(self, base: nn.Module) -> nn.Module:
         """Wrap one base layer in the method's :class:`~alfa.adapters.layer.AdaptedLayer` (layer-scope methods)."""

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from .guards import (
     adaptation_count,
+    before_personalizing,
     check_labels,
     check_method_fits,
     note_what_serve_refuses,
     persons_of,
+    prompts_sized_to,
     raise_if_incomplete,
     refuse_calibrations_under_tta,
-    refuse_foreign_adapters,
-    refuse_n_adapt_no_one_has,
     tta_column,
 )
 from .options import (
@@ -318,7 +318,9 @@ def _personalize(args: argparse.Namespace) -> None:
     precision = run_precision_of(args, device)
     model, saved = load_model(args.checkpoint)
     model.to(device).eval()
-    check_method_fits(model, method)  # --adapter-rank 100000 is refused now, not after minutes of allocating
+    # --adapter-rank 100000 is refused now, before the data is read, not after minutes of allocating (and again
+    # by before_personalizing, on the method as --init and the data leave it)
+    check_method_fits(model, method)
     if args.init:
         if not type(method).trains_prompts:
             raise ValueError(
@@ -330,8 +332,9 @@ def _personalize(args: argparse.Namespace) -> None:
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
     persons = persons_of(args.persons, data)
-    refuse_n_adapt_no_one_has(data, persons, config.n_adapt)
-    refuse_foreign_adapters(model, data, method, config, args.out, args.replace)
+    given = f"--option image_size={method.image_size}" if "image_size" in key_values(args.option) else None
+    method = prompts_sized_to(data, method, f"--init {args.init}" if args.init else given)
+    before_personalizing(model, data, persons, method, config, args.out, args.replace)
     note_what_serve_refuses(model, "personalize", method.method, args.checkpoint)
     seed_torch_deterministic(config.seed)
     if not args.quiet:

@@ -1,11 +1,14 @@
 """What the gaze commands check before they work, and after: the adaptation count ``evaluate`` leaves out, its
-column labels, an adapter method against the model it will adapt, what ``--replace`` may remove, and whether an
-evaluation scored everyone. Each raises ``ValueError`` or ``RuntimeError`` with one line for :func:`alfa.cli.main`.
+column labels and the calibrations its ``--tta`` would undo, what ``alfa personalize`` and ``alfa tpgaze
+personalize`` check before adapting anyone (:func:`before_personalizing`), what ``--replace`` may remove, and
+whether an evaluation scored everyone. Each raises ``ValueError`` or ``RuntimeError`` with one line for
+:func:`alfa.cli.main`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -17,11 +20,14 @@ from .options import refuse_listed_twice
 
 __all__ = [
     "adaptation_count",
+    "before_personalizing",
     "check_labels",
     "check_method_fits",
     "note_what_serve_refuses",
     "persons_of",
+    "prompts_sized_to",
     "raise_if_incomplete",
+    "refuse_calibrations_under_tta",
     "refuse_foreign_adapters",
     "refuse_n_adapt_no_one_has",
     "remove_listed",
@@ -49,9 +55,50 @@ def check_labels(label: str, tta: str | None) -> None:
         raise ValueError(f"--label {label!r} is the name of the {label} column already in the report: choose another")
 
 
+def before_personalizing(
+    model: nn.Module, data: Any, persons: list[str] | None, method: Any, config: Any, out: str, replace: bool
+) -> None:
+    """Every check ``alfa personalize`` and ``alfa tpgaze personalize`` make before adapting anyone, here once so
+    that neither command skips one (``tpgaze personalize`` did): the method's sizes fit the model, some person has
+    the adaptation images plus one to score (each would fail otherwise), and ``--out`` holds no other run's
+    adapters; that one last, since ``--replace`` removes files. A method that trains prompts has them sized to
+    the data first (:func:`prompts_sized_to`)."""
+    check_method_fits(model, method)
+    refuse_n_adapt_no_one_has(data, persons, config.n_adapt)
+    refuse_foreign_adapters(model, data, method, config, out, replace)
+
+
+def prompts_sized_to(data: Any, method: Any, sized_by: str | None) -> Any:
+    """``method`` with the prompts of a method that trains them (TPGaze) sized to ``data``'s images, whose size
+    they are made for (the config's default, 224, failed every person of other data). ``sized_by``: the option
+    that chose the size, kept (``--option image_size=N``; ``--init FILE``/``--meta FILE``, meta-trained prompts)
+    and refused in one line naming it where it is not the images'; ``None``: none did. Other methods pass as
+    they are."""
+    from alfa.gaze.tpgaze import square_image_size
+
+    if not type(method).trains_prompts:
+        return method
+    size = square_image_size(data, data.person_indices(data.persons()[0])[0])
+    if sized_by is None:
+        return dataclasses.replace(method, image_size=size)
+    if method.image_size != size:
+        n = method.image_size
+        remedy = (
+            f"use --option image_size={size}, or leave it out to size them from the data"
+            if sized_by.startswith("--option")
+            else "meta-train prompts on images of this size (alfa tpgaze meta-train)"
+        )
+        raise ValueError(
+            f"{sized_by}: TPGaze's prompts are sized for {n}×{n} images, and those of {data.name} are "
+            f"{size}×{size}; {remedy}"
+        )
+    return method
+
+
 def check_method_fits(model: nn.Module, method: Any) -> None:
     """The method's sizes (rank, heads) fit the layers it will adapt in ``model``: refused at once, before any
-    data is read (:func:`alfa.adapters.select.check_sizes`); a method that adapts no layer passes."""
+    data is read where the command can (:func:`alfa.adapters.select.check_sizes`); a method that adapts no layer
+    passes."""
     from alfa.adapters.select import check_sizes
 
     if getattr(method, "scope", "layer") == "layer":

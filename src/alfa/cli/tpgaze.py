@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from .gaze import open_spec, seed_torch_deterministic
-from .guards import persons_of, refuse_foreign_adapters
+from .guards import before_personalizing, persons_of, prompts_sized_to
 from .options import (
     allow_partial_option,
     at_least,
@@ -141,9 +141,10 @@ def _personalize(args: argparse.Namespace) -> None:
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)  # once, not a failure per person
     persons = persons_of(args.persons, data)
-    method = tpgaze_method(model, data, args.meta)
-    # the folder's adapters of another method, recipe or base are not this run's to replace unasked
-    refuse_foreign_adapters(model, data, method, config, args.out, args.replace)
+    method = prompts_sized_to(data, tpgaze_method(model, data, args.meta), args.meta and f"--meta {args.meta}")
+    # the checks alfa personalize --method tpgaze makes; the folder's adapters of another method, recipe or base
+    # are not this run's to replace unasked
+    before_personalizing(model, data, persons, method, config, args.out, args.replace)
     seed_torch_deterministic(config.seed)
     with forward_precision(run_precision_of(args, device)):
         run = personalize_dataset(model, data, method, config, args.out, persons=persons, progress=not args.quiet)

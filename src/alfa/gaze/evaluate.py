@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from alfa.adapters import adapter_state, detach, load_adapter, read_adapter_metadata
-from alfa.fileio import write_json
+from alfa.fileio import PORTABLE_CHARS, write_json
 
 from .data.base import GazeDataset, images_differ, unit_images
 from .geometry import angular_error
@@ -228,8 +228,12 @@ RECORD_FILE = "personalization.json"
 
 
 def adapter_filename(person: str) -> str:
-    """File name of a person's adapter: the id with anything but ``[A-Za-z0-9._-]`` replaced by ``_``."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in person)
+    """File name of a person's adapter: the id with anything but ``[A-Za-z0-9._-]`` replaced by ``_``.
+
+    ASCII (:data:`alfa.fileio.PORTABLE_CHARS`), not :func:`alfa.fileio.safe_filename`'s rule: that one keeps
+    ``=`` and non-ASCII letters, which no user id ``alfa serve`` takes has, and every ASCII id keeps the name it
+    always had."""
+    safe = "".join(c if c in PORTABLE_CHARS else "_" for c in person)
     return f"{safe or '_'}.safetensors"
 
 

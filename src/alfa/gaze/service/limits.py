@@ -35,6 +35,8 @@ TOKEN_ENV = "ALFA_SERVE_TOKEN"
 """The environment variable ``alfa serve`` reads its token from when ``--token`` is not given (an option is
 visible to every user of the machine in the process list; the environment is not)."""
 
+# fileio.PORTABLE_CHARS, the characters of an adapter's file name, starting with a letter or digit; ASCII
+# ranges, so that every id taken names its file unchanged.
 USER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 TOKEN = re.compile(r"[!-~]+")  # printable ASCII, no spaces: what an Authorization header carries unchanged
 MIN_TOKEN_CHARS = 16

@@ -107,6 +107,18 @@ class Evidence:
         self.present = {m for (m, _, _) in idx}
         self.lines: list[str] = []
 
+    def in_order(self) -> list[tuple[tuple[str, Any], str]]:
+        """``by_value``'s items by family, then by value: numbers by size (``d=16`` before ``d=128``, which their
+        text put after), anything else after them by its text; rows that tie keep their order."""
+
+        def key(item: tuple[tuple[str, Any], str]) -> tuple[str, int, float, str]:
+            (family, value), _ = item
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return (family, 0, value, "")
+            return (family, 1, 0.0, str(value))
+
+        return sorted(self.by_value.items(), key=key)
+
     def shared(self, a: str, b: str, d: Diff, pairs: Sequence[str]) -> str:
         """``", on seeds 3–5 (those both rows have)"`` where ``d`` is on other seeds than either row's mean over
         ``pairs``: a difference pairs the rows seed by seed, while the table gives each row's mean over its own
@@ -375,7 +387,7 @@ def _svd_rank_rows(r: Rows) -> list[Variant]:
 def _svd_rank_verdicts(e: Evidence) -> None:
     e.sweep("source-only", "d")
     e.sweep("alfa", "d")
-    for (f, v), lab in sorted(e.by_value.items(), key=lambda t: str(t[0])):
+    for (f, v), lab in e.in_order():
         if f == "alfa":
             base = e.by_value.get(("source-only", v))
             if base:
@@ -583,7 +595,7 @@ def _anchor_rows(r: Rows) -> list[Variant]:
 
 
 def _anchor_verdicts(e: Evidence) -> None:
-    for (f, v), lab in sorted(e.by_value.items(), key=lambda t: str(t[0])):
+    for (f, v), lab in e.in_order():
         if f in ("alfa", "lora") and v:
             e.compare(lab, f, f"{display_name(f)} with the pitch anchor (weight {v:g}) against without")
             e.compare(
@@ -593,7 +605,7 @@ def _anchor_verdicts(e: Evidence) -> None:
             if d is not None:
                 on = e.shared(lab, f, d, e.pairs)
                 e.lines.append(f"Pitch error{on}, {display_name(lab)} − {display_name(f)} = {d.describe()}.")
-    for (f, v), lab in sorted(e.by_value.items(), key=lambda t: str(t[0])):
+    for (f, v), lab in e.in_order():
         if f == "alfa" and v and ("lora", v) in e.by_value:
             e.compare(lab, e.by_value[("lora", v)], f"With the pitch anchor (weight {v:g}), Alfa against LoRA")
 

@@ -76,7 +76,8 @@ label-free personalization, so never a row of Table 1 (docs/user-calibration.md 
 def table_methods() -> tuple[str, ...]:
     """Table 1's methods: :data:`MAIN_METHODS` in its order, then every other registered adapter method (in
     registration order) that is not one of :data:`ALFA_VARIANTS` or :data:`USER_CALIBRATION_FORMS`. Registering
-    a method (``@register_method``) is all it takes to give it a row."""
+    a method (``@register_method``) is all it takes to give it a row, in every preset but the standard one, a
+    declared protocol whose rows are written out (:data:`alfa.study.bench.config.STANDARD_METHODS`)."""
     return MAIN_METHODS + tuple(
         m for m in METHODS if m not in MAIN_METHODS and m not in ALFA_VARIANTS and m not in USER_CALIBRATION_FORMS
     )

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .ablations import REGISTRY, ablation_variants
-from .config import BenchConfig, selectable_methods, split_pair
+from .config import BenchConfig, split_pair
 from .methods import (
     CONSTRUCTED_CONTROL_ROWS,
     CONSTRUCTED_CONTROL_SEEDS,
@@ -125,7 +125,7 @@ def declared_run_parts(worlds: str) -> dict[str, list[RecordPlan]]:
     standard = BenchConfig.standard()
     methods = standard.methods + EXTRA_METHODS + OPT_IN_METHODS + calibration_rows()
     every_row = dataclasses.replace(standard, seeds=FIRST_SEEDS, methods=methods)
-    selectable = selectable_methods()
+    selectable = standard.selected_methods  # the preset's declared list, not the registry's today
     family = dataclasses.replace(
         standard,
         pairs=PAIRS,
