@@ -237,8 +237,8 @@ CRATE = Command(
             description="Train a tiny CRATE and a tiny ViT (same width, depth, heads) on the synthetic source for a "
             "few epochs on CPU, measure their in-domain and cross-domain errors and per-layer probe curves, then "
             "truncate the CRATE and personalize it with Alfa per target person. Writes DIR/results.json and "
-            "DIR/probes.png and prints a table (docs/crate-gaze.md). The default takes about 6 minutes on one "
-            "thread.",
+            "DIR/probes.png and prints a table (docs/crate-gaze.md, which records the committed run's wall time "
+            "and machine; --quick is a check of the chain in a minute or two).",
             add_arguments=_gaze_arguments,
             run=_gaze,
             outputs={"out": True, "markdown": False},
