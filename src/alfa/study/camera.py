@@ -166,7 +166,8 @@ def camera_page(record: dict[str, Any], command: str, figure: str) -> str:
             "The first command is deterministic on one kind of CPU; another kind trains another model (its kernels "
             "round differently, and two epochs on synthetic faces leave a real face's gaze free to land far from "
             "this one), so its gaze differs from the one below while the face, landmarks, head pose "
-            "and crop do not. `skimage:astronaut` is a photo inside scikit-image's wheel (NASA's "
+            "and crop do not. `skimage:astronaut` is a photo inside scikit-image's wheel (installed by the `dev` "
+            "extra, not the `camera` one: `pip install scikit-image`; NASA's "
             "portrait of Eileen Collins, public domain); any photo file works the same. The JSON `alfa predict` "
             "printed (and wrote with `--json`):",
             "",
