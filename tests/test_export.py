@@ -246,6 +246,10 @@ def test_the_multi_user_model_exports_with_each_layers_mix_as_an_input(tmp_path)
             moved = float((served(x, users)[i] - alone[i]).norm() / alone[i].norm())
             assert moved > 2e-5 if user is not None else moved < 1e-7, (user, moved)
     assert all(layer.mix is None for layer in mixed._layers.values())  # no batch's mix kept past its call
+    # strict torch.export traces the call without the lock threads share it by (a Python lock it would refuse)
+    program = torch.export.export(mixed, inputs, strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(*inputs), mixed(*inputs))
     names = ["images", *[f"mix_{i}" for i in range(len(inputs) - 1)]]
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")

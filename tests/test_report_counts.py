@@ -344,3 +344,14 @@ def test_a_best_of_choice_says_it_was_made_among_the_rows_with_the_most_seeds_an
     assert "with flip-TTA on top (chosen among the 1 with the most seeds, all 4 seeds), the lowest" in chosen
     assert left_out.startswith("On S→W, of the 1 rows with fewer seeds, the lowest mean error is Alfa's, on seeds 0–1")
     assert "Alfa + flip-TTA − flip-TTA = −1.00°" in left_out
+
+
+def test_a_row_left_out_for_fewer_seeds_is_named_only_for_a_gain():
+    """Where no row gains (the least harm is named), a fewer-seed row that also harms is no "largest gain"."""
+    from alfa.study.bench.flip_report import _harmless_best
+
+    records = [row("source-only", s, 15.0 + s, "S→W") for s in range(4)]
+    records += [row("lora", s, 15.0 + s + d, "S→W") for s, d in enumerate((0.5, -0.1, 0.6, -0.1))]  # +0.225
+    records += [row("alfa", s, 15.0 + s + d, "S→W") for s, d in enumerate((0.1, 0.0))]  # +0.05 on two: no gain
+    lines = _harmless_best(index_records(records), ["source-only", "lora", "alfa"], ["S→W"], {"S→W": {"ceiling": 0}})
+    assert len(lines) == 1 and "none lowers the mean error below source-only; the least harm: LoRA" in lines[0]

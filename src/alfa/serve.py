@@ -16,12 +16,14 @@ dimensions between: a transformer's N×tokens×C), so CNNs and the registry's CR
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -91,6 +93,13 @@ class _CallLock:
 
     def __reduce__(self):  # noqa: ANN204 — pickle's protocol
         return (_CallLock, ())
+
+    def around_call(self) -> Any:
+        """The context a served model's call runs in: this lock, or none while torch traces the call (a graph
+        traced for export or compilation holds no Python lock, and strict ``torch.export`` refuses one)."""
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return contextlib.nullcontext()
+        return self
 
 
 def _wrap_factorized(base: nn.Module, wrapper: type[_ServedLayer]) -> tuple[nn.Module, dict[str, _ServedLayer]]:
@@ -340,7 +349,7 @@ class MultiUserModel(nn.Module):
         users = _user_list(users)
         if len(users) != images.shape[0]:
             raise ValueError(f"{images.shape[0]} images but {len(users)} user ids")
-        with self._lock:  # the layers hold this call's users until it returns (the class docstring)
+        with self._lock.around_call():  # the layers hold this call's users until it returns (the class docstring)
             _refuse_unknown(users, self._users)
             _refuse_train_mode(self)
             for layer in self._layers.values():
@@ -465,7 +474,7 @@ class MixedBatchModel(nn.Module):
                                  "d×d matrix per image")  # fmt: skip
             if mix.dtype != layer.base.U.dtype:
                 raise ValueError(f"{name}: the mix is {mix.dtype}, the model {layer.base.U.dtype}")
-        with self._lock:  # the layers hold this call's mixes until it returns (the class docstring)
+        with self._lock.around_call():  # the layers hold this call's mixes until it returns (the class docstring)
             for layer, mix in zip(self._layers.values(), mixes):
                 layer.mix = mix
             try:

@@ -194,6 +194,8 @@ def _gaze(args: argparse.Namespace) -> None:
             config, args.out, progress=not args.quiet, command=_gaze_command_line(args), replace=args.replace
         )
     except CheckpointError as e:  # a stage's own refusal says to delete its file; this command has an option for it
+        if args.replace:
+            raise
         raise CheckpointError(f"{e} (or add --replace: this command's folders in --out start over)") from None
     print()
     print(format_summary(results))

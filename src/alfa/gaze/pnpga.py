@@ -10,9 +10,10 @@ What it does, as its authors' public scripts run it (read for the facts; our cod
   :func:`train_snapshot_members` keeps the last ``K`` epochs of one.
 * **The outlier-guided loss** (:func:`outlier_loss`): for each image and each angle, the teachers' mean and
   (unbiased) standard deviation over the ensemble define a normal law; a student's prediction whose z-score
-  lies beyond the two-sided 5 % threshold (``|z| > 1.645``) is penalized by ``|z|`` (summed), plus ``γ = 0.01``
-  times the L1 distance of its CDF value from that of the mean (0.5). Applied in both directions (the
-  teachers' predictions against the students' law as well), each weighted ``0.1`` (their script's default).
+  lies beyond the 5 % threshold of either tail (``|z| > 1.645``, 10 % in both together) is penalized by ``|z|``
+  (summed), plus ``γ = 0.01`` times the L1 distance of its CDF value from that of the mean (0.5). Applied in both
+  directions (the teachers' predictions against the students' law as well), each weighted ``0.1`` (their script's
+  default).
 * **Feature consistency** (:func:`feature_consistency`): between each student's and its teacher's features
   (the input of the last linear layer), ``β = 0.01`` times half the sum of the two Kullback–Leibler
   divergences of their softmaxes: what their script computes under the name Jensen–Shannon.

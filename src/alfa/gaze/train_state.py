@@ -187,8 +187,9 @@ def _check_identity(
     theirs, ours = _comparable(saved.get("train_config", {})), _comparable(mine["train_config"])
     if theirs != ours:  # only what differs: the whole config is a dozen keys the reader would have to compare
         keys = sorted(set(theirs) | set(ours), key=lambda key: (key not in ours, key))
+        missing = object()  # a key absent on one side differs even from a None on the other
         differing = [f"{key} {theirs.get(key, '(none)')!r} vs {ours.get(key, '(none)')!r}" for key in keys
-                     if theirs.get(key) != ours.get(key)]  # fmt: skip
+                     if theirs.get(key, missing) != ours.get(key, missing)]  # fmt: skip
         problems.append(f"training config: {', '.join(differing)}")
     if problems:
         raise CheckpointError(

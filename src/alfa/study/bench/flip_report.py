@@ -67,14 +67,14 @@ def _choice_words(chosen: list[tuple[float, str, Any]], every: Iterable[int], of
 
 def _fewer_seeds_line(
     candidates: list[tuple[float, str, Any]], chosen: list[tuple[float, str, Any]], pair: str, what: str, minus: str,
-    every: Iterable[int],
+    every: Iterable[int], gains_only: bool = False,
 ) -> list[str]:  # fmt: skip
     """A sentence naming the lowest of the ``(value, row, Diff)`` rows left out of a best-of choice for having fewer
     seeds, where it is below the chosen lowest (the sentence before it names that one): a summary must not hide
     a larger gain. ``what`` names what is lowest, ``minus`` completes the difference after the row's name."""
     fewer = [c for c in candidates if c not in chosen]
-    if not fewer or min(fewer)[0] >= min(chosen)[0]:
-        return []
+    if not fewer or min(fewer)[0] >= min(chosen)[0] or (gains_only and min(fewer)[0] >= 0):
+        return []  # nothing lower left out; or, where only a gain is worth naming, a row that gains nothing
     _, m, d = min(fewer)
     return [
         f"On {pair}, of the {len(fewer)} rows with fewer seeds, {what} {_name(m)}'s, on "
@@ -268,7 +268,9 @@ def _harmless_best(idx: Index, main: Sequence[str], pairs: Sequence[str], ceil) 
         by_difference = [(dd.mean, row, dd) for _, row, dd in candidates]  # the lowest difference: the largest gain
         chosen_rows = [(dd.mean, row, dd) for _, row, dd in chosen]
         minus = " − source-only"
-        lines += _fewer_seeds_line(by_difference, chosen_rows, pair, "the largest gain is", minus, seeds_of(idx))
+        lines += _fewer_seeds_line(
+            by_difference, chosen_rows, pair, "the largest gain is", minus, seeds_of(idx), gains_only=True
+        )
     return lines
 
 
