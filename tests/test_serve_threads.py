@@ -88,6 +88,10 @@ def test_two_threads_calling_one_multi_user_model_each_get_their_users(base):
     # a copy gets its own lock (a lock cannot be copied) and serves the same
     for copied in (copy.deepcopy(served), pickle.loads(pickle.dumps(served))):
         assert _same(copied(x, ["bob"] * 3), expected["bob"])
+    # one pickled before the locks existed (its state has none) gets its own on loading, and serves
+    older = copy.deepcopy(served)
+    del older.__dict__["_lock"], older.__dict__["_load_lock"]
+    assert _same(pickle.loads(pickle.dumps(older))(x, ["bob"] * 3), expected["bob"])
 
 
 def test_two_threads_calling_one_mixed_batch_model_each_get_their_mixes(base):
@@ -107,3 +111,7 @@ def test_two_threads_calling_one_mixed_batch_model_each_get_their_mixes(base):
     first, second = _interleaved(mixed.model.bn1, lambda: call("ann"), lambda: call("bob"))
     assert _same(first, expected["ann"]), first
     assert _same(second, expected["bob"]), second
+    older = copy.deepcopy(mixed)
+    del older.__dict__["_lock"]  # as pickled before the lock existed
+    with torch.no_grad():
+        assert _same(pickle.loads(pickle.dumps(older))(x, *mixes["bob"]), expected["bob"])

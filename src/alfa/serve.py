@@ -102,6 +102,15 @@ class _CallLock:
         return self
 
 
+def _with_locks(module: nn.Module, state: dict[str, Any], names: tuple[str, ...]) -> None:
+    """``nn.Module.__setstate__`` plus the call locks a model pickled before they existed lacks (each copy gets
+    locks of its own, as :class:`_CallLock` does in a pickle)."""
+    nn.Module.__setstate__(module, state)
+    for name in names:
+        if name not in module.__dict__:
+            module.__dict__[name] = _CallLock()
+
+
 def _wrap_factorized(base: nn.Module, wrapper: type[_ServedLayer]) -> tuple[nn.Module, dict[str, _ServedLayer]]:
     """A copy of ``base`` in eval mode with every factorized layer inside ``wrapper(layer)``; the wrappers by name."""
     model = copy.deepcopy(base).eval()
@@ -269,6 +278,9 @@ class MultiUserModel(nn.Module):
         self._lock = _CallLock()  # the served state: the layers' per-call users, the users' terms
         self._load_lock = _CallLock()  # the scratch copy a file is loaded into
         self.eval()  # it serves; .train() is refused at the next forward
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _with_locks(self, state, ("_lock", "_load_lock"))
 
     @property
     def users(self) -> list[str]:
@@ -462,6 +474,9 @@ class MixedBatchModel(nn.Module):
         self.layer_names = list(self._layers)
         self._lock = _CallLock()
         self.eval()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _with_locks(self, state, ("_lock",))
 
     def forward(self, images: Tensor, *mixes: Tensor) -> Tensor:
         if len(mixes) != len(self.layer_names):
