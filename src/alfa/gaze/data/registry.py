@@ -18,7 +18,7 @@ splits for the source datasets (:func:`split_persons`, :class:`PersonSubset`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +100,7 @@ class DatasetKind:
     aliases: tuple[str, ...] = ()
     options: tuple[str, ...] | None = None  # the options its opener takes; None: not checked here
     what: str = "this kind of dataset"  # how a refusal of an option names the data
+    option_types: tuple[tuple[str, Callable[[str], object]], ...] = ()  # its own query options' parsers
 
 
 # Kinds in registration order (alfa.gaze.data imports the loaders in a fixed order, so the messages that
@@ -115,18 +116,25 @@ def register_dataset(
     aliases: Sequence[str] = (),
     options: Sequence[str] | None = None,
     what: str = "this kind of dataset",
+    option_types: Mapping[str, Callable[[str], object]] | None = None,
 ) -> Callable[[DatasetOpener], DatasetOpener]:
     """Decorator: make ``opener`` the one that opens specs ``<name>:…`` (and ``<alias>:…``).
 
     ``form`` is the spec's shape for error messages, e.g. ``"gazehub:<dataset>:<root>"``. ``options``: the
     options (of the spec or the keyword arguments) the opener takes; :func:`open_dataset` refuses any other in
-    one line naming ``what`` the data is, before the opener runs. A loader module registers its opener at import;
+    one line naming ``what`` the data is, before the opener runs. ``option_types``: how a query option of this kind
+    alone is read from its text (``{"fps": int}``; the shared ones, ``size``, ``seed``…, are read by the registry:
+    a kind's own parser of one of those is refused). A loader module registers its opener at import;
     :mod:`alfa.gaze.data` imports every built-in loader module.
     """
 
     def decorate(opener: DatasetOpener) -> DatasetOpener:
         taken = None if options is None else tuple(options)
-        kind = DatasetKind(name.lower(), form, opener, tuple(a.lower() for a in aliases), taken, what)
+        own = tuple((option_types or {}).items())
+        shared = [key for key, _ in own if key in _OPTION_TYPES]
+        if shared:  # one option, one meaning everywhere a spec is read
+            raise ValueError(f"dataset kind {name!r}: {', '.join(shared)} is read by the registry for every kind")
+        kind = DatasetKind(name.lower(), form, opener, tuple(a.lower() for a in aliases), taken, what, own)
         for key in (kind.name, *kind.aliases):
             if key in _BY_NAME:
                 raise ValueError(f"dataset kind {key!r} is already registered")
@@ -209,19 +217,21 @@ def _parse_bool(key: str, value: str) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
-def _parse_options(spec: str, query: str, known: Sequence[str] | None = None) -> dict:
-    """The options of a spec's query, typed; ``known``: the options its kind takes (the ones a bad option's error
-    lists; ``None``: every kind's)."""
+def _parse_options(spec: str, query: str, kind: DatasetKind | None = None) -> dict:
+    """The options of a spec's query, typed by the registry's parsers and ``kind``'s own; ``kind``'s options are
+    the ones a bad option's error lists (``None``: every shared one)."""
+    types = {**_OPTION_TYPES, **dict(kind.option_types if kind else ())}
+    known = None if kind is None else kind.options
     options: dict = {}
     for item in filter(None, query.split("&")):
         key, sep, value = item.partition("=")
-        if not sep or key not in _OPTION_TYPES:
-            listed = ", ".join(k for k in _OPTION_TYPES if known is None or k in known)  # those a query can set
+        if not sep or key not in types:
+            listed = ", ".join(k for k in types if known is None or k in known)  # those a query can set
             raise ValueError(f"dataset spec {spec!r}: bad option {item!r}; options are {listed}")
         if key in options:
             raise ValueError(f"dataset spec {spec!r}: option {key!r} given twice")
         try:
-            options[key] = _OPTION_TYPES[key](value)
+            options[key] = types[key](value)
         except ValueError as err:
             raise ValueError(f"dataset spec {spec!r}: option {item!r}: {err}") from err
     return options
@@ -239,7 +249,7 @@ def open_dataset(spec: str | DatasetSpec, **kw: Any) -> GazeDataset:
     if kind not in _BY_NAME:
         raise ValueError(f"dataset spec {spec!r}: unknown kind {kind!r}; expected one of {forms}")
     found = _BY_NAME[kind]
-    options = {**_parse_options(spec, query, found.options), **kw}
+    options = {**_parse_options(spec, query, found), **kw}
     unknown = [] if found.options is None else sorted(set(options) - set(found.options))
     if unknown:  # another kind's option: once a TypeError from deep inside the opener
         raise ValueError(
