@@ -56,7 +56,9 @@ def test_a_calibration_folder_of_another_dataset_of_the_same_name_is_refused_and
     config = CalibrateConfig(method="offset", k=2, pool=8)
     calibrate_dataset(base, _dataset(seed=0), config, tmp_path, progress=False)
     before = (tmp_path / "p0.safetensors").read_bytes()
-    with pytest.raises(ValueError, match=r"its file for 'p0' was made from the images of another dataset named 'toy'"):
+    with pytest.raises(
+        ValueError, match=r"its calibration for 'p0' was made from the images of another dataset named 'toy'"
+    ):
         calibrate_dataset(base, _dataset(seed=1), config, tmp_path, progress=False)
     assert (tmp_path / "p0.safetensors").read_bytes() == before
     again = calibrate_dataset(base, _dataset(seed=0), config, tmp_path, progress=False)
@@ -183,3 +185,18 @@ def test_a_label_free_adapters_file_holds_nothing_of_the_labels_and_its_checks_r
     report = evaluate(base, relabelled, adapters=tmp_path / "ad", n_adapt=5, progress=False)
     assert "made from the images of another dataset named 'toy': the labels differ" in report.failed["p0"]
     assert "p1" not in report.failed
+
+
+def test_two_persons_files_swapped_by_hand_are_named_as_such_not_as_another_dataset(base, tmp_path):
+    """Each file records its person: one found under another person's name says so (the message said "made from
+    the images of another dataset", which sent the user looking for the wrong thing), and nothing is rewritten."""
+    config = CalibrateConfig(method="offset", k=2, pool=8)
+    calibrate_dataset(base, _dataset(seed=0), config, tmp_path, progress=False)
+    first, second = (tmp_path / "p0.safetensors"), (tmp_path / "p1.safetensors")
+    a, b = first.read_bytes(), second.read_bytes()
+    first.write_bytes(b), second.write_bytes(a)
+    with pytest.raises(
+        ValueError, match=r"its file for 'p0' holds the calibration of person 'p1' \(renamed or swapped"
+    ):
+        calibrate_dataset(base, _dataset(seed=0), config, tmp_path, progress=False)
+    assert first.read_bytes() == b and second.read_bytes() == a

@@ -68,7 +68,7 @@ from .evaluate import RECORD_FILE, adapter_filename, load_examples, load_images,
 from .faze import personalize_faze
 from .geometry import flip_yaw
 from .losses import finite_or_raise, l1_per_image
-from .personalize import listed_files
+from .personalize import listed_files, made_from_other_images
 
 __all__ = [
     "CalibrateConfig",
@@ -552,13 +552,12 @@ def _other_images(out: Path, dataset: GazeDataset, persons: dict[str, Any]) -> s
         if person not in here or not (isinstance(entry, dict) and entry.get("status") in DONE and path.is_file()):
             continue
         try:
-            saved = read_adapter_metadata(path).get("about", {}).get("data")
+            about = read_adapter_metadata(path).get("about", {})
         except (ValueError, OSError):
             continue  # a file that does not read is no one's: this run redoes that person
-        mismatch = images_differ(saved, dataset, person)
+        mismatch = made_from_other_images(about, dataset, person, "calibration")
         if mismatch is not None:
-            named = f"another dataset named {dataset.name!r}"
-            return f"its file for {person!r} was made from the images of {named}: {mismatch}"
+            return mismatch
     return None
 
 

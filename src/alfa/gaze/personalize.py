@@ -450,10 +450,9 @@ def foreign_adapters(
         except (ValueError, OSError):
             continue  # a file that does not read is no one's: the run redoes that person
         readable.append(person)
-        other_images = images_differ(about.get("data"), dataset, person) if person in here else None
+        other_images = made_from_other_images(about, dataset, person, "adapter") if person in here else None
         if other_images is not None:
-            named = f"another dataset named {dataset.name!r}"
-            return f"its adapter for {person!r} was made from the images of {named}: {other_images}"
+            return other_images
     for person in readable[:1]:  # a damaged file says nothing of the base: the first that reads is asked
         try:
             load_adapter(model, out / adapter_filename(person))
@@ -476,6 +475,19 @@ class _WriteFailed(Exception):
     def __init__(self, error: OSError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+def made_from_other_images(about: dict[str, Any], dataset: GazeDataset, person: str, what: str) -> str | None:
+    """Why ``person``'s file (its ``about``), a ``what`` of an earlier run, was not made from this ``dataset``'s
+    images of ``person``, or ``None``: made for another person (files renamed or swapped by hand: saying "another
+    dataset" then sent the user looking for the wrong thing), or from another dataset's images under this name."""
+    recorded = about.get("person")
+    if recorded is not None and str(recorded) != person:
+        return f"its file for {person!r} holds the {what} of person {recorded!r} (renamed or swapped by hand?)"
+    mismatch = images_differ(about.get("data"), dataset, person)
+    if mismatch is None:
+        return None
+    return f"its {what} for {person!r} was made from the images of another dataset named {dataset.name!r}: {mismatch}"
 
 
 def listed_files(out_dir: str | Path) -> set[str]:
