@@ -143,11 +143,15 @@ def _on_seeds(c: dict[str, Any]) -> str:
     return "" if n in (0, c["seeds"]) else f" (on the oracle's {n} seed{'s' if n != 1 else ''} of {span(FIRST_SEEDS)})"
 
 
-def _share_text(c: dict[str, Any]) -> str:
+UNBOUNDED_SHARE = "the headroom is not clear of zero"
+"""Why a share of the headroom has no finite interval, said where it has none."""
+
+
+def _share_text(c: dict[str, Any], unbounded: str = "") -> str:
     """The ceiling's share of the headroom, the ratio of the means on the seeds :func:`ceilings` reads it on, with
     its 95 % interval (Fieller's, :mod:`alfa.study.bench.ratios`)."""
     got = c["share"]
-    return _pct(c["ratio"]) if got is None else got.text(every=got.seeds)
+    return _pct(c["ratio"]) if got is None else got.text(unbounded=unbounded, every=got.seeds)
 
 
 def _pct(x: float | None) -> str:
@@ -181,9 +185,9 @@ def _ceiling_sentences(idx: Index, ceil: dict[str, dict[str, Any]]) -> list[str]
         room = diff(idx, "source-only", "oracle", [pair])
         if c["headroom"] is not None and room is not None:
             text += (
-                f", against an oracle headroom (source-only − oracle) of {room.compact()}° "
-                f"(ratio of the means {_share_text(c)}{_on_seeds(c)}; no finite interval where the "
-                "headroom is not clear of zero)"
+                f", against an oracle headroom (source-only − oracle) of {room.compact()}°"
+                f"{seeds_note(room.per_seed, seeds_of(idx))} "
+                f"(ratio of the means {_share_text(c, UNBOUNDED_SHARE)}{_on_seeds(c)})"
             )
         if pair in POSITIVE_CONTROLS + CONSTRUCTED_CONTROLS and c["ratio"] is not None:
             text += f": the positive-control criterion (≥ {CRITERION:.0%} of the headroom, on the means) " + (
