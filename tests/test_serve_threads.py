@@ -13,9 +13,9 @@ import threading
 
 import pytest
 import torch
+from test_serve import _user
 
 import alfa
-from alfa.adapters import adapter_parameters
 from alfa.serve import MixedBatchModel
 
 
@@ -23,16 +23,6 @@ from alfa.serve import MixedBatchModel
 def base(small_net):
     alfa.truncate(small_net, rank=6)
     return small_net.eval()
-
-
-def _user(base, config, seed):
-    model = copy.deepcopy(base)
-    torch.manual_seed(seed)
-    alfa.attach(model, config)
-    with torch.no_grad():
-        for p in adapter_parameters(model).values():
-            p.normal_(0, 0.2)
-    return model
 
 
 def _interleaved(pause_in: torch.nn.Module, first, second) -> tuple[object, object]:
