@@ -87,43 +87,14 @@ simpler mixes; :func:`selectable_methods` adds every other registered one. The s
 with the recipe ``alfa personalize`` ships for them (``<method>[default]``, docs/flip-premise.md §7)."""
 
 
-STANDARD_METHODS = (
-    "source-only",
-    "flip-tta",
-    "tpgaze",
-    "full",
-    "bitfit",
-    "lora",
-    "pissa",
-    "milora",
-    "moslora",
-    "spectral",
-    "dora",
-    "flora",
-    "alfa",
-    "in-domain",
-    "target-trained",
-    "oracle",
-)
+STANDARD_METHODS = (*MAIN_METHODS, *SANITY_METHODS)
 """The standard preset's rows (:meth:`BenchConfig.first_standard`'s; :meth:`BenchConfig.standard` adds the TTA
 rows), written out rather than read from the method registry: a protocol is declared before its runs, so a method
 registered later (``@register_method``) must not grow it, nor the declared run of ``docs/results-v2.md``; a method
-joins it only by a declared change of this list. Table 1's built-in rows (:data:`~.methods.MAIN_METHODS`) and
-the sanity rows, as they were when the second protocol was declared."""
-STANDARD_SELECTABLE = (
-    "full",
-    "bitfit",
-    "lora",
-    "pissa",
-    "milora",
-    "moslora",
-    "spectral",
-    "dora",
-    "flora",
-    "alfa",
-    "diag_gate",
-    "linear_mix",
-)
+joins it only by a declared change. Table 1's built-in rows (:data:`~.methods.MAIN_METHODS`, a list written out,
+which a registration does not grow) and the sanity rows, as they were when the second protocol was declared
+(``tests/test_extension_points.py`` checks the declared run's size)."""
+STANDARD_SELECTABLE = SELECTABLE
 """The standard preset's rows with a recipe selected on the stand-in, and (on the v2 worlds) with the shipped
 recipe: :data:`SELECTABLE` as it was declared, frozen like :data:`STANDARD_METHODS`."""
 
