@@ -356,6 +356,16 @@ def has_compact_form(model: nn.Module) -> bool:
     return _compact_layers(model) is not None
 
 
+def _open_error(path: Path) -> OSError | None:
+    """Why ``path`` does not open for reading, or ``None`` where it does. Asked when safetensors fails to open a
+    file: it says "No such file or directory" of every file it cannot open, one it may not read included."""
+    try:
+        with open(path, "rb"):
+            return None
+    except OSError as e:
+        return e
+
+
 def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The decoded header of an adapter file (method, config, targets, fingerprint)."""
     path = Path(path)
@@ -365,6 +375,9 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
         with safe_open(str(path), framework="pt") as f:
             raw = f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
+        unopened = _open_error(path)
+        if unopened is not None:  # the file does not open (permission denied, or gone since): not its bytes
+            raise unopened from e
         raise AdapterFileDamaged(f"{path}: not a readable safetensors file ({kind_of_file(path) or e})") from e
     if raw.get("format") != FORMAT:
         raise AdapterFileError(f"{path}: not an alfa adapter file (no '{FORMAT}' header)")
@@ -574,6 +587,8 @@ def _check_and_load(model: nn.Module, path: Path, meta: dict[str, Any], targets:
             loaded = {k: f.get_tensor(k) for k in keys}
     except SafetensorError as e:
         raise AdapterFileDamaged(f"{path}: corrupt tensor data ({e})") from e
+    except OSError as e:  # the file no longer opens (its permissions changed, or it went) since its header was read
+        raise (_open_error(path) or e) from e
     if meta.get("checksum") is not None and tensor_checksum(loaded) != meta["checksum"]:
         raise AdapterFileDamaged(f"{path}: damaged tensor data (its checksum does not match the one it was saved with)")
     for k, t in loaded.items():

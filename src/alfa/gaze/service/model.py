@@ -67,12 +67,13 @@ class GazeService:
         self.model = MultiUserModel(base.eval())
         self.note = note
         self._lock = threading.Lock()  # held around _ensure_user and the model's call: the two dicts below too
-        # Each loaded user's file stamp (inode, mtime, size) when it was loaded: a file replaced since (a
+        # Each loaded user's file stamp (inode, mtime, size, ctime) when it was loaded: a file replaced since (a
         # recalibration) is loaded again, a deleted one drops the user, at their next request (one stat a request).
-        self._loaded: dict[str, tuple[int, int, int]] = {}
+        # The ctime is there for a chmod, which changes nothing else: a file refused as unreadable is read again.
+        self._loaded: dict[str, tuple[int, int, int, int]] = {}
         # Users whose adapter was refused, with the file's stamp then and the answer: not re-read on every request,
         # so a client cannot make the server parse a broken file again and again (a changed file is tried again).
-        self._refused: dict[str, tuple[tuple[int, int, int], int, str]] = {}
+        self._refused: dict[str, tuple[tuple[int, int, int, int], int, str]] = {}
 
     def _ensure_user(self, user: str) -> None:
         """``user``'s adapter served as its file is now; a :class:`ServiceError` saying why it cannot be."""
@@ -82,7 +83,7 @@ class GazeService:
         except OSError:  # no file (or deleted since it was loaded): nobody to serve, nothing left to hold
             self._drop(user)
             raise ServiceError(404, f"unknown user {user!r}") from None
-        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)  # a file replaced by a rename has a new inode
+        stamp = (info.st_ino, info.st_mtime_ns, info.st_size, info.st_ctime_ns)  # a rename gives a new inode
         if self._loaded.get(user) == stamp:
             return
         self._drop(user)  # a changed file is this user's adapter now, or none if it does not load
@@ -92,6 +93,8 @@ class GazeService:
             self._check_file(path, info)
             self._check_person(user, path)
             self.model.add_user(user, path)
+        except FileNotFoundError:  # deleted between the stat and the read: a user with no file, as above
+            raise ServiceError(404, f"unknown user {user!r}") from None
         except (ValueError, RuntimeError, OSError, KeyError) as e:
             refusal = _refusal(user, e)
             self.note(f"alfa serve: {refusal}: {e}")
@@ -188,6 +191,8 @@ def _refusal(user: str, e: Exception) -> ServiceError:
     user is not served here (and that a client or proxy may cache as such)."""
     if isinstance(e, AdapterFileDamaged):
         return ServiceError(500, f"user {user!r}: their adapter file is damaged (the server's log has the details)")
+    if isinstance(e, PermissionError):  # the file is there, but this server may not read it: no damage to it
+        return ServiceError(500, f"user {user!r}: their adapter file cannot be read on this server (permission denied)")
     if isinstance(e, _NotAFile):
         return ServiceError(500, f"user {user!r}: their adapter file is {e.what} on this server")
     if isinstance(e, CalibrationUnderTTA):
