@@ -50,6 +50,7 @@ __all__ = [
     "not_a_file",
     "refuse_held_inside",
     "share",
+    "usable_cpus",
 ]
 
 
@@ -203,6 +204,16 @@ def _new_file_mode() -> int:
         mask = os.umask(0o022)
         os.umask(mask)
     return 0o666 & ~mask
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: fewer than the machine's under ``taskset`` or a container's
+    cpuset), what a count of worker processes or threads is sized by; the machine's count where the system does
+    not say (macOS, Windows), and at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        with contextlib.suppress(OSError):
+            return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 _RUST_IO_ERROR = re.compile(r"\(os error (\d+)\)")

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from alfa.fileio import usable_cpus
 from alfa.gaze.precision import PRECISIONS, default_precision
 
 __all__ = [
@@ -178,12 +179,12 @@ MAX_IMAGE_SIDE = 4096
 
 
 def worker_count(text: str) -> int:
-    """An argparse type for data-loading workers: 0 (load in the main process) up to this machine's CPU count
+    """An argparse type for data-loading workers: 0 (load in the main process) up to the CPUs this process may use
     (each worker holds a copy of the loader's state, so more workers than cores costs memory and gains nothing)."""
     value = at_least(0)(text)
-    cores = os.cpu_count() or 1
+    cores = usable_cpus()
     if value > cores:
-        raise argparse.ArgumentTypeError(f"at most this machine's {cores} CPUs, got {value}")
+        raise argparse.ArgumentTypeError(f"at most the {cores} CPUs this process may use, got {value}")
     return value
 
 
@@ -200,7 +201,7 @@ def thread_count(text: str) -> int:
     made a tiny run take minutes, and the machine with it; twice leaves a documented ``--threads 2`` to a 1-CPU
     machine)."""
     value = at_least(1)(text)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = usable_cpus()
     if value > 2 * cpus:
         raise argparse.ArgumentTypeError(f"at most twice the {cpus} CPUs this process may use, got {value}")
     return value

@@ -32,13 +32,13 @@ def _port(text: str) -> int:
 
 
 def _workers(text: str) -> int:
-    """``--workers``: 1 up to 8 per CPU of this machine (:func:`alfa.gaze.service.max_workers` says why)."""
+    """``--workers``: 1 up to 8 per CPU this process may use (:func:`alfa.gaze.service.max_workers` says why)."""
     from alfa.gaze.service import max_workers
 
     value = at_least(1)(text)
     if value > max_workers():
         raise argparse.ArgumentTypeError(
-            f"at most {max_workers()} (8 per CPU of this machine: the model answers one request at a time, and "
+            f"at most {max_workers()} (8 per CPU this process may use: the model answers one request at a time, and "
             f"every worker may hold a request's body and image), got {value}"
         )
     return value

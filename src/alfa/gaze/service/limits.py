@@ -8,13 +8,14 @@ server-side path. The HTTP layer (:mod:`.server`) and any route added later shar
 from __future__ import annotations
 
 import io
-import os
 import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from alfa.fileio import usable_cpus
 
 from ..camera.photo import PILLOW_WARNINGS_LOCK
 
@@ -54,9 +55,10 @@ class ServiceError(Exception):
 
 
 def max_workers() -> int:
-    """The most request threads ``alfa serve`` takes: 8 per CPU. A worker mostly waits on its client's socket
-    (the model runs one request at a time), but each may hold a body and a decoded image at the limits."""
-    return 8 * (os.cpu_count() or 1)
+    """The most request threads ``alfa serve`` takes: 8 per CPU this process may use. A worker mostly waits on its
+    client's socket (the model runs one request at a time), but each may hold a body and a decoded image at the
+    limits."""
+    return 8 * usable_cpus()
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class ServiceLimits:
                 raise ValueError(f"ServiceLimits.{name} must be a whole number of at least 1, got {value!r}")
         if self.workers > max_workers():
             raise ValueError(
-                f"ServiceLimits.workers {self.workers}: at most {max_workers()} (8 per CPU of this machine; each "
+                f"ServiceLimits.workers {self.workers}: at most {max_workers()} (8 per CPU this process may use; each "
                 f"worker may hold a {self.max_body_bytes}-byte body and its image, and the model runs one at a time)"
             )
         for name in ("socket_timeout", "request_timeout"):
