@@ -68,7 +68,7 @@ from .record import Record
 from .session import Session, SourceContext, TargetData
 from .user_calibration import run_user_calibration
 
-__all__ = ["KINDS", "OPT_IN_KINDS", "TTA_ROW_KINDS", "UNADAPTED", "produce_record"]
+__all__ = ["KINDS", "OPT_IN_KINDS", "PERSONALIZED", "RUN_KINDS", "TTA_ROW_KINDS", "UNADAPTED", "produce_record"]
 
 # The kinds of a table row (a recipe-selection record is of kind "selection", never a row); the unadapted
 # ones score a base as it is. The opt-in kinds are those of rows no preset plans (methods.OPT_IN_METHODS and the
@@ -78,12 +78,17 @@ KINDS = ("source-only", "flip-tta", "in-domain", "target-trained", "oracle", "ad
 OPT_IN_KINDS = ("pnpga", "calibration")
 TTA_ROW_KINDS = tuple(TTA_ROWS)
 UNADAPTED = ("source-only", "flip-tta", *TTA_ROW_KINDS, "in-domain", "target-trained")
+PERSONALIZED = ("adapter", "tpgaze", "ruda")  # personalized person by person (_run_personalization)
+# Every kind produce_record has a branch for: a recipe selection, then each branch's kinds in its order.
+RUN_KINDS = ("selection", *UNADAPTED, "oracle", "pnpga", "calibration", *PERSONALIZED)
 
 
 def produce_record(session: Session, plan: RecordPlan) -> Record:
     """The record of ``plan``: build (or reuse) its base in ``session``, adapt and score it, measure the costs.
     The runners below fill its JSON form, which :meth:`Record.from_dict` then checks."""
     v = plan.variant
+    if v.kind not in RUN_KINDS:  # before anything is built: no kind is run as another by default
+        raise _unknown_kind(plan)
     src = session.build(session.model_key(plan), plan.seed)
     base = session.base(src, v.base)
     t0, cpu0 = time.time(), time.process_time()
@@ -110,13 +115,22 @@ def produce_record(session: Session, plan: RecordPlan) -> Record:
         errors = run_pnpga(session, base, src, tgt, plan, record, flips)
     elif v.kind == "calibration":
         errors = run_user_calibration(session, base, src, tgt, plan, record)
-    else:
+    elif v.kind in PERSONALIZED:
         errors = _run_personalization(session, base, src, tgt, plan, record, flips)
+    else:  # a kind of RUN_KINDS that this chain has no branch for
+        raise _unknown_kind(plan)
     _add_errors(record, errors, flips)
     record["wall_s"] = time.time() - t0
     record["cpu_s"] = time.process_time() - cpu0
     record["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     return Record.from_dict(record)
+
+
+def _unknown_kind(plan: RecordPlan) -> ValueError:
+    return ValueError(
+        f"record {plan.id}: unknown record kind {plan.variant.kind!r} (the kinds a record is made for: "
+        f"{', '.join(RUN_KINDS)})"
+    )
 
 
 # ----------------------------------------------------------------------------- the parts of a record
