@@ -59,8 +59,16 @@ def test_a_face_size_beyond_any_release_and_a_bad_flag_are_one_clear_line():
 
     with pytest.raises(ValueError, match=r"size must be at most 2048 \(pixels a side\), got 100000"):
         open_dataset("synthetic:mpii?size=100000")
-    with pytest.raises(ValueError, match=r"option 'check_files=maybe': expected true or false, got 'maybe'$"):
+    with pytest.raises(
+        ValueError, match=r"option 'check_files=maybe': check_files must be true or false, got 'maybe'$"
+    ):
         open_dataset("gazehub:mpiifacegaze:/nowhere?check_files=maybe")
+    # the parser names its option itself (as the size's does), so its message says which one wherever it is read
+    from alfa.gaze.data.registry import _OPTION_TYPES
+
+    with pytest.raises(ValueError) as refused:
+        _OPTION_TYPES["verify_3d"]("perhaps")
+    assert str(refused.value) == "verify_3d must be true or false, got 'perhaps'"
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,7 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
     if config.target is not None:
         names = [n for n in names if target_matches(config.target, n)]
     if names:
-        _refuse_entries_left_out(model, config, mode, names, saved)
+        _refuse_entries_left_out(model, config, names, saved)
     ties = shared_parameters(model)
     tied = [n for n in names if n in ties]
     if tied and config.target is not None:  # asked for by name: refuse now rather than untie on merge
@@ -142,7 +142,7 @@ def not_adaptable(module: nn.Module) -> str:
 
 
 def _refuse_entries_left_out(
-    model: nn.Module, config: AdapterConfig, mode: str, selected: Sequence[str], saved: Sequence[str]
+    model: nn.Module, config: AdapterConfig, selected: Sequence[str], saved: Sequence[str]
 ) -> None:
     """A name in a ``target`` list that selects none of the layers adapted is refused, saying why (a misspelt
     name, a module of a kind that cannot be adapted, a dense layer under ``layers='factorized'``), where the

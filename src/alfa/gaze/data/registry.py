@@ -214,7 +214,7 @@ def _parse_bool(key: str, value: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"expected true or false, got {value!r}")
+    raise ValueError(f"{key} must be true or false, got {value!r}")
 
 
 def _parse_options(spec: str, query: str, kind: DatasetKind | None = None) -> dict:
