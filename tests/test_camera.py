@@ -25,7 +25,7 @@ from alfa.gaze.camera import (  # noqa: E402
     warp_to_normalized,
 )
 from alfa.gaze.camera.normalize import FACE_CENTRE_WEIGHTS, FACE_MODEL_MM  # noqa: E402
-from alfa.gaze.camera.screen import Screen  # noqa: E402
+from alfa.gaze.camera.screen import ILL_CONDITIONED, Screen  # noqa: E402
 from alfa.gaze.geometry import angular_error, gazehub_vector_to_pitchyaw  # noqa: E402
 
 K = np.array([[600.0, 0.0, 320.0], [0.0, 600.0, 240.0], [0.0, 0.0, 1.0]])
@@ -335,3 +335,25 @@ def test_faces_found_from_several_threads_at_once_are_those_found_one_at_a_time(
     alone = [boxes(rgb) for rgb in photos[:2]] * 4
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(boxes, photos)) == alone
+
+
+def test_an_ill_conditioned_screen_fit_is_kept_with_a_warning_and_a_well_spread_one_has_none():
+    """Gazes that barely spread (the calibration's gazes within a degree of one another) or nearly lie on one line
+    pass the rank check, but the fit they make follows their noise: ``warning()`` says so in one line."""
+    rng = np.random.default_rng(0)
+    grid = np.array([[x, y] for y in (100.0, 540.0, 980.0) for x in (160.0, 960.0, 1760.0)])
+    spread = (grid - [960.0, 540.0]) / -60.0 + rng.normal(0, 0.3, (9, 2))  # ±13° by ±7°, a laptop at arm's length
+    for degree in (1, 2):
+        fit = fit_screen(spread, grid, degree=degree)
+        assert fit.warning() is None and fit.condition < ILL_CONDITIONED[degree] / 4
+    huddled = np.array([5.0, -10.0]) + rng.normal(0, 0.5, (9, 2))  # every gaze within a degree or so of the others
+    along = np.stack([np.linspace(-15, 15, 9), np.linspace(-20, 0, 9)], 1) + rng.normal(0, 0.2, (9, 2))
+    for gazes in (huddled, along):
+        for degree in (1, 2):
+            fit = fit_screen(gazes, grid, degree=degree)
+            assert fit.condition > ILL_CONDITIONED[degree]
+            assert fit.warning() == (
+                f"the screen fit is ill-conditioned (its terms' condition number {fit.condition:.3g} is above "
+                f"{ILL_CONDITIONED[degree]:g}): the calibration gazes barely spread or nearly lie on one line, so a "
+                "gaze error of a degree may move a screen point far; spread the points over the screen (a 3×3 grid)"
+            )

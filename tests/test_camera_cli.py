@@ -264,6 +264,25 @@ def test_given_intrinsics_with_distortion_a_screen_fit_and_an_adapter(checkpoint
     assert np.abs(np.subtract(got, _model_on_crop(checkpoint[1], face["crop"]))).max() > 0.5
 
 
+def test_an_ill_conditioned_screen_fit_is_one_warning_line_and_a_good_one_none(checkpoint, tmp_path, capsys):
+    grid = [[x, y] for y in (100, 540, 980) for x in (160, 960, 1760)]
+    rng = np.random.default_rng(0)
+    spread = [[(960 - x) / 60, (540 - y) / 60] for x, y in grid]  # ±13° by ±7°: a laptop's screen at arm's length
+    huddled = (np.array([5.0, -10.0]) + rng.normal(0, 0.5, (9, 2))).tolist()  # every gaze within a degree or so
+    said = []
+    for name, gazes in (("good", spread), ("huddled", huddled)):
+        fit = tmp_path / f"{name}.json"
+        fit.write_text(json.dumps({"points": [{"gaze_deg": g, "screen_px": s} for g, s in zip(gazes, grid)]}))
+        assert main(["predict", "skimage:astronaut", "--checkpoint", str(checkpoint[0]), "--screen-fit", str(fit),
+                     "--quiet"]) == 0  # fmt: skip
+        out, err = capsys.readouterr()
+        assert json.loads(out)["photos"][0]["faces"][0]["screen"]["method"] == "fit (degree 1)"  # kept either way
+        said.append(err)
+    assert said[0] == ""
+    assert said[1].startswith(f"alfa predict: warning: {tmp_path / 'huddled.json'}: the screen fit is ill-conditioned")
+    assert said[1].count("\n") == 1 and "is above 50)" in said[1]
+
+
 def _calibration_photos(astronaut, folder) -> list[str]:
     """Three photos of one face whose gazes (by the tests' random model) differ: as taken, mirrored, and smaller.
     At 384 px (the face 72 px wide) the cascades still find every landmark in each, and search a photo in half of

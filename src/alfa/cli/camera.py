@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,9 @@ def _predict(args: argparse.Namespace) -> None:
         from alfa.gaze.camera.photo import fit_screen
 
         meta["screen_fit"] = fit_screen(points, options, predictor)
+        warning = options.screen_fit.warning()
+        if warning is not None:  # kept (the person may have no better points), but said
+            print(f"alfa predict: warning: {args.screen_fit}: {warning}", file=sys.stderr)
     if args.video:
         from alfa.gaze.camera.photo import analyse_video, predict_videos
 

@@ -40,6 +40,7 @@ import numpy as np
 from .normalize import _float_array, read_json_file, refuse_unknown_keys, whole_number
 
 __all__ = [
+    "ILL_CONDITIONED",
     "Screen",
     "ScreenFit",
     "CalibrationPoints",
@@ -129,7 +130,8 @@ class ScreenFit:
     """A least-squares map from camera-frame gaze angles (degrees) to screen pixels: ``coefficients`` ``(terms,
     2)`` over the polynomial terms of ``degree``; ``rms_px`` its residual on the calibration points, and
     ``leave_one_out_px`` the error on each point of the fit made without it (root mean square; ``None`` with no
-    point to spare): what to expect of a point the fit has not seen."""
+    point to spare): what to expect of a point the fit has not seen. ``condition``: the condition number of the
+    fit's terms (angles in radians), which :meth:`warning` compares with :data:`ILL_CONDITIONED`."""
 
     degree: int
     coefficients: np.ndarray
@@ -137,6 +139,19 @@ class ScreenFit:
     leave_one_out_px: float | None = None
     gaze_deg: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     screen_px: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    condition: float = 1.0
+
+    def warning(self) -> str | None:
+        """One line saying the fit is ill-conditioned (its calibration gazes barely spread, or nearly lie on one
+        line), or ``None``: such a fit is kept, but a small error in a gaze moves its screen points far."""
+        limit = ILL_CONDITIONED[self.degree]
+        if self.condition <= limit:
+            return None
+        return (
+            f"the screen fit is ill-conditioned (its terms' condition number {self.condition:.3g} is above "
+            f"{limit:g}): the calibration gazes barely spread or nearly lie on one line, so a gaze error of a degree "
+            "may move a screen point far; spread the points over the screen (a 3×3 grid)"
+        )
 
     def summary(self) -> dict[str, Any]:
         """The fit's printable record: its degree, points (gaze and screen pixel) and errors."""
@@ -160,6 +175,16 @@ def _terms(angles: np.ndarray, degree: int) -> np.ndarray:
     columns = [one, yaw, pitch] + ([yaw * yaw, yaw * pitch, pitch * pitch] if degree == 2 else [])
     return np.stack(columns, 1)
 
+
+# Where a fit's terms are ill-conditioned (ScreenFit.warning): the condition number of its design matrix with the
+# angles in radians, the unit of a gaze's own range (a field of view spans about 1), so that the constant term and
+# the angles are compared on one scale. A least-squares fit changes, relative to itself, by up to the condition
+# number times its terms' relative error, which a gaze off by 1° (a good model's error) makes about 0.02: above
+# 50 = 1/0.02 a 1° error can move the fitted map by as much as its own size. A quadratic's terms are the angles'
+# squares, its condition about the square of the affine one's: 50² there. A 3×3 grid over a laptop's screen at
+# arm's length (±15° by ±10°) is about 7 (affine) and 75 (quadratic); nine gazes scattered by 1° about one point,
+# or by 0.3° about one line, are above 100 and 10,000.
+ILL_CONDITIONED = {1: 50.0, 2: 50.0**2}
 
 MAX_SCREEN_PX = 100_000
 """How far from the screen's top-left corner a calibration point may be, in pixels: beyond any screen (a typo)."""
@@ -190,7 +215,8 @@ def fit_screen(gaze_deg: np.ndarray, screen_px: np.ndarray, degree: int = 1) -> 
         )
     coefficients, *_ = np.linalg.lstsq(terms, screen_px, rcond=None)
     rms = float(np.sqrt(np.mean(np.sum((terms @ coefficients - screen_px) ** 2, 1))))
-    return ScreenFit(degree, coefficients, rms, _leave_one_out(terms, screen_px), gaze_deg, screen_px)
+    condition = float(np.linalg.cond(_terms(np.radians(gaze_deg), degree)))
+    return ScreenFit(degree, coefficients, rms, _leave_one_out(terms, screen_px), gaze_deg, screen_px, condition)
 
 
 def _leave_one_out(terms: np.ndarray, screen_px: np.ndarray) -> float | None:
