@@ -65,3 +65,27 @@ def service_world(tmp_path_factory):
     folder = tmp_path_factory.mktemp("service-world")
     write_demo_service(folder, model="tiny_gaze_net", size=16, truncate_target=None)
     return folder
+
+
+@pytest.fixture
+def stdout_pipe(monkeypatch):
+    """A real pipe to stand for stdout: ``use()`` (in the test's body, where pytest's capture no longer replaces
+    it) makes ``sys.stdout`` its writing end, line-buffered so that a command's print writes at once;
+    ``close_reader()`` closes its reading end, as ``| head`` does once it has read enough."""
+    import contextlib
+    import sys
+    import types
+
+    read, write = os.pipe()
+    stream = open(write, "w", buffering=1)
+    reader = [read]
+
+    def close_reader() -> None:
+        os.close(reader.pop())
+
+    yield types.SimpleNamespace(use=lambda: monkeypatch.setattr(sys, "stdout", stream), close_reader=close_reader)
+    monkeypatch.undo()
+    with contextlib.suppress(OSError):
+        stream.close()
+    for fd in reader:
+        os.close(fd)

@@ -321,23 +321,14 @@ def test_a_video_whose_every_frame_fails_says_the_first_frames_reason(astronaut,
     ]
 
 
-def test_json_dash_is_refused_and_a_closed_pipe_ends_quietly(checkpoint, tmp_path, capsys, monkeypatch):
+def test_json_dash_is_refused_and_a_closed_pipe_ends_quietly(checkpoint, tmp_path, capsys, monkeypatch, stdout_pipe):
     monkeypatch.chdir(tmp_path)  # where a file named "-" would appear
     assert "--json -: name a file (this output is not written to stdout)" in _refused(
         capsys, "skimage:astronaut", "--checkpoint", checkpoint, "--json", "-"
     )
     assert not (tmp_path / "-").exists()
-
-    def closed(*args, **kwargs):
-        raise BrokenPipeError(32, "Broken pipe")
-
-    import os
-
-    import alfa.cli.camera as camera_cli
-
-    dup2 = []
-    monkeypatch.setattr(camera_cli, "print", closed, raising=False)  # the JSON's print, to a reader gone (| head)
-    monkeypatch.setattr(os, "dup2", lambda *a: dup2.append(a))  # not pytest's own stdout
+    stdout_pipe.use()
+    stdout_pipe.close_reader()  # the JSON's print goes to a reader gone (| head)
     assert main(["predict", "skimage:astronaut", "--checkpoint", checkpoint, "--quiet"]) == 141
     assert capsys.readouterr().err == ""
 

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import re
+import select
 import signal
 import sys
 import threading
@@ -335,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # what read the output closed it (`| head`): stop quietly, as a tool SIGPIPE ends does
+    except BrokenPipeError as e:
+        if not _stdout_broken():  # another pipe (a socket, a child process's): the command's error, in one line
+            return _error_status(e, args, name)
+        # what read the output closed it (`| head`): stop quietly, as a tool SIGPIPE ends does
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's last flush must not fail too
         return 141
@@ -345,6 +349,22 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         return _error_status(e, args, name)
     return 0
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has gone, as after ``| head``: the one broken pipe that
+    ends a command quietly (exit 141). Asked of the descriptor itself, which reports an error once no one reads it
+    (``POLLERR``, or ``POLLHUP`` for a socket). Where that cannot be asked (no ``poll``: Windows), any broken pipe
+    counts, as before; where stdout has no descriptor (an embedding application's stream), none does."""
+    if not hasattr(select, "poll"):
+        return True
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def _error_status(error: Exception, args: argparse.Namespace, name: str) -> int:

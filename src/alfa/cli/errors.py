@@ -28,6 +28,7 @@ OS_ERROR_ADVICE = {
     errno.EADDRINUSE: "choose another --port (0: any free one), or stop the program that uses it",
     errno.EADDRNOTAVAIL: "the address is not one of this machine's: check --host",
     errno.EIO: "check the disk, then run the command again",
+    errno.EPIPE: "the program or connection it wrote to closed its end first",
 }
 """What a person can do about the operating system's errors the commands meet, by error number."""
 
