@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from .options import refuse_listed_twice
+from .options import comma_list, refuse_listed_twice
 
 __all__ = [
     "adaptation_count",
@@ -123,7 +123,7 @@ def persons_of(text: str | None, data: Any) -> list[str] | None:
     none (``--persons ,``), or a person ``data`` does not have, is refused before anything is removed or run."""
     if text is None:
         return None
-    persons = [p.strip() for p in text.split(",") if p.strip()]
+    persons = comma_list(text)
     if not persons:
         raise ValueError(f"--persons {text!r}: name at least one person id (leave the option out for all)")
     refuse_listed_twice("--persons", persons)
