@@ -14,10 +14,10 @@ import alfa
 import alfa.study.bench.produce as produce
 from alfa.gaze.geometry import flip_yaw, roll_gaze, roll_images, vector_to_pitchyaw
 from alfa.gaze.losses import flip_symmetry_loss, roll_consistency_loss
-from alfa.gaze.objectives import FLIP_ROLL_VIEWS, OBJECTIVES, ROLL_VIEWS
+from alfa.gaze.objectives import FLIP_ROLL_VIEWS, OBJECTIVES, ROLL_VIEWS, RUDA_VIEWS
 from alfa.gaze.personalize import PersonalizeConfig, build_batch
 from alfa.gaze.recipes import RECIPE_GRID
-from alfa.gaze.views import FLIP_VIEWS, ROLL_DEGREES, VIEWS, disc_mask, view_rows
+from alfa.gaze.views import FLIP_VIEWS, ROLL_DEGREES, VIEWS, disc_mask, roll_view_name, view_rows
 from alfa.study.bench.plan import grid_plan, plan_records
 from alfa.study.bench.schema import config_hash
 from alfa.study.bench.variants import GRID
@@ -81,6 +81,20 @@ def test_the_roll_batch_holds_the_declared_views_and_the_flip_batch_is_unchanged
     assert both.shape[0] == 2 * len(FLIP_ROLL_VIEWS) and torch.equal(both[:8], flip_batch)
     assert disc_mask(4).tolist() == [[0, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 0]]
     assert VIEWS["original"].roll == 0.0 and VIEWS[f"rolled -{ROLL_DEGREES:g}°"].roll == pytest.approx(-ANGLE)
+
+
+def test_the_objectives_name_exactly_the_views_that_views_defines():
+    """The names are made once (views.roll_view_name): every view an objective declares is a defined one, the
+    built-in objectives together use every defined view, and a roll view's name says its roll."""
+    declared = {v for objective in OBJECTIVES.values() for v in objective.views}
+    assert declared == set(VIEWS) and {*ROLL_VIEWS, *RUDA_VIEWS, *FLIP_ROLL_VIEWS} <= set(VIEWS)
+    assert (
+        roll_view_name(ROLL_DEGREES) == "rolled +8°" and roll_view_name(-8.0, augmented=True) == "augmented rolled -8°"
+    )
+    for name in (n for n in VIEWS if "rolled" in n):
+        sign = 1 if "+" in name else -1
+        assert VIEWS[name].roll == pytest.approx(sign * ANGLE)
+        assert name == roll_view_name(sign * ROLL_DEGREES, augmented=name.startswith("augmented"))
 
 
 @pytest.mark.parametrize("loss", ["roll", "flip"])

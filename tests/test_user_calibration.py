@@ -356,7 +356,7 @@ def _tensors(path):
     return load_file(str(path))
 
 
-@pytest.mark.parametrize("where", ["calibrate_person", "write_json"])
+@pytest.mark.parametrize("where", ["calibrate_person", "write_record"])
 def test_a_killed_calibration_resumes_and_ends_as_an_uninterrupted_one(base, tmp_path, monkeypatch, where):
     """Killed while calibrating the second person, or after writing their file but before the record lists it: the
     rerun keeps the first person's file, redoes the rest, and every file holds what a run never killed wrote."""

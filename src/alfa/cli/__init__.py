@@ -167,12 +167,17 @@ def _option(dest: str) -> str:
 
 def _data_path(spec: str) -> Path | None:
     """The file or folder a dataset spec reads (what follows one of its colons and exists), ``None`` for a
-    synthetic world or a spec that names none."""
-    body = spec.partition("?")[0]
-    if body.partition(":")[0].strip().lower() == "synthetic":
+    synthetic world or a spec that names none (or is no spec: opening it says why)."""
+    from alfa.gaze.data.registry import split_spec
+
+    try:
+        kind, target, _ = split_spec(spec)
+    except ValueError:
         return None
-    parts = body.split(":")
-    for i in range(1, len(parts)):
+    if kind == "synthetic":
+        return None
+    parts = target.split(":")
+    for i in range(len(parts)):
         candidate = ":".join(parts[i:])
         if candidate and Path(candidate).exists():
             return _resolved(candidate)

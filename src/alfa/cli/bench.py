@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from .options import (
     at_least,
+    comma_list,
     comma_separated,
     deterministic_kernels,
     device_option,
@@ -41,14 +42,10 @@ if TYPE_CHECKING:  # the study is imported when a command runs, not when the CLI
 __all__ = ["BENCH", "POWER", "REPORT", "bench_config"]
 
 
-def _list(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
 def _pairs(value: str) -> list[str]:
     # "E-M" and "EM" are accepted for "E→M" (the arrow is awkward to type).
     out = []
-    for v in _list(value):
+    for v in comma_list(value):
         v = v.replace("->", "→").replace("-", "→")
         if "→" not in v and len(v) == 2:
             v = f"{v[0]}→{v[1]}"
@@ -87,27 +84,27 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     config = getattr(BenchConfig, _preset(args))()
     changes: dict = {}
     for option in ("methods", "pairs"):  # "," or "" would run nothing (or only the ablations) and exit 0
-        if getattr(args, option) is not None and not _list(getattr(args, option)):
+        if getattr(args, option) is not None and not comma_list(getattr(args, option)):
             raise ValueError(f"--{option} {getattr(args, option)!r} names no {option[:-1]}")
     if args.methods is not None:
-        changes["methods"] = expand_calibration_names(tuple(_list(args.methods)))
+        changes["methods"] = expand_calibration_names(tuple(comma_list(args.methods)))
         # a subset of methods also narrows their selected-recipe rows, unless those are named on their own
         selectable = selectable_methods()
         changes["selected_methods"] = tuple(m for m in changes["methods"] if m in selectable)
         # ... and the rows of their shipped default recipes, where the preset has those
         changes["default_methods"] = tuple(m for m in changes["methods"] if m in config.default_methods)
     if args.selected_methods is not None:
-        names = _list(args.selected_methods)
+        names = comma_list(args.selected_methods)
         changes["selected_methods"] = () if names == ["none"] else tuple(names)
     if args.default_methods is not None:
-        names = _list(args.default_methods)
+        names = comma_list(args.default_methods)
         changes["default_methods"] = () if names == ["none"] else tuple(names)
     if args.pairs is not None:
         changes["pairs"] = tuple(_pairs(args.pairs))
     if args.seeds is not None:
         changes["seeds"] = args.seeds
     if args.ablations is not None:
-        names = _list(args.ablations)
+        names = comma_list(args.ablations)
         changes["ablations"] = () if names == ["none"] else tuple(REGISTRY) if names == ["all"] else tuple(names)
     if args.threads is not None:
         changes["threads"] = args.threads

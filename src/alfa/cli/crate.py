@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .options import (
     at_least,
+    comma_list,
     file_path,
     folder_path,
     non_negative_number,
@@ -105,10 +106,12 @@ def _toy(args: argparse.Namespace) -> None:
     from alfa.study.crate.toy import PANELS, ToyConfig, format_aggregate, format_run, plot_toy, run_toy, write_json
     from alfa.study.crate.toy_report import toy_record, write_record
 
-    panels = [p.strip() for p in args.panels.split(",") if p.strip()]
+    panels = comma_list(args.panels)
+    if not panels:
+        raise ValueError(f"--panels {args.panels!r} names no panel; choose from {', '.join(PANELS)}")
     refuse_listed_twice("--panels", panels)  # a panel's runs twice would count as more seeds, narrowing its intervals
     unknown = [p for p in panels if p not in PANELS]
-    if not panels or unknown:
+    if unknown:
         raise ValueError(f"--panels: unknown panel(s) {', '.join(map(repr, unknown))}; choose from {', '.join(PANELS)}")
     if args.seeds < 1:
         raise ValueError(f"--seeds must be at least 1, got {args.seeds}")

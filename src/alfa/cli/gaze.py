@@ -414,6 +414,7 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 def _demo(args: argparse.Namespace) -> None:
     from alfa.fileio import safe_filename
+    from alfa.gaze.data.registry import split_spec
     from alfa.gaze.devices import resolve_device
     from alfa.gaze.pipeline import demo_configs, run_demo, summary_table
     from alfa.gaze.precision import forward_precision
@@ -427,7 +428,7 @@ def _demo(args: argparse.Namespace) -> None:
     seed_torch_deterministic(args.seed)
     results, total = [], 0.0
     for config in configs:
-        name = Path(config.source.partition("?")[0].partition(":")[2]).name
+        name = Path(split_spec(config.source)[1]).name
         config = dataclasses.replace(config, out_dir=str(Path(args.out) / safe_filename(name)))
         if not args.quiet:
             print(f"\n== source {config.source}", flush=True)

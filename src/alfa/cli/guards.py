@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from .options import refuse_listed_twice
+from .options import comma_list, refuse_listed_twice
 
 __all__ = [
     "adaptation_count",
@@ -123,7 +123,7 @@ def persons_of(text: str | None, data: Any) -> list[str] | None:
     none (``--persons ,``), or a person ``data`` does not have, is refused before anything is removed or run."""
     if text is None:
         return None
-    persons = [p.strip() for p in text.split(",") if p.strip()]
+    persons = comma_list(text)
     if not persons:
         raise ValueError(f"--persons {text!r}: name at least one person id (leave the option out for all)")
     refuse_listed_twice("--persons", persons)
@@ -147,16 +147,17 @@ def adaptation_count(args: argparse.Namespace) -> int:
     """How many first images per person ``evaluate`` leaves out: the count the adapters were made from, as
     their folder's ``personalization.json`` records it (a different ``--n-adapt`` would score adaptation
     images, or drop scored ones); ``--n-adapt`` itself, else the recipe's default, when there is no record."""
-    from alfa.gaze.evaluate import RECORD_FILE
+    from alfa.gaze.folder_record import RECORD_FILE, read_record
     from alfa.gaze.personalize import PersonalizeConfig
 
-    record = Path(args.adapters) / RECORD_FILE if args.adapters else None
-    if record is None or not record.is_file():
+    # the recipe is all this reads: a record without persons is taken
+    made = read_record(args.adapters, need_persons=False) if args.adapters else None
+    if made is None:
         return PersonalizeConfig().n_adapt if args.n_adapt is None else args.n_adapt
-    try:
-        made_from = json.loads(record.read_text(encoding="utf-8"))["config"]["n_adapt"]
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
-        raise ValueError(f"{record}: not a personalization record (alfa personalize writes one)") from None
+    record = Path(args.adapters) / RECORD_FILE
+    if "n_adapt" not in made.get("config", {}):
+        raise ValueError(f"{record} is not a personalization record alfa wrote (its config has no n_adapt)")
+    made_from = made["config"]["n_adapt"]
     if not isinstance(made_from, int) or isinstance(made_from, bool) or made_from < 1:
         # 0 would score the very images the adapters were made from
         found = json.dumps(made_from) if isinstance(made_from, (int, float, bool)) else type(made_from).__name__

@@ -26,6 +26,7 @@ __all__ = [
     "non_negative_number",
     "fraction",
     "positive_fraction",
+    "comma_list",
     "comma_separated",
     "image_side",
     "worker_count",
@@ -108,11 +109,17 @@ def positive_rate(text: str) -> float:
     return value
 
 
+def comma_list(text: str) -> list[str]:
+    """The items of a comma-separated list (``a, b,c``), each stripped, empty ones dropped: ``,`` names none, and
+    the caller says what that means (refused, or an empty selection)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def comma_separated(item: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     """An argparse type: one or more comma-separated values, each checked by ``item`` (e.g. ``at_least(1)``)."""
 
     def parse(text: str) -> list[Any]:
-        parts = [part.strip() for part in text.split(",") if part.strip()]
+        parts = comma_list(text)
         if not parts:
             raise argparse.ArgumentTypeError(f"expected comma-separated values, got {text!r}")
         try:

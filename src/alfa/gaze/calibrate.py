@@ -60,12 +60,12 @@ from alfa.adapters import (
     save_adapter,
     tensor_checksum,
 )
-from alfa.fileio import write_json
 from alfa.layers import FactorizedLinear, dense_matrix
 
 from .data.base import GazeDataset, images_differ
-from .evaluate import RECORD_FILE, adapter_filename, load_examples, load_images, readable_failure
+from .evaluate import adapter_filename, load_examples, load_images, readable_failure
 from .faze import personalize_faze
+from .folder_record import RECORD_FILE, read_record, write_record
 from .geometry import flip_yaw
 from .losses import finite_or_raise, l1_per_image
 from .personalize import listed_files, made_from_other_images
@@ -446,16 +446,13 @@ def earlier_run(
     """Why ``out_dir``'s record is of another run than ``config`` on ``dataset`` and, given, the base ``model``
     (another dataset, method, recipe, images or base; or no record of ours), ``None`` if there is no record or it is
     of this run (which then resumes)."""
-    path = Path(out_dir) / RECORD_FILE
-    if not path.exists():
-        return None
     try:
-        before = json.loads(path.read_text(encoding="utf-8"))
-        persons = before["persons"]
-        if not isinstance(persons, dict):
-            raise TypeError("persons is no mapping")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"{path} is not a calibration record alfa wrote ({e})"
+        before = read_record(out_dir)
+    except ValueError as e:
+        return str(e)
+    if before is None:
+        return None
+    persons = before["persons"]
     if not _anyone_calibrated(persons):
         return None  # a run that calibrated nobody (every person failed) holds no one's file: a new run replaces it
     mine = _fresh_record(dataset, config)
@@ -501,8 +498,7 @@ def make_room(
     (``ValueError``) unless ``replace``, which removes that record and the files it lists (and only those); a record
     of this run is left to resume (``replace`` redoes it)."""
     out = Path(out_dir)
-    record = out / RECORD_FILE
-    if not record.is_file():
+    if not (out / RECORD_FILE).is_file():
         return
     try:  # the files a calibration or personalization run there listed; a record of neither is not ours to replace
         listed = listed_files(out)
@@ -513,7 +509,7 @@ def make_room(
         if other is not None:
             raise ValueError(f"--out {out}: holds an earlier run ({other}); use another --out, or --replace")
         return
-    written = set(json.loads(record.read_text(encoding="utf-8")).get("written", ()))
+    written = set((read_record(out) or {}).get("written", ()))
     for name in sorted(listed):
         if _an_earlier_runs_file(out / name, written):
             (out / name).unlink(missing_ok=True)
@@ -636,10 +632,8 @@ def calibrate_dataset(
     if other is not None:
         raise ValueError(f"{out} holds an earlier calibration run: {other}; use another folder")
     record = _fresh_record(dataset, config)
-    if (out / RECORD_FILE).is_file():
-        earlier = json.loads((out / RECORD_FILE).read_text(encoding="utf-8"))["persons"]
-        if _anyone_calibrated(earlier):  # else a run that made nothing, maybe of another recipe: start afresh
-            record["persons"] = earlier
+    if (earlier := read_record(out)) is not None and _anyone_calibrated(earlier["persons"]):
+        record["persons"] = earlier["persons"]  # else a run that made nothing, maybe of another recipe: start afresh
     labelled = {p: _labelled_or_error(dataset, p, config) for p in persons}
     about = {p: {"dataset": dataset.name, "person": p, "labelled": labelled[p], **_key(config)} for p in persons}
     foreign = [
@@ -662,8 +656,8 @@ def calibrate_dataset(
         if entry["status"] != "ok" and on_error is not None:
             on_error(person, entry["error"])
         record["persons"][person] = entry
-        write_json(out / RECORD_FILE, record)
-    write_json(out / RECORD_FILE, record)
+        write_record(out, record)
+    write_record(out, record)
     return record
 
 

@@ -6,7 +6,6 @@ labelled column (:func:`calibrate_and_score`) and every column of one target (:f
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,10 @@ from torch import Tensor, nn
 from alfa.adapters import AlfaConfig
 from alfa.fileio import safe_filename
 
-from .calibrate import RECORD_FILE, CalibrateConfig, calibrate_dataset
+from .calibrate import CalibrateConfig, calibrate_dataset
 from .data.base import GazeDataset
 from .evaluate import EvaluationReport, adapter_filename, eval_indices, evaluate
+from .folder_record import RECORD_FILE, read_record
 from .personalize import PersonalizeConfig, personalize_and_score
 
 __all__ = ["COLUMNS", "RECIPE_COLUMNS", "calibration_column", "DemoImages", "calibrate_and_score", "score_target"]
@@ -132,11 +132,10 @@ def calibrate_and_score(
     if any(len(drawn) != config.pool for drawn in images.pool.values()):
         raise ValueError(f"the calibration draws from a pool of {config.pool} images; these images hold another")
     folder = Path(folder)
-    record = folder / RECORD_FILE
-    if record.is_file():  # only the files the earlier run listed: alfa replaces only its own files
-        for person in json.loads(record.read_text(encoding="utf-8")).get("persons", {}):
+    if (record := read_record(folder)) is not None:  # only the files the earlier run listed: alfa replaces only its own
+        for person in record["persons"]:
             (folder / adapter_filename(person)).unlink(missing_ok=True)
-        record.unlink()
+        (folder / RECORD_FILE).unlink()
     view = images.calibration()
     # calibrate_dataset seeds the global generator per person; the run's own stream is restored after it
     with torch.random.fork_rng(devices=[]):

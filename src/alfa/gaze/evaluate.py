@@ -11,7 +11,6 @@ a model over a dataset), so training, personalization and evaluation read data t
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from alfa.adapters import adapter_state, detach, load_adapter, read_adapter_meta
 from alfa.fileio import PORTABLE_CHARS, write_json
 
 from .data.base import GazeDataset, images_differ, unit_images
+from .folder_record import RECORD_FILE, read_record
 from .geometry import angular_error
 from .precision import autocast
 
@@ -221,10 +221,6 @@ def readable_failure(error: BaseException) -> str:
     if isinstance(error, ValueError):
         return str(error)
     return f"{type(error).__name__}: {error}"
-
-
-RECORD_FILE = "personalization.json"
-"""The record a folder of per-person adapters (or corrections) keeps beside them: what was run, and for whom."""
 
 
 def adapter_filename(person: str) -> str:
@@ -444,12 +440,9 @@ def evaluate(
 
 def _failure_reason(folder: Path, person: str) -> str | None:
     """The error recorded by personalization for a person without an adapter, if any."""
-    summary = folder / RECORD_FILE
-    if not summary.is_file():
-        return None
     try:
-        data = json.loads(summary.read_text())
-        entry = data.get("persons", {}).get(person, {})
-        return f"personalization failed: {entry['error']}" if entry.get("error") else None
-    except (json.JSONDecodeError, AttributeError, KeyError):
+        record = read_record(folder)
+    except ValueError:  # a damaged record says nothing of why
         return None
+    entry = (record or {}).get("persons", {}).get(person, {})
+    return f"personalization failed: {entry['error']}" if entry.get("error") else None

@@ -40,7 +40,7 @@ from .losses import (
     roll_consistency_loss,
     rotation_distribution_loss,
 )
-from .views import FLIP_VIEWS, ROLL_DEGREES, roll_angle, view_rows
+from .views import FLIP_VIEWS, ROLL_DEGREES, roll_angle, roll_view_name, view_rows
 
 __all__ = [
     "Objective",
@@ -113,18 +113,17 @@ def _augment(pred: Tensor, settings: ObjectiveSettings) -> Tensor:
     return augmentation_consistency_loss(pred[:n], pred[n : 2 * n])
 
 
-_PLUS, _MINUS = f"+{ROLL_DEGREES:g}°", f"-{ROLL_DEGREES:g}°"
 # (unrolled view, its rolled views): the originals and the augmented copies, each rolled both ways
 _ROLL_PAIRS = (
-    ("original", (f"rolled {_PLUS}", f"rolled {_MINUS}")),
-    ("augmented", (f"augmented rolled {_PLUS}", f"augmented rolled {_MINUS}")),
+    ("original", (roll_view_name(ROLL_DEGREES), roll_view_name(-ROLL_DEGREES))),
+    ("augmented", (roll_view_name(ROLL_DEGREES, augmented=True), roll_view_name(-ROLL_DEGREES, augmented=True))),
 )
 ROLL_VIEWS = tuple(v for unrolled, rolled in _ROLL_PAIRS for v in (unrolled, *rolled))
 """The roll objective's views: the originals, them rolled by ±8° inside their inscribed disc, then the same of
 the augmented copies (``6·N`` rows)."""
 FLIP_ROLL_VIEWS = FLIP_VIEWS + ROLL_VIEWS
 """``flip+roll``'s views: the flip's ``4·N`` rows, then the roll's ``6·N``."""
-RUDA_VIEWS = (f"rolled {_MINUS}", "original", f"rolled {_PLUS}")
+RUDA_VIEWS = (roll_view_name(-ROLL_DEGREES), "original", roll_view_name(ROLL_DEGREES))
 """RUDA's views: each original rolled by −8°, 0° and +8° inside its inscribed disc (``3·N`` rows)."""
 
 

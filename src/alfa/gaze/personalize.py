@@ -62,7 +62,6 @@ from alfa.fileio import write_json
 from .augment import AugmentConfig, augment_images, build_augmentation
 from .data.base import GazeDataset, images_differ
 from .evaluate import (
-    RECORD_FILE,
     EvaluationReport,
     PersonScorer,
     adapter_filename,
@@ -70,6 +69,7 @@ from .evaluate import (
     load_images,
     readable_failure,
 )
+from .folder_record import RECORD_FILE, read_record, write_record
 from .losses import finite_or_raise
 from .objectives import OBJECTIVES
 from .precision import autocast, grad_scaler, run_precision
@@ -415,19 +415,13 @@ def foreign_adapters(
     ``None`` if it holds none of those. What the command line checks before it writes (``personalize_dataset``
     itself redoes any person whose adapter differs)."""
     out = Path(out_dir)
-    summary = out / RECORD_FILE
-    if not summary.is_file():
-        return None
     try:
-        before = json.loads(summary.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        return f"{summary} does not read ({e})"
-    persons = before.get("persons", {}) if isinstance(before, dict) else None
-    if not isinstance(persons, dict) or not all(isinstance(o, dict) for o in persons.values()):
-        return f"{summary} is not a personalization record alfa wrote"
-    if not isinstance(before.get("config", {}), dict):
-        return f"{summary} is not a personalization record alfa wrote"
-    made = [p for p, o in persons.items() if o.get("status") in ("ok", "skipped")]
+        before = read_record(out)
+    except ValueError as e:
+        return str(e)
+    if before is None:
+        return None
+    made = [p for p, o in before["persons"].items() if o.get("status") in ("ok", "skipped")]
     made = [p for p in made if (out / adapter_filename(p)).is_file()]
     if not made:
         return None  # a run where every person failed left no adapter to replace: any run may go on there
@@ -495,16 +489,14 @@ def listed_files(out_dir: str | Path) -> set[str]:
     lists them (the record itself included; a record from before the list: its persons' adapters and sidecars);
     empty without a record. Only these may be replaced or removed by a later run, even with ``--replace``.
     ``ValueError`` if ``personalization.json`` is there but is not such a record."""
-    record = Path(out_dir) / RECORD_FILE
-    if not record.exists():
-        return set()
     try:
-        data = json.loads(record.read_text(encoding="utf-8"))
-        persons = data["persons"]
-        written = set(data.get("written", ()))
-        written |= {n for p in persons for n in (adapter_filename(p), Path(adapter_filename(p)).stem + ".json")}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{record} is not a personalization record alfa wrote ({e}); move it away") from None
+        record = read_record(out_dir)
+    except ValueError as e:
+        raise ValueError(f"{e}; move it away") from None
+    if record is None:
+        return set()
+    written = set(record.get("written", ()))
+    written |= {n for p in record["persons"] for n in (adapter_filename(p), Path(adapter_filename(p)).stem + ".json")}
     return {Path(n).name for n in written} | {RECORD_FILE}
 
 
@@ -565,7 +557,7 @@ def personalize_dataset(
         sidecar = adapter.with_suffix(".json")
         if not {adapter.name, sidecar.name} <= run.written:  # listed before they exist: a crash leaves them ours
             run.written |= {adapter.name, sidecar.name}
-            write_json(out / RECORD_FILE, run.to_dict())
+            write_record(out, run.to_dict())
         done = _already_done(model, adapter, sidecar, key, dataset, person) if resume else None
         if done is not None and track is not None and len(done.tracked) != config.steps + 1:
             done = None  # made without the per-step measurements this run asks for
@@ -583,8 +575,8 @@ def personalize_dataset(
             write_json(sidecar, {"key": key, "outcome": dataclasses.asdict(outcome)})
         elif progress:  # said as it happens beside the bar; the command's summary says each failure once more
             tqdm.write(f"personalization of {person!r} failed: {outcome.error}")
-        write_json(out / RECORD_FILE, run.to_dict())
-    write_json(out / RECORD_FILE, run.to_dict())
+        write_record(out, run.to_dict())
+    write_record(out, run.to_dict())
     return run
 
 

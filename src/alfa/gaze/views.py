@@ -36,6 +36,7 @@ __all__ = [
     "disc_mask",
     "roll_in_disc",
     "rolled",
+    "roll_view_name",
     "roll_angle",
     "build_views",
     "view_rows",
@@ -94,15 +95,21 @@ def roll_in_disc(images: Tensor, angle: float) -> Tensor:
     return roll_images(images, angle).to(images.dtype) * mask + images * (1 - mask)
 
 
-def rolled(name: str, degrees: float, augmented: bool = False) -> View:
+def roll_view_name(degrees: float, augmented: bool = False) -> str:
+    """The name of the view of the originals (or augmented copies) rolled by ``degrees``: ``rolled +8°``,
+    ``augmented rolled -8°``; the one place a roll view's name is made (the objectives name their views by it)."""
+    return f"{'augmented ' if augmented else ''}rolled {degrees:+g}°"
+
+
+def rolled(degrees: float, augmented: bool = False) -> View:
     """The view of the originals (or augmented copies) rolled by ``degrees`` about the camera axis inside their
-    inscribed disc, the corners kept as they were (:func:`roll_in_disc`)."""
+    inscribed disc, the corners kept as they were (:func:`roll_in_disc`), named by :func:`roll_view_name`."""
     angle = math.radians(degrees)
 
     def build(images: Tensor, aug: Tensor) -> Tensor:
         return roll_in_disc(aug if augmented else images, angle)
 
-    return View(name, build, angle)
+    return View(roll_view_name(degrees, augmented), build, angle)
 
 
 for _view in (
@@ -110,10 +117,10 @@ for _view in (
     View("augmented", lambda images, aug: aug),
     View("flipped", lambda images, aug: _flip(images)),
     View("flipped augmented", lambda images, aug: _flip(aug)),
-    rolled(f"rolled +{ROLL_DEGREES:g}°", ROLL_DEGREES),
-    rolled(f"rolled -{ROLL_DEGREES:g}°", -ROLL_DEGREES),
-    rolled(f"augmented rolled +{ROLL_DEGREES:g}°", ROLL_DEGREES, augmented=True),
-    rolled(f"augmented rolled -{ROLL_DEGREES:g}°", -ROLL_DEGREES, augmented=True),
+    rolled(ROLL_DEGREES),
+    rolled(-ROLL_DEGREES),
+    rolled(ROLL_DEGREES, augmented=True),
+    rolled(-ROLL_DEGREES, augmented=True),
 ):
     register_view(_view)
 

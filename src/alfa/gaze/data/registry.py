@@ -8,7 +8,8 @@
 Options can ride along after ``?``, e.g. ``gazehub:gaze360:/data/Gaze360?split=val&size=224``;
 keyword arguments to :func:`open_dataset` override them. In code a spec is a :class:`DatasetSpec` (kind,
 what follows it, options in order), whose string form is the one above: the string is only the
-command line's and the configs' way of writing it.
+command line's and the configs' way of writing it. :func:`split_spec` is the one reading of that string's
+parts, for whoever needs them (the command line's input checks too).
 
 Each kind is registered by its loader module with :func:`register_dataset` (``@register_dataset("gazehub",
 form="gazehub:<dataset>:<root>")`` on a small opener function); :mod:`alfa.gaze.data` imports the built-in
@@ -18,7 +19,7 @@ splits for the source datasets (:func:`split_persons`, :class:`PersonSubset`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from .base import GazeDataset, UnknownPersonError
 
 __all__ = [
     "DatasetSpec",
+    "split_spec",
     "open_dataset",
     "register_dataset",
     "unregister_dataset",
@@ -53,19 +55,8 @@ class DatasetSpec:
 
     @classmethod
     def parse(cls, text: str) -> DatasetSpec:
-        body, _, query = text.partition("?")
-        kind, sep, target = body.partition(":")
-        if not sep or not target:
-            raise ValueError(f"dataset spec {text!r}: expected one of {', '.join(spec_forms())}")
-        options = []
-        for item in filter(None, query.split("&")):
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise ValueError(f"dataset spec {text!r}: bad option {item!r}; options are {', '.join(_OPTION_TYPES)}")
-            if any(key == k for k, _ in options):  # which of two values was meant cannot be guessed
-                raise ValueError(f"dataset spec {text!r}: option {key!r} given twice")
-            options.append((key, value))
-        return cls(kind.strip().lower(), target, tuple(options))
+        kind, target, query = split_spec(text)
+        return cls(kind, target, tuple(_query_items(text, query, _OPTION_TYPES)))
 
     @classmethod
     def synthetic(cls, domain: str, **options: Any) -> DatasetSpec:
@@ -81,6 +72,33 @@ class DatasetSpec:
     def __str__(self) -> str:
         query = "&".join(f"{k}={v}" for k, v in self.options)
         return f"{self.kind}:{self.target}" + (f"?{query}" if query else "")
+
+
+def split_spec(text: str) -> tuple[str, str, str]:
+    """A spec string's parts: its kind (stripped, lower case), what follows ``<kind>:`` and its query (what follows
+    ``?``, ``""`` without one). The one reading of the ``<kind>:<target>?<query>`` form: a string without a kind
+    and a target is a ``ValueError`` naming the forms."""
+    body, _, query = text.partition("?")
+    kind, sep, target = body.partition(":")
+    if not sep or not target:
+        raise ValueError(f"dataset spec {text!r}: expected one of {', '.join(spec_forms())}")
+    return kind.strip().lower(), target, query
+
+
+def _query_items(
+    spec: str, query: str, listed: Iterable[str], known: Collection[str] | None = None
+) -> list[tuple[str, str]]:
+    """A query's ``key=value`` options as text, in order. An item without ``=`` (or, with ``known``, whose key is
+    not one of those) is a ``ValueError`` listing ``listed``; so is a key given twice."""
+    items: list[tuple[str, str]] = []
+    for item in filter(None, query.split("&")):
+        key, sep, value = item.partition("=")
+        if not sep or (known is not None and key not in known):
+            raise ValueError(f"dataset spec {spec!r}: bad option {item!r}; options are {', '.join(listed)}")
+        if any(key == k for k, _ in items):  # which of two values was meant cannot be guessed
+            raise ValueError(f"dataset spec {spec!r}: option {key!r} given twice")
+        items.append((key, value))
+    return items
 
 
 # How a kind turns the rest of its spec into a dataset: ``opener(rest, options, spec)``, where ``rest``
@@ -221,33 +239,23 @@ def _parse_options(spec: str, query: str, kind: DatasetKind | None = None) -> di
     """The options of a spec's query, typed by the registry's parsers and ``kind``'s own; ``kind``'s options are
     the ones a bad option's error lists (``None``: every shared one)."""
     types = {**_OPTION_TYPES, **dict(kind.option_types if kind else ())}
-    known = None if kind is None else kind.options
+    taken = None if kind is None else kind.options
+    listed = [k for k in types if taken is None or k in taken]  # those a query can set
     options: dict = {}
-    for item in filter(None, query.split("&")):
-        key, sep, value = item.partition("=")
-        if not sep or key not in types:
-            listed = ", ".join(k for k in types if known is None or k in known)  # those a query can set
-            raise ValueError(f"dataset spec {spec!r}: bad option {item!r}; options are {listed}")
-        if key in options:
-            raise ValueError(f"dataset spec {spec!r}: option {key!r} given twice")
+    for key, value in _query_items(spec, query, listed, known=types):
         try:
             options[key] = types[key](value)
         except ValueError as err:
-            raise ValueError(f"dataset spec {spec!r}: option {item!r}: {err}") from err
+            raise ValueError(f"dataset spec {spec!r}: option {f'{key}={value}'!r}: {err}") from err
     return options
 
 
 def open_dataset(spec: str | DatasetSpec, **kw: Any) -> GazeDataset:
     """Open the dataset a spec (a :class:`DatasetSpec` or its string) names (the module docstring has the forms)."""
     spec = str(spec)
-    body, _, query = spec.partition("?")
-    kind, sep, rest = body.partition(":")
-    kind = kind.strip().lower()
-    forms = ", ".join(spec_forms())
-    if not sep or not rest:
-        raise ValueError(f"dataset spec {spec!r}: expected one of {forms}")
+    kind, rest, query = split_spec(spec)
     if kind not in _BY_NAME:
-        raise ValueError(f"dataset spec {spec!r}: unknown kind {kind!r}; expected one of {forms}")
+        raise ValueError(f"dataset spec {spec!r}: unknown kind {kind!r}; expected one of {', '.join(spec_forms())}")
     found = _BY_NAME[kind]
     options = {**_parse_options(spec, query, found), **kw}
     unknown = [] if found.options is None else sorted(set(options) - set(found.options))

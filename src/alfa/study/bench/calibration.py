@@ -33,6 +33,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from alfa.gaze.data.registry import DatasetSpec
+
+from .config import split_pair
 from .markdown import spans
 from .methods import declared_run_seeds
 from .ratios import ratio
@@ -130,7 +133,7 @@ def calibration_checks(records: Iterable[Record | Mapping[str, Any]], persons: s
             checks.append(
                 Check(pair, WITHIN_CONDITION, measured, multiple.value is not None and multiple.value <= WITHIN_SHARE)
             )
-        source = pair.split("→")[0]
+        source = split_pair(pair)[0]
         condition = IN_DOMAIN_CONDITION[source]
         if ind is None:
             checks.append(Check(pair, "in-domain measured", "no in-domain rows", False if condition else None))
@@ -162,7 +165,7 @@ def _judged(checks: Sequence[Check]) -> tuple[list[Check], list[Check]]:
 def _real_within_share(pair: str) -> str:
     """The real within/source-only ratio of ``pair``: the ends of :data:`REAL_WITHIN`'s range over
     :data:`REAL_SOURCE_ONLY`."""
-    low, high = REAL_WITHIN[pair.split("→")[1]]
+    low, high = REAL_WITHIN[split_pair(pair)[1]]
     real = REAL_SOURCE_ONLY[pair]
     return f"{low / real:.2f}–{high / real:.2f}"
 
@@ -190,18 +193,17 @@ def calibration_statement(records: Iterable[Record | Mapping[str, Any]], persons
 
 def _training_set(spec: str) -> str:
     """``synthetic:mpii-v2?split=train&persons=80&images_per_person=200`` -> ``mpii-v2 (train), 80 × 200``."""
-    query = dict(kv.split("=", 1) for kv in spec.partition("?")[2].split("&") if "=" in kv)
-    size = (
-        f", {query['persons']} × {query['images_per_person']}" if {"persons", "images_per_person"} <= set(query) else ""
-    )
-    return _world_of(spec) + size
+    options = dict(DatasetSpec.parse(spec).options)
+    counts = {"persons", "images_per_person"} <= set(options)
+    return _world_of(spec) + (f", {options['persons']} × {options['images_per_person']}" if counts else "")
 
 
 def _world_of(spec: str) -> str:
     """``synthetic:mpii-v2?split=train&...`` -> ``mpii-v2 (train)``; the default split is left out."""
-    body, _, query = spec.partition("?")
-    split = dict(kv.split("=", 1) for kv in query.split("&") if "=" in kv).get("split")
-    return body.removeprefix("synthetic:") + (f" ({split})" if split else "")
+    parsed = DatasetSpec.parse(spec)
+    world = parsed.target if parsed.kind == "synthetic" else f"{parsed.kind}:{parsed.target}"
+    split = dict(parsed.options).get("split")
+    return world + (f" ({split})" if split else "")
 
 
 def scout_table(scouts: Sequence[Mapping[str, Any]]) -> list[str]:
