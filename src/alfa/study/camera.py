@@ -43,7 +43,10 @@ SECTIONS = "\n".join(
         "residual (`rms_px`) and its leave-one-out error (`leave_one_out_px`: each point predicted by the fit of "
         "the others, what to expect of a point the fit has not seen; none when no point is to spare, as with 3 "
         "points of an affine fit). A fit knows no "
-        "screen size, so its point has no `on_screen`. In all three files a key the reader does not know (a "
+        "screen size, so its point has no `on_screen`. A fit whose calibration gazes barely spread or nearly lie "
+        "on one line is kept, with one warning line on stderr: its terms are ill-conditioned (condition number "
+        "above 50 for an affine fit, 2,500 for a quadratic, with the angles in radians), so a gaze error of a "
+        "degree may move its screen points far. In all three files a key the reader does not know (a "
         'misspelt `rotaton`) is refused, and so are values that are not numbers (`true`, `"500"`), pixel sizes '
         "that are no whole number, screen sides outside 1 to 100,000 (millimetres or pixels: a unit slip), gazes "
         "beyond ±90°, screen points beyond ±100,000 px and a degree other than 1 or 2.",
