@@ -580,20 +580,20 @@ def render_person(
     person = sample_persons(cfg, 1, g)
     capture = sample_capture(cfg, 1, g)
     res = camera_resolution(cfg, size)
-    scenes, noises = [], []
-    for _ in range(math.ceil(images / PARAM_CHUNK)):
+    chunks = math.ceil(images / PARAM_CHUNK)
+    scenes, noise = [], torch.empty(chunks * PARAM_CHUNK, NOISE_CHANNELS, res, res)
+    for rows in noise.split(PARAM_CHUNK):  # each chunk's noise drawn straight into its (contiguous) rows
         scenes.append(sample_scenes(cfg, PARAM_CHUNK, g))
-        noises.append(torch.randn(PARAM_CHUNK, NOISE_CHANNELS, res, res, generator=g))
+        torch.randn(rows.shape, generator=g, out=rows)
     scene = {k: torch.cat([s[k] for s in scenes])[:images] for k in scenes[0]}
     scene = place_capture(scene, {k: v.expand(images) for k, v in capture.items()})
-    noise = torch.cat(noises)[:images]
+    noise = noise[:images]
     params = FaceParams(**{k: v.expand(images, *v.shape[1:]) for k, v in person.items()}, **scene)
     per_call = max(1, RENDER_PIXELS // (res * res))
-    out = []
+    pixels = torch.empty(images, 3, size, size, dtype=torch.uint8)
     for start in range(0, images, per_call):
-        part = params.select(slice(start, start + per_call))
-        out.append(render_faces(part, noise[start : start + per_call], size))
-    pixels = torch.cat(out).mul(255.0).round().to(torch.uint8)
+        part, rows = params.select(slice(start, start + per_call)), slice(start, start + per_call)
+        pixels[rows] = render_faces(part, noise[rows], size).mul_(255.0).round_()  # 8-bit, call by call
     head = torch.stack([params.head_yaw, params.head_pitch], -1)
     labels = gaze_labels(params)
     if cfg.label_origin_pitch_deg:

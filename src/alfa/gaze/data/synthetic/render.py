@@ -233,6 +233,23 @@ def _soft(signed_distance: Tensor, pixel: float | Tensor) -> Tensor:
     return (0.5 + signed_distance / pixel).clamp(0.0, 1.0)
 
 
+# In place. The per-pixel passes below mostly write into temporaries they own instead of allocating a tensor
+# per operation (allocating is a large part of a pass's time). Each in-place step computes exactly what its
+# out-of-place form did, element by element: the same operation on the same operands, at most with the
+# operands of ``+`` or ``×`` swapped (exact in IEEE arithmetic), never reassociated or fused, so the images are
+# bit for bit those of the out-of-place code (tests/test_synthetic_pins.py holds them to checksums).
+
+
+def _soft_(signed_distance: Tensor, pixel: float | Tensor) -> Tensor:
+    """:func:`_soft` in place on a temporary."""
+    return signed_distance.div_(pixel).add_(0.5).clamp_(0.0, 1.0)
+
+
+def _rsub_(x: Tensor, a: float | Tensor) -> Tensor:
+    """``a - x`` in place on a temporary ``x`` (a float ``a`` as a float32 scalar, as ``a - x`` takes it)."""
+    return torch.sub(a if isinstance(a, Tensor) else torch.tensor(a, dtype=x.dtype), x, out=x)
+
+
 class _Painter:
     """Paints flat-coloured layers from the top down, in one channel: each layer's weight is its
     coverage times what the layers above let through, and the colour is one batched matrix product
@@ -241,23 +258,43 @@ class _Painter:
     def __init__(self, like: Tensor, layers: int, through: Tensor | None = None) -> None:
         b, h, w = like.shape
         self.through = torch.ones_like(like) if through is None else through
+        self.owned = through is None  # whether ``through`` is the painter's own (then it is updated in place)
         self.weights = torch.empty(b, layers, h, w, dtype=like.dtype)
         self.colours = torch.empty(b, 3, layers, dtype=like.dtype)
         self.count = 0
 
-    def paint(self, coverage: Tensor, colour: Tensor, shade: Tensor | None = None) -> None:
-        """A layer of ``colour`` (B, 3) over ``coverage`` (B, H, W) in [0, 1], its colour scaled by ``shade``."""
+    def paint(self, coverage: Tensor | None, colour: Tensor, shade: Tensor | None = None) -> None:
+        """A layer of ``colour`` (B, 3) over ``coverage`` (B, H, W) in [0, 1] (``None``: 1 everywhere, and the
+        weight ``1 · through`` is ``through`` itself), its colour scaled by ``shade``."""
         weight = self.weights[:, self.count]
-        torch.mul(coverage, self.through, out=weight)
-        self.through = self.through - weight
+        if coverage is None:
+            weight.copy_(self.through)
+        else:
+            torch.mul(coverage, self.through, out=weight)
+        if self.owned:
+            self.through.sub_(weight)
+        else:
+            self.through, self.owned = self.through - weight, True
         if shade is not None:
             weight.mul_(shade)
         self.colours[:, :, self.count] = colour
         self.count += 1
 
+    def paint_nothing(self, colour: Tensor) -> None:
+        """A layer of zero coverage everywhere: what :meth:`paint` makes of it (its weight ``0 · through`` is
+        +0, as ``through`` is finite and never negative, and it leaves ``through`` as it was), without the passes."""
+        self.weights[:, self.count].zero_()
+        self.colours[:, :, self.count] = colour
+        self.count += 1
+
     def darken(self, amount: Tensor) -> None:
-        """A black layer of partial coverage: everything below is dimmed by ``1 - amount``."""
-        self.through = self.through * (1.0 - amount)
+        """A black layer of partial coverage: everything below is dimmed by ``1 - amount`` (``amount``: a
+        temporary, overwritten)."""
+        factor = _rsub_(amount, 1.0)
+        if self.owned:
+            self.through.mul_(factor)
+        else:
+            self.through, self.owned = self.through * factor, True
 
     def image(self) -> Tensor:
         b, k, h, w = self.weights.shape
@@ -340,7 +377,7 @@ def render_faces(p: FaceParams, noise: Tensor, size: int, *, eye_windows: bool =
     surface = _trace_head(p, r)
     optics = _eye_optics(p, surface.rot)
     eyes = _paint_eyes(p, surface, optics, eye_windows)
-    albedo = _paint_face_under_eyes(p, surface, eyes.through.view(b, r, r)) + eyes.colour.view(b, 3, r, r)
+    albedo = _paint_face_under_eyes(p, surface, eyes.through.view(b, r, r)).add_(eyes.colour.view(b, 3, r, r))
     img = _shade(p, surface, optics, albedo, eyes)
     return _camera(p, img, noise, surface, size)
 
@@ -382,17 +419,18 @@ def _trace_head(p: FaceParams, r: int) -> _HeadSurface:
     py = -v - _col(origin[:, 1])  # (B, r, 1)
     qa = _col(q[:, 2, 2])
     qb = _col(q[:, 0, 2]) * px + _col(q[:, 1, 2]) * py
-    qc = (_col(q[:, 0, 0]) * px * px - 1.0) + 2 * _col(q[:, 0, 1]) * px * py + _col(q[:, 1, 1]) * py * py
-    disc = qb * qb - qa * qc
-    z = (torch.sqrt(disc.clamp_min(0.0)) - qb) / qa
+    # qc = (q00 px² - 1) + 2 q01 px py + q11 py², summed in that order
+    qc = (2 * _col(q[:, 0, 1]) * px * py).add_(_col(q[:, 0, 0]) * px * px - 1.0).add_(_col(q[:, 1, 1]) * py * py)
+    disc = (qb * qb).sub_(qc.mul_(qa))
+    z = disc.clamp_min(0.0).sqrt_().sub_(qb).div_(qa)
     # The projected outline is e = 1 - disc/qa = 1; (1 - sqrt(e)) · radius approximates the distance to it.
-    outline = 1.0 - disc / qa
-    face = _soft((1.0 - torch.sqrt(outline.clamp_min(0.0))) * _col(0.5 * (a + bb)), pixel)
+    outline = _rsub_(disc.div_(qa), 1.0)
+    face = _soft_(_rsub_(outline.clamp_min_(0.0).sqrt_(), 1.0).mul_(_col(0.5 * (a + bb))), pixel)
 
     # Head-frame coordinates of the surface point, in unscaled head units: h = R^T (px, py, z) / scale.
     def head_coord(k: int) -> Tensor:
         along_x, along_y, along_z = (_col(rot[:, j, k] / p.scale) for j in range(3))
-        return (along_x * px + along_y * py) + along_z * z
+        return (along_x * px + along_y * py).add_(z * along_z)
 
     hx, hy, hz = head_coord(0), head_coord(1), head_coord(2)
     hpix = pixel / p.scale
@@ -430,12 +468,10 @@ def _eye_optics(p: FaceParams, rot: Tensor) -> _EyeOptics:
     return _EyeOptics(light_head, half, optical, o_dir_x, o_dir_y, o_squash, pupil_frac, lid_shift)
 
 
-def _colour(rgb: tuple[float, float, float], b: int) -> Tensor:
-    """A fixed colour for every image of the batch, (B, 3)."""
-    return torch.tensor(rgb).expand(b, 3)
-
-
-_RIM_RGB = (0.1, 0.09, 0.09)  # the glasses' frame
+_RIM = torch.tensor((0.1, 0.09, 0.09))  # the glasses' frame
+_PUPIL = torch.tensor((0.03, 0.03, 0.03))
+_LASH = torch.tensor((0.08, 0.06, 0.05))
+_LIPS = torch.tensor([0.72, 0.42, 0.42])  # the lips' colour relative to the skin's
 
 
 @dataclass
@@ -458,6 +494,7 @@ def _paint_eyes(p: FaceParams, surface: _HeadSurface, optics: _EyeOptics, eye_wi
     glint = torch.zeros(b, r * r)
     sockets = torch.zeros_like(surface.hx)
     socket_gx, socket_gy = torch.zeros_like(surface.hx), torch.zeros_like(surface.hx)
+    on_face = surface.hz > 0
     for side in (1.0, -1.0):  # +1: the eye on the head's +x side (image left when frontal)
         ex0 = p.eye_sep * (1 + side * p.eye_sep_asym)
         ey0 = p.eye_y + side * p.eye_y_asym
@@ -465,12 +502,12 @@ def _paint_eyes(p: FaceParams, surface: _HeadSurface, optics: _EyeOptics, eye_wi
         ex, ey, ew = _col(ex0), _col(ey0), _col(ew0)
 
         # Sockets shade softly over a wide area, so they are computed over the whole crop.
-        ds = (side * surface.hx - ex) / (1.6 * ew)
-        dt = (surface.hy - ey) / (1.4 * ew)
-        dip = torch.exp((-(ds * ds + dt * dt)).clamp_min(-30.0)) * (surface.hz > 0)
-        sockets = sockets + dip
-        socket_gx = socket_gx + dip * ds * side / ew
-        socket_gy = socket_gy + dip * dt / ew
+        ds = torch.mul(surface.hx, side).sub_(ex).div_(1.6 * ew)
+        dt = torch.sub(surface.hy, ey).div_(1.4 * ew)
+        dip = (ds * ds).add_(dt * dt).neg_().clamp_min_(-30.0).exp_().mul_(on_face)
+        sockets.add_(dip)
+        socket_gx.add_(ds.mul_(dip).mul_(side).div_(ew))
+        socket_gy.add_(dt.mul_(dip).div_(ew))
 
         eye = (ex0, ey0, ew0)
         window, wu, wv = _window_of_eye(p, surface, side, eye, full=not eye_windows)
@@ -479,9 +516,9 @@ def _paint_eyes(p: FaceParams, surface: _HeadSurface, optics: _EyeOptics, eye_wi
         # Into the crop: this eye lies under the eyes painted before it (the same order as one painter).
         through_above = eye_through.gather(1, window.index)
         eye_colour.scatter_add_(
-            2, window.index[:, None].expand(b, 3, -1), painter.image().view(b, 3, -1) * through_above[:, None]
+            2, window.index[:, None].expand(b, 3, -1), painter.image().view(b, 3, -1).mul_(through_above[:, None])
         )
-        eye_through.scatter_(1, window.index, through_above * painter.through.view(b, -1))
+        eye_through.scatter_(1, window.index, through_above.mul_(painter.through.view(b, -1)))
         glint.scatter_add_(1, window.index, eye_glint.view(b, -1))
     return _Eyes(eye_colour, eye_through, glint, sockets, socket_gx, socket_gy)
 
@@ -525,37 +562,24 @@ def _paint_eye(
     brow. ``eye`` is ``(x, y, half-width)`` of its opening in the head frame, per image, ``x`` unsigned (the
     eye's centre is at ``side · x``). Returns the painter and the eye's specular glint (B, h, w)."""
     ex0, ey0, ew0 = eye
-    b = p.batch_size
     ex, ey, ew = _col(ex0), _col(ey0), _col(ew0)
     whx, why, whz = window.gather(surface.hx), window.gather(surface.hy), window.gather(surface.hz)
-    sc, iris_r, has_glasses = _col(p.scale), _col(p.iris_r), _col(p.glasses)
+    sc, iris_r = _col(p.scale), _col(p.iris_r)
 
     up = _col((p.eye_open * (1 + side * p.eye_open_asym) + optics.lid_shift).clamp(0.05, 0.9))
     low = _col((p.eye_low - 0.3 * optics.lid_shift).clamp(0.1, 0.6))
-    outward = side * whx - ex
+    outward = torch.mul(whx, side).sub_(ex)
     s_along = outward / ew  # along the eye, outward positive, both eyes alike
-    t = (why - ey) / ew - _col(p.eye_tilt) * s_along
-    bell = 1.0 - s_along * s_along
-    upper = up * bell * (1.0 - _col(p.lid_skew) * s_along)
+    t = torch.sub(why, ey).div_(ew).sub_(s_along * _col(p.eye_tilt))
+    s_along2 = s_along * s_along
+    bell = 1.0 - s_along2
+    upper = (bell * up).mul_(_rsub_(s_along * _col(p.lid_skew), 1.0))
     whpix = _col(surface.hpix)
     # Only the face side of the head carries eyes (at extreme yaw the back of the head shows).
     front = (whz > 0).float()
-    inside = _soft(torch.minimum(upper - t, t + low * bell) * ew, whpix) * front
+    inside = _soft_(torch.minimum(upper - t, (bell * low).add_(t), out=whz).mul_(ew), whpix).mul_(front)
     painter = _Painter(whx, layers=6)
-
-    # Glasses: a rim around the eye, a tinted lens with a glare that moves with the light. A lens
-    # spans 80% of the way to the midline, so the two never overlap (their painting order is moot).
-    lens_w = 0.8 * ex
-    gdx = outward / lens_w
-    gdy = (why - ey - 0.02) / (1.25 * ew)
-    rho = torch.sqrt(gdx * gdx + gdy * gdy)
-    to_rim = (rho - 1.0) * torch.minimum(lens_w, 1.25 * ew)  # about the distance to the rim line
-    painter.paint(_soft(0.5 * _col(p.glasses_rim) - to_rim.abs(), whpix) * has_glasses * front, _colour(_RIM_RGB, b))
-    lens = _soft(-to_rim, whpix) * has_glasses * front
-    painter.darken(_col(p.glasses_tint) * lens)
-    rx = gdx - side * 0.55 * _col(optics.light_head[:, 0])
-    ry = gdy - 0.55 * _col(optics.light_head[:, 1])
-    eye_glint = 0.5 * lens * torch.exp((-24.0 * rx * rx - 8.0 * ry * ry).clamp_min(-30.0))
+    eye_glint = _paint_glasses(p, optics, side, (ex, ey, ew), (outward, why, front, whpix), painter)
 
     # The eyeball sits behind the surface; the iris is a disc on it along the optical axis.
     optical = optics.optical
@@ -564,30 +588,69 @@ def _paint_eye(
     ball[:, :2] += surface.origin
     wx = -wu - _col(ball[:, 0] + p.scale * p.ball_r * optical[:, 0])
     wy = -wv - _col(ball[:, 1] + p.scale * p.ball_r * optical[:, 1])
-    along = (wx * optics.o_dir_x + wy * optics.o_dir_y) / optics.o_squash
+    along = (wx * optics.o_dir_x + wy * optics.o_dir_y).div_(optics.o_squash)
     across = wx * optics.o_dir_y - wy * optics.o_dir_x
-    ell = torch.sqrt(along * along + across * across) / sc  # head units
-    lid_shadow = 1.0 - 0.45 * torch.exp(((t - upper) / 0.25).clamp(-30.0, 0.0))
-    painter.paint(inside * _soft(iris_r * optics.pupil_frac - ell, whpix), _colour((0.03, 0.03, 0.03), b))
-    ring = 1.0 - 0.5 * ((ell / iris_r - 0.6) / 0.4).clamp(0.0, 1.0)
-    painter.paint(inside * _soft(iris_r - ell, whpix), p.iris, lid_shadow * ring)
-    painter.paint(inside, p.sclera, lid_shadow * (1.0 - 0.3 * (s_along * s_along).clamp(max=1.0)))
+    ell = along.mul_(along).add_(across.mul_(across)).sqrt_().div_(sc)  # head units
+    t_above = t.sub_(upper)  # t - upper
+    lid_shadow = _rsub_((t_above / 0.25).clamp_(-30.0, 0.0).exp_().mul_(0.45), 1.0)
+    painter.paint(_soft_(torch.sub(iris_r * optics.pupil_frac, ell), whpix).mul_(inside), _PUPIL)
+    ring = _rsub_((ell / iris_r).sub_(0.6).div_(0.4).clamp_(0.0, 1.0).mul_(0.5), 1.0)
+    painter.paint(_soft_(_rsub_(ell, iris_r), whpix).mul_(inside), p.iris, ring.mul_(lid_shadow))
+    painter.paint(inside, p.sclera, _rsub_(s_along2.clamp_(max=1.0).mul_(0.3), 1.0).mul_(lid_shadow))
 
     # Corneal glint: the light's reflection on the eyeball, fixed by light and eye position, not by gaze.
     gx = -wu - _col(ball[:, 0] + p.scale * 0.9 * p.ball_r * optics.half[:, 0])
     gy = -wv - _col(ball[:, 1] + p.scale * 0.9 * p.ball_r * optics.half[:, 1])
     spot = (0.2 * iris_r * sc).clamp_min(0.45 * surface.pixel)
-    eye_glint = eye_glint + inside * torch.exp((-(gx * gx + gy * gy) / (2 * spot * spot)).clamp_min(-30.0))
+    corneal = (gx * gx + gy * gy).neg_().div_(2 * spot * spot).clamp_min_(-30.0).exp_().mul_(inside)
+    eye_glint = corneal if eye_glint is None else eye_glint.add_(corneal)
 
     # Lash line above the upper lid, then the brow above that.
-    above = (t - upper) * ew
-    lash = torch.minimum(torch.minimum(above, 0.018 - above), (1.08 - s_along.abs()) * ew)
-    painter.paint(_soft(lash, whpix) * front, _colour((0.08, 0.06, 0.05), b))
-    sb = (outward - 0.2 * ew) / (1.35 * ew)
-    brow_c = ey + _col(p.brow_gap + side * p.brow_asym) + _col(p.brow_arch) * (1 - sb * sb)
-    brow = torch.minimum(_col(p.brow_t) * (1.0 - 0.4 * sb) - (why - brow_c).abs(), (1 - sb.abs()) * ew)
-    painter.paint(_soft(brow, whpix) * front, p.hair * 0.9)
+    above = t_above.mul_(ew)
+    lash = torch.minimum(above, 0.018 - above, out=inside)
+    lash = torch.minimum(lash, _rsub_(s_along.abs_(), 1.08).mul_(ew), out=lash)
+    painter.paint(_soft_(lash, whpix).mul_(front), _LASH)
+    sb = outward.sub_(0.2 * ew).div_(1.35 * ew)
+    brow_c = _rsub_(sb * sb, 1).mul_(_col(p.brow_arch)).add_(ey + _col(p.brow_gap + side * p.brow_asym))
+    brow = _rsub_(sb * 0.4, 1.0).mul_(_col(p.brow_t)).sub_(_rsub_(brow_c, why).abs_())
+    brow = torch.minimum(brow, _rsub_(sb.abs_(), 1).mul_(ew), out=brow)
+    painter.paint(_soft_(brow, whpix).mul_(front), p.hair * 0.9)
     return painter, eye_glint
+
+
+def _paint_glasses(
+    p: FaceParams,
+    optics: _EyeOptics,
+    side: float,
+    eye: tuple[Tensor, Tensor, Tensor],
+    grid: tuple[Tensor, Tensor, Tensor, Tensor],
+    painter: _Painter,
+) -> Tensor | None:
+    """The glasses' layers of one eye (:func:`_paint_eye`'s first): a rim around the eye, a tinted lens with a
+    glare that moves with the light; returns the glare (B, h, w). A lens spans 80% of the way to the midline,
+    so the two never overlap (their painting order is moot). ``eye`` is ``(x, y, half-width)``, each (B, 1, 1);
+    ``grid``: :func:`_paint_eye`'s ``outward``, ``why``, ``front`` and ``whpix``.
+
+    In a batch without glasses (a person's images share them) the rim's and the lens's coverages are +0
+    everywhere, so the rim paints nothing, the tint dims nothing and the glare is +0, which adds nothing to
+    the corneal glint: then the layers are painted empty and no glare is returned (``None``)."""
+    ex, ey, ew = eye
+    outward, why, front, whpix = grid
+    if not bool(p.glasses.any()):
+        painter.paint_nothing(_RIM)
+        return None
+    has_glasses = _col(p.glasses)
+    lens_w = 0.8 * ex
+    gdx = outward / lens_w
+    gdy = torch.sub(why, ey).sub_(0.02).div_(1.25 * ew)
+    rho = (gdx * gdx).add_(gdy * gdy).sqrt_()
+    to_rim = rho.sub_(1.0).mul_(torch.minimum(lens_w, 1.25 * ew))  # about the distance to the rim line
+    painter.paint(_soft_(_rsub_(to_rim.abs(), 0.5 * _col(p.glasses_rim)), whpix).mul_(has_glasses).mul_(front), _RIM)
+    lens = _soft_(to_rim.neg_(), whpix).mul_(has_glasses).mul_(front)
+    painter.darken(lens * _col(p.glasses_tint))
+    rx = gdx.sub_(side * 0.55 * _col(optics.light_head[:, 0]))
+    ry = gdy.sub_(0.55 * _col(optics.light_head[:, 1]))
+    return lens.mul_(0.5).mul_((rx * -24.0).mul_(rx).sub_((ry * 8.0).mul_(ry)).clamp_min_(-30.0).exp_())
 
 
 _NOSE_W = 0.07  # half-width of the nose bump
@@ -601,70 +664,80 @@ def _nose_top_and_length(p: FaceParams) -> tuple[Tensor, Tensor]:
 def _paint_face_under_eyes(p: FaceParams, surface: _HeadSurface, eye_through: Tensor) -> Tensor:
     """The rest of the face's albedo (B, 3, r, r), under the eyes (``eye_through``: what they let through):
     the glasses' bridge, the nostrils, the lips, the hair and the skin."""
-    b, hx, hy = p.batch_size, surface.hx, surface.hy
+    hx, hy, hpix = surface.hx, surface.hy, _col(surface.hpix)
     painter = _Painter(hx, layers=4, through=eye_through)
-    bridge_y = _col(p.eye_y) + 0.05
-    bridge = torch.minimum(0.5 * _col(p.glasses_rim) - (hy - bridge_y).abs(), _col(p.eye_sep) * 0.3 - hx.abs())
-    painter.paint(_soft(bridge, _col(surface.hpix)) * _col(p.glasses), _colour(_RIM_RGB, b))
+    if bool(p.glasses.any()):
+        bridge = _rsub_(torch.sub(hy, _col(p.eye_y) + 0.05).abs_(), 0.5 * _col(p.glasses_rim))
+        bridge = torch.minimum(bridge, _rsub_(hx.abs(), _col(p.eye_sep) * 0.3), out=bridge)
+        painter.paint(_soft_(bridge, hpix).mul_(_col(p.glasses)), _RIM)
+    else:  # as in _paint_glasses: the bridge's coverage is +0 everywhere
+        painter.paint_nothing(_RIM)
     nose_top, nose_len = _nose_top_and_length(p)
     nostril = torch.zeros_like(hx)
+    ndy = torch.sub(hy, nose_top - nose_len).div_(0.014)
+    ndy2 = ndy.mul_(ndy)  # the same for both nostrils
     for side in (1.0, -1.0):
-        ndx = (hx - _col(p.nose_dx) - side * 0.035) / 0.022
-        ndy = (hy - (nose_top - nose_len)) / 0.014
-        nostril = nostril + torch.exp((-(ndx * ndx + ndy * ndy)).clamp_min(-30.0))
-    painter.darken(0.6 * nostril.clamp(max=1.0))
-    mouth_s = (hx - _col(p.mouth_dx)) / _col(p.mouth_w)
-    mouth_t = hy - (_col(p.mouth_y) + _col(p.mouth_curve) * mouth_s * mouth_s)
-    lips = torch.minimum(0.022 * (1 - mouth_s * mouth_s) - mouth_t.abs(), (1 - mouth_s.abs()) * _col(p.mouth_w))
-    painter.paint(_soft(lips, _col(surface.hpix)), p.skin * torch.tensor([0.72, 0.42, 0.42]))
-    hairline = _col(p.hair_y) - 0.35 * ((hx - _col(p.hair_part)) / _col(p.face_w)) ** 2
-    painter.paint(_soft(hy - hairline, _col(surface.hpix)), p.hair)
-    painter.paint(torch.ones_like(hx), p.skin)
+        ndx = torch.sub(hx, _col(p.nose_dx)).sub_(side * 0.035).div_(0.022)
+        nostril.add_(ndx.mul_(ndx).add_(ndy2).neg_().clamp_min_(-30.0).exp_())
+    painter.darken(nostril.clamp_(max=1.0).mul_(0.6))
+    mouth_s = torch.sub(hx, _col(p.mouth_dx)).div_(_col(p.mouth_w))
+    mouth_t = _rsub_((mouth_s * _col(p.mouth_curve)).mul_(mouth_s).add_(_col(p.mouth_y)), hy).abs_()
+    lips = _rsub_(mouth_s * mouth_s, 1).mul_(0.022).sub_(mouth_t)
+    lips = torch.minimum(lips, _rsub_(mouth_s.abs_(), 1).mul_(_col(p.mouth_w)), out=lips)
+    painter.paint(_soft_(lips, hpix), p.skin * _LIPS)
+    hairline = _rsub_(torch.sub(hx, _col(p.hair_part)).div_(_col(p.face_w)).pow_(2).mul_(0.35), _col(p.hair_y))
+    painter.paint(_soft_(_rsub_(hairline, hy), hpix), p.hair)
+    painter.paint(None, p.skin)  # the skin covers the rest
     return painter.image()
 
 
 def _shade(p: FaceParams, surface: _HeadSurface, optics: _EyeOptics, albedo: Tensor, eyes: _Eyes) -> Tensor:
     """The lit face over the background, (B, 3, r, r): Lambert on the ellipsoid normal, bent by the nose bump
-    and the eye sockets, plus the specular glints."""
+    and the eye sockets, plus the specular glints. ``albedo`` and ``eyes``' shading terms are temporaries, overwritten
+    (the result is ``albedo``'s tensor)."""
     b, r = p.batch_size, surface.centres.shape[0]
     hx, hy, hz = surface.hx, surface.hy, surface.hz
     light_head = optics.light_head
     nose_top, nose_len = _nose_top_and_length(p)
     nx, ny, nz = hx / _col(p.face_w**2), hy / _col(p.face_h**2), hz / _col(p.face_d**2)
-    norm = torch.rsqrt(nx * nx + ny * ny + nz * nz + 1e-12)
-    dx, dy = (hx - _col(p.nose_dx)) / _NOSE_W, (hy - (nose_top - 0.5 * nose_len)) / (0.5 * nose_len)
+    norm = (nx * nx).add_(ny * ny).add_(nz * nz).add_(1e-12).rsqrt_()
+    dx = torch.sub(hx, _col(p.nose_dx)).div_(_NOSE_W)
+    dy = torch.sub(hy, nose_top - 0.5 * nose_len).div_(0.5 * nose_len)
     dy2 = dy * dy
-    bump = _col(p.nose_h) * torch.exp((-(dx * dx) - dy2 * dy2).clamp_min(-30.0))
+    bump = (dx * dx).neg_().sub_(dy2 * dy2).clamp_min_(-30.0).exp_().mul_(_col(p.nose_h))
     socket_depth = 0.05  # the normal tilts by -grad(height), height = -depth · dip
-    nx = nx * norm + bump * 2 * dx / _NOSE_W - socket_depth * eyes.socket_gx
-    ny = ny * norm + bump * 4 * dy * dy2 / (0.5 * nose_len) - socket_depth * eyes.socket_gy
-    nz = nz * norm
-    lambert = (nx * _col(light_head[:, 0]) + ny * _col(light_head[:, 1]) + nz * _col(light_head[:, 2])) * torch.rsqrt(
-        nx * nx + ny * ny + nz * nz + 1e-12
-    )
-    shade = _col(p.ambient) + _col(p.diffuse) * lambert.clamp_min(0.0) * (1.0 - 0.35 * eyes.sockets.clamp(max=1.0))
-    specular = _col(p.specular * p.diffuse) * eyes.glint.view(b, r, r)
-    lit = (albedo * shade.unsqueeze(1) + specular.unsqueeze(1)) * surface.face.unsqueeze(1)
+    nx.mul_(norm).add_((bump * 2).mul_(dx).div_(_NOSE_W)).sub_(eyes.socket_gx.mul_(socket_depth))
+    ny.mul_(norm).add_(bump.mul_(4).mul_(dy).mul_(dy2).div_(0.5 * nose_len)).sub_(eyes.socket_gy.mul_(socket_depth))
+    nz.mul_(norm)
+    lambert = (nx * _col(light_head[:, 0])).add_(ny * _col(light_head[:, 1])).add_(nz * _col(light_head[:, 2]))
+    lambert.mul_(nx.mul_(nx).add_(ny.mul_(ny)).add_(nz.mul_(nz)).add_(1e-12).rsqrt_())
+    dimmed = _rsub_(eyes.sockets.clamp_(max=1.0).mul_(0.35), 1.0)
+    shade = lambert.clamp_min_(0.0).mul_(_col(p.diffuse)).mul_(dimmed).add_(_col(p.ambient))
+    specular = eyes.glint.view(b, r, r).mul_(_col(p.specular * p.diffuse))
+    lit = albedo.mul_(shade.unsqueeze(1)).add_(specular.unsqueeze(1)).mul_(surface.face.unsqueeze(1))
 
     background = p.bg[:, :, None, None] + (_col(p.bg_grad_x) * surface.u + _col(p.bg_grad_y) * surface.v).unsqueeze(1)
-    return lit + background * (1.0 - surface.face).unsqueeze(1) * _col(p.ambient + 0.5 * p.diffuse).unsqueeze(1)
+    background.mul_((1.0 - surface.face).unsqueeze(1)).mul_(_col(p.ambient + 0.5 * p.diffuse).unsqueeze(1))
+    return lit.add_(background)
 
 
 def _camera(p: FaceParams, img: Tensor, noise: Tensor, surface: _HeadSurface, size: int) -> Tensor:
-    """What the camera makes of the scene ``img``: uneven illumination, exposure and colour cast, vignetting,
-    optics blur, sensor noise, gamma, then the resampling to ``size``."""
+    """What the camera makes of the scene ``img`` (a temporary, overwritten): uneven illumination, exposure and
+    colour cast, vignetting, optics blur, sensor noise, gamma, then the resampling to ``size``."""
     u, v, r = surface.u, surface.v, surface.centres.shape[0]
-    gain = _col(p.exposure) * (1.0 + _col(p.light_grad) * u) * (1.0 - _col(p.vignette) * 0.5 * (u * u + v * v))
-    img = img * gain.unsqueeze(1) * (p.white_balance * p.light_rgb)[:, :, None, None]
+    vignette = _rsub_(_col(p.vignette) * 0.5 * (u * u + v * v), 1.0)
+    gain = vignette.mul_(_col(p.exposure) * (1.0 + _col(p.light_grad) * u))
+    img = img.mul_(gain.unsqueeze(1)).mul_((p.white_balance * p.light_rgb)[:, :, None, None])
     zoom = size / REFERENCE_SIZE
     img = _blur(img, p.blur * zoom, radius=math.ceil(3 * zoom))  # sigma up to 1 reference pixel
-    std = torch.sqrt(_col(p.noise_read).unsqueeze(1) ** 2 + _col(p.noise_shot).unsqueeze(1) ** 2 * img.clamp_min(0))
+    variance = img.clamp_min(0).mul_(_col(p.noise_shot).unsqueeze(1) ** 2).add_(_col(p.noise_read).unsqueeze(1) ** 2)
     chroma = _col(p.noise_chroma).unsqueeze(1)
-    img = img + std * ((1 - chroma) * noise[:, :1] + chroma * noise[:, 1:])
-    img = img.clamp(1e-6, 1.0) ** _col(p.gamma).unsqueeze(1)
+    mixed = (noise[:, 1:] * chroma).add_((1 - chroma) * noise[:, :1])
+    img.add_(variance.sqrt_().mul_(mixed))
+    img = img.clamp_(1e-6, 1.0).pow_(_col(p.gamma).unsqueeze(1))
     if r != size:
         img = F.interpolate(img, size=(size, size), mode="bilinear", align_corners=False, antialias=r > size)
-    return img.clamp(0.0, 1.0)
+    return img.clamp_(0.0, 1.0)
 
 
 def _surface_z(p: FaceParams, x: Tensor | float, y: Tensor | float, floor: float = 0.05) -> Tensor:
