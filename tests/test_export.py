@@ -360,3 +360,26 @@ def test_the_onnx_output_is_named_by_the_caller_gaze_by_default(tmp_path):
         assert [o.name for o in session.get_outputs()] == [expected]
     with pytest.raises(ValueError, match="output_name must be a non-empty str"):
         export_onnx(model, tmp_path / "bad.onnx", (16, 16), output_name="")
+
+
+@pytest.mark.parametrize("state", ["truncated", "adapted dense", "adapted truncated", "served"])
+def test_torch_jit_script_is_refused_in_one_line_that_names_what_works(state):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).eval()
+    if state != "adapted dense":
+        alfa.truncate(model, 4)
+    if state.startswith("adapted"):
+        alfa.attach(model, alfa.LoraConfig(rank=2))
+    x = torch.randn(3, 16)
+    if state != "served":  # what the message points to works
+        assert torch.allclose(torch.jit.trace(model, (x,))(x), model(x))
+    else:
+        model = alfa.MultiUserModel(model)
+    with pytest.raises(RuntimeError, match="^torch.jit.script does not support alfa's layers") as refused:
+        torch.jit.script(model)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert ("torch.compile" in message) and ("torch.jit.trace" in message) == (state != "served")
+    if state.startswith("adapted"):  # merged densely, the model holds plain layers: they script
+        alfa.merge(model, densify=True)
+        assert torch.allclose(torch.jit.script(model)(x), model(x))

@@ -10,6 +10,11 @@ sizes given; a difference above ``tolerance`` (relative, in norm) is an error an
 :func:`export_onnx` and :func:`export_program` export an image model: one input, an N×3×H×W batch of images (the
 gaze models, CNNs, the registry's ViT and CRATE); a model that does not take such a batch (an MLP, a language model)
 is refused before the export starts. Any other module of tensor inputs exports with :func:`export_onnx_with_inputs`.
+
+``torch.jit.script`` does not support alfa's layers (factorized or adapted: their layer geometry is a Python
+dataclass TorchScript cannot type) and refuses them in one line; ``torch.jit.trace``, ``torch.export`` (here
+:func:`export_program`), ONNX (here :func:`export_onnx`) and ``torch.compile`` all take them. A model merged with
+``densify=True`` holds plain layers again, which script like any.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ __all__ = [
     "ComputedWeight",
     "ReadOnlyWeightError",
     "computed_weight",
+    "refuse_scripting",
 ]
 
 
@@ -136,6 +137,19 @@ def computed_weight(W: Tensor, refusal: Callable[[str], str]) -> Tensor:
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or is_fx_symbolic_tracing():
         return W
     return _marked(W, refusal)
+
+
+def refuse_scripting(module: nn.Module, what: str | None = None, instead: str | None = None) -> nn.Module:
+    """What an alfa layer's ``__prepare_scriptable__`` (the hook ``torch.jit.script`` calls on every module before
+    compiling it) does: refuse in one line, naming ``what`` the model holds (the layer's class by default) and what
+    to use ``instead``. TorchScript cannot type the layers' geometry (a Python dataclass), and its own error names
+    that annotation, not the way out."""
+    what = what or f"a {type(module).__name__}"
+    instead = instead or (
+        "use torch.jit.trace, torch.export (alfa.export.export_program), ONNX (alfa.export.export_onnx) or "
+        "torch.compile; a model merged with alfa.merge(model, densify=True) holds plain layers, which script"
+    )
+    raise RuntimeError(f"torch.jit.script does not support alfa's layers (this model holds {what}): {instead}")
 
 
 @dataclass(frozen=True)
@@ -323,6 +337,9 @@ class _Factorized(nn.Module):
         if name == "weight":
             raise ReadOnlyWeightError(self._weight_refusal("assigning it"))
         super().__setattr__(name, value)
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        return refuse_scripting(self)
 
     @torch.no_grad()
     def canonicalize_(self) -> None:

@@ -34,7 +34,7 @@ from .adapters.config import AdapterConfig
 from .adapters.correction import CorrectionLayer
 from .adapters.lora import LowRankUpdateLayer
 from .adapters.state import _refuse_if_disabled
-from .layers import is_dense_layer, is_factorized, layer_spec
+from .layers import is_dense_layer, is_factorized, layer_spec, refuse_scripting
 from .surgery import replace_module, require_module
 
 __all__ = ["MultiUserModel", "MixedBatchModel", "UnknownUserError", "UserTerms", "serve_refusal"]
@@ -166,6 +166,14 @@ class _ServedLayer(nn.Module):
     @property
     def bias(self) -> Tensor | None:
         return self.base.bias
+
+    def __prepare_scriptable__(self) -> nn.Module:  # torch.jit.script's hook: refused in one line
+        return refuse_scripting(
+            self,
+            "a served layer",
+            "compile the served model (torch.compile), or export MixedBatchModel (torch.export; ONNX with "
+            "alfa.export.export_onnx_with_inputs)",
+        )
 
     def __getattr__(self, name: str):  # noqa: ANN204 — nn.Module's own lookup first, then the base's geometry
         try:
