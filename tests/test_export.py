@@ -317,3 +317,69 @@ def test_alfa_export_keeps_no_file_it_could_not_check(tmp_path, capsys, monkeypa
         with pytest.raises(ValueError, match="batch_sizes must be one or more positive whole numbers"):
             export_onnx(model, tmp_path / "none.onnx", (32, 32), batch_sizes=sizes)
     assert not (tmp_path / "none.onnx").exists()
+
+
+def test_a_model_that_takes_no_image_batch_is_refused_in_one_line_before_the_export(tmp_path):
+    from alfa.export import export_onnx, export_program
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    alfa.attach(mlp, alfa.LoraConfig(rank=2))
+    for export in (
+        lambda: export_onnx(mlp, tmp_path / "mlp.onnx", (8, 8)),
+        lambda: export_program(mlp, (8, 8)),
+    ):
+        with pytest.raises(ValueError) as refused:
+            export()
+        message = str(refused.value)
+        assert "\n" not in message and refused.value.__cause__ is None and refused.value.__suppress_context__
+        assert "exports a model of images (input N×3×H×W); this model fails on a 2×3×8×8 batch" in message
+        assert "mat1 and mat2 shapes cannot be multiplied" in message  # the model's own reason, its first line
+        assert "export_onnx_with_inputs" in message
+    assert not list(tmp_path.iterdir())
+
+    class TwoOutputs(torch.nn.Module):  # one named output: a tuple (or a transformers ModelOutput) has several
+        def forward(self, x):
+            return x.mean((1, 2, 3)), x.amax((1, 2, 3))
+
+    with pytest.raises(ValueError, match="returns one tensor with the batch first; .* this model returns a tuple"):
+        export_onnx(TwoOutputs(), tmp_path / "two.onnx", (8, 8))
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_the_onnx_output_is_named_by_the_caller_gaze_by_default(tmp_path):
+    from alfa.export import export_onnx
+
+    _, model = _personalized(alfa.AlfaConfig(heads=2, rank=2), model="micro")
+    for name, expected in ((None, "gaze"), ("logits", "logits")):
+        path = tmp_path / f"{expected}.onnx"
+        kwargs = {} if name is None else {"output_name": name}
+        assert export_onnx(model, path, (16, 16), **kwargs).relative_difference <= 1e-5
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        assert [o.name for o in session.get_outputs()] == [expected]
+    with pytest.raises(ValueError, match="output_name must be a non-empty str"):
+        export_onnx(model, tmp_path / "bad.onnx", (16, 16), output_name="")
+
+
+@pytest.mark.parametrize("state", ["truncated", "adapted dense", "adapted truncated", "served"])
+def test_torch_jit_script_is_refused_in_one_line_that_names_what_works(state):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).eval()
+    if state != "adapted dense":
+        alfa.truncate(model, 4)
+    if state.startswith("adapted"):
+        alfa.attach(model, alfa.LoraConfig(rank=2))
+    x = torch.randn(3, 16)
+    if state != "served":  # what the message points to works
+        assert torch.allclose(torch.jit.trace(model, (x,))(x), model(x))
+    else:
+        model = alfa.MultiUserModel(model)
+    with pytest.raises(RuntimeError, match="^torch.jit.script does not support alfa's layers") as refused:
+        torch.jit.script(model)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert ("torch.compile" in message) and ("torch.jit.trace" in message) == (state != "served")
+    if state.startswith("adapted"):  # merged densely, the model holds plain layers: they script
+        alfa.merge(model, densify=True)
+        assert torch.allclose(torch.jit.script(model)(x), model(x))

@@ -290,3 +290,30 @@ def test_what_serve_refusal_says_of_a_method_is_what_a_user_of_it_meets(base):
         else:
             with pytest.raises(ValueError, match=re.escape(refusal)):
                 served.add_user("u", _user(base, config, 0))
+
+
+@pytest.mark.parametrize("cls", ["MultiUserModel", "MixedBatchModel"])
+def test_a_base_that_is_no_module_or_a_compiled_wrapper_is_refused_up_front(base, cls):
+    from alfa import serve
+
+    make = getattr(serve, cls)
+    for given, what in (("base.safetensors", "a str"), (nn.Sequential, "the class Sequential")):
+        with pytest.raises(TypeError, match=rf"takes a torch.nn.Module \(a model instance\), got {what}"):
+            make(given)
+    with pytest.raises(TypeError) as refused:
+        make(torch.compile(base, backend="eager"))
+    message = str(refused.value)
+    assert "torch.compile wrapper" in message and "give the uncompiled module (base._orig_mod)" in message
+    assert f"torch.compile(alfa.{'serve.' * (cls != 'MultiUserModel')}{cls}(base))" in message
+    assert "load_adapter" not in message  # it names what the caller did, not a function they never called
+
+
+def test_the_multi_user_model_compiled_serves_each_user_as_uncompiled(base):
+    """What the refusal of a compiled base advises: compiling the served model works, for any list of users."""
+    served = alfa.MultiUserModel(base)
+    served.add_user("ann", _user(base, alfa.AlfaConfig(heads=2, rank=2), 1))
+    served.add_user("bob", _user(base, alfa.LoraConfig(rank=2), 2))
+    compiled = torch.compile(served, backend="eager")
+    x = torch.rand(3, 3, 16, 16)
+    for users in (["ann", "bob", None], ["bob", None, "ann"], ["ann", "bob", None]):
+        assert _close(compiled(x, users), served(x, users))

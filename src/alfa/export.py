@@ -6,6 +6,15 @@ it exports like any CNN; an unmerged adapter is merged first (LoRA-family adapte
 ``extend`` keeps an exact factorization of rank ``d + r``, ``densify`` a dense layer). The ONNX file is written
 atomically and, when onnxruntime is installed, compared with the PyTorch model on random images of the batch
 sizes given; a difference above ``tolerance`` (relative, in norm) is an error and nothing is left behind.
+
+:func:`export_onnx` and :func:`export_program` export an image model: one input, an N×3×H×W batch of images (the
+gaze models, CNNs, the registry's ViT and CRATE); a model that does not take such a batch (an MLP, a language model)
+is refused before the export starts. Any other module of tensor inputs exports with :func:`export_onnx_with_inputs`.
+
+``torch.jit.script`` does not support alfa's layers (factorized or adapted: their layer geometry is a Python
+dataclass TorchScript cannot type) and refuses them in one line; ``torch.jit.trace``, ``torch.export`` (here
+:func:`export_program`), ONNX (here :func:`export_onnx`) and ``torch.compile`` all take them. A model merged with
+``densify=True`` holds plain layers again, which script like any.
 """
 
 from __future__ import annotations
@@ -98,6 +107,35 @@ def _batch_sizes(batch_sizes: Sequence[int]) -> tuple[int, ...]:
     return sizes
 
 
+def _output_name(name: str) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"output_name must be a non-empty str (the ONNX graph's output), got {name!r}")
+    return name
+
+
+@torch.no_grad()
+def _refuse_non_image_model(model: nn.Module, sample: torch.Tensor, function: str) -> None:
+    """A ``ValueError`` in one line where ``model`` does not take ``sample`` (N×3×H×W images) and give back one
+    tensor with the batch first: what the export's dynamic batch axis, its one named output and the onnxruntime
+    check assume. Said before the exporter runs, whose own failure is a long traceback of its internals."""
+    shape = "×".join(map(str, sample.shape))
+    other = "for another input, use alfa.export.export_onnx_with_inputs(model, path, inputs, names)"
+    try:
+        out = model(sample)
+    except Exception as e:  # noqa: BLE001 — any failure on an image batch says the model takes something else
+        reason = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(
+            f"alfa.export.{function} exports a model of images (input N×3×H×W); this model fails on a {shape} "
+            f"batch ({type(e).__name__}: {reason}): {other}"
+        ) from None
+    if not isinstance(out, torch.Tensor) or out.ndim == 0 or out.shape[0] != sample.shape[0]:
+        got = f"a tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+        raise ValueError(
+            f"alfa.export.{function} exports a model that returns one tensor with the batch first; on a {shape} "
+            f"batch this model returns {got}: {other}"
+        )
+
+
 def _needs(module: str, what: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise RuntimeError(f"{what} needs the {module!r} package: pip install onnx onnxscript onnxruntime")
@@ -113,12 +151,18 @@ def export_onnx(
     seed: int = 0,
     form: str | None = None,
     wrap: Callable[[nn.Module], nn.Module] | None = None,
+    output_name: str = "gaze",
 ) -> ExportCheck:
     """Write ``model`` (merged first if it carries an adapter that keeps its rank) as ONNX with a dynamic batch
-    axis (input ``images``: N×3×H×W in [0, 1], output ``gaze``: N×2 yaw, pitch in radians) and check it.
+    axis and check it. The model takes images: input ``images``, N×3×H×W (in [0, 1] for the gaze models); its one
+    output, batch first, is named ``output_name`` (``gaze``, N×2 yaw and pitch in radians, for the gaze models:
+    name another model's own, e.g. ``"logits"``). A model that does not take such a batch, or returns anything but
+    one tensor with the batch first, is refused in one line before the export (:func:`export_onnx_with_inputs`
+    takes other inputs).
 
     ``wrap`` puts a module around the merged model before export (the gaze application's test-time augmentation,
     ``alfa export --tta``): the graph is the wrapped model's, and so is what onnxruntime is checked against."""
+    output_name = _output_name(output_name)
     _needs("onnxscript", "ONNX export")
     kinds = {(t.dtype, t.device.type) for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()}
     if kinds - {(torch.float32, "cpu")}:  # the sample and the onnxruntime check are float32 images on the CPU
@@ -130,6 +174,7 @@ def export_onnx(
     h, w = _image_size(image_size)
     sample = torch.rand(2, 3, h, w, generator=torch.Generator().manual_seed(seed))
     sizes = _batch_sizes(batch_sizes)
+    _refuse_non_image_model(model, sample, "export_onnx")
     path = Path(path)
     with atomic_path(path) as tmp:
         program = torch.onnx.export(
@@ -137,7 +182,7 @@ def export_onnx(
             (sample,),
             dynamo=True,
             input_names=["images"],
-            output_names=["gaze"],
+            output_names=[output_name],
             dynamic_shapes=({0: _batch()},),
             verbose=False,
         )
@@ -152,11 +197,17 @@ def export_onnx(
 
 
 def export_onnx_with_inputs(
-    module: nn.Module, path: str | os.PathLike, inputs: tuple[torch.Tensor, ...], names: Sequence[str]
+    module: nn.Module,
+    path: str | os.PathLike,
+    inputs: tuple[torch.Tensor, ...],
+    names: Sequence[str],
+    *,
+    output_name: str = "gaze",
 ) -> Path:
     """Write any module of tensor inputs (each with a leading batch axis, exported as dynamic) as ONNX, e.g.
-    :class:`alfa.serve.MixedBatchModel` with every layer's per-sample mix as an input. Not checked here: compare
-    with onnxruntime on your own inputs (the tests do)."""
+    :class:`alfa.serve.MixedBatchModel` with every layer's per-sample mix as an input; its output is named
+    ``output_name``. Not checked here: compare with onnxruntime on your own inputs (the tests do)."""
+    output_name = _output_name(output_name)
     _needs("onnxscript", "ONNX export")
     batch = _batch()
     shapes = ({0: batch}, tuple({0: batch} for _ in inputs[1:])) if len(inputs) > 1 else ({0: batch},)
@@ -167,7 +218,7 @@ def export_onnx_with_inputs(
             inputs,
             dynamo=True,
             input_names=list(names),
-            output_names=["gaze"],
+            output_names=[output_name],
             dynamic_shapes=shapes,
             verbose=False,
         )
@@ -210,10 +261,12 @@ def export_program(
     seed: int = 0,
 ) -> torch.export.ExportedProgram:
     """``torch.export`` of the merged model (inside ``wrap``'s module, as for :func:`export_onnx`) with a dynamic
-    batch axis (for ExecuTorch, AOTInductor, ...). The example input it traces (and the saved program keeps) is
-    drawn from ``seed``: the same model exports to the same program."""
+    batch axis (for ExecuTorch, AOTInductor, ...); an image model, refused in one line otherwise, as there. The
+    example input it traces (and the saved program keeps) is drawn from ``seed``: the same model exports to the
+    same program."""
     model = merged_copy(model, form)
     if wrap is not None:
         model = wrap(model).eval()
     sample = torch.rand(2, 3, *_image_size(image_size), generator=torch.Generator().manual_seed(seed))
+    _refuse_non_image_model(model, sample, "export_program")
     return torch.export.export(model, (sample,), dynamic_shapes=({0: _batch()},))

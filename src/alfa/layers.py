@@ -16,11 +16,15 @@ as a conv ``in -> d`` with ``V`` as its kernel, then a 1×1 conv ``d -> m`` with
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._C import DisableTorchFunctionSubclass
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.nn.parameter import is_lazy
 
 __all__ = [
@@ -37,7 +41,115 @@ __all__ = [
     "svd_factors",
     "canonicalize_factors",
     "tensor_signature",
+    "ComputedWeight",
+    "ReadOnlyWeightError",
+    "computed_weight",
+    "refuse_scripting",
 ]
+
+
+class ReadOnlyWeightError(RuntimeError, AttributeError):
+    """A write into (or an assignment of) the ``weight`` of a factorized or adapted layer: that weight is computed
+    from other tensors on each read, so the write would change nothing. A ``RuntimeError`` (what a refused in-place
+    operation raises) and an ``AttributeError`` (what assigning a read-only attribute raises)."""
+
+
+_INPLACE_DUNDERS = frozenset(
+    f"__i{op}__" for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor")
+) | {"__ilshift__", "__irshift__", "__setitem__"}
+_NOT_VALUE_WRITES = frozenset(("requires_grad_", "retain_grad", "share_memory_"))  # in place, but on no value
+
+
+def _tensors_in(args: tuple, kwargs: dict) -> list[Tensor]:
+    flat: list[Any] = [*args, *kwargs.values()]
+    flat += [x for v in flat if isinstance(v, (tuple, list)) for x in v]
+    return [x for x in flat if isinstance(x, ComputedWeight)]
+
+
+def _written(func: Callable, args: tuple, kwargs: dict) -> ComputedWeight | None:
+    """The :class:`ComputedWeight` that ``func`` writes into, if any: the tensor it works in place on (its first
+    argument: ``w.zero_()``, ``nn.init.normal_(w)``, ``w[0] = 1``, ``w.data = ...``) or its ``out=``. Reading one
+    (``dense.weight.copy_(w)``) is no write."""
+    out = kwargs.get("out")
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if isinstance(t, ComputedWeight):
+            return t
+    # the first argument, given by position or, as nn.init's functions hand it on, by keyword (tensor=)
+    target = args[0] if args else next(iter(kwargs.values()), None)
+    if not isinstance(target, ComputedWeight):
+        return None
+    name = getattr(func, "__name__", "")
+    if name == "__set__":  # a property assigned: ``.data = ...`` replaces the values
+        writes = getattr(getattr(func, "__self__", None), "__name__", "") == "data"
+    elif name.startswith("__"):
+        writes = name in _INPLACE_DUNDERS
+    else:
+        writes = name.endswith("_") and name not in _NOT_VALUE_WRITES  # Tensor.zero_, nn.init.normal_, ...
+    return target if writes else None
+
+
+class ComputedWeight(Tensor):
+    """What the ``weight`` property of a factorized or adapted layer returns: the dense weight, computed from the
+    layer's factors (or base and adapter) on each read. It reads like any tensor (``.shape``, ``.dtype``,
+    ``weight @ x``, ``.detach().clone()``: results are plain tensors, gradients flow), but a write into it (an
+    in-place method, an ``nn.init`` function, ``out=``, ``.data = ...``) would change nothing the layer computes, so
+    it raises :class:`ReadOnlyWeightError` saying what to write instead. Views of it (``.T``, ``.data``,
+    ``.detach()``, indexing) are read-only too; copies (``.clone()``, arithmetic) are plain tensors."""
+
+    _alfa_refusal: Callable[[str], str]
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206 — torch's protocol
+        kwargs = kwargs or {}
+        written = _written(func, args, kwargs)
+        if written is not None:
+            raise ReadOnlyWeightError(written._alfa_refusal(f"writing into it ({getattr(func, '__name__', func)})"))
+        sources = _tensors_in(args, kwargs)
+        with DisableTorchFunctionSubclass():
+            if getattr(func, "__name__", "") in ("__reduce_ex__", "__deepcopy__"):  # pickled or copied: plain
+                return func(args[0].as_subclass(Tensor), *args[1:], **kwargs)
+            return _keep_read_only(func(*args, **kwargs), sources)
+
+
+def _keep_read_only(out: Any, sources: list[Tensor]) -> Any:
+    """``out`` with each tensor that shares memory with a read-only weight read-only too (a view: a write into it
+    would be lost as well); the others (new values) are plain tensors."""
+    if type(out) in (tuple, list):  # torch.split, unbind, chunk: views
+        return type(out)(_keep_read_only(o, sources) for o in out)
+    if not isinstance(out, Tensor) or out.layout != torch.strided:
+        return out
+    for source in sources:
+        if torch._C._is_alias_of(out, source):
+            return _marked(out, source._alfa_refusal)
+    return out
+
+
+def _marked(t: Tensor, refusal: Callable[[str], str]) -> Tensor:
+    out = t.as_subclass(ComputedWeight)
+    out._alfa_refusal = refusal
+    return out
+
+
+def computed_weight(W: Tensor, refusal: Callable[[str], str]) -> Tensor:
+    """``W`` as a :class:`ComputedWeight` whose writes raise ``refusal(operation)``; ``W`` itself while torch traces
+    (``torch.compile``, ``torch.export``, ONNX, ``jit.trace``, FX): a graph holds plain tensors, and nothing writes
+    into the weight there."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or is_fx_symbolic_tracing():
+        return W
+    return _marked(W, refusal)
+
+
+def refuse_scripting(module: nn.Module, what: str | None = None, instead: str | None = None) -> nn.Module:
+    """What an alfa layer's ``__prepare_scriptable__`` (the hook ``torch.jit.script`` calls on every module before
+    compiling it) does: refuse in one line, naming ``what`` the model holds (the layer's class by default) and what
+    to use ``instead``. TorchScript cannot type the layers' geometry (a Python dataclass), and its own error names
+    that annotation, not the way out."""
+    what = what or f"a {type(module).__name__}"
+    instead = instead or (
+        "use torch.jit.trace, torch.export (alfa.export.export_program), ONNX (alfa.export.export_onnx) or "
+        "torch.compile; a model merged with alfa.merge(model, densify=True) holds plain layers, which script"
+    )
+    raise RuntimeError(f"torch.jit.script does not support alfa's layers (this model holds {what}): {instead}")
 
 
 @dataclass(frozen=True)
@@ -208,9 +320,26 @@ class _Factorized(nn.Module):
         ``(out, in, kh, kw)``, or ``(in, out)`` for a ``Conv1D``), built on each access.
 
         For model code that reads ``layer.weight`` (its dtype, device or shape; transformers' ViT reads
-        the patch embedding's dtype every forward); the layer's own forward never builds it.
+        the patch embedding's dtype every forward); the layer's own forward never builds it. A write into it
+        (``nn.init.zeros_(layer.weight)``, ``layer.weight.mul_(0)``) or an assignment raises
+        :class:`ReadOnlyWeightError` (it would change nothing): write ``U`` and ``V`` instead.
         """
-        return self.spec.dense_layout(self.U @ self.V)
+        return computed_weight(self.spec.dense_layout(self.U @ self.V), self._weight_refusal)
+
+    def _weight_refusal(self, action: str) -> str:
+        return (
+            f"{type(self).__name__}({self.extra_repr()}).weight is computed from the layer's factors (U @ V) on each "
+            f"read, so {action} would change nothing: write the factors instead (layer.U, layer.V, and "
+            "layer.bias), e.g. nn.init on them"
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "weight":
+            raise ReadOnlyWeightError(self._weight_refusal("assigning it"))
+        super().__setattr__(name, value)
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        return refuse_scripting(self)
 
     @torch.no_grad()
     def canonicalize_(self) -> None:

@@ -34,8 +34,8 @@ from .adapters.config import AdapterConfig
 from .adapters.correction import CorrectionLayer
 from .adapters.lora import LowRankUpdateLayer
 from .adapters.state import _refuse_if_disabled
-from .layers import is_dense_layer, is_factorized, layer_spec
-from .surgery import replace_module
+from .layers import is_dense_layer, is_factorized, layer_spec, refuse_scripting
+from .surgery import replace_module, require_module
 
 __all__ = ["MultiUserModel", "MixedBatchModel", "UnknownUserError", "UserTerms", "serve_refusal"]
 
@@ -111,6 +111,25 @@ def _with_locks(module: nn.Module, state: dict[str, Any], names: tuple[str, ...]
             module.__dict__[name] = _CallLock()
 
 
+def _refuse_unservable_base(base: nn.Module, cls: str) -> None:
+    """A ``TypeError`` in one line for a base that is no module (a path, a config) or a ``torch.compile`` wrapper
+    (whose layer names all start with ``_orig_mod.``, so no user's adapter file, made on the model itself, fits
+    it), rather than an ``AttributeError`` here or a refusal naming ``alfa.load_adapter`` at the next user."""
+    require_module(base, cls)
+    note = (  # its users are a list of str: torch.compile guards on it
+        " (it compiles again for each new list of users in a batch, up to torch's recompile limit, then runs the "
+        "others uncompiled)"
+        if cls == "MultiUserModel"
+        else ""
+    )
+    if type(base).__name__ == "OptimizedModule" and isinstance(getattr(base, "_orig_mod", None), nn.Module):
+        raise TypeError(
+            f"alfa.{cls}: the base is a torch.compile wrapper, whose layer names all start with '_orig_mod.' (no "
+            f"user's adapter fits them): give the uncompiled module (base._orig_mod), and compile the served model "
+            f"if wanted, torch.compile(alfa.{cls}(base)){note}"
+        )
+
+
 def _wrap_factorized(base: nn.Module, wrapper: type[_ServedLayer]) -> tuple[nn.Module, dict[str, _ServedLayer]]:
     """A copy of ``base`` in eval mode with every factorized layer inside ``wrapper(layer)``; the wrappers by name."""
     model = copy.deepcopy(base).eval()
@@ -147,6 +166,14 @@ class _ServedLayer(nn.Module):
     @property
     def bias(self) -> Tensor | None:
         return self.base.bias
+
+    def __prepare_scriptable__(self) -> nn.Module:  # torch.jit.script's hook: refused in one line
+        return refuse_scripting(
+            self,
+            "a served layer",
+            "compile the served model (torch.compile), or export MixedBatchModel (torch.export; ONNX with "
+            "alfa.export.export_onnx_with_inputs)",
+        )
 
     def __getattr__(self, name: str):  # noqa: ANN204 — nn.Module's own lookup first, then the base's geometry
         try:
@@ -252,6 +279,8 @@ class MultiUserModel(nn.Module):
     The base need not be truncated: a dense base (no factorized layer) serves its calibrated users, whose
     corrections need no factorization, and refuses the methods that do, when such a user is added. It may be a
     CNN or a token transformer (Linear layers on batch × tokens × channels): every method above serves on both.
+    Keyword arguments of a call go to the base (``served(ids, users, attention_mask=mask)`` for a padded batch of
+    a language model's users). The base is a module, not a ``torch.compile`` wrapper (compile the served model).
 
     Its layers must take the batch first: one run on tokens × batch × channels (``nn.Transformer``'s default
     layout) is refused where the two sizes differ, and cannot be told from a batch where they agree, so such a
@@ -267,6 +296,7 @@ class MultiUserModel(nn.Module):
 
     def __init__(self, base: nn.Module) -> None:
         super().__init__()
+        _refuse_unservable_base(base, "MultiUserModel")
         if adapter_state(base) is not None:
             raise RuntimeError("MultiUserModel takes the base without an adapter (call alfa.detach)")
         # Where each user's file is loaded and checked, against the base as it was given: kept out of the module
@@ -356,8 +386,12 @@ class MultiUserModel(nn.Module):
             return sum(t.numel() * t.element_size() for n in self._users[user] for t in self._layers[n].terms[user])
 
     @torch.no_grad()
-    def forward(self, images: Tensor, users: Sequence[str | None]) -> Tensor:
-        """Predictions for a batch in which sample ``i`` belongs to ``users[i]`` (``None``: the base)."""
+    def forward(self, images: Tensor, users: Sequence[str | None], **kwargs: Any) -> Any:
+        """Predictions for a batch in which sample ``i`` belongs to ``users[i]`` (``None``: the base).
+
+        ``images`` is what the base takes first, batch first (images; token ids for a language model); keyword
+        arguments go to the base's forward as they are (a padded batch's ``attention_mask``), and the base's output
+        comes back as it is (a transformers model's output object)."""
         users = _user_list(users)
         if len(users) != images.shape[0]:
             raise ValueError(f"{images.shape[0]} images but {len(users)} user ids")
@@ -367,7 +401,7 @@ class MultiUserModel(nn.Module):
             for layer in self._layers.values():
                 layer.batch_users, layer.calls, layer.weight_reads = users, 0, 0
             try:
-                out = self.model(images)
+                out = self.model(images, **kwargs)
             finally:
                 for layer in self._layers.values():
                     layer.batch_users = None
@@ -461,7 +495,8 @@ class _MixInputLayer(_ServedLayer):
 
 class MixedBatchModel(nn.Module):
     """The shared base with every factorized layer's per-sample mix as an explicit input:
-    ``forward(images, T_1, …, T_L)``, ``T_l`` of shape B×d_l×d_l (zeros: the base). What exports (ONNX,
+    ``forward(images, T_1, …, T_L, **kwargs)``, ``T_l`` of shape B×d_l×d_l (zeros: the base; keyword arguments go
+    to the base). What exports (ONNX,
     ``torch.export``) for dictionary users: a server then gathers each request's ``T`` matrices itself.
     :meth:`mixes` builds those inputs from a :class:`MultiUserModel` for a list of users.
 
@@ -470,6 +505,7 @@ class MixedBatchModel(nn.Module):
 
     def __init__(self, base: nn.Module) -> None:
         super().__init__()
+        _refuse_unservable_base(base, "serve.MixedBatchModel")
         self.model, self._layers = _wrap_factorized(base, _MixInputLayer)
         self.layer_names = list(self._layers)
         self._lock = _CallLock()
@@ -478,7 +514,9 @@ class MixedBatchModel(nn.Module):
     def __setstate__(self, state: dict[str, Any]) -> None:
         _with_locks(self, state, ("_lock",))
 
-    def forward(self, images: Tensor, *mixes: Tensor) -> Tensor:
+    def forward(self, images: Tensor, *mixes: Tensor, **kwargs: Any) -> Any:
+        """The base on ``images`` (batch first), each factorized layer mixing sample ``i``'s channels by
+        ``I + mixes[l][i]``; keyword arguments go to the base's forward as they are (an ``attention_mask``)."""
         if len(mixes) != len(self.layer_names):
             raise ValueError(f"expected {len(self.layer_names)} mixes (one per factorized layer), got {len(mixes)}")
         _refuse_train_mode(self)
@@ -493,7 +531,7 @@ class MixedBatchModel(nn.Module):
             for layer, mix in zip(self._layers.values(), mixes):
                 layer.mix = mix
             try:
-                return self.model(images)
+                return self.model(images, **kwargs)
             finally:  # a layer keeps no batch's mix (nor its memory) past the call, and an export sees none left set
                 for layer in self._layers.values():
                     layer.mix = None

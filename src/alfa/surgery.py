@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from .layers import is_factorized
+from .layers import is_factorized, refuse_scripting
 
 __all__ = [
     "replace_module",
@@ -89,6 +89,9 @@ class LayerWrapper(nn.Module):
     refuses while one is in the model; the subclass words the refusal (:meth:`save_pretrained_refusal`),
     since it knows what it is and how to save it instead.
     """
+
+    def __prepare_scriptable__(self) -> nn.Module:  # torch.jit.script's hook: refused in one line
+        return refuse_scripting(self)
 
     @classmethod
     def save_pretrained_refusal(cls, model_class: str, wrapped: dict[str, nn.Module], truncated: bool) -> str:

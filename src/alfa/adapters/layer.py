@@ -13,7 +13,15 @@ from typing import Any, ClassVar, Literal, get_args
 import torch
 from torch import Tensor, nn
 
-from ..layers import LayerSpec, dense_matrix, is_factorized, layer_spec, tensor_signature
+from ..layers import (
+    LayerSpec,
+    ReadOnlyWeightError,
+    computed_weight,
+    dense_matrix,
+    is_factorized,
+    layer_spec,
+    tensor_signature,
+)
 from ..surgery import LayerWrapper, short_list
 from .config import AdapterConfig, MergeError
 
@@ -122,9 +130,26 @@ class AdaptedLayer(LayerWrapper):
         The effective weight rather than the base's (PEFT's choice), so that model code computing with
         ``layer.weight`` keeps the adapter instead of silently dropping it; dtype, device and shape are the
         same either way. A prompt adapter (merge kind ``"none"``) leaves the weight as it is.
+
+        A write into it (``nn.init.zeros_(layer.weight)``, ``layer.weight.mul_(0)``) or an assignment raises
+        :class:`~alfa.layers.ReadOnlyWeightError`, since it would change nothing the layer computes.
         """
         W = dense_matrix(self.base) if self.merge_kind == "none" else self.effective_weight()[0]
-        return self.spec.dense_layout(W)
+        return computed_weight(self.spec.dense_layout(W), self._weight_refusal)
+
+    def _weight_refusal(self, action: str) -> str:
+        computed = "the base's" if self.merge_kind == "none" else "the base weight plus the adapter's update,"
+        return (
+            f"{type(self).__name__} ({self.config.method} adapter on a {type(self.base).__name__}).weight is "
+            f"{computed} computed on each read, so {action} would change nothing the layer computes: write "
+            "the base's own parameters (layer.base) or the adapter's, or alfa.merge(model) first and write the "
+            "merged layer"
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "weight":
+            raise ReadOnlyWeightError(self._weight_refusal("assigning it"))
+        super().__setattr__(name, value)
 
     def _geometry(self, kind: str, field_name: str, public: str) -> Any:
         if self.spec.kind != kind:
