@@ -26,6 +26,7 @@ from .layers import is_factorized
 
 __all__ = [
     "replace_module",
+    "require_flags",
     "shared_parameters",
     "tie_refusal",
     "LayerWrapper",
@@ -119,6 +120,14 @@ def require_module(model: Any, function: str) -> None:
     if not isinstance(model, nn.Module):
         what = f"the class {model.__name__}" if isinstance(model, type) else f"a {type(model).__name__}"
         raise TypeError(f"alfa.{function} takes a torch.nn.Module (a model instance), got {what}")
+
+
+def require_flags(function: str, **flags: Any) -> None:
+    """``TypeError`` naming ``alfa.<function>`` and the option where a flag is not ``True`` or ``False``: a string
+    such as ``"no"`` or a path passed where a flag was expected would otherwise read as true."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"alfa.{function}: {name} must be True or False, got {value!r}")
 
 
 def refuse_compiled_wrapper(model: nn.Module, function: str) -> None:
