@@ -96,10 +96,28 @@ def test_param_groups_refuses_a_scale_that_is_not_a_positive_finite_factor(small
 
 def test_param_groups_keeps_a_good_scale_and_refuses_an_infinite_lr(small_net):
     alfa.attach(small_net, alfa.LoraConfig(rank=2, layers="dense"))
-    groups = alfa.param_groups(small_net, lr=1e-3, lr_scale={r"fc": 10.0, r"never matches": 0.5})
+    groups = alfa.param_groups(small_net, lr=1e-3, lr_scale={r"fc": 10.0})
     assert {g["name"]: g["lr"] for g in groups} == {"default": 1e-3, "fc": 1e-2}
     with pytest.raises(ValueError, match="lr must be a positive, finite number, got inf"):
         alfa.param_groups(small_net, lr=INF)
+
+
+def test_param_groups_refuses_a_pattern_that_matches_no_trainable_parameter():
+    """Such a pattern (a typo: "^layr4") was dropped without a word, every parameter left at the base rate, where a
+    ``target`` that matches nothing is refused."""
+    model = _truncated_base()
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    first = next(n for n, p in model.named_parameters() if p.requires_grad)
+    typo = r"^layr4\."
+    words = f"lr_scale pattern {typo!r} matches no trainable parameter"
+    with pytest.raises(ValueError, match=re.escape(words)) as refused:
+        alfa.param_groups(model, lr=1e-3, lr_scale={r"^layer4\.": 10.0, typo: 10.0})
+    assert first in str(refused.value) and "more" in str(refused.value)  # a few of the names it was matched against
+    frozen = next(n for n, p in model.named_parameters() if not p.requires_grad)  # a frozen one does not count
+    with pytest.raises(ValueError, match="matches no trainable parameter"):
+        alfa.param_groups(model, lr=1e-3, lr_scale={f"^{re.escape(frozen)}$": 2.0})
+    groups = alfa.param_groups(model, lr=1e-3, lr_scale={r"^layer4\.": 10.0})
+    assert {g["name"]: g["lr"] for g in groups} == {"default": 1e-3, r"^layer4\.": 1e-2}
 
 
 # ---------------------------------------------------------------------------------------------------------------
