@@ -116,3 +116,15 @@ def test_every_bool_flag_of_the_public_functions_is_keyword_only():
             if isinstance(p.default, bool) and p.kind is not inspect.Parameter.KEYWORD_ONLY:
                 positional.append(f"{name}({p.name})")
     assert positional == []
+
+
+@pytest.mark.parametrize(
+    ("value", "what"), [(int, "the class int"), (alfa.AlfaConfig(), "a AlfaConfig"), ("x", "a str")]
+)
+def test_register_method_names_what_a_method_class_must_be(value, what):
+    """``register_method(int)`` met ``AttributeError: type object 'int' has no attribute 'method'``."""
+    known = dict(alfa.METHODS)
+    with pytest.raises(TypeError, match=r"alfa\.register_method takes a subclass of alfa\.AdapterConfig") as refused:
+        alfa.register_method(value)
+    assert what in str(refused.value) and "method, display_name and family" in str(refused.value)
+    assert alfa.METHODS == known

@@ -62,7 +62,16 @@ def _refuse_unknown_options(cls: type[AdapterConfig]) -> None:
 
 
 def register_method(cls: type[AdapterConfig]) -> type[AdapterConfig]:
-    """Class decorator: make a config known by its ``method`` name (for saving and loading)."""
+    """Class decorator: make a config known by its ``method`` name (for saving and loading).
+
+    ``cls`` must be a subclass of :class:`AdapterConfig` (a dataclass of the method's options) with the class
+    attributes ``method`` (its name), ``display_name`` and ``family``; anything else is a ``TypeError``."""
+    if not (isinstance(cls, type) and issubclass(cls, AdapterConfig)):
+        what = f"the class {cls.__name__}" if isinstance(cls, type) else f"a {type(cls).__name__} ({cls!r})"
+        raise TypeError(
+            "alfa.register_method takes a subclass of alfa.AdapterConfig (a dataclass of the method's options with "
+            f"the class attributes method, display_name and family: class MyConfig(alfa.AdapterConfig)), got {what}"
+        )
     if not cls.method:
         raise ValueError(f"{cls.__name__} needs a non-empty `method` name")
     if not cls.display_name or not cls.family:
