@@ -341,20 +341,43 @@ def test_save_adapter_refuses_an_about_it_could_not_read_back(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("target", "error", "words"),
+    ("target", "words"),
     [
-        ("[(", ValueError, "target '[(' is not a regular expression"),
-        (["layer1"], TypeError, "target must be a regular expression (a string), got ['layer1']"),
-        (5, TypeError, "target must be a regular expression (a string), got 5"),
+        ("[(", "alfa.truncate: target '[(' is not a valid regular expression"),
+        (5, "alfa.truncate: target must be a regular expression (str) or a list of module names, got 5"),
+        ([], "alfa.truncate: target is an empty list"),
+        (["layer1", ""], "alfa.truncate: target entries must be non-empty module names"),
+        (["conv1", "cnv2"], "alfa.truncate: target 'cnv2': the model has no module named 'cnv2'"),
+        (["layer1"], r"target 'layer1' selects no layer to truncate: layer1 is a Sequential: a name selects the "),
+        (["bn1"], "target 'bn1' selects no layer to truncate: bn1 is a BatchNorm2d: truncate factorizes Linear"),
     ],
 )
-def test_truncate_names_a_bad_target_and_changes_nothing(target, error, words):
+def test_truncate_names_a_bad_target_and_changes_nothing(target, words):
     torch.manual_seed(0)
     model = TinyGazeNet().eval()
     kept = copy.deepcopy(model)
-    with pytest.raises(error, match=re.escape(words)):
+    with pytest.raises(ValueError, match=re.escape(words)):
         alfa.truncate(model, 6, target=target)
     assert _same_state(model, kept)
+
+
+def test_truncate_takes_a_list_of_module_names_as_attach_does():
+    """truncate(model, 6, target=["conv1"]) was refused ("target must be a regular expression") while attach took
+    the list: the same names now select the same modules for both (alfa.surgery.target_matches)."""
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)]
+    suffix = names[-1].split(".")[-1]  # "0": every stage's first conv ends in ".0"
+    chosen = ["conv1", suffix]
+    report = alfa.truncate(model, 6, target=chosen)
+    expected = [n for n in names if alfa.adapters.target_matches(chosen, n)]
+    assert sorted(report.factorized) == sorted(expected) and "conv1" in expected and len(expected) > 2
+    assert report.rank == 6 and all(r == 6 for r in report.factorized.values())
+    for entry in ["conv1", ["conv1"], ("conv1",)]:
+        again = TinyGazeNet().eval()
+        assert list(alfa.truncate(again, 6, target=entry).factorized) == ["conv1"]
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2, target=chosen))  # the same list selects the same layers
+    assert sorted(alfa.adapters.adapted_layers(model)) == sorted(expected)
 
 
 def test_tpgaze_input_sizes_must_be_a_mapping():
