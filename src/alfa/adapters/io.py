@@ -29,7 +29,7 @@ from .alfa import DictionaryAdapter, DictionaryMixConfig
 from .config import AdapterConfig, config_from_dict
 from .groups import is_number
 from .layer import AdaptedLayer
-from .select import largest_layer
+from .select import largest_layer, sizes_said_before
 from .state import (
     DEFAULT_ADAPTER,
     _check_adapter_name,
@@ -494,7 +494,8 @@ def load_adapter(
         delete_adapter(model, name)
     config = _bounded_dense_rank(model, config)
     try:
-        targets = attach(model, config, name=name)
+        with sizes_said_before():  # said when the file's adapter was attached
+            targets = attach(model, config, name=name)
     except (ValueError, TypeError) as e:
         raise AdapterFileError(f"{path}: the adapter does not fit this model: {e}") from e
     try:

@@ -35,7 +35,7 @@ from ..surgery import (
 )
 from .config import AdapterConfig, MergeError
 from .layer import AdaptedLayer, merged_layer
-from .select import candidate_layers, check_sizes, modules_to_save
+from .select import candidate_layers, check_sizes, modules_to_save, warn_sizes
 
 __all__ = [
     "DEFAULT_ADAPTER",
@@ -493,6 +493,7 @@ def _build_state(model: nn.Module, config: AdapterConfig, name: str, requires_gr
             built[layer_name] = layer_config.build(base)
         except (ValueError, TypeError) as e:
             raise type(e)(f"{layer_name}: {e}") from e
+    warn_sizes(model, config, names)  # once every layer is built: an attach that fails says only why
     state.targets = names
     state.layers = built
     state.saved = {s: copy.deepcopy(model.get_submodule(s)) for s in saved}
