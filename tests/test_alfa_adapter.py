@@ -59,7 +59,7 @@ def test_parameter_names_and_shapes(truncated):
 def test_alfa_at_init_equals_truncated_base_exactly(truncated):
     x = torch.randn(3, 3, 16, 16)
     base_out = truncated(x)
-    alfa.attach(truncated, alfa.AlfaConfig())
+    alfa.attach(truncated, alfa.AlfaConfig(rank=4))  # the default heads; a rank within the layers' d = 6
     assert torch.equal(truncated(x), base_out)
 
 
@@ -123,7 +123,7 @@ def test_forward_never_builds_the_dense_conv_weight():
 
 
 def test_attention_runs_once_per_forward_whatever_the_batch(monkeypatch, truncated):
-    alfa.attach(truncated, alfa.AlfaConfig())
+    alfa.attach(truncated, alfa.AlfaConfig(rank=4))
     calls = []
     original = torch.softmax
     monkeypatch.setattr(torch, "softmax", lambda *a, **k: calls.append(1) or original(*a, **k))
@@ -212,9 +212,9 @@ def test_bad_input_errors(small_net):
     with pytest.raises(TypeError, match="expected an adapter config"):
         alfa.attach(small_net, {"heads": 8})
     alfa.truncate(small_net, rank=6)
-    alfa.attach(small_net, alfa.AlfaConfig())
+    alfa.attach(small_net, alfa.AlfaConfig(rank=4))
     with pytest.raises(RuntimeError, match="already has a 'alfa' adapter"):
-        alfa.attach(small_net, alfa.AlfaConfig())
+        alfa.attach(small_net, alfa.AlfaConfig(rank=4))
     with pytest.raises(RuntimeError, match="before attaching an adapter"):
         alfa.truncate(small_net, rank=4)
 
@@ -231,8 +231,8 @@ def test_failed_attach_changes_nothing(small_net):
 def test_same_seed_same_adapter_init(truncated):
     a, b = copy.deepcopy(truncated), copy.deepcopy(truncated)
     torch.manual_seed(3)
-    alfa.attach(a, alfa.AlfaConfig())
+    alfa.attach(a, alfa.AlfaConfig(rank=4))
     torch.manual_seed(3)
-    alfa.attach(b, alfa.AlfaConfig())
+    alfa.attach(b, alfa.AlfaConfig(rank=4))
     for (na, pa), (nb, pb) in zip(adapter_parameters(a).items(), adapter_parameters(b).items()):
         assert na == nb and torch.equal(pa, pb)

@@ -497,8 +497,63 @@ def test_a_dense_rank_larger_than_every_layer_is_refused_not_cut_down():
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
     with pytest.raises(ValueError, match=r"alfa: dense_rank 128 is larger than every layer it adapts .*: at most 64"):
         alfa.attach(copy.deepcopy(model), alfa.AlfaConfig(layers="dense", dense_rank=128, heads=2, rank=2))
-    alfa.attach(model, alfa.AlfaConfig(layers="dense", dense_rank=32, heads=2, rank=2))  # 32: the last layer's 8
+    with pytest.warns(UserWarning, match=r"dense_rank 32 is above the rank of 1 dense layer\(s\), .*: 2 \(d = 8\)"):
+        alfa.attach(model, alfa.AlfaConfig(layers="dense", dense_rank=32, heads=2, rank=2))  # 32: the last layer's 8
     assert [layer.dictionary_size for layer in (model[0], model[2])] == [32, 8]
+
+
+def _warnings_of(call, *args, **kwargs) -> list[str]:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call(*args, **kwargs)
+    return [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+def test_a_dense_rank_a_layer_cannot_hold_is_clipped_to_its_rank_and_said_once(tmp_path):
+    """README's example on a small Llama: dense_rank 128 gave v_proj (192 -> 96) a dictionary of 96 without a word."""
+    model = nn.Sequential(nn.Linear(192, 192), nn.Linear(192, 96), nn.Linear(192, 96), nn.Linear(96, 8))
+    said = _warnings_of(alfa.attach, model, alfa.AlfaConfig(heads=2, rank=2, dense_rank=128, target=["1", "2", "0"]))
+    assert said == [
+        "alfa.attach (alfa): dense_rank 128 is above the rank of 2 dense layer(s), whose dictionary is their full SVD "
+        "instead: 1 (d = 96), 2 (d = 96)"
+    ]
+    assert [model[i].dictionary_size for i in range(3)] == [128, 96, 96]
+    path = alfa.save_adapter(model, tmp_path / "ann.safetensors")
+    alfa.detach(model)
+    assert _warnings_of(alfa.load_adapter, model, path) == []  # said when it was attached, not again per load
+    assert [model[i].dictionary_size for i in range(3)] == [128, 96, 96]
+    quiet = nn.Sequential(nn.Linear(192, 192))
+    assert _warnings_of(alfa.attach, quiet, alfa.AlfaConfig(heads=2, rank=2, dense_rank=128)) == []
+
+
+@pytest.mark.parametrize("config", [alfa.AlfaConfig(heads=2, rank=64), LinearMixConfig(rank=64)])
+def test_a_dictionary_rank_above_every_layers_d_is_refused(config):
+    """AlfaConfig(rank=64) on layers truncated at d = 16 was accepted with 4x the parameters; Spectral, PiSSA and
+    MiLoRA refuse a rank above the layer's d. A rank-r term on a d-dimensional dictionary has rank at most d."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    alfa.truncate(model, 16)
+    kept = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=rf"{config.method}: rank 64 is larger than the dictionary of every layer it "):
+        alfa.attach(model, config)
+    assert alfa.adapter_state(model) is None and list(model.state_dict()) == list(kept)
+    for rank in (16, 4):  # d itself, and below it: no word
+        assert _warnings_of(alfa.attach, copy.deepcopy(model), alfa.AlfaConfig(heads=2, rank=rank)) == []
+
+
+def test_a_dictionary_rank_above_some_layers_d_is_said_once_and_kept():
+    """The default Alfa on a dense model meets a 2-output head (d = 2): refusing would refuse the default setup, and
+    cutting the rank there would change the shapes its saved files have, so the head keeps rank 8 and is named."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+    said = _warnings_of(alfa.attach, model, alfa.AlfaConfig(heads=2, rank=8))
+    assert said == [
+        "alfa.attach (alfa): rank 8 is above the dictionary size d of 1 layer(s), where its low-rank terms are full "
+        "rank (rank d would express the same updates with fewer parameters): 4 (d = 2)"
+    ]
+    assert model[4].A_q.shape == (2, 8, 2) and model[2].A_q.shape == (2, 8, 64)
 
 
 def test_an_adapter_saved_with_a_dense_rank_above_every_layer_still_loads(tmp_path):

@@ -52,7 +52,8 @@ def tiny(**overrides) -> BenchConfig:
         oracle=OracleConfig(extra_images=4, steps=2, batch_size=4),
         meta=MetaTrainConfig(epochs=1, steps_per_epoch=2, batch_size=4),
         heads_values=(1, 8),
-        rank_values=(2, 8),
+        alfa_rank=4,  # within the smallest SVD rank below (a rank above every layer's d is refused)
+        rank_values=(2, 4),
         svd_ranks=(4, 6),
         step_values=(1, 2),
         slice_layer="layer3.0",

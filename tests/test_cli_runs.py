@@ -31,6 +31,7 @@ def _one_line(capsys) -> str:
 def test_personalize_refuses_an_n_adapt_no_person_has_and_a_person_listed_twice(checkpoints, tmp_path, capsys):
     _, truncated = checkpoints
     argv = ["personalize", "--checkpoint", truncated, "--data", TARGET, "--out", str(tmp_path / "a"), "--quiet"]
+    argv += ["--adapter-rank", "4"]  # the tiny net's d: a larger rank is refused first
     assert main([*argv, "--n-adapt", "20"]) == 2
     err = _one_line(capsys)
     assert "--n-adapt 20: a person needs those first images plus at least one to score" in err
@@ -42,7 +43,7 @@ def test_personalize_refuses_an_n_adapt_no_person_has_and_a_person_listed_twice(
 
 def test_personalize_on_an_untruncated_base_says_so_once(checkpoints, tmp_path, capsys):
     dense, truncated = checkpoints
-    argv = ["--data", TARGET, "--steps", "1", "--quiet"]
+    argv = ["--data", TARGET, "--steps", "1", "--quiet", "--adapter-rank", "4"]  # within the truncated net's d = 4
     assert main(["personalize", "--checkpoint", dense, *argv, "--out", str(tmp_path / "d")]) == 0
     err = capsys.readouterr().err
     assert err.count("is not truncated, so each person's alfa adapter adapts dense layers") == 1

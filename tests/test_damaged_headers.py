@@ -138,6 +138,7 @@ def test_a_sidecar_of_the_wrong_kind_redoes_its_person_on_resume(tmp_path, capsy
     alfa.truncate(model, 4)
     base, out = save_model(tmp_path / "base.safetensors", model, "tiny_gaze_net", input_size=(16, 16)), tmp_path / "ad"
     argv = ["personalize", "--checkpoint", str(base), "--data", DATA, "--out", str(out), "--steps", "1", "--quiet"]
+    argv += ["--adapter-rank", "4"]  # within the base's d = 4
     assert main(argv) == 0
     sidecar = out / "p00.json"
     record = json.loads(sidecar.read_text(encoding="utf-8"))
@@ -154,6 +155,7 @@ def test_a_truncated_adapter_on_resume_is_redone_not_called_another_base(tmp_pat
     alfa.truncate(model, 4)
     base, out = save_model(tmp_path / "base.safetensors", model, "tiny_gaze_net", input_size=(16, 16)), tmp_path / "ad"
     argv = ["personalize", "--checkpoint", str(base), "--data", DATA, "--out", str(out), "--steps", "1", "--quiet"]
+    argv += ["--adapter-rank", "4"]  # within the base's d = 4
     assert main(argv) == 0
     first = out / "p00.safetensors"  # the first person's file, the one resuming once asked about the base
     first.write_bytes(first.read_bytes()[:-20])

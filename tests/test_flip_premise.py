@@ -430,7 +430,8 @@ def test_alfa_evaluate_scores_flip_tta_of_the_base_and_of_each_adapter(tmp_path,
     save_model(tmp_path / "base.safetensors", model, "tiny_gaze_net")
     spec = "synthetic:mpii?size=16&persons=2&images_per_person=8"
     common = ["--checkpoint", str(tmp_path / "base.safetensors"), "--data", spec]
-    assert main(["personalize", *common, "--out", str(tmp_path / "ad"), "--heads", "2", "--steps", "1", "--quiet"]) == 0
+    small = ["--heads", "2", "--adapter-rank", "2"]  # within the base's d = 6
+    assert main(["personalize", *common, "--out", str(tmp_path / "ad"), *small, "--steps", "1", "--quiet"]) == 0
     assert main(["evaluate", *common, "--adapters", str(tmp_path / "ad"), "--flip-tta", "--quiet"]) == 0
     assert main(["evaluate", *common, "--flip-tta", "--json", str(tmp_path / "e.json"), "--quiet"]) == 0
     saved = json.loads((tmp_path / "e.json").read_text())

@@ -527,7 +527,8 @@ def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
     capsys.readouterr()
     assert main(["evaluate", "--checkpoint", rec, "--data", "toy:big", "--quiet"]) == 2
     assert "was trained on 16×16 images, big has 32×32" in capsys.readouterr().err
-    assert main(["personalize", "--checkpoint", rec, "--data", "toy:big", "--out", str(tmp_path / "a")]) == 2
+    small = ["--adapter-rank", "2"]  # within the rank-6 base's d (a larger rank is refused first)
+    assert main(["personalize", "--checkpoint", rec, "--data", "toy:big", "--out", str(tmp_path / "a"), *small]) == 2
     assert "was trained on 16×16 images" in capsys.readouterr().err
     # truncation too: recovering on 32×32 data would then record 32×32 as the size it was trained on
     out = tmp_path / "rec-big"

@@ -96,10 +96,28 @@ def test_param_groups_refuses_a_scale_that_is_not_a_positive_finite_factor(small
 
 def test_param_groups_keeps_a_good_scale_and_refuses_an_infinite_lr(small_net):
     alfa.attach(small_net, alfa.LoraConfig(rank=2, layers="dense"))
-    groups = alfa.param_groups(small_net, lr=1e-3, lr_scale={r"fc": 10.0, r"never matches": 0.5})
+    groups = alfa.param_groups(small_net, lr=1e-3, lr_scale={r"fc": 10.0})
     assert {g["name"]: g["lr"] for g in groups} == {"default": 1e-3, "fc": 1e-2}
     with pytest.raises(ValueError, match="lr must be a positive, finite number, got inf"):
         alfa.param_groups(small_net, lr=INF)
+
+
+def test_param_groups_refuses_a_pattern_that_matches_no_trainable_parameter():
+    """Such a pattern (a typo: "^layr4") was dropped without a word, every parameter left at the base rate, where a
+    ``target`` that matches nothing is refused."""
+    model = _truncated_base()
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    first = next(n for n, p in model.named_parameters() if p.requires_grad)
+    typo = r"^layr4\."
+    words = f"lr_scale pattern {typo!r} matches no trainable parameter"
+    with pytest.raises(ValueError, match=re.escape(words)) as refused:
+        alfa.param_groups(model, lr=1e-3, lr_scale={r"^layer4\.": 10.0, typo: 10.0})
+    assert first in str(refused.value) and "more" in str(refused.value)  # a few of the names it was matched against
+    frozen = next(n for n, p in model.named_parameters() if not p.requires_grad)  # a frozen one does not count
+    with pytest.raises(ValueError, match="matches no trainable parameter"):
+        alfa.param_groups(model, lr=1e-3, lr_scale={f"^{re.escape(frozen)}$": 2.0})
+    groups = alfa.param_groups(model, lr=1e-3, lr_scale={r"^layer4\.": 10.0})
+    assert {g["name"]: g["lr"] for g in groups} == {"default": 1e-3, r"^layer4\.": 1e-2}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -323,20 +341,43 @@ def test_save_adapter_refuses_an_about_it_could_not_read_back(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("target", "error", "words"),
+    ("target", "words"),
     [
-        ("[(", ValueError, "target '[(' is not a regular expression"),
-        (["layer1"], TypeError, "target must be a regular expression (a string), got ['layer1']"),
-        (5, TypeError, "target must be a regular expression (a string), got 5"),
+        ("[(", "alfa.truncate: target '[(' is not a valid regular expression"),
+        (5, "alfa.truncate: target must be a regular expression (str) or a list of module names, got 5"),
+        ([], "alfa.truncate: target is an empty list"),
+        (["layer1", ""], "alfa.truncate: target entries must be non-empty module names"),
+        (["conv1", "cnv2"], "alfa.truncate: target 'cnv2': the model has no module named 'cnv2'"),
+        (["layer1"], r"target 'layer1' selects no layer to truncate: layer1 is a Sequential: a name selects the "),
+        (["bn1"], "target 'bn1' selects no layer to truncate: bn1 is a BatchNorm2d: truncate factorizes Linear"),
     ],
 )
-def test_truncate_names_a_bad_target_and_changes_nothing(target, error, words):
+def test_truncate_names_a_bad_target_and_changes_nothing(target, words):
     torch.manual_seed(0)
     model = TinyGazeNet().eval()
     kept = copy.deepcopy(model)
-    with pytest.raises(error, match=re.escape(words)):
+    with pytest.raises(ValueError, match=re.escape(words)):
         alfa.truncate(model, 6, target=target)
     assert _same_state(model, kept)
+
+
+def test_truncate_takes_a_list_of_module_names_as_attach_does():
+    """truncate(model, 6, target=["conv1"]) was refused ("target must be a regular expression") while attach took
+    the list: the same names now select the same modules for both (alfa.surgery.target_matches)."""
+    torch.manual_seed(0)
+    model = TinyGazeNet().eval()
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)]
+    suffix = names[-1].split(".")[-1]  # "0": every stage's first conv ends in ".0"
+    chosen = ["conv1", suffix]
+    report = alfa.truncate(model, 6, target=chosen)
+    expected = [n for n in names if alfa.adapters.target_matches(chosen, n)]
+    assert sorted(report.factorized) == sorted(expected) and "conv1" in expected and len(expected) > 2
+    assert report.rank == 6 and all(r == 6 for r in report.factorized.values())
+    for entry in ["conv1", ["conv1"], ("conv1",)]:
+        again = TinyGazeNet().eval()
+        assert list(alfa.truncate(again, 6, target=entry).factorized) == ["conv1"]
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2, target=chosen))  # the same list selects the same layers
+    assert sorted(alfa.adapters.adapted_layers(model)) == sorted(expected)
 
 
 def test_tpgaze_input_sizes_must_be_a_mapping():

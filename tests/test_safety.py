@@ -110,6 +110,7 @@ def test_a_full_disk_during_personalize_stops_in_one_line_and_keeps_what_was_don
     base, out = _base(tmp_path, size=16), tmp_path / "adapters"
     data = "synthetic:mpii?size=16&persons=2&images_per_person=6"
     argv = ["personalize", "--checkpoint", str(base), "--data", data, "--out", str(out), "--steps", "1", "--quiet"]
+    argv += ["--adapter-rank", "4"]  # within the base's d = 4
     real, saves = safetensors.torch.save_file, []  # what alfa.fileio.write_safetensors calls
 
     def fills_the_disk(tensors, path, metadata=None):  # the first adapter is written, the second finds it full

@@ -28,8 +28,9 @@ from torch import Tensor, nn
 
 from .adapters.io import refuse_non_finite, tensor_checksum
 from .adapters.state import adapted_layers
-from .fileio import kind_of_file, write_safetensors
+from .fileio import kind_of_file, require_path, write_safetensors
 from .models import create_model
+from .surgery import require_flags
 from .truncate import factorized_ranks, restore_structure
 
 __all__ = [
@@ -334,7 +335,7 @@ def load_backbone(model: nn.Module, path: str | os.PathLike, skip: tuple[str, ..
 
 
 def save_pretrained(
-    model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any] | None = None, overwrite: bool = False
+    model: nn.Module, directory: str | os.PathLike, *, extra: dict[str, Any] | None = None, overwrite: bool = False
 ) -> Path:
     """Save a Hugging Face transformers model, truncated or not, so that :func:`load_pretrained` rebuilds it
     exactly: its config (``config.json``, written by the model's own config) and an alfa checkpoint
@@ -350,6 +351,8 @@ def save_pretrained(
     ``overwrite=True``: replacing its config would leave its weights under a config that is not theirs, so
     ``overwrite=True`` also deletes transformers' weight files there (:data:`TRANSFORMERS_WEIGHTS`).
     """
+    directory = require_path(directory, "save_pretrained", "directory")
+    require_flags("save_pretrained", overwrite=overwrite)
     _refuse_attached_adapter(model, "alfa.save_pretrained")
     hf_config = getattr(model, "config", None)
     if not callable(getattr(hf_config, "save_pretrained", None)):
@@ -357,7 +360,6 @@ def save_pretrained(
             f"{type(model).__name__} is not a transformers model (no config.save_pretrained); save it with "
             "alfa.checkpoint.save_model"
         )
-    directory = Path(directory)
     if (directory / "config.json").is_file() and not (directory / PRETRAINED_FILE).is_file() and not overwrite:
         raise CheckpointError(
             f"{directory} holds another model's config.json (not one alfa.save_pretrained wrote): writing this "
@@ -385,7 +387,7 @@ def load_pretrained(model_class: Any, directory: str | os.PathLike) -> nn.Module
             f"load_pretrained takes a model class (e.g. GPT2LMHeadModel or AutoModelForCausalLM), got an instance of "
             f"{type(model_class).__name__}: pass type(model)"
         )
-    directory = Path(directory)
+    directory = require_path(directory, "load_pretrained", "directory")
     path = directory / PRETRAINED_FILE
     if not path.is_file():
         raise FileNotFoundError(

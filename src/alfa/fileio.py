@@ -49,6 +49,7 @@ __all__ = [
     "new_files",
     "not_a_file",
     "refuse_held_inside",
+    "require_path",
     "share",
     "usable_cpus",
 ]
@@ -161,6 +162,15 @@ _KINDS = (
     (b"\x89HDF", "an HDF5 file"),
     (b"\x08", "perhaps an ONNX model"),
 )
+
+
+def require_path(value: Any, function: str, argument: str = "path") -> Path:
+    """``value`` as a :class:`~pathlib.Path`, or a ``TypeError`` naming ``alfa.<function>``, the argument and what
+    it accepts, where ``value`` is neither a string nor an ``os.PathLike`` (``None``, a number, an open file),
+    instead of pathlib's own message, which names neither."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"alfa.{function}: {argument} must be a str or os.PathLike (a file path), got {value!r}")
+    return Path(value)
 
 
 def kind_of_file(path: str | os.PathLike) -> str | None:

@@ -3,7 +3,9 @@
 Truncation (:mod:`alfa.truncate`) and the adapters (:mod:`alfa.adapters`) both replace layers of a model
 the user built. What they share lives here, below both, so that neither needs to know the other:
 
-- :func:`replace_module` puts a module at a dotted path;
+- :func:`replace_module` puts a module at a dotted path; :func:`target_matches` is the one rule by which a
+  ``target`` (a regular expression, or a list of module names in PEFT's manner) selects modules, for
+  ``alfa.truncate`` and every adapter alike, and :func:`check_target` the one check of its form;
 - :func:`shared_parameters` finds tied parameters by object identity, so that no layer whose weight
   another module also holds is replaced (that would silently untie them), and :func:`tie_refusal`
   words the refusal;
@@ -18,6 +20,8 @@ the user built. What they share lives here, below both, so that neither needs to
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
@@ -25,7 +29,11 @@ from torch import nn
 from .layers import is_factorized, refuse_scripting
 
 __all__ = [
+    "check_names",
+    "check_target",
+    "target_matches",
     "replace_module",
+    "require_flags",
     "shared_parameters",
     "tie_refusal",
     "LayerWrapper",
@@ -36,6 +44,45 @@ __all__ = [
     "save_pretrained_problem",
     "UnsupportedSaveError",
 ]
+
+
+def target_matches(target: str | Sequence[str] | None, name: str) -> bool:
+    """Whether a module (or, for model-scope methods, parameter) ``name`` is selected by ``target``: ``None``
+    selects everything; a string is a regular expression (``re.search``); a list of names selects ``name`` when
+    it equals one of them or ends with ``"." + `` one (PEFT's convention: ``["fc", "conv2"]``)."""
+    if target is None:
+        return True
+    if isinstance(target, str):
+        return re.search(target, name) is not None
+    return any(name == s or name.endswith("." + s) for s in target)
+
+
+def check_target(target: Any) -> None:
+    """``ValueError`` naming the problem where ``target`` is not one of the forms :func:`target_matches` reads:
+    ``None``, a valid regular expression, or a non-empty list (or tuple) of module names."""
+    if isinstance(target, str):
+        try:
+            re.compile(target)
+        except re.error as e:
+            raise ValueError(f"target {target!r} is not a valid regular expression: {e}") from e
+    elif target is not None:
+        if not isinstance(target, (list, tuple)):
+            raise ValueError(f"target must be a regular expression (str) or a list of module names, got {target!r}")
+        if not target:
+            raise ValueError("target is an empty list: it would select nothing (None selects every candidate)")
+        check_names("target", target)
+
+
+def check_names(field_name: str, value: Any) -> None:
+    """``ValueError`` where ``value`` is not a list (or tuple) of module names (no empty name, none starting or
+    ending with a dot)."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{field_name} must be a list of module names, got {value!r}")
+    for s in value:
+        if not isinstance(s, str) or not s or s.startswith(".") or s.endswith("."):
+            raise ValueError(
+                f"{field_name} entries must be non-empty module names (no leading or trailing '.'), got {s!r}"
+            )
 
 
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -122,6 +169,14 @@ def require_module(model: Any, function: str) -> None:
     if not isinstance(model, nn.Module):
         what = f"the class {model.__name__}" if isinstance(model, type) else f"a {type(model).__name__}"
         raise TypeError(f"alfa.{function} takes a torch.nn.Module (a model instance), got {what}")
+
+
+def require_flags(function: str, **flags: Any) -> None:
+    """``TypeError`` naming ``alfa.<function>`` and the option where a flag is not ``True`` or ``False``: a string
+    such as ``"no"`` or a path passed where a flag was expected would otherwise read as true."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"alfa.{function}: {name} must be True or False, got {value!r}")
 
 
 def refuse_compiled_wrapper(model: nn.Module, function: str) -> None:

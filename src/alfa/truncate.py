@@ -8,6 +8,7 @@ forbids it) are :mod:`alfa.surgery`'s.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -16,12 +17,14 @@ from torch.nn.parameter import is_lazy
 
 from .layers import FactorizedConv2d, FactorizedLinear, is_dense_layer, is_factorized, layer_spec, own_forward
 from .surgery import (
+    check_target,
     guard_save_pretrained,
     refuse_compiled_wrapper,
     replace_module,
     require_module,
     shared_parameters,
     structure_refusal,
+    target_matches,
     tie_refusal,
 )
 
@@ -73,12 +76,17 @@ def _skip_reason(module: nn.Module, rank: int) -> str | None:
 
 
 @torch.no_grad()
-def truncate(model: nn.Module, rank: int, target: str | None = None, *, weights: bool = True) -> TruncationReport:
+def truncate(
+    model: nn.Module, rank: int, target: str | Sequence[str] | None = None, *, weights: bool = True
+) -> TruncationReport:
     """Replace, in place, every Linear/Conv2d (and transformers ``Conv1D``) whose rank-``rank`` factorization
     is smaller by a :class:`FactorizedLinear`/:class:`FactorizedConv2d` holding its truncated SVD.
 
-    ``target`` is an optional regular expression; only modules whose dotted name it matches
-    (``re.search``) are considered. Layers where factorizing saves nothing, grouped convs, convs with
+    ``target`` selects the modules considered, in the same forms as an adapter config's ``target``
+    (:func:`alfa.surgery.target_matches`): a regular expression over the dotted module name (``re.search``), or
+    a list of module names, each matching a module named so or ending in ``"." + `` it (``["fc", "conv1"]``);
+    a name in the list that selects no layer to truncate is refused (``ValueError``), as attach refuses one.
+    Layers where factorizing saves nothing, grouped convs, convs with
     non-zero padding modes and layers whose parameters are tied to another module (see
     :func:`shared_parameters`) are left dense and listed in the returned report; a ``target`` that
     matches a tied layer is refused with a ``ValueError`` (nothing is changed).
@@ -91,7 +99,10 @@ def truncate(model: nn.Module, rank: int, target: str | None = None, *, weights:
     refuse_compiled_wrapper(model, "truncate")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
-    pattern = _target_pattern(target)
+    try:
+        check_target(target)
+    except ValueError as e:
+        raise ValueError(f"alfa.truncate: {e}") from None
     refusal = structure_refusal(model, "truncate")
     if refusal is not None:
         raise RuntimeError(refusal)
@@ -99,11 +110,12 @@ def truncate(model: nn.Module, rank: int, target: str | None = None, *, weights:
     candidates = [
         (name, mod)
         for name, mod in model.named_modules()
-        if is_dense_layer(mod) and not is_factorized(mod) and (pattern is None or pattern.search(name))
+        if is_dense_layer(mod) and not is_factorized(mod) and target_matches(target, name)
     ]
+    _refuse_names_left_out(model, target, [name for name, _ in candidates])
     ties = shared_parameters(model)
     tied = [name for name, _ in candidates if name in ties]
-    if tied and pattern is not None:  # asked for by name: an error, before anything changes
+    if tied and target is not None:  # asked for by name: an error, before anything changes
         raise ValueError("alfa.truncate: " + tie_refusal(tied[0], ties[tied[0]], "truncate"))
     for name, mod in candidates:
         if name in ties:
@@ -126,7 +138,7 @@ def truncate(model: nn.Module, rank: int, target: str | None = None, *, weights:
         report.factorized[name] = new.rank
     if not report.factorized:
         already = factorized_ranks(model)
-        if already and (pattern is None or any(pattern.search(n) for n in already)):
+        if already and any(target_matches(target, n) for n in already):
             ranks = sorted(set(already.values()))
             raise ValueError(
                 f"the model is already truncated ({len(already)} factorized layers at rank "
@@ -142,16 +154,33 @@ def truncate(model: nn.Module, rank: int, target: str | None = None, *, weights:
     return report
 
 
-def _target_pattern(target: object) -> re.Pattern | None:
-    """``truncate``'s ``target``: a regular expression (a string), or ``None`` for every layer."""
-    if target is None:
-        return None
-    if not isinstance(target, str):
-        raise TypeError(f"alfa.truncate: target must be a regular expression (a string), got {target!r}")
-    try:
-        return re.compile(target)
-    except re.error as e:
-        raise ValueError(f"alfa.truncate: target {target!r} is not a regular expression ({e})") from None
+def _refuse_names_left_out(model: nn.Module, target: object, candidates: list[str]) -> None:
+    """A name of a list ``target`` that selects no candidate layer is refused, saying what it names, where the other
+    names would have been truncated and this one silently left out (a regular expression selects what it
+    matches)."""
+    if not isinstance(target, (list, tuple)):
+        return
+    modules = dict(model.named_modules())
+    for entry in target:
+        if any(target_matches((entry,), n) for n in candidates):
+            continue
+        found = [n for n in modules if n and target_matches((entry,), n)]
+        if not found:
+            raise ValueError(
+                f"alfa.truncate: target {entry!r}: the model has no module named {entry!r} (nor ending in '.{entry}')"
+            )
+        name, module = found[0], modules[found[0]]
+        if is_factorized(module):
+            why = "is factorized already"
+        elif any(True for _ in module.children()):
+            pattern = "^" + re.escape(name) + r"\."
+            why = (
+                f"is a {type(module).__name__}: a name selects the module of that name, not the layers inside it "
+                f"(the regular expression {pattern!r} selects those)"
+            )
+        else:
+            why = f"is a {type(module).__name__}: truncate factorizes Linear, Conv2d and transformers' Conv1D layers"
+        raise ValueError(f"alfa.truncate: target {entry!r} selects no layer to truncate: {name} {why}")
 
 
 @torch.no_grad()

@@ -38,7 +38,12 @@ class AlfaConfig(AdapterConfig):
     """Alfa with ``heads`` attention heads of low rank ``rank``; ``init_std`` is σ of the Gaussian
     init of ``A_q`` and ``A_p`` (``B_q`` and ``B_p`` start at zero, so the adapted model starts as
     the base). On a dense layer the dictionary comes from the layer's SVD, of rank ``dense_rank``
-    (``None``: full rank, i.e. no truncation), and merging writes the dense weight back."""
+    (``None``: full rank, i.e. no truncation), and merging writes the dense weight back.
+
+    ``rank`` is bounded by a layer's dictionary size ``d`` (a rank-``r`` term on a ``d``-dimensional dictionary has
+    rank at most ``d``): above every adapted layer's ``d`` it is refused, above some layers' a ``UserWarning``
+    names them. A ``dense_rank`` above a dense layer's rank gives it its full SVD, named likewise
+    (:func:`alfa.adapters.select.warn_sizes`)."""
 
     method: ClassVar[str] = "alfa"
     display_name: ClassVar[str] = "Alfa"

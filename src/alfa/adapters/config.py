@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
 import types
 import typing
 from collections.abc import Sequence
@@ -21,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, get_args, get_origin
 
 from torch import nn
+
+from ..surgery import check_names, check_target, target_matches
 
 __all__ = [
     "AdapterConfig",
@@ -62,7 +63,16 @@ def _refuse_unknown_options(cls: type[AdapterConfig]) -> None:
 
 
 def register_method(cls: type[AdapterConfig]) -> type[AdapterConfig]:
-    """Class decorator: make a config known by its ``method`` name (for saving and loading)."""
+    """Class decorator: make a config known by its ``method`` name (for saving and loading).
+
+    ``cls`` must be a subclass of :class:`AdapterConfig` (a dataclass of the method's options) with the class
+    attributes ``method`` (its name), ``display_name`` and ``family``; anything else is a ``TypeError``."""
+    if not (isinstance(cls, type) and issubclass(cls, AdapterConfig)):
+        what = f"the class {cls.__name__}" if isinstance(cls, type) else f"a {type(cls).__name__} ({cls!r})"
+        raise TypeError(
+            "alfa.register_method takes a subclass of alfa.AdapterConfig (a dataclass of the method's options with "
+            f"the class attributes method, display_name and family: class MyConfig(alfa.AdapterConfig)), got {what}"
+        )
     if not cls.method:
         raise ValueError(f"{cls.__name__} needs a non-empty `method` name")
     if not cls.display_name or not cls.family:
@@ -73,27 +83,6 @@ def register_method(cls: type[AdapterConfig]) -> type[AdapterConfig]:
         _refuse_unknown_options(cls)
     METHODS[cls.method] = cls
     return cls
-
-
-def target_matches(target: str | Sequence[str] | None, name: str) -> bool:
-    """Whether a module (or, for model-scope methods, parameter) ``name`` is selected by ``target``: ``None``
-    selects everything; a string is a regular expression (``re.search``); a list of names selects ``name`` when
-    it equals one of them or ends with ``"." + `` one (PEFT's convention: ``["fc", "conv2"]``)."""
-    if target is None:
-        return True
-    if isinstance(target, str):
-        return re.search(target, name) is not None
-    return any(name == s or name.endswith("." + s) for s in target)
-
-
-def _check_names(field_name: str, value: Any) -> None:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ValueError(f"{field_name} must be a list of module names, got {value!r}")
-    for s in value:
-        if not isinstance(s, str) or not s or s.startswith(".") or s.endswith("."):
-            raise ValueError(
-                f"{field_name} entries must be non-empty module names (no leading or trailing '.'), got {s!r}"
-            )
 
 
 @functools.cache
@@ -178,20 +167,8 @@ class AdapterConfig:
         """Raise ``ValueError`` on an invalid option."""
         if self.layers not in _LAYER_CHOICES:
             raise ValueError(f"layers must be one of {_LAYER_CHOICES}, got {self.layers!r}")
-        if isinstance(self.target, str):
-            try:
-                re.compile(self.target)
-            except re.error as e:
-                raise ValueError(f"target {self.target!r} is not a valid regular expression: {e}") from e
-        elif self.target is not None:
-            if not isinstance(self.target, (list, tuple)):
-                raise ValueError(
-                    f"target must be a regular expression (str) or a list of module names, got {self.target!r}"
-                )
-            if not self.target:
-                raise ValueError("target is an empty list: it would adapt nothing (None adapts every candidate)")
-            _check_names("target", self.target)
-        _check_names("modules_to_save", self.modules_to_save)
+        check_target(self.target)
+        check_names("modules_to_save", self.modules_to_save)
         if self.modules_to_save and self.scope == "model":
             raise ValueError(
                 f"modules_to_save applies to methods that wrap layers; {self.method} already trains the model's own "

@@ -21,7 +21,9 @@ def param_groups(
 
     ``lr_scale`` maps a regular expression over parameter names to a learning-rate factor; the
     first pattern that matches wins, e.g. ``{r"^layer[34]\\.": 10.0}`` gives ResNet-18's last two
-    stages a 10× learning rate (the paper's recipe). Each group carries a ``name``.
+    stages a 10× learning rate (the paper's recipe). Each group carries a ``name``. A pattern that matches no
+    trainable parameter is refused (``ValueError`` naming it and some of the parameters), like a ``target`` that
+    matches no layer.
 
     ``weight_decay`` is written into every group, so it **overrides the optimizer's own default**
     (``torch.optim.AdamW`` alone would decay by 0.01). The default, ``0.0``, keeps the numbers of the callers that
@@ -39,13 +41,13 @@ def param_groups(
     compiled = {pat: _compiled_scale(pat, scale) for pat, scale in scales.items()}
     groups: dict[str, list[nn.Parameter]] = {"default": []}
     groups.update({pat: [] for pat in scales})
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    for name, p in trainable:
         key = next((pat for pat, rx in compiled.items() if rx.search(name)), "default")
         groups[key].append(p)
     if not any(groups.values()):
         raise ValueError("the model has no trainable parameters (attach an adapter first)")
+    _refuse_unmatched(compiled, [name for name, _ in trainable])
     out = []
     for key, ps in groups.items():
         if ps:
@@ -54,6 +56,18 @@ def param_groups(
                 group["weight_decay"] = weight_decay
             out.append(group)
     return out
+
+
+def _refuse_unmatched(compiled: dict[str, re.Pattern[str]], names: list[str]) -> None:
+    """A pattern that matches no trainable parameter is refused, as a ``target`` that matches nothing is: a typo
+    (``"^layr4"``) would otherwise leave every parameter at the base rate without a word."""
+    for pattern, rx in compiled.items():
+        if not any(rx.search(name) for name in names):
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise ValueError(
+                f"param_groups: lr_scale pattern {pattern!r} matches no trainable parameter (re.search over their "
+                f"names: {shown})"
+            )
 
 
 def _compiled_scale(pattern: str, scale: float) -> re.Pattern[str]:

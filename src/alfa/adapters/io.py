@@ -22,14 +22,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
-from ..fileio import kind_of_file, write_safetensors
+from ..fileio import kind_of_file, require_path, write_safetensors
 from ..layers import tensor_signature
-from ..surgery import refuse_compiled_wrapper
+from ..surgery import refuse_compiled_wrapper, require_flags
 from .alfa import DictionaryAdapter, DictionaryMixConfig
 from .config import AdapterConfig, config_from_dict
 from .groups import is_number
 from .layer import AdaptedLayer
-from .select import largest_layer
+from .select import largest_layer, sizes_said_before
 from .state import (
     DEFAULT_ADAPTER,
     _check_adapter_name,
@@ -234,6 +234,7 @@ def _refuse_meta(model: nn.Module, action: str) -> None:
 def save_adapter(
     model: nn.Module,
     path: str | os.PathLike,
+    *,
     compact: bool = False,
     about: dict[str, Any] | None = None,
     name: str | None = None,
@@ -253,7 +254,12 @@ def save_adapter(
     ``about`` is stored with it and read back by :func:`read_adapter_metadata` (the gaze stack records the
     dataset and the person, so an adapter is never applied to another dataset's person of the same name). The
     file also records a checksum of its tensors, verified by :func:`load_adapter`.
+
+    Every option is keyword-only; ``compact`` must be ``True`` or ``False`` and ``path`` a ``str`` or
+    ``os.PathLike`` (``TypeError`` otherwise).
     """
+    path = require_path(path, "save_adapter")
+    require_flags("save_adapter", compact=compact)
     _refuse_meta(model, "save an adapter from it")
     if about is not None and not isinstance(about, dict):  # read back as a JSON object: refused now, not then
         raise TypeError(f"save_adapter: about must be a dict (stored as a JSON object), got {type(about).__name__}")
@@ -368,7 +374,7 @@ def _open_error(path: Path) -> OSError | None:
 
 def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The decoded header of an adapter file (method, config, targets, fingerprint)."""
-    path = Path(path)
+    path = require_path(path, "read_adapter_metadata")
     if not path.is_file():
         raise FileNotFoundError(f"adapter file not found: {path}")
     try:
@@ -442,9 +448,10 @@ def _check_header_kinds(path: Path, header: dict[str, Any]) -> None:
 def load_adapter(
     model: nn.Module,
     path: str | os.PathLike,
+    *,
+    name: str = DEFAULT_ADAPTER,
     replace: bool = False,
     method: str | None = None,
-    name: str = DEFAULT_ADAPTER,
 ) -> list[str]:
     """Attach the adapter stored at ``path`` to ``model`` (the shared base) as the adapter ``name``, make it
     active, and load its tensors (its ``modules_to_save`` copies included).
@@ -454,11 +461,14 @@ def load_adapter(
     name the file was saved under); other adapters already attached stay. With ``replace=True`` an adapter
     already attached under ``name`` is removed first (after the file has been checked on a copy). ``method``,
     if given, is the method the caller expects the file to hold. On any error the model is left as it was.
+    Every option is keyword-only (``load_adapter(model, path, "carol")`` is a ``TypeError``, not
+    ``replace=True``); ``replace`` must be ``True`` or ``False`` and ``path`` a ``str`` or ``os.PathLike``.
     """
+    path = require_path(path, "load_adapter")
+    require_flags("load_adapter", replace=replace)
     _check_adapter_name(name)  # the caller's mistake, said as such (not as a file that does not fit)
     refuse_compiled_wrapper(model, "load_adapter")
     _refuse_meta(model, "load an adapter onto it (it is checked against the base's values)")
-    path = Path(path)
     if path.is_dir():
         raise AdapterFileError(
             f"{path} is a folder: an adapter is one file (alfa personalize writes <person>.safetensors)"
@@ -484,7 +494,8 @@ def load_adapter(
         delete_adapter(model, name)
     config = _bounded_dense_rank(model, config)
     try:
-        targets = attach(model, config, name=name)
+        with sizes_said_before():  # said when the file's adapter was attached
+            targets = attach(model, config, name=name)
     except (ValueError, TypeError) as e:
         raise AdapterFileError(f"{path}: the adapter does not fit this model: {e}") from e
     try:

@@ -227,7 +227,7 @@ class AdaptedLayer(LayerWrapper):
         W, _ = self.effective_weight()
         return W - dense_matrix(self.base)
 
-    def merged(self, densify: bool = False, extend: bool = False) -> nn.Module:
+    def merged(self, *, densify: bool = False, extend: bool = False) -> nn.Module:
         """A plain layer computing what this adapted layer computes (see :func:`merged_layer`)."""
         return merged_layer(self, densify=densify, extend=extend)
 
@@ -260,7 +260,7 @@ def _rederive_after_load(layer: nn.Module, incompatible_keys: Any) -> None:
     layer.refresh_derived()  # type: ignore[operator]
 
 
-def merged_layer(layer: AdaptedLayer, densify: bool = False, extend: bool = False) -> nn.Module:
+def merged_layer(layer: AdaptedLayer, *, densify: bool = False, extend: bool = False) -> nn.Module:
     """The plain layer that ``layer`` folds into, chosen by its declared ``merge_kind``.
 
     A dense base always gives a dense layer. A factorized base gives, for kind ``"factors"``, a

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from torch import nn
 
@@ -11,7 +13,15 @@ from ..layers import is_dense_eligible, is_factorized, layer_spec, own_forward
 from ..surgery import shared_parameters, tie_refusal
 from .config import AdapterConfig, target_matches
 
-__all__ = ["candidate_layers", "modules_to_save", "check_sizes", "largest_layer", "SIZE_OPTIONS"]
+__all__ = [
+    "candidate_layers",
+    "modules_to_save",
+    "check_sizes",
+    "warn_sizes",
+    "sizes_said_before",
+    "largest_layer",
+    "SIZE_OPTIONS",
+]
 
 
 def _module_order(model: nn.Module) -> dict[str, int]:
@@ -199,7 +209,11 @@ def largest_layer(
 def check_sizes(model: nn.Module, config: AdapterConfig, names: Sequence[str] | None = None) -> None:
     """Refuse, before anything is built, a ``rank``, ``heads`` or ``dense_rank`` larger than every layer ``config``
     adapts (of ``names``, default: the layers it selects): a rank cannot exceed ``min(out, in)`` of a layer, and a
-    far larger one would allocate for minutes before anything else is said. ``ValueError`` saying the bound."""
+    far larger one would allocate for minutes before anything else is said. A dictionary method's ``rank`` above
+    the dictionary size ``d`` of every layer is refused too (:func:`dictionary_sizes`). ``ValueError`` saying the
+    bound."""
+    if names is None:
+        names = candidate_layers(model, config, modules_to_save(model, config))
     found = largest_layer(model, config, names)
     if found is None:
         return
@@ -212,3 +226,88 @@ def check_sizes(model: nn.Module, config: AdapterConfig, names: Sequence[str] | 
                 f"{config.method}: {option} {value} is larger than every layer it adapts (the largest, {largest}, "
                 f"maps {n} inputs to {m} outputs): at most {bound}"
             )
+    rank, sizes = _dictionary_rank(config), dictionary_sizes(model, config, names)
+    if rank is not None and sizes and rank > max(sizes.values()):
+        widest = max(sizes, key=sizes.__getitem__)
+        raise ValueError(
+            f"{config.method}: rank {rank} is larger than the dictionary of every layer it adapts (the largest, "
+            f"{widest}, has d = {sizes[widest]}): at most {sizes[widest]}. Its low-rank terms act on a layer's "
+            "d-dimensional dictionary, so a rank above d adds parameters, not an update rank d cannot express"
+        )
+
+
+def _dictionary_rank(config: AdapterConfig) -> int | None:
+    """The ``rank`` of a dictionary method (Alfa's heads, LinearMix's mix): bounded by each layer's ``d``."""
+    rank = getattr(config, "rank", None)
+    if config.family != "dictionary" or isinstance(rank, bool) or not isinstance(rank, int):
+        return None
+    return rank
+
+
+def dictionary_sizes(model: nn.Module, config: AdapterConfig, names: Sequence[str]) -> dict[str, int]:
+    """The dictionary size ``d`` a dictionary method gets on each of the layers ``names``: a factorized layer's rank,
+    or for a dense layer the rank of its SVD, ``dense_rank`` clamped to ``min(m, n)`` (spec §2)."""
+    dense_rank = getattr(config, "dense_rank", None)
+    sizes: dict[str, int] = {}
+    for name in names:
+        module = model.get_submodule(name)
+        if is_factorized(module):
+            sizes[name] = int(module.rank)  # type: ignore[arg-type]
+            continue
+        try:
+            spec = layer_spec(module)
+        except (ValueError, TypeError, AttributeError):
+            continue  # a layer of another kind: its method says what it accepts
+        sizes[name] = min(dense_rank or min(spec.m, spec.n), spec.m, spec.n)
+    return sizes
+
+
+_SIZES_SAID_BEFORE = contextvars.ContextVar("alfa_sizes_said_before", default=False)
+
+
+@contextlib.contextmanager
+def sizes_said_before() -> Iterator[None]:
+    """Within it, :func:`warn_sizes` says nothing: ``load_adapter`` attaches a file's config, on the base that file
+    was made on, where attaching it said so then (a server loading each user's file would repeat it)."""
+    token = _SIZES_SAID_BEFORE.set(True)
+    try:
+        yield
+    finally:
+        _SIZES_SAID_BEFORE.reset(token)
+
+
+def warn_sizes(model: nn.Module, config: AdapterConfig, names: Sequence[str]) -> None:
+    """Say, once per attach, which layers do not get a size option in full (after :func:`check_sizes`, which refuses
+    one that no layer gets): a ``dense_rank`` above a dense layer's rank gives that layer its full SVD (the spec's
+    clamp of ``d`` to ``min(m, n)``), and a dictionary method's ``rank`` above a layer's ``d`` makes its low-rank
+    terms full rank there (rank ``d`` would express the same updates with fewer parameters). ``UserWarning``
+    naming the layers and their ``d``."""
+    if _SIZES_SAID_BEFORE.get():
+        return
+    dense_rank = getattr(config, "dense_rank", None)
+    sizes = dictionary_sizes(model, config, names) if config.family == "dictionary" else {}
+    if isinstance(dense_rank, int):
+        clipped = [n for n, d in sizes.items() if d < dense_rank and not is_factorized(model.get_submodule(n))]
+        if clipped:
+            warnings.warn(
+                f"alfa.attach ({config.method}): dense_rank {dense_rank} is above the rank of {len(clipped)} dense "
+                f"layer(s), whose dictionary is their full SVD instead: {_with_sizes(clipped, sizes)}",
+                UserWarning,
+                stacklevel=4,
+            )
+    rank = _dictionary_rank(config)
+    above = [n for n, d in sizes.items() if rank is not None and d < rank]
+    if above:
+        warnings.warn(
+            f"alfa.attach ({config.method}): rank {rank} is above the dictionary size d of {len(above)} layer(s), "
+            f"where its low-rank terms are full rank (rank d would express the same updates with fewer parameters): "
+            f"{_with_sizes(above, sizes)}",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _with_sizes(names: Sequence[str], sizes: dict[str, int]) -> str:
+    """``a (d = 96), b (d = 96)`` for the first four of ``names``, and how many more."""
+    listed = ", ".join(f"{n} (d = {sizes[n]})" for n in names[:4])
+    return listed + (f" and {len(names) - 4} more" if len(names) > 4 else "")

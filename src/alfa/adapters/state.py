@@ -28,13 +28,14 @@ from ..surgery import (
     guard_save_pretrained,
     refuse_compiled_wrapper,
     replace_module,
+    require_flags,
     require_module,
     shared_parameters,
     tie_refusal,
 )
 from .config import AdapterConfig, MergeError
 from .layer import AdaptedLayer, merged_layer
-from .select import candidate_layers, check_sizes, modules_to_save
+from .select import candidate_layers, check_sizes, modules_to_save, warn_sizes
 
 __all__ = [
     "DEFAULT_ADAPTER",
@@ -492,6 +493,7 @@ def _build_state(model: nn.Module, config: AdapterConfig, name: str, requires_gr
             built[layer_name] = layer_config.build(base)
         except (ValueError, TypeError) as e:
             raise type(e)(f"{layer_name}: {e}") from e
+    warn_sizes(model, config, names)  # once every layer is built: an attach that fails says only why
     state.targets = names
     state.layers = built
     state.saved = {s: copy.deepcopy(model.get_submodule(s)) for s in saved}
@@ -568,7 +570,7 @@ def disable_adapters(model: nn.Module) -> Iterator[nn.Module]:
             _activate(model, state)
 
 
-def merge(model: nn.Module, densify: bool = False, extend: bool = False) -> list[str]:
+def merge(model: nn.Module, *, densify: bool = False, extend: bool = False) -> list[str]:
     """Fold the attached adapter into the model, in place, and remove it.
 
     Methods whose update lives in the factorized form (Alfa and its gate/mix variants, Spectral)
@@ -579,7 +581,8 @@ def merge(model: nn.Module, densify: bool = False, extend: bool = False) -> list
     :class:`MergeError` explains why. The adapter's ``modules_to_save`` copies stay in the model in place
     of the originals. With several adapters attached, merging refuses (:class:`MergeError`): the others
     were trained on the unmerged base; :func:`delete_adapter` them first. Nothing is changed if an error
-    is raised. Returns the merged layer (or parameter) names.
+    is raised. Returns the merged layer (or parameter) names. ``densify`` and ``extend`` are keyword-only and must
+    be ``True`` or ``False`` (``TypeError`` otherwise).
 
     For the merge forms :func:`unmerge` can undo (:data:`UNMERGE_FORMS`: merged layers in the base layers' own
     form), the model keeps the adapter aside, with the base layers it replaced (memory the adapter held while
@@ -587,6 +590,7 @@ def merge(model: nn.Module, densify: bool = False, extend: bool = False) -> list
     into factorized layers (form ``"densified"``, with ``densify=True`` or ``extend=True``) replaces them by
     another representation; merge keeps nothing of them.
     """
+    require_flags("merge", densify=densify, extend=extend)
     if densify and extend:
         raise ValueError("merge: pass densify=True (dense layers) or extend=True (wider factorizations), not both")
     registry, state = _require_active(model, "merge")
@@ -605,7 +609,9 @@ def merge(model: nn.Module, densify: bool = False, extend: bool = False) -> list
         for name in state.targets:
             if f"{name}.base" in ties:
                 raise MergeError(tie_refusal(name, ties[f"{name}.base"], "merge an adapter into"))
-        merged = {name: merged_layer(model.get_submodule(name), densify, extend) for name in state.targets}
+        merged = {
+            name: merged_layer(model.get_submodule(name), densify=densify, extend=extend) for name in state.targets
+        }
         for name, new in merged.items():
             replace_module(model, name, new)
     _restore_requires_grad(model, state)

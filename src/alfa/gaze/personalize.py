@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -79,6 +80,7 @@ __all__ = [
     "LAYER34_PATTERN",
     "PersonalizeConfig",
     "PersonalizeResult",
+    "recipe_lr_scale",
     "PersonOutcome",
     "PersonalizationRun",
     "person_seed",
@@ -98,6 +100,19 @@ LAYER34_PATTERN = r"(^|\.)layer[34]\."
 
 def _default_lr_scale() -> dict[str, float]:
     return {LAYER34_PATTERN: 10.0}
+
+
+def recipe_lr_scale(model: nn.Module, lr_scale: dict[str, float]) -> dict[str, float]:
+    """A recipe's ``lr_scale`` for ``model`` (its adapter attached): the paper's ×10 on ResNet-18's layer3/layer4
+    (:data:`LAYER34_PATTERN`, every recipe's default) is left out where no trained parameter lies in such a stage
+    (a ViT gaze model, an adapter on the early layers only), as there it has nothing to scale; ``param_groups``
+    refuses any other pattern that selects nothing (a misspelt one)."""
+    scales = dict(lr_scale)
+    if LAYER34_PATTERN in scales:
+        trained = [name for name, p in model.named_parameters() if p.requires_grad]
+        if not any(re.search(LAYER34_PATTERN, name) for name in trained):
+            del scales[LAYER34_PATTERN]
+    return scales
 
 
 @dataclass
@@ -251,7 +266,8 @@ def personalize(
     try:
         was_training = model.training
         model.eval()  # BatchNorm keeps the source statistics; there is no dropout
-        groups = param_groups(model, config.lr, lr_scale=config.lr_scale, weight_decay=config.weight_decay)
+        scales = recipe_lr_scale(model, config.lr_scale)
+        groups = param_groups(model, config.lr, lr_scale=scales, weight_decay=config.weight_decay)
         trained = sum(p.numel() for g in groups for p in g["params"])
         optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
         precision = run_precision()

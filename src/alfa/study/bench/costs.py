@@ -50,7 +50,7 @@ from alfa.adapters import (
 from alfa.adapters.alfa import AlfaConfig, DictionaryMixConfig
 from alfa.fileio import write_text
 from alfa.gaze.losses import flip_symmetry_loss
-from alfa.gaze.personalize import PersonalizeConfig
+from alfa.gaze.personalize import PersonalizeConfig, recipe_lr_scale
 from alfa.gaze.train import TruncateConfig
 from alfa.models import create_model
 from alfa.study.sections import section_marks, with_section
@@ -210,7 +210,7 @@ def _prepare(
         row.compact_bytes = compact.stat().st_size
     row.compact_params = _compact_params(model) if config.scope == "layer" else params
     row.merge = merge_form(model)
-    optimizer = torch.optim.AdamW(param_groups(model, lr=LR, lr_scale=LR_SCALE))
+    optimizer = torch.optim.AdamW(param_groups(model, lr=LR, lr_scale=recipe_lr_scale(model, LR_SCALE)))
     return _Job(row, model, optimizer, densify=row.merge == "densified")
 
 

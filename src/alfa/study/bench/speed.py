@@ -29,6 +29,7 @@ from alfa import attach, merge, param_groups, parameter_summary, truncate
 from alfa.adapters import AlfaConfig, adapted_layers
 from alfa.fileio import write_text
 from alfa.gaze.losses import flip_symmetry_loss
+from alfa.gaze.personalize import LAYER34_PATTERN, recipe_lr_scale
 from alfa.gaze.train import TruncateConfig
 from alfa.models import resnet18_gaze
 from alfa.study.timing import goal_verdict, interval_note, machine, median_cell, no_rounds_note, ratio_cell
@@ -53,7 +54,10 @@ def _step_model(setup: str, base: nn.Module) -> tuple[nn.Module, torch.optim.Opt
             p.requires_grad_(name.startswith("fc."))
     elif setup != "full fine-tune":
         raise ValueError(f"unknown setup {setup!r}")
-    return model, torch.optim.AdamW(param_groups(model, lr=1e-4, lr_scale={r"^layer[34]\.": 10.0}))
+    # the recipe's ×10 on layer3/layer4, which the head-only setup has nothing in (param_groups refuses a pattern
+    # that selects nothing; recipe_lr_scale leaves this one out there)
+    scales = recipe_lr_scale(model, {LAYER34_PATTERN: 10.0})
+    return model, torch.optim.AdamW(param_groups(model, lr=1e-4, lr_scale=scales))
 
 
 def _one_step(model: nn.Module, opt: torch.optim.Optimizer, images: torch.Tensor) -> float:
