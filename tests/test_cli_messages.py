@@ -1,0 +1,39 @@
+"""What the CLI says when it refuses: the valid choices where a name is wrong, the real reason where a guess
+would mislead, and one line where every person would fail alike; found by an audit of the CLI's messages."""
+
+from __future__ import annotations
+
+import pytest
+import tiny_models  # noqa: F401 — registers tiny_gaze_net
+from tiny_models import truncated_tiny_gaze_net
+
+import alfa
+from alfa.checkpoint import save_model
+from alfa.cli import main
+
+TARGET = "synthetic:mpii?persons=2&images_per_person=8&size=16"
+
+
+@pytest.fixture
+def checkpoints(tmp_path):
+    dense = save_model(tmp_path / "dense.safetensors", alfa.models.create_model("tiny_gaze_net"), "tiny_gaze_net")
+    truncated = save_model(tmp_path / "truncated.safetensors", truncated_tiny_gaze_net(), "tiny_gaze_net")
+    return str(dense), str(truncated)
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_an_unknown_option_lists_the_methods_options_and_the_closest(checkpoints, tmp_path, capsys):
+    _, truncated = checkpoints
+    argv = ["personalize", "--checkpoint", truncated, "--data", TARGET, "--out", str(tmp_path / "a"), "--quiet"]
+    assert main([*argv, "--method", "lora", "--option", "dropout=5"]) == 2
+    err = _one_line(capsys)
+    assert "unknown LoraConfig options: ['dropout']; the options are ['alpha', 'layers', 'modules_to_save'" in err
+    assert "did you mean" not in err  # nothing is close to dropout
+    assert main([*argv, "--method", "lora", "--option", "rnak=2"]) == 2
+    assert "'rnak': did you mean 'rank'?" in _one_line(capsys)
+    assert not (tmp_path / "a").exists()
