@@ -37,3 +37,21 @@ def test_an_unknown_option_lists_the_methods_options_and_the_closest(checkpoints
     assert main([*argv, "--method", "lora", "--option", "rnak=2"]) == 2
     assert "'rnak': did you mean 'rank'?" in _one_line(capsys)
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize(
+    ("row", "words"),
+    [
+        ("calibrate-affine[k=0]", "calibrate-affine[k=0]: calibrate-affine has rows at k = 1, 3, 5, 9, 16 only"),
+        ("calibrate-affine[k=1000]", "has rows at k = 1, 3, 5, 9, 16 only, not k = 1000"),
+        ("calibrate-adapter-lora[k=1]", "calibrate-adapter-lora has rows at k = 3, 9 only, not k = 1"),
+        ("calibrate-adapter-lora-spread[k=3]", "calibrate-adapter-lora has rows of random draws only"),
+    ],
+)
+def test_bench_says_which_k_a_calibration_row_takes(row, words, tmp_path, capsys):
+    # they were refused as "unknown method(s)", listing every method name but not the k
+    assert main(["bench", "--smoke", "--methods", row, "--dry-run", "--out", str(tmp_path / "b")]) == 2
+    err = _one_line(capsys)
+    assert words in err and "unknown method" not in err
+    assert main(["bench", "--smoke", "--methods", "calibrate-bogus[k=3]", "--dry-run", "--out", str(tmp_path / "b")])
+    assert "unknown method(s) ['calibrate-bogus[k=3]']" in _one_line(capsys)
