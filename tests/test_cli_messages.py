@@ -55,3 +55,23 @@ def test_bench_says_which_k_a_calibration_row_takes(row, words, tmp_path, capsys
     assert words in err and "unknown method" not in err
     assert main(["bench", "--smoke", "--methods", "calibrate-bogus[k=3]", "--dry-run", "--out", str(tmp_path / "b")])
     assert "unknown method(s) ['calibrate-bogus[k=3]']" in _one_line(capsys)
+
+
+def test_a_json_file_not_in_utf8_is_called_utf16_only_when_it_looks_like_it(tmp_path):
+    from alfa.gaze.camera import load_camera
+
+    text = '{"matrix": [[512, 0, 256], [0, 512, 256], [0, 0, 1]], "note": "caméra"}'
+    (tmp_path / "latin1.json").write_bytes(text.encode("latin-1"))
+    (tmp_path / "utf16le.json").write_bytes(text.encode("utf-16-le"))  # no byte-order mark: many NULs
+    (tmp_path / "utf16.json").write_bytes(text.encode("utf-16"))  # with its byte-order mark
+    with pytest.raises(ValueError) as refused:
+        load_camera(tmp_path / "latin1.json")
+    words = str(refused.value)
+    assert (
+        "is not UTF-8 text (byte 0xe9 at offset 66: saved in Latin-1 or another 8-bit encoding? save it as UTF-8)"
+        in words
+    )
+    assert "UTF-16" not in words and words.endswith("save it as UTF-8)")
+    for name in ("utf16le.json", "utf16.json"):
+        with pytest.raises(ValueError, match=r"is not UTF-8 text \(saved as UTF-16\? save it as UTF-8\)"):
+            load_camera(tmp_path / name)
