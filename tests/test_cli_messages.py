@@ -75,3 +75,19 @@ def test_a_json_file_not_in_utf8_is_called_utf16_only_when_it_looks_like_it(tmp_
     for name in ("utf16le.json", "utf16.json"):
         with pytest.raises(ValueError, match=r"is not UTF-8 text \(saved as UTF-16\? save it as UTF-8\)"):
             load_camera(tmp_path / name)
+
+
+def test_meta_prompts_given_as_a_folder_point_to_the_prompts_file(checkpoints, tmp_path, capsys):
+    # the folder was answered with "(alfa personalize writes <person>.safetensors)", a file of another command
+    _, truncated = checkpoints
+    (tmp_path / "tp1").mkdir()
+    common = ["--checkpoint", truncated, "--data", TARGET, "--steps", "1", "--quiet", "--out", str(tmp_path / "o")]
+    runs = (
+        ["tpgaze", "personalize", "--meta", str(tmp_path / "tp1")],
+        ["personalize", "--method", "tpgaze", "--init", str(tmp_path / "tp1")],
+    )
+    for argv in runs:
+        assert main([*argv, *common]) == 2
+        err = _one_line(capsys)
+        assert f"is a folder: meta-trained prompts are one file, {tmp_path / 'tp1' / 'prompts.safetensors'}" in err
+        assert "what alfa tpgaze meta-train writes" in err and "alfa personalize writes" not in err
