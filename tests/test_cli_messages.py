@@ -91,3 +91,32 @@ def test_meta_prompts_given_as_a_folder_point_to_the_prompts_file(checkpoints, t
         err = _one_line(capsys)
         assert f"is a folder: meta-trained prompts are one file, {tmp_path / 'tp1' / 'prompts.safetensors'}" in err
         assert "what alfa tpgaze meta-train writes" in err and "alfa personalize writes" not in err
+
+
+def test_a_prompt_file_as_a_users_adapter_is_answered_with_why_it_cannot_be_served(service_world, tmp_path):
+    # the answer said "does not load onto this base" (a wrong base) while the log had the reason: prompts
+    import shutil
+
+    import numpy as np
+
+    from alfa.adapters.prompt import TPGazeConfig
+    from alfa.checkpoint import load_model
+    from alfa.gaze.service import GazeService
+    from alfa.gaze.service.limits import ServiceError
+    from alfa.gaze.service.selftest import png_bytes
+
+    adapters = tmp_path / "adapters"
+    shutil.copytree(service_world / "adapters", adapters)
+    model, _ = load_model(service_world / "base.safetensors")
+    alfa.attach(model, TPGazeConfig(image_size=16))
+    alfa.save_adapter(model, adapters / "tia.safetensors", about={"person": "tia"})
+    notes: list[str] = []
+    service = GazeService(service_world / "base.safetensors", adapters, note=notes.append)
+    face = np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    with pytest.raises(ServiceError) as caught:
+        service.predict("tia", png_bytes(face))
+    words = str(caught.value)
+    assert caught.value.status == 404 and "does not load onto this base" not in words
+    assert words.startswith("user 'tia': their adapter cannot be served here: tpgaze's prompts pad each adapted")
+    assert "cannot be merged" in words and str(tmp_path) not in words  # the reason, not the server's paths
+    assert notes == [f"alfa serve: {words}"]  # the log says it once
