@@ -120,3 +120,42 @@ def test_a_prompt_file_as_a_users_adapter_is_answered_with_why_it_cannot_be_serv
     assert words.startswith("user 'tia': their adapter cannot be served here: tpgaze's prompts pad each adapted")
     assert "cannot be merged" in words and str(tmp_path) not in words  # the reason, not the server's paths
     assert notes == [f"alfa serve: {words}"]  # the log says it once
+
+
+def test_an_alfa_file_given_as_checkpoint_is_named_with_the_option_that_takes_it(checkpoints, tmp_path, capsys):
+    # each was "not an alfa checkpoint (no 'alfa-checkpoint' header)", though the header says what the file is
+    import torch
+
+    from alfa.adapters.prompt import TPGazeConfig
+    from alfa.checkpoint import write_tagged
+
+    _, truncated = checkpoints
+    model = truncated_tiny_gaze_net()
+    alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2))
+    alfa.save_adapter(model, tmp_path / "adapter.safetensors")
+    alfa.detach(model)
+    alfa.attach(model, TPGazeConfig(image_size=16))
+    alfa.save_adapter(model, tmp_path / "prompts.safetensors")
+    run = tmp_path / "run"
+    run.mkdir()
+    save_model(run / "model.safetensors", truncated_tiny_gaze_net(), "tiny_gaze_net")
+    for fmt in ("alfa-source-train-state", "alfa-faze-state", "alfa-tpgaze-meta"):
+        write_tagged(run / f"{fmt}.safetensors", {"x": torch.zeros(1)}, fmt, {"header": {}})
+    expected = {
+        tmp_path / "adapter.safetensors": "it is a person's alfa adapter: give it to --adapter (alfa predict",
+        tmp_path / "prompts.safetensors": "it holds TPGaze prompts, an adapter: meta-trained ones go to alfa tpgaze "
+        "personalize --meta",
+        run / "alfa-source-train-state.safetensors": "it is the resumable training state of alfa pretrain or alfa "
+        f"truncate, kept to resume the run; its model, for --checkpoint, is {run / 'model.safetensors'})",
+        run / "alfa-faze-state.safetensors": "it is the resumable training state of alfa faze train or alfa faze "
+        "meta-train",
+        run / "alfa-tpgaze-meta.safetensors": "it is the resumable state of alfa tpgaze meta-train, kept to resume the "
+        "run)",  # no prompts.safetensors beside it here: none named
+    }
+    for path, words in expected.items():
+        assert main(["evaluate", "--checkpoint", str(path), "--data", TARGET, "--quiet"]) == 2
+        err = _one_line(capsys)
+        assert f"{path}: not an alfa checkpoint ({words}" in err and "no 'alfa-checkpoint' header" not in err, err
+    write_tagged(tmp_path / "other.safetensors", {"x": torch.zeros(1)}, "something-else", {})
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "other.safetensors"), "--data", TARGET]) == 2
+    assert "not an alfa checkpoint (no 'alfa-checkpoint' header)" in _one_line(capsys)
