@@ -159,3 +159,45 @@ def test_an_alfa_file_given_as_checkpoint_is_named_with_the_option_that_takes_it
     write_tagged(tmp_path / "other.safetensors", {"x": torch.zeros(1)}, "something-else", {})
     assert main(["evaluate", "--checkpoint", str(tmp_path / "other.safetensors"), "--data", TARGET]) == 2
     assert "not an alfa checkpoint (no 'alfa-checkpoint' header)" in _one_line(capsys)
+
+
+def test_evaluate_refuses_what_would_fail_every_person_in_one_line_up_front(checkpoints, tmp_path, capsys):
+    # each printed a table of failed persons, their FAILED lines on stdout, then an error
+    _, truncated = checkpoints
+    argv = ["evaluate", "--checkpoint", truncated, "--data", TARGET, "--quiet"]
+    assert main([*argv, "--n-adapt", "100"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1  # no table of nobody
+    err = captured.err
+    assert "--n-adapt 100: a person needs those first images plus at least one to score" in err
+    assert "the most any person of mpii/test has is 8; use --n-adapt 7 or less" in err
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no adapters here")
+    assert main([*argv, "--adapters", str(tmp_path / "empty")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert "--adapters " + str(tmp_path / "empty") + ": no adapter file of any person of mpii/test" in captured.err
+    assert "p00.safetensors" in captured.err
+
+
+def test_evaluate_says_who_failed_on_stderr_and_keeps_stdout_the_table(checkpoints, tmp_path, capsys):
+    dense, truncated = checkpoints
+    common = ["--data", TARGET, "--quiet", "--adapter-rank", "4", "--steps", "1"]
+    assert main(["personalize", "--checkpoint", truncated, *common, "--out", str(tmp_path / "a")]) == 0
+    (tmp_path / "a" / "p01.safetensors").unlink()  # one person has no adapter: they fail, the other is scored
+    capsys.readouterr()
+    argv = ["evaluate", "--checkpoint", truncated, "--data", TARGET, "--adapters", str(tmp_path / "a"), "--quiet"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "FAILED" not in captured.out and "p01" in captured.out and "failed" in captured.out
+    assert f"FAILED p01: no adapter file {tmp_path / 'a' / 'p01.safetensors'}" in captured.err
+    assert "1 of 2 persons could not be scored" in captured.err
+
+
+def test_personalize_says_a_reason_every_person_failed_for_once(checkpoints, tmp_path, capsys):
+    _, truncated = checkpoints
+    argv = ["personalize", "--checkpoint", truncated, "--data", TARGET, "--out", str(tmp_path / "a"), "--quiet"]
+    assert main([*argv, "--adapter-rank", "4", "--lr", "1e30", "--steps", "3"]) == 2
+    err = _one_line(capsys)
+    assert "personalization failed for every person (2), each alike: FloatingPointError: personalization: the " in err
+    assert "FAILED" not in err
