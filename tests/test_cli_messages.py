@@ -201,3 +201,43 @@ def test_personalize_says_a_reason_every_person_failed_for_once(checkpoints, tmp
     err = _one_line(capsys)
     assert "personalization failed for every person (2), each alike: FloatingPointError: personalization: the " in err
     assert "FAILED" not in err
+
+
+def test_faces_smaller_than_the_size_asked_are_noted_once_and_tiny_ones_refused(tmp_path):
+    # a 1×1 face in a ?size=32 dataset was upscaled and scored without a word
+    import warnings
+
+    from PIL import Image
+
+    from alfa.gaze.data.fixtures import write_gazehub_fixture, write_xgaze_h5_dir
+    from alfa.gaze.data.gazehub import DatasetFormatError, GazeHubDataset
+    from alfa.gaze.data.xgaze import XGazeH5Dataset
+
+    write_gazehub_fixture(tmp_path / "gh", "mpiifacegaze", images_per_person=3, size=16, write_eyes=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = GazeHubDataset(tmp_path / "gh", "mpiifacegaze", size=32)  # 16 -> 32: upscaled twice a side
+        for _ in range(2):  # every face, twice (two epochs)
+            images = data.raw_images(list(range(len(data))))
+    assert images.shape[-2:] == (32, 32)
+    notes = [str(w.message) for w in caught]
+    assert notes == [
+        f"mpiifacegaze: {len(data)} face(s) are smaller than 32×32, the smallest 16×16: upscaled to ?size=32, "
+        "which blurs them (said once for the dataset)"
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GazeHubDataset(tmp_path / "gh", "mpiifacegaze", size=16).raw_images([0, 1])  # the stored size: no note
+    assert caught == []
+    face = data.image_path(1)
+    Image.new("RGB", (1, 1)).save(face)  # one face of 1×1
+    with pytest.raises(DatasetFormatError) as refused:  # on reading face 0, which is upscaled: before any score
+        GazeHubDataset(tmp_path / "gh", "mpiifacegaze", size=32).raw_images([0])
+    assert f"{face} (listed at " in str(refused.value)
+    assert "the face is 1×1, too small to resize to 32×32 (more than 4× a side" in str(refused.value)
+
+    write_xgaze_h5_dir(tmp_path / "h5", images=3, size=10)  # the h5 files' faces: their sizes known up front
+    with pytest.warns(UserWarning, match=r"eth-xgaze: \d+ face\(s\) are smaller than 16×16, the smallest 10×10"):
+        XGazeH5Dataset(tmp_path / "h5", size=16)
+    with pytest.raises(DatasetFormatError, match="face_patch: the face is 10×10, too small to resize to 48×48"):
+        XGazeH5Dataset(tmp_path / "h5", size=48)
