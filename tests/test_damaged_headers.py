@@ -127,7 +127,8 @@ def test_evaluate_marks_the_person_of_a_damaged_adapter_failed_and_scores_the_ot
     assert main(argv) == 2  # an evaluation that could not score everyone is an error a script sees
     captured = capsys.readouterr()
     assert "1 of 2 persons could not be scored" in captured.err and "Traceback" not in captured.err
-    assert f"FAILED p00: adapter {damaged} does not load: {why.format(path=damaged)}" in captured.out
+    assert f"FAILED p00: adapter {damaged} does not load: {why.format(path=damaged)}" in captured.err
+    assert "FAILED" not in captured.out  # stdout is the table (the person's row says failed)
     assert main([*argv, "--allow-partial"]) == 0
     assert "FAILED p01" not in capsys.readouterr().out
 

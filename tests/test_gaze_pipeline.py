@@ -361,9 +361,9 @@ def test_cli_failures_exit_non_zero_and_allow_partial_accepts_them(tmp_path, dat
     assert "1 of 2 persons could not be scored" in capsys.readouterr().err
     assert main([*evaluate, "--data", "toy:short", "--adapters", str(tmp_path / "a"), "--allow-partial"]) == 0
     capsys.readouterr()
-    (tmp_path / "empty").mkdir()  # every adapter missing: nobody scored, whatever the flag
+    (tmp_path / "empty").mkdir()  # every adapter missing: nobody could be scored, refused up front whatever the flag
     assert main([*evaluate, "--data", "toy:target", "--adapters", str(tmp_path / "empty"), "--allow-partial"]) == 2
-    assert "no person could be scored (3 of 3 failed" in capsys.readouterr().err
+    assert "no adapter file of any person of tgt" in capsys.readouterr().err
     assert main([*evaluate, "--data", "toy:target", "--adapters", str(tmp_path / "nowhere")]) == 2
     out = capsys.readouterr()
     assert "--adapters" in out.err and "no such folder" in out.err and out.out == ""  # refused before any work
@@ -437,7 +437,7 @@ def test_cli_personalize_refuses_to_replace_other_adapters_unless_asked(tmp_path
         "--allow-partial",
     ]
     assert main([*evaluate, "--data", "toy:other"]) == 2
-    assert "made for person 'p00' of 'tgt', not 'p00' of 'other'" in capsys.readouterr().out
+    assert "made for person 'p00' of 'tgt', not 'p00' of 'other'" in capsys.readouterr().err  # stdout: the table
     assert main([*evaluate, "--data", "toy:target"]) == 0
 
 

@@ -213,3 +213,17 @@ def test_every_relative_link_of_the_docs_and_readme_names_a_file_that_exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert broken == []
     assert "[results-v2.md](results-v2.md)" in (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("mode", [[], ["--write"]])
+def test_pages_refuses_a_root_that_is_not_a_repository_in_one_line(mode, tmp_path, capsys):
+    # a folder with no docs/ nor src/alfa/ printed sixteen "its data is missing" lines, then a count of them
+    from alfa.cli import main
+
+    (tmp_path / "docs").mkdir()  # only one of the two marks: still not a checkout
+    assert main(["pages", *mode, "--root", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "not an alfa repository root" in lines[0]
+    assert "looked for docs/ and src/alfa/" in lines[0] and "no src/alfa/" in lines[0]

@@ -193,6 +193,39 @@ def _aliases(model: nn.Module) -> dict[str, str]:
     return out
 
 
+_BESIDE = "model.safetensors"  # the model the training commands write beside their resumable state
+
+_OTHER_FILES = {
+    "alfa-source-train-state": ("the resumable training state of alfa pretrain or alfa truncate", _BESIDE),
+    "alfa-faze-state": ("the resumable training state of alfa faze train or alfa faze meta-train", _BESIDE),
+    "alfa-tpgaze-meta": ("the resumable state of alfa tpgaze meta-train", "prompts.safetensors"),
+}
+"""The other alfa files a checkpoint's place may be given (by the ``format`` of their header): what each is, and the
+file beside it that a command takes instead."""
+
+
+def _what_it_is(path: Path, meta: dict[str, str]) -> str:
+    """What the alfa file at ``path`` (header ``meta``, not a checkpoint's) is and which option takes it; for any
+    other file, the header it lacks."""
+    fmt = meta.get("format")
+    if fmt == "alfa-adapter":
+        if meta.get("method") == "tpgaze":
+            return (
+                "it holds TPGaze prompts, an adapter: meta-trained ones go to alfa tpgaze personalize --meta, a "
+                "person's are read from an --adapters folder"
+            )
+        return (
+            f"it is a person's {meta.get('method', '?')} adapter: give it to --adapter (alfa predict, alfa export) or "
+            "put it in an --adapters folder (alfa evaluate, alfa serve), with the base it was made on as --checkpoint"
+        )
+    if fmt in _OTHER_FILES:
+        what, beside = _OTHER_FILES[fmt]
+        which = "prompts, for alfa tpgaze personalize --meta" if beside != _BESIDE else "model, for --checkpoint"
+        there = f"; its {which}, is {path.parent / beside}" if (path.parent / beside).is_file() else ""
+        return f"it is {what}, kept to resume the run{there}"
+    return f"no '{FORMAT}' header"
+
+
 def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """The tensors and config of a checkpoint written by :func:`save_model` (``header_only``: the config
     and no tensor, without reading the weights)."""
@@ -211,7 +244,7 @@ def read_checkpoint(path: str | os.PathLike, *, header_only: bool = False) -> tu
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             if meta.get("format") != FORMAT:
-                raise CheckpointError(f"{path}: not an alfa checkpoint (no '{FORMAT}' header)")
+                raise CheckpointError(f"{path}: not an alfa checkpoint ({_what_it_is(path, meta)})")
             tensors = {} if header_only else {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({kind_of_file(path) or e})") from e

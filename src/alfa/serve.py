@@ -37,11 +37,16 @@ from .adapters.state import _refuse_if_disabled
 from .layers import is_dense_layer, is_factorized, layer_spec, refuse_scripting
 from .surgery import replace_module, require_module
 
-__all__ = ["MultiUserModel", "MixedBatchModel", "UnknownUserError", "UserTerms", "serve_refusal"]
+__all__ = ["MethodNotServed", "MultiUserModel", "MixedBatchModel", "UnknownUserError", "UserTerms", "serve_refusal"]
 
 UserTerms = dict[str, tuple[Tensor, ...]]
 """Per layer name, a user's terms: ``(T,)`` for a dictionary method, ``(P, Q)`` for a low-rank one, ``(P, Q, Δb)``
 for a correction with a bias term."""
+
+
+class MethodNotServed(ValueError):
+    """An adapter of a method that a shared base cannot serve per sample, whatever the file holds
+    (:func:`serve_refusal` says why): the file fits, the method does not."""
 
 
 class UnknownUserError(KeyError, ValueError):
@@ -448,7 +453,7 @@ def user_terms(model: nn.Module) -> UserTerms:
         raise ValueError("the model has no adapter attached")
     refusal = serve_refusal(state.config)
     if refusal is not None:
-        raise ValueError(refusal)
+        raise MethodNotServed(refusal)
     if state.saved:  # a trained copy of whole modules (a new head) is no per-sample term of a shared layer
         raise ValueError(
             f"the adapter trains whole modules ({', '.join(state.saved)}; modules_to_save), which a shared base "

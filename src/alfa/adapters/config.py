@@ -11,6 +11,7 @@ parameters to train. The model-level life cycle (attach, merge, unmerge, detach)
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import types
@@ -46,6 +47,16 @@ class ConfigError(ValueError, TypeError):
     ``TypeError``, which is what a plain dataclass raised for it before, so older ``except TypeError`` still works."""
 
 
+def unknown_options_message(cls: type, unknown: list[str], names: set[str]) -> str:
+    """The line refusing ``unknown`` options of config class ``cls``: the options it has (``names``), and for each
+    unknown one the closest of them where one is close (a misspelling)."""
+    close = {u: difflib.get_close_matches(u, sorted(names), n=1) for u in unknown}
+    hints = [f"{u!r}: did you mean {c[0]!r}?" for u, c in close.items() if c]
+    return f"unknown {cls.__name__} options: {unknown}; the options are {sorted(names)}" + (
+        f" ({'; '.join(hints)})" if hints else ""
+    )
+
+
 def _refuse_unknown_options(cls: type[AdapterConfig]) -> None:
     # The dataclass __init__ would raise "unexpected keyword argument", which names the option but not the
     # ones that exist; refuse before it with the list, as from_dict does.
@@ -56,7 +67,7 @@ def _refuse_unknown_options(cls: type[AdapterConfig]) -> None:
     def __init__(self: AdapterConfig, *args: Any, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - names)
         if unknown:
-            raise ConfigError(f"unknown {cls.__name__} option(s) {unknown}; the options are {sorted(names)}")
+            raise ConfigError(unknown_options_message(cls, unknown, names))
         init(self, *args, **kwargs)
 
     cls.__init__ = __init__  # type: ignore[method-assign]
@@ -221,7 +232,7 @@ class AdapterConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:  # the constructor's class of error, whichever way the config is made
-            raise ConfigError(f"unknown {cls.__name__} options: {unknown}")
+            raise ConfigError(unknown_options_message(cls, unknown, names))
         return cls(**data)
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .guards import (
     adaptation_count,
+    before_evaluating,
     before_personalizing,
     check_labels,
     check_method_fits,
@@ -368,20 +369,18 @@ def _evaluate(args: argparse.Namespace) -> None:
     from alfa.gaze.precision import forward_precision
     from alfa.gaze.train import check_input_size
 
-    if args.adapters is not None and not Path(args.adapters).is_dir():
-        what = "a file, not a folder" if Path(args.adapters).exists() else "no such folder"
-        raise FileNotFoundError(f"--adapters {args.adapters}: {what} (alfa personalize --out writes the folder)")
+    n_adapt = adaptation_count(args)  # before any loading: no --adapters folder, a conflicting --n-adapt
     tta = _evaluation_tta(args)
     check_labels(args.label, tta and tta.name)
     if tta is not None and args.adapters is not None:
         refuse_calibrations_under_tta(tta, Path(args.adapters))
-    n_adapt = adaptation_count(args)  # before any loading: a conflicting --n-adapt is refused at once
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)
     model, saved = load_model(args.checkpoint)
     model.to(device).eval()
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
+    before_evaluating(data, args, n_adapt)  # what would fail every person: one line, not a table of failures
     if tta is not None and saved.get("input_size"):
         tta.check_size(tuple(saved["input_size"]))
     options = {"adapters": args.adapters, "n_adapt": n_adapt, "batch_size": args.batch_size}
@@ -403,7 +402,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     if tta is not None:
         meta["tta"] = {"kind": tta.name, "forward_passes": tta.passes}
     report.meta.update(meta)
-    print(report.format_table())
+    print(report.format_table(failures=False))  # the table on stdout; raise_if_incomplete says who failed
     if args.json:
         print(f"written {report.save_json(args.json)}")
     raise_if_incomplete(report, args.allow_partial)

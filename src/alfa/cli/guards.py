@@ -20,6 +20,7 @@ from .options import comma_list, refuse_listed_twice
 
 __all__ = [
     "adaptation_count",
+    "before_evaluating",
     "before_personalizing",
     "check_labels",
     "check_method_fits",
@@ -150,6 +151,9 @@ def adaptation_count(args: argparse.Namespace) -> int:
     from alfa.gaze.folder_record import RECORD_FILE, read_record
     from alfa.gaze.personalize import PersonalizeConfig
 
+    if args.adapters is not None and not Path(args.adapters).is_dir():
+        what = "a file, not a folder" if Path(args.adapters).exists() else "no such folder"
+        raise FileNotFoundError(f"--adapters {args.adapters}: {what} (alfa personalize --out writes the folder)")
     # the recipe is all this reads: a record without persons is taken
     made = read_record(args.adapters, need_persons=False) if args.adapters else None
     if made is None:
@@ -173,11 +177,39 @@ def adaptation_count(args: argparse.Namespace) -> int:
     return made_from
 
 
+def before_evaluating(data: Any, args: argparse.Namespace, n_adapt: int) -> None:
+    """What ``evaluate`` refuses in one line once the data is open, where every person would fail alike (a table
+    of failures followed): no person with the ``n_adapt`` first images plus one to score (as ``personalize``
+    refuses it), or an ``--adapters`` folder with no person's adapter file."""
+    from alfa.gaze.evaluate import adapter_filename
+    from alfa.gaze.folder_record import RECORD_FILE
+
+    recorded = args.n_adapt is None and args.adapters is not None and (Path(args.adapters) / RECORD_FILE).is_file()
+    if recorded:  # the count the adapters were made from (adaptation_count), not the user's to lower
+        most = max((len(data.person_indices(p)) for p in data.persons()), default=0)
+        if most < n_adapt + 1:
+            raise ValueError(
+                f"--adapters {args.adapters}: its adapters were made from the first {n_adapt} images of each person, "
+                f"and the most any person of {data.name} has is {most}: none left to score (is this their data?)"
+            )
+    refuse_n_adapt_no_one_has(data, None, n_adapt, "evaluate")
+    if args.adapters is not None:
+        files = [adapter_filename(p) for p in data.persons()]
+        if not any((Path(args.adapters) / name).is_file() for name in files):
+            raise FileNotFoundError(
+                f"--adapters {args.adapters}: no adapter file of any person of {data.name} (expected names such as "
+                f"{files[0]}; alfa personalize --out writes them)"
+            )
+
+
 def raise_if_incomplete(report: Any, allow_partial: bool) -> None:
     """An evaluation that could not score every person is an error a script can see (exit 2), unless the user
-    accepts it; one that scored nobody always is."""
+    accepts it; one that scored nobody always is. Who failed, and why, is said on stderr first (the table on
+    stdout marks them ``failed``)."""
     if not report.failed:
         return
+    for line in report.failure_lines():
+        print(line, file=sys.stderr)
     n, total = len(report.failed), len(report.persons)
     if not report.common_persons():
         raise RuntimeError(f"no person could be scored ({n} of {total} failed, listed above)")
@@ -188,11 +220,12 @@ def raise_if_incomplete(report: Any, allow_partial: bool) -> None:
         )
 
 
-def refuse_n_adapt_no_one_has(data: Any, persons: list[str] | None, n_adapt: int) -> None:
-    """One line before any work where no person has the adaptation images plus one to score (each would fail)."""
+def refuse_n_adapt_no_one_has(data: Any, persons: list[str] | None, n_adapt: int, work: str = "personalize") -> None:
+    """One line before any work where no person has the adaptation images plus one to score (each would fail);
+    ``work``: what they would be too few to do."""
     most = max((len(data.person_indices(p)) for p in persons or data.persons()), default=0)
     if most < n_adapt + 1:
-        advice = f"use --n-adapt {most - 1} or less" if most >= 2 else "no person has enough images to personalize"
+        advice = f"use --n-adapt {most - 1} or less" if most >= 2 else f"no person has enough images to {work}"
         raise ValueError(
             f"--n-adapt {n_adapt}: a person needs those first images plus at least one to score, and the most any "
             f"person of {data.name} has is {most}; {advice}"

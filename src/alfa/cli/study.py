@@ -117,6 +117,23 @@ def _pages_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", help="repository root (default: the checkout this alfa is installed from)")
 
 
+REPOSITORY_MARKS = ("docs", "src/alfa")
+"""The folders an alfa repository root holds: the pages' ``docs/`` and the package ``src/alfa/`` whose code some
+pages are drawn from."""
+
+
+def refuse_non_repository(root: Path) -> None:
+    """One line where ``root`` is a folder but not an alfa repository root (none of :data:`REPOSITORY_MARKS`, or
+    only some), rather than every page's data reported missing."""
+    lacking = [mark for mark in REPOSITORY_MARKS if not (root / mark).is_dir()]
+    if lacking:
+        looked = " and ".join(f"{m}/" for m in REPOSITORY_MARKS)
+        raise ValueError(
+            f"--root {root}: not an alfa repository root (looked for {looked}; it has no "
+            f"{' nor '.join(f'{m}/' for m in lacking)}): name the checkout whose docs/ the pages are in"
+        )
+
+
 def _pages(args: argparse.Namespace) -> None:
     from pathlib import Path
 
@@ -125,6 +142,7 @@ def _pages(args: argparse.Namespace) -> None:
     root = Path(args.root) if args.root else repo_root()
     if not root.is_dir():
         raise ValueError(f"--root {root}: not a folder (the repository root whose docs/ the pages are in)")
+    refuse_non_repository(root)
     if args.write:
         for rel in write_pages(root):
             print(f"wrote {rel}")

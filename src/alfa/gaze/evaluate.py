@@ -302,7 +302,13 @@ class EvaluationReport:
             "meta": self.meta,
         }
 
-    def format_table(self, per_person: bool = True) -> str:
+    def failure_lines(self) -> list[str]:
+        """One ``FAILED person: why`` line per person who could not be scored."""
+        return [f"FAILED {p}: {why}" for p, why in self.failed.items()]
+
+    def format_table(self, per_person: bool = True, failures: bool = True) -> str:
+        """The per-person table (``per_person``), the means and comparisons, then, with ``failures``, the
+        :meth:`failure_lines` (a command that pipes the table to stdout says them on stderr instead)."""
         names = list(self.columns)
         header = ["person", "n_eval", *names]
         if len(names) >= 2:
@@ -343,8 +349,8 @@ class EvaluationReport:
             for a, b in zip(names, names[1:]):
                 k, n = self.improved(a, b)
                 lines.append(f"{b} vs {a}: error lower for {k} of {n} persons")
-        for p, why in self.failed.items():
-            lines.append(f"FAILED {p}: {why}")
+        if failures:
+            lines += self.failure_lines()
         return "\n".join(lines)
 
     def save_json(self, path: str | os.PathLike) -> Path:

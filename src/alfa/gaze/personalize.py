@@ -347,9 +347,15 @@ class PersonalizationRun:
 
     def raise_if_failed(self, allow_partial: bool = False) -> None:
         """Print each failed person to stderr; a run in which a person failed is an error (a script must be
-        able to see it), unless ``allow_partial`` and at least one person succeeded."""
+        able to see it), unless ``allow_partial`` and at least one person succeeded. Where several persons, every
+        one, failed for the same reason, the reason is said once, in the error."""
+        reasons = set(self.failed.values())
+        if len(self.failed) > 1 and len(self.failed) == len(self.persons) and len(reasons) == 1:
+            raise RuntimeError(
+                f"personalization failed for every person ({len(self.failed)}), each alike: {reasons.pop()}"
+            )
         for person, error in self.failed.items():
-            print(f"  FAILED {person}: {error}", file=sys.stderr)
+            print(f"FAILED {person}: {error}", file=sys.stderr)
         if not self.failed:
             return
         if len(self.failed) == len(self.persons):

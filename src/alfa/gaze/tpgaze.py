@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from alfa.adapters import adapter_parameters, adapter_state, attach, detach, load_adapter, save_adapter
-from alfa.adapters.io import _compare_fingerprints, base_fingerprint, refuse_non_finite
+from alfa.adapters.io import AdapterFileError, _compare_fingerprints, base_fingerprint, refuse_non_finite
 from alfa.adapters.prompt import PromptedConv, TPGazeConfig
 from alfa.adapters.state import adapted_layers
 from alfa.checkpoint import CheckpointError, load_optimizer_tensors, optimizer_tensors, read_tagged, write_tagged
@@ -519,6 +519,12 @@ def start_from(model: nn.Module, meta_prompts: str | os.PathLike) -> TPGazeConfi
     path = Path(meta_prompts)
     if adapter_state(model) is not None:
         raise RuntimeError("start_from expects the base model without an adapter (call alfa.detach)")
+    if path.is_dir():  # load_adapter's word for a folder points to alfa personalize's files, not these
+        there = " (it has none)" if not (path / PROMPTS_FILE).is_file() else ""
+        raise AdapterFileError(
+            f"{path} is a folder: meta-trained prompts are one file, {path / PROMPTS_FILE}{there}, "
+            "what alfa tpgaze meta-train writes in its --out"
+        )
     load_adapter(model, path, method=TPGazeConfig.method)
     try:
         config = adapter_state(model).config  # type: ignore[union-attr]

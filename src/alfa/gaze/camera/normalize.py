@@ -189,13 +189,27 @@ def load_camera(path: str | os.PathLike) -> Camera:
 
 def read_json_file(path: str | os.PathLike) -> Any:
     """A JSON file's content; ``ValueError`` naming the file where it is not UTF-8 text (a UTF-8 byte-order mark is
-    read; UTF-16, what some Windows shells write, is said as such) or not JSON."""
+    read; UTF-16, what some Windows shells write, is said as such where the bytes look like it, another 8-bit
+    encoding such as Latin-1 otherwise) or not JSON."""
+    raw = Path(path).read_bytes()
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not UTF-8 text (saved as UTF-16? save it as UTF-8)") from None
+        return json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({_encoding_guess(raw, e)} save it as UTF-8)") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not JSON ({e.msg}, line {e.lineno})") from None
+
+
+def _encoding_guess(raw: bytes, error: UnicodeDecodeError) -> str:
+    """What the bytes of a file that is not UTF-8 look like: UTF-16 only where they do (a UTF-16 byte-order mark,
+    or a NUL in many of the first bytes, as ASCII text in UTF-16 has every other byte), else an 8-bit encoding
+    such as Latin-1, with the first byte UTF-8 does not take."""
+    head = raw[:256]
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or head.count(0) >= len(head) // 4 > 0:
+        return "saved as UTF-16?"
+    return (
+        f"byte 0x{error.object[error.start]:02x} at offset {error.start}: saved in Latin-1 or another 8-bit encoding?"
+    )
 
 
 def refuse_unknown_keys(data: dict[str, Any], known: tuple[str, ...], what: str) -> None:

@@ -31,6 +31,7 @@ import itertools
 import math
 import os
 import re
+import warnings
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -197,6 +198,42 @@ def _resized(rgb: np.ndarray, size: ImageSize) -> np.ndarray:
         if rgb.shape[:2] != (height, width):
             rgb = np.asarray(Image.fromarray(rgb).resize((width, height), Image.BILINEAR))
     return np.array(rgb, dtype=np.uint8, copy=True)
+
+
+MAX_UPSCALE = 4
+"""The most a face is upscaled a side to the ``?size=`` asked: a smaller one (a 1×1 "face" to 32×32) holds nothing of
+a gaze to score or learn from, and is refused rather than blurred up."""
+
+
+def _target(size: ImageSize) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+def refuse_tiny_face(shape: tuple[int, ...], size: ImageSize, where: str) -> bool:
+    """Whether a face of ``shape`` (H, W, ...) is upscaled to ``size``; a ``DatasetFormatError`` naming ``where``
+    (its label line or file row) where it is more than :data:`MAX_UPSCALE` times too small a side."""
+    if size is None:
+        return False
+    (h, w), (height, width) = shape[:2], _target(size)
+    if h * MAX_UPSCALE < height or w * MAX_UPSCALE < width:
+        raise DatasetFormatError(
+            f"{where}: the face is {h}×{w}, too small to resize to {height}×{width} (more than {MAX_UPSCALE}× a "
+            "side, nothing of the gaze is left): use a smaller ?size=, or leave the face out"
+        )
+    return h < height or w < width
+
+
+def upscale_note(name: str, sizes: Iterable[tuple[int, int]] | None, size: ImageSize, first: str) -> str:
+    """The one note a dataset gives of faces smaller than its ``size`` being upscaled: how many of ``sizes`` (every
+    face's (H, W); ``None`` where counting them would mean reading too many files) and the smallest."""
+    height, width = _target(size)
+    small = [s for s in sizes or () if s[0] < height or s[1] < width]
+    if small:
+        h, w = min(small, key=lambda s: s[0] * s[1])
+        counted = f"{len(small)} face(s) are smaller than {height}×{width}, the smallest {h}×{w}"
+    else:
+        counted = f"faces smaller than {height}×{width} are met (first: {first}; not counted in so large a dataset)"
+    return f"{name}: {counted}: upscaled to ?size={height}, which blurs them (said once for the dataset)"
 
 
 def _stack_rgb(images: Sequence[np.ndarray], where: Callable[[int], str] | None = None) -> Tensor:
@@ -370,9 +407,33 @@ class GazeHubDataset(GazeDataset):
     def _face(self, i: int) -> np.ndarray:
         """Item ``i``'s face, (H, W, 3) uint8 RGB at the dataset's size; an unreadable file names its label line."""
         try:
-            return _resized(_read_rgb(self.image_path(i)), self.size)
+            rgb = _read_rgb(self.image_path(i))
         except DatasetFormatError as err:
             raise DatasetFormatError(f"{err} (listed at {self.source_line(i)})") from err
+        if refuse_tiny_face(rgb.shape, self.size, self._where(i)) and not getattr(self, "_upscales_said", False):
+            self._upscales_said = True  # once per dataset (per loader worker), however many faces and epochs
+            warnings.warn(upscale_note(self.name, self._face_sizes(), self.size, self._where(i)), stacklevel=2)
+        return _resized(rgb, self.size)
+
+    def _where(self, i: int) -> str:
+        return f"{self.image_path(i)} (listed at {self.source_line(i)})"
+
+    def _face_sizes(self) -> list[tuple[int, int]] | None:
+        """Every face's (H, W) from its file's header (not its pixels), the first too small to resize refused now,
+        before anyone is scored; ``None`` for a dataset too large to read every header of on the side."""
+        if len(self) > _BAR_IMAGES:
+            return None
+        from PIL import Image
+
+        sizes = []
+        for i in range(len(self)):
+            try:
+                with Image.open(self.image_path(i)) as img:
+                    sizes.append((img.height, img.width))
+            except (OSError, ValueError, Image.DecompressionBombError):
+                continue  # said as such when the face itself is read
+            refuse_tiny_face(sizes[-1], self.size, self._where(i))
+        return sizes
 
     def persons(self) -> list[str]:
         return list(self._persons)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,15 @@ import torch
 from torch import Tensor
 
 from .base import GazeDataset, UnknownPersonError, unit_images
-from .gazehub import DatasetFormatError, ImageSize, _resized, _stack_rgb, natural_key
+from .gazehub import (
+    DatasetFormatError,
+    ImageSize,
+    _resized,
+    _stack_rgb,
+    natural_key,
+    refuse_tiny_face,
+    upscale_note,
+)
 from .registry import register_dataset
 
 __all__ = ["XGazeH5Dataset", "find_h5_files", "open_xgaze_h5"]
@@ -141,8 +150,11 @@ class XGazeH5Dataset(GazeDataset):
         gaze, head, file_of, row_of = [], [], [], []
         self._index: dict[str, list[int]] = {}
         start = 0
+        upscaled: list[tuple[int, int]] = []  # every face's size where it is below the size asked
         for k, f in enumerate(files):
-            g, h, _ = _read_subject_labels(f)
+            g, h, patch = _read_subject_labels(f)
+            if refuse_tiny_face(patch[1:], size, f"{f}: face_patch"):  # known from the file's shape, up front
+                upscaled += [tuple(patch[1:3])] * len(g)
             self._index[f.stem] = list(range(start, start + len(g)))
             start += len(g)
             gaze.append(g)
@@ -155,6 +167,8 @@ class XGazeH5Dataset(GazeDataset):
         self._row_of = np.concatenate(row_of)
         self._handles: dict[int, object] = {}
         self._pid: int | None = None
+        if upscaled:  # said once, here, for every file
+            warnings.warn(upscale_note(name, upscaled, size, f"{files[0]}"), stacklevel=2)
 
     def __len__(self) -> int:
         return len(self._file_of)

@@ -18,7 +18,7 @@ import torch
 
 from alfa.adapters import AdapterFileDamaged, read_adapter_metadata
 from alfa.checkpoint import load_model
-from alfa.serve import MultiUserModel
+from alfa.serve import MethodNotServed, MultiUserModel
 
 from ..evaluate import adapter_filename
 from ..tta import CalibrationUnderTTA, tta_kind
@@ -97,7 +97,7 @@ class GazeService:
             raise ServiceError(404, f"unknown user {user!r}") from None
         except (ValueError, RuntimeError, OSError, KeyError) as e:
             refusal = _refusal(user, e)
-            self.note(f"alfa serve: {refusal}: {e}")
+            self.note(f"alfa serve: {refusal}" + ("" if str(e) in str(refusal) else f": {e}"))
             self._refused[user] = (stamp, refusal.status, str(refusal))
             raise refusal from None
         self._loaded[user] = stamp
@@ -199,6 +199,8 @@ def _refusal(user: str, e: Exception) -> ServiceError:
         return ServiceError(
             404, f"user {user!r}: a calibration from labelled images, which this server's --tta would undo"
         )
+    if isinstance(e, MethodNotServed):  # the file fits this base; its method is what a shared base cannot serve
+        return ServiceError(404, f"user {user!r}: their adapter cannot be served here: {e}")
     return ServiceError(404, f"user {user!r}: their adapter does not load onto this base")
 
 

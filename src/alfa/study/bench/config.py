@@ -40,6 +40,7 @@ from .methods import (
     STAND_INS,
     TARGETS,
     TTA_ROWS,
+    calibration_label_problem,
     calibration_rows,
     table_methods,
     with_tta_rows,
@@ -390,6 +391,9 @@ class BenchConfig:
                 raise ValueError(f"unknown pair {p!r} for the ablations or the figure; they are {', '.join(PAIRS)}")
         known = table_methods() + SANITY_METHODS + tuple(TTA_ROWS) + EXTRA_METHODS + OPT_IN_METHODS
         bad = [m for m in self.methods if m not in known + calibration_rows()]
+        problems = [problem for problem in map(calibration_label_problem, bad) if problem]
+        if problems:  # a known calibration at a k it has no rows at: say the k, not "unknown method"
+            raise ValueError("; ".join(problems))
         if bad:
             raise ValueError(
                 f"unknown method(s) {bad}; methods are {', '.join(known)}, and the user-calibration rows "

@@ -189,6 +189,22 @@ def parse_calibration_label(label: str) -> tuple[str, int, str] | None:
     return (method, k, draw) if k in calibration_ks(method) and draw in calibration_draws(method) else None
 
 
+def calibration_label_problem(label: str) -> str | None:
+    """What is wrong with ``label`` where it names a user-calibration method the benchmark has rows of but at a
+    ``k`` or a draw it has none at (``calibrate-affine[k=0]``): the ``k`` (and draws) it takes; ``None`` for a
+    valid row or any other name."""
+    match = _CALIBRATION_LABEL.fullmatch(label)
+    if match is None or match["method"] not in CALIBRATION_ROW_METHODS:
+        return None
+    method, k = match["method"], int(match["k"])
+    if match["spread"] and "spread" not in calibration_draws(method):
+        return f"{label}: calibrate-{method} has rows of random draws only, not -spread (calibrate-{method}[k=K])"
+    if k not in calibration_ks(method):
+        ks = ", ".join(map(str, calibration_ks(method)))
+        return f"{label}: calibrate-{method} has rows at k = {ks} only, not k = {k} (calibrate-{method} runs them all)"
+    return None
+
+
 def calibration_rows(methods: tuple[str, ...] = CALIBRATION_ROW_METHODS) -> tuple[str, ...]:
     """Every user-calibration row of ``methods``: each of its ``k`` (:func:`calibration_ks`), random draws then
     spread (:func:`calibration_draws`)."""
