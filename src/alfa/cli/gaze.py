@@ -17,6 +17,7 @@ from .guards import (
     before_personalizing,
     check_labels,
     check_method_fits,
+    load_finished,
     note_what_serve_refuses,
     persons_of,
     prompts_sized_to,
@@ -212,13 +213,12 @@ def _validation_words(result: Any) -> str:
 
 
 def _truncate(args: argparse.Namespace) -> None:
-    from alfa.checkpoint import load_model
     from alfa.gaze import distributed
     from alfa.gaze.train import TruncateConfig, check_input_size, held_out_persons, truncate_and_recover
 
     device = _join(args.device)
     config = TruncateConfig(rank=args.rank, recovery=_train_config(args, "recover", device))
-    model, saved = load_model(args.checkpoint)
+    model, saved = load_finished(args.checkpoint)
     model.to(device)
     if saved.get("factorized"):
         raise ValueError(f"{args.checkpoint} is already truncated; pass the dense pre-trained checkpoint")
@@ -306,7 +306,6 @@ def _recipe_words(config: Any) -> str:
 
 
 def _personalize(args: argparse.Namespace) -> None:
-    from alfa.checkpoint import load_model
     from alfa.gaze.devices import resolve_device
     from alfa.gaze.personalize import personalize_dataset
     from alfa.gaze.precision import forward_precision
@@ -316,7 +315,7 @@ def _personalize(args: argparse.Namespace) -> None:
     config = _personalize_config(args, method)
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)
-    model, saved = load_model(args.checkpoint)
+    model, saved = load_finished(args.checkpoint)
     model.to(device).eval()
     # --adapter-rank 100000 is refused now, before the data is read, not after minutes of allocating (and again
     # by before_personalizing, on the method as --init and the data leave it)
@@ -362,7 +361,6 @@ def _evaluation_tta(args: argparse.Namespace) -> Any:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from alfa.checkpoint import load_model
     from alfa.gaze.devices import resolve_device
     from alfa.gaze.evaluate import evaluate
     from alfa.gaze.precision import forward_precision
@@ -378,7 +376,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     n_adapt = adaptation_count(args)  # before any loading: a conflicting --n-adapt is refused at once
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)
-    model, saved = load_model(args.checkpoint)
+    model, saved = load_finished(args.checkpoint)
     model.to(device).eval()
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)

@@ -122,13 +122,14 @@ def _export(args: argparse.Namespace) -> None:
     import torch
 
     from alfa.adapters import load_adapter, merge_form, read_adapter_metadata
-    from alfa.checkpoint import load_model
     from alfa.export import export_onnx, export_program
+
+    from .guards import load_finished
 
     tta = tta_of(args.tta)  # a bad name is one line before anything loads
     if importlib.util.find_spec("onnxruntime") is None:  # the command keeps a file only once it is checked
         raise ModuleNotFoundError("No module named 'onnxruntime'", name="onnxruntime")
-    model, saved = load_model(args.checkpoint)
+    model, saved = load_finished(args.checkpoint)
     model.eval()
     if args.adapter:
         if tta is not None:
