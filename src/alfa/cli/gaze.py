@@ -17,6 +17,7 @@ from .guards import (
     before_personalizing,
     check_labels,
     check_method_fits,
+    check_truncatable,
     load_finished,
     note_what_serve_refuses,
     persons_of,
@@ -176,11 +177,11 @@ def _pretrain(args: argparse.Namespace) -> None:
 
     device = _join(args.device)
     config = _train_config(args, "pretrain", device)
+    seed_torch_deterministic(config.seed)
+    model = create_model(args.model).to(device)  # an unknown --model is refused before any data is made
     data = open_spec(args.data)
     val = open_spec(args.val_data) if args.val_data else None
     refuse_mixed_sizes(data, *([val] if val is not None else []))  # a held-out person of another size: no error
-    seed_torch_deterministic(config.seed)
-    model = create_model(args.model).to(device)
     try:
         _refuse_a_model_that_is_not_a_gaze_model(model, args.model, data)
         result = train_source(
@@ -222,6 +223,7 @@ def _truncate(args: argparse.Namespace) -> None:
     model.to(device)
     if saved.get("factorized"):
         raise ValueError(f"{args.checkpoint} is already truncated; pass the dense pre-trained checkpoint")
+    check_truncatable(model, args.rank)  # a --rank that saves nothing anywhere: refused before any data is made
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)  # recovery on another size would record that size as trained
     if args.val_data:

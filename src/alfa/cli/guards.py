@@ -24,6 +24,7 @@ __all__ = [
     "check_finished",
     "check_labels",
     "check_method_fits",
+    "check_truncatable",
     "load_finished",
     "note_what_serve_refuses",
     "persons_of",
@@ -276,3 +277,13 @@ def check_finished(path: str) -> None:
     from alfa.checkpoint import read_checkpoint
 
     refuse_unfinished(path, read_checkpoint(path, header_only=True)[1])
+
+
+def check_truncatable(model: nn.Module, rank: int) -> None:
+    """``alfa truncate --rank``: refused at once where no layer of ``model`` would be truncated with a saving (the
+    structure alone, on a copy: no SVD is taken), not after the data is made and the dense model scored."""
+    import copy
+
+    from alfa.truncate import truncate
+
+    truncate(copy.deepcopy(model), rank, weights=False)
