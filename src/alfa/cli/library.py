@@ -147,22 +147,22 @@ def _export(args: argparse.Namespace) -> None:
     wrap = None if tta is None else (lambda merged: tta.exportable(merged, size))
     if tta is not None:
         tta.check_size(size)
+    program = io.BytesIO()  # saved to a path, the archive's folder would be named after the temporary file
+    if args.program:  # made first, kept in memory: the two files are written together, once both are made
+        with quiet_exporter(args.verbose):
+            torch.export.save(export_program(model, size, form=args.merge, wrap=wrap), program)
     try:
         with quiet_exporter(args.verbose):
             check = export_onnx(model, args.out, size, form=args.merge, tolerance=args.tolerance, wrap=wrap)
     except torch.onnx.OnnxExporterError as e:
         raise RuntimeError(f"the model could not be exported to ONNX: {_reason(e, args.verbose)}") from e
+    if args.program:
+        from alfa.fileio import write_bytes
+
+        write_bytes(args.program, program.getvalue())
     print(check.describe() + ("" if tta is None else f" ({tta.name} test-time augmentation in the graph: "
                                                      f"{tta.passes} forward passes an image)"))  # fmt: skip
     if args.program:
-        import io
-
-        from alfa.fileio import write_bytes
-
-        program = io.BytesIO()  # saved to a path, the archive's folder would be named after the temporary file
-        with quiet_exporter(args.verbose):
-            torch.export.save(export_program(model, size, form=args.merge, wrap=wrap), program)
-        write_bytes(args.program, program.getvalue())
         print(f"wrote {args.program} (torch.export; dynamic batch)")
 
 
