@@ -49,3 +49,22 @@ def test_a_record_without_rounds_still_renders_and_says_so_in_one_line():
     assert "runs at 0.83× a single merged model's throughput (goal ≥ 0.8×: not judged without an interval)" in old
     assert "| alfa: switching merged models, 64 distinct users | 1 (0–2, the middle half) | 0.02 |" in old
     assert " [" not in old
+
+
+def test_one_round_is_refused_at_the_option_before_any_measurement(capsys, monkeypatch):
+    import functools
+
+    import pytest
+
+    import alfa.study.bench.serving as serving
+    from alfa.cli import main
+
+    @functools.wraps(serving.main)  # its defaults stay readable: the parser shows them
+    def measured(*args, **kwargs):
+        pytest.fail("measured before refusing --rounds 1")
+
+    monkeypatch.setattr(serving, "main", measured)
+    with pytest.raises(SystemExit) as e:
+        main(["serving", "--rounds", "1", "--image-size", "32"])
+    assert e.value.code == 2
+    assert "argument --rounds: must be at least 2 (each ratio's 95 % interval" in capsys.readouterr().err

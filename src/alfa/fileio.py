@@ -22,6 +22,7 @@ import socket
 import stat
 import string
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -90,6 +91,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         found = os_error_in(e)
         if found is None:
             raise
+        if found.filename is not None and Path(found.filename) == tmp:  # the user named the target, not this
+            found = type(found)(found.errno, found.strerror, str(path))
         raise naming(found, path) from e
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -382,7 +385,21 @@ def check_writable(
         raise ValueError(f"{what} {path} cannot be written (permission denied)")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {path} cannot be written: no permission to write in {probe}")
+    if not (appended and path.exists()):  # a log appended to in place (/dev/null, say) makes no file beside it
+        _try_writing_in(probe, path, what)
     return path
+
+
+def _try_writing_in(folder: Path, path: Path, what: str) -> None:
+    """Create and remove a file in ``folder``: ``os.access`` answers yes to root everywhere, also where the file
+    system refuses every new file (``/sys``, a read-only mount), which only a real attempt finds out."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".alfa-write-check-", dir=folder)
+    except OSError as e:
+        raise ValueError(f"{what} {path} cannot be written: {folder}: {e.strerror or e}") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 LOCK_FILE = ".alfa-lock"

@@ -33,11 +33,12 @@ __all__ = ["CALIBRATE", "FAZE"]
 
 
 def _load(path: str, device_name: str):
-    from alfa.checkpoint import load_model
     from alfa.gaze.devices import resolve_device
 
+    from .guards import load_finished
+
     device = resolve_device(device_name)
-    model, saved = load_model(path)
+    model, saved = load_finished(path)
     return model.to(device).eval(), saved
 
 

@@ -101,11 +101,12 @@ def _refuse_json_among_crops(args: argparse.Namespace) -> None:
 
 def _predictor(args: argparse.Namespace) -> Any:
     from alfa.adapters import load_adapter
-    from alfa.checkpoint import load_model
     from alfa.gaze.camera import model_predictor
     from alfa.gaze.devices import resolve_device
 
-    model, saved = load_model(args.checkpoint)
+    from .guards import load_finished
+
+    model, saved = load_finished(args.checkpoint)
     if not saved.get("input_size"):
         raise ValueError(f"{args.checkpoint} does not record the image size it was trained on")
     model.to(resolve_device(args.device)).eval()

@@ -18,6 +18,8 @@ from .guards import (
     before_personalizing,
     check_labels,
     check_method_fits,
+    check_truncatable,
+    load_finished,
     note_what_serve_refuses,
     persons_of,
     prompts_sized_to,
@@ -176,11 +178,11 @@ def _pretrain(args: argparse.Namespace) -> None:
 
     device = _join(args.device)
     config = _train_config(args, "pretrain", device)
+    seed_torch_deterministic(config.seed)
+    model = create_model(args.model).to(device)  # an unknown --model is refused before any data is made
     data = open_spec(args.data)
     val = open_spec(args.val_data) if args.val_data else None
     refuse_mixed_sizes(data, *([val] if val is not None else []))  # a held-out person of another size: no error
-    seed_torch_deterministic(config.seed)
-    model = create_model(args.model).to(device)
     try:
         _refuse_a_model_that_is_not_a_gaze_model(model, args.model, data)
         result = train_source(
@@ -213,16 +215,16 @@ def _validation_words(result: Any) -> str:
 
 
 def _truncate(args: argparse.Namespace) -> None:
-    from alfa.checkpoint import load_model
     from alfa.gaze import distributed
     from alfa.gaze.train import TruncateConfig, check_input_size, held_out_persons, truncate_and_recover
 
     device = _join(args.device)
     config = TruncateConfig(rank=args.rank, recovery=_train_config(args, "recover", device))
-    model, saved = load_model(args.checkpoint)
+    model, saved = load_finished(args.checkpoint)
     model.to(device)
     if saved.get("factorized"):
         raise ValueError(f"{args.checkpoint} is already truncated; pass the dense pre-trained checkpoint")
+    check_truncatable(model, args.rank)  # a --rank that saves nothing anywhere: refused before any data is made
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)  # recovery on another size would record that size as trained
     if args.val_data:
@@ -307,7 +309,6 @@ def _recipe_words(config: Any) -> str:
 
 
 def _personalize(args: argparse.Namespace) -> None:
-    from alfa.checkpoint import load_model
     from alfa.gaze.devices import resolve_device
     from alfa.gaze.personalize import personalize_dataset
     from alfa.gaze.precision import forward_precision
@@ -317,7 +318,7 @@ def _personalize(args: argparse.Namespace) -> None:
     config = _personalize_config(args, method)
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)
-    model, saved = load_model(args.checkpoint)
+    model, saved = load_finished(args.checkpoint)
     model.to(device).eval()
     # --adapter-rank 100000 is refused now, before the data is read, not after minutes of allocating (and again
     # by before_personalizing, on the method as --init and the data leave it)
@@ -363,7 +364,6 @@ def _evaluation_tta(args: argparse.Namespace) -> Any:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from alfa.checkpoint import load_model
     from alfa.gaze.devices import resolve_device
     from alfa.gaze.evaluate import evaluate
     from alfa.gaze.precision import forward_precision
@@ -376,7 +376,7 @@ def _evaluate(args: argparse.Namespace) -> None:
         refuse_calibrations_under_tta(tta, Path(args.adapters))
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)
-    model, saved = load_model(args.checkpoint)
+    model, saved = load_finished(args.checkpoint)
     model.to(device).eval()
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)

@@ -22,8 +22,11 @@ __all__ = [
     "adaptation_count",
     "before_evaluating",
     "before_personalizing",
+    "check_finished",
     "check_labels",
     "check_method_fits",
+    "check_truncatable",
+    "load_finished",
     "note_what_serve_refuses",
     "persons_of",
     "prompts_sized_to",
@@ -31,6 +34,7 @@ __all__ = [
     "refuse_calibrations_under_tta",
     "refuse_foreign_adapters",
     "refuse_n_adapt_no_one_has",
+    "refuse_unfinished",
     "remove_listed",
     "tta_column",
 ]
@@ -269,3 +273,50 @@ def refuse_calibrations_under_tta(tta: Any, folder: Path) -> None:
         except (ValueError, OSError):
             continue
         tta.refuse_calibration(about, str(path))
+
+
+_TRAINED_BY = {"pretrain": "alfa pretrain", "recover": "alfa truncate"}
+"""Per training stage a checkpoint's header records, the command that writes it (and resumes it)."""
+
+
+def refuse_unfinished(path: Any, saved: dict[str, Any]) -> None:
+    """A checkpoint a training run rewrites after every epoch says ``"complete": false`` in its header until the
+    last: one the run was stopped before is refused in one line, how far it got and how to finish it (rerunning the
+    same command resumes it). Files without the flag (finished runs, other writers) pass."""
+    extra = saved.get("extra")
+    if not isinstance(extra, dict) or extra.get("complete") is not False:
+        return
+    command = _TRAINED_BY.get(extra.get("stage"), "the training command that wrote it")
+    epochs = (extra.get("train_config") or {}).get("epochs")
+    got = f"epoch {extra.get('epoch', '?')} of {epochs}" if epochs else f"epoch {extra.get('epoch', '?')}"
+    raise ValueError(
+        f"{path} is unfinished: its training stopped after {got}; rerun the same {command} command (same --out) "
+        "to resume and finish it, then use the model it completes"
+    )
+
+
+def load_finished(path: str) -> tuple[nn.Module, dict[str, Any]]:
+    """:func:`alfa.checkpoint.load_model` for a command's ``--checkpoint``, refusing an unfinished training's
+    model (:func:`refuse_unfinished`) before its weights are read."""
+    from alfa.checkpoint import load_model
+
+    check_finished(path)
+    return load_model(path)
+
+
+def check_finished(path: str) -> None:
+    """Refuse the checkpoint at ``path`` if its header says its training is unfinished (:func:`refuse_unfinished`);
+    reading only the header."""
+    from alfa.checkpoint import read_checkpoint
+
+    refuse_unfinished(path, read_checkpoint(path, header_only=True)[1])
+
+
+def check_truncatable(model: nn.Module, rank: int) -> None:
+    """``alfa truncate --rank``: refused at once where no layer of ``model`` would be truncated with a saving (the
+    structure alone, on a copy: no SVD is taken), not after the data is made and the dense model scored."""
+    import copy
+
+    from alfa.truncate import truncate
+
+    truncate(copy.deepcopy(model), rank, weights=False)

@@ -65,7 +65,8 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
         type=image_side,
         nargs=2,
         metavar=("H", "W"),
-        help="input height and width (default: the checkpoint's)",
+        help="input height and width (default: the checkpoint's; a checkpoint that records its training size takes "
+        "only that one)",
     )
     p.add_argument("--out", required=True, help="the ONNX file to write")
     p.add_argument("--program", help="also write the torch.export program here (.pt2)")
@@ -122,13 +123,14 @@ def _export(args: argparse.Namespace) -> None:
     import torch
 
     from alfa.adapters import load_adapter, merge_form, read_adapter_metadata
-    from alfa.checkpoint import load_model
     from alfa.export import export_onnx, export_program
+
+    from .guards import load_finished
 
     tta = tta_of(args.tta)  # a bad name is one line before anything loads
     if importlib.util.find_spec("onnxruntime") is None:  # the command keeps a file only once it is checked
         raise ModuleNotFoundError("No module named 'onnxruntime'", name="onnxruntime")
-    model, saved = load_model(args.checkpoint)
+    model, saved = load_finished(args.checkpoint)
     model.eval()
     if args.adapter:
         if tta is not None:
@@ -146,23 +148,38 @@ def _export(args: argparse.Namespace) -> None:
     wrap = None if tta is None else (lambda merged: tta.exportable(merged, size))
     if tta is not None:
         tta.check_size(size)
+    _refuse_another_size(args, saved.get("input_size"))  # after the augmentation's own word on the size
+    program = io.BytesIO()  # saved to a path, the archive's folder would be named after the temporary file
+    if args.program:  # made first, kept in memory: the two files are written together, once both are made
+        with quiet_exporter(args.verbose):
+            torch.export.save(export_program(model, size, form=args.merge, wrap=wrap), program)
     try:
         with quiet_exporter(args.verbose):
             check = export_onnx(model, args.out, size, form=args.merge, tolerance=args.tolerance, wrap=wrap)
     except torch.onnx.OnnxExporterError as e:
         raise RuntimeError(f"the model could not be exported to ONNX: {_reason(e, args.verbose)}") from e
+    if args.program:
+        from alfa.fileio import write_bytes
+
+        write_bytes(args.program, program.getvalue())
     print(check.describe() + ("" if tta is None else f" ({tta.name} test-time augmentation in the graph: "
                                                      f"{tta.passes} forward passes an image)"))  # fmt: skip
     if args.program:
-        import io
-
-        from alfa.fileio import write_bytes
-
-        program = io.BytesIO()  # saved to a path, the archive's folder would be named after the temporary file
-        with quiet_exporter(args.verbose):
-            torch.export.save(export_program(model, size, form=args.merge, wrap=wrap), program)
-        write_bytes(args.program, program.getvalue())
         print(f"wrote {args.program} (torch.export; dynamic batch)")
+
+
+def _refuse_another_size(args: argparse.Namespace, trained: list[int] | None) -> None:
+    """An ``--image-size`` other than the one the checkpoint records it was trained on: a ResNet runs on any size
+    and predicts much worse on another (``alfa evaluate`` and ``alfa personalize`` refuse data of another size for
+    that reason, :func:`alfa.gaze.train.check_input_size`), so the exported model would not be the model that was
+    validated. A checkpoint that records no size takes the size given."""
+    if not args.image_size or not trained or list(args.image_size) == list(trained):
+        return
+    (h, w), (th, tw) = args.image_size, trained
+    raise ValueError(
+        f"--image-size {h} {w}: {args.checkpoint} was trained on {th}×{tw} images and predicts much worse on "
+        f"another size; leave --image-size out to export it at {th}×{tw}"
+    )
 
 
 def _reason(error: BaseException, verbose: bool) -> str:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from .guards import check_finished
 from .options import at_least, default_of, tta_of, tta_option
 from .registry import Command
 
@@ -157,6 +158,8 @@ def _serve(args: argparse.Namespace) -> None:
     from alfa.gaze.service.server import STOP_GRACE
 
     _resolve(args)
+    if args.checkpoint is not None:
+        check_finished(args.checkpoint)
     if args.selftest:
         _selftest(args)
         return

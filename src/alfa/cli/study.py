@@ -89,7 +89,8 @@ def _serving_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write the page here (e.g. docs/serving.md) and its data beside it")
     p.add_argument(
         "--rounds",
-        type=at_least(1),
+        # every ratio's interval is Student's t over the rounds (and a rate's spread their quartiles): one has none
+        type=at_least(2, " (each ratio's 95 % interval is taken over the rounds)"),
         default=default_of(serving_main, "rounds"),
         help="interleaved timed rounds (default %(default)s)",
     )

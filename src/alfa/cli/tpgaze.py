@@ -34,11 +34,12 @@ __all__ = ["TPGAZE"]
 
 def _load_base(path: str, device_name: str):
     """The base model of ``path`` on ``--device``, in eval mode; its saved config; the device."""
-    from alfa.checkpoint import load_model
     from alfa.gaze.devices import resolve_device
 
+    from .guards import load_finished
+
     device = resolve_device(device_name)
-    model, saved = load_model(path)
+    model, saved = load_finished(path)
     _refuse_a_model_without_the_prompted_convs(model, path)
     return model.to(device).eval(), saved, device
 

@@ -511,12 +511,30 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def _refuse_unfinished_meta_training(prompts: Path) -> None:
+    """Meta-training rewrites its prompts after every epoch, its record beside them saying ``"complete": false``
+    until the last: prompts whose run was stopped before are refused, with how far it got and how to finish it."""
+    record = prompts.parent / RECORD_FILE
+    try:
+        meta = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no record (prompts kept on their own): nothing says they are unfinished
+    if not isinstance(meta, dict) or meta.get("complete") is not False:
+        return
+    epochs = (meta.get("header") or {}).get("meta_config", {}).get("epochs")
+    raise ValueError(
+        f"{prompts} is unfinished: its meta-training stopped after epoch {meta.get('epoch', '?')} of {epochs} "
+        f"({record} says so); rerun the same alfa tpgaze meta-train command (same --out) to resume and finish it"
+    )
+
+
 def start_from(model: nn.Module, meta_prompts: str | os.PathLike) -> TPGazeConfig:
     """The method config for personalizing ``model`` from the meta-trained prompts in ``meta_prompts``
     (a ``prompts.safetensors`` written by :func:`meta_train_prompts` on this same base; checked by
     fingerprint). Attaching it gives every person the meta-trained prompts as the starting point.
     """
     path = Path(meta_prompts)
+    _refuse_unfinished_meta_training(path)
     if adapter_state(model) is not None:
         raise RuntimeError("start_from expects the base model without an adapter (call alfa.detach)")
     if path.is_dir():  # load_adapter's word for a folder points to alfa personalize's files, not these
