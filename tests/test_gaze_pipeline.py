@@ -532,7 +532,8 @@ def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
     assert "was trained on 16×16 images" in capsys.readouterr().err
     # truncation too: recovering on 32×32 data would then record 32×32 as the size it was trained on
     out = tmp_path / "rec-big"
-    assert main(["truncate", "--checkpoint", pre, "--data", "toy:big", "--out", str(out), "--quiet"]) == 2
+    truncate_big = ["truncate", "--checkpoint", pre, "--data", "toy:big", "--rank", str(RANK), "--out", str(out)]
+    assert main([*truncate_big, "--quiet"]) == 2  # a rank that saves (rank 64 saves nothing here: refused first)
     assert "was trained on 16×16 images, big has 32×32" in capsys.readouterr().err and not out.exists()
 
 
