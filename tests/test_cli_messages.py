@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import tiny_models  # noqa: F401 — registers tiny_gaze_net
-from tiny_models import truncated_tiny_gaze_net
+from tiny_models import one_error_line as _one_line
+from tiny_models import tiny_checkpoints, truncated_tiny_gaze_net
 
 import alfa
 from alfa.checkpoint import save_model
@@ -16,15 +17,7 @@ TARGET = "synthetic:mpii?persons=2&images_per_person=8&size=16"
 
 @pytest.fixture
 def checkpoints(tmp_path):
-    dense = save_model(tmp_path / "dense.safetensors", alfa.models.create_model("tiny_gaze_net"), "tiny_gaze_net")
-    truncated = save_model(tmp_path / "truncated.safetensors", truncated_tiny_gaze_net(), "tiny_gaze_net")
-    return str(dense), str(truncated)
-
-
-def _one_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    return err
+    return tiny_checkpoints(tmp_path)
 
 
 def test_an_unknown_option_lists_the_methods_options_and_the_closest(checkpoints, tmp_path, capsys):

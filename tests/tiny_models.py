@@ -95,3 +95,19 @@ def truncated_structure(model: nn.Module, rank: int) -> nn.Module:
                 ranks[name] = d
     restore_structure(model, ranks)
     return model
+
+
+def tiny_checkpoints(folder) -> tuple[str, str]:
+    """A dense and a truncated tiny_gaze_net saved as checkpoints in ``folder`` (the CLI tests' two bases)."""
+    from alfa.checkpoint import save_model
+
+    dense = save_model(folder / "dense.safetensors", alfa.models.create_model("tiny_gaze_net"), "tiny_gaze_net")
+    truncated = save_model(folder / "truncated.safetensors", truncated_tiny_gaze_net(), "tiny_gaze_net")
+    return str(dense), str(truncated)
+
+
+def one_error_line(capsys) -> str:
+    """What the command wrote on stderr, checked to be one line and no traceback."""
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err

@@ -32,6 +32,7 @@ __all__ = [
     "check_names",
     "check_target",
     "target_matches",
+    "first_entry_left_out",
     "replace_module",
     "require_flags",
     "shared_parameters",
@@ -55,6 +56,28 @@ def target_matches(target: str | Sequence[str] | None, name: str) -> bool:
     if isinstance(target, str):
         return re.search(target, name) is not None
     return any(name == s or name.endswith("." + s) for s in target)
+
+
+def first_entry_left_out(
+    model: nn.Module, target: Any, selected: Sequence[str], who: str
+) -> tuple[str, str, nn.Module] | None:
+    """The first name of a list ``target`` that selects none of ``selected`` (the layers an operation took), with
+    the module it does name, its first match, for the caller to say why that one was left out; ``None`` when
+    every name selects one, or when ``target`` is a regular expression (it selects what it matches). A name that
+    matches no module at all is refused here, ``who`` (the operation) naming it."""
+    if not isinstance(target, (list, tuple)):
+        return None
+    modules = dict(model.named_modules())
+    for entry in target:
+        if any(target_matches((entry,), n) for n in selected):
+            continue
+        found = [n for n in modules if n and target_matches((entry,), n)]
+        if not found:
+            raise ValueError(
+                f"{who}: target {entry!r}: the model has no module named {entry!r} (nor ending in '.{entry}')"
+            )
+        return entry, found[0], modules[found[0]]
+    return None
 
 
 def check_target(target: Any) -> None:

@@ -18,6 +18,7 @@ from torch.nn.parameter import is_lazy
 from .layers import FactorizedConv2d, FactorizedLinear, is_dense_layer, is_factorized, layer_spec, own_forward
 from .surgery import (
     check_target,
+    first_entry_left_out,
     guard_save_pretrained,
     refuse_compiled_wrapper,
     replace_module,
@@ -158,29 +159,21 @@ def _refuse_names_left_out(model: nn.Module, target: object, candidates: list[st
     """A name of a list ``target`` that selects no candidate layer is refused, saying what it names, where the other
     names would have been truncated and this one silently left out (a regular expression selects what it
     matches)."""
-    if not isinstance(target, (list, tuple)):
+    left_out = first_entry_left_out(model, target, candidates, "alfa.truncate")
+    if left_out is None:
         return
-    modules = dict(model.named_modules())
-    for entry in target:
-        if any(target_matches((entry,), n) for n in candidates):
-            continue
-        found = [n for n in modules if n and target_matches((entry,), n)]
-        if not found:
-            raise ValueError(
-                f"alfa.truncate: target {entry!r}: the model has no module named {entry!r} (nor ending in '.{entry}')"
-            )
-        name, module = found[0], modules[found[0]]
-        if is_factorized(module):
-            why = "is factorized already"
-        elif any(True for _ in module.children()):
-            pattern = "^" + re.escape(name) + r"\."
-            why = (
-                f"is a {type(module).__name__}: a name selects the module of that name, not the layers inside it "
-                f"(the regular expression {pattern!r} selects those)"
-            )
-        else:
-            why = f"is a {type(module).__name__}: truncate factorizes Linear, Conv2d and transformers' Conv1D layers"
-        raise ValueError(f"alfa.truncate: target {entry!r} selects no layer to truncate: {name} {why}")
+    entry, name, module = left_out
+    if is_factorized(module):
+        why = "is factorized already"
+    elif any(True for _ in module.children()):
+        pattern = "^" + re.escape(name) + r"\."
+        why = (
+            f"is a {type(module).__name__}: a name selects the module of that name, not the layers inside it "
+            f"(the regular expression {pattern!r} selects those)"
+        )
+    else:
+        why = f"is a {type(module).__name__}: truncate factorizes Linear, Conv2d and transformers' Conv1D layers"
+    raise ValueError(f"alfa.truncate: target {entry!r} selects no layer to truncate: {name} {why}")
 
 
 @torch.no_grad()

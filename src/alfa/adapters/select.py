@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from torch import nn
 
 from ..layers import is_dense_eligible, is_factorized, layer_spec, own_forward
-from ..surgery import shared_parameters, tie_refusal
+from ..surgery import first_entry_left_out, shared_parameters, tie_refusal
 from .config import AdapterConfig, target_matches
 
 __all__ = [
@@ -157,28 +157,20 @@ def _refuse_entries_left_out(
     """A name in a ``target`` list that selects none of the layers adapted is refused, saying why (a misspelt
     name, a module of a kind that cannot be adapted, a dense layer under ``layers='factorized'``), where the
     other names would have been adapted and this one silently left out (PEFT refuses an unsupported target too)."""
-    if not isinstance(config.target, (list, tuple)):
-        return  # a regular expression selects what it matches
-    modules = dict(model.named_modules())
-    for entry in config.target:
-        if any(target_matches((entry,), n) for n in selected):
-            continue
-        found = [n for n in modules if n and target_matches((entry,), n)]
-        if not found:
-            raise ValueError(
-                f"{config.method}: target {entry!r}: the model has no module named {entry!r} (nor ending in '.{entry}')"
-            )
-        name, module = found[0], modules[found[0]]
-        inside = [s for s in saved if name == s or name.startswith(s + ".")]
-        if inside:
-            why = f"is trained in full as modules_to_save {inside[0]!r}"
-        elif is_factorized(module):
-            why = "is factorized: pass layers='factorized' or layers='all' to adapt it"
-        elif is_dense_eligible(module):
-            why = f"is left dense under layers={config.layers!r}: pass layers='dense' or layers='all' to adapt it"
-        else:
-            why = f"is {not_adaptable(module)}"
-        raise ValueError(f"{config.method}: target {entry!r} selects no layer: {name} {why}")
+    left_out = first_entry_left_out(model, config.target, selected, config.method)
+    if left_out is None:
+        return
+    entry, name, module = left_out
+    inside = [s for s in saved if name == s or name.startswith(s + ".")]
+    if inside:
+        why = f"is trained in full as modules_to_save {inside[0]!r}"
+    elif is_factorized(module):
+        why = "is factorized: pass layers='factorized' or layers='all' to adapt it"
+    elif is_dense_eligible(module):
+        why = f"is left dense under layers={config.layers!r}: pass layers='dense' or layers='all' to adapt it"
+    else:
+        why = f"is {not_adaptable(module)}"
+    raise ValueError(f"{config.method}: target {entry!r} selects no layer: {name} {why}")
 
 
 SIZE_OPTIONS = ("rank", "heads", "dense_rank")
