@@ -578,3 +578,23 @@ def test_an_adapter_saved_with_a_dense_rank_above_every_layer_still_loads(tmp_pa
     alfa.load_adapter(model, path)
     x = torch.rand(3, 64)
     assert torch.equal(model(x), user(x))
+
+
+def test_a_file_with_a_dictionary_rank_above_d_still_loads(tmp_path):
+    """alfa accepted a dictionary rank above d until 2026-12-06 (tiny bench configs made such files): the refusal is
+    for a new attach; a file's adapter loads as it was made, with the same outputs."""
+    from alfa.adapters.select import sizes_said_before
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    alfa.truncate(model, 4)
+    base = copy.deepcopy(model)
+    with sizes_said_before():  # as the code before the refusal attached it
+        alfa.attach(model, alfa.AlfaConfig(heads=2, rank=8))
+    with torch.no_grad():
+        for p in alfa.adapter_parameters(model).values():
+            p.normal_(0, 0.1)
+    path = alfa.save_adapter(model, tmp_path / "old.safetensors")
+    x = torch.randn(3, 16)
+    alfa.load_adapter(base, path)
+    assert torch.equal(base(x), model(x))

@@ -218,6 +218,8 @@ def check_sizes(model: nn.Module, config: AdapterConfig, names: Sequence[str] | 
                 f"{config.method}: {option} {value} is larger than every layer it adapts (the largest, {largest}, "
                 f"maps {n} inputs to {m} outputs): at most {bound}"
             )
+    if _SIZES_SAID_BEFORE.get():  # a file's adapter, made where this refusal did not exist yet: it loads as made
+        return
     rank, sizes = _dictionary_rank(config), dictionary_sizes(model, config, names)
     if rank is not None and sizes and rank > max(sizes.values()):
         widest = max(sizes, key=sizes.__getitem__)
@@ -259,8 +261,10 @@ _SIZES_SAID_BEFORE = contextvars.ContextVar("alfa_sizes_said_before", default=Fa
 
 @contextlib.contextmanager
 def sizes_said_before() -> Iterator[None]:
-    """Within it, :func:`warn_sizes` says nothing: ``load_adapter`` attaches a file's config, on the base that file
-    was made on, where attaching it said so then (a server loading each user's file would repeat it)."""
+    """Within it, :func:`warn_sizes` says nothing and :func:`check_sizes` does not refuse a dictionary rank above
+    ``d``: ``load_adapter`` attaches a file's config, on the base that file was made on, where attaching it said so
+    then (a server loading each user's file would repeat it), and a file made before that refusal existed (alfa
+    accepted such a rank until 2026-12-06) must still load as it was made."""
     token = _SIZES_SAID_BEFORE.set(True)
     try:
         yield
