@@ -65,9 +65,8 @@ def _in_place_writes():
         "+=": no_grad(add_in_place),
         "item assignment": no_grad(lambda w: w.__setitem__(0, 1.0)),
         ".data.normal_": lambda w: w.data.normal_(),
-        ".detach().zero_": lambda w: w.detach().zero_(),
         "a view's fill_": no_grad(lambda w: w.T[0].fill_(0)),
-        "out=": no_grad(lambda w: torch.add(torch.ones_like(w), 1, out=w.detach())),
+        "out=": no_grad(lambda w: torch.add(torch.ones_like(w), 1, out=w.data)),
         ".data =": set_data,
     }
 
@@ -159,3 +158,39 @@ def test_compile_and_export_see_a_plain_weight():
     assert torch.allclose(torch.compile(model, backend="eager")(x), expected, atol=1e-6)
     assert torch.allclose(torch.export.export(model, (x,)).module()(x), expected, atol=1e-6)
     assert torch.allclose(torch.jit.trace(model, (x,))(x), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("layer_name", list(LAYERS))
+def test_detach_gives_a_tensor_of_ones_own_that_a_parameter_is_made_of(layer_name):
+    """``nn.Parameter(layer.weight.detach())`` (copying a layer's values into a new one) must stay a leaf a dense
+    layer takes and an optimizer trains; a read-only alias of it was neither (the review's second finding)."""
+    build, index, make_input, _ = LAYERS[layer_name]
+    layer = build()[index]
+    made = nn.Parameter(layer.weight.detach())
+    assert made.is_leaf and type(made) is nn.Parameter
+    torch.optim.SGD([made], lr=0.1)  # refuses a non-leaf
+    # .data stays read-only (`layer.weight.data.normal_()` is transformers' init): torch refuses a Parameter of it
+    with pytest.raises(RuntimeError, match="detach"):
+        nn.Parameter(layer.weight.data)
+    w = layer.weight.detach()
+    assert type(w) is torch.Tensor
+    w.requires_grad_()
+    (w * 2).sum().backward()
+    assert w.grad is not None and torch.equal(w.grad, torch.full_like(w, 2.0))
+
+
+def test_a_prompt_adapters_weight_is_named_the_bases_not_a_computed_one():
+    """A prompt adapter leaves the weight as it is (for a dense base, the base's own storage): the refusal must not
+    say it is computed, that a write would change nothing, or that a merge helps (prompts cannot be merged)."""
+    from tiny_models import TinyGazeNet
+
+    from alfa.adapters.prompt import TPGazeConfig
+    from alfa.layers import ReadOnlyWeightError
+
+    model = TinyGazeNet()
+    alfa.attach(model, TPGazeConfig.for_model(model, 16, target=r"^conv1$"))
+    with pytest.raises(ReadOnlyWeightError) as caught, torch.no_grad():
+        model.conv1.weight.mul_(0)
+    message = str(caught.value)
+    assert "is the base layer's weight" in message and "cannot be merged" in message
+    assert "computed" not in message and "change nothing" not in message and "alfa.merge" not in message

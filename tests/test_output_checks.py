@@ -77,3 +77,15 @@ def test_a_failed_write_names_the_users_path_not_the_temporary_file(tmp_path):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp))
     assert e.value.filename == str(target)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_link_is_checked_where_its_target_will_be_written(tmp_path, monkeypatch):
+    """atomic_path writes beside what a link points to; the check must probe that folder, not the link's own."""
+    locked, mine = tmp_path / "locked", tmp_path / "mine"
+    locked.mkdir()
+    mine.mkdir()
+    (mine / "out.json").symlink_to(locked / "out.json")
+    _refusing_new_files(monkeypatch, locked)
+    with pytest.raises(ValueError, match=rf"cannot be written: {locked}"):
+        fileio.check_writable(mine / "out.json")
+    assert fileio.check_writable(locked.parent / "plain.json") == tmp_path / "plain.json"

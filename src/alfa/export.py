@@ -122,7 +122,9 @@ def _refuse_non_image_model(model: nn.Module, sample: torch.Tensor, function: st
     other = "for another input, use alfa.export.export_onnx_with_inputs(model, path, inputs, names)"
     try:
         out = model(sample)
-    except Exception as e:  # noqa: BLE001 — any failure on an image batch says the model takes something else
+    except (MemoryError, torch.OutOfMemoryError):
+        raise  # the machine's limit, not the model's input: said as it is
+    except Exception as e:  # noqa: BLE001 — any other failure on an image batch says it takes something else
         reason = (str(e).strip().splitlines() or [""])[0]
         raise ValueError(
             f"alfa.export.{function} exports a model of images (input N×3×H×W); this model fails on a {shape} "

@@ -366,8 +366,8 @@ def check_writable(
 ) -> Path:
     """Fail now, before any work, if ``path`` could not be written later: a file whose place is a folder (or
     under a file), a folder that is a file, a device or pipe that a file would replace (``appended``: a file written
-    to in place, an access log, may be one), or a place this process may not write. Creates nothing. Raises
-    ``ValueError``."""
+    to in place, an access log, may be one), or a place this process may not write. Leaves nothing behind (the
+    check writes and removes a probe file where the output will be made). Raises ``ValueError``."""
     path = Path(path)
     if folder and path.exists() and not path.is_dir():
         raise ValueError(f"{what} {path} is a file, not a folder")
@@ -376,7 +376,8 @@ def check_writable(
     if not folder and not appended and path.exists() and not path.is_file():  # a log may go to /dev/null or a pipe
         raise ValueError(f"{what} {path} is not a regular file (a device, pipe or socket): name a file")
     # the nearest existing ancestor decides: it must be a folder this process may write into
-    probe = path if folder else path.parent
+    # a file output is written beside what a link at its place points to (atomic_path resolves it)
+    probe = path if folder else Path(os.path.realpath(path)).parent if path.is_symlink() else path.parent
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():

@@ -93,8 +93,9 @@ class ComputedWeight(Tensor):
     layer's factors (or base and adapter) on each read. It reads like any tensor (``.shape``, ``.dtype``,
     ``weight @ x``, ``.detach().clone()``: results are plain tensors, gradients flow), but a write into it (an
     in-place method, an ``nn.init`` function, ``out=``, ``.data = ...``) would change nothing the layer computes, so
-    it raises :class:`ReadOnlyWeightError` saying what to write instead. Views of it (``.T``, ``.data``,
-    ``.detach()``, indexing) are read-only too; copies (``.clone()``, arithmetic) are plain tensors."""
+    it raises :class:`ReadOnlyWeightError` saying what to write instead. Views of it (``.T``, ``.data``, indexing)
+    are read-only too; copies (``.clone()``, arithmetic) and ``.detach()`` (the values as a tensor of the caller's
+    own: ``nn.Parameter(layer.weight.detach())``) are plain tensors."""
 
     _alfa_refusal: Callable[[str], str]
 
@@ -106,8 +107,11 @@ class ComputedWeight(Tensor):
             raise ReadOnlyWeightError(written._alfa_refusal(f"writing into it ({getattr(func, '__name__', func)})"))
         sources = _tensors_in(args, kwargs)
         with DisableTorchFunctionSubclass():
-            if getattr(func, "__name__", "") in ("__reduce_ex__", "__deepcopy__"):  # pickled or copied: plain
+            name = getattr(func, "__name__", "")
+            if name in ("__reduce_ex__", "__deepcopy__"):  # pickled or copied: plain
                 return func(args[0].as_subclass(Tensor), *args[1:], **kwargs)
+            if name == "detach":  # the values as the caller's own tensor (nn.Parameter(w.detach())): plain
+                return func(*args, **kwargs)
             return _keep_read_only(func(*args, **kwargs), sources)
 
 
@@ -116,8 +120,8 @@ def _keep_read_only(out: Any, sources: list[Tensor]) -> Any:
     would be lost as well); the others (new values) are plain tensors."""
     if type(out) in (tuple, list):  # torch.split, unbind, chunk: views
         return type(out)(_keep_read_only(o, sources) for o in out)
-    if not isinstance(out, Tensor) or out.layout != torch.strided:
-        return out
+    if isinstance(out, ComputedWeight) or not isinstance(out, Tensor) or out.layout != torch.strided:
+        return out  # one already marked (``requires_grad_`` returns its tensor: a new alias would be no leaf)
     for source in sources:
         if torch._C._is_alias_of(out, source):
             return _marked(out, source._alfa_refusal)

@@ -138,12 +138,17 @@ class AdaptedLayer(LayerWrapper):
         return computed_weight(self.spec.dense_layout(W), self._weight_refusal)
 
     def _weight_refusal(self, action: str) -> str:
-        computed = "the base's" if self.merge_kind == "none" else "the base weight plus the adapter's update,"
+        layer = f"{type(self).__name__} ({self.config.method} adapter on a {type(self.base).__name__}).weight"
+        if self.merge_kind == "none":  # a prompt adapter: the weight is the base's own (its storage, for a dense one)
+            return (
+                f"{layer} is the base layer's weight (a prompt adapter changes the inputs, not the weight), so "
+                f"{action} is refused here: write the base's own parameters (layer.base) if that is meant; a "
+                "prompt adapter cannot be merged"
+            )
         return (
-            f"{type(self).__name__} ({self.config.method} adapter on a {type(self.base).__name__}).weight is "
-            f"{computed} computed on each read, so {action} would change nothing the layer computes: write "
-            "the base's own parameters (layer.base) or the adapter's, or alfa.merge(model) first and write the "
-            "merged layer"
+            f"{layer} is the base weight plus the adapter's update, computed on each read, so {action} would "
+            "change nothing the layer computes: write the base's own parameters (layer.base) or the adapter's, or "
+            "alfa.merge(model) first and write the merged layer"
         )
 
     def __setattr__(self, name: str, value: Any) -> None:
