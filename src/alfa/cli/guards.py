@@ -196,7 +196,8 @@ def before_evaluating(data: Any, args: argparse.Namespace, n_adapt: int) -> None
                 f"--adapters {args.adapters}: its adapters were made from the first {n_adapt} images of each person, "
                 f"and the most any person of {data.name} has is {most}: none left to score (is this their data?)"
             )
-    refuse_n_adapt_no_one_has(data, None, n_adapt, "evaluate")
+    else:  # the user's --n-adapt (or the default): the same bound, with the advice to lower it
+        refuse_n_adapt_no_one_has(data, None, n_adapt, "evaluate")
     if args.adapters is not None:
         files = [adapter_filename(p) for p in data.persons()]
         if not any((Path(args.adapters) / name).is_file() for name in files):
