@@ -35,7 +35,7 @@ from .adapters.correction import CorrectionLayer
 from .adapters.lora import LowRankUpdateLayer
 from .adapters.state import _refuse_if_disabled
 from .layers import is_dense_layer, is_factorized, layer_spec, refuse_scripting
-from .surgery import replace_module, require_module
+from .surgery import is_compiled_wrapper, replace_module, require_module
 
 __all__ = ["MethodNotServed", "MultiUserModel", "MixedBatchModel", "UnknownUserError", "UserTerms", "serve_refusal"]
 
@@ -127,7 +127,7 @@ def _refuse_unservable_base(base: nn.Module, cls: str) -> None:
         if cls == "MultiUserModel"
         else ""
     )
-    if type(base).__name__ == "OptimizedModule" and isinstance(getattr(base, "_orig_mod", None), nn.Module):
+    if is_compiled_wrapper(base):
         raise TypeError(
             f"alfa.{cls}: the base is a torch.compile wrapper, whose layer names all start with '_orig_mod.' (no "
             f"user's adapter fits them): give the uncompiled module (base._orig_mod), and compile the served model "

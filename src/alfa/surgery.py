@@ -33,6 +33,7 @@ __all__ = [
     "check_target",
     "target_matches",
     "first_entry_left_out",
+    "is_compiled_wrapper",
     "replace_module",
     "require_flags",
     "shared_parameters",
@@ -202,11 +203,17 @@ def require_flags(function: str, **flags: Any) -> None:
             raise TypeError(f"alfa.{function}: {name} must be True or False, got {value!r}")
 
 
+def is_compiled_wrapper(model: Any) -> bool:
+    """Whether ``model`` is a ``torch.compile`` wrapper (an ``OptimizedModule``), whose layer names all start with
+    ``_orig_mod.``."""
+    return type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module)
+
+
 def refuse_compiled_wrapper(model: nn.Module, function: str) -> None:
     """``TypeError`` where ``model`` is a ``torch.compile`` wrapper: every name in it starts with ``_orig_mod.``,
     so an adapter attached or saved through it would not fit the model itself (nor the model a file of the model
     itself). The wrapper runs the model it wraps, so adapting that one serves both."""
-    if type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
+    if is_compiled_wrapper(model):
         raise TypeError(
             f"alfa.{function}: the model is a torch.compile wrapper, whose layer names all start with '_orig_mod.'; "
             f"pass the model it wraps (model._orig_mod): the compiled wrapper runs that model, adapters included"
