@@ -28,3 +28,54 @@ def test_truncate_refuses_a_rank_that_saves_nothing_before_any_data(tmp_path, ca
     assert main([*argv, "--out", str(tmp_path / "run"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "no layer can be truncated at rank 100000" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    model = alfa.models.create_model("resnet18_gaze")
+    return str(alfa.checkpoint.save_model(tmp_path / "dense.safetensors", model, "resnet18_gaze", input_size=(32, 32)))
+
+
+BAD_VAL_DATA = [  # (--val-data, what the one line says): each was refused only after --data was made, a minute here
+    ("synthetic:bogus", "--val-data: unknown synthetic domain 'bogus'; known: ["),
+    ("bogus", "--val-data: dataset spec 'bogus': expected one of synthetic:<domain>, "),
+    ("nope:x", "--val-data: dataset spec 'nope:x': unknown kind 'nope'"),
+    ("synthetic:eth?sise=3", "--val-data: dataset spec 'synthetic:eth?sise=3': bad option 'sise=3'"),
+    ("synthetic:eth?split=tset", "--val-data: domain 'eth' has no split 'tset'"),
+    ("gazehub:mpii:/no/such/root", "--val-data: /no/such/root/Label: no Label/ folder"),
+    ("gazehub:mpiii:/no/such/root", "--val-data: unknown GazeHub dataset 'mpiii'"),
+    ("xgaze-h5:/no/such/file.h5", "--val-data: /no/such/file.h5: no such file or folder"),
+    ("", "--val-data is empty: name a dataset spec, or leave the option out"),  # was taken as no option
+    ("synthetic:eth", "--val-data synthetic:eth is --data itself: its persons are trained on"),
+]
+
+
+@pytest.mark.parametrize("command", ["pretrain", "truncate", "tpgaze meta-train"])
+@pytest.mark.parametrize(("val_data", "said"), BAD_VAL_DATA)
+def test_a_bad_val_data_is_refused_before_any_data(
+    tmp_path, capsys, monkeypatch, no_data, checkpoint, command, val_data, said
+):
+    import alfa.cli.tpgaze as tpgaze_cli
+
+    monkeypatch.setattr(tpgaze_cli, "open_spec", lambda spec: pytest.fail("data was made before the refusal"))
+    given = [] if command == "pretrain" else ["--checkpoint", checkpoint]
+    argv = [*command.split(), *given, "--data", "synthetic:eth", "--val-data", val_data]
+    assert main([*argv, "--out", str(tmp_path / "run"), "--quiet", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_good_val_data_passes_the_check_without_being_made(monkeypatch, tmp_path):
+    # the check reads the spec (and a real dataset's label folder), never renders nor reads the data
+    import argparse
+
+    import alfa.gaze.data.synthetic as synthetic
+    from alfa.cli.guards import check_val_data
+    from alfa.gaze.data.fixtures import write_gazehub_fixture
+
+    monkeypatch.setattr(synthetic, "make_domain", lambda *a, **k: pytest.fail("rendered"))
+    write_gazehub_fixture(tmp_path / "gh", "mpiifacegaze", images_per_person=2, size=16, write_eyes=False)
+    for spec in ("synthetic:eth?split=val", "synthetic:eth?split=val&persons=2&size=32", f"gazehub:mpii:{tmp_path}/gh"):
+        check_val_data(argparse.Namespace(val_data=spec, data="synthetic:eth"))
+    check_val_data(argparse.Namespace(val_data=None, data="synthetic:eth"))

@@ -19,11 +19,13 @@ from .guards import (
     check_labels,
     check_method_fits,
     check_truncatable,
+    check_val_data,
     load_finished,
     note_what_serve_refuses,
     persons_of,
     prompts_sized_to,
     raise_if_incomplete,
+    refuse_a_model_that_is_not_a_gaze_model,
     refuse_calibrations_under_tta,
     tta_column,
 )
@@ -147,35 +149,12 @@ def _join(name: str):
 # ----------------------------------------------------------------------------- pretrain
 
 
-def _refuse_a_model_that_is_not_a_gaze_model(model: Any, name: str, data: Any) -> None:
-    """Before any training: ``model`` must take the data's images and predict (yaw, pitch) for each (an image
-    classifier of the registry, vit_tiny's 1,000 classes, failed after the data loaded)."""
-    import torch
-
-    from alfa.gaze.data.base import unit_images
-
-    if len(data) == 0:  # said by the training itself
-        return
-    image = unit_images(data.raw_images([0])).to(next(model.parameters()).device)
-    try:
-        with torch.no_grad():
-            shape = tuple(model.eval()(image).shape)
-        what = f"it gives {shape[1:]} for an image" if shape != (1, 2) else None
-    except (RuntimeError, ValueError, AssertionError) as e:
-        what = f"it cannot take {image.shape[2]}×{image.shape[3]} images: {str(e).splitlines()[0]}"
-    model.train()
-    if what is not None:
-        raise ValueError(
-            f"--model {name} is not a gaze model for these images ({what}): alfa pretrain trains one that predicts "
-            "(yaw, pitch) from a face crop, such as resnet18_gaze"
-        )
-
-
 def _pretrain(args: argparse.Namespace) -> None:
     from alfa.gaze import distributed
     from alfa.gaze.train import refuse_mixed_sizes, train_source
     from alfa.models import create_model
 
+    check_val_data(args)
     device = _join(args.device)
     config = _train_config(args, "pretrain", device)
     seed_torch_deterministic(config.seed)
@@ -184,7 +163,7 @@ def _pretrain(args: argparse.Namespace) -> None:
     val = open_spec(args.val_data) if args.val_data else None
     refuse_mixed_sizes(data, *([val] if val is not None else []))  # a held-out person of another size: no error
     try:
-        _refuse_a_model_that_is_not_a_gaze_model(model, args.model, data)
+        refuse_a_model_that_is_not_a_gaze_model(model, args.model, data)
         result = train_source(
             model, data, config, args.out, model_name=args.model, val_dataset=val, progress=not args.quiet
         )
@@ -218,6 +197,7 @@ def _truncate(args: argparse.Namespace) -> None:
     from alfa.gaze import distributed
     from alfa.gaze.train import TruncateConfig, check_input_size, held_out_persons, truncate_and_recover
 
+    check_val_data(args)
     device = _join(args.device)
     config = TruncateConfig(rank=args.rank, recovery=_train_config(args, "recover", device))
     model, saved = load_finished(args.checkpoint)

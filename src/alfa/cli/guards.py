@@ -26,11 +26,13 @@ __all__ = [
     "check_labels",
     "check_method_fits",
     "check_truncatable",
+    "check_val_data",
     "load_finished",
     "note_what_serve_refuses",
     "persons_of",
     "prompts_sized_to",
     "raise_if_incomplete",
+    "refuse_a_model_that_is_not_a_gaze_model",
     "refuse_calibrations_under_tta",
     "refuse_foreign_adapters",
     "refuse_n_adapt_no_one_has",
@@ -321,3 +323,50 @@ def check_truncatable(model: nn.Module, rank: int) -> None:
     from alfa.truncate import truncate
 
     truncate(copy.deepcopy(model), rank, weights=False)
+
+
+def check_val_data(args: argparse.Namespace) -> None:
+    """``--val-data``, refused in one line before any data is made or read (the training data is opened first:
+    minutes of rendering or reading at real sizes, then the refusal): an empty value (an unset shell variable,
+    which was taken as no option), a spec whose form, kind, options, world or folder is wrong
+    (:func:`alfa.gaze.data.registry.check_spec`), or ``--data``'s own spec, whose persons every epoch trains on."""
+    from alfa.gaze.data.registry import DatasetSpec, check_spec
+
+    spec = args.val_data
+    if spec is None:
+        return
+    if not spec.strip():
+        raise ValueError("--val-data is empty: name a dataset spec, or leave the option out")
+    try:
+        check_spec(spec)
+    except ValueError as e:
+        raise ValueError(f"--val-data: {e}") from e
+    if DatasetSpec.parse(spec) == DatasetSpec.parse(args.data):  # --data's errors are its own opening's
+        raise ValueError(
+            f"--val-data {spec} is --data itself: its persons are trained on; validate on another split (a synthetic "
+            "world's ?split=val), or leave --val-data out to hold persons out"
+        )
+
+
+def refuse_a_model_that_is_not_a_gaze_model(model: nn.Module, name: str, data: Any) -> None:
+    """``alfa pretrain``, before any training: ``model`` must take the data's images and predict (yaw, pitch) for
+    each (an image classifier of the registry, vit_tiny's 1,000 classes, failed after the data loaded)."""
+    import torch
+
+    from alfa.gaze.data.base import unit_images
+
+    if len(data) == 0:  # said by the training itself
+        return
+    image = unit_images(data.raw_images([0])).to(next(model.parameters()).device)
+    try:
+        with torch.no_grad():
+            shape = tuple(model.eval()(image).shape)
+        what = f"it gives {shape[1:]} for an image" if shape != (1, 2) else None
+    except (RuntimeError, ValueError, AssertionError) as e:
+        what = f"it cannot take {image.shape[2]}×{image.shape[3]} images: {str(e).splitlines()[0]}"
+    model.train()
+    if what is not None:
+        raise ValueError(
+            f"--model {name} is not a gaze model for these images ({what}): alfa pretrain trains one that predicts "
+            "(yaw, pitch) from a face crop, such as resnet18_gaze"
+        )

@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from .gaze import open_spec, seed_torch_deterministic
-from .guards import before_personalizing, persons_of, prompts_sized_to
+from .guards import before_personalizing, check_val_data, persons_of, prompts_sized_to
 from .options import (
     allow_partial_option,
     at_least,
@@ -72,6 +72,7 @@ def _meta_train(args: argparse.Namespace) -> None:
     from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts, square_image_size
     from alfa.gaze.train import check_input_size, held_out_persons
 
+    check_val_data(args)
     changes = {
         "epochs": args.epochs,
         "steps_per_epoch": args.steps_per_epoch,

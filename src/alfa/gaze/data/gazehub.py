@@ -53,6 +53,7 @@ __all__ = [
     "GAZEHUB_FORMATS",
     "GazeHubDataset",
     "canonical_gazehub_name",
+    "check_gazehub",
     "load_image",
     "natural_key",
     "open_gazehub",
@@ -453,11 +454,7 @@ class GazeHubDataset(GazeDataset):
     # ----- reading -----
 
     def _label_paths(self, split: str | None) -> list[Path]:
-        label_dir = self.root / "Label"
-        if not label_dir.is_dir():
-            raise DatasetFormatError(
-                f"{label_dir}: no Label/ folder; a GazeHub dataset root holds Image/ and Label/*.label"
-            )
+        label_dir = _label_folder(self.root)
         try:
             names = os.listdir(label_dir)
         except OSError as err:  # unreadable: said, rather than reported as holding no label files
@@ -758,15 +755,40 @@ def _exactly(values: list, count: int) -> list:
     return values
 
 
+def _label_folder(root: Path) -> Path:
+    """A GazeHub root's label folder, refused in one line where there is none."""
+    label_dir = root / "Label"
+    if not label_dir.is_dir():
+        raise DatasetFormatError(
+            f"{label_dir}: no Label/ folder; a GazeHub dataset root holds Image/ and Label/*.label"
+        )
+    return label_dir
+
+
+def _gazehub_parts(rest: str, spec: str) -> tuple[str, str]:
+    """``<dataset>:<root>``'s two parts."""
+    name, sep, root = rest.partition(":")
+    if not sep or not root:
+        raise ValueError(f"dataset spec {spec!r}: expected gazehub:<dataset>:<root>")
+    return name, root
+
+
+def check_gazehub(rest: str, options: dict[str, Any], spec: str) -> None:
+    """``gazehub:<dataset>:<root>``'s spec, checked without reading a label (the dataset's name, its label
+    folder; :func:`alfa.gaze.data.registry.check_spec`)."""
+    name, root = _gazehub_parts(rest, spec)
+    canonical_gazehub_name(name)
+    _label_folder(Path(root))
+
+
 @register_dataset(
     "gazehub",
     form="gazehub:<dataset>:<root>",
     options=("split", "size", "check_files", "verify_3d", "stored_order", "persons"),
     what="a GazeHub folder",
+    check=check_gazehub,
 )
 def open_gazehub(rest: str, options: dict[str, Any], spec: str) -> GazeHubDataset:
     """``gazehub:<dataset>:<root>``: a GazeHub-normalized folder (:class:`GazeHubDataset`)."""
-    name, sep, root = rest.partition(":")
-    if not sep or not root:
-        raise ValueError(f"dataset spec {spec!r}: expected gazehub:<dataset>:<root>")
+    name, root = _gazehub_parts(rest, spec)
     return GazeHubDataset(root, name, **options)

@@ -9,7 +9,8 @@ Options can ride along after ``?``, e.g. ``gazehub:gaze360:/data/Gaze360?split=v
 keyword arguments to :func:`open_dataset` override them. In code a spec is a :class:`DatasetSpec` (kind,
 what follows it, options in order), whose string form is the one above: the string is only the
 command line's and the configs' way of writing it. :func:`split_spec` is the one reading of that string's
-parts, for whoever needs them (the command line's input checks too).
+parts, for whoever needs them (the command line's input checks too); :func:`check_spec` refuses a spec without
+opening it (a command that opens two datasets checks the second before it makes the first).
 
 Each kind is registered by its loader module with :func:`register_dataset` (``@register_dataset("gazehub",
 form="gazehub:<dataset>:<root>")`` on a small opener function); :mod:`alfa.gaze.data` imports the built-in
@@ -32,6 +33,7 @@ __all__ = [
     "DatasetSpec",
     "split_spec",
     "open_dataset",
+    "check_spec",
     "register_dataset",
     "unregister_dataset",
     "list_datasets",
@@ -105,6 +107,8 @@ def _query_items(
 # is what follows ``<kind>:`` (without the ``?`` options), ``options`` the parsed options merged with
 # the caller's keyword arguments, and ``spec`` the whole string (for error messages).
 DatasetOpener = Callable[[str, dict[str, Any], str], GazeDataset]
+# A kind's check of the same three, raising ValueError for what they alone show wrong (register_dataset's check).
+SpecCheck = Callable[[str, dict[str, Any], str], None]
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,7 @@ class DatasetKind:
     options: tuple[str, ...] | None = None  # the options its opener takes; None: not checked here
     what: str = "this kind of dataset"  # how a refusal of an option names the data
     option_types: tuple[tuple[str, Callable[[str], object]], ...] = ()  # its own query options' parsers
+    check: SpecCheck | None = None  # what the spec alone shows wrong, without the data (check_spec)
 
 
 # Kinds in registration order (alfa.gaze.data imports the loaders in a fixed order, so the messages that
@@ -135,6 +140,7 @@ def register_dataset(
     options: Sequence[str] | None = None,
     what: str = "this kind of dataset",
     option_types: Mapping[str, Callable[[str], object]] | None = None,
+    check: SpecCheck | None = None,
 ) -> Callable[[DatasetOpener], DatasetOpener]:
     """Decorator: make ``opener`` the one that opens specs ``<name>:…`` (and ``<alias>:…``).
 
@@ -142,7 +148,9 @@ def register_dataset(
     options (of the spec or the keyword arguments) the opener takes; :func:`open_dataset` refuses any other in
     one line naming ``what`` the data is, before the opener runs. ``option_types``: how a query option of this kind
     alone is read from its text (``{"fps": int}``; the shared ones, ``size``, ``seed``…, are read by the registry:
-    a kind's own parser of one of those is refused). A loader module registers its opener at import;
+    a kind's own parser of one of those is refused). ``check``: called as the opener is, it refuses in one line what
+    the spec alone shows wrong (an unknown world, a missing folder) without making or reading the data, for
+    :func:`check_spec`. A loader module registers its opener at import;
     :mod:`alfa.gaze.data` imports every built-in loader module.
     """
 
@@ -152,7 +160,7 @@ def register_dataset(
         shared = [key for key, _ in own if key in _OPTION_TYPES]
         if shared:  # one option, one meaning everywhere a spec is read
             raise ValueError(f"dataset kind {name!r}: {', '.join(shared)} is read by the registry for every kind")
-        kind = DatasetKind(name.lower(), form, opener, tuple(a.lower() for a in aliases), taken, what, own)
+        kind = DatasetKind(name.lower(), form, opener, tuple(a.lower() for a in aliases), taken, what, own, check)
         for key in (kind.name, *kind.aliases):
             if key in _BY_NAME:
                 raise ValueError(f"dataset kind {key!r} is already registered")
@@ -253,6 +261,23 @@ def _parse_options(spec: str, query: str, kind: DatasetKind | None = None) -> di
 def open_dataset(spec: str | DatasetSpec, **kw: Any) -> GazeDataset:
     """Open the dataset a spec (a :class:`DatasetSpec` or its string) names (the module docstring has the forms)."""
     spec = str(spec)
+    found, rest, options = _read_spec(spec, kw)
+    return found.opener(rest, options, spec)
+
+
+def check_spec(spec: str | DatasetSpec) -> None:
+    """Refuse (``ValueError``) what a spec shows wrong without opening it: its form, kind and options as
+    :func:`open_dataset` reads them, then what its kind's ``check`` finds (an unknown synthetic world, a missing
+    folder). Opening makes or reads the data (a synthetic world is rendered: minutes at real sizes), so a command
+    that opens two datasets checks the second's spec before it opens the first."""
+    spec = str(spec)
+    found, rest, options = _read_spec(spec, {})
+    if found.check is not None:
+        found.check(rest, options, spec)
+
+
+def _read_spec(spec: str, kw: dict[str, Any]) -> tuple[DatasetKind, str, dict[str, Any]]:
+    """A spec's kind, what follows ``<kind>:`` and its options (``kw`` over the query's), each checked."""
     kind, rest, query = split_spec(spec)
     if kind not in _BY_NAME:
         raise ValueError(f"dataset spec {spec!r}: unknown kind {kind!r}; expected one of {', '.join(spec_forms())}")
@@ -264,7 +289,7 @@ def open_dataset(spec: str | DatasetSpec, **kw: Any) -> GazeDataset:
             f"dataset spec {spec!r}: option(s) {', '.join(unknown)} do not apply to {found.what}; its options: "
             + ", ".join(found.options or ())
         )
-    return found.opener(rest, options, spec)
+    return found, rest, options
 
 
 def split_persons(dataset: GazeDataset, val_fraction: float = 0.1, seed: int = 0) -> tuple[list[str], list[str]]:

@@ -41,7 +41,7 @@ from .gazehub import (
 )
 from .registry import register_dataset
 
-__all__ = ["XGazeH5Dataset", "find_h5_files", "open_xgaze_h5"]
+__all__ = ["XGazeH5Dataset", "check_xgaze_h5", "find_h5_files", "open_xgaze_h5"]
 
 # Handles a forked process inherited; kept referenced so they are never closed in the child.
 _INHERITED_HANDLES: list = []
@@ -228,12 +228,19 @@ class XGazeH5Dataset(GazeDataset):
         return state
 
 
+def check_xgaze_h5(rest: str, options: dict[str, Any], spec: str) -> None:
+    """``xgaze-h5:<path>``'s spec, checked without reading a file: it names subject files
+    (:func:`alfa.gaze.data.registry.check_spec`)."""
+    find_h5_files(rest)
+
+
 @register_dataset(
     "xgaze-h5",
     form="xgaze-h5:<path>",
     aliases=("xgaze_h5", "eth-xgaze-h5"),
     options=("persons", "size"),
     what="ETH-XGaze's h5 files",
+    check=check_xgaze_h5,
 )
 def open_xgaze_h5(rest: str, options: dict[str, Any], spec: str) -> XGazeH5Dataset:
     """``xgaze-h5:<path>``: raw ETH-XGaze subject files (:class:`XGazeH5Dataset`); h5py is imported

@@ -40,6 +40,7 @@ __all__ = [
     "head_rotation",
     "list_domains",
     "make_domain",
+    "check_synthetic",
     "open_synthetic",
     "render_faces",
     "render_person",
@@ -48,21 +49,34 @@ __all__ = [
 ]
 
 
-@register_dataset(
-    "synthetic",
-    form="synthetic:<domain>",
-    options=[p for p in inspect.signature(domains.make_domain).parameters if p != "name"],
-    what="a synthetic world",
-)
-def open_synthetic(rest: str, options: dict[str, Any], spec: str) -> InMemoryGazeDataset:
-    """``synthetic:<domain>``: a generated world (:func:`make_domain`)."""
+def _counts(options: dict[str, Any], spec: str) -> dict[str, Any]:
+    """The spec's options as :func:`make_domain` takes them: ``persons=`` is a count here (read as a list of
+    names, a real dataset's form, by the registry)."""
     persons = options.get("persons")
-    if isinstance(persons, list):  # the spec's persons= is a list of names for a real dataset, a count here
+    if isinstance(persons, list):
         if len(persons) != 1 or not persons[0].isdecimal():
             raise ValueError(
                 f"dataset spec {spec!r}: option persons={','.join(persons)}: a synthetic world takes how many "
                 "persons to make (a whole number); names of persons are for a real dataset's spec"
             )
-        options["persons"] = int(persons[0])
+        options = {**options, "persons": int(persons[0])}
+    return options
+
+
+def check_synthetic(rest: str, options: dict[str, Any], spec: str) -> None:
+    """``synthetic:<domain>``'s spec, checked without rendering (:func:`alfa.gaze.data.registry.check_spec`)."""
+    sizes = ("split", "persons", "images_per_person", "size")
+    domains.check_domain(rest, **{k: v for k, v in _counts(options, spec).items() if k in sizes})
+
+
+@register_dataset(
+    "synthetic",
+    form="synthetic:<domain>",
+    options=[p for p in inspect.signature(domains.make_domain).parameters if p != "name"],
+    what="a synthetic world",
+    check=check_synthetic,
+)
+def open_synthetic(rest: str, options: dict[str, Any], spec: str) -> InMemoryGazeDataset:
+    """``synthetic:<domain>``: a generated world (:func:`make_domain`)."""
     # make_domain is looked up here at call time, so a test may replace it on this package.
-    return make_domain(rest, **options)
+    return make_domain(rest, **_counts(options, spec))

@@ -32,6 +32,7 @@ __all__ = [
     "DOMAINS",
     "DomainConfig",
     "SPLITS",
+    "check_domain",
     "get_domain",
     "list_domains",
     "make_domain",
@@ -622,6 +623,30 @@ def _refuse_what_memory_cannot_hold(name: str, split: str, persons: int, images:
         )
 
 
+def check_domain(
+    name: str,
+    *,
+    split: str | None = None,
+    persons: int | None = None,
+    images_per_person: int | None = None,
+    size: int = 64,
+) -> tuple[DomainConfig, str, int, int]:
+    """What :func:`make_domain` checks before it renders anything: the world, its split, the counts and the size
+    (and that memory holds them), each refused in one line; the world, the split, the persons and images per
+    person it would render."""
+    cfg = get_domain(name)
+    split = cfg.default_split() if split is None else split
+    if split not in cfg.persons:
+        raise ValueError(f"domain {name!r} has no split {split!r}; its splits: {sorted(cfg.persons)}")
+    n_persons = cfg.persons[split] if persons is None else persons
+    n_images = cfg.images_per_person if images_per_person is None else images_per_person
+    for what, value, low in (("persons", n_persons, 1), ("images_per_person", n_images, 1), ("size", size, 16)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{what} must be an integer >= {low}, got {value!r}")
+    _refuse_what_memory_cannot_hold(name, split, n_persons, n_images, size)
+    return cfg, split, n_persons, n_images
+
+
 def make_domain(
     name: str,
     *,
@@ -643,16 +668,9 @@ def make_domain(
     rendered by ``workers`` threads (default: ``torch.get_num_threads()``); the result does not depend
     on it.
     """
-    cfg = get_domain(name)
-    split = cfg.default_split() if split is None else split
-    if split not in cfg.persons:
-        raise ValueError(f"domain {name!r} has no split {split!r}; its splits: {sorted(cfg.persons)}")
-    n_persons = cfg.persons[split] if persons is None else persons
-    n_images = cfg.images_per_person if images_per_person is None else images_per_person
-    for what, value, low in (("persons", n_persons, 1), ("images_per_person", n_images, 1), ("size", size, 16)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"{what} must be an integer >= {low}, got {value!r}")
-    _refuse_what_memory_cannot_hold(name, split, n_persons, n_images, size)
+    cfg, split, n_persons, n_images = check_domain(
+        name, split=split, persons=persons, images_per_person=images_per_person, size=size
+    )
     prefix = "v" if split == "val" else "p"
     names = [f"{prefix}{k:02d}" for k in range(n_persons)]
 
