@@ -29,6 +29,7 @@ from alfa.fileio import new_files, os_error_in
 
 from . import bench, calibrate, camera, crate, gaze, library, llm, serve, study, tpgaze
 from .errors import OS_ERROR_ADVICE, error_line
+from .options import torch_threads
 from .registry import Command, HelpFormatter, add_commands, missing_package
 
 __all__ = ["COMMANDS", "USER_ERRORS", "OS_ERROR_ADVICE", "build_parser", "error_line", "main"]
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     interrupts: list[int] = []
     try:
         _check_outputs(args)
-        with _noting_interrupts(interrupts), _hold_outputs(args, name), _quiet_loading(args):
+        with _noting_interrupts(interrupts), _hold_outputs(args, name), _quiet_loading(args), torch_threads(args):
             with new_files(_new_file_outputs(args)):
                 args.func(args)
     except KeyboardInterrupt:

@@ -23,6 +23,7 @@ from .options import (
     positive_rate,
     quiet_option,
     seed_option,
+    threads_option,
 )
 from .registry import Command
 
@@ -243,6 +244,7 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
     allow_partial_option(p)
     quiet_option(p)
     device_option(p)
+    threads_option(p)
 
 
 # ----------------------------------------------------------------------------- faze
@@ -310,6 +312,7 @@ def _faze_train_arguments(p: argparse.ArgumentParser) -> None:
     _checkpoint_every_option(p, d.checkpoint_every)
     seed_option(p, "the initial weights and the pairs", d.seed)
     quiet_option(p)
+    threads_option(p)
 
 
 def _faze_meta_train(args: argparse.Namespace) -> None:
@@ -381,6 +384,7 @@ def _faze_meta_train_arguments(p: argparse.ArgumentParser) -> None:
     _checkpoint_every_option(p, d.checkpoint_every)
     seed_option(p, "the tasks", d.seed)
     quiet_option(p)
+    threads_option(p)
 
 
 CALIBRATE = Command(

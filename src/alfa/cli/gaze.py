@@ -46,6 +46,7 @@ from .options import (
     quiet_option,
     run_precision_of,
     seed_option,
+    threads_option,
     tta_of,
     tta_option,
     worker_count,
@@ -110,6 +111,7 @@ def _train_options(p: argparse.ArgumentParser, epochs_help: str) -> None:
         "--val-fraction", type=fraction, help="share of source persons held out when --val-data is not given"
     )
     g.add_argument("--workers", type=worker_count, help="data-loading worker processes (0: load in this process)")
+    threads_option(g)
     precision_option(g)
     seed_option(g, "the initial weights, batch order and person split", TrainConfig().seed)
     quiet_option(g)
@@ -593,6 +595,7 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
     allow_partial_option(p)
     quiet_option(p)
     device_option(p)
+    threads_option(p)
     precision_option(p)
 
 
@@ -675,6 +678,7 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     allow_partial_option(p)
     quiet_option(p)
     device_option(p)
+    threads_option(p)
     precision_option(p, trains=False)
 
 
@@ -700,6 +704,7 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     seed_option(p, "the source training and personalization", demo.seed)
     quiet_option(p)
     device_option(p)
+    threads_option(p)
     precision_option(p, note="the source models train in fp32, their recipe's precision")
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,9 @@ __all__ = [
     "comma_separated",
     "image_side",
     "worker_count",
+    "thread_count",
+    "threads_option",
+    "torch_threads",
     "data_help",
     "device_option",
     "precision_option",
@@ -212,6 +217,45 @@ def thread_count(text: str) -> int:
     if value > 2 * cpus:
         raise argparse.ArgumentTypeError(f"at most twice the {cpus} CPUs this process may use, got {value}")
     return value
+
+
+THREADS_HELP = (
+    "torch's threads on the CPU while the command runs (at most twice the CPUs this process may use; default: "
+    "torch's own count, OMP_NUM_THREADS or the machine's cores). On the CPU the same seed gives the same numbers at "
+    "the same count only: at another, sums are added in another order, and training grows that into another model "
+    "(docs/gaze.md, Determinism)"
+)
+
+
+def threads_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--threads``, for the gaze commands that train or score (minutes to hours on the CPU, on a machine that may
+    be shared); :func:`torch_threads` applies it around the command (:func:`alfa.cli.main`). Its ``dest`` is
+    ``torch_threads``: the study commands' ``--threads`` set theirs in their configs."""
+    parser.add_argument("--threads", dest="torch_threads", type=thread_count, metavar="N", help=THREADS_HELP)
+
+
+@contextlib.contextmanager
+def torch_threads(args: argparse.Namespace) -> Iterator[None]:
+    """While the command runs, torch's thread count is ``--threads`` (:func:`threads_option`), and torch's own
+    count again afterwards; more threads than this process's CPUs are run, with a note that they contend.
+    A command without the option, or not given it, runs on torch's own count."""
+    count = getattr(args, "torch_threads", None)
+    if count is None:
+        yield
+        return
+    cpus = usable_cpus()
+    if count > cpus:
+        print(
+            f"alfa {args.command_path}: note: --threads {count} is more than the {cpus} CPUs this process may use: "
+            "the threads will contend for them",
+            file=sys.stderr,
+        )
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def data_help(what: str, example: str = "synthetic:mpii") -> str:

@@ -26,6 +26,7 @@ from .options import (
     quiet_option,
     run_precision_of,
     seed_option,
+    threads_option,
 )
 from .registry import Command
 
@@ -234,6 +235,7 @@ def _meta_train_arguments(p: argparse.ArgumentParser) -> None:
     seed_option(g, "the prompt init and task sampling", meta.seed)
     quiet_option(g)
     device_option(p)
+    threads_option(p)
     # fp16 is not offered: the meta-gradients are taken outside any optimizer a gradient scaler could unscale
     precision_option(p, choices=("fp32", "bf16"))
 
@@ -275,6 +277,7 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
     allow_partial_option(p)
     quiet_option(p)
     device_option(p)
+    threads_option(p)
     precision_option(p)
 
 
