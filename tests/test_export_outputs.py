@@ -1,6 +1,6 @@
 """``alfa export`` writes its ONNX file and its ``--program`` together, once both are made (an interrupted run left
 the ONNX file alone, and its rerun was refused for it); and it refuses an ``--image-size`` other than the one
-the checkpoint was trained on."""
+the checkpoint was trained on, and says when a checkpoint records none to check it against."""
 
 import pytest
 import tiny_models  # noqa: F401 - registers micro_gaze_net
@@ -49,3 +49,20 @@ def test_the_trained_size_given_again_is_taken(tmp_path, capsys):
     out = tmp_path / "m.onnx"
     assert main(["export", "--checkpoint", str(_base(tmp_path)), "--out", str(out), "--image-size", "32", "32"]) == 0
     assert out.is_file()
+    assert capsys.readouterr().err == ""  # checked against the record: nothing to say
+
+
+def test_a_size_no_record_can_check_is_taken_with_a_note(tmp_path, capsys):
+    # a checkpoint without its training size took any --image-size without a word, while one with it refused all
+    # others: the user could not tell the size had not been checked
+    model = alfa.models.create_model("micro_gaze_net")
+    base = alfa.checkpoint.save_model(tmp_path / "base.safetensors", model, "micro_gaze_net")
+    out = tmp_path / "m.onnx"
+    assert main(["export", "--checkpoint", str(base), "--out", str(out), "--image-size", "24", "24"]) == 0
+    assert out.is_file()
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"wrote {out}")
+    assert captured.err == (
+        f"alfa export: note: {base} does not record the image size it was trained on, so --image-size 24 24 could "
+        "not be checked against it (a model predicts much worse on another size)\n"
+    )

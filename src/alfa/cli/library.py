@@ -66,7 +66,7 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
         nargs=2,
         metavar=("H", "W"),
         help="input height and width (default: the checkpoint's; a checkpoint that records its training size takes "
-        "only that one)",
+        "only that one, and one that records none takes any, with a note that it could not be checked)",
     )
     p.add_argument("--out", required=True, help="the ONNX file to write")
     p.add_argument("--program", help="also write the torch.export program here (.pt2)")
@@ -166,13 +166,20 @@ def _export(args: argparse.Namespace) -> None:
                                                      f"{tta.passes} forward passes an image)"))  # fmt: skip
     if args.program:
         print(f"wrote {args.program} (torch.export; dynamic batch)")
+    if not saved.get("input_size"):  # said once the files are written: a failed export stays one line
+        print(
+            f"alfa export: note: {args.checkpoint} does not record the image size it was trained on, so --image-size "
+            f"{size[0]} {size[1]} could not be checked against it (a model predicts much worse on another size)",
+            file=sys.stderr,
+        )
 
 
 def _refuse_another_size(args: argparse.Namespace, trained: list[int] | None) -> None:
     """An ``--image-size`` other than the one the checkpoint records it was trained on: a ResNet runs on any size
     and predicts much worse on another (``alfa evaluate`` and ``alfa personalize`` refuse data of another size for
     that reason, :func:`alfa.gaze.train.check_input_size`), so the exported model would not be the model that was
-    validated. A checkpoint that records no size takes the size given."""
+    validated. A checkpoint that records no size takes the size given, and the command says, once the export is
+    written, that it could not be checked."""
     if not args.image_size or not trained or list(args.image_size) == list(trained):
         return
     (h, w), (th, tw) = args.image_size, trained
