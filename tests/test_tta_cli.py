@@ -119,3 +119,39 @@ def test_the_exported_graph_is_the_python_group_tta_under_onnxruntime(tmp_path, 
         ours = GroupTTA(model.eval())(x)
     theirs = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
     assert float((theirs - ours).norm() / ours.norm()) < 1e-5
+
+
+def test_evaluate_tta_compares_each_column_with_the_source_and_each_tta_column_with_its_model(tmp_path, capsys):
+    """With --tta and --adapters the columns are source-only, personalized, KIND-TTA, personalized + KIND-TTA; the
+    comparisons were those of neighbouring columns, the middle one "flip-TTA vs personalized" (the base under TTA
+    against the personalized model: nothing one would compare). Now each column against source-only, and the
+    personalized model with TTA against it without; the table's lines and the JSON's keys are the same pairs."""
+    from tiny_models import tiny_checkpoints
+
+    _, truncated = tiny_checkpoints(tmp_path)
+    data = "synthetic:mpii?persons=3&images_per_person=8&size=16"
+    common = ["--checkpoint", truncated, "--data", data, "--quiet"]
+    adapters = str(tmp_path / "adapters")
+    assert main(["personalize", *common, "--steps", "2", "--adapter-rank", "4", "--out", adapters]) == 0
+    capsys.readouterr()
+    out = tmp_path / "e.json"
+    assert main(["evaluate", *common, "--adapters", adapters, "--tta", "flip", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    run = json.loads(out.read_text())
+    assert list(run["summary"]) == ["source-only", "personalized", "flip-TTA", "personalized + flip-TTA"]
+    pairs = [
+        ("source-only", "personalized"),
+        ("source-only", "flip-TTA"),
+        ("source-only", "personalized + flip-TTA"),
+        ("personalized", "personalized + flip-TTA"),
+    ]
+    persons = run["persons"]
+    for before, after in pairs:  # each count is the persons whose error is lower in `after`
+        lower = sum(p[after] < p[before] for p in persons.values())
+        assert run["improved"][f"{after} vs {before}"] == {"improved": lower, "compared": 3}
+        assert f"\n{after} vs {before}: error lower for {lower} of 3 persons" in table
+    assert len(run["improved"]) == len(pairs) and table.count(" vs ") == len(pairs)
+    # the Δ column: the last column minus source-only, per person and for the means
+    delta = {p: v["personalized + flip-TTA"] - v["source-only"] for p, v in persons.items()}
+    for person, d in delta.items():
+        assert next(line for line in table.splitlines() if line.startswith(person)).endswith(f"{d:+.2f}")

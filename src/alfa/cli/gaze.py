@@ -379,7 +379,8 @@ def _evaluate(args: argparse.Namespace) -> None:
                 after=f"{args.label} + {column}",
                 predictor=tta.wrap,
             )
-            report.columns.update({k: v for k, v in augmented.columns.items()})
+            report.columns.update(augmented.columns)
+            report.without_tta.update({column: next(iter(report.columns)), f"{args.label} + {column}": args.label})
     meta = {"checkpoint": str(args.checkpoint), "adapters": args.adapters, "data": args.data, "precision": precision}
     if tta is not None:
         meta["tta"] = {"kind": tta.name, "forward_passes": tta.passes}

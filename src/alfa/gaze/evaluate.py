@@ -251,7 +251,9 @@ class EvaluationReport:
     ``columns`` maps a column name (e.g. ``"source-only"``, ``"alfa"``) to ``person -> error`` in
     degrees; a person missing from a column (its personalization failed) is listed in ``failed``
     with the reason. Means and standard deviations are over the persons present in every column,
-    so the columns are always compared on the same persons.
+    so the columns are always compared on the same persons. The first column is the one every other is
+    compared with (the source model alone); ``without_tta`` maps a column of test-time augmentation to the
+    column of the same model without it, which it is compared with too (:meth:`comparisons`).
     """
 
     dataset: str
@@ -261,6 +263,7 @@ class EvaluationReport:
     columns: dict[str, dict[str, float]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    without_tta: dict[str, str] = field(default_factory=dict)
 
     def common_persons(self) -> list[str]:
         return [p for p in self.persons if all(p in col for col in self.columns.values())]
@@ -279,10 +282,21 @@ class EvaluationReport:
         common = self.common_persons()
         return sum(self.columns[after][p] < self.columns[before][p] for p in common), len(common)
 
-    def to_dict(self) -> dict[str, Any]:
+    def comparisons(self) -> list[tuple[str, str]]:
+        """The ``(before, after)`` pairs of columns the table and the JSON count persons for: every column against
+        the first (the source model alone), then each column of test-time augmentation against the same model
+        without it (``without_tta``; the base's is the first pair already). Only these: two neighbouring columns
+        may be unrelated (the personalized model and the base under TTA)."""
         names = list(self.columns)
+        pairs = [(names[0], after) for after in names[1:]]
+        for after, before in self.without_tta.items():
+            if after in self.columns and before in self.columns and (before, after) not in pairs:
+                pairs.append((before, after))
+        return pairs
+
+    def to_dict(self) -> dict[str, Any]:
         pairs = {}
-        for a, b in zip(names, names[1:]):
+        for a, b in self.comparisons():
             k, n = self.improved(a, b)
             pairs[f"{b} vs {a}"] = {"improved": k, "compared": n}
         return {
@@ -307,8 +321,9 @@ class EvaluationReport:
         return [f"FAILED {p}: {why}" for p, why in self.failed.items()]
 
     def format_table(self, per_person: bool = True, failures: bool = True) -> str:
-        """The per-person table (``per_person``), the means and comparisons, then, with ``failures``, the
-        :meth:`failure_lines` (a command that pipes the table to stdout says them on stderr instead)."""
+        """The per-person table (``per_person``), the means and the :meth:`comparisons`, then, with ``failures``,
+        the :meth:`failure_lines` (a command that pipes the table to stdout says them on stderr instead). The Δ
+        column is the last column's error minus the first's."""
         names = list(self.columns)
         header = ["person", "n_eval", *names]
         if len(names) >= 2:
@@ -319,13 +334,13 @@ class EvaluationReport:
                 vals = [self.columns[c].get(p) for c in names]
                 row = [p, str(self.n_eval.get(p, "")), *("failed" if v is None else f"{v:.2f}" for v in vals)]
                 if len(names) >= 2:
-                    a, b = vals[-2], vals[-1]
+                    a, b = vals[0], vals[-1]
                     row.append("" if a is None or b is None else f"{b - a:+.2f}")
                 rows.append(row)
         summary = self.summary()
         mean_row = ["mean ± std", ""] + [f"{summary[c]['mean']:.2f} ± {summary[c]['std']:.2f}" for c in names]
         if len(names) >= 2:
-            mean_row.append(f"{summary[names[-1]]['mean'] - summary[names[-2]]['mean']:+.2f}")
+            mean_row.append(f"{summary[names[-1]]['mean'] - summary[names[0]]['mean']:+.2f}")
         widths = [max(len(r[i]) for r in [header, *rows, mean_row]) for i in range(len(header))]
 
         def fmt(r: list[str]) -> str:
@@ -346,7 +361,7 @@ class EvaluationReport:
             lines.append("no person was scored in every column: no mean and no comparison")
         else:
             lines.append(fmt(mean_row))
-            for a, b in zip(names, names[1:]):
+            for a, b in self.comparisons():
                 k, n = self.improved(a, b)
                 lines.append(f"{b} vs {a}: error lower for {k} of {n} persons")
         if failures:
