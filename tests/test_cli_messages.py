@@ -234,3 +234,48 @@ def test_faces_smaller_than_the_size_asked_are_noted_once_and_tiny_ones_refused(
         XGazeH5Dataset(tmp_path / "h5", size=16)
     with pytest.raises(DatasetFormatError, match="face_patch: the face is 10×10, too small to resize to 48×48"):
         XGazeH5Dataset(tmp_path / "h5", size=48)
+
+
+def test_a_warning_while_a_command_runs_is_one_line_as_the_commands_own_are(tmp_path):
+    # the note of upscaled faces came as Python shows a warning: the file and line that warned, then that line of
+    # code; a person running alfa sees "alfa <command>: warning: ...", as alfa serve's and alfa predict's own
+    import os
+    import subprocess
+    import sys
+
+    from alfa.gaze.data.fixtures import write_gazehub_fixture
+
+    write_gazehub_fixture(tmp_path / "gh", "mpiifacegaze", images_per_person=7, size=16, write_eyes=False)
+    model = alfa.models.create_model("resnet18_gaze")
+    checkpoint = save_model(tmp_path / "m.safetensors", model, "resnet18_gaze", input_size=(32, 32))
+    argv = ["-m", "alfa", "evaluate", "--checkpoint", str(checkpoint), "--data", f"gazehub:mpii:{tmp_path}/gh?size=32"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    said = (
+        "mpiifacegaze: 21 face(s) are smaller than 32×32, the smallest 16×16: upscaled to ?size=32, which blurs them "
+        "(said once for the dataset)"
+    )
+    run = subprocess.run([sys.executable, *argv, "--quiet"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == f"alfa evaluate: warning: {said}\n"
+    # Python's own warning options keep Python's form, with the place that warned
+    run = subprocess.run([sys.executable, "-W", "default", *argv, "--quiet"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "gazehub.py:" in run.stderr and f"UserWarning: {said}\n" in run.stderr
+
+
+def test_one_line_warnings_says_the_first_line_and_is_undone_after(monkeypatch):
+    import sys
+    import warnings
+
+    from alfa.cli.errors import one_line_warnings
+
+    monkeypatch.setattr(sys, "warnoptions", [])  # (pytest itself may run under -W)
+    before = warnings.formatwarning
+    with one_line_warnings("alfa x"):
+        line = warnings.formatwarning(UserWarning("first\nsecond"), UserWarning, "f.py", 3, "code()")
+        assert line == "alfa x: warning: first (...)\n"
+        with warnings.catch_warnings(record=True) as caught:  # a recorded warning is recorded as it was
+            warnings.simplefilter("always")
+            warnings.warn("kept", UserWarning, stacklevel=1)
+        assert [str(w.message) for w in caught] == ["kept"]
+    assert warnings.formatwarning is before

@@ -7,7 +7,8 @@ Each command is declared once, as a :class:`~alfa.cli.registry.Command` in the m
 :data:`COMMANDS` is their order in ``alfa --help``. :func:`main` is the one place where an error a person can
 fix (a bad option value, a missing or unreadable file, a package not installed, an output folder another
 running command holds, a full disk, a port in use) becomes one line on stderr and exit status 2, never a
-traceback; an error of the operating system names its path and says what to do (:func:`error_line`).
+traceback; an error of the operating system names its path and says what to do (:func:`error_line`). A warning
+shown while a command runs is one line too (:func:`alfa.cli.errors.one_line_warnings`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import NoReturn
 from alfa.fileio import new_files, os_error_in
 
 from . import bench, calibrate, camera, crate, gaze, library, llm, serve, study, tpgaze
-from .errors import OS_ERROR_ADVICE, error_line
+from .errors import OS_ERROR_ADVICE, error_line, one_line_warnings
 from .options import torch_threads
 from .registry import Command, HelpFormatter, add_commands, missing_package
 
@@ -336,7 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     interrupts: list[int] = []
     try:
         _check_outputs(args)
-        with _noting_interrupts(interrupts), _hold_outputs(args, name), _quiet_loading(args), torch_threads(args):
+        with (
+            _noting_interrupts(interrupts),
+            one_line_warnings(name),
+            _hold_outputs(args, name),
+            _quiet_loading(args),
+            torch_threads(args),
+        ):
             with new_files(_new_file_outputs(args)):
                 args.func(args)
     except KeyboardInterrupt:

@@ -1,13 +1,18 @@
 """One line for an error a command meets: what :func:`alfa.cli.main` prints instead of a traceback (kept apart
-from the package's ``__init__`` so that command modules can use it without importing every command)."""
+from the package's ``__init__`` so that command modules can use it without importing every command); and one line
+for a warning (:func:`one_line_warnings`)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+import sys
+import warnings
+from collections.abc import Iterator
 
-__all__ = ["OS_ERROR_ADVICE", "error_line"]
+__all__ = ["OS_ERROR_ADVICE", "error_line", "one_line_warnings"]
 
 OS_ERROR_ADVICE = {
     errno.ENOSPC: "free some space or choose another place, then run the command again (what it finished is kept "
@@ -54,3 +59,30 @@ def error_line(error: BaseException) -> str:
 
 _WORKER_ERROR = re.compile(r"Caught (\w+) in DataLoader worker process \d+")
 """The first line of an error PyTorch re-raises from a DataLoader worker; the original's own line comes last."""
+
+
+@contextlib.contextmanager
+def one_line_warnings(name: str) -> Iterator[None]:
+    """While a command runs, a warning Python shows is one line, ``<name>: warning: <message>`` (its first line),
+    as the commands' own warnings and notes are, instead of Python's two (the warning's file and line, then the
+    line of code that warned). Which warnings are shown is Python's filters' choice, as ever (a dataset's note of
+    upscaled faces once, an error under ``-W error``); a warning recorded (``warnings.catch_warnings(record=True)``)
+    is recorded as it was. Under Python's own warning options (``-W``, ``PYTHONWARNINGS``) a warning keeps Python's
+    form, with the place it came from."""
+    if sys.warnoptions:
+        yield
+        return
+
+    def one_line(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+    ) -> str:
+        text = _TERMINAL_COLOUR.sub("", str(message))
+        lines = [part for part in text.splitlines() if part.strip()] or [category.__name__]
+        return f"{name}: warning: {lines[0]}" + (" (...)" if len(lines) > 1 else "") + "\n"
+
+    previous = warnings.formatwarning
+    warnings.formatwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = previous
