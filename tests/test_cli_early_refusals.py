@@ -70,11 +70,11 @@ def test_a_good_val_data_passes_the_check_without_being_made(monkeypatch, tmp_pa
     # the check reads the spec (and a real dataset's label folder), never renders nor reads the data
     import argparse
 
-    import alfa.gaze.data.synthetic as synthetic
+    import alfa.gaze.data.synthetic.domains as domains
     from alfa.cli.guards import check_val_data
     from alfa.gaze.data.fixtures import write_gazehub_fixture
 
-    monkeypatch.setattr(synthetic, "make_domain", lambda *a, **k: pytest.fail("rendered"))
+    monkeypatch.setattr(domains, "render_person", lambda *a, **k: pytest.fail("rendered"))
     write_gazehub_fixture(tmp_path / "gh", "mpiifacegaze", images_per_person=2, size=16, write_eyes=False)
     for spec in ("synthetic:eth?split=val", "synthetic:eth?split=val&persons=2&size=32", f"gazehub:mpii:{tmp_path}/gh"):
         check_val_data(argparse.Namespace(val_data=spec, data="synthetic:eth"))

@@ -279,3 +279,17 @@ def test_one_line_warnings_says_the_first_line_and_is_undone_after(monkeypatch):
             warnings.warn("kept", UserWarning, stacklevel=1)
         assert [str(w.message) for w in caught] == ["kept"]
     assert warnings.formatwarning is before
+
+
+def test_export_verbose_keeps_pythons_form_of_a_warning(monkeypatch):
+    """``alfa export --verbose`` is asked for to read the exporter's own words: its warnings keep their category and
+    place, not the one line every other command gives."""
+    import sys
+    import warnings
+
+    from alfa.cli.errors import one_line_warnings
+
+    monkeypatch.setattr(sys, "warnoptions", [])
+    with one_line_warnings("alfa export", keep_python_form=True):
+        line = warnings.formatwarning(FutureWarning("deprecated\nmore"), FutureWarning, "f.py", 3, "code()")
+    assert line.startswith("f.py:3: FutureWarning: deprecated\nmore") and "alfa export" not in line

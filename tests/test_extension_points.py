@@ -142,3 +142,30 @@ def test_a_registered_dataset_kind_may_declare_a_query_option_of_its_own():
         unregister_dataset("paced")
     with pytest.raises(ValueError, match="size is read by the registry for every kind"):
         register_dataset("resized", form="resized:<x>", option_types={"size": int})(lambda *a: None)
+
+
+def test_a_registered_dataset_kinds_check_is_what_check_spec_runs_without_opening():
+    """``check=`` lets a new kind refuse what its spec alone shows wrong (the training commands check ``--val-data``
+    this way before opening ``--data``): ``check_spec`` calls it with the opener's arguments and never opens."""
+    from alfa.gaze.data.registry import check_spec
+
+    checked = []
+
+    def check_folder(rest, options, spec):
+        checked.append((rest, options, spec))
+        if rest != "here":
+            raise ValueError(f"{spec}: no folder {rest!r}")
+
+    @register_dataset("checked", form="checked:<folder>", options=("size",), check=check_folder)
+    def open_checked(rest, options, spec):
+        pytest.fail("check_spec opened the data")
+
+    try:
+        check_spec("checked:here?size=32")
+        assert checked == [("here", {"size": 32}, "checked:here?size=32")]
+        with pytest.raises(ValueError, match="no folder 'there'"):
+            check_spec("checked:there")
+        with pytest.raises(ValueError, match="bad option 'fps=1'"):  # the registry's own reading comes first
+            check_spec("checked:here?fps=1")
+    finally:
+        unregister_dataset("checked")

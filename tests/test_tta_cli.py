@@ -144,6 +144,7 @@ def test_evaluate_tta_compares_each_column_with_the_source_and_each_tta_column_w
         ("source-only", "flip-TTA"),
         ("source-only", "personalized + flip-TTA"),
         ("personalized", "personalized + flip-TTA"),
+        ("flip-TTA", "personalized + flip-TTA"),
     ]
     persons = run["persons"]
     for before, after in pairs:  # each count is the persons whose error is lower in `after`
@@ -155,3 +156,6 @@ def test_evaluate_tta_compares_each_column_with_the_source_and_each_tta_column_w
     delta = {p: v["personalized + flip-TTA"] - v["source-only"] for p, v in persons.items()}
     for person, d in delta.items():
         assert next(line for line in table.splitlines() if line.startswith(person)).endswith(f"{d:+.2f}")
+    means = {c: v["mean"] for c, v in run["summary"].items()}
+    mean_delta = means["personalized + flip-TTA"] - means["source-only"]
+    assert next(line for line in table.splitlines() if line.startswith("mean ± std")).endswith(f"{mean_delta:+.2f}")

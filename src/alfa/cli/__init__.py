@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_outputs(args)
         with (
             _noting_interrupts(interrupts),
-            one_line_warnings(name),
+            one_line_warnings(name, keep_python_form=getattr(args, "verbose", False) is True),
             _hold_outputs(args, name),
             _quiet_loading(args),
             torch_threads(args),

@@ -62,14 +62,15 @@ _WORKER_ERROR = re.compile(r"Caught (\w+) in DataLoader worker process \d+")
 
 
 @contextlib.contextmanager
-def one_line_warnings(name: str) -> Iterator[None]:
+def one_line_warnings(name: str, keep_python_form: bool = False) -> Iterator[None]:
     """While a command runs, a warning Python shows is one line, ``<name>: warning: <message>`` (its first line),
     as the commands' own warnings and notes are, instead of Python's two (the warning's file and line, then the
     line of code that warned). Which warnings are shown is Python's filters' choice, as ever (a dataset's note of
     upscaled faces once, an error under ``-W error``); a warning recorded (``warnings.catch_warnings(record=True)``)
     is recorded as it was. Under Python's own warning options (``-W``, ``PYTHONWARNINGS``) a warning keeps Python's
-    form, with the place it came from."""
-    if sys.warnoptions:
+    form, with the place it came from, and so it does with ``keep_python_form`` (``alfa export --verbose``, whose
+    point is the exporter's own words, whole)."""
+    if sys.warnoptions or keep_python_form:
         yield
         return
 

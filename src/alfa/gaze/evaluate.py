@@ -285,13 +285,18 @@ class EvaluationReport:
     def comparisons(self) -> list[tuple[str, str]]:
         """The ``(before, after)`` pairs of columns the table and the JSON count persons for: every column against
         the first (the source model alone), then each column of test-time augmentation against the same model
-        without it (``without_tta``; the base's is the first pair already). Only these: two neighbouring columns
-        may be unrelated (the personalized model and the base under TTA)."""
+        without it (``without_tta``; the base's is the first pair already), then against the base under the same
+        augmentation (what adapting adds once the free augmentation is applied). Only these: two neighbouring
+        columns may be unrelated (the personalized model and the base under TTA)."""
         names = list(self.columns)
         pairs = [(names[0], after) for after in names[1:]]
+        base_tta = next((tta for tta, plain in self.without_tta.items() if plain == names[0]), None)
         for after, before in self.without_tta.items():
             if after in self.columns and before in self.columns and (before, after) not in pairs:
                 pairs.append((before, after))
+        for after, before in self.without_tta.items():
+            if before != names[0] and after in self.columns and base_tta in self.columns:
+                pairs.append((base_tta, after))
         return pairs
 
     def to_dict(self) -> dict[str, Any]:
