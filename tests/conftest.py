@@ -10,7 +10,14 @@ from torch import nn
 
 @pytest.fixture(autouse=True)
 def _seed():
+    """Every test starts from the same global RNG state and leaves torch's thread count as it found it: a test that
+    sets one thread (for speed, or for the same bits as a run it compares with) set it for every later test of its
+    process, so that a test ran with another thread count alone than in the suite."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,12 @@ runs it, then the source-training runs of ``RUNS``, each rank writing what it sa
     torchrun --standalone --nproc-per-node 2 tests/distributed_worker.py OUT LOG -- pretrain ...
 """
 
+import contextlib
 import json
 import os
 import runpy
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -60,7 +62,8 @@ RUNS = {"first": ("group", 1, "two"), "resumed": ("group", 2, "two"), "batch": (
 
 def train_runs(out: str, log: str) -> None:
     """This process's part of every run of ``RUNS``, each reported in ``log/<run>.<rank>.json``: the files the
-    process wrote, the training images it loaded, its history, the epoch it resumed from and its buffers' sums."""
+    process wrote, the training images it loaded, its history, the epoch it resumed from and its buffers' sums; then
+    the gloo threads still running once it has left the group (``log/teardown.<rank>.json``)."""
     import torch.distributed as dist
 
     from alfa.gaze import distributed, train, train_state
@@ -97,6 +100,21 @@ def train_runs(out: str, log: str) -> None:
     finally:
         train_state.save_model, train_state.write_tagged, train._raw_batch = real
         distributed.teardown()
+    with open(f"{log}/teardown.{rank}.json", "w") as f:
+        json.dump({"threads": _gloo_threads()}, f)
+
+
+def _gloo_threads() -> list[str] | None:
+    """The names of this process's gloo threads (Linux's names for them, ``gloo_tcp_loop`` and ``pt_gloo_runloop``),
+    or None where ``/proc`` does not list a process's threads."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return None
+    names = []
+    for task in tasks.iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            names.append((task / "comm").read_text().strip())
+    return sorted(n for n in names if "gloo" in n)
 
 
 if __name__ == "__main__":

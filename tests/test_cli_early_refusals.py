@@ -79,3 +79,23 @@ def test_a_good_val_data_passes_the_check_without_being_made(monkeypatch, tmp_pa
     for spec in ("synthetic:eth?split=val", "synthetic:eth?split=val&persons=2&size=32", f"gazehub:mpii:{tmp_path}/gh"):
         check_val_data(argparse.Namespace(val_data=spec, data="synthetic:eth"))
     check_val_data(argparse.Namespace(val_data=None, data="synthetic:eth"))
+
+
+def test_the_truncation_check_leaves_the_callers_random_stream_and_the_model_as_they_were():
+    """``check_truncatable`` builds a copy's empty factorized layers, whose initial values torch draws from its global
+    generator: the caller's stream goes on as if the check had not run (alfa truncate seeds after the check, but a
+    check should not depend on that), and the model itself is left dense and unchanged."""
+    import torch
+    from tiny_models import TinyGazeNet
+
+    from alfa.cli.guards import check_truncatable
+    from alfa.truncate import factorized_ranks
+
+    model = TinyGazeNet()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(1)
+    state = torch.get_rng_state()
+    check_truncatable(model, 4)  # its convs would be truncated at rank 4
+    assert torch.equal(torch.get_rng_state(), state)
+    assert not factorized_ranks(model) and model.state_dict().keys() == weights.keys()
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())

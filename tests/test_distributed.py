@@ -44,12 +44,18 @@ def two_processes(tmp_path_factory):
     return done, out, log
 
 
+def _said(done: subprocess.CompletedProcess) -> str:
+    """The launch's stderr for a failure message: its beginning, where the ranks' own errors are (a rank that
+    aborts says why before torchrun's summary of the failure), and its end (that summary)."""
+    return done.stderr if len(done.stderr) <= 6000 else f"{done.stderr[:3000]}\n[...]\n{done.stderr[-3000:]}"
+
+
 def _reports(two_processes, run: str) -> list[dict]:
     """What each rank reported of ``run``."""
     done, _, log = two_processes
     files = [log / f"{run}.{rank}.json" for rank in range(2)]
     if not all(f.is_file() for f in files):
-        pytest.fail(f"the launch reported no run {run!r} (exit {done.returncode}): {done.stderr[-3000:]}")
+        pytest.fail(f"the launch reported no run {run!r} (exit {done.returncode}): {_said(done)}")
     return [json.loads(f.read_text()) for f in files]
 
 
@@ -94,8 +100,20 @@ def test_with_batchnorm_every_process_ends_with_rank_0s_statistics(two_processes
 @pytest.mark.slow
 def test_torchrun_runs_the_pretrain_command_and_rank_0_alone_reports(two_processes):
     done, out, _ = two_processes
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, _said(done)
     assert done.stdout.count("pretrained tiny_gaze_net") == 1 and (out / "pretrain" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_leaving_the_group_stops_its_threads(two_processes):
+    """Teardown frees the process group, whose gloo threads stop then. Once DDP had run, the group outlived
+    destroy_process_group (torch.distributed.nn's default arguments, first imported by DDP, held it), its threads ran
+    on into the interpreter's exit, and a rank aborted there now and then (SIGABRT, under load) after its work was
+    done, failing the launch."""
+    for rank in _reports(two_processes, "teardown"):
+        if rank["threads"] is None:
+            pytest.skip("/proc lists no thread of a process here")
+        assert rank["threads"] == []
 
 
 def test_a_global_batch_is_sharded_into_every_item_once():

@@ -38,11 +38,14 @@ def _run(out, config=CONFIG, seed=0):
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    """An uninterrupted run of CONFIG: its model, result and model file's header."""
+    """An uninterrupted run of CONFIG: its model, result and model file's header. One thread for the module's runs
+    while it is in use (the same bits in every run compared with it), the thread count put back after."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("straight")
     model, result = _run(out)
-    return model, result, read_checkpoint(out / MODEL_FILE)[1]
+    yield model, result, read_checkpoint(out / MODEL_FILE)[1]
+    torch.set_num_threads(threads)
 
 
 def _same_run(straight, model, result, out) -> None:

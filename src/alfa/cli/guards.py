@@ -317,12 +317,20 @@ def check_finished(path: str) -> None:
 
 def check_truncatable(model: nn.Module, rank: int) -> None:
     """``alfa truncate --rank``: refused at once where no layer of ``model`` would be truncated with a saving (the
-    structure alone, on a copy: no SVD is taken), not after the data is made and the dense model scored."""
+    structure alone, on a copy: no SVD is taken), not after the data is made and the dense model scored.
+
+    A check changes nothing of its caller's: building the copy's empty factorized layers draws their initial
+    values from torch's global generators, whose states are put back afterwards (the CPU's, and those of the
+    GPUs the model is on)."""
     import copy
+
+    import torch
 
     from alfa.truncate import truncate
 
-    truncate(copy.deepcopy(model), rank, weights=False)
+    gpus = sorted({p.device.index for p in model.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=gpus):
+        truncate(copy.deepcopy(model), rank, weights=False)
 
 
 def check_val_data(args: argparse.Namespace) -> None:

@@ -13,6 +13,7 @@ is the single-process loop, bit for bit.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -53,6 +54,12 @@ def setup(device_name: str, resolve: Callable[[str], torch.device]) -> torch.dev
         return device
     if not dist.is_available():
         raise ValueError("this PyTorch build has no torch.distributed; run without torchrun")
+    # Imported before the group exists: this module's functions take ``group=group.WORLD`` as a default argument,
+    # evaluated at its first import, which DDP's first construction makes (through torch._dynamo). Imported once the
+    # group exists, they would hold it to the process's end: teardown could not free it, its gloo threads would run on
+    # into the interpreter's exit, and a rank aborted there now and then ("terminate called without an active
+    # exception", SIGABRT, after all its work: torchrun then failed a finished run).
+    importlib.import_module("torch.distributed.nn")
     if device.type == "cuda":
         if device.index is not None:
             raise ValueError(f"--device {device_name}: under torchrun each process takes cuda:LOCAL_RANK; pass cuda")
