@@ -289,8 +289,9 @@ def _shared_folders(args: argparse.Namespace) -> list[str]:
 def _new_file_outputs(args: argparse.Namespace) -> list[Path]:
     """The files this command writes that do not exist as it starts (without --replace): one another command
     writes meanwhile is not replaced either (:func:`alfa.fileio.new_files`). Not for a command whose processes share
-    their work (a benchmark's pieces write one page in turn)."""
-    if getattr(args, "replace", False) or _shared_folders(args):
+    all their work (a benchmark's pieces write one page in turn); one that holds its own folder and shares only a
+    cache (alfa llm bench) writes its files alone."""
+    if getattr(args, "replace", False) or (_shared_folders(args) and not args.held):
         return []
     paths = []
     for name in getattr(args, "replaceable", ()):
