@@ -1,9 +1,10 @@
 """A Ctrl-C at the end of a command (alfa.cli.interrupts): once its work is done it is no failure, never a
-traceback nor a death by the signal."""
+traceback nor a death by the signal; an interrupted command's "interrupted" line comes after its progress bars."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import subprocess
@@ -64,6 +65,29 @@ def test_a_ctrl_c_after_every_file_is_written_says_they_are(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert err == (f"interrupted after it had written --json {out}, whole\n" if written else "interrupted\n")
     assert out.is_file() == written
+
+
+def test_the_interrupted_line_comes_after_the_progress_bars_and_none_is_drawn_again(
+    monkeypatch, capsys, pythons_handler
+):
+    """alfa bench interrupted: "interrupted" came right after an inner bar's cursor-up escape (drawn over the outer
+    bar's line), and the outer bar was drawn again after it, when Python freed the interrupted loop."""
+    from tqdm.auto import tqdm
+
+    import alfa
+
+    def interrupted_in_two_loops(*args, **kwargs):
+        bar = tqdm(total=3, desc="outer", position=0, file=sys.stderr)  # as alfa bench's: kept by its frame
+        for _ in tqdm(range(3), desc="inner", leave=False, file=sys.stderr):
+            raise KeyboardInterrupt
+        bar.update()
+
+    monkeypatch.setattr(alfa, "parameter_summary", interrupted_in_two_loops)
+    assert main(["summary"]) == 130
+    gc.collect()  # the loops are freed, and their bars with them
+    err = capsys.readouterr().err
+    before, said, after = err.rpartition("interrupted\n")
+    assert said and after == "" and before.endswith("\n") and "outer:   0%" in before.splitlines()[-1]
 
 
 # Run as a process: the command, then a Ctrl-C at one moment of Python's shutdown (the threads it waits for, its

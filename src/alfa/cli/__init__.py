@@ -30,6 +30,7 @@ from .errors import OS_ERROR_ADVICE, error_line
 from .interrupts import (
     AFTER_THE_WORK,
     Interrupts,
+    close_progress_bars,
     interrupted_line,
     output_stamps,
     quiet_shutdown,
@@ -348,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.func(args)
                 interrupts.work_done()  # all written: a Ctrl-C from here on is no failure (alfa.cli.interrupts)
     except KeyboardInterrupt:
+        close_progress_bars()
         print(interrupted_line(args, stamps), file=sys.stderr)
         return 130
     except BrokenPipeError as e:
@@ -359,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except Exception as e:
         if interrupts:  # a Ctrl-C a library swallowed, then failed of (torch's exporter, stopped mid-import)
+            close_progress_bars()
             print(interrupted_line(args, stamps), file=sys.stderr)
             return 130
         return _error_status(e, args, name)

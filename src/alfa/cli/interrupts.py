@@ -1,9 +1,11 @@
 """What a Ctrl-C (SIGINT) does to a command of ``alfa``, from its start to the end of its process.
 
 While the command works, Ctrl-C raises ``KeyboardInterrupt`` as ever, and :func:`alfa.cli.main` says
-``interrupted`` (exit status 130); where every file the command writes was already written whole (it was printing
-its last lines), the line says so (:func:`interrupted_line`). Each Ctrl-C is also noted (:class:`Interrupts`): a
-library may swallow one and fail of it, which the command then reports as the interruption it was.
+``interrupted`` (exit status 130) after closing the progress bars left open (:func:`close_progress_bars`), so
+that the line starts a line of its own and no bar is drawn again after it; where every file the command writes was
+already written whole (it was printing its last lines), the line says so (:func:`interrupted_line`). Each Ctrl-C
+is also noted (:class:`Interrupts`): a library may swallow one and fail of it, which the command then reports as
+the interruption it was.
 
 Once the command's work is done, everything it writes is written: a Ctrl-C then (while its folders are let go,
 and while Python shuts the process down: waiting for threads, running the atexit callbacks of torch and the
@@ -32,6 +34,7 @@ from types import FrameType
 __all__ = [
     "AFTER_THE_WORK",
     "Interrupts",
+    "close_progress_bars",
     "interrupted_line",
     "output_stamps",
     "quiet_shutdown",
@@ -142,6 +145,19 @@ def interrupted_line(args: argparse.Namespace, stamps: Stamps | None) -> str:
     if len(written) < len(files):
         return "interrupted"
     return f"interrupted after it had written {' and '.join(written)}, whole"
+
+
+def close_progress_bars() -> None:
+    """Close every progress bar still open (tqdm's), innermost first: what is printed next starts a line of its
+    own, and no bar is drawn again after it (a bar an interrupted loop left open is otherwise closed, and drawn
+    once more, when Python frees that loop, after the line)."""
+    if "tqdm" not in sys.modules:
+        return
+    from tqdm.std import tqdm
+
+    with contextlib.suppress(Exception):  # a bar that cannot close (its stream gone) keeps the line from no one
+        for bar in sorted(list(tqdm._instances), key=lambda bar: abs(getattr(bar, "pos", 0)), reverse=True):
+            bar.close()
 
 
 def quiet_shutdown(status: int) -> int:
