@@ -262,7 +262,9 @@ def _hold_outputs(args: argparse.Namespace, name: str) -> Iterator[None]:
     from alfa.fileio import hold, share
 
     with contextlib.ExitStack() as stack:
-        for dest in _shared_folders(args):  # a benchmark's pieces fill one folder together, and no one else
+        # A benchmark's pieces fill one folder together, and no one else; runs share a cache of base models, each
+        # made under its own lock (alfa llm bench's --cache).
+        for dest in _shared_folders(args):
             if getattr(args, dest, None) is not None:
                 stack.enter_context(share(getattr(args, dest), name))
         # The processes of one torchrun job write one folder together: its rank 0 holds it for all of them (a

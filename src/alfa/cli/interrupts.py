@@ -97,7 +97,7 @@ def watching(interrupts: Interrupts) -> Iterator[Interrupts]:
         signal.signal(signal.SIGINT, previous)
 
 
-Stamps = dict[str, "tuple[int, int] | None"]
+Stamps = dict[str, tuple[int, int] | None]
 
 
 def _written_files(args: argparse.Namespace) -> dict[str, Path] | None:
