@@ -279,6 +279,38 @@ def test_faze_training_and_meta_training_killed_and_resumed_end_as_uninterrupted
     assert not any(p.name.endswith(".tmp.safetensors") for p in tmp_path.rglob("*"))  # no half-written file left
 
 
+def test_a_resumed_faze_run_records_the_time_of_all_its_sessions(tmp_path, monkeypatch):
+    """The seconds a FAZE model records (its cost) add up the sessions of a resumed run: those of the earlier ones,
+    kept in the state up to its last save, and the resumed one's; not the resumed session's alone (meta-training
+    runs the same loop, faze_train._run_steps)."""
+    from types import SimpleNamespace
+
+    from alfa.checkpoint import read_checkpoint
+    from alfa.gaze import faze_train
+    from alfa.gaze.faze_train import FazeTrainConfig, train_faze
+
+    clock = [0.0]
+
+    def tick() -> float:  # each reading of the clock is 10 s after the one before
+        clock[0] += 10.0
+        return clock[0]
+
+    monkeypatch.setattr(faze_train, "time", SimpleNamespace(time=tick))
+    torch.set_num_threads(1)
+    data, small = _posed(), {"appearance": 4, "width": 4}
+    config = FazeTrainConfig(steps=4, batch_size=4, checkpoint_every=2)
+    assert train_faze(data, config, tmp_path / "straight", model_kwargs=small, progress=False)[1]["seconds"] == 20
+    with monkeypatch.context() as m:  # 10 s to step 2's state, then killed in step 4
+        kill_at(m, faze_train, "dted_losses", 4)
+        with pytest.raises(Killed):
+            train_faze(data, config, tmp_path / "run", model_kwargs=small, progress=False)
+    clock[0] += 1000.0  # the time between the sessions is no training time
+    assert train_faze(data, config, tmp_path / "run", model_kwargs=small, progress=False)[1]["seconds"] == 20
+    assert (
+        read_checkpoint(tmp_path / "run" / "model.safetensors", header_only=True)[1]["extra"]["faze"]["seconds"] == 20
+    )
+
+
 def test_faze_resume_refuses_another_run_and_a_model_it_did_not_write(tmp_path):
     from alfa.checkpoint import CheckpointError
     from alfa.gaze.faze_train import FazeTrainConfig, train_faze

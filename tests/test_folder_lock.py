@@ -243,6 +243,8 @@ def test_every_output_folder_is_held_but_those_its_writers_share():
         assert held[command] == ({"out"}, set()), command
     assert held["bench"] == (set(), {"out"})  # pieces of one benchmark fill one folder at once
     assert held["demo"] == ({"out"}, {"cache_dir"})  # one cache for every demo
+    assert held["llm bench"] == ({"out"}, {"cache"})  # one cache of base models for every bench
+    assert held["llm pretrain"] == (set(), {"cache"})
     assert held["report"][0] == {"figures", "data_to"}
     assert held["evaluate"] == (set(), set())  # one JSON file, written atomically
 
@@ -356,3 +358,30 @@ def test_a_lock_whose_process_number_a_later_process_took_is_stale(tmp_path):
     _write_lock(tmp_path, os.getppid())  # its own lock, from when it started: held
     with pytest.raises(FolderHeldError, match="still running"), hold(tmp_path, "alfa pretrain"):
         pass
+
+
+def test_two_llm_benches_share_their_cache_and_never_an_out_folder(tmp_path, capsys, monkeypatch):
+    """Every `alfa llm bench` held its whole --cache (runs/llm/pretrain by default) while it ran: a second one into
+    another --out was refused ("is held by 'alfa llm bench'") though the two share nothing but the base models,
+    each of which is made under its own lock (tests/test_llm.py)."""
+    import alfa.study.llm.bench
+    from alfa.cli import main
+    from alfa.fileio import SHARE_FOLDER
+
+    ran = []
+
+    def bench(config, out, cache, **kwargs):
+        ran.append((out, cache))
+        return {"runs": [], "selected_rates": {}}
+
+    monkeypatch.setattr(alfa.study.llm.bench, "run_bench", bench)
+    cache, first, second = tmp_path / "cache", tmp_path / "first", tmp_path / "second"
+    _write_share(cache, os.getppid(), command="alfa llm bench")  # the first bench, running, into --out first
+    _write_lock(first, os.getppid(), command="alfa llm bench")
+    argv = ["llm", "bench", "--smoke", "--quiet", "--cache", str(cache), "--out"]
+    assert main([*argv, str(second)]) == 0, capsys.readouterr().err
+    assert ran == [(second, cache)] and [p.name for p in (cache / SHARE_FOLDER).iterdir()] == [str(os.getppid())]
+    capsys.readouterr()
+    assert main([*argv, str(first)]) == 2  # its --out stays the first one's alone
+    err = capsys.readouterr().err
+    assert f"{first} is held by 'alfa llm bench'" in err and err.count("\n") == 1 and len(ran) == 1

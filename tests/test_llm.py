@@ -327,3 +327,27 @@ def test_pretraining_killed_while_saving_resumes_to_the_uninterrupted_weights(tm
     assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in whole.state_dict().items())
     folder = cache_folder(config, tmp_path / "killed")
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "state.json"]
+
+
+def test_runs_sharing_a_cache_make_its_base_model_once_under_a_lock(tmp_path, capsys):
+    """Two benches into other --out folders share one cache: the second waits for the base the first is making
+    (on its lock, beside the base's folder) instead of training it into the same files, then finds it finished."""
+    import threading
+
+    from alfa.fileio import locked
+    from alfa.study.llm.pretrain import pretrained_model
+
+    config = PretrainConfig(model=TINY, steps=2, batch=4, warmup=1, checkpoint_every=1, probe_problems=1)
+    folder = cache_folder(config, tmp_path)
+    made: list = []
+    second = threading.Thread(target=lambda: made.append(pretrained_model(config, tmp_path, progress=False)))
+    said = ""
+    with locked(folder):  # the first run, making the base
+        second.start()
+        while second.is_alive() and not said:  # until it says it waits (or, without a lock, has trained beside us)
+            second.join(timeout=0.1)
+            said = capsys.readouterr().err
+        assert said == f"waiting for another process pretraining {folder}\n"
+        assert second.is_alive() and not folder.exists()  # waiting, nothing written beside the first run
+    second.join()
+    assert made[0][1]["done"] and (folder / "model.safetensors").is_file()

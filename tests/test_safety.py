@@ -358,6 +358,47 @@ def test_a_writer_pointed_at_a_folder_names_it_and_not_a_temporary_file(tmp_path
     assert list((tmp_path / "out").iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+@pytest.mark.parametrize("new", [False, True], ids=["replaced", "new file"])
+def test_an_atomic_write_is_on_the_disk_before_its_rename(tmp_path, monkeypatch, new):
+    """The atomic writer renamed its temporary file over the target without an fsync: whole after a kill, but a
+    power loss could leave the target empty or cut short. Now the file's data is synced (whole: its size is all
+    of it) before the rename or link, and the folder after it; what is written is the same."""
+    import os
+    import stat
+
+    from alfa.fileio import new_files, write_json, write_text
+
+    events = []
+    real_fsync, real_replace, real_link = os.fsync, os.replace, os.link
+
+    def fsync(fd):
+        status = os.fstat(fd)
+        events.append(("fsync", "folder" if stat.S_ISDIR(status.st_mode) else status.st_size))
+        real_fsync(fd)
+
+    def renamed(real):
+        def rename(source, target, *args, **kwargs):
+            events.append(("rename", os.path.basename(target)))
+            return real(source, target, *args, **kwargs)
+
+        return rename
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", renamed(real_replace))
+    monkeypatch.setattr(os, "link", renamed(real_link))
+    target = tmp_path / "a.txt"
+    if not new:
+        target.write_text("old")
+    with new_files([target] if new else []):
+        write_text(target, "hello")
+    assert events == [("fsync", 5), ("rename", "a.txt"), ("fsync", "folder")]
+    assert target.read_text() == "hello" and sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+    events.clear()
+    write_json(tmp_path / "sub" / "b.json", {"x": 1})  # a folder it makes; the JSON as ever
+    assert [e[0] for e in events] == ["fsync", "rename", "fsync"] and events[-1] == ("fsync", "folder")
+    assert (tmp_path / "sub" / "b.json").read_text() == '{\n  "x": 1\n}\n'
+
+
 def test_a_safetensors_file_has_the_same_bytes_in_every_process(tmp_path):
     """safetensors writes its header's metadata in an order that changes from process to process; ours sorts it,
     so the same tensors and metadata make the same file on every run (and a digest of it stays put)."""

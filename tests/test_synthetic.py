@@ -324,18 +324,26 @@ def test_the_committed_samples_of_the_figure_are_what_the_worlds_render(tmp_path
 
 def test_the_preview_command_overwrites_nothing_unasked_and_writes_atomically(tmp_path, capsys):
     """``python -m alfa.gaze.data.synthetic``: an existing ``--preview`` or ``--samples-to`` file is refused in
-    one line (argparse's exit 2) and kept; ``--replace`` overwrites it, leaving no temporary file behind."""
+    one line (exit 2; it was argparse's whole usage block, then the error) and kept; ``--replace`` overwrites it,
+    leaving no temporary file behind."""
     from alfa.gaze.data.synthetic.__main__ import main
 
+    prog = "python -m alfa.gaze.data.synthetic"
     for flag, name in (("--preview", "grid.png"), ("--samples-to", "samples.safetensors")):
         target = tmp_path / name
         target.write_bytes(b"mine")
         with pytest.raises(SystemExit) as e:
             main([flag, str(target), "--size", "16"])
-        assert e.value.code == 2 and f"{flag} {target} exists; add --replace" in capsys.readouterr().err
+        said = f"{flag} {target}: exists; name another file, or add --replace to overwrite it (see {prog} --help)"
+        assert e.value.code == 2 and capsys.readouterr().err == f"{prog}: error: {said}\n"
         assert target.read_bytes() == b"mine"
         main([flag, str(target), "--size", "16", "--replace"])
         assert target.read_bytes() != b"mine" and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    for argv, said in (([], "nothing to do: give --preview PNG"), (["--size", "x"], "argument --size: invalid int")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"{prog}: error: {said}") and err.count("\n") == 1
 
 
 def test_a_world_larger_than_memory_is_refused_before_rendering(monkeypatch):

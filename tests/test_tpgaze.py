@@ -2,6 +2,7 @@
 and per-person personalization on synthetic data."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import alfa.gaze.evaluate
 import alfa.gaze.train
 import alfa.layers
 from alfa.adapters.prompt import TPGAZE_TARGET, PromptedConv, TPGazeConfig, input_sizes_by_geometry, prompt_count
-from alfa.checkpoint import CheckpointError
+from alfa.checkpoint import CheckpointError, read_tagged
 from alfa.gaze.data.synthetic import make_domain
 from alfa.gaze.evaluate import adapter_filename, evaluate
 from alfa.gaze.losses import supervised_l1_loss
@@ -271,6 +272,29 @@ def test_meta_training_resumes_to_the_same_numbers(bases, synthetic, tmp_path):
     with pytest.raises(CheckpointError, match="another meta-training run"):
         other = MetaTrainConfig(**{**FAST.to_dict(), "outer_lr": 1e-3})
         meta_train_prompts(copy.deepcopy(bases["dense"]), source, other, tmp_path / "split", progress=False)
+
+
+@pytest.mark.slow
+def test_a_meta_epoch_is_saved_before_its_line_says_it_is_done(bases, synthetic, tmp_path, monkeypatch):
+    """The line "tpgaze meta epoch k/N: …" was printed before epoch k's state, prompts and record were written: a Ctrl-C
+    right after the line lost the epoch it said was done."""
+    import alfa.gaze.tpgaze as tpgaze
+
+    said = []
+
+    class Saying(tpgaze.tqdm):
+        @classmethod
+        def write(cls, s, *args, **kwargs):
+            said.append(s)
+            raise KeyboardInterrupt  # a Ctrl-C as the line appears
+
+    monkeypatch.setattr(tpgaze, "tqdm", Saying)
+    with pytest.raises(KeyboardInterrupt):
+        meta_train_prompts(copy.deepcopy(bases["dense"]), synthetic[0], FAST, tmp_path, progress=True)
+    assert len(said) == 1 and said[0].startswith("tpgaze meta epoch 1/2: outer L1 ")
+    state = read_tagged(tmp_path / tpgaze.STATE_FILE, tpgaze.STATE_FORMAT, "a state")[1]
+    assert state["epoch"] == 1 and (tmp_path / tpgaze.PROMPTS_FILE).is_file()
+    assert json.loads((tmp_path / tpgaze.RECORD_FILE).read_text())["epoch"] == 1
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ for bit; an earlier version's pair (``state.pt`` + ``model.safetensors``) is nev
 from its model file alone, else refused; damaged or foreign states are named in one message."""
 
 import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -87,6 +88,33 @@ def test_a_run_killed_anywhere_resumes_to_the_weights_of_a_run_never_killed(tmp_
     assert done == {"_train_step": 1, "write_tagged": 1, "save_model": call}[name]
     model, result = _run(tmp_path, seed=1)
     assert result.resumed_from_epoch == done
+    _same_run(straight, model, result, tmp_path)
+
+
+def test_an_epoch_is_saved_before_its_line_says_it_is_done(tmp_path, monkeypatch, straight):
+    """The line "pretrain epoch k/N: loss …" was printed before epoch k's state was written: a Ctrl-C right after
+    it lost the epoch (the first one: the whole --out folder) though the line said it was done. The line, unchanged,
+    now follows the save, and a run stopped right after it resumes from that epoch to the same weights."""
+    said = []
+
+    class Saying(train.tqdm):
+        @classmethod
+        def write(cls, s, *args, **kwargs):
+            said.append(s)
+            if s.startswith("pretrain epoch 2/"):
+                raise Killed  # a Ctrl-C as the line appears
+
+    monkeypatch.setattr(train, "tqdm", Saying)
+    torch.manual_seed(0)
+    model = alfa.models.create_model("tiny_gaze_net")
+    with pytest.raises(Killed):
+        train_source(model, _data(), CONFIG, tmp_path, model_name="tiny_gaze_net", progress=True)
+    assert [s.split(":")[0] for s in said] == ["pretrain epoch 1/3", "pretrain epoch 2/3"]
+    assert re.fullmatch(r"pretrain epoch 1/3: loss \d+\.\d{4}, val error \d+\.\d{2} deg \(\d+ s\)", said[0])
+    assert read_tagged(tmp_path / STATE_FILE, STATE_FORMAT, "a state")[1]["epoch"] == 2
+    monkeypatch.undo()
+    model, result = _run(tmp_path, seed=1)
+    assert result.resumed_from_epoch == 2
     _same_run(straight, model, result, tmp_path)
 
 

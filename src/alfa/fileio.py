@@ -1,10 +1,10 @@
 """Writing files so that a crash never leaves half a file: the one atomic writer every module uses.
 
-Every write goes to a temporary file beside its target (same folder, so the rename cannot cross file
-systems) and is renamed over the target only when it is complete; a reader sees the old file or the new
-one, never a mix. :func:`hold` keeps a second command out of a folder one command is filling; :func:`locked`
-makes a second process wait for the first one's turn on a file or folder that both may write. The lowest
-layer of the package: it imports nothing of ``alfa``.
+Every write goes to a temporary file beside its target (same folder, so the rename cannot cross file systems) and
+is renamed over the target only when it is complete and on the disk (``fsync``: a power loss too leaves the old file
+or the new); a reader sees the old file or the new one, never a mix. :func:`hold` keeps a second command out of a
+folder one command is filling; :func:`locked` makes a second process wait for the first one's turn on a file or
+folder that both may write. The lowest layer of the package: it imports nothing of ``alfa``.
 """
 
 from __future__ import annotations
@@ -60,12 +60,11 @@ __all__ = [
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; when the block ends without an error it replaces ``path``.
 
-    For writers that take a path (``safetensors.torch.save_file``, ``torch.save``, ``Figure.savefig``).
-    The temporary name keeps the target's suffix, so writers that choose a format by suffix still do.
-    The parent folder is created. On an error the temporary file is removed and ``path`` is untouched. The file
-    gets the permissions of any new file the user writes (``0o666`` less the umask), whatever mode the writer
-    gave its own file (safetensors writes ``0o600``).
-    """
+    For writers that take a path (``safetensors.torch.save_file``, ``torch.save``, ``Figure.savefig``). The
+    temporary name keeps the target's suffix, so writers that choose a format by suffix still do. The parent folder
+    is created. On an error the temporary file is removed and ``path`` is untouched. The file gets the permissions
+    of any new file the user writes (``0o666`` less the umask), whatever mode the writer gave its own file
+    (safetensors writes ``0o600``); its data is on the disk before it is renamed."""
     path = Path(path)
     if path.is_symlink():  # the file it names is replaced, not the link (which a person made on purpose)
         path = Path(os.path.realpath(path))
@@ -81,10 +80,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         os.chmod(tmp, _new_file_mode())
+        _sync(tmp)  # its data on the disk before its name: a power loss too leaves the old file or the new
         if _place(path) in (_NEW_FILES.get() or ()):
             _put_new(tmp, path)
         else:
             os.replace(tmp, path)
+        _sync(path.parent, folder=True)  # and the rename
     except Exception as e:
         # A writer that failed on the file system (disk full, no permission), also one that wraps the OS's error
         # in its own (safetensors' SafetensorError, an exporter's error): an OSError naming the target.
@@ -97,6 +98,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+_NO_SYNC = frozenset({errno.EBADF, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EROFS})  # cannot, not lost
+
+
+def _sync(path: Path, folder: bool = False) -> None:
+    """Put ``path``'s data on the disk now (renamed before, a file can be empty after a power loss); a disk's error
+    (``EIO``, no space) raises. A folder (its entries: a rename) where the system lets one be synced, best effort."""
+    try:
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if folder else 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if not folder and e.errno not in _NO_SYNC:
+            raise
 
 
 _NEW_FILES: contextvars.ContextVar[set[Path] | None] = contextvars.ContextVar("alfa_new_files", default=None)

@@ -19,9 +19,7 @@ import errno
 import os
 import re
 import select
-import signal
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -30,10 +28,19 @@ from alfa.fileio import new_files, os_error_in
 
 from . import bench, calibrate, camera, crate, gaze, library, llm, serve, study, tpgaze
 from .errors import OS_ERROR_ADVICE, error_line, one_line_warnings
+from .interrupts import (
+    AFTER_THE_WORK,
+    Interrupts,
+    close_progress_bars,
+    interrupted_line,
+    output_stamps,
+    quiet_shutdown,
+    watching,
+)
 from .options import torch_threads
 from .registry import Command, HelpFormatter, add_commands, missing_package
 
-__all__ = ["COMMANDS", "USER_ERRORS", "OS_ERROR_ADVICE", "build_parser", "error_line", "main"]
+__all__ = ["COMMANDS", "USER_ERRORS", "OS_ERROR_ADVICE", "build_parser", "error_line", "main", "quiet_shutdown"]
 
 COMMANDS: tuple[Command, ...] = (
     library.SUMMARY,
@@ -257,7 +264,9 @@ def _hold_outputs(args: argparse.Namespace, name: str) -> Iterator[None]:
     from alfa.fileio import hold, share
 
     with contextlib.ExitStack() as stack:
-        for dest in _shared_folders(args):  # a benchmark's pieces fill one folder together, and no one else
+        # A benchmark's pieces fill one folder together, and no one else; runs share a cache of base models, each
+        # made under its own lock (alfa llm bench's --cache).
+        for dest in _shared_folders(args):
             if getattr(args, dest, None) is not None:
                 stack.enter_context(share(getattr(args, dest), name))
         # The processes of one torchrun job write one folder together: its rank 0 holds it for all of them (a
@@ -291,8 +300,9 @@ def _shared_folders(args: argparse.Namespace) -> list[str]:
 def _new_file_outputs(args: argparse.Namespace) -> list[Path]:
     """The files this command writes that do not exist as it starts (without --replace): one another command
     writes meanwhile is not replaced either (:func:`alfa.fileio.new_files`). Not for a command whose processes share
-    their work (a benchmark's pieces write one page in turn)."""
-    if getattr(args, "replace", False) or _shared_folders(args):
+    all their work (a benchmark's pieces write one page in turn); one that holds its own folder and shares only a
+    cache (alfa llm bench) writes its files alone."""
+    if getattr(args, "replace", False) or (_shared_folders(args) and not args.held):
         return []
     paths = []
     for name in getattr(args, "replaceable", ()):
@@ -334,11 +344,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: error: only {jobs} run as one job of several processes (WORLD_SIZE={_processes()}, as "
                   f"torchrun sets it); run {name} in one process", file=sys.stderr)  # fmt: skip
         return 2
-    interrupts: list[int] = []
+    interrupts, stamps = Interrupts(), None
     try:
         _check_outputs(args)
+        stamps = output_stamps(args)  # which of its files it writes whole before a Ctrl-C (interrupted_line)
         with (
-            _noting_interrupts(interrupts),
+            watching(interrupts),
             one_line_warnings(name, keep_python_form=getattr(args, "verbose", False) is True),
             _hold_outputs(args, name),
             _quiet_loading(args),
@@ -346,8 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         ):
             with new_files(_new_file_outputs(args)):
                 args.func(args)
+                interrupts.work_done()  # all written: a Ctrl-C from here on is no failure (alfa.cli.interrupts)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        close_progress_bars()
+        print(interrupted_line(args, stamps), file=sys.stderr)
         return 130
     except BrokenPipeError as e:
         if not _stdout_broken():  # another pipe (a socket, a child process's): the command's error, in one line
@@ -358,9 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except Exception as e:
         if interrupts:  # a Ctrl-C a library swallowed, then failed of (torch's exporter, stopped mid-import)
-            print("interrupted", file=sys.stderr)
+            close_progress_bars()
+            print(interrupted_line(args, stamps), file=sys.stderr)
             return 130
         return _error_status(e, args, name)
+    if interrupts.late:
+        print(AFTER_THE_WORK, file=sys.stderr)
     return 0
 
 
@@ -397,25 +413,3 @@ def _error_status(error: Exception, args: argparse.Namespace, name: str) -> int:
         raise error
     print(f"{name}: error: {error_line(found)}", file=sys.stderr)
     return 2
-
-
-@contextlib.contextmanager
-def _noting_interrupts(interrupts: list[int]) -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt as ever, and is noted in ``interrupts``: a library may swallow it and fail
-    of it otherwise, which the command then reports as the interruption it was. Only where Python's own handler is
-    in place, in the main thread (an application embedding alfa keeps its own)."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-
-    def noted(signum: int, frame: object) -> None:
-        interrupts.append(signum)
-        signal.default_int_handler(signum, frame)
-
-    previous = signal.signal(signal.SIGINT, noted)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)

@@ -206,6 +206,7 @@ LLM = Command(
             add_arguments=_common,
             run=_pretrain,
             outputs={"cache": True},
+            shared=frozenset({"cache"}),  # not held: each base is made under its own lock (llm.pretrain.pretrain)
         ),
         Command(
             "bench",
@@ -218,6 +219,9 @@ LLM = Command(
             add_arguments=_bench_arguments,
             run=_bench,
             outputs={"out": True, "cache": True, "data_to": False, "markdown": False},
+            # --out is this run's alone; the cache is every run's (the default one too), each base made under its
+            # own lock (llm.pretrain.pretrain): two benches into other --out folders run at once
+            shared=frozenset({"cache"}),
             keeps=frozenset({"data_to"}),  # the copy of the records of the run it resumes (_refuse_another_record)
         ),
         Command(

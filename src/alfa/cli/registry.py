@@ -47,8 +47,9 @@ class Command:
     ``outputs`` maps each output option's ``dest`` to whether it names a folder: they are checked writable
     before ``run`` starts, and each output folder is held (:func:`alfa.fileio.hold`) while it runs, so that a
     second command cannot fill the same folder at once, unless it is one of ``shared``: a folder whose writers
-    merge their work safely by themselves (a benchmark's pieces). A file output that exists is refused before
-    ``run`` starts unless ``--replace`` is given (added to every command that writes a file, where it has none),
+    merge their work safely by themselves (a benchmark's pieces; a cache whose models are each made under a lock of
+    their own). A file output that exists is refused before ``run`` starts unless ``--replace`` is given (added to
+    every command that writes a file, where it has none),
     except a page this command generated (it says "Do not edit by hand" and names the command: its regenerate
     command then runs as printed; ``rewrites`` names other commands whose pages this one regenerates alike) and
     those in ``keeps``: files the command adds to or checks itself (an access log it appends to, a

@@ -428,17 +428,17 @@ def _meta_train(
             "seconds": time.time() - t0,
         }
         history.append(record)
-        if progress:
-            tqdm.write(
-                f"tpgaze meta epoch {epoch + 1}/{config.epochs}: outer L1 {record['outer_l1']:.4f}, "
-                f"inner symmetry {record['inner_symmetry']:.4f}, val error {record['val_error']:.2f} deg"
-            )
         meta = {"header": header, "epoch": epoch + 1, "history": history, "initial_val_error": initial}
         _save_state(state_path, prompts, optimizers, {**meta, "fingerprint": base_fingerprint(model)})
         save_adapter(model, out / PROMPTS_FILE)
         write_json(
             out / RECORD_FILE, {**meta, "trainable_parameters": trainable, "complete": epoch + 1 == config.epochs}
         )
+        if progress:  # said once the epoch is saved: a Ctrl-C after this line keeps it
+            tqdm.write(
+                f"tpgaze meta epoch {epoch + 1}/{config.epochs}: outer L1 {record['outer_l1']:.4f}, "
+                f"inner symmetry {record['inner_symmetry']:.4f}, val error {record['val_error']:.2f} deg"
+            )
     # Also after a resumed finished run, or a crash between the two writes above: the file follows the state.
     save_adapter(model, out / PROMPTS_FILE)
     model.train(was_training)

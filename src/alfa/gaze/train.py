@@ -386,16 +386,16 @@ def train_source(
                 "seconds": time.time() - t0,
             }
             history.append(record)
-            if progress:
-                tqdm.write(
-                    f"{stage} epoch {epoch + 1}/{config.epochs}: loss {record['train_loss']:.4f}, "
-                    f"val error {record['val_error']:.2f} deg ({record['seconds']:.0f} s)"
-                )
             if rank == 0:
                 on_epoch(epoch + 1, model)
                 meta = {"header": header, "model": model_name, "epoch": epoch + 1, "history": history}
                 meta["complete"] = epoch + 1 == config.epochs
                 save_state(out, model, optimizer, scaler, meta, model_kwargs, size)
+            if progress:  # said once the epoch is saved: a Ctrl-C after this line keeps it
+                tqdm.write(
+                    f"{stage} epoch {epoch + 1}/{config.epochs}: loss {record['train_loss']:.4f}, "
+                    f"val error {record['val_error']:.2f} deg ({record['seconds']:.0f} s)"
+                )
             distributed.barrier()  # nobody reads a checkpoint rank 0 is still writing
             epochs_done[0] = epoch + 1
     model.eval()

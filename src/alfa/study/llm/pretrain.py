@@ -6,7 +6,9 @@ version: a changed config or task is a different folder, so stale weights are ne
 folder is simply trained again. Every ``checkpoint_every`` steps the weights, the AdamW moments and the
 step are written atomically into one safetensors file (its state in the metadata); an interrupted run
 resumes from the last one and, because each step's batch is drawn from ``(seed, step)`` alone, ends with the
-same weights as an uninterrupted one. A finished run leaves ``model.safetensors`` and ``state.json``.
+same weights as an uninterrupted one. A finished run leaves ``model.safetensors`` and ``state.json``. Runs that
+share a cache make each base once: the first holds ``<digest>.lock`` beside its folder while it trains, the others
+wait for it (:func:`pretrain`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import hashlib
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from alfa.fileio import read_kept_json, write_json, write_safetensors
+from alfa.fileio import locked, read_kept_json, write_json, write_safetensors
 
 from .model import ModelConfig, build_model, encode_batch, generate, sequence_loss
 from .tasks import TASKS, make_example, make_examples
@@ -174,16 +177,32 @@ def probe(model: nn.Module, config: PretrainConfig) -> dict[str, dict[str, float
 
 
 def pretrain(config: PretrainConfig, cache: Path = DEFAULT_CACHE, progress: bool = True) -> Path:
-    """Train (or finish training) the base model of ``config``; returns its folder."""
-    from tqdm import tqdm
+    """Train (or finish training) the base model of ``config``; returns its folder.
 
+    Several runs may share one cache (two benches into other ``--out`` folders): the base is made holding
+    ``<digest>.lock`` beside its folder, so a second run that needs it waits (saying so on stderr), then finds it
+    finished, instead of training it beside the first one into the same files. Every file is written atomically
+    and a finished base is never written again, so a model read from the cache is always whole."""
     config.validate()
     folder = cache_folder(config, cache)
+
+    def say_waiting() -> None:
+        print(f"waiting for another process pretraining {folder}", file=sys.stderr, flush=True)
+
+    with locked(folder, on_wait=say_waiting):
+        _train(config, folder, progress)
+    return folder
+
+
+def _train(config: PretrainConfig, folder: Path, progress: bool) -> None:
+    """:func:`pretrain`'s work, under its lock."""
+    from tqdm import tqdm
+
     model = build_model(config.model, config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     state = _resume(folder, model, optimizer) or {"step": 0, "losses": [], "seconds": 0.0}
     if state.get("done"):
-        return folder
+        return
     write_json(folder / "config.json", {"digest": config.digest(), **dataclasses.asdict(config)})
     generator = torch.Generator().manual_seed(config.seed)
     model.train()
@@ -218,13 +237,12 @@ def pretrain(config: PretrainConfig, cache: Path = DEFAULT_CACHE, progress: bool
     write_json(folder / "state.json", state)  # last: a finished run is one whose state.json says so
     (folder / CHECKPOINT).unlink(missing_ok=True)
     (folder / "optimizer.safetensors").unlink(missing_ok=True)  # a cache from before the one-file checkpoint
-    return folder
 
 
 def pretrained_model(
     config: PretrainConfig, cache: Path = DEFAULT_CACHE, progress: bool = True
 ) -> tuple[nn.Module, dict]:
-    """The pretrained base (trained first when missing or unfinished) and its ``state.json``."""
+    """The pretrained base (trained first when missing or unfinished, :func:`pretrain`) and its ``state.json``."""
     folder = pretrain(config, cache, progress)
     model = build_model(config.model, config.seed)
     _load_weights(folder, model)

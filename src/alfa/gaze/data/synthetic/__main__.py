@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import IO, NoReturn
 
 import torch
 
@@ -18,8 +19,19 @@ from .preview import (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, except that an error is one line, as every error of ``alfa``'s commands is (argparse
+    printed its whole usage block first): its own, and where the options are listed."""
+
+    def print_usage(self, file: IO[str] | None = None) -> None:
+        """Nothing: only :meth:`error` prints the usage, and its line says where to find it."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(f"{message} (see {self.prog} --help)")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m alfa.gaze.data.synthetic", description=__doc__)
+    parser = _Parser(prog="python -m alfa.gaze.data.synthetic", description=__doc__)
     parser.add_argument("--preview", metavar="PNG", help="write the sample grid (one row per domain) to PNG")
     parser.add_argument(
         "--samples-to",
@@ -41,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("nothing to do: give --preview PNG, --samples-to FILE, --tables and/or --throughput")
     for flag, path in (("--preview", args.preview), ("--samples-to", args.samples_to)):
         if path and Path(path).exists() and not args.replace:
-            parser.error(f"{flag} {path} exists; add --replace to overwrite it")
+            parser.error(f"{flag} {path}: exists; name another file, or add --replace to overwrite it")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.preview:

@@ -1,0 +1,190 @@
+"""What a Ctrl-C (SIGINT) does to a command of ``alfa``, from its start to the end of its process.
+
+While the command works, Ctrl-C raises ``KeyboardInterrupt`` as ever, and :func:`alfa.cli.main` says
+``interrupted`` (exit status 130) after closing the progress bars left open (:func:`close_progress_bars`), so
+that the line starts a line of its own and no bar is drawn again after it; where every file the command writes was
+already written whole (it was printing its last lines), the line says so (:func:`interrupted_line`). Each Ctrl-C
+is also noted (:class:`Interrupts`): a library may swallow one and fail of it, which the command then reports as
+the interruption it was.
+
+Once the command's work is done, everything it writes is written: a Ctrl-C then (while its folders are let go,
+and while Python shuts the process down: waiting for threads, running the atexit callbacks of torch and the
+others, freeing the modules, a second or more with torch loaded) is no failure. It is said in one line,
+:data:`AFTER_THE_WORK`, where it can be, and the command's exit status stands: without this it was
+"interrupted" and 130 (while the folders were let go), "Exception ignored in atexit callback" with a
+traceback (in torch's callbacks), or the process killed by the signal without a word (once Python has put the
+default action back, for the last part of its shutdown). Only where Python's own handler is in place, in the
+main thread: an application embedding alfa keeps its own, and a process started with SIGINT ignored (a
+background job of a shell) keeps ignoring it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+__all__ = [
+    "AFTER_THE_WORK",
+    "Interrupts",
+    "close_progress_bars",
+    "interrupted_line",
+    "output_stamps",
+    "quiet_shutdown",
+    "watching",
+]
+
+AFTER_THE_WORK = "interrupted after the command finished: everything it writes is written"
+"""The line a Ctrl-C that comes after a command's work is done gets (on stderr)."""
+
+
+class Interrupts:
+    """The Ctrl-Cs a command got: how many (``count``), and how many came after its work was done (``late``,
+    which raise nothing: :meth:`work_done` says when)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._done_at: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def work_done(self) -> None:
+        """The command has written all it writes: a Ctrl-C from now on is noted, not raised."""
+        if self._done_at is None:
+            self._done_at = self.count
+
+    @property
+    def done(self) -> bool:
+        return self._done_at is not None
+
+    @property
+    def late(self) -> int:
+        return 0 if self._done_at is None else self.count - self._done_at
+
+
+def _python_handles_sigint() -> bool:
+    return threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
+
+
+@contextlib.contextmanager
+def watching(interrupts: Interrupts) -> Iterator[Interrupts]:
+    """Note every Ctrl-C in ``interrupts`` while the block runs: one raises ``KeyboardInterrupt`` as ever until
+    ``interrupts.work_done()``, none after. Only where Python's own handler is in place, in the main thread; it is
+    put back at the end."""
+    if not _python_handles_sigint():
+        yield interrupts
+        return
+
+    def noted(signum: int, frame: FrameType | None) -> None:
+        interrupts.count += 1
+        if not interrupts.done:
+            signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, noted)
+    try:
+        yield interrupts
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+Stamps = dict[str, tuple[int, int] | None]
+
+
+def _written_files(args: argparse.Namespace) -> dict[str, Path] | None:
+    """The files the command writes, each whole at once, by how a message names them (``--out m.onnx``, and what it
+    writes beside one); ``None`` where it writes a folder, or a file it adds to (an access log), whose end a Ctrl-C
+    may cut short however far the command got."""
+    given = {name: getattr(args, name, None) for name in getattr(args, "outputs", {})}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not given or any(args.outputs[name] or name not in args.replaceable for name in given):
+        return None
+    files = {f"--{name.replace('_', '-')} {value}": Path(value) for name, value in given.items()}
+    for name, (suffix, _) in getattr(args, "sidecars", {}).items():
+        if name in given:
+            try:
+                beside = Path(given[name]).with_suffix(suffix)
+            except ValueError:  # a name with no stem: nothing is said of it
+                return None
+            files[str(beside)] = beside
+    return files
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_ino, status.st_mtime_ns
+
+
+def output_stamps(args: argparse.Namespace) -> Stamps | None:
+    """What stands at each file the command writes as it starts (:func:`interrupted_line` tells which it wrote
+    since: a file written atomically is a new one)."""
+    files = _written_files(args)
+    return None if files is None else {said: _stamp(path) for said, path in files.items()}
+
+
+def interrupted_line(args: argparse.Namespace, stamps: Stamps | None) -> str:
+    """``interrupted``, and, where the command had written every file it writes before the Ctrl-C came (it was
+    printing its last lines: alfa export after its two "wrote" lines), that they are written whole: a rerun finds
+    them there, and replaces them only when asked."""
+    files = _written_files(args)
+    if stamps is None or files is None:
+        return "interrupted"
+    written = [said for said, path in files.items() if (now := _stamp(path)) is not None and now != stamps.get(said)]
+    if len(written) < len(files):
+        return "interrupted"
+    return f"interrupted after it had written {' and '.join(written)}, whole"
+
+
+def close_progress_bars() -> None:
+    """Close every progress bar still open (tqdm's), innermost first: what is printed next starts a line of its
+    own, and no bar is drawn again after it (a bar an interrupted loop left open is otherwise closed, and drawn
+    once more, when Python frees that loop, after the line)."""
+    if "tqdm" not in sys.modules:
+        return
+    from tqdm.std import tqdm
+
+    with contextlib.suppress(Exception):  # a bar that cannot close (its stream gone) keeps the line from no one
+        for bar in sorted(list(tqdm._instances), key=lambda bar: abs(getattr(bar, "pos", 0)), reverse=True):
+            bar.close()
+
+
+def quiet_shutdown(status: int) -> int:
+    """Make the rest of the process, after a command that ended with ``status``, take a Ctrl-C for what it is
+    then: the command is over (and, with status 0, everything it writes is written). Called by the entry points
+    (``alfa``, ``python -m alfa``) as Python is about to shut the process down; returns ``status``.
+
+    While Python waits for the threads still running, a first Ctrl-C is said in one line (with status 0,
+    :data:`AFTER_THE_WORK`) and the shutdown goes on; a second ends the process at once, with ``status``. From
+    the atexit callbacks on, SIGINT is ignored: Python keeps an ignored signal ignored to the end (a handler of
+    its own it replaces by the default action, which would kill the process without a word)."""
+    if not _python_handles_sigint():
+        return status
+    presses = [0]
+
+    def finishing(signum: int, frame: FrameType | None) -> None:
+        presses[0] += 1
+        if presses[0] > 1:  # a thread that does not end: a second Ctrl-C does not wait for it
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()
+            os._exit(status)
+        if status == 0:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(AFTER_THE_WORK + "\n")
+                sys.stderr.flush()
+
+    signal.signal(signal.SIGINT, finishing)
+    # Registered last, so run first of the atexit callbacks (they run in reverse order).
+    atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+    return status

@@ -1,0 +1,136 @@
+"""A Ctrl-C at the end of a command (alfa.cli.interrupts): once its work is done it is no failure, never a
+traceback nor a death by the signal; an interrupted command's "interrupted" line comes after its progress bars."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from alfa.cli import main
+from alfa.cli.interrupts import AFTER_THE_WORK
+
+
+@pytest.fixture
+def pythons_handler():
+    """Python's own SIGINT handler, as in a terminal (a background job of a shell starts with SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_after_the_work_as_the_command_lets_its_folders_go_is_no_failure(monkeypatch, capsys, pythons_handler):
+    """alfa export, interrupted after both its "wrote" lines, said "interrupted" and exited 130 (and its rerun was
+    refused: the files were there, whole). A Ctrl-C after the command's work is said as such and exits 0."""
+    import alfa.cli
+
+    real = alfa.cli.new_files
+
+    @contextlib.contextmanager
+    def interrupted_as_it_ends(paths):
+        with real(paths):
+            yield
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs at once, in the main thread
+
+    monkeypatch.setattr(alfa.cli, "new_files", interrupted_as_it_ends)
+    assert main(["summary"]) == 0
+    captured = capsys.readouterr()
+    assert "total" in captured.out and captured.err == AFTER_THE_WORK + "\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+@pytest.mark.parametrize("written", [True, False])
+def test_a_ctrl_c_after_every_file_is_written_says_they_are(tmp_path, monkeypatch, capsys, written):
+    """alfa export interrupted right after its last "wrote" line said only "interrupted", though both its files
+    were whole (and a rerun was then refused: they exist). Where every file a command writes was written before
+    the Ctrl-C, its line says so; a Ctrl-C before that is "interrupted", as ever."""
+    import builtins
+
+    import alfa.cli.crate
+
+    def printing(*args, **kwargs):
+        if written == str(args[0]).startswith("\nwrote"):
+            builtins.print(*args, **kwargs)
+            raise KeyboardInterrupt  # a Ctrl-C as the line appears
+        builtins.print(*args, **kwargs)
+
+    monkeypatch.setattr(alfa.cli.crate, "print", printing, raising=False)
+    out = tmp_path / "runs.json"
+    assert main(["crate", "toy", "--seeds", "1", "--panels", "a", "--json", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert err == (f"interrupted after it had written --json {out}, whole\n" if written else "interrupted\n")
+    assert out.is_file() == written
+
+
+def test_the_interrupted_line_comes_after_the_progress_bars_and_none_is_drawn_again(
+    monkeypatch, capsys, pythons_handler
+):
+    """alfa bench interrupted: "interrupted" came right after an inner bar's cursor-up escape (drawn over the outer
+    bar's line), and the outer bar was drawn again after it, when Python freed the interrupted loop."""
+    from tqdm.auto import tqdm
+
+    import alfa
+
+    def interrupted_in_two_loops(*args, **kwargs):
+        bar = tqdm(total=3, desc="outer", position=0, file=sys.stderr)  # as alfa bench's: kept by its frame
+        for _ in tqdm(range(3), desc="inner", leave=False, file=sys.stderr):
+            raise KeyboardInterrupt
+        bar.update()
+
+    monkeypatch.setattr(alfa, "parameter_summary", interrupted_in_two_loops)
+    assert main(["summary"]) == 130
+    gc.collect()  # the loops are freed, and their bars with them
+    err = capsys.readouterr().err
+    before, said, after = err.rpartition("interrupted\n")
+    assert said and after == "" and before.endswith("\n") and "outer:   0%" in before.splitlines()[-1]
+
+
+# Run as a process: the command, then a Ctrl-C at one moment of Python's shutdown (the threads it waits for, its
+# atexit callbacks, the freeing of the modules, when Python has put the default action of SIGINT back).
+SHUTDOWN = """
+import atexit, os, signal, sys, threading, time
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even where the tests run in the background
+
+def ctrl_c(kill=os.kill, pid=os.getpid(), sleep=time.sleep):
+    kill(pid, signal.SIGINT)
+    sleep(0.5)
+
+class FreedLast:
+    def __del__(self, ctrl_c=ctrl_c):
+        ctrl_c()
+
+moment = sys.argv.pop(1)
+if moment == "freeing the modules":
+    kept = FreedLast()
+import alfa_command
+
+status = alfa_command.main()
+if moment == "atexit":
+    atexit.register(ctrl_c)
+if moment == "waiting for a thread":
+    threading.Thread(target=lambda: (time.sleep(0.5), ctrl_c())).start()  # while Python waits for it
+sys.exit(status)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["waiting for a thread", "atexit", "freeing the modules"])
+def test_a_ctrl_c_while_python_shuts_the_process_down_is_no_failure(moment):
+    """A Ctrl-C after alfa export's work, while Python ended the process, gave "Exception ignored in atexit callback"
+    with a KeyboardInterrupt traceback (in torch's callbacks), or killed the process by the signal without a word
+    (exit -2: alfa crate gaze after its last "wrote" line). Now it is one line where Python still runs code of
+    ours, or ignored, and the exit status stays the command's."""
+    done = subprocess.run(
+        [sys.executable, "-c", SHUTDOWN, moment, "summary"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "total" in done.stdout and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    assert done.stderr == ("" if moment == "freeing the modules" else AFTER_THE_WORK + "\n")
