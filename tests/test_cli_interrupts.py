@@ -44,6 +44,26 @@ def test_a_ctrl_c_after_the_work_as_the_command_lets_its_folders_go_is_no_failur
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
+def test_an_error_after_a_late_ctrl_c_is_said_as_the_error(monkeypatch, capsys, pythons_handler):
+    """A Ctrl-C after the work (noted, nothing raised), then a real error as the command lets its files go: the
+    error is what is said, in its one line, not "interrupted" (which would hide it)."""
+    import alfa.cli
+
+    real = alfa.cli.new_files
+
+    @contextlib.contextmanager
+    def failing_after_a_late_ctrl_c(paths):
+        with real(paths):
+            yield
+        os.kill(os.getpid(), signal.SIGINT)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(alfa.cli, "new_files", failing_after_a_late_ctrl_c)
+    assert main(["summary"]) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "interrupted" not in err and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("written", [True, False])
 def test_a_ctrl_c_after_every_file_is_written_says_they_are(tmp_path, monkeypatch, capsys, written):
     """alfa export interrupted right after its last "wrote" line said only "interrupted", though both its files

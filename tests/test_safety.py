@@ -501,3 +501,41 @@ def test_nothing_in_alfa_unpickles(tmp_path):
     save_file(weights, tmp_path / "backbone.safetensors")
     loaded = load_backbone(model, tmp_path / "backbone.safetensors", skip=())
     assert loaded == sorted(weights) and all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+
+
+@pytest.mark.parametrize(
+    ("fails", "code", "written"),
+    [("open", errno.EACCES, True), ("fsync", errno.EINVAL, True), ("fsync", errno.EIO, False)],
+)
+def test_an_atomic_write_that_cannot_be_synced_goes_on_and_a_disk_error_stops_it(
+    tmp_path, monkeypatch, fails, code, written
+):
+    """A file that cannot be opened to be synced (a umask that leaves its owner no read), or a file system that
+    cannot sync, is written as before the sync existed; a disk's error (EIO) raises naming the target, which is
+    left as it was, with no temporary file beside it."""
+    import os
+
+    from alfa.fileio import write_text
+
+    real_open, real_fsync = os.open, os.fsync
+    target = tmp_path / "a.txt"
+    target.write_text("old")
+
+    def failing(real):
+        def call(first, *args, **kwargs):
+            to_sync = fails == "open" and args == (os.O_RDONLY,)  # the sync's open of the file (a write's has flags)
+            if to_sync or (fails == "fsync" and not os.path.isdir(f"/proc/self/fd/{first}")):
+                raise OSError(code, os.strerror(code))
+            return real(first, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(os, fails, failing(real_open if fails == "open" else real_fsync))
+    if written:
+        write_text(target, "new")
+        assert target.read_text() == "new"
+    else:
+        with pytest.raises(OSError, match="a.txt") as caught:
+            write_text(target, "new")
+        assert caught.value.errno == code and target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]

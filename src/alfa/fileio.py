@@ -79,8 +79,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = _temporary_beside(path)
     try:
         yield tmp
+        _sync(tmp)  # its data on the disk before its name (and before a mode that may not let it be read again)
         os.chmod(tmp, _new_file_mode())
-        _sync(tmp)  # its data on the disk before its name: a power loss too leaves the old file or the new
         if _place(path) in (_NEW_FILES.get() or ()):
             _put_new(tmp, path)
         else:
@@ -104,17 +104,19 @@ _NO_SYNC = frozenset({errno.EBADF, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP
 
 
 def _sync(path: Path, folder: bool = False) -> None:
-    """Put ``path``'s data on the disk now (renamed before, a file can be empty after a power loss); a disk's error
-    (``EIO``, no space) raises. A folder (its entries: a rename) where the system lets one be synced, best effort."""
+    """Put ``path``'s data (a folder's: its entries, best effort) on the disk now; a disk's error (``EIO``) raises,
+    and a file that cannot be opened or synced (its mode, its file system) is left as it is."""
     try:
         fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if folder else 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
     except OSError as e:
         if not folder and e.errno not in _NO_SYNC:
             raise
+    finally:
+        os.close(fd)
 
 
 _NEW_FILES: contextvars.ContextVar[set[Path] | None] = contextvars.ContextVar("alfa_new_files", default=None)
@@ -186,9 +188,8 @@ _KINDS = (
 
 
 def require_path(value: Any, function: str, argument: str = "path") -> Path:
-    """``value`` as a :class:`~pathlib.Path`, or a ``TypeError`` naming ``alfa.<function>``, the argument and what
-    it accepts, where ``value`` is neither a string nor an ``os.PathLike`` (``None``, a number, an open file),
-    instead of pathlib's own message, which names neither."""
+    """``value`` as a :class:`~pathlib.Path`, or, for neither a string nor an ``os.PathLike`` (``None``, an open
+    file), a ``TypeError`` naming ``alfa.<function>`` and the argument (pathlib's own message names neither)."""
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"alfa.{function}: {argument} must be a str or os.PathLike (a file path), got {value!r}")
     return Path(value)
@@ -221,9 +222,7 @@ def not_a_file(path: str | os.PathLike) -> str | None:
         if path.is_symlink():
             return f"a symbolic link to {os.readlink(path)}, which does not exist"
         return None
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    return None if stat.S_ISREG(mode) else "a device, pipe or socket"
+    return "a folder" if stat.S_ISDIR(mode) else None if stat.S_ISREG(mode) else "a device, pipe or socket"
 
 
 def _new_file_mode() -> int:

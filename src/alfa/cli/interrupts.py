@@ -155,8 +155,8 @@ def close_progress_bars() -> None:
         return
     from tqdm.std import tqdm
 
-    with contextlib.suppress(Exception):  # a bar that cannot close (its stream gone) keeps the line from no one
-        for bar in sorted(list(tqdm._instances), key=lambda bar: abs(getattr(bar, "pos", 0)), reverse=True):
+    for bar in sorted(list(tqdm._instances), key=lambda bar: abs(getattr(bar, "pos", 0)), reverse=True):
+        with contextlib.suppress(Exception):  # a bar that cannot close (its stream gone) leaves the others to close
             bar.close()
 
 
@@ -168,7 +168,9 @@ def quiet_shutdown(status: int) -> int:
     While Python waits for the threads still running, a first Ctrl-C is said in one line (with status 0,
     :data:`AFTER_THE_WORK`) and the shutdown goes on; a second ends the process at once, with ``status``. From
     the atexit callbacks on, SIGINT is ignored: Python keeps an ignored signal ignored to the end (a handler of
-    its own it replaces by the default action, which would kill the process without a word)."""
+    its own it replaces by the default action, which would kill the process without a word). The price: a callback
+    that hangs there (a child process that never ends) is not stopped by Ctrl-C; Ctrl-\\ (SIGQUIT) or kill stops
+    it."""
     if not _python_handles_sigint():
         return status
     presses = [0]
