@@ -64,6 +64,27 @@ def test_threads_is_torchs_count_while_the_command_runs_and_not_after(tmp_path, 
     assert err == ["alfa pretrain: error: stopped here"] * 2
 
 
+def test_threads_are_given_back_after_a_ctrl_c_too(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(options, "usable_cpus", lambda: 2)
+    seen = []
+
+    def interrupted(spec):
+        seen.append(torch.get_num_threads())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gaze_cli, "open_spec", interrupted)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert _pretrain(tmp_path, "--threads", "1") == 130
+        assert seen == [1]  # it ran at the option's count
+        assert torch.get_num_threads() == 2  # and gave torch's back when interrupted
+    finally:
+        torch.set_num_threads(before)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted" in err[0], err
+
+
 def test_more_threads_than_cpus_is_run_with_a_note(tmp_path, capsys, threads_seen, monkeypatch):
     monkeypatch.setattr(options, "usable_cpus", lambda: 1)
     before = torch.get_num_threads()
