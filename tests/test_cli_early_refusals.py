@@ -47,6 +47,7 @@ BAD_VAL_DATA = [  # (--val-data, what the one line says): each was refused only 
     ("xgaze-h5:/no/such/file.h5", "--val-data: /no/such/file.h5: no such file or folder"),
     ("", "--val-data is empty: name a dataset spec, or leave the option out"),  # was taken as no option
     ("synthetic:eth", "--val-data synthetic:eth is --data itself: its persons are trained on"),
+    ("Synthetic:eth", "--val-data Synthetic:eth is --data itself: its persons are trained on"),  # the kind's case
 ]
 
 
@@ -79,6 +80,37 @@ def test_a_good_val_data_passes_the_check_without_being_made(monkeypatch, tmp_pa
     for spec in ("synthetic:eth?split=val", "synthetic:eth?split=val&persons=2&size=32", f"gazehub:mpii:{tmp_path}/gh"):
         check_val_data(argparse.Namespace(val_data=spec, data="synthetic:eth"))
     check_val_data(argparse.Namespace(val_data=None, data="synthetic:eth"))
+
+
+def test_val_data_written_otherwise_than_data_is_still_data_itself(tmp_path):
+    """--data's own spec written another way (an alias of its kind, the kind in capitals, the options in another
+    order, a number written otherwise) is refused as --data itself; another split, world or file is not, nor an
+    option written out that --data leaves to its default (the registry fills in no defaults: it is not judged)."""
+    import argparse
+
+    from alfa.cli.guards import check_val_data
+
+    h5, other = tmp_path / "data.h5", tmp_path / "other.h5"
+    h5.touch()
+    other.touch()
+    same = [
+        (f"xgaze-h5:{h5}", f"xgaze_h5:{h5}"),
+        (f"xgaze-h5:{h5}", f"ETH-XGaze-H5:{h5}"),
+        ("synthetic:eth?split=val&persons=2", "SYNTHETIC:eth?persons=2&split=val"),
+        ("synthetic:eth?size=32&seed=1", "synthetic:eth?seed=01&size=32"),
+    ]
+    for data, val_data in same:
+        with pytest.raises(ValueError, match="--val-data .* is --data itself"):
+            check_val_data(argparse.Namespace(val_data=val_data, data=data))
+    different = [
+        (f"xgaze-h5:{h5}", f"xgaze_h5:{other}"),
+        ("synthetic:eth?split=val&persons=2", "synthetic:eth?split=val&persons=3"),
+        ("synthetic:eth", "synthetic:eth?split=val"),
+        ("synthetic:eth", "synthetic:eth?split=train"),  # perhaps the same data, but not by the registry's reading
+        ("bogus", "synthetic:eth"),  # a bad --data is refused by its own opening, not here
+    ]
+    for data, val_data in different:
+        check_val_data(argparse.Namespace(val_data=val_data, data=data))
 
 
 def test_the_truncation_check_leaves_the_callers_random_stream_and_the_model_as_they_were():

@@ -337,8 +337,9 @@ def check_val_data(args: argparse.Namespace) -> None:
     """``--val-data``, refused in one line before any data is made or read (the training data is opened first:
     minutes of rendering or reading at real sizes, then the refusal): an empty value (an unset shell variable,
     which was taken as no option), a spec whose form, kind, options, world or folder is wrong
-    (:func:`alfa.gaze.data.registry.check_spec`), or ``--data``'s own spec, whose persons every epoch trains on."""
-    from alfa.gaze.data.registry import DatasetSpec, check_spec
+    (:func:`alfa.gaze.data.registry.check_spec`), or ``--data``'s own spec however written
+    (:func:`alfa.gaze.data.registry.canonical_spec`), whose persons every epoch trains on."""
+    from alfa.gaze.data.registry import canonical_spec, check_spec
 
     spec = args.val_data
     if spec is None:
@@ -349,7 +350,11 @@ def check_val_data(args: argparse.Namespace) -> None:
         check_spec(spec)
     except ValueError as e:
         raise ValueError(f"--val-data: {e}") from e
-    if DatasetSpec.parse(spec) == DatasetSpec.parse(args.data):  # --data's errors are its own opening's
+    try:  # read alike: the same data however written (an alias, the kind's case, the options' order)
+        same = canonical_spec(spec) == canonical_spec(args.data)
+    except ValueError:  # --data's errors are its own opening's
+        same = False
+    if same:
         raise ValueError(
             f"--val-data {spec} is --data itself: its persons are trained on; validate on another split (a synthetic "
             "world's ?split=val), or leave --val-data out to hold persons out"

@@ -34,6 +34,7 @@ __all__ = [
     "split_spec",
     "open_dataset",
     "check_spec",
+    "canonical_spec",
     "register_dataset",
     "unregister_dataset",
     "list_datasets",
@@ -274,6 +275,15 @@ def check_spec(spec: str | DatasetSpec) -> None:
     found, rest, options = _read_spec(spec, {})
     if found.check is not None:
         found.check(rest, options, spec)
+
+
+def canonical_spec(spec: str | DatasetSpec) -> tuple[str, str, tuple[tuple[str, Any], ...]]:
+    """``spec`` as the registry reads it, without opening it: its kind's own name (for an alias, or the kind in
+    other case), what follows ``<kind>:`` and its options as typed, sorted by name. Two specs that read alike name
+    the same data; an option left out is not filled in with its default, so ``synthetic:eth`` and
+    ``synthetic:eth?split=train`` do not. A spec :func:`open_dataset` would refuse is a ``ValueError``."""
+    found, rest, options = _read_spec(str(spec), {})
+    return found.name, rest, tuple(sorted(options.items()))
 
 
 def _read_spec(spec: str, kw: dict[str, Any]) -> tuple[DatasetKind, str, dict[str, Any]]:
