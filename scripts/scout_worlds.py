@@ -44,7 +44,7 @@ def main(argv: list[str], root: Path = ROOT) -> None:
     torch.set_num_threads(1)
     folder = root / "runs/scout" / args.name
 
-    def say_waiting() -> None:
+    def say_waiting(_holder: str) -> None:  # the holder is the other scout
         print(f"waiting for another scout writing {folder}", file=sys.stderr, flush=True)
 
     with locked(folder, on_wait=say_waiting):

@@ -351,3 +351,30 @@ def test_runs_sharing_a_cache_make_its_base_model_once_under_a_lock(tmp_path, ca
         assert second.is_alive() and not folder.exists()  # waiting, nothing written beside the first run
     second.join()
     assert made[0][1]["done"] and (folder / "model.safetensors").is_file()
+
+
+def test_a_run_waiting_for_a_base_model_names_the_process_making_it(tmp_path, capsys):
+    """A run stuck behind another that makes the base it needs says which one (its command line and process), not
+    only that it waits: a stuck holder can be found and stopped."""
+    import threading
+
+    from test_source_lock import hold_in_another_process
+
+    from alfa.study.llm.pretrain import pretrained_model
+
+    config = PretrainConfig(model=TINY, steps=2, batch=4, warmup=1, checkpoint_every=1, probe_problems=1)
+    folder = cache_folder(config, tmp_path)
+    holder, command = hold_in_another_process(folder)
+    second = threading.Thread(target=lambda: pretrained_model(config, tmp_path, progress=False))
+    said = ""
+    try:
+        second.start()
+        while second.is_alive() and not said:
+            second.join(timeout=0.1)
+            said = capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    second.join()
+    assert said.startswith(f"waiting for {command!r} (process {holder.pid}, started "), said
+    assert said.endswith(f") pretraining {folder}\n") and (folder / "model.safetensors").is_file()

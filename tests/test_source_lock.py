@@ -2,9 +2,14 @@
 then loads what it finished, instead of training into the same folder beside it; the same for the bench's other
 cached builds (other-rank recoveries, TPGaze's prompts, PnP-GA's snapshots) and its update figure's data."""
 
+import os
+import shlex
 import shutil
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,10 +27,10 @@ def test_locked_says_once_that_it_waits_and_only_when_the_lock_is_held(tmp_path)
     waits, turns = [], []
 
     def take_turn() -> None:
-        with locked(tmp_path / "x", on_wait=lambda: waits.append(2)):
+        with locked(tmp_path / "x", on_wait=lambda holder: waits.append(2)):
             turns.append("second")
 
-    with locked(tmp_path / "x", on_wait=lambda: waits.append(1)):
+    with locked(tmp_path / "x", on_wait=lambda holder: waits.append(1)):
         assert (tmp_path / "x.lock").is_file() and waits == []
         second = threading.Thread(target=take_turn)
         second.start()
@@ -35,6 +40,46 @@ def test_locked_says_once_that_it_waits_and_only_when_the_lock_is_held(tmp_path)
         assert waits == [2] and second.is_alive() and turns == []  # waiting for this block to end
     second.join(30)
     assert not second.is_alive() and waits == [2] and turns == ["second"]
+
+
+def hold_in_another_process(path):
+    """A process holding ``path``'s :func:`locked` lock until it is killed, once it holds it; and its command line."""
+    import alfa
+
+    code = (
+        "import sys, time\nfrom alfa.fileio import locked\n"
+        "with locked(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)"
+    )
+    argv = [sys.executable, "-c", code, str(path)]
+    src = str(Path(alfa.__file__).resolve().parents[1])  # this checkout's alfa, not another one installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    holder = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    assert holder.stdout.readline() == "held\n"
+    return holder, shlex.join(argv)
+
+
+def test_one_that_waits_is_told_who_holds_the_lock(tmp_path):
+    """A run stuck behind a live holder can tell who it is: its command line and process, from the lock's record."""
+    holder, command = hold_in_another_process(tmp_path / "x")
+    told, turns = [], []
+
+    def wait_for_it() -> None:
+        with locked(tmp_path / "x", on_wait=told.append):
+            turns.append("second")
+
+    try:
+        waiter = threading.Thread(target=wait_for_it)
+        waiter.start()
+        deadline = time.time() + 30
+        while not told and time.time() < deadline:
+            time.sleep(0.01)
+        assert len(told) == 1 and told[0].startswith(f"{command!r} (process {holder.pid}, started "), told
+        assert turns == []
+    finally:
+        holder.kill()
+        holder.wait()
+    waiter.join(30)  # the kernel gave the lock up with the process
+    assert not waiter.is_alive() and turns == ["second"]
 
 
 def test_a_second_build_of_one_source_model_waits_for_the_first_and_loads_it(tmp_path, capsys):

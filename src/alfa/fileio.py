@@ -81,7 +81,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         _sync(tmp)  # its data on the disk before its name (and before a mode that may not let it be read again)
         os.chmod(tmp, _new_file_mode())
-        if _place(path) in (_NEW_FILES.get() or ()):
+        if Path(os.path.realpath(path)) in (_NEW_FILES.get() or ()):
             _put_new(tmp, path)
         else:
             os.replace(tmp, path)
@@ -127,15 +127,11 @@ def new_files(paths: Iterable[str | os.PathLike]) -> Iterator[None]:
     """While the block runs, :func:`atomic_path` writes each of ``paths`` (files that did not exist when a command
     started) only if it still does not exist: one another command wrote meanwhile is kept, and this one's result
     goes beside it, said in the error. A path is free once written (the command may rewrite its own file)."""
-    token = _NEW_FILES.set({_place(Path(p)) for p in paths})
+    token = _NEW_FILES.set({Path(os.path.realpath(p)) for p in paths})
     try:
         yield
     finally:
         _NEW_FILES.reset(token)
-
-
-def _place(path: Path) -> Path:
-    return Path(os.path.realpath(path))
 
 
 def _put_new(tmp: Path, path: Path) -> None:
@@ -151,7 +147,7 @@ def _put_new(tmp: Path, path: Path) -> None:
             said = f"written by another command while this one ran: it is kept, and this command's result is {kept}"
             raise FileExistsError(errno.EEXIST, said, str(path)) from None
         os.replace(tmp, path)
-    (_NEW_FILES.get() or set()).discard(_place(path))
+    (_NEW_FILES.get() or set()).discard(Path(os.path.realpath(path)))
 
 
 def _temporary_beside(path: Path) -> Path:
@@ -517,22 +513,28 @@ def hold(folder: str | os.PathLike, what: str) -> Iterator[Hold]:
 
 
 @contextlib.contextmanager
-def locked(path: str | os.PathLike, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+def locked(path: str | os.PathLike, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold an exclusive lock on ``path`` + ``.lock`` (a file beside ``path``, created with its folder if missing
     and left in place) while the block runs; another process (or another open of it in this one) waits for its turn.
-    ``on_wait`` is called once, before waiting, when the lock is held elsewhere (to say why nothing happens).
+    ``on_wait`` is called once, before waiting, when the lock is held elsewhere (to say why nothing happens), with
+    the holder as the record it writes there says ("'python -m alfa …' (process N, started …)", else "another process").
 
     The lock is the kernel's (``flock``): it goes with the process, so a crashed holder never leaves it held."""
     path = Path(path)
     lock = path.with_name(path.name + ".lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as f:
+    with open(lock, "a", encoding="utf-8") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            if on_wait is not None:
-                on_wait()
+            if on_wait is not None:  # a record of a dead process, or of this one, is a holder not yet written
+                found = _live_record(lock)
+                on_wait("another process" if found is None else _holder(found))
             fcntl.flock(f, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # best effort, for a message: its command line, as ps shows it
+            f.truncate(0)
+            f.write(json.dumps(_record(shlex.join(sys.orig_argv))) + "\n")
+            f.flush()
         try:
             yield
         finally:
@@ -782,11 +784,9 @@ def _alive(pid: int) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     except PermissionError:  # it exists, under another user
         return True
-    except OverflowError:
+    except (ProcessLookupError, OverflowError):
         return False
     return True
 

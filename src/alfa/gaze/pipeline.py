@@ -266,8 +266,8 @@ def build_source_model(
     fingerprints = {"source": data_fingerprint(source), "val": data_fingerprint(val) if val is not None else None}
     cache = Path(cache_dir) / f"source-{source_cache_key(spec, fingerprints)}"
 
-    def say_waiting() -> None:
-        print(f"waiting for another process building {cache}", file=sys.stderr, flush=True)
+    def say_waiting(holder: str) -> None:
+        print(f"waiting for {holder} building {cache}", file=sys.stderr, flush=True)
 
     # Two processes (two pieces of one benchmark) may need the same model at once: the second waits for the
     # first to finish instead of resuming its half-written checkpoints beside it, then loads the finished one.

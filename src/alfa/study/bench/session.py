@@ -55,8 +55,8 @@ def building(folder: Path) -> contextlib.AbstractContextManager[None]:
     by side; the second waits (saying so on stderr, as the source model's build does) and then reads what the
     first one finished."""
 
-    def say_waiting() -> None:
-        print(f"waiting for another process building {folder}", file=sys.stderr, flush=True)
+    def say_waiting(holder: str) -> None:
+        print(f"waiting for {holder} building {folder}", file=sys.stderr, flush=True)
 
     return locked(folder, on_wait=say_waiting)
 

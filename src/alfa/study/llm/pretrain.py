@@ -186,8 +186,8 @@ def pretrain(config: PretrainConfig, cache: Path = DEFAULT_CACHE, progress: bool
     config.validate()
     folder = cache_folder(config, cache)
 
-    def say_waiting() -> None:
-        print(f"waiting for another process pretraining {folder}", file=sys.stderr, flush=True)
+    def say_waiting(holder: str) -> None:
+        print(f"waiting for {holder} pretraining {folder}", file=sys.stderr, flush=True)
 
     with locked(folder, on_wait=say_waiting):
         _train(config, folder, progress)
