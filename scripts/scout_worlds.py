@@ -22,10 +22,11 @@ from pathlib import Path
 
 import torch
 
-from alfa.fileio import locked, write_text
+from alfa.fileio import write_text
 from alfa.gaze.data.registry import open_dataset
 from alfa.gaze.evaluate import person_gaze_errors
 from alfa.gaze.train import TrainConfig, train_source
+from alfa.locks import locked
 from alfa.models import create_model
 
 ROOT = Path(__file__).resolve().parents[1]

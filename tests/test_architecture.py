@@ -30,6 +30,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # (the public library API, re-exporting the layers below it).
 LIBRARY_LAYERS: list[tuple[str, ...]] = [
     ("fileio",),  # atomic writes, file names
+    ("locks",),  # holding a folder, taking turns on a file
     ("layers",),  # factorized Conv2d / Linear and the SVD helpers
     ("surgery",),  # replacing modules of a model; tied parameters, the save_pretrained guard, generic markers
     ("truncate",),  # SVD truncation of a model

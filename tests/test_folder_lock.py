@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from alfa.fileio import LOCK_FILE, FolderHeldError, hold
+from alfa.locks import LOCK_FILE, FolderHeldError, hold
 
 
 def _write_lock(folder, pid, host=None, command="alfa personalize", started=None):
@@ -158,12 +158,12 @@ def test_personalize_into_a_held_folder_is_one_line_and_touches_nothing(tmp_path
 def test_without_the_hold_the_refusal_disappears(tmp_path, capsys, monkeypatch):
     """The check can fail: with the hold taken out, the same command goes past the held folder (and stops at its
     missing checkpoint instead)."""
-    import alfa.fileio
+    import alfa.locks
     from alfa.cli import main
 
     out = tmp_path / "adapters"
     _write_lock(out, os.getpid())
-    monkeypatch.setattr(alfa.fileio, "hold", lambda folder, what: contextlib.nullcontext(alfa.fileio.Hold(folder)))
+    monkeypatch.setattr(alfa.locks, "hold", lambda folder, what: contextlib.nullcontext(alfa.locks.Hold(folder)))
     assert main([*_personalize(out), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "is held by" not in err and "missing.safetensors" in err
@@ -252,7 +252,7 @@ def test_every_output_folder_is_held_but_those_its_writers_share():
 def test_a_folder_inside_one_another_command_holds_is_refused_and_not_removed(tmp_path):
     """alfa crate gaze --replace removed a stage folder a running pretrain held, and a command was let into a folder
     inside one another command holds."""
-    from alfa.fileio import refuse_held_inside
+    from alfa.locks import refuse_held_inside
     from alfa.study.crate.gaze import _remove_outputs, _stage_folders
 
     _write_lock(tmp_path, os.getppid(), command="alfa crate gaze")  # a running process that is not this one
@@ -292,7 +292,7 @@ def test_a_benchmark_shares_its_folder_with_its_own_pieces_only(tmp_path, capsys
 
 
 def _write_share(folder, pid, command="alfa bench --seeds 3"):
-    from alfa.fileio import SHARE_FOLDER
+    from alfa.locks import SHARE_FOLDER
 
     (folder / SHARE_FOLDER).mkdir(parents=True, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -302,7 +302,7 @@ def _write_share(folder, pid, command="alfa bench --seeds 3"):
 
 def test_a_folder_a_benchmark_fills_is_shared_with_its_pieces_and_held_against_others(tmp_path):
     """A pretrain was let into a folder a running benchmark was filling (a benchmark takes no lock)."""
-    from alfa.fileio import SHARE_FOLDER, share
+    from alfa.locks import SHARE_FOLDER, share
 
     _write_share(tmp_path, os.getppid())  # another piece, running
     with share(tmp_path, "alfa bench --seeds 4"):  # a second piece joins it
@@ -336,7 +336,7 @@ def test_a_folder_a_benchmark_fills_is_shared_with_its_pieces_and_held_against_o
 
 def test_a_benchmark_and_a_hold_starting_at_once_never_both_run(tmp_path):
     """Each looks for the other after making its own mark: of two starting together, at least one is refused."""
-    from alfa.fileio import SHARE_FOLDER, share
+    from alfa.locks import SHARE_FOLDER, share
 
     with share(tmp_path, "alfa bench"):  # marked; a hold by another process now must see it
         _write_share(tmp_path, os.getppid())
@@ -366,7 +366,7 @@ def test_two_llm_benches_share_their_cache_and_never_an_out_folder(tmp_path, cap
     each of which is made under its own lock (tests/test_llm.py)."""
     import alfa.study.llm.bench
     from alfa.cli import main
-    from alfa.fileio import SHARE_FOLDER
+    from alfa.locks import SHARE_FOLDER
 
     ran = []
 

@@ -334,7 +334,7 @@ def test_runs_sharing_a_cache_make_its_base_model_once_under_a_lock(tmp_path, ca
     (on its lock, beside the base's folder) instead of training it into the same files, then finds it finished."""
     import threading
 
-    from alfa.fileio import locked
+    from alfa.locks import locked
     from alfa.study.llm.pretrain import pretrained_model
 
     config = PretrainConfig(model=TINY, steps=2, batch=4, warmup=1, checkpoint_every=1, probe_problems=1)

@@ -9,7 +9,7 @@ from pathlib import Path
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 from waiting import starts_and_waits
 
-from alfa.fileio import locked
+from alfa.locks import locked
 from alfa.models import create_model
 
 TRAIN = "synthetic:eth?size=16&persons=4&images_per_person=12"

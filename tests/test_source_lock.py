@@ -18,9 +18,9 @@ from test_gaze_pipeline import FAST, RANK, toy_dataset
 from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 from waiting import starts_and_waits
 
-from alfa.fileio import locked
 from alfa.gaze.pipeline import SourceSpec, build_source_model
 from alfa.gaze.train import TruncateConfig
+from alfa.locks import locked
 
 
 def test_locked_says_once_that_it_waits_and_only_when_the_lock_is_held(tmp_path):
@@ -47,7 +47,7 @@ def hold_in_another_process(path):
     import alfa
 
     code = (
-        "import sys, time\nfrom alfa.fileio import locked\n"
+        "import sys, time\nfrom alfa.locks import locked\n"
         "with locked(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)"
     )
     argv = [sys.executable, "-c", code, str(path)]

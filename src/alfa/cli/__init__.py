@@ -261,7 +261,7 @@ def _generated_by(path: Path, command_paths: tuple[str, ...]) -> bool:
 def _hold_outputs(args: argparse.Namespace, name: str) -> Iterator[None]:
     """Hold every output folder of the command (``args.held``) while it runs: a second command writing into one
     of them at the same time is refused, instead of both finishing with each other's files mixed there."""
-    from alfa.fileio import hold, share
+    from alfa.locks import hold, share
 
     with contextlib.ExitStack() as stack:
         # A benchmark's pieces fill one folder together, and no one else; runs share a cache of base models, each

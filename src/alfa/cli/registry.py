@@ -45,7 +45,7 @@ class Command:
     ``add_arguments(parser)`` declares its options, importing what it needs first (before any option), and
     ``run(args)`` does the work; a command runs only through :func:`alfa.cli.main`, which reports its errors.
     ``outputs`` maps each output option's ``dest`` to whether it names a folder: they are checked writable
-    before ``run`` starts, and each output folder is held (:func:`alfa.fileio.hold`) while it runs, so that a
+    before ``run`` starts, and each output folder is held (:func:`alfa.locks.hold`) while it runs, so that a
     second command cannot fill the same folder at once, unless it is one of ``shared``: a folder whose writers
     merge their work safely by themselves (a benchmark's pieces; a cache whose models are each made under a lock of
     their own). A file output that exists is refused before ``run`` starts unless ``--replace`` is given (added to

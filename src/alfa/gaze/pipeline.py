@@ -41,7 +41,8 @@ from torch import nn
 
 from alfa.adapters import AlfaConfig
 from alfa.checkpoint import load_model
-from alfa.fileio import atomic_path, locked, write_json
+from alfa.fileio import atomic_path, write_json
+from alfa.locks import locked
 from alfa.models import create_model
 
 from .augment import AugmentConfig

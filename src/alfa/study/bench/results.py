@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from alfa.adapters.groups import is_number
-from alfa.fileio import locked, write_bytes, write_json
+from alfa.fileio import write_bytes, write_json
+from alfa.locks import locked
 
 from .ablations import REGISTRY
 from .config import BenchConfig

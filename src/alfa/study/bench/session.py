@@ -27,7 +27,7 @@ from torch import nn
 from alfa.adapters import detach
 from alfa.adapters.prompt import TPGazeConfig
 from alfa.checkpoint import load_model, read_checkpoint
-from alfa.fileio import locked, safe_filename, write_bytes, write_json
+from alfa.fileio import safe_filename, write_bytes, write_json
 from alfa.gaze.data.base import GazeDataset, InMemoryGazeDataset
 from alfa.gaze.evaluate import adapter_filename, load_images
 from alfa.gaze.faze_train import MODEL_FILE as FAZE_MODEL_FILE
@@ -38,6 +38,7 @@ from alfa.gaze.pnpga import ensemble_trained, snapshot_paths, snapshot_saver
 from alfa.gaze.recipes import Recipe
 from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts
 from alfa.gaze.train import MODEL_FILE, TruncateConfig, input_size, truncate_and_recover
+from alfa.locks import locked
 
 from ..timing import cpu_name
 from .config import BenchConfig
@@ -50,7 +51,7 @@ __all__ = ["TargetData", "SourceContext", "Session", "building", "refuse_a_diffe
 
 
 def building(folder: Path) -> contextlib.AbstractContextManager[None]:
-    """Hold ``folder``'s build lock (``folder.lock`` beside it, :func:`alfa.fileio.locked`) around a cached build:
+    """Hold ``folder``'s build lock (``folder.lock`` beside it, :func:`alfa.locks.locked`) around a cached build:
     two pieces of one benchmark that need the same model or prompts at once must not train into one folder side
     by side; the second waits (saying so on stderr, as the source model's build does) and then reads what the
     first one finished."""

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from alfa.adapters import adapter_parameters, attach, detach, load_adapter, merge
-from alfa.fileio import refuse_held_inside, safe_filename, write_json
+from alfa.fileio import safe_filename, write_json
 from alfa.gaze.data.base import GazeDataset
 from alfa.gaze.data.registry import open_dataset
 from alfa.gaze.evaluate import (
@@ -62,6 +62,7 @@ from alfa.gaze.evaluate import (
 from alfa.gaze.geometry import angular_error
 from alfa.gaze.personalize import personalize_and_score
 from alfa.gaze.train import TruncateConfig, train_source, truncate_and_recover
+from alfa.locks import refuse_held_inside
 from alfa.models import create_model
 from alfa.summary import parameter_summary
 from alfa.truncate import truncate

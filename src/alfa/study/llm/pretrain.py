@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from alfa.fileio import locked, read_kept_json, write_json, write_safetensors
+from alfa.fileio import read_kept_json, write_json, write_safetensors
+from alfa.locks import locked
 
 from .model import ModelConfig, build_model, encode_batch, generate, sequence_loss
 from .tasks import TASKS, make_example, make_examples
