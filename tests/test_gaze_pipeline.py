@@ -497,7 +497,7 @@ def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
     common = ["--data", "toy:source", "--epochs", "1", "--batch-size", "16", "--val-fraction", "0.25", "--quiet"]
     args = _parser().parse_args(["pretrain", "--model", "tiny_gaze_net", "--out", str(tmp_path / "pre"), *common])
     args.func(args)
-    assert "pretrained tiny_gaze_net on src: 1 epochs" in capsys.readouterr().out
+    assert "pretrained tiny_gaze_net on src: 1 epoch," in capsys.readouterr().out
     pre = str(tmp_path / "pre" / "model.safetensors")
     args = _parser().parse_args(
         ["truncate", "--checkpoint", pre, "--rank", str(RANK), "--out", str(tmp_path / "rec"), *common]

@@ -188,3 +188,14 @@ def test_two_pieces_adding_their_methods_to_the_update_figure_take_turns(tmp_pat
     assert not any(piece.is_alive() for piece in pieces)
     tensors, meta = load_figure_data(path)
     assert set(meta["methods"]) == {"alfa", "lora"} and set(tensors) == {"alfa/p0", "lora/p0"}
+
+
+def test_a_released_lock_names_no_holder(tmp_path):
+    """The holder's record is written into the lock file while it holds the lock and cleared when it lets go: a
+    waiter that looks between one holder's release and the next one's record names no one, not the previous."""
+    import json
+
+    lock = tmp_path / "x.lock"
+    with locked(tmp_path / "x"):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert lock.is_file() and lock.read_text() == ""

@@ -144,6 +144,8 @@ def locked(path: str | os.PathLike, on_wait: Callable[[str], None] | None = None
         try:
             yield
         finally:
+            with contextlib.suppress(OSError):  # a waiter that looks before the next holder writes finds no one's
+                f.truncate(0)
             fcntl.flock(f, fcntl.LOCK_UN)
 
 

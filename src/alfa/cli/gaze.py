@@ -179,7 +179,8 @@ def _pretrain(args: argparse.Namespace) -> None:
             f"--out {args.out}: holds a run of {len(result.history)} epochs, more than the {config.epochs} asked (kept "
             f"as it is): use another --out, or --epochs {len(result.history)}"
         )
-    print(f"pretrained {args.model} on {data.name}: {len(result.history)} epochs, {_validation_words(result)}")
+    epochs = len(result.history)
+    print(f"pretrained {args.model} on {data.name}: {epochs} epoch{'s' * (epochs != 1)}, {_validation_words(result)}")
     print(f"checkpoint: {result.checkpoint}")
 
 
