@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's last flush must not fail too
         return 141
     except Exception as e:
-        if interrupts.count > interrupts.late:  # a Ctrl-C a library swallowed, then failed of (torch's exporter)
+        if interrupts.early:  # a Ctrl-C a library swallowed, then failed of (torch's exporter, stopped mid-import)
             close_progress_bars()
             print(interrupted_line(args, stamps), file=sys.stderr)
             return 130

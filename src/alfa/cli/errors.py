@@ -48,12 +48,22 @@ def error_line(error: BaseException) -> str:
         parts = [" -> ".join(str(p) for p in (error.filename, error.filename2) if p is not None)]
         parts += [error.strerror or os.strerror(error.errno), OS_ERROR_ADVICE.get(error.errno, "")]
         return ": ".join(p for p in parts if p)
-    text = _TERMINAL_COLOUR.sub("", str(error))  # a library's colour codes (torch.onnx's) are not text
-    lines = [line for line in text.splitlines() if line.strip()] or [type(error).__name__]
+    lines = _message_lines(error, type(error).__name__)
     worker = _WORKER_ERROR.match(lines[0])
     if worker and len(lines) > 1:  # a loader worker's error, re-raised with its traceback: its own last line
         _, found, message = lines[-1].partition(f"{worker.group(1)}: ")
         return (message if found else lines[-1]).strip()
+    return _first_line(lines)
+
+
+def _message_lines(message: object, name: str) -> list[str]:
+    """The lines of an error's or a warning's message that say something, or ``[name]`` where none does."""
+    text = _TERMINAL_COLOUR.sub("", str(message))  # a library's colour codes (torch.onnx's) are not text
+    return [line for line in text.splitlines() if line.strip()] or [name]
+
+
+def _first_line(lines: list[str]) -> str:
+    """The first of a message's ``lines``, marked where more were left out."""
     return lines[0] + (" (...)" if len(lines) > 1 else "")
 
 
@@ -77,9 +87,7 @@ def one_line_warnings(name: str, keep_python_form: bool = False) -> Iterator[Non
     def one_line(
         message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
     ) -> str:
-        text = _TERMINAL_COLOUR.sub("", str(message))
-        lines = [part for part in text.splitlines() if part.strip()] or [category.__name__]
-        return f"{name}: warning: {lines[0]}" + (" (...)" if len(lines) > 1 else "") + "\n"
+        return f"{name}: warning: {_first_line(_message_lines(message, category.__name__))}\n"
 
     previous = warnings.formatwarning
     warnings.formatwarning = one_line

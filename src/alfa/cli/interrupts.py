@@ -46,15 +46,12 @@ AFTER_THE_WORK = "interrupted after the command finished: everything it writes i
 
 
 class Interrupts:
-    """The Ctrl-Cs a command got: how many (``count``), and how many came after its work was done (``late``,
-    which raise nothing: :meth:`work_done` says when)."""
+    """The Ctrl-Cs a command got: how many (``count``), how many came while it worked (``early``) and how many
+    after its work was done (``late``, which raise nothing: :meth:`work_done` says when)."""
 
     def __init__(self) -> None:
         self.count = 0
         self._done_at: int | None = None
-
-    def __bool__(self) -> bool:
-        return self.count > 0
 
     def work_done(self) -> None:
         """The command has written all it writes: a Ctrl-C from now on is noted, not raised."""
@@ -68,6 +65,11 @@ class Interrupts:
     @property
     def late(self) -> int:
         return 0 if self._done_at is None else self.count - self._done_at
+
+    @property
+    def early(self) -> int:
+        """The Ctrl-Cs that came while the command worked (each raised, or swallowed by a library)."""
+        return self.count - self.late
 
 
 def _python_handles_sigint() -> bool:
