@@ -227,12 +227,6 @@ def gaze_labels(p: FaceParams) -> Tensor:
     return label + torch.stack([p.label_noise_yaw, p.label_noise_pitch], -1)
 
 
-def _soft(signed_distance: Tensor, pixel: float | Tensor) -> Tensor:
-    """Coverage of a shape from its signed distance (positive inside): a one-pixel linear ramp, which
-    anti-aliases edges and keeps sub-pixel motion (the iris moves by fractions of a pixel) visible."""
-    return (0.5 + signed_distance / pixel).clamp(0.0, 1.0)
-
-
 # In place. The per-pixel passes below mostly write into temporaries they own instead of allocating a tensor
 # per operation (allocating is a large part of a pass's time). Each in-place step computes exactly what its
 # out-of-place form did, element by element: the same operation on the same operands, at most with the
@@ -241,7 +235,9 @@ def _soft(signed_distance: Tensor, pixel: float | Tensor) -> Tensor:
 
 
 def _soft_(signed_distance: Tensor, pixel: float | Tensor) -> Tensor:
-    """:func:`_soft` in place on a temporary."""
+    """Coverage of a shape from its signed distance (positive inside), ``(0.5 + signed_distance / pixel)`` clamped
+    to [0, 1], in place on a temporary: a one-pixel linear ramp, which anti-aliases edges and keeps sub-pixel
+    motion (the iris moves by fractions of a pixel) visible."""
     return signed_distance.div_(pixel).add_(0.5).clamp_(0.0, 1.0)
 
 
