@@ -3,6 +3,8 @@ record made end to end on the tiny configuration of test_bench."""
 
 import dataclasses
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -180,6 +182,34 @@ def test_a_seed_made_with_another_machines_model_is_refused_before_anything_trai
     with pytest.raises(RuntimeError, match=r"source-\w+ was built again and differs .*validation error"):
         run_bench(config, tmp_path, progress=False)
     assert load_results(tmp_path)["records"] == []
+
+
+def test_a_recorded_model_another_cpu_trained_is_not_trained_again_here_unasked(tmp_path):
+    """The same images train other bits on a CPU with other vector instructions, so a recorded model that another
+    CPU trained, missing from this cache, is refused before its training (which its record would refuse after),
+    unless --rebuild-elsewhere; one the cache holds is loaded and compared with its record as ever."""
+    config = tiny(methods=("source-only",), pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3))
+    assert run_bench(config, tmp_path, progress=False).ran == ["source-only|E→M|seed0"]
+    path, data = tmp_path / "results.json", load_results(tmp_path)
+    cache = Path(data["sources"]["E|seed0"]["cache"])
+    data["sources"]["E|seed0"]["cpu"] = "Another CPU (family 1, model 1)"
+    data["records"] = []
+    path.write_text(json.dumps(data))
+    assert run_bench(config, tmp_path, progress=False).ran == ["source-only|E→M|seed0"]  # held here: loaded
+    path.write_text(json.dumps(data))
+    shutil.rmtree(cache)
+    before = path.read_bytes()
+    for dry_run in (True, False):
+        with pytest.raises(
+            ValueError,
+            match=rf"E seed 0's records were made with the model {cache.name}, trained on Another CPU \(family 1, "
+            rf"model 1\); this machine is {re.escape(cpu_name())}, .* give --rebuild-elsewhere",
+        ):
+            run_bench(config, tmp_path, progress=False, dry_run=dry_run)
+    assert path.read_bytes() == before and not cache.exists()  # nothing written, nothing trained
+    # asked: trained again, and the comparison with its record decides (this CPU trained it: the same model)
+    assert run_bench(config, tmp_path, progress=False, rebuild_elsewhere=True).ran == ["source-only|E→M|seed0"]
+    assert (cache / "recovered" / "model.safetensors").is_file()
 
 
 def test_a_model_new_to_a_seed_made_elsewhere_is_refused_by_a_probe_of_a_recorded_one(tmp_path):

@@ -167,6 +167,7 @@ def _bench(args: argparse.Namespace) -> None:
         dry_run=args.dry_run,
         device=device,
         precision=args.precision or "fp32",
+        rebuild_elsewhere=args.rebuild_elsewhere,
     )
     if args.dry_run:
         print(f"{len(summary.pending)} records to run, {len(summary.skipped)} already done in {summary.results}:")
@@ -262,6 +263,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=thread_count, help=f"torch threads (default {BenchConfig().threads})")
     p.add_argument("--keep-adapters", action="store_true", help="keep every per-person adapter file")
     p.add_argument("--dry-run", action="store_true", help="list the records that would run, run nothing")
+    p.add_argument(
+        "--rebuild-elsewhere",
+        action="store_true",
+        help="train again a model the results say another CPU trained (by default refused before it trains: "
+        "another CPU's vector instructions train other bits, which its record then refuses)",
+    )
     p.add_argument("--report", metavar="MD", help="also write the report to this markdown file afterwards")
     quiet_option(p)
     device_option(p)

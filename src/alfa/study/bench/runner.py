@@ -196,12 +196,15 @@ def _recorded_model(session: Session, key: str, seed: int) -> str:
     return Path(str(session.recorded_sources.get(f"{key}|seed{seed}", {}).get("cache", ""))).name
 
 
-def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session) -> None:
+def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session, rebuild_elsewhere: bool = False) -> None:
     """Refuse, before anything trains, records of a seed whose models the results hold under other cache keys
     than this machine gives them: its data rendered differently here. The worlds are rendered with float
     arithmetic whose last bits depend on the CPU's vector instructions and math library, so another kind of
     machine draws other pixels, trains other models, and its records would sit beside the first machine's as if
     they were one replicate. A seed's records are made on one kind of machine.
+
+    A recorded model whose data this machine renders alike, but which another CPU trained and which this cache
+    does not hold, is refused too (:func:`_refuse_a_rebuild_elsewhere`), unless ``rebuild_elsewhere``.
 
     A model of the piece the results hold is compared with its record. A seed whose piece only adds models new
     to it (a source or within-target model no record of that seed used yet) is probed with one model the seed's
@@ -217,6 +220,8 @@ def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session) -> N
                 f"model changed); a seed's records are made on one kind of machine: run this piece there, or "
                 f"choose another seed"
             )
+        if recorded and not rebuild_elsewhere:
+            _refuse_a_rebuild_elsewhere(session, key, seed)
     proven = {seed for key, seed in models if _recorded_model(session, key, seed)}  # compared just above
     for seed in sorted({seed for _, seed in models} - proven):
         suffix = f"|seed{seed}"
@@ -236,6 +241,25 @@ def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session) -> N
                 f"or the code that makes the model changed): this piece's new models would join a seed made on "
                 f"another kind of machine; run it there, or choose another seed"
             )
+
+
+def _refuse_a_rebuild_elsewhere(session: Session, key: str, seed: int) -> None:
+    """Refuse (``ValueError``) to build again, here, a model that the results say another CPU trained: the same
+    images train other bits on a CPU with other vector instructions (docs/gaze.md § Determinism), so after its
+    hours of training :func:`~alfa.study.bench.session.refuse_a_different_model` would almost surely refuse it.
+    A model this cache holds finished is loaded, not built, and is compared with its record as ever; so is one
+    whose record names no CPU (made before records kept it)."""
+    made_on = session.recorded_sources.get(f"{key}|seed{seed}", {}).get("cpu")
+    here = cpu_name()
+    cache = session.source_cache(session.source(key, seed))
+    if not made_on or made_on == here or (cache / "recovered" / "model.safetensors").is_file():
+        return
+    raise ValueError(
+        f"{key} seed {seed}'s records were made with the model {cache.name}, trained on {made_on}; this machine "
+        f"is {here}, and a model trained again on another CPU almost surely ends elsewhere and is refused after "
+        f"its training: run this piece on {made_on}, bring its cache folder here, or give --rebuild-elsewhere to "
+        f"train it anyway and let the comparison with its record decide"
+    )
 
 
 def _release_models(
@@ -259,6 +283,7 @@ def run_bench(
     dry_run: bool = False,
     device: torch.device | str = "cpu",
     precision: str = "fp32",
+    rebuild_elsewhere: bool = False,
 ) -> BenchSummary:
     """Run (or resume) the benchmark described by ``config`` into ``out_dir``.
 
@@ -270,7 +295,8 @@ def run_bench(
     CPU, so the run log records the device. ``precision`` is that of the personalization and evaluation
     forwards (:mod:`alfa.gaze.precision`; the source models train in the precision of their recipe, the
     oracle's fine-tuning and the latency timings run in fp32); the run log records it too, and a record
-    made in another precision than fp32 is another record, as one made on another device is.
+    made in another precision than fp32 is another record, as one made on another device is. A model the
+    results hold that another CPU trained is not trained again here unless ``rebuild_elsewhere``.
     """
     config.validate()
     check_precision(precision)
@@ -288,7 +314,7 @@ def run_bench(
     plans = plan_records(config)
     try:
         groups, skipped, todo = _sort_out(plans, store.done(), session)
-        _refuse_another_machines_seed(todo, session)
+        _refuse_another_machines_seed(todo, session, rebuild_elsewhere)
         if dry_run:
             return BenchSummary(store.path, [], skipped, [p.id for p in todo], time.time() - t_start, 0.0)
         if progress:
