@@ -162,6 +162,7 @@ def test_a_seed_made_with_another_machines_model_is_refused_before_anything_trai
     (another cache key): a piece that would add records to a seed made elsewhere stops before training."""
     config, path, data, here = _seed0_made_elsewhere(tmp_path)
     assert data["runs"][-1]["cpu"] == cpu_name() != ""  # the log of runs names the kind of machine
+    assert data["runs"][-1]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # and torch's instructions
     data["records"] = []  # its records are to be made (again) here
     path.write_text(json.dumps(data))
     before = path.read_bytes()

@@ -674,12 +674,19 @@ def test_the_runs_table_names_each_runs_cpu_and_says_where_it_was_not_recorded()
     runs = [
         {"command": "alfa bench --seeds 0", "started": "t0", "finished": True},  # made before the CPU was kept
         {"command": "alfa bench --seeds 4", "started": "t1", "finished": False, "cpu": "Intel(R) Xeon(R) (family 6)"},
+        {
+            "command": "alfa bench --seeds 1",
+            "started": "t2",
+            "cpu": "AMD EPYC (family 25, model 1)",
+            "cpu_capability": "AVX2",
+        },
     ]
-    header, _, old, new = runs_table(runs).splitlines()
+    header, _, old, new, newest = runs_table(runs).splitlines()
     assert header.split("|")[-2].strip() == "CPU"
     assert old.split("|")[-2].strip() == "not recorded"
     assert new.split("|")[-2:] == [" Intel(R) Xeon(R) (family 6) ", ""]
     assert "no (interrupted)" in new
+    assert newest.split("|")[-2].strip() == "AMD EPYC (family 25, model 1), AVX2"  # with its instructions, once kept
 
 
 def test_a_row_of_fewer_seeds_is_set_against_source_only_on_those_seeds():

@@ -432,7 +432,8 @@ def _pooled_cell(pool: Stat | None, usual: Sequence[int]) -> str:
 
 def runs_table(runs: Sequence[dict[str, Any]]) -> str:
     """One row per run that wrote the results: its command, start, wall and CPU time, records, load, and the
-    CPU it ran on (a seed's records are made on one kind of machine; runs before that was kept say so)."""
+    CPU it ran on, with the vector instructions torch's kernels used there where the run kept them (a seed's records
+    are made on one kind of machine; runs before that was kept say so)."""
     rows = []
     for r in runs:
         sel = r.get("selection", {})
@@ -446,7 +447,7 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
                 str(sel.get("threads", "")),
                 f"{r.get('load_average_start', float('nan')):.1f} / {r.get('load_average_end', float('nan')):.1f}",
                 "yes" if r.get("finished") else "no (interrupted)",
-                r.get("cpu") or "not recorded",
+                (r.get("cpu") or "not recorded") + (f", {r['cpu_capability']}" if r.get("cpu_capability") else ""),
             ]
         )
     return _table(

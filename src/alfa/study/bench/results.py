@@ -118,6 +118,7 @@ _RUN_KINDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "command": _TEXT,
     "started": _TEXT,
     "cpu": _TEXT,
+    "cpu_capability": _TEXT,
     "torch": _TEXT,
     "wall_s": _NUMBER,
     "cpu_s": _NUMBER,

@@ -120,6 +120,7 @@ def _run_entry(config: BenchConfig, command: str | None, session: Session) -> di
         "load_average_start": os.getloadavg()[0],
         "cpus": os.cpu_count(),
         "cpu": cpu_name(),  # a seed's records are made on one kind of machine (docs/gaze.md § Determinism)
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the vector instructions torch's kernels used
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": str(session.device),

@@ -91,7 +91,7 @@ def _trained_on(cache: Path, from_cache: bool) -> str | None:
     path = cache / TRAINED_ON_FILE
     if not from_cache:
         here = cpu_name()
-        write_json(path, {"cpu": here})
+        write_json(path, {"cpu": here, "cpu_capability": torch.backends.cpu.get_cpu_capability()})
         return here
     if not path.is_file():
         return None
