@@ -77,6 +77,17 @@ def test_bad_options_get_one_line_and_exit_2(argv, message, capsys):
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("shortened", [["--ou", "elsewhere"], ["--cache", "c"], ["--rep", "r.md"], ["--ou=elsewhere"]])
+def test_an_option_is_written_whole(shortened, capsys):
+    """argparse reads an option's beginning as the option by default (``--ou`` as ``--out``): alfa refuses it, so
+    that a command gaining an option never changes what a script's line means, and scripts/queue.sh's refusal of a
+    lane line naming --out, --cache-dir or --report sees every way of naming them."""
+    assert main(["bench", "--dry-run", *shortened]) == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized arguments: {' '.join(shortened)}" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_main_is_the_only_place_that_reports_an_error():
     """No command module catches its own errors and exits: one boundary, in ``alfa.cli.main``."""
     import ast

@@ -22,7 +22,7 @@ import select
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from alfa.fileio import new_files, os_error_in
 
@@ -77,7 +77,14 @@ loss), a file that is missing, unreadable or unwritable (``OSError``)."""
 
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, except that a refused argument is one line, as every other error of ``alfa`` is: the
-    command, the error, and where the command's options are listed (argparse prints its usage block first)."""
+    command, the error, and where the command's options are listed (argparse prints its usage block first); and
+    that an option is written whole: a shortened one (``--ou`` for ``--out``) would mean another option, or none,
+    once a command gains options, and a script that checks a command line for ``--out`` (``scripts/queue.sh``)
+    would not see it. Every command's parser is of this class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

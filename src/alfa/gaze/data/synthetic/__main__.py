@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn
 
 import torch
 
@@ -21,7 +21,12 @@ from .preview import (
 
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, except that an error is one line, as every error of ``alfa``'s commands is (argparse
-    printed its whole usage block first): its own, and where the options are listed."""
+    printed its whole usage block first): its own, and where the options are listed; and that an option is
+    written whole, as ``alfa``'s are (no ``--sam`` for ``--samples-to``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def print_usage(self, file: IO[str] | None = None) -> None:
         """Nothing: only :meth:`error` prints the usage, and its line says where to find it."""
