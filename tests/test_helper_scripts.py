@@ -224,3 +224,16 @@ def test_time_fresh_clone_keeps_its_record_and_never_replaces_one_made_meanwhile
     assert done.returncode == 2 and "appeared meanwhile; kept it, this run's lines above only" in done.stderr
     assert "  total wall time 1 s" in done.stdout.splitlines()
     assert {p.read_text() for p in folder.iterdir()} == {"theirs\n"}  # kept, and no temporary file left
+
+
+# --- scripts/test.sh --------------------------------------------------------------------------------------------
+
+
+def test_the_suites_lint_covers_every_folder_of_python_files():
+    """scripts/test.sh (what CI runs) linted src and tests only: scripts/*.py, which write committed data, were never
+    checked. The folders of Python files are the repository's own (not .venv, runs/ or docs/data)."""
+    folders = {d.name for d in ROOT.iterdir() if d.name in ("src", "tests", "scripts", "docs") and any(d.rglob("*.py"))}
+    lint = [line.split() for line in (ROOT / "scripts/test.sh").read_text().splitlines() if "bin/ruff" in line]
+    assert [words[1] for words in lint] == ["check", "format"]
+    for words in lint:
+        assert folders <= set(words), f"{' '.join(words)} leaves out {sorted(folders - set(words))}"
