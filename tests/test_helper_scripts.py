@@ -237,3 +237,19 @@ def test_the_suites_lint_covers_every_folder_of_python_files():
     assert [words[1] for words in lint] == ["check", "format"]
     for words in lint:
         assert folders <= set(words), f"{' '.join(words)} leaves out {sorted(folders - set(words))}"
+
+
+# --- scripts/device_check.sh ------------------------------------------------------------------------------------
+
+
+def test_device_check_help_and_stray_arguments_run_nothing(tmp_path):
+    """Its arguments were ignored: `device_check.sh --help`, or settings given as arguments (`SIZE=64`), started the
+    check at its default sizes, a long pre-training on a machine without a GPU."""
+    repo = _repo(tmp_path, "device_check.sh")
+    for name in ("python", "alfa"):  # stand-ins that say they ran
+        _executable(repo / ".venv" / "bin" / name, f'#!/usr/bin/env bash\necho "{name} $*" >> calls.txt\n')
+    shown = _run(repo, "device_check.sh", "--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: [SIZE=224]") and not shown.stderr
+    err = _refused(_run(repo, "device_check.sh", "SIZE=64"), "device_check.sh: takes no arguments (settings go in the")
+    assert err.endswith("got: SIZE=64\n")
+    assert not (repo / "calls.txt").exists() and not (repo / "runs").exists()
