@@ -4,14 +4,14 @@
 # time>.txt (commit it by hand). Pause any long run on the machine first (its load stretches both); pip's download
 # cache is whatever this machine has.
 #
-#   bash scripts/time_fresh_clone.sh            # both commands, about 7 minutes on 2 cores
+#   bash scripts/time_fresh_clone.sh            # both commands, 7 to 8 minutes on 2 cores (its records so far)
 #
 # It takes no arguments (any other than --help is refused before anything is cloned), and never replaces a record.
 set -uo pipefail
 case "${1:-}" in
     -h | --help)
         echo "usage: bash scripts/time_fresh_clone.sh  (no arguments; times ./scripts/test.sh and ./scripts/demo.sh" \
-            "each on a fresh clone of HEAD, about 7 minutes, and keeps docs/data/fresh-clone/<UTC stamp>.txt)"
+            "each on a fresh clone of HEAD, 7 to 8 minutes, and keeps docs/data/fresh-clone/<UTC stamp>.txt)"
         exit 0
         ;;
 esac
