@@ -7,7 +7,21 @@
 # Without .venv or an installed alfa (a GPU image with its own PyTorch) it runs src/ with $PYTHON (default python3).
 # $PYTHON must be the interpreter alfa runs under (the script's own probes import alfa); it needs the gaze extra's
 # packages, which it checks first (docs/real-data.md says how to bring kornia to a bare image).
+# It takes no arguments (settings are the environment variables above); any other than --help is refused before
+# anything runs.
 set -euo pipefail
+case "${1:-}" in
+    -h | --help)
+        echo "usage: [SIZE=224] [PERSONS=60] [IMAGES=100] [DEVICE=auto] [PRECISION=bf16] [OUT=runs/device-check]" \
+            "[WORKERS=0,4,8] bash scripts/device_check.sh  (no arguments; minutes on a GPU, far longer on a CPU at" \
+            "the default sizes)"
+        exit 0
+        ;;
+esac
+if (($# > 0)); then
+    echo "device_check.sh: takes no arguments (settings go in the environment: SIZE=64 PERSONS=8 ...), got: $*" >&2
+    exit 2
+fi
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/alfa ]; then  # the project's own environment (scripts/setup.sh), else whatever is on PATH
     ALFA=${ALFA:-.venv/bin/alfa}

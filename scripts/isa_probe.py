@@ -9,7 +9,9 @@ SHA-256 of the images and of the trained weights; equal digests are equal bits. 
 the CPU has: ``ATEN_CPU_CAPABILITY`` (torch's own kernels: ``default``, ``avx2``, ``avx512``) and
 ``ONEDNN_MAX_CPU_ISA`` (oneDNN's convolutions: ``SSE41``, ``AVX2``, ...).
 
-Writes the table to ``--out`` (default ``docs/data/isa-probe/<UTC stamp>.txt``); an existing file is refused.
+Writes the table to ``--out`` (default ``docs/data/isa-probe/<UTC stamp>.txt`` in the repository, wherever it is run
+from) once every setting is probed; an existing file, or a place that cannot be written, is refused before the first
+child starts. A refusal is one line on stderr and status 2. Run it with the project's Python (``.venv/bin/python``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SETTINGS: list[dict[str, str]] = [
     {},
@@ -70,33 +75,55 @@ def _child() -> dict[str, str]:
     }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, except that a refused argument is one line (argparse prints its usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"isa_probe: {message} (see python scripts/isa_probe.py --help)\n")
+
+
+def _refuse(message: str) -> NoReturn:
+    print(f"isa_probe: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _probe(setting: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
     done = subprocess.run(
         [sys.executable, __file__, "--child"], env={**env, **setting}, capture_output=True, text=True, check=False
     )
-    if done.returncode != 0:
-        raise SystemExit(f"isa_probe: the child process for {setting or 'the default'} failed: {done.stderr.strip()}")
+    if done.returncode != 0:  # its error's own line (the last of its traceback), not the whole traceback
+        said = [line for line in done.stderr.splitlines() if line.strip()] or [f"exit status {done.returncode}"]
+        _refuse(f"the child process for {setting or 'the default'} failed: {said[-1].strip()}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, help="the file to write (default docs/data/isa-probe/<UTC stamp>.txt)")
+def main(argv: list[str] | None = None) -> None:
+    parser = _Parser(prog="python scripts/isa_probe.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--out", type=Path, help="the file to write (default docs/data/isa-probe/<UTC stamp>.txt in the repository)"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(_child()))
         return
-    import torch
+    try:
+        import torch
 
-    from alfa.fileio import write_text
-    from alfa.study.timing import cpu_name
+        from alfa.fileio import check_writable, write_text
+        from alfa.study.timing import cpu_name
+    except ImportError as e:  # another Python than the project's
+        _refuse(f"{sys.executable} cannot import {e.name}; run it with .venv/bin/python")
 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
-    out = args.out or Path("docs/data/isa-probe") / f"{stamp}.txt"
+    out = args.out or ROOT / "docs/data/isa-probe" / f"{stamp}.txt"
+    try:
+        check_writable(out, what="--out")  # a folder, or a place under a file: said now, not after the probes
+    except ValueError as e:
+        _refuse(str(e))
     if out.exists():
-        raise SystemExit(f"isa_probe: {out} exists; give another --out")
+        _refuse(f"{out} exists; give another --out")
     lines = [
         f"machine {cpu_name()}, torch {torch.__version__}, started {stamp}",
         f"{len(WORLDS)} worlds ({', '.join(WORLDS)}) × 2 persons × 8 images at 64×64; resnet18_gaze, {STEPS} AdamW "
@@ -109,8 +136,7 @@ def main() -> None:
         said = " ".join(f"{k}={v}" for k, v in setting.items()) or "(torch's own choice)"
         lines.append(f"| {said} | {got['capability']} | {got['images']} | {got['weights']} |")
         print(lines[-1], flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text(out, "\n".join(lines) + "\n")
+    write_text(out, "\n".join(lines) + "\n")  # atomic, its folder made
     print(f"wrote {out}")
 
 

@@ -1,14 +1,19 @@
 """Scout a world's calibration (docs/synthetic.md § Calibration): train one ResNet-18 on a world, score it on others.
 
-    python scripts/scout_worlds.py NAME TRAIN_SPEC EPOCHS EVAL_SPEC... [--schedule cosine] [--lr 1e-3]
+    python scripts/scout_worlds.py NAME TRAIN_SPEC EPOCHS EVAL_SPEC... [--schedule cosine] [--lr 1e-3] [--replace]
 
 One seed, the dense pre-trained model (no truncation or recovery), a 5 % held-out slice of the training persons
 for the per-epoch validation error, 5 adaptation images per scored person left out. A scout only says where a
 setting lands; the calibration itself is measured by the benchmark's own source models (docs/calibration.md).
 Writes ``docs/data/calibration-scout/NAME.json`` (each scored world's mean error, mean signed yaw/pitch error and
-per-person errors); checkpoints go to ``runs/scout/NAME`` (resumed if there; a finished run is only re-scored).
-A second scout of the same NAME waits for the first one's turn (``runs/scout/NAME.lock``) instead of training into
-the same folder beside it, then re-scores what the first one finished.
+per-person errors; an existing one, committed data, is refused without ``--replace``); checkpoints go to
+``runs/scout/NAME`` (resumed if there; a finished run is only re-scored). A second scout of the same NAME waits for
+the first one's turn (``runs/scout/NAME.lock``) instead of training into the same folder beside it, then re-scores
+what the first one finished (with ``--replace``, since the first wrote NAME.json).
+
+Every argument (the name, each dataset spec, the training settings, the record's place) is checked before anything
+is rendered or trained; a refusal is one line on stderr and status 2. Run it with the project's Python
+(``.venv/bin/python``, made by ``bash scripts/setup.sh``).
 """
 
 from __future__ import annotations
@@ -19,47 +24,99 @@ import shlex
 import statistics
 import sys
 from pathlib import Path
+from typing import NoReturn
 
-import torch
+try:
+    import torch
 
-from alfa.fileio import write_text
-from alfa.gaze.data.registry import open_dataset
-from alfa.gaze.evaluate import person_gaze_errors
-from alfa.gaze.train import TrainConfig, train_source
-from alfa.locks import locked
-from alfa.models import create_model
+    from alfa.cli.errors import error_line
+    from alfa.fileio import check_writable, safe_filename, write_text
+    from alfa.gaze.data.registry import check_spec, open_dataset
+    from alfa.gaze.evaluate import person_gaze_errors
+    from alfa.gaze.train import SCHEDULES, TrainConfig, train_source
+    from alfa.locks import locked
+    from alfa.models import create_model
+except ImportError as e:  # another Python than the project's: one line, not a traceback
+    print(f"scout_worlds: {sys.executable} cannot import {e.name}; run it with .venv/bin/python", file=sys.stderr)
+    sys.exit(2)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, except that a refused argument is one line (argparse prints its usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"scout_worlds: {message} (see python scripts/scout_worlds.py --help)\n")
+
+
+def _refuse(message: str) -> NoReturn:
+    print(f"scout_worlds: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _arguments(argv: list[str]) -> argparse.Namespace:
+    parser = _Parser(prog="python scripts/scout_worlds.py", description=__doc__.splitlines()[0])
+    parser.add_argument("name", help="the scout's name: docs/data/calibration-scout/NAME.json, runs/scout/NAME")
+    parser.add_argument("train", help="the training data's spec, e.g. synthetic:eth-v2")
+    parser.add_argument("epochs", type=_epochs, help="epochs of training (1 or more)")
+    parser.add_argument("evaluate", nargs="+", metavar="EVAL_SPEC", help="the spec of each world scored")
+    parser.add_argument("--schedule", default="cosine", choices=SCHEDULES)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--replace", action="store_true", help="overwrite an existing NAME.json")
+    return parser.parse_intermixed_args(argv)
+
+
+def _epochs(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"EPOCHS is a whole number of 1 or more, not {text!r}")
+    return int(text)
+
+
+def _record(root: Path, args: argparse.Namespace) -> Path:
+    """The record's path, refused (``ValueError``) where it may not be written now."""
+    path = root / "docs/data/calibration-scout" / f"{args.name}.json"
+    if path.exists() and not args.replace:
+        raise ValueError(f"{path} exists (committed data); choose another NAME, or add --replace")
+    return check_writable(path, what="the record")
+
+
 def main(argv: list[str], root: Path = ROOT) -> None:
     """Train (or resume) and score the scout ``argv`` names; its files go under ``root`` (the repository)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("name")
-    parser.add_argument("train")
-    parser.add_argument("epochs", type=int)
-    parser.add_argument("evaluate", nargs="+")
-    parser.add_argument("--schedule", default="cosine")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    args = parser.parse_args(argv)
+    args = _arguments(argv)
+    config = TrainConfig(
+        epochs=args.epochs, batch_size=64, lr=args.lr, symmetry_weight=1.0, val_fraction=0.05, schedule=args.schedule
+    )
+    try:
+        if safe_filename(args.name) != args.name or args.name.startswith("."):
+            raise ValueError(f"NAME {args.name!r} is not a plain file name (letters, digits and ._=- only)")
+        config.validate()
+        for spec in (args.train, *args.evaluate):  # a misspelt world found now, not after the training
+            check_spec(spec)
+        _record(root, args)
+    except (OSError, ValueError) as e:
+        _refuse(error_line(e))
     torch.set_num_threads(1)
     folder = root / "runs/scout" / args.name
 
     def say_waiting(_holder: str) -> None:  # the holder is the other scout
         print(f"waiting for another scout writing {folder}", file=sys.stderr, flush=True)
 
-    with locked(folder, on_wait=say_waiting):
-        scores = _scout(args, argv, folder, root)
+    try:
+        with locked(folder, on_wait=say_waiting):
+            path = _record(root, args)  # again: the scout waited for may have written it
+            scores = _scout(args, argv, config, folder, path)
+    except (OSError, ValueError) as e:  # a checkpoint in the folder of another scout's settings, say
+        _refuse(error_line(e))
     print(json.dumps(scores, indent=1))
 
 
-def _scout(args: argparse.Namespace, argv: list[str], folder: Path, root: Path) -> dict[str, float]:
+def _scout(
+    args: argparse.Namespace, argv: list[str], config: TrainConfig, folder: Path, path: Path
+) -> dict[str, float]:
     source = open_dataset(args.train)
     torch.manual_seed(0)
     model = create_model("resnet18_gaze")
-    config = TrainConfig(
-        epochs=args.epochs, batch_size=64, lr=args.lr, symmetry_weight=1.0, val_fraction=0.05, schedule=args.schedule
-    )
     result = train_source(model, source, config, folder, progress=False)
     model.eval()
     scores, biases, per_person = {}, {}, {}
@@ -72,7 +129,7 @@ def _scout(args: argparse.Namespace, argv: list[str], folder: Path, root: Path) 
         per_person[spec] = {person: e.angular for person, e in errors.items()}
     out = {
         "name": args.name,
-        "command": "python scripts/scout_worlds.py " + shlex.join(argv),
+        "command": "python scripts/scout_worlds.py " + shlex.join(a for a in argv if a != "--replace"),
         "train": args.train,
         "config": config.to_dict(),
         "val_error_per_epoch": [h["val_error"] for h in result.history],
@@ -82,7 +139,7 @@ def _scout(args: argparse.Namespace, argv: list[str], folder: Path, root: Path) 
         "person_error_deg": per_person,
         "torch": torch.__version__,
     }
-    write_text(root / "docs/data/calibration-scout" / f"{args.name}.json", json.dumps(out, indent=1) + "\n")
+    write_text(path, json.dumps(out, indent=1) + "\n")
     return scores
 
 

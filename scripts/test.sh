@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
-.venv/bin/ruff check src tests
-.venv/bin/ruff format --check src tests
+# every folder of Python files: the library, its tests and the helper scripts
+.venv/bin/ruff check src tests scripts
+.venv/bin/ruff format --check src tests scripts
 # Python may keep its compiled files (__pycache__/, ignored by git): where the environment turns that off, every
 # Python process the suite starts compiles alfa's sources again, and a rerun rewrites every test module again.
 unset PYTHONDONTWRITEBYTECODE
