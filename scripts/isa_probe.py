@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,6 +77,10 @@ def _child() -> dict[str, str]:
 
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, except that a refused argument is one line (argparse prints its usage block first)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # options written whole, as alfa's: no --rep for --replace
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"isa_probe: {message} (see python scripts/isa_probe.py --help)\n")

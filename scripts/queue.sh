@@ -60,7 +60,8 @@ cd "$(dirname "$0")/.." || exit 2
 mkdir -p runs/logs runs/bench-v2
 # A machine without the run's folder (a new one) starts from the records kept in docs/data/bench-v2, so that
 # finished records are skipped, not made again; its models' caches are rebuilt as pieces need them (the runner
-# refuses a rebuilt source model that differs from the recorded one). Two lanes starting at once: one copy wins.
+# refuses a rebuilt source model that differs from the recorded one, and, before it trains, one whose record
+# names another CPU: alfa bench --rebuild-elsewhere). Two lanes starting at once: one copy wins.
 if [[ ! -f runs/bench-v2/results.json && -f docs/data/bench-v2/results.json ]]; then
     tmp=$(mktemp runs/bench-v2/.results.json.XXXXXX)
     cp docs/data/bench-v2/results.json "$tmp" && chmod 644 "$tmp"

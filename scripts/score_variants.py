@@ -51,6 +51,10 @@ ROOT = Path(__file__).resolve().parents[1]
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, except that a refused argument is one line (argparse prints its usage block first)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # options written whole, as alfa's: no --rep for --replace
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"score_variants: {message} (see python scripts/score_variants.py --help)\n")
 

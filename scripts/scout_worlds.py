@@ -24,7 +24,7 @@ import shlex
 import statistics
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 try:
     import torch
@@ -45,6 +45,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, except that a refused argument is one line (argparse prints its usage block first)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # options written whole, as alfa's: no --rep for --replace
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"scout_worlds: {message} (see python scripts/scout_worlds.py --help)\n")

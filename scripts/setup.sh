@@ -49,22 +49,25 @@ if [ ! -x .venv/bin/python ]; then
         echo "setup.sh: $PYTHON $why (set PYTHON to another)" >&2
         exit 2
     fi
-    made=$([ -e .venv ] && echo no || echo yes)
+    if [ -e .venv ] || [ -L .venv ]; then  # not made by this script, which always leaves bin/python: someone's
+        echo "setup.sh: .venv is here but holds no bin/python; remove it (or move it away) and run this again" >&2
+        exit 2
+    fi
     if ! "$PYTHON" -m venv .venv; then
-        [ "$made" = yes ] && rm -rf .venv  # only what this run made
+        rm -rf .venv  # only what this run made: there was none before
         echo "setup.sh: $PYTHON -m venv .venv failed (its message above); nothing kept" >&2
         exit 2
     fi
-fi
-why=$(lacks .venv/bin/python pip)
-if [ -n "$why" ]; then
-    echo "setup.sh: .venv/bin/python $why; remove .venv and run this again" >&2
-    exit 2
 fi
 stamp=.venv/.alfa-installed
 project=$(sha256sum pyproject.toml | cut -d' ' -f1)
 have=$(cat "$stamp" 2>/dev/null || true)
 if [ "$have" != "$project dev" ] && [ "$have" != "$project $extras" ]; then
+    why=$(lacks .venv/bin/python pip)  # asked only where pip is to run: a .venv made by another tool may lack it
+    if [ -n "$why" ]; then
+        echo "setup.sh: .venv/bin/python $why; remove .venv and run this again" >&2
+        exit 2
+    fi
     echo "setting up .venv (PyTorch 2.13.0, alfa[$extras])..."
     .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"

@@ -208,6 +208,14 @@ def test_a_recorded_model_another_cpu_trained_is_not_trained_again_here_unasked(
         ):
             run_bench(config, tmp_path, progress=False, dry_run=dry_run)
     assert path.read_bytes() == before and not cache.exists()  # nothing written, nothing trained
+    # a record made before records kept their CPU is taken as made where the seed's other models were
+    unnamed = json.loads(before)
+    unnamed["sources"]["E|seed0"].pop("cpu")
+    unnamed["sources"]["G|seed0"] = {"cache": "cache/source-0123456789ab", "cpu": "Another CPU (family 1, model 1)"}
+    path.write_text(json.dumps(unnamed))
+    with pytest.raises(ValueError, match=r"trained on Another CPU \(family 1, model 1\)"):
+        run_bench(config, tmp_path, progress=False, dry_run=True)
+    path.write_bytes(before)
     # asked: trained again, and the comparison with its record decides (this CPU trained it: the same model)
     assert run_bench(config, tmp_path, progress=False, rebuild_elsewhere=True).ran == ["source-only|E→M|seed0"]
     assert (cache / "recovered" / "model.safetensors").is_file()

@@ -1,3 +1,5 @@
+import argparse
+
 import pytest
 from tiny_models import truncated_structure
 
@@ -86,6 +88,21 @@ def test_an_option_is_written_whole(shortened, capsys):
     err = capsys.readouterr().err
     assert f"unrecognized arguments: {' '.join(shortened)}" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_every_parser_of_alfa_takes_its_options_written_whole():
+    """Not only bench's: every command's and subcommand's parser, as build_parser makes them."""
+    from alfa.cli import build_parser
+
+    def parsers(parser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from parsers(sub)
+
+    found = list(parsers(build_parser()))
+    assert len(found) > 25 and [p.prog for p in found if p.allow_abbrev] == []
 
 
 def test_main_is_the_only_place_that_reports_an_error():

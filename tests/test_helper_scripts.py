@@ -118,7 +118,11 @@ exec "{sys.executable}" "$@"
     assert not (repo / ".venv").exists()
     (repo / ".venv").mkdir()  # a folder that was there before is someone's: left
     (repo / ".venv" / "notes.txt").write_text("mine")
-    assert _run(repo, "setup.sh", "dev", PYTHON=str(failing)).returncode == 2
+    refused = _run(repo, "setup.sh", "dev", PYTHON=str(failing))  # refused before venv writes into it
+    assert refused.returncode == 2 and refused.stderr == (
+        "setup.sh: .venv is here but holds no bin/python; remove it (or move it away) and run this again\n"
+    )
+    assert sorted(p.name for p in (repo / ".venv").iterdir()) == ["notes.txt"]
     assert (repo / ".venv" / "notes.txt").read_text() == "mine"
 
 

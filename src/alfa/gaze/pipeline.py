@@ -55,6 +55,7 @@ from .personalize import PersonalizeConfig, PersonalizedTarget, personalize_and_
 from .train import TrainConfig, TruncateConfig, input_size, train_source, truncate_and_recover
 
 __all__ = [
+    "source_model_finished",
     "SourceSpec",
     "DemoConfig",
     "DemoResult",
@@ -247,6 +248,12 @@ class SourceModels:
     from_cache: bool
 
 
+def source_model_finished(cache: Path) -> bool:
+    """Whether the cache folder of a source model (:func:`build_source_model`) holds it finished: recovered after
+    its truncation, so that it is loaded rather than trained."""
+    return (Path(cache) / "recovered" / "model.safetensors").is_file()
+
+
 def build_source_model(
     spec: SourceSpec,
     source: GazeDataset,
@@ -275,7 +282,7 @@ def build_source_model(
     with locked(cache, on_wait=say_waiting):
         if rebuild and cache.exists():
             shutil.rmtree(cache)
-        finished = (cache / "recovered" / "model.safetensors").is_file()
+        finished = source_model_finished(cache)
         seconds: dict[str, float] = {}
 
         t0 = time.time()

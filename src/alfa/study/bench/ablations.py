@@ -272,8 +272,8 @@ def ablation_variants(name: str, config: AblationSettings) -> list[Variant]:
 def table_layout(name: str, layout: Sequence[dict[str, Any]], present: set[str]) -> list[dict[str, Any]]:
     """The rows of ablation ``name``'s table: its stored ``layout``, and, for an ablation with
     ``selected_rows``, each row's selected-recipe row right after it where ``present`` (the labels with
-    records) has one, at the same setting. The selection rows are planned by ``--select`` (``alfa[loss=roll]``),
-    not by the ablation, so the stored layout does not hold them."""
+    records) has one, at the same setting. The selection rows are planned by ``--selected-methods``
+    (``alfa[loss=roll]``), not by the ablation, so the stored layout does not hold them."""
     ablation = REGISTRY.get(name)
     if ablation is None or not ablation.selected_rows:
         return list(layout)

@@ -447,7 +447,7 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
                 str(sel.get("threads", "")),
                 f"{r.get('load_average_start', float('nan')):.1f} / {r.get('load_average_end', float('nan')):.1f}",
                 "yes" if r.get("finished") else "no (interrupted)",
-                (r.get("cpu") or "not recorded") + (f", {r['cpu_capability']}" if r.get("cpu_capability") else ""),
+                ", ".join(x for x in (r.get("cpu"), r.get("cpu_capability")) if x) or "not recorded",
             ]
         )
     return _table(

@@ -37,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from alfa.adapters import MergeError
+from alfa.gaze.pipeline import source_model_finished
 from alfa.gaze.precision import check_precision, forward_precision
 from alfa.study.timing import cpu_name
 
@@ -248,19 +249,32 @@ def _refuse_a_rebuild_elsewhere(session: Session, key: str, seed: int) -> None:
     """Refuse (``ValueError``) to build again, here, a model that the results say another CPU trained: the same
     images train other bits on a CPU with other vector instructions (docs/gaze.md § Determinism), so after its
     hours of training :func:`~alfa.study.bench.session.refuse_a_different_model` would almost surely refuse it.
-    A model this cache holds finished is loaded, not built, and is compared with its record as ever; so is one
-    whose record names no CPU (made before records kept it)."""
-    made_on = session.recorded_sources.get(f"{key}|seed{seed}", {}).get("cpu")
+    A model this cache holds finished is loaded, not built, and is compared with its record as ever. A record made
+    before records kept their CPU is taken as made on the CPU the seed's other models name, where they all name
+    one (a seed is made on one kind of machine); where they name none, or several, the model trains as before."""
+    made_on = _trained_on_record(session, key, seed)
     here = cpu_name()
     cache = session.source_cache(session.source(key, seed))
-    if not made_on or made_on == here or (cache / "recovered" / "model.safetensors").is_file():
+    if not made_on or made_on == here or source_model_finished(cache):
         return
+    started = " (its unfinished training there began with --rebuild-elsewhere)" if cache.exists() else ""
     raise ValueError(
         f"{key} seed {seed}'s records were made with the model {cache.name}, trained on {made_on}; this machine "
-        f"is {here}, and a model trained again on another CPU almost surely ends elsewhere and is refused after "
-        f"its training: run this piece on {made_on}, bring its cache folder here, or give --rebuild-elsewhere to "
-        f"train it anyway and let the comparison with its record decide"
+        f"is {here}, and a model trained again on another CPU is expected to end elsewhere and be refused after "
+        f"its training: run this piece on {made_on}, bring the finished model's folder to {cache}{started}, or "
+        f"give --rebuild-elsewhere to train it anyway and let the comparison with its record decide"
     )
+
+
+def _trained_on_record(session: Session, key: str, seed: int) -> str | None:
+    """The CPU the results say trained ``(key, seed)``'s model: its own entry's, else the one CPU the seed's other
+    models' entries name (``None`` where they name none or several)."""
+    own = session.recorded_sources.get(f"{key}|seed{seed}", {}).get("cpu")
+    if own:
+        return str(own)
+    suffix = f"|seed{seed}"
+    named = {str(e["cpu"]) for k, e in session.recorded_sources.items() if k.endswith(suffix) and e.get("cpu")}
+    return named.pop() if len(named) == 1 else None
 
 
 def _release_models(
