@@ -47,9 +47,11 @@ def _child() -> dict[str, str]:
 
     import torch
 
+    from alfa.cli.options import deterministic_kernels
     from alfa.gaze.data.synthetic.domains import make_domain
     from alfa.models import create_model
 
+    deterministic_kernels()  # as alfa bench and the gaze commands run
     torch.set_num_threads(1)
     images = hashlib.sha256()
     for world in WORLDS:
@@ -91,6 +93,11 @@ def _refuse(message: str) -> NoReturn:
     sys.exit(2)
 
 
+def _said(setting: dict[str, str]) -> str:
+    """A setting as the table writes it: ``K=V K=V``, or torch's own choice."""
+    return " ".join(f"{k}={v}" for k, v in setting.items()) or "(torch's own choice)"
+
+
 def _probe(setting: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
     done = subprocess.run(
@@ -98,8 +105,11 @@ def _probe(setting: dict[str, str]) -> dict[str, str]:
     )
     if done.returncode != 0:  # its error's own line (the last of its traceback), not the whole traceback
         said = [line for line in done.stderr.splitlines() if line.strip()] or [f"exit status {done.returncode}"]
-        _refuse(f"the child process for {setting or 'the default'} failed: {said[-1].strip()}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        _refuse(f"the child process for {_said(setting)} failed: {said[-1].strip()}")
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        _refuse(f"the child process for {_said(setting)} printed no digests: {done.stdout.strip()[-200:]!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         from alfa.fileio import check_writable, write_text
         from alfa.study.timing import cpu_name
     except ImportError as e:  # another Python than the project's
-        _refuse(f"{sys.executable} cannot import {e.name}; run it with .venv/bin/python")
+        _refuse(f"{sys.executable} cannot import {e.name or e}; run it with .venv/bin/python")
 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
     out = args.out or ROOT / "docs/data/isa-probe" / f"{stamp}.txt"
@@ -137,9 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     ]
     for setting in SETTINGS:
         got = _probe(setting)
-        said = " ".join(f"{k}={v}" for k, v in setting.items()) or "(torch's own choice)"
-        lines.append(f"| {said} | {got['capability']} | {got['images']} | {got['weights']} |")
+        lines.append(f"| {_said(setting)} | {got['capability']} | {got['images']} | {got['weights']} |")
         print(lines[-1], flush=True)
+    if out.exists():  # made while the probes ran: kept
+        _refuse(f"{out} appeared while the probes ran; nothing written (give another --out)")
     write_text(out, "\n".join(lines) + "\n")  # atomic, its folder made
     print(f"wrote {out}")
 

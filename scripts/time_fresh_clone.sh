@@ -45,7 +45,13 @@ done
 mkdir -p "$(dirname "$record")" || exit 2
 # written beside, then renamed without replacing: a record made meanwhile (another run of the same minute) is kept
 kept=$(mktemp "$record.XXXXXX") || exit 2
-printf '%s\n' "${lines[@]}" >"$kept" && chmod 644 "$kept" && mv -n "$kept" "$record"
+if ! { printf '%s\n' "${lines[@]}" >"$kept" && chmod 644 "$kept"; }; then
+    rm -f "$kept"
+    printf '%s\n' "${lines[@]}"
+    echo "time_fresh_clone: could not write $kept (its error above); this run's lines above only (logs in $work)" >&2
+    exit 2
+fi
+mv -n "$kept" "$record"
 if [[ -e $kept ]]; then
     rm -f "$kept"
     printf '%s\n' "${lines[@]}"

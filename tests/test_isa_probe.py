@@ -68,5 +68,5 @@ def test_a_failed_child_is_one_line_its_own_error(tmp_path, capsys, monkeypatch)
     )
     monkeypatch.setattr(script.subprocess, "run", lambda *a, **k: failed)
     err = _refused(script, ["--out", str(tmp_path / "t.txt")], capsys, monkeypatch)
-    assert err == "isa_probe: the child process for the default failed: ValueError: boom\n"
+    assert err == "isa_probe: the child process for (torch's own choice) failed: ValueError: boom\n"
     assert not (tmp_path / "t.txt").exists()
