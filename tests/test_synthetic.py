@@ -339,7 +339,11 @@ def test_the_preview_command_overwrites_nothing_unasked_and_writes_atomically(tm
         assert target.read_bytes() == b"mine"
         main([flag, str(target), "--size", "16", "--replace"])
         assert target.read_bytes() != b"mine" and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
-    for argv, said in (([], "nothing to do: give --preview PNG"), (["--size", "x"], "argument --size: invalid int")):
+    for argv, said in (
+        ([], "nothing to do: give --preview PNG"),
+        (["--size", "x"], "argument --size: invalid int"),
+        (["--prev", str(tmp_path / "g.png")], "unrecognized arguments: --prev"),  # options are written whole
+    ):
         with pytest.raises(SystemExit) as e:
             main(argv)
         err = capsys.readouterr().err
