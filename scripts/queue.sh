@@ -30,6 +30,7 @@ fi
 lane_file=$(realpath -- "$1")
 lane=$(basename "$lane_file" .txt)
 mapfile -t lines <"$lane_file"
+lines=("${lines[@]%$'\r'}")  # a lane file saved with Windows line ends: no '\r' glued to a line's last argument
 if ((from_line > ${#lines[@]})); then
     echo "queue: $1 has ${#lines[@]} lines; nothing from line $from_line on" >&2
     exit 2
@@ -45,7 +46,8 @@ for i in "${!lines[@]}"; do
     [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
     to_run+=("$n")
     read -ra args <<<"$line"
-    if [[ " ${args[*]} " != *" --seeds "* || " ${args[*]} " != *" --pairs "* ]]; then
+    if [[ (" ${args[*]} " != *" --seeds "* && " ${args[*]} " != *" --seeds="*) ||
+        (" ${args[*]} " != *" --pairs "* && " ${args[*]} " != *" --pairs="*) ]]; then
         echo "queue: $lane line $n names no --seeds or no --pairs; refusing to run the lane: $line" >&2
         exit 2
     fi
@@ -56,6 +58,10 @@ for i in "${!lines[@]}"; do
         fi
     done
 done
+if ((${#to_run[@]} == 0)); then  # said before anything is made: a lane of comments runs nothing
+    echo "queue: $1 has no piece to run from line $from_line on (only blank lines and comments)" >&2
+    exit 2
+fi
 cd "$(dirname "$0")/.." || exit 2
 mkdir -p runs/logs runs/bench-v2
 # A machine without the run's folder (a new one) starts from the records kept in docs/data/bench-v2, so that

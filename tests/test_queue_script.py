@@ -115,6 +115,33 @@ def test_a_bad_later_line_stops_the_lane_before_any_piece_runs(tmp_path, bad, wh
     assert (repo / "calls.txt").read_text() == "bench --standard --out runs/bench-v2 --pairs E→M --seeds 1\n"
 
 
+def test_a_lane_of_windows_lines_and_option_equals_forms_runs_as_written(tmp_path):
+    """A lane file saved with Windows line ends passed each line's last argument on with a '\\r' glued to it
+    ('0\\r' as the seed), and '--seeds=0 --pairs=E→M' (argparse's other form) was refused as naming neither."""
+    repo = _repo(tmp_path)
+    (repo / "lane.txt").write_bytes("--pairs=E→M --seeds=0\r\n--pairs E→D --seeds 1\r\n".encode())
+    done = _run(repo, "lane.txt")
+    assert done.returncode == 0, done.stderr
+    assert (repo / "calls.txt").read_text().splitlines() == [
+        "bench --standard --out runs/bench-v2 --pairs=E→M --seeds=0",
+        "bench --standard --out runs/bench-v2 --pairs E→D --seeds 1",
+    ]
+
+
+def test_a_lane_with_nothing_to_run_says_so_and_makes_nothing(tmp_path):
+    """A lane of comments (or whose pieces all lie before FROM_LINE) made runs/ and said 'every piece done'."""
+    repo = _repo(tmp_path)
+    (repo / "comments.txt").write_text("# nothing here yet\n   \n")
+    done = _run(repo, "comments.txt")
+    assert done.returncode == 2 and done.stderr.startswith("queue: comments.txt has no piece to run from line 1 on")
+    (repo / "lane.txt").write_text("--pairs E→M --seeds 0\n# done up to here\n")
+    done = _run(repo, "lane.txt", "2")
+    assert done.returncode == 2 and done.stderr == (
+        "queue: lane.txt has no piece to run from line 2 on (only blank lines and comments)\n"
+    )
+    assert not (repo / "runs").exists() and not (repo / "calls.txt").exists()
+
+
 def test_a_missing_lane_file_is_one_line_and_a_non_zero_status(tmp_path):
     done = _run(_repo(tmp_path), "nowhere.txt")
     assert done.returncode == 2 and done.stderr == "queue: no lane file nowhere.txt\n"
