@@ -250,12 +250,10 @@ def torch_threads(args: argparse.Namespace) -> Iterator[None]:
             "the threads will contend for them",
             file=sys.stderr,
         )
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
+    from alfa.study.timing import torch_threads as threads_for_the_block
+
+    with threads_for_the_block(count):
         yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def data_help(what: str, example: str = "synthetic:mpii") -> str:

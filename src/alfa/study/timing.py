@@ -16,10 +16,11 @@ machines.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,29 @@ def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block on ``count`` of torch's intra-op threads, and give the caller's count back after it, also
+    after an error: a study's numbers are the same bits only at the same thread count."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def cpu_kind() -> dict[str, str]:
+    """The kind of machine a model or record was made on, as the benchmark keeps it: the CPU's name
+    (:func:`cpu_name`) and the vector instructions torch's kernels use there (``cpu_capability``: ``AVX2``,
+    ``AVX512``, ...), which two CPUs of one name need not share."""
+    import torch
+
+    return {"cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def machine() -> dict[str, Any]:

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from alfa.adapters import MergeError
 from alfa.gaze.pipeline import source_model_finished
 from alfa.gaze.precision import check_precision, forward_precision
-from alfa.study.timing import cpu_name
+from alfa.study.timing import cpu_kind, cpu_name, torch_threads
 
 from .config import SELECTION_FIELDS, BenchConfig, split_pair
 from .methods import SOURCES
@@ -120,8 +120,7 @@ def _run_entry(config: BenchConfig, command: str | None, session: Session) -> di
         "records_run": 0,
         "load_average_start": os.getloadavg()[0],
         "cpus": os.cpu_count(),
-        "cpu": cpu_name(),  # a seed's records are made on one kind of machine (docs/gaze.md § Determinism)
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the vector instructions torch's kernels used
+        **cpu_kind(),  # a seed's records are made on one kind of machine (docs/gaze.md § Determinism)
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": str(session.device),
@@ -214,7 +213,8 @@ def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session, rebu
     models = sorted({(session.model_key(p), p.seed) for p in todo})
     for key, seed in models:
         recorded = _recorded_model(session, key, seed)
-        here = session.source_cache(session.source(key, seed)).name
+        cache = session.source_cache(session.source(key, seed))
+        here = cache.name
         if recorded and recorded != here:
             raise ValueError(
                 f"{key} seed {seed}'s records were made with the model {recorded}, and its data and recipe give "
@@ -223,7 +223,7 @@ def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session, rebu
                 f"choose another seed"
             )
         if recorded and not rebuild_elsewhere:
-            _refuse_a_rebuild_elsewhere(session, key, seed)
+            _refuse_a_rebuild_elsewhere(session, key, seed, cache)
     proven = {seed for key, seed in models if _recorded_model(session, key, seed)}  # compared just above
     for seed in sorted({seed for _, seed in models} - proven):
         suffix = f"|seed{seed}"
@@ -245,16 +245,15 @@ def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session, rebu
             )
 
 
-def _refuse_a_rebuild_elsewhere(session: Session, key: str, seed: int) -> None:
-    """Refuse (``ValueError``) to build again, here, a model that the results say another CPU trained: the same
-    images train other bits on a CPU with other vector instructions (docs/gaze.md § Determinism), so after its
-    hours of training :func:`~alfa.study.bench.session.refuse_a_different_model` would almost surely refuse it.
-    A model this cache holds finished is loaded, not built, and is compared with its record as ever. A record made
-    before records kept their CPU is taken as made on the CPU the seed's other models name, where they all name
-    one (a seed is made on one kind of machine); where they name none, or several, the model trains as before."""
+def _refuse_a_rebuild_elsewhere(session: Session, key: str, seed: int, cache: Path) -> None:
+    """Refuse (``ValueError``) to build again, here, in ``cache``, a model that the results say another CPU trained: the
+    same images train other bits on a CPU with other vector instructions (docs/gaze.md § Determinism), so after its
+    hours of training :func:`~alfa.study.bench.session.refuse_a_different_model` would almost surely refuse it. A model
+    this cache holds finished is loaded, not built, and is compared with its record as ever. A record made before
+    records kept their CPU is taken as made on the CPU the seed's other models name, where they all name one (a seed is
+    made on one kind of machine); where they name none, or several, the model trains as before."""
     made_on = _trained_on_record(session, key, seed)
     here = cpu_name()
-    cache = session.source_cache(session.source(key, seed))
     if not made_on or made_on == here or source_model_finished(cache):
         return
     started = " (its unfinished training there began with --rebuild-elsewhere)" if cache.exists() else ""
@@ -320,28 +319,26 @@ def run_bench(
         out.mkdir(parents=True, exist_ok=True)
     cache = Path(cache_dir) if cache_dir is not None else out / "cache"
     store = ResultsStore(out, config, create=not dry_run)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    t_start, cpu_start = time.time(), time.process_time()
-    # the results' model entries, read once: what each model was when its records were made
-    session = Session(config, out, cache, progress, torch.device(device), precision, store.read()["sources"])
-    log = _RunLog(_run_entry(config, command, session), session, t_start, cpu_start)
-    plans = plan_records(config)
-    try:
-        groups, skipped, todo = _sort_out(plans, store.done(), session)
-        _refuse_another_machines_seed(todo, session, rebuild_elsewhere)
-        if dry_run:
-            return BenchSummary(store.path, [], skipped, [p.id for p in todo], time.time() - t_start, 0.0)
-        if progress:
-            tqdm.write(f"benchmark {config.preset}: {len(todo)} records to run, {len(skipped)} already done")
-        with forward_precision(precision):
-            _run_records(session, store, groups, todo, log)
-        store.update(lambda data: log.save(data, finished=True))
-    finally:
-        torch.set_num_threads(threads)
-        if not dry_run and log.entry["records_run"] != len(log.ran):  # interrupted: keep what this run did
-            with contextlib.suppress(Exception):
-                store.update(log.save)
+    with torch_threads(config.threads):
+        t_start, cpu_start = time.time(), time.process_time()
+        # the results' model entries, read once: what each model was when its records were made
+        session = Session(config, out, cache, progress, torch.device(device), precision, store.read()["sources"])
+        log = _RunLog(_run_entry(config, command, session), session, t_start, cpu_start)
+        plans = plan_records(config)
+        try:
+            groups, skipped, todo = _sort_out(plans, store.done(), session)
+            _refuse_another_machines_seed(todo, session, rebuild_elsewhere)
+            if dry_run:
+                return BenchSummary(store.path, [], skipped, [p.id for p in todo], time.time() - t_start, 0.0)
+            if progress:
+                tqdm.write(f"benchmark {config.preset}: {len(todo)} records to run, {len(skipped)} already done")
+            with forward_precision(precision):
+                _run_records(session, store, groups, todo, log)
+            store.update(lambda data: log.save(data, finished=True))
+        finally:
+            if not dry_run and log.entry["records_run"] != len(log.ran):  # interrupted: keep what this run did
+                with contextlib.suppress(Exception):
+                    store.update(log.save)
     pending = [p.id for p in todo if p.id not in log.ran]
     wall, cpu = time.time() - t_start, time.process_time() - cpu_start
     return BenchSummary(store.path, log.ran, skipped, pending, wall, cpu, log.errors)

@@ -40,7 +40,7 @@ from alfa.gaze.tpgaze import MetaTrainConfig, meta_train_prompts
 from alfa.gaze.train import MODEL_FILE, TruncateConfig, input_size, truncate_and_recover
 from alfa.locks import locked
 
-from ..timing import cpu_name
+from ..timing import cpu_kind
 from .config import BenchConfig
 from .plan import STAND_IN, RecordPlan, grid_plan
 from .record import as_records
@@ -90,9 +90,9 @@ def _trained_on(cache: Path, from_cache: bool) -> str | None:
     what the cache says (``None`` for a cache made before it said)."""
     path = cache / TRAINED_ON_FILE
     if not from_cache:
-        here = cpu_name()
-        write_json(path, {"cpu": here, "cpu_capability": torch.backends.cpu.get_cpu_capability()})
-        return here
+        kind = cpu_kind()
+        write_json(path, kind)
+        return kind["cpu"]
     if not path.is_file():
         return None
     try:

@@ -67,7 +67,7 @@ from alfa.models import create_model
 from alfa.summary import parameter_summary
 from alfa.truncate import truncate
 
-from ..timing import cpu_name
+from ..timing import cpu_name, torch_threads
 from .gaze_config import LABELS, MODEL_NAMES, MODELS, CrateGazeConfig, late_blocks_pattern, quick_config
 from .gaze_report import format_markdown, format_summary, plot_gaze_probes
 from .probes import ProbeResult, probe_model
@@ -181,12 +181,8 @@ def run_crate_gaze(
     if replace:
         _remove_outputs(out)
     out.mkdir(parents=True, exist_ok=True)
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    try:
+    with torch_threads(config.threads):
         return _run(config, out, progress, command)
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _stage_folders(out: Path) -> dict[str, Path]:

@@ -22,8 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +32,7 @@ from alfa import fileio
 from alfa.gaze.tdist import t_quantile
 
 from ..plotted import save_figure
+from ..timing import torch_threads
 from .coding_rate import clustered_coding_rate, coding_rate, coding_rate_step
 
 __all__ = [
@@ -199,21 +199,9 @@ def _stats(Z: torch.Tensor, labels: np.ndarray, both_clusters: bool, eps: float)
     }
 
 
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    # 2×2 and 40×40 matrices gain nothing from intra-op threads, and on a busy machine the thread
-    # hand-offs cost 10-50× the arithmetic; the previous setting is restored on exit.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def run_panel(key: str, seed: int, config: ToyConfig | None = None) -> ToyRun:
     """Run one panel (``"a"``, ``"b"``, ``"c"``, ``"c-len1"`` or ``"d"``) on one seed."""
-    with _one_thread():
+    with torch_threads(1):  # 2×2 and 40×40 matrices: thread hand-offs would cost 10-50× the arithmetic
         return _run_panel(key, seed, config)
 
 
@@ -258,7 +246,7 @@ def run_toy(panels: tuple[str, ...] | list[str], seeds: list[int], config: ToyCo
     unknown = [p for p in panels if p not in PANELS]
     if unknown:
         raise ValueError(f"unknown toy panel(s) {', '.join(map(repr, unknown))}; known: {', '.join(PANELS)}")
-    with _one_thread():
+    with torch_threads(1):  # as run_panel
         return [_run_panel(key, seed, config) for key in panels for seed in seeds]
 
 
