@@ -21,19 +21,20 @@ def test_pretrain_refuses_an_unknown_model_before_any_data(tmp_path, capsys, no_
     assert not (tmp_path / "run").exists()
 
 
-def test_truncate_refuses_a_rank_that_saves_nothing_before_any_data(tmp_path, capsys, no_data):
-    model = alfa.models.create_model("resnet18_gaze")
-    path = alfa.checkpoint.save_model(tmp_path / "dense.safetensors", model, "resnet18_gaze", input_size=(32, 32))
-    argv = ["truncate", "--checkpoint", str(path), "--data", "synthetic:eth", "--rank", "100000"]
+def test_truncate_refuses_a_rank_that_saves_nothing_before_any_data(tmp_path, capsys, no_data, checkpoint):
+    argv = ["truncate", "--checkpoint", checkpoint, "--data", "synthetic:eth", "--rank", "100000"]
     assert main([*argv, "--out", str(tmp_path / "run"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "no layer can be truncated at rank 100000" in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.fixture
-def checkpoint(tmp_path):
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """One checkpoint for the module's 33 refusals (each of which reads it, none of which writes it): building a
+    ResNet-18 for each took a third of a second."""
     model = alfa.models.create_model("resnet18_gaze")
-    return str(alfa.checkpoint.save_model(tmp_path / "dense.safetensors", model, "resnet18_gaze", input_size=(32, 32)))
+    path = tmp_path_factory.mktemp("checkpoint") / "dense.safetensors"
+    return str(alfa.checkpoint.save_model(path, model, "resnet18_gaze", input_size=(32, 32)))
 
 
 BAD_VAL_DATA = [  # (--val-data, what the one line says): each was refused only after --data was made, a minute here

@@ -53,6 +53,43 @@ def test_the_benchmark_source_keys_are_unchanged(version_0_1_0, preset, source, 
     assert pipeline.source_cache_key(spec, FINGERPRINTS) == key
 
 
+def test_a_model_trained_on_a_gpu_has_a_key_of_its_own(version_0_1_0):
+    """A CPU run sharing a cache with a GPU run must not load the GPU's model (other bits than the ones the CPU's
+    numbers are pinned to); the CPU keys stay the ones cached before the device counted."""
+    import torch
+
+    spec = pipeline.demo_configs()[0].source_model_spec()
+    keys = {d: pipeline.source_cache_key(spec, FINGERPRINTS, d) for d in ("cpu", "cuda", "cuda:1", "mps")}
+    assert keys["cpu"] == pipeline.source_cache_key(spec, FINGERPRINTS, torch.device("cpu")) == "62115526f90a"
+    assert keys["cuda"] == keys["cuda:1"]  # the kind of device, not which one
+    assert len({keys["cpu"], keys["cuda"], keys["mps"]}) == 3
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_benchmark_and_the_build_name_one_folder_for_a_device(tmp_path, monkeypatch, device):
+    """The benchmark finds a model (its refusals, its PnP-GA members, its other ranks) in the folder
+    ``build_source_model`` writes it to, on any device (nothing is trained: the build stops at its lock)."""
+    import torch
+
+    from alfa.study.bench.session import Session
+
+    config = tiny()
+    session = Session(config, tmp_path / "out", tmp_path / "cache", False, torch.device(device))
+    src = session.source("E", 0)
+    built = []
+
+    def lock(path, on_wait):
+        built.append(path)
+        raise Reached
+
+    monkeypatch.setattr(pipeline, "locked", lock)
+    with pytest.raises(Reached):
+        pipeline.build_source_model(src.spec, src.data, src.val, cache_dir=tmp_path / "cache", device=device)
+    assert built == [session.source_cache(src)]
+    fingerprints = {"source": pipeline.data_fingerprint(src.data), "val": pipeline.data_fingerprint(src.val)}
+    assert (src.cache_key == pipeline.source_cache_key(src.spec, fingerprints)) == (device == "cpu")
+
+
 def test_a_source_spec_takes_dataset_specs_or_their_strings():
     data = DatasetSpec.synthetic("eth", size=32, persons=4, images_per_person=8)
     val = DatasetSpec.synthetic("eth", split="val", size=32, persons=2, images_per_person=4)

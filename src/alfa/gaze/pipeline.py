@@ -226,12 +226,18 @@ def data_fingerprint(dataset: GazeDataset) -> str:
     return h.hexdigest()[:16]
 
 
-def source_cache_key(spec: SourceSpec, fingerprints: dict[str, str | None]) -> str:
+def source_cache_key(spec: SourceSpec, fingerprints: dict[str, str | None], device: torch.device | str = "cpu") -> str:
     """The cache key of the source model: a hash of everything that determines it (``spec``, the
-    fingerprints of its data, the cache format and the package version)."""
+    fingerprints of its data, the cache format, the package version, and the kind of ``device`` it trains on).
+    A model trained on a GPU has other bits than the CPU's, which the CPU's numbers are pinned to, so it gets a
+    folder of its own: a CPU run sharing the cache never loads it. The CPU's keys hash no device (the keys
+    cached before the device counted)."""
     from alfa import __version__
 
     parts = {"format": CACHE_FORMAT, "version": __version__, **spec.to_dict(), "data": fingerprints}
+    kind = torch.device(device).type
+    if kind != "cpu":
+        parts["device"] = kind
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -272,7 +278,7 @@ def build_source_model(
     The build holds ``source-<key>.lock`` beside the folder: another process building the same model waits
     (saying so on stderr) and then loads what the first one finished."""
     fingerprints = {"source": data_fingerprint(source), "val": data_fingerprint(val) if val is not None else None}
-    cache = Path(cache_dir) / f"source-{source_cache_key(spec, fingerprints)}"
+    cache = Path(cache_dir) / f"source-{source_cache_key(spec, fingerprints, device)}"
 
     def say_waiting(holder: str) -> None:
         print(f"waiting for {holder} building {cache}", file=sys.stderr, flush=True)

@@ -191,7 +191,9 @@ class Session:
             data, val = self.source_data[key]
             spec = c.source_model_spec(key, seed)
             fingerprints = {"source": data_fingerprint(data), "val": data_fingerprint(val)}
-            self.sources[(key, seed)] = SourceContext(key, seed, spec, data, val, source_cache_key(spec, fingerprints))
+            self.sources[(key, seed)] = SourceContext(
+                key, seed, spec, data, val, source_cache_key(spec, fingerprints, self.device)
+            )
         return self.sources[(key, seed)]
 
     def release(self, key: str, seed: int) -> None:
