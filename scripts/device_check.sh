@@ -2,7 +2,8 @@
 # A few minutes on a GPU machine: one epoch of pre-training on synthetic faces (224×224 by default, bf16),
 # truncation and one epoch of recovery, Alfa personalization of one target world; prints the device, images/s
 # of each training stage, seconds per personalized person, and images/s of the loader, the step and both.
-# Everything lands in $OUT (default runs/device-check); nothing is downloaded. On a machine without CUDA it
+# Everything lands in $OUT (default runs/device-check); nothing is downloaded. Run again into the same $OUT, a stage an
+# earlier run finished is loaded, not trained, and is said to be that run's instead of timed. On a machine without CUDA it
 # runs on the CPU (set SIZE, PERSONS small there). Usage: scripts/device_check.sh   or   SIZE=64 PERSONS=8 DEVICE=cpu scripts/device_check.sh
 # Without .venv or an installed alfa (a GPU image with its own PyTorch) it runs src/ with $PYTHON (default python3).
 # $PYTHON must be the interpreter alfa runs under (the script's own probes import alfa); it needs the gaze extra's
@@ -57,6 +58,7 @@ import torch
 name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device (CPU)"
 print(f"device: {name}; torch {torch.__version__}; requested --device $DEVICE")
 PY
+started=$(date +%s)  # a stage whose model is older was finished by an earlier run into $OUT (resumed, not timed)
 src="synthetic:eth?size=$SIZE&persons=$PERSONS&images_per_person=$IMAGES"
 val="synthetic:eth?split=val&size=$SIZE&persons=4&images_per_person=20"
 common=(--device "$DEVICE" --precision "$PRECISION" --batch-size 120 --epochs 1 --quiet)
@@ -65,12 +67,16 @@ run_alfa truncate --checkpoint "$OUT/pretrain/model.safetensors" --data "$src" -
     --out "$OUT/recovered" "${common[@]}"
 run_alfa personalize --checkpoint "$OUT/recovered/model.safetensors" --device "$DEVICE" --recipe paper \
     --data "synthetic:mpii?size=$SIZE&persons=8&images_per_person=20" --out "$OUT/adapters" --replace --quiet
-"$PYTHON" - "$OUT" <<'PY'
-import json, sys
+"$PYTHON" - "$OUT" "$started" <<'PY'
+import os, sys
 from alfa.checkpoint import read_checkpoint
-out = sys.argv[1]
+out, started = sys.argv[1], int(sys.argv[2])
 for stage in ("pretrain", "recovered"):
-    _, saved = read_checkpoint(f"{out}/{stage}/model.safetensors", header_only=True)
+    path = f"{out}/{stage}/model.safetensors"
+    if os.path.getmtime(path) < started:  # its speeds are an earlier run's, perhaps on another machine
+        print(f"{stage}: finished by an earlier run into {out}, not timed by this one (remove {out}/{stage} to time it)")
+        continue
+    _, saved = read_checkpoint(path, header_only=True)
     extra = saved["extra"]
     history = extra.get("history") or extra.get("result", {}).get("recovery_history", [])
     n = extra["data"]["images"]

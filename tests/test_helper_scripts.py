@@ -257,3 +257,44 @@ def test_device_check_help_and_stray_arguments_run_nothing(tmp_path):
     err = _refused(_run(repo, "device_check.sh", "SIZE=64"), "device_check.sh: takes no arguments (settings go in the")
     assert err.endswith("got: SIZE=64\n")
     assert not (repo / "calls.txt").exists() and not (repo / "runs").exists()
+
+
+def test_device_check_says_which_stages_an_earlier_run_finished_instead_of_quoting_their_speeds(tmp_path):
+    """Run again into the same folder, the stages resume: a finished pre-training is loaded, not trained, and the
+    speeds the script printed for it were the first run's (perhaps another machine's), as if timed again."""
+    import torch
+
+    import alfa
+
+    repo = _repo(tmp_path, "device_check.sh")
+    _executable(repo / ".venv" / "bin" / "alfa", '#!/usr/bin/env bash\necho "alfa $1" >> calls.txt\n')
+    out = repo / "runs" / "device-check"
+    for stage, seconds in (("pretrain", 2.0), ("recovered", 4.0)):
+        history = {"history": [{"seconds": seconds}]} if stage == "pretrain" else {"result": {}}
+        if stage == "recovered":
+            history["result"]["recovery_history"] = [{"seconds": seconds}]
+        extra = {**history, "data": {"images": 100}}
+        alfa.checkpoint.save_model(out / stage / "model.safetensors", torch.nn.Linear(2, 2), "tiny", extra=extra)
+    hour_ago = datetime.datetime.now().timestamp() - 3600
+    os.utime(out / "pretrain" / "model.safetensors", (hour_ago, hour_ago))  # before this run: an earlier run's
+    later = datetime.datetime.now().timestamp() + 3600
+    os.utime(out / "recovered" / "model.safetensors", (later, later))  # written by this run's stand-in truncate
+    env = {"PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src")}
+    done = _run(repo, "device_check.sh", DEVICE="cpu", **env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "pretrain: finished by an earlier run into runs/device-check, not timed by this one" in "\n".join(lines)
+    assert not [line for line in lines if line.startswith("pretrain: epoch")]
+    assert [line for line in lines if line.startswith("recovered: epoch")] == [
+        "recovered: epoch of 100 images in 4.0 s = 25 images/s (source images incl. held-out ones; validation included)"
+    ]
+    assert (repo / "calls.txt").read_text().split() == [
+        "alfa",
+        "pretrain",
+        "alfa",
+        "truncate",
+        "alfa",
+        "personalize",
+        "alfa",
+        "throughput",
+    ]
