@@ -7,7 +7,9 @@ For each setting below, a fresh Python process on one thread renders a small pie
 on fixed random 64×64 images from seed 0. It prints, per setting, the instructions torch then uses and the
 SHA-256 of the images and of the trained weights; equal digests are equal bits. A setting can only lower what
 the CPU has: ``ATEN_CPU_CAPABILITY`` (torch's own kernels: ``default``, ``avx2``, ``avx512``) and
-``ONEDNN_MAX_CPU_ISA`` (oneDNN's convolutions: ``SSE41``, ``AVX2``, ...).
+``ONEDNN_MAX_CPU_ISA`` (oneDNN's convolutions: ``SSE41``, ``AVX2``, ...); ``MKL_CBWR`` fixes the code path of MKL,
+torch's BLAS here (its matrix products: ``AVX2``, or ``COMPATIBLE``, the one every x86 CPU runs), which MKL otherwise
+picks by CPU.
 
 Writes the table to ``--out`` (default ``docs/data/isa-probe/<UTC stamp>.txt`` in the repository, wherever it is run
 from) once every setting is probed; an existing file, or a place that cannot be written, is refused before the first
@@ -34,8 +36,13 @@ SETTINGS: list[dict[str, str]] = [
     {"ONEDNN_MAX_CPU_ISA": "AVX2"},
     {"ONEDNN_MAX_CPU_ISA": "SSE41"},
     {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    {"MKL_CBWR": "AVX2"},
+    {"MKL_CBWR": "COMPATIBLE"},
+    {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2"},
 ]
 """The settings probed (the environment of each child process, beside the parent's); ``{}``: torch's own choice."""
+PROBED = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS")
+"""The variables a child's setting alone decides: dropped from the parent's environment before each child starts."""
 
 WORLDS = ("eth-v2", "gaze360-v2")
 STEPS = 6
@@ -99,7 +106,7 @@ def _said(setting: dict[str, str]) -> str:
 
 
 def _probe(setting: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+    env = {k: v for k, v in os.environ.items() if k not in PROBED}  # the parent's own choice would be in every row
     done = subprocess.run(
         [sys.executable, __file__, "--child"], env={**env, **setting}, capture_output=True, text=True, check=False
     )

@@ -70,3 +70,20 @@ def test_a_failed_child_is_one_line_its_own_error(tmp_path, capsys, monkeypatch)
     err = _refused(script, ["--out", str(tmp_path / "t.txt")], capsys, monkeypatch)
     assert err == "isa_probe: the child process for (torch's own choice) failed: ValueError: boom\n"
     assert not (tmp_path / "t.txt").exists()
+
+
+def test_each_child_runs_its_own_setting_alone_whatever_the_parent_was_given(tmp_path, monkeypatch, capsys):
+    """A variable the parent was started with (MKL_CBWR=AVX2 for another experiment) would be in every child's
+    environment, the rows then all probing it; each row's child gets exactly its own setting's variables."""
+    script = _script()
+    seen = []
+
+    def run(argv, env, **kwargs):
+        seen.append({k: env[k] for k in script.PROBED if k in env})
+        return subprocess.CompletedProcess(argv, 0, stdout='{"capability": "X", "images": "i", "weights": "w"}\n')
+
+    for variable in script.PROBED:
+        monkeypatch.setenv(variable, "AVX2")
+    monkeypatch.setattr(script.subprocess, "run", run)
+    _main(script, ["--out", str(tmp_path / "t.txt")], monkeypatch)
+    assert seen == script.SETTINGS and {} in seen and {"MKL_CBWR": "COMPATIBLE"} in seen
