@@ -221,6 +221,41 @@ def test_a_recorded_model_another_cpu_trained_is_not_trained_again_here_unasked(
     assert (cache / "recovered" / "model.safetensors").is_file()
 
 
+def test_a_model_new_to_a_seed_another_cpu_made_is_refused_though_the_probe_passes(tmp_path):
+    """A CPU that renders the worlds alike (the probe passes) can still train other bits: a model new to a seed
+    whose source models another CPU trained is refused before it trains, unless --new-models-elsewhere; a seed made
+    here, or one whose source models name no single CPU, trains it as before."""
+    config = tiny(methods=("source-only",), pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3))
+    assert run_bench(config, tmp_path, progress=False).ran == ["source-only|E→M|seed0"]
+    path, data = tmp_path / "results.json", load_results(tmp_path)
+    elsewhere = "Another CPU (family 1, model 1)"
+    data["sources"]["E|seed0"]["cpu"] = elsewhere
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    within = dataclasses.replace(config, methods=("target-trained",))
+    for dry_run in (True, False):
+        with pytest.raises(
+            ValueError,
+            match=rf"seed 0's models were trained on Another CPU \(family 1, model 1\); this machine is "
+            rf"{re.escape(cpu_name())}, .* M's model, new to the seed, .* give --new-models-elsewhere",
+        ):
+            run_bench(within, tmp_path, progress=False, dry_run=dry_run)
+    assert path.read_bytes() == before and not list((tmp_path / "cache").glob("*M*"))
+    # a within-target model another machine added (declared) does not make the seed's machine unknown
+    data["sources"]["M|seed0"] = {"cache": "cache/source-0123456789ab", "cpu": cpu_name()}
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"seed 0's models were trained on Another CPU"):
+        run_bench(dataclasses.replace(within, pairs=("E→D",)), tmp_path, progress=False, dry_run=True)
+    path.write_bytes(before)
+    ran = run_bench(within, tmp_path, progress=False, new_models_elsewhere=True)
+    assert ran.ran == ["target-trained|E→M|seed0"]
+    assert load_results(tmp_path)["sources"]["M|seed0"]["cpu"] == cpu_name()  # the entry keeps this CPU
+    data["sources"]["E|seed0"]["cpu"] = cpu_name()  # the seed made here: nothing to refuse
+    data["sources"].pop("M|seed0", None)
+    path.write_text(json.dumps(data))
+    assert run_bench(dataclasses.replace(within, pairs=("E→D",)), tmp_path, progress=False, dry_run=True).pending
+
+
 def test_a_model_new_to_a_seed_made_elsewhere_is_refused_by_a_probe_of_a_recorded_one(tmp_path):
     """A piece whose models no record of the seed used yet (here the target's within-target model) cannot be
     compared with a record of its own: the seed's recorded source model is rendered here as a probe instead."""

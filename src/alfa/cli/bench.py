@@ -168,6 +168,7 @@ def _bench(args: argparse.Namespace) -> None:
         device=device,
         precision=args.precision or "fp32",
         rebuild_elsewhere=args.rebuild_elsewhere,
+        new_models_elsewhere=args.new_models_elsewhere,
     )
     if args.dry_run:
         print(f"{len(summary.pending)} records to run, {len(summary.skipped)} already done in {summary.results}:")
@@ -268,6 +269,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="train again a model the results say another CPU trained (by default refused before it trains: "
         "another CPU's vector instructions train other bits, which its record then refuses)",
+    )
+    p.add_argument(
+        "--new-models-elsewhere",
+        action="store_true",
+        help="train a model new to a seed whose models another CPU trained (by default refused before it trains: "
+        "the seed would hold models of two kinds of machine); its entry in the results keeps this CPU",
     )
     p.add_argument("--report", metavar="MD", help="also write the report to this markdown file afterwards")
     quiet_option(p)

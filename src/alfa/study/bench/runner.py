@@ -197,7 +197,9 @@ def _recorded_model(session: Session, key: str, seed: int) -> str:
     return Path(str(session.recorded_sources.get(f"{key}|seed{seed}", {}).get("cache", ""))).name
 
 
-def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session, rebuild_elsewhere: bool = False) -> None:
+def _refuse_another_machines_seed(
+    todo: list[RecordPlan], session: Session, rebuild_elsewhere: bool = False, new_models_elsewhere: bool = False
+) -> None:
     """Refuse, before anything trains, records of a seed whose models the results hold under other cache keys
     than this machine gives them: its data rendered differently here. The worlds are rendered with float
     arithmetic whose last bits depend on the CPU's vector instructions and math library, so another kind of
@@ -209,7 +211,9 @@ def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session, rebu
 
     A model of the piece the results hold is compared with its record. A seed whose piece only adds models new
     to it (a source or within-target model no record of that seed used yet) is probed with one model the seed's
-    records did use: its data rendered here must give the recorded key (one world rendered, no training)."""
+    records did use: its data rendered here must give the recorded key (one world rendered, no training). A CPU
+    can render the worlds alike and still train other bits, so a model new to a seed whose models another CPU
+    trained is refused too (:func:`_refuse_a_new_model_elsewhere`), unless ``new_models_elsewhere``."""
     models = sorted({(session.model_key(p), p.seed) for p in todo})
     for key, seed in models:
         recorded = _recorded_model(session, key, seed)
@@ -224,6 +228,8 @@ def _refuse_another_machines_seed(todo: list[RecordPlan], session: Session, rebu
             )
         if recorded and not rebuild_elsewhere:
             _refuse_a_rebuild_elsewhere(session, key, seed, cache)
+        if not recorded and not new_models_elsewhere:
+            _refuse_a_new_model_elsewhere(session, key, seed, cache)
     proven = {seed for key, seed in models if _recorded_model(session, key, seed)}  # compared just above
     for seed in sorted({seed for _, seed in models} - proven):
         suffix = f"|seed{seed}"
@@ -265,15 +271,41 @@ def _refuse_a_rebuild_elsewhere(session: Session, key: str, seed: int, cache: Pa
     )
 
 
+def _refuse_a_new_model_elsewhere(session: Session, key: str, seed: int, cache: Path) -> None:
+    """Refuse (``ValueError``) to train here a model new to ``seed`` (none of its records used it yet) when the
+    seed's models were trained on another CPU (:func:`_seed_machine`): the data probe passes where that CPU renders
+    the worlds alike, yet its vector instructions train other bits (docs/gaze.md § Determinism), and the seed would
+    then hold models of two kinds of machine, which neither can make again alone. A model this cache holds
+    finished (trained here before) is loaded, not trained."""
+    made_on, here = _seed_machine(session, seed), cpu_name()
+    if not made_on or made_on == here or source_model_finished(cache):
+        return
+    raise ValueError(
+        f"seed {seed}'s models were trained on {made_on}; this machine is {here}, whose vector instructions can "
+        f"train other bits from the same images, so {key}'s model, new to the seed, would join it from another kind "
+        f"of machine: run this piece on {made_on}, or give --new-models-elsewhere to add it anyway (its entry in "
+        f"the results keeps this CPU)"
+    )
+
+
 def _trained_on_record(session: Session, key: str, seed: int) -> str | None:
-    """The CPU the results say trained ``(key, seed)``'s model: its own entry's, else the one CPU the seed's other
-    models' entries name (``None`` where they name none or several)."""
+    """The CPU the results say trained ``(key, seed)``'s model: its own entry's, else the seed's
+    (:func:`_seed_machine`)."""
     own = session.recorded_sources.get(f"{key}|seed{seed}", {}).get("cpu")
-    if own:
-        return str(own)
+    return str(own) if own else _seed_machine(session, seed)
+
+
+def _seed_machine(session: Session, seed: int) -> str | None:
+    """The CPU that made ``seed``: the one its source models' entries name, else the one all its models' entries
+    name (``None`` where they name none or several). The source models first: a within-target model added on
+    another machine (declared, with --new-models-elsewhere) does not make the seed's machine unknown."""
     suffix = f"|seed{seed}"
-    named = {str(e["cpu"]) for k, e in session.recorded_sources.items() if k.endswith(suffix) and e.get("cpu")}
-    return named.pop() if len(named) == 1 else None
+    entries = {k.removesuffix(suffix): e for k, e in session.recorded_sources.items() if k.endswith(suffix)}
+    for keys in ([k for k in entries if k in SOURCES], list(entries)):
+        named = {str(entries[k]["cpu"]) for k in keys if entries[k].get("cpu")}
+        if named:
+            return named.pop() if len(named) == 1 else None
+    return None
 
 
 def _release_models(
@@ -298,6 +330,7 @@ def run_bench(
     device: torch.device | str = "cpu",
     precision: str = "fp32",
     rebuild_elsewhere: bool = False,
+    new_models_elsewhere: bool = False,
 ) -> BenchSummary:
     """Run (or resume) the benchmark described by ``config`` into ``out_dir``.
 
@@ -310,7 +343,8 @@ def run_bench(
     forwards (:mod:`alfa.gaze.precision`; the source models train in the precision of their recipe, the
     oracle's fine-tuning and the latency timings run in fp32); the run log records it too, and a record
     made in another precision than fp32 is another record, as one made on another device is. A model the
-    results hold that another CPU trained is not trained again here unless ``rebuild_elsewhere``.
+    results hold that another CPU trained is not trained again here unless ``rebuild_elsewhere``, and a model new
+    to a seed that another CPU made is not trained here unless ``new_models_elsewhere``.
     """
     config.validate()
     check_precision(precision)
@@ -327,7 +361,7 @@ def run_bench(
         plans = plan_records(config)
         try:
             groups, skipped, todo = _sort_out(plans, store.done(), session)
-            _refuse_another_machines_seed(todo, session, rebuild_elsewhere)
+            _refuse_another_machines_seed(todo, session, rebuild_elsewhere, new_models_elsewhere)
             if dry_run:
                 return BenchSummary(store.path, [], skipped, [p.id for p in todo], time.time() - t_start, 0.0)
             if progress:
