@@ -25,7 +25,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # run as python scripts/isa_probe.py it is there; loaded by a test, not
+    sys.path.insert(0, str(HERE))
+from script_cli import Parser, refuse  # noqa: E402
+
+NAME = "isa_probe"
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,22 +90,6 @@ def _child() -> dict[str, str]:
     }
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser, except that a refused argument is one line (argparse prints its usage block first)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)  # options written whole, as alfa's: no --rep for --replace
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"isa_probe: {message} (see python scripts/isa_probe.py --help)\n")
-
-
-def _refuse(message: str) -> NoReturn:
-    print(f"isa_probe: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def _said(setting: dict[str, str]) -> str:
     """A setting as the table writes it: ``K=V K=V``, or torch's own choice."""
     return " ".join(f"{k}={v}" for k, v in setting.items()) or "(torch's own choice)"
@@ -112,15 +102,15 @@ def _probe(setting: dict[str, str]) -> dict[str, str]:
     )
     if done.returncode != 0:  # its error's own line (the last of its traceback), not the whole traceback
         said = [line for line in done.stderr.splitlines() if line.strip()] or [f"exit status {done.returncode}"]
-        _refuse(f"the child process for {_said(setting)} failed: {said[-1].strip()}")
+        refuse(NAME, f"the child process for {_said(setting)} failed: {said[-1].strip()}")
     try:
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        _refuse(f"the child process for {_said(setting)} printed no digests: {done.stdout.strip()[-200:]!r}")
+        refuse(NAME, f"the child process for {_said(setting)} printed no digests: {done.stdout.strip()[-200:]!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = _Parser(prog="python scripts/isa_probe.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(name=NAME, prog="python scripts/isa_probe.py", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--out", type=Path, help="the file to write (default docs/data/isa-probe/<UTC stamp>.txt in the repository)"
     )
@@ -135,16 +125,16 @@ def main(argv: list[str] | None = None) -> None:
         from alfa.fileio import check_writable, write_text
         from alfa.study.timing import cpu_name
     except ImportError as e:  # another Python than the project's
-        _refuse(f"{sys.executable} cannot import {e.name or e}; run it with .venv/bin/python")
+        refuse(NAME, f"{sys.executable} cannot import {e.name or e}; run it with .venv/bin/python")
 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
     out = args.out or ROOT / "docs/data/isa-probe" / f"{stamp}.txt"
     try:
         check_writable(out, what="--out")  # a folder, or a place under a file: said now, not after the probes
     except ValueError as e:
-        _refuse(str(e))
+        refuse(NAME, str(e))
     if out.exists():
-        _refuse(f"{out} exists; give another --out")
+        refuse(NAME, f"{out} exists; give another --out")
     lines = [
         f"machine {cpu_name()}, torch {torch.__version__}, started {stamp}",
         f"{len(WORLDS)} worlds ({', '.join(WORLDS)}) × 2 persons × 8 images at 64×64; resnet18_gaze, {STEPS} AdamW "
@@ -157,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {_said(setting)} | {got['capability']} | {got['images']} | {got['weights']} |")
         print(lines[-1], flush=True)
     if out.exists():  # made while the probes ran: kept
-        _refuse(f"{out} appeared while the probes ran; nothing written (give another --out)")
+        refuse(NAME, f"{out} appeared while the probes ran; nothing written (give another --out)")
     write_text(out, "\n".join(lines) + "\n")  # atomic, its folder made
     print(f"wrote {out}")
 

@@ -27,7 +27,14 @@ import shlex
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # run as python scripts/score_variants.py it is there; loaded by a test, not
+    sys.path.insert(0, str(HERE))
+from script_cli import Parser  # noqa: E402
+
+NAME = "score_variants"
 
 try:
     import torch
@@ -46,17 +53,6 @@ except ImportError as e:  # another Python than the project's: one line, not a t
 
 AXES = ("yaw", "pitch")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser, except that a refused argument is one line (argparse prints its usage block first)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)  # options written whole, as alfa's: no --rep for --replace
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"score_variants: {message} (see python scripts/score_variants.py --help)\n")
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
@@ -117,7 +113,8 @@ def check_variants(texts: list[str], world: str) -> list[tuple[str, dict[str, An
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
-    parser = _Parser(
+    parser = Parser(
+        name=NAME,
         prog="python scripts/score_variants.py",
         description=__doc__.split("\n\n")[0],
         epilog="e.g. python scripts/score_variants.py E-s0-on-D runs/bench-v2/cache/source-<key>/recovered/"

@@ -24,7 +24,13 @@ import shlex
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # run as python scripts/scout_worlds.py it is there; loaded by a test, not
+    sys.path.insert(0, str(HERE))
+from script_cli import Parser, refuse  # noqa: E402
+
+NAME = "scout_worlds"
 
 try:
     import torch
@@ -43,24 +49,8 @@ except ImportError as e:  # another Python than the project's: one line, not a t
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser, except that a refused argument is one line (argparse prints its usage block first)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)  # options written whole, as alfa's: no --rep for --replace
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"scout_worlds: {message} (see python scripts/scout_worlds.py --help)\n")
-
-
-def _refuse(message: str) -> NoReturn:
-    print(f"scout_worlds: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def _arguments(argv: list[str]) -> argparse.Namespace:
-    parser = _Parser(prog="python scripts/scout_worlds.py", description=__doc__.splitlines()[0])
+    parser = Parser(name=NAME, prog="python scripts/scout_worlds.py", description=__doc__.splitlines()[0])
     parser.add_argument("name", help="the scout's name: docs/data/calibration-scout/NAME.json, runs/scout/NAME")
     parser.add_argument("train", help="the training data's spec, e.g. synthetic:eth-v2")
     parser.add_argument("epochs", type=_epochs, help="epochs of training (1 or more)")
@@ -99,7 +89,7 @@ def main(argv: list[str], root: Path = ROOT) -> None:
             check_spec(spec)
         _record(root, args)
     except (OSError, ValueError) as e:
-        _refuse(error_line(e))
+        refuse(NAME, error_line(e))
     torch.set_num_threads(1)
     folder = root / "runs/scout" / args.name
 
@@ -111,7 +101,7 @@ def main(argv: list[str], root: Path = ROOT) -> None:
             path = _record(root, args)  # again: the scout waited for may have written it
             scores = _scout(args, argv, config, folder, path)
     except (OSError, ValueError) as e:  # a checkpoint in the folder of another scout's settings, say
-        _refuse(error_line(e))
+        refuse(NAME, error_line(e))
     print(json.dumps(scores, indent=1))
 
 

@@ -49,7 +49,7 @@ from .record import Record
 from .results import ResultsStore
 from .session import Session
 
-__all__ = ["BenchSummary", "run_bench"]
+__all__ = ["BenchSummary", "run_bench", "seed_machine"]
 
 
 @dataclass
@@ -296,11 +296,16 @@ def _trained_on_record(session: Session, key: str, seed: int) -> str | None:
 
 
 def _seed_machine(session: Session, seed: int) -> str | None:
-    """The CPU that made ``seed``: the one its source models' entries name, else the one all its models' entries
-    name (``None`` where they name none or several). The source models first: a within-target model added on
-    another machine (declared, with --new-models-elsewhere) does not make the seed's machine unknown."""
+    return seed_machine(session.recorded_sources, seed)
+
+
+def seed_machine(recorded_sources: dict[str, dict[str, Any]], seed: int) -> str | None:
+    """The CPU that made ``seed``, from the results' model entries (``results.json``'s ``sources``): the one its
+    source models' entries name, else the one all its models' entries name (``None`` where they name none or
+    several). The source models first: a within-target model added on another machine (declared, with
+    --new-models-elsewhere) does not make the seed's machine unknown."""
     suffix = f"|seed{seed}"
-    entries = {k.removesuffix(suffix): e for k, e in session.recorded_sources.items() if k.endswith(suffix)}
+    entries = {k.removesuffix(suffix): e for k, e in recorded_sources.items() if k.endswith(suffix)}
     for keys in ([k for k in entries if k in SOURCES], list(entries)):
         named = {str(entries[k]["cpu"]) for k in keys if entries[k].get("cpu")}
         if named:
