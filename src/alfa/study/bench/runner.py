@@ -273,11 +273,11 @@ def _refuse_a_rebuild_elsewhere(session: Session, key: str, seed: int, cache: Pa
 
 def _refuse_a_new_model_elsewhere(session: Session, key: str, seed: int, cache: Path) -> None:
     """Refuse (``ValueError``) to train here a model new to ``seed`` (none of its records used it yet) when the
-    seed's models were trained on another CPU (:func:`_seed_machine`): the data probe passes where that CPU renders
+    seed's models were trained on another CPU (:func:`seed_machine`): the data probe passes where that CPU renders
     the worlds alike, yet its vector instructions train other bits (docs/gaze.md § Determinism), and the seed would
     then hold models of two kinds of machine, which neither can make again alone. A model this cache holds
     finished (trained here before) is loaded, not trained."""
-    made_on, here = _seed_machine(session, seed), cpu_name()
+    made_on, here = seed_machine(session.recorded_sources, seed), cpu_name()
     if not made_on or made_on == here or source_model_finished(cache):
         return
     raise ValueError(
@@ -290,13 +290,9 @@ def _refuse_a_new_model_elsewhere(session: Session, key: str, seed: int, cache: 
 
 def _trained_on_record(session: Session, key: str, seed: int) -> str | None:
     """The CPU the results say trained ``(key, seed)``'s model: its own entry's, else the seed's
-    (:func:`_seed_machine`)."""
+    (:func:`seed_machine`)."""
     own = session.recorded_sources.get(f"{key}|seed{seed}", {}).get("cpu")
-    return str(own) if own else _seed_machine(session, seed)
-
-
-def _seed_machine(session: Session, seed: int) -> str | None:
-    return seed_machine(session.recorded_sources, seed)
+    return str(own) if own else seed_machine(session.recorded_sources, seed)
 
 
 def seed_machine(recorded_sources: dict[str, dict[str, Any]], seed: int) -> str | None:
