@@ -157,6 +157,16 @@ def _seed0_made_elsewhere(tmp_path):
     return config, tmp_path / "results.json", data, here
 
 
+def _refused_before_anything_runs(config, tmp_path, match: str) -> None:
+    """``config``'s run into ``tmp_path`` is refused (``ValueError`` matching ``match``), as a dry run and as a run,
+    with the results file unchanged: nothing written, nothing trained."""
+    before = (tmp_path / "results.json").read_bytes()
+    for dry_run in (True, False):
+        with pytest.raises(ValueError, match=match):
+            run_bench(config, tmp_path, progress=False, dry_run=dry_run)
+    assert (tmp_path / "results.json").read_bytes() == before
+
+
 def test_a_seed_made_with_another_machines_model_is_refused_before_anything_trains(tmp_path):
     """Another kind of CPU renders the worlds a few bits differently, so the same seed gets another source model
     (another cache key): a piece that would add records to a seed made elsewhere stops before training."""
@@ -165,15 +175,8 @@ def test_a_seed_made_with_another_machines_model_is_refused_before_anything_trai
     assert data["runs"][-1]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # and torch's instructions
     data["records"] = []  # its records are to be made (again) here
     path.write_text(json.dumps(data))
-    before = path.read_bytes()
-    for dry_run in (True, False):
-        with pytest.raises(
-            ValueError,
-            match=r"E seed 0's records were made with the model source-0123456789ab, "
-            rf"and its data and recipe give {Path(here).name} here",
-        ):
-            run_bench(config, tmp_path, progress=False, dry_run=dry_run)
-    assert path.read_bytes() == before  # nothing written, nothing trained
+    made_elsewhere = r"E seed 0's records were made with the model source-0123456789ab, and its data and recipe give "
+    _refused_before_anything_runs(config, tmp_path, made_elsewhere + rf"{Path(here).name} here")
     other_seed = dataclasses.replace(config, seeds=(1,))
     assert run_bench(other_seed, tmp_path, progress=False).ran == ["source-only|E→M|seed1"]
     # the same key, but the model (built again, or here read from its cache) does not end where the recorded did
@@ -200,14 +203,9 @@ def test_a_recorded_model_another_cpu_trained_is_not_trained_again_here_unasked(
     path.write_text(json.dumps(data))
     shutil.rmtree(cache)
     before = path.read_bytes()
-    for dry_run in (True, False):
-        with pytest.raises(
-            ValueError,
-            match=rf"E seed 0's records were made with the model {cache.name}, trained on Another CPU \(family 1, "
-            rf"model 1\); this machine is {re.escape(cpu_name())}, .* give --rebuild-elsewhere",
-        ):
-            run_bench(config, tmp_path, progress=False, dry_run=dry_run)
-    assert path.read_bytes() == before and not cache.exists()  # nothing written, nothing trained
+    said = rf"E seed 0's records were made with the model {cache.name}, trained on Another CPU \(family 1, model 1\); "
+    _refused_before_anything_runs(config, tmp_path, said + rf"this machine is {re.escape(cpu_name())}, .* --rebuild-")
+    assert not cache.exists()
     # a record made before records kept their CPU is taken as made where the seed's other models were
     unnamed = json.loads(before)
     unnamed["sources"]["E|seed0"].pop("cpu")
@@ -223,29 +221,27 @@ def test_a_recorded_model_another_cpu_trained_is_not_trained_again_here_unasked(
 
 def test_a_model_new_to_a_seed_another_cpu_made_is_refused_though_the_probe_passes(tmp_path):
     """A CPU that renders the worlds alike (the probe passes) can still train other bits: a model new to a seed
-    whose source models another CPU trained is refused before it trains, unless --new-models-elsewhere; a seed made
-    here, or one whose source models name no single CPU, trains it as before."""
+    whose source models another CPU trained is refused before it trains, unless --new-models-elsewhere (its entry
+    then names this CPU); a seed made here trains it as before."""
     config = tiny(methods=("source-only",), pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3))
     assert run_bench(config, tmp_path, progress=False).ran == ["source-only|E→M|seed0"]
     path, data = tmp_path / "results.json", load_results(tmp_path)
-    elsewhere = "Another CPU (family 1, model 1)"
-    data["sources"]["E|seed0"]["cpu"] = elsewhere
+    data["sources"]["E|seed0"]["cpu"] = "Another CPU (family 1, model 1)"
     path.write_text(json.dumps(data))
     before = path.read_bytes()
     within = dataclasses.replace(config, methods=("target-trained",))
-    for dry_run in (True, False):
-        with pytest.raises(
-            ValueError,
-            match=rf"seed 0's models were trained on Another CPU \(family 1, model 1\); this machine is "
-            rf"{re.escape(cpu_name())}, .* M's model, new to the seed, .* give --new-models-elsewhere",
-        ):
-            run_bench(within, tmp_path, progress=False, dry_run=dry_run)
-    assert path.read_bytes() == before and not list((tmp_path / "cache").glob("*M*"))
+    said = r"seed 0's models were trained on Another CPU \(family 1, model 1\); this machine is "
+    new = rf"{re.escape(cpu_name())}, .* M's model, new to the seed, .* give --new-models-elsewhere"
+    _refused_before_anything_runs(within, tmp_path, said + new)
+    assert not list((tmp_path / "cache").glob("*M*"))
     # a within-target model another machine added (declared) does not make the seed's machine unknown
     data["sources"]["M|seed0"] = {"cache": "cache/source-0123456789ab", "cpu": cpu_name()}
     path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=r"seed 0's models were trained on Another CPU"):
-        run_bench(dataclasses.replace(within, pairs=("E→D",)), tmp_path, progress=False, dry_run=True)
+    _refused_before_anything_runs(dataclasses.replace(within, pairs=("E→D",)), tmp_path, said)
+    # nor do source models that name no CPU (made before records kept one) beside the one that does
+    data["sources"]["G|seed0"] = {"cache": "cache/source-0123456789ab"}
+    path.write_text(json.dumps(data))
+    _refused_before_anything_runs(dataclasses.replace(within, pairs=("E→D",)), tmp_path, said)
     path.write_bytes(before)
     ran = run_bench(within, tmp_path, progress=False, new_models_elsewhere=True)
     assert ran.ran == ["target-trained|E→M|seed0"]
@@ -261,16 +257,10 @@ def test_a_model_new_to_a_seed_made_elsewhere_is_refused_by_a_probe_of_a_recorde
     compared with a record of its own: the seed's recorded source model is rendered here as a probe instead."""
     config, path, data, here = _seed0_made_elsewhere(tmp_path)
     path.write_text(json.dumps(data))
-    before = path.read_bytes()
     within = dataclasses.replace(config, methods=("target-trained",))
-    for dry_run in (True, False):
-        with pytest.raises(
-            ValueError,
-            match=r"seed 0's records were made with E's model source-0123456789ab, and E's data and recipe give "
-            rf"{Path(here).name} here .* this piece's new models would join a seed made on another kind of machine",
-        ):
-            run_bench(within, tmp_path, progress=False, dry_run=dry_run)
-    assert path.read_bytes() == before  # nothing written, nothing trained
+    said = r"seed 0's records were made with E's model source-0123456789ab, and E's data and recipe give "
+    later = r" here .* this piece's new models would join a seed made on another kind of machine"
+    _refused_before_anything_runs(within, tmp_path, said + Path(here).name + later)
     seed1 = dataclasses.replace(within, seeds=(1,))  # a seed with no record: nothing to probe, this machine makes it
     assert run_bench(seed1, tmp_path, progress=False).ran == ["target-trained|E→M|seed1"]
     data["sources"]["E|seed0"]["cache"] = here  # the machine that made the seed: the probe agrees
