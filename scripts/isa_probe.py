@@ -33,7 +33,7 @@ from script_cli import Parser, refuse  # noqa: E402
 
 NAME = "isa_probe"
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = HERE.parent
 
 SETTINGS: list[dict[str, str]] = [
     {},

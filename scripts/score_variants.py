@@ -32,7 +32,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # run as python scripts/score_variants.py it is there; loaded by a test, not
     sys.path.insert(0, str(HERE))
-from script_cli import Parser  # noqa: E402
+from script_cli import Parser, refuse  # noqa: E402
 
 NAME = "score_variants"
 
@@ -48,11 +48,10 @@ try:
     from alfa.study.bench.config import BenchConfig
     from alfa.study.bench.methods import TARGETS
 except ImportError as e:  # another Python than the project's: one line, not a traceback
-    print(f"score_variants: {sys.executable} cannot import {e.name}; run it with .venv/bin/python", file=sys.stderr)
-    sys.exit(2)
+    refuse(NAME, f"{sys.executable} cannot import {e.name}; run it with .venv/bin/python")
 
 AXES = ("yaw", "pitch")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = HERE.parent
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:

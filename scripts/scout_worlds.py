@@ -43,10 +43,9 @@ try:
     from alfa.locks import locked
     from alfa.models import create_model
 except ImportError as e:  # another Python than the project's: one line, not a traceback
-    print(f"scout_worlds: {sys.executable} cannot import {e.name}; run it with .venv/bin/python", file=sys.stderr)
-    sys.exit(2)
+    refuse(NAME, f"{sys.executable} cannot import {e.name}; run it with .venv/bin/python")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = HERE.parent
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:

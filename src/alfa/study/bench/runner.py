@@ -207,13 +207,13 @@ def _refuse_another_machines_seed(
     they were one replicate. A seed's records are made on one kind of machine.
 
     A recorded model whose data this machine renders alike, but which another CPU trained and which this cache
-    does not hold, is refused too (:func:`_refuse_a_rebuild_elsewhere`), unless ``rebuild_elsewhere``.
+    does not hold, is refused too (:func:`_refuse_training_elsewhere`), unless ``rebuild_elsewhere``.
 
     A model of the piece the results hold is compared with its record. A seed whose piece only adds models new
     to it (a source or within-target model no record of that seed used yet) is probed with one model the seed's
     records did use: its data rendered here must give the recorded key (one world rendered, no training). A CPU
     can render the worlds alike and still train other bits, so a model new to a seed whose models another CPU
-    trained is refused too (:func:`_refuse_a_new_model_elsewhere`), unless ``new_models_elsewhere``."""
+    trained is refused too (:func:`_refuse_training_elsewhere`), unless ``new_models_elsewhere``."""
     models = sorted({(session.model_key(p), p.seed) for p in todo})
     for key, seed in models:
         recorded = _recorded_model(session, key, seed)
@@ -226,10 +226,8 @@ def _refuse_another_machines_seed(
                 f"model changed); a seed's records are made on one kind of machine: run this piece there, or "
                 f"choose another seed"
             )
-        if recorded and not rebuild_elsewhere:
-            _refuse_a_rebuild_elsewhere(session, key, seed, cache)
-        if not recorded and not new_models_elsewhere:
-            _refuse_a_new_model_elsewhere(session, key, seed, cache)
+        if not (rebuild_elsewhere if recorded else new_models_elsewhere):
+            _refuse_training_elsewhere(session, key, seed, cache, bool(recorded))
     proven = {seed for key, seed in models if _recorded_model(session, key, seed)}  # compared just above
     for seed in sorted({seed for _, seed in models} - proven):
         suffix = f"|seed{seed}"
@@ -251,40 +249,32 @@ def _refuse_another_machines_seed(
             )
 
 
-def _refuse_a_rebuild_elsewhere(session: Session, key: str, seed: int, cache: Path) -> None:
-    """Refuse (``ValueError``) to build again, here, in ``cache``, a model that the results say another CPU trained: the
-    same images train other bits on a CPU with other vector instructions (docs/gaze.md § Determinism), so after its
-    hours of training :func:`~alfa.study.bench.session.refuse_a_different_model` would almost surely refuse it. A model
-    this cache holds finished is loaded, not built, and is compared with its record as ever. A record made before
-    records kept their CPU is taken as made on the CPU the seed's other models name, where they all name one (a seed is
-    made on one kind of machine); where they name none, or several, the model trains as before."""
-    made_on = _trained_on_record(session, key, seed)
-    here = cpu_name()
+def _refuse_training_elsewhere(session: Session, key: str, seed: int, cache: Path, recorded: bool) -> None:
+    """Refuse (``ValueError``) to train here, in ``cache``, a model of ``seed`` that another CPU would be expected to
+    train otherwise: the same images train other bits on a CPU with other vector instructions (docs/gaze.md §
+    Determinism), and the data probe passes wherever the worlds render alike. ``recorded``: the results hold the
+    model (trained on :func:`_trained_on_record`'s CPU), so after its hours of training
+    :func:`~alfa.study.bench.session.refuse_a_different_model` would almost surely refuse it
+    (``--rebuild-elsewhere`` trains it anyway); else the model is new to the seed, whose models
+    :func:`seed_machine`'s CPU trained, and the seed would hold models of two kinds of machine, which neither can
+    make again alone (``--new-models-elsewhere`` adds it anyway). A model this cache holds finished is loaded, not
+    trained, and a recorded one is compared with its record as ever."""
+    made_on, here = _trained_on_record(session, key, seed), cpu_name()  # a new model has no entry: the seed's CPU
     if not made_on or made_on == here or source_model_finished(cache):
         return
+    if not recorded:
+        raise ValueError(
+            f"seed {seed}'s models were trained on {made_on}; this machine is {here}, whose vector instructions can "
+            f"train other bits from the same images, so {key}'s model, new to the seed, would join it from another "
+            f"kind of machine: run this piece on {made_on}, or give --new-models-elsewhere to add it anyway (its "
+            f"entry in the results keeps this CPU)"
+        )
     started = " (its unfinished training there began with --rebuild-elsewhere)" if cache.exists() else ""
     raise ValueError(
         f"{key} seed {seed}'s records were made with the model {cache.name}, trained on {made_on}; this machine "
         f"is {here}, and a model trained again on another CPU is expected to end elsewhere and be refused after "
         f"its training: run this piece on {made_on}, bring the finished model's folder to {cache}{started}, or "
         f"give --rebuild-elsewhere to train it anyway and let the comparison with its record decide"
-    )
-
-
-def _refuse_a_new_model_elsewhere(session: Session, key: str, seed: int, cache: Path) -> None:
-    """Refuse (``ValueError``) to train here a model new to ``seed`` (none of its records used it yet) when the
-    seed's models were trained on another CPU (:func:`seed_machine`): the data probe passes where that CPU renders
-    the worlds alike, yet its vector instructions train other bits (docs/gaze.md § Determinism), and the seed would
-    then hold models of two kinds of machine, which neither can make again alone. A model this cache holds
-    finished (trained here before) is loaded, not trained."""
-    made_on, here = seed_machine(session.recorded_sources, seed), cpu_name()
-    if not made_on or made_on == here or source_model_finished(cache):
-        return
-    raise ValueError(
-        f"seed {seed}'s models were trained on {made_on}; this machine is {here}, whose vector instructions can "
-        f"train other bits from the same images, so {key}'s model, new to the seed, would join it from another kind "
-        f"of machine: run this piece on {made_on}, or give --new-models-elsewhere to add it anyway (its entry in "
-        f"the results keeps this CPU)"
     )
 
 
