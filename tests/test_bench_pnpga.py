@@ -13,6 +13,7 @@ from bench_records import results_of
 from test_bench import tiny
 
 import alfa.study.bench.pnpga as bench_pnpga
+import alfa.study.bench.session as bench_session
 from alfa.checkpoint import read_checkpoint
 from alfa.gaze.train import TrainConfig
 from alfa.study.bench.config import BenchConfig
@@ -167,6 +168,16 @@ def _refused_before_anything_runs(config, tmp_path, match: str) -> None:
     assert (tmp_path / "results.json").read_bytes() == before
 
 
+def _no_world_renders(monkeypatch) -> None:
+    """From here on a world rendered by the benchmark's session fails the test: a refusal that needs no data
+    must come before the minutes a world takes to render."""
+
+    def render(spec):
+        raise AssertionError(f"{spec} was rendered")
+
+    monkeypatch.setattr(bench_session, "open_data", render)
+
+
 def test_a_seed_made_with_another_machines_model_is_refused_before_anything_trains(tmp_path):
     """Another kind of CPU renders the worlds a few bits differently, so the same seed gets another source model
     (another cache key): a piece that would add records to a seed made elsewhere stops before training."""
@@ -188,10 +199,11 @@ def test_a_seed_made_with_another_machines_model_is_refused_before_anything_trai
     assert load_results(tmp_path)["records"] == []
 
 
-def test_a_recorded_model_another_cpu_trained_is_not_trained_again_here_unasked(tmp_path):
+def test_a_recorded_model_another_cpu_trained_is_not_trained_again_here_unasked(tmp_path, monkeypatch):
     """The same images train other bits on a CPU with other vector instructions, so a recorded model that another
     CPU trained, missing from this cache, is refused before its training (which its record would refuse after),
-    unless --rebuild-elsewhere; one the cache holds is loaded and compared with its record as ever."""
+    and before its data render, unless --rebuild-elsewhere; one the cache holds is loaded and compared with its
+    record as ever."""
     config = tiny(methods=("source-only",), pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3))
     assert run_bench(config, tmp_path, progress=False).ran == ["source-only|E→M|seed0"]
     path, data = tmp_path / "results.json", load_results(tmp_path)
@@ -204,7 +216,9 @@ def test_a_recorded_model_another_cpu_trained_is_not_trained_again_here_unasked(
     shutil.rmtree(cache)
     before = path.read_bytes()
     said = rf"E seed 0's records were made with the model {cache.name}, trained on Another CPU \(family 1, model 1\); "
+    _no_world_renders(monkeypatch)
     _refused_before_anything_runs(config, tmp_path, said + rf"this machine is {re.escape(cpu_name())}, .* --rebuild-")
+    monkeypatch.undo()
     assert not cache.exists()
     # a record made before records kept their CPU is taken as made where the seed's other models were
     unnamed = json.loads(before)
@@ -219,10 +233,11 @@ def test_a_recorded_model_another_cpu_trained_is_not_trained_again_here_unasked(
     assert (cache / "recovered" / "model.safetensors").is_file()
 
 
-def test_a_model_new_to_a_seed_another_cpu_made_is_refused_though_the_probe_passes(tmp_path):
+def test_a_model_new_to_a_seed_another_cpu_made_is_refused_though_the_probe_passes(tmp_path, monkeypatch):
     """A CPU that renders the worlds alike (the probe passes) can still train other bits: a model new to a seed
-    whose source models another CPU trained is refused before it trains, unless --new-models-elsewhere (its entry
-    then names this CPU); a seed made here trains it as before."""
+    whose source models another CPU trained is refused before it trains (and before its data render), unless
+    --new-models-elsewhere (its entry then names this CPU) or this cache holds it finished; a seed made here trains
+    it as before."""
     config = tiny(methods=("source-only",), pretrain=TrainConfig(epochs=1, batch_size=16, lr=1e-3))
     assert run_bench(config, tmp_path, progress=False).ran == ["source-only|E→M|seed0"]
     path, data = tmp_path / "results.json", load_results(tmp_path)
@@ -232,7 +247,9 @@ def test_a_model_new_to_a_seed_another_cpu_made_is_refused_though_the_probe_pass
     within = dataclasses.replace(config, methods=("target-trained",))
     said = r"seed 0's models were trained on Another CPU \(family 1, model 1\); this machine is "
     new = rf"{re.escape(cpu_name())}, .* M's model, new to the seed, .* give --new-models-elsewhere"
+    _no_world_renders(monkeypatch)
     _refused_before_anything_runs(within, tmp_path, said + new)
+    monkeypatch.undo()
     assert not list((tmp_path / "cache").glob("*M*"))
     # a within-target model another machine added (declared) does not make the seed's machine unknown
     data["sources"]["M|seed0"] = {"cache": "cache/source-0123456789ab", "cpu": cpu_name()}
@@ -246,6 +263,9 @@ def test_a_model_new_to_a_seed_another_cpu_made_is_refused_though_the_probe_pass
     ran = run_bench(within, tmp_path, progress=False, new_models_elsewhere=True)
     assert ran.ran == ["target-trained|E→M|seed0"]
     assert load_results(tmp_path)["sources"]["M|seed0"]["cpu"] == cpu_name()  # the entry keeps this CPU
+    # the model this cache holds finished, though no result names it: loaded, not refused
+    path.write_bytes(before)
+    assert run_bench(within, tmp_path, progress=False).ran == ["target-trained|E→M|seed0"]
     data["sources"]["E|seed0"]["cpu"] = cpu_name()  # the seed made here: nothing to refuse
     data["sources"].pop("M|seed0", None)
     path.write_text(json.dumps(data))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import platform
 import time
@@ -249,7 +250,36 @@ def _refuse_another_machines_seed(
             )
 
 
-def _refuse_training_elsewhere(session: Session, key: str, seed: int, cache: Path, recorded: bool) -> None:
+def _refuse_training_elsewhere_unrendered(
+    plans: list[RecordPlan], done: dict[str, str], session: Session, rebuild_elsewhere: bool, new_models_elsewhere: bool
+) -> None:
+    """:func:`_refuse_training_elsewhere`, for the records the results do not hold at all, before any world is
+    rendered: a piece run on the wrong kind of machine is refused in seconds rather than after the minutes its
+    data take to render. Which folder a model gets here needs its data; the results name the recorded model's, and
+    a model new to its seed counts as held where a finished folder in the cache was built from its spec (the
+    check after rendering then decides). The rest is refused, or not, after rendering as before."""
+    for key, seed in sorted({(session.model_key(p), p.seed) for p in plans if p.id not in done}):
+        recorded = _recorded_model(session, key, seed)
+        if rebuild_elsewhere if recorded else new_models_elsewhere:
+            continue
+        cache = session.cache / recorded if recorded else _folder_built_from(session, key, seed)
+        _refuse_training_elsewhere(session, key, seed, cache, bool(recorded))
+
+
+def _folder_built_from(session: Session, key: str, seed: int) -> Path | None:
+    """A finished model folder of the cache whose ``key.json`` names ``(key, seed)``'s spec (``None`` where none
+    does): a model this machine may have trained from other data, which only its rendered key can tell."""
+    spec = json.loads(json.dumps(session.config.source_model_spec(key, seed).to_dict()))
+    for folder in sorted(session.cache.glob("source-*")):
+        stored = folder / "key.json"
+        if source_model_finished(folder) and stored.is_file():
+            with contextlib.suppress(ValueError):
+                if json.loads(stored.read_text()).get("config") == spec:
+                    return folder
+    return None
+
+
+def _refuse_training_elsewhere(session: Session, key: str, seed: int, cache: Path | None, recorded: bool) -> None:
     """Refuse (``ValueError``) to train here, in ``cache``, a model of ``seed`` that another CPU would be expected to
     train otherwise: the same images train other bits on a CPU with other vector instructions (docs/gaze.md §
     Determinism), and the data probe passes wherever the worlds render alike. ``recorded``: the results hold the
@@ -260,7 +290,7 @@ def _refuse_training_elsewhere(session: Session, key: str, seed: int, cache: Pat
     make again alone (``--new-models-elsewhere`` adds it anyway). A model this cache holds finished is loaded, not
     trained, and a recorded one is compared with its record as ever."""
     made_on, here = _trained_on_record(session, key, seed), cpu_name()  # a new model has no entry: the seed's CPU
-    if not made_on or made_on == here or source_model_finished(cache):
+    if not made_on or made_on == here or (cache is not None and source_model_finished(cache)):
         return
     if not recorded:
         raise ValueError(
@@ -269,7 +299,7 @@ def _refuse_training_elsewhere(session: Session, key: str, seed: int, cache: Pat
             f"kind of machine: run this piece on {made_on}, or give --new-models-elsewhere to add it anyway (its "
             f"entry in the results keeps this CPU)"
         )
-    started = " (its unfinished training there began with --rebuild-elsewhere)" if cache.exists() else ""
+    started = " (over the unfinished training there)" if cache.exists() else ""
     raise ValueError(
         f"{key} seed {seed}'s records were made with the model {cache.name}, trained on {made_on}; this machine "
         f"is {here}, and a model trained again on another CPU is expected to end elsewhere and be refused after "
@@ -351,7 +381,9 @@ def run_bench(
         log = _RunLog(_run_entry(config, command, session), session, t_start, cpu_start)
         plans = plan_records(config)
         try:
-            groups, skipped, todo = _sort_out(plans, store.done(), session)
+            done = store.done()
+            _refuse_training_elsewhere_unrendered(plans, done, session, rebuild_elsewhere, new_models_elsewhere)
+            groups, skipped, todo = _sort_out(plans, done, session)
             _refuse_another_machines_seed(todo, session, rebuild_elsewhere, new_models_elsewhere)
             if dry_run:
                 return BenchSummary(store.path, [], skipped, [p.id for p in todo], time.time() - t_start, 0.0)
