@@ -289,9 +289,11 @@ def test_the_plan_has_every_methods_default_row_on_every_pair_and_seed():
                 v = plans[f"{method}[default]|{pair}|seed{seed}"].variant
                 assert v.shipped == named_recipe("default", method) and v.recipe == v.shipped.changes()
     assert plans["alfa[default]|S→C|seed2"].variant.shipped == METHOD_RECIPES["alfa"]
-    # the first records' preset, and the quick and smoke checks, have none (--default-methods adds them)
-    for preset in (BenchConfig.first_standard(), BenchConfig.quick(), BenchConfig.smoke()):
+    # the first records' preset and the quick check have none (--default-methods adds them); the smoke check, Alfa's
+    for preset in (BenchConfig.first_standard(), BenchConfig.quick()):
         assert not [p for p in plan_records(preset) if p.variant.group == "default"]
+    smoke = [p.variant.label for p in plan_records(BenchConfig.smoke()) if p.variant.group == "default"]
+    assert smoke == ["alfa[default]"] * len(BenchConfig.smoke().pairs)
     with pytest.raises(ValueError, match="no default-recipe row for"):
         BenchConfig.standard(default_methods=("tpgaze",)).validate()
 

@@ -1,4 +1,5 @@
-"""The smoke preset plans every code path the quick preset runs, once, and `alfa bench --smoke` selects it.
+"""The smoke preset plans every row kind once (every code path the quick preset runs, and the rows no claimed preset
+runs unless named), and `alfa bench --smoke` selects it.
 
 Planning only: nothing is trained or rendered here."""
 
@@ -13,9 +14,19 @@ from alfa.cli.bench import BENCH
 from alfa.cli.registry import add_commands
 from alfa.study.bench.ablations import REGISTRY
 from alfa.study.bench.config import BenchConfig
-from alfa.study.bench.methods import MAIN_METHODS, NEGATIVE_CONTROLS, POSITIVE_CONTROLS, SANITY_METHODS
+from alfa.study.bench.methods import (
+    CALIBRATION_ROW_METHODS,
+    EXTRA_METHODS,
+    MAIN_METHODS,
+    NEGATIVE_CONTROLS,
+    OPT_IN_METHODS,
+    POSITIVE_CONTROLS,
+    SANITY_METHODS,
+    TTA_ROWS,
+    parse_calibration_label,
+)
 from alfa.study.bench.plan import STAND_IN, grid_plan, plan_records
-from alfa.study.bench.produce import KINDS
+from alfa.study.bench.produce import RUN_KINDS
 
 
 def _pair_kind(pair: str) -> str:
@@ -38,10 +49,15 @@ def test_the_smoke_preset_plans_every_kind_method_and_ablation():
     config.validate()
     plans = plan_records(config)
     assert config.preset == "smoke" and config.seeds == (0,)
-    assert {p.variant.kind for p in plans} == {*KINDS, "selection"}
+    assert {p.variant.kind for p in plans} == set(RUN_KINDS)  # every kind the chain runs, the opt-in ones too
     labels = {p.variant.label for p in plans}
-    assert set(MAIN_METHODS) | set(SANITY_METHODS) <= labels
-    assert {"alfa[grid]", "alfa[selected]"} <= labels
+    assert {*MAIN_METHODS, *SANITY_METHODS, *TTA_ROWS, *EXTRA_METHODS, *OPT_IN_METHODS} <= labels
+    assert {"alfa[grid]", "alfa[selected]", "alfa[default]"} <= labels
+    # every user-calibration method once, at a k a smoke person's images hold, and the spread draw
+    calibrations = {parse_calibration_label(label) for label in labels} - {None}
+    assert {method for method, _, _ in calibrations} == set(CALIBRATION_ROW_METHODS)
+    assert {k for _, k, _ in calibrations} == {3} and {draw for _, _, draw in calibrations} == {"random", "spread"}
+    assert 3 < config.target_images
     # each ablation has a row besides its reference (the reference rows are the main rows, planned once)
     assert {p.variant.group for p in plans} >= set(REGISTRY)
     assert config.ablations == tuple(REGISTRY)
@@ -56,9 +72,10 @@ def test_the_smoke_preset_plans_every_kind_method_and_ablation():
 
 def test_the_smoke_preset_covers_every_code_path_of_the_quick_preset_in_fewer_records():
     smoke, quick = plan_records(BenchConfig.smoke()), plan_records(BenchConfig.quick())
-    missing = {_code_path(p) for p in quick} - {_code_path(p) for p in smoke}
-    assert not missing
-    assert len(smoke) < len(quick) / 2
+    quick_paths = {_code_path(p) for p in quick}
+    assert not quick_paths - {_code_path(p) for p in smoke}
+    # in fewer than half the quick preset's records (the smoke's others are the rows the quick one lacks)
+    assert len([p for p in smoke if _code_path(p) in quick_paths]) < len(quick) / 2
 
 
 def test_the_smoke_preset_is_small_and_says_it_makes_no_claims():

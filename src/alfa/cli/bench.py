@@ -212,9 +212,14 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
 
     preset = p.add_mutually_exclusive_group()
     preset.add_argument(
-        "--smoke", action="store_true", help="every row kind, method and ablation once on tiny data, minutes; no claims"
+        "--smoke",
+        action="store_true",
+        help="every row kind, method and ablation once on tiny data (the rows no other preset runs unless named "
+        "too), minutes; no claims",
     )
-    preset.add_argument("--quick", action="store_true", help="the check that everything runs, no claims (default)")
+    preset.add_argument(
+        "--quick", action="store_true", help="every pair and the main rows at a larger size, no claims (default)"
+    )
     preset.add_argument(
         "--standard",
         action="store_true",

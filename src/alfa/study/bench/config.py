@@ -40,6 +40,7 @@ from .methods import (
     STAND_INS,
     TARGETS,
     TTA_ROWS,
+    calibration_label,
     calibration_label_problem,
     calibration_rows,
     table_methods,
@@ -95,6 +96,13 @@ registered later (``@register_method``) must not grow it, nor the declared run o
 joins it only by a declared change. Table 1's built-in rows (:data:`~.methods.MAIN_METHODS`, a list written out,
 which a registration does not grow) and the sanity rows, as they were when the second protocol was declared
 (``tests/test_extension_points.py`` checks the declared run's size)."""
+SMOKE_CALIBRATIONS = (
+    *(calibration_label(method, 3) for method in CALIBRATION_ROW_METHODS),
+    calibration_label(CALIBRATION_ROW_METHODS[0], 3, "spread"),
+)
+"""The smoke preset's user-calibration rows: every method :data:`~.methods.CALIBRATION_ROW_METHODS` names at
+k = 3 (a k every one of them has rows at, within a smoke target person's eight images), and the default's spread
+draw."""
 STANDARD_SELECTABLE = SELECTABLE
 """The standard preset's rows with a recipe selected on the stand-in, and (on the v2 worlds) with the shipped
 recipe: :data:`SELECTABLE` as it was declared, frozen like :data:`STANDARD_METHODS`."""
@@ -338,14 +346,17 @@ class BenchConfig:
         that each code path runs and that the report renders.
 
         One seed; the symmetric pair E→M with everything (the ablations too, each with one value besides the
-        default) and the positive control S→W (its source trained without the symmetry term) with the main
-        and sanity rows, and RUDA (a row kind no other preset runs unless named: :data:`EXTRA_METHODS`); Alfa's
-        recipe selection (its grid on the stand-in and its selected row). 32×32
-        faces, sources of 12 persons × 24 images (2 pre-training + 1 recovery epochs), 2 held-out source
-        persons × 8 images, 2 persons per target with 8 images (5 adapt + 3 scored), 2 personalization
-        steps, TPGaze meta-trained 2 meta-steps on batches of 8, an oracle of 2 steps. 58 records, about
-        3 minutes on one idle core (single-threaded like every preset), most of it in the two recipe
-        grids (48 recipes each, whatever the preset) and in Alfa's dense-layer SVD."""
+        default) and the positive control S→W (its source trained without the symmetry term) with the main,
+        test-time augmentation and sanity rows; on both, the rows no claimed preset runs unless named (RUDA,
+        :data:`EXTRA_METHODS`; PnP-GA and TTA distillation, :data:`OPT_IN_METHODS`), Alfa's shipped recipe, and
+        every user-calibration method at k = 3 (:data:`SMOKE_CALIBRATIONS`); Alfa's recipe selection (its grid on
+        the stand-in and its selected row). 32×32 faces, sources of 12 persons × 24 images (2 pre-training + 1
+        recovery epochs), 2 held-out source persons × 8 images, 2 persons per target with 8 images (5 adapt + 3
+        scored), 2 personalization steps, TPGaze meta-trained 2 meta-steps on batches of 8, an oracle of 2
+        steps. 96 records, 17 CPU-minutes (26 minutes of wall time beside two other runs on two cores;
+        single-threaded like every preset), three quarters of it in the user-calibration rows (FAZE's training,
+        once per source, and the adapters' ten draws a person), the other rows about 4. ``alfa report`` renders
+        every row but the user-calibration ones, which only docs/results-user-calibration.md's page reads."""
         base = cls(
             preset="smoke",
             image_size=32,
@@ -367,9 +378,11 @@ class BenchConfig:
             latency_repeats=1,
             pairs=("E→M", "S→W"),
             seeds=(0,),
-            methods=table_methods() + SANITY_METHODS + EXTRA_METHODS,
+            methods=with_tta_rows(table_methods() + SANITY_METHODS + EXTRA_METHODS)
+            + OPT_IN_METHODS
+            + SMOKE_CALIBRATIONS,
             selected_methods=("alfa",),
-            default_methods=(),
+            default_methods=("alfa",),
             ablation_pairs=("E→M",),
         )
         return dataclasses.replace(base, **overrides)
