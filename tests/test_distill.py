@@ -143,8 +143,8 @@ def test_the_cost_is_one_pass_against_the_teachers_k():
 # ----------------------------------------------------------------------------- the benchmark's row
 
 
-def test_the_distilled_row_runs_only_when_named_as_alfa_with_the_distillation_loss():
-    for preset in (BenchConfig.smoke(), BenchConfig.quick(), BenchConfig.standard()):
+def test_the_distilled_row_runs_only_when_named_or_smoked_as_alfa_with_the_distillation_loss():
+    for preset in (BenchConfig.quick(), BenchConfig.standard()):  # the claimed presets; the smoke check runs it
         assert not [p for p in plan_records(preset) if p.variant.recipe.get("loss") == DISTILL_OBJECTIVE]
     assert DISTILL_OBJECTIVE in OPT_IN_METHODS and not OBJECTIVES[DISTILL_OBJECTIVE].ablation
     config = BenchConfig.smoke(methods=("source-only", DISTILL_OBJECTIVE))

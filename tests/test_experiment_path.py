@@ -16,7 +16,8 @@ import alfa.study.crate.gaze as crate_gaze
 from alfa.gaze.data.registry import DatasetSpec
 from alfa.gaze.personalize import PersonalizeConfig
 from alfa.gaze.train import TrainConfig, TruncateConfig
-from alfa.study.bench.config import BenchConfig
+from alfa.study.bench.config import SMOKE_CALIBRATIONS, BenchConfig
+from alfa.study.bench.methods import OPT_IN_METHODS
 from alfa.study.bench.runner import run_bench
 
 # Fixed stand-ins for the data fingerprints: the key's own inputs are what these literals pin.
@@ -179,9 +180,12 @@ def test_the_smoke_preset_record_hashes_are_unchanged(version_0_1_0, tmp_path, m
     config = BenchConfig.smoke(worlds="v1", target_draw="fixed")
     session = Session(config, tmp_path, tmp_path / "cache", progress=False)
     plans = plan_records(config)
-    # the loss ablation's rows of the roll objectives and RUDA's rows (issue 26) are new records; the first 54
-    # hash as they did
+    # the loss ablation's rows of the roll objectives and RUDA's rows (issue 26) are new records, and so are the
+    # rows the smoke check gained when it came to run every row kind (2026-12-07: PnP-GA, TTA distillation,
+    # Alfa's shipped recipe, user calibration); the first 54 hash as they did
     new = {"alfa[loss=roll]|E→M|seed0", "alfa[loss=flip+roll]|E→M|seed0", "ruda|E→M|seed0", "ruda|S→W|seed0"}
+    pair_rows = (*OPT_IN_METHODS, "alfa[default]", *SMOKE_CALIBRATIONS)  # the TTA rows: on the v2 worlds only
+    new |= {f"{label}|{pair}|seed0" for label in pair_rows for pair in ("E→M", "S→W")}
     assert new <= {p.id for p in plans}
     hashes = [session.record_hash(plan) for plan in plans if plan.id not in new]
     assert len(hashes) == 54

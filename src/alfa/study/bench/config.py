@@ -378,13 +378,13 @@ class BenchConfig:
             latency_repeats=1,
             pairs=("E→M", "S→W"),
             seeds=(0,),
-            methods=with_tta_rows(table_methods() + SANITY_METHODS + EXTRA_METHODS)
-            + OPT_IN_METHODS
-            + SMOKE_CALIBRATIONS,
+            methods=table_methods() + SANITY_METHODS + EXTRA_METHODS + OPT_IN_METHODS + SMOKE_CALIBRATIONS,
             selected_methods=("alfa",),
             default_methods=("alfa",),
             ablation_pairs=("E→M",),
         )
+        if overrides.get("worlds", "v2") == "v2":  # the TTA rows exist on the second worlds only (as in standard)
+            base = dataclasses.replace(base, methods=with_tta_rows(base.methods))
         return dataclasses.replace(base, **overrides)
 
     def validate(self) -> None:
