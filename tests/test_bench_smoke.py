@@ -155,3 +155,12 @@ def test_each_standard_preset_runs_its_own_records_into_the_folder_they_were_mad
     assert calls[0][0].worlds == "v2" and calls[1][0].worlds == "v1" and calls[1][0].target_persons == 5
     with pytest.raises(SystemExit):  # one preset at a time
         parser.parse_args(["bench", "--standard", "--first-standard"])
+
+
+def test_the_readme_quotes_the_smoke_and_quick_presets_sizes_as_planned():
+    """The README's benchmark commands say how many records each check makes: the plan's count, not a number
+    typed once and left behind when a preset grew (the smoke's said 58 after it had come to plan 96)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    for flag, preset in (("--smoke", BenchConfig.smoke()), ("--quick", BenchConfig.quick())):
+        line = next(line for line in readme.splitlines() if line.startswith(f"alfa bench {flag} "))
+        assert f"; {len(plan_records(preset))} records)" in line, line
