@@ -14,8 +14,6 @@ import alfa
 from alfa.adapters.dora import DoraConfig
 from alfa.adapters.lora import LoraConfig
 
-peft = pytest.importorskip("peft")
-
 RANK, ALPHA = 4, 12.0
 
 
@@ -38,7 +36,10 @@ def _layers():
 
 
 def _pair(layer: nn.Module, use_dora: bool):
-    """Our adapter and PEFT's on copies of ``layer``, with PEFT's random (non-zero) weights copied into ours."""
+    """Our adapter and PEFT's on copies of ``layer``, with PEFT's random (non-zero) weights copied into ours. PEFT
+    is imported here, not when the module is collected: its import (seconds) is then paid only by a worker process
+    that runs these tests."""
+    peft = pytest.importorskip("peft")
     theirs = peft.get_peft_model(
         Holder(copy.deepcopy(layer)),
         peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["layer"], init_lora_weights=False, use_dora=use_dora),

@@ -1,8 +1,5 @@
 """Small models the tests share (imported by test modules; pytest puts tests/ on the path)."""
 
-import copy
-import functools
-
 import torch
 from torch import nn
 
@@ -61,26 +58,12 @@ if "tiny_gaze_net" not in list_models():
         return TinyGazeNet(num_outputs)
 
 
-@functools.cache
-def _truncated_resnet18(rank: int, seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    model = alfa.models.resnet18_gaze().eval()
-    alfa.truncate(model, rank)
-    return model
-
-
 def truncated_tiny_gaze_net(rank: int = 4, seed: int = 0) -> TinyGazeNet:
     """:class:`TinyGazeNet` from ``seed``, in eval mode, truncated at ``rank``: the base most adapter tests share."""
     torch.manual_seed(seed)
     model = TinyGazeNet().eval()
     alfa.truncate(model, rank)
     return model
-
-
-def truncated_resnet18(rank: int, seed: int = 0) -> nn.Module:
-    """ResNet-18 from ``seed``, truncated at ``rank``, in eval mode: made once per process and rank (fourteen
-    float64 SVDs, seconds on 2 cores, were a large share of the suite's time) and copied for each caller."""
-    return copy.deepcopy(_truncated_resnet18(rank, seed))
 
 
 def truncated_structure(model: nn.Module, rank: int) -> nn.Module:
