@@ -8,7 +8,8 @@ scripts/queues) with records the results do not hold yet, it prints the lane, th
 records are left, its seeds, the CPU that made them, and whether this machine may run it: ``yes`` (this CPU made
 its seeds, or no machine has started them), ``declared`` (another CPU made them, and the line gives
 ``--new-models-elsewhere`` or ``--rebuild-elsewhere``, as an amendment declared) or ``no``. Then, per lane, the
-line to start ``scripts/queue.sh`` from here, and the records of the declared run
+line to start ``scripts/queue.sh`` from here (or, for a lane a ``queue.sh`` of this machine runs now, that it runs
+and from which line), and the records of the declared run
 (``alfa.study.bench.plan.declared_run_parts``) that neither the results nor any lane holds.
 
 A record counts as made when the results hold its id (the runner also compares its configuration hash, which
@@ -120,8 +121,31 @@ def unlaned(results: dict, laned: set[str]) -> Counter[str]:
     return Counter(p.variant.label.split("[")[0] for p in plans if p.id not in made and p.id not in laned)
 
 
-def report(left: list[LaneLine], missing: Counter[str], here: str, source: Path, records: int) -> list[str]:
-    """The lines printed."""
+def running_lanes(proc: Path = Path("/proc")) -> dict[str, tuple[int, str]]:
+    """The lanes a ``scripts/queue.sh`` process of this machine runs now: lane file name -> (its process id, the line
+    it was started from, as given). Read from the processes' command lines (``proc``; none where there is no such
+    folder): a lane started twice runs each piece twice over, the second waiting on the first's locks."""
+    running: dict[str, tuple[int, str]] = {}
+    for cmdline in sorted(proc.glob("[0-9]*/cmdline")):
+        with contextlib.suppress(OSError):
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+            at = next((i for i, arg in enumerate(args) if Path(arg).name == "queue.sh"), None)
+            if at is not None and at + 1 < len(args) and args[at + 1].endswith(".txt"):
+                start = args[at + 2] if at + 2 < len(args) and args[at + 2] else "1"
+                running.setdefault(Path(args[at + 1]).name, (int(cmdline.parent.name), start))
+    return running
+
+
+def report(
+    left: list[LaneLine],
+    missing: Counter[str],
+    here: str,
+    source: Path,
+    records: int,
+    running: dict[str, tuple[int, str]] | None = None,
+) -> list[str]:
+    """The lines printed; ``running``: :func:`running_lanes`."""
+    running = running or {}
     out = [f"this machine: {here}", f"results: {source} ({records} records)", ""]
     out.append("| lane | line | records left | seeds | made on | here |")
     out.append("|---|---|---|---|---|---|")
@@ -136,7 +160,12 @@ def report(left: list[LaneLine], missing: Counter[str], here: str, source: Path,
             starts.setdefault(x.lane, x.number)
     if starts:
         out.append("to start here:")
-        out += [f"  bash scripts/queue.sh scripts/queues/{lane} {n}" for lane, n in starts.items()]
+        for lane, n in starts.items():
+            if lane in running:
+                pid, start = running[lane]
+                out.append(f"  {lane}: running now (queue.sh, process {pid}, started from line {start})")
+            else:
+                out.append(f"  bash scripts/queue.sh scripts/queues/{lane} {n}")
     else:
         out.append("no line with records left may run on this machine")
     if missing:
@@ -162,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     here = cpu_name()
     left, laned = lane_lines(lanes, results, here)
     missing = unlaned(results, laned) if not args.lanes else Counter()  # a few lanes: the rest are not "no lane"
-    print("\n".join(report(left, missing, here, source, len(results["records"]))))
+    print("\n".join(report(left, missing, here, source, len(results["records"]), running_lanes())))
 
 
 if __name__ == "__main__":

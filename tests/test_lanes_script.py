@@ -119,3 +119,26 @@ def test_help_and_the_wrong_python_from_the_command_line(monkeypatch, capsys):
     bare = subprocess.run([sys.executable, "-I", "-S", str(SCRIPT)], capture_output=True, text=True, timeout=60)
     assert bare.returncode == 2 and bare.stderr.count("\n") == 1, bare.stderr
     assert bare.stderr.startswith("lanes: ") and "run it with .venv/bin/python" in bare.stderr
+
+
+def test_a_lane_this_machine_runs_now_is_said_to_run_not_to_be_started(tmp_path, monkeypatch, capsys):
+    """Started twice, a lane runs each piece twice over: the processes' command lines say which lanes run."""
+    proc = tmp_path / "proc"
+    for pid, argv in (
+        (41, ["bash", "scripts/queue.sh", "scripts/queues/lane.txt", "4"]),
+        (42, ["bash", "/repo/scripts/queue.sh", "/repo/scripts/queues/other.txt"]),  # from line 1
+        (43, ["python", "queue.sh"]),  # no lane file: not a lane
+        (44, ["vim", "scripts/queues/lane.txt"]),  # the lane file, but no queue.sh
+    ):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cmdline").write_bytes("\0".join(argv).encode() + b"\0")
+    script = _script(monkeypatch)
+    assert script.running_lanes(proc) == {"lane.txt": (41, "4"), "other.txt": (42, "1")}
+    assert script.running_lanes(tmp_path / "no-proc") == {}
+    lane = _lane(tmp_path, f"--methods source-only --pairs E→M --seeds 1 {NARROW} --new-models-elsewhere")
+    monkeypatch.setattr(script, "running_lanes", lambda: {"lane.txt": (41, "4")})
+    script.main(["--results", str(_results(tmp_path)), str(lane)])
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "to start here:",
+        "  lane.txt: running now (queue.sh, process 41, started from line 4)",
+    ]
