@@ -1,5 +1,5 @@
-"""PnP-GA as a benchmark row: an opt-in method no preset plans (so no existing plan or hash changes), and one
-record made end to end on the tiny configuration of test_bench."""
+"""PnP-GA as a benchmark row: an opt-in method no claimed preset plans (so no existing plan or hash changes; the
+smoke check runs it), and one record made end to end on the tiny configuration of test_bench."""
 
 import dataclasses
 import json

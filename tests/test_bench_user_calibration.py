@@ -1,6 +1,7 @@
-"""User calibration's rows in the benchmark (issue 25, docs/user-calibration.md §4): the labels, the plan (no preset
-runs them; the declared v2 run has them on every pair), the stand-in rule, and a run whose records equal the
-library's calibration of each person through a full forward pass, on the images every other row scores."""
+"""User calibration's rows in the benchmark (issue 25, docs/user-calibration.md §4): the labels, the plan (no claimed
+preset runs them, the smoke check once; the declared v2 run has them on every pair), the stand-in rule, and a run
+whose records equal the library's calibration of each person through a full forward pass, on the images every other
+row scores."""
 
 import contextlib
 import dataclasses

@@ -306,7 +306,8 @@ def _methods_help() -> str:
     return (
         f"comma-separated methods to run instead of the preset's, out of: {', '.join(names)} (docs/adapters.md, "
         "docs/pnpga.md); and the user-calibration rows calibrate-<method>[k=K], or calibrate-<method> for all of its "
-        f"k and draws (docs/user-calibration.md §5). No preset runs {' or '.join(OPT_IN_METHODS)}"
+        f"k and draws (docs/user-calibration.md §5). No preset but --smoke (no claims) runs "
+        f"{' or '.join(OPT_IN_METHODS)}"
     )
 
 

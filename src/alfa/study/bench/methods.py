@@ -89,8 +89,9 @@ TTA_ROWS: dict[str, str] = {"roll-tta": "roll", "group-tta": "flip+roll"}
 :data:`alfa.gaze.tta.TTA_KINDS` it wraps the base in: ``roll-tta`` (the crop rolled by 0 and ± the declared
 angle) and ``group-tta`` (flip × roll: both crops at each of those rolls). No training: scored like ``flip-tta``
 (same persons, same scored images, latency measured the same way), each record storing its forward passes per
-image. Only the standard preset on the v2 worlds plans them (:meth:`~alfa.study.bench.config.BenchConfig.standard`):
-the first records' preset and the smoke and quick checks keep their plans."""
+image. Of the claimed presets only the standard one on the v2 worlds plans them
+(:meth:`~alfa.study.bench.config.BenchConfig.standard`): the first records' preset and the quick check keep their
+plans; the smoke check (no claims), which runs every row kind once, has them on the v2 worlds too."""
 TTA_OF_ROW: dict[str, str] = {"flip-tta": "flip", **TTA_ROWS}
 """Every test-time augmentation row (``flip-tta`` and :data:`TTA_ROWS`) -> its kind of
 :data:`alfa.gaze.tta.TTA_KINDS`."""
@@ -109,10 +110,11 @@ EXTRA_METHODS = ("ruda",)
 baselines of issue 26 (``ruda``: RUDA, :mod:`alfa.gaze.ruda`), run when declared, so the default runs and their
 records stay as they were."""
 OPT_IN_METHODS = ("pnpga", "tta-distill")
-"""Rows no preset plans: they run only when named (``alfa bench --methods pnpga``), so adding one changes no
-preset's plan or hashes. PnP-GA (:mod:`alfa.study.bench.pnpga`) trains its own ensemble per source and seed.
-``tta-distill``: Alfa personalized with the TTA-distillation objective (:mod:`alfa.gaze.distill`), the group TTA
-of the base distilled into one forward pass; its record's ``distill`` holds the cost ratio and the teacher's error."""
+"""Rows no claimed preset plans: they run when named (``alfa bench --methods pnpga``) and in the smoke check (no
+claims), so adding one changes no claimed preset's plan or hashes. PnP-GA (:mod:`alfa.study.bench.pnpga`) trains
+its own ensemble per source and seed. ``tta-distill``: Alfa personalized with the TTA-distillation objective
+(:mod:`alfa.gaze.distill`), the group TTA of the base distilled into one forward pass; its record's ``distill``
+holds the cost ratio and the teacher's error."""
 
 CALIBRATION_KS = (1, 3, 5, 9, 16)
 """The numbers of labelled images a user-calibration row is scored at (docs/user-calibration.md §4; ``k`` = 0 is

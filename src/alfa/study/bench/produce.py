@@ -71,9 +71,9 @@ from .user_calibration import run_user_calibration
 __all__ = ["KINDS", "OPT_IN_KINDS", "PERSONALIZED", "RUN_KINDS", "TTA_ROW_KINDS", "UNADAPTED", "produce_record"]
 
 # The kinds of a table row (a recipe-selection record is of kind "selection", never a row); the unadapted
-# ones score a base as it is. The opt-in kinds are those of rows no preset plans (methods.OPT_IN_METHODS and the
-# user-calibration rows, methods.calibration_rows); the
-# TTA kinds those of issue 26's label-free TTA rows, which only the standard preset plans (methods.TTA_ROWS).
+# ones score a base as it is. The opt-in kinds are those of rows no claimed preset plans (methods.OPT_IN_METHODS
+# and the user-calibration rows, methods.calibration_rows; the smoke check runs them once); the TTA kinds those of
+# issue 26's label-free TTA rows, which of the claimed presets only the standard one plans (methods.TTA_ROWS).
 KINDS = ("source-only", "flip-tta", "in-domain", "target-trained", "oracle", "adapter", "tpgaze", "ruda")
 OPT_IN_KINDS = ("pnpga", "calibration")
 TTA_ROW_KINDS = tuple(TTA_ROWS)

@@ -218,7 +218,9 @@ def _config_lines(results: dict[str, Any], records: Sequence[Record], idx: Index
         recipe = ruda.recipe or {}
         lines.append("- " + words.format(degrees=ROLL_DEGREES, **{k: recipe.get(k) for k in ("loss", "lr", "steps")}))
     distilled = next((r for r in records if r.distill), None)
-    if distilled is not None:  # a bullet only where a TTA-distillation row ran (an opt-in row: no preset runs it)
+    if (
+        distilled is not None
+    ):  # a bullet only where a TTA-distillation row ran (an opt-in row: no claimed preset runs it)
         d = distilled.distill or {}
         lines.append(
             "- "
@@ -235,7 +237,7 @@ def _config_lines(results: dict[str, Any], records: Sequence[Record], idx: Index
 
 
 def _pnpga_lines(records: Sequence[Record]) -> list[str]:
-    """PnP-GA's protocol bullet where it ran (an opt-in row: no preset runs it), read from its first record."""
+    """PnP-GA's protocol bullet where it ran (an opt-in row: no claimed preset runs it), read from its first record."""
     first = next((r for r in records if r.pnpga), None)
     if first is None:
         return []

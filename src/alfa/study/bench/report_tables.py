@@ -47,7 +47,7 @@ __all__ = [
 
 
 OPT_IN_ROWS = (DISTILL_OBJECTIVE, "pnpga")
-"""The opt-in rows (no preset plans them) the tables show where they have records, in this order."""
+"""The opt-in rows (no claimed preset plans them) the tables show where they have records, in this order."""
 
 
 def lora_family() -> tuple[str, ...]:

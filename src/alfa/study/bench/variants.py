@@ -184,9 +184,9 @@ def default_variant(config: VariantSettings, method: str) -> Variant:
 
 def main_variants(config: VariantSettings) -> dict[str, Variant]:
     """Every row a run may name, by label: the methods of Table 1 (every adapter method at its defaults, Alfa with
-    the benchmark's heads and rank), the sanity rows, the label-free TTA rows (:data:`TTA_ROWS`, which only the
-    standard preset plans), and the rows run only when named: :data:`EXTRA_METHODS` (which the smoke preset
-    plans), :data:`OPT_IN_METHODS` and the user-calibration rows
-    (:func:`~alfa.study.bench.methods.calibration_rows`), which no preset plans."""
+    the benchmark's heads and rank), the sanity rows, the label-free TTA rows (:data:`TTA_ROWS`, which of the
+    claimed presets only the standard one plans), and the rows no claimed preset runs unless named:
+    :data:`EXTRA_METHODS`, :data:`OPT_IN_METHODS` and the user-calibration rows
+    (:func:`~alfa.study.bench.methods.calibration_rows`); the smoke check (no claims) plans each of them once."""
     labels = (*table_methods(), *SANITY_METHODS, *TTA_ROWS, *EXTRA_METHODS, *OPT_IN_METHODS, *calibration_rows())
     return {label: _main_row(label, config) for label in labels}
