@@ -24,6 +24,7 @@ is labelled by design (``alfa calibrate``'s default, on ``k`` labelled images pe
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -41,7 +42,7 @@ from torch import nn
 
 from alfa.adapters import AlfaConfig
 from alfa.checkpoint import load_model
-from alfa.fileio import atomic_path, write_json
+from alfa.fileio import atomic_path, finite_or_none, write_json
 from alfa.locks import locked
 from alfa.models import create_model
 
@@ -258,6 +259,20 @@ def source_model_finished(cache: Path) -> bool:
     """Whether the cache folder of a source model (:func:`build_source_model`) holds it finished: recovered after
     its truncation, so that it is loaded rather than trained."""
     return (Path(cache) / "recovered" / "model.safetensors").is_file()
+
+
+def finished_folder_of_spec(cache_dir: Path, spec: SourceSpec) -> Path | None:
+    """A finished source-model folder of ``cache_dir`` (:func:`source_model_finished`) whose ``key.json`` names
+    ``spec`` (``None`` where none does), found without the data: its data, which the folder's key also hashes, may
+    have been others (another machine's renders, another package version)."""
+    wanted = json.loads(json.dumps(finite_or_none(spec.to_dict())))  # as build_source_model's write_json wrote it
+    for folder in sorted(Path(cache_dir).glob("source-*")):
+        stored = folder / "key.json"
+        if source_model_finished(folder) and stored.is_file():
+            with contextlib.suppress(ValueError):
+                if json.loads(stored.read_text(encoding="utf-8")).get("config") == wanted:
+                    return folder
+    return None
 
 
 def build_source_model(

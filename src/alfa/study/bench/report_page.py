@@ -218,9 +218,8 @@ def _config_lines(results: dict[str, Any], records: Sequence[Record], idx: Index
         recipe = ruda.recipe or {}
         lines.append("- " + words.format(degrees=ROLL_DEGREES, **{k: recipe.get(k) for k in ("loss", "lr", "steps")}))
     distilled = next((r for r in records if r.distill), None)
-    if (
-        distilled is not None
-    ):  # a bullet only where a TTA-distillation row ran (an opt-in row: no claimed preset runs it)
+    # a bullet only where a TTA-distillation row ran (an opt-in row: no claimed preset runs it)
+    if distilled is not None:
         d = distilled.distill or {}
         lines.append(
             "- "

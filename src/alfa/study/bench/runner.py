@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import os
 import platform
 import time
@@ -38,7 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from alfa.adapters import MergeError
-from alfa.gaze.pipeline import source_model_finished
+from alfa.gaze.pipeline import finished_folder_of_spec, source_model_finished
 from alfa.gaze.precision import check_precision, forward_precision
 from alfa.study.timing import cpu_kind, cpu_name, torch_threads
 
@@ -262,21 +261,9 @@ def _refuse_training_elsewhere_unrendered(
         recorded = _recorded_model(session, key, seed)
         if rebuild_elsewhere if recorded else new_models_elsewhere:
             continue
-        cache = session.cache / recorded if recorded else _folder_built_from(session, key, seed)
+        spec = session.config.source_model_spec(key, seed)
+        cache = session.cache / recorded if recorded else finished_folder_of_spec(session.cache, spec)
         _refuse_training_elsewhere(session, key, seed, cache, bool(recorded))
-
-
-def _folder_built_from(session: Session, key: str, seed: int) -> Path | None:
-    """A finished model folder of the cache whose ``key.json`` names ``(key, seed)``'s spec (``None`` where none
-    does): a model this machine may have trained from other data, which only its rendered key can tell."""
-    spec = json.loads(json.dumps(session.config.source_model_spec(key, seed).to_dict()))
-    for folder in sorted(session.cache.glob("source-*")):
-        stored = folder / "key.json"
-        if source_model_finished(folder) and stored.is_file():
-            with contextlib.suppress(ValueError):
-                if json.loads(stored.read_text()).get("config") == spec:
-                    return folder
-    return None
 
 
 def _refuse_training_elsewhere(session: Session, key: str, seed: int, cache: Path | None, recorded: bool) -> None:
