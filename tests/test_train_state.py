@@ -30,10 +30,12 @@ def _data() -> InMemoryGazeDataset:
     return InMemoryGazeDataset(pixels, gaze, ids, [f"p{i}" for i in range(persons)], name="toy")
 
 
-def _run(out, config=CONFIG, seed=0):
+def _run(out, config=CONFIG, seed=0, inside_every_s=train_state.INSIDE_EPOCH_EVERY_S):
     torch.manual_seed(seed)  # the initial weights; a resumed run must take every weight from its files instead
     model = alfa.models.create_model("tiny_gaze_net")
-    result = train_source(model, _data(), config, out, model_name="tiny_gaze_net", progress=False)
+    result = train_source(
+        model, _data(), config, out, model_name="tiny_gaze_net", progress=False, inside_epoch_every_s=inside_every_s
+    )
     return model, result
 
 
@@ -89,6 +91,88 @@ def test_a_run_killed_anywhere_resumes_to_the_weights_of_a_run_never_killed(tmp_
     model, result = _run(tmp_path, seed=1)
     assert result.resumed_from_epoch == done
     _same_run(straight, model, result, tmp_path)
+
+
+# with a state after every step but an epoch's last: (where the kill comes, the how-manieth call, the state then
+# kept: whole epochs and steps of the next one). Each step's state is write_tagged's call: two per epoch, then the
+# epoch's own.
+KILLS_INSIDE = {
+    "in the first epoch, before any model file": (train, "_train_step", 3, (0, 2)),
+    "in writing a state inside the first epoch": (train_state, "write_tagged", 2, (0, 1)),
+    "in the second epoch, after a state inside it": (train, "_train_step", 5, (1, 1)),
+    "in the last epoch, after its last state inside": (train, "_train_step", 9, (2, 2)),
+}
+
+
+@pytest.mark.parametrize("kill", list(KILLS_INSIDE))
+def test_a_run_killed_inside_an_epoch_resumes_from_the_step_its_state_holds(tmp_path, monkeypatch, straight, kill):
+    """A state written inside an epoch (every step here) keeps what a kill there would lose: the resumed run skips
+    the steps it holds and ends with the weights, history (loss sums included) and model file of a run never
+    killed. The model file stays the last whole epoch's meanwhile: none before the first epoch ends."""
+    module, name, call, (epochs, steps) = KILLS_INSIDE[kill]
+    with monkeypatch.context() as m:
+        kill_at(m, module, name, call)
+        with pytest.raises(Killed):
+            _run(tmp_path, inside_every_s=0.0)
+    meta = read_tagged(tmp_path / STATE_FILE, STATE_FORMAT, "a state")[1]
+    assert (meta["epoch"], meta["epoch_steps"], meta["complete"]) == (epochs, steps, False)
+    assert len(meta["epoch_sums"]) == 3 and meta["epoch_sums"][0] > 0
+    if epochs == 0:
+        assert not (tmp_path / MODEL_FILE).exists()
+        with monkeypatch.context() as m:  # resumed, then killed again at once: still no model file of those weights
+            kill_at(m, train, "_train_step", 1)
+            with pytest.raises(Killed):
+                _run(tmp_path, inside_every_s=0.0)
+        assert not (tmp_path / MODEL_FILE).exists()
+    else:
+        assert read_checkpoint(tmp_path / MODEL_FILE, header_only=True)[1]["extra"]["epoch"] == epochs
+    model, result = _run(tmp_path, seed=1, inside_every_s=0.0)
+    assert result.resumed_from_epoch == epochs
+    _same_run(straight, model, result, tmp_path)
+    assert "epoch_steps" not in read_tagged(tmp_path / STATE_FILE, STATE_FORMAT, "a state")[1]
+
+
+def test_no_state_is_written_inside_an_epoch_before_it_is_due(tmp_path, monkeypatch):
+    """States inside an epoch come every ``inside_epoch_every_s`` seconds, not every step: with the default, a run
+    this short writes one state per epoch, as before."""
+    written = []
+    real = train_state.write_tagged
+    monkeypatch.setattr(
+        train_state, "write_tagged", lambda path, t, f, meta: written.append(meta) or real(path, t, f, meta)
+    )
+    _run(tmp_path)
+    assert [(m["epoch"], "epoch_steps" in m) for m in written] == [(1, False), (2, False), (3, False)]
+
+
+def test_a_state_inside_the_last_epoch_gives_the_whole_epochs_model_when_no_more_are_asked(tmp_path, monkeypatch):
+    """Killed inside epoch 2, then asked for 1 epoch: the model returned is epoch 1's (its model file), not the
+    half-trained weights of the state."""
+    with monkeypatch.context() as m:
+        kill_at(m, train, "_train_step", 5)
+        with pytest.raises(Killed):
+            _run(tmp_path, inside_every_s=0.0)
+    saved, _ = load_model(tmp_path / MODEL_FILE)
+    model, result = _run(tmp_path, replace(CONFIG, epochs=1), seed=1)
+    assert result.resumed_from_epoch == 1
+    for (name, a), b in zip(saved.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(
+    "entries", [{"epoch_steps": -1}, {"epoch_steps": 1.5}, {"epoch_sums": [1.0]}, {"epoch_seconds": "soon"}]
+)
+def test_a_state_whose_steps_inside_an_epoch_are_not_a_runs_is_named(tmp_path, monkeypatch, entries):
+    """A header whose steps, sums or seconds inside an epoch no run writes is refused in one message, not trusted."""
+    from alfa.checkpoint import write_tagged
+
+    with monkeypatch.context() as m:
+        kill_at(m, train, "_train_step", 5)
+        with pytest.raises(Killed):
+            _run(tmp_path, inside_every_s=0.0)
+    tensors, meta = read_tagged(tmp_path / STATE_FILE, STATE_FORMAT, "a state")
+    write_tagged(tmp_path / STATE_FILE, tensors, STATE_FORMAT, {**meta, **entries})
+    with pytest.raises(CheckpointError, match="epoch_steps, epoch_sums or epoch_seconds is not what a training run"):
+        _run(tmp_path)
 
 
 def test_an_epoch_is_saved_before_its_line_says_it_is_done(tmp_path, monkeypatch, straight):

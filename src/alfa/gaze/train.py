@@ -11,10 +11,10 @@ Under ``torchrun`` (:mod:`alfa.gaze.distributed`) the same loop trains through D
 averaged gradient is the global batch's, only rank 0 writes, and the validation persons are shared out.
 
 Long runs are resumable. After every epoch the run's whole state (model, optimizer, epochs done, history, the
-run's identity) is one atomic safetensors file, and ``model.safetensors`` is written from it
-(:mod:`alfa.gaze.train_state`, which also resumes the two-file checkpoints of earlier versions). The batch order
-of epoch ``e`` is drawn from ``seed`` and ``e`` alone, so a run killed at any moment and resumed gives the same
-numbers as an uninterrupted one.
+run's identity) is one atomic safetensors file, and ``model.safetensors`` is written from it; a run of one
+process also writes the state every few minutes inside an epoch (:mod:`alfa.gaze.train_state`, which also
+resumes the two-file checkpoints of earlier versions). The batch order of epoch ``e`` is drawn from ``seed`` and
+``e`` alone, so a run killed at any moment and resumed gives the same numbers as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -47,15 +47,17 @@ from .losses import finite_or_raise, flip_symmetry_loss, supervised_l1_loss
 from .precision import PRECISIONS, autocast, forward_precision, grad_scaler
 from .train_state import (
     DENSE_KEY,
+    INSIDE_EPOCH_EVERY_S,
     MODEL_FILE,
     RECORDED_LATER,
     STATE_FILE,
+    Resumed,
+    StateWriter,
     data_signatures,
     other_data,
     other_dense,
     refuse_lone_state,
     resume_run,
-    save_state,
 )
 
 __all__ = [
@@ -315,6 +317,7 @@ def train_source(
     progress: bool = True,
     extra: dict[str, Any] | None = None,
     on_epoch: Callable[[int, nn.Module], None] = lambda epoch, model: None,
+    inside_epoch_every_s: float | None = INSIDE_EPOCH_EVERY_S,
 ) -> TrainResult:
     """Train ``model`` (in place) on ``dataset`` with ``config``; checkpoints go to ``out_dir``.
 
@@ -322,7 +325,8 @@ def train_source(
     stay unseen). With ``resume`` (the default) a checkpoint in ``out_dir`` of the same stage, model,
     data and config is continued, and a finished one returned as is; a mismatching one is refused with
     a :class:`~alfa.checkpoint.CheckpointError` naming the difference. ``on_epoch(epoch, model)`` runs after
-    each epoch (from 1) before its checkpoint is written (a crash between the two redoes both).
+    each epoch (from 1) before its checkpoint is written (a crash between the two redoes both). A run of one
+    process also writes its state inside an epoch every ``inside_epoch_every_s`` seconds (``None``: never).
     """
     config.validate()
     rank, world = distributed.rank_and_world()
@@ -355,42 +359,40 @@ def train_source(
         **data_signatures(dataset, val_ds),  # same names and counts, other images: another run
         **(extra or {}),
     }
-    history: list[dict[str, float]] = []
-    start_epoch = 0
     size = input_size(dataset)  # recorded in every checkpoint of the run
     refuse_lone_state(out)  # only files a run itself wrote are replaced
-    if resume:
-        start_epoch, history = resume_run(
-            out, model, optimizer, scaler, header, model_name, model_kwargs=model_kwargs, size=size, writer=rank == 0
-        )
-        distributed.barrier()  # nobody reads a model file rank 0 is still bringing up to date
-        if progress and 0 < start_epoch:
-            done = "already complete" if start_epoch >= config.epochs else f"resuming at epoch {start_epoch + 1}"
-            tqdm.write(f"{out}: {start_epoch} of {config.epochs} epochs found, {done}")
+    states = StateWriter(out, model, optimizer, scaler, header, model_name, model_kwargs, size,
+                         inside_every_s=inside_epoch_every_s if world == 1 else None)  # fmt: skip
+    resumed = _resume(states, config, progress, writer=rank == 0) if resume else Resumed()
+    start_epoch, history = resumed.epoch, resumed.history
     _seed_random_and_torch(config.seed)
 
     with distributed.data_parallel(model, device) as net, _stops_when_non_finite(out, start_epoch) as epochs_done:
         for epoch in range(start_epoch, config.epochs):
-            t0 = time.time()
+            inside = resumed if epoch == start_epoch else Resumed()  # the steps of this epoch done before
+            t0 = time.time() - inside.seconds
             net.train()
             batches = _epoch_global_batches(dataset, train_idx, config, epoch, world)
+            if inside.steps >= len(batches):
+                raise CheckpointError(f"{out / STATE_FILE} says {inside.steps} steps of epoch {epoch + 1} are done, "
+                                      f"of the {len(batches)} it has; delete {out} to start over")  # fmt: skip
             desc = f"{stage} {epoch + 1}/{config.epochs}"
             first_step = epoch * len(batches)  # every epoch has the same number of batches
             steps = (first_step, config.epochs * len(batches))
-            sums = _train_epoch(model, net, optimizer, scaler, dataset, batches, config, desc, progress, steps)
+
+            def after_step(done: int, sums: torch.Tensor, epoch: int = epoch, t0: float = t0) -> None:
+                states.inside_epoch(epoch, history, done, sums, time.time() - t0)
+
+            sums = _train_epoch(
+                model, net, optimizer, scaler, dataset, batches, config, desc, progress, steps,
+                start=(inside.steps, inside.sums), after_step=after_step if rank == 0 else None,
+            )  # fmt: skip
             val_errors = _val_errors(model, val_ds, val_p, config.eval_batch_size) if val_p else {}
-            record = {
-                "epoch": epoch + 1,
-                **{f"train_{k}": float(v) / len(batches) for k, v in zip(("loss", "l1", "symmetry"), sums)},
-                "val_error": mean_error(val_errors),
-                "seconds": time.time() - t0,
-            }
+            record = _epoch_record(epoch, sums / len(batches), val_errors, time.time() - t0)
             history.append(record)
             if rank == 0:
                 on_epoch(epoch + 1, model)
-                meta = {"header": header, "model": model_name, "epoch": epoch + 1, "history": history}
-                meta["complete"] = epoch + 1 == config.epochs
-                save_state(out, model, optimizer, scaler, meta, model_kwargs, size)
+                states.after_epoch(epoch + 1, history, complete=epoch + 1 == config.epochs)
             if progress:  # said once the epoch is saved: a Ctrl-C after this line keeps it
                 tqdm.write(
                     f"{stage} epoch {epoch + 1}/{config.epochs}: loss {record['train_loss']:.4f}, "
@@ -400,6 +402,28 @@ def train_source(
             epochs_done[0] = epoch + 1
     model.eval()
     return TrainResult(out / MODEL_FILE, history, train_p, val_p, resumed_from_epoch=start_epoch)
+
+
+def _epoch_record(epoch: int, means: torch.Tensor, val_errors: dict[str, float], seconds: float) -> dict[str, float]:
+    """Epoch ``epoch``'s (from 0) line of the history: its batches' mean loss terms, validation error and time."""
+    terms = {f"train_{k}": float(v) for k, v in zip(("loss", "l1", "symmetry"), means)}
+    return {"epoch": epoch + 1, **terms, "val_error": mean_error(val_errors), "seconds": seconds}
+
+
+def _resume(states: StateWriter, config: TrainConfig, progress: bool, *, writer: bool) -> Resumed:
+    """The run in ``states.out`` loaded into its model, optimizer and scaler (:func:`resume_run`), said."""
+    out = states.out
+    resumed = resume_run(out, states.model, states.optimizer, states.scaler, states.header, states.model_name,
+                         model_kwargs=states.model_kwargs, size=states.size, writer=writer)  # fmt: skip
+    distributed.barrier()  # nobody reads a model file rank 0 is still bringing up to date
+    if resumed.steps and resumed.epoch >= config.epochs:
+        # fewer epochs asked than the state went into: the model is the last whole epoch's, not the state's
+        load_state(states.model, read_checkpoint(out / MODEL_FILE)[0], source=str(out / MODEL_FILE))
+    if progress and (resumed.epoch or resumed.steps):
+        where = f"epoch {resumed.epoch + 1}" + (f", after its step {resumed.steps}" if resumed.steps else "")
+        done = "already complete" if resumed.epoch >= config.epochs else f"resuming at {where}"
+        tqdm.write(f"{out}: {resumed.epoch} of {config.epochs} epochs found, {done}")
+    return resumed
 
 
 @contextlib.contextmanager
@@ -441,27 +465,34 @@ def _train_epoch(
     desc: str,
     progress: bool,
     steps: tuple[int, int] = (0, 1),
+    *,
+    start: tuple[int, tuple[float, float, float]] = (0, (0.0, 0.0, 0.0)),
+    after_step: Callable[[int, torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """One optimizer step per global batch (this process's shard of it, through ``net``), the rate of each
     from the schedule (``steps``: the run's step at the epoch's start, and its number of steps); returns the
-    float64 sums of the batches' mean loss, L1 and symmetry terms, over all processes."""
+    float64 sums of the batches' mean loss, L1 and symmetry terms, over all processes. ``start``: the batches
+    done before (a resumed run skips them) and their sums. ``after_step(batches done, sums)`` runs after each
+    step but the last."""
     device = _device_of(model)
     rank, world = distributed.rank_and_world()
+    done, todo = start[0], batches[start[0] :]
     bar = tqdm(
         _iterate(
             dataset,
-            [distributed.shard(b, rank, world) for b in batches],
+            [distributed.shard(b, rank, world) for b in todo],
             config.num_workers,
             pin_memory=device.type == "cuda",
         ),
         total=len(batches),
+        initial=done,
         desc=desc,
         disable=not progress,
         leave=False,
     )
-    sums = torch.zeros(3, dtype=torch.float64)  # loss, l1, symmetry: each batch's mean, summed
+    sums = torch.tensor(start[1], dtype=torch.float64)  # loss, l1, symmetry: each batch's mean, summed
     layout = torch.channels_last if device.type == "cuda" else torch.preserve_format
-    for step, ((images, gaze), whole) in enumerate(zip(bar, batches), start=steps[0]):
+    for step, ((images, gaze), whole) in enumerate(zip(bar, todo), start=steps[0] + done):
         for group in optimizer.param_groups:
             group["lr"] = config.rate(step, steps[1])
         images = unit_images(images.to(device, non_blocking=True)).to(memory_format=layout)
@@ -486,6 +517,8 @@ def _train_epoch(
             raise FloatingPointError(f"{e}, at step {step + 1} of {steps[1]} (learning rate {rate:g})") from None
         sums += share * torch.tensor([terms["loss"], terms["l1"], terms["symmetry"]], dtype=torch.float64)
         bar.set_postfix(loss=f"{terms['loss']:.4f}")
+        if after_step is not None and step + 1 - steps[0] < len(batches):
+            after_step(step + 1 - steps[0], sums)
     if world > 1:
         # one model on every process: DDP broadcasts rank 0's buffers before each forward, so after the
         # last step each process still holds its own shard's BatchNorm statistics

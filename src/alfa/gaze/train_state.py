@@ -8,6 +8,12 @@ derives ``model.safetensors`` from it (:func:`alfa.checkpoint.save_model`), the 
 read, in the format it always had. A kill leaves the last state whole whatever moment it comes at; a resumed run
 loads it and rewrites a model file that lags it (a kill between the two writes).
 
+An epoch of a benchmark's source model is a quarter of an hour on two cores, and a session that ends mid-epoch
+would lose it: a run of one process also writes the state inside an epoch, every :data:`INSIDE_EPOCH_EVERY_S`
+seconds, with the steps of the epoch done and the sums of their loss terms (``epoch_steps``, ``epoch_sums``,
+``epoch_seconds`` in its header). That state alone: the model file stays the last whole epoch's, the one users
+read. A resumed run skips the steps done, and ends the epoch with the weights and history of a run never killed.
+
 Runs of earlier versions wrote two files per epoch instead: ``state.pt`` (the optimizer state, a pickle-based
 ``torch.save`` file) and then ``model.safetensors``. This alfa never unpickles, so ``state.pt`` is never read: a
 finished pair is read from its model file alone (a finished run needs no optimizer state), and an unfinished one
@@ -18,6 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +55,8 @@ __all__ = [
     "LEGACY_STATE_FILE",
     "STATE_FORMAT",
     "save_state",
+    "StateWriter",
+    "Resumed",
     "resume_run",
     "refuse_lone_state",
     "data_signatures",
@@ -59,6 +70,9 @@ MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.safetensors"
 LEGACY_STATE_FILE = "state.pt"  # what versions before the one-file state wrote; never read (a pickle)
 STATE_FORMAT = "alfa-source-train-state"
+INSIDE_EPOCH_EVERY_S = 300.0
+"""Seconds of training between two states written inside an epoch (a run of one process): at most this much of an
+epoch is lost to a kill, for one more state file written (a ResNet-18's is 134 MB, well under a second)."""
 _IDENTITY = ("stage", "data", "train_persons", "val_data", "val_persons")
 DENSE_KEY = "dense_checksum"  # recovery's: the checksum of the dense model it truncated (checkpoint.model_checksum)
 RECORDED_LATER = ("data_signature", "val_data_signature", DENSE_KEY)
@@ -154,6 +168,72 @@ def _derive_model(
     )
 
 
+@dataclass
+class Resumed:
+    """Where a run picks up: the epochs done and their history; for a state written inside an epoch, also the steps
+    of the next epoch done, the float64 sums of their loss terms (loss, L1, symmetry) and the seconds they took."""
+
+    epoch: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    steps: int = 0
+    sums: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    seconds: float = 0.0
+
+
+@dataclass
+class StateWriter:
+    """Writes one run's states into ``out``: after each epoch (the state, then the model file) and, where
+    ``inside_every_s`` is not ``None``, inside an epoch once that many seconds passed since the last state
+    (the state alone). ``header``, ``model_name``, ``model_kwargs`` and ``size`` are :func:`save_state`'s."""
+
+    out: Path
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    header: dict[str, Any]
+    model_name: str
+    model_kwargs: dict[str, Any] | None
+    size: tuple[int, int]
+    inside_every_s: float | None = INSIDE_EPOCH_EVERY_S
+    _last: float = field(default_factory=time.monotonic, init=False)
+
+    def _meta(self, epoch: int, history: list[dict[str, float]], complete: bool) -> dict[str, Any]:
+        meta = {"header": self.header, "model": self.model_name, "epoch": epoch, "history": history}
+        return {**meta, "complete": complete}
+
+    def after_epoch(self, epoch: int, history: list[dict[str, float]], complete: bool) -> None:
+        """The state after ``epoch`` whole epochs, then the model file from it."""
+        meta = self._meta(epoch, history, complete)
+        save_state(self.out, self.model, self.optimizer, self.scaler, meta, self.model_kwargs, self.size)
+        self._last = time.monotonic()
+
+    def inside_epoch(
+        self, epoch: int, history: list[dict[str, float]], steps: int, sums: torch.Tensor, seconds: float
+    ) -> None:
+        """The state after ``steps`` steps of the epoch that follows ``epoch`` whole ones, if one is due."""
+        if self.inside_every_s is None or time.monotonic() - self._last < self.inside_every_s:
+            return
+        meta = self._meta(epoch, history, False)
+        meta.update(epoch_steps=steps, epoch_sums=[float(x) for x in sums.tolist()], epoch_seconds=seconds)
+        save_state(self.out, self.model, self.optimizer, self.scaler, meta, self.model_kwargs, self.size,
+                   model_file=False)  # fmt: skip
+        self._last = time.monotonic()
+
+
+def _inside_epoch(path: Path, meta: dict[str, Any]) -> tuple[int, tuple[float, float, float], float]:
+    """The steps, loss sums and seconds of a state written inside an epoch (``(0, zeros, 0)`` for one written after
+    an epoch), each checked: a header that says otherwise is named, not trusted."""
+    steps, sums, seconds = meta.get("epoch_steps", 0), meta.get("epoch_sums", [0.0] * 3), meta.get("epoch_seconds", 0)
+    numbers = isinstance(sums, list) and len(sums) == 3
+    numbers = numbers and all(isinstance(x, (int, float)) and math.isfinite(x) for x in [*sums, seconds])
+    if type(steps) is not int or steps < 0 or not numbers or isinstance(seconds, bool):
+        raise CheckpointError(
+            f"{path}: its header's epoch_steps, epoch_sums or epoch_seconds is not what a training run writes "
+            f"({steps!r}, {sums!r}, {seconds!r}); delete {path.parent} to start over"
+        )
+    return steps, (float(sums[0]), float(sums[1]), float(sums[2])), float(seconds)
+
+
 def refuse_lone_state(out: Path) -> None:
     """A ``state.pt`` with no model beside it is no run's of this folder (a run of an earlier version wrote it with
     its model): it is not replaced, and the run is refused (the new state, carrying its identity, needs no such
@@ -209,16 +289,16 @@ def resume_run(
     model_kwargs: dict[str, Any] | None,
     size: tuple[int, int],
     writer: bool,
-) -> tuple[int, list[dict[str, float]]]:
-    """Load the run's state from ``out`` into ``model``, ``optimizer`` and ``scaler``; ``(epochs done, their
-    history)``, ``(0, [])`` if there is none. A state (or a legacy pair) of another run is refused. The
+) -> Resumed:
+    """Load the run's state from ``out`` into ``model``, ``optimizer`` and ``scaler``; where it picks up
+    (:class:`Resumed`; its defaults if there is none). A state (or a legacy pair) of another run is refused. The
     ``writer`` (rank 0) brings the folder up to date: the model file of a state it lags."""
     if (out / STATE_FILE).is_file():
         return _resume_state(out, model, optimizer, scaler, header, model_name, model_kwargs, size, writer)
     if not (out / MODEL_FILE).is_file():
-        return 0, []
+        return Resumed()
     try:
-        return _resume_legacy(out, model, header, model_name)
+        return Resumed(*_resume_legacy(out, model, header, model_name))
     except (FileNotFoundError, CheckpointError):
         # Another process (a benchmark piece on the same source) may have written its first epoch meanwhile: its
         # state is written before its model file, so a model file seen without a state has its state now.
@@ -237,19 +317,22 @@ def _resume_state(
     model_kwargs: dict[str, Any] | None,
     size: tuple[int, int],
     writer: bool,
-) -> tuple[int, list[dict[str, float]]]:
+) -> Resumed:
     path = out / STATE_FILE
     tensors, meta = read_tagged(path, STATE_FORMAT, "a source-training state")
     _check_identity(path, meta.get("model"), meta.get("header", {}), header, model_name)
+    steps, sums, seconds = _inside_epoch(path, meta)
     model_tensors = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
     load_state(model, model_tensors, source=str(path))
     load_optimizer_tensors(optimizer, tensors, "optimizer")
     if scaler.is_enabled() and "grad_scaler" in meta:
         scaler.load_state_dict(meta["grad_scaler"])
     epoch = int(meta.get("epoch", 0))
-    if writer and _model_epoch(out) != epoch:  # killed between the state and the model file: the model follows
+    # Killed between the state and the model file: the model follows. Not from a state inside an epoch, whose
+    # weights are no whole epoch's (the last whole epoch's model file was written before it).
+    if writer and steps == 0 and _model_epoch(out) != epoch:
         _derive_model(out, model, meta, model_kwargs, size)
-    return epoch, list(meta.get("history", []))
+    return Resumed(epoch, list(meta.get("history", [])), steps, sums, seconds)
 
 
 def _model_epoch(out: Path) -> int | None:
