@@ -146,12 +146,16 @@ def _config():
 
 SMALL_FAZE = (FazeTrainConfig(steps=3, batch_size=4), FazeMetaConfig(steps=2, k=3, l=3, tasks=2))
 SMALL_DRAWS = (4, 2)  # per person: a row's draws, an adapter row's (the benchmark's: 10 and 3)
+SMALL_STEPS = 10  # an adapter's calibration steps (the library's default: 50)
 
 
 @contextlib.contextmanager
 def _small_settings():
-    """FAZE's training and the draws small enough for a test (the rows' hashes hold them: a rerun needs them too)."""
+    """FAZE's training, the adapters' steps and the draws small enough for a test (the rows' hashes hold them: a
+    rerun needs them too)."""
+    defaults = {**calibration_settings._library_defaults(), "steps": SMALL_STEPS}
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibration_settings, "_library_defaults", lambda: defaults)
         mp.setattr(calibration_settings, "FAZE_TRAINING", SMALL_FAZE[0])
         mp.setattr(calibration_settings, "FAZE_META_TRAINING", SMALL_FAZE[1])
         mp.setattr(calibration_settings, "DRAWS", SMALL_DRAWS[0])
