@@ -11,8 +11,9 @@ The source model (pre-trained and recovered) is cached under ``cache_dir/source-
 is a hash of everything it depends on: the model, the source and validation data (their specs *and*
 a hash of their pixels and labels, so a changed generator invalidates it), both training configs,
 the SVD rank and the package version. A missing or stale cache is rebuilt (an interrupted build
-resumes from its last state (:mod:`alfa.gaze.train_state`), and a second process that needs the same model waits for the first one's
-build under the lock ``source-<key>.lock``, then loads it); nothing is ever downloaded.
+resumes from its last state (:mod:`alfa.gaze.train_state`), and a second process that needs the same model
+waits for the first one's build under the lock ``source-<key>.lock``, then loads it); nothing is ever
+downloaded.
 Personalization and evaluation always run.
 
 Nothing is selected on target labels: every step count, learning rate and augmentation strength is
