@@ -126,7 +126,7 @@ def test_several_photos_one_bad_the_others_kept(checkpoint, astronaut, tmp_path,
     out = tmp_path / "out.json"
     assert main(["predict", good, str(tmp_path / "b.png"), "--checkpoint", str(checkpoint[0]), "--json", str(out),
                  "--quiet"]) == 2  # fmt: skip
-    assert "1 of 2 inputs could not be read" in capsys.readouterr().err
+    assert "1 of 2 inputs gave no gaze; first: " in capsys.readouterr().err
     records = json.loads(out.read_text())["photos"]
     assert len(records[0]["faces"]) == 1 and "not a readable image" in records[1]["error"]
 
@@ -209,8 +209,13 @@ def test_video_frames_are_read_and_smoothed(checkpoint, astronaut, tmp_path, cap
         writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
     writer.release()
     assert main(["predict", video, "--video", "--smooth", "0.5", "--checkpoint", str(checkpoint[0]), "--quiet"]) == 0
-    frames = json.loads(capsys.readouterr().out)["videos"][0]["frames"]
+    record = json.loads(capsys.readouterr().out)["videos"][0]
+    frames = record["frames"]
     assert [f["frame"] for f in frames] == [0, 1, 2] and "no face" in frames[2]["error"]
+    # the video's intrinsics and convention, as a photo's answer has them
+    camera = record["camera"]
+    assert camera["source"].startswith("default (no --camera)") and camera["matrix"][0][2] == 256
+    assert "atan2(-g_x, -g_z)" in record["convention"] and record["smoothing"] == 0.5
     first, second = (np.array(f["gaze_camera"]["vector"]) for f in frames[:2])
     assert frames[0]["gaze_smoothed"] == {k: frames[0]["gaze_camera"][k] for k in ("yaw_deg", "pitch_deg")}
     from alfa.gaze.camera import gaze_vector_to_angles

@@ -305,16 +305,17 @@ def test_pillows_warning_filter_is_set_by_one_thread_at_a_time(astronaut, monkey
 def test_a_video_whose_every_frame_fails_says_the_first_frames_reason(astronaut, tmp_path):
     from alfa.gaze.camera import photo
 
-    def analyse(video, predictor, options, alpha, every):
+    def analyse(video, predictor, options, alpha, every, camera):
         yield {"frame": 0, "error": "camera.json describes a 640×480 camera; this image is 512×512"}
         yield {"frame": 1, "error": "the same"}
 
     original = photo.analyse_video
     photo.analyse_video = analyse
     try:
-        _, failures = photo.predict_videos(["clip.avi"], None, None, alpha=0.5, every=1, progress=False)
+        records, failures = photo.predict_videos(["clip.avi"], None, None, alpha=0.5, every=1, progress=False)
     finally:
         photo.analyse_video = original
+    assert records[0]["camera"] is None  # no frame read: no intrinsics used
     assert failures == [
         "clip.avi: no frame with a readable face (the first frame: camera.json describes a 640×480 camera; this "
         "image is 512×512)"

@@ -597,6 +597,8 @@ def test_pretrain_says_there_is_no_validation_rather_than_nan_on_zero_persons():
     assert _validation_words(none) == "no validation (no person held out: give --val-data, or more persons)"
     held = SimpleNamespace(history=[{"val_error": 7.125}], val_persons=["p01", "p02"])
     assert _validation_words(held) == "validation error 7.12 deg on 2 held-out persons"
+    one = SimpleNamespace(history=[{"val_error": 7.125}], val_persons=["p01"])
+    assert _validation_words(one) == "validation error 7.12 deg on 1 held-out person"
 
 
 def test_validation_is_never_on_persons_the_model_trained_on():

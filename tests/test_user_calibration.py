@@ -508,11 +508,24 @@ def test_test_time_augmentation_refuses_a_labelled_calibration_whose_yaw_it_woul
         assert main(["export", "--checkpoint", str(ckpt), "--adapter", str(cal / "p00.safetensors"),
                      "--out", str(onnx), "--tta", "roll"]) == 2  # fmt: skip
         assert "averages 3 views of each crop" in capsys.readouterr().err and not onnx.exists()
-    served = GazeService(ckpt, cal, tta="flip", note=lambda _: None)
+    # alfa serve refuses at its start, in one line, not by an answer to each user once it serves
+    assert main(["serve", "--checkpoint", str(ckpt), "--adapters", str(cal), "--tta", "flip", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "p00.safetensors is a calibration from labelled images" in err
+    notes: list[str] = []  # a calibration that appears once it serves: a 409 (the user is there), the log says why
+    served = GazeService(ckpt, cal, tta="flip", note=notes.append)
     png = io.BytesIO()
     Image.fromarray((images[0].permute(1, 2, 0).numpy() * 255).astype(np.uint8)).save(png, format="PNG")
     with pytest.raises(ServiceError, match="a calibration from labelled images, which this server's --tta would undo"):
         served.predict("p00", png.getvalue())
+    with pytest.raises(ServiceError) as refused:
+        served.predict("p00", png.getvalue())
+    assert refused.value.status == 409
+    assert notes == [
+        "alfa serve: the adapter of user 'p00' is a calibration from labelled images, and test-time augmentation "
+        "'flip' averages 2 views of each crop, which undoes part of its correction (the yaw of an offset cancels "
+        "under the flip): use it without --tta"
+    ]
     assert GazeService(ckpt, cal, note=lambda _: None).predict("p00", png.getvalue())["user"] == "p00"
     personalized = {"dataset": "toy", "person": "p0", "n_adapt": 5}  # no labelled images: a flip may average it
     tta_kind("flip").refuse_calibration(personalized, "an adapter")

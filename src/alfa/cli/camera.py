@@ -154,7 +154,7 @@ def _predict(args: argparse.Namespace) -> None:
     if args.json:
         write_json(args.json, document)
     if failures:
-        raise ValueError(f"{len(failures)} of {len(args.images)} inputs could not be read; first: {failures[0]}")
+        raise ValueError(f"{len(failures)} of {len(args.images)} inputs gave no gaze; first: {failures[0]}")
     _refuse_a_screen_behind_every_face(args, records)
 
 

@@ -190,7 +190,8 @@ def _validation_words(result: Any) -> str:
     error = (result.history[-1] if result.history else {}).get("val_error")
     if not result.val_persons or error is None or error != error:
         return "no validation (no person held out: give --val-data, or more persons)"
-    return f"validation error {error:.2f} deg on {len(result.val_persons)} held-out persons"
+    n = len(result.val_persons)
+    return f"validation error {error:.2f} deg on {n} held-out person{'' if n == 1 else 's'}"
 
 
 # ----------------------------------------------------------------------------- truncate

@@ -159,7 +159,9 @@ def adaptation_count(args: argparse.Namespace) -> int:
 
     if args.adapters is not None and not Path(args.adapters).is_dir():
         what = "a file, not a folder" if Path(args.adapters).exists() else "no such folder"
-        raise FileNotFoundError(f"--adapters {args.adapters}: {what} (alfa personalize --out writes the folder)")
+        raise FileNotFoundError(
+            f"--adapters {args.adapters}: {what} (alfa personalize --out or alfa calibrate --out writes the folder)"
+        )
     # the recipe is all this reads: a record without persons is taken
     made = read_record(args.adapters, need_persons=False) if args.adapters else None
     if made is None:

@@ -12,9 +12,10 @@ import socket
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TextIO
 
-from .guards import check_finished
+from .guards import check_finished, refuse_calibrations_under_tta
 from .options import at_least, default_of, tta_of, tta_option
 from .registry import Command
 
@@ -167,6 +168,8 @@ def _serve(args: argparse.Namespace) -> None:
         raise ValueError("--checkpoint and --adapters are needed (only --selftest runs without them)")
     token = _token(args)
     tta = tta_of(args.tta)  # a bad name is one line before anything loads
+    if tta is not None and Path(args.adapters).is_dir():  # refused now, not by a 409 to each of them once serving
+        refuse_calibrations_under_tta(tta, Path(args.adapters))
     service = GazeService(args.checkpoint, args.adapters, _limits(args), tta=tta and tta.name)
     log = None if args.quiet else sys.stderr
     with _access_log(args.access_log) as log_file:

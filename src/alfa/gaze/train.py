@@ -191,7 +191,8 @@ class TruncationResult:
         lines = [
             f"truncation at rank {self.rank}: {self.factorized_layers} layers factorized, "
             f"{p['dense'] / 1e6:.2f} M -> {p['truncated'] / 1e6:.2f} M parameters",
-            f"source validation error ({len(self.val_persons)} held-out persons, mean over persons):",
+            f"source validation error ({len(self.val_persons)} held-out "
+            f"person{'' if len(self.val_persons) == 1 else 's'}, mean over persons):",
             f"  before truncation   {e['before_truncation']:.2f} deg",
             f"  after truncation    {e['after_truncation']:.2f} deg",
             f"  after recovery      {e['after_recovery']:.2f} deg",

@@ -54,11 +54,14 @@ SECTIONS = "\n".join(
         "## The service and videos",
         "",
         "`alfa serve` answers `POST /predict/photo?user=ID` with a photo of any size and the same fields as "
-        "above (plus `user`), the crop made on the server with the default intrinsics; a photo without exactly "
+        "above (plus `user`) but `screen` (the service takes no screen), the crop made on the server with the "
+        "default intrinsics (it takes no camera file: its `camera.source` says so); a photo without exactly "
         "one face or a corrupt one is a 400 with the reason, and one over the service's pixel limit (checked "
         "from its header, before decoding) a 413, as a face crop is. `alfa predict --video V.mp4` reads a "
-        "video's frames (every `--every`-th) and adds `gaze_smoothed`, an exponential smoothing over frames "
-        "(`--smooth`, the new frame's weight); a frame without a face is recorded as such and restarts the "
+        "video's frames (every `--every`-th): per video its `camera` (the intrinsics, as a photo's), the "
+        "`convention` and `smoothing`, and per frame the largest face's fields, as a photo's, with `frame` (its "
+        "index) and `gaze_smoothed`, the camera-frame gaze (`gaze_camera`'s angles) smoothed exponentially over "
+        "frames (`--smooth`, the new frame's weight); a frame without a face is recorded as such and restarts the "
         "smoothing.",
         "",
         "## Why OpenCV's Haar cascades",
@@ -213,7 +216,10 @@ def camera_page(record: dict[str, Any], command: str, figure: str) -> str:
             "the warp `W = K_n S R K⁻¹` from photo pixels to crop pixels.",
             "- `gaze_normalized`: the model's output on the crop; `gaze_camera`: the same direction in the camera "
             "frame, `g_camera = Rᵀ g_normalized`, with its unit vector.",
-            "- `screen` (with `--screen` or `--screen-fit`): the point looked at, in screen pixels.",
+            "- `screen` (with `--screen` or `--screen-fit`): the point looked at, `x_px`, `y_px` in screen pixels "
+            "from the screen's top-left corner as the person sees it (x to the right, y down), and `method` "
+            '(`"geometry"`, or `"fit (degree 1)"` and `2`); with the geometry also `x_mm`, `y_mm`, the same point '
+            "in millimetres from that corner, and `on_screen`, whether it lies within the screen.",
             "",
             "## The convention",
             "",

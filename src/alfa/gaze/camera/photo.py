@@ -9,6 +9,7 @@ request bytes to the answer's fields.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import os
@@ -177,14 +178,16 @@ def read_photo(source: str | os.PathLike) -> tuple[np.ndarray, list[str]]:
 class PhotoOptions:
     """How a photo is read: its ``camera`` (``None``: :func:`default_camera` of its size), a ``screen``
     geometry or a ``screen_fit`` (or neither), ``faces`` (``"one"``: exactly one face, else
-    :class:`SeveralFaces`; ``"all"``; ``"largest"``: the largest face only, as a video's frames are read) and the
-    normalized camera ``config``."""
+    :class:`SeveralFaces`; ``"all"``; ``"largest"``: the largest face only, as a video's frames are read), the
+    normalized camera ``config``, and ``camera_option``, the option that gives a camera (named in the default's
+    ``source``; ``None``: the caller takes none)."""
 
     camera: Camera | None = None
     screen: Screen | None = None
     screen_fit: ScreenFit | None = None
     faces: str = "one"
     config: NormalizationConfig = field(default_factory=NormalizationConfig)
+    camera_option: str | None = "--camera"  # what gives the intrinsics, named where the default is used
 
     def __post_init__(self) -> None:
         if self.faces not in ("one", "all", "largest"):
@@ -227,7 +230,7 @@ def analyse_photo(
     result, the largest face first. ``ValueError`` for a photo without a face, with several faces where
     ``options.faces`` is ``"one"``, or with intrinsics that do not fit it."""
     height, width = rgb.shape[:2]
-    camera = options.camera or default_camera(width, height)
+    camera = options.camera or default_camera(width, height, options.camera_option)
     camera.check_fits(width, height)
     image, camera_used = _undistorted(rgb, camera)
     detections = detect_faces(image)
@@ -378,13 +381,19 @@ class GazeSmoother:
 
 
 def analyse_video(
-    path: str | os.PathLike, predictor: Predictor, options: PhotoOptions, alpha: float = 0.5, every: int = 1
+    path: str | os.PathLike,
+    predictor: Predictor,
+    options: PhotoOptions,
+    alpha: float = 0.5,
+    every: int = 1,
+    camera: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """One record per frame read (every ``every``-th): the largest face's fields, its camera-frame gaze smoothed
     over the frames (``gaze_smoothed``, :class:`GazeSmoother`), or ``{"frame", "error"}`` for a frame whose face
-    could not be read (the video goes on). Each record also has ``frame``."""
+    could not be read (the video goes on). Each record also has ``frame``. ``camera``, where given, is filled with
+    the intrinsics the first frame read was read with (a photo answer's ``camera``)."""
     smoother = GazeSmoother(alpha)
-    one_face = PhotoOptions(options.camera, options.screen, options.screen_fit, "largest", options.config)
+    one_face = dataclasses.replace(options, faces="largest")
     for index, rgb in video_frames(path, every):
         try:
             answer, _ = analyse_photo(rgb, predictor, one_face)
@@ -392,6 +401,8 @@ def analyse_video(
             smoother.update(None)
             yield {"frame": index, "error": str(e)}
             continue
+        if camera is not None and not camera:
+            camera.update(answer["camera"])
         face = answer["faces"][0]
         smoothed = smoother.update(np.asarray(face["gaze_camera"]["vector"]))
         face["gaze_smoothed"] = _angles(np.degrees(gaze_vector_to_angles(smoothed)))
@@ -484,16 +495,19 @@ def predict_videos(
     sources: list[str], predictor: Predictor, options: PhotoOptions, alpha: float, every: int, progress: bool = True
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """:func:`analyse_video` of each video file, with a progress bar of its frames: one record per video
-    (``{"video", "smoothing", "frames"}``), and the messages of the videos without a single readable face (a frame
+    (``{"video", "camera", "convention", "smoothing", "frames"}``; ``camera`` is ``None`` where no frame had a
+    face), and the messages of the videos without a single readable face (a frame
     without one is part of a video; a video without any is a failure)."""
     from tqdm.auto import tqdm
 
     records, failures = [], []
     for video in sources:
-        frames = analyse_video(video, predictor, options, alpha=alpha, every=every)
+        camera: dict[str, Any] = {}
+        frames = analyse_video(video, predictor, options, alpha=alpha, every=every, camera=camera)
         first = next(frames, None)  # opens the video: a file that is none is refused before a bar is drawn
         read = [] if first is None else [first, *tqdm(frames, desc="frames", unit="frame", disable=not progress)]
-        records.append({"video": video, "smoothing": alpha, "frames": read})
+        record = {"video": video, "camera": camera or None, "convention": CONVENTION, "smoothing": alpha}
+        records.append({**record, "frames": read})
         if all("error" in frame for frame in read):
             # the first frame's reason, where it is not the usual missing face (a camera file for another size)
             why = f" (the first frame: {read[0]['error']})" if read else ""

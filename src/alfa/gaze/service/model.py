@@ -97,7 +97,13 @@ class GazeService:
             raise ServiceError(404, f"unknown user {user!r}") from None
         except (ValueError, RuntimeError, OSError, KeyError) as e:
             refusal = _refusal(user, e)
-            self.note(f"alfa serve: {refusal}" + ("" if str(e) in str(refusal) else f": {e}"))
+            # the log gets the whole reason; a calibration's already says what the answer says
+            said = (
+                str(e)
+                if isinstance(e, CalibrationUnderTTA)
+                else f"{refusal}" + ("" if str(e) in str(refusal) else f": {e}")
+            )
+            self.note(f"alfa serve: {said}")
             self._refused[user] = (stamp, refusal.status, str(refusal))
             raise refusal from None
         self._loaded[user] = stamp
@@ -123,7 +129,7 @@ class GazeService:
         if person is not None and adapter_filename(str(person)) != adapter_filename(user):
             raise ValueError(f"{path} records person {person!r}, not {user!r}")
         if self.tta is not None:  # refused, not served with part of its correction undone
-            self.tta.refuse_calibration(about, f"user {user!r}'s adapter")
+            self.tta.refuse_calibration(about, f"the adapter of user {user!r}")
 
     def decode(self, body: bytes) -> torch.Tensor:
         """A 1×3×H×W image in [0, 1] from PNG/JPEG bytes of the base's input size (checked before decoding)."""
@@ -157,7 +163,7 @@ class GazeService:
         try:
             from ..camera import PhotoOptions, SeveralFaces, answer_photo, model_predictor
 
-            answer = answer_photo(body, predictor, PhotoOptions(faces="one"))
+            answer = answer_photo(body, predictor, PhotoOptions(faces="one", camera_option=None))
         # (the first clause matches a failed import before the second names what it would have imported)
         except ModuleNotFoundError as e:  # the camera extra (OpenCV) is not installed here: not the request's fault
             raise ServiceError(501, f"this server cannot read photos: {e.name} is not installed") from None
@@ -195,9 +201,9 @@ def _refusal(user: str, e: Exception) -> ServiceError:
         return ServiceError(500, f"user {user!r}: their adapter file cannot be read on this server (permission denied)")
     if isinstance(e, _NotAFile):
         return ServiceError(500, f"user {user!r}: their adapter file is {e.what} on this server")
-    if isinstance(e, CalibrationUnderTTA):
+    if isinstance(e, CalibrationUnderTTA):  # the user is there, and served without --tta: not a 404's "no such user"
         return ServiceError(
-            404, f"user {user!r}: a calibration from labelled images, which this server's --tta would undo"
+            409, f"user {user!r}: a calibration from labelled images, which this server's --tta would undo"
         )
     if isinstance(e, MethodNotServed):  # the file fits this base; its method is what a shared base cannot serve
         return ServiceError(404, f"user {user!r}: their adapter cannot be served here: {e}")
