@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .guards import (
     adaptation_count,
+    adapted_label,
     before_evaluating,
     before_personalizing,
     check_labels,
@@ -354,6 +355,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     from alfa.gaze.train import check_input_size
 
     n_adapt = adaptation_count(args)  # before any loading: no --adapters folder, a conflicting --n-adapt
+    args.label = args.label or adapted_label(args.adapters)
     tta = _evaluation_tta(args)
     check_labels(args.label, tta and tta.name)
     if tta is not None and args.adapters is not None:
@@ -664,7 +666,9 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
         help="folder of per-person files from alfa personalize or alfa calibrate (without it: the model alone)",
     )
     p.add_argument(
-        "--label", default="personalized", help="column name of the results with adapters (default %(default)s)"
+        "--label",
+        help="column name of the results with adapters (default: calibrated for alfa calibrate's folder, else "
+        "personalized)",
     )
     tta_option(p, "also score the base and every adapter")
     p.add_argument("--flip-tta", action="store_true", help="the same as --tta flip (kept for existing scripts)")

@@ -34,6 +34,7 @@ __all__ = [
     "raise_if_incomplete",
     "refuse_a_model_that_is_not_a_gaze_model",
     "refuse_calibrations_under_tta",
+    "adapted_label",
     "refuse_foreign_adapters",
     "refuse_n_adapt_no_one_has",
     "refuse_unfinished",
@@ -49,6 +50,15 @@ that test-time augmentation)."""
 def tta_column(kind: str) -> str:
     """The name of the base's column under test-time augmentation ``kind`` (``flip-TTA``, ``roll-TTA``, ...)."""
     return f"{kind}-TTA"
+
+
+def adapted_label(adapters: str | None) -> str:
+    """The adapted column's default name: ``calibrated`` for a folder ``alfa calibrate`` wrote (its record's method
+    is ``calibrate:<method>``), else ``personalized``."""
+    from alfa.gaze.folder_record import read_record
+
+    made = read_record(adapters, need_persons=False) if adapters else None
+    return "calibrated" if str((made or {}).get("method", "")).startswith("calibrate:") else "personalized"
 
 
 def check_labels(label: str, tta: str | None) -> None:

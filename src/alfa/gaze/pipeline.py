@@ -210,7 +210,10 @@ def real_config(source: str, targets: tuple[str, ...], val_source: str | None = 
 
 
 def open_data(spec: str) -> GazeDataset:
-    """Open a dataset spec through :func:`alfa.gaze.data.registry.open_dataset` (imported here, lazily)."""
+    """Open a dataset spec through :func:`alfa.gaze.data.registry.open_dataset` (imported here, lazily), every kind
+    known: the loaders' and ``photos:`` (a person's calibration photos, :mod:`alfa.gaze.photo_data`, which needs the
+    camera path beside the loaders and so registers from above them)."""
+    from . import photo_data  # noqa: F401  (registers photos:)
     from .data.registry import open_dataset
 
     return open_dataset(spec)

@@ -51,6 +51,11 @@ SECTIONS = "\n".join(
         "that are no whole number, screen sides outside 1 to 100,000 (millimetres or pixels: a unit slip), gazes "
         "beyond ±90°, screen points beyond ±100,000 px and a degree other than 1 or 2.",
         "",
+        "A fit maps what the model says onto the screen; the same session's photos can correct the model itself: "
+        "with the screen's geometry each photo is a labelled image (the direction from the face to its point), "
+        'which `alfa calibrate --data "photos:<points file>?screen=<screen file>&size=N"` fits the person\'s '
+        "calibration file on ([deploy.md](deploy.md), *A person's own photos*).",
+        "",
         "## The service and videos",
         "",
         "`alfa serve` answers `POST /predict/photo?user=ID` with a photo of any size and the same fields as "

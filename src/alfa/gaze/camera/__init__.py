@@ -37,7 +37,9 @@ from .photo import (
     calibration_gaze,
     decode_photo,
     model_predictor,
+    normalized_faces,
     read_photo,
+    resized_crops,
 )
 from .screen import (
     CalibrationPoints,
@@ -77,6 +79,8 @@ __all__ = [
     "load_screen",
     "load_screen_fit",
     "model_predictor",
+    "normalized_faces",
+    "resized_crops",
     "normalization_of",
     "read_calibration_points",
     "read_photo",

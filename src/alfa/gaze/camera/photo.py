@@ -59,6 +59,8 @@ __all__ = [
     "predict_videos",
     "fit_screen",
     "answer_photo",
+    "normalized_faces",
+    "resized_crops",
     "SeveralFaces",
     "calibration_gaze",
     "model_predictor",
@@ -230,17 +232,7 @@ def analyse_photo(
     result, the largest face first. ``ValueError`` for a photo without a face, with several faces where
     ``options.faces`` is ``"one"``, or with intrinsics that do not fit it."""
     height, width = rgb.shape[:2]
-    camera = options.camera or default_camera(width, height, options.camera_option)
-    camera.check_fits(width, height)
-    image, camera_used = _undistorted(rgb, camera)
-    detections = detect_faces(image)
-    if not detections:
-        smallest = math.ceil(MIN_FACE_PX * max(1.0, max(height, width) / DETECT_SIDE))
-        raise ValueError(f"no face found in the image (a frontal face of at least {smallest} pixels is needed)")
-    if options.faces == "one" and len(detections) > 1:
-        raise SeveralFaces([list(d.box) for d in detections])
-    read = detections[:1] if options.faces == "largest" else detections
-    faces = [_normalize_face(image, d, camera_used, options.config) for d in read]
+    camera, faces = normalized_faces(rgb, options)
     crops = np.stack([f.crop for f in faces])
     with torch.no_grad():
         predicted = predictor(torch.from_numpy(crops).permute(0, 3, 1, 2).float() / 255.0)
@@ -253,6 +245,23 @@ def analyse_photo(
         "faces": [f.fields for f in faces],
     }
     return answer, faces
+
+
+def normalized_faces(rgb: np.ndarray, options: PhotoOptions) -> tuple[Camera, list[FaceResult]]:
+    """The camera a photo is read with and its faces (as ``options.faces`` asks, the largest first), each found,
+    normalized and cropped, no gaze yet: what :func:`analyse_photo` reads the gaze of. ``ValueError`` as there."""
+    height, width = rgb.shape[:2]
+    camera = options.camera or default_camera(width, height, options.camera_option)
+    camera.check_fits(width, height)
+    image, camera_used = _undistorted(rgb, camera)
+    detections = detect_faces(image)
+    if not detections:
+        smallest = math.ceil(MIN_FACE_PX * max(1.0, max(height, width) / DETECT_SIDE))
+        raise ValueError(f"no face found in the image (a frontal face of at least {smallest} pixels is needed)")
+    if options.faces == "one" and len(detections) > 1:
+        raise SeveralFaces([list(d.box) for d in detections])
+    read = detections[:1] if options.faces == "largest" else detections
+    return camera, [_normalize_face(image, d, camera_used, options.config) for d in read]
 
 
 def _normalize_face(image: np.ndarray, detection: FaceDetection, camera: Camera, config) -> FaceResult:
@@ -318,14 +327,22 @@ def calibration_gaze(
     return np.array([gaze["yaw_deg"], gaze["pitch_deg"]])
 
 
+def resized_crops(crops: Tensor, size: tuple[int, int]) -> Tensor:
+    """Normalized crops (``N×3×H×W`` floats in [0, 1]) as a model trained at ``size`` reads them: resized with
+    antialiasing where they differ. Every path from a photo to a model's input goes through it (predictions, the
+    labelled images of a person's calibration photos), so each sees the same numbers."""
+    if tuple(crops.shape[-2:]) == tuple(size):
+        return crops
+    return F.interpolate(crops, size=tuple(size), mode="bilinear", align_corners=False, antialias=True)
+
+
 def model_predictor(model: nn.Module, input_size: tuple[int, int]) -> Predictor:
     """A :data:`Predictor` of a gaze model (eval mode, no gradients) that reads ``input_size`` images: each
     224×224 crop is resized to it with antialiasing first (a checkpoint records the size it was trained on)."""
 
     def predict(crops: Tensor) -> Tensor:
         device = next(model.parameters()).device
-        if tuple(crops.shape[-2:]) != tuple(input_size):
-            crops = F.interpolate(crops, size=tuple(input_size), mode="bilinear", align_corners=False, antialias=True)
+        crops = resized_crops(crops, input_size)
         model.eval()
         with torch.no_grad():
             return model(crops.to(device)).float().cpu()

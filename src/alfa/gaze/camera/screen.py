@@ -75,11 +75,21 @@ class Screen:
     top_left_mm: np.ndarray
     rotation: np.ndarray = field(default_factory=lambda: _SCREEN_IN_CAMERA_PLANE.copy())
 
+    def pixel_mm(self, x_px: float, y_px: float) -> np.ndarray:
+        """The camera-frame position (mm) of the screen pixel ``(x_px, y_px)``: what :meth:`point` gives back for
+        a ray through it."""
+        on_plane = np.array([x_px * self.width_mm / self.width_px, y_px * self.height_mm / self.height_px, 0.0])
+        return self.top_left_mm + self.rotation @ on_plane
+
+    def faces_it(self, origin_mm: np.ndarray) -> bool:
+        """Whether ``origin_mm`` (a face) is on the side of the screen its pixels are seen from."""
+        return float(self.rotation[:, 2] @ (origin_mm - self.top_left_mm)) < 0
+
     def point(self, origin_mm: np.ndarray, gaze: np.ndarray) -> dict[str, Any]:
         """Where the ray from ``origin_mm`` along the camera-frame direction ``gaze`` meets the screen's plane:
         ``{"x_px", "y_px", "x_mm", "y_mm", "on_screen"}``, or ``{"error": ...}`` for a ray that never meets it."""
         normal = self.rotation[:, 2]
-        if float(normal @ (origin_mm - self.top_left_mm)) >= 0:
+        if not self.faces_it(origin_mm):
             # a rotation whose x × y points at the person reads the screen from behind: left and right swapped
             return {"error": BEHIND_THE_SCREEN}
         facing = float(normal @ gaze)
@@ -269,9 +279,11 @@ def load_screen_fit(path: str | os.PathLike) -> ScreenFit:
     return read_calibration_points(path).fit()
 
 
-def read_calibration_points(path: str | os.PathLike) -> CalibrationPoints:
+def read_calibration_points(path: str | os.PathLike, *, for_fit: bool = True) -> CalibrationPoints:
     """A calibration file's points, checked (keys, numbers, a named photo's existence) before any model runs;
-    a file whose points all give their gazes is fitted here too, so that an undetermined fit is refused now."""
+    a file whose points all give their gazes is fitted here too, so that an undetermined fit is refused now.
+    ``for_fit=False``: the points are read for another use than the screen fit (labelled photos), which any number
+    of them serves."""
     data = _read_json(path)
     refuse_unknown_keys(data, ("degree", "points"), str(path))
     points = data.get("points")
@@ -300,9 +312,11 @@ def read_calibration_points(path: str | os.PathLike) -> CalibrationPoints:
         raise ValueError(f"{path}: degree must be 1 (affine) or 2 (quadratic), got {degree!r}")
     read = CalibrationPoints(str(path), int(degree), screen, gazes, photos)
     needed = _terms(np.zeros((1, 2)), read.degree).shape[1]
-    if len(points) < needed:
+    if for_fit and len(points) < needed:
         raise ValueError(f"{path}: a degree-{read.degree} fit needs at least {needed} points, got {len(points)}")
-    if not any(p is not None for p in photos):
+    if not points:
+        raise ValueError(f"{path}: no points")
+    if for_fit and not any(p is not None for p in photos):
         read.fit()
     return read
 
