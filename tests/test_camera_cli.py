@@ -190,6 +190,54 @@ def test_serve_answers_a_raw_photo(checkpoint, astronaut, tmp_path, monkeypatch)
         server.server_close()
 
 
+def test_a_service_given_its_camera_and_screen_answers_the_screen_point_alfa_predict_gives(
+    checkpoint, astronaut, tmp_path, capsys
+):
+    """A kiosk: one camera and screen for every user. /predict/photo then answers each face's screen point, the
+    same as alfa predict --camera --screen of the photo; either option with --selftest, or a bad file, is one line."""
+    from alfa.gaze.camera import PhotoOptions, load_camera, load_screen
+    from alfa.gaze.service import GazeService, make_server
+
+    (tmp_path / "adapters").mkdir()
+    screen, camera = tmp_path / "screen.json", tmp_path / "camera.json"
+    screen.write_text(json.dumps({"width_mm": 344, "height_mm": 194, "width_px": 1920, "height_px": 1080,
+                                  "top_left_mm": [172, 8, 0]}))  # fmt: skip
+    camera.write_text(json.dumps({"matrix": [[600, 0, 250], [0, 600, 260], [0, 0, 1]], "image_size": [512, 512]}))
+    photo = _write(tmp_path / "a.png", astronaut)
+    assert main(["predict", photo, "--checkpoint", str(checkpoint[0]), "--camera", str(camera), "--screen",
+                 str(screen), "--quiet"]) == 0  # fmt: skip
+    expected = json.loads(capsys.readouterr().out)["photos"][0]
+    options = PhotoOptions(camera=load_camera(camera), screen=load_screen(screen), faces="one")
+    alfa.save_adapter(_lora(checkpoint[0]), tmp_path / "adapters" / "ann.safetensors")  # LoRA's B at 0: the base
+    server = make_server(GazeService(checkpoint[0], tmp_path / "adapters", photo_options=options), port=0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/predict/photo?user=ann"
+        status, answer = _post(url, (tmp_path / "a.png").read_bytes())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status == 200 and answer["camera"] == expected["camera"]
+    assert answer["faces"][0]["screen"]["method"] == "geometry"
+    for key in ("x_px", "y_px", "x_mm", "y_mm", "on_screen"):
+        assert answer["faces"][0]["screen"][key] == pytest.approx(expected["faces"][0]["screen"][key], abs=0.2), key
+    for option, value in (("--screen", screen), ("--camera", camera)):
+        assert main(["serve", "--selftest", option, str(value)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{option} does not apply to --selftest" in err
+    screen.write_text(json.dumps({"width_mm": 0.344}))
+    assert main(["serve", "--checkpoint", str(checkpoint[0]), "--adapters", str(tmp_path / "adapters"), "--screen",
+                 str(screen), "--port", "0"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "screen.json: missing" in err
+
+
+def _lora(path):
+    base, _ = alfa.checkpoint.load_model(path)
+    alfa.attach(base, alfa.LoraConfig(rank=2))
+    return base
+
+
 def _post(url: str, body: bytes) -> tuple[int, dict]:
     request = urllib.request.Request(url, data=body, method="POST")
     try:

@@ -104,7 +104,7 @@ def test_calibrated_on_a_photo_the_prediction_of_that_photo_lands_on_its_screen_
     assert main(["evaluate", "--checkpoint", str(folder / "base.safetensors"), "--data", _spec(folder, person="ann"),
                  "--adapters", str(cal), "--quiet"]) == 0  # fmt: skip
     table = capsys.readouterr().out
-    assert "1 adaptation images excluded" in table and "Δ calibrated" in table and "personalized" not in table
+    assert "1 adaptation image excluded" in table and "Δ calibrated" in table and "personalized" not in table
     predict = ["predict", str(folder / "p1.png"), "--checkpoint", str(folder / "base.safetensors"), "--screen",
                str(folder / "screen.json"), "--json", str(out), "--quiet"]  # fmt: skip
     assert main(predict) == 0
@@ -143,6 +143,21 @@ def test_what_no_labelled_image_comes_from_is_one_line(session, tmp_path, capsys
     assert "point 1's photo" in err and "no face found" in err
     behind = tmp_path / "behind.json"  # the screen 2 m in front of the camera: the face is behind it
     behind.write_text(json.dumps({**SCREEN, "top_left_mm": [172, 8, 2000]}))
-    err = refused(_spec(folder, screen=behind).replace(f"screen={folder / 'screen.json'}&", ""))
+    err = refused(_spec(folder, screen=behind))
     assert "the face is behind the screen's plane" in err
     assert not (tmp_path / "c").exists()
+
+
+def test_a_command_checking_its_validation_spec_knows_the_photos_kind_in_a_fresh_process(session):
+    """alfa pretrain checks --val-data before anything opens a spec (which registers photos:): the check must know
+    the kind itself, as a fresh process shows (in the suite another test may have registered it already)."""
+    import subprocess
+    import sys
+
+    folder, _ = session
+    code = (
+        "import argparse, sys; from alfa.cli.guards import check_val_data; "
+        "check_val_data(argparse.Namespace(val_data=sys.argv[1], data='synthetic:mpii'))"
+    )
+    run = subprocess.run([sys.executable, "-c", code, _spec(folder)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr

@@ -330,6 +330,7 @@ def test_an_output_is_never_the_data_nor_a_folder_holding_it(tmp_path, capsys, o
         ("source-only", [], "--label 'source-only' is the name of the source-only column"),
         ("flip-TTA", ["--flip-tta"], "--label 'flip-TTA' is the name of the flip-TTA column"),
         (" ", [], "--label: the adapted column needs a name"),
+        ("", [], "--label: the adapted column needs a name"),  # not taken for no --label (the default's name)
     ],
 )
 def test_evaluate_column_labels_cannot_collide(tmp_path, capsys, label, flip, message):

@@ -132,6 +132,33 @@ def test_a_run_killed_inside_an_epoch_resumes_from_the_step_its_state_holds(tmp_
     assert "epoch_steps" not in read_tagged(tmp_path / STATE_FILE, STATE_FORMAT, "a state")[1]
 
 
+def test_a_cosine_run_killed_inside_an_epoch_resumes_with_each_steps_own_rate(tmp_path, monkeypatch):
+    """Each step's rate comes from its place in the run: the steps after the kill must get the rates an
+    uninterrupted run gives them (under the constant schedule of the other tests, any place gives the same)."""
+    cosine = replace(CONFIG, schedule="cosine")
+    first, straight_result = _run(tmp_path / "straight", cosine)
+    with monkeypatch.context() as m:
+        kill_at(m, train, "_train_step", 5)
+        with pytest.raises(Killed):
+            _run(tmp_path / "killed", cosine, inside_every_s=0.0)
+    model, result = _run(tmp_path / "killed", cosine, seed=1, inside_every_s=0.0)
+    assert result.resumed_from_epoch == 1
+    for (name, a), b in zip(first.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_state_inside_an_epoch_continues_only_in_one_process_and_within_the_epoch(tmp_path):
+    """Its loss sums and steps are one process's: under torchrun every rank would add the sums again (and its batches
+    drop a short last one), so it is refused in one line; a step count past the epoch's end is a damaged state."""
+    refuse = train._refuse_steps_that_do_not_fit
+    refuse(tmp_path, 0, 3, 3, 2)  # a state after a whole epoch: any number of processes
+    refuse(tmp_path, 2, 0, 3, 1)
+    with pytest.raises(CheckpointError, match="inside epoch 1 by a run of one process: finish that epoch with one"):
+        refuse(tmp_path, 2, 0, 3, 2)
+    with pytest.raises(CheckpointError, match="says 3 steps of epoch 1 are done, of the 3 it has"):
+        refuse(tmp_path, 3, 0, 3, 1)
+
+
 def test_no_state_is_written_inside_an_epoch_before_it_is_due(tmp_path, monkeypatch):
     """States inside an epoch come every ``inside_epoch_every_s`` seconds, not every step: with the default, a run
     this short writes one state per epoch, as before."""

@@ -355,7 +355,8 @@ def _evaluate(args: argparse.Namespace) -> None:
     from alfa.gaze.train import check_input_size
 
     n_adapt = adaptation_count(args)  # before any loading: no --adapters folder, a conflicting --n-adapt
-    args.label = args.label or adapted_label(args.adapters)
+    if args.label is None:  # an empty one given is refused by check_labels
+        args.label = adapted_label(args.adapters)
     tta = _evaluation_tta(args)
     check_labels(args.label, tta and tta.name)
     if tta is not None and args.adapters is not None:

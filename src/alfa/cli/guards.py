@@ -351,6 +351,7 @@ def check_val_data(args: argparse.Namespace) -> None:
     which was taken as no option), a spec whose form, kind, options, world or folder is wrong
     (:func:`alfa.gaze.data.registry.check_spec`), or ``--data``'s own spec however written
     (:func:`alfa.gaze.data.registry.canonical_spec`), whose persons every epoch trains on."""
+    from alfa.gaze import photo_data  # noqa: F401  (registers photos:, as alfa.gaze.pipeline.open_data does)
     from alfa.gaze.data.registry import canonical_spec, check_spec
 
     spec = args.val_data

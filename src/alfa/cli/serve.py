@@ -112,6 +112,8 @@ _SERVING_ONLY = {
     "token": ("--token", "the selftest makes a random token of its own"),
     "access_log": ("--access-log", "the selftest writes no access log to a file (it prints a summary)"),
     "quiet": ("--quiet", "the selftest has no access log to silence (it prints only its summary)"),
+    "camera": ("--camera", "the selftest sends face crops, which no camera's intrinsics are read for"),
+    "screen": ("--screen", "the selftest sends face crops, whose answers have no screen point"),
 }
 _SELFTEST_ONLY = {
     "clients": ("--clients", "the load test's number of clients (a served service answers whoever connects)"),
@@ -170,7 +172,8 @@ def _serve(args: argparse.Namespace) -> None:
     tta = tta_of(args.tta)  # a bad name is one line before anything loads
     if tta is not None and Path(args.adapters).is_dir():  # refused now, not by a 409 to each of them once serving
         refuse_calibrations_under_tta(tta, Path(args.adapters))
-    service = GazeService(args.checkpoint, args.adapters, _limits(args), tta=tta and tta.name)
+    photos = _photo_options(args)  # a bad camera or screen file: one line before the model loads
+    service = GazeService(args.checkpoint, args.adapters, _limits(args), tta=tta and tta.name, photo_options=photos)
     log = None if args.quiet else sys.stderr
     with _access_log(args.access_log) as log_file:
         server = _bind(service, args, token, log_file or log)
@@ -248,6 +251,17 @@ def _selftest(args: argparse.Namespace) -> None:
         raise RuntimeError(f"selftest failed: {report.summary()}")
 
 
+def _photo_options(args: argparse.Namespace) -> Any:
+    """How ``/predict/photo`` reads a photo: ``--camera``'s intrinsics and ``--screen``'s geometry where given
+    (``None``: the defaults, no screen point)."""
+    if args.camera is None and args.screen is None:
+        return None
+    from alfa.gaze.camera import PhotoOptions, load_camera, load_screen
+
+    camera = None if args.camera is None else load_camera(args.camera)
+    return PhotoOptions(camera=camera, screen=None if args.screen is None else load_screen(args.screen), faces="one")
+
+
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.gaze.service import TOKEN_ENV, ServiceLimits
 
@@ -275,6 +289,12 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=_seconds, default=limits.request_timeout,
                    help="seconds to receive a whole request (default %(default)s)")  # fmt: skip
     tta_option(p, "answer every prediction")
+    p.add_argument("--camera", metavar="K.json", help="/predict/photo: the camera's intrinsics, as alfa predict "
+                   "--camera takes them (default: assumed from each photo's size; not with --selftest)")  # fmt: skip
+    p.add_argument("--screen", metavar="S.json", help="/predict/photo: the screen's geometry in that camera's frame "
+                   "(docs/camera.md), so that each face's answer has the screen point looked at, as alfa predict "
+                   "--screen gives it: one camera and screen for every user, as at a kiosk; not with "
+                   "--selftest")  # fmt: skip
     p.add_argument("--access-log", help="append the access log (a line per request) to this file (default: stderr; "
                    "--selftest keeps none)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no access log (--selftest keeps none)")

@@ -354,7 +354,8 @@ class EvaluationReport:
         rule = "  ".join("-" * w for w in widths)
         n_common = len(self.common_persons())
         lines = [
-            f"{self.dataset}: angular error (deg) per person, {self.n_adapt} adaptation images excluded, "
+            f"{self.dataset}: angular error (deg) per person, {self.n_adapt} adaptation "
+            f"image{'' if self.n_adapt == 1 else 's'} excluded, "
             f"mean over {n_common} persons",
             fmt(header),
             rule,

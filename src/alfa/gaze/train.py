@@ -374,9 +374,7 @@ def train_source(
             t0 = time.time() - inside.seconds
             net.train()
             batches = _epoch_global_batches(dataset, train_idx, config, epoch, world)
-            if inside.steps >= len(batches):
-                raise CheckpointError(f"{out / STATE_FILE} says {inside.steps} steps of epoch {epoch + 1} are done, "
-                                      f"of the {len(batches)} it has; delete {out} to start over")  # fmt: skip
+            _refuse_steps_that_do_not_fit(out, inside.steps, epoch, len(batches), world)
             desc = f"{stage} {epoch + 1}/{config.epochs}"
             first_step = epoch * len(batches)  # every epoch has the same number of batches
             steps = (first_step, config.epochs * len(batches))
@@ -403,6 +401,17 @@ def train_source(
             epochs_done[0] = epoch + 1
     model.eval()
     return TrainResult(out / MODEL_FILE, history, train_p, val_p, resumed_from_epoch=start_epoch)
+
+
+def _refuse_steps_that_do_not_fit(out: Path, steps: int, epoch: int, batches: int, world: int) -> None:
+    """A state written after ``steps`` steps inside epoch ``epoch`` (from 0) continues only where those steps are
+    this run's: in one process (a torchrun run's batches and loss sums are not one process's), within the epoch."""
+    if steps and world > 1:
+        raise CheckpointError(f"{out / STATE_FILE} was written inside epoch {epoch + 1} by a run of one process: "
+                              "finish that epoch with one process, then go on under torchrun")  # fmt: skip
+    if steps >= batches:
+        raise CheckpointError(f"{out / STATE_FILE} says {steps} steps of epoch {epoch + 1} are done, of the "
+                              f"{batches} it has; delete {out} to start over")  # fmt: skip
 
 
 def _epoch_record(epoch: int, means: torch.Tensor, val_errors: dict[str, float], seconds: float) -> dict[str, float]:

@@ -59,8 +59,9 @@ SECTIONS = "\n".join(
         "## The service and videos",
         "",
         "`alfa serve` answers `POST /predict/photo?user=ID` with a photo of any size and the same fields as "
-        "above (plus `user`) but `screen` (the service takes no screen), the crop made on the server with the "
-        "default intrinsics (it takes no camera file: its `camera.source` says so); a photo without exactly "
+        "above (plus `user`), the crop made on the server with `alfa serve --camera K.json`'s intrinsics (else "
+        "the default ones) and, with `--screen S.json`, each face's `screen` point (one camera and screen for "
+        "every user, as at a kiosk); a photo without exactly "
         "one face or a corrupt one is a 400 with the reason, and one over the service's pixel limit (checked "
         "from its header, before decoding) a 413, as a face crop is. `alfa predict --video V.mp4` reads a "
         "video's frames (every `--every`-th): per video its `camera` (the intrinsics, as a photo's), the "

@@ -155,13 +155,11 @@ class Camera:
         }
 
 
-def default_camera(width: int, height: int, option: str | None = "--camera") -> Camera:
+def default_camera(width: int, height: int) -> Camera:
     """The intrinsics assumed when none are given: focal length the image's width (about a 53° horizontal
-    field of view, a common webcam's), principal point at the centre, no distortion. ``option``: the option that
-    would have given them, which the camera's ``source`` names (``None``: there is none, as in the service)."""
+    field of view, a common webcam's), principal point at the centre, no distortion."""
     matrix = np.array([[width, 0.0, width / 2.0], [0.0, width, height / 2.0], [0.0, 0.0, 1.0]])
-    given = f" (no {option})" if option else " (this service takes none)"
-    source = f"default{given}: focal length = image width, principal point = image centre, no distortion"
+    source = "default (no --camera): focal length = image width, principal point = image centre, no distortion"
     return Camera(matrix, np.zeros(0), (width, height), source)
 
 

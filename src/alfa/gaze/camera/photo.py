@@ -180,16 +180,14 @@ def read_photo(source: str | os.PathLike) -> tuple[np.ndarray, list[str]]:
 class PhotoOptions:
     """How a photo is read: its ``camera`` (``None``: :func:`default_camera` of its size), a ``screen``
     geometry or a ``screen_fit`` (or neither), ``faces`` (``"one"``: exactly one face, else
-    :class:`SeveralFaces`; ``"all"``; ``"largest"``: the largest face only, as a video's frames are read), the
-    normalized camera ``config``, and ``camera_option``, the option that gives a camera (named in the default's
-    ``source``; ``None``: the caller takes none)."""
+    :class:`SeveralFaces`; ``"all"``; ``"largest"``: the largest face only, as a video's frames are read) and the
+    normalized camera ``config``."""
 
     camera: Camera | None = None
     screen: Screen | None = None
     screen_fit: ScreenFit | None = None
     faces: str = "one"
     config: NormalizationConfig = field(default_factory=NormalizationConfig)
-    camera_option: str | None = "--camera"  # what gives the intrinsics, named where the default is used
 
     def __post_init__(self) -> None:
         if self.faces not in ("one", "all", "largest"):
@@ -251,7 +249,7 @@ def normalized_faces(rgb: np.ndarray, options: PhotoOptions) -> tuple[Camera, li
     """The camera a photo is read with and its faces (as ``options.faces`` asks, the largest first), each found,
     normalized and cropped, no gaze yet: what :func:`analyse_photo` reads the gaze of. ``ValueError`` as there."""
     height, width = rgb.shape[:2]
-    camera = options.camera or default_camera(width, height, options.camera_option)
+    camera = options.camera or default_camera(width, height)
     camera.check_fits(width, height)
     image, camera_used = _undistorted(rgb, camera)
     detections = detect_faces(image)

@@ -12,7 +12,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from alfa.serve import MethodNotServed, MultiUserModel
 from ..evaluate import adapter_filename
 from ..tta import CalibrationUnderTTA, tta_kind
 from .limits import ServiceError, ServiceLimits, decode_image, open_image, user_id
+
+if TYPE_CHECKING:
+    from ..camera import PhotoOptions
 
 __all__ = ["GazeService"]
 
@@ -37,7 +40,9 @@ class GazeService:
     ``note`` receives the server-side detail of a refusal (an adapter's path and why it does not load): the
     client is told only that the user cannot be served, never a path of this machine. ``tta`` names a test-time
     augmentation of :data:`alfa.gaze.tta.TTA_KINDS` that every answer is made with (its forward passes per request
-    instead of one), on crops and photos alike.
+    instead of one), on crops and photos alike. ``photo_options`` reads the photos of ``/predict/photo``: the
+    camera's intrinsics and the screen's geometry where given (one camera and screen for every user, as at a
+    kiosk), exactly one face.
     """
 
     def __init__(
@@ -47,6 +52,7 @@ class GazeService:
         limits: ServiceLimits | None = None,
         note: Callable[[str], None] = _to_stderr,
         tta: str | None = None,
+        photo_options: PhotoOptions | None = None,
     ) -> None:
         self.adapters = Path(adapters)
         if self.adapters.is_file():
@@ -64,6 +70,7 @@ class GazeService:
         if self.tta is not None:
             self.tta.check_size(self.input_size)
         self.limits = limits or ServiceLimits()
+        self.photo_options = photo_options  # an alfa.gaze.camera.PhotoOptions (None: the defaults, one face)
         self.model = MultiUserModel(base.eval())
         self.note = note
         self._lock = threading.Lock()  # held around _ensure_user and the model's call: the two dicts below too
@@ -163,7 +170,7 @@ class GazeService:
         try:
             from ..camera import PhotoOptions, SeveralFaces, answer_photo, model_predictor
 
-            answer = answer_photo(body, predictor, PhotoOptions(faces="one", camera_option=None))
+            answer = answer_photo(body, predictor, self.photo_options or PhotoOptions(faces="one"))
         # (the first clause matches a failed import before the second names what it would have imported)
         except ModuleNotFoundError as e:  # the camera extra (OpenCV) is not installed here: not the request's fault
             raise ServiceError(501, f"this server cannot read photos: {e.name} is not installed") from None
