@@ -141,6 +141,12 @@ def test_what_no_labelled_image_comes_from_is_one_line(session, tmp_path, capsys
     faceless.write_text(json.dumps({"points": [{"photo": str(blank), "screen_px": [1, 1]}]}))
     err = refused(_spec(folder).replace(str(folder / "points.json"), str(faceless)))
     assert "point 1's photo" in err and "no face found" in err
+    (tmp_path / "junk.png").write_bytes(b"junk")
+    (tmp_path / "clip.mp4").write_bytes(b"junk")
+    for name, said in (("junk.png", "junk.png is not a readable image"), ("clip.mp4", "clip.mp4 is a video: each")):
+        faceless.write_text(json.dumps({"points": [{"photo": name, "screen_px": [1, 1]}]}))
+        err = refused(_spec(folder).replace(str(folder / "points.json"), str(faceless)))
+        assert f"point 1's photo {tmp_path / said}" in err and err.count(name) == 1 and "--video" not in err
     behind = tmp_path / "behind.json"  # the screen 2 m in front of the camera: the face is behind it
     behind.write_text(json.dumps({**SCREEN, "top_left_mm": [172, 8, 2000]}))
     err = refused(_spec(folder, screen=behind))

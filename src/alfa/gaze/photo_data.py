@@ -97,6 +97,7 @@ def calibration_photos(
         read_photo,
         resized_crops,
     )
+    from .camera.photo import VIDEO_SUFFIXES
     from .camera.screen import BEHIND_THE_SCREEN
 
     points = read_calibration_points(points_file, for_fit=False)
@@ -108,12 +109,15 @@ def calibration_photos(
         if photo is None:
             raise ValueError(f"{where} gives a gaze, not a photo: a labelled image needs the photo of the person "
                              "looking at the point")  # fmt: skip
+        if photo.suffix.lower() in VIDEO_SUFFIXES:
+            raise ValueError(f"{where}'s photo {photo} is a video: each point needs a photo (a frame of it will do)")
         try:
             face = normalized_faces(read_photo(photo)[0], options)[1][0]
         except SeveralFaces as e:
             raise ValueError(f"{where}'s photo {photo}: {e}: a calibration photo shows only the person") from None
-        except (ValueError, OSError) as e:
-            raise ValueError(f"{where}'s photo {photo}: {e}") from None
+        except (ValueError, OSError) as e:  # a message of read_photo's that begins with the file's name says it once
+            named = str(e).startswith(f"{photo} ")
+            raise ValueError(f"{where}'s photo {e}" if named else f"{where}'s photo {photo}: {e}") from None
         centre = face.normalization.face_centre_mm
         if not screen.faces_it(centre):
             raise ValueError(f"{where}'s photo {photo}: {BEHIND_THE_SCREEN} (check {screen_file})")
