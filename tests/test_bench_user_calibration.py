@@ -326,3 +326,27 @@ def test_the_matched_lora_row_is_the_rank_nearest_alfas_trainable_count_at_the_s
     row = main_variants(config)
     assert row["calibrate-adapter-lora-matched[k=9]"].calibration["adapter"]["options"]["rank"] == 19
     assert row["calibrate-adapter-lora[k=9]"].calibration["adapter"]["options"]["rank"] == 8
+
+
+def test_alfa_report_writes_the_user_calibration_page_of_any_results(calibrated, tmp_path, capsys, monkeypatch):
+    """A run of one's own (the smoke check's, these) gets its calibration rows' page from alfa report, not only the
+    declared run's committed one; the main page says how; an existing page is not overwritten unasked."""
+    import sys
+
+    from alfa.cli import main
+
+    out, _, _ = calibrated
+    argv = ["report", "--results", str(out), "--out", str(tmp_path / "r.md"), "--figures", str(tmp_path / "f")]
+    monkeypatch.setattr(sys, "argv", ["alfa", *argv, "--user-calibration", str(tmp_path / "u.md")])  # its header's
+    assert main(sys.argv[1:]) == 0
+    assert f"user calibration: {tmp_path / 'u.md'}" in capsys.readouterr().out
+    page = (tmp_path / "u.md").read_text(encoding="utf-8")
+    assert "## Error against k" in page and f"from `{out}`" in page and "alfa report --results" in page
+    assert (tmp_path / "figures" / "u" / "error_vs_k.png").is_file() and "](figures/u/error_vs_k.png)" in page
+    assert "on a page of their own: `alfa report --user-calibration PAGE`" in (tmp_path / "r.md").read_text()
+    assert main(sys.argv[1:]) == 0  # the pages it generated are regenerated as printed
+    capsys.readouterr()
+    (tmp_path / "notes.md").write_text("my notes\n")  # a file it did not generate is not overwritten unasked
+    assert main([*argv, "--user-calibration", str(tmp_path / "notes.md")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--replace" in err and (tmp_path / "notes.md").read_text() == "my notes\n"

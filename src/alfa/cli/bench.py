@@ -205,6 +205,10 @@ def _report(args: argparse.Namespace) -> None:
     # what of a declared run the results hold (nothing for worlds without one), as alfa pages --write says it
     path = build_report(results, args.out, args.figures, command=command, progress_of=declared_run_progress)
     print(f"report: {path}")
+    if args.user_calibration:
+        from alfa.study.bench.user_calibration_report import write_user_calibration_page
+
+        print(f"user calibration: {write_user_calibration_page(results, args.user_calibration, command)}")
 
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -322,6 +326,13 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
         "docs/data/bench-standard, the data committed with the page, and make the page from that copy (refused "
         "where DIR holds records the results lack: remove them there first if that is meant)",
     )
+    p.add_argument(
+        "--user-calibration",
+        metavar="PAGE",
+        help="also write the page of the results' user-calibration rows (alfa calibrate's methods against k, what "
+        "a label-free row is worth in labelled images; its figure in figures/<PAGE's name> beside it), as "
+        "docs/results-user-calibration.md is the declared run's",
+    )
 
 
 BENCH = Command(
@@ -346,7 +357,7 @@ REPORT = Command(
     "so it is never edited by hand.",
     add_arguments=_report_arguments,
     run=_report,
-    outputs={"out": False, "figures": True, "data_to": True},
+    outputs={"out": False, "figures": True, "data_to": True, "user_calibration": False},
     extra="study",
 )
 

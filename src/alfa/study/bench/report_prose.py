@@ -26,7 +26,10 @@ TABLE_ROW_RECORDS = "{count} on the benchmark's pairs (the tables' rows)"
 SELECTION_KIND = "{count} on the stand-in"
 CONTROL_KIND = "{count} on the constructed positive control {pairs}"
 NO_ERROR_KIND = "{count} without an error (not read)"
-CALIBRATION_KIND = "{count} of user calibration from labelled images (read on docs/results-user-calibration.md)"
+CALIBRATION_KIND = (
+    "{count} of user calibration from labelled images (on a page of their own: `alfa report --user-calibration "
+    "PAGE`; the declared run's is docs/results-user-calibration.md)"
+)
 
 SELECTION_RECORDS = (
     "The recipe selections: one per method, source and seed, on the stand-in (§ Recipes selected without target "

@@ -13,6 +13,7 @@ its absence.
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -55,7 +56,14 @@ from .stats import (
 )
 from .tta_report import LABEL_FREE_BASELINES
 
-__all__ = ["user_calibration_page", "default_choice", "HEADROOM_SHARE", "PASS_K", "SAFE_K"]
+__all__ = [
+    "user_calibration_page",
+    "write_user_calibration_page",
+    "default_choice",
+    "HEADROOM_SHARE",
+    "PASS_K",
+    "SAFE_K",
+]
 
 HEADROOM_SHARE = 0.6
 """Issue 25: the default calibration at :data:`PASS_K` closes at least this share of source-only → oracle."""
@@ -668,3 +676,19 @@ def user_calibration_page(
         "",
     ]
     return "\n".join(lines)
+
+
+def write_user_calibration_page(results_path: str | os.PathLike, out_md: str | os.PathLike, command: str) -> Path:
+    """``alfa report --user-calibration``: the page of a results file's user-calibration rows written to ``out_md``
+    (atomically), its figure in ``figures/<out_md's stem>`` beside it; ``command`` is what its header names."""
+    from alfa.fileio import write_text
+
+    from .results import load_results
+
+    out_md = Path(out_md)
+    figures = out_md.parent / "figures" / out_md.stem
+    figures.mkdir(parents=True, exist_ok=True)
+    text = user_calibration_page(load_results(results_path), str(results_path), command, figures,
+                                 f"figures/{out_md.stem}/")  # fmt: skip
+    write_text(out_md, text)
+    return out_md
