@@ -262,7 +262,10 @@ def test_the_header_says_user_calibration_records_are_read_on_their_own_page():
     results["records"] += [shifted("calibrate-affine[k=9]", "E→M", s, 7.0) for s in (0, 1, 2)]
     header = _header(render_report(results))
     assert f"{rows} on the benchmark's pairs (the tables' rows)" in header
-    assert "3 of user calibration from labelled images (read on docs/results-user-calibration.md)" in header
+    assert (
+        "3 of user calibration from labelled images (on a page of their own: `alfa report --user-calibration PAGE`; "
+        "the declared run's is docs/results-user-calibration.md)" in header
+    )
 
 
 def test_a_first_protocol_page_says_its_runs_standard_is_todays_first_standard_only_for_that_flag():
