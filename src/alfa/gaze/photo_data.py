@@ -12,9 +12,10 @@ trained on. The crops are resized to ``?size=`` (default 224) exactly as a predi
 ``alfa serve`` compute. One person (``?person=``, default the points file's name without its suffix); its head
 labels are the normalized head directions, as the datasets'.
 
-So ``alfa calibrate --data "photos:calib/points.json?screen=screen.json&size=48" --k 9 --pool 9`` turns a
-9-point session into ``<person>.safetensors``, which ``alfa predict --adapter``, ``alfa serve`` and ``alfa
-evaluate --adapters`` read like any calibration. The opener lives here, above both the loaders and the camera
+So ``alfa calibrate --data "photos:calib/points.json?screen=screen.json&size=48" --k 8 --pool 8`` turns a
+9-point session into ``<person>.safetensors`` (the ninth point left for ``alfa evaluate --adapters`` to score, as
+``alfa calibrate`` leaves one of every person's images), which ``alfa predict --adapter`` and ``alfa serve`` read
+like any calibration. The opener lives here, above both the loaders and the camera
 path; importing this module registers the kind (:func:`alfa.gaze.pipeline.open_data`, which every command opens
 ``--data`` with, does), or call :func:`calibration_photos` itself.
 """
