@@ -170,7 +170,7 @@ def _compare_rest(
     for m in sorted(set(saved) | set(current)):
         if m not in current or m not in saved:
             where = "the adapter's base" if m in saved else "this model"
-            problems.append(f"{m}: its tensors are in {where} only (the adapter was trained on another base)")
+            problems.append(f"{m}: its tensors are in {where} only")
         elif len(saved[m]) != len(current[m]):
             problems.append(f"{m}: {len(current[m])} tensors here, {len(saved[m])} in the adapter's base")
         elif any(_differ(a, b) for a, b in zip(saved[m], current[m])):
@@ -180,9 +180,10 @@ def _compare_rest(
 
 
 def _different_values(name: str, was: str | None, now: str | None) -> str:
-    """The problem of a layer or module whose values differ, naming a cast where both dtypes are known."""
-    cast = f"; this base is {now}, the adapter's was {was}: cast it back" if was and now and was != now else ""
-    return f"{name}: different values (the adapter was trained on another base{cast})"
+    """The problem of a layer or module whose values differ, naming a cast where both dtypes are known (the message
+    it goes into says the adapter was made for another base, once for all of them)."""
+    cast = f" (this base is {now}, the adapter's was {was}: cast it back)" if was and now and was != now else ""
+    return f"{name}: different values{cast}"
 
 
 def _is_signature(value: Any) -> bool:
