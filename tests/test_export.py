@@ -227,6 +227,30 @@ def test_a_failed_export_is_one_line_and_a_non_zero_status(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
+def test_a_module_of_two_named_inputs_exports_and_every_submodule_keeps_its_mode(tmp_path):
+    """export_onnx_with_inputs took any module's inputs as MixedBatchModel's (images, *mixes): forward(x, y) was
+    refused by torch's dynamic shapes. And a train-mode wrapper's eval-mode model came back in train mode."""
+    from alfa.export import export_onnx_with_inputs
+
+    class Two(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Dropout(0.5)).eval()
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return self.inner(x) * y
+
+    two = Two()  # the wrapper in train mode, the model it holds in eval mode
+    inputs = (torch.rand(2, 4), torch.rand(2, 3))
+    export_onnx_with_inputs(two, tmp_path / "two.onnx", inputs, ["x", "y"])
+    assert two.training and not two.inner.training and not two.inner[1].training
+    session = onnxruntime.InferenceSession(str(tmp_path / "two.onnx"), providers=["CPUExecutionProvider"])
+    x, y = torch.rand(5, 4), torch.rand(5, 3)  # another batch size: both axes dynamic
+    theirs = torch.from_numpy(session.run(None, {"x": x.numpy(), "y": y.numpy()})[0])
+    with torch.no_grad():
+        torch.testing.assert_close(theirs, two.inner(x) * y, rtol=1e-5, atol=1e-6)
+
+
 def test_the_multi_user_model_exports_with_each_layers_mix_as_an_input(tmp_path):
     """Dictionary users only: the per-sample mixes are inputs, so one ONNX graph serves any mix of users."""
     from alfa.export import export_onnx_with_inputs

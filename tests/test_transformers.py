@@ -402,6 +402,23 @@ def test_bitfit_trains_in_place_and_saves_with_save_pretrained(tmp_path):
     assert torch.equal(_out(transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval(), "gpt2"), out)
 
 
+def test_bitfit_trains_llamas_own_rms_norms():
+    """LlamaRMSNorm is no subclass of torch's RMSNorm: BitFit found nothing to train in a Llama (no biases either)
+    and refused it. A leaf module named ...Norm is a normalization layer; the weights it trains are those norms'."""
+    from alfa.adapters.bitfit import is_norm_layer
+
+    model = _llama()
+    alfa.attach(model, alfa.BitfitConfig())
+    trained = alfa.adapter_parameters(model)
+    norms = [n for n, m in model.named_modules() if type(m).__name__ == "LlamaRMSNorm"]
+    assert norms and sorted(trained) == sorted(f"{n}.weight" for n in norms)
+    assert not is_norm_layer(nn.Sequential(nn.Linear(2, 2)))  # a container named otherwise is none
+    PreNorm = type("PreNorm", (nn.Module,), {})  # a wrapper named ...Norm holding layers is none either
+    wrapper = PreNorm()
+    wrapper.add_module("inner", nn.Linear(2, 2))
+    assert not is_norm_layer(wrapper)
+
+
 def test_guard_marks_agree():
     # alfa.surgery recognizes adapted layers by this base class (it sits below the adapters and cannot import them).
     assert issubclass(AdaptedLayer, LayerWrapper)

@@ -94,6 +94,9 @@ def test_truncate_without_eligible_layers_is_a_clear_error():
         alfa.truncate(nn.Sequential(nn.ReLU(), nn.BatchNorm1d(3)), rank=4)
     with pytest.raises(ValueError, match="no saving"):
         alfa.truncate(nn.Sequential(nn.Linear(4, 3)), rank=4)
+    # a target that matches nothing: said so, not that the model has no Linear/Conv2d layers (it has)
+    with pytest.raises(ValueError, match=r"matching '\^nope' .*\(no Linear/Conv2d layer matches it\)"):
+        alfa.truncate(nn.Sequential(nn.Linear(64, 64)), rank=4, target=r"^nope")
 
 
 def test_canonicalize_restores_svd_form_without_changing_outputs(small_net):

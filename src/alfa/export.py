@@ -23,6 +23,7 @@ import contextlib
 import copy
 import functools
 import importlib.util
+import inspect
 import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -212,7 +213,7 @@ def export_onnx_with_inputs(
     output_name = _output_name(output_name)
     _needs("onnxscript", "ONNX export")
     batch = _batch()
-    shapes = ({0: batch}, tuple({0: batch} for _ in inputs[1:])) if len(inputs) > 1 else ({0: batch},)
+    shapes = _dynamic_shapes(module, len(inputs), batch)
     path = Path(path)
     with atomic_path(path) as tmp, _restoring_mode(module):
         program = torch.onnx.export(
@@ -228,14 +229,26 @@ def export_onnx_with_inputs(
     return path
 
 
+def _dynamic_shapes(module: nn.Module, count: int, batch: Any) -> tuple[Any, ...]:
+    """Each of ``count`` inputs with a dynamic batch axis, shaped as ``module.forward`` takes them: one entry per
+    named parameter, and those a ``*args`` parameter gathers as one tuple (``MixedBatchModel(images, *mixes)``)."""
+    params = list(inspect.signature(module.forward).parameters.values())
+    gathered = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
+    if gathered is None or gathered >= count:
+        return tuple({0: batch} for _ in range(count))
+    return (*({0: batch} for _ in range(gathered)), tuple({0: batch} for _ in range(count - gathered)))
+
+
 @contextlib.contextmanager
 def _restoring_mode(module: nn.Module) -> Iterator[None]:
-    """The caller's module back in the mode it was given in (exported in eval mode)."""
-    training = module.training
+    """The caller's module back in the modes it was given in, each submodule's (exported in eval mode): a train-mode
+    wrapper around an eval-mode model must not come back with the model in train mode (its dropout on)."""
+    modes = [(m, m.training) for m in module.modules()]
     try:
         yield
     finally:
-        module.train(training)
+        for m, training in modes:
+            m.training = training
 
 
 @torch.no_grad()

@@ -148,7 +148,8 @@ def truncate(
             )
         reasons = [f"{n}: {r}" for n, r in report.left_dense.items()]
         more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
-        detail = "; ".join(reasons[:3]) + more or "no Linear/Conv2d layers"
+        none = "no Linear/Conv2d layer matches it" if target is not None else "no Linear/Conv2d layers"
+        detail = "; ".join(reasons[:3]) + more or none
         where = f" matching {target!r}" if target is not None else ""
         raise ValueError(f"no layer{where} can be truncated at rank {rank} with a saving ({detail})")
     guard_save_pretrained(model)

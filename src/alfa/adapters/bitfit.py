@@ -16,7 +16,7 @@ from torch import nn
 
 from .config import AdapterConfig, register_method, target_matches
 
-__all__ = ["BitfitConfig", "FullFinetuneConfig", "NORM_LAYERS"]
+__all__ = ["BitfitConfig", "FullFinetuneConfig", "NORM_LAYERS", "is_norm_layer"]
 
 # Layers whose weight is an affine (scale) of a normalization, trained by BitFit along with biases.
 NORM_LAYERS: tuple[type[nn.Module], ...] = (
@@ -25,6 +25,15 @@ NORM_LAYERS: tuple[type[nn.Module], ...] = (
     nn.GroupNorm,
     *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
 )
+
+
+def is_norm_layer(module: nn.Module) -> bool:
+    """A normalization layer: one of :data:`NORM_LAYERS`, or a leaf module whose class name ends in ``Norm``, as the
+    model libraries name their own (``LlamaRMSNorm``, ``T5LayerNorm``, Mistral's, Qwen's, Gemma's), which are no
+    subclass of torch's."""
+    if isinstance(module, NORM_LAYERS):
+        return True
+    return type(module).__name__.endswith("Norm") and next(module.children(), None) is None
 
 
 def _filter(model: nn.Module, method: str, names: list[str], target: str | Sequence[str] | None) -> list[str]:
@@ -58,7 +67,7 @@ class BitfitConfig(AdapterConfig):
     def select_parameters(self, model: nn.Module) -> list[str]:
         names = []
         for mod_name, mod in model.named_modules():
-            is_norm = isinstance(mod, NORM_LAYERS)
+            is_norm = is_norm_layer(mod)
             for p_name, _ in mod.named_parameters(recurse=False):
                 if p_name == "bias" or is_norm:
                     names.append(f"{mod_name}.{p_name}" if mod_name else p_name)
