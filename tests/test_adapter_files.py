@@ -381,3 +381,31 @@ def test_a_full_fine_tune_of_a_tied_model_loads_back_onto_its_base(tmp_path):
     path = alfa.save_adapter(model, tmp_path / "a.safetensors")
     assert "lm_head" not in alfa.read_adapter_metadata(path)["rest_fingerprint"]  # the trained wte, tied
     assert alfa.load_adapter(copy.deepcopy(base), path)
+
+
+def test_a_file_that_does_not_fit_a_merged_model_leaves_its_merge_undoable(tmp_path):
+    """load_adapter attaches to check the file, and an attach ends the undo of the last merge: a file refused must
+    leave the model as it was ("on any error the model is left as it was"), its merge still undoable."""
+    torch.manual_seed(0)
+
+    def truncated() -> nn.Module:
+        model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
+        alfa.truncate(model, 4)
+        return model
+
+    model, other = truncated(), truncated()  # other: another base (other random weights)
+    for m in (model, other):
+        alfa.attach(m, alfa.AlfaConfig(heads=1, rank=2))
+        with torch.no_grad():
+            for p in alfa.adapter_parameters(m).values():
+                p.normal_()
+    alfa.save_adapter(other, tmp_path / "other.safetensors")
+    x = torch.rand(3, 16)
+    with torch.no_grad():
+        before = model(x)
+    alfa.merge(model)
+    with pytest.raises(alfa.AdapterFileError, match="made for a different base model"):
+        alfa.load_adapter(model, tmp_path / "other.safetensors")
+    alfa.unmerge(model)  # was: "cannot unmerge: the model holds no merge to undo"
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before)

@@ -41,6 +41,7 @@ from .state import (
     attach,
     delete_adapter,
     detach,
+    merge_kept_on_error,
     moved_statistics,
     set_adapter,
 )
@@ -494,18 +495,19 @@ def load_adapter(
         load_adapter(probe, path)
         delete_adapter(model, name)
     config = _bounded_dense_rank(model, config)
-    try:
-        with sizes_said_before():  # said when the file's adapter was attached
-            targets = attach(model, config, name=name)
-    except (ValueError, TypeError) as e:
-        raise AdapterFileError(f"{path}: the adapter does not fit this model: {e}") from e
-    try:
-        _check_and_load(model, path, meta, targets)
-    except BaseException:
-        delete_adapter(model, name)
-        if active is not None and active.name in adapter_names(model):
-            set_adapter(model, active.name)
-        raise
+    with merge_kept_on_error(model):  # a merged model stays undoable when the file turns out not to fit
+        try:
+            with sizes_said_before():  # said when the file's adapter was attached
+                targets = attach(model, config, name=name)
+        except (ValueError, TypeError) as e:
+            raise AdapterFileError(f"{path}: the adapter does not fit this model: {e}") from e
+        try:
+            _check_and_load(model, path, meta, targets)
+        except BaseException:
+            delete_adapter(model, name)
+            if active is not None and active.name in adapter_names(model):
+                set_adapter(model, active.name)
+            raise
     return targets
 
 

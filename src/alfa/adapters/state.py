@@ -225,6 +225,22 @@ def _adapters(model: nn.Module) -> ModelAdapters | None:
     return getattr(model, _ATTRIBUTE, None)
 
 
+@contextlib.contextmanager
+def merge_kept_on_error(model: nn.Module) -> Iterator[None]:
+    """Within it, an attach clears the model's undo of its last merge as ever, but an error put it back: an
+    attach made only to check a file (:func:`alfa.load_adapter`) must leave a merged model undoable on failure."""
+    registry = _adapters(model)
+    kept = (registry.merged, registry.unmerge_refusal) if registry is not None else (None, None)
+    try:
+        yield
+    except BaseException:
+        if registry is not None and kept != (None, None):
+            # the same object attach and detach worked on (its normalization statistics with it)
+            registry.merged, registry.unmerge_refusal = kept
+            _store(model, _adapters(model) or registry)
+        raise
+
+
 def _store(model: nn.Module, registry: ModelAdapters) -> None:
     """Keep ``registry`` on the model, or remove the attribute when it holds nothing (as before any attach)."""
     if not registry.holds_nothing():
