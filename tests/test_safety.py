@@ -261,12 +261,20 @@ def test_options_say_their_bound(capsys, option, message):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("option", [["--adapter-rank", "100000"], ["--heads", "100000"]])
-def test_a_rank_larger_than_every_layer_is_refused_at_once(tmp_path, capsys, option):
+@pytest.mark.parametrize(
+    "option, said",
+    [
+        # Alfa's rank acts on each layer's dictionary: its bound is the largest d, not the layer's (32), which a
+        # rank of 8 would then meet as another bound
+        (["--adapter-rank", "100000"], ("rank 100000 is larger than the dictionary of every layer", "at most 4")),
+        (["--heads", "100000"], ("100000 is larger than every layer it adapts", "at most 32")),
+    ],
+)
+def test_a_rank_larger_than_every_layer_is_refused_at_once(tmp_path, capsys, option, said):
     base = _base(tmp_path)
     argv = ["personalize", "--checkpoint", str(base), "--data", "no-such-spec:x", "--out", str(tmp_path / "a")]
     assert main([*argv, *option]) == 2  # before the data is opened (its spec here is not even valid)
-    _one_line(capsys, "100000 is larger than every layer it adapts", "at most 32")
+    _one_line(capsys, *said)
     assert not (tmp_path / "a").exists()
 
 

@@ -210,16 +210,26 @@ def check_sizes(model: nn.Module, config: AdapterConfig, names: Sequence[str] | 
     if found is None:
         return
     largest, m, n = found
+    # a file's adapter, made where the dictionary's bound was not refused yet, loads as made; otherwise a dictionary
+    # method's rank is bounded by the dictionary's d (at most the layer's min(out, in)), said below, not the looser
+    # layer's bound here, which a rank under it would then meet as another bound
+    said_before = _SIZES_SAID_BEFORE.get()
+    dictionary_rank = None if said_before else _dictionary_rank(config)
     bound = min(m, n)
     for option in SIZE_OPTIONS:
         value = getattr(config, option, None)
+        if option == "rank" and dictionary_rank is not None:
+            continue
         if isinstance(value, int) and not isinstance(value, bool) and value > bound:
             raise ValueError(
                 f"{config.method}: {option} {value} is larger than every layer it adapts (the largest, {largest}, "
                 f"maps {n} inputs to {m} outputs): at most {bound}"
             )
-    if _SIZES_SAID_BEFORE.get():  # a file's adapter, made where this refusal did not exist yet: it loads as made
-        return
+    if not said_before:
+        _refuse_rank_above_every_dictionary(model, config, names)
+
+
+def _refuse_rank_above_every_dictionary(model: nn.Module, config: AdapterConfig, names: Sequence[str]) -> None:
     rank, sizes = _dictionary_rank(config), dictionary_sizes(model, config, names)
     if rank is not None and sizes and rank > max(sizes.values()):
         widest = max(sizes, key=sizes.__getitem__)
