@@ -227,7 +227,7 @@ def _adapters(model: nn.Module) -> ModelAdapters | None:
 
 @contextlib.contextmanager
 def merge_kept_on_error(model: nn.Module) -> Iterator[None]:
-    """Within it, an attach clears the model's undo of its last merge as ever, but an error put it back: an
+    """Within it, an attach clears the model's undo of its last merge as ever, and an error puts it back: an
     attach made only to check a file (:func:`alfa.load_adapter`) must leave a merged model undoable on failure."""
     registry = _adapters(model)
     kept = (registry.merged, registry.unmerge_refusal) if registry is not None else (None, None)
