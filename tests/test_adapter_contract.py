@@ -292,3 +292,20 @@ def test_a_layer_that_derives_from_its_base_attaches_to_a_base_without_values(me
     config = METHODS[method](rank=2, **({"heads": 2} if method == "alfa" else {}))
     assert alfa.attach(model, config) == ["0", "1"]
     assert model(torch.empty(3, 8, device="meta")).shape == (3, 2)
+
+
+def test_a_second_merge_says_the_adapter_is_merged_already(small_net):
+    """Not "the model has no adapter attached (use alfa.attach first)", which sends the user the wrong way."""
+    alfa.truncate(small_net, 4)
+    alfa.attach(small_net, alfa.AlfaConfig(heads=1, rank=2))
+    alfa.merge(small_net)
+    with pytest.raises(RuntimeError, match=r"cannot merge: the model's adapter is merged already \(alfa.unmerge"):
+        alfa.merge(small_net)
+    alfa.unmerge(small_net)
+    alfa.merge(small_net)  # the one merge to undo is the first's, as before
+
+
+def test_a_layer_that_cannot_be_adapted_is_named_with_its_article():
+    """ "it names 0, a Embedding" read as a slip; the article follows the class name."""
+    with pytest.raises(ValueError, match=r"it names 0, an Embedding, which cannot be adapted"):
+        alfa.attach(nn.Sequential(nn.Embedding(10, 4)), alfa.LoraConfig(rank=2, target=["0"]))

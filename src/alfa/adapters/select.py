@@ -147,8 +147,14 @@ def not_adaptable(module: nn.Module) -> str:
     custom = own_forward(module)
     if custom is not None:
         bypass = "whose class has a forward of its own, which an adapter would bypass"
-        return f"a {custom}, {bypass}: alfa adapts {ADAPTED_KINDS}"
-    return f"a {type(module).__name__}, which {ADAPTABLE}"
+        return f"{_article(custom)} {custom}, {bypass}: alfa adapts {ADAPTED_KINDS}"
+    name = type(module).__name__
+    return f"{_article(name)} {name}, which {ADAPTABLE}"
+
+
+def _article(name: str) -> str:
+    """``a`` or ``an`` before a class name, by its first letter ("an Embedding", "a Conv2d")."""
+    return "an" if name[:1].lower() in "aeio" else "a"
 
 
 def _refuse_entries_left_out(

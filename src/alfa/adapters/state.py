@@ -270,6 +270,8 @@ def _require_active(model: nn.Module, action: str) -> tuple[ModelAdapters, Adapt
     registry = _adapters(model)
     state = None if registry is None else registry.active_state()
     if registry is None or state is None:
+        if registry is not None and registry.merged is not None:  # a second merge, a save after the merge
+            raise RuntimeError(f"cannot {action}: the model's adapter is merged already (alfa.unmerge undoes that)")
         raise RuntimeError(f"cannot {action}: the model has no adapter attached (use alfa.attach first)")
     _refuse_if_disabled(model, action)
     return registry, state
