@@ -309,3 +309,12 @@ def test_a_layer_that_cannot_be_adapted_is_named_with_its_article():
     """ "it names 0, a Embedding" read as a slip; the article follows the class name."""
     with pytest.raises(ValueError, match=r"it names 0, an Embedding, which cannot be adapted"):
         alfa.attach(nn.Sequential(nn.Embedding(10, 4)), alfa.LoraConfig(rank=2, target=["0"]))
+
+
+def test_a_layer_too_small_for_the_rank_says_target_can_leave_it_out(tmp_path):
+    """PiSSA at rank 8 on a 3-output head fails the whole attach: the message names the layer and the way out."""
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 3))
+    with pytest.raises(ValueError, match=r"^1: pissa rank 8 is too large .* \(target= can leave it out"):
+        alfa.attach(model, alfa.PissaConfig(rank=8))
+    with pytest.raises(ValueError, match=r"method 'qlora' is no adapter method; the methods: alfa, "):
+        alfa.load_adapter(model, tmp_path / "any.safetensors", method="qlora")

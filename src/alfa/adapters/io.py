@@ -26,7 +26,7 @@ from ..fileio import kind_of_file, require_path, write_safetensors
 from ..layers import tensor_signature
 from ..surgery import refuse_compiled_wrapper, require_flags
 from .alfa import DictionaryAdapter, DictionaryMixConfig
-from .config import AdapterConfig, config_from_dict
+from .config import METHODS, AdapterConfig, config_from_dict
 from .groups import is_number
 from .layer import AdaptedLayer
 from .select import largest_layer, sizes_said_before
@@ -475,6 +475,8 @@ def load_adapter(
         raise AdapterFileError(
             f"{path} is a folder: an adapter is one file (alfa personalize writes <person>.safetensors)"
         )
+    if method is not None and method not in METHODS:  # the caller's slip, not the file's
+        raise ValueError(f"load_adapter: method {method!r} is no adapter method; the methods: {', '.join(METHODS)}")
     meta = read_adapter_metadata(path)
     if method is not None and meta["method"] != method:
         raise AdapterFileError(f"{path}: holds a {meta['method']!r} adapter, expected {method!r}")

@@ -510,7 +510,9 @@ def _build_state(model: nn.Module, config: AdapterConfig, name: str, requires_gr
         try:
             built[layer_name] = layer_config.build(base)
         except (ValueError, TypeError) as e:
-            raise type(e)(f"{layer_name}: {e}") from e
+            # one small layer (a 3-output head) fails the whole attach: say how to leave it out
+            others = " (target= can leave it out: the other layers are adapted alike)" if len(names) > 1 else ""
+            raise type(e)(f"{layer_name}: {e}{others}") from e
     warn_sizes(model, config, names)  # once every layer is built: an attach that fails says only why
     state.targets = names
     state.layers = built
