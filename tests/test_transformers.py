@@ -305,6 +305,24 @@ def test_tied_lm_head_is_left_out_by_attach_and_refused_when_targeted():
     assert alfa.adapter_state(model) is None
 
 
+def test_load_adapter_does_not_repeat_the_note_of_the_tied_layer_left_out(tmp_path):
+    """attach said it when the adapter was made; load_adapter said it twice more (once choosing the layers for the
+    file's dense_rank, once attaching): a server loading each user's file would repeat it for every user."""
+    import warnings
+
+    base = _gpt2()
+    model = copy.deepcopy(base)
+    with pytest.warns(UserWarning, match="leaves out 1 layer"):
+        alfa.attach(model, alfa.AlfaConfig(heads=2, rank=2, layers="dense", dense_rank=4))
+    alfa.save_adapter(model, tmp_path / "u.safetensors")
+    fresh = copy.deepcopy(base)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        alfa.load_adapter(fresh, tmp_path / "u.safetensors")
+    assert [str(w.message) for w in said if "tied" in str(w.message)] == []
+    assert torch.equal(_out(fresh, "gpt2"), _out(model, "gpt2"))
+
+
 class _Shared(nn.Module):
     """One Linear under two names (a layer shared across depth) and a Linear of its own."""
 

@@ -496,7 +496,8 @@ def load_adapter(
         probe = _copy_for_check(model)
         load_adapter(probe, path)
         delete_adapter(model, name)
-    config = _bounded_dense_rank(model, config)
+    with sizes_said_before():  # its layers' choice warns as attach does: said when the file's adapter was made
+        config = _bounded_dense_rank(model, config)
     with merge_kept_on_error(model):  # a merged model stays undoable when the file turns out not to fit
         try:
             with sizes_said_before():  # said when the file's adapter was attached

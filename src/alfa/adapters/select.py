@@ -80,7 +80,7 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
     tied = [n for n in names if n in ties]
     if tied and config.target is not None:  # asked for by name: refuse now rather than untie on merge
         raise ValueError(f"{config.method}: " + tie_refusal(tied[0], ties[tied[0]], "adapt (and later merge)"))
-    if tied:
+    if tied and not _SIZES_SAID_BEFORE.get():  # load_adapter: said when the file's adapter was attached
         listed = "; ".join(f"{n} (tied to {', '.join(ties[n])})" for n in tied)
         warnings.warn(
             f"alfa.attach ({config.method}) leaves out {len(tied)} layer(s) whose parameters are tied to another "
@@ -88,6 +88,7 @@ def candidate_layers(model: nn.Module, config: AdapterConfig, saved: Sequence[st
             UserWarning,
             stacklevel=4,
         )
+    if tied:
         names = [n for n in names if n not in ties]
     if not names:
         hint = ""
@@ -277,10 +278,10 @@ _SIZES_SAID_BEFORE = contextvars.ContextVar("alfa_sizes_said_before", default=Fa
 
 @contextlib.contextmanager
 def sizes_said_before() -> Iterator[None]:
-    """Within it, :func:`warn_sizes` says nothing and :func:`check_sizes` does not refuse a dictionary rank above
-    ``d``: ``load_adapter`` attaches a file's config, on the base that file was made on, where attaching it said so
-    then (a server loading each user's file would repeat it), and a file made before that refusal existed (alfa
-    accepted such a rank until 2026-12-06) must still load as it was made."""
+    """Within it, :func:`warn_sizes` and the note of tied layers left out say nothing and :func:`check_sizes` does
+    not refuse a dictionary rank above ``d``: ``load_adapter`` attaches a file's config, on the base that file was
+    made on, where attaching it said so then (a server loading each user's file would repeat it), and a file made
+    before that refusal existed (alfa accepted such a rank until 2026-12-06) must still load as it was made."""
     token = _SIZES_SAID_BEFORE.set(True)
     try:
         yield
