@@ -117,6 +117,37 @@ def test_calibrated_on_a_photo_the_prediction_of_that_photo_lands_on_its_screen_
     )
 
 
+def test_k_all_fits_every_photo_of_the_session_and_evaluate_says_none_is_left(session, tmp_path, capsys):
+    """A user's 9-point session is fitted on all of its points (--k all), not on all but the one a measurement would
+    keep. Every photo here is the same face, so one offset fitted to all of them makes each prediction the mean of
+    the labels: a fit that left one out would not."""
+    from alfa.gaze.pipeline import open_data
+
+    folder, model = session
+    cal, base, spec = tmp_path / "cal", str(folder / "base.safetensors"), _spec(folder, person="ann")
+    calibrate = ["calibrate", "--checkpoint", base, "--data", spec, "--method", "offset", "--out", str(cal)]
+    assert main([*calibrate, "--k", "all"]) == 0
+    assert "on every image of each person (none is left to score): 1 done" in capsys.readouterr().out
+    data = open_data(spec)
+    alfa.load_adapter(model, cal / "ann.safetensors")
+    try:
+        with torch.no_grad():
+            predicted = model(data.images)
+    finally:
+        alfa.detach(model)
+    assert alfa.read_adapter_metadata(cal / "ann.safetensors")["about"]["labelled"] == list(range(len(PIXELS)))
+    torch.testing.assert_close(predicted, data.gaze.mean(0).expand_as(predicted), atol=1e-6, rtol=0)
+    assert main(["evaluate", "--checkpoint", base, "--data", spec, "--adapters", str(cal)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fitted to every image of each person (alfa calibrate --k all)" in err
+    for flag in ("--pool", "--draw"):  # they choose among the images: with all of them, a mistake to name
+        value = "spread" if flag == "--draw" else "3"
+        assert main([*calibrate, "--k", "all", flag, value, "--replace"]) == 2
+        assert f"{flag} chooses the k among a person's images" in capsys.readouterr().err
+    assert main([*calibrate, "--k", "2", "--pool", "4"]) == 2  # one that keeps one to score is another: not mixed
+    assert "another config" in capsys.readouterr().err
+
+
 def test_what_no_labelled_image_comes_from_is_one_line(session, tmp_path, capsys):
     folder, _ = session
     base = str(folder / "base.safetensors")

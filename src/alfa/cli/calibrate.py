@@ -50,9 +50,14 @@ def _calibrate_config(args: argparse.Namespace):
     from alfa.gaze.calibrate import CalibrateConfig
 
     options = key_values(args.option)
+    every_image = args.k == "all"
+    if every_image and (args.pool is not None or args.draw is not None):
+        flag = "--pool" if args.pool is not None else "--draw"
+        raise ValueError(f"{flag} chooses the k among a person's images; --k all labels every one of them")
     changes = {
         "method": args.method,
-        "k": args.k,
+        "k": None if every_image else args.k,
+        "every_image": every_image,
         "draw": args.draw,
         "pool": args.pool,
         "seed": args.seed,
@@ -154,13 +159,22 @@ def _calibrate(args: argparse.Namespace) -> None:
         print(f"calibration of {person!r} failed: {error}")
     pace = f", {sum(e['seconds'] for e in done) / len(done):.3f} s and " if done else ""
     size = f"{sum(e['bytes'] for e in done) / len(done) / 1024:.1f} KiB per person" if done else ""
+    labelled = (
+        "on every image of each person (none is left to score)"
+        if config.every_image
+        else f"at k = {config.k} ({config.draw} draws from the first {config.pool} images)"
+    )
     print(
-        f"{config.method} user calibration of {data.name} at k = {config.k} ({config.draw} draws from the first "
-        f"{config.pool} images): {len(done)} done ({found} of them by an earlier run, resumed), {len(failed)} "
-        f"failed{pace}{size}; files in {out}"
+        f"{config.method} user calibration of {data.name} {labelled}: {len(done)} done ({found} of them by an "
+        f"earlier run, resumed), {len(failed)} failed{pace}{size}; files in {out}"
     )
     if failed and (not done or not args.allow_partial):
         raise RuntimeError(f"{len(failed)} of {len(record['persons'])} persons failed (listed above)")
+
+
+def _labelled_count(text: str) -> int | str:
+    """An argparse type for ``--k``: a whole number of at least 1, or ``all``."""
+    return "all" if text == "all" else at_least(1)(text)
 
 
 def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
@@ -172,26 +186,29 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.description = (
         "User calibration: for each person, a file fitted to k labelled images drawn from the person's first --pool "
-        f"images; alfa evaluate --adapters scores it on the images after the pool. The methods: {methods}. "
+        f"images; alfa evaluate --adapters scores it on the images after the pool (--k all fits every image, as for a "
+        f"user's own session, and leaves none to score). The methods: {methods}. "
         f"{DEFAULT_REASON[0].upper()}{DEFAULT_REASON[1:]}. The recipes: docs/user-calibration.md."
     )
     p.add_argument("--checkpoint", required=True, help="the gaze model (any; a FAZE one for --method faze)")
     p.add_argument("--data", required=True, help=data_help("the target persons, with their gaze labels"))
     p.add_argument("--out", required=True, help="output folder: <person>.safetensors and personalization.json")
-    p.add_argument("--k", type=at_least(1), default=d.k, help="labelled images per person (default %(default)s)")
+    p.add_argument(
+        "--k",
+        type=_labelled_count,
+        default=d.k,
+        help="labelled images per person, or 'all': every image of each person, as for a user's own 9-point session "
+        "(nothing is left for alfa evaluate to score; default %(default)s)",
+    )
     p.add_argument(
         "--method", choices=tuple(USER_CALIBRATIONS), default=d.method, help="calibration method (default %(default)s)"
     )
     p.add_argument(
         "--draw",
         choices=DRAWS,
-        default=d.draw,
-        help="how the k are drawn from the pool: at random, or spread over the person's gaze range (default "
-        "%(default)s)",
+        help=f"how the k are drawn from the pool: at random, or spread over the person's gaze range (default {d.draw})",
     )
-    p.add_argument(
-        "--pool", type=at_least(1), default=d.pool, help="first images per person the k come from (default %(default)s)"
-    )
+    p.add_argument("--pool", type=at_least(1), help=f"first images per person the k come from (default {d.pool})")
     p.add_argument("--persons", help="comma-separated person ids (default: all)")
     p.add_argument(
         "--replace",

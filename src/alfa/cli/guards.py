@@ -177,6 +177,12 @@ def adaptation_count(args: argparse.Namespace) -> int:
     if made is None:
         return PersonalizeConfig().n_adapt if args.n_adapt is None else args.n_adapt
     record = Path(args.adapters) / RECORD_FILE
+    recipe = made.get("config", {}).get("user_calibration")
+    if isinstance(recipe, dict) and recipe.get("every_image") is True:
+        raise ValueError(
+            f"--adapters {args.adapters}: its calibrations were fitted to every image of each person (alfa calibrate "
+            "--k all), so none is left to score; to measure one, calibrate with --k K into another folder"
+        )
     if "n_adapt" not in made.get("config", {}):
         raise ValueError(f"{record} is not a personalization record alfa wrote (its config has no n_adapt)")
     made_from = made["config"]["n_adapt"]

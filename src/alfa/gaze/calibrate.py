@@ -139,7 +139,9 @@ class CalibrateConfig:
     ``lr``, ``weight_decay``: the optimizer of ``last-layer`` and ``adapter`` (AdamW; ``lr_scale`` as in
     personalization); ``adapter_method`` and ``adapter_options``: the adapter of ``adapter``; ``flip_weight``:
     the weight of the flip loss on the pool's unlabelled images (``adapter`` and ``last-layer``; 0: supervised
-    only). ``faze_lr``/``faze_steps``: PS-GEN's rate and steps (``None``: what meta-training recorded)."""
+    only). ``faze_lr``/``faze_steps``: PS-GEN's rate and steps (``None``: what meta-training recorded).
+    ``every_image``: every image of each person is labelled and is the pool (``k``, ``pool`` and ``draw`` unused):
+    a user's own calibration session (``alfa calibrate --k all``), which leaves no image to score."""
 
     method: str = DEFAULT_METHOD
     k: int = 9
@@ -158,6 +160,7 @@ class CalibrateConfig:
     flip_weight: float = 0.0
     faze_lr: float | None = None
     faze_steps: int | None = None
+    every_image: bool = False
 
     def validate(self) -> None:
         if self.method not in USER_CALIBRATIONS:
@@ -167,7 +170,7 @@ class CalibrateConfig:
             raise ValueError(f"{self.method} needs k >= {low}, got {self.k}")
         if self.draw not in DRAWS:
             raise ValueError(f"draw must be one of {DRAWS}, got {self.draw!r}")
-        if self.pool < self.k:
+        if self.pool < self.k and not self.every_image:
             raise ValueError(f"the pool ({self.pool} images) must hold the k = {self.k} labelled ones")
         for name in ("affine_ridge", "feature_ridge", "offset_prior", "weight_decay", "flip_weight"):
             value = getattr(self, name)
@@ -428,6 +431,11 @@ def _key(config: CalibrateConfig) -> dict[str, Any]:
     recipe = dataclasses.asdict(config)
     if recipe["offset_prior"] == 0.0:  # added later: at its neutral value, runs made before it still resume
         del recipe["offset_prior"]
+    if config.every_image:  # the counts and the draw choose among images: with every image, they choose nothing
+        for unused in ("k", "pool", "draw"):
+            del recipe[unused]
+    else:  # added later too
+        del recipe["every_image"]
     return {"user_calibration": recipe}
 
 
@@ -436,7 +444,8 @@ DONE = ("ok", "skipped")  # a person whose file is whole: made by this run, or f
 
 def _fresh_record(dataset: GazeDataset, config: CalibrateConfig) -> dict[str, Any]:
     record: dict[str, Any] = {"dataset": dataset.name, "method": f"calibrate:{config.method}", "persons": {}}
-    record["config"] = {"n_adapt": config.pool, **_key(config)}
+    # n_adapt: the images alfa evaluate leaves out of each person's, all of them with every_image (it refuses those)
+    record["config"] = {"n_adapt": None if config.every_image else config.pool, **_key(config)}
     return json.loads(json.dumps(record))  # as it reads back from the file
 
 
@@ -531,11 +540,14 @@ def _an_earlier_runs_file(path: Path, written: set[str]) -> bool:
 def refuse_a_pool_no_one_has(dataset: GazeDataset, persons: Sequence[str] | None, config: CalibrateConfig) -> None:
     """One ``ValueError`` before any work for a pool no person has images for (every person would fail alike); a
     pool only some persons lack stays their own failure."""
+    if config.every_image:  # no pool: every image a person has is labelled
+        return
     counts = {p: len(dataset.person_indices(p)) for p in persons or dataset.persons()}
     if counts and max(counts.values()) < config.pool + 1:
         raise ValueError(
             f"--pool {config.pool}: every person needs the pool plus one image to score, and the most any person of "
-            f"{dataset.name} has is {max(counts.values())}; use --pool {max(counts.values()) - 1} or less"
+            f"{dataset.name} has is {max(counts.values())}; use --pool {max(counts.values()) - 1} or less, or --k all "
+            "to fit every image (and score none)"
         )
 
 
@@ -663,6 +675,8 @@ def calibrate_dataset(
 
 def _labelled_or_error(dataset: GazeDataset, person: str, config: CalibrateConfig) -> list[int] | str:
     """The person's labelled images, or the error that makes their calibration fail (recorded, not raised)."""
+    if config.every_image:
+        return list(dataset.person_indices(person))
     try:
         return draw_labelled(dataset, person, config.k, config.pool, config.draw, config.seed)
     except (ValueError, KeyError) as e:
@@ -688,7 +702,8 @@ def _calibrate_one(
         about = {**about, "data": dataset.person_signature(person)}  # the file records which images it was made from
         device = next(model.parameters()).device
         images, gaze = (t.to(device) for t in load_examples(dataset, labelled))
-        pool = load_images(dataset, dataset.person_indices(person)[: config.pool]).to(device)
+        pool = dataset.person_indices(person)
+        pool = load_images(dataset, pool if config.every_image else pool[: config.pool]).to(device)
         torch.manual_seed(_seed(config.seed, person, "init"))
         calibrate_person(model, images, gaze, config, pool, faze_defaults)
         try:

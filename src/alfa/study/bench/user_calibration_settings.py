@@ -64,7 +64,8 @@ GRIDS: dict[str, tuple[dict[str, Any], ...]] = {
 }
 """Per method, the recipes the stand-in rule chooses among (docs/user-calibration.md §3), strongest first:
 larger λ, then fewer steps, then a lower rate."""
-_LATER_FIELDS = {"offset_prior": 0.0}  # CalibrateConfig fields added after the first rows, at their neutral value
+# CalibrateConfig fields added after the first rows, at their neutral value
+_LATER_FIELDS = {"offset_prior": 0.0, "every_image": False}
 _SET_PER_ROW = ("method", "k", "draw", "pool", "seed")  # CalibrateConfig fields a row sets, not its recipe
 
 
