@@ -198,3 +198,19 @@ def test_a_command_checking_its_validation_spec_knows_the_photos_kind_in_a_fresh
     )
     run = subprocess.run([sys.executable, "-c", code, _spec(folder)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+def test_a_photos_spec_opened_before_its_module_is_imported_says_what_to_do(monkeypatch):
+    """The library's open_dataset knows photos: only once alfa.gaze.photo_data (above the loaders: it needs the
+    camera path) is imported; before, "unknown kind" would send a user looking for a typo."""
+    import importlib
+
+    from alfa.gaze.data import registry
+
+    for kind, module in registry.REGISTERED_ABOVE.items():
+        importlib.import_module(module)
+        assert kind in registry._BY_NAME, f"{module} does not register {kind}:"
+    monkeypatch.delitem(registry._BY_NAME, "photos")
+    with pytest.raises(ValueError) as e:
+        registry.open_dataset("photos:points.json?screen=screen.json")
+    assert "the photos: kind is registered by alfa.gaze.photo_data: import it first" in str(e.value)

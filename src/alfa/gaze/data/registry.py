@@ -129,6 +129,11 @@ class DatasetKind:
 
 # Kinds in registration order (alfa.gaze.data imports the loaders in a fixed order, so the messages that
 # list the forms are stable); _BY_NAME also holds the aliases.
+REGISTERED_ABOVE = {"photos": "alfa.gaze.photo_data"}
+"""Kinds registered by a module above this layer (``photos:`` needs the camera path, which sits beside the loaders),
+by that module's name: a spec of one opened before its module is imported is told what to do, not that the kind is
+unknown. ``alfa.gaze.pipeline.open_data`` imports them all."""
+
 _KINDS: list[DatasetKind] = []
 _BY_NAME: dict[str, DatasetKind] = {}
 
@@ -289,6 +294,11 @@ def canonical_spec(spec: str | DatasetSpec) -> tuple[str, str, tuple[tuple[str, 
 def _read_spec(spec: str, kw: dict[str, Any]) -> tuple[DatasetKind, str, dict[str, Any]]:
     """A spec's kind, what follows ``<kind>:`` and its options (``kw`` over the query's), each checked."""
     kind, rest, query = split_spec(spec)
+    if kind not in _BY_NAME and kind in REGISTERED_ABOVE:
+        raise ValueError(
+            f"dataset spec {spec!r}: the {kind}: kind is registered by {REGISTERED_ABOVE[kind]}: import it first, or "
+            "open the spec with alfa.gaze.pipeline.open_data, which knows every kind"
+        )
     if kind not in _BY_NAME:
         raise ValueError(f"dataset spec {spec!r}: unknown kind {kind!r}; expected one of {', '.join(spec_forms())}")
     found = _BY_NAME[kind]
