@@ -278,7 +278,12 @@ def test_one_line_warnings_says_the_first_line_and_is_undone_after(monkeypatch):
             warnings.simplefilter("always")
             warnings.warn("kept", UserWarning, stacklevel=1)
         assert [str(w.message) for w in caught] == ["kept"]
+        # said once per command: attach's note of a rank above a layer's size came once per calibrated person
+        assert warnings.formatwarning(UserWarning("first\nsecond"), UserWarning, "g.py", 9, None) == ""
+        assert warnings.formatwarning(UserWarning("other"), UserWarning, "f.py", 3, None) == "alfa x: warning: other\n"
     assert warnings.formatwarning is before
+    with one_line_warnings("alfa x"):  # the next command says it again
+        assert warnings.formatwarning(UserWarning("first"), UserWarning, "f.py", 3, None) == "alfa x: warning: first\n"
 
 
 def test_export_verbose_keeps_pythons_form_of_a_warning(monkeypatch):

@@ -183,6 +183,10 @@ def test_faze_trains_meta_trains_and_calibrates_from_the_cli(tmp_path, capsys):
     too_many = ["faze", "meta-train", "--checkpoint", trained, "--data", spec, "--out", str(tmp_path / "y")]
     assert main([*too_many, *meta[:4], "--tasks", "5", "--steps", "1", "--quiet"]) == 2
     assert "fewer than the 5 tasks (persons) each outer step draws: lower --tasks" in capsys.readouterr().err
+    bigger = spec.replace("size=16", "size=24")  # its gaze MLP reads a code sized for 16×16: refused in one line
+    assert main(["faze", "meta-train", "--checkpoint", trained, "--data", bigger, "--out", str(tmp_path / "y")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "16×16" in err and "24×24" in err and not (tmp_path / "y").exists()
     assert (
         main(["faze", "meta-train", "--checkpoint", trained, "--data", spec, "--out", str(tmp_path / "m"), *meta]) == 0
     )

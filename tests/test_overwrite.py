@@ -270,6 +270,47 @@ def test_a_file_output_is_never_among_the_files_of_an_output_or_input_folder(tmp
     assert not (tmp_path / "b").exists() and (adapters / "personalization.json").read_text() == "{}"
 
 
+def test_a_users_folder_and_a_models_folder_are_never_one_folder(tmp_path: Path, capsys) -> None:
+    """A newcomer calibrated into a pretrain folder, trained FAZE into a calibration folder (alfa serve then took
+    model.safetensors for a user named "model") and personalized TPGaze into the folder of its --meta prompts:
+    each accepted. Every command's users' folder and own folder are declared, and each refuses the other kind."""
+    from alfa.cli import COMMANDS
+
+    model_dir, users_dir, meta_dir = tmp_path / "rec", tmp_path / "cal", tmp_path / "meta"
+    for folder, name in ((model_dir, "model.safetensors"), (users_dir, "personalization.json"),
+                         (meta_dir, "prompts.safetensors")):  # fmt: skip
+        folder.mkdir()
+        (folder / name).write_bytes(b"{}")
+    ckpt, data = str(tmp_path / "base.safetensors"), "synthetic:mpii?size=16"  # another model than the folder's
+    prompts = meta_dir / "prompts.safetensors"
+    holds_model = "holds a model (model.safetensors): users' files beside it would be read with the model"
+    holds_users = "holds users' files (personalization.json, from alfa personalize or alfa calibrate)"
+    cases = [
+        (["calibrate", "--checkpoint", ckpt, "--data", data, "--out", str(model_dir)], holds_model),
+        (["personalize", "--checkpoint", ckpt, "--data", data, "--out", str(model_dir)], holds_model),
+        (["faze", "train", "--data", data, "--out", str(users_dir)], holds_users),
+        (["pretrain", "--data", data, "--out", str(users_dir)], holds_users),
+        (["tpgaze", "personalize", "--checkpoint", ckpt, "--data", data, "--meta", str(prompts), "--out",
+          str(meta_dir)], f"holds this command's --meta {prompts}"),
+    ]  # fmt: skip
+    for argv, words in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
+        ["rec", "cal", "meta", "model.safetensors", "personalization.json", "prompts.safetensors"]
+    )
+
+    def leaves(commands):
+        for c in commands:
+            yield from leaves(c.subcommands) if c.subcommands else (c,)
+
+    kinds = [(c.name, kind) for c in leaves(COMMANDS) for kind in c.folder_kinds.values()]
+    assert {kind for _, kind in kinds} == {"users", "own"}  # a misspelt kind would check nothing
+    users = sorted(name for name, kind in kinds if kind == "users")
+    assert users == ["calibrate", "personalize", "personalize"]  # alfa personalize and alfa tpgaze personalize
+
+
 def test_a_file_another_command_writes_while_this_one_runs_is_kept(tmp_path: Path, capsys, monkeypatch) -> None:
     """The rule was checked as a command started: two at once both wrote, the second replacing the first."""
     import contextlib

@@ -309,11 +309,18 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
     for option, words in (
         (["--option", "nonsense=3"], "unknown AlfaConfig options: ['nonsense']"),
         (["--adapter-method", "lora", "--option", "rank=0"], "must be positive"),
+        # every person failed in turn on these (a newcomer's run): the base's dictionaries are 4 wide
+        (["--option", "rank=8"], "rank 8 is larger than the dictionary of every layer it adapts"),
+        (["--adapter-method", "correction"], "the correction adapter is what the offset, affine, ridge and last"),
     ):
         assert main([*argv, "--k", "2", "--pool", "4", "--method", "adapter", *option, "--replace"]) == 2
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err
     assert (tmp_path / "c" / "p00.safetensors").is_file()  # nothing was removed
+    # TPGaze's prompts are sized to the images (16×16), as alfa personalize sizes them, and the recipe says so
+    tp = ["--method", "adapter", "--adapter-method", "tpgaze", "--steps", "1", "--out", str(tmp_path / "t")]
+    assert main([*argv[:-3], "--k", "2", "--pool", "4", *tp, "--quiet"]) == 0
+    assert _about(tmp_path / "t" / "p00.safetensors")["user_calibration"]["adapter_options"] == {"image_size": 16}
 
 
 def test_replace_removes_what_an_earlier_run_listed_and_never_a_record_no_run_wrote(base, tmp_path, capsys):

@@ -108,7 +108,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-INPUT_OPTIONS = ("checkpoint", "adapter", "adapters", "init", "results", "images", "camera", "screen", "screen_fit")
+INPUT_OPTIONS = (
+    "checkpoint",
+    "adapter",
+    "adapters",
+    "init",
+    "meta",
+    "results",
+    "images",
+    "camera",
+    "screen",
+    "screen_fit",
+)
 """The options by which every command names the files and folders it reads (never written by it); one that takes
 several (``alfa predict``'s photos) names each."""
 
@@ -176,6 +187,29 @@ def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
             raise ValueError(f"--{_flag(name)} {value}: {words} goes to {beside}, which is also {outputs[beside]}")
 
 
+def _refuse_a_folder_of_the_other_kind(args: argparse.Namespace) -> None:
+    """A users' folder output (``Command.folder_kinds``) holding a model, or a folder of the command's own files
+    holding users' files, in one line: alfa serve would take the model for a user, or the files for users."""
+    kinds = getattr(args, "folder_kinds", {})
+    if not kinds:
+        return
+    from alfa.gaze.folder_record import RECORD_FILE  # here: the library's commands declare no kinds
+
+    for name, kind in kinds.items():
+        if (value := getattr(args, name, None)) is None:
+            continue
+        if kind == "users" and (Path(value) / "model.safetensors").is_file():
+            raise ValueError(
+                f"--{_flag(name)} {value} holds a model (model.safetensors): users' files beside it would be read "
+                "with the model among them (alfa evaluate, alfa serve); choose another folder"
+            )
+        if kind == "own" and (Path(value) / RECORD_FILE).is_file():
+            raise ValueError(
+                f"--{_flag(name)} {value} holds users' files ({RECORD_FILE}, from alfa personalize or alfa "
+                "calibrate): this command's files there would be read as a user's; choose another folder"
+            )
+
+
 def _option(dest: str) -> str:
     """How a message names an input: ``--checkpoint``, or ``IMAGE`` for a positional argument."""
     return "IMAGE" if dest == "images" else f"--{_flag(dest)}"
@@ -229,6 +263,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         if not folder and isinstance(value, str) and value.endswith(os.sep):
             raise ValueError(f"--{_flag(name)} {value} ends in {os.sep}, as a folder does: name a file")
     _refuse_inputs_as_outputs(args)
+    _refuse_a_folder_of_the_other_kind(args)
     for name, folder in args.outputs.items():
         value = getattr(args, name, None)
         if value is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .gaze import open_spec, seed_torch_deterministic
 from .guards import note_what_serve_refuses, persons_of
@@ -125,6 +125,25 @@ def _meta_training_recipe(saved: dict, checkpoint: str) -> tuple[float, int] | N
     return float(lr), steps
 
 
+def _adapter_fitted_to(config: Any, model: nn.Module, data: Any) -> Any:
+    """``--method adapter``'s checks before any person, as ``alfa personalize`` makes them (each person failed in
+    turn): the method's sizes fit the model's layers, and TPGaze's prompts are sized to the data's images (its
+    default, 224, failed every person of other data) unless ``--option image_size=N`` chose them."""
+    import dataclasses
+
+    from alfa.adapters import config_from_dict
+
+    from .guards import check_method_fits, prompts_sized_to
+
+    method = config_from_dict(config.adapter_method, dict(config.adapter_options))
+    sized_by = "--option image_size" if "image_size" in config.adapter_options else None
+    sized = prompts_sized_to(data, method, sized_by)
+    if sized is not method:  # the size goes into the recipe the files record, as if given
+        config = dataclasses.replace(config, adapter_options={**config.adapter_options, "image_size": sized.image_size})
+    check_method_fits(model, sized)
+    return config
+
+
 def _calibrate(args: argparse.Namespace) -> None:
     from alfa.gaze.calibrate import calibrate_dataset, make_room, refuse_a_pool_no_one_has
     from alfa.gaze.train import check_input_size
@@ -144,6 +163,8 @@ def _calibrate(args: argparse.Namespace) -> None:
             f"--method faze: {args.checkpoint} records no meta-training (alfa faze meta-train), so PS-GEN has no "
             "rate and steps of its own: give --faze-lr and --faze-steps"
         )
+    if config.method == "adapter":
+        config = _adapter_fitted_to(config, model, data)
     make_room(out, data, config, args.replace, model)  # last of the refusals: with --replace it removes files
     if config.method == "adapter":  # the corrections adapt nothing dense
         besides = "; offset, affine, ridge and last-layer are corrections any base serves"
@@ -349,8 +370,11 @@ def _faze_meta_train(args: argparse.Namespace) -> None:
         checkpoint_every=args.checkpoint_every,
     )
     config.validate()
+    from alfa.gaze.train import check_input_size
+
     model, saved = _load(args.checkpoint, "cpu")
     data = open_spec(args.data)
+    check_input_size(saved, data, args.checkpoint)
     seed_torch_deterministic(config.seed)
     record = meta_train_faze(model, saved, data, config, args.out, progress=not args.quiet)
     print(
@@ -410,6 +434,7 @@ CALIBRATE = Command(
     add_arguments=_calibrate_arguments,
     run=_calibrate,
     outputs={"out": True},
+    folder_kinds={"out": "users"},
     extra="gaze",
 )
 FAZE = Command(
@@ -428,6 +453,7 @@ FAZE = Command(
             add_arguments=_faze_train_arguments,
             run=_faze_train,
             outputs={"out": True},
+            folder_kinds={"out": "own"},
         ),
         Command(
             "meta-train",
@@ -438,6 +464,7 @@ FAZE = Command(
             add_arguments=_faze_meta_train_arguments,
             run=_faze_meta_train,
             outputs={"out": True},
+            folder_kinds={"out": "own"},
         ),
     ),
 )

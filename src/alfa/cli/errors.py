@@ -79,15 +79,22 @@ def one_line_warnings(name: str, keep_python_form: bool = False) -> Iterator[Non
     upscaled faces once, an error under ``-W error``); a warning recorded (``warnings.catch_warnings(record=True)``)
     is recorded as it was. Under Python's own warning options (``-W``, ``PYTHONWARNINGS``) a warning keeps Python's
     form, with the place it came from, and so it does with ``keep_python_form`` (``alfa export --verbose``, whose
-    point is the exporter's own words, whole)."""
+    point is the exporter's own words, whole). Each line is said once per command: a warning raised again for every
+    person of a run (``alfa.attach``'s note of a rank above a layer's size, once per calibrated person: Python shows
+    it again wherever a ``catch_warnings`` block has reset its record) would otherwise repeat for hundreds of users."""
     if sys.warnoptions or keep_python_form:
         yield
         return
+    said: set[str] = set()
 
     def one_line(
         message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
     ) -> str:
-        return f"{name}: warning: {_first_line(_message_lines(message, category.__name__))}\n"
+        text = f"{name}: warning: {_first_line(_message_lines(message, category.__name__))}\n"
+        if text in said:
+            return ""
+        said.add(text)
+        return text
 
     previous = warnings.formatwarning
     warnings.formatwarning = one_line

@@ -727,6 +727,7 @@ PRETRAIN = Command(
     add_arguments=_pretrain_arguments,
     run=_pretrain,
     outputs={"out": True},
+    folder_kinds={"out": "own"},
     extra="gaze",
     distributed=True,
 )
@@ -739,6 +740,7 @@ TRUNCATE = Command(
     add_arguments=_truncate_arguments,
     run=_truncate,
     outputs={"out": True},
+    folder_kinds={"out": "own"},
     extra="gaze",
     distributed=True,
 )
@@ -751,6 +753,7 @@ PERSONALIZE = Command(
     add_arguments=_personalize_arguments,
     run=_personalize,
     outputs={"out": True},
+    folder_kinds={"out": "users"},
     extra="gaze",
 )
 THROUGHPUT = Command(

@@ -219,6 +219,7 @@ LLM = Command(
             add_arguments=_bench_arguments,
             run=_bench,
             outputs={"out": True, "cache": True, "data_to": False, "markdown": False},
+            folder_kinds={"out": "own"},
             # --out is this run's alone; the cache is every run's (the default one too), each base made under its
             # own lock (llm.pretrain.pretrain): two benches into other --out folders run at once
             shared=frozenset({"cache"}),

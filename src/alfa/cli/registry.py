@@ -62,7 +62,11 @@ class Command:
     files beside the command's own, whose names it checks itself (alfa predict's crops). ``distributed``: the
     command runs as one job under ``torchrun`` (its processes share the work); every other command is refused
     there, since each process would run all of it into the same files. A command with ``subcommands`` is a group:
-    only its leaves run.
+    only its leaves run. ``folder_kinds`` says what each folder output holds: ``"users"``, one file per person
+    with their ``personalization.json`` (what ``alfa evaluate --adapters`` and ``alfa serve`` read as users), or
+    ``"own"``, the command's own files (a model, a run's records); a folder holding the other kind is refused before
+    ``run`` starts, since each would be read as the other (a model served as a user, a person named ``model``
+    replacing it).
     """
 
     name: str
@@ -79,6 +83,7 @@ class Command:
     extra: str | None = None
     mixed: frozenset[str] = frozenset()
     distributed: bool = False
+    folder_kinds: Mapping[str, str] = field(default_factory=dict)
     subcommands: tuple[Command, ...] = ()
 
 
@@ -125,6 +130,7 @@ def add_commands(
             command_extra=command.extra,
             mixed=command.mixed,
             distributed=command.distributed,
+            folder_kinds=dict(command.folder_kinds),
             stand_in=False,
         )
         if command.add_arguments is None:

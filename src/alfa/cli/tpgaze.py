@@ -297,6 +297,7 @@ TPGAZE = Command(
             add_arguments=_meta_train_arguments,
             run=_meta_train,
             outputs={"out": True},
+            folder_kinds={"out": "own"},
         ),
         Command(
             "personalize",
@@ -306,6 +307,7 @@ TPGAZE = Command(
             add_arguments=_personalize_arguments,
             run=_personalize,
             outputs={"out": True},
+            folder_kinds={"out": "users"},
         ),
     ),
 )

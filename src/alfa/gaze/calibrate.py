@@ -184,6 +184,13 @@ class CalibrateConfig:
             raise ValueError(f"need steps >= 1 and lr > 0, got {self.steps}, {self.lr}")
         if self.method == "adapter" and self.adapter_method not in METHODS:
             raise ValueError(f"unknown adapter method {self.adapter_method!r}; known: {sorted(METHODS)}")
+        if self.method == "adapter" and self.adapter_method == "correction":
+            # the head-only form the offset, affine, ridge and last-layer methods write; on every layer it
+            # stores one dense update per layer (tens of MB a person) and exports only densified
+            raise ValueError(
+                "the correction adapter is what the offset, affine, ridge and last-layer methods write, on the head "
+                "alone: choose one of them, or another adapter method"
+            )
         if self.method == "adapter":  # an unknown or wrong option fails here once, not for every person
             config_from_dict(self.adapter_method, dict(self.adapter_options))
 
