@@ -185,6 +185,6 @@ def test_calibrate_refuses_a_folder_made_on_another_base_unless_replace(tmp_path
     p00 = out / "p00.safetensors"  # a damaged file says nothing of the base: the same base redoes it
     p00.write_bytes(files["p00.safetensors"][:-20])
     assert main([*argv, "--checkpoint", str(first)]) == 0
-    assert "2 done (1 of them by an earlier run, resumed)" in capsys.readouterr().out
+    assert "1 done, 1 already there" in capsys.readouterr().out
     assert main([*argv, "--checkpoint", str(second), "--replace"]) == 0
     assert p00.read_bytes() != files["p00.safetensors"]

@@ -422,3 +422,12 @@ def test_prompt_sizes_are_measured_through_another_adapters_layers():
     assert config.input_sizes == {"3->16 k3x3 s2x2 p1x1 d1x1": [16, 16]}
     alfa.attach(model, config, name="prompts")
     assert alfa.active_adapter(model) == "prompts"
+
+
+def test_the_meta_training_summary_counts_in_the_singular_where_there_is_one():
+    """A newcomer's 1-epoch run said "1 epochs of 2 meta-steps" and "1 held-out source persons"."""
+    from alfa.cli.tpgaze import _counted
+
+    assert _counted(1, "epochs") == "1 epoch" and _counted(2, "meta-steps") == "2 meta-steps"
+    assert _counted(1, "held-out source persons") == "1 held-out source person"
+    assert _counted(0, "held-out source persons") == "0 held-out source persons"

@@ -279,7 +279,7 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
     assert main([*argv, "--k", "2", "--pool", "4"]) == 0
     before = (tmp_path / "c" / "p00.safetensors").read_bytes()
     assert main([*argv, "--k", "2", "--pool", "4"]) == 0  # the same run again: found done, nothing rewritten
-    assert "1 done (1 of them by an earlier run, resumed)" in capsys.readouterr().out
+    assert "0 done, 1 already there" in capsys.readouterr().out
     assert (tmp_path / "c" / "p00.safetensors").read_bytes() == before
     assert main([*argv, "--k", "3", "--pool", "4"]) == 2  # an earlier run there: nothing overwritten unasked
     assert "holds an earlier run" in capsys.readouterr().err

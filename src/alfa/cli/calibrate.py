@@ -186,8 +186,8 @@ def _calibrate(args: argparse.Namespace) -> None:
         else f"at k = {config.k} ({config.draw} draws from the first {config.pool} images)"
     )
     print(
-        f"{config.method} user calibration of {data.name} {labelled}: {len(done)} done ({found} of them by an "
-        f"earlier run, resumed), {len(failed)} failed{pace}{size}; files in {out}"
+        f"{config.method} user calibration of {data.name} {labelled}: {len(done) - found} done, {found} already "
+        f"there, {len(failed)} failed{pace}{size}; files in {out}"
     )
     if failed and (not done or not args.allow_partial):
         raise RuntimeError(f"{len(failed)} of {len(record['persons'])} persons failed (listed above)")

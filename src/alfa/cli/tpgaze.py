@@ -114,12 +114,22 @@ def _meta_train(args: argparse.Namespace) -> None:
     nan = float("nan")
     base, init = result.initial_val_error.get("base", nan), result.initial_val_error.get("init", nan)
     print(
-        f"TPGaze meta-training on {data.name}: {len(result.history)} epochs of {config.steps_per_epoch} meta-steps, "
-        f"{result.trainable_parameters} prompt values. Error on {len(result.val_persons)} held-out source persons: "
+        f"TPGaze meta-training on {data.name}: {_counted(len(result.history), 'epochs')} of "
+        f"{_counted(config.steps_per_epoch, 'meta-steps')}, {result.trainable_parameters} prompt values. Error on "
+        f"{_counted(len(result.val_persons), 'held-out source persons')}: "
         f"source model {base:.2f} deg, initial prompts {init:.2f} deg, "
         f"meta-trained {last.get('val_error', nan):.2f} deg"
     )
     print(f"meta-trained prompts: {result.prompts} ({_kib(result.prompts.stat().st_size)})")
+
+
+def _counted(count: int, plural: str) -> str:
+    """``"2 epochs"``, ``"1 epoch"``; ``plural``'s last word ending in ``s`` is the one made singular."""
+    if count == 1:
+        words = plural.split(" ")
+        last = next(i for i in range(len(words) - 1, -1, -1) if words[i].endswith("s"))
+        plural = " ".join(w.removesuffix("s") if i == last else w for i, w in enumerate(words))
+    return f"{count} {plural}"
 
 
 # ----------------------------------------------------------------------------- personalize

@@ -385,7 +385,8 @@ def _answer(result: dict[str, Any], verdicts: dict[str, str]) -> list[str]:
         f"{mean['lora']}, DoRA {mean['dora']}), with {alfa[0]['trainable']:,} trainable parameters, "
         f"{fewer:.2f}× LoRA's {lora[0]['trainable']:,}, and a training step {step}× LoRA's on {core}." + loss_line,
         "",
-        f"This is a {result['base_parameters']:,}-parameter model pretrained for minutes on generated tasks, not "
+        f"This is a {result['base_parameters']:,}-parameter model pretrained for "
+        f"{'minutes' if _standard(result) else 'a few steps'} on generated tasks, not "
         "LLaDA-8B on GSM8K: it "
         "tests whether the paper's mechanism (re-weighting the top singular directions of each weight by "
         "attention) adapts a masked-diffusion model to a new format as well as LoRA and DoRA do at the paper's "
@@ -445,6 +446,11 @@ def _incomplete(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def _standard(result: dict[str, Any]) -> bool:
+    """Whether ``result`` is the standard bench, the one the declared protocol describes (not ``--smoke``'s)."""
+    return result.get("name") == "standard"
+
+
 def llm_page(result: dict[str, Any], data: str) -> str:
     """The whole of docs/llm.md for the bench ``result`` (committed at ``data``)."""
     differences, verdicts = _difference_table(result)
@@ -462,9 +468,15 @@ def llm_page(result: dict[str, Any], data: str) -> str:
         "",
         f"Made by `{result['command']}` (bench `{result['name']}`, seeds {seeds}); the records, with every test "
         f"problem's result per run, are in `{data}`. The adapters are the library's own (`alfa.attach`); its DoRA "
-        "gives the same logits as Hugging Face PEFT's on this model's architecture (`tests/test_llm.py`). To try "
-        "the whole path in seconds first: `alfa llm bench --smoke --out runs/llm/smoke --markdown runs/llm/smoke.md` "
-        "(a tiny model and grid: its numbers mean nothing).",
+        "gives the same logits as Hugging Face PEFT's on this model's architecture (`tests/test_llm.py`). "
+        + (
+            "To try the whole path in seconds first: `alfa llm bench --smoke --out runs/llm/smoke --markdown "
+            "runs/llm/smoke.md` (a tiny model and grid: its numbers mean nothing)."
+            if _standard(result)
+            else f"**This is not the standard run:** bench `{result['name']}` checks the whole path on a tiny model "
+            "and grid, and its numbers mean nothing; the protocol at the end is the standard run's, which it does "
+            "not follow."
+        ),
         "",
         "## The answer",
         "",
@@ -522,7 +534,11 @@ def llm_page(result: dict[str, Any], data: str) -> str:
         "",
         *_selection_table(result),
         "",
-        PROTOCOL_TEXT.rstrip(),
+        PROTOCOL_TEXT.rstrip()
+        if _standard(result)
+        else PROTOCOL_TEXT.rstrip().replace(
+            "the numbers below were produced by it.", f"this page's numbers are bench `{result['name']}`'s, not its."
+        ),
         "",
         LIMITS_TEXT.rstrip(),
         "",
