@@ -301,3 +301,16 @@ def test_a_checkpoint_extras_held_out_persons_and_meta_training_record_of_the_wr
     recorded = {"extra": {"maml": {"config": {"inner_lr": 0.01, "inner_steps": 5}}}}
     assert _meta_training_recipe(recorded, "m") == (0.01, 5)
     assert _meta_training_recipe({"extra": {}}, "m") is None
+
+
+def test_evaluate_refuses_in_one_line_before_scoring_where_no_file_fits_the_base(tmp_path, capsys):
+    """A newcomer scored FAZE calibrations with a ResNet: the base's column was scored, then every person failed
+    in turn with the same words. Where no file fits, one line says so before any scoring."""
+    _, (path, _) = _adapted(tmp_path)
+    torch.manual_seed(1)
+    other = save_model(tmp_path / "other.safetensors", TinyGazeNet().eval(), "tiny_gaze_net", input_size=(16, 16))
+    argv = ["evaluate", "--checkpoint", str(other), "--data", DATA, "--adapters", str(path.parent), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--adapters {path.parent}: no file there fits --checkpoint {other}" in err
+    assert "p00.safetensors: " in err and "FAILED" not in err

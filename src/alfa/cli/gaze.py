@@ -27,6 +27,7 @@ from .guards import (
     prompts_sized_to,
     raise_if_incomplete,
     refuse_a_model_that_is_not_a_gaze_model,
+    refuse_adapters_none_fits,
     refuse_calibrations_under_tta,
     tta_column,
 )
@@ -368,6 +369,8 @@ def _evaluate(args: argparse.Namespace) -> None:
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)
     before_evaluating(data, args, n_adapt)  # what would fail every person: one line, not a table of failures
+    if args.adapters is not None:
+        refuse_adapters_none_fits(model, data, args.adapters, args.checkpoint)
     if tta is not None and saved.get("input_size"):
         tta.check_size(tuple(saved["input_size"]))
     options = {"adapters": args.adapters, "n_adapt": n_adapt, "batch_size": args.batch_size}

@@ -20,6 +20,7 @@ from .options import comma_list, refuse_listed_twice
 
 __all__ = [
     "adaptation_count",
+    "adapted_label",
     "before_evaluating",
     "before_personalizing",
     "check_finished",
@@ -33,8 +34,8 @@ __all__ = [
     "prompts_sized_to",
     "raise_if_incomplete",
     "refuse_a_model_that_is_not_a_gaze_model",
+    "refuse_adapters_none_fits",
     "refuse_calibrations_under_tta",
-    "adapted_label",
     "refuse_foreign_adapters",
     "refuse_n_adapt_no_one_has",
     "refuse_unfinished",
@@ -225,6 +226,29 @@ def before_evaluating(data: Any, args: argparse.Namespace, n_adapt: int) -> None
                 f"--adapters {args.adapters}: no adapter file of any person of {data.name} (expected names such as "
                 f"{files[0]}; alfa personalize --out writes them)"
             )
+
+
+def refuse_adapters_none_fits(model: nn.Module, data: Any, adapters: str, checkpoint: str) -> None:
+    """One line before any scoring where no person's file in ``adapters`` loads onto ``model`` (FAZE calibrations
+    given a ResNet: every person failed in turn, after the base's column was scored); where one loads, the others
+    are tried when scored, each failure that person's own."""
+    import alfa
+    from alfa.gaze.evaluate import adapter_filename
+
+    first = None
+    for person in data.persons():
+        path = Path(adapters) / adapter_filename(person)
+        if not path.is_file():
+            continue
+        try:
+            alfa.load_adapter(model, path)
+        except (ValueError, RuntimeError, OSError) as e:
+            first = first or f"{path.name}: {e}"
+            continue
+        alfa.detach(model)
+        return
+    if first is not None:
+        raise ValueError(f"--adapters {adapters}: no file there fits --checkpoint {checkpoint} ({first})")
 
 
 def raise_if_incomplete(report: Any, allow_partial: bool) -> None:
