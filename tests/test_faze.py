@@ -171,7 +171,10 @@ def test_faze_trains_meta_trains_and_calibrates_from_the_cli(tmp_path, capsys):
     torch.set_num_threads(1)
     spec = "synthetic:eth?persons=4&images_per_person=12&size=16"
     small = ["--appearance", "4", "--quiet"]
-    assert main(["faze", "train", "--data", spec, "--out", str(tmp_path / "t"), "--steps", "2", *small]) == 0
+    assert main(["faze", "train", "--data", spec, "--out", str(tmp_path / "t"), "--steps", "1", *small]) == 0
+    # more steps extend the finished run, and say so: its model file is replaced
+    with pytest.warns(UserWarning, match="holds a finished run's model.safetensors of fewer steps: this run goes on"):
+        assert main(["faze", "train", "--data", spec, "--out", str(tmp_path / "t"), "--steps", "2", *small]) == 0
     meta = ["--k", "3", "--l", "3", "--tasks", "2", "--steps", "2", "--quiet"]
     trained = str(tmp_path / "t" / "model.safetensors")
     # without meta-training PS-GEN has no rate and steps: one line before any work, no folder made

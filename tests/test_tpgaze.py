@@ -265,7 +265,8 @@ def test_meta_training_resumes_to_the_same_numbers(bases, synthetic, tmp_path):
     )
     resumed = copy.deepcopy(bases["dense"])
     torch.manual_seed(123)  # another init: everything must come from the files
-    again = meta_train_prompts(resumed, source, FAST, tmp_path / "split", progress=False)
+    with pytest.warns(UserWarning, match="holds a finished meta-training of 1 epoch: this run goes on to 2"):
+        again = meta_train_prompts(resumed, source, FAST, tmp_path / "split", progress=False)
     assert again.resumed_from_epoch == 1 and len(again.history) == 2
     for (name, a), b in zip(alfa.adapter_parameters(straight).items(), alfa.adapter_parameters(resumed).values()):
         assert torch.equal(a, b), name

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,6 +260,12 @@ def _run_steps(
     out.mkdir(parents=True, exist_ok=True)
     meta = _resume(out, model, optimizer, header, config.steps)
     done, seconds = int(meta.get("step", 0)), float(meta.get("seconds", 0.0))
+    if done < config.steps and (out / MODEL_FILE).is_file():  # the model is written once a run ends
+        warnings.warn(
+            f"{out} holds a finished run's {MODEL_FILE} of fewer steps: this run goes on from step {done} to "
+            f"{config.steps} and replaces it (a meta-training made from it will refuse the new one)",
+            stacklevel=3,
+        )
     if progress and done:
         state = "complete" if done == config.steps else "resuming"
         tqdm.write(f"{out}: {done} of {config.steps} steps found, {state}")

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,6 +238,14 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in ("epochs", "eval_batch_size")}
 
 
+def _finished_before(out: Path) -> bool:
+    """Whether ``out``'s record says its meta-training finished (its prompts file is that run's result)."""
+    try:
+        return json.loads((out / RECORD_FILE).read_text(encoding="utf-8")).get("complete") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _resume(
     path: Path,
     model: nn.Module,
@@ -402,6 +411,13 @@ def _meta_train(
     start_epoch, history = 0, []
     if resume and state_path.is_file():
         start_epoch, history, initial = _resume(state_path, model, prompts, optimizers, header)
+        if start_epoch < config.epochs and _finished_before(out):
+            warnings.warn(
+                f"{out} holds a finished meta-training of {start_epoch} epoch{'s' * (start_epoch != 1)}: this run "
+                f"goes on to {config.epochs} and replaces its {PROMPTS_FILE} (folders personalized from it will "
+                "refuse the new one)",
+                stacklevel=3,
+            )
     else:
         initial = {"base": _error_without_prompts(prompts, val_error), "init": val_error()}
     per_step = 1 if config.query == "same" else 2
