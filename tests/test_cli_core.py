@@ -406,6 +406,8 @@ import torch._inductor.config as inductor
 torch.use_deterministic_algorithms(False)
 deterministic_kernels()
 print("inductor flag:", inductor.deterministic, torch.are_deterministic_algorithms_enabled())
+import os
+print("wait policy:", os.environ.get("OMP_WAIT_POLICY"))
 """
 
 
@@ -423,7 +425,8 @@ def fresh_process() -> tuple[int, list[str], str]:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(src)},
+        # without the suite's wait policy (conftest.py): this process imports torch before alfa
+        env={**{k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}, "PYTHONPATH": str(src)},
     )
     return done.returncode, done.stdout.splitlines(), done.stderr[-3000:]
 
@@ -443,7 +446,24 @@ def test_deterministic_kernels_switch_torch_on_without_loading_torchinductor(fre
     loaded its flag is set too."""
     code, lines, err = fresh_process
     assert code == 0, err
-    assert lines[3:] == ["inductor loaded: False", "inductor loaded: False", "inductor flag: True True"]
+    assert lines[3:6] == ["inductor loaded: False", "inductor loaded: False", "inductor flag: True True"]
+
+
+def test_alfa_asks_openmp_to_wait_passively_where_nothing_chose_before_torch_loaded(fresh_process):
+    """OpenMP's spinning threads made a training step about 4× as slow on the 2-core machine when other processes ran
+    beside it (docs/gaze.md § OpenMP's waits). Importing alfa before torch asks for passive waits; a process that
+    imported torch first, or chose a policy, keeps its own (OpenMP has read it already, or it is the user's)."""
+    import alfa
+
+    environ: dict[str, str] = {}
+    alfa._wait_passively({}, environ)
+    assert environ == {"OMP_WAIT_POLICY": "PASSIVE"}
+    chosen = {"OMP_WAIT_POLICY": "ACTIVE"}
+    alfa._wait_passively({}, chosen)
+    assert chosen == {"OMP_WAIT_POLICY": "ACTIVE"}
+    alfa._wait_passively({"torch": object()}, environ := {})
+    assert environ == {}
+    assert fresh_process[1][6:] == ["wait policy: None"], fresh_process[2]  # torch first: left as it was
 
 
 def test_the_quiet_exporter_hides_the_exporters_notices_only(capsys, monkeypatch):
