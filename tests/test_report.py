@@ -438,6 +438,24 @@ def test_the_check_presets_say_first_that_they_make_no_claims(preset, says_so):
     results["preset"] = preset
     head = render_report(results).split("## ")[0]
     assert (f"**Preset `{preset}` makes no claims.**" in head) == says_so
+    if says_so:  # the page of record of the results' own worlds (a v2 smoke page named the v1 one)
+        assert "The page of record is `docs/results.md`." in head
+        results["config"]["worlds"] = "v2"
+        assert "The page of record is `docs/results-v2.md`." in render_report(results).split("## ")[0]
+
+
+def test_a_check_presets_records_are_never_counted_toward_the_declared_run(tmp_path):
+    """A smoke page said "this file holds 96 of its 6525 records": its records bear the declared run's names."""
+    from alfa.study.bench.plan import declared_run_progress
+
+    results = fixture_results()
+    results["config"]["worlds"] = "v2"
+    path = tmp_path / "results.json"
+    for preset, counted in (("smoke", False), ("standard", True)):
+        path.write_text(json.dumps(dict(results, preset=preset)), encoding="utf-8")
+        with plotted_data_only():
+            page = build_report(path, tmp_path / "r.md", tmp_path / "f", progress_of=declared_run_progress)
+        assert ("**The declared run**" in page.read_text(encoding="utf-8")) == counted, preset
 
 
 def test_a_page_is_one_family_and_says_so():
@@ -789,3 +807,14 @@ def test_an_ablation_whose_settings_share_no_seed_says_its_figure_is_not_drawn(t
     heads = heads[: heads.index("\n### ")]
     assert "No figure yet: on no pair do two or more of its settings share a seed" in heads
     assert not (tmp_path / "docs" / "figures" / "results" / "error_vs_heads.png").exists()
+
+
+def test_report_says_first_that_its_results_are_missing(tmp_path, capsys):
+    """It said that a figure of another page would be replaced, for results that were not there."""
+    from alfa.cli import main
+
+    (tmp_path / "figures" / "results").mkdir(parents=True)
+    (tmp_path / "figures" / "results" / "rank_slices.png").write_bytes(b"a figure of another page")
+    assert main(["report", "--results", str(tmp_path / "none"), "--out", str(tmp_path / "x.md")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no benchmark results at {tmp_path / 'none'}" in err

@@ -51,7 +51,9 @@ def _results():
                 extra["cpu_seconds_per_user"] = None if "adapter" in method else 2.0
             records.append(shifted(method, pair, seed, mean + 0.1 * seed, spread=SPREAD, **extra))
     config = BenchConfig.standard(seeds=(0, 1, 2))
-    return {"format": FORMAT, "version": VERSION, "config": config.protocol_dict(), "records": records, "runs": []}
+    protocol = config.protocol_dict()
+    head = {"format": FORMAT, "version": VERSION, "preset": "standard", "config": protocol}
+    return {**head, "records": records, "runs": []}
 
 
 def _row(text, first):
@@ -152,6 +154,16 @@ def test_a_page_without_calibration_records_says_so():
     assert "**Records:** 0 of the 2952" in text and text.rstrip().endswith("No user-calibration record yet.")
 
 
+def test_a_smoke_runs_page_counts_its_records_and_not_toward_the_declared_run():
+    """A smoke run's 28 records read as "28 of the 2952 user-calibration rows declared": its records bear the
+    declared rows' names, but they are a check on tiny data."""
+    results = dict(_results(), preset="smoke")
+    text = user_calibration_page(results, "runs/smoke", "alfa report --results runs/smoke")
+    held = sum(r["kind"] == "calibration" for r in results["records"])
+    assert f"**Records:** {held} user-calibration records of preset `smoke`, a check" in text
+    assert "of the 2952" not in text
+
+
 def test_the_header_says_what_the_intervals_draw_in_the_results_design():
     results = _results()
     results["config"]["target_draw"] = "per_seed"
@@ -214,7 +226,9 @@ def _rule_results(lora_k9: float, pairs=("E→M", "E→D", "G→M", "G→D"), or
                 extra = {"kind": "calibration"} if method.startswith("calibrate") else {}
                 records.append(shifted(method, pair, seed, mean, spread=SPREAD, **extra))
     config = BenchConfig.standard(seeds=(0, 1, 2))
-    return {"format": FORMAT, "version": VERSION, "config": config.protocol_dict(), "records": records, "runs": []}
+    protocol = config.protocol_dict()
+    head = {"format": FORMAT, "version": VERSION, "preset": "standard", "config": protocol}
+    return {**head, "records": records, "runs": []}
 
 
 def _choice_part(text):

@@ -115,17 +115,22 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     return config
 
 
-def _refuse_another_report(page: Path, out: Path) -> None:
-    """``--report`` rewrites the page of this run's results as the run resumes, never another results' page (the
-    checks before any command let it rewrite an `alfa report` page; this one asks that it be of ``out``)."""
+PAGE_TITLES = {"report": "# Benchmark results", "user calibration": "# Results: what a few labels are worth"}
+"""How each kind of page ``alfa report`` writes begins: one kind is never rewritten as the other."""
+
+
+def _refuse_another_report(page: Path, results: Path | str, flag: str = "--report", kind: str = "report") -> None:
+    """A page is rewritten only as the page of the same results and kind it is (the checks before any command let
+    any `alfa report` page be rewritten: a smoke run's report replaced docs/results.md, the default --out, and a
+    user-calibration page a main one); ``--replace`` overwrites it anyway."""
     if not page.exists():
         return
     with page.open(encoding="utf-8", errors="replace") as f:
         head = f.read(4096)
-    if f"`alfa report --results {out} " not in head:
+    if f"`alfa report --results {results} " not in head or not head.startswith(PAGE_TITLES[kind]):
         raise ValueError(
-            f"--report {page}: exists and is not the report of --out {out}; name another file, or add --replace "
-            "to overwrite it"
+            f"{flag} {page}: exists and is not the {kind} page of --results {results}; name another file, or add "
+            "--replace to overwrite it"
         )
 
 
@@ -155,7 +160,7 @@ def _bench(args: argparse.Namespace) -> None:
     deterministic_kernels()
     out = Path(args.out or PRESETS[preset])
     if args.report and not args.replace:
-        _refuse_another_report(Path(args.report), out)
+        _refuse_another_report(Path(args.report), out)  # the page bench --report writes names --results OUT
         _refuse_unasked_figures(args.report, None, "name another --report")
     device = resolve_device(args.device)
     summary = run_bench(
@@ -193,10 +198,15 @@ def _bench(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from alfa.study.bench.plan import declared_run_progress
     from alfa.study.bench.report_page import build_report
-    from alfa.study.bench.results import export_results
+    from alfa.study.bench.results import export_results, load_results
 
     results, command = args.results, _command_line()
+    load_results(results)  # results that are not there are said first, not as the figures they would replace
     if not args.replace:
+        named = args.data_to or args.results  # the results the pages will name
+        _refuse_another_report(Path(args.out), named, "--out")
+        if args.user_calibration:
+            _refuse_another_report(Path(args.user_calibration), named, "--user-calibration", "user calibration")
         _refuse_unasked_figures(args.out, args.figures, "name another --figures folder")
     if args.data_to:  # keep the data with the page, then make the page from the kept copy
         results = export_results(args.results, args.data_to, keep_kept=True)

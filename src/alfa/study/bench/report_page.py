@@ -341,7 +341,8 @@ def _header_section(r: _Report) -> list[str]:
         "",
     ]
     if r.results.get("preset") in prose.NO_CLAIM_PRESETS:
-        lines += [prose.NO_CLAIMS.format(preset=r.results["preset"]), ""]
+        record = "results-v2.md" if worlds == "v2" else "results.md"  # the page of record of these worlds
+        lines += [prose.NO_CLAIMS.format(preset=r.results["preset"], page=record), ""]
     elif worlds == "v1" and r.results.get("preset") == "standard":  # the first records' pages, beside results-v2.md
         lines += [prose.FIRST_RECORD_NOTE.format(v2="results-v2.md"), ""]
     if r.progress is not None:  # a run still being made: what it lacks, before any number is read
@@ -660,7 +661,10 @@ def build_report(
         md_dir=out_md.parent,
         command=command,
         source=str(results_path) if source is None else source,
-        progress=None if progress_of is None else progress_of(_worlds(results), (r["id"] for r in results["records"])),
+        # a smoke or quick run's records are not the declared run's, whatever their names
+        progress=None
+        if progress_of is None or results.get("preset") != "standard"
+        else progress_of(_worlds(results), (r["id"] for r in results["records"])),
     )
     write_text(out_md, text)
     return out_md

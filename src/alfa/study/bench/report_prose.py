@@ -38,7 +38,7 @@ SELECTION_RECORDS = (
 
 NO_CLAIMS = (
     "**Preset `{preset}` makes no claims.** It checks that every row kind runs, on data too small for a domain "
-    "gap; every sentence below that judges a difference is about noise. The page of record is `docs/results.md`."
+    "gap; every sentence below that judges a difference is about noise. The page of record is `docs/{page}`."
 )
 NO_CLAIM_PRESETS = ("smoke", "quick")
 """The presets whose pages say first that they make no claims."""

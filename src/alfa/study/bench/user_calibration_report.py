@@ -605,6 +605,16 @@ def user_calibration_page(
     idx = _index(same_seeds, results)
     pairs = _pairs(idx)
     lines = _header(records, pairs, data, command, design_of(results))
+    if results.get("preset") != "standard":  # a smoke or quick run's records are not the declared run's rows
+        calibrations = sum(r.kind == "calibration" for r in records)
+        lines = [
+            f"**Records:** {calibrations} user-calibration record{'s' * (calibrations != 1)} of preset "
+            f"`{results.get('preset')}`, a check that every row runs, not the declared run (whose page is "
+            "docs/results-user-calibration.md); every sentence below that judges a difference is about noise."
+            if line.startswith("**Records:**")
+            else line
+            for line in lines
+        ]
     if not pairs:
         return "\n".join([*lines, "No user-calibration record yet.", ""])
     lines += [
