@@ -340,6 +340,19 @@ def test_the_declared_planning_table_is_the_commands_output():
     assert plan_table((3, 5, 8, 10), (11, 24, 100), (6, 2, 1)) in page
 
 
+@pytest.mark.parametrize(
+    ("seeds", "said"),
+    [("1", "from 2 (one seed has no spread"), ("3,3", "--seeds 3,3: name each number once"), ("1000000", "to 1000")],
+)
+def test_power_refuses_what_it_cannot_plan_in_one_line(seeds, said, capsys):
+    """A newcomer got a row of inf for one seed, a row twice for 3,3 and nine silent minutes for a million."""
+    from alfa.cli import main
+
+    assert main(["power", "--seeds", seeds]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err
+
+
 def test_a_declared_family_judges_only_its_members_and_names_what_it_could_not_make():
     """Outside the declaration a comparison keeps its interval but gets no verdict and does not enlarge Holm's
     family; a declared comparison is found either way round; one the page never made is reported missing."""

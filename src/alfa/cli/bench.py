@@ -404,9 +404,22 @@ def _power_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+MOST_SEEDS = 1000
+"""The most seeds ``alfa power`` plans for: 10,000 took seconds and 1,000,000 ran for minutes without a line."""
+
+
 def _power(args: argparse.Namespace) -> None:
     from alfa.study.bench.power import plan_table
 
+    for flag in ("seeds", "families", "pairs"):
+        values = getattr(args, flag)
+        if len(set(values)) < len(values):  # a row or column printed twice
+            raise ValueError(f"--{flag} {','.join(map(str, values))}: name each number once")
+    if min(args.seeds) < 2 or max(args.seeds) > MOST_SEEDS:
+        raise ValueError(
+            f"--seeds: each number of seeds must be from 2 (one seed has no spread over seeds to judge a difference "
+            f"by) to {MOST_SEEDS}, got {','.join(map(str, args.seeds))}"
+        )
     print(plan_table(args.seeds, args.families, args.pairs, persons=args.persons))
 
 
