@@ -188,6 +188,10 @@ def main(argv: list[str] | None = None) -> None:
         results = load_results(source)
     except (OSError, ValueError) as e:
         refuse(NAME, f"--results: {e}")
+    made_by = (results.get("preset"), results.get("config", {}).get("worlds"))
+    if made_by != ("standard", "v2"):  # the lanes make the declared run: a smoke run's records are not its
+        refuse(NAME, f"--results {source}: preset {made_by[0]} on the worlds {made_by[1]}, not the declared run's "
+               "(preset standard on the worlds v2)")  # fmt: skip
     here = cpu_name()
     left, laned = lane_lines(lanes, results, here)
     missing = unlaned(results, laned) if not args.lanes else Counter()  # a few lanes: the rest are not "no lane"

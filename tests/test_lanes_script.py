@@ -118,6 +118,12 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, monkeypatch, capsys):
     err = _refused(script, ["--results", str(tmp_path / "missing.json"), str(unknown)], capsys)
     assert err == f"lanes: --results: no benchmark results at {tmp_path / 'missing.json'}\n"
     assert "unrecognized arguments: --resul" in _refused(script, ["--resul", results], capsys)  # written whole
+    smoke = tmp_path / "smoke.json"  # a smoke run's records bear the declared run's names: planned from before
+    smoke.write_text(json.dumps({**json.loads(Path(results).read_text(encoding="utf-8")), "preset": "smoke"}))
+    assert _refused(script, ["--results", str(smoke)], capsys) == (
+        f"lanes: --results {smoke}: preset smoke on the worlds v2, not the declared run's (preset standard on the "
+        "worlds v2)\n"
+    )
 
 
 def test_help_and_the_wrong_python_from_the_command_line(monkeypatch, capsys):
