@@ -818,3 +818,11 @@ def test_report_says_first_that_its_results_are_missing(tmp_path, capsys):
     assert main(["report", "--results", str(tmp_path / "none"), "--out", str(tmp_path / "x.md")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"no benchmark results at {tmp_path / 'none'}" in err
+
+
+def test_a_one_seed_page_counts_in_the_singular():
+    """A newcomer's one-seed page said "Only 1 seed(s)"."""
+    results = fixture_results()
+    results["records"] = [r for r in results["records"] if r["seed"] == 0]
+    page = render_report(results)
+    assert "**Only 1 seed**: this is not the full benchmark" in page and "seed(s)" not in page

@@ -444,7 +444,8 @@ def _pooled_lines(idx: Index, rows: Sequence[str], table1: Sequence[str]) -> lis
     own = len(counted) - len(extra)
     named = [f"Table 1's {own} other row" + ("s" if own != 1 else "")] if own else []
     held = " and ".join(named + ([", ".join(extra)] if extra else []))
-    return [f"Pooled over the {len(pairs)} pairs, {held} against source-only — " + "; ".join(parts) + "."]
+    over = f"the {len(pairs)} pairs" if len(pairs) != 1 else "its one pair"
+    return [f"Pooled over {over}, {held} against source-only — " + "; ".join(parts) + "."]
 
 
 def _side(d: Diff) -> str:

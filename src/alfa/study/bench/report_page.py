@@ -356,7 +356,7 @@ def _header_section(r: _Report) -> list[str]:
             text += prose.NOT_RUN_YET.format(methods=", ".join(missing))
         lines += [text, ""]
     if len(r.seeds) < 3:
-        lines += [prose.FEW_SEEDS.format(seeds=len(r.seeds)), ""]
+        lines += [prose.FEW_SEEDS.format(seeds=prose.counted(len(r.seeds), "seeds")), ""]
     return lines
 
 
@@ -368,6 +368,7 @@ def _family_statement(family: Comparisons) -> str:
     declared = _declared_statement(family, descriptive)
     if not judged:
         why = prose.ONE_SEED_ONLY.format(count=unjudged) if unjudged else "it makes no judged comparison"
+        why = prose.ONE_SEED_ONLY_ONE if unjudged == 1 else why
         return prose.NO_FAMILY.format(why=why) + declared
     mde = family.detectable()
     size = family.size

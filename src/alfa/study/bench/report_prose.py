@@ -46,7 +46,7 @@ NO_CLAIM_PRESETS = ("smoke", "quick")
 NOT_RUN_YET = " Not in these results (not run yet): {methods}."
 
 FEW_SEEDS = (
-    "**Only {seeds} seed(s)**: this is not the full benchmark (≥ 3 seeds); with one seed no difference is judged, "
+    "**Only {seeds}**: this is not the full benchmark (≥ 3 seeds); with one seed no difference is judged, "
     "with two the intervals are very wide."
 )
 
@@ -77,6 +77,7 @@ DECLARED_FAMILY = (
 )
 DECLARED_MISSING = " {count} declared comparison(s) could not be made from these records: {names}."
 ONE_SEED_ONLY = "its {count} comparisons have one seed each, and are shown with intervals over persons only"
+ONE_SEED_ONLY_ONE = "its one comparison has one seed, and is shown with intervals over persons only"
 
 DESIGN_WORDS = {
     "crossed": "the seeds and, per pair, the persons drawn with replacement, the same persons in every seed",
