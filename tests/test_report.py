@@ -826,3 +826,6 @@ def test_a_one_seed_page_counts_in_the_singular():
     results["records"] = [r for r in results["records"] if r["seed"] == 0]
     page = render_report(results)
     assert "**Only 1 seed**: this is not the full benchmark" in page and "seed(s)" not in page
+    # its cells of one seed show their persons' interval: the sanity table's intro said "the mean alone"
+    assert "] (one seed)" in page and "one seed: the mean alone)" not in page
+    assert "a cell of one seed, marked so, has its persons' interval" in page
