@@ -444,20 +444,6 @@ def test_the_check_presets_say_first_that_they_make_no_claims(preset, says_so):
         assert "The page of record is `docs/results-v2.md`." in render_report(results).split("## ")[0]
 
 
-def test_a_check_presets_records_are_never_counted_toward_the_declared_run(tmp_path):
-    """A smoke page said "this file holds 96 of its 6525 records": its records bear the declared run's names."""
-    from alfa.study.bench.plan import declared_run_progress
-
-    results = fixture_results()
-    results["config"]["worlds"] = "v2"
-    path = tmp_path / "results.json"
-    for preset, counted in (("smoke", False), ("standard", True)):
-        path.write_text(json.dumps(dict(results, preset=preset)), encoding="utf-8")
-        with plotted_data_only():
-            page = build_report(path, tmp_path / "r.md", tmp_path / "f", progress_of=declared_run_progress)
-        assert ("**The declared run**" in page.read_text(encoding="utf-8")) == counted, preset
-
-
 def test_a_page_is_one_family_and_says_so():
     """Every verdict on the page is judged over the same family, whose size the summary states; and every
     difference the page quotes carries its interval (here, and on the committed pages)."""
@@ -807,25 +793,3 @@ def test_an_ablation_whose_settings_share_no_seed_says_its_figure_is_not_drawn(t
     heads = heads[: heads.index("\n### ")]
     assert "No figure yet: on no pair do two or more of its settings share a seed" in heads
     assert not (tmp_path / "docs" / "figures" / "results" / "error_vs_heads.png").exists()
-
-
-def test_report_says_first_that_its_results_are_missing(tmp_path, capsys):
-    """It said that a figure of another page would be replaced, for results that were not there."""
-    from alfa.cli import main
-
-    (tmp_path / "figures" / "results").mkdir(parents=True)
-    (tmp_path / "figures" / "results" / "rank_slices.png").write_bytes(b"a figure of another page")
-    assert main(["report", "--results", str(tmp_path / "none"), "--out", str(tmp_path / "x.md")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"no benchmark results at {tmp_path / 'none'}" in err
-
-
-def test_a_one_seed_page_counts_in_the_singular():
-    """A newcomer's one-seed page said "Only 1 seed(s)"."""
-    results = fixture_results()
-    results["records"] = [r for r in results["records"] if r["seed"] == 0]
-    page = render_report(results)
-    assert "**Only 1 seed**: this is not the full benchmark" in page and "seed(s)" not in page
-    # its cells of one seed show their persons' interval: the sanity table's intro said "the mean alone"
-    assert "] (one seed)" in page and "one seed: the mean alone)" not in page
-    assert "a cell of one seed, marked so, has its persons' interval" in page
