@@ -19,17 +19,15 @@ child starts. A refusal is one line on stderr and status 2. Run it with the proj
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # run as python scripts/isa_probe.py it is there; loaded by a test, not
     sys.path.insert(0, str(HERE))
-from script_cli import Parser, refuse  # noqa: E402
+from script_cli import Parser, refuse, run_child, stamped_output  # noqa: E402
 
 NAME = "isa_probe"
 
@@ -97,16 +95,7 @@ def _said(setting: dict[str, str]) -> str:
 
 def _probe(setting: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in PROBED}  # the parent's own choice would be in every row
-    done = subprocess.run(
-        [sys.executable, __file__, "--child"], env={**env, **setting}, capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:  # its error's own line (the last of its traceback), not the whole traceback
-        said = [line for line in done.stderr.splitlines() if line.strip()] or [f"exit status {done.returncode}"]
-        refuse(NAME, f"the child process for {_said(setting)} failed: {said[-1].strip()}")
-    try:
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        refuse(NAME, f"the child process for {_said(setting)} printed no digests: {done.stdout.strip()[-200:]!r}")
+    return run_child(NAME, __file__, {**env, **setting}, f"for {_said(setting)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -127,14 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError as e:  # another Python than the project's
         refuse(NAME, f"{sys.executable} cannot import {e.name or e}; run it with .venv/bin/python")
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
-    out = args.out or ROOT / "docs/data/isa-probe" / f"{stamp}.txt"
-    try:
-        check_writable(out, what="--out")  # a folder, or a place under a file: said now, not after the probes
-    except ValueError as e:
-        refuse(NAME, str(e))
-    if out.exists():
-        refuse(NAME, f"{out} exists; give another --out")
+    out, stamp = stamped_output(NAME, args.out, ROOT / "docs/data/isa-probe", check_writable)
     lines = [
         f"machine {cpu_name()}, torch {torch.__version__}, started {stamp}",
         f"{len(WORLDS)} worlds ({', '.join(WORLDS)}) × 2 persons × 8 images at 64×64; resnet18_gaze, {STEPS} AdamW "

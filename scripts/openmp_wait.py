@@ -18,18 +18,16 @@ process starts. A refusal is one line on stderr and status 2. Run it with the pr
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # run as python scripts/openmp_wait.py it is there; loaded by a test, not
     sys.path.insert(0, str(HERE))
-from script_cli import Parser, refuse  # noqa: E402
+from script_cli import Parser, refuse, run_child, stamped_output  # noqa: E402
 
 NAME = "openmp_wait"
 ROOT = HERE.parent
@@ -72,15 +70,7 @@ def _child() -> dict[str, float]:
 
 
 def _time(policy: str) -> dict[str, float]:
-    env = {**os.environ, "OMP_WAIT_POLICY": policy}
-    done = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:  # its error's own line (the last of its traceback), not the whole traceback
-        said = [line for line in done.stderr.splitlines() if line.strip()] or [f"exit status {done.returncode}"]
-        refuse(NAME, f"the child process under OMP_WAIT_POLICY={policy} failed: {said[-1].strip()}")
-    try:
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        refuse(NAME, f"the child process under {policy} printed no timings: {done.stdout.strip()[-200:]!r}")
+    return run_child(NAME, __file__, {**os.environ, "OMP_WAIT_POLICY": policy}, f"under OMP_WAIT_POLICY={policy}")
 
 
 def _load() -> str:
@@ -111,14 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError as e:  # another Python than the project's
         refuse(NAME, f"{sys.executable} cannot import {e.name or e}; run it with .venv/bin/python")
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
-    out = args.out or ROOT / "docs/data/openmp-wait" / f"{stamp}.txt"
-    try:
-        check_writable(out, what="--out")  # a folder, or a place under a file: said now, not after the rounds
-    except ValueError as e:
-        refuse(NAME, str(e))
-    if out.exists():
-        refuse(NAME, f"{out} exists; give another --out")
+    out, stamp = stamped_output(NAME, args.out, ROOT / "docs/data/openmp-wait", check_writable)
     lines = [
         f"machine {cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}, started {stamp}, load average "
         f"(1, 5, 15 min) {_load()}",

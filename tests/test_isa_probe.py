@@ -66,7 +66,7 @@ def test_a_failed_child_is_one_line_its_own_error(tmp_path, capsys, monkeypatch)
     failed = subprocess.CompletedProcess(
         [], 1, stdout="", stderr='Traceback (most recent call last):\n  File "x"\nValueError: boom\n'
     )
-    monkeypatch.setattr(script.subprocess, "run", lambda *a, **k: failed)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: failed)
     err = _refused(script, ["--out", str(tmp_path / "t.txt")], capsys, monkeypatch)
     assert err == "isa_probe: the child process for (torch's own choice) failed: ValueError: boom\n"
     assert not (tmp_path / "t.txt").exists()
@@ -84,6 +84,6 @@ def test_each_child_runs_its_own_setting_alone_whatever_the_parent_was_given(tmp
 
     for variable in script.PROBED:
         monkeypatch.setenv(variable, "AVX2")
-    monkeypatch.setattr(script.subprocess, "run", run)
+    monkeypatch.setattr(subprocess, "run", run)
     _main(script, ["--out", str(tmp_path / "t.txt")], monkeypatch)
     assert seen == script.SETTINGS and {} in seen and {"MKL_CBWR": "COMPATIBLE"} in seen
