@@ -2,6 +2,7 @@
 writes: its records are never the declared run's, its counts are in the singular where there is one."""
 
 import json
+from pathlib import Path
 
 from test_report import fixture_results
 
@@ -43,3 +44,13 @@ def test_a_one_seed_page_counts_in_the_singular():
     # its cells of one seed show their persons' interval: the sanity table's intro said "the mean alone"
     assert "] (one seed)" in page and "one seed: the mean alone)" not in page
     assert "a cell of one seed, marked so, has its persons' interval" in page
+
+
+def test_the_wall_time_of_two_processes_at_a_time_is_said_to_be_an_estimate():
+    """A smoke run made by one process said "about 15 min of wall time with two processes at a time" beside its
+    own run's 30.9 minutes in the table below it."""
+    page = render_report(fixture_results())
+    if "What this file cost" in page:
+        assert "were two processes run at a time on this" in page and "(an estimate: the runs below" in page
+    committed = (Path(__file__).resolve().parent.parent / "docs" / "results-v2.md").read_text(encoding="utf-8")
+    assert "min of wall time** were two processes run at a time" in committed

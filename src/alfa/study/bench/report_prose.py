@@ -340,8 +340,9 @@ def declared_run(
 
 
 FILE_COST = (
-    "**What this file cost: {total:.0f} process-minutes**, about **{wall:.0f} min of wall time** with two "
-    "processes at a time on this {cpus}-CPU machine: {record_minutes:.1f} min for its "
+    "**What this file cost: {total:.0f} process-minutes**, or about **{wall:.0f} min of wall time** were two "
+    "processes run at a time on this {cpus}-CPU machine (an estimate: the runs below say how they ran): "
+    "{record_minutes:.1f} min for its "
     "{records} records (each record's own wall time) and {model_minutes:.1f} min of model training (source "
     "and target-trained models, their recoveries at other SVD ranks, TPGaze's meta-training: the per-epoch "
     "times kept in their checkpoints, so models loaded from the cache count what they once cost){unrecorded}."
