@@ -30,8 +30,8 @@ def _wait_passively(modules: dict = _sys.modules, environ: dict = _os.environ) -
     """Ask OpenMP's threads to sleep while they wait for work (``OMP_WAIT_POLICY=PASSIVE``) where nothing chose
     yet: its default, spinning, made a ResNet-18 training step about 4× as slow on the 2-core machine when other
     processes ran beside it, where alone it saved 6 % (docs/gaze.md § OpenMP's waits; the same numbers either
-    way). OpenMP reads it once, as
-    torch loads it, so a process that imported torch before alfa, or set the variable itself, keeps what it has."""
+    way). OpenMP reads it once, as torch loads it, so a process that imported torch before alfa, or set the
+    variable itself, keeps what it has."""
     if "torch" not in modules:
         environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

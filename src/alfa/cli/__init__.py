@@ -194,13 +194,14 @@ def _refuse_a_folder_of_the_other_kind(args: argparse.Namespace) -> None:
     if not kinds:
         return
     from alfa.gaze.folder_record import RECORD_FILE  # here: the library's commands declare no kinds
+    from alfa.gaze.train_state import MODEL_FILE
 
     for name, kind in kinds.items():
         if (value := getattr(args, name, None)) is None:
             continue
-        if kind == "users" and (Path(value) / "model.safetensors").is_file():
+        if kind == "users" and (Path(value) / MODEL_FILE).is_file():
             raise ValueError(
-                f"--{_flag(name)} {value} holds a model (model.safetensors): users' files beside it would be read "
+                f"--{_flag(name)} {value} holds a model ({MODEL_FILE}): users' files beside it would be read "
                 "with the model among them (alfa evaluate, alfa serve); choose another folder"
             )
         if kind == "own" and (Path(value) / RECORD_FILE).is_file():

@@ -198,10 +198,10 @@ def _bench(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from alfa.study.bench.plan import declared_run_progress
     from alfa.study.bench.report_page import build_report
-    from alfa.study.bench.results import export_results, load_results
+    from alfa.study.bench.results import export_results, results_file
 
     results, command = args.results, _command_line()
-    load_results(results)  # results that are not there are said first, not as the figures they would replace
+    results_file(results)  # results that are not there are said first, not as the figures they would replace
     if not args.replace:
         named = args.data_to or args.results  # the results the pages will name
         _refuse_another_report(Path(args.out), named, "--out")

@@ -124,12 +124,8 @@ def _meta_train(args: argparse.Namespace) -> None:
 
 
 def _counted(count: int, plural: str) -> str:
-    """``"2 epochs"``, ``"1 epoch"``; ``plural``'s last word ending in ``s`` is the one made singular."""
-    if count == 1:
-        words = plural.split(" ")
-        last = next(i for i in range(len(words) - 1, -1, -1) if words[i].endswith("s"))
-        plural = " ".join(w.removesuffix("s") if i == last else w for i, w in enumerate(words))
-    return f"{count} {plural}"
+    """``"2 epochs"``, ``"1 epoch"``: ``plural`` ends in its plural noun's ``s``."""
+    return f"{count} {plural if count != 1 else plural.removesuffix('s')}"
 
 
 # ----------------------------------------------------------------------------- personalize

@@ -238,12 +238,18 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in ("epochs", "eval_batch_size")}
 
 
+def _meta_record(folder: Path) -> dict[str, Any] | None:
+    """``folder``'s meta-training record, ``None`` where there is none that reads as one (prompts kept alone)."""
+    try:
+        meta = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
 def _finished_before(out: Path) -> bool:
     """Whether ``out``'s record says its meta-training finished (its prompts file is that run's result)."""
-    try:
-        return json.loads((out / RECORD_FILE).read_text(encoding="utf-8")).get("complete") is True
-    except (OSError, ValueError, AttributeError):
-        return False
+    return (_meta_record(out) or {}).get("complete") is True
 
 
 def _resume(
@@ -531,11 +537,8 @@ def _refuse_unfinished_meta_training(prompts: Path) -> None:
     """Meta-training rewrites its prompts after every epoch, its record beside them saying ``"complete": false``
     until the last: prompts whose run was stopped before are refused, with how far it got and how to finish it."""
     record = prompts.parent / RECORD_FILE
-    try:
-        meta = json.loads(record.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # no record (prompts kept on their own): nothing says they are unfinished
-    if not isinstance(meta, dict) or meta.get("complete") is not False:
+    meta = _meta_record(prompts.parent)
+    if meta is None or meta.get("complete") is not False:  # no record: nothing says they are unfinished
         return
     epochs = (meta.get("header") or {}).get("meta_config", {}).get("epochs")
     raise ValueError(

@@ -42,6 +42,7 @@ __all__ = [
     "export_results",
     "layout",
     "load_results",
+    "results_file",
     "ResultsStore",
 ]
 
@@ -80,13 +81,20 @@ def layout(config: BenchConfig) -> dict[str, Any]:
     }
 
 
-def load_results(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a ``results.json`` (a file, or the folder holding one); a clear error if it is not one."""
+def results_file(path: str | os.PathLike) -> Path:
+    """The ``results.json`` that ``path`` names (the file, or the folder holding one), read nothing of; a
+    ``FileNotFoundError`` where there is none."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no benchmark results at {path}")
+    return path
+
+
+def load_results(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a ``results.json`` (a file, or the folder holding one); a clear error if it is not one."""
+    path = results_file(path)
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
