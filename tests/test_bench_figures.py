@@ -43,3 +43,14 @@ def test_the_update_maps_name_their_colour_scale_and_draw_the_rank_threshold(tmp
     assert largest[1] == pytest.approx(2 * largest[0])  # each person on its own scale
     assert [list(line.get_ydata()) for line in spectrum.lines if line.get_linestyle() == ":"] == [[1e-3, 1e-3]]
     assert figures.numerical_rank(delta) == 1 == figures.numerical_rank(delta, rtol=figures.RANK_RTOL)
+
+
+def test_the_update_maps_caption_counts_the_persons_and_names_the_methods_its_data_holds():
+    """The caption said "three target persons, Alfa and LoRA" whatever the figure showed: a run with two adapters
+    of one method drew two persons of that method alone."""
+    from alfa.study.bench.report_page import _updates_caption
+
+    two = (None, {"methods": {"alfa": {"persons": ["p00", "p01"]}}})
+    assert "for 2 target persons, Alfa;" in _updates_caption(two)
+    both = (None, {"methods": {"lora": {"persons": ["p00"]}, "alfa": {"persons": ["p00"]}}})
+    assert "for 1 target person, Alfa and LoRA;" in _updates_caption(both)

@@ -191,3 +191,12 @@ def test_cli_refuses_two_outputs_on_one_path_even_with_replace(tmp_path, capsys,
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_seed_is_read_as_one_seed_with_no_interval():
+    """One seed printed "mean [95 % interval] over 1 seeds" and "the thickness over the 1 seeds is … in every
+    seed"."""
+    text = format_aggregate(run_toy(["a", "c-len1"], [0], ToyConfig(layers=6)))
+    assert text.splitlines()[0].endswith("; one seed (no interval)")
+    assert "From layer 4 on both clusters are flat" in text and "From layer 3 on, exactly 20 of 40 tokens" in text
+    assert "1 seeds" not in text and "every seed" not in text

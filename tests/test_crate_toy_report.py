@@ -67,7 +67,7 @@ def test_a_hand_made_record_renders_each_mean_with_its_interval(tmp_path):
     assert (
         "At layer 1 over the 2 seeds thickness 1 is 0.100 in every seed, thickness 2 ranges from 0.100 to 0.200" in text
     )
-    assert "![the toy](figures/toy.png)" in text and "over the 2 seeds and its 95 % interval" in text
+    assert "![the toy](figures/toy.png)" in text and "the mean and its 95 % interval over 2 seeds," in text
 
 
 def test_a_record_gives_back_the_runs_it_was_made_of():

@@ -557,8 +557,17 @@ def _costs_section(r: _Report) -> list[str]:
 def _figures_section(r: _Report) -> list[str]:
     lines = ["## Figures", ""]
     lines += r.figure("rank_slices", prose.RANK_SLICES_CAPTION)
-    lines += r.figure("updates", prose.UPDATES_CAPTION)
+    lines += r.figure("updates", _updates_caption(r.figure_data))
     return lines + update_rank_lines(r.figure_data)
+
+
+def _updates_caption(figure_data: Any) -> str:
+    """The update maps' caption, counting the persons and naming the methods the figure's data holds."""
+    methods = (figure_data[1] if figure_data else {}).get("methods", {})
+    persons = max((len(info["persons"]) for info in methods.values()), default=0)
+    order = {"alfa": 0, "lora": 1}  # the figure's row order
+    names = [display_name(m) for m in sorted(methods, key=lambda m: (order.get(m, 2), m))]
+    return prose.UPDATES_CAPTION.format(persons=prose.counted(persons, "target persons"), methods=prose.listed(names))
 
 
 def _records_section(r: _Report) -> list[str]:

@@ -455,7 +455,7 @@ RANK_SLICES_CAPTION = (
 )
 
 UPDATES_CAPTION = (
-    "Update maps (the paper's Figure 5): the personalized ΔW of one layer for three target persons, Alfa and LoRA; "
+    "Update maps (the paper's Figure 5): the personalized ΔW of one layer for {persons}, {methods}; "
     "each map on its own colour scale (its title gives the update's size)."
 )
 

@@ -350,9 +350,18 @@ def panel_header(n: int) -> list[str]:
     return ["layer", "thickness 1", "thickness 2", "R", "R_c", "ΔR", f"misassigned/{n}", "one-axis"]
 
 
+def over_seeds(seeds: int) -> str:
+    """What a table, a cell or a figure shows: ``"the mean and its 95 % interval over 3 seeds"``; one seed has
+    no interval."""
+    if seeds == 1:
+        return "one seed (no interval)"
+    return f"the mean and its {LEVEL * 100:.0f} % interval over {seeds} seeds"
+
+
 def panel_heading(run: ToyRun, seeds: int) -> str:
     """What a panel's table is of: the panel, its constants, and over how many seeds."""
-    return f"{_describe(run.key, run.eta, run.lam)}; mean [{LEVEL * 100:.0f} % interval] over {seeds} seeds"
+    over = f"mean [{LEVEL * 100:.0f} % interval] over {seeds} seeds" if seeds > 1 else over_seeds(seeds)
+    return f"{_describe(run.key, run.eta, run.lam)}; {over}"
 
 
 def format_aggregate(runs: list[ToyRun]) -> str:
@@ -428,7 +437,9 @@ def read_panel(values: dict[str, np.ndarray], n: int) -> str:
         sentences.append(f"R_c {move('Rc')} bits; misassigned tokens {move('misassigned')} of {n}.")
     spread = [_spread(values[name][:, last]) for name in names]
     seeds = values["R"].shape[0]
-    if one:
+    if seeds == 1:
+        pass  # no spread over seeds: the table gives the one seed's values
+    elif one:
         sentences.append(f"At layer {last} the thickness over the {seeds} seeds {spread[0]}.")
     else:
         sentences.append(f"At layer {last} over the {seeds} seeds thickness 1 {spread[0]}, thickness 2 {spread[1]}.")
@@ -447,24 +458,28 @@ def _every_seed(values: dict[str, np.ndarray], names: list[str], n: int) -> list
     """What holds exactly in every seed from some layer on: a cluster flat (thickness 0; with both flat, ΔR 0
     too), and one same number of misassigned tokens."""
     flat = [_from_layer(values[name] <= ZERO) for name in names]
+    one_seed = values["misassigned"].shape[0] == 1
+    every = "" if one_seed else ", in every seed,"
     sentences = []
     if len(names) == 2 and None not in flat:
         layer = max(flat)
         zero_dr = (_from_layer(np.abs(values["dR"]) <= ZERO) or 0) <= layer
         sentences.append(
-            f"From layer {layer} on, in every seed, both clusters are flat (thickness 0{', ΔR 0' if zero_dr else ''})."
+            f"From layer {layer} on{every} both clusters are flat (thickness 0{', ΔR 0' if zero_dr else ''})."
         )
     else:
         cluster = ["the cluster"] if len(names) == 1 else ["cluster 1", "cluster 2"]
         sentences += [
-            f"From layer {layer} on, in every seed, {cluster[j]} is flat (thickness 0)."
+            f"From layer {layer} on{every} {cluster[j]} is flat (thickness 0)."
             for j, layer in enumerate(flat)
             if layer is not None
         ]
     wrong = values["misassigned"]
     same = _from_layer(wrong == wrong[0, -1])
     if len(names) == 2 and same is not None and same > 0:
-        sentences.append(f"From layer {same} on, every seed has exactly {wrong[0, -1]:.0f} of {n} tokens misassigned.")
+        count = f"{wrong[0, -1]:.0f} of {n} tokens"
+        said = f"exactly {count} are misassigned" if one_seed else f"every seed has exactly {count} misassigned"
+        sentences.append(f"From layer {same} on, {said}.")
     return sentences
 
 
@@ -558,7 +573,7 @@ def plot_toy(runs: list[ToyRun], path: str | os.PathLike) -> None:
                 if not np.isnan(low).all():
                     ax.fill_between(layers, low, high, color=color, alpha=0.15)
         seeds = len([r for r in runs if r.key == key])
-        ax.set(xlabel="layer", ylim=(-0.02, 1.02), title=f"mean and {LEVEL * 100:.0f} % interval over {seeds} seeds")
+        ax.set(xlabel="layer", ylim=(-0.02, 1.02), title=over_seeds(seeds).removeprefix("the ").replace(" its ", " "))
         if col == 0:  # every curve is a ratio or a share: one axis, 0 to 1
             ax.set_ylabel("thickness σ₂/σ₁, or share of the tokens")
         ax.title.set_fontsize(9)

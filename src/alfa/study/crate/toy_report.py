@@ -27,6 +27,7 @@ from .toy import (
     PANELS,
     ToyConfig,
     ToyRun,
+    over_seeds,
     panel_cells,
     panel_header,
     plot_toy,
@@ -116,6 +117,16 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("| " + " | ".join(row) + " |" for row in (header, rule, *rows))
 
 
+def _cell_words(seeds: int) -> str:
+    if seeds == 1:
+        return "Each cell is the one seed's value (no interval)."
+    return (
+        f"Each cell is the mean over the {seeds} seeds and its {LEVEL * 100:.0f} % interval (Student's t over the "
+        f"seeds, {seeds - 1} degree{'s' if seeds != 2 else ''} of freedom; not clipped to the range a measure can "
+        "take, so a thickness or a share can have a lower bound below 0)."
+    )
+
+
 def _seed_words(seeds: Sequence[int]) -> str:
     consecutive = list(seeds) == list(range(seeds[0], seeds[0] + len(seeds)))
     listed = f"{seeds[0]}–{seeds[-1]}" if consecutive and len(seeds) > 1 else ", ".join(map(str, seeds))
@@ -131,10 +142,7 @@ def toy_section(record: dict[str, Any], *, data: str, figure: str, alt: str) -> 
     parts = [
         f"```\n$ {record['command']}\n$ alfa pages --write\n```",
         f"Rendered from `{data}` by `alfa pages` (`alfa.study.crate.toy_report`): {_seed_words(seeds)}, "
-        f"ε = {record['config']['eps']:g}. Each cell is the mean over the {len(seeds)} seeds and its "
-        f"{LEVEL * 100:.0f} % interval (Student's t over the seeds, {len(seeds) - 1} degree"
-        f"{'s' if len(seeds) != 2 else ''} of freedom; not "
-        "clipped to the range a measure can take, so a thickness or a share can have a lower bound below 0). "
+        f"ε = {record['config']['eps']:g}. {_cell_words(len(seeds))} "
         "`--show-runs` prints every single run's table; the record holds every run.",
     ]
     for key, panel_values in values.items():
@@ -164,10 +172,7 @@ def _caption(runs: list[ToyRun], seeds: int) -> str:
     if {"c", "c-len1"} <= keys:
         scale = PANELS["c"].length / PANELS["c-len1"].length
         text += f" (in (c) the crosses are the length-1 variant's layer-{last} tokens, scaled by {scale:g})"
-    text += (
-        f". Bottom row: per layer, the mean over the {seeds} seeds and its {LEVEL * 100:.0f} % interval of each "
-        "cluster's thickness, the misassigned share"
-    )
+    text += f". Bottom row: per layer, {over_seeds(seeds)}, of each cluster's thickness, the misassigned share"
     return text + (" and the one-axis share." if "d" in keys else ".")
 
 
