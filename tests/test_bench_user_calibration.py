@@ -343,6 +343,8 @@ def test_alfa_report_writes_the_user_calibration_page_of_any_results(calibrated,
     page = (tmp_path / "u.md").read_text(encoding="utf-8")
     assert "## Error against k" in page and f"from `{out}`" in page and "alfa report --results" in page
     assert (tmp_path / "figures" / "u" / "error_vs_k.png").is_file() and "](figures/u/error_vs_k.png)" in page
+    # no link to a protocol page that is not beside it (it led nowhere outside docs/)
+    assert "The protocol is docs/user-calibration.md (§4" in page and "](user-calibration.md)" not in page
     assert "on a page of their own: `alfa report --user-calibration PAGE`" in (tmp_path / "r.md").read_text()
     assert main(sys.argv[1:]) == 0  # the pages it generated are regenerated as printed
     capsys.readouterr()

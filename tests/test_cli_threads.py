@@ -19,6 +19,8 @@ COMMANDS = [
     ["faze", "meta-train"],
     ["tpgaze", "meta-train"],
     ["tpgaze", "personalize"],
+    ["example"],  # these two had none: they ran on every core of a shared machine
+    ["speed"],
 ]
 
 
@@ -116,3 +118,25 @@ def test_a_bad_thread_count_is_one_line_before_anything_runs(tmp_path, capsys, t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"argument --threads: {said}" in err[0], err
     assert threads_seen == []
+
+
+def test_speeds_memory_children_run_with_the_commands_threads(monkeypatch):
+    """Each memory row is a fresh process: it ran with torch's own count whatever ``--threads`` said."""
+    import subprocess
+
+    import alfa.study.bench.speed as speed
+
+    codes = []
+
+    def child(argv, **kwargs):
+        codes.append(argv[-1])
+        return subprocess.CompletedProcess(argv, 0, stdout='{"resident": 1.0}\n')
+
+    monkeypatch.setattr(speed.subprocess, "run", child)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        speed._memory_mb("alfa", 32)
+    finally:
+        torch.set_num_threads(before)
+    assert codes[0].startswith("import torch; torch.set_num_threads(1); ")

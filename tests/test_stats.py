@@ -340,6 +340,19 @@ def test_the_declared_planning_table_is_the_commands_output():
     assert plan_table((3, 5, 8, 10), (11, 24, 100), (6, 2, 1)) in page
 
 
+def test_alfa_power_with_no_arguments_prints_the_declared_planning_table(capsys):
+    """Its defaults were the first protocol's (families 12 to 400, four pairs pooled): the table a reader of §7.1
+    got by typing ``alfa power`` was not the one the page declares its seeds from."""
+    from pathlib import Path
+
+    from alfa.cli import main
+    from alfa.study.bench.methods import DECLARED_FAMILY
+
+    assert main(["power"]) == 0
+    page = (Path(__file__).resolve().parent.parent / "docs" / "flip-premise.md").read_text("utf-8")
+    assert capsys.readouterr().out.strip() in page and len(DECLARED_FAMILY["v2"]) == 11
+
+
 @pytest.mark.parametrize(
     ("seeds", "said"),
     [("1", "from 2 (one seed has no spread"), ("3,3", "--seeds 3,3: name each number once"), ("1000000", "to 1000")],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .options import MODEL_HELP, at_least, default_of, file_path, seed_option, thread_count
+from .options import MODEL_HELP, at_least, default_of, file_path, seed_option, thread_count, threads_option
 from .registry import Command
 
 __all__ = ["EXAMPLE", "SPEED", "SERVING", "PAGES", "COSTS"]
@@ -32,6 +32,7 @@ def _example_arguments(p: argparse.ArgumentParser) -> None:
         help="image side, at least 32 (default %(default)s)",
     )
     seed_option(p, "the weights and images", default_of(run_example, "seed"))
+    threads_option(p)
 
 
 def _example(args: argparse.Namespace) -> None:
@@ -65,6 +66,7 @@ def _speed_arguments(p: argparse.ArgumentParser) -> None:
         help="measure only the section on transformer layers (Alfa vs LoRA/DoRA on d×d layers and a small Llama; "
         "needs the hf extra's transformers package) and add it to the page",
     )
+    threads_option(p)
 
 
 def _speed(args: argparse.Namespace) -> None:

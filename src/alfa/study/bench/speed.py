@@ -89,8 +89,12 @@ def _rss_kib(field: str) -> int:
 
 def _memory_mb(setup: str, image_size: int) -> dict[str, float]:
     """Resident memory of a fresh process: after building the model, and at its peak while it
-    runs 3 steps (Linux: the peak is reset through /proc/self/clear_refs before the steps)."""
-    code = f"from alfa.study.bench.speed import _child_steps; print(_child_steps({setup!r}, {image_size}))"
+    runs 3 steps (Linux: the peak is reset through /proc/self/clear_refs before the steps), with this process's
+    torch threads (each thread keeps buffers of its own)."""
+    code = (
+        f"import torch; torch.set_num_threads({torch.get_num_threads()}); "
+        f"from alfa.study.bench.speed import _child_steps; print(_child_steps({setup!r}, {image_size}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
