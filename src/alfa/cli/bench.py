@@ -3,7 +3,7 @@
 Each handler turns options into a :class:`~alfa.study.bench.config.BenchConfig` (or paths) and calls one
 function of the benchmark (:mod:`alfa.study.bench.runner`, :mod:`~alfa.study.bench.report_page`).
 
-    alfa bench --smoke                                   # every row kind once, tiny data, minutes (no claims)
+    alfa bench --smoke                                   # every row kind once, tiny data (no claims)
     alfa report --results runs/bench-smoke --out runs/bench-smoke/results.md
     alfa bench --quick                                   # does everything run? (no claims)
     bash scripts/queue.sh scripts/queues/LANE.txt        # the second protocol (alfa bench --standard, into
@@ -229,7 +229,7 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
         "--smoke",
         action="store_true",
         help="every row kind, method and ablation once on tiny data (the rows no other preset runs unless named "
-        "too), minutes; no claims",
+        "too), the shortest preset, still many minutes on two cores (its page gives its wall time); no claims",
     )
     preset.add_argument(
         "--quick", action="store_true", help="every pair and the main rows at a larger size, no claims (default)"

@@ -243,7 +243,7 @@ CRATE = Command(
             "few epochs on CPU, measure their in-domain and cross-domain errors and per-layer probe curves, then "
             "truncate the CRATE and personalize it with Alfa per target person. Writes DIR/results.json and "
             "DIR/probes.png and prints a table (docs/crate-gaze.md, which records the committed run's wall time "
-            "and machine; --quick is a check of the chain in a minute or two).",
+            "and machine; --quick is a check of the chain in seconds).",
             add_arguments=_gaze_arguments,
             run=_gaze,
             outputs={"out": True, "markdown": False},

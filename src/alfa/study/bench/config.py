@@ -341,7 +341,7 @@ class BenchConfig:
 
     @classmethod
     def smoke(cls, **overrides: Any) -> BenchConfig:
-        """The smoke test: every row kind, every method and every ablation once, on tiny data, in minutes. It
+        """The smoke test: every row kind, every method and every ablation once, on tiny data (the shortest preset). It
         makes no claims: its numbers are noise (a source of a dozen persons trained two epochs) and only say
         that each code path runs and that the report renders.
 
