@@ -37,7 +37,7 @@ from .interrupts import (
     quiet_shutdown,
     watching,
 )
-from .options import torch_threads
+from .options import page_head, torch_threads
 from .registry import Command, HelpFormatter, add_commands, missing_package
 
 __all__ = ["COMMANDS", "USER_ERRORS", "OS_ERROR_ADVICE", "build_parser", "error_line", "main", "quiet_shutdown"]
@@ -290,11 +290,7 @@ def _generated_by(path: Path, command_paths: tuple[str, ...]) -> bool:
     ``alfa <command path>``. Rewriting it with its regenerated form loses nothing a person wrote, so its regenerate
     command runs as the page prints it. Anything else, a page another command generated among it, is not this
     command's to replace unasked."""
-    try:
-        with path.open(encoding="utf-8", errors="replace") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
+    head = page_head(path)
     names = re.compile(r"alfa (" + "|".join(re.escape(c) for c in command_paths) + r")( |$)")
     named = re.findall(r"`([^`]*)`", head)
     return "do not edit by hand" in head.lower() and any(names.match(c) for c in named)

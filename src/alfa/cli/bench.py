@@ -30,6 +30,7 @@ from .options import (
     comma_separated,
     deterministic_kernels,
     device_option,
+    page_head,
     precision_option,
     quiet_option,
     thread_count,
@@ -125,8 +126,7 @@ def _refuse_another_report(page: Path, results: Path | str, flag: str = "--repor
     user-calibration page a main one); ``--replace`` overwrites it anyway."""
     if not page.exists():
         return
-    with page.open(encoding="utf-8", errors="replace") as f:
-        head = f.read(4096)
+    head = page_head(page)
     if f"`alfa report --results {results} " not in head or not head.startswith(PAGE_TITLES[kind]):
         raise ValueError(
             f"{flag} {page}: exists and is not the {kind} page of --results {results}; name another file, or add "

@@ -20,6 +20,7 @@ from alfa.gaze.precision import PRECISIONS, default_precision
 
 __all__ = [
     "MODEL_HELP",
+    "page_head",
     "file_path",
     "folder_path",
     "deterministic_kernels",
@@ -48,6 +49,16 @@ __all__ = [
     "default_of",
     "key_values",
 ]
+
+
+def page_head(path: Path) -> str:
+    """The first 4096 characters of a page, where a generated page says what made it ("" where there is none or it
+    cannot be read: the writability check before the command names that)."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            return f.read(4096)
+    except OSError:
+        return ""
 
 
 def deterministic_kernels() -> None:
