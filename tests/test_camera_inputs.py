@@ -63,6 +63,15 @@ def test_two_photos_never_write_one_crop_and_no_output_replaces_a_photo(checkpoi
     assert Path(a).read_bytes() == before
 
 
+def test_a_photo_named_like_a_crop_in_the_crops_folder_is_never_replaced(checkpoint, astronaut, tmp_path, capsys):
+    """q.png and q-face0.png both in --crops, with --replace: q.png's crop overwrote the photo q-face0.png (exit 0)."""
+    q, q_face = _photo(tmp_path / "q.png", astronaut), _photo(tmp_path / "q-face0.png", astronaut)
+    before = Path(q_face).read_bytes()
+    said = _refused(capsys, q, q_face, "--checkpoint", checkpoint, "--crops", str(tmp_path), "--replace")
+    assert f"{q_face} is one of these photos and is named like a crop of {q}" in said
+    assert Path(q_face).read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["q-face0.png", "q.png"]
+
+
 def test_crops_are_replaced_only_when_asked(checkpoint, tmp_path, capsys):
     argv = ["predict", "skimage:astronaut", "--checkpoint", checkpoint, "--crops", str(tmp_path), "--quiet"]
     assert main(argv) == 0

@@ -452,6 +452,14 @@ def _refuse_crop_clashes(sources: list[str], folder: Path, replace: bool) -> dic
     if not folder.is_dir():
         return {}
     earlier = {source: [p for p in folder.iterdir() if is_crop_of(p.name, source)] for source in prefixes.values()}
+    inputs = {Path(s).resolve(): s for s in sources if not s.startswith("skimage:")}
+    for source, found in earlier.items():
+        taken = [inputs[p.resolve()] for p in found if p.resolve() in inputs]
+        if taken:  # a crop written there, or --replace's clearing of earlier crops, would lose one of the photos
+            raise ValueError(
+                f"--crops {folder}: {taken[0]} is one of these photos and is named like a crop of {source}, which "
+                "would replace it: choose another --crops folder"
+            )
     clash = [source for source, found in earlier.items() if found]
     if clash and not replace:
         raise FileExistsError(
