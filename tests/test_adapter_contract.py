@@ -318,3 +318,30 @@ def test_a_layer_too_small_for_the_rank_says_target_can_leave_it_out(tmp_path):
         alfa.attach(model, alfa.PissaConfig(rank=8))
     with pytest.raises(ValueError, match=r"method 'qlora' is no adapter method; the methods: alfa, "):
         alfa.load_adapter(model, tmp_path / "any.safetensors", method="qlora")
+
+
+def test_a_rank_no_layer_can_hold_says_so_once_without_a_way_out_that_fails_too():
+    """PiSSA at d on a model truncated at d everywhere said "target= can leave it out" of the first layer, though
+    every other layer fails alike, and chained a second traceback."""
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32))
+    alfa.truncate(model, 8)
+    with pytest.raises(ValueError, match=r"^every layer it adapts \(the first, 0\): pissa rank 8 is too large") as e:
+        alfa.attach(model, alfa.PissaConfig(rank=8))
+    assert "target=" not in str(e.value) and e.value.__cause__ is None and e.value.__suppress_context__
+
+
+@pytest.mark.parametrize(
+    "layer, config",
+    [(nn.Linear(16, 16), alfa.LoraConfig(rank=2)), (nn.Conv2d(3, 8, 3), alfa.AlfaConfig(rank=2, heads=1))],
+)
+def test_a_model_that_is_one_bare_layer_is_refused_and_left_as_it_was(layer, config):
+    """alfa.truncate(nn.Linear) said "truncated 1 layers" and added an unused child named ""; attach made the
+    layer its own child (printing it then recursed without end) and froze its parameters."""
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    for act in (lambda: alfa.truncate(layer, 2), lambda: alfa.attach(layer, config)):
+        with pytest.raises(ValueError, match=r"^the model is itself the layer to replace \(a bare .*nn.Sequential"):
+            act()
+        assert list(layer.children()) == [] and all(p.requires_grad for p in layer.parameters())
+        assert layer.state_dict().keys() == before.keys()
+        assert all(torch.equal(v, before[k]) for k, v in layer.state_dict().items())
+    alfa.attach(nn.Sequential(layer), config)  # held in a module, it is adapted

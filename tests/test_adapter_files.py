@@ -158,10 +158,10 @@ def test_loading_onto_a_model_missing_a_layer(base, tmp_path):
 
 def test_loading_a_different_method_or_onto_an_adapted_model(base, tmp_path):
     path = alfa.save_adapter(_personalized(base), tmp_path / "a.safetensors")
-    with pytest.raises(AdapterFileError, match="holds a 'alfa' adapter, expected 'lora'"):
+    with pytest.raises(AdapterFileError, match="holds an adapter of method 'alfa', expected 'lora'"):
         alfa.load_adapter(copy.deepcopy(base), path, method="lora")
     busy = _personalized(base)
-    with pytest.raises(RuntimeError, match="already has a 'alfa' adapter"):
+    with pytest.raises(RuntimeError, match="already has an adapter named 'default' \\(method 'alfa'\\)"):
         alfa.load_adapter(busy, path)
     # An unknown method in the header.
     tensors = {k: v.detach() for k, v in adapter_parameters(busy).items()}

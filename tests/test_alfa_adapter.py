@@ -213,7 +213,7 @@ def test_bad_input_errors(small_net):
         alfa.attach(small_net, {"heads": 8})
     alfa.truncate(small_net, rank=6)
     alfa.attach(small_net, alfa.AlfaConfig(rank=4))
-    with pytest.raises(RuntimeError, match="already has a 'alfa' adapter"):
+    with pytest.raises(RuntimeError, match="already has an adapter named 'default' \\(method 'alfa'\\)"):
         alfa.attach(small_net, alfa.AlfaConfig(rank=4))
     with pytest.raises(RuntimeError, match="before attaching an adapter"):
         alfa.truncate(small_net, rank=4)

@@ -69,7 +69,8 @@ def test_a_photo_named_like_a_crop_in_the_crops_folder_is_never_replaced(checkpo
     before = Path(q_face).read_bytes()
     said = _refused(capsys, q, q_face, "--checkpoint", checkpoint, "--crops", str(tmp_path), "--replace")
     assert f"{q_face} is one of these photos and is named like a crop of {q}" in said
-    assert Path(q_face).read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["q-face0.png", "q.png"]
+    assert Path(q_face).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q-face0.png", "q.png"]
 
 
 def test_crops_are_replaced_only_when_asked(checkpoint, tmp_path, capsys):
@@ -87,7 +88,7 @@ def test_crops_are_replaced_only_when_asked(checkpoint, tmp_path, capsys):
 
 def test_options_that_would_do_nothing_are_refused(checkpoint, tmp_path, capsys):
     photo = ["skimage:astronaut", "--checkpoint", checkpoint]
-    assert "--smooth apply to videos (with --video); these are photos" in _refused(capsys, *photo, "--smooth", "0.3")
+    assert "--smooth applies to videos (with --video); these are photos" in _refused(capsys, *photo, "--smooth", "0.3")
     assert "--smooth and --every apply to videos" in _refused(capsys, *photo, "--smooth", "0.3", "--every", "2")
     video = [str(tmp_path / "v.mp4"), "--video", "--checkpoint", checkpoint]
     assert "a video is read by its largest face per frame" in _refused(capsys, *video, "--faces", "all")

@@ -191,3 +191,18 @@ def test_the_structure_alone_is_the_truncation_without_its_svds(small_net, monke
     assert torch.equal(shaped(x), real(x))
     with pytest.raises(AssertionError, match="an SVD was computed"):  # the check can fail: weights=True needs one
         alfa.truncate(copy.deepcopy(small_net), rank=4)
+
+
+def test_truncating_again_at_another_rank_is_refused_before_anything_changes():
+    """A second alfa.truncate at rank 4 gave rank 4 to the one layer left dense at 8 and kept the others at 8,
+    reporting only the one."""
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 3))
+    assert str(alfa.truncate(model, 8)).startswith("truncated 2 layers at rank 8")
+    ranks = factorized_ranks(model)
+    with pytest.raises(ValueError, match=r"^the model is already truncated \(0 at rank 8, 2 layers at another rank"):
+        alfa.truncate(model, 4)
+    assert factorized_ranks(model) == ranks and isinstance(model[2], nn.Linear)
+    other = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32))
+    alfa.truncate(other, 16, target=["0"])  # other layers by target, each at a rank of its own: as asked
+    assert str(alfa.truncate(other, 8, target=["1"])).startswith("truncated 1 layer at rank 8")
+    assert factorized_ranks(other) == {"0": 16, "1": 8}

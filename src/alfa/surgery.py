@@ -35,6 +35,7 @@ __all__ = [
     "first_entry_left_out",
     "is_compiled_wrapper",
     "replace_module",
+    "root_refusal",
     "require_flags",
     "shared_parameters",
     "tie_refusal",
@@ -110,10 +111,21 @@ def check_names(field_name: str, value: Any) -> None:
 
 
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    """Put ``new`` at the dotted path ``name`` inside ``model``."""
+    """Put ``new`` at the dotted path ``name`` inside ``model``; the model itself (``name`` ``""``) cannot be replaced
+    in place: the caller holds it."""
+    if not name:
+        raise ValueError(root_refusal(model))
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, new)
+
+
+def root_refusal(model: nn.Module) -> str:
+    """Why a model that is itself a selected layer (a bare ``nn.Linear``) is refused: its caller holds it."""
+    return (
+        f"the model is itself the layer to replace (a bare {type(model).__name__}): a layer is replaced inside the "
+        "module that holds it, so hold it in one, e.g. nn.Sequential(layer)"
+    )
 
 
 def shared_parameters(model: nn.Module) -> dict[str, list[str]]:

@@ -51,7 +51,8 @@ class TruncationReport:
     left_dense: dict[str, str] = field(default_factory=dict)  # name -> reason
 
     def __str__(self) -> str:
-        lines = [f"truncated {len(self.factorized)} layers at rank {self.rank}"]
+        count = len(self.factorized)
+        lines = [f"truncated {count} layer{'s' * (count != 1)} at rank {self.rank}"]
         for name, reason in self.left_dense.items():
             lines.append(f"  left dense: {name} ({reason})")
         return "\n".join(lines)
@@ -107,6 +108,7 @@ def truncate(
     refusal = structure_refusal(model, "truncate")
     if refusal is not None:
         raise RuntimeError(refusal)
+    _refuse_another_rank(model, rank, target)
     report = TruncationReport(rank=rank)
     candidates = [
         (name, mod)
@@ -151,9 +153,27 @@ def truncate(
         none = "no Linear/Conv2d layer matches it" if target is not None else "no Linear/Conv2d layers"
         detail = "; ".join(reasons[:3]) + more or none
         where = f" matching {target!r}" if target is not None else ""
-        raise ValueError(f"no layer{where} can be truncated at rank {rank} with a saving ({detail})")
+        raise ValueError(f"no layer{where} can be truncated at rank {rank} ({detail})")
     guard_save_pretrained(model)
     return report
+
+
+def _refuse_another_rank(model: nn.Module, rank: int, target: str | Sequence[str] | None) -> None:
+    """A model truncated at one rank, truncated again at another over the same layers, would keep the first rank
+    where it was and give the second only to the layers then left dense: refused before anything changes."""
+    other = {
+        name: mod.rank
+        for name, mod in model.named_modules()
+        if is_factorized(mod) and target_matches(target, name) and mod.rank != min(rank, mod.spec.m, mod.spec.n)
+    }
+    if other:
+        first = next(iter(other))
+        raise ValueError(
+            f"the model is already truncated ({first} at rank {other[first]}, {len(other)} layer"
+            f"{'s' * (len(other) != 1)} at another rank than {rank}); truncating again would leave them so and give "
+            f"rank {rank} only to the layers still dense. Truncate the dense model once, at the rank you want, or "
+            "select the layers to truncate with target="
+        )
 
 
 def _refuse_names_left_out(model: nn.Module, target: object, candidates: list[str]) -> None:

@@ -479,7 +479,7 @@ def load_adapter(
         raise ValueError(f"load_adapter: method {method!r} is no adapter method; the methods: {', '.join(METHODS)}")
     meta = read_adapter_metadata(path)
     if method is not None and meta["method"] != method:
-        raise AdapterFileError(f"{path}: holds a {meta['method']!r} adapter, expected {method!r}")
+        raise AdapterFileError(f"{path}: holds an adapter of method {meta['method']!r}, expected {method!r}")
     try:
         config = config_from_dict(meta["method"], meta["config"])
     except (ValueError, TypeError) as e:
@@ -487,7 +487,7 @@ def load_adapter(
     current = _states(model).get(name)
     if current is not None and not replace:
         raise RuntimeError(
-            f"the model already has a {current.config.method!r} adapter named {name!r}; pass replace=True, "
+            f"the model already has an adapter named {name!r} (method {current.config.method!r}); pass replace=True, "
             f"another name=, or call alfa.detach"
         )
     active = adapter_state(model)

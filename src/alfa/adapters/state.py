@@ -30,6 +30,7 @@ from ..surgery import (
     replace_module,
     require_flags,
     require_module,
+    root_refusal,
     shared_parameters,
     tie_refusal,
 )
@@ -427,9 +428,9 @@ def attach(model: nn.Module, config: AdapterConfig, name: str = DEFAULT_ADAPTER)
     if name in registry.adapters:
         existing = registry.adapters[name]
         raise RuntimeError(
-            f"the model already has a {existing.config.method!r} adapter named {name!r} on {len(existing.targets)} "
-            f"layers; call alfa.merge or alfa.detach (or alfa.delete_adapter) before attaching another, or attach "
-            f"it under another name"
+            f"the model already has an adapter named {name!r} (method {existing.config.method!r}) on "
+            f"{len(existing.targets)} layer{'s' * (len(existing.targets) != 1)}; call alfa.merge or alfa.detach (or "
+            "alfa.delete_adapter) before attaching another, or attach it under another name"
         )
     if registry.adapters:
         model_scope = [s for s in [config, *(s.config for s in registry.adapters.values())] if s.scope == "model"]
@@ -450,6 +451,9 @@ def attach(model: nn.Module, config: AdapterConfig, name: str = DEFAULT_ADAPTER)
     except BaseException:
         if previous is not None:
             _activate(model, previous)
+        else:  # a failure after the base was frozen leaves its flags as they were
+            for n, p in model.named_parameters():
+                p.requires_grad_(requires_grad.get(n, p.requires_grad))
         raise
     registry.adapters[name] = state
     registry.active = name
@@ -504,15 +508,21 @@ def _build_state(model: nn.Module, config: AdapterConfig, name: str, requires_gr
     names = candidate_layers(model, config, saved)
     check_sizes(model, config, names)
     layer_config = config.resolved_for(model, names)
+    if "" in names:  # said before anything is built or frozen
+        raise ValueError(root_refusal(model))
     built: dict[str, AdaptedLayer] = {}
+    failed: dict[str, ValueError | TypeError] = {}
     for layer_name in names:  # build every wrapper before touching the model
-        base = model.get_submodule(layer_name)
         try:
-            built[layer_name] = layer_config.build(base)
+            built[layer_name] = layer_config.build(model.get_submodule(layer_name))
         except (ValueError, TypeError) as e:
-            # one small layer (a 3-output head) fails the whole attach: say how to leave it out
-            others = " (target= can leave it out: the other layers are adapted alike)" if len(names) > 1 else ""
-            raise type(e)(f"{layer_name}: {e}{others}") from e
+            failed[layer_name] = e
+    if failed:
+        first, e = next(iter(failed.items()))
+        if len(failed) < len(names):  # one small layer (a 3-output head) fails the whole attach: how to leave it out
+            raise type(e)(f"{first}: {e} (target= can leave it out: the other layers are adapted alike)") from None
+        where = first if len(names) == 1 else f"every layer it adapts (the first, {first})"
+        raise type(e)(f"{where}: {e}") from None
     warn_sizes(model, config, names)  # once every layer is built: an attach that fails says only why
     state.targets = names
     state.layers = built

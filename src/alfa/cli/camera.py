@@ -182,7 +182,8 @@ def _refuse_unused_options(args: argparse.Namespace) -> None:
         raise ValueError("--faces all reads every face of a photo; a video is read by its largest face per frame")
     unused = [f"--{name}" for name in ("smooth", "every") if getattr(args, name) is not None]
     if unused and not args.video:
-        raise ValueError(f"{' and '.join(unused)} apply to videos (with --video); these are photos")
+        verb = "apply" if len(unused) > 1 else "applies"
+        raise ValueError(f"{' and '.join(unused)} {verb} to videos (with --video); these are photos")
 
 
 PREDICT = Command(
