@@ -273,7 +273,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
     for name in () if getattr(args, "replace", False) else args.replaceable:
         value = getattr(args, name, None)
         writers = (args.command_path, *getattr(args, "rewrites", ()))
-        if value is None or _generated_by(Path(value), writers):  # its data beside it is ours too
+        # a page this command generated is rewritten, and its data beside it, which is ours too
+        if value is None or (name in args.pages and _generated_by(Path(value), writers)):
             continue
         if os.path.lexists(value):  # a link to nowhere too: what it names would be written
             raise ValueError(f"--{_flag(name)} {value}: exists; name another file, or add --replace to overwrite it")

@@ -355,6 +355,7 @@ BENCH = Command(
     add_arguments=_bench_arguments,
     run=_bench,
     outputs={"out": True, "report": False},
+    pages=frozenset({"report"}),
     rewrites=("report",),  # the page --report writes is `alfa report`'s, rewritten as the run it reports resumes
     # not held: pieces of one benchmark fill one folder at once, merged into results.json under its file lock
     shared=frozenset({"out"}),
@@ -368,6 +369,7 @@ REPORT = Command(
     add_arguments=_report_arguments,
     run=_report,
     outputs={"out": False, "figures": True, "data_to": True, "user_calibration": False},
+    pages=frozenset({"out", "user_calibration"}),
     extra="study",
 )
 

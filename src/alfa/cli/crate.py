@@ -247,6 +247,7 @@ CRATE = Command(
             add_arguments=_gaze_arguments,
             run=_gaze,
             outputs={"out": True, "markdown": False},
+            pages=frozenset({"markdown"}),
         ),
     ),
 )

@@ -767,6 +767,7 @@ THROUGHPUT = Command(
     add_arguments=_throughput_arguments,
     run=_throughput,
     outputs={"out": False},
+    pages=frozenset({"out"}),
     data_beside=frozenset({"out"}),
     extra="gaze",
 )

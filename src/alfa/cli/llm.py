@@ -236,6 +236,7 @@ LLM = Command(
             add_arguments=_bench_arguments,
             run=_bench,
             outputs={"out": True, "cache": True, "data_to": False, "markdown": False},
+            pages=frozenset({"markdown"}),
             folder_kinds={"out": "own"},
             # --out is this run's alone; the cache is every run's (the default one too), each base made under its
             # own lock (llm.pretrain.pretrain): two benches into other --out folders run at once
@@ -254,6 +255,7 @@ LLM = Command(
             add_arguments=_time_arguments,
             run=_time,
             outputs={"record": False, "markdown": False},
+            pages=frozenset({"markdown"}),
             keeps=frozenset({"record"}),  # its timing is replaced only under --replace (_timed_record)
         ),
     ),

@@ -50,8 +50,9 @@ class Command:
     merge their work safely by themselves (a benchmark's pieces; a cache whose models are each made under a lock of
     their own). A file output that exists is refused before ``run`` starts unless ``--replace`` is given (added to
     every command that writes a file, where it has none),
-    except a page this command generated (it says "Do not edit by hand" and names the command: its regenerate
-    command then runs as printed; ``rewrites`` names other commands whose pages this one regenerates alike) and
+    except one of ``pages`` (the outputs that are generated pages) that this command generated (it says "Do not
+    edit by hand" and names the command: its regenerate command then runs as printed; ``rewrites`` names other
+    commands whose pages this one regenerates alike) and
     those in ``keeps``: files the command adds to or checks itself (an access log it appends to, a
     record it updates under its own rule, the copy of the records of a run it resumes, which it checks itself).
     ``data_beside`` names the file outputs beside which the command writes the page's data as ``<name>.json``,
@@ -78,6 +79,7 @@ class Command:
     shared: frozenset[str] = frozenset()
     keeps: frozenset[str] = frozenset()
     rewrites: tuple[str, ...] = ()
+    pages: frozenset[str] = frozenset()
     data_beside: frozenset[str] = frozenset()
     plotted_beside: frozenset[str] = frozenset()
     extra: str | None = None
@@ -124,6 +126,7 @@ def add_commands(
             outputs=dict(command.outputs),
             held=tuple(name for name, folder in command.outputs.items() if folder and name not in command.shared),
             replaceable=files,
+            pages=tuple(name for name in files if name in command.pages),
             sidecars=_sidecars(command, files),
             command_path=" ".join(names),
             rewrites=command.rewrites,
@@ -144,11 +147,16 @@ def add_commands(
             continue
         if files and "--replace" not in parser._option_string_actions:
             flags = " or ".join(f"--{name.replace('_', '-')}" for name in files)
+            page = (
+                ", except a page this command generated, which says so near its top: it is rewritten"
+                if command.pages & set(files)
+                else ""
+            )
             parser.add_argument(
                 "--replace",
                 action="store_true",
-                help=f"overwrite the file {flags} names if it exists (by default that is refused before anything runs, "
-                "except a page this command generated, which says so near its top: it is rewritten)",
+                help=f"overwrite the file {flags} names if it exists (by default that is refused before anything "
+                f"runs{page})",
             )
 
 
@@ -183,7 +191,15 @@ def _stand_in(parser: argparse.ArgumentParser, error: ModuleNotFoundError, extra
         raise error
 
     parser.set_defaults(
-        func=run, outputs={}, held=(), replaceable=(), sidecars={}, mixed=frozenset(), distributed=False, stand_in=True
+        func=run,
+        outputs={},
+        held=(),
+        replaceable=(),
+        pages=(),
+        sidecars={},
+        mixed=frozenset(),
+        distributed=False,
+        stand_in=True,
     )
 
 

@@ -254,6 +254,7 @@ SPEED = Command(
     add_arguments=_speed_arguments,
     run=_speed,
     outputs={"out": False},
+    pages=frozenset({"out"}),
     extra="study",
 )
 SERVING = Command(
@@ -265,6 +266,7 @@ SERVING = Command(
     add_arguments=_serving_arguments,
     run=_serving,
     outputs={"out": False},
+    pages=frozenset({"out"}),
     data_beside=frozenset({"out"}),
     extra="study",
 )
