@@ -424,6 +424,16 @@ def test_adapters_given_as_a_file_are_said_to_be_one(world, capsys):
     assert err == f"{adapter} is a file, not a folder: the adapters are a folder of <user>.safetensors files"
 
 
+def test_a_models_folder_given_as_adapters_is_refused_before_serving(world, tmp_path, capsys):
+    """alfa serve --adapters runs/model started, and answered 404 to a user named "model"."""
+    shutil.copy(world[0], tmp_path / "model.safetensors")
+    for extra in (["--port", "0"], ["--selftest"]):
+        err = _one_error_line(capsys, ["serve", "--checkpoint", str(world[0]), "--adapters", str(tmp_path), *extra])
+        assert err.startswith(f"--adapters {tmp_path} holds a model (model.safetensors), not users' files")
+    argv = ["evaluate", "--checkpoint", str(world[0]), "--data", "synthetic:mpii", "--adapters", str(tmp_path)]
+    assert main(argv) == 2 and "holds a model (model.safetensors)" in capsys.readouterr().err
+
+
 def test_a_taken_port_is_one_line_with_one_hint(world, capsys):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

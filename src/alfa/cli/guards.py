@@ -34,6 +34,7 @@ __all__ = [
     "prompts_sized_to",
     "raise_if_incomplete",
     "refuse_a_model_that_is_not_a_gaze_model",
+    "refuse_a_model_folder_as_users",
     "refuse_adapters_none_fits",
     "refuse_calibrations_under_tta",
     "refuse_foreign_adapters",
@@ -161,6 +162,18 @@ def remove_listed(folder: Path) -> None:
         (folder / name).unlink(missing_ok=True)
 
 
+def refuse_a_model_folder_as_users(adapters: str | Path) -> None:
+    """``--adapters`` naming a model's folder (``alfa pretrain``'s, ``alfa truncate``'s): its model would be taken
+    for a user named ``model`` (alfa serve started and answered 404 to that user), so it is one line at once."""
+    from alfa.gaze.train_state import MODEL_FILE
+
+    if (Path(adapters) / MODEL_FILE).is_file():
+        raise ValueError(
+            f"--adapters {adapters} holds a model ({MODEL_FILE}), not users' files: name the folder alfa personalize "
+            "or alfa calibrate wrote (its --out)"
+        )
+
+
 def adaptation_count(args: argparse.Namespace) -> int:
     """How many first images per person ``evaluate`` leaves out: the count the adapters were made from, as
     their folder's ``personalization.json`` records it (a different ``--n-adapt`` would score adaptation
@@ -173,6 +186,8 @@ def adaptation_count(args: argparse.Namespace) -> int:
         raise FileNotFoundError(
             f"--adapters {args.adapters}: {what} (alfa personalize --out or alfa calibrate --out writes the folder)"
         )
+    if args.adapters is not None:
+        refuse_a_model_folder_as_users(args.adapters)
     # the recipe is all this reads: a record without persons is taken
     made = read_record(args.adapters, need_persons=False) if args.adapters else None
     if made is None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from .guards import check_finished, refuse_calibrations_under_tta
+from .guards import check_finished, refuse_a_model_folder_as_users, refuse_calibrations_under_tta
 from .options import at_least, default_of, tta_of, tta_option
 from .registry import Command
 
@@ -163,6 +163,8 @@ def _serve(args: argparse.Namespace) -> None:
     _resolve(args)
     if args.checkpoint is not None:
         check_finished(args.checkpoint)
+    if args.adapters is not None:
+        refuse_a_model_folder_as_users(args.adapters)
     if args.selftest:
         _selftest(args)
         return
