@@ -409,3 +409,12 @@ def test_a_file_that_does_not_fit_a_merged_model_leaves_its_merge_undoable(tmp_p
     alfa.unmerge(model)  # was: "cannot unmerge: the model holds no merge to undo"
     with torch.no_grad():
         torch.testing.assert_close(model(x), before)
+
+
+def test_a_model_no_constructor_is_registered_for_is_not_saved_as_one_load_could_not_rebuild(tmp_path):
+    """save_model wrote it without a word, and load_model then said "unknown model 'tiny'"."""
+    from alfa.checkpoint import save_model
+
+    with pytest.raises(ValueError, match=r"no model is registered as 'tiny', so load_model could not rebuild .*"):
+        save_model(tmp_path / "tiny.safetensors", nn.Sequential(nn.Linear(4, 2)), "tiny")
+    assert list(tmp_path.iterdir()) == []

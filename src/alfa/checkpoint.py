@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from .adapters.io import refuse_non_finite, tensor_checksum
 from .adapters.state import adapted_layers
 from .fileio import kind_of_file, require_path, write_safetensors
-from .models import create_model
+from .models import create_model, list_models
 from .surgery import require_flags
 from .truncate import factorized_ranks, restore_structure
 
@@ -145,6 +145,12 @@ def save_model(
     records a checksum of its tensors, verified on load. An attached adapter is refused (the file could not be
     rebuilt: its adapted layers are no model's), as :func:`save_pretrained` refuses it."""
     _refuse_attached_adapter(model, "alfa.checkpoint.save_model")
+    if model_name not in list_models() and not model_name.startswith("transformers:"):  # (save_pretrained's own)
+        raise ValueError(
+            f"alfa.checkpoint.save_model: no model is registered as {model_name!r}, so load_model could not rebuild "
+            f"this file; register its constructor first (@alfa.models.register_model on a function named "
+            f"{model_name!r} that builds it from model_kwargs). Registered: {', '.join(list_models())}"
+        )
     tensors, tied = _file_tensors(model)
     config = {
         "model": model_name,
