@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -361,3 +362,20 @@ def test_a_conversion_that_changes_what_the_photo_shows_is_noted(mode, fmt, note
     buffer = io.BytesIO()
     Image.new(mode, (64, 64)).save(buffer, format=fmt)
     assert decode_photo(buffer.getvalue())[1] == notes
+
+
+@pytest.mark.parametrize(
+    "image, got",
+    [
+        (np.zeros((64, 64), np.uint8), "uint8 (64, 64)"),
+        (np.zeros((64, 64, 3), np.float32), "float32 (64, 64, 3)"),
+        (np.zeros((64, 64, 4), np.uint8), "uint8 (64, 64, 4)"),
+        ([[0]], "list"),
+    ],
+)
+def test_detect_faces_names_the_image_it_takes(image, got):
+    """A grey or float image gave OpenCV's own assertion from inside its colour conversion."""
+    from alfa.gaze.camera import detect_faces
+
+    with pytest.raises(ValueError, match=rf"^detect_faces takes an RGB uint8 image \(H, W, 3\), got {re.escape(got)} "):
+        detect_faces(image)

@@ -68,6 +68,10 @@ def test_a_json_file_not_in_utf8_is_called_utf16_only_when_it_looks_like_it(tmp_
     for name in ("utf16le.json", "utf16.json"):
         with pytest.raises(ValueError, match=r"is not UTF-8 text \(saved as UTF-16\? save it as UTF-8\)"):
             load_camera(tmp_path / name)
+    # a photo named where the JSON goes was "not UTF-8 text (... saved in Latin-1 ...?)"
+    (tmp_path / "face.jpg").write_bytes(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(range(128, 256)))
+    with pytest.raises(ValueError, match=r"face.jpg is a JPEG image, not a JSON file$"):
+        load_camera(tmp_path / "face.jpg")
 
 
 def test_meta_prompts_given_as_a_folder_point_to_the_prompts_file(checkpoints, tmp_path, capsys):

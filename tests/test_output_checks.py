@@ -66,8 +66,16 @@ def test_the_check_leaves_nothing_behind(tmp_path):
     not (os.path.isdir("/sys") and os.access("/sys", os.W_OK)), reason="needs root, whom os.access lets into /sys"
 )
 def test_root_is_refused_in_sys_up_front():
-    with pytest.raises(ValueError, match=r"--json /sys/c.json cannot be written: /sys"):
+    with pytest.raises(ValueError, match=r"--json /sys/c.json cannot be written: /sys refuses a new file \("):
         fileio.check_writable("/sys/c.json", what="--json")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_folder_that_takes_no_new_files_is_not_said_to_be_missing():
+    """/proc says "No such file or directory" of a new file in it: the message read "/proc: No such file or
+    directory", of a folder that is there."""
+    with pytest.raises(ValueError, match=r"^--out /proc/x.onnx cannot be written: /proc takes no new files \("):
+        fileio.check_writable("/proc/x.onnx", what="--out")
 
 
 def test_a_failed_write_names_the_users_path_not_the_temporary_file(tmp_path):

@@ -397,7 +397,9 @@ def _try_writing_in(folder: Path, path: Path, what: str) -> None:
     try:
         fd, probe = tempfile.mkstemp(prefix=".alfa-write-check-", dir=folder)
     except OSError as e:
-        raise ValueError(f"{what} {path} cannot be written: {folder}: {e.strerror or e}") from None
+        # /proc says "No such file or directory" of a folder that is there: the words say which is meant
+        said = "takes no new files" if e.errno == errno.ENOENT else "refuses a new file"
+        raise ValueError(f"{what} {path} cannot be written: {folder} {said} ({e.strerror or e})") from None
     os.close(fd)
     with contextlib.suppress(OSError):
         os.unlink(probe)

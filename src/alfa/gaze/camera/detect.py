@@ -82,6 +82,10 @@ def detect_faces(rgb: np.ndarray) -> list[FaceDetection]:
     photo, and every landmark would be the average face's guess."""
     import cv2
 
+    if not isinstance(rgb, np.ndarray) or rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
+        # said here, not as OpenCV's assertion from inside its colour conversion
+        got = f"{rgb.dtype} {tuple(rgb.shape)}" if isinstance(rgb, np.ndarray) else type(rgb).__name__
+        raise ValueError(f"detect_faces takes an RGB uint8 image (H, W, 3), got {got} (read_photo reads a file so)")
     gray = cv2.equalizeHist(cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY))
     # A large photo is searched at DETECT_SIDE: at full size the cascade finds faces in a phone photo's texture
     # (a 1024-pixel portrait gave two, a 4000-pixel one eleven), and takes seconds. Landmarks use the full size.

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...fileio import kind_of_file
 from ..geometry import pitchyaw_to_vector, vector_to_pitchyaw
 
 __all__ = [
@@ -195,6 +196,9 @@ def read_json_file(path: str | os.PathLike) -> Any:
     try:
         return json.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError as e:
+        kind = kind_of_file(path)  # a photo named where its JSON file goes is no text in another encoding
+        if kind not in (None, "a JSON file"):
+            raise ValueError(f"{path} is {kind}, not a JSON file") from None
         raise ValueError(f"{path} is not UTF-8 text ({_encoding_guess(raw, e)} save it as UTF-8)") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not JSON ({e.msg}, line {e.lineno})") from None
