@@ -21,6 +21,7 @@ from alfa.gaze.losses import flip_symmetry_loss
 from alfa.models import resnet18_gaze
 from alfa.truncate import DEFAULT_RANK
 
+from .bench.markdown import byte_size
 from .bench.measure import interleaved_seconds, middle_half
 
 
@@ -81,8 +82,8 @@ def run_example(
         with torch.no_grad():
             same = torch.equal(reloaded(x), model(x))
     verdict = "identical" if same else "DIFFERENT"
-    print(f"per-user adapter file: {size / 1e6:.2f} MB (reloads onto the shared base: {verdict})")
-    print(f"  compact form (one d×d mixing matrix per layer, for inference): {compact / 1e6:.2f} MB")
+    print(f"per-user adapter file: {byte_size(size)} (reloads onto the shared base: {verdict})")
+    print(f"  compact form (one d×d mixing matrix per layer, for inference): {byte_size(compact)}")
 
     with torch.no_grad():
         unmerged_out = model(x)

@@ -58,6 +58,8 @@ from alfa.study.timing import cpu_name, median_cell, median_interval
 from alfa.summary import parameter_summary
 from alfa.truncate import truncate
 
+from .markdown import byte_size
+
 __all__ = [
     "CostRow",
     "FAMILY_ORDER",
@@ -273,12 +275,6 @@ def _count(n: int) -> str:
     return f"{n / 1e6:.3f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e3 else str(n)
 
 
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "—"
-    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
-
-
 def format_table(rows: list[CostRow]) -> str:
     """A Markdown table of :func:`cost_table`'s rows."""
     head = (
@@ -296,7 +292,7 @@ def format_table(rows: list[CostRow]) -> str:
             inference = f"{r.inference_gflop:.1f} | {median_cell(r.inference_rounds_ms, r.inference_ms)}"
         lines.append(
             f"| {r.base} | {r.method} | {_count(r.trainable)} | {_count(r.merged_params)} | {r.merge} "
-            f"| {_count(r.compact_params)} | {_bytes(r.adapter_bytes)} | {_bytes(r.compact_bytes)} "
+            f"| {_count(r.compact_params)} | {byte_size(r.adapter_bytes)} | {byte_size(r.compact_bytes)} "
             f"| {step} | {inference} |"
         )
     return "\n".join(lines)
@@ -367,14 +363,14 @@ def _sizes_sentence(rows: list[CostRow]) -> str:
     alfa, lora = by_method["alfa"], by_method["lora"]
     headers = [(r.adapter_bytes - 4 * r.trainable) / 2**10 for r in files]
     sentence = (
-        f"Per-user files: from {_bytes(small.adapter_bytes)} ({small.method}) to {_bytes(large.adapter_bytes)} "
+        f"Per-user files: from {byte_size(small.adapter_bytes)} ({small.method}) to {byte_size(large.adapter_bytes)} "
         f"({large.method}); beyond 4 bytes per trainable number each holds {min(headers):.1f}–{max(headers):.1f} KiB "
         f"of JSON header. Alfa trains {alfa.trainable / lora.trainable:.1f}× LoRA's numbers "
-        f"({_bytes(alfa.adapter_bytes)} against {_bytes(lora.adapter_bytes)})"
+        f"({byte_size(alfa.adapter_bytes)} against {byte_size(lora.adapter_bytes)})"
     )
     if alfa.compact_bytes:
         ratio = lora.adapter_bytes / alfa.compact_bytes
-        sentence += f", but its compact file is {_bytes(alfa.compact_bytes)}: {ratio:.1f}× smaller than LoRA's file"
+        sentence += f", but its compact file is {byte_size(alfa.compact_bytes)}: {ratio:.1f}× smaller than LoRA's file"
     return sentence + "."
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 __all__ = [
+    "byte_size",
     "table",
     "number",
     "degrees_detected",
@@ -17,6 +18,13 @@ __all__ = [
     "seeds_note",
     "clear_count",
 ]
+
+
+def byte_size(n: float | None) -> str:
+    """``n`` bytes in MiB (KiB below one MiB), as every page and printout gives a file's size; ``—`` for none."""
+    if n is None:
+        return "—"
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:

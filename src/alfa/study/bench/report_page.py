@@ -32,7 +32,7 @@ from . import report_prose as prose
 from .ablations import REGISTRY, table_layout
 from .calibration import calibration_statement, declared_run_paragraph
 from .flip_report import constructed_control_section, flip_sections, flip_summary
-from .markdown import degrees_detected, seeds_words, span
+from .markdown import byte_size, degrees_detected, seeds_words, span
 from .methods import (
     CONSTRUCTED_CONTROLS,
     DECLARED_FAMILY,
@@ -51,7 +51,6 @@ from .record import Record, as_records
 from .report_figures import ablation_curves, default_figure_dir, render_figures, update_rank_lines
 from .report_tables import (
     ablation_table,
-    byte_size,
     cost_rows,
     cost_table,
     parts_table,

@@ -15,8 +15,8 @@ from alfa.gaze.pnpga import PUBLISHED as PNPGA_PUBLISHED
 
 from ..timing import median_text
 from .flip_report import table_rows
+from .markdown import byte_size, seeds_note, spans, usual_seeds
 from .markdown import number as _num
-from .markdown import seeds_note, spans, usual_seeds
 from .markdown import table as _table
 from .measures import PARTS, constant_prediction, part, sanity_summary
 from .methods import EXTRA_METHODS, table_methods, with_tta_rows
@@ -27,7 +27,6 @@ from .stats import Index, Stat, cell, diff, level, pairs_of, pooled, seeds_of, s
 from .tta_report import latency_ratio
 
 __all__ = [
-    "byte_size",
     "pnpga_domain_table",
     "lora_family",
     "cost_rows",
@@ -70,13 +69,6 @@ def _count(n: int | None) -> str:
     if n is None:
         return "—"
     return f"{n / 1e6:.3f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e3 else str(n)
-
-
-def byte_size(n: float | None) -> str:
-    """``n`` bytes in MiB (KiB below one MiB); ``—`` when there is none."""
-    if n is None:
-        return "—"
-    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def _merge_note(merge: str | None) -> str:
