@@ -262,7 +262,7 @@ def test_device_check_help_and_stray_arguments_run_nothing(tmp_path):
 def test_device_check_says_which_stages_an_earlier_run_finished_instead_of_quoting_their_speeds(tmp_path):
     """Run again into the same folder, the stages resume: a finished pre-training is loaded, not trained, and the
     speeds the script printed for it were the first run's (perhaps another machine's), as if timed again."""
-    import torch
+    from tiny_models import TinyGazeNet
 
     import alfa
 
@@ -274,7 +274,8 @@ def test_device_check_says_which_stages_an_earlier_run_finished_instead_of_quoti
         if stage == "recovered":
             history["result"]["recovery_history"] = [{"seconds": seconds}]
         extra = {**history, "data": {"images": 100}}
-        alfa.checkpoint.save_model(out / stage / "model.safetensors", torch.nn.Linear(2, 2), "tiny", extra=extra)
+        model = TinyGazeNet()  # a registered model: save_model refuses a name load_model could not rebuild
+        alfa.checkpoint.save_model(out / stage / "model.safetensors", model, "tiny_gaze_net", extra=extra)
     hour_ago = datetime.datetime.now().timestamp() - 3600
     os.utime(out / "pretrain" / "model.safetensors", (hour_ago, hour_ago))  # before this run: an earlier run's
     later = datetime.datetime.now().timestamp() + 3600

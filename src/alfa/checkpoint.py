@@ -36,6 +36,7 @@ from .truncate import factorized_ranks, restore_structure
 __all__ = [
     "CheckpointError",
     "save_model",
+    "refuse_unregistered_model",
     "model_checksum",
     "load_model",
     "read_checkpoint",
@@ -129,6 +130,17 @@ def _refuse_attached_adapter(model: nn.Module, saver: str) -> None:
         )
 
 
+def refuse_unregistered_model(model_name: str, who: str) -> None:
+    """``ValueError`` where no constructor is registered as ``model_name``: :func:`load_model` could not rebuild a
+    file saved under it (checked before a training run that will save one, not after its first epoch)."""
+    if model_name not in list_models() and not model_name.startswith("transformers:"):  # (save_pretrained's own)
+        raise ValueError(
+            f"{who}: no model is registered as {model_name!r}, so load_model could not rebuild its file; register "
+            f"its constructor first (@alfa.models.register_model on a function named {model_name!r} that builds it "
+            f"from model_kwargs). Registered: {', '.join(list_models())}"
+        )
+
+
 def save_model(
     path: str | os.PathLike,
     model: nn.Module,
@@ -145,12 +157,7 @@ def save_model(
     records a checksum of its tensors, verified on load. An attached adapter is refused (the file could not be
     rebuilt: its adapted layers are no model's), as :func:`save_pretrained` refuses it."""
     _refuse_attached_adapter(model, "alfa.checkpoint.save_model")
-    if model_name not in list_models() and not model_name.startswith("transformers:"):  # (save_pretrained's own)
-        raise ValueError(
-            f"alfa.checkpoint.save_model: no model is registered as {model_name!r}, so load_model could not rebuild "
-            f"this file; register its constructor first (@alfa.models.register_model on a function named "
-            f"{model_name!r} that builds it from model_kwargs). Registered: {', '.join(list_models())}"
-        )
+    refuse_unregistered_model(model_name, "alfa.checkpoint.save_model")
     tensors, tied = _file_tensors(model)
     config = {
         "model": model_name,
