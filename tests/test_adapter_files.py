@@ -418,3 +418,9 @@ def test_a_model_no_constructor_is_registered_for_is_not_saved_as_one_load_could
     with pytest.raises(ValueError, match=r"no model is registered as .tiny., so load_model could not rebuild its file"):
         save_model(tmp_path / "tiny.safetensors", nn.Sequential(nn.Linear(4, 2)), "tiny")
     assert list(tmp_path.iterdir()) == []
+    # nor trained under such a name: the first checkpoint, an epoch in, would be refused
+    from alfa.gaze.train import TrainConfig, train_source
+
+    with pytest.raises(ValueError, match=r"^train_source: no model is registered as 'my_net'"):
+        train_source(TinyGazeNet(), None, TrainConfig(), tmp_path / "run", model_name="my_net")  # (data unread)
+    assert list(tmp_path.iterdir()) == []

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import TinyGazeNet  # (registers tiny_gaze_net)
+from tiny_models import TinyGazeNet  # noqa: F401  (registers tiny_gaze_net)
 
 import alfa
 from alfa.checkpoint import CheckpointError, load_model, read_checkpoint
@@ -172,14 +172,6 @@ def test_resume_refuses_another_run(tmp_path, data):
     train_source(model, source, FAST, tmp_path / "run", model_name="tiny_gaze_net", progress=False)
     with pytest.raises(CheckpointError, match="another run.*lr"):
         train_source(model, source, dataclasses_replace(FAST, lr=0.5), tmp_path / "run", model_name="tiny_gaze_net")
-
-
-def test_training_under_a_name_no_model_is_registered_as_is_refused_before_it_starts(tmp_path, data):
-    """Its first checkpoint, after an epoch, would have been refused (load_model could not rebuild it)."""
-    source, _ = data
-    with pytest.raises(ValueError, match=r"^train_source: no model is registered as 'my_net'"):
-        train_source(TinyGazeNet(), source, FAST, tmp_path / "run", model_name="my_net", progress=False)
-    assert not (tmp_path / "run").exists()
 
 
 def test_personalization_loss_decreases_on_a_fixed_batch(data):
