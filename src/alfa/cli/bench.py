@@ -198,7 +198,7 @@ def _bench(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from alfa.study.bench.plan import declared_run_progress
     from alfa.study.bench.report_page import build_report
-    from alfa.study.bench.results import export_results, results_file
+    from alfa.study.bench.results import export_results, load_results, results_file
 
     results, command = args.results, _command_line()
     results_file(results)  # results that are not there are said first, not as the figures they would replace
@@ -212,13 +212,17 @@ def _report(args: argparse.Namespace) -> None:
         results = export_results(args.results, args.data_to, keep_kept=True)
         command = f"alfa report --results {args.data_to} --out {args.out}"
         print(f"data: {results}")
+    loaded = load_results(results)  # read once for both pages (the committed file is 48 MB)
     # what of a declared run the results hold (nothing for worlds without one), as alfa pages --write says it
-    path = build_report(results, args.out, args.figures, command=command, progress_of=declared_run_progress)
+    path = build_report(
+        results, args.out, args.figures, command=command, progress_of=declared_run_progress, loaded=loaded
+    )
     print(f"report: {path}")
     if args.user_calibration:
         from alfa.study.bench.user_calibration_report import write_user_calibration_page
 
-        print(f"user calibration: {write_user_calibration_page(results, args.user_calibration, command)}")
+        page = write_user_calibration_page(results, args.user_calibration, command, loaded)
+        print(f"user calibration: {page}")
 
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:

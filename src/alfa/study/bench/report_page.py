@@ -648,13 +648,15 @@ def build_report(
     command: str | None = None,
     source: str | None = None,
     progress_of: Callable[[str, Iterable[str]], DeclaredRunProgress | None] | None = None,
+    loaded: dict[str, Any] | None = None,
 ) -> Path:
     """Read ``results.json`` (or its folder), render the figures and write the markdown report. ``source`` is
     how the page names the results it was made from (default: ``results_path`` as given); ``progress_of``
     (:func:`alfa.study.bench.plan.declared_run_progress`, passed by the caller) is asked, with the results'
-    worlds and record ids, what of a declared run they hold (see :func:`render_report`)."""
+    worlds and record ids, what of a declared run they hold (see :func:`render_report`); ``loaded``: the results
+    file as :func:`load_results` read it already (a caller making two pages of it reads its megabytes once)."""
     results_path = Path(results_path)
-    results = load_results(results_path)
+    results = load_results(results_path) if loaded is None else loaded
     # the records parsed once: the figures and the page read them (thousands of records in a committed file)
     parsed = {**results, "records": as_records(results["records"])}
     results_dir = results_path if results_path.is_dir() else results_path.parent

@@ -702,9 +702,12 @@ def user_calibration_page(
     return "\n".join(lines)
 
 
-def write_user_calibration_page(results_path: str | os.PathLike, out_md: str | os.PathLike, command: str) -> Path:
+def write_user_calibration_page(
+    results_path: str | os.PathLike, out_md: str | os.PathLike, command: str, loaded: dict[str, Any] | None = None
+) -> Path:
     """``alfa report --user-calibration``: the page of a results file's user-calibration rows written to ``out_md``
-    (atomically), its figure in ``figures/<out_md's stem>`` beside it; ``command`` is what its header names."""
+    (atomically), its figure in ``figures/<out_md's stem>`` beside it; ``command`` is what its header names;
+    ``loaded``: the file as :func:`~.results.load_results` read it already."""
     from alfa.fileio import write_text
 
     from .results import load_results
@@ -713,7 +716,8 @@ def write_user_calibration_page(results_path: str | os.PathLike, out_md: str | o
     figures = out_md.parent / "figures" / out_md.stem
     figures.mkdir(parents=True, exist_ok=True)
     beside = (out_md.parent / PROTOCOL).is_file()  # a link to a page that is not there leads nowhere
-    text = user_calibration_page(load_results(results_path), str(results_path), command, figures,
+    results = load_results(results_path) if loaded is None else loaded
+    text = user_calibration_page(results, str(results_path), command, figures,
                                  f"figures/{out_md.stem}/", beside)  # fmt: skip
     write_text(out_md, text)
     return out_md
