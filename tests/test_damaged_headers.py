@@ -289,12 +289,15 @@ def test_a_checkpoint_extras_held_out_persons_and_meta_training_record_of_the_wr
     from alfa.cli.calibrate import _meta_training_recipe
     from alfa.gaze.train import held_out_persons
 
-    data = SimpleNamespace(name="eth/train")
+    data = SimpleNamespace(name="eth/train", persons=lambda: ["p00", "p01"])
     for persons in (5, "p01", [1, 2]):
         with pytest.raises(ValueError, match=r"^m.safetensors: damaged checkpoint header \(its held-out 'val_persons'"):
             held_out_persons({"extra": {"val_data": "eth/train", "val_persons": persons}}, data, "m.safetensors")
     assert held_out_persons({"extra": {"val_data": "eth/train", "val_persons": ["p01"]}}, data) == ["p01"]
     assert held_out_persons({"extra": {"val_data": "other", "val_persons": ["p01"]}}, data) is None
+    # another split of the same name (GazeHub names Gaze360's val split gaze360 too): "no validation person(s) [...]"
+    with pytest.raises(ValueError, match=r"^m.st validated on persons that eth/train here does not hold \(r5/0\): an"):
+        held_out_persons({"extra": {"val_data": "eth/train", "val_persons": ["r5/0"]}}, data, "m.st")
     for maml in ([], {"config": []}, {"config": {"inner_lr": "x", "inner_steps": 5}}, {"config": {"inner_lr": 0.1}}):
         with pytest.raises(ValueError, match=r"^m.safetensors: damaged checkpoint header \(its meta-training record"):
             _meta_training_recipe({"extra": {"maml": maml}}, "m.safetensors")

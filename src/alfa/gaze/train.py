@@ -55,6 +55,7 @@ from .train_state import (
     Resumed,
     StateWriter,
     data_signatures,
+    held_out_persons,
     other_data,
     other_dense,
     refuse_lone_state,
@@ -566,37 +567,6 @@ def input_size(dataset: GazeDataset) -> tuple[int, int]:
     """(height, width) of the dataset's images (its first; every loader yields one size per dataset)."""
     shape = load_images(dataset, [0]).shape
     return int(shape[-2]), int(shape[-1])
-
-
-def held_out_persons(
-    checkpoint_config: dict[str, Any], dataset: GazeDataset, checkpoint: str | os.PathLike = "the checkpoint"
-) -> list[str] | None:
-    """The source persons the checkpoint's training held out, when ``dataset`` is the data it trained on: a later
-    stage on that data validates on them, still unseen. ``None`` when it is other data or none were held out. A
-    ``ValueError`` where it trained on ``dataset``'s persons and validated on other data (``--val-data``): persons
-    drawn from ``dataset`` would be ones it saw. A record of them that is no list of names is damage, named with
-    ``checkpoint``."""
-    extra = checkpoint_config.get("extra", {})
-    persons = extra.get("val_persons")
-    if persons is not None and not (isinstance(persons, list) and all(isinstance(p, str) for p in persons)):
-        raise ValueError(
-            f"{checkpoint}: damaged checkpoint header (its held-out 'val_persons' are not a list of names)"
-        )
-    if extra.get("val_data") == dataset.name and persons:
-        return list(persons)
-    trained = extra.get("train_persons")
-    if trained is None and extra.get("stage") == "recovered":
-        # written before recovered models recorded them: recovery trained on every person of its data, as its
-        # validation was elsewhere (where it held persons of that data out, the branch above answered)
-        trained = list(dataset.persons())
-    seen = set(trained) & set(dataset.persons()) if isinstance(trained, list) else set()
-    if extra.get("data", {}).get("name") == dataset.name and seen:
-        # persons drawn from this data to validate on would be ones the model was trained on
-        raise ValueError(
-            f"{checkpoint} was trained on {len(seen)} of {dataset.name}'s persons and validated on "
-            f"{extra.get('val_data')!r}: pass --val-data with that data, so that validation is on persons it never saw"
-        )
-    return None
 
 
 def check_input_size(checkpoint_config: dict[str, Any], dataset: GazeDataset, checkpoint: str | os.PathLike) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ from .data.base import GazeDataset, data_signature, data_signature_mismatch
 from .evaluate import INPUT_SCALING
 
 __all__ = [
+    "held_out_persons",
     "MODEL_FILE",
     "STATE_FILE",
     "LEGACY_STATE_FILE",
@@ -368,3 +370,42 @@ def _resume_legacy(
         )
     load_state(model, tensors, source=str(path))
     return epoch, list(extra.get("history", []))
+
+
+def held_out_persons(
+    checkpoint_config: dict[str, Any], dataset: GazeDataset, checkpoint: str | os.PathLike = "the checkpoint"
+) -> list[str] | None:
+    """The source persons the checkpoint's training held out, when ``dataset`` is the data it trained on: a later
+    stage on that data validates on them, still unseen. ``None`` when it is other data or none were held out. A
+    ``ValueError`` where it trained on ``dataset``'s persons and validated on other data (``--val-data``): persons
+    drawn from ``dataset`` would be ones it saw. A record of them that is no list of names is damage, named with
+    ``checkpoint``."""
+    extra = checkpoint_config.get("extra", {})
+    persons = extra.get("val_persons")
+    if persons is not None and not (isinstance(persons, list) and all(isinstance(p, str) for p in persons)):
+        raise ValueError(
+            f"{checkpoint}: damaged checkpoint header (its held-out 'val_persons' are not a list of names)"
+        )
+    if extra.get("val_data") == dataset.name and persons:
+        missing = sorted(set(persons) - set(dataset.persons()))
+        if not missing:
+            return list(persons)
+        # another split or folder of the same dataset (GazeHub's Gaze360 names its val split gaze360 too)
+        raise ValueError(
+            f"{checkpoint} validated on persons that {dataset.name} here does not hold ({missing[0]}"
+            f"{', ...' if len(missing) > 1 else ''}): another split or folder of that data; pass --val-data with it (a "
+            "source's validation split: ?split=val)"
+        )
+    trained = extra.get("train_persons")
+    if trained is None and extra.get("stage") == "recovered":
+        # written before recovered models recorded them: recovery trained on every person of its data, as its
+        # validation was elsewhere (where it held persons of that data out, the branch above answered)
+        trained = list(dataset.persons())
+    seen = set(trained) & set(dataset.persons()) if isinstance(trained, list) else set()
+    if extra.get("data", {}).get("name") == dataset.name and seen:
+        # persons drawn from this data to validate on would be ones the model was trained on
+        raise ValueError(
+            f"{checkpoint} was trained on {len(seen)} of {dataset.name}'s persons and validated on "
+            f"{extra.get('val_data')!r}: pass --val-data with that data, so that validation is on persons it never saw"
+        )
+    return None
