@@ -43,7 +43,7 @@ BAD_VAL_DATA = [  # (--val-data, what the one line says): each was refused only 
     ("nope:x", "--val-data: dataset spec 'nope:x': unknown kind 'nope'"),
     ("synthetic:eth?sise=3", "--val-data: dataset spec 'synthetic:eth?sise=3': bad option 'sise=3'"),
     ("synthetic:eth?split=tset", "--val-data: domain 'eth' has no split 'tset'"),
-    ("gazehub:mpii:/no/such/root", "--val-data: /no/such/root/Label: no Label/ folder"),
+    ("gazehub:mpii:/no/such/root", "--val-data: /no/such/root: no such folder (a GazeHub root)"),
     ("gazehub:mpiii:/no/such/root", "--val-data: unknown GazeHub dataset 'mpiii'"),
     ("xgaze-h5:/no/such/file.h5", "--val-data: /no/such/file.h5: no such file or folder"),
     ("", "--val-data is empty: name a dataset spec, or leave the option out"),  # was taken as no option

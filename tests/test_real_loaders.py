@@ -371,14 +371,19 @@ def test_an_unlistable_folder_is_not_called_missing(mpii, monkeypatch):
 
 
 def test_empty_or_missing_label_folder(tmp_path):
+    with pytest.raises(DatasetFormatError, match=r"/none: no such folder \(a GazeHub root\)"):
+        GazeHubDataset(tmp_path / "none", "mpii")  # not "none/Label: no Label/ folder"
     with pytest.raises(DatasetFormatError, match="no Label/ folder"):
         GazeHubDataset(tmp_path, "mpii")
     (tmp_path / "Label").mkdir()
     with pytest.raises(DatasetFormatError, match=r"Label: no \.label files"):
         GazeHubDataset(tmp_path, "eyediap")
     write_gazehub_fixture(tmp_path, "gaze360", split="train")
-    with pytest.raises(DatasetFormatError, match=r"no test\.label for split 'test'; found train\.label"):
+    with pytest.raises(DatasetFormatError, match=r"no label file for split 'test' \(looked for test\.label\); found"):
         GazeHubDataset(tmp_path, "gaze360", split="test")
+    # it looked for every name of a validation split, and says so (it said "no val.label" of valid.label too)
+    with pytest.raises(DatasetFormatError, match=r"'val' \(looked for val\.label, validation\.label, valid\.label\)"):
+        GazeHubDataset(tmp_path, "gaze360", split="val")
 
 
 def test_unreadable_person_ids(tmp_path):

@@ -468,7 +468,7 @@ class GazeHubDataset(GazeDataset):
         if self.format.per_person_label_files:
             if split is not None:
                 raise ValueError(
-                    f"{self.name} has one label file per person and no splits; select persons with persons=[...]"
+                    f"{self.name} has one label file per person and no splits; select persons with ?persons=p00,p01"
                 )
             split_files = [
                 p.name for p in available if p.stem.lower() in ("train", "val", "valid", "validation", "test")
@@ -485,8 +485,10 @@ class GazeHubDataset(GazeDataset):
             path = label_dir / f"{candidate}.label"
             if path.is_file():
                 return [path]
+        looked = ", ".join(f"{c}.label" for c in _SPLIT_ALIASES.get(split, (split,)))
         raise DatasetFormatError(
-            f"{label_dir}: no {split}.label for split {split!r}; found {', '.join(p.name for p in available)}"
+            f"{label_dir}: no label file for split {split!r} (looked for {looked}); found "
+            f"{', '.join(p.name for p in available)}"
         )
 
     def _columns(self, path: Path, names: list[str]) -> dict[str, int]:
@@ -758,6 +760,8 @@ def _exactly(values: list, count: int) -> list:
 def _label_folder(root: Path) -> Path:
     """A GazeHub root's label folder, refused in one line where there is none."""
     label_dir = root / "Label"
+    if not root.is_dir():  # said of the root the spec names, not of a Label/ folder inside it
+        raise DatasetFormatError(f"{root}: {'not a folder' if root.exists() else 'no such folder'} (a GazeHub root)")
     if not label_dir.is_dir():
         raise DatasetFormatError(
             f"{label_dir}: no Label/ folder; a GazeHub dataset root holds Image/ and Label/*.label"
