@@ -74,3 +74,25 @@ def test_a_ruda_record_is_produced_when_asked_for_and_planned_by_no_default_run(
     text = render_report(load_results(tmp_path))
     assert text.count("| RUDA (rotation consistency, whole network) |") == 3
     assert "- **RUDA** (rotation-enhanced UDA" in text and "AdamW lr 0.0001 on every parameter, 2 steps" in text
+
+
+def test_alfa_personalize_method_full_loss_ruda_is_ruda_with_its_own_recipe():
+    """From the command line it took full fine-tuning's recipe (×10 on layer3/layer4, +54° on tiny data) and said
+    "flipped branch detached" of a loss with no flipped branch; a branch option for such a loss did nothing."""
+    from alfa.cli import build_parser
+    from alfa.cli.gaze import _method_config, _personalize_config, _recipe_words
+    from alfa.gaze.personalize import PersonalizeConfig
+
+    def config(*flags):
+        args = build_parser().parse_args(["personalize", "--checkpoint", "x", "--data", "y", *flags])
+        return _personalize_config(args, _method_config(args))
+
+    ruda = config("--method", "full", "--loss", "ruda")
+    assert ruda == ruda_recipe(PersonalizeConfig()) and ruda.lr_scale == {} and ruda.lr == 1e-4
+    assert _recipe_words(ruda) == f"{ruda.steps} steps, lr 0.0001 (no layer scaling), loss ruda"
+    assert config("--method", "full", "--loss", "ruda", "--lr", "3e-5").lr == 3e-5  # flags still win
+    assert config("--method", "lora", "--loss", "ruda").lr_scale != {}  # the loss alone on an adapter: its recipe
+    assert "flipped branch detached" in _recipe_words(config())
+    for flag in ("--train-both-branches", "--detach-flipped"):
+        with pytest.raises(ValueError, match=rf"^{flag} reaches the flip loss's mirrored .*roll has none"):
+            config("--loss", "roll", flag)

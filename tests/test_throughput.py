@@ -89,6 +89,13 @@ def test_loader_bound_is_judged_on_the_paired_interval():
     alone = _rounds([10.0, 11.0, 9.0, 10.0, 12.0, 10.0, 8.0], None)
     text = loading_page({**PAGE, "runs": [{**alone.to_dict(), "fixture": "f", "model": "m"}]})
     assert "| f | 0 | 10 [8, 12] | — | — | — | — |" in text and "Student" not in text  # nothing compared
+    # the crops are said to be what was read: the fixtures measured, or one's own data (the fixtures were named
+    # whatever the page measured)
+    assert "in the real layouts (`mpiifacegaze`: a GazeHub folder of JPEG files)," in loading_page(
+        {**PAGE, "runs": [{**slow.to_dict(), "fixture": "mpiifacegaze", "model": "m"}]}
+    )
+    mine = loading_page({**PAGE, "runs": [{**slow.to_dict(), "data": "mpiifacegaze", "fixture": None, "model": "m"}]})
+    assert "32×32 face crops of `mpiifacegaze`, read by" in mine and "real layouts" not in mine
 
 
 def test_the_command_writes_its_page_and_refuses_bad_options(tmp_path, capsys):

@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 from alfa.fileio import new_files, os_error_in
 
-from . import bench, calibrate, camera, crate, gaze, library, llm, serve, study, tpgaze
+from . import bench, calibrate, camera, crate, gaze, library, llm, serve, study, throughput, tpgaze
 from .errors import OS_ERROR_ADVICE, error_line, one_line_warnings
 from .interrupts import (
     AFTER_THE_WORK,
@@ -55,7 +55,7 @@ COMMANDS: tuple[Command, ...] = (
     gaze.PRETRAIN,
     gaze.TRUNCATE,
     gaze.PERSONALIZE,
-    gaze.THROUGHPUT,
+    throughput.THROUGHPUT,
     gaze.EVALUATE,
     gaze.DEMO,
     tpgaze.TPGAZE,

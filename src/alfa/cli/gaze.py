@@ -1,4 +1,5 @@
-"""The gaze commands of ``alfa``: pretrain, truncate, personalize, throughput, evaluate and demo (serve: :mod:`.serve`).
+"""The gaze commands of ``alfa``: pretrain, truncate, personalize, evaluate and demo (serve: :mod:`.serve`,
+throughput: :mod:`.throughput`).
 
 Each handler only turns options into configs and calls one function of the application
 (:mod:`alfa.gaze.train`, :mod:`~alfa.gaze.personalize`, :mod:`~alfa.gaze.evaluate`, :mod:`~alfa.gaze.pipeline`); the
@@ -35,9 +36,7 @@ from .options import (
     MODEL_HELP,
     allow_partial_option,
     at_least,
-    comma_separated,
     data_help,
-    default_of,
     deterministic_kernels,
     device_option,
     fraction,
@@ -62,7 +61,6 @@ __all__ = [
     "PRETRAIN",
     "TRUNCATE",
     "PERSONALIZE",
-    "THROUGHPUT",
     "EVALUATE",
     "DEMO",
     "seed_torch_deterministic",
@@ -263,6 +261,7 @@ def _method_config(args: argparse.Namespace):
 
 def _personalize_config(args: argparse.Namespace, method: Any = None):
     from alfa.adapters import TPGazeConfig
+    from alfa.gaze.objectives import OBJECTIVES
     from alfa.gaze.personalize import PersonalizeConfig
     from alfa.gaze.pipeline import DemoConfig
     from alfa.gaze.recipes import named_recipe
@@ -273,6 +272,10 @@ def _personalize_config(args: argparse.Namespace, method: Any = None):
     # TPGaze keeps its own (Adam, lr 0.01, no layer scaling). Flags still win.
     if isinstance(method, TPGazeConfig):
         base = tpgaze_recipe(base)
+    elif method.method == "full" and args.loss == "ruda":  # RUDA itself (docs/gaze.md): its recipe, not full's
+        from alfa.gaze.ruda import ruda_recipe
+
+        base = ruda_recipe(base)
     else:
         base = named_recipe(args.recipe, method.method).apply(base)
     changes = {
@@ -284,12 +287,22 @@ def _personalize_config(args: argparse.Namespace, method: Any = None):
         "detach_flipped": False if args.train_both_branches else True if args.detach_flipped else None,
         "pitch_anchor": args.pitch_anchor,
     }
-    return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
+    config = dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
+    if (args.train_both_branches or args.detach_flipped) and not OBJECTIVES[config.loss].flip_branches:
+        flag = "--train-both-branches" if args.train_both_branches else "--detach-flipped"
+        raise ValueError(
+            f"{flag} reaches the flip loss's mirrored branch (--loss flip, flip+roll); --loss {config.loss} has none"
+        )
+    return config
 
 
 def _recipe_words(config: Any) -> str:
+    from alfa.gaze.objectives import OBJECTIVES
+
     scale = ", ".join(f"×{v:g} on {k}" for k, v in config.lr_scale.items()) or "no layer scaling"
     branches = "flipped branch detached" if config.detach_flipped else "both branches trained"
+    if not OBJECTIVES[config.loss].flip_branches:  # no mirrored branch to detach or train
+        branches = f"loss {config.loss}"
     anchor = f", pitch anchor {config.pitch_anchor:g}" if config.pitch_anchor else ""
     return f"{config.steps} steps, lr {config.lr:g} ({scale}), {branches}{anchor}"
 
@@ -438,52 +451,6 @@ def _demo(args: argparse.Namespace) -> None:
     print(f"\ntotal wall time {total:.0f} s")
 
 
-# ----------------------------------------------------------------------------- throughput
-
-
-def _throughput(args: argparse.Namespace) -> None:
-    import tempfile
-
-    from alfa.gaze.devices import resolve_device
-    from alfa.gaze.throughput import FIXTURE_FORMATS, fixture_dataset, measure_worker_counts
-
-    if (args.data is None) == (args.fixture is None):
-        raise ValueError("pass --data SPEC (your data) or --fixture KIND (data in a real layout, written here)")
-    if args.data is not None and args.image_size is not None:
-        raise ValueError("--image-size sizes --fixture's images; --data is read at its own size")
-    size = default_of(fixture_dataset, "size") if args.image_size is None else args.image_size
-    device = resolve_device(args.device)
-    precision = run_precision_of(args, device)
-    if args.batches < 1 or args.batch_size < 2:
-        raise ValueError(f"need --batches >= 1 and --batch-size >= 2, got {args.batches} and {args.batch_size}")
-    sources = [(f, None) for f in args.fixture.split(",") if f] if args.fixture else [(None, args.data)]
-    unknown = [f for f, _ in sources if f is not None and f not in FIXTURE_FORMATS]
-    if unknown or not sources:
-        raise ValueError(f"--fixture {args.fixture!r}: expected one or more of {', '.join(FIXTURE_FORMATS)}")
-    results = []
-    for fixture, spec in sources:
-        with tempfile.TemporaryDirectory(prefix="alfa-throughput-") as tmp:
-            data = fixture_dataset(fixture, tmp, size=size) if fixture else open_spec(spec)
-            measured = measure_worker_counts(
-                args.model, data, args.workers, args.batch_size, args.batches, args.rounds,
-                loader_only=args.loader_only, device=device, precision=precision,
-            )  # fmt: skip
-            for result in measured:
-                print(result.format())
-                results.append({**result.to_dict(), "fixture": fixture, "model": args.model})
-    if args.out:
-        from alfa.study.bench.loading import write_loading_page
-
-        what = f"--fixture {args.fixture} --image-size {size}" if args.fixture else f"--data {args.data}"
-        workers = ",".join(map(str, args.workers))
-        command = (
-            f"alfa throughput {what} --model {args.model} --batch-size {args.batch_size} --workers {workers} "
-            f"--batches {args.batches} --rounds {args.rounds}{' --loader-only' if args.loader_only else ''} "
-            f"--device {args.device} --out {args.out}"
-        )
-        write_loading_page(args.out, command, results)
-
-
 # ----------------------------------------------------------------------------- the options
 # Each default is read from the config (or function) it sets, so it is written in one place only.
 
@@ -562,7 +529,8 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
         default="default",
         help="default (the default): each method's own recipe, chosen without target labels (for alfa: "
         f"{DEFAULT_RECIPE.label}; docs/flip-premise.md §4); paper: the paper's ({PAPER_RECIPE.label}); tpgaze "
-        "always keeps its own. --steps, --lr, --pitch-anchor and the branch options override it",
+        "always keeps its own, and --method full --loss ruda is RUDA with its own (one learning rate, 1e-4, on "
+        "every parameter; docs/gaze.md). --steps, --lr, --pitch-anchor and the branch options override it",
     )
     p.add_argument("--steps", type=at_least(1), help="optimizer steps per person (default: the recipe's)")
     p.add_argument("--lr", type=positive_rate, help="AdamW base learning rate (default: the recipe's)")
@@ -606,56 +574,6 @@ def _personalize_arguments(p: argparse.ArgumentParser) -> None:
     device_option(p)
     threads_option(p)
     precision_option(p)
-
-
-def _throughput_arguments(p: argparse.ArgumentParser) -> None:
-    from alfa.gaze.pipeline import DemoConfig
-    from alfa.gaze.throughput import fixture_dataset, measure_throughput
-    from alfa.gaze.train import TrainConfig
-
-    training = TrainConfig()
-    p.add_argument("--data", help=data_help("the data to read (or --fixture)", "synthetic:eth"))
-    p.add_argument(
-        "--fixture",
-        help="instead of --data: generated images in a real dataset's file layout, written to a temporary folder: "
-        "mpiifacegaze (JPEG files), eth-xgaze-h5 (raw h5), or both, comma-separated",
-    )
-    p.add_argument(
-        "--image-size",
-        type=at_least(8),
-        help=f"--fixture: image side (default {default_of(fixture_dataset, 'size')})",
-    )
-    p.add_argument("--model", default=DemoConfig().model, help=MODEL_HELP)
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=training.batch_size,
-        help="images per step (default %(default)s, the paper's)",
-    )
-    p.add_argument(
-        "--workers",
-        type=comma_separated(worker_count),
-        default=[training.num_workers],
-        help="loader worker processes (0: load in this process); a comma-separated list measures each (default "
-        f"{training.num_workers})",
-    )
-    p.add_argument(
-        "--batches",
-        type=int,
-        default=default_of(measure_throughput, "batches"),
-        help="timed batches after one warm-up (default %(default)s)",
-    )
-    p.add_argument(
-        "--rounds",
-        type=at_least(1),
-        default=7,
-        help="rounds per configuration, interleaved over the worker counts: each rate is the median over them with "
-        "its 95 %% interval, which needs six rounds or more (default %(default)s)",
-    )
-    precision_option(p)
-    p.add_argument("--loader-only", action="store_true", help="time the loader alone (no model step)")
-    p.add_argument("--out", help="write the page here (e.g. docs/loading.md) and its data beside it")
-    device_option(p)
 
 
 def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
@@ -757,18 +675,6 @@ PERSONALIZE = Command(
     run=_personalize,
     outputs={"out": True},
     folder_kinds={"out": "users"},
-    extra="gaze",
-)
-THROUGHPUT = Command(
-    "throughput",
-    help="images/s of the data loader, of the training step and of both: is training loader-bound?",
-    description="Measure how many images per second the data loader delivers, the training step takes, and both "
-    "together, on your data (--data) or generated data in a real dataset's layout (--fixture).",
-    add_arguments=_throughput_arguments,
-    run=_throughput,
-    outputs={"out": False},
-    pages=frozenset({"out"}),
-    data_beside=frozenset({"out"}),
     extra="gaze",
 )
 EVALUATE = Command(

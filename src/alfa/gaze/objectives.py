@@ -66,9 +66,10 @@ class Objective:
     the predictions on a personalization batch under the recipe's settings, the views that batch holds (in
     order, ``N`` rows each) and whether the benchmark's loss ablation gives it a row.
 
-    ``targets``, if given, computes the person's targets from the model without its adapter and the person's
-    ``(N, 3, H, W)`` images; the loss then takes them as a third argument, ``loss(pred, settings, targets)``
-    (:meth:`__call__` passes them on)."""
+    ``flip_branches``: its loss holds the flip's mirrored branch, the one ``detach_flipped`` detaches (no other
+    loss reads it). ``targets``, if given, computes the person's targets from the model without its adapter and
+    the person's ``(N, 3, H, W)`` images; the loss then takes them as a third argument, ``loss(pred, settings,
+    targets)`` (:meth:`__call__` passes them on)."""
 
     name: str
     description: str
@@ -76,6 +77,7 @@ class Objective:
     views: tuple[str, ...] = FLIP_VIEWS
     ablation: bool = True
     targets: Callable[[nn.Module, Tensor], Tensor] | None = None
+    flip_branches: bool = False  # its loss has the flip's two branches, which the recipe's detach_flipped reaches
 
     def __call__(self, pred: Tensor, settings: ObjectiveSettings, targets: Tensor | None = None) -> Tensor:
         """The loss of ``pred``, with the person's ``targets`` for an objective that declares them."""
@@ -154,7 +156,9 @@ def _ruda(pred: Tensor, settings: ObjectiveSettings) -> Tensor:
     return rotation_distribution_loss(torch.stack([rows[v] for v in RUDA_VIEWS]), angles)
 
 
-register_objective(Objective("flip", "flip symmetry: a mirrored face gets the mirrored gaze", _flip))
+register_objective(
+    Objective("flip", "flip symmetry: a mirrored face gets the mirrored gaze", _flip, flip_branches=True)
+)
 register_objective(
     Objective("augment", "augmentation consistency: an augmented copy gets the original's gaze", _augment)
 )
@@ -166,7 +170,11 @@ register_objective(
         ROLL_VIEWS,
     )
 )
-register_objective(Objective("flip+roll", "flip symmetry plus roll consistency (the sum)", _flip_roll, FLIP_ROLL_VIEWS))
+register_objective(
+    Objective(
+        "flip+roll", "flip symmetry plus roll consistency (the sum)", _flip_roll, FLIP_ROLL_VIEWS, flip_branches=True
+    )
+)
 register_objective(
     Objective(
         "ruda",
