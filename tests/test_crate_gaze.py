@@ -278,7 +278,7 @@ def test_a_rerun_resumes_another_run_is_refused_and_replace_starts_over(tmp_path
     before = (out / "results.json").read_bytes()
     assert main(["crate", "gaze", "--out", str(out), "--quick", "--quiet", "--seed", "1"]) == 2
     refused = capsys.readouterr().err
-    assert "is a checkpoint of another run (training config: seed 0 vs 1);" in refused
+    assert "is a checkpoint of another run (training config (the checkpoint's vs this run's): seed 0 vs 1);" in refused
     assert refused.strip().endswith("(or add --replace: this command's folders in --out start over)")
     assert (out / "results.json").read_bytes() == before
     replaced = run_crate_gaze(quick_config(targets=("mpii",), seed=1), out, progress=False, replace=True)

@@ -285,10 +285,12 @@ def test_a_damaged_or_foreign_state_is_named_in_one_message(tmp_path):
     with pytest.raises(CheckpointError, match=f"{STATE_FILE}: not a readable safetensors file"):
         _run(tmp_path)
     state.write_bytes(good)
-    with pytest.raises(
-        CheckpointError, match=f"{STATE_FILE} is a checkpoint of another run \\(training config: lr 0.001 vs 0.5\\);"
-    ):
+    said = f"{STATE_FILE} is a checkpoint of another run \\(training config \\(the checkpoint's vs this run's\\): "
+    with pytest.raises(CheckpointError, match=said + "lr 0.001 vs 0.5\\);"):
         _run(tmp_path, replace(CONFIG, lr=0.5))
+    # a later field at its default is left out of the saved config: said as such, not as '(none)'
+    with pytest.raises(CheckpointError, match=said + "precision its default vs 'bf16'\\);"):
+        _run(tmp_path, replace(CONFIG, precision="bf16"))
     assert state.read_bytes() == good
     _legacy_pair(tmp_path)
     (tmp_path / LEGACY_STATE_FILE).unlink()  # a model file with no state at all: no run can continue it

@@ -254,6 +254,11 @@ def refuse_lone_state(out: Path) -> None:
         )
 
 
+def _said(config: dict[str, Any], key: str) -> str:
+    """A setting in a message; a later field left out at its default (``TrainConfig.to_dict``) is its default."""
+    return repr(config[key]) if key in config else "its default"
+
+
 def _check_identity(
     path: Path, saved_model: Any, saved: dict[str, Any], header: dict[str, Any], model_name: str
 ) -> None:
@@ -270,9 +275,9 @@ def _check_identity(
     if theirs != ours:  # only what differs: the whole config is a dozen keys the reader would have to compare
         keys = sorted(set(theirs) | set(ours), key=lambda key: (key not in ours, key))
         missing = object()  # a key absent on one side differs even from a None on the other
-        differing = [f"{key} {theirs.get(key, '(none)')!r} vs {ours.get(key, '(none)')!r}" for key in keys
+        differing = [f"{key} {_said(theirs, key)} vs {_said(ours, key)}" for key in keys
                      if theirs.get(key, missing) != ours.get(key, missing)]  # fmt: skip
-        problems.append(f"training config: {', '.join(differing)}")
+        problems.append(f"training config (the checkpoint's vs this run's): {', '.join(differing)}")
     if problems:
         raise CheckpointError(
             f"{path} is a checkpoint of another run ({'; '.join(problems)}); "
