@@ -522,6 +522,10 @@ def test_open_dataset_routes_synthetic(monkeypatch):
     with pytest.raises(ValueError, match="stored_order do not apply to a synthetic world; its options: split, seed"):
         open_dataset("synthetic:mpii?stored_order=yaw-pitch")  # a gazehub option: once a TypeError
     assert calls == [("mpii-like", {"seed": 3, "persons": 4, "size": 32})]
+    # an option in the spec and another value of it as a keyword: one of them silently lost (size=64 won)
+    with pytest.raises(ValueError, match=r"size=48 in the spec and size=64 as a keyword: give it once$"):
+        open_dataset("synthetic:mpii?size=48", size=64)
+    assert open_dataset("synthetic:mpii?size=48", size=48) == "made"  # the same value twice is no conflict
 
 
 def test_fixture_angles_are_consistent_with_the_geometry():

@@ -292,7 +292,8 @@ def canonical_spec(spec: str | DatasetSpec) -> tuple[str, str, tuple[tuple[str, 
 
 
 def _read_spec(spec: str, kw: dict[str, Any]) -> tuple[DatasetKind, str, dict[str, Any]]:
-    """A spec's kind, what follows ``<kind>:`` and its options (``kw`` over the query's), each checked."""
+    """A spec's kind, what follows ``<kind>:`` and its options (the query's and ``kw``, which may not give one of them
+    another value), each checked."""
     kind, rest, query = split_spec(spec)
     if kind not in _BY_NAME and kind in REGISTERED_ABOVE:
         raise ValueError(
@@ -302,7 +303,14 @@ def _read_spec(spec: str, kw: dict[str, Any]) -> tuple[DatasetKind, str, dict[st
     if kind not in _BY_NAME:
         raise ValueError(f"dataset spec {spec!r}: unknown kind {kind!r}; expected one of {', '.join(spec_forms())}")
     found = _BY_NAME[kind]
-    options = {**_parse_options(spec, query, found), **kw}
+    typed = _parse_options(spec, query, found)
+    both = sorted(k for k in set(typed) & set(kw) if typed[k] != kw[k])
+    if both:  # one silently winning over the other would open other data than one of them says
+        raise ValueError(
+            f"dataset spec {spec!r}: {both[0]}={typed[both[0]]!r} in the spec and {both[0]}={kw[both[0]]!r} as a "
+            "keyword: give it once"
+        )
+    options = {**typed, **kw}
     unknown = [] if found.options is None else sorted(set(options) - set(found.options))
     if unknown:  # another kind's option: once a TypeError from deep inside the opener
         raise ValueError(
