@@ -29,7 +29,10 @@ def test_alfa_personalize_method_tpgaze_sizes_the_prompts_from_the_data(tmp_path
     out = tmp_path / "ad"
     argv = ["personalize", "--checkpoint", base, "--data", TARGET, "--method", "tpgaze", "--out", str(out)]
     assert main([*argv, "--steps", "1", "--quiet"]) == 0
-    assert "2 done, 0 already there, 0 failed" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "2 done, 0 already there, 0 failed" in captured.out
+    # without --init it starts from random prompts: said (alfa tpgaze personalize asks for --no-meta to mean it)
+    assert "note: --method tpgaze without --init starts every person from random prompts" in captured.err
     config = alfa.read_adapter_metadata(out / "p00.safetensors")["config"]
     assert config["image_size"] == SIZE
     # a size the user chose is kept; one the images do not have is refused in one line naming the option

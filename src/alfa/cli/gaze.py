@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -337,6 +338,12 @@ def _personalize(args: argparse.Namespace) -> None:
     method = prompts_sized_to(data, method, f"--init {args.init}" if args.init else given)
     before_personalizing(model, data, persons, method, config, args.out, args.replace)
     note_what_serve_refuses(model, "personalize", method.method, args.checkpoint)
+    if type(method).trains_prompts and not args.init:  # alfa tpgaze personalize asks for --no-meta to mean it
+        print(
+            f"alfa personalize: note: --method {method.method} without --init starts every person from random "
+            "prompts, not meta-trained ones (alfa tpgaze meta-train, then --init; docs/tpgaze.md)",
+            file=sys.stderr,
+        )
     seed_torch_deterministic(config.seed)
     if not args.quiet:
         print(f"recipe: {_recipe_words(config)}")
