@@ -621,3 +621,21 @@ def test_a_face_of_another_size_in_a_batch_names_its_label_line(tmp_path):
     Image.open(odd).resize((24, 24)).save(odd)
     with pytest.raises(ValueError, match=rf"16×16 and 24×24; the first of another size .*: {data.source_line(3)}\)"):
         data.raw_images(list(range(6)))
+
+
+def test_the_fixtures_real_data_md_writes_open_with_the_specs_its_chain_names(tmp_path, monkeypatch):
+    """No page said how to make data in the real layouts without the datasets: docs/real-data.md now writes some,
+    and its chain's specs must open them (the chain itself is the CLI tests' ground), with disjoint val persons."""
+    import re
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "real-data.md").read_text("utf-8")
+    section = page.split("## Without the datasets")[1].split("\n## ")[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/real-data.md", "exec"), {})
+    specs = dict.fromkeys(re.findall(r"--(?:val-)?data \"?(gazehub:[^\s\"]+)", section))
+    assert len(specs) == 3
+    opened = {spec: open_dataset(spec) for spec in specs}
+    train, val, target = opened.values()
+    assert len(target.persons()) == 6 and len(train.persons()) == 6 and len(val.persons()) == 2
+    assert not set(train.persons()) & set(val.persons())
