@@ -42,6 +42,7 @@ __all__ = [
     "update_data",
     "plot_rank_slices",
     "plot_update_maps",
+    "update_map_methods",
     "plot_curves",
 ]
 
@@ -220,13 +221,18 @@ def _kernel_norm_map(delta: Tensor, meta: dict[str, Any]) -> Tensor:
     return delta.reshape(m, cin, kh * kw).norm(dim=-1)
 
 
+def update_map_methods(meta: dict[str, Any]) -> list[str]:
+    """The methods of the update-map data ``meta``, in the figure's row order: Alfa, LoRA, then the others by name."""
+    order = {"alfa": 0, "lora": 1}
+    return sorted(meta.get("methods", {}), key=lambda m: (order.get(m, 2), m))
+
+
 def plot_update_maps(tensors: Mapping[str, Tensor], meta: dict[str, Any], path: str | os.PathLike) -> Path:
     """Rows: the methods (e.g. Alfa, LoRA); columns: ``‖ΔW‖`` per (output, input) channel for each
     person, each on its own colour scale, then the singular values of ``ΔW`` with the numerical-rank threshold the
     pages count against."""
     plt = _plt()
-    order = {"alfa": 0, "lora": 1}
-    methods = sorted(meta.get("methods", {}), key=lambda m: (order.get(m, 2), m))
+    methods = update_map_methods(meta)
     if not methods:
         raise ValueError("no method in the update data")
     persons = {m: meta["methods"][m]["persons"] for m in methods}

@@ -562,10 +562,9 @@ def _figures_section(r: _Report) -> list[str]:
 
 def _updates_caption(figure_data: Any) -> str:
     """The update maps' caption, counting the persons and naming the methods the figure's data holds."""
-    methods = (figure_data[1] if figure_data else {}).get("methods", {})
-    persons = max((len(info["persons"]) for info in methods.values()), default=0)
-    order = {"alfa": 0, "lora": 1}  # the figure's row order
-    names = [display_name(m) for m in sorted(methods, key=lambda m: (order.get(m, 2), m))]
+    meta = figure_data[1] if figure_data else {}
+    persons = max((len(info["persons"]) for info in meta.get("methods", {}).values()), default=0)
+    names = [display_name(m) for m in F.update_map_methods(meta)]  # in the figure's row order
     return prose.UPDATES_CAPTION.format(persons=prose.counted(persons, "target persons"), methods=prose.listed(names))
 
 

@@ -533,15 +533,18 @@ PROTOCOL = "user-calibration.md"
 
 
 def _header(
-    records: Sequence[Record], pairs: Sequence[str], data: str, command: str, design: str, beside_protocol: bool
+    records: Sequence[Record],
+    pairs: Sequence[str],
+    data: str,
+    command: str,
+    design: str,
+    beside_protocol: bool,
+    preset: str | None,
 ) -> list[str]:
     """The page's title, provenance, what its intervals draw (``design``: how the persons meet the seeds,
-    :func:`~alfa.study.bench.stats.design_of`) and how much of the declared rows the records hold; the protocol
-    is a link where the page lies beside it, else its path in the repository."""
-    rows = calibration_rows()
-    held = {r.id for r in records if r.kind == "calibration"}
-    seeds = (*FIRST_SEEDS, *REPLICATE_SEEDS)  # seeds 0–2 and their replicates (docs/flip-premise.md §7.2, 2026-12-04)
-    declared = [f"{m}|{p}|seed{s}" for m in rows for p in PAIRS for s in seeds]
+    :func:`~alfa.study.bench.stats.design_of`) and how much of the declared rows the records hold (of a smoke or
+    quick ``preset``, only how many it has: they are not the declared run's rows); the protocol is a link where the
+    page lies beside it, else its path in the repository."""
     return [
         "# Results: what a few labels are worth (user calibration, issue 25)",
         "",
@@ -556,15 +559,34 @@ def _header(
             else "draws persons and seeds (the same persons in every seed)."
         ),
         "",
+        _records_line(records, pairs, preset),
+        "",
+    ]
+
+
+def _records_line(records: Sequence[Record], pairs: Sequence[str], preset: str | None) -> str:
+    """How much of the declared rows the records hold; a smoke or quick run's records are not the declared run's
+    rows, whatever their names: how many it has."""
+    if preset != "standard":
+        calibrations = sum(r.kind == "calibration" for r in records)
+        return (
+            f"**Records:** {calibrations} user-calibration record{'s' * (calibrations != 1)} of preset `{preset}`, "
+            "a check that every row runs, not the declared run (whose page is docs/results-user-calibration.md); "
+            "every sentence below that judges a difference is about noise."
+        )
+    rows = calibration_rows()
+    held = {r.id for r in records if r.kind == "calibration"}
+    seeds = (*FIRST_SEEDS, *REPLICATE_SEEDS)  # seeds 0–2 and their replicates (docs/flip-premise.md §7.2, 2026-12-04)
+    declared = [f"{m}|{p}|seed{s}" for m in rows for p in PAIRS for s in seeds]
+    return (
         f"**Records:** {sum(i in held for i in declared)} of the {len(declared)} user-calibration rows declared on "
         f"seeds {span(FIRST_SEEDS)} and on their replicates, seeds {span(REPLICATE_SEEDS)} ({len(rows)} rows × "
         f"{len(PAIRS)} pairs × {len(seeds)} seeds); pairs with any: "
         f"{', '.join(pairs) if pairs else 'none'}. On each pair, every row (source-only, the label-free rows, the "
         "oracle) is read only on seeds with user-calibration records there, and each table says which seeds its "
         "cells share. Every method of the protocol has its rows. A row without a record is shown as —, and "
-        "nothing is read from its absence.",
-        "",
-    ]
+        "nothing is read from its absence."
+    )
 
 
 def _criteria_section(same_seeds: Sequence[Record], results: dict[str, Any]) -> list[str]:
@@ -618,17 +640,7 @@ def user_calibration_page(
     same_seeds = [r for r in records if (r.pair, int(r.seed)) in calibrated]
     idx = _index(same_seeds, results)
     pairs = _pairs(idx)
-    lines = _header(records, pairs, data, command, design_of(results), beside_protocol)
-    if results.get("preset") != "standard":  # a smoke or quick run's records are not the declared run's rows
-        calibrations = sum(r.kind == "calibration" for r in records)
-        lines = [
-            f"**Records:** {calibrations} user-calibration record{'s' * (calibrations != 1)} of preset "
-            f"`{results.get('preset')}`, a check that every row runs, not the declared run (whose page is "
-            "docs/results-user-calibration.md); every sentence below that judges a difference is about noise."
-            if line.startswith("**Records:**")
-            else line
-            for line in lines
-        ]
+    lines = _header(records, pairs, data, command, design_of(results), beside_protocol, results.get("preset"))
     if not pairs:
         return "\n".join([*lines, "No user-calibration record yet.", ""])
     lines += [
