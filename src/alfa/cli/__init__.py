@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 from alfa.fileio import new_files, os_error_in
 
-from . import bench, calibrate, camera, crate, gaze, library, llm, serve, study, throughput, tpgaze
+from . import bench, calibrate, camera, crate, gaze, library, llm, pnpga, serve, study, throughput, tpgaze
 from .errors import OS_ERROR_ADVICE, error_line, one_line_warnings
 from .interrupts import (
     AFTER_THE_WORK,
@@ -59,6 +59,7 @@ COMMANDS: tuple[Command, ...] = (
     gaze.EVALUATE,
     gaze.DEMO,
     tpgaze.TPGAZE,
+    pnpga.PNPGA,
     calibrate.CALIBRATE,
     calibrate.FAZE,
     bench.BENCH,
@@ -119,11 +120,12 @@ INPUT_OPTIONS = (
     "camera",
     "screen",
     "screen_fit",
+    "members",
 )
 """The options by which every command names the files and folders it reads (never written by it); one that takes
 several (``alfa predict``'s photos) names each."""
 
-DATA_OPTIONS = ("data", "val_data")
+DATA_OPTIONS = ("data", "val_data", "source_data")
 """The options that name a dataset spec, whose files (``gazehub:<dataset>:<root>``, ``xgaze-h5:<file>``) are
 inputs too."""
 

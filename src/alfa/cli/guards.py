@@ -165,12 +165,18 @@ def remove_listed(folder: Path) -> None:
 def refuse_a_model_folder_as_users(adapters: str | Path) -> None:
     """``--adapters`` naming a model's folder (``alfa pretrain``'s, ``alfa truncate``'s): its model would be taken
     for a user named ``model`` (alfa serve started and answered 404 to that user), so it is one line at once."""
+    from alfa.gaze.pnpga_folder import RECORD as PNPGA_RECORD
     from alfa.gaze.train_state import MODEL_FILE
 
     if (Path(adapters) / MODEL_FILE).is_file():
         raise ValueError(
             f"--adapters {adapters} holds a model ({MODEL_FILE}), not users' files: name the folder alfa personalize "
             "or alfa calibrate wrote (its --out)"
+        )
+    if (Path(adapters) / PNPGA_RECORD).is_file():  # whole models, which no base takes as adapters
+        raise ValueError(
+            f"--adapters {adapters} holds PnP-GA's whole models, one per person ({PNPGA_RECORD}), not adapters: alfa "
+            "pnpga adapt scored them; alfa predict --checkpoint takes one"
         )
 
 
