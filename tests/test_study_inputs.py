@@ -127,3 +127,53 @@ def test_a_bad_spec_option_lists_the_options_of_that_kind():
         ValueError, match=r"bad option 'bogus=1'; options are split, size, seed, images_per_person, persons$"
     ):
         open_dataset("synthetic:mpii?bogus=1")
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        # an image classifier of the registry failed inside the loss: after truncating, or once the rounds began
+        (["costs", "--model", "vit_tiny", "--image-size", "32"], "--model vit_tiny is not a gaze model"),
+        (["throughput", "--fixture", "mpiifacegaze", "--image-size", "32", "--model", "vit_tiny"], "not a gaze model"),
+        (["throughput", "--fixture", ""], "--fixture '': expected one or more of"),  # it named a dataset spec 'None'
+        (["throughput", "--fixture", "mpiifacegaze,mpiifacegaze"], "--fixture: 'mpiifacegaze' listed twice"),
+        (["throughput", "--fixture", "mpiifacegaze", "--workers", "0,0"], "--workers: 0 listed twice"),
+        (["speed", "--transformers", "--repeats", "3"], "--repeats sets the gaze sections; --transformers measures"),
+        (["speed", "--transformers", "--image-size", "32"], "--image-size sets the gaze sections"),
+        (["speed", "--out", "page.json"], "--out page.json: the page's data goes beside it as .json"),
+    ],
+)
+def test_study_commands_refuse_what_would_fail_late_or_do_nothing(argv, words, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_speed_takes_two_rounds_or_more(capsys):
+    # one gave ratios without an interval, on a page advising to re-run the same command for them
+    with pytest.raises(SystemExit):
+        main(["speed", "--repeats", "1"])
+    assert "must be at least 2 (each ratio's 95 % interval is taken over the rounds)" in capsys.readouterr().err
+
+
+def test_speed_reads_the_transformer_section_beside_its_page_before_measuring(tmp_path, capsys, monkeypatch):
+    from alfa.study.bench import speed
+
+    monkeypatch.setattr(speed, "measure", lambda **kw: pytest.fail("measured before the page's data was read"))
+    (tmp_path / "sp-transformers.json").write_text("precious\n")
+    assert main(["speed", "--out", str(tmp_path / "sp.md"), "--repeats", "2", "--replace"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'sp-transformers.json'}: not the transformer section's measurement alfa speed writes" in err
+    assert (tmp_path / "sp-transformers.json").read_text() == "precious\n"
+
+
+def test_the_speed_and_serving_pages_repeat_the_threads_given(monkeypatch):
+    from alfa.study.bench.serving import serving_command
+    from alfa.study.bench.speed import speed_command
+
+    assert speed_command("p.md", 20, 224) == "alfa speed --out p.md"
+    assert speed_command("p.md", 4, 32, 1) == "alfa speed --out p.md --repeats 4 --image-size 32 --threads 1"
+    assert serving_command(None, 28, 64) == "alfa serving --rounds 28 --image-size 64"
+    assert serving_command(None, 28, 64, 1).endswith("--threads 1")

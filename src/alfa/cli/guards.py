@@ -425,16 +425,22 @@ def check_val_data(args: argparse.Namespace) -> None:
         )
 
 
-def refuse_a_model_that_is_not_a_gaze_model(model: nn.Module, name: str, data: Any) -> None:
-    """``alfa pretrain``, before any training: ``model`` must take the data's images and predict (yaw, pitch) for
-    each (an image classifier of the registry, vit_tiny's 1,000 classes, failed after the data loaded)."""
+def refuse_a_model_that_is_not_a_gaze_model(
+    model: nn.Module, name: str, data: Any, uses: str = "alfa pretrain trains", image: Any = None
+) -> None:
+    """Before any work: ``model`` must take the data's images (or ``image``, one ``(1, 3, H, W)`` batch, where there
+    is no data) and predict (yaw, pitch) for each (an image classifier of the registry, vit_tiny's 1,000 classes,
+    failed after the data loaded, or, in alfa costs, after the model was truncated). ``uses``: what the command does
+    with one, for the message."""
     import torch
 
     from alfa.gaze.data.base import unit_images
 
-    if len(data) == 0:  # said by the training itself
-        return
-    image = unit_images(data.raw_images([0])).to(next(model.parameters()).device)
+    if image is None:
+        if len(data) == 0:  # said by the training itself
+            return
+        image = unit_images(data.raw_images([0]))
+    image = image.to(next(model.parameters()).device)
     try:
         with torch.no_grad():
             shape = tuple(model.eval()(image).shape)
@@ -444,6 +450,6 @@ def refuse_a_model_that_is_not_a_gaze_model(model: nn.Module, name: str, data: A
     model.train()
     if what is not None:
         raise ValueError(
-            f"--model {name} is not a gaze model for these images ({what}): alfa pretrain trains one that predicts "
-            "(yaw, pitch) from a face crop, such as resnet18_gaze"
+            f"--model {name} is not a gaze model for these images ({what}): {uses} one that predicts (yaw, pitch) "
+            "from a face crop, such as resnet18_gaze"
         )

@@ -50,21 +50,20 @@ def _speed_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write the markdown report here (e.g. docs/speed.md)")
     p.add_argument(
         "--repeats",
-        type=at_least(1),
-        default=default_of(speed_main, "repeats"),
-        help="timed repeats, interleaved (default %(default)s)",
+        # one round gave ratios of medians with no interval, and a page advising to re-run the same command
+        type=at_least(2, " (each ratio's 95 % interval is taken over the rounds)"),
+        help=f"timed repeats of the gaze sections, interleaved (default {default_of(speed_main, 'repeats')})",
     )
     p.add_argument(
         "--image-size",
         type=at_least(1),
-        default=default_of(speed_main, "image_size"),
-        help="image side in pixels (default %(default)s)",
+        help=f"image side of the gaze sections, in pixels (default {default_of(speed_main, 'image_size')})",
     )
     p.add_argument(
         "--transformers",
         action="store_true",
-        help="measure only the section on transformer layers (Alfa vs LoRA/DoRA on d×d layers and a small Llama; "
-        "needs the hf extra's transformers package) and add it to the page",
+        help="measure only the section on transformer layers (Alfa vs LoRA/DoRA on d×d layers and a small Llama, in "
+        "rounds and sizes of its own; needs the hf extra's transformers package) and add it to the page",
     )
     threads_option(p)
 
@@ -73,6 +72,11 @@ def _speed(args: argparse.Namespace) -> None:
     from alfa.study.bench.speed import main as speed_main
     from alfa.study.bench.speed import transformers_path
 
+    if args.transformers and (args.repeats is not None or args.image_size is not None):  # they did nothing there
+        given = "--repeats" if args.repeats is not None else "--image-size"
+        raise ValueError(f"{given} sets the gaze sections; --transformers measures its own rounds and sizes")
+    if args.out is not None and Path(args.out).suffix == ".json":  # the page's data would replace the page
+        raise ValueError(f"--out {args.out}: the page's data goes beside it as .json; name the page .md")
     # The page itself was checked before this ran (a page of its own is regenerated); where there is none yet, the
     # data this run writes beside it (the gaze part's, or the transformer section's) must not replace a file.
     if args.out is not None and not args.replace and not Path(args.out).exists():
@@ -82,7 +86,9 @@ def _speed(args: argparse.Namespace) -> None:
                 f"--out {args.out}: the page's data goes to {data}, which exists; name another file, or add "
                 "--replace to overwrite it"
             )
-    speed_main(out=args.out, repeats=args.repeats, image_size=args.image_size, transformers=args.transformers)
+    sizes = {"repeats": args.repeats, "image_size": args.image_size}
+    sizes = {k: default_of(speed_main, k) if v is None else v for k, v in sizes.items()}
+    speed_main(out=args.out, **sizes, transformers=args.transformers, threads=args.torch_threads)
 
 
 def _serving_arguments(p: argparse.ArgumentParser) -> None:
@@ -102,12 +108,18 @@ def _serving_arguments(p: argparse.ArgumentParser) -> None:
         default=default_of(serving_main, "image_size"),
         help="image side in pixels (default %(default)s)",
     )
+    p.add_argument(
+        "--threads",
+        type=thread_count,
+        default=default_of(serving_main, "threads"),
+        help="torch threads the measurement runs on (default %(default)s)",
+    )
 
 
 def _serving(args: argparse.Namespace) -> None:
     from alfa.study.bench.serving import main as serving_main
 
-    serving_main(out=args.out, rounds=args.rounds, image_size=args.image_size)
+    serving_main(out=args.out, rounds=args.rounds, image_size=args.image_size, threads=args.threads)
 
 
 # ----------------------------------------------------------------------------- pages
@@ -215,6 +227,15 @@ def _check_costs(args: argparse.Namespace) -> None:
         raise ValueError(f"--warmup must be at least 0, got {args.warmup}")
     if args.model not in list_models():
         raise ValueError(f"unknown model {args.model!r}; known: {', '.join(list_models())}")
+    import torch
+
+    from alfa.models import create_model
+
+    from .guards import refuse_a_model_that_is_not_a_gaze_model
+
+    # the table times the flip loss on (yaw, pitch): an image classifier failed inside the loss, after truncating
+    image = torch.zeros(1, 3, args.image_size, args.image_size)
+    refuse_a_model_that_is_not_a_gaze_model(create_model(args.model), args.model, None, "alfa costs times", image)
 
 
 def _costs(args: argparse.Namespace) -> None:

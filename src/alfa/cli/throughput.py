@@ -6,14 +6,17 @@ from __future__ import annotations
 import argparse
 
 from .gaze import open_spec
+from .guards import refuse_a_model_that_is_not_a_gaze_model
 from .options import (
     MODEL_HELP,
     at_least,
+    comma_list,
     comma_separated,
     data_help,
     default_of,
     device_option,
     precision_option,
+    refuse_listed_twice,
     run_precision_of,
     worker_count,
 )
@@ -27,6 +30,7 @@ def _throughput(args: argparse.Namespace) -> None:
 
     from alfa.gaze.devices import resolve_device
     from alfa.gaze.throughput import FIXTURE_FORMATS, fixture_dataset, measure_worker_counts
+    from alfa.models import create_model
 
     if (args.data is None) == (args.fixture is None):
         raise ValueError("pass --data SPEC (your data) or --fixture KIND (data in a real layout, written here)")
@@ -37,14 +41,21 @@ def _throughput(args: argparse.Namespace) -> None:
     precision = run_precision_of(args, device)
     if args.batches < 1 or args.batch_size < 2:
         raise ValueError(f"need --batches >= 1 and --batch-size >= 2, got {args.batches} and {args.batch_size}")
-    sources = [(f, None) for f in args.fixture.split(",") if f] if args.fixture else [(None, args.data)]
+    # an empty --fixture is refused as one, not read as no option (it named a dataset spec 'None')
+    sources = [(f, None) for f in comma_list(args.fixture)] if args.fixture is not None else [(None, args.data)]
     unknown = [f for f, _ in sources if f is not None and f not in FIXTURE_FORMATS]
     if unknown or not sources:
         raise ValueError(f"--fixture {args.fixture!r}: expected one or more of {', '.join(FIXTURE_FORMATS)}")
+    refuse_listed_twice("--fixture", [f for f, _ in sources])  # the same rows twice on the page
+    refuse_listed_twice("--workers", args.workers)
     results = []
     for fixture, spec in sources:
         with tempfile.TemporaryDirectory(prefix="alfa-throughput-") as tmp:
             data = fixture_dataset(fixture, tmp, size=size) if fixture else open_spec(spec)
+            if not args.loader_only:  # before the rounds: a classifier failed in the loss, once they had begun
+                refuse_a_model_that_is_not_a_gaze_model(
+                    create_model(args.model).to(device), args.model, data, "alfa throughput times the step of"
+                )
             measured = measure_worker_counts(
                 args.model, data, args.workers, args.batch_size, args.batches, args.rounds,
                 loader_only=args.loader_only, device=device, precision=precision,

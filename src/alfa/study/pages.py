@@ -108,7 +108,7 @@ def _render_speed(root: Path, out: Path) -> None:
     result = _data(root / "docs/speed.json", "repeats", "image_size")
     # the transformer section, measured on its own (alfa speed --transformers)
     section = _data(transformers_path(root / "docs/speed.md"))
-    command = speed_command("docs/speed.md", result["repeats"], result["image_size"])
+    command = speed_command("docs/speed.md", result["repeats"], result["image_size"], result.get("threads_given"))
     write_text(out / "docs/speed.md", page_text(result, command, section, "docs/speed.md"))
 
 
@@ -116,7 +116,8 @@ def _render_serving(root: Path, out: Path) -> None:
     from .bench.serving import serving_command, serving_markdown
 
     result = _data(root / "docs/serving.json", "rounds", "image_size")
-    text = serving_markdown(result, serving_command("docs/serving.md", result["rounds"], result["image_size"]))
+    command = serving_command("docs/serving.md", result["rounds"], result["image_size"], result.get("threads", 2))
+    text = serving_markdown(result, command)
     write_text(out / "docs/serving.md", text)
 
 

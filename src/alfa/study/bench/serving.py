@@ -104,8 +104,9 @@ def measure_serving(rounds: int = 28, image_size: int = 64, threads: int = 2, se
     }
 
 
-def serving_command(out: str | None, rounds: int, image_size: int) -> str:
-    return f"alfa serving --rounds {rounds} --image-size {image_size}" + (f" --out {out}" if out else "")
+def serving_command(out: str | None, rounds: int, image_size: int, threads: int = 2) -> str:
+    command = f"alfa serving --rounds {rounds} --image-size {image_size}" + (f" --out {out}" if out else "")
+    return command + (f" --threads {threads}" if threads != 2 else "")
 
 
 def _throughput_ratio(r: dict[str, Any], single: str, name: str) -> tuple[str, str]:
@@ -188,9 +189,9 @@ def serving_markdown(r: dict[str, Any], command: str) -> str:
     )
 
 
-def main(out: str | None = None, rounds: int = 28, image_size: int = 64) -> dict[str, Any]:
-    result = measure_serving(rounds=rounds, image_size=image_size)
-    text = serving_markdown(result, serving_command(out, rounds, image_size))
+def main(out: str | None = None, rounds: int = 28, image_size: int = 64, threads: int = 2) -> dict[str, Any]:
+    result = measure_serving(rounds=rounds, image_size=image_size, threads=threads)
+    text = serving_markdown(result, serving_command(out, rounds, image_size, threads))
     print(text)
     if out:
         path = Path(out)

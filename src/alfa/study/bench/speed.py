@@ -291,12 +291,13 @@ def to_markdown(r: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def speed_command(out: str | None, repeats: int, image_size: int) -> str:
-    """The command line that measures ``result`` with these options (quoted in the page it writes)."""
+def speed_command(out: str | None, repeats: int, image_size: int, threads: int | None = None) -> str:
+    """The command line that measures ``result`` with these options (quoted in the page it writes); ``threads``: the
+    ``--threads`` given, if any (the page names the count the run had either way)."""
     command = "alfa speed" + (f" --out {out}" if out else "") + (f" --repeats {repeats}" if repeats != 20 else "")
     if image_size != 224:
         command += f" --image-size {image_size}"
-    return command
+    return command + (f" --threads {threads}" if threads is not None else "")
 
 
 def transformers_path(page: str | Path) -> Path:
@@ -305,8 +306,21 @@ def transformers_path(page: str | Path) -> Path:
     return path.with_name(path.stem + "-transformers.json")
 
 
-def transformers_command(out: str | None) -> str:
-    return "alfa speed --transformers" + (f" --out {out}" if out else "")
+def transformers_command(out: str | None, threads: int | None = None) -> str:
+    command = "alfa speed --transformers" + (f" --out {out}" if out else "")
+    return command + (f" --threads {threads}" if threads is not None else "")
+
+
+def read_measurement(path: Path, what: str) -> dict:
+    """A measurement this command wrote (the gaze part's, or the transformer section's), read back in one line
+    where it is not one: a run found out only after minutes of measuring, in the JSON parser's words."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not {what} alfa speed writes ({e}); move it away, or name another --out") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not {what} alfa speed writes (a JSON {type(data).__name__}, not an object)")
+    return data
 
 
 def page_text(result: dict, command: str, transformers: dict | None, out: str | None) -> str:
@@ -315,31 +329,44 @@ def page_text(result: dict, command: str, transformers: dict | None, out: str | 
 
     text = to_markdown(result, command)
     if transformers is not None:
-        text += "\n" + transformer_markdown(transformers, transformers_command(out))
+        text += "\n" + transformer_markdown(transformers, transformers_command(out, transformers.get("threads_given")))
     return text
 
 
-def main(out: str | None = None, repeats: int = 20, image_size: int = 224, transformers: bool = False) -> dict:
+GAZE_PART, TRANSFORMER_PART = "the gaze sections' measurement", "the transformer section's measurement"
+
+
+def main(
+    out: str | None = None,
+    repeats: int = 20,
+    image_size: int = 224,
+    transformers: bool = False,
+    threads: int | None = None,
+) -> dict:
     """Measure the gaze sections (or, with ``transformers``, only the transformer section) and write the page;
-    the other part is read back from its data beside the page, so each is re-measured on its own."""
+    the other part is read back from its data beside the page, so each is re-measured on its own. ``threads``: the
+    ``--threads`` given, kept in the measurement so that the page's command line repeats it. The part read back is
+    read before measuring: a file there that is not one is said at once."""
     path = Path(out) if out else None
+    given = {} if threads is None else {"threads_given": threads}
     if transformers:
         from .transformer_cost import measure_transformer_cost, transformer_markdown
 
         if path is not None and not path.with_suffix(".json").is_file():  # said before minutes of measuring
             raise FileNotFoundError(f"{path.with_suffix('.json')}: run `alfa speed --out {out}` first")
-        section = measure_transformer_cost()
-        print(transformer_markdown(section, transformers_command(out)))
-        if path is None:
+        result = read_measurement(path.with_suffix(".json"), GAZE_PART) if path is not None else None
+        section = {**measure_transformer_cost(), **given}
+        print(transformer_markdown(section, transformers_command(out, threads)))
+        if path is None or result is None:
             return section
         write_text(transformers_path(path), json.dumps(section, indent=2))
-        result = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
-        write_text(path, page_text(result, speed_command(out, result["repeats"], result["image_size"]), section, out))
+        command = speed_command(out, result["repeats"], result["image_size"], result.get("threads_given"))
+        write_text(path, page_text(result, command, section, out))
         return section
-    result = measure(repeats=repeats, image_size=image_size)
     extra = transformers_path(path) if path is not None else None
-    section = json.loads(extra.read_text(encoding="utf-8")) if extra is not None and extra.is_file() else None
-    text = page_text(result, speed_command(out, repeats, image_size), section, out)
+    section = read_measurement(extra, TRANSFORMER_PART) if extra is not None and extra.is_file() else None
+    result = {**measure(repeats=repeats, image_size=image_size), **given}
+    text = page_text(result, speed_command(out, repeats, image_size, threads), section, out)
     print(text)
     if path is not None:
         write_text(path, text)
