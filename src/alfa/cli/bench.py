@@ -213,6 +213,8 @@ def _report(args: argparse.Namespace) -> None:
         command = f"alfa report --results {args.data_to} --out {args.out}"
         print(f"data: {results}")
     loaded = load_results(results)  # read once for both pages (the committed file is 48 MB)
+    if not isinstance(loaded.get("config"), dict):  # the page's protocol is written from it ("None×None faces")
+        raise ValueError(f"{results_file(results)}: no 'config', the benchmark's settings its page is written from")
     # what of a declared run the results hold (nothing for worlds without one), as alfa pages --write says it
     path = build_report(
         results, args.out, args.figures, command=command, progress_of=declared_run_progress, loaded=loaded
@@ -286,7 +288,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ablations", help=_ablations_help())
     p.add_argument("--threads", type=thread_count, help=f"torch threads (default {BenchConfig().threads})")
     p.add_argument("--keep-adapters", action="store_true", help="keep every per-person adapter file")
-    p.add_argument("--dry-run", action="store_true", help="list the records that would run, run nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the records that would run, run nothing (their data is rendered to hash them: minutes for the "
+        "large presets)",
+    )
     p.add_argument(
         "--rebuild-elsewhere",
         action="store_true",
@@ -378,9 +385,21 @@ REPORT = Command(
 )
 
 
+BENCH_SEED_LIMIT = 2**31 - 1
+"""The largest seed a benchmark takes: its worlds and records derive generators' seeds from it by sums, and
+99999999999999999999 was listed by --dry-run, then failed in a run with "Overflow when unpacking long long"."""
+
+
+def _bench_seed(text: str) -> int:
+    value = at_least(0)(text)
+    if value > BENCH_SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be at most {BENCH_SEED_LIMIT}, got {value}")
+    return value
+
+
 def _seed_list(text: str) -> tuple[int, ...]:
-    """``--seeds``: comma-separated whole numbers of at least 0."""
-    return tuple(comma_separated(at_least(0))(text))
+    """``--seeds``: comma-separated whole numbers from 0 to :data:`BENCH_SEED_LIMIT`."""
+    return tuple(comma_separated(_bench_seed)(text))
 
 
 _counts = comma_separated(at_least(1))

@@ -12,7 +12,8 @@ every committed figure to other bytes), so a byte check fails on machines where 
 figure a page owns is saved with :func:`alfa.study.plotted.save_figure`, which writes beside ``x.png`` its
 plotted data ``x.plotted.json`` (lines, points, bars, bands, images as digests, titles, labels, legends,
 texts; numbers rounded); that file must regenerate byte for byte, and of the PNG only that it is committed
-where it is drawn, and not where it no longer is.
+where it is drawn, as a whole PNG file (its chunks and their checksums; a garbage or empty file passed), and not
+where it no longer is.
 
 A page is listed once, in :data:`PAGES`, with the command that produced its data and the renderer that turns
 the data into the page.
@@ -466,6 +467,37 @@ def _committed(page: Page, root: Path) -> set[Path]:
     return {f for f in files if (root / f).is_file()}
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_damage(path: Path) -> str | None:
+    """What makes the file at ``path`` no whole PNG image (``None`` where it is one): its signature, its chunks'
+    lengths and checksums, an image header of a non-empty size first and the end chunk last. Its pixels are not
+    decoded: the plotted data beside it says what it shows."""
+    import struct
+    import zlib
+
+    data = path.read_bytes()
+    if not data.startswith(PNG_SIGNATURE):
+        return "no PNG signature" if data else "an empty file"
+    at, kinds = len(PNG_SIGNATURE), []
+    while at < len(data):
+        if at + 12 > len(data):
+            return "cut short"
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        if len(body) < length or at + 12 + length > len(data):
+            return "cut short"
+        (crc,) = struct.unpack(">I", data[at + 8 + length : at + 12 + length])
+        if zlib.crc32(kind + body) != crc:
+            return f"chunk {kind.decode('latin-1')!r} fails its checksum"
+        if not kinds and (kind != b"IHDR" or length < 8 or 0 in struct.unpack(">II", body[:8])):
+            return "no image header of a non-empty size first"
+        kinds.append(kind)
+        at += 12 + length
+    return None if kinds and kinds[-1] == b"IEND" else "no end chunk"
+
+
 def page_differences(page: Page, root: Path, out: Path, made: set[Path]) -> list[str]:
     """What differs between the committed files of ``page`` under ``root`` and those rendered into ``out``."""
     figure_of = {plotted_path(rel): rel for rel in made if rel.suffix == FIGURE_SUFFIX}
@@ -479,6 +511,8 @@ def page_differences(page: Page, root: Path, out: Path, made: set[Path]) -> list
             # its bytes are the drawing library's; what it shows is compared in its plotted data
             if plotted_path(rel) not in made:
                 problems.append(f"{rel}: drawn without its plotted data (save it with alfa.study.plotted.save_figure)")
+            elif (damage := png_damage(root / rel)) is not None:  # its data alone passed a garbage or empty file
+                problems.append(f"{rel}: not a whole PNG image ({damage}; run: alfa pages --write)")
         elif (root / rel).read_bytes() != (out / rel).read_bytes():
             if rel in figure_of:
                 problems.append(

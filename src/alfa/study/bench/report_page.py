@@ -557,6 +557,8 @@ def _figures_section(r: _Report) -> list[str]:
     lines = ["## Figures", ""]
     lines += r.figure("rank_slices", prose.RANK_SLICES_CAPTION)
     lines += r.figure("updates", _updates_caption(r.figure_data))
+    if r.drawn and not {"rank_slices", "updates"} & set(r.figures):  # the section was left empty, unexplained
+        lines += [prose.NO_FIGURE_DATA.format(folder=FIGURE_DIR), ""]
     return lines + update_rank_lines(r.figure_data)
 
 

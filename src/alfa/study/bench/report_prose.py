@@ -459,6 +459,11 @@ UPDATES_CAPTION = (
     "each map on its own colour scale (its title gives the update's size)."
 )
 
+NO_FIGURE_DATA = (
+    "No figure data lies beside these results (`{folder}/`, which the benchmark writes into its folder), so "
+    "neither the rank-slice nor the update maps are drawn; a results file copied out of its folder leaves it behind."
+)
+
 UPDATE_RANKS = (
     "Update maps of `{layer}` ({m}×{n}), persons {persons}: {ranks}. Numerical rank: "
     "the number of singular values of ΔW above {rtol:g} times the largest (the dotted line in the figure)."

@@ -166,18 +166,21 @@ def export_results(results: str | os.PathLike, dest: str | os.PathLike, keep_kep
     running benchmark is never copied half-written. ``keep_kept``: refuse (``ValueError``) to replace a copy
     holding records the run does not have (a run started afresh, not from the kept records, would drop them).
     Returns the copied folder."""
-    src = Path(results)
-    folder = src if src.is_dir() else src.parent
+    src = results_file(results)
+    folder = src.parent
     dest = Path(dest)
     if dest.resolve() == folder.resolve():
-        return dest
-    with locked(folder / RESULTS_FILE):
-        data = load_results(folder)  # a clear error if it is not a results file
+        if src.name == RESULTS_FILE:
+            return dest
+        raise ValueError(f"{dest} is where {src} lies: its copy would replace {dest / RESULTS_FILE}; copy it elsewhere")
+    with locked(src):
+        # the file named, not the folder's results.json: another file there put another run's records on the page
+        data = load_results(src)  # a clear error if it is not a results file
         if keep_kept and (dest / RESULTS_FILE).is_file():
             lost = {r["id"] for r in load_results(dest)["records"]} - {r["id"] for r in data["records"]}
             if lost:
                 raise ValueError(
-                    f"{folder / RESULTS_FILE} lacks {len(lost)} of the records kept in {dest} (e.g. {min(lost)}); "
+                    f"{src} lacks {len(lost)} of the records kept in {dest} (e.g. {min(lost)}); "
                     f"not replacing them: start the run from the kept records (copy {dest / RESULTS_FILE} there)"
                 )
         _write(dest / RESULTS_FILE, data)

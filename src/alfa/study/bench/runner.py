@@ -139,12 +139,16 @@ def _sort_out(
         groups.setdefault((plan.seed, plan.source), []).append(plan)
     skipped: list[str] = []
     todo: list[RecordPlan] = []
+    # a record's hash needs its worlds rendered: minutes for a large preset, which --dry-run spent without a line
+    bar = tqdm(total=len(plans), desc="records' hashes (their data rendered)", disable=not session.progress)
     for plans_of in groups.values():
         for plan in plans_of:
             if done.get(plan.id) == session.record_hash(plan):
                 skipped.append(plan.id)
             else:
                 todo.append(plan)
+            bar.update(1)
+    bar.close()
     return groups, skipped, todo
 
 
@@ -195,6 +199,24 @@ def _run_records(
 def _recorded_model(session: Session, key: str, seed: int) -> str:
     """The cache folder name the results hold for the model ``(key, seed)`` ("" where none is recorded)."""
     return Path(str(session.recorded_sources.get(f"{key}|seed{seed}", {}).get("cache", ""))).name
+
+
+def _refuse_another_precision_or_device(data: dict[str, Any], session: Session, path: Path) -> None:
+    """A run whose forwards use another precision, or another kind of device, than the runs that made a folder's
+    records would replace every one of them: their hashes differ and records are kept by id, so a bf16 run into an
+    fp32 folder silently turned its finished records into bf16 ones, compared on the page with fp32 rows."""
+    made = {
+        (run.get("precision", "fp32"), str(run.get("device", "cpu")).split(":")[0])
+        for run in data.get("runs", [])
+        if isinstance(run, dict) and run.get("records_run")
+    }
+    here = (session.precision, session.device.type)
+    if data.get("records") and made and here not in made:
+        theirs = " and ".join(f"{p} on {d}" for p, d in sorted(made))
+        raise ValueError(
+            f"{path} holds records made in {theirs}; this run ({here[0]} on {here[1]}) would replace them, as "
+            "records are kept by id: use another --out"
+        )
 
 
 def _refuse_another_machines_seed(
@@ -364,9 +386,11 @@ def run_bench(
     with torch_threads(config.threads):
         t_start, cpu_start = time.time(), time.process_time()
         # the results' model entries, read once: what each model was when its records were made
-        session = Session(config, out, cache, progress, torch.device(device), precision, store.read()["sources"])
+        existing = store.read()
+        session = Session(config, out, cache, progress, torch.device(device), precision, existing["sources"])
         log = _RunLog(_run_entry(config, command, session), session, t_start, cpu_start)
         plans = plan_records(config)
+        _refuse_another_precision_or_device(existing, session, store.path)
         try:
             done = store.done()
             _refuse_training_elsewhere_unrendered(plans, done, session, rebuild_elsewhere, new_models_elsewhere)
