@@ -278,10 +278,44 @@ def test_a_rerun_resumes_another_run_is_refused_and_replace_starts_over(tmp_path
     before = (out / "results.json").read_bytes()
     assert main(["crate", "gaze", "--out", str(out), "--quick", "--quiet", "--seed", "1"]) == 2
     refused = capsys.readouterr().err
+    assert "results.json holds the results of another run (its settings vs this run's: targets" in refused
+    assert "seed 0 vs 1); use another --out, or --replace to start over" in refused
+    assert (out / "results.json").read_bytes() == before
+    # a run cut short after its probes: a figure, no results; another run is refused by the stages before drawing
+    (out / "results.json").unlink()
+    drawn = (out / "probes.plotted.json").read_bytes()
+    assert main(["crate", "gaze", "--out", str(out), "--quick", "--quiet", "--seed", "1"]) == 2
+    refused = capsys.readouterr().err
     assert "is a checkpoint of another run (training config (the checkpoint's vs this run's): seed 0 vs 1);" in refused
     assert refused.strip().endswith("(or add --replace: this command's folders in --out start over)")
-    assert (out / "results.json").read_bytes() == before
+    assert (out / "probes.plotted.json").read_bytes() == drawn and not (out / "results.json").exists()
+    resumed = run_crate_gaze(quick_config(targets=("mpii",)), out, progress=False)  # ... and the same run resumes
+    assert _strip(resumed) == _strip(first)
     replaced = run_crate_gaze(quick_config(targets=("mpii",), seed=1), out, progress=False, replace=True)
     assert (
         replaced["config"]["seed"] == 1 and replaced["resumed"] == [] and not (out / "adapters" / "notes.txt").exists()
     )
+
+
+def test_results_or_figure_not_this_runs_are_refused_before_anything_runs(tmp_path, capsys):
+    """--out's results.json and probes.png were overwritten unless they were this run's: a file of the user's, or
+    another seed's results, is refused in one line, and nothing is written (a rerun of the same run is above)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text('{"precious": true}')
+    (out / "probes.png").write_text("not a png")
+    command = ["crate", "gaze", "--out", str(out), "--quick", "--quiet"]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "results.json is not a results file of alfa crate gaze" in err and len(err.strip().splitlines()) == 1
+    (out / "results.json").unlink()
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "probes.png is not this run's (no results or trained models of it beside it)" in err
+    assert err.strip().endswith("use another --out, or --replace to start over")
+    theirs = json.dumps({"config": quick_config(seed=1).to_dict(), "note": "another seed's"})
+    (out / "results.json").write_text(theirs)
+    assert main(command) == 2
+    assert "(its settings vs this run's: seed 1 vs 0)" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["probes.png", "results.json"]  # no stage began
+    assert (out / "results.json").read_text() == theirs and (out / "probes.png").read_text() == "not a png"

@@ -12,8 +12,8 @@ score: the first ``n_adapt`` images of a target person are the unlabeled adaptat
 scored), and :func:`alfa.study.crate.probes.probe_model`. The two models are trained here rather than by
 :func:`alfa.gaze.pipeline.build_source_model`: they take constructor arguments, both are probed dense before
 CRATE alone is truncated, and ``recovery_epochs`` 0 truncates without recovery. A run resumes what an interrupted
-one with the same settings left (each stage's own resume, which refuses another run's files); ``replace`` starts
-over.
+one with the same settings left (each stage's own resume, which refuses another run's files; results and a figure
+of another run are refused before anything runs); ``replace`` starts over.
 
 Decisions the gaze stack leaves open for a transformer:
 
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 import shutil
 import time
@@ -67,6 +68,7 @@ from alfa.models import create_model
 from alfa.summary import parameter_summary
 from alfa.truncate import truncate
 
+from ..plotted import plotted_path
 from ..timing import cpu_name, torch_threads
 from .gaze_config import LABELS, MODEL_NAMES, MODELS, CrateGazeConfig, late_blocks_pattern, quick_config
 from .gaze_report import format_markdown, format_summary, plot_gaze_probes
@@ -170,8 +172,9 @@ def run_crate_gaze(
     Checkpoints go to ``out_dir/crate``, ``out_dir/vit``, ``out_dir/crate-truncated`` and the per-person
     adapters to ``out_dir/adapters/<target>``. What an interrupted run with the same settings left there is resumed
     (the results then list the stages found begun under ``resumed``: their times count this run's part only);
-    another run's files are refused, unless ``replace``, which first removes this command's folders there (``crate``,
-    ``vit``, ``crate-truncated``, ``adapters``: whatever they hold) and its results and figure.
+    another run's files are refused (its results and figure before anything runs), unless ``replace``, which first
+    removes this command's folders there (``crate``, ``vit``, ``crate-truncated``, ``adapters``: whatever they hold)
+    and its results and figure.
     ``command`` is recorded in the results (the markdown page quotes it). Torch runs on ``config.threads``
     threads; the previous setting is restored on return.
     """
@@ -180,6 +183,8 @@ def run_crate_gaze(
     out = Path(out_dir)
     if replace:
         _remove_outputs(out)
+    else:  # before any work: the stages check their own folders, the results and figure are checked here
+        _refuse_another_runs_files(out, config)
     out.mkdir(parents=True, exist_ok=True)
     with torch_threads(config.threads):
         return _run(config, out, progress, command)
@@ -200,8 +205,52 @@ def _remove_outputs(out: Path) -> None:
         refuse_held_inside(folder)
     for folder in folders:
         shutil.rmtree(folder)
-    for name in (RESULTS_FILE, FIGURE_FILE):
-        (out / name).unlink(missing_ok=True)
+    for path in (out / RESULTS_FILE, out / FIGURE_FILE, plotted_path(out / FIGURE_FILE)):
+        path.unlink(missing_ok=True)
+
+
+def _refuse_another_runs_files(out: Path, config: CrateGazeConfig) -> None:
+    """Refuse (``ValueError``) a results file or figure in ``out`` that this run would overwrite but is not its own
+    to redo: results of other settings, a file that is no results of this command, or a figure with neither this
+    run's results nor both trained models beside it. A run cut short after its probes leaves the figure and both
+    training folders but no results (they are written last); the stages then check their checkpoints are this run's
+    before the figure is drawn again, so such a figure is left to the resumed run."""
+    results, figure = out / RESULTS_FILE, out / FIGURE_FILE
+    if results.exists():
+        other = _other_results(results, config)
+        if other is not None:
+            raise ValueError(f"--out {out}: {results} {other}; use another --out, or --replace to start over")
+        return  # this run's results: its figure is this run's too, and both are written again
+    drawn = [path for path in (figure, plotted_path(figure)) if path.exists()]
+    trained = all(folder.is_dir() and any(folder.iterdir()) for folder in (out / kind for kind in MODELS))
+    if drawn and not trained:
+        raise ValueError(
+            f"--out {out}: {drawn[0]} is not this run's (no results or trained models of it beside it); use another "
+            "--out, or --replace to start over"
+        )
+
+
+def _other_results(path: Path, config: CrateGazeConfig) -> str | None:
+    """Why the file at ``path`` is not the results of a run with ``config`` (words to follow its path), ``None`` if
+    it is. The thread count is not compared: the stages' checkpoints do not record it, so a rerun at another count
+    resumes them and redoes the rest."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return "is not a results file of alfa crate gaze (it does not read as JSON)"
+    theirs = saved.get("config") if isinstance(saved, dict) else None
+    if not isinstance(theirs, dict):
+        return "is not a results file of alfa crate gaze (it holds no run's settings)"
+    ours = json.loads(json.dumps(config.to_dict()))  # tuples become lists, as in the saved file
+    missing = object()  # a setting absent on one side differs even from a None on the other
+    differing = [
+        f"{key} {theirs.get(key, '(not set)')} vs {ours.get(key, '(not set)')}"
+        for key in dict.fromkeys([*theirs, *ours])
+        if key != "threads" and theirs.get(key, missing) != ours.get(key, missing)
+    ]
+    if not differing:
+        return None
+    return f"holds the results of another run (its settings vs this run's: {', '.join(differing)})"
 
 
 def _run(config: CrateGazeConfig, out: Path, progress: bool, command: str | None) -> dict[str, Any]:
