@@ -137,9 +137,8 @@ def test_cli_rejects_bad_input():
     args = parser.parse_args(["crate", "toy", "--panels", "a,e"])
     with pytest.raises(ValueError, match="unknown panel"):
         args.func(args)
-    args = parser.parse_args(["crate", "toy", "--eps", "0"])
-    with pytest.raises(ValueError, match="eps must be positive"):
-        args.func(args)
+    with pytest.raises(ValueError, match=r"eps must be from 1e-06 to 1e\+06 \(the tokens have length 1 or 3"):
+        ToyConfig(eps=0).validate()
 
 
 def test_each_panel_table_ends_with_a_reading_of_it():
@@ -200,3 +199,58 @@ def test_one_seed_is_read_as_one_seed_with_no_interval():
     assert text.splitlines()[0].endswith("; one seed (no interval)")
     assert "From layer 4 on both clusters are flat" in text and "From layer 3 on, exactly 20 of 40 tokens" in text
     assert "1 seeds" not in text and "every seed" not in text
+
+
+def _exit_code(argv: list[str]) -> int:
+    """``alfa ARGV``'s exit status, also where argparse refuses an option (it exits)."""
+    from alfa.cli import main
+
+    try:
+        return main(argv)
+    except SystemExit as stop:
+        return stop.code
+
+
+@pytest.mark.parametrize("eps", ["1e200", "1e308", "1e-200", "1e-320", "inf", "nan", "0", "-1"])
+def test_cli_refuses_an_eps_outside_its_range_in_one_line(eps, capsys):
+    """1e200 ended in an OverflowError traceback, 1e-200 in a ZeroDivisionError, inf printed zeros."""
+    assert _exit_code(["crate", "toy", "--seeds", "1", "--panels", "a", "--eps", eps]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert "argument --eps: must be from 1e-06 to 1e+06 (the tokens have length 1 or 3: far outside" in captured.err
+    assert captured.err.strip().endswith(f"got {eps} (see alfa crate toy --help)")
+
+
+def test_the_ends_of_the_eps_range_compute_finite_numbers():
+    for eps in (1e-6, 1e6):
+        for run in run_toy(["a", "c", "d"], [0], ToyConfig(eps=eps)):
+            assert all(np.isfinite([s["R"], s["Rc"], s["thickness"][0]]).all() for s in run.layers)
+    with pytest.raises(ValueError, match="eps must be from"):
+        run_toy(["a"], [0], ToyConfig(eps=1e200))  # the library's own check, before any step overflows
+
+
+def test_eta_is_computed_in_float64_and_any_finite_step_runs(capsys):
+    """--eta 1e308 was refused as "(the weights are float32)": the toy has no float32 weights."""
+    from alfa.cli import main
+
+    assert main(["crate", "toy", "--seeds", "1", "--panels", "d", "--eta", "1e308", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "η = 1e+308" in captured.out and "nan" not in captured.out
+    assert "every token of every seed" not in captured.out  # a threshold of 1e307 zeroes every token: no axis left
+    assert _exit_code(["crate", "toy", "--seeds", "1", "--panels", "d", "--eta", "0"]) == 2
+    assert "argument --eta: must be above 0, got 0" in capsys.readouterr().err
+
+
+def test_layers_are_bounded_and_a_run_shows_its_progress_unless_quiet(capsys):
+    """--layers 100000000 ran silently for hours; --seeds 400 ran 21 s with nothing on stderr."""
+    from alfa.cli import main
+    from alfa.study.crate.toy import MAX_LAYERS
+
+    assert _exit_code(["crate", "toy", "--layers", "100000000"]) == 2
+    assert f"argument --layers: must be at most {MAX_LAYERS}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=f"need 1 to {MAX_LAYERS} layers"):
+        ToyConfig(layers=MAX_LAYERS + 1).validate()
+    assert main(["crate", "toy", "--seeds", "2", "--panels", "a,b"]) == 0
+    assert "crate toy:" in capsys.readouterr().err  # the bar over the 4 runs
+    assert main(["crate", "toy", "--seeds", "2", "--panels", "a,b", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""

@@ -96,3 +96,47 @@ def test_another_json_file_is_not_taken_for_a_record(tmp_path):
     (tmp_path / "runs.json").write_text("[]")
     with pytest.raises(ValueError, match="not a plane-toy record"):
         load_record(tmp_path / "runs.json")
+
+
+def _values(thickness1: list[float], thickness2: list[float] | None, r: list[float], dr: list[float]) -> dict:
+    """One seed's per-layer measures as :func:`seed_values` gives them (``thickness2`` None: panel (a))."""
+    layers = len(thickness1)
+    row = lambda xs: np.asarray([xs], dtype=np.float64)  # noqa: E731
+    return {
+        "thickness1": row(thickness1),
+        "thickness2": row(thickness2 if thickness2 is not None else [np.nan] * layers),
+        "R": row(r),
+        "Rc": row(np.subtract(r, dr)),
+        "dR": row(dr),
+        "misassigned": row([1.0] * layers),
+        "one_axis_share": row([0.0] * layers),
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "said"),
+    [
+        (_values([0.4, 0.65], None, [9.5, 9.9], [0, 0]), "the cluster thickens (thickness 0.400 → 0.650) and its "
+         "coding rate rises (R 9.500 → 9.900 bits)"),
+        (_values([0.4, 0.3], None, [2.0, 2.0001], [0, 0]), "the cluster thins somewhat (thickness 0.400 → 0.300) and "
+         "its coding rate stays (R 2.000 → 2.000 bits)"),
+        (_values([0.3, 0.7], [0.3, 0.6], [9, 9], [0.8, 0.0]), "the clusters thicken (thickness 0.300 → 0.700 and "
+         "0.300 → 0.600) and are merged (ΔR 0.800 → 0.000: nothing tells them apart any more)"),
+        (_values([0.4, 0.3], [0.3, 0.5], [9, 9], [0.8, 0.5]), "cluster 1 thins somewhat and cluster 2 thickens "
+         "(thickness 0.400 → 0.300 and 0.300 → 0.500), and they are drawn together (ΔR 0.800 → 0.500)."),
+        (_values([0.4, 0.1], [0.3, 0.31], [9, 9], [0.8, 0.8]), "cluster 1 is compressed and cluster 2 barely changes "
+         "in thickness (thickness 0.400 → 0.100 and 0.300 → 0.310), while ΔR stays 0.800."),
+    ],
+)  # fmt: skip
+def test_every_verb_of_a_reading_follows_the_direction_of_its_numbers(values, said):
+    """A thickness that rose was read "thins somewhat", a coding rate that rose "falls", and a ΔR that fell by a
+    fifth "nothing tells them apart any more"."""
+    assert said in read_panel(values, 40)
+
+
+def test_the_readings_the_newcomer_found_contradicting_their_tables():
+    (lone,) = run_toy(["a"], [2], ToyConfig(eps=0.03))
+    text = read_panel(seed_values([lone])["a"], 20)
+    assert "the cluster thickens (thickness 0.398 → 0.654) and its coding rate rises (R 9.579 → 9.993 bits)" in text
+    (both,) = run_toy(["c"], [0], ToyConfig(eps=1e-3))
+    assert "the clusters thicken (thickness 0.307 → 0.683" in read_panel(seed_values([both])["c"], 40)

@@ -12,11 +12,13 @@ from .options import (
     file_path,
     folder_path,
     non_negative_number,
-    positive_rate,
+    number_between,
+    positive_number,
     quiet_option,
     refuse_listed_twice,
     seed_option,
     thread_count,
+    whole_number_between,
 )
 from .registry import Command
 
@@ -24,7 +26,7 @@ __all__ = ["CRATE"]
 
 
 def _toy_arguments(toy: argparse.ArgumentParser) -> None:
-    from alfa.study.crate.toy import DEFAULT_PANELS, PANELS, ToyConfig
+    from alfa.study.crate.toy import DEFAULT_PANELS, EPS_RANGE, EPS_WHY, MAX_LAYERS, PANELS, ToyConfig
 
     constants = ToyConfig()
     toy.add_argument("--seeds", type=at_least(1), default=10, help="number of seeds to run (default %(default)s)")
@@ -42,12 +44,17 @@ def _toy_arguments(toy: argparse.ArgumentParser) -> None:
     )
     toy.add_argument(
         "--eps",
-        type=float,
+        type=number_between(*EPS_RANGE, f" ({EPS_WHY})"),
         default=constants.eps,
-        help="ε of the coding rates R, R_c and of the steps (default %(default)s)",
+        help=f"ε of the coding rates R, R_c and of the steps, {EPS_RANGE[0]:g} to {EPS_RANGE[1]:g} (default "
+        "%(default)s)",
     )
     toy.add_argument(
-        "--eta", type=positive_rate, default=constants.eta, help="ISTA step size η in panel (d) (default %(default)s)"
+        "--eta",
+        type=positive_number,
+        default=constants.eta,
+        help="ISTA step size η in panel (d), above 0 (default %(default)s; with D = I the step subtracts ηλ: a "
+        "threshold above the token length zeroes every token)",
     )
     toy.add_argument(
         "--lam",
@@ -56,7 +63,10 @@ def _toy_arguments(toy: argparse.ArgumentParser) -> None:
         help="ISTA sparsity λ in panel (d) (default %(default)s)",
     )
     toy.add_argument(
-        "--layers", type=at_least(1), default=constants.layers, help="number of layers (default %(default)s)"
+        "--layers",
+        type=whole_number_between(1, MAX_LAYERS, " (the tokens stop moving after a few; the spec runs 6)"),
+        default=constants.layers,
+        help=f"number of layers, 1 to {MAX_LAYERS} (default %(default)s)",
     )
     toy.add_argument("--show-runs", action="store_true", help="also print the table of every single run")
     toy.add_argument("--json", type=file_path, metavar="PATH", help="write every run (per-layer statistics) as JSON")
@@ -70,6 +80,7 @@ def _toy_arguments(toy: argparse.ArgumentParser) -> None:
     toy.add_argument(
         "--figure", type=file_path, metavar="PATH", help="write the four-panel figure (PNG, its plotted data beside it)"
     )
+    quiet_option(toy)
 
 
 def _gaze_arguments(gaze: argparse.ArgumentParser) -> None:
@@ -122,7 +133,7 @@ def _toy(args: argparse.Namespace) -> None:
     config = ToyConfig(eps=args.eps, eta=args.eta, lam=args.lam, layers=args.layers)
     config.validate()
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    runs = run_toy(panels, seeds, config)
+    runs = run_toy(panels, seeds, config, progress=not args.quiet)
     if args.show_runs:
         for run in runs:
             print(format_run(run), end="\n\n")

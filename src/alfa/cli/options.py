@@ -26,6 +26,9 @@ __all__ = [
     "deterministic_kernels",
     "at_least",
     "positive_rate",
+    "positive_number",
+    "number_between",
+    "whole_number_between",
     "non_negative_number",
     "fraction",
     "positive_fraction",
@@ -123,6 +126,43 @@ def positive_rate(text: str) -> float:
     if value > FLOAT32_MAX:
         raise argparse.ArgumentTypeError(f"must be at most {FLOAT32_MAX:.3g} (the weights are float32), got {text}")
     return value
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above 0, for a quantity computed in float64 whatever its size (no
+    float32 weights to overflow, unlike :func:`positive_rate`)."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def number_between(low: float, high: float, why: str = "") -> Callable[[str], float]:
+    """An argparse type: a number from ``low`` to ``high`` (``why`` says the reason for the range); NaN and the
+    infinities are outside it, and the message names the range for them too."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not low <= value <= high:  # NaN fails both comparisons
+            raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g}{why}, got {text}")
+        return value
+
+    return parse
+
+
+def whole_number_between(low: int, high: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high`` (``why`` says the reason for the bound)."""
+
+    def parse(text: str) -> int:
+        value = at_least(low)(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}{why}, got {value}")
+        return value
+
+    return parse
 
 
 def comma_list(text: str) -> list[str]:

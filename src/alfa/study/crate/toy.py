@@ -38,6 +38,8 @@ from .coding_rate import clustered_coding_rate, coding_rate, coding_rate_step
 __all__ = [
     "PANELS",
     "DEFAULT_PANELS",
+    "EPS_RANGE",
+    "MAX_LAYERS",
     "ToyPanel",
     "ToyConfig",
     "ToyRun",
@@ -91,6 +93,20 @@ PANELS: dict[str, ToyPanel] = {
 DEFAULT_PANELS = tuple(PANELS)
 
 
+EPS_RANGE = (1e-6, 1e6)
+"""The ``ε`` the toy takes. Its tokens have length 1 or 3: within this range ``c = p/(n ε²)`` and the rates stay well
+inside float64 (at ``ε = 1e6`` the rates are about 1e-12 bits, still several digits above float64's rounding), while
+far outside it ``ε²`` overflows or underflows, the softmax step's weight ``κ p/(n ε²)`` overflows the tokens (they
+come out as zeros: ``ε = 1e-100``), or every rate rounds to 0 (``ε = 1e12``)."""
+
+EPS_WHY = "the tokens have length 1 or 3: far outside, the rates over- or underflow float64"
+"""Why :data:`EPS_RANGE`, in a message's words."""
+
+MAX_LAYERS = 1000
+"""The most layers the toy runs: each layer is a row of every table, and its tokens long stop moving after a few
+(the spec runs 6); a mistyped count would otherwise run for hours and hold every layer's tokens in memory."""
+
+
 @dataclass
 class ToyConfig:
     """Constants of the toy; the defaults are the spec's (ISTA's ``η``, ``λ`` as in CRATE)."""
@@ -103,13 +119,16 @@ class ToyConfig:
     tokens_per_cluster: int = 20
 
     def validate(self) -> None:
-        if not self.eps > 0:
-            raise ValueError(f"eps must be positive, got {self.eps}")
-        if self.eta < 0 or self.lam < 0:
-            raise ValueError(f"eta and lam must be non-negative, got eta={self.eta}, lam={self.lam}")
-        if self.layers < 1 or self.tokens_per_cluster < 2:
+        low, high = EPS_RANGE
+        if not low <= self.eps <= high:  # NaN fails too
+            raise ValueError(f"eps must be from {low:g} to {high:g} ({EPS_WHY}), got {self.eps}")
+        # With D = I, ISTA is ReLU(Z - ηλ): any finite threshold is a step (one above the token length zeroes them all)
+        if not (math.isfinite(self.eta) and math.isfinite(self.lam) and self.eta >= 0 and self.lam >= 0):
+            raise ValueError(f"eta and lam must be finite and non-negative, got eta={self.eta}, lam={self.lam}")
+        if not 1 <= self.layers <= MAX_LAYERS or self.tokens_per_cluster < 2:
             raise ValueError(
-                f"need at least 1 layer and 2 tokens per cluster, got {self.layers}, {self.tokens_per_cluster}"
+                f"need 1 to {MAX_LAYERS} layers and at least 2 tokens per cluster, got {self.layers}, "
+                f"{self.tokens_per_cluster}"
             )
 
 
@@ -241,13 +260,22 @@ def _run_panel(key: str, seed: int, config: ToyConfig | None) -> ToyRun:
     return run
 
 
-def run_toy(panels: tuple[str, ...] | list[str], seeds: list[int], config: ToyConfig | None = None) -> list[ToyRun]:
-    """Every panel on every seed, panels outermost."""
+def run_toy(
+    panels: tuple[str, ...] | list[str], seeds: list[int], config: ToyConfig | None = None, *, progress: bool = False
+) -> list[ToyRun]:
+    """Every panel on every seed, panels outermost; ``progress``: a progress bar over the runs on stderr (for more
+    than one run)."""
     unknown = [p for p in panels if p not in PANELS]
     if unknown:
         raise ValueError(f"unknown toy panel(s) {', '.join(map(repr, unknown))}; known: {', '.join(PANELS)}")
+    (config or ToyConfig()).validate()  # before a bar is drawn
+    jobs = [(key, seed) for key in panels for seed in seeds]
+    if progress and len(jobs) > 1:  # one run is over in a second; tqdm imported only here, where a bar is drawn
+        from tqdm.auto import tqdm
+
+        jobs = tqdm(jobs, desc="crate toy", unit="run", leave=False)
     with torch_threads(1):  # as run_panel
-        return [_run_panel(key, seed, config) for key in panels for seed in seeds]
+        return [_run_panel(key, seed, config) for key, seed in jobs]
 
 
 def _describe(key: str, config_eta: float | None = None, config_lam: float | None = None) -> str:
@@ -410,26 +438,24 @@ def read_panel(values: dict[str, np.ndarray], n: int) -> str:
 
     names = ["thickness1"] if np.isnan(values["thickness2"]).all() else ["thickness1", "thickness2"]
     one = len(names) == 1
-    means = [stats[name][0] for name in names]
-    shrunk = all(t[last] < 0.5 * t[0] for t in means)
-    kept = all(abs(t[last] - t[0]) <= 0.05 * max(t[0], 1e-12) for t in means)
-    verbs = (
-        ("is compressed", "barely changes in thickness", "thins somewhat")
-        if one
-        else ("are compressed", "barely change in thickness", "thin somewhat")
-    )
-    words = [f"Reading: over the layers the {'cluster' if one else 'clusters'}"]
-    words.append(verbs[0] if shrunk else verbs[1] if kept else verbs[2])
-    words.append("(thickness " + " and ".join(move(name) for name in names) + ")")
+    subject, shrunk, each = _thickness_phrase([stats[name][0] for name in names], last)
+    words = [f"Reading: over the layers {subject}"]
+    # a phrase of each cluster's own ends in a comma: what follows is said of both ("…, and they are merged")
+    words.append("(thickness " + " and ".join(move(name) for name in names) + ")" + ("," if each else ""))
     if one:
-        words.append(f"and its coding rate falls (R {move('R')} bits)")
+        r0, r1 = (round(float(stats["R"][0, layer]), 3) for layer in (0, last))  # as the table prints them
+        rate = "falls" if r1 < r0 else "rises" if r1 > r0 else "stays"
+        words.append(f"and its coding rate {rate} (R {move('R')} bits)")
     else:
         d0, d1 = stats["dR"][0, 0], stats["dR"][0, last]
-        also = "and" if shrunk else "and are"  # "are compressed and merged", "thin somewhat and are merged"
+        # "are compressed and merged", "thin somewhat and are merged", "cluster 1 …, and they are merged"
+        also = "and they are" if each else "and" if shrunk else "and are"
         if d1 > 1.2 * d0:
             words.append(f"{also} pulled apart relative to their size (ΔR {move('dR')})")
-        elif d1 < 0.8 * d0:
+        elif d1 < 0.8 * d0 and abs(d1) < 0.0005:  # zero as the table prints it
             words.append(f"{also} merged (ΔR {move('dR')}: nothing tells them apart any more)")
+        elif d1 < 0.8 * d0:
+            words.append(f"{also} drawn together (ΔR {move('dR')})")
         else:
             words.append(f"while ΔR stays {at('dR', last)}")
     sentences = [" ".join(words) + "."]
@@ -446,6 +472,45 @@ def read_panel(values: dict[str, np.ndarray], n: int) -> str:
     sentences += _every_seed(values, names, n)
     sentences += _one_axis(values, at)
     return " ".join(sentences)
+
+
+THICKNESS_VERBS = {
+    "compressed": ("is compressed", "are compressed"),
+    "kept": ("barely changes in thickness", "barely change in thickness"),
+    "thinner": ("thins somewhat", "thin somewhat"),
+    "thicker": ("thickens", "thicken"),
+}
+"""What a cluster's thickness did from the input to the last layer (:func:`_thickness_change`), said of one cluster
+and of both."""
+
+
+def _thickness_change(first: float, last: float) -> str:
+    """Which of :data:`THICKNESS_VERBS` a cluster's mean thickness from ``first`` to ``last`` is: halved or more,
+    within 5 % of its start, or else thinner or thicker."""
+    if last < 0.5 * first:
+        return "compressed"
+    if abs(last - first) <= 0.05 * max(first, 1e-12):
+        return "kept"
+    return "thinner" if last < first else "thicker"
+
+
+def _thickness_phrase(means: list[np.ndarray], last: int) -> tuple[str, bool, bool]:
+    """The subject and verb of a reading's first sentence (``means``: each cluster's mean thickness per layer),
+    whether every cluster was compressed, and whether the clusters got a verb each (they moved apart in direction:
+    "cluster 1 thins somewhat and cluster 2 thickens"). Every verb follows the direction of its numbers."""
+    kinds = [_thickness_change(t[0], t[last]) for t in means]
+    if len(means) == 1:
+        return f"the cluster {THICKNESS_VERBS[kinds[0]][0]}", kinds[0] == "compressed", False
+    if len(set(kinds)) == 1:
+        shared = kinds[0]
+    elif all(t[last] < t[0] for t in means):  # e.g. one halved, the other thinner: both thinner
+        shared = "thinner"
+    elif all(t[last] > t[0] for t in means):
+        shared = "thicker"
+    else:
+        each = " and ".join(f"cluster {j} {THICKNESS_VERBS[kind][0]}" for j, kind in enumerate(kinds, 1))
+        return each, False, True
+    return f"the clusters {THICKNESS_VERBS[shared][1]}", shared == "compressed", False
 
 
 def _spread(values: np.ndarray) -> str:
