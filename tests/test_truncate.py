@@ -63,6 +63,10 @@ def test_truncate_model_in_place(small_net):
     report = alfa.truncate(small_net, rank=8)
     assert set(report.factorized) == {"conv1", "conv2", "conv3", "fc1"}
     assert "fc2" in report.left_dense and "no saving" in report.left_dense["fc2"]
+    # the rank asked is above fc2's own (2 outputs): the sum is said at the d it was taken with, not at 8
+    assert report.left_dense["fc2"].endswith("(d = min(m, n) = 2: the rank asked is above the layer's)")
+    at_its_rank = alfa.truncate(nn.Sequential(nn.Linear(64, 64), nn.Linear(4, 3)), rank=2, weights=False)
+    assert at_its_rank.left_dense["1"] == "no saving: d·(m+n) = 14 ≥ m·n = 12"
     assert isinstance(small_net.conv2, FactorizedConv2d) and isinstance(small_net.fc1, FactorizedLinear)
     assert isinstance(small_net.fc2, nn.Linear)
     assert small_net(x).shape == (2, 2)

@@ -73,7 +73,9 @@ def _skip_reason(module: nn.Module, rank: int) -> str | None:
     m, n = spec.m, spec.n
     d = min(rank, m, n)
     if d * (m + n) >= m * n:
-        return f"no saving: d·(m+n) = {d * (m + n)} ≥ m·n = {m * n}"
+        # a rank above the layer's own is held at min(m, n): the sum is said at the d it was taken with
+        capped = "" if d == rank else f" (d = min(m, n) = {d}: the rank asked is above the layer's)"
+        return f"no saving: d·(m+n) = {d * (m + n)} ≥ m·n = {m * n}{capped}"
     return None
 
 
