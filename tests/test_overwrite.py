@@ -204,7 +204,7 @@ def test_speed_refuses_only_the_data_it_would_write(tmp_path: Path, capsys, monk
 
     ran = []
 
-    def measured(out=None, repeats: int = 1, image_size: int = 16, transformers: bool = False) -> None:
+    def measured(out=None, repeats: int = 1, image_size: int = 16, transformers: bool = False, threads=None) -> None:
         ran.append(out)
 
     monkeypatch.setattr(speed, "main", measured)

@@ -131,7 +131,7 @@ def test_a_figure_that_plots_one_other_value_is_reported(tmp_path, monkeypatch):
     assert check_pages(tmp_path, (GAZE,)) == [GAZE_CHANGED]
 
 
-def test_a_png_with_other_bytes_but_the_same_data_passes(tmp_path):
+def test_a_png_with_other_bytes_but_the_same_data_passes_and_no_png_does_not(tmp_path):
     import matplotlib.pyplot as plt
 
     page = _figure_page()
@@ -144,8 +144,10 @@ def test_a_png_with_other_bytes_but_the_same_data_passes(tmp_path):
     plt.close(fig)
     assert png.read_bytes() != committed and png.read_bytes()[:4] == b"\x89PNG"
     assert check_pages(tmp_path, (page,)) == []
-    png.write_bytes(b"not even a PNG")
-    assert check_pages(tmp_path, (page,)) == []
+    png.write_bytes(b"not even a PNG")  # the same plotted data beside it, but no image: that passed too
+    assert check_pages(tmp_path, (page,)) == [
+        f"{png.relative_to(tmp_path)}: not a whole PNG image (no PNG signature; run: alfa pages --write)"
+    ]
     png.unlink()
     plotted_path(png).unlink()
     assert check_pages(tmp_path, (page,)) == [
