@@ -296,8 +296,8 @@ PAGES = Command(
     help="check (default) or rewrite the generated pages of docs/ from their committed data",
     description="Every generated page of docs/ is made from data committed under docs/data/. --check (the "
     "default) renders each page and its figures from that data and compares them with the committed files (pages "
-    "byte for byte, figures by the data they plot, saved beside each PNG), exiting 2 on a difference; --write "
-    "rewrites them.",
+    "byte for byte, figures by the data they plot, saved beside each PNG, which must be a whole PNG file), exiting 2 "
+    "on a difference; --write rewrites them.",
     add_arguments=_pages_arguments,
     run=_pages,
     extra="study",
