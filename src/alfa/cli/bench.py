@@ -34,6 +34,7 @@ from .options import (
     precision_option,
     quiet_option,
     thread_count,
+    whole_number_between,
 )
 from .registry import Command
 
@@ -390,16 +391,9 @@ BENCH_SEED_LIMIT = 2**31 - 1
 99999999999999999999 was listed by --dry-run, then failed in a run with "Overflow when unpacking long long"."""
 
 
-def _bench_seed(text: str) -> int:
-    value = at_least(0)(text)
-    if value > BENCH_SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be at most {BENCH_SEED_LIMIT}, got {value}")
-    return value
-
-
 def _seed_list(text: str) -> tuple[int, ...]:
     """``--seeds``: comma-separated whole numbers from 0 to :data:`BENCH_SEED_LIMIT`."""
-    return tuple(comma_separated(_bench_seed)(text))
+    return tuple(comma_separated(whole_number_between(0, BENCH_SEED_LIMIT))(text))
 
 
 _counts = comma_separated(at_least(1))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .guards import check_finished, refuse_a_model_folder_as_users, refuse_calibrations_under_tta
-from .options import at_least, default_of, tta_of, tta_option
+from .options import at_least, default_of, tta_of, tta_option, whole_number_between
 from .registry import Command
 
 __all__ = ["SERVE"]
@@ -54,16 +54,6 @@ def _seconds(text: str) -> float:
     if not 0 < value < 3600:
         raise argparse.ArgumentTypeError(f"expected seconds above 0 and below 3600, got {text}")
     return value
-
-
-def _bound(low: int, high: int, why: str) -> Any:
-    def parse(text: str) -> int:
-        value = at_least(low)(text)
-        if value > high:
-            raise argparse.ArgumentTypeError(f"at most {high} ({why}), got {value}")
-        return value
-
-    return parse
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -286,7 +276,8 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                    f"{TOKEN_ENV} environment variable, which other users of the machine cannot see; --selftest makes "
                    "its own)")  # fmt: skip
     p.add_argument("--workers", type=_workers, default=limits.workers, help="request threads (default %(default)s)")
-    p.add_argument("--queue", type=_bound(1, 4096, "each waiting connection holds a socket"), default=limits.queue,
+    queue = whole_number_between(1, 4096, " (each waiting connection holds a socket)")
+    p.add_argument("--queue", type=queue, default=limits.queue,
                    help="connections waiting for a worker; beyond it: 503 at once (default %(default)s)")  # fmt: skip
     p.add_argument("--request-timeout", type=_seconds, default=limits.request_timeout,
                    help="seconds to receive a whole request (default %(default)s)")  # fmt: skip
@@ -302,9 +293,9 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no access log (--selftest keeps none)")
     test = p.add_argument_group("load test (--selftest: on 127.0.0.1 only, then exit; non-zero if anything failed)")
     test.add_argument("--selftest", action="store_true", help="put the service under load and check every answer")
-    test.add_argument("--clients", type=_bound(1, 1000, "each is a thread and a socket"),
+    test.add_argument("--clients", type=whole_number_between(1, 1000, " (each is a thread and a socket)"),
                       help=f"concurrent clients (default {defaults['clients']})")  # fmt: skip
-    test.add_argument("--requests", type=_bound(1, 100_000, "a load test, not a soak"),
+    test.add_argument("--requests", type=whole_number_between(1, 100_000, " (a load test, not a soak)"),
                       help=f"requests in all (default {defaults['requests']})")  # fmt: skip
     test.add_argument("--time-limit", type=_seconds, help=f"seconds for all (default {defaults['time_limit']:g})")
 
