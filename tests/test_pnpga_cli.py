@@ -101,6 +101,15 @@ def test_bad_members_are_refused_in_one_line(members, tmp_path, capsys):
     assert f"--out {members} is this command's --members" in capsys.readouterr().err
 
 
+def test_a_person_file_no_pnpga_run_wrote_is_not_replaced(members, tmp_path, capsys):
+    out = tmp_path / "a"
+    out.mkdir()
+    (out / "p01.safetensors").write_bytes(b"someone's adapter")
+    assert _adapt(members, out) == 2
+    assert "holds p01.safetensors, which no PnP-GA run there wrote" in capsys.readouterr().err
+    assert (out / "p01.safetensors").read_bytes() == b"someone's adapter" and not (out / "p00.safetensors").exists()
+
+
 def test_an_unfinished_members_training_is_refused(members, tmp_path, capsys):
     folder = tmp_path / "m"
     (folder / "pretrain").mkdir(parents=True)

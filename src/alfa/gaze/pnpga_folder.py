@@ -124,7 +124,8 @@ def _record_of(out: Path, key: dict, replace: bool) -> dict:
     if record.get("key") == key:
         return record
     if not replace:
-        differs = sorted(k for k in key if record.get("key", {}).get(k) != key[k])
+        theirs = record["key"] if isinstance(record.get("key"), dict) else {}
+        differs = sorted(k for k in key if theirs.get(k) != key[k])
         raise ValueError(
             f"--out {out} holds a PnP-GA run of another {', '.join(differs) or 'kind'}: choose another folder, or "
             "pass --replace to remove its models and adapt again"
@@ -163,6 +164,11 @@ def adapt_persons(
     out.mkdir(parents=True, exist_ok=True)
     n_eval = {p: len(eval_indices(data, p, config.images)) for p in persons}
     scored = [p for p in persons if n_eval[p] > 0]
+    foreign = [
+        adapter_filename(p) for p in scored if p not in record["persons"] and (out / adapter_filename(p)).exists()
+    ]
+    if foreign:  # a file no PnP-GA run there wrote (another user's adapter): not this run's to replace
+        raise ValueError(f"--out {out} holds {foreign[0]}, which no PnP-GA run there wrote: choose another folder")
     for person in tqdm(scored, desc="pnpga", disable=not progress):
         done = record["persons"].get(person)
         if done is not None and (out / done["file"]).is_file():
