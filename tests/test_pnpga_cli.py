@@ -101,6 +101,52 @@ def test_bad_members_are_refused_in_one_line(members, tmp_path, capsys):
     assert f"--out {members} is this command's --members" in capsys.readouterr().err
 
 
+def test_a_members_folder_is_one_runs_and_adapt_reads_its_k_snapshots(members, tmp_path, capsys):
+    argv = ["pnpga", "members", "--model", "tiny_gaze_net", "--data", SOURCE, "--out", str(members), "--quiet"]
+    recipe = ["--epochs", "3", "--batch-size", "8", "--preset", "demo", "--members", "2"]
+    before = {p.name: p.stat().st_mtime_ns for p in members.glob("epoch-*")}
+    assert main([*argv, *recipe]) == 0  # the same run: read back
+    capsys.readouterr()
+    for other in (["--seed", "1"], ["--lr", "0.5"], ["--members", "3"]):  # each was handed the seed-0 snapshots
+        assert main([*argv, *recipe, *other]) == 2
+        assert "holds the members of another run" in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in members.glob("epoch-*")} == before
+    # an adapt folder is no members folder, and the other way round
+    assert _adapt(members, tmp_path / "a", "--persons", "p00") == 0
+    assert main([*argv[:-2], str(tmp_path / "a"), "--quiet", *recipe]) == 2
+    assert "holds alfa pnpga adapt's models (pnpga.json)" in capsys.readouterr().err
+    other = tmp_path / "m2"
+    other.mkdir()
+    (other / "members.json").write_text("{}")
+    assert _adapt(members, other) == 2
+    assert "holds an ensemble's snapshots (alfa pnpga members)" in capsys.readouterr().err
+    # a snapshot left by a longer training than its record's is no member
+    (members / "epoch-001.safetensors").write_bytes((members / "epoch-002.safetensors").read_bytes())
+    try:
+        assert _adapt(members, tmp_path / "b", "--persons", "p00") == 0
+        assert "2 members, the last predicting" in capsys.readouterr().out
+    finally:
+        (members / "epoch-001.safetensors").unlink()
+
+
+def test_another_worlds_persons_of_the_same_names_are_refused_unless_replaced(members, tmp_path, capsys):
+    assert _adapt(members, tmp_path / "a") == 0
+    before = json.loads((tmp_path / "a" / "pnpga.json").read_text())["persons"]["p00"]["after"]
+    argv = ["pnpga", "adapt", "--members", str(members), "--source-data", SOURCE, "--data", TARGET + "&seed=7"]
+    argv += ["--out", str(tmp_path / "a"), "--epochs", "1", "--quiet"]
+    capsys.readouterr()
+    assert main(argv) == 2  # it printed the first world's table as this one's
+    assert "holds a PnP-GA run on other images of 'p00'" in capsys.readouterr().err
+    assert main([*argv, "--replace"]) == 0
+    assert json.loads((tmp_path / "a" / "pnpga.json").read_text())["persons"]["p00"]["after"] != before
+
+
+def test_more_members_than_epochs_is_said(tmp_path, capsys):
+    argv = ["pnpga", "members", "--model", "tiny_gaze_net", "--data", SOURCE, "--out", str(tmp_path / "m")]
+    assert main([*argv, "--epochs", "1", "--batch-size", "8", "--preset", "demo", "--members", "3", "--quiet"]) == 0
+    assert "--members 3 asks for more than the 1 epochs this training runs: 1 members" in capsys.readouterr().err
+
+
 def test_a_person_file_no_pnpga_run_wrote_is_not_replaced(members, tmp_path, capsys):
     out = tmp_path / "a"
     out.mkdir()

@@ -35,7 +35,9 @@ __all__ = ["PNPGA"]
 
 def _members(args: argparse.Namespace) -> None:
     from alfa.gaze.devices import resolve_device
+    from alfa.gaze.pipeline import data_fingerprint
     from alfa.gaze.pnpga import snapshot_paths, train_snapshot_members
+    from alfa.gaze.pnpga_folder import check_members_run
     from alfa.gaze.train import refuse_mixed_sizes
     from alfa.models import create_model
 
@@ -47,6 +49,19 @@ def _members(args: argparse.Namespace) -> None:
     val = open_spec(args.val_data) if args.val_data else None
     refuse_mixed_sizes(data, *([val] if val is not None else []))
     refuse_a_model_that_is_not_a_gaze_model(model.to(device), args.model, data)
+    identity = {
+        "model": args.model,
+        "data": args.data,
+        "val_data": args.val_data,
+        "data_fingerprint": data_fingerprint(data),
+    }
+    check_members_run(args.out, {**identity, "train_config": config.to_dict(), "members": args.member_count})
+    if args.member_count > config.epochs:  # said up front: below five the outlier term flags no member at first
+        print(
+            f"alfa pnpga members: note: --members {args.member_count} asks for more than the {config.epochs} epochs "
+            f"this training runs: {config.epochs} members, a snapshot of every epoch",
+            file=sys.stderr,
+        )
     train_snapshot_members(
         args.model, config.seed, data, val, config, args.out, args.member_count, progress=not args.quiet, device=device
     )

@@ -22,17 +22,46 @@ from tqdm.auto import tqdm
 from alfa.checkpoint import load_model, read_checkpoint, save_model
 from alfa.fileio import read_kept_json, write_json
 
-from .data.base import GazeDataset
+from .data.base import GazeDataset, images_differ
 from .evaluate import INPUT_SCALING, EvaluationReport, adapter_filename, eval_indices, load_images, person_errors
 from .personalize import person_seed
 from .pnpga import PnPGAConfig, adapt_person, source_examples
 from .train import input_size
 from .train_state import MODEL_FILE
 
-__all__ = ["RECORD", "MembersOfFiles", "read_members", "adapt_persons"]
+__all__ = ["RECORD", "MEMBERS_RECORD", "MembersOfFiles", "check_members_run", "read_members", "adapt_persons"]
 
 RECORD = "pnpga.json"
 """The record of an ``alfa pnpga adapt`` folder: the run's key and, per person, its file and numbers."""
+
+MEMBERS_RECORD = "members.json"
+"""The record of an ``alfa pnpga members`` folder: what the training is (model, data, recipe, ``K``), so that a run
+of other settings into it is refused rather than handed the snapshots already there, and ``adapt`` reads exactly
+its ``K`` snapshots (not those a training of more epochs left)."""
+
+_NOT_THE_RUN = ("num_workers", "eval_batch_size")  # how it is computed, not what: a resume may change them
+
+
+def check_members_run(out: str | Path, key: dict[str, Any]) -> None:
+    """Refuse (``ValueError``) ``out`` where it holds another run's members, an adapt run's models, or snapshots of
+    no recorded run; else record ``key`` there (the model, data, recipe and ``K`` of the run about to fill it)."""
+    out = Path(out)
+    if (out / RECORD).is_file():
+        raise ValueError(f"--out {out} holds alfa pnpga adapt's models ({RECORD}): choose another folder")
+    mine = {**key, "train_config": {k: v for k, v in key["train_config"].items() if k not in _NOT_THE_RUN}}
+    path = out / MEMBERS_RECORD
+    if path.is_file():
+        theirs = read_kept_json(path)
+        if theirs != mine:
+            differs = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+            raise ValueError(
+                f"--out {out} holds the members of another run (its {', '.join(differs)} differ): use another --out"
+            )
+        return
+    if any(out.glob("epoch-*.safetensors")):
+        raise ValueError(f"--out {out} holds snapshots no recorded run made there: use another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(path, mine)
 
 
 @dataclasses.dataclass
@@ -46,11 +75,22 @@ class MembersOfFiles:
     header: dict[str, Any]
 
 
+def _snapshots_of(folder: Path) -> list[Path]:
+    """A members folder's snapshots: the ``K`` its record names (a training extended to more epochs left earlier
+    ones), else every ``epoch-NNN.safetensors`` (a folder the benchmark kept)."""
+    from .pnpga import snapshot_paths
+
+    if (folder / MEMBERS_RECORD).is_file():
+        record = read_kept_json(folder / MEMBERS_RECORD)
+        return [p for p in snapshot_paths(folder, record["members"], record["train_config"]["epochs"]) if p.is_file()]
+    return sorted(folder.glob("epoch-*.safetensors"))
+
+
 def _member_files(paths: Sequence[str | Path]) -> list[Path]:
     files: list[Path] = []
     for given in map(Path, paths):
         if given.is_dir():
-            found = sorted(given.glob("epoch-*.safetensors"))
+            found = _snapshots_of(given)
             if not found:
                 raise ValueError(
                     f"--members {given}: no epoch-NNN.safetensors snapshots in it (alfa pnpga members writes them)"
@@ -116,6 +156,8 @@ def _record_of(out: Path, key: dict, replace: bool) -> dict:
     path = out / RECORD
     if (out / MODEL_FILE).is_file():  # a person named "model" would replace it
         raise ValueError(f"--out {out} holds a model ({MODEL_FILE}): choose another folder")
+    if (out / MEMBERS_RECORD).is_file() or any(out.glob("epoch-*.safetensors")):
+        raise ValueError(f"--out {out} holds an ensemble's snapshots (alfa pnpga members): choose another folder")
     if not path.is_file():
         return {"key": key, "persons": {}}
     record = read_kept_json(path)
@@ -169,10 +211,24 @@ def adapt_persons(
     ]
     if foreign:  # a file no PnP-GA run there wrote (another user's adapter): not this run's to replace
         raise ValueError(f"--out {out} holds {foreign[0]}, which no PnP-GA run there wrote: choose another folder")
+    # the dataset's name alone let another world's numbers through, printed as this run's
+    stale = {
+        p: why
+        for p, done in record["persons"].items()
+        if p in n_eval and (why := images_differ(done.get("data"), data, p))
+    }
+    if stale and not replace:
+        person, why = next(iter(stale.items()))
+        raise ValueError(
+            f"--out {out} holds a PnP-GA run on other images of {person!r} ({why}): choose another folder, or pass "
+            "--replace to remove its models and adapt again"
+        )
+    for person in stale:
+        (out / record["persons"].pop(person)["file"]).unlink(missing_ok=True)
     for person in tqdm(scored, desc="pnpga", disable=not progress):
         done = record["persons"].get(person)
         if done is not None and (out / done["file"]).is_file():
-            continue
+            continue  # checked against this data before the loop
         indices = data.person_indices(person)[: config.images]
         ensemble = adapt_person(
             members.models, load_images(data, indices), labelled, config, person_seed(seed, person, "pnpga")
@@ -190,6 +246,7 @@ def adapt_persons(
         )
         record["persons"][person] = {
             "file": file,
+            "data": data.person_signature(person),
             "seconds": round(ensemble.seconds, 3),
             "loss": [ensemble.losses[0]["loss"], ensemble.losses[-1]["loss"]],
             "before": person_errors(start, data, [person], config.images)[person],
