@@ -424,3 +424,12 @@ def test_a_model_no_constructor_is_registered_for_is_not_saved_as_one_load_could
     with pytest.raises(ValueError, match=r"^train_source: no model is registered as 'my_net'"):
         train_source(TinyGazeNet(), None, TrainConfig(), tmp_path / "run", model_name="my_net")  # (data unread)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_whole_model_given_as_an_adapter_says_where_it_goes(tmp_path):
+    # alfa predict --adapter with a model (alfa pnpga adapt writes one per person) said only "no header"
+    from alfa.checkpoint import save_model
+
+    path = save_model(tmp_path / "p00.safetensors", TinyGazeNet(), "tiny_gaze_net")
+    with pytest.raises(AdapterFileError, match=r"a whole model \(an alfa checkpoint\), not an adapter: give it as the"):
+        alfa.read_adapter_metadata(path)

@@ -21,6 +21,9 @@ COMMANDS = [
     ["tpgaze", "personalize"],
     ["example"],  # these two had none: they ran on every core of a shared machine
     ["speed"],
+    ["predict"],  # these three had none either
+    ["pnpga", "members"],
+    ["pnpga", "adapt"],
 ]
 
 

@@ -132,7 +132,7 @@ BAD_REQUESTS = {
     "a path as id": (_request("/predict?user=../base", PNG), 400, "a user id is letters"),
     "a 5000-character id": (_request(f"/predict?user={'a' * 5000}", PNG), 400, "5000 characters; the limit is 128"),
     "the id twice": (_request("/predict?user=ann&user=bob", PNG), 400, "'user' given 2 times"),
-    "no id": (_request("/predict", PNG), 400, "no user"),
+    "no id": (_request("/predict", PNG), 400, "no user: add ?user=ID to the request's path"),
     "a broken adapter": (_request("/predict?user=broken", PNG), 500, "their adapter file is damaged"),
     "another person's adapter": (_request("/predict?user=dan", PNG), 404, "does not load onto this base"),
     "another image size": (_request("/predict?user=ann", png_bytes(_face(1, 48))), 400, "the image is 48×48"),

@@ -387,6 +387,11 @@ def read_adapter_metadata(path: str | os.PathLike) -> dict[str, Any]:
         if unopened is not None:  # the file does not open (permission denied, or gone since): not its bytes
             raise unopened from e
         raise AdapterFileDamaged(f"{path}: not a readable safetensors file ({kind_of_file(path) or e})") from e
+    if raw.get("format") == "alfa-checkpoint":  # checkpoint.FORMAT: a model, given where an adapter goes
+        raise AdapterFileError(
+            f"{path}: a whole model (an alfa checkpoint), not an adapter: give it as the model (--checkpoint), with no "
+            "adapter"
+        )
     if raw.get("format") != FORMAT:
         raise AdapterFileError(f"{path}: not an alfa adapter file (no '{FORMAT}' header)")
     if raw.get("version") != str(VERSION):

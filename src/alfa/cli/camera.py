@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .options import at_least, default_of, device_option, positive_fraction, quiet_option
+from .options import at_least, default_of, device_option, positive_fraction, quiet_option, threads_option
 from .registry import Command
 
 __all__ = ["PREDICT"]
@@ -68,6 +68,7 @@ def _predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--every", type=at_least(1), help=f"video: every N-th frame (default {every})")
     quiet_option(p)
     device_option(p)
+    threads_option(p)
 
 
 def _options(args: argparse.Namespace) -> tuple[Any, Any]:

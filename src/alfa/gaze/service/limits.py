@@ -94,7 +94,9 @@ def user_id(text: str | None, limits: ServiceLimits) -> str:
     """``text`` if it is a valid user id (letters, digits, ``.``, ``_``, ``-``, not starting with ``.``, ``_``
     or ``-``, at most ``limits.max_user_chars`` long): the id is the name of the user's adapter file."""
     if not text:
-        raise ServiceError(400, "no user: POST /predict?user=ID")
+        raise ServiceError(
+            400, "no user: add ?user=ID to the request's path (POST /predict?user=ID, /predict/photo?user=ID)"
+        )
     if len(text) > limits.max_user_chars:
         raise ServiceError(400, f"the user id is {len(text)} characters; the limit is {limits.max_user_chars}")
     if not USER_ID.fullmatch(text):
