@@ -254,3 +254,10 @@ def test_layers_are_bounded_and_a_run_shows_its_progress_unless_quiet(capsys):
     assert "crate toy:" in capsys.readouterr().err  # the bar over the 4 runs
     assert main(["crate", "toy", "--seeds", "2", "--panels", "a,b", "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_cli_refuses_a_seed_count_beyond_its_bound_in_one_line(capsys):
+    # --seeds had no bound: a mistyped count ran for hours, holding every run for the tables
+    assert _exit_code(["crate", "toy", "--seeds", "100000", "--panels", "a"]) == 2
+    err = capsys.readouterr().err
+    assert "--seeds: must be at most 10000" in err and err.count("\n") == 1

@@ -56,15 +56,15 @@ def _members(args: argparse.Namespace) -> None:
         "data_fingerprint": data_fingerprint(data),
     }
     check_members_run(args.out, {**identity, "train_config": config.to_dict(), "members": args.member_count})
-    if args.member_count > config.epochs:  # said up front: below five the outlier term flags no member at first
+    train_snapshot_members(
+        args.model, config.seed, data, val, config, args.out, args.member_count, progress=not args.quiet, device=device
+    )
+    if args.member_count > config.epochs:  # after the training, which a refused run never reaches: one line then
         print(
             f"alfa pnpga members: note: --members {args.member_count} asks for more than the {config.epochs} epochs "
             f"this training runs: {config.epochs} members, a snapshot of every epoch",
             file=sys.stderr,
         )
-    train_snapshot_members(
-        args.model, config.seed, data, val, config, args.out, args.member_count, progress=not args.quiet, device=device
-    )
     kept = snapshot_paths(args.out, args.member_count, config.epochs)
     first, last = (int(p.stem.removeprefix("epoch-")) for p in (kept[0], kept[-1]))
     print(f"{len(kept)} members of {args.model} on {data.name}: the snapshots of epochs {first}–{last} in {args.out}")

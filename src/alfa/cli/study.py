@@ -167,7 +167,10 @@ def _pages(args: argparse.Namespace) -> None:
         print(p)
     if problems:
         raise RuntimeError(f"{len(problems)} generated file(s) differ from their committed data; see above")
-    print("every generated page regenerates from its committed data (pages byte for byte, figures by what they plot)")
+    print(
+        "every generated page regenerates from its committed data (pages byte for byte, figures by what they plot, "
+        "each a whole PNG file)"
+    )
 
 
 # ----------------------------------------------------------------------------- costs
