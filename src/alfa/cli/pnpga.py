@@ -74,7 +74,7 @@ def _members(args: argparse.Namespace) -> None:
 def _adapt(args: argparse.Namespace) -> None:
     from alfa.gaze.devices import resolve_device
     from alfa.gaze.pnpga import PnPGAConfig
-    from alfa.gaze.pnpga_folder import adapt_persons, read_members
+    from alfa.gaze.pnpga_folder import RECORD, adapt_persons, read_members
     from alfa.gaze.train import check_input_size
 
     device = resolve_device(args.device)
@@ -104,7 +104,7 @@ def _adapt(args: argparse.Namespace) -> None:
     options = {"persons": persons, "seed": args.seed, "replace": args.replace, "progress": not args.quiet}
     report = adapt_persons(members, data, source, args.source_data, config, args.out, **options)
     print(report.format_table(failures=False))
-    print(f"{k} members, the last predicting; one model per person in {args.out} (its record: pnpga.json)")
+    print(f"{k} members, the last predicting; one model per person in {args.out} (its record: {RECORD})")
     if k < 5:  # docs/pnpga.md: the largest z-score among K values is (K − 1)/√K, under 1.645 for K ≤ 4
         print(
             f"alfa pnpga adapt: note: with {k} members the outlier term flagged no member at the start (PnP-GA's "

@@ -67,12 +67,14 @@ def check_members_run(out: str | Path, key: dict[str, Any]) -> None:
 @dataclasses.dataclass
 class MembersOfFiles:
     """The ensemble read from ``files`` (oldest first; the last predicts), the registered ``model_name`` they
-    share and the ``header`` of the last (its input size and pixel scaling, which the data is checked against)."""
+    share, the ``header`` of the last (its input size and pixel scaling, which the data is checked against) and each
+    file's tensor ``checksums`` (what a run's key names them by)."""
 
     models: list[nn.Module]
     files: list[Path]
     model_name: str
     header: dict[str, Any]
+    checksums: list[str]
 
 
 def _snapshots_of(folder: Path) -> list[Path]:
@@ -137,12 +139,12 @@ def read_members(paths: Sequence[str | Path]) -> MembersOfFiles:
         values = {repr(h.get(what)) for h in headers}
         if len(values) > 1:
             raise ValueError(f"--members: the files differ in their {what} ({', '.join(sorted(values))}): one model")
-    return MembersOfFiles(models, files, headers[-1]["model"], headers[-1])
+    return MembersOfFiles(models, files, headers[-1]["model"], headers[-1], [h.get("checksum") for h in headers])
 
 
 def _run_key(members: MembersOfFiles, data: GazeDataset, source: str, config: PnPGAConfig, seed: int) -> dict:
     return {
-        "members": [read_checkpoint(f, header_only=True)[1].get("checksum") for f in members.files],
+        "members": members.checksums,
         "dataset": data.name,
         "source": source,
         "config": config.to_dict(),
@@ -204,6 +206,7 @@ def adapt_persons(
     start = members.models[config.predict_with]
     labelled: tuple[Tensor, Tensor] = source_examples(source, config.source_images)
     out.mkdir(parents=True, exist_ok=True)
+    size = tuple(members.header.get("input_size") or input_size(data))
     n_eval = {p: len(eval_indices(data, p, config.images)) for p in persons}
     scored = [p for p in persons if n_eval[p] > 0]
     foreign = [
@@ -235,7 +238,6 @@ def adapt_persons(
         )
         file = adapter_filename(person)
         about = {"pnpga": {"person": person, "dataset": data.name, "adaptation_images": list(indices), **key}}
-        size = tuple(members.header.get("input_size") or input_size(data))
         save_model(
             out / file,
             ensemble.predictor,

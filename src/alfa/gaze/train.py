@@ -35,8 +35,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from alfa import checkpoint
-from alfa.checkpoint import CheckpointError, load_state, model_checksum, read_checkpoint, save_model
+from alfa.checkpoint import (
+    CheckpointError,
+    load_state,
+    model_checksum,
+    read_checkpoint,
+    refuse_unregistered_model,
+    save_model,
+)
 from alfa.summary import parameter_summary
 from alfa.truncate import DEFAULT_RANK, canonicalize, restore_structure, truncate
 
@@ -332,7 +338,7 @@ def train_source(
     process also writes its state inside an epoch every ``inside_epoch_every_s`` seconds (``None``: never).
     """
     config.validate()
-    checkpoint.refuse_unregistered_model(model_name, "train_source")
+    refuse_unregistered_model(model_name, "train_source")
     rank, world = distributed.rank_and_world()
     if world > 1 and config.batch_size < 2 * world:  # before anything is made
         raise ValueError(
