@@ -48,6 +48,7 @@ if "micro_gaze_net" not in list_models():
 
     @register_model
     def micro_gaze_net(num_outputs: int = 2) -> MicroGazeNet:
+        """The tests' :class:`MicroGazeNet`, registered so that a checkpoint of it loads."""
         return MicroGazeNet(num_outputs)
 
 
@@ -55,6 +56,7 @@ if "tiny_gaze_net" not in list_models():
 
     @register_model
     def tiny_gaze_net(num_outputs: int = 2) -> TinyGazeNet:
+        """The tests' :class:`TinyGazeNet`, registered so that a checkpoint of it loads."""
         return TinyGazeNet(num_outputs)
 
 

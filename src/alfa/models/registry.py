@@ -31,5 +31,5 @@ def list_models() -> list[str]:
 def create_model(name: str, **kwargs) -> nn.Module:
     """Build a registered model by name, e.g. ``create_model("resnet18_gaze")``."""
     if name not in _REGISTRY:
-        raise ValueError(f"unknown model {name!r}; known: {list_models()}")
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(list_models())}")
     return _REGISTRY[name](**kwargs)
