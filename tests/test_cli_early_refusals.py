@@ -38,7 +38,7 @@ def checkpoint(tmp_path_factory):
 
 
 BAD_VAL_DATA = [  # (--val-data, what the one line says): each was refused only after --data was made, a minute here
-    ("synthetic:bogus", "--val-data: unknown synthetic domain 'bogus'; known: ["),
+    ("synthetic:bogus", "--val-data: unknown synthetic domain 'bogus'; known: eth, gaze360, mpii,"),
     ("bogus", "--val-data: dataset spec 'bogus': expected one of synthetic:<domain>, "),
     ("nope:x", "--val-data: dataset spec 'nope:x': unknown kind 'nope'"),
     ("synthetic:eth?sise=3", "--val-data: dataset spec 'synthetic:eth?sise=3': bad option 'sise=3'"),

@@ -307,7 +307,7 @@ def test_the_command_says_its_default_and_refuses_bad_input_in_one_line(base, tm
         assert words in capsys.readouterr().err
     # an adapter option its method does not have, or a wrong value: one line before any person is tried
     for option, words in (
-        (["--option", "nonsense=3"], "unknown AlfaConfig options: ['nonsense']"),
+        (["--option", "nonsense=3"], "unknown AlfaConfig options: nonsense; the options are"),
         (["--adapter-method", "lora", "--option", "rank=0"], "must be positive"),
         # every person failed in turn on these (a newcomer's run): the base's dictionaries are 4 wide
         (["--option", "rank=8"], "rank 8 is larger than the dictionary of every layer it adapts"),

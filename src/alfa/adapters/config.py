@@ -52,7 +52,7 @@ def unknown_options_message(cls: type, unknown: list[str], names: set[str]) -> s
     unknown one the closest of them where one is close (a misspelling)."""
     close = {u: difflib.get_close_matches(u, sorted(names), n=1) for u in unknown}
     hints = [f"{u!r}: did you mean {c[0]!r}?" for u, c in close.items() if c]
-    return f"unknown {cls.__name__} options: {unknown}; the options are {sorted(names)}" + (
+    return f"unknown {cls.__name__} options: {', '.join(unknown)}; the options are {', '.join(sorted(names))}" + (
         f" ({'; '.join(hints)})" if hints else ""
     )
 
@@ -239,5 +239,5 @@ class AdapterConfig:
 def config_from_dict(method: str, data: dict[str, Any]) -> AdapterConfig:
     """Rebuild a config from its method name and :meth:`AdapterConfig.to_dict` output."""
     if method not in METHODS:
-        raise ValueError(f"unknown adapter method {method!r}; known: {sorted(METHODS)}")
+        raise ValueError(f"unknown adapter method {method!r}; known: {', '.join(sorted(METHODS))}")
     return METHODS[method].from_dict(data)

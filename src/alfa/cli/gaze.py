@@ -247,7 +247,7 @@ def _method_config(args: argparse.Namespace):
     from alfa.adapters import METHODS, config_from_dict
 
     if args.method not in METHODS:
-        raise ValueError(f"unknown adapter method {args.method!r}; known: {sorted(METHODS)}")
+        raise ValueError(f"unknown adapter method {args.method!r}; known: {', '.join(sorted(METHODS))}")
     options: dict[str, Any] = {}
     fields = {f.name for f in dataclasses.fields(METHODS[args.method])}
     for flag, field, value in (("--heads", "heads", args.heads), ("--adapter-rank", "rank", args.adapter_rank)):

@@ -183,7 +183,7 @@ class CalibrateConfig:
         if self.steps < 1 or not self.lr > 0:
             raise ValueError(f"need steps >= 1 and lr > 0, got {self.steps}, {self.lr}")
         if self.method == "adapter" and self.adapter_method not in METHODS:
-            raise ValueError(f"unknown adapter method {self.adapter_method!r}; known: {sorted(METHODS)}")
+            raise ValueError(f"unknown adapter method {self.adapter_method!r}; known: {', '.join(sorted(METHODS))}")
         if self.method == "adapter" and self.adapter_method == "correction":
             # the head-only form the offset, affine, ridge and last-layer methods write; on every layer it
             # stores one dense update per layer (tens of MB a person) and exports only densified

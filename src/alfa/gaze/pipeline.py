@@ -426,7 +426,8 @@ def verdict(reports: dict[str, EvaluationReport], before: str = COLUMNS[0]) -> l
         if labelled in rep.columns:
             lines.append(_labels_line(name, rep, labelled))
         if rep.failed:
-            lines.append(f"{name}: {len(rep.failed)} person(s) failed and are left out: {sorted(rep.failed)}")
+            failed = ", ".join(map(str, sorted(rep.failed)))
+            lines.append(f"{name}: {len(rep.failed)} person(s) failed and are left out: {failed}")
     return lines
 
 

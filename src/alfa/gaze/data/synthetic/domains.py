@@ -399,7 +399,7 @@ def get_domain(name: str) -> DomainConfig:
     the same world and the same persons)."""
     base = name.removesuffix("-v1")
     if base not in DOMAINS or (base != name and DOMAINS[base].version != "v1"):
-        raise ValueError(f"unknown synthetic domain {name!r}; known: {list_domains(None)}")
+        raise ValueError(f"unknown synthetic domain {name!r}; known: {', '.join(list_domains(None))}")
     return DOMAINS[base]
 
 
@@ -637,7 +637,7 @@ def check_domain(
     cfg = get_domain(name)
     split = cfg.default_split() if split is None else split
     if split not in cfg.persons:
-        raise ValueError(f"domain {name!r} has no split {split!r}; its splits: {sorted(cfg.persons)}")
+        raise ValueError(f"domain {name!r} has no split {split!r}; its splits: {', '.join(sorted(cfg.persons))}")
     n_persons = cfg.persons[split] if persons is None else persons
     n_images = cfg.images_per_person if images_per_person is None else images_per_person
     for what, value, low in (("persons", n_persons, 1), ("images_per_person", n_images, 1), ("size", size, 16)):
