@@ -67,8 +67,6 @@ def test_cli_reports_bad_input_without_traceback(capsys):
         (["costs", "--rank", "-3"], "--rank must be at least 1, got -3"),
         (["costs", "--model", "nosuch"], "unknown model 'nosuch'"),
         (["costs", "--repeats", "0"], "--repeats must be at least 1"),
-        (["example", "--steps", "0"], "steps must be at least 1, got 0"),
-        (["example", "--image-size", "0"], "image size must be at least 32, got 0"),
     ],
 )
 def test_bad_options_get_one_line_and_exit_2(argv, message, capsys):

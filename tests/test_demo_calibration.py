@@ -97,6 +97,7 @@ def test_the_verdict_calls_a_change_the_printed_precision_shows_as_zero_unchange
     }
     report = EvaluationReport("toy", 5, ["p0", "p1"], {"p0": 3, "p1": 3}, columns=columns)
     (line,) = verdict({"toy": report})
-    assert "tiny-drop left it unchanged (11.00 deg, -0.00; lower for 1 of 2 persons)" in line
+    # the difference of the means as printed: 11.00 − 11.00, whichever side of it the unrounded means lie
+    assert "tiny-drop left it unchanged (11.00 deg, +0.00; lower for 1 of 2 persons)" in line
     assert "tiny-rise left it unchanged (11.00 deg, +0.00;" in line
     assert "drop lowered it (10.90 deg, -0.10;" in line and "rise did NOT lower it (11.10 deg, +0.10;" in line

@@ -426,15 +426,16 @@ def _demo(args: argparse.Namespace) -> None:
     from alfa.fileio import safe_filename
     from alfa.gaze.data.registry import split_spec
     from alfa.gaze.devices import resolve_device
-    from alfa.gaze.pipeline import demo_configs, run_demo, summary_table
+    from alfa.gaze.pipeline import check_demo_specs, demo_configs, run_demo, seeded, summary_table
     from alfa.gaze.precision import forward_precision
 
-    overrides: dict[str, Any] = {"cache_dir": args.cache_dir, "seed": args.seed}
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)
-    configs = demo_configs(**overrides)
+    configs = [seeded(c, args.seed) for c in demo_configs(cache_dir=args.cache_dir)]
     if args.targets:  # only the first part (the E source), on these targets
         configs = [dataclasses.replace(configs[0], targets=tuple(args.targets))]
+    for config in configs:  # every part's specs before the first part renders its source
+        check_demo_specs(config)
     seed_torch_deterministic(args.seed)
     results, total = [], 0.0
     for config in configs:
@@ -444,17 +445,17 @@ def _demo(args: argparse.Namespace) -> None:
             print(f"\n== source {config.source}", flush=True)
         with forward_precision(precision):
             result = run_demo(config, rebuild=args.rebuild, progress=not args.quiet, device=device)
-        if args.quiet:
-            print(result.format(per_person=True))
+        if args.quiet:  # the tables a run with progress printed as each target finished
+            print("\n\n".join(r.format_table() for r in result.reports.values()))
         print(f"\n{result.source_line()}")
         origin = "cached source model" if result.from_cache else "source model built"
         print(f"{origin} ({Path(config.cache_dir)}); wall time {result.seconds['total']:.0f} s")
         print(f"results: {result.json_path}" + (f"; figure: {result.figure_path}" if result.figure_path else ""))
+        print("\n".join(result.verdict), flush=True)  # each part's, as it ends: said even if a later part fails
         results.append(result)
         total += result.seconds["total"]
     print()
     print(summary_table({k: v for r in results for k, v in r.reports.items()}))
-    print("\n".join(line for r in results for line in r.verdict))
     print(f"\ntotal wall time {total:.0f} s")
 
 
@@ -637,7 +638,9 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
         f"then the studio source on synthetic mpii-window); the last {demo.calibrate.pool} images of each person "
         "are the labelled (user-calibration) column's pool and never scored",
     )
-    seed_option(p, "the source training and personalization", demo.seed)
+    seed_option(
+        p, "every draw: the source model's weights and batches, its recovery, personalization, calibration", demo.seed
+    )
     quiet_option(p)
     device_option(p)
     threads_option(p)

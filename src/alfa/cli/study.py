@@ -6,7 +6,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .options import MODEL_HELP, at_least, default_of, file_path, seed_option, thread_count, threads_option
+from .options import (
+    MODEL_HELP,
+    at_least,
+    default_of,
+    file_path,
+    seed_option,
+    thread_count,
+    threads_option,
+    whole_number_between,
+)
 from .registry import Command
 
 __all__ = ["EXAMPLE", "SPEED", "SERVING", "PAGES", "COSTS"]
@@ -14,22 +23,30 @@ __all__ = ["EXAMPLE", "SPEED", "SERVING", "PAGES", "COSTS"]
 
 # ----------------------------------------------------------------------------- example
 
+EXAMPLE_STEPS = 1000
+EXAMPLE_IMAGE_SIZE = 512
+
 
 def _example_arguments(p: argparse.ArgumentParser) -> None:
     from alfa.study.example import run_example
 
-    p.add_argument("--rank", type=int, default=default_of(run_example, "rank"), help="SVD rank d (default %(default)s)")
+    p.add_argument(
+        "--rank", type=at_least(1), default=default_of(run_example, "rank"), help="SVD rank d (default %(default)s)"
+    )
     p.add_argument(
         "--steps",
-        type=int,
+        type=whole_number_between(1, EXAMPLE_STEPS, " (a tour of the library, not a training)"),
         default=default_of(run_example, "steps"),
         help="flip-loss steps on random images (default %(default)s)",
     )
     p.add_argument(
         "--image-size",
-        type=int,
+        # ResNet-18 halves the image five times (so 32 at least); a step's memory grows with the image's area
+        type=whole_number_between(
+            32, EXAMPLE_IMAGE_SIZE, " (the paper's images are 224; a step's memory grows with the area)"
+        ),
         default=default_of(run_example, "image_size"),
-        help="image side, at least 32 (default %(default)s)",
+        help=f"image side, 32 to {EXAMPLE_IMAGE_SIZE} (default %(default)s)",
     )
     seed_option(p, "the weights and images", default_of(run_example, "seed"))
     threads_option(p)

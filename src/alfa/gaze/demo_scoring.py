@@ -188,12 +188,14 @@ def score_target(
             n_adapt=n_adapt,
             after=column,
             progress=progress,
+            label=f"personalize {data.name} ({RECIPE_COLUMNS[column]} recipe)",
         )
         report.columns[column] = adapted.report.columns[column]
         report.failed.update({p: f"{column}: {why}" for p, why in adapted.report.failed.items()})
         losses[column] = {
             p: {"first": o.losses[0], "final": o.final_loss} for p, o in adapted.run.persons.items() if o.losses
         }
+    report.pool = calibrate.pool  # the label-free view holds none of it: said where the report says what it scored
     scored = {p: eval_indices(label_free, p, n_adapt) for p in report.persons}
     labelled = calibration_column(calibrate)
     calibrated = calibrate_and_score(base, images, calibrate, folders / "calibrated", labelled)

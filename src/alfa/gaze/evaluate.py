@@ -253,7 +253,9 @@ class EvaluationReport:
     with the reason. Means and standard deviations are over the persons present in every column,
     so the columns are always compared on the same persons. The first column is the one every other is
     compared with (the source model alone); ``without_tta`` maps a column of test-time augmentation to the
-    column of the same model without it, which it is compared with too (:meth:`comparisons`).
+    column of the same model without it, which it is compared with too (:meth:`comparisons`). ``pool``: images
+    at the end of each person's that no column scored, set aside for a labelled calibration (the demo's), said
+    with the adaptation images wherever the report says what it scored.
     """
 
     dataset: str
@@ -264,6 +266,7 @@ class EvaluationReport:
     failed: dict[str, str] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     without_tta: dict[str, str] = field(default_factory=dict)
+    pool: int = 0
 
     def common_persons(self) -> list[str]:
         return [p for p in self.persons if all(p in col for col in self.columns.values())]
@@ -307,9 +310,12 @@ class EvaluationReport:
         return {
             "dataset": self.dataset,
             "n_adapt": self.n_adapt,
+            **({"pool": self.pool} if self.pool else {}),
             "protocol": (
                 "angular error in degrees per person over that person's images except the first n_adapt "
-                "(used for adaptation), unweighted mean over persons; last step reported, nothing selected"
+                "(used for adaptation)"
+                + (f" and the last {self.pool} (a labelled calibration's pool)" if self.pool else "")
+                + ", unweighted mean over persons; last step reported, nothing selected"
             ),
             "persons": {
                 p: {"n_eval": self.n_eval[p], **{c: col.get(p) for c, col in self.columns.items()}}
@@ -355,8 +361,9 @@ class EvaluationReport:
         n_common = len(self.common_persons())
         lines = [
             f"{self.dataset}: angular error (deg) per person, {self.n_adapt} adaptation "
-            f"image{'' if self.n_adapt == 1 else 's'} excluded, "
-            f"mean over {n_common} persons",
+            f"image{'' if self.n_adapt == 1 else 's'} "
+            + (f"and the calibration's pool of {self.pool} " if self.pool else "")
+            + f"excluded, mean over {n_common} persons",
             fmt(header),
             rule,
             *(fmt(r) for r in rows),

@@ -544,6 +544,7 @@ def personalize_dataset(
     resume: bool = True,
     progress: bool = True,
     track: Callable[[str], Callable[[nn.Module], float]] | None = None,
+    label: str | None = None,
 ) -> PersonalizationRun:
     """Personalize ``model`` to every person of ``dataset`` and save one adapter per person as
     ``out_dir/<person>.safetensors`` (plus ``<person>.json``: recipe and losses).
@@ -556,7 +557,8 @@ def personalize_dataset(
 
     ``track(person)``, if given, returns the measuring function :func:`personalize` calls before the first
     step and after each one for that person; the values land in each outcome's ``tracked`` (a person
-    resumed from an earlier run without them is personalized again).
+    resumed from an earlier run without them is personalized again). ``label``: the progress bar's (default
+    ``personalize <dataset>``).
     """
     config = config or PersonalizeConfig()
     config.validate()
@@ -573,7 +575,7 @@ def personalize_dataset(
     _refuse_unlisted(out, [RECORD_FILE, *names, *(Path(n).stem + ".json" for n in names)], listed)
     run = PersonalizationRun(dataset.name, method.method, method.to_dict(), config.to_dict(), {})
     run.written = listed - {RECORD_FILE}
-    bar = tqdm(persons, desc=f"personalize {dataset.name}", disable=not progress)
+    bar = tqdm(persons, desc=label or f"personalize {dataset.name}", disable=not progress)
     for person in bar:
         adapter = out / adapter_filename(person)
         sidecar = adapter.with_suffix(".json")
@@ -674,14 +676,25 @@ def personalize_and_score(
     track: Callable[[str], Callable[[nn.Module], float]] | None = None,
     score: PersonScorer | None = None,
     progress: bool = True,
+    label: str | None = None,
 ) -> PersonalizedTarget:
     """Personalize ``base`` to every person of ``data`` (or ``persons``) with ``method`` and ``recipe``, one
     adapter each in ``adapter_folder`` (:func:`~alfa.gaze.personalize.personalize_dataset`, with ``resume``
     and ``track``), then score each person's images after the first ``n_adapt`` (``recipe.n_adapt`` by
     default) with that person's adapter loaded (:func:`~alfa.gaze.evaluate.evaluate`: column ``after``, the
-    bare base as column ``before`` unless it is ``None``, ``score`` the per-person measurement)."""
+    bare base as column ``before`` unless it is ``None``, ``score`` the per-person measurement); ``label``: the
+    progress bar's."""
     run = personalize_dataset(
-        base, data, method, recipe, adapter_folder, persons=persons, resume=resume, progress=progress, track=track
+        base,
+        data,
+        method,
+        recipe,
+        adapter_folder,
+        persons=persons,
+        resume=resume,
+        progress=progress,
+        track=track,
+        label=label,
     )
     report = evaluate(
         base,

@@ -29,6 +29,7 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
+import inspect
 import json
 import shutil
 import sys
@@ -181,6 +182,22 @@ class DemoConfig:
     def source_model_spec(self) -> SourceSpec:
         """The part of this config its source model depends on."""
         return SourceSpec(self.source, self.val_source, self.model, self.seed, self.pretrain, self.truncation)
+
+
+def seeded(config: DemoConfig, seed: int) -> DemoConfig:
+    """``config`` with every draw of its chain from ``seed``: the source model's initial weights, the batch order and
+    held-out share of its pre-training and of its recovery, each person's personalization (adapter init,
+    augmentation) and the calibration's draw of labelled images (``alfa demo --seed``)."""
+    return dataclasses.replace(
+        config,
+        seed=seed,
+        pretrain=dataclasses.replace(config.pretrain, seed=seed),
+        truncation=dataclasses.replace(
+            config.truncation, recovery=dataclasses.replace(config.truncation.recovery, seed=seed)
+        ),
+        personalize=dataclasses.replace(config.personalize, seed=seed),
+        calibrate=dataclasses.replace(config.calibrate, seed=seed),
+    )
 
 
 def demo_config(**overrides: Any) -> DemoConfig:
@@ -418,9 +435,11 @@ def verdict(reports: dict[str, EvaluationReport], before: str = COLUMNS[0]) -> l
         for c in others:
             k, n = rep.improved(before, c)
             a = s[c]["mean"]
-            # a change the printed precision shows as 0.00 is no change to speak of, whichever its sign
-            said = "left it unchanged" if round(abs(a - b), 2) == 0 else "lowered it" if a < b else "did NOT lower it"
-            parts.append(f"{c} {said} ({a:.2f} deg, {a - b:+.2f}; lower for {k} of {n} persons)")
+            # the difference of the means as printed (a reader subtracts those), so a change that shows as 0.00 is
+            # no change to speak of, whichever its sign
+            d = _printed_difference(a, b)
+            said = "left it unchanged" if d == 0 else "lowered it" if d < 0 else "did NOT lower it"
+            parts.append(f"{c} {said} ({a:.2f} deg, {d:+.2f}; lower for {k} of {n} persons)")
         lines.append(f"{name}: {before} {b:.2f} deg; " + "; ".join(parts) + ".")
         labelled = rep.meta.get("calibration", {}).get("column")
         if labelled in rep.columns:
@@ -429,6 +448,11 @@ def verdict(reports: dict[str, EvaluationReport], before: str = COLUMNS[0]) -> l
             failed = ", ".join(map(str, sorted(rep.failed)))
             lines.append(f"{name}: {len(rep.failed)} person(s) failed and are left out: {failed}")
     return lines
+
+
+def _printed_difference(a: float, b: float) -> float:
+    """``a − b`` of the two means as the sentences print them (two decimals): a sentence's numbers then add up."""
+    return round(round(a, 2) - round(b, 2), 2)
 
 
 def _labels_line(name: str, rep: EvaluationReport, labelled: str) -> str:
@@ -441,14 +465,14 @@ def _labels_line(name: str, rep: EvaluationReport, labelled: str) -> str:
     k, n = rep.improved(free, labelled)
     recipe = rep.meta["calibration"].get("recipe", {})
     how = f"{recipe.get('k', '?')} labelled images per person ({recipe.get('method', '?')} calibration)"
-    if a < b:
+    if _printed_difference(a, b) < 0:
         return (
             f"{name}: {how} beat every label-free column: {a:.2f} deg against the best of them, {free} at {b:.2f} "
-            f"({a - b:+.2f}; lower for {k} of {n} persons)."
+            f"({_printed_difference(a, b):+.2f}; lower for {k} of {n} persons)."
         )
     return (
         f"{name}: {how} did NOT beat the label-free columns: {a:.2f} deg against {free} at {b:.2f} "
-        f"({a - b:+.2f}; lower for {k} of {n} persons)."
+        f"({_printed_difference(a, b):+.2f}; lower for {k} of {n} persons)."
     )
 
 
@@ -467,6 +491,36 @@ def demo_configs(**overrides: Any) -> list[DemoConfig]:
         ),
     )
     return [dataclasses.replace(c, **overrides) for c in (base, studio)]
+
+
+def _declared_size(spec: str) -> int | None:
+    """The image side a synthetic world's spec renders at, read from the spec alone; ``None`` for other kinds, whose
+    size only their files say."""
+    from .data.registry import canonical_spec
+    from .data.synthetic import make_domain
+
+    kind, _, options = canonical_spec(spec)
+    if kind != "synthetic":
+        return None
+    return int(dict(options).get("size", inspect.signature(make_domain).parameters["size"].default))
+
+
+def check_demo_specs(config: DemoConfig) -> None:
+    """Refuse, before anything is opened (the source world renders for a minute or more), a spec that is wrong by
+    itself (:func:`~alfa.gaze.data.registry.check_spec`) or a synthetic world of another size than the source's."""
+    from .data.registry import check_spec
+
+    specs = [config.source, *([config.val_source] if config.val_source else []), *config.targets]
+    for spec in specs:
+        check_spec(spec)
+    trained = _declared_size(config.source)
+    for spec in specs[1:]:
+        here = _declared_size(spec)
+        if trained is not None and here is not None and here != trained:
+            raise ValueError(
+                f"{spec}: {here}×{here} images, the demo's source model trains on {trained}×{trained}; use data of "
+                "that size (a synthetic world takes ?size=N)"
+            )
 
 
 def _check_sizes(source: GazeDataset, others: dict[str | None, GazeDataset | None]) -> None:
@@ -498,6 +552,7 @@ def run_demo(
     out = Path(config.out_dir)
     seconds: dict[str, float] = {}
 
+    check_demo_specs(config)
     t0 = time.time()
     source = open_data(config.source)
     val = open_data(config.val_source) if config.val_source else None
@@ -570,22 +625,28 @@ def plot_per_person(reports: dict[str, EvaluationReport], path: str | Path) -> P
         if not persons or COLUMNS[0] not in rep.columns:
             continue
         before = [rep.columns[COLUMNS[0]][p] for p in persons]
-        values = [before]
         s = rep.summary()
-        for column in rep.columns:
-            if column == COLUMNS[0]:
-                continue
-            color, marker = styles.get(column, labelled_style)
-            after = [rep.columns[column][p] for p in persons]
-            values.append(after)
-            ax.scatter(
-                before, after, c=color, marker=marker, s=26, zorder=3, label=f"{column}: {s[column]['mean']:.2f}"
-            )
-        # x spans the source-only errors only, y every column, so a far-off method does not squash the cloud
+        afters = {c: [rep.columns[c][p] for p in persons] for c in rep.columns if c != COLUMNS[0]}
+        # x spans the source-only errors; y as far again above them and no further, so that a far-off column (the
+        # paper's recipe, tens of degrees off on some persons) does not squash the others onto the diagonal: its
+        # points beyond sit just under the frame's top edge, and a line of the legend says how many and how far
         x_lo, x_hi = min(before), max(before)
         x_pad = 0.05 * (x_hi - x_lo + 1e-9)
-        y_lo, y_hi = min(x_lo, *map(min, values)), max(x_hi, *map(max, values))
+        top = x_hi + max(x_hi - x_lo, 0.25 * x_hi)
+        y_lo = min(x_lo, *(min(v) for v in afters.values()))
+        y_hi = min(top, max(x_hi, *(max(v) for v in afters.values())))
         y_pad = 0.05 * (y_hi - y_lo + 1e-9)
+        above = []
+        for column, after in afters.items():
+            color, marker = styles.get(column, labelled_style)
+            shown = [min(a, y_hi + 0.5 * y_pad) for a in after]
+            ax.scatter(
+                before, shown, c=color, marker=marker, s=26, zorder=3, label=f"{column}: {s[column]['mean']:.2f}"
+            )
+            if far := [a for a in after if a > y_hi]:
+                above.append(f"{column}: {len(far)} above the frame, up to {max(far):.1f} deg")
+        for note in above:  # a line of the legend, which keeps clear of the points
+            ax.plot([], [], " ", label=note)
         line = [x_lo - x_pad, x_hi + x_pad]
         ax.plot(line, line, color="0.6", lw=1, ls="--", label="no change")
         ax.set_title(
