@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Time the README's two commands, each on a fresh clone of this repository's HEAD (so that neither finds what the
 # other set up), and keep the record the README's timings are quoted from: docs/data/fresh-clone/<UTC date and
-# time>.txt (commit it by hand). Pause any long run on the machine first (its load stretches both); pip's download
-# cache is whatever this machine has.
+# time>.txt (commit it by hand). Pause any long run on the machine first (its load stretches both): the record says
+# which alfa processes were stopped or running, the load average before and after, the CPU's family and model, and
+# the size of pip's download cache (whatever this machine has), so that the README need quote nothing it lacks.
 #
-#   bash scripts/time_fresh_clone.sh            # both commands, 7 to 8 minutes on 2 cores (its records so far)
+#   bash scripts/time_fresh_clone.sh            # both commands (how long: its records in docs/data/fresh-clone)
 #
 # It takes no arguments (any other than --help is refused before anything is cloned), and never replaces a record.
 set -uo pipefail
 case "${1:-}" in
     -h | --help)
         echo "usage: bash scripts/time_fresh_clone.sh  (no arguments; times ./scripts/test.sh and ./scripts/demo.sh" \
-            "each on a fresh clone of HEAD, 7 to 8 minutes, and keeps docs/data/fresh-clone/<UTC stamp>.txt)"
+            "each on a fresh clone of HEAD, and keeps docs/data/fresh-clone/<UTC stamp>.txt)"
         exit 0
         ;;
 esac
@@ -27,8 +28,18 @@ if [[ -e $record ]]; then
     exit 2
 fi
 work=$(mktemp -d)
-cpu=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-lines=("commit $(git rev-parse HEAD)" "machine $cpu, $(nproc) CPUs" "started $(date -u +%FT%TZ)")
+cpuinfo() { grep -m1 "^$1[[:space:]]*:" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; }
+cpu="$(cpuinfo "model name"), $(nproc) CPUs (family $(cpuinfo "cpu family"), model $(cpuinfo model))"
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+# the other alfa processes (a benchmark's lanes): how many were stopped (paused, state T) and how many ran
+others() {
+    ps -eo pid=,stat=,args= | awk -v me=$$ '$1 != me && $3 ~ /python/ && $0 ~ /alfa / {n[substr($2, 1, 1) == "T" ? "stopped" : "running"]++}
+        END {printf "%d stopped, %d running", n["stopped"], n["running"]}'
+}
+pip_cache=${PIP_CACHE_DIR:-$HOME/.cache/pip}
+cache_size=$( (du -sh "$pip_cache" 2>/dev/null || echo "none") | cut -f1)
+lines=("commit $(git rev-parse HEAD)" "machine $cpu" "started $(date -u +%FT%TZ)")
+before="other alfa processes at the start: $(others); load average $(load); pip's download cache $pip_cache: $cache_size"
 status=0
 for command in test demo; do
     git clone -q . "$work/$command" || exit 2
@@ -42,6 +53,7 @@ for command in test demo; do
     summary=$(grep -E '^[0-9]+ passed|^total wall time' "$work/$command.log" | tail -1)
     lines+=("  ${summary:-its summary line not found (see its log)}")
 done
+lines+=("$before" "other alfa processes at the end: $(others); load average $(load)")
 mkdir -p "$(dirname "$record")" || exit 2
 # written beside, then renamed without replacing: a record made meanwhile (another run of the same minute) is kept
 kept=$(mktemp "$record.XXXXXX") || exit 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -215,8 +216,15 @@ def test_time_fresh_clone_keeps_its_record_and_never_replaces_one_made_meanwhile
     assert done.returncode == 0, done.stderr
     (record,) = (repo / "docs/data/fresh-clone").iterdir()
     lines = record.read_text().splitlines()
-    assert lines[3:] == [lines[3], "  3 passed", lines[5], "  total wall time 1 s"]
+    assert lines[3:7] == [lines[3], "  3 passed", lines[5], "  total wall time 1 s"]
     assert lines[3].startswith("./scripts/test.sh: exit status 0") and stat.S_IMODE(record.stat().st_mode) == 0o644
+    # what the README says of the run comes from the record: the CPU, the others' processes, the load, pip's cache
+    assert re.fullmatch(r"machine .*, \d+ CPUs \(family \S+, model \S+\)", lines[1]), lines[1]
+    assert re.fullmatch(
+        r"other alfa processes at the start: \d+ stopped, \d+ running; load average .+; pip's .+", lines[7]
+    )
+    assert re.fullmatch(r"other alfa processes at the end: \d+ stopped, \d+ running; load average .+", lines[8])
+    assert len(lines) == 9
 
     # a record of this minute made while the commands ran (another run) is kept, and this run's lines are shown
     folder = tmp_path / "again" / "repo" / "docs/data/fresh-clone"
