@@ -18,7 +18,7 @@ DEFAULT_CACHE = "runs/llm/pretrain"
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--smoke", action="store_true", help="a tiny model and schedule: an end-to-end check in about a minute"
+        "--smoke", action="store_true", help="a tiny model and schedule: an end-to-end check in a minute or so"
     )
     p.add_argument(
         "--cache",

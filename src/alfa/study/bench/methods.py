@@ -95,6 +95,8 @@ plans; the smoke check (no claims), which runs every row kind once, has them on 
 TTA_OF_ROW: dict[str, str] = {"flip-tta": "flip", **TTA_ROWS}
 """Every test-time augmentation row (``flip-tta`` and :data:`TTA_ROWS`) -> its kind of
 :data:`alfa.gaze.tta.TTA_KINDS`."""
+TTA_ROW_OF_KIND: dict[str, str] = {kind: row for row, kind in TTA_OF_ROW.items()}
+"""The row that scores the base under each TTA kind: a distilled row's teacher (``distill["teacher"]``) by its row."""
 
 
 def with_tta_rows(labels: tuple[str, ...]) -> tuple[str, ...]:

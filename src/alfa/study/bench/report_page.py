@@ -41,6 +41,7 @@ from .methods import (
     SOURCES,
     STAND_INS,
     TARGETS,
+    TTA_ROW_OF_KIND,
     parse_calibration_label,
     table_methods,
     with_tta_rows,
@@ -67,7 +68,7 @@ from .report_tables import (
 )
 from .report_verdicts import ablation_verdicts, main_verdicts, parts_verdicts, sanity_verdicts
 from .results import FIGURE_DIR, UPDATES_FILE, load_results
-from .stats import Comparisons, Index, design_of, index_records, pairs_of, seeds_of
+from .stats import Comparisons, Index, described, design_of, index_records, pairs_of, seeds_of
 
 if TYPE_CHECKING:  # the caller computes the progress: a page module never imports the runner's plan
     from .plan import DeclaredRunProgress
@@ -220,16 +221,21 @@ def _config_lines(results: dict[str, Any], records: Sequence[Record], idx: Index
     # a bullet only where a TTA-distillation row ran (an opt-in row: no claimed preset runs it)
     if distilled is not None:
         d = distilled.distill or {}
-        lines.append(
-            "- "
-            + " ".join(prose.DISTILL_WORDS).format(
-                label=distilled.method,
-                teacher=d["teacher"],
-                passes=d["passes"],
-                teacher_passes=d["teacher_passes"],
-                ratio=d["cost_ratio"],
-            )
+        words = " ".join(prose.DISTILL_WORDS).format(
+            label=distilled.method,
+            teacher=d["teacher"],
+            passes=d["passes"],
+            teacher_passes=d["teacher_passes"],
+            ratio=d["cost_ratio"],
         )
+        row = TTA_ROW_OF_KIND.get(d["teacher"], d["teacher"])
+        found = described(idx, distilled.method, row, pairs_of(idx))
+        how_close = (
+            prose.DISTILL_AGAINST.format(row=row, diff=found.describe())
+            if found is not None
+            else prose.DISTILL_NO_TEACHER.format(row=row)
+        )
+        lines.append(f"- {words} {how_close}")
     lines += _pnpga_lines(records)
     return lines
 

@@ -202,11 +202,19 @@ DISTILL_WORDS = (
     "**TTA distilled into the weights** (`{label}`, `alfa.gaze.distill`, `docs/gaze.md` §3): Alfa personalized on",
     "the same adaptation images with the base's `{teacher}` test-time-augmented predictions as targets (computed",
     "once, before the adapter), so that the merged model predicts in {passes} forward pass where its teacher takes",
-    "{teacher_passes} ({ratio:g}× the inference cost); each record's `distill` holds the teacher's error on the same",
-    "persons and images.",
+    "{teacher_passes} ({ratio:g}× the inference cost).",
 )
 """A protocol bullet of its own where the results have a TTA-distillation record (the fields of its ``distill``:
-:func:`alfa.gaze.distill.inference_cost`)."""
+:func:`alfa.gaze.distill.inference_cost`), followed by how close it comes to its teacher (:data:`DISTILL_AGAINST`)."""
+
+DISTILL_AGAINST = "One pass against its teacher's row (`{row}`), on the same persons and images: {diff}."
+"""How close the distilled row comes to the TTA it learned from: their difference, described (95 % interval, outside
+the page's family of comparisons)."""
+
+DISTILL_NO_TEACHER = (
+    "Its teacher's row (`{row}`) is not in these results, so this page cannot say how close one pass comes; each "
+    "record's `distill` holds the teacher's error on the same persons and images."
+)
 
 PNPGA_WORDS = (
     "**PnP-GA** (plug-and-play gaze adaptation, Liu et al., ICCV 2021; `alfa.gaze.pnpga`, `docs/pnpga.md`), per",

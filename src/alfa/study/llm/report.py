@@ -470,7 +470,7 @@ def llm_page(result: dict[str, Any], data: str) -> str:
         f"problem's result per run, are in `{data}`. The adapters are the library's own (`alfa.attach`); its DoRA "
         "gives the same logits as Hugging Face PEFT's on this model's architecture (`tests/test_llm.py`). "
         + (
-            "To try the whole path in seconds first: `alfa llm bench --smoke --out runs/llm/smoke --markdown "
+            "To try the whole path in a minute or so first: `alfa llm bench --smoke --out runs/llm/smoke --markdown "
             "runs/llm/smoke.md` (a tiny model and grid: its numbers mean nothing)."
             if _standard(result)
             else f"**This is not the standard run:** bench `{result['name']}` checks the whole path on a tiny model "
