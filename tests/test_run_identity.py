@@ -62,6 +62,15 @@ def test_pretrain_and_truncate_refuse_other_images_of_the_same_name_and_an_old_s
     assert main([*truncate, "--data", OTHER]) == 2
     assert "holds a recovered model made from other images than the data eth/train has now" in _err(capsys)
     assert (tmp_path / "r" / "model.safetensors").read_bytes() == recovered
+    # another rank or recovery: the refusal names what differs (it said only "another configuration or data")
+    other = [*truncate[: truncate.index("--rank")], "--rank", "2", *truncate[truncate.index("--rank") + 2 :]]
+    other += ["--lr", "0.01"]
+    assert main([*other, "--data", DATA]) == 2
+    err = _err(capsys)
+    assert (
+        "(the folder's vs this run's: truncate_config.rank 4 vs 2, truncate_config.recovery.lr 0.0001 vs 0.01)" in err
+    )
+    assert (tmp_path / "r" / "model.safetensors").read_bytes() == recovered
     # a state and a model file from before the signatures: resumed as they were (here to a second epoch)
     _strip_state(tmp_path / "p" / "state.safetensors", "alfa-source-train-state")
     _strip_model(model_file)

@@ -61,6 +61,7 @@ from .train_state import (
     Resumed,
     StateWriter,
     data_signatures,
+    header_differences,
     held_out_persons,
     other_data,
     other_dense,
@@ -755,11 +756,13 @@ def _load_finished(model: nn.Module, path: Path, header: dict[str, Any], model_n
     extra = saved.get("extra", {})
     json_header = json.loads(json.dumps(header))  # tuples become lists, as in the saved header
     compared = {k: v for k, v in json_header.items() if k not in RECORDED_LATER}  # those only where recorded
-    same = saved.get("model") == model_name and all(extra.get(k) == v for k, v in compared.items())
-    if not same or "result" not in extra:
+    theirs = {"model": saved.get("model"), **{k: extra[k] for k in compared if k in extra}}
+    differing = header_differences(theirs, {"model": model_name, **compared})
+    if differing or "result" not in extra:
+        said = f" (the folder's vs this run's: {', '.join(differing)})" if differing else ""
         raise CheckpointError(
-            f"{path} holds a recovered model of another configuration or data; use another output folder, "
-            f"or delete it to start over"
+            f"{path} holds a recovered model of another configuration or data{said}; use another output folder, "
+            "or delete it to start over"
         )
     problems = [p for p in (other_dense(extra, json_header), *other_data(extra, json_header)) if p is not None]
     if problems:

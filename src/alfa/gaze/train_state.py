@@ -259,6 +259,23 @@ def _said(config: dict[str, Any], key: str) -> str:
     return repr(config[key]) if key in config else "its default"
 
 
+def header_differences(saved: dict[str, Any], mine: dict[str, Any], prefix: str = "") -> list[str]:
+    """What differs between a saved header and this run's, key by key (``truncate_config.rank 64 vs 32``), nested
+    settings by their dotted names; a long value (a list of persons, a checksum's record) only as ``differs``."""
+    missing = object()  # a key absent on one side differs even from a None on the other
+    found = []
+    for key in sorted(set(saved) | set(mine), key=str):
+        theirs, ours = saved.get(key, missing), mine.get(key, missing)
+        if theirs == ours:
+            continue
+        if isinstance(theirs, dict) and isinstance(ours, dict):
+            found += header_differences(theirs, ours, f"{prefix}{key}.")
+            continue
+        said = [("absent" if v is missing else repr(v)) for v in (theirs, ours)]
+        found.append(f"{prefix}{key} differs" if max(map(len, said)) > 40 else f"{prefix}{key} {said[0]} vs {said[1]}")
+    return found
+
+
 def _check_identity(
     path: Path, saved_model: Any, saved: dict[str, Any], header: dict[str, Any], model_name: str
 ) -> None:
