@@ -386,10 +386,6 @@ class DemoResult:
     figure_path: Path | None
     from_cache: bool
 
-    def format(self, per_person: bool = True) -> str:
-        parts = [r.format_table() for r in self.reports.values()] if per_person else []
-        return "\n\n".join([*parts, self.source_line(), summary_table(self.reports), "\n".join(self.verdict)])
-
     def source_line(self) -> str:
         e = self.truncation.get("errors", {})
         return (
