@@ -57,10 +57,12 @@ def _register() -> None:
 
         @register_model
         def group_norm_net() -> nn.Module:
+            """The distributed tests' :class:`GroupNormNet`."""
             return GroupNormNet()
 
         @register_model
         def batch_norm_net() -> nn.Module:
+            """The distributed tests' :class:`BatchNormNet`."""
             return BatchNormNet()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 
+import distributed_worker  # noqa: F401 — so do the distributed tests': whichever test module was imported first
 import pytest
 import tiny_models  # noqa: F401 — registers the tests' own small gaze nets: registered models are every model
 import torch
@@ -29,6 +30,8 @@ SMALL: dict[str, tuple[dict, int]] = {
     "faze_gaze": (dict(image_size=32), 32),
     "micro_gaze_net": ({}, 16),
     "tiny_gaze_net": ({}, 16),
+    "group_norm_net": ({}, 16),
+    "batch_norm_net": ({}, 16),
 }
 MODELS = list_models()
 
