@@ -13,6 +13,7 @@ def test_summary_command(capsys):
     assert main(["summary", "--rank", "64"]) == 0
     out = capsys.readouterr().out
     assert "11.178 M" in out and "2.285 M" in out and "left dense: conv1" in out
+    assert not [line for line in out.splitlines() if line.endswith(" ")]  # print(x, "\n") left a space at the end
 
 
 def _structure_only(monkeypatch, module):
@@ -35,6 +36,7 @@ def test_example_runs_and_merges_exactly(capsys, monkeypatch):
     assert result["losses"][-1] < result["losses"][0]
     out = capsys.readouterr().out
     assert "reloads onto the shared base: identical" in out
+    assert not [line for line in out.splitlines() if line.endswith(" ")]
     # timings a user sees come with their spread: interleaved rounds, the ratio's quartiles
     r = result["merged_over_truncated"]
     assert r["rounds"] == 15 and r["q1"] <= r["median"] <= r["q3"] and "middle half" in out

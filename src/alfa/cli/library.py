@@ -45,7 +45,7 @@ def _summary(args: argparse.Namespace) -> None:
         report = alfa.truncate(model, rank=args.rank, weights=False)  # counts only: no SVD to wait for
     print(f"{args.model} (dense):\n{dense}\n")
     if args.rank:
-        print(report, "\n")
+        print(f"{report}\n")
         print(f"{args.model} truncated at rank {args.rank}:\n{alfa.parameter_summary(model)}")
 
 

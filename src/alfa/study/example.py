@@ -50,12 +50,12 @@ def run_example(
     t = time.perf_counter()
     report = truncate(model, rank=rank)
     print(f"\n{report}\n(took {time.perf_counter() - t:.2f} s)\n")
-    print(parameter_summary(model), "\n")
+    print(f"{parameter_summary(model)}\n")
     base = copy.deepcopy(model)
 
     names = attach(model, AlfaConfig())
     print(f"Alfa attached to {len(names)} factorized layers; everything else is frozen:\n")
-    print(parameter_summary(model), "\n")
+    print(f"{parameter_summary(model)}\n")
 
     images = torch.rand(batch, 3, image_size, image_size)
     opt = torch.optim.AdamW(param_groups(model, lr=1e-4, lr_scale={r"^layer[34]\.": 10.0}))
