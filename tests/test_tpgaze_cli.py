@@ -99,3 +99,13 @@ def test_meta_trained_prompts_of_another_size_are_refused_naming_the_file(tmp_pa
         ):
             _run([*argv, "--checkpoint", base, "--data", TARGET, "--out", str(tmp_path / "ad"), "--quiet"])
         assert not list((tmp_path / "ad").glob("*.safetensors"))  # no folder, or an empty one
+
+
+def test_init_with_a_method_that_trains_no_prompts_is_refused_before_the_checkpoint_is_read(tmp_path, capsys):
+    # it came after the checkpoint was loaded: under load, minutes for one line a look at the options gives
+    missing = tmp_path / "not-there.safetensors"  # never opened: the refusal comes first
+    argv = ["personalize", "--checkpoint", str(missing), "--data", TARGET, "--method", "alfa"]
+    assert main([*argv, "--init", str(tmp_path / "prompts.safetensors"), "--out", str(tmp_path / "ad")]) == 2
+    err = capsys.readouterr().err
+    assert "--init (meta-trained prompts) only applies to a method that trains prompts, not alfa" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "ad").exists()

@@ -315,6 +315,10 @@ def _personalize(args: argparse.Namespace) -> None:
     from alfa.gaze.train import check_input_size
 
     method = _method_config(args)
+    if args.init and not type(method).trains_prompts:  # before the checkpoint and the data are read
+        raise ValueError(
+            f"--init (meta-trained prompts) only applies to a method that trains prompts, not {method.method}"
+        )
     config = _personalize_config(args, method)
     device = resolve_device(args.device)
     precision = run_precision_of(args, device)
@@ -324,10 +328,6 @@ def _personalize(args: argparse.Namespace) -> None:
     # by before_personalizing, on the method as --init and the data leave it)
     check_method_fits(model, method)
     if args.init:
-        if not type(method).trains_prompts:
-            raise ValueError(
-                f"--init (meta-trained prompts) only applies to a method that trains prompts, not {method.method}"
-            )
         from alfa.gaze.tpgaze import start_from
 
         method = start_from(model, args.init)
