@@ -461,14 +461,15 @@ def _labels_line(name: str, rep: EvaluationReport, labelled: str) -> str:
     k, n = rep.improved(free, labelled)
     recipe = rep.meta["calibration"].get("recipe", {})
     how = f"{recipe.get('k', '?')} labelled images per person ({recipe.get('method', '?')} calibration)"
-    if _printed_difference(a, b) < 0:
+    d = _printed_difference(a, b)
+    if d < 0:
         return (
             f"{name}: {how} beat every label-free column: {a:.2f} deg against the best of them, {free} at {b:.2f} "
-            f"({_printed_difference(a, b):+.2f}; lower for {k} of {n} persons)."
+            f"({d:+.2f}; lower for {k} of {n} persons)."
         )
     return (
         f"{name}: {how} did NOT beat the label-free columns: {a:.2f} deg against {free} at {b:.2f} "
-        f"({_printed_difference(a, b):+.2f}; lower for {k} of {n} persons)."
+        f"({d:+.2f}; lower for {k} of {n} persons)."
     )
 
 

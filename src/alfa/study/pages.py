@@ -114,10 +114,10 @@ def _render_speed(root: Path, out: Path) -> None:
 
 
 def _render_serving(root: Path, out: Path) -> None:
-    from .bench.serving import serving_command, serving_markdown
+    from .bench.serving import THREADS, serving_command, serving_markdown
 
     result = _data(root / "docs/serving.json", "rounds", "image_size")
-    command = serving_command("docs/serving.md", result["rounds"], result["image_size"], result.get("threads", 2))
+    command = serving_command("docs/serving.md", result["rounds"], result["image_size"], result.get("threads", THREADS))
     text = serving_markdown(result, command)
     write_text(out / "docs/serving.md", text)
 
@@ -486,7 +486,7 @@ def png_damage(path: Path) -> str | None:
             return "cut short"
         (length,) = struct.unpack(">I", data[at : at + 4])
         kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
-        if len(body) < length or at + 12 + length > len(data):
+        if at + 12 + length > len(data):  # the chunk's body or its checksum runs past the file's end
             return "cut short"
         (crc,) = struct.unpack(">I", data[at + 8 + length : at + 12 + length])
         if zlib.crc32(kind + body) != crc:

@@ -34,7 +34,7 @@ from alfa.study.timing import goal_verdict, interval_note, median_interval, no_r
 from .markdown import table
 from .measure import interleaved_seconds, middle_half
 
-__all__ = ["measure_serving", "serving_markdown", "serving_command", "main"]
+__all__ = ["THREADS", "measure_serving", "serving_markdown", "serving_command", "main"]
 
 BATCH = 64
 GOAL = 0.8  # the multi-user model at 64 distinct users: at least 0.8× one merged model's throughput
@@ -55,8 +55,13 @@ def _users(base: nn.Module, method: str, n: int) -> list[nn.Module]:
     return out
 
 
+THREADS = 2
+"""The torch threads the serving page is measured on (this project's 2-core machine), unless ``--threads`` says
+otherwise; a measurement that records none was made on this many."""
+
+
 @torch.no_grad()
-def measure_serving(rounds: int = 28, image_size: int = 64, threads: int = 2, seed: int = 0) -> dict[str, Any]:
+def measure_serving(rounds: int = 28, image_size: int = 64, threads: int = THREADS, seed: int = 0) -> dict[str, Any]:
     """The measurements of the page (see the module docstring); seconds per batch of :data:`BATCH`."""
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -104,9 +109,9 @@ def measure_serving(rounds: int = 28, image_size: int = 64, threads: int = 2, se
     }
 
 
-def serving_command(out: str | None, rounds: int, image_size: int, threads: int = 2) -> str:
+def serving_command(out: str | None, rounds: int, image_size: int, threads: int = THREADS) -> str:
     command = f"alfa serving --rounds {rounds} --image-size {image_size}" + (f" --out {out}" if out else "")
-    return command + (f" --threads {threads}" if threads != 2 else "")
+    return command + (f" --threads {threads}" if threads != THREADS else "")
 
 
 def _throughput_ratio(r: dict[str, Any], single: str, name: str) -> tuple[str, str]:
@@ -189,7 +194,7 @@ def serving_markdown(r: dict[str, Any], command: str) -> str:
     )
 
 
-def main(out: str | None = None, rounds: int = 28, image_size: int = 64, threads: int = 2) -> dict[str, Any]:
+def main(out: str | None = None, rounds: int = 28, image_size: int = 64, threads: int = THREADS) -> dict[str, Any]:
     result = measure_serving(rounds=rounds, image_size=image_size, threads=threads)
     text = serving_markdown(result, serving_command(out, rounds, image_size, threads))
     print(text)
