@@ -205,7 +205,7 @@ def test_a_missing_optional_package_is_one_line_naming_its_extra(capsys, monkeyp
         registry.Command("g", help="g", run=needs_nothing_known, extra="gaze"),
     )
     registry.add_commands(parser.add_subparsers(dest="command", required=True), commands)
-    monkeypatch.setattr("alfa.cli.build_parser", lambda: parser)
+    monkeypatch.setattr("alfa.cli.build_parser", lambda argv=None: parser)
     assert main(["k"]) == 2
     err = capsys.readouterr().err
     want = "alfa k: error: this command needs kornia, which is not installed: install alfa's study extra "

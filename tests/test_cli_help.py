@@ -106,3 +106,37 @@ def test_no_help_line_breaks_a_word_at_its_hyphen(columns, monkeypatch):
         if re.search(r"\w-$", line)
     ]
     assert broken == []
+
+
+def _described(parser) -> list[tuple]:
+    """What a parser parses: each action's options, destination, default, choices (a group's: its commands' names)
+    and count of values."""
+    return [
+        (
+            a.option_strings,
+            a.dest,
+            repr(a.default),
+            list(a.choices) if isinstance(a.choices, dict) else a.choices,
+            a.nargs,
+        )
+        for a in parser._actions
+    ]
+
+
+def test_the_parser_of_one_command_line_builds_that_command_as_the_whole_parser_does():
+    """``main`` builds only the command its line names, the others listed by name and help: that command's parser,
+    its defaults and every parser above it are the whole parser's, each of those lists what the whole one does, and
+    no other command declares an option."""
+    whole = {tuple(name.split()): p for name, p in _commands()}
+    leaves = [n for n, p in whole.items() if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)]
+    assert len(leaves) > 25
+    for leaf in leaves:
+        lazy = {tuple(name.split()): p for name, p in _commands(build_parser([*leaf[1:], "--an-option", "value"]))}
+        on_path = {leaf[:n] for n in range(1, len(leaf) + 1)}
+        assert set(lazy) == {name for name in whole if name[:-1] in on_path or name == ("alfa",)}, leaf
+        for name, parser in lazy.items():
+            if name in on_path:
+                assert _described(parser) == _described(whole[name]), name
+                assert parser._defaults.keys() == whole[name]._defaults.keys(), name
+            else:
+                assert [a.dest for a in parser._actions] == ["help"], f"{leaf} built {name} too"

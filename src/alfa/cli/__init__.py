@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import itertools
 import os
 import re
 import select
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -91,8 +92,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``alfa`` parser: every command of :data:`COMMANDS`, each leaf's handler set as ``func``."""
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``alfa`` parser: every command of :data:`COMMANDS`, each leaf's handler set as ``func``. Given the command
+    line ``argv``, only the command it names is built whole, the others listed by name and help
+    (:func:`~alfa.cli.registry.add_commands`): what :func:`main` parses, in a few milliseconds."""
     from alfa import __version__
 
     parser = _Parser(
@@ -105,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(docs/real-data.md).",
     )
     parser.add_argument("--version", action="version", version=f"alfa {__version__}")
-    add_commands(parser.add_subparsers(dest="command", required=True, metavar="command"), COMMANDS)
+    wanted = None if argv is None else tuple(itertools.takewhile(lambda word: not word.startswith("-"), argv))
+    add_commands(parser.add_subparsers(dest="command", required=True, metavar="command"), COMMANDS, wanted=wanted)
     return parser
 
 
@@ -373,7 +377,7 @@ def _quiet_loading(args: argparse.Namespace) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     """Run ``alfa`` on ``argv`` (default: the process's arguments); the exit status."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
+    parser = build_parser(argv)
     args, unknown = parser.parse_known_args(argv)
     name = f"alfa {args.command_path}"
     if unknown and not args.stand_in:  # what parse_args says; a stand-in goes on to say what is missing

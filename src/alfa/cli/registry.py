@@ -105,21 +105,32 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 def add_commands(
-    subparsers: argparse._SubParsersAction, commands: tuple[Command, ...], path: tuple[str, ...] = ()
+    subparsers: argparse._SubParsersAction,
+    commands: tuple[Command, ...],
+    path: tuple[str, ...] = (),
+    wanted: tuple[str, ...] | None = None,
 ) -> None:
     """Add ``commands`` to ``subparsers`` in their order. Each leaf's parser gets the defaults ``func`` (its
     ``run``), ``outputs``, ``held`` (the output folders to hold while it runs), ``command_path`` (``"crate
     toy"``, for messages), ``command_extra`` and ``stand_in`` (true for a command that cannot run here, see
-    :func:`_stand_in`)."""
+    :func:`_stand_in`).
+
+    ``wanted``: the words of a command line before its first option (``("crate", "toy")``). Then only the command
+    they name is built whole; every other one is listed by its name and help alone, which is all a listing or an
+    "invalid choice" shows, and a run declares tens of options, not the four hundred of every command. ``None``
+    builds every command whole."""
     for command in commands:
         parser = subparsers.add_parser(
             command.name, help=command.help, description=command.description, formatter_class=HelpFormatter
         )
+        if wanted is not None and wanted[:1] != (command.name,):
+            continue
         names = (*path, command.name)
         files = _replaceable(command)
         if command.subcommands:
             inner = parser.add_subparsers(dest=f"{command.name}_command", required=True, metavar="command")
-            add_commands(inner, tuple(_inherit(c, command.extra) for c in command.subcommands), names)
+            subcommands = tuple(_inherit(c, command.extra) for c in command.subcommands)
+            add_commands(inner, subcommands, names, None if wanted is None else wanted[1:])
             continue
         parser.set_defaults(
             func=command.run,
