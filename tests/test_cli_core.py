@@ -388,12 +388,13 @@ def test_evaluate_leaves_out_the_images_the_adapters_were_made_from(tmp_path, ca
 FRESH_PROCESS = """
 import contextlib, io, sys
 import torch
-from alfa.cli import main
+from alfa.cli import build_parser, main
 
 for argv in (["--help"], ["serve", "--help"]):
     with contextlib.redirect_stdout(io.StringIO()) as shown, contextlib.suppress(SystemExit):
         main(argv)
     print("shown:", argv, "usage: alfa" in shown.getvalue())
+build_parser()  # every command's options declared, as main declares one command's
 print("loaded:", sorted(m for m in ("kornia", "matplotlib", "onnx", "onnxruntime") if m in sys.modules))
 
 from alfa.cli.options import deterministic_kernels
@@ -434,8 +435,8 @@ def fresh_process() -> tuple[int, list[str], str]:
 
 @pytest.mark.slow
 def test_help_imports_no_heavy_package(fresh_process):
-    """``alfa --help`` and ``alfa serve --help`` build the whole parser, as every command does: declaring the
-    options must not import kornia, matplotlib or onnx (kornia alone was a fifth of a second of every start); only
+    """``alfa --help``, ``alfa serve --help`` and the whole parser, every command's options declared: declaring
+    them must not import kornia, matplotlib or onnx (kornia alone was a fifth of a second of every start); only
     running a command that needs one does."""
     _, lines, err = fresh_process
     assert lines[:3] == ["shown: ['--help'] True", "shown: ['serve', '--help'] True", "loaded: []"], err
