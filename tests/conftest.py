@@ -7,6 +7,13 @@ import pytest
 import torch
 from torch import nn
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # The workers of -n N share the machine's cores: each takes its share of torch's threads (on 2 cores and -n 2,
+    # one), rather than N × all of them handing small ops to each other (on the AVX2 machine, 2026-12-07: 181 s so,
+    # 168 s with this).
+    # A test that needs a thread count sets it, and _seed gives this one back after it.
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 @pytest.fixture(autouse=True)
 def _seed():
