@@ -7,8 +7,9 @@ while they wait for work: its default) and one with ``PASSIVE`` (they sleep: wha
 nothing chose before torch loaded); each times, on torch's default thread count, a ResNet-18 gaze training step
 (AdamW, 32 images of 64×64) and a forward pass of 8 such images, the median over several after a warm-up. The
 processes alternate, so that a change in the machine's load falls on both. It prints each round, the machine, the
-load average before and after, and the ratio of the medians over rounds (active over passive: above 1, passive is
-the faster).
+load average before and after, the ratio of the medians over rounds (active over passive: above 1, passive is
+the faster), and whether every process trained the same weights (a digest of their bytes): the policy changes how
+threads wait for work, not the work.
 
 Writes the table to ``--out`` (default ``docs/data/openmp-wait/<UTC stamp>.txt`` in the repository, wherever it is
 run from) once every round is done; an existing file, or a place that cannot be written, is refused before the first
@@ -35,8 +36,10 @@ POLICIES = ("ACTIVE", "PASSIVE")
 STEPS, FORWARDS = 5, 20
 
 
-def _child() -> dict[str, float]:
-    """Run in the child process (torch loaded under the policy it was started with): median seconds of each."""
+def _child() -> dict[str, float | str]:
+    """Run in the child process (torch loaded under the policy it was started with): median seconds of each, and
+    the digest of the weights the steps trained (the policy changes how threads wait, which must not change them)."""
+    import hashlib
     import time
 
     import torch
@@ -62,14 +65,18 @@ def _child() -> dict[str, float]:
             t0 = time.perf_counter()
             model(small)
             forwards.append(time.perf_counter() - t0)
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode() + tensor.detach().contiguous().numpy().tobytes())
     return {
+        "weights": digest.hexdigest()[:16],
         "step": statistics.median(steps[1:]),
         "forward": statistics.median(forwards[1:]),
         "threads": 0.0 + torch.get_num_threads(),
     }
 
 
-def _time(policy: str) -> dict[str, float]:
+def _time(policy: str) -> dict[str, float | str]:
     return run_child(NAME, __file__, {**os.environ, "OMP_WAIT_POLICY": policy}, f"under OMP_WAIT_POLICY={policy}")
 
 
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         "| round | OMP_WAIT_POLICY | threads | step (ms) | forward of 8 (ms) |",
         "|---|---|---|---|---|",
     ]
-    times: dict[str, list[dict[str, float]]] = {p: [] for p in POLICIES}
+    times: dict[str, list[dict[str, float | str]]] = {p: [] for p in POLICIES}
     for r in range(1, args.rounds + 1):
         for policy in POLICIES:
             got = _time(policy)
@@ -125,11 +132,16 @@ def main(argv: list[str] | None = None) -> None:
             f"{what}: median over rounds ACTIVE {medians['ACTIVE'] * 1e3:.1f} ms, PASSIVE "
             f"{medians['PASSIVE'] * 1e3:.1f} ms; ACTIVE / PASSIVE = {medians['ACTIVE'] / medians['PASSIVE']:.2f}"
         )
+    weights = sorted({t["weights"] for runs in times.values() for t in runs})
+    lines.append(
+        f"weights after the {STEPS + 1} steps (sha256 of their bytes, first 16 hex digits): {', '.join(weights)}: "
+        + ("the same in every process, under either policy" if len(weights) == 1 else "they differ")
+    )
     lines.append(f"load average at the end {_load()}")
     if out.exists():  # made while the rounds ran: kept
         refuse(NAME, f"{out} appeared while the rounds ran; nothing written (give another --out)")
     write_text(out, "\n".join(lines) + "\n")  # atomic, its folder made
-    print("\n".join(lines[-3:]))
+    print("\n".join(lines[-4:]))
     print(f"wrote {out}")
 
 
