@@ -318,6 +318,22 @@ def test_a_file_output_never_replaces_a_model_nor_another_output(tmp_path, capsy
     assert not (tmp_path / "gaze.onnx").exists()
 
 
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--out", "runs/cache"], "--cache-dir runs/cache (its default) is also this command's --out runs/cache"),
+        (["--out", "x", "--cache-dir=x"], "--cache-dir x is also this command's --out x"),
+    ],
+)
+def test_two_outputs_on_one_path_are_named_saying_which_came_by_default(tmp_path, monkeypatch, capsys, argv, said):
+    """``alfa demo --out runs/cache`` named --cache-dir, which the person never typed: the line says it is the
+    option's default."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", *argv]) == 2
+    _one_line(capsys, f"alfa demo: error: {said}: name two paths")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("out", ["{root}", "{root}/.."])
 def test_an_output_is_never_the_data_nor_a_folder_holding_it(tmp_path, capsys, out):
     root = tmp_path / "data" / "mpii"

@@ -182,8 +182,8 @@ def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
                     "replace: write elsewhere"
                 )
         if out in outputs:  # the second write would replace the first
-            raise ValueError(f"--{_flag(name)} {value} is also {outputs[out]}: name two paths")
-        outputs[out] = f"this command's --{_flag(name)}"
+            raise ValueError(f"{_named(args, name, value)} is also {outputs[out]}: name two paths")
+        outputs[out] = f"this command's {_named(args, name, value)}"
         if not folder and out.suffix == ".safetensors" and out.is_file():
             raise ValueError(f"--{_flag(name)} {value} is a model or adapter file, which this command would replace")
     for name, (suffix, words) in getattr(args, "sidecars", {}).items():  # what a file output writes beside it
@@ -252,6 +252,13 @@ def _resolved(value: str) -> Path:
 
 def _flag(dest: str) -> str:
     return dest.replace("_", "-")
+
+
+def _named(args: argparse.Namespace, dest: str, value: str) -> str:
+    """``--cache-dir runs/cache`` as a message names an output, with "(its default)" where the command line did not
+    give it: a person who never typed it would not know where it came from."""
+    given = getattr(args, "given_options", None)
+    return f"--{_flag(dest)} {value}" + ("" if given is None or dest in given else " (its default)")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -379,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args, unknown = parser.parse_known_args(argv)
+    args.given_options = frozenset(w[2:].split("=")[0].replace("-", "_") for w in argv if w.startswith("--"))
     name = f"alfa {args.command_path}"
     if unknown and not args.stand_in:  # what parse_args says; a stand-in goes on to say what is missing
         print(f"{name}: error: unrecognized arguments: {' '.join(unknown)} (see {name} --help)", file=sys.stderr)
