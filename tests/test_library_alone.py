@@ -150,25 +150,15 @@ exec({COMMANDS_WITHOUT_EXTRAS!r})
 """
 
 
-@pytest.fixture(scope="module")
-def both_checks(tmp_path_factory) -> tuple[subprocess.CompletedProcess, str, str, Path]:
-    """The launch, its output before and after the ``COMMANDS`` line, and its working folder (empty before)."""
-    assert set(EXTRA_PACKAGES) <= set(BLOCKED)  # still blocked in the second part
-    folder = tmp_path_factory.mktemp("library-alone")
-    done = _run(BOTH, cwd=folder)
-    life_cycle, _, commands = done.stdout.partition(COMMANDS + "\n")
-    return done, life_cycle, commands, folder
-
-
 @pytest.mark.slow
-def test_the_library_runs_its_life_cycle_without_the_application_the_study_or_their_packages(both_checks):
-    done, life_cycle, _, _ = both_checks
+def test_the_library_runs_alone_and_without_the_extras_each_command_works_or_names_its_extra(tmp_path):
+    """Both checks of one launch, in one test (two tests of one module fixture ran it in each of the suite's two
+    workers now and then): the life cycle under the hook, then each command without the extras' packages."""
+    assert set(EXTRA_PACKAGES) <= set(BLOCKED)  # still blocked in the second part
+    done = _run(BOTH, cwd=tmp_path)
+    life_cycle, _, commands = done.stdout.partition(COMMANDS + "\n")
     assert "library alone: ok\n" in life_cycle, done.stderr[-3000:]
 
-
-@pytest.mark.slow
-def test_without_the_extras_the_library_command_works_and_the_others_name_what_to_install(both_checks):
-    done, _, commands, folder = both_checks
     assert done.returncode == 0 and COMMANDS in done.stdout, done.stderr[-3000:]
     assert "truncated at rank" not in commands and "resnet18_gaze (dense)" in commands
     lines = commands.splitlines()[-6:]
@@ -181,7 +171,7 @@ def test_without_the_extras_the_library_command_works_and_the_others_name_what_t
             in line
         ), line
         assert any(f"needs {p}," in line for p in EXTRA_PACKAGES), line
-    assert sorted(p.name for p in folder.iterdir()) == []  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written
 
 
 def test_the_hook_blocks_the_application_so_the_check_can_fail():
