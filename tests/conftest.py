@@ -15,6 +15,16 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_disk_flush():
+    """``os.fsync`` does nothing in the suite's processes: what it buys, a file whole after a power cut, no test can
+    see, and the suite's five thousand or so took seconds of waiting on the disk. The order of flushes and renames
+    is still tested, through a wrapper of its own (tests/test_safety.py)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fsync", lambda fd: None)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     """Every test starts from the same global RNG state and leaves torch's thread count as it found it: a test that
