@@ -208,7 +208,7 @@ def _critical(tail: float, df: int) -> float:
 
 
 def _normal_cdf(x: np.ndarray) -> np.ndarray:
-    # torch's erfc, on the whole array: math.erfc, called per element, took 0.1 s a solve (80 steps of 4000 points)
+    # on the whole array at once: a solve takes 80 steps over 4000 points, a tenth of a second element by element
     return 0.5 * torch.special.erfc(torch.from_numpy(-x / math.sqrt(2))).numpy()
 
 
