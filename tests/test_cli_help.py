@@ -140,3 +140,26 @@ def test_the_parser_of_one_command_line_builds_that_command_as_the_whole_parser_
                 assert parser._defaults.keys() == whole[name]._defaults.keys(), name
             else:
                 assert [a.dest for a in parser._actions] == ["help"], f"{leaf} built {name} too"
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--quiet", "demo", "--out", "x"], "alfa demo: error: unrecognized arguments: --quiet"),
+        (["crate", "--bogus", "toy"], "alfa crate toy: error: unrecognized arguments: --bogus"),
+        (["tpgaze", "--bogus", "personalize"], "alfa tpgaze personalize: error: the following arguments are required"),
+    ],
+)
+def test_an_option_before_the_commands_words_is_refused_in_one_line(argv, said, tmp_path, monkeypatch, capsys):
+    """Built from the words before the first option alone, the parser knew no command there and main failed with a
+    traceback: such a line is parsed by the whole parser, which says what it always said."""
+    from alfa.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        status = main(argv)
+    except SystemExit as e:  # argparse's own refusal
+        status = e.code
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith(said) and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []

@@ -386,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args, unknown = parser.parse_known_args(argv)
+    if not hasattr(args, "func"):  # an option before the command's words: the whole parser says what argparse says
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
     args.given_options = frozenset(w[2:].split("=")[0].replace("-", "_") for w in argv if w.startswith("--"))
     name = f"alfa {args.command_path}"
     if unknown and not args.stand_in:  # what parse_args says; a stand-in goes on to say what is missing
