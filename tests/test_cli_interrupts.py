@@ -154,3 +154,113 @@ def test_a_ctrl_c_while_python_shuts_the_process_down_is_no_failure(moment):
     assert done.returncode == 0, (done.returncode, done.stderr)
     assert "total" in done.stdout and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
     assert done.stderr == ("" if moment == "freeing the modules" else AFTER_THE_WORK + "\n")
+
+
+@pytest.fixture
+def sigterm_kills():
+    """SIGTERM's default action in place (kill the process), as for a command a shell or a scheduler started."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _signalled_in_the_work(monkeypatch, signum: int, after_the_work: bool = False, before=lambda: None) -> None:
+    """The command gets ``signum`` while it works (after its folders are held; ``before`` is called first), or as
+    it lets its files go."""
+    import alfa.cli
+
+    real = alfa.cli.new_files
+
+    @contextlib.contextmanager
+    def signalled(paths):
+        with real(paths):
+            if not after_the_work:
+                before()
+                os.kill(os.getpid(), signum)  # the handler runs at once, in the main thread
+            yield
+        os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(alfa.cli, "new_files", signalled)
+
+
+def test_a_sigterm_stops_a_command_as_a_ctrl_c_does_and_lets_its_folder_go(
+    tmp_path, monkeypatch, capsys, sigterm_kills
+):
+    """A SIGTERM (kill, a scheduler's time limit) ended a command at once: its folder's lock stayed (the next run
+    replaced it as a dead holder's, with a note that its files may be incomplete) and nothing was said. Now it
+    stops as on a Ctrl-C: the folder is let go, one line says why, and the exit status is a killed process's."""
+    from alfa.locks import LOCK_FILE
+
+    out = tmp_path / "model"
+    held = []
+    _signalled_in_the_work(monkeypatch, signal.SIGTERM, before=lambda: held.append((out / LOCK_FILE).is_file()))
+    assert main(["pretrain", "--data", "synthetic:eth", "--out", str(out)]) == 143
+    assert capsys.readouterr().err == "terminated (SIGTERM)\n"
+    assert held == [True] and not (out / LOCK_FILE).exists()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # put back
+
+
+def test_a_sigterm_after_the_work_is_no_failure(monkeypatch, capsys, sigterm_kills):
+    _signalled_in_the_work(monkeypatch, signal.SIGTERM, after_the_work=True)
+    assert main(["summary"]) == 0
+    captured = capsys.readouterr()
+    assert "total" in captured.out and captured.err == AFTER_THE_WORK + "\n"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_sigterm_a_library_swallows_and_fails_of_is_said_as_the_termination(monkeypatch, capsys, sigterm_kills):
+    import alfa
+
+    def swallowing(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:  # as a library that catches a Ctrl-C may
+            pass
+        raise ValueError("module 'torch._dynamo' has no attribute 'exc'")
+
+    monkeypatch.setattr(alfa, "parameter_summary", swallowing)
+    assert main(["summary"]) == 143
+    assert capsys.readouterr().err == "terminated (SIGTERM)\n"
+
+
+def test_an_applications_own_sigterm_handler_is_kept(monkeypatch, capsys):
+    """An application that runs alfa's commands and handles SIGTERM itself keeps its handler while they run."""
+    got, seen = [], []
+
+    def own(signum, frame):
+        got.append(signum)
+
+    _signalled_in_the_work(monkeypatch, signal.SIGTERM, before=lambda: seen.append(signal.getsignal(signal.SIGTERM)))
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        assert main(["summary"]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == [own] and got == [signal.SIGTERM, signal.SIGTERM]  # in the work, and as it let its files go
+
+
+def test_a_child_forked_while_a_command_works_is_still_killed_by_sigterm(monkeypatch, capsys, sigterm_kills):
+    """A DataLoader's worker is forked from the command, handler and all; torch stops one with SIGTERM, which
+    must kill it as ever rather than raise in it (a traceback from a process nobody named)."""
+    import time
+
+    import alfa.cli
+
+    real, ended = alfa.cli.new_files, []
+
+    @contextlib.contextmanager
+    def forking(paths):
+        with real(paths):
+            child = os.fork()
+            if child == 0:
+                try:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(5)
+                finally:
+                    os._exit(0)  # reached only where the signal did not kill the child
+            ended.append(os.waitpid(child, 0)[1])
+            yield
+
+    monkeypatch.setattr(alfa.cli, "new_files", forking)
+    assert main(["summary"]) == 0 and capsys.readouterr().err == ""
+    assert len(ended) == 1 and os.WIFSIGNALED(ended[0]) and os.WTERMSIG(ended[0]) == signal.SIGTERM

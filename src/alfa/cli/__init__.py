@@ -31,7 +31,10 @@ from . import bench, calibrate, camera, crate, gaze, library, llm, pnpga, serve,
 from .errors import OS_ERROR_ADVICE, error_line, one_line_warnings
 from .interrupts import (
     AFTER_THE_WORK,
+    TERMINATED,
     Interrupts,
+    Stamps,
+    Terminated,
     close_progress_bars,
     interrupted_line,
     output_stamps,
@@ -415,10 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             with new_files(_new_file_outputs(args)):
                 args.func(args)
                 interrupts.work_done()  # all written: a Ctrl-C from here on is no failure (alfa.cli.interrupts)
-    except KeyboardInterrupt:
-        close_progress_bars()
-        print(interrupted_line(args, stamps), file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        return _stopped(args, stamps, terminated=isinstance(stop, Terminated))
     except BrokenPipeError as e:
         if not _stdout_broken():  # another pipe (a socket, a child process's): the command's error, in one line
             return _error_status(e, args, name)
@@ -428,13 +429,18 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except Exception as e:
         if interrupts.early:  # a Ctrl-C a library swallowed, then failed of (torch's exporter, stopped mid-import)
-            close_progress_bars()
-            print(interrupted_line(args, stamps), file=sys.stderr)
-            return 130
+            return _stopped(args, stamps, terminated=interrupts.terminated)
         return _error_status(e, args, name)
     if interrupts.late:
         print(AFTER_THE_WORK, file=sys.stderr)
     return 0
+
+
+def _stopped(args: argparse.Namespace, stamps: Stamps | None, terminated: bool) -> int:
+    """Say that a Ctrl-C (a SIGTERM) stopped the command, after its progress bars; its exit status."""
+    close_progress_bars()
+    print(interrupted_line(args, stamps, terminated), file=sys.stderr)
+    return TERMINATED if terminated else 130
 
 
 def _stdout_broken() -> bool:

@@ -16,6 +16,12 @@ traceback (in torch's callbacks), or the process killed by the signal without a 
 default action back, for the last part of its shutdown). Only where Python's own handler is in place, in the
 main thread: an application embedding alfa keeps its own, and a process started with SIGINT ignored (a
 background job of a shell) keeps ignoring it.
+
+A SIGTERM (``kill``, a job scheduler's time limit, a service manager) stops a command as a Ctrl-C does
+(:class:`Terminated`): its folders are let go (no stale lock is left for the next run to replace), what it had
+finished is kept, and it says ``terminated (SIGTERM)`` and exits 143, the status a process killed by the signal
+gets. A second SIGTERM ends the process at once, as the signal's default action. Only where that default is in
+place, in the main thread.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ from types import FrameType
 __all__ = [
     "AFTER_THE_WORK",
     "Interrupts",
+    "Stamps",
+    "TERMINATED",
+    "Terminated",
     "close_progress_bars",
     "interrupted_line",
     "output_stamps",
@@ -42,15 +51,25 @@ __all__ = [
 ]
 
 AFTER_THE_WORK = "interrupted after the command finished: everything it writes is written"
-"""The line a Ctrl-C that comes after a command's work is done gets (on stderr)."""
+"""The line a Ctrl-C (or SIGTERM) that comes after a command's work is done gets (on stderr)."""
+
+TERMINATED = 128 + signal.SIGTERM
+"""The exit status of a command a SIGTERM stopped: a shell's, for a process the signal killed."""
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM, raised in the main thread: a command stops as on a Ctrl-C (what catches a Ctrl-C catches it),
+    then says ``terminated (SIGTERM)`` and exits :data:`TERMINATED` (``alfa serve`` stops serving and exits 0)."""
 
 
 class Interrupts:
-    """The Ctrl-Cs a command got: how many (``count``), how many came while it worked (``early``) and how many
-    after its work was done (``late``, which raise nothing: :meth:`work_done` says when)."""
+    """The Ctrl-Cs (and SIGTERMs) a command got: how many (``count``), how many came while it worked (``early``)
+    and how many after its work was done (``late``, which raise nothing: :meth:`work_done` says when);
+    ``terminated``: whether a SIGTERM was one of them."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.terminated = False
         self._done_at: int | None = None
 
     def work_done(self) -> None:
@@ -78,25 +97,45 @@ def _python_handles_sigint() -> bool:
     )
 
 
+def _sigterm_kills() -> bool:
+    return threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
 @contextlib.contextmanager
 def watching(interrupts: Interrupts) -> Iterator[Interrupts]:
-    """Note every Ctrl-C in ``interrupts`` while the block runs: one raises ``KeyboardInterrupt`` as ever until
-    ``interrupts.work_done()``, none after. Only where Python's own handler is in place, in the main thread; it is
-    put back at the end."""
-    if not _python_handles_sigint():
-        yield interrupts
-        return
+    """Note every Ctrl-C and SIGTERM in ``interrupts`` while the block runs: one raises ``KeyboardInterrupt`` (a
+    SIGTERM :class:`Terminated`, and a second one then kills) until ``interrupts.work_done()``, none after. Each
+    only where Python's own handling is in place (its Ctrl-C handler, the signal's default action), in the main
+    thread; it is put back at the end."""
+    handled: dict[signal.Signals, object] = {}  # each signal handled here, and its handler before
+    if _python_handles_sigint():
 
-    def noted(signum: int, frame: FrameType | None) -> None:
-        interrupts.count += 1
-        if not interrupts.done:
-            signal.default_int_handler(signum, frame)
+        def noted(signum: int, frame: FrameType | None) -> None:
+            interrupts.count += 1
+            if not interrupts.done:
+                signal.default_int_handler(signum, frame)
 
-    previous = signal.signal(signal.SIGINT, noted)
+        handled[signal.SIGINT] = signal.signal(signal.SIGINT, noted)
+    if _sigterm_kills():
+        owner = os.getpid()
+
+        def terminate(signum: int, frame: FrameType | None) -> None:
+            if os.getpid() != owner:  # a child forked meanwhile (a DataLoader's worker): killed, as it always was
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            interrupts.count += 1
+            interrupts.terminated = True
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one is not waited for
+            if not interrupts.done:
+                raise Terminated
+
+        handled[signal.SIGTERM] = signal.signal(signal.SIGTERM, terminate)
     try:
         yield interrupts
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, previous in handled.items():
+            signal.signal(signum, previous)
 
 
 Stamps = dict[str, tuple[int, int] | None]
@@ -136,17 +175,18 @@ def output_stamps(args: argparse.Namespace) -> Stamps | None:
     return None if files is None else {said: _stamp(path) for said, path in files.items()}
 
 
-def interrupted_line(args: argparse.Namespace, stamps: Stamps | None) -> str:
-    """``interrupted``, and, where the command had written every file it writes before the Ctrl-C came (it was
-    printing its last lines: alfa export after its two "wrote" lines), that they are written whole: a rerun finds
-    them there, and replaces them only when asked."""
+def interrupted_line(args: argparse.Namespace, stamps: Stamps | None, terminated: bool = False) -> str:
+    """``interrupted`` (``terminated (SIGTERM)``), and, where the command had written every file it writes before
+    the Ctrl-C came (it was printing its last lines: alfa export after its two "wrote" lines), that they are
+    written whole: a rerun finds them there, and replaces them only when asked."""
+    stopped = "terminated (SIGTERM)" if terminated else "interrupted"
     files = _written_files(args)
     if stamps is None or files is None:
-        return "interrupted"
+        return stopped
     written = [said for said, path in files.items() if (now := _stamp(path)) is not None and now != stamps.get(said)]
     if len(written) < len(files):
-        return "interrupted"
-    return f"interrupted after it had written {' and '.join(written)}, whole"
+        return stopped
+    return f"{stopped} after it had written {' and '.join(written)}, whole"
 
 
 def close_progress_bars() -> None:

@@ -7,15 +7,14 @@ import argparse
 import contextlib
 import errno
 import os
-import signal
 import socket
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 from .guards import check_finished, refuse_a_model_folder_as_users, refuse_calibrations_under_tta
+from .interrupts import Terminated
 from .options import at_least, default_of, tta_of, tta_option, whole_number_between
 from .registry import Command
 
@@ -180,16 +179,15 @@ def _serve(args: argparse.Namespace) -> None:
         print(f"serving on http://{host}:{port} with {auth}: POST /predict?user=ID with a face crop, "
               "POST /predict/photo?user=ID with a photo, GET /health (Ctrl-C stops)", flush=True)  # fmt: skip
         stop: KeyboardInterrupt | None = None
-        with _sigterm_stops():
-            try:
-                server.serve_forever()
-            except KeyboardInterrupt as signalled:  # Ctrl-C, or SIGTERM (_Terminated)
-                stop = signalled
-                print(f"alfa serve: stopping: answering the {server.in_flight()} connection(s) accepted (a request "
-                      f"still arriving gets {STOP_GRACE:g} s more)", file=sys.stderr, flush=True)  # fmt: skip
-            finally:
-                server.server_close()
-        if isinstance(stop, _Terminated):
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt as signalled:  # Ctrl-C, or SIGTERM (Terminated: alfa.cli.interrupts)
+            stop = signalled
+            print(f"alfa serve: stopping: answering the {server.in_flight()} connection(s) accepted (a request "
+                  f"still arriving gets {STOP_GRACE:g} s more)", file=sys.stderr, flush=True)  # fmt: skip
+        finally:
+            server.server_close()
+        if isinstance(stop, Terminated):  # a service manager stopping it: no failure
             print("alfa serve: stopped (SIGTERM)", file=sys.stderr)
         elif stop is not None:
             raise stop  # Ctrl-C: "interrupted", exit 130, as every command
@@ -208,29 +206,6 @@ def _access_log(path: str | None) -> Iterator[TextIO | None]:
     finally:
         with contextlib.suppress(OSError):
             log_file.close()
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (a service manager stopping the server): the server stops as on Ctrl-C, and the command exits 0."""
-
-
-@contextlib.contextmanager
-def _sigterm_stops() -> Iterator[None]:
-    """While serving, the first SIGTERM raises :class:`_Terminated` in the main thread, so that the server answers
-    what it accepted; a second one ends the process at once (the default)."""
-    if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
-        yield
-        return
-
-    def terminate(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _selftest(args: argparse.Namespace) -> None:
