@@ -1,4 +1,5 @@
 import argparse
+import re
 
 import pytest
 from tiny_models import truncated_structure
@@ -212,6 +213,31 @@ def test_a_missing_optional_package_is_one_line_naming_its_extra(capsys, monkeyp
     assert err == want + '(in the alfa folder: pip install -e ".[study]", or ./scripts/setup.sh dev)\n'
     with pytest.raises(ModuleNotFoundError, match="alfa.gone"):
         main(["g"])
+
+
+@pytest.mark.parametrize(
+    "declare, said",
+    [
+        (lambda p: p.add_argument("-o", "--out"), "declared as ['-o', '--out']"),
+        (lambda p: p.add_argument("--out-dir", dest="out"), "declared as no option"),
+        (lambda p: p.add_argument("--out", dest="folder"), "declared as ['--out']"),
+        (lambda p: None, "declared as no option"),
+        (lambda p: p.add_argument("--out"), None),
+    ],
+)
+def test_an_output_must_be_the_option_of_its_name_alone(declare, said):
+    """Messages name an output ``--<dest>``, and main tells the outputs a command line gave from their defaults by
+    those words: an output spelled otherwise (a short flag, another name) would be misnamed, so it is refused as
+    the parser is built, by the test that builds every command."""
+    from alfa.cli import registry
+
+    command = registry.Command("w", help="w", run=print, add_arguments=declare, outputs={"out": True})
+    subparsers = argparse.ArgumentParser(prog="alfa").add_subparsers(dest="command")
+    if said is None:
+        registry.add_commands(subparsers, (command,))
+        return
+    with pytest.raises(TypeError, match=re.escape(f"alfa w: its output 'out' must be the option --out alone, {said}")):
+        registry.add_commands(subparsers, (command,))
 
 
 def test_version_and_help(capsys):

@@ -392,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):  # an option before the command's words: the whole parser says what argparse says
         parser = build_parser()
         args, unknown = parser.parse_known_args(argv)
+    # the options the line gave, by their dests: an output is its --<dest> alone (registry), never abbreviated
     args.given_options = frozenset(w[2:].split("=")[0].replace("-", "_") for w in argv if w.startswith("--"))
     name = f"alfa {args.command_path}"
     if unknown and not args.stand_in:  # what parse_args says; a stand-in goes on to say what is missing

@@ -156,6 +156,7 @@ def add_commands(
                 raise
             _stand_in(parser, e, command.extra)
             continue
+        _check_outputs_spelled(parser, command, names)
         if files and "--replace" not in parser._option_string_actions:
             flags = " or ".join(f"--{name.replace('_', '-')}" for name in files)
             page = (
@@ -168,6 +169,20 @@ def add_commands(
                 action="store_true",
                 help=f"overwrite the file {flags} names if it exists (by default that is refused before anything "
                 f"runs{page})",
+            )
+
+
+def _check_outputs_spelled(parser: argparse.ArgumentParser, command: Command, names: tuple[str, ...]) -> None:
+    """Every output is the option ``--<dest>`` (``_`` as ``-``) and no other spelling: each message about an output
+    names it so, and ``alfa.cli.main`` tells an output the command line gave from its default by those words."""
+    for dest in command.outputs:
+        flag = "--" + dest.replace("_", "-")
+        action = parser._option_string_actions.get(flag)
+        if action is None or action.dest != dest or action.option_strings != [flag]:
+            spelled = [] if action is None else action.option_strings
+            raise TypeError(
+                f"alfa {' '.join(names)}: its output {dest!r} must be the option {flag} alone, declared as "
+                f"{spelled or 'no option'}"
             )
 
 
