@@ -166,7 +166,9 @@ def test_resume_skips_finished_records(bench, monkeypatch):
 
 def test_another_protocol_is_refused(bench):
     out, config, _ = bench
-    with pytest.raises(ValueError, match=r"another benchmark configuration .*differs in: personalize"):
+    with pytest.raises(
+        ValueError, match=r"another benchmark configuration .*the folder's vs this run's: personalize.steps 2 vs 3\)"
+    ):
         run_bench(dataclasses.replace(config, personalize=dataclasses.replace(config.personalize, steps=3)), out)
     # Selection options may differ between pieces of one benchmark.
     summary = run_bench(dataclasses.replace(config, methods=("alfa",)), out, progress=False, dry_run=True)

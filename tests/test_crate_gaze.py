@@ -278,8 +278,8 @@ def test_a_rerun_resumes_another_run_is_refused_and_replace_starts_over(tmp_path
     before = (out / "results.json").read_bytes()
     assert main(["crate", "gaze", "--out", str(out), "--quick", "--quiet", "--seed", "1"]) == 2
     refused = capsys.readouterr().err
-    assert "results.json holds the results of another run (its settings vs this run's: targets" in refused
-    assert "seed 0 vs 1); use another --out, or --replace to start over" in refused
+    assert "results.json holds the results of another run (its settings vs this run's: seed 0 vs 1, " in refused
+    assert "targets ['mpii'] vs ['mpii', 'eyediap']); use another --out, or --replace to start over" in refused
     assert (out / "results.json").read_bytes() == before
     # a run cut short after its probes: a figure, no results; another run is refused by the stages before drawing
     (out / "results.json").unlink()

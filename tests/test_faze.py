@@ -326,7 +326,9 @@ def test_faze_resume_refuses_another_run_and_a_model_it_did_not_write(tmp_path):
     data, small = _posed(), {"appearance": 4, "width": 4}
     train_faze(data, FazeTrainConfig(steps=2, batch_size=4), tmp_path / "a", model_kwargs=small, progress=False)
     before = (tmp_path / "a" / "model.safetensors").read_bytes()
-    with pytest.raises(CheckpointError, match=r"state of another run \(config .*'lr': 0.01"):
+    with pytest.raises(
+        CheckpointError, match=r"state of another run \(config \(the checkpoint's vs this run's\): lr 0.001 vs 0.01\)"
+    ):
         train_faze(data, FazeTrainConfig(steps=2, batch_size=4, lr=1e-2), tmp_path / "a", model_kwargs=small)
     with pytest.raises(CheckpointError, match="more than the 1 asked"):
         train_faze(data, FazeTrainConfig(steps=1, batch_size=4), tmp_path / "a", model_kwargs=small)

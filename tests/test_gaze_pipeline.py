@@ -401,7 +401,7 @@ def test_cli_personalize_refuses_to_replace_other_adapters_unless_asked(tmp_path
     refusals = {
         "its adapters are alfa": [*alfa_run[:3], "--method", "lora", "--data", "toy:target"],
         # the option that differs, not the whole config (a TPGaze start differs in init_from alone)
-        "its adapters are alfa with other options (differs in heads)": [
+        "its adapters are alfa with other options (the folder's vs this run's: heads 2 vs 1)": [
             *alfa_run[:4],
             "1",
             *alfa_run[5:],
@@ -409,7 +409,13 @@ def test_cli_personalize_refuses_to_replace_other_adapters_unless_asked(tmp_path
             "toy:target",
         ],
         "made on the dataset 'tgt', not 'other'": [*alfa_run, "--data", "toy:other"],
-        "another recipe (differs in lr)": [*alfa_run, "--data", "toy:target", "--lr", "0.5"],
+        "another recipe (the folder's vs this run's: lr 3e-05 vs 0.5)": [
+            *alfa_run,
+            "--data",
+            "toy:target",
+            "--lr",
+            "0.5",
+        ],
         "trained on another base": [
             *alfa_run[:2],
             str(tmp_path / "base2.safetensors"),
@@ -464,7 +470,7 @@ def test_cli_personalize_after_a_run_where_everyone_failed_needs_no_replace(tmp_
     record = json.loads((tmp_path / "ad" / "personalization.json").read_text())
     assert {o["status"] for o in record["persons"].values()} == {"ok"} and record["config"]["n_adapt"] != 500
     assert main([*run, "--lr", "0.5"]) == 2  # now there are adapters to lose: refused, as before
-    assert "another recipe (differs in lr)" in capsys.readouterr().err
+    assert "another recipe (the folder's vs this run's: lr 3e-05 vs 0.5)" in capsys.readouterr().err
 
 
 def test_cli_personalize_recipes():

@@ -226,7 +226,11 @@ def test_a_tiny_bench_runs_end_to_end_resumes_and_makes_its_page(tmp_path):
     standard = llm_page(dict(written, name="standard"), "data.json")
     assert "the numbers below were produced by it" in standard and "This is not the standard run" not in standard
     other = dataclasses.replace(config, seeds=(0, 2), name="other")  # its records have this one's names
-    with pytest.raises(ValueError, match=r"holds the bench of another configuration \(it differs in name, seeds\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"another configuration \(the folder's vs this run's: name 'tiny' vs 'other', seeds \[0, 1\] vs "
+        r"\[0, 2\]\)",
+    ):
         run_bench(other, tmp_path / "out", tmp_path / "cache", progress=False, command="test")
     assert json.loads((tmp_path / "out" / "bench.json").read_text()) == written  # nothing taken, nothing written
     (tmp_path / "out" / "bench.json").unlink()

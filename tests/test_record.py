@@ -106,7 +106,7 @@ def test_the_committed_results_open_for_their_preset(tmp_path):
     ResultsStore(tmp_path, BenchConfig.first_standard())
     data["config"]["pretrain"]["precision"] = "bf16"
     (tmp_path / RESULTS_FILE).write_text(json.dumps(data))
-    with pytest.raises(ValueError, match="differs in: pretrain"):
+    with pytest.raises(ValueError, match="the folder's vs this run's: pretrain.precision 'bf16' vs its default"):
         ResultsStore(tmp_path, BenchConfig.first_standard())
 
 

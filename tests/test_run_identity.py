@@ -197,3 +197,22 @@ def test_calibrate_refuses_a_folder_made_on_another_base_unless_replace(tmp_path
     assert "1 done, 1 already there" in capsys.readouterr().out
     assert main([*argv, "--checkpoint", str(second), "--replace"]) == 0
     assert p00.read_bytes() != files["p00.safetensors"]
+
+
+def test_settings_differences_name_each_setting_that_differs_with_both_values():
+    """The one way a refusal says why a folder holds another run: each differing setting by its dotted name, the
+    file's value first; a setting one side lacks is absent there (or "its default", where defaults are left out),
+    which differs even from a None; a value too long for a line only "differs"; nothing where nothing differs."""
+    from alfa.fileio import settings_differences
+
+    saved = {"lr": 0.01, "recovery": {"steps": 3, "persons": list(range(30))}, "seed": None, "same": [1]}
+    mine = {"lr": 0.5, "recovery": {"steps": 3, "persons": list(range(1, 31))}, "precision": "bf16", "same": [1]}
+    assert settings_differences(saved, mine) == [
+        "lr 0.01 vs 0.5",
+        "precision absent vs 'bf16'",
+        "recovery.persons differs",
+        "seed None vs absent",
+    ]
+    assert settings_differences(saved, mine, absent="its default")[1] == "precision its default vs 'bf16'"
+    assert settings_differences({"dataset": "a"}, {"dataset": "b"}) == ["dataset 'a' vs 'b'"]
+    assert settings_differences(saved, saved) == [] and settings_differences({}, {"k": None}) == ["k absent vs None"]

@@ -39,6 +39,7 @@ __all__ = [
     "new_files",
     "not_a_file",
     "require_path",
+    "settings_differences",
     "usable_cpus",
 ]
 
@@ -349,6 +350,31 @@ def read_kept_json(path: str | os.PathLike, kind: type = dict) -> Any:
             f"{path}: damaged (a JSON {type(data).__name__}, not a {kind.__name__}); delete it to redo what it kept"
         )
     return data
+
+
+_LONG = 60
+"""The length past which a differing value is not printed: a list of persons, a checksum's record."""
+
+
+def settings_differences(saved: Any, mine: Any, prefix: str = "", absent: str = "absent") -> list[str]:
+    """What differs between the settings a file kept (``saved``) and this run's (``mine``), key by key down nested
+    mappings by dotted names: ``["truncate_config.rank 64 vs 32", "seeds [0] vs [0, 1]"]``, the file's value first.
+    A key one side lacks is ``absent`` there (a reader of settings that leaves defaults out says "its default"); a
+    value too long to read in a line only ``differs``. Two values that are not both mappings are one entry, named
+    ``prefix``. The one way alfa says why a folder holds another run."""
+    if not (isinstance(saved, dict) and isinstance(mine, dict)):
+        if saved == mine:
+            return []
+        said = [absent if v is _ABSENT else repr(v) for v in (saved, mine)]
+        name = prefix.rstrip(".") or "the value"
+        return [f"{name} differs" if max(map(len, said)) > _LONG else f"{name} {said[0]} vs {said[1]}"]
+    found = []
+    for key in sorted(set(saved) | set(mine), key=str):
+        found += settings_differences(saved.get(key, _ABSENT), mine.get(key, _ABSENT), f"{prefix}{key}.", absent)
+    return found
+
+
+_ABSENT = object()  # a key absent on one side differs even from a None on the other
 
 
 def safe_filename(name: str) -> str:

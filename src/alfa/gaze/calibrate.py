@@ -60,6 +60,7 @@ from alfa.adapters import (
     save_adapter,
     tensor_checksum,
 )
+from alfa.fileio import settings_differences
 from alfa.layers import FactorizedLinear, dense_matrix
 
 from .data.base import GazeDataset, images_differ
@@ -474,7 +475,9 @@ def earlier_run(
     mine = _fresh_record(dataset, config)
     for what in ("dataset", "method", "config"):
         if before.get(what) != mine[what]:
-            return f"its files were made with another {what}: {_differences(before.get(what), mine[what])}"
+            theirs, ours = ({what: _without_the_pools_second_name(r.get(what))} for r in (before, mine))
+            differing = ", ".join(settings_differences(theirs, ours))
+            return f"its files were made with other settings (the folder's vs this run's: {differing})"
     other = _other_images(Path(out_dir), dataset, persons)
     return other if other is not None or model is None else _another_base(model, Path(out_dir), persons)
 
@@ -580,13 +583,12 @@ def _anyone_calibrated(persons: dict[str, Any]) -> bool:
     return any(isinstance(entry, dict) and entry.get("status") in DONE for entry in persons.values())
 
 
-def _differences(here: Any, now: Any, name: str = "") -> str:
-    """What differs between two records' entries, key by key down nested mappings: ``pool 32 here, 6 now``."""
-    if not (isinstance(here, dict) and isinstance(now, dict)):
-        return f"{name}{' ' if name else ''}{here} here, {now} now"
-    twice = {"n_adapt"} if "user_calibration" in now else set()  # the pool under the name alfa evaluate reads
-    keys = [k for k in {**here, **now} if here.get(k) != now.get(k) and k not in twice]
-    return "; ".join(_differences(here.get(k, "(not set)"), now.get(k, "(not set)"), k) for k in keys)
+def _without_the_pools_second_name(recipe: Any) -> Any:
+    """A calibration recipe without ``n_adapt``, its pool under the name alfa evaluate reads: a message names the
+    pool once."""
+    if isinstance(recipe, dict) and "user_calibration" in recipe:
+        return {k: v for k, v in recipe.items() if k != "n_adapt"}
+    return recipe
 
 
 def _ours(path: Path, about: dict[str, Any], dataset: GazeDataset) -> bool:

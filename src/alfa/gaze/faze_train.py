@@ -44,7 +44,7 @@ from alfa.checkpoint import (
     save_model,
     write_tagged,
 )
-from alfa.fileio import not_a_file
+from alfa.fileio import not_a_file, settings_differences
 
 from .data.base import GazeDataset
 from .evaluate import load_images
@@ -203,8 +203,8 @@ def _resume(
     compared = [key for key in mine if key != "config" and key not in RECORDED_LATER]  # those: where recorded
     problems = [f"{key} differs" for key in compared if saved.get(key) != mine[key]]
     problems += other_data(saved, mine)
-    if _comparable(saved.get("config", {})) != _comparable(mine["config"]):
-        problems.append(f"config {saved.get('config')} vs {mine['config']}")
+    if (theirs := _comparable(saved.get("config", {}))) != (ours := _comparable(mine["config"])):
+        problems.append(f"config (the checkpoint's vs this run's): {', '.join(settings_differences(theirs, ours))}")
     if problems:
         raise CheckpointError(
             f"{state} is the state of another run ({'; '.join(problems)}); use another output folder, or delete it "

@@ -58,7 +58,7 @@ from alfa.adapters import (
     save_adapter,
 )
 from alfa.adapters.groups import is_number
-from alfa.fileio import write_json
+from alfa.fileio import settings_differences, write_json
 
 from .augment import AugmentConfig, augment_images, build_augmentation
 from .data.base import GazeDataset, images_differ
@@ -453,11 +453,11 @@ def foreign_adapters(
     if before.get("method") != key["method"]:
         return f"its adapters are {before.get('method')}, not {key['method']}"
     if before.get("method_config") != key["method_config"]:
-        changed = _differing(key["method_config"], before.get("method_config"))
-        return f"its adapters are {key['method']} with other options (differs in {changed})"
+        changed = ", ".join(settings_differences(_mapping(before.get("method_config")), key["method_config"]))
+        return f"its adapters are {key['method']} with other options (the folder's vs this run's: {changed})"
     if before.get("config") != key["config"]:
-        changed = _differing(key["config"], before.get("config"))
-        return f"its adapters were made with another recipe (differs in {changed})"
+        changed = ", ".join(settings_differences(_mapping(before.get("config")), key["config"]))
+        return f"its adapters were made with another recipe (the folder's vs this run's: {changed})"
     here = set(dataset.persons())
     readable = []
     for person in made:
@@ -478,11 +478,9 @@ def foreign_adapters(
     return None
 
 
-def _differing(ours: dict[str, Any], theirs: Any) -> str:
-    """The names of the settings in which a run's ``ours`` and the record's ``theirs`` differ (every one of ours
-    where the record holds no mapping)."""
-    theirs = theirs if isinstance(theirs, dict) else {}
-    return ", ".join(sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k)))
+def _mapping(settings: Any) -> dict[str, Any]:
+    """A record's settings, none where it holds no mapping (then each of this run's is said to differ)."""
+    return settings if isinstance(settings, dict) else {}
 
 
 class _WriteFailed(Exception):

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from alfa.checkpoint import load_model, read_checkpoint, save_model
-from alfa.fileio import read_kept_json, write_json
+from alfa.fileio import read_kept_json, settings_differences, write_json
 
 from .data.base import GazeDataset, images_differ
 from .evaluate import INPUT_SCALING, EvaluationReport, adapter_filename, eval_indices, load_images, person_errors
@@ -53,9 +53,10 @@ def check_members_run(out: str | Path, key: dict[str, Any]) -> None:
     if path.is_file():
         theirs = read_kept_json(path)
         if theirs != mine:
-            differs = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+            differs = ", ".join(settings_differences(theirs, mine))
             raise ValueError(
-                f"--out {out} holds the members of another run (its {', '.join(differs)} differ): use another --out"
+                f"--out {out} holds the members of another run (the folder's vs this run's: {differs}): use another "
+                "--out"
             )
         return
     if any(out.glob("epoch-*.safetensors")):

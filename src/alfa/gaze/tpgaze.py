@@ -44,7 +44,7 @@ from alfa.adapters.io import AdapterFileError, _compare_fingerprints, base_finge
 from alfa.adapters.prompt import PromptedConv, TPGazeConfig
 from alfa.adapters.state import adapted_layers
 from alfa.checkpoint import CheckpointError, load_optimizer_tensors, optimizer_tensors, read_tagged, write_tagged
-from alfa.fileio import write_json
+from alfa.fileio import settings_differences, write_json
 
 from .data.base import GazeDataset
 from .evaluate import EVAL_BATCH_SIZE, load_examples, load_images, person_errors
@@ -266,8 +266,10 @@ def _resume(
         for key in ("stage", "prompt_config", "data", "train_persons", "val_data", "val_persons")
         if saved.get(key) != json.loads(json.dumps(header[key]))
     ]
-    if _comparable(saved.get("meta_config", {})) != _comparable(header["meta_config"]):
-        problems.append(f"meta-training config {saved.get('meta_config')} vs {header['meta_config']}")
+    theirs, ours = _comparable(saved.get("meta_config", {})), _comparable(header["meta_config"])
+    if theirs != ours:
+        differing = ", ".join(settings_differences(theirs, ours))
+        problems.append(f"meta-training config (the checkpoint's vs this run's): {differing}")
     problems += other_data(saved, json.loads(json.dumps(header)))  # a state from before the signatures passes
     problems += _compare_fingerprints(meta.get("fingerprint", {}), base_fingerprint(model))[:3]
     if problems:

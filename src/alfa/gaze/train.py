@@ -43,6 +43,7 @@ from alfa.checkpoint import (
     refuse_unregistered_model,
     save_model,
 )
+from alfa.fileio import settings_differences
 from alfa.summary import parameter_summary
 from alfa.truncate import DEFAULT_RANK, canonicalize, restore_structure, truncate
 
@@ -61,7 +62,6 @@ from .train_state import (
     Resumed,
     StateWriter,
     data_signatures,
-    header_differences,
     held_out_persons,
     other_data,
     other_dense,
@@ -757,7 +757,7 @@ def _load_finished(model: nn.Module, path: Path, header: dict[str, Any], model_n
     json_header = json.loads(json.dumps(header))  # tuples become lists, as in the saved header
     compared = {k: v for k, v in json_header.items() if k not in RECORDED_LATER}  # those only where recorded
     theirs = {"model": saved.get("model"), **{k: extra[k] for k in compared if k in extra}}
-    differing = header_differences(theirs, {"model": model_name, **compared})
+    differing = settings_differences(theirs, {"model": model_name, **compared})
     if differing or "result" not in extra:
         said = f" (the folder's vs this run's: {', '.join(differing)})" if differing else ""
         raise CheckpointError(

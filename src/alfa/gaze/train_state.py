@@ -45,7 +45,7 @@ from alfa.checkpoint import (
     save_model,
     write_tagged,
 )
-from alfa.fileio import not_a_file
+from alfa.fileio import not_a_file, settings_differences
 
 from .data.base import GazeDataset, data_signature, data_signature_mismatch
 from .evaluate import INPUT_SCALING
@@ -254,28 +254,6 @@ def refuse_lone_state(out: Path) -> None:
         )
 
 
-def _said(config: dict[str, Any], key: str) -> str:
-    """A setting in a message; a later field left out at its default (``TrainConfig.to_dict``) is its default."""
-    return repr(config[key]) if key in config else "its default"
-
-
-def header_differences(saved: dict[str, Any], mine: dict[str, Any], prefix: str = "") -> list[str]:
-    """What differs between a saved header and this run's, key by key (``truncate_config.rank 64 vs 32``), nested
-    settings by their dotted names; a long value (a list of persons, a checksum's record) only as ``differs``."""
-    missing = object()  # a key absent on one side differs even from a None on the other
-    found = []
-    for key in sorted(set(saved) | set(mine), key=str):
-        theirs, ours = saved.get(key, missing), mine.get(key, missing)
-        if theirs == ours:
-            continue
-        if isinstance(theirs, dict) and isinstance(ours, dict):
-            found += header_differences(theirs, ours, f"{prefix}{key}.")
-            continue
-        said = [("absent" if v is missing else repr(v)) for v in (theirs, ours)]
-        found.append(f"{prefix}{key} differs" if max(map(len, said)) > 40 else f"{prefix}{key} {said[0]} vs {said[1]}")
-    return found
-
-
 def _check_identity(
     path: Path, saved_model: Any, saved: dict[str, Any], header: dict[str, Any], model_name: str
 ) -> None:
@@ -290,10 +268,7 @@ def _check_identity(
         problems.append(dense)
     theirs, ours = _comparable(saved.get("train_config", {})), _comparable(mine["train_config"])
     if theirs != ours:  # only what differs: the whole config is a dozen keys the reader would have to compare
-        keys = sorted(set(theirs) | set(ours), key=lambda key: (key not in ours, key))
-        missing = object()  # a key absent on one side differs even from a None on the other
-        differing = [f"{key} {_said(theirs, key)} vs {_said(ours, key)}" for key in keys
-                     if theirs.get(key, missing) != ours.get(key, missing)]  # fmt: skip
+        differing = settings_differences(theirs, ours, absent="its default")  # a later field is left out at it
         problems.append(f"training config (the checkpoint's vs this run's): {', '.join(differing)}")
     if problems:
         raise CheckpointError(

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from alfa.adapters.groups import is_number
-from alfa.fileio import write_bytes, write_json
+from alfa.fileio import settings_differences, write_bytes, write_json
 from alfa.locks import locked
 
 from .ablations import REGISTRY
@@ -218,10 +218,10 @@ class ResultsStore:
         here = comparable_protocol(self.config.protocol_dict())
         stored = comparable_protocol(data.get("config", {}))
         if stored != here:
-            keys = sorted(k for k in set(stored) | set(here) if stored.get(k) != here.get(k))
+            differing = ", ".join(settings_differences(stored, here, absent="its default"))  # left out at it
             raise ValueError(
-                f"{self.path} was made with another benchmark configuration (preset {data.get('preset')!r}; "
-                f"differs in: {', '.join(keys)}); use another --out folder"
+                f"{self.path} was made with another benchmark configuration (preset {data.get('preset')!r}; the "
+                f"folder's vs this run's: {differing}); use another --out folder"
             )
 
     def read(self) -> dict[str, Any]:

@@ -49,7 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from alfa.adapters import adapter_parameters, attach, detach, load_adapter, merge
-from alfa.fileio import safe_filename, write_json
+from alfa.fileio import safe_filename, settings_differences, write_json
 from alfa.gaze.data.base import GazeDataset
 from alfa.gaze.data.registry import open_dataset
 from alfa.gaze.evaluate import (
@@ -242,12 +242,7 @@ def _other_results(path: Path, config: CrateGazeConfig) -> str | None:
     if not isinstance(theirs, dict):
         return "is not a results file of alfa crate gaze (it holds no run's settings)"
     ours = json.loads(json.dumps(config.to_dict()))  # tuples become lists, as in the saved file
-    missing = object()  # a setting absent on one side differs even from a None on the other
-    differing = [
-        f"{key} {theirs.get(key, '(not set)')} vs {ours.get(key, '(not set)')}"
-        for key in dict.fromkeys([*theirs, *ours])
-        if key != "threads" and theirs.get(key, missing) != ours.get(key, missing)
-    ]
+    differing = settings_differences(*({k: v for k, v in c.items() if k != "threads"} for c in (theirs, ours)))
     if not differing:
         return None
     return f"holds the results of another run (its settings vs this run's: {', '.join(differing)})"

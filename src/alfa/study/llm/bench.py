@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from alfa.fileio import read_kept_json, write_json
+from alfa.fileio import read_kept_json, settings_differences, write_json
 from alfa.study.timing import machine
 
 from .adapt import METHODS, STEP_ROUNDS, AdaptConfig, adapt_and_score, interleaved_step_seconds
@@ -256,10 +256,10 @@ def _refuse_another_bench(out: Path, config: BenchConfig) -> None:
         raise ValueError(f"{summary}: not a bench summary this command wrote ({err}); use another --out") from None
     mine = json.loads(json.dumps(dataclasses.asdict(config)))
     if stored != mine:
-        differ = sorted(k for k in {*stored, *mine} if stored.get(k) != mine.get(k))
+        differ = settings_differences(stored, mine)
         raise ValueError(
-            f"{out} holds the bench of another configuration (it differs in {', '.join(differ)}); its records would "
-            "be taken as this one's: use another --out"
+            f"{out} holds the bench of another configuration (the folder's vs this run's: {', '.join(differ)}); its "
+            "records would be taken as this one's: use another --out"
         )
 
 
