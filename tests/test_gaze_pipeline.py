@@ -398,24 +398,13 @@ def test_cli_personalize_refuses_to_replace_other_adapters_unless_asked(tmp_path
     assert main([*alfa_run, "--data", "toy:target", *out]) == 0
     first = (tmp_path / "ad" / "p00.safetensors").read_bytes()
     capsys.readouterr()
+    one_head, other_lr = [*alfa_run[:4], "1", *alfa_run[5:]], [*alfa_run, "--lr", "0.5"]
     refusals = {
         "its adapters are alfa": [*alfa_run[:3], "--method", "lora", "--data", "toy:target"],
         # the option that differs, not the whole config (a TPGaze start differs in init_from alone)
-        "its adapters are alfa with other options (the folder's vs this run's: heads 2 vs 1)": [
-            *alfa_run[:4],
-            "1",
-            *alfa_run[5:],
-            "--data",
-            "toy:target",
-        ],
+        "alfa with other options (the folder's vs this run's: heads 2 vs 1)": [*one_head, "--data", "toy:target"],
         "made on the dataset 'tgt', not 'other'": [*alfa_run, "--data", "toy:other"],
-        "another recipe (the folder's vs this run's: lr 3e-05 vs 0.5)": [
-            *alfa_run,
-            "--data",
-            "toy:target",
-            "--lr",
-            "0.5",
-        ],
+        "another recipe (the folder's vs this run's: lr 3e-05 vs 0.5)": [*other_lr, "--data", "toy:target"],
         "trained on another base": [
             *alfa_run[:2],
             str(tmp_path / "base2.safetensors"),

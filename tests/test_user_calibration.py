@@ -401,8 +401,8 @@ def test_a_calibration_folder_of_another_run_or_with_foreign_files_is_refused(ba
     before = _tensors(tmp_path / "a" / "p0.safetensors")
     with pytest.raises(
         ValueError,
-        match=r"earlier calibration run: .*other settings \(the folder's vs this run's: config.user_calibration.k 2 "
-        r"vs 3\); use",
+        match=r"earlier calibration run: .*other settings, the folder's vs this run's: config.user_calibration.k 2 "
+        r"vs 3; use",
     ):
         calibrate_dataset(base, data, CalibrateConfig(method="offset", k=3, pool=8), tmp_path / "a", progress=False)
     assert torch.equal(_tensors(tmp_path / "a" / "p0.safetensors")["fc.bias_update"], before["fc.bias_update"])

@@ -477,7 +477,7 @@ def earlier_run(
         if before.get(what) != mine[what]:
             theirs, ours = ({what: _without_the_pools_second_name(r.get(what))} for r in (before, mine))
             differing = ", ".join(settings_differences(theirs, ours))
-            return f"its files were made with other settings (the folder's vs this run's: {differing})"
+            return f"its files were made with other settings, the folder's vs this run's: {differing}"
     other = _other_images(Path(out_dir), dataset, persons)
     return other if other is not None or model is None else _another_base(model, Path(out_dir), persons)
 
