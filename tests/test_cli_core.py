@@ -222,6 +222,7 @@ def test_a_missing_optional_package_is_one_line_naming_its_extra(capsys, monkeyp
         (lambda p: p.add_argument("--out-dir", dest="out"), "declared as no option"),
         (lambda p: p.add_argument("--out", dest="folder"), "declared as ['--out']"),
         (lambda p: None, "declared as no option"),
+        (None, "declared as no option"),
         (lambda p: p.add_argument("--out"), None),
     ],
 )

@@ -145,7 +145,7 @@ def test_k_all_fits_every_photo_of_the_session_and_evaluate_says_none_is_left(se
         assert main([*calibrate, "--k", "all", flag, value, "--replace"]) == 2
         assert f"{flag} chooses the k among a person's images" in capsys.readouterr().err
     assert main([*calibrate, "--k", "2", "--pool", "4"]) == 2  # one that keeps one to score is another: not mixed
-    said = "(its files were made with other settings, the folder's vs this run's: config.user_calibration.draw absent"
+    said = "(its files were made with other settings, the folder's vs this run's: config.user_calibration.draw not set"
     assert said in capsys.readouterr().err
 
 

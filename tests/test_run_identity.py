@@ -201,7 +201,7 @@ def test_calibrate_refuses_a_folder_made_on_another_base_unless_replace(tmp_path
 
 def test_settings_differences_name_each_setting_that_differs_with_both_values():
     """The one way a refusal says why a folder holds another run: each differing setting by its dotted name, the
-    file's value first; a setting one side lacks is absent there (or "its default", where defaults are left out),
+    file's value first; a setting one side lacks is "not set" there (or "its default", where defaults are left out),
     which differs even from a None; a value too long for a line only "differs"; nothing where nothing differs."""
     from alfa.fileio import settings_differences
 
@@ -209,10 +209,10 @@ def test_settings_differences_name_each_setting_that_differs_with_both_values():
     mine = {"lr": 0.5, "recovery": {"steps": 3, "persons": list(range(1, 31))}, "precision": "bf16", "same": [1]}
     assert settings_differences(saved, mine) == [
         "lr 0.01 vs 0.5",
-        "precision absent vs 'bf16'",
+        "precision not set vs 'bf16'",
         "recovery.persons differs",
-        "seed None vs absent",
+        "seed None vs not set",
     ]
     assert settings_differences(saved, mine, absent="its default")[1] == "precision its default vs 'bf16'"
     assert settings_differences({"dataset": "a"}, {"dataset": "b"}) == ["dataset 'a' vs 'b'"]
-    assert settings_differences(saved, saved) == [] and settings_differences({}, {"k": None}) == ["k absent vs None"]
+    assert settings_differences(saved, saved) == [] and settings_differences({}, {"k": None}) == ["k not set vs None"]

@@ -356,10 +356,10 @@ _LONG = 60
 """The length past which a differing value is not printed: a list of persons, a checksum's record."""
 
 
-def settings_differences(saved: Any, mine: Any, prefix: str = "", absent: str = "absent") -> list[str]:
+def settings_differences(saved: Any, mine: Any, prefix: str = "", absent: str = "not set") -> list[str]:
     """What differs between the settings a file kept (``saved``) and this run's (``mine``), key by key down nested
     mappings by dotted names: ``["truncate_config.rank 64 vs 32", "seeds [0] vs [0, 1]"]``, the file's value first.
-    A key one side lacks is ``absent`` there (a reader of settings that leaves defaults out says "its default"); a
+    A key one side lacks is ``absent`` there (where settings are left out at their defaults, say "its default"); a
     value too long to read in a line only ``differs``. Two values that are not both mappings are one entry, named
     ``prefix``. The one way alfa says why a folder holds another run."""
     if not (isinstance(saved, dict) and isinstance(mine, dict)):

@@ -134,8 +134,14 @@ def watching(interrupts: Interrupts) -> Iterator[Interrupts]:
     try:
         yield interrupts
     finally:
-        for signum, previous in handled.items():
-            signal.signal(signum, previous)
+        # Both put back before either signal is taken: one between the two would meet one handler of ours and
+        # one put back (a Terminated raised out of here with our Ctrl-C handler left in place).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+        try:
+            for signum, previous in handled.items():
+                signal.signal(signum, previous)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 Stamps = dict[str, tuple[int, int] | None]

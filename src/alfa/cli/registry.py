@@ -147,10 +147,9 @@ def add_commands(
             folder_kinds=dict(command.folder_kinds),
             stand_in=False,
         )
-        if command.add_arguments is None:
-            continue
         try:
-            command.add_arguments(parser)
+            if command.add_arguments is not None:
+                command.add_arguments(parser)
         except ModuleNotFoundError as e:
             if missing_package(e, command.extra) is None:
                 raise

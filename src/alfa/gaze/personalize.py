@@ -453,11 +453,10 @@ def foreign_adapters(
     if before.get("method") != key["method"]:
         return f"its adapters are {before.get('method')}, not {key['method']}"
     if before.get("method_config") != key["method_config"]:
-        changed = ", ".join(settings_differences(_mapping(before.get("method_config")), key["method_config"]))
-        return f"its adapters are {key['method']} with other options (the folder's vs this run's: {changed})"
+        changed = _said_differences(before.get("method_config"), key["method_config"])
+        return f"its adapters are {key['method']} with other options ({changed})"
     if before.get("config") != key["config"]:
-        changed = ", ".join(settings_differences(_mapping(before.get("config")), key["config"]))
-        return f"its adapters were made with another recipe (the folder's vs this run's: {changed})"
+        return f"its adapters were made with another recipe ({_said_differences(before.get('config'), key['config'])})"
     here = set(dataset.persons())
     readable = []
     for person in made:
@@ -478,9 +477,12 @@ def foreign_adapters(
     return None
 
 
-def _mapping(settings: Any) -> dict[str, Any]:
-    """A record's settings, none where it holds no mapping (then each of this run's is said to differ)."""
-    return settings if isinstance(settings, dict) else {}
+def _said_differences(recorded: Any, ours: dict[str, Any]) -> str:
+    """How the record's settings differ from this run's ``ours``, options left at their defaults being left out of
+    both: every one of ours where the record holds no mapping."""
+    if not isinstance(recorded, dict):
+        return "the folder's record holds none of them"
+    return f"the folder's vs this run's: {', '.join(settings_differences(recorded, ours, absent='its default'))}"
 
 
 class _WriteFailed(Exception):

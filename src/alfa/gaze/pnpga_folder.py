@@ -53,7 +53,7 @@ def check_members_run(out: str | Path, key: dict[str, Any]) -> None:
     if path.is_file():
         theirs = read_kept_json(path)
         if theirs != mine:
-            differs = ", ".join(settings_differences(theirs, mine))
+            differs = ", ".join(settings_differences(theirs, mine, absent="its default"))  # left out at it
             raise ValueError(
                 f"--out {out} holds the members of another run (the folder's vs this run's: {differs}): use another "
                 "--out"
