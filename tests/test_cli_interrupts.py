@@ -158,10 +158,11 @@ def test_a_ctrl_c_while_python_shuts_the_process_down_is_no_failure(moment):
 
 @pytest.fixture
 def sigterm_kills():
-    """SIGTERM's default action in place (kill the process), as for a command a shell or a scheduler started."""
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """SIGTERM's and SIGHUP's default action in place (kill the process), as for a command a shell started."""
+    previous = {signum: signal.signal(signum, signal.SIG_DFL) for signum in (signal.SIGTERM, signal.SIGHUP)}
     yield
-    signal.signal(signal.SIGTERM, previous)
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 def _signalled_in_the_work(monkeypatch, signum: int, after_the_work: bool = False, before=lambda: None) -> None:
@@ -183,8 +184,9 @@ def _signalled_in_the_work(monkeypatch, signum: int, after_the_work: bool = Fals
     monkeypatch.setattr(alfa.cli, "new_files", signalled)
 
 
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_sigterm_stops_a_command_as_a_ctrl_c_does_and_lets_its_folder_go(
-    tmp_path, monkeypatch, capsys, sigterm_kills
+    signum, status, tmp_path, monkeypatch, capsys, sigterm_kills
 ):
     """A SIGTERM (kill, a scheduler's time limit) ended a command at once: its folder's lock stayed (the next run
     replaced it as a dead holder's, with a note that its files may be incomplete) and nothing was said. Now it
@@ -193,11 +195,11 @@ def test_a_sigterm_stops_a_command_as_a_ctrl_c_does_and_lets_its_folder_go(
 
     out = tmp_path / "model"
     held = []
-    _signalled_in_the_work(monkeypatch, signal.SIGTERM, before=lambda: held.append((out / LOCK_FILE).is_file()))
-    assert main(["pretrain", "--data", "synthetic:eth", "--out", str(out)]) == 143
-    assert capsys.readouterr().err == "terminated (SIGTERM)\n"
+    _signalled_in_the_work(monkeypatch, signum, before=lambda: held.append((out / LOCK_FILE).is_file()))
+    assert main(["pretrain", "--data", "synthetic:eth", "--out", str(out)]) == status
+    assert capsys.readouterr().err == f"terminated ({signum.name})\n"  # SIGHUP: its terminal closed
     assert held == [True] and not (out / LOCK_FILE).exists()
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # put back
+    assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGHUP) == signal.SIG_DFL  # put back
 
 
 def test_a_sigterm_after_the_work_is_no_failure(monkeypatch, capsys, sigterm_kills):
@@ -239,7 +241,8 @@ def test_an_applications_own_sigterm_handler_is_kept(monkeypatch, capsys):
     assert seen == [own] and got == [signal.SIGTERM, signal.SIGTERM]  # in the work, and as it let its files go
 
 
-def test_a_child_forked_while_a_command_works_is_still_killed_by_sigterm(monkeypatch, capsys, sigterm_kills):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_child_forked_while_a_command_works_is_still_killed_by_sigterm(signum, monkeypatch, capsys, sigterm_kills):
     """A DataLoader's worker is forked from the command, handler and all; torch stops one with SIGTERM, which
     must kill it as ever rather than raise in it (a traceback from a process nobody named)."""
     import time
@@ -254,7 +257,7 @@ def test_a_child_forked_while_a_command_works_is_still_killed_by_sigterm(monkeyp
             child = os.fork()
             if child == 0:
                 try:
-                    os.kill(os.getpid(), signal.SIGTERM)
+                    os.kill(os.getpid(), signum)
                     time.sleep(5)
                 finally:
                     os._exit(0)  # reached only where the signal did not kill the child
@@ -263,4 +266,4 @@ def test_a_child_forked_while_a_command_works_is_still_killed_by_sigterm(monkeyp
 
     monkeypatch.setattr(alfa.cli, "new_files", forking)
     assert main(["summary"]) == 0 and capsys.readouterr().err == ""
-    assert len(ended) == 1 and os.WIFSIGNALED(ended[0]) and os.WTERMSIG(ended[0]) == signal.SIGTERM
+    assert len(ended) == 1 and os.WIFSIGNALED(ended[0]) and os.WTERMSIG(ended[0]) == signum

@@ -20,6 +20,7 @@ import itertools
 import os
 import re
 import select
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -31,7 +32,6 @@ from . import bench, calibrate, camera, crate, gaze, library, llm, pnpga, serve,
 from .errors import OS_ERROR_ADVICE, error_line, one_line_warnings
 from .interrupts import (
     AFTER_THE_WORK,
-    TERMINATED,
     Interrupts,
     Stamps,
     Terminated,
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.func(args)
                 interrupts.work_done()  # all written: a Ctrl-C from here on is no failure (alfa.cli.interrupts)
     except KeyboardInterrupt as stop:
-        return _stopped(args, stamps, terminated=isinstance(stop, Terminated))
+        return _stopped(args, stamps, stop.signal if isinstance(stop, Terminated) else None)
     except BrokenPipeError as e:
         if not _stdout_broken():  # another pipe (a socket, a child process's): the command's error, in one line
             return _error_status(e, args, name)
@@ -430,18 +430,20 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except Exception as e:
         if interrupts.early:  # a Ctrl-C a library swallowed, then failed of (torch's exporter, stopped mid-import)
-            return _stopped(args, stamps, terminated=interrupts.terminated)
+            return _stopped(args, stamps, interrupts.terminated)
         return _error_status(e, args, name)
     if interrupts.late:
         print(AFTER_THE_WORK, file=sys.stderr)
     return 0
 
 
-def _stopped(args: argparse.Namespace, stamps: Stamps | None, terminated: bool) -> int:
-    """Say that a Ctrl-C (a SIGTERM) stopped the command, after its progress bars; its exit status."""
+def _stopped(args: argparse.Namespace, stamps: Stamps | None, terminated: signal.Signals | None) -> int:
+    """Say that a Ctrl-C (a ``terminated`` signal) stopped the command, after its progress bars; its exit status,
+    a shell's for a process the signal killed."""
     close_progress_bars()
-    print(interrupted_line(args, stamps, terminated), file=sys.stderr)
-    return TERMINATED if terminated else 130
+    with contextlib.suppress(OSError):  # a SIGHUP's terminal may be gone: the status still says it
+        print(interrupted_line(args, stamps, terminated), file=sys.stderr)
+    return 128 + (terminated or signal.SIGINT)
 
 
 def _stdout_broken() -> bool:

@@ -17,11 +17,12 @@ default action back, for the last part of its shutdown). Only where Python's own
 main thread: an application embedding alfa keeps its own, and a process started with SIGINT ignored (a
 background job of a shell) keeps ignoring it.
 
-A SIGTERM (``kill``, a job scheduler's time limit, a service manager) stops a command as a Ctrl-C does
-(:class:`Terminated`): its folders are let go (no stale lock is left for the next run to replace), what it had
-finished is kept, and it says ``terminated (SIGTERM)`` and exits 143, the status a process killed by the signal
-gets. A second SIGTERM ends the process at once, as the signal's default action. Only where that default is in
-place, in the main thread.
+A SIGTERM (``kill``, a job scheduler's time limit, a service manager) or a SIGHUP (the terminal it ran in closed)
+stops a command as a Ctrl-C does (:class:`Terminated`): its folders are let go (no stale lock is left for the next
+run to replace), what it had finished is kept, and it says ``terminated (SIGTERM)`` and exits 143 (SIGHUP: 129),
+the status a process killed by the signal gets. A second one ends the process at once, as the signal's default
+action. Each only where that default is in place, in the main thread (``nohup`` makes SIGHUP ignored, and it stays
+so).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ __all__ = [
     "AFTER_THE_WORK",
     "Interrupts",
     "Stamps",
-    "TERMINATED",
+    "STOPPING_SIGNALS",
     "Terminated",
     "close_progress_bars",
     "interrupted_line",
@@ -53,23 +54,28 @@ __all__ = [
 AFTER_THE_WORK = "interrupted after the command finished: everything it writes is written"
 """The line a Ctrl-C (or SIGTERM) that comes after a command's work is done gets (on stderr)."""
 
-TERMINATED = 128 + signal.SIGTERM
-"""The exit status of a command a SIGTERM stopped: a shell's, for a process the signal killed."""
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a command as a Ctrl-C does, instead of killing it where it stands."""
 
 
 class Terminated(KeyboardInterrupt):
-    """A SIGTERM, raised in the main thread: a command stops as on a Ctrl-C (what catches a Ctrl-C catches it),
-    then says ``terminated (SIGTERM)`` and exits :data:`TERMINATED` (``alfa serve`` stops serving and exits 0)."""
+    """A SIGTERM or SIGHUP (``signal``), raised in the main thread: a command stops as on a Ctrl-C (what catches
+    a Ctrl-C catches it), then says ``terminated (SIGTERM)`` and exits ``128 + signal``, a shell's status for a
+    process the signal killed (``alfa serve`` stops serving and exits 0)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signal = signal.Signals(signum)
 
 
 class Interrupts:
     """The Ctrl-Cs (and SIGTERMs) a command got: how many (``count``), how many came while it worked (``early``)
     and how many after its work was done (``late``, which raise nothing: :meth:`work_done` says when);
-    ``terminated``: whether a SIGTERM was one of them."""
+    ``terminated``: the signal of the first SIGTERM or SIGHUP among them, ``None`` if none."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.terminated = False
+        self.terminated: signal.Signals | None = None
         self._done_at: int | None = None
 
     def work_done(self) -> None:
@@ -97,16 +103,16 @@ def _python_handles_sigint() -> bool:
     )
 
 
-def _sigterm_kills() -> bool:
-    return threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+def _kills(signum: signal.Signals) -> bool:
+    return threading.current_thread() is threading.main_thread() and signal.getsignal(signum) == signal.SIG_DFL
 
 
 @contextlib.contextmanager
 def watching(interrupts: Interrupts) -> Iterator[Interrupts]:
-    """Note every Ctrl-C and SIGTERM in ``interrupts`` while the block runs: one raises ``KeyboardInterrupt`` (a
-    SIGTERM :class:`Terminated`, and a second one then kills) until ``interrupts.work_done()``, none after. Each
-    only where Python's own handling is in place (its Ctrl-C handler, the signal's default action), in the main
-    thread; it is put back at the end."""
+    """Note every Ctrl-C, SIGTERM and SIGHUP in ``interrupts`` while the block runs: one raises
+    ``KeyboardInterrupt`` (the others :class:`Terminated`, and a second one of them then kills) until
+    ``interrupts.work_done()``, none after. Each only where Python's own handling is in place (its Ctrl-C handler,
+    the signal's default action), in the main thread; it is put back at the end."""
     handled: dict[signal.Signals, object] = {}  # each signal handled here, and its handler before
     if _python_handles_sigint():
 
@@ -116,21 +122,20 @@ def watching(interrupts: Interrupts) -> Iterator[Interrupts]:
                 signal.default_int_handler(signum, frame)
 
         handled[signal.SIGINT] = signal.signal(signal.SIGINT, noted)
-    if _sigterm_kills():
-        owner = os.getpid()
+    owner = os.getpid()
 
-        def terminate(signum: int, frame: FrameType | None) -> None:
-            if os.getpid() != owner:  # a child forked meanwhile (a DataLoader's worker): killed, as it always was
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            interrupts.count += 1
-            interrupts.terminated = True
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one is not waited for
-            if not interrupts.done:
-                raise Terminated
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signum, signal.SIG_DFL)  # a second one is not waited for
+        if os.getpid() != owner:  # a child forked meanwhile (a DataLoader's worker): killed, as it always was
+            os.kill(os.getpid(), signum)
+            return
+        interrupts.count += 1
+        interrupts.terminated = interrupts.terminated or signal.Signals(signum)
+        if not interrupts.done:
+            raise Terminated(signum)
 
-        handled[signal.SIGTERM] = signal.signal(signal.SIGTERM, terminate)
+    for signum in filter(_kills, STOPPING_SIGNALS):
+        handled[signum] = signal.signal(signum, terminate)
     try:
         yield interrupts
     finally:
@@ -181,11 +186,11 @@ def output_stamps(args: argparse.Namespace) -> Stamps | None:
     return None if files is None else {said: _stamp(path) for said, path in files.items()}
 
 
-def interrupted_line(args: argparse.Namespace, stamps: Stamps | None, terminated: bool = False) -> str:
-    """``interrupted`` (``terminated (SIGTERM)``), and, where the command had written every file it writes before
-    the Ctrl-C came (it was printing its last lines: alfa export after its two "wrote" lines), that they are
-    written whole: a rerun finds them there, and replaces them only when asked."""
-    stopped = "terminated (SIGTERM)" if terminated else "interrupted"
+def interrupted_line(args: argparse.Namespace, stamps: Stamps | None, terminated: signal.Signals | None = None) -> str:
+    """``interrupted`` (by a ``terminated`` signal: ``terminated (SIGTERM)``), and, where the command had written
+    every file it writes before the Ctrl-C came (it was printing its last lines: alfa export after its two "wrote"
+    lines), that they are written whole: a rerun finds them there, and replaces them only when asked."""
+    stopped = f"terminated ({terminated.name})" if terminated else "interrupted"
     files = _written_files(args)
     if stamps is None or files is None:
         return stopped

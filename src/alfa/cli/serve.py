@@ -181,14 +181,14 @@ def _serve(args: argparse.Namespace) -> None:
         stop: KeyboardInterrupt | None = None
         try:
             server.serve_forever()
-        except KeyboardInterrupt as signalled:  # Ctrl-C, or SIGTERM (Terminated: alfa.cli.interrupts)
+        except KeyboardInterrupt as signalled:  # Ctrl-C, or SIGTERM/SIGHUP (Terminated: alfa.cli.interrupts)
             stop = signalled
             print(f"alfa serve: stopping: answering the {server.in_flight()} connection(s) accepted (a request "
                   f"still arriving gets {STOP_GRACE:g} s more)", file=sys.stderr, flush=True)  # fmt: skip
         finally:
             server.server_close()
-        if isinstance(stop, Terminated):  # a service manager stopping it: no failure
-            print("alfa serve: stopped (SIGTERM)", file=sys.stderr)
+        if isinstance(stop, Terminated):  # a service manager stopping it (or its terminal closed): no failure
+            print(f"alfa serve: stopped ({stop.signal.name})", file=sys.stderr)
         elif stop is not None:
             raise stop  # Ctrl-C: "interrupted", exit 130, as every command
 
