@@ -38,7 +38,7 @@ def test_worlds_in_the_real_regime_pass_every_condition():
     page = calibration_page(
         [], {"records": records, "config": {"worlds": "v2"}}, data="d", command="c", progress=progress
     )
-    assert f"**The declared run** (docs/flip-premise.md §7–7.4): this file holds {len(records)} of its" in page
+    assert f"**The declared run** (docs/flip-premise.md §7–7.4): the results file holds {len(records)} of its" in page
     assert calibration_statement(records).endswith(
         "10 of 10 conditions hold on these records; the worlds are in the regime the conditions describe."
     )

@@ -101,7 +101,7 @@ def test_the_section_judges_alfa_against_loras_step_time_on_the_interval():
     assert "(goal ≤ 1.5×: not shown (the interval straddles it))" in transformer_markdown(result(1.5), "x")
     old = transformer_markdown(result(1.2, rounds=False), "alfa speed --transformers --out docs/speed.md")
     (line,) = [x for x in old.splitlines() if "no per-round timings" in x]
-    assert "re-run `alfa speed --transformers --out docs/speed.md` for the intervals" in line
+    assert "re-run `alfa speed --transformers --out docs/speed.md` with two rounds or more for the intervals" in line
     assert "takes 1.20× LoRA r=128's step time on this 1024-wide model (goal ≤ 1.5×: not judged" in old
     assert "| 0.7500 | 1.50 |" in old
 

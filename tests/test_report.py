@@ -654,7 +654,7 @@ def test_a_page_of_a_declared_run_under_way_says_what_it_holds_first():
     text = render_report(results, progress=progress)
     assert text.startswith("# Benchmark results on the worlds `v2`\n")
     header = text.split("## Summary")[0]
-    assert f"this file holds {progress.held} of its {progress.total} records" in header
+    assert f"the results file holds {progress.held} of its {progress.total} records" in header
     assert "**The declared run**" not in render_report(results) and render_report(fixture_results()).startswith(
         "# Benchmark results\n"
     )

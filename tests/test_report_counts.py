@@ -55,7 +55,7 @@ def test_the_declared_run_leaves_out_a_part_with_nothing_missing():
     header = _header(render_report(fixture_results(), progress=UNDER_WAY))
     assert "0 records" not in header and "the family's seeds" not in header
     assert (
-        "this file holds 3121 of its 6525 records. Not yet recorded: on seeds 0–2, 84 recipe selections, 792 "
+        "the results file holds 3121 of its 6525 records. Not yet recorded: on seeds 0–2, 84 recipe selections, 792 "
         "ablation rows and 999 other rows; of the other rows of seeds 0–2 repeated on seeds 3–5 (§7.2, amended "
         "2026-12-04), 1529. A row without a record is shown as missing"
     ) in header
@@ -90,8 +90,8 @@ def test_the_declared_runs_words_follow_the_seeds_that_declare_it(monkeypatch):
 def test_a_declared_run_with_nothing_missing_says_it_is_fully_recorded_on_both_pages():
     done = DeclaredRunProgress(6525, 6525, 0, 0, 0, 0, 0)
     expected = (
-        "**The declared run** (docs/flip-premise.md §7–7.4): this file holds all 6525 of its records; the declared "
-        "run is fully recorded."
+        "**The declared run** (docs/flip-premise.md §7–7.4): the results file holds all 6525 of its records; the "
+        "declared run is fully recorded."
     )
     header = _header(render_report(fixture_results(), progress=done))
     assert expected in header and "Not yet recorded" not in header

@@ -45,7 +45,7 @@ def test_the_page_judges_the_goal_on_the_ratios_interval():
 def test_a_record_without_rounds_still_renders_and_says_so_in_one_line():
     old = serving_markdown(_result(1.2, rounds=False), "alfa serving --rounds 7 --out docs/serving.md")
     (line,) = [x for x in old.splitlines() if "no per-round timings" in x]
-    assert "re-run `alfa serving --rounds 7 --out docs/serving.md` for the intervals" in line
+    assert "re-run `alfa serving --rounds 7 --out docs/serving.md` with two rounds or more for the intervals" in line
     assert "runs at 0.83× a single merged model's throughput (goal ≥ 0.8×: not judged without an interval)" in old
     assert "| alfa: switching merged models, 64 distinct users | 1 (0–2, the middle half) | 0.02 |" in old
     assert " [" not in old

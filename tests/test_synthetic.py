@@ -342,12 +342,15 @@ def test_the_preview_command_overwrites_nothing_unasked_and_writes_atomically(tm
     for argv, said in (
         ([], "nothing to do: give --preview PNG"),
         (["--size", "x"], "argument --size: invalid int"),
+        (["--size", "0", "--preview", str(tmp_path / "g.png")], "argument --size: must be at least 16, got 0"),
+        (["--threads", "-1", "--tables"], "argument --threads: must be at least 1, got -1"),
+        (["--preview", "/proc/g.png", "--size", "16"], "[Errno "),  # a file that cannot be written
         (["--prev", str(tmp_path / "g.png")], "unrecognized arguments: --prev"),  # options are written whole
     ):
         with pytest.raises(SystemExit) as e:
             main(argv)
         err = capsys.readouterr().err
-        assert e.value.code == 2 and err.startswith(f"{prog}: error: {said}") and err.count("\n") == 1
+        assert e.value.code == 2 and err.startswith(f"{prog}: error: {said}") and err.count("\n") == 1, err
 
 
 def test_a_world_larger_than_memory_is_refused_before_rendering(monkeypatch):

@@ -89,6 +89,9 @@ def test_loader_bound_is_judged_on_the_paired_interval():
     alone = _rounds([10.0, 11.0, 9.0, 10.0, 12.0, 10.0, 8.0], None)
     text = loading_page({**PAGE, "runs": [{**alone.to_dict(), "fixture": "f", "model": "m"}]})
     assert "| f | 0 | 10 [8, 12] | — | — | — | — |" in text and "Student" not in text  # nothing compared
+    # the loader alone in one round: how to get the intervals is said, not the same command again
+    text = loading_page({**PAGE, "runs": [{**_rounds([10.0], None).to_dict(), "fixture": "f", "model": "m"}]})
+    assert "carry no 95 % interval: re-run `" in text and "` with six rounds or more (`--rounds 6`) for them." in text
     # the crops are said to be what was read: the fixtures measured, or one's own data (the fixtures were named
     # whatever the page measured)
     assert "in the real layouts (`mpiifacegaze`: a GazeHub folder of JPEG files)," in loading_page(

@@ -86,7 +86,7 @@ def test_the_speed_page_gives_every_ratio_its_interval_and_says_when_it_cannot()
     assert "Every ratio is paired over the interleaved rounds" in text and "no per-round timings" not in text
     old = to_markdown(_speed_record(rounds=False), "alfa speed --out docs/speed.md")
     line = next(x for x in old.splitlines() if "no per-round timings" in x)
-    assert "re-run `alfa speed --out docs/speed.md` for the intervals" in line
+    assert "re-run `alfa speed --out docs/speed.md` with two rounds or more for the intervals" in line
     assert "| alfa | 1 | 0.500 | 1.67 |" in old and "(target ≤ 1.02: not judged without an interval)" in old
     assert "[" not in old.split("## Memory")[0].split("## One")[1]  # no interval anywhere it has no rounds
 

@@ -127,7 +127,8 @@ def no_rounds_note(command: str) -> str:
     """The one line a page prints for a record without two rounds' timings (made before they were kept)."""
     return (
         "This record keeps no per-round timings (it was made before they were kept, or has a single round), so its "
-        f"ratios are of medians, carry no 95 % interval and judge no goal: re-run `{command}` for the intervals."
+        f"ratios are of medians, carry no 95 % interval and judge no goal: re-run `{command}` with two rounds or more "
+        "for the intervals."
     )
 
 

@@ -328,7 +328,10 @@ def calibration_page(
         "Made by `python scripts/scout_worlds.py` (each run's command is in its JSON file; one seed, the dense "
         "pre-trained model without truncation, 5 % "
         "of the training persons held out for the per-epoch validation error; the first 5 images of each "
-        "scored person left out). Scouts only say where a setting lands; they are no calibration record.",
+        "scored person left out). Scouts only say where a setting lands; they are no calibration record. A world "
+        "is named as it was when its scout ran: the v2 worlds changed between the calibration rounds "
+        "(docs/synthetic.md), and a scout's file keeps its command, not the world's settings nor a commit, so the "
+        "same command today scores today's world.",
         "",
         *scout_table(scouts),
         "",
@@ -342,7 +345,8 @@ def calibration_page(
             "row scores), one seed's target persons, the target world with some settings changed. A variant keeps "
             "the world's name, so it has the same persons and scenes: a difference is the settings'. A source "
             "model does not depend on the targets, so this measures a target knob without training (a "
-            "within-target model is scored as trained on the settings it was); it is no calibration record.",
+            "within-target model is scored as trained on the settings it was); it is no calibration record. As "
+            "with the scouts, a world is the one of its run's day: the v2 worlds changed between rounds.",
             "",
             *variant_table(variants),
             "",

@@ -102,7 +102,7 @@ def loading_page(page: dict[str, Any]) -> str:
     else:
         how = [
             f"This record keeps one round per configuration, so its rates carry no 95 % interval: re-run "
-            f"`{page['command']}` for them.",
+            f"`{page['command']}` with six rounds or more (`--rounds 6`) for them.",
             "",
         ]
     return "\n".join(

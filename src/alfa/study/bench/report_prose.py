@@ -284,13 +284,15 @@ SCALED_PARAMETER = "×{factor:g} on `{name}`"
 
 NO_RUNS = "No run metadata."
 
-DECLARED_RUN = "**The declared run** (docs/flip-premise.md §7–7.4): this file holds {held} of its {total} records."
+DECLARED_RUN = (
+    "**The declared run** (docs/flip-premise.md §7–7.4): the results file holds {held} of its {total} records."
+)
 DECLARED_RUN_MISSING = (
     " Not yet recorded: {parts}. A row without a record is shown as missing, and nothing is read from its absence."
 )
 DECLARED_RUN_DONE = (
-    "**The declared run** (docs/flip-premise.md §7–7.4): this file holds all {total} of its records; the declared "
-    "run is fully recorded."
+    "**The declared run** (docs/flip-premise.md §7–7.4): the results file holds all {total} of its records; the "
+    "declared run is fully recorded."
 )
 DECLARED_RUN_FIRST = "on seeds {first_seeds}, {parts}"
 DECLARED_RUN_FAMILY = "on the family's seeds {family_seeds}, {count}"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -35,6 +37,22 @@ class _Parser(argparse.ArgumentParser):
         super().error(f"{message} (see {self.prog} --help)")
 
 
+def _whole_number(low: int) -> Callable[[str], int]:
+    """An option's type: a whole number of at least ``low``, refused in argparse's one line otherwise (a size the
+    renderer cannot draw, or no threads, was a traceback from deep inside)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = _Parser(prog="python -m alfa.gaze.data.synthetic", description=__doc__)
     parser.add_argument("--preview", metavar="PNG", help="write the sample grid (one row per domain) to PNG")
@@ -49,9 +67,9 @@ def main(argv: list[str] | None = None) -> None:
         "--version", default="v1", choices=("v1", "v2"), help="which worlds' tables (v2: what each changes from v1)"
     )
     parser.add_argument("--throughput", action="store_true", help="measure rendering speed (images per second)")
-    parser.add_argument("--size", type=int, default=64, help="image size (default 64)")
+    parser.add_argument("--size", type=_whole_number(16), default=64, help="image size, at least 16 (default 64)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=_whole_number(1), default=None, help="torch threads (default: torch's)")
     parser.add_argument("--replace", action="store_true", help="overwrite an existing --preview or --samples-to file")
     args = parser.parse_args(argv)
     if not (args.preview or args.samples_to or args.tables or args.throughput):
@@ -61,6 +79,14 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"{flag} {path}: exists; name another file, or add --replace to overwrite it")
     if args.threads:
         torch.set_num_threads(args.threads)
+    try:
+        _run(args)
+    except OSError as e:  # a file that cannot be written: the system's words, in one line
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _run(args: argparse.Namespace) -> None:
     if args.preview:
         print(f"wrote {render_preview_grid(args.preview, seed=args.seed, size=args.size)}")
     if args.samples_to:
