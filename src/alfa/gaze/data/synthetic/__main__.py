@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, NoReturn
@@ -82,8 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _run(args)
     except OSError as e:  # a file that cannot be written: the system's words, in one line
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        parser.error(str(e))
 
 
 def _run(args: argparse.Namespace) -> None:
