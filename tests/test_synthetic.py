@@ -344,7 +344,7 @@ def test_the_preview_command_overwrites_nothing_unasked_and_writes_atomically(tm
         (["--size", "x"], "argument --size: invalid int"),
         (["--size", "0", "--preview", str(tmp_path / "g.png")], "argument --size: must be at least 16, got 0"),
         (["--threads", "-1", "--tables"], "argument --threads: must be at least 1, got -1"),
-        (["--preview", "/proc/g.png", "--size", "16"], "[Errno "),  # a file that cannot be written
+        (["--preview", "/proc/g.png", "--size", "16"], "--preview /proc/g.png cannot be written"),  # before rendering
         (["--prev", str(tmp_path / "g.png")], "unrecognized arguments: --prev"),  # options are written whole
     ):
         with pytest.raises(SystemExit) as e:

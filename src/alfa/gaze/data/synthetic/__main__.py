@@ -9,6 +9,8 @@ from typing import IO, Any, NoReturn
 
 import torch
 
+from alfa.fileio import check_writable
+
 from .preview import (
     changes_table_markdown,
     domain_table_markdown,
@@ -76,6 +78,11 @@ def main(argv: list[str] | None = None) -> None:
     for flag, path in (("--preview", args.preview), ("--samples-to", args.samples_to)):
         if path and Path(path).exists() and not args.replace:
             parser.error(f"{flag} {path}: exists; name another file, or add --replace to overwrite it")
+        try:
+            if path:
+                check_writable(path, what=flag)  # before the rendering, not after it
+        except ValueError as e:
+            parser.error(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
