@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 AFTER_THE_WORK = "interrupted after the command finished: everything it writes is written"
-"""The line a Ctrl-C (or SIGTERM) that comes after a command's work is done gets (on stderr)."""
+"""The line a Ctrl-C (or SIGTERM, SIGHUP) that comes after a command's work is done gets (on stderr)."""
 
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 """The signals that stop a command as a Ctrl-C does, instead of killing it where it stands."""
@@ -69,8 +69,8 @@ class Terminated(KeyboardInterrupt):
 
 
 class Interrupts:
-    """The Ctrl-Cs (and SIGTERMs) a command got: how many (``count``), how many came while it worked (``early``)
-    and how many after its work was done (``late``, which raise nothing: :meth:`work_done` says when);
+    """The Ctrl-Cs (and SIGTERMs, SIGHUPs) a command got: how many (``count``), how many came while it worked
+    (``early``) and how many after its work was done (``late``, which raise nothing: :meth:`work_done` says when);
     ``terminated``: the signal of the first SIGTERM or SIGHUP among them, ``None`` if none."""
 
     def __init__(self) -> None:

@@ -478,8 +478,8 @@ def foreign_adapters(
 
 
 def _said_differences(recorded: Any, ours: dict[str, Any]) -> str:
-    """How the record's settings differ from this run's ``ours``, options left at their defaults being left out of
-    both: every one of ours where the record holds no mapping."""
+    """How the record's settings differ from this run's ``ours``, a setting one side leaves out being at its default
+    there; a record that holds no mapping of them says so."""
     if not isinstance(recorded, dict):
         return "the folder's record holds none of them"
     return f"the folder's vs this run's: {', '.join(settings_differences(recorded, ours, absent='its default'))}"

@@ -78,11 +78,11 @@ def main(argv: list[str] | None = None) -> None:
     for flag, path in (("--preview", args.preview), ("--samples-to", args.samples_to)):
         if path and Path(path).exists() and not args.replace:
             parser.error(f"{flag} {path}: exists; name another file, or add --replace to overwrite it")
-        try:
-            if path:
+        if path:
+            try:
                 check_writable(path, what=flag)  # before the rendering, not after it
-        except ValueError as e:
-            parser.error(str(e))
+            except ValueError as e:
+                parser.error(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
