@@ -322,12 +322,20 @@ def test_the_committed_samples_of_the_figure_are_what_the_worlds_render(tmp_path
     ]
 
 
-def test_the_preview_command_overwrites_nothing_unasked_and_writes_atomically(tmp_path, capsys):
+def test_the_preview_command_overwrites_nothing_unasked_and_writes_atomically(tmp_path, capsys, monkeypatch):
     """``python -m alfa.gaze.data.synthetic``: an existing ``--preview`` or ``--samples-to`` file is refused in
     one line (exit 2; it was argparse's whole usage block, then the error) and kept; ``--replace`` overwrites it,
     leaving no temporary file behind."""
-    from alfa.gaze.data.synthetic.__main__ import main
+    import functools
 
+    import alfa.gaze.data.synthetic.__main__ as command
+    from alfa.gaze.data.synthetic import preview
+
+    # one image per world: the grid's 84 panels took seconds to draw, and what is tested is around the drawing
+    fewer = functools.partial(preview.preview_samples, persons=1, images_per_person=1)
+    monkeypatch.setattr(preview, "preview_samples", fewer)
+    monkeypatch.setattr(command, "preview_samples", fewer)
+    main = command.main
     prog = "python -m alfa.gaze.data.synthetic"
     for flag, name in (("--preview", "grid.png"), ("--samples-to", "samples.safetensors")):
         target = tmp_path / name
