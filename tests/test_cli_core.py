@@ -52,6 +52,44 @@ def test_speed_measurement_is_consistent(monkeypatch):
     assert set(r["step_seconds"]) == {"head only", "alfa", "full fine-tune"}
     text = to_markdown(r, "alfa speed")
     assert "| merged alfa | 2,285,122 |" in text and "`alfa speed`" in text
+    # when and how busy: a timing without them could be of any machine, any day
+    start, end = r["load_average"]
+    assert f"`alfa speed` on {r['date']} (load average {start:.1f} at the start and {end:.1f} at the end" in text
+    earlier = {k: v for k, v in r.items() if k not in ("date", "load_average", "cpus")}
+    assert "`alfa speed` (a record that keeps no date or load average) on " in to_markdown(earlier, "alfa speed")
+    r["memory_mb"], r["memory_of"] = {"alfa": {"model ready": 250.0, "peak": 400.0}}, "loaded checkpoints"
+    assert "| alfa | 250 | 400 | 150 |" in to_markdown(r, "alfa speed")
+    assert "that loads the model from its checkpoint, as a deployment does" in to_markdown(r, "alfa speed")
+    del r["memory_of"]  # an earlier record's processes truncated the model themselves: said so
+    assert "that builds the model (truncating it itself: the truncated rows include" in to_markdown(r, "alfa speed")
+
+
+@pytest.mark.slow
+def test_speeds_memory_rows_load_the_model_as_a_deployment_does(monkeypatch):
+    """A process that truncated the model itself held the SVD's library code: the truncated rows' resident memory
+    was above the dense model's (336 MB against 276 MB). Each row's process now loads a checkpoint: the dense one
+    for dense inference, the truncated one for the rest."""
+    import copy
+
+    import alfa
+    import alfa.study.bench.speed as speed
+    from alfa.checkpoint import load_model
+
+    dense = alfa.models.resnet18_gaze().eval()
+    truncated = copy.deepcopy(dense)
+    alfa.truncate(truncated, 64, weights=False)
+    loaded = {}
+
+    def in_this_process(setup, image_size, checkpoint):
+        model, _ = load_model(checkpoint)
+        loaded[setup] = alfa.parameter_summary(model).total
+        return {"model ready": 1.0, "peak": 2.0}
+
+    monkeypatch.setattr(speed, "_memory_mb", in_this_process)
+    rows = speed._memory_rows(dense, truncated, 32)
+    assert set(rows) == {"head only", "alfa", "full fine-tune", "truncated inference", "dense inference"}
+    assert loaded.pop("dense inference") == alfa.parameter_summary(dense).total == 11_177_538
+    assert set(loaded.values()) == {alfa.parameter_summary(truncated).total}
 
 
 def test_cli_reports_bad_input_without_traceback(capsys):

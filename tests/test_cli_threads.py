@@ -1,6 +1,8 @@
 """``--threads`` on the gaze commands that train or score: torch's thread count while the command runs (the study
 commands had it, these had only OMP_NUM_THREADS), checked like every other --threads, and given back afterwards."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -139,7 +141,7 @@ def test_speeds_memory_children_run_with_the_commands_threads(monkeypatch):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        speed._memory_mb("alfa", 32)
+        speed._memory_mb("alfa", 32, Path("m.safetensors"))
     finally:
         torch.set_num_threads(before)
     assert codes[0].startswith("import torch; torch.set_num_threads(1); ")

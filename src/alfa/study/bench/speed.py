@@ -5,7 +5,8 @@
   every factorized layer, against the truncated base with only the head trainable, and against
   full fine-tuning of the truncated model.
 * Inference latency of the merged model against the truncated base and the dense ResNet-18.
-* Peak memory (resident set size) of a process doing each kind of step.
+* Peak memory (resident set size) of a process doing each kind of step, its model loaded from a checkpoint as a
+  deployment loads it (a process that truncates the model itself also holds the SVD's library code).
 
 Every timing is a median over repeats after a warm-up; the configurations are interleaved so that
 slow drifts of the machine hit all of them alike, and each ratio is paired over those rounds with its 95 %
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from tqdm import tqdm
 
 from alfa import attach, merge, param_groups, parameter_summary, truncate
 from alfa.adapters import AlfaConfig, adapted_layers
+from alfa.checkpoint import load_model, save_model
 from alfa.fileio import write_text
 from alfa.gaze.losses import flip_symmetry_loss
 from alfa.gaze.personalize import LAYER34_PATTERN, recipe_lr_scale
@@ -87,23 +91,21 @@ def _rss_kib(field: str) -> int:
     raise OSError(f"{field} not in /proc/self/status")
 
 
-def _memory_mb(setup: str, image_size: int) -> dict[str, float]:
-    """Resident memory of a fresh process: after building the model, and at its peak while it
+def _memory_mb(setup: str, image_size: int, checkpoint: Path) -> dict[str, float]:
+    """Resident memory of a fresh process: after loading the model from ``checkpoint``, and at its peak while it
     runs 3 steps (Linux: the peak is reset through /proc/self/clear_refs before the steps), with this process's
     torch threads (each thread keeps buffers of its own)."""
     code = (
-        f"import torch; torch.set_num_threads({torch.get_num_threads()}); "
-        f"from alfa.study.bench.speed import _child_steps; print(_child_steps({setup!r}, {image_size}))"
+        f"import torch; torch.set_num_threads({torch.get_num_threads()}); from alfa.study.bench.speed import "
+        f"_child_steps; print(_child_steps({setup!r}, {image_size}, {str(checkpoint)!r}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _child_steps(setup: str, image_size: int) -> str:
+def _child_steps(setup: str, image_size: int, checkpoint: str) -> str:
     torch.manual_seed(0)
-    base = resnet18_gaze().eval()
-    if setup != "dense inference":
-        truncate(base, rank=RANK)
+    base = load_model(checkpoint, expect_model="resnet18_gaze")[0].eval()
     images = torch.rand(10, 3, image_size, image_size)
     model, opt = _step_model(setup, base) if setup in STEP_SETUPS else (base, None)
     ready = _rss_kib("VmRSS")
@@ -120,6 +122,7 @@ def _child_steps(setup: str, image_size: int) -> str:
 
 def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: bool = True) -> dict:
     """Run every measurement; returns a JSON-ready dict."""
+    load_start = os.getloadavg()[0]
     torch.manual_seed(seed)
     dense = resnet18_gaze().eval()
     truncated = copy.deepcopy(dense)
@@ -160,6 +163,8 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
 
     result = {
         "machine": machine(),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "cpus": os.cpu_count(),
         "image_size": image_size,
         "repeats": repeats,
         "params": {
@@ -177,9 +182,23 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
         "latency_round_seconds": latency_rounds,
     }
     if memory:
-        setups = (*STEP_SETUPS, "truncated inference", "dense inference")  # a fresh process each: minutes in all
-        result["memory_mb"] = {s: _memory_mb(s, image_size) for s in tqdm(setups, desc="peak memory", leave=False)}
+        result["memory_mb"] = _memory_rows(dense, truncated, image_size)
+        result["memory_of"] = "loaded checkpoints"
+    result["load_average"] = [load_start, os.getloadavg()[0]]  # a busy machine's timings are slower and spread
     return result
+
+
+def _memory_rows(dense: nn.Module, truncated: nn.Module, image_size: int) -> dict[str, dict[str, float]]:
+    """Each setup's :func:`_memory_mb`, its model saved first for the process to load."""
+    setups = (*STEP_SETUPS, "truncated inference", "dense inference")  # a fresh process each: minutes in all
+    with tempfile.TemporaryDirectory(prefix="alfa-speed-") as folder:
+        files = {name: Path(folder) / f"{name}.safetensors" for name in ("dense", "truncated")}
+        for name, model in (("dense", dense), ("truncated", truncated)):
+            save_model(files[name], model, "resnet18_gaze", input_size=(image_size, image_size))
+        return {
+            s: _memory_mb(s, image_size, files["dense" if s == "dense inference" else "truncated"])
+            for s in tqdm(setups, desc="peak memory", leave=False)
+        }
 
 
 def _rounds_of(r: dict, key: str, *inner: str) -> dict | list | None:
@@ -261,7 +280,7 @@ def to_markdown(r: dict, command: str) -> str:
     lines = [
         "# Speed and memory (generated)",
         "",
-        f"Produced by `{command}` on {r['machine']['cpu']}, torch {r['machine']['torch']}, "
+        f"Produced by `{command}`{_when_and_load(r)} on {r['machine']['cpu']}, torch {r['machine']['torch']}, "
         f"{r['machine']['threads']} threads; {r['image_size']}×{r['image_size']} images, median of "
         f"{r['repeats']} interleaved rounds after a warm-up ({2 * r['repeats']} for inference). ResNet-18 gaze "
         f"regressor truncated at rank {RANK}; Alfa with {ALFA.heads} heads, rank {ALFA.rank} on all 14 factorized "
@@ -283,12 +302,27 @@ def to_markdown(r: dict, command: str) -> str:
         ]
         for k, v in r["memory_mb"].items():
             lines.append(f"| {k} | {v['model ready']:.0f} | {v['peak']:.0f} | {v['peak'] - v['model ready']:.0f} |")
+        built = (
+            "loads the model from its checkpoint, as a deployment does (the dense or the truncated ResNet-18), "
+            if r.get("memory_of") == "loaded checkpoints"  # an earlier record's processes truncated it themselves
+            else "builds the model (truncating it itself: the truncated rows include the SVD's library code, which a "
+            "process loading a truncated checkpoint does not hold), "
+        )
         lines += [
             "",
-            "Each row is a fresh process (Python and PyTorch included) that builds the model, then runs 3 "
-            "personalization steps (or 3 inference passes over the 20-image batch).",
+            f"Each row is a fresh process (Python and PyTorch included) that {built}then runs 3 personalization "
+            "steps (or 3 inference passes over the 20-image batch).",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _when_and_load(r: dict) -> str:
+    """`` on <date> (load average x at the start, y at the end, n CPUs)``, of what the record keeps (an earlier
+    one kept neither)."""
+    if "date" not in r:
+        return " (a record that keeps no date or load average)"
+    start, end = r["load_average"]
+    return f" on {r['date']} (load average {start:.1f} at the start and {end:.1f} at the end, {r['cpus']} CPUs)"
 
 
 def speed_command(out: str | None, repeats: int, image_size: int, threads: int | None = None) -> str:
