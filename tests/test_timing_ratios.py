@@ -119,3 +119,21 @@ def test_a_medians_interval_covers_it_at_least_95_percent_of_the_time():
             _, low, high = median_interval([100 + rng.expovariate(0.1) for _ in range(n)])
             hits += low <= 100 + 10 * math.log(2) <= high
         assert hits / 4000 >= 0.94, n  # ≥ 95 % up to the simulation's own noise (±0.7 %)
+
+
+def test_interleaved_rounds_change_which_call_comes_before_each():
+    """A call that leaves the caches cold slows whichever call runs next: rotating one order every round kept the
+    same predecessor for each call. Each round now draws its own order from the seed (the same one again)."""
+    from alfa.study.bench.measure import interleaved_seconds
+
+    ran: list[str] = []
+    names = ["a", "b", "c", "d", "e"]
+    times = interleaved_seconds({n: lambda n=n: ran.append(n) for n in names}, rounds=12)
+    assert all(len(t) == 12 for t in times.values()) and ran[:5] == names  # the warm-up, then 12 rounds
+    rounds = [ran[5 + 5 * r : 10 + 5 * r] for r in range(12)]
+    assert all(sorted(order) == names for order in rounds)  # every call once a round
+    before = {n: {order[order.index(n) - 1] for order in rounds if order.index(n) > 0} for n in names}
+    assert all(len(b) >= 3 for b in before.values()), before  # (rotated: one predecessor each)
+    again: list[str] = []
+    interleaved_seconds({n: lambda n=n: again.append(n) for n in names}, rounds=12)
+    assert again == ran

@@ -4,6 +4,7 @@ adapter, and the spread of a set's labels. Used by :mod:`alfa.study.bench.produc
 from __future__ import annotations
 
 import copy
+import random
 import statistics
 import tempfile
 import time
@@ -71,17 +72,20 @@ def middle_half(values: Sequence[float]) -> list[float]:
 
 
 def interleaved_seconds(
-    calls: Mapping[str, Callable[[], Any]], rounds: int, desc: str | None = None
+    calls: Mapping[str, Callable[[], Any]], rounds: int, desc: str | None = None, seed: int = 0
 ) -> dict[str, list[float]]:
-    """Per call, its wall time in each of ``rounds`` interleaved rounds after one warm-up call each; the order
-    rotates every round, so a slow drift of a shared machine hits every call alike, not whichever ran last. With
-    ``desc``, a progress bar of that name counts the rounds."""
+    """Per call, its wall time in each of ``rounds`` interleaved rounds after one warm-up call each. Each round
+    runs the calls in an order of its own, drawn from ``seed``, so a slow drift of a shared machine hits every
+    call alike, and no call always follows the same one (a call that leaves the caches cold slows whichever runs
+    next: one order rotated every round kept each call's predecessor the same). With ``desc``, a progress bar of
+    that name counts the rounds."""
     names = list(calls)
     for fn in calls.values():
         fn()
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in tqdm(range(rounds), desc=desc, disable=desc is None, leave=False):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
+    draw = random.Random(seed)
+    for _ in tqdm(range(rounds), desc=desc, disable=desc is None, leave=False):
+        for n in draw.sample(names, len(names)):
             t = time.perf_counter()
             calls[n]()
             times[n].append(time.perf_counter() - t)
