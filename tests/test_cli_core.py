@@ -54,9 +54,9 @@ def test_speed_measurement_is_consistent(monkeypatch):
     assert "| merged alfa | 2,285,122 |" in text and "`alfa speed`" in text
     # when and how busy: a timing without them could be of any machine, any day
     start, end = r["load_average"]
-    assert f"`alfa speed` on {r['date']} (load average {start:.1f} at the start and {end:.1f} at the end" in text
+    assert f" threads, on {r['date']} (load average {start:.1f} at the start and {end:.1f} at the end" in text
     earlier = {k: v for k, v in r.items() if k not in ("date", "load_average", "cpus")}
-    assert "`alfa speed` (a record that keeps no date or load average) on " in to_markdown(earlier, "alfa speed")
+    assert " threads (a record that keeps no date or load average); " in to_markdown(earlier, "alfa speed")
     r["memory_mb"], r["memory_of"] = {"alfa": {"model ready": 250.0, "peak": 400.0}}, "loaded checkpoints"
     assert "| alfa | 250 | 400 | 150 |" in to_markdown(r, "alfa speed")
     assert "that loads the model from its checkpoint, as a deployment does" in to_markdown(r, "alfa speed")

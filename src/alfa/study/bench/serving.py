@@ -140,7 +140,7 @@ def serving_markdown(r: dict[str, Any], command: str) -> str:
 
     # every rate has its interval only where every configuration kept enough rounds (six: median_interval)
     intervals = all(v is not None for v in kept.values())
-    rows, verdicts = [], []
+    rows, verdicts, controls = [], [], []
     for method in METHODS:
         single = f"{method}: one merged model"
         rows.append([f"{method}: one merged model (one user)", rate(single), "1.00"])
@@ -153,6 +153,11 @@ def serving_markdown(r: dict[str, Any], command: str) -> str:
         verdicts.append(
             f"{method}: at {max(DISTINCT)} distinct users per batch of {b}, the multi-user model runs at "
             f"{cell}× a single merged model's throughput (goal ≥ {GOAL}×: {verdict})."
+        )
+        same = _throughput_ratio(r, single, f"{method}: switching merged models, 1 users")[0]
+        controls.append(
+            f"{method}: *switching merged models, 1 distinct user* runs the very model of *one merged model* on a "
+            f"copy of the batch, and ran at {same}× its throughput, where the two should be equal"
         )
     paired = bool(r.get("round_seconds")) and r["rounds"] >= 2
     how, column = (
@@ -183,6 +188,10 @@ def serving_markdown(r: dict[str, Any], command: str) -> str:
             table(["configuration", "images / s [95 % interval]" if intervals else "images / s", column], rows),
             "",
             *(f"- {v}" for v in verdicts),
+            "",
+            f"A control of the measurement itself: {'; '.join(controls)}. Two rows whose throughputs differ by no "
+            "more than that are not told apart here: the rest is the machine's noise and order effects (which call "
+            "ran just before, what it left in the caches), which the rounds' intervals do not hold.",
             "",
             "Memory a user adds:",
             "",

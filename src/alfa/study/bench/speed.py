@@ -280,8 +280,8 @@ def to_markdown(r: dict, command: str) -> str:
     lines = [
         "# Speed and memory (generated)",
         "",
-        f"Produced by `{command}`{_when_and_load(r)} on {r['machine']['cpu']}, torch {r['machine']['torch']}, "
-        f"{r['machine']['threads']} threads; {r['image_size']}×{r['image_size']} images, median of "
+        f"Produced by `{command}` on {r['machine']['cpu']}, torch {r['machine']['torch']}, "
+        f"{r['machine']['threads']} threads{_when_and_load(r)}; {r['image_size']}×{r['image_size']} images, median of "
         f"{r['repeats']} interleaved rounds after a warm-up ({2 * r['repeats']} for inference). ResNet-18 gaze "
         f"regressor truncated at rank {RANK}; Alfa with {ALFA.heads} heads, rank {ALFA.rank} on all 14 factorized "
         "layers. Do not edit by hand: re-run the command.",
@@ -317,12 +317,12 @@ def to_markdown(r: dict, command: str) -> str:
 
 
 def _when_and_load(r: dict) -> str:
-    """`` on <date> (load average x at the start, y at the end, n CPUs)``, of what the record keeps (an earlier
+    """``, on <date> (load average x at the start and y at the end, n CPUs)``, of what the record keeps (an earlier
     one kept neither)."""
     if "date" not in r:
         return " (a record that keeps no date or load average)"
     start, end = r["load_average"]
-    return f" on {r['date']} (load average {start:.1f} at the start and {end:.1f} at the end, {r['cpus']} CPUs)"
+    return f", on {r['date']} (load average {start:.1f} at the start and {end:.1f} at the end, {r['cpus']} CPUs)"
 
 
 def speed_command(out: str | None, repeats: int, image_size: int, threads: int | None = None) -> str:
