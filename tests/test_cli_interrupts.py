@@ -267,3 +267,31 @@ def test_a_child_forked_while_a_command_works_is_still_killed_by_sigterm(signum,
     monkeypatch.setattr(alfa.cli, "new_files", forking)
     assert main(["summary"]) == 0 and capsys.readouterr().err == ""
     assert len(ended) == 1 and os.WIFSIGNALED(ended[0]) and os.WTERMSIG(ended[0]) == signum
+
+
+def test_an_error_after_serve_stopped_on_a_sigterm_is_said_as_the_error(
+    sigterm_kills, service_world, monkeypatch, capsys
+):
+    """alfa serve stops serving on a SIGTERM and exits 0: it handles the signal itself. An error after that (its
+    socket would not close) was said as "terminated (SIGTERM)", exit 143, taken for a signal a library had
+    swallowed and failed of; it is the error, in the one line every error gets."""
+    import alfa.cli.serve as serve_cli
+
+    class Server:
+        server_address = ("127.0.0.1", 1)
+
+        def serve_forever(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in this, the main, thread at once
+
+        def in_flight(self):
+            return 0
+
+        def server_close(self):
+            raise OSError("the socket could not be closed")
+
+    monkeypatch.setattr(serve_cli, "_bind", lambda *args: Server())
+    world = ["--checkpoint", str(service_world / "base.safetensors"), "--adapters", str(service_world / "adapters")]
+    status = main(["serve", *world, "--quiet"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.endswith("alfa serve: error: the socket could not be closed\n"), err
+    assert "terminated" not in err and "stopping: answering the 0 connection(s) accepted" in err

@@ -406,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"torchrun sets it); run {name} in one process", file=sys.stderr)  # fmt: skip
         return 2
     interrupts, stamps = Interrupts(), None
+    args.interrupts = interrupts  # a command that handles a Ctrl-C itself says so (Interrupts.handled)
     try:
         _check_outputs(args)
         stamps = output_stamps(args)  # which of its files it writes whole before a Ctrl-C (interrupted_line)

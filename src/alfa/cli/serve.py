@@ -183,6 +183,8 @@ def _serve(args: argparse.Namespace) -> None:
             server.serve_forever()
         except KeyboardInterrupt as signalled:  # Ctrl-C, or SIGTERM/SIGHUP (Terminated: alfa.cli.interrupts)
             stop = signalled
+            if hasattr(args, "interrupts"):  # handled here: an error while closing is said as itself
+                args.interrupts.handled()
             print(f"alfa serve: stopping: answering the {server.in_flight()} connection(s) accepted (a request "
                   f"still arriving gets {STOP_GRACE:g} s more)", file=sys.stderr, flush=True)  # fmt: skip
         finally:
