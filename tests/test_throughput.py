@@ -89,6 +89,19 @@ def test_loader_bound_is_judged_on_the_paired_interval():
     alone = _rounds([10.0, 11.0, 9.0, 10.0, 12.0, 10.0, 8.0], None)
     text = loading_page({**PAGE, "runs": [{**alone.to_dict(), "fixture": "f", "model": "m"}]})
     assert "| f | 0 | 10 [8, 12] | — | — | — | — |" in text and "Student" not in text  # nothing compared
+    # the title's question, in the one form the loader's rates allow (its page was titled with it and said nothing)
+    faster = {**_rounds([20.0, 22.0, 18.0, 20.0, 24.0, 20.0, 16.0], None).to_dict(), "workers": 1}
+    text = loading_page({**PAGE, "command": "alfa throughput --loader-only --rounds 7", "runs": [
+        {**alone.to_dict(), "fixture": "f", "model": "m"}, {**faster, "fixture": "f", "model": "m"}]})  # fmt: skip
+    said = "waits for the loader where its step takes in more images per second than 20 [16, 24] images/s for `f` "
+    said += (
+        "(1 workers, the fastest of its 2 worker counts). `alfa throughput --rounds 7` times the step beside the loader"
+    )
+    assert said in " ".join(text.split()), text
+    assert "One worker does the reading the main process does with none" in text
+    assert "waits for the loader" not in loading_page(
+        {**PAGE, "runs": [{**slow.to_dict(), "fixture": "f", "model": "m"}]}
+    )
     # the loader alone in one round: how to get the intervals is said, not the same command again
     text = loading_page({**PAGE, "runs": [{**_rounds([10.0], None).to_dict(), "fixture": "f", "model": "m"}]})
     assert "carry no 95 % interval: re-run `" in text and "` with six rounds or more (`--rounds 6`) for them." in text

@@ -124,6 +124,8 @@ def loading_page(page: dict[str, Any]) -> str:
             "| --- | ---: | ---: | ---: | ---: | ---: | :---: |",
             *(row for row, _ in made),
             "",
+            *_unstepped_answer(runs, page["command"]),
+            *_one_worker_note(runs),
             "The fixtures' faces are flat colours, which decode faster than photographs, so these rates are upper "
             "bounds for real data of the same size. ETH-XGaze's training set is ~756k images: at a rate R, one "
             "epoch's loading takes 756,000 / R seconds of these CPUs. On a GPU the step is far faster than on a "
@@ -131,6 +133,40 @@ def loading_page(page: dict[str, Any]) -> str:
             "",
         ]
     )
+
+
+def _unstepped_answer(runs: list[dict[str, Any]], command: str) -> list[str]:
+    """Where no step was timed (``--loader-only``): the title's question answered in the only form the loader's
+    rates allow, the step rate above which training waits for the loader, per data (its fastest worker count, of
+    how many there were)."""
+    if any(r["step"] is not None for r in runs):
+        return []
+    fastest = []
+    for name in dict.fromkeys(r.get("fixture") or r["data"] for r in runs):
+        mine = [r for r in runs if (r.get("fixture") or r["data"]) == name]
+        best = max(mine, key=lambda r: r["loader"])
+        of = f"the fastest of its {len(mine)} worker counts" if len(mine) > 1 else "its one worker count"
+        rate = median_cell(best.get("loader_rounds"), best["loader"])  # its interval where the rounds give one
+        fastest.append(f"{rate} images/s for `{name}` ({best['workers']} workers, {of})")
+    flag = " --loader-only"
+    again = f"`{command.replace(flag, '')}`" if flag in command else "the command without `--loader-only`"
+    return [
+        "The step was not timed, so this record answers the title's question in one form only: training from this "
+        f"data on these CPUs waits for the loader where its step takes in more images per second than "
+        f"{'; '.join(fastest)}. {again} times the step beside the loader, on the device that trains.",
+        "",
+    ]
+
+
+def _one_worker_note(runs: list[dict[str, Any]]) -> list[str]:
+    """Why one loader worker need not read faster than none, where both were timed."""
+    if not {0, 1} <= {r["workers"] for r in runs}:
+        return []
+    return [
+        "One worker does the reading the main process does with none, and hands each batch over between processes "
+        "besides: it is not expected to read faster than none; a second worker is the first that reads in parallel.",
+        "",
+    ]
 
 
 def write_loading_page(out: str | Path, command: str, runs: list[dict[str, Any]]) -> None:
