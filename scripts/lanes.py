@@ -5,9 +5,12 @@
 A seed of the benchmark is made on one kind of machine (docs/flip-premise.md §7.2, docs/gaze.md § Determinism): the
 CPU its source models' entries in the results name. For each line of each lane (default: every file of
 scripts/queues) with records the results do not hold yet, it prints the lane, the line, how many of the line's
-records are left, its seeds, the CPU that made them, and whether this machine may run it: ``yes`` (this CPU made
+records are left, its seeds, the CPU that made them, whether this machine may run it: ``yes`` (this CPU made
 its seeds, or no machine has started them), ``declared`` (another CPU made them, and the line gives
-``--new-models-elsewhere`` or ``--rebuild-elsewhere``, as an amendment declared) or ``no``. Then, per lane, the
+``--new-models-elsewhere`` or ``--rebuild-elsewhere``, as an amendment declared) or ``no``, and the source models
+it needs that this machine's cache (runs/bench-v2/cache) does not hold finished, each with the hours its training
+took where it was made, as the results recorded them: what a session must train before the line's first record (two
+lanes that need one source model share its training). Then, per lane, the
 line to start ``scripts/queue.sh`` from here (or, for a lane a ``queue.sh`` of this machine runs now, that it runs
 and from which line), and the records of the declared run
 (``alfa.study.bench.plan.declared_run_parts``) that neither the results nor any lane holds.
@@ -41,6 +44,7 @@ ELSEWHERE_FLAGS = ("--new-models-elsewhere", "--rebuild-elsewhere")
 try:
     from alfa.cli import build_parser
     from alfa.cli.bench import bench_config
+    from alfa.gaze.pipeline import source_model_finished
     from alfa.study.bench.config import BenchConfig
     from alfa.study.bench.plan import declared_run_parts, plan_records
     from alfa.study.bench.results import load_results
@@ -61,6 +65,7 @@ class LaneLine:
     seeds: tuple[int, ...]
     made_on: tuple[str, ...]  # the CPU of each of its seeds that one has made, in the seeds' order
     here: str  # yes, declared (its flags), or no
+    to_train: str  # the source models it needs that this machine has not finished, or "none"
 
 
 def pieces(path: Path) -> list[tuple[int, str]]:
@@ -96,6 +101,21 @@ def verdict(made_on: tuple[str, ...], here: str, line: str) -> str:
     return f"declared ({', '.join(given)})" if given else "no"
 
 
+def to_train(config: BenchConfig, sources: dict, root: Path = ROOT) -> str:
+    """The source models (``E seed 1``) ``config``'s pairs need at its seeds that the cache under ``root`` does not
+    hold finished, each with the hours its training took where it was made (``recorded_train_seconds``), if
+    recorded; ``none`` if there are none."""
+    needed = []
+    for seed in config.seeds:
+        for key in dict.fromkeys(pair.split("→")[0] for pair in config.pairs):
+            entry = sources.get(f"{key}|seed{seed}") or {}
+            if entry.get("cache") and source_model_finished(root / entry["cache"]):
+                continue
+            seconds = entry.get("recorded_train_seconds")
+            needed.append(f"{key} seed {seed}" + (f" ({seconds / 3600:.1f} h where made)" if seconds else ""))
+    return "; ".join(needed) or "none"
+
+
 def lane_lines(lanes: list[Path], results: dict, here: str) -> tuple[list[LaneLine], set[str]]:
     """The lines of ``lanes`` with records ``results`` does not hold, and every record id the lanes make."""
     made = {record["id"] for record in results["records"]}
@@ -110,7 +130,10 @@ def lane_lines(lanes: list[Path], results: dict, here: str) -> tuple[list[LaneLi
                 continue
             machines = tuple(m for m in (seed_machine(results["sources"], s) for s in config.seeds) if m)
             verdict_here = verdict(machines, here, line)
-            left.append(LaneLine(path.name, number, len(missing), len(ids), config.seeds, machines, verdict_here))
+            train = to_train(config, results["sources"])
+            left.append(
+                LaneLine(path.name, number, len(missing), len(ids), config.seeds, machines, verdict_here, train)
+            )
     return left, every
 
 
@@ -147,12 +170,12 @@ def report(
     """The lines printed; ``running``: :func:`running_lanes`."""
     running = running or {}
     out = [f"this machine: {here}", f"results: {source} ({records} records)", ""]
-    out.append("| lane | line | records left | seeds | made on | here |")
-    out.append("|---|---|---|---|---|---|")
+    out.append("| lane | line | records left | seeds | made on | here | source models to train here first |")
+    out.append("|---|---|---|---|---|---|---|")
     for x in left:
         seeds = ",".join(map(str, x.seeds))
         made_on = "; ".join(sorted(set(x.made_on))) or "no machine yet"
-        out.append(f"| {x.lane} | {x.number} | {x.left} of {x.total} | {seeds} | {made_on} | {x.here} |")
+        out.append(f"| {x.lane} | {x.number} | {x.left} of {x.total} | {seeds} | {made_on} | {x.here} | {x.to_train} |")
     out.append("")
     starts = {}
     for x in left:

@@ -76,15 +76,15 @@ def test_each_line_with_records_left_says_who_may_make_it_and_where_to_start(tmp
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"this machine: {HOME}" and out[1].endswith("results.json (1 records)")
     assert out[5:8] == [
-        f"| lane.txt | 3 | 1 of 1 | 1 | {OTHER} | no |",
-        f"| lane.txt | 4 | 1 of 1 | 1 | {OTHER} | declared (--new-models-elsewhere) |",
-        f"| lane.txt | 5 | 7 of 8 | 0,2 | {HOME} | yes |",
+        f"| lane.txt | 3 | 1 of 1 | 1 | {OTHER} | no | E seed 1 |",
+        f"| lane.txt | 4 | 1 of 1 | 1 | {OTHER} | declared (--new-models-elsewhere) | E seed 1 |",
+        f"| lane.txt | 5 | 7 of 8 | 0,2 | {HOME} | yes | E seed 0; E seed 2 |",
     ]
     assert out[8:] == ["", "to start here:", "  bash scripts/queue.sh scripts/queues/lane.txt 4"]
     # on the other machine, line 3 is the start; and nothing of seed 0 may run there
     _script(monkeypatch, OTHER).main(["--results", str(_results(tmp_path)), str(lane)])
     elsewhere = capsys.readouterr().out.splitlines()
-    assert elsewhere[5].endswith("| yes |") and elsewhere[7].endswith("| no |")
+    assert elsewhere[5].endswith("| yes | E seed 1 |") and elsewhere[7].endswith("| no | E seed 0; E seed 2 |")
     assert elsewhere[-1] == "  bash scripts/queue.sh scripts/queues/lane.txt 3"
 
 
@@ -157,3 +157,25 @@ def test_a_lane_this_machine_runs_now_is_said_to_run_not_to_be_started(tmp_path,
         "to start here:",
         "  lane.txt: running now (queue.sh, process 41, started from line 4)",
     ]
+
+
+def test_a_line_names_the_source_models_this_machine_must_train_before_its_first_record(tmp_path, monkeypatch):
+    """A session on the right machine started lanes whose every line had to pre-train two source models first (hours
+    each): none of its records could come before the session ended. Each line says which it needs, and how long
+    each took where it was made; a model this machine's cache holds finished is not named."""
+    script = _script(monkeypatch)
+    done = tmp_path / "runs/bench-v2/cache/source-e0"
+    (done / "recovered").mkdir(parents=True)
+    (done / "recovered" / "model.safetensors").write_bytes(b"")
+    half = tmp_path / "runs/bench-v2/cache/source-g0"  # pre-trained, its truncation not yet recovered: not finished
+    (half / "pretrain").mkdir(parents=True)
+    (half / "pretrain" / "model.safetensors").write_bytes(b"")
+    sources = {
+        "E|seed0": {"cache": "runs/bench-v2/cache/source-e0", "recorded_train_seconds": 6120.0},
+        "G|seed0": {"cache": "runs/bench-v2/cache/source-g0", "recorded_train_seconds": 9720.0},
+        "E|seed1": {"cache": "runs/bench-v2/cache/source-e1"},
+    }
+    config = script.line_config("lane.txt", 1, f"--methods source-only --pairs E→M,E→D,G→M --seeds 0,1 {NARROW}")
+    assert script.to_train(config, sources, tmp_path) == "G seed 0 (2.7 h where made); E seed 1; G seed 1"
+    config = script.line_config("lane.txt", 1, f"--methods source-only --pairs E→M --seeds 0 {NARROW}")
+    assert script.to_train(config, sources, tmp_path) == "none"
