@@ -8,7 +8,8 @@ scripts/queues) with records the results do not hold yet, it prints the lane, th
 records are left, its seeds, the CPU that made them, whether this machine may run it: ``yes`` (this CPU made
 its seeds, or no machine has started them), ``declared`` (another CPU made them, and the line gives
 ``--new-models-elsewhere`` or ``--rebuild-elsewhere``, as an amendment declared) or ``no``, and the source models
-it needs that this machine's cache (runs/bench-v2/cache) does not hold finished, each with the hours its training
+its records left need (the pairs' sources, the targets' for the within-target yardstick) that this machine's cache
+(runs/bench-v2/cache) does not hold finished where the results recorded it, each with the hours its training
 took where it was made, as the results recorded them: what a session must train before the line's first record (two
 lanes that need one source model share its training). Then, per lane, the
 line to start ``scripts/queue.sh`` from here (or, for a lane a ``queue.sh`` of this machine runs now, that it runs
@@ -46,9 +47,10 @@ try:
     from alfa.cli.bench import bench_config
     from alfa.gaze.pipeline import source_model_finished
     from alfa.study.bench.config import BenchConfig
-    from alfa.study.bench.plan import declared_run_parts, plan_records
+    from alfa.study.bench.plan import RecordPlan, declared_run_parts, plan_records
     from alfa.study.bench.results import load_results
     from alfa.study.bench.runner import seed_machine
+    from alfa.study.bench.session import Session
     from alfa.study.timing import cpu_name
 except ImportError as e:  # another Python than the project's: one line, not a traceback
     refuse(NAME, f"{sys.executable} cannot import {e.name}; run it with .venv/bin/python")
@@ -101,18 +103,18 @@ def verdict(made_on: tuple[str, ...], here: str, line: str) -> str:
     return f"declared ({', '.join(given)})" if given else "no"
 
 
-def to_train(config: BenchConfig, sources: dict, root: Path = ROOT) -> str:
-    """The source models (``E seed 1``) ``config``'s pairs need at its seeds that the cache under ``root`` does not
-    hold finished, each with the hours its training took where it was made (``recorded_train_seconds``), if
-    recorded; ``none`` if there are none."""
+def to_train(plans: list[RecordPlan], sources: dict, root: Path = ROOT) -> str:
+    """The models (``E seed 1``) the records ``plans`` still need that the cache under ``root`` does not hold
+    finished where the results recorded it: the pair's source, or the target's for the within-target yardstick (as
+    the runner picks them: ``Session.model_key``), each with the hours its training took where it was made
+    (``recorded_train_seconds``), if recorded; ``none`` if there are none."""
     needed = []
-    for seed in config.seeds:
-        for key in dict.fromkeys(pair.split("→")[0] for pair in config.pairs):
-            entry = sources.get(f"{key}|seed{seed}") or {}
-            if entry.get("cache") and source_model_finished(root / entry["cache"]):
-                continue
-            seconds = entry.get("recorded_train_seconds")
-            needed.append(f"{key} seed {seed}" + (f" ({seconds / 3600:.1f} h where made)" if seconds else ""))
+    for key, seed in dict.fromkeys((Session.model_key(plan), plan.seed) for plan in plans):
+        entry = sources.get(f"{key}|seed{seed}") or {}
+        if entry.get("cache") and source_model_finished(root / entry["cache"]):
+            continue
+        seconds = entry.get("recorded_train_seconds")
+        needed.append(f"{key} seed {seed}" + (f" ({seconds / 3600:.1f} h where made)" if seconds else ""))
     return "; ".join(needed) or "none"
 
 
@@ -123,14 +125,15 @@ def lane_lines(lanes: list[Path], results: dict, here: str) -> tuple[list[LaneLi
     for path in lanes:
         for number, line in pieces(path):
             config = line_config(path.name, number, line)
-            ids = [plan.id for plan in plan_records(config)]
+            plans = plan_records(config)
+            ids = [plan.id for plan in plans]
             every.update(ids)
             missing = [i for i in ids if i not in made]
             if not missing:
                 continue
             machines = tuple(m for m in (seed_machine(results["sources"], s) for s in config.seeds) if m)
             verdict_here = verdict(machines, here, line)
-            train = to_train(config, results["sources"])
+            train = to_train([plan for plan in plans if plan.id not in made], results["sources"])
             left.append(
                 LaneLine(path.name, number, len(missing), len(ids), config.seeds, machines, verdict_here, train)
             )

@@ -54,7 +54,7 @@ def test_speed_measurement_is_consistent(monkeypatch):
     assert "| merged alfa | 2,285,122 |" in text and "`alfa speed`" in text
     # when and how busy: a timing without them could be of any machine, any day
     start, end = r["load_average"]
-    assert f" threads, on {r['date']} (load average {start:.1f} at the start and {end:.1f} at the end" in text
+    assert f" threads, on {r['date']} (1-minute load average {start:.1f} as it started and {end:.1f} at its end" in text
     earlier = {k: v for k, v in r.items() if k not in ("date", "load_average", "cpus")}
     assert " threads (a record that keeps no date or load average); " in to_markdown(earlier, "alfa speed")
     r["memory_mb"], r["memory_of"] = {"alfa": {"model ready": 250.0, "peak": 400.0}}, "loaded checkpoints"
@@ -66,9 +66,9 @@ def test_speed_measurement_is_consistent(monkeypatch):
 
 @pytest.mark.slow
 def test_speeds_memory_rows_load_the_model_as_a_deployment_does(monkeypatch):
-    """A process that truncated the model itself held the SVD's library code: the truncated rows' resident memory
-    was above the dense model's (336 MB against 276 MB). Each row's process now loads a checkpoint: the dense one
-    for dense inference, the truncated one for the rest."""
+    """A process that built and truncated the model itself kept more resident after it: the truncated rows'
+    resident memory was above the dense model's (336 MB against 276 MB). Each row's process now loads a
+    checkpoint: the dense one for dense inference, the truncated one for the rest."""
     import copy
 
     import alfa

@@ -295,3 +295,20 @@ def test_an_error_after_serve_stopped_on_a_sigterm_is_said_as_the_error(
     err = capsys.readouterr().err
     assert status == 2 and err.endswith("alfa serve: error: the socket could not be closed\n"), err
     assert "terminated" not in err and "stopping: answering the 0 connection(s) accepted" in err
+
+
+def test_what_a_command_handled_itself_is_neither_early_nor_late():
+    from alfa.cli.interrupts import Interrupts
+
+    noted = Interrupts()
+    noted.count = 2  # two while it works (one a library swallowed, one the command caught)
+    noted.handled()
+    assert (noted.early, noted.late) == (0, 0)
+    noted.count += 1  # a third while it still works: early again
+    assert (noted.early, noted.late) == (1, 0)
+    noted.handled()
+    noted.work_done()
+    noted.count += 2  # two after the work: late, and not counted twice
+    assert (noted.early, noted.late) == (0, 2)
+    noted.handled()  # handled after the work: the late ones stay late
+    assert (noted.early, noted.late) == (0, 2)

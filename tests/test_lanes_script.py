@@ -175,7 +175,13 @@ def test_a_line_names_the_source_models_this_machine_must_train_before_its_first
         "G|seed0": {"cache": "runs/bench-v2/cache/source-g0", "recorded_train_seconds": 9720.0},
         "E|seed1": {"cache": "runs/bench-v2/cache/source-e1"},
     }
-    config = script.line_config("lane.txt", 1, f"--methods source-only --pairs E→M,E→D,G→M --seeds 0,1 {NARROW}")
-    assert script.to_train(config, sources, tmp_path) == "G seed 0 (2.7 h where made); E seed 1; G seed 1"
-    config = script.line_config("lane.txt", 1, f"--methods source-only --pairs E→M --seeds 0 {NARROW}")
-    assert script.to_train(config, sources, tmp_path) == "none"
+
+    def needs(line: str) -> str:
+        return script.to_train(script.plan_records(script.line_config("lane.txt", 1, line)), sources, tmp_path)
+
+    assert needs(f"--methods source-only --pairs E→M,E→D,G→M --seeds 0,1 {NARROW}") == (
+        "G seed 0 (2.7 h where made); E seed 1; G seed 1"  # (in the order of the records that need them)
+    )
+    assert needs(f"--methods source-only --pairs E→M --seeds 0 {NARROW}") == "none"
+    # the within-target yardstick trains the target's model, not the source's
+    assert needs(f"--methods target-trained --pairs E→M,G→M --seeds 7 {NARROW}") == "M seed 7"

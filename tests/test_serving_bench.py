@@ -70,15 +70,16 @@ def test_one_round_is_refused_at_the_option_before_any_measurement(capsys, monke
     assert "argument --rounds: must be at least 2 (each ratio's 95 % interval" in capsys.readouterr().err
 
 
-def test_the_page_reads_the_row_that_runs_the_same_model_as_a_control_of_the_measurement():
-    """Switching merged models with one user runs the one merged model on a copy of the batch: the same work. The
-    page says how far from 1 that ratio came (a rotated order of the rounds made it 1.14 [1.11, 1.17] for LoRA)."""
+def test_the_same_call_timed_twice_is_the_pages_control():
+    """The rows of one merged model and of switching merged models with one user seemed the same work, yet read
+    1.14 [1.11, 1.17] apart (the rotated order of the rounds), and then 0.85 (the batch's gather by index). The
+    page times one merged model's very call twice, under two names, and says how far apart the two read."""
     r = _result(1.2)
     for m in METHODS:
-        r["seconds"][f"{m}: switching merged models, 1 users"] = 1 / 1.14
-        r["round_seconds"][f"{m}: switching merged models, 1 users"] = [1 / 1.14] * len(JITTER)
+        r["seconds"][f"{m}: one merged model, again"] = 1 / 1.05
+        r["round_seconds"][f"{m}: one merged model, again"] = [1 / 1.05] * len(JITTER)
     text = serving_markdown(r, "alfa serving")
-    assert "| lora: switching merged models, 1 distinct user | 73 [73, 73] | 1.14 [1.14, 1.14] |" in text
-    (line,) = [x for x in text.splitlines() if x.startswith("A control of the measurement itself: ")]
-    assert "lora: *switching merged models, 1 distinct user* runs the very model of *one merged model* on a " in line
-    assert line.count("ran at 1.14 [1.14, 1.14]× its throughput, where the two should be equal") == len(METHODS)
+    assert "| lora: the same call again (a control) | 67 [67, 67] | 1.05 [1.05, 1.05] |" in text
+    (line,) = [x for x in text.splitlines() if x.startswith("*The same call again* times one merged model's")]
+    assert "against itself it read alfa 1.05 [1.05, 1.05]×, lora 1.05 [1.05, 1.05]×, where the truth is 1." in line
+    assert "The same call again" not in serving_markdown(_result(1.2), "alfa serving")  # an earlier record: none

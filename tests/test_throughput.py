@@ -93,12 +93,11 @@ def test_loader_bound_is_judged_on_the_paired_interval():
     faster = {**_rounds([20.0, 22.0, 18.0, 20.0, 24.0, 20.0, 16.0], None).to_dict(), "workers": 1}
     text = loading_page({**PAGE, "command": "alfa throughput --loader-only --rounds 7", "runs": [
         {**alone.to_dict(), "fixture": "f", "model": "m"}, {**faster, "fixture": "f", "model": "m"}]})  # fmt: skip
-    said = "waits for the loader where its step takes in more images per second than 20 [16, 24] images/s for `f` "
-    said += (
-        "(1 workers, the fastest of its 2 worker counts). `alfa throughput --rounds 7` times the step beside the loader"
-    )
+    said = "more images per second than the loader gives, at most 20 [16, 24] images/s for `f` (1 worker, the highest "
+    said += "median of its 2 worker counts) (at most: a step on these CPUs takes some of them from the loader, and the "
+    said += "page does not tell its worker counts apart). `alfa throughput --rounds 7` times the step beside the loader"
     assert said in " ".join(text.split()), text
-    assert "One worker does the reading the main process does with none" in text
+    assert "Timed alone, the loader with one worker does the reading the main process does with none" in text
     assert "waits for the loader" not in loading_page(
         {**PAGE, "runs": [{**slow.to_dict(), "fixture": "f", "model": "m"}]}
     )

@@ -82,7 +82,7 @@ class Interrupts:
     def handled(self) -> None:
         """The command dealt with the Ctrl-Cs noted so far itself (``alfa serve`` stops serving on one): an error
         after them is the command's own, said as such, not taken for one a library swallowed."""
-        self._handled = self.count
+        self._handled = self.count - self.late
 
     def work_done(self) -> None:
         """The command has written all it writes: a Ctrl-C from now on is noted, not raised."""
@@ -101,7 +101,7 @@ class Interrupts:
     def early(self) -> int:
         """The Ctrl-Cs that came while the command worked (each raised, or swallowed by a library), less those it
         :meth:`handled` itself."""
-        return max(0, self.count - self.late - self._handled)
+        return self.count - self.late - self._handled
 
 
 def _python_handles_sigint() -> bool:

@@ -137,34 +137,38 @@ def loading_page(page: dict[str, Any]) -> str:
 
 def _unstepped_answer(runs: list[dict[str, Any]], command: str) -> list[str]:
     """Where no step was timed (``--loader-only``): the title's question answered in the only form the loader's
-    rates allow, the step rate above which training waits for the loader, per data (its fastest worker count, of
-    how many there were)."""
+    rates allow, the step rate above which training waits for the loader, per data (at most the highest median of its
+    worker counts, which the page does not tell apart)."""
     if any(r["step"] is not None for r in runs):
         return []
     fastest = []
     for name in dict.fromkeys(r.get("fixture") or r["data"] for r in runs):
         mine = [r for r in runs if (r.get("fixture") or r["data"]) == name]
         best = max(mine, key=lambda r: r["loader"])
-        of = f"the fastest of its {len(mine)} worker counts" if len(mine) > 1 else "its one worker count"
         rate = median_cell(best.get("loader_rounds"), best["loader"])  # its interval where the rounds give one
-        fastest.append(f"{rate} images/s for `{name}` ({best['workers']} workers, {of})")
+        workers = f"{best['workers']} worker{'' if best['workers'] == 1 else 's'}"
+        of = f", the highest median of its {len(mine)} worker counts" if len(mine) > 1 else ""
+        fastest.append(f"at most {rate} images/s for `{name}` ({workers}{of})")
     flag = " --loader-only"
     again = f"`{command.replace(flag, '')}`" if flag in command else "the command without `--loader-only`"
     return [
         "The step was not timed, so this record answers the title's question in one form only: training from this "
-        f"data on these CPUs waits for the loader where its step takes in more images per second than "
-        f"{'; '.join(fastest)}. {again} times the step beside the loader, on the device that trains.",
+        f"data on these CPUs waits for the loader where its step takes in more images per second than the loader "
+        f"gives, {'; '.join(fastest)} (at most: a step on these CPUs takes some of them from the loader, and the "
+        f"page does not tell its worker counts apart). {again} times the step beside the loader (its `--device` "
+        "set to the one that trains).",
         "",
     ]
 
 
 def _one_worker_note(runs: list[dict[str, Any]]) -> list[str]:
-    """Why one loader worker need not read faster than none, where both were timed."""
-    if not {0, 1} <= {r["workers"] for r in runs}:
+    """Why one loader worker need not read faster than none, where both were timed on the loader alone."""
+    if not {0, 1} <= {r["workers"] for r in runs} or any(r["step"] is not None for r in runs):
         return []
     return [
-        "One worker does the reading the main process does with none, and hands each batch over between processes "
-        "besides: it is not expected to read faster than none; a second worker is the first that reads in parallel.",
+        "Timed alone, the loader with one worker does the reading the main process does with none, and hands each "
+        "batch over between processes besides: it need not read faster. In training, that one worker reads while "
+        "the step runs.",
         "",
     ]
 

@@ -6,7 +6,7 @@
   full fine-tuning of the truncated model.
 * Inference latency of the merged model against the truncated base and the dense ResNet-18.
 * Peak memory (resident set size) of a process doing each kind of step, its model loaded from a checkpoint as a
-  deployment loads it (a process that truncates the model itself also holds the SVD's library code).
+  deployment loads it (a process that builds and truncates the model itself keeps more resident after it).
 
 Every timing is a median over repeats after a warm-up; the configurations are interleaved so that
 slow drifts of the machine hit all of them alike, and each ratio is paired over those rounds with its 95 %
@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -137,9 +138,10 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
     for model, opt in steps.values():  # warm-up
         _one_step(model, opt, images)
     _adapter_math_once(alfa_layers)
+    order = random.Random(seed)  # each round's order drawn: no setup always runs after the same one
     for _ in tqdm(range(repeats), desc="personalization steps", leave=False):
-        for s, (model, opt) in steps.items():
-            step_times[s].append(_one_step(model, opt, images))
+        for s in order.sample(STEP_SETUPS, len(STEP_SETUPS)):
+            step_times[s].append(_one_step(*steps[s], images))
         math_times.append(_adapter_math_once(alfa_layers))  # its gradients are cleared by the next Alfa step
 
     merged = copy.deepcopy(alfa_model)
@@ -154,9 +156,9 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
             for m in infer.values():
                 m(x)
             for _ in tqdm(range(repeats * 2), desc=f"inference, batch {batch}", leave=False):
-                for k, m in infer.items():
+                for k in order.sample(list(infer), len(infer)):
                     t = time.perf_counter()
-                    m(x)
+                    infer[k](x)
                     times[k].append(time.perf_counter() - t)
             latency[f"batch {batch}"] = {k: _upper_median(v) for k, v in times.items()}
             latency_rounds[f"batch {batch}"] = times
@@ -305,8 +307,8 @@ def to_markdown(r: dict, command: str) -> str:
         built = (
             "loads the model from its checkpoint, as a deployment does (the dense or the truncated ResNet-18), "
             if r.get("memory_of") == "loaded checkpoints"  # an earlier record's processes truncated it themselves
-            else "builds the model (truncating it itself: the truncated rows include the SVD's library code, which a "
-            "process loading a truncated checkpoint does not hold), "
+            else "builds the model (truncating it itself: the truncated rows include what building and truncating "
+            "left resident, which a process loading a truncated checkpoint does not hold), "
         )
         lines += [
             "",
@@ -317,12 +319,15 @@ def to_markdown(r: dict, command: str) -> str:
 
 
 def _when_and_load(r: dict) -> str:
-    """``, on <date> (load average x at the start and y at the end, n CPUs)``, of what the record keeps (an earlier
-    one kept neither)."""
+    """``, on <date> (1-minute load average x as it started, y at its end with its own work, n CPUs)``, of what the
+    record keeps (an earlier one kept neither)."""
     if "date" not in r:
         return " (a record that keeps no date or load average)"
     start, end = r["load_average"]
-    return f", on {r['date']} (load average {start:.1f} at the start and {end:.1f} at the end, {r['cpus']} CPUs)"
+    return (
+        f", on {r['date']} (1-minute load average {start:.1f} as it started and {end:.1f} at its end, its own work "
+        f"included, {r['cpus']} CPUs)"
+    )
 
 
 def speed_command(out: str | None, repeats: int, image_size: int, threads: int | None = None) -> str:
