@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from .adapters import adapter_state, detach, load_adapter, save_adapter
 from .adapters.alfa import DictionaryAdapter
@@ -248,19 +247,16 @@ def _low_rank_branch(spec, x: Tensor, terms: list[tuple[Tensor, ...] | None]) ->
     """``P_u (Q_u x)`` per sample in one batched call; samples without a term get zeros (ranks padded)."""
     r = max(t[1].shape[0] for t in terms if t is not None)
     m, n = spec.m, spec.n
-    # each distinct user's terms padded to rank r once, then gathered per sample (filling a batch's rows one by one
-    # in Python was a quarter of a LoRA user's served forward on ResNet-18); row 0: no term, zeros
-    rows: dict[int, int] = {}
-    kept: list[tuple[Tensor, ...]] = []
-    for t in terms:
-        if t is not None and id(t) not in rows:
-            rows[id(t)] = len(kept) + 1
-            kept.append(t)
-    index = torch.tensor([0 if t is None else rows[id(t)] for t in terms], device=x.device)
-    zeros = x.new_zeros(m)
-    P = torch.stack([x.new_zeros(m, r), *(F.pad(t[0].to(x.dtype), (0, r - t[0].shape[1])) for t in kept)])[index]
-    Q = torch.stack([x.new_zeros(r, n), *(F.pad(t[1].to(x.dtype), (0, 0, 0, r - t[1].shape[0])) for t in kept)])[index]
-    shift = torch.stack([zeros, *(t[2].to(x.dtype) if len(t) == 3 else zeros for t in kept)])[index]  # the Δb
+    P = torch.zeros(len(terms), m, r, dtype=x.dtype, device=x.device)
+    Q = torch.zeros(len(terms), r, n, dtype=x.dtype, device=x.device)
+    for i, t in enumerate(terms):
+        if t is not None:
+            P[i, :, : t[0].shape[1]] = t[0]
+            Q[i, : t[1].shape[0]] = t[1]
+    shift = torch.zeros(len(terms), m, dtype=x.dtype, device=x.device)  # the corrections' Δb
+    for i, t in enumerate(terms):
+        if t is not None and len(t) == 3:
+            shift[i] = t[2]
     if spec.kind == "linear":
         h = torch.einsum("b...n,brn->b...r", x, Q)
         y = torch.einsum("b...r,bmr->b...m", h, P)
