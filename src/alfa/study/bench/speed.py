@@ -16,9 +16,9 @@ interval (:mod:`alfa.study.timing`): every round's timing is kept in the record.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -37,11 +37,13 @@ from alfa.gaze.losses import flip_symmetry_loss
 from alfa.gaze.personalize import LAYER34_PATTERN, recipe_lr_scale
 from alfa.gaze.train import TruncateConfig
 from alfa.models import resnet18_gaze
+from alfa.study.bench.measure import interleaved_seconds
 from alfa.study.timing import goal_verdict, interval_note, machine, median_cell, no_rounds_note, ratio_cell
 
 STEP_SETUPS = ("head only", "alfa", "full fine-tune")
 # The measured setting: the defaults (truncation rank d, Alfa's heads and rank), named in the page too.
 RANK = TruncateConfig().rank
+ADAPTER_MATH = "adapter math"  # the name Alfa's own computation is timed under beside the steps
 ALFA = AlfaConfig()
 LATENCY_TARGET = 1.02  # merged / truncated latency: the merged model has the truncated structure exactly
 
@@ -65,12 +67,10 @@ def _step_model(setup: str, base: nn.Module) -> tuple[nn.Module, torch.optim.Opt
     return model, torch.optim.AdamW(param_groups(model, lr=1e-4, lr_scale=scales))
 
 
-def _one_step(model: nn.Module, opt: torch.optim.Optimizer, images: torch.Tensor) -> float:
-    t = time.perf_counter()
+def _one_step(model: nn.Module, opt: torch.optim.Optimizer, images: torch.Tensor) -> None:
     opt.zero_grad(set_to_none=True)
     _flip_loss(model, images).backward()
     opt.step()
-    return time.perf_counter() - t
 
 
 def _upper_median(xs: list[float]) -> float:
@@ -78,11 +78,9 @@ def _upper_median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def _adapter_math_once(layers: list[nn.Module]) -> float:
-    """Seconds of one forward + backward of ``adapted_V`` for every Alfa layer, without any image."""
-    t = time.perf_counter()
+def _adapter_math_once(layers: list[nn.Module]) -> None:
+    """One forward + backward of ``adapted_V`` for every Alfa layer, without any image."""
     sum(layer.adapted_V().sum() for layer in layers).backward()
-    return time.perf_counter() - t
 
 
 def _rss_kib(field: str) -> int:
@@ -131,18 +129,13 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
     images = torch.rand(10, 3, image_size, image_size)
 
     steps = {s: _step_model(s, truncated) for s in STEP_SETUPS}
-    step_times: dict[str, list[float]] = {s: [] for s in STEP_SETUPS}
     alfa_model = steps["alfa"][0]
-    alfa_layers = list(adapted_layers(alfa_model).values())
-    math_times: list[float] = []  # Alfa's own computation, timed in the same rounds as the steps: its share pairs
-    for model, opt in steps.values():  # warm-up
-        _one_step(model, opt, images)
-    _adapter_math_once(alfa_layers)
-    order = random.Random(seed)  # each round's order drawn: no setup always runs after the same one
-    for _ in tqdm(range(repeats), desc="personalization steps", leave=False):
-        for s in order.sample(STEP_SETUPS, len(STEP_SETUPS)):
-            step_times[s].append(_one_step(*steps[s], images))
-        math_times.append(_adapter_math_once(alfa_layers))  # its gradients are cleared by the next Alfa step
+    calls = {s: functools.partial(_one_step, *steps[s], images) for s in STEP_SETUPS}
+    # Alfa's own computation, timed in the same rounds as the steps (its share pairs); the gradients it leaves are
+    # cleared by the next Alfa step
+    calls[ADAPTER_MATH] = functools.partial(_adapter_math_once, list(adapted_layers(alfa_model).values()))
+    step_times = interleaved_seconds(calls, repeats, desc="personalization steps", seed=seed)
+    math_times = step_times.pop(ADAPTER_MATH)
 
     merged = copy.deepcopy(alfa_model)
     merge(merged)
@@ -151,15 +144,8 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
     latency_rounds: dict[str, dict[str, list[float]]] = {}
     with torch.no_grad():
         for batch in (1, 10):
-            x = images[:batch]
-            times: dict[str, list[float]] = {k: [] for k in infer}
-            for m in infer.values():
-                m(x)
-            for _ in tqdm(range(repeats * 2), desc=f"inference, batch {batch}", leave=False):
-                for k in order.sample(list(infer), len(infer)):
-                    t = time.perf_counter()
-                    infer[k](x)
-                    times[k].append(time.perf_counter() - t)
+            forwards = {k: functools.partial(m, images[:batch]) for k, m in infer.items()}
+            times = interleaved_seconds(forwards, repeats * 2, desc=f"inference, batch {batch}", seed=seed)
             latency[f"batch {batch}"] = {k: _upper_median(v) for k, v in times.items()}
             latency_rounds[f"batch {batch}"] = times
 
