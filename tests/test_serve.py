@@ -11,6 +11,7 @@ from torch import nn
 
 import alfa
 from alfa.adapters import adapter_parameters
+from alfa.export import merged_copy
 
 
 @pytest.fixture
@@ -75,6 +76,27 @@ def test_a_mixed_batch_equals_each_users_own_model(base, tmp_path):
         served(x[:2], ["ann"])
     with pytest.raises(ValueError, match="already served"):
         served.add_user("ann", users["ann"])
+
+
+@pytest.mark.parametrize("order", [["cat"] * 3, [None, "cat", "ann", "cat"], ["cat", "dan", "cat", None]])
+def test_a_batch_of_one_or_two_low_rank_users_equals_their_merged_models(base, order):
+    """A batch whose low-rank samples are all one user's runs that user's two factors as plain ops (no per-sample
+    gather), on all the batch or on some of it, and two users run the batched path: each output is its user's
+    merged model's, and a base sample's is the base's."""
+    users = {
+        "ann": _user(base, alfa.AlfaConfig(heads=2, rank=2), 1),
+        "cat": _user(base, alfa.LoraConfig(rank=2), 3),
+        "dan": _user(base, alfa.MosloraConfig(rank=3), 4),
+    }
+    served = alfa.MultiUserModel(base)
+    for name, model in users.items():
+        served.add_user(name, model)
+    x = torch.randn(len(order), 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    out = served(x, order)
+    with torch.no_grad():
+        for i, name in enumerate(order):
+            own = merged_copy(users[name], "extend") if name else base
+            assert _close(out[i : i + 1], own(x[i : i + 1])), (order, i)
 
 
 def test_methods_that_change_the_shared_weight_are_refused(base, tmp_path):

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from .adapters import adapter_state, detach, load_adapter, save_adapter
 from .adapters.alfa import DictionaryAdapter
@@ -244,30 +245,57 @@ class _SharedLayer(_ServedLayer):
 
 
 def _low_rank_branch(spec, x: Tensor, terms: list[tuple[Tensor, ...] | None]) -> Tensor:
-    """``P_u (Q_u x)`` per sample in one batched call; samples without a term get zeros (ranks padded)."""
-    r = max(t[1].shape[0] for t in terms if t is not None)
-    m, n = spec.m, spec.n
-    P = torch.zeros(len(terms), m, r, dtype=x.dtype, device=x.device)
-    Q = torch.zeros(len(terms), r, n, dtype=x.dtype, device=x.device)
-    for i, t in enumerate(terms):
-        if t is not None:
-            P[i, :, : t[0].shape[1]] = t[0]
-            Q[i, : t[1].shape[0]] = t[1]
-    shift = torch.zeros(len(terms), m, dtype=x.dtype, device=x.device)  # the corrections' Δb
-    for i, t in enumerate(terms):
-        if t is not None and len(t) == 3:
-            shift[i] = t[2]
+    """``P_u (Q_u x) + Δb_u`` per sample; samples without a term get zeros.
+
+    A batch of one user (the common case of a service that batches per user) runs the layer's own two ops on its
+    samples, as a merged model would; a batch of several users stacks each sample's factors (one stack of
+    references to the users' tensors, ranks padded to the largest) and runs them in one batched call."""
+    distinct = list({id(t): t for t in terms if t is not None}.values())
+    if len(distinct) == 1:
+        return _one_user_branch(spec, x, terms, distinct[0])
+    P, Q, shift = _per_sample_factors(terms, distinct, x)
     if spec.kind == "linear":
-        h = torch.einsum("b...n,brn->b...r", x, Q)
-        y = torch.einsum("b...r,bmr->b...m", h, P)
-        return y + shift.reshape(len(terms), *([1] * (y.ndim - 2)), m)
-    b, c = x.shape[:2]
+        y = torch.einsum("b...r,bmr->b...m", torch.einsum("b...n,brn->b...r", x, Q), P)
+        return y if shift is None else y + shift.reshape(len(terms), *([1] * (y.ndim - 2)), spec.m)
+    b, c, r = x.shape[0], x.shape[1], Q.shape[1]
     kernel = Q.reshape(b * r, spec.in_features, *spec.kernel_size)  # one group per sample
-    h = torch.nn.functional.conv2d(
-        x.reshape(1, b * c, *x.shape[2:]), kernel, None, spec.stride, spec.padding, spec.dilation, groups=b
-    )
-    h = h.reshape(b, r, *h.shape[2:])
-    return torch.einsum("brhw,bmr->bmhw", h, P) + shift[:, :, None, None]
+    h = F.conv2d(x.reshape(1, b * c, *x.shape[2:]), kernel, None, spec.stride, spec.padding, spec.dilation, groups=b)
+    y = torch.bmm(P, h.reshape(b, r, -1)).reshape(b, spec.m, *h.shape[2:])
+    return y if shift is None else y + shift[:, :, None, None]
+
+
+def _one_user_branch(spec, x: Tensor, terms: list[tuple[Tensor, ...] | None], term: tuple[Tensor, ...]) -> Tensor:
+    """The branch of a batch whose samples with a term all share ``term``: its ``Q`` then its ``P`` as the layer's
+    own ops, on those samples only (the others, the base's, get zeros)."""
+    rows = [i for i, t in enumerate(terms) if t is not None]
+    own = x if len(rows) == len(terms) else x[rows]
+    y = spec.output_op(spec.input_op(own, term[1]), term[0], term[2] if len(term) == 3 else None)
+    if len(rows) == len(terms):
+        return y
+    out = y.new_zeros(len(terms), *y.shape[1:])
+    out[rows] = y
+    return out
+
+
+def _per_sample_factors(
+    terms: list[tuple[Tensor, ...] | None], distinct: list[tuple[Tensor, ...]], x: Tensor
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Each sample's ``P`` (B×m×r), ``Q`` (B×r×n) and ``Δb`` (B×m, or ``None`` if no term has one): zeros for a
+    sample without a term, ranks padded with zeros to the largest (only the distinct terms are padded, once)."""
+    r = max(t[1].shape[0] for t in distinct)
+    m, n = distinct[0][0].shape[0], distinct[0][1].shape[1]
+    padded = {
+        id(t): t
+        if t[1].shape[0] == r
+        else (F.pad(t[0], (0, r - t[0].shape[1])), F.pad(t[1], (0, 0, 0, r - t[1].shape[0])), *t[2:])
+        for t in distinct
+    }
+    no_term = (x.new_zeros(m, r), x.new_zeros(r, n), x.new_zeros(m))
+    rows = [padded[id(t)] if t is not None else no_term for t in terms]
+    P, Q = torch.stack([row[0] for row in rows]), torch.stack([row[1] for row in rows])
+    if not any(len(t) == 3 for t in distinct):
+        return P, Q, None
+    return P, Q, torch.stack([row[2] if len(row) == 3 else no_term[2] for row in rows])
 
 
 class MultiUserModel(nn.Module):
