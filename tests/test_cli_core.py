@@ -1,4 +1,5 @@
 import argparse
+import json
 import re
 
 import pytest
@@ -58,10 +59,45 @@ def test_speed_measurement_is_consistent(monkeypatch):
     earlier = {k: v for k, v in r.items() if k not in ("date", "load_average", "cpus")}
     assert " threads (a record that keeps no date or load average); " in to_markdown(earlier, "alfa speed")
     r["memory_mb"], r["memory_of"] = {"alfa": {"model ready": 250.0, "peak": 400.0}}, "loaded checkpoints"
-    assert "| alfa | 250 | 400 | 150 |" in to_markdown(r, "alfa speed")
+    assert "| alfa | — | — | 250 | 400 | 150 |" in to_markdown(r, "alfa speed")  # a record of no "loaded" reading
+    r["memory_mb"] = {
+        "alfa": {"loaded": 200.0, "model ready": 250.0, "peak": 400.0},
+        "truncated inference": {"loaded": 190.0, "model ready": 190.0, "peak": 300.0},
+    }
+    text = to_markdown(r, "alfa speed")
+    assert (
+        "| alfa | 200 | 50 | 250 | 400 | 150 |" in text
+        and "| truncated inference | 190 | — | 190 | 300 | 110 |" in text
+    )
     assert "that loads the model from its checkpoint, as a deployment does" in to_markdown(r, "alfa speed")
     del r["memory_of"]  # an earlier record's processes truncated the model themselves: said so
     assert "that builds the model (truncating it itself: the truncated rows include" in to_markdown(r, "alfa speed")
+
+
+def test_speeds_memory_child_reads_the_loaded_model_before_it_sets_up_training(monkeypatch):
+    """*Setting up training* (a step's model copy and optimizer) is the difference of two readings, one after the
+    checkpoint is loaded and one after the setup: read the other way round, it would be zero or negative."""
+    import torch
+
+    import alfa.study.bench.speed as speed
+
+    events, resident = [], iter([100 * 1024, 180 * 1024, 400 * 1024])
+
+    def reading(field):
+        events.append(field)
+        return next(resident)
+
+    def setup(name, base):
+        events.append("setup")
+        return base, torch.optim.SGD(base.parameters(), lr=0.0)
+
+    monkeypatch.setattr(speed, "_rss_kib", reading)
+    monkeypatch.setattr(speed, "load_model", lambda *a, **k: (torch.nn.Conv2d(3, 2, 3), {}))
+    monkeypatch.setattr(speed, "_step_model", setup)
+    monkeypatch.setattr(speed, "_one_step", lambda *a: events.append("step"))
+    got = json.loads(speed._child_steps("alfa", 8, "m.safetensors"))
+    assert events == ["VmRSS", "setup", "VmRSS", "step", "step", "step", "VmHWM"]
+    assert got == {"loaded": 100.0, "model ready": 180.0, "peak": 400.0}
 
 
 @pytest.mark.slow

@@ -42,8 +42,12 @@ def _row(run: dict[str, Any]) -> tuple[str, bool]:
     else:
         ratio_text, ratio = ratio_cell(run.get("loader_rounds"), run.get("step_rounds"), run["loader"] / run["step"])
         verdict, judged = loader_bound_verdict(ratio), ratio is not None
-    name = run.get("fixture") or run["data"]
-    return f"| {name} | {run['workers']} | {' | '.join(rates)} | {ratio_text} | {verdict} |", judged
+    return f"| {_name(run)} | {run['workers']} | {' | '.join(rates)} | {ratio_text} | {verdict} |", judged
+
+
+def _name(run: dict[str, Any]) -> str:
+    """What a run read, as the page names it: the generated fixture, or the data the command was given."""
+    return run.get("fixture") or run["data"]
 
 
 FIXTURE_WORDS = {
@@ -71,7 +75,9 @@ def loading_page(page: dict[str, Any]) -> str:
     first = runs[0]
     h, w = first["image_size"]
     rounds = len(first.get("loader_rounds") or [])
-    if first["step"] is None:
+    # one command times the step for every configuration or (--loader-only) for none
+    stepped = first["step"] is not None
+    if not stepped:
         what = "The loader alone (`--loader-only`: the training step was not timed)."
     else:
         what = (
@@ -79,7 +85,6 @@ def loading_page(page: dict[str, Any]) -> str:
             "batches read and decoded to uint8, nothing else; *step*: forward, symmetry target, backward and Adam "
             "on one batch already on the device; *both*: the training loop."
         )
-    stepped = first["step"] is not None
     if rounds >= 2 and all(judged for _, judged in made):
         ratio = (
             " *Loader / step* is the loader's rate over the step's. "
@@ -124,8 +129,7 @@ def loading_page(page: dict[str, Any]) -> str:
             "| --- | ---: | ---: | ---: | ---: | ---: | :---: |",
             *(row for row, _ in made),
             "",
-            *_unstepped_answer(runs, page["command"]),
-            *_one_worker_note(runs),
+            *([] if stepped else [*_unstepped_answer(runs, page["command"]), *_one_worker_note(runs)]),
             "The fixtures' faces are flat colours, which decode faster than photographs, so these rates are upper "
             "bounds for real data of the same size. ETH-XGaze's training set is ~756k images: at a rate R, one "
             "epoch's loading takes 756,000 / R seconds of these CPUs. On a GPU the step is far faster than on a "
@@ -139,11 +143,9 @@ def _unstepped_answer(runs: list[dict[str, Any]], command: str) -> list[str]:
     """Where no step was timed (``--loader-only``): the title's question answered in the only form the loader's
     rates allow, the step rate above which training waits for the loader, per data (at most the highest median of its
     worker counts, which the page does not tell apart)."""
-    if any(r["step"] is not None for r in runs):
-        return []
     fastest = []
-    for name in dict.fromkeys(r.get("fixture") or r["data"] for r in runs):
-        mine = [r for r in runs if (r.get("fixture") or r["data"]) == name]
+    for name in dict.fromkeys(_name(r) for r in runs):
+        mine = [r for r in runs if _name(r) == name]
         best = max(mine, key=lambda r: r["loader"])
         rate = median_cell(best.get("loader_rounds"), best["loader"])  # its interval where the rounds give one
         workers = f"{best['workers']} worker{'' if best['workers'] == 1 else 's'}"
@@ -162,8 +164,8 @@ def _unstepped_answer(runs: list[dict[str, Any]], command: str) -> list[str]:
 
 
 def _one_worker_note(runs: list[dict[str, Any]]) -> list[str]:
-    """Why one loader worker need not read faster than none, where both were timed on the loader alone."""
-    if not {0, 1} <= {r["workers"] for r in runs} or any(r["step"] is not None for r in runs):
+    """Why one loader worker need not read faster than none, where both were timed (on the loader alone)."""
+    if not {0, 1} <= {r["workers"] for r in runs}:
         return []
     return [
         "Timed alone, the loader with one worker does the reading the main process does with none, and hands each "
