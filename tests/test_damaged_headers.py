@@ -243,6 +243,7 @@ def test_an_unreadable_checkpoint_is_called_unreadable_not_missing(tmp_path, mon
     ("part", "message"),
     [
         ({"runs": [{"wall_s": "x"}]}, "run 0: 'wall_s' must be a number, not str"),
+        ({"runs": [{"load_average_end": "1.2"}]}, "run 0: 'load_average_end' must be a number or null, not str"),
         ({"runs": [{"cpu_s": 1.0}, {"cpus": True}]}, "run 1: 'cpus' must be a whole number or null, not bool"),
         ({"runs": [{"selection": []}]}, "run 0: 'selection' must be a JSON object, not list"),
         ({"runs": [3]}, "run 0 is not a JSON object"),
@@ -259,6 +260,7 @@ def test_a_results_file_whose_runs_or_sources_are_the_wrong_kind_is_refused_by_n
     base = {"format": FORMAT, "version": VERSION, "records": [_record()], "config": {}, "sources": {}, "runs": []}
     path = tmp_path / "results.json"
     run = {"command": None, "started": "2026-12-05T00:00:00", "wall_s": 1.0, "cpu_s": 1, "cpus": None, "finished": True}
+    run["load_average_start"] = None  # a system that keeps no load average (Windows)
     path.write_text(json.dumps({**base, "runs": [run], "sources": {"E|seed0": {"seconds": {}}}}), encoding="utf-8")
     assert len(load_results(tmp_path)["runs"]) == 1  # a library call's run (no command), a whole number of seconds
     path.write_text(json.dumps({**base, **part}), encoding="utf-8")

@@ -83,3 +83,18 @@ def test_the_same_call_timed_twice_is_the_pages_control():
     (line,) = [x for x in text.splitlines() if x.startswith("*The same call again* times one merged model's")]
     assert "against itself it read alfa 1.05 [1.05, 1.05]×, lora 1.05 [1.05, 1.05]×, where the truth is 1." in line
     assert "The same call again" not in serving_markdown(_result(1.2), "alfa serving")  # an earlier record: none
+
+
+def test_a_system_without_a_load_average_loses_no_timing_and_the_page_says_unknown(monkeypatch):
+    """Windows has no os.getloadavg: the record keeps null there (after minutes of timings, an AttributeError would
+    have lost them), and the page says the load is unknown."""
+    import os
+
+    from alfa.study.timing import load_average
+
+    assert isinstance(load_average(), float)  # this system keeps one
+    monkeypatch.delattr(os, "getloadavg")
+    assert load_average() is None
+    r = _result(1.2)
+    r["load_average_end"] = load_average()
+    assert "; load average unknown at the end)." in serving_markdown(r, "alfa serving")

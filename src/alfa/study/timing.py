@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import platform
 import statistics
 from collections.abc import Iterable, Iterator, Sequence
@@ -39,6 +40,8 @@ __all__ = [
     "no_rounds_note",
     "machine",
     "cpu_name",
+    "load_average",
+    "load_text",
 ]
 
 
@@ -173,6 +176,20 @@ def cpu_kind() -> dict[str, str]:
     import torch
 
     return {"cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, which a timing's record keeps to say how busy the machine was; ``None`` where the
+    system keeps none (Windows has no ``os.getloadavg``): minutes of timings are not lost for want of it."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def load_text(value: float | None) -> str:
+    """A recorded load average as a page prints it (``unknown`` where the system kept none)."""
+    return "unknown" if value is None else f"{value:.1f}"
 
 
 def machine() -> dict[str, Any]:

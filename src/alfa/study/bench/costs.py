@@ -54,7 +54,7 @@ from alfa.gaze.personalize import PersonalizeConfig, recipe_lr_scale
 from alfa.gaze.train import TruncateConfig
 from alfa.models import create_model
 from alfa.study.sections import section_marks, with_section
-from alfa.study.timing import cpu_name, median_cell, median_interval
+from alfa.study.timing import cpu_name, load_average, load_text, median_cell, median_interval
 from alfa.summary import parameter_summary
 from alfa.truncate import truncate
 
@@ -344,8 +344,8 @@ def costs_block(data: dict) -> str:
         f"Measured {data['measured']} on {data['cpu']}: step = forward of {s['batch']} images + their flips "
         f"({2 * s['batch']}×3×{s['image_size']}²), flip-symmetry L1, backward, AdamW; inference = forward of "
         f"{s['batch']} images after merge; {median}; {s['threads']} threads, torch {data['torch']}; load average "
-        f"{data['load'][0]:.1f} at the start and {data['load'][1]:.1f} at the end, on {data['cpus']} CPUs; weights "
-        f"and images of seed {s['seed']}."
+        f"{load_text(data['load'][0])} at the start and {load_text(data['load'][1])} at the end, on {data['cpus']} "
+        f"CPUs; weights and images of seed {s['seed']}."
     )
     sizes = _sizes_sentence([r for r in rows if r.base == "truncated"])
     return f"{format_table(rows)}\n\n{conditions}" + (f"\n\n{sizes}" if sizes else "")
@@ -405,7 +405,7 @@ def report_costs(
     if update_doc_path is not None:  # fail before ten minutes of timing, not after
         _check_markers(update_doc_path)
         _refuse_foreign_data(data_path(update_doc_path))
-    load_start = os.getloadavg()[0]
+    load_start = load_average()
     rows = cost_table(
         model_name=model_name,
         rank=rank,
@@ -425,7 +425,7 @@ def report_costs(
         "cpu": cpu_name(),
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
-        "load": [load_start, os.getloadavg()[0]],
+        "load": [load_start, load_average()],
         "settings": settings,
         "rows": [asdict(r) for r in rows],
     }

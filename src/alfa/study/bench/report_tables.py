@@ -13,7 +13,7 @@ from alfa.adapters import METHODS
 from alfa.gaze.distill import DISTILL_OBJECTIVE
 from alfa.gaze.pnpga import PUBLISHED as PNPGA_PUBLISHED
 
-from ..timing import median_text
+from ..timing import load_text, median_text
 from .flip_report import table_rows
 from .markdown import byte_size, seeds_note, spans, usual_seeds
 from .markdown import number as _num
@@ -437,7 +437,7 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
                 f"{r.get('cpu_s', 0.0) / 60:.1f}",
                 str(r.get("records_run", 0)),
                 str(sel.get("threads", "")),
-                f"{r.get('load_average_start', float('nan')):.1f} / {r.get('load_average_end', float('nan')):.1f}",
+                f"{load_text(r.get('load_average_start'))} / {load_text(r.get('load_average_end'))}",
                 "yes" if r.get("finished") else "no (interrupted)",
                 ", ".join(x for x in (r.get("cpu"), r.get("cpu_capability")) if x) or "not recorded",
             ]

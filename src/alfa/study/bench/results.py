@@ -122,6 +122,7 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
 
 
 _NUMBER, _TEXT = ("a number", (int, float)), ("text or null", (str, type(None)))
+_NUMBER_OR_NULL = ("a number or null", (int, float, type(None)))
 _RUN_KINDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "command": _TEXT,
     "started": _TEXT,
@@ -130,8 +131,8 @@ _RUN_KINDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "torch": _TEXT,
     "wall_s": _NUMBER,
     "cpu_s": _NUMBER,
-    "load_average_start": _NUMBER,
-    "load_average_end": _NUMBER,
+    "load_average_start": _NUMBER_OR_NULL,  # null: a system that keeps no load average (Windows)
+    "load_average_end": _NUMBER_OR_NULL,
     "records_run": ("a whole number", (int,)),
     "cpus": ("a whole number or null", (int, type(None))),
     "selection": ("a JSON object", (dict,)),

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from alfa.adapters import MergeError
 from alfa.gaze.pipeline import finished_folder_of_spec, source_model_finished
 from alfa.gaze.precision import check_precision, forward_precision
-from alfa.study.timing import cpu_kind, cpu_name, torch_threads
+from alfa.study.timing import cpu_kind, cpu_name, load_average, torch_threads
 
 from .config import SELECTION_FIELDS, BenchConfig, split_pair
 from .methods import SOURCES
@@ -94,7 +94,7 @@ class _RunLog:
             cpu_s=time.process_time() - self.cpu_start,
             records_run=len(self.ran),
             records_failed=self.errors,
-            load_average_end=os.getloadavg()[0],
+            load_average_end=load_average(),
             finished=finished,
         )
         data["runs"] = [r for r in data["runs"] if r.get("id") != self.entry["id"]]
@@ -118,7 +118,7 @@ def _run_entry(config: BenchConfig, command: str | None, session: Session) -> di
         "wall_s": 0.0,
         "cpu_s": 0.0,
         "records_run": 0,
-        "load_average_start": os.getloadavg()[0],
+        "load_average_start": load_average(),
         "cpus": os.cpu_count(),
         **cpu_kind(),  # a seed's records are made on one kind of machine (docs/gaze.md § Determinism)
         "torch": torch.__version__,

@@ -38,7 +38,16 @@ from alfa.gaze.personalize import LAYER34_PATTERN, recipe_lr_scale
 from alfa.gaze.train import TruncateConfig
 from alfa.models import resnet18_gaze
 from alfa.study.bench.measure import interleaved_seconds
-from alfa.study.timing import goal_verdict, interval_note, machine, median_cell, no_rounds_note, ratio_cell
+from alfa.study.timing import (
+    goal_verdict,
+    interval_note,
+    load_average,
+    load_text,
+    machine,
+    median_cell,
+    no_rounds_note,
+    ratio_cell,
+)
 
 STEP_SETUPS = ("head only", "alfa", "full fine-tune")
 # The measured setting: the defaults (truncation rank d, Alfa's heads and rank), named in the page too.
@@ -122,7 +131,7 @@ def _child_steps(setup: str, image_size: int, checkpoint: str) -> str:
 
 def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: bool = True) -> dict:
     """Run every measurement; returns a JSON-ready dict."""
-    load_start = os.getloadavg()[0]
+    load_start = load_average()
     torch.manual_seed(seed)
     dense = resnet18_gaze().eval()
     truncated = copy.deepcopy(dense)
@@ -173,7 +182,7 @@ def measure(repeats: int = 20, image_size: int = 224, seed: int = 0, memory: boo
     if memory:
         result["memory_mb"] = _memory_rows(dense, truncated, image_size)
         result["memory_of"] = "loaded checkpoints"
-    result["load_average"] = [load_start, os.getloadavg()[0]]  # a busy machine's timings are slower and spread
+    result["load_average"] = [load_start, load_average()]  # a busy machine's timings are slower and spread
     return result
 
 
@@ -321,7 +330,8 @@ def _when_and_load(r: dict) -> str:
         return " (a record that keeps no date or load average)"
     start, end = r["load_average"]
     return (
-        f", on {r['date']} (1-minute load average {start:.1f} as it started and {end:.1f} at its end, its own work "
+        f", on {r['date']} (1-minute load average {load_text(start)} as it started and {load_text(end)} at its end, "
+        "its own work "
         f"included, {r['cpus']} CPUs)"
     )
 
