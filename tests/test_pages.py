@@ -72,6 +72,34 @@ def test_the_check_sees_an_edited_page_missing_data_and_a_stale_figure(tmp_path)
     ]
 
 
+def test_a_write_that_fails_on_one_page_leaves_every_committed_page_as_it_was(tmp_path):
+    """Pages are rendered first and written after: a page whose data is missing, or whose render refuses its data,
+    used to come after others already rewritten (a committed table replaced by "not measured yet")."""
+    speed = next(p for p in PAGES if p.path == "docs/speed.md")
+    _copy(speed, tmp_path)
+    page = tmp_path / speed.path
+    edited = page.read_text().replace("Speed", "Sped", 1)
+    page.write_text(edited)
+
+    def refuse(root: Path, out: Path) -> None:
+        raise ValueError("no benchmark results at docs/data/x")
+
+    refusing = Page(path="docs/refusing.md", data="docs", produce="a test", render=refuse)
+    with pytest.raises(ValueError, match=r"^docs/refusing.md: no benchmark results at docs/data/x; nothing was wr"):
+        write_pages(tmp_path, (speed, refusing))
+    missing = Page(path="docs/missing.md", data="docs/data/x", produce="a test", render=refuse)
+    with pytest.raises(ValueError, match=r"^docs/missing.md: its data is missing: docs/data/x \(made by: a test\)"):
+        write_pages(tmp_path, (speed, missing))
+    assert page.read_text() == edited and not (tmp_path / "docs/refusing.md").exists()
+    assert write_pages(tmp_path, (speed,)) == [Path("docs/speed.md")] and page.read_text() != edited
+    # the calibration page reads the v2 record besides its scouts: without it, the check says so and renders nothing
+    calibration = next(p for p in PAGES if p.path == "docs/calibration.md")
+    shutil.copytree(ROOT / calibration.data, tmp_path / calibration.data)
+    assert check_pages(tmp_path, (calibration,)) == [
+        f"docs/calibration.md: its data is missing: docs/data/bench-v2 (made by: {calibration.produce})"
+    ]
+
+
 def _figure_page(figures: str | None = None, plotted: bool = True) -> Page:
     """A page of one line and one figure, drawn in ``figures`` (a folder it owns) or as its single figure
     docs/figures/bare.png; ``plotted``: saved with its plotted data, as every page's figure must be."""

@@ -114,17 +114,23 @@ def _finite(text: str) -> float:
     return value
 
 
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+RATE_MAX = 1e30
+"""The largest learning rate taken: far below float32's largest number (3.4e38, the weights' type), since the
+optimizers multiply the rate before using it (a recipe's ×10 on some layers, Adam's ×10 bias correction at its
+first step): a rate of 1e37 overflowed there, in torch's own words."""
 
 
 def positive_rate(text: str) -> float:
-    """An argparse type for learning rates: finite and above 0 (an infinite rate fills the weights with NaN), and
-    within float32, the weights' type (a larger one overflows the optimizer's first step)."""
+    """An argparse type for learning rates: finite and above 0 (an infinite rate fills the weights with NaN), and at
+    most :data:`RATE_MAX` (a larger one can overflow float32 in the optimizer's first step)."""
     value = _finite(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    if value > FLOAT32_MAX:
-        raise argparse.ArgumentTypeError(f"must be at most {FLOAT32_MAX:.3g} (the weights are float32), got {text}")
+    if value > RATE_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {RATE_MAX:g} (the weights are float32, and the optimizer scales the rate up before "
+            f"using it), got {text}"
+        )
     return value
 
 

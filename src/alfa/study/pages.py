@@ -199,14 +199,11 @@ def _render_calibration(root: Path, out: Path) -> None:
     from .bench.results import load_results
 
     scouts = [_data(p, "name") for p in sorted((root / CALIBRATION_SCOUTS).glob("*.json"))]
-    record = root / CALIBRATION_RECORD
-    results = load_results(record) if (record / "results.json").is_file() else None
+    results = load_results(root / CALIBRATION_RECORD)  # committed: a missing one is refused, not "not measured yet"
     found = sorted((root / CALIBRATION_VARIANTS).glob("*.json"))
     variants = [_data(p) for p in found]
-    progress = None
-    if results is not None:
-        worlds = results["config"].get("worlds", "v1")
-        progress = declared_run_progress(worlds, (str(r.get("id")) for r in results["records"]))
+    worlds = results["config"].get("worlds", "v1")
+    progress = declared_run_progress(worlds, (str(r.get("id")) for r in results["records"]))
     text = calibration_page(
         scouts,
         results,
@@ -392,6 +389,7 @@ PAGES: tuple[Page, ...] = (
         produce="python scripts/scout_worlds.py (the scouts; each file has its command) and the v2 benchmark's "
         f"sanity rows in {CALIBRATION_RECORD}, then alfa pages --write",
         render=_render_calibration,
+        more_data=(CALIBRATION_RECORD,),
     ),
     Page(
         path=V2_PAGE,
@@ -543,13 +541,24 @@ def check_pages(root: Path | None = None, pages: tuple[Page, ...] = PAGES) -> li
 
 def write_pages(root: Path | None = None, pages: tuple[Page, ...] = PAGES) -> list[Path]:
     """Regenerate every page and its figures (each PNG and its plotted data) from the committed data, in
-    place; the files written."""
+    place; the files written. Every page is rendered before any is written: a page whose data is missing or
+    refused (a ``ValueError`` naming the page) leaves every committed file as it was."""
     root = repo_root() if root is None else root
-    written = []
-    for page in pages:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp)
-            for rel in render_page(page, root, out):
-                write_bytes(root / rel, (out / rel).read_bytes())
-                written.append(rel)
-    return written
+    with tempfile.TemporaryDirectory() as tmp:
+        rendered: list[tuple[Path, Path]] = []  # (the page's render folder, a file in it)
+        for i, page in enumerate(pages):
+            missing = [d for d in (page.data, *page.more_data) if not (root / d).exists()]
+            if missing:
+                raise ValueError(
+                    f"{page.path}: its data is missing: {', '.join(missing)} (made by: {page.produce}); nothing "
+                    "was written"
+                )
+            out = Path(tmp) / str(i)
+            out.mkdir()
+            try:
+                rendered += [(out, rel) for rel in render_page(page, root, out)]
+            except ValueError as e:
+                raise ValueError(f"{page.path}: {e}; nothing was written") from e
+        for out, rel in rendered:
+            write_bytes(root / rel, (out / rel).read_bytes())
+    return [rel for _, rel in rendered]
