@@ -434,6 +434,29 @@ def test_a_models_folder_given_as_adapters_is_refused_before_serving(world, tmp_
     assert main(argv) == 2 and "holds a model (model.safetensors)" in capsys.readouterr().err
 
 
+def test_serve_refuses_a_checkpoint_none_of_the_adapters_fits_and_serves_an_empty_folder(
+    world, tmp_path, capsys, monkeypatch
+):
+    """alfa serve started on a base none of the folder's adapters was made on, and answered every user a 404 whose
+    reason only its log had; evaluate and --selftest refused the same pair in one line."""
+    from alfa.gaze.service.selftest import write_demo_service
+
+    other = write_demo_service(tmp_path / "other", model="tiny_gaze_net", size=16, truncate_target=None, seed=5)
+
+    def stop(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GazeServer, "serve_forever", stop)
+    err = _one_error_line(capsys, ["serve", "--checkpoint", str(other), "--adapters", str(world[1]), "--port", "0"])
+    assert err.startswith(f"--adapters {world[1]}: none of its users' adapters serves on --checkpoint {other} (the")
+    assert "ann.safetensors" in err and err.endswith("): serve the checkpoint they were made on"), err
+    (tmp_path / "empty").mkdir()  # users' files may come later: served, as is a folder where one file serves
+    for adapters in (tmp_path / "empty", world[1]):
+        assert main(["serve", "--checkpoint", str(other if adapters.name == "empty" else world[0]),
+                     "--adapters", str(adapters), "--port", "0", "--quiet"]) == 130  # fmt: skip
+        assert "serving on http://" in capsys.readouterr().out
+
+
 def test_a_taken_port_is_one_line_with_one_hint(world, capsys):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -165,6 +165,7 @@ def _serve(args: argparse.Namespace) -> None:
         refuse_calibrations_under_tta(tta, Path(args.adapters))
     photos = _photo_options(args)  # a bad camera or screen file: one line before the model loads
     service = GazeService(args.checkpoint, args.adapters, _limits(args), tta=tta and tta.name, photo_options=photos)
+    _refuse_adapters_none_serves(service, args)
     log = None if args.quiet else sys.stderr
     with _access_log(args.access_log) as log_file:
         server = _bind(service, args, token, log_file or log)
@@ -193,6 +194,26 @@ def _serve(args: argparse.Namespace) -> None:
             print(f"alfa serve: stopped ({stop.signal.name})", file=sys.stderr)
         elif stop is not None:
             raise stop  # Ctrl-C: "interrupted", exit 130, as every command
+
+
+def _refuse_adapters_none_serves(service: Any, args: argparse.Namespace) -> None:
+    """One line before serving where the folder holds users' adapter files and none of them serves on this base (a
+    wrong --checkpoint: every request got a 404, the reason in the server's log alone). An empty folder is served
+    (users' files may come later), and so is one where a file serves (the others are each their user's 404)."""
+    from alfa.gaze.service.selftest import servable_users
+
+    details: list[str] = []  # the service's own detail of each refusal, said once here rather than file by file
+    note, service.note = service.note, details.append
+    try:
+        users, refusal = servable_users(service, limit=1)
+    finally:
+        service.note = note
+    if not users and refusal is not None:
+        detail = details[0].removeprefix("alfa serve: ") if details else refusal
+        raise ValueError(
+            f"--adapters {args.adapters}: none of its users' adapters serves on --checkpoint {args.checkpoint} (the "
+            f"first refused: {detail}): serve the checkpoint they were made on"
+        )
 
 
 @contextlib.contextmanager

@@ -174,17 +174,21 @@ def _jobs(service: GazeService, users: Sequence[str], requests: int, seed: int) 
     return [pool[i] for i in rng.integers(0, len(pool), requests)]
 
 
-def _servable_users(service: GazeService, limit: int = 8) -> tuple[list[str], str | None]:
-    """Up to ``limit`` users whose adapters serve, and why the first that does not was left out (``None``: none)."""
+def servable_users(service: GazeService, limit: int = 8) -> tuple[list[str], str | None]:
+    """Up to ``limit`` users whose adapters serve (tried in name order, none after the ``limit``-th that serves), and
+    why the first that does not was left out (``None``: none)."""
     users, first_refusal = [], None
     for path in sorted(service.adapters.glob("*.safetensors")):
-        if len(users) < limit and USER_ID.fullmatch(path.stem) and len(path.stem) <= service.limits.max_user_chars:
-            try:
-                service.predict(path.stem, png_bytes(np.zeros((*service.input_size, 3), dtype=np.uint8)))
-            except Exception as e:  # noqa: BLE001 — a user whose adapter does not serve is left out of the load
-                first_refusal = first_refusal or f"{path.stem}: {e}"
-                continue
-            users.append(path.stem)
+        if len(users) == limit:
+            break
+        if not USER_ID.fullmatch(path.stem) or len(path.stem) > service.limits.max_user_chars:
+            continue
+        try:
+            service.predict(path.stem, png_bytes(np.zeros((*service.input_size, 3), dtype=np.uint8)))
+        except Exception as e:  # noqa: BLE001 — a user whose adapter does not serve is left out of the load
+            first_refusal = first_refusal or f"{path.stem}: {e}"
+            continue
+        users.append(path.stem)
     return users, first_refusal
 
 
@@ -207,7 +211,7 @@ def selftest(checkpoint: str | os.PathLike | None = None, adapters: str | os.Pat
             say("selftest: serving a small world of its own (ResNet-18, first stage truncated, 16×16 px, 3 users)")
         details: list[str] = []  # the service's server-side detail of each refusal: why an adapter does not load
         service = GazeService(checkpoint, adapters, limits, note=details.append, tta=tta)
-        users, refusal = _servable_users(service)
+        users, refusal = servable_users(service)
         if not users:
             detail = details[0].removeprefix("alfa serve: ") if details else refusal
             why = f" (the first refused: {detail})" if refusal else " (it holds no user's .safetensors file)"
