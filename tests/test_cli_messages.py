@@ -191,6 +191,24 @@ def test_evaluate_says_who_failed_on_stderr_and_keeps_stdout_the_table(checkpoin
     assert "1 of 2 persons could not be scored" in captured.err
 
 
+def test_evaluate_says_once_a_reason_every_person_failed_for(checkpoints, tmp_path, capsys):
+    """Adapters of other data, scored: every person failed alike, each said on a line of its own (16 lines for
+    15 persons); now one line, with the first person's reason. Reasons that differ are still listed."""
+    _, truncated = checkpoints
+    common = ["--data", TARGET, "--quiet", "--adapter-rank", "4", "--steps", "1"]
+    assert main(["personalize", "--checkpoint", truncated, *common, "--out", str(tmp_path / "a")]) == 0
+    other = TARGET.replace("mpii", "eyediap")
+    argv = ["evaluate", "--checkpoint", truncated, "--adapters", str(tmp_path / "a"), "--quiet"]
+    assert main([*argv, "--data", other]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "FAILED" not in err, err
+    assert "no person could be scored (2 of 2 failed, each alike; the first, p00: " in err and "'p00'" in err
+    (tmp_path / "a" / "p01.safetensors").write_bytes(b"not an adapter")  # another reason: each on its line
+    assert main([*argv, "--data", other]) == 2
+    err = capsys.readouterr().err
+    assert "FAILED p00: " in err and "FAILED p01: " in err and "(2 of 2 failed, listed above)" in err
+
+
 def test_personalize_says_a_reason_every_person_failed_for_once(checkpoints, tmp_path, capsys):
     _, truncated = checkpoints
     argv = ["personalize", "--checkpoint", truncated, "--data", TARGET, "--out", str(tmp_path / "a"), "--quiet"]

@@ -278,9 +278,12 @@ def raise_if_incomplete(report: Any, allow_partial: bool) -> None:
     stdout marks them ``failed``)."""
     if not report.failed:
         return
+    n, total = len(report.failed), len(report.persons)
+    alike = _reason_all_share(report.failed)
+    if not report.common_persons() and alike is not None:  # one line, not one a person (adapters of other data)
+        raise RuntimeError(f"no person could be scored ({n} of {total} failed, each alike; the first, {alike})")
     for line in report.failure_lines():
         print(line, file=sys.stderr)
-    n, total = len(report.failed), len(report.persons)
     if not report.common_persons():
         raise RuntimeError(f"no person could be scored ({n} of {total} failed, listed above)")
     if not allow_partial:
@@ -288,6 +291,16 @@ def raise_if_incomplete(report: Any, allow_partial: bool) -> None:
             f"{n} of {total} persons could not be scored (listed above; the means leave them out); "
             "--allow-partial accepts that"
         )
+
+
+def _reason_all_share(failed: dict[str, str]) -> str | None:
+    """``person: why`` of the first failed person, where two or more failed and their reasons differ only by whose
+    they are (each names its own person); ``None`` otherwise."""
+    shapes = {why.replace(person, "\0") for person, why in failed.items()}
+    if len(failed) < 2 or len(shapes) != 1:
+        return None
+    first = next(iter(failed))
+    return f"{first}: {failed[first]}"
 
 
 def refuse_n_adapt_no_one_has(data: Any, persons: list[str] | None, n_adapt: int, work: str = "personalize") -> None:
