@@ -38,11 +38,11 @@ def checkpoint(tmp_path_factory):
 
 
 BAD_VAL_DATA = [  # (--val-data, what the one line says): each was refused only after --data was made, a minute here
-    ("synthetic:bogus", "--val-data: unknown synthetic domain 'bogus'; known: eth, gaze360, mpii,"),
+    ("synthetic:bogus", "--val-data: dataset spec 'synthetic:bogus': unknown synthetic domain 'bogus'; known: eth,"),
     ("bogus", "--val-data: dataset spec 'bogus': expected one of synthetic:<domain>, "),
     ("nope:x", "--val-data: dataset spec 'nope:x': unknown kind 'nope'"),
     ("synthetic:eth?sise=3", "--val-data: dataset spec 'synthetic:eth?sise=3': bad option 'sise=3'"),
-    ("synthetic:eth?split=tset", "--val-data: domain 'eth' has no split 'tset'"),
+    ("synthetic:eth?split=tset", "--val-data: dataset spec 'synthetic:eth?split=tset': domain 'eth' has no split"),
     ("gazehub:mpii:/no/such/root", "--val-data: /no/such/root: no such folder (a GazeHub root)"),
     ("gazehub:mpiii:/no/such/root", "--val-data: unknown GazeHub dataset 'mpiii'"),
     ("xgaze-h5:/no/such/file.h5", "--val-data: /no/such/file.h5: no such file or folder"),

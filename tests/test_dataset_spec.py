@@ -103,6 +103,10 @@ def test_parse_and_open_refuse_a_malformed_spec_in_the_same_words(text, message)
         ),
         ("synthetic:eth?seed=1&seed=1", "option 'seed' given twice"),
         ("synthetic:eth?size=0", "option 'size=0': size must be at least 1, got 0"),
+        ("synthetic:eth?seed=-1", "option 'seed=-1': seed must be at least 0, got -1"),  # numpy's words, unnamed
+        ("synthetic:eth?images_per_person=0", "option 'images_per_person=0': images_per_person must be at least 1"),
+        ("synthetic:eth?size=8", "size must be a whole number of at least 16 for a synthetic world (its eyes need"),
+        ("synthetic:eth?persons=0", "persons must be a whole number of at least 1, got 0"),
     ],
 )
 def test_open_refuses_what_the_kind_does_not_take(text, message):

@@ -213,8 +213,8 @@ def _whole_number(value: str) -> int:
 _OPTION_TYPES: dict[str, Callable[[str], object]] = {
     "split": str,
     "size": lambda v: _face_side(v),
-    "seed": _whole_number,
-    "images_per_person": _whole_number,
+    "seed": lambda v: _at_least("seed", v, 0),  # numpy's generators take no negative seed
+    "images_per_person": lambda v: _at_least("images_per_person", v, 1),
     "check_files": lambda v: _parse_bool("check_files", v),
     "verify_3d": lambda v: _parse_bool("verify_3d", v),
     "stored_order": str,
@@ -227,16 +227,16 @@ MAX_FACE_SIDE = 2048
 
 
 def _face_side(value: str) -> int:
-    side = _at_least_one("size", value)
+    side = _at_least("size", value, 1)
     if side > MAX_FACE_SIDE:
         raise ValueError(f"size must be at most {MAX_FACE_SIDE} (pixels a side), got {side}")
     return side
 
 
-def _at_least_one(key: str, value: str) -> int:
+def _at_least(key: str, value: str, low: int) -> int:
     number = _whole_number(value)
-    if number < 1:
-        raise ValueError(f"{key} must be at least 1, got {number}")
+    if number < low:
+        raise ValueError(f"{key} must be at least {low}, got {number}")
     return number
 
 

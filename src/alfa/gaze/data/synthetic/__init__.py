@@ -64,9 +64,14 @@ def _counts(options: dict[str, Any], spec: str) -> dict[str, Any]:
 
 
 def check_synthetic(rest: str, options: dict[str, Any], spec: str) -> None:
-    """``synthetic:<domain>``'s spec, checked without rendering (:func:`alfa.gaze.data.registry.check_spec`)."""
+    """``synthetic:<domain>``'s spec, checked without rendering (:func:`alfa.gaze.data.registry.check_spec`); a
+    refusal names the spec."""
     sizes = ("split", "persons", "images_per_person", "size")
-    domains.check_domain(rest, **{k: v for k, v in _counts(options, spec).items() if k in sizes})
+    counts = {k: v for k, v in _counts(options, spec).items() if k in sizes}  # its refusal names the spec
+    try:
+        domains.check_domain(rest, **counts)
+    except ValueError as e:
+        raise ValueError(f"dataset spec {spec!r}: {e}") from None
 
 
 @register_dataset(
@@ -77,6 +82,9 @@ def check_synthetic(rest: str, options: dict[str, Any], spec: str) -> None:
     check=check_synthetic,
 )
 def open_synthetic(rest: str, options: dict[str, Any], spec: str) -> InMemoryGazeDataset:
-    """``synthetic:<domain>``: a generated world (:func:`make_domain`)."""
-    # make_domain is looked up here at call time, so a test may replace it on this package.
-    return make_domain(rest, **_counts(options, spec))
+    """``synthetic:<domain>``: a generated world (:func:`make_domain`); a refusal names the spec."""
+    counts = _counts(options, spec)
+    try:  # make_domain is looked up here at call time, so a test may replace it on this package
+        return make_domain(rest, **counts)
+    except ValueError as e:
+        raise ValueError(f"dataset spec {spec!r}: {e}") from None

@@ -49,6 +49,7 @@ LIGHT_SIDES = ("image", "person", "fixed", "fixed-right")
 PARAM_CHUNK = 16  # per-image parameters are drawn this many at a time (prefix stability)
 CROP_ZOOM = 1.9  # the normalized crop is tight: eyes in the upper half, cheeks and chin at the borders
 RENDER_PIXELS = 1 << 17  # pixels per render call: small enough to stay in cache, large enough to amortize
+MIN_SIZE = 16  # the smallest crop a world is made at: the eyes, a tenth of the face, need a few pixels
 
 
 @dataclass(frozen=True)
@@ -570,7 +571,7 @@ def _person_generator(cfg: DomainConfig, seed: int, split: str, index: int) -> t
 
 
 def camera_resolution(cfg: DomainConfig, size: int) -> int:
-    return max(16, round(size * cfg.render_scale))
+    return max(MIN_SIZE, round(size * cfg.render_scale))
 
 
 def render_person(
@@ -640,9 +641,10 @@ def check_domain(
         raise ValueError(f"domain {name!r} has no split {split!r}; its splits: {', '.join(sorted(cfg.persons))}")
     n_persons = cfg.persons[split] if persons is None else persons
     n_images = cfg.images_per_person if images_per_person is None else images_per_person
-    for what, value, low in (("persons", n_persons, 1), ("images_per_person", n_images, 1), ("size", size, 16)):
+    for what, value, low in (("persons", n_persons, 1), ("images_per_person", n_images, 1), ("size", size, MIN_SIZE)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"{what} must be an integer >= {low}, got {value!r}")
+            world = " for a synthetic world (its eyes need the pixels)" if what == "size" else ""
+            raise ValueError(f"{what} must be a whole number of at least {low}{world}, got {value!r}")
     _refuse_what_memory_cannot_hold(name, split, n_persons, n_images, size)
     return cfg, split, n_persons, n_images
 
