@@ -161,6 +161,13 @@ def test_what_no_labelled_image_comes_from_is_one_line(session, tmp_path, capsys
 
     assert "?screen=<screen file> is needed" in refused(f"photos:{folder / 'points.json'}?size={SIZE}")
     assert "no such file" in refused(_spec(folder).replace("points.json", "nothing.json"))
+    (tmp_path / "taken").mkdir()  # a folder was said to be no such file
+    said = f"the points file {tmp_path / 'taken'} is a folder, not a file"
+    assert said in refused(_spec(folder).replace(str(folder / "points.json"), str(tmp_path / "taken")))
+    # an id whose file alfa serve takes for no user: accepted, and written as .._x.safetensors
+    assert "?person=../x: its file would be .._x.safetensors, which alfa serve takes for no user" in refused(
+        _spec(folder) + "&person=../x"
+    )
     mixed = tmp_path / "mixed.json"  # a point that gives a gaze has no image to label
     mixed.write_text(json.dumps({"points": [{"photo": str(folder / "p1.png"), "screen_px": [1, 1]},
                                             {"gaze_deg": [1.0, 2.0], "screen_px": [5, 5]}]}))  # fmt: skip

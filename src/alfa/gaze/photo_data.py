@@ -30,6 +30,8 @@ import torch
 
 from .data.base import InMemoryGazeDataset
 from .data.registry import register_dataset
+from .evaluate import adapter_filename
+from .service.limits import USER_ID
 
 __all__ = ["calibration_photos"]
 
@@ -47,13 +49,25 @@ def _check(rest: str, options: dict[str, Any], spec: str) -> None:
                 f"dataset spec {spec!r}: ?screen=<screen file> is needed: the screen's geometry turns each point's "
                 "screen pixel into a gaze label (docs/camera.md § Screen points)"
             )
-        if not Path(path).is_file():
-            raise ValueError(f"dataset spec {spec!r}: the {what} {path}: no such file")
+        _refuse_no_file(spec, what, path)
     camera = options.get("camera")
-    if camera is not None and not Path(camera).is_file():
-        raise ValueError(f"dataset spec {spec!r}: the camera file (?camera=) {camera}: no such file")
-    if options.get("person") == "":
+    if camera is not None:
+        _refuse_no_file(spec, "camera file (?camera=)", camera)
+    person = options.get("person")
+    if person == "":
         raise ValueError(f"dataset spec {spec!r}: ?person= is empty")
+    if person is not None and not USER_ID.fullmatch(adapter_filename(person).removesuffix(".safetensors")):
+        raise ValueError(
+            f"dataset spec {spec!r}: ?person={person}: its file would be {adapter_filename(person)}, which alfa "
+            "serve takes for no user (an id starts with a letter or digit, then letters, digits, '.', '_', '-')"
+        )
+
+
+def _refuse_no_file(spec: str, what: str, path: str) -> None:
+    if Path(path).is_dir():
+        raise ValueError(f"dataset spec {spec!r}: the {what} {path} is a folder, not a file")
+    if not Path(path).is_file():
+        raise ValueError(f"dataset spec {spec!r}: the {what} {path}: no such file")
 
 
 @register_dataset(
