@@ -98,3 +98,21 @@ def test_a_system_without_a_load_average_loses_no_timing_and_the_page_says_unkno
     r = _result(1.2)
     r["load_average_end"] = load_average()
     assert "; load average unknown at the end)." in serving_markdown(r, "alfa serving")
+
+
+def test_a_page_named_json_is_told_to_be_named_md(tmp_path, capsys):
+    """--out x.json: the page's data (x.json) would replace the page; the refusal said the data went to x.json,
+    "which is also this command's --out x.json", and not what to do."""
+    from alfa.cli import main
+
+    for command in ("serving", "throughput"):
+        out = tmp_path / "page.json"
+        assert (
+            main([command, "--out", str(out), *(["--data", "synthetic:eth"] if command == "throughput" else [])]) == 2
+        )
+        err = capsys.readouterr().err
+        assert (
+            err.strip()
+            == f"alfa {command}: error: --out {out}: the page's data goes beside it as .json; name the page .md"
+        )
+        assert not out.exists()

@@ -193,6 +193,8 @@ def _refuse_inputs_as_outputs(args: argparse.Namespace) -> None:
         if (value := getattr(args, name, None)) is not None and (
             beside := _resolved(value).with_suffix(suffix)
         ) in outputs:
+            if beside == _resolved(value):  # the page named .json: its data would replace it
+                raise ValueError(f"--{_flag(name)} {value}: {words} goes beside it as {suffix}; name the page .md")
             raise ValueError(f"--{_flag(name)} {value}: {words} goes to {beside}, which is also {outputs[beside]}")
 
 
