@@ -498,8 +498,9 @@ def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
         ["truncate", "--checkpoint", pre, "--rank", str(RANK), "--out", str(tmp_path / "rec"), *common]
     )
     args.func(args)
-    out = capsys.readouterr().out
-    assert "before truncation" in out and "after recovery" in out
+    captured = capsys.readouterr()
+    assert "before truncation" in captured.out and "after recovery" in captured.out
+    assert "note:" not in captured.err  # the data it was trained on
     _, saved = read_checkpoint(tmp_path / "rec" / "model.safetensors")
     _, pre_saved = read_checkpoint(pre)
     assert saved["extra"]["val_persons"] == pre_saved["extra"]["val_persons"]  # the same held-out persons
@@ -530,6 +531,13 @@ def test_cli_pretrain_then_truncate(tmp_path, data, capsys, monkeypatch):
     truncate_big = ["truncate", "--checkpoint", pre, "--data", "toy:big", "--rank", str(RANK), "--out", str(out)]
     assert main([*truncate_big, "--quiet"]) == 2  # a rank that saves (rank 64 saves nothing here: refused first)
     assert "was trained on 16×16 images, big has 32×32" in capsys.readouterr().err and not out.exists()
+    # other data of its size: recovered on, and said (a target world given by mistake ran without a word)
+    other = toy_dataset(2, 9, size=16, seed=6, name="other")
+    monkeypatch.setattr(pipeline, "open_data", lambda spec: {"toy:other": other}[spec])
+    argv = ["truncate", "--checkpoint", pre, "--data", "toy:other", "--rank", str(RANK), "--out", str(out), "--quiet"]
+    assert main([*argv, "--epochs", "1", "--batch-size", "16"]) == 0
+    err = capsys.readouterr().err
+    assert f"alfa truncate: note: {pre} was trained on src, not --data's other: recovery fine-tunes it on" in err
 
 
 def test_demo_tiny_on_synthetic_data_and_its_cache(tmp_path):

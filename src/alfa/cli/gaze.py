@@ -212,6 +212,13 @@ def _truncate(args: argparse.Namespace) -> None:
     check_truncatable(model, args.rank)  # a --rank that saves nothing anywhere: refused before any data is made
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)  # recovery on another size would record that size as trained
+    trained_on = (saved.get("extra") or {}).get("data", {}).get("name")
+    if trained_on and trained_on != data.name:  # works (recovery on other data is a choice), so said, not refused
+        print(
+            f"alfa truncate: note: {args.checkpoint} was trained on {trained_on}, not --data's {data.name}: recovery "
+            "fine-tunes it on --data (the source data it was trained on is the usual choice)",
+            file=sys.stderr,
+        )
     if args.val_data:
         val, val_persons = open_spec(args.val_data), None
         check_input_size(saved, val, args.checkpoint)
