@@ -62,6 +62,11 @@ def test_pretrain_and_truncate_refuse_other_images_of_the_same_name_and_an_old_s
     assert main([*truncate, "--data", OTHER]) == 2
     assert "holds a recovered model made from other images than the data eth/train has now" in _err(capsys)
     assert (tmp_path / "r" / "model.safetensors").read_bytes() == recovered
+    # pre-training into truncate's folder: said as the other command's model (it listed a dozen settings that differ)
+    assert main([*pre[: pre.index("--out")], "--out", str(tmp_path / "r"), "--quiet", "--data", DATA]) == 2
+    said = f"{tmp_path / 'r' / 'model.safetensors'} is the model of alfa truncate's recovery, and this run is alfa "
+    assert _err(capsys).startswith(f"alfa pretrain: error: {said}pretrain: use another output folder")
+    assert (tmp_path / "r" / "model.safetensors").read_bytes() == recovered
     # another rank or recovery: the refusal names what differs (it said only "another configuration or data")
     other = [*truncate[: truncate.index("--rank")], "--rank", "2", *truncate[truncate.index("--rank") + 2 :]]
     other += ["--lr", "0.01"]

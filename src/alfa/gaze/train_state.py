@@ -76,6 +76,12 @@ INSIDE_EPOCH_EVERY_S = 300.0
 """Seconds of training between two states written inside an epoch (a run of one process): at most this much of an
 epoch is lost to a kill, for one more state file written (a ResNet-18's is 134 MB, well under a second)."""
 _IDENTITY = ("stage", "data", "train_persons", "val_data", "val_persons")
+STAGE_WORDS = {
+    "pretrain": "alfa pretrain",
+    "recover": "alfa truncate's recovery",
+    "recovered": "alfa truncate's recovery",
+}
+"""A training stage, as a refusal names it: the command whose run it was."""
 DENSE_KEY = "dense_checksum"  # recovery's: the checksum of the dense model it truncated (checkpoint.model_checksum)
 RECORDED_LATER = ("data_signature", "val_data_signature", DENSE_KEY)
 """Header entries headers written before them lack: compared by :func:`other_data` and :func:`other_dense`, which
@@ -258,6 +264,12 @@ def _check_identity(
     path: Path, saved_model: Any, saved: dict[str, Any], header: dict[str, Any], model_name: str
 ) -> None:
     mine = json.loads(json.dumps(header))  # tuples become lists, as in a saved header
+    if saved.get("stage") != mine["stage"]:  # another command's folder: the rest of the differences would be noise
+        theirs, ours = (STAGE_WORDS.get(str(x), f"stage {x!r}") for x in (saved.get("stage"), mine["stage"]))
+        raise CheckpointError(
+            f"{path} is the model of {theirs}, and this run is {ours}: use another output folder, or delete it to "
+            "start over"
+        )
     problems = []
     if saved_model != model_name:
         problems.append(f"model {saved_model!r} vs {model_name!r}")
