@@ -370,6 +370,13 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys, monkey
             locked.chmod(0o700)
     assert check_writable(tmp_path / "new" / "deeper", folder=True) == tmp_path / "new" / "deeper"
     assert not (tmp_path / "new").exists()  # checking creates nothing
+    # a read-only mount was said as "no permission", which sends the user to chmod
+    import types
+
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    monkeypatch.setattr(os, "statvfs", lambda p: types.SimpleNamespace(f_flag=os.ST_RDONLY))
+    with pytest.raises(ValueError, match=f"out.json cannot be written: {re.escape(str(tmp_path))} is on a read-only f"):
+        check_writable(tmp_path / "out.json")
 
 
 def test_every_option_of_every_command_has_help():

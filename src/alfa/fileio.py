@@ -411,10 +411,20 @@ def check_writable(
     if path.exists() and not folder and not os.access(path, os.W_OK):
         raise ValueError(f"{what} {path} cannot be written (permission denied)")
     if not os.access(probe, os.W_OK | os.X_OK):
+        if _read_only_mount(probe):  # no permission would send the user to chmod, which cannot help here
+            raise ValueError(f"{what} {path} cannot be written: {probe} is on a read-only file system")
         raise ValueError(f"{what} {path} cannot be written: no permission to write in {probe}")
     if not (appended and path.exists()):  # a log appended to in place (/dev/null, say) makes no file beside it
         _try_writing_in(probe, path, what)
     return path
+
+
+def _read_only_mount(folder: Path) -> bool:
+    """Whether ``folder`` is on a file system mounted read-only (``False`` where the system cannot say)."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (AttributeError, OSError):  # no statvfs (Windows)
+        return False
 
 
 def _try_writing_in(folder: Path, path: Path, what: str) -> None:
