@@ -541,18 +541,12 @@ def check_pages(root: Path | None = None, pages: tuple[Page, ...] = PAGES) -> li
 
 def write_pages(root: Path | None = None, pages: tuple[Page, ...] = PAGES) -> list[Path]:
     """Regenerate every page and its figures (each PNG and its plotted data) from the committed data, in
-    place; the files written. Every page is rendered before any is written: a page whose data is missing or
-    refused (a ``ValueError`` naming the page) leaves every committed file as it was."""
+    place; the files written. Every page is rendered before any is written: a page whose render refuses its data
+    (missing or damaged: a ``ValueError``, named with the page) leaves every committed file as it was."""
     root = repo_root() if root is None else root
     with tempfile.TemporaryDirectory() as tmp:
         rendered: list[tuple[Path, Path]] = []  # (the page's render folder, a file in it)
         for i, page in enumerate(pages):
-            missing = [d for d in (page.data, *page.more_data) if not (root / d).exists()]
-            if missing:
-                raise ValueError(
-                    f"{page.path}: its data is missing: {', '.join(missing)} (made by: {page.produce}); nothing "
-                    "was written"
-                )
             out = Path(tmp) / str(i)
             out.mkdir()
             try:
