@@ -451,10 +451,16 @@ def test_serve_refuses_a_checkpoint_none_of_the_adapters_fits_and_serves_an_empt
     assert err.startswith(f"--adapters {world[1]}: none of its users' adapters serves on --checkpoint {other} (the")
     assert "ann.safetensors" in err and err.endswith("): serve the checkpoint they were made on"), err
     (tmp_path / "empty").mkdir()  # users' files may come later: served, as is a folder where one file serves
-    for adapters in (tmp_path / "empty", world[1]):
-        assert main(["serve", "--checkpoint", str(other if adapters.name == "empty" else world[0]),
-                     "--adapters", str(adapters), "--port", "0", "--quiet"]) == 130  # fmt: skip
-        assert "serving on http://" in capsys.readouterr().out
+    (tmp_path / "damaged").mkdir()  # or one whose file fails for a reason of its own: its user's answer, in the log
+    (tmp_path / "damaged" / "aaa.safetensors").write_bytes(b"half a copy")
+    errs = {}
+    for adapters, base in ((tmp_path / "empty", other), (tmp_path / "damaged", other), (world[1], world[0])):
+        assert main(["serve", "--checkpoint", str(base), "--adapters", str(adapters), "--port", "0", "--quiet"]) == 130
+        captured = capsys.readouterr()
+        assert "serving on http://" in captured.out and "error" not in captured.err
+        errs[adapters.name] = captured.err
+    # the file's reason, which the service keeps (a request does not say it again), is in the log from the start
+    assert "alfa serve: user 'aaa': their adapter file is damaged" in errs["damaged"], errs
 
 
 def test_a_taken_port_is_one_line_with_one_hint(world, capsys):

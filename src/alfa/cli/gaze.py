@@ -212,8 +212,10 @@ def _truncate(args: argparse.Namespace) -> None:
     check_truncatable(model, args.rank)  # a --rank that saves nothing anywhere: refused before any data is made
     data = open_spec(args.data)
     check_input_size(saved, data, args.checkpoint)  # recovery on another size would record that size as trained
-    trained_on = (saved.get("extra") or {}).get("data", {}).get("name")
-    if trained_on and trained_on != data.name:  # works (recovery on other data is a choice), so said, not refused
+    recorded = (saved.get("extra") or {}).get("data")
+    trained_on = recorded.get("name") if isinstance(recorded, dict) else None
+    # recovery on other data works (a choice): said, not refused; once, by the first process under torchrun
+    if trained_on and trained_on != data.name and distributed.is_main():
         print(
             f"alfa truncate: note: {args.checkpoint} was trained on {trained_on}, not --data's {data.name}: recovery "
             "fine-tunes it on --data (the source data it was trained on is the usual choice)",

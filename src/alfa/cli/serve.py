@@ -196,10 +196,21 @@ def _serve(args: argparse.Namespace) -> None:
             raise stop  # Ctrl-C: "interrupted", exit 130, as every command
 
 
+OTHER_BASE_SIGNS = (
+    "made for a different base model",
+    "was made on a base",
+    "does not fit this model",
+    "layer mismatch",
+)
+"""What alfa.load_adapter says of a file made on another base: the reasons that blame the --checkpoint."""
+
+
 def _refuse_adapters_none_serves(service: Any, args: argparse.Namespace) -> None:
-    """One line before serving where the folder holds users' adapter files and none of them serves on this base (a
-    wrong --checkpoint: every request got a 404, the reason in the server's log alone). An empty folder is served
-    (users' files may come later), and so is one where a file serves (the others are each their user's 404)."""
+    """One line before serving where the folder holds users' adapter files, none of them serves, and one was made
+    on another base (a wrong --checkpoint: every request got a 404, the reason in the server's log alone). An
+    empty folder is served (users' files may come later), and so is one where a file serves, or where the files
+    fail for reasons of their own (damaged, another person's): each is its user's answer, its reason said in the
+    log now, as the service says it (its refusals are kept, and not said again at a request)."""
     from alfa.gaze.service.selftest import servable_users
 
     details: list[str] = []  # the service's own detail of each refusal, said once here rather than file by file
@@ -208,12 +219,14 @@ def _refuse_adapters_none_serves(service: Any, args: argparse.Namespace) -> None
         users, refusal = servable_users(service, limit=1)
     finally:
         service.note = note
-    if not users and refusal is not None:
-        detail = details[0].removeprefix("alfa serve: ") if details else refusal
+    if not users and details and any(sign in d for d in details for sign in OTHER_BASE_SIGNS):
+        detail = details[0].removeprefix("alfa serve: ")
         raise ValueError(
             f"--adapters {args.adapters}: none of its users' adapters serves on --checkpoint {args.checkpoint} (the "
             f"first refused: {detail}): serve the checkpoint they were made on"
         )
+    for line in details:
+        note(line)
 
 
 @contextlib.contextmanager

@@ -541,8 +541,8 @@ def check_pages(root: Path | None = None, pages: tuple[Page, ...] = PAGES) -> li
 
 def write_pages(root: Path | None = None, pages: tuple[Page, ...] = PAGES) -> list[Path]:
     """Regenerate every page and its figures (each PNG and its plotted data) from the committed data, in
-    place; the files written. Every page is rendered before any is written: a page whose render refuses its data
-    (missing or damaged: a ``ValueError``, named with the page) leaves every committed file as it was."""
+    place; the files written. Every page is rendered before any is written: a page whose render fails (its data
+    missing or refused) leaves every committed file as it was; a ``ValueError`` is named with the page."""
     root = repo_root() if root is None else root
     with tempfile.TemporaryDirectory() as tmp:
         rendered: list[tuple[Path, Path]] = []  # (the page's render folder, a file in it)
