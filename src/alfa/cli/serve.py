@@ -213,20 +213,14 @@ def _refuse_adapters_none_serves(service: Any, args: argparse.Namespace) -> None
     log now, as the service says it (its refusals are kept, and not said again at a request)."""
     from alfa.gaze.service.selftest import servable_users
 
-    details: list[str] = []  # the service's own detail of each refusal, said once here rather than file by file
-    note, service.note = service.note, details.append
-    try:
-        users, refusal = servable_users(service, limit=1)
-    finally:
-        service.note = note
-    if not users and details and any(sign in d for d in details for sign in OTHER_BASE_SIGNS):
-        detail = details[0].removeprefix("alfa serve: ")
+    users, refused = servable_users(service, limit=1)
+    if not users and any(sign in line for line in refused for sign in OTHER_BASE_SIGNS):
         raise ValueError(
             f"--adapters {args.adapters}: none of its users' adapters serves on --checkpoint {args.checkpoint} (the "
-            f"first refused: {detail}): serve the checkpoint they were made on"
+            f"first refused: {refused[0].removeprefix('alfa serve: ')}): serve the checkpoint they were made on"
         )
-    for line in details:
-        note(line)
+    for line in refused:
+        service.note(line)
 
 
 @contextlib.contextmanager

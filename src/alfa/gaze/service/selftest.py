@@ -174,22 +174,28 @@ def _jobs(service: GazeService, users: Sequence[str], requests: int, seed: int) 
     return [pool[i] for i in rng.integers(0, len(pool), requests)]
 
 
-def servable_users(service: GazeService, limit: int = 8) -> tuple[list[str], str | None]:
+def servable_users(service: GazeService, limit: int = 8) -> tuple[list[str], list[str]]:
     """Up to ``limit`` users whose adapters serve (tried in name order, none after the ``limit``-th that serves), and
-    why the first that does not was left out (``None``: none)."""
-    users, first_refusal = [], None
-    for path in sorted(service.adapters.glob("*.safetensors")):
-        if len(users) == limit:
-            break
-        if not USER_ID.fullmatch(path.stem) or len(path.stem) > service.limits.max_user_chars:
-            continue
-        try:
-            service.predict(path.stem, png_bytes(np.zeros((*service.input_size, 3), dtype=np.uint8)))
-        except Exception as e:  # noqa: BLE001 — a user whose adapter does not serve is left out of the load
-            first_refusal = first_refusal or f"{path.stem}: {e}"
-            continue
-        users.append(path.stem)
-    return users, first_refusal
+    why each user tried before was left out, in order: the service's own note of the refusal (its server-side
+    detail, ``alfa serve: …``, taken here instead of said), else the answer's words."""
+    users, refused, said = [], [], []
+    note, service.note = service.note, said.append
+    try:
+        for path in sorted(service.adapters.glob("*.safetensors")):
+            if len(users) == limit:
+                break
+            if not USER_ID.fullmatch(path.stem) or len(path.stem) > service.limits.max_user_chars:
+                continue
+            said.clear()
+            try:
+                service.predict(path.stem, png_bytes(np.zeros((*service.input_size, 3), dtype=np.uint8)))
+            except Exception as e:  # noqa: BLE001 — a user whose adapter does not serve is left out of the load
+                refused.append(said[0] if said else f"{path.stem}: {e}")
+                continue
+            users.append(path.stem)
+    finally:
+        service.note = note
+    return users, refused
 
 
 def selftest(checkpoint: str | os.PathLike | None = None, adapters: str | os.PathLike | None = None,
@@ -209,12 +215,12 @@ def selftest(checkpoint: str | os.PathLike | None = None, adapters: str | os.Pat
         if checkpoint is None:
             checkpoint, adapters = write_demo_service(tmp), Path(tmp) / "adapters"
             say("selftest: serving a small world of its own (ResNet-18, first stage truncated, 16×16 px, 3 users)")
-        details: list[str] = []  # the service's server-side detail of each refusal: why an adapter does not load
-        service = GazeService(checkpoint, adapters, limits, note=details.append, tta=tta)
-        users, refusal = servable_users(service)
+        # the service's server-side detail of a refusal under load is kept quiet: the report counts the answers
+        service = GazeService(checkpoint, adapters, limits, note=lambda line: None, tta=tta)
+        users, refused = servable_users(service)
         if not users:
-            detail = details[0].removeprefix("alfa serve: ") if details else refusal
-            why = f" (the first refused: {detail})" if refusal else " (it holds no user's .safetensors file)"
+            detail = refused[0].removeprefix("alfa serve: ") if refused else None
+            why = f" (the first refused: {detail})" if refused else " (it holds no user's .safetensors file)"
             raise ValueError(f"selftest: no adapter in {adapters} serves on this base{why}")
         jobs = _jobs(service, users, requests, seed)
         token = secrets.token_urlsafe()
